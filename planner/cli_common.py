@@ -1,0 +1,77 @@
+"""What every command does first: load the config (exit 2 if unreadable, 1 if invalid) and report
+findings in one format."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+from planner.findings import Finding, has_errors, sort_findings
+from planner.loader import InvalidConfig, UnreadableConfig, load_config
+from planner.schema import Config
+
+EXIT_OK, EXIT_CONFIG, EXIT_USAGE = 0, 1, 2
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def print_findings(findings: list[Finding], console: Console = stderr) -> None:
+    for f in sort_findings(findings):
+        console.print(f"[{_STYLE[f.severity]}]{f.code} {f.severity}[/] {f.path}: {f.message} "
+                      f"[dim]({f.fix})[/]", markup=True)
+
+
+def findings_json(findings: list[Finding]) -> list[dict[str, str]]:
+    return [f.as_dict() for f in sort_findings(findings)]
+
+
+def fail(code: int, message: str) -> NoReturn:
+    stderr.print(f"[bold red]error:[/] {message}", markup=True)
+    raise typer.Exit(code)
+
+
+def load_config_or_exit(path: Path | str, *, as_json: bool = False) -> Config:
+    """Load or exit: 2 for unreadable input, 1 (printing every finding) for an invalid config."""
+    try:
+        return load_config(path)
+    except UnreadableConfig as exc:
+        if as_json:
+            print(json.dumps({"ok": False, "error": str(exc), "findings": []}))
+        fail(EXIT_USAGE, str(exc))
+    except InvalidConfig as exc:
+        if as_json:
+            print(json.dumps({"ok": False, "findings": findings_json(exc.findings)}, indent=2))
+        else:
+            print_findings(exc.findings)
+        raise typer.Exit(EXIT_CONFIG) from None
+
+
+def collect_findings(cfg: Config) -> list[Finding]:
+    """Every rule of the catalog plus the budget findings (memory), `ignore:` applied."""
+    from planner.rules import run_rules
+
+    return sort_findings(run_rules(cfg))
+
+
+def exit_on_errors(cfg: Config, *, as_json: bool = False) -> list[Finding]:
+    """For commands that need a valid layout: print the findings and exit 1 when any is an error."""
+    findings = collect_findings(cfg)
+    if has_errors(findings):
+        if as_json:
+            print(json.dumps({"ok": False, "findings": findings_json(findings)}, indent=2))
+        else:
+            print_findings(findings)
+        raise typer.Exit(EXIT_CONFIG)
+    return findings
+
+
+def flush_stdout() -> None:
+    sys.stdout.flush()

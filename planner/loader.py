@@ -1,0 +1,205 @@
+"""Read a YAML config safely and turn every way it can be wrong into findings or a usage error.
+
+Unreadable input (missing file, a directory, binary junk, YAML syntax) is a usage error (exit 2);
+a readable file that does not describe a valid config yields findings (exit 1). Never a traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from planner.findings import Finding
+from planner.schema import Config
+
+SCHEMA_SOURCE = "planner/schema.py"
+Position = tuple[int, int]
+
+
+class UnreadableConfig(Exception):
+    """The input cannot be read as YAML at all (exit code 2)."""
+
+
+class InvalidConfig(Exception):
+    """The YAML was read but is not a valid config (exit code 1)."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        super().__init__("; ".join(f.line() for f in findings))
+        self.findings = findings
+
+
+def read_text(path: str | Path) -> str:
+    target = Path(path)
+    if not target.exists():
+        raise UnreadableConfig(f"{path}: no such file")
+    if target.is_dir():
+        raise UnreadableConfig(f"{path}: is a directory, expected a YAML file")
+    try:
+        raw = target.read_bytes()
+    except OSError as exc:
+        raise UnreadableConfig(f"{path}: cannot read ({exc.strerror})") from None
+    if b"\x00" in raw:
+        raise UnreadableConfig(f"{path}: binary data, expected a YAML text file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableConfig(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _positions(node: yaml.Node, path: tuple = (), out: dict | None = None,
+               duplicates: list | None = None) -> tuple[dict[tuple, Position], list]:
+    """Map each key path to its 1-based (line, column), and collect duplicate keys on the way."""
+    out = {} if out is None else out
+    duplicates = [] if duplicates is None else duplicates
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            here = path + (key,)
+            if key in seen:
+                duplicates.append((here, (key_node.start_mark.line + 1, key_node.start_mark.column + 1)))
+            seen.add(key)
+            out[here] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            _positions(value_node, here, out, duplicates)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            out[path + (index,)] = (item.start_mark.line + 1, item.start_mark.column + 1)
+            _positions(item, path + (index,), out, duplicates)
+    return out, duplicates
+
+
+def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, dict[tuple, Position], list]:
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise UnreadableConfig(f"{name}: YAML syntax error at {where}: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        raise UnreadableConfig(f"{name}: YAML error: {exc}") from None
+    except (RecursionError, ValueError, OverflowError) as exc:
+        raise UnreadableConfig(f"{name}: cannot parse YAML ({type(exc).__name__})") from None
+    positions, duplicates = _positions(node) if node is not None else ({}, [])
+    return data, positions, duplicates
+
+
+def _finding(code: str, path: str, message: str, fix: str) -> Finding:
+    return Finding(code, "error", path or "<root>", message, fix, SCHEMA_SOURCE)
+
+
+def _known_keys(model: type[BaseModel]) -> list[str]:
+    names = []
+    for name, info in model.model_fields.items():
+        names.append(name)
+        alias = info.validation_alias
+        if alias is not None and hasattr(alias, "choices"):
+            names.extend(str(c) for c in alias.choices)
+    return sorted(set(names))
+
+
+def _section_model(keys: tuple) -> type[BaseModel] | None:
+    model: Any = Config
+    for key in keys:
+        field = getattr(model, "model_fields", {}).get(key)
+        if field is None:
+            return None
+        model = field.annotation
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _data_path(loc: tuple, data: Any) -> tuple:
+    """Keep the loc parts that walk the input data; drop pydantic's union-member tags."""
+    path, node = [], data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        elif isinstance(node, dict) and isinstance(part, str) and not path_is_tag(part):
+            path.append(part)  # a missing key: still part of the path
+            break
+        else:
+            continue
+        path.append(part)
+    return tuple(path)
+
+
+def path_is_tag(part: str) -> bool:
+    return "[" in part or part in {"int", "str", "float", "bool", "list", "dict", "none"}
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) -> Finding:
+    kind, loc = err["type"], err["loc"]
+    path = _data_path(loc, data)
+    dotted = ".".join(str(p) for p in path)
+    where = positions.get(path)
+    at = f" (line {where[0]}, column {where[1]})" if where else ""
+    if kind == "extra_forbidden":
+        section = _section_model(path[:-1])
+        known = _known_keys(section) if section else []
+        close = difflib.get_close_matches(str(path[-1]), known, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'?" if close else (
+            f"remove it; known keys here: {', '.join(known)}" if known else "remove it")
+        return _finding("CFG001", dotted, f"unknown key '{path[-1]}'{at}", hint)
+    if kind == "missing":
+        return _finding("CFG003", dotted, f"required field '{dotted}' is missing",
+                        f"add {dotted}: <value> (or a model.preset that provides it)")
+    if kind == "world_size_missing":
+        return _finding("CFG003", "parallel.world_size", err["msg"],
+                        "add parallel.world_size: <ranks>")
+    value = _describe(err.get("input"))
+    if kind in {"greater_than_equal", "greater_than", "less_than_equal", "less_than"}:
+        return _finding("CFG004", dotted, f"{err['msg'].lower()}, got {value}{at}",
+                        f"give {dotted} a value in range")
+    return _finding("CFG002", dotted, f"{err['msg']}, got {value}{at}",
+                    f"fix the type/value of {dotted}")
+
+
+def parse_config(data: Any, positions: dict[tuple, Position] | None = None,
+                 duplicates: list | None = None) -> Config:
+    """Validate already-parsed YAML data; InvalidConfig carries one finding per problem."""
+    positions = positions or {}
+    findings = [
+        _finding("CFG006", ".".join(map(str, p)), f"key '{p[-1]}' appears twice (line {pos[0]})",
+                 "keep one; YAML silently takes the last")
+        for p, pos in (duplicates or [])
+    ]
+    if data is None:
+        raise InvalidConfig([_finding("CFG005", "", "the config is empty",
+                                      "write the model, parallel and training sections")])
+    if not isinstance(data, dict):
+        raise InvalidConfig([_finding("CFG005", "", f"the config must be a mapping of sections, "
+                                      f"got {type(data).__name__}", "write `model:`, `parallel:`, "
+                                      "`training:` … at the top level")])
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        seen: set[str] = set()
+        for err in exc.errors():
+            finding = _error_to_finding(err, data, positions)
+            if finding.path not in seen:
+                seen.add(finding.path)
+                findings.append(finding)
+        raise InvalidConfig(findings) from None
+    except (RecursionError, TypeError, ValueError, OverflowError) as exc:
+        raise InvalidConfig([_finding("CFG002", "", f"cannot interpret the config: {exc}",
+                                      "check the value types")]) from None
+    if findings:
+        raise InvalidConfig(findings)
+    return config
+
+
+def load_config(path: str | Path) -> Config:
+    text = read_text(path)
+    data, positions, duplicates = parse_yaml(text, str(path))
+    return parse_config(data, positions, duplicates)

@@ -1,0 +1,280 @@
+"""The config schema: one pydantic model per YAML section, Megatron-LM argument names in snake_case.
+
+`Config` is the validated, *resolved* job description (presets merged, defaults derived), the single
+input of the rule catalog, the grid, the budgets and the compiled plan.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from planner.presets import PRESETS
+
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+
+class Section(BaseModel):
+    """Strict, closed section: unknown keys and wrong YAML types are config errors, not coercions."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, frozen=True)
+
+
+def _alias(*names: str) -> Any:
+    return Field(default=None, validation_alias=AliasChoices(*names))
+
+
+class ModelSection(Section):
+    preset: Literal["deepseek-v4-pro", "deepseek-v4-flash"] | None = None
+    num_layers: PosInt
+    hidden_size: PosInt
+    num_attention_heads: PosInt
+    num_query_groups: PosInt | None = None
+    kv_channels: PosInt | None = None
+    ffn_hidden_size: PosInt | None = None
+    vocab_size: PosInt
+    max_position_embeddings: PosInt | None = None
+    num_experts: PosInt
+    moe_router_topk: PosInt = 2
+    moe_ffn_hidden_size: PosInt | None = None
+    moe_shared_expert_intermediate_size: NonNegInt | None = None
+    moe_layer_freq: PosInt | list[Literal[0, 1]] = 1
+    moe_n_hash_layers: NonNegInt = 0
+    mtp_num_layers: NonNegInt = 0
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = False
+    moe_router_score_function: Literal["softmax", "sigmoid", "sqrtsoftplus"] = "softmax"
+    moe_router_topk_scaling_factor: PosFloat | None = None
+    moe_router_enable_expert_bias: bool = False
+    moe_router_bias_update_rate: NonNegFloat = 1e-3
+    moe_router_num_groups: PosInt | None = None
+    moe_router_group_topk: PosInt | None = None
+    moe_router_pre_softmax: bool = False
+    swiglu_limit: PosFloat | None = None
+    norm_epsilon: PosFloat = 1e-6
+    attention_variant: Literal["standard", "mla", "dsv4_hybrid"] = "standard"
+    q_lora_rank: PosInt | None = None
+    kv_lora_rank: PosInt | None = None
+    qk_pos_emb_head_dim: NonNegInt = 0
+    o_groups: PosInt | None = None
+    o_lora_rank: PosInt | None = None
+    csa_window_size: PosInt | None = None
+    index_n_heads: PosInt | None = None
+    index_head_dim: PosInt | None = None
+    index_topk: PosInt | None = None
+    compress_ratios: list[NonNegInt] | None = None
+    enable_hyper_connections: bool = False
+    num_residual_streams: PosInt = 1
+    mhc_sinkhorn_iterations: PosInt = 20
+
+    @model_validator(mode="after")
+    def _derive(self) -> ModelSection:
+        derived = {
+            "num_query_groups": self.num_query_groups or self.num_attention_heads,
+            "kv_channels": self.kv_channels or max(1, self.hidden_size // self.num_attention_heads),
+            "ffn_hidden_size": self.ffn_hidden_size or 4 * self.hidden_size,
+        }
+        derived["moe_ffn_hidden_size"] = self.moe_ffn_hidden_size or derived["ffn_hidden_size"]
+        derived["moe_shared_expert_intermediate_size"] = self.moe_shared_expert_intermediate_size or 0
+        for key, value in derived.items():
+            object.__setattr__(self, key, value)
+        return self
+
+    @property
+    def mhc_expansion(self) -> int:
+        """Width multiplier of the residual stream (1 when mHC is off)."""
+        return self.num_residual_streams if self.enable_hyper_connections else 1
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Megatron's moe_layer_freq: an int N makes every N-th layer MoE; a list is a 0/1 pattern."""
+        if isinstance(self.moe_layer_freq, int):
+            return layer % self.moe_layer_freq == 0
+        return layer < len(self.moe_layer_freq) and self.moe_layer_freq[layer] == 1
+
+
+class ParallelSection(Section):
+    world_size: PosInt | None = None
+    tp: PosInt = Field(1, validation_alias=AliasChoices("tp", "tensor_model_parallel_size"))
+    cp: PosInt = Field(1, validation_alias=AliasChoices("cp", "context_parallel_size"))
+    pp: PosInt = Field(1, validation_alias=AliasChoices("pp", "pipeline_model_parallel_size"))
+    vpp: PosInt | None = _alias(
+        "vpp", "virtual_pipeline_model_parallel_size", "num_virtual_stages_per_pipeline_rank"
+    )
+    ep: PosInt = Field(1, validation_alias=AliasChoices("ep", "expert_model_parallel_size"))
+    etp: PosInt | None = _alias("etp", "expert_tensor_parallel_size")
+    gtp: PosInt = Field(1, validation_alias=AliasChoices("gtp", "gtp_remat_size"))
+    egtp: PosInt = Field(1, validation_alias=AliasChoices("egtp", "expert_gtp_remat_size"))
+    gtp_remat_num_sequence_shards: PosInt | None = None
+    order: str = DEFAULT_ORDER
+    sequence_parallel: bool = False
+    hierarchical_context_parallel_sizes: list[PosInt] | None = None
+    cp_comm_type: Literal["p2p", "all_gather", "a2a", "a2a+p2p"] = "p2p"
+    cp_partition_mode: Literal["zigzag", "contiguous"] = "zigzag"
+    dynamic_context_parallel: bool = False
+    hybrid_context_parallel: bool = False
+    decoder_first_pipeline_num_layers: PosInt | None = None
+    decoder_last_pipeline_num_layers: PosInt | None = None
+    num_layers_per_virtual_pipeline_stage: PosInt | None = None
+    pipeline_model_parallel_layout: str | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    microbatch_group_size_per_vp_stage: PosInt | None = None
+    embedding_ranks_rule: Literal["gpt", "core"] = "gpt"
+
+
+class TrainingSection(Section):
+    seq_length: PosInt
+    micro_batch_size: PosInt = 1
+    global_batch_size: PosInt | None = None
+    qkv_format: Literal["sbhd", "bshd", "thd"] = "sbhd"
+    sequence_packing_scheduler: Literal["dp_balanced", "default_dynamic_cp"] | None = None
+    variable_seq_lengths: bool = False
+    optimizer: Literal["adam", "sgd", "muon"] = "adam"
+    use_distributed_optimizer: bool = False
+    num_distributed_optimizer_instances: PosInt = 1
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    fp8: bool = False
+    fp4: bool = False
+    calculate_per_token_loss: bool = False
+    average_in_collective: bool = Field(
+        False, validation_alias=AliasChoices("average_in_collective", "ddp_average_in_collective")
+    )
+    ckpt_format: Literal["torch_dist", "torch", "torch_dcp", "fsdp_dtensor"] = "torch_dist"
+    use_megatron_fsdp: bool = False
+    use_torch_fsdp2: bool = False
+    lr: PosFloat = 1e-4
+    adam_beta1: NonNegFloat = 0.9
+    adam_beta2: NonNegFloat = 0.95
+    adam_eps: PosFloat = 1e-8
+    weight_decay: NonNegFloat = 0.1
+    seed: NonNegInt = 1234
+
+
+class MoeSection(Section):
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "alltoall"
+    moe_flex_dispatcher_backend: Literal["deepep", "hybridep", "ncclep"] | None = None
+    moe_expert_capacity_factor: PosFloat | None = None
+    moe_pad_expert_input_to_capacity: bool = False
+    moe_token_drop_policy: Literal["probs", "position"] = "probs"
+    moe_router_load_balancing_type: Literal[
+        "aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"
+    ] = "aux_loss"
+    moe_aux_loss_coeff: NonNegFloat = 0.0
+    moe_router_force_load_balancing: bool = False
+    moe_virtual_experts: bool = False
+    moe_latent_size: PosInt | None = None
+    moe_apply_probs_on_input: bool = False
+    moe_grouped_gemm: bool = True
+    moe_permute_fusion: bool = False
+    moe_tid2eid_source: str | None = None
+
+
+class OverlapSection(Section):
+    overlap_moe_expert_parallel_comm: bool = False
+    moe_shared_expert_overlap: bool = False
+    delay_wgrad_compute: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    recompute_granularity: Literal["full", "selective"] | None = None
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: PosInt | None = None
+    recompute_modules: list[str] | None = None
+    cuda_graph_impl: Literal["none", "local", "transformer_engine"] = "none"
+    cuda_graph_scope: list[str] = Field(default_factory=list)
+
+
+class ClusterSection(Section):
+    nodes: PosInt | None = None
+    gpus_per_node: PosInt = 8
+    gpu_memory_gib: PosFloat = 80.0
+    intra_node_bandwidth_gb_s: PosFloat = 450.0
+    inter_node_bandwidth_gb_s: PosFloat = 50.0
+
+
+class LaunchSection(Section):
+    job_name: str = "moeplan"
+    partition: str | None = None
+    account: str | None = None
+    time: str = "01:00:00"
+    container_image: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    extra_sbatch: list[str] = Field(default_factory=list)
+    output_dir: str = "logs"
+    cpus_per_task: PosInt | None = None
+    master_port: Annotated[int, Field(ge=1, le=65535)] = 29500
+    steps: PosInt = 2
+    check_reference: bool = True
+
+
+class Config(Section):
+    model: ModelSection
+    parallel: ParallelSection
+    training: TrainingSection
+    moe: MoeSection = Field(default_factory=MoeSection)
+    overlap: OverlapSection = Field(default_factory=OverlapSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    launch: LaunchSection = Field(default_factory=LaunchSection)
+    ignore: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        """Fill model fields from the named preset; whatever the user wrote wins."""
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+            return data
+        preset = data["model"].get("preset")
+        if preset is None or preset not in PRESETS:
+            return data
+        return {**data, "model": {**PRESETS[preset], **data["model"]}}
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Config:
+        """Derive what Megatron derives: world size, ETP default, nodes, the default global batch."""
+        par, cluster = self.parallel, self.cluster
+        world = par.world_size
+        if world is None:
+            if cluster.nodes is None:
+                raise PydanticCustomError(
+                    "world_size_missing",
+                    "parallel.world_size is not set and cannot be derived: give parallel.world_size "
+                    "or cluster.nodes (world size = nodes x gpus_per_node)",
+                )
+            world = cluster.nodes * cluster.gpus_per_node
+        object.__setattr__(par, "world_size", world)
+        if par.etp is None:
+            object.__setattr__(par, "etp", par.tp)
+        if cluster.nodes is None:
+            object.__setattr__(cluster, "nodes", math.ceil(world / cluster.gpus_per_node))
+        return self
+
+    # Derived degrees every consumer needs; the grid owns the groups themselves.
+    @property
+    def dp(self) -> int:
+        """Replicate data-parallel size N/(TP·CP·PP·GTP); fractional layouts are a rule finding."""
+        p = self.parallel
+        return p.world_size // (p.tp * p.cp * p.pp * p.gtp)
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size N/(ETP·EP·PP·EGTP); CP never enters the expert grid."""
+        p = self.parallel
+        return p.world_size // (p.etp * p.ep * p.pp * p.egtp)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Megatron's default global batch is micro_batch_size x replicate DP."""
+        return self.training.global_batch_size or self.training.micro_batch_size * self.dp
+
+    @property
+    def microbatches(self) -> int:
+        """m = B / (b · D_a · GTP): CP, EP and ETP add no independent samples (SPEC §3)."""
+        t = self.training
+        return self.global_batch_size // (t.micro_batch_size * self.dp * self.parallel.gtp)
