@@ -65,7 +65,7 @@ _TOKEN = re.compile(r"\s*(\(|\)|\*\s*\d+|[EtmL|])")
 
 def expand_layout(layout: str) -> list[list[str]]:
     """Expand a Megatron layout string (`Et*4|(tttt|)*14tmL`) into per-virtual-stage symbol lists."""
-    pos, out, stack = 0, [], [[]]
+    pos, stack = 0, [[]]
     text = layout.strip()
     while pos < len(text):
         match = _TOKEN.match(text, pos)
@@ -174,7 +174,8 @@ def _layers_per_chunk(cfg: Config, vpp: int) -> list[int]:
         if rest < 0 or (middle and rest % len(middle)) or (not middle and rest):
             raise SplitError(
                 f"{layers} layers minus first/last {fixed} leaves {rest} for {len(middle)} "
-                f"middle stage(s), which does not divide evenly", "parallel.decoder_first_pipeline_num_layers",
+                f"middle stage(s), which does not divide evenly",
+                "parallel.decoder_first_pipeline_num_layers",
                 "choose first/last counts so the middle stages get equal whole layer counts",
             )
         for i in middle:
