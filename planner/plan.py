@@ -1,0 +1,150 @@
+"""The compiled plan: a versioned, self-checking JSON artifact holding everything the runtime and the
+launchers need — the resolved config, layout, stage split, process groups, expert ownership and
+budgets. The runtime reads only this file; it never re-derives the layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from planner.findings import Finding, has_errors
+from planner.schema import Config
+
+PLAN_FORMAT = "moeplan-plan"
+PLAN_VERSION = 1
+MOEPLAN_VERSION = "0.1.0"
+
+
+class PlanError(Exception):
+    """The config has errors: no plan is produced. Carries the findings."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        super().__init__(f"{sum(f.severity == 'error' for f in findings)} config error(s)")
+        self.findings = findings
+
+
+class PlanFileError(Exception):
+    """A plan file that is unreadable, from another version, or tampered with."""
+
+
+def canonical_json(payload: Any) -> str:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def plan_digest(plan: dict[str, Any]) -> str:
+    """sha256 over the canonical JSON of everything except the digest itself."""
+    body = {key: value for key, value in plan.items() if key != "digest"}
+    return "sha256:" + hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def _stages(cfg: Config) -> list[dict[str, Any]]:
+    from planner.pipeline import stage_split
+
+    split = stage_split(cfg)
+    return [
+        {
+            "stage": s.stage,
+            "layers": list(s.layers),
+            "moe_layers": list(s.moe_layers),
+            "hash_layers": list(s.hash_layers),
+            "mtp_layers": list(s.mtp_layers),
+            "embedding": s.embedding,
+            "output_head": s.output_head,
+            "chunks": [
+                {"index": c.index, "virtual": c.virtual, "layers": list(c.layers),
+                 "mtp_layers": list(c.mtp_layers), "embedding": c.embedding, "loss": c.loss}
+                for c in s.chunks
+            ],
+        }
+        for s in split.stages
+    ]
+
+
+def _ranks(grid: Any) -> list[dict[str, Any]]:
+    """Per-rank coordinates and owned experts, read off the grid (never recomputed downstream)."""
+    rows = []
+    for rank in range(grid.spec.world_size):
+        view = grid.rank_view(rank, with_formulas=False)
+        own = view.experts
+        rows.append({
+            "rank": rank,
+            "stage": view.stage,
+            "tp_rank": view.dense_coords.get("tp", 0),
+            "cp_rank": view.dense_coords.get("cp", 0),
+            "dp_rank": view.dense_coords.get("dp", 0),
+            "ep_rank": own.ep_rank,
+            "etp_rank": own.etp_rank,
+            "edp_rank": view.expert_coords.get("dp", 0),
+            "experts": {"first": own.expert_ids[0] if own.expert_ids else 0,
+                        "count": len(own.expert_ids), "ids": list(own.expert_ids)},
+        })
+    return rows
+
+
+def compile_plan(cfg: Config, findings: list[Finding]) -> dict[str, Any]:
+    """Build the plan for a config whose findings carry no error (else PlanError)."""
+    if has_errors(findings):
+        raise PlanError(findings)
+    from planner.accounting import plan_budgets
+    from planner.grid import Grid, grid_spec_from_config
+    from planner.layout import layout_summary
+
+    grid = Grid(grid_spec_from_config(cfg))
+    plan: dict[str, Any] = {
+        "format": PLAN_FORMAT,
+        "version": PLAN_VERSION,
+        "moeplan_version": MOEPLAN_VERSION,
+        "config": cfg.model_dump(mode="json"),
+        "layout": layout_summary(cfg),
+        "stages": _stages(cfg),
+        "groups": grid.all_groups(),
+        "ranks": _ranks(grid),
+        "budgets": plan_budgets(cfg),
+        "findings": [f.as_dict() for f in findings],
+    }
+    plan["digest"] = plan_digest(plan)
+    return plan
+
+
+def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """Write through a temporary file in the same folder and rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_plan(plan: dict[str, Any], path: Path) -> None:
+    write_atomic(path, json.dumps(plan, indent=1) + "\n")
+
+
+def read_plan(path: Path | str) -> dict[str, Any]:
+    """Load a plan and refuse anything that is not an untouched plan of this format and version."""
+    try:
+        plan = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanFileError(f"{path}: no such plan file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanFileError(f"{path}: not a readable plan ({exc})") from None
+    if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT:
+        raise PlanFileError(f"{path}: not a moeplan plan (format {plan.get('format')!r})"
+                            if isinstance(plan, dict) else f"{path}: not a moeplan plan")
+    if plan.get("version") != PLAN_VERSION:
+        raise PlanFileError(
+            f"{path}: plan format version {plan.get('version')!r}, this moeplan reads version "
+            f"{PLAN_VERSION}; recompile it with `moeplan compile`")
+    if plan.get("digest") != plan_digest(plan):
+        raise PlanFileError(f"{path}: digest mismatch — the plan was edited after compilation; "
+                            "recompile it with `moeplan compile`")
+    return plan
