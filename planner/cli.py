@@ -13,6 +13,7 @@ import typer
 COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.check",
     "planner.commands.compile",
+    "planner.commands.reshard",
 )
 
 app = typer.Typer(

@@ -1,0 +1,141 @@
+"""Reshard plan: when a checkpoint saved under one layout is loaded under another, which routed-expert
+shards each new rank must read, from which old ranks, and how many bytes.
+
+Experts are addressed by global expert id (SPEC §15): EP64 local expert 0 is not EP32 local expert 0.
+An ETP shard is an offset range of the expert's intermediate dimension I (FC1/FC3 columns, FC2 rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.findings import Finding
+from planner.schema import Config
+
+# Fields that define the logical tensors of the model; any difference means another model.
+MODEL_IDENTITY_FIELDS = (
+    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+    "ffn_hidden_size", "vocab_size", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size", "moe_layer_freq", "moe_n_hash_layers", "mtp_num_layers",
+    "untie_embeddings_and_output_weights", "add_bias_linear", "attention_variant", "q_lora_rank",
+    "kv_lora_rank", "o_groups", "o_lora_rank", "enable_hyper_connections", "num_residual_streams",
+)
+
+_PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+ADAM_STATE_BYTES = 12  # fp32 master weight + two fp32 moments per parameter
+
+
+def model_differences(old: Config, new: Config) -> list[Finding]:
+    """One finding per model field that differs: a checkpoint cannot move between different models."""
+    findings = []
+    for name in MODEL_IDENTITY_FIELDS:
+        a, b = getattr(old.model, name), getattr(new.model, name)
+        if a != b:
+            findings.append(Finding(
+                "RSH001", "error", f"model.{name}",
+                f"the two configs describe different models: {name} {a} → {b}",
+                f"keep model.{name} = {a} in the new config; resharding moves shards, it cannot "
+                "change logical tensor shapes", "SPEC §15"))
+    return findings
+
+
+@dataclass
+class RankRead:
+    """What one rank of the new layout needs for its routed experts."""
+
+    rank: int
+    stage: int
+    expert_ids: tuple[int, ...]
+    layers: tuple[int, ...]
+    shard: tuple[int, int]  # [start, stop) of the intermediate dimension
+    local_bytes: int = 0
+    read_bytes: int = 0
+    sources: dict[int, int] = field(default_factory=dict)  # old rank -> bytes read from it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "stage": self.stage, "expert_ids": list(self.expert_ids),
+                "layers": list(self.layers), "intermediate_range": list(self.shard),
+                "local_bytes": self.local_bytes, "read_bytes": self.read_bytes,
+                "sources": {str(k): v for k, v in sorted(self.sources.items())}}
+
+
+def _holders(grid: Any) -> tuple[dict[tuple[int, int], list[tuple[int, int, int]]], int]:
+    """(layer, expert) -> [(rank, shard start, shard stop)] over the whole old layout."""
+    spec = grid.spec
+    out: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for rank in range(spec.world_size):
+        own = grid.expert_ownership(rank)
+        for layer, ids in own.experts_by_layer.items():
+            for expert in ids:
+                out.setdefault((layer, expert), []).append((rank, own.etp_rank, own.etp_size))
+    return out, spec.world_size
+
+
+def _bytes_per_intermediate_row(cfg: Config) -> int:
+    """W1, W3 columns and a W2 row per unit of I: 3·h parameters, weights plus Adam state."""
+    per_param = _PRECISION_BYTES[cfg.training.precision] + ADAM_STATE_BYTES
+    return 3 * cfg.model.hidden_size * per_param
+
+
+def reshard_plan(old: Config, new: Config) -> dict[str, Any]:
+    """Per new rank: expert shards held, bytes already local, bytes to read and from whom.
+
+    A needed range is read from the old holder whose shard overlaps it, preferring the rank itself
+    (no transfer), then the lowest old rank; replicas (old expt_dp peers) are interchangeable.
+    """
+    from planner.grid import Grid, grid_spec_from_config
+
+    old_grid, new_grid = Grid(grid_spec_from_config(old)), Grid(grid_spec_from_config(new))
+    holders, _ = _holders(old_grid)
+    inter = new.model.moe_ffn_hidden_size
+    row_bytes = _bytes_per_intermediate_row(new)
+    reads: list[RankRead] = []
+    for rank in range(new_grid.spec.world_size):
+        own = new_grid.expert_ownership(rank)
+        width = inter // own.etp_size
+        start, stop = own.etp_rank * width, (own.etp_rank + 1) * width
+        entry = RankRead(rank, own.stage, own.expert_ids, tuple(sorted(own.experts_by_layer)),
+                         (start, stop))
+        for layer, ids in own.experts_by_layer.items():
+            for expert in ids:
+                for src, lo, hi in _pieces(holders.get((layer, expert), []), start, stop, rank, inter):
+                    amount = (hi - lo) * row_bytes
+                    if src == rank:
+                        entry.local_bytes += amount
+                    else:
+                        entry.read_bytes += amount
+                        entry.sources[src] = entry.sources.get(src, 0) + amount
+        reads.append(entry)
+    total_read = sum(r.read_bytes for r in reads)
+    return {
+        "same_model": True,
+        "old": {"world_size": old.parallel.world_size, "ep": old.parallel.ep, "etp": old.parallel.etp,
+                "pp": old.parallel.pp, "edp": old.edp},
+        "new": {"world_size": new.parallel.world_size, "ep": new.parallel.ep, "etp": new.parallel.etp,
+                "pp": new.parallel.pp, "edp": new.edp},
+        "bytes_per_parameter": _PRECISION_BYTES[new.training.precision] + ADAM_STATE_BYTES,
+        "total_read_bytes": total_read,
+        "total_local_bytes": sum(r.local_bytes for r in reads),
+        "ranks": [r.as_dict() for r in reads],
+    }
+
+
+def _pieces(holders: list[tuple[int, int, int]], start: int, stop: int, rank: int,
+            inter: int) -> list[tuple[int, int, int]]:
+    """Cover [start, stop) of I with old shards: the rank's own shard first, then lowest rank."""
+    ranges = []
+    for src, etp_rank, etp_size in holders:
+        width = inter // etp_size
+        ranges.append((src != rank, src, etp_rank * width, (etp_rank + 1) * width))
+    ranges.sort()
+    pieces, covered = [], []
+    for _, src, lo, hi in ranges:
+        lo, hi = max(lo, start), min(hi, stop)
+        for c_lo, c_hi in covered:  # keep only what is not covered yet (old shards are aligned)
+            if c_lo <= lo and hi <= c_hi:
+                lo = hi
+        if lo < hi:
+            pieces.append((src, lo, hi))
+            covered.append((lo, hi))
+    return pieces
