@@ -457,6 +457,7 @@ def layout_problems(spec: GridSpec) -> list[str]:
             f"DP = {spec.dp} != EDP = {spec.edp}: Megatron requires equal attention and MoE "
             "data-parallel sizes without pp-last rank ordering"
         )
+        return problems  # Megatron's first assertion stops group building here
     mismatch = pp_group_mismatch(spec)
     if mismatch is not None:
         problems.append(
@@ -846,13 +847,14 @@ def layout_formula(layout: Layout, stage: int = 0) -> LayoutFormula:
     import sympy  # lazy: 0.25 s that `moeplan check` should not pay
 
     names = _SYMBOLS[layout.name]
-    r = sympy.Symbol("r", integer=True, nonnegative=True)
+    # Plain symbols, so callers can substitute by name: expr.subs({"c": 1, "d_a": 5}).
+    r = sympy.Symbol("r")
     terms = tuple(
         (stride, names[axis], size)
         for axis, size, stride in zip(layout.axes, layout.sizes, layout.strides, strict=True)
         if size > 1
     )
-    symbols = {sym: sympy.Symbol(sym, integer=True, nonnegative=True) for _s, sym, _z in terms}
+    symbols = {sym: sympy.Symbol(sym) for _s, sym, _z in terms}
     expression = sympy.Add(*(stride * symbols[sym] for stride, sym, _z in terms))
     p = symbols.get("p")
     stage_expression = expression.subs(p, stage) if p is not None else expression
