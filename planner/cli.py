@@ -12,6 +12,7 @@ import typer
 
 COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.check",
+    "planner.commands.groups",
     "planner.commands.compile",
     "planner.commands.reshard",
 )

@@ -1,0 +1,216 @@
+"""`moeplan groups CONFIG`: the process groups Megatron-Core would build, offline.
+
+Default: one table per layout (dense, expert). `--rank R`: what R holds and talks to.
+`--kind K`: one kind in full. `--svg FILE`: one pipeline stage drawn in both views.
+`--json`: the same data, machine-readable, groups in Megatron's generator order.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from planner.cli_common import (
+    EXIT_CONFIG,
+    EXIT_USAGE,
+    exit_on_errors,
+    fail,
+    findings_json,
+    load_config_or_exit,
+    print_findings,
+    stdout,
+)
+from planner.findings import Finding
+from planner.grid import KIND_SOURCES, Grid, GridError, RankView, grid_spec_from_config
+
+_SHOWN_RANKS = 12  # ranks printed per group before it is abbreviated
+
+
+def format_group(group: list[int], limit: int = _SHOWN_RANKS) -> str:
+    """A group as text; long ones as runs, e.g. `[0–63, 128–191, …, 960–1023] (1024)`."""
+    if len(group) <= limit:
+        return "[" + ", ".join(map(str, group)) + "]"
+    runs: list[tuple[int, int]] = []
+    for rank in group:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], rank)
+        else:
+            runs.append((rank, rank))
+    if all(a == b for a, b in runs):
+        body = f"{group[0]}, {group[1]}, …, {group[-1]}"
+    else:
+        shown = [f"{a}–{b}" if a != b else str(a) for a, b in runs]
+        body = ", ".join(shown if len(shown) <= 4 else [*shown[:2], "…", shown[-1]])
+    return f"[{body}] ({len(group)})"
+
+
+def _grid_or_exit(cfg: Any, as_json: bool) -> Grid:
+    """Build the grid; a layout Megatron would reject exits 1 like a rule finding."""
+    try:
+        return Grid(grid_spec_from_config(cfg))
+    except GridError as err:
+        findings = [
+            Finding("GRID", "error", "parallel", problem,
+                    "fix the parallel degrees or order (see `moeplan check`)",
+                    "megatron-reference §1.3, §2.1")
+            for problem in err.problems
+        ]
+        if as_json:
+            print(json.dumps({"ok": False, "findings": findings_json(findings)}, indent=2))
+        else:
+            print_findings(findings)
+        raise typer.Exit(EXIT_CONFIG) from None
+
+
+def _listing_kinds(grid: Grid) -> list[str]:
+    """Kinds shown in tables: hcp is shown level by level (each level partitions the ranks)."""
+    out: list[str] = []
+    for kind in grid.kinds:
+        out.extend(grid.hcp_kinds if kind == "hcp" else (kind,))
+    return out
+
+
+def _header(grid: Grid) -> str:
+    s = grid.spec
+    return (
+        f"N = {s.world_size}   DP = {grid.dp}   EDP = {grid.edp}   PP = {s.pp}   "
+        f"ranks/stage = {s.ranks_per_stage}\n"
+        f"dense order  {grid.dense.order}  sizes {list(grid.dense.sizes)}\n"
+        f"expert order {grid.expert.order}  sizes {list(grid.expert.sizes)}"
+    )
+
+
+def _layout_table(grid: Grid, layout: str, first: int) -> Table:
+    table = Table(title=f"{layout} layout", title_justify="left")
+    for name, justify in (("kind", "left"), ("built from", "left"), ("size", "right"),
+                          ("groups", "right"), ("first groups", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for kind in _listing_kinds(grid):
+        base = "hcp" if kind in grid.hcp_kinds else kind
+        where, how = KIND_SOURCES[base]
+        if where != layout:
+            continue
+        groups = grid.groups(kind)
+        shown = "\n".join(format_group(g) for g in groups[:first])
+        if len(groups) > first:
+            shown += f"\n… {len(groups) - first} more"
+        table.add_row(kind, how, str(grid.group_size(kind)), str(grid.num_groups(kind)), shown)
+    return table
+
+
+def _print_rank(view: RankView, only_kind: str | None) -> None:
+    stdout.print(f"[bold]rank {view.rank}[/] — pipeline stage {view.stage}", markup=True)
+    dense = "  ".join(f"{a}={v}" for a, v in view.dense_coords.items())
+    expert = "  ".join(f"{a}={v}" for a, v in view.expert_coords.items())
+    stdout.print(f"dense coordinates   {dense}\nexpert coordinates  {expert}")
+    table = Table(title="groups containing this rank", title_justify="left")
+    for name in ("kind", "size", "ranks"):
+        table.add_column(name)
+    for kind, group in view.groups.items():
+        if only_kind in (None, kind):
+            text = str(group) if only_kind else format_group(group)
+            table.add_row(kind, str(len(group)), text)
+    stdout.print(table)
+    if only_kind is not None:
+        return
+    own = view.experts
+    if own.expert_ids:
+        layers = list(own.experts_by_layer) or "none on this stage"
+        stdout.print(
+            f"experts: EP rank {own.ep_rank} of {own.ep_size} holds global experts "
+            f"{own.expert_ids[0]}–{own.expert_ids[-1]} in every MoE layer of stage {own.stage} "
+            f"(MoE layers: {layers}); {own.shard}"
+        )
+    else:
+        stdout.print(f"experts: {own.note}")
+    stdout.print(f"expert replicas (expt_dp peers, same parameters): {list(own.replica_peers)}")
+    for name, formula in view.formulas.items():
+        coords = ", ".join(f"{sym}={int(expr.subs('r', view.rank))}"
+                           for sym, expr in formula.inverse.items())
+        stdout.print(
+            f"{name} formula: {formula.text()}  ({formula.ranges()})\n"
+            f"    stage {view.stage}: {formula.text(stage=True)};  {coords}"
+        )
+
+
+def groups(
+    config: Annotated[Path, typer.Argument(help="YAML config")],
+    rank: Annotated[int | None, typer.Option("--rank", help="show what this rank holds")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="print one group kind in full")] = None,
+    svg: Annotated[Path | None, typer.Option("--svg", help="write a picture of one stage")] = None,
+    stage: Annotated[int, typer.Option("--stage", help="pipeline stage for --svg")] = 0,
+    first: Annotated[int, typer.Option("--first", min=1, help="groups shown per kind")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Print the process groups Megatron-Core would build, or one rank's view of them."""
+    cfg = load_config_or_exit(config, as_json=as_json)
+    exit_on_errors(cfg, as_json=as_json)
+    grid = _grid_or_exit(cfg, as_json)
+    spec = grid.spec
+    if rank is not None and not 0 <= rank < spec.world_size:
+        fail(EXIT_USAGE, f"--rank {rank} is outside 0..{spec.world_size - 1}")
+    known = _listing_kinds(grid) + (["hcp"] if grid.hcp_kinds else [])
+    if kind is not None and kind not in known:
+        fail(EXIT_USAGE, f"--kind {kind} is not a group kind of this layout; one of: "
+                         f"{', '.join(known)}")
+    if rank is not None and kind == "hcp":
+        fail(EXIT_USAGE, f"with --rank ask for one hcp level: {', '.join(grid.hcp_kinds)}")
+    if svg is not None:
+        _write_svg(grid, svg, stage, quiet=as_json)
+    if rank is not None:
+        view = grid.rank_view(rank)
+        if as_json:
+            payload = _json_head(grid) | view.to_dict()
+            if kind is not None:
+                payload["groups"] = {k: g for k, g in view.groups.items() if k == kind}
+            print(json.dumps(payload))
+        else:
+            _print_rank(view, kind)
+        return
+    if as_json:
+        kinds = [kind] if kind is not None else list(grid.kinds)
+        print(json.dumps(_json_head(grid) | {"groups": {k: grid.groups(k) for k in kinds}}))
+        return
+    if kind is not None:
+        stdout.print(f"[bold]{kind}[/]: {grid.num_groups(kind)} group(s)", markup=True)
+        for i, group in enumerate(grid.groups(kind)):
+            stdout.print(f"{i}: {group}")
+        return
+    if svg is not None:
+        return
+    stdout.print(_header(grid))
+    stdout.print(_layout_table(grid, "dense", first))
+    stdout.print(_layout_table(grid, "expert", first))
+
+
+def _json_head(grid: Grid) -> dict[str, Any]:
+    s = grid.spec
+    return {
+        "world_size": s.world_size,
+        "order": s.order,
+        "dp": grid.dp,
+        "edp": grid.edp,
+        "dense_order": grid.dense.order,
+        "expert_order": grid.expert.order,
+    }
+
+
+def _write_svg(grid: Grid, path: Path, stage: int, *, quiet: bool) -> None:
+    from planner.grid_svg import render_stage_svg
+
+    if not 0 <= stage < grid.spec.pp:
+        fail(EXIT_USAGE, f"--stage {stage} is outside 0..{grid.spec.pp - 1}")
+    try:
+        path.write_text(render_stage_svg(grid, stage), encoding="utf-8")
+    except OSError as exc:
+        fail(EXIT_USAGE, f"cannot write {path}: {exc.strerror or exc}")
+    if not quiet:
+        stdout.print(f"wrote {path} (stage {stage}, {grid.spec.ranks_per_stage} ranks)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("groups")(groups)
