@@ -14,6 +14,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.check",
     "planner.commands.groups",
     "planner.commands.compile",
+    "planner.commands.rules",
     "planner.commands.reshard",
 )
 

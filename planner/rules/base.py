@@ -1,0 +1,93 @@
+"""What one rule is: a small unit that owns its code, documentation, examples and check.
+
+The design follows ruff's "Violation" registry: the message and fix of a rule live next to the
+logic that detects it, and the catalog is a plain declarative list of these units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from textwrap import dedent
+from typing import TYPE_CHECKING
+
+from planner.findings import Finding, Severity
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from planner.rules.facts import Facts
+
+
+class NotComputable(Exception):
+    """A quantity the rule needs is not a whole number (another rule already reports why)."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One concrete problem found by a check: where, what (with the actual values), how to fix."""
+
+    path: str
+    message: str
+    fix: str
+
+
+CheckFn = Callable[["Facts"], Iterable[Violation]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A catalog entry. `check` is None for documentation-only entries (the loader's CFG codes).
+
+    `bad` and `good` are YAML snippets. For checked rules they are overlays merged onto
+    `planner.rules.example_base.EXAMPLE_BASE`; for documentation-only entries they are whole
+    files (`whole_file_examples`). The tests run both, so an entry without working examples fails.
+    """
+
+    code: str
+    severity: Severity
+    title: str
+    source: str
+    why: str
+    bad: str
+    good: str
+    check: CheckFn | None = None
+    whole_file_examples: bool = False
+
+    @property
+    def family(self) -> str:
+        return self.code.rstrip("0123456789")
+
+    def findings(self, facts: Facts) -> list[Finding]:
+        """Run the check; a rule whose inputs are fractional has nothing to say (never a crash)."""
+        if self.check is None:
+            return []
+        try:
+            return [Finding(self.code, self.severity, v.path, v.message, v.fix, self.source)
+                    for v in self.check(facts)]
+        except NotComputable:
+            return []
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code, "severity": self.severity, "title": self.title,
+                "source": self.source, "why": self.why, "bad": self.bad, "good": self.good,
+                "checked_by": "loader" if self.check is None else "rules"}
+
+
+def _text(block: str) -> str:
+    return dedent(block).strip("\n").rstrip()
+
+
+def rule(code: str, severity: Severity, title: str, *, source: str, why: str, bad: str,
+         good: str) -> Callable[[CheckFn], Rule]:
+    """Turn a check function into a catalog entry carrying its documentation and examples."""
+
+    def wrap(check: CheckFn) -> Rule:
+        return Rule(code, severity, title, source, " ".join(_text(why).split()), _text(bad),
+                    _text(good), check)
+
+    return wrap
+
+
+def documented(code: str, title: str, *, source: str, why: str, bad: str, good: str) -> Rule:
+    """A documentation-only entry for a code that another component (the loader) emits."""
+    return Rule(code, "error", title, source, " ".join(_text(why).split()), _text(bad), _text(good),
+                None, whole_file_examples=True)

@@ -1,0 +1,63 @@
+"""The catalog: every rule unit in one declarative list, and the runner that applies `ignore:`."""
+
+from __future__ import annotations
+
+import difflib
+
+from planner.findings import Finding
+from planner.rules import (
+    batch,
+    cluster,
+    config,
+    distopt,
+    gtp,
+    moe,
+    overlap,
+    parallel,
+    pipeline,
+    v4,
+    virtual_experts,
+)
+from planner.rules.base import Rule
+from planner.rules.facts import Facts
+from planner.schema import Config
+
+CATALOG: tuple[Rule, ...] = (
+    *config.CONFIG_DOCS,
+    *parallel.RULES,
+    *batch.RULES,
+    *pipeline.RULES,
+    *v4.RULES,
+    *moe.RULES,
+    *overlap.RULES,
+    *gtp.RULES,
+    *distopt.RULES,
+    *virtual_experts.RULES,
+    *cluster.RULES,
+    *config.RULES,
+)
+RULES_BY_CODE: dict[str, Rule] = {r.code: r for r in CATALOG}
+CODES: tuple[str, ...] = tuple(RULES_BY_CODE)
+
+
+def find_rule(code: str) -> Rule | None:
+    """Look a code up case-insensitively (`par001` finds PAR001)."""
+    return RULES_BY_CODE.get(code.strip().upper())
+
+
+def suggest_codes(code: str, count: int = 3) -> list[str]:
+    """The catalog codes closest to a mistyped one: codes it is a prefix of, else the most similar."""
+    wanted = code.strip().upper()
+    extending = [c for c in CODES if wanted and c.startswith(wanted)]
+    return extending[:count] or difflib.get_close_matches(wanted, CODES, n=count)
+
+
+def run_rules(cfg: Config) -> list[Finding]:
+    """Every checked rule on one config, in catalog order, minus the codes in `cfg.ignore`."""
+    facts = Facts(cfg)
+    ignored = {code.strip().upper() for code in cfg.ignore}
+    findings: list[Finding] = []
+    for entry in CATALOG:
+        if entry.code not in ignored:
+            findings.extend(entry.findings(facts))
+    return findings

@@ -1,0 +1,134 @@
+"""DOP: the distributed optimizer, its instances, parameter-gather overlap, FSDP and loss reduction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from planner.rules.base import Violation, rule
+from planner.rules.facts import Facts
+from planner.rules.hints import divisor_hint
+
+PARALLEL_STATE = "megatron/core/parallel_state.py::initialize_model_parallel"
+DDP = "megatron/core/distributed/distributed_data_parallel.py::DistributedDataParallel"
+_INSTANCES_16 = """
+parallel: {world_size: 16}
+training: {use_distributed_optimizer: true, num_distributed_optimizer_instances: 2}
+"""
+
+
+@rule(
+    "DOP001", "error", "optimizer instances divide DP·CP",
+    source=PARALLEL_STATE,
+    why="""Several distributed-optimizer instances cut every dense DP×CP group into I contiguous
+    slices (inner shard, outer sync), so I must divide DP·CP (SPEC §8).""",
+    bad="training: {use_distributed_optimizer: true, num_distributed_optimizer_instances: 3}",
+    good=_INSTANCES_16,
+)
+def instances_divide_dp_cp(f: Facts) -> Iterator[Violation]:
+    instances, dp_cp = f.train.num_distributed_optimizer_instances, f.dp * f.par.cp
+    if instances > 1 and dp_cp % instances:
+        yield Violation("training.num_distributed_optimizer_instances",
+                        f"num_distributed_optimizer_instances {instances} does not divide DP·CP = "
+                        f"{f.dp}·{f.par.cp} = {dp_cp}",
+                        f"choose a divisor of {dp_cp}{divisor_hint(dp_cp, instances)}")
+
+
+@rule(
+    "DOP002", "error", "optimizer instances divide EDP",
+    source=PARALLEL_STATE,
+    why="""The expert data-parallel group is cut into the same I instances ([EDP/I, I]
+    hierarchy), so I must also divide EDP.""",
+    bad="training: {use_distributed_optimizer: true, num_distributed_optimizer_instances: 2}",
+    good=_INSTANCES_16,
+)
+def instances_divide_edp(f: Facts) -> Iterator[Violation]:
+    instances, edp = f.train.num_distributed_optimizer_instances, f.edp
+    if instances > 1 and edp % instances:
+        yield Violation("training.num_distributed_optimizer_instances",
+                        f"num_distributed_optimizer_instances {instances} does not divide EDP {edp}",
+                        f"choose a divisor of {edp}{divisor_hint(edp, instances)} or raise EDP")
+
+
+@rule(
+    "DOP003", "error", "several optimizer instances need the distributed optimizer",
+    source=DDP,
+    why="Instances partition the distributed optimizer's shards; plain DDP has nothing to partition.",
+    bad="""
+    parallel: {world_size: 16}
+    training: {num_distributed_optimizer_instances: 2}
+    """,
+    good=_INSTANCES_16,
+)
+def instances_need_distributed_optimizer(f: Facts) -> Iterator[Violation]:
+    instances = f.train.num_distributed_optimizer_instances
+    if instances > 1 and not f.train.use_distributed_optimizer:
+        yield Violation("training.use_distributed_optimizer",
+                        f"num_distributed_optimizer_instances {instances} without the distributed "
+                        "optimizer", "set training.use_distributed_optimizer: true")
+
+
+@rule(
+    "DOP004", "error", "overlap_param_gather needs the distributed optimizer and grad-reduce overlap",
+    source="megatron/training/arguments.py::validate_args",
+    why="""Parameter all-gathers exist only when the optimizer state is sharded (distributed
+    optimizer or Megatron-FSDP), and their overlap is built on the gradient reduce-scatter
+    overlap.""",
+    bad="overlap: {overlap_param_gather: true}",
+    good="""
+    training: {use_distributed_optimizer: true}
+    overlap: {overlap_param_gather: true, overlap_grad_reduce: true}
+    """,
+)
+def param_gather_overlap_requirements(f: Facts) -> Iterator[Violation]:
+    if not f.ovl.overlap_param_gather:
+        return
+    if not (f.train.use_distributed_optimizer or f.train.use_megatron_fsdp):
+        yield Violation("training.use_distributed_optimizer",
+                        "overlap_param_gather without the distributed optimizer",
+                        "set training.use_distributed_optimizer: true")
+    if not f.ovl.overlap_grad_reduce:
+        yield Violation("overlap.overlap_grad_reduce", "overlap_param_gather without overlap_grad_reduce",
+                        "set overlap.overlap_grad_reduce: true")
+
+
+@rule(
+    "DOP005", "error", "per-token loss excludes average-in-collective",
+    source=DDP,
+    why="""Per-token loss keeps SUM collectives and divides by the total number of valid tokens
+    afterwards; an AVG collective would divide by the group size as well (SPEC §8).""",
+    bad="training: {calculate_per_token_loss: true, average_in_collective: true}",
+    good="training: {calculate_per_token_loss: true, average_in_collective: false}",
+)
+def per_token_loss_sums(f: Facts) -> Iterator[Violation]:
+    if f.train.calculate_per_token_loss and f.train.average_in_collective:
+        yield Violation("training.average_in_collective",
+                        "calculate_per_token_loss with average_in_collective",
+                        "set training.average_in_collective: false")
+
+
+@rule(
+    "DOP006", "error", "torch FSDP2 needs PP = 1 and EP = 1",
+    source="megatron/training/arguments.py::validate_args",
+    why="""Megatron's torch FSDP2 path supports neither pipeline nor expert parallelism; for MoE
+    layouts use Megatron-FSDP or the distributed optimizer.""",
+    bad="training: {use_torch_fsdp2: true}",
+    good="""
+    parallel: {pp: 1, ep: 1}
+    training: {use_torch_fsdp2: true}
+    """,
+)
+def torch_fsdp2_limits(f: Facts) -> Iterator[Violation]:
+    if not f.train.use_torch_fsdp2:
+        return
+    for axis in ("pp", "ep"):
+        size = getattr(f.par, axis)
+        if size > 1:
+            yield Violation(f"parallel.{axis}", f"use_torch_fsdp2 with {axis} {size}",
+                            f"set parallel.{axis}: 1 or use use_megatron_fsdp / the distributed "
+                            "optimizer")
+
+
+RULES = (
+    instances_divide_dp_cp, instances_divide_edp, instances_need_distributed_optimizer,
+    param_gather_overlap_requirements, per_token_loss_sums, torch_fsdp2_limits,
+)

@@ -1,0 +1,176 @@
+"""Derived quantities the rules share, computed once per config.
+
+A quantity that is not a whole number (DP when N is not divisible by TP·CP·PP·GTP, the layer
+split when the layers do not divide) raises `NotComputable`: the rule that owns that
+divisibility reports it once, and every rule built on top of it stays silent instead of crashing.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from planner.grid import GridSpec, grid_spec_from_config
+from planner.pipeline import SplitError, StageSplit, stage_split
+from planner.rules.base import NotComputable
+from planner.schema import Config
+
+# Megatron's default backend when `moe_token_dispatcher_type: flex` names none.
+DEFAULT_FLEX_BACKEND = "deepep"
+
+
+class Facts:
+    """One config plus the derived numbers and predicates several rules read."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.model = cfg.model
+        self.par = cfg.parallel
+        self.train = cfg.training
+        self.moe = cfg.moe
+        self.ovl = cfg.overlap
+        self.cluster = cfg.cluster
+
+    # ----------------------------------------------------------------- degrees and grids
+    @property
+    def world_size(self) -> int:
+        return int(self.par.world_size or 0)
+
+    @property
+    def etp(self) -> int:
+        """ETP after Megatron's default (ETP = TP when unset)."""
+        return int(self.par.etp or self.par.tp)
+
+    @property
+    def dense_model_size(self) -> int:
+        """TP·CP·PP·GTP: ranks spanned by one dense weight replica (SPEC §2, §12)."""
+        p = self.par
+        return p.tp * p.cp * p.pp * p.gtp
+
+    @property
+    def expert_model_size(self) -> int:
+        """ETP·EP·PP·EGTP: ranks spanned by one full set of expert shards."""
+        p = self.par
+        return self.etp * p.ep * p.pp * p.egtp
+
+    @property
+    def dense_grid_ok(self) -> bool:
+        return self.world_size % self.dense_model_size == 0
+
+    @property
+    def expert_grid_ok(self) -> bool:
+        return self.world_size % self.expert_model_size == 0
+
+    @property
+    def dp(self) -> int:
+        """Replicate attention data-parallel size D_a."""
+        if not self.dense_grid_ok:
+            raise NotComputable("DP")
+        return self.world_size // self.dense_model_size
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size D_e (CP never enters the expert grid)."""
+        if not self.expert_grid_ok:
+            raise NotComputable("EDP")
+        return self.world_size // self.expert_model_size
+
+    @property
+    def batch_unit(self) -> int:
+        """micro · DP · GTP: samples one microbatch step consumes across the data-parallel ranks."""
+        return self.train.micro_batch_size * self.dp * self.par.gtp
+
+    @property
+    def microbatches(self) -> int:
+        """m = B / (b · D_a · GTP); CP, EP and ETP add no samples (SPEC §3, §10)."""
+        if self.cfg.global_batch_size % self.batch_unit:
+            raise NotComputable("microbatches")
+        return self.cfg.global_batch_size // self.batch_unit
+
+    @cached_property
+    def grid_spec(self) -> GridSpec:
+        """The grid's view of the layout; only meaningful once both grids tile the world."""
+        if not (self.dense_grid_ok and self.expert_grid_ok):
+            raise NotComputable("grid")
+        return grid_spec_from_config(self.cfg)
+
+    # ----------------------------------------------------------------- pipeline
+    @cached_property
+    def split_result(self) -> StageSplit | SplitError:
+        try:
+            return stage_split(self.cfg)
+        except SplitError as err:
+            return err
+
+    @property
+    def split(self) -> StageSplit:
+        result = self.split_result
+        if isinstance(result, SplitError):
+            raise NotComputable("layer split")
+        return result
+
+    @property
+    def vpp(self) -> int:
+        """Virtual stages per rank: from the split (a layout implies it), else as configured."""
+        result = self.split_result
+        if isinstance(result, StageSplit):
+            return result.vpp
+        return self.par.vpp or 1
+
+    # ----------------------------------------------------------------- features
+    @property
+    def v4_attention(self) -> bool:
+        """DeepSeek-V4 CSA/HCA attention (Megatron dev `dsv4_hybrid`)."""
+        return self.model.attention_variant == "dsv4_hybrid"
+
+    @property
+    def v4_model(self) -> bool:
+        return self.v4_attention or (self.model.preset or "").startswith("deepseek-v4")
+
+    @property
+    def hash_layers(self) -> int:
+        return self.model.moe_n_hash_layers
+
+    @property
+    def mhc(self) -> bool:
+        return self.model.enable_hyper_connections
+
+    @property
+    def variable_seq_lengths(self) -> bool:
+        """A sequence-packing scheduler turns variable sequence lengths on (Megatron dev)."""
+        return self.train.variable_seq_lengths or self.train.sequence_packing_scheduler is not None
+
+    @property
+    def fsdp(self) -> str | None:
+        if self.train.use_megatron_fsdp:
+            return "use_megatron_fsdp"
+        if self.train.use_torch_fsdp2:
+            return "use_torch_fsdp2"
+        return None
+
+    @property
+    def dynamic_cp(self) -> str | None:
+        if self.par.dynamic_context_parallel:
+            return "dynamic_context_parallel"
+        if self.par.hybrid_context_parallel:
+            return "hybrid_context_parallel"
+        return None
+
+    @property
+    def gtp_active(self) -> bool:
+        return self.par.gtp > 1 or self.par.egtp > 1
+
+    @property
+    def sequence_shards(self) -> int:
+        """q_s, GTP sequence shards inside the gtp axis (1 when unset)."""
+        return self.par.gtp_remat_num_sequence_shards or 1
+
+    @property
+    def flex_backend(self) -> str | None:
+        """The flex backend in effect, or None when the dispatcher is not flex."""
+        if self.moe.moe_token_dispatcher_type != "flex":
+            return None
+        return self.moe.moe_flex_dispatcher_backend or DEFAULT_FLEX_BACKEND
+
+    @property
+    def drop_and_pad(self) -> bool:
+        return self.moe.moe_expert_capacity_factor is not None or self.moe.moe_pad_expert_input_to_capacity

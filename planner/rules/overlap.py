@@ -1,0 +1,168 @@
+"""OVL: communication/computation overlap switches and what each one requires."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from planner.rules.base import Violation, rule
+from planner.rules.facts import Facts
+
+TRANSFORMER_CONFIG = "megatron/core/transformer/transformer_config.py::TransformerConfig.__post_init__"
+EP_OVERLAP = "overlap.overlap_moe_expert_parallel_comm"
+_OVERLAP_ON = "overlap: {overlap_moe_expert_parallel_comm: true}"
+_PP1 = "parallel: {pp: 1}"
+
+
+def _ep_overlap(f: Facts) -> bool:
+    return f.ovl.overlap_moe_expert_parallel_comm
+
+
+@rule(
+    "OVL001", "error", "shared-expert overlap and batch-level EP overlap are exclusive",
+    source=TRANSFORMER_CONFIG,
+    why="""Both schedule the shared expert's computation against the EP all-to-all: the
+    shared-expert overlap within one microbatch, the batch-level overlap across two. Megatron
+    allows only one of them (SPEC §9, §11).""",
+    bad="""
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true, moe_shared_expert_overlap: true}
+    """,
+    good="""
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true, moe_shared_expert_overlap: false}
+    """,
+)
+def shared_overlap_exclusive(f: Facts) -> Iterator[Violation]:
+    if _ep_overlap(f) and f.ovl.moe_shared_expert_overlap:
+        yield Violation("overlap.moe_shared_expert_overlap",
+                        "moe_shared_expert_overlap and overlap_moe_expert_parallel_comm are both on",
+                        "turn one of them off")
+
+
+@rule(
+    "OVL002", "error", "batch-level EP overlap needs EP > 1",
+    source=TRANSFORMER_CONFIG,
+    why="""overlap_moe_expert_parallel_comm hides the EP all-to-all behind another microbatch's
+    compute; with EP = 1 there is no all-to-all to hide.""",
+    bad=_OVERLAP_ON + "\nparallel: {pp: 1, ep: 1}",
+    good=_OVERLAP_ON + "\nparallel: {pp: 1, ep: 4}",
+)
+def ep_overlap_needs_ep(f: Facts) -> Iterator[Violation]:
+    if _ep_overlap(f) and f.par.ep == 1:
+        yield Violation(EP_OVERLAP, "overlap_moe_expert_parallel_comm is on but ep is 1",
+                        "raise parallel.ep or turn the overlap off")
+
+
+@rule(
+    "OVL003", "error", "batch-level EP overlap with PP > 1 needs VPP",
+    source=TRANSFORMER_CONFIG,
+    why="""With pipelining, the overlap pairs the forward of one model chunk with the backward of
+    another on the same rank, which only the interleaved (VPP) schedule provides.""",
+    bad=_OVERLAP_ON,
+    good=_OVERLAP_ON + "\nparallel: {vpp: 2}",
+)
+def ep_overlap_needs_vpp(f: Facts) -> Iterator[Violation]:
+    if _ep_overlap(f) and f.par.pp > 1 and f.vpp <= 1:
+        yield Violation(EP_OVERLAP, f"overlap_moe_expert_parallel_comm with pp {f.par.pp} and no "
+                        "virtual pipeline stages", "set parallel.vpp (>= 2) or a layout with "
+                        "several stages per rank")
+
+
+@rule(
+    "OVL004", "error", "batch-level EP overlap needs the alltoall or flex dispatcher",
+    source=TRANSFORMER_CONFIG,
+    why="""The overlap splits dispatch and combine into separately scheduled all-to-alls; the
+    allgather dispatcher has no such phases.""",
+    bad=_OVERLAP_ON + "\n" + _PP1 + "\nmoe: {moe_token_dispatcher_type: allgather}",
+    good=_OVERLAP_ON + "\n" + _PP1 + "\nmoe: {moe_token_dispatcher_type: alltoall}",
+)
+def ep_overlap_needs_a2a(f: Facts) -> Iterator[Violation]:
+    kind = f.moe.moe_token_dispatcher_type
+    if _ep_overlap(f) and kind not in ("alltoall", "flex"):
+        yield Violation("moe.moe_token_dispatcher_type",
+                        f"overlap_moe_expert_parallel_comm with the {kind} dispatcher",
+                        "use moe_token_dispatcher_type alltoall or flex")
+
+
+@rule(
+    "OVL005", "error", "delay_wgrad_compute needs batch-level EP overlap",
+    source=TRANSFORMER_CONFIG,
+    why="""Delaying the weight-gradient GEMMs (dW = Xᵀ·Ȳ) only pays off when the overlap schedule
+    fills the gap they leave; Megatron requires overlap_moe_expert_parallel_comm (SPEC §11).""",
+    bad="overlap: {delay_wgrad_compute: true}",
+    good="""
+    parallel: {pp: 1}
+    overlap: {delay_wgrad_compute: true, overlap_moe_expert_parallel_comm: true}
+    """,
+)
+def delay_wgrad_needs_overlap(f: Facts) -> Iterator[Violation]:
+    if f.ovl.delay_wgrad_compute and not _ep_overlap(f):
+        yield Violation("overlap.delay_wgrad_compute",
+                        "delay_wgrad_compute is on but overlap_moe_expert_parallel_comm is off",
+                        "turn on overlap.overlap_moe_expert_parallel_comm or drop delay_wgrad_compute")
+
+
+@rule(
+    "OVL006", "error", "shared-expert overlap needs the alltoall or flex dispatcher",
+    source=TRANSFORMER_CONFIG,
+    why="""The shared expert is overlapped with the dispatcher's all-to-all (token A2A → shared
+    FC1 → probability A2A); the allgather dispatcher offers no such slots (SPEC §9).""",
+    bad="""
+    moe: {moe_token_dispatcher_type: allgather}
+    overlap: {moe_shared_expert_overlap: true}
+    """,
+    good="""
+    moe: {moe_token_dispatcher_type: alltoall}
+    overlap: {moe_shared_expert_overlap: true}
+    """,
+)
+def shared_overlap_needs_a2a(f: Facts) -> Iterator[Violation]:
+    kind = f.moe.moe_token_dispatcher_type
+    if f.ovl.moe_shared_expert_overlap and kind not in ("alltoall", "flex"):
+        yield Violation("moe.moe_token_dispatcher_type",
+                        f"moe_shared_expert_overlap with the {kind} dispatcher",
+                        "use moe_token_dispatcher_type alltoall or flex")
+
+
+@rule(
+    "OVL007", "error", "batch-level EP overlap needs bf16 or fp16",
+    source=TRANSFORMER_CONFIG,
+    why="The overlap schedule is implemented for half-precision training only.",
+    bad=_OVERLAP_ON + "\n" + _PP1 + "\ntraining: {precision: fp32}",
+    good=_OVERLAP_ON + "\n" + _PP1 + "\ntraining: {precision: bf16}",
+)
+def ep_overlap_needs_half_precision(f: Facts) -> Iterator[Violation]:
+    if _ep_overlap(f) and f.train.precision not in ("bf16", "fp16"):
+        yield Violation("training.precision",
+                        f"overlap_moe_expert_parallel_comm with precision {f.train.precision}",
+                        "use precision bf16 (or fp16), or turn the overlap off")
+
+
+@rule(
+    "OVL008", "error", "batch-level EP overlap excludes recomputing 'moe'",
+    source=TRANSFORMER_CONFIG,
+    why="""Recomputing the whole MoE module re-runs routing and both all-to-alls inside backward,
+    which breaks the overlap's pairing of communication with the other microbatch (SPEC §11).""",
+    bad="""
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true, recompute_granularity: selective,
+              recompute_modules: [moe]}
+    """,
+    good="""
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true, recompute_granularity: selective,
+              recompute_modules: [moe_act]}
+    """,
+)
+def ep_overlap_without_moe_recompute(f: Facts) -> Iterator[Violation]:
+    if _ep_overlap(f) and "moe" in (f.ovl.recompute_modules or []):
+        yield Violation("overlap.recompute_modules",
+                        "overlap_moe_expert_parallel_comm with 'moe' in recompute_modules",
+                        "recompute finer modules (e.g. moe_act) or turn the overlap off")
+
+
+RULES = (
+    shared_overlap_exclusive, ep_overlap_needs_ep, ep_overlap_needs_vpp, ep_overlap_needs_a2a,
+    delay_wgrad_needs_overlap, shared_overlap_needs_a2a, ep_overlap_needs_half_precision,
+    ep_overlap_without_moe_recompute,
+)

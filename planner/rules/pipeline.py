@@ -1,0 +1,122 @@
+"""PIP: how the decoder layers (and MTP) split over pipeline stages and virtual stages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from planner.pipeline import Chunk, SplitError, StageSplit
+from planner.rules.base import Violation, rule
+from planner.rules.facts import Facts
+
+TRANSFORMER_CONFIG = "megatron/core/transformer/transformer_config.py::TransformerConfig.__post_init__"
+
+
+def _run(symbol: str, count: int) -> str:
+    return "" if count == 0 else symbol if count == 1 else f"{symbol}*{count}"
+
+
+def layout_string(split: StageSplit) -> str:
+    """The pipeline_model_parallel_layout that reproduces a split (E, t, m, L, '|' per stage)."""
+
+    def chunk_text(chunk: Chunk) -> str:
+        return ("E" if chunk.embedding else "") + _run("t", len(chunk.layers)) + \
+            _run("m", len(chunk.mtp_layers)) + ("L" if chunk.loss else "")
+
+    return "|".join(chunk_text(c) for c in split.chunks)
+
+
+@rule(
+    "PIP001", "error", "layers split over the pipeline stages",
+    source="megatron/training/arguments.py::validate_args",
+    why="""Megatron splits num_layers evenly over PP·VPP (virtual) stages unless the first/last
+    stage counts or a pipeline_model_parallel_layout say otherwise. A split that does not come out
+    in whole layers per stage is rejected before training starts (SPEC §3: how 61 blocks + MTP split
+    over 8 stages is a separate decision from the device grid).""",
+    bad="model: {num_layers: 5}",
+    good="""
+    model: {num_layers: 5}
+    parallel: {decoder_first_pipeline_num_layers: 2}
+    """,
+)
+def layers_split_over_stages(f: Facts) -> Iterator[Violation]:
+    result = f.split_result
+    if isinstance(result, SplitError):
+        yield Violation(result.path, result.message, result.fix)
+
+
+@rule(
+    "PIP002", "error", "virtual pipeline stages need PP > 1",
+    source="megatron/core/parallel_state.py::initialize_model_parallel",
+    why="""An interleaved (virtual pipeline) schedule cycles model chunks between pipeline
+    ranks; with a single stage there is nothing to interleave and Megatron raises.""",
+    bad="parallel: {pp: 1, vpp: 2}",
+    good="parallel: {pp: 2, vpp: 2}",
+)
+def vpp_needs_pipeline(f: Facts) -> Iterator[Violation]:
+    if f.par.pp == 1 and f.vpp > 1:
+        yield Violation("parallel.vpp", f"vpp {f.vpp} > 1 with pp 1",
+                        "remove vpp (and any layout with several stages) or raise pp")
+
+
+@rule(
+    "PIP003", "error", "hash-routed layers sit on the embedding stage",
+    source=TRANSFORMER_CONFIG,
+    why="""Hash routing looks experts up by token id (tid2eid[input_id]) and input_ids exist only
+    where the embedding runs: the first (virtual) pipeline stage. Every hash layer must therefore
+    be in that stage (SPEC §4).""",
+    bad="model: {moe_n_hash_layers: 3}",
+    good="""
+    model: {moe_n_hash_layers: 2}
+    parallel: {pipeline_model_parallel_layout: "Ett|ttL"}
+    moe: {moe_tid2eid_source: checkpoint}
+    """,
+)
+def hash_layers_on_first_stage(f: Facts) -> Iterator[Violation]:
+    hashed, layers = f.hash_layers, f.model.num_layers
+    if hashed == 0:
+        return
+    if hashed > layers:
+        yield Violation("model.moe_n_hash_layers",
+                        f"moe_n_hash_layers {hashed} exceeds num_layers {layers}",
+                        f"use at most {layers} hash layers")
+        return
+    first = next(c for c in f.split.chunks if c.embedding)
+    if len(first.layers) < hashed:
+        yield Violation(
+            "parallel.pipeline_model_parallel_layout",
+            f"the embedding stage holds {len(first.layers)} decoder layer(s) but the "
+            f"{hashed} hash layers 0..{hashed - 1} must all be there",
+            f"give the first stage at least {hashed} layers (layout starting 'E{_run('t', hashed)}'"
+            f" or decoder_first_pipeline_num_layers >= {hashed} times vpp)",
+        )
+
+
+@rule(
+    "PIP004", "warning", "hash routing with PP > 1 wants an explicit pipeline layout",
+    source=TRANSFORMER_CONFIG,
+    why="""Megatron (dev) requires pipeline_model_parallel_layout whenever hash layers are used
+    with PP > 1, so that the embedding stage is stated explicitly. moeplan can plan an even or
+    first/last split, but Megatron would not accept the arguments; the fix gives the equivalent
+    layout string.""",
+    bad="""
+    model: {moe_n_hash_layers: 1}
+    moe: {moe_tid2eid_source: checkpoint}
+    """,
+    good="""
+    model: {moe_n_hash_layers: 1}
+    parallel: {pipeline_model_parallel_layout: "Ett|ttL"}
+    moe: {moe_tid2eid_source: checkpoint}
+    """,
+)
+def hash_routing_wants_layout(f: Facts) -> Iterator[Violation]:
+    if f.hash_layers == 0 or f.par.pp == 1 or f.par.pipeline_model_parallel_layout:
+        return
+    yield Violation(
+        "parallel.pipeline_model_parallel_layout",
+        f"{f.hash_layers} hash layer(s) with pp {f.par.pp} and no pipeline_model_parallel_layout",
+        f'set pipeline_model_parallel_layout: "{layout_string(f.split)}" (the split planned now)',
+    )
+
+
+RULES = (layers_split_over_stages, vpp_needs_pipeline, hash_layers_on_first_stage,
+         hash_routing_wants_layout)

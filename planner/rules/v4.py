@@ -1,0 +1,239 @@
+"""V4: DeepSeek-V4 specifics — CSA/HCA attention, its context parallelism, hash routing and mHC."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from planner.rules.base import Violation, rule
+from planner.rules.facts import Facts
+
+TRANSFORMER_CONFIG_DEV = (
+    "megatron/core/transformer/transformer_config.py::TransformerConfig.__post_init__ (dev)"
+)
+COMPRESS_RATIOS = (0, 4, 128)
+
+# A custom model with V4 attention needs one compress ratio per layer (4 layers in the base).
+_V4_MODEL = "model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4]}"
+_V4_CP = """
+model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4]}
+parallel: {cp: 2, cp_partition_mode: contiguous}
+training: {qkv_format: thd, sequence_packing_scheduler: dp_balanced}
+"""
+
+
+@rule(
+    "V4001", "error", "DeepSeek-V4 attention needs TP = 1",
+    source=TRANSFORMER_CONFIG_DEV,
+    why="""Megatron's dsv4_hybrid (CSA/HCA) attention has no tensor-parallel implementation; it
+    raises for TP > 1. Scale V4 attention with CP and DP instead (SPEC §10).""",
+    bad=_V4_MODEL + "\nparallel: {tp: 2, sequence_parallel: true}",
+    good=_V4_MODEL + "\nparallel: {tp: 1}",
+)
+def v4_attention_tp1(f: Facts) -> Iterator[Violation]:
+    if f.v4_attention and f.par.tp > 1:
+        yield Violation("parallel.tp", f"attention_variant dsv4_hybrid with tp {f.par.tp}",
+                        "set parallel.tp: 1 (use cp or more data parallelism instead)")
+
+
+@rule(
+    "V4002", "error", "DeepSeek-V4 with CP > 1 needs packed THD input",
+    source=TRANSFORMER_CONFIG_DEV,
+    why="""V4 context parallelism sends the uncompressed KV tail to the neighbour and gathers the
+    compressed KV; it only works on packed (THD) sequences, which need qkv_format thd and a
+    sequence-packing scheduler (SPEC §10).""",
+    bad="""
+    model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4]}
+    parallel: {cp: 2, cp_partition_mode: contiguous}
+    """,
+    good=_V4_CP,
+)
+def v4_cp_needs_thd(f: Facts) -> Iterator[Violation]:
+    if not (f.v4_attention and f.par.cp > 1):
+        return
+    if f.train.qkv_format != "thd":
+        yield Violation("training.qkv_format",
+                        f"dsv4_hybrid attention with cp {f.par.cp} but qkv_format is "
+                        f"{f.train.qkv_format}", "set training.qkv_format: thd")
+    if f.train.sequence_packing_scheduler is None:
+        yield Violation("training.sequence_packing_scheduler",
+                        f"dsv4_hybrid attention with cp {f.par.cp} but no sequence_packing_scheduler",
+                        "set training.sequence_packing_scheduler: dp_balanced")
+
+
+@rule(
+    "V4003", "error", "DeepSeek-V4 with CP > 1 needs the contiguous CP partition",
+    source=TRANSFORMER_CONFIG_DEV,
+    why="""The compressed-attention CP exchange assumes each CP rank holds one contiguous piece
+    of the sequence; Megatron rejects the default zigzag partition for V4 (SPEC §10).""",
+    bad="""
+    model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4]}
+    parallel: {cp: 2, cp_partition_mode: zigzag}
+    training: {qkv_format: thd, sequence_packing_scheduler: dp_balanced}
+    """,
+    good=_V4_CP,
+)
+def v4_cp_contiguous(f: Facts) -> Iterator[Violation]:
+    if f.v4_attention and f.par.cp > 1 and f.par.cp_partition_mode != "contiguous":
+        yield Violation("parallel.cp_partition_mode",
+                        f"dsv4_hybrid attention with cp {f.par.cp} but cp_partition_mode is "
+                        f"{f.par.cp_partition_mode}", "set parallel.cp_partition_mode: contiguous")
+
+
+@rule(
+    "V4004", "error", "DeepSeek-V4 with CP > 1 needs static CP",
+    source="SPEC §10",
+    why="""Current Megatron V4 attention supports static context parallelism only; dynamic
+    (or hybrid) CP regroups ranks per batch, which the V4 CP exchange does not handle.""",
+    bad="""
+    model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4]}
+    parallel: {cp: 2, cp_partition_mode: contiguous, dynamic_context_parallel: true}
+    training: {qkv_format: thd, sequence_packing_scheduler: dp_balanced}
+    """,
+    good=_V4_CP,
+)
+def v4_cp_static(f: Facts) -> Iterator[Violation]:
+    if f.v4_attention and f.par.cp > 1 and f.dynamic_cp:
+        yield Violation(f"parallel.{f.dynamic_cp}",
+                        f"dsv4_hybrid attention with cp {f.par.cp} and {f.dynamic_cp} on",
+                        f"set parallel.{f.dynamic_cp}: false")
+
+
+@rule(
+    "V4005", "error", "hash routing forbids overlap_moe_expert_parallel_comm",
+    source=TRANSFORMER_CONFIG_DEV,
+    why="""Hash MoE layers route by token id instead of the gate; Megatron's batch-level EP
+    overlap cannot schedule them and rejects the combination (SPEC §11).""",
+    bad="""
+    model: {moe_n_hash_layers: 1}
+    parallel: {pp: 1}
+    moe: {moe_tid2eid_source: checkpoint}
+    overlap: {overlap_moe_expert_parallel_comm: true}
+    """,
+    good="""
+    model: {moe_n_hash_layers: 1}
+    parallel: {pp: 1}
+    moe: {moe_tid2eid_source: checkpoint}
+    overlap: {overlap_moe_expert_parallel_comm: false}
+    """,
+)
+def hash_forbids_ep_overlap(f: Facts) -> Iterator[Violation]:
+    if f.hash_layers and f.ovl.overlap_moe_expert_parallel_comm:
+        yield Violation("overlap.overlap_moe_expert_parallel_comm",
+                        f"moe_n_hash_layers {f.hash_layers} with overlap_moe_expert_parallel_comm on",
+                        "set overlap.overlap_moe_expert_parallel_comm: false")
+
+
+@rule(
+    "V4006", "warning", "hash routing without a tid2eid table source",
+    source=TRANSFORMER_CONFIG_DEV,
+    why="""Megatron initialises the hash layers' token→expert table (tid2eid) with a round-robin
+    placeholder and warns. Load the real table from a checkpoint, or state the initialisation you
+    train from scratch with (SPEC §4).""",
+    bad="""
+    model: {moe_n_hash_layers: 1}
+    parallel: {pp: 1}
+    """,
+    good="""
+    model: {moe_n_hash_layers: 1}
+    parallel: {pp: 1}
+    moe: {moe_tid2eid_source: checkpoint}
+    """,
+)
+def hash_needs_tid2eid_source(f: Facts) -> Iterator[Violation]:
+    if f.hash_layers and not f.moe.moe_tid2eid_source:
+        yield Violation("moe.moe_tid2eid_source",
+                        f"{f.hash_layers} hash layer(s) but no tid2eid table source: Megatron would "
+                        "use its round-robin placeholder",
+                        "set moe.moe_tid2eid_source (e.g. checkpoint, or the init strategy)")
+
+
+@rule(
+    "V4007", "error", "mHC with PP > 1 forbids overlap_moe_expert_parallel_comm",
+    source="SPEC §11",
+    why="""mHC widens the residual stream, so the pipeline boundary tensors are several times
+    [n, h]; the batch-level EP overlap schedule does not support those with pipeline
+    parallelism.""",
+    bad="""
+    model: {enable_hyper_connections: true, num_residual_streams: 4}
+    parallel: {vpp: 2}
+    overlap: {overlap_moe_expert_parallel_comm: true}
+    """,
+    good="""
+    model: {enable_hyper_connections: true, num_residual_streams: 4}
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true}
+    """,
+)
+def mhc_pp_forbids_ep_overlap(f: Facts) -> Iterator[Violation]:
+    if f.mhc and f.par.pp > 1 and f.ovl.overlap_moe_expert_parallel_comm:
+        yield Violation("overlap.overlap_moe_expert_parallel_comm",
+                        f"enable_hyper_connections with pp {f.par.pp} and "
+                        "overlap_moe_expert_parallel_comm on",
+                        "set overlap.overlap_moe_expert_parallel_comm: false (or pp: 1)")
+
+
+@rule(
+    "V4008", "warning", "V3-style group/node-limited routing on a DeepSeek-V4 model",
+    source="SPEC §4",
+    why="""DeepSeek-V4 dropped V3's node-limited routing (no n_group/topk_group). Group-limited
+    routing only limits destination nodes when the groups match the physical placement; on V4 it
+    changes the model's routing.""",
+    bad="""
+    model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4],
+            moe_router_num_groups: 4, moe_router_group_topk: 2}
+    """,
+    good=_V4_MODEL,
+)
+def v4_without_node_limits(f: Facts) -> Iterator[Violation]:
+    m = f.model
+    if f.v4_model and (m.moe_router_num_groups or m.moe_router_group_topk):
+        yield Violation("model.moe_router_group_topk",
+                        f"DeepSeek-V4 model with moe_router_num_groups {m.moe_router_num_groups} and "
+                        f"moe_router_group_topk {m.moe_router_group_topk}",
+                        "remove moe_router_num_groups and moe_router_group_topk (V4 routes without "
+                        "a node limit)")
+
+
+@rule(
+    "V4009", "error", "DeepSeek-V4 attention has a compress ratio per layer",
+    source=TRANSFORMER_CONFIG_DEV,
+    why="""CSA/HCA attention compresses the KV of each layer by its own ratio, the MTP layers
+    included, so compress_ratios needs at least num_layers + mtp_num_layers entries.""",
+    bad="model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4]}",
+    good=_V4_MODEL,
+)
+def v4_compress_ratio_count(f: Facts) -> Iterator[Violation]:
+    if not f.v4_attention:
+        return
+    m = f.model
+    need = m.num_layers + m.mtp_num_layers
+    have = len(m.compress_ratios or [])
+    if have < need:
+        yield Violation("model.compress_ratios",
+                        f"compress_ratios has {have} entries, needs num_layers + mtp_num_layers = "
+                        f"{m.num_layers} + {m.mtp_num_layers} = {need}",
+                        f"give {need} ratios (each 0, 4 or 128)")
+
+
+@rule(
+    "V4010", "error", "DeepSeek-V4 compress ratios are 0, 4 or 128",
+    source=TRANSFORMER_CONFIG_DEV,
+    why="""Each layer is either sliding-window only (0), compressed sparse attention (4) or heavily
+    compressed attention (128); there are kernels for no other ratio.""",
+    bad="model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 8, 4]}",
+    good=_V4_MODEL,
+)
+def v4_compress_ratio_values(f: Facts) -> Iterator[Violation]:
+    if not f.v4_attention:
+        return
+    wrong = sorted({r for r in f.model.compress_ratios or [] if r not in COMPRESS_RATIOS})
+    if wrong:
+        yield Violation("model.compress_ratios", f"compress_ratios contains {wrong}",
+                        "use only 0, 4 and 128")
+
+
+RULES = (
+    v4_attention_tp1, v4_cp_needs_thd, v4_cp_contiguous, v4_cp_static, hash_forbids_ep_overlap,
+    hash_needs_tid2eid_source, mhc_pp_forbids_ep_overlap, v4_without_node_limits,
+    v4_compress_ratio_count, v4_compress_ratio_values,
+)
