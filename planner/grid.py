@@ -15,7 +15,7 @@ No torch and no sympy at import time: `moeplan check` must start fast.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from math import prod
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -226,11 +226,7 @@ class Layout:
 
     def mask(self, token: str) -> tuple[int, ...]:
         """Axis indices named by a token; name order inside the token has no effect."""
-        names = token.lower().split("-")
-        unknown = [n for n in names if n not in self.axes]
-        if unknown:
-            raise GridError([f"token '{token}' names {unknown}, not in order '{self.order}'"])
-        return tuple(sorted({self.axes.index(n) for n in names}))
+        return _token_mask(self.axes, token)
 
     def group_size(self, token: str) -> int:
         return prod(self.sizes[i] for i in self.mask(token))
@@ -278,6 +274,15 @@ class Layout:
 
     def _offsets(self, indices: tuple[int, ...]) -> list[int]:
         return list(_mixed_radix_offsets(tuple((self.sizes[i], self.strides[i]) for i in indices)))
+
+
+@lru_cache(maxsize=256)
+def _token_mask(axes: tuple[str, ...], token: str) -> tuple[int, ...]:
+    names = token.lower().split("-")
+    unknown = [n for n in names if n not in axes]
+    if unknown:
+        raise GridError([f"token '{token}' names {unknown}, not in order '{'-'.join(axes)}'"])
+    return tuple(sorted({axes.index(n) for n in names}))
 
 
 @lru_cache(maxsize=256)
@@ -553,15 +558,23 @@ class LayoutFormula:
 
 @dataclass(frozen=True)
 class RankView:
-    """Everything one rank holds and talks to."""
+    """Everything one rank holds and talks to.
+
+    `groups` is computed on first use: materialising a group costs its size (intra_dist_opt
+    spans N/I ranks), and callers that only need coordinates and experts should not pay it.
+    """
 
     rank: int
     stage: int
     dense_coords: dict[str, int]
     expert_coords: dict[str, int]
-    groups: dict[str, list[int]]
     experts: ExpertOwnership
     formulas: dict[str, LayoutFormula]
+    grid: Grid = field(repr=False, compare=False)
+
+    @cached_property
+    def groups(self) -> dict[str, list[int]]:
+        return self.grid.rank_groups(self.rank)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -814,9 +827,9 @@ class Grid:
             stage=stage,
             dense_coords=_shown_coords(self.dense, rank, hidden="ep"),
             expert_coords=_shown_coords(self.expert, rank, hidden="cp"),
-            groups=self.rank_groups(rank),
             experts=self.expert_ownership(rank),
             formulas=self.formulas(stage) if with_formulas else {},
+            grid=self,
         )
 
     def stage_ranks(self, stage: int) -> list[int]:

@@ -122,9 +122,12 @@ def test_svg_of_another_stage(tmp_path):
     assert min(int(c.split()[1].rstrip(":")) for c in cells) == 384
 
 
-def test_svg_aggregates_large_stages(tmp_path, minimal_v4):
-    minimal_v4["parallel"].update(world_size=16384, pp=8)
-    config = write_config(tmp_path, minimal_v4)
+def test_svg_aggregates_large_stages(tmp_path):
+    # The V4-Pro example at 16,384 ranks: 2,048 ranks per stage (DP 1024, EDP 32).
+    data = yaml.safe_load(Path(V4_PRO).read_text())
+    data["parallel"]["world_size"] = 16384
+    data["cluster"]["nodes"] = 2048
+    config = write_config(tmp_path, data)
     out = tmp_path / "big.svg"
     result = invoke(config, "--svg", str(out))
     assert result.exit_code == 0, result.output
