@@ -54,7 +54,8 @@ class Rule:
 
     @property
     def family(self) -> str:
-        return self.code.rstrip("0123456789")
+        """The code without its three-digit number: PAR001 → PAR, V4001 → V4."""
+        return self.code[:-3]
 
     def findings(self, facts: Facts) -> list[Finding]:
         """Run the check; a rule whose inputs are fractional has nothing to say (never a crash)."""
