@@ -1,0 +1,140 @@
+"""The runtime's MoE block: router → dispatcher → grouped experts → combine, plus shared expert.
+
+Follow one token row: hidden [s, b, h] is viewed as n = s·b rows; the router picks k experts and
+their weights; the dispatcher ships each (row, expert) assignment to the rank owning that
+expert (and its ETP peers); the experts weight their SwiGLU activation by the routing weight
+before FC2; the combine brings each output home and sums the k of them; the shared expert adds
+its output for every row. Gradients retrace the same path through autograd collectives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from runtime.comm import Ledger, MoEGroups
+from runtime.dispatcher import ExpertLayout, make_dispatcher
+from runtime.experts import (
+    EXPERT_MATRICES,
+    GroupedExperts,
+    SharedExpert,
+    expert_shard_dim,
+)
+from runtime.router import MoEConfigError, MoESettings, Router, check_balanced_routing
+
+__all__ = ["MoEConfigError", "MoELayer", "MoESettings"]
+
+
+class MoELayer(torch.nn.Module):
+    """One MoE block of a rank; parameters are this rank's shards of the logical weights."""
+
+    def __init__(
+        self,
+        model_cfg: dict[str, Any],
+        moe_cfg: dict[str, Any],
+        layer_id: int,
+        is_hash_layer: bool,
+        groups: MoEGroups,
+        ledger: Ledger,
+        seed: int,
+        tid2eid: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        settings = MoESettings.from_config(model_cfg, moe_cfg)
+        if settings.ffn_hidden_size % groups.etp_size:
+            raise MoEConfigError(
+                f"moe_ffn_hidden_size ({settings.ffn_hidden_size}) must be divisible by ETP "
+                f"({groups.etp_size})"
+            )
+        self.settings = settings
+        self.layer_id = layer_id
+        self.is_hash_layer = is_hash_layer
+        self.layout = ExpertLayout(
+            settings.num_experts, groups.ep_rank, groups.ep_size, groups.etp_rank,
+            groups.etp_size,
+        )
+        self.router = Router(
+            settings, layer_id, seed, is_hash_layer, tid2eid, groups.comm("tp_cp"), ledger,
+            dtype,
+        )
+        self.experts = GroupedExperts(
+            settings, layer_id, self.layout.first_expert, self.layout.num_local,
+            groups.etp_rank, groups.etp_size, seed, dtype,
+        )
+        self.shared_expert = (
+            SharedExpert(settings, layer_id, seed, dtype)
+            if settings.shared_ffn_hidden_size > 0
+            else None
+        )
+        self.dispatcher = make_dispatcher(settings, self.layout, groups, ledger)
+        self.force_balanced = settings.force_balanced
+
+    @property
+    def aux_loss_backward_scale(self) -> float:
+        """Gradient fed into the aux loss in backward (e.g. 1 / microbatches, as Megatron)."""
+        return self.router.aux_loss_backward_scale
+
+    @aux_loss_backward_scale.setter
+    def aux_loss_backward_scale(self, value: float) -> None:
+        self.router.aux_loss_backward_scale = float(value)
+
+    @property
+    def local_tokens_per_expert(self) -> torch.Tensor:
+        """Kept assignments per expert since the last bias update (R2 sums over tp_dp_cp)."""
+        return self.router.local_tokens_per_expert
+
+    @property
+    def last_aux_loss(self) -> torch.Tensor | None:
+        return self.router.last_aux_loss
+
+    def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
+        """hidden [s_local, b, h] (already CP-split), input_ids [b, s_local] → [s_local, b, h]."""
+        seq_length, batch, width = hidden.shape
+        rows = hidden.reshape(seq_length * batch, width)
+        if self.force_balanced:
+            check_balanced_routing(rows.shape[0], self.settings.topk, self.settings.num_experts)
+        token_ids = None
+        if self.is_hash_layer and input_ids is not None:
+            # hidden rows are [s, b]-major but ids are [b, s]: transpose to align them.
+            token_ids = input_ids.t().reshape(-1)
+        routing = self.router(rows, token_ids, seq_length, batch, self.force_balanced)
+        dispatched = self.dispatcher.dispatch(rows, routing)
+        expert_out = self.experts(
+            dispatched.rows, dispatched.probs, dispatched.tokens_per_expert
+        )
+        out = self.dispatcher.combine(expert_out, dispatched.state).to(hidden.dtype)
+        if self.shared_expert is not None:
+            out = out + self.shared_expert(rows)
+        return out.view(seq_length, batch, width)
+
+    def expert_parameters(self) -> list[torch.nn.Parameter]:
+        """Routed-expert shards: reduced over expt_dp."""
+        return list(self.experts.parameters())
+
+    def dense_parameters(self) -> list[torch.nn.Parameter]:
+        """Router and shared expert: replicated over the dense grid, reduced over dp_cp."""
+        params = list(self.router.parameters())
+        if self.shared_expert is not None:
+            params += list(self.shared_expert.parameters())
+        return params
+
+    def update_expert_bias(self, global_counts: torch.Tensor) -> None:
+        """bias += sign(mean − count) · rate from counts summed over tp_dp_cp; clears counts."""
+        self.router.update_expert_bias(global_counts)
+
+    def local_view(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of a full logical tensor named like this layer's parameters.
+
+        Expert tensors are [E, ...] stacks in math form; the rank keeps its L experts and its
+        ETP shard of the intermediate dimension. Dense tensors are replicated.
+        """
+        prefix, _, matrix = name.partition(".")
+        if prefix != "experts" or matrix not in EXPERT_MATRICES:
+            return full
+        first, count = self.layout.first_expert, self.layout.num_local
+        local = full.narrow(0, first, count)
+        dim = 1 + expert_shard_dim(matrix)
+        width = full.shape[dim] // self.layout.etp_size
+        return local.narrow(dim, self.layout.etp_rank * width, width)
