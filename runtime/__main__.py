@@ -1,0 +1,157 @@
+"""`python -m runtime --plan plan.json` under torchrun: run a compiled plan and prove it.
+
+    torchrun --standalone --nproc-per-node=8 -m runtime --plan plan.json --steps 2 \\
+        --check-reference --balanced --report report.json
+    moeplan verify plan.json report.json
+
+Exit codes: 0 ok, 1 the reference check found a mismatch, 2 the plan or the launch is unusable
+(refused before any process group forms, with a message and no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime",
+        description="Run a compiled moeplan plan on this torchrun job and measure it.")
+    parser.add_argument("--plan", required=True, type=Path, help="plan.json from `moeplan compile`")
+    parser.add_argument("--steps", type=int, default=1, help="optimizer steps (default 1)")
+    parser.add_argument("--check-reference", action="store_true",
+                        help="also train the single-process reference and fail on any mismatch")
+    parser.add_argument("--balanced", action="store_true",
+                        help="forced balanced routing: every EP/ETP byte count becomes exact")
+    parser.add_argument("--report", type=Path, help="write the merged report.json here (rank 0)")
+    parser.add_argument("--seed", type=int, help="seed for weights and data (default: the plan's)")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    return args
+
+
+@dataclass
+class Outcome:
+    code: int
+    report: dict[str, Any] | None  # the merged report on rank 0, None elsewhere
+
+
+def _say(message: str) -> None:
+    print(f"moeplan runtime: {message}", file=sys.stderr, flush=True)
+
+
+def preflight(plan: Any, balanced: bool) -> None:
+    """Refusals that need the MoE settings, still before any process group forms."""
+    from runtime.router import MoESettings, check_balanced_routing
+
+    settings = MoESettings.from_config(plan.model, plan.moe)
+    if balanced:
+        rows = int(plan.training["seq_length"]) // int(plan.layout["cp"])
+        rows *= int(plan.training["micro_batch_size"])
+        check_balanced_routing(rows, settings.topk, settings.num_experts)
+
+
+def _single_process_env() -> None:
+    """Let a one-rank plan run without torchrun (env:// needs these four variables)."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+
+
+def launch_problem(plan: Any) -> str | None:
+    """A plan for N ranks needs a job of N ranks; say how to start one."""
+    world = os.environ.get("WORLD_SIZE")
+    if world is None:
+        if plan.world_size == 1:
+            return None
+        return (f"the plan is for {plan.world_size} ranks: start it with `torchrun --standalone "
+                f"--nproc-per-node={plan.world_size} -m runtime --plan ...`")
+    if int(world) != plan.world_size:
+        return (f"the plan is for {plan.world_size} ranks but this job has {world}: use "
+                f"--nproc-per-node={plan.world_size} (or nodes x processes = {plan.world_size})")
+    return None
+
+
+def execute(plan: Any, options: Any, check: bool, report_path: Path | None) -> Outcome:
+    """Groups → model → steps → reference check → report, on an initialised world."""
+    import torch.distributed as dist
+
+    from runtime.equivalence import check_reference, describe_mismatches
+    from runtime.groups import build_groups
+    from runtime.report import gather_report, write_report
+    from runtime.train import RankTrainer
+
+    groups = build_groups(plan)
+    trainer = RankTrainer(plan, groups, options)
+    result = trainer.run()
+    reference = (check_reference(plan, trainer, result, options) if check
+                 else {"checked": False})
+    report = gather_report(plan, options, trainer.seed, result, reference)
+    code = EXIT_MISMATCH if check and not reference["ok"] else EXIT_OK
+    if dist.get_rank() == 0 and report is not None:
+        losses = ", ".join(f"{loss:.6f}" for loss in result.step_losses)
+        print(f"ran {plan.world_size} ranks x {options.steps} step(s); rank-0 loss per step: "
+              f"{losses}", flush=True)
+        if check:
+            verdict = "ok" if reference["ok"] else "MISMATCH"
+            print(f"reference check: {verdict}, {reference['tensors_checked']} tensors, max "
+                  f"relative error {reference['max_rel_error']:.3e} (tolerance "
+                  f"{reference['tolerance']:g})", flush=True)
+            for line in describe_mismatches(reference):
+                _say(line)
+        if report_path is not None:
+            write_report(report, report_path)
+            print(f"wrote {report_path}", flush=True)
+    return Outcome(code, report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from runtime.plan_io import PlanError, load_plan
+    from runtime.router import MoEConfigError
+
+    try:
+        plan = load_plan(args.plan)
+        balanced = args.balanced or bool(plan.moe.get("moe_router_force_load_balancing"))
+        preflight(plan, balanced)
+    except (PlanError, MoEConfigError) as exc:
+        _say(str(exc))
+        return EXIT_USAGE
+    problem = launch_problem(plan)
+    if problem is not None:
+        _say(problem)
+        return EXIT_USAGE
+
+    import torch.distributed as dist
+
+    from runtime.groups import init_distributed
+    from runtime.train import RunOptions
+
+    options = RunOptions(steps=args.steps, balanced=balanced, seed=args.seed,
+                         capture=args.check_reference, progress=args.steps > 1)
+    _single_process_env()
+    init_distributed()
+    try:
+        return execute(plan, options, args.check_reference, args.report).code
+    except (PlanError, MoEConfigError) as exc:
+        _say(str(exc))
+        return EXIT_USAGE
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Prove a distributed run equals the single-process reference, tensor by tensor and rank by rank.
+
+Rank 0 trains the reference (`runtime.reference`) on the whole global batch and broadcasts it;
+every rank then compares what it holds against its slice — its DP replica's samples, its CP
+positions, its experts and ETP shard (`MoELayer.local_view`) — and rank 0 collects the verdicts:
+
+* the loss of every microbatch (mean token loss over the rank's tokens);
+* every MoE layer's output on every microbatch;
+* every parameter gradient after the gradient reduction, at every step;
+* every parameter and expert bias after the last optimizer step.
+
+The error of a tensor is max|actual − expected| / max|expected| (0 when both are zero).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime.plan_io import Plan
+from runtime.reference import ReferenceModel, ReferenceResult
+from runtime.train import RankResult, RankTrainer, RunOptions
+
+TOLERANCE = 1e-5
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.double(), expected.double()
+    difference = float((actual - expected).abs().max()) if expected.numel() else 0.0
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    if scale == 0.0:
+        return difference
+    return difference / scale
+
+
+@dataclass
+class Comparison:
+    """Every tensor one rank checked: the worst error and the mismatches beyond tolerance."""
+
+    rank: int
+    tolerance: float
+    checked: int = 0
+    max_rel_error: float = 0.0
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+
+    def check(self, name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+        self.checked += 1
+        if actual.shape != expected.shape:
+            self.mismatches.append({"tensor": name, "rank": self.rank, "rel_error": None,
+                                    "detail": f"shape {tuple(actual.shape)} vs reference "
+                                              f"{tuple(expected.shape)}"})
+            return
+        error = relative_error(actual, expected)
+        if error != error:  # NaN
+            error = float("inf")
+        self.max_rel_error = max(self.max_rel_error, error)
+        if error > self.tolerance:
+            self.mismatches.append({"tensor": name, "rank": self.rank, "rel_error": error})
+
+
+def rank_view(trainer: RankTrainer, name: str, full: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a reference tensor: MoE blocks slice experts, the rest is whole."""
+    parts = name.split(".")
+    if len(parts) > 3 and parts[0] == "layers" and parts[2] == "ffn":
+        layer = trainer.model.layers[int(parts[1])]
+        if layer.is_moe:
+            return layer.ffn.local_view(".".join(parts[3:]), full)
+    return full
+
+
+def compare_with_reference(trainer: RankTrainer, result: RankResult, reference: ReferenceResult,
+                           tolerance: float = TOLERANCE) -> Comparison:
+    """Check everything this rank captured against its slice of the reference."""
+    comparison = Comparison(rank=result.rank, tolerance=tolerance)
+    positions = reference.slices[result.cp_rank].index()
+    for step, (capture, expected) in enumerate(zip(result.captures, reference.steps, strict=True)):
+        for microbatch, loss in enumerate(capture.losses):
+            key = (result.dp_rank, microbatch)
+            reference_loss = expected.token_losses[key].index_select(1, positions).mean()
+            comparison.check(f"step {step} microbatch {microbatch} loss",
+                             torch.tensor(loss), reference_loss)
+            for layer, output in capture.moe_outputs[microbatch].items():
+                comparison.check(
+                    f"step {step} microbatch {microbatch} layer {layer} MoE output", output,
+                    expected.moe_outputs[key][layer].index_select(0, positions))
+        for name, grad in capture.grads.items():
+            comparison.check(f"step {step} gradient {name}", grad,
+                             rank_view(trainer, name, expected.grads[name]))
+    for name, value in result.final_state.items():
+        comparison.check(f"after step {len(result.captures) - 1} weight {name}", value,
+                         rank_view(trainer, name, reference.final_state[name]))
+    return comparison
+
+
+def check_reference(plan: Plan, trainer: RankTrainer, result: RankResult, options: RunOptions,
+                    tolerance: float = TOLERANCE) -> dict[str, Any]:
+    """Collective over the world: the report's `reference` block, identical on every rank."""
+    payload: list[Any] = [None]
+    if dist.get_rank() == 0:
+        payload = [ReferenceModel(plan, trainer.seed, options.balanced).run(options.steps)]
+    dist.broadcast_object_list(payload, src=0)
+    comparison = compare_with_reference(trainer, result, payload[0], tolerance)
+    verdicts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, comparison)
+    mismatches = [m for verdict in verdicts for m in verdict.mismatches]
+    return {
+        "checked": True,
+        "ok": not mismatches,
+        "tolerance": tolerance,
+        "max_rel_error": max(verdict.max_rel_error for verdict in verdicts),
+        "tensors_checked": sum(verdict.checked for verdict in verdicts),
+        "mismatches": mismatches,
+    }
+
+
+def describe_mismatches(block: dict[str, Any], limit: int = 20) -> list[str]:
+    """One line per mismatch (worst first), naming the tensor and the rank."""
+    ordered = sorted(block["mismatches"], key=lambda m: -(m["rel_error"] or float("inf")))
+    lines = []
+    for mismatch in ordered[:limit]:
+        error = mismatch["rel_error"]
+        detail = mismatch.get("detail") or f"relative error {error:.3e}"
+        lines.append(f"rank {mismatch['rank']}: {mismatch['tensor']}: {detail} "
+                     f"(tolerance {block['tolerance']:g})")
+    if len(ordered) > limit:
+        lines.append(f"... and {len(ordered) - limit} more mismatches")
+    return lines

@@ -1,0 +1,83 @@
+"""Process groups exactly as the plan lists them: one `new_group` per plan group, nothing derived.
+
+Every rank creates every group of every kind in the same order (a requirement of
+`torch.distributed.new_group`), keeps the one that contains it, and reuses a single communicator
+for kinds whose rank sets coincide (e.g. `dp` and `dp_cp` when CP = 1). Every group carries a
+timeout so a mismatched collective fails in seconds instead of hanging a CI job.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from runtime.plan_io import RUNTIME_GROUP_NAMES, Plan
+
+GROUP_TIMEOUT = timedelta(seconds=int(os.environ.get("MOEPLAN_GROUP_TIMEOUT_S", "120")))
+
+
+def backend_for_host() -> str:
+    """NCCL when this process can see a GPU, gloo on CPU ranks."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(timeout: timedelta = GROUP_TIMEOUT) -> None:
+    """Join the job torchrun started (env:// rendezvous); a no-op if already joined."""
+    if dist.is_initialized():
+        return
+    backend = backend_for_host()
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, timeout=timeout)
+
+
+def compute_device() -> torch.device:
+    """Where this rank's tensors live: its GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@dataclass
+class RankGroups:
+    """This rank's view of the plan's groups: the communicator and member ranks of each kind."""
+
+    rank: int
+    world_size: int
+    handles: dict[str, dist.ProcessGroup] = field(default_factory=dict)
+    members: dict[str, list[int]] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> dist.ProcessGroup:
+        return self.handles[name]
+
+    def size(self, name: str) -> int:
+        return len(self.members[name])
+
+    def index(self, name: str) -> int:
+        """This rank's group-local rank: torch orders a group's members by global rank."""
+        return self.members[name].index(self.rank)
+
+
+def build_groups(plan: Plan, timeout: timedelta = GROUP_TIMEOUT) -> RankGroups:
+    """Create every plan group on every rank, in plan order, and keep the ones this rank is in."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != plan.world_size:
+        raise RuntimeError(f"the plan is for {plan.world_size} ranks but {world} were launched: "
+                           f"start torchrun with --nproc-per-node={plan.world_size} (one node) or "
+                           "a matching nodes x processes")
+    backend = backend_for_host()
+    created: dict[tuple[int, ...], dist.ProcessGroup] = {}
+    view = RankGroups(rank=rank, world_size=world)
+    for name in RUNTIME_GROUP_NAMES:
+        for ranks in plan.groups[name]:
+            key = tuple(sorted(ranks))
+            if key not in created:
+                created[key] = dist.new_group(list(key), timeout=timeout, backend=backend)
+            if rank in key:
+                view.handles[name] = created[key]
+                view.members[name] = list(key)
+    return view

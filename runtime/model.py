@@ -1,0 +1,245 @@
+"""A small V4-shaped decoder: embedding → [RMSNorm → causal attention → RMSNorm → MoE/MLP] × L →
+RMSNorm → output head → cross-entropy.
+
+Hidden states are Megatron-shaped `[s, b, h]`; token ids are `[b, s]`. Under context parallelism a
+rank holds only some positions of each packed sequence (`TokenSlice`): attention gathers K/V of the
+whole sequence over the `cp` group (an autograd all-gather, so backward reduce-scatters), and the
+causal mask compares *global* positions, which makes the contiguous and zigzag CP layouts one code
+path. The single-process reference builds this same class with one slice covering everything and
+its own MoE block, so every dense weight and every dense line of math is shared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from runtime.comm import CommGroup, Ledger, all_gather_v
+from runtime.init import DEFAULT_INIT_STD, init_tensor
+
+ROPE_THETA = 10000.0
+
+
+@dataclass(frozen=True)
+class TokenSlice:
+    """The global positions of a sequence that one CP rank holds, in its local row order.
+
+    Contiguous CP: rank c holds [c·S/CP, (c+1)·S/CP). Zigzag (Megatron's load-balanced default)
+    cuts S into 2·CP chunks and rank c holds chunks c and 2·CP−1−c.
+    """
+
+    positions: tuple[int, ...]
+
+    @classmethod
+    def for_cp_rank(cls, seq_length: int, cp_size: int, cp_rank: int, mode: str) -> TokenSlice:
+        if cp_size == 1:
+            return cls(tuple(range(seq_length)))
+        if mode == "zigzag":
+            chunk = seq_length // (2 * cp_size)
+            first = range(cp_rank * chunk, (cp_rank + 1) * chunk)
+            mirror = 2 * cp_size - 1 - cp_rank
+            second = range(mirror * chunk, (mirror + 1) * chunk)
+            return cls(tuple(first) + tuple(second))
+        chunk = seq_length // cp_size
+        return cls(tuple(range(cp_rank * chunk, (cp_rank + 1) * chunk)))
+
+    def index(self, device: torch.device | None = None) -> torch.Tensor:
+        return torch.tensor(self.positions, dtype=torch.long, device=device)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+
+def cp_slices(seq_length: int, cp_size: int, mode: str) -> list[TokenSlice]:
+    """Every CP rank's slice, in CP-group order (the order of the K/V all-gather)."""
+    return [TokenSlice.for_cp_rank(seq_length, cp_size, c, mode) for c in range(cp_size)]
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """The model shape the plan's config describes (TP = 1, so every dense weight is whole)."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_query_groups: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    untied_head: bool
+    norm_epsilon: float
+    moe_layers: tuple[int, ...]
+    hash_layers: tuple[int, ...]
+    init_std: float = DEFAULT_INIT_STD
+
+    @classmethod
+    def from_config(cls, model: dict[str, Any], moe_layers: list[int],
+                    hash_layers: list[int]) -> DecoderSpec:
+        heads = int(model["num_attention_heads"])
+        return cls(
+            num_layers=int(model["num_layers"]),
+            hidden_size=int(model["hidden_size"]),
+            num_heads=heads,
+            num_query_groups=int(model.get("num_query_groups") or heads),
+            head_dim=int(model.get("kv_channels") or int(model["hidden_size"]) // heads),
+            ffn_hidden_size=int(model.get("ffn_hidden_size") or 4 * int(model["hidden_size"])),
+            vocab_size=int(model["vocab_size"]),
+            untied_head=bool(model.get("untie_embeddings_and_output_weights", False)),
+            norm_epsilon=float(model.get("norm_epsilon") or 1e-6),
+            moe_layers=tuple(moe_layers),
+            hash_layers=tuple(hash_layers),
+            init_std=float(model.get("init_method_std", DEFAULT_INIT_STD)),
+        )
+
+    @property
+    def output_std(self) -> float:
+        """Residual-branch output projections start at std/sqrt(2·L) (Megatron's scaled init)."""
+        return self.init_std / math.sqrt(2.0 * self.num_layers)
+
+
+def _param(seed: int, identity: tuple[Any, ...], shape: tuple[int, ...], std: float,
+           dtype: torch.dtype) -> torch.nn.Parameter:
+    return torch.nn.Parameter(init_tensor(seed, identity, shape, std, dtype))
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(size, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on x [s, b, heads, d] at the given global positions [s]."""
+    half = x.shape[-1] // 2
+    freqs = ROPE_THETA ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+    angles = positions.to(torch.float32)[:, None] * freqs[None, :]
+    cos = angles.cos()[:, None, None, :].to(x.dtype)
+    sin = angles.sin()[:, None, None, :].to(x.dtype)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+class CausalAttention(torch.nn.Module):
+    """Grouped-query causal attention; K/V of the whole sequence gathered over CP."""
+
+    def __init__(self, spec: DecoderSpec, layer_id: int, seed: int, dtype: torch.dtype,
+                 cp: CommGroup, ledger: Ledger | None) -> None:
+        super().__init__()
+        h, d = spec.hidden_size, spec.head_dim
+        self.spec, self.cp, self.ledger = spec, cp, ledger
+        std = spec.init_std
+        self.wq = _param(seed, (layer_id, "attention", "wq"), (h, spec.num_heads * d), std, dtype)
+        self.wk = _param(seed, (layer_id, "attention", "wk"), (h, spec.num_query_groups * d), std,
+                         dtype)
+        self.wv = _param(seed, (layer_id, "attention", "wv"), (h, spec.num_query_groups * d), std,
+                         dtype)
+        self.wo = _param(seed, (layer_id, "attention", "wo"), (spec.num_heads * d, h),
+                         spec.output_std, dtype)
+
+    def forward(self, x: torch.Tensor, local: torch.Tensor, gathered: torch.Tensor) -> torch.Tensor:
+        """x [s_local, b, h]; `local`/`gathered` are the global positions of the local rows and of
+        the rows after the CP gather."""
+        spec = self.spec
+        s, b, _ = x.shape
+        d, groups = spec.head_dim, spec.num_query_groups
+        q = rotary((x @ self.wq).view(s, b, spec.num_heads, d), local)
+        k = rotary((x @ self.wk).view(s, b, groups, d), local)
+        v = (x @ self.wv).view(s, b, groups, d)
+        kv = torch.cat([k, v], dim=-1)
+        if self.cp.active:
+            kv = all_gather_v(kv, self.cp, [s] * self.cp.size, self.ledger, "cp_kv_gather")
+        k, v = kv[..., :d], kv[..., d:]
+        repeat = spec.num_heads // groups
+        q = q.permute(1, 2, 0, 3)  # [b, heads, s, d]
+        k = k.repeat_interleave(repeat, dim=2).permute(1, 2, 0, 3)
+        v = v.repeat_interleave(repeat, dim=2).permute(1, 2, 0, 3)
+        allowed = local[:, None] >= gathered[None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        return out.permute(2, 0, 1, 3).reshape(s, b, spec.num_heads * d) @ self.wo
+
+
+class DenseMLP(torch.nn.Module):
+    """SwiGLU feed-forward for layers that are not MoE (moe_layer_freq)."""
+
+    def __init__(self, spec: DecoderSpec, layer_id: int, seed: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        h, f = spec.hidden_size, spec.ffn_hidden_size
+        self.w1 = _param(seed, (layer_id, "mlp", "w1"), (h, f), spec.init_std, dtype)
+        self.w3 = _param(seed, (layer_id, "mlp", "w3"), (h, f), spec.init_std, dtype)
+        self.w2 = _param(seed, (layer_id, "mlp", "w2"), (f, h), spec.output_std, dtype)
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        return (F.silu(x @ self.w1) * (x @ self.w3)) @ self.w2
+
+
+# (layer_id, is_hash_layer) -> the MoE block of that layer: forward(hidden [s,b,h], ids [b,s]).
+MoEFactory = Callable[[int, bool], torch.nn.Module]
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self, spec: DecoderSpec, layer_id: int, seed: int, dtype: torch.dtype,
+                 cp: CommGroup, ledger: Ledger | None, moe_factory: MoEFactory) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.is_moe = layer_id in spec.moe_layers
+        self.input_norm = RMSNorm(spec.hidden_size, spec.norm_epsilon, dtype)
+        self.attention = CausalAttention(spec, layer_id, seed, dtype, cp, ledger)
+        self.ffn_norm = RMSNorm(spec.hidden_size, spec.norm_epsilon, dtype)
+        self.ffn: torch.nn.Module = (
+            moe_factory(layer_id, layer_id in spec.hash_layers) if self.is_moe
+            else DenseMLP(spec, layer_id, seed, dtype)
+        )
+
+
+class Decoder(torch.nn.Module):
+    """The whole model of one rank (PP = 1: every layer, the embedding and the head)."""
+
+    def __init__(self, spec: DecoderSpec, seed: int, dtype: torch.dtype, cp: CommGroup,
+                 ledger: Ledger | None, moe_factory: MoEFactory) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embedding = _param(seed, ("embedding", "word"), (spec.vocab_size, spec.hidden_size),
+                                spec.init_std, dtype)
+        self.layers = torch.nn.ModuleList(
+            DecoderLayer(spec, layer, seed, dtype, cp, ledger, moe_factory)
+            for layer in range(spec.num_layers)
+        )
+        self.final_norm = RMSNorm(spec.hidden_size, spec.norm_epsilon, dtype)
+        self.head = (
+            _param(seed, ("output_head",), (spec.vocab_size, spec.hidden_size), spec.init_std,
+                   dtype)
+            if spec.untied_head else None
+        )
+        # Filled during forward when `record_moe_outputs` is set: layer id -> MoE output [s,b,h].
+        self.record_moe_outputs = False
+        self.moe_outputs: dict[int, torch.Tensor] = {}
+
+    def forward(self, input_ids: torch.Tensor, local: torch.Tensor,
+                gathered: torch.Tensor) -> torch.Tensor:
+        """input_ids [b, s_local] at global positions `local` → logits [s_local, b, vocab]."""
+        hidden = F.embedding(input_ids, self.embedding).transpose(0, 1)
+        self.moe_outputs = {}
+        for layer in self.layers:
+            hidden = hidden + layer.attention(layer.input_norm(hidden), local, gathered)
+            ffn_out = layer.ffn(layer.ffn_norm(hidden), input_ids)
+            if self.record_moe_outputs and layer.is_moe:
+                self.moe_outputs[layer.layer_id] = ffn_out.detach().clone()
+            hidden = hidden + ffn_out
+        hidden = self.final_norm(hidden)
+        head = self.head if self.head is not None else self.embedding
+        return hidden @ head.t()
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy [b, s] from logits [s, b, vocab] and labels [b, s]."""
+    flat = logits.transpose(0, 1).reshape(-1, logits.shape[-1])
+    return F.cross_entropy(flat.float(), labels.reshape(-1), reduction="none").view(labels.shape)

@@ -1,0 +1,219 @@
+"""Read a compiled plan and decide, before any process group forms, whether this runtime can run it.
+
+The runtime never re-derives the layout: every group, every rank's coordinates and the expert
+ownership come from plan.json. A plan from another version, a plan edited after compile, or a layout
+the runtime cannot execute yet is refused here with a message naming the field, so nothing ever runs
+wrongly and no rank waits on a group that will never form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.plan import PlanFileError, read_plan
+
+# Every group the runtime creates, in the order all ranks create them.
+RUNTIME_GROUP_NAMES = (
+    "tp", "cp", "dp", "dp_cp", "pp", "ep", "expt_tp", "tp_ep", "expt_dp", "tp_dp_cp", "tp_cp",
+)
+
+
+class PlanError(Exception):
+    """A plan this runtime must not run; the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The parts of plan.json the runtime consumes, with the raw document kept for the report."""
+
+    raw: dict[str, Any]
+
+    @property
+    def digest(self) -> str:
+        return str(self.raw["digest"])
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        return self.raw["layout"]
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.raw["config"]["model"]
+
+    @property
+    def moe(self) -> dict[str, Any]:
+        return self.raw["config"]["moe"]
+
+    @property
+    def training(self) -> dict[str, Any]:
+        return self.raw["config"]["training"]
+
+    @property
+    def parallel(self) -> dict[str, Any]:
+        return self.raw["config"]["parallel"]
+
+    @property
+    def world_size(self) -> int:
+        return int(self.layout["world_size"])
+
+    @property
+    def microbatches(self) -> int:
+        return int(self.layout["microbatches"])
+
+    @property
+    def groups(self) -> dict[str, list[list[int]]]:
+        return self.raw["groups"]
+
+    def group_ranks(self, name: str, rank: int) -> list[int]:
+        """The ranks of the `name` group that contains `rank`."""
+        for ranks in self.groups[name]:
+            if rank in ranks:
+                return list(ranks)
+        raise PlanError(f"plan group {name!r} has no group containing rank {rank}")
+
+    def rank_info(self, rank: int) -> dict[str, Any]:
+        for entry in self.raw["ranks"]:
+            if entry["rank"] == rank:
+                return entry
+        raise PlanError(f"plan has no entry for rank {rank} in 'ranks'")
+
+    def stage_of(self, rank: int) -> dict[str, Any]:
+        stage = self.rank_info(rank)["stage"]
+        for entry in self.raw["stages"]:
+            if entry["stage"] == stage:
+                return entry
+        raise PlanError(f"plan has no stage {stage} (rank {rank}) in 'stages'")
+
+    def moe_layers(self) -> list[int]:
+        """Layers that hold an MoE block (PP=1: the single stage holds every layer)."""
+        return list(self.raw["stages"][0]["moe_layers"])
+
+    def hash_layers(self) -> list[int]:
+        return list(self.raw["stages"][0]["hash_layers"])
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Integrity (format, version, digest: the planner's own reader), then structure, then what
+    the runtime can run; raise PlanError with a user-facing message."""
+    try:
+        document = read_plan(path)
+    except PlanFileError as exc:
+        raise PlanError(str(exc)) from None
+    return check_plan(document, source=str(path))
+
+
+def check_plan(document: dict[str, Any], source: str = "plan") -> Plan:
+    """Structure and runnability of an already integrity-checked plan document."""
+    missing = [key for key in ("config", "layout", "stages", "groups", "ranks") if key not in document]
+    if missing:
+        raise PlanError(f"{source} lacks {', '.join(missing)}: recompile the config")
+    plan = Plan(document)
+    _check_structure(plan, source)
+    problems = unsupported_features(plan)
+    if problems:
+        listed = "\n".join(f"  - {problem}" for problem in problems)
+        raise PlanError(f"the runtime cannot run {source} yet:\n{listed}")
+    return plan
+
+
+def _check_structure(plan: Plan, source: str) -> None:
+    """Every group the runtime forms must be in the plan and cover each rank exactly once."""
+    world = plan.world_size
+    for name in RUNTIME_GROUP_NAMES:
+        groups = plan.groups.get(name)
+        if groups is None:
+            raise PlanError(f"{source} has no {name!r} group list: recompile the config")
+        covered = sorted(rank for ranks in groups for rank in ranks)
+        if covered != list(range(world)):
+            raise PlanError(f"{source}: the {name!r} groups do not cover ranks 0..{world - 1} "
+                            "exactly once: recompile the config")
+    ranks = sorted(entry.get("rank", -1) for entry in plan.raw["ranks"])
+    if ranks != list(range(world)):
+        raise PlanError(f"{source}: 'ranks' does not list ranks 0..{world - 1}: recompile the config")
+
+
+def _get(section: dict[str, Any], key: str, default: Any = None) -> Any:
+    value = section.get(key, default)
+    return default if value is None else value
+
+
+def unsupported_features(plan: Plan) -> list[str]:
+    """Everything in the plan that this runtime would otherwise run wrongly, one line each."""
+    layout, model, moe, training, parallel = (
+        plan.layout, plan.model, plan.moe, plan.training, plan.parallel
+    )
+    problems: list[str] = []
+
+    def refuse(condition: bool, message: str) -> None:
+        if condition:
+            problems.append(message)
+
+    for axis, why in (("tp", "attention tensor parallelism"), ("pp", "pipeline parallelism "
+                      "(comes in a later issue)"), ("gtp", "GTP weight rematerialisation"),
+                      ("egtp", "expert GTP weight rematerialisation")):
+        size = int(_get(layout, axis, 1))
+        refuse(size > 1, f"layout.{axis} = {size}: {why} is not implemented; use {axis} = 1")
+    vpp = int(_get(layout, "vpp", 1))
+    refuse(vpp > 1, f"layout.vpp = {vpp}: virtual pipeline stages need PP > 1; use vpp = 1")
+    dispatcher = moe.get("moe_token_dispatcher_type", "alltoall")
+    refuse(dispatcher not in ("alltoall", "allgather"),
+           f"moe.moe_token_dispatcher_type = {dispatcher!r}: only 'alltoall' and 'allgather' run here")
+    refuse(int(_get(model, "mtp_num_layers", 0)) > 0,
+           f"model.mtp_num_layers = {model.get('mtp_num_layers')}: MTP modules are not implemented")
+    variant = _get(model, "attention_variant", "standard")
+    refuse(variant != "standard", f"model.attention_variant = {variant!r}: the runtime's decoder has "
+           "standard causal attention only; use 'standard'")
+    refuse(bool(model.get("enable_hyper_connections")),
+           "model.enable_hyper_connections: mHC residual streams are not implemented")
+    refuse(bool(model.get("add_bias_linear")), "model.add_bias_linear: linear biases are not implemented")
+    refuse(model.get("moe_router_num_groups") is not None,
+           "model.moe_router_num_groups: group-limited routing is not implemented")
+    refuse(bool(model.get("moe_router_pre_softmax")),
+           "model.moe_router_pre_softmax: pre-softmax top-k is not implemented")
+    precision = _get(training, "precision", "fp32")
+    refuse(precision != "fp32", f"training.precision = {precision!r}: the runtime computes in fp32 "
+           "(the reference check is fp32); set training.precision: fp32")
+    refuse(bool(training.get("fp8")) or bool(training.get("fp4")),
+           "training.fp8/fp4: low-precision GEMMs are not implemented")
+    refuse(bool(training.get("calculate_per_token_loss")),
+           "training.calculate_per_token_loss: per-token loss scaling is not implemented")
+    refuse(bool(training.get("variable_seq_lengths")),
+           "training.variable_seq_lengths: the runtime packs fixed-length sequences")
+    optimizer = _get(training, "optimizer", "adam")
+    refuse(optimizer != "adam", f"training.optimizer = {optimizer!r}: only 'adam' (AdamW) runs here")
+    refuse(bool(training.get("use_distributed_optimizer")),
+           "training.use_distributed_optimizer: gradients are all-reduced, not reduce-scattered; "
+           "set it to false for the runtime")
+    refuse(int(_get(training, "num_distributed_optimizer_instances", 1)) > 1,
+           "training.num_distributed_optimizer_instances > 1 is not implemented")
+    refuse(bool(training.get("use_megatron_fsdp")) or bool(training.get("use_torch_fsdp2")),
+           "training.use_megatron_fsdp/use_torch_fsdp2: FSDP is not implemented")
+    refuse(moe.get("moe_latent_size") is not None, "moe.moe_latent_size: latent MoE is not implemented")
+    refuse(bool(moe.get("moe_virtual_experts")), "moe.moe_virtual_experts is not implemented")
+    refuse(bool(moe.get("moe_apply_probs_on_input")),
+           "moe.moe_apply_probs_on_input: probs are applied after the activation only")
+    balancing = _get(moe, "moe_router_load_balancing_type", "none")
+    refuse(balancing not in ("aux_loss", "seq_aux_loss", "none"),
+           f"moe.moe_router_load_balancing_type = {balancing!r}: only aux_loss, seq_aux_loss and none")
+    policy = _get(moe, "moe_token_drop_policy", "probs")
+    refuse(policy != "probs", f"moe.moe_token_drop_policy = {policy!r}: only 'probs' is implemented")
+    source = moe.get("moe_tid2eid_source")
+    refuse(int(_get(model, "moe_n_hash_layers", 0)) > 0 and source not in (None, "seeded"),
+           f"moe.moe_tid2eid_source = {source!r}: loading tid2eid from a checkpoint is not "
+           "implemented; use 'seeded' (a table drawn from the seed)")
+    refuse(bool(moe.get("moe_pad_expert_input_to_capacity")) and dispatcher == "allgather",
+           "moe.moe_pad_expert_input_to_capacity with the allgather dispatcher is not implemented")
+
+    cp = int(_get(layout, "cp", 1))
+    seq = int(training["seq_length"])
+    mode = _get(parallel, "cp_partition_mode", "zigzag")
+    chunks = 2 * cp if (cp > 1 and mode == "zigzag") else cp
+    refuse(seq % chunks != 0, f"training.seq_length = {seq} does not split into {chunks} equal CP "
+           f"chunks ({mode} layout, cp = {cp})")
+    heads, groups = int(model["num_attention_heads"]), int(_get(model, "num_query_groups", 0) or
+                                                            model["num_attention_heads"])
+    refuse(heads % groups != 0, f"model.num_attention_heads = {heads} is not a multiple of "
+           f"model.num_query_groups = {groups}")
+    return problems

@@ -1,0 +1,133 @@
+"""The whole model in one process over the whole global batch: the runtime's ground truth.
+
+It is the same `Decoder` (same dense weights, same attention math over the full sequence, no
+collectives) with each MoE block replaced by `reference_moe`, a per-expert loop over the full
+logical expert weights. Weights come from the same global identities, so a rank's parameters are
+slices of these (`MoELayer.local_view`). What depends on the layout by definition — capacity
+competition per source rank, aux-loss statistics per `tp_cp` group (SPEC §14) — is reproduced by
+cutting each sequence into the plan's CP shards before the MoE call. The optimizer sees the exact
+gradient of the global objective: mean token loss over the global batch plus the aux losses with
+the coefficient the distributed reduction gives them, 1/(m·|dp_cp|) per (rank, microbatch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.comm import CommGroup
+from runtime.model import Decoder, DecoderSpec, TokenSlice, cp_slices, token_losses
+from runtime.plan_io import Plan
+from runtime.reference_moe import ReferenceMoE, reference_moe
+from runtime.router import MoESettings
+from runtime.train import batch_layout, build_tid2eid, make_optimizer, named_state
+
+
+class ReferenceMoEBlock(ReferenceMoE):
+    """One MoE layer over whole sequences, routed per CP shard exactly as the ranks route."""
+
+    def __init__(self, settings: MoESettings, layer_id: int, seed: int, is_hash_layer: bool,
+                 tid2eid: torch.Tensor | None, slices: list[TokenSlice],
+                 aux_loss_backward_scale: float) -> None:
+        super().__init__(settings, layer_id, seed, torch.float32)
+        self.is_hash_layer = is_hash_layer
+        self.tid2eid = tid2eid
+        self.shard_index = [s.index() for s in slices]
+        self.restore = torch.cat(self.shard_index).argsort()
+        self.aux_loss_backward_scale = aux_loss_backward_scale
+        self.step_counts = torch.zeros(settings.num_experts)
+
+    def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """hidden [S, b, h], ids [b, S] → [S, b, h]; shards are the CP ranks' row sets."""
+        shards = [hidden.index_select(0, index) for index in self.shard_index]
+        ids = [input_ids.index_select(1, index) for index in self.shard_index]
+        result = reference_moe(
+            self, shards, ids, is_hash_layer=self.is_hash_layer, tid2eid=self.tid2eid,
+            force_balanced=self.settings.force_balanced,
+            aux_groups=[list(range(len(shards)))],
+            aux_loss_backward_scale=self.aux_loss_backward_scale, training=self.training,
+        )
+        if torch.is_grad_enabled():
+            self.step_counts += result.tokens_per_expert
+        return torch.cat(result.outputs).index_select(0, self.restore)
+
+    def finish_step(self) -> None:
+        """The bias rule on the step's counts over the whole global batch, then clear them."""
+        self.update_expert_bias(self.step_counts, self.is_hash_layer)
+        self.step_counts.zero_()
+
+
+@dataclass
+class ReferenceStep:
+    """One step of the reference, keyed the way ranks look it up."""
+
+    # (dp replica, microbatch) -> per-token loss [b, S] and MoE outputs {layer: [S, b, h]}
+    token_losses: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    moe_outputs: dict[tuple[int, int], dict[int, torch.Tensor]] = field(default_factory=dict)
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class ReferenceResult:
+    steps: list[ReferenceStep]
+    final_state: dict[str, torch.Tensor]
+    slices: list[TokenSlice]
+
+
+class ReferenceModel:
+    """Builds the single-process model for a plan and trains it on the global batch."""
+
+    def __init__(self, plan: Plan, seed: int, balanced: bool) -> None:
+        self.plan = plan
+        self.batches = batch_layout(plan, seed)
+        cp_size = int(plan.layout["cp"])
+        mode = str(plan.parallel.get("cp_partition_mode") or "zigzag")
+        self.slices = cp_slices(self.batches.seq_length, cp_size, mode)
+        model_cfg, moe_cfg = dict(plan.model), dict(plan.moe)
+        if balanced:
+            moe_cfg["moe_router_force_load_balancing"] = True
+        settings = MoESettings.from_config(model_cfg, moe_cfg)
+        # The distributed aux gradient is 1/m per (rank, microbatch), then 1/|dp_cp| in the
+        # gradient reduction.
+        dp_cp = int(plan.layout["dp"]) * cp_size
+        aux_scale = 1.0 / (self.batches.microbatches * dp_cp)
+        spec = DecoderSpec.from_config(plan.model, plan.moe_layers(), plan.hash_layers())
+
+        def moe_factory(layer_id: int, is_hash: bool) -> ReferenceMoEBlock:
+            tid2eid = (build_tid2eid(seed, layer_id, spec.vocab_size, settings.num_experts,
+                                     settings.topk) if is_hash else None)
+            return ReferenceMoEBlock(settings, layer_id, seed, is_hash, tid2eid, self.slices,
+                                     aux_scale)
+
+        self.model = Decoder(spec, seed, torch.float32, CommGroup("cp", None), None, moe_factory)
+        self.model.record_moe_outputs = True
+        self.optimizer = make_optimizer(self.model, plan.training)
+        self.positions = torch.arange(self.batches.seq_length)
+
+    def step(self, step: int) -> ReferenceStep:
+        record = ReferenceStep()
+        self.optimizer.zero_grad(set_to_none=False)
+        m, dp = self.batches.microbatches, self.batches.dp_size
+        for microbatch in range(m):
+            for dp_rank in range(dp):
+                ids, labels = self.batches.tokens(step, microbatch, dp_rank)
+                logits = self.model(ids, self.positions, self.positions)
+                losses = token_losses(logits, labels)
+                (losses.mean() / (m * dp)).backward()
+                record.token_losses[dp_rank, microbatch] = losses.detach()
+                record.moe_outputs[dp_rank, microbatch] = dict(self.model.moe_outputs)
+        for p in self.model.parameters():
+            if p.grad is None:  # as the ranks' reduction does, so AdamW treats both alike
+                p.grad = torch.zeros_like(p)
+        record.grads = {name: p.grad.detach().clone()
+                        for name, p in self.model.named_parameters()}
+        for layer in self.model.layers:
+            if layer.is_moe:
+                layer.ffn.finish_step()
+        self.optimizer.step()
+        return record
+
+    def run(self, steps: int) -> ReferenceResult:
+        records = [self.step(step) for step in range(steps)]
+        return ReferenceResult(records, named_state(self.model), self.slices)

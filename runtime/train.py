@@ -1,0 +1,399 @@
+"""One rank's training loop: microbatches → gradient reduction → expert-bias update → AdamW.
+
+Loss scaling is chosen so that the reduced gradient *is* the gradient of the global objective
+(mean token loss over the whole global batch), whatever the layout:
+
+* each rank backpropagates its local mean token loss divided by the m microbatches;
+* dense grads are pre-scaled by 1/|dp_cp| and summed over `dp_cp` (SPEC §3/§8). The CP ranks of
+  one sequence hold equal shares of its tokens, so Σ_c mean_c / CP is the sequence mean: no extra
+  CP factor is needed once the CP ranks take part in the reduction;
+* routed-expert grads get the same 1/|dp_cp| and are summed over `expt_dp` only: an expert's
+  local grad already holds every token routed to it from its whole EP group;
+* with `average_in_collective` the dense factor is 1 and the expert factor |edp|/|dp_cp|, then
+  both average inside their collective (the net factor is again 1/|dp_cp|);
+* the aux loss rides on the routing weights with backward scale 1/m, so after the reduction its
+  coefficient is 1/(m·|dp_cp|) per (rank, microbatch) — the reference applies exactly that.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from runtime.comm import CommGroup, Ledger, MoEGroups, all_reduce
+from runtime.groups import RankGroups, compute_device
+from runtime.init import identity_seed
+from runtime.model import Decoder, DecoderSpec, TokenSlice, cp_slices, token_losses
+from runtime.moe_layer import MoELayer
+from runtime.plan_io import Plan, PlanError
+
+# Test-only fault injection: the equivalence tests flip this to prove they catch a wrong
+# reduction. Never exposed as a user flag.
+FAULTS = ("expert_grads_over_dp_cp", "probs_applied_twice")
+_fault: str | None = None
+
+
+@contextmanager
+def injected_fault(name: str) -> Iterator[None]:
+    """Run the body with a deliberately wrong runtime (tests only)."""
+    global _fault
+    if name not in FAULTS:
+        raise ValueError(f"unknown fault {name!r}")
+    _fault = name
+    try:
+        yield
+    finally:
+        _fault = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    steps: int = 1
+    balanced: bool = False
+    seed: int | None = None  # None: the plan's training.seed
+    capture: bool = False  # keep what the reference check compares
+    progress: bool = False
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Which global samples a (step, microbatch, DP replica) consumes: B = b·m·D_a."""
+
+    micro_batch_size: int
+    microbatches: int
+    dp_size: int
+    seq_length: int
+    vocab_size: int
+    seed: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.microbatches * self.dp_size
+
+    def sample_ids(self, step: int, microbatch: int, dp_rank: int) -> list[int]:
+        """Megatron's sampler order: microbatch j of all replicas, replica d's b samples."""
+        b = self.micro_batch_size
+        start = step * self.global_batch + (microbatch * self.dp_size + dp_rank) * b
+        return list(range(start, start + b))
+
+    def tokens(self, step: int, microbatch: int, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole sequences (input ids, next-token labels), each [b, S], from the sample ids."""
+        rows = [synthetic_sample(self.seed, sample, self.seq_length, self.vocab_size)
+                for sample in self.sample_ids(step, microbatch, dp_rank)]
+        stacked = torch.stack(rows)
+        return stacked[:, :-1], stacked[:, 1:]
+
+
+def synthetic_sample(seed: int, sample: int, seq_length: int, vocab_size: int) -> torch.Tensor:
+    """S+1 token ids that depend only on (seed, global sample index), never on the layout."""
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(identity_seed(seed, ("data", sample)))
+    return torch.randint(0, vocab_size, (seq_length + 1,), generator=generator)
+
+
+def batch_layout(plan: Plan, seed: int) -> BatchLayout:
+    training, layout = plan.training, plan.layout
+    return BatchLayout(
+        micro_batch_size=int(training["micro_batch_size"]),
+        microbatches=plan.microbatches,
+        dp_size=int(layout["dp"]),
+        seq_length=int(training["seq_length"]),
+        vocab_size=int(plan.model["vocab_size"]),
+        seed=seed,
+    )
+
+
+def build_tid2eid(seed: int, layer_id: int, vocab_size: int, num_experts: int,
+                  topk: int) -> torch.Tensor:
+    """A seeded hash-routing table [vocab, k] of k distinct experts per token id.
+
+    V4 loads tid2eid from its checkpoint; training from scratch needs an explicit rule, and a
+    seeded random table (unlike a round-robin placeholder) spreads frequent ids over experts.
+    """
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(identity_seed(seed, (layer_id, "tid2eid")))
+    keys = torch.rand((vocab_size, num_experts), generator=generator)
+    return keys.argsort(dim=1)[:, :topk].contiguous()
+
+
+def make_optimizer(model: torch.nn.Module, training: dict[str, Any]) -> torch.optim.AdamW:
+    """AdamW with the plan's hyper-parameters; like Megatron, no weight decay on 1-D params."""
+    decayed = [p for p in model.parameters() if p.ndim > 1]
+    plain = [p for p in model.parameters() if p.ndim <= 1]
+    return torch.optim.AdamW(
+        [{"params": decayed, "weight_decay": float(training["weight_decay"])},
+         {"params": plain, "weight_decay": 0.0}],
+        lr=float(training["lr"]),
+        betas=(float(training["adam_beta1"]), float(training["adam_beta2"])),
+        eps=float(training["adam_eps"]),
+        foreach=False,
+    )
+
+
+def moe_blocks(model: Decoder) -> list[Any]:
+    return [layer.ffn for layer in model.layers if layer.is_moe]
+
+
+def named_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter plus each router's expert bias: the state that must match the reference."""
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for name, buffer in model.named_buffers():
+        if name.endswith("expert_bias"):
+            state[name] = buffer.detach().clone()
+    return state
+
+
+class ActivationMeter:
+    """Peak bytes autograd keeps for backward (saved tensors that are not parameters)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self._seen: set[int] = set()
+        self._current = 0
+        self.peak = 0
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer not in self._params and pointer not in self._seen:
+            self._seen.add(pointer)
+            self._current += storage.nbytes()
+            self.peak = max(self.peak, self._current)
+        return tensor
+
+    @contextmanager
+    def forward(self) -> Iterator[None]:
+        """Meter one microbatch's forward; its saved tensors are freed by its backward."""
+        self._seen.clear()
+        self._current = 0
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor):
+            yield
+
+
+def tensor_bytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+@dataclass
+class StepCapture:
+    """What one optimizer step produced on this rank, kept for the reference comparison."""
+
+    losses: list[float] = field(default_factory=list)  # local mean token loss per microbatch
+    moe_outputs: list[dict[int, torch.Tensor]] = field(default_factory=list)  # per microbatch
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)  # after reduction
+
+
+@dataclass
+class RankResult:
+    rank: int
+    stage: int
+    dp_rank: int
+    cp_rank: int
+    collectives: dict[str, dict[str, Any]]
+    memory: dict[str, int]
+    step_losses: list[float]
+    captures: list[StepCapture]
+    final_state: dict[str, torch.Tensor]
+
+
+def comm_group(groups: RankGroups, name: str) -> CommGroup:
+    size = groups.size(name)
+    return CommGroup(name, groups[name] if size > 1 else None, groups.index(name), size)
+
+
+def moe_groups(groups: RankGroups, plan: Plan) -> MoEGroups:
+    """The MoE layer's groups, with the plan's EP/ETP coordinates checked against torch's."""
+    info = plan.rank_info(groups.rank)
+
+    def handle(name: str) -> dist.ProcessGroup | None:
+        return groups[name] if groups.size(name) > 1 else None
+
+    return MoEGroups(
+        ep=handle("ep"), expt_tp=handle("expt_tp"), tp_ep=handle("tp_ep"),
+        ep_rank=int(info["ep_rank"]), ep_size=groups.size("ep"),
+        etp_rank=int(info["etp_rank"]), etp_size=groups.size("expt_tp"),
+        tp_ep_size=groups.size("tp_ep"), tp_cp=handle("tp_cp"), tp_cp_size=groups.size("tp_cp"),
+    )
+
+
+class RankTrainer:
+    """Builds this rank's model from the plan and runs optimizer steps on it."""
+
+    def __init__(self, plan: Plan, groups: RankGroups, options: RunOptions) -> None:
+        self.plan, self.groups, self.options = plan, groups, options
+        self.rank = groups.rank
+        info = plan.rank_info(self.rank)
+        self.stage = int(info["stage"])
+        self.dp_rank, self.cp_rank = int(info["dp_rank"]), int(info["cp_rank"])
+        self.seed = int(options.seed if options.seed is not None else plan.training["seed"])
+        self.device = compute_device()
+        self.batches = batch_layout(plan, self.seed)
+        self.ledger = Ledger()
+        self.cp = comm_group(groups, "cp")
+        self.dp_cp = comm_group(groups, "dp_cp")
+        self.expt_dp = comm_group(groups, "expt_dp")
+        self.tp_dp_cp = comm_group(groups, "tp_dp_cp")
+        seq, cp_size = self.batches.seq_length, self.cp.size
+        mode = str(plan.parallel.get("cp_partition_mode") or "zigzag")
+        slices = cp_slices(seq, cp_size, mode)
+        self.slice: TokenSlice = slices[self.cp_rank]
+        self.local_positions = self.slice.index(self.device)
+        self.gathered_positions = torch.cat([s.index(self.device) for s in slices])
+
+        spec = DecoderSpec.from_config(plan.model, plan.moe_layers(), plan.hash_layers())
+        model_cfg = dict(plan.model)
+        moe_cfg = dict(plan.moe)
+        if options.balanced:
+            moe_cfg["moe_router_force_load_balancing"] = True
+        layer_groups = moe_groups(groups, plan)
+
+        def moe_factory(layer_id: int, is_hash: bool) -> MoELayer:
+            tid2eid = (build_tid2eid(self.seed, layer_id, spec.vocab_size,
+                                     int(model_cfg["num_experts"]),
+                                     int(model_cfg["moe_router_topk"])) if is_hash else None)
+            return MoELayer(model_cfg, moe_cfg, layer_id, is_hash, layer_groups, self.ledger,
+                            self.seed, tid2eid, torch.float32)
+
+        # Weights are generated on the CPU from their identities, then moved to the device.
+        self.model = Decoder(spec, self.seed, torch.float32, self.cp, self.ledger,
+                             moe_factory).to(self.device)
+        self._check_ownership(info)
+        for block in moe_blocks(self.model):
+            block.aux_loss_backward_scale = 1.0 / self.batches.microbatches
+            if _fault == "probs_applied_twice":
+                _apply_probs_twice(block)
+        self.expert_params = [p for block in moe_blocks(self.model)
+                              for p in block.expert_parameters()]
+        expert_ids = {id(p) for p in self.expert_params}
+        self.dense_params = [p for p in self.model.parameters() if id(p) not in expert_ids]
+        self.optimizer = make_optimizer(self.model, plan.training)
+        self.meter = ActivationMeter(self.model)
+
+    def _check_ownership(self, info: dict[str, Any]) -> None:
+        """The layer's contiguous ownership must be the plan's; a disagreement is a plan bug."""
+        owned = info.get("experts", {})
+        for block in moe_blocks(self.model):
+            first, count = block.layout.first_expert, block.layout.num_local
+            if (first, count) != (owned.get("first"), owned.get("count")):
+                raise PlanError(f"rank {self.rank}: plan assigns experts {owned} but the EP "
+                                f"coordinates give first={first}, count={count}")
+
+    def microbatch(self, step: int, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's ids and labels [b, s_local]: its DP replica's samples, its CP positions."""
+        ids, labels = self.batches.tokens(step, microbatch, self.dp_rank)
+        index = self.slice.index()
+        return ids[:, index].to(self.device), labels[:, index].to(self.device)
+
+    def step(self, step: int) -> StepCapture:
+        """One optimizer step over m microbatches; returns what the reference check compares."""
+        capture = StepCapture()
+        self.ledger.reset()
+        self.optimizer.zero_grad(set_to_none=False)
+        self.model.record_moe_outputs = self.options.capture
+        m = self.batches.microbatches
+        for microbatch in range(m):
+            ids, labels = self.microbatch(step, microbatch)
+            with self.meter.forward():
+                logits = self.model(ids, self.local_positions, self.gathered_positions)
+                loss = token_losses(logits, labels).mean()
+            (loss / m).backward()
+            capture.losses.append(float(loss.detach()))
+            if self.options.capture:
+                capture.moe_outputs.append({k: v.cpu() for k, v in self.model.moe_outputs.items()})
+        self.reduce_gradients()
+        if self.options.capture:
+            capture.grads = {name: p.grad.detach().cpu().clone()
+                             for name, p in self.model.named_parameters()}
+        self.update_expert_bias()
+        self.optimizer.step()
+        return capture
+
+    def reduce_gradients(self) -> None:
+        """Dense over dp_cp, routed experts over expt_dp, with SPEC §3's pre-scales."""
+        average = bool(self.plan.training.get("average_in_collective"))
+        op = dist.ReduceOp.AVG if average else dist.ReduceOp.SUM
+        dp_cp_size, edp_size = self.dp_cp.size, self.expt_dp.size
+        dense_factor = 1.0 if average else 1.0 / dp_cp_size
+        expert_factor = edp_size / dp_cp_size if average else 1.0 / dp_cp_size
+        expert_group = self.dp_cp if _fault == "expert_grads_over_dp_cp" else self.expt_dp
+        _reduce_grads(self.dense_params, dense_factor, self.dp_cp, op, self.ledger,
+                      "dense_grad_reduce")
+        _reduce_grads(self.expert_params, expert_factor, expert_group, op, self.ledger,
+                      "expert_grad_reduce")
+
+    def update_expert_bias(self) -> None:
+        """Sum the token counts of every expert-bias router over tp_dp_cp in one int64 call
+        (counts are whole numbers), move those biases, and clear every router's counts."""
+        blocks = moe_blocks(self.model)
+        biased = [block for block in blocks if block.router.uses_expert_bias]
+        if biased:
+            counts = torch.stack([block.local_tokens_per_expert for block in biased])
+            counts = counts.round().to(torch.int64)
+            all_reduce(counts, self.tp_dp_cp, self.ledger, "expert_bias_count_reduce")
+            for block, global_counts in zip(biased, counts, strict=True):
+                block.update_expert_bias(global_counts)
+        for block in blocks:
+            block.local_tokens_per_expert.zero_()
+
+    def memory(self) -> dict[str, int]:
+        params = list(self.model.parameters())
+        optimizer_state = [t for state in self.optimizer.state.values() for t in state.values()]
+        return {
+            "weights_bytes": tensor_bytes(params),
+            "grads_bytes": tensor_bytes(p.grad for p in params),
+            "optimizer_bytes": tensor_bytes(optimizer_state),
+            "activations_peak_bytes": self.meter.peak,
+        }
+
+    def run(self) -> RankResult:
+        captures, losses = [], []
+        started = time.monotonic()
+        for step in range(self.options.steps):
+            capture = self.step(step)
+            losses.append(sum(capture.losses) / len(capture.losses))
+            if self.options.capture:
+                captures.append(capture)
+            if self.options.progress and self.rank == 0:
+                elapsed = time.monotonic() - started
+                print(f"step {step + 1}/{self.options.steps}  rank-0 loss {losses[-1]:.5f}  "
+                      f"{elapsed:.1f} s", file=sys.stderr, flush=True)
+        return RankResult(
+            rank=self.rank, stage=self.stage, dp_rank=self.dp_rank, cp_rank=self.cp_rank,
+            collectives=self.ledger.snapshot(), memory=self.memory(), step_losses=losses,
+            captures=captures,
+            final_state={k: v.cpu() for k, v in named_state(self.model).items()},
+        )
+
+
+def _reduce_grads(params: list[torch.nn.Parameter], factor: float, group: CommGroup,
+                  op: dist.ReduceOp.RedOpType, ledger: Ledger, name: str) -> None:
+    """Pre-scale, then one flat all-reduce per parameter class (one bucket, as in DDP)."""
+    if not params:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = _flatten_dense_tensors(grads).mul_(factor)
+    all_reduce(flat, group, ledger, name, op=op)
+    for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+        grad.copy_(reduced)
+
+
+def _apply_probs_twice(block: MoELayer) -> None:
+    """Fault: weight the expert output by the routing weight again in the combine."""
+    experts = block.experts
+    original = experts.forward
+
+    def forward(rows: torch.Tensor, probs: torch.Tensor, tokens_per_expert: Any) -> torch.Tensor:
+        return original(rows, probs, tokens_per_expert) * probs.unsqueeze(-1)
+
+    experts.forward = forward  # type: ignore[method-assign]
