@@ -291,14 +291,24 @@ def test_moeplan_check_on_missing_file_and_directory(tmp_path):
         assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
 
 
-@pytest.mark.xfail(reason="planner/cli_common.print_findings renders finding text as rich markup; "
-                          "a key like '[/x]' raises MarkupError (lead: escape the message)")
-def test_moeplan_check_prints_markup_like_input_literally(tmp_path):
-    path = tmp_path / "markup.yaml"
-    path.write_text('model: {preset: deepseek-v4-pro, "[/x]": 1}\nparallel: {world_size: 1024}\n'
-                    "training: {seq_length: 8192}\n")
+_MARKUP_LIKE = {  # user text that reaches a finding message: a key, an ignore entry, an order
+    "key": 'model: {preset: deepseek-v4-flash, "[/x]": 1}\nparallel: {world_size: 128, ep: 64}\n'
+           "training: {seq_length: 4096}\n",
+    "ignore": "model: {preset: deepseek-v4-flash}\nparallel: {world_size: 128, ep: 64}\n"
+              'training: {seq_length: 4096}\nignore: ["[/x]"]\n',
+    "order": "model: {preset: deepseek-v4-flash}\nparallel: {world_size: 128, ep: 64, order: '[/x]'}\n"
+             "training: {seq_length: 4096}\n",
+}
+
+
+@pytest.mark.xfail(reason="planner/cli_common prints finding text as rich markup, so '[/x]' in a "
+                          "message raises MarkupError (lead: escape path/message/fix)")
+@pytest.mark.parametrize("name", sorted(_MARKUP_LIKE))
+def test_moeplan_check_prints_markup_like_input_literally(tmp_path, name):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(_MARKUP_LIKE[name])
     result = _check(path)
-    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
+    assert result.returncode in (0, 1) and "Traceback" not in result.stdout + result.stderr
     assert "[/x]" in result.stdout + result.stderr
 
 

@@ -80,8 +80,8 @@ def hash_layers_on_first_stage(f: Facts) -> Iterator[Violation]:
                         f"moe_n_hash_layers {hashed} exceeds num_layers {layers}",
                         f"use at most {layers} hash layers")
         return
-    first = next(c for c in f.split.chunks if c.embedding)
-    if len(first.layers) < hashed:
+    first = next((c for c in f.split.chunks if c.embedding), None)
+    if first is not None and len(first.layers) < hashed:
         yield Violation(
             "parallel.pipeline_model_parallel_layout",
             f"the embedding stage holds {len(first.layers)} decoder layer(s) but the "
