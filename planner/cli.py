@@ -16,6 +16,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.compile",
     "planner.commands.rules",
     "planner.commands.reshard",
+    "planner.commands.emit",
+    "planner.commands.budget",
+    "planner.commands.verify",
 )
 
 app = typer.Typer(

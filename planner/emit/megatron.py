@@ -1,0 +1,364 @@
+"""The Megatron-LM argument list that reproduces a plan: parallel sizes, rank order, pipeline split,
+batch sizes, model shape, MoE router/dispatcher/capacity settings, overlaps and recompute.
+
+Flag names follow Megatron-LM's argparse names (see shared/design/megatron-reference.md). DeepSeek-V4
+models (`attention_variant: dsv4_hybrid`) target the hybrid entry, `pretrain_hybrid.py`, whose
+`--hybrid-layer-pattern` carries the per-layer attention kind, the MoE layers, the pipeline
+segments and the MTP block in one string; everything else targets `pretrain_gpt.py`.
+Data, tokenizer, checkpoint and logging arguments are not part of a plan and stay the user's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.emit.safety import EmitError
+from planner.pipeline import SplitError, StageSplit, stage_split
+from planner.schema import DEFAULT_ORDER, Config
+
+GPT_ENTRY = "pretrain_gpt.py"
+HYBRID_ENTRY = "pretrain_hybrid.py"
+HYBRID_DSV4_SPEC = ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_dsv4_stack_spec")
+PP_DP_ORDER = "tp-cp-ep-pp-dp"
+
+# Hybrid-pattern attention symbol per DSv4 compress ratio: sliding window only, CSA, HCA.
+DSV4_ATTENTION_SYMBOL = {0: "W", 4: "C", 128: "H"}
+MOE_SYMBOL, DENSE_MLP_SYMBOL = "E", "-"
+SEGMENT_BREAK, MTP_BREAK = "|", "/"
+
+
+@dataclass(frozen=True)
+class MegatronFlag:
+    flag: str
+    values: tuple[str, ...]
+    source: str  # the config field it reproduces, written as a trailing comment
+
+
+@dataclass
+class MegatronArgs:
+    entry: str
+    branch: str
+    flags: list[MegatronFlag] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # settings Megatron-LM cannot take
+
+    def add(self, flag: str, *values: object, source: str) -> None:
+        self.flags.append(MegatronFlag(flag, tuple(_word(v) for v in values), source))
+
+    def add_if(self, condition: bool, flag: str, *values: object, source: str) -> None:
+        if condition:
+            self.add(flag, *values, source=source)
+
+    def as_dict(self) -> dict[str, tuple[str, ...]]:
+        return {f.flag: f.values for f in self.flags}
+
+
+def _word(value: object) -> str:
+    if isinstance(value, bool):
+        raise TypeError("boolean settings are store_true flags, not values")
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def is_dsv4(cfg: Config) -> bool:
+    return cfg.model.attention_variant == "dsv4_hybrid"
+
+
+def megatron_branch(cfg: Config) -> str:
+    """DeepSeek-V4 features live only on Megatron-LM's dev branch, GTP only on main."""
+    m, p, t = cfg.model, cfg.parallel, cfg.training
+    dev = (is_dsv4(cfg) or m.moe_n_hash_layers > 0 or m.enable_hyper_connections
+           or p.cp_partition_mode == "contiguous" or p.dynamic_context_parallel
+           or t.sequence_packing_scheduler is not None)
+    main = p.gtp > 1 or p.egtp > 1
+    if dev and main:
+        raise EmitError("parallel.gtp", "GTP (main branch only) cannot be combined with DeepSeek-V4 "
+                        "features (dev branch only) in one Megatron-LM command line")
+    return "dev" if dev else "main" if main else "main or dev"
+
+
+def _order_axes_of_size_one(cfg: Config) -> set[str]:
+    """Axes that are 1 in both the dense and the expert generator change no group."""
+    p = cfg.parallel
+    sizes = {"tp": max(p.tp, p.etp or 1), "cp": p.cp, "ep": p.ep, "pp": p.pp,
+             "dp": max(cfg.dp, cfg.edp), "gtp_remat": max(p.gtp, p.egtp)}
+    return {axis for axis, size in sizes.items() if size == 1}
+
+
+def _reduced(order: str, ones: set[str]) -> list[str]:
+    return [axis for axis in order.lower().split("-") if axis not in ones]
+
+
+def order_flags(cfg: Config) -> bool:
+    """True when the layout needs `--use-tp-pp-dp-mapping`; EmitError for orders Megatron's CLI lacks."""
+    ones = _order_axes_of_size_one(cfg)
+    order = _reduced(cfg.parallel.order, ones)
+    if order == _reduced(DEFAULT_ORDER, ones):
+        return False
+    if order == _reduced(PP_DP_ORDER, ones):
+        return True
+    raise EmitError("parallel.order", f"Megatron-LM's command line offers only {DEFAULT_ORDER} (default) "
+                    f"and {PP_DP_ORDER} (--use-tp-pp-dp-mapping); {cfg.parallel.order} needs the "
+                    "Megatron-Core API")
+
+
+def hybrid_layer_pattern(cfg: Config, split: StageSplit) -> str:
+    """`HEHECE…|…/WE`: attention kind + MLP kind per layer, `|` between pipeline segments (virtual
+    stages in pipeline order), `/` before each MTP depth, which must sit on the last segment."""
+    model = cfg.model
+    ratios = model.compress_ratios
+    total = model.num_layers + model.mtp_num_layers
+    if ratios is None or len(ratios) < total:
+        raise EmitError("model.compress_ratios", f"the hybrid layer pattern needs one compress ratio per "
+                        f"decoder and MTP layer ({total}), got {0 if ratios is None else len(ratios)}")
+    bad = sorted({r for r in ratios[:total] if r not in DSV4_ATTENTION_SYMBOL})
+    if bad:
+        raise EmitError("model.compress_ratios", f"ratios {bad} have no hybrid-pattern symbol "
+                        "(0 = window only, 4 = CSA, 128 = HCA)")
+    moe_layers = {layer for stage in split.stages for layer in stage.moe_layers}
+
+    def symbols(layer: int) -> str:
+        mlp = MOE_SYMBOL if layer in moe_layers else DENSE_MLP_SYMBOL
+        return DSV4_ATTENTION_SYMBOL[ratios[layer]] + mlp
+
+    segments = []
+    last = len(split.chunks) - 1
+    for chunk in split.chunks:
+        if not chunk.layers:
+            raise EmitError("parallel.pipeline_model_parallel_layout", f"pipeline segment {chunk.index} "
+                            "holds no decoder layer; a hybrid layer pattern cannot express it")
+        if chunk.mtp_layers and chunk.index != last:
+            raise EmitError("parallel.pipeline_model_parallel_layout", "the hybrid layer pattern places "
+                            "MTP layers after the last pipeline segment; move 'm' to the last stage")
+        text = "".join(symbols(layer) for layer in chunk.layers)
+        text += "".join(MTP_BREAK + symbols(model.num_layers + d) for d in chunk.mtp_layers)
+        segments.append(text)
+    return SEGMENT_BREAK.join(segments)
+
+
+def _parallel(cfg: Config, args: MegatronArgs) -> None:
+    p, t = cfg.parallel, cfg.training
+    args.add("--tensor-model-parallel-size", p.tp, source="parallel.tp")
+    args.add("--pipeline-model-parallel-size", p.pp, source="parallel.pp")
+    args.add("--context-parallel-size", p.cp, source="parallel.cp")
+    args.add("--expert-model-parallel-size", p.ep, source="parallel.ep")
+    args.add("--expert-tensor-parallel-size", p.etp, source="parallel.etp")
+    args.add_if(p.gtp > 1, "--tensor-parallel-num-weight-shards", p.tp * p.gtp,
+                source="parallel.gtp (TP x GTP)")
+    args.add_if(p.egtp > 1, "--expert-tensor-parallel-num-weight-shards", (p.etp or 1) * p.egtp,
+                source="parallel.egtp (ETP x EGTP)")
+    args.add_if(order_flags(cfg), "--use-tp-pp-dp-mapping", source=f"parallel.order {p.order}")
+    args.add_if(p.sequence_parallel, "--sequence-parallel", source="parallel.sequence_parallel")
+    args.add_if(p.cp > 1, "--cp-comm-type", p.cp_comm_type, source="parallel.cp_comm_type")
+    args.add_if(p.cp_partition_mode != "zigzag", "--cp-partition-mode", p.cp_partition_mode,
+                source="parallel.cp_partition_mode")
+    if p.hierarchical_context_parallel_sizes:
+        args.add("--hierarchical-context-parallel-sizes", *p.hierarchical_context_parallel_sizes,
+                 source="parallel.hierarchical_context_parallel_sizes")
+    args.add_if(p.dynamic_context_parallel, "--dynamic-context-parallel",
+                source="parallel.dynamic_context_parallel")
+    args.add_if(p.hybrid_context_parallel, "--hybrid-context-parallel",
+                source="parallel.hybrid_context_parallel")
+    args.add_if(t.num_distributed_optimizer_instances > 1, "--num-distributed-optimizer-instances",
+                t.num_distributed_optimizer_instances, source="training.num_distributed_optimizer_instances")
+
+
+def _pipeline(cfg: Config, args: MegatronArgs, split: StageSplit) -> None:
+    p, m = cfg.parallel, cfg.model
+    if args.entry == HYBRID_ENTRY:
+        args.add("--hybrid-layer-pattern", hybrid_layer_pattern(cfg, split),
+                 source=f"model.compress_ratios + stage split ({split.source}) + MTP")
+    else:
+        args.add("--num-layers", m.num_layers, source="model.num_layers")
+        if p.pipeline_model_parallel_layout:
+            args.add("--pipeline-model-parallel-layout", p.pipeline_model_parallel_layout,
+                     source="parallel.pipeline_model_parallel_layout")
+        elif p.num_layers_per_virtual_pipeline_stage is not None:
+            args.add("--num-layers-per-virtual-pipeline-stage", p.num_layers_per_virtual_pipeline_stage,
+                     source="parallel.num_layers_per_virtual_pipeline_stage")
+        elif split.vpp > 1:
+            args.add("--num-virtual-stages-per-pipeline-rank", split.vpp, source="parallel.vpp")
+        args.add_if(p.decoder_first_pipeline_num_layers is not None, "--decoder-first-pipeline-num-layers",
+                    p.decoder_first_pipeline_num_layers, source="parallel.decoder_first_pipeline_num_layers")
+        args.add_if(p.decoder_last_pipeline_num_layers is not None, "--decoder-last-pipeline-num-layers",
+                    p.decoder_last_pipeline_num_layers, source="parallel.decoder_last_pipeline_num_layers")
+        args.add_if(p.account_for_embedding_in_pipeline_split, "--account-for-embedding-in-pipeline-split",
+                    source="parallel.account_for_embedding_in_pipeline_split")
+        args.add_if(p.account_for_loss_in_pipeline_split, "--account-for-loss-in-pipeline-split",
+                    source="parallel.account_for_loss_in_pipeline_split")
+    args.add_if(p.microbatch_group_size_per_vp_stage is not None,
+                "--microbatch-group-size-per-virtual-pipeline-stage", p.microbatch_group_size_per_vp_stage,
+                source="parallel.microbatch_group_size_per_vp_stage")
+
+
+def _model(cfg: Config, args: MegatronArgs) -> None:
+    m = cfg.model
+    args.add("--hidden-size", m.hidden_size, source="model.hidden_size")
+    args.add("--ffn-hidden-size", m.ffn_hidden_size, source="model.ffn_hidden_size")
+    args.add("--num-attention-heads", m.num_attention_heads, source="model.num_attention_heads")
+    args.add("--kv-channels", m.kv_channels, source="model.kv_channels")
+    if m.attention_variant == "standard" and m.num_query_groups != m.num_attention_heads:
+        args.add("--group-query-attention", source="model.num_query_groups")
+        args.add("--num-query-groups", m.num_query_groups, source="model.num_query_groups")
+    args.add("--vocab-size", m.vocab_size, source="model.vocab_size")
+    args.add_if(m.max_position_embeddings is not None, "--max-position-embeddings",
+                m.max_position_embeddings, source="model.max_position_embeddings")
+    args.add("--swiglu", source="moeplan models SwiGLU MLPs and experts")
+    args.add("--normalization", "RMSNorm", source="moeplan models RMSNorm")
+    args.add("--norm-epsilon", m.norm_epsilon, source="model.norm_epsilon")
+    args.add_if(not m.add_bias_linear, "--disable-bias-linear", source="model.add_bias_linear false")
+    args.add_if(m.untie_embeddings_and_output_weights, "--untie-embeddings-and-output-weights",
+                source="model.untie_embeddings_and_output_weights")
+    args.add_if(m.swiglu_limit is not None, "--activation-func-clamp-value", m.swiglu_limit,
+                source="model.swiglu_limit")
+    if m.attention_variant in ("mla", "dsv4_hybrid"):
+        args.add("--multi-latent-attention", source=f"model.attention_variant {m.attention_variant}")
+        args.add_if(m.q_lora_rank is not None, "--q-lora-rank", m.q_lora_rank, source="model.q_lora_rank")
+        args.add("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim, source="model.qk_pos_emb_head_dim")
+        args.add("--v-head-dim", m.kv_channels, source="model.kv_channels")
+    if m.attention_variant == "mla":
+        args.add_if(m.kv_lora_rank is not None, "--kv-lora-rank", m.kv_lora_rank, source="model.kv_lora_rank")
+        args.add("--qk-head-dim", (m.kv_channels or 0) - m.qk_pos_emb_head_dim,
+                 source="model.kv_channels - model.qk_pos_emb_head_dim")
+    if is_dsv4(cfg):
+        args.add("--experimental-attention-variant", "dsv4_hybrid", source="model.attention_variant")
+        args.add_if(m.o_groups is not None, "--o-groups", m.o_groups, source="model.o_groups")
+        args.add_if(m.o_lora_rank is not None, "--o-lora-rank", m.o_lora_rank, source="model.o_lora_rank")
+        args.add_if(m.csa_window_size is not None, "--csa-window-size", m.csa_window_size,
+                    source="model.csa_window_size")
+        args.add_if(m.compress_ratios is not None, "--csa-compress-ratios", m.compress_ratios,
+                    source="model.compress_ratios")
+        args.add_if(m.index_n_heads is not None, "--dsa-indexer-n-heads", m.index_n_heads,
+                    source="model.index_n_heads")
+        args.add_if(m.index_head_dim is not None, "--dsa-indexer-head-dim", m.index_head_dim,
+                    source="model.index_head_dim")
+        args.add_if(m.index_topk is not None, "--dsa-indexer-topk", m.index_topk, source="model.index_topk")
+    if m.enable_hyper_connections:
+        args.add("--enable-hyper-connections", source="model.enable_hyper_connections")
+        args.add("--num-residual-streams", m.num_residual_streams, source="model.num_residual_streams")
+        args.add("--mhc-sinkhorn-iterations", m.mhc_sinkhorn_iterations,
+                 source="model.mhc_sinkhorn_iterations")
+    args.add_if(m.mtp_num_layers > 0, "--mtp-num-layers", m.mtp_num_layers, source="model.mtp_num_layers")
+    if args.entry == HYBRID_ENTRY:
+        args.add("--spec", *HYBRID_DSV4_SPEC, source="hybrid DSv4 layer specs")
+
+
+def _moe(cfg: Config, args: MegatronArgs) -> None:
+    m, moe = cfg.model, cfg.moe
+    args.add("--num-experts", m.num_experts, source="model.num_experts")
+    if args.entry == GPT_ENTRY:
+        args.add("--moe-layer-freq", m.moe_layer_freq, source="model.moe_layer_freq")
+    args.add("--moe-ffn-hidden-size", m.moe_ffn_hidden_size, source="model.moe_ffn_hidden_size")
+    args.add_if(bool(m.moe_shared_expert_intermediate_size), "--moe-shared-expert-intermediate-size",
+                m.moe_shared_expert_intermediate_size, source="model.moe_shared_expert_intermediate_size")
+    args.add("--moe-router-topk", m.moe_router_topk, source="model.moe_router_topk")
+    args.add("--moe-router-score-function", m.moe_router_score_function,
+             source="model.moe_router_score_function")
+    args.add_if(m.moe_router_topk_scaling_factor is not None, "--moe-router-topk-scaling-factor",
+                m.moe_router_topk_scaling_factor, source="model.moe_router_topk_scaling_factor")
+    args.add_if(m.moe_router_pre_softmax, "--moe-router-pre-softmax", source="model.moe_router_pre_softmax")
+    if m.moe_router_enable_expert_bias:
+        args.add("--moe-router-enable-expert-bias", source="model.moe_router_enable_expert_bias")
+        args.add("--moe-router-bias-update-rate", m.moe_router_bias_update_rate,
+                 source="model.moe_router_bias_update_rate")
+    args.add_if(m.moe_router_num_groups is not None, "--moe-router-num-groups", m.moe_router_num_groups,
+                source="model.moe_router_num_groups")
+    args.add_if(m.moe_router_group_topk is not None, "--moe-router-group-topk", m.moe_router_group_topk,
+                source="model.moe_router_group_topk")
+    args.add_if(m.moe_n_hash_layers > 0, "--moe-n-hash-layers", m.moe_n_hash_layers,
+                source="model.moe_n_hash_layers")
+    args.add("--moe-router-load-balancing-type", moe.moe_router_load_balancing_type,
+             source="moe.moe_router_load_balancing_type")
+    args.add("--moe-aux-loss-coeff", moe.moe_aux_loss_coeff, source="moe.moe_aux_loss_coeff")
+    args.add_if(moe.moe_router_force_load_balancing, "--moe-router-force-load-balancing",
+                source="moe.moe_router_force_load_balancing")
+    args.add("--moe-token-dispatcher-type", moe.moe_token_dispatcher_type,
+             source="moe.moe_token_dispatcher_type")
+    args.add_if(moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend is not None,
+                "--moe-flex-dispatcher-backend", moe.moe_flex_dispatcher_backend,
+                source="moe.moe_flex_dispatcher_backend")
+    if moe.moe_expert_capacity_factor is not None:
+        args.add("--moe-expert-capacity-factor", moe.moe_expert_capacity_factor,
+                 source="moe.moe_expert_capacity_factor")
+        args.add("--moe-token-drop-policy", moe.moe_token_drop_policy, source="moe.moe_token_drop_policy")
+    args.add_if(moe.moe_pad_expert_input_to_capacity, "--moe-pad-expert-input-to-capacity",
+                source="moe.moe_pad_expert_input_to_capacity")
+    args.add_if(moe.moe_latent_size is not None, "--moe-latent-size", moe.moe_latent_size,
+                source="moe.moe_latent_size")
+    args.add_if(moe.moe_apply_probs_on_input, "--moe-apply-probs-on-input",
+                source="moe.moe_apply_probs_on_input")
+    args.add_if(moe.moe_grouped_gemm, "--moe-grouped-gemm", source="moe.moe_grouped_gemm")
+    args.add_if(moe.moe_permute_fusion, "--moe-permute-fusion", source="moe.moe_permute_fusion")
+    if moe.moe_virtual_experts:
+        args.notes.append("moe.moe_virtual_experts: no Megatron-LM flag yet (PR #7450, unmerged); "
+                          "not passed")
+
+
+def _training(cfg: Config, args: MegatronArgs) -> None:
+    t = cfg.training
+    args.add("--seq-length", t.seq_length, source="training.seq_length")
+    args.add("--micro-batch-size", t.micro_batch_size, source="training.micro_batch_size")
+    args.add("--global-batch-size", cfg.global_batch_size, source="training.global_batch_size")
+    args.add_if(t.sequence_packing_scheduler is not None, "--sequence-packing-scheduler",
+                t.sequence_packing_scheduler, source="training.sequence_packing_scheduler")
+    args.add_if(t.variable_seq_lengths, "--variable-seq-lengths", source="training.variable_seq_lengths")
+    args.add_if(t.precision == "bf16", "--bf16", source="training.precision")
+    args.add_if(t.precision == "fp16", "--fp16", source="training.precision")
+    args.add_if(t.fp8, "--fp8-format", "e4m3", source="training.fp8")
+    args.add_if(t.fp4, "--fp4-format", "e2m1", source="training.fp4")
+    args.add("--optimizer", t.optimizer, source="training.optimizer")
+    args.add("--lr", t.lr, source="training.lr")
+    if t.optimizer == "adam":
+        args.add("--adam-beta1", t.adam_beta1, source="training.adam_beta1")
+        args.add("--adam-beta2", t.adam_beta2, source="training.adam_beta2")
+        args.add("--adam-eps", t.adam_eps, source="training.adam_eps")
+    args.add("--weight-decay", t.weight_decay, source="training.weight_decay")
+    args.add("--seed", t.seed, source="training.seed")
+    args.add_if(t.use_distributed_optimizer, "--use-distributed-optimizer",
+                source="training.use_distributed_optimizer")
+    args.add_if(t.calculate_per_token_loss, "--calculate-per-token-loss",
+                source="training.calculate_per_token_loss")
+    args.add_if(t.average_in_collective, "--ddp-average-in-collective",
+                source="training.average_in_collective")
+    args.add("--ckpt-format", t.ckpt_format, source="training.ckpt_format")
+    args.add_if(t.use_megatron_fsdp, "--use-megatron-fsdp", source="training.use_megatron_fsdp")
+    args.add_if(t.use_torch_fsdp2, "--use-torch-fsdp2", source="training.use_torch_fsdp2")
+
+
+def _overlap(cfg: Config, args: MegatronArgs) -> None:
+    o = cfg.overlap
+    args.add_if(o.overlap_grad_reduce, "--overlap-grad-reduce", source="overlap.overlap_grad_reduce")
+    args.add_if(o.overlap_param_gather, "--overlap-param-gather", source="overlap.overlap_param_gather")
+    args.add_if(o.overlap_moe_expert_parallel_comm, "--overlap-moe-expert-parallel-comm",
+                source="overlap.overlap_moe_expert_parallel_comm")
+    args.add_if(o.moe_shared_expert_overlap, "--moe-shared-expert-overlap",
+                source="overlap.moe_shared_expert_overlap")
+    args.add_if(o.delay_wgrad_compute, "--delay-wgrad-compute", source="overlap.delay_wgrad_compute")
+    args.add_if(o.recompute_granularity is not None, "--recompute-granularity", o.recompute_granularity,
+                source="overlap.recompute_granularity")
+    args.add_if(o.recompute_method is not None, "--recompute-method", o.recompute_method,
+                source="overlap.recompute_method")
+    args.add_if(o.recompute_num_layers is not None, "--recompute-num-layers", o.recompute_num_layers,
+                source="overlap.recompute_num_layers")
+    if o.recompute_modules:
+        args.add("--recompute-modules", *o.recompute_modules, source="overlap.recompute_modules")
+    args.add_if(o.cuda_graph_impl != "none", "--cuda-graph-impl", o.cuda_graph_impl,
+                source="overlap.cuda_graph_impl")
+    if o.cuda_graph_scope:
+        args.add("--cuda-graph-scope", *o.cuda_graph_scope, source="overlap.cuda_graph_scope")
+
+
+def megatron_arguments(cfg: Config) -> MegatronArgs:
+    """Every flag, in a stable order (parallel, pipeline, model, MoE, training, overlap)."""
+    try:
+        split = stage_split(cfg)
+    except SplitError as exc:
+        raise EmitError(exc.path, exc.message) from None
+    args = MegatronArgs(entry=HYBRID_ENTRY if is_dsv4(cfg) else GPT_ENTRY, branch=megatron_branch(cfg))
+    _parallel(cfg, args)
+    _pipeline(cfg, args, split)
+    _model(cfg, args)
+    _moe(cfg, args)
+    _training(cfg, args)
+    _overlap(cfg, args)
+    return args

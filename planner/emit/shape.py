@@ -1,0 +1,87 @@
+"""What every launcher needs to know about a plan: how its ranks sit on nodes, the runtime command
+line, and the provenance lines written at the top of each script.
+
+torchrun.sh and job.sbatch are rendered from the same `LaunchShape`, so the two launchers can never
+disagree about processes per node or runtime flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.emit.safety import EmitError
+from planner.schema import Config
+
+PLAN_FILE = "plan.json"
+REPORT_FILE = "report.json"
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    job_name: str
+    world_size: int
+    nodes: int
+    nproc_per_node: int
+    cpus_per_task: int
+    omp_threads: int
+    master_port: int
+    runtime_args: tuple[str, ...]  # after `--plan PLAN`; `--report` is added by the template
+    env: tuple[tuple[str, str], ...]
+    digest: str
+    provenance: tuple[str, ...]  # comment lines (unescaped; templates pass them through `comment`)
+
+
+def runtime_arguments(cfg: Config) -> tuple[str, ...]:
+    """The runtime flags the launchers pass after `--plan`: steps, reference check, balanced routing."""
+    args = ["--steps", str(cfg.launch.steps)]
+    if cfg.launch.check_reference:
+        args.append("--check-reference")
+    if cfg.moe.moe_router_force_load_balancing:
+        args.append("--balanced")
+    return tuple(args)
+
+
+def layout_line(plan: dict[str, Any]) -> str:
+    """`N=8: TP1 CP2 PP1 DP4 | ETP2 EP2 EDP2` — the two grids, for the script header."""
+    lay = plan["layout"]
+    dense = f"TP{lay['tp']} CP{lay['cp']} PP{lay['pp']} DP{lay['dp']}"
+    expert = f"ETP{lay['etp']} EP{lay['ep']} EDP{lay['edp']}"
+    if lay.get("vpp", 1) > 1:
+        dense += f" VPP{lay['vpp']}"
+    return f"N={lay['world_size']}: {dense} | {expert}, order {lay['order']}"
+
+
+def launch_shape(cfg: Config, plan: dict[str, Any], config_path: Path | str) -> LaunchShape:
+    """Ranks per node from the plan's world size over cluster.nodes (which must divide it)."""
+    world = cfg.parallel.world_size
+    nodes = cfg.cluster.nodes
+    assert world is not None and nodes is not None  # resolved by Config._resolve
+    if world % nodes:
+        raise EmitError("cluster.nodes", f"{world} ranks cannot be spread evenly over {nodes} nodes; "
+                        "torchrun starts the same number of processes on every node")
+    per_node = world // nodes
+    if per_node > cfg.cluster.gpus_per_node:
+        raise EmitError("cluster.nodes", f"{world} ranks over {nodes} node(s) is {per_node} per node, more "
+                        f"than cluster.gpus_per_node = {cfg.cluster.gpus_per_node}")
+    cpus = cfg.launch.cpus_per_task or per_node
+    provenance = (
+        f"moeplan {plan['moeplan_version']} from config {config_path}",
+        f"plan {PLAN_FILE} {plan['digest']}",
+        layout_line(plan),
+        f"{nodes} node(s) x {per_node} rank(s) = {world} ranks",
+    )
+    return LaunchShape(
+        job_name=cfg.launch.job_name,
+        world_size=world,
+        nodes=nodes,
+        nproc_per_node=per_node,
+        cpus_per_task=cpus,
+        omp_threads=max(1, cpus // per_node),
+        master_port=cfg.launch.master_port,
+        runtime_args=runtime_arguments(cfg),
+        env=tuple(sorted(cfg.launch.env.items())),
+        digest=plan["digest"],
+        provenance=provenance,
+    )
