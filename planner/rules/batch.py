@@ -32,7 +32,7 @@ def seq_length_divisible_by_cp(f: Facts) -> Iterator[Violation]:
         yield Violation(
             "training.seq_length",
             f"seq_length {seq} is not divisible by 2·cp = {2 * cp}",
-            f"use a seq_length that is a multiple of {2 * cp} ({multiple_hint(2 * cp, seq)})",
+            f"use a seq_length that is a multiple of {2 * cp}, e.g. {multiple_hint(2 * cp, seq)}",
         )
 
 
@@ -53,7 +53,7 @@ def global_batch_divisible(f: Facts) -> Iterator[Violation]:
             "training.global_batch_size",
             f"global_batch_size {batch} is not divisible by micro_batch_size·DP·GTP = "
             f"{t.micro_batch_size}·{f.dp}·{f.par.gtp} = {unit}",
-            f"use a global batch that is a multiple of {unit} ({multiple_hint(unit, batch)})",
+            f"use a global batch that is a multiple of {unit}, e.g. {multiple_hint(unit, batch)}",
         )
 
 

@@ -46,7 +46,7 @@ def instances_divide_edp(f: Facts) -> Iterator[Violation]:
     if instances > 1 and edp % instances:
         yield Violation("training.num_distributed_optimizer_instances",
                         f"num_distributed_optimizer_instances {instances} does not divide EDP {edp}",
-                        f"choose a divisor of {edp}{divisor_hint(edp, instances)} or raise EDP")
+                        f"choose a divisor of {edp}{divisor_hint(edp, instances)}; or raise EDP")
 
 
 @rule(

@@ -44,7 +44,7 @@ def sequence_shards_need_ddp(f: Facts) -> Iterator[Violation]:
     if f.sequence_shards > 1 and f.fsdp:
         yield Violation(f"training.{f.fsdp}",
                         f"gtp_remat_num_sequence_shards {f.sequence_shards} with {f.fsdp}",
-                        f"turn {f.fsdp} off (use Megatron DDP) or drop the sequence shards")
+                        f"turn {f.fsdp} off to use Megatron DDP, or drop the sequence shards")
 
 
 @rule(
@@ -114,7 +114,7 @@ def gtp_egtp_correction(f: Facts) -> Iterator[Violation]:
                         f"gtp {gtp} != egtp {egtp}: expert gradients need the factor egtp/gtp = "
                         f"{egtp}/{gtp}; without it (Megatron before PR #7165) every expert update is off by "
                         f"gtp/egtp = {gtp}/{egtp}",
-                        "run a Megatron with PR #7165 (expert gradient correction) or use egtp = gtp")
+                        "run a Megatron that has PR #7165, the expert gradient correction, or use egtp = gtp")
 
 
 @rule(
@@ -136,7 +136,7 @@ def gtp_checkpoint_format(f: Facts) -> Iterator[Violation]:
     if f.gtp_active and f.train.ckpt_format not in ("torch", "torch_dist"):
         yield Violation("training.ckpt_format",
                         f"ckpt_format {f.train.ckpt_format} with {_degrees(f)}",
-                        "set training.ckpt_format: torch_dist (or torch)")
+                        "set training.ckpt_format: torch_dist or torch")
 
 
 @rule(

@@ -30,9 +30,9 @@ def nearest(candidates: Iterable[int], target: int, count: int = 3) -> list[int]
 
 
 def divisor_hint(n: int, target: int, count: int = 3) -> str:
-    """' (e.g. 32, 64, 128)' — the divisors of n nearest to target, or '' when none are known."""
+    """', e.g. 32, 64, 128' — the divisors of n nearest to target, or '' when none are known."""
     near = nearest(divisors(n), target, count)
-    return f" (e.g. {', '.join(map(str, near))})" if near else ""
+    return f", e.g. {', '.join(map(str, near))}" if near else ""
 
 
 def multiple_hint(unit: int, target: int) -> str:

@@ -26,7 +26,7 @@ def pad_needs_capacity(f: Facts) -> Iterator[Violation]:
     if f.moe.moe_pad_expert_input_to_capacity and f.moe.moe_expert_capacity_factor is None:
         yield Violation("moe.moe_expert_capacity_factor",
                         "moe_pad_expert_input_to_capacity is on but moe_expert_capacity_factor is unset",
-                        "set moe.moe_expert_capacity_factor (e.g. 1.0) or turn padding off")
+                        "set moe.moe_expert_capacity_factor, e.g. 1.0, or turn padding off")
 
 
 @rule(
@@ -161,7 +161,7 @@ def flex_needs_ep_domain(f: Facts) -> Iterator[Violation]:
     backend = f.flex_backend
     if backend in ("deepep", "ncclep") and f.etp * f.par.ep == 1:
         yield Violation("parallel.ep", f"flex backend {backend} with etp·ep = {f.etp}·{f.par.ep} = 1",
-                        "raise ep (or etp), or use the alltoall dispatcher")
+                        "raise ep or etp, or use the alltoall dispatcher")
 
 
 @rule(
@@ -257,7 +257,7 @@ def top1_softmax_pre_softmax(f: Facts) -> Iterator[Violation]:
             and not m.moe_router_pre_softmax and f.moe.moe_router_load_balancing_type != "sinkhorn"):
         yield Violation("model.moe_router_pre_softmax",
                         "moe_router_topk 1 with softmax scores and no pre-softmax",
-                        "set moe_router_pre_softmax: true (or use sigmoid scores)")
+                        "set moe_router_pre_softmax: true or use sigmoid scores")
 
 
 @rule(

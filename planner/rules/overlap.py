@@ -64,7 +64,7 @@ def ep_overlap_needs_ep(f: Facts) -> Iterator[Violation]:
 def ep_overlap_needs_vpp(f: Facts) -> Iterator[Violation]:
     if _ep_overlap(f) and f.par.pp > 1 and f.vpp <= 1:
         yield Violation(EP_OVERLAP, f"overlap_moe_expert_parallel_comm with pp {f.par.pp} and no "
-                        "virtual pipeline stages", "set parallel.vpp (>= 2) or a layout with "
+                        "virtual pipeline stages", "set parallel.vpp >= 2 or a layout with "
                         "several stages per rank")
 
 
@@ -135,7 +135,7 @@ def ep_overlap_needs_half_precision(f: Facts) -> Iterator[Violation]:
     if _ep_overlap(f) and f.train.precision not in ("bf16", "fp16"):
         yield Violation("training.precision",
                         f"overlap_moe_expert_parallel_comm with precision {f.train.precision}",
-                        "use precision bf16 (or fp16), or turn the overlap off")
+                        "use precision bf16 or fp16, or turn the overlap off")
 
 
 @rule(
@@ -158,7 +158,7 @@ def ep_overlap_without_moe_recompute(f: Facts) -> Iterator[Violation]:
     if _ep_overlap(f) and "moe" in (f.ovl.recompute_modules or []):
         yield Violation("overlap.recompute_modules",
                         "overlap_moe_expert_parallel_comm with 'moe' in recompute_modules",
-                        "recompute finer modules (e.g. moe_act) or turn the overlap off")
+                        "recompute finer modules such as moe_act, or turn the overlap off")
 
 
 RULES = (

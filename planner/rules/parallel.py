@@ -33,8 +33,8 @@ def dense_grid_divides(f: Facts) -> Iterator[Violation]:
             "parallel.world_size",
             f"world_size {f.world_size} is not divisible by TP·CP·PP·GTP = {p.tp}·{p.cp}·{p.pp}·{p.gtp}"
             f" = {size}, so DP = {f.world_size}/{size} is not a whole number",
-            f"use a world size that is a multiple of {size} ({multiple_hint(size, f.world_size)}) "
-            "or change tp/cp/pp/gtp",
+            f"use a world size that is a multiple of {size}, e.g. "
+            f"{multiple_hint(size, f.world_size)}, or change tp/cp/pp/gtp",
         )
 
 
@@ -54,8 +54,8 @@ def expert_grid_divides(f: Facts) -> Iterator[Violation]:
             "parallel.world_size",
             f"world_size {f.world_size} is not divisible by ETP·EP·PP·EGTP = {f.etp}·{p.ep}·{p.pp}·"
             f"{p.egtp} = {size}, so EDP = {f.world_size}/{size} is not a whole number",
-            f"use a world size that is a multiple of {size} ({multiple_hint(size, f.world_size)}) "
-            "or change etp/ep/pp/egtp",
+            f"use a world size that is a multiple of {size}, e.g. "
+            f"{multiple_hint(size, f.world_size)}, or change etp/ep/pp/egtp",
         )
 
 
@@ -98,7 +98,7 @@ def expert_ffn_divisible_by_etp(f: Facts) -> Iterator[Violation]:
         yield Violation(
             "model.moe_ffn_hidden_size",
             f"moe_ffn_hidden_size {size} is not divisible by etp {etp}",
-            f"choose etp dividing {size}{divisor_hint(size, etp)} or a multiple of {etp} for "
+            f"choose etp dividing {size}{divisor_hint(size, etp)}; or a multiple of {etp} for "
             "moe_ffn_hidden_size",
         )
 
@@ -123,7 +123,7 @@ def shared_expert_divisible_by_tp(f: Facts) -> Iterator[Violation]:
         yield Violation(
             "model.moe_shared_expert_intermediate_size",
             f"moe_shared_expert_intermediate_size {size} is not divisible by tp {tp}",
-            f"choose tp dividing {size}{divisor_hint(size, tp)} or a multiple of {tp} for the "
+            f"choose tp dividing {size}{divisor_hint(size, tp)}; or a multiple of {tp} for the "
             "shared-expert size",
         )
 
@@ -172,7 +172,7 @@ def query_groups_fit_tp(f: Facts) -> Iterator[Violation]:
         yield Violation(
             "model.num_query_groups",
             f"num_query_groups {groups} is neither a multiple nor a divisor of tp {tp}",
-            f"choose tp dividing {groups}{divisor_hint(groups, tp)} or a tp that is a multiple of "
+            f"choose tp dividing {groups}{divisor_hint(groups, tp)}; or a tp that is a multiple of "
             f"{groups}",
         )
 

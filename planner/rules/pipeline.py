@@ -86,8 +86,8 @@ def hash_layers_on_first_stage(f: Facts) -> Iterator[Violation]:
             "parallel.pipeline_model_parallel_layout",
             f"the embedding stage holds {len(first.layers)} decoder layer(s) but the "
             f"{hashed} hash layers 0..{hashed - 1} must all be there",
-            f"give the first stage at least {hashed} layers (layout starting 'E{_run('t', hashed)}'"
-            f" or decoder_first_pipeline_num_layers >= {hashed} times vpp)",
+            f"give the first stage at least {hashed} layers: a layout starting "
+            f"'E{_run('t', hashed)}', or decoder_first_pipeline_num_layers >= {hashed} times vpp",
         )
 
 
@@ -114,7 +114,7 @@ def hash_routing_wants_layout(f: Facts) -> Iterator[Violation]:
     yield Violation(
         "parallel.pipeline_model_parallel_layout",
         f"{f.hash_layers} hash layer(s) with pp {f.par.pp} and no pipeline_model_parallel_layout",
-        f'set pipeline_model_parallel_layout: "{layout_string(f.split)}" (the split planned now)',
+        f'set pipeline_model_parallel_layout: "{layout_string(f.split)}", the split planned now',
     )
 
 

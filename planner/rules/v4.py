@@ -32,7 +32,7 @@ training: {qkv_format: thd, sequence_packing_scheduler: dp_balanced}
 def v4_attention_tp1(f: Facts) -> Iterator[Violation]:
     if f.v4_attention and f.par.tp > 1:
         yield Violation("parallel.tp", f"attention_variant dsv4_hybrid with tp {f.par.tp}",
-                        "set parallel.tp: 1 (use cp or more data parallelism instead)")
+                        "set parallel.tp: 1; scale attention with cp or data parallelism instead")
 
 
 @rule(
@@ -144,7 +144,7 @@ def hash_needs_tid2eid_source(f: Facts) -> Iterator[Violation]:
         yield Violation("moe.moe_tid2eid_source",
                         f"{f.hash_layers} hash layer(s) but no tid2eid table source: Megatron would "
                         "use its round-robin placeholder",
-                        "set moe.moe_tid2eid_source (e.g. checkpoint, or the init strategy)")
+                        "set moe.moe_tid2eid_source: checkpoint, or name the init strategy")
 
 
 @rule(
@@ -169,7 +169,7 @@ def mhc_pp_forbids_ep_overlap(f: Facts) -> Iterator[Violation]:
         yield Violation("overlap.overlap_moe_expert_parallel_comm",
                         f"enable_hyper_connections with pp {f.par.pp} and "
                         "overlap_moe_expert_parallel_comm on",
-                        "set overlap.overlap_moe_expert_parallel_comm: false (or pp: 1)")
+                        "set overlap.overlap_moe_expert_parallel_comm: false, or pp: 1")
 
 
 @rule(
@@ -212,7 +212,7 @@ def v4_compress_ratio_count(f: Facts) -> Iterator[Violation]:
         yield Violation("model.compress_ratios",
                         f"compress_ratios has {have} entries, needs num_layers + mtp_num_layers = "
                         f"{m.num_layers} + {m.mtp_num_layers} = {need}",
-                        f"give {need} ratios (each 0, 4 or 128)")
+                        f"give {need} ratios, each 0, 4 or 128")
 
 
 @rule(
