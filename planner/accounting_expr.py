@@ -1,0 +1,211 @@
+"""The expression engine behind the budgets: named formulas, exact evaluation, explanation.
+
+Every quantity is written once, as a formula string over config symbols and earlier quantities.
+That string is the sympy expression (`Quantity.expression`, parsed lazily and cached) and the fast
+path: each group of formulas is compiled once into one Python function whose divisions are exact
+(`_div` keeps ints where they divide, Fractions otherwise), so values never drift and `moeplan
+check` can evaluate the memory budget without importing sympy.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import cache
+from typing import Any, Literal
+
+Level = Literal["global", "stage", "rank"]
+Number = int | Fraction
+Evaluator = Callable[[Mapping[str, Number]], dict[str, Number]]
+
+LEVEL_ORDER: dict[str, int] = {"global": 0, "stage": 1, "rank": 2}
+FUNCTIONS: dict[str, Any] = {"ceiling": math.ceil, "floor": math.floor, "Min": min, "Max": max}
+_IDENT = re.compile(r"\b[A-Za-z_][A-Za-z_0-9]*\b")
+
+
+def ident(name: str) -> str:
+    """The identifier a formula uses for a public name (`step.pp_activation.fwd.send_bytes`)."""
+    return re.sub(r"\W", "_", name)
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """An input of the formulas: one config dimension or one fact about a stage or a rank."""
+
+    name: str
+    doc: str
+    level: Level = "global"
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One named budget: its formula, unit, table category and a one-line meaning."""
+
+    name: str
+    formula: str
+    unit: str
+    category: str
+    doc: str = ""
+    level: Level = "global"
+    refs: tuple[str, ...] = field(default=(), compare=False)
+    ident: str = field(default="", compare=False)
+
+    @property
+    def expression(self) -> Any:
+        """The sympy expression of this formula (over symbols named like the identifiers)."""
+        return sympy_expression(self.formula)
+
+
+class FormulaError(ValueError):
+    """A formula references a name that is neither an input nor an earlier quantity."""
+
+
+class Book:
+    """Collects quantities in dependency order and checks every reference as it goes."""
+
+    def __init__(self, symbols: Iterable[Symbol]) -> None:
+        self.levels: dict[str, Level] = {s.name: s.level for s in symbols}
+        self.quantities: list[Quantity] = []
+
+    def add(self, name: str, formula: str, unit: str, category: str, doc: str = "") -> str:
+        refs = tuple(dict.fromkeys(r for r in _IDENT.findall(formula) if r not in FUNCTIONS))
+        missing = [r for r in refs if r not in self.levels]
+        if missing:
+            raise FormulaError(f"{name} = {formula}: unknown {', '.join(missing)}")
+        key = ident(name)
+        if key in self.levels:
+            raise FormulaError(f"{name} is defined twice")
+        level = max((self.levels[r] for r in refs), key=LEVEL_ORDER.__getitem__, default="global")
+        self.levels[key] = level
+        self.quantities.append(Quantity(name, formula, unit, category, doc, level, refs, key))
+        return key
+
+
+@cache
+def sympy_expression(formula: str) -> Any:
+    """Parse the formula with sympy; every identifier becomes a plain Symbol (E is not Euler's e)."""
+    import sympy
+
+    names = {n: sympy.Symbol(n) for n in _IDENT.findall(formula) if n not in FUNCTIONS}
+    names.update(ceiling=sympy.ceiling, floor=sympy.floor, Min=sympy.Min, Max=sympy.Max)
+    return sympy.sympify(formula, locals=names)
+
+
+def _div(a: Number, b: Number) -> Number:
+    """Exact division: an int when it divides, a Fraction otherwise (ZeroDivisionError on 0)."""
+    if type(a) is int and type(b) is int:
+        q, r = divmod(a, b)
+        return q if r == 0 else Fraction(a, b)
+    return normalize(Fraction(a) / b)
+
+
+def normalize(value: Number | float) -> Number:
+    """Integers stay int, other rationals stay Fraction; a float would be a bug in a formula."""
+    if type(value) is int:
+        return value
+    if isinstance(value, float):
+        raise TypeError(f"inexact value {value!r}: formulas must stay rational")
+    if isinstance(value, Fraction) and value.denominator == 1:
+        return int(value.numerator)
+    return value
+
+
+class _ExactDivision(ast.NodeTransformer):
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Div):
+            name = ast.copy_location(ast.Name("_div", ast.Load()), node)
+            return ast.copy_location(ast.Call(name, [node.left, node.right], []), node)
+        return node
+
+
+@cache
+def compile_quantities(quantities: tuple[Quantity, ...]) -> Evaluator:
+    """One Python function evaluating `quantities` in order from an environment of inputs.
+
+    The whole level is parsed and compiled at once (one `compile` instead of one per formula);
+    every `/` in it becomes an exact `_div`.
+    """
+    defined = {q.ident for q in quantities}
+    inputs = sorted({r for q in quantities for r in q.refs} - defined)
+    lines = ["def _evaluate(env):"]
+    lines += [f"    {name} = env[{name!r}]" for name in inputs]
+    lines += [f"    {q.ident} = _norm({q.formula})" for q in quantities]
+    lines.append("    return {" + ", ".join(f"{q.ident!r}: {q.ident}" for q in quantities) + "}")
+    tree = _ExactDivision().visit(ast.parse("\n".join(lines)))
+    scope: dict[str, Any] = {"__builtins__": {}, "_div": _div, "_norm": normalize, **FUNCTIONS}
+    exec(compile(tree, "<budget formulas>", "exec"), scope)  # noqa: S102 - our own formulas
+    return scope["_evaluate"]
+
+
+def evaluate(quantities: Iterable[Quantity], env: dict[str, Number]) -> dict[str, Number]:
+    """Evaluate quantities in order into `env` (inputs already there); returns env for chaining."""
+    env.update(compile_quantities(tuple(quantities))(env))
+    return env
+
+
+def exact(value: Any) -> Number:
+    """Turn a config number (int, float from YAML, bool) into an exact rational input."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    return normalize(Fraction(repr(float(value))))
+
+
+# ---- display ---------------------------------------------------------------------------------
+
+
+def number_text(value: Number) -> str:
+    if isinstance(value, Fraction):
+        return f"{value.numerator}/{value.denominator}"
+    return str(value)
+
+
+def value_text(value: Number, unit: str, *, short: bool = False) -> str:
+    """A value for people: exact digits, binary units for bytes, a percentage for shares."""
+    from planner.units import format_bytes
+
+    if unit == "bytes":
+        human = format_bytes(value, digits=3 if short else 6)
+        if short or abs(value) < 1024:
+            return human
+        return f"{number_text(value)} B ({human})"
+    if unit == "share":
+        return f"{float(value) * 100:.1f} %"
+    return number_text(value)
+
+
+def pretty(formula: str) -> str:
+    """Formulas for people: `a * b` reads as `a · b`."""
+    return formula.replace("*", "·")
+
+
+@cache
+def _template(formula: str) -> tuple[tuple[str, bool], ...]:
+    """The pretty formula cut into (text, is_name) pieces, so substitution is a join."""
+    pieces: list[tuple[str, bool]] = []
+    last = 0
+    for match in _IDENT.finditer(formula):
+        pieces.append((pretty(formula[last:match.start()]), False))
+        name = match.group(0)
+        pieces.append((name, name not in FUNCTIONS))
+        last = match.end()
+    pieces.append((pretty(formula[last:]), False))
+    return tuple(p for p in pieces if p[0])
+
+
+def substitute(formula: str, values: Mapping[str, Number]) -> str:
+    """The formula with every name replaced by its value: the middle step of an explanation."""
+    out = []
+    for text, is_name in _template(formula):
+        if is_name and text in values:
+            value = values[text]
+            out.append(f"({number_text(value)})" if isinstance(value, Fraction) else str(value))
+        else:
+            out.append(text)
+    return "".join(out)

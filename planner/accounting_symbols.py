@@ -1,0 +1,251 @@
+"""The inputs of the budget formulas: config dimensions, per-stage facts, per-rank placement facts.
+
+Each input is a `Symbol` with a one-line meaning; `global_values`, `stage_values` and `rank_values`
+read their values from the config, the pipeline split and the grid. `Variant` holds the structural
+choices (dispatcher, capacity mode, optimizer, recompute ...) that pick which formula applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from planner.accounting_expr import Number, Symbol, exact, normalize
+from planner.pipeline import StageSplit
+from planner.schema import Config
+
+ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+CSA_RATIO = 4  # DeepSeek-V4: ratio 4 is CSA (overlapping compressor + lightning indexer); others HCA
+
+GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
+    Symbol("N", "world size (ranks)"),
+    Symbol("TP", "tensor-parallel size"),
+    Symbol("CP", "context-parallel size (configured)"),
+    Symbol("PP", "pipeline-parallel size"),
+    Symbol("VPP", "virtual pipeline chunks per stage"),
+    Symbol("EP", "expert-parallel size"),
+    Symbol("ETP", "expert tensor-parallel size"),
+    Symbol("GTP", "dense GTP (weight rematerialisation) size R"),
+    Symbol("EGTP", "expert GTP size R_e"),
+    Symbol("q_s", "GTP sequence shards (gtp_remat_num_sequence_shards, 1 when unset)"),
+    Symbol("TP_seq", "TP ranks that split the sequence (TP with sequence parallelism, else 1)"),
+    Symbol("h", "hidden size"),
+    Symbol("E", "routed experts per MoE layer"),
+    Symbol("k", "routed experts per token (top-k)"),
+    Symbol("I", "routed expert intermediate size (moe_ffn_hidden_size)"),
+    Symbol("I_s", "shared expert intermediate size (0 = none)"),
+    Symbol("f", "dense MLP intermediate size (ffn_hidden_size)"),
+    Symbol("V", "vocabulary size"),
+    Symbol("heads", "attention heads"),
+    Symbol("groups", "query groups (KV heads)"),
+    Symbol("d", "head dimension (kv_channels)"),
+    Symbol("q_lora", "query LoRA rank (0 = none)"),
+    Symbol("kv_lora", "KV LoRA rank (MLA)"),
+    Symbol("qk_rope", "rotary part of the q/k head (qk_pos_emb_head_dim)"),
+    Symbol("o_groups", "grouped output projection groups (V4)"),
+    Symbol("o_lora", "output LoRA rank (V4)"),
+    Symbol("idx_heads", "lightning-indexer heads (V4 CSA)"),
+    Symbol("idx_dim", "lightning-indexer head dimension (V4 CSA)"),
+    Symbol("idx_topk", "compressed entries the indexer keeps per query (V4 CSA)"),
+    Symbol("csa_ratio", "CSA compression ratio (4)"),
+    Symbol("hca_ratio", "HCA compression ratio (largest other ratio in compress_ratios)"),
+    Symbol("n_hc", "residual-stream width multiplier (mHC expansion, 1 without mHC)"),
+    Symbol("S", "sequence length"),
+    Symbol("b", "micro-batch size"),
+    Symbol("B", "global batch size (sequences per optimizer step)"),
+    Symbol("p", "bytes per element of training.precision"),
+    Symbol("cf", "expert capacity factor (0 when unset)"),
+    Symbol("I_opt", "distributed-optimizer instances"),
+    Symbol("N_r", "recompute_num_layers (1 when unset)"),
+    Symbol("mem_gib", "GPU memory per rank in GiB (cluster.gpu_memory_gib)"),
+)
+
+STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in (
+    ("s", "pipeline stage index"),
+    ("blocks", "transformer blocks on the stage (decoder layers + MTP layers)"),
+    ("L_moe", "MoE layers on the stage (MTP blocks included)"),
+    ("L_dense", "blocks with a dense MLP instead of MoE"),
+    ("L_hash", "hash-routed MoE layers on the stage (no expert bias)"),
+    ("L_mtp", "MTP layers on the stage"),
+    ("L_csa", "CSA attention layers on the stage (V4)"),
+    ("L_hca", "HCA attention layers on the stage (V4)"),
+    ("has_embedding", "1 when the stage holds the input embedding"),
+    ("has_mtp_embedding", "1 when the stage holds MTP layers but not the embedding (an embedding copy)"),
+    ("has_output", "1 when the stage computes the loss (final norm, logits)"),
+    ("has_output_weight", "1 when the stage holds an output-layer weight (untied, or tied copy with PP > 1)"),
+    ("is_first_stage", "1 on the stage holding the first pipeline chunk"),
+    ("is_last_stage", "1 on the stage holding the last pipeline chunk"),
+    ("embd_size", "ranks in this stage's embedding group (1 when not a member)"),
+    ("embd_sync", "1 when this stage syncs embedding grads over an embedding group of >= 2 ranks"),
+))
+
+# Group kinds whose physical placement the topology split reports.
+TOPOLOGY_GROUPS: tuple[str, ...] = ("ep", "expt_tp", "tp_ep", "cp", "dp_cp", "expt_dp", "tp_dp_cp",
+                                    "embd", "intra_dp_cp", "intra_expt_dp", "inter_dist_opt")
+
+RANK_SYMBOLS: tuple[Symbol, ...] = (
+    Symbol("rank", "global rank", "rank"),
+    Symbol("node", "node of the rank (rank // gpus_per_node, node-major placement)", "rank"),
+    Symbol("pp_next_offnode", "1 when the next pipeline stage's rank is on another node", "rank"),
+    Symbol("pp_prev_offnode", "1 when the previous pipeline stage's rank is on another node", "rank"),
+    *(s for kind in TOPOLOGY_GROUPS for s in (
+        Symbol(f"{kind}_on_node", f"ranks of this rank's {kind} group on its node (itself included)",
+               "rank"),
+        Symbol(f"{kind}_nodes", f"nodes spanned by this rank's {kind} group", "rank"),
+        Symbol(f"{kind}_ring_offnode", f"share of the {kind} ring's edges (group order) that cross "
+               "nodes: the expected share of a rank's ring bytes leaving its node", "rank"),
+    )),
+)
+
+ALL_SYMBOLS: tuple[Symbol, ...] = GLOBAL_SYMBOLS + STAGE_SYMBOLS + RANK_SYMBOLS
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Structural choices that select formulas; equal variants share one cached formula book."""
+
+    dispatcher: str
+    capacity: str  # "dropless" | "drop" | "pad"
+    ep: bool  # EP > 1
+    etp: bool  # ETP > 1
+    tp_ep: bool  # ETP·EP > 1
+    dp_cp: bool  # dense replica group > 1
+    edp: bool  # expert replica group > 1
+    tp_dp_cp: bool
+    pp: bool
+    dist_opt: bool
+    instances: bool
+    attention: str
+    mhc: bool
+    per_token_loss: bool
+    expert_bias: bool
+    optimizer: str
+    master_copy: bool  # low-precision params keep an fp32 master copy in the optimizer
+    recompute: str | None
+    recompute_method: str | None
+    recompute_modules: frozenset[str]
+    cp_kv_gather: bool  # standard attention with CP over an all-gather of K/V
+    interleaved: bool  # VPP > 1
+    mla_q_lora: bool
+
+
+def variant_of(cfg: Config, split: StageSplit) -> Variant:
+    par, tr, moe, ov, model = cfg.parallel, cfg.training, cfg.moe, cfg.overlap, cfg.model
+    if moe.moe_expert_capacity_factor is None:
+        capacity = "dropless"
+    else:
+        capacity = "pad" if moe.moe_pad_expert_input_to_capacity else "drop"
+    modules = frozenset(ov.recompute_modules or (["core_attn"] if ov.recompute_granularity ==
+                                                 "selective" else []))
+    return Variant(
+        dispatcher=moe.moe_token_dispatcher_type,
+        capacity=capacity,
+        ep=par.ep > 1,
+        etp=(par.etp or 1) > 1,
+        tp_ep=(par.etp or 1) * par.ep > 1,
+        dp_cp=cfg.dp * par.cp > 1,
+        edp=cfg.edp > 1,
+        tp_dp_cp=par.tp * par.gtp * cfg.dp * par.cp > 1,
+        pp=par.pp > 1,
+        dist_opt=tr.use_distributed_optimizer,
+        instances=tr.num_distributed_optimizer_instances > 1,
+        attention=model.attention_variant,
+        mhc=model.enable_hyper_connections and model.mhc_expansion > 1,
+        per_token_loss=tr.calculate_per_token_loss,
+        expert_bias=model.moe_router_enable_expert_bias,
+        optimizer=tr.optimizer,
+        master_copy=ELEMENT_BYTES[tr.precision] < 4,
+        recompute=ov.recompute_granularity,
+        recompute_method=ov.recompute_method or ("uniform" if ov.recompute_granularity == "full"
+                                                 else None),
+        recompute_modules=modules if ov.recompute_granularity == "selective" else frozenset(),
+        cp_kv_gather=par.cp > 1 and model.attention_variant == "standard",
+        interleaved=split.vpp > 1,
+        mla_q_lora=bool(model.q_lora_rank),
+    )
+
+
+def _ratios(cfg: Config) -> list[int]:
+    return list(cfg.model.compress_ratios or [])
+
+
+def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
+    m, par, tr = cfg.model, cfg.parallel, cfg.training
+    hca = [r for r in _ratios(cfg) if r not in (0, CSA_RATIO)]
+    return {
+        "N": par.world_size or 0, "TP": par.tp, "CP": par.cp, "PP": par.pp, "VPP": split.vpp,
+        "EP": par.ep, "ETP": par.etp or par.tp, "GTP": par.gtp, "EGTP": par.egtp,
+        "q_s": par.gtp_remat_num_sequence_shards or 1,
+        "TP_seq": par.tp if par.sequence_parallel else 1,
+        "h": m.hidden_size, "E": m.num_experts, "k": m.moe_router_topk,
+        "I": m.moe_ffn_hidden_size or 0, "I_s": m.moe_shared_expert_intermediate_size or 0,
+        "f": m.ffn_hidden_size or 0, "V": m.vocab_size, "heads": m.num_attention_heads,
+        "groups": m.num_query_groups or m.num_attention_heads, "d": m.kv_channels or 0,
+        "q_lora": m.q_lora_rank or 0, "kv_lora": m.kv_lora_rank or 0,
+        "qk_rope": m.qk_pos_emb_head_dim, "o_groups": m.o_groups or 1, "o_lora": m.o_lora_rank or 0,
+        "idx_heads": m.index_n_heads or 0, "idx_dim": m.index_head_dim or 0,
+        "idx_topk": m.index_topk or 0, "csa_ratio": CSA_RATIO, "hca_ratio": max(hca, default=0),
+        "n_hc": m.mhc_expansion, "S": tr.seq_length, "b": tr.micro_batch_size,
+        "B": cfg.global_batch_size, "p": ELEMENT_BYTES[tr.precision],
+        "cf": exact(cfg.moe.moe_expert_capacity_factor or 0),
+        "I_opt": tr.num_distributed_optimizer_instances,
+        "N_r": cfg.overlap.recompute_num_layers or 1,
+        "mem_gib": exact(cfg.cluster.gpu_memory_gib),
+    }
+
+
+def stage_values(cfg: Config, split: StageSplit, stage: int,
+                 embd_group: Sequence[int] | None = None) -> dict[str, Number]:
+    """Per-stage counts; `embd_group` is the embedding group of the stage's ranks (grid), if any."""
+    st, model, pp = split.stages[stage], cfg.model, cfg.parallel.pp
+    ratios = _ratios(cfg)
+    per_block = [ratios[i] if i < len(ratios) else 0 for i in st.layers]
+    per_block += [ratios[model.num_layers + d] if model.num_layers + d < len(ratios) else 0
+                  for d in st.mtp_layers]
+    if model.attention_variant != "dsv4_hybrid":
+        per_block = []
+    blocks = len(st.layers) + len(st.mtp_layers)
+    tied_copy = not model.untie_embeddings_and_output_weights and pp > 1
+    embd_size = len(embd_group) if embd_group else 1
+    first_chunk, last_chunk = split.chunks[0], split.chunks[-1]
+    return {
+        "s": stage, "blocks": blocks, "L_moe": len(st.moe_layers),
+        "L_dense": blocks - len(st.moe_layers), "L_hash": len(st.hash_layers),
+        "L_mtp": len(st.mtp_layers),
+        "L_csa": sum(1 for r in per_block if r == CSA_RATIO),
+        "L_hca": sum(1 for r in per_block if r not in (0, CSA_RATIO)),
+        "has_embedding": int(st.embedding),
+        "has_mtp_embedding": int(bool(st.mtp_layers) and not st.embedding),
+        "has_output": int(st.output_head),
+        "has_output_weight": int(st.output_head and (model.untie_embeddings_and_output_weights
+                                                     or tied_copy)),
+        "is_first_stage": int(first_chunk.stage == stage),
+        "is_last_stage": int(last_chunk.stage == stage),
+        "embd_size": embd_size,
+        "embd_sync": int(embd_size > 1),
+    }
+
+
+def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
+                pp_group: Sequence[int]) -> dict[str, Number]:
+    """Node-major placement facts of one rank: for each group kind, peers on its node, nodes
+    spanned, and the share of ring edges (i -> i+1 in group order) that cross nodes; a kind the
+    layout lacks counts as the rank alone. Pipeline sends go to the exact neighbour stage."""
+    from planner.grid import nodes_spanned
+
+    node = rank // gpus_per_node
+    values: dict[str, Number] = {"rank": rank, "node": node}
+    for kind in TOPOLOGY_GROUPS:
+        members = groups.get(kind) or [rank]
+        nodes = [r // gpus_per_node for r in members]
+        crossing = sum(1 for i, n in enumerate(nodes) if n != nodes[(i + 1) % len(nodes)])
+        values[f"{kind}_on_node"] = nodes.count(node)
+        values[f"{kind}_nodes"] = nodes_spanned(members, gpus_per_node)
+        values[f"{kind}_ring_offnode"] = normalize(Fraction(crossing, len(nodes)))
+    where = list(pp_group).index(rank) if rank in pp_group else 0
+    size = max(len(pp_group), 1)
+    for key, neighbour in (("pp_next_offnode", where + 1), ("pp_prev_offnode", where - 1)):
+        peer = pp_group[neighbour % size] if pp_group else rank
+        values[key] = int(peer // gpus_per_node != node)
+    return values
