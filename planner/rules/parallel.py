@@ -213,7 +213,7 @@ def order_names_every_axis(f: Facts) -> Iterator[Violation]:
             problems.extend(p for p in err.problems if p not in problems)
     for problem in problems:
         yield Violation("parallel.order", problem,
-                        "name each of tp, cp, ep, dp, pp once, e.g. tp-cp-ep-dp-pp (the default)")
+                        "name each of tp, cp, ep, dp, pp once, e.g. the default tp-cp-ep-dp-pp")
 
 
 @rule(
@@ -232,7 +232,7 @@ def order_dp_matches_edp(f: Facts) -> Iterator[Violation]:
             "parallel.order",
             f"order '{f.par.order}' does not end with pp, pp {f.par.pp} > 1 and DP {f.dp} != EDP "
             f"{f.edp}",
-            "end the order with pp (tp-cp-ep-dp-pp) or choose degrees with TP·CP·GTP = "
+            "end the order with pp, e.g. tp-cp-ep-dp-pp, or choose degrees with TP·CP·GTP = "
             "ETP·EP·EGTP so that DP == EDP",
         )
 
@@ -258,7 +258,7 @@ def pp_groups_agree(f: Facts) -> Iterator[Violation]:
             "parallel.order",
             f"under order '{f.par.order}' the dense pp groups start {dense[:2]} but the expert pp "
             f"groups start {expert[:2]}",
-            "end the order with pp (tp-cp-ep-dp-pp)",
+            "end the order with pp, e.g. tp-cp-ep-dp-pp",
         )
 
 
