@@ -96,7 +96,7 @@ CONFIG_DOCS = (
 
 @rule(
     "IGN001", "warning", "ignore lists only known rule codes",
-    source="SPEC §2 (moeplan rule catalog)",
+    source="planner/rules/catalog.py::run_rules",
     why="""`ignore:` silences rule codes like a linter's noqa. A code that is not in the catalog
     (a typo, or a rule that was renamed) silences nothing, which is rarely what the author
     meant.""",
