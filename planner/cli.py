@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.rules",
     "planner.commands.reshard",
     "planner.commands.emit",
+    "planner.commands.launch",
     "planner.commands.budget",
     "planner.commands.verify",
 )

@@ -7,6 +7,7 @@ disagree about processes per node or runtime flags.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,13 @@ from planner.schema import Config
 
 PLAN_FILE = "plan.json"
 REPORT_FILE = "report.json"
+_NOT_IN_RDZV_ID = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
 class LaunchShape:
     job_name: str
+    rdzv_id: str  # torchrun names a temporary folder after it: file-name characters only
     world_size: int
     nodes: int
     nproc_per_node: int
@@ -74,6 +77,7 @@ def launch_shape(cfg: Config, plan: dict[str, Any], config_path: Path | str) -> 
     )
     return LaunchShape(
         job_name=cfg.launch.job_name,
+        rdzv_id=_NOT_IN_RDZV_ID.sub("_", cfg.launch.job_name).strip("._") or "moeplan",
         world_size=world,
         nodes=nodes,
         nproc_per_node=per_node,
