@@ -10,6 +10,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from planner.findings import Finding, has_errors, sort_findings
 from planner.loader import InvalidConfig, UnreadableConfig, load_config
@@ -25,8 +26,8 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 def print_findings(findings: list[Finding], console: Console = stderr) -> None:
     for f in sort_findings(findings):
-        console.print(f"[{_STYLE[f.severity]}]{f.code} {f.severity}[/] {f.path}: {f.message} "
-                      f"[dim]({f.fix})[/]", markup=True)
+        console.print(f"[{_STYLE[f.severity]}]{f.code} {f.severity}[/] {escape(f.path)}: "
+                      f"{escape(f.message)} [dim]({escape(f.fix)})[/]", markup=True)
 
 
 def findings_json(findings: list[Finding]) -> list[dict[str, str]]:
@@ -34,7 +35,7 @@ def findings_json(findings: list[Finding]) -> list[dict[str, str]]:
 
 
 def fail(code: int, message: str) -> NoReturn:
-    stderr.print(f"[bold red]error:[/] {message}", markup=True)
+    stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True)
     raise typer.Exit(code)
 
 

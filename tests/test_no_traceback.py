@@ -301,8 +301,6 @@ _MARKUP_LIKE = {  # user text that reaches a finding message: a key, an ignore e
 }
 
 
-@pytest.mark.xfail(reason="planner/cli_common prints finding text as rich markup, so '[/x]' in a "
-                          "message raises MarkupError (lead: escape path/message/fix)")
 @pytest.mark.parametrize("name", sorted(_MARKUP_LIKE))
 def test_moeplan_check_prints_markup_like_input_literally(tmp_path, name):
     path = tmp_path / f"{name}.yaml"

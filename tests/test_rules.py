@@ -202,8 +202,8 @@ def test_suggested_layout_reproduces_the_planned_split():
     data = with_overlay({"model": {"num_layers": 6, "moe_n_hash_layers": 2, "mtp_num_layers": 1},
                          "parallel": {"decoder_first_pipeline_num_layers": 2},
                          "moe": {"moe_tid2eid_source": "checkpoint"}})
-    warning = next(f for f in findings_for(data) if f.code == "PIP004")
-    layout = re.search(r'layout: "([^"]+)"', warning.fix).group(1)
+    finding = next(f for f in findings_for(data) if f.code == "PIP004")
+    layout = re.search(r'layout: "([^"]+)"', finding.fix).group(1)
     assert layout == "Et*2|t*4mL"
     with_layout = merge(data, {"parallel": {"pipeline_model_parallel_layout": layout,
                                             "decoder_first_pipeline_num_layers": None}})

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from planner.cli_common import (
@@ -62,7 +63,8 @@ def check(
         errors = sum(f.severity == "error" for f in findings)
         warnings = sum(f.severity == "warning" for f in findings)
         verdict = "[bold green]valid[/]" if ok else "[bold red]invalid[/]"
-        stdout.print(f"{config}: {verdict} — {errors} error(s), {warnings} warning(s)", markup=True)
+        stdout.print(f"{escape(str(config))}: {verdict} — {errors} error(s), {warnings} warning(s)",
+                     markup=True)
     raise typer.Exit(EXIT_OK if ok else EXIT_CONFIG)
 
 

@@ -92,11 +92,11 @@ def hash_layers_on_first_stage(f: Facts) -> Iterator[Violation]:
 
 
 @rule(
-    "PIP004", "warning", "hash routing with PP > 1 wants an explicit pipeline layout",
+    "PIP004", "error", "hash routing with PP > 1 needs an explicit pipeline layout",
     source=TRANSFORMER_CONFIG,
     why="""Megatron (dev) requires pipeline_model_parallel_layout whenever hash layers are used
-    with PP > 1, so that the embedding stage is stated explicitly. moeplan can plan an even or
-    first/last split, but Megatron would not accept the arguments; the fix gives the equivalent
+    with PP > 1 (input_ids exist only on the embedding stage, so it must be stated explicitly).
+    An even or first/last split would be rejected at start-up; the fix gives the equivalent
     layout string.""",
     bad="""
     model: {moe_n_hash_layers: 1}
