@@ -61,6 +61,11 @@ class StageSplit:
 
 
 _TOKEN = re.compile(r"\s*(\(|\)|\*\s*\d+|[EtmL|])")
+MAX_LAYOUT_SYMBOLS = 1_000_000  # far above any real model; bounds the expansion of `t*N`
+
+
+def _symbol_count(item: str | list) -> int:
+    return sum(_symbol_count(i) for i in item) if isinstance(item, list) else 1
 
 
 def expand_layout(layout: str) -> list[list[str]]:
@@ -90,8 +95,12 @@ def expand_layout(layout: str) -> list[list[str]]:
             if not stack[-1]:
                 raise SplitError(f"layout {layout!r}: '*' with nothing to repeat",
                                  "parallel.pipeline_model_parallel_layout", "write e.g. t*4")
-            last = stack[-1].pop()
-            stack[-1].extend([last] * int(token[1:]))
+            last, repeats = stack[-1].pop(), int(token[1:])
+            total = repeats * _symbol_count(last) + sum(_symbol_count(i) for s in stack for i in s)
+            if total > MAX_LAYOUT_SYMBOLS:
+                raise SplitError(f"layout expands to {total} symbols (limit {MAX_LAYOUT_SYMBOLS})",
+                                 "parallel.pipeline_model_parallel_layout", "check the repeat counts")
+            stack[-1].extend([last] * repeats)
         else:
             stack[-1].append(token)
     if len(stack) != 1:

@@ -34,7 +34,7 @@ def _alias(*names: str) -> Any:
 
 class ModelSection(Section):
     preset: Literal["deepseek-v4-pro", "deepseek-v4-flash"] | None = None
-    num_layers: PosInt
+    num_layers: Annotated[int, Field(ge=1, le=100_000)]
     hidden_size: PosInt
     num_attention_heads: PosInt
     num_query_groups: PosInt | None = None

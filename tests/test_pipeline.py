@@ -76,3 +76,8 @@ def test_layout_vpp_mismatch(minimal_v4):
 def test_bad_layouts(minimal_v4, layout, fragment):
     with pytest.raises(SplitError, match=fragment):
         split_of(minimal_v4, pipeline_model_parallel_layout=layout)
+
+
+def test_huge_layout_repeat_is_refused_quickly(minimal_v4):
+    with pytest.raises(SplitError, match="limit"):
+        split_of(minimal_v4, pipeline_model_parallel_layout="Et*1000000000|tmL")
