@@ -1,9 +1,11 @@
-"""A real, single-host Slurm for tests: munged, slurmctld and one slurmd on localhost, configured in a
-temporary folder and torn down afterwards (shared/design/ENVIRONMENT.md, "A real Slurm on one machine").
+"""A real, single-host Slurm for tests: munged, slurmctld and two slurmd "nodes" (n1, n2) on this
+machine, configured in a temporary folder and torn down afterwards (shared/design/ENVIRONMENT.md,
+"A real Slurm on one machine").
 
-The node advertises 16 CPUs and 8 GPUs whatever the machine has (`SlurmdParameters=config_overrides`;
+Each node advertises 16 CPUs and 8 GPUs whatever the machine has (`SlurmdParameters=config_overrides`;
 the GPUs are gres entries backed by /dev/null links), so batch scripts written for GPU nodes run
-unchanged: the bundled runtime itself runs on CPU with gloo.
+unchanged: the bundled runtime itself runs on CPU with gloo. The node names do not resolve — as on
+clusters with private naming — and every node's NodeAddr is 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "sinfo", "scontrol", "squeue", "scancel")
 NODE_CPUS, NODE_GPUS = 16, 8
+NODES = ("n1", "n2")
 MUNGE_SOCKET_DIR = Path("/run/munge")
 
 
@@ -44,8 +47,9 @@ class LocalSlurm:
         return subprocess.run(list(command), env={**self.env, **(env or {})}, cwd=cwd, capture_output=True,
                               text=True, timeout=timeout, check=check)
 
-    def node_state(self) -> str:
-        return self.run("sinfo", "--noheader", "--format=%T", check=False).stdout.strip()
+    def node_states(self) -> list[str]:
+        listed = self.run("sinfo", "--noheader", "--Node", "--format=%T", check=False).stdout
+        return listed.split()
 
 
 def free_port() -> int:
@@ -55,12 +59,12 @@ def free_port() -> int:
 
 
 def _conf(root: Path) -> str:
+    ports = [free_port() for _ in NODES]
     return "\n".join([
         "ClusterName=moeplan-test",
         "SlurmctldHost=localhost",
         "SlurmUser=root",
         f"SlurmctldPort={free_port()}",
-        f"SlurmdPort={free_port()}",
         "AuthType=auth/munge",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
@@ -75,14 +79,15 @@ def _conf(root: Path) -> str:
         "EnforcePartLimits=ALL",  # or an impossible job pends forever and `sbatch --wait` hangs
         "KillWait=5",
         f"StateSaveLocation={root / 'state'}",
-        f"SlurmdSpoolDir={root / 'spool'}",
+        f"SlurmdSpoolDir={root / 'spool' / '%n'}",
         f"SlurmctldPidFile={root / 'slurmctld.pid'}",
-        f"SlurmdPidFile={root / 'slurmd.pid'}",
+        f"SlurmdPidFile={root / 'slurmd-%n.pid'}",
         f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
-        f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+        f"SlurmdLogFile={root / 'log' / 'slurmd-%n.log'}",
         "GresTypes=gpu",
-        f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={NODE_CPUS} Gres=gpu:{NODE_GPUS} State=UNKNOWN",
-        "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP",
+        *(f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={NODE_CPUS} "
+          f"Gres=gpu:{NODE_GPUS} State=UNKNOWN" for node, port in zip(NODES, ports, strict=True)),
+        f"PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP",
         "",
     ])
 
@@ -136,7 +141,7 @@ def _stop(pid_file: Path, timeout: float = 10) -> None:
 
 @contextmanager
 def local_slurm(root: Path, ready_timeout: float = 30) -> Iterator[LocalSlurm]:
-    """slurmctld + `slurmd -N localhost` configured under `root`, up until the node is idle."""
+    """slurmctld + one `slurmd -N <node>` per node, configured under `root`, up until all are idle."""
     _check_installed()
     for folder in ("state", "spool", "log", "gpus"):
         (root / folder).mkdir(parents=True, exist_ok=True)
@@ -148,25 +153,28 @@ def local_slurm(root: Path, ready_timeout: float = 30) -> Iterator[LocalSlurm]:
         gpus.append(str(link))
     conf = root / "slurm.conf"
     conf.write_text(_conf(root))
-    (root / "gres.conf").write_text(f"NodeName=localhost Name=gpu File={','.join(gpus)}\n")
+    (root / "gres.conf").write_text(f"NodeName={','.join(NODES)} Name=gpu File={','.join(gpus)}\n")
     cluster = LocalSlurm(root, conf)
     munged = _start_munged()
     try:
-        for daemon in (["slurmctld", "-f", str(conf)], ["slurmd", "-f", str(conf), "-N", "localhost"]):
+        daemons = [["slurmctld", "-f", str(conf)]]
+        daemons += [["slurmd", "-f", str(conf), "-N", node] for node in NODES]
+        for daemon in daemons:
             started = cluster.run(*daemon, check=False)
             if started.returncode != 0:
                 raise SlurmUnavailable(f"{daemon[0]} did not start: {started.stderr.strip()}")
         deadline = time.monotonic() + ready_timeout
-        while cluster.node_state() != "idle":
+        while cluster.node_states() != ["idle"] * len(NODES):
             if time.monotonic() > deadline:
-                log = (root / "log" / "slurmd.log").read_text(errors="replace")[-2000:]
-                raise SlurmUnavailable(f"the Slurm node did not become idle "
-                                       f"(state {cluster.node_state()!r}); slurmd log tail:\n{log}")
+                log = (root / "log" / "slurmctld.log").read_text(errors="replace")[-2000:]
+                raise SlurmUnavailable(f"the Slurm nodes did not become idle "
+                                       f"(states {cluster.node_states()}); slurmctld log tail:\n{log}")
             time.sleep(0.2)
         yield cluster
     finally:
         cluster.run("scancel", "--full", "--user=root", check=False)
-        _stop(root / "slurmd.pid")
+        for node in NODES:
+            _stop(root / f"slurmd-{node}.pid")
         _stop(root / "slurmctld.pid")
         if munged is not None:
             try:

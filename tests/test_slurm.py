@@ -1,6 +1,7 @@
-"""The emitted Slurm batch script on a real single-host Slurm (slurmctld + slurmd + munge started by
-the fixture): a 4-rank run of the bundled runtime through `sbatch --wait`, a failing job's exit code,
-and a hostile job name as Slurm itself records it.
+"""The emitted Slurm batch script on a real single-host Slurm (slurmctld, two slurmd "nodes" and
+munge, started by the fixture): 4-rank runs of the bundled runtime through `sbatch --wait` on one
+node and over two nodes (two torchrun agents joined by the c10d rendezvous), a failing job's exit
+code, and a hostile job name as Slurm itself records it.
 """
 
 from __future__ import annotations
@@ -33,21 +34,23 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
         pytest.skip(f"no local Slurm: {exc}")
 
 
-def four_rank_config(folder: Path, **launch: Any) -> Path:
-    """tiny-cpu-8 shrunk to 4 ranks on one 4-GPU node: TP1 CP2 DP2 | ETP1 EP2 EDP2."""
+def four_rank_config(folder: Path, nodes: int = 1, **launch: Any) -> Path:
+    """tiny-cpu-8 shrunk to 4 ranks (TP1 CP2 DP2 | ETP1 EP2 EDP2) on `nodes` nodes, one CPU per rank."""
+    per_node = 4 // nodes
     data = yaml.safe_load((EXAMPLES / "tiny-cpu-8.yaml").read_text())
     data["parallel"].update(world_size=4, cp=2, ep=2, etp=1)
-    data["cluster"].update(nodes=1, gpus_per_node=4)
+    data["cluster"].update(nodes=nodes, gpus_per_node=per_node)
     data["training"]["global_batch_size"] = 2
-    data["launch"] = {"job_name": "moeplan-slurm", "steps": 1, "cpus_per_task": 4, **launch}
+    data["launch"] = {"job_name": "moeplan-slurm", "steps": 1, "cpus_per_task": per_node, **launch}
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-def emit_slurm(folder: Path, **launch: Any) -> Path:
+def emit_slurm(folder: Path, nodes: int = 1, **launch: Any) -> Path:
     out = folder / "run"
-    result = runner.invoke(app, ["emit", "slurm", str(four_rank_config(folder, **launch)), "-o", str(out)])
+    config = four_rank_config(folder, nodes, **launch)
+    result = runner.invoke(app, ["emit", "slurm", str(config), "-o", str(out)])
     assert result.exit_code == 0, result.output
     return out
 
@@ -62,15 +65,18 @@ def submit(slurm: LocalSlurm, run_dir: Path, *options: str) -> subprocess.Comple
         raise
 
 
-def test_emitted_batch_script_runs_the_plan_under_sbatch_wait(slurm: LocalSlurm, tmp_path: Path):
-    run_dir = emit_slurm(tmp_path)
+@pytest.mark.parametrize("nodes", [1, 2], ids=["one-node", "two-nodes"])
+def test_emitted_batch_script_runs_the_plan_under_sbatch_wait(slurm: LocalSlurm, tmp_path: Path,
+                                                              nodes: int):
+    run_dir = emit_slurm(tmp_path, nodes)
     result = submit(slurm, run_dir, "--wait", "--parsable")
     job_id = result.stdout.strip().split(";")[0]
     log = run_dir / "logs" / f"moeplan-slurm-{job_id}.out"
     errors = run_dir / "logs" / f"moeplan-slurm-{job_id}.err"
     details = "\n".join(p.read_text(errors="replace")[-3000:] for p in (log, errors) if p.exists())
     assert result.returncode == 0, result.stderr + details
-    assert "rendezvous 127.0.0.1:" in log.read_text()  # the head node's NodeAddr from scontrol
+    # n1 and n2 do not resolve: the rendezvous must use the head node's NodeAddr from scontrol.
+    assert f"{nodes} node(s), rendezvous 127.0.0.1:" in log.read_text()
     report = json.loads((run_dir / "report.json").read_text())
     assert report["world_size"] == 4
     assert report["plan_digest"] == json.loads((run_dir / "plan.json").read_text())["digest"]
