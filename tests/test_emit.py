@@ -816,3 +816,17 @@ def test_emitted_scripts_are_deterministic(tmp_path: Path):
         assert emit("all", TINY, "-o", tmp_path / out).exit_code == 0
     for name in ("plan.json", *SCRIPTS):
         assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
+
+
+def test_emit_never_imports_torch(tmp_path: Path):
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from planner.cli import app\n"
+        f"result = CliRunner().invoke(app, ['emit', 'all', {str(TINY)!r}, '-o', {str(tmp_path / 'out')!r}])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print(sorted(name for name in sys.modules if name == 'torch' or name.startswith('torch.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.stdout.strip() == "[]"

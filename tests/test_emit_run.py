@@ -89,3 +89,14 @@ def test_launch_refuses_a_config_with_errors_before_creating_a_run_folder(tmp_pa
     result = runner.invoke(app, ["launch", str(config), "--runs-dir", str(tmp_path / "runs")])
     assert result.exit_code == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_run_folders_are_fresh_and_named_after_the_job(tmp_path: Path, monkeypatch):
+    from planner.commands import launch
+
+    monkeypatch.setattr(launch.time, "strftime", lambda fmt, when: "20260101-000000")
+    first = launch.run_folder(tmp_path / "runs", "a/b c")
+    second = launch.run_folder(tmp_path / "runs", "a/b c")
+    assert (first.name, second.name) == ("a_b_c-20260101-000000", "a_b_c-20260101-000000-2")
+    assert first.is_dir() and second.is_dir()
+    assert launch.run_folder(tmp_path / "runs", "../..").name == "run-20260101-000000"
