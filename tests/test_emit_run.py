@@ -91,6 +91,15 @@ def test_launch_refuses_a_config_with_errors_before_creating_a_run_folder(tmp_pa
     assert not (tmp_path / "runs").exists()
 
 
+def test_launch_refuses_more_ranks_than_this_machine_should_start(tmp_path: Path):
+    runs = tmp_path / "runs"
+    result = runner.invoke(app, ["launch", str(EXAMPLES / "deepseek-v4-pro-1024.yaml"), "--runs-dir",
+                                 str(runs)])
+    assert result.exit_code == 2
+    assert "1024 ranks" in result.output and "moeplan emit slurm" in result.output
+    assert not runs.exists()
+
+
 def test_run_folders_are_fresh_and_named_after_the_job(tmp_path: Path, monkeypatch):
     from planner.commands import launch
 

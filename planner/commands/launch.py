@@ -17,6 +17,7 @@ from planner.cli_common import EXIT_CONFIG, EXIT_USAGE, exit_on_errors, fail, lo
 
 _UNSAFE_IN_FOLDER_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 INTERRUPTED = 130
+DEFAULT_MAX_RANKS = 32
 
 
 def run_folder(runs_dir: Path, job_name: str) -> Path:
@@ -59,6 +60,9 @@ def launch_command(
     config: Annotated[Path, typer.Argument(help="YAML config to compile and run here")],
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="where run folders are created")] = Path(
         "runs"),
+    max_ranks: Annotated[int, typer.Option("--max-ranks", min=1, help="refuse plans with more ranks: "
+                                           "every rank becomes a process on this machine")
+                         ] = DEFAULT_MAX_RANKS,
 ) -> None:
     """Compile CONFIG, emit torchrun.sh into a fresh run folder, run it on this machine, verify."""
     from planner.emit import EmitError, emit_files, write_files
@@ -66,6 +70,11 @@ def launch_command(
 
     cfg = load_config_or_exit(config)
     findings = exit_on_errors(cfg)
+    world = cfg.parallel.world_size or 0
+    if world > max_ranks:
+        fail(EXIT_USAGE, f"the plan has {world} ranks and launch starts every one of them on this "
+             f"machine (limit --max-ranks {max_ranks}); for a cluster use `moeplan emit slurm` or "
+             "`moeplan emit torchrun`")
     plan = compile_plan(cfg, findings)
     try:
         files = emit_files(cfg, plan, "torchrun", config)
@@ -76,7 +85,6 @@ def launch_command(
         write_files(folder, files)
     except OSError as exc:
         fail(EXIT_USAGE, f"cannot create a run folder under {runs_dir}: {exc.strerror or exc}")
-    world = plan["layout"]["world_size"]
     stdout.print(f"run folder {folder}: {world} rank(s) on this machine, plan {plan['digest'][:19]}…",
                  markup=False)
     sys.stdout.flush()
