@@ -35,6 +35,7 @@ from planner.accounting_expr import (
 from planner.accounting_memory import add_memory, add_params
 from planner.accounting_symbols import (
     ALL_SYMBOLS,
+    TOPOLOGY_GROUPS,
     Variant,
     global_values,
     rank_values,
@@ -197,12 +198,13 @@ def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -
     out = [acc.budget(q, acc.globals, "all ranks", None) for q in acc.book.at("global")]
     kinds = set(grid.kinds)
     for s, r in chosen:
-        groups = {kind: grid.group_of(kind, r) for kind in
-                  ("ep", "expt_tp", "tp_ep", "cp", "dp_cp", "expt_dp", "tp_dp_cp", "embd",
-                   "intra_dp_cp", "intra_expt_dp", "inter_dist_opt") if kind in kinds}
-        stage_env = acc.stage_env(s, groups.get("embd"))
-        env = acc.rank_env(stage_env, rank_values(r, cfg.cluster.gpus_per_node, groups,
-                                                  grid.group_of("pp", r)))
+        groups = {kind: grid.group_of(kind, r) for kind in TOPOLOGY_GROUPS if kind in kinds}
+        try:
+            stage_env = acc.stage_env(s, groups.get("embd"))
+            env = acc.rank_env(stage_env, rank_values(r, cfg.cluster.gpus_per_node, groups,
+                                                      grid.group_of("pp", r)))
+        except ZeroDivisionError as exc:
+            raise BudgetError(f"stage {s}: a quantity divides by zero ({exc})") from None
         scope = f"stage {s} (rank {r})"
         out.extend(acc.budget(q, env, scope, s) for q in acc.book.quantities
                    if q.level != "global")

@@ -445,6 +445,27 @@ def test_uncomputable_layouts_raise_budget_error_not_crash():
     assert memory_findings(config(MINIMAL_V4, parallel={"world_size": 1000})) == []
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.fixed_dictionaries({
+    "world_size": st.integers(1, 64), "tp": st.integers(1, 4), "cp": st.integers(1, 4),
+    "pp": st.integers(1, 4), "ep": st.integers(1, 8), "etp": st.integers(1, 4),
+    "vpp": st.none() | st.integers(1, 3),
+}), st.integers(1, 6), st.integers(1, 9), st.sampled_from([None, 0.5, 1.0, 1.3]))
+def test_any_layout_budgets_or_refuses_cleanly(par, layers, experts, factor):
+    data = copy.deepcopy(LAYOUT_B)
+    data["parallel"] = {k: v for k, v in par.items() if v is not None}
+    data["model"]["num_layers"], data["model"]["num_experts"] = layers, experts
+    data["model"]["moe_router_topk"] = 1
+    data["moe"] = {"moe_expert_capacity_factor": factor}
+    cfg = parse_config(data)
+    try:
+        items = budgets(cfg)
+    except BudgetError:
+        return
+    assert all(isinstance(b.value, (int, Fraction)) for b in items)
+    assert {f.code for f in memory_findings(cfg)} <= {"MEM001", "MEM002"}
+
+
 def test_memory_findings_never_import_sympy_or_torch():
     code = ("import sys; from planner.loader import load_config; "
             "from planner.accounting import memory_findings, budgets; "

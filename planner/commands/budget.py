@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from planner.cli_common import (
@@ -48,7 +49,8 @@ def _table(title: str, columns: list[str]) -> Table:
 def _explained(budget) -> str:
     from planner.accounting_expr import pretty
 
-    return f"{pretty(budget.formula)}\n= {budget.substitution}"
+    return (f"[dim]{escape(budget.doc)}[/]\n{escape(pretty(budget.formula))}\n"
+            f"= {escape(budget.substitution)}")
 
 
 def render(items: list, *, explain: bool) -> None:
@@ -139,7 +141,8 @@ def budget(
         print_findings(findings)
         fail(EXIT_CONFIG, f"no budgets for {config}: {exc}")
     if as_json:
-        rows = [b.as_json() | ({"substitution": b.substitution} if explain else {}) for b in items]
+        rows = [b.as_json() | ({"substitution": b.substitution, "doc": b.doc} if explain else {})
+                for b in items]
         print(json.dumps(rows, indent=1))
     else:
         render(items, explain=explain)
