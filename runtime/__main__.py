@@ -121,13 +121,18 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None) -> O
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from runtime.plan_io import PlanError, load_plan
+
+    try:  # the plan checks need no torch: a refused plan answers at once
+        plan = load_plan(args.plan)
+    except PlanError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
     from runtime.router import MoEConfigError
 
     try:
-        plan = load_plan(args.plan)
         balanced = args.balanced or bool(plan.moe.get("moe_router_force_load_balancing"))
         preflight(plan, balanced)
-    except (PlanError, MoEConfigError) as exc:
+    except MoEConfigError as exc:
         _say(str(exc))
         return EXIT_USAGE
     problem = launch_problem(plan)

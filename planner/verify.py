@@ -1,0 +1,175 @@
+"""Measured vs predicted: close the loop between the plan's budgets and the runtime's report.
+
+The plan predicts, per stage, the bytes one rank sends and receives in one optimizer step under
+the shared names `step.<collective>.<phase>.send_bytes` / `.recv_bytes`; the runtime's report holds
+what every rank really moved under `<collective>.<phase>`. A figure is *checked* (must be equal)
+when it cannot depend on the routing decisions:
+
+* with forced balanced routing every figure is exact: each (source rank, expert) pair gets n·k/E
+  assignments, so every split is known in advance;
+* with learned routing the rows a rank dispatches are n·k whatever the experts (and the rows that
+  come back in the combine), the AllGather dispatcher and drop-and-pad move fixed shapes, and
+  gradient reductions, K/V gathers and counts never depend on routing. Received EP rows and
+  everything ETP moves do: those are shown against their expectation, not checked.
+
+No torch here: `moeplan verify` reads two JSON files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+REPORT_FORMAT = "moeplan-report"
+REPORT_VERSION = 1
+DIRECTIONS = ("send_bytes", "recv_bytes")
+
+EXACT, MISMATCH, EXPECTATION, UNPREDICTED = "exact", "MISMATCH", "expectation", "not predicted"
+
+# Learned-routing AlltoAll (dropless): which (collective, phase, direction) figures are n·k rows.
+_ROUTING_FREE_ALLTOALL = {
+    ("ep_dispatch_hidden", "fwd", "send_bytes"), ("ep_dispatch_probs", "fwd", "send_bytes"),
+    ("ep_combine_hidden", "fwd", "recv_bytes"), ("ep_combine_hidden", "bwd", "send_bytes"),
+    ("ep_dispatch_hidden", "bwd", "recv_bytes"), ("ep_dispatch_probs", "bwd", "recv_bytes"),
+}
+_DISPATCH_PREFIXES = ("ep_", "etp_")
+
+
+class VerifyInputError(Exception):
+    """An unreadable or mismatched plan/report pair: nothing can be compared."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured-vs-predicted number: a rank, a collective phase, a direction."""
+
+    rank: int
+    stage: int
+    collective: str
+    phase: str
+    direction: str
+    group: str | None
+    calls: int
+    predicted: Fraction | None
+    measured: int
+    status: str
+
+    @property
+    def ratio(self) -> Fraction | None:
+        """measured / predicted; None when the prediction is missing or zero."""
+        if not self.predicted:
+            return None
+        return Fraction(self.measured) / self.predicted
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["predicted"] = _json_number(self.predicted)
+        data["ratio"] = None if self.ratio is None else float(self.ratio)
+        return data
+
+
+def _json_number(value: Fraction | None) -> int | str | None:
+    if value is None:
+        return None
+    return int(value) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+@dataclass(frozen=True)
+class Verification:
+    figures: list[Figure]
+    balanced: bool
+    reference: dict[str, Any]
+
+    @property
+    def mismatches(self) -> list[Figure]:
+        return [f for f in self.figures if f.status == MISMATCH]
+
+    @property
+    def reference_failed(self) -> bool:
+        return bool(self.reference.get("checked")) and not self.reference.get("ok", False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and not self.reference_failed
+
+    def count(self, status: str) -> int:
+        return sum(f.status == status for f in self.figures)
+
+
+def read_report(path: Path | str) -> dict[str, Any]:
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise VerifyInputError(f"{path}: no such report file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise VerifyInputError(f"{path}: not a readable report ({exc})") from None
+    if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
+        raise VerifyInputError(f"{path}: not a moeplan runtime report")
+    if report.get("version") != REPORT_VERSION:
+        raise VerifyInputError(f"{path}: report version {report.get('version')!r}, this moeplan "
+                               f"reads version {REPORT_VERSION}")
+    if not isinstance(report.get("ranks"), list):
+        raise VerifyInputError(f"{path}: the report has no 'ranks' list")
+    return report
+
+
+def predictions(plan: dict[str, Any]) -> dict[tuple[int | None, str, str, str], Fraction]:
+    """(stage or None for every stage, collective, phase, direction) -> predicted bytes."""
+    table: dict[tuple[int | None, str, str, str], Fraction] = {}
+    for budget in plan.get("budgets", []):
+        parts = str(budget.get("name", "")).split(".")
+        if len(parts) != 4 or parts[0] != "step" or parts[3] not in DIRECTIONS:
+            continue
+        table[budget.get("stage"), parts[1], parts[2], parts[3]] = Fraction(str(budget["value"]))
+    return table
+
+
+def routing_free(plan: dict[str, Any], collective: str, phase: str, direction: str) -> bool:
+    """Whether a figure is the same for every routing decision (so it is checked exactly)."""
+    if not collective.startswith(_DISPATCH_PREFIXES) or collective == "ep_count_exchange":
+        return True
+    moe = plan["config"]["moe"]
+    if moe.get("moe_token_dispatcher_type") == "allgather":
+        return True
+    if moe.get("moe_expert_capacity_factor") is not None:
+        # Drop-and-pad fixes every split at E·c rows; dropping without padding moves a
+        # routing-dependent number of rows in every EP/ETP collective.
+        return bool(moe.get("moe_pad_expert_input_to_capacity"))
+    return (collective, phase, direction) in _ROUTING_FREE_ALLTOALL
+
+
+def verify(plan: dict[str, Any], report: dict[str, Any]) -> Verification:
+    """Every rank × collective × direction, predicted next to measured, with its status."""
+    if report.get("plan_digest") != plan.get("digest"):
+        raise VerifyInputError("the report was measured on another plan (plan_digest "
+                               f"{str(report.get('plan_digest'))[:19]}… vs "
+                               f"{str(plan.get('digest'))[:19]}…): rerun the runtime on this plan")
+    balanced = bool(report.get("balanced"))
+    predicted = predictions(plan)
+    figures: list[Figure] = []
+    for share in sorted(report["ranks"], key=lambda entry: entry["rank"]):
+        rank, stage = int(share["rank"]), int(share["stage"])
+        measured: dict[str, Any] = share.get("collectives", {})
+        names = {(c, p) for (s, c, p, _) in predicted if s in (stage, None)}
+        names |= {tuple(key.split(".", 1)) for key in measured}
+        for collective, phase in sorted(names):
+            entry = measured.get(f"{collective}.{phase}", {})
+            for direction in DIRECTIONS:
+                expected = predicted.get((stage, collective, phase, direction),
+                                         predicted.get((None, collective, phase, direction)))
+                value = int(entry.get(direction, 0))
+                if expected is None:
+                    if not entry:
+                        continue
+                    status = UNPREDICTED
+                elif balanced or routing_free(plan, collective, phase, direction):
+                    status = EXACT if value == expected else MISMATCH
+                else:
+                    status = EXPECTATION
+                figures.append(Figure(rank, stage, collective, phase, direction,
+                                      entry.get("group"), int(entry.get("calls", 0)), expected,
+                                      value, status))
+    return Verification(figures, balanced, dict(report.get("reference") or {}))
