@@ -24,7 +24,6 @@ def layout_summary(cfg: Config) -> dict[str, Any] | None:
         vpp = stage_split(cfg).vpp
     except SplitError:
         vpp = p.vpp or 1
-    batch_unit = cfg.training.micro_batch_size * cfg.dp * p.gtp
     return {
         "world_size": p.world_size,
         "tp": p.tp, "cp": p.cp, "pp": p.pp, "vpp": vpp, "ep": p.ep, "etp": p.etp,
@@ -32,7 +31,7 @@ def layout_summary(cfg: Config) -> dict[str, Any] | None:
         "dp": cfg.dp, "edp": cfg.edp,
         "ranks_per_stage": p.world_size // p.pp,
         "experts_per_rank": m.num_experts // p.ep if m.num_experts % p.ep == 0 else None,
-        "microbatches": cfg.microbatches if cfg.global_batch_size % batch_unit == 0 else None,
+        "microbatches": cfg.microbatches if cfg.global_batch_size % cfg.batch_unit == 0 else None,
         "global_batch_size": cfg.global_batch_size,
         "micro_batch_size": cfg.training.micro_batch_size,
         "order": p.order,

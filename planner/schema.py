@@ -274,7 +274,18 @@ class Config(Section):
         return self.training.global_batch_size or self.training.micro_batch_size * self.dp
 
     @property
+    def batch_replicas(self) -> int:
+        """D_batch = D_a·GTP/q_s: ranks reading distinct samples; GTP sequence shards split one
+        sample over q_s ranks of the GTP axis (SPEC §12). CP, EP and ETP add none (SPEC §3)."""
+        shards = self.parallel.gtp_remat_num_sequence_shards or 1
+        return self.dp * self.parallel.gtp // shards
+
+    @property
+    def batch_unit(self) -> int:
+        """Samples one microbatch round consumes: micro_batch_size · D_batch."""
+        return self.training.micro_batch_size * self.batch_replicas
+
+    @property
     def microbatches(self) -> int:
-        """m = B / (b · D_a · GTP): CP, EP and ETP add no independent samples (SPEC §3)."""
-        t = self.training
-        return self.global_batch_size // (t.micro_batch_size * self.dp * self.parallel.gtp)
+        """m = B / (b · D_batch); with no GTP this is SPEC §3's B / (b · D_a)."""
+        return self.global_batch_size // self.batch_unit

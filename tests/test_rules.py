@@ -28,7 +28,7 @@ from tests.conftest import EXAMPLES, MINIMAL_V4
 
 CHECKED = [r for r in CATALOG if r.check is not None]
 DOCUMENTED = [r for r in CATALOG if r.check is None]
-FAMILIES = {"CFG", "PAR", "BAT", "PIP", "V4", "MOE", "OVL", "GTP", "DOP", "VEX", "CLU", "IGN"}
+FAMILIES = {"CFG", "PAR", "BAT", "PIP", "V4", "MOE", "OVL", "GTP", "DOP", "VEX", "CLU", "MEM", "IGN"}
 
 runner = CliRunner()
 

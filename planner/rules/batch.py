@@ -39,7 +39,7 @@ def seq_length_divisible_by_cp(f: Facts) -> Iterator[Violation]:
 @rule(
     "BAT002", "error", "global batch divisible by micro batch · DP · GTP",
     source="megatron/core/num_microbatches_calculator.py::ConstantNumMicroBatchesCalculator",
-    why="""One step feeds m = B / (b · D_a · GTP) microbatches to every pipeline replica. CP, EP
+    why="""One step feeds m = B / (b · D_a · GTP / q_s) microbatches to every pipeline replica. CP, EP
     and ETP ranks add no independent samples, so only the attention data-parallel size (and the
     GTP axis) divides the batch (SPEC §3, §10).""",
     bad="training: {global_batch_size: 10}",
@@ -48,11 +48,12 @@ def seq_length_divisible_by_cp(f: Facts) -> Iterator[Violation]:
 def global_batch_divisible(f: Facts) -> Iterator[Violation]:
     unit, batch = f.batch_unit, f.cfg.global_batch_size
     if batch % unit:
-        t = f.train
+        t, shards = f.train, f.sequence_shards
+        by_shards = "/q_s" if shards > 1 else ""
         yield Violation(
             "training.global_batch_size",
-            f"global_batch_size {batch} is not divisible by micro_batch_size·DP·GTP = "
-            f"{t.micro_batch_size}·{f.dp}·{f.par.gtp} = {unit}",
+            f"global_batch_size {batch} is not divisible by micro_batch_size·DP·GTP{by_shards} = "
+            f"{t.micro_batch_size}·{f.dp}·{f.par.gtp}{f'/{shards}' if shards > 1 else ''} = {unit}",
             f"use a global batch that is a multiple of {unit}, e.g. {multiple_hint(unit, batch)}",
         )
 

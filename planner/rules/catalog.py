@@ -11,6 +11,7 @@ from planner.rules import (
     config,
     distopt,
     gtp,
+    memory,
     moe,
     overlap,
     parallel,
@@ -34,6 +35,7 @@ CATALOG: tuple[Rule, ...] = (
     *distopt.RULES,
     *virtual_experts.RULES,
     *cluster.RULES,
+    *memory.RULES,
     *config.RULES,
 )
 RULES_BY_CODE: dict[str, Rule] = {r.code: r for r in CATALOG}

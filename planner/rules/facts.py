@@ -76,8 +76,9 @@ class Facts:
 
     @property
     def batch_unit(self) -> int:
-        """micro · DP · GTP: samples one microbatch step consumes across the data-parallel ranks."""
-        return self.train.micro_batch_size * self.dp * self.par.gtp
+        """micro · D_batch: samples one microbatch step consumes across the data-parallel ranks."""
+        self.dp  # noqa: B018 — raises NotComputable when DP is fractional
+        return self.cfg.batch_unit
 
     @property
     def microbatches(self) -> int:
@@ -85,6 +86,13 @@ class Facts:
         if self.cfg.global_batch_size % self.batch_unit:
             raise NotComputable("microbatches")
         return self.cfg.global_batch_size // self.batch_unit
+
+    @cached_property
+    def memory_findings(self) -> list:
+        """MEM001/MEM002 verdicts of the memory estimate, computed once for both rules."""
+        from planner.accounting import memory_findings
+
+        return memory_findings(self.cfg)
 
     @cached_property
     def grid_spec(self) -> GridSpec:
