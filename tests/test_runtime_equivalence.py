@@ -49,11 +49,14 @@ BASE: dict[str, Any] = {
 
 # name -> (overrides, fault). Every layout the issue names, plus the capacity variants.
 CASES: dict[str, tuple[dict[str, Any], str | None]] = {
-    "ep4": ({"parallel": {"ep": 4}}, None),
+    "ep4_softmax": ({"parallel": {"ep": 4}, "model": {"moe_router_score_function": "softmax",
+                                                      "moe_router_enable_expert_bias": False}},
+                    None),
     "ep2_etp2": ({"parallel": {"ep": 2, "etp": 2}}, None),
     "cp2_ep2_folding": ({"parallel": {"cp": 2, "ep": 2, "cp_partition_mode": "contiguous"},
                          "training": {"average_in_collective": True}}, None),
-    "dp2_cp2_edp4": ({"parallel": {"cp": 2, "ep": 1}}, None),
+    "dp2_cp2_edp4_tied": ({"parallel": {"cp": 2, "ep": 1},
+                           "model": {"untie_embeddings_and_output_weights": False}}, None),
     "allgather_ep2_etp2": ({"parallel": {"ep": 2, "etp": 2},
                             "moe": {"moe_token_dispatcher_type": "allgather"}}, None),
     "hash_layers_cp2_ep2": ({"model": {"num_layers": 3, "moe_n_hash_layers": 2},
@@ -62,8 +65,9 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "drop_and_pad_ep2_etp2": ({"parallel": {"ep": 2, "etp": 2},
                                "moe": {"moe_expert_capacity_factor": 1.0,
                                        "moe_pad_expert_input_to_capacity": True}}, None),
-    "capacity_drop_ep4": ({"parallel": {"ep": 4}, "moe": {"moe_expert_capacity_factor": 1.0}},
-                          None),
+    "capacity_drop_ep4_dense_layer": ({"parallel": {"ep": 4},
+                                       "model": {"num_layers": 3, "moe_layer_freq": [1, 0, 1]},
+                                       "moe": {"moe_expert_capacity_factor": 1.0}}, None),
     "ep2_etp2_edp2_8ranks": ({"parallel": {"world_size": 8, "ep": 2, "etp": 2}}, None),
     # Deliberately wrong runtimes: the comparison must catch each.
     "fault_expert_grads_over_dp_cp": ({"parallel": {"cp": 2, "ep": 2}},
