@@ -17,7 +17,17 @@ import torch.distributed as dist
 
 from runtime.plan_io import RUNTIME_GROUP_NAMES, Plan
 
-GROUP_TIMEOUT = timedelta(seconds=int(os.environ.get("MOEPLAN_GROUP_TIMEOUT_S", "120")))
+
+def _seconds(variable: str, default: int) -> timedelta:
+    """A timeout from the environment; anything but a positive whole number keeps the default."""
+    text = os.environ.get(variable, "")
+    return timedelta(seconds=int(text) if text.isdigit() and int(text) > 0 else default)
+
+
+GROUP_TIMEOUT = _seconds("MOEPLAN_GROUP_TIMEOUT_S", 120)
+# The world group carries only bookkeeping (the reference broadcast, the report gather): it must
+# outwait rank 0 training the single-process reference, which can take minutes on a real model.
+WORLD_TIMEOUT = _seconds("MOEPLAN_WORLD_TIMEOUT_S", 1800)
 
 
 def backend_for_host() -> str:
@@ -25,7 +35,7 @@ def backend_for_host() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(timeout: timedelta = GROUP_TIMEOUT) -> None:
+def init_distributed(timeout: timedelta = WORLD_TIMEOUT) -> None:
     """Join the job torchrun started (env:// rendezvous); a no-op if already joined."""
     if dist.is_initialized():
         return
