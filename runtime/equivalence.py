@@ -2,7 +2,7 @@
 
 Rank 0 trains the reference (`runtime.reference`) on the whole global batch and broadcasts it;
 every rank then compares what it holds against its slice — its DP replica's samples, its CP
-positions, its experts and ETP shard (`MoELayer.local_view`) — and rank 0 collects the verdicts:
+positions, its experts and ETP shard (`MoELayer.local_view`) — and every rank gets the verdicts:
 
 * the loss of every microbatch (mean token loss over the rank's tokens);
 * every MoE layer's output on every microbatch;
@@ -14,6 +14,7 @@ The error of a tensor is max|actual − expected| / max|expected| (0 when both a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,15 +96,56 @@ def compare_with_reference(trainer: RankTrainer, result: RankResult, reference: 
     return comparison
 
 
+def shard_index(trainer: RankTrainer, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Where each of this rank's parameter elements sits in the full logical tensor (flat)."""
+    index = {}
+    for name, shape in shapes.items():
+        positions = torch.arange(math.prod(shape)).view(shape)
+        index[name] = rank_view(trainer, name, positions).reshape(-1)
+    return index
+
+
+def assemble_gradients(shapes: dict[str, tuple[int, ...]], shares: list[Any],
+                       steps: int) -> list[dict[str, torch.Tensor]]:
+    """Full logical gradients of every step from the ranks' reduced shards. Replicas (DP, EDP,
+    CP) hold identical reduced values, so which copy lands last does not matter."""
+    assembled = []
+    for step in range(steps):
+        full = {name: torch.zeros(shape) for name, shape in shapes.items()}
+        for index, grads in shares:
+            for name, positions in index.items():
+                full[name].view(-1)[positions] = grads[step][name].reshape(-1)
+        assembled.append(full)
+    return assembled
+
+
 def check_reference(plan: Plan, trainer: RankTrainer, result: RankResult, options: RunOptions,
                     tolerance: float = TOLERANCE) -> dict[str, Any]:
-    """Collective over the world: the report's `reference` block, identical on every rank."""
+    """Collective over the world: the report's `reference` block, identical on every rank.
+
+    The reference records its own gradients for the comparison, then lets AdamW step on the
+    ranks' reduced gradients (assembled into full tensors). AdamW divides each element by
+    sqrt(v) + eps, so an element whose gradient is near eps turns fp32 rounding (~1e-7 of the
+    largest gradient) into a weight difference of up to lr·noise/eps — about 1e-4 relative after
+    one step at the default eps = 1e-8 — which is numerics, not a bug. Stepping on the verified
+    gradients keeps both trajectories on the same weights, so every later loss, output and
+    gradient is still compared at fp32 precision, and the final weights check the optimizer
+    (hyper-parameters, weight-decay groups, shards) and the expert-bias updates.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    reference = ReferenceModel(plan, trainer.seed, options.balanced) if rank == 0 else None
+    shapes: list[Any] = [reference.parameter_shapes() if reference is not None else None]
+    dist.broadcast_object_list(shapes, src=0)
+    share = (shard_index(trainer, shapes[0]), [capture.grads for capture in result.captures])
+    shares: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(share, shares, dst=0)
     payload: list[Any] = [None]
-    if dist.get_rank() == 0:
-        payload = [ReferenceModel(plan, trainer.seed, options.balanced).run(options.steps)]
+    if reference is not None and shares is not None:
+        grads = assemble_gradients(shapes[0], shares, options.steps)
+        payload = [reference.run(options.steps, optimizer_grads=grads)]
     dist.broadcast_object_list(payload, src=0)
     comparison = compare_with_reference(trainer, result, payload[0], tolerance)
-    verdicts: list[Any] = [None] * dist.get_world_size()
+    verdicts: list[Any] = [None] * world
     dist.all_gather_object(verdicts, comparison)
     mismatches = [m for verdict in verdicts for m in verdict.mismatches]
     return {

@@ -5,7 +5,7 @@ collectives) with each MoE block replaced by `reference_moe`, a per-expert loop 
 logical expert weights. Weights come from the same global identities, so a rank's parameters are
 slices of these (`MoELayer.local_view`). What depends on the layout by definition — capacity
 competition per source rank, aux-loss statistics per `tp_cp` group (SPEC §14) — is reproduced by
-cutting each sequence into the plan's CP shards before the MoE call. The optimizer sees the exact
+cutting each sequence into the plan's CP shards before the MoE call. Its gradient is the exact
 gradient of the global objective: mean token loss over the global batch plus the aux losses with
 the coefficient the distributed reduction gives them, 1/(m·|dp_cp|) per (rank, microbatch).
 """
@@ -105,7 +105,10 @@ class ReferenceModel:
         self.optimizer = make_optimizer(self.model, plan.training)
         self.positions = torch.arange(self.batches.seq_length)
 
-    def step(self, step: int) -> ReferenceStep:
+    def step(self, step: int, optimizer_grads: dict[str, torch.Tensor] | None = None
+             ) -> ReferenceStep:
+        """One step over the global batch. `optimizer_grads`, when given, replace the reference's
+        own gradients for the AdamW update only (after they were recorded for comparison)."""
         record = ReferenceStep()
         self.optimizer.zero_grad(set_to_none=False)
         m, dp = self.batches.microbatches, self.batches.dp_size
@@ -122,12 +125,20 @@ class ReferenceModel:
                 p.grad = torch.zeros_like(p)
         record.grads = {name: p.grad.detach().clone()
                         for name, p in self.model.named_parameters()}
+        if optimizer_grads is not None:
+            for name, p in self.model.named_parameters():
+                p.grad.copy_(optimizer_grads[name])
         for layer in self.model.layers:
             if layer.is_moe:
                 layer.ffn.finish_step()
         self.optimizer.step()
         return record
 
-    def run(self, steps: int) -> ReferenceResult:
-        records = [self.step(step) for step in range(steps)]
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(p.shape) for name, p in self.model.named_parameters()}
+
+    def run(self, steps: int, optimizer_grads: list[dict[str, torch.Tensor]] | None = None
+            ) -> ReferenceResult:
+        records = [self.step(step, None if optimizer_grads is None else optimizer_grads[step])
+                   for step in range(steps)]
         return ReferenceResult(records, named_state(self.model), self.slices)
