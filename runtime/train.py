@@ -37,7 +37,7 @@ from runtime.plan_io import Plan, PlanError
 
 # Test-only fault injection: the equivalence tests flip this to prove they catch a wrong
 # reduction. Never exposed as a user flag.
-FAULTS = ("expert_grads_over_dp_cp", "probs_applied_twice")
+FAULTS = ("expert_grads_over_dp_cp", "probs_applied_twice", "expert_bias_frozen")
 _fault: str | None = None
 
 
@@ -334,7 +334,7 @@ class RankTrainer:
         (counts are whole numbers), move those biases, and clear every router's counts."""
         blocks = moe_blocks(self.model)
         biased = [block for block in blocks if block.router.uses_expert_bias]
-        if biased:
+        if biased and _fault != "expert_bias_frozen":
             counts = torch.stack([block.local_tokens_per_expert for block in biased])
             counts = counts.round().to(torch.int64)
             all_reduce(counts, self.tp_dp_cp, self.ledger, "expert_bias_count_reduce")

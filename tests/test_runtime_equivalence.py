@@ -69,6 +69,7 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "fault_expert_grads_over_dp_cp": ({"parallel": {"cp": 2, "ep": 2}},
                                       "expert_grads_over_dp_cp"),
     "fault_probs_applied_twice": ({"parallel": {"ep": 2, "etp": 2}}, "probs_applied_twice"),
+    "fault_expert_bias_frozen": ({"parallel": {"ep": 4}}, "expert_bias_frozen"),
 }
 
 
@@ -203,6 +204,20 @@ def test_probs_applied_twice_is_caught(verdicts: dict[str, Any]) -> None:
     tensors = {m["tensor"] for m in reference["mismatches"]}
     assert "step 0 microbatch 0 layer 0 MoE output" in tensors
     assert reference["max_rel_error"] > 1e-2
+
+
+def test_frozen_expert_bias_is_caught_by_the_state_after_the_steps(
+        verdicts: dict[str, Any]) -> None:
+    """The first step is right (the bias acts only from the second step on); the biases after
+    the last step are not, on every rank."""
+    verdict = _verdict(verdicts, "fault_expert_bias_frozen")
+    reference = verdict["reference"]
+    assert not reference["ok"] and verdict["code"] == 1
+    tensors = {m["tensor"] for m in reference["mismatches"]}
+    assert not any(tensor.startswith("step 0") for tensor in tensors)
+    assert {f"after step {STEPS - 1} weight layers.{layer}.ffn.router.expert_bias"
+            for layer in (0, 1)} <= tensors
+    assert {m["rank"] for m in reference["mismatches"]} == set(range(4))
 
 
 def test_report_counts_the_collectives_of_one_step(verdicts: dict[str, Any]) -> None:
