@@ -66,25 +66,11 @@ class Plan:
     def groups(self) -> dict[str, list[list[int]]]:
         return self.raw["groups"]
 
-    def group_ranks(self, name: str, rank: int) -> list[int]:
-        """The ranks of the `name` group that contains `rank`."""
-        for ranks in self.groups[name]:
-            if rank in ranks:
-                return list(ranks)
-        raise PlanError(f"plan group {name!r} has no group containing rank {rank}")
-
     def rank_info(self, rank: int) -> dict[str, Any]:
         for entry in self.raw["ranks"]:
             if entry["rank"] == rank:
                 return entry
         raise PlanError(f"plan has no entry for rank {rank} in 'ranks'")
-
-    def stage_of(self, rank: int) -> dict[str, Any]:
-        stage = self.rank_info(rank)["stage"]
-        for entry in self.raw["stages"]:
-            if entry["stage"] == stage:
-                return entry
-        raise PlanError(f"plan has no stage {stage} (rank {rank}) in 'stages'")
 
     def moe_layers(self) -> list[int]:
         """Layers that hold an MoE block (PP=1: the single stage holds every layer)."""
@@ -110,8 +96,12 @@ def check_plan(document: dict[str, Any], source: str = "plan") -> Plan:
     if missing:
         raise PlanError(f"{source} lacks {', '.join(missing)}: recompile the config")
     plan = Plan(document)
-    _check_structure(plan, source)
-    problems = unsupported_features(plan)
+    try:
+        _check_structure(plan, source)
+        problems = unsupported_features(plan)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise PlanError(f"{source} is malformed ({type(exc).__name__}: {exc}): recompile the "
+                        "config") from None
     if problems:
         listed = "\n".join(f"  - {problem}" for problem in problems)
         raise PlanError(f"the runtime cannot run {source} yet:\n{listed}")

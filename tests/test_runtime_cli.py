@@ -165,6 +165,7 @@ def _edited(plan: Path, edit: Any, *, redigest: bool) -> Path:
         (lambda d: d["groups"].pop("expt_dp"), True, "'expt_dp'"),
         (lambda d: d["config"]["moe"].update(moe_tid2eid_source="ckpt/tid2eid.pt"), True,
          "tid2eid"),
+        (lambda d: d["config"]["training"].pop("seq_length"), True, "malformed"),
     ],
 )
 def test_unrunnable_plans_are_refused_before_any_group_forms(
