@@ -167,8 +167,9 @@ def unsupported_features(plan: Plan) -> list[str]:
            "(the reference check is fp32); set training.precision: fp32")
     refuse(bool(training.get("fp8")) or bool(training.get("fp4")),
            "training.fp8/fp4: low-precision GEMMs are not implemented")
-    refuse(bool(training.get("calculate_per_token_loss")),
-           "training.calculate_per_token_loss: per-token loss scaling is not implemented")
+    refuse(bool(training.get("calculate_per_token_loss")) and bool(
+        training.get("average_in_collective")), "training.calculate_per_token_loss with "
+           "average_in_collective: per-token loss must SUM in the collective (as Megatron asserts)")
     refuse(bool(training.get("variable_seq_lengths")),
            "training.variable_seq_lengths: the runtime packs fixed-length sequences")
     optimizer = _get(training, "optimizer", "adam")

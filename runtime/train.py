@@ -12,7 +12,11 @@ Loss scaling is chosen so that the reduced gradient *is* the gradient of the glo
 * with `average_in_collective` the dense factor is 1 and the expert factor |edp|/|dp_cp|, then
   both average inside their collective (the net factor is again 1/|dp_cp|);
 * the aux loss rides on the routing weights with backward scale 1/m, so after the reduction its
-  coefficient is 1/(m·|dp_cp|) per (rank, microbatch) — the reference applies exactly that.
+  coefficient is 1/(m·|dp_cp|) per (rank, microbatch) — the reference applies exactly that;
+* with `calculate_per_token_loss` each rank backpropagates its token-loss *sum*, both classes
+  are summed with factor 1, and every grad is then divided by the step's token count N
+  (Megatron all-reduces that count; every token here is valid, so N = B·S is known). The aux
+  loss is scaled up by the rank's n tokens, which gives it the same 1/(m·|dp_cp|) coefficient.
 """
 
 from __future__ import annotations
@@ -266,8 +270,11 @@ class RankTrainer:
         self.model = Decoder(spec, self.seed, torch.float32, self.cp, self.ledger,
                              moe_factory).to(self.device)
         self._check_ownership(info)
+        self.per_token_loss = bool(plan.training.get("calculate_per_token_loss"))
+        local_tokens = self.batches.micro_batch_size * len(self.slice)
         for block in moe_blocks(self.model):
-            block.aux_loss_backward_scale = 1.0 / self.batches.microbatches
+            block.aux_loss_backward_scale = (float(local_tokens) if self.per_token_loss
+                                             else 1.0 / self.batches.microbatches)
             if _fault == "probs_applied_twice":
                 _apply_probs_twice(block)
         self.expert_params = [p for block in moe_blocks(self.model)
@@ -303,9 +310,9 @@ class RankTrainer:
             ids, labels = self.microbatch(step, microbatch)
             with self.meter.forward():
                 logits = self.model(ids, self.local_positions, self.gathered_positions)
-                loss = token_losses(logits, labels).mean()
-            (loss / m).backward()
-            capture.losses.append(float(loss.detach()))
+                losses = token_losses(logits, labels)
+            (losses.sum() if self.per_token_loss else losses.mean() / m).backward()
+            capture.losses.append(float(losses.detach().mean()))
             if self.options.capture:
                 capture.moe_outputs.append({k: v.cpu() for k, v in self.model.moe_outputs.items()})
         self.reduce_gradients()
@@ -321,13 +328,20 @@ class RankTrainer:
         average = bool(self.plan.training.get("average_in_collective"))
         op = dist.ReduceOp.AVG if average else dist.ReduceOp.SUM
         dp_cp_size, edp_size = self.dp_cp.size, self.expt_dp.size
-        dense_factor = 1.0 if average else 1.0 / dp_cp_size
-        expert_factor = edp_size / dp_cp_size if average else 1.0 / dp_cp_size
+        if self.per_token_loss:
+            dense_factor = expert_factor = 1.0
+        else:
+            dense_factor = 1.0 if average else 1.0 / dp_cp_size
+            expert_factor = edp_size / dp_cp_size if average else 1.0 / dp_cp_size
         expert_group = self.dp_cp if _fault == "expert_grads_over_dp_cp" else self.expt_dp
         _reduce_grads(self.dense_params, dense_factor, self.dp_cp, op, self.ledger,
                       "dense_grad_reduce")
         _reduce_grads(self.expert_params, expert_factor, expert_group, op, self.ledger,
                       "expert_grad_reduce")
+        if self.per_token_loss:
+            tokens = self.batches.global_batch * self.batches.seq_length
+            for p in self.model.parameters():
+                p.grad.div_(tokens)
 
     def update_expert_bias(self) -> None:
         """Sum the token counts of every expert-bias router over tp_dp_cp in one int64 call

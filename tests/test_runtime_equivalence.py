@@ -64,6 +64,8 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "capacity_drop_ep4_dense_layer": ({"parallel": {"ep": 4},
                                        "model": {"num_layers": 3, "moe_layer_freq": [1, 0, 1]},
                                        "moe": {"moe_expert_capacity_factor": 1.0}}, None),
+    "per_token_loss_cp2_ep2": ({"parallel": {"cp": 2, "ep": 2},
+                                "training": {"calculate_per_token_loss": True}}, None),
     "ep2_etp2_edp2_8ranks": ({"parallel": {"world_size": 8, "ep": 2, "etp": 2}}, None),
     # Deliberately wrong runtimes: the comparison must catch each.
     "fault_expert_grads_over_dp_cp": ({"parallel": {"cp": 2, "ep": 2}},
