@@ -678,7 +678,10 @@ def test_megatron_arguments_of_the_v4_pro_example_flag_by_flag(tmp_path: Path):
         "--seed": ["1234"],
         "--use-distributed-optimizer": [],
         "--ckpt-format": ["torch_dist"],
-        "--recompute-granularity": ["selective"],
+        # full recompute of every block, one layer at a time (the example's memory fix)
+        "--recompute-granularity": ["full"],
+        "--recompute-method": ["uniform"],
+        "--recompute-num-layers": ["1"],
     }
     found = flag_map(tokens)
     for flag in expected:
