@@ -4,6 +4,7 @@ findings in one format."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -18,7 +19,9 @@ from planner.schema import Config
 
 EXIT_OK, EXIT_CONFIG, EXIT_USAGE = 0, 1, 2
 
-stdout = Console(highlight=False, soft_wrap=True)
+# Piped output gets room for side-by-side stage tables instead of rich's 80-column default.
+_PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+stdout = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

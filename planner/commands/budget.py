@@ -92,13 +92,34 @@ def render(items: list, *, explain: bool) -> None:
         for b in per_stage:
             by_name.setdefault(b.name, []).append(b)
         omitted = _omit_zeros(category, by_name)
-        table = _table(TITLES[category], [scopes[s] for s in stages] + ["unit"])
+        runs = _identical_stage_runs(stages, by_name)
+        table = _table(TITLES[category], [_run_label(run, scopes) for run in runs] + ["unit"])
         for name, row in by_name.items():
             if name not in omitted:
-                table.add_row(name, *(value_text(b.value, b.unit, short=True) for b in row),
-                              row[0].unit)
+                first = {b.stage: b for b in row}
+                table.add_row(name, *(value_text(first[run[0]].value, first[run[0]].unit, short=True)
+                                      for run in runs), row[0].unit)
         stdout.print(table)
         _note(omitted)
+
+
+def _identical_stage_runs(stages: list[int], by_name: dict[str, list]) -> list[list[int]]:
+    """Consecutive stages whose every value in the table is equal share one column."""
+    values = {s: tuple(next(b.value for b in row if b.stage == s) for row in by_name.values())
+              for s in stages}
+    runs: list[list[int]] = []
+    for stage in stages:
+        if runs and values[runs[-1][-1]] == values[stage]:
+            runs[-1].append(stage)
+        else:
+            runs.append([stage])
+    return runs
+
+
+def _run_label(run: list[int], scopes: dict[int, str]) -> str:
+    if len(run) == 1:
+        return scopes[run[0]]
+    return f"stages {run[0]}–{run[-1]} (each)"
 
 
 def _omit_zeros(category: str, by_name: dict[str, list]) -> set[str]:
