@@ -158,7 +158,8 @@ class AlltoAllDispatcher:
             token_index, prob_index, plan = self._permute_dropless(routing)
         padded = self.settings.pad_to_capacity
         source_rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])]) if padded else rows
-        weights = routing.weights.reshape(-1)
+        # Weights travel in the activation dtype, as Megatron's router output does by default.
+        weights = routing.weights.reshape(-1).to(rows.dtype)
         source_weights = torch.cat([weights, weights.new_zeros(1)]) if padded else weights
         hidden = source_rows.index_select(0, token_index)
         probs = source_weights.index_select(0, prob_index)
@@ -268,8 +269,8 @@ class AllGatherDispatcher:
     def dispatch(self, rows: torch.Tensor, routing: Routing) -> DispatchResult:
         num_tokens = rows.shape[0]
         num_experts = self.layout.num_experts
-        probs = rows.new_zeros(num_tokens, num_experts, dtype=routing.weights.dtype)
-        probs = probs.scatter(1, routing.experts, routing.weights)
+        probs = rows.new_zeros(num_tokens, num_experts)
+        probs = probs.scatter(1, routing.experts, routing.weights.to(rows.dtype))
         chosen = torch.ones_like(routing.experts, dtype=torch.bool)
         chosen = chosen if routing.kept is None else routing.kept
         routing_map = torch.zeros(num_tokens, num_experts, dtype=torch.bool, device=rows.device)

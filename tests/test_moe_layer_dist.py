@@ -218,6 +218,25 @@ def test_layout_refusals() -> None:
         layer(torch.randn(3, 1, HIDDEN), None)  # n·k = 6 is not a multiple of E = 8
 
 
+def test_bf16_layer_tracks_fp32() -> None:
+    from runtime.comm import Ledger, MoEGroups
+    from runtime.moe_layer import MoELayer
+
+    def run(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = MoELayer(BASE_MODEL, BASE_MOE, 0, False, MoEGroups.single(), Ledger(), 3, None,
+                         dtype)
+        x = (torch.randn(SEQ, BATCH, HIDDEN, generator=torch.Generator().manual_seed(0)) * 5)
+        x = x.to(dtype).requires_grad_()
+        out = layer(x, None)
+        out.float().sum().backward()
+        return out.detach().float(), layer.experts.w2.grad.float()
+
+    (out16, grad16), (out32, grad32) = run(torch.bfloat16), run(torch.float32)
+    assert out16.dtype == torch.float32 and grad16.shape == grad32.shape
+    assert float((out16 - out32).abs().max() / out32.abs().max()) < 5e-2
+    assert float((grad16 - grad32).abs().max() / grad32.abs().max()) < 5e-2
+
+
 # ---------------------------------------------------------------------------------------------
 # Worker side
 
