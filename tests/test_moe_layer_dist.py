@@ -440,6 +440,10 @@ FOUR_RANK_CASES = [
     Case("drop_and_pad_ep4", ep=4, moe=CAPACITY, steps=2),
     Case("drop_and_pad_ep2_etp2", ep=2, etp=2, moe=CAPACITY),
     Case("drop_no_pad_ep2_etp2", ep=2, etp=2, moe={"moe_expert_capacity_factor": 0.75}),
+    Case("allgather_drop_ep4", ep=4,
+         moe={"moe_token_dispatcher_type": "allgather", "moe_expert_capacity_factor": 0.75}),
+    Case("top1_sigmoid_ep4", ep=4,
+         model={"moe_router_topk": 1, "moe_router_score_function": "sigmoid"}),
     Case("balanced_ep4", ep=4, moe=BALANCED),
     Case("balanced_ep2_etp2", ep=2, etp=2, moe=BALANCED),
     Case("wrong_probs_twice", ep=4, wrong="probs_twice"),
@@ -449,6 +453,8 @@ FOUR_RANK_CASES = [
 EIGHT_RANK_CASES = [
     Case("ep2_etp2_edp2", ep=2, etp=2, steps=3),
     Case("allgather_ep4_etp2", ep=4, etp=2, moe={"moe_token_dispatcher_type": "allgather"}),
+    # dense CP4 x DP2 folded onto expert EP2 x EDP4 (EDP != DP); seq aux counts over CP4
+    Case("cp4_dp2_ep2_edp4", ep=2, cp=4, steps=2),
     Case("balanced_ep2_etp2_edp2", ep=2, etp=2, moe=BALANCED),
 ]
 
