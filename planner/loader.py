@@ -7,6 +7,7 @@ a readable file that does not describe a valid config yields findings (exit 1). 
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,32 @@ from planner.schema import Config
 
 SCHEMA_SOURCE = "planner/schema.py"
 Position = tuple[int, int]
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 numbers: `1e-4` is a float (as every Megatron user writes it) and
+    `04:00:00` stays a string (YAML 1.1 would read a base-60 integer)."""
+
+
+_NUMBER_TAGS = {"tag:yaml.org,2002:float", "tag:yaml.org,2002:int"}
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _NUMBER_TAGS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o?[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
 
 
 class UnreadableConfig(Exception):
@@ -74,8 +101,8 @@ def _positions(node: yaml.Node, path: tuple = (), out: dict | None = None,
 
 def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, dict[tuple, Position], list]:
     try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 — a SafeLoader subclass
+        node = yaml.compose(text, Loader=_ConfigLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"

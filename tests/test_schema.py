@@ -144,3 +144,15 @@ def test_resolved_config_round_trips(minimal_v4):
     cfg = parse_config(minimal_v4)
     again = parse_config(cfg.model_dump(mode="json"))
     assert again == cfg
+
+
+def test_yaml_numbers_read_as_megatron_users_write_them(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {preset: deepseek-v4-pro}\n"
+                    "parallel: {world_size: 1024, cp: 2, pp: 8, ep: 64,"
+                    " pipeline_model_parallel_layout: 'Et*6|(t*8|)*6t*7mL'}\n"
+                    "training: {seq_length: 8192, global_batch_size: 4096, lr: 3e-4, adam_eps: 1e-8}\n"
+                    "launch: {time: 04:00:00}\n")
+    cfg = load_config(path)
+    assert cfg.training.lr == 3e-4 and cfg.training.adam_eps == 1e-8
+    assert cfg.launch.time == "04:00:00"
