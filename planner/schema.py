@@ -277,8 +277,10 @@ class Config(Section):
     def batch_replicas(self) -> int:
         """D_batch = D_a·GTP/q_s: ranks reading distinct samples; GTP sequence shards split one
         sample over q_s ranks of the GTP axis (SPEC §12). CP, EP and ETP add none (SPEC §3)."""
-        shards = self.parallel.gtp_remat_num_sequence_shards or 1
-        return self.dp * self.parallel.gtp // shards
+        gtp, shards = self.parallel.gtp, self.parallel.gtp_remat_num_sequence_shards or 1
+        if gtp % shards:  # q_s must divide R (rule GTP001); until it does, count no sharding
+            shards = 1
+        return self.dp * gtp // shards
 
     @property
     def batch_unit(self) -> int:
