@@ -5,7 +5,8 @@
     moeplan verify plan.json report.json
 
 Exit codes: 0 ok, 1 the reference check found a mismatch, 2 the plan or the launch is unusable
-(refused before any process group forms, with a message and no traceback).
+(refused before any process group forms, with a message and no traceback), 3 this rank failed
+during the run (the message names the rank; torchrun then ends the other ranks).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import argparse
 import os
 import socket
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_RANK_FAILED = 0, 1, 2, 3
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -142,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
+    from runtime.failure import rank_failure_message
     from runtime.groups import init_distributed
     from runtime.train import RunOptions
 
@@ -150,12 +153,19 @@ def main(argv: list[str] | None = None) -> int:
     _single_process_env()
     init_distributed()
     try:
-        return execute(plan, options, args.check_reference, args.report).code
+        code = execute(plan, options, args.check_reference, args.report).code
     except (PlanError, MoEConfigError) as exc:
         _say(str(exc))
-        return EXIT_USAGE
-    finally:
         dist.destroy_process_group()
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - any crash: name the rank, leave at once
+        traceback.print_exc()
+        _say(rank_failure_message(dist.get_rank(), exc))
+        # No teardown: the peers may be blocked in a collective with this rank, and a graceful
+        # destroy could wait on them. Exiting lets torchrun's agent end the job now.
+        os._exit(EXIT_RANK_FAILED)
+    dist.destroy_process_group()
+    return code
 
 
 if __name__ == "__main__":

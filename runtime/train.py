@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from runtime.comm import CommGroup, Ledger, MoEGroups, all_reduce
+from runtime.failure import maybe_inject_failure
 from runtime.groups import RankGroups, compute_device
 from runtime.init import identity_seed
 from runtime.model import Decoder, DecoderSpec, TokenSlice, cp_slices, token_losses
@@ -307,6 +308,7 @@ class RankTrainer:
         self.model.record_moe_outputs = self.options.capture
         m = self.batches.microbatches
         for microbatch in range(m):
+            maybe_inject_failure(self.rank, step, microbatch)
             ids, labels = self.microbatch(step, microbatch)
             with self.meter.forward():
                 logits = self.model(ids, self.local_positions, self.gathered_positions)
