@@ -21,7 +21,7 @@ ALGORITHMS = {
     "p2p": "point-to-point send",
 }
 ONE_RANK = "group of one rank: no collective"
-GROUP_SIZE = {"ep": "EP", "expt_tp": "ETP", "tp_ep": "tp_ep_size", "cp": "CP",
+GROUP_SIZE = {"ep": "EP", "expt_tp": "ETP", "tp_ep": "tp_ep_size", "cp": "CP", "tp_cp": "(TP * CP)",
               "dp_cp": "dp_cp_size", "expt_dp": "expert_dp", "tp_dp_cp": "tp_dp_cp_size",
               "embd": "embd_size"}
 
@@ -268,6 +268,13 @@ def add_steps(book: Book, v: Variant) -> Collectives:
     else:
         c.zero("expert_bias_count_reduce", "fwd", "no expert bias" if not v.expert_bias
                else f"tp_dp_cp = 1: {one}")
+    if v.aux_counts:
+        counts = "b * E" if v.aux_counts == "seq_aux_loss" else "E"
+        c.add("aux_loss_count_reduce", "fwd", "tp_cp", "allreduce", f"{counts} * 4 * {calls}",
+              f"{counts} * 4 * {calls}",
+              f"{v.aux_counts} token counts (fp32), all-reduced over tp_cp in every router pass")
+    else:
+        c.zero("aux_loss_count_reduce", "fwd", "no aux loss, or TP·CP = 1: nothing to sum")
     c.add("embd_grad_reduce", "fwd", "embd", "allreduce", "embd_sync * embedding_params * bytes_grad",
           "embd_sync * embedding_params * bytes_grad",
           "embedding-group sync of word-embedding grads (tied output, MTP copies)")

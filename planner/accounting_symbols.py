@@ -81,7 +81,7 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
 ))
 
 # Group kinds whose physical placement the topology split reports.
-TOPOLOGY_GROUPS: tuple[str, ...] = ("ep", "expt_tp", "tp_ep", "cp", "dp_cp", "expt_dp", "tp_dp_cp",
+TOPOLOGY_GROUPS: tuple[str, ...] = ("ep", "expt_tp", "tp_ep", "cp", "tp_cp", "dp_cp", "expt_dp", "tp_dp_cp",
                                     "embd", "intra_dp_cp", "intra_expt_dp", "inter_dist_opt")
 
 RANK_SYMBOLS: tuple[Symbol, ...] = (
@@ -128,6 +128,7 @@ class Variant:
     cp_kv_gather: bool  # standard attention with CP over an all-gather of K/V
     interleaved: bool  # VPP > 1
     mla_q_lora: bool
+    aux_counts: str  # load-balancing type whose token counts are all-reduced over tp_cp, or ""
 
 
 def variant_of(cfg: Config, split: StageSplit) -> Variant:
@@ -163,6 +164,9 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         cp_kv_gather=par.cp > 1 and model.attention_variant == "standard",
         interleaved=split.vpp > 1,
         mla_q_lora=bool(model.q_lora_rank),
+        aux_counts=moe.moe_router_load_balancing_type
+        if moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss")
+        and moe.moe_aux_loss_coeff > 0 and par.tp * par.cp > 1 else "",
     )
 
 
