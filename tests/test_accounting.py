@@ -344,7 +344,7 @@ def _variants(limit: int | None = None):
     base = dict(ep=True, etp=True, tp_ep=True, dp_cp=True, edp=True, tp_dp_cp=True, pp=True,
                 instances=False, mhc=False, per_token_loss=False, expert_bias=True,
                 optimizer="adam", master_copy=True, recompute_method=None, cp_kv_gather=True,
-                interleaved=False, mla_q_lora=True)
+                interleaved=False, mla_q_lora=True, aux_counts="seq_aux_loss")
     combos = itertools.product(("alltoall", "allgather", "flex"), ("dropless", "drop", "pad"),
                                (False, True), ("standard", "mla", "dsv4_hybrid"),
                                (None, "full", "selective"))

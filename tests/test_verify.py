@@ -156,6 +156,8 @@ def test_which_figures_routing_cannot_change(moe: dict[str, Any], figure: tuple[
 
 def test_measured_without_prediction_is_shown_not_failed(plan: dict[str, Any]) -> None:
     report = measured_as_predicted(plan)
+    plan = {**plan, "budgets": [b for b in plan["budgets"]
+                                if not b["name"].startswith("step.aux_loss_count_reduce.")]}
     report["ranks"][1]["collectives"]["aux_loss_count_reduce.fwd"] = {
         "group": "tp_cp", "calls": 4, "send_bytes": 128, "remote_send_bytes": 128,
         "recv_bytes": 128}
