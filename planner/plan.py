@@ -129,21 +129,28 @@ def write_plan(plan: dict[str, Any], path: Path) -> None:
     write_atomic(path, json.dumps(plan, indent=1) + "\n")
 
 
+def read_artifact(path: Path | str, *, what: str, fmt: str, version: int,
+                  error: type[Exception], remedy: str) -> dict[str, Any]:
+    """Load one of moeplan's JSON artifacts (plan, report) and check its format and version."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what} file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path}: not a readable {what} ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        found = f" (format {data.get('format')!r})" if isinstance(data, dict) else ""
+        raise error(f"{path}: not a moeplan {what}{found}")
+    if data.get("version") != version:
+        raise error(f"{path}: {what} format version {data.get('version')!r}, this moeplan reads "
+                    f"version {version}; {remedy}")
+    return data
+
+
 def read_plan(path: Path | str) -> dict[str, Any]:
     """Load a plan and refuse anything that is not an untouched plan of this format and version."""
-    try:
-        plan = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PlanFileError(f"{path}: no such plan file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanFileError(f"{path}: not a readable plan ({exc})") from None
-    if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT:
-        raise PlanFileError(f"{path}: not a moeplan plan (format {plan.get('format')!r})"
-                            if isinstance(plan, dict) else f"{path}: not a moeplan plan")
-    if plan.get("version") != PLAN_VERSION:
-        raise PlanFileError(
-            f"{path}: plan format version {plan.get('version')!r}, this moeplan reads version "
-            f"{PLAN_VERSION}; recompile it with `moeplan compile`")
+    plan = read_artifact(path, what="plan", fmt=PLAN_FORMAT, version=PLAN_VERSION,
+                         error=PlanFileError, remedy="recompile it with `moeplan compile`")
     if plan.get("digest") != plan_digest(plan):
         raise PlanFileError(f"{path}: digest mismatch — the plan was edited after compilation; "
                             "recompile it with `moeplan compile`")

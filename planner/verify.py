@@ -17,7 +17,6 @@ No torch here: `moeplan verify` reads two JSON files.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -100,17 +99,10 @@ class Verification:
 
 
 def read_report(path: Path | str) -> dict[str, Any]:
-    try:
-        report = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise VerifyInputError(f"{path}: no such report file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise VerifyInputError(f"{path}: not a readable report ({exc})") from None
-    if not isinstance(report, dict) or report.get("format") != REPORT_FORMAT:
-        raise VerifyInputError(f"{path}: not a moeplan runtime report")
-    if report.get("version") != REPORT_VERSION:
-        raise VerifyInputError(f"{path}: report version {report.get('version')!r}, this moeplan "
-                               f"reads version {REPORT_VERSION}")
+    from planner.plan import read_artifact
+
+    report = read_artifact(path, what="runtime report", fmt=REPORT_FORMAT, version=REPORT_VERSION,
+                           error=VerifyInputError, remedy="rerun the runtime with this moeplan")
     if not isinstance(report.get("ranks"), list):
         raise VerifyInputError(f"{path}: the report has no 'ranks' list")
     return report

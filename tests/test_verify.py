@@ -231,7 +231,7 @@ def test_cli_exit_codes_and_table(plan: dict[str, Any], tmp_path: Path) -> None:
     [
         (lambda p, r: r.update(plan_digest="sha256:00"), "another plan"),
         (lambda p, r: r.update(format="other"), "not a moeplan runtime report"),
-        (lambda p, r: r.update(version=9), "report version 9"),
+        (lambda p, r: r.update(version=9), "runtime report format version 9"),
         (lambda p, r: p["layout"].update(ep=1), "digest mismatch"),
     ],
 )
