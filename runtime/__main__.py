@@ -104,9 +104,11 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None) -> O
     report = gather_report(plan, options, trainer.seed, result, reference)
     code = EXIT_MISMATCH if check and not reference["ok"] else EXIT_OK
     if dist.get_rank() == 0 and report is not None:
-        losses = ", ".join(f"{loss:.6f}" for loss in result.step_losses)
-        print(f"ran {plan.world_size} ranks x {options.steps} step(s); rank-0 loss per step: "
-              f"{losses}", flush=True)
+        # Under PP only the last stage has a loss: show the lowest rank that computed one.
+        source = next(share for share in report["ranks"] if share["step_losses"])
+        losses = ", ".join(f"{loss:.6f}" for loss in source["step_losses"])
+        print(f"ran {plan.world_size} ranks x {options.steps} step(s); rank-{source['rank']} "
+              f"loss per step: {losses}", flush=True)
         if check:
             verdict = "ok" if reference["ok"] else "MISMATCH"
             print(f"reference check: {verdict}, {reference['tensors_checked']} tensors, max "

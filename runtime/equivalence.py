@@ -66,7 +66,7 @@ def rank_view(trainer: RankTrainer, name: str, full: torch.Tensor) -> torch.Tens
     """This rank's part of a reference tensor: MoE blocks slice experts, the rest is whole."""
     parts = name.split(".")
     if len(parts) > 3 and parts[0] == "layers" and parts[2] == "ffn":
-        layer = trainer.model.layers[int(parts[1])]
+        layer = trainer.model.layer(int(parts[1]))
         if layer.is_moe:
             return layer.ffn.local_view(".".join(parts[3:]), full)
     return full
@@ -99,7 +99,10 @@ def compare_with_reference(trainer: RankTrainer, result: RankResult, reference: 
 def shard_index(trainer: RankTrainer, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     """Where each of this rank's parameter elements sits in the full logical tensor (flat)."""
     index = {}
+    held = {name for name, _ in trainer.model.named_parameters()}  # PP: this stage's only
     for name, shape in shapes.items():
+        if name not in held:
+            continue
         positions = torch.arange(math.prod(shape)).view(shape)
         index[name] = rank_view(trainer, name, positions).reshape(-1)
     return index

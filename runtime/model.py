@@ -199,6 +199,13 @@ class DecoderLayer(torch.nn.Module):
             else DenseMLP(spec, layer_id, seed, dtype)
         )
 
+    def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor | None, local: torch.Tensor,
+                gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pre-norm block: (the new residual stream, the FFN/MoE output alone)."""
+        hidden = hidden + self.attention(self.input_norm(hidden), local, gathered)
+        ffn_out = self.ffn(self.ffn_norm(hidden), input_ids)
+        return hidden + ffn_out, ffn_out
+
 
 class Decoder(torch.nn.Module):
     """The whole model of one rank (PP = 1: every layer, the embedding and the head)."""
@@ -229,14 +236,22 @@ class Decoder(torch.nn.Module):
         hidden = F.embedding(input_ids, self.embedding).transpose(0, 1)
         self.moe_outputs = {}
         for layer in self.layers:
-            hidden = hidden + layer.attention(layer.input_norm(hidden), local, gathered)
-            ffn_out = layer.ffn(layer.ffn_norm(hidden), input_ids)
+            hidden, ffn_out = layer(hidden, input_ids, local, gathered)
             if self.record_moe_outputs and layer.is_moe:
                 self.moe_outputs[layer.layer_id] = ffn_out.detach().clone()
-            hidden = hidden + ffn_out
-        hidden = self.final_norm(hidden)
         head = self.head if self.head is not None else self.embedding
-        return hidden @ head.t()
+        return output_logits(self.final_norm(hidden), head)
+
+    def layer(self, layer_id: int) -> DecoderLayer:
+        return self.layers[layer_id]
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return list(self.layers)
+
+
+def output_logits(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """[s, b, h] after the final norm → logits [s, b, vocab] (head is [vocab, h])."""
+    return hidden @ head.t()
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,10 @@ from planner.plan import PlanFileError, read_plan
 # Every group the runtime creates, in the order all ranks create them.
 RUNTIME_GROUP_NAMES = (
     "tp", "cp", "dp", "dp_cp", "pp", "ep", "expt_tp", "tp_ep", "expt_dp", "tp_dp_cp", "tp_cp",
+    "embd",
 )
+# Groups that hold only some ranks (the embedding group: first stage, last stage when tied).
+PARTIAL_GROUP_NAMES = frozenset({"embd"})
 
 
 class PlanError(Exception):
@@ -72,12 +75,23 @@ class Plan:
                 return entry
         raise PlanError(f"plan has no entry for rank {rank} in 'ranks'")
 
+    @property
+    def pp(self) -> int:
+        return int(self.layout.get("pp") or 1)
+
     def moe_layers(self) -> list[int]:
-        """Layers that hold an MoE block (PP=1: the single stage holds every layer)."""
-        return list(self.raw["stages"][0]["moe_layers"])
+        """Layers that hold an MoE block, over every stage."""
+        return sorted(layer for stage in self.raw["stages"] for layer in stage["moe_layers"])
 
     def hash_layers(self) -> list[int]:
-        return list(self.raw["stages"][0]["hash_layers"])
+        return sorted(layer for stage in self.raw["stages"] for layer in stage["hash_layers"])
+
+    def chunks(self, stage: int) -> list[dict[str, Any]]:
+        """The model chunks (virtual stages) of one pipeline stage, in virtual order."""
+        for entry in self.raw["stages"]:
+            if int(entry["stage"]) == stage:
+                return sorted(entry["chunks"], key=lambda chunk: int(chunk["virtual"]))
+        raise PlanError(f"plan has no stage {stage} in 'stages': recompile the config")
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -116,7 +130,11 @@ def _check_structure(plan: Plan, source: str) -> None:
         if groups is None:
             raise PlanError(f"{source} has no {name!r} group list: recompile the config")
         covered = sorted(rank for ranks in groups for rank in ranks)
-        if covered != list(range(world)):
+        if name in PARTIAL_GROUP_NAMES:
+            if len(set(covered)) != len(covered) or not set(covered) <= set(range(world)):
+                raise PlanError(f"{source}: the {name!r} groups hold unknown or repeated ranks: "
+                                "recompile the config")
+        elif covered != list(range(world)):
             raise PlanError(f"{source}: the {name!r} groups do not cover ranks 0..{world - 1} "
                             "exactly once: recompile the config")
     ranks = sorted(entry.get("rank", -1) for entry in plan.raw["ranks"])
@@ -127,6 +145,27 @@ def _check_structure(plan: Plan, source: str) -> None:
 def _get(section: dict[str, Any], key: str, default: Any = None) -> Any:
     value = section.get(key, default)
     return default if value is None else value
+
+
+def pipeline_problems(plan: Plan) -> list[str]:
+    """What torch.distributed.pipelining's schedules (1F1B, interleaved 1F1B) cannot run."""
+    pp, vpp, m = plan.pp, int(_get(plan.layout, "vpp", 1)), plan.microbatches
+    problems = []
+    if vpp > 1 and pp == 1:
+        problems.append(f"layout.vpp = {vpp}: virtual pipeline stages need PP > 1; use vpp = 1")
+    if pp > 1 and vpp == 1 and m < pp:
+        problems.append(f"layout.microbatches = {m} < pp = {pp}: torch's 1F1B schedule needs at "
+                        "least one microbatch per stage; raise global_batch_size")
+    group = int(_get(plan.parallel, "microbatch_group_size_per_vp_stage", pp))
+    if vpp > 1 and group != pp:
+        problems.append(f"parallel.microbatch_group_size_per_vp_stage = {group}: torch's "
+                        f"interleaved 1F1B groups microbatches by pp = {pp}; leave it unset")
+    if pp > 1:
+        chunks = {stage: len(plan.chunks(stage)) for stage in range(pp)}
+        if set(chunks.values()) != {vpp}:
+            problems.append(f"stages: chunks per stage {chunks} differ from vpp = {vpp}: "
+                            "recompile the config")
+    return problems
 
 
 def unsupported_features(plan: Plan) -> list[str]:
@@ -140,18 +179,17 @@ def unsupported_features(plan: Plan) -> list[str]:
         if condition:
             problems.append(message)
 
-    for axis, why in (("tp", "attention tensor parallelism"), ("pp", "pipeline parallelism "
-                      "(comes in a later issue)"), ("gtp", "GTP weight rematerialisation"),
-                      ("egtp", "expert GTP weight rematerialisation")):
+    for axis, why in (("tp", "attention tensor parallelism"), ("gtp", "GTP weight "
+                      "rematerialisation"), ("egtp", "expert GTP weight rematerialisation")):
         size = int(_get(layout, axis, 1))
         refuse(size > 1, f"layout.{axis} = {size}: {why} is not implemented; use {axis} = 1")
-    vpp = int(_get(layout, "vpp", 1))
-    refuse(vpp > 1, f"layout.vpp = {vpp}: virtual pipeline stages need PP > 1; use vpp = 1")
+    problems.extend(pipeline_problems(plan))
     dispatcher = moe.get("moe_token_dispatcher_type", "alltoall")
     refuse(dispatcher not in ("alltoall", "allgather"),
            f"moe.moe_token_dispatcher_type = {dispatcher!r}: only 'alltoall' and 'allgather' run here")
     refuse(int(_get(model, "mtp_num_layers", 0)) > 0,
-           f"model.mtp_num_layers = {model.get('mtp_num_layers')}: MTP modules are not implemented")
+           f"model.mtp_num_layers = {model.get('mtp_num_layers')}: MTP modules are not "
+           "implemented (on any stage); set mtp_num_layers: 0")
     variant = _get(model, "attention_variant", "standard")
     refuse(variant != "standard", f"model.attention_variant = {variant!r}: the runtime's decoder has "
            "standard causal attention only; use 'standard'")

@@ -36,13 +36,22 @@ from runtime.comm import CommGroup, Ledger, MoEGroups, all_reduce
 from runtime.failure import maybe_inject_failure
 from runtime.groups import RankGroups, compute_device
 from runtime.init import identity_seed
-from runtime.model import Decoder, DecoderSpec, TokenSlice, cp_slices, token_losses
+from runtime.model import (
+    Decoder,
+    DecoderLayer,
+    DecoderSpec,
+    TokenSlice,
+    cp_slices,
+    token_losses,
+)
 from runtime.moe_layer import MoELayer
+from runtime.pipeline import PipelineRunner, StageModel
 from runtime.plan_io import Plan, PlanError
 
 # Test-only fault injection: the equivalence tests flip this to prove they catch a wrong
 # reduction. Never exposed as a user flag.
-FAULTS = ("expert_grads_over_dp_cp", "probs_applied_twice", "expert_bias_frozen")
+FAULTS = ("expert_grads_over_dp_cp", "probs_applied_twice", "expert_bias_frozen",
+          "embedding_grads_unsynced")
 _fault: str | None = None
 
 
@@ -143,8 +152,9 @@ def make_optimizer(model: torch.nn.Module, training: dict[str, Any]) -> torch.op
     )
 
 
-def moe_blocks(model: Decoder) -> list[Any]:
-    return [layer.ffn for layer in model.layers if layer.is_moe]
+def moe_blocks(model: Any) -> list[Any]:
+    """The MoE blocks of a whole `Decoder` or of one pipeline rank's `StageModel`."""
+    return [layer.ffn for layer in model.decoder_layers() if layer.is_moe]
 
 
 def named_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -268,8 +278,18 @@ class RankTrainer:
                             self.seed, tid2eid, torch.float32)
 
         # Weights are generated on the CPU from their identities, then moved to the device.
-        self.model = Decoder(spec, self.seed, torch.float32, self.cp, self.ledger,
-                             moe_factory).to(self.device)
+        self.pipeline: PipelineRunner | None = None
+        self.embd = comm_group(groups, "embd") if "embd" in groups.handles else None
+        if plan.pp == 1:
+            self.model: Any = Decoder(spec, self.seed, torch.float32, self.cp, self.ledger,
+                                      moe_factory).to(self.device)
+        else:
+            def make_layer(layer_id: int) -> DecoderLayer:
+                return DecoderLayer(spec, layer_id, self.seed, torch.float32, self.cp,
+                                    self.ledger, moe_factory)
+
+            self.model = StageModel(spec, plan.chunks(self.stage), self.seed, torch.float32,
+                                    make_layer).to(self.device)
         self._check_ownership(info)
         self.per_token_loss = bool(plan.training.get("calculate_per_token_loss"))
         local_tokens = self.batches.micro_batch_size * len(self.slice)
@@ -284,6 +304,27 @@ class RankTrainer:
         self.dense_params = [p for p in self.model.parameters() if id(p) not in expert_ids]
         self.optimizer = make_optimizer(self.model, plan.training)
         self.meter = ActivationMeter(self.model)
+        if plan.pp > 1:
+            self.pipeline = self._pipeline_runner(spec)
+
+    def _pipeline_runner(self, spec: DecoderSpec) -> PipelineRunner:
+        m = self.batches.microbatches
+
+        def loss_of(logits: torch.Tensor, labels: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+            losses = token_losses(logits, labels)
+            backprop = losses.sum() if self.per_token_loss else losses.mean() / m
+            return backprop, losses.detach().mean()
+
+        return PipelineRunner(
+            rank=self.rank, stage=self.stage, pp=self.plan.pp,
+            chunks=self.plan.chunks(self.stage), owner=self.model,
+            pp_group=self.groups["pp"], device=self.device, microbatches=m,
+            rows=len(self.slice), micro_batch_size=self.batches.micro_batch_size,
+            hidden_size=spec.hidden_size, vocab_size=spec.vocab_size, loss_of=loss_of,
+            token_ids=lambda step, microbatch: self.microbatch(step, microbatch)[0],
+            local_positions=self.local_positions, gathered_positions=self.gathered_positions,
+            ledger=self.ledger, meter=self.meter)
 
     def _check_ownership(self, info: dict[str, Any]) -> None:
         """The layer's contiguous ownership must be the plan's; a disagreement is a plan bug."""
@@ -307,7 +348,9 @@ class RankTrainer:
         self.optimizer.zero_grad(set_to_none=False)
         self.model.record_moe_outputs = self.options.capture
         m = self.batches.microbatches
-        for microbatch in range(m):
+        if self.pipeline is not None:
+            self._pipeline_step(step, capture)
+        for microbatch in range(m if self.pipeline is None else 0):
             maybe_inject_failure(self.rank, step, microbatch)
             ids, labels = self.microbatch(step, microbatch)
             with self.meter.forward():
@@ -325,6 +368,28 @@ class RankTrainer:
         self.optimizer.step()
         return capture
 
+    def _pipeline_step(self, step: int, capture: StepCapture) -> None:
+        """All microbatches through the pipeline schedule; the loss only on the last stage."""
+        m = self.batches.microbatches
+        rows = [self.microbatch(step, microbatch) for microbatch in range(m)]
+        ids = torch.cat([ids for ids, _ in rows])
+        labels = torch.cat([labels for _, labels in rows])
+        assert self.pipeline is not None  # noqa: S101
+        state = self.pipeline.run_step(step, self.options.capture, ids, labels)
+        capture.losses.extend(state.losses)
+        if self.options.capture:
+            capture.moe_outputs.extend(state.moe_outputs)
+
+    def sync_embedding_grads(self) -> None:
+        """Tied embeddings under PP: sum the word-embedding grads of the first stage's input
+        copy and the last stage's output copy over the plan's `embd` group, so both copies take
+        the same optimizer step (megatron-reference §3.4 step 7)."""
+        weight = getattr(self.model, "embedding", None)
+        if (self.embd is None or not self.embd.active or weight is None
+                or self.model.spec.untied_head or _fault == "embedding_grads_unsynced"):
+            return
+        all_reduce(weight.grad, self.embd, self.ledger, "embd_grad_reduce")
+
     def reduce_gradients(self) -> None:
         """Dense over dp_cp, routed experts over expt_dp, with SPEC §3's pre-scales."""
         average = bool(self.plan.training.get("average_in_collective"))
@@ -340,6 +405,7 @@ class RankTrainer:
                       "dense_grad_reduce")
         _reduce_grads(self.expert_params, expert_factor, expert_group, op, self.ledger,
                       "expert_grad_reduce")
+        self.sync_embedding_grads()
         if self.per_token_loss:
             tokens = self.batches.global_batch * self.batches.seq_length
             for p in self.model.parameters():
@@ -374,13 +440,15 @@ class RankTrainer:
         started = time.monotonic()
         for step in range(self.options.steps):
             capture = self.step(step)
-            losses.append(sum(capture.losses) / len(capture.losses))
+            if capture.losses:  # PP: only the last stage computes the loss
+                losses.append(sum(capture.losses) / len(capture.losses))
             if self.options.capture:
                 captures.append(capture)
             if self.options.progress and self.rank == 0:
                 elapsed = time.monotonic() - started
-                print(f"step {step + 1}/{self.options.steps}  rank-0 loss {losses[-1]:.5f}  "
-                      f"{elapsed:.1f} s", file=sys.stderr, flush=True)
+                shown = f"  rank-0 loss {losses[-1]:.5f}" if capture.losses else ""
+                print(f"step {step + 1}/{self.options.steps}{shown}  {elapsed:.1f} s",
+                      file=sys.stderr, flush=True)
         return RankResult(
             rank=self.rank, stage=self.stage, dp_rank=self.dp_rank, cp_rank=self.cp_rank,
             collectives=self.ledger.snapshot(), memory=self.memory(), step_losses=losses,

@@ -23,11 +23,12 @@ PYTHON = sys.executable
 DEADLINE_S = 60.0
 
 
-def _run_with_fault(plan: Path, fault: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def _run_with_fault(plan: Path, fault: str, nproc: int = 2
+                    ) -> tuple[subprocess.CompletedProcess[str], float]:
     # A long group timeout: the job must end because the failure is propagated, not because a
     # collective timed out.
     env = {**ENV, FAIL_VARIABLE: fault, "MOEPLAN_GROUP_TIMEOUT_S": "600"}
-    command = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+    command = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                "-m", "runtime", "--plan", str(plan), "--steps", "3"]
     started = time.monotonic()
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -48,6 +49,19 @@ def test_a_failing_rank_ends_the_job_and_is_named(tmp_path: Path, action: str) -
     else:
         assert "moeplan runtime: rank 1 failed: InjectedFailure" in run.stderr, run.stderr[-3000:]
     # the run was really mid-job: step 1 of 3 had begun on the surviving rank
+    assert "step 1/3" in run.stderr
+
+
+def test_a_killed_last_stage_rank_ends_a_pipelined_job(tmp_path: Path) -> None:
+    """PP2×EP2 on 4 ranks: rank 3 (last stage) dies in microbatch 1 of step 1 while the first
+    stage waits for its activation gradients; the job still ends well within the deadline."""
+    plan = small(tmp_path, "pp2", model={"num_layers": 2},
+                 parallel={"world_size": 4, "pp": 2, "ep": 2})
+    run, elapsed = _run_with_fault(plan, "kill:3:1:1", nproc=4)
+    assert run.returncode != 0
+    assert elapsed < DEADLINE_S, f"the job took {elapsed:.1f} s to end"
+    output = run.stdout + run.stderr
+    assert "rank      : 3" in output or "rank: 3" in output, output[-3000:]
     assert "step 1/3" in run.stderr
 
 

@@ -104,4 +104,32 @@ def microbatches_fit_interleaving(f: Facts) -> Iterator[Violation]:
         )
 
 
-RULES = (seq_length_divisible_by_cp, global_batch_divisible, microbatches_fit_interleaving)
+@rule(
+    "BAT004", "warning", "at least one microbatch per pipeline stage",
+    source="megatron/core/pipeline_parallel/schedules.py::forward_backward_pipelining_without_interleaving",
+    why="""The 1F1B schedule warms up with min(PP − stage − 1, m) forward passes before its steady
+    state. With fewer microbatches than stages it never gets there: Megatron still runs, but every
+    stage idles for most of the step (bubble (PP−1)/(m+PP−1) ≥ 1/2), and the PyTorch 1F1B
+    schedule (torch.distributed.pipelining, the bundled runtime) refuses such a step.""",
+    bad="""
+    parallel: {pp: 2}
+    training: {global_batch_size: 4}
+    """,
+    good="""
+    parallel: {pp: 2}
+    training: {global_batch_size: 8}
+    """,
+)
+def microbatches_fill_pipeline(f: Facts) -> Iterator[Violation]:
+    pp, m = f.par.pp, f.microbatches
+    if pp > 1 and f.vpp <= 1 and m < pp:
+        unit = f.batch_unit
+        yield Violation(
+            "training.global_batch_size",
+            f"{m} microbatch(es) for pp {pp} stages: the 1F1B pipeline never fills",
+            f"raise global_batch_size to at least {pp * unit} ({pp} microbatches)",
+        )
+
+
+RULES = (seq_length_divisible_by_cp, global_batch_divisible, microbatches_fit_interleaving,
+         microbatches_fill_pipeline)

@@ -1,0 +1,220 @@
+"""Pipeline parallelism: this rank's stage of the decoder, run by torch.distributed.pipelining.
+
+The plan splits layers into stages and virtual chunks (`stages[s].chunks`); nothing is
+re-derived here. A rank builds:
+
+* one `StageModel` holding every parameter of its chunks under the *reference's* names
+  (`embedding`, `layers.<id>.…`, `final_norm.weight`, `head`), so the gradient reduction, the
+  optimizer and the reference check see one module, exactly as with PP = 1. With tied embeddings
+  the last stage holds its own copy named `embedding` (Megatron's output-layer copy): both copies
+  start equal (same identity) and stay equal because their gradients are summed over the plan's
+  `embd` group before the optimizer step (finalize_model_grads' embedding all-reduce);
+* one `StageChunk` per virtual chunk, wrapped in a `PipelineStage` with stage index
+  `virtual · PP + stage`, and a `Schedule1F1B` (VPP = 1) or `ScheduleInterleaved1F1B` schedule.
+
+Loss scaling: the schedule's `scale_grads` is off. The loss function itself returns the local
+mean token loss / m (or the token-loss sum with per-token loss), exactly what the PP = 1 loop
+backpropagates, so the aux-loss gradient (scaled inside the MoE block) is not divided twice.
+
+Every point-to-point activation the schedule sends or receives goes through the stage's
+`get_{fwd,bwd}_{send,recv}_ops`; those are wrapped to record the tensors' bytes in the ledger as
+`pp_activation.fwd` (activations) and `pp_activation.bwd` (their gradients).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleInterleaved1F1B,
+)
+
+from runtime.comm import Ledger
+from runtime.failure import maybe_inject_failure
+from runtime.model import DecoderLayer, DecoderSpec, RMSNorm, _param, output_logits
+
+# Builds one decoder layer by id (the trainer's MoE factory and groups are already bound).
+LayerFactory = Callable[[int], DecoderLayer]
+# (logits, labels) -> (what to backpropagate, the mean token loss for the record).
+LossOf = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class StageModel(torch.nn.Module):
+    """Every parameter of one pipeline rank, named as in the single-process `Decoder`."""
+
+    def __init__(self, spec: DecoderSpec, chunks: list[dict[str, Any]], seed: int,
+                 dtype: torch.dtype, make_layer: LayerFactory) -> None:
+        super().__init__()
+        self.spec = spec
+        has_loss = any(chunk["loss"] for chunk in chunks)
+        has_embedding = any(chunk["embedding"] for chunk in chunks)
+        needs_word_embedding = has_embedding or (has_loss and not spec.untied_head)
+        self.embedding = (
+            _param(seed, ("embedding", "word"), (spec.vocab_size, spec.hidden_size),
+                   spec.init_std, dtype) if needs_word_embedding else None)
+        self.layers = torch.nn.ModuleDict(
+            {str(layer): make_layer(layer) for chunk in chunks for layer in chunk["layers"]})
+        self.final_norm = (RMSNorm(spec.hidden_size, spec.norm_epsilon, dtype) if has_loss
+                           else None)
+        self.head = (
+            _param(seed, ("output_head",), (spec.vocab_size, spec.hidden_size), spec.init_std,
+                   dtype) if has_loss and spec.untied_head else None)
+
+    def layer(self, layer_id: int) -> DecoderLayer:
+        return self.layers[str(layer_id)]  # type: ignore[return-value]
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [self.layer(layer) for layer in sorted(int(key) for key in self.layers)]
+
+    def output_weight(self) -> torch.Tensor:
+        weight = self.head if self.head is not None else self.embedding
+        assert weight is not None  # noqa: S101 - only the loss chunk asks
+        return weight
+
+
+@dataclass
+class StepState:
+    """What the chunks of one step share: the step index, per-microbatch MoE outputs, losses."""
+
+    step: int
+    record: bool
+    moe_outputs: list[dict[int, torch.Tensor]]
+    losses: list[float]
+
+
+class StageChunk(torch.nn.Module):
+    """One virtual chunk: [embedding] → its layers → [final norm → logits].
+
+    The chunk's forward calls arrive in microbatch order (both schedules keep it), so a counter
+    tells which microbatch is running; chunks away from the embedding read the token ids they
+    need for hash routing from the data themselves instead of shipping them down the pipeline.
+    """
+
+    def __init__(self, owner: StageModel, chunk: dict[str, Any], runner: PipelineRunner) -> None:
+        super().__init__()
+        self.index = int(chunk["index"])
+        self.first = bool(chunk["embedding"])
+        self.last = bool(chunk["loss"])
+        self.layer_ids = [int(layer) for layer in chunk["layers"]]
+        self.owner = owner
+        self.blocks = torch.nn.ModuleList(owner.layer(layer) for layer in self.layer_ids)
+        self.runner = runner
+        self.calls = 0
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        runner, microbatch = self.runner, self.calls
+        self.calls += 1
+        maybe_inject_failure(runner.rank, runner.state.step, microbatch)
+        with runner.meter.forward():  # one chunk's microbatch: what it saves for backward
+            return self._forward(inputs, microbatch)
+
+    def _forward(self, inputs: torch.Tensor, microbatch: int) -> torch.Tensor:
+        runner, state = self.runner, self.runner.state
+        if self.first:
+            ids = inputs
+            assert self.owner.embedding is not None  # noqa: S101
+            hidden = torch.nn.functional.embedding(ids, self.owner.embedding).transpose(0, 1)
+        else:
+            hidden = inputs
+            ids = runner.token_ids(state.step, microbatch) if self._needs_ids() else None
+        for block in self.blocks:
+            hidden, ffn_out = block(hidden, ids, runner.local_positions, runner.gathered_positions)
+            if state.record and block.is_moe:
+                state.moe_outputs[microbatch][block.layer_id] = ffn_out.detach().cpu().clone()
+        if not self.last:
+            return hidden
+        assert self.owner.final_norm is not None  # noqa: S101
+        return output_logits(self.owner.final_norm(hidden), self.owner.output_weight())
+
+    def _needs_ids(self) -> bool:
+        return any(getattr(block.ffn, "is_hash_layer", False) for block in self.blocks)
+
+
+class PipelineRunner:
+    """This rank's chunks, their PipelineStages and the schedule that drives them."""
+
+    def __init__(self, *, rank: int, stage: int, pp: int, chunks: list[dict[str, Any]],
+                 owner: StageModel, pp_group: dist.ProcessGroup, device: torch.device,
+                 microbatches: int, rows: int, micro_batch_size: int, hidden_size: int,
+                 vocab_size: int, loss_of: LossOf,
+                 token_ids: Callable[[int, int], torch.Tensor], local_positions: torch.Tensor,
+                 gathered_positions: torch.Tensor, ledger: Ledger, meter: Any) -> None:
+        self.rank, self.stage, self.pp = rank, stage, pp
+        self.microbatches = microbatches
+        self.token_ids = token_ids
+        self.local_positions, self.gathered_positions = local_positions, gathered_positions
+        self.ledger, self.meter = ledger, meter
+        self.state = StepState(0, False, [], [])
+        self.chunks = [StageChunk(owner, chunk, self) for chunk in chunks]
+        total = pp * len(chunks)
+        self.stages: list[PipelineStage] = []
+        for chunk_module, chunk in zip(self.chunks, chunks, strict=True):
+            index = int(chunk["virtual"]) * pp + stage
+            if index != int(chunk["index"]):
+                raise ValueError(f"chunk {chunk['index']} of stage {stage} would be pipeline "
+                                 f"stage {index} in torch's interleaved order")
+            # Static shapes (no inference pass); activations carry requires_grad so that the
+            # receiving stage's buffers join autograd and the gradients travel back.
+            hidden = torch.zeros(rows, micro_batch_size, hidden_size, device=device,
+                                 requires_grad=True)
+            inputs = (torch.zeros(micro_batch_size, rows, dtype=torch.long, device=device)
+                      if chunk_module.first else hidden)
+            outputs = (torch.zeros(rows, micro_batch_size, vocab_size, device=device,
+                                   requires_grad=True) if chunk_module.last else hidden)
+            pipeline_stage = PipelineStage(chunk_module, index, total, device,
+                                           input_args=inputs, output_args=outputs,
+                                           group=pp_group)
+            self._meter_p2p(pipeline_stage)
+            self.stages.append(pipeline_stage)
+        self.holds_first = any(chunk.first for chunk in self.chunks)
+        self.holds_last = any(chunk.last for chunk in self.chunks)
+
+        def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            loss, mean = loss_of(logits, labels)
+            self.state.losses.append(float(mean))
+            return loss
+
+        if len(self.stages) == 1:
+            self.schedule: Any = Schedule1F1B(self.stages[0], microbatches, loss_fn=loss_fn,
+                                              scale_grads=False)
+        else:
+            self.schedule = ScheduleInterleaved1F1B(self.stages, microbatches, loss_fn=loss_fn,
+                                                    scale_grads=False)
+
+    def _meter_p2p(self, stage: PipelineStage) -> None:
+        """Record the bytes of every activation (fwd) and activation gradient (bwd) op."""
+        ledger = self.ledger
+        for method, phase, sending in (("get_fwd_send_ops", "fwd", True),
+                                       ("get_fwd_recv_ops", "fwd", False),
+                                       ("get_bwd_send_ops", "bwd", True),
+                                       ("get_bwd_recv_ops", "bwd", False)):
+            original = getattr(stage, method)
+
+            def metered(chunk_id: int, _original: Any = original, _phase: str = phase,
+                        _sending: bool = sending) -> list[dist.P2POp]:
+                ops = _original(chunk_id)
+                nbytes = sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
+                if ops:
+                    send = nbytes if _sending else 0
+                    ledger.record("pp_activation", _phase, "pp", send, send,
+                                  0 if _sending else nbytes)
+                return ops
+
+            setattr(stage, method, metered)
+
+    def run_step(self, step: int, record: bool, ids: torch.Tensor | None,
+                 labels: torch.Tensor | None) -> StepState:
+        """One optimizer step's forward and backward of all microbatches (no reduction)."""
+        self.state = StepState(step, record, [{} for _ in range(self.microbatches)], [])
+        for chunk in self.chunks:
+            chunk.calls = 0
+        args = (ids,) if self.holds_first else ()
+        target = labels if self.holds_last else None
+        self.schedule.step(*args, target=target, return_outputs=False)
+        return self.state
