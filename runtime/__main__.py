@@ -35,9 +35,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="forced balanced routing: every EP/ETP byte count becomes exact")
     parser.add_argument("--report", type=Path, help="write the merged report.json here (rank 0)")
     parser.add_argument("--seed", type=int, help="seed for weights and data (default: the plan's)")
+    parser.add_argument("--load", type=Path, metavar="DIR",
+                        help="before the first step, load a checkpoint saved under any layout of "
+                             "the same model (weights, optimizer, expert bias, data position)")
+    parser.add_argument("--save", type=Path, metavar="DIR",
+                        help="after the last step, save a layout-free checkpoint (DCP) here")
     args = parser.parse_args(argv)
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
+    if args.steps < 0 or (args.steps == 0 and not (args.load and args.save)):
+        parser.error("--steps must be at least 1 (0 only with --load and --save: re-save a "
+                     "checkpoint under this layout)")
+    if args.load is not None and args.check_reference:
+        parser.error("--check-reference trains the reference from initialisation: it cannot "
+                     "check a run that starts from --load")
     return args
 
 
@@ -87,10 +96,12 @@ def launch_problem(plan: Any) -> str | None:
     return None
 
 
-def execute(plan: Any, options: Any, check: bool, report_path: Path | None) -> Outcome:
-    """Groups → model → steps → reference check → report, on an initialised world."""
+def execute(plan: Any, options: Any, check: bool, report_path: Path | None,
+            load: Path | None = None, save: Path | None = None) -> Outcome:
+    """Groups → model → [load] → steps → [save] → reference check → report."""
     import torch.distributed as dist
 
+    from runtime.checkpoint import load_checkpoint, save_checkpoint
     from runtime.equivalence import check_reference, describe_mismatches
     from runtime.groups import build_groups
     from runtime.report import gather_report, write_report
@@ -98,17 +109,27 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None) -> O
 
     groups = build_groups(plan)
     trainer = RankTrainer(plan, groups, options)
+    first_expert = int(plan.rank_info(trainer.rank).get("experts", {}).get("first", 0))
+    if load is not None:
+        trainer.start_step = load_checkpoint(load, plan, trainer.model, trainer.optimizer,
+                                             first_expert)
     result = trainer.run()
+    if save is not None:
+        save_checkpoint(save, plan, trainer.model, trainer.optimizer, first_expert,
+                        trainer.start_step + options.steps)
+        if dist.get_rank() == 0:
+            print(f"saved {save} after step {trainer.start_step + options.steps}", flush=True)
     reference = (check_reference(plan, trainer, result, options) if check
                  else {"checked": False})
     report = gather_report(plan, options, trainer.seed, result, reference)
     code = EXIT_MISMATCH if check and not reference["ok"] else EXIT_OK
     if dist.get_rank() == 0 and report is not None:
         # Under PP only the last stage has a loss: show the lowest rank that computed one.
-        source = next(share for share in report["ranks"] if share["step_losses"])
-        losses = ", ".join(f"{loss:.6f}" for loss in source["step_losses"])
-        print(f"ran {plan.world_size} ranks x {options.steps} step(s); rank-{source['rank']} "
-              f"loss per step: {losses}", flush=True)
+        source = next((share for share in report["ranks"] if share["step_losses"]), None)
+        if source is not None:
+            losses = ", ".join(f"{loss:.6f}" for loss in source["step_losses"])
+            print(f"ran {plan.world_size} ranks x {options.steps} step(s); rank-"
+                  f"{source['rank']} loss per step: {losses}", flush=True)
         if check:
             verdict = "ok" if reference["ok"] else "MISMATCH"
             print(f"reference check: {verdict}, {reference['tensors_checked']} tensors, max "
@@ -146,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
+    from runtime.checkpoint import CheckpointError
     from runtime.failure import rank_failure_message
     from runtime.groups import init_distributed
     from runtime.train import RunOptions
@@ -155,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     _single_process_env()
     init_distributed()
     try:
-        code = execute(plan, options, args.check_reference, args.report).code
+        code = execute(plan, options, args.check_reference, args.report, args.load,
+                       args.save).code
+    except CheckpointError as exc:  # raised before or between collectives: leave at once
+        _say(f"rank {dist.get_rank()}: {exc}")
+        os._exit(EXIT_USAGE)
     except (PlanError, MoEConfigError) as exc:
         _say(str(exc))
         dist.destroy_process_group()

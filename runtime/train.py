@@ -245,6 +245,7 @@ class RankTrainer:
     def __init__(self, plan: Plan, groups: RankGroups, options: RunOptions) -> None:
         self.plan, self.groups, self.options = plan, groups, options
         self.rank = groups.rank
+        self.start_step = 0  # optimizer steps already done (a loaded checkpoint's position)
         info = plan.rank_info(self.rank)
         self.stage = int(info["stage"])
         self.dp_rank, self.cp_rank = int(info["dp_rank"]), int(info["cp_rank"])
@@ -438,7 +439,7 @@ class RankTrainer:
     def run(self) -> RankResult:
         captures, losses = [], []
         started = time.monotonic()
-        for step in range(self.options.steps):
+        for step in range(self.start_step, self.start_step + self.options.steps):
             capture = self.step(step)
             if capture.losses:  # PP: only the last stage computes the loss
                 losses.append(sum(capture.losses) / len(capture.losses))
@@ -447,7 +448,8 @@ class RankTrainer:
             if self.options.progress and self.rank == 0:
                 elapsed = time.monotonic() - started
                 shown = f"  rank-0 loss {losses[-1]:.5f}" if capture.losses else ""
-                print(f"step {step + 1}/{self.options.steps}{shown}  {elapsed:.1f} s",
+                done = step + 1 - self.start_step
+                print(f"step {done}/{self.options.steps}{shown}  {elapsed:.1f} s",
                       file=sys.stderr, flush=True)
         return RankResult(
             rank=self.rank, stage=self.stage, dp_rank=self.dp_rank, cp_rank=self.cp_rank,
