@@ -4,6 +4,10 @@
         --check-reference --balanced --report report.json
     moeplan verify plan.json report.json
 
+PP/VPP plans run as torch.distributed.pipelining schedules (runtime/pipeline.py). `--save DIR`
+writes a layout-free checkpoint after the last step and `--load DIR` resumes from one saved under
+any layout of the same model (runtime/checkpoint.py); `--steps 0 --load A --save B` re-saves.
+
 Exit codes: 0 ok, 1 the reference check found a mismatch, 2 the plan or the launch is unusable
 (refused before any process group forms, with a message and no traceback), 3 this rank failed
 during the run (the message names the rank; torchrun then ends the other ranks).
