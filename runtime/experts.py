@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from runtime.init import init_shard, init_tensor
 from runtime.router import MoESettings
@@ -30,8 +31,12 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.T
 
 
 def scale_by_probs(activation: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """Weight each row's activation by its routing weight (once — the combine only sums)."""
-    return activation * probs.unsqueeze(-1).to(activation.dtype)
+    """Weight each row's activation by its routing weight (once — the combine only sums).
+
+    In place: the activation is a fresh intermediate of the grouped expert MLP, and on CPU a
+    large fresh tensor costs as much as the multiply itself.
+    """
+    return activation.mul_(probs.unsqueeze(-1).to(activation.dtype))
 
 
 def output_init_std(settings: MoESettings) -> float:
@@ -58,20 +63,68 @@ def expert_identity(layer_id: int, expert_id: int, matrix: str) -> tuple[int, st
     return (layer_id, "expert", expert_id, matrix)
 
 
-class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward hands on a contiguous gradient.
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(a, b, offs=offsets)
 
-    The grouped GEMM backward rejects stride-0 gradients such as the one `.sum().backward()`
-    produces.
+
+class GroupedSwiGLU(torch.autograd.Function):
+    """y = ((SiLU(clamp(x W1)) ⊙ clamp(x W3)) · p) W2 per expert group, with a hand-written backward.
+
+    The same operations autograd would record, in the same order (so forward and gradients are
+    bit-identical to the plain composition), but every [M, I] intermediate is allocated once and
+    reused in place. On CPU that matters: an intermediate of ≥ 32 MiB is a fresh mmap whose
+    page faults cost as much as the elementwise pass itself. The backward also takes a
+    contiguous gradient, which the grouped GEMM needs (`.sum().backward()` gives stride 0).
+    Backward overwrites what forward saved, so the graph can be walked once only.
     """
 
     @staticmethod
-    def forward(ctx, x):  # type: ignore[override]
-        return x.view_as(x)
+    def forward(ctx, x, w1, w3, w2, probs, offsets, limit):  # type: ignore[override]
+        gate = _grouped_mm(x, w1, offsets)
+        up = _grouped_mm(x, w3, offsets)
+        gate_passes = up_passes = None
+        if limit is not None:  # swiglu()'s clamp, in place
+            # clamp's gradient flows where the input lay inside the bounds (ends included).
+            gate_passes = gate <= limit
+            up_passes = (up >= -limit).logical_and_(up <= limit)
+            gate.clamp_(max=limit)
+            up.clamp_(min=-limit, max=limit)
+        silu_gate = F.silu(gate)
+        weighted = scale_by_probs(silu_gate * up, probs)
+        out = _grouped_mm(weighted, w2, offsets)
+        ctx.save_for_backward(
+            x, w1, w3, w2, probs, offsets, gate, up, silu_gate, weighted, gate_passes, up_passes
+        )
+        return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return grad.contiguous()
+    @once_differentiable
+    def backward(ctx, grad_out):  # type: ignore[override]
+        (x, w1, w3, w2, probs, offsets, gate, up, silu_gate, weighted, gate_passes,
+         up_passes) = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_w2 = _grouped_mm(weighted.t(), grad_out, offsets)
+        grad_weighted = _grouped_mm(grad_out, w2.transpose(-2, -1), offsets)
+        # weighted = activation · p: dp = Σ_I dweighted ⊙ activation, dactivation = dweighted · p.
+        # The activation is recomputed (bit-identical) into the buffer `weighted` no longer needs.
+        activation = torch.mul(silu_gate, up, out=weighted)
+        grad_probs = activation.mul_(grad_weighted).sum(dim=-1)
+        grad_activation = grad_weighted.mul_(probs.unsqueeze(-1))
+        # activation = SiLU(gate) ⊙ up.
+        grad_silu = torch.mul(grad_activation, up, out=up)
+        grad_up = grad_activation.mul_(silu_gate)
+        grad_gate = torch.ops.aten.silu_backward.grad_input(
+            grad_silu, gate, grad_input=silu_gate
+        )
+        if gate_passes is not None:
+            zero = grad_gate.new_zeros(())
+            torch.where(gate_passes, grad_gate, zero, out=grad_gate)
+            torch.where(up_passes, grad_up, zero, out=grad_up)
+        grad_x = _grouped_mm(grad_gate, w1.transpose(-2, -1), offsets)
+        grad_x += _grouped_mm(grad_up, w3.transpose(-2, -1), offsets)
+        grad_w1 = _grouped_mm(x.t(), grad_gate, offsets)
+        grad_w3 = _grouped_mm(x.t(), grad_up, offsets)
+        return grad_x, grad_w1, grad_w3, grad_w2, grad_probs, None, None
 
 
 class GroupedExperts(torch.nn.Module):
@@ -121,11 +174,10 @@ class GroupedExperts(torch.nn.Module):
         offsets = torch.tensor(tokens_per_expert, dtype=torch.int64).cumsum(0)
         offsets = offsets.to(device=rows.device, dtype=torch.int32)
         rows = rows.to(self.w1.dtype)
-        gate = torch._grouped_mm(rows, self.w1, offs=offsets)
-        up = torch._grouped_mm(rows, self.w3, offs=offsets)
-        activation = scale_by_probs(swiglu(gate, up, self.settings.swiglu_limit), probs)
-        out = torch._grouped_mm(activation, self.w2, offs=offsets)
-        return _ContiguousGrad.apply(out)
+        probs = probs.to(rows.dtype)
+        return GroupedSwiGLU.apply(
+            rows, self.w1, self.w3, self.w2, probs, offsets, self.settings.swiglu_limit
+        )
 
 
 def shared_expert_identity(layer_id: int, matrix: str) -> tuple[int, str, str]:
