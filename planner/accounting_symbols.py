@@ -227,7 +227,10 @@ def stage_values(cfg: Config, split: StageSplit, stage: int,
         "is_first_stage": int(first_chunk.stage == stage),
         "is_last_stage": int(last_chunk.stage == stage),
         "embd_size": embd_size,
-        "embd_sync": int(embd_size > 1),
+        # Megatron all-reduces word-embedding grads over the group only for a shared weight:
+        # tied input/output embeddings, or the MTP stages' copies of the input embedding.
+        "embd_sync": int(embd_size > 1 and (not model.untie_embeddings_and_output_weights
+                                            or model.mtp_num_layers > 0)),
     }
 
 
