@@ -9,6 +9,7 @@ the other rank has entered the step's collectives, so without teardown it would 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -114,4 +115,5 @@ def test_tampered_or_foreign_plans_never_start_a_job(tmp_path: Path, edit: objec
     assert run.returncode != 0
     assert time.monotonic() - started < 30
     assert message in run.stderr
-    assert "Traceback (most recent call last)" not in run.stderr.split("moeplan runtime:")[1]
+    # torchrun's launcher prints its own ChildFailedError traceback; no frame may be ours.
+    assert not re.search(r'File "[^"]*/runtime/', run.stderr), run.stderr[-3000:]
