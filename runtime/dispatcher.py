@@ -199,9 +199,11 @@ class AlltoAllDispatcher:
             out, self.ep, plan.output_splits, plan.input_splits, self.ledger,
             "ep_combine_hidden",
         )
-        slots = state.num_tokens + (1 if state.padded else 0)
-        summed = out.new_zeros(slots, out.shape[1]).index_add(0, state.token_index, out)
-        return summed[: state.num_tokens]
+        if not state.padded:
+            return out.new_zeros(state.num_tokens, out.shape[1]).index_add(0, state.token_index, out)
+        # Padding slots point at the extra row num_tokens, which is dropped.
+        summed = out.new_zeros(state.num_tokens + 1, out.shape[1])
+        return summed.index_add(0, state.token_index, out)[: state.num_tokens]
 
     def _permute_dropless(
         self, routing: Routing

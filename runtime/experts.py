@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -171,8 +172,9 @@ class GroupedExperts(torch.nn.Module):
             raise ValueError(
                 f"expert input of {len(rows)} rows does not match counts {list(tokens_per_expert)}"
             )
-        offsets = torch.tensor(tokens_per_expert, dtype=torch.int64).cumsum(0)
-        offsets = offsets.to(device=rows.device, dtype=torch.int32)
+        offsets = torch.tensor(
+            list(accumulate(tokens_per_expert)), dtype=torch.int32, device=rows.device
+        )
         rows = rows.to(self.w1.dtype)
         probs = probs.to(rows.dtype)
         return GroupedSwiGLU.apply(
