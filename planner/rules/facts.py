@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from planner.findings import Finding
 from planner.grid import GridSpec, grid_spec_from_config
 from planner.pipeline import SplitError, StageSplit, stage_split
 from planner.rules.base import NotComputable
@@ -77,18 +78,19 @@ class Facts:
     @property
     def batch_unit(self) -> int:
         """micro · D_batch: samples one microbatch step consumes across the data-parallel ranks."""
-        self.dp  # noqa: B018 — raises NotComputable when DP is fractional
+        if not self.dense_grid_ok:
+            raise NotComputable("DP")
         return self.cfg.batch_unit
 
     @property
     def microbatches(self) -> int:
-        """m = B / (b · D_a · GTP); CP, EP and ETP add no samples (SPEC §3, §10)."""
+        """m = B / (b · D_batch); CP, EP and ETP add no samples (SPEC §3, §10, §12)."""
         if self.cfg.global_batch_size % self.batch_unit:
             raise NotComputable("microbatches")
         return self.cfg.global_batch_size // self.batch_unit
 
     @cached_property
-    def memory_findings(self) -> list:
+    def memory_findings(self) -> list[Finding]:
         """MEM001/MEM002 verdicts of the memory estimate, computed once for both rules."""
         from planner.accounting import memory_findings
 
