@@ -49,6 +49,7 @@ class ModelSection(Section):
     moe_layer_freq: PosInt | list[Literal[0, 1]] = 1
     moe_n_hash_layers: NonNegInt = 0
     mtp_num_layers: NonNegInt = 0
+    mtp_loss_scaling_factor: NonNegFloat = 0.1
     untie_embeddings_and_output_weights: bool = False
     add_bias_linear: bool = False
     moe_router_score_function: Literal["softmax", "sigmoid", "sqrtsoftplus"] = "softmax"

@@ -4,7 +4,8 @@ Rank 0 trains the reference (`runtime.reference`) on the whole global batch and 
 every rank then compares what it holds against its slice — its DP replica's samples, its CP
 positions, its experts and ETP shard (`MoELayer.local_view`) — and every rank gets the verdicts:
 
-* the loss of every microbatch (mean token loss over the rank's tokens);
+* the loss of every microbatch (mean token loss over the rank's tokens), and of every MTP depth
+  (masked mean over the rank's valid shifted positions);
 * every MoE layer's output on every microbatch;
 * every parameter gradient after the gradient reduction, at every step;
 * every parameter and expert bias after the last optimizer step.
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.model import ffn_parameter
 from runtime.plan_io import Plan
 from runtime.reference import ReferenceModel, ReferenceResult
 from runtime.train import RankResult, RankTrainer, RunOptions
@@ -64,11 +66,11 @@ class Comparison:
 
 def rank_view(trainer: RankTrainer, name: str, full: torch.Tensor) -> torch.Tensor:
     """This rank's part of a reference tensor: MoE blocks slice experts, the rest is whole."""
-    parts = name.split(".")
-    if len(parts) > 3 and parts[0] == "layers" and parts[2] == "ffn":
-        layer = trainer.model.layer(int(parts[1]))
+    found = ffn_parameter(name, trainer.model.spec.num_layers)
+    if found is not None:
+        layer = trainer.model.layer(found[0])
         if layer.is_moe:
-            return layer.ffn.local_view(".".join(parts[3:]), full)
+            return layer.ffn.local_view(found[1], full)
     return full
 
 
@@ -83,6 +85,13 @@ def compare_with_reference(trainer: RankTrainer, result: RankResult, reference: 
             reference_loss = expected.token_losses[key].index_select(1, positions).mean()
             comparison.check(f"step {step} microbatch {microbatch} loss",
                              torch.tensor(loss), reference_loss)
+            depth_losses = capture.mtp_losses[microbatch] if capture.mtp_losses else []
+            for depth, value in enumerate(depth_losses):
+                masked, mask = expected.mtp_losses[key][depth]
+                count = max(float(mask.index_select(1, positions).sum()), 1.0)
+                comparison.check(f"step {step} microbatch {microbatch} MTP depth {depth} loss",
+                                 torch.tensor(value),
+                                 masked.index_select(1, positions).sum() / count)
             for layer, output in capture.moe_outputs[microbatch].items():
                 comparison.check(
                     f"step {step} microbatch {microbatch} layer {layer} MoE output", output,

@@ -1,5 +1,13 @@
 """A small V4-shaped decoder: embedding → [RMSNorm → causal attention → RMSNorm → MoE/MLP] × L →
-RMSNorm → output head → cross-entropy.
+RMSNorm → output head → cross-entropy, plus D multi-token-prediction (MTP) depths.
+
+MTP depth d (Megatron's MultiTokenPredictionLayer, DeepSeek-V3 §2.2) predicts the token d+2
+places ahead: it RMS-normalises the embedding of the ids shifted left by d+1 and the previous
+depth's output (depth 0: the main model's output after its final norm, which Megatron's decoder
+block applies before the MTP block sees it), projects their concatenation 2h → h, runs one
+transformer block whose FFN is a normal (learned-router) MoE layer with layer id L + d, applies its
+own final norm and the shared output head. Shifts are taken on whole sequences before any CP
+split; positions shifted past the end see token id 0 and their loss is masked.
 
 Hidden states are Megatron-shaped `[s, b, h]`; token ids are `[b, s]`. Under context parallelism a
 rank holds only some positions of each packed sequence (`TokenSlice`): attention gathers K/V of the
@@ -76,6 +84,8 @@ class DecoderSpec:
     moe_layers: tuple[int, ...]
     hash_layers: tuple[int, ...]
     init_std: float = DEFAULT_INIT_STD
+    mtp_num_layers: int = 0
+    mtp_loss_scale: float = 0.1  # Megatron's mtp_loss_scaling_factor
 
     @classmethod
     def from_config(cls, model: dict[str, Any], moe_layers: list[int],
@@ -94,6 +104,8 @@ class DecoderSpec:
             moe_layers=tuple(moe_layers),
             hash_layers=tuple(hash_layers),
             init_std=float(model.get("init_method_std", DEFAULT_INIT_STD)),
+            mtp_num_layers=int(model.get("mtp_num_layers") or 0),
+            mtp_loss_scale=float(model.get("mtp_loss_scaling_factor", 0.1)),
         )
 
     @property
@@ -207,8 +219,101 @@ class DecoderLayer(torch.nn.Module):
         return hidden + ffn_out, ffn_out
 
 
+class MTPLayer(torch.nn.Module):
+    """One MTP depth around its transformer block (built by the caller: layer id L + depth)."""
+
+    def __init__(self, spec: DecoderSpec, depth: int, seed: int, dtype: torch.dtype,
+                 block: DecoderLayer) -> None:
+        super().__init__()
+        h = spec.hidden_size
+        self.depth = depth
+        self.enorm = RMSNorm(h, spec.norm_epsilon, dtype)
+        self.hnorm = RMSNorm(h, spec.norm_epsilon, dtype)
+        self.eh_proj = _param(seed, (block.layer_id, "mtp", "eh_proj"), (2 * h, h), spec.init_std,
+                              dtype)
+        self.block = block
+        self.final_norm = RMSNorm(h, spec.norm_epsilon, dtype)
+
+    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, input_ids: torch.Tensor,
+                local: torch.Tensor, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: the previous depth's output [s, b, h]; embedded: the shifted ids' embedding.
+        Returns (this depth's normalised output, its MoE output alone)."""
+        joined = torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1) @ self.eh_proj
+        out, ffn_out = self.block(joined, input_ids, local, gathered)
+        return self.final_norm(out), ffn_out
+
+
+def run_mtp(layers: list[MTPLayer], hidden: torch.Tensor, embedding: torch.Tensor,
+            head: torch.Tensor, mtp_ids: list[torch.Tensor], local: torch.Tensor,
+            gathered: torch.Tensor, moe_outputs: dict[int, torch.Tensor] | None
+            ) -> list[torch.Tensor]:
+    """Every MTP depth after the main model's normalised output → logits per depth. The MoE
+    outputs are recorded into `moe_outputs` (keyed by layer id) when it is given."""
+    logits = []
+    for layer, ids in zip(layers, mtp_ids, strict=True):
+        embedded = F.embedding(ids, embedding).transpose(0, 1)
+        hidden, ffn_out = layer(hidden, embedded, ids, local, gathered)
+        if moe_outputs is not None and layer.block.is_moe:
+            moe_outputs[layer.block.layer_id] = ffn_out.detach().clone()
+        logits.append(output_logits(hidden, head))
+    return logits
+
+
+@dataclass(frozen=True)
+class MTPTargets:
+    """What MTP depth d needs of a microbatch, all [b, s]: ids shifted by d+1, labels shifted by
+    d+1 and the mask of positions whose shifted label exists."""
+
+    ids: list[torch.Tensor]
+    labels: list[torch.Tensor]
+    masks: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, labels: torch.Tensor, depths: int) -> MTPTargets:
+        """From whole sequences [b, S] (before any CP split)."""
+        valid = torch.ones_like(labels, dtype=torch.bool)
+        shifted = [(shift_left(ids, d + 1), shift_left(labels, d + 1), shift_left(valid, d + 1))
+                   for d in range(depths)]
+        return cls([i for i, _, _ in shifted], [lab for _, lab, _ in shifted],
+                   [mask for _, _, mask in shifted])
+
+    def select(self, index: torch.Tensor, device: torch.device | None = None) -> MTPTargets:
+        """The positions `index` (a CP rank's slice) of every tensor."""
+        def pick(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [t[:, index].to(device) for t in tensors]
+        return MTPTargets(pick(self.ids), pick(self.labels), pick(self.masks))
+
+
+def shift_left(tensor: torch.Tensor, shift: int) -> torch.Tensor:
+    """Roll [b, S] left by `shift` along the sequence, filling the vacated end with zeros."""
+    out = torch.zeros_like(tensor)
+    if shift < tensor.shape[1]:
+        out[:, :tensor.shape[1] - shift] = tensor[:, shift:]
+    return out
+
+
+def mtp_loss(logits: list[torch.Tensor], targets: MTPTargets, scale: float, per_token: bool
+             ) -> tuple[torch.Tensor, list[float]]:
+    """The MTP term one rank adds to its main loss, and each depth's masked mean loss.
+
+    Like Megatron's process_mtp_loss: each depth's masked loss sum is divided by the rank's own
+    count of valid shifted positions (at least 1), the depths are averaged and scaled by
+    `scale`. With per-token loss the term is a sum like the main loss: each depth's normalised
+    loss is multiplied back by the rank's token count, so the final 1/N gives it the same weight.
+    """
+    term = logits[0].new_zeros(())
+    means = []
+    for depth_logits, labels, mask in zip(logits, targets.labels, targets.masks, strict=True):
+        losses = token_losses(depth_logits, labels) * mask
+        count = max(int(mask.sum()), 1)
+        normalised = losses.sum() / count
+        means.append(float(normalised.detach()))
+        term = term + (normalised * labels.numel() if per_token else normalised)
+    return term * (scale / len(logits)), means
+
+
 class Decoder(torch.nn.Module):
-    """The whole model of one rank (PP = 1: every layer, the embedding and the head)."""
+    """The whole model of one rank (PP = 1: every layer, the embedding, the head, MTP)."""
 
     def __init__(self, spec: DecoderSpec, seed: int, dtype: torch.dtype, cp: CommGroup,
                  ledger: Ledger | None, moe_factory: MoEFactory) -> None:
@@ -226,13 +331,21 @@ class Decoder(torch.nn.Module):
                    dtype)
             if spec.untied_head else None
         )
+        self.mtp = torch.nn.ModuleList(
+            MTPLayer(spec, depth, seed, dtype,
+                     DecoderLayer(spec, spec.num_layers + depth, seed, dtype, cp, ledger,
+                                  moe_factory))
+            for depth in range(spec.mtp_num_layers)
+        )
         # Filled during forward when `record_moe_outputs` is set: layer id -> MoE output [s,b,h].
         self.record_moe_outputs = False
         self.moe_outputs: dict[int, torch.Tensor] = {}
 
-    def forward(self, input_ids: torch.Tensor, local: torch.Tensor,
-                gathered: torch.Tensor) -> torch.Tensor:
-        """input_ids [b, s_local] at global positions `local` → logits [s_local, b, vocab]."""
+    def forward(self, input_ids: torch.Tensor, local: torch.Tensor, gathered: torch.Tensor,
+                mtp_ids: list[torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """input_ids [b, s_local] at global positions `local` → (logits [s_local, b, vocab],
+        the logits of every MTP depth, fed the shifted ids `mtp_ids`)."""
         hidden = F.embedding(input_ids, self.embedding).transpose(0, 1)
         self.moe_outputs = {}
         for layer in self.layers:
@@ -240,13 +353,30 @@ class Decoder(torch.nn.Module):
             if self.record_moe_outputs and layer.is_moe:
                 self.moe_outputs[layer.layer_id] = ffn_out.detach().clone()
         head = self.head if self.head is not None else self.embedding
-        return output_logits(self.final_norm(hidden), head)
+        hidden = self.final_norm(hidden)
+        mtp_logits = run_mtp(list(self.mtp), hidden, self.embedding, head, mtp_ids or [], local,
+                             gathered, self.moe_outputs if self.record_moe_outputs else None)
+        return output_logits(hidden, head), mtp_logits
 
     def layer(self, layer_id: int) -> DecoderLayer:
-        return self.layers[layer_id]
+        """A decoder layer, or the block of MTP depth layer_id − L."""
+        if layer_id >= self.spec.num_layers:
+            return self.mtp[layer_id - self.spec.num_layers].block  # type: ignore[return-value]
+        return self.layers[layer_id]  # type: ignore[return-value]
 
     def decoder_layers(self) -> list[DecoderLayer]:
-        return list(self.layers)
+        """Every transformer block, MTP blocks last."""
+        return list(self.layers) + [mtp.block for mtp in self.mtp]  # type: ignore[misc]
+
+
+def ffn_parameter(name: str, num_layers: int) -> tuple[int, str] | None:
+    """`layers.<L>.ffn.<rest>` or `mtp.<d>.block.ffn.<rest>` → (layer id, rest); else None."""
+    parts = name.split(".")
+    if len(parts) > 3 and parts[0] == "layers" and parts[2] == "ffn":
+        return int(parts[1]), ".".join(parts[3:])
+    if len(parts) > 4 and parts[0] == "mtp" and parts[2] == "block" and parts[3] == "ffn":
+        return num_layers + int(parts[1]), ".".join(parts[4:])
+    return None
 
 
 def output_logits(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,9 @@ re-derived here. A rank builds:
   optimizer and the reference check see one module, exactly as with PP = 1. With tied embeddings
   the last stage holds its own copy named `embedding` (Megatron's output-layer copy): both copies
   start equal (same identity) and stay equal because their gradients are summed over the plan's
-  `embd` group before the optimizer step (finalize_model_grads' embedding all-reduce);
+  `embd` group before the optimizer step (finalize_model_grads' embedding all-reduce). A stage
+  holding MTP depths (`mtp.<d>.…`, run after the loss chunk's final norm) holds such a copy as
+  well, for the embedding of the shifted ids, synced over `embd` the same way;
 * one `StageChunk` per virtual chunk, wrapped in a `PipelineStage` with stage index
   `virtual · PP + stage`, and a `Schedule1F1B` (VPP = 1) or `ScheduleInterleaved1F1B` schedule.
 
@@ -37,12 +39,38 @@ from torch.distributed.pipelining import (
 
 from runtime.comm import Ledger
 from runtime.failure import maybe_inject_failure
-from runtime.model import DecoderLayer, DecoderSpec, RMSNorm, _param, output_logits
+from runtime.model import (
+    DecoderLayer,
+    DecoderSpec,
+    MTPLayer,
+    MTPTargets,
+    RMSNorm,
+    _param,
+    output_logits,
+    run_mtp,
+)
 
 # Builds one decoder layer by id (the trainer's MoE factory and groups are already bound).
 LayerFactory = Callable[[int], DecoderLayer]
 # (logits, labels) -> (what to backpropagate, the mean token loss for the record).
 LossOf = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# (MTP logits per depth, targets) -> (MTP term to backpropagate, each depth's mean loss).
+MTPLossOf = Callable[[list[torch.Tensor], MTPTargets], tuple[torch.Tensor, list[float]]]
+
+
+class _CarryLoss(torch.autograd.Function):
+    """Identity on the logits whose backward also starts `loss`'s backward with gradient 1: the
+    MTP term rides on the main output into the schedule's loss backward (Megatron's
+    MTPLossAutoScaler, with the scale already applied to the term)."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        ctx.loss_shape = loss.shape
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad, torch.ones(ctx.loss_shape, dtype=grad.dtype, device=grad.device)
 
 
 class StageModel(torch.nn.Module):
@@ -54,7 +82,9 @@ class StageModel(torch.nn.Module):
         self.spec = spec
         has_loss = any(chunk["loss"] for chunk in chunks)
         has_embedding = any(chunk["embedding"] for chunk in chunks)
-        needs_word_embedding = has_embedding or (has_loss and not spec.untied_head)
+        depths = [int(depth) for chunk in chunks for depth in chunk.get("mtp_layers", [])]
+        needs_word_embedding = (has_embedding or (has_loss and not spec.untied_head)
+                                or bool(depths))
         self.embedding = (
             _param(seed, ("embedding", "word"), (spec.vocab_size, spec.hidden_size),
                    spec.init_std, dtype) if needs_word_embedding else None)
@@ -65,12 +95,23 @@ class StageModel(torch.nn.Module):
         self.head = (
             _param(seed, ("output_head",), (spec.vocab_size, spec.hidden_size), spec.init_std,
                    dtype) if has_loss and spec.untied_head else None)
+        self.mtp = torch.nn.ModuleDict(
+            {str(depth): MTPLayer(spec, depth, seed, dtype, make_layer(spec.num_layers + depth))
+             for depth in depths})
 
     def layer(self, layer_id: int) -> DecoderLayer:
+        """A decoder layer, or the block of MTP depth layer_id − L."""
+        if layer_id >= self.spec.num_layers:
+            return self.mtp[str(layer_id - self.spec.num_layers)].block  # type: ignore[return-value]
         return self.layers[str(layer_id)]  # type: ignore[return-value]
 
+    def mtp_layers(self) -> list[MTPLayer]:
+        return [self.mtp[key] for key in sorted(self.mtp, key=int)]  # type: ignore[misc]
+
     def decoder_layers(self) -> list[DecoderLayer]:
-        return [self.layer(layer) for layer in sorted(int(key) for key in self.layers)]
+        """Every transformer block of the stage, MTP blocks last."""
+        return ([self.layer(layer) for layer in sorted(int(key) for key in self.layers)]
+                + [mtp.block for mtp in self.mtp_layers()])  # type: ignore[misc]
 
     def output_weight(self) -> torch.Tensor:
         weight = self.head if self.head is not None else self.embedding
@@ -86,6 +127,7 @@ class StepState:
     record: bool
     moe_outputs: list[dict[int, torch.Tensor]]
     losses: list[float]
+    mtp_losses: list[list[float]]  # per microbatch, per depth (the MTP chunk's stage only)
 
 
 class StageChunk(torch.nn.Module):
@@ -104,6 +146,8 @@ class StageChunk(torch.nn.Module):
         self.layer_ids = [int(layer) for layer in chunk["layers"]]
         self.owner = owner
         self.blocks = torch.nn.ModuleList(owner.layer(layer) for layer in self.layer_ids)
+        self.mtp_depths = [int(depth) for depth in chunk.get("mtp_layers", [])]
+        self.mtp = torch.nn.ModuleList(owner.mtp[str(depth)] for depth in self.mtp_depths)
         self.runner = runner
         self.calls = 0
 
@@ -130,7 +174,26 @@ class StageChunk(torch.nn.Module):
         if not self.last:
             return hidden
         assert self.owner.final_norm is not None  # noqa: S101
-        return output_logits(self.owner.final_norm(hidden), self.owner.output_weight())
+        hidden = self.owner.final_norm(hidden)
+        logits = output_logits(hidden, self.owner.output_weight())
+        if not self.mtp_depths:
+            return logits
+        return _CarryLoss.apply(logits, self._mtp_term(hidden, microbatch))
+
+    def _mtp_term(self, hidden: torch.Tensor, microbatch: int) -> torch.Tensor:
+        """Every MTP depth on the main model's normalised output → the scaled MTP loss term."""
+        runner, state = self.runner, self.runner.state
+        targets = runner.mtp_targets(state.step, microbatch)
+        assert self.owner.embedding is not None  # noqa: S101
+        outputs: dict[int, torch.Tensor] | None = {} if state.record else None
+        logits = run_mtp(list(self.mtp), hidden, self.owner.embedding,  # type: ignore[arg-type]
+                         self.owner.output_weight(), targets.ids, runner.local_positions,
+                         runner.gathered_positions, outputs)
+        for layer, output in (outputs or {}).items():
+            state.moe_outputs[microbatch][layer] = output.cpu()
+        term, means = runner.mtp_loss_of(logits, targets)
+        state.mtp_losses[microbatch] = means
+        return term
 
     def _needs_ids(self) -> bool:
         return any(getattr(block.ffn, "is_hash_layer", False) for block in self.blocks)
@@ -144,13 +207,15 @@ class PipelineRunner:
                  microbatches: int, rows: int, micro_batch_size: int, hidden_size: int,
                  vocab_size: int, loss_of: LossOf,
                  token_ids: Callable[[int, int], torch.Tensor], local_positions: torch.Tensor,
-                 gathered_positions: torch.Tensor, ledger: Ledger, meter: Any) -> None:
+                 gathered_positions: torch.Tensor, ledger: Ledger, meter: Any,
+                 mtp_targets: Callable[[int, int], MTPTargets], mtp_loss_of: MTPLossOf) -> None:
         self.rank, self.stage, self.pp = rank, stage, pp
         self.microbatches = microbatches
         self.token_ids = token_ids
+        self.mtp_targets, self.mtp_loss_of = mtp_targets, mtp_loss_of
         self.local_positions, self.gathered_positions = local_positions, gathered_positions
         self.ledger, self.meter = ledger, meter
-        self.state = StepState(0, False, [], [])
+        self.state = StepState(0, False, [], [], [])
         self.chunks = [StageChunk(owner, chunk, self) for chunk in chunks]
         total = pp * len(chunks)
         self.stages: list[PipelineStage] = []
@@ -211,7 +276,8 @@ class PipelineRunner:
     def run_step(self, step: int, record: bool, ids: torch.Tensor | None,
                  labels: torch.Tensor | None) -> StepState:
         """One optimizer step's forward and backward of all microbatches (no reduction)."""
-        self.state = StepState(step, record, [{} for _ in range(self.microbatches)], [])
+        self.state = StepState(step, record, [{} for _ in range(self.microbatches)], [],
+                               [[] for _ in range(self.microbatches)])
         for chunk in self.chunks:
             chunk.calls = 0
         args = (ids,) if self.holds_first else ()

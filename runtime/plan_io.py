@@ -187,9 +187,16 @@ def unsupported_features(plan: Plan) -> list[str]:
     dispatcher = moe.get("moe_token_dispatcher_type", "alltoall")
     refuse(dispatcher not in ("alltoall", "allgather"),
            f"moe.moe_token_dispatcher_type = {dispatcher!r}: only 'alltoall' and 'allgather' run here")
-    refuse(int(_get(model, "mtp_num_layers", 0)) > 0,
-           f"model.mtp_num_layers = {model.get('mtp_num_layers')}: MTP modules are not "
-           "implemented (on any stage); set mtp_num_layers: 0")
+    placed = sorted(int(depth) for stage in plan.raw["stages"] for chunk in stage["chunks"]
+                    for depth in chunk.get("mtp_layers", []))
+    depths = int(_get(model, "mtp_num_layers", 0))
+    refuse(placed != list(range(depths)), f"stages place MTP depths {placed} but "
+           f"model.mtp_num_layers = {depths}: recompile the config")
+    off_loss = sorted(int(chunk["index"]) for stage in plan.raw["stages"]
+                      for chunk in stage["chunks"] if chunk.get("mtp_layers") and not chunk["loss"])
+    refuse(bool(off_loss), f"stages: MTP layers on chunk(s) {off_loss} without the loss (L): the "
+           "runtime runs MTP after the main model's final norm, in the loss chunk; put every 'm' "
+           "in the last stage of parallel.pipeline_model_parallel_layout")
     variant = _get(model, "attention_variant", "standard")
     refuse(variant != "standard", f"model.attention_variant = {variant!r}: the runtime's decoder has "
            "standard causal attention only; use 'standard'")

@@ -8,6 +8,8 @@ competition per source rank, aux-loss statistics per `tp_cp` group (SPEC §14) �
 cutting each sequence into the plan's CP shards before the MoE call. Its gradient is the exact
 gradient of the global objective: mean token loss over the global batch plus the aux losses with
 the coefficient the distributed reduction gives them, 1/(m·|dp_cp|) per (rank, microbatch).
+The MTP term is normalised per CP shard, as each rank normalises it by its own count of valid
+shifted positions, and enters with the same 1/(m·|dp_cp|) per (shard, microbatch).
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.comm import CommGroup
-from runtime.model import Decoder, DecoderSpec, TokenSlice, cp_slices, token_losses
+from runtime.model import (
+    Decoder,
+    DecoderSpec,
+    MTPTargets,
+    TokenSlice,
+    cp_slices,
+    mtp_loss,
+    token_losses,
+)
 from runtime.plan_io import Plan
 from runtime.reference_moe import ReferenceMoE, reference_moe
 from runtime.router import MoESettings
@@ -65,6 +75,9 @@ class ReferenceStep:
     # (dp replica, microbatch) -> per-token loss [b, S] and MoE outputs {layer: [S, b, h]}
     token_losses: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     moe_outputs: dict[tuple[int, int], dict[int, torch.Tensor]] = field(default_factory=dict)
+    # (dp replica, microbatch) -> per MTP depth: (masked per-token loss [b, S], mask [b, S])
+    mtp_losses: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = field(
+        default_factory=dict)
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -115,9 +128,19 @@ class ReferenceModel:
         for microbatch in range(m):
             for dp_rank in range(dp):
                 ids, labels = self.batches.tokens(step, microbatch, dp_rank)
-                logits = self.model(ids, self.positions, self.positions)
+                depths = self.model.spec.mtp_num_layers
+                targets = MTPTargets.of(ids, labels, depths) if depths else None
+                logits, mtp_logits = self.model(ids, self.positions, self.positions,
+                                                targets.ids if targets is not None else None)
                 losses = token_losses(logits, labels)
-                (losses.mean() / (m * dp)).backward()
+                objective = losses.mean()
+                if targets is not None:
+                    objective = objective + self._mtp_objective(mtp_logits, targets)
+                    record.mtp_losses[dp_rank, microbatch] = [
+                        ((token_losses(depth_logits, depth_labels) * mask).detach(), mask)
+                        for depth_logits, depth_labels, mask
+                        in zip(mtp_logits, targets.labels, targets.masks, strict=True)]
+                (objective / (m * dp)).backward()
                 record.token_losses[dp_rank, microbatch] = losses.detach()
                 record.moe_outputs[dp_rank, microbatch] = dict(self.model.moe_outputs)
         for p in self.model.parameters():
@@ -128,11 +151,22 @@ class ReferenceModel:
         if optimizer_grads is not None:
             for name, p in self.model.named_parameters():
                 p.grad.copy_(optimizer_grads[name])
-        for layer in self.model.layers:
+        for layer in self.model.decoder_layers():
             if layer.is_moe:
                 layer.ffn.finish_step()
         self.optimizer.step()
         return record
+
+    def _mtp_objective(self, logits: list[torch.Tensor], targets: MTPTargets) -> torch.Tensor:
+        """The mean over CP shards of each shard's MTP term (its own normalisation)."""
+        terms = []
+        for shard in self.slices:
+            index = shard.index()
+            term, _ = mtp_loss([depth.index_select(0, index) for depth in logits],
+                               targets.select(index), self.model.spec.mtp_loss_scale,
+                               per_token=False)
+            terms.append(term)
+        return torch.stack(terms).mean()
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(p.shape) for name, p in self.model.named_parameters()}

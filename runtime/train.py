@@ -17,6 +17,8 @@ Loss scaling is chosen so that the reduced gradient *is* the gradient of the glo
   are summed with factor 1, and every grad is then divided by the step's token count N
   (Megatron all-reduces that count; every token here is valid, so N = B·S is known). The aux
   loss is scaled up by the rank's n tokens, which gives it the same 1/(m·|dp_cp|) coefficient.
+* MTP adds `mtp_loss`'s term to what each rank backpropagates, scaled like the main loss (1/m,
+  or 1 with per-token loss), as Megatron's MTPLossAutoScaler does with its backward scale.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ from runtime.model import (
     Decoder,
     DecoderLayer,
     DecoderSpec,
+    MTPTargets,
     TokenSlice,
     cp_slices,
+    mtp_loss,
     token_losses,
 )
 from runtime.moe_layer import MoELayer
@@ -202,6 +206,7 @@ class StepCapture:
     """What one optimizer step produced on this rank, kept for the reference comparison."""
 
     losses: list[float] = field(default_factory=list)  # local mean token loss per microbatch
+    mtp_losses: list[list[float]] = field(default_factory=list)  # per microbatch, per depth
     moe_outputs: list[dict[int, torch.Tensor]] = field(default_factory=list)  # per microbatch
     grads: dict[str, torch.Tensor] = field(default_factory=dict)  # after reduction
 
@@ -291,6 +296,7 @@ class RankTrainer:
 
             self.model = StageModel(spec, plan.chunks(self.stage), self.seed, torch.float32,
                                     make_layer).to(self.device)
+        self.spec = spec
         self._check_ownership(info)
         self.per_token_loss = bool(plan.training.get("calculate_per_token_loss"))
         local_tokens = self.batches.micro_batch_size * len(self.slice)
@@ -318,7 +324,8 @@ class RankTrainer:
             return backprop, losses.detach().mean()
 
         return PipelineRunner(
-            rank=self.rank, stage=self.stage, pp=self.plan.pp,
+            rank=self.rank, stage=self.stage, pp=self.plan.pp, mtp_loss_of=self.mtp_loss_of,
+            mtp_targets=self.mtp_microbatch,
             chunks=self.plan.chunks(self.stage), owner=self.model,
             pp_group=self.groups["pp"], device=self.device, microbatches=m,
             rows=len(self.slice), micro_batch_size=self.batches.micro_batch_size,
@@ -342,6 +349,18 @@ class RankTrainer:
         index = self.slice.index()
         return ids[:, index].to(self.device), labels[:, index].to(self.device)
 
+    def mtp_microbatch(self, step: int, microbatch: int) -> MTPTargets:
+        """This rank's MTP inputs: shifted on whole sequences, then cut to its CP positions."""
+        ids, labels = self.batches.tokens(step, microbatch, self.dp_rank)
+        targets = MTPTargets.of(ids, labels, self.spec.mtp_num_layers)
+        return targets.select(self.slice.index(), self.device)
+
+    def mtp_loss_of(self, logits: list[torch.Tensor], targets: MTPTargets
+                    ) -> tuple[torch.Tensor, list[float]]:
+        """(the MTP term to backpropagate with the main loss, each depth's masked mean loss)."""
+        term, means = mtp_loss(logits, targets, self.spec.mtp_loss_scale, self.per_token_loss)
+        return (term if self.per_token_loss else term / self.batches.microbatches), means
+
     def step(self, step: int) -> StepCapture:
         """One optimizer step over m microbatches; returns what the reference check compares."""
         capture = StepCapture()
@@ -354,10 +373,18 @@ class RankTrainer:
         for microbatch in range(m if self.pipeline is None else 0):
             maybe_inject_failure(self.rank, step, microbatch)
             ids, labels = self.microbatch(step, microbatch)
+            targets = self.mtp_microbatch(step, microbatch) if self.spec.mtp_num_layers else None
             with self.meter.forward():
-                logits = self.model(ids, self.local_positions, self.gathered_positions)
+                logits, mtp_logits = self.model(ids, self.local_positions,
+                                                self.gathered_positions,
+                                                targets.ids if targets is not None else None)
                 losses = token_losses(logits, labels)
-            (losses.sum() if self.per_token_loss else losses.mean() / m).backward()
+                backprop = losses.sum() if self.per_token_loss else losses.mean() / m
+                if targets is not None:
+                    term, means = self.mtp_loss_of(mtp_logits, targets)
+                    backprop = backprop + term
+                    capture.mtp_losses.append(means)
+            backprop.backward()
             capture.losses.append(float(losses.detach().mean()))
             if self.options.capture:
                 capture.moe_outputs.append({k: v.cpu() for k, v in self.model.moe_outputs.items()})
@@ -378,16 +405,20 @@ class RankTrainer:
         assert self.pipeline is not None  # noqa: S101
         state = self.pipeline.run_step(step, self.options.capture, ids, labels)
         capture.losses.extend(state.losses)
+        capture.mtp_losses.extend(means for means in state.mtp_losses if means)
         if self.options.capture:
             capture.moe_outputs.extend(state.moe_outputs)
 
     def sync_embedding_grads(self) -> None:
-        """Tied embeddings under PP: sum the word-embedding grads of the first stage's input
-        copy and the last stage's output copy over the plan's `embd` group, so both copies take
-        the same optimizer step (megatron-reference §3.4 step 7)."""
+        """Tied embeddings or MTP under PP: sum the word-embedding grads of the first stage's
+        input copy and the copies of the last stage (output head) and the MTP stages over the
+        plan's `embd` group, so every copy takes the same optimizer step (megatron-reference
+        §3.4 step 7; only a shared weight is synced, as finalize_model_grads)."""
         weight = getattr(self.model, "embedding", None)
-        if (self.embd is None or not self.embd.active or weight is None
-                or self.model.spec.untied_head or _fault == "embedding_grads_unsynced"):
+        spec = self.model.spec
+        shared = not spec.untied_head or spec.mtp_num_layers > 0
+        if (self.embd is None or not self.embd.active or weight is None or not shared
+                or _fault == "embedding_grads_unsynced"):
             return
         all_reduce(weight.grad, self.embd, self.ledger, "embd_grad_reduce")
 

@@ -41,9 +41,17 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "pp2_vpp2_cp2_untied_per_token": ({"model": {"num_layers": 4},
                                        "parallel": {"pp": 2, "vpp": 2, "cp": 2, "ep": 2},
                                        "training": {"calculate_per_token_loss": True}}, None),
+    # Two MTP depths (MoE layers 4, 5) on the last stage, untied: that stage's copy of the input
+    # embedding (for the shifted ids) is what the embd group syncs.
+    "pp2_ep2_mtp2_untied": ({"model": {"num_layers": 4, "mtp_num_layers": 2},
+                             "parallel": {"pp": 2, "ep": 2}}, None),
     # Deliberately wrong: the two copies of the tied embedding step on their own gradients.
     "fault_pp2_embedding_unsynced": ({"model": {"num_layers": 2, **TIED},
                                       "parallel": {"pp": 2, "ep": 2}}, "embedding_grads_unsynced"),
+    # ... and the MTP stage's copy of an untied input embedding.
+    "fault_pp2_mtp_embedding_unsynced": ({"model": {"num_layers": 2, "mtp_num_layers": 1},
+                                          "parallel": {"pp": 2, "ep": 2}},
+                                         "embedding_grads_unsynced"),
 }
 MESSAGE = 16 * 32 * 4
 EMBEDDING = 128 * 32 * 4
@@ -88,12 +96,13 @@ def test_pipelined_runtime_matches_reference(pipeline_verdicts: dict[str, Any], 
 
 
 @pytest.mark.parametrize(
-    ("name", "cp", "chunks", "tied"),
+    ("name", "cp", "chunks", "synced"),
     [("pp2_ep2_tied", 1, 1, True), ("pp2_vpp2_ep2_tied_hash", 1, 2, True),
-     ("pp2_vpp2_cp2_untied_per_token", 2, 2, False)],
+     ("pp2_vpp2_cp2_untied_per_token", 2, 2, False), ("pp2_ep2_mtp2_untied", 1, 1, True)],
 )
 def test_pipeline_bytes_are_the_plans_prediction(pipeline_verdicts: dict[str, Any], name: str,
-                                                 cp: int, chunks: int, tied: bool) -> None:
+                                                 cp: int, chunks: int, synced: bool) -> None:
+    """`synced`: a word embedding shared between stages (tied head, or an MTP stage's copy)."""
     verdict = _verdict(pipeline_verdicts, name)
     message, m = MESSAGE // cp, 2
     for share in verdict["ranks"]:
@@ -104,7 +113,7 @@ def test_pipeline_bytes_are_the_plans_prediction(pipeline_verdicts: dict[str, An
         assert fwd["send_bytes"] == bwd["recv_bytes"] == sends * m * message
         assert fwd["recv_bytes"] == bwd["send_bytes"] == receives * m * message
         embedding = measured.get("embd_grad_reduce.fwd")
-        if tied:
+        if synced:
             assert embedding is not None and embedding["group"] == "embd"
             assert embedding["send_bytes"] == embedding["recv_bytes"] == EMBEDDING
         else:
@@ -115,10 +124,12 @@ def test_pipeline_bytes_are_the_plans_prediction(pipeline_verdicts: dict[str, An
     assert pp_figures and all(f.status == EXACT for f in pp_figures)
 
 
-def test_unsynced_tied_embedding_is_caught(pipeline_verdicts: dict[str, Any]) -> None:
+@pytest.mark.parametrize("name", ["fault_pp2_embedding_unsynced",
+                                  "fault_pp2_mtp_embedding_unsynced"])
+def test_unsynced_embedding_copy_is_caught(pipeline_verdicts: dict[str, Any], name: str) -> None:
     """Without the embd all-reduce each stage's copy gets only its own use's gradient: the
     reference check names the embedding gradient on the ranks of both stages."""
-    verdict = _verdict(pipeline_verdicts, "fault_pp2_embedding_unsynced")
+    verdict = _verdict(pipeline_verdicts, name)
     reference = verdict["reference"]
     assert not reference["ok"] and verdict["code"] == 1
     tensors = {m["tensor"] for m in reference["mismatches"]}
@@ -167,7 +178,9 @@ def _plan(tmp_path: Path, name: str, overrides: dict[str, Any]) -> Path:
         ({"parallel": {"pp": 2, "vpp": 2, "microbatch_group_size_per_vp_stage": 4},
           "model": {"num_layers": 4}, "training": {"global_batch_size": 8}},
          "microbatch_group_size_per_vp_stage"),
-        ({"model": {"mtp_num_layers": 1, "num_layers": 2}, "parallel": {"pp": 2}}, "MTP"),
+        # MTP runs after the main model's final norm: it must share the loss chunk
+        ({"model": {"mtp_num_layers": 1, "num_layers": 2},
+          "parallel": {"pp": 2, "pipeline_model_parallel_layout": "Etm|tL"}}, "without the loss"),
         # one microbatch for two stages: Megatron runs it (planner warning BAT004), torch's
         # Schedule1F1B would raise mid-launch, so the runtime refuses it up front
         ({"parallel": {"pp": 2}, "training": {"global_batch_size": 2}}, "1F1B schedule needs"),

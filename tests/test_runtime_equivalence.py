@@ -67,6 +67,9 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "per_token_loss_cp2_ep2": ({"parallel": {"cp": 2, "ep": 2},
                                 "training": {"calculate_per_token_loss": True}}, None),
     "ep2_etp2_edp2_8ranks": ({"parallel": {"world_size": 8, "ep": 2, "etp": 2}}, None),
+    # MTP depth 0 after the 2 decoder layers (MoE layer 2) under zigzag CP: the shifted ids and
+    # labels are cut from whole sequences, the rank holding the sequence end masks its last row
+    "mtp_cp2_ep2": ({"parallel": {"cp": 2, "ep": 2}, "model": {"mtp_num_layers": 1}}, None),
     # Deliberately wrong runtimes: the comparison must catch each.
     "fault_expert_grads_over_dp_cp": ({"parallel": {"cp": 2, "ep": 2}},
                                       "expert_grads_over_dp_cp"),
