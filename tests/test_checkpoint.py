@@ -1,7 +1,7 @@
 """Checkpoints keyed by global expert id survive layout changes (runtime/checkpoint.py, DCP).
 
 One 4-rank gloo launch runs a chain of jobs on the same model (4 experts, a hash layer, expert
-bias, tied embeddings, seq aux loss) and global batch B = 4 under four layouts:
+bias, tied embeddings, seq aux loss, one MTP depth) and global batch B = 4 under four layouts:
 
     A = EP4 (DP4)          B = EP2 (DP4, EDP2)     C = EP2×ETP2 (DP4)     D = PP2×EP2 (DP2)
 
@@ -34,12 +34,13 @@ MODEL = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "kv_chann
          "ffn_hidden_size": 64, "vocab_size": 64, "num_experts": 4, "moe_router_topk": 2,
          "moe_ffn_hidden_size": 16, "moe_shared_expert_intermediate_size": 16,
          "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-         "moe_n_hash_layers": 1, "untie_embeddings_and_output_weights": False}
+         "moe_n_hash_layers": 1, "untie_embeddings_and_output_weights": False,
+         "mtp_num_layers": 1}
 LAYOUTS = {
     "A": {"world_size": 4, "ep": 4},
     "B": {"world_size": 4, "ep": 2},
     "C": {"world_size": 4, "ep": 2, "etp": 2},
-    "D": {"world_size": 4, "ep": 2, "pp": 2, "pipeline_model_parallel_layout": "Et|tL"},
+    "D": {"world_size": 4, "ep": 2, "pp": 2, "pipeline_model_parallel_layout": "Et|tmL"},
     "other": {"world_size": 4, "ep": 4},
 }
 # (plan, load, steps, save)
@@ -145,7 +146,8 @@ def test_every_job_of_the_chain_ran(chain: Path) -> None:
 def test_checkpoint_keys_are_logical(chain: Path) -> None:
     state = _full(chain, "A1")
     experts = {key for key in state if ".ffn.experts." in key and "optimizer" not in key}
-    assert experts == {f"layers.{layer}.ffn.experts.{eid}.{matrix}" for layer in (0, 1)
+    prefixes = ("layers.0", "layers.1", "mtp.0.block")  # MTP depth 0 is MoE layer 2
+    assert experts == {f"{prefix}.ffn.experts.{eid}.{matrix}" for prefix in prefixes
                        for eid in range(4) for matrix in ("w1", "w2", "w3")}
     assert tuple(state["layers.0.ffn.experts.3.w1"].shape) == (32, 16)  # one expert, [h, f]
     assert tuple(state["layers.0.ffn.experts.3.w2"].shape) == (16, 32)
@@ -153,6 +155,7 @@ def test_checkpoint_keys_are_logical(chain: Path) -> None:
                 "layers.0.ffn.router.tid2eid", "embedding", "progress.steps",
                 "optimizer.layers.0.ffn.experts.2.w3.exp_avg",
                 "optimizer.layers.0.ffn.experts.w3.step", "optimizer.embedding.exp_avg_sq",
+                "mtp.0.eh_proj", "mtp.0.block.ffn.router.expert_bias",
                 "rng.rank0", "rng.rank3"):
         assert key in state, key
     assert int(state["progress.steps"]) == 1
