@@ -648,6 +648,7 @@ def test_megatron_arguments_of_the_v4_pro_example_flag_by_flag(tmp_path: Path):
         "--num-residual-streams": ["4"],
         "--mhc-sinkhorn-iterations": ["20"],
         "--mtp-num-layers": ["1"],
+        "--mtp-loss-scaling-factor": ["0.1"],
         "--spec": ["megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_dsv4_stack_spec"],
         # MoE: 384 experts, top-6, sqrt-softplus with expert bias, 3 hash layers, AlltoAll
         "--num-experts": ["384"],

@@ -239,6 +239,8 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
         args.add("--mhc-sinkhorn-iterations", m.mhc_sinkhorn_iterations,
                  source="model.mhc_sinkhorn_iterations")
     args.add_if(m.mtp_num_layers > 0, "--mtp-num-layers", m.mtp_num_layers, source="model.mtp_num_layers")
+    args.add_if(m.mtp_num_layers > 0, "--mtp-loss-scaling-factor", m.mtp_loss_scaling_factor,
+                source="model.mtp_loss_scaling_factor")
     if args.entry == HYBRID_ENTRY:
         args.add("--spec", *HYBRID_DSV4_SPEC, source="hybrid DSv4 layer specs")
 
