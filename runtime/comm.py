@@ -311,11 +311,8 @@ class _AllToAllV(torch.autograd.Function):
         return grad_in, None, None, None, None, None
 
 
-def _record_gather(ledger, name, phase, group, x: torch.Tensor, out: torch.Tensor) -> None:
-    _record(ledger, name, phase, group, _nbytes(x), _nbytes(x), _nbytes(out))
-
-
-def _record_scatter(ledger, name, phase, group, x: torch.Tensor, out: torch.Tensor) -> None:
+def _record_in_out(ledger, name, phase, group, x: torch.Tensor, out: torch.Tensor) -> None:
+    """All-gather and reduce-scatter: the whole input is sent (no chunk stays local), `out` lands."""
     _record(ledger, name, phase, group, _nbytes(x), _nbytes(x), _nbytes(out))
 
 
@@ -324,7 +321,7 @@ class _AllGatherV(torch.autograd.Function):
     def forward(ctx, x, group, sizes, ledger, name):  # type: ignore[override]
         ctx.meta = (group, sizes, ledger, name)
         out = _all_gather_raw(x, group, sizes)
-        _record_gather(ledger, name, "fwd", group, x, out)
+        _record_in_out(ledger, name, "fwd", group, x, out)
         return out
 
     @staticmethod
@@ -332,7 +329,7 @@ class _AllGatherV(torch.autograd.Function):
         group, sizes, ledger, name = ctx.meta
         # Every member's copy of my rows received a gradient: sum them back onto my shard.
         grad_in = _reduce_scatter_raw(grad, group, sizes)
-        _record_scatter(ledger, name, "bwd", group, grad, grad_in)
+        _record_in_out(ledger, name, "bwd", group, grad, grad_in)
         return grad_in, None, None, None, None
 
 
@@ -341,7 +338,7 @@ class _ReduceScatterV(torch.autograd.Function):
     def forward(ctx, x, group, sizes, ledger, name):  # type: ignore[override]
         ctx.meta = (group, sizes, ledger, name)
         out = _reduce_scatter_raw(x, group, sizes)
-        _record_scatter(ledger, name, "fwd", group, x, out)
+        _record_in_out(ledger, name, "fwd", group, x, out)
         return out
 
     @staticmethod
@@ -349,7 +346,7 @@ class _ReduceScatterV(torch.autograd.Function):
         group, sizes, ledger, name = ctx.meta
         # Each partial sum fed my output rows with weight one: gather the gradient back.
         grad_in = _all_gather_raw(grad, group, sizes)
-        _record_gather(ledger, name, "bwd", group, grad, grad_in)
+        _record_in_out(ledger, name, "bwd", group, grad, grad_in)
         return grad_in, None, None, None, None
 
 
@@ -404,7 +401,7 @@ def all_gather_constant(
     if not group.active:
         return x
     out = _all_gather_raw(x, group, [x.shape[0]] * group.size)
-    _record_gather(ledger, name, "fwd", group, x, out)
+    _record_in_out(ledger, name, "fwd", group, x, out)
     return out
 
 
