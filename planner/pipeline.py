@@ -197,10 +197,12 @@ def _layers_per_chunk(cfg: Config, vpp: int) -> list[int]:
     extra = int(par.account_for_embedding_in_pipeline_split) + int(par.account_for_loss_in_pipeline_split)
     total = layers + extra
     if total % pp:
+        layout = suggested_layout(layers, pp, cfg.model.mtp_num_layers) if vpp == 1 else None
         raise SplitError(
             f"num_layers={layers}{f' + {extra} accounted' if extra else ''} is not divisible by pp={pp}",
             "parallel.pipeline_model_parallel_layout",
-            "set decoder_first/last_pipeline_num_layers or a pipeline_model_parallel_layout",
+            "set decoder_first/last_pipeline_num_layers or a pipeline_model_parallel_layout"
+            + (f', e.g. pipeline_model_parallel_layout: "{layout}"' if layout else ""),
         )
     if (total // pp) % vpp:
         raise SplitError(f"{total // pp} layers per stage are not divisible by vpp={vpp}",
@@ -211,6 +213,17 @@ def _layers_per_chunk(cfg: Config, vpp: int) -> list[int]:
     if par.account_for_loss_in_pipeline_split:
         per_chunk[-1] -= 1
     return per_chunk
+
+
+def suggested_layout(layers: int, pp: int, mtp: int) -> str | None:
+    """A layout for layers that do not divide by PP: full stages of ceil(L/PP) layers, the
+    remainder on the embedding stage (which also holds the hash layers), MTP and loss last."""
+    per = -(-layers // pp)
+    first = layers - per * (pp - 1)
+    if pp < 2 or first < 1:
+        return None
+    middle = f"(t*{per}|)*{pp - 2}" if pp > 2 else ""
+    return f"Et*{first}|{middle}t*{per}{'m' * mtp}L"
 
 
 def _chunks_from_counts(cfg: Config) -> tuple[int, list[Chunk]]:

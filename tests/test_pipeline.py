@@ -81,3 +81,12 @@ def test_bad_layouts(minimal_v4, layout, fragment):
 def test_huge_layout_repeat_is_refused_quickly(minimal_v4):
     with pytest.raises(SplitError, match="limit"):
         split_of(minimal_v4, pipeline_model_parallel_layout="Et*1000000000|tmL")
+
+
+def test_uneven_split_suggests_a_layout_that_works(minimal_v4):
+    with pytest.raises(SplitError) as err:
+        split_of(minimal_v4)
+    assert 'pipeline_model_parallel_layout: "Et*5|(t*8|)*6t*8mL"' in err.value.fix
+    split = split_of(minimal_v4, pipeline_model_parallel_layout="Et*5|(t*8|)*6t*8mL")
+    assert [len(s.layers) for s in split.stages] == [5, 8, 8, 8, 8, 8, 8, 8]
+    assert split.stages[0].hash_layers == (0, 1, 2) and split.stages[-1].mtp_layers == (0,)
