@@ -76,6 +76,3 @@ def exit_on_errors(cfg: Config, *, as_json: bool = False) -> list[Finding]:
         raise typer.Exit(EXIT_CONFIG)
     return findings
 
-
-def flush_stdout() -> None:
-    sys.stdout.flush()

@@ -10,9 +10,8 @@ from planner.schema import Config
 
 def grids_computable(cfg: Config) -> bool:
     """Both grids tile the world exactly (otherwise DP/EDP are fractions and nothing else is defined)."""
-    p = cfg.parallel
-    return p.world_size % (p.tp * p.cp * p.pp * p.gtp) == 0 and \
-        p.world_size % (p.etp * p.ep * p.pp * p.egtp) == 0
+    world = cfg.parallel.world_size
+    return world % cfg.dense_model_size == 0 and world % cfg.expert_model_size == 0
 
 
 def layout_summary(cfg: Config) -> dict[str, Any] | None:

@@ -147,7 +147,7 @@ def _data_path(loc: tuple, data: Any) -> tuple:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and part < len(node):
             node = node[part]
-        elif isinstance(node, dict) and isinstance(part, str) and not path_is_tag(part):
+        elif isinstance(node, dict) and isinstance(part, str) and not _is_union_tag(part):
             path.append(part)  # a missing key: still part of the path
             break
         else:
@@ -156,7 +156,7 @@ def _data_path(loc: tuple, data: Any) -> tuple:
     return tuple(path)
 
 
-def path_is_tag(part: str) -> bool:
+def _is_union_tag(part: str) -> bool:
     return "[" in part or part in {"int", "str", "float", "bool", "list", "dict", "none"}
 
 

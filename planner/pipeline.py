@@ -55,10 +55,6 @@ class StageSplit:
     stages: tuple[StageLayers, ...]
     source: str  # how the split was decided, for display
 
-    @property
-    def max_moe_layers_per_stage(self) -> int:
-        return max(len(s.moe_layers) for s in self.stages)
-
 
 _TOKEN = re.compile(r"\s*(\(|\)|\*\s*\d+|[EtmL|])")
 MAX_LAYOUT_SYMBOLS = 1_000_000  # far above any real model; bounds the expansion of `t*N`

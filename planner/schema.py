@@ -258,16 +258,26 @@ class Config(Section):
 
     # Derived degrees every consumer needs; the grid owns the groups themselves.
     @property
+    def dense_model_size(self) -> int:
+        """TP·CP·PP·GTP: ranks spanned by one dense weight replica (SPEC §2, §12)."""
+        p = self.parallel
+        return p.tp * p.cp * p.pp * p.gtp
+
+    @property
+    def expert_model_size(self) -> int:
+        """ETP·EP·PP·EGTP: ranks spanned by one full set of expert shards."""
+        p = self.parallel
+        return p.etp * p.ep * p.pp * p.egtp
+
+    @property
     def dp(self) -> int:
         """Replicate data-parallel size N/(TP·CP·PP·GTP); fractional layouts are a rule finding."""
-        p = self.parallel
-        return p.world_size // (p.tp * p.cp * p.pp * p.gtp)
+        return self.parallel.world_size // self.dense_model_size
 
     @property
     def edp(self) -> int:
         """Expert data-parallel size N/(ETP·EP·PP·EGTP); CP never enters the expert grid."""
-        p = self.parallel
-        return p.world_size // (p.etp * p.ep * p.pp * p.egtp)
+        return self.parallel.world_size // self.expert_model_size
 
     @property
     def global_batch_size(self) -> int:

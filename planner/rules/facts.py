@@ -43,15 +43,11 @@ class Facts:
 
     @property
     def dense_model_size(self) -> int:
-        """TP·CP·PP·GTP: ranks spanned by one dense weight replica (SPEC §2, §12)."""
-        p = self.par
-        return p.tp * p.cp * p.pp * p.gtp
+        return self.cfg.dense_model_size
 
     @property
     def expert_model_size(self) -> int:
-        """ETP·EP·PP·EGTP: ranks spanned by one full set of expert shards."""
-        p = self.par
-        return self.etp * p.ep * p.pp * p.egtp
+        return self.cfg.expert_model_size
 
     @property
     def dense_grid_ok(self) -> bool:
