@@ -80,7 +80,7 @@ class Facts:
 
     @property
     def microbatches(self) -> int:
-        """m = B / (b · D_batch); CP, EP and ETP add no samples (SPEC §3, §10, §12)."""
+        """m = B / (b · D_batch); CP, EP and ETP add no samples."""
         if self.cfg.global_batch_size % self.batch_unit:
             raise NotComputable("microbatches")
         return self.cfg.global_batch_size // self.batch_unit
