@@ -66,6 +66,11 @@ CITED_LINES = [
     # hash layers with PP > 1 need an explicit layout
     (TRANSFORMER_CONFIG, 2883, "assert self.pipeline_model_parallel_layout is not None, (",
      "__post_init__"),
+    # ... on the GPT path only
+    (TRANSFORMER_CONFIG, 2882,
+     "if self.pipeline_model_parallel_size > 1 and not self.is_hybrid_model:", "__post_init__"),
+    # a hybrid layer pattern makes the config a hybrid model
+    (ARGUMENTS, 2272, "kw_args['is_hybrid_model'] = True", "core_transformer_config_from_args"),
 ]
 
 
@@ -188,6 +193,14 @@ def test_ncclep_drop_and_pad_is_a_warning_naming_both_branches():
     assert (finding.code, finding.severity) == ("MOE003", "warning")
     assert "main rejects" in finding.message and "dev accepts" in finding.message
     assert "main@d98e8a64" in finding.source and "dev@d48bd6be" in finding.source
+    assert finding.message.endswith("on main it fails")  # no V4 feature, no GTP: either branch
+    v4 = merge(overlay, {"model": {"moe_n_hash_layers": 1}, "parallel": {"pp": 1},
+                         "moe": {"moe_tid2eid_source": "checkpoint"}})
+    assert [f.message.rsplit("; ", 1)[1] for f in findings(v4)] == [
+        "this config targets dev (DeepSeek-V4 features)"]
+    gtp = merge(overlay, {"parallel": {"gtp": 2, "egtp": 2, "ep": 2}})
+    assert [(f.code, f.message.rsplit("; ", 1)[1]) for f in findings(gtp)] == [
+        ("MOE003", "this config targets main (GTP), where it fails")]
 
 
 # ----------------------------------------------------------------------------- router groups, DistOpt
@@ -249,10 +262,17 @@ def test_mhc_with_pp_and_ep_overlap_is_a_warning():
 # ----------------------------------------------------------------------------- PIP004
 
 
+def _gpt_path_v4() -> dict[str, Any]:
+    """The minimal V4-Pro file with MLA attention: the GPT entry, where Megatron checks the layout."""
+    data = copy.deepcopy(MINIMAL_V4)
+    data["model"]["attention_variant"] = "mla"
+    return data
+
+
 def test_pip004_is_reported_when_the_split_fails():
     # megatron/core/transformer/transformer_config.py:2883 TransformerConfig.__post_init__ asserts
     # the layout for hash layers with PP > 1 whatever the even split would have been.
-    found = run_rules(parse_config(copy.deepcopy(MINIMAL_V4)))
+    found = run_rules(parse_config(_gpt_path_v4()))
     pip = {f.code: f for f in found if f.code.startswith("PIP")}
     assert set(pip) == {"PIP001", "PIP004"}
     # 61 layers over PP 8: 8 per stage, the remaining 5 (>= 3 hash layers) on the embedding stage.
@@ -260,7 +280,7 @@ def test_pip004_is_reported_when_the_split_fails():
 
 
 def test_pip004_suggested_layout_is_valid_when_the_split_fails():
-    data = copy.deepcopy(MINIMAL_V4)
+    data = _gpt_path_v4()
     fix = next(f.fix for f in run_rules(parse_config(data)) if f.code == "PIP004")
     data["parallel"]["pipeline_model_parallel_layout"] = fix.split('"')[1]
     assert not {f.code for f in run_rules(parse_config(data))} & {"PIP001", "PIP003", "PIP004"}
@@ -272,3 +292,14 @@ def test_pip004_without_a_usable_suggestion_names_what_the_layout_needs():
                "parallel": {"world_size": 16, "pp": 4}, "moe": {"moe_tid2eid_source": "checkpoint"}}
     pip4 = [f for f in findings(overlay) if f.code == "PIP004"]
     assert len(pip4) == 1 and "'Et*5'" in pip4[0].fix
+
+
+def test_pip004_does_not_apply_to_the_hybrid_entry():
+    # megatron/core/transformer/transformer_config.py:2882: the check runs only when
+    # not is_hybrid_model; a --hybrid-layer-pattern (DeepSeek-V4 attention) sets it
+    # (megatron/training/arguments.py:2272 core_transformer_config_from_args).
+    v4 = {"model": {"attention_variant": "dsv4_hybrid", "compress_ratios": [0, 4, 128, 4],
+                    "moe_n_hash_layers": 1}, "moe": {"moe_tid2eid_source": "checkpoint"}}
+    assert codes(v4) == []
+    assert codes(merge(v4, {"model": {"attention_variant": "standard"}})) == [
+        ("PIP004", "error", "parallel.pipeline_model_parallel_layout")]

@@ -178,5 +178,16 @@ class Facts:
         return self.moe.moe_flex_dispatcher_backend or DEFAULT_FLEX_BACKEND
 
     @property
+    def megatron_branch(self) -> str:
+        """The Megatron-LM branch the emitted command targets: dev, main, or 'main or dev'."""
+        from planner.emit.megatron import megatron_branch
+        from planner.emit.safety import EmitError
+
+        try:
+            return megatron_branch(self.cfg)
+        except EmitError:  # GTP with V4 features: the emitter reports it, no branch has both
+            return "main or dev"
+
+    @property
     def drop_and_pad(self) -> bool:
         return self.moe.moe_expert_capacity_factor is not None or self.moe.moe_pad_expert_input_to_capacity

@@ -61,9 +61,12 @@ def capacity_needs_aux_loss_type(f: Facts) -> Iterator[Violation]:
 )
 def ncclep_drop_and_pad(f: Facts) -> Iterator[Violation]:
     if f.flex_backend == "ncclep" and f.drop_and_pad:
+        target = {"dev": "this config targets dev (DeepSeek-V4 features)",
+                  "main": "this config targets main (GTP), where it fails"}.get(
+                      f.megatron_branch, "on main it fails")
         yield Violation("moe.moe_expert_capacity_factor",
                         "flex backend ncclep with a capacity factor or pad-to-capacity: Megatron-LM "
-                        "main rejects it, dev accepts it",
+                        f"main rejects it, dev accepts it; {target}",
                         "on main remove moe_expert_capacity_factor and "
                         "moe_pad_expert_input_to_capacity (or use the hybridep backend); on dev it "
                         "runs as configured")

@@ -93,10 +93,11 @@ def hash_layers_on_first_stage(f: Facts) -> Iterator[Violation]:
 @rule(
     "PIP004", "error", "hash routing with PP > 1 needs an explicit pipeline layout",
     source=TRANSFORMER_CONFIG,
-    why="""Megatron (dev) requires pipeline_model_parallel_layout whenever hash layers are used
-    with PP > 1 (input_ids exist only on the embedding stage, so it must be stated explicitly).
-    An even or first/last split would be rejected at start-up; the fix gives the equivalent
-    layout string.""",
+    why="""Megatron dev requires pipeline_model_parallel_layout whenever hash layers are used with
+    PP > 1 on the GPT path (input_ids exist only on the embedding stage, so the split must be
+    stated explicitly); an even or first/last split is rejected at start-up. The fix gives the
+    equivalent layout string. DeepSeek-V4 attention runs on the hybrid entry, whose
+    --hybrid-layer-pattern carries the split, and Megatron does not ask for a layout there.""",
     bad="""
     model: {moe_n_hash_layers: 1}
     moe: {moe_tid2eid_source: checkpoint}
@@ -108,7 +109,7 @@ def hash_layers_on_first_stage(f: Facts) -> Iterator[Violation]:
     """,
 )
 def hash_routing_wants_layout(f: Facts) -> Iterator[Violation]:
-    if f.hash_layers == 0 or f.par.pp == 1 or f.par.pipeline_model_parallel_layout:
+    if f.hash_layers == 0 or f.par.pp == 1 or f.par.pipeline_model_parallel_layout or f.v4_attention:
         return
     result = f.split_result
     if isinstance(result, SplitError):  # PIP001 says why; the layout still has to be given
