@@ -69,6 +69,11 @@ CITED_LINES = [
     # ... on the GPT path only
     (TRANSFORMER_CONFIG, 2882,
      "if self.pipeline_model_parallel_size > 1 and not self.is_hybrid_model:", "__post_init__"),
+    # EP overlap takes at most one MTP layer
+    (TRANSFORMER_CONFIG, 3466, "MTP layernum only supports 1 when enabling", "__post_init__"),
+    # MTP under uniform full recompute checkpoints one layer at a time
+    ("core/transformer/multi_token_prediction.py", 2499, "self.config.recompute_num_layers == 1",
+     "MultiTokenPredictionLayer._checkpointed_forward"),
     # a hybrid layer pattern makes the config a hybrid model
     (ARGUMENTS, 2272, "kw_args['is_hybrid_model'] = True", "core_transformer_config_from_args"),
 ]
@@ -109,6 +114,24 @@ def test_selective_recompute_with_method_is_an_error():
     assert codes(overlay) == [("OVL010", "error", "overlap.recompute_method"),
                               ("OVL010", "error", "overlap.recompute_num_layers")]
     assert codes({"overlap": {"recompute_granularity": "selective"}}) == []
+
+
+def test_ep_overlap_takes_one_mtp_layer():
+    # megatron/core/transformer/transformer_config.py:3466 TransformerConfig.__post_init__
+    overlay = {"model": {"mtp_num_layers": 2}, "parallel": {"pp": 1},
+               "overlap": {"overlap_moe_expert_parallel_comm": True}}
+    assert codes(overlay) == [("OVL011", "error", "model.mtp_num_layers")]
+
+
+@pytest.mark.parametrize(("method", "layers", "ok"), [
+    ("uniform", 1, True), ("uniform", 2, False), ("block", 2, True)])
+def test_mtp_uniform_full_recompute_needs_one_layer(method, layers, ok):
+    # megatron/core/transformer/multi_token_prediction.py:2499
+    # MultiTokenPredictionLayer._checkpointed_forward
+    overlay = {"model": {"mtp_num_layers": 1},
+               "overlap": {"recompute_granularity": "full", "recompute_method": method,
+                           "recompute_num_layers": layers}}
+    assert codes(overlay) == ([] if ok else [("OVL012", "error", "overlap.recompute_num_layers")])
 
 
 # ----------------------------------------------------------------------------- V4002

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
-from planner.rules.sources import TRANSFORMER_CONFIG, VALIDATE_ARGS
+from planner.rules.sources import TRANSFORMER_CONFIG, VALIDATE_ARGS, dev
 
 EP_OVERLAP = "overlap.overlap_moe_expert_parallel_comm"
 _OVERLAP_ON = "overlap: {overlap_moe_expert_parallel_comm: true}"
@@ -201,8 +201,58 @@ def selective_recompute_without_method(f: Facts) -> Iterator[Violation]:
                             f"remove overlap.{name}, or use recompute_granularity: full")
 
 
+@rule(
+    "OVL011", "error", "batch-level EP overlap supports at most one MTP layer",
+    source=TRANSFORMER_CONFIG,
+    why="""The overlap schedule pairs one MTP block with the other microbatch's work; Megatron
+    refuses overlap_moe_expert_parallel_comm with more than one MTP layer.""",
+    bad="""
+    model: {mtp_num_layers: 2}
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true}
+    """,
+    good="""
+    model: {mtp_num_layers: 1}
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true}
+    """,
+)
+def ep_overlap_single_mtp_layer(f: Facts) -> Iterator[Violation]:
+    if _ep_overlap(f) and f.model.mtp_num_layers > 1:
+        yield Violation("model.mtp_num_layers",
+                        f"overlap_moe_expert_parallel_comm with mtp_num_layers {f.model.mtp_num_layers}",
+                        "use mtp_num_layers: 1 or turn the overlap off")
+
+
+@rule(
+    "OVL012", "error", "MTP with uniform full recompute needs recompute_num_layers 1",
+    source=dev("core/transformer/multi_token_prediction.py",
+               "MultiTokenPredictionLayer._checkpointed_forward"),
+    why="""Under full recompute every MTP block is checkpointed on its own; with the uniform method
+    Megatron asserts recompute_num_layers == 1 in the MTP layer's first training forward (and at
+    start-up when the batch-level EP overlap is on).""",
+    bad="""
+    model: {mtp_num_layers: 1}
+    overlap: {recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 2}
+    """,
+    good="""
+    model: {mtp_num_layers: 1}
+    overlap: {recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1}
+    """,
+)
+def mtp_uniform_recompute_one_layer(f: Facts) -> Iterator[Violation]:
+    o = f.ovl
+    if (f.model.mtp_num_layers and o.recompute_granularity == "full"
+            and o.recompute_method == "uniform" and (o.recompute_num_layers or 1) != 1):
+        yield Violation("overlap.recompute_num_layers",
+                        f"mtp_num_layers {f.model.mtp_num_layers} with uniform full recompute of "
+                        f"recompute_num_layers {o.recompute_num_layers}",
+                        "set overlap.recompute_num_layers: 1, or recompute_method: block")
+
+
 RULES = (
     shared_overlap_exclusive, ep_overlap_needs_ep, ep_overlap_needs_vpp, ep_overlap_needs_a2a,
     delay_wgrad_needs_overlap, shared_overlap_needs_a2a, ep_overlap_needs_half_precision,
     ep_overlap_without_moe_recompute, full_recompute_needs_method, selective_recompute_without_method,
+    ep_overlap_single_mtp_layer, mtp_uniform_recompute_one_layer,
 )
