@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from planner.emit.megatron import megatron_branch
+from planner.emit.safety import EmitError
 from planner.findings import Finding
 from planner.grid import GridSpec, grid_spec_from_config
 from planner.pipeline import SplitError, StageSplit, stage_split
@@ -180,9 +182,6 @@ class Facts:
     @property
     def megatron_branch(self) -> str:
         """The Megatron-LM branch the emitted command targets: dev, main, or 'main or dev'."""
-        from planner.emit.megatron import megatron_branch
-        from planner.emit.safety import EmitError
-
         try:
             return megatron_branch(self.cfg)
         except EmitError:  # GTP with V4 features: the emitter reports it, no branch has both

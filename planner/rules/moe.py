@@ -308,7 +308,7 @@ def latent_without_shared_overlap(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "MOE017", "error", "sinkhorn routing takes no aux loss",
-    source=dev("core/transformer/moe/router.py", "TopKRouter"),
+    source=dev("core/transformer/moe/router.py", "TopKRouter.sinkhorn_load_balancing"),
     why="Sinkhorn balances the load itself; an auxiliary loss coefficient must be zero.",
     bad="moe: {moe_router_load_balancing_type: sinkhorn, moe_aux_loss_coeff: 0.01}",
     good="moe: {moe_router_load_balancing_type: sinkhorn, moe_aux_loss_coeff: 0.0}",
@@ -334,8 +334,8 @@ def ncclep_needs_rank_capacity(f: Facts) -> Iterator[Violation]:
     if f.flex_backend == "ncclep" and f.moe.moe_expert_rank_capacity_factor is None:
         yield Violation("moe.moe_expert_rank_capacity_factor",
                         "flex backend ncclep without moe_expert_rank_capacity_factor",
-                        "set moe.moe_expert_rank_capacity_factor, e.g. 1.5 (receive budget per rank "
-                        "in balanced loads)")
+                        "set moe.moe_expert_rank_capacity_factor, e.g. 1.5 (1.0 receives exactly a "
+                        "balanced load)")
 
 
 @rule(
