@@ -629,9 +629,11 @@ class Grid:
 
     def _enabled(self, kind: str) -> bool:
         s = self.spec
-        if kind in ("gtp_remat", "dp_gtp_remat", "dp_cp_gtp_remat"):
+        # gtp_remat / expt_gtp_remat exist even at size 1 (singleton groups); the other GTP
+        # kinds are aliases of their non-GTP twins until GTP/EGTP > 1.
+        if kind in ("dp_gtp_remat", "dp_cp_gtp_remat"):
             return s.gtp > 1
-        if kind in ("expt_gtp_remat", "tp_ep_pp_with_egtp_remat", "expt_dp_gtp_remat"):
+        if kind in ("tp_ep_pp_with_egtp_remat", "expt_dp_gtp_remat"):
             return s.egtp > 1
         if kind in ("intra_dp_cp", "intra_expt_dp", "inter_dist_opt"):
             return s.dist_opt_instances > 1

@@ -79,9 +79,22 @@ def test_worked_example_n8_is_reproduced_group_for_group():
 def test_default_kinds_are_the_process_group_collection_fields_in_creation_order():
     grid = Grid(GridSpec(8, tp=2, cp=2, ep=2, etp=1, pp=2))
     assert grid.kinds == (
-        "dp_cp", "dp", "cp", "mp", "tp", "pp", "embd", "pos_embd", "tp_dp_cp", "tp_dp", "tp_cp",
-        "ep", "expt_tp", "tp_ep", "tp_ep_pp", "expt_dp", "intra_dist_opt",
+        "gtp_remat", "dp_cp", "dp", "cp", "mp", "tp", "pp", "embd", "pos_embd", "tp_dp_cp", "tp_dp",
+        "tp_cp", "expt_gtp_remat", "ep", "expt_tp", "tp_ep", "tp_ep_pp", "expt_dp", "intra_dist_opt",
     )
+
+
+def test_gtp_remat_groups_exist_as_singletons_when_gtp_and_egtp_are_one():
+    # Megatron-LM main@d98e8a64 megatron/core/parallel_state.py initialize_model_parallel builds
+    # GTP_WEIGHT_REMAT_GROUP and EXPERT_GTP_WEIGHT_REMAT_GROUP from the `gtp_remat` token whatever
+    # its size: one group per rank at GTP = EGTP = 1. Their aliases (dp_gtp_remat, …) are not built.
+    grid = Grid(GridSpec(8, tp=2, cp=2, ep=2, etp=1, pp=2))
+    assert grid.groups("gtp_remat") == [[r] for r in range(8)]
+    assert grid.groups("expt_gtp_remat") == [[r] for r in range(8)]
+    assert (grid.group_size("gtp_remat"), grid.num_groups("expt_gtp_remat")) == (1, 8)
+    assert grid.group_of("gtp_remat", 5) == [5] and grid.rank_groups(5)["expt_gtp_remat"] == [5]
+    for alias in ("dp_gtp_remat", "dp_cp_gtp_remat", "tp_ep_pp_with_egtp_remat", "expt_dp_gtp_remat"):
+        assert alias not in grid.kinds
 
 
 def test_etp2_ep2_on_four_ranks():
@@ -163,7 +176,9 @@ def test_gtp_groups():
     assert grid.groups("tp_dp") == [list(range(8))]
     # Any GTP > 1: the instance group is every rank, sorted.
     assert grid.groups("intra_dist_opt") == [list(range(8))]
-    assert "expt_gtp_remat" not in grid.kinds
+    # EGTP stays 1: the expert weight-remat groups are singletons and their aliases are absent.
+    assert grid.groups("expt_gtp_remat") == [[r] for r in range(8)]
+    assert "expt_dp_gtp_remat" not in grid.kinds
 
 
 def test_egtp_axis_goes_after_ep():
@@ -319,7 +334,7 @@ def test_layout_problems_name_the_rule(spec, needle):
 def test_unknown_kind_and_out_of_range_rank_are_grid_errors():
     grid = Grid(GridSpec(8))
     with pytest.raises(GridError, match="unknown or disabled"):
-        grid.groups("gtp_remat")
+        grid.groups("dp_gtp_remat")
     with pytest.raises(GridError, match="outside"):
         grid.rank_view(8)
     with pytest.raises(GridError, match="outside"):
