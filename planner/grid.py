@@ -5,7 +5,8 @@ dense generator (attention; EP axis 1) and an expert generator (routed experts; 
 TP = ETP, DP = EDP). Every process group is "the ranks that agree on all axes but the masked
 ones", listed in a fixed generator order. Wrong-group bugs are silent (a gradient averaged over
 ranks holding different experts trains a different model), so this module reproduces that
-order exactly: see ../shared/design/megatron-reference.md §1.
+order exactly (Megatron-LM dev@d48bd6be megatron/core/parallel_state.py: RankGenerator,
+generate_masked_orthogonal_rank_groups, initialize_model_parallel).
 
 A rank's coordinates and groups are derived from strides (O(number of axes) per coordinate),
 so one rank's view of a 131,072-rank job needs no enumeration; full listings are linear in N.
@@ -54,7 +55,8 @@ _TOKEN_KINDS: dict[str, tuple[LayoutName, str]] = {
     "expt_dp_gtp_remat": ("expert", "gtp_remat-dp"),
 }
 
-# Every kind in Megatron's creation order (megatron-reference §1.4), with how it is built.
+# Every kind in Megatron's creation order, with how it is built (Megatron-LM main@d98e8a64
+# megatron/core/parallel_state.py initialize_model_parallel; dev lacks the gtp_remat kinds).
 KIND_SOURCES: dict[str, tuple[LayoutName, str]] = {
     "gtp_remat": ("dense", "gtp_remat"),
     "dp_cp": ("dense", "dp-cp"),
@@ -86,7 +88,7 @@ KIND_SOURCES: dict[str, tuple[LayoutName, str]] = {
 }
 KIND_ORDER: tuple[str, ...] = tuple(KIND_SOURCES)
 
-# Symbols of the coordinate formulas (SPEC §3 writes r = c + 2·d_a = e + 64·d_e).
+# Symbols of the coordinate formulas (the V4-Pro layout reads r = c + 2·d_a = e + 64·d_e).
 _SYMBOLS: dict[LayoutName, dict[str, str]] = {
     "dense": {"tp": "t", GTP_AXIS: "g", "cp": "c", "ep": "e", "dp": "d_a", "pp": "p"},
     "expert": {"tp": "t_e", GTP_AXIS: "g_e", "cp": "c", "ep": "e", "dp": "d_e", "pp": "p"},
@@ -161,10 +163,11 @@ class GridSpec:
         return self.gtp > 1 or self.egtp > 1
 
     def embedding_stages(self) -> tuple[int, ...]:
-        """Pipeline stages whose ranks join the embedding group (megatron-reference §1.5).
+        """Pipeline stages whose ranks join the embedding group.
 
-        `gpt` is pretrain_gpt's rule (first stage; last stage when tied; MTP stages);
-        `core` is Megatron-Core's default (first and last stage).
+        `gpt` is pretrain_gpt's rule (first stage; last stage when tied; MTP stages: Megatron-LM
+        dev@d48bd6be pretrain_gpt.py get_embedding_ranks); `core` is Megatron-Core's default (first
+        and last stage: megatron/core/parallel_state.py default_embedding_ranks).
         """
         last = self.pp - 1
         if self.embedding_rule == "core":
@@ -372,7 +375,7 @@ def expert_layout(spec: GridSpec) -> Layout:
 
 
 def order_dp_rule_holds(spec: GridSpec) -> bool:
-    """megatron-reference §1.3 check 1: raw order ends with pp, or PP == 1, or EDP == DP.
+    """initialize_model_parallel's first assertion: raw order ends with pp, or PP == 1, or EDP == DP.
 
     Megatron tests the order string as given (not lower-cased). When DP or EDP cannot be
     computed Megatron fails earlier on divisibility, so this check has nothing to report.
@@ -386,7 +389,7 @@ def order_dp_rule_holds(spec: GridSpec) -> bool:
 
 
 def pp_group_mismatch(spec: GridSpec) -> tuple[list[list[int]], list[list[int]]] | None:
-    """megatron-reference §1.3 check 2: None when dense and expert pp groups agree.
+    """initialize_model_parallel's second assertion: None when dense and expert pp groups agree.
 
     Returns (dense pp groups, expert pp groups) when they differ. A spec whose layouts
     cannot be built at all returns None; `layout_problems` reports why.
@@ -499,7 +502,7 @@ class ExpertOwnership:
 
     @property
     def shard(self) -> str:
-        """Which matrix shard of each held expert this rank stores (SPEC §5, §12)."""
+        """Which matrix shard of each held expert this rank stores (ETP: FC1/FC3 columns, FC2 rows)."""
         parts = []
         if self.etp_size > 1:
             parts.append(
@@ -597,7 +600,10 @@ class RankView:
 
 
 def _hierarchical_groups(ranks: list[int], sizes: tuple[int, ...], level: int) -> list[list[int]]:
-    """megatron-reference §1.6: level ℓ groups over a list viewed as (l, s, u)."""
+    """Level ℓ groups over a list viewed as (l, s, u).
+
+    Megatron-LM dev@d48bd6be megatron/core/parallel_state.py create_hierarchical_groups.
+    """
     u, s, lo = prod(sizes[:level]), sizes[level], prod(sizes[level + 1:])
     return [[ranks[a * s * u + b * u + c] for b in range(s)] for a in range(lo) for c in range(u)]
 

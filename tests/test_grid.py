@@ -1,7 +1,8 @@
 """planner.grid: Megatron-exact groups, rank views, expert ownership and formulas.
 
-Expected groups are derived by hand from megatron-reference §1 (generator semantics, §1.7 worked
-example) and SPEC §3; property tests compare the arithmetic against a brute-force reading of the
+Expected groups are derived by hand from Megatron's generator (Megatron-LM dev@d48bd6be
+megatron/core/parallel_state.py RankGenerator / generate_masked_orthogonal_rank_groups) and the
+DeepSeek-V4-Pro layout; property tests compare the arithmetic against a brute-force reading of the
 generator definition.
 """
 
@@ -32,7 +33,7 @@ PP_DP_ORDER = "tp-cp-ep-pp-dp"
 
 
 def v4_pro() -> GridSpec:
-    # SPEC §3: N=1024, PP8, TP1, CP2, ETP1, EP64, 384 experts; 8 MoE layers on stage 0 here.
+    # DeepSeek-V4-Pro layout: N=1024, PP8, TP1, CP2, ETP1, EP64, 384 experts; 8 MoE layers on stage 0.
     return GridSpec(1024, tp=1, cp=2, pp=8, ep=64, etp=1, num_experts=384,
                     moe_layers_by_stage=(tuple(range(8)),) + ((),) * 7)
 
@@ -57,7 +58,7 @@ def test_token_name_order_is_irrelevant():
 
 
 def test_worked_example_n8_is_reproduced_group_for_group():
-    # megatron-reference §1.7: N=8, TP2, CP2, EP2, ETP1, PP2, order tp-cp-ep-dp-pp.
+    # Worked by hand from RankGenerator: N=8, TP2, CP2, EP2, ETP1, PP2, order tp-cp-ep-dp-pp.
     grid = Grid(GridSpec(8, tp=2, cp=2, ep=2, etp=1, pp=2))
     assert (grid.dp, grid.edp) == (1, 2)
     assert grid.dense.order == "tp-gtp_remat-cp-ep-dp-pp"
@@ -98,7 +99,7 @@ def test_gtp_remat_groups_exist_as_singletons_when_gtp_and_egtp_are_one():
 
 
 def test_etp2_ep2_on_four_ranks():
-    # SPEC §3: ETP groups [0,1],[2,3]; EP groups [0,2],[1,3].
+    # ETP is the faster expert axis: ETP groups [0,1],[2,3]; EP groups [0,2],[1,3].
     grid = Grid(GridSpec(4, tp=1, ep=2, etp=2))
     assert grid.groups("expt_tp") == [[0, 1], [2, 3]]
     assert grid.groups("ep") == [[0, 2], [1, 3]]
@@ -106,7 +107,7 @@ def test_etp2_ep2_on_four_ranks():
     assert grid.groups("tp_ep") == [[0, 1, 2, 3]]
 
 
-# ----------------------------------------------------------------- SPEC §3 worked example
+# ----------------------------------------------------------------- DeepSeek-V4-Pro layout
 
 
 def test_v4_pro_degrees():
@@ -132,7 +133,7 @@ def test_v4_pro_ranks_0_and_1_hold_different_experts_and_exchange_tokens():
 
 
 def test_v4_pro_stage0_coordinate_forms():
-    # SPEC §3: r = c + 2·d_a (c ∈ [0,1], d_a ∈ [0,63]) = e + 64·d_e (e ∈ [0,63], d_e ∈ [0,1]).
+    # By hand: r = c + 2·d_a (c ∈ [0,1], d_a ∈ [0,63]) = e + 64·d_e (e ∈ [0,63], d_e ∈ [0,1]).
     grid = Grid(v4_pro())
     formulas = grid.formulas(0)
     c, d_a, e, d_e = sympy.symbols("c d_a e d_e")
@@ -278,7 +279,8 @@ def test_pp_dp_order_with_equal_dp_is_accepted_and_pp_groups_agree():
 
 
 def test_pp_dp_order_with_unequal_dp_is_rejected():
-    # megatron-reference §1.3: 8/2/2/2/1/2 (N/TP/CP/EP/ETP/PP) gives DP 1, EDP 2.
+    # Megatron-LM dev@d48bd6be megatron/core/parallel_state.py initialize_model_parallel asserts
+    # DP == EDP without pp last: 8/2/2/2/1/2 (N/TP/CP/EP/ETP/PP) gives DP 1, EDP 2.
     spec = GridSpec(8, tp=2, cp=2, ep=2, etp=1, pp=2, order=PP_DP_ORDER)
     assert not order_dp_rule_holds(spec)
     problems = layout_problems(spec)
@@ -288,7 +290,7 @@ def test_pp_dp_order_with_unequal_dp_is_rejected():
 
 
 def test_v4_pro_with_pp_dp_order_is_rejected():
-    # megatron-reference §1.3 example 1024/1/2/64/1/8: DP 64 ≠ EDP 2.
+    # The same assertion on 1024/1/2/64/1/8 (N/TP/CP/EP/ETP/PP): DP 64 ≠ EDP 2.
     assert not order_dp_rule_holds(GridSpec(1024, cp=2, ep=64, pp=8, order=PP_DP_ORDER))
 
 

@@ -38,7 +38,7 @@ def write_config(tmp_path: Path, data: dict[str, Any]) -> str:
     return str(path)
 
 
-# ----------------------------------------------------------------- SPEC §3 through the CLI
+# ----------------------------------------------------------------- the V4-Pro layout through the CLI
 
 
 def test_rank_views_of_the_v4_pro_example():

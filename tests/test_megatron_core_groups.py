@@ -402,7 +402,7 @@ def test_bundled_examples_build_the_same_groups(mcore, path):
         (Layout(10, tp=4), "PAR001"),
         (Layout(8, pp=1, vpp=2), "PIP002"),
         (Layout(8, tp=2, ep=2, order="tp-cp-dp-pp"), "PAR009"),
-        # The megatron-reference example: N/TP/CP/EP/ETP/PP = 8/2/2/2/1/2, DP 1 != EDP 2.
+        # N/TP/CP/EP/ETP/PP = 8/2/2/2/1/2: DP 1 != EDP 2 and pp is not last.
         (Layout(8, tp=2, cp=2, pp=2, ep=2, etp=1, order="tp-cp-ep-pp-dp"), "PAR010"),
         (Layout(8, tp=2, pp=2, ep=2, etp=1, order="tp-pp-cp-ep-dp"), "PAR011"),
         (Layout(16, cp=2, instances=3), "DOP001"),

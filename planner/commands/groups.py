@@ -56,7 +56,7 @@ def _grid_or_exit(cfg: Any, as_json: bool) -> Grid:
         findings = [
             Finding("GRID", "error", "parallel", problem,
                     "fix the parallel degrees or order (see `moeplan check`)",
-                    "megatron-reference §1.3, §2.1")
+                    "Megatron-LM dev@d48bd6be megatron/core/parallel_state.py initialize_model_parallel")
             for problem in err.problems
         ]
         if as_json:
