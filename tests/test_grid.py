@@ -182,6 +182,41 @@ def test_gtp_groups():
     assert "expt_dp_gtp_remat" not in grid.kinds
 
 
+def test_hybrid_cp_chunks_every_dp_cp_group_in_powers_of_two_from_2():
+    # megatron-core 0.16.1 / Megatron-LM main megatron/core/parallel_state.py
+    # create_hybrid_dp_cp_groups: sizes 2^i for 1 <= i < floor(log2 n), consecutive chunks.
+    grid = Grid(GridSpec(8, cp=2, dp_cp_chunks="hybrid"))  # one dp-cp group [0..7]
+    assert grid.members["hybrid_dp_cp"] == ("hybrid_dp_cp_2", "hybrid_dp_cp_4")
+    assert grid.kinds.index("hybrid_dp_cp") == grid.kinds.index("dp_cp") + 1
+    assert grid.groups("hybrid_dp_cp_2") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert grid.groups("hybrid_dp_cp_4") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # Creation order: per dp-cp group, every size, every chunk.
+    assert grid.groups("hybrid_dp_cp") == [[0, 1], [2, 3], [4, 5], [6, 7], [0, 1, 2, 3], [4, 5, 6, 7]]
+    assert grid.rank_groups(5)["hybrid_dp_cp_4"] == [4, 5, 6, 7]
+    with pytest.raises(GridError, match="ask for"):
+        grid.group_size("hybrid_dp_cp")
+
+
+def test_dynamic_cp_chunks_start_at_1_and_a_short_last_chunk_is_kept():
+    # Megatron-LM dev@d48bd6be megatron/core/parallel_state.py create_dynamic_dp_cp_groups with
+    # min_dynamic_context_parallel_size 1; N=8, TP2, CP2: dp-cp groups [0,2,4,6], [1,3,5,7].
+    grid = Grid(GridSpec(8, tp=2, cp=2, dp_cp_chunks="dynamic"))
+    assert grid.members["dynamic_dp_cp"] == ("dynamic_dp_cp_1", "dynamic_dp_cp_2")
+    assert grid.groups("dynamic_dp_cp_2") == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert grid.groups("dynamic_dp_cp_1") == [[0], [2], [4], [6], [1], [3], [5], [7]]
+    # DP·CP = 10: chunks of 4 leave [8, 9] (range(0, n, k) slices, as Megatron cuts them).
+    ten = Grid(GridSpec(10, dp_cp_chunks="hybrid"))
+    assert ten.groups("hybrid_dp_cp_4") == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert ten.num_groups("hybrid_dp_cp_4") == 3 and ten.group_of("hybrid_dp_cp_4", 9) == [8, 9]
+    assert ten.num_groups("hybrid_dp_cp") == 5 + 3
+
+
+def test_chunked_dp_cp_needs_an_even_width():
+    # megatron-core 0.16.1 asserts "Hybrid context parallel requires an even number of ranks".
+    assert any("even DP·CP" in p for p in layout_problems(GridSpec(6, tp=2, dp_cp_chunks="hybrid")))
+    assert Grid(GridSpec(6, tp=2)).kinds.count("hybrid_dp_cp") == 0
+
+
 def test_egtp_axis_goes_after_ep():
     # N=8, EP2, ETP1, EGTP2: EDP = 8/(1·2·1·2) = 2; expert axes ep(1) gtp(2) dp(4) strides.
     grid = Grid(GridSpec(8, ep=2, etp=1, egtp=2))

@@ -45,6 +45,7 @@ CLI_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")  # default and --use-tp-pp-dp-
 MCORE_TO_MOEPLAN: dict[str, str] = {
     "DATA_PARALLEL_GROUP_WITH_CP": "dp_cp",
     "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "intra_dp_cp",
+    "HYBRID_DP_CP_GROUP_{k}": "hybrid_dp_cp_{k}",
     "DATA_PARALLEL_GROUP": "dp",
     "CONTEXT_PARALLEL_GROUP": "cp",
     "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L{i}": "hcp_l{i}",
@@ -79,6 +80,7 @@ REFUSALS: tuple[tuple[str, str], ...] = (
     (r"^Data parallel size should be divisible by partial DistOpt", "DOP001"),
     (r"^Expert data parallel size should be divisible by partial DistOpt", "DOP002"),
     (r"^$", "PAR013"),  # the bare `assert np.prod(hierarchical_context_parallel_sizes) == cp`
+    (r"Hybrid context parallel requires an even number of ranks", "PAR015"),
 )
 # Rules that restate a check of initialize_model_parallel / RankGenerator: the only ones that
 # must stay silent when megatron-core builds the layout.
@@ -105,6 +107,7 @@ class Layout:
     order: str = "tp-cp-ep-dp-pp"
     instances: int = 1
     hcp: tuple[int, ...] | None = None
+    hybrid_cp: bool = False
 
     def config(self) -> dict[str, Any]:
         """A moeplan config with this layout; the model is the tiny example's."""
@@ -120,6 +123,8 @@ class Layout:
             parallel["etp"] = self.etp
         if self.hcp is not None:
             parallel["hierarchical_context_parallel_sizes"] = list(self.hcp)
+        if self.hybrid_cp:
+            parallel["hybrid_context_parallel"] = True
         data["parallel"] = parallel
         data["training"] |= {"use_distributed_optimizer": True,
                              "num_distributed_optimizer_instances": self.instances}
@@ -182,7 +187,7 @@ def layouts(draw: st.DrawFn) -> Layout:
     elif hcp_roll == 2:
         hcp = tuple(draw(st.lists(st.sampled_from([1, 2, 4]), min_size=1, max_size=3)))
     return Layout(world, tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep, etp=etp, order=order,
-                  instances=instances, hcp=hcp)
+                  instances=instances, hcp=hcp, hybrid_cp=chance(draw, 1, 8))
 
 
 # ----------------------------------------------------------------- megatron-core side
@@ -212,8 +217,11 @@ def mcore() -> Iterator[Any]:
 def _moeplan_kind(desc: str) -> str | None:
     if desc in MCORE_TO_MOEPLAN:
         return MCORE_TO_MOEPLAN[desc]
-    match = re.fullmatch(r"HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L(\d+)", desc)
-    return f"hcp_l{match.group(1)}" if match else None
+    for pattern, kind in MCORE_TO_MOEPLAN.items():
+        head, brace, tail = pattern.partition("{")
+        if brace and desc.startswith(head) and desc[len(head):].isdigit():
+            return kind.replace("{" + tail, desc[len(head):])
+    return None
 
 
 @contextmanager
@@ -253,6 +261,7 @@ def run_megatron_core(parallel_state: Any, layout: Layout) -> McoreResult:
                 virtual_pipeline_model_parallel_size=vpp,
                 context_parallel_size=layout.cp,
                 hierarchical_context_parallel_sizes=list(layout.hcp) if layout.hcp else None,
+                hybrid_context_parallel=layout.hybrid_cp,
                 expert_model_parallel_size=layout.ep,
                 expert_tensor_parallel_size=layout.etp,
                 num_distributed_optimizer_instances=layout.instances,
@@ -315,7 +324,7 @@ def expected_rule(error: BaseException) -> str | None:
 
 
 def assert_same_groups(layout: Layout, mc: McoreResult, grid: Grid) -> None:
-    ours = {k: grid.groups(k) for k in (*grid.kinds, *grid.hcp_kinds) if k != "hcp"}
+    ours = {k: grid.groups(k) for k in grid.listing_kinds()}
     assert not mc.unmapped, f"{layout}: megatron-core groups without a moeplan kind: {mc.unmapped}"
     assert set(ours) - set(mc.groups) == MOEPLAN_ONLY, (
         f"{layout}: kinds only moeplan lists: {sorted(set(ours) - set(mc.groups))}"
@@ -327,7 +336,7 @@ def assert_same_groups(layout: Layout, mc: McoreResult, grid: Grid) -> None:
         assert ours[kind] == groups, (
             f"{layout}: {kind} differs\n megatron-core {groups[:4]}…\n moeplan       {ours[kind][:4]}…"
         )
-    shared_order = [k for k in _creation_order(grid) if k in mc.groups]
+    shared_order = [k for k in grid.listing_kinds() if k in mc.groups]
     assert shared_order == mc.kind_order, f"{layout}: creation order differs"
     # One rank's view (`moeplan groups --rank`) is arithmetic, not a listing: check it too.
     for rank in {0, layout.world_size - 1, layout.world_size // 3}:
@@ -336,13 +345,6 @@ def assert_same_groups(layout: Layout, mc: McoreResult, grid: Grid) -> None:
             assert grid.group_of(kind, rank) == (member[0] if member else []), (
                 f"{layout}: rank {rank} {kind}"
             )
-
-
-def _creation_order(grid: Grid) -> list[str]:
-    out: list[str] = []
-    for kind in grid.kinds:
-        out.extend(grid.hcp_kinds if kind == "hcp" else (kind,))
-    return out
 
 
 def compare(mcore: Any, layout: Layout) -> None:
@@ -367,6 +369,8 @@ def compare(mcore: Any, layout: Layout) -> None:
     event(f"built: {'several' if layout.instances > 1 else 'one'} optimizer instance(s)")
     if layout.hcp:
         event("built: hierarchical CP")
+    if layout.hybrid_cp:
+        event("built: hybrid CP")
     # Rules outside the grid that still refuse a layout megatron-core builds (model-dependent).
     for code in sorted(ours.all_errors.keys() - GRID_RULES):
         event(f"built, moeplan also reports {code}")
@@ -408,6 +412,7 @@ def test_bundled_examples_build_the_same_groups(mcore, path):
         (Layout(16, cp=2, instances=3), "DOP001"),
         (Layout(8, cp=2, ep=4, instances=4), "DOP002"),
         (Layout(8, cp=2, hcp=(2, 2)), "PAR013"),
+        (Layout(6, tp=2, ep=3, etp=1, hybrid_cp=True), "PAR015"),
         (Layout(8, tp=2, order="TP-CP-EP-PP-DP", pp=2, ep=4, etp=1), "PAR010"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
