@@ -432,3 +432,18 @@ def test_recorder_sees_every_group_megatron_core_creates(mcore):
     assert mc.groups["pp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
     assert mc.groups["expt_dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert mc.groups["intra_dist_opt"] == [[0, 1, 4, 5, 2, 3, 6, 7]]
+
+
+def test_a_repeated_order_token_is_refused_by_moeplan_although_megatron_core_may_build_it(mcore):
+    # A deliberate difference: RankGenerator keeps both copies of a repeated token and masks only
+    # the first. With that axis of size 1 the groups equal those of the order without the
+    # repeat; with size > 1 megatron-core fails inside torch (rank out of range). moeplan refuses
+    # both with PAR009, since a repeated axis is a typo either way.
+    tolerated = run_megatron_core(mcore, Layout(8, cp=2, ep=2, order="tp-tp-cp-ep-dp-pp"))
+    plain = run_megatron_core(mcore, Layout(8, cp=2, ep=2))
+    assert tolerated.error is None and tolerated.groups == plain.groups
+    broken = run_megatron_core(mcore, Layout(8, tp=2, cp=2, ep=2, order="tp-tp-cp-ep-dp-pp"))
+    assert broken.error is not None
+    for layout in (Layout(8, cp=2, ep=2, order="tp-tp-cp-ep-dp-pp"),
+                   Layout(8, tp=2, cp=2, ep=2, order="tp-tp-cp-ep-dp-pp")):
+        assert "more than once" in run_moeplan(layout).errors["PAR009"]
