@@ -5,7 +5,8 @@ dense generator (attention; EP axis 1) and an expert generator (routed experts; 
 TP = ETP, DP = EDP). Every process group is "the ranks that agree on all axes but the masked
 ones", listed in a fixed generator order. Wrong-group bugs are silent (a gradient averaged over
 ranks holding different experts trains a different model), so this module reproduces that
-order exactly: see ../shared/design/megatron-reference.md §1.
+order exactly (Megatron-LM dev@d48bd6be megatron/core/parallel_state.py: RankGenerator,
+generate_masked_orthogonal_rank_groups, initialize_model_parallel).
 
 A rank's coordinates and groups are derived from strides (O(number of axes) per coordinate),
 so one rank's view of a 131,072-rank job needs no enumeration; full listings are linear in N.
@@ -54,11 +55,14 @@ _TOKEN_KINDS: dict[str, tuple[LayoutName, str]] = {
     "expt_dp_gtp_remat": ("expert", "gtp_remat-dp"),
 }
 
-# Every kind in Megatron's creation order (megatron-reference §1.4), with how it is built.
+# Every kind in Megatron's creation order, with how it is built (Megatron-LM main@d98e8a64
+# megatron/core/parallel_state.py initialize_model_parallel; dev lacks the gtp_remat kinds).
 KIND_SOURCES: dict[str, tuple[LayoutName, str]] = {
     "gtp_remat": ("dense", "gtp_remat"),
     "dp_cp": ("dense", "dp-cp"),
     "intra_dp_cp": ("dense", "dp_cp cut in I slices"),
+    "hybrid_dp_cp": ("dense", "dp_cp cut in chunks of 2, 4, …"),
+    "dynamic_dp_cp": ("dense", "dp_cp cut in chunks of 1, 2, 4, …"),
     "dp": ("dense", "dp"),
     "dp_gtp_remat": ("dense", "gtp_remat-dp"),
     "dp_cp_gtp_remat": ("dense", "gtp_remat-dp-cp"),
@@ -86,7 +90,7 @@ KIND_SOURCES: dict[str, tuple[LayoutName, str]] = {
 }
 KIND_ORDER: tuple[str, ...] = tuple(KIND_SOURCES)
 
-# Symbols of the coordinate formulas (SPEC §3 writes r = c + 2·d_a = e + 64·d_e).
+# Symbols of the coordinate formulas (the V4-Pro layout reads r = c + 2·d_a = e + 64·d_e).
 _SYMBOLS: dict[LayoutName, dict[str, str]] = {
     "dense": {"tp": "t", GTP_AXIS: "g", "cp": "c", "ep": "e", "dp": "d_a", "pp": "p"},
     "expert": {"tp": "t_e", GTP_AXIS: "g_e", "cp": "c", "ep": "e", "dp": "d_e", "pp": "p"},
@@ -118,6 +122,9 @@ class GridSpec:
     egtp: int = 1
     order: str = DEFAULT_ORDER
     hcp_sizes: tuple[int, ...] | None = None
+    # Power-of-two DP×CP chunk groups: "hybrid" (Megatron-LM main / megatron-core 0.16.1
+    # --hybrid-context-parallel) or "dynamic" (dev --dynamic-context-parallel).
+    dp_cp_chunks: Literal["none", "hybrid", "dynamic"] = "none"
     dist_opt_instances: int = 1
     tied_embeddings: bool = True
     mtp_stages: tuple[int, ...] = ()
@@ -161,10 +168,11 @@ class GridSpec:
         return self.gtp > 1 or self.egtp > 1
 
     def embedding_stages(self) -> tuple[int, ...]:
-        """Pipeline stages whose ranks join the embedding group (megatron-reference §1.5).
+        """Pipeline stages whose ranks join the embedding group.
 
-        `gpt` is pretrain_gpt's rule (first stage; last stage when tied; MTP stages);
-        `core` is Megatron-Core's default (first and last stage).
+        `gpt` is pretrain_gpt's rule (first stage; last stage when tied; MTP stages: Megatron-LM
+        dev@d48bd6be pretrain_gpt.py get_embedding_ranks); `core` is Megatron-Core's default (first
+        and last stage: megatron/core/parallel_state.py default_embedding_ranks).
         """
         last = self.pp - 1
         if self.embedding_rule == "core":
@@ -372,7 +380,7 @@ def expert_layout(spec: GridSpec) -> Layout:
 
 
 def order_dp_rule_holds(spec: GridSpec) -> bool:
-    """megatron-reference §1.3 check 1: raw order ends with pp, or PP == 1, or EDP == DP.
+    """initialize_model_parallel's first assertion: raw order ends with pp, or PP == 1, or EDP == DP.
 
     Megatron tests the order string as given (not lower-cased). When DP or EDP cannot be
     computed Megatron fails earlier on divisibility, so this check has nothing to report.
@@ -386,7 +394,7 @@ def order_dp_rule_holds(spec: GridSpec) -> bool:
 
 
 def pp_group_mismatch(spec: GridSpec) -> tuple[list[list[int]], list[list[int]]] | None:
-    """megatron-reference §1.3 check 2: None when dense and expert pp groups agree.
+    """initialize_model_parallel's second assertion: None when dense and expert pp groups agree.
 
     Returns (dense pp groups, expert pp groups) when they differ. A spec whose layouts
     cannot be built at all returns None; `layout_problems` reports why.
@@ -434,6 +442,11 @@ def layout_problems(spec: GridSpec) -> list[str]:
                 f"hierarchical_context_parallel_sizes {list(spec.hcp_sizes)} must be positive "
                 f"and multiply to CP = {spec.cp}"
             )
+    if spec.dp_cp_chunks != "none" and (spec.dp * spec.cp) % 2:
+        problems.append(
+            f"{spec.dp_cp_chunks} context parallelism needs an even DP·CP, got "
+            f"{spec.dp}·{spec.cp} = {spec.dp * spec.cp}"
+        )
     instances = spec.dist_opt_instances
     if instances > 1:
         if spec.gtp_active:
@@ -499,7 +512,7 @@ class ExpertOwnership:
 
     @property
     def shard(self) -> str:
-        """Which matrix shard of each held expert this rank stores (SPEC §5, §12)."""
+        """Which matrix shard of each held expert this rank stores (ETP: FC1/FC3 columns, FC2 rows)."""
         parts = []
         if self.etp_size > 1:
             parts.append(
@@ -596,8 +609,22 @@ class RankView:
         }
 
 
+def _dp_cp_chunk_sizes(mode: str, width: int) -> list[int]:
+    """Powers of two below a DP×CP group's width (2^i for i < ⌊log2 width⌋).
+
+    hybrid starts at 2 (megatron-core 0.16.1 / Megatron-LM main megatron/core/parallel_state.py
+    create_hybrid_dp_cp_groups); dynamic starts at min_dynamic_context_parallel_size, 1 by
+    default (Megatron-LM dev@d48bd6be create_dynamic_dp_cp_groups).
+    """
+    sizes = [2**i for i in range(max(width.bit_length() - 1, 0))]
+    return sizes[1:] if mode == "hybrid" else sizes
+
+
 def _hierarchical_groups(ranks: list[int], sizes: tuple[int, ...], level: int) -> list[list[int]]:
-    """megatron-reference §1.6: level ℓ groups over a list viewed as (l, s, u)."""
+    """Level ℓ groups over a list viewed as (l, s, u).
+
+    Megatron-LM dev@d48bd6be megatron/core/parallel_state.py create_hierarchical_groups.
+    """
     u, s, lo = prod(sizes[:level]), sizes[level], prod(sizes[level + 1:])
     return [[ranks[a * s * u + b * u + c] for b in range(s)] for a in range(lo) for c in range(u)]
 
@@ -621,32 +648,52 @@ class Grid:
         self.dense = dense_layout(spec)
         self.expert = expert_layout(spec)
         self.dp, self.edp = spec.dp, spec.edp
-        self.kinds: tuple[str, ...] = tuple(k for k in KIND_ORDER if self._enabled(k))
         levels = len(spec.hcp_sizes) if spec.hcp_sizes else 0
         self.hcp_kinds = tuple(f"hcp_l{i}" for i in range(levels))
+        # Families: kinds made of several differently sized members, listed member by member.
+        self.members: dict[str, tuple[str, ...]] = {"hcp": self.hcp_kinds}
+        if spec.dp_cp_chunks != "none":
+            family = f"{spec.dp_cp_chunks}_dp_cp"
+            sizes = _dp_cp_chunk_sizes(spec.dp_cp_chunks, self.dp * spec.cp)
+            self.members[family] = tuple(f"{family}_{k}" for k in sizes)
+        self._member_of = {m: f for f, ms in self.members.items() for m in ms}
+        self.kinds: tuple[str, ...] = tuple(k for k in KIND_ORDER if self._enabled(k))
 
     # ----------------------------------------------------------------- catalogue
 
     def _enabled(self, kind: str) -> bool:
         s = self.spec
-        if kind in ("gtp_remat", "dp_gtp_remat", "dp_cp_gtp_remat"):
+        # gtp_remat / expt_gtp_remat exist even at size 1 (singleton groups); the other GTP
+        # kinds are aliases of their non-GTP twins until GTP/EGTP > 1.
+        if kind in ("dp_gtp_remat", "dp_cp_gtp_remat"):
             return s.gtp > 1
-        if kind in ("expt_gtp_remat", "tp_ep_pp_with_egtp_remat", "expt_dp_gtp_remat"):
+        if kind in ("tp_ep_pp_with_egtp_remat", "expt_dp_gtp_remat"):
             return s.egtp > 1
         if kind in ("intra_dp_cp", "intra_expt_dp", "inter_dist_opt"):
             return s.dist_opt_instances > 1
-        if kind == "hcp":
-            return bool(s.hcp_sizes)
+        if kind in ("hcp", "hybrid_dp_cp", "dynamic_dp_cp"):
+            return bool(self.members.get(kind))
         return True
+
+    def listing_kinds(self) -> list[str]:
+        """Enabled kinds in creation order, each family replaced by its members."""
+        out: list[str] = []
+        for kind in self.kinds:
+            out.extend(self.members.get(kind, (kind,)))
+        return out
+
+    def base_kind(self, kind: str) -> str:
+        """The catalogue kind (a KIND_SOURCES key) a listed kind belongs to."""
+        return self._base_kind(kind)
 
     def layout_of(self, kind: str) -> Layout:
         return self.dense if KIND_SOURCES[self._base_kind(kind)][0] == "dense" else self.expert
 
     def _base_kind(self, kind: str) -> str:
-        if kind in self.hcp_kinds:
-            return "hcp"
+        if kind in self._member_of:
+            return self._member_of[kind]
         if kind not in self.kinds:
-            known = ", ".join((*self.kinds, *self.hcp_kinds))
+            known = ", ".join(self.listing_kinds())
             raise GridError([f"unknown or disabled group kind '{kind}'; this layout has: {known}"])
         return kind
 
@@ -668,6 +715,10 @@ class Grid:
             levels = range(len(sizes)) if kind == "hcp" else [int(kind.removeprefix("hcp_l"))]
             return [sub for g in self.dense.groups("cp") for level in levels
                     for sub in _hierarchical_groups(g, sizes, level)]
+        if base in ("hybrid_dp_cp", "dynamic_dp_cp"):
+            chunks = self._chunk_sizes(kind)
+            return [g[i:i + k] for g in self.dense.groups("dp-cp") for k in chunks
+                    for i in range(0, len(g), k)]
         if base == "embd":
             stages = s.embedding_stages()
             return [[g[i] for i in stages] for g in self.dense.groups("pp")]
@@ -709,6 +760,10 @@ class Grid:
             if kind == "hcp":
                 raise GridError([f"hcp levels differ in size; ask for {self.hcp_kinds}"])
             return (s.hcp_sizes or ())[int(kind.removeprefix("hcp_l"))]
+        if base in ("hybrid_dp_cp", "dynamic_dp_cp"):
+            if kind == base:
+                raise GridError([f"{base} chunks differ in size; ask for {self.members[base]}"])
+            return self._chunk_sizes(kind)[0]
         return sizes[base]
 
     def num_groups(self, kind: str) -> int:
@@ -718,6 +773,9 @@ class Grid:
             return s.world_size // s.pp
         if base == "hcp" and kind == "hcp":
             return sum(s.world_size // size for size in s.hcp_sizes or ())
+        if base in ("hybrid_dp_cp", "dynamic_dp_cp"):
+            width = self.dp * s.cp  # a chunk size need not divide DP·CP: the last chunk is short
+            return s.world_size // width * sum(-(-width // k) for k in self._chunk_sizes(kind))
         return s.world_size // self.group_size(kind)
 
     # ----------------------------------------------------------------- one rank
@@ -753,6 +811,13 @@ class Grid:
             group = self.dense.group_containing("cp", rank)
             position = self.dense.position_in_group("cp", rank)
             return _hierarchical_member(group, s.hcp_sizes or (), level, position)
+        if base in ("hybrid_dp_cp", "dynamic_dp_cp"):
+            if kind == base:
+                raise GridError([f"{base} has one group per chunk size; ask for {self.members[base]}"])
+            k = self._chunk_sizes(kind)[0]
+            group = self.dense.group_containing("dp-cp", rank)
+            start = self.dense.position_in_group("dp-cp", rank) // k * k
+            return group[start:start + k]
         if base in ("embd", "pos_embd"):
             stages = s.embedding_stages() if base == "embd" else (0,)
             if self.dense.coordinate(rank, "pp") not in stages:
@@ -772,6 +837,13 @@ class Grid:
             return [r for q in range(first, first + width)
                     for r in self.expert.group_at("tp-ep-pp", q)]
         raise AssertionError(f"kind {kind} has no arithmetic")  # pragma: no cover
+
+    def _chunk_sizes(self, kind: str) -> list[int]:
+        """Chunk sizes of a DP×CP chunk family, or the one size of a member."""
+        base = self._base_kind(kind)
+        if kind == base:
+            return [int(m.rsplit("_", 1)[1]) for m in self.members[base]]
+        return [int(kind.rsplit("_", 1)[1])]
 
     def _partial_edp_sizes(self) -> tuple[int, int]:
         instances = self.spec.dist_opt_instances
@@ -810,13 +882,12 @@ class Grid:
         )
 
     def rank_groups(self, rank: int) -> dict[str, list[int]]:
-        """Every group containing the rank, creation order; hcp as one entry per level."""
+        """Every group containing the rank, creation order; families as one entry per member."""
         out: dict[str, list[int]] = {}
-        for kind in self.kinds:
-            for sub in (self.hcp_kinds if kind == "hcp" else (kind,)):
-                group = self.group_of(sub, rank)
-                if group:
-                    out[sub] = group
+        for kind in self.listing_kinds():
+            group = self.group_of(kind, rank)
+            if group:
+                out[kind] = group
         return out
 
     def rank_view(self, rank: int, *, with_formulas: bool = True) -> RankView:
@@ -902,6 +973,10 @@ def grid_spec_from_config(cfg: Any) -> GridSpec:
         egtp=p.egtp,
         order=p.order,
         hcp_sizes=tuple(hcp) if hcp else None,
+        dp_cp_chunks=(
+            "dynamic" if getattr(p, "dynamic_context_parallel", False)
+            else "hybrid" if getattr(p, "hybrid_context_parallel", False) else "none"
+        ),
         dist_opt_instances=t.num_distributed_optimizer_instances,
         tied_embeddings=not m.untie_embeddings_and_output_weights,
         mtp_stages=mtp_stages,

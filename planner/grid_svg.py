@@ -1,6 +1,7 @@
 """One pipeline stage drawn twice: the dense view (CP × DP) beside the expert view (EP × EDP).
 
-The point of the picture is MoE Parallel Folding (SPEC §2): the same ranks sit in two grids.
+The point of the picture is MoE Parallel Folding (Megatron-Core's separate dense and expert rank
+generators in initialize_model_parallel): the same ranks sit in two grids.
 Fill colour is the routed-expert set a rank holds (so expt_dp replicas share a colour), outline
 colour is the EP group a rank exchanges tokens with. Geometry is computed here; the jinja2
 template only draws it, so no plotting dependency is needed.

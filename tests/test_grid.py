@@ -1,7 +1,8 @@
 """planner.grid: Megatron-exact groups, rank views, expert ownership and formulas.
 
-Expected groups are derived by hand from megatron-reference §1 (generator semantics, §1.7 worked
-example) and SPEC §3; property tests compare the arithmetic against a brute-force reading of the
+Expected groups are derived by hand from Megatron's generator (Megatron-LM dev@d48bd6be
+megatron/core/parallel_state.py RankGenerator / generate_masked_orthogonal_rank_groups) and the
+DeepSeek-V4-Pro layout; property tests compare the arithmetic against a brute-force reading of the
 generator definition.
 """
 
@@ -32,7 +33,7 @@ PP_DP_ORDER = "tp-cp-ep-pp-dp"
 
 
 def v4_pro() -> GridSpec:
-    # SPEC §3: N=1024, PP8, TP1, CP2, ETP1, EP64, 384 experts; 8 MoE layers on stage 0 here.
+    # DeepSeek-V4-Pro layout: N=1024, PP8, TP1, CP2, ETP1, EP64, 384 experts; 8 MoE layers on stage 0.
     return GridSpec(1024, tp=1, cp=2, pp=8, ep=64, etp=1, num_experts=384,
                     moe_layers_by_stage=(tuple(range(8)),) + ((),) * 7)
 
@@ -57,7 +58,7 @@ def test_token_name_order_is_irrelevant():
 
 
 def test_worked_example_n8_is_reproduced_group_for_group():
-    # megatron-reference §1.7: N=8, TP2, CP2, EP2, ETP1, PP2, order tp-cp-ep-dp-pp.
+    # Worked by hand from RankGenerator: N=8, TP2, CP2, EP2, ETP1, PP2, order tp-cp-ep-dp-pp.
     grid = Grid(GridSpec(8, tp=2, cp=2, ep=2, etp=1, pp=2))
     assert (grid.dp, grid.edp) == (1, 2)
     assert grid.dense.order == "tp-gtp_remat-cp-ep-dp-pp"
@@ -79,13 +80,26 @@ def test_worked_example_n8_is_reproduced_group_for_group():
 def test_default_kinds_are_the_process_group_collection_fields_in_creation_order():
     grid = Grid(GridSpec(8, tp=2, cp=2, ep=2, etp=1, pp=2))
     assert grid.kinds == (
-        "dp_cp", "dp", "cp", "mp", "tp", "pp", "embd", "pos_embd", "tp_dp_cp", "tp_dp", "tp_cp",
-        "ep", "expt_tp", "tp_ep", "tp_ep_pp", "expt_dp", "intra_dist_opt",
+        "gtp_remat", "dp_cp", "dp", "cp", "mp", "tp", "pp", "embd", "pos_embd", "tp_dp_cp", "tp_dp",
+        "tp_cp", "expt_gtp_remat", "ep", "expt_tp", "tp_ep", "tp_ep_pp", "expt_dp", "intra_dist_opt",
     )
 
 
+def test_gtp_remat_groups_exist_as_singletons_when_gtp_and_egtp_are_one():
+    # Megatron-LM main@d98e8a64 megatron/core/parallel_state.py initialize_model_parallel builds
+    # GTP_WEIGHT_REMAT_GROUP and EXPERT_GTP_WEIGHT_REMAT_GROUP from the `gtp_remat` token whatever
+    # its size: one group per rank at GTP = EGTP = 1. Their aliases (dp_gtp_remat, …) are not built.
+    grid = Grid(GridSpec(8, tp=2, cp=2, ep=2, etp=1, pp=2))
+    assert grid.groups("gtp_remat") == [[r] for r in range(8)]
+    assert grid.groups("expt_gtp_remat") == [[r] for r in range(8)]
+    assert (grid.group_size("gtp_remat"), grid.num_groups("expt_gtp_remat")) == (1, 8)
+    assert grid.group_of("gtp_remat", 5) == [5] and grid.rank_groups(5)["expt_gtp_remat"] == [5]
+    for alias in ("dp_gtp_remat", "dp_cp_gtp_remat", "tp_ep_pp_with_egtp_remat", "expt_dp_gtp_remat"):
+        assert alias not in grid.kinds
+
+
 def test_etp2_ep2_on_four_ranks():
-    # SPEC §3: ETP groups [0,1],[2,3]; EP groups [0,2],[1,3].
+    # ETP is the faster expert axis: ETP groups [0,1],[2,3]; EP groups [0,2],[1,3].
     grid = Grid(GridSpec(4, tp=1, ep=2, etp=2))
     assert grid.groups("expt_tp") == [[0, 1], [2, 3]]
     assert grid.groups("ep") == [[0, 2], [1, 3]]
@@ -93,7 +107,7 @@ def test_etp2_ep2_on_four_ranks():
     assert grid.groups("tp_ep") == [[0, 1, 2, 3]]
 
 
-# ----------------------------------------------------------------- SPEC §3 worked example
+# ----------------------------------------------------------------- DeepSeek-V4-Pro layout
 
 
 def test_v4_pro_degrees():
@@ -119,7 +133,7 @@ def test_v4_pro_ranks_0_and_1_hold_different_experts_and_exchange_tokens():
 
 
 def test_v4_pro_stage0_coordinate_forms():
-    # SPEC §3: r = c + 2·d_a (c ∈ [0,1], d_a ∈ [0,63]) = e + 64·d_e (e ∈ [0,63], d_e ∈ [0,1]).
+    # By hand: r = c + 2·d_a (c ∈ [0,1], d_a ∈ [0,63]) = e + 64·d_e (e ∈ [0,63], d_e ∈ [0,1]).
     grid = Grid(v4_pro())
     formulas = grid.formulas(0)
     c, d_a, e, d_e = sympy.symbols("c d_a e d_e")
@@ -163,7 +177,44 @@ def test_gtp_groups():
     assert grid.groups("tp_dp") == [list(range(8))]
     # Any GTP > 1: the instance group is every rank, sorted.
     assert grid.groups("intra_dist_opt") == [list(range(8))]
-    assert "expt_gtp_remat" not in grid.kinds
+    # EGTP stays 1: the expert weight-remat groups are singletons and their aliases are absent.
+    assert grid.groups("expt_gtp_remat") == [[r] for r in range(8)]
+    assert "expt_dp_gtp_remat" not in grid.kinds
+
+
+def test_hybrid_cp_chunks_every_dp_cp_group_in_powers_of_two_from_2():
+    # megatron-core 0.16.1 / Megatron-LM main megatron/core/parallel_state.py
+    # create_hybrid_dp_cp_groups: sizes 2^i for 1 <= i < floor(log2 n), consecutive chunks.
+    grid = Grid(GridSpec(8, cp=2, dp_cp_chunks="hybrid"))  # one dp-cp group [0..7]
+    assert grid.members["hybrid_dp_cp"] == ("hybrid_dp_cp_2", "hybrid_dp_cp_4")
+    assert grid.kinds.index("hybrid_dp_cp") == grid.kinds.index("dp_cp") + 1
+    assert grid.groups("hybrid_dp_cp_2") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert grid.groups("hybrid_dp_cp_4") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # Creation order: per dp-cp group, every size, every chunk.
+    assert grid.groups("hybrid_dp_cp") == [[0, 1], [2, 3], [4, 5], [6, 7], [0, 1, 2, 3], [4, 5, 6, 7]]
+    assert grid.rank_groups(5)["hybrid_dp_cp_4"] == [4, 5, 6, 7]
+    with pytest.raises(GridError, match="ask for"):
+        grid.group_size("hybrid_dp_cp")
+
+
+def test_dynamic_cp_chunks_start_at_1_and_a_short_last_chunk_is_kept():
+    # Megatron-LM dev@d48bd6be megatron/core/parallel_state.py create_dynamic_dp_cp_groups with
+    # min_dynamic_context_parallel_size 1; N=8, TP2, CP2: dp-cp groups [0,2,4,6], [1,3,5,7].
+    grid = Grid(GridSpec(8, tp=2, cp=2, dp_cp_chunks="dynamic"))
+    assert grid.members["dynamic_dp_cp"] == ("dynamic_dp_cp_1", "dynamic_dp_cp_2")
+    assert grid.groups("dynamic_dp_cp_2") == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert grid.groups("dynamic_dp_cp_1") == [[0], [2], [4], [6], [1], [3], [5], [7]]
+    # DP·CP = 10: chunks of 4 leave [8, 9] (range(0, n, k) slices, as Megatron cuts them).
+    ten = Grid(GridSpec(10, dp_cp_chunks="hybrid"))
+    assert ten.groups("hybrid_dp_cp_4") == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert ten.num_groups("hybrid_dp_cp_4") == 3 and ten.group_of("hybrid_dp_cp_4", 9) == [8, 9]
+    assert ten.num_groups("hybrid_dp_cp") == 5 + 3
+
+
+def test_chunked_dp_cp_needs_an_even_width():
+    # megatron-core 0.16.1 asserts "Hybrid context parallel requires an even number of ranks".
+    assert any("even DP·CP" in p for p in layout_problems(GridSpec(6, tp=2, dp_cp_chunks="hybrid")))
+    assert Grid(GridSpec(6, tp=2)).kinds.count("hybrid_dp_cp") == 0
 
 
 def test_egtp_axis_goes_after_ep():
@@ -263,7 +314,8 @@ def test_pp_dp_order_with_equal_dp_is_accepted_and_pp_groups_agree():
 
 
 def test_pp_dp_order_with_unequal_dp_is_rejected():
-    # megatron-reference §1.3: 8/2/2/2/1/2 (N/TP/CP/EP/ETP/PP) gives DP 1, EDP 2.
+    # Megatron-LM dev@d48bd6be megatron/core/parallel_state.py initialize_model_parallel asserts
+    # DP == EDP without pp last: 8/2/2/2/1/2 (N/TP/CP/EP/ETP/PP) gives DP 1, EDP 2.
     spec = GridSpec(8, tp=2, cp=2, ep=2, etp=1, pp=2, order=PP_DP_ORDER)
     assert not order_dp_rule_holds(spec)
     problems = layout_problems(spec)
@@ -273,7 +325,7 @@ def test_pp_dp_order_with_unequal_dp_is_rejected():
 
 
 def test_v4_pro_with_pp_dp_order_is_rejected():
-    # megatron-reference §1.3 example 1024/1/2/64/1/8: DP 64 ≠ EDP 2.
+    # The same assertion on 1024/1/2/64/1/8 (N/TP/CP/EP/ETP/PP): DP 64 ≠ EDP 2.
     assert not order_dp_rule_holds(GridSpec(1024, cp=2, ep=64, pp=8, order=PP_DP_ORDER))
 
 
@@ -319,7 +371,7 @@ def test_layout_problems_name_the_rule(spec, needle):
 def test_unknown_kind_and_out_of_range_rank_are_grid_errors():
     grid = Grid(GridSpec(8))
     with pytest.raises(GridError, match="unknown or disabled"):
-        grid.groups("gtp_remat")
+        grid.groups("dp_gtp_remat")
     with pytest.raises(GridError, match="outside"):
         grid.rank_view(8)
     with pytest.raises(GridError, match="outside"):

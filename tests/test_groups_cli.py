@@ -38,7 +38,7 @@ def write_config(tmp_path: Path, data: dict[str, Any]) -> str:
     return str(path)
 
 
-# ----------------------------------------------------------------- SPEC §3 through the CLI
+# ----------------------------------------------------------------- the V4-Pro layout through the CLI
 
 
 def test_rank_views_of_the_v4_pro_example():
@@ -171,6 +171,20 @@ def test_usage_errors_exit_2(args, tmp_path):
     result = invoke(TINY, *args)
     assert result.exit_code == 2
     assert "error" in result.output
+
+
+def test_chunk_families_list_member_by_member(tmp_path):
+    data = yaml.safe_load(Path(TINY).read_text())
+    data["parallel"]["hybrid_context_parallel"] = True  # DP·CP = 8: chunks of 2 and 4
+    config = write_config(tmp_path, data)
+    table = invoke(config)
+    assert table.exit_code == 0, table.output
+    assert "hybrid_dp_cp_2" in table.output and "hybrid_dp_cp_4" in table.output
+    payload = json.loads(invoke(config, "--kind", "hybrid_dp_cp_4", "--json").output)
+    assert payload["groups"] == {"hybrid_dp_cp_4": [[0, 1, 2, 3], [4, 5, 6, 7]]}
+    rank = json.loads(invoke(config, "--rank", "6", "--json").output)
+    assert rank["groups"]["hybrid_dp_cp_2"] == [6, 7]
+    assert invoke(config, "--rank", "6", "--kind", "hybrid_dp_cp").exit_code == 2
 
 
 def test_unwritable_svg_path_exits_2(tmp_path):

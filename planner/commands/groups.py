@@ -56,7 +56,7 @@ def _grid_or_exit(cfg: Any, as_json: bool) -> Grid:
         findings = [
             Finding("GRID", "error", "parallel", problem,
                     "fix the parallel degrees or order (see `moeplan check`)",
-                    "megatron-reference §1.3, §2.1")
+                    "Megatron-LM dev@d48bd6be megatron/core/parallel_state.py initialize_model_parallel")
             for problem in err.problems
         ]
         if as_json:
@@ -64,14 +64,6 @@ def _grid_or_exit(cfg: Any, as_json: bool) -> Grid:
         else:
             print_findings(findings)
         raise typer.Exit(EXIT_CONFIG) from None
-
-
-def _listing_kinds(grid: Grid) -> list[str]:
-    """Kinds shown in tables: hcp is shown level by level (each level partitions the ranks)."""
-    out: list[str] = []
-    for kind in grid.kinds:
-        out.extend(grid.hcp_kinds if kind == "hcp" else (kind,))
-    return out
 
 
 def _header(grid: Grid) -> str:
@@ -89,9 +81,8 @@ def _layout_table(grid: Grid, layout: str, first: int) -> Table:
     for name, justify in (("kind", "left"), ("built from", "left"), ("size", "right"),
                           ("groups", "right"), ("first groups", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for kind in _listing_kinds(grid):
-        base = "hcp" if kind in grid.hcp_kinds else kind
-        where, how = KIND_SOURCES[base]
+    for kind in grid.listing_kinds():  # families (hcp, DP×CP chunks) member by member
+        where, how = KIND_SOURCES[grid.base_kind(kind)]
         if where != layout:
             continue
         groups = grid.groups(kind)
@@ -153,12 +144,13 @@ def groups(
     spec = grid.spec
     if rank is not None and not 0 <= rank < spec.world_size:
         fail(EXIT_USAGE, f"--rank {rank} is outside 0..{spec.world_size - 1}")
-    known = _listing_kinds(grid) + (["hcp"] if grid.hcp_kinds else [])
+    families = {f: m for f, m in grid.members.items() if m}
+    known = grid.listing_kinds() + list(families)
     if kind is not None and kind not in known:
         fail(EXIT_USAGE, f"--kind {kind} is not a group kind of this layout; one of: "
                          f"{', '.join(known)}")
-    if rank is not None and kind == "hcp":
-        fail(EXIT_USAGE, f"with --rank ask for one hcp level: {', '.join(grid.hcp_kinds)}")
+    if rank is not None and kind in families:
+        fail(EXIT_USAGE, f"with --rank ask for one member of {kind}: {', '.join(families[kind])}")
     if svg is not None:
         _write_svg(grid, svg, stage, quiet=as_json)
     if rank is not None:

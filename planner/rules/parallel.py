@@ -338,10 +338,28 @@ def dynamic_cp_requirements(f: Facts) -> Iterator[Violation]:
                         "set training.sequence_packing_scheduler: default_dynamic_cp, or leave it unset")
 
 
+@rule(
+    "PAR016", "error", "hybrid / dynamic context parallelism needs an even DP·CP",
+    source=PARALLEL_STATE,
+    why="""Hybrid (and, on Megatron-LM dev, dynamic) context parallelism cuts every DP×CP group into
+    power-of-two chunks and asserts that the group has an even number of ranks; an odd DP·CP stops
+    Megatron while it builds the process groups.""",
+    bad="parallel: {world_size: 4, pp: 4, ep: 1, hybrid_context_parallel: true}",
+    good="parallel: {hybrid_context_parallel: true}",
+)
+def chunked_dp_cp_is_even(f: Facts) -> Iterator[Violation]:
+    mode = f.grid_spec.dp_cp_chunks
+    width = f.dp * f.par.cp
+    if mode != "none" and width % 2:
+        yield Violation(f"parallel.{mode}_context_parallel",
+                        f"{mode}_context_parallel with DP·CP = {f.dp}·{f.par.cp} = {width}, which is odd",
+                        "choose degrees that make DP·CP even, or turn it off")
+
+
 RULES = (
     dense_grid_divides, expert_grid_divides, experts_divisible_by_ep, expert_ffn_divisible_by_etp,
     shared_expert_divisible_by_tp, heads_divisible_by_tp, query_groups_fit_tp,
     sequence_parallel_with_tp, order_names_every_axis, order_dp_matches_edp, pp_groups_agree,
     sequence_parallel_without_tp, hierarchical_cp_product, a2a_p2p_needs_hierarchy,
-    dynamic_cp_requirements,
+    dynamic_cp_requirements, chunked_dp_cp_is_even,
 )
