@@ -1,7 +1,7 @@
 """Formulas for memory per rank and stage: parameters (routed experts / EP / ETP, shared expert / TP,
 V4 CSA/HCA attention, norms, router, mHC, embedding, output, MTP), fp32 main grads, optimizer
-states (sharded over dp_cp / expt_dp with the distributed optimizer), MoE-aware activations times
-in-flight microbatches, recompute, and communication buffers.
+states (sharded over dp_cp / expt_dp with the distributed optimizer), MoE-aware activations of the
+chunks live at the pipeline schedule's peak, recompute, and communication buffers.
 
 What is counted: every parameter and persistent buffer the model holds, main grads, optimizer
 states, stored activations and the transient dispatch/pipeline buffers of one layer. What is not:
@@ -163,14 +163,11 @@ def add_memory(book: Book, v: Variant) -> None:
         "per microbatch: output-layer input and fp32 logits (main head and each MTP head)")
     add("act_per_microbatch", "act_stored_layers + act_embedding + act_output", "bytes", "memory",
         "stored activations of one microbatch on this stage")
-    if v.interleaved:
-        flight = "Min(microbatches * VPP, 2 * (PP - s - 1) + (VPP - 1) * PP + 1) / VPP"
-        doc = "interleaved 1F1B: warm-up chunks + 1, in microbatch equivalents"
-    else:
-        flight, doc = "Min(microbatches, PP - s)", "1F1B: stage s holds PP - s microbatches"
-    add("in_flight_microbatches", flight, "count", "memory", doc)
-    add("activation_bytes", "act_per_microbatch * in_flight_microbatches + recompute_working_bytes",
-        "bytes", "memory", "peak stored activations")
+    add("in_flight_microbatches", "live_passes / VPP", "count", "memory",
+        "chunk passes held at the activation peak, in microbatch equivalents (1F1B: min(m, PP - s);"
+        " interleaved: warm-up passes + 1)")
+    add("activation_bytes", "act_live_peak + recompute_working_bytes", "bytes", "memory",
+        "peak stored activations: the live chunks at the schedule's peak, plus recompute's block")
     buffers = {"alltoall": "2 * dispatch_send_bytes",
                "allgather": "allgather_dispatch_rows * (2 * h * p + E * p + E)",
                "flex": "2 * flex_dispatch_send_bytes"}[v.dispatcher]
@@ -194,7 +191,7 @@ def _add_recompute(book: Book, v: Variant) -> None:
         add("recompute_working_bytes", "0", "bytes", "memory", "no full recompute")
         return
     if v.recompute_method == "block":
-        add("recomputed_blocks", "Min(N_r * VPP, blocks)", "count", "memory",
+        add("recomputed_blocks", "Min(N_r * chunks, blocks)", "count", "memory",
             "block method: the first N_r blocks of each chunk are recomputed")
         add("act_stored_layers", f"(blocks - recomputed_blocks) * {avg}"
             " + recomputed_blocks * layer_input_bytes", "bytes", "memory",

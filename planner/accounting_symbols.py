@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from planner.accounting_expr import Number, Symbol, exact, normalize
-from planner.pipeline import StageSplit
+from planner.pipeline import Chunk, StageLayers, StageSplit, stage_layers
 from planner.schema import Config
 
 ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -63,6 +63,7 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
 
 STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in (
     ("s", "pipeline stage index"),
+    ("chunks", "model chunks the counts cover: VPP for a stage, 1 for one chunk (its own block)"),
     ("blocks", "transformer blocks on the stage (decoder layers + MTP layers)"),
     ("L_moe", "MoE layers on the stage (MTP blocks included)"),
     ("L_dense", "blocks with a dense MLP instead of MoE"),
@@ -78,6 +79,10 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
     ("is_last_stage", "1 on the stage holding the last pipeline chunk"),
     ("embd_size", "ranks in this stage's embedding group (1 when not a member)"),
     ("embd_sync", "1 when this stage syncs embedding grads over an embedding group of >= 2 ranks"),
+    ("live_passes", "forward chunk passes whose activations the stage holds at its peak (Megatron's "
+                    "1F1B or interleaved order replayed, planner/schedule.py)"),
+    ("act_live_peak", "stored activations at that peak: each live pass holds its own chunk's "
+                      "act_per_microbatch (see the act_chunk.* and act_live_peak rows)"),
 ))
 
 # Group kinds whose physical placement the topology split reports.
@@ -202,7 +207,17 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
 def stage_values(cfg: Config, split: StageSplit, stage: int,
                  embd_group: Sequence[int] | None = None) -> dict[str, Number]:
     """Per-stage counts; `embd_group` is the embedding group of the stage's ranks (grid), if any."""
-    st, model, pp = split.stages[stage], cfg.model, cfg.parallel.pp
+    return _holding_values(cfg, split, split.stages[stage], split.vpp, embd_group)
+
+
+def chunk_values(cfg: Config, split: StageSplit, chunk: Chunk) -> dict[str, Number]:
+    """The same counts for one model chunk alone: what one of its forward passes stores."""
+    return _holding_values(cfg, split, stage_layers(cfg, chunk.stage, [chunk]), 1, None)
+
+
+def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int,
+                    embd_group: Sequence[int] | None) -> dict[str, Number]:
+    stage, model, pp = st.stage, cfg.model, cfg.parallel.pp
     ratios = _ratios(cfg)
     per_block = [ratios[i] if i < len(ratios) else 0 for i in st.layers]
     per_block += [ratios[model.num_layers + d] if model.num_layers + d < len(ratios) else 0
@@ -214,7 +229,7 @@ def stage_values(cfg: Config, split: StageSplit, stage: int,
     embd_size = len(embd_group) if embd_group else 1
     first_chunk, last_chunk = split.chunks[0], split.chunks[-1]
     return {
-        "s": stage, "blocks": blocks, "L_moe": len(st.moe_layers),
+        "s": stage, "chunks": chunks, "blocks": blocks, "L_moe": len(st.moe_layers),
         "L_dense": blocks - len(st.moe_layers), "L_hash": len(st.hash_layers),
         "L_mtp": len(st.mtp_layers),
         "L_csa": sum(1 for r in per_block if r == CSA_RATIO),

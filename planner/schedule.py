@@ -104,3 +104,25 @@ def activation_peak(order: Sequence[Pass], chunk_bytes: Sequence[Number]) -> Pea
             live[step.chunk] -= 1
             held -= chunk_bytes[step.chunk]
     return best
+
+
+def stage_peak(pp: int, vpp: int, stage: int, microbatches: int, chunk_bytes: Sequence[Number],
+               group_size: int | None = None, extra_warmup: int = 0) -> Peak:
+    """`activation_peak` of the stage's order, in time independent of the microbatch count.
+
+    Away from the warm-up and the last microbatch group the schedule repeats every G·VPP passes
+    (each window gains G microbatches of every chunk on both ends), so whole groups in the middle
+    change no live count; they are left out of the replay and the peak's pass number restored.
+    """
+    group = group_size or pp
+    period = group * vpp
+    warmup = warmup_passes(pp, vpp, stage, microbatches, group_size, extra_warmup)
+    full_groups = -(-microbatches // group) - 1  # groups before the last one
+    spare = (full_groups * period - warmup - period) // period if pp > 1 else 0
+    dropped = max(spare - 1, 0)
+    kept = microbatches - dropped * group
+    peak = activation_peak(pipeline_order(pp, vpp, stage, kept, group_size, extra_warmup),
+                           chunk_bytes)
+    if peak.forward_pass > (full_groups - dropped) * period:
+        peak = Peak(peak.bytes, peak.forward_pass + dropped * period, peak.live)
+    return peak

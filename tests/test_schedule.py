@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.schedule import Pass, activation_peak, pipeline_order, warmup_passes
+from planner.schedule import Pass, activation_peak, pipeline_order, stage_peak, warmup_passes
 from tests.conftest import ROOT
 
 
@@ -206,3 +206,25 @@ def test_equal_chunks_give_in_flight_times_one_chunk(case):
     assert peak.bytes == in_flight * sizes[0]
     if vpp == 1:  # plain 1F1B: stage s holds min(m, PP − s) microbatches
         assert peak.live_passes == min(m, pp - stage)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 3), st.data())
+def test_stage_peak_skips_repeating_groups_without_changing_the_answer(pp, vpp, data):
+    m = data.draw(st.integers(1, 80), label="microbatches")
+    stage = data.draw(st.integers(0, pp - 1), label="stage")
+    group = data.draw(st.none() | st.integers(pp, max(pp, m)), label="group size") if vpp > 1 \
+        else None
+    extra = data.draw(st.integers(0, 1), label="extra warm-up") if vpp > 1 else 0
+    sizes = data.draw(st.lists(st.integers(0, 50), min_size=vpp, max_size=vpp), label="sizes")
+    full = activation_peak(pipeline_order(pp, vpp, stage, m, group, extra), sizes)
+    assert stage_peak(pp, vpp, stage, m, sizes, group, extra) == full
+
+
+def test_stage_peak_is_fast_for_huge_microbatch_counts():
+    # Last stage of PP16 VPP2: 16 chunk-0 forwards of warm-up, 16 chunk-1 forward/backward pairs,
+    # then F0.16 comes before B0.0: 17 chunk-0 microbatches live at forward 33.
+    peak = stage_peak(16, 2, 15, 10**9, (5, 3))
+    assert (peak.live, peak.bytes, peak.forward_pass) == ((17, 0), 17 * 5, 33)
+    peak = stage_peak(16, 2, 15, 10**9, (3, 5))
+    assert (peak.live, peak.bytes, peak.forward_pass) == ((16, 1), 16 * 3 + 5, 17)
