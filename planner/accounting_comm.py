@@ -21,6 +21,7 @@ ALGORITHMS = {
     "p2p": "point-to-point send",
 }
 ONE_RANK = "group of one rank: no collective"
+WHOLE_BYTES = "shares of a buffer and expectations are rounded up to whole bytes"
 GROUP_SIZE = {"ep": "EP", "expt_tp": "ETP", "tp_ep": "tp_ep_size", "cp": "CP", "tp_cp": "(TP * CP)",
               "dp_cp": "dp_cp_size", "expt_dp": "expert_dp", "tp_dp_cp": "tp_dp_cp_size",
               "embd": "embd_size"}
@@ -102,14 +103,14 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
     if v.dispatcher == "alltoall":
         add("dispatch_send_bytes", "dispatch_send_rows * h * p", "bytes", "bytes",
             "EP dispatch hidden, including the chunk a rank sends to itself")
-        add("dispatch_remote_bytes", "dispatch_send_bytes * (EP - 1) / EP", "bytes", "bytes",
-            "the part that leaves the rank under uniform routing")
+        add("dispatch_remote_bytes", "ceiling(dispatch_send_bytes * (EP - 1) / EP)", "bytes", "bytes",
+            "the part that leaves the rank under uniform routing (rounded up to whole bytes)")
         add("dispatch_probs_send_bytes", "dispatch_send_rows * p", "bytes", "bytes",
             "EP dispatch of the permuted probs")
         add("combine_send_bytes", "expected_recv_rows * h * p", "bytes", "bytes",
             "EP combine hidden (expert outputs go back)")
-        add("combine_remote_bytes", "combine_send_bytes * (EP - 1) / EP", "bytes", "bytes",
-            "combine bytes that leave the rank")
+        add("combine_remote_bytes", "ceiling(combine_send_bytes * (EP - 1) / EP)", "bytes", "bytes",
+            "combine bytes that leave the rank (rounded up to whole bytes)")
         add("ep_fwd_remote_bytes", "dispatch_remote_bytes + combine_remote_bytes", "bytes",
             "bytes", "forward dispatch + combine, remote")
         add("ep_fwd_bwd_remote_bytes", "2 * ep_fwd_remote_bytes", "bytes", "bytes",
@@ -131,8 +132,8 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
     else:
         add("flex_dispatch_send_bytes", "flex_dispatch_send_rows * h * p", "bytes", "bytes",
             "Flex dispatch over tp_ep, before backend de-duplication")
-        add("flex_dispatch_remote_bytes", "flex_dispatch_send_bytes * (tp_ep_size - 1) / tp_ep_size",
-            "bytes", "bytes", "the part that leaves the rank")
+        add("flex_dispatch_remote_bytes", "ceiling(flex_dispatch_send_bytes * (tp_ep_size - 1) / tp_ep_size)",
+            "bytes", "bytes", "the part that leaves the rank (rounded up to whole bytes)")
         add("flex_combine_send_bytes", "expert_gemm_rows * h * p", "bytes", "bytes",
             "Flex combine of the expert outputs")
 
@@ -159,17 +160,18 @@ class Collectives:
         s = add(f"{base}.send_bytes", send, "bytes", "step", f"{doc}; {where}")
         add(f"{base}.recv_bytes", recv, "bytes", "step", f"{doc}: received (expectation)")
         if algorithm == "alltoall":
-            wire = f"{s} * ({g} - 1) / {g}"
-            inter = f"{s} * ({g} - {group}_on_node) / {g}"
+            wire = f"ceiling({s} * ({g} - 1) / {g})"
+            inter = f"ceiling({s} * ({g} - {group}_on_node) / {g})"
         else:
-            wire = {"allgather": f"{s} * ({g} - 1)", "reduce_scatter": f"{s} * ({g} - 1) / {g}",
-                    "allreduce": f"2 * {s} * ({g} - 1) / {g}", "p2p": s}[algorithm]
+            wire = {"allgather": f"{s} * ({g} - 1)",
+                    "reduce_scatter": f"ceiling({s} * ({g} - 1) / {g})",
+                    "allreduce": f"2 * ceiling({s} * ({g} - 1) / {g})", "p2p": s}[algorithm]
         w = add(f"{base}.wire_bytes", wire, "bytes", "topology",
-                f"bytes this rank puts on the wire ({where})")
+                f"bytes this rank puts on the wire ({where}; {WHOLE_BYTES})")
         if algorithm != "alltoall":
-            inter = f"{w} * {offnode or group + '_ring_offnode'}"
+            inter = f"ceiling({w} * {offnode or group + '_ring_offnode'})"
         x = add(f"{base}.inter_node_bytes", inter, "bytes", "topology",
-                "wire bytes that cross nodes (node-major placement)")
+                f"wire bytes that cross nodes (node-major placement; {WHOLE_BYTES})")
         self.inter.append(x)
         self.intra.append(add(f"{base}.intra_node_bytes", f"{w} - {x}", "bytes", "topology",
                               "wire bytes that stay inside the node"))
@@ -317,8 +319,7 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
             c.add(name, "fwd", group, "allreduce", buffer, buffer, f"{kind} grad buffer all-reduce")
             continue
         shard_group = inner if v.instances else group
-        shard = f"{kind}_shard_params"
-        padded = f"{shard} * {shards}"
+        shard, padded = f"{kind}_shard_params", f"{kind}_buffer_params"
         c.add(name, "fwd", shard_group, "reduce_scatter", f"{padded} * bytes_grad",
               f"{shard} * bytes_grad", f"{kind} grad buffer reduce-scatter (distributed optimizer)",
               size=shards)

@@ -7,6 +7,7 @@ choices (dispatcher, capacity mode, optimizer, recompute ...) that pick which fo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -37,6 +38,8 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("I_s", "shared expert intermediate size (0 = none)"),
     Symbol("f", "dense MLP intermediate size (ffn_hidden_size)"),
     Symbol("V", "vocabulary size"),
+    Symbol("V_pad", "vocabulary padded to a multiple of 128·TP, the rows of the embedding and "
+           "output layers (Megatron's make_vocab_size_divisible_by = 128 times TP)"),
     Symbol("heads", "attention heads"),
     Symbol("groups", "query groups (KV heads)"),
     Symbol("d", "head dimension (kv_channels)"),
@@ -58,6 +61,9 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("cf", "expert capacity factor (0 when unset)"),
     Symbol("I_opt", "distributed-optimizer instances"),
     Symbol("N_r", "recompute_num_layers (1 when unset)"),
+    Symbol("pad_dense", "elements the dense grad buffer's end is padded to a multiple of: lcm(its "
+           "optimizer shards, 128) with the distributed optimizer, else 1"),
+    Symbol("pad_expert", "the same for the expert grad buffer: lcm(expert optimizer shards, 128)"),
     Symbol("mem_gib", "GPU memory per rank in GiB (cluster.gpu_memory_gib)"),
 )
 
@@ -175,6 +181,23 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
     )
 
 
+# Megatron-LM dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py
+# vocab_size_with_padding: the vocabulary grows to a multiple of make_vocab_size_divisible_by · TP.
+VOCAB_DIVISOR = 128
+BUCKET_ALIGN = 128  # elements; Megatron-LM dev@d48bd6be megatron/core/optimizer/param_layout.py
+
+
+def _buffer_pad(cfg: Config, replicas: int) -> int:
+    """The distributed optimizer pads each grad/param bucket's end to a multiple of
+    lcm(data-parallel shards, 128) elements so every shard is whole (Megatron-LM dev@d48bd6be
+    megatron/core/optimizer/param_layout.py bucket_end_divisor, used by distrib_optimizer.py
+    DistributedOptimizer._compute_per_buffer_param_layout); without it nothing is padded."""
+    instances = cfg.training.num_distributed_optimizer_instances
+    if not cfg.training.use_distributed_optimizer or replicas < 1 or replicas % instances:
+        return 1
+    return math.lcm(replicas // instances, BUCKET_ALIGN)
+
+
 def _ratios(cfg: Config) -> list[int]:
     return list(cfg.model.compress_ratios or [])
 
@@ -189,7 +212,9 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "TP_seq": par.tp if par.sequence_parallel else 1,
         "h": m.hidden_size, "E": m.num_experts, "k": m.moe_router_topk,
         "I": m.moe_ffn_hidden_size or 0, "I_s": m.moe_shared_expert_intermediate_size or 0,
-        "f": m.ffn_hidden_size or 0, "V": m.vocab_size, "heads": m.num_attention_heads,
+        "f": m.ffn_hidden_size or 0, "V": m.vocab_size,
+        "V_pad": -(-m.vocab_size // (VOCAB_DIVISOR * par.tp)) * VOCAB_DIVISOR * par.tp,
+        "heads": m.num_attention_heads,
         "groups": m.num_query_groups or m.num_attention_heads, "d": m.kv_channels or 0,
         "q_lora": m.q_lora_rank or 0, "kv_lora": m.kv_lora_rank or 0,
         "qk_rope": m.qk_pos_emb_head_dim, "o_groups": m.o_groups or 1, "o_lora": m.o_lora_rank or 0,
@@ -200,6 +225,8 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "cf": exact(cfg.moe.moe_expert_capacity_factor or 0),
         "I_opt": tr.num_distributed_optimizer_instances,
         "N_r": cfg.overlap.recompute_num_layers or 1,
+        "pad_dense": _buffer_pad(cfg, cfg.dp * par.cp),
+        "pad_expert": _buffer_pad(cfg, cfg.edp),
         "mem_gib": exact(cfg.cluster.gpu_memory_gib),
     }
 

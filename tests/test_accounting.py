@@ -92,10 +92,10 @@ def test_v4_pro_per_stage_moe_layers(v4):
 
 def test_explanation_of_dispatch_remote_bytes(v4):
     [budget] = [b for b in v4 if b.name == "dispatch_remote_bytes"]
-    assert budget.formula == "dispatch_send_bytes * (EP - 1) / EP"
-    assert budget.substitution == "352321536 · (64 - 1) / 64"
-    assert budget.expression == sympy.Symbol("dispatch_send_bytes") * (
-        sympy.Symbol("EP") - 1) / sympy.Symbol("EP")
+    assert budget.formula == "ceiling(dispatch_send_bytes * (EP - 1) / EP)"
+    assert budget.substitution == "ceiling(352321536 · (64 - 1) / 64)"
+    assert budget.expression == sympy.ceiling(sympy.Symbol("dispatch_send_bytes") * (
+        sympy.Symbol("EP") - 1) / sympy.Symbol("EP"))
 
 
 def test_v4_pro_with_etp_2_doubles_flex_destinations():

@@ -3,9 +3,6 @@ schedule functions as judge, and properties of the activation peak."""
 
 from __future__ import annotations
 
-import ast
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.schedule import Pass, activation_peak, pipeline_order, stage_peak, warmup_passes
-from tests.conftest import ROOT
+from tests.megatron_source import megatron_functions
 
 
 def text(order: list[Pass]) -> str:
@@ -93,26 +90,15 @@ def test_group_size_and_ep_overlap_change_the_warmup():
 
 # ----------------------------------------------------------------- Megatron's functions as judge
 
-def _oracle() -> Path:
-    return Path(os.environ.get("MOEPLAN_MEGATRON_LM", ROOT.parent / "shared" / "oracle" /
-                                "megatron-lm-dev"))
-
-
 @pytest.fixture(scope="module")
 def megatron_schedule() -> dict[str, Any]:
     """Megatron-LM dev@d48bd6be megatron/core/pipeline_parallel/schedules.py: the three pure
     functions that fix the order (`get_pp_rank_microbatches`, `get_schedule_table`,
-    `convert_schedule_table_to_order`), run from the source without importing its GPU stack."""
-    path = _oracle() / "megatron" / "core" / "pipeline_parallel" / "schedules.py"
-    if not path.is_file():
-        pytest.skip(f"Megatron-LM source not found at {path} (set MOEPLAN_MEGATRON_LM)")
-    tree = ast.parse(path.read_text())
-    wanted = {"get_pp_rank_microbatches", "get_schedule_table", "convert_schedule_table_to_order"}
-    module = ast.Module([n for n in tree.body if isinstance(n, ast.FunctionDef)
-                         and n.name in wanted], type_ignores=[])
-    scope: dict[str, Any] = {"Optional": Any, "P2PCommunicator": Any, "parallel_state": None}
-    exec(compile(module, str(path), "exec"), scope)  # noqa: S102 - Megatron's own source
-    return scope
+    `convert_schedule_table_to_order`)."""
+    return megatron_functions(
+        "core/pipeline_parallel/schedules.py",
+        {"get_pp_rank_microbatches", "get_schedule_table", "convert_schedule_table_to_order"},
+        Optional=Any, P2PCommunicator=Any, parallel_state=None)
 
 
 class _Group:
