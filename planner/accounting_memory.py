@@ -165,10 +165,11 @@ def add_memory(book: Book, v: Variant) -> None:
     _add_recompute(book, v)
     add("act_embedding", "has_embedding * tokens_per_rank * (h * p + 8)", "bytes", "memory",
         "per microbatch: embedding output and token ids")
-    add("act_output", "(has_output + L_mtp) * tokens_per_rank * (h * p + V_pad / TP * 4)", "bytes",
-        "memory",
-        "per microbatch: output-layer input and fp32 logits, vocab-parallel over TP (main head"
-        " and each MTP head)")
+    add("act_output", "(has_output + L_mtp) * tokens_per_rank * (h * p + TP_seq * V_pad / TP * 4)",
+        "bytes", "memory",
+        "per microbatch: output-layer input and fp32 logits (main head and each MTP head); the "
+        "logits cover the whole sequence (gathered from the TP_seq shards) and V_pad / TP of the "
+        "vocabulary")
     add("act_per_microbatch", "act_stored_layers + act_embedding + act_output", "bytes", "memory",
         "stored activations of one microbatch on this stage")
     add("in_flight_microbatches", "live_passes / VPP", "count", "memory",

@@ -192,6 +192,21 @@ def test_layout_a_etp_with_drop_and_pad():
     assert got["step.etp_gather_hidden.fwd.inter_node_bytes"] == 0
 
 
+def test_layout_a_vocabulary_and_logits():
+    # Megatron-LM dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py:124
+    # vocab_size_with_padding: 200 tokens grow to a multiple of 128 · TP = 256.
+    data = copy.deepcopy(LAYOUT_A)
+    data["model"]["vocab_size"] = 200
+    got = values(budgets(parse_config(data), stage=0), stage=0)
+    assert got["embedding_params"] == 256 * 64 // 2
+    # Sequence parallel: 64 local rows (2·64/2) of bf16 input; the fp32 logits cover the whole
+    # 128 rows, each with 256/2 vocabulary columns.
+    assert got["act_output"] == 64 * 64 * 2 + 128 * 128 * 4
+    data["parallel"]["sequence_parallel"] = False
+    got = values(budgets(parse_config(data), stage=0), stage=0)
+    assert got["act_output"] == 128 * 64 * 2 + 128 * 128 * 4
+
+
 def test_layout_a_dropping_without_padding_exchanges_counts():
     data = copy.deepcopy(LAYOUT_A)
     data["moe"] = {"moe_expert_capacity_factor": 0.5}
