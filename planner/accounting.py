@@ -51,7 +51,9 @@ from planner.schema import Config
 from planner.units import format_bytes
 
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")
-MEMORY_SOURCE = "SPEC §3, §14 (memory budget); megatron-reference §4"
+MEMORY_SOURCE = ("Megatron-LM dev@d48bd6be megatron/training/theoretical_memory_usage.py "
+                 "report_theoretical_memory (weights, grads, optimizer, activations); "
+                 "megatron/core/pipeline_parallel/schedules.py (microbatches in flight)")
 _MEMORY_PARTS = ("weight_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes",
                  "activation_bytes", "comm_buffer_bytes", "in_flight_microbatches",
                  "peak_memory_bytes", "gpu_memory_bytes", "memory_utilization")

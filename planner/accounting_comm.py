@@ -1,5 +1,7 @@
 """Formulas for the layout, token rows, bytes per collective, per-step predictions, the topology
-split and gradient scaling (SPEC §3–§8, §12, §14; megatron-reference §3, §5).
+split and gradient scaling, following Megatron-LM dev@d48bd6be megatron/core/transformer/moe/
+token_dispatcher.py (MoEAlltoAllTokenDispatcher, MoEAllGatherTokenDispatcher, MoEFlexTokenDispatcher)
+and megatron/core/distributed/distributed_data_parallel.py (gradient reduction and pre-scales).
 
 Conventions: rows and bytes are per rank, per MoE layer, per microbatch unless the name starts with
 `step.` (one optimizer step: × MoE layers on the stage × microbatches). Routing is uniform, so
@@ -42,7 +44,7 @@ def add_layout(book: Book, v: Variant) -> None:
         "tp_dp_cp group (expert-bias token counts, global aux loss)")
     add("weight_replicas", "dense_dp", "ranks", "layout", "D_w: dense weight replicas (GTP axis excluded)")
     add("cp_runtime", "CP * q_s", "ranks", "layout",
-        "CP_runtime = C · q_s: GTP sequence shards enlarge the context split (SPEC §12)")
+        "CP_runtime = C · q_s: GTP sequence shards enlarge the context split")
     add("batch_replicas", "weight_replicas * GTP / q_s", "ranks", "layout",
         "D_batch = D_w · R / q_s: ranks that see different samples")
     add("microbatches", "B / (b * batch_replicas)", "count", "layout",
@@ -301,7 +303,8 @@ def add_steps(book: Book, v: Variant) -> Collectives:
 
 
 def _add_grad_steps(c: Collectives, v: Variant) -> None:
-    """Dense grads over dp_cp, routed-expert grads over expt_dp (SPEC §8), once per step.
+    """Dense grads over dp_cp, routed-expert grads over expt_dp, once per step (Megatron-LM
+    dev@d48bd6be megatron/core/distributed/distributed_data_parallel.py DistributedDataParallel).
 
     With several distributed-optimizer instances the reduce-scatter runs inside an instance
     (intra_dp_cp / intra_expt_dp) and the shard is all-reduced across instances (inter_dist_opt).
@@ -352,7 +355,9 @@ def add_topology(book: Book, v: Variant, c: Collectives) -> None:
 
 
 def add_scaling(book: Book, v: Variant) -> None:
-    """Gradient pre-scale factors (megatron-reference §3.2/3.3, PR #7165's R_e/R correction)."""
+    """Gradient pre-scale factors (Megatron-LM dev@d48bd6be megatron/core/distributed/
+    distributed_data_parallel.py gradient_scaling_factor / expert_gradient_scaling_factor; the GTP
+    R_e/R correction of Megatron-LM main@d98e8a64, PR #7165)."""
     add = book.add
     add("gtp_expert_correction", "EGTP / GTP", "ratio", "scaling",
         "R_e/R: expert pre-scale correction when GTP != EGTP")

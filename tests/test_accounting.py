@@ -1,6 +1,6 @@
-"""Budgets (planner/accounting.py): SPEC §3's worked numbers, hand-derived layouts, properties.
+"""Budgets (planner/accounting.py): the V4-Pro worked numbers, hand-derived layouts, properties.
 
-Every expected number here is derived by hand from SPEC.md / megatron-reference.md, never read
+Every expected number here is derived by hand from the layout and Megatron's rules, never read
 back from the product.
 """
 
@@ -57,7 +57,7 @@ def v4() -> list:
     return budgets(load_config(V4_PRO))
 
 
-# ----------------------------------------------------------------- SPEC §3, the worked example
+# ----------------------------------------------------------------- the V4-Pro worked example
 
 
 def test_v4_pro_worked_example_values(v4):
@@ -123,7 +123,7 @@ def test_topology_of_the_v4_pro_example(v4):
     assert wire > 0 and stage0["step.expert_grad_reduce.fwd.inter_node_bytes"] == wire
 
 
-# ----------------------------------------------------------------- SPEC §12, GTP example
+# ----------------------------------------------------------------- GTP example
 
 
 GTP_EXAMPLE = {
@@ -313,7 +313,7 @@ def test_remote_bytes_vanish_at_ep_1(p):
 @settings(max_examples=20, deadline=None)
 @given(small_layouts)
 def test_memory_falls_with_ep_while_expert_activations_do_not(p):
-    # (The AllGather dispatcher's gathered buffer grows with EP: SPEC §6.)
+    # (The AllGather dispatcher's gathered buffer grows with EP.)
     p = {**p, "dispatcher": "alltoall" if p["dispatcher"] == "allgather" else p["dispatcher"]}
     by_ep = {ep: memory_by_stage(small(p, ep=ep))[0] for ep in (1, 2, 4, 8)}
     acts = {ep: values(budgets(small(p, ep=ep), stage=0), 0)["act_routed_per_layer"]
