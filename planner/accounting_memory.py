@@ -4,9 +4,14 @@ states (sharded over dp_cp / expt_dp with the distributed optimizer), MoE-aware 
 chunks live at the pipeline schedule's peak, recompute, and communication buffers.
 
 What is counted: every parameter and persistent buffer the model holds, main grads, optimizer
-states, stored activations and the transient dispatch/pipeline buffers of one layer. What is not:
-allocator fragmentation, CUDA context and library workspaces, NCCL internal buffers, the fp32
-copy of probabilities in fused kernels, temporary GEMM workspaces and checkpoint I/O buffers.
+states, stored activations and the transient dispatch/pipeline buffers of one layer. Weight and
+grad buffers are padded as the distributed optimizer pads them (one buffer per kind and stage, its
+end at a multiple of lcm(shards, 128) elements), so every shard and byte count is whole. What is
+not: allocator fragmentation, CUDA context and library workspaces, NCCL internal buffers, the fp32
+copy of probabilities in fused kernels, temporary GEMM workspaces, checkpoint I/O buffers, the
+64-element alignment of each parameter in its buffer, and the extra padded buckets that
+overlap_grad_reduce (first stage) or one buffer per VPP chunk add (under lcm(shards, 128) elements
+each).
 Activations follow a flash-attention model (no s² score matrix is stored) and count each stored
 tensor once; SwiGLU is assumed for every MLP.
 """

@@ -137,7 +137,6 @@ class Variant:
     recompute_method: str | None
     recompute_modules: frozenset[str]
     cp_kv_gather: bool  # standard attention with CP over an all-gather of K/V
-    interleaved: bool  # VPP > 1
     mla_q_lora: bool
     aux_counts: str  # load-balancing type whose token counts are all-reduced over tp_cp, or ""
 
@@ -173,7 +172,6 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
                                                  else None),
         recompute_modules=modules if ov.recompute_granularity == "selective" else frozenset(),
         cp_kv_gather=par.cp > 1 and model.attention_variant == "standard",
-        interleaved=split.vpp > 1,
         mla_q_lora=bool(model.q_lora_rank),
         aux_counts=moe.moe_router_load_balancing_type
         if moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss")

@@ -359,7 +359,7 @@ def _variants(limit: int | None = None):
     base = dict(ep=True, etp=True, tp_ep=True, dp_cp=True, edp=True, tp_dp_cp=True, pp=True,
                 instances=False, mhc=False, per_token_loss=False, expert_bias=True,
                 optimizer="adam", master_copy=True, recompute_method=None, cp_kv_gather=True,
-                interleaved=False, mla_q_lora=True, aux_counts="seq_aux_loss")
+                mla_q_lora=True, aux_counts="seq_aux_loss")
     combos = itertools.product(("alltoall", "allgather", "flex"), ("dropless", "drop", "pad"),
                                (False, True), ("standard", "mla", "dsv4_hybrid"),
                                (None, "full", "selective"))
@@ -376,7 +376,7 @@ def _variants(limit: int | None = None):
 @pytest.mark.parametrize("flags", [
     {}, {"ep": False, "etp": False, "tp_ep": False}, {"instances": True}, {"mhc": True},
     {"per_token_loss": True}, {"optimizer": "sgd", "master_copy": False},
-    {"interleaved": True}, {"pp": False, "dp_cp": False, "edp": False},
+    {"recompute": "full", "recompute_method": "block"}, {"pp": False, "dp_cp": False, "edp": False},
 ])
 def test_every_variant_builds_a_consistent_book(flags):
     names = {s.name for s in ALL_SYMBOLS}
