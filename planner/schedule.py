@@ -108,21 +108,82 @@ def activation_peak(order: Sequence[Pass], chunk_bytes: Sequence[Number]) -> Pea
 
 def stage_peak(pp: int, vpp: int, stage: int, microbatches: int, chunk_bytes: Sequence[Number],
                group_size: int | None = None, extra_warmup: int = 0) -> Peak:
-    """`activation_peak` of the stage's order, in time independent of the microbatch count.
+    """`activation_peak` of the stage's order (chunk bytes ≥ 0), in time independent of the
+    microbatch count and the group size.
 
     Away from the warm-up and the last microbatch group the schedule repeats every G·VPP passes
     (each window gains G microbatches of every chunk on both ends), so whole groups in the middle
-    change no live count; they are left out of the replay and the peak's pass number restored.
+    change no live count; they are left out and the peak's pass number restored. What remains is
+    replayed run by run: while the forward and the backward chunk stay the same, each
+    forward/backward pair changes the held bytes by the same amount, so a run peaks at an end.
     """
+    if microbatches < 1 or vpp < 1 or not 0 <= stage < pp:
+        raise ValueError(f"no schedule for pp={pp} vpp={vpp} stage={stage} m={microbatches}")
+    if pp == 1:  # one microbatch through every chunk, then its backward
+        return Peak(sum(chunk_bytes), vpp, (1,) * vpp)
     group = group_size or pp
     period = group * vpp
     warmup = warmup_passes(pp, vpp, stage, microbatches, group_size, extra_warmup)
     full_groups = -(-microbatches // group) - 1  # groups before the last one
-    spare = (full_groups * period - warmup - period) // period if pp > 1 else 0
-    dropped = max(spare - 1, 0)
+    dropped = max((full_groups * period - warmup - period) // period - 1, 0)
     kept = microbatches - dropped * group
-    peak = activation_peak(pipeline_order(pp, vpp, stage, kept, group_size, extra_warmup),
-                           chunk_bytes)
+    peak = _peak_by_runs(_table_runs(kept, vpp, group), list(chunk_bytes), warmup)
     if peak.forward_pass > (full_groups - dropped) * period:
         peak = Peak(peak.bytes, peak.forward_pass + dropped * period, peak.live)
     return peak
+
+
+def _table_runs(microbatches: int, vpp: int, group: int) -> list[tuple[int, int]]:
+    """`schedule_table` as (chunk, consecutive forwards) runs."""
+    return [(c, min(group, microbatches - first)) for first in range(0, microbatches, group)
+            for c in range(vpp)]
+
+
+class _Cursor:
+    """Walks the forward order run by run (backward chunks are the mirror, VPP − 1 − c)."""
+
+    def __init__(self, runs: list[tuple[int, int]]) -> None:
+        self.runs, self.index, self.used = runs, 0, 0
+
+    def chunk(self) -> int:
+        return self.runs[self.index][0]
+
+    def left(self) -> int:
+        return self.runs[self.index][1] - self.used
+
+    def advance(self, n: int) -> None:
+        self.used += n
+        while self.index < len(self.runs) and self.used >= self.runs[self.index][1]:
+            self.used -= self.runs[self.index][1]
+            self.index += 1
+
+
+def _peak_by_runs(runs: list[tuple[int, int]], sizes: list[Number], warmup: int) -> Peak:
+    vpp, total = len(sizes), sum(n for _, n in runs)
+    live, held = [0] * vpp, 0
+    forward = _Cursor(runs)
+    while sum(live) < warmup:  # warm-up: forwards only, the held bytes only grow
+        n = min(forward.left(), warmup - sum(live))
+        live[forward.chunk()] += n
+        held += n * sizes[forward.chunk()]
+        forward.advance(n)
+    best = Peak(held, warmup, tuple(live)) if warmup else Peak(-1, 0, tuple(live))
+    backward, done = _Cursor(runs), warmup
+    while done < total:  # steady state: forward `done`, then backward `done - warmup`
+        f, b = forward.chunk(), vpp - 1 - backward.chunk()
+        n = min(forward.left(), backward.left())
+        step = sizes[f] - sizes[b]
+        j = n - 1 if step > 0 else 0  # the run's highest point (the first one on a tie)
+        candidate = [*live]
+        candidate[f] += j + 1
+        candidate[b] -= j
+        value = held + sizes[f] + j * step
+        if (value, sum(candidate)) > (best.bytes, best.live_passes):
+            best = Peak(value, done + j + 1, tuple(candidate))
+        held += n * step
+        live[f] += n
+        live[b] -= n
+        forward.advance(n)
+        backward.advance(n)
+        done += n
+    return best

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.schedule import Pass, activation_peak, pipeline_order, stage_peak, warmup_passes
+from planner.schedule import Pass, Peak, activation_peak, pipeline_order, stage_peak, warmup_passes
 from tests.megatron_source import megatron_functions
 
 
@@ -199,7 +199,9 @@ def test_equal_chunks_give_in_flight_times_one_chunk(case):
 def test_stage_peak_skips_repeating_groups_without_changing_the_answer(pp, vpp, data):
     m = data.draw(st.integers(1, 80), label="microbatches")
     stage = data.draw(st.integers(0, pp - 1), label="stage")
-    group = data.draw(st.none() | st.integers(pp, max(pp, m)), label="group size") if vpp > 1 \
+    pp = data.draw(st.sampled_from([pp, 1]) if vpp > 1 else st.just(pp), label="pp")
+    stage = min(stage, pp - 1)
+    group = data.draw(st.none() | st.integers(1, m + 3), label="group size") if vpp > 1 \
         else None
     extra = data.draw(st.integers(0, 1), label="extra warm-up") if vpp > 1 else 0
     sizes = data.draw(st.lists(st.integers(0, 50), min_size=vpp, max_size=vpp), label="sizes")
@@ -214,3 +216,8 @@ def test_stage_peak_is_fast_for_huge_microbatch_counts():
     assert (peak.live, peak.bytes, peak.forward_pass) == ((17, 0), 17 * 5, 33)
     peak = stage_peak(16, 2, 15, 10**9, (3, 5))
     assert (peak.live, peak.bytes, peak.forward_pass) == ((16, 1), 16 * 3 + 5, 17)
+    # One group of every microbatch: chunk 0 for all of them, then chunk 1. Stage 0 warms up with
+    # 2·3 + 10^9 forwards, so everything is in flight once the last chunk-0 pass has run.
+    peak = stage_peak(4, 2, 0, 10**9, (5, 3), group_size=10**9)
+    assert peak.live == (10**9, 7) and peak.forward_pass == 10**9 + 7
+    assert stage_peak(1, 3, 0, 10**9, (5, 3, 1)) == Peak(9, 3, (1, 1, 1))
