@@ -165,6 +165,7 @@ class Accounting:
         full = formula_book(self.variant)
         self.book = full.subset(targets) if targets else full
         self.inputs = global_values(cfg, self.split)
+        self._schedules: dict[int, tuple[list[dict[str, Number]], Peak]] = {}
         self.chunk_book = full.subset(("act_per_microbatch", "microbatches")).quantities
         self.chunk_formula = next(q.formula for q in full.quantities
                                   if q.name == "act_per_microbatch")
@@ -183,6 +184,11 @@ class Accounting:
     def schedule(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
         """Each model chunk of the stage evaluated alone (its activations per microbatch), and the
         peak of live chunks over the stage's pipeline order."""
+        if stage not in self._schedules:
+            self._schedules[stage] = self._replay(stage)
+        return self._schedules[stage]
+
+    def _replay(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
         envs = [evaluate(self.chunk_book, {**self.inputs, **chunk_values(self.cfg, self.split, c)})
                 for c in self.split.stages[stage].chunks]
         par, overlap = self.cfg.parallel, self.cfg.overlap.overlap_moe_expert_parallel_comm
