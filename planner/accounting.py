@@ -9,6 +9,7 @@ list, `memory_findings` turns the memory peak into MEM001/MEM002 without importi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -37,6 +38,7 @@ from planner.accounting_symbols import (
     ALL_SYMBOLS,
     TOPOLOGY_GROUPS,
     Variant,
+    chunk_values,
     global_values,
     rank_values,
     stage_values,
@@ -44,11 +46,14 @@ from planner.accounting_symbols import (
 )
 from planner.findings import Finding
 from planner.pipeline import SplitError, StageSplit, stage_split
+from planner.schedule import Peak, stage_peak
 from planner.schema import Config
 from planner.units import format_bytes
 
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")
-MEMORY_SOURCE = "SPEC §3, §14 (memory budget); megatron-reference §4"
+MEMORY_SOURCE = ("Megatron-LM dev@d48bd6be megatron/training/theoretical_memory_usage.py "
+                 "report_theoretical_memory (weights, grads, optimizer, activations); "
+                 "megatron/core/pipeline_parallel/schedules.py (microbatches in flight)")
 _MEMORY_PARTS = ("weight_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes",
                  "activation_bytes", "comm_buffer_bytes", "in_flight_microbatches",
                  "peak_memory_bytes", "gpu_memory_bytes", "memory_utilization")
@@ -159,15 +164,61 @@ class Accounting:
         self.variant = variant_of(cfg, self.split)
         full = formula_book(self.variant)
         self.book = full.subset(targets) if targets else full
+        self.inputs = global_values(cfg, self.split)
+        self._schedules: dict[int, tuple[list[dict[str, Number]], Peak]] = {}
+        self.chunk_book = full.subset(("act_per_microbatch", "microbatches")).quantities
+        self.chunk_formula = next(q.formula for q in full.quantities
+                                  if q.name == "act_per_microbatch")
         try:
-            self.globals = evaluate(self.book.at("global"), global_values(cfg, self.split))
+            self.globals = evaluate(self.book.at("global"), dict(self.inputs))
         except ZeroDivisionError as exc:
             raise BudgetError(f"a layout degree is zero ({exc})") from None
 
     def stage_env(self, stage: int, embd_group: list[int] | None = None) -> dict[str, Number]:
         env = dict(self.globals)
         env.update(stage_values(self.cfg, self.split, stage, embd_group))
+        peak = self.schedule(stage)[1]
+        env.update(live_passes=peak.live_passes, act_live_peak=peak.bytes)
         return evaluate(self.book.at("stage"), env)
+
+    def schedule(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
+        """Each model chunk of the stage evaluated alone (its activations per microbatch), and the
+        peak of live chunks over the stage's pipeline order."""
+        if stage not in self._schedules:
+            self._schedules[stage] = self._replay(stage)
+        return self._schedules[stage]
+
+    def _replay(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
+        envs = [evaluate(self.chunk_book, {**self.inputs, **chunk_values(self.cfg, self.split, c)})
+                for c in self.split.stages[stage].chunks]
+        par, overlap = self.cfg.parallel, self.cfg.overlap.overlap_moe_expert_parallel_comm
+        microbatches = max(1, math.ceil(envs[0]["microbatches"]))  # whole on any valid config
+        peak = stage_peak(par.pp, self.split.vpp, stage, microbatches,
+                          [env["act_per_microbatch"] for env in envs],
+                          par.microbatch_group_size_per_vp_stage,
+                          int(overlap and self.split.vpp > 1))
+        return envs, peak
+
+    def schedule_budgets(self, stage: int, scope: str) -> list[Budget]:
+        """Rows that explain act_live_peak: each chunk's activations, then the live sum."""
+        envs, peak = self.schedule(stage)
+        rows = []
+        for chunk, env in zip(self.split.stages[stage].chunks, envs, strict=True):
+            held = [f"layers {chunk.layers[0]}-{chunk.layers[-1]}" if chunk.layers else "no layers"]
+            held += ["MTP"] * bool(chunk.mtp_layers) + ["embedding"] * chunk.embedding
+            held += ["loss"] * chunk.loss
+            rows.append(Budget(f"act_chunk.{chunk.virtual}", env["act_per_microbatch"], "bytes",
+                               self.chunk_formula, scope, stage, "memory",
+                               f"per microbatch: model chunk {chunk.virtual} alone (pipeline chunk "
+                               f"{chunk.index}: {', '.join(held)})", env))
+        terms = [f"{n} * act_chunk_{v}" for v, n in enumerate(peak.live)]
+        total = envs[0]["microbatches"] * self.split.vpp
+        rows.append(Budget("act_live_peak", peak.bytes, "bytes", " + ".join(terms), scope, stage,
+                           "memory", f"stored activations at the schedule's peak, after forward "
+                           f"pass {peak.forward_pass} of {number_text(total)}: live passes of each "
+                           "chunk times its activations",
+                           {f"act_chunk_{row.name.split('.')[1]}": row.value for row in rows}))
+        return rows
 
     def rank_env(self, stage_env: dict[str, Number], values: dict[str, Number]) -> dict[str, Number]:
         env = dict(stage_env)
@@ -206,8 +257,11 @@ def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -
         except ZeroDivisionError as exc:
             raise BudgetError(f"stage {s}: a quantity divides by zero ({exc})") from None
         scope = f"stage {s} (rank {r})"
-        out.extend(acc.budget(q, env, scope, s) for q in acc.book.quantities
-                   if q.level != "global")
+        for q in acc.book.quantities:
+            if q.name == "in_flight_microbatches":
+                out.extend(acc.schedule_budgets(s, scope))
+            if q.level != "global":
+                out.append(acc.budget(q, env, scope, s))
     return out
 
 

@@ -1,5 +1,7 @@
 """Formulas for the layout, token rows, bytes per collective, per-step predictions, the topology
-split and gradient scaling (SPEC §3–§8, §12, §14; megatron-reference §3, §5).
+split and gradient scaling, following Megatron-LM dev@d48bd6be megatron/core/transformer/moe/
+token_dispatcher.py (MoEAlltoAllTokenDispatcher, MoEAllGatherTokenDispatcher, MoEFlexTokenDispatcher)
+and megatron/core/distributed/distributed_data_parallel.py (gradient reduction and pre-scales).
 
 Conventions: rows and bytes are per rank, per MoE layer, per microbatch unless the name starts with
 `step.` (one optimizer step: × MoE layers on the stage × microbatches). Routing is uniform, so
@@ -21,6 +23,7 @@ ALGORITHMS = {
     "p2p": "point-to-point send",
 }
 ONE_RANK = "group of one rank: no collective"
+WHOLE_BYTES = "shares of a buffer and expectations are rounded up to whole bytes"
 GROUP_SIZE = {"ep": "EP", "expt_tp": "ETP", "tp_ep": "tp_ep_size", "cp": "CP", "tp_cp": "(TP * CP)",
               "dp_cp": "dp_cp_size", "expt_dp": "expert_dp", "tp_dp_cp": "tp_dp_cp_size",
               "embd": "embd_size"}
@@ -41,7 +44,7 @@ def add_layout(book: Book, v: Variant) -> None:
         "tp_dp_cp group (expert-bias token counts, global aux loss)")
     add("weight_replicas", "dense_dp", "ranks", "layout", "D_w: dense weight replicas (GTP axis excluded)")
     add("cp_runtime", "CP * q_s", "ranks", "layout",
-        "CP_runtime = C · q_s: GTP sequence shards enlarge the context split (SPEC §12)")
+        "CP_runtime = C · q_s: GTP sequence shards enlarge the context split")
     add("batch_replicas", "weight_replicas * GTP / q_s", "ranks", "layout",
         "D_batch = D_w · R / q_s: ranks that see different samples")
     add("microbatches", "B / (b * batch_replicas)", "count", "layout",
@@ -106,14 +109,14 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
     if v.dispatcher == "alltoall":
         add("dispatch_send_bytes", "dispatch_send_rows * h * p", "bytes", "bytes",
             "EP dispatch hidden, including the chunk a rank sends to itself")
-        add("dispatch_remote_bytes", "dispatch_send_bytes * (EP - 1) / EP", "bytes", "bytes",
-            "the part that leaves the rank under uniform routing")
+        add("dispatch_remote_bytes", "ceiling(dispatch_send_bytes * (EP - 1) / EP)", "bytes", "bytes",
+            "the part that leaves the rank under uniform routing (rounded up to whole bytes)")
         add("dispatch_probs_send_bytes", "dispatch_send_rows * p", "bytes", "bytes",
             "EP dispatch of the permuted probs")
         add("combine_send_bytes", "expected_recv_rows * h * p", "bytes", "bytes",
             "EP combine hidden (expert outputs go back)")
-        add("combine_remote_bytes", "combine_send_bytes * (EP - 1) / EP", "bytes", "bytes",
-            "combine bytes that leave the rank")
+        add("combine_remote_bytes", "ceiling(combine_send_bytes * (EP - 1) / EP)", "bytes", "bytes",
+            "combine bytes that leave the rank (rounded up to whole bytes)")
         add("ep_fwd_remote_bytes", "dispatch_remote_bytes + combine_remote_bytes", "bytes",
             "bytes", "forward dispatch + combine, remote")
         add("ep_fwd_bwd_remote_bytes", "2 * ep_fwd_remote_bytes", "bytes", "bytes",
@@ -135,8 +138,8 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
     else:
         add("flex_dispatch_send_bytes", "flex_dispatch_send_rows * h * p", "bytes", "bytes",
             "Flex dispatch over tp_ep, before backend de-duplication")
-        add("flex_dispatch_remote_bytes", "flex_dispatch_send_bytes * (tp_ep_size - 1) / tp_ep_size",
-            "bytes", "bytes", "the part that leaves the rank")
+        add("flex_dispatch_remote_bytes", "ceiling(flex_dispatch_send_bytes * (tp_ep_size - 1) / tp_ep_size)",
+            "bytes", "bytes", "the part that leaves the rank (rounded up to whole bytes)")
         add("flex_combine_send_bytes", "expert_gemm_rows * h * p", "bytes", "bytes",
             "Flex combine of the expert outputs")
 
@@ -163,17 +166,18 @@ class Collectives:
         s = add(f"{base}.send_bytes", send, "bytes", "step", f"{doc}; {where}")
         add(f"{base}.recv_bytes", recv, "bytes", "step", f"{doc}: received (expectation)")
         if algorithm == "alltoall":
-            wire = f"{s} * ({g} - 1) / {g}"
-            inter = f"{s} * ({g} - {group}_on_node) / {g}"
+            wire = f"ceiling({s} * ({g} - 1) / {g})"
+            inter = f"ceiling({s} * ({g} - {group}_on_node) / {g})"
         else:
-            wire = {"allgather": f"{s} * ({g} - 1)", "reduce_scatter": f"{s} * ({g} - 1) / {g}",
-                    "allreduce": f"2 * {s} * ({g} - 1) / {g}", "p2p": s}[algorithm]
+            wire = {"allgather": f"{s} * ({g} - 1)",
+                    "reduce_scatter": f"ceiling({s} * ({g} - 1) / {g})",
+                    "allreduce": f"2 * ceiling({s} * ({g} - 1) / {g})", "p2p": s}[algorithm]
         w = add(f"{base}.wire_bytes", wire, "bytes", "topology",
-                f"bytes this rank puts on the wire ({where})")
+                f"bytes this rank puts on the wire ({where}; {WHOLE_BYTES})")
         if algorithm != "alltoall":
-            inter = f"{w} * {offnode or group + '_ring_offnode'}"
+            inter = f"ceiling({w} * {offnode or group + '_ring_offnode'})"
         x = add(f"{base}.inter_node_bytes", inter, "bytes", "topology",
-                "wire bytes that cross nodes (node-major placement)")
+                f"wire bytes that cross nodes (node-major placement; {WHOLE_BYTES})")
         self.inter.append(x)
         self.intra.append(add(f"{base}.intra_node_bytes", f"{w} - {x}", "bytes", "topology",
                               "wire bytes that stay inside the node"))
@@ -303,7 +307,8 @@ def add_steps(book: Book, v: Variant) -> Collectives:
 
 
 def _add_grad_steps(c: Collectives, v: Variant) -> None:
-    """Dense grads over dp_cp, routed-expert grads over expt_dp (SPEC §8), once per step.
+    """Dense grads over dp_cp, routed-expert grads over expt_dp, once per step (Megatron-LM
+    dev@d48bd6be megatron/core/distributed/distributed_data_parallel.py DistributedDataParallel).
 
     With several distributed-optimizer instances the reduce-scatter runs inside an instance
     (intra_dp_cp / intra_expt_dp) and the shard is all-reduced across instances (inter_dist_opt).
@@ -321,8 +326,7 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
             c.add(name, "fwd", group, "allreduce", buffer, buffer, f"{kind} grad buffer all-reduce")
             continue
         shard_group = inner if v.instances else group
-        shard = f"{kind}_shard_params"
-        padded = f"{shard} * {shards}"
+        shard, padded = f"{kind}_shard_params", f"{kind}_buffer_params"
         c.add(name, "fwd", shard_group, "reduce_scatter", f"{padded} * bytes_grad",
               f"{shard} * bytes_grad", f"{kind} grad buffer reduce-scatter (distributed optimizer)",
               size=shards)
@@ -355,7 +359,9 @@ def add_topology(book: Book, v: Variant, c: Collectives) -> None:
 
 
 def add_scaling(book: Book, v: Variant) -> None:
-    """Gradient pre-scale factors (megatron-reference §3.2/3.3, PR #7165's R_e/R correction)."""
+    """Gradient pre-scale factors (Megatron-LM dev@d48bd6be megatron/core/distributed/
+    distributed_data_parallel.py gradient_scaling_factor / expert_gradient_scaling_factor; the GTP
+    R_e/R correction of Megatron-LM main@d98e8a64, PR #7165)."""
     add = book.add
     add("gtp_expert_correction", "EGTP / GTP", "ratio", "scaling",
         "R_e/R: expert pre-scale correction when GTP != EGTP")

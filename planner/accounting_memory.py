@@ -1,12 +1,17 @@
 """Formulas for memory per rank and stage: parameters (routed experts / EP / ETP, shared expert / TP,
 V4 CSA/HCA attention, norms, router, mHC, embedding, output, MTP), fp32 main grads, optimizer
-states (sharded over dp_cp / expt_dp with the distributed optimizer), MoE-aware activations times
-in-flight microbatches, recompute, and communication buffers.
+states (sharded over dp_cp / expt_dp with the distributed optimizer), MoE-aware activations of the
+chunks live at the pipeline schedule's peak, recompute, and communication buffers.
 
 What is counted: every parameter and persistent buffer the model holds, main grads, optimizer
-states, stored activations and the transient dispatch/pipeline buffers of one layer. What is not:
-allocator fragmentation, CUDA context and library workspaces, NCCL internal buffers, the fp32
-copy of probabilities in fused kernels, temporary GEMM workspaces and checkpoint I/O buffers.
+states, stored activations and the transient dispatch/pipeline buffers of one layer. Weight and
+grad buffers are padded as the distributed optimizer pads them (one buffer per kind and stage, its
+end at a multiple of lcm(shards, 128) elements), so every shard and byte count is whole. What is
+not: allocator fragmentation, CUDA context and library workspaces, NCCL internal buffers, the fp32
+copy of probabilities in fused kernels, temporary GEMM workspaces, checkpoint I/O buffers, the
+64-element alignment of each parameter in its buffer, and the extra padded buckets that
+overlap_grad_reduce (first stage) or one buffer per VPP chunk add (under lcm(shards, 128) elements
+each).
 Activations follow a flash-attention model (no s² score matrix is stored) and count each stored
 tensor once; SwiGLU is assumed for every MLP.
 """
@@ -58,7 +63,8 @@ def add_params(book: Book, v: Variant) -> None:
         extra = " + L_csa * csa_params_per_layer + L_hca * hca_params_per_layer"
     add("dense_mlp_params_per_layer", "3 * h * f / (TP * GTP)", "params", "memory",
         "dense SwiGLU MLP of a non-MoE block")
-    add("embedding_params", "V * h / TP", "params", "memory", "word embedding (or output) shard")
+    add("embedding_params", "V_pad * h / TP", "params", "memory",
+        "word embedding (or output) shard over the padded vocabulary")
     add("final_params", "h + n_hc * n_hc * h + n_hc + 1" if v.mhc else "h", "params", "memory",
         "final norm" + (" + mHC head" if v.mhc else ""))
     add("mtp_extra_params_per_layer", "2 * h * h / TP + 3 * h", "params", "memory",
@@ -82,9 +88,12 @@ def add_params(book: Book, v: Variant) -> None:
     add("expert_opt_shards", "expert_dp / I_opt" if shard else "1", "ranks", "memory",
         "expert optimizer shards (distributed optimizer over expt_dp, per instance)")
     for kind in ("dense", "expert"):
-        add(f"{kind}_shard_params", f"ceiling({kind}_params_on_rank / {kind}_opt_shards)",
-            "params", "memory", f"{kind} parameters whose optimizer state this rank owns (the "
-            "grad buffer is padded to a multiple of the shards)")
+        add(f"{kind}_buffer_params", f"ceiling({kind}_params_on_rank / pad_{kind}) * pad_{kind}",
+            "params", "memory", f"{kind} grad/param buffer: the parameters, the end padded to a "
+            f"multiple of pad_{kind} so the distributed optimizer's shards are whole")
+        add(f"{kind}_shard_params", f"{kind}_buffer_params / {kind}_opt_shards",
+            "params", "memory", f"{kind} buffer elements whose optimizer state this rank owns "
+            "(the first shards hold parameters only; padding sits at the buffer's end)")
 
 
 def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
@@ -120,9 +129,11 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
 
 def add_memory(book: Book, v: Variant) -> None:
     add = book.add
-    add("weight_bytes", "params_on_rank * p", "bytes", "memory", "parameters in training precision")
-    add("grad_bytes", "params_on_rank * bytes_grad", "bytes", "memory",
-        "fp32 main-grad buffers (not sharded by the distributed optimizer)")
+    buffers = "(dense_buffer_params + expert_buffer_params)"
+    add("weight_bytes", f"{buffers} * p", "bytes", "memory",
+        "parameter buffers in training precision (padded like the grad buffers)")
+    add("grad_bytes", f"{buffers} * bytes_grad", "bytes", "memory",
+        "fp32 main-grad buffers (padded, not sharded by the distributed optimizer)")
     opt, opt_doc = OPTIMIZER_BYTES[v.optimizer]
     if v.master_copy:
         opt, opt_doc = f"4 + {opt}", f"fp32 master weights + {opt_doc}"
@@ -130,8 +141,8 @@ def add_memory(book: Book, v: Variant) -> None:
     add("optimizer_bytes", "optimizer_bytes_per_param * (dense_shard_params + expert_shard_params)",
         "bytes", "memory",
         "optimizer states, sharded over dp_cp / expt_dp with the distributed optimizer")
-    add("buffer_bytes", "bias_routers * E * (4 + 8) + L_hash * V * k * 8", "bytes", "memory",
-        "expert bias (fp32) and token counts (int64); hash tables tid2eid [V, k] int64")
+    add("buffer_bytes", "bias_routers * E * (4 + 8) + L_hash * V_pad * k * 4", "bytes", "memory",
+        "expert bias (fp32) and token counts (int64); hash tables tid2eid [V_pad, k] int32")
     for name, (formula, doc) in _act_parts(v).items():
         add(name, formula, "bytes", "memory", f"per microbatch: {doc}")
     moe = ("tokens_per_rank * 2 * h * p" if "moe" in v.recompute_modules else
@@ -159,18 +170,18 @@ def add_memory(book: Book, v: Variant) -> None:
     _add_recompute(book, v)
     add("act_embedding", "has_embedding * tokens_per_rank * (h * p + 8)", "bytes", "memory",
         "per microbatch: embedding output and token ids")
-    add("act_output", "(has_output + L_mtp) * tokens_per_rank * (h * p + V * 4)", "bytes", "memory",
-        "per microbatch: output-layer input and fp32 logits (main head and each MTP head)")
+    add("act_output", "(has_output + L_mtp) * tokens_per_rank * (h * p + TP_seq * V_pad / TP * 4)",
+        "bytes", "memory",
+        "per microbatch: output-layer input and fp32 logits (main head and each MTP head); the "
+        "logits cover the whole sequence (gathered from the TP_seq shards) and V_pad / TP of the "
+        "vocabulary")
     add("act_per_microbatch", "act_stored_layers + act_embedding + act_output", "bytes", "memory",
         "stored activations of one microbatch on this stage")
-    if v.interleaved:
-        flight = "Min(microbatches * VPP, 2 * (PP - s - 1) + (VPP - 1) * PP + 1) / VPP"
-        doc = "interleaved 1F1B: warm-up chunks + 1, in microbatch equivalents"
-    else:
-        flight, doc = "Min(microbatches, PP - s)", "1F1B: stage s holds PP - s microbatches"
-    add("in_flight_microbatches", flight, "count", "memory", doc)
-    add("activation_bytes", "act_per_microbatch * in_flight_microbatches + recompute_working_bytes",
-        "bytes", "memory", "peak stored activations")
+    add("in_flight_microbatches", "live_passes / VPP", "count", "memory",
+        "chunk passes held at the activation peak, in microbatch equivalents (1F1B: min(m, PP - s);"
+        " interleaved: warm-up passes + 1)")
+    add("activation_bytes", "act_live_peak + recompute_working_bytes", "bytes", "memory",
+        "peak stored activations: the live chunks at the schedule's peak, plus recompute's block")
     buffers = {"alltoall": "2 * dispatch_send_bytes",
                "allgather": "allgather_dispatch_rows * (2 * h * p + E * p + E)",
                "flex": "2 * ncclep_recv_rows * h * p" if v.ncclep else "2 * flex_dispatch_send_bytes",
@@ -190,21 +201,22 @@ def add_memory(book: Book, v: Variant) -> None:
 
 def _add_recompute(book: Book, v: Variant) -> None:
     add, avg = book.add, "act_layers_per_microbatch / Max(blocks, 1)"
+    whole = "whole bytes, the average block rounded up"
     if v.recompute != "full":
         add("act_stored_layers", "act_layers_per_microbatch", "bytes", "memory",
             "per microbatch: block activations kept for backward")
         add("recompute_working_bytes", "0", "bytes", "memory", "no full recompute")
         return
     if v.recompute_method == "block":
-        add("recomputed_blocks", "Min(N_r * VPP, blocks)", "count", "memory",
+        add("recomputed_blocks", "Min(N_r * chunks, blocks)", "count", "memory",
             "block method: the first N_r blocks of each chunk are recomputed")
-        add("act_stored_layers", f"(blocks - recomputed_blocks) * {avg}"
+        add("act_stored_layers", f"ceiling((blocks - recomputed_blocks) * {avg})"
             " + recomputed_blocks * layer_input_bytes", "bytes", "memory",
-            "per microbatch: other blocks keep everything (average block)")
-        add("recompute_working_bytes", f"Min(recomputed_blocks, 1) * {avg}", "bytes", "memory",
-            "one block re-materialised during its backward")
+            f"per microbatch: other blocks keep everything (average block; {whole})")
+        add("recompute_working_bytes", f"Min(recomputed_blocks, 1) * ceiling({avg})", "bytes",
+            "memory", f"one block re-materialised during its backward ({whole})")
         return
     add("act_stored_layers", "ceiling(blocks / N_r) * layer_input_bytes", "bytes", "memory",
         "uniform method: one input per group of N_r blocks")
-    add("recompute_working_bytes", f"Min(N_r, blocks) * {avg}", "bytes", "memory",
-        "one group of N_r blocks re-materialised during backward (average block)")
+    add("recompute_working_bytes", f"ceiling(Min(N_r, blocks) * {avg})", "bytes", "memory",
+        f"one group of N_r blocks re-materialised during backward (average block; {whole})")

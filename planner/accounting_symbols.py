@@ -7,12 +7,13 @@ choices (dispatcher, capacity mode, optimizer, recompute ...) that pick which fo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from planner.accounting_expr import Number, Symbol, exact, normalize
-from planner.pipeline import StageSplit
+from planner.pipeline import Chunk, StageLayers, StageSplit, stage_layers
 from planner.schema import Config
 
 ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -37,6 +38,8 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("I_s", "shared expert intermediate size (0 = none)"),
     Symbol("f", "dense MLP intermediate size (ffn_hidden_size)"),
     Symbol("V", "vocabulary size"),
+    Symbol("V_pad", "vocabulary padded to a multiple of 128·TP, the rows of the embedding and "
+           "output layers (Megatron's make_vocab_size_divisible_by = 128 times TP)"),
     Symbol("heads", "attention heads"),
     Symbol("groups", "query groups (KV heads)"),
     Symbol("d", "head dimension (kv_channels)"),
@@ -59,11 +62,15 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("rcf", "NCCL EP rank capacity factor, moe_expert_rank_capacity_factor (0 when unset)"),
     Symbol("I_opt", "distributed-optimizer instances"),
     Symbol("N_r", "recompute_num_layers (1 when unset)"),
+    Symbol("pad_dense", "elements the dense grad buffer's end is padded to a multiple of: lcm(its "
+           "optimizer shards, 128) with the distributed optimizer, else 1"),
+    Symbol("pad_expert", "the same for the expert grad buffer: lcm(expert optimizer shards, 128)"),
     Symbol("mem_gib", "GPU memory per rank in GiB (cluster.gpu_memory_gib)"),
 )
 
 STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in (
     ("s", "pipeline stage index"),
+    ("chunks", "model chunks the counts cover: VPP for a stage, 1 for one chunk (its own block)"),
     ("blocks", "transformer blocks on the stage (decoder layers + MTP layers)"),
     ("L_moe", "MoE layers on the stage (MTP blocks included)"),
     ("L_dense", "blocks with a dense MLP instead of MoE"),
@@ -79,6 +86,10 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
     ("is_last_stage", "1 on the stage holding the last pipeline chunk"),
     ("embd_size", "ranks in this stage's embedding group (1 when not a member)"),
     ("embd_sync", "1 when this stage syncs embedding grads over an embedding group of >= 2 ranks"),
+    ("live_passes", "forward chunk passes whose activations the stage holds at its peak (Megatron's "
+                    "1F1B or interleaved order replayed, planner/schedule.py)"),
+    ("act_live_peak", "stored activations at that peak: each live pass holds its own chunk's "
+                      "act_per_microbatch (see the act_chunk.* and act_live_peak rows)"),
 ))
 
 # Group kinds whose physical placement the topology split reports.
@@ -127,7 +138,6 @@ class Variant:
     recompute_method: str | None
     recompute_modules: frozenset[str]
     cp_kv_gather: bool  # standard attention with CP over an all-gather of K/V
-    interleaved: bool  # VPP > 1
     mla_q_lora: bool
     aux_counts: str  # load-balancing type whose token counts are all-reduced over tp_cp, or ""
     ncclep: bool = False  # flex dispatcher with the NCCL EP backend (static receive buffers)
@@ -165,12 +175,28 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
                                                  else None),
         recompute_modules=modules if ov.recompute_granularity == "selective" else frozenset(),
         cp_kv_gather=par.cp > 1 and model.attention_variant == "standard",
-        interleaved=split.vpp > 1,
         mla_q_lora=bool(model.q_lora_rank),
         aux_counts=moe.moe_router_load_balancing_type
         if moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss")
         and moe.moe_aux_loss_coeff > 0 and par.tp * par.cp > 1 else "",
     )
+
+
+# Megatron-LM dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py
+# vocab_size_with_padding: the vocabulary grows to a multiple of make_vocab_size_divisible_by · TP.
+VOCAB_DIVISOR = 128
+BUCKET_ALIGN = 128  # elements; Megatron-LM dev@d48bd6be megatron/core/optimizer/param_layout.py
+
+
+def _buffer_pad(cfg: Config, replicas: int) -> int:
+    """The distributed optimizer pads each grad/param bucket's end to a multiple of
+    lcm(data-parallel shards, 128) elements so every shard is whole (Megatron-LM dev@d48bd6be
+    megatron/core/optimizer/param_layout.py bucket_end_divisor, used by distrib_optimizer.py
+    DistributedOptimizer._compute_per_buffer_param_layout); without it nothing is padded."""
+    instances = cfg.training.num_distributed_optimizer_instances
+    if not cfg.training.use_distributed_optimizer or replicas < 1 or replicas % instances:
+        return 1
+    return math.lcm(replicas // instances, BUCKET_ALIGN)
 
 
 def _ratios(cfg: Config) -> list[int]:
@@ -187,7 +213,9 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "TP_seq": par.tp if par.sequence_parallel else 1,
         "h": m.hidden_size, "E": m.num_experts, "k": m.moe_router_topk,
         "I": m.moe_ffn_hidden_size or 0, "I_s": m.moe_shared_expert_intermediate_size or 0,
-        "f": m.ffn_hidden_size or 0, "V": m.vocab_size, "heads": m.num_attention_heads,
+        "f": m.ffn_hidden_size or 0, "V": m.vocab_size,
+        "V_pad": -(-m.vocab_size // (VOCAB_DIVISOR * par.tp)) * VOCAB_DIVISOR * par.tp,
+        "heads": m.num_attention_heads,
         "groups": m.num_query_groups or m.num_attention_heads, "d": m.kv_channels or 0,
         "q_lora": m.q_lora_rank or 0, "kv_lora": m.kv_lora_rank or 0,
         "qk_rope": m.qk_pos_emb_head_dim, "o_groups": m.o_groups or 1, "o_lora": m.o_lora_rank or 0,
@@ -199,6 +227,8 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "rcf": exact(cfg.moe.moe_expert_rank_capacity_factor or 0),
         "I_opt": tr.num_distributed_optimizer_instances,
         "N_r": cfg.overlap.recompute_num_layers or 1,
+        "pad_dense": _buffer_pad(cfg, cfg.dp * par.cp),
+        "pad_expert": _buffer_pad(cfg, cfg.edp),
         "mem_gib": exact(cfg.cluster.gpu_memory_gib),
     }
 
@@ -206,7 +236,17 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
 def stage_values(cfg: Config, split: StageSplit, stage: int,
                  embd_group: Sequence[int] | None = None) -> dict[str, Number]:
     """Per-stage counts; `embd_group` is the embedding group of the stage's ranks (grid), if any."""
-    st, model, pp = split.stages[stage], cfg.model, cfg.parallel.pp
+    return _holding_values(cfg, split, split.stages[stage], split.vpp, embd_group)
+
+
+def chunk_values(cfg: Config, split: StageSplit, chunk: Chunk) -> dict[str, Number]:
+    """The same counts for one model chunk alone: what one of its forward passes stores."""
+    return _holding_values(cfg, split, stage_layers(cfg, chunk.stage, [chunk]), 1, None)
+
+
+def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int,
+                    embd_group: Sequence[int] | None) -> dict[str, Number]:
+    stage, model, pp = st.stage, cfg.model, cfg.parallel.pp
     ratios = _ratios(cfg)
     per_block = [ratios[i] if i < len(ratios) else 0 for i in st.layers]
     per_block += [ratios[model.num_layers + d] if model.num_layers + d < len(ratios) else 0
@@ -218,7 +258,7 @@ def stage_values(cfg: Config, split: StageSplit, stage: int,
     embd_size = len(embd_group) if embd_group else 1
     first_chunk, last_chunk = split.chunks[0], split.chunks[-1]
     return {
-        "s": stage, "blocks": blocks, "L_moe": len(st.moe_layers),
+        "s": stage, "chunks": chunks, "blocks": blocks, "L_moe": len(st.moe_layers),
         "L_dense": blocks - len(st.moe_layers), "L_hash": len(st.hash_layers),
         "L_mtp": len(st.mtp_layers),
         "L_csa": sum(1 for r in per_block if r == CSA_RATIO),

@@ -244,7 +244,8 @@ def _chunks_from_counts(cfg: Config) -> tuple[int, list[Chunk]]:
     return vpp, chunks
 
 
-def _stage(cfg: Config, stage: int, chunks: list[Chunk]) -> StageLayers:
+def stage_layers(cfg: Config, stage: int, chunks: list[Chunk]) -> StageLayers:
+    """What `chunks` of physical stage `stage` hold together (all of its chunks, or just one)."""
     model = cfg.model
     layers = tuple(layer for c in chunks for layer in c.layers)
     mtp = tuple(d for c in chunks for d in c.mtp_layers)
@@ -265,6 +266,6 @@ def stage_split(cfg: Config) -> StageSplit:
         source = "even split" if cfg.parallel.decoder_first_pipeline_num_layers is None and \
             cfg.parallel.decoder_last_pipeline_num_layers is None else "first/last stage counts"
     stages = tuple(
-        _stage(cfg, s, [c for c in chunks if c.stage == s]) for s in range(cfg.parallel.pp)
+        stage_layers(cfg, s, [c for c in chunks if c.stage == s]) for s in range(cfg.parallel.pp)
     )
     return StageSplit(vpp, tuple(chunks), stages, source)

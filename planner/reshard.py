@@ -1,7 +1,9 @@
 """Reshard plan: when a checkpoint saved under one layout is loaded under another, which routed-expert
 shards each new rank must read, from which old ranks, and how many bytes.
 
-Experts are addressed by global expert id (SPEC §15): EP64 local expert 0 is not EP32 local expert 0.
+Experts are addressed by global expert id, as Megatron's checkpoints store them (Megatron-LM
+dev@d48bd6be megatron/core/transformer/moe/experts.py sharded_state_dict: local expert i of EP rank
+r is global expert r·E/EP + i), so EP64 local expert 0 is not EP32 local expert 0.
 An ETP shard is an offset range of the expert's intermediate dimension I (FC1/FC3 columns, FC2 rows).
 """
 
@@ -36,7 +38,9 @@ def model_differences(old: Config, new: Config) -> list[Finding]:
                 "RSH001", "error", f"model.{name}",
                 f"the two configs describe different models: {name} {a} → {b}",
                 f"keep model.{name} = {a} in the new config; resharding moves shards, it cannot "
-                "change logical tensor shapes", "SPEC §15"))
+                "change logical tensor shapes",
+                "Megatron-LM dev@d48bd6be megatron/core/dist_checkpointing (sharded tensors keep "
+                "their global shape)"))
     return findings
 
 

@@ -1,6 +1,6 @@
-"""Budgets (planner/accounting.py): SPEC §3's worked numbers, hand-derived layouts, properties.
+"""Budgets (planner/accounting.py): the V4-Pro worked numbers, hand-derived layouts, properties.
 
-Every expected number here is derived by hand from SPEC.md / megatron-reference.md, never read
+Every expected number here is derived by hand from the layout and Megatron's rules, never read
 back from the product.
 """
 
@@ -57,7 +57,7 @@ def v4() -> list:
     return budgets(load_config(V4_PRO))
 
 
-# ----------------------------------------------------------------- SPEC §3, the worked example
+# ----------------------------------------------------------------- the V4-Pro worked example
 
 
 def test_v4_pro_worked_example_values(v4):
@@ -92,10 +92,10 @@ def test_v4_pro_per_stage_moe_layers(v4):
 
 def test_explanation_of_dispatch_remote_bytes(v4):
     [budget] = [b for b in v4 if b.name == "dispatch_remote_bytes"]
-    assert budget.formula == "dispatch_send_bytes * (EP - 1) / EP"
-    assert budget.substitution == "352321536 · (64 - 1) / 64"
-    assert budget.expression == sympy.Symbol("dispatch_send_bytes") * (
-        sympy.Symbol("EP") - 1) / sympy.Symbol("EP")
+    assert budget.formula == "ceiling(dispatch_send_bytes * (EP - 1) / EP)"
+    assert budget.substitution == "ceiling(352321536 · (64 - 1) / 64)"
+    assert budget.expression == sympy.ceiling(sympy.Symbol("dispatch_send_bytes") * (
+        sympy.Symbol("EP") - 1) / sympy.Symbol("EP"))
 
 
 def test_v4_pro_with_etp_2_doubles_flex_destinations():
@@ -123,7 +123,7 @@ def test_topology_of_the_v4_pro_example(v4):
     assert wire > 0 and stage0["step.expert_grad_reduce.fwd.inter_node_bytes"] == wire
 
 
-# ----------------------------------------------------------------- SPEC §12, GTP example
+# ----------------------------------------------------------------- GTP example
 
 
 GTP_EXAMPLE = {
@@ -190,6 +190,21 @@ def test_layout_a_etp_with_drop_and_pad():
     assert got["step.ep_dispatch_hidden.fwd.intra_node_bytes"] == sent // 4
     # expt_tp [0, 1] shares a node.
     assert got["step.etp_gather_hidden.fwd.inter_node_bytes"] == 0
+
+
+def test_layout_a_vocabulary_and_logits():
+    # Megatron-LM dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py:124
+    # vocab_size_with_padding: 200 tokens grow to a multiple of 128 · TP = 256.
+    data = copy.deepcopy(LAYOUT_A)
+    data["model"]["vocab_size"] = 200
+    got = values(budgets(parse_config(data), stage=0), stage=0)
+    assert got["embedding_params"] == 256 * 64 // 2
+    # Sequence parallel: 64 local rows (2·64/2) of bf16 input; the fp32 logits cover the whole
+    # 128 rows, each with 256/2 vocabulary columns.
+    assert got["act_output"] == 64 * 64 * 2 + 128 * 128 * 4
+    data["parallel"]["sequence_parallel"] = False
+    got = values(budgets(parse_config(data), stage=0), stage=0)
+    assert got["act_output"] == 128 * 64 * 2 + 128 * 128 * 4
 
 
 def test_layout_a_dropping_without_padding_exchanges_counts():
@@ -298,7 +313,7 @@ def test_remote_bytes_vanish_at_ep_1(p):
 @settings(max_examples=20, deadline=None)
 @given(small_layouts)
 def test_memory_falls_with_ep_while_expert_activations_do_not(p):
-    # (The AllGather dispatcher's gathered buffer grows with EP: SPEC §6.)
+    # (The AllGather dispatcher's gathered buffer grows with EP.)
     p = {**p, "dispatcher": "alltoall" if p["dispatcher"] == "allgather" else p["dispatcher"]}
     by_ep = {ep: memory_by_stage(small(p, ep=ep))[0] for ep in (1, 2, 4, 8)}
     acts = {ep: values(budgets(small(p, ep=ep), stage=0), 0)["act_routed_per_layer"]
@@ -344,7 +359,7 @@ def _variants(limit: int | None = None):
     base = dict(ep=True, etp=True, tp_ep=True, dp_cp=True, edp=True, tp_dp_cp=True, pp=True,
                 instances=False, mhc=False, per_token_loss=False, expert_bias=True,
                 optimizer="adam", master_copy=True, recompute_method=None, cp_kv_gather=True,
-                interleaved=False, mla_q_lora=True, aux_counts="seq_aux_loss")
+                mla_q_lora=True, aux_counts="seq_aux_loss")
     combos = itertools.product(("alltoall", "allgather", "flex"), ("dropless", "drop", "pad"),
                                (False, True), ("standard", "mla", "dsv4_hybrid"),
                                (None, "full", "selective"))
@@ -361,7 +376,7 @@ def _variants(limit: int | None = None):
 @pytest.mark.parametrize("flags", [
     {}, {"ep": False, "etp": False, "tp_ep": False}, {"instances": True}, {"mhc": True},
     {"per_token_loss": True}, {"optimizer": "sgd", "master_copy": False},
-    {"interleaved": True}, {"pp": False, "dp_cp": False, "edp": False},
+    {"recompute": "full", "recompute_method": "block"}, {"pp": False, "dp_cp": False, "edp": False},
 ])
 def test_every_variant_builds_a_consistent_book(flags):
     names = {s.name for s in ALL_SYMBOLS}

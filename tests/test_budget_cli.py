@@ -69,13 +69,13 @@ def test_json_gives_the_worked_example_exactly():
 def test_explain_shows_formula_then_substitution():
     result = run(V4_PRO, "--stage", "0", "--explain")
     assert result.returncode == expected_exit(V4_PRO)
-    assert "dispatch_send_bytes · (EP - 1) / EP" in result.stdout
-    assert "= 352321536 · (64 - 1) / 64" in result.stdout
+    assert "ceiling(dispatch_send_bytes · (EP - 1) / EP)" in result.stdout
+    assert "= ceiling(352321536 · (64 - 1) / 64)" in result.stdout
     assert "346816512 B (330.75 MiB)" in result.stdout
     rows = json.loads(run(V4_PRO, "--stage", "0", "--explain", "--json").stdout)
     [row] = [r for r in rows if r["name"] == "dispatch_remote_bytes"]
-    assert row["substitution"] == "352321536 · (64 - 1) / 64"
-    assert row["formula"] == "dispatch_send_bytes * (EP - 1) / EP"
+    assert row["substitution"] == "ceiling(352321536 · (64 - 1) / 64)"
+    assert row["formula"] == "ceiling(dispatch_send_bytes * (EP - 1) / EP)"
 
 
 def test_rank_option_picks_the_rank_and_its_stage():
