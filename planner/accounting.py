@@ -319,6 +319,8 @@ def _memory_fix(cfg: Config, stage: int) -> str:
     if not cfg.training.use_distributed_optimizer:
         hints.append("training.use_distributed_optimizer: true")
     if cfg.overlap.recompute_granularity != "full":
-        hints.append("overlap.recompute_granularity: full")
+        # Megatron refuses full recompute without a method and a layer count (OVL009).
+        hints.append("overlap: {recompute_granularity: full, recompute_method: uniform, "
+                     "recompute_num_layers: 1}")
     hints.append("a larger EP or PP")
     return f"try {', '.join(hints)}; see `moeplan budget --stage {stage}` for every part"

@@ -4,27 +4,20 @@ its GPU stack: the function definitions are compiled from the file and run as th
 from __future__ import annotations
 
 import ast
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
-
-
-def oracle_dir() -> Path:
-    """The Megatron-LM checkout: $MOEPLAN_MEGATRON_LM, else <repo>/../shared/oracle/megatron-lm-dev."""
-    default = ROOT.parent / "shared" / "oracle" / "megatron-lm-dev"
-    return Path(os.environ.get("MOEPLAN_MEGATRON_LM", default))
+from tests.oracle import megatron_lm_dir
 
 
 def megatron_functions(relative: str, names: set[str], **scope: Any) -> dict[str, Any]:
     """The named top-level functions of `megatron/<relative>`, with `scope` standing in for the
     module-level names they read; skips the test when the source is absent."""
-    path = oracle_dir() / "megatron" / relative
-    if not path.is_file():
-        pytest.skip(f"Megatron-LM source not found at {path} (set MOEPLAN_MEGATRON_LM)")
+    root, why_missing = megatron_lm_dir()
+    if root is None:
+        pytest.skip(why_missing)
+    path = root / "megatron" / relative
     tree = ast.parse(path.read_text())
     found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
     assert {n.name for n in found} == names, f"{relative} lacks {names - {n.name for n in found}}"
