@@ -35,12 +35,12 @@ _SELECTIVE = {"recompute": "selective", "recompute_method": None}
 VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("dispatcher `allgather`", {"dispatcher": "allgather"}),
     ("dispatcher `flex`", {"dispatcher": "flex"}),
+    ("dispatcher `flex` with the `ncclep` backend", {"dispatcher": "flex", "ncclep": True}),
     ("a capacity factor (dropping)", {"capacity": "drop"}),
     ("drop-and-pad", {"capacity": "pad"}),
     ("ETP > 1", {"etp": True}),
     ("EP = 1, ETP = 1", {"ep": False, "etp": False, "tp_ep": False}),
     ("PP = 1", {"pp": False}),
-    ("VPP > 1 (interleaved 1F1B)", {"interleaved": True}),
     ("DP·CP = 1", {"dp_cp": False}),
     ("EDP = 1", {"edp": False}),
     ("TP·DP·CP = 1", {"tp_dp_cp": False}),
