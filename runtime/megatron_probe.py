@@ -10,7 +10,9 @@ decoder, MoE and MTP layers every (pipeline rank, virtual stage) builds.
 A CPU machine cannot answer a few GPU-only queries. Each gets an explicit stand-in, applied only
 when the real thing is missing and listed in the result; nothing else is patched:
   * CUDA device capability → sm_90 (`torch.cuda.get_device_capability`/`get_device_properties`)
-  * the Transformer Engine version gate → STAND_IN_TE_VERSION (`megatron.core.utils._te_version`)
+  * the Transformer Engine version gate → STAND_IN_TE_VERSION (`megatron.core.utils._te_version`),
+    and with it the presence of TE's fused RoPE kernel (`rope_utils.fused_apply_rotary_pos_emb`),
+    which `TransformerConfig` asks for when RoPE fusion is on (Megatron's default)
   * the cuDNN DSA kernel presence check (device + `flash_mla`/`cudnn.DSA` import) → present
   * `typing.override` (Python 3.12) → `typing_extensions.override` on Python 3.11
 """
@@ -76,6 +78,11 @@ def install_stand_ins(megatron_dir: Path) -> list[str]:
 
         core_utils._te_version = Version(STAND_IN_TE_VERSION)
         used.append(f"Transformer Engine version gate: {STAND_IN_TE_VERSION} (not installed)")
+        from megatron.core.models.common.embeddings import rope_utils
+
+        if rope_utils.fused_apply_rotary_pos_emb is None:
+            rope_utils.fused_apply_rotary_pos_emb = _not_callable("Transformer Engine fused RoPE")
+            used.append("Transformer Engine fused RoPE kernel: present (not installed)")
     if not torch.cuda.is_available():
         real_check = transformer_config._validate_dsa_kernel_backend_dependencies
 
@@ -92,6 +99,13 @@ def install_stand_ins(megatron_dir: Path) -> list[str]:
         used.append("cuDNN DSA kernel presence check: kernels present (flash_mla, cudnn.DSA with "
                     "q_causal_offsets; no CUDA device here)")
     return used
+
+
+def _not_callable(what: str) -> Any:
+    def stand_in(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(f"stand-in for {what}: not callable on CPU")
+
+    return stand_in
 
 
 def _cudnn_dsa_stand_in() -> types.ModuleType:
@@ -192,14 +206,13 @@ def _hybrid_chunks(args: Any, pp: int, vpp: int) -> list[dict[str, Any]]:
 
 
 def _gpt_chunks(transformer: Any, pp: int, vpp: int) -> list[dict[str, Any]]:
+    from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
     from megatron.core.transformer.enums import LayerType
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.transformer.multi_token_prediction import get_mtp_num_layers_to_build
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-
-    from megatron.core import parallel_state
 
     specs = get_gpt_decoder_layer_specs(transformer, use_transformer_engine=False)
     moe = [_builds(spec.submodules.mlp) is MoELayer for spec in specs]
