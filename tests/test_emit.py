@@ -591,8 +591,9 @@ def array_lines(script: str) -> list[str]:
 
 
 def test_megatron_arguments_of_the_v4_pro_example_flag_by_flag(tmp_path: Path):
-    """Every flag hand-derived from examples/deepseek-v4-pro-1024.yaml, the V4-Pro preset
-    (shared/design/deepseek-v4.md) and SPEC §3; nothing missing, nothing extra."""
+    """Every flag hand-derived from examples/deepseek-v4-pro-1024.yaml, the V4-Pro preset (the
+    DeepSeek-V4 Megatron write-up) and Megatron-LM dev@d48bd6be megatron/training/arguments.py;
+    nothing missing, nothing extra."""
     out = tmp_path / "out"
     assert emit("megatron", V4_PRO, "-o", out).exit_code == 0
     script = out / "megatron_args.sh"
@@ -625,6 +626,12 @@ def test_megatron_arguments_of_the_v4_pro_example_flag_by_flag(tmp_path: Path):
         "--kv-channels": ["512"],
         "--vocab-size": ["129280"],
         "--max-position-embeddings": ["1048576"],
+        # MTP needs rope or none (Megatron-LM dev@d48bd6be megatron/training/arguments.py:919
+        # validate_args); V4 trains without dropout and with q/kv norms
+        "--position-embedding-type": ["rope"],
+        "--hidden-dropout": ["0.0"],
+        "--attention-dropout": ["0.0"],
+        "--qk-layernorm": [],
         "--swiglu": [],
         "--normalization": ["RMSNorm"],
         "--norm-epsilon": ["1e-06"],
