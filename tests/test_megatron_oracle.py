@@ -118,6 +118,32 @@ REJECTED: dict[str, tuple[dict[str, Any], str, str]] = {
         ep_overlap_full_recompute(0.1),
         "megatron/core/transformer/transformer_config.py:3422 __post_init__",
         "requires attention_dropout==0 and hidden_dropout==0"),
+    # GTP flags exist on Megatron-LM main only: dev's parser does not know them.
+    "GTP on the dev branch": (
+        {**tiny_with(moe_n_hash_layers=0),
+         "parallel": {"world_size": 8, "tp": 1, "cp": 1, "ep": 2, "etp": 1, "gtp": 2}},
+        "megatron/training/arguments.py:150 parse_args",
+        "unrecognized arguments: --tensor-parallel-num-weight-shards 2"),
+}
+
+
+def without(request: CheckRequest, flag: str) -> CheckRequest:
+    """The request less one emitted flag and its value (what moeplan used to emit)."""
+    at = request.argv.index(flag)
+    return CheckRequest(request.name, request.entry, request.argv[:at] + request.argv[at + 2:],
+                        request.env, request.world_size)
+
+
+# What moeplan emitted before it followed Megatron here: the tiny example without each fix.
+OLD_TINY: dict[str, tuple[Any, str, str]] = {
+    "tiny without CUDA_DEVICE_MAX_CONNECTIONS": (
+        lambda r: CheckRequest(r.name, r.entry, r.argv, {}, r.world_size),
+        "megatron/training/arguments.py:1643 validate_args",
+        "require setting the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1"),
+    "tiny without --max-position-embeddings": (
+        lambda r: without(r, "--max-position-embeddings"),
+        "megatron/training/arguments.py:2207 _check_arg_is_not_none",
+        "max_position_embeddings argument is None"),
 }
 
 
@@ -137,6 +163,10 @@ def verdicts() -> dict[str, CheckResult]:
     for name, cfg in {**configs, **rejected}.items():
         requests.append(request_for(cfg, name))
         expected.append(expected_values(cfg, plan_of(cfg)))
+    tiny_plan = expected_values(configs["tiny-cpu-8.yaml"], plan_of(configs["tiny-cpu-8.yaml"]))
+    for name, (change, _, _) in OLD_TINY.items():
+        requests.append(change(request_for(configs["tiny-cpu-8.yaml"], name)))
+        expected.append(tiny_plan)
     # The same tiny plan once more, with moeplan's data-parallel size off by one: the comparison must
     # catch it and name both values.
     tiny_cfg = configs["tiny-cpu-8.yaml"]
@@ -181,9 +211,9 @@ def test_gpt_vpp_chunks_follow_megatron(verdicts: dict[str, CheckResult]):
         (0, 0, 2, 1), (0, 1, 2, 1), (1, 0, 2, 2), (1, 1, 2, 2)]
 
 
-@pytest.mark.parametrize("name", sorted(REJECTED))
+@pytest.mark.parametrize("name", sorted(REJECTED) + sorted(OLD_TINY))
 def test_megatron_refusals_come_back_with_file_and_line(name: str, verdicts: dict[str, CheckResult]):
-    _, location, message = REJECTED[name]
+    _, location, message = REJECTED[name] if name in REJECTED else OLD_TINY[name]
     result = verdicts[name]
     assert result.verdict == "rejected"
     assert result.location == location
