@@ -171,7 +171,10 @@ def run_probe(requests: list[CheckRequest], megatron_lm: Path, python: str,
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
             raise CheckUnusable(f"{python} could not run the Megatron probe (exit code {done.returncode})"
                                 f"{': ' + tail if tail else ''}")
-        result = json.loads(result_path.read_text())
+        try:
+            result = json.loads(result_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckUnusable(f"the Megatron probe wrote no readable result ({exc})") from None
     if "unusable" in result:
         raise CheckUnusable(result["unusable"])
     return result["results"], result["stand_ins"], result["python"]
