@@ -265,8 +265,9 @@ class Config(Section):
     # Derived degrees every consumer needs; the grid owns the groups themselves.
     @property
     def dense_model_size(self) -> int:
-        """TP·CP·PP·GTP: ranks spanned by one dense weight replica (Megatron-LM main@d98e8a64
-        megatron/core/parallel_state.py initialize_model_parallel)."""
+        """TP·CP·PP·GTP: ranks spanned by one dense weight replica (DP = world / (TP·PP·CP) in
+        Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args; GTP on main divides
+        it further)."""
         p = self.parallel
         return p.tp * p.cp * p.pp * p.gtp
 
@@ -294,8 +295,8 @@ class Config(Section):
     @property
     def batch_replicas(self) -> int:
         """D_batch = D_a·GTP/q_s: ranks reading distinct samples; GTP sequence shards split one
-        sample over q_s ranks of the GTP axis (Megatron-LM main@d98e8a64
-        megatron/training/arguments.py validate_args). CP, EP and ETP add none."""
+        sample over q_s ranks of the GTP axis (Megatron-LM main@d98e8a64 get_batch_parallel_size).
+        CP, EP and ETP add none."""
         gtp, shards = self.parallel.gtp, self.parallel.gtp_remat_num_sequence_shards or 1
         if gtp % shards:  # q_s must divide R (rule GTP001); until it does, count no sharding
             shards = 1
