@@ -13,7 +13,8 @@ when the real thing is missing and listed in the result; nothing else is patched
   * the Transformer Engine version gate → STAND_IN_TE_VERSION (`megatron.core.utils._te_version`),
     and with it the presence of TE's fused RoPE kernel (`rope_utils.fused_apply_rotary_pos_emb`),
     which `TransformerConfig` asks for when RoPE fusion is on (Megatron's default)
-  * the cuDNN DSA kernel presence check (device + `flash_mla`/`cudnn.DSA` import) → present
+  * the cuDNN DSA kernel presence check (device + `flash_mla`/`cudnn.DSA` import) → present, so a
+    login node without the kernels judges the arguments, not the installation
   * `typing.override` (Python 3.12) → `typing_extensions.override` on Python 3.11
 """
 
@@ -76,7 +77,8 @@ def install_stand_ins(megatron_dir: Path) -> list[str]:
     if not _installed("transformer_engine"):
         used.extend(_transformer_engine_stand_ins(core_utils))
     real_check = getattr(transformer_config, "_validate_dsa_kernel_backend_dependencies", None)
-    if not torch.cuda.is_available() and real_check is not None:
+    missing_kernels = getattr(core_utils, "_missing_cudnn_dsa_kernel_dependencies", lambda: [])
+    if real_check is not None and (not torch.cuda.is_available() or missing_kernels()):
 
         def dsa_backend_check(backend: str) -> None:
             """The backend name is still validated; only the device/kernel presence is assumed."""
@@ -86,7 +88,7 @@ def install_stand_ins(megatron_dir: Path) -> list[str]:
         if not _installed("cudnn"):
             sys.modules["cudnn"] = _cudnn_dsa_stand_in()
         used.append("cuDNN DSA kernel presence check: kernels present (flash_mla, cudnn.DSA with "
-                    "q_causal_offsets; no CUDA device here)")
+                    "q_causal_offsets; no CUDA device or no kernels here)")
     return used
 
 
