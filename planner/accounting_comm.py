@@ -84,6 +84,10 @@ def add_rows(book: Book, v: Variant) -> None:
     if v.dispatcher == "flex":
         add("flex_dispatch_send_rows", "tokens_per_rank * flex_topk", "rows", "rows",
             "Flex: rows sent before any backend de-duplication")
+    if v.ncclep:
+        add("ncclep_recv_rows", "floor(ceiling(tokens_per_rank / 64) * 64 * flex_topk * rcf)", "rows",
+            "rows", "NCCL EP receive capacity per rank, fixed at the first dispatch: local tokens "
+            "rounded up to 64, times ETP·k and the rank capacity factor")
 
 
 def add_layer_bytes(book: Book, v: Variant) -> None:

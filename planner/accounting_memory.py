@@ -173,12 +173,14 @@ def add_memory(book: Book, v: Variant) -> None:
         "bytes", "memory", "peak stored activations")
     buffers = {"alltoall": "2 * dispatch_send_bytes",
                "allgather": "allgather_dispatch_rows * (2 * h * p + E * p + E)",
-               "flex": "2 * flex_dispatch_send_bytes"}[v.dispatcher]
+               "flex": "2 * ncclep_recv_rows * h * p" if v.ncclep else "2 * flex_dispatch_send_bytes",
+               }[v.dispatcher]
     if v.pp:
         buffers += " + 2 * pp_activation_bytes"
     add("comm_buffer_bytes", buffers, "bytes", "memory",
         "transient buffers of one layer: permuted send + combine output (AllGather: gathered "
-        "hidden, probs, map and the full output), pipeline send/recv")
+        "hidden, probs, map and the full output; NCCL EP: its receive and combine buffers of "
+        "ncclep_recv_rows each), pipeline send/recv")
     add("peak_memory_bytes", "weight_bytes + grad_bytes + optimizer_bytes + buffer_bytes"
         " + activation_bytes + comm_buffer_bytes", "bytes", "memory", "estimated peak per rank")
     add("gpu_memory_bytes", "mem_gib * 1073741824", "bytes", "memory", "cluster.gpu_memory_gib")

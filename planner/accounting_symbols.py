@@ -56,6 +56,7 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("B", "global batch size (sequences per optimizer step)"),
     Symbol("p", "bytes per element of training.precision"),
     Symbol("cf", "expert capacity factor (0 when unset)"),
+    Symbol("rcf", "NCCL EP rank capacity factor, moe_expert_rank_capacity_factor (0 when unset)"),
     Symbol("I_opt", "distributed-optimizer instances"),
     Symbol("N_r", "recompute_num_layers (1 when unset)"),
     Symbol("mem_gib", "GPU memory per rank in GiB (cluster.gpu_memory_gib)"),
@@ -129,6 +130,7 @@ class Variant:
     interleaved: bool  # VPP > 1
     mla_q_lora: bool
     aux_counts: str  # load-balancing type whose token counts are all-reduced over tp_cp, or ""
+    ncclep: bool = False  # flex dispatcher with the NCCL EP backend (static receive buffers)
 
 
 def variant_of(cfg: Config, split: StageSplit) -> Variant:
@@ -141,6 +143,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
                                                  "selective" else []))
     return Variant(
         dispatcher=moe.moe_token_dispatcher_type,
+        ncclep=moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend == "ncclep",
         capacity=capacity,
         ep=par.ep > 1,
         etp=(par.etp or 1) > 1,
@@ -193,6 +196,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "n_hc": m.mhc_expansion, "S": tr.seq_length, "b": tr.micro_batch_size,
         "B": cfg.global_batch_size, "p": ELEMENT_BYTES[tr.precision],
         "cf": exact(cfg.moe.moe_expert_capacity_factor or 0),
+        "rcf": exact(cfg.moe.moe_expert_rank_capacity_factor or 0),
         "I_opt": tr.num_distributed_optimizer_instances,
         "N_r": cfg.overlap.recompute_num_layers or 1,
         "mem_gib": exact(cfg.cluster.gpu_memory_gib),

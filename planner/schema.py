@@ -169,6 +169,7 @@ class MoeSection(Section):
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "alltoall"
     moe_flex_dispatcher_backend: Literal["deepep", "hybridep", "ncclep"] | None = None
     moe_expert_capacity_factor: PosFloat | None = None
+    moe_expert_rank_capacity_factor: PosFloat | None = None
     moe_pad_expert_input_to_capacity: bool = False
     moe_token_drop_policy: Literal["probs", "position"] = "probs"
     moe_router_load_balancing_type: Literal[

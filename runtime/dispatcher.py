@@ -1,14 +1,15 @@
 """Token dispatchers: move routed token rows to the ranks that hold their experts and back.
 
-AlltoAll (SPEC §5, megatron-reference §5.2), one stage per step so a reader can follow a row:
+AlltoAll (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+MoEAlltoAllTokenDispatcher), one stage per step so a reader can follow a row:
 
   count exchange over tp_ep → permute 1 (group by expert, duplicating tokens chosen k times)
   → AlltoAll over ep → ETP all-gather-v → permute 2 (source-major chunks → expert-major)
   → experts → undo permute 2 → ETP reduce-scatter-v → AlltoAll back (swapped splits)
   → unpermute (sum the k expert outputs of each token; the weights were applied in the experts).
 
-AllGather (SPEC §6, megatron-reference §5.3): gather hidden, weights and routing map over tp_ep,
-run the local experts on every row routed to them, scatter-add back, reduce-scatter over tp_ep.
+AllGather (same file, MoEAllGatherTokenDispatcher): gather hidden, weights and routing map over
+tp_ep, run the local experts on every row routed to them, scatter-add back, reduce-scatter over tp_ep.
 
 Drop-and-pad gives every expert exactly `capacity` slots per source rank (E·c rows leave each
 rank), so every split is even and no counts are exchanged.

@@ -1,9 +1,10 @@
 """Grouped SwiGLU routed experts (one grouped GEMM per matrix) and the dense shared expert.
 
-Math form X·W (SPEC §1): F_e(X) = (SiLU(X W1) ⊙ (X W3)) W2 with W1, W3 ∈ R^{h×I}, W2 ∈ R^{I×h}.
+Math form X·W: F_e(X) = (SiLU(X W1) ⊙ (X W3)) W2 with W1, W3 ∈ R^{h×I}, W2 ∈ R^{I×h}.
 Under ETP = q each rank holds column shards W1[:, I/q], W3[:, I/q] and the row shard W2[I/q, :],
 computes a partial FC2 output and the dispatcher's ETP reduce-scatter sums the partials.
-The routing weight multiplies the activation after SwiGLU and before FC2 (SPEC §5): FC2 is
+The routing weight multiplies the activation after SwiGLU and before FC2 (as Megatron-LM
+dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP.forward does): FC2 is
 linear, so this equals weighting the expert output, and the combine must then only sum.
 """
 

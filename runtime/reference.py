@@ -4,7 +4,7 @@ It is the same `Decoder` (same dense weights, same attention math over the full 
 collectives) with each MoE block replaced by `reference_moe`, a per-expert loop over the full
 logical expert weights. Weights come from the same global identities, so a rank's parameters are
 slices of these (`MoELayer.local_view`). What depends on the layout by definition — capacity
-competition per source rank, aux-loss statistics per `tp_cp` group (SPEC §14) — is reproduced by
+competition per source rank, aux-loss statistics per `tp_cp` group — is reproduced by
 cutting each sequence into the plan's CP shards before the MoE call. Its gradient is the exact
 gradient of the global objective: mean token loss over the global batch plus the aux losses with
 the coefficient the distributed reduction gives them, 1/(m·|dp_cp|) per (rank, microbatch).

@@ -6,7 +6,8 @@ the initialisation and the capacity definition are shared) so the equivalence te
 implementations, not one with itself.
 
 Capacity dropping, forced balanced routing and the aux loss are decided per *source rank*
-(SPEC §14): the caller passes the tokens as the shards the ranks hold, in the layout's order,
+(Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py get_capacity counts a
+rank's own tokens): the caller passes the tokens as the shards the ranks hold, in the layout's order,
 and gets one output per shard. Parameter names match `MoELayer`, so
 `layer.local_view(name, reference_param)` slices a reference tensor to a rank's shard.
 """

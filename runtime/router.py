@@ -1,6 +1,7 @@
 """MoE settings and the router: scores, top-k selection, capacity, aux loss, expert-bias counts.
 
-Selection uses the biased score, mixing uses the raw affinity (SPEC §4):
+Selection uses the biased score, mixing uses the raw affinity (Megatron-LM dev@d48bd6be
+megatron/core/transformer/moe/moe_utils.py topk_routing_with_score_function):
 ``I_t = TopK(s_t + β, k)``, ``g_{t,e} = α · s_{t,e} / Σ_{j∈I_t} s_{t,j}``. The expert bias β only
 decides *which* experts are picked, and is moved by `update_expert_bias`, not by the optimizer.
 The aux loss is not returned: it rides on the routing weights through `AuxLossAutoScaler`, which
@@ -133,7 +134,8 @@ class MoESettings:
 
 
 def expert_capacity(num_tokens: int, topk: int, num_experts: int, factor: float) -> int:
-    """Per-source-rank capacity c = ceil(n·k/E · factor) (SPEC §14, Megatron get_capacity)."""
+    """Per-source-rank capacity c = ceil(n·k/E · factor) (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/moe/moe_utils.py get_capacity)."""
     return math.ceil((num_tokens * topk / num_experts) * factor)
 
 
@@ -179,7 +181,7 @@ def capacity_keep_mask(
     """[n, k] bool: per expert keep the `capacity` assignments with the largest weight.
 
     Ties keep the earlier token. Decided on this rank's tokens only: capacity competition is
-    per source rank (SPEC §14).
+    per source rank.
     """
     flat_experts = experts.reshape(-1)
     by_weight = torch.sort(weights.detach().reshape(-1), descending=True, stable=True).indices

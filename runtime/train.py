@@ -4,9 +4,10 @@ Loss scaling is chosen so that the reduced gradient *is* the gradient of the glo
 (mean token loss over the whole global batch), whatever the layout:
 
 * each rank backpropagates its local mean token loss divided by the m microbatches;
-* dense grads are pre-scaled by 1/|dp_cp| and summed over `dp_cp` (SPEC §3/§8). The CP ranks of
-  one sequence hold equal shares of its tokens, so Σ_c mean_c / CP is the sequence mean: no extra
-  CP factor is needed once the CP ranks take part in the reduction;
+* dense grads are pre-scaled by 1/|dp_cp| and summed over `dp_cp` (Megatron-LM dev@d48bd6be
+  megatron/core/distributed/distributed_data_parallel.py DistributedDataParallel.__init__).
+  The CP ranks of one sequence hold equal shares of its tokens, so Σ_c mean_c / CP is the
+  sequence mean: no extra CP factor is needed once the CP ranks take part in the reduction;
 * routed-expert grads get the same 1/|dp_cp| and are summed over `expt_dp` only: an expert's
   local grad already holds every token routed to it from its whole EP group;
 * with `average_in_collective` the dense factor is 1 and the expert factor |edp|/|dp_cp|, then
@@ -412,8 +413,9 @@ class RankTrainer:
     def sync_embedding_grads(self) -> None:
         """Tied embeddings or MTP under PP: sum the word-embedding grads of the first stage's
         input copy and the copies of the last stage (output head) and the MTP stages over the
-        plan's `embd` group, so every copy takes the same optimizer step (megatron-reference
-        §3.4 step 7; only a shared weight is synced, as finalize_model_grads)."""
+        plan's `embd` group, so every copy takes the same optimizer step (only a shared weight is
+        synced, as Megatron-LM dev@d48bd6be megatron/core/distributed/finalize_model_grads.py
+        _allreduce_word_embedding_grads does)."""
         weight = getattr(self.model, "embedding", None)
         spec = self.model.spec
         shared = not spec.untied_head or spec.mtp_num_layers > 0
@@ -423,7 +425,7 @@ class RankTrainer:
         all_reduce(weight.grad, self.embd, self.ledger, "embd_grad_reduce")
 
     def reduce_gradients(self) -> None:
-        """Dense over dp_cp, routed experts over expt_dp, with SPEC §3's pre-scales."""
+        """Dense over dp_cp, routed experts over expt_dp, both pre-scaled by 1/|dp_cp| as Megatron does."""
         average = bool(self.plan.training.get("average_in_collective"))
         op = dist.ReduceOp.AVG if average else dist.ReduceOp.SUM
         dp_cp_size, edp_size = self.dp_cp.size, self.expt_dp.size

@@ -1,6 +1,5 @@
 """A real, single-host Slurm for tests: munged, slurmctld and two slurmd "nodes" (n1, n2) on this
-machine, configured in a temporary folder and torn down afterwards (shared/design/ENVIRONMENT.md,
-"A real Slurm on one machine").
+machine, configured in a temporary folder and torn down afterwards.
 
 Each node advertises 16 CPUs and 8 GPUs whatever the machine has (`SlurmdParameters=config_overrides`;
 the GPUs are gres entries backed by /dev/null links), so batch scripts written for GPU nodes run

@@ -1,4 +1,4 @@
-"""`moeplan check` as a user runs it: a real process, exit codes, JSON, the SPEC §3 summary."""
+"""`moeplan check` as a user runs it: a real process, exit codes, JSON, the layout summary."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tests.conftest import EXAMPLES
 
 MOEPLAN = [sys.executable, "-m", "planner.cli"]
 INVALID = sorted((EXAMPLES / "invalid").glob("*.yaml"))
+WARNINGS = sorted((EXAMPLES / "warnings").glob("*.yaml"))
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -64,6 +65,21 @@ def test_each_invalid_example_fails_with_its_rule(path):
     assert set(finding) == {"code", "severity", "path", "message", "fix", "source"}
     text = run("check", str(path))
     assert text.returncode == 1 and f"{code} error" in text.stdout
+
+
+@pytest.mark.parametrize("path", WARNINGS, ids=[p.stem for p in WARNINGS])
+def test_each_warning_example_passes_with_only_its_warning(path):
+    # Configs Megatron dev accepts but a rule warns about (the write-up or Megatron main disagree).
+    code = path.stem.split("-")[0].upper()
+    result = run("check", "--json", str(path))
+    assert result.returncode == 0, result.stdout
+    payload = json.loads(result.stdout)
+    assert payload["ok"] is True
+    assert {(f["code"], f["severity"]) for f in payload["findings"]} == {(code, "warning")}
+
+
+def test_there_are_warning_examples():
+    assert {p.stem.split("-")[0] for p in WARNINGS} >= {"v4007", "moe003"}
 
 
 def test_usage_errors_exit_2(tmp_path):

@@ -82,7 +82,8 @@ def expert_grid(world: int, ep: int, etp: int) -> dict[str, list[list[int]]]:
 
 
 def test_expert_grid_matches_megatron_order() -> None:
-    # SPEC §3: ETP2×EP2 on 4 ranks, default order: ETP [0,1],[2,3]; EP [0,2],[1,3].
+    # Megatron's expert RankGenerator, ETP2×EP2 on 4 ranks, default order:
+    # ETP [0,1],[2,3]; EP [0,2],[1,3].
     four = expert_grid(4, ep=2, etp=2)
     assert four["expt_tp"] == [[0, 1], [2, 3]]
     assert four["ep"] == [[0, 2], [1, 3]]
@@ -95,10 +96,10 @@ def test_expert_grid_matches_megatron_order() -> None:
 # Single-process pieces of the layer
 
 
-def test_split_plan_reproduces_the_spec_example() -> None:
+def test_split_plan_reproduces_the_worked_split() -> None:
     from runtime.dispatcher import ExpertLayout, split_plan
 
-    # SPEC §3: EP2, 4 experts, rank 0 owns 0/1, rank 1 owns 2/3, 4 assignments per rank.
+    # The worked split: EP2, 4 experts, rank 0 owns 0/1, rank 1 owns 2/3, 4 assignments per rank.
     # Rank 0 sends [2, 2], rank 1 sends [1, 3]; so rank 0 receives [2, 1], rank 1 [2, 3].
     counts = [torch.tensor([1, 1, 1, 1]), torch.tensor([1, 0, 2, 1])]
     gathered = torch.stack(counts)

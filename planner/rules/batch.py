@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.hints import multiple_hint
-
-VALIDATE_ARGS = "megatron/training/arguments.py::validate_args"
+from planner.rules.sources import VALIDATE_ARGS, dev
 
 
 @rule(
@@ -38,10 +37,10 @@ def seq_length_divisible_by_cp(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "BAT002", "error", "global batch divisible by micro batch · DP · GTP",
-    source="megatron/core/num_microbatches_calculator.py::ConstantNumMicroBatchesCalculator",
+    source=dev("core/num_microbatches_calculator.py", "ConstantNumMicroBatchesCalculator"),
     why="""One step feeds m = B / (b · D_a · GTP / q_s) microbatches to every pipeline replica. CP, EP
     and ETP ranks add no independent samples, so only the attention data-parallel size (and the
-    GTP axis) divides the batch (SPEC §3, §10).""",
+    GTP axis) divides the batch.""",
     bad="training: {global_batch_size: 10}",
     good="training: {global_batch_size: 12}",
 )
@@ -60,7 +59,7 @@ def global_batch_divisible(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "BAT003", "error", "microbatch count fits the interleaved schedule",
-    source="megatron/core/pipeline_parallel/schedules.py::forward_backward_pipelining_with_interleaving",
+    source=dev("core/pipeline_parallel/schedules.py", "forward_backward_pipelining_with_interleaving"),
     why="""The interleaved (VPP) schedule runs microbatches in groups of
     microbatch_group_size_per_vp_stage (default PP). The group must lie in [PP, m], and a
     remainder m % group below PP would create dependency bubbles; with the default group this
@@ -106,7 +105,7 @@ def microbatches_fit_interleaving(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "BAT004", "warning", "at least one microbatch per pipeline stage",
-    source="megatron/core/pipeline_parallel/schedules.py::forward_backward_pipelining_without_interleaving",
+    source=dev("core/pipeline_parallel/schedules.py", "forward_backward_pipelining_without_interleaving"),
     why="""The 1F1B schedule warms up with min(PP − stage − 1, m) forward passes before its steady
     state. With fewer microbatches than stages it never gets there: Megatron still runs, but every
     stage idles for most of the step (bubble (PP−1)/(m+PP−1) ≥ 1/2), and the PyTorch 1F1B

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 
-SOURCE = "SPEC §2 (N devices)"
+SOURCE = "planner/emit/shape.py launch_shape (the launchers start one rank per GPU)"
 
 
 @rule(

@@ -7,9 +7,8 @@ from collections.abc import Iterator
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.hints import divisor_hint
+from planner.rules.sources import DDP, PARALLEL_STATE, VALIDATE_ARGS
 
-PARALLEL_STATE = "megatron/core/parallel_state.py::initialize_model_parallel"
-DDP = "megatron/core/distributed/distributed_data_parallel.py::DistributedDataParallel"
 _INSTANCES_16 = """
 parallel: {world_size: 16}
 training: {use_distributed_optimizer: true, num_distributed_optimizer_instances: 2}
@@ -20,7 +19,7 @@ training: {use_distributed_optimizer: true, num_distributed_optimizer_instances:
     "DOP001", "error", "optimizer instances divide DP·CP",
     source=PARALLEL_STATE,
     why="""Several distributed-optimizer instances cut every dense DP×CP group into I contiguous
-    slices (inner shard, outer sync), so I must divide DP·CP (SPEC §8).""",
+    slices (inner shard, outer sync), so I must divide DP·CP.""",
     bad="training: {use_distributed_optimizer: true, num_distributed_optimizer_instances: 3}",
     good=_INSTANCES_16,
 )
@@ -52,7 +51,9 @@ def instances_divide_edp(f: Facts) -> Iterator[Violation]:
 @rule(
     "DOP003", "error", "several optimizer instances need the distributed optimizer",
     source=DDP,
-    why="Instances partition the distributed optimizer's shards; plain DDP has nothing to partition.",
+    why="""Instances partition the distributed optimizer's shards; Megatron's DDP wrapper asserts
+    that partial DistOpt is not used without DistOpt. (Argument validation passes; the job stops
+    when the model is wrapped.) Megatron-FSDP turns the distributed optimizer on by itself.""",
     bad="""
     parallel: {world_size: 16}
     training: {num_distributed_optimizer_instances: 2}
@@ -61,7 +62,7 @@ def instances_divide_edp(f: Facts) -> Iterator[Violation]:
 )
 def instances_need_distributed_optimizer(f: Facts) -> Iterator[Violation]:
     instances = f.train.num_distributed_optimizer_instances
-    if instances > 1 and not f.train.use_distributed_optimizer:
+    if instances > 1 and not f.train.use_distributed_optimizer and not f.fsdp:
         yield Violation("training.use_distributed_optimizer",
                         f"num_distributed_optimizer_instances {instances} without the distributed "
                         "optimizer", "set training.use_distributed_optimizer: true")
@@ -69,7 +70,7 @@ def instances_need_distributed_optimizer(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "DOP004", "error", "overlap_param_gather needs the distributed optimizer and grad-reduce overlap",
-    source="megatron/training/arguments.py::validate_args",
+    source=VALIDATE_ARGS,
     why="""Parameter all-gathers exist only when the optimizer state is sharded (distributed
     optimizer or Megatron-FSDP), and their overlap is built on the gradient reduce-scatter
     overlap.""",
@@ -95,7 +96,7 @@ def param_gather_overlap_requirements(f: Facts) -> Iterator[Violation]:
     "DOP005", "error", "per-token loss excludes average-in-collective",
     source=DDP,
     why="""Per-token loss keeps SUM collectives and divides by the total number of valid tokens
-    afterwards; an AVG collective would divide by the group size as well (SPEC §8).""",
+    afterwards; an AVG collective would divide by the group size as well.""",
     bad="training: {calculate_per_token_loss: true, average_in_collective: true}",
     good="training: {calculate_per_token_loss: true, average_in_collective: false}",
 )
@@ -108,7 +109,7 @@ def per_token_loss_sums(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "DOP006", "error", "torch FSDP2 needs PP = 1 and EP = 1",
-    source="megatron/training/arguments.py::validate_args",
+    source=VALIDATE_ARGS,
     why="""Megatron's torch FSDP2 path supports neither pipeline nor expert parallelism; for MoE
     layouts use Megatron-FSDP or the distributed optimizer.""",
     bad="training: {use_torch_fsdp2: true}",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from planner.emit.megatron import megatron_branch
+from planner.emit.safety import EmitError
 from planner.findings import Finding
 from planner.grid import GridSpec, grid_spec_from_config
 from planner.pipeline import SplitError, StageSplit, stage_split
@@ -80,7 +82,7 @@ class Facts:
 
     @property
     def microbatches(self) -> int:
-        """m = B / (b · D_batch); CP, EP and ETP add no samples (SPEC §3, §10, §12)."""
+        """m = B / (b · D_batch); CP, EP and ETP add no samples."""
         if self.cfg.global_batch_size % self.batch_unit:
             raise NotComputable("microbatches")
         return self.cfg.global_batch_size // self.batch_unit
@@ -176,6 +178,14 @@ class Facts:
         if self.moe.moe_token_dispatcher_type != "flex":
             return None
         return self.moe.moe_flex_dispatcher_backend or DEFAULT_FLEX_BACKEND
+
+    @property
+    def megatron_branch(self) -> str:
+        """The Megatron-LM branch the emitted command targets: dev, main, or 'main or dev'."""
+        try:
+            return megatron_branch(self.cfg)
+        except EmitError:  # GTP with V4 features: the emitter reports it, no branch has both
+            return "main or dev"
 
     @property
     def drop_and_pad(self) -> bool:

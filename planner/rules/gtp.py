@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.hints import divisor_hint
+from planner.rules.sources import GTP_SEQUENCE_SHARDS, MAIN_DDP, MAIN_PARALLEL_STATE, MAIN_VALIDATE_ARGS
 
-VALIDATE_ARGS = "megatron/training/arguments.py::validate_args"
 _SHARDED = "parallel: {gtp: 4, gtp_remat_num_sequence_shards: 2}"
 
 
@@ -18,7 +18,7 @@ def _degrees(f: Facts) -> str:
 
 @rule(
     "GTP001", "error", "GTP sequence shards divide the GTP axis",
-    source="SPEC §12",
+    source=GTP_SEQUENCE_SHARDS,
     why="""Sequence sharding runs inside the GTP axis R: q_s shards of the sequence, R/q_s batch
     replicas (CP_runtime = C·q_s, D_batch = D_w·R/q_s). q_s must divide R.""",
     bad="parallel: {gtp: 4, gtp_remat_num_sequence_shards: 3}",
@@ -34,7 +34,7 @@ def sequence_shards_divide_gtp(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "GTP002", "error", "GTP sequence sharding needs Megatron DDP (no FSDP)",
-    source="SPEC §12",
+    source=GTP_SEQUENCE_SHARDS,
     why="""Sequence-sharded GTP finishes its gradient reduction inside Megatron's own DDP buffers;
     Megatron-FSDP and torch FSDP2 shard parameters differently and are excluded.""",
     bad=_SHARDED + "\ntraining: {use_megatron_fsdp: true}",
@@ -49,7 +49,7 @@ def sequence_shards_need_ddp(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "GTP003", "error", "GTP sequence sharding needs torch_dist checkpoints",
-    source="SPEC §12",
+    source=GTP_SEQUENCE_SHARDS,
     why="""Sequence-sharded GTP state is saved only through distributed (torch_dist)
     checkpoints.""",
     bad=_SHARDED + "\ntraining: {ckpt_format: torch}",
@@ -64,7 +64,7 @@ def sequence_shards_need_torch_dist(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "GTP004", "error", "GTP sequence sharding excludes dynamic CP",
-    source="SPEC §12",
+    source=GTP_SEQUENCE_SHARDS,
     why="""Sequence shards already enlarge the runtime CP to C·q_s; dynamic (or hybrid) CP would
     regroup those ranks per batch.""",
     bad="parallel: {gtp: 4, gtp_remat_num_sequence_shards: 2, dynamic_context_parallel: true}",
@@ -79,9 +79,9 @@ def sequence_shards_static_cp(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "GTP005", "error", "average-in-collective is forbidden with GTP",
-    source=VALIDATE_ARGS,
+    source=MAIN_VALIDATE_ARGS,
     why="""With GTP the gradient mean is finished over the GTP axis separately; an AVG collective
-    over the replicate group would divide a second time (megatron-reference §3.3).""",
+    over the replicate group would divide a second time.""",
     bad="""
     parallel: {gtp: 4}
     training: {average_in_collective: true}
@@ -100,10 +100,10 @@ def gtp_without_average_in_collective(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "GTP006", "warning", "GTP != EGTP needs the R_e/R expert-gradient correction",
-    source="megatron/core/distributed/distributed_data_parallel.py::DistributedDataParallel",
+    source=MAIN_DDP,
     why="""With GTP != EGTP the expert gradients must be pre-scaled by EGTP/GTP. Megatron
     snapshots before PR #7165 miss this factor and silently train experts with gradients off by
-    GTP/EGTP (megatron-reference §3.3). moeplan models the fixed behaviour.""",
+    GTP/EGTP. moeplan models the fixed behaviour.""",
     bad="parallel: {gtp: 4}",
     good="parallel: {gtp: 4, egtp: 4, ep: 1}",
 )
@@ -119,7 +119,7 @@ def gtp_egtp_correction(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "GTP007", "error", "GTP needs torch or torch_dist checkpoints",
-    source=VALIDATE_ARGS,
+    source=MAIN_VALIDATE_ARGS,
     why="GTP/EGTP weight shards can only be saved through the torch or torch_dist formats.",
     bad="""
     parallel: {gtp: 4}
@@ -141,7 +141,7 @@ def gtp_checkpoint_format(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "GTP008", "error", "GTP needs a single distributed-optimizer instance",
-    source="megatron/core/parallel_state.py::initialize_model_parallel",
+    source=MAIN_PARALLEL_STATE,
     why="""Megatron does not yet support splitting the distributed optimizer into several
     instances when GTP or EGTP is active.""",
     bad="""

@@ -5,20 +5,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from planner.rules.base import Violation, rule
-from planner.rules.facts import Facts
+from planner.rules.facts import DEFAULT_FLEX_BACKEND, Facts
+from planner.rules.sources import FLEX_DISPATCHER, NCCLEP_MANAGER, TRANSFORMER_CONFIG, dev, main
 
-TRANSFORMER_CONFIG = "megatron/core/transformer/transformer_config.py::TransformerConfig.__post_init__"
-TOKEN_DISPATCHER = "megatron/core/transformer/moe/token_dispatcher.py::MoEFlexTokenDispatcher"
 AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
 BIAS_SCORES = ("sigmoid", "sqrtsoftplus")
 _FLEX = "moe_token_dispatcher_type: flex"
+_NCCLEP = _FLEX + ", moe_flex_dispatcher_backend: ncclep, moe_expert_rank_capacity_factor: 1.5"
 
 
 @rule(
     "MOE001", "error", "pad-to-capacity needs a capacity factor",
     source=TRANSFORMER_CONFIG,
     why="""Drop-and-pad fills every expert to exactly c = ceil(n·k/E · capacity_factor) rows; without
-    a factor there is no capacity to pad to (SPEC §14).""",
+    a factor there is no capacity to pad to.""",
     bad="moe: {moe_pad_expert_input_to_capacity: true}",
     good="moe: {moe_pad_expert_input_to_capacity: true, moe_expert_capacity_factor: 1.0}",
 )
@@ -48,19 +48,28 @@ def capacity_needs_aux_loss_type(f: Facts) -> Iterator[Violation]:
 
 
 @rule(
-    "MOE003", "error", "the ncclep backend rejects drop-and-pad",
-    source=TOKEN_DISPATCHER,
-    why="""The NCCL EP backend of the flex dispatcher is dropless only: any capacity factor or
-    pad-to-capacity is rejected.""",
-    bad="moe: {" + _FLEX + ", moe_flex_dispatcher_backend: ncclep, moe_expert_capacity_factor: 1.0}",
-    good="moe: {" + _FLEX + ", moe_flex_dispatcher_backend: ncclep}",
+    "MOE003", "warning", "drop-and-pad with the ncclep backend: main rejects it, dev accepts it",
+    source=main("core/transformer/moe/token_dispatcher.py", "MoEFlexTokenDispatcher.__init__")
+    + "; " + NCCLEP_MANAGER,
+    why="""Megatron-LM main rejects a capacity factor or pad-to-capacity with the NCCL EP backend
+    of the flex dispatcher (dropless only). Megatron dev, the branch with the DeepSeek-V4 code,
+    accepts it and bounds each rank's receive buffer with moe_expert_rank_capacity_factor
+    (MOE018) instead. moeplan emits for dev when a config uses V4 features and for main when it
+    uses GTP, so the verdict depends on the Megatron you launch.""",
+    bad="moe: {" + _NCCLEP + ", moe_expert_capacity_factor: 1.0}",
+    good="moe: {" + _NCCLEP + "}",
 )
-def ncclep_is_dropless(f: Facts) -> Iterator[Violation]:
+def ncclep_drop_and_pad(f: Facts) -> Iterator[Violation]:
     if f.flex_backend == "ncclep" and f.drop_and_pad:
+        target = {"dev": "this config targets dev (DeepSeek-V4 features)",
+                  "main": "this config targets main (GTP), where it fails"}.get(
+                      f.megatron_branch, "on main it fails")
         yield Violation("moe.moe_expert_capacity_factor",
-                        "flex backend ncclep with a capacity factor or pad-to-capacity",
-                        "remove moe_expert_capacity_factor and moe_pad_expert_input_to_capacity, or "
-                        "use the hybridep backend")
+                        "flex backend ncclep with a capacity factor or pad-to-capacity: Megatron-LM "
+                        f"main rejects it, dev accepts it; {target}",
+                        "on main remove moe_expert_capacity_factor and "
+                        "moe_pad_expert_input_to_capacity (or use the hybridep backend); on dev it "
+                        "runs as configured")
 
 
 @rule(
@@ -68,7 +77,7 @@ def ncclep_is_dropless(f: Facts) -> Iterator[Violation]:
     source=TRANSFORMER_CONFIG,
     why="""The allgather dispatcher gathers equally sized token blocks from every rank of the
     ETP×EP domain; packed or variable-length sequences (a sequence-packing scheduler turns them
-    on) break that assumption (SPEC §6).""",
+    on) break that assumption.""",
     bad="""
     moe: {moe_token_dispatcher_type: allgather}
     training: {variable_seq_lengths: true}
@@ -92,7 +101,7 @@ def allgather_fixed_lengths(f: Facts) -> Iterator[Violation]:
     source=TRANSFORMER_CONFIG,
     why="""The load-control expert bias β is added to the scores for selection only
     (TopK(s + β)), DeepSeek's aux-loss-free balancing. Megatron supports it for the per-expert
-    sigmoid and sqrt-softplus scores, not for softmax (SPEC §4).""",
+    sigmoid and sqrt-softplus scores, not for softmax.""",
     bad="model: {moe_router_enable_expert_bias: true, moe_router_score_function: softmax}",
     good="model: {moe_router_enable_expert_bias: true, moe_router_score_function: sigmoid}",
 )
@@ -106,10 +115,10 @@ def expert_bias_score_function(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "MOE006", "error", "moe_apply_probs_on_input needs top-1 routing",
-    source="megatron/core/transformer/moe/experts.py::TEGroupedMLP.forward",
+    source=dev("core/transformer/moe/experts.py", "TEGroupedMLP.forward"),
     why="""Scaling the expert input by the routing weight equals scaling its output only when one
     expert is chosen per token; with k > 1 the nonlinear SwiGLU would see k differently scaled
-    copies (SPEC §5: probs are applied after the activation).""",
+    copies (the routing weights are applied after the activation).""",
     bad="moe: {moe_apply_probs_on_input: true}",
     good="""
     model: {moe_router_topk: 1, moe_router_score_function: sigmoid}
@@ -145,7 +154,7 @@ def moe_bias_needs_etp1(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "MOE008", "error", "flex deepep/ncclep backends need ETP·EP > 1",
-    source=TOKEN_DISPATCHER,
+    source=FLEX_DISPATCHER,
     why="""DeepEP and NCCL EP are communication kernels over the ETP×EP domain; with a single
     rank in it they refuse to start.""",
     bad="""
@@ -167,13 +176,14 @@ def flex_needs_ep_domain(f: Facts) -> Iterator[Violation]:
 @rule(
     "MOE009", "error", "experts divisible by router groups",
     source=TRANSFORMER_CONFIG,
-    why="Group-limited routing splits the E experts into moe_router_num_groups equal groups.",
+    why="""Group-limited routing splits the E experts into moe_router_num_groups equal groups;
+    Megatron checks the division whenever moe_router_group_topk turns that routing on.""",
     bad="model: {moe_router_num_groups: 3, moe_router_group_topk: 1}",
     good="model: {moe_router_num_groups: 4, moe_router_group_topk: 2}",
 )
 def experts_divisible_by_groups(f: Facts) -> Iterator[Violation]:
     groups, experts = f.model.moe_router_num_groups, f.model.num_experts
-    if groups and experts % groups:
+    if groups and f.model.moe_router_group_topk and experts % groups:
         yield Violation("model.moe_router_num_groups",
                         f"num_experts {experts} is not divisible by moe_router_num_groups {groups}",
                         "use a number of groups that divides num_experts")
@@ -213,7 +223,7 @@ def group_topk_needs_groups(f: Facts) -> Iterator[Violation]:
     source=TRANSFORMER_CONFIG,
     why="NCCL EP is a backend of the flex dispatcher; with another dispatcher it cannot be used.",
     bad="moe: {moe_token_dispatcher_type: alltoall, moe_flex_dispatcher_backend: ncclep}",
-    good="moe: {moe_token_dispatcher_type: flex, moe_flex_dispatcher_backend: ncclep}",
+    good="moe: {" + _NCCLEP + "}",
 )
 def ncclep_needs_flex(f: Facts) -> Iterator[Violation]:
     kind = f.moe.moe_token_dispatcher_type
@@ -262,7 +272,7 @@ def top1_softmax_pre_softmax(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "MOE015", "error", "top-k at most the number of experts",
-    source="SPEC §4",
+    source=dev("core/transformer/moe/moe_utils.py", "topk_routing_with_score_function"),
     why="Each token picks k distinct routed experts out of E (I_t = TopK(s + β, k)).",
     bad="model: {moe_router_topk: 9}",
     good="model: {moe_router_topk: 8}",
@@ -276,10 +286,10 @@ def topk_within_experts(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "MOE016", "error", "latent MoE excludes shared-expert overlap",
-    source="megatron/core/transformer/moe/moe_layer.py::MoELayer.preprocess",
+    source=dev("core/transformer/moe/moe_layer.py", "MoELayer.preprocess"),
     why="""Latent MoE wraps the dispatch in an h → latent projection and back; the overlapped
     shared expert is scheduled inside that same dispatch, and Megatron rejects the combination in
-    training (SPEC §14).""",
+    training.""",
     bad="""
     moe: {moe_latent_size: 32}
     overlap: {moe_shared_expert_overlap: true}
@@ -298,7 +308,7 @@ def latent_without_shared_overlap(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "MOE017", "error", "sinkhorn routing takes no aux loss",
-    source="megatron/core/transformer/moe/router.py::TopKRouter",
+    source=dev("core/transformer/moe/router.py", "TopKRouter.sinkhorn_load_balancing"),
     why="Sinkhorn balances the load itself; an auxiliary loss coefficient must be zero.",
     bad="moe: {moe_router_load_balancing_type: sinkhorn, moe_aux_loss_coeff: 0.01}",
     good="moe: {moe_router_load_balancing_type: sinkhorn, moe_aux_loss_coeff: 0.0}",
@@ -310,10 +320,68 @@ def sinkhorn_without_aux_loss(f: Facts) -> Iterator[Violation]:
                         "set moe_aux_loss_coeff: 0")
 
 
+@rule(
+    "MOE018", "error", "the ncclep backend needs moe_expert_rank_capacity_factor",
+    source=NCCLEP_MANAGER,
+    why="""Megatron dev sizes the NCCL EP receive buffer of every rank once, as
+    ceil64(local tokens) · ETP·k · moe_expert_rank_capacity_factor rows, and refuses the ncclep
+    backend without the factor: tokens beyond that budget cannot be received. 1.0 is exactly the
+    balanced load; leave headroom for routing imbalance.""",
+    bad="moe: {" + _FLEX + ", moe_flex_dispatcher_backend: ncclep}",
+    good="moe: {" + _NCCLEP + "}",
+)
+def ncclep_needs_rank_capacity(f: Facts) -> Iterator[Violation]:
+    if f.flex_backend == "ncclep" and f.moe.moe_expert_rank_capacity_factor is None:
+        yield Violation("moe.moe_expert_rank_capacity_factor",
+                        "flex backend ncclep without moe_expert_rank_capacity_factor",
+                        "set moe.moe_expert_rank_capacity_factor, e.g. 1.5 (1.0 receives exactly a "
+                        "balanced load)")
+
+
+@rule(
+    "MOE019", "error", "moe_expert_rank_capacity_factor needs the ncclep backend",
+    source=TRANSFORMER_CONFIG,
+    why="""The per-rank receive budget exists only in the hybridep and ncclep backends of the flex
+    dispatcher; Megatron rejects it with any other backend, and with hybridep unless
+    use_transformer_engine_op_fuser is on, which moeplan does not configure.""",
+    bad="moe: {" + _FLEX + ", moe_flex_dispatcher_backend: deepep, moe_expert_rank_capacity_factor: 1.5}",
+    good="moe: {" + _NCCLEP + "}",
+)
+def rank_capacity_needs_ncclep(f: Facts) -> Iterator[Violation]:
+    factor = f.moe.moe_expert_rank_capacity_factor
+    backend = f.moe.moe_flex_dispatcher_backend or DEFAULT_FLEX_BACKEND
+    if factor is None or backend == "ncclep":
+        return
+    why = ("needs Megatron's use_transformer_engine_op_fuser, which moeplan does not configure"
+           if backend == "hybridep" else "is only read by the hybridep and ncclep backends")
+    yield Violation("moe.moe_expert_rank_capacity_factor",
+                    f"moe_expert_rank_capacity_factor {factor} with backend {backend} {why}",
+                    "remove moe_expert_rank_capacity_factor, or use moe_token_dispatcher_type: flex "
+                    "with moe_flex_dispatcher_backend: ncclep")
+
+
+@rule(
+    "MOE020", "warning", "router groups without moe_router_group_topk are ignored",
+    source=dev("core/transformer/moe/moe_utils.py", "topk_routing_with_score_function"),
+    why="""Megatron turns group-limited routing on only when moe_router_group_topk is set; the
+    number of groups alone changes nothing (it is not even checked against the experts), so the
+    model routes over all experts.""",
+    bad="model: {moe_router_num_groups: 4}",
+    good="model: {moe_router_num_groups: 4, moe_router_group_topk: 2}",
+)
+def groups_without_group_topk(f: Facts) -> Iterator[Violation]:
+    groups = f.model.moe_router_num_groups
+    if groups and not f.model.moe_router_group_topk:
+        yield Violation("model.moe_router_group_topk",
+                        f"moe_router_num_groups {groups} without moe_router_group_topk: Megatron "
+                        "ignores the groups", "set moe_router_group_topk or drop moe_router_num_groups")
+
+
 RULES = (
-    pad_needs_capacity, capacity_needs_aux_loss_type, ncclep_is_dropless, allgather_fixed_lengths,
+    pad_needs_capacity, capacity_needs_aux_loss_type, ncclep_drop_and_pad, allgather_fixed_lengths,
     expert_bias_score_function, probs_on_input_top1, moe_bias_needs_etp1, flex_needs_ep_domain,
     experts_divisible_by_groups, group_topk_within_groups, group_topk_needs_groups,
     ncclep_needs_flex, deepep_no_padding, top1_softmax_pre_softmax, topk_within_experts,
-    latent_without_shared_overlap, sinkhorn_without_aux_loss,
+    latent_without_shared_overlap, sinkhorn_without_aux_loss, ncclep_needs_rank_capacity,
+    rank_capacity_needs_ncclep, groups_without_group_topk,
 )

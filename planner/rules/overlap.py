@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
+from planner.rules.sources import TRANSFORMER_CONFIG, VALIDATE_ARGS, dev
 
-TRANSFORMER_CONFIG = "megatron/core/transformer/transformer_config.py::TransformerConfig.__post_init__"
 EP_OVERLAP = "overlap.overlap_moe_expert_parallel_comm"
 _OVERLAP_ON = "overlap: {overlap_moe_expert_parallel_comm: true}"
 _PP1 = "parallel: {pp: 1}"
@@ -22,7 +22,7 @@ def _ep_overlap(f: Facts) -> bool:
     source=TRANSFORMER_CONFIG,
     why="""Both schedule the shared expert's computation against the EP all-to-all: the
     shared-expert overlap within one microbatch, the batch-level overlap across two. Megatron
-    allows only one of them (SPEC §9, §11).""",
+    allows only one of them.""",
     bad="""
     parallel: {pp: 1}
     overlap: {overlap_moe_expert_parallel_comm: true, moe_shared_expert_overlap: true}
@@ -88,7 +88,7 @@ def ep_overlap_needs_a2a(f: Facts) -> Iterator[Violation]:
     "OVL005", "error", "delay_wgrad_compute needs batch-level EP overlap",
     source=TRANSFORMER_CONFIG,
     why="""Delaying the weight-gradient GEMMs (dW = Xᵀ·Ȳ) only pays off when the overlap schedule
-    fills the gap they leave; Megatron requires overlap_moe_expert_parallel_comm (SPEC §11).""",
+    fills the gap they leave; Megatron requires overlap_moe_expert_parallel_comm.""",
     bad="overlap: {delay_wgrad_compute: true}",
     good="""
     parallel: {pp: 1}
@@ -106,7 +106,7 @@ def delay_wgrad_needs_overlap(f: Facts) -> Iterator[Violation]:
     "OVL006", "error", "shared-expert overlap needs the alltoall or flex dispatcher",
     source=TRANSFORMER_CONFIG,
     why="""The shared expert is overlapped with the dispatcher's all-to-all (token A2A → shared
-    FC1 → probability A2A); the allgather dispatcher offers no such slots (SPEC §9).""",
+    FC1 → probability A2A); the allgather dispatcher offers no such slots.""",
     bad="""
     moe: {moe_token_dispatcher_type: allgather}
     overlap: {moe_shared_expert_overlap: true}
@@ -142,7 +142,7 @@ def ep_overlap_needs_half_precision(f: Facts) -> Iterator[Violation]:
     "OVL008", "error", "batch-level EP overlap excludes recomputing 'moe'",
     source=TRANSFORMER_CONFIG,
     why="""Recomputing the whole MoE module re-runs routing and both all-to-alls inside backward,
-    which breaks the overlap's pairing of communication with the other microbatch (SPEC §11).""",
+    which breaks the overlap's pairing of communication with the other microbatch.""",
     bad="""
     parallel: {pp: 1}
     overlap: {overlap_moe_expert_parallel_comm: true, recompute_granularity: selective,
@@ -161,8 +161,98 @@ def ep_overlap_without_moe_recompute(f: Facts) -> Iterator[Violation]:
                         "recompute finer modules such as moe_act, or turn the overlap off")
 
 
+@rule(
+    "OVL009", "error", "full recompute needs recompute_method and recompute_num_layers",
+    source=TRANSFORMER_CONFIG,
+    why="""Full recompute re-runs whole groups of blocks: recompute_method says how the blocks are
+    grouped (uniform: every recompute_num_layers blocks; block: the first recompute_num_layers
+    of each stage), and Megatron refuses full granularity without both.""",
+    bad="overlap: {recompute_granularity: full}",
+    good="overlap: {recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1}",
+)
+def full_recompute_needs_method(f: Facts) -> Iterator[Violation]:
+    if f.ovl.recompute_granularity != "full":
+        return
+    if f.ovl.recompute_method is None:
+        yield Violation("overlap.recompute_method", "recompute_granularity full without recompute_method",
+                        "set overlap.recompute_method: uniform (or block)")
+    if f.ovl.recompute_num_layers is None:
+        yield Violation("overlap.recompute_num_layers",
+                        "recompute_granularity full without recompute_num_layers",
+                        "set overlap.recompute_num_layers, e.g. 1 (every block recomputed on its own)")
+
+
+@rule(
+    "OVL010", "error", "selective recompute takes no recompute_method or recompute_num_layers",
+    source=VALIDATE_ARGS + "; " + TRANSFORMER_CONFIG,
+    why="""Selective recompute re-runs the chosen modules (recompute_modules) inside every block;
+    there are no block groups to pick, and Megatron refuses a recompute_method or
+    recompute_num_layers with it instead of ignoring them.""",
+    bad="overlap: {recompute_granularity: selective, recompute_method: uniform}",
+    good="overlap: {recompute_granularity: selective, recompute_modules: [core_attn]}",
+)
+def selective_recompute_without_method(f: Facts) -> Iterator[Violation]:
+    if f.ovl.recompute_granularity != "selective":
+        return
+    for name in ("recompute_method", "recompute_num_layers"):
+        value = getattr(f.ovl, name)
+        if value is not None:
+            yield Violation(f"overlap.{name}", f"recompute_granularity selective with {name} {value}",
+                            f"remove overlap.{name}, or use recompute_granularity: full")
+
+
+@rule(
+    "OVL011", "error", "batch-level EP overlap supports at most one MTP layer",
+    source=TRANSFORMER_CONFIG,
+    why="""The overlap schedule pairs one MTP block with the other microbatch's work; Megatron
+    refuses overlap_moe_expert_parallel_comm with more than one MTP layer.""",
+    bad="""
+    model: {mtp_num_layers: 2}
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true}
+    """,
+    good="""
+    model: {mtp_num_layers: 1}
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true}
+    """,
+)
+def ep_overlap_single_mtp_layer(f: Facts) -> Iterator[Violation]:
+    if _ep_overlap(f) and f.model.mtp_num_layers > 1:
+        yield Violation("model.mtp_num_layers",
+                        f"overlap_moe_expert_parallel_comm with mtp_num_layers {f.model.mtp_num_layers}",
+                        "use mtp_num_layers: 1 or turn the overlap off")
+
+
+@rule(
+    "OVL012", "error", "MTP with uniform full recompute needs recompute_num_layers 1",
+    source=dev("core/transformer/multi_token_prediction.py",
+               "MultiTokenPredictionLayer._checkpointed_forward"),
+    why="""Under full recompute every MTP block is checkpointed on its own; with the uniform method
+    Megatron asserts recompute_num_layers == 1 in the MTP layer's first training forward (and at
+    start-up when the batch-level EP overlap is on).""",
+    bad="""
+    model: {mtp_num_layers: 1}
+    overlap: {recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 2}
+    """,
+    good="""
+    model: {mtp_num_layers: 1}
+    overlap: {recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1}
+    """,
+)
+def mtp_uniform_recompute_one_layer(f: Facts) -> Iterator[Violation]:
+    o = f.ovl
+    if (f.model.mtp_num_layers and o.recompute_granularity == "full"
+            and o.recompute_method == "uniform" and (o.recompute_num_layers or 1) != 1):
+        yield Violation("overlap.recompute_num_layers",
+                        f"mtp_num_layers {f.model.mtp_num_layers} with uniform full recompute of "
+                        f"recompute_num_layers {o.recompute_num_layers}",
+                        "set overlap.recompute_num_layers: 1, or recompute_method: block")
+
+
 RULES = (
     shared_overlap_exclusive, ep_overlap_needs_ep, ep_overlap_needs_vpp, ep_overlap_needs_a2a,
     delay_wgrad_needs_overlap, shared_overlap_needs_a2a, ep_overlap_needs_half_precision,
-    ep_overlap_without_moe_recompute,
+    ep_overlap_without_moe_recompute, full_recompute_needs_method, selective_recompute_without_method,
+    ep_overlap_single_mtp_layer, mtp_uniform_recompute_one_layer,
 )

@@ -9,9 +9,8 @@ from planner.grid import GridError, dense_layout, expert_layout, order_dp_rule_h
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.hints import divisor_hint, multiple_hint
+from planner.rules.sources import PARALLEL_STATE, RANK_GENERATOR, TRANSFORMER_CONFIG, VALIDATE_ARGS, dev
 
-PARALLEL_STATE = "megatron/core/parallel_state.py::initialize_model_parallel"
-TRANSFORMER_CONFIG = "megatron/core/transformer/transformer_config.py::TransformerConfig.__post_init__"
 # The grid compares the pp groups as whole lists (as Megatron does), linear in N; 2^20 ranks take
 # about a second, far beyond any real job.
 PP_GROUP_LISTING_LIMIT = 1 << 20
@@ -22,7 +21,7 @@ PP_GROUP_LISTING_LIMIT = 1 << 20
     source=PARALLEL_STATE,
     why="""Attention ranks form the dense grid N = TP·CP·DP·PP·GTP. If N is not a multiple of
     TP·CP·PP·GTP the attention data-parallel size DP is a fraction and Megatron refuses to build
-    any process group (SPEC §2).""",
+    any process group.""",
     bad="parallel: {world_size: 8, cp: 3}",
     good="parallel: {world_size: 8, cp: 2}",
 )
@@ -42,7 +41,7 @@ def dense_grid_divides(f: Facts) -> Iterator[Violation]:
     "PAR002", "error", "world size divisible by ETP·EP·PP·EGTP (expert grid)",
     source=PARALLEL_STATE,
     why="""Routed experts use their own grid N = ETP·EP·EDP·PP·EGTP over the same ranks (MoE
-    parallel folding, SPEC §2). A world size that is not a multiple of ETP·EP·PP·EGTP leaves the
+    parallel folding). A world size that is not a multiple of ETP·EP·PP·EGTP leaves the
     expert data-parallel size EDP fractional and Megatron raises while building groups.""",
     bad="parallel: {world_size: 12, ep: 4}",
     good="parallel: {world_size: 16, ep: 4}",
@@ -61,9 +60,9 @@ def expert_grid_divides(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "PAR003", "error", "number of experts divisible by EP",
-    source="megatron/core/transformer/moe/moe_layer.py::BaseMoELayer.__init__",
+    source=dev("core/transformer/moe/moe_layer.py", "BaseMoELayer.__init__"),
     why="""Each EP rank owns a contiguous, equal block of E/EP experts (EP rank j holds experts
-    j·E/EP … (j+1)·E/EP − 1). With E not a multiple of EP there is no such block (SPEC §2, §3).""",
+    j·E/EP … (j+1)·E/EP − 1). With E not a multiple of EP there is no such block.""",
     bad="model: {num_experts: 6}",
     good="model: {num_experts: 12}",
 )
@@ -79,9 +78,9 @@ def experts_divisible_by_ep(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "PAR004", "error", "moe_ffn_hidden_size divisible by ETP",
-    source="megatron/core/extensions/transformer_engine.py::TEGroupedLinear",
+    source=dev("core/extensions/transformer_engine.py", "TEGroupedLinear"),
     why="""ETP shards every routed expert's FC1 columns and FC2 rows into I/ETP slices; the
-    hidden size h is never split (SPEC §5). An intermediate size I that ETP does not divide
+    hidden size h is never split. An intermediate size I that ETP does not divide
     cannot be sharded.""",
     bad="""
     model: {moe_ffn_hidden_size: 50}
@@ -105,9 +104,9 @@ def expert_ffn_divisible_by_etp(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "PAR005", "error", "shared-expert size divisible by TP",
-    source="megatron/core/transformer/moe/shared_experts.py::SharedExpertMLP",
+    source=dev("core/transformer/moe/shared_experts.py", "SharedExpertMLP"),
     why="""The shared expert uses the dense tensor-parallel layout (the attention TP group, not
-    ETP), so its intermediate size is split TP ways (SPEC §9).""",
+    ETP), so its intermediate size is split TP ways.""",
     bad="""
     model: {moe_shared_expert_intermediate_size: 50}
     parallel: {tp: 4, sequence_parallel: true}
@@ -179,10 +178,10 @@ def query_groups_fit_tp(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "PAR008", "error", "sequence parallelism on when TP > 1 (MoE training)",
-    source="megatron/core/transformer/moe/moe_layer.py::MoELayer.forward",
+    source=dev("core/transformer/moe/moe_layer.py", "MoELayer.forward"),
     why="""In training, Megatron's MoE layer raises when attention TP > 1 and sequence
     parallelism is off, whatever EP is. The argument check only warns, so the job fails at the
-    first forward pass instead of at start-up (SPEC §2).""",
+    first forward pass instead of at start-up.""",
     bad="parallel: {tp: 2}",
     good="parallel: {tp: 2, sequence_parallel: true}",
 )
@@ -197,7 +196,7 @@ def sequence_parallel_with_tp(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "PAR009", "error", "rank order is valid and names every axis of size > 1",
-    source="megatron/core/parallel_state.py::RankGenerator.__init__",
+    source=RANK_GENERATOR,
     why="""Both rank generators lay out the axes in the order string. Megatron raises when an axis
     of size > 1 is not named (dense: tp, cp, dp, pp; expert: tp=ETP, ep, dp=EDP, pp), and rejects
     unknown or repeated names.""",
@@ -248,7 +247,7 @@ def order_dp_matches_edp(f: Facts) -> Iterator[Violation]:
 )
 def pp_groups_agree(f: Facts) -> Iterator[Violation]:
     if f.par.order.endswith("pp"):
-        return  # §1.3: pp-last orders give both generators pp groups of stride N/PP
+        return  # pp-last orders give both generators pp groups of stride N/PP
     if not order_dp_rule_holds(f.grid_spec) or f.world_size > PP_GROUP_LISTING_LIMIT:
         return  # Megatron asserts PAR010 first; beyond the limit listing the groups is too slow
     mismatch = pp_group_mismatch(f.grid_spec)
@@ -264,7 +263,7 @@ def pp_groups_agree(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "PAR012", "warning", "sequence parallelism with TP = 1 is ignored",
-    source="megatron/training/arguments.py::validate_args",
+    source=VALIDATE_ARGS,
     why="""Sequence parallelism splits activations over the TP group; with TP = 1 there is no
     group and Megatron switches it off with a warning.""",
     bad="parallel: {sequence_parallel: true}",
@@ -296,7 +295,7 @@ def hierarchical_cp_product(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "PAR014", "error", "cp_comm_type a2a+p2p needs hierarchical CP sizes",
-    source="megatron/training/arguments.py::validate_args",
+    source=VALIDATE_ARGS,
     why="""The a2a+p2p context-parallel exchange runs all-to-all inside the first hierarchy level
     and point-to-point across levels, so the levels must be given.""",
     bad="parallel: {cp: 2, cp_comm_type: a2a+p2p}",
@@ -310,9 +309,39 @@ def a2a_p2p_needs_hierarchy(f: Facts) -> Iterator[Violation]:
                         "cp_comm_type p2p")
 
 
+@rule(
+    "PAR015", "error", "dynamic CP needs per-token loss and the default_dynamic_cp scheduler",
+    source=VALIDATE_ARGS,
+    why="""Dynamic context parallelism regroups the DP×CP ranks per batch by sequence length, so
+    samples no longer contribute equally per rank: Megatron requires calculate_per_token_loss and
+    its own packing scheduler, default_dynamic_cp (which it picks when none is set).""",
+    bad="""
+    parallel: {cp: 2, dynamic_context_parallel: true}
+    training: {sequence_packing_scheduler: dp_balanced}
+    """,
+    good="""
+    parallel: {cp: 2, dynamic_context_parallel: true}
+    training: {calculate_per_token_loss: true}
+    """,
+)
+def dynamic_cp_requirements(f: Facts) -> Iterator[Violation]:
+    if not f.par.dynamic_context_parallel:
+        return
+    if not f.train.calculate_per_token_loss:
+        yield Violation("training.calculate_per_token_loss",
+                        "dynamic_context_parallel without calculate_per_token_loss",
+                        "set training.calculate_per_token_loss: true")
+    scheduler = f.train.sequence_packing_scheduler
+    if scheduler not in (None, "default_dynamic_cp"):
+        yield Violation("training.sequence_packing_scheduler",
+                        f"dynamic_context_parallel with sequence_packing_scheduler {scheduler}",
+                        "set training.sequence_packing_scheduler: default_dynamic_cp, or leave it unset")
+
+
 RULES = (
     dense_grid_divides, expert_grid_divides, experts_divisible_by_ep, expert_ffn_divisible_by_etp,
     shared_expert_divisible_by_tp, heads_divisible_by_tp, query_groups_fit_tp,
     sequence_parallel_with_tp, order_names_every_axis, order_dp_matches_edp, pp_groups_agree,
     sequence_parallel_without_tp, hierarchical_cp_product, a2a_p2p_needs_hierarchy,
+    dynamic_cp_requirements,
 )

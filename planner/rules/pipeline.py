@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.pipeline import Chunk, SplitError, StageSplit
+from planner.pipeline import Chunk, SplitError, StageSplit, expand_layout, suggested_layout
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
-
-TRANSFORMER_CONFIG = "megatron/core/transformer/transformer_config.py::TransformerConfig.__post_init__"
+from planner.rules.sources import PARALLEL_STATE, TRANSFORMER_CONFIG, VALIDATE_ARGS
 
 
 def _run(symbol: str, count: int) -> str:
@@ -27,11 +26,11 @@ def layout_string(split: StageSplit) -> str:
 
 @rule(
     "PIP001", "error", "layers split over the pipeline stages",
-    source="megatron/training/arguments.py::validate_args",
+    source=VALIDATE_ARGS,
     why="""Megatron splits num_layers evenly over PP·VPP (virtual) stages unless the first/last
     stage counts or a pipeline_model_parallel_layout say otherwise. A split that does not come out
-    in whole layers per stage is rejected before training starts (SPEC §3: how 61 blocks + MTP split
-    over 8 stages is a separate decision from the device grid).""",
+    in whole layers per stage is rejected before training starts (how 61 blocks + MTP split over
+    8 stages is a decision separate from the device grid).""",
     bad="model: {num_layers: 5}",
     good="""
     model: {num_layers: 5}
@@ -46,7 +45,7 @@ def layers_split_over_stages(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "PIP002", "error", "virtual pipeline stages need PP > 1",
-    source="megatron/core/parallel_state.py::initialize_model_parallel",
+    source=PARALLEL_STATE,
     why="""An interleaved (virtual pipeline) schedule cycles model chunks between pipeline
     ranks; with a single stage there is nothing to interleave and Megatron raises.""",
     bad="parallel: {pp: 1, vpp: 2}",
@@ -63,7 +62,7 @@ def vpp_needs_pipeline(f: Facts) -> Iterator[Violation]:
     source=TRANSFORMER_CONFIG,
     why="""Hash routing looks experts up by token id (tid2eid[input_id]) and input_ids exist only
     where the embedding runs: the first (virtual) pipeline stage. Every hash layer must therefore
-    be in that stage (SPEC §4).""",
+    be in that stage.""",
     bad="model: {moe_n_hash_layers: 3}",
     good="""
     model: {moe_n_hash_layers: 2}
@@ -94,10 +93,11 @@ def hash_layers_on_first_stage(f: Facts) -> Iterator[Violation]:
 @rule(
     "PIP004", "error", "hash routing with PP > 1 needs an explicit pipeline layout",
     source=TRANSFORMER_CONFIG,
-    why="""Megatron (dev) requires pipeline_model_parallel_layout whenever hash layers are used
-    with PP > 1 (input_ids exist only on the embedding stage, so it must be stated explicitly).
-    An even or first/last split would be rejected at start-up; the fix gives the equivalent
-    layout string.""",
+    why="""Megatron dev requires pipeline_model_parallel_layout whenever hash layers are used with
+    PP > 1 on the GPT path (input_ids exist only on the embedding stage, so the split must be
+    stated explicitly); an even or first/last split is rejected at start-up. The fix gives the
+    equivalent layout string. DeepSeek-V4 attention runs on the hybrid entry, whose
+    --hybrid-layer-pattern carries the split, and Megatron does not ask for a layout there.""",
     bad="""
     model: {moe_n_hash_layers: 1}
     moe: {moe_tid2eid_source: checkpoint}
@@ -109,13 +109,29 @@ def hash_layers_on_first_stage(f: Facts) -> Iterator[Violation]:
     """,
 )
 def hash_routing_wants_layout(f: Facts) -> Iterator[Violation]:
-    if f.hash_layers == 0 or f.par.pp == 1 or f.par.pipeline_model_parallel_layout:
+    if f.hash_layers == 0 or f.par.pp == 1 or f.par.pipeline_model_parallel_layout or f.v4_attention:
         return
+    result = f.split_result
+    if isinstance(result, SplitError):  # PIP001 says why; the layout still has to be given
+        fix = _layout_fix_without_split(f)
+    else:
+        fix = f'set pipeline_model_parallel_layout: "{layout_string(result)}", the split planned now'
     yield Violation(
         "parallel.pipeline_model_parallel_layout",
         f"{f.hash_layers} hash layer(s) with pp {f.par.pp} and no pipeline_model_parallel_layout",
-        f'set pipeline_model_parallel_layout: "{layout_string(f.split)}", the split planned now',
+        fix,
     )
+
+
+def _layout_fix_without_split(f: Facts) -> str:
+    """When the layers do not split as configured: PIP001's suggested layout if it keeps the hash
+    layers on the embedding stage, else what such a layout must contain."""
+    m = f.model
+    layout = suggested_layout(m.num_layers, f.par.pp, m.mtp_num_layers)
+    if layout is not None and expand_layout(layout)[0].count("t") >= f.hash_layers:
+        return f'set pipeline_model_parallel_layout, e.g. "{layout}"'
+    return (f"set a pipeline_model_parallel_layout that starts 'E{_run('t', f.hash_layers)}' (the "
+            f"hash layers on the embedding stage) and places all {m.num_layers} layers")
 
 
 RULES = (layers_split_over_stages, vpp_needs_pipeline, hash_layers_on_first_stage,

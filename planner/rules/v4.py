@@ -6,10 +6,8 @@ from collections.abc import Iterator
 
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
+from planner.rules.sources import TRANSFORMER_CONFIG, V4_WRITE_UP, VALIDATE_ARGS
 
-TRANSFORMER_CONFIG_DEV = (
-    "megatron/core/transformer/transformer_config.py::TransformerConfig.__post_init__ (dev)"
-)
 COMPRESS_RATIOS = (0, 4, 128)
 
 # A custom model with V4 attention needs one compress ratio per layer (4 layers in the base).
@@ -17,15 +15,15 @@ _V4_MODEL = "model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128
 _V4_CP = """
 model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4]}
 parallel: {cp: 2, cp_partition_mode: contiguous}
-training: {qkv_format: thd, sequence_packing_scheduler: dp_balanced}
+training: {sequence_packing_scheduler: dp_balanced}
 """
 
 
 @rule(
     "V4001", "error", "DeepSeek-V4 attention needs TP = 1",
-    source=TRANSFORMER_CONFIG_DEV,
+    source=TRANSFORMER_CONFIG,
     why="""Megatron's dsv4_hybrid (CSA/HCA) attention has no tensor-parallel implementation; it
-    raises for TP > 1. Scale V4 attention with CP and DP instead (SPEC §10).""",
+    raises for TP > 1. Scale V4 attention with CP and DP instead.""",
     bad=_V4_MODEL + "\nparallel: {tp: 2, sequence_parallel: true}",
     good=_V4_MODEL + "\nparallel: {tp: 1}",
 )
@@ -36,25 +34,20 @@ def v4_attention_tp1(f: Facts) -> Iterator[Violation]:
 
 
 @rule(
-    "V4002", "error", "DeepSeek-V4 with CP > 1 needs packed THD input",
-    source=TRANSFORMER_CONFIG_DEV,
-    why="""V4 context parallelism sends the uncompressed KV tail to the neighbour and gathers the
-    compressed KV; it only works on packed (THD) sequences, which need qkv_format thd and a
-    sequence-packing scheduler (SPEC §10).""",
+    "V4002", "error", "DeepSeek-V4 with CP > 1 needs a sequence-packing scheduler",
+    source=TRANSFORMER_CONFIG,
+    why="""V4 context parallelism uses the contiguous CP partition (V4003), and Megatron dev accepts
+    that partition with CP > 1 only on packed THD input, which comes from a sequence-packing
+    scheduler: there is no qkv_format argument on dev. Dynamic CP picks its scheduler itself.""",
     bad="""
     model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4]}
     parallel: {cp: 2, cp_partition_mode: contiguous}
     """,
     good=_V4_CP,
 )
-def v4_cp_needs_thd(f: Facts) -> Iterator[Violation]:
-    if not (f.v4_attention and f.par.cp > 1):
-        return
-    if f.train.qkv_format != "thd":
-        yield Violation("training.qkv_format",
-                        f"dsv4_hybrid attention with cp {f.par.cp} but qkv_format is "
-                        f"{f.train.qkv_format}", "set training.qkv_format: thd")
-    if f.train.sequence_packing_scheduler is None:
+def v4_cp_needs_packing(f: Facts) -> Iterator[Violation]:
+    if (f.v4_attention and f.par.cp > 1 and f.train.sequence_packing_scheduler is None
+            and not f.par.dynamic_context_parallel):
         yield Violation("training.sequence_packing_scheduler",
                         f"dsv4_hybrid attention with cp {f.par.cp} but no sequence_packing_scheduler",
                         "set training.sequence_packing_scheduler: dp_balanced")
@@ -62,13 +55,13 @@ def v4_cp_needs_thd(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "V4003", "error", "DeepSeek-V4 with CP > 1 needs the contiguous CP partition",
-    source=TRANSFORMER_CONFIG_DEV,
+    source=TRANSFORMER_CONFIG,
     why="""The compressed-attention CP exchange assumes each CP rank holds one contiguous piece
-    of the sequence; Megatron rejects the default zigzag partition for V4 (SPEC §10).""",
+    of the sequence; Megatron rejects the default zigzag partition for V4.""",
     bad="""
     model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4]}
     parallel: {cp: 2, cp_partition_mode: zigzag}
-    training: {qkv_format: thd, sequence_packing_scheduler: dp_balanced}
+    training: {sequence_packing_scheduler: dp_balanced}
     """,
     good=_V4_CP,
 )
@@ -80,29 +73,33 @@ def v4_cp_contiguous(f: Facts) -> Iterator[Violation]:
 
 
 @rule(
-    "V4004", "error", "DeepSeek-V4 with CP > 1 needs static CP",
-    source="SPEC §10",
-    why="""Current Megatron V4 attention supports static context parallelism only; dynamic
-    (or hybrid) CP regroups ranks per batch, which the V4 CP exchange does not handle.""",
+    "V4004", "warning", "DeepSeek-V4 attention with dynamic CP",
+    source=V4_WRITE_UP + "; " + VALIDATE_ARGS,
+    why="""The DeepSeek-V4 Megatron write-up says V4 attention supports static context parallelism
+    only. Megatron dev accepts dynamic CP with dsv4_hybrid attention all the same, as long as
+    calculate_per_token_loss is on and the default_dynamic_cp packing scheduler is used (PAR015).
+    moeplan follows the code and warns: the combination starts, but the write-up does not vouch
+    for it.""",
     bad="""
     model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4]}
     parallel: {cp: 2, cp_partition_mode: contiguous, dynamic_context_parallel: true}
-    training: {qkv_format: thd, sequence_packing_scheduler: dp_balanced}
+    training: {sequence_packing_scheduler: default_dynamic_cp, calculate_per_token_loss: true}
     """,
     good=_V4_CP,
 )
 def v4_cp_static(f: Facts) -> Iterator[Violation]:
     if f.v4_attention and f.par.cp > 1 and f.dynamic_cp:
         yield Violation(f"parallel.{f.dynamic_cp}",
-                        f"dsv4_hybrid attention with cp {f.par.cp} and {f.dynamic_cp} on",
-                        f"set parallel.{f.dynamic_cp}: false")
+                        f"dsv4_hybrid attention with cp {f.par.cp} and {f.dynamic_cp} on: Megatron "
+                        "dev accepts it, the DeepSeek-V4 write-up supports static CP only",
+                        f"set parallel.{f.dynamic_cp}: false to stay on the documented path")
 
 
 @rule(
     "V4005", "error", "hash routing forbids overlap_moe_expert_parallel_comm",
-    source=TRANSFORMER_CONFIG_DEV,
+    source=TRANSFORMER_CONFIG,
     why="""Hash MoE layers route by token id instead of the gate; Megatron's batch-level EP
-    overlap cannot schedule them and rejects the combination (SPEC §11).""",
+    overlap cannot schedule them and rejects the combination.""",
     bad="""
     model: {moe_n_hash_layers: 1}
     parallel: {pp: 1}
@@ -125,10 +122,10 @@ def hash_forbids_ep_overlap(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "V4006", "warning", "hash routing without a tid2eid table source",
-    source=TRANSFORMER_CONFIG_DEV,
+    source=TRANSFORMER_CONFIG,
     why="""Megatron initialises the hash layers' token→expert table (tid2eid) with a round-robin
     placeholder and warns. Load the real table from a checkpoint, or state the initialisation you
-    train from scratch with (SPEC §4).""",
+    train from scratch with.""",
     bad="""
     model: {moe_n_hash_layers: 1}
     parallel: {pp: 1}
@@ -148,11 +145,13 @@ def hash_needs_tid2eid_source(f: Facts) -> Iterator[Violation]:
 
 
 @rule(
-    "V4007", "error", "mHC with PP > 1 forbids overlap_moe_expert_parallel_comm",
-    source="SPEC §11",
+    "V4007", "warning", "mHC with PP > 1 and overlap_moe_expert_parallel_comm",
+    source=V4_WRITE_UP + "; " + TRANSFORMER_CONFIG,
     why="""mHC widens the residual stream, so the pipeline boundary tensors are several times
-    [n, h]; the batch-level EP overlap schedule does not support those with pipeline
-    parallelism.""",
+    [n, h]; the DeepSeek-V4 Megatron write-up advises against the batch-level EP overlap with
+    pipeline parallelism for that reason. Megatron dev accepts the combination: with PP > 1 the
+    overlap only needs virtual pipeline stages (OVL003), and with full recompute zero dropout.
+    moeplan follows the code and warns.""",
     bad="""
     model: {enable_hyper_connections: true, num_residual_streams: 4}
     parallel: {vpp: 2}
@@ -164,17 +163,19 @@ def hash_needs_tid2eid_source(f: Facts) -> Iterator[Violation]:
     overlap: {overlap_moe_expert_parallel_comm: true}
     """,
 )
-def mhc_pp_forbids_ep_overlap(f: Facts) -> Iterator[Violation]:
+def mhc_pp_with_ep_overlap(f: Facts) -> Iterator[Violation]:
     if f.mhc and f.par.pp > 1 and f.ovl.overlap_moe_expert_parallel_comm:
         yield Violation("overlap.overlap_moe_expert_parallel_comm",
                         f"enable_hyper_connections with pp {f.par.pp} and "
-                        "overlap_moe_expert_parallel_comm on",
-                        "set overlap.overlap_moe_expert_parallel_comm: false, or pp: 1")
+                        "overlap_moe_expert_parallel_comm on: Megatron dev accepts it, the "
+                        "DeepSeek-V4 write-up advises against it",
+                        "set overlap.overlap_moe_expert_parallel_comm: false or pp: 1 to follow the "
+                        "write-up, or keep it as Megatron dev allows")
 
 
 @rule(
     "V4008", "warning", "V3-style group/node-limited routing on a DeepSeek-V4 model",
-    source="SPEC §4",
+    source=V4_WRITE_UP,
     why="""DeepSeek-V4 dropped V3's node-limited routing (no n_group/topk_group). Group-limited
     routing only limits destination nodes when the groups match the physical placement; on V4 it
     changes the model's routing.""",
@@ -196,7 +197,7 @@ def v4_without_node_limits(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "V4009", "error", "DeepSeek-V4 attention has a compress ratio per layer",
-    source=TRANSFORMER_CONFIG_DEV,
+    source=TRANSFORMER_CONFIG,
     why="""CSA/HCA attention compresses the KV of each layer by its own ratio, the MTP layers
     included, so compress_ratios needs at least num_layers + mtp_num_layers entries.""",
     bad="model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4]}",
@@ -217,7 +218,7 @@ def v4_compress_ratio_count(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "V4010", "error", "DeepSeek-V4 compress ratios are 0, 4 or 128",
-    source=TRANSFORMER_CONFIG_DEV,
+    source=TRANSFORMER_CONFIG,
     why="""Each layer is either sliding-window only (0), compressed sparse attention (4) or heavily
     compressed attention (128); there are kernels for no other ratio.""",
     bad="model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 8, 4]}",
@@ -233,7 +234,7 @@ def v4_compress_ratio_values(f: Facts) -> Iterator[Violation]:
 
 
 RULES = (
-    v4_attention_tp1, v4_cp_needs_thd, v4_cp_contiguous, v4_cp_static, hash_forbids_ep_overlap,
-    hash_needs_tid2eid_source, mhc_pp_forbids_ep_overlap, v4_without_node_limits,
+    v4_attention_tp1, v4_cp_needs_packing, v4_cp_contiguous, v4_cp_static, hash_forbids_ep_overlap,
+    hash_needs_tid2eid_source, mhc_pp_with_ep_overlap, v4_without_node_limits,
     v4_compress_ratio_count, v4_compress_ratio_values,
 )

@@ -6,8 +6,9 @@ from collections.abc import Iterator
 
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
+from planner.rules.sources import VIRTUAL_EXPERTS
 
-SOURCE = "SPEC §13 (Megatron-LM PR #7450)"
+SOURCE = VIRTUAL_EXPERTS
 _ON = "moe: {moe_virtual_experts: true}"
 
 

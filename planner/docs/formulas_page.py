@@ -1,0 +1,183 @@
+"""docs/formulas.md: every budget quantity with its formula string, unit and meaning.
+
+The formula book depends on a few structural choices (`Variant`: dispatcher, capacity mode,
+optimizer, recompute ...). The page shows the book of one baseline layout, the DeepSeek-V4-Pro
+example, and under each quantity the other formula it takes, or that it only exists, when one
+choice changes. `VARIATIONS` names every choice; a test checks it covers every Variant field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from planner.docs.markdown import GENERATED_NOTE, cell, code
+
+# The baseline: the bundled DeepSeek-V4-Pro layout on 1,024 GPUs (examples/deepseek-v4-pro-1024.yaml).
+BASELINE_CONFIG: dict[str, Any] = {
+    "model": {"preset": "deepseek-v4-pro"},
+    "parallel": {"world_size": 1024, "tp": 1, "cp": 2, "pp": 8, "ep": 64, "etp": 1,
+                 "cp_partition_mode": "contiguous",
+                 "pipeline_model_parallel_layout": "Et*6|(t*8|)*6t*7mL"},
+    "training": {"seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 4096,
+                 "qkv_format": "thd", "sequence_packing_scheduler": "dp_balanced",
+                 "precision": "bf16", "use_distributed_optimizer": True},
+    "moe": {"moe_token_dispatcher_type": "alltoall", "moe_router_load_balancing_type": "seq_aux_loss",
+            "moe_aux_loss_coeff": 1.0e-4, "moe_tid2eid_source": "checkpoint"},
+    "overlap": {"recompute_granularity": "full", "recompute_method": "uniform",
+                "recompute_num_layers": 1},
+    "cluster": {"nodes": 128, "gpus_per_node": 8, "gpu_memory_gib": 141},
+}
+
+_SELECTIVE = {"recompute": "selective", "recompute_method": None}
+
+# label -> the Variant fields that change (relative to the baseline).
+VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("dispatcher `allgather`", {"dispatcher": "allgather"}),
+    ("dispatcher `flex`", {"dispatcher": "flex"}),
+    ("a capacity factor (dropping)", {"capacity": "drop"}),
+    ("drop-and-pad", {"capacity": "pad"}),
+    ("ETP > 1", {"etp": True}),
+    ("EP = 1, ETP = 1", {"ep": False, "etp": False, "tp_ep": False}),
+    ("PP = 1", {"pp": False}),
+    ("VPP > 1 (interleaved 1F1B)", {"interleaved": True}),
+    ("DP·CP = 1", {"dp_cp": False}),
+    ("EDP = 1", {"edp": False}),
+    ("TP·DP·CP = 1", {"tp_dp_cp": False}),
+    ("no distributed optimizer", {"dist_opt": False}),
+    ("several distributed-optimizer instances", {"instances": True}),
+    ("standard attention with CP > 1", {"attention": "standard", "cp_kv_gather": True}),
+    ("MLA with a query LoRA", {"attention": "mla", "mla_q_lora": True}),
+    ("MLA without a query LoRA", {"attention": "mla", "mla_q_lora": False}),
+    ("no mHC", {"mhc": False}),
+    ("per-token loss", {"per_token_loss": True}),
+    ("no expert bias", {"expert_bias": False}),
+    ("optimizer `sgd`", {"optimizer": "sgd"}),
+    ("optimizer `muon`", {"optimizer": "muon"}),
+    ("fp32 parameters (no master copy)", {"master_copy": False}),
+    ("no recompute", {"recompute": None, "recompute_method": None}),
+    ("full recompute, `block` method", {"recompute_method": "block"}),
+    *((f"selective recompute of `{module}`", {**_SELECTIVE, "recompute_modules": frozenset({module})})
+      for module in ("core_attn", "layernorm", "mla_up_proj", "moe_act", "shared_experts", "mlp",
+                     "moe")),
+    ("`aux_loss` balancing with TP·CP > 1", {"aux_counts": "aux_loss"}),
+    ("no aux-loss counts to reduce", {"aux_counts": ""}),
+)
+
+CATEGORY_TITLES: dict[str, str] = {
+    "layout": "Layout: degrees, microbatches, layers",
+    "rows": "Token rows (per rank, per MoE layer, per microbatch)",
+    "bytes": "Bytes per collective (per rank, per MoE layer, per microbatch)",
+    "memory": "Memory per rank",
+    "step": "Per optimizer step, per collective (what `moeplan verify` compares)",
+    "topology": "Topology: intra-node and inter-node bytes",
+    "scaling": "Gradient scaling",
+}
+LEVEL_TITLES = {"global": "Config dimensions (one value per job)",
+                "stage": "Per pipeline stage", "rank": "Per rank (placement on nodes)"}
+
+
+def baseline_variant() -> Any:
+    from planner.accounting_symbols import variant_of
+    from planner.loader import parse_config
+    from planner.pipeline import stage_split
+
+    cfg = parse_config(BASELINE_CONFIG)
+    return variant_of(cfg, stage_split(cfg))
+
+
+def _books() -> tuple[list[Any], list[tuple[str, dict[str, Any]]]]:
+    from planner.accounting import formula_book
+
+    base = baseline_variant()
+    baseline = list(formula_book(base).quantities)
+    others = [(label, {q.name: q for q in formula_book(replace(base, **changes)).quantities})
+              for label, changes in VARIATIONS]
+    return baseline, others
+
+
+def _ordered_quantities(baseline: list[Any], others: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """Baseline quantities in book order, then those only some variation has, in first-seen order."""
+    seen = {q.name for q in baseline}
+    extra = []
+    for _, book in others:
+        for name, q in book.items():
+            if name not in seen:
+                seen.add(name)
+                extra.append(q)
+    return baseline + extra
+
+
+def _alternatives(name: str, base_formula: str | None,
+                  others: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
+    """(formula, the variations giving it) for each formula other than the baseline's."""
+    by_formula: dict[str, list[str]] = {}
+    for label, book in others:
+        q = book.get(name)
+        if q is not None and q.formula != base_formula:
+            by_formula.setdefault(q.formula, []).append(label)
+    return [(formula, "; ".join(labels)) for formula, labels in by_formula.items()]
+
+
+def _symbols_section() -> list[str]:
+    from planner.accounting_symbols import ALL_SYMBOLS
+
+    lines = ["## Inputs", "",
+             "Every formula is written over these inputs and earlier quantities. Global inputs come "
+             "from the config, stage inputs from the pipeline split, rank inputs from the process "
+             "groups and `cluster.gpus_per_node` (node-major placement: rank r is on node "
+             "r // gpus_per_node).", ""]
+    for level, title in LEVEL_TITLES.items():
+        lines += [f"### {title}", "", "| input | meaning |", "|---|---|"]
+        lines += [f"| {code(s.name)} | {cell(s.doc)} |" for s in ALL_SYMBOLS if s.level == level]
+        lines.append("")
+    return lines
+
+
+def formulas_page() -> str:
+    from planner.accounting_expr import pretty
+
+    baseline, others = _books()
+    base_names = {q.name: q for q in baseline}
+    quantities = _ordered_quantities(baseline, others)
+    lines = [
+        GENERATED_NOTE.format(what="planner/accounting*.py"),
+        "# Budget formulas",
+        "",
+        "Every number `moeplan budget` prints is one of these named formulas, evaluated exactly "
+        "(integers and fractions, never floats). `moeplan budget CONFIG --explain` shows each as "
+        "formula → substitution → value. What the budgets count and leave out is explained in "
+        "[budgets.md](budgets.md).",
+        "",
+        "The formulas depend on a few structural choices of the config. This page shows the "
+        "formula book of the bundled DeepSeek-V4-Pro layout (1,024 GPUs, TP1 CP2 PP8 EP64 ETP1, "
+        "AlltoAll dispatcher, dropless, distributed optimizer with Adam, bf16, full uniform "
+        "recompute, mHC, expert bias, `seq_aux_loss`). Under a quantity, *when …* rows give the "
+        "formula it takes instead when one choice differs; a quantity marked *only when …* "
+        "does not exist in the baseline. In formulas `·` is multiplication, `/` exact division.",
+        "",
+        *_symbols_section(),
+    ]
+    for category, title in CATEGORY_TITLES.items():
+        rows = [q for q in quantities if q.category == category]
+        if not rows:
+            continue
+        lines += [f"## {title}", "", "| quantity | unit | formula | meaning |", "|---|---|---|---|"]
+        for q in rows:
+            base = base_names.get(q.name)
+            alternatives = _alternatives(q.name, base.formula if base else None, others)
+            if base is None:
+                formula, labels = alternatives[0]
+                lines.append(f"| {code(q.name)} | {q.unit} | *only when {labels}:* "
+                             f"{code(pretty(formula))} | {cell(q.doc)} |")
+                alternatives = alternatives[1:]
+            else:
+                lines.append(f"| {code(q.name)} | {q.unit} | {code(pretty(base.formula))} | "
+                             f"{cell(q.doc)} |")
+            lines += [f"| | | *when {labels}:* {code(pretty(formula))} | |"
+                      for formula, labels in alternatives]
+        lines.append("")
+    uncovered = [q.name for q in quantities if q.category not in CATEGORY_TITLES]
+    if uncovered:
+        raise ValueError(f"quantities without a docs category: {', '.join(uncovered)}")
+    return "\n".join(lines).rstrip("\n") + "\n"
