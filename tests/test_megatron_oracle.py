@@ -36,7 +36,15 @@ from planner.plan import compile_plan
 from planner.presets import PRESETS
 from planner.schema import Config
 from tests.conftest import EXAMPLES, ROOT
-from tests.megatron_oracle import require_oracle
+from tests.oracle import megatron_lm_dir
+
+
+def require_oracle() -> Path:
+    """The Megatron-LM checkout, or skip with the reason (it is absent outside this repository's CI)."""
+    folder, why_missing = megatron_lm_dir()
+    if folder is None:
+        pytest.skip(why_missing)
+    return folder
 
 V4_TRAINING = {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 64,
                "use_distributed_optimizer": True}
@@ -321,3 +329,9 @@ def test_the_request_adds_only_data_and_tokenizer_arguments():
     request: CheckRequest = request_for(cfg)
     assert request.argv[-3:] == ["--mock-data", "--tokenizer-type", "NullTokenizer"]
     assert request.env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # CP2 on Hopper
+
+
+def test_the_check_never_imports_torch_into_moeplan():
+    probe = ("import sys, planner.emit.megatron_check, planner.commands.emit, planner.commands.launch\n"
+             "assert 'torch' not in sys.modules, 'the pre-flight imported torch'\n")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, cwd=ROOT).returncode == 0
