@@ -23,6 +23,7 @@ from planner.cli_common import collect_findings
 from planner.emit.megatron_check import (
     CheckRequest,
     CheckResult,
+    CheckRun,
     CheckUnusable,
     expected_values,
     judge,
@@ -162,7 +163,7 @@ def plan_of(cfg: Config) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def verdicts() -> dict[str, CheckResult]:
+def oracle_run() -> CheckRun:
     """Megatron's verdict on every judged config, one probe subprocess for all of them."""
     megatron = require_oracle()
     configs = judged_configs()
@@ -181,8 +182,12 @@ def verdicts() -> dict[str, CheckResult]:
     off = expected_values(tiny_cfg, plan_of(tiny_cfg))
     requests.append(request_for(tiny_cfg, "tiny, wrong DP"))
     expected.append({**off, "data_parallel_size": off["data_parallel_size"] + 1})
-    run = judge(requests, expected, megatron, sys.executable)
-    return {result.name: result for result in run.results}
+    return judge(requests, expected, megatron, sys.executable)
+
+
+@pytest.fixture(scope="module")
+def verdicts(oracle_run: CheckRun) -> dict[str, CheckResult]:
+    return {result.name: result for result in oracle_run.results}
 
 
 @pytest.mark.parametrize("name", sorted(judged_configs()))
@@ -234,11 +239,8 @@ def test_a_different_derived_value_is_a_failure_naming_both(verdicts: dict[str, 
     assert result.mismatches == ["data-parallel size: Megatron 4, moeplan 5"]
 
 
-def test_stand_ins_are_listed_and_only_those():
-    megatron = require_oracle()
-    cfg = parse_config(tiny())
-    _, stand_ins, _ = run_probe([request_for(cfg)], megatron, sys.executable)
-    named = [s.split(":")[0] for s in stand_ins]
+def test_stand_ins_are_listed_and_only_those(oracle_run: CheckRun):
+    named = [s.split(":")[0] for s in oracle_run.stand_ins]
     assert set(named) <= {"typing.override", "CUDA device capability", "Transformer Engine version gate",
                           "Transformer Engine fused RoPE kernel", "cuDNN DSA kernel presence check"}
     assert "CUDA device capability" in named  # this CI has no GPU
