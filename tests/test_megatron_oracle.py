@@ -113,6 +113,9 @@ def judged_configs() -> dict[str, Config]:
     configs.update({f"preset {name}": parse_config(copy.deepcopy(data))
                     for name, data in PRESET_CONFIGS.items()})
     configs["gpt pp2 vpp2"] = parse_config(copy.deepcopy(GPT_PP_VPP))
+    layout = tiny_with(num_layers=4, mtp_num_layers=1)  # a GPT layout string with the MTP block
+    layout["parallel"].update(pp=2, cp=1, pipeline_model_parallel_layout="Et*2|t*2mL")
+    configs["gpt pp2 layout + mtp"] = parse_config(layout)
     configs["ep overlap, full recompute, dropout 0"] = parse_config(ep_overlap_full_recompute(0.0))
     return configs
 
@@ -213,6 +216,11 @@ def test_the_v4_examples_hand_derived_values(verdicts: dict[str, CheckResult]):
         [(6, 6, 0)] + [(8, 8, 0)] * 6 + [(7, 7, 1)])
     assert (flash["data_parallel_size"], flash["num_microbatches"]) == (128, 8)
     assert [(c["layers"], c["moe_layers"], c["mtp_layers"]) for c in flash["chunks"]] == [(43, 43, 1)]
+
+
+def test_gpt_layout_puts_mtp_where_the_layout_says(verdicts: dict[str, CheckResult]):
+    chunks = verdicts["gpt pp2 layout + mtp"].derived["chunks"]
+    assert [(c["stage"], c["layers"], c["mtp_layers"]) for c in chunks] == [(0, 2, 0), (1, 2, 1)]
 
 
 def test_gpt_vpp_chunks_follow_megatron(verdicts: dict[str, CheckResult]):
