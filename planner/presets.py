@@ -36,6 +36,10 @@ _V4_COMMON: dict[str, Any] = {
     "untie_embeddings_and_output_weights": True,
     "swiglu_limit": 10.0,
     "max_position_embeddings": 1048576,
+    "position_embedding_type": "rope",
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "qk_layernorm": True,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {

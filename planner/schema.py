@@ -42,6 +42,12 @@ class ModelSection(Section):
     ffn_hidden_size: PosInt | None = None
     vocab_size: PosInt
     max_position_embeddings: PosInt | None = None
+    # moeplan's runtime rotates q/k (RoPE); Megatron's own default is a learned table, which MTP
+    # refuses (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args).
+    position_embedding_type: Literal["learned_absolute", "rope", "yarn", "mrope", "relative", "none"] = "rope"
+    hidden_dropout: Annotated[float, Field(ge=0, le=1)] = 0.1
+    attention_dropout: Annotated[float, Field(ge=0, le=1)] = 0.1
+    qk_layernorm: bool = False
     num_experts: PosInt
     moe_router_topk: PosInt = 2
     moe_ffn_hidden_size: PosInt | None = None
@@ -260,7 +266,9 @@ class Config(Section):
     # Derived degrees every consumer needs; the grid owns the groups themselves.
     @property
     def dense_model_size(self) -> int:
-        """TP·CP·PP·GTP: ranks spanned by one dense weight replica (SPEC §2, §12)."""
+        """TP·CP·PP·GTP: ranks spanned by one dense weight replica (DP = world / (TP·PP·CP) in
+        Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args; GTP on main divides
+        it further)."""
         p = self.parallel
         return p.tp * p.cp * p.pp * p.gtp
 
@@ -288,7 +296,8 @@ class Config(Section):
     @property
     def batch_replicas(self) -> int:
         """D_batch = D_a·GTP/q_s: ranks reading distinct samples; GTP sequence shards split one
-        sample over q_s ranks of the GTP axis (SPEC §12). CP, EP and ETP add none (SPEC §3)."""
+        sample over q_s ranks of the GTP axis (Megatron-LM main@d98e8a64 get_batch_parallel_size).
+        CP, EP and ETP add none."""
         gtp, shards = self.parallel.gtp, self.parallel.gtp_remat_num_sequence_shards or 1
         if gtp % shards:  # q_s must divide R (rule GTP001); until it does, count no sharding
             shards = 1
@@ -301,5 +310,6 @@ class Config(Section):
 
     @property
     def microbatches(self) -> int:
-        """m = B / (b · D_batch); with no GTP this is SPEC §3's B / (b · D_a)."""
+        """m = B / (b · D_batch); with no GTP this is Megatron's B / (b · DP) (Megatron-LM
+        dev@d48bd6be megatron/core/num_microbatches_calculator.py ConstantNumMicroBatchesCalculator)."""
         return self.global_batch_size // self.batch_unit

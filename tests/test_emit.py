@@ -591,8 +591,9 @@ def array_lines(script: str) -> list[str]:
 
 
 def test_megatron_arguments_of_the_v4_pro_example_flag_by_flag(tmp_path: Path):
-    """Every flag hand-derived from examples/deepseek-v4-pro-1024.yaml, the V4-Pro preset
-    (shared/design/deepseek-v4.md) and SPEC §3; nothing missing, nothing extra."""
+    """Every flag hand-derived from examples/deepseek-v4-pro-1024.yaml, the V4-Pro preset (the
+    DeepSeek-V4 Megatron write-up) and Megatron-LM dev@d48bd6be megatron/training/arguments.py;
+    nothing missing, nothing extra."""
     out = tmp_path / "out"
     assert emit("megatron", V4_PRO, "-o", out).exit_code == 0
     script = out / "megatron_args.sh"
@@ -625,6 +626,12 @@ def test_megatron_arguments_of_the_v4_pro_example_flag_by_flag(tmp_path: Path):
         "--kv-channels": ["512"],
         "--vocab-size": ["129280"],
         "--max-position-embeddings": ["1048576"],
+        # MTP needs rope or none (Megatron-LM dev@d48bd6be megatron/training/arguments.py:919
+        # validate_args); V4 trains without dropout and with q/kv norms
+        "--position-embedding-type": ["rope"],
+        "--hidden-dropout": ["0.0"],
+        "--attention-dropout": ["0.0"],
+        "--qk-layernorm": [],
         "--swiglu": [],
         "--normalization": ["RMSNorm"],
         "--norm-epsilon": ["1e-06"],
@@ -834,3 +841,75 @@ def test_emit_never_imports_torch(tmp_path: Path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.stdout.strip() == "[]"
+
+
+# ------------------------------------------------- what Megatron-LM dev requires of the arguments
+
+
+def test_tiny_example_passes_what_megatron_requires():
+    """Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args requires
+    --max-position-embeddings (>= seq_length): without the model field it is seq_length. RoPE,
+    dropout 0.1 and no q/k norm are the non-preset defaults, emitted explicitly."""
+    found = megatron_arguments(load_config(TINY)).as_dict()
+    assert found["--max-position-embeddings"] == ("32",)
+    assert found["--position-embedding-type"] == ("rope",)
+    assert found["--hidden-dropout"] == ("0.1",) and found["--attention-dropout"] == ("0.1",)
+    assert "--qk-layernorm" not in found
+
+
+def test_v4_presets_use_rope_no_dropout_and_qk_norms():
+    """MTP refuses a learned position table (Megatron-LM dev@d48bd6be megatron/training/arguments.py:919
+    validate_args); EP overlap with full recompute refuses dropout (megatron/core/transformer/
+    transformer_config.py:3422 TransformerConfig.__post_init__); V4 normalises q and kv."""
+    for preset in ("deepseek-v4-pro", "deepseek-v4-flash"):
+        cfg = load_config(V4_PRO) if preset == "deepseek-v4-pro" else load_config(
+            EXAMPLES / "deepseek-v4-flash-128.yaml")
+        found = megatron_arguments(cfg).as_dict()
+        assert found["--position-embedding-type"] == ("rope",)
+        assert found["--hidden-dropout"] == ("0.0",) and found["--attention-dropout"] == ("0.0",)
+        assert found["--qk-layernorm"] == ()
+
+
+def test_user_values_for_the_new_model_fields_are_emitted():
+    data = tiny_data()
+    data["model"].update(position_embedding_type="none", hidden_dropout=0.0, attention_dropout=0.05,
+                         qk_layernorm=True, max_position_embeddings=4096)
+    found = megatron_arguments(parse_config(data)).as_dict()
+    assert found["--position-embedding-type"] == ("none",)
+    assert found["--hidden-dropout"] == ("0.0",) and found["--attention-dropout"] == ("0.05",)
+    assert found["--qk-layernorm"] == () and found["--max-position-embeddings"] == ("4096",)
+
+
+@pytest.mark.parametrize("value", ["sinusoidal", 1.5])
+def test_position_embedding_type_takes_megatrons_choices_only(value: Any):
+    data = tiny_data()
+    data["model"]["position_embedding_type" if isinstance(value, str) else "hidden_dropout"] = value
+    with pytest.raises(Exception, match="position_embedding_type|hidden_dropout"):
+        parse_config(data)
+
+
+@pytest.mark.parametrize(("change", "exported"), [
+    ({}, True),  # CP 2: Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell
+    ({"parallel": {"cp": 1}}, False),  # TP = CP = 1: no assertion
+    ({"parallel": {"cp": 1, "tp": 2, "sequence_parallel": True}}, True),
+    ({"training": {"use_megatron_fsdp": True}}, False),  # FSDP asserts the opposite
+    ({"model": {"moe_n_hash_layers": 0}, "training": {"precision": "bf16"},
+      "overlap": {"overlap_moe_expert_parallel_comm": True}}, False),  # EP overlap: a warning only
+])
+def test_launchers_export_cuda_device_max_connections_where_megatron_asserts_it(
+        tmp_path: Path, fakes: dict[str, Any], change: dict[str, Any], exported: bool):
+    """Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args: with TP or CP > 1 on
+    Hopper and earlier, CUDA_DEVICE_MAX_CONNECTIONS must be 1 unless FSDP or EP-overlap is on."""
+    data = tiny_data()
+    for section, values in change.items():
+        data.setdefault(section, {}).update(values)
+    cfg = parse_config(data)
+    assert ("CUDA_DEVICE_MAX_CONNECTIONS" in megatron_arguments(cfg).env) is exported
+    out = tmp_path / "out"
+    result = emit("all", write_config(tmp_path, data), "-o", out)
+    assert result.exit_code == 0, result.output
+    for name in ("torchrun.sh", "job.sbatch", "megatron_args.sh"):
+        text = (out / name).read_text()
+        assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in text) is exported, name
+    _, [call] = run_script(out / "torchrun.sh", fakes)
+    assert (call["env"].get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") is exported

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from planner.cli_common import EXIT_CONFIG, EXIT_USAGE, exit_on_errors, fail, load_config_or_exit, stdout
+from planner.commands.emit import CheckPython, CheckWith, megatron_preflight
 
 _UNSAFE_IN_FOLDER_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 INTERRUPTED = 130
@@ -63,6 +64,8 @@ def launch_command(
     max_ranks: Annotated[int, typer.Option("--max-ranks", min=1, help="refuse plans with more ranks: "
                                            "every rank becomes a process on this machine")
                          ] = DEFAULT_MAX_RANKS,
+    check_with: CheckWith = None,
+    check_python: CheckPython = sys.executable,
 ) -> None:
     """Compile CONFIG, emit torchrun.sh into a fresh run folder, run it on this machine, verify."""
     from planner.emit import EmitError, emit_files, write_files
@@ -80,6 +83,8 @@ def launch_command(
         files = emit_files(cfg, plan, "torchrun", config)
     except EmitError as exc:
         fail(EXIT_CONFIG, f"{exc.path}: {exc.message}")
+    if check_with is not None:  # before the run folder exists: a refused plan leaves nothing behind
+        megatron_preflight(cfg, plan, check_with, check_python, config)
     try:
         folder = run_folder(runs_dir, cfg.launch.job_name)
         write_files(folder, files)

@@ -1,7 +1,8 @@
 """The Megatron-LM argument list that reproduces a plan: parallel sizes, rank order, pipeline split,
 batch sizes, model shape, MoE router/dispatcher/capacity settings, overlaps and recompute.
 
-Flag names follow Megatron-LM's argparse names (see shared/design/megatron-reference.md). DeepSeek-V4
+Flag names follow Megatron-LM's argparse names (Megatron-LM dev@d48bd6be
+megatron/training/arguments.py add_megatron_arguments). DeepSeek-V4
 models (`attention_variant: dsv4_hybrid`) target the hybrid entry, `pretrain_hybrid.py`, whose
 `--hybrid-layer-pattern` carries the per-layer attention kind, the MoE layers, the pipeline
 segments and the MTP block in one string; everything else targets `pretrain_gpt.py`.
@@ -34,12 +35,25 @@ class MegatronFlag:
     source: str  # the config field it reproduces, written as a trailing comment
 
 
+def launch_environment(cfg: Config) -> dict[str, str]:
+    """Environment Megatron-LM asserts at start-up. With TP or CP > 1 before Blackwell it requires
+    CUDA_DEVICE_MAX_CONNECTIONS=1, unless FSDP (which requires it unset or > 1) or EP-overlap (a
+    warning) is on (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args). Setting
+    it on Blackwell as well costs nothing there."""
+    p, t = cfg.parallel, cfg.training
+    fsdp = t.use_megatron_fsdp or t.use_torch_fsdp2
+    if (p.tp > 1 or p.cp > 1) and not fsdp and not cfg.overlap.overlap_moe_expert_parallel_comm:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
 @dataclass
 class MegatronArgs:
     entry: str
     branch: str
     flags: list[MegatronFlag] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # settings Megatron-LM cannot take
+    env: dict[str, str] = field(default_factory=dict)  # exported before Megatron-LM starts
 
     def add(self, flag: str, *values: object, source: str) -> None:
         self.flags.append(MegatronFlag(flag, tuple(_word(v) for v in values), source))
@@ -201,8 +215,16 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
         args.add("--group-query-attention", source="model.num_query_groups")
         args.add("--num-query-groups", m.num_query_groups, source="model.num_query_groups")
     args.add("--vocab-size", m.vocab_size, source="model.vocab_size")
-    args.add_if(m.max_position_embeddings is not None, "--max-position-embeddings",
-                m.max_position_embeddings, source="model.max_position_embeddings")
+    if m.max_position_embeddings is not None:
+        args.add("--max-position-embeddings", m.max_position_embeddings,
+                 source="model.max_position_embeddings")
+    else:  # Megatron requires it and needs it >= seq_length (arguments.py validate_args)
+        args.add("--max-position-embeddings", cfg.training.seq_length,
+                 source="training.seq_length (model.max_position_embeddings unset)")
+    args.add("--position-embedding-type", m.position_embedding_type, source="model.position_embedding_type")
+    args.add("--hidden-dropout", m.hidden_dropout, source="model.hidden_dropout")
+    args.add("--attention-dropout", m.attention_dropout, source="model.attention_dropout")
+    args.add_if(m.qk_layernorm, "--qk-layernorm", source="model.qk_layernorm")
     args.add("--swiglu", source="moeplan models SwiGLU MLPs and experts")
     args.add("--normalization", "RMSNorm", source="moeplan models RMSNorm")
     args.add("--norm-epsilon", m.norm_epsilon, source="model.norm_epsilon")
@@ -358,7 +380,8 @@ def megatron_arguments(cfg: Config) -> MegatronArgs:
         split = stage_split(cfg)
     except SplitError as exc:
         raise EmitError(exc.path, exc.message) from None
-    args = MegatronArgs(entry=HYBRID_ENTRY if is_dsv4(cfg) else GPT_ENTRY, branch=megatron_branch(cfg))
+    args = MegatronArgs(entry=HYBRID_ENTRY if is_dsv4(cfg) else GPT_ENTRY, branch=megatron_branch(cfg),
+                        env=launch_environment(cfg))
     _parallel(cfg, args)
     _pipeline(cfg, args, split)
     _model(cfg, args)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.emit.megatron import launch_environment
 from planner.emit.safety import EmitError
 from planner.schema import Config
 
@@ -32,6 +33,7 @@ class LaunchShape:
     master_port: int
     runtime_args: tuple[str, ...]  # after `--plan PLAN`; `--report` is added by the template
     env: tuple[tuple[str, str], ...]
+    megatron_env: tuple[tuple[str, str], ...]  # what Megatron-LM asserts; launch.env may override
     digest: str
     provenance: tuple[str, ...]  # comment lines (unescaped; templates pass them through `comment`)
 
@@ -86,6 +88,7 @@ def launch_shape(cfg: Config, plan: dict[str, Any], config_path: Path | str) -> 
         master_port=cfg.launch.master_port,
         runtime_args=runtime_arguments(cfg),
         env=tuple(sorted(cfg.launch.env.items())),
+        megatron_env=tuple(sorted(launch_environment(cfg).items())),
         digest=plan["digest"],
         provenance=provenance,
     )

@@ -1,0 +1,234 @@
+"""The pre-flight: run the user's own Megatron-LM on the emitted argument list and compare what it
+derives with the plan.
+
+Megatron runs in a subprocess (`runtime/megatron_probe.py`, which planner never imports: planner must
+not import torch) under the Python the user names. The probe is given the emitted flags unchanged,
+plus only data and tokenizer arguments (`DATA_ARGUMENTS`: mock data and the null tokenizer, which
+takes the model's `--vocab-size`), and the environment the launchers export. It runs Megatron's
+`parse_args` → `validate_args` → `set_global_variables` → `core_transformer_config_from_args` →
+`hybrid_config_from_args` / `gpt_config_from_args`, then asks Megatron's pipeline helpers which layers
+every pipeline rank and virtual stage builds. A pass means Megatron accepted the arguments *and*
+derived the same data-parallel size, number of microbatches, virtual stages and per-stage decoder,
+MoE and MTP layers as the plan.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.emit.megatron import megatron_arguments
+from planner.schema import Config
+
+DATA_ARGUMENTS = ("--mock-data", "--tokenizer-type", "NullTokenizer")
+PROBE_TIMEOUT_S = 600
+PROBE_FILE = "megatron_probe.py"
+
+
+class CheckUnusable(Exception):
+    """The Megatron-LM folder or the Python cannot run the check (exit 2, not a verdict)."""
+
+
+@dataclass
+class CheckRequest:
+    name: str
+    entry: str
+    argv: list[str]
+    env: dict[str, str]
+    world_size: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "entry": self.entry, "argv": self.argv, "env": self.env,
+                "world_size": self.world_size}
+
+
+@dataclass
+class CheckResult:
+    """Megatron's verdict on one config next to moeplan's plan."""
+
+    name: str
+    verdict: str  # "pass", "rejected" (Megatron refused) or "mismatch" (it derived other values)
+    message: str = ""
+    location: str | None = None
+    step: str | None = None
+    derived: dict[str, Any] = field(default_factory=dict)
+    expected: dict[str, Any] = field(default_factory=dict)
+    mismatches: list[str] = field(default_factory=list)
+    not_run: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+
+@dataclass
+class CheckRun:
+    results: list[CheckResult]
+    stand_ins: list[str]
+    python_version: str
+
+
+def request_for(cfg: Config, name: str = "config") -> CheckRequest:
+    """The emitted flags unchanged, plus data/tokenizer arguments only."""
+    args = megatron_arguments(cfg)
+    argv = [word for flag in args.flags for word in (flag.flag, *flag.values)]
+    world = cfg.parallel.world_size
+    assert world is not None  # resolved by Config._resolve
+    return CheckRequest(name=name, entry=args.entry, argv=[*argv, *DATA_ARGUMENTS], env=dict(args.env),
+                        world_size=world)
+
+
+def expected_values(cfg: Config, plan: dict[str, Any]) -> dict[str, Any]:
+    """What the plan says Megatron must derive, in the probe's terms (per pipeline chunk)."""
+    num_layers = cfg.model.num_layers
+    chunks = []
+    for stage in plan["stages"]:
+        moe = set(stage["moe_layers"])
+        for chunk in stage["chunks"]:
+            chunks.append({
+                "stage": stage["stage"], "virtual": chunk["virtual"], "layers": len(chunk["layers"]),
+                "moe_layers": sum(layer in moe for layer in chunk["layers"]),
+                "mtp_layers": len(chunk["mtp_layers"]),
+                "mtp_moe_layers": sum(num_layers + d in moe for d in chunk["mtp_layers"]),
+            })
+    return {"data_parallel_size": cfg.dp, "expert_data_parallel_size": cfg.edp,
+            "num_microbatches": cfg.microbatches,
+            "virtual_pipeline_model_parallel_size": plan["layout"].get("vpp", 1),
+            "chunks": sorted(chunks, key=lambda c: (c["stage"], c["virtual"]))}
+
+
+_LABELS = {"data_parallel_size": "data-parallel size", "expert_data_parallel_size":
+           "expert data-parallel size", "num_microbatches": "number of microbatches",
+           "virtual_pipeline_model_parallel_size": "virtual pipeline stages"}
+_CHUNK_LABELS = {"layers": "decoder layers", "moe_layers": "MoE layers", "mtp_layers": "MTP layers",
+                 "mtp_moe_layers": "MTP MoE layers"}
+
+
+def mismatches(expected: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+    """Every value Megatron derived differently, naming both (keys Megatron does not expose are skipped)."""
+    found = [f"{label}: Megatron {derived[key]}, moeplan {expected[key]}"
+             for key, label in _LABELS.items() if key in derived and derived[key] != expected[key]]
+    theirs = {(c["stage"], c["virtual"]): c for c in derived.get("chunks", [])}
+    ours = {(c["stage"], c["virtual"]): c for c in expected["chunks"]}
+    for key in sorted(set(theirs) | set(ours)):
+        where = f"pipeline stage {key[0]}" + (f" virtual stage {key[1]}" if key[1] else "")
+        if key not in theirs or key not in ours:
+            found.append(f"{where}: built by {'moeplan' if key in ours else 'Megatron'} only")
+            continue
+        for name, label in _CHUNK_LABELS.items():
+            if name in theirs[key] and theirs[key][name] != ours[key][name]:
+                found.append(f"{where} {label}: Megatron {theirs[key][name]}, moeplan {ours[key][name]}")
+    return found
+
+
+def probe_script() -> Path:
+    """The probe file shipped in the `runtime` package (located without importing the package)."""
+    spec = importlib.util.find_spec("runtime")
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckUnusable("moeplan's runtime package (which holds the Megatron probe) is not installed")
+    path = Path(next(iter(spec.submodule_search_locations))) / PROBE_FILE
+    if not path.is_file():
+        raise CheckUnusable(f"the Megatron probe {path} is missing from this moeplan installation")
+    return path
+
+
+def check_megatron_folder(megatron_lm: Path) -> None:
+    """A Megatron-LM folder holds the `megatron` package with its training arguments."""
+    if not (megatron_lm / "megatron" / "training" / "arguments.py").is_file():
+        raise CheckUnusable(f"{megatron_lm} is not a Megatron-LM folder: it should contain "
+                            "megatron/training/arguments.py (pass the folder that holds the megatron "
+                            "package)")
+
+
+def run_probe(requests: list[CheckRequest], megatron_lm: Path, python: str,
+              timeout_s: float = PROBE_TIMEOUT_S) -> tuple[list[dict[str, Any]], list[str], str]:
+    """One subprocess for all requests; Megatron's own output is kept only for a failed start."""
+    check_megatron_folder(megatron_lm)
+    script = probe_script()
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "PYTHONWARNINGS": "ignore"}
+    with tempfile.TemporaryDirectory(prefix="moeplan-check-") as work:
+        request_path, result_path = Path(work, "request.json"), Path(work, "result.json")
+        request_path.write_text(json.dumps({"megatron_lm": str(megatron_lm.resolve()),
+                                            "configs": [r.as_json() for r in requests]}))
+        try:
+            done = subprocess.run([python, str(script), str(request_path), str(result_path)],
+                                  capture_output=True, text=True, env=env, timeout=timeout_s,
+                                  check=False, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise CheckUnusable(f"cannot run {python!r}: no such program (see --check-python)") from None
+        except PermissionError:
+            raise CheckUnusable(f"cannot run {python!r}: not executable (see --check-python)") from None
+        except subprocess.TimeoutExpired:
+            raise CheckUnusable(f"Megatron-LM did not finish within {timeout_s:.0f} s") from None
+        if not result_path.is_file():
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+            raise CheckUnusable(f"{python} could not run the Megatron probe (exit code {done.returncode})"
+                                f"{': ' + tail if tail else ''}")
+        try:
+            result = json.loads(result_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckUnusable(f"the Megatron probe wrote no readable result ({exc})") from None
+    if "unusable" in result:
+        raise CheckUnusable(result["unusable"])
+    return result["results"], result["stand_ins"], result["python"]
+
+
+def judge(requests: list[CheckRequest], expected: list[dict[str, Any]], megatron_lm: Path,
+          python: str) -> CheckRun:
+    """Run Megatron on every request and compare each pass with the plan's values."""
+    raw, stand_ins, version = run_probe(requests, megatron_lm, python)
+    results = []
+    for request, want, got in zip(requests, expected, raw, strict=True):
+        if got["verdict"] == "unusable":
+            raise CheckUnusable(f"Megatron-LM could not finish the check here: {got['message']}"
+                                f"{' at ' + got['location'] if got.get('location') else ''}")
+        if got["verdict"] == "rejected":
+            results.append(CheckResult(request.name, "rejected", got["message"], got.get("location"),
+                                       got.get("step"), expected=want))
+            continue
+        found = mismatches(want, got["derived"])
+        results.append(CheckResult(request.name, "mismatch" if found else "pass",
+                                   derived=got["derived"], expected=want, mismatches=found,
+                                   not_run=got.get("not_run", [])))
+    return CheckRun(results, stand_ins, version)
+
+
+def check_config(cfg: Config, plan: dict[str, Any], megatron_lm: Path, python: str,
+                 name: str = "config") -> CheckRun:
+    return judge([request_for(cfg, name)], [expected_values(cfg, plan)], megatron_lm, python)
+
+
+def summary_lines(run: CheckRun, megatron_lm: Path) -> list[str]:
+    """The report printed by `--check-with`: verdict, derived values or Megatron's message, stand-ins."""
+    lines = []
+    for result in run.results:
+        if result.verdict == "rejected":
+            lines.append(f"Megatron-LM ({megatron_lm}) rejects the arguments in {result.step}: "
+                         f"{result.message}")
+            lines.append(f"  at {result.location or 'an unknown place (no frame inside megatron/)'}")
+            continue
+        if result.verdict == "mismatch":
+            lines.append(f"Megatron-LM ({megatron_lm}) accepts the arguments but derives other values "
+                         "than the plan:")
+            lines.extend(f"  {m}" for m in result.mismatches)
+        else:
+            lines.append(f"Megatron-LM check: pass ({megatron_lm})")
+        d = result.derived
+        lines.append(f"  derived: data-parallel size {d['data_parallel_size']}, "
+                     f"{d['num_microbatches']} microbatch(es), "
+                     f"{d['virtual_pipeline_model_parallel_size']} virtual stage(s) per rank, "
+                     f"Megatron num_layers {d['num_layers']}, padded vocab {d['padded_vocab_size']}")
+        for chunk in d["chunks"]:
+            virtual = f" v{chunk['virtual']}" if d["virtual_pipeline_model_parallel_size"] > 1 else ""
+            lines.append(f"    stage {chunk['stage']}{virtual}: {chunk['layers']} decoder layer(s), "
+                         f"{chunk['moe_layers']} MoE, {chunk['mtp_layers']} MTP")
+        lines.extend(f"  not run: {item}" for item in result.not_run)
+    lines.extend(f"  stand-in: {item}" for item in run.stand_ins)
+    return lines
