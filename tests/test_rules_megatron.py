@@ -74,6 +74,16 @@ CITED_LINES = [
     # MTP under uniform full recompute checkpoints one layer at a time
     ("core/transformer/multi_token_prediction.py", 2499, "self.config.recompute_num_layers == 1",
      "MultiTokenPredictionLayer._checkpointed_forward"),
+    # EP overlap + full recompute needs dropout 0
+    (TRANSFORMER_CONFIG, 3422, "assert self.attention_dropout == 0.0 and self.hidden_dropout == 0.0",
+     "__post_init__"),
+    # EP overlap without full recompute: no method, no layer count
+    (TRANSFORMER_CONFIG, 3445, "assert self.recompute_method is None, (", "__post_init__"),
+    (TRANSFORMER_CONFIG, 3448, "assert self.recompute_num_layers is None, (", "__post_init__"),
+    # MTP only with rope or no position embedding
+    (ARGUMENTS, 919,
+     'assert args.position_embedding_type == "rope" or args.position_embedding_type == "none"',
+     "validate_args"),
     # a hybrid layer pattern makes the config a hybrid model
     (ARGUMENTS, 2272, "kw_args['is_hybrid_model'] = True", "core_transformer_config_from_args"),
 ]
@@ -326,3 +336,39 @@ def test_pip004_does_not_apply_to_the_hybrid_entry():
     assert codes(v4) == []
     assert codes(merge(v4, {"model": {"attention_variant": "standard"}})) == [
         ("PIP004", "error", "parallel.pipeline_model_parallel_layout")]
+
+
+# ----------------------------------------------------------------------------- found by the pre-flight
+
+_EP_OVERLAP_FULL = {"overlap_moe_expert_parallel_comm": True, "recompute_granularity": "full",
+                    "recompute_method": "uniform", "recompute_num_layers": 1}
+
+
+def test_ep_overlap_with_full_recompute_needs_dropout_zero():
+    # megatron/core/transformer/transformer_config.py:3422 TransformerConfig.__post_init__
+    dropout = {"hidden_dropout": 0.1, "attention_dropout": 0.05}
+    assert codes({"model": dropout, "parallel": {"pp": 1}, "overlap": _EP_OVERLAP_FULL}) == [
+        ("OVL013", "error", "model.hidden_dropout"), ("OVL013", "error", "model.attention_dropout")]
+    zero = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+    assert codes({"model": zero, "parallel": {"pp": 1}, "overlap": _EP_OVERLAP_FULL}) == []
+    # without the overlap, dropout and full recompute go together
+    plain = {**_EP_OVERLAP_FULL, "overlap_moe_expert_parallel_comm": False}
+    assert codes({"model": dropout, "parallel": {"pp": 1}, "overlap": plain}) == []
+
+
+def test_ep_overlap_without_full_recompute_takes_no_method():
+    # megatron/core/transformer/transformer_config.py:3445 and :3448 TransformerConfig.__post_init__
+    overlay = {"parallel": {"pp": 1}, "model": {"hidden_dropout": 0.0, "attention_dropout": 0.0},
+               "overlap": {"overlap_moe_expert_parallel_comm": True, "recompute_num_layers": 1}}
+    assert ("OVL014", "error", "overlap.recompute_num_layers") in codes(overlay)
+    overlay["overlap"] = {"overlap_moe_expert_parallel_comm": True}
+    assert not [c for c in codes(overlay) if c[0] == "OVL014"]
+
+
+@pytest.mark.parametrize(("kind", "ok"), [("rope", True), ("none", True), ("learned_absolute", False),
+                                          ("yarn", False)])
+def test_mtp_needs_rope_or_no_position_embedding(kind, ok):
+    # megatron/training/arguments.py:919 validate_args
+    overlay = {"model": {"mtp_num_layers": 1, "position_embedding_type": kind}}
+    pip005 = [c for c in codes(overlay) if c[0] == "PIP005"]
+    assert pip005 == ([] if ok else [("PIP005", "error", "model.position_embedding_type")])

@@ -250,9 +250,68 @@ def mtp_uniform_recompute_one_layer(f: Facts) -> Iterator[Violation]:
                         "set overlap.recompute_num_layers: 1, or recompute_method: block")
 
 
+@rule(
+    "OVL013", "error", "batch-level EP overlap with full recompute needs dropout 0",
+    source=TRANSFORMER_CONFIG,
+    why="""Under overlap_moe_expert_parallel_comm the full-recompute replay is scheduled by hand
+    across the interleaved microbatches, so the forward RNG stream cannot be replayed: Megatron
+    asserts attention_dropout == 0 and hidden_dropout == 0 (its defaults are 0.1).""",
+    bad="""
+    model: {hidden_dropout: 0.1, attention_dropout: 0.1}
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true, recompute_granularity: full,
+              recompute_method: uniform, recompute_num_layers: 1}
+    """,
+    good="""
+    model: {hidden_dropout: 0.0, attention_dropout: 0.0}
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true, recompute_granularity: full,
+              recompute_method: uniform, recompute_num_layers: 1}
+    """,
+)
+def ep_overlap_full_recompute_without_dropout(f: Facts) -> Iterator[Violation]:
+    if not (_ep_overlap(f) and f.ovl.recompute_granularity == "full"):
+        return
+    for name in ("hidden_dropout", "attention_dropout"):
+        value = getattr(f.model, name)
+        if value:
+            yield Violation(f"model.{name}",
+                            f"{name} {value} with overlap_moe_expert_parallel_comm and full recompute",
+                            f"set model.{name}: 0.0, or drop full recompute")
+
+
+@rule(
+    "OVL014", "error", "batch-level EP overlap without full recompute takes no recompute method",
+    source=TRANSFORMER_CONFIG,
+    why="""Outside full recompute the overlap schedule has no layer grouping to control, and
+    Megatron asserts recompute_method and recompute_num_layers are unset when
+    overlap_moe_expert_parallel_comm is on.""",
+    bad="""
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true, recompute_num_layers: 1}
+    """,
+    good="""
+    parallel: {pp: 1}
+    overlap: {overlap_moe_expert_parallel_comm: true}
+    """,
+)
+def ep_overlap_without_recompute_method(f: Facts) -> Iterator[Violation]:
+    if not _ep_overlap(f) or f.ovl.recompute_granularity == "full":
+        return
+    for name in ("recompute_method", "recompute_num_layers"):
+        value = getattr(f.ovl, name)
+        if value is not None:
+            yield Violation(f"overlap.{name}",
+                            f"{name} {value} with overlap_moe_expert_parallel_comm and "
+                            + (f"recompute_granularity {f.ovl.recompute_granularity}"
+                               if f.ovl.recompute_granularity else "no full recompute"),
+                            f"remove overlap.{name}, or use recompute_granularity: full")
+
+
 RULES = (
     shared_overlap_exclusive, ep_overlap_needs_ep, ep_overlap_needs_vpp, ep_overlap_needs_a2a,
     delay_wgrad_needs_overlap, shared_overlap_needs_a2a, ep_overlap_needs_half_precision,
     ep_overlap_without_moe_recompute, full_recompute_needs_method, selective_recompute_without_method,
     ep_overlap_single_mtp_layer, mtp_uniform_recompute_one_layer,
+    ep_overlap_full_recompute_without_dropout, ep_overlap_without_recompute_method,
 )

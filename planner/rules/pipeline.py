@@ -134,5 +134,22 @@ def _layout_fix_without_split(f: Facts) -> str:
             f"hash layers on the embedding stage) and places all {m.num_layers} layers")
 
 
+@rule(
+    "PIP005", "error", "MTP needs rope or no position embedding",
+    source=VALIDATE_ARGS,
+    why="""Multi-token prediction shifts the input ids per depth and re-embeds them; Megatron
+    supports that only with rotary position embeddings or none, and refuses MTP with any other
+    position_embedding_type (a learned absolute table is Megatron's default).""",
+    bad="model: {mtp_num_layers: 1, position_embedding_type: learned_absolute}",
+    good="model: {mtp_num_layers: 1, position_embedding_type: rope}",
+)
+def mtp_position_embedding(f: Facts) -> Iterator[Violation]:
+    kind = f.model.position_embedding_type
+    if f.model.mtp_num_layers and kind not in ("rope", "none"):
+        yield Violation("model.position_embedding_type",
+                        f"mtp_num_layers {f.model.mtp_num_layers} with position_embedding_type {kind}",
+                        "set model.position_embedding_type: rope (or none), or mtp_num_layers: 0")
+
+
 RULES = (layers_split_over_stages, vpp_needs_pipeline, hash_layers_on_first_stage,
-         hash_routing_wants_layout)
+         hash_routing_wants_layout, mtp_position_embedding)
