@@ -1,0 +1,152 @@
+"""The hybrid (`pretrain_hybrid.py`) launch: which MoE blocks Megatron hash-routes under the emitted
+`--hybrid-layer-pattern` and `--moe-n-hash-layers`, judged by Megatron's own objects, and the
+hand-derived values behind it.
+
+Megatron hashes a non-MTP MoE layer whose layer number is <= moe_n_hash_layers (Megatron-LM
+dev@d48bd6be megatron/core/transformer/moe/router.py TopKRouter.__init__). The hybrid stack numbers
+every pattern symbol, attention and MLP alike, across pipeline segments
+(megatron/core/models/hybrid/hybrid_block.py HybridStack.__init__, offsets from
+hybrid_layer_allocation.py select_pipeline_segment), so moeplan's "first 3 MoE blocks" of
+`HEHECE…` are layers 2, 4, 6 and the flag must say 6, not 3.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.emit.megatron import megatron_arguments
+from planner.loader import load_config, parse_config
+from planner.pipeline import stage_split
+from planner.schema import Config
+from tests.conftest import EXAMPLES
+from tests.megatron_oracle import run_with_megatron
+
+PROBE = Path(__file__).with_name("megatron_hash_probe.py")
+V4_EXAMPLES = ("deepseek-v4-pro-1024.yaml", "deepseek-v4-flash-128.yaml")
+
+
+def hybrid_args(cfg: Config) -> tuple[str, int]:
+    flags = megatron_arguments(cfg).as_dict()
+    return flags["--hybrid-layer-pattern"][0], int(flags.get("--moe-n-hash-layers", ("0",))[0])
+
+
+def planned_hashed(cfg: Config) -> set[int]:
+    return {layer for stage in stage_split(cfg).stages for layer in stage.hash_layers}
+
+
+def megatron_hashed(configs: list[Config]) -> list[set[int]]:
+    """Run Megatron's hybrid stack on each config's emitted pattern and hash count; map every router
+    it built back to moeplan's MoE block (k-th router of a segment = k-th MoE block of that chunk)."""
+    cases = []
+    for cfg in configs:
+        pattern, count = hybrid_args(cfg)
+        cases.append({"pattern": pattern, "moe_n_hash_layers": count, "pp": cfg.parallel.pp})
+    verdicts = []
+    for cfg, result in zip(configs, run_with_megatron(PROBE, cases), strict=True):
+        chunks = {(c.stage, c.virtual): c for c in stage_split(cfg).chunks}
+        assert len(result["segments"]) == len(chunks)
+        hashed: set[int] = set()
+        for segment in result["segments"]:
+            chunk = chunks[segment["pp_rank"], segment["vp_stage"]]
+            blocks = [layer for layer in chunk.layers if cfg.model.is_moe_layer(layer)]
+            routers = zip(blocks, segment["routers"], strict=True)  # one router per MoE block
+            hashed |= {block for block, (_, is_hash) in routers if is_hash}
+        assert len(result["mtp_routers"]) == cfg.model.mtp_num_layers
+        assert not any(is_hash for _, is_hash in result["mtp_routers"])  # MTP blocks never hash
+        verdicts.append(hashed)
+    return verdicts
+
+
+# ------------------------------------------------------------------ hand-derived (no Megatron)
+
+
+def test_v4_examples_count_pattern_symbols_up_to_the_third_moe_block():
+    # Both begin with three blocks (attention symbol + E): E of block 2 is symbol 6.
+    for name in V4_EXAMPLES:
+        cfg = load_config(EXAMPLES / name)
+        pattern, count = hybrid_args(cfg)
+        assert pattern[:6] in ("HEHECE", "WEWECE")
+        assert count == 6 and planned_hashed(cfg) == {0, 1, 2}
+
+
+def flash(**model: Any) -> Config:
+    data = {"model": {"preset": "deepseek-v4-flash", "num_layers": 6, "mtp_num_layers": 0, **model},
+            "parallel": {"world_size": 1}, "training": {"seq_length": 128}}
+    return parse_config(data)
+
+
+def test_dense_first_layers_are_counted_but_never_hashed():
+    # moe_n_hash_layers 3 over [dense, MoE, MoE, ...]: MoE blocks 1 and 2, symbols W- WE CE -> 6.
+    cfg = flash(moe_layer_freq=[0, 1, 1, 1, 1, 1], moe_n_hash_layers=3)
+    pattern, count = hybrid_args(cfg)
+    assert pattern.startswith("W-WECE") and count == 6
+    assert planned_hashed(cfg) == {1, 2}  # the plan lists MoE blocks only, as the runtime hashes
+
+
+def test_a_dense_block_last_in_the_hashed_range_shortens_the_count():
+    # [MoE, MoE, dense, MoE, ...] with 3: blocks 0, 1 hashed; stop at the second E (symbol 4).
+    cfg = flash(moe_layer_freq=[1, 1, 0, 1, 1, 1], moe_n_hash_layers=3)
+    assert hybrid_args(cfg) == ("WEWEC-HECEHE", 4)
+    assert planned_hashed(cfg) == {0, 1}
+
+
+def test_hash_layers_over_dense_blocks_only_emit_no_flag_and_say_so():
+    cfg = flash(moe_layer_freq=[0, 0, 1, 1, 1, 1], moe_n_hash_layers=2)
+    args = megatron_arguments(cfg)
+    assert "--moe-n-hash-layers" not in args.as_dict() and planned_hashed(cfg) == set()
+    assert any("model.moe_n_hash_layers 2" in note and "not passed" in note for note in args.notes)
+
+
+def test_gpt_entry_keeps_decoder_layer_numbers():
+    data = {"model": {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 8, "vocab_size": 512,
+                      "num_experts": 8, "moe_layer_freq": [0, 1, 1, 1], "moe_n_hash_layers": 3},
+            "parallel": {"world_size": 1}, "training": {"seq_length": 128}}
+    cfg = parse_config(data)
+    assert megatron_arguments(cfg).as_dict()["--moe-n-hash-layers"] == ("3",)
+    assert planned_hashed(cfg) == {1, 2}
+
+
+# ------------------------------------------------------------------ Megatron as the judge
+
+
+def test_megatron_hashes_the_planned_blocks_of_both_v4_examples():
+    configs = [load_config(EXAMPLES / name) for name in V4_EXAMPLES]
+    assert configs[0].parallel.pp == 8 and configs[0].model.mtp_num_layers == 1
+    for cfg, hashed in zip(configs, megatron_hashed(configs), strict=True):
+        assert hashed == planned_hashed(cfg) == {0, 1, 2}
+
+
+@st.composite
+def hybrid_layouts(draw: st.DrawFn) -> Config:
+    """A V4-Flash-shaped model with a random layer count, MoE pattern (dense-first and scattered
+    dense blocks), hash count, MTP, and pipeline layout over PP x VPP segments."""
+    pp = draw(st.integers(1, 4))
+    vpp = draw(st.integers(1, 2)) if pp > 1 else 1
+    segments = pp * vpp
+    layers = draw(st.integers(max(segments, 2), segments + 10))
+    cuts = sorted(draw(st.lists(st.integers(1, layers - 1), min_size=segments - 1,
+                                max_size=segments - 1, unique=True)))
+    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, layers], strict=True)]
+    mtp = draw(st.integers(0, 1))
+    layout = "|".join(("E" if i == 0 else "") + "t" * size + ("m" * mtp + "L" if i == segments - 1 else "")
+                      for i, size in enumerate(sizes))
+    dense_first = draw(st.integers(0, layers - 1))
+    tail = draw(st.lists(st.sampled_from([0, 1, 1]), min_size=layers - dense_first - 1,
+                         max_size=layers - dense_first - 1))
+    data = {"model": {"preset": "deepseek-v4-flash", "num_layers": layers, "mtp_num_layers": mtp,
+                      "moe_layer_freq": [0] * dense_first + [1] + tail,
+                      "moe_n_hash_layers": draw(st.integers(1, layers))},
+            "parallel": {"world_size": pp, "pp": pp, "pipeline_model_parallel_layout": layout},
+            "training": {"seq_length": 128}}
+    return parse_config(data)
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(hybrid_layouts(), min_size=6, max_size=6))
+def test_megatron_hashes_the_planned_blocks_of_random_layouts(configs: list[Config]):
+    for cfg, hashed in zip(configs, megatron_hashed(configs), strict=True):
+        assert hashed == planned_hashed(cfg), cfg.parallel.pipeline_model_parallel_layout
