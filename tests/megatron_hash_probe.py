@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from tests.megatron_oracle import answer_cases
 
 torch.cuda.current_device = lambda: "cpu"  # stand-in: see the module docstring
 
@@ -126,12 +126,5 @@ def probe(case: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    cases = json.load(sys.stdin)
-    with contextlib.redirect_stdout(io.StringIO()):
-        results = [probe(case) for case in cases]
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    answer_cases(probe)

@@ -3,10 +3,13 @@ code against it: in a subprocess with the Megatron tree first on PYTHONPATH."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,3 +41,12 @@ def run_with_megatron(script: Path, payload: Any, timeout: float = 600) -> Any:
                           text=True, env=env, timeout=timeout, check=False)
     assert done.returncode == 0, f"{script.name} failed under Megatron:\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def answer_cases(answer: Callable[[dict[str, Any]], Any]) -> None:
+    """The probe's side of `run_with_megatron`: JSON cases on stdin, one JSON line of answers on
+    stdout; whatever Megatron prints meanwhile is dropped."""
+    cases = json.load(sys.stdin)
+    with contextlib.redirect_stdout(io.StringIO()):
+        answers = [answer(case) for case in cases]
+    print(json.dumps(answers))

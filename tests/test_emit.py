@@ -631,6 +631,12 @@ def test_megatron_arguments_of_the_v4_pro_example_flag_by_flag(tmp_path: Path):
         "--disable-bias-linear": [],
         "--untie-embeddings-and-output-weights": [],
         "--activation-func-clamp-value": ["10.0"],
+        # RoPE of the V4 config: theta 1e4, compressed layers 1.6e5 with YaRN x16 over 65,536
+        "--rope-type": ["yarn"],
+        "--rotary-base": ["10000"],
+        "--rotary-scaling-factor": ["16.0"],
+        "--original-max-position-embeddings": ["65536"],
+        "--csa-compress-rotary-base": ["160000.0"],
         # DSv4 hybrid attention and mHC
         "--multi-latent-attention": [],
         "--experimental-attention-variant": ["dsv4_hybrid"],

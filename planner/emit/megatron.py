@@ -255,6 +255,7 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
                 source="model.untie_embeddings_and_output_weights")
     args.add_if(m.swiglu_limit is not None, "--activation-func-clamp-value", m.swiglu_limit,
                 source="model.swiglu_limit")
+    _rope(cfg, args)
     if m.attention_variant in ("mla", "dsv4_hybrid"):
         args.add("--multi-latent-attention", source=f"model.attention_variant {m.attention_variant}")
         args.add_if(m.q_lora_rank is not None, "--q-lora-rank", m.q_lora_rank, source="model.q_lora_rank")
@@ -302,6 +303,24 @@ def _hash_routing(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: H
     why = (f"model.moe_n_hash_layers {requested}: MoE blocks {blocks} (the hybrid stack numbers every "
            "pattern symbol)" if pattern else "model.moe_n_hash_layers")
     args.add("--moe-n-hash-layers", count, source=why)
+
+
+def _rope(cfg: Config, args: MegatronArgs) -> None:
+    """Rotary settings; the YaRN ones only where Megatron reads them (MLA and DSv4 attention)."""
+    m = cfg.model
+    if m.rope_type == "yarn" and m.attention_variant == "standard":
+        # Megatron-LM dev@d48bd6be megatron/training/arguments.py core_transformer_config_from_args
+        raise EmitError("model.rope_type", "rope_type 'yarn' with standard attention: Megatron's "
+                        "standard attention takes rope_type 'rope' only; use 'rope', drop the field, "
+                        "or pick an MLA attention_variant")
+    args.add_if(m.rope_type is not None, "--rope-type", m.rope_type, source="model.rope_type")
+    args.add("--rotary-base", m.rotary_base, source="model.rotary_base")
+    if m.attention_variant in ("mla", "dsv4_hybrid"):
+        args.add("--rotary-scaling-factor", m.rotary_scaling_factor, source="model.rotary_scaling_factor")
+        args.add("--original-max-position-embeddings", m.original_max_position_embeddings,
+                 source="model.original_max_position_embeddings")
+    args.add_if(is_dsv4(cfg), "--csa-compress-rotary-base", m.csa_compress_rotary_base,
+                source="model.csa_compress_rotary_base")
 
 
 def _moe(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPattern | None) -> None:
