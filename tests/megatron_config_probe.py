@@ -48,16 +48,21 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
 
 
-def config_fields(case: dict[str, Any]) -> dict[str, Any]:
-    os.environ.update(WORLD_SIZE=str(case["world_size"]), RANK="0", LOCAL_RANK="0")
-    sys.argv = ["pretrain", *case["argv"]]
+def build_config(argv: list[str], world_size: int) -> Any:
+    """The TransformerConfig Megatron's training entry builds from `argv` on rank 0 of `world_size`."""
+    os.environ.update(WORLD_SIZE=str(world_size), RANK="0", LOCAL_RANK="0")
+    sys.argv = ["pretrain", *argv]
     args = parse_args()
     validate_args(args)
     set_global_variables(args)
     try:
-        config = core_transformer_config_from_args(args)
+        return core_transformer_config_from_args(args)
     finally:
         unset_global_variables()
+
+
+def config_fields(case: dict[str, Any]) -> dict[str, Any]:
+    config = build_config(case["argv"], case["world_size"])
     return {name: _plain(getattr(config, name)) for name in case["fields"]}
 
 

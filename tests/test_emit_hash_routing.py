@@ -1,5 +1,5 @@
-"""The hybrid (`pretrain_hybrid.py`) launch: which MoE blocks Megatron hash-routes under the emitted
-`--hybrid-layer-pattern` and `--moe-n-hash-layers`, judged by Megatron's own objects, and the
+"""Which MoE blocks Megatron hash-routes under the emitted launch, judged by Megatron's own objects
+(hybrid: `--hybrid-layer-pattern` + `--moe-n-hash-layers`; GPT: the whole argument list), and the
 hand-derived values behind it.
 
 Megatron hashes a non-MTP MoE layer whose layer number is <= moe_n_hash_layers (Megatron-LM
@@ -7,7 +7,8 @@ dev@d48bd6be megatron/core/transformer/moe/router.py TopKRouter.__init__). The h
 every pattern symbol, attention and MLP alike, across pipeline segments
 (megatron/core/models/hybrid/hybrid_block.py HybridStack.__init__, offsets from
 hybrid_layer_allocation.py select_pipeline_segment), so moeplan's "first 3 MoE blocks" of
-`HEHECE…` are layers 2, 4, 6 and the flag must say 6, not 3.
+`HEHECE…` are layers 2, 4, 6 and the flag must say 6, not 3. The GPT stack numbers decoder layers
+(megatron/core/transformer/transformer_block.py TransformerBlock), so there the count is moeplan's.
 """
 
 from __future__ import annotations
@@ -38,13 +39,25 @@ def planned_hashed(cfg: Config) -> set[int]:
     return {layer for stage in stage_split(cfg).stages for layer in stage.hash_layers}
 
 
+# Added to a GPT launch so Megatron builds it on a CPU: data and tokenizer, weights allocated on the
+# CPU, and the torch (not Apex/TE) kernels. None of them touches layer numbering or routing.
+GPT_EXTRA = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--use-cpu-initialization",
+             "--no-persist-layer-norm", "--no-gradient-accumulation-fusion"]
+
+
+def probe_case(cfg: Config) -> dict[str, Any]:
+    args = megatron_arguments(cfg)
+    if args.entry == "pretrain_gpt.py":
+        argv = [word for flag in args.flags for word in (flag.flag, *flag.values)]
+        return {"argv": argv + GPT_EXTRA, "pp": cfg.parallel.pp, "vpp": stage_split(cfg).vpp}
+    pattern, count = hybrid_args(cfg)
+    return {"pattern": pattern, "moe_n_hash_layers": count, "pp": cfg.parallel.pp}
+
+
 def megatron_hashed(configs: list[Config]) -> list[set[int]]:
-    """Run Megatron's hybrid stack on each config's emitted pattern and hash count; map every router
-    it built back to moeplan's MoE block (k-th router of a segment = k-th MoE block of that chunk)."""
-    cases = []
-    for cfg in configs:
-        pattern, count = hybrid_args(cfg)
-        cases.append({"pattern": pattern, "moe_n_hash_layers": count, "pp": cfg.parallel.pp})
+    """Build Megatron's decoder stacks for each config's emitted launch; map every router it built
+    back to moeplan's MoE block (k-th router of a segment = k-th MoE block of that chunk)."""
+    cases = [probe_case(cfg) for cfg in configs]
     verdicts = []
     for cfg, result in zip(configs, run_with_megatron(PROBE, cases), strict=True):
         chunks = {(c.stage, c.virtual): c for c in stage_split(cfg).chunks}
@@ -101,13 +114,21 @@ def test_hash_layers_over_dense_blocks_only_emit_no_flag_and_say_so():
     assert any("model.moe_n_hash_layers 2" in note and "not passed" in note for note in args.notes)
 
 
+GPT_DENSE_FIRST = parse_config({
+    "model": {"num_layers": 4, "hidden_size": 16, "num_attention_heads": 2, "vocab_size": 64,
+              "max_position_embeddings": 32, "num_experts": 2, "moe_ffn_hidden_size": 8,
+              "moe_layer_freq": [0, 1, 1, 1], "moe_n_hash_layers": 3},
+    "parallel": {"world_size": 2, "pp": 2, "pipeline_model_parallel_layout": "Ettt|tL"},
+    "training": {"seq_length": 32, "global_batch_size": 4},
+    "moe": {"moe_token_dispatcher_type": "allgather", "moe_grouped_gemm": False,
+            "moe_tid2eid_source": "seeded"},
+})
+
+
 def test_gpt_entry_keeps_decoder_layer_numbers():
-    data = {"model": {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 8, "vocab_size": 512,
-                      "num_experts": 8, "moe_layer_freq": [0, 1, 1, 1], "moe_n_hash_layers": 3},
-            "parallel": {"world_size": 1}, "training": {"seq_length": 128}}
-    cfg = parse_config(data)
-    assert megatron_arguments(cfg).as_dict()["--moe-n-hash-layers"] == ("3",)
-    assert planned_hashed(cfg) == {1, 2}
+    # Layers 1..4, dense first: with 3, Megatron hashes MoE layers 2 and 3 = blocks 1 and 2.
+    assert megatron_arguments(GPT_DENSE_FIRST).as_dict()["--moe-n-hash-layers"] == ("3",)
+    assert planned_hashed(GPT_DENSE_FIRST) == {1, 2}
 
 
 # ------------------------------------------------------------------ Megatron as the judge
@@ -148,5 +169,44 @@ def hybrid_layouts(draw: st.DrawFn) -> Config:
 @settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(hybrid_layouts(), min_size=6, max_size=6))
 def test_megatron_hashes_the_planned_blocks_of_random_layouts(configs: list[Config]):
+    for cfg, hashed in zip(configs, megatron_hashed(configs), strict=True):
+        assert hashed == planned_hashed(cfg), cfg.parallel.pipeline_model_parallel_layout
+
+
+@st.composite
+def gpt_layouts(draw: st.DrawFn) -> Config:
+    """A toy GPT MoE model: random layer count, dense-first/scattered dense blocks, PP x VPP layout,
+    and a hash count within the embedding stage (Megatron asserts that for GPT with PP > 1)."""
+    pp = draw(st.integers(1, 3))
+    vpp = draw(st.integers(1, 2)) if pp > 1 else 1
+    segments = pp * vpp
+    layers = draw(st.integers(max(segments, 2), segments + 6))
+    cuts = sorted(draw(st.lists(st.integers(1, layers - 1), min_size=segments - 1,
+                                max_size=segments - 1, unique=True)))
+    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, layers], strict=True)]
+    layout = "|".join(("E" if i == 0 else "") + "t" * size + ("L" if i == segments - 1 else "")
+                      for i, size in enumerate(sizes))
+    dense_first = draw(st.integers(0, layers - 1))
+    tail = draw(st.lists(st.sampled_from([0, 1, 1]), min_size=layers - dense_first - 1,
+                         max_size=layers - dense_first - 1))
+    data = {"model": {"num_layers": layers, "hidden_size": 16, "num_attention_heads": 2, "vocab_size": 64,
+                      "max_position_embeddings": 32, "num_experts": 2, "moe_ffn_hidden_size": 8,
+                      "moe_layer_freq": [0] * dense_first + [1] + tail,
+                      "moe_n_hash_layers": draw(st.integers(1, sizes[0]))},
+            "parallel": {"world_size": pp, "pp": pp, "pipeline_model_parallel_layout": layout},
+            "training": {"seq_length": 32, "global_batch_size": 2 * pp},
+            "moe": {"moe_token_dispatcher_type": "allgather", "moe_grouped_gemm": False,
+                    "moe_tid2eid_source": "seeded"}}
+    return parse_config(data)
+
+
+def test_megatron_gpt_stack_hashes_the_planned_blocks():
+    configs = [GPT_DENSE_FIRST]
+    assert megatron_hashed(configs) == [{1, 2}] == [planned_hashed(GPT_DENSE_FIRST)]
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(gpt_layouts(), min_size=4, max_size=4))
+def test_megatron_gpt_stack_hashes_the_planned_blocks_of_random_layouts(configs: list[Config]):
     for cfg, hashed in zip(configs, megatron_hashed(configs), strict=True):
         assert hashed == planned_hashed(cfg), cfg.parallel.pipeline_model_parallel_layout
