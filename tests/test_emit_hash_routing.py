@@ -134,32 +134,44 @@ def test_gpt_entry_keeps_decoder_layer_numbers():
 # ------------------------------------------------------------------ Megatron as the judge
 
 
-def test_megatron_hashes_the_planned_blocks_of_both_v4_examples():
-    configs = [load_config(EXAMPLES / name) for name in V4_EXAMPLES]
+def test_megatron_hashes_the_planned_blocks_of_both_v4_examples_and_a_dense_first_gpt():
+    configs = [load_config(EXAMPLES / name) for name in V4_EXAMPLES] + [GPT_DENSE_FIRST]
     assert configs[0].parallel.pp == 8 and configs[0].model.mtp_num_layers == 1
-    for cfg, hashed in zip(configs, megatron_hashed(configs), strict=True):
-        assert hashed == planned_hashed(cfg) == {0, 1, 2}
+    assert megatron_hashed(configs) == [{0, 1, 2}, {0, 1, 2}, {1, 2}]
+    assert [planned_hashed(cfg) for cfg in configs] == [{0, 1, 2}, {0, 1, 2}, {1, 2}]
+
+
+@st.composite
+def pipelines(draw: st.DrawFn, max_pp: int, extra_layers: int, mtp: int) -> tuple[int, list[int], str]:
+    """PP, decoder layers per PP x VPP segment (each at least one), and the layout string."""
+    pp = draw(st.integers(1, max_pp))
+    segments = pp * (draw(st.integers(1, 2)) if pp > 1 else 1)
+    layers = draw(st.integers(max(segments, 2), segments + extra_layers))
+    cuts = sorted(draw(st.lists(st.integers(1, layers - 1), min_size=segments - 1,
+                                max_size=segments - 1, unique=True)))
+    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, layers], strict=True)]
+    layout = "|".join(("E" if i == 0 else "") + "t" * size + ("m" * mtp + "L" if i == segments - 1 else "")
+                      for i, size in enumerate(sizes))
+    return pp, sizes, layout
+
+
+@st.composite
+def moe_layer_freqs(draw: st.DrawFn, layers: int) -> list[int]:
+    """Dense-first blocks, then at least one MoE block and a random (mostly MoE) rest."""
+    dense_first = draw(st.integers(0, layers - 1))
+    rest = layers - dense_first - 1
+    return [0] * dense_first + [1] + draw(st.lists(st.sampled_from([0, 1, 1]), min_size=rest, max_size=rest))
 
 
 @st.composite
 def hybrid_layouts(draw: st.DrawFn) -> Config:
-    """A V4-Flash-shaped model with a random layer count, MoE pattern (dense-first and scattered
-    dense blocks), hash count, MTP, and pipeline layout over PP x VPP segments."""
-    pp = draw(st.integers(1, 4))
-    vpp = draw(st.integers(1, 2)) if pp > 1 else 1
-    segments = pp * vpp
-    layers = draw(st.integers(max(segments, 2), segments + 10))
-    cuts = sorted(draw(st.lists(st.integers(1, layers - 1), min_size=segments - 1,
-                                max_size=segments - 1, unique=True)))
-    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, layers], strict=True)]
+    """A V4-Flash-shaped model with a random layer count, MoE pattern, hash count, MTP, and pipeline
+    layout over PP x VPP segments."""
     mtp = draw(st.integers(0, 1))
-    layout = "|".join(("E" if i == 0 else "") + "t" * size + ("m" * mtp + "L" if i == segments - 1 else "")
-                      for i, size in enumerate(sizes))
-    dense_first = draw(st.integers(0, layers - 1))
-    tail = draw(st.lists(st.sampled_from([0, 1, 1]), min_size=layers - dense_first - 1,
-                         max_size=layers - dense_first - 1))
+    pp, sizes, layout = draw(pipelines(4, 10, mtp))
+    layers = sum(sizes)
     data = {"model": {"preset": "deepseek-v4-flash", "num_layers": layers, "mtp_num_layers": mtp,
-                      "moe_layer_freq": [0] * dense_first + [1] + tail,
+                      "moe_layer_freq": draw(moe_layer_freqs(layers)),
                       "moe_n_hash_layers": draw(st.integers(1, layers))},
             "parallel": {"world_size": pp, "pp": pp, "pipeline_model_parallel_layout": layout},
             "training": {"seq_length": 128}}
@@ -177,32 +189,17 @@ def test_megatron_hashes_the_planned_blocks_of_random_layouts(configs: list[Conf
 def gpt_layouts(draw: st.DrawFn) -> Config:
     """A toy GPT MoE model: random layer count, dense-first/scattered dense blocks, PP x VPP layout,
     and a hash count within the embedding stage (Megatron asserts that for GPT with PP > 1)."""
-    pp = draw(st.integers(1, 3))
-    vpp = draw(st.integers(1, 2)) if pp > 1 else 1
-    segments = pp * vpp
-    layers = draw(st.integers(max(segments, 2), segments + 6))
-    cuts = sorted(draw(st.lists(st.integers(1, layers - 1), min_size=segments - 1,
-                                max_size=segments - 1, unique=True)))
-    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, layers], strict=True)]
-    layout = "|".join(("E" if i == 0 else "") + "t" * size + ("L" if i == segments - 1 else "")
-                      for i, size in enumerate(sizes))
-    dense_first = draw(st.integers(0, layers - 1))
-    tail = draw(st.lists(st.sampled_from([0, 1, 1]), min_size=layers - dense_first - 1,
-                         max_size=layers - dense_first - 1))
+    pp, sizes, layout = draw(pipelines(3, 6, 0))
+    layers = sum(sizes)
     data = {"model": {"num_layers": layers, "hidden_size": 16, "num_attention_heads": 2, "vocab_size": 64,
                       "max_position_embeddings": 32, "num_experts": 2, "moe_ffn_hidden_size": 8,
-                      "moe_layer_freq": [0] * dense_first + [1] + tail,
+                      "moe_layer_freq": draw(moe_layer_freqs(layers)),
                       "moe_n_hash_layers": draw(st.integers(1, sizes[0]))},
             "parallel": {"world_size": pp, "pp": pp, "pipeline_model_parallel_layout": layout},
             "training": {"seq_length": 32, "global_batch_size": 2 * pp},
             "moe": {"moe_token_dispatcher_type": "allgather", "moe_grouped_gemm": False,
                     "moe_tid2eid_source": "seeded"}}
     return parse_config(data)
-
-
-def test_megatron_gpt_stack_hashes_the_planned_blocks():
-    configs = [GPT_DENSE_FIRST]
-    assert megatron_hashed(configs) == [{1, 2}] == [planned_hashed(GPT_DENSE_FIRST)]
 
 
 @settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
