@@ -16,10 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.emit.megatron import megatron_arguments
+from planner.emit import EmitError
+from planner.emit.megatron import megatron_arguments, megatron_hash_layer_count
 from planner.loader import load_config, parse_config
 from planner.pipeline import stage_split
 from planner.schema import Config
@@ -112,6 +114,15 @@ def test_hash_layers_over_dense_blocks_only_emit_no_flag_and_say_so():
     args = megatron_arguments(cfg)
     assert "--moe-n-hash-layers" not in args.as_dict() and planned_hashed(cfg) == set()
     assert any("model.moe_n_hash_layers 2" in note and "not passed" in note for note in args.notes)
+
+
+def test_a_numbering_no_count_can_cut_exactly_is_an_emit_error():
+    # Megatron's stacks number layers in pipeline order, so this cannot come from a real pattern;
+    # the guard still refuses rather than emit a count that hashes other blocks than planned.
+    cfg = flash(num_layers=3, moe_n_hash_layers=2)
+    with pytest.raises(EmitError) as caught:
+        megatron_hash_layer_count(cfg, stage_split(cfg), {0: 6, 1: 2, 2: 4})
+    assert caught.value.path == "model.moe_n_hash_layers" and "[0, 1]" in caught.value.message
 
 
 GPT_DENSE_FIRST = parse_config({
