@@ -144,8 +144,9 @@ def hybrid_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
                             "MTP layers after the last pipeline segment; move 'm' to the last stage")
         text = ""
         for layer in chunk.layers:
-            text += symbols(layer)
-            counted += len(symbols(layer))
+            piece = symbols(layer)
+            text += piece
+            counted += len(piece)
             numbers[layer] = counted
         text += "".join(MTP_BREAK + symbols(model.num_layers + d) for d in chunk.mtp_layers)
         segments.append(text)
