@@ -251,7 +251,7 @@ def stage_layers(cfg: Config, stage: int, chunks: list[Chunk]) -> StageLayers:
     mtp = tuple(d for c in chunks for d in c.mtp_layers)
     moe = tuple(layer for layer in layers if model.is_moe_layer(layer))
     moe += tuple(model.num_layers + d for d in mtp)
-    hashed = tuple(layer for layer in layers if layer < model.moe_n_hash_layers)
+    hashed = tuple(layer for layer in moe if layer < min(model.moe_n_hash_layers, model.num_layers))
     return StageLayers(stage, layers, mtp, moe, hashed, any(c.embedding for c in chunks),
                        any(c.loss for c in chunks), tuple(chunks))
 

@@ -1,4 +1,6 @@
-"""Model presets with the official DeepSeek-V4 dimensions (see shared/design/deepseek-v4.md).
+"""Model presets with the official DeepSeek-V4 dimensions: the released V4-Pro / V4-Flash configs and
+checkpoint tensor shapes, in the argument names of Megatron-LM dev@d48bd6be's DeepSeek-V4 code
+(megatron/training/arguments.py, megatron/core/transformer/transformer_config.py).
 
 A preset only fills `model` fields the user did not write; every value can be overridden.
 """
@@ -40,6 +42,14 @@ _V4_COMMON: dict[str, Any] = {
     "hidden_dropout": 0.0,
     "attention_dropout": 0.0,
     "qk_layernorm": True,
+    # RoPE of the released V4 configs (Pro and Flash alike): rope_theta 10000, compress_rope_theta
+    # 160000 for the compressed (CSA/HCA) layers, rope_scaling yarn, factor 16 over an original
+    # 65,536 positions, beta_fast 32 / beta_slow 1 (Megatron's fixed MLA defaults, so no field).
+    "rope_type": "yarn",
+    "rotary_base": 10000,
+    "csa_compress_rotary_base": 160000.0,
+    "rotary_scaling_factor": 16.0,
+    "original_max_position_embeddings": 65536,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -71,6 +71,18 @@ class ModelSection(Section):
     q_lora_rank: PosInt | None = None
     kv_lora_rank: PosInt | None = None
     qk_pos_emb_head_dim: NonNegInt = 0
+    # RoPE / YaRN, named as Megatron's arguments. Numerics only: rotary embeddings hold no parameters
+    # and no activation memory that moeplan budgets; the runtime's attention rotates by rotary_base.
+    # DSv4 attention rotates window-only layers by rotary_base (plain RoPE) and CSA/HCA layers by
+    # csa_compress_rotary_base with YaRN: rotary_scaling_factor over original_max_position_embeddings,
+    # beta_fast 32 / beta_slow 1 fixed (Megatron-LM dev@d48bd6be megatron/core/transformer/
+    # experimental_attention_variant/deepseek_v4_hybrid_attention.py, MLATransformerConfig defaults).
+    # rope_type None keeps Megatron's default (yarn for MLA); 'yarn' needs an MLA attention variant.
+    rope_type: Literal["rope", "yarn"] | None = None
+    rotary_base: PosInt = 10000
+    rotary_scaling_factor: PosFloat = 1.0
+    original_max_position_embeddings: PosInt = 4096
+    csa_compress_rotary_base: PosFloat = 40000.0
     o_groups: PosInt | None = None
     o_lora_rank: PosInt | None = None
     csa_window_size: PosInt | None = None

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from runtime.comm import CommGroup, Ledger, all_gather_v
 from runtime.init import DEFAULT_INIT_STD, init_tensor
 
-ROPE_THETA = 10000.0
+ROPE_THETA = 10000.0  # Megatron's --rotary-base default, for plans that predate model.rotary_base
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class DecoderSpec:
     init_std: float = DEFAULT_INIT_STD
     mtp_num_layers: int = 0
     mtp_loss_scale: float = 0.1  # Megatron's mtp_loss_scaling_factor
+    rotary_base: float = ROPE_THETA
 
     @classmethod
     def from_config(cls, model: dict[str, Any], moe_layers: list[int],
@@ -106,6 +107,7 @@ class DecoderSpec:
             init_std=float(model.get("init_method_std", DEFAULT_INIT_STD)),
             mtp_num_layers=int(model.get("mtp_num_layers") or 0),
             mtp_loss_scale=float(model.get("mtp_loss_scaling_factor", 0.1)),
+            rotary_base=float(model.get("rotary_base", ROPE_THETA)),
         )
 
     @property
@@ -129,10 +131,11 @@ class RMSNorm(torch.nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
 
 
-def rotary(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on x [s, b, heads, d] at the given global positions [s]."""
+def rotary(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotate-half RoPE with frequencies base^(-i/half) on x [s, b, heads, d] at the given global
+    positions [s]."""
     half = x.shape[-1] // 2
-    freqs = ROPE_THETA ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+    freqs = base ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
     angles = positions.to(torch.float32)[:, None] * freqs[None, :]
     cos = angles.cos()[:, None, None, :].to(x.dtype)
     sin = angles.sin()[:, None, None, :].to(x.dtype)
@@ -163,8 +166,8 @@ class CausalAttention(torch.nn.Module):
         spec = self.spec
         s, b, _ = x.shape
         d, groups = spec.head_dim, spec.num_query_groups
-        q = rotary((x @ self.wq).view(s, b, spec.num_heads, d), local)
-        k = rotary((x @ self.wk).view(s, b, groups, d), local)
+        q = rotary((x @ self.wq).view(s, b, spec.num_heads, d), local, spec.rotary_base)
+        k = rotary((x @ self.wk).view(s, b, groups, d), local, spec.rotary_base)
         v = (x @ self.wv).view(s, b, groups, d)
         kv = torch.cat([k, v], dim=-1)
         if self.cp.active:

@@ -200,6 +200,8 @@ def unsupported_features(plan: Plan) -> list[str]:
     variant = _get(model, "attention_variant", "standard")
     refuse(variant != "standard", f"model.attention_variant = {variant!r}: the runtime's decoder has "
            "standard causal attention only; use 'standard'")
+    refuse(model.get("rope_type") == "yarn", "model.rope_type = 'yarn': YaRN is not implemented; the "
+           "runtime's attention uses plain RoPE with model.rotary_base")
     refuse(bool(model.get("enable_hyper_connections")),
            "model.enable_hyper_connections: mHC residual streams are not implemented")
     refuse(bool(model.get("add_bias_linear")), "model.add_bias_linear: linear biases are not implemented")

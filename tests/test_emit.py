@@ -638,6 +638,12 @@ def test_megatron_arguments_of_the_v4_pro_example_flag_by_flag(tmp_path: Path):
         "--disable-bias-linear": [],
         "--untie-embeddings-and-output-weights": [],
         "--activation-func-clamp-value": ["10.0"],
+        # RoPE of the V4 config: theta 1e4, compressed layers 1.6e5 with YaRN x16 over 65,536
+        "--rope-type": ["yarn"],
+        "--rotary-base": ["10000"],
+        "--rotary-scaling-factor": ["16.0"],
+        "--original-max-position-embeddings": ["65536"],
+        "--csa-compress-rotary-base": ["160000.0"],
         # DSv4 hybrid attention and mHC
         "--multi-latent-attention": [],
         "--experimental-attention-variant": ["dsv4_hybrid"],
@@ -657,7 +663,7 @@ def test_megatron_arguments_of_the_v4_pro_example_flag_by_flag(tmp_path: Path):
         "--mtp-num-layers": ["1"],
         "--mtp-loss-scaling-factor": ["0.1"],
         "--spec": ["megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_dsv4_stack_spec"],
-        # MoE: 384 experts, top-6, sqrt-softplus with expert bias, 3 hash layers, AlltoAll
+        # MoE: 384 experts, top-6, sqrt-softplus with expert bias, 3 hash blocks, AlltoAll
         "--num-experts": ["384"],
         "--moe-ffn-hidden-size": ["3072"],
         "--moe-shared-expert-intermediate-size": ["3072"],
@@ -666,7 +672,7 @@ def test_megatron_arguments_of_the_v4_pro_example_flag_by_flag(tmp_path: Path):
         "--moe-router-topk-scaling-factor": ["2.5"],
         "--moe-router-enable-expert-bias": [],
         "--moe-router-bias-update-rate": ["0.001"],
-        "--moe-n-hash-layers": ["3"],
+        "--moe-n-hash-layers": ["6"],  # E of the 3rd block is pattern symbol 6 (test_emit_hybrid)
         "--moe-router-load-balancing-type": ["seq_aux_loss"],
         "--moe-aux-loss-coeff": ["0.0001"],
         "--moe-token-dispatcher-type": ["alltoall"],

@@ -116,7 +116,17 @@ def order_flags(cfg: Config) -> bool:
                     "Megatron-Core API")
 
 
-def hybrid_layer_pattern(cfg: Config, split: StageSplit) -> str:
+@dataclass(frozen=True)
+class HybridPattern:
+    """The `--hybrid-layer-pattern` text and where each decoder layer's MLP symbol lands in Megatron's
+    layer numbering: the hybrid stack gives every main-pattern symbol its own 1-based layer number,
+    counted across pipeline segments (`|` and the MTP part after `/` are not counted)."""
+
+    text: str
+    mlp_layer_numbers: dict[int, int]  # decoder layer id -> Megatron layer number of its MLP symbol
+
+
+def hybrid_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
     """`HEHECE…|…/WE`: attention kind + MLP kind per layer, `|` between pipeline segments (virtual
     stages in pipeline order), `/` before each MTP depth, which must sit on the last segment."""
     model = cfg.model
@@ -135,7 +145,9 @@ def hybrid_layer_pattern(cfg: Config, split: StageSplit) -> str:
         mlp = MOE_SYMBOL if layer in moe_layers else DENSE_MLP_SYMBOL
         return DSV4_ATTENTION_SYMBOL[ratios[layer]] + mlp
 
-    segments = []
+    segments: list[str] = []
+    numbers: dict[int, int] = {}
+    counted = 0
     last = len(split.chunks) - 1
     for chunk in split.chunks:
         if not chunk.layers:
@@ -144,10 +156,43 @@ def hybrid_layer_pattern(cfg: Config, split: StageSplit) -> str:
         if chunk.mtp_layers and chunk.index != last:
             raise EmitError("parallel.pipeline_model_parallel_layout", "the hybrid layer pattern places "
                             "MTP layers after the last pipeline segment; move 'm' to the last stage")
-        text = "".join(symbols(layer) for layer in chunk.layers)
+        text = ""
+        for layer in chunk.layers:
+            piece = symbols(layer)
+            text += piece
+            counted += len(piece)
+            numbers[layer] = counted
         text += "".join(MTP_BREAK + symbols(model.num_layers + d) for d in chunk.mtp_layers)
         segments.append(text)
-    return SEGMENT_BREAK.join(segments)
+    return HybridPattern(SEGMENT_BREAK.join(segments), numbers)
+
+
+def planned_hash_blocks(split: StageSplit) -> list[int]:
+    """The decoder MoE blocks the plan routes by token id (MTP blocks never are)."""
+    return sorted(layer for stage in split.stages for layer in stage.hash_layers)
+
+
+def megatron_hash_layer_count(cfg: Config, split: StageSplit, numbers: dict[int, int] | None) -> int:
+    """The `--moe-n-hash-layers` value under which Megatron hashes exactly the planned MoE blocks.
+
+    Megatron hashes a non-MTP MoE layer when its layer number is <= moe_n_hash_layers
+    (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/router.py TopKRouter.__init__). The GPT
+    stack numbers decoder layers 1..L; the hybrid stack numbers every pattern symbol
+    (megatron/core/models/hybrid/hybrid_block.py HybridStack.__init__, offsets from
+    hybrid_layer_allocation.py select_pipeline_segment), so there the count must reach the last
+    planned block's `E`. `numbers` maps a decoder layer to its Megatron layer number (None: GPT).
+    0 when no MoE block is planned as hashed."""
+    planned = planned_hash_blocks(split)
+    if not planned:
+        return 0
+    number = numbers if numbers is not None else {layer: layer + 1 for layer in range(cfg.model.num_layers)}
+    count = number[planned[-1]]
+    moe = {layer for stage in split.stages for layer in stage.moe_layers if layer < cfg.model.num_layers}
+    hashed = sorted(layer for layer in moe if number[layer] <= count)
+    if hashed != planned:
+        raise EmitError("model.moe_n_hash_layers", f"no --moe-n-hash-layers value makes Megatron hash "
+                        f"exactly the planned MoE blocks {planned} (with {count} it would hash {hashed})")
+    return count
 
 
 def _parallel(cfg: Config, args: MegatronArgs) -> None:
@@ -177,10 +222,10 @@ def _parallel(cfg: Config, args: MegatronArgs) -> None:
                 t.num_distributed_optimizer_instances, source="training.num_distributed_optimizer_instances")
 
 
-def _pipeline(cfg: Config, args: MegatronArgs, split: StageSplit) -> None:
+def _pipeline(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPattern | None) -> None:
     p, m = cfg.parallel, cfg.model
-    if args.entry == HYBRID_ENTRY:
-        args.add("--hybrid-layer-pattern", hybrid_layer_pattern(cfg, split),
+    if pattern is not None:
+        args.add("--hybrid-layer-pattern", pattern.text,
                  source=f"model.compress_ratios + stage split ({split.source}) + MTP")
     else:
         args.add("--num-layers", m.num_layers, source="model.num_layers")
@@ -233,6 +278,7 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
                 source="model.untie_embeddings_and_output_weights")
     args.add_if(m.swiglu_limit is not None, "--activation-func-clamp-value", m.swiglu_limit,
                 source="model.swiglu_limit")
+    _rope(cfg, args)
     if m.attention_variant in ("mla", "dsv4_hybrid"):
         args.add("--multi-latent-attention", source=f"model.attention_variant {m.attention_variant}")
         args.add_if(m.q_lora_rank is not None, "--q-lora-rank", m.q_lora_rank, source="model.q_lora_rank")
@@ -267,7 +313,40 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
         args.add("--spec", *HYBRID_DSV4_SPEC, source="hybrid DSv4 layer specs")
 
 
-def _moe(cfg: Config, args: MegatronArgs) -> None:
+def _hash_routing(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPattern | None) -> None:
+    requested = cfg.model.moe_n_hash_layers
+    if requested == 0:
+        return
+    count = megatron_hash_layer_count(cfg, split, pattern.mlp_layer_numbers if pattern else None)
+    if count == 0:
+        args.notes.append(f"model.moe_n_hash_layers {requested}: the first {requested} layers hold no MoE "
+                          "block, so nothing is hash-routed; not passed")
+        return
+    blocks = planned_hash_blocks(split)
+    why = (f"model.moe_n_hash_layers {requested}: MoE blocks {blocks} (the hybrid stack numbers every "
+           "pattern symbol)" if pattern else "model.moe_n_hash_layers")
+    args.add("--moe-n-hash-layers", count, source=why)
+
+
+def _rope(cfg: Config, args: MegatronArgs) -> None:
+    """Rotary settings; the YaRN ones only where Megatron reads them (MLA and DSv4 attention)."""
+    m = cfg.model
+    if m.rope_type == "yarn" and m.attention_variant == "standard":
+        # Megatron-LM dev@d48bd6be megatron/training/arguments.py core_transformer_config_from_args
+        raise EmitError("model.rope_type", "rope_type 'yarn' with standard attention: Megatron's "
+                        "standard attention takes rope_type 'rope' only; use 'rope', drop the field, "
+                        "or pick an MLA attention_variant")
+    args.add_if(m.rope_type is not None, "--rope-type", m.rope_type, source="model.rope_type")
+    args.add("--rotary-base", m.rotary_base, source="model.rotary_base")
+    if m.attention_variant in ("mla", "dsv4_hybrid"):
+        args.add("--rotary-scaling-factor", m.rotary_scaling_factor, source="model.rotary_scaling_factor")
+        args.add("--original-max-position-embeddings", m.original_max_position_embeddings,
+                 source="model.original_max_position_embeddings")
+    args.add_if(is_dsv4(cfg), "--csa-compress-rotary-base", m.csa_compress_rotary_base,
+                source="model.csa_compress_rotary_base")
+
+
+def _moe(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPattern | None) -> None:
     m, moe = cfg.model, cfg.moe
     args.add("--num-experts", m.num_experts, source="model.num_experts")
     if args.entry == GPT_ENTRY:
@@ -289,8 +368,7 @@ def _moe(cfg: Config, args: MegatronArgs) -> None:
                 source="model.moe_router_num_groups")
     args.add_if(m.moe_router_group_topk is not None, "--moe-router-group-topk", m.moe_router_group_topk,
                 source="model.moe_router_group_topk")
-    args.add_if(m.moe_n_hash_layers > 0, "--moe-n-hash-layers", m.moe_n_hash_layers,
-                source="model.moe_n_hash_layers")
+    _hash_routing(cfg, args, split, pattern)
     args.add("--moe-router-load-balancing-type", moe.moe_router_load_balancing_type,
              source="moe.moe_router_load_balancing_type")
     args.add("--moe-aux-loss-coeff", moe.moe_aux_loss_coeff, source="moe.moe_aux_loss_coeff")
@@ -383,9 +461,10 @@ def megatron_arguments(cfg: Config) -> MegatronArgs:
     args = MegatronArgs(entry=HYBRID_ENTRY if is_dsv4(cfg) else GPT_ENTRY, branch=megatron_branch(cfg),
                         env=launch_environment(cfg))
     _parallel(cfg, args)
-    _pipeline(cfg, args, split)
+    pattern = hybrid_pattern(cfg, split) if args.entry == HYBRID_ENTRY else None
+    _pipeline(cfg, args, split, pattern)
     _model(cfg, args)
-    _moe(cfg, args)
+    _moe(cfg, args, split, pattern)
     _training(cfg, args)
     _overlap(cfg, args)
     return args
