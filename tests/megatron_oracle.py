@@ -15,21 +15,16 @@ from typing import Any
 
 import pytest
 
+from tests.oracle import megatron_lm_dir
+
 ROOT = Path(__file__).resolve().parent.parent
-ENV_VAR = "MOEPLAN_MEGATRON_LM"
-
-
-def oracle_dir() -> Path:
-    """$MOEPLAN_MEGATRON_LM, else the checkout kept beside this repository in its CI."""
-    configured = os.environ.get(ENV_VAR)
-    return Path(configured) if configured else ROOT.parent / "shared" / "oracle" / "megatron-lm-dev"
 
 
 def require_oracle() -> Path:
     """The Megatron tree, or skip: the judge is absent outside this repository's CI."""
-    path = oracle_dir()
-    if not (path / "megatron" / "core").is_dir():
-        pytest.skip(f"Megatron-LM dev not found at {path} (set {ENV_VAR} to a Megatron-LM checkout)")
+    path, why_missing = megatron_lm_dir()
+    if path is None:
+        pytest.skip(why_missing)
     return path
 
 
