@@ -182,9 +182,6 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
     )
 
 
-# Megatron-LM dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py
-# vocab_size_with_padding: the vocabulary grows to a multiple of make_vocab_size_divisible_by · TP.
-VOCAB_DIVISOR = 128
 BUCKET_ALIGN = 128  # elements; Megatron-LM dev@d48bd6be megatron/core/optimizer/param_layout.py
 
 
@@ -214,7 +211,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "h": m.hidden_size, "E": m.num_experts, "k": m.moe_router_topk,
         "I": m.moe_ffn_hidden_size or 0, "I_s": m.moe_shared_expert_intermediate_size or 0,
         "f": m.ffn_hidden_size or 0, "V": m.vocab_size,
-        "V_pad": -(-m.vocab_size // (VOCAB_DIVISOR * par.tp)) * VOCAB_DIVISOR * par.tp,
+        "V_pad": cfg.padded_vocab_size,
         "heads": m.num_attention_heads,
         "groups": m.num_query_groups or m.num_attention_heads, "d": m.kv_channels or 0,
         "q_lora": m.q_lora_rank or 0, "kv_lora": m.kv_lora_rank or 0,

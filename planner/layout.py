@@ -33,6 +33,7 @@ def layout_summary(cfg: Config) -> dict[str, Any] | None:
         "microbatches": cfg.microbatches if cfg.global_batch_size % cfg.batch_unit == 0 else None,
         "global_batch_size": cfg.global_batch_size,
         "micro_batch_size": cfg.training.micro_batch_size,
+        "padded_vocab_size": cfg.padded_vocab_size,
         "order": p.order,
         "nodes": cfg.cluster.nodes,
         "gpus_per_node": cfg.cluster.gpus_per_node,

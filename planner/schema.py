@@ -20,6 +20,7 @@ PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+VOCAB_DIVISOR = 128  # Megatron's default make_vocab_size_divisible_by
 
 
 class Section(BaseModel):
@@ -299,6 +300,15 @@ class Config(Section):
     def edp(self) -> int:
         """Expert data-parallel size N/(ETP·EP·PP·EGTP); CP never enters the expert grid."""
         return self.parallel.world_size // self.expert_model_size
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and output layer: the vocabulary rounded up to a multiple of
+        128·TP (Megatron-LM dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py
+        vocab_size_with_padding: make_vocab_size_divisible_by, default 128, times the TP size); the
+        padded logits take part in the softmax."""
+        divisor = VOCAB_DIVISOR * self.parallel.tp
+        return -(-self.model.vocab_size // divisor) * divisor
 
     @property
     def global_batch_size(self) -> int:

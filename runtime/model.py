@@ -78,7 +78,7 @@ class DecoderSpec:
     num_query_groups: int
     head_dim: int
     ffn_hidden_size: int
-    vocab_size: int
+    vocab_size: int  # padded: rows of the embedding, the head and tid2eid
     untied_head: bool
     norm_epsilon: float
     moe_layers: tuple[int, ...]
@@ -89,8 +89,10 @@ class DecoderSpec:
     rotary_base: float = ROPE_THETA
 
     @classmethod
-    def from_config(cls, model: dict[str, Any], moe_layers: list[int],
-                    hash_layers: list[int]) -> DecoderSpec:
+    def from_config(cls, model: dict[str, Any], moe_layers: list[int], hash_layers: list[int],
+                    padded_vocab_size: int) -> DecoderSpec:
+        """`padded_vocab_size` (the plan's) sizes the embedding, the head and the hash tables, as
+        Megatron pads the vocabulary; token ids stay below the real vocab_size."""
         heads = int(model["num_attention_heads"])
         return cls(
             num_layers=int(model["num_layers"]),
@@ -99,7 +101,7 @@ class DecoderSpec:
             num_query_groups=int(model.get("num_query_groups") or heads),
             head_dim=int(model.get("kv_channels") or int(model["hidden_size"]) // heads),
             ffn_hidden_size=int(model.get("ffn_hidden_size") or 4 * int(model["hidden_size"])),
-            vocab_size=int(model["vocab_size"]),
+            vocab_size=padded_vocab_size,
             untied_head=bool(model.get("untie_embeddings_and_output_weights", False)),
             norm_epsilon=float(model.get("norm_epsilon") or 1e-6),
             moe_layers=tuple(moe_layers),

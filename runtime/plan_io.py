@@ -42,6 +42,11 @@ class Plan:
         return self.raw["layout"]
 
     @property
+    def padded_vocab_size(self) -> int:
+        """Embedding/head rows: the planner's padded vocabulary (Megatron pads to 128·TP)."""
+        return int(self.layout["padded_vocab_size"])
+
+    @property
     def model(self) -> dict[str, Any]:
         return self.raw["config"]["model"]
 

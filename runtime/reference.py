@@ -105,7 +105,8 @@ class ReferenceModel:
         # gradient reduction.
         dp_cp = int(plan.layout["dp"]) * cp_size
         aux_scale = 1.0 / (self.batches.microbatches * dp_cp)
-        spec = DecoderSpec.from_config(plan.model, plan.moe_layers(), plan.hash_layers())
+        spec = DecoderSpec.from_config(plan.model, plan.moe_layers(), plan.hash_layers(),
+                                       plan.padded_vocab_size)
 
         def moe_factory(layer_id: int, is_hash: bool) -> ReferenceMoEBlock:
             tid2eid = (build_tid2eid(seed, layer_id, spec.vocab_size, settings.num_experts,

@@ -270,7 +270,8 @@ class RankTrainer:
         self.local_positions = self.slice.index(self.device)
         self.gathered_positions = torch.cat([s.index(self.device) for s in slices])
 
-        spec = DecoderSpec.from_config(plan.model, plan.moe_layers(), plan.hash_layers())
+        spec = DecoderSpec.from_config(plan.model, plan.moe_layers(), plan.hash_layers(),
+                                       plan.padded_vocab_size)
         model_cfg = dict(plan.model)
         moe_cfg = dict(plan.moe)
         if options.balanced:
