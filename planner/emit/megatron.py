@@ -328,6 +328,21 @@ def _hash_routing(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: H
     args.add("--moe-n-hash-layers", count, source=why)
 
 
+def rotary_fields(cfg: Config) -> tuple[str, ...]:
+    """The model's rotary fields Megatron reads for its attention kind: the rope type when set, the
+    base always, the YaRN scaling for MLA and DSv4 attention, the compressed-layer base for DSv4 only
+    (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py MLATransformerConfig,
+    TransformerConfig.csa_compress_rotary_base)."""
+    m = cfg.model
+    names = ["rope_type"] if m.rope_type is not None else []
+    names.append("rotary_base")
+    if m.attention_variant in ("mla", "dsv4_hybrid"):
+        names += ["rotary_scaling_factor", "original_max_position_embeddings"]
+    if is_dsv4(cfg):
+        names.append("csa_compress_rotary_base")
+    return tuple(names)
+
+
 def _rope(cfg: Config, args: MegatronArgs) -> None:
     """Rotary settings; the YaRN ones only where Megatron reads them (MLA and DSv4 attention)."""
     m = cfg.model
@@ -336,14 +351,8 @@ def _rope(cfg: Config, args: MegatronArgs) -> None:
         raise EmitError("model.rope_type", "rope_type 'yarn' with standard attention: Megatron's "
                         "standard attention takes rope_type 'rope' only; use 'rope', drop the field, "
                         "or pick an MLA attention_variant")
-    args.add_if(m.rope_type is not None, "--rope-type", m.rope_type, source="model.rope_type")
-    args.add("--rotary-base", m.rotary_base, source="model.rotary_base")
-    if m.attention_variant in ("mla", "dsv4_hybrid"):
-        args.add("--rotary-scaling-factor", m.rotary_scaling_factor, source="model.rotary_scaling_factor")
-        args.add("--original-max-position-embeddings", m.original_max_position_embeddings,
-                 source="model.original_max_position_embeddings")
-    args.add_if(is_dsv4(cfg), "--csa-compress-rotary-base", m.csa_compress_rotary_base,
-                source="model.csa_compress_rotary_base")
+    for name in rotary_fields(cfg):
+        args.add("--" + name.replace("_", "-"), getattr(m, name), source=f"model.{name}")
 
 
 def _moe(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPattern | None) -> None:
