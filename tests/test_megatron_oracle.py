@@ -81,6 +81,13 @@ GPT_PP_VPP: dict[str, Any] = {
 }
 
 
+# The V4-Flash preset cut to 4 layers + MTP: its 44 compress ratios are more than the model has.
+SHORT_FLASH = "preset deepseek-v4-flash, 4 layers"
+SHORT_FLASH_DATA: dict[str, Any] = {
+    "model": {"preset": "deepseek-v4-flash", "num_layers": 4, "mtp_num_layers": 1},
+    "parallel": {"world_size": 1}, "training": {"seq_length": 128}, "ignore": ["MEM001"]}
+
+
 def tiny() -> dict[str, Any]:
     return yaml.safe_load((EXAMPLES / "tiny-cpu-8.yaml").read_text())
 
@@ -112,6 +119,7 @@ def judged_configs() -> dict[str, Config]:
     layout["parallel"].update(pp=2, cp=1, pipeline_model_parallel_layout="Et*2|t*2mL")
     configs["gpt pp2 layout + mtp"] = parse_config(layout)
     configs["ep overlap, full recompute, dropout 0"] = parse_config(ep_overlap_full_recompute(0.0))
+    configs[SHORT_FLASH] = parse_config(copy.deepcopy(SHORT_FLASH_DATA))
     return configs
 
 
@@ -163,6 +171,18 @@ OLD_TINY: dict[str, tuple[Callable[[CheckRequest], CheckRequest], str, str]] = {
         "max_position_embeddings argument is None"),
 }
 
+def full_preset_ratios(request: CheckRequest) -> CheckRequest:
+    """What moeplan emitted before: the preset's whole compress-ratio list, whatever the layer count."""
+    ratios = parse_config(copy.deepcopy(SHORT_FLASH_DATA)).model.compress_ratios or []
+    return with_value(request, "--csa-compress-ratios", "[" + ",".join(map(str, ratios)) + "]")
+
+
+# Megatron takes one ratio per attention symbol of the pattern (or one per symbol), nothing else.
+OLD_RATIOS = ("short flash with the preset's 44 compress ratios",
+              "megatron/training/argument_utils.py:362 _normalize_dsv4_hybrid_csa_compress_ratios",
+              "csa_compress_ratios length (44) must equal either the number of W/C/H attention symbols (5)")
+
+
 # The emitted arguments tampered with, against the plan: Megatron accepts them but builds something
 # else, and the comparison must say what, naming both values.
 FLASH = "deepseek-v4-flash-128.yaml"
@@ -212,6 +232,8 @@ for _name, (_change, *_) in OLD_TINY.items():
     register(_name, changed_case(_name, "tiny-cpu-8.yaml", _change))
 for _name, (_example, _change, _) in TAMPERED.items():
     register(_name, changed_case(_name, _example, _change))
+register(OLD_RATIOS[0], lambda: (full_preset_ratios(request_for(parse_config(copy.deepcopy(
+    SHORT_FLASH_DATA)), OLD_RATIOS[0])), {}))
 # The tiny plan with moeplan's data-parallel size off by one: the comparison must name both values.
 register("tiny, wrong DP", changed_case("tiny, wrong DP", "tiny-cpu-8.yaml", lambda r: r,
                                         lambda want: {**want, "data_parallel_size": 5}))
@@ -263,6 +285,13 @@ def test_megatron_refusals_come_back_with_file_and_line(name: str):
     assert result.verdict == "rejected"
     assert result.location == location
     assert message in result.message
+
+
+def test_a_model_shorter_than_its_preset_gets_one_compress_ratio_per_layer():
+    assert verdict(SHORT_FLASH).verdict == "pass"
+    old = verdict(OLD_RATIOS[0])
+    assert (old.verdict, old.location) == ("rejected", OLD_RATIOS[1])
+    assert OLD_RATIOS[2] in old.message
 
 
 @pytest.mark.parametrize("name", [name for name, case in REJECTED.items() if case[3]])

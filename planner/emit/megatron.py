@@ -294,8 +294,12 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
         args.add_if(m.o_lora_rank is not None, "--o-lora-rank", m.o_lora_rank, source="model.o_lora_rank")
         args.add_if(m.csa_window_size is not None, "--csa-window-size", m.csa_window_size,
                     source="model.csa_window_size")
-        args.add_if(m.compress_ratios is not None, "--csa-compress-ratios", m.compress_ratios,
-                    source="model.compress_ratios")
+        # One ratio per decoder and MTP layer: Megatron wants exactly one per attention symbol of the
+        # pattern (Megatron-LM dev@d48bd6be megatron/training/argument_utils.py
+        # _normalize_dsv4_hybrid_csa_compress_ratios); a preset's longer list is cut to the model.
+        ratios = (m.compress_ratios or [])[:m.num_layers + m.mtp_num_layers]
+        args.add_if(bool(ratios), "--csa-compress-ratios", ratios,
+                    source="model.compress_ratios (one per decoder and MTP layer)")
         args.add_if(m.index_n_heads is not None, "--dsa-indexer-n-heads", m.index_n_heads,
                     source="model.index_n_heads")
         args.add_if(m.index_head_dim is not None, "--dsa-indexer-head-dim", m.index_head_dim,
