@@ -9,18 +9,20 @@ virtual stage) under torch's fake process group, which decoder, MoE and MTP laye
 which of those MoE layers its router hash-routes, and reads the rotary settings the configs ended
 up with.
 
-Hash routing is decided by Megatron's own objects: `TopKRouter.__init__` (moe/router.py) sets
-`is_hash_layer` from the layer number the stack gives it, and the stack numbers its layers
-(`HybridStack` numbers every pattern symbol from the segment's `select_pipeline_segment` offset;
-`TransformerBlock` numbers decoder layers from `get_transformer_layer_offset` or the pipeline
-layout; `MultiTokenPredictionBlock` marks MTP layers). Building them at the model's real size
+Hash routing is decided by Megatron's own objects (as of Megatron-LM dev@d48bd6be):
+`megatron/core/transformer/moe/router.py TopKRouter.__init__` sets `is_hash_layer` from the layer
+number the stack gives it, and the stack numbers its layers (`megatron/core/models/hybrid/
+hybrid_block.py HybridStack` numbers every pattern symbol from the segment's
+`select_pipeline_segment` offset; `megatron/core/transformer/transformer_block.py TransformerBlock`
+numbers decoder layers from `get_transformer_layer_offset` or the pipeline layout;
+`MultiTokenPredictionBlock` marks MTP layers). Building them at the model's real size
 would allocate every expert on this CPU, so the stacks are built from a toy `TransformerConfig`
 that copies only what decides numbering and routing (layer count, hybrid pattern or MoE layer
 frequency, hash count, pipeline sizes / layout / uneven first and last stages, MTP depths) and
 shrinks the rest (hidden 8, 2 experts, one head, local non-Transformer-Engine modules, weights on
 the CPU); non-MoE symbols of a hybrid segment stay `HybridStack`'s default `IdentityOp`. The toy
 config is listed in the result with the stand-ins. Without `--moe-n-hash-layers` (or experts) no
-router can hash (router.py: `moe_n_hash_layers > 0` is part of the condition), so no stack is built.
+router can hash (`moe_n_hash_layers > 0` is part of the router's condition), so no stack is built.
 
 A CPU machine cannot answer a few GPU-only queries. Each gets an explicit stand-in, applied only
 when the real thing is missing and listed in the result; nothing else is patched:
@@ -53,6 +55,8 @@ from typing import Any
 STAND_IN_TE_VERSION = "2.14.0"
 STAND_IN_CAPABILITY = (9, 0)
 TOY_HIDDEN, TOY_EXPERTS, TOY_VOCAB = 8, 2, 16
+# The probe's own questions once Megatron has built its configs (the name a refusal there reports).
+PROBE_STEP = "pipeline layout and hash-routing stacks"
 # What the GPT stack's layer numbering and MoE placement read from the TransformerConfig.
 GPT_NUMBERING_FIELDS = (
     "num_layers", "moe_layer_freq", "moe_n_hash_layers", "pipeline_model_parallel_size",
@@ -424,7 +428,7 @@ def check_one(request: dict[str, Any], megatron_dir: Path) -> dict[str, Any]:
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
             args, transformer, model_config = _megatron_chain(request, not_run, steps)
-            steps.append("pipeline layout")
+            steps.append(PROBE_STEP)
             derived = _derived(args, transformer, model_config)
         return {"verdict": "pass", "derived": derived, "not_run": not_run}
     except ImportError as exc:
@@ -432,7 +436,7 @@ def check_one(request: dict[str, Any], megatron_dir: Path) -> dict[str, Any]:
                 "location": _location(exc, megatron_dir)}
     except (TypeError, AttributeError, NameError) as exc:
         # In the probe's own step these mean its questions do not fit this Megatron-LM's helpers.
-        verdict = "unusable" if steps[-1:] == ["pipeline layout"] else "rejected"
+        verdict = "unusable" if steps[-1:] == [PROBE_STEP] else "rejected"
         return {"verdict": verdict, "message": _message(exc, captured.getvalue()),
                 "location": _location(exc, megatron_dir), "step": steps[-1] if steps else "start"}
     except (Exception, SystemExit) as exc:  # Megatron's own refusal, whatever its type
