@@ -25,7 +25,7 @@ from planner.schema import Config
 from runtime.model import DecoderSpec, rotary
 from runtime.plan_io import PlanError, check_plan
 from tests.conftest import EXAMPLES
-from tests.megatron_judge import case_of, judge_configs, register, verdict
+from tests.megatron_judge import case_of, register, verdict
 
 V4_EXAMPLES = ("deepseek-v4-pro-1024.yaml", "deepseek-v4-flash-128.yaml")
 V4_ROPE = {"rope_type": "yarn", "rotary_base": 10000, "csa_compress_rotary_base": 160000.0,
@@ -110,17 +110,21 @@ def test_megatron_builds_the_v4_rope_from_the_emitted_arguments():
         assert (built["beta_fast"], built["beta_slow"]) == (32, 1)  # V4's rope_scaling betas
 
 
+register("rope: standard attention, base 500000", case_of(
+    small(rotary_base=500000, rope_type="rope"), "rope: standard attention, base 500000"))
+register("rope: MLA, YaRN x40", case_of(
+    small(attention_variant="mla", rotary_scaling_factor=40.0, rope_type="yarn", q_lora_rank=16,
+          kv_lora_rank=16, kv_channels=16, qk_pos_emb_head_dim=8), "rope: MLA, YaRN x40"))
+
+
 def test_megatron_rope_follows_each_attention_kind():
     """Standard attention keeps its base on the GPT model config (Megatron-LM dev@d48bd6be
     megatron/training/argument_utils.py gpt_config_from_args); MLA's YaRN settings land on
     MLATransformerConfig. The pre-flight compares only the fields each kind reads."""
-    configs = [small(rotary_base=500000, rope_type="rope"),
-               small(attention_variant="mla", rotary_scaling_factor=40.0, rope_type="yarn",
-                     q_lora_rank=16, kv_lora_rank=16, kv_channels=16, qk_pos_emb_head_dim=8)]
-    standard, mla = judge_configs(configs)
+    standard, mla = verdict("rope: standard attention, base 500000"), verdict("rope: MLA, YaRN x40")
     for result in (standard, mla):
         assert result.verdict == "pass", (result.message, result.location, result.mismatches)
-    assert result.expected["rope"] == {"position_embedding_type": "rope", "rope_type": "yarn",
+    assert mla.expected["rope"] == {"position_embedding_type": "rope", "rope_type": "yarn",
                                        "rotary_base": 10000, "rotary_scaling_factor": 40.0,
                                        "original_max_position_embeddings": 4096}
     assert "rope_type" not in standard.derived["rope"]  # only MLATransformerConfig has the field
