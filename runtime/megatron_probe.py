@@ -4,8 +4,25 @@ This is a standalone script (`python megatron_probe.py REQUEST.json RESULT.json`
 subprocess by `moeplan emit … --check-with`; planner never imports it (planner must not import
 torch). For each request it runs Megatron's own chain — `parse_args` → `validate_args` →
 `set_global_variables` → `core_transformer_config_from_args` → `hybrid_config_from_args` (hybrid
-entry) or `gpt_config_from_args` (GPT entry) — and then asks Megatron's pipeline helpers which
-decoder, MoE and MTP layers every (pipeline rank, virtual stage) builds.
+entry) or `gpt_config_from_args` (GPT entry) — and then asks Megatron, for every (pipeline rank,
+virtual stage) under torch's fake process group, which decoder, MoE and MTP layers it builds and
+which of those MoE layers its router hash-routes, and reads the rotary settings the configs ended
+up with.
+
+Hash routing is decided by Megatron's own objects (as of Megatron-LM dev@d48bd6be):
+`megatron/core/transformer/moe/router.py TopKRouter.__init__` sets `is_hash_layer` from the layer
+number the stack gives it, and the stack numbers its layers (`megatron/core/models/hybrid/
+hybrid_block.py HybridStack` numbers every pattern symbol from the segment's
+`select_pipeline_segment` offset; `megatron/core/transformer/transformer_block.py TransformerBlock`
+numbers decoder layers from `get_transformer_layer_offset` or the pipeline layout;
+`MultiTokenPredictionBlock` marks MTP layers). Building them at the model's real size
+would allocate every expert on this CPU, so the stacks are built from a toy `TransformerConfig`
+that copies only what decides numbering and routing (layer count, hybrid pattern or MoE layer
+frequency, hash count, pipeline sizes / layout / uneven first and last stages, MTP depths) and
+shrinks the rest (hidden 8, 2 experts, one head, local non-Transformer-Engine modules, weights on
+the CPU); non-MoE symbols of a hybrid segment stay `HybridStack`'s default `IdentityOp`. The toy
+config is listed in the result with the stand-ins. Without `--moe-n-hash-layers` (or experts) no
+router can hash (`moe_n_hash_layers > 0` is part of the router's condition), so no stack is built.
 
 A CPU machine cannot answer a few GPU-only queries. Each gets an explicit stand-in, applied only
 when the real thing is missing and listed in the result; nothing else is patched:
@@ -16,6 +33,8 @@ when the real thing is missing and listed in the result; nothing else is patched
   * the cuDNN DSA kernel presence check (device + `flash_mla`/`cudnn.DSA` import) → present, so a
     login node without the kernels judges the arguments, not the installation
   * `typing.override` (Python 3.12) → `typing_extensions.override` on Python 3.11
+  * `torch.cuda.current_device` → "cpu": the router allocates its hash table (tid2eid) and expert
+    bias on the current device while the hash-routing stacks are built
 """
 
 from __future__ import annotations
@@ -29,11 +48,26 @@ import sys
 import traceback
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 STAND_IN_TE_VERSION = "2.14.0"
 STAND_IN_CAPABILITY = (9, 0)
+TOY_HIDDEN, TOY_EXPERTS, TOY_VOCAB = 8, 2, 16
+# The probe's own questions once Megatron has built its configs (the name a refusal there reports).
+PROBE_STEP = "pipeline layout and hash-routing stacks"
+# What the GPT stack's layer numbering and MoE placement read from the TransformerConfig.
+GPT_NUMBERING_FIELDS = (
+    "num_layers", "moe_layer_freq", "moe_n_hash_layers", "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout",
+    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "mtp_num_layers")
+ROTARY_FIELDS = ("position_embedding_type", "rope_type", "rotary_base", "rotary_scaling_factor",
+                 "original_max_position_embeddings", "csa_compress_rotary_base", "beta_fast", "beta_slow")
+TOY_STACKS = (f"hash-routing stacks: toy TransformerConfig (hidden {TOY_HIDDEN}, {TOY_EXPERTS} experts, "
+              "1 head, local modules, CPU weights) with the real layer count, pattern or MoE layer "
+              "frequency, hash count, pipeline split and MTP depths")
 
 
 class Unusable(Exception):
@@ -67,6 +101,8 @@ def install_stand_ins(megatron_dir: Path) -> list[str]:
         torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(
             major=major, minor=minor, name=f"stand-in sm_{major}{minor}")
         used.append(f"CUDA device capability: sm_{major}{minor} (no CUDA device here)")
+        torch.cuda.current_device = lambda: "cpu"
+        used.append("CUDA current device: cpu (no CUDA device here; the router's buffers go there)")
     sys.path.insert(0, str(megatron_dir))
     try:
         import megatron.core.transformer.transformer_config as transformer_config
@@ -147,7 +183,8 @@ def _message(exc: BaseException, argparse_text: str) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _megatron_chain(request: dict[str, Any], not_run: list[str], steps: list[str]) -> tuple[Any, Any]:
+def _megatron_chain(request: dict[str, Any], not_run: list[str],
+                    steps: list[str]) -> tuple[Any, Any, Any]:
     from megatron.training import arguments
 
     try:
@@ -170,83 +207,168 @@ def _megatron_chain(request: dict[str, Any], not_run: list[str], steps: list[str
     make_model_config = getattr(argument_utils, builder, None)
     if make_model_config is None:
         not_run.append(f"{builder}: not in this Megatron-LM")
-        return args, transformer
+        return args, transformer, None
     steps.append(builder)
     model_args = args
     if args.spec is not None and not _installed("transformer_engine"):
         model_args = argparse.Namespace(**{**vars(args), "spec": None})
         not_run.append(f"--spec {' '.join(args.spec)}: the layer-spec factory builds Transformer Engine "
                        "modules, and Transformer Engine is not installed")
-    make_model_config(model_args, transformer)
-    return args, transformer
+    return args, transformer, make_model_config(model_args, transformer)
 
 
-def _hybrid_chunks(args: Any, pp: int, vpp: int) -> list[dict[str, Any]]:
+@contextlib.contextmanager
+def _pipeline_rank(rank: int, pp: int, vpp: int) -> Iterator[Any]:
+    """Megatron's process groups as pipeline rank `rank` of `pp` sees them (torch's fake backend)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=pp)
+    try:
+        parallel_state.initialize_model_parallel(
+            pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+            create_gloo_process_groups=False)
+        yield ProcessGroupCollection.use_mpu_process_groups()
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def _toy_config(**numbering: Any) -> Any:
+    """A TransformerConfig with the real numbering/routing fields and toy sizes (module docstring)."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(hidden_size=TOY_HIDDEN, ffn_hidden_size=TOY_HIDDEN, num_attention_heads=1,
+                             num_moe_experts=TOY_EXPERTS, moe_router_topk=TOY_EXPERTS,
+                             moe_ffn_hidden_size=TOY_HIDDEN, actual_vocab_size=TOY_VOCAB,
+                             pipeline_dtype=torch.float32, use_cpu_initialization=True,
+                             add_bias_linear=False, **numbering)
+
+
+def _routers(module: Any) -> list[list[Any]]:
+    """[Megatron layer number, hash-routed] of every router `module` built, in build order."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    return [[m.layer_number, bool(m.is_hash_layer)] for m in module.modules() if isinstance(m, TopKRouter)]
+
+
+def _hybrid_submodules() -> tuple[Any, Any]:
+    """Megatron's local MoE layer for `E` symbols (others stay IdentityOp) and the MTP block spec."""
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+    from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+    from megatron.core.transformer.multi_token_prediction import (
+        MultiTokenPredictionBlock,
+        MultiTokenPredictionBlockSubmodules,
+        MultiTokenPredictionLayer,
+        MultiTokenPredictionLayerSubmodules,
+    )
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+    moe = get_moe_module_spec(use_te=False, num_experts=TOY_EXPERTS, moe_grouped_gemm=False)
+    submodules = HybridStackSubmodules(
+        moe_layer=ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(mlp=moe)))
+    layer = MultiTokenPredictionLayerSubmodules(
+        enorm=WrappedTorchNorm, hnorm=WrappedTorchNorm, layer_norm=WrappedTorchNorm,
+        eh_proj=ColumnParallelLinear,
+        mtp_model_layer=ModuleSpec(module=HybridStack, submodules=submodules))
+    mtp = ModuleSpec(module=MultiTokenPredictionBlock, submodules=MultiTokenPredictionBlockSubmodules(
+        layer_specs=[ModuleSpec(module=MultiTokenPredictionLayer, submodules=layer)]))
+    return submodules, mtp
+
+
+def _hybrid_chunks(args: Any, pp: int, vpp: int, hashing: bool) -> list[dict[str, Any]]:
+    from megatron.core.models.hybrid.hybrid_block import HybridStack
     from megatron.core.models.hybrid.hybrid_layer_allocation import (
         Symbols,
+        get_hybrid_total_layer_count,
         parse_hybrid_pattern,
         select_pipeline_segment,
     )
-    from megatron.core.transformer.multi_token_prediction import mtp_on_this_rank
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from megatron.core.transformer.multi_token_prediction import (
+        MultiTokenPredictionBlock,
+        mtp_on_this_rank,
+    )
 
     parsed = parse_hybrid_pattern(args.hybrid_layer_pattern)
+    main = parsed.main_pattern or ""
     mtp_moe = (parsed.mtp_pattern or "").count(Symbols.MOE) * parsed.mtp_num_depths
     mixers = Symbols.VALID_LAYERS - {Symbols.MLP, Symbols.MOE}
+    submodules, mtp_spec = _hybrid_submodules() if hashing else (None, None)
     chunks = []
     for rank in range(pp):
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=pp)
-        try:
-            parallel_state.set_pipeline_model_parallel_rank(rank)
+        with _pipeline_rank(rank, pp, vpp) as groups:
+            toy = _toy_config(num_layers=get_hybrid_total_layer_count(main), is_hybrid_model=True,
+                              moe_n_hash_layers=args.moe_n_hash_layers, pipeline_model_parallel_size=pp,
+                              virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                              mtp_num_layers=parsed.mtp_num_depths or None) if hashing else None
             for virtual in range(vpp):
                 vp_stage = virtual if vpp > 1 else None
-                layers, _ = select_pipeline_segment(
-                    parsed.main_pattern or "", dist.group.WORLD, vp_stage,
-                    first_stage_layers=args.decoder_first_pipeline_num_layers,
-                    last_stage_layers=args.decoder_last_pipeline_num_layers,
-                    tp_group=dist.group.WORLD, dp_cp_group=dist.group.WORLD)
+                layers, offset = select_pipeline_segment(
+                    main, groups.pp, vp_stage, first_stage_layers=args.decoder_first_pipeline_num_layers,
+                    last_stage_layers=args.decoder_last_pipeline_num_layers)
                 mtp = parsed.mtp_num_depths > 0 and mtp_on_this_rank(
                     layout=None, mtp_num_layers=args.mtp_num_layers, ignore_virtual=False,
                     vp_stage=vp_stage)
-                chunks.append({"stage": rank, "virtual": virtual,
-                               "layers": sum(s in mixers for s in layers),
-                               "moe_layers": layers.count(Symbols.MOE),
-                               "mtp_layers": parsed.mtp_num_depths if mtp else 0,
-                               "mtp_moe_layers": mtp_moe if mtp else 0})
-        finally:
-            dist.destroy_process_group()
+                chunk = {"stage": rank, "virtual": virtual, "layers": sum(s in mixers for s in layers),
+                         "moe_layers": layers.count(Symbols.MOE),
+                         "mtp_layers": parsed.mtp_num_depths if mtp else 0,
+                         "mtp_moe_layers": mtp_moe if mtp else 0}
+                if hashing:
+                    stack = HybridStack(toy, submodules, layer_type_list=layers, pp_layer_offset=offset,
+                                        post_layer_norm=False, post_process=False, pg_collection=groups)
+                    chunk["routers"] = _routers(stack)
+                    chunk["mtp_routers"] = _routers(MultiTokenPredictionBlock(
+                        toy, mtp_spec, vp_stage=vp_stage, pg_collection=groups,
+                        mtp_layer_pattern=parsed.mtp_pattern, mtp_num_depths=parsed.mtp_num_depths,
+                        hybrid_submodules=submodules)) if mtp else []
+                chunks.append(chunk)
     return chunks
 
 
-def _gpt_chunks(transformer: Any, pp: int, vpp: int) -> list[dict[str, Any]]:
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
+def _gpt_chunks(transformer: Any, pp: int, vpp: int, hashing: bool) -> list[dict[str, Any]]:
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_decoder_layer_specs,
+    )
     from megatron.core.transformer.enums import LayerType
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.transformer.multi_token_prediction import get_mtp_num_layers_to_build
-    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_block import TransformerBlock, get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     specs = get_gpt_decoder_layer_specs(transformer, use_transformer_engine=False)
     moe = [_builds(spec.submodules.mlp) is MoELayer for spec in specs]
     layout = transformer.pipeline_model_parallel_layout
+    numbering = {name: getattr(transformer, name) for name in GPT_NUMBERING_FIELDS}
     chunks = []
     for rank in range(pp):
-        parallel_state.set_pipeline_model_parallel_rank(rank)
-        for virtual in range(vpp):
-            vp_stage = virtual if vpp > 1 else None
-            if layout is not None:
-                ids = layout.get_layer_id_list(layer_type=LayerType.decoder, vp_stage=vp_stage,
-                                               pp_rank=rank)
-            else:
-                count = get_num_layers_to_build(transformer, vp_stage=vp_stage, pp_rank=rank)
-                offset = get_transformer_layer_offset(transformer, vp_stage=vp_stage, pp_rank=rank)
-                ids = list(range(offset, offset + count))
-            mtp = get_mtp_num_layers_to_build(transformer, vp_stage=vp_stage, pp_rank=rank)
-            chunks.append({"stage": rank, "virtual": virtual, "layers": len(ids),
-                           "moe_layers": sum(moe[i] for i in ids), "mtp_layers": mtp})
+        with _pipeline_rank(rank, pp, vpp) as groups:
+            toy = _toy_config(**numbering) if hashing else None
+            for virtual in range(vpp):
+                vp_stage = virtual if vpp > 1 else None
+                if layout is not None:
+                    ids = layout.get_layer_id_list(layer_type=LayerType.decoder, vp_stage=vp_stage,
+                                                   pp_rank=rank)
+                else:
+                    count = get_num_layers_to_build(transformer, vp_stage=vp_stage, pp_rank=rank)
+                    offset = get_transformer_layer_offset(transformer, vp_stage=vp_stage, pp_rank=rank)
+                    ids = list(range(offset, offset + count))
+                mtp = get_mtp_num_layers_to_build(transformer, vp_stage=vp_stage, pp_rank=rank)
+                chunk = {"stage": rank, "virtual": virtual, "layers": len(ids),
+                         "moe_layers": sum(moe[i] for i in ids), "mtp_layers": mtp}
+                if hashing:  # MTP layers are not built here: the router never hashes one (router.py)
+                    spec = get_gpt_decoder_block_spec(toy, use_transformer_engine=False,
+                                                      vp_stage=vp_stage, pp_rank=rank)
+                    chunk["routers"] = _routers(TransformerBlock(toy, spec, post_process=False,
+                                                                 pg_collection=groups, vp_stage=vp_stage))
+                chunks.append(chunk)
     return chunks
 
 
@@ -255,21 +377,27 @@ def _builds(spec: Any) -> Any:
     return getattr(spec, "module", None) or getattr(spec, "func", None)
 
 
-def _derived(args: Any, transformer: Any) -> dict[str, Any]:
-    from megatron.core import parallel_state
+def _rotary(transformer: Any, model_config: Any) -> dict[str, Any]:
+    """The rotary settings as built: the TransformerConfig's where it has the field (MLA and DSv4
+    attention read theirs), else the GPT/hybrid model config's (standard attention's rotary base)."""
+    found = {}
+    for name in ROTARY_FIELDS:
+        for source in (transformer, model_config):
+            if source is not None and hasattr(source, name):
+                value = getattr(source, name)
+                found[name] = value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+                break
+    return found
+
+
+def _derived(args: Any, transformer: Any, model_config: Any) -> dict[str, Any]:
     from megatron.core.num_microbatches_calculator import get_num_microbatches
 
     pp = args.pipeline_model_parallel_size
     vpp = args.virtual_pipeline_model_parallel_size or 1
-    parallel_state.set_pipeline_model_parallel_world_size(pp)
-    parallel_state.set_virtual_pipeline_model_parallel_world_size(vpp if vpp > 1 else None)
-    try:
-        chunks = (_hybrid_chunks(args, pp, vpp) if args.hybrid_layer_pattern is not None
-                  else _gpt_chunks(transformer, pp, vpp))
-    finally:
-        parallel_state.set_pipeline_model_parallel_world_size(None)
-        parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
-        parallel_state.set_pipeline_model_parallel_rank(None)
+    hashing = bool(getattr(transformer, "moe_n_hash_layers", 0)) and bool(transformer.num_moe_experts)
+    chunks = (_hybrid_chunks(args, pp, vpp, hashing) if args.hybrid_layer_pattern is not None
+              else _gpt_chunks(transformer, pp, vpp, hashing))
     derived = {
         "data_parallel_size": args.data_parallel_size,
         "num_microbatches": get_num_microbatches(),
@@ -277,6 +405,8 @@ def _derived(args: Any, transformer: Any) -> dict[str, Any]:
         "num_layers": args.num_layers,
         "padded_vocab_size": args.padded_vocab_size,
         "chunks": chunks,
+        "hash_routing_built": hashing,
+        "rope": _rotary(transformer, model_config),
     }
     edp = getattr(args, "expert_data_parallel_size", None)
     if edp is not None:
@@ -297,16 +427,16 @@ def check_one(request: dict[str, Any], megatron_dir: Path) -> dict[str, Any]:
     steps: list[str] = []
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-            args, transformer = _megatron_chain(request, not_run, steps)
-            steps.append("pipeline layout")
-            derived = _derived(args, transformer)
+            args, transformer, model_config = _megatron_chain(request, not_run, steps)
+            steps.append(PROBE_STEP)
+            derived = _derived(args, transformer, model_config)
         return {"verdict": "pass", "derived": derived, "not_run": not_run}
     except ImportError as exc:
         return {"verdict": "unusable", "message": _message(exc, ""),
                 "location": _location(exc, megatron_dir)}
     except (TypeError, AttributeError, NameError) as exc:
         # In the probe's own step these mean its questions do not fit this Megatron-LM's helpers.
-        verdict = "unusable" if steps[-1:] == ["pipeline layout"] else "rejected"
+        verdict = "unusable" if steps[-1:] == [PROBE_STEP] else "rejected"
         return {"verdict": verdict, "message": _message(exc, captured.getvalue()),
                 "location": _location(exc, megatron_dir), "step": steps[-1] if steps else "start"}
     except (Exception, SystemExit) as exc:  # Megatron's own refusal, whatever its type
@@ -329,6 +459,8 @@ def main(argv: list[str]) -> int:
         result_path.write_text(json.dumps({"unusable": str(exc)}))
         return 0
     results = [check_one(one, megatron_dir) for one in request["configs"]]
+    if any(result.get("derived", {}).get("hash_routing_built") for result in results):
+        stand_ins.append(TOY_STACKS)
     result_path.write_text(json.dumps({"stand_ins": stand_ins, "results": results,
                                        "python": sys.version.split()[0]}))
     return 0

@@ -11,7 +11,6 @@ layers would use base 40000 and no context extension instead of V4's 160000 and 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,9 +25,9 @@ from planner.schema import Config
 from runtime.model import DecoderSpec, rotary
 from runtime.plan_io import PlanError, check_plan
 from tests.conftest import EXAMPLES
-from tests.megatron_oracle import run_with_megatron
+from tests.megatron_judge import case_of, register, verdict
 
-PROBE = Path(__file__).with_name("megatron_config_probe.py")
+V4_EXAMPLES = ("deepseek-v4-pro-1024.yaml", "deepseek-v4-flash-128.yaml")
 V4_ROPE = {"rope_type": "yarn", "rotary_base": 10000, "csa_compress_rotary_base": 160000.0,
            "rotary_scaling_factor": 16.0, "original_max_position_embeddings": 65536}
 V4_FLAGS = {"--rope-type": ("yarn",), "--rotary-base": ("10000",), "--rotary-scaling-factor": ("16.0",),
@@ -97,24 +96,37 @@ def test_runtime_refuses_yarn():
 
 # ------------------------------------------------------------------ Megatron as the judge
 
-# Added to the emitted arguments: data and tokenizer; the position embedding type (emitted once the
-# pre-flight work lands; MTP refuses the learned default); and --dsa-kernel-backend none, which skips
-# the cuDNN DSA kernel checks (they need a GPU) and touches no RoPE field.
-EXTRA = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--position-embedding-type", "rope",
-         "--dsa-kernel-backend", "none"]
+for _name in V4_EXAMPLES:
+    register(_name, case_of(load_config(EXAMPLES / _name), _name))
 
 
-def test_megatron_builds_the_v4_rope_from_the_emitted_arguments(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # as the launchers set it (CP > 1)
-    fields = [*V4_ROPE, "beta_fast", "beta_slow", "moe_n_hash_layers"]
-    cases, emitted = [], []
-    for name in ("deepseek-v4-pro-1024.yaml", "deepseek-v4-flash-128.yaml"):
-        cfg = load_config(EXAMPLES / name)
-        args = megatron_arguments(cfg)
-        argv = [word for flag in args.flags for word in (flag.flag, *flag.values)]
-        cases.append({"argv": argv + EXTRA, "world_size": cfg.parallel.world_size, "fields": fields})
-        emitted.append(int(args.as_dict()["--moe-n-hash-layers"][0]))
-    for built, hash_count in zip(run_with_megatron(PROBE, cases), emitted, strict=True):
+def test_megatron_builds_the_v4_rope_from_the_emitted_arguments():
+    for name in V4_EXAMPLES:
+        result = verdict(name)
+        assert result.verdict == "pass", (result.message, result.location, result.mismatches)
+        built = result.derived["rope"]
         assert {key: built[key] for key in V4_ROPE} == V4_ROPE
+        assert built["position_embedding_type"] == "rope"
         assert (built["beta_fast"], built["beta_slow"]) == (32, 1)  # V4's rope_scaling betas
-        assert built["moe_n_hash_layers"] == hash_count == 6
+
+
+register("rope: standard attention, base 500000", case_of(
+    small(rotary_base=500000, rope_type="rope"), "rope: standard attention, base 500000"))
+register("rope: MLA, YaRN x40", case_of(
+    small(attention_variant="mla", rotary_scaling_factor=40.0, rope_type="yarn", q_lora_rank=16,
+          kv_lora_rank=16, kv_channels=16, qk_pos_emb_head_dim=8), "rope: MLA, YaRN x40"))
+
+
+def test_megatron_rope_follows_each_attention_kind():
+    """Standard attention keeps its base on the GPT model config (Megatron-LM dev@d48bd6be
+    megatron/training/argument_utils.py gpt_config_from_args); MLA's YaRN settings land on
+    MLATransformerConfig. The pre-flight compares only the fields each kind reads."""
+    standard, mla = verdict("rope: standard attention, base 500000"), verdict("rope: MLA, YaRN x40")
+    for result in (standard, mla):
+        assert result.verdict == "pass", (result.message, result.location, result.mismatches)
+    assert mla.expected["rope"] == {"position_embedding_type": "rope", "rope_type": "yarn",
+                                       "rotary_base": 10000, "rotary_scaling_factor": 40.0,
+                                       "original_max_position_embeddings": 4096}
+    assert "rope_type" not in standard.derived["rope"]  # only MLATransformerConfig has the field
+    assert standard.derived["rope"]["rotary_base"] == 500000
+    assert (mla.derived["rope"]["rope_type"], mla.derived["rope"]["rotary_scaling_factor"]) == ("yarn", 40.0)

@@ -294,8 +294,12 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
         args.add_if(m.o_lora_rank is not None, "--o-lora-rank", m.o_lora_rank, source="model.o_lora_rank")
         args.add_if(m.csa_window_size is not None, "--csa-window-size", m.csa_window_size,
                     source="model.csa_window_size")
-        args.add_if(m.compress_ratios is not None, "--csa-compress-ratios", m.compress_ratios,
-                    source="model.compress_ratios")
+        # One ratio per decoder and MTP layer: Megatron wants exactly one per attention symbol of the
+        # pattern (Megatron-LM dev@d48bd6be megatron/training/argument_utils.py
+        # _normalize_dsv4_hybrid_csa_compress_ratios); a preset's longer list is cut to the model.
+        ratios = (m.compress_ratios or [])[:m.num_layers + m.mtp_num_layers]
+        args.add_if(bool(ratios), "--csa-compress-ratios", ratios,
+                    source="model.compress_ratios (one per decoder and MTP layer)")
         args.add_if(m.index_n_heads is not None, "--dsa-indexer-n-heads", m.index_n_heads,
                     source="model.index_n_heads")
         args.add_if(m.index_head_dim is not None, "--dsa-indexer-head-dim", m.index_head_dim,
@@ -328,6 +332,21 @@ def _hash_routing(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: H
     args.add("--moe-n-hash-layers", count, source=why)
 
 
+def rotary_fields(cfg: Config) -> tuple[str, ...]:
+    """The model's rotary fields Megatron reads for its attention kind: the rope type when set, the
+    base always, the YaRN scaling for MLA and DSv4 attention, the compressed-layer base for DSv4 only
+    (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py MLATransformerConfig,
+    TransformerConfig.csa_compress_rotary_base)."""
+    m = cfg.model
+    names = ["rope_type"] if m.rope_type is not None else []
+    names.append("rotary_base")
+    if m.attention_variant in ("mla", "dsv4_hybrid"):
+        names += ["rotary_scaling_factor", "original_max_position_embeddings"]
+    if is_dsv4(cfg):
+        names.append("csa_compress_rotary_base")
+    return tuple(names)
+
+
 def _rope(cfg: Config, args: MegatronArgs) -> None:
     """Rotary settings; the YaRN ones only where Megatron reads them (MLA and DSv4 attention)."""
     m = cfg.model
@@ -336,14 +355,8 @@ def _rope(cfg: Config, args: MegatronArgs) -> None:
         raise EmitError("model.rope_type", "rope_type 'yarn' with standard attention: Megatron's "
                         "standard attention takes rope_type 'rope' only; use 'rope', drop the field, "
                         "or pick an MLA attention_variant")
-    args.add_if(m.rope_type is not None, "--rope-type", m.rope_type, source="model.rope_type")
-    args.add("--rotary-base", m.rotary_base, source="model.rotary_base")
-    if m.attention_variant in ("mla", "dsv4_hybrid"):
-        args.add("--rotary-scaling-factor", m.rotary_scaling_factor, source="model.rotary_scaling_factor")
-        args.add("--original-max-position-embeddings", m.original_max_position_embeddings,
-                 source="model.original_max_position_embeddings")
-    args.add_if(is_dsv4(cfg), "--csa-compress-rotary-base", m.csa_compress_rotary_base,
-                source="model.csa_compress_rotary_base")
+    for name in rotary_fields(cfg):
+        args.add("--" + name.replace("_", "-"), getattr(m, name), source=f"model.{name}")
 
 
 def _moe(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPattern | None) -> None:

@@ -7,9 +7,11 @@ plus only data and tokenizer arguments (`DATA_ARGUMENTS`: mock data and the null
 takes the model's `--vocab-size`), and the environment the launchers export. It runs Megatron's
 `parse_args` → `validate_args` → `set_global_variables` → `core_transformer_config_from_args` →
 `hybrid_config_from_args` / `gpt_config_from_args`, then asks Megatron's pipeline helpers which layers
-every pipeline rank and virtual stage builds. A pass means Megatron accepted the arguments *and*
-derived the same data-parallel size, number of microbatches, virtual stages and per-stage decoder,
-MoE and MTP layers as the plan.
+every pipeline rank and virtual stage builds, builds its decoder stacks (at toy sizes) to see which
+MoE layers its router hash-routes, and reads the rotary settings its configs hold. A pass means
+Megatron accepted the arguments *and* derived the same data-parallel size, number of microbatches,
+virtual stages, per-stage decoder / MoE / MTP layers, hash-routed MoE blocks and rotary settings as
+the plan.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.emit.megatron import megatron_arguments
+from planner.emit.megatron import megatron_arguments, rotary_fields
 from planner.schema import Config
 
 DATA_ARGUMENTS = ("--mock-data", "--tokenizer-type", "NullTokenizer")
@@ -85,22 +87,26 @@ def request_for(cfg: Config, name: str = "config") -> CheckRequest:
 
 
 def expected_values(cfg: Config, plan: dict[str, Any]) -> dict[str, Any]:
-    """What the plan says Megatron must derive, in the probe's terms (per pipeline chunk)."""
+    """What the plan says Megatron must derive, in the probe's terms (per pipeline chunk), plus the
+    model's rotary fields that its attention kind reads."""
     num_layers = cfg.model.num_layers
     chunks = []
     for stage in plan["stages"]:
-        moe = set(stage["moe_layers"])
+        moe, hashed = set(stage["moe_layers"]), set(stage["hash_layers"])
         for chunk in stage["chunks"]:
+            blocks = [layer for layer in chunk["layers"] if layer in moe]
             chunks.append({
                 "stage": stage["stage"], "virtual": chunk["virtual"], "layers": len(chunk["layers"]),
-                "moe_layers": sum(layer in moe for layer in chunk["layers"]),
+                "moe_layers": len(blocks),
                 "mtp_layers": len(chunk["mtp_layers"]),
                 "mtp_moe_layers": sum(num_layers + d in moe for d in chunk["mtp_layers"]),
+                "moe_blocks": blocks, "hashed_blocks": [layer for layer in blocks if layer in hashed],
             })
+    rope = {name: getattr(cfg.model, name) for name in ("position_embedding_type", *rotary_fields(cfg))}
     return {"data_parallel_size": cfg.dp, "expert_data_parallel_size": cfg.edp,
             "num_microbatches": cfg.microbatches,
             "virtual_pipeline_model_parallel_size": plan["layout"].get("vpp", 1),
-            "chunks": sorted(chunks, key=lambda c: (c["stage"], c["virtual"]))}
+            "chunks": sorted(chunks, key=lambda c: (c["stage"], c["virtual"])), "rope": rope}
 
 
 _LABELS = {"data_parallel_size": "data-parallel size", "expert_data_parallel_size":
@@ -124,7 +130,51 @@ def mismatches(expected: dict[str, Any], derived: dict[str, Any]) -> list[str]:
         for name, label in _CHUNK_LABELS.items():
             if name in theirs[key] and theirs[key][name] != ours[key][name]:
                 found.append(f"{where} {label}: Megatron {theirs[key][name]}, moeplan {ours[key][name]}")
+        found.extend(_hash_mismatches(where, ours[key], theirs[key], derived.get("hash_routing_built")))
+    found.extend(_rope_mismatches(expected.get("rope", {}), derived.get("rope", {})))
     return found
+
+
+def megatron_hashed(ours: dict[str, Any], theirs: dict[str, Any], built: bool | None) -> list[int] | None:
+    """The chunk's MoE blocks (moeplan numbers) Megatron hash-routes: its k-th router is the chunk's
+    k-th MoE block, both in build order. None when it cannot say: the probe did not report routers,
+    or Megatron built another number of MoE layers (reported as such)."""
+    if "routers" not in theirs:
+        return [] if built is False else None  # not built: no hash count, so no router hashes
+    if len(theirs["routers"]) != len(ours["moe_blocks"]):
+        return None
+    return [block for block, (_, hashed) in zip(ours["moe_blocks"], theirs["routers"], strict=True) if hashed]
+
+
+def _hash_mismatches(where: str, ours: dict[str, Any], theirs: dict[str, Any],
+                     built: bool | None) -> list[str]:
+    if "hashed_blocks" not in ours:
+        return []
+    found = []
+    hashed = megatron_hashed(ours, theirs, built)
+    if hashed is not None and hashed != ours["hashed_blocks"]:
+        numbers = [number for number, is_hash in theirs.get("routers", []) if is_hash]
+        found.append(f"{where} hash-routed MoE blocks: Megatron {_blocks(hashed)} (its layer numbers "
+                     f"{numbers or 'none'}), moeplan {_blocks(ours['hashed_blocks'])}")
+    mtp = [number for number, is_hash in theirs.get("mtp_routers", []) if is_hash]
+    if mtp:
+        found.append(f"{where} hash-routed MTP layers: Megatron layer numbers {mtp}, moeplan none")
+    return found
+
+
+def _blocks(blocks: list[int]) -> str:
+    return str(blocks) if blocks else "none"
+
+
+def _rope_mismatches(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    def same(a: Any, b: Any) -> bool:
+        numbers = (int, float)
+        if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool):
+            return float(a) == float(b)
+        return bool(a == b)
+
+    return [f"model.{name}: Megatron {theirs[name]}, moeplan {value}"
+            for name, value in ours.items() if name in theirs and not same(theirs[name], value)]
 
 
 def probe_script() -> Path:
@@ -225,10 +275,16 @@ def summary_lines(run: CheckRun, megatron_lm: Path) -> list[str]:
                      f"{d['num_microbatches']} microbatch(es), "
                      f"{d['virtual_pipeline_model_parallel_size']} virtual stage(s) per rank, "
                      f"Megatron num_layers {d['num_layers']}, padded vocab {d['padded_vocab_size']}")
+        ours = {(c["stage"], c["virtual"]): c for c in result.expected.get("chunks", [])}
         for chunk in d["chunks"]:
             virtual = f" v{chunk['virtual']}" if d["virtual_pipeline_model_parallel_size"] > 1 else ""
+            hashed = megatron_hashed(ours.get((chunk["stage"], chunk["virtual"]), {"moe_blocks": []}),
+                                     chunk, d.get("hash_routing_built"))
             lines.append(f"    stage {chunk['stage']}{virtual}: {chunk['layers']} decoder layer(s), "
-                         f"{chunk['moe_layers']} MoE, {chunk['mtp_layers']} MTP")
+                         f"{chunk['moe_layers']} MoE, {chunk['mtp_layers']} MTP"
+                         + (f", hash-routed MoE blocks {hashed}" if hashed else ""))
+        if d.get("rope"):
+            lines.append("  rotary: " + ", ".join(f"{name} {value}" for name, value in d["rope"].items()))
         lines.extend(f"  not run: {item}" for item in result.not_run)
     lines.extend(f"  stand-in: {item}" for item in run.stand_ins)
     return lines
