@@ -84,7 +84,8 @@ def test_runtime_rotates_by_the_plan_rotary_base():
         assert out == pytest.approx(expected, abs=1e-5)
     cfg = small(rotary_base=500000)
     plan = check_plan(compile_plan(cfg, run_rules(cfg)))
-    spec = DecoderSpec.from_config(plan.model, plan.moe_layers(), plan.hash_layers())
+    spec = DecoderSpec.from_config(plan.model, plan.moe_layers(), plan.hash_layers(),
+                                   plan.padded_vocab_size)
     assert spec.rotary_base == 500000.0
 
 
