@@ -45,7 +45,7 @@ from planner.accounting_symbols import (
 from planner.findings import Finding
 from planner.pipeline import SplitError, StageSplit, stage_split
 from planner.schema import Config
-from planner.units import format_bytes
+from planner.units import fixed, format_bytes
 
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")
 MEMORY_SOURCE = "SPEC §3, §14 (memory budget); megatron-reference §4"
@@ -256,7 +256,7 @@ def _memory_text(env: dict[str, Number]) -> str:
         ("activation_bytes", "activations"), ("comm_buffer_bytes", "comm buffers")))
     flight = number_text(env["in_flight_microbatches"])
     return (f"{format_bytes(env['peak_memory_bytes'], digits=2)} per rank, "
-            f"{float(share):.1f} % of {format_bytes(env['gpu_memory_bytes'], digits=2)} ({parts}; "
+            f"{fixed(share, 1)} % of {format_bytes(env['gpu_memory_bytes'], digits=2)} ({parts}; "
             f"{flight} microbatch(es) in flight)")
 
 
