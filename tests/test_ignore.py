@@ -14,7 +14,9 @@ import yaml
 from typer.testing import CliRunner
 
 from planner.cli import app
+from planner.grid import grid_spec_from_config, layout_problems
 from planner.loader import parse_config
+from planner.pipeline import SplitError, stage_split
 from planner.rules import CATALOG, CODES, find_rule, run_rules
 from planner.rules.config import UNIGNORABLE
 from planner.rules.example_base import example_config_data
@@ -32,6 +34,18 @@ def test_every_unignorable_code_is_in_the_catalog_and_marked_there():
     assert {"PAR001", "PAR002", "PIP001", "CFG004"} <= set(UNIGNORABLE)
     assert all(r.severity == "error" for r in CATALOG if r.cannot_ignore)
     assert not find_rule("PAR012").cannot_ignore and not find_rule("MEM001").cannot_ignore
+
+
+@pytest.mark.parametrize("code", sorted(c for c in UNIGNORABLE if not c.startswith("CFG")))
+def test_each_unignorable_rule_breaks_the_groups_or_the_split(code):
+    """Why these codes: on each one's bad example the grid or the stage split cannot be built."""
+    cfg = parse_config(example_config_data(find_rule(code).bad))
+    try:
+        stage_split(cfg)
+        split_fails = False
+    except SplitError:
+        split_fails = True
+    assert split_fails or layout_problems(grid_spec_from_config(cfg))
 
 
 @pytest.mark.parametrize("overlay,code", [
