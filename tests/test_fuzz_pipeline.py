@@ -13,8 +13,8 @@ CI runs DEFAULT_CASES; `MOEPLAN_FUZZ_EXAMPLES=20000` (and `MOEPLAN_FUZZ_SEED`) r
 from __future__ import annotations
 
 import os
-import signal
 import tempfile
+import time
 import traceback
 from collections import Counter
 from pathlib import Path
@@ -40,10 +40,6 @@ CASE_SECONDS = 30  # one case that runs longer than this is reported like a cras
 
 
 _runner = CliRunner()
-
-
-class CaseTimeout(Exception):
-    """A case ran past CASE_SECONDS: work proportional to a huge input value."""
 
 
 def run_case(doc: Any, out_dir: Path) -> str:
@@ -92,51 +88,49 @@ def run_commands(doc: Any, out_dir: Path) -> None:
                 from result.exception
 
 
-def _on_alarm(signum: int, frame: Any) -> None:
-    raise CaseTimeout(f"case ran longer than {CASE_SECONDS} s")
-
-
 def fuzz(cases: int, first_seed: int) -> tuple[Counter[str], dict[str, str]]:
-    """Run `cases` seeds; outcomes counted, and one reproducer per distinct crash site."""
+    """Run `cases` seeds; outcomes counted, and one reproducer per distinct crash site (a case
+    slower than CASE_SECONDS counts as one: work that grows with an absurd input value)."""
     bases = base_docs()
     outcomes: Counter[str] = Counter()
     crashes: dict[str, str] = {}
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
-    try:
-        with tempfile.TemporaryDirectory(prefix="moeplan-fuzz-") as tmp:
-            for seed in range(first_seed, first_seed + cases):
-                doc, steps = mutated_config(seed, bases)
-                signal.alarm(CASE_SECONDS)
-                try:
-                    try:
-                        outcome = run_case(doc, Path(tmp) / str(seed))
-                        if seed % CLI_EVERY == 0:
-                            run_commands(doc, Path(tmp) / f"cli-{seed}")
-                    finally:
-                        signal.alarm(0)
-                except Exception as exc:  # noqa: BLE001 — every crash is collected and reported
-                    frame = traceback.extract_tb(exc.__traceback__)[-1]
-                    site = f"{type(exc).__name__} at {Path(frame.filename).name}:{frame.lineno}"
-                    outcome = "crash"
-                    crashes.setdefault(site, f"seed {seed}: {' | '.join(steps)}\n    {exc!r:.300}")
-                outcomes[outcome] += 1
-    finally:
-        signal.signal(signal.SIGALRM, previous)
+    with tempfile.TemporaryDirectory(prefix="moeplan-fuzz-") as tmp:
+        for seed in range(first_seed, first_seed + cases):
+            doc, steps = mutated_config(seed, bases)
+            started = time.monotonic()
+            try:
+                outcome = run_case(doc, Path(tmp) / str(seed))
+                if seed % CLI_EVERY == 0:
+                    run_commands(doc, Path(tmp) / f"cli-{seed}")
+                if time.monotonic() - started > CASE_SECONDS:
+                    raise TimeoutError(f"took {time.monotonic() - started:.0f} s")
+            except Exception as exc:  # noqa: BLE001 — every crash is collected and reported
+                frame = traceback.extract_tb(exc.__traceback__)[-1]
+                site = f"{type(exc).__name__} at {Path(frame.filename).name}:{frame.lineno}"
+                outcome = "crash"
+                crashes.setdefault(site, f"seed {seed}: {' | '.join(steps)}\n    {exc!r:.300}")
+            outcomes[outcome] += 1
     return outcomes, crashes
 
 
+CASES = int(os.environ.get("MOEPLAN_FUZZ_EXAMPLES", DEFAULT_CASES))
+FIRST_SEED = int(os.environ.get("MOEPLAN_FUZZ_SEED", 0))
+
+
+@pytest.mark.timeout(max(600, CASES // 10))
 def test_mutated_configs_end_in_a_result_or_a_finding():
-    cases = int(os.environ.get("MOEPLAN_FUZZ_EXAMPLES", DEFAULT_CASES))
-    seed = int(os.environ.get("MOEPLAN_FUZZ_SEED", 0))
-    outcomes, crashes = fuzz(cases, seed)
-    print(f"\n{cases} configs from seed {seed}: {dict(outcomes)}")
+    outcomes, crashes = fuzz(CASES, FIRST_SEED)
+    print(f"\n{CASES} configs from seed {FIRST_SEED}: {dict(outcomes)}")
     assert not crashes, "\n".join(f"{site}\n  {case}" for site, case in crashes.items())
     # The mutations must reach every stage, or the fuzz proves little.
-    assert outcomes["planned and emitted"] >= cases // 20, outcomes
-    assert outcomes["rule findings"] >= cases // 10, outcomes
+    assert outcomes["planned and emitted"] >= CASES // 20, outcomes
+    assert outcomes["rule findings"] >= CASES // 10, outcomes
 
 
 @pytest.mark.parametrize("name", sorted(base_docs()))
 def test_every_base_config_runs_through(name, tmp_path):
-    """The unmutated starting points themselves (the valid ones are planned and emitted)."""
-    run_case(base_docs()[name], tmp_path)
+    """The unmutated starting points: the bundled invalid examples end in rule findings, and so
+    do the bare presets (MEM001: a V4 model does not fit 80 GiB without the distributed optimizer
+    and recompute); the bundled valid examples and the rule base are planned and emitted."""
+    expected = "rule findings" if name.startswith(("invalid", "preset")) else "planned and emitted"
+    assert run_case(base_docs()[name], tmp_path) == expected
