@@ -218,8 +218,9 @@ MUTATIONS: tuple[tuple[Mutation, int], ...] = (
 )
 
 
-def mutated_config(seed: int, bases: dict[str, dict[str, Any]]) -> tuple[Any, list[str]]:
-    """Case `seed`: one base, 1-4 mutations; returns the YAML data and what was done to it."""
+def mutated_config(seed: int, bases: dict[str, dict[str, Any]]) -> tuple[str, Any, list[str]]:
+    """Case `seed`: one base, 1-4 mutations; returns the base's name, the YAML data and what was
+    done to it."""
     rng = random.Random(seed)
     name = rng.choice(sorted(bases))
     doc = copy.deepcopy(bases[name])
@@ -227,4 +228,4 @@ def mutated_config(seed: int, bases: dict[str, dict[str, Any]]) -> tuple[Any, li
     functions, weights = zip(*MUTATIONS, strict=True)
     for mutate in rng.choices(functions, weights, k=rng.choice((1, 1, 2, 2, 3, 4))):
         steps.append(mutate(rng, doc))
-    return doc, steps
+    return name, doc, steps

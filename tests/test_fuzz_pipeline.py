@@ -72,16 +72,19 @@ def run_case(doc: Any, out_dir: Path) -> str:
 
 
 COMMANDS = (("check", "{cfg}", "--json"), ("budget", "{cfg}"), ("groups", "{cfg}", "--rank", "0"),
-            ("compile", "{cfg}", "-o", "{out}/plan.json"), ("emit", "all", "{cfg}", "-o", "{out}/run"))
+            ("compile", "{cfg}", "-o", "{out}/plan.json"), ("emit", "all", "{cfg}", "-o", "{out}/run"),
+            ("reshard-plan", "{base}", "{cfg}"))
 
 
-def run_commands(doc: Any, out_dir: Path) -> None:
-    """The same config through the real commands (in-process): exit 0, 1 or 2 and no exception."""
+def run_commands(doc: Any, base: Any, out_dir: Path) -> None:
+    """The same config through the real commands (in-process): exit 0, 1 or 2 and no exception.
+    reshard-plan moves a checkpoint from the unmutated base to it."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "config.yaml"
-    path.write_text(yaml.safe_dump(doc, allow_unicode=True), encoding="utf-8")
+    paths = {"cfg": out_dir / "config.yaml", "base": out_dir / "base.yaml"}
+    for key, data in (("cfg", doc), ("base", base)):
+        paths[key].write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     for command in COMMANDS:
-        args = [part.format(cfg=path, out=out_dir) for part in command]
+        args = [part.format(out=out_dir, **paths) for part in command]
         result = _runner.invoke(app, args)
         if result.exit_code not in (0, 1, 2) or not isinstance(result.exception, SystemExit | None):
             raise AssertionError(f"moeplan {' '.join(command)}: exit {result.exit_code}") \
@@ -96,12 +99,12 @@ def fuzz(cases: int, first_seed: int) -> tuple[Counter[str], dict[str, str]]:
     crashes: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="moeplan-fuzz-") as tmp:
         for seed in range(first_seed, first_seed + cases):
-            doc, steps = mutated_config(seed, bases)
+            base, doc, steps = mutated_config(seed, bases)
             started = time.monotonic()
             try:
                 outcome = run_case(doc, Path(tmp) / str(seed))
                 if seed % CLI_EVERY == 0:
-                    run_commands(doc, Path(tmp) / f"cli-{seed}")
+                    run_commands(doc, bases[base], Path(tmp) / f"cli-{seed}")
                 if time.monotonic() - started > CASE_SECONDS:
                     raise TimeoutError(f"took {time.monotonic() - started:.0f} s")
             except Exception as exc:  # noqa: BLE001 — every crash is collected and reported
