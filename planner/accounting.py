@@ -48,7 +48,7 @@ from planner.findings import Finding
 from planner.pipeline import SplitError, StageSplit, stage_split
 from planner.schedule import Peak, stage_peak
 from planner.schema import Config
-from planner.units import format_bytes
+from planner.units import fixed, format_bytes
 
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")
 MEMORY_SOURCE = ("Megatron-LM dev@d48bd6be megatron/training/theoretical_memory_usage.py "
@@ -310,7 +310,7 @@ def _memory_text(env: dict[str, Number]) -> str:
         ("activation_bytes", "activations"), ("comm_buffer_bytes", "comm buffers")))
     flight = number_text(env["in_flight_microbatches"])
     return (f"{format_bytes(env['peak_memory_bytes'], digits=2)} per rank, "
-            f"{float(share):.1f} % of {format_bytes(env['gpu_memory_bytes'], digits=2)} ({parts}; "
+            f"{fixed(share, 1)} % of {format_bytes(env['gpu_memory_bytes'], digits=2)} ({parts}; "
             f"{flight} microbatch(es) in flight)")
 
 

@@ -168,7 +168,7 @@ def number_text(value: Number) -> str:
 
 def value_text(value: Number, unit: str, *, short: bool = False) -> str:
     """A value for people: exact digits, binary units for bytes, a percentage for shares."""
-    from planner.units import format_bytes
+    from planner.units import fixed, format_bytes
 
     if unit == "bytes":
         human = format_bytes(value, digits=3 if short else 6)
@@ -176,7 +176,7 @@ def value_text(value: Number, unit: str, *, short: bool = False) -> str:
             return human
         return f"{number_text(value)} B ({human})"
     if unit == "share":
-        return f"{float(value) * 100:.1f} %"
+        return f"{fixed(value * 100, 1)} %"
     return number_text(value)
 
 

@@ -184,12 +184,45 @@ def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) ->
     if kind == "world_size_missing":
         return _finding("CFG003", "parallel.world_size", err["msg"],
                         "add parallel.world_size: <ranks>")
+    if kind == "world_size_too_large":
+        return _finding("CFG004", "cluster.nodes", err["msg"],
+                        "give parallel.world_size, or fewer nodes or GPUs per node")
     value = _describe(err.get("input"))
+    if kind == "finite_number":
+        return _finding("CFG004", dotted, f"must be a finite number, got {value}{at}",
+                        f"give {dotted} a finite value (.inf and .nan are not numbers moeplan "
+                        "can budget with)")
     if kind in {"greater_than_equal", "greater_than", "less_than_equal", "less_than"}:
         return _finding("CFG004", dotted, f"{err['msg'].lower()}, got {value}{at}",
                         f"give {dotted} a value in range")
     return _finding("CFG002", dotted, f"{err['msg']}, got {value}{at}",
                     f"fix the type/value of {dotted}")
+
+
+INT_LIMIT = 2**63 - 1  # Megatron's sizes end up in 64-bit tensors and CUDA arguments
+
+
+def _oversized_integers(data: Any) -> list[tuple[tuple, int]]:
+    """Every integer beyond 64 bits, anywhere in the data (walked without recursion)."""
+    found, stack = [], [((), data)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((path + (key,), value) for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((path + (index,), value) for index, value in enumerate(node))
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > INT_LIMIT:
+            found.append((path, node))
+    return sorted(found, key=lambda item: [str(part) for part in item[0]])
+
+
+def _oversized_finding(path: tuple, value: int, positions: dict[tuple, Position]) -> Finding:
+    dotted = ".".join(map(str, path))
+    where = positions.get(path)
+    at = f" (line {where[0]}, column {where[1]})" if where else ""
+    digits = len(str(abs(value))) if value.bit_length() < 10_000 else "thousands of"
+    return _finding("CFG004", dotted, f"{digits}-digit integer is beyond the 64-bit range{at}",
+                    f"give {dotted} a realistic value (at most {INT_LIMIT})")
 
 
 def parse_config(data: Any, positions: dict[tuple, Position] | None = None,
@@ -201,6 +234,7 @@ def parse_config(data: Any, positions: dict[tuple, Position] | None = None,
                  "keep one; YAML silently takes the last")
         for p, pos in (duplicates or [])
     ]
+    findings += [_oversized_finding(p, v, positions) for p, v in _oversized_integers(data)]
     if data is None:
         raise InvalidConfig([_finding("CFG005", "", "the config is empty",
                                       "write the model, parallel and training sections")])
@@ -211,7 +245,7 @@ def parse_config(data: Any, positions: dict[tuple, Position] | None = None,
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        seen: set[str] = set()
+        seen = {f.path for f in findings}
         for err in exc.errors():
             finding = _error_to_finding(err, data, positions)
             if finding.path not in seen:

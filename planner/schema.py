@@ -21,12 +21,19 @@ NonNegFloat = Annotated[float, Field(ge=0)]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 VOCAB_DIVISOR = 128  # Megatron's default make_vocab_size_divisible_by
+# moeplan lists every layer, rank and expert, so their counts get a ceiling far above any real job.
+MAX_LAYERS = 100_000
+MAX_RANKS = 1 << 20
+MAX_EXPERTS = 1 << 16  # the plan lists each rank's experts
+RankCount = Annotated[int, Field(ge=1, le=MAX_RANKS)]
 
 
 class Section(BaseModel):
-    """Strict, closed section: unknown keys and wrong YAML types are config errors, not coercions."""
+    """Strict, closed section: unknown keys and wrong YAML types are config errors, not coercions;
+    every float is finite (`.inf`/`.nan` would only fail later, inside a budget)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, frozen=True,
+                              allow_inf_nan=False)
 
 
 def _alias(*names: str) -> Any:
@@ -35,7 +42,7 @@ def _alias(*names: str) -> Any:
 
 class ModelSection(Section):
     preset: Literal["deepseek-v4-pro", "deepseek-v4-flash"] | None = None
-    num_layers: Annotated[int, Field(ge=1, le=100_000)]
+    num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt
     num_query_groups: PosInt | None = None
@@ -49,13 +56,13 @@ class ModelSection(Section):
     hidden_dropout: Annotated[float, Field(ge=0, le=1)] = 0.1
     attention_dropout: Annotated[float, Field(ge=0, le=1)] = 0.1
     qk_layernorm: bool = False
-    num_experts: PosInt
+    num_experts: Annotated[int, Field(ge=1, le=MAX_EXPERTS)]
     moe_router_topk: PosInt = 2
     moe_ffn_hidden_size: PosInt | None = None
     moe_shared_expert_intermediate_size: NonNegInt | None = None
     moe_layer_freq: PosInt | list[Literal[0, 1]] = 1
     moe_n_hash_layers: NonNegInt = 0
-    mtp_num_layers: NonNegInt = 0
+    mtp_num_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
     mtp_loss_scaling_factor: NonNegFloat = 0.1
     untie_embeddings_and_output_weights: bool = False
     add_bias_linear: bool = False
@@ -121,7 +128,7 @@ class ModelSection(Section):
 
 
 class ParallelSection(Section):
-    world_size: PosInt | None = None
+    world_size: RankCount | None = None
     tp: PosInt = Field(1, validation_alias=AliasChoices("tp", "tensor_model_parallel_size"))
     cp: PosInt = Field(1, validation_alias=AliasChoices("cp", "context_parallel_size"))
     pp: PosInt = Field(1, validation_alias=AliasChoices("pp", "pipeline_model_parallel_size"))
@@ -213,8 +220,8 @@ class OverlapSection(Section):
 
 
 class ClusterSection(Section):
-    nodes: PosInt | None = None
-    gpus_per_node: PosInt = 8
+    nodes: RankCount | None = None
+    gpus_per_node: RankCount = 8
     gpu_memory_gib: PosFloat = 80.0
     intra_node_bandwidth_gb_s: PosFloat = 450.0
     inter_node_bandwidth_gb_s: PosFloat = 50.0
@@ -269,6 +276,12 @@ class Config(Section):
                     "or cluster.nodes (world size = nodes x gpus_per_node)",
                 )
             world = cluster.nodes * cluster.gpus_per_node
+            if world > MAX_RANKS:
+                raise PydanticCustomError(
+                    "world_size_too_large",
+                    "cluster.nodes x gpus_per_node = {world} ranks, above moeplan's limit of {limit}",
+                    {"world": world, "limit": MAX_RANKS},
+                )
         object.__setattr__(par, "world_size", world)
         if par.etp is None:
             object.__setattr__(par, "etp", par.tp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 _UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
@@ -17,5 +18,17 @@ def format_bytes(value: int | Fraction, *, digits: int = 6) -> str:
 
 
 def _trim(value: Fraction, digits: int) -> str:
-    text = f"{float(value):.{digits}f}".rstrip("0").rstrip(".")
-    return text or "0"
+    text = fixed(value, digits)
+    return text if "e" in text else text.rstrip("0").rstrip(".") or "0"
+
+
+def fixed(value: int | Fraction, digits: int) -> str:
+    """`digits` decimals; a value beyond float range (only absurd configs reach one) in
+    scientific notation instead of an OverflowError."""
+    try:
+        return f"{float(value):.{digits}f}"
+    except OverflowError:
+        magnitude = abs(Fraction(value))
+        exponent = math.floor(math.log10(magnitude.numerator) - math.log10(magnitude.denominator))
+        mantissa = float(magnitude / Fraction(10) ** exponent)
+        return f"{'-' if value < 0 else ''}{mantissa:.{digits}f}e+{exponent}"

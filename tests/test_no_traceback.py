@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from planner.layout import layout_summary
 from planner.loader import InvalidConfig, UnreadableConfig, load_config, parse_config, parse_yaml
-from planner.rules import run_rules
+from planner.rules import CODES, run_rules
 from planner.rules.example_base import EXAMPLE_BASE_YAML
 from planner.schema import Config
 from tests.conftest import EXAMPLES, MINIMAL_V4
@@ -114,8 +114,7 @@ def _mutation(draw: st.DrawFn) -> tuple[str, Any]:
         return kind, (section, field, draw(_junk))
     if kind == "top_level":
         return kind, (draw(_text), draw(_junk))
-    return kind, draw(st.lists(st.one_of(_text, st.sampled_from(["PAR001", "par008", "IGN001"])),
-                               max_size=3))
+    return kind, draw(st.lists(st.one_of(_text, st.sampled_from(["par008", *CODES])), max_size=6))
 
 
 def _apply(doc: dict[str, Any], kind: str, payload: Any) -> None:
@@ -316,3 +315,30 @@ def test_moeplan_check_on_rule_violations_exits_1(tmp_path):
     result = _check(path)
     assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
     assert "PIP001" in result.stdout + result.stderr
+
+
+_NON_FINITE = {  # the reproducers: `check` said valid, budget/compile ended in a traceback
+    "gpu_memory": ("cluster", "gpu_memory_gib: .inf"),
+    "capacity": ("moe", "moe_expert_capacity_factor: .inf"),
+    "nan_lr": ("training", "lr: .nan"),
+}
+
+
+@pytest.mark.parametrize("command", [["check", "{cfg}"], ["budget", "{cfg}"],
+                                     ["compile", "{cfg}", "-o", "{tmp}/plan.json"],
+                                     ["emit", "all", "{cfg}", "-o", "{tmp}/run"]])
+@pytest.mark.parametrize("name", sorted(_NON_FINITE))
+def test_non_finite_numbers_are_findings_for_every_command(tmp_path, name, command):
+    sections = {"model": "preset: deepseek-v4-flash", "parallel": "world_size: 128, ep: 64",
+                "training": "seq_length: 4096"}
+    section, entry = _NON_FINITE[name]
+    sections[section] = ", ".join(filter(None, [sections.get(section), entry]))
+    path = tmp_path / "c.yaml"
+    path.write_text("".join(f"{key}: {{{body}}}\n" for key, body in sections.items()))
+    args = [part.format(cfg=path, tmp=tmp_path) for part in command]
+    result = subprocess.run([*_moeplan(), *args], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "COLUMNS": "120"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in output
+    assert "CFG004" in output and "finite" in output
+    assert not (tmp_path / "plan.json").exists() and not (tmp_path / "run").exists()

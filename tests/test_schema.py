@@ -156,3 +156,80 @@ def test_yaml_numbers_read_as_megatron_users_write_them(tmp_path):
     cfg = load_config(path)
     assert cfg.training.lr == 3e-4 and cfg.training.adam_eps == 1e-8
     assert cfg.launch.time == "04:00:00"
+
+
+# ----------------------------------------------------------------------------- non-finite and huge
+
+
+def _float_fields() -> list[tuple[str, str]]:
+    """Every (section, field) of the schema that takes a float, found from the annotations."""
+    import typing
+
+    from planner.schema import Config
+
+    def takes_float(annotation) -> bool:
+        if annotation is float:
+            return True
+        return any(takes_float(a) for a in typing.get_args(annotation))
+
+    return [(section, name) for section, info in Config.model_fields.items()
+            if hasattr(info.annotation, "model_fields")
+            for name, field in info.annotation.model_fields.items() if takes_float(field.annotation)]
+
+
+FLOAT_FIELDS = _float_fields()
+
+
+def test_the_schema_has_float_fields_in_several_sections():
+    assert {"model", "training", "moe", "cluster"} <= {section for section, _ in FLOAT_FIELDS}
+    assert ("cluster", "gpu_memory_gib") in FLOAT_FIELDS
+    assert ("moe", "moe_expert_capacity_factor") in FLOAT_FIELDS
+
+
+@pytest.mark.parametrize("section,field", FLOAT_FIELDS)
+@pytest.mark.parametrize("literal", [".inf", "-.inf", ".nan", ".NaN", "+.Inf", "1e400"])
+def test_non_finite_floats_are_cfg004_everywhere(section, field, literal):
+    """`.inf`/`.nan` (and 1e400, which YAML reads as inf) are rejected where they are written,
+    for every float field of every section, instead of crashing a budget later."""
+    sections = {"model": "preset: deepseek-v4-flash", "parallel": "world_size: 128, ep: 64",
+                "training": "seq_length: 4096"}
+    sections[section] = ", ".join(filter(None, [sections.get(section), f"{field}: {literal}"]))
+    text = "".join(f"{name}: {{{body}}}\n" for name, body in sections.items())
+    data, positions, duplicates = parse_yaml(text)
+    with pytest.raises(InvalidConfig) as err:
+        parse_config(data, positions, duplicates)
+    assert [(f.code, f.path) for f in err.value.findings] == [("CFG004", f"{section}.{field}")]
+    finding = err.value.findings[0]
+    assert "finite" in finding.message and "line" in finding.message
+    assert f"{section}.{field}" in finding.fix
+
+
+def test_integers_beyond_64_bits_are_cfg004(minimal_v4):
+    minimal_v4["model"]["hidden_size"] = 10**30
+    minimal_v4["model"]["compress_ratios"] = [0, -(2**64)]
+    with pytest.raises(InvalidConfig) as err:
+        parse_config(minimal_v4)
+    assert [(f.code, f.path) for f in err.value.findings] == [
+        ("CFG004", "model.compress_ratios.1"), ("CFG004", "model.hidden_size")]
+    assert "31-digit integer is beyond the 64-bit range" in err.value.findings[1].message
+
+
+@pytest.mark.parametrize("section,field,value", [
+    ("parallel", "world_size", 2**20 + 1), ("model", "num_layers", 100_001),
+    ("model", "mtp_num_layers", 2**31), ("model", "num_experts", 2**16 + 1),
+    ("cluster", "gpus_per_node", 2**21),
+])
+def test_counts_moeplan_enumerates_have_a_ceiling(minimal_v4, section, field, value):
+    minimal_v4.setdefault(section, {})[field] = value
+    with pytest.raises(InvalidConfig) as err:
+        parse_config(minimal_v4)
+    assert [(f.code, f.path) for f in err.value.findings] == [("CFG004", f"{section}.{field}")]
+
+
+def test_world_derived_from_nodes_has_the_same_ceiling(minimal_v4):
+    del minimal_v4["parallel"]["world_size"]
+    minimal_v4["cluster"] = {"nodes": 2**18, "gpus_per_node": 8}
+    with pytest.raises(InvalidConfig) as err:
+        parse_config(minimal_v4)
+    assert [(f.code, f.path) for f in err.value.findings] == [("CFG004", "cluster.nodes")]
+    assert "2097152 ranks" in err.value.findings[0].message

@@ -20,10 +20,11 @@ def _catalog_table() -> Table:
     from planner.rules import CATALOG
 
     table = Table(title=f"moeplan rules ({len(CATALOG)})", title_justify="left")
-    for column in ("code", "severity", "title", "source"):
+    for column in ("code", "severity", "title", "ignorable", "source"):
         table.add_column(column, overflow="fold")
     for entry in CATALOG:
-        table.add_row(entry.code, entry.severity, Text(entry.title), Text(entry.source))
+        table.add_row(entry.code, entry.severity, Text(entry.title),
+                      "no" if entry.cannot_ignore else "yes", Text(entry.source))
     return table
 
 
@@ -35,7 +36,9 @@ def _example_block(label: str, yaml_text: str) -> Text:
 def _explain(entry: Rule) -> None:
     checked_by = "loader (schema validation)" if entry.check is None else "`moeplan check`"
     stdout.print(Text(f"{entry.code} ({entry.severity}): {entry.title}", style="bold"))
-    stdout.print(Text(f"source: {entry.source}\nreported by: {checked_by}\n"))
+    ignorable = f"no — {entry.cannot_ignore}" if entry.cannot_ignore else "yes (`ignore:` list)"
+    stdout.print(Text(f"source: {entry.source}\nreported by: {checked_by}\n"
+                      f"ignorable: {ignorable}\n"))
     stdout.print(Text("Why\n", style="bold") + Text(entry.why + "\n"))
     if entry.whole_file_examples:
         note = "Examples are whole config files."
@@ -52,7 +55,8 @@ def rules(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     base: Annotated[bool, typer.Option("--base", help="print the config the examples extend")] = False,
 ) -> None:
-    """List every rule (code, severity, title, source), or explain one: what, why, bad/good, source."""
+    """List every rule (code, severity, title, ignorable, source), or explain one: what, why,
+    bad/good, source, and why it cannot be ignored when it cannot."""
     from planner.rules import CATALOG, find_rule, suggest_codes
 
     if base:

@@ -40,6 +40,8 @@ class Rule:
     `bad` and `good` are YAML snippets. For checked rules they are overlays merged onto
     `planner.rules.example_base.EXAMPLE_BASE`; for documentation-only entries they are whole
     files (`whole_file_examples`). The tests run both, so an entry without working examples fails.
+    `cannot_ignore` says why `ignore:` may not silence the code (empty: it may): the loader's codes
+    come before `ignore:` is read, and the structural errors break what the later steps build.
     """
 
     code: str
@@ -51,6 +53,7 @@ class Rule:
     good: str
     check: CheckFn | None = None
     whole_file_examples: bool = False
+    cannot_ignore: str = ""
 
     @property
     def family(self) -> str:
@@ -70,7 +73,8 @@ class Rule:
     def as_dict(self) -> dict[str, str]:
         return {"code": self.code, "severity": self.severity, "title": self.title,
                 "source": self.source, "why": self.why, "bad": self.bad, "good": self.good,
-                "checked_by": "loader" if self.check is None else "rules"}
+                "checked_by": "loader" if self.check is None else "rules",
+                "ignorable": not self.cannot_ignore, "cannot_ignore": self.cannot_ignore}
 
 
 def _text(block: str) -> str:

@@ -23,7 +23,7 @@ from planner.rules.base import Rule
 from planner.rules.facts import Facts
 from planner.schema import Config
 
-CATALOG: tuple[Rule, ...] = (
+CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *config.CONFIG_DOCS,
     *parallel.RULES,
     *batch.RULES,
@@ -37,7 +37,7 @@ CATALOG: tuple[Rule, ...] = (
     *cluster.RULES,
     *memory.RULES,
     *config.RULES,
-)
+))
 RULES_BY_CODE: dict[str, Rule] = {r.code: r for r in CATALOG}
 CODES: tuple[str, ...] = tuple(RULES_BY_CODE)
 
@@ -55,11 +55,12 @@ def suggest_codes(code: str, count: int = 3) -> list[str]:
 
 
 def run_rules(cfg: Config) -> list[Finding]:
-    """Every checked rule on one config, in catalog order, minus the codes in `cfg.ignore`."""
+    """Every checked rule on one config, in catalog order, minus the ignorable codes in
+    `cfg.ignore` (IGN002 reports the others)."""
     facts = Facts(cfg)
     ignored = {code.strip().upper() for code in cfg.ignore}
     findings: list[Finding] = []
     for entry in CATALOG:
-        if entry.code not in ignored:
+        if entry.code not in ignored or entry.cannot_ignore:
             findings.extend(entry.findings(facts))
     return findings

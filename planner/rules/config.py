@@ -2,15 +2,17 @@
 
 The CFG codes are emitted by the loader (planner/loader.py) before any rule runs; they are listed
 here so that `moeplan rules CFG001` explains them like every other code. Their examples are whole
-files. IGN001 checks the `ignore:` list against the catalog.
+files. IGN001 checks the `ignore:` list against the catalog; IGN002 refuses to silence the codes
+that `UNIGNORABLE` names, with the reason it gives for each.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Iterator
 
-from planner.rules.base import Violation, documented, rule
+from planner.rules.base import Rule, Violation, documented, rule
 from planner.rules.facts import Facts
 
 LOADER = "planner/loader.py::parse_config"
@@ -60,7 +62,10 @@ CONFIG_DOCS = (
     documented(
         "CFG004", "value out of range",
         source=LOADER,
-        why="Sizes and degrees are positive (counts such as hash layers may be zero).",
+        why="""Sizes and degrees are positive (counts such as hash layers may be zero), every
+        number is finite (`.inf` and `.nan` are rejected wherever a float is allowed) and fits in
+        64 bits, and the counts moeplan lists one by one (layers, ranks, experts) stay below a
+        ceiling far above any real job.""",
         bad="""
         model: {preset: deepseek-v4-flash}
         parallel: {world_size: 128, ep: 0}
@@ -106,11 +111,56 @@ CONFIG_DOCS = (
 def ignore_known_codes(f: Facts) -> Iterator[Violation]:
     from planner.rules.catalog import CODES  # the catalog imports this module
 
-    for index, code in enumerate(f.cfg.ignore):
-        if code.upper() not in CODES:
-            close = difflib.get_close_matches(code.upper(), CODES, n=1)
+    for index, entry in enumerate(f.cfg.ignore):
+        code = entry.strip().upper()
+        if code not in CODES:
+            close = difflib.get_close_matches(code, CODES, n=1)
             hint = f"did you mean {close[0]}?" if close else "see `moeplan rules` for the codes"
-            yield Violation(f"ignore.{index}", f"unknown rule code '{code}' in ignore", hint)
+            yield Violation(f"ignore.{index}", f"unknown rule code '{entry}' in ignore", hint)
 
 
-RULES = (ignore_known_codes,)
+_GRID = "the process groups cannot be built, so neither can the budgets, the plan or a launch"
+_LOADER = "the loader reports it before `ignore:` is read; a config with it is not read at all"
+
+# Errors that leave nothing for the later steps (groups, stage split, budgets, plan, emit) to
+# build on: `ignore:` cannot silence them (IGN002 says so when it lists one).
+UNIGNORABLE: dict[str, str] = {
+    **{code: _LOADER for code in ("CFG001", "CFG002", "CFG003", "CFG004", "CFG005", "CFG006")},
+    "PAR001": f"without whole dense groups (DP = N / (TP·CP·PP·GTP)) {_GRID}",
+    "PAR002": f"without whole expert groups (EDP = N / (ETP·EP·PP·EGTP)) {_GRID}",
+    "PAR009": f"the rank order is what the groups are read from: with an invalid order {_GRID}",
+    "PAR010": f"Megatron stops building groups at this assertion: {_GRID}",
+    "PAR011": f"the pipeline groups of the two layouts differ: {_GRID}",
+    "PAR013": f"the hierarchical CP groups do not tile the CP group: {_GRID}",
+    "DOP001": f"the distributed-optimizer instance groups do not tile DP·CP: {_GRID}",
+    "DOP002": f"the distributed-optimizer instance groups do not tile EDP: {_GRID}",
+    "GTP008": f"with GTP the optimizer instance groups are not defined: {_GRID}",
+    "PIP001": "without a stage split no stage has layers: no per-stage budget, plan or launch",
+}
+
+
+def mark_unignorable(catalog: tuple[Rule, ...]) -> tuple[Rule, ...]:
+    """The catalog with each UNIGNORABLE entry's reason on its rule (`moeplan rules` shows it)."""
+    return tuple(dataclasses.replace(r, cannot_ignore=UNIGNORABLE[r.code]) if r.code in UNIGNORABLE
+                 else r for r in catalog)
+
+
+@rule(
+    "IGN002", "warning", "structural errors cannot be ignored",
+    source="planner/rules/catalog.py::run_rules",
+    why="""Some errors leave nothing to build: without whole process groups or a stage split there
+    are no budgets, no plan and no launch, whatever the author accepts. `ignore:` does not
+    silence them — the error is still reported and the config stays invalid — and the entry says
+    why. The loader's CFG codes come before `ignore:` is read, so listing one silences nothing.""",
+    bad="ignore: [PAR001]",
+    good="ignore: [PAR012]",
+)
+def ignore_structural_codes(f: Facts) -> Iterator[Violation]:
+    for index, entry in enumerate(f.cfg.ignore):
+        code = entry.strip().upper()
+        if code in UNIGNORABLE:
+            yield Violation(f"ignore.{index}", f"{code} cannot be ignored: {UNIGNORABLE[code]}",
+                            f"remove it from ignore; fix the {code} error if one is reported")
+
+
+RULES = (ignore_known_codes, ignore_structural_codes)
