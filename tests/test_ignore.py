@@ -14,6 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from planner.cli import app
+from planner.findings import has_errors
 from planner.grid import grid_spec_from_config, layout_problems
 from planner.loader import parse_config
 from planner.pipeline import SplitError, stage_split
@@ -46,6 +47,26 @@ def test_each_unignorable_rule_breaks_the_groups_or_the_split(code):
     except SplitError:
         split_fails = True
     assert split_fails or layout_problems(grid_spec_from_config(cfg))
+
+
+def _breaks_the_groups_or_the_split(cfg) -> bool:
+    try:
+        stage_split(cfg)
+    except SplitError:
+        return True
+    return bool(layout_problems(grid_spec_from_config(cfg)))
+
+
+@pytest.mark.parametrize("code", sorted(r.code for r in CATALOG
+                                        if r.check is not None and r.code not in UNIGNORABLE))
+def test_no_ignorable_rule_hides_a_layout_that_cannot_be_built(code):
+    """The converse: if ignoring a rule would let a config through whose groups or stage split
+    cannot be built (emit and compile would then fail), the rule must be unignorable."""
+    cfg = parse_config(example_config_data(find_rule(code).bad))
+    broken = _breaks_the_groups_or_the_split(cfg)
+    assert not broken or has_errors([f for f in run_rules(cfg) if f.code != code]), (
+        f"{code}'s bad example cannot be built and no other error reports it: add {code} to "
+        "UNIGNORABLE in planner/rules/config.py")
 
 
 @pytest.mark.parametrize("overlay,code", [

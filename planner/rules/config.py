@@ -132,6 +132,7 @@ UNIGNORABLE: dict[str, str] = {
     "PAR010": f"Megatron stops building groups at this assertion: {_GRID}",
     "PAR011": f"the pipeline groups of the two layouts differ: {_GRID}",
     "PAR013": f"the hierarchical CP groups do not tile the CP group: {_GRID}",
+    "PAR016": f"the hybrid / dynamic DP×CP chunks need an even DP·CP: {_GRID}",
     "DOP001": f"the distributed-optimizer instance groups do not tile DP·CP: {_GRID}",
     "DOP002": f"the distributed-optimizer instance groups do not tile EDP: {_GRID}",
     "GTP008": f"with GTP the optimizer instance groups are not defined: {_GRID}",
