@@ -29,6 +29,7 @@ from planner.emit.megatron_check import (
     request_for,
     run_probe,
 )
+from planner.emit.safety import EmitError
 from planner.loader import load_config, parse_config
 from planner.presets import PRESETS
 from planner.schema import Config
@@ -230,8 +231,30 @@ def changed_case(name: str, example: str, change: Callable[[CheckRequest], Check
     return case
 
 
+# Invalid examples Megatron's argument and config stage accepts, and where Megatron refuses them
+# instead (the groups one is what tests/test_megatron_core_groups.py checks against megatron-core).
+REFUSED_LATER = {
+    "dop002-instances-do-not-divide-edp.yaml":
+        "megatron/core/parallel_state.py initialize_model_parallel (expert optimizer instance groups)",
+    "par010-pp-dp-order-with-dp-not-edp.yaml":
+        "megatron/core/parallel_state.py initialize_model_parallel (RankGenerator order check)",
+    "moe018-ncclep-without-rank-capacity.yaml":
+        "megatron/core/transformer/moe/token_dispatcher.py _NCCLEPManager.__init__ (model build)",
+}
+# Invalid examples moeplan cannot turn into a Megatron command line at all.
+NOT_EMITTED = {"pip001-layers-do-not-split.yaml"}
+INVALID = sorted(path.name for path in (EXAMPLES / "invalid").glob("*.yaml"))
+
+
+def invalid_case(name: str) -> Callable[[], tuple[CheckRequest, dict[str, Any]]]:
+    return lambda: (request_for(load_config(EXAMPLES / "invalid" / name), f"invalid/{name}"), {})
+
+
 for _name, _cfg in judged_configs().items():
     register(_name, case_of(_cfg, _name))
+for _name in INVALID:
+    if _name not in NOT_EMITTED:
+        register(f"invalid/{_name}", invalid_case(_name))
 for _name, (_data, *_) in REJECTED.items():
     register(_name, rejected_case(_name, _data))
 for _name, (_change, *_) in OLD_TINY.items():
@@ -292,6 +315,24 @@ def test_megatron_refusals_come_back_with_file_and_line(name: str):
     assert result.verdict == "rejected"
     assert result.location == location
     assert message in result.message
+
+
+@pytest.mark.parametrize("name", [n for n in INVALID if n not in NOT_EMITTED])
+def test_megatron_refuses_every_invalid_example(name: str):
+    """Each examples/invalid file breaks one rule; Megatron's own argument/config stage refuses it,
+    or the file is listed with the later Megatron step that does."""
+    result = verdict(f"invalid/{name}")
+    if name in REFUSED_LATER:
+        assert result.verdict == "accepted", f"{name} is now refused early: drop it from REFUSED_LATER"
+    else:
+        assert result.verdict == "rejected", (name, result.verdict)
+        assert result.location and result.location.startswith("megatron/"), result.location
+
+
+def test_the_invalid_examples_moeplan_cannot_emit_are_refused_at_emit():
+    for name in NOT_EMITTED:
+        with pytest.raises(EmitError):
+            request_for(load_config(EXAMPLES / "invalid" / name), name)
 
 
 def test_a_model_shorter_than_its_preset_gets_one_compress_ratio_per_layer():

@@ -55,7 +55,9 @@ class CheckResult:
     """Megatron's verdict on one config next to moeplan's plan."""
 
     name: str
-    verdict: str  # "pass", "rejected" (Megatron refused) or "mismatch" (it derived other values)
+    # "pass", "rejected" (Megatron refused), "mismatch" (it derived other values than the plan) or
+    # "accepted" (it took the arguments and no plan was given to compare with)
+    verdict: str
     message: str = ""
     location: str | None = None
     step: str | None = None
@@ -242,6 +244,10 @@ def judge(requests: list[CheckRequest], expected: list[dict[str, Any]], megatron
         if got["verdict"] == "rejected":
             results.append(CheckResult(request.name, "rejected", got["message"], got.get("location"),
                                        got.get("step"), expected=want))
+            continue
+        if not want:  # no plan to compare with (a config moeplan refuses): acceptance is the answer
+            results.append(CheckResult(request.name, "accepted", derived=got["derived"],
+                                       not_run=got.get("not_run", [])))
             continue
         found = mismatches(want, got["derived"])
         results.append(CheckResult(request.name, "mismatch" if found else "pass",
