@@ -682,14 +682,11 @@ class Grid:
             out.extend(self.members.get(kind, (kind,)))
         return out
 
+    def layout_of(self, kind: str) -> Layout:
+        return self.dense if KIND_SOURCES[self.base_kind(kind)][0] == "dense" else self.expert
+
     def base_kind(self, kind: str) -> str:
         """The catalogue kind (a KIND_SOURCES key) a listed kind belongs to."""
-        return self._base_kind(kind)
-
-    def layout_of(self, kind: str) -> Layout:
-        return self.dense if KIND_SOURCES[self._base_kind(kind)][0] == "dense" else self.expert
-
-    def _base_kind(self, kind: str) -> str:
         if kind in self._member_of:
             return self._member_of[kind]
         if kind not in self.kinds:
@@ -701,7 +698,7 @@ class Grid:
 
     def groups(self, kind: str) -> list[list[int]]:
         """Every group of a kind, in the order Megatron creates them."""
-        base = self._base_kind(kind)
+        base = self.base_kind(kind)
         s = self.spec
         if base in _TOKEN_KINDS:
             layout, token = _TOKEN_KINDS[base]
@@ -743,7 +740,7 @@ class Grid:
         return {kind: self.groups(kind) for kind in self.kinds}
 
     def group_size(self, kind: str) -> int:
-        base = self._base_kind(kind)
+        base = self.base_kind(kind)
         s = self.spec
         if base in _TOKEN_KINDS:
             layout, token = _TOKEN_KINDS[base]
@@ -767,7 +764,7 @@ class Grid:
         return sizes[base]
 
     def num_groups(self, kind: str) -> int:
-        base = self._base_kind(kind)
+        base = self.base_kind(kind)
         s = self.spec
         if base in ("embd", "pos_embd"):
             return s.world_size // s.pp
@@ -794,7 +791,7 @@ class Grid:
         `hcp` holds one group per level: ask for `hcp_l0`, `hcp_l1`, … instead.
         """
         self._check_rank(rank)
-        base = self._base_kind(kind)
+        base = self.base_kind(kind)
         s = self.spec
         if base in _TOKEN_KINDS:
             layout, token = _TOKEN_KINDS[base]
@@ -840,7 +837,7 @@ class Grid:
 
     def _chunk_sizes(self, kind: str) -> list[int]:
         """Chunk sizes of a DP×CP chunk family, or the one size of a member."""
-        base = self._base_kind(kind)
+        base = self.base_kind(kind)
         if kind == base:
             return [int(m.rsplit("_", 1)[1]) for m in self.members[base]]
         return [int(kind.rsplit("_", 1)[1])]
