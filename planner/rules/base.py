@@ -17,6 +17,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from planner.rules.facts import Facts
 
 
+def code_of(text: str) -> str:
+    """A rule code as written by a person (`ignore:` entries, `moeplan rules par001`): PAR001."""
+    return text.strip().upper()
+
+
 class NotComputable(Exception):
     """A quantity the rule needs is not a whole number (another rule already reports why)."""
 

@@ -19,7 +19,7 @@ from planner.rules import (
     v4,
     virtual_experts,
 )
-from planner.rules.base import Rule
+from planner.rules.base import Rule, code_of
 from planner.rules.facts import Facts
 from planner.schema import Config
 
@@ -44,12 +44,12 @@ CODES: tuple[str, ...] = tuple(RULES_BY_CODE)
 
 def find_rule(code: str) -> Rule | None:
     """Look a code up case-insensitively (`par001` finds PAR001)."""
-    return RULES_BY_CODE.get(code.strip().upper())
+    return RULES_BY_CODE.get(code_of(code))
 
 
 def suggest_codes(code: str, count: int = 3) -> list[str]:
     """The catalog codes closest to a mistyped one: codes it is a prefix of, else the most similar."""
-    wanted = code.strip().upper()
+    wanted = code_of(code)
     extending = [c for c in CODES if wanted and c.startswith(wanted)]
     return extending[:count] or difflib.get_close_matches(wanted, CODES, n=count)
 
@@ -58,7 +58,7 @@ def run_rules(cfg: Config) -> list[Finding]:
     """Every checked rule on one config, in catalog order, minus the ignorable codes in
     `cfg.ignore` (IGN002 reports the others)."""
     facts = Facts(cfg)
-    ignored = {code.strip().upper() for code in cfg.ignore}
+    ignored = {code_of(code) for code in cfg.ignore}
     findings: list[Finding] = []
     for entry in CATALOG:
         if entry.code not in ignored or entry.cannot_ignore:

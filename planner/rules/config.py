@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 from collections.abc import Iterator
 
-from planner.rules.base import Rule, Violation, documented, rule
+from planner.rules.base import Rule, Violation, code_of, documented, rule
 from planner.rules.facts import Facts
 
 LOADER = "planner/loader.py::parse_config"
@@ -112,7 +112,7 @@ def ignore_known_codes(f: Facts) -> Iterator[Violation]:
     from planner.rules.catalog import CODES  # the catalog imports this module
 
     for index, entry in enumerate(f.cfg.ignore):
-        code = entry.strip().upper()
+        code = code_of(entry)
         if code not in CODES:
             close = difflib.get_close_matches(code, CODES, n=1)
             hint = f"did you mean {close[0]}?" if close else "see `moeplan rules` for the codes"
@@ -158,7 +158,7 @@ def mark_unignorable(catalog: tuple[Rule, ...]) -> tuple[Rule, ...]:
 )
 def ignore_structural_codes(f: Facts) -> Iterator[Violation]:
     for index, entry in enumerate(f.cfg.ignore):
-        code = entry.strip().upper()
+        code = code_of(entry)
         if code in UNIGNORABLE:
             yield Violation(f"ignore.{index}", f"{code} cannot be ignored: {UNIGNORABLE[code]}",
                             f"remove it from ignore; fix the {code} error if one is reported")
