@@ -106,14 +106,15 @@ def expected_values(cfg: Config, plan: dict[str, Any]) -> dict[str, Any]:
             })
     rope = {name: getattr(cfg.model, name) for name in ("position_embedding_type", *rotary_fields(cfg))}
     return {"data_parallel_size": cfg.dp, "expert_data_parallel_size": cfg.edp,
-            "num_microbatches": cfg.microbatches,
+            "num_microbatches": cfg.microbatches, "padded_vocab_size": cfg.padded_vocab_size,
             "virtual_pipeline_model_parallel_size": plan["layout"].get("vpp", 1),
             "chunks": sorted(chunks, key=lambda c: (c["stage"], c["virtual"])), "rope": rope}
 
 
 _LABELS = {"data_parallel_size": "data-parallel size", "expert_data_parallel_size":
            "expert data-parallel size", "num_microbatches": "number of microbatches",
-           "virtual_pipeline_model_parallel_size": "virtual pipeline stages"}
+           "virtual_pipeline_model_parallel_size": "virtual pipeline stages",
+           "padded_vocab_size": "padded vocabulary"}
 _CHUNK_LABELS = {"layers": "decoder layers", "moe_layers": "MoE layers", "mtp_layers": "MTP layers",
                  "mtp_moe_layers": "MTP MoE layers"}
 
