@@ -113,3 +113,13 @@ def test_planner_does_not_import_torch():
     probe = ("import sys, planner.cli, planner.grid, planner.plan, planner.accounting\n"
              "assert 'torch' not in sys.modules, 'planner imported torch'\n")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+def test_check_does_not_load_the_launch_templates():
+    """`moeplan check` starts fast: the rules never pull in the emitters' jinja2 rendering."""
+    probe = ("import sys\nfrom planner.cli_common import collect_findings\n"
+             "from planner.loader import load_config\n"
+             f"collect_findings(load_config({str(EXAMPLES / 'deepseek-v4-pro-1024.yaml')!r}))\n"
+             "assert 'jinja2' not in sys.modules, 'check imported jinja2'\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from planner.emit.megatron import megatron_branch
-from planner.emit.safety import EmitError
 from planner.findings import Finding
 from planner.grid import GridSpec, grid_spec_from_config
 from planner.pipeline import SplitError, StageSplit, stage_split
@@ -182,6 +180,11 @@ class Facts:
     @property
     def megatron_branch(self) -> str:
         """The Megatron-LM branch the emitted command targets: dev, main, or 'main or dev'."""
+        # Imported here: the emit package loads jinja2 and its templates, which `moeplan check`
+        # would otherwise pay for on every start although only MOE003 asks.
+        from planner.emit import EmitError
+        from planner.emit.megatron import megatron_branch
+
         try:
             return megatron_branch(self.cfg)
         except EmitError:  # GTP with V4 features: the emitter reports it, no branch has both
