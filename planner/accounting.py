@@ -1,10 +1,10 @@
 """Symbolic per-rank budgets: what every rank computes, sends, receives and holds.
 
-Each quantity is one named formula (planner/accounting_comm.py, planner/accounting_memory.py)
-over the config symbols of planner/accounting_symbols.py; it is evaluated exactly (ints and
+Each quantity is one named formula on a page of the formula book (planner/budget/) over the
+config symbols of planner/budget/symbols.py; it is evaluated exactly (ints and
 rationals) and explained as formula → substitution → value. `budgets` gives them for one
 representative rank per stage (or a chosen rank/stage), `plan_budgets` is the compiled plan's
-list, `memory_findings` turns the memory peak into MEM001/MEM002 without importing sympy.
+list, `stage_memory` the per-stage memory parts MEM001/MEM002 judge (planner/rules/memory.py).
 """
 
 from __future__ import annotations
@@ -12,29 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
-from functools import cache, cached_property
+from functools import cached_property
 from typing import Any
 
-from planner.accounting_comm import (
-    add_layer_bytes,
-    add_layout,
-    add_rows,
-    add_scaling,
-    add_steps,
-    add_topology,
-)
-from planner.accounting_expr import (
-    Book,
-    Number,
-    Quantity,
-    evaluate,
-    number_text,
-    substitute,
-    sympy_expression,
-)
-from planner.accounting_memory import add_memory, add_params
-from planner.accounting_symbols import (
+from planner.budget.book import PAGES, FormulaBook, formula_book
+from planner.budget.collectives import DIRECTIONS, Collective, UnknownCollective, collective
+from planner.budget.collectives import TABLE as COLLECTIVES
+from planner.budget.explain import number_text, pretty, substitute, value_text
+from planner.budget.expr import Number, Quantity, evaluate, sympy_expression
+from planner.budget.symbols import (
     ALL_SYMBOLS,
     TOPOLOGY_GROUPS,
     Variant,
@@ -44,16 +30,18 @@ from planner.accounting_symbols import (
     stage_values,
     variant_of,
 )
-from planner.findings import Finding
 from planner.pipeline import SplitError, StageSplit, stage_split
 from planner.schedule import Peak, stage_peak
 from planner.schema import Config
-from planner.units import fixed, format_bytes
+
+__all__ = [  # the formula book's public names, re-exported: import them from here
+    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "DIRECTIONS", "PAGES", "Accounting", "Budget",
+    "BudgetError", "Collective", "FormulaBook", "Number", "Quantity", "UnknownCollective",
+    "Variant", "budgets", "collective", "formula_book", "memory_by_stage", "number_text",
+    "plan_budgets", "pretty", "stage_memory", "value_text", "variant_of",
+]
 
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")
-MEMORY_SOURCE = ("Megatron-LM dev@d48bd6be megatron/training/theoretical_memory_usage.py "
-                 "report_theoretical_memory (weights, grads, optimizer, activations); "
-                 "megatron/core/pipeline_parallel/schedules.py (microbatches in flight)")
 _MEMORY_PARTS = ("weight_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes",
                  "activation_bytes", "comm_buffer_bytes", "in_flight_microbatches",
                  "peak_memory_bytes", "gpu_memory_bytes", "memory_utilization")
@@ -107,49 +95,6 @@ def json_value(value: Any) -> int | str:
         return value
     text = str(value)
     return int(text) if text.lstrip("-").isdigit() else text
-
-
-@dataclass(frozen=True)
-class FormulaBook:
-    """The quantities of one variant, split by the level they depend on (global < stage < rank)."""
-
-    quantities: tuple[Quantity, ...]
-
-    def at(self, level: str) -> tuple[Quantity, ...]:
-        return tuple(q for q in self.quantities if q.level == level)
-
-    def subset(self, targets: tuple[str, ...]) -> FormulaBook:
-        """Only what `targets` need, in the same order (for cheap memory checks)."""
-        return _subset(self, targets)
-
-
-@cache
-def formula_book(variant: Variant) -> FormulaBook:
-    """Build (once per variant) every formula in dependency order."""
-    book = Book(ALL_SYMBOLS)
-    add_layout(book, variant)
-    add_rows(book, variant)
-    add_params(book, variant)
-    add_layer_bytes(book, variant)
-    collectives = add_steps(book, variant)
-    add_topology(book, variant, collectives)
-    add_memory(book, variant)
-    add_scaling(book, variant)
-    return FormulaBook(tuple(book.quantities))
-
-
-@cache
-def _subset(book: FormulaBook, targets: tuple[str, ...]) -> FormulaBook:
-    by_ident = {q.ident: q for q in book.quantities}
-    needed: set[str] = set()
-    stack = list(targets)
-    while stack:
-        key = stack.pop()
-        if key in needed or key not in by_ident:
-            continue
-        needed.add(key)
-        stack.extend(by_ident[key].refs)
-    return FormulaBook(tuple(q for q in book.quantities if q.ident in needed))
 
 
 class Accounting:
@@ -277,50 +222,14 @@ def memory_by_stage(cfg: Config) -> list[dict[str, Number]]:
     return [acc.stage_env(s) for s in range(cfg.parallel.pp)]
 
 
-def memory_findings(cfg: Config) -> list[Finding]:
-    """MEM001 (error) when a stage's estimated peak exceeds `cluster.gpu_memory_gib`, MEM002
-    (warning) above 80 %. Plain rational arithmetic, no sympy: `moeplan check` calls this."""
+def stage_memory(cfg: Config) -> list[dict[str, Number]] | None:
+    """`memory_by_stage`, or None when the layout cannot be budgeted (other rules say why).
+    Plain rational arithmetic, no sympy: `moeplan check` calls this for MEM001/MEM002."""
     from planner.layout import grids_computable
 
     if not grids_computable(cfg):
-        return []
+        return None
     try:
-        stages = memory_by_stage(cfg)
+        return memory_by_stage(cfg)
     except (BudgetError, SplitError, ZeroDivisionError, ValueError):
-        return []
-    over = [(s, env) for s, env in enumerate(stages) if env["memory_utilization"] > 1]
-    high = [(s, env) for s, env in enumerate(stages) if Fraction(4, 5) < env["memory_utilization"] <= 1]
-    findings = []
-    for code, severity, hits, what in (("MEM001", "error", over, "above 100 %"),
-                                       ("MEM002", "warning", high, "above 80 %")):
-        if not hits:
-            continue
-        s, env = max(hits, key=lambda item: item[1]["memory_utilization"])
-        others = f"; {len(hits)} of {len(stages)} stages {what}" if len(hits) > 1 else ""
-        findings.append(Finding(code, severity, "cluster.gpu_memory_gib",
-                                f"stage {s} needs an estimated {_memory_text(env)}{others}",
-                                _memory_fix(cfg, s), MEMORY_SOURCE))
-    return findings
-
-
-def _memory_text(env: dict[str, Number]) -> str:
-    share = Fraction(env["memory_utilization"]) * 100
-    parts = ", ".join(f"{label} {format_bytes(env[key], digits=2)}" for key, label in (
-        ("weight_bytes", "weights"), ("grad_bytes", "grads"), ("optimizer_bytes", "optimizer"),
-        ("activation_bytes", "activations"), ("comm_buffer_bytes", "comm buffers")))
-    flight = number_text(env["in_flight_microbatches"])
-    return (f"{format_bytes(env['peak_memory_bytes'], digits=2)} per rank, "
-            f"{fixed(share, 1)} % of {format_bytes(env['gpu_memory_bytes'], digits=2)} ({parts}; "
-            f"{flight} microbatch(es) in flight)")
-
-
-def _memory_fix(cfg: Config, stage: int) -> str:
-    hints = []
-    if not cfg.training.use_distributed_optimizer:
-        hints.append("training.use_distributed_optimizer: true")
-    if cfg.overlap.recompute_granularity != "full":
-        # Megatron refuses full recompute without a method and a layer count (OVL009).
-        hints.append("overlap: {recompute_granularity: full, recompute_method: uniform, "
-                     "recompute_num_layers: 1}")
-    hints.append("a larger EP or PP")
-    return f"try {', '.join(hints)}; see `moeplan budget --stage {stage}` for every part"
+        return None

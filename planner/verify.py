@@ -22,20 +22,12 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from planner.accounting import DIRECTIONS, UnknownCollective, collective
+
 REPORT_FORMAT = "moeplan-report"
 REPORT_VERSION = 1
-DIRECTIONS = ("send_bytes", "recv_bytes")
 
 EXACT, MISMATCH, EXPECTATION, UNPREDICTED = "exact", "MISMATCH", "expectation", "not predicted"
-
-# Learned-routing AlltoAll (dropless): which (collective, phase, direction) figures are n·k rows.
-_ROUTING_FREE_ALLTOALL = {
-    ("ep_dispatch_hidden", "fwd", "send_bytes"), ("ep_dispatch_probs", "fwd", "send_bytes"),
-    ("ep_combine_hidden", "fwd", "recv_bytes"), ("ep_combine_hidden", "bwd", "send_bytes"),
-    ("ep_dispatch_hidden", "bwd", "recv_bytes"), ("ep_dispatch_probs", "bwd", "recv_bytes"),
-}
-_DISPATCH_PREFIXES = ("ep_", "etp_")
-
 
 class VerifyInputError(Exception):
     """An unreadable or mismatched plan/report pair: nothing can be compared."""
@@ -119,18 +111,21 @@ def predictions(plan: dict[str, Any]) -> dict[tuple[int | None, str, str, str], 
     return table
 
 
-def routing_free(plan: dict[str, Any], collective: str, phase: str, direction: str) -> bool:
-    """Whether a figure is the same for every routing decision (so it is checked exactly)."""
-    if not collective.startswith(_DISPATCH_PREFIXES) or collective == "ep_count_exchange":
+def routing_free(plan: dict[str, Any], name: str, phase: str, direction: str) -> bool:
+    """Whether a figure is the same for every routing decision (so it is checked exactly), as
+    the collectives table says; a name the table does not list raises UnknownCollective."""
+    entry = collective(name)
+    entry.check(phase)
+    if not entry.routed_rows:
         return True
     moe = plan["config"]["moe"]
-    if moe.get("moe_token_dispatcher_type") == "allgather":
+    if moe["moe_token_dispatcher_type"] == "allgather":
         return True
-    if moe.get("moe_expert_capacity_factor") is not None:
+    if moe["moe_expert_capacity_factor"] is not None:
         # Drop-and-pad fixes every split at E·c rows; dropping without padding moves a
-        # routing-dependent number of rows in every EP/ETP collective.
-        return bool(moe.get("moe_pad_expert_input_to_capacity"))
-    return (collective, phase, direction) in _ROUTING_FREE_ALLTOALL
+        # routing-dependent number of rows in every routed-rows collective.
+        return bool(moe["moe_pad_expert_input_to_capacity"])
+    return (phase, direction) in entry.fixed_when_dropless
 
 
 def verify(plan: dict[str, Any], report: dict[str, Any]) -> Verification:
@@ -147,21 +142,26 @@ def verify(plan: dict[str, Any], report: dict[str, Any]) -> Verification:
         measured: dict[str, Any] = share.get("collectives", {})
         names = {(c, p) for (s, c, p, _) in predicted if s in (stage, None)}
         names |= {tuple(key.split(".", 1)) for key in measured}
-        for collective, phase in sorted(names):
-            entry = measured.get(f"{collective}.{phase}", {})
+        for name, phase in sorted(names):
+            try:
+                collective(name).check(phase)
+            except UnknownCollective as exc:
+                raise VerifyInputError(f"rank {rank}: {exc}; the plan and the report must come "
+                                       "from this moeplan") from None
+            entry = measured.get(f"{name}.{phase}", {})
             for direction in DIRECTIONS:
-                expected = predicted.get((stage, collective, phase, direction),
-                                         predicted.get((None, collective, phase, direction)))
+                expected = predicted.get((stage, name, phase, direction),
+                                         predicted.get((None, name, phase, direction)))
                 value = int(entry.get(direction, 0))
                 if expected is None:
                     if not entry:
                         continue
                     status = UNPREDICTED
-                elif balanced or routing_free(plan, collective, phase, direction):
+                elif balanced or routing_free(plan, name, phase, direction):
                     status = EXACT if value == expected else MISMATCH
                 else:
                     status = EXPECTATION
-                figures.append(Figure(rank, stage, collective, phase, direction,
+                figures.append(Figure(rank, stage, name, phase, direction,
                                       entry.get("group"), int(entry.get("calls", 0)), expected,
                                       value, status))
     return Verification(figures, balanced, dict(report.get("reference") or {}))

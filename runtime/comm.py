@@ -25,31 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-# Names shared with the planner's budgets (`step.<collective>.<phase>.send_bytes`).
-COLLECTIVE_NAMES = frozenset(
-    {
-        "ep_dispatch_hidden",
-        "ep_dispatch_probs",
-        "ep_combine_hidden",
-        "ep_count_exchange",
-        "etp_gather_hidden",
-        "etp_gather_probs",
-        "etp_scatter_hidden",
-        "ag_gather_hidden",
-        "ag_gather_probs",
-        "ag_gather_routing_map",
-        "ag_scatter_hidden",
-        "cp_kv_gather",
-        "dense_grad_reduce",
-        "expert_grad_reduce",
-        "embd_grad_reduce",
-        "expert_bias_count_reduce",
-        "pp_activation",
-        # Token counts of the (sequence) aux loss, summed over tp_cp; only moves data when CP > 1.
-        "aux_loss_count_reduce",
-    }
-)
-PHASES = ("fwd", "bwd")
+from planner.accounting import collective as collective_entry
 
 
 @dataclass
@@ -87,10 +63,9 @@ class Ledger:
         remote_send_bytes: int,
         recv_bytes: int,
     ) -> None:
-        if collective not in COLLECTIVE_NAMES:
-            raise ValueError(f"unknown collective name {collective!r}")
-        if phase not in PHASES:
-            raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+        # Names and phases are the planner's collectives table; anything else is a bug. (The group
+        # is recorded, not checked: a mis-wired group must show up in `moeplan verify`.)
+        collective_entry(collective).check(phase)
         key = f"{collective}.{phase}"
         entry = self._entries.get(key)
         if entry is None:

@@ -19,16 +19,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.accounting import (
+    ALL_SYMBOLS,
     Accounting,
     BudgetError,
+    Variant,
     budgets,
     formula_book,
     memory_by_stage,
-    memory_findings,
     plan_budgets,
 )
-from planner.accounting_symbols import ALL_SYMBOLS, Variant
 from planner.loader import load_config, parse_config
+from planner.rules.memory import memory_findings
 from planner.schema import Config
 from tests.conftest import EXAMPLES, MINIMAL_V4, ROOT
 
@@ -484,7 +485,7 @@ def test_any_layout_budgets_or_refuses_cleanly(par, layers, experts, factor):
 
 def test_memory_findings_never_import_sympy_or_torch():
     code = ("import sys; from planner.loader import load_config; "
-            "from planner.accounting import memory_findings, budgets; "
+            "from planner.accounting import budgets; from planner.rules.memory import memory_findings; "
             f"memory_findings(load_config({str(V4_PRO)!r})); budgets(load_config({str(V4_PRO)!r}));"
             "print('sympy' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,

@@ -97,7 +97,7 @@ def test_formula_page_lists_every_quantity_of_every_variation() -> None:
 
 def test_variations_cover_every_variant_field() -> None:
     """A new structural choice in the budgets must show up on the formula page."""
-    from planner.accounting_symbols import Variant
+    from planner.accounting import Variant
     from planner.docs.formulas_page import VARIATIONS
 
     varied = {key for _, changes in VARIATIONS for key in changes}

@@ -47,7 +47,7 @@ def _table(title: str, columns: list[str]) -> Table:
 
 
 def _explained(budget) -> str:
-    from planner.accounting_expr import pretty
+    from planner.accounting import pretty
 
     return (f"[dim]{escape(budget.doc)}[/]\n{escape(pretty(budget.formula))}\n"
             f"= {escape(budget.substitution)}")
@@ -55,8 +55,7 @@ def _explained(budget) -> str:
 
 def render(items: list, *, explain: bool) -> None:
     """One table per category: global values once, stage values side by side (or per stage)."""
-    from planner.accounting import CATEGORIES
-    from planner.accounting_expr import value_text
+    from planner.accounting import CATEGORIES, value_text
 
     stages = sorted({b.stage for b in items if b.stage is not None})
     scopes = {b.stage: b.scope for b in items if b.stage is not None}

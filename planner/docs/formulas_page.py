@@ -78,7 +78,7 @@ LEVEL_TITLES = {"global": "Config dimensions (one value per job)",
 
 
 def baseline_variant() -> Any:
-    from planner.accounting_symbols import variant_of
+    from planner.accounting import variant_of
     from planner.loader import parse_config
     from planner.pipeline import stage_split
 
@@ -120,7 +120,7 @@ def _alternatives(name: str, base_formula: str | None,
 
 
 def _symbols_section() -> list[str]:
-    from planner.accounting_symbols import ALL_SYMBOLS
+    from planner.accounting import ALL_SYMBOLS
 
     lines = ["## Inputs", "",
              "Every formula is written over these inputs and earlier quantities. Global inputs come "
@@ -135,7 +135,7 @@ def _symbols_section() -> list[str]:
 
 
 def formulas_page() -> str:
-    from planner.accounting_expr import pretty
+    from planner.accounting import pretty
 
     baseline, others = _books()
     base_names = {q.name: q for q in baseline}

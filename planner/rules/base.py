@@ -9,21 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from textwrap import dedent
-from typing import TYPE_CHECKING
 
 from planner.findings import Finding, Severity
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from planner.rules.facts import Facts
+from planner.rules.facts import Facts, NotComputable
 
 
 def code_of(text: str) -> str:
     """A rule code as written by a person (`ignore:` entries, `moeplan rules par001`): PAR001."""
     return text.strip().upper()
-
-
-class NotComputable(Exception):
-    """A quantity the rule needs is not a whole number (another rule already reports why)."""
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def suggest_codes(code: str, count: int = 3) -> list[str]:
 def run_rules(cfg: Config) -> list[Finding]:
     """Every checked rule on one config, in catalog order, minus the ignorable codes in
     `cfg.ignore` (IGN002 reports the others)."""
-    facts = Facts(cfg)
+    facts = Facts(cfg, known_codes=CODES)
     ignored = {code_of(code) for code in cfg.ignore}
     findings: list[Finding] = []
     for entry in CATALOG:

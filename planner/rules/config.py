@@ -109,12 +109,10 @@ CONFIG_DOCS = (
     good="ignore: [PAR012]",
 )
 def ignore_known_codes(f: Facts) -> Iterator[Violation]:
-    from planner.rules.catalog import CODES  # the catalog imports this module
-
     for index, entry in enumerate(f.cfg.ignore):
         code = code_of(entry)
-        if code not in CODES:
-            close = difflib.get_close_matches(code, CODES, n=1)
+        if code not in f.known_codes:
+            close = difflib.get_close_matches(code, f.known_codes, n=1)
             hint = f"did you mean {close[0]}?" if close else "see `moeplan rules` for the codes"
             yield Violation(f"ignore.{index}", f"unknown rule code '{entry}' in ignore", hint)
 

@@ -8,12 +8,18 @@ divisibility reports it once, and every rule built on top of it stays silent ins
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from planner.findings import Finding
 from planner.grid import GridSpec, grid_spec_from_config
 from planner.pipeline import SplitError, StageSplit, stage_split
-from planner.rules.base import NotComputable
 from planner.schema import Config
+
+if TYPE_CHECKING:
+    from planner.accounting import Number
+
+class NotComputable(Exception):
+    """A quantity the rule needs is not a whole number (another rule already reports why)."""
+
 
 # Megatron's default backend when `moe_token_dispatcher_type: flex` names none.
 DEFAULT_FLEX_BACKEND = "deepep"
@@ -22,8 +28,9 @@ DEFAULT_FLEX_BACKEND = "deepep"
 class Facts:
     """One config plus the derived numbers and predicates several rules read."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, known_codes: tuple[str, ...] = ()) -> None:
         self.cfg = cfg
+        self.known_codes = known_codes  # the catalog's codes, for IGN001 (passed in: no cycle)
         self.model = cfg.model
         self.par = cfg.parallel
         self.train = cfg.training
@@ -86,11 +93,11 @@ class Facts:
         return self.cfg.global_batch_size // self.batch_unit
 
     @cached_property
-    def memory_findings(self) -> list[Finding]:
-        """MEM001/MEM002 verdicts of the memory estimate, computed once for both rules."""
-        from planner.accounting import memory_findings
+    def stage_memory(self) -> list[dict[str, Number]] | None:
+        """Every stage's memory parts (None when not computable), once for MEM001 and MEM002."""
+        from planner.accounting import stage_memory
 
-        return memory_findings(self.cfg)
+        return stage_memory(self.cfg)
 
     @cached_property
     def grid_spec(self) -> GridSpec:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from planner.accounting_expr import Number, Symbol, exact, normalize
+from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.pipeline import Chunk, StageLayers, StageSplit, stage_layers
 from planner.schema import Config
 

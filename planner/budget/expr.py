@@ -24,7 +24,7 @@ Evaluator = Callable[[Mapping[str, Number]], dict[str, Number]]
 
 LEVEL_ORDER: dict[str, int] = {"global": 0, "stage": 1, "rank": 2}
 FUNCTIONS: dict[str, Any] = {"ceiling": math.ceil, "floor": math.floor, "Min": min, "Max": max}
-_IDENT = re.compile(r"\b[A-Za-z_][A-Za-z_0-9]*\b")
+IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z_0-9]*\b")
 
 
 def ident(name: str) -> str:
@@ -53,6 +53,7 @@ class Quantity:
     level: Level = "global"
     refs: tuple[str, ...] = field(default=(), compare=False)
     ident: str = field(default="", compare=False)
+    page: str = field(default="", compare=False)
 
     @property
     def expression(self) -> Any:
@@ -70,9 +71,10 @@ class Book:
     def __init__(self, symbols: Iterable[Symbol]) -> None:
         self.levels: dict[str, Level] = {s.name: s.level for s in symbols}
         self.quantities: list[Quantity] = []
+        self.page = ""  # the formula-book page now writing (planner/budget/book.py)
 
     def add(self, name: str, formula: str, unit: str, category: str, doc: str = "") -> str:
-        refs = tuple(dict.fromkeys(r for r in _IDENT.findall(formula) if r not in FUNCTIONS))
+        refs = tuple(dict.fromkeys(r for r in IDENTIFIER.findall(formula) if r not in FUNCTIONS))
         missing = [r for r in refs if r not in self.levels]
         if missing:
             raise FormulaError(f"{name} = {formula}: unknown {', '.join(missing)}")
@@ -81,7 +83,8 @@ class Book:
             raise FormulaError(f"{name} is defined twice")
         level = max((self.levels[r] for r in refs), key=LEVEL_ORDER.__getitem__, default="global")
         self.levels[key] = level
-        self.quantities.append(Quantity(name, formula, unit, category, doc, level, refs, key))
+        self.quantities.append(Quantity(name, formula, unit, category, doc, level, refs, key,
+                                        self.page))
         return key
 
 
@@ -90,7 +93,7 @@ def sympy_expression(formula: str) -> Any:
     """Parse the formula with sympy; every identifier becomes a plain Symbol (E is not Euler's e)."""
     import sympy
 
-    names = {n: sympy.Symbol(n) for n in _IDENT.findall(formula) if n not in FUNCTIONS}
+    names = {n: sympy.Symbol(n) for n in IDENTIFIER.findall(formula) if n not in FUNCTIONS}
     names.update(ceiling=sympy.ceiling, floor=sympy.floor, Min=sympy.Min, Max=sympy.Max)
     return sympy.sympify(formula, locals=names)
 
@@ -155,57 +158,3 @@ def exact(value: Any) -> Number:
     if isinstance(value, int):
         return value
     return normalize(Fraction(repr(float(value))))
-
-
-# ---- display ---------------------------------------------------------------------------------
-
-
-def number_text(value: Number) -> str:
-    if isinstance(value, Fraction):
-        return f"{value.numerator}/{value.denominator}"
-    return str(value)
-
-
-def value_text(value: Number, unit: str, *, short: bool = False) -> str:
-    """A value for people: exact digits, binary units for bytes, a percentage for shares."""
-    from planner.units import fixed, format_bytes
-
-    if unit == "bytes":
-        human = format_bytes(value, digits=3 if short else 6)
-        if short or abs(value) < 1024:
-            return human
-        return f"{number_text(value)} B ({human})"
-    if unit == "share":
-        return f"{fixed(value * 100, 1)} %"
-    return number_text(value)
-
-
-def pretty(formula: str) -> str:
-    """Formulas for people: `a * b` reads as `a · b`."""
-    return formula.replace("*", "·")
-
-
-@cache
-def _template(formula: str) -> tuple[tuple[str, bool], ...]:
-    """The pretty formula cut into (text, is_name) pieces, so substitution is a join."""
-    pieces: list[tuple[str, bool]] = []
-    last = 0
-    for match in _IDENT.finditer(formula):
-        pieces.append((pretty(formula[last:match.start()]), False))
-        name = match.group(0)
-        pieces.append((name, name not in FUNCTIONS))
-        last = match.end()
-    pieces.append((pretty(formula[last:]), False))
-    return tuple(p for p in pieces if p[0])
-
-
-def substitute(formula: str, values: Mapping[str, Number]) -> str:
-    """The formula with every name replaced by its value: the middle step of an explanation."""
-    out = []
-    for text, is_name in _template(formula):
-        if is_name and text in values:
-            value = values[text]
-            out.append(f"({number_text(value)})" if isinstance(value, Fraction) else str(value))
-        else:
-            out.append(text)
-    return "".join(out)

@@ -1,96 +1,30 @@
-"""Formulas for the layout, token rows, bytes per collective, per-step predictions, the topology
-split and gradient scaling, following Megatron-LM dev@d48bd6be megatron/core/transformer/moe/
-token_dispatcher.py (MoEAlltoAllTokenDispatcher, MoEAllGatherTokenDispatcher, MoEFlexTokenDispatcher)
-and megatron/core/distributed/distributed_data_parallel.py (gradient reduction and pre-scales).
+"""Page 3, communication: bytes per collective per MoE layer, the per-step predictions
+`step.<collective>.<phase>.*` and their split into intra- and inter-node wire bytes, following
+Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+(MoEAlltoAllTokenDispatcher, MoEAllGatherTokenDispatcher, MoEFlexTokenDispatcher) and
+megatron/core/distributed/distributed_data_parallel.py (gradient reduction).
 
-Conventions: rows and bytes are per rank, per MoE layer, per microbatch unless the name starts with
-`step.` (one optimizer step: × MoE layers on the stage × microbatches). Routing is uniform, so
-received rows and remote shares are expectations; sent rows are exact (n·k, or E·c with drop-and-pad).
-Wire bytes assume ring algorithms for all-gather, reduce-scatter and all-reduce, direct sends for
-all-to-all and pipeline p2p. A collective over a one-rank group is not issued and predicts 0 bytes.
+Every collective is an entry of planner/budget/collectives.py (its group, algorithm per phase,
+routing dependence and overlap flag); `Collectives.add` refuses a name, phase, group or algorithm
+the table does not list. Bytes are per rank, per MoE layer, per microbatch unless the name starts
+with `step.` (one optimizer step: × MoE layers on the stage × microbatches). Wire bytes assume ring
+algorithms for all-gather, reduce-scatter and all-reduce, direct sends for all-to-all and pipeline
+p2p. A collective over a one-rank group is not issued and predicts 0 bytes.
 """
 
 from __future__ import annotations
 
-from planner.accounting_expr import Book
-from planner.accounting_symbols import Variant
+from planner.budget.collectives import ALGORITHMS, collective
+from planner.budget.expr import Book
+from planner.budget.symbols import Variant
 
-ALGORITHMS = {
-    "alltoall": "all-to-all, direct sends",
-    "allgather": "ring all-gather: (G-1) shards on the wire",
-    "reduce_scatter": "ring reduce-scatter: (G-1)/G of the input on the wire",
-    "allreduce": "ring all-reduce: 2(G-1)/G of the input on the wire",
-    "p2p": "point-to-point send",
-}
+PAGE = "comm"
+
 ONE_RANK = "group of one rank: no collective"
 WHOLE_BYTES = "shares of a buffer and expectations are rounded up to whole bytes"
 GROUP_SIZE = {"ep": "EP", "expt_tp": "ETP", "tp_ep": "tp_ep_size", "cp": "CP", "tp_cp": "(TP * CP)",
               "dp_cp": "dp_cp_size", "expt_dp": "expert_dp", "tp_dp_cp": "tp_dp_cp_size",
               "embd": "embd_size"}
-
-
-def add_layout(book: Book, v: Variant) -> None:
-    add = book.add
-    add("dense_dp", "N / (TP * CP * PP * GTP)", "ranks", "layout",
-        "attention data-parallel size D_a (dense weight replicas D_w); EP never enters it")
-    add("expert_dp", "N / (ETP * EP * PP * EGTP)", "ranks", "layout",
-        "expert data-parallel size D_e; CP never enters the expert grid")
-    add("ranks_per_stage", "N / PP", "ranks", "layout", "ranks holding one pipeline stage")
-    add("experts_per_rank", "E / EP", "experts", "layout", "routed experts per rank per MoE layer")
-    add("dp_cp_size", "dense_dp * CP", "ranks", "layout",
-        "dense gradient group dp_cp: CP ranks hold the same parameters, so they reduce together")
-    add("tp_ep_size", "ETP * EP", "ranks", "layout", "the dispatcher's expert tp_ep domain")
-    add("tp_dp_cp_size", "TP * GTP * dense_dp * CP", "ranks", "layout",
-        "tp_dp_cp group (expert-bias token counts, global aux loss)")
-    add("weight_replicas", "dense_dp", "ranks", "layout", "D_w: dense weight replicas (GTP axis excluded)")
-    add("cp_runtime", "CP * q_s", "ranks", "layout",
-        "CP_runtime = C · q_s: GTP sequence shards enlarge the context split")
-    add("batch_replicas", "weight_replicas * GTP / q_s", "ranks", "layout",
-        "D_batch = D_w · R / q_s: ranks that see different samples")
-    add("microbatches", "B / (b * batch_replicas)", "count", "layout",
-        "m = B / (b · D_batch); CP, EP and ETP add no independent samples")
-    add("tokens_per_step", "B * S", "tokens", "layout", "tokens in one global batch")
-    add("moe_layers", "L_moe", "count", "layout", "MoE layers on this stage (MTP blocks included)")
-    add("moe_layer_passes", "moe_layers * microbatches", "count", "layout",
-        "MoE layer forward passes per optimizer step on this rank")
-
-
-def add_rows(book: Book, v: Variant) -> None:
-    add = book.add
-    add("tokens_per_rank", "b * S / (cp_runtime * TP_seq)", "rows", "rows",
-        "n: local token rows per microbatch (CP and SP already applied)")
-    add("assignments_per_rank", "tokens_per_rank * k", "rows", "rows", "n·k routed assignments")
-    add("ep_group_tokens", "EP * tokens_per_rank", "rows", "rows", "unique tokens in one EP group")
-    add("ep_group_assignments", "ep_group_tokens * k", "rows", "rows", "assignments in one EP group")
-    add("expected_rows_per_expert", "ep_group_assignments / E", "rows", "rows",
-        "rows routed to one expert from its EP group (uniform routing, before capacity)")
-    if v.capacity != "dropless":
-        add("capacity", "ceiling(assignments_per_rank / E * cf)", "rows", "rows",
-            "c = ceil(n·k/E · factor): slots per expert per source rank")
-    local = {"dropless": "expected_rows_per_expert", "pad": "EP * capacity",
-             "drop": "Min(expected_rows_per_expert, EP * capacity)"}[v.capacity]
-    add("local_expert_rows", local, "rows", "rows",
-        "rows one local expert receives over EP (drop-and-pad: EP·c, a c-block per source)")
-    send = {"dropless": "assignments_per_rank", "pad": "E * capacity",
-            "drop": "Min(assignments_per_rank, E * capacity)"}[v.capacity]
-    add("dispatch_send_rows", send, "rows", "rows",
-        "rows of the first permute = the dispatch send buffer (exact)")
-    add("expected_recv_rows", "experts_per_rank * local_expert_rows", "rows", "rows",
-        "rows received by the EP exchange (in expectation)")
-    add("expert_gemm_rows", "ETP * expected_recv_rows", "rows", "rows",
-        "rows through this rank's grouped GEMM after the ETP all-gather")
-    add("allgather_dispatch_rows", "tp_ep_size * tokens_per_rank", "rows", "rows",
-        "rows each rank holds after the AllGather dispatcher's gather (ETP·EP·n)")
-    add("flex_topk", "ETP * k", "count", "rows",
-        "Flex: physical destinations per token (each expert duplicated to its ETP shards)")
-    add("flex_num_experts", "ETP * E", "count", "rows", "Flex: physical expert slots")
-    if v.dispatcher == "flex":
-        add("flex_dispatch_send_rows", "tokens_per_rank * flex_topk", "rows", "rows",
-            "Flex: rows sent before any backend de-duplication")
-    if v.ncclep:
-        add("ncclep_recv_rows", "floor(ceiling(tokens_per_rank / 64) * 64 * flex_topk * rcf)", "rows",
-            "rows", "NCCL EP receive capacity per rank, fixed at the first dispatch: local tokens "
-            "rounded up to 64, times ETP·k and the rank capacity factor")
 
 
 def add_layer_bytes(book: Book, v: Variant) -> None:
@@ -153,14 +87,16 @@ class Collectives:
         self.intra: list[str] = []
         self.inter: list[str] = []
 
-    def zero(self, collective: str, phase: str, why: str) -> None:
-        base = f"step.{collective}.{phase}"
+    def zero(self, name: str, phase: str, why: str) -> None:
+        collective(name).check(phase)
+        base = f"step.{name}.{phase}"
         for part in ("send_bytes", "recv_bytes"):
             self.book.add(f"{base}.{part}", "0", "bytes", "step", why)
 
-    def add(self, collective: str, phase: str, group: str, algorithm: str, send: str, recv: str,
+    def add(self, name: str, phase: str, group: str, algorithm: str, send: str, recv: str,
             doc: str, *, size: str | None = None, offnode: str | None = None) -> None:
-        add, base = self.book.add, f"step.{collective}.{phase}"
+        collective(name).check(phase, group, algorithm)
+        add, base = self.book.add, f"step.{name}.{phase}"
         g = size or GROUP_SIZE.get(group, "")
         where = f"over {group}, {ALGORITHMS[algorithm]}"
         s = add(f"{base}.send_bytes", send, "bytes", "step", f"{doc}; {where}")
@@ -358,27 +294,6 @@ def add_topology(book: Book, v: Variant, c: Collectives) -> None:
         "wire bytes per step that cross nodes, all collectives")
 
 
-def add_scaling(book: Book, v: Variant) -> None:
-    """Gradient pre-scale factors (Megatron-LM dev@d48bd6be megatron/core/distributed/
-    distributed_data_parallel.py gradient_scaling_factor / expert_gradient_scaling_factor; the GTP
-    R_e/R correction of Megatron-LM main@d98e8a64, PR #7165)."""
-    add = book.add
-    add("gtp_expert_correction", "EGTP / GTP", "ratio", "scaling",
-        "R_e/R: expert pre-scale correction when GTP != EGTP")
-    if v.per_token_loss:
-        add("grad_scale_sum_dense", "1", "ratio", "scaling", "per-token loss: SUM, no pre-scale")
-        add("grad_scale_sum_expert", "1", "ratio", "scaling", "per-token loss: SUM, no pre-scale")
-        add("grad_scale_per_token", "1 / tokens_per_step", "ratio", "scaling",
-            "final scale by the valid tokens of the step (all tokens valid)")
-        return
-    add("grad_scale_sum_dense", "1 / dp_cp_size", "ratio", "scaling",
-        "dense pre-scale before a SUM over dp_cp")
-    add("grad_scale_sum_expert", "1 / dp_cp_size * EGTP / GTP", "ratio", "scaling",
-        "expert pre-scale before a SUM over expt_dp: the same 1/|DP×CP| (× R_e/R)")
-    add("grad_scale_avg_dense", "1", "ratio", "scaling", "dense pre-scale before an AVG over dp_cp")
-    add("grad_scale_avg_expert", "expert_dp / dp_cp_size * EGTP / GTP", "ratio", "scaling",
-        "expert pre-scale before an AVG over expt_dp (the AVG then divides by |EDP|)")
-    add("grad_scale_total_dense", "grad_scale_sum_dense / GTP", "ratio", "scaling",
-        "net dense scale after the GTP completion (mean over all data ranks)")
-    add("grad_scale_total_expert", "grad_scale_sum_expert / EGTP", "ratio", "scaling",
-        "net expert scale after the EGTP completion; equals the dense one")
+def write(book: Book, v: Variant) -> None:
+    add_layer_bytes(book, v)
+    add_topology(book, v, add_steps(book, v))

@@ -1,0 +1,57 @@
+"""The formula book: the pages written in order, one cached book per variant.
+
+A page is a module with `PAGE` (its name) and `write(book, variant)`; it may read the config
+symbols and any name an earlier page (or itself, above) defined, never a later page's
+(tests/test_budget_pages.py walks every variant to check). The order is the order a step is
+reasoned about: layout → params → FLOPs → comm → memory → scaling → time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from types import ModuleType
+
+from planner.budget import comm, layout, memory, params, scaling
+from planner.budget.expr import Book, Quantity
+from planner.budget.symbols import ALL_SYMBOLS, Variant
+
+PAGES: tuple[ModuleType, ...] = (layout, params, comm, memory, scaling)
+
+
+@dataclass(frozen=True)
+class FormulaBook:
+    """The quantities of one variant, split by the level they depend on (global < stage < rank)."""
+
+    quantities: tuple[Quantity, ...]
+
+    def at(self, level: str) -> tuple[Quantity, ...]:
+        return tuple(q for q in self.quantities if q.level == level)
+
+    def subset(self, targets: tuple[str, ...]) -> FormulaBook:
+        """Only what `targets` need, in the same order (for cheap memory checks)."""
+        return _subset(self, targets)
+
+
+@cache
+def formula_book(variant: Variant) -> FormulaBook:
+    """Build (once per variant) every formula, page by page."""
+    book = Book(ALL_SYMBOLS)
+    for page in PAGES:
+        book.page = page.PAGE
+        page.write(book, variant)
+    return FormulaBook(tuple(book.quantities))
+
+
+@cache
+def _subset(book: FormulaBook, targets: tuple[str, ...]) -> FormulaBook:
+    by_ident = {q.ident: q for q in book.quantities}
+    needed: set[str] = set()
+    stack = list(targets)
+    while stack:
+        key = stack.pop()
+        if key in needed or key not in by_ident:
+            continue
+        needed.add(key)
+        stack.extend(by_ident[key].refs)
+    return FormulaBook(tuple(q for q in book.quantities if q.ident in needed))

@@ -1,0 +1,82 @@
+"""Page 2, parameters: what one rank of a stage holds (routed experts / EP / ETP, shared expert /
+TP, V4 CSA/HCA attention, norms, router, mHC, embedding, output, MTP), and the grad/param buffers
+and optimizer shards the distributed optimizer builds from them (Megatron-LM dev@d48bd6be
+megatron/core/distributed/param_and_grad_buffer.py, megatron/core/optimizer/distrib_optimizer.py).
+"""
+
+from __future__ import annotations
+
+from planner.budget.expr import Book
+from planner.budget.symbols import Variant
+
+PAGE = "params"
+
+ATTENTION_PARAMS = {
+    "standard": "2 * h * d * (heads + groups) / (TP * GTP)",
+    "mla": "({q} + kv_lora * (h + 2 * heads * d + 1) + h * qk_rope + heads * d * h) / (TP * GTP)",
+    "dsv4_hybrid": "(h * q_lora + q_lora + q_lora * heads * d + h * d + d + o_lora * heads * d"
+                   " + h * o_groups * o_lora + heads) / (TP * GTP)",
+}
+MLA_Q = {True: "q_lora * (h + heads * (d + qk_rope) + 1)", False: "h * heads * (d + qk_rope)"}
+def write(book: Book, v: Variant) -> None:
+    """Parameter counts on one rank of a stage, and the buffers/shards the grad steps need."""
+    add = book.add
+    add("routed_params_per_layer", "experts_per_rank * 3 * h * I / (ETP * EGTP)", "params", "memory",
+        "routed SwiGLU experts on this rank (W1, W3: h x I/ETP, W2: I/ETP x h)")
+    add("routed_weight_bytes_per_layer", "routed_params_per_layer * p", "bytes", "memory",
+        "routed expert weights per MoE layer")
+    add("routed_weight_bytes_per_stage", "routed_weight_bytes_per_layer * moe_layers", "bytes",
+        "memory", "routed expert weights of every MoE layer on the stage")
+    add("shared_params_per_layer", "3 * h * I_s / (TP * GTP)", "params", "memory",
+        "shared expert, dense TP layout")
+    add("router_params_per_layer", "E * h", "params", "memory", "gating matrix (replicated over TP)")
+    add("norm_params_per_block", "2 * h", "params", "memory", "two RMSNorms per block")
+    attention = ATTENTION_PARAMS[v.attention].replace("{q}", MLA_Q[v.mla_q_lora])
+    add("attention_params_per_block", attention, "params", "memory",
+        f"{v.attention} attention projections on this rank")
+    mixers = "attention_params_per_block + norm_params_per_block"
+    if v.mhc:
+        add("mhc_params_per_block", "2 * ((2 + n_hc) * n_hc * n_hc * h + (2 + n_hc) * n_hc + 3)",
+            "params", "memory", "mHC pre/post/combination weights of both sub-layers")
+        mixers += " + mhc_params_per_block"
+    extra = ""
+    if v.attention == "dsv4_hybrid":
+        add("csa_params_per_layer", "(4 * d * h + csa_ratio * 2 * d + d + idx_heads * idx_dim * q_lora"
+            " + idx_heads * h + 4 * idx_dim * h + csa_ratio * 2 * idx_dim + idx_dim) / (TP * GTP)",
+            "params", "memory", "CSA compressor (overlapping, 2x width) + lightning indexer")
+        add("hca_params_per_layer", "(2 * d * h + hca_ratio * d + d) / (TP * GTP)", "params",
+            "memory", "HCA compressor")
+        extra = " + L_csa * csa_params_per_layer + L_hca * hca_params_per_layer"
+    add("dense_mlp_params_per_layer", "3 * h * f / (TP * GTP)", "params", "memory",
+        "dense SwiGLU MLP of a non-MoE block")
+    add("embedding_params", "V_pad * h / TP", "params", "memory",
+        "word embedding (or output) shard over the padded vocabulary")
+    add("final_params", "h + n_hc * n_hc * h + n_hc + 1" if v.mhc else "h", "params", "memory",
+        "final norm" + (" + mHC head" if v.mhc else ""))
+    add("mtp_extra_params_per_layer", "2 * h * h / TP + 3 * h", "params", "memory",
+        "MTP e/h projections and norms (its block is counted with the blocks)")
+    add("dense_params_on_rank",
+        f"blocks * ({mixers}){extra} + moe_layers * (shared_params_per_layer"
+        " + router_params_per_layer) + L_dense * dense_mlp_params_per_layer"
+        " + (has_embedding + has_mtp_embedding + has_output_weight) * embedding_params"
+        " + has_output * final_params + L_mtp * mtp_extra_params_per_layer",
+        "params", "memory", "parameters reduced over dp_cp")
+    add("expert_params_on_rank", "moe_layers * routed_params_per_layer", "params", "memory",
+        "routed-expert parameters reduced over expt_dp")
+    add("params_on_rank", "dense_params_on_rank + expert_params_on_rank", "params", "memory",
+        "all parameters on this rank")
+    add("bias_routers", "moe_layers - L_hash" if v.expert_bias else "0", "count", "memory",
+        "routers with an expert bias (hash layers have none)")
+    add("bytes_grad", "4", "bytes", "memory", "fp32 main grads (Megatron's default for bf16/fp16)")
+    shard = v.dist_opt
+    add("dense_opt_shards", "dp_cp_size / I_opt" if shard else "1", "ranks", "memory",
+        "dense optimizer shards (distributed optimizer over dp_cp, per instance)")
+    add("expert_opt_shards", "expert_dp / I_opt" if shard else "1", "ranks", "memory",
+        "expert optimizer shards (distributed optimizer over expt_dp, per instance)")
+    for kind in ("dense", "expert"):
+        add(f"{kind}_buffer_params", f"ceiling({kind}_params_on_rank / pad_{kind}) * pad_{kind}",
+            "params", "memory", f"{kind} grad/param buffer: the parameters, the end padded to a "
+            f"multiple of pad_{kind} so the distributed optimizer's shards are whole")
+        add(f"{kind}_shard_params", f"{kind}_buffer_params / {kind}_opt_shards",
+            "params", "memory", f"{kind} buffer elements whose optimizer state this rank owns "
+            "(the first shards hold parameters only; padding sits at the buffer's end)")

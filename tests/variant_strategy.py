@@ -1,0 +1,31 @@
+"""Hypothesis strategy over every structural choice of the formula book (`Variant`)."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from planner.accounting import Variant
+
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "shared_experts", "mlp",
+                     "moe")
+
+
+def variants() -> st.SearchStrategy[Variant]:
+    flag = st.booleans()
+    return st.builds(
+        Variant,
+        dispatcher=st.sampled_from(("alltoall", "allgather", "flex")),
+        capacity=st.sampled_from(("dropless", "drop", "pad")),
+        ep=flag, etp=flag, tp_ep=flag, dp_cp=flag, edp=flag, tp_dp_cp=flag, pp=flag,
+        dist_opt=flag, instances=flag,
+        attention=st.sampled_from(("standard", "mla", "dsv4_hybrid")),
+        mhc=flag, per_token_loss=flag, expert_bias=flag,
+        optimizer=st.sampled_from(("adam", "sgd", "muon")),
+        master_copy=flag,
+        recompute=st.sampled_from((None, "full", "selective")),
+        recompute_method=st.sampled_from((None, "uniform", "block")),
+        recompute_modules=st.frozensets(st.sampled_from(RECOMPUTE_MODULES)),
+        cp_kv_gather=flag, mla_q_lora=flag,
+        aux_counts=st.sampled_from(("", "aux_loss", "seq_aux_loss")),
+        ncclep=flag,
+    )
