@@ -41,6 +41,8 @@ class Collective:
     `fixed_when_dropless`: of a routed-rows collective, the figures a dropless all-to-all still
     fixes under learned routing — a rank always sends its n·k assignments and gets its own
     n·k rows back, whatever experts they chose.
+    `recomputed_with`: the recompute settings whose backward re-runs this collective's forward
+    (`full` for full-layer recompute, or a selective recompute module such as `moe`).
     """
 
     name: str
@@ -50,6 +52,7 @@ class Collective:
     routed_rows: bool = False
     fixed_when_dropless: frozenset[Figure] = field(default_factory=frozenset)
     overlap: str | None = None
+    recomputed_with: frozenset[str] = frozenset()
 
     def check(self, phase: str, group: str | None = None, algorithm: str | None = None) -> None:
         """Refuse a phase, group or algorithm this collective does not have."""
