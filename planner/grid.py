@@ -725,7 +725,7 @@ class Grid:
         base = self.base_kind(kind)
         s = self.spec
         if base in ("embd", "pos_embd"):
-            return s.world_size // s.pp
+            return s.ranks_per_stage
         if base == "hcp" and kind == "hcp":
             return sum(s.world_size // size for size in s.hcp_sizes or ())
         if base in ("hybrid_dp_cp", "dynamic_dp_cp"):
