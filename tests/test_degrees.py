@@ -5,6 +5,7 @@ degrees into a model size, DP·CP or ETP·EP again."""
 from __future__ import annotations
 
 import ast
+import json
 from math import lcm
 
 from hypothesis import given, settings
@@ -225,3 +226,23 @@ def test_known_twins_exist() -> None:
     # A stale exemption hides nothing: drop it once the file reads cfg.degrees or moves.
     names = {p.name for p in (ROOT / "planner").rglob("*.py")}
     assert KNOWN_TWINS <= names
+
+
+# ----------------------------------------------------------------- the runtime reads the plan
+
+
+def test_runtime_takes_each_ranks_experts_from_the_plan(tmp_path) -> None:
+    """A one-rank plan whose rank row (re-digested) gives the rank 2 of its 4 experts: the MoE
+    layer builds from that row, not from E/EP, and refuses a block its splits cannot serve."""
+    from tests.test_runtime_cli import _edited, runtime, small
+
+    plan = small(tmp_path, parallel={"world_size": 1, "ep": 1}, training={"global_batch_size": 2})
+    row = json.loads(plan.read_text())["ranks"][0]
+    assert row["experts"] == {"first": 0, "count": 4, "ids": [0, 1, 2, 3]}  # E = 4 on EP = 1
+
+    def halve(document: dict) -> None:
+        document["ranks"][0]["experts"].update(count=2, ids=[0, 1])
+
+    run = runtime("--plan", str(_edited(plan, halve, redigest=True)), "--steps", "1")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "EP rank 0 of 1 is assigned experts [0, 2) of 4" in run.stderr
