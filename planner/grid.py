@@ -15,10 +15,12 @@ No torch and no sympy at import time: `moeplan check` must start fast.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property, lru_cache
 from math import prod
 from typing import TYPE_CHECKING, Any, Literal
+
+from planner.degrees import Degrees
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from collections.abc import Iterable
@@ -109,17 +111,11 @@ class GridError(ValueError):
 
 
 @dataclass(frozen=True)
-class GridSpec:
-    """Every degree that decides group membership; validation lives in `layout_problems`."""
+class GridSpec(Degrees):
+    """The layout degrees plus every other setting that decides group membership. DP and EDP are
+    exact here (a GridError names what does not divide); everything else Megatron refuses while
+    building groups is in `layout_problems`."""
 
-    world_size: int
-    tp: int = 1
-    cp: int = 1
-    pp: int = 1
-    ep: int = 1
-    etp: int = 1
-    gtp: int = 1
-    egtp: int = 1
     order: str = DEFAULT_ORDER
     hcp_sizes: tuple[int, ...] | None = None
     # Power-of-two DP×CP chunk groups: "hybrid" (Megatron-LM main / megatron-core 0.16.1
@@ -129,39 +125,24 @@ class GridSpec:
     tied_embeddings: bool = True
     mtp_stages: tuple[int, ...] = ()
     embedding_rule: Literal["gpt", "core"] = "gpt"
-    num_experts: int = 0
     moe_layers_by_stage: tuple[tuple[int, ...], ...] = ()
 
-    @property
-    def dense_model_size(self) -> int:
-        """TP·PP·CP·GTP: the ranks one dense weight replica spans."""
-        return self.tp * self.pp * self.cp * self.gtp
-
-    @property
-    def expert_model_size(self) -> int:
-        """ETP·EP·PP·EGTP: the ranks one full expert set spans."""
-        return self.etp * self.ep * self.pp * self.egtp
+    @cached_property
+    def degrees(self) -> Degrees:
+        """The layout degrees alone, as the schema and the rule facts see them."""
+        return Degrees(**{f.name: getattr(self, f.name) for f in fields(Degrees)})
 
     @property
     def dp(self) -> int:
-        """Replicate data-parallel size D_a = N / (TP·PP·CP·GTP) (GTP peers are excluded)."""
-        return _exact_quotient(self.world_size, self.dense_model_size, "TP·PP·CP·GTP")
+        if not self.dense_divides:
+            raise GridError(self.problems()[:1])
+        return super().dp
 
     @property
     def edp(self) -> int:
-        """Expert data-parallel size D_e = N / (ETP·EP·PP·EGTP); CP is never multiplied in."""
-        return _exact_quotient(self.world_size, self.expert_model_size, "ETP·EP·PP·EGTP")
-
-    @property
-    def ranks_per_stage(self) -> int:
-        return _exact_quotient(self.world_size, self.pp, "PP")
-
-    @property
-    def experts_per_rank(self) -> int | None:
-        """E/EP routed experts per EP rank and MoE layer; None without a contiguous split."""
-        if self.num_experts <= 0 or self.ep <= 0 or self.num_experts % self.ep:
-            return None
-        return self.num_experts // self.ep
+        if not self.expert_divides:
+            raise GridError(self.problems()[-1:])
+        return super().edp
 
     @property
     def gtp_active(self) -> bool:
@@ -187,12 +168,6 @@ class GridSpec:
         if 0 <= stage < len(self.moe_layers_by_stage):
             return tuple(self.moe_layers_by_stage[stage])
         return ()
-
-
-def _exact_quotient(numerator: int, denominator: int, what: str) -> int:
-    if denominator <= 0 or numerator % denominator:
-        raise GridError([f"world_size {numerator} is not divisible by {what} = {denominator}"])
-    return numerator // denominator
 
 
 # --------------------------------------------------------------------------- layouts
@@ -409,26 +384,8 @@ def pp_group_mismatch(spec: GridSpec) -> tuple[list[list[int]], list[list[int]]]
 
 def layout_problems(spec: GridSpec) -> list[str]:
     """Every reason the groups cannot be computed or Megatron would refuse to build them."""
-    degrees = {
-        "world_size": spec.world_size, "tp": spec.tp, "cp": spec.cp, "pp": spec.pp,
-        "ep": spec.ep, "etp": spec.etp, "gtp": spec.gtp, "egtp": spec.egtp,
-        "dist_opt_instances": spec.dist_opt_instances,
-    }
-    bad = [f"{k}={v}" for k, v in degrees.items() if not isinstance(v, int) or v < 1]
-    if bad:
-        return [f"parallel degrees must be positive integers: {', '.join(bad)}"]
-    problems: list[str] = []
-    n = spec.world_size
-    if n % spec.dense_model_size:
-        problems.append(
-            f"world_size {n} is not divisible by TP·PP·CP·GTP = {spec.tp}·{spec.pp}·{spec.cp}·"
-            f"{spec.gtp} = {spec.dense_model_size}"
-        )
-    if n % spec.expert_model_size:
-        problems.append(
-            f"world_size {n} is not divisible by ETP·EP·PP·EGTP = {spec.etp}·{spec.ep}·{spec.pp}·"
-            f"{spec.egtp} = {spec.expert_model_size}"
-        )
+    degrees = spec.degrees  # the plain degrees: DP and EDP below are whole once they divide
+    problems = degrees.problems(also={"dist_opt_instances": spec.dist_opt_instances})
     if problems:
         return problems
     for build in (dense_layout, expert_layout):
@@ -442,10 +399,10 @@ def layout_problems(spec: GridSpec) -> list[str]:
                 f"hierarchical_context_parallel_sizes {list(spec.hcp_sizes)} must be positive "
                 f"and multiply to CP = {spec.cp}"
             )
-    if spec.dp_cp_chunks != "none" and (spec.dp * spec.cp) % 2:
+    if spec.dp_cp_chunks != "none" and degrees.dp_cp_size % 2:
         problems.append(
             f"{spec.dp_cp_chunks} context parallelism needs an even DP·CP, got "
-            f"{spec.dp}·{spec.cp} = {spec.dp * spec.cp}"
+            f"{degrees.dp}·{spec.cp} = {degrees.dp_cp_size}"
         )
     instances = spec.dist_opt_instances
     if instances > 1:
@@ -454,14 +411,14 @@ def layout_problems(spec: GridSpec) -> list[str]:
                 f"GTP {spec.gtp} / EGTP {spec.egtp} > 1 requires "
                 f"num_distributed_optimizer_instances = 1, got {instances}"
             )
-        if (spec.dp * spec.cp) % instances:
+        if degrees.dp_cp_size % instances:
             problems.append(
-                f"DP·CP = {spec.dp * spec.cp} is not divisible by "
+                f"DP·CP = {degrees.dp_cp_size} is not divisible by "
                 f"num_distributed_optimizer_instances = {instances}"
             )
-        if spec.edp % instances:
+        if degrees.edp % instances:
             problems.append(
-                f"EDP = {spec.edp} is not divisible by "
+                f"EDP = {degrees.edp} is not divisible by "
                 f"num_distributed_optimizer_instances = {instances}"
             )
     bad_mtp = [s for s in spec.mtp_stages if not 0 <= s < spec.pp]
@@ -647,14 +604,15 @@ class Grid:
         self.spec = spec
         self.dense = dense_layout(spec)
         self.expert = expert_layout(spec)
-        self.dp, self.edp = spec.dp, spec.edp
+        self.degrees = spec.degrees
+        self.dp, self.edp = self.degrees.dp, self.degrees.edp
         levels = len(spec.hcp_sizes) if spec.hcp_sizes else 0
         self.hcp_kinds = tuple(f"hcp_l{i}" for i in range(levels))
         # Families: kinds made of several differently sized members, listed member by member.
         self.members: dict[str, tuple[str, ...]] = {"hcp": self.hcp_kinds}
         if spec.dp_cp_chunks != "none":
             family = f"{spec.dp_cp_chunks}_dp_cp"
-            sizes = _dp_cp_chunk_sizes(spec.dp_cp_chunks, self.dp * spec.cp)
+            sizes = _dp_cp_chunk_sizes(spec.dp_cp_chunks, self.degrees.dp_cp_size)
             self.members[family] = tuple(f"{family}_{k}" for k in sizes)
         self._member_of = {m: f for f, ms in self.members.items() for m in ms}
         self.kinds: tuple[str, ...] = tuple(k for k in KIND_ORDER if self._enabled(k))
@@ -704,7 +662,7 @@ class Grid:
             layout, token = _TOKEN_KINDS[base]
             return (self.dense if layout == "dense" else self.expert).groups(token)
         if base == "intra_dp_cp":
-            width = (self.dp * s.cp) // s.dist_opt_instances
+            width = self.degrees.dp_cp_size // s.dist_opt_instances
             return [g[i * width:(i + 1) * width]
                     for g in self.dense.groups("dp-cp") for i in range(s.dist_opt_instances)]
         if base == "hcp":
@@ -746,7 +704,7 @@ class Grid:
             layout, token = _TOKEN_KINDS[base]
             return (self.dense if layout == "dense" else self.expert).group_size(token)
         sizes = {
-            "intra_dp_cp": (self.dp * s.cp) // s.dist_opt_instances,
+            "intra_dp_cp": self.degrees.dp_cp_size // s.dist_opt_instances,
             "embd": len(s.embedding_stages()),
             "pos_embd": 1,
             "intra_expt_dp": self.edp // s.dist_opt_instances,
@@ -767,11 +725,11 @@ class Grid:
         base = self.base_kind(kind)
         s = self.spec
         if base in ("embd", "pos_embd"):
-            return s.world_size // s.pp
+            return s.ranks_per_stage
         if base == "hcp" and kind == "hcp":
             return sum(s.world_size // size for size in s.hcp_sizes or ())
         if base in ("hybrid_dp_cp", "dynamic_dp_cp"):
-            width = self.dp * s.cp  # a chunk size need not divide DP·CP: the last chunk is short
+            width = self.degrees.dp_cp_size  # a chunk size need not divide DP·CP: the last chunk is short
             return s.world_size // width * sum(-(-width // k) for k in self._chunk_sizes(kind))
         return s.world_size // self.group_size(kind)
 
@@ -797,7 +755,7 @@ class Grid:
             layout, token = _TOKEN_KINDS[base]
             return (self.dense if layout == "dense" else self.expert).group_containing(token, rank)
         if base == "intra_dp_cp":
-            width = (self.dp * s.cp) // s.dist_opt_instances
+            width = self.degrees.dp_cp_size // s.dist_opt_instances
             group = self.dense.group_containing("dp-cp", rank)
             start = self.dense.position_in_group("dp-cp", rank) // width * width
             return group[start:start + width]
@@ -960,14 +918,7 @@ def grid_spec_from_config(cfg: Any) -> GridSpec:
     moe_layers, mtp_stages = _stage_layers(cfg)
     hcp = p.hierarchical_context_parallel_sizes
     return GridSpec(
-        world_size=p.world_size,
-        tp=p.tp,
-        cp=p.cp,
-        pp=p.pp,
-        ep=p.ep,
-        etp=p.etp,
-        gtp=p.gtp,
-        egtp=p.egtp,
+        **asdict(Degrees.from_config(cfg)),
         order=p.order,
         hcp_sizes=tuple(hcp) if hcp else None,
         dp_cp_chunks=(
@@ -978,7 +929,6 @@ def grid_spec_from_config(cfg: Any) -> GridSpec:
         tied_embeddings=not m.untie_embeddings_and_output_weights,
         mtp_stages=mtp_stages,
         embedding_rule=getattr(p, "embedding_ranks_rule", "gpt"),
-        num_experts=m.num_experts or 0,
         moe_layers_by_stage=moe_layers,
     )
 

@@ -1,4 +1,5 @@
-"""The one-screen layout summary: the derived degrees of both grids, when they are whole numbers."""
+"""The one-screen layout summary: the degrees and their derived sizes (planner/degrees.py) when both
+grids tile the world, plus the batch and cluster numbers a reader wants beside them."""
 
 from __future__ import annotations
 
@@ -10,26 +11,26 @@ from planner.schema import Config
 
 def grids_computable(cfg: Config) -> bool:
     """Both grids tile the world exactly (otherwise DP/EDP are fractions and nothing else is defined)."""
-    world = cfg.parallel.world_size
-    return world % cfg.dense_model_size == 0 and world % cfg.expert_model_size == 0
+    return cfg.degrees.divides
 
 
 def layout_summary(cfg: Config) -> dict[str, Any] | None:
     """N, degrees, DP/EDP, ranks per stage, experts per rank, microbatches; None if not computable."""
-    if not grids_computable(cfg):
+    degrees = cfg.degrees
+    if not degrees.divides:
         return None
-    p, m = cfg.parallel, cfg.model
+    d, p = degrees, cfg.parallel
     try:
         vpp = stage_split(cfg).vpp
     except SplitError:
         vpp = p.vpp or 1
     return {
-        "world_size": p.world_size,
-        "tp": p.tp, "cp": p.cp, "pp": p.pp, "vpp": vpp, "ep": p.ep, "etp": p.etp,
-        "gtp": p.gtp, "egtp": p.egtp,
-        "dp": cfg.dp, "edp": cfg.edp,
-        "ranks_per_stage": p.world_size // p.pp,
-        "experts_per_rank": m.num_experts // p.ep if m.num_experts % p.ep == 0 else None,
+        "world_size": d.world_size,
+        "tp": d.tp, "cp": d.cp, "pp": d.pp, "vpp": vpp, "ep": d.ep, "etp": d.etp,
+        "gtp": d.gtp, "egtp": d.egtp,
+        "dp": degrees.dp, "edp": degrees.edp,
+        "ranks_per_stage": degrees.ranks_per_stage,
+        "experts_per_rank": degrees.experts_per_rank,
         "microbatches": cfg.microbatches if cfg.global_batch_size % cfg.batch_unit == 0 else None,
         "global_batch_size": cfg.global_batch_size,
         "micro_batch_size": cfg.training.micro_batch_size,

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from planner.degrees import Degrees
 from planner.presets import PRESETS
 
 PosInt = Annotated[int, Field(ge=1)]
@@ -289,30 +290,23 @@ class Config(Section):
             object.__setattr__(cluster, "nodes", math.ceil(world / cluster.gpus_per_node))
         return self
 
-    # Derived degrees every consumer needs; the grid owns the groups themselves.
+    # The layout degrees have one owner (planner/degrees.py); the grid owns the groups.
     @property
-    def dense_model_size(self) -> int:
-        """TP·CP·PP·GTP: ranks spanned by one dense weight replica (DP = world / (TP·PP·CP) in
-        Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args; GTP on main divides
-        it further)."""
-        p = self.parallel
-        return p.tp * p.cp * p.pp * p.gtp
-
-    @property
-    def expert_model_size(self) -> int:
-        """ETP·EP·PP·EGTP: ranks spanned by one full set of expert shards."""
-        p = self.parallel
-        return p.etp * p.ep * p.pp * p.egtp
+    def degrees(self) -> Degrees:
+        """This config's layout degrees and the sizes derived from them (DP, EDP, model sizes)."""
+        return Degrees.from_config(self)
 
     @property
     def dp(self) -> int:
-        """Replicate data-parallel size N/(TP·CP·PP·GTP); fractional layouts are a rule finding."""
-        return self.parallel.world_size // self.dense_model_size
+        """Replicate data-parallel size D_a (DP = world / (TP·PP·CP) in Megatron-LM dev@d48bd6be
+        megatron/training/arguments.py validate_args; GTP on main divides it further); fractional
+        layouts are a rule finding."""
+        return self.degrees.dp
 
     @property
     def edp(self) -> int:
         """Expert data-parallel size N/(ETP·EP·PP·EGTP); CP never enters the expert grid."""
-        return self.parallel.world_size // self.expert_model_size
+        return self.degrees.edp
 
     @property
     def padded_vocab_size(self) -> int:

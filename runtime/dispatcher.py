@@ -35,27 +35,59 @@ from runtime.router import MoEConfigError, MoESettings, Routing
 
 @dataclass(frozen=True)
 class ExpertLayout:
-    """Contiguous expert ownership: EP rank r holds experts [r·L, (r+1)·L), L = E / EP."""
+    """This rank's routed experts as the plan assigns them (its rank row's `experts`).
+
+    The splits below index count tables as [EP source][L local experts], so the ownership must be
+    Megatron's contiguous one: EP rank r holds experts [r·L, (r+1)·L). The plan's block is checked
+    against that shape here, never derived from E and EP.
+    """
 
     num_experts: int
     ep_rank: int
     ep_size: int
     etp_rank: int
     etp_size: int
+    experts: range  # global ids of the local experts, from the plan
 
     def __post_init__(self) -> None:
         if self.num_experts % self.ep_size:
             raise MoEConfigError(
                 f"num_experts ({self.num_experts}) must be divisible by EP ({self.ep_size})"
             )
+        blocks = range(self.ep_rank * len(self.experts), (self.ep_rank + 1) * len(self.experts))
+        if self.experts != blocks or len(self.experts) * self.ep_size != self.num_experts:
+            raise MoEConfigError(
+                f"EP rank {self.ep_rank} of {self.ep_size} is assigned experts "
+                f"[{self.experts.start}, {self.experts.stop}) of {self.num_experts}; the "
+                "dispatcher needs equal contiguous blocks in EP-rank order (recompile the plan)"
+            )
+
+    @classmethod
+    def of(cls, num_experts: int, groups: MoEGroups) -> ExpertLayout:
+        """The layer's layout from its groups; only a single EP rank may omit the ownership
+        (it then holds every expert)."""
+        experts = groups.experts
+        if experts is None:
+            if groups.ep_size != 1:
+                raise MoEConfigError(f"EP = {groups.ep_size} needs the plan's expert ownership "
+                                     "(the rank row's `experts`)")
+            experts = range(num_experts)
+        return cls(num_experts, groups.ep_rank, groups.ep_size, groups.etp_rank, groups.etp_size,
+                   experts)
 
     @property
     def num_local(self) -> int:
-        return self.num_experts // self.ep_size
+        return len(self.experts)
 
     @property
     def first_expert(self) -> int:
-        return self.ep_rank * self.num_local
+        return self.experts.start
+
+    @property
+    def sources(self) -> int:
+        """tp_ep members whose rows reach this rank: EP·ETP of the plan's groups (MoEGroups checks
+        that the plan's tp_ep group has exactly this size)."""
+        return self.ep_size * self.etp_size
 
 
 @dataclass(frozen=True)
@@ -90,7 +122,7 @@ def split_plan(
         input_splits=tuple(input_splits.tolist()),
         output_splits=tuple(per_source[layout.etp_rank].tolist()),
         output_splits_tp=tuple(per_source.sum(dim=1).tolist()),
-        chunk_counts=tuple(tuple(row) for row in mine.reshape(etp * ep, num_local).tolist()),
+        chunk_counts=tuple(tuple(row) for row in mine.reshape(layout.sources, num_local).tolist()),
     )
 
 
@@ -247,7 +279,7 @@ class AlltoAllDispatcher:
             input_splits=(num_local * capacity,) * ep,
             output_splits=(num_local * capacity,) * ep,
             output_splits_tp=(ep * num_local * capacity,) * etp,
-            chunk_counts=((capacity,) * num_local,) * (etp * ep),
+            chunk_counts=((capacity,) * num_local,) * self.layout.sources,
         )
         return token_index, prob_index, plan
 

@@ -51,10 +51,7 @@ class MoELayer(torch.nn.Module):
         self.settings = settings
         self.layer_id = layer_id
         self.is_hash_layer = is_hash_layer
-        self.layout = ExpertLayout(
-            settings.num_experts, groups.ep_rank, groups.ep_size, groups.etp_rank,
-            groups.etp_size,
-        )
+        self.layout = ExpertLayout.of(settings.num_experts, groups)
         self.router = Router(
             settings, layer_id, seed, is_hash_layer, tid2eid, groups.comm("tp_cp"), ledger,
             dtype,

@@ -19,6 +19,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -103,7 +104,8 @@ def test_split_plan_reproduces_the_worked_split() -> None:
     # Rank 0 sends [2, 2], rank 1 sends [1, 3]; so rank 0 receives [2, 1], rank 1 [2, 3].
     counts = [torch.tensor([1, 1, 1, 1]), torch.tensor([1, 0, 2, 1])]
     gathered = torch.stack(counts)
-    plans = [split_plan(counts[r], gathered, ExpertLayout(4, r, 2, 0, 1)) for r in range(2)]
+    plans = [split_plan(counts[r], gathered, ExpertLayout(4, r, 2, 0, 1, range(2 * r, 2 * r + 2)))
+             for r in range(2)]
     assert [plan.input_splits for plan in plans] == [(2, 2), (1, 3)]
     assert [plan.output_splits for plan in plans] == [(2, 1), (2, 3)]
     assert [sum(plan.output_splits) for plan in plans] == [3, 5]
@@ -117,7 +119,7 @@ def test_split_plan_with_etp_orders_sources_etp_major() -> None:
     # ETP2 x EP2, E = 4 (2 local experts). tp_ep members in order (ep, etp):
     # 0=(0,0) 1=(0,1) 2=(1,0) 3=(1,1). Member m sends count m+1 to every expert.
     gathered = torch.tensor([[m + 1] * 4 for m in range(4)])
-    plan = split_plan(gathered[3], gathered, ExpertLayout(4, 1, 2, 1, 2))  # member 3
+    plan = split_plan(gathered[3], gathered, ExpertLayout(4, 1, 2, 1, 2, range(2, 4)))  # member 3
     assert plan.input_splits == (8, 8)
     # EP peers sharing etp index 1 are members 1 and 3: 2 local experts x (2, 4) rows
     assert plan.output_splits == (4, 8)
@@ -209,7 +211,14 @@ def test_layout_refusals() -> None:
     from runtime.moe_layer import MoEConfigError, MoELayer
 
     with pytest.raises(MoEConfigError, match="divisible by EP"):
-        ExpertLayout(num_experts=8, ep_rank=0, ep_size=3, etp_rank=0, etp_size=1)
+        ExpertLayout(num_experts=8, ep_rank=0, ep_size=3, etp_rank=0, etp_size=1,
+                     experts=range(0, 3))
+    with pytest.raises(MoEConfigError, match="equal contiguous blocks"):  # a plan edited by hand
+        ExpertLayout(num_experts=8, ep_rank=1, ep_size=2, etp_rank=0, etp_size=1,
+                     experts=range(0, 4))
+    with pytest.raises(MoEConfigError, match="needs the plan's expert ownership"):
+        two_ep_ranks = SimpleNamespace(experts=None, ep_rank=0, ep_size=2, etp_rank=0, etp_size=1)
+        ExpertLayout.of(8, two_ep_ranks)  # type: ignore[arg-type]
     with pytest.raises(MoEConfigError, match="needs a tid2eid"):
         MoELayer(BASE_MODEL, BASE_MOE, 0, True, MoEGroups.single(), Ledger(), 0, None,
                  torch.float32)
@@ -271,6 +280,7 @@ def _build_groups(case: Case, world: int, rank: int, cache: _Groups):
             if rank in ranks:
                 handles[kind] = (pg, ranks)
     ep_ranks, etp_ranks = handles["ep"][1], handles["expt_tp"][1]
+    per_rank = {**BASE_MODEL, **case.model}["num_experts"] // case.ep
     groups = MoEGroups(
         ep=handles["ep"][0],
         expt_tp=handles["expt_tp"][0],
@@ -282,6 +292,8 @@ def _build_groups(case: Case, world: int, rank: int, cache: _Groups):
         tp_ep_size=case.ep * case.etp,
         tp_cp=handles["tp_cp"][0],
         tp_cp_size=case.cp,
+        # The plan's contiguous ownership: EP rank r holds experts [r·L, (r+1)·L), L = E / EP.
+        experts=range(ep_ranks.index(rank) * per_rank, (ep_ranks.index(rank) + 1) * per_rank),
     )
     return groups, handles["expt_dp"], tp_cp
 

@@ -156,11 +156,11 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         ncclep=moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend == "ncclep",
         capacity=capacity,
         ep=par.ep > 1,
-        etp=(par.etp or 1) > 1,
-        tp_ep=(par.etp or 1) * par.ep > 1,
-        dp_cp=cfg.dp * par.cp > 1,
-        edp=cfg.edp > 1,
-        tp_dp_cp=par.tp * par.gtp * cfg.dp * par.cp > 1,
+        etp=cfg.degrees.etp > 1,
+        tp_ep=cfg.degrees.tp_ep_size > 1,
+        dp_cp=cfg.degrees.dp_cp_size > 1,
+        edp=cfg.degrees.edp > 1,
+        tp_dp_cp=cfg.degrees.tp_dp_cp_size > 1,
         pp=par.pp > 1,
         dist_opt=tr.use_distributed_optimizer,
         instances=tr.num_distributed_optimizer_instances > 1,
@@ -205,7 +205,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
     hca = [r for r in _ratios(cfg) if r not in (0, CSA_RATIO)]
     return {
         "N": par.world_size or 0, "TP": par.tp, "CP": par.cp, "PP": par.pp, "VPP": split.vpp,
-        "EP": par.ep, "ETP": par.etp or par.tp, "GTP": par.gtp, "EGTP": par.egtp,
+        "EP": par.ep, "ETP": cfg.degrees.etp, "GTP": par.gtp, "EGTP": par.egtp,
         "q_s": par.gtp_remat_num_sequence_shards or 1,
         "TP_seq": par.tp if par.sequence_parallel else 1,
         "h": m.hidden_size, "E": m.num_experts, "k": m.moe_router_topk,
@@ -224,8 +224,8 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "rcf": exact(cfg.moe.moe_expert_rank_capacity_factor or 0),
         "I_opt": tr.num_distributed_optimizer_instances,
         "N_r": cfg.overlap.recompute_num_layers or 1,
-        "pad_dense": _buffer_pad(cfg, cfg.dp * par.cp),
-        "pad_expert": _buffer_pad(cfg, cfg.edp),
+        "pad_dense": _buffer_pad(cfg, cfg.degrees.dp_cp_size),
+        "pad_expert": _buffer_pad(cfg, cfg.degrees.edp),
         "mem_gib": exact(cfg.cluster.gpu_memory_gib),
     }
 

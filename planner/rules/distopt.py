@@ -24,7 +24,7 @@ training: {use_distributed_optimizer: true, num_distributed_optimizer_instances:
     good=_INSTANCES_16,
 )
 def instances_divide_dp_cp(f: Facts) -> Iterator[Violation]:
-    instances, dp_cp = f.train.num_distributed_optimizer_instances, f.dp * f.par.cp
+    instances, dp_cp = f.train.num_distributed_optimizer_instances, f.dp_cp_size
     if instances > 1 and dp_cp % instances:
         yield Violation("training.num_distributed_optimizer_instances",
                         f"num_distributed_optimizer_instances {instances} does not divide DP·CP = "

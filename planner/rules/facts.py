@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from planner.degrees import Degrees
 from planner.grid import GridSpec, grid_spec_from_config
 from planner.pipeline import SplitError, StageSplit, stage_split
 from planner.schema import Config
@@ -41,42 +42,46 @@ class Facts:
     # ----------------------------------------------------------------- degrees and grids
     @property
     def world_size(self) -> int:
-        return int(self.par.world_size or 0)
+        return self.degrees.world_size
+
+    @cached_property
+    def degrees(self) -> Degrees:
+        """The layout degrees and their derived sizes, from their one owner."""
+        return self.cfg.degrees
 
     @property
     def etp(self) -> int:
         """ETP after Megatron's default (ETP = TP when unset)."""
-        return int(self.par.etp or self.par.tp)
-
-    @property
-    def dense_model_size(self) -> int:
-        return self.cfg.dense_model_size
-
-    @property
-    def expert_model_size(self) -> int:
-        return self.cfg.expert_model_size
+        return self.degrees.etp
 
     @property
     def dense_grid_ok(self) -> bool:
-        return self.world_size % self.dense_model_size == 0
+        return self.degrees.dense_divides
 
     @property
     def expert_grid_ok(self) -> bool:
-        return self.world_size % self.expert_model_size == 0
+        return self.degrees.expert_divides
 
     @property
     def dp(self) -> int:
         """Replicate attention data-parallel size D_a."""
         if not self.dense_grid_ok:
             raise NotComputable("DP")
-        return self.world_size // self.dense_model_size
+        return self.degrees.dp
 
     @property
     def edp(self) -> int:
         """Expert data-parallel size D_e (CP never enters the expert grid)."""
         if not self.expert_grid_ok:
             raise NotComputable("EDP")
-        return self.world_size // self.expert_model_size
+        return self.degrees.edp
+
+    @property
+    def dp_cp_size(self) -> int:
+        """DP·CP: the dense gradient group, cut by optimizer instances and CP chunks."""
+        if not self.dense_grid_ok:
+            raise NotComputable("DP")
+        return self.degrees.dp_cp_size
 
     @property
     def batch_unit(self) -> int:

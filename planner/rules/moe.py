@@ -168,7 +168,7 @@ def moe_bias_needs_etp1(f: Facts) -> Iterator[Violation]:
 )
 def flex_needs_ep_domain(f: Facts) -> Iterator[Violation]:
     backend = f.flex_backend
-    if backend in ("deepep", "ncclep") and f.etp * f.par.ep == 1:
+    if backend in ("deepep", "ncclep") and f.degrees.tp_ep_size == 1:
         yield Violation("parallel.ep", f"flex backend {backend} with etp·ep = {f.etp}·{f.par.ep} = 1",
                         "raise ep or etp, or use the alltoall dispatcher")
 

@@ -27,7 +27,7 @@ PP_GROUP_LISTING_LIMIT = 1 << 20
 )
 def dense_grid_divides(f: Facts) -> Iterator[Violation]:
     if not f.dense_grid_ok:
-        p, size = f.par, f.dense_model_size
+        p, size = f.par, f.degrees.dense_model_size
         yield Violation(
             "parallel.world_size",
             f"world_size {f.world_size} is not divisible by TP·CP·PP·GTP = {p.tp}·{p.cp}·{p.pp}·{p.gtp}"
@@ -48,7 +48,7 @@ def dense_grid_divides(f: Facts) -> Iterator[Violation]:
 )
 def expert_grid_divides(f: Facts) -> Iterator[Violation]:
     if not f.expert_grid_ok:
-        p, size = f.par, f.expert_model_size
+        p, size = f.par, f.degrees.expert_model_size
         yield Violation(
             "parallel.world_size",
             f"world_size {f.world_size} is not divisible by ETP·EP·PP·EGTP = {f.etp}·{p.ep}·{p.pp}·"
@@ -349,7 +349,7 @@ def dynamic_cp_requirements(f: Facts) -> Iterator[Violation]:
 )
 def chunked_dp_cp_is_even(f: Facts) -> Iterator[Violation]:
     mode = f.grid_spec.dp_cp_chunks
-    width = f.dp * f.par.cp
+    width = f.dp_cp_size
     if mode != "none" and width % 2:
         yield Violation(f"parallel.{mode}_context_parallel",
                         f"{mode}_context_parallel with DP·CP = {f.dp}·{f.par.cp} = {width}, which is odd",
