@@ -113,13 +113,13 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None,
 
     groups = build_groups(plan)
     trainer = RankTrainer(plan, groups, options)
-    first_expert = plan.expert_ownership(trainer.rank).first
+    expert_ids = plan.expert_ownership(trainer.rank).ids
     if load is not None:
         trainer.start_step = load_checkpoint(load, plan, trainer.model, trainer.optimizer,
-                                             first_expert)
+                                             expert_ids)
     result = trainer.run()
     if save is not None:
-        save_checkpoint(save, plan, trainer.model, trainer.optimizer, first_expert,
+        save_checkpoint(save, plan, trainer.model, trainer.optimizer, expert_ids,
                         trainer.start_step + options.steps)
         if dist.get_rank() == 0:
             print(f"saved {save} after step {trainer.start_step + options.steps}", flush=True)
