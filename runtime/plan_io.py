@@ -1,9 +1,10 @@
 """Read a compiled plan and decide, before any process group forms, whether this runtime can run it.
 
-The runtime never re-derives the layout: every group, every rank's coordinates and the expert
-ownership come from plan.json. A plan from another version, a plan edited after compile, or a layout
-the runtime cannot execute yet is refused here with a message naming the field, so nothing ever runs
-wrongly and no rank waits on a group that will never form.
+The runtime never re-derives the layout: every group, every rank's coordinates, the expert
+ownership, the gradient pre-scales and every config value (with its default) come from plan.json.
+A plan from another version, a plan edited after compile, or a layout the runtime cannot execute
+yet is refused here with a message naming the field, so nothing ever runs wrongly and no rank
+waits on a group that will never form.
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ def required(section: Mapping[str, Any], key: str, where: str) -> Any:
     return section[key]
 
 
-# The planner's gradient pre-scale budgets (formula book, "scaling" page) the runtime applies.
-GRAD_SCALE_BUDGETS = ("grad_scale_sum_dense", "grad_scale_sum_expert", "grad_scale_avg_dense",
-                      "grad_scale_avg_expert")
+# The planner's gradient pre-scale budgets (the formula book's scaling page) are named
+# grad_scale_{sum,avg}_{dense,expert}; under per-token loss the step also applies this one.
 PER_TOKEN_SCALE_BUDGET = "grad_scale_per_token"
 
 
@@ -336,6 +336,7 @@ def unsupported_features(plan: Plan) -> list[str]:
            "implemented; use 'seeded' (a table drawn from the seed)")
     refuse(bool(moe("moe_pad_expert_input_to_capacity")) and dispatcher == "allgather",
            "moe.moe_pad_expert_input_to_capacity with the allgather dispatcher is not implemented")
+    problems.extend(ownership_problems(plan, int(model("num_experts"))))
 
     cp = int(layout("cp"))
     seq = int(training("seq_length"))
@@ -347,3 +348,19 @@ def unsupported_features(plan: Plan) -> list[str]:
     refuse(heads % groups != 0, f"model.num_attention_heads = {heads} is not a multiple of "
            f"model.num_query_groups = {groups}")
     return problems
+
+
+def ownership_problems(plan: Plan, num_experts: int) -> list[str]:
+    """The runtime's dispatchers send EP rank r the r-th of EP equal consecutive blocks of expert
+    ids; a plan whose ownership differs (hand-edited, or a future placement) is refused here, on
+    every rank alike, instead of routing tokens to experts a rank does not hold."""
+    for group in plan.groups["ep"]:
+        ranks = sorted(group, key=lambda rank: int(plan.rank_info(rank)["ep_rank"]))
+        owned = [list(plan.expert_ownership(rank).ids) for rank in ranks]
+        if [e for ids in owned for e in ids] != list(range(num_experts)) or len(
+                {len(ids) for ids in owned}) != 1:
+            listed = ", ".join(f"rank {rank}: {ids}" for rank, ids in zip(ranks, owned, strict=True))
+            return [f"ranks[].experts of EP group {sorted(group)} ({listed}): the runtime's "
+                    f"dispatchers need EP rank r to hold the r-th of {len(ranks)} equal consecutive "
+                    f"blocks of the {num_experts} experts; recompile the config"]
+    return []

@@ -128,17 +128,12 @@ def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[st
     assert budget_value(original, "grad_scale_sum_dense") == "1/2"
     assert budget_value(original, "grad_scale_sum_expert") == "1/2"
 
-    def swap_experts(document: dict[str, Any]) -> None:
-        first, second = document["ranks"][0]["experts"], document["ranks"][1]["experts"]
-        document["ranks"][0]["experts"], document["ranks"][1]["experts"] = second, first
-
     plans = {
         "original": original,
         "dense_doubled": edited(original, folder / "dense.plan.json",
                                 set_budget("grad_scale_sum_dense", "1")),
         "expert_doubled": edited(original, folder / "expert.plan.json",
                                  set_budget("grad_scale_sum_expert", "1")),
-        "experts_swapped": edited(original, folder / "swapped.plan.json", swap_experts),
     }
     out = folder / "result"
     try:
@@ -186,12 +181,31 @@ def test_runtime_builds_the_experts_the_plan_lists(two_rank_runs) -> None:
     assert two_rank_runs[1]["original"]["built_experts"] == [[2, 3], [2, 3]]
 
 
-def test_edited_ownership_the_dispatcher_cannot_route_is_refused(two_rank_runs) -> None:
+def test_edited_ownership_the_dispatcher_cannot_route_is_refused_at_load(tmp_path: Path) -> None:
     """Swapping the two ranks' experts in the plan: the alltoall dispatcher would send expert 0's
-    tokens to EP rank 0, which would now hold experts 2, 3 — refused, naming both lists."""
-    refused = two_rank_runs[0]["experts_swapped"]["refused"]
-    assert "experts [2, 3]" in refused and "experts [0, 1]" in refused
-    assert "recompile the config" in refused
+    tokens to EP rank 0, which would now hold experts 2, 3 — refused on every rank alike, before
+    any group forms, naming what each rank was given."""
+    def swap(document: dict[str, Any]) -> None:
+        first, second = document["ranks"][0]["experts"], document["ranks"][1]["experts"]
+        document["ranks"][0]["experts"], document["ranks"][1]["experts"] = second, first
+
+    with pytest.raises(PlanError, match=r"rank 0: \[2, 3\], rank 1: \[0, 1\]\).*recompile"):
+        load_plan(edited(compiled(tmp_path), tmp_path / "swapped.plan.json", swap))
+
+
+def test_moe_layer_refuses_experts_its_dispatcher_does_not_route(tmp_path: Path) -> None:
+    """The layer's own guard (one rank, EP 1: the dispatcher routes all of experts 0..3 here)."""
+    from runtime.comm import Ledger, MoEGroups
+    from runtime.moe_layer import MoELayer
+
+    plan = load_plan(compiled(tmp_path))
+    layer = MoELayer(plan.model, plan.moe, 0, False, MoEGroups.single(), Ledger(), 1, None,
+                     torch.float32, range(4))
+    assert layer.experts.expert_ids == (0, 1, 2, 3)
+    with pytest.raises(PlanError, match=r"experts \[3, 2, 1, 0\], but the alltoall dispatcher "
+                                        r"sends it the tokens of experts \[0, 1, 2, 3\]"):
+        MoELayer(plan.model, plan.moe, 0, False, MoEGroups.single(), Ledger(), 1, None,
+                 torch.float32, (3, 2, 1, 0))
 
 
 def test_grouped_experts_are_built_from_the_ids_given(tmp_path: Path) -> None:
