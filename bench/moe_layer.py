@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from planner.schema import ModelSection, MoeSection  # noqa: E402
 from runtime.comm import Ledger, MoEGroups  # noqa: E402
 from runtime.experts import swiglu  # noqa: E402
 from runtime.moe_layer import MoELayer  # noqa: E402
@@ -63,11 +64,15 @@ SHAPES = [
     Shape("E8 k2", tokens=4096, hidden=512, ffn=1024, experts=8, topk=2),
 ]
 
-MOE_CONFIG = {"moe_token_dispatcher_type": "alltoall", "moe_router_load_balancing_type": "none"}
+# Completed with the schema's defaults, as a compiled plan is: the runtime defaults nothing.
+MOE_CONFIG = MoeSection(moe_token_dispatcher_type="alltoall",
+                        moe_router_load_balancing_type="none").model_dump(mode="json")
 
 
 def model_config(shape: Shape) -> dict:
-    return {
+    return ModelSection.model_validate({
+        "num_attention_heads": 1,
+        "vocab_size": 128,
         "hidden_size": shape.hidden,
         "num_layers": 4,
         "num_experts": shape.experts,
@@ -78,7 +83,7 @@ def model_config(shape: Shape) -> dict:
         "moe_router_topk_scaling_factor": 2.5,
         "moe_router_enable_expert_bias": False,
         "swiglu_limit": 10.0,
-    }
+    }).model_dump(mode="json")
 
 
 class LoopMoE(torch.nn.Module):
@@ -155,7 +160,7 @@ def bench_layer(shape: Shape, dtype: torch.dtype, repeats: int) -> dict[str, flo
     """tokens/s of the layer and both loops, and the largest output difference to the loops."""
     torch.manual_seed(0)
     layer = MoELayer(model_config(shape), MOE_CONFIG, 0, False, MoEGroups.single(), Ledger(),
-                     0, None, dtype)
+                     0, None, dtype, range(shape.experts))
     loops = {"modules": LoopMoE(layer, True), "slices": LoopMoE(layer, False)}
     hidden = torch.randn(shape.tokens, 1, shape.hidden, dtype=dtype)
     upstream = torch.randn_like(hidden)

@@ -113,13 +113,13 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None,
 
     groups = build_groups(plan)
     trainer = RankTrainer(plan, groups, options)
-    first_expert = int(plan.rank_info(trainer.rank).get("experts", {}).get("first", 0))
+    expert_ids = plan.expert_ownership(trainer.rank).ids
     if load is not None:
         trainer.start_step = load_checkpoint(load, plan, trainer.model, trainer.optimizer,
-                                             first_expert)
+                                             expert_ids)
     result = trainer.run()
     if save is not None:
-        save_checkpoint(save, plan, trainer.model, trainer.optimizer, first_expert,
+        save_checkpoint(save, plan, trainer.model, trainer.optimizer, expert_ids,
                         trainer.start_step + options.steps)
         if dist.get_rank() == 0:
             print(f"saved {save} after step {trainer.start_step + options.steps}", flush=True)
@@ -149,7 +149,7 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from runtime.plan_io import PlanError, load_plan
+    from runtime.plan_io import PlanError, load_plan, required
 
     try:  # the plan checks need no torch: a refused plan answers at once
         plan = load_plan(args.plan)
@@ -159,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.router import MoEConfigError
 
     try:
-        balanced = args.balanced or bool(plan.moe.get("moe_router_force_load_balancing"))
+        forced = required(plan.moe, "moe_router_force_load_balancing", "config.moe")
+        balanced = args.balanced or bool(forced)
         preflight(plan, balanced)
-    except MoEConfigError as exc:
+    except (PlanError, MoEConfigError) as exc:
         _say(str(exc))
         return EXIT_USAGE
     problem = launch_problem(plan)

@@ -22,6 +22,7 @@ resumes where it stopped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +75,9 @@ class LogicalState:
     """Maps one rank's model and optimizer onto logical checkpoint keys and back."""
 
     def __init__(self, plan: Plan, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 first_expert: int, mesh: DeviceMesh) -> None:
+                 expert_ids: Sequence[int], mesh: DeviceMesh) -> None:
         self.plan, self.model, self.optimizer = plan, model, optimizer
-        self.first_expert = first_expert
+        self.expert_ids = tuple(expert_ids)  # the plan's, in local order: logical key of each
         self.submesh = mesh["edp", "etp"]
 
     def _pieces(self, name: str, tensor: torch.Tensor, state: str = "") -> dict[str, Any]:
@@ -88,7 +89,7 @@ class LogicalState:
         prefix, matrix = expert
         placements = [Replicate(), Shard(expert_shard_dim(matrix))]
         return {
-            _key(f"{prefix}.{self.first_expert + index}.{matrix}", state): DTensor.from_local(
+            _key(f"{prefix}.{self.expert_ids[index]}.{matrix}", state): DTensor.from_local(
                 tensor[index], self.submesh, placements, run_check=False)
             for index in range(tensor.shape[0])
         }
@@ -131,7 +132,7 @@ class LogicalState:
             return entries[_key(name, state)]
         prefix, matrix = expert
         return torch.stack([
-            entries[_key(f"{prefix}.{self.first_expert + index}.{matrix}", state)].to_local()
+            entries[_key(f"{prefix}.{self.expert_ids[index]}.{matrix}", state)].to_local()
             for index in range(like.shape[0])])
 
     def apply(self, entries: dict[str, Any]) -> None:
@@ -148,9 +149,9 @@ class LogicalState:
 
 
 def save_checkpoint(path: Path, plan: Plan, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, first_expert: int, steps_done: int) -> None:
+                    optimizer: torch.optim.Optimizer, expert_ids: Sequence[int], steps_done: int) -> None:
     """Collective: every rank writes its logical entries into one DCP folder."""
-    state = LogicalState(plan, model, optimizer, first_expert, expert_mesh(plan))
+    state = LogicalState(plan, model, optimizer, expert_ids, expert_mesh(plan))
     entries = state.save_state()
     entries[PROGRESS_KEY] = torch.tensor(steps_done, dtype=torch.int64)
     entries[f"rng.rank{dist.get_rank()}"] = torch.get_rng_state()
@@ -196,7 +197,7 @@ def _agree_on_fit(problems: list[str]) -> None:
 
 
 def load_checkpoint(path: Path, plan: Plan, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, first_expert: int) -> int:
+                    optimizer: torch.optim.Optimizer, expert_ids: Sequence[int]) -> int:
     """Collective: fill this rank's model, buffers, AdamW state and RNG from a checkpoint saved
     under any layout of the same model; returns the optimizer steps already done."""
     try:
@@ -204,7 +205,7 @@ def load_checkpoint(path: Path, plan: Plan, model: torch.nn.Module,
         problems: list[str] = []
     except CheckpointError as exc:
         saved, problems = {}, [str(exc)]
-    state = LogicalState(plan, model, optimizer, first_expert, expert_mesh(plan))
+    state = LogicalState(plan, model, optimizer, expert_ids, expert_mesh(plan))
     targets = state.load_targets()
     problems = problems or fit_problems(path, saved, targets)
     saved_ranks = sorted(int(key.removeprefix("rng.rank")) for key in saved

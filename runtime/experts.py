@@ -130,14 +130,13 @@ class GroupedSwiGLU(torch.autograd.Function):
 
 
 class GroupedExperts(torch.nn.Module):
-    """This rank's L local experts (global ids first..first+L-1), ETP shard `etp_rank`."""
+    """This rank's routed experts (the plan's global ids, in local order), ETP shard `etp_rank`."""
 
     def __init__(
         self,
         settings: MoESettings,
         layer_id: int,
-        first_expert: int,
-        num_local_experts: int,
+        expert_ids: Sequence[int],
         etp_rank: int,
         etp_size: int,
         seed: int,
@@ -145,15 +144,14 @@ class GroupedExperts(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.settings = settings
-        self.first_expert = first_expert
-        self.num_local_experts = num_local_experts
+        self.expert_ids = tuple(int(expert) for expert in expert_ids)
         self.etp_rank = etp_rank
         self.etp_size = etp_size
         for matrix in EXPERT_MATRICES:
             shards = [
                 init_shard(
                     seed,
-                    expert_identity(layer_id, first_expert + local, matrix),
+                    expert_identity(layer_id, expert, matrix),
                     expert_matrix_shape(settings, matrix),
                     expert_matrix_std(settings, matrix),
                     dtype,
@@ -161,9 +159,13 @@ class GroupedExperts(torch.nn.Module):
                     part=etp_rank,
                     parts=etp_size,
                 )
-                for local in range(num_local_experts)
+                for expert in self.expert_ids
             ]
             self.register_parameter(matrix, torch.nn.Parameter(torch.stack(shards)))
+
+    @property
+    def num_local_experts(self) -> int:
+        return len(self.expert_ids)
 
     def forward(
         self, rows: torch.Tensor, probs: torch.Tensor, tokens_per_expert: Sequence[int]

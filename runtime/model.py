@@ -29,8 +29,7 @@ import torch.nn.functional as F
 
 from runtime.comm import CommGroup, Ledger, all_gather_v
 from runtime.init import DEFAULT_INIT_STD, init_tensor
-
-ROPE_THETA = 10000.0  # Megatron's --rotary-base default, for plans that predate model.rotary_base
+from runtime.plan_io import required
 
 
 @dataclass(frozen=True)
@@ -83,33 +82,36 @@ class DecoderSpec:
     norm_epsilon: float
     moe_layers: tuple[int, ...]
     hash_layers: tuple[int, ...]
-    init_std: float = DEFAULT_INIT_STD
-    mtp_num_layers: int = 0
-    mtp_loss_scale: float = 0.1  # Megatron's mtp_loss_scaling_factor
-    rotary_base: float = ROPE_THETA
+    init_std: float
+    mtp_num_layers: int
+    mtp_loss_scale: float  # Megatron's mtp_loss_scaling_factor
+    rotary_base: float
 
     @classmethod
     def from_config(cls, model: dict[str, Any], moe_layers: list[int], hash_layers: list[int],
                     padded_vocab_size: int) -> DecoderSpec:
         """`padded_vocab_size` (the plan's) sizes the embedding, the head and the hash tables, as
         Megatron pads the vocabulary; token ids stay below the real vocab_size."""
-        heads = int(model["num_attention_heads"])
+        def value(key: str) -> Any:
+            return required(model, key, "config.model")
+
         return cls(
-            num_layers=int(model["num_layers"]),
-            hidden_size=int(model["hidden_size"]),
-            num_heads=heads,
-            num_query_groups=int(model.get("num_query_groups") or heads),
-            head_dim=int(model.get("kv_channels") or int(model["hidden_size"]) // heads),
-            ffn_hidden_size=int(model.get("ffn_hidden_size") or 4 * int(model["hidden_size"])),
+            num_layers=int(value("num_layers")),
+            hidden_size=int(value("hidden_size")),
+            num_heads=int(value("num_attention_heads")),
+            num_query_groups=int(value("num_query_groups")),
+            head_dim=int(value("kv_channels")),
+            ffn_hidden_size=int(value("ffn_hidden_size")),
             vocab_size=padded_vocab_size,
-            untied_head=bool(model.get("untie_embeddings_and_output_weights", False)),
-            norm_epsilon=float(model.get("norm_epsilon") or 1e-6),
+            untied_head=bool(value("untie_embeddings_and_output_weights")),
+            norm_epsilon=float(value("norm_epsilon")),
             moe_layers=tuple(moe_layers),
             hash_layers=tuple(hash_layers),
-            init_std=float(model.get("init_method_std", DEFAULT_INIT_STD)),
-            mtp_num_layers=int(model.get("mtp_num_layers") or 0),
-            mtp_loss_scale=float(model.get("mtp_loss_scaling_factor", 0.1)),
-            rotary_base=float(model.get("rotary_base", ROPE_THETA)),
+            # Not a config field (the schema has none): Megatron's init_method_std default.
+            init_std=DEFAULT_INIT_STD,
+            mtp_num_layers=int(value("mtp_num_layers")),
+            mtp_loss_scale=float(value("mtp_loss_scaling_factor")),
+            rotary_base=float(value("rotary_base")),
         )
 
     @property

@@ -9,6 +9,7 @@ its output for every row. Gradients retrace the same path through autograd colle
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,13 +22,19 @@ from runtime.experts import (
     SharedExpert,
     expert_shard_dim,
 )
+from runtime.plan_io import PlanError
 from runtime.router import MoEConfigError, MoESettings, Router, check_balanced_routing
 
 __all__ = ["MoEConfigError", "MoELayer", "MoESettings"]
 
 
 class MoELayer(torch.nn.Module):
-    """One MoE block of a rank; parameters are this rank's shards of the logical weights."""
+    """One MoE block of a rank; parameters are this rank's shards of the logical weights.
+
+    `owned_experts` are the global ids the plan assigns to this rank (plan.json `ranks[r].experts`);
+    the layer builds exactly those and refuses them when its dispatcher would route other experts'
+    tokens here.
+    """
 
     def __init__(
         self,
@@ -40,6 +47,7 @@ class MoELayer(torch.nn.Module):
         seed: int,
         tid2eid: torch.Tensor | None,
         dtype: torch.dtype,
+        owned_experts: Sequence[int],
     ) -> None:
         super().__init__()
         settings = MoESettings.from_config(model_cfg, moe_cfg)
@@ -56,9 +64,10 @@ class MoELayer(torch.nn.Module):
             settings, layer_id, seed, is_hash_layer, tid2eid, groups.comm("tp_cp"), ledger,
             dtype,
         )
+        self.owned_experts = tuple(int(expert) for expert in owned_experts)
+        self._check_ownership(groups)
         self.experts = GroupedExperts(
-            settings, layer_id, self.layout.first_expert, self.layout.num_local,
-            groups.etp_rank, groups.etp_size, seed, dtype,
+            settings, layer_id, self.owned_experts, groups.etp_rank, groups.etp_size, seed, dtype,
         )
         self.shared_expert = (
             SharedExpert(settings, layer_id, seed, dtype)
@@ -67,6 +76,18 @@ class MoELayer(torch.nn.Module):
         )
         self.dispatcher = make_dispatcher(settings, self.layout, groups, ledger)
         self.force_balanced = settings.force_balanced
+
+    def _check_ownership(self, groups: MoEGroups) -> None:
+        """The plan's experts must be the block the dispatcher routes to this EP rank."""
+        first, count = self.layout.first_expert, self.layout.num_local
+        routed = tuple(range(first, first + count))
+        if self.owned_experts != routed:
+            raise PlanError(
+                f"layer {self.layer_id}: the plan gives EP rank {groups.ep_rank} of "
+                f"{groups.ep_size} experts {list(self.owned_experts)}, but the "
+                f"{self.settings.dispatcher} dispatcher sends it the tokens of experts "
+                f"{list(routed)} (contiguous blocks); recompile the config"
+            )
 
     @property
     def aux_loss_backward_scale(self) -> float:
@@ -130,8 +151,7 @@ class MoELayer(torch.nn.Module):
         prefix, _, matrix = name.partition(".")
         if prefix != "experts" or matrix not in EXPERT_MATRICES:
             return full
-        first, count = self.layout.first_expert, self.layout.num_local
-        local = full.narrow(0, first, count)
+        local = full[list(self.owned_experts)]
         dim = 1 + expert_shard_dim(matrix)
         width = full.shape[dim] // self.layout.etp_size
         return local.narrow(dim, self.layout.etp_rank * width, width)

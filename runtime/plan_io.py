@@ -1,14 +1,17 @@
 """Read a compiled plan and decide, before any process group forms, whether this runtime can run it.
 
-The runtime never re-derives the layout: every group, every rank's coordinates and the expert
-ownership come from plan.json. A plan from another version, a plan edited after compile, or a layout
-the runtime cannot execute yet is refused here with a message naming the field, so nothing ever runs
-wrongly and no rank waits on a group that will never form.
+The runtime never re-derives the layout: every group, every rank's coordinates, the expert
+ownership, the gradient pre-scales and every config value (with its default) come from plan.json.
+A plan from another version, a plan edited after compile, or a layout the runtime cannot execute
+yet is refused here with a message naming the field, so nothing ever runs wrongly and no rank
+waits on a group that will never form.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,50 @@ PARTIAL_GROUP_NAMES = frozenset({"embd"})
 
 class PlanError(Exception):
     """A plan this runtime must not run; the message says why and what to change."""
+
+
+def required(section: Mapping[str, Any], key: str, where: str) -> Any:
+    """A value the compiled plan always holds (the compiler dumps every field, defaults included).
+
+    The runtime never substitutes a default of its own: a second copy of a default drifts from
+    the schema's. A missing key means a plan from another moeplan or one edited by hand.
+    """
+    if key not in section:
+        raise PlanError(f"the plan has no {where}.{key}: it was written by another moeplan or "
+                        "edited; recompile the config")
+    return section[key]
+
+
+# The planner's gradient pre-scale budgets (the formula book's scaling page) are named
+# grad_scale_{sum,avg}_{dense,expert}; under per-token loss the step also applies this one.
+PER_TOKEN_SCALE_BUDGET = "grad_scale_per_token"
+
+
+@dataclass(frozen=True)
+class GradScales:
+    """How one step's gradients are scaled around their reductions, as the plan computed it.
+
+    `dense`/`expert` multiply the local grads before the dp_cp / expt_dp all-reduce (`average`:
+    the collective is an AVG, else a SUM); `per_token` multiplies every grad after it when the
+    loss is a per-token sum (1 / tokens of the step), None otherwise.
+    """
+
+    dense: float
+    expert: float
+    average: bool
+    per_token: float | None
+
+
+@dataclass(frozen=True)
+class ExpertOwnership:
+    """The routed experts one rank holds, as the plan lists them (global ids, in local order)."""
+
+    first: int
+    ids: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
 
 
 @dataclass(frozen=True)
@@ -80,9 +127,41 @@ class Plan:
                 return entry
         raise PlanError(f"plan has no entry for rank {rank} in 'ranks'")
 
+    def expert_ownership(self, rank: int) -> ExpertOwnership:
+        """The experts the plan assigns to `rank`; the runtime builds exactly these."""
+        owned = required(self.rank_info(rank), "experts", f"ranks[{rank}]")
+        ids = tuple(int(e) for e in required(owned, "ids", f"ranks[{rank}].experts"))
+        first = int(required(owned, "first", f"ranks[{rank}].experts"))
+        count = int(required(owned, "count", f"ranks[{rank}].experts"))
+        if count != len(ids) or (ids and first != ids[0]):
+            raise PlanError(f"ranks[{rank}].experts is inconsistent (first {first}, count {count}, "
+                            f"ids {list(ids)}): recompile the config")
+        return ExpertOwnership(first, ids)
+
+    def budget(self, name: str) -> Fraction:
+        """A step-wide budget (scope 'all ranks') the planner computed, as an exact fraction."""
+        for entry in required(self.raw, "budgets", "plan"):
+            if entry.get("name") == name and entry.get("stage") is None:
+                return Fraction(str(entry["value"]))
+        raise PlanError(f"the plan has no budget {name!r}: it was written by another moeplan "
+                        "or edited; recompile the config")
+
+    @property
+    def grad_scales(self) -> GradScales:
+        """The plan's gradient pre-scales for this step's loss mode (never recomputed here)."""
+        average = bool(required(self.training, "average_in_collective", "config.training"))
+        per_token = bool(required(self.training, "calculate_per_token_loss", "config.training"))
+        mode = "avg" if average and not per_token else "sum"
+        return GradScales(
+            dense=float(self.budget(f"grad_scale_{mode}_dense")),
+            expert=float(self.budget(f"grad_scale_{mode}_expert")),
+            average=average,
+            per_token=float(self.budget(PER_TOKEN_SCALE_BUDGET)) if per_token else None,
+        )
+
     @property
     def pp(self) -> int:
-        return int(self.layout.get("pp") or 1)
+        return int(required(self.layout, "pp", "layout"))
 
     def moe_layers(self) -> list[int]:
         """Layers that hold an MoE block, over every stage."""
@@ -117,6 +196,7 @@ def check_plan(document: dict[str, Any], source: str = "plan") -> Plan:
     plan = Plan(document)
     try:
         _check_structure(plan, source)
+        _check_plan_values(plan)
         problems = unsupported_features(plan)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlanError(f"{source} is malformed ({type(exc).__name__}: {exc}): recompile the "
@@ -147,21 +227,25 @@ def _check_structure(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: 'ranks' does not list ranks 0..{world - 1}: recompile the config")
 
 
-def _get(section: dict[str, Any], key: str, default: Any = None) -> Any:
-    value = section.get(key, default)
-    return default if value is None else value
+def _check_plan_values(plan: Plan) -> None:
+    """What the runtime reads instead of recomputing must be there before any group forms: the
+    gradient pre-scales and every rank's expert ownership."""
+    _ = plan.grad_scales
+    for rank in range(plan.world_size):
+        plan.expert_ownership(rank)
 
 
 def pipeline_problems(plan: Plan) -> list[str]:
     """What torch.distributed.pipelining's schedules (1F1B, interleaved 1F1B) cannot run."""
-    pp, vpp, m = plan.pp, int(_get(plan.layout, "vpp", 1)), plan.microbatches
+    pp, vpp, m = plan.pp, int(required(plan.layout, "vpp", "layout")), plan.microbatches
     problems = []
     if vpp > 1 and pp == 1:
         problems.append(f"layout.vpp = {vpp}: virtual pipeline stages need PP > 1; use vpp = 1")
     if pp > 1 and vpp == 1 and m < pp:
         problems.append(f"layout.microbatches = {m} < pp = {pp}: torch's 1F1B schedule needs at "
                         "least one microbatch per stage; raise global_batch_size")
-    group = int(_get(plan.parallel, "microbatch_group_size_per_vp_stage", pp))
+    group = required(plan.parallel, "microbatch_group_size_per_vp_stage", "config.parallel")
+    group = pp if group is None else int(group)  # None: Megatron groups by pp
     if vpp > 1 and group != pp:
         problems.append(f"parallel.microbatch_group_size_per_vp_stage = {group}: torch's "
                         f"interleaved 1F1B groups microbatches by pp = {pp}; leave it unset")
@@ -175,9 +259,13 @@ def pipeline_problems(plan: Plan) -> list[str]:
 
 def unsupported_features(plan: Plan) -> list[str]:
     """Everything in the plan that this runtime would otherwise run wrongly, one line each."""
-    layout, model, moe, training, parallel = (
-        plan.layout, plan.model, plan.moe, plan.training, plan.parallel
-    )
+    def section(where: str, values: dict[str, Any]) -> Callable[[str], Any]:
+        return lambda key: required(values, key, where)
+
+    layout = section("layout", plan.layout)
+    model, moe = section("config.model", plan.model), section("config.moe", plan.moe)
+    training = section("config.training", plan.training)
+    parallel = section("config.parallel", plan.parallel)
     problems: list[str] = []
 
     def refuse(condition: bool, message: str) -> None:
@@ -186,77 +274,93 @@ def unsupported_features(plan: Plan) -> list[str]:
 
     for axis, why in (("tp", "attention tensor parallelism"), ("gtp", "GTP weight "
                       "rematerialisation"), ("egtp", "expert GTP weight rematerialisation")):
-        size = int(_get(layout, axis, 1))
+        size = int(layout(axis))
         refuse(size > 1, f"layout.{axis} = {size}: {why} is not implemented; use {axis} = 1")
     problems.extend(pipeline_problems(plan))
-    dispatcher = moe.get("moe_token_dispatcher_type", "alltoall")
+    dispatcher = moe("moe_token_dispatcher_type")
     refuse(dispatcher not in ("alltoall", "allgather"),
            f"moe.moe_token_dispatcher_type = {dispatcher!r}: only 'alltoall' and 'allgather' run here")
     placed = sorted(int(depth) for stage in plan.raw["stages"] for chunk in stage["chunks"]
-                    for depth in chunk.get("mtp_layers", []))
-    depths = int(_get(model, "mtp_num_layers", 0))
+                    for depth in chunk["mtp_layers"])
+    depths = int(model("mtp_num_layers"))
     refuse(placed != list(range(depths)), f"stages place MTP depths {placed} but "
            f"model.mtp_num_layers = {depths}: recompile the config")
     off_loss = sorted(int(chunk["index"]) for stage in plan.raw["stages"]
-                      for chunk in stage["chunks"] if chunk.get("mtp_layers") and not chunk["loss"])
+                      for chunk in stage["chunks"] if chunk["mtp_layers"] and not chunk["loss"])
     refuse(bool(off_loss), f"stages: MTP layers on chunk(s) {off_loss} without the loss (L): the "
            "runtime runs MTP after the main model's final norm, in the loss chunk; put every 'm' "
            "in the last stage of parallel.pipeline_model_parallel_layout")
-    variant = _get(model, "attention_variant", "standard")
+    variant = model("attention_variant")
     refuse(variant != "standard", f"model.attention_variant = {variant!r}: the runtime's decoder has "
            "standard causal attention only; use 'standard'")
-    refuse(model.get("rope_type") == "yarn", "model.rope_type = 'yarn': YaRN is not implemented; the "
+    refuse(model("rope_type") == "yarn", "model.rope_type = 'yarn': YaRN is not implemented; the "
            "runtime's attention uses plain RoPE with model.rotary_base")
-    refuse(bool(model.get("enable_hyper_connections")),
+    refuse(bool(model("enable_hyper_connections")),
            "model.enable_hyper_connections: mHC residual streams are not implemented")
-    refuse(bool(model.get("add_bias_linear")), "model.add_bias_linear: linear biases are not implemented")
-    refuse(model.get("moe_router_num_groups") is not None,
+    refuse(bool(model("add_bias_linear")), "model.add_bias_linear: linear biases are not implemented")
+    refuse(model("moe_router_num_groups") is not None,
            "model.moe_router_num_groups: group-limited routing is not implemented")
-    refuse(bool(model.get("moe_router_pre_softmax")),
+    refuse(bool(model("moe_router_pre_softmax")),
            "model.moe_router_pre_softmax: pre-softmax top-k is not implemented")
-    precision = _get(training, "precision", "fp32")
+    precision = training("precision")
     refuse(precision != "fp32", f"training.precision = {precision!r}: the runtime computes in fp32 "
            "(the reference check is fp32); set training.precision: fp32")
-    refuse(bool(training.get("fp8")) or bool(training.get("fp4")),
+    refuse(bool(training("fp8")) or bool(training("fp4")),
            "training.fp8/fp4: low-precision GEMMs are not implemented")
-    refuse(bool(training.get("calculate_per_token_loss")) and bool(
-        training.get("average_in_collective")), "training.calculate_per_token_loss with "
+    refuse(bool(training("calculate_per_token_loss")) and bool(
+        training("average_in_collective")), "training.calculate_per_token_loss with "
            "average_in_collective: per-token loss must SUM in the collective (as Megatron asserts)")
-    refuse(bool(training.get("variable_seq_lengths")),
+    refuse(bool(training("variable_seq_lengths")),
            "training.variable_seq_lengths: the runtime packs fixed-length sequences")
-    optimizer = _get(training, "optimizer", "adam")
+    optimizer = training("optimizer")
     refuse(optimizer != "adam", f"training.optimizer = {optimizer!r}: only 'adam' (AdamW) runs here")
-    refuse(bool(training.get("use_distributed_optimizer")),
+    refuse(bool(training("use_distributed_optimizer")),
            "training.use_distributed_optimizer: gradients are all-reduced, not reduce-scattered; "
            "set it to false for the runtime")
-    refuse(int(_get(training, "num_distributed_optimizer_instances", 1)) > 1,
+    refuse(int(training("num_distributed_optimizer_instances")) > 1,
            "training.num_distributed_optimizer_instances > 1 is not implemented")
-    refuse(bool(training.get("use_megatron_fsdp")) or bool(training.get("use_torch_fsdp2")),
+    refuse(bool(training("use_megatron_fsdp")) or bool(training("use_torch_fsdp2")),
            "training.use_megatron_fsdp/use_torch_fsdp2: FSDP is not implemented")
-    refuse(moe.get("moe_latent_size") is not None, "moe.moe_latent_size: latent MoE is not implemented")
-    refuse(bool(moe.get("moe_virtual_experts")), "moe.moe_virtual_experts is not implemented")
-    refuse(bool(moe.get("moe_apply_probs_on_input")),
+    refuse(moe("moe_latent_size") is not None, "moe.moe_latent_size: latent MoE is not implemented")
+    refuse(bool(moe("moe_virtual_experts")), "moe.moe_virtual_experts is not implemented")
+    refuse(bool(moe("moe_apply_probs_on_input")),
            "moe.moe_apply_probs_on_input: probs are applied after the activation only")
-    balancing = _get(moe, "moe_router_load_balancing_type", "none")
+    balancing = moe("moe_router_load_balancing_type")
     refuse(balancing not in ("aux_loss", "seq_aux_loss", "none"),
            f"moe.moe_router_load_balancing_type = {balancing!r}: only aux_loss, seq_aux_loss and none")
-    policy = _get(moe, "moe_token_drop_policy", "probs")
+    policy = moe("moe_token_drop_policy")
     refuse(policy != "probs", f"moe.moe_token_drop_policy = {policy!r}: only 'probs' is implemented")
-    source = moe.get("moe_tid2eid_source")
-    refuse(int(_get(model, "moe_n_hash_layers", 0)) > 0 and source not in (None, "seeded"),
+    source = moe("moe_tid2eid_source")
+    refuse(int(model("moe_n_hash_layers")) > 0 and source not in (None, "seeded"),
            f"moe.moe_tid2eid_source = {source!r}: loading tid2eid from a checkpoint is not "
            "implemented; use 'seeded' (a table drawn from the seed)")
-    refuse(bool(moe.get("moe_pad_expert_input_to_capacity")) and dispatcher == "allgather",
+    refuse(bool(moe("moe_pad_expert_input_to_capacity")) and dispatcher == "allgather",
            "moe.moe_pad_expert_input_to_capacity with the allgather dispatcher is not implemented")
+    problems.extend(ownership_problems(plan, int(model("num_experts"))))
 
-    cp = int(_get(layout, "cp", 1))
-    seq = int(training["seq_length"])
-    mode = _get(parallel, "cp_partition_mode", "zigzag")
+    cp = int(layout("cp"))
+    seq = int(training("seq_length"))
+    mode = parallel("cp_partition_mode")
     chunks = 2 * cp if (cp > 1 and mode == "zigzag") else cp
     refuse(seq % chunks != 0, f"training.seq_length = {seq} does not split into {chunks} equal CP "
            f"chunks ({mode} layout, cp = {cp})")
-    heads, groups = int(model["num_attention_heads"]), int(_get(model, "num_query_groups", 0) or
-                                                            model["num_attention_heads"])
+    heads, groups = int(model("num_attention_heads")), int(model("num_query_groups"))
     refuse(heads % groups != 0, f"model.num_attention_heads = {heads} is not a multiple of "
            f"model.num_query_groups = {groups}")
     return problems
+
+
+def ownership_problems(plan: Plan, num_experts: int) -> list[str]:
+    """The runtime's dispatchers send EP rank r the r-th of EP equal consecutive blocks of expert
+    ids; a plan whose ownership differs (hand-edited, or a future placement) is refused here, on
+    every rank alike, instead of routing tokens to experts a rank does not hold."""
+    for group in plan.groups["ep"]:
+        ranks = sorted(group, key=lambda rank: int(plan.rank_info(rank)["ep_rank"]))
+        owned = [list(plan.expert_ownership(rank).ids) for rank in ranks]
+        if [e for ids in owned for e in ids] != list(range(num_experts)) or len(
+                {len(ids) for ids in owned}) != 1:
+            listed = ", ".join(f"rank {rank}: {ids}" for rank, ids in zip(ranks, owned, strict=True))
+            return [f"ranks[].experts of EP group {sorted(group)} ({listed}): the runtime's "
+                    f"dispatchers need EP rank r to hold the r-th of {len(ranks)} equal consecutive "
+                    f"blocks of the {num_experts} experts; recompile the config"]
+    return []

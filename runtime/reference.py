@@ -28,7 +28,7 @@ from runtime.model import (
     mtp_loss,
     token_losses,
 )
-from runtime.plan_io import Plan
+from runtime.plan_io import Plan, required
 from runtime.reference_moe import ReferenceMoE, reference_moe
 from runtime.router import MoESettings
 from runtime.train import batch_layout, build_tid2eid, make_optimizer, named_state
@@ -95,7 +95,7 @@ class ReferenceModel:
         self.plan = plan
         self.batches = batch_layout(plan, seed)
         cp_size = int(plan.layout["cp"])
-        mode = str(plan.parallel.get("cp_partition_mode") or "zigzag")
+        mode = str(required(plan.parallel, "cp_partition_mode", "config.parallel"))
         self.slices = cp_slices(self.batches.seq_length, cp_size, mode)
         model_cfg, moe_cfg = dict(plan.model), dict(plan.moe)
         if balanced:

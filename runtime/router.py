@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from runtime.comm import CommGroup, Ledger, all_reduce
 from runtime.init import DEFAULT_INIT_STD, init_tensor
+from runtime.plan_io import required
 
 SCORE_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")
 DISPATCHERS = ("alltoall", "allgather")
@@ -56,39 +57,41 @@ class MoESettings:
 
     @classmethod
     def from_config(cls, model_cfg: dict[str, Any], moe_cfg: dict[str, Any]) -> MoESettings:
+        """Read the plan's resolved `config.model` / `config.moe`: every field is there (the
+        compiler dumps defaults too), so a missing one is a PlanError, never a local default.
+        None keeps Megatron's meaning: no top-k scaling (1), no clamp, no capacity limit."""
+
+        def model(key: str) -> Any:
+            return required(model_cfg, key, "config.model")
+
+        def moe(key: str) -> Any:
+            return required(moe_cfg, key, "config.moe")
+
         try:
+            scaling = model("moe_router_topk_scaling_factor")
+            limit = model("swiglu_limit")
+            capacity = moe("moe_expert_capacity_factor")
             settings = cls(
-                hidden_size=int(model_cfg["hidden_size"]),
-                num_experts=int(model_cfg["num_experts"]),
-                topk=int(model_cfg["moe_router_topk"]),
-                ffn_hidden_size=int(model_cfg["moe_ffn_hidden_size"]),
-                shared_ffn_hidden_size=int(
-                    model_cfg.get("moe_shared_expert_intermediate_size") or 0
-                ),
-                score_function=str(model_cfg.get("moe_router_score_function", "softmax")),
-                scaling_factor=float(model_cfg.get("moe_router_topk_scaling_factor") or 1.0),
-                enable_expert_bias=bool(model_cfg.get("moe_router_enable_expert_bias", False)),
-                bias_update_rate=float(model_cfg.get("moe_router_bias_update_rate") or 0.0),
-                swiglu_limit=(
-                    None
-                    if model_cfg.get("swiglu_limit") is None
-                    else float(model_cfg["swiglu_limit"])
-                ),
-                dispatcher=str(moe_cfg.get("moe_token_dispatcher_type", "alltoall")),
-                capacity_factor=(
-                    None
-                    if moe_cfg.get("moe_expert_capacity_factor") is None
-                    else float(moe_cfg["moe_expert_capacity_factor"])
-                ),
-                pad_to_capacity=bool(moe_cfg.get("moe_pad_expert_input_to_capacity", False)),
-                aux_loss_type=str(moe_cfg.get("moe_router_load_balancing_type", "none")),
-                aux_loss_coeff=float(moe_cfg.get("moe_aux_loss_coeff") or 0.0),
-                force_balanced=bool(moe_cfg.get("moe_router_force_load_balancing", False)),
-                num_layers=int(model_cfg.get("num_layers", 1)),
-                init_std=float(model_cfg.get("init_method_std", DEFAULT_INIT_STD)),
+                hidden_size=int(model("hidden_size")),
+                num_experts=int(model("num_experts")),
+                topk=int(model("moe_router_topk")),
+                ffn_hidden_size=int(model("moe_ffn_hidden_size")),
+                shared_ffn_hidden_size=int(model("moe_shared_expert_intermediate_size")),
+                score_function=str(model("moe_router_score_function")),
+                scaling_factor=1.0 if scaling is None else float(scaling),
+                enable_expert_bias=bool(model("moe_router_enable_expert_bias")),
+                bias_update_rate=float(model("moe_router_bias_update_rate")),
+                swiglu_limit=None if limit is None else float(limit),
+                dispatcher=str(moe("moe_token_dispatcher_type")),
+                capacity_factor=None if capacity is None else float(capacity),
+                pad_to_capacity=bool(moe("moe_pad_expert_input_to_capacity")),
+                aux_loss_type=str(moe("moe_router_load_balancing_type")),
+                aux_loss_coeff=float(moe("moe_aux_loss_coeff")),
+                force_balanced=bool(moe("moe_router_force_load_balancing")),
+                num_layers=int(model("num_layers")),
+                # Not a config field (the schema has none): Megatron's init_method_std default.
+                init_std=DEFAULT_INIT_STD,
             )
-        except KeyError as missing:
-            raise MoEConfigError(f"config is missing {missing.args[0]!r}") from None
         except (TypeError, ValueError) as bad:
             raise MoEConfigError(f"config has a malformed MoE value: {bad}") from None
         settings.validate()

@@ -1,7 +1,9 @@
 """One rank's training loop: microbatches → gradient reduction → expert-bias update → AdamW.
 
 Loss scaling is chosen so that the reduced gradient *is* the gradient of the global objective
-(mean token loss over the whole global batch), whatever the layout:
+(mean token loss over the whole global batch), whatever the layout. The pre-scale factors are the
+plan's (`budgets`: grad_scale_sum_* / grad_scale_avg_* / grad_scale_per_token, read through
+`Plan.grad_scales`); this module applies them and never recomputes them. Why they are right:
 
 * each rank backpropagates its local mean token loss divided by the m microbatches;
 * dense grads are pre-scaled by 1/|dp_cp| and summed over `dp_cp` (Megatron-LM dev@d48bd6be
@@ -15,8 +17,8 @@ Loss scaling is chosen so that the reduced gradient *is* the gradient of the glo
 * the aux loss rides on the routing weights with backward scale 1/m, so after the reduction its
   coefficient is 1/(m·|dp_cp|) per (rank, microbatch) — the reference applies exactly that;
 * with `calculate_per_token_loss` each rank backpropagates its token-loss *sum*, both classes
-  are summed with factor 1, and every grad is then divided by the step's token count N
-  (Megatron all-reduces that count; every token here is valid, so N = B·S is known). The aux
+  are summed with factor 1, and every grad is then multiplied by 1/N for the step's token count
+  N (Megatron all-reduces that count; every token here is valid, so N = B·S is known). The aux
   loss is scaled up by the rank's n tokens, which gives it the same 1/(m·|dp_cp|) coefficient.
 * MTP adds `mtp_loss`'s term to what each rank backpropagates, scaled like the main loss (1/m,
   or 1 with per-token loss), as Megatron's MTPLossAutoScaler does with its backward scale.
@@ -51,7 +53,7 @@ from runtime.model import (
 )
 from runtime.moe_layer import MoELayer
 from runtime.pipeline import PipelineRunner, StageModel
-from runtime.plan_io import Plan, PlanError
+from runtime.plan_io import GradScales, Plan, required
 
 # Test-only fault injection: the equivalence tests flip this to prove they catch a wrong
 # reduction. Never exposed as a user flag.
@@ -266,7 +268,7 @@ class RankTrainer:
         self.expt_dp = comm_group(groups, "expt_dp")
         self.tp_dp_cp = comm_group(groups, "tp_dp_cp")
         seq, cp_size = self.batches.seq_length, self.cp.size
-        mode = str(plan.parallel.get("cp_partition_mode") or "zigzag")
+        mode = str(required(plan.parallel, "cp_partition_mode", "config.parallel"))
         slices = cp_slices(seq, cp_size, mode)
         self.slice: TokenSlice = slices[self.cp_rank]
         self.local_positions = self.slice.index(self.device)
@@ -279,13 +281,14 @@ class RankTrainer:
         if options.balanced:
             moe_cfg["moe_router_force_load_balancing"] = True
         layer_groups = moe_groups(groups, plan)
+        owned_experts = plan.expert_ownership(self.rank).ids
 
         def moe_factory(layer_id: int, is_hash: bool) -> MoELayer:
             tid2eid = (build_tid2eid(self.seed, layer_id, spec.vocab_size,
                                      int(model_cfg["num_experts"]),
                                      int(model_cfg["moe_router_topk"])) if is_hash else None)
             return MoELayer(model_cfg, moe_cfg, layer_id, is_hash, layer_groups, self.ledger,
-                            self.seed, tid2eid, torch.float32)
+                            self.seed, tid2eid, torch.float32, owned_experts)
 
         # Weights are generated on the CPU from their identities, then moved to the device.
         self.pipeline: PipelineRunner | None = None
@@ -301,8 +304,8 @@ class RankTrainer:
             self.model = StageModel(spec, plan.chunks(self.stage), self.seed, torch.float32,
                                     make_layer).to(self.device)
         self.spec = spec
-        self._check_ownership(info)
-        self.per_token_loss = bool(plan.training.get("calculate_per_token_loss"))
+        self.grad_scales: GradScales = plan.grad_scales
+        self.per_token_loss = self.grad_scales.per_token is not None
         local_tokens = self.batches.micro_batch_size * len(self.slice)
         for block in moe_blocks(self.model):
             block.aux_loss_backward_scale = (float(local_tokens) if self.per_token_loss
@@ -337,15 +340,6 @@ class RankTrainer:
             token_ids=lambda step, microbatch: self.microbatch(step, microbatch)[0],
             local_positions=self.local_positions, gathered_positions=self.gathered_positions,
             ledger=self.ledger, meter=self.meter)
-
-    def _check_ownership(self, info: dict[str, Any]) -> None:
-        """The layer's contiguous ownership must be the plan's; a disagreement is a plan bug."""
-        owned = info.get("experts", {})
-        for block in moe_blocks(self.model):
-            first, count = block.layout.first_expert, block.layout.num_local
-            if (first, count) != (owned.get("first"), owned.get("count")):
-                raise PlanError(f"rank {self.rank}: plan assigns experts {owned} but the EP "
-                                f"coordinates give first={first}, count={count}")
 
     def microbatch(self, step: int, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's ids and labels [b, s_local]: its DP replica's samples, its CP positions."""
@@ -428,25 +422,18 @@ class RankTrainer:
         all_reduce(weight.grad, self.embd, self.ledger, "embd_grad_reduce")
 
     def reduce_gradients(self) -> None:
-        """Dense over dp_cp, routed experts over expt_dp, both pre-scaled by 1/|dp_cp| as Megatron does."""
-        average = bool(self.plan.training.get("average_in_collective"))
-        op = dist.ReduceOp.AVG if average else dist.ReduceOp.SUM
-        dp_cp_size, edp_size = self.dp_cp.size, self.expt_dp.size
-        if self.per_token_loss:
-            dense_factor = expert_factor = 1.0
-        else:
-            dense_factor = 1.0 if average else 1.0 / dp_cp_size
-            expert_factor = edp_size / dp_cp_size if average else 1.0 / dp_cp_size
+        """Dense over dp_cp, routed experts over expt_dp, each pre-scaled by the plan's factor."""
+        scales = self.grad_scales
+        op = dist.ReduceOp.AVG if scales.average else dist.ReduceOp.SUM
         expert_group = self.dp_cp if _fault == "expert_grads_over_dp_cp" else self.expt_dp
-        _reduce_grads(self.dense_params, dense_factor, self.dp_cp, op, self.ledger,
+        _reduce_grads(self.dense_params, scales.dense, self.dp_cp, op, self.ledger,
                       "dense_grad_reduce")
-        _reduce_grads(self.expert_params, expert_factor, expert_group, op, self.ledger,
+        _reduce_grads(self.expert_params, scales.expert, expert_group, op, self.ledger,
                       "expert_grad_reduce")
         self.sync_embedding_grads()
-        if self.per_token_loss:
-            tokens = self.batches.global_batch * self.batches.seq_length
+        if scales.per_token is not None:
             for p in self.model.parameters():
-                p.grad.div_(tokens)
+                p.grad.mul_(scales.per_token)
 
     def update_expert_bias(self) -> None:
         """Sum the token counts of every expert-bias router over tp_dp_cp in one int64 call

@@ -29,9 +29,15 @@ import torch.multiprocessing as mp
 from hypothesis import given
 from hypothesis import strategies as st
 
+from planner.schema import ModelSection, MoeSection
+
 TOLERANCE = 1e-5
 SEQ, BATCH, HIDDEN, VOCAB = 4, 2, 16, 32  # n = 8 token rows per rank
+# The runtime reads every config field from the plan and defaults none, so the layer's dicts are
+# completed the way a compiled plan is: the schema's own defaults for every field not set here.
 BASE_MODEL: dict[str, Any] = {
+    "num_attention_heads": 2,
+    "vocab_size": VOCAB,
     "hidden_size": HIDDEN,
     "num_layers": 2,
     "num_experts": 8,
@@ -52,6 +58,14 @@ BASE_MOE: dict[str, Any] = {
     "moe_router_load_balancing_type": "seq_aux_loss",
     "moe_router_force_load_balancing": False,
 }
+BASE_MODEL = ModelSection.model_validate(BASE_MODEL).model_dump(mode="json")
+BASE_MOE = MoeSection.model_validate(BASE_MOE).model_dump(mode="json")
+
+
+def owned_block(num_experts: int, ep_rank: int, ep_size: int) -> range:
+    """What a compiled plan assigns EP rank r: the contiguous block [r·L, (r+1)·L), L = E/EP."""
+    count = num_experts // ep_size
+    return range(ep_rank * count, (ep_rank + 1) * count)
 
 
 @dataclass(frozen=True)
@@ -221,9 +235,9 @@ def test_layout_refusals() -> None:
         ExpertLayout.of(8, two_ep_ranks)  # type: ignore[arg-type]
     with pytest.raises(MoEConfigError, match="needs a tid2eid"):
         MoELayer(BASE_MODEL, BASE_MOE, 0, True, MoEGroups.single(), Ledger(), 0, None,
-                 torch.float32)
+                 torch.float32, range(8))
     layer = MoELayer(BASE_MODEL, {**BASE_MOE, **BALANCED}, 0, False, MoEGroups.single(),
-                     Ledger(), 0, None, torch.float32)
+                     Ledger(), 0, None, torch.float32, range(8))
     with pytest.raises(MoEConfigError, match="forced balanced routing"):
         layer(torch.randn(3, 1, HIDDEN), None)  # n·k = 6 is not a multiple of E = 8
 
@@ -234,7 +248,7 @@ def test_bf16_layer_tracks_fp32() -> None:
 
     def run(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         layer = MoELayer(BASE_MODEL, BASE_MOE, 0, False, MoEGroups.single(), Ledger(), 3, None,
-                         dtype)
+                         dtype, range(8))
         x = (torch.randn(SEQ, BATCH, HIDDEN, generator=torch.Generator().manual_seed(0)) * 5)
         x = x.to(dtype).requires_grad_()
         out = layer(x, None)
@@ -337,7 +351,8 @@ def _run_case(case: Case, case_index: int, world: int, rank: int, cache: _Groups
     ledger = Ledger()
     seed, layer_id = 11, 5
     layer = MoELayer(model_cfg, moe_cfg, layer_id, case.hash_layer, groups, ledger, seed,
-                     tid2eid if case.hash_layer else None, torch.float32)
+                     tid2eid if case.hash_layer else None, torch.float32,
+                     owned_block(num_experts, groups.ep_rank, groups.ep_size))
     reference = ReferenceMoE(layer.settings, layer_id, seed, torch.float32)
     layer.aux_loss_backward_scale = 0.5
     with torch.no_grad():

@@ -166,7 +166,15 @@ def _edited(plan: Path, edit: Any, *, redigest: bool) -> Path:
         (lambda d: d["groups"].pop("expt_dp"), True, "'expt_dp'"),
         (lambda d: d["config"]["moe"].update(moe_tid2eid_source="ckpt/tid2eid.pt"), True,
          "tid2eid"),
-        (lambda d: d["config"]["training"].pop("seq_length"), True, "malformed"),
+        (lambda d: d["config"]["training"].pop("seq_length"), True,
+         "no config.training.seq_length"),
+        (lambda d: d["config"]["moe"].pop("moe_router_force_load_balancing"), True,
+         "no config.moe.moe_router_force_load_balancing"),
+        (lambda d: d["config"]["model"].pop("moe_router_score_function"), True,
+         "no config.model.moe_router_score_function"),
+        (lambda d: d.update(budgets=[b for b in d["budgets"]
+                                     if b["name"] != "grad_scale_sum_dense"]), True,
+         "no budget 'grad_scale_sum_dense'"),
     ],
 )
 def test_unrunnable_plans_are_refused_before_any_group_forms(
