@@ -128,9 +128,6 @@ class MoEGroups:
     tp_ep_size: int = 1
     tp_cp: ProcessGroup | None = None
     tp_cp_size: int = 1
-    # Global ids of this rank's routed experts, read from the plan's rank row; None only where
-    # a single EP rank holds every expert.
-    experts: range | None = None
 
     def __post_init__(self) -> None:
         if self.tp_ep_size != self.ep_size * self.etp_size:

@@ -63,10 +63,9 @@ class ExpertLayout:
             )
 
     @classmethod
-    def of(cls, num_experts: int, groups: MoEGroups) -> ExpertLayout:
-        """The layer's layout from its groups; only a single EP rank may omit the ownership
-        (it then holds every expert)."""
-        experts = groups.experts
+    def of(cls, num_experts: int, groups: MoEGroups, experts: range | None) -> ExpertLayout:
+        """The layer's layout from its groups and the plan's experts for this rank; only a single
+        EP rank may omit the ownership (it then holds every expert)."""
         if experts is None:
             if groups.ep_size != 1:
                 raise MoEConfigError(f"EP = {groups.ep_size} needs the plan's expert ownership "

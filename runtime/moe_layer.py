@@ -59,13 +59,12 @@ class MoELayer(torch.nn.Module):
         self.settings = settings
         self.layer_id = layer_id
         self.is_hash_layer = is_hash_layer
-        self.layout = ExpertLayout.of(settings.num_experts, groups)
         self.router = Router(
             settings, layer_id, seed, is_hash_layer, tid2eid, groups.comm("tp_cp"), ledger,
             dtype,
         )
         self.owned_experts = tuple(int(expert) for expert in owned_experts)
-        self._check_ownership(groups)
+        self.layout = ExpertLayout.of(settings.num_experts, groups, self._owned_block(groups))
         self.experts = GroupedExperts(
             settings, layer_id, self.owned_experts, groups.etp_rank, groups.etp_size, seed, dtype,
         )
@@ -77,17 +76,18 @@ class MoELayer(torch.nn.Module):
         self.dispatcher = make_dispatcher(settings, self.layout, groups, ledger)
         self.force_balanced = settings.force_balanced
 
-    def _check_ownership(self, groups: MoEGroups) -> None:
-        """The plan's experts must be the block the dispatcher routes to this EP rank."""
-        first, count = self.layout.first_expert, self.layout.num_local
-        routed = tuple(range(first, first + count))
-        if self.owned_experts != routed:
+    def _owned_block(self, groups: MoEGroups) -> range:
+        """The plan's experts as the ascending block the dispatcher's splits index; the layout
+        then checks it is this EP rank's equal share."""
+        owned = self.owned_experts
+        block = range(owned[0], owned[-1] + 1) if owned else range(0)
+        if tuple(block) != owned:
             raise PlanError(
                 f"layer {self.layer_id}: the plan gives EP rank {groups.ep_rank} of "
-                f"{groups.ep_size} experts {list(self.owned_experts)}, but the "
-                f"{self.settings.dispatcher} dispatcher sends it the tokens of experts "
-                f"{list(routed)} (contiguous blocks); recompile the config"
+                f"{groups.ep_size} experts {list(owned)}, but the {self.settings.dispatcher} "
+                "dispatcher routes one ascending contiguous block per EP rank; recompile the config"
             )
+        return block
 
     @property
     def aux_loss_backward_scale(self) -> float:

@@ -235,7 +235,6 @@ def comm_group(groups: RankGroups, name: str) -> CommGroup:
 def moe_groups(groups: RankGroups, plan: Plan) -> MoEGroups:
     """The MoE layer's groups, with the plan's EP/ETP coordinates checked against torch's."""
     info = plan.rank_info(groups.rank)
-    first, count = int(info["experts"]["first"]), int(info["experts"]["count"])
 
     def handle(name: str) -> dist.ProcessGroup | None:
         return groups[name] if groups.size(name) > 1 else None
@@ -245,7 +244,6 @@ def moe_groups(groups: RankGroups, plan: Plan) -> MoEGroups:
         ep_rank=int(info["ep_rank"]), ep_size=groups.size("ep"),
         etp_rank=int(info["etp_rank"]), etp_size=groups.size("expt_tp"),
         tp_ep_size=groups.size("tp_ep"), tp_cp=handle("tp_cp"), tp_cp_size=groups.size("tp_cp"),
-        experts=range(first, first + count),
     )
 
 

@@ -233,7 +233,7 @@ def test_known_twins_exist() -> None:
 
 def test_runtime_takes_each_ranks_experts_from_the_plan(tmp_path) -> None:
     """A one-rank plan whose rank row (re-digested) gives the rank 2 of its 4 experts: the MoE
-    layer builds from that row, not from E/EP, and refuses a block its splits cannot serve."""
+    runtime reads that row, not E/EP, and refuses a block its splits cannot serve."""
     from tests.test_runtime_cli import _edited, runtime, small
 
     plan = small(tmp_path, parallel={"world_size": 1, "ep": 1}, training={"global_batch_size": 2})
@@ -245,4 +245,5 @@ def test_runtime_takes_each_ranks_experts_from_the_plan(tmp_path) -> None:
 
     run = runtime("--plan", str(_edited(plan, halve, redigest=True)), "--steps", "1")
     assert run.returncode == 2, run.stdout + run.stderr
-    assert "EP rank 0 of 1 is assigned experts [0, 2) of 4" in run.stderr
+    # refused when the plan is loaded, before any group forms (runtime/plan_io.py)
+    assert "equal consecutive blocks of the 4 experts" in run.stderr

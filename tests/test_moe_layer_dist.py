@@ -231,8 +231,8 @@ def test_layout_refusals() -> None:
         ExpertLayout(num_experts=8, ep_rank=1, ep_size=2, etp_rank=0, etp_size=1,
                      experts=range(0, 4))
     with pytest.raises(MoEConfigError, match="needs the plan's expert ownership"):
-        two_ep_ranks = SimpleNamespace(experts=None, ep_rank=0, ep_size=2, etp_rank=0, etp_size=1)
-        ExpertLayout.of(8, two_ep_ranks)  # type: ignore[arg-type]
+        two_ep_ranks = SimpleNamespace(ep_rank=0, ep_size=2, etp_rank=0, etp_size=1)
+        ExpertLayout.of(8, two_ep_ranks, None)  # type: ignore[arg-type]
     with pytest.raises(MoEConfigError, match="needs a tid2eid"):
         MoELayer(BASE_MODEL, BASE_MOE, 0, True, MoEGroups.single(), Ledger(), 0, None,
                  torch.float32, range(8))
@@ -294,7 +294,6 @@ def _build_groups(case: Case, world: int, rank: int, cache: _Groups):
             if rank in ranks:
                 handles[kind] = (pg, ranks)
     ep_ranks, etp_ranks = handles["ep"][1], handles["expt_tp"][1]
-    per_rank = {**BASE_MODEL, **case.model}["num_experts"] // case.ep
     groups = MoEGroups(
         ep=handles["ep"][0],
         expt_tp=handles["expt_tp"][0],
@@ -306,8 +305,6 @@ def _build_groups(case: Case, world: int, rank: int, cache: _Groups):
         tp_ep_size=case.ep * case.etp,
         tp_cp=handles["tp_cp"][0],
         tp_cp_size=case.cp,
-        # The plan's contiguous ownership: EP rank r holds experts [r·L, (r+1)·L), L = E / EP.
-        experts=range(ep_ranks.index(rank) * per_rank, (ep_ranks.index(rank) + 1) * per_rank),
     )
     return groups, handles["expt_dp"], tp_cp
 
