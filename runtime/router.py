@@ -53,6 +53,12 @@ class MoESettings:
     force_balanced: bool
     num_layers: int
     init_std: float
+    latent_size: int | None = None  # latent MoE: routed rows and experts at this width
+
+    @property
+    def routed_width(self) -> int:
+        """Width of the rows the dispatcher moves and the routed experts take and return."""
+        return self.latent_size or self.hidden_size
 
     @classmethod
     def from_config(cls, model_cfg: dict[str, Any], moe_cfg: dict[str, Any]) -> MoESettings:
@@ -86,6 +92,8 @@ class MoESettings:
                 force_balanced=bool(moe_cfg.get("moe_router_force_load_balancing", False)),
                 num_layers=int(model_cfg.get("num_layers", 1)),
                 init_std=float(model_cfg.get("init_method_std", DEFAULT_INIT_STD)),
+                latent_size=(None if moe_cfg.get("moe_latent_size") is None
+                             else int(moe_cfg["moe_latent_size"])),
             )
         except KeyError as missing:
             raise MoEConfigError(f"config is missing {missing.args[0]!r}") from None
@@ -101,6 +109,8 @@ class MoESettings:
                             f"({self.num_experts})")
         if self.hidden_size < 1 or self.ffn_hidden_size < 1 or self.shared_ffn_hidden_size < 0:
             problems.append("hidden_size and moe_ffn_hidden_size must be positive")
+        if self.latent_size is not None and self.latent_size < 1:
+            problems.append(f"moe_latent_size must be positive, got {self.latent_size}")
         if self.score_function not in SCORE_FUNCTIONS:
             problems.append(f"moe_router_score_function {self.score_function!r} is not one of "
                             f"{SCORE_FUNCTIONS}")
