@@ -31,23 +31,17 @@ from planner.loader import InvalidConfig, load_config, parse_config
 from planner.rules import run_rules
 from tests.conftest import EXAMPLES
 from tests.megatron_lines import megatron_line
+from tests.test_runtime_cli import SMALL as RUNTIME_SMALL
 from tests.test_runtime_cli import compile_config, moeplan, torchrun
 
 H, LATENT, P = 32, 8, 4
 PASSES = 2 * 2  # MoE layers × microbatches
 
-SMALL: dict[str, Any] = {
-    "model": {"num_layers": 2, "hidden_size": H, "num_attention_heads": 4, "kv_channels": 8,
-              "ffn_hidden_size": 64, "vocab_size": 64, "num_experts": 4, "moe_router_topk": 2,
-              "moe_ffn_hidden_size": 16, "moe_shared_expert_intermediate_size": 16,
-              "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True},
-    "parallel": {"world_size": 2, "ep": 2},
-    "training": {"seq_length": 16, "micro_batch_size": 1, "global_batch_size": 4,
-                 "precision": "fp32", "lr": 1e-3, "seed": 3},
-    "moe": {"moe_token_dispatcher_type": "alltoall", "moe_router_load_balancing_type": "aux_loss",
-            "moe_aux_loss_coeff": 1e-2, "moe_latent_size": LATENT},
-    "cluster": {"nodes": 1, "gpus_per_node": 8},
-}
+# test_runtime_cli's small EP2 layout (the dimensions the docstring derives from) with ℓ = 8.
+SMALL: dict[str, Any] = copy.deepcopy(RUNTIME_SMALL)
+SMALL["moe"]["moe_latent_size"] = LATENT
+SMALL["cluster"]["nodes"] = 1
+assert SMALL["model"]["hidden_size"] == H and SMALL["training"]["precision"] == "fp32"
 
 MOE_LAYER = "core/transformer/moe/moe_layer.py"
 # (path under megatron/, line at dev@d48bd6be, text on that line, function): the facts used here.
