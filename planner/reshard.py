@@ -28,16 +28,24 @@ _PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_STATE_BYTES = 12  # fp32 master weight + two fp32 moments per parameter
 
 
+def _identity(cfg: Config) -> dict[str, Any]:
+    """`section.field` -> value of every field that shapes a logical tensor (moe_latent_size sizes
+    the routed experts and adds the latent projections)."""
+    fields = {f"model.{name}": getattr(cfg.model, name) for name in MODEL_IDENTITY_FIELDS}
+    return {**fields, "moe.moe_latent_size": cfg.moe.moe_latent_size}
+
+
 def model_differences(old: Config, new: Config) -> list[Finding]:
     """One finding per model field that differs: a checkpoint cannot move between different models."""
     findings = []
-    for name in MODEL_IDENTITY_FIELDS:
-        a, b = getattr(old.model, name), getattr(new.model, name)
+    olds, news = _identity(old), _identity(new)
+    for path, a in olds.items():
+        b, name = news[path], path.split(".")[1]
         if a != b:
             findings.append(Finding(
-                "RSH001", "error", f"model.{name}",
+                "RSH001", "error", path,
                 f"the two configs describe different models: {name} {a} → {b}",
-                f"keep model.{name} = {a} in the new config; resharding moves shards, it cannot "
+                f"keep {path} = {a} in the new config; resharding moves shards, it cannot "
                 "change logical tensor shapes",
                 "Megatron-LM dev@d48bd6be megatron/core/dist_checkpointing (sharded tensors keep "
                 "their global shape)"))
@@ -77,9 +85,10 @@ def _holders(grid: Any) -> tuple[dict[tuple[int, int], list[tuple[int, int, int]
 
 
 def _bytes_per_intermediate_row(cfg: Config) -> int:
-    """W1, W3 columns and a W2 row per unit of I: 3·h parameters, weights plus Adam state."""
+    """W1, W3 columns and a W2 row per unit of I: 3·h parameters (3·latent with latent MoE),
+    weights plus Adam state."""
     per_param = _PRECISION_BYTES[cfg.training.precision] + ADAM_STATE_BYTES
-    return 3 * cfg.model.hidden_size * per_param
+    return 3 * (cfg.moe.moe_latent_size or cfg.model.hidden_size) * per_param
 
 
 def reshard_plan(old: Config, new: Config) -> dict[str, Any]:

@@ -47,8 +47,10 @@ def output_init_std(settings: MoESettings) -> float:
 
 
 def expert_matrix_shape(settings: MoESettings, matrix: str) -> tuple[int, int]:
-    """The full logical shape of one expert's matrix in math form."""
-    h, ffn = settings.hidden_size, settings.ffn_hidden_size
+    """The full logical shape of one expert's matrix in math form (latent MoE: the latent width,
+    as Megatron-LM dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP sizes FC1's
+    input and FC2's output)."""
+    h, ffn = settings.routed_width, settings.ffn_hidden_size
     return (ffn, h) if matrix == "w2" else (h, ffn)
 
 

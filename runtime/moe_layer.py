@@ -5,6 +5,13 @@ their weights; the dispatcher ships each (row, expert) assignment to the rank ow
 expert (and its ETP peers); the experts weight their SwiGLU activation by the routing weight
 before FC2; the combine brings each output home and sums the k of them; the shared expert adds
 its output for every row. Gradients retrace the same path through autograd collectives.
+
+Latent MoE (moe_latent_size = ℓ) follows Megatron-LM dev@d48bd6be
+megatron/core/transformer/moe/moe_layer.py MoELayer.preprocess / postprocess: the router and the
+shared expert see the full rows [n, h]; the routed rows are projected h → ℓ before the dispatch
+(so every EP/ETP exchange moves ℓ-wide rows and the experts run at ℓ) and the combined rows are
+projected ℓ → h before the shared expert's output is added. The projections are dense weights,
+whole on every rank ("duplicated" in Megatron), reduced over dp_cp.
 """
 
 from __future__ import annotations
@@ -21,11 +28,29 @@ from runtime.experts import (
     GroupedExperts,
     SharedExpert,
     expert_shard_dim,
+    output_init_std,
 )
+from runtime.init import init_tensor
 from runtime.plan_io import PlanError
 from runtime.router import MoEConfigError, MoESettings, Router, check_balanced_routing
 
-__all__ = ["MoEConfigError", "MoELayer", "MoESettings"]
+__all__ = ["MoEConfigError", "MoELayer", "MoESettings", "latent_projections"]
+
+LATENT_DOWN, LATENT_UP = "fc1_latent_proj", "fc2_latent_proj"
+
+
+def latent_projections(settings: MoESettings, layer_id: int, seed: int,
+                       dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The latent MoE projections in math form X·W (none without latent MoE): down [h, ℓ] with
+    the input std, up [ℓ, h] with the scaled output std, like Megatron's init methods."""
+    if settings.latent_size is None:
+        return {}
+    h, latent = settings.hidden_size, settings.latent_size
+    return {
+        name: init_tensor(seed, (layer_id, "latent_proj", name), shape, std, dtype)
+        for name, shape, std in ((LATENT_DOWN, (h, latent), settings.init_std),
+                                 (LATENT_UP, (latent, h), output_init_std(settings)))
+    }
 
 
 class MoELayer(torch.nn.Module):
@@ -75,6 +100,9 @@ class MoELayer(torch.nn.Module):
         )
         self.dispatcher = make_dispatcher(settings, self.layout, groups, ledger)
         self.force_balanced = settings.force_balanced
+        self.latent = settings.latent_size is not None
+        for name, values in latent_projections(settings, layer_id, seed, dtype).items():
+            self.register_parameter(name, torch.nn.Parameter(values))
 
     def _owned_block(self, groups: MoEGroups) -> range:
         """The plan's experts as the ascending block the dispatcher's splits index; the layout
@@ -118,11 +146,14 @@ class MoELayer(torch.nn.Module):
             # hidden rows are [s, b]-major but ids are [b, s]: transpose to align them.
             token_ids = input_ids.t().reshape(-1)
         routing = self.router(rows, token_ids, seq_length, batch, self.force_balanced)
-        dispatched = self.dispatcher.dispatch(rows, routing)
+        routed = rows @ self.fc1_latent_proj if self.latent else rows
+        dispatched = self.dispatcher.dispatch(routed, routing)
         expert_out = self.experts(
             dispatched.rows, dispatched.probs, dispatched.tokens_per_expert
         )
         out = self.dispatcher.combine(expert_out, dispatched.state).to(hidden.dtype)
+        if self.latent:
+            out = out @ self.fc2_latent_proj
         if self.shared_expert is not None:
             out = out + self.shared_expert(rows)
         return out.view(seq_length, batch, width)
@@ -132,10 +163,13 @@ class MoELayer(torch.nn.Module):
         return list(self.experts.parameters())
 
     def dense_parameters(self) -> list[torch.nn.Parameter]:
-        """Router and shared expert: replicated over the dense grid, reduced over dp_cp."""
+        """Router, shared expert and latent projections: replicated over the dense grid, reduced
+        over dp_cp."""
         params = list(self.router.parameters())
         if self.shared_expert is not None:
             params += list(self.shared_expert.parameters())
+        if self.latent:
+            params += [self.fc1_latent_proj, self.fc2_latent_proj]
         return params
 
     def update_expert_bias(self, global_counts: torch.Tensor) -> None:

@@ -321,7 +321,6 @@ def unsupported_features(plan: Plan) -> list[str]:
            "training.num_distributed_optimizer_instances > 1 is not implemented")
     refuse(bool(training("use_megatron_fsdp")) or bool(training("use_torch_fsdp2")),
            "training.use_megatron_fsdp/use_torch_fsdp2: FSDP is not implemented")
-    refuse(moe("moe_latent_size") is not None, "moe.moe_latent_size: latent MoE is not implemented")
     refuse(bool(moe("moe_virtual_experts")), "moe.moe_virtual_experts is not implemented")
     refuse(bool(moe("moe_apply_probs_on_input")),
            "moe.moe_apply_probs_on_input: probs are applied after the activation only")

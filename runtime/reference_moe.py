@@ -29,6 +29,7 @@ from runtime.experts import (
     shared_expert_identity,
 )
 from runtime.init import init_tensor
+from runtime.moe_layer import latent_projections
 from runtime.router import AuxLossAutoScaler, MoESettings, expert_capacity
 
 
@@ -70,6 +71,9 @@ class ReferenceMoE(torch.nn.Module):
                 values = init_tensor(seed, shared_expert_identity(layer_id, matrix), shape, std,
                                      dtype)
                 self.shared_expert.register_parameter(matrix, torch.nn.Parameter(values))
+        # Latent MoE: the rows go h → latent before the experts and back after (names as MoELayer).
+        for name, values in latent_projections(settings, layer_id, seed, dtype).items():
+            self.register_parameter(name, torch.nn.Parameter(values))
 
     def update_expert_bias(self, global_counts: torch.Tensor, is_hash_layer: bool) -> None:
         """Same rule as the runtime: bias += rate · sign(mean − count), never on hash layers."""
@@ -192,7 +196,9 @@ def reference_moe(
             capacity = expert_capacity(num_tokens, topk, num_experts, settings.capacity_factor)
             kept = _capacity_drop(chosen, mixing.detach(), num_experts, capacity)
 
-        y = torch.zeros(num_tokens, h, dtype=shard.dtype)
+        latent = settings.latent_size is not None
+        routed = x @ weights.fc1_latent_proj if latent else x
+        y = torch.zeros(num_tokens, routed.shape[1], dtype=shard.dtype)
         for expert in range(num_experts):
             slots = [(t, i) for t in range(num_tokens) for i in range(topk)
                      if chosen[t][i] == expert and kept[t][i]]
@@ -202,11 +208,13 @@ def reference_moe(
             tokens = torch.tensor([t for t, _ in slots])
             columns = torch.tensor([i for _, i in slots])
             activation = _activation(
-                x[tokens], weights.experts.w1[expert], weights.experts.w3[expert],
+                routed[tokens], weights.experts.w1[expert], weights.experts.w3[expert],
                 settings.swiglu_limit,
             )
             weighted = activation * mixing[tokens, columns].unsqueeze(1).to(activation.dtype)
             y = y.index_add(0, tokens, weighted @ weights.experts.w2[expert])
+        if latent:
+            y = y @ weights.fc2_latent_proj
         if weights.shared_expert is not None:
             shared = weights.shared_expert
             y = y + _activation(x, shared.w1, shared.w3, None) @ shared.w2

@@ -54,6 +54,12 @@ class MoESettings:
     force_balanced: bool
     num_layers: int
     init_std: float
+    latent_size: int | None = None  # latent MoE: routed rows and experts at this width
+
+    @property
+    def routed_width(self) -> int:
+        """Width of the rows the dispatcher moves and the routed experts take and return."""
+        return self.latent_size or self.hidden_size
 
     @classmethod
     def from_config(cls, model_cfg: dict[str, Any], moe_cfg: dict[str, Any]) -> MoESettings:
@@ -71,6 +77,7 @@ class MoESettings:
             scaling = model("moe_router_topk_scaling_factor")
             limit = model("swiglu_limit")
             capacity = moe("moe_expert_capacity_factor")
+            latent = moe("moe_latent_size")
             settings = cls(
                 hidden_size=int(model("hidden_size")),
                 num_experts=int(model("num_experts")),
@@ -91,6 +98,7 @@ class MoESettings:
                 num_layers=int(model("num_layers")),
                 # Not a config field (the schema has none): Megatron's init_method_std default.
                 init_std=DEFAULT_INIT_STD,
+                latent_size=None if latent is None else int(latent),
             )
         except (TypeError, ValueError) as bad:
             raise MoEConfigError(f"config has a malformed MoE value: {bad}") from None
@@ -104,6 +112,8 @@ class MoESettings:
                             f"({self.num_experts})")
         if self.hidden_size < 1 or self.ffn_hidden_size < 1 or self.shared_ffn_hidden_size < 0:
             problems.append("hidden_size and moe_ffn_hidden_size must be positive")
+        if self.latent_size is not None and self.latent_size < 1:
+            problems.append(f"moe_latent_size must be positive, got {self.latent_size}")
         if self.score_function not in SCORE_FUNCTIONS:
             problems.append(f"moe_router_score_function {self.score_function!r} is not one of "
                             f"{SCORE_FUNCTIONS}")

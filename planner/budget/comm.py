@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from planner.budget.collectives import ALGORITHMS, collective
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant
+from planner.budget.symbols import Variant, routed_width
 
 PAGE = "comm"
 
@@ -28,8 +28,10 @@ GROUP_SIZE = {"ep": "EP", "expt_tp": "ETP", "tp_ep": "tp_ep_size", "cp": "CP", "
 
 
 def add_layer_bytes(book: Book, v: Variant) -> None:
-    """Bytes per rank per MoE layer per microbatch, one direction, send payload only."""
-    add = book.add
+    """Bytes per rank per MoE layer per microbatch, one direction, send payload only. Token rows
+    move at `routed_width` (latent MoE dispatches the projected rows, Megatron-LM dev@d48bd6be
+    megatron/core/transformer/moe/moe_layer.py MoELayer.preprocess / postprocess)."""
+    add, w = book.add, routed_width(v)
     add("pp_activation_bytes", "tokens_per_rank * h * n_hc * p", "bytes", "bytes",
         "one pipeline message [n, h·n_hc] (mHC widens the residual stream)")
     if v.pp:
@@ -41,13 +43,13 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
         add("cp_kv_bytes", "b * S / cp_runtime * 2 * groups * d * p / TP", "bytes", "bytes",
             "local K and V of one attention layer (all-gathered over CP)")
     if v.dispatcher == "alltoall":
-        add("dispatch_send_bytes", "dispatch_send_rows * h * p", "bytes", "bytes",
+        add("dispatch_send_bytes", f"dispatch_send_rows * {w} * p", "bytes", "bytes",
             "EP dispatch hidden, including the chunk a rank sends to itself")
         add("dispatch_remote_bytes", "ceiling(dispatch_send_bytes * (EP - 1) / EP)", "bytes", "bytes",
             "the part that leaves the rank under uniform routing (rounded up to whole bytes)")
         add("dispatch_probs_send_bytes", "dispatch_send_rows * p", "bytes", "bytes",
             "EP dispatch of the permuted probs")
-        add("combine_send_bytes", "expected_recv_rows * h * p", "bytes", "bytes",
+        add("combine_send_bytes", f"expected_recv_rows * {w} * p", "bytes", "bytes",
             "EP combine hidden (expert outputs go back)")
         add("combine_remote_bytes", "ceiling(combine_send_bytes * (EP - 1) / EP)", "bytes", "bytes",
             "combine bytes that leave the rank (rounded up to whole bytes)")
@@ -57,24 +59,24 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "the four EP hidden exchanges (backward mirrors forward), remote")
         add("count_exchange_send_bytes", "E * 8", "bytes", "bytes",
             "per-expert token counts, an int64 vector of length E, all-gathered over tp_ep")
-        add("etp_gather_send_bytes", "expected_recv_rows * h * p", "bytes", "bytes",
+        add("etp_gather_send_bytes", f"expected_recv_rows * {w} * p", "bytes", "bytes",
             "ETP all-gather of the received rows (own shard)")
-        add("etp_scatter_send_bytes", "expert_gemm_rows * h * p", "bytes", "bytes",
+        add("etp_scatter_send_bytes", f"expert_gemm_rows * {w} * p", "bytes", "bytes",
             "ETP reduce-scatter of the expert partial sums (whole input)")
     elif v.dispatcher == "allgather":
-        add("ag_gather_send_bytes", "tokens_per_rank * h * p", "bytes", "bytes",
+        add("ag_gather_send_bytes", f"tokens_per_rank * {w} * p", "bytes", "bytes",
             "AllGather dispatcher: own hidden shard")
-        add("ag_gather_recv_bytes", "allgather_dispatch_rows * h * p", "bytes", "bytes",
+        add("ag_gather_recv_bytes", f"allgather_dispatch_rows * {w} * p", "bytes", "bytes",
             "AllGather dispatcher: gathered hidden over tp_ep")
         add("ag_probs_send_bytes", "tokens_per_rank * E * p", "bytes", "bytes", "probs [n, E]")
         add("ag_routing_map_send_bytes", "tokens_per_rank * E", "bytes", "bytes",
             "routing map [n, E], one byte per bool")
     else:
-        add("flex_dispatch_send_bytes", "flex_dispatch_send_rows * h * p", "bytes", "bytes",
+        add("flex_dispatch_send_bytes", f"flex_dispatch_send_rows * {w} * p", "bytes", "bytes",
             "Flex dispatch over tp_ep, before backend de-duplication")
         add("flex_dispatch_remote_bytes", "ceiling(flex_dispatch_send_bytes * (tp_ep_size - 1) / tp_ep_size)",
             "bytes", "bytes", "the part that leaves the rank (rounded up to whole bytes)")
-        add("flex_combine_send_bytes", "expert_gemm_rows * h * p", "bytes", "bytes",
+        add("flex_combine_send_bytes", f"expert_gemm_rows * {w} * p", "bytes", "bytes",
             "Flex combine of the expert outputs")
 
 

@@ -18,7 +18,7 @@ tensor once; SwiGLU is assumed for every MLP.
 from __future__ import annotations
 
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant
+from planner.budget.symbols import Variant, routed_width
 
 PAGE = "memory"
 
@@ -41,20 +41,28 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     }[v.attention]
     act = "2 * I / ETP" if "moe_act" in mods else "3 * I / ETP"
     shared = "0" if "shared_experts" in mods else ("2 * I_s" if "moe_act" in mods else "3 * I_s")
-    return {
+    w = routed_width(v)
+    parts = {
         "act_attention_per_block": (f"tokens_per_rank * ({attention})",
                                     "norm in/out, q, k, v, core output, softmax statistics (fp32)"),
         "act_router_per_layer": ("tokens_per_rank * E * (4 + 4 + 1)",
                                  "router logits and probs in fp32, bool routing map"),
         "act_shared_per_layer": (f"tokens_per_rank * {shared} * p",
                                  "shared-expert FC1 output and activation"),
-        "act_routed_per_layer": (f"expert_gemm_rows * (h + {act} + 1) * p + assignments_per_rank * 8",
+        "act_routed_per_layer": (f"expert_gemm_rows * ({w} + {act} + 1) * p + assignments_per_rank * 8",
                                  "MoE-aware: expert inputs are the GEMM rows (n·k·ETP), not n; "
                                  "FC1 in/out, FC2 in, probs, int64 permutation map"),
         "act_dense_mlp_per_layer": ("tokens_per_rank * 2 * h * p" if "mlp" in mods else
                                     f"tokens_per_rank * ({norm} + 3 * f) * p",
                                     "dense SwiGLU MLP block"),
     }
+    if v.latent:
+        # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py MoELayer.postprocess:
+        # fc2_latent_proj keeps its input (the combined latent rows) for its weight gradient;
+        # fc1_latent_proj's input is the pre-MLP norm output, already stored for the router.
+        parts["act_latent_per_layer"] = ("tokens_per_rank * h_moe * p",
+                                         "latent MoE: the combined latent rows fc2_latent_proj keeps")
+    return parts
 
 
 def write(book: Book, v: Variant) -> None:
@@ -77,7 +85,8 @@ def write(book: Book, v: Variant) -> None:
         add(name, formula, "bytes", "memory", f"per microbatch: {doc}")
     moe = ("tokens_per_rank * 2 * h * p" if "moe" in v.recompute_modules else
            f"tokens_per_rank * {'h' if 'layernorm' in v.recompute_modules else '2 * h'} * p"
-           " + act_router_per_layer + act_shared_per_layer + act_routed_per_layer")
+           " + act_router_per_layer + act_shared_per_layer + act_routed_per_layer"
+           + (" + act_latent_per_layer" if v.latent else ""))
     add("act_moe_per_layer", moe, "bytes", "memory", "per microbatch: one MoE layer")
     per_block = "act_attention_per_block"
     if v.mhc:
@@ -112,9 +121,10 @@ def write(book: Book, v: Variant) -> None:
         " interleaved: warm-up passes + 1)")
     add("activation_bytes", "act_live_peak + recompute_working_bytes", "bytes", "memory",
         "peak stored activations: the live chunks at the schedule's peak, plus recompute's block")
+    w = routed_width(v)
     buffers = {"alltoall": "2 * dispatch_send_bytes",
-               "allgather": "allgather_dispatch_rows * (2 * h * p + E * p + E)",
-               "flex": "2 * ncclep_recv_rows * h * p" if v.ncclep else "2 * flex_dispatch_send_bytes",
+               "allgather": f"allgather_dispatch_rows * (2 * {w} * p + E * p + E)",
+               "flex": f"2 * ncclep_recv_rows * {w} * p" if v.ncclep else "2 * flex_dispatch_send_bytes",
                }[v.dispatcher]
     if v.pp:
         buffers += " + 2 * pp_activation_bytes"

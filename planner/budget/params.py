@@ -7,7 +7,7 @@ megatron/core/distributed/param_and_grad_buffer.py, megatron/core/optimizer/dist
 from __future__ import annotations
 
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant
+from planner.budget.symbols import Variant, routed_width
 
 PAGE = "params"
 
@@ -20,9 +20,9 @@ ATTENTION_PARAMS = {
 MLA_Q = {True: "q_lora * (h + heads * (d + qk_rope) + 1)", False: "h * heads * (d + qk_rope)"}
 def write(book: Book, v: Variant) -> None:
     """Parameter counts on one rank of a stage, and the buffers/shards the grad steps need."""
-    add = book.add
-    add("routed_params_per_layer", "experts_per_rank * 3 * h * I / (ETP * EGTP)", "params", "memory",
-        "routed SwiGLU experts on this rank (W1, W3: h x I/ETP, W2: I/ETP x h)")
+    add, w = book.add, routed_width(v)
+    add("routed_params_per_layer", f"experts_per_rank * 3 * {w} * I / (ETP * EGTP)", "params",
+        "memory", f"routed SwiGLU experts on this rank (W1, W3: {w} x I/ETP, W2: I/ETP x {w})")
     add("routed_weight_bytes_per_layer", "routed_params_per_layer * p", "bytes", "memory",
         "routed expert weights per MoE layer")
     add("routed_weight_bytes_per_stage", "routed_weight_bytes_per_layer * moe_layers", "bytes",
@@ -30,6 +30,14 @@ def write(book: Book, v: Variant) -> None:
     add("shared_params_per_layer", "3 * h * I_s / (TP * GTP)", "params", "memory",
         "shared expert, dense TP layout")
     add("router_params_per_layer", "E * h", "params", "memory", "gating matrix (replicated over TP)")
+    moe_dense = "shared_params_per_layer + router_params_per_layer"
+    if v.latent:
+        # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py MoELayer.__init__:
+        # fc1_latent_proj (h → latent) and fc2_latent_proj (latent → h), TELinear in "duplicated"
+        # mode: whole on every TP rank, dense (not expert) parameters.
+        add("latent_proj_params_per_layer", "2 * h * h_moe", "params", "memory",
+            "latent MoE projections h → latent and latent → h (replicated over TP)")
+        moe_dense += " + latent_proj_params_per_layer"
     add("norm_params_per_block", "2 * h", "params", "memory", "two RMSNorms per block")
     attention = ATTENTION_PARAMS[v.attention].replace("{q}", MLA_Q[v.mla_q_lora])
     add("attention_params_per_block", attention, "params", "memory",
@@ -56,8 +64,8 @@ def write(book: Book, v: Variant) -> None:
     add("mtp_extra_params_per_layer", "2 * h * h / TP + 3 * h", "params", "memory",
         "MTP e/h projections and norms (its block is counted with the blocks)")
     add("dense_params_on_rank",
-        f"blocks * ({mixers}){extra} + moe_layers * (shared_params_per_layer"
-        " + router_params_per_layer) + L_dense * dense_mlp_params_per_layer"
+        f"blocks * ({mixers}){extra} + moe_layers * ({moe_dense})"
+        " + L_dense * dense_mlp_params_per_layer"
         " + (has_embedding + has_mtp_embedding + has_output_weight) * embedding_params"
         " + has_output * final_params + L_mtp * mtp_extra_params_per_layer",
         "params", "memory", "parameters reduced over dp_cp")

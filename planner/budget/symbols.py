@@ -66,6 +66,8 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
            "optimizer shards, 128) with the distributed optimizer, else 1"),
     Symbol("pad_expert", "the same for the expert grad buffer: lcm(expert optimizer shards, 128)"),
     Symbol("mem_gib", "GPU memory per rank in GiB (cluster.gpu_memory_gib)"),
+    Symbol("h_moe", "width of the routed token rows: moe_latent_size with latent MoE (the rows "
+           "are projected h → latent before dispatch and back after combine), else h"),
 )
 
 STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in (
@@ -141,6 +143,13 @@ class Variant:
     mla_q_lora: bool
     aux_counts: str  # load-balancing type whose token counts are all-reduced over tp_cp, or ""
     ncclep: bool = False  # flex dispatcher with the NCCL EP backend (static receive buffers)
+    latent: bool = False  # latent MoE: routed rows and routed experts at moe_latent_size
+
+
+def routed_width(v: Variant) -> str:
+    """The symbol for the width of routed token rows: `h_moe` under latent MoE, else `h` (so the
+    formulas of a config without latent MoE read exactly as before)."""
+    return "h_moe" if v.latent else "h"
 
 
 def variant_of(cfg: Config, split: StageSplit) -> Variant:
@@ -179,6 +188,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         aux_counts=moe.moe_router_load_balancing_type
         if moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss")
         and moe.moe_aux_loss_coeff > 0 and par.tp * par.cp > 1 else "",
+        latent=moe.moe_latent_size is not None,
     )
 
 
@@ -227,6 +237,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "pad_dense": _buffer_pad(cfg, cfg.degrees.dp_cp_size),
         "pad_expert": _buffer_pad(cfg, cfg.degrees.edp),
         "mem_gib": exact(cfg.cluster.gpu_memory_gib),
+        "h_moe": cfg.moe.moe_latent_size or m.hidden_size,
     }
 
 
