@@ -27,5 +27,5 @@ def variants() -> st.SearchStrategy[Variant]:
         recompute_modules=st.frozensets(st.sampled_from(RECOMPUTE_MODULES)),
         cp_kv_gather=flag, mla_q_lora=flag,
         aux_counts=st.sampled_from(("", "aux_loss", "seq_aux_loss")),
-        ncclep=flag,
+        ncclep=flag, dsv4_cp=flag,
     )

@@ -62,6 +62,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
                      "moe")),
     ("`aux_loss` balancing with TP·CP > 1", {"aux_counts": "aux_loss"}),
     ("no aux-loss counts to reduce", {"aux_counts": ""}),
+    ("DeepSeek-V4 attention with CP = 1", {"dsv4_cp": False}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {
