@@ -292,7 +292,10 @@ def unsupported_features(plan: Plan) -> list[str]:
            "in the last stage of parallel.pipeline_model_parallel_layout")
     variant = model("attention_variant")
     refuse(variant != "standard", f"model.attention_variant = {variant!r}: the runtime's decoder has "
-           "standard causal attention only; use 'standard'")
+           "standard causal attention only; use 'standard'" + (
+               " (DeepSeek-V4 attention's CP exchanges, step.cp_boundary_hidden / "
+               "cp_compressed_kv_gather / cp_indexer_k_gather, are predicted only)"
+               if variant == "dsv4_hybrid" else ""))
     refuse(model("rope_type") == "yarn", "model.rope_type = 'yarn': YaRN is not implemented; the "
            "runtime's attention uses plain RoPE with model.rotary_base")
     refuse(bool(model("enable_hyper_connections")),

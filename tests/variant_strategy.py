@@ -29,4 +29,5 @@ def variants() -> st.SearchStrategy[Variant]:
         aux_counts=st.sampled_from(("", "aux_loss", "seq_aux_loss")),
         ncclep=flag,
         latent=flag,
+        dsv4_cp=flag,
     )

@@ -80,6 +80,14 @@ _SCATTER = {"fwd": ("reduce_scatter",), "bwd": ("allgather",)}
 _EP_OVERLAP = "overlap.overlap_moe_expert_parallel_comm"
 _DISPATCHER = "Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py"
 _DDP = "Megatron-LM dev@d48bd6be megatron/core/distributed/distributed_data_parallel.py"
+_V4_ATTN = "Megatron-LM dev@d48bd6be megatron/core/transformer/experimental_attention_variant"
+_V4_CP_UTILS = f"{_V4_ATTN}/csa_utils/cp_utils.py"
+_CSA = f"{_V4_ATTN}/csa.py"
+# Full recompute re-runs the whole layer forward, its CP exchanges included (Megatron-LM
+# dev@d48bd6be megatron/core/transformer/transformer_block.py _checkpointed_forward); DSv4
+# attention rejects the core_attn module and mla_up_proj re-runs only the up-projections
+# (experimental_attention_variant/deepseek_v4_hybrid_attention.py DSv4HybridAttention).
+_FULL_LAYER = frozenset({"full"})
 
 TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
     Collective("ep_dispatch_hidden", ("ep", "tp_ep"), _A2A,
@@ -149,6 +157,21 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
     Collective("pp_activation", ("pp",), {"fwd": ("p2p",), "bwd": ("p2p",)},
                "pipeline activations forward, their gradients backward; Megatron-LM "
                "dev@d48bd6be megatron/core/pipeline_parallel/p2p_communication.py"),
+    # DeepSeek-V4 attention under THD context parallelism (contiguous split). The DeepSeek-V4
+    # Megatron write-up calls the neighbour message "uncompressed tail KV"; Megatron sends the
+    # attention input's hidden rows and projects their KV on the receiver.
+    Collective("cp_boundary_hidden", ("cp",), {"fwd": ("p2p",), "bwd": ("p2p",)},
+               f"V4 attention: the last max(window, compressor reach) hidden rows to the next CP "
+               f"rank, their grads back; {_V4_CP_UTILS} exchange_cp_boundary_hidden",
+               recomputed_with=_FULL_LAYER),
+    Collective("cp_compressed_kv_gather", ("cp",), _GATHER,
+               f"V4 CSA/HCA: fixed-capacity compressed KV all-gathered over CP, grads "
+               f"reduce-scattered back; {_CSA} CompressedSparseAttention._forward_thd_cp",
+               recomputed_with=_FULL_LAYER),
+    Collective("cp_indexer_k_gather", ("cp",), _GATHER,
+               f"V4 CSA: the lightning indexer's compressed keys all-gathered over CP, grads "
+               f"reduce-scattered back; {_CSA} CompressedSparseAttention._forward_thd_cp",
+               recomputed_with=_FULL_LAYER),
 )})
 
 

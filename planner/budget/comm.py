@@ -42,6 +42,8 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
     if v.cp_kv_gather:
         add("cp_kv_bytes", "b * S / cp_runtime * 2 * groups * d * p / TP", "bytes", "bytes",
             "local K and V of one attention layer (all-gathered over CP)")
+    if v.v4_cp:
+        add_v4_cp_bytes(book)
     if v.dispatcher == "alltoall":
         add("dispatch_send_bytes", f"dispatch_send_rows * {w} * p", "bytes", "bytes",
             "EP dispatch hidden, including the chunk a rank sends to itself")
@@ -78,6 +80,49 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "bytes", "bytes", "the part that leaves the rank (rounded up to whole bytes)")
         add("flex_combine_send_bytes", f"expert_gemm_rows * {w} * p", "bytes", "bytes",
             "Flex combine of the expert outputs")
+
+
+def add_v4_cp_bytes(book: Book) -> None:
+    """DeepSeek-V4 attention under THD context parallelism, per layer per microbatch (Megatron-LM
+    dev@d48bd6be megatron/core/transformer/experimental_attention_variant/csa_utils/cp_utils.py
+    exchange_cp_boundary_hidden, prepare_cp_compressor_input; csa.py
+    CompressedSparseAttention._forward_thd_cp).
+
+    Layout: THD packing with a contiguous CP split, so CP rank r holds packed rows
+    [r·n, (r+1)·n) of the microbatch (n = tokens_per_rank). Each V4 attention layer first sends
+    its last max(window, compressor reach) rows of the attention input (hidden width h, not KV)
+    to the next CP rank, which projects their KV itself; the compressor reach is 2·4 = 8 rows for
+    CSA (overlapping windows), the ratio for HCA, 0 for window-only layers. A compressed row
+    belongs to the rank holding its group's last token; each rank pads its compressed rows to a
+    fixed capacity floor((n + reach) / ratio), rounded up to a multiple of 32 / gcd(32, ratio),
+    and those fixed-capacity buffers are all-gathered rank-major over CP: the attention KV
+    (d wide) for CSA and HCA, and the indexer keys (idx_dim wide) for CSA. Backward
+    reduce-scatters both gathers' grads and returns the boundary rows' grads to their owner.
+
+    The DeepSeek-V4 Megatron write-up describes the neighbour message as uncompressed tail KV;
+    the code sends hidden rows (h wide), which these formulas follow.
+    """
+    add = book.add
+    for kind, reach in (("csa", "2 * csa_ratio"), ("hca", "hca_ratio"), ("swa", "0")):
+        add(f"cp_boundary_rows_{kind}", f"Max(csa_window, {reach})", "rows", "rows",
+            f"V4 CP: boundary rows a {kind.upper()} layer sends to the next CP rank: "
+            "max(window, compressor reach)")
+    add("cp_boundary_bytes", "(L_csa * cp_boundary_rows_csa + L_hca * cp_boundary_rows_hca"
+        " + (blocks - L_csa - L_hca) * cp_boundary_rows_swa) * h * p", "bytes", "bytes",
+        "V4 CP: boundary hidden rows of all the stage's attention layers, one microbatch (every "
+        "V4 layer exchanges, window-only and MTP layers included)")
+    for kind, ratio, reach in (("csa", "csa_ratio", "2 * csa_ratio"),
+                               ("hca", "Max(hca_ratio, 1)", "hca_ratio")):
+        add(f"cp_{kind}_compressed_rows",
+            f"ceiling(Max(1, floor((tokens_per_rank + {reach}) / {ratio})) / {kind}_align)"
+            f" * {kind}_align", "rows", "rows",
+            f"V4 CP: fixed-capacity compressed {kind.upper()} rows per rank (padded; the capacity "
+            "every rank contributes to the all-gather)")
+    add("cp_compressed_kv_bytes", "(L_csa * cp_csa_compressed_rows + L_hca * cp_hca_compressed_rows)"
+        " * d * p", "bytes", "bytes",
+        "V4 CP: this rank's compressed KV of all the stage's CSA and HCA layers, one microbatch")
+    add("cp_indexer_k_bytes", "L_csa * cp_csa_compressed_rows * idx_dim * p", "bytes", "bytes",
+        "V4 CP: this rank's compressed indexer keys of the stage's CSA layers, one microbatch")
 
 
 class Collectives:
@@ -241,7 +286,35 @@ def add_steps(book: Book, v: Variant) -> Collectives:
         c.add("cp_kv_gather", "bwd", "cp", "reduce_scatter",
               "CP * cp_kv_bytes * blocks * microbatches", "cp_kv_bytes * blocks * microbatches",
               "its backward reduce-scatter of dK, dV")
+    _add_v4_cp_steps(c, v)
     return c
+
+
+def _add_v4_cp_steps(c: Collectives, v: Variant) -> None:
+    """V4 attention's CP exchanges per step (see add_v4_cp_bytes); CP = 1 issues none."""
+    names = (("cp_boundary_hidden", "p2p"), ("cp_compressed_kv_gather", "allgather"),
+             ("cp_indexer_k_gather", "allgather"))
+    if v.attention != "dsv4_hybrid":
+        return
+    if not v.v4_cp:
+        for name, _ in names:
+            for phase in ("fwd", "bwd"):
+                c.zero(name, phase, f"CP = 1: {ONE_RANK}")
+        return
+    m = "microbatches"
+    for phase, out, into, off in (("fwd", "cp_has_next", "cp_has_prev", "cp_next_offnode"),
+                                  ("bwd", "cp_has_prev", "cp_has_next", "cp_prev_offnode")):
+        c.add("cp_boundary_hidden", phase, "cp", "p2p", f"{out} * cp_boundary_bytes * {m}",
+              f"{into} * cp_boundary_bytes * {m}",
+              "V4 CP boundary hidden rows to the next CP rank" if phase == "fwd" else
+              "their grads back to the previous CP rank", offnode=off)
+    for name, own in (("cp_compressed_kv_gather", "cp_compressed_kv_bytes"),
+                      ("cp_indexer_k_gather", "cp_indexer_k_bytes")):
+        what = "compressed KV" if "kv" in name else "indexer keys"
+        c.add(name, "fwd", "cp", "allgather", f"{own} * {m}", f"CP * {own} * {m}",
+              f"V4 CP all-gather of {what}")
+        c.add(name, "bwd", "cp", "reduce_scatter", f"CP * {own} * {m}", f"{own} * {m}",
+              f"its backward reduce-scatter of the {what} grads")
 
 
 def _add_grad_steps(c: Collectives, v: Variant) -> None:

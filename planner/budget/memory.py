@@ -102,6 +102,16 @@ def write(book: Book, v: Variant) -> None:
         add("act_hca_per_layer", "tokens_per_rank * 2 * d * p", "bytes", "memory",
             "per microbatch: HCA compressor")
         layers += " + L_csa * act_csa_per_layer + L_hca * act_hca_per_layer"
+    if v.v4_cp:
+        layers += " + act_v4_cp_per_microbatch"
+        add("act_v4_cp_per_microbatch", "cp_boundary_bytes + (L_csa * cp_boundary_rows_csa"
+            " + L_hca * cp_boundary_rows_hca + (blocks - L_csa - L_hca) * cp_boundary_rows_swa)"
+            " * d * p + CP * (cp_compressed_kv_bytes + cp_indexer_k_bytes)", "bytes", "memory",
+            "per microbatch, V4 attention under CP: what backward keeps of the exchanges (the "
+            "received boundary hidden rows and their projected KV, the all-gathered compressed KV "
+            "in the attention's saved KV buffer, the gathered CSA indexer keys), all the stage's "
+            "layers; Megatron-LM dev@d48bd6be megatron/core/transformer/"
+            "experimental_attention_variant/csa.py CompressedSparseAttention._forward_thd_cp")
     add("act_layers_per_microbatch", layers, "bytes", "memory",
         "all blocks of the stage for one microbatch, nothing recomputed")
     add("layer_input_bytes", "tokens_per_rank * n_hc * h * p", "bytes", "memory",

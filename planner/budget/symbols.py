@@ -68,6 +68,10 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("mem_gib", "GPU memory per rank in GiB (cluster.gpu_memory_gib)"),
     Symbol("h_moe", "width of the routed token rows: moe_latent_size with latent MoE (the rows "
            "are projected h → latent before dispatch and back after combine), else h"),
+    Symbol("csa_window", "raw sliding window of every V4 attention layer (csa_window_size)"),
+    Symbol("csa_align", "V4 CP: per-rank compressed CSA rows are padded to a multiple of "
+           "32 / gcd(32, csa_ratio)"),
+    Symbol("hca_align", "the same for HCA rows: 32 / gcd(32, hca_ratio)"),
 )
 
 STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in (
@@ -94,6 +98,16 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
                       "act_per_microbatch (see the act_chunk.* and act_live_peak rows)"),
 ))
 
+# The rank's neighbours in its CP group (group order, no wrap-around): V4 attention's boundary
+# rows go to the next CP rank (Megatron-LM dev@d48bd6be megatron/core/transformer/
+# experimental_attention_variant/csa_utils/cp_utils.py _LeftBoundaryExchange).
+CP_NEIGHBOUR_SYMBOLS: dict[str, str] = {
+    "cp_has_next": "1 when the rank has a next rank in its CP group (not the last)",
+    "cp_has_prev": "1 when the rank has a previous rank in its CP group (not the first)",
+    "cp_next_offnode": "1 when the next CP rank is on another node (0 without one)",
+    "cp_prev_offnode": "1 when the previous CP rank is on another node (0 without one)",
+}
+
 # Group kinds whose physical placement the topology split reports.
 TOPOLOGY_GROUPS: tuple[str, ...] = ("ep", "expt_tp", "tp_ep", "cp", "tp_cp", "dp_cp", "expt_dp", "tp_dp_cp",
                                     "embd", "intra_dp_cp", "intra_expt_dp", "inter_dist_opt")
@@ -110,6 +124,7 @@ RANK_SYMBOLS: tuple[Symbol, ...] = (
         Symbol(f"{kind}_ring_offnode", f"share of the {kind} ring's edges (group order) that cross "
                "nodes: the expected share of a rank's ring bytes leaving its node", "rank"),
     )),
+    *(Symbol(name, doc, "rank") for name, doc in CP_NEIGHBOUR_SYMBOLS.items()),
 )
 
 ALL_SYMBOLS: tuple[Symbol, ...] = GLOBAL_SYMBOLS + STAGE_SYMBOLS + RANK_SYMBOLS
@@ -144,6 +159,12 @@ class Variant:
     aux_counts: str  # load-balancing type whose token counts are all-reduced over tp_cp, or ""
     ncclep: bool = False  # flex dispatcher with the NCCL EP backend (static receive buffers)
     latent: bool = False  # latent MoE: routed rows and routed experts at moe_latent_size
+    dsv4_cp: bool = False  # DeepSeek-V4 attention with CP > 1 (THD boundary exchange + gathers)
+
+    @property
+    def v4_cp(self) -> bool:
+        """V4 attention's CP exchanges apply: V4 attention and CP > 1."""
+        return self.dsv4_cp and self.attention == "dsv4_hybrid"
 
 
 def routed_width(v: Variant) -> str:
@@ -189,6 +210,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         if moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss")
         and moe.moe_aux_loss_coeff > 0 and par.tp * par.cp > 1 else "",
         latent=moe.moe_latent_size is not None,
+        dsv4_cp=par.cp > 1 and model.attention_variant == "dsv4_hybrid",
     )
 
 
@@ -238,6 +260,9 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "pad_expert": _buffer_pad(cfg, cfg.degrees.edp),
         "mem_gib": exact(cfg.cluster.gpu_memory_gib),
         "h_moe": cfg.moe.moe_latent_size or m.hidden_size,
+        "csa_window": m.csa_window_size or 0,
+        "csa_align": 32 // math.gcd(32, CSA_RATIO),
+        "hca_align": 32 // math.gcd(32, max(hca, default=0)),
     }
 
 
@@ -302,9 +327,23 @@ def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
         values[f"{kind}_on_node"] = nodes.count(node)
         values[f"{kind}_nodes"] = nodes_spanned(members, gpus_per_node)
         values[f"{kind}_ring_offnode"] = normalize(Fraction(crossing, len(nodes)))
+    values.update(_cp_neighbours(rank, gpus_per_node, groups.get("cp") or [rank]))
     where = list(pp_group).index(rank) if rank in pp_group else 0
     size = max(len(pp_group), 1)
     for key, neighbour in (("pp_next_offnode", where + 1), ("pp_prev_offnode", where - 1)):
         peer = pp_group[neighbour % size] if pp_group else rank
         values[key] = int(peer // gpus_per_node != node)
+    return values
+
+
+def _cp_neighbours(rank: int, gpus_per_node: int, cp_group: Sequence[int]) -> dict[str, Number]:
+    """Whether the rank has a previous / next CP rank and whether it sits on another node."""
+    members = list(cp_group)
+    where = members.index(rank) if rank in members else 0
+    node = rank // gpus_per_node
+    values: dict[str, Number] = {}
+    for side, peer in (("next", where + 1), ("prev", where - 1)):
+        there = 0 <= peer < len(members)
+        values[f"cp_has_{side}"] = int(there)
+        values[f"cp_{side}_offnode"] = int(there and members[peer] // gpus_per_node != node)
     return values

@@ -63,6 +63,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("`aux_loss` balancing with TP·CP > 1", {"aux_counts": "aux_loss"}),
     ("no aux-loss counts to reduce", {"aux_counts": ""}),
     ("latent MoE (`moe_latent_size`)", {"latent": True}),
+    ("DeepSeek-V4 attention with CP = 1", {"dsv4_cp": False}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {
