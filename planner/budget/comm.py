@@ -318,6 +318,10 @@ def _add_weight_steps(c: Collectives, v: Variant) -> None:
 
     Every microbatch gathers each sliced weight twice (forward, backward) and reduce-scatters its
     whole temporary wgrad once; the gathers and the wgrad move weights in the training precision.
+    Muon follows Megatron: TensorParallelMuon's default tp_mode `duplicated` gathers each TP-sliced
+    fp32 momentum whole and every TP rank runs Newton-Schulz on it. The DeepSeek-V4 Megatron
+    write-up's Muon all-to-all (BF16 gradients, stochastically rounded, exchanged so each rank
+    holds whole expert matrices) is DeepSeek's own trainer, not Megatron's, and is not priced.
     """
     for kind, on, group, size, shard in (
             ("gtp", v.gtp, "gtp_remat", "GTP", "dense_sliced_params"),

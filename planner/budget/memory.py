@@ -1,6 +1,8 @@
 """Page 4, memory per rank and stage: the parameter buffers of page 2, fp32 main grads, optimizer
-states (sharded over dp_cp / expt_dp with the distributed optimizer), MoE-aware activations of the
-chunks live at the pipeline schedule's peak, recompute, and communication buffers.
+states (sharded over dp_cp / expt_dp with the distributed optimizer or Megatron-FSDP, which also
+shards grads and weights by its strategy), the whole weights GTP/EGTP and Megatron-FSDP gather for
+the block in use and the next, MoE-aware activations of the chunks live at the pipeline schedule's
+peak, recompute, and communication buffers.
 
 What is counted: every parameter and persistent buffer the model holds, main grads, optimizer
 states, stored activations and the transient dispatch/pipeline buffers of one layer. Weight and
