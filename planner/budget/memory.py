@@ -161,7 +161,9 @@ def _weight_and_grad_terms(book: Book, v: Variant) -> tuple[str, str]:
             "whole (rematerialised) weights of one block: the average dense GTP block plus one "
             "MoE layer's EGTP experts")
         add("gtp_materialised_bytes", "2 * gtp_unit_params * p", "bytes", "memory",
-            "GTP/EGTP weights whole at once: the block in use and the next block's prefetch")
+            "GTP/EGTP weights whole at once: the block in use and the next block's prefetch "
+            "(exact for the grouped experts' one-block-ahead chain; an upper bound for dense "
+            "weights, which prefetch one weight ahead)")
         add("gtp_wgrad_bytes", "gtp_unit_params * p", "bytes", "memory",
             "one block's whole wgrad before its GTP/EGTP reduce-scatter")
         weights += " + gtp_materialised_bytes"
