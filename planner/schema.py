@@ -177,6 +177,10 @@ class TrainingSection(Section):
     )
     ckpt_format: Literal["torch_dist", "torch", "torch_dcp", "fsdp_dtensor"] = "torch_dist"
     use_megatron_fsdp: bool = False
+    # Megatron-FSDP: what is sharded over dp_cp / expt_dp (Megatron-LM dev@d48bd6be
+    # megatron/training/arguments.py --data-parallel-sharding-strategy, default optim_grads_params).
+    data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads",
+                                             "optim_grads_params"] = "optim_grads_params"
     use_torch_fsdp2: bool = False
     lr: PosFloat = 1e-4
     adam_beta1: NonNegFloat = 0.9

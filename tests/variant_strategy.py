@@ -30,4 +30,6 @@ def variants() -> st.SearchStrategy[Variant]:
         ncclep=flag,
         latent=flag,
         dsv4_cp=flag,
+        fsdp=st.sampled_from(("", "no_shard", "optim", "optim_grads", "optim_grads_params")),
+        gtp=flag, egtp=flag, muon_tp=flag,
     )

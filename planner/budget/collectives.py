@@ -88,6 +88,12 @@ _CSA = f"{_V4_ATTN}/csa.py"
 # attention rejects the core_attn module and mla_up_proj re-runs only the up-projections
 # (experimental_attention_variant/deepseek_v4_hybrid_attention.py DSv4HybridAttention).
 _FULL_LAYER = frozenset({"full"})
+_REGATHER = {"fwd": ("allgather",), "bwd": ("allgather",)}
+_GTP = "Megatron-LM main@d98e8a64 megatron/core/tensor_parallel/generalized_tensor_parallelism.py"
+_FSDP = ("Megatron-LM dev@d48bd6be megatron/core/distributed/fsdp/src/megatron_fsdp/"
+         "megatron_fsdp.py")
+_MUON = ("Megatron-LM dev@d48bd6be megatron/core/optimizer/emerging_optimizers.py "
+         "TensorParallelMuon.orthogonalize")
 
 TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
     Collective("ep_dispatch_hidden", ("ep", "tp_ep"), _A2A,
@@ -172,6 +178,45 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                f"V4 CSA: the lightning indexer's compressed keys all-gathered over CP, grads "
                f"reduce-scattered back; {_CSA} CompressedSparseAttention._forward_thd_cp",
                recomputed_with=_FULL_LAYER),
+    Collective("gtp_weight_gather", ("gtp_remat",), _REGATHER,
+               f"dense GTP shards all-gathered into whole TP slices before each GEMM, again before "
+               f"its backward and in a recompute forward; {_GTP} GTPShardedParam."
+               "materialize_group_for_forward / materialize_group_for_backward",
+               recomputed_with=frozenset({"full"})),
+    Collective("gtp_wgrad_scatter", ("gtp_remat",), {"bwd": ("reduce_scatter",)},
+               f"the whole temporary wgrad reduce-scattered back to the permanent GTP shard; {_GTP} "
+               "GTPShardedParam.finalize_group_grads (wgrad_reduce_scatter)"),
+    Collective("gtp_replicated_grad_reduce", ("gtp_remat",), {"fwd": ("allreduce",)},
+               "grads of parameters GTP does not slice (norms, router, embedding ...) all-reduced "
+               "over gtp_remat, once per step; Megatron-LM main@d98e8a64 megatron/core/distributed/"
+               "finalize_model_grads.py _allreduce_replicated_grads_over_gtp_remat_group"),
+    Collective("egtp_weight_gather", ("expt_gtp_remat",), _REGATHER,
+               f"routed-expert EGTP shards all-gathered into whole ETP slices before the grouped "
+               f"GEMM, again before its backward and in a recompute forward; {_GTP} "
+               "GTPShardedParam.materialize_group_for_forward / materialize_group_for_backward",
+               recomputed_with=frozenset({"full", "moe"})),
+    Collective("egtp_wgrad_scatter", ("expt_gtp_remat",), {"bwd": ("reduce_scatter",)},
+               f"the whole temporary expert wgrad reduce-scattered back to the EGTP shard; {_GTP} "
+               "GTPShardedParam.finalize_group_grads (wgrad_reduce_scatter)"),
+    Collective("fsdp_dense_param_gather", ("dp_cp", "intra_dp_cp"), _REGATHER,
+               f"Megatron-FSDP optim_grads_params: dense parameter shards all-gathered before each "
+               f"block's forward and again before its backward (a recompute forward reuses the "
+               f"backward gather); {_FSDP} MegatronFSDP._register_fsdp_hooks"),
+    Collective("fsdp_expert_param_gather", ("expt_dp", "intra_expt_dp"), _REGATHER,
+               f"the same for routed-expert parameters over expt_dp; {_FSDP} "
+               "MegatronFSDP._register_fsdp_hooks"),
+    Collective("fsdp_dense_grad_reduce", ("dp_cp", "intra_dp_cp"), {"bwd": ("reduce_scatter",)},
+               f"Megatron-FSDP optim_grads / optim_grads_params: dense grads reduce-scattered after "
+               f"every backward (grad_reduce_every_bprop); {_FSDP} MegatronFSDP._register_fsdp_hooks",
+               overlap="overlap.overlap_grad_reduce"),
+    Collective("fsdp_expert_grad_reduce", ("expt_dp", "intra_expt_dp"), {"bwd": ("reduce_scatter",)},
+               f"the same for routed-expert grads over expt_dp; {_FSDP} "
+               "MegatronFSDP._register_fsdp_hooks", overlap="overlap.overlap_grad_reduce"),
+    Collective("muon_dense_tp_gather", ("tp",), {"fwd": ("allgather",)},
+               f"Muon: the TP shards of each dense matrix's fp32 momentum all-gathered for "
+               f"Newton-Schulz (tp_mode duplicated), once per step; {_MUON}"),
+    Collective("muon_expert_tp_gather", ("expt_tp",), {"fwd": ("allgather",)},
+               f"Muon: the same for routed-expert matrices over expt_tp; {_MUON}"),
 )})
 
 

@@ -24,7 +24,7 @@ ONE_RANK = "group of one rank: no collective"
 WHOLE_BYTES = "shares of a buffer and expectations are rounded up to whole bytes"
 GROUP_SIZE = {"ep": "EP", "expt_tp": "ETP", "tp_ep": "tp_ep_size", "cp": "CP", "tp_cp": "(TP * CP)",
               "dp_cp": "dp_cp_size", "expt_dp": "expert_dp", "tp_dp_cp": "tp_dp_cp_size",
-              "embd": "embd_size"}
+              "embd": "embd_size", "gtp_remat": "GTP", "expt_gtp_remat": "EGTP", "tp": "TP"}
 
 
 def add_layer_bytes(book: Book, v: Variant) -> None:
@@ -252,6 +252,7 @@ def add_steps(book: Book, v: Variant) -> Collectives:
                 for phase in ("fwd", "bwd"):
                     c.zero(name, phase, f"ETP·EP = 1: {one}")
     _add_grad_steps(c, v)
+    _add_weight_steps(c, v)
     if v.expert_bias and v.tp_dp_cp:
         c.add("expert_bias_count_reduce", "fwd", "tp_dp_cp", "allreduce", "bias_routers * E * 8",
               "bias_routers * E * 8",
@@ -332,21 +333,106 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
             c.zero(name, "fwd", f"{group} = 1: {ONE_RANK}")
             if v.dist_opt:
                 c.zero(f"{kind}_param_gather", "fwd", f"{group} = 1: {ONE_RANK}")
+            for fsdp_name, phases in _fsdp_names(kind, v):
+                for phase in phases:
+                    c.zero(fsdp_name, phase, f"{group} = 1: {ONE_RANK}")
             continue
         if not v.dist_opt:
             c.add(name, "fwd", group, "allreduce", buffer, buffer, f"{kind} grad buffer all-reduce")
             continue
         shard_group = inner if v.instances else group
         shard, padded = f"{kind}_shard_params", f"{kind}_buffer_params"
-        c.add(name, "fwd", shard_group, "reduce_scatter", f"{padded} * bytes_grad",
-              f"{shard} * bytes_grad", f"{kind} grad buffer reduce-scatter (distributed optimizer)",
-              size=shards)
-        c.add(f"{kind}_param_gather", "fwd", shard_group, "allgather", f"{shard} * p",
-              f"{padded} * p", f"{kind} parameter all-gather after the sharded update", size=shards)
+        if v.fsdp in ("optim_grads", "optim_grads_params"):
+            c.zero(name, "fwd", f"Megatron-FSDP {v.fsdp}: grads are reduce-scattered after every "
+                   f"backward (fsdp_{kind}_grad_reduce)")
+            c.add(f"fsdp_{kind}_grad_reduce", "bwd", shard_group, "reduce_scatter",
+                  f"{padded} * bytes_grad * microbatches", f"{shard} * bytes_grad * microbatches",
+                  f"Megatron-FSDP {kind} grad reduce-scatter after every microbatch's backward",
+                  size=shards)
+        elif v.optimizer == "muon" and not v.fsdp:
+            c.add(name, "fwd", group, "allreduce", buffer, buffer, f"{kind} grad buffer all-reduce "
+                  "(Muon's layer-wise distributed optimizer keeps whole grads; Megatron-LM "
+                  "dev@d48bd6be megatron/core/optimizer/layer_wise_optimizer.py "
+                  "LayerWiseDistributedOptimizer)")
+        else:
+            c.add(name, "fwd", shard_group, "reduce_scatter", f"{padded} * bytes_grad",
+                  f"{shard} * bytes_grad",
+                  f"{kind} grad buffer reduce-scatter (distributed optimizer)", size=shards)
+        if v.fsdp == "optim_grads_params":
+            c.zero(f"{kind}_param_gather", "fwd", "Megatron-FSDP optim_grads_params: the update "
+                   f"writes the shard; blocks gather before use (fsdp_{kind}_param_gather)")
+            for phase, when in (("fwd", "before each forward"), ("bwd", "again before backward")):
+                c.add(f"fsdp_{kind}_param_gather", phase, shard_group, "allgather",
+                      f"{shard} * p * microbatches", f"{padded} * p * microbatches",
+                      f"Megatron-FSDP {kind} parameter all-gather {when}, every microbatch",
+                      size=shards)
+        else:
+            c.add(f"{kind}_param_gather", "fwd", shard_group, "allgather", f"{shard} * p",
+                  f"{padded} * p", f"{kind} parameter all-gather after the sharded update",
+                  size=shards)
         if v.instances:
             c.add(f"{kind}_grad_instance_reduce", "fwd", "inter_dist_opt", "allreduce",
                   f"{shard} * bytes_grad", f"{shard} * bytes_grad",
                   "all-reduce of the grad shard across optimizer instances", size="I_opt")
+
+
+def _fsdp_names(kind: str, v: Variant) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The Megatron-FSDP collectives a sharding strategy adds for one buffer kind."""
+    names: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    if v.fsdp in ("optim_grads", "optim_grads_params"):
+        names += ((f"fsdp_{kind}_grad_reduce", ("bwd",)),)
+    if v.fsdp == "optim_grads_params":
+        names += ((f"fsdp_{kind}_param_gather", ("fwd", "bwd")),)
+    return names
+
+
+def _add_weight_steps(c: Collectives, v: Variant) -> None:
+    """GTP/EGTP weight rematerialisation (Megatron-LM main@d98e8a64 megatron/core/tensor_parallel/
+    generalized_tensor_parallelism.py) and Muon's TP gather (Megatron-LM dev@d48bd6be
+    megatron/core/optimizer/emerging_optimizers.py TensorParallelMuon).
+
+    Every microbatch gathers each sliced weight twice (forward, backward) and reduce-scatters its
+    whole temporary wgrad once; the gathers and the wgrad move weights in the training precision.
+    Muon follows Megatron: TensorParallelMuon's default tp_mode `duplicated` gathers each TP-sliced
+    fp32 momentum whole and every TP rank runs Newton-Schulz on it. The DeepSeek-V4 Megatron
+    write-up's Muon all-to-all (BF16 gradients, stochastically rounded, exchanged so each rank
+    holds whole expert matrices) is DeepSeek's own trainer, not Megatron's, and is not priced.
+    """
+    for kind, on, group, size, shard in (
+            ("gtp", v.gtp, "gtp_remat", "GTP", "dense_sliced_params"),
+            ("egtp", v.egtp, "expt_gtp_remat", "EGTP", "expert_params_on_rank")):
+        if not on:
+            for name, phases in ((f"{kind}_weight_gather", ("fwd", "bwd")),
+                                 (f"{kind}_wgrad_scatter", ("bwd",))):
+                for phase in phases:
+                    c.zero(name, phase, f"{size} = 1: {ONE_RANK}")
+            continue
+        own, whole = f"{shard} * p * microbatches", f"{size} * {shard} * p * microbatches"
+        for phase, when in (("fwd", "before the forward GEMMs"), ("bwd", "again for the backward")):
+            c.add(f"{kind}_weight_gather", phase, group, "allgather", own, whole,
+                  f"{kind.upper()} weight all-gather {when}, every microbatch")
+        c.add(f"{kind}_wgrad_scatter", "bwd", group, "reduce_scatter", whole, own,
+              f"{kind.upper()} wgrad reduce-scatter to the permanent shard, every microbatch")
+    if v.gtp:
+        c.add("gtp_replicated_grad_reduce", "fwd", "gtp_remat", "allreduce",
+              "dense_replicated_params * bytes_grad", "dense_replicated_params * bytes_grad",
+              "once per step: grads of the parameters GTP does not slice")
+    else:
+        c.zero("gtp_replicated_grad_reduce", "fwd", f"GTP = 1: {ONE_RANK}")
+    if v.optimizer != "muon":
+        return
+    if v.muon_tp:
+        c.add("muon_dense_tp_gather", "fwd", "tp", "allgather", "dense_sliced_params * 4",
+              "TP * dense_sliced_params * 4", "once per step: fp32 momentum of the TP-sliced "
+              "dense matrices, gathered whole for Newton-Schulz")
+    else:
+        c.zero("muon_dense_tp_gather", "fwd", f"TP = 1: {ONE_RANK}")
+    if v.etp:
+        c.add("muon_expert_tp_gather", "fwd", "expt_tp", "allgather", "expert_params_on_rank * 4",
+              "ETP * expert_params_on_rank * 4", "once per step: fp32 momentum of the ETP-sliced "
+              "expert matrices, gathered whole for Newton-Schulz")
+    else:
+        c.zero("muon_expert_tp_gather", "fwd", f"ETP = 1: {ONE_RANK}")
 
 
 def add_topology(book: Book, v: Variant, c: Collectives) -> None:

@@ -1,6 +1,8 @@
 """Page 4, memory per rank and stage: the parameter buffers of page 2, fp32 main grads, optimizer
-states (sharded over dp_cp / expt_dp with the distributed optimizer), MoE-aware activations of the
-chunks live at the pipeline schedule's peak, recompute, and communication buffers.
+states (sharded over dp_cp / expt_dp with the distributed optimizer or Megatron-FSDP, which also
+shards grads and weights by its strategy), the whole weights GTP/EGTP and Megatron-FSDP gather for
+the block in use and the next, MoE-aware activations of the chunks live at the pipeline schedule's
+peak, recompute, and communication buffers.
 
 What is counted: every parameter and persistent buffer the model holds, main grads, optimizer
 states, stored activations and the transient dispatch/pipeline buffers of one layer. Weight and
@@ -67,11 +69,13 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
 
 def write(book: Book, v: Variant) -> None:
     add = book.add
-    buffers = "(dense_buffer_params + expert_buffer_params)"
-    add("weight_bytes", f"{buffers} * p", "bytes", "memory",
-        "parameter buffers in training precision (padded like the grad buffers)")
-    add("grad_bytes", f"{buffers} * bytes_grad", "bytes", "memory",
-        "fp32 main-grad buffers (padded, not sharded by the distributed optimizer)")
+    weights, grads = _weight_and_grad_terms(book, v)
+    add("weight_bytes", weights, "bytes", "memory",
+        "parameter buffers in training precision (padded like the grad buffers; sharded by "
+        "Megatron-FSDP optim_grads_params), plus gathered weights in use")
+    add("grad_bytes", grads, "bytes", "memory",
+        "main-grad buffers (padded; sharded only by Megatron-FSDP optim_grads / "
+        "optim_grads_params), plus whole wgrads awaiting their reduce-scatter")
     opt, opt_doc = OPTIMIZER_BYTES[v.optimizer]
     if v.master_copy:
         opt, opt_doc = f"4 + {opt}", f"fp32 master weights + {opt_doc}"
@@ -147,6 +151,54 @@ def write(book: Book, v: Variant) -> None:
     add("gpu_memory_bytes", "mem_gib * 1073741824", "bytes", "memory", "cluster.gpu_memory_gib")
     add("memory_utilization", "peak_memory_bytes / gpu_memory_bytes", "share", "memory",
         "peak over GPU memory (MEM002 above 80 %, MEM001 above 100 %)")
+
+
+def _weight_and_grad_terms(book: Book, v: Variant) -> tuple[str, str]:
+    """Persistent weight and grad buffers, and the transient whole copies that Megatron-FSDP
+    (optim_grads_params) and GTP/EGTP keep while a block runs.
+
+    Megatron-FSDP shards the model weights (optim_grads_params) and the grads (optim_grads and
+    optim_grads_params) over dp_cp / expt_dp (Megatron-LM dev@d48bd6be megatron/core/distributed/
+    fsdp/src/megatron_fsdp/param_and_grad_buffer.py ParamAndGradBuffer.
+    _init_each_parameter_group_buffers); the optimizer's shards are the distributed optimizer's.
+    Both gather one unit ahead of its use: the unit in use and one prefetched unit are whole at
+    once (GTP's one-block-ahead prefetch chain, Megatron-LM main@d98e8a64 megatron/core/
+    tensor_parallel/generalized_tensor_parallelism.py; FSDP's all-gather prefetch), and one
+    unit's whole wgrad waits for its reduce-scatter. A unit is the average block of the stage.
+    """
+    add = book.add
+    full = "(dense_buffer_params + expert_buffer_params)"
+    shard = "(dense_shard_params + expert_shard_params)"
+    weights = f"{shard if v.fsdp == 'optim_grads_params' else full} * p"
+    grads = f"{shard if v.fsdp in ('optim_grads', 'optim_grads_params') else full} * bytes_grad"
+    unit = []
+    if v.gtp:
+        unit.append("GTP * ceiling(dense_sliced_params / Max(blocks, 1))")
+    if v.egtp:
+        unit.append("EGTP * routed_params_per_layer * Min(moe_layers, 1)")
+    if unit:
+        add("gtp_unit_params", " + ".join(unit), "params", "memory",
+            "whole (rematerialised) weights of one block: the average dense GTP block plus one "
+            "MoE layer's EGTP experts")
+        add("gtp_materialised_bytes", "2 * gtp_unit_params * p", "bytes", "memory",
+            "GTP/EGTP weights whole at once: the block in use and the next block's prefetch "
+            "(exact for the grouped experts' one-block-ahead chain; an upper bound for dense "
+            "weights, which prefetch one weight ahead)")
+        add("gtp_wgrad_bytes", "gtp_unit_params * p", "bytes", "memory",
+            "one block's whole wgrad before its GTP/EGTP reduce-scatter")
+        weights += " + gtp_materialised_bytes"
+        grads += " + gtp_wgrad_bytes"
+    if v.fsdp == "optim_grads_params":
+        add("fsdp_unit_params", "ceiling(params_on_rank / Max(blocks, 1))", "params", "memory",
+            "parameters of one average block on the stage (a Megatron-FSDP unit)")
+        add("fsdp_gathered_bytes", "2 * fsdp_unit_params * p", "bytes", "memory",
+            "Megatron-FSDP units whole at once: the block in use and one prefetched")
+        weights += " + fsdp_gathered_bytes"
+    if v.fsdp in ("optim_grads", "optim_grads_params"):
+        add("fsdp_grad_unit_bytes", "ceiling(params_on_rank / Max(blocks, 1)) * bytes_grad",
+            "bytes", "memory", "one block's whole grads before the Megatron-FSDP reduce-scatter")
+        grads += " + fsdp_grad_unit_bytes"
+    return weights, grads
 
 
 def _add_recompute(book: Book, v: Variant) -> None:

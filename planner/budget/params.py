@@ -75,12 +75,26 @@ def write(book: Book, v: Variant) -> None:
         "all parameters on this rank")
     add("bias_routers", "moe_layers - L_hash" if v.expert_bias else "0", "count", "memory",
         "routers with an expert bias (hash layers have none)")
-    add("bytes_grad", "4", "bytes", "memory", "fp32 main grads (Megatron's default for bf16/fp16)")
+    if v.gtp or v.muon_tp:
+        add("dense_sliced_params", f"blocks * attention_params_per_block{extra}"
+            " + moe_layers * shared_params_per_layer + L_dense * dense_mlp_params_per_layer",
+            "params", "memory", "dense weight matrices sliced over TP·GTP (attention, CSA/HCA, "
+            "shared expert, dense MLP): what GTP rematerialises and Muon's TP gather moves")
+        add("dense_replicated_params", "dense_params_on_rank - dense_sliced_params", "params",
+            "memory", "dense parameters GTP does not slice (norms, router, mHC, embedding, output, "
+            "MTP projections): their grads are all-reduced over gtp_remat")
+    if v.fsdp:
+        add("bytes_grad", "p", "bytes", "memory", "Megatron-FSDP main grads in the parameters' "
+            "dtype (Megatron-LM dev@d48bd6be megatron/training/arguments.py "
+            "--megatron-fsdp-main-grads-dtype, default auto)")
+    else:
+        add("bytes_grad", "4", "bytes", "memory", "fp32 main grads (Megatron's default for bf16/fp16)")
     shard = v.dist_opt
+    by = "Megatron-FSDP" if v.fsdp else "distributed optimizer"
     add("dense_opt_shards", "dp_cp_size / I_opt" if shard else "1", "ranks", "memory",
-        "dense optimizer shards (distributed optimizer over dp_cp, per instance)")
+        f"dense optimizer shards ({by} over dp_cp, per instance)")
     add("expert_opt_shards", "expert_dp / I_opt" if shard else "1", "ranks", "memory",
-        "expert optimizer shards (distributed optimizer over expt_dp, per instance)")
+        f"expert optimizer shards ({by} over expt_dp, per instance)")
     for kind in ("dense", "expert"):
         add(f"{kind}_buffer_params", f"ceiling({kind}_params_on_rank / pad_{kind}) * pad_{kind}",
             "params", "memory", f"{kind} grad/param buffer: the parameters, the end padded to a "

@@ -110,7 +110,8 @@ CP_NEIGHBOUR_SYMBOLS: dict[str, str] = {
 
 # Group kinds whose physical placement the topology split reports.
 TOPOLOGY_GROUPS: tuple[str, ...] = ("ep", "expt_tp", "tp_ep", "cp", "tp_cp", "dp_cp", "expt_dp", "tp_dp_cp",
-                                    "embd", "intra_dp_cp", "intra_expt_dp", "inter_dist_opt")
+                                    "embd", "intra_dp_cp", "intra_expt_dp", "inter_dist_opt",
+                                    "gtp_remat", "expt_gtp_remat", "tp")
 
 RANK_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("rank", "global rank", "rank"),
@@ -160,6 +161,10 @@ class Variant:
     ncclep: bool = False  # flex dispatcher with the NCCL EP backend (static receive buffers)
     latent: bool = False  # latent MoE: routed rows and routed experts at moe_latent_size
     dsv4_cp: bool = False  # DeepSeek-V4 attention with CP > 1 (THD boundary exchange + gathers)
+    fsdp: str = ""  # Megatron-FSDP sharding strategy (data_parallel_sharding_strategy), "" without
+    gtp: bool = False  # GTP > 1: dense weights rematerialised over gtp_remat
+    egtp: bool = False  # EGTP > 1: routed-expert weights rematerialised over expt_gtp_remat
+    muon_tp: bool = False  # Muon with TP > 1: TP shards of each matrix gathered for Newton-Schulz
 
     @property
     def v4_cp(self) -> bool:
@@ -192,7 +197,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         edp=cfg.degrees.edp > 1,
         tp_dp_cp=cfg.degrees.tp_dp_cp_size > 1,
         pp=par.pp > 1,
-        dist_opt=tr.use_distributed_optimizer,
+        dist_opt=_shards_optimizer(cfg),
         instances=tr.num_distributed_optimizer_instances > 1,
         attention=model.attention_variant,
         mhc=model.enable_hyper_connections and model.mhc_expansion > 1,
@@ -211,7 +216,21 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         and moe.moe_aux_loss_coeff > 0 and par.tp * par.cp > 1 else "",
         latent=moe.moe_latent_size is not None,
         dsv4_cp=par.cp > 1 and model.attention_variant == "dsv4_hybrid",
+        fsdp=tr.data_parallel_sharding_strategy if tr.use_megatron_fsdp else "",
+        gtp=par.gtp > 1,
+        egtp=par.egtp > 1,
+        muon_tp=tr.optimizer == "muon" and par.tp > 1,
     )
+
+
+def _shards_optimizer(cfg: Config) -> bool:
+    """Optimizer state sharded over the data-parallel replicas: the distributed optimizer, or
+    Megatron-FSDP with any strategy but no_shard (Megatron turns the distributed optimizer on for
+    it: Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args)."""
+    tr = cfg.training
+    if tr.use_megatron_fsdp:
+        return tr.data_parallel_sharding_strategy != "no_shard"
+    return tr.use_distributed_optimizer
 
 
 BUCKET_ALIGN = 128  # elements; Megatron-LM dev@d48bd6be megatron/core/optimizer/param_layout.py
@@ -221,9 +240,10 @@ def _buffer_pad(cfg: Config, replicas: int) -> int:
     """The distributed optimizer pads each grad/param bucket's end to a multiple of
     lcm(data-parallel shards, 128) elements so every shard is whole (Megatron-LM dev@d48bd6be
     megatron/core/optimizer/param_layout.py bucket_end_divisor, used by distrib_optimizer.py
-    DistributedOptimizer._compute_per_buffer_param_layout); without it nothing is padded."""
+    DistributedOptimizer._compute_per_buffer_param_layout); without it nothing is padded. Megatron-FSDP's
+    sharded buffers are assumed padded the same way (an approximation of its DataParallelBuffer)."""
     instances = cfg.training.num_distributed_optimizer_instances
-    if not cfg.training.use_distributed_optimizer or replicas < 1 or replicas % instances:
+    if not _shards_optimizer(cfg) or replicas < 1 or replicas % instances:
         return 1
     return math.lcm(replicas // instances, BUCKET_ALIGN)
 

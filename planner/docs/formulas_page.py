@@ -64,6 +64,11 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("no aux-loss counts to reduce", {"aux_counts": ""}),
     ("latent MoE (`moe_latent_size`)", {"latent": True}),
     ("DeepSeek-V4 attention with CP = 1", {"dsv4_cp": False}),
+    *((f"Megatron-FSDP `{strategy}`", {"fsdp": strategy, "dist_opt": strategy != "no_shard"})
+      for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params")),
+    ("GTP > 1", {"gtp": True}),
+    ("EGTP > 1", {"egtp": True}),
+    ("optimizer `muon` with TP > 1 and ETP > 1", {"optimizer": "muon", "muon_tp": True, "etp": True}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {

@@ -439,6 +439,8 @@ def _training(cfg: Config, args: MegatronArgs) -> None:
                 source="training.average_in_collective")
     args.add("--ckpt-format", t.ckpt_format, source="training.ckpt_format")
     args.add_if(t.use_megatron_fsdp, "--use-megatron-fsdp", source="training.use_megatron_fsdp")
+    args.add_if(t.use_megatron_fsdp, "--data-parallel-sharding-strategy",
+                t.data_parallel_sharding_strategy, source="training.data_parallel_sharding_strategy")
     args.add_if(t.use_torch_fsdp2, "--use-torch-fsdp2", source="training.use_torch_fsdp2")
 
 

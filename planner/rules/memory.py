@@ -48,7 +48,14 @@ def _memory_text(env: dict[str, Number]) -> str:
 
 def _memory_fix(cfg: Config, stage: int) -> str:
     hints = []
-    if not cfg.training.use_distributed_optimizer:
+    tr = cfg.training
+    if tr.use_megatron_fsdp:
+        # Megatron-FSDP already shards the optimizer (it forces the distributed optimizer on);
+        # what is left is sharding grads and weights too (Megatron-LM dev@d48bd6be
+        # megatron/training/arguments.py --data-parallel-sharding-strategy).
+        if tr.data_parallel_sharding_strategy != "optim_grads_params":
+            hints.append("training.data_parallel_sharding_strategy: optim_grads_params")
+    elif not tr.use_distributed_optimizer:
         hints.append("training.use_distributed_optimizer: true")
     if cfg.overlap.recompute_granularity != "full":
         # Megatron refuses full recompute without a method and a layer count (OVL009).
