@@ -28,4 +28,5 @@ def variants() -> st.SearchStrategy[Variant]:
         cp_kv_gather=flag, mla_q_lora=flag,
         aux_counts=st.sampled_from(("", "aux_loss", "seq_aux_loss")),
         ncclep=flag,
+        tp=flag, sp=flag, shared_overlap=flag, global_aux=flag,
     )

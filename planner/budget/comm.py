@@ -17,6 +17,7 @@ from __future__ import annotations
 from planner.budget.collectives import ALGORITHMS, collective
 from planner.budget.expr import Book
 from planner.budget.symbols import Variant
+from planner.budget.tp_comm import add_tp_bytes, add_tp_steps
 
 PAGE = "comm"
 
@@ -24,7 +25,7 @@ ONE_RANK = "group of one rank: no collective"
 WHOLE_BYTES = "shares of a buffer and expectations are rounded up to whole bytes"
 GROUP_SIZE = {"ep": "EP", "expt_tp": "ETP", "tp_ep": "tp_ep_size", "cp": "CP", "tp_cp": "(TP * CP)",
               "dp_cp": "dp_cp_size", "expt_dp": "expert_dp", "tp_dp_cp": "tp_dp_cp_size",
-              "embd": "embd_size"}
+              "embd": "embd_size", "tp": "TP"}
 
 
 def add_layer_bytes(book: Book, v: Variant) -> None:
@@ -239,6 +240,7 @@ def add_steps(book: Book, v: Variant) -> Collectives:
         c.add("cp_kv_gather", "bwd", "cp", "reduce_scatter",
               "CP * cp_kv_bytes * blocks * microbatches", "cp_kv_bytes * blocks * microbatches",
               "its backward reduce-scatter of dK, dV")
+    add_tp_steps(c, v)
     return c
 
 
@@ -296,4 +298,5 @@ def add_topology(book: Book, v: Variant, c: Collectives) -> None:
 
 def write(book: Book, v: Variant) -> None:
     add_layer_bytes(book, v)
+    add_tp_bytes(book, v)
     add_topology(book, v, add_steps(book, v))

@@ -94,7 +94,7 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
 
 # Group kinds whose physical placement the topology split reports.
 TOPOLOGY_GROUPS: tuple[str, ...] = ("ep", "expt_tp", "tp_ep", "cp", "tp_cp", "dp_cp", "expt_dp", "tp_dp_cp",
-                                    "embd", "intra_dp_cp", "intra_expt_dp", "inter_dist_opt")
+                                    "embd", "intra_dp_cp", "intra_expt_dp", "inter_dist_opt", "tp")
 
 RANK_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("rank", "global rank", "rank"),
@@ -141,6 +141,10 @@ class Variant:
     mla_q_lora: bool
     aux_counts: str  # load-balancing type whose token counts are all-reduced over tp_cp, or ""
     ncclep: bool = False  # flex dispatcher with the NCCL EP backend (static receive buffers)
+    tp: bool = False  # TP > 1: attention, shared-expert and dense-MLP linears are TP-sharded
+    sp: bool = False  # sequence parallelism (with TP > 1)
+    shared_overlap: bool = False  # moe_shared_expert_overlap: the shared expert's own AG/RS
+    global_aux: bool = False  # global_aux_loss balancing (coefficient > 0)
 
 
 def variant_of(cfg: Config, split: StageSplit) -> Variant:
@@ -179,6 +183,10 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         aux_counts=moe.moe_router_load_balancing_type
         if moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss")
         and moe.moe_aux_loss_coeff > 0 and par.tp * par.cp > 1 else "",
+        tp=par.tp > 1,
+        sp=par.tp > 1 and par.sequence_parallel,
+        shared_overlap=ov.moe_shared_expert_overlap and bool(model.moe_shared_expert_intermediate_size),
+        global_aux=moe.moe_router_load_balancing_type == "global_aux_loss" and moe.moe_aux_loss_coeff > 0,
     )
 
 

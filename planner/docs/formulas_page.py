@@ -62,6 +62,11 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
                      "moe")),
     ("`aux_loss` balancing with TP·CP > 1", {"aux_counts": "aux_loss"}),
     ("no aux-loss counts to reduce", {"aux_counts": ""}),
+    ("TP > 1 with sequence parallelism", {"tp": True, "sp": True}),
+    ("TP > 1 without sequence parallelism", {"tp": True}),
+    ("TP > 1, sequence parallelism, overlapped shared expert",
+     {"tp": True, "sp": True, "shared_overlap": True}),
+    ("`global_aux_loss` balancing", {"global_aux": True}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {
