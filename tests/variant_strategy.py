@@ -32,4 +32,5 @@ def variants() -> st.SearchStrategy[Variant]:
         dsv4_cp=flag,
         fsdp=st.sampled_from(("", "no_shard", "optim", "optim_grads", "optim_grads_params")),
         gtp=flag, egtp=flag, muon_tp=flag,
+        tp=flag, sp=flag, shared_overlap=flag, global_aux=flag,
     )

@@ -94,6 +94,12 @@ _FSDP = ("Megatron-LM dev@d48bd6be megatron/core/distributed/fsdp/src/megatron_f
          "megatron_fsdp.py")
 _MUON = ("Megatron-LM dev@d48bd6be megatron/core/optimizer/emerging_optimizers.py "
          "TensorParallelMuon.orthogonalize")
+_TP_LAYERS = "Megatron-LM dev@d48bd6be megatron/core/tensor_parallel/layers.py"
+_MAPPINGS = "megatron/core/tensor_parallel/mappings.py"
+# A TP collective inside a transformer layer's forward runs again when that forward is recomputed:
+# the whole layer ("full"), the MoE layer with its shared expert, the dense MLP, the shared expert,
+# or MLA's up projections (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_layer.py).
+_TP_RECOMPUTE = frozenset({"full", "moe", "mlp", "shared_experts", "mla_up_proj"})
 
 TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
     Collective("ep_dispatch_hidden", ("ep", "tp_ep"), _A2A,
@@ -217,6 +223,50 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                f"Newton-Schulz (tp_mode duplicated), once per step; {_MUON}"),
     Collective("muon_expert_tp_gather", ("expt_tp",), {"fwd": ("allgather",)},
                f"Muon: the same for routed-expert matrices over expt_tp; {_MUON}"),
+    Collective("tp_sp_gather", ("tp",), _GATHER,
+               f"sequence parallelism: the [s/TP, b, w] input of every column-parallel linear "
+               f"(attention QKV or MLA up projections, shared-expert/dense FC1, MTP eh_proj, "
+               f"output layer) and MLA's rotary key all-gathered over TP; backward reduce-scatters "
+               f"its grad; {_TP_LAYERS} ColumnParallelLinear, {_MAPPINGS} "
+               "gather_from_sequence_parallel_region", recomputed_with=_TP_RECOMPUTE),
+    Collective("tp_sp_wgrad_gather", ("tp",), {"bwd": ("allgather",)},
+               f"sequence parallelism: a column-parallel linear stores its input sequence-sharded "
+               f"and all-gathers it again in backward for the weight gradient; {_TP_LAYERS} "
+               "LinearWithGradAccumulationAndAsyncCommunication.backward"),
+    Collective("tp_sp_scatter", ("tp",), _SCATTER,
+               f"sequence parallelism: the output of every row-parallel linear (attention proj, "
+               f"shared-expert/dense FC2) reduce-scattered over TP to [s/TP, b, h]; backward "
+               f"all-gathers its grad; {_TP_LAYERS} RowParallelLinear, {_MAPPINGS} "
+               "reduce_scatter_to_sequence_parallel_region", recomputed_with=_TP_RECOMPUTE),
+    Collective("tp_linear_allreduce", ("tp",), {"fwd": ("allreduce",), "bwd": ("allreduce",)},
+               f"TP without sequence parallelism: forward all-reduce of every row-parallel "
+               f"linear's output, backward all-reduce of every column-parallel linear's input "
+               f"grad; {_TP_LAYERS} RowParallelLinear, ColumnParallelLinear",
+               recomputed_with=_TP_RECOMPUTE),
+    Collective("tp_embedding_reduce", ("tp",),
+               {"fwd": ("reduce_scatter", "allreduce"), "bwd": ("allgather",)},
+               f"vocab-parallel embedding output summed over TP: reduce-scattered to the sequence "
+               f"shard with sequence parallelism (backward all-gathers its grad), else all-reduced; "
+               f"{_TP_LAYERS} VocabParallelEmbedding.forward"),
+    Collective("tp_mtp_gather", ("tp",), {"fwd": ("allgather",), "bwd": ("allgather",)},
+               "MTP: the column-parallel eh_proj output gathered along the hidden dimension; with "
+               "sequence parallelism the following sequence scatter all-gathers its grad in "
+               "backward; Megatron-LM dev@d48bd6be megatron/core/transformer/"
+               "multi_token_prediction.py MultiTokenPredictionLayer._concat_embeddings"),
+    Collective("tp_xent_reduce", ("tp",), {"fwd": ("allreduce",)},
+               "vocab-parallel cross entropy: three all-reduces over TP of [s, b] fp32 (logit max, "
+               "target logit, sum of exponentials) per loss; Megatron-LM dev@d48bd6be "
+               "megatron/core/tensor_parallel/cross_entropy.py VocabParallelCrossEntropy.forward"),
+    Collective("tp_sp_grad_reduce", ("tp",), {"fwd": ("allreduce",)},
+               "sequence parallelism: grads of the parameters replicated over TP (norms, router, "
+               "MLA down projections, mHC) all-reduced over TP once per step; Megatron-LM "
+               "dev@d48bd6be megatron/core/distributed/finalize_model_grads.py "
+               "_allreduce_non_tensor_model_parallel_grads"),
+    Collective("global_aux_count_reduce", ("tp_dp_cp",), {"fwd": ("allreduce",)},
+               "global aux loss: per-expert token counts (int64 [E]) all-reduced over tp_dp_cp in "
+               "every router pass, accumulated across microbatches; Megatron-LM dev@d48bd6be "
+               "megatron/core/transformer/moe/router.py TopKRouter._apply_global_aux_loss",
+               recomputed_with=frozenset({"full", "moe"})),
 )})
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from planner.budget.collectives import ALGORITHMS, collective
 from planner.budget.expr import Book
 from planner.budget.symbols import Variant, routed_width
+from planner.budget.tp_comm import add_tp_bytes, add_tp_steps
 
 PAGE = "comm"
 
@@ -288,6 +289,7 @@ def add_steps(book: Book, v: Variant) -> Collectives:
               "CP * cp_kv_bytes * blocks * microbatches", "cp_kv_bytes * blocks * microbatches",
               "its backward reduce-scatter of dK, dV")
     _add_v4_cp_steps(c, v)
+    add_tp_steps(c, v)
     return c
 
 
@@ -457,4 +459,5 @@ def add_topology(book: Book, v: Variant, c: Collectives) -> None:
 
 def write(book: Book, v: Variant) -> None:
     add_layer_bytes(book, v)
+    add_tp_bytes(book, v)
     add_topology(book, v, add_steps(book, v))

@@ -83,8 +83,11 @@ def write(book: Book, v: Variant) -> None:
     add("optimizer_bytes", "optimizer_bytes_per_param * (dense_shard_params + expert_shard_params)",
         "bytes", "memory",
         "optimizer states, sharded over dp_cp / expt_dp with the distributed optimizer")
-    add("buffer_bytes", "bias_routers * E * (4 + 8) + L_hash * V_pad * k * 4", "bytes", "memory",
-        "expert bias (fp32) and token counts (int64); hash tables tid2eid [V_pad, k] int32")
+    glob = " + moe_layers * (E + 1) * 4" if v.global_aux else ""
+    add("buffer_bytes", f"bias_routers * E * (4 + 8) + L_hash * V_pad * k * 4{glob}", "bytes", "memory",
+        "expert bias (fp32) and token counts (int64); hash tables tid2eid [V_pad, k] int32"
+        + ("; global aux loss: fp32 token counts [E] and step count kept across microbatches"
+           if v.global_aux else ""))
     for name, (formula, doc) in _act_parts(v).items():
         add(name, formula, "bytes", "memory", f"per microbatch: {doc}")
     moe = ("tokens_per_rank * 2 * h * p" if "moe" in v.recompute_modules else

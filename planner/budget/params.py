@@ -102,3 +102,28 @@ def write(book: Book, v: Variant) -> None:
         add(f"{kind}_shard_params", f"{kind}_buffer_params / {kind}_opt_shards",
             "params", "memory", f"{kind} buffer elements whose optimizer state this rank owns "
             "(the first shards hold parameters only; padding sits at the buffer's end)")
+    _add_tp_replicated(book, v)
+
+
+MLA_DUPLICATED = {True: "h * q_lora + q_lora + h * (kv_lora + qk_rope) + kv_lora",
+                  False: "h * (kv_lora + qk_rope) + kv_lora"}
+
+
+def _add_tp_replicated(book: Book, v: Variant) -> None:
+    """Parameters every TP rank holds whole but trains on its own sequence shard under sequence
+    parallelism, so their grads are partial sums over TP (Megatron-LM dev@d48bd6be
+    megatron/core/distributed/finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads
+    reduces every parameter marked `sequence_parallel`: norms, the router, MLA's duplicated down
+    projections and their norms, mHC weights)."""
+    per_block = "norm_params_per_block" + (" + mhc_params_per_block" if v.mhc else "")
+    if v.attention == "mla":
+        book.add("mla_duplicated_params_per_block", MLA_DUPLICATED[v.mla_q_lora], "params", "memory",
+                 "MLA down projections (duplicated over TP) and the q/kv norms after them")
+        per_block += " + mla_duplicated_params_per_block"
+    moe = "router_params_per_layer" + (" + latent_proj_params_per_layer" if v.latent else "")
+    book.add("tp_replicated_params_on_rank",
+             f"blocks * ({per_block}) + moe_layers * ({moe})"
+             " + has_output * final_params + L_mtp * 3 * h", "params", "memory",
+             "parameters replicated over TP whose grads sequence parallelism leaves partial"
+             + (" (latent MoE's projections are duplicated over TP: Megatron-LM dev@d48bd6be "
+                "megatron/core/transformer/moe/moe_layer.py)" if v.latent else ""))

@@ -165,6 +165,10 @@ class Variant:
     gtp: bool = False  # GTP > 1: dense weights rematerialised over gtp_remat
     egtp: bool = False  # EGTP > 1: routed-expert weights rematerialised over expt_gtp_remat
     muon_tp: bool = False  # Muon with TP > 1: TP shards of each matrix gathered for Newton-Schulz
+    tp: bool = False  # TP > 1: attention, shared-expert and dense-MLP linears are TP-sharded
+    sp: bool = False  # sequence parallelism (with TP > 1)
+    shared_overlap: bool = False  # moe_shared_expert_overlap: the shared expert's own AG/RS
+    global_aux: bool = False  # global_aux_loss balancing (coefficient > 0)
 
     @property
     def v4_cp(self) -> bool:
@@ -220,6 +224,10 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         gtp=par.gtp > 1,
         egtp=par.egtp > 1,
         muon_tp=tr.optimizer == "muon" and par.tp > 1,
+        tp=par.tp > 1,
+        sp=par.tp > 1 and par.sequence_parallel,
+        shared_overlap=ov.moe_shared_expert_overlap and bool(model.moe_shared_expert_intermediate_size),
+        global_aux=moe.moe_router_load_balancing_type == "global_aux_loss" and moe.moe_aux_loss_coeff > 0,
     )
 
 

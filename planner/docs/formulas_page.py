@@ -69,6 +69,11 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("GTP > 1", {"gtp": True}),
     ("EGTP > 1", {"egtp": True}),
     ("optimizer `muon` with TP > 1 and ETP > 1", {"optimizer": "muon", "muon_tp": True, "etp": True}),
+    ("TP > 1 with sequence parallelism", {"tp": True, "sp": True}),
+    ("TP > 1 without sequence parallelism", {"tp": True}),
+    ("TP > 1, sequence parallelism, overlapped shared expert",
+     {"tp": True, "sp": True, "shared_overlap": True}),
+    ("`global_aux_loss` balancing", {"global_aux": True}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {
