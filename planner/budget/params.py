@@ -120,9 +120,10 @@ def _add_tp_replicated(book: Book, v: Variant) -> None:
         book.add("mla_duplicated_params_per_block", MLA_DUPLICATED[v.mla_q_lora], "params", "memory",
                  "MLA down projections (duplicated over TP) and the q/kv norms after them")
         per_block += " + mla_duplicated_params_per_block"
-    moe = "router_params_per_layer" + (" + latent_proj_params_per_layer" if v.latent else "")
+    moe = ("(router_params_per_layer + latent_proj_params_per_layer)" if v.latent
+           else "router_params_per_layer")
     book.add("tp_replicated_params_on_rank",
-             f"blocks * ({per_block}) + moe_layers * ({moe})"
+             f"blocks * ({per_block}) + moe_layers * {moe}"
              " + has_output * final_params + L_mtp * 3 * h", "params", "memory",
              "parameters replicated over TP whose grads sequence parallelism leaves partial"
              + (" (latent MoE's projections are duplicated over TP: Megatron-LM dev@d48bd6be "
