@@ -28,4 +28,6 @@ def variants() -> st.SearchStrategy[Variant]:
         cp_kv_gather=flag, mla_q_lora=flag,
         aux_counts=st.sampled_from(("", "aux_loss", "seq_aux_loss")),
         ncclep=flag,
+        flex_backend=st.sampled_from(("", "deepep", "hybridep", "ncclep")),
+        quant_pad=flag, virtual_experts=flag,
     )

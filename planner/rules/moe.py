@@ -116,9 +116,12 @@ def expert_bias_score_function(f: Facts) -> Iterator[Violation]:
 @rule(
     "MOE006", "error", "moe_apply_probs_on_input needs top-1 routing",
     source=dev("core/transformer/moe/experts.py", "TEGroupedMLP.forward"),
-    why="""Scaling the expert input by the routing weight equals scaling its output only when one
-    expert is chosen per token; with k > 1 the nonlinear SwiGLU would see k differently scaled
-    copies (the routing weights are applied after the activation).""",
+    why="""Megatron asserts top-1 when the routing weight scales the expert input instead of its
+    output. Even then the two differ: SwiGLU is not linear, so f(g·x) is not g·f(x) and the option
+    changes the model rather than reordering one product; with top-1 each token still has exactly
+    one scaled branch, which is the case Megatron supports. With k > 1 every chosen expert would see
+    a differently scaled copy of the token (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/moe/experts.py TEGroupedMLP.forward).""",
     bad="moe: {moe_apply_probs_on_input: true}",
     good="""
     model: {moe_router_topk: 1, moe_router_score_function: sigmoid}
