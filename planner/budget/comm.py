@@ -146,8 +146,8 @@ def _add_flex_dedup(book: Book) -> None:
     add("flex_dedup_rows", "tokens_per_rank * flex_dest_ranks", "rows", "bytes",
         "rows one rank delivers per layer: one per token and destination rank, itself included "
         "(n·ETP·k before de-duplication)")
-    add("flex_dedup_send_bytes", "flex_dedup_rows * h * p", "bytes", "bytes",
-        "hidden bytes of those rows")
+    add("flex_dedup_send_bytes", "ceiling(flex_dedup_rows * h * p)", "bytes", "bytes",
+        f"hidden bytes of those rows ({WHOLE_BYTES})")
     add("flex_dest_nodes", "tp_ep_nodes * (1 - miss_node)", "nodes", "topology",
         "expected nodes of the tp_ep group one token reaches, G·(1 − C(E − E/G, k)/C(E, k)) for "
         "G nodes holding E/G experts each")
@@ -239,8 +239,10 @@ def add_steps(book: Book, v: Variant) -> Collectives:
                     c.zero(name, phase, f"ETP·EP = 1: {one}")
     else:
         if v.tp_ep:
-            rows = f"flex_dedup_send_bytes * {calls}"
-            split = (f"flex_rdma_bytes * {calls}", f"flex_nvlink_bytes * {calls}")
+            # one rounding per step (rows are expectations), not one per layer pass
+            rows = f"ceiling(flex_dedup_rows * h * p * {calls})"
+            split = (f"ceiling(flex_rdma_rows * h * p * {calls})",
+                     f"ceiling(flex_nvlink_rows * h * p * {calls})")
             backend = v.flex_backend or "deepep"
             for phase in ("fwd", "bwd"):
                 grads = " grads" if phase == "bwd" else ""
