@@ -145,3 +145,19 @@ def test_virtual_experts_price_weights_slots_and_gradients():
     assert v["in_flight_microbatches"] == 2
     assert v["vex_slot_bytes"] == 147456
     assert "vex_slot_bytes" not in values({})
+
+
+@pytest.mark.parametrize(("overlay", "message"), [
+    ({"moe": {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep"}},
+     "moe_token_dispatcher_type = 'flex'"),
+    ({"moe": {"moe_virtual_experts": True}}, "moe_virtual_experts is not implemented"),
+    ({"training": {"fp8": True}}, "training.fp8/fp4"),
+])
+def test_the_runtime_refuses_what_is_predicted_only(overlay: dict[str, Any], message: str):
+    from planner.plan import compile_plan
+    from planner.rules import run_rules
+    from runtime.plan_io import PlanError, check_plan
+
+    cfg = parse_config(merge(example_config_data(""), overlay))
+    with pytest.raises(PlanError, match=message.replace(".", r"\.")):
+        check_plan(compile_plan(cfg, run_rules(cfg)))
