@@ -139,7 +139,10 @@ def write(book: Book, v: Variant) -> None:
         "transient buffers of one layer: permuted send + combine output (AllGather: gathered "
         "hidden, probs, map and the full output; DeepEP: the de-duplicated received rows and the "
         "per-rank sums combine sends back; HybridEP: the expert outputs and the combined tokens; "
-        "NCCL EP: its receive and combine buffers of ncclep_recv_rows each), pipeline send/recv")
+        "NCCL EP: its receive and combine buffers of ncclep_recv_rows each), pipeline send/recv"
+        + ("; NCCL EP keeps both: Megatron dev bootstraps it with zero_copy=False and refuses "
+           "moe_ncclep_use_symm_mem, so FC2 outputs are not written straight into the "
+           "communication buffer as the DeepSeek-V4 Megatron write-up describes" if v.ncclep else ""))
     peak = ("weight_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes"
             " + comm_buffer_bytes")
     if v.virtual_experts:
