@@ -198,7 +198,9 @@ def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -
         try:
             stage_env = acc.stage_env(s, groups.get("embd"))
             env = acc.rank_env(stage_env, rank_values(r, cfg.cluster.gpus_per_node, groups,
-                                                      grid.group_of("pp", r)))
+                                                      grid.group_of("pp", r),
+                                                      (cfg.model.num_experts,
+                                                       cfg.model.moe_router_topk)))
         except ZeroDivisionError as exc:
             raise BudgetError(f"stage {s}: a quantity divides by zero ({exc})") from None
         scope = f"stage {s} (rank {r})"

@@ -290,13 +290,16 @@ def small(p: dict[str, Any], **changes: Any) -> Config:
 @settings(max_examples=25, deadline=None)
 @given(small_layouts)
 def test_bytes_scale_linearly_with_sequence_length(p):
-    one, two = values(budgets(small(p), stage=0), 0), values(budgets(small(p, seq=2 * p["seq"]),
-                                                                    stage=0), 0)
+    rows = budgets(small(p), stage=0)
+    one, two = values(rows, 0), values(budgets(small(p, seq=2 * p["seq"]), stage=0), 0)
+    # an expectation rounded up to whole bytes (flex de-duplication) may sit a byte or two off
+    rounded = {b.name.rsplit(".", 1)[0] for b in rows if "ceiling" in b.formula}
     for name, value in one.items():
         per_token = name.startswith("step.") and not any(
             word in name for word in ("grad", "param", "bias", "embd", "count_exchange"))
         if per_token:  # weights and length-E counts do not grow with the sequence
-            assert two[name] == 2 * value, name
+            slack = 2 if name.rsplit(".", 1)[0] in rounded else 0
+            assert abs(two[name] - 2 * value) <= slack, name
     for name in ("tokens_per_rank", "expert_gemm_rows", "act_routed_per_layer"):
         assert two[name] == 2 * one[name]
 

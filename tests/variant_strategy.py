@@ -33,4 +33,6 @@ def variants() -> st.SearchStrategy[Variant]:
         fsdp=st.sampled_from(("", "no_shard", "optim", "optim_grads", "optim_grads_params")),
         gtp=flag, egtp=flag, muon_tp=flag,
         tp=flag, sp=flag, shared_overlap=flag, global_aux=flag,
+        flex_backend=st.sampled_from(("", "deepep", "hybridep", "ncclep")),
+        quant_pad=flag, virtual_experts=flag,
     )

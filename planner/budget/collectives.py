@@ -267,6 +267,15 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                "every router pass, accumulated across microbatches; Megatron-LM dev@d48bd6be "
                "megatron/core/transformer/moe/router.py TopKRouter._apply_global_aux_loss",
                recomputed_with=frozenset({"full", "moe"})),
+    # Virtual experts are not in Megatron dev or main (PR #7450, open); a forward re-run plans
+    # and moves the replicas again, so recomputing the MoE layer repeats the weight transfer.
+    Collective("vex_weight_transfer", ("ep",), {"fwd": ("alltoall",)},
+               "virtual experts: hot experts' weights copied to temporary slots on peer ranks "
+               "(predicted only; Megatron-LM PR #7450, MoonEP-style expert duplication)",
+               routed_rows=True, recomputed_with=frozenset({"full", "moe"})),
+    Collective("vex_grad_return", ("ep",), {"bwd": ("alltoall",)},
+               "virtual experts: replica weight gradients returned to the owning rank "
+               "(predicted only; Megatron-LM PR #7450)", routed_rows=True),
 )})
 
 

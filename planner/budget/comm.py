@@ -81,6 +81,11 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "bytes", "bytes", "the part that leaves the rank (rounded up to whole bytes)")
         add("flex_combine_send_bytes", f"expert_gemm_rows * {w} * p", "bytes", "bytes",
             "Flex combine of the expert outputs")
+        _add_flex_dedup(book, w)
+    if v.virtual_experts:
+        add("vex_expert_weight_bytes", f"3 * {w} * I * p", "bytes", "bytes",
+            "one whole routed expert (W1, W3, W2; virtual experts need ETP = 1): what a temporary "
+            "slot receives, and the size of the replica's gradient sent back")
 
 
 def add_v4_cp_bytes(book: Book) -> None:
@@ -142,14 +147,19 @@ class Collectives:
             self.book.add(f"{base}.{part}", "0", "bytes", "step", why)
 
     def add(self, name: str, phase: str, group: str, algorithm: str, send: str, recv: str,
-            doc: str, *, size: str | None = None, offnode: str | None = None) -> None:
+            doc: str, *, size: str | None = None, offnode: str | None = None,
+            split: tuple[str, str] | None = None) -> None:
+        """`split` = (inter-node, intra-node) wire bytes, for collectives whose backend routes
+        around the plain model (the flex backends' node de-duplication)."""
         collective(name).check(phase, group, algorithm)
         add, base = self.book.add, f"step.{name}.{phase}"
         g = size or GROUP_SIZE.get(group, "")
         where = f"over {group}, {ALGORITHMS[algorithm]}"
         s = add(f"{base}.send_bytes", send, "bytes", "step", f"{doc}; {where}")
         add(f"{base}.recv_bytes", recv, "bytes", "step", f"{doc}: received (expectation)")
-        if algorithm == "alltoall":
+        if split:
+            wire, inter = f"{split[0]} + {split[1]}", split[0]
+        elif algorithm == "alltoall":
             wire = f"ceiling({s} * ({g} - 1) / {g})"
             inter = f"ceiling({s} * ({g} - {group}_on_node) / {g})"
         else:
@@ -158,13 +168,48 @@ class Collectives:
                     "allreduce": f"2 * ceiling({s} * ({g} - 1) / {g})", "p2p": s}[algorithm]
         w = add(f"{base}.wire_bytes", wire, "bytes", "topology",
                 f"bytes this rank puts on the wire ({where}; {WHOLE_BYTES})")
-        if algorithm != "alltoall":
+        if algorithm != "alltoall" and not split:
             inter = f"ceiling({w} * {offnode or group + '_ring_offnode'})"
         x = add(f"{base}.inter_node_bytes", inter, "bytes", "topology",
                 f"wire bytes that cross nodes (node-major placement; {WHOLE_BYTES})")
         self.inter.append(x)
         self.intra.append(add(f"{base}.intra_node_bytes", f"{w} - {x}", "bytes", "topology",
                               "wire bytes that stay inside the node"))
+
+
+def _add_flex_dedup(book: Book, width: str) -> None:
+    """The flex backends move one copy of a token per destination rank and per destination node,
+    not one per expert: DeepEP's get_dispatch_layout gives is_token_in_rank and
+    num_tokens_per_rdma_rank (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/fused_a2a.py
+    FusedDispatch.forward; RDMA buffers only when tp_ep spans nodes, get_buffer), HybridEP takes
+    the routing map and permutes only after the exchange (HybridEPDispatch.forward), and NCCL EP's
+    high-throughput backend runs HybridEP's kernels (token_dispatcher.py
+    _NCCLEPManager._ensure_bootstrap names hybridep_adapter.cu). A row crosses to each remote
+    destination node once, landing on the peer with its local index, which fans it out over
+    NVLink; combine sums inside the node before crossing back, so it moves the same rows."""
+    add = book.add
+    add("flex_dest_ranks", "tp_ep_size * (1 - miss_rank)", "ranks", "bytes",
+        "expected tp_ep ranks one token reaches: the ETP shards of every EP rank holding one of "
+        "its k experts, ETP·EP·(1 − C(E − E/EP, k)/C(E, k)) (uniform routing)")
+    add("flex_dedup_rows", "tokens_per_rank * flex_dest_ranks", "rows", "bytes",
+        "rows one rank delivers per layer: one per token and destination rank, itself included "
+        "(n·ETP·k before de-duplication)")
+    add("flex_dedup_send_bytes", f"ceiling(flex_dedup_rows * {width} * p)", "bytes", "bytes",
+        f"hidden bytes of those rows ({WHOLE_BYTES})")
+    add("flex_dest_nodes", "tp_ep_nodes * (1 - miss_node)", "nodes", "topology",
+        "expected nodes of the tp_ep group one token reaches, G·(1 − C(E − E/G, k)/C(E, k)) for "
+        "G nodes holding E/G experts each")
+    add("flex_rdma_rows", "tokens_per_rank * (tp_ep_nodes - 1) * (1 - miss_node)", "rows",
+        "topology", "rows that cross nodes: one per token and remote destination node, "
+        "n·(G − 1)·(1 − C(E − E/G, k)/C(E, k))")
+    add("flex_nvlink_rows", "tokens_per_rank * (tp_ep_size - tp_ep_nodes) * (1 - miss_rank)",
+        "rows", "topology", "NVLink deliveries: every destination rank but the source itself and "
+        "each remote node's landing peer, n·(ETP·EP − G)·(1 − C(E − E/EP, k)/C(E, k)); a rank "
+        "forwards, by symmetry, as many rows as are forwarded for it")
+    add("flex_rdma_bytes", f"ceiling(flex_rdma_rows * {width} * p)", "bytes", "topology",
+        f"hidden bytes per layer that cross nodes ({WHOLE_BYTES})")
+    add("flex_nvlink_bytes", f"ceiling(flex_nvlink_rows * {width} * p)", "bytes", "topology",
+        f"hidden bytes per layer over NVLink ({WHOLE_BYTES})")
 
 
 def add_steps(book: Book, v: Variant) -> Collectives:
@@ -242,18 +287,35 @@ def add_steps(book: Book, v: Variant) -> Collectives:
                     c.zero(name, phase, f"ETP·EP = 1: {one}")
     else:
         if v.tp_ep:
-            for phase, send, recv in (("fwd", "flex_dispatch_send_bytes", "flex_combine_send_bytes"),
-                                      ("bwd", "flex_combine_send_bytes", "flex_dispatch_send_bytes")):
-                c.add("ep_dispatch_hidden", phase, "tp_ep", "alltoall", f"{send} * {calls}",
-                      f"{recv} * {calls}", "Flex dispatch (no backend de-duplication)")
-                c.add("ep_combine_hidden", phase, "tp_ep", "alltoall", f"{recv} * {calls}",
-                      f"{send} * {calls}", "Flex combine")
+            # one rounding per step (rows are expectations), not one per layer pass
+            rows = f"ceiling(flex_dedup_rows * h * p * {calls})"
+            split = (f"ceiling(flex_rdma_rows * h * p * {calls})",
+                     f"ceiling(flex_nvlink_rows * h * p * {calls})")
+            backend = v.flex_backend or "deepep"
+            for phase in ("fwd", "bwd"):
+                grads = " grads" if phase == "bwd" else ""
+                c.add("ep_dispatch_hidden", phase, "tp_ep", "alltoall", rows, rows,
+                      f"Flex ({backend}) dispatch{grads}, one row per token and destination rank",
+                      split=split)
+                c.add("ep_combine_hidden", phase, "tp_ep", "alltoall", rows, rows,
+                      f"Flex ({backend}) combine{grads}, summed per node before crossing",
+                      split=split)
         else:
             for name in ("ep_dispatch_hidden", "ep_combine_hidden"):
                 for phase in ("fwd", "bwd"):
                     c.zero(name, phase, f"ETP·EP = 1: {one}")
     _add_grad_steps(c, v)
     _add_weight_steps(c, v)
+    if v.virtual_experts and v.ep:
+        weights = f"vex_slots * vex_expert_weight_bytes * {calls}"
+        c.add("vex_weight_transfer", "fwd", "ep", "alltoall", weights, weights,
+              "virtual experts: a hot expert's weights copied to each temporary slot")
+        grads = f"vex_slots * 3 * {routed_width(v)} * I * bytes_grad * {calls}"
+        c.add("vex_grad_return", "bwd", "ep", "alltoall", grads, grads,
+              "virtual experts: each replica's fp32 weight gradient back to the owner")
+    elif v.virtual_experts:
+        c.zero("vex_weight_transfer", "fwd", f"EP = 1: {ONE_RANK}")
+        c.zero("vex_grad_return", "bwd", f"EP = 1: {ONE_RANK}")
     if v.expert_bias and v.tp_dp_cp:
         c.add("expert_bias_count_reduce", "fwd", "tp_dp_cp", "allreduce", "bias_routers * E * 8",
               "bias_routers * E * 8",

@@ -77,7 +77,18 @@ def add_rows(book: Book, v: Variant) -> None:
     if v.dispatcher == "flex":
         add("flex_dispatch_send_rows", "tokens_per_rank * flex_topk", "rows", "rows",
             "Flex: rows sent before any backend de-duplication")
+    if v.quant_pad:
+        add("gemm_rows_padded", "experts_per_rank * ceiling(expert_gemm_rows / (experts_per_rank"
+            " * q_align)) * q_align", "rows", "rows",
+            "grouped-GEMM rows with each local expert's (expected) rows padded to a multiple of "
+            "q_align for fp8/fp4 (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/"
+            "experts.py TEGroupedMLP.forward's quantization_padding; HybridEP and NCCL EP pad in "
+            "the dispatcher instead, moe_utils.py skip_routed_expert_padding)")
     if v.ncclep:
-        add("ncclep_recv_rows", "floor(ceiling(tokens_per_rank / 64) * 64 * flex_topk * rcf)", "rows",
+        budget = "floor(ceiling(tokens_per_rank / 64) * 64 * flex_topk * rcf)"
+        if v.quant_pad:
+            budget = f"ceiling({budget} / q_align) * q_align"
+        add("ncclep_recv_rows", budget, "rows",
             "rows", "NCCL EP receive capacity per rank, fixed at the first dispatch: local tokens "
-            "rounded up to 64, times ETP·k and the rank capacity factor")
+            "rounded up to 64, times ETP·k and the rank capacity factor"
+            + (", rounded up to q_align (fp8/fp4)" if v.quant_pad else ""))

@@ -28,6 +28,20 @@ OPTIMIZER_BYTES = {"adam": ("8", "Adam m and v in fp32"), "sgd": ("4", "fp32 mom
                    "muon": ("4", "fp32 momentum (Muon)")}
 
 
+# Transient dispatcher buffers of one MoE layer per flex backend (Megatron-LM dev@d48bd6be
+# megatron/core/transformer/moe/token_dispatcher.py): DeepEP receives one row per token and rank,
+# permutes it locally and un-permutes the expert outputs back to those rows before combine;
+# HybridEP returns the permuted (padded) expert rows directly and combines from the expert outputs;
+# NCCL EP (picked by `Variant.ncclep`) fills a static [ncclep_recv_rows, h] receive buffer and
+# re-expands the expert outputs to it before combine (zero-copy is off in dev: _NCCLEPManager
+# bootstraps with zero_copy=False and refuses moe_ncclep_use_symm_mem, so FC2 outputs are not
+# written into the communication buffer as the DeepSeek-V4 Megatron write-up describes).
+FLEX_BUFFERS = {
+    "deepep": "2 * flex_dedup_send_bytes",
+    "hybridep": "(expert_gemm_rows + tokens_per_rank) * h * p",
+}
+
+
 def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     """Stored activation widths; selective recompute drops the tensors it recomputes."""
     mods = v.recompute_modules
@@ -44,6 +58,7 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     act = "2 * I / ETP" if "moe_act" in mods else "3 * I / ETP"
     shared = "0" if "shared_experts" in mods else ("2 * I_s" if "moe_act" in mods else "3 * I_s")
     w = routed_width(v)
+    rows = "gemm_rows_padded" if v.quant_pad else "expert_gemm_rows"
     parts = {
         "act_attention_per_block": (f"tokens_per_rank * ({attention})",
                                     "norm in/out, q, k, v, core output, softmax statistics (fp32)"),
@@ -51,7 +66,7 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
                                  "router logits and probs in fp32, bool routing map"),
         "act_shared_per_layer": (f"tokens_per_rank * {shared} * p",
                                  "shared-expert FC1 output and activation"),
-        "act_routed_per_layer": (f"expert_gemm_rows * ({w} + {act} + 1) * p + assignments_per_rank * 8",
+        "act_routed_per_layer": (f"{rows} * ({w} + {act} + 1) * p + assignments_per_rank * 8",
                                  "MoE-aware: expert inputs are the GEMM rows (n·k·ETP), not n; "
                                  "FC1 in/out, FC2 in, probs, int64 permutation map"),
         "act_dense_mlp_per_layer": ("tokens_per_rank * 2 * h * p" if "mlp" in mods else
@@ -139,18 +154,33 @@ def write(book: Book, v: Variant) -> None:
     add("activation_bytes", "act_live_peak + recompute_working_bytes", "bytes", "memory",
         "peak stored activations: the live chunks at the schedule's peak, plus recompute's block")
     w = routed_width(v)
+    rows = "gemm_rows_padded" if v.quant_pad else "expert_gemm_rows"
     buffers = {"alltoall": "2 * dispatch_send_bytes",
                "allgather": f"allgather_dispatch_rows * (2 * {w} * p + E * p + E)",
-               "flex": f"2 * ncclep_recv_rows * {w} * p" if v.ncclep else "2 * flex_dispatch_send_bytes",
+               "flex": f"2 * ncclep_recv_rows * {w} * p" if v.ncclep else
+               FLEX_BUFFERS.get(v.flex_backend, FLEX_BUFFERS["deepep"])
+               .replace("expert_gemm_rows", rows).replace(" h ", f" {w} "),
                }[v.dispatcher]
     if v.pp:
         buffers += " + 2 * pp_activation_bytes"
     add("comm_buffer_bytes", buffers, "bytes", "memory",
         "transient buffers of one layer: permuted send + combine output (AllGather: gathered "
-        "hidden, probs, map and the full output; NCCL EP: its receive and combine buffers of "
-        "ncclep_recv_rows each), pipeline send/recv")
-    add("peak_memory_bytes", "weight_bytes + grad_bytes + optimizer_bytes + buffer_bytes"
-        " + activation_bytes + comm_buffer_bytes", "bytes", "memory", "estimated peak per rank")
+        "hidden, probs, map and the full output; DeepEP: the de-duplicated received rows and the "
+        "per-rank sums combine sends back; HybridEP: the expert outputs and the combined tokens; "
+        "NCCL EP: its receive and combine buffers of ncclep_recv_rows each), pipeline send/recv"
+        + ("; NCCL EP keeps both: Megatron dev bootstraps it with zero_copy=False and refuses "
+           "moe_ncclep_use_symm_mem, so FC2 outputs are not written straight into the "
+           "communication buffer as the DeepSeek-V4 Megatron write-up describes" if v.ncclep else ""))
+    peak = ("weight_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes"
+            " + comm_buffer_bytes")
+    if v.virtual_experts:
+        add("vex_slot_bytes", "ceiling(in_flight_microbatches * moe_layers * vex_slots"
+            " * vex_expert_weight_bytes) + vex_slots * 3 * h * I * bytes_grad", "bytes", "memory",
+            "virtual experts: replica weights in the temporary slots of every MoE layer, kept for "
+            "the backward of each microbatch in flight, and one replica's fp32 gradient before it "
+            "returns (predicted only; Megatron-LM PR #7450, not in dev)")
+        peak += " + vex_slot_bytes"
+    add("peak_memory_bytes", peak, "bytes", "memory", "estimated peak per rank")
     add("gpu_memory_bytes", "mem_gib * 1073741824", "bytes", "memory", "cluster.gpu_memory_gib")
     add("memory_utilization", "peak_memory_bytes / gpu_memory_bytes", "share", "memory",
         "peak over GPU memory (MEM002 above 80 %, MEM001 above 100 %)")

@@ -72,6 +72,15 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("csa_align", "V4 CP: per-rank compressed CSA rows are padded to a multiple of "
            "32 / gcd(32, csa_ratio)"),
     Symbol("hca_align", "the same for HCA rows: 32 / gcd(32, hca_ratio)"),
+    Symbol("miss_rank", "probability that a token's k distinct picks, uniform over the E experts, "
+           "miss all E/EP experts of one EP rank: C(E − E/EP, k) / C(E, k), precomputed (the "
+           "formulas have no binomials)"),
+    Symbol("q_align", "rows each local expert's token count is padded to a multiple of for "
+           "quantised grouped GEMMs: 16 with fp8 (every recipe but mxfp8; moeplan has no recipe "
+           "field), 128 with fp4, else 1 (Megatron-LM dev@d48bd6be "
+           "megatron/core/transformer/moe/moe_utils.py get_align_size_for_quantization)"),
+    Symbol("vex_slots", "temporary expert slots per rank and MoE layer with virtual experts "
+           "(moeplan assumes one; 0 without virtual experts)"),
 )
 
 STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in (
@@ -126,6 +135,9 @@ RANK_SYMBOLS: tuple[Symbol, ...] = (
                "nodes: the expected share of a rank's ring bytes leaving its node", "rank"),
     )),
     *(Symbol(name, doc, "rank") for name, doc in CP_NEIGHBOUR_SYMBOLS.items()),
+    Symbol("miss_node", "probability that a token's k picks miss every expert on one node of its "
+           "tp_ep group: C(E − m, k) / C(E, k) with m = E · tp_ep_on_node / tp_ep_size experts on "
+           "the node (the ETP shards of an expert share its node), precomputed", "rank"),
 )
 
 ALL_SYMBOLS: tuple[Symbol, ...] = GLOBAL_SYMBOLS + STAGE_SYMBOLS + RANK_SYMBOLS
@@ -169,6 +181,9 @@ class Variant:
     sp: bool = False  # sequence parallelism (with TP > 1)
     shared_overlap: bool = False  # moe_shared_expert_overlap: the shared expert's own AG/RS
     global_aux: bool = False  # global_aux_loss balancing (coefficient > 0)
+    flex_backend: str = ""  # the flex dispatcher's backend (deepep when unset), "" otherwise
+    quant_pad: bool = False  # fp8/fp4: each local expert's rows padded to a multiple of q_align
+    virtual_experts: bool = False  # temporary expert replicas (weights moved, grads returned)
 
     @property
     def v4_cp(self) -> bool:
@@ -215,6 +230,10 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         recompute_modules=modules if ov.recompute_granularity == "selective" else frozenset(),
         cp_kv_gather=par.cp > 1 and model.attention_variant == "standard",
         mla_q_lora=bool(model.q_lora_rank),
+        flex_backend=(moe.moe_flex_dispatcher_backend or "deepep")
+        if moe.moe_token_dispatcher_type == "flex" else "",
+        quant_pad=tr.fp8 or tr.fp4,
+        virtual_experts=moe.moe_virtual_experts,
         aux_counts=moe.moe_router_load_balancing_type
         if moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss")
         and moe.moe_aux_loss_coeff > 0 and par.tp * par.cp > 1 else "",
@@ -239,6 +258,18 @@ def _shards_optimizer(cfg: Config) -> bool:
     if tr.use_megatron_fsdp:
         return tr.data_parallel_sharding_strategy != "no_shard"
     return tr.use_distributed_optimizer
+# Rows of one local expert are padded to these multiples for quantised grouped GEMMs
+# (Megatron-LM dev@d48bd6be megatron/core/fp8_utils.py get_fp8_align_size: 16 but for mxfp8's 32;
+# megatron/core/fp4_utils.py get_fp4_align_size: 128).
+QUANT_ALIGN = {"fp8": 16, "fp4": 128}
+
+
+def miss_probability(experts: int, topk: int, held: int) -> Number:
+    """Chance that k distinct experts, drawn uniformly from `experts`, avoid all `held` of them:
+    C(E − held, k) / C(E, k) (0 when k exceeds the experts left)."""
+    if experts <= 0 or topk > experts:
+        return 0
+    return normalize(Fraction(math.comb(experts - held, topk), math.comb(experts, topk)))
 
 
 BUCKET_ALIGN = 128  # elements; Megatron-LM dev@d48bd6be megatron/core/optimizer/param_layout.py
@@ -291,6 +322,9 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "csa_window": m.csa_window_size or 0,
         "csa_align": 32 // math.gcd(32, CSA_RATIO),
         "hca_align": 32 // math.gcd(32, max(hca, default=0)),
+        "miss_rank": miss_probability(m.num_experts, m.moe_router_topk, m.num_experts // max(par.ep, 1)),
+        "q_align": QUANT_ALIGN["fp8"] if tr.fp8 else QUANT_ALIGN["fp4"] if tr.fp4 else 1,
+        "vex_slots": int(cfg.moe.moe_virtual_experts),
     }
 
 
@@ -340,10 +374,11 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
 
 
 def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
-                pp_group: Sequence[int]) -> dict[str, Number]:
+                pp_group: Sequence[int], experts: tuple[int, int] = (1, 1)) -> dict[str, Number]:
     """Node-major placement facts of one rank: for each group kind, peers on its node, nodes
     spanned, and the share of ring edges (i -> i+1 in group order) that cross nodes; a kind the
-    layout lacks counts as the rank alone. Pipeline sends go to the exact neighbour stage."""
+    layout lacks counts as the rank alone. Pipeline sends go to the exact neighbour stage.
+    `experts` is (E, k), for the chance that a token skips a node of its tp_ep group."""
     from planner.grid import nodes_spanned
 
     node = rank // gpus_per_node
@@ -361,6 +396,10 @@ def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
     for key, neighbour in (("pp_next_offnode", where + 1), ("pp_prev_offnode", where - 1)):
         peer = pp_group[neighbour % size] if pp_group else rank
         values[key] = int(peer // gpus_per_node != node)
+    num_experts, topk = experts
+    on_node = int(values["tp_ep_on_node"])
+    tp_ep = max(len(groups.get("tp_ep") or [rank]), 1)
+    values["miss_node"] = miss_probability(num_experts, topk, num_experts * on_node // tp_ep)
     return values
 
 

@@ -34,8 +34,9 @@ _SELECTIVE = {"recompute": "selective", "recompute_method": None}
 # label -> the Variant fields that change (relative to the baseline).
 VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("dispatcher `allgather`", {"dispatcher": "allgather"}),
-    ("dispatcher `flex`", {"dispatcher": "flex"}),
-    ("dispatcher `flex` with the `ncclep` backend", {"dispatcher": "flex", "ncclep": True}),
+    ("dispatcher `flex`", {"dispatcher": "flex", "flex_backend": "deepep"}),
+    ("dispatcher `flex` with the `ncclep` backend", {"dispatcher": "flex", "ncclep": True,
+                                                     "flex_backend": "ncclep"}),
     ("a capacity factor (dropping)", {"capacity": "drop"}),
     ("drop-and-pad", {"capacity": "pad"}),
     ("ETP > 1", {"etp": True}),
@@ -74,6 +75,11 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("TP > 1, sequence parallelism, overlapped shared expert",
      {"tp": True, "sp": True, "shared_overlap": True}),
     ("`global_aux_loss` balancing", {"global_aux": True}),
+    ("dispatcher `flex` with the `hybridep` backend", {"dispatcher": "flex", "flex_backend": "hybridep"}),
+    ("fp8/fp4 padding of each expert's rows", {"quant_pad": True}),
+    ("fp8/fp4 with the `ncclep` backend", {"dispatcher": "flex", "ncclep": True,
+                                           "flex_backend": "ncclep", "quant_pad": True}),
+    ("virtual experts", {"virtual_experts": True}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {

@@ -116,9 +116,12 @@ def expert_bias_score_function(f: Facts) -> Iterator[Violation]:
 @rule(
     "MOE006", "error", "moe_apply_probs_on_input needs top-1 routing",
     source=dev("core/transformer/moe/experts.py", "TEGroupedMLP.forward"),
-    why="""Scaling the expert input by the routing weight equals scaling its output only when one
-    expert is chosen per token; with k > 1 the nonlinear SwiGLU would see k differently scaled
-    copies (the routing weights are applied after the activation).""",
+    why="""Megatron asserts top-1 when the routing weight scales the expert input instead of its
+    output. Even then the two differ: SwiGLU is not linear, so f(g·x) is not g·f(x) and the option
+    changes the model rather than reordering one product; with top-1 each token still has exactly
+    one scaled branch, which is the case Megatron supports. With k > 1 every chosen expert would see
+    a differently scaled copy of the token (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/moe/experts.py TEGroupedMLP.forward).""",
     bad="moe: {moe_apply_probs_on_input: true}",
     good="""
     model: {moe_router_topk: 1, moe_router_score_function: sigmoid}
@@ -377,11 +380,50 @@ def groups_without_group_topk(f: Facts) -> Iterator[Violation]:
                         "ignores the groups", "set moe_router_group_topk or drop moe_router_num_groups")
 
 
+# Both dimensions of a quantised expert weight must be multiples of these (the 16-byte alignment
+# of Transformer Engine's FP8/FP4 GEMMs: 16 FP8 values, 32 FP4 values; Megatron-LM dev@d48bd6be
+# megatron/core/fp4_utils.py get_fp4_align_size explains the 32).
+WEIGHT_ALIGN = {"fp8": 16, "fp4": 32}
+
+
+@rule(
+    "MOE021", "warning", "quantised expert GEMMs need I/ETP and h aligned",
+    source=dev("core/transformer/moe/experts.py", "TEGroupedMLP.__init__"),
+    why="""Megatron pads the token dimension of each expert's rows for FP8/FP4 grouped GEMMs
+    (quantization_padding, get_align_size_for_quantization), but not the weights: FC1 is
+    [2·I/ETP, h] and FC2 [h, I/ETP] on each ETP rank, and the quantised GEMM kernels need both
+    dimensions to be multiples of 16 FP8 (32 FP4) values. Megatron's config checks do not test
+    this; the kernels fail at the first step, so the expert split must keep I/ETP aligned, as
+    the DeepSeek-V4 Megatron write-up notes for ETP.""",
+    bad="""
+    model: {moe_ffn_hidden_size: 40}
+    training: {fp8: true}
+    """,
+    good="""
+    model: {moe_ffn_hidden_size: 48}
+    training: {fp8: true}
+    """,
+)
+def quantised_expert_dims_aligned(f: Facts) -> Iterator[Violation]:
+    kind = "fp8" if f.train.fp8 else "fp4" if f.train.fp4 else None
+    if kind is None or not f.model.moe_ffn_hidden_size:
+        return
+    align, width = WEIGHT_ALIGN[kind], f.model.moe_ffn_hidden_size // f.etp
+    if width % align:
+        yield Violation("model.moe_ffn_hidden_size",
+                        f"moe_ffn_hidden_size / etp = {f.model.moe_ffn_hidden_size} / {f.etp} = "
+                        f"{width}, not a multiple of {align} for {kind} GEMMs",
+                        f"make moe_ffn_hidden_size / etp a multiple of {align}, or lower etp")
+    if f.model.hidden_size % align:
+        yield Violation("model.hidden_size", f"hidden_size {f.model.hidden_size} is not a multiple "
+                        f"of {align} for {kind} GEMMs", f"use a hidden_size divisible by {align}")
+
+
 RULES = (
     pad_needs_capacity, capacity_needs_aux_loss_type, ncclep_drop_and_pad, allgather_fixed_lengths,
     expert_bias_score_function, probs_on_input_top1, moe_bias_needs_etp1, flex_needs_ep_domain,
     experts_divisible_by_groups, group_topk_within_groups, group_topk_needs_groups,
     ncclep_needs_flex, deepep_no_padding, top1_softmax_pre_softmax, topk_within_experts,
     latent_without_shared_overlap, sinkhorn_without_aux_loss, ncclep_needs_rank_capacity,
-    rank_capacity_needs_ncclep, groups_without_group_topk,
+    rank_capacity_needs_ncclep, groups_without_group_topk, quantised_expert_dims_aligned,
 )

@@ -308,10 +308,230 @@ def ep_overlap_without_recompute_method(f: Facts) -> Iterator[Violation]:
                             f"remove overlap.{name}, or use recompute_granularity: full")
 
 
+_GRAPHS = ("local", "transformer_engine")
+GRAPH_SCOPE = "overlap.cuda_graph_scope"
+# Megatron-LM dev@d48bd6be megatron/core/transformer/enums.py CudaGraphModule, plus the names
+# megatron/core/transformer/cuda_graph_config.py normalize_cuda_graph_modules maps elsewhere.
+GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+GRAPH_SCOPE_NAMES = (*GRAPH_MODULES, "full", "full_iteration", "full_iteration_inference")
+_TE_GRAPHS = "overlap: {cuda_graph_impl: transformer_engine, cuda_graph_scope: [%s]}"
+_DROP_PAD = "moe: {moe_expert_capacity_factor: 1.0, moe_pad_expert_input_to_capacity: true}"
+
+
+def _graph_scopes(f: Facts) -> set[str]:
+    """The scopes of per-layer CUDA graphs, or nothing when no graphs are captured."""
+    return set(f.ovl.cuda_graph_scope) if f.ovl.cuda_graph_impl in _GRAPHS else set()
+
+
+def _drop_and_pad(f: Facts) -> bool:
+    return f.moe.moe_expert_capacity_factor is not None and f.moe.moe_pad_expert_input_to_capacity
+
+
+@rule(
+    "OVL015", "error", "the `moe` CUDA-graph scope needs drop-and-pad",
+    source=TRANSFORMER_CONFIG,
+    why="""A graph replays fixed shapes. A whole MoE layer has fixed shapes only when every expert
+    receives exactly its capacity (a capacity factor with moe_pad_expert_input_to_capacity);
+    dropless or dropping layers receive a routing-dependent number of rows, so Megatron asserts
+    drop-and-pad for the `moe` scope.""",
+    bad=_TE_GRAPHS % "moe",
+    good=_TE_GRAPHS % "moe" + "\n" + _DROP_PAD,
+)
+def moe_graph_needs_drop_and_pad(f: Facts) -> Iterator[Violation]:
+    if "moe" in _graph_scopes(f) and not _drop_and_pad(f):
+        yield Violation(GRAPH_SCOPE, "cuda_graph_scope 'moe' on a MoE layer without drop-and-pad",
+                        "capture moe_router (and moe_preprocess) instead, or set "
+                        "moe_expert_capacity_factor with moe_pad_expert_input_to_capacity: true")
+
+
+@rule(
+    "OVL016", "error", "the `moe` and `moe_router` CUDA-graph scopes are exclusive",
+    source=TRANSFORMER_CONFIG,
+    why="""`moe` captures the whole MoE layer, router included; capturing the router again as its
+    own graph would nest one capture in another, which Megatron asserts against
+   .""",
+    bad=_TE_GRAPHS % "moe, moe_router" + "\n" + _DROP_PAD,
+    good=_TE_GRAPHS % "moe" + "\n" + _DROP_PAD,
+)
+def moe_graph_excludes_router_graph(f: Facts) -> Iterator[Violation]:
+    if {"moe", "moe_router"} <= _graph_scopes(f):
+        yield Violation(GRAPH_SCOPE, "cuda_graph_scope holds both 'moe' and 'moe_router'",
+                        "keep one of 'moe' and 'moe_router'")
+
+
+@rule(
+    "OVL017", "error", "the `moe_preprocess` CUDA-graph scope needs `moe_router`",
+    source=TRANSFORMER_CONFIG,
+    why="""The preprocess graph continues the router's graph (it reads the routing map the router
+    graph produced), so Megatron accepts `moe_preprocess` only beside `moe_router`
+   ; the local implementation adds each of the
+    two when the other is named, Transformer Engine's does not.""",
+    bad=_TE_GRAPHS % "moe_preprocess",
+    good=_TE_GRAPHS % "moe_router, moe_preprocess",
+)
+def moe_preprocess_graph_needs_router(f: Facts) -> Iterator[Violation]:
+    scopes = _graph_scopes(f)
+    if (f.ovl.cuda_graph_impl == "transformer_engine" and "moe_preprocess" in scopes
+            and "moe_router" not in scopes):
+        yield Violation(GRAPH_SCOPE, "cuda_graph_scope 'moe_preprocess' without 'moe_router'",
+                        "add 'moe_router' to overlap.cuda_graph_scope")
+
+
+@rule(
+    "OVL018", "error", "no `moe_preprocess` CUDA graph when the alltoall preprocess syncs",
+    source=TRANSFORMER_CONFIG,
+    why="""With a capacity factor but no padding, the alltoall dispatcher's preprocess copies the
+    per-expert counts to the host and synchronises; a graph cannot capture that, and Megatron
+    asserts against the `moe_preprocess` scope there.""",
+    bad=_TE_GRAPHS % "moe_router, moe_preprocess" + "\nmoe: {moe_expert_capacity_factor: 1.0}",
+    good=_TE_GRAPHS % "moe_router" + "\nmoe: {moe_expert_capacity_factor: 1.0}",
+)
+def moe_preprocess_graph_without_host_sync(f: Facts) -> Iterator[Violation]:
+    if ("moe_preprocess" in _graph_scopes(f) and not _drop_and_pad(f)
+            and f.moe.moe_token_dispatcher_type == "alltoall"
+            and f.moe.moe_expert_capacity_factor is not None):
+        yield Violation(GRAPH_SCOPE, "cuda_graph_scope 'moe_preprocess' with the alltoall "
+                        "dispatcher and a capacity factor without padding",
+                        "drop 'moe_preprocess', or pad to capacity "
+                        "(moe_pad_expert_input_to_capacity: true)")
+
+
+@rule(
+    "OVL019", "error", "per-layer CUDA graphs exclude full recompute",
+    source=TRANSFORMER_CONFIG,
+    why="""Full recompute re-runs whole layers inside the backward pass, outside the captured
+    forward; Megatron supports it only with a full-iteration graph, which moeplan does not emit,
+    and asserts so for the local and Transformer Engine implementations
+   .""",
+    bad="""
+    overlap: {cuda_graph_impl: local, recompute_granularity: full, recompute_method: uniform,
+              recompute_num_layers: 1}
+    """,
+    good="""
+    overlap: {cuda_graph_impl: local, cuda_graph_scope: [attn], recompute_granularity: selective,
+              recompute_modules: [moe_act]}
+    """,
+)
+def graphs_without_full_recompute(f: Facts) -> Iterator[Violation]:
+    if f.ovl.cuda_graph_impl in _GRAPHS and f.ovl.recompute_granularity == "full":
+        yield Violation("overlap.cuda_graph_impl",
+                        f"cuda_graph_impl {f.ovl.cuda_graph_impl} with full recompute",
+                        "set cuda_graph_impl: none, or use selective recompute")
+
+
+@rule(
+    "OVL020", "error", "Transformer Engine `moe_router` graphs exclude recomputing `moe`",
+    source=TRANSFORMER_CONFIG,
+    why="""Selective recompute of `moe` would re-run a region that covers the captured router
+    graph; a recomputed module must lie wholly inside or outside a graph, and Megatron asserts
+    against this pair under the Transformer Engine implementation
+   .""",
+    bad="""
+    overlap: {cuda_graph_impl: transformer_engine, cuda_graph_scope: [moe_router],
+              recompute_granularity: selective, recompute_modules: [moe]}
+    """,
+    good="""
+    overlap: {cuda_graph_impl: transformer_engine, cuda_graph_scope: [moe_router],
+              recompute_granularity: selective, recompute_modules: [core_attn]}
+    """,
+)
+def router_graph_without_moe_recompute(f: Facts) -> Iterator[Violation]:
+    if (f.ovl.cuda_graph_impl == "transformer_engine" and "moe_router" in _graph_scopes(f)
+            and f.ovl.recompute_granularity == "selective"
+            and "moe" in (f.ovl.recompute_modules or [])):
+        yield Violation("overlap.recompute_modules",
+                        "recompute_modules 'moe' with a Transformer Engine 'moe_router' graph",
+                        "drop 'moe' from recompute_modules or 'moe_router' from cuda_graph_scope")
+
+
+@rule(
+    "OVL021", "error", "CUDA-graph scopes Megatron knows",
+    source=dev("core/transformer/cuda_graph_config.py", "normalize_cuda_graph_modules"),
+    why="""Megatron looks each scope name up in its CudaGraphModule enum (attn, mlp, moe,
+    moe_router, moe_preprocess, mamba; `full` alone and the deprecated full_iteration names are
+    mapped first); any other name fails the lookup with a KeyError before training starts, and
+    `full` beside other scopes is asserted against.""",
+    bad="overlap: {cuda_graph_impl: local, cuda_graph_scope: [router]}",
+    good="overlap: {cuda_graph_impl: local, cuda_graph_scope: [attn]}",
+)
+def known_graph_scopes(f: Facts) -> Iterator[Violation]:
+    scopes = list(f.ovl.cuda_graph_scope)
+    for scope in scopes:
+        if scope not in GRAPH_SCOPE_NAMES:
+            yield Violation(GRAPH_SCOPE, f"cuda_graph_scope {scope!r} is not a Megatron scope",
+                            f"use one of {', '.join(GRAPH_MODULES)}")
+    if "full" in scopes and scopes != ["full"]:
+        yield Violation(GRAPH_SCOPE, "cuda_graph_scope 'full' beside other scopes",
+                        "use 'full' alone, or list the modules without it")
+
+
+@rule(
+    "OVL022", "error", "CUDA graphs with a sequence-packing scheduler need a packed alignment",
+    source=VALIDATE_ARGS,
+    why="""Packed (THD) batches change shape from step to step; Megatron's validate_args raises
+    unless --pad-packed-seq-alignment pads them to a fixed length, a flag moeplan does not emit.""",
+    bad="""
+    overlap: {cuda_graph_impl: local}
+    training: {sequence_packing_scheduler: dp_balanced}
+    """,
+    good="""
+    overlap: {cuda_graph_impl: none}
+    training: {sequence_packing_scheduler: dp_balanced}
+    """,
+)
+def graphs_need_packed_alignment(f: Facts) -> Iterator[Violation]:
+    if f.ovl.cuda_graph_impl in _GRAPHS and f.train.sequence_packing_scheduler is not None:
+        yield Violation("overlap.cuda_graph_impl",
+                        f"cuda_graph_impl {f.ovl.cuda_graph_impl} with sequence_packing_scheduler "
+                        f"{f.train.sequence_packing_scheduler}",
+                        "set cuda_graph_impl: none, or drop the packing scheduler")
+
+
+@rule(
+    "OVL023", "error", "graphed recompute takes no dropout",
+    source=TRANSFORMER_CONFIG,
+    why="""A captured graph replays the random numbers of its capture, so a recomputed module
+    inside a graph would draw different dropout masks in the forward and in the recompute.
+    Megatron asserts attention_dropout 0 when core_attn is recomputed inside a graphed attention,
+    and hidden_dropout 0 when mlp or moe is recomputed inside a graphed MLP or MoE layer (an empty
+    scope graphs the whole layer).""",
+    bad="""
+    overlap: {cuda_graph_impl: local, recompute_granularity: selective,
+              recompute_modules: [core_attn]}
+    """,
+    good="""
+    model: {attention_dropout: 0.0}
+    overlap: {cuda_graph_impl: local, recompute_granularity: selective,
+              recompute_modules: [core_attn]}
+    """,
+)
+def graphed_recompute_without_dropout(f: Facts) -> Iterator[Violation]:
+    if f.ovl.cuda_graph_impl not in _GRAPHS or f.ovl.recompute_granularity != "selective":
+        return
+    scopes, modules = _graph_scopes(f), set(f.ovl.recompute_modules or ["core_attn"])
+    whole = not scopes
+
+    def graphed(module: str, scope: str) -> bool:
+        return module in modules and (whole or scope in scopes)
+
+    if f.model.attention_dropout and graphed("core_attn", "attn"):
+        yield Violation("model.attention_dropout", f"attention_dropout {f.model.attention_dropout} "
+                        "with core_attn recomputed inside a CUDA graph",
+                        "set model.attention_dropout: 0.0, or stop graphing or recomputing attention")
+    if f.model.hidden_dropout and (graphed("mlp", "mlp") or graphed("moe", "moe")):
+        yield Violation("model.hidden_dropout", f"hidden_dropout {f.model.hidden_dropout} with "
+                        "mlp or moe recomputed inside a CUDA graph",
+                        "set model.hidden_dropout: 0.0, or stop graphing or recomputing the MLP/MoE")
+
+
 RULES = (
     shared_overlap_exclusive, ep_overlap_needs_ep, ep_overlap_needs_vpp, ep_overlap_needs_a2a,
     delay_wgrad_needs_overlap, shared_overlap_needs_a2a, ep_overlap_needs_half_precision,
     ep_overlap_without_moe_recompute, full_recompute_needs_method, selective_recompute_without_method,
     ep_overlap_single_mtp_layer, mtp_uniform_recompute_one_layer,
     ep_overlap_full_recompute_without_dropout, ep_overlap_without_recompute_method,
+    moe_graph_needs_drop_and_pad, moe_graph_excludes_router_graph, moe_preprocess_graph_needs_router,
+    moe_preprocess_graph_without_host_sync, graphs_without_full_recompute,
+    router_graph_without_moe_recompute, known_graph_scopes, graphs_need_packed_alignment,
+    graphed_recompute_without_dropout,
 )
