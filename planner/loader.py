@@ -165,6 +165,16 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+# Whole-section model errors (planner/schema.py ModelSection): the field to blame and the fix.
+MODEL_CONFLICTS: dict[str, tuple[str, str]] = {
+    "attention_conflict": ("multi_latent_attention", "drop one of the two, or make them agree "
+                           "(multi_latent_attention true is attention_variant mla)"),
+    "mla_kv_lora_missing": ("kv_lora_rank", "add model.kv_lora_rank (DeepSeek-V3: 512)"),
+    "gqa_conflict": ("group_query_attention", "set group_query_attention true, or drop "
+                     "num_query_groups"),
+}
+
+
 def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) -> Finding:
     kind, loc = err["type"], err["loc"]
     path = _data_path(loc, data)
@@ -187,6 +197,9 @@ def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) ->
     if kind == "world_size_too_large":
         return _finding("CFG004", "cluster.nodes", err["msg"],
                         "give parallel.world_size, or fewer nodes or GPUs per node")
+    if kind in MODEL_CONFLICTS:
+        field, fix = MODEL_CONFLICTS[kind]
+        return _finding("CFG002", f"model.{field}", err["msg"], fix)
     value = _describe(err.get("input"))
     if kind == "finite_number":
         return _finding("CFG004", dotted, f"must be a finite number, got {value}{at}",
