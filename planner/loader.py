@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.findings import Finding
+from planner.megatron_names import MODELLED_AS, flag_of, megatron_arguments
 from planner.schema import Config
 
 SCHEMA_SOURCE = "planner/schema.py"
@@ -129,6 +130,32 @@ def _known_keys(model: type[BaseModel]) -> list[str]:
     return sorted(set(names))
 
 
+def unknown_key_hint(path: tuple) -> tuple[str, str]:
+    """The CFG001 message and fix for an unknown key. A Megatron argument is never "did you mean"
+    another field: it is named as belonging to another section, as modelled under another field, or
+    as not modelled (to pass through launch.megatron_extra_args); only a key that is no Megatron
+    argument gets the closest known key of its section."""
+    key = str(path[-1])
+    message = f"unknown key '{key}'"
+    homes = [name for name, info in Config.model_fields.items()
+             if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
+             and key in _known_keys(info.annotation)]
+    if homes:
+        return message, f"'{key}' is a field of the {homes[0]} section; move it to {homes[0]}.{key}"
+    if key in MODELLED_AS:
+        return message, f"'{key}' is a Megatron argument moeplan models as {MODELLED_AS[key]}; set that"
+    if key in megatron_arguments():
+        return (f"{message}: {key} is a Megatron argument moeplan does not model",
+                f"pass it through launch.megatron_extra_args: ['{flag_of(key)}', '<value>'] "
+                "(or the flag alone for a switch)")
+    section = _section_model(path[:-1])
+    known = _known_keys(section) if section else []
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'?" if close else (
+        f"remove it; known keys here: {', '.join(known)}" if known else "remove it")
+    return message, hint
+
+
 def _section_model(keys: tuple) -> type[BaseModel] | None:
     model: Any = Config
     for key in keys:
@@ -182,12 +209,8 @@ def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) ->
     where = positions.get(path)
     at = f" (line {where[0]}, column {where[1]})" if where else ""
     if kind == "extra_forbidden":
-        section = _section_model(path[:-1])
-        known = _known_keys(section) if section else []
-        close = difflib.get_close_matches(str(path[-1]), known, n=1, cutoff=0.6)
-        hint = f"did you mean '{close[0]}'?" if close else (
-            f"remove it; known keys here: {', '.join(known)}" if known else "remove it")
-        return _finding("CFG001", dotted, f"unknown key '{path[-1]}'{at}", hint)
+        message, hint = unknown_key_hint(path)
+        return _finding("CFG001", dotted, f"{message}{at}", hint)
     if kind == "missing":
         return _finding("CFG003", dotted, f"required field '{dotted}' is missing",
                         f"add {dotted}: <value> (or a model.preset that provides it)")
