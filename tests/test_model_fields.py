@@ -401,3 +401,20 @@ def test_megatron_builds_moeplans_gpt_shape():
     assert (shape["normalization"], shape["gated_linear_unit"], shape["add_bias_linear"],
             shape["qk_layernorm"]) == ("LayerNorm", False, True, True)
     assert result.derived["padded_vocab_size"] == 128  # 64 rounded up to 64 × TP 2
+
+
+# ------------------------------------------------------------------------------- the runtime
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("normalization", "LayerNorm", "RMSNorm only"), ("swiglu", False, "SwiGLU only"),
+    ("qk_layernorm", True, "q/k norms"), ("moe_shared_expert_gate", True, "shared-expert gate"),
+])
+def test_runtime_refuses_what_it_cannot_run(field: str, value: Any, message: str):
+    from planner.plan import compile_plan
+    from planner.rules import run_rules
+    from runtime.plan_io import PlanError, check_plan
+
+    cfg = build({**STANDARD, field: value}, training={"seq_length": 16, "precision": "fp32"})
+    with pytest.raises(PlanError, match=message):
+        check_plan(compile_plan(cfg, run_rules(cfg)))
