@@ -112,7 +112,10 @@ def _bounded(items: list) -> list:
 def evaluate_pattern(text: str) -> Value:
     """The value of a Megatron list expression; PatternError when it is not one."""
     parser = _Parser(text)
-    value = parser.expr()
+    try:
+        value = parser.expr()
+    except RecursionError:
+        raise PatternError("nested too deeply") from None
     if parser.peek() is not None:
         raise PatternError(f"unexpected {parser.peek()!r} after the expression")
     return value
@@ -126,15 +129,14 @@ def parse_layer_freq(text: str) -> Value:
     except PatternError as exc:
         raise PydanticCustomError(
             "layer_freq_pattern",
-            "moe_layer_freq {text!r} is not a Megatron list expression ({why}); write an int, a "
-            "0/1 list or e.g. \"([0]*3+[1]*58)\"",
-            {"text": text[:60], "why": str(exc)},
+            "not a Megatron list expression ({why}); write an int, a 0/1 list or e.g. "
+            "\"([0]*3+[1]*58)\"",
+            {"why": str(exc)},
         ) from None
     if isinstance(value, list) and not all(isinstance(v, int) and not isinstance(v, bool)
                                            and v in (0, 1) for v in value):
         raise PydanticCustomError(
             "layer_freq_pattern",
-            "moe_layer_freq {text!r} must evaluate to a flat list of 0 (dense) and 1 (MoE)",
-            {"text": text[:60]},
+            "must evaluate to a flat list of 0 (dense) and 1 (MoE)",
         )
     return value

@@ -258,6 +258,20 @@ def test_pattern_evaluation_equals_list_arithmetic(parts: list[tuple[int, int]],
     assert evaluate_pattern(text) == expected
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="[]()+*,0123 ", max_size=40))
+def test_pattern_evaluation_never_crashes(text: str):
+    try:
+        evaluate_pattern(text)
+    except PatternError:
+        pass
+
+
+def test_deep_nesting_is_a_pattern_error():
+    with pytest.raises(PatternError):
+        evaluate_pattern("(" * 5000 + "1" + ")" * 5000)
+
+
 def test_pattern_grammar_refuses_what_megatron_would_not_evaluate():
     for text in ("[0]-[1]", "[0]*", "()", "[0]**2"):
         with pytest.raises(PatternError):

@@ -167,6 +167,7 @@ def mismatches(expected: dict[str, Any], derived: dict[str, Any]) -> list[str]:
 
 
 def _same(a: Any, b: Any) -> bool:
+    """Equal values, an int and a float of the same number included (argparse types differ)."""
     numbers = (int, float)
     if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool):
         return float(a) == float(b)
@@ -205,14 +206,8 @@ def _blocks(blocks: list[int]) -> str:
 
 
 def _rope_mismatches(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
-    def same(a: Any, b: Any) -> bool:
-        numbers = (int, float)
-        if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool):
-            return float(a) == float(b)
-        return bool(a == b)
-
     return [f"model.{name}: Megatron {theirs[name]}, moeplan {value}"
-            for name, value in ours.items() if name in theirs and not same(theirs[name], value)]
+            for name, value in ours.items() if name in theirs and not _same(theirs[name], value)]
 
 
 def probe_script() -> Path:
