@@ -202,6 +202,12 @@ def test_shared_expert_gate_weight():
     assert "--moe-shared-expert-gate" in megatron_arguments(cfg).as_dict()
 
 
+def test_fp64_router_doubles_logits_and_probs():
+    v = stage0(build({**STANDARD, "moe_router_dtype": "fp64"}))
+    assert v["act_router_per_layer"] == 16 * 4 * (8 + 8 + 1)  # 16 tokens, 4 experts
+    assert stage0(build(STANDARD))["act_router_per_layer"] == 16 * 4 * (4 + 4 + 1)
+
+
 def test_mtp_counts_its_mhc_head():
     """With mHC each MTP layer has its own output contraction: hc_head_fn [n, n·h], base [n],
     scale [1] (Megatron-LM dev@d48bd6be multi_token_prediction.py)."""

@@ -66,8 +66,13 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     parts = {
         "act_attention_per_block": (f"tokens_per_rank * ({attention})",
                                     "norm in/out, q, k, v, core output, softmax statistics (fp32)"),
-        "act_router_per_layer": ("tokens_per_rank * E * (4 + 4 + 1)",
-                                 "router logits and probs in fp32, bool routing map"),
+        # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/router.py TopKRouter.gating:
+        # logits in moe_router_dtype (fp64 doubles them; unset keeps the input dtype, counted
+        # here as fp32, as the fp32 scores of the routing functions are)
+        "act_router_per_layer": ("tokens_per_rank * E * (8 + 8 + 1)" if v.router_fp64 else
+                                 "tokens_per_rank * E * (4 + 4 + 1)",
+                                 f"router logits and probs in {'fp64' if v.router_fp64 else 'fp32'}, "
+                                 "bool routing map"),
         "act_shared_per_layer": (f"tokens_per_rank * {shared} * p",
                                  "shared-expert FC1 output and activation"),
         "act_routed_per_layer": (f"{rows} * ({w} + {act} + 1) * p + assignments_per_rank * 8",

@@ -192,6 +192,7 @@ class Variant:
     qk_norm: bool = False  # qk_layernorm on standard attention: per-head q and k norms
     dropout: bool = False  # hidden_dropout > 0: both bias-dropout-adds keep a mask per block
     shared_gate: bool = False  # moe_shared_expert_gate: a [1, h] sigmoid gate on the shared expert
+    router_fp64: bool = False  # moe_router_dtype fp64: router logits and probs in 8 bytes
 
     @property
     def v4_cp(self) -> bool:
@@ -261,6 +262,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         qk_norm=model.qk_layernorm and model.attention_variant == "standard",
         dropout=model.hidden_dropout > 0,
         shared_gate=model.moe_shared_expert_gate and bool(model.moe_shared_expert_intermediate_size),
+        router_fp64=model.moe_router_dtype == "fp64",
     )
 
 

@@ -86,6 +86,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("qk_layernorm on standard attention", {"attention": "standard", "qk_norm": True}),
     ("hidden dropout", {"dropout": True}),
     ("a shared-expert gate", {"shared_gate": True}),
+    ("router dtype fp64", {"router_fp64": True}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {
