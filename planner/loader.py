@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.findings import Finding
-from planner.megatron_names import MODELLED_AS, flag_of, megatron_arguments
+from planner.megatron_names import flag_of, megatron_arguments, moeplan_field, section_fields
 from planner.schema import Config
 
 SCHEMA_SOURCE = "planner/schema.py"
@@ -120,14 +120,7 @@ def _finding(code: str, path: str, message: str, fix: str) -> Finding:
     return Finding(code, "error", path or "<root>", message, fix, SCHEMA_SOURCE)
 
 
-def _known_keys(model: type[BaseModel]) -> list[str]:
-    names = []
-    for name, info in model.model_fields.items():
-        names.append(name)
-        alias = info.validation_alias
-        if alias is not None and hasattr(alias, "choices"):
-            names.extend(str(c) for c in alias.choices)
-    return sorted(set(names))
+_known_keys = section_fields
 
 
 def unknown_key_hint(path: tuple) -> tuple[str, str]:
@@ -137,13 +130,12 @@ def unknown_key_hint(path: tuple) -> tuple[str, str]:
     argument gets the closest known key of its section."""
     key = str(path[-1])
     message = f"unknown key '{key}'"
-    homes = [name for name, info in Config.model_fields.items()
-             if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
-             and key in _known_keys(info.annotation)]
-    if homes:
-        return message, f"'{key}' is a field of the {homes[0]} section; move it to {homes[0]}.{key}"
-    if key in MODELLED_AS:
-        return message, f"'{key}' is a Megatron argument moeplan models as {MODELLED_AS[key]}; set that"
+    home = moeplan_field(key)
+    if home is not None and home.endswith("." + key):
+        section = home.split(".")[0]
+        return message, f"'{key}' is a field of the {section} section; move it to {home}"
+    if home is not None:
+        return message, f"'{key}' is a Megatron argument moeplan models as {home}; set that"
     if key in megatron_arguments():
         return (f"{message}: {key} is a Megatron argument moeplan does not model",
                 f"pass it through launch.megatron_extra_args: ['{flag_of(key)}', '<value>'] "

@@ -14,6 +14,8 @@ import argparse
 from functools import cache
 from pathlib import Path
 
+from pydantic import BaseModel
+
 DATA_FILE = Path(__file__).parent / "data" / "megatron_arguments.txt"
 
 
@@ -39,6 +41,33 @@ def megatron_arguments() -> frozenset[str]:
     """Every Megatron argument name, as moeplan would spell it as a field."""
     lines = DATA_FILE.read_text(encoding="utf-8").splitlines()
     return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+def section_fields(model: type[BaseModel]) -> list[str]:
+    """A section's keys: its field names and their accepted aliases."""
+    names = []
+    for name, info in model.model_fields.items():
+        names.append(name)
+        alias = info.validation_alias
+        if alias is not None and hasattr(alias, "choices"):
+            names.extend(str(c) for c in alias.choices)
+    return sorted(set(names))
+
+
+def sections() -> dict[str, type[BaseModel]]:
+    """The config's sections by name (model, parallel, training ...)."""
+    from planner.schema import Config
+
+    return {name: info.annotation for name, info in Config.model_fields.items()
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
+
+
+def moeplan_field(name: str) -> str | None:
+    """The moeplan field that models Megatron argument `name` (`section.field`), if any."""
+    for section, model in sections().items():
+        if name in section_fields(model):
+            return f"{section}.{name}"
+    return MODELLED_AS.get(name)
 
 
 def flag_of(name: str) -> str:

@@ -376,6 +376,19 @@ def test_extra_args_are_emitted_verbatim_and_quoted(tmp_path):
     assert out.splitlines()[-len(extra):] == extra
 
 
+@pytest.mark.parametrize(("word", "field"), [("--qk-layernorm", "model.qk_layernorm"),
+                                           ("--disable-bias-linear", "model.add_bias_linear"),
+                                           ("--bf16", "training.precision")])
+def test_extra_args_setting_a_moeplan_field_are_refused(word: str, field: str):
+    """Not emitted (the field is at its default) yet modelled: passing it through would change the
+    model the plan counted."""
+    cfg = build({**STANDARD, "add_bias_linear": True}, launch={"megatron_extra_args": [word]},
+                training={"seq_length": 16, "precision": "fp32"})
+    with pytest.raises(EmitError) as caught:
+        megatron_arguments(cfg)
+    assert field in str(caught.value), caught.value
+
+
 @pytest.mark.parametrize("word", ["--hidden-size", "--seq-length=32"])
 def test_extra_args_duplicating_moeplans_flags_are_refused(word: str):
     cfg = build(STANDARD, launch={"megatron_extra_args": [word, "64"]})

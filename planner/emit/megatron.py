@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.emit.safety import EmitError
+from planner.megatron_names import moeplan_field
 from planner.pipeline import SplitError, StageSplit, stage_split
 from planner.schema import DEFAULT_ORDER, VOCAB_DIVISOR, Config
 
@@ -503,8 +504,14 @@ def extra_arguments(cfg: Config, args: MegatronArgs) -> tuple[str, ...]:
     emitted = {f.flag: f.source for f in args.flags}
     for index, word in enumerate(extra):
         flag = word.split("=", 1)[0]
+        path = f"launch.megatron_extra_args[{index}]"
         if flag in emitted:
-            raise EmitError(f"launch.megatron_extra_args[{index}]", f"{word!r} duplicates {flag}, "
-                            f"which moeplan emits from {emitted[flag]}; set that field instead and "
-                            "drop it from megatron_extra_args")
+            raise EmitError(path, f"{word!r} duplicates {flag}, which moeplan emits from "
+                            f"{emitted[flag]}; set that field instead and drop it from "
+                            "megatron_extra_args")
+        modelled = moeplan_field(flag[2:].replace("-", "_")) if flag.startswith("--") else None
+        if modelled is not None:
+            raise EmitError(path, f"{word!r} is modelled by moeplan as {modelled}: passed through, "
+                            "it would change the model behind the plan's back; set "
+                            f"{modelled} instead")
     return extra
