@@ -341,9 +341,9 @@ def test_unknown_key_hints(key: str, wanted: str | None):
     assert len(found) == 1 and wanted in found[0][2], found
 
 
-def test_megatron_argument_list_matches_the_oracle():
-    """planner/data/megatron_arguments.txt is the parser Megatron-LM builds, name for name."""
-    megatron = require_oracle()
+def oracle_argument_names(megatron: Any) -> list[str]:
+    """The long option names of the parser Megatron-LM builds, from a subprocess (Megatron imports
+    torch; the stand-ins of the pre-flight let it import on a machine without a GPU)."""
     script = ("import argparse, json, sys; from pathlib import Path; "
               f"sys.path.insert(0, {str(megatron)!r}); "
               "from runtime.megatron_probe import install_stand_ins; "
@@ -354,8 +354,12 @@ def test_megatron_argument_list_matches_the_oracle():
               "print(json.dumps(names_of_parser(p)))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          check=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-    names = json.loads(out.stdout.strip().splitlines()[-1])
-    assert sorted(megatron_names()) == names, DATA_FILE
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_megatron_argument_list_matches_the_oracle():
+    """planner/data/megatron_arguments.txt is the parser Megatron-LM builds, name for name."""
+    assert sorted(megatron_names()) == oracle_argument_names(require_oracle()), DATA_FILE
 
 
 # ------------------------------------------------------------------------------- passthrough
@@ -451,3 +455,13 @@ def test_runtime_refuses_what_it_cannot_run(field: str, value: Any, message: str
     cfg = build({**STANDARD, field: value}, training={"seq_length": 16, "precision": "fp32"})
     with pytest.raises(PlanError, match=message):
         check_plan(compile_plan(cfg, run_rules(cfg)))
+
+
+if __name__ == "__main__":  # regenerate planner/data/megatron_arguments.txt from the oracle
+    from tests.oracle import megatron_lm_dir
+
+    folder, why = megatron_lm_dir()
+    if folder is None:
+        sys.exit(why)
+    header = [line for line in DATA_FILE.read_text(encoding="utf-8").splitlines() if line.startswith("#")]
+    DATA_FILE.write_text("\n".join([*header, *oracle_argument_names(folder)]) + "\n", encoding="utf-8")
