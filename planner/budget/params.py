@@ -56,7 +56,7 @@ def write(book: Book, v: Variant) -> None:
     add("routed_weight_bytes_per_stage", "routed_weight_bytes_per_layer * moe_layers", "bytes",
         "memory", "routed expert weights of every MoE layer on the stage")
     add("shared_params_per_layer", f"{mats} * h * I_s / (TP * GTP)"
-        + (f" + {_fc1_bias(v, 'I_s')} / TP + h" if v.bias else ""), "params", "memory",
+        + (f" + {_fc1_bias(v, 'I_s')} / TP + Min(I_s, 1) * h" if v.bias else ""), "params", "memory",
         "shared expert, dense TP layout" + (", with biases" if v.bias else ""))
     add("router_params_per_layer", "E * h", "params", "memory", "gating matrix (replicated over TP)")
     moe_dense = "shared_params_per_layer + router_params_per_layer"
@@ -173,6 +173,14 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
     per_block = "norm_params_per_block" + (" + mhc_params_per_block" if v.mhc else "")
     if v.qk_norm:
         per_block += " + qk_norm_params_per_block"
+    dense_mlp = ""
+    if v.bias:
+        # Row-parallel biases are whole on every TP rank and marked sequence_parallel (Megatron-LM
+        # dev@d48bd6be megatron/core/tensor_parallel/layers.py RowParallelLinear.__init__): the
+        # attention output's, the dense MLP's and the shared expert's FC2, and MLA's down
+        # projections' (duplicated).
+        per_block += " + h" + (" + q_lora + kv_lora + qk_rope" if v.attention == "mla" else "")
+        dense_mlp = " + L_dense * h"
     if v.attention == "mla":
         book.add("mla_duplicated_params_per_block", MLA_DUPLICATED[v.mla_q_lora], "params", "memory",
                  "MLA down projections (duplicated over TP) and the q/kv norms after them")
@@ -181,8 +189,10 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
            else "router_params_per_layer")
     if v.shared_gate:
         moe = f"({moe} + shared_gate_params_per_layer)"
+    if v.bias:
+        moe = f"({moe} + Min(I_s, 1) * h)"
     book.add("tp_replicated_params_on_rank",
-             f"blocks * ({per_block}) + moe_layers * {moe}"
+             f"blocks * ({per_block}) + moe_layers * {moe}{dense_mlp}"
              " + has_output * final_params + L_mtp * "
              + (f"({mtp_norms}{mhc_head})" if v.mhc else mtp_norms),
              "params", "memory",
