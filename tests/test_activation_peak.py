@@ -24,7 +24,7 @@ def deepseek_v3_like(layout: str, **overlap: Any) -> dict[str, Any]:
                   "moe_ffn_hidden_size": 2048, "moe_shared_expert_intermediate_size": 2048,
                   "moe_layer_freq": [0] * 3 + [1] * 58, "mtp_num_layers": 1,
                   "untie_embeddings_and_output_weights": True,
-                  "hidden_dropout": 0.0, "attention_dropout": 0.0},
+                  "qk_layernorm": True, "hidden_dropout": 0.0, "attention_dropout": 0.0},
         "parallel": {"world_size": 1024, "pp": 16, "ep": 64,
                      "pipeline_model_parallel_layout": layout},
         "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 8192,

@@ -82,6 +82,17 @@ def test_mla_activations_use_qk_and_v_widths():
     assert v["act_attention_per_block"] == 16 * per_token
 
 
+def test_mla_without_qk_layernorm_has_no_latent_norms():
+    """Megatron's MLA spec fuses the q/kv latent norms into the up projections only with
+    qk_layernorm (Megatron-LM dev@d48bd6be gpt_layer_specs.py): without it, 16 + 8 fewer
+    parameters, and each latent is kept once (the up projection's input), not as norm in and out."""
+    v = stage0(build({**MLA_MODEL, "qk_layernorm": False}))
+    assert v["attention_params_per_block"] == 6104 - Q_LORA - KV_LORA == 6080
+    per_token = (2 * H + Q_LORA + KV_LORA + ROPE + 2 * HEADS * (QK + ROPE) + 2 * HEADS * V) * 2 + HEADS * 4
+    assert per_token == 744
+    assert v["act_attention_per_block"] == 16 * per_token
+
+
 def test_mla_emits_megatrons_head_dims():
     flags = megatron_arguments(build(MLA_MODEL)).as_dict()
     assert flags["--multi-latent-attention"] == ()

@@ -49,7 +49,8 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     up = "mla_up_proj" in mods
     attention = {
         "standard": f"({norm} + 2 * heads * d + 2 * groups * d) * p + heads * 4",
-        "mla": f"({norm} + 2 * q_lora + 2 * (kv_lora + qk_rope)"
+        "mla": f"({norm} + " + ("2 * q_lora + 2 * (kv_lora + qk_rope)" if v.mla_norms
+                                 else "q_lora + kv_lora + qk_rope")
                + ("" if up else " + 2 * heads * (d_qk + qk_rope) + heads * d_v") + " + heads * d_v) * p"
                " + heads * 4",
         "dsv4_hybrid": f"({norm} + 2 * q_lora" + ("" if up else " + heads * d")

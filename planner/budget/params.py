@@ -13,7 +13,7 @@ PAGE = "params"
 
 ATTENTION_PARAMS = {
     "standard": "2 * h * d * (heads + groups) / (TP * GTP)",
-    "mla": "({q} + kv_lora * (h + heads * (d_qk + d_v) + 1) + h * qk_rope + heads * d_v * h)"
+    "mla": "({q} + kv_lora * (h + heads * (d_qk + d_v){kv_norm}) + h * qk_rope + heads * d_v * h)"
            " / (TP * GTP)",
     "dsv4_hybrid": "(h * q_lora + q_lora + q_lora * heads * d + h * d + d + o_lora * heads * d"
                    " + h * o_groups * o_lora + heads) / (TP * GTP)",
@@ -40,7 +40,7 @@ def _fc1_bias(v: Variant, width: str) -> str:
     return f"({_fc1_width(v, width)})"
 
 
-MLA_Q = {True: "q_lora * (h + heads * (d_qk + qk_rope) + 1)", False: "h * heads * (d_qk + qk_rope)"}
+MLA_Q = {True: "q_lora * (h + heads * (d_qk + qk_rope){q_norm})", False: "h * heads * (d_qk + qk_rope)"}
 def write(book: Book, v: Variant) -> None:
     """Parameter counts on one rank of a stage, and the buffers/shards the grad steps need."""
     add, w = book.add, routed_width(v)
@@ -75,7 +75,11 @@ def write(book: Book, v: Variant) -> None:
         moe_dense += " + latent_proj_params_per_layer"
     add("norm_params_per_block", "4 * h" if v.layernorm else "2 * h", "params", "memory",
         "two LayerNorms (weight + bias) per block" if v.layernorm else "two RMSNorms per block")
-    attention = ATTENTION_PARAMS[v.attention].replace("{q}", MLA_Q[v.mla_q_lora])
+    # MLA's q/kv latent norms exist only with qk_layernorm (Megatron-LM dev@d48bd6be
+    # megatron/core/models/gpt/gpt_layer_specs.py: the up projections fuse a layer norm then).
+    norm_term = " + 1" if v.mla_norms else ""
+    attention = (ATTENTION_PARAMS[v.attention].replace("{q}", MLA_Q[v.mla_q_lora])
+                 .replace("{q_norm}", norm_term).replace("{kv_norm}", norm_term))
     add("attention_params_per_block", attention, "params", "memory",
         f"{v.attention} attention projections on this rank")
     mixers = "attention_params_per_block + norm_params_per_block"
@@ -182,7 +186,10 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
         per_block += " + h" + (" + q_lora + kv_lora + qk_rope" if v.attention == "mla" else "")
         dense_mlp = " + L_dense * h"
     if v.attention == "mla":
-        book.add("mla_duplicated_params_per_block", MLA_DUPLICATED[v.mla_q_lora], "params", "memory",
+        duplicated = MLA_DUPLICATED[v.mla_q_lora]
+        if not v.mla_norms:
+            duplicated = duplicated.replace(" + q_lora + ", " + ").removesuffix(" + kv_lora")
+        book.add("mla_duplicated_params_per_block", duplicated, "params", "memory",
                  "MLA down projections (duplicated over TP) and the q/kv norms after them")
         per_block += " + mla_duplicated_params_per_block"
     moe = ("(router_params_per_layer + latent_proj_params_per_layer)" if v.latent

@@ -193,6 +193,7 @@ class Variant:
     dropout: bool = False  # hidden_dropout > 0: both bias-dropout-adds keep a mask per block
     shared_gate: bool = False  # moe_shared_expert_gate: a [1, h] sigmoid gate on the shared expert
     router_fp64: bool = False  # moe_router_dtype fp64: router logits and probs in 8 bytes
+    mla_norms: bool = True  # MLA's q/kv latent norms (qk_layernorm); False: plain up projections
 
     @property
     def v4_cp(self) -> bool:
@@ -263,6 +264,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         dropout=model.hidden_dropout > 0,
         shared_gate=model.moe_shared_expert_gate and bool(model.moe_shared_expert_intermediate_size),
         router_fp64=model.moe_router_dtype == "fp64",
+        mla_norms=model.qk_layernorm or model.attention_variant != "mla",
     )
 
 

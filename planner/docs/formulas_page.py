@@ -87,6 +87,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("hidden dropout", {"dropout": True}),
     ("a shared-expert gate", {"shared_gate": True}),
     ("router dtype fp64", {"router_fp64": True}),
+    ("MLA without qk_layernorm (no latent norms)", {"attention": "mla", "mla_q_lora": True,
+                                                    "mla_norms": False}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {
