@@ -122,6 +122,20 @@ def test_deepseek_v3_total_matches_the_model_card():
     assert abs(total / 671.0e9 - 1) < 0.001
 
 
+def test_derived_megatron_switches():
+    """Unset, group_query_attention follows num_query_groups and multi_latent_attention the
+    attention variant, so a config reads as Megatron's arguments would."""
+    standard = build(STANDARD).model
+    assert (standard.group_query_attention, standard.multi_latent_attention) == (True, False)
+    mha = build({**STANDARD, "num_query_groups": 4}).model
+    assert mha.group_query_attention is False
+    assert "--group-query-attention" not in megatron_arguments(build({**STANDARD, "num_query_groups": 4})
+                                                               ).as_dict()
+    forced = build({**STANDARD, "num_query_groups": 4, "group_query_attention": True})
+    assert megatron_arguments(forced).as_dict()["--num-query-groups"] == ("4",)
+    assert build(MLA_MODEL).model.multi_latent_attention is True
+
+
 def test_mla_without_kv_lora_rank_is_a_finding():
     model = {k: v for k, v in MLA_MODEL.items() if k != "kv_lora_rank"}
     found = finding_of(model)

@@ -258,8 +258,7 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
     args.add("--ffn-hidden-size", m.ffn_hidden_size, source="model.ffn_hidden_size")
     args.add("--num-attention-heads", m.num_attention_heads, source="model.num_attention_heads")
     args.add("--kv-channels", m.kv_channels, source="model.kv_channels")
-    gqa = m.group_query_attention or m.num_query_groups != m.num_attention_heads
-    if m.attention_variant == "standard" and gqa:
+    if m.attention_variant == "standard" and m.group_query_attention:
         args.add("--group-query-attention", source="model.group_query_attention / num_query_groups")
         args.add("--num-query-groups", m.num_query_groups, source="model.num_query_groups")
     args.add("--vocab-size", m.vocab_size, source="model.vocab_size")
