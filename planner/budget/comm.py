@@ -83,8 +83,10 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "Flex combine of the expert outputs")
         _add_flex_dedup(book, w)
     if v.virtual_experts:
-        add("vex_expert_weight_bytes", f"3 * {w} * I * p", "bytes", "bytes",
-            "one whole routed expert (W1, W3, W2; virtual experts need ETP = 1): what a temporary "
+        mats = "3" if v.swiglu else "2"
+        add("vex_expert_weight_bytes", f"{mats} * {w} * I * p", "bytes", "bytes",
+            f"one whole routed expert ({'W1, W3, W2' if v.swiglu else 'FC1, FC2'}; virtual experts "
+            "need ETP = 1): what a temporary "
             "slot receives, and the size of the replica's gradient sent back")
 
 
