@@ -445,6 +445,15 @@ def test_extra_args_duplicating_moeplans_flags_are_refused(word: str):
 
 ORACLE_MLA = "fields: DeepSeek-V3-like MLA, shared gate, fp32 router, first-k-dense string"
 ORACLE_GPT = "fields: LayerNorm, GELU MLPs, biases, qk_layernorm, vocab divisor 64"
+ORACLE_V3 = "fields: DeepSeek-V3 at its published dims, PP4 x EP16"
+V3_MODEL = {"num_layers": 61, "hidden_size": 7168, "ffn_hidden_size": 18432,
+            "num_attention_heads": 128, "multi_latent_attention": True, "q_lora_rank": 1536,
+            "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
+            "qk_layernorm": True, "vocab_size": 129280, "num_experts": 256, "moe_router_topk": 8,
+            "moe_ffn_hidden_size": 2048, "moe_shared_expert_intermediate_size": 2048,
+            "moe_layer_freq": "([0]*3+[1]*58)", "untie_embeddings_and_output_weights": True,
+            "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+            "moe_router_dtype": "fp32", "hidden_dropout": 0.0, "attention_dropout": 0.0}
 register(ORACLE_MLA, case_of(build(
     {**MLA_MODEL, "moe_shared_expert_gate": True, "moe_router_dtype": "fp32"},
     parallel={"world_size": 8, "ep": 4, "pp": 2, "pipeline_model_parallel_layout": "Et|t*3,L"},
@@ -455,6 +464,26 @@ register(ORACLE_GPT, case_of(build(
      "qk_layernorm": True, "make_vocab_size_divisible_by": 64, "hidden_dropout": 0.1},
     parallel={"world_size": 4, "ep": 2, "tp": 2, "etp": 1, "sequence_parallel": True},
     training={"seq_length": 64, "micro_batch_size": 1, "global_batch_size": 4}), ORACLE_GPT))
+
+
+register(ORACLE_V3, case_of(build(
+    V3_MODEL, parallel={"world_size": 64, "pp": 4, "ep": 16,
+                        "pipeline_model_parallel_layout": "Et*15|t*15|t*16|t*15,L"},
+    training={"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 64,
+              "use_distributed_optimizer": True},
+    overlap={"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+    ignore=["MEM001", "MEM002"]), ORACLE_V3))
+
+
+def test_megatron_builds_deepseek_v3_as_published():
+    """The emitted DeepSeek-V3 builds Megatron's MLATransformerConfig with qk 128 + rope 64 and v
+    128 (the checkpoint's shapes), 3 dense layers then 58 MoE layers over the four stages."""
+    result = verdict(ORACLE_V3)
+    assert result.verdict == "pass", (result.message, result.location, result.mismatches)
+    shape = result.derived["shape"]
+    assert (shape["qk_head_dim"], shape["qk_pos_emb_head_dim"], shape["v_head_dim"]) == (128, 64, 128)
+    assert [c["moe_layers"] for c in result.derived["chunks"]] == [12, 15, 16, 15]
+    assert result.derived["padded_vocab_size"] == 129280
 
 
 def test_megatron_builds_moeplans_mla_head_dims():
