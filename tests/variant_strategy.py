@@ -35,4 +35,6 @@ def variants() -> st.SearchStrategy[Variant]:
         tp=flag, sp=flag, shared_overlap=flag, global_aux=flag,
         flex_backend=st.sampled_from(("", "deepep", "hybridep", "ncclep")),
         quant_pad=flag, virtual_experts=flag,
+        layernorm=flag, swiglu=flag, bias=flag, qk_norm=flag, dropout=flag, shared_gate=flag,
+        router_fp64=flag, mla_norms=flag,
     )
