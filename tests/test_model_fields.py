@@ -93,6 +93,11 @@ def test_mla_without_qk_layernorm_has_no_latent_norms():
     assert v["act_attention_per_block"] == 16 * per_token
 
 
+def test_mla_latent_layernorms_have_biases():
+    v = stage0(build({**MLA_MODEL, "normalization": "LayerNorm"}))
+    assert v["attention_params_per_block"] == 6104 + Q_LORA + KV_LORA  # a bias per norm weight
+
+
 def test_mla_emits_megatrons_head_dims():
     flags = megatron_arguments(build(MLA_MODEL)).as_dict()
     assert flags["--multi-latent-attention"] == ()

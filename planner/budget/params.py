@@ -77,7 +77,7 @@ def write(book: Book, v: Variant) -> None:
         "two LayerNorms (weight + bias) per block" if v.layernorm else "two RMSNorms per block")
     # MLA's q/kv latent norms exist only with qk_layernorm (Megatron-LM dev@d48bd6be
     # megatron/core/models/gpt/gpt_layer_specs.py: the up projections fuse a layer norm then).
-    norm_term = " + 1" if v.mla_norms else ""
+    norm_term = (" + 2" if v.layernorm else " + 1") if v.mla_norms else ""
     attention = (ATTENTION_PARAMS[v.attention].replace("{q}", MLA_Q[v.mla_q_lora])
                  .replace("{q_norm}", norm_term).replace("{kv_norm}", norm_term))
     add("attention_params_per_block", attention, "params", "memory",
@@ -189,6 +189,9 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
         duplicated = MLA_DUPLICATED[v.mla_q_lora]
         if not v.mla_norms:
             duplicated = duplicated.replace(" + q_lora + ", " + ").removesuffix(" + kv_lora")
+        elif v.layernorm:  # the latent norms' biases
+            duplicated = duplicated.replace(" + q_lora + ", " + 2 * q_lora + ").replace(
+                " + kv_lora", " + 2 * kv_lora")
         book.add("mla_duplicated_params_per_block", duplicated, "params", "memory",
                  "MLA down projections (duplicated over TP) and the q/kv norms after them")
         per_block += " + mla_duplicated_params_per_block"
