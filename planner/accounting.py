@@ -22,6 +22,7 @@ from planner.budget.explain import number_text, pretty, substitute, value_text
 from planner.budget.expr import Number, Quantity, evaluate, sympy_expression
 from planner.budget.symbols import (
     ALL_SYMBOLS,
+    CSA_RATIO,
     TOPOLOGY_GROUPS,
     Variant,
     chunk_values,
@@ -35,7 +36,7 @@ from planner.schedule import Peak, stage_peak
 from planner.schema import Config
 
 __all__ = [  # the formula book's public names, re-exported: import them from here
-    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "DIRECTIONS", "PAGES", "Accounting", "Budget",
+    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DIRECTIONS", "PAGES", "Accounting", "Budget",
     "BudgetError", "Collective", "FormulaBook", "Number", "Quantity", "UnknownCollective",
     "Variant", "budgets", "collective", "formula_book", "memory_by_stage", "number_text",
     "plan_budgets", "pretty", "stage_memory", "value_text", "variant_of",
