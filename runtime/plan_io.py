@@ -250,6 +250,11 @@ def unsupported_features(plan: Plan) -> list[str]:
            "moe.moe_pad_expert_input_to_capacity with the allgather dispatcher is not implemented")
 
     cp = int(_get(layout, "cp", 1))
+    overlap = plan.raw["config"].get("overlap") or {}
+    refuse(overlap.get("recompute_granularity") == "selective" and cp > 1 and "core_attn" in (
+        overlap.get("recompute_modules") or ["core_attn"]), "overlap.recompute_modules with "
+           "core_attn and cp > 1: re-running only core attention (its CP K/V gather) is not "
+           "implemented; recompute 'full' or other modules")
     seq = int(training["seq_length"])
     mode = _get(parallel, "cp_partition_mode", "zigzag")
     chunks = 2 * cp if (cp > 1 and mode == "zigzag") else cp
