@@ -2,7 +2,8 @@
 re-run collectives under `recompute`, `moeplan verify` finds them equal to the plan's
 `step.<collective>.recompute.*`, and the model still equals the single-process reference.
 
-All cases share one 4-rank gloo launch (2 steps each, m = 2 microbatches; tiny dims from
+All cases share one 4-rank gloo launch (tests/test_runtime_equivalence's worker: 3 steps each,
+m = 2 microbatches, the report holds the last step; tiny dims from
 tests/test_runtime_equivalence: S = 16, b = 1, h = 32, k = 2, E = 8, fp32, seq_aux_loss).
 Hand-derived figures:
 
@@ -22,8 +23,6 @@ Hand-derived figures:
 from __future__ import annotations
 
 import json
-import traceback
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,9 @@ import pytest
 import torch.multiprocessing as mp
 
 from planner.verify import EXACT, EXPECTATION, verify
-from tests.test_runtime_equivalence import _free_port, compile_case
+from tests.test_runtime_equivalence import _free_port, _worker, compile_case
 
-WORLD, STEPS = 4, 2
+WORLD = 4
 CASES: dict[str, tuple[dict[str, Any], bool]] = {  # name -> (overrides, balanced routing)
     "cp2_ep2_block": ({"model": {"num_layers": 3}, "parallel": {"cp": 2, "ep": 2},
                        "overlap": {"recompute_granularity": "full", "recompute_method": "block",
@@ -50,40 +49,10 @@ CASES: dict[str, tuple[dict[str, Any], bool]] = {  # name -> (overrides, balance
 }
 
 
-def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str, bool]],
-            out: str) -> None:
-    """One rank: run every case on one gloo world; rank 0 writes each case's report."""
-    import torch
-    import torch.distributed as dist
-
-    from runtime.__main__ import execute
-    from runtime.plan_io import load_plan
-    from runtime.train import RunOptions
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=90))
-    reports: dict[str, Any] = {}
-    try:
-        for name, plan_path, balanced in cases:
-            try:
-                options = RunOptions(steps=STEPS, balanced=balanced, capture=True)
-                outcome = execute(load_plan(plan_path), options, True, None)
-                if outcome.report is not None:
-                    reports[name] = {"code": outcome.code, **outcome.report}
-            except Exception:  # noqa: BLE001 - report the failing case, keep the others
-                reports[name] = {"error": traceback.format_exc()}
-                raise
-    finally:
-        if rank == 0:
-            Path(out).write_text(json.dumps(reports))
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("recompute")
-    cases = [(name, str(compile_case(name, overrides, folder)), balanced)
+    cases = [(name, str(compile_case(name, overrides, folder)), None, balanced)
              for name, (overrides, balanced) in CASES.items()]
     out = folder / "reports.json"
     try:
@@ -92,7 +61,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pass  # the failing case is named in the reports file
     reports = json.loads(out.read_text()) if out.exists() else {}
     return {name: (json.loads(Path(path).read_text()), reports.get(name))
-            for name, path, _ in cases}
+            for name, path, _, _ in cases}
 
 
 def _run(runs: dict[str, Any], name: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -147,3 +116,18 @@ def test_uniform_method_reruns_every_block_and_the_mtp_layer(runs: dict[str, Any
         assert collectives["ep_dispatch_hidden.recompute"]["send_bytes"] == expected
         assert collectives["ep_dispatch_hidden.fwd"]["send_bytes"] == expected
         assert "pp_activation.recompute" not in collectives
+
+
+def test_selective_core_attention_with_cp_is_refused(tmp_path: Path) -> None:
+    """Re-running only core attention (with its CP K/V gather) is not implemented: refused
+    before any group forms, naming the field."""
+    from runtime.plan_io import PlanError, load_plan
+
+    plan = compile_case("core_attn_cp2", {"parallel": {"cp": 2, "ep": 2},
+                                          "overlap": {"recompute_granularity": "selective"}},
+                        tmp_path)
+    with pytest.raises(PlanError, match="overlap.recompute_modules with core_attn and cp > 1"):
+        load_plan(plan)
+    load_plan(compile_case("core_attn_cp1", {"parallel": {"ep": 2}, "overlap": {
+        "recompute_granularity": "selective", "recompute_modules": ["core_attn", "moe_act"]}},
+        tmp_path))
