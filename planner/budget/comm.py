@@ -9,7 +9,9 @@ routing dependence and overlap flag); `Collectives.add` refuses a name, phase, g
 the table does not list. Bytes are per rank, per MoE layer, per microbatch unless the name starts
 with `step.` (one optimizer step: × MoE layers on the stage × microbatches). Wire bytes assume ring
 algorithms for all-gather, reduce-scatter and all-reduce, direct sends for all-to-all and pipeline
-p2p. A collective over a one-rank group is not issued and predicts 0 bytes.
+p2p. A collective over a one-rank group is not issued and predicts 0 bytes. A forward that
+activation recompute runs again in backward (the table's `recomputed_with`) also predicts
+`step.<collective>.recompute.*`, derived by `Collectives.add` from the forward's formulas.
 """
 
 from __future__ import annotations
