@@ -16,6 +16,9 @@ Hand-derived figures:
 * pp2_vpp2_ep2_mtp_uniform: n = 16 rows, one dispatch 16·2·32·4 = 4096 bytes; layout
   Et|t|t|tmL: stage 0 holds layers 0, 2; stage 1 holds layers 1, 3 and the MTP block, which the
   uniform method recomputes too → recompute 4096·2·2 = 16384 (stage 0), 4096·3·2 = 24576 (stage 1).
+* pp2_vpp2_ep2_mtp_block: the same layout, block method N_r = 1: each chunk's one decoder layer is
+  recomputed, the MTP block is not → stage 1 re-runs 2 of its 3 MoE blocks: 4096·2·2 = 16384
+  against a forward of 24576; stage 0 re-runs both: 16384.
 * ep4_selective_moe: learned routing, selective `moe` recompute of every MoE layer; the sends a
   dropless dispatch fixes (n·k rows) are checked exactly, in the re-run as in the forward.
 """
@@ -43,6 +46,12 @@ CASES: dict[str, tuple[dict[str, Any], bool]] = {  # name -> (overrides, balance
                                   "overlap": {"recompute_granularity": "full",
                                               "recompute_method": "uniform",
                                               "recompute_num_layers": 1}}, True),
+    "pp2_vpp2_ep2_mtp_block": ({"model": {"num_layers": 4, "mtp_num_layers": 1},
+                                "parallel": {"pp": 2, "vpp": 2, "ep": 2,
+                                             "pipeline_model_parallel_layout": "Et|t|t|tmL"},
+                                "overlap": {"recompute_granularity": "full",
+                                            "recompute_method": "block",
+                                            "recompute_num_layers": 1}}, True),
     "ep4_selective_moe": ({"parallel": {"ep": 4},
                            "overlap": {"recompute_granularity": "selective",
                                        "recompute_modules": ["moe"]}}, False),
@@ -108,13 +117,16 @@ def test_block_method_reruns_the_first_blocks_only(runs: dict[str, Any]) -> None
             collectives)
 
 
-def test_uniform_method_reruns_every_block_and_the_mtp_layer(runs: dict[str, Any]) -> None:
-    _, report = _run(runs, "pp2_vpp2_ep2_mtp_uniform")
+@pytest.mark.parametrize(("method", "rerun"), [("uniform", {0: 16384, 1: 24576}),
+                                               ("block", {0: 16384, 1: 16384})])
+def test_pipeline_chunks_rerun_per_method(runs: dict[str, Any], method: str,
+                                          rerun: dict[int, int]) -> None:
+    _, report = _run(runs, f"pp2_vpp2_ep2_mtp_{method}")
     for share in report["ranks"]:
-        expected = {0: 16384, 1: 24576}[share["stage"]]
         collectives = share["collectives"]
-        assert collectives["ep_dispatch_hidden.recompute"]["send_bytes"] == expected
-        assert collectives["ep_dispatch_hidden.fwd"]["send_bytes"] == expected
+        assert collectives["ep_dispatch_hidden.recompute"]["send_bytes"] == rerun[share["stage"]]
+        assert collectives["ep_dispatch_hidden.fwd"]["send_bytes"] == {0: 16384,
+                                                                       1: 24576}[share["stage"]]
         assert "pp_activation.recompute" not in collectives
 
 
