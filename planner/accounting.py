@@ -16,7 +16,13 @@ from functools import cached_property
 from typing import Any
 
 from planner.budget.book import PAGES, FormulaBook, formula_book
-from planner.budget.collectives import DIRECTIONS, Collective, UnknownCollective, collective
+from planner.budget.collectives import (
+    DIRECTIONS,
+    RECOMPUTE,
+    Collective,
+    UnknownCollective,
+    collective,
+)
 from planner.budget.collectives import TABLE as COLLECTIVES
 from planner.budget.explain import number_text, pretty, substitute, value_text
 from planner.budget.expr import Number, Quantity, evaluate, sympy_expression
@@ -39,7 +45,7 @@ __all__ = [  # the formula book's public names, re-exported: import them from he
     "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DIRECTIONS", "PAGES", "Accounting", "Budget",
     "BudgetError", "Collective", "FormulaBook", "Number", "Quantity", "UnknownCollective",
     "Variant", "budgets", "collective", "formula_book", "memory_by_stage", "number_text",
-    "plan_budgets", "pretty", "stage_memory", "value_text", "variant_of",
+    "plan_budgets", "pretty", "stage_memory", "value_text", "variant_of", "RECOMPUTE",
 ]
 
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")
