@@ -206,4 +206,7 @@ def test_only_work_inside_a_layer_is_recomputed() -> None:
         assert COLLECTIVES[name].recomputed_with >= {"full", "moe"}, name
         assert COLLECTIVES[name].layer_kind == "L_moe", name
     assert COLLECTIVES["cp_kv_gather"].recomputed_with == {"full", "core_attn"}
-    assert [n for n, e in COLLECTIVES.items() if e.grad_only] == ["aux_loss_count_reduce"]
+    # both aux-loss count reductions run only under grad (Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/moe/router.py TopKRouter.routing: torch.is_grad_enabled())
+    assert [n for n, e in COLLECTIVES.items() if e.grad_only] == ["aux_loss_count_reduce",
+                                                                  "global_aux_count_reduce"]
