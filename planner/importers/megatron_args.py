@@ -405,7 +405,15 @@ def layout_string(segments: list[int], mtp: int) -> str:
 
 # ---------------------------------------------------------------------------------------- import
 def import_arguments(text: str, world_size: int | None = None) -> Imported:
-    """Map a Megatron command line (text of a file or stdin) to a moeplan config dictionary."""
+    """Map a Megatron command line (text of a file or stdin) to a config dictionary this schema takes."""
+    result = map_arguments(text, world_size)
+    fit_schema(result)
+    return result
+
+
+def map_arguments(text: str, world_size: int | None = None) -> Imported:
+    """Every modelled argument under its Megatron name, including fields this schema may not have yet
+    (see `fit_schema`)."""
     line = parse_command(split_words(text))
     result = Imported(entry=line.entry, env=line.env)
     for word in line.stray:
@@ -441,7 +449,6 @@ def import_arguments(text: str, world_size: int | None = None) -> Imported:
     _apply_special(result, special)
     _apply_megatron_defaults(result)
     _apply_world(result, nodes, procs, world_size)
-    _fit_schema(result)
     return result
 
 
@@ -550,7 +557,7 @@ def _apply_world(result: Imported, nodes: int | None, procs: int | None, world_s
         result.set("cluster.gpus_per_node", procs)
 
 
-def _fit_schema(result: Imported) -> None:
+def fit_schema(result: Imported) -> None:
     """Fields this schema lacks (the model fields of the `launch.megatron_extra_args` change) leave
     the config and are reported; their arguments are kept verbatim."""
     flags = {dotted: flag for flag, (dotted, _) in EXPLICIT.items()}
