@@ -5,7 +5,9 @@ is exit 2 (unreadable) or a finding naming the argument (exit 1), never a traceb
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +180,7 @@ def test_v3_launch_line_maps_every_modelled_argument() -> None:
     assert par["sequence_parallel"] is True
     assert par["pipeline_model_parallel_layout"] == "Et*7|(t*8|)*6t*6mL"
     assert mapped.data["cluster"] == {"nodes": 64, "gpus_per_node": 8}
+    assert mapped.data["launch"]["env"] == mapped.env
     train = mapped.data["training"]
     assert (train["precision"], train["lr"], train["global_batch_size"]) == ("bf16", 2.2e-4, 8192)
     assert mapped.data["moe"]["moe_router_load_balancing_type"] == "seq_aux_loss"
@@ -251,6 +254,17 @@ def test_flags_negations_lists_and_equals_form() -> None:
     assert data["training"]["fp8"] is True
 
 
+def test_launcher_forms() -> None:
+    """`python -m torch.distributed.run --nproc_per_node=4 --nnodes=2 entry.py`: 2 x 4 ranks; a
+    shell variable as the node count cannot give a world size and is reported."""
+    data = map_arguments("python -m torch.distributed.run --nproc_per_node=4 --nnodes=2 "
+                         "train/pretrain_gpt.py --num-layers 2").data
+    assert data["parallel"]["world_size"] == 8 and data["model"]["num_layers"] == 2
+    mapped = map_arguments("torchrun --nnodes $NNODES --nproc-per-node 8 pretrain_gpt.py --num-layers 2")
+    assert "world_size" not in mapped.data.get("parallel", {})
+    assert [u.argument for u in mapped.unmapped] == ["--nnodes"]
+
+
 def test_moe_layer_freq_spellings() -> None:
     assert parse_value("moe_freq", ("2",)) == 2
     # Megatron's own help example: "([1]*3+[0]*2)*2" → 3 MoE, 2 dense, twice
@@ -316,3 +330,97 @@ def test_fit_schema_keeps_unknown_fields_as_arguments() -> None:
     fit_schema(mapped)
     assert mapped.extra_args == ["--not-a-field-anywhere", "7"]
     assert "schema has no model.not_a_field_anywhere" in mapped.unmapped[0].why
+
+
+# ------------------------------------------------------------------------------ against Megatron
+# Megatron's own parser, run in a subprocess on the oracle checkout (the GPU-only stand-ins of
+# runtime/megatron_probe.py): for each argument, which attribute it sets and to what.
+PARSER_PROBE = r"""
+import argparse, json, sys
+from pathlib import Path
+from runtime.megatron_probe import install_stand_ins
+install_stand_ins(Path(sys.argv[1]))
+from megatron.training import arguments
+request = json.loads(sys.stdin.read())
+parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+dests = {flag: action.dest for flag, action in parser._option_string_actions.items()}
+out = []
+for argv in request["argvs"]:
+    args = parser.parse_args(argv)
+    out.append({dest: getattr(args, dest, None) for dest in set(dests.values())})
+print(json.dumps({"dests": dests, "values": out}, default=str))
+"""
+MINIMAL = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --vocab-size 64 --num-experts 4"
+
+
+def megatron_parse(lines: list[str]) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    from planner.importers.megatron_args import parse_command, split_words
+    from tests.oracle import megatron_lm_dir
+
+    root, why = megatron_lm_dir()
+    if root is None:
+        pytest.skip(why)
+    argvs = [[w for a in parse_command(split_words(line)).arguments for w in a.words] for line in lines]
+    run = subprocess.run([sys.executable, "-c", PARSER_PROBE, str(root)], input=json.dumps({"argvs": argvs}),
+                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if run.returncode != 0:
+        pytest.skip(f"Megatron's parser cannot run here: {run.stderr.strip().splitlines()[-1:]}")
+    payload = json.loads(run.stdout.strip().splitlines()[-1])
+    return payload["dests"], payload["values"]
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    if isinstance(theirs, list) and len(theirs) == 1 and not isinstance(ours, list):
+        theirs = theirs[0]  # nargs='+' arguments moeplan models as one value
+    return ours == theirs
+
+
+def test_values_and_defaults_match_megatrons_parser() -> None:
+    """Every argument of the V3 line that maps to a field reads as Megatron's parser reads it, and
+    every default the import writes for an absent argument is Megatron's."""
+    from planner.importers.megatron_args import MEGATRON_DEFAULTS, MLA_DEFAULTS, argument_table
+
+    dests, (v3, minimal, mla) = megatron_parse([V3_LINE, MINIMAL, MINIMAL + " --multi-latent-attention"])
+    table = argument_table()
+    v3_mapped = map_arguments(V3_LINE)
+    compared = 0
+    for arg in parse_command_arguments(V3_LINE):
+        if arg in table and arg in dests:
+            dotted = table[arg][0]
+            assert _same(v3_mapped.get(dotted), v3[dests[arg]]), (arg, v3_mapped.get(dotted), v3[dests[arg]])
+            compared += 1
+    assert compared >= 50  # the V3 line's modelled arguments, not a vacuous pass
+    flag_of = {dotted: flag for flag, (dotted, _) in table.items()}
+    for values, defaults, line in ((minimal, MEGATRON_DEFAULTS, MINIMAL),
+                                   (mla, MLA_DEFAULTS, MINIMAL + " --multi-latent-attention")):
+        ours = map_arguments(line, world_size=8)
+        for dotted in defaults:
+            if dotted == "training.precision":
+                assert (values["bf16"], values["fp16"]) == (False, False)
+                continue
+            assert _same(ours.get(dotted), values[dests[flag_of[dotted]]]), dotted
+
+
+# Flags the table maps that Megatron-LM dev@d48bd6be's parser lacks, and why they are still mapped.
+NOT_ON_DEV = {
+    "--tensor-parallel-num-weight-shards": "GTP, Megatron-LM main only (emitted for parallel.gtp)",
+    "--expert-tensor-parallel-num-weight-shards": "EGTP, Megatron-LM main only",
+    "--gtp-remat-num-sequence-shards": "GTP sequence shards, Megatron-LM main only",
+    "--virtual-pipeline-model-parallel-size": "the older spelling of --num-virtual-stages-per-pipeline-rank",
+    "--variable-seq-lengths": "emitted by `emit megatron` for training.variable_seq_lengths",
+}
+
+
+def test_every_mapped_flag_is_a_megatron_argument() -> None:
+    from planner.importers.megatron_args import SPECIAL, argument_table
+
+    dests, _ = megatron_parse([])
+    unknown = {f for f in [*argument_table(), *SPECIAL] if f not in dests}
+    assert unknown == set(NOT_ON_DEV)
+
+
+def parse_command_arguments(line: str) -> list[str]:
+    from planner.importers.megatron_args import parse_command, split_words
+
+    return [a.flag for a in parse_command(split_words(line)).arguments]

@@ -194,13 +194,14 @@ def schema_has(dotted: str) -> bool:
 def argument_table() -> dict[str, tuple[str, Kind]]:
     """Megatron flag → (section.field, kind), from the schema's names and aliases plus EXPLICIT."""
     table: dict[str, tuple[str, Kind]] = {}
+    respelled = {dotted for dotted, _ in EXPLICIT.values()}  # reachable only by Megatron's spelling
     for section in MEGATRON_SECTIONS:
         model = section_model(section)
         assert model is not None
         for name, info in model.model_fields.items():
             dotted = f"{section}.{name}"
             kind = _kind(info.annotation)
-            if dotted in NOT_ARGUMENTS or kind is None:
+            if dotted in NOT_ARGUMENTS or dotted in respelled or kind is None:
                 continue
             names = [name]
             alias = info.validation_alias
@@ -449,6 +450,8 @@ def map_arguments(text: str, world_size: int | None = None) -> Imported:
     _apply_special(result, special)
     _apply_megatron_defaults(result)
     _apply_world(result, nodes, procs, world_size)
+    if line.env:  # the environment the line exports goes where moeplan's launchers export theirs
+        result.set("launch.env", dict(line.env))
     return result
 
 
