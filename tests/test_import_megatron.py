@@ -297,7 +297,7 @@ def test_unreadable_input_is_exit_2(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("argument", "value"), [
     ("--num-layers", "abc"), ("--moe-layer-freq", "__import__('os')"), ("--lr", "fast"),
-    ("--hybrid-layer-pattern", "M*M"), ("--sequence-parallel", "yes"),
+    ("--hybrid-layer-pattern", "WEW"), ("--sequence-parallel", "yes"),
 ])
 def test_malformed_value_names_the_argument(argument: str, value: str, tmp_path: Path) -> None:
     source = tmp_path / "args"
@@ -310,6 +310,16 @@ def test_malformed_value_names_the_argument(argument: str, value: str, tmp_path:
     payload = json.loads(result.stdout)
     bad = [u for u in payload["unmapped"] if u["error"]]
     assert [u["argument"] for u in bad] == [argument] and "malformed value" in bad[0]["why"]
+
+
+def test_hybrid_pattern_of_other_layers_is_not_modelled() -> None:
+    """Mamba / standard-attention hybrid stacks are valid Megatron but not moeplan models."""
+    mapped = map_arguments("pretrain_hybrid.py --hybrid-layer-pattern 'M*M-' --mtp-num-layers 1")
+    [bad] = mapped.unmapped
+    assert bad.error and bad.why.startswith("not modelled:") and bad.argument == "--hybrid-layer-pattern"
+    mapped = map_arguments("pretrain_hybrid.py --hybrid-layer-pattern WEHE --mtp-num-layers 1")
+    assert mapped.data["model"]["mtp_num_layers"] == 1  # no '/' part: the flag stands
+    assert mapped.data["model"]["num_layers"] == 2
 
 
 def test_stdin_and_unwritable_output(tmp_path: Path) -> None:

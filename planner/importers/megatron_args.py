@@ -286,7 +286,11 @@ def launcher_world(launcher: list[str]) -> tuple[int | None, int | None, list[Un
 
 # ---------------------------------------------------------------------------------------- values
 class BadValue(ValueError):
-    pass
+    """A value Megatron's parser would refuse (or moeplan cannot read): reported as malformed."""
+
+
+class NotModelled(BadValue):
+    """A well-formed value describing something moeplan does not model."""
 
 
 def _number(text: str, kind: type) -> Any:
@@ -367,14 +371,14 @@ def decode_hybrid_pattern(pattern: str) -> dict[str, Any]:
         for pos in range(0, len(main), 2):
             attention, mlp = main[pos], main[pos + 1]
             if attention not in HYBRID_ATTENTION or mlp not in "E-":
-                raise BadValue(f"{attention + mlp!r} is not a DeepSeek-V4 layer (W/C/H attention then "
-                               "E or - MLP); moeplan models no other hybrid layers")
+                raise NotModelled(f"{attention + mlp!r} is not a DeepSeek-V4 layer (W/C/H attention "
+                                  "then E or - MLP); moeplan models no other hybrid layers")
             ratios.append(HYBRID_ATTENTION[attention])
             moe.append(1 if mlp == "E" else 0)
         counts.append(len(main) // 2)
         for depth in mtp:
             if len(depth) != 2 or depth[0] not in HYBRID_ATTENTION:
-                raise BadValue(f"MTP part {depth!r} is not one DeepSeek-V4 layer")
+                raise NotModelled(f"MTP part {depth!r} is not one DeepSeek-V4 layer")
             mtp_ratios.append(HYBRID_ATTENTION[depth[0]])
     return {"num_layers": len(ratios), "compress_ratios": ratios + mtp_ratios, "moe": moe,
             "mtp_num_layers": len(mtp_ratios), "segments": counts}
@@ -527,17 +531,23 @@ def _apply_hybrid(result: Imported, arg: Argument) -> None:
     try:
         [text] = arg.values
         decoded = decode_hybrid_pattern(text)
+    except NotModelled as exc:
+        result.unmapped.append(Unmapped(arg.flag, arg.text, f"not modelled: {exc}", error=True))
+        return
     except (ValueError, BadValue) as exc:
         result.unmapped.append(Unmapped(arg.flag, arg.text, f"malformed value: {exc}", error=True))
         return
+    # The pattern wins over --num-layers, and over --mtp-num-layers when it holds MTP parts
+    # (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args).
     result.set("model.num_layers", decoded["num_layers"])
-    result.set("model.mtp_num_layers", decoded["mtp_num_layers"])
+    if decoded["mtp_num_layers"] or not result.has("model.mtp_num_layers"):
+        result.set("model.mtp_num_layers", decoded["mtp_num_layers"])
     if not result.has("model.compress_ratios"):
         result.set("model.compress_ratios", decoded["compress_ratios"])
     result.set("model.moe_layer_freq", moe_layer_freq(decoded["moe"]))
     if len(decoded["segments"]) > 1:
         result.set("parallel.pipeline_model_parallel_layout",
-                   layout_string(decoded["segments"], decoded["mtp_num_layers"]))
+                   layout_string(decoded["segments"], result.get("model.mtp_num_layers", 0)))
 
 
 def _apply_megatron_defaults(result: Imported) -> None:
