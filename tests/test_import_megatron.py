@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.cli import app
@@ -281,6 +283,26 @@ def test_hybrid_pattern_and_layout_inverse() -> None:
     assert layout_string(decoded["segments"], 1) == "Et*2|t*2|t*2mL"
     assert layout_string([6, 8, 8, 8, 7], 1) == "Et*6|(t*8|)*3t*7mL"
     assert layout_string([1, 1], 0) == "Et|tL"
+
+
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=12), st.integers(0, 2))
+def test_layout_string_expands_to_its_segments(segments: list[int], mtp: int) -> None:
+    """Megatron's layout grammar (planner/pipeline.py expand_layout) reads back the segments:
+    embedding first, MTP and loss last, one decoder layer per `t`."""
+    from planner.pipeline import expand_layout
+
+    stages = expand_layout(layout_string(segments, mtp))
+    assert [stage.count("t") for stage in stages] == segments
+    assert stages[0][0] == "E" and stages[-1][-1] == "L" and stages[-1].count("m") == mtp
+
+
+@given(st.lists(st.sampled_from([0, 1]), min_size=1, max_size=40))
+def test_moe_layer_freq_means_the_same_layers(pattern: list[int]) -> None:
+    """Whatever spelling moe_layer_freq picks (every N-th, or the list), the MoE layers are the same."""
+    freq = moe_layer_freq(pattern)
+    moe = [layer % freq == 0 if isinstance(freq, int) else freq[layer] == 1 for layer in range(len(pattern))]
+    assert moe == [bit == 1 for bit in pattern]
+    assert parse_value("moe_freq", (str(pattern),)) == pattern
 
 
 # ------------------------------------------------------------------------------ bad input
