@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -169,8 +170,8 @@ def import_megatron(
     header = [f"imported by `moeplan import megatron` from {'stdin' if args == '-' else args}"
               + (f" (entry {result.entry})" if result.entry else "")]
     if kept and "megatron_extra_args" not in result.data.get("launch", {}):
-        header += ["arguments moeplan does not model (pass them to Megatron-LM yourself):",
-                   "  " + " ".join(result.extra_args)]
+        header += ["arguments moeplan does not model (this moeplan has no launch.megatron_extra_args; "
+                   "pass them to Megatron-LM yourself):", "  " + shlex.join(result.extra_args)]
     finish(config_yaml(result.data, header), result.data, result.unmapped, output, as_json,
            {"entry": result.entry, "env": result.env})
 

@@ -463,7 +463,7 @@ def kept_where() -> str:
     """Where unmapped arguments go: the passthrough list, or (before it exists) the YAML header."""
     if schema_has("launch.megatron_extra_args"):
         return "kept in launch.megatron_extra_args"
-    return "listed in the YAML header: no launch.megatron_extra_args in this moeplan yet"
+    return "listed in the YAML header"
 
 
 def _keep(result: Imported, arg: Argument, why: str) -> None:
@@ -582,7 +582,7 @@ def fit_schema(result: Imported) -> None:
             flag = flags.get(f"{section}.{name}", "--" + name.replace("_", "-"))
             words = [flag] if value is True else [flag, _word(value)]
             result.unmapped.append(Unmapped(flag, " ".join(words[1:]), f"this moeplan's schema has no "
-                                            f"{section}.{name} yet ({kept_where()})"))
+                                            f"{section}.{name} yet; {kept_where()}"))
             if value is not False:
                 result.extra_args += words
     if result.extra_args and schema_has("launch.megatron_extra_args"):
