@@ -80,6 +80,8 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
     "training.adam_beta2": 0.999,
     "moe.moe_grouped_gemm": False,
     "moe.moe_token_dispatcher_type": "allgather",
+    "model.normalization": "LayerNorm",  # fields of the wt/fields change; dropped while absent
+    "model.swiglu": False,
 }
 MLA_DEFAULTS: dict[str, Any] = {  # _add_mla_args; only where MLA attention reads them
     "model.qk_pos_emb_head_dim": 64,
