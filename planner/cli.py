@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.launch",
     "planner.commands.budget",
     "planner.commands.verify",
+    "planner.commands.import_",
 )
 
 app = typer.Typer(
