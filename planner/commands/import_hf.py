@@ -18,6 +18,14 @@ import yaml
 from planner.cli_common import EXIT_CONFIG, EXIT_USAGE, fail, print_findings, stderr
 
 
+class _Dumper(yaml.SafeDumper):
+    """Sections as blocks, lists (a layer pattern, extra arguments) on one flow line."""
+
+
+_Dumper.add_representer(list, lambda dumper, data: dumper.represent_sequence(
+    "tag:yaml.org,2002:seq", data, flow_style=True))
+
+
 def render_yaml(mapping: Any, source: str, sections: dict[str, dict[str, Any]]) -> str:
     """The YAML text: a header naming the source and every note, then model, parallel, training
     and (when the model needs unmodelled Megatron arguments) launch.megatron_extra_args."""
@@ -28,7 +36,7 @@ def render_yaml(mapping: Any, source: str, sections: dict[str, dict[str, Any]]) 
               "# model: the config.json's dimensions in Megatron-LM's argument names.",
               "# parallel / training: a starting point from the command's options; choose them.",
               *(f"# note: {note}" for note in mapping.notes)]
-    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
     return "\n".join(header) + "\n" + body
 
 
