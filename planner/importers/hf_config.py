@@ -225,8 +225,9 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
         "qk_head_dim": r.count("qk_nope_head_dim", "qk_head_dim", _REQUIRED),
         "qk_pos_emb_head_dim": r.count("qk_rope_head_dim", "qk_pos_emb_head_dim", _REQUIRED),
         "v_head_dim": r.count("v_head_dim", "v_head_dim", _REQUIRED),
-        # Megatron's MLA normalises the q and kv latents (HF q_a_layernorm / kv_a_layernorm) when
-        # qk_layernorm is set (Megatron-LM dev@d48bd6be multi_latent_attention.py).
+        # Megatron's MLA normalises the q and kv latents (HF q_a_layernorm / kv_a_layernorm) in the
+        # up-projections' fused norm when qk_layernorm is set (Megatron-LM dev@d48bd6be
+        # megatron/core/models/gpt/gpt_layer_specs.py get_gpt_layer_with_transformer_engine_submodules).
         "qk_layernorm": True,
         "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", _REQUIRED),
         "num_experts": r.count("n_routed_experts", "num_experts", _REQUIRED),
