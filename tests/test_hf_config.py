@@ -433,3 +433,30 @@ def test_import_hf_unknown_architecture_writes_nothing(tmp_path: Path):
     result = CliRunner().invoke(app, ["import", "hf", str(source), "-o", str(out)])
     assert result.exit_code == 1 and "CFG007" in result.output
     assert "Qwen3MoeForCausalLM" in result.output and not out.exists()
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6)
+
+
+@given(name=st.sampled_from(sorted(HF_CONFIGS)), key=st.text(max_size=30), value=_JSON,
+       drop=st.booleans(), provided=st.dictionaries(
+           st.sampled_from(["num_layers", "hidden_size", "num_attention_heads", "num_experts"]),
+           _JSON, max_size=2))
+def test_any_json_value_maps_or_is_a_finding(name: str, key: str, value: Any, drop: bool,
+                                             provided: dict[str, Any]):
+    # Replace (or drop) one key of a real config, sometimes a real key: never a traceback.
+    hf = dict(HF_CONFIGS[name])
+    key = sorted(hf)[len(key) % len(hf)] if key[:1] != "_" else key
+    if drop:
+        hf.pop(key, None)
+    else:
+        hf[key] = value
+    try:
+        mapping = map_hf_config(hf, provided=provided)
+    except HfConfigUnmappable as exc:
+        assert exc.findings and all(f.code == "CFG007" for f in exc.findings)
+    else:
+        assert mapping.architecture in ARCHITECTURES

@@ -136,6 +136,10 @@ def _whole(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+def _positive(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _moe_pattern(flags: list[int]) -> int | list[int]:
     """Megatron's moe_layer_freq: 1 when every layer is MoE, else the 0/1 list per layer."""
     return 1 if flags and all(flags) else flags
@@ -168,10 +172,10 @@ def _common(r: _Reader, *, eps: float, theta: float) -> dict[str, Any]:
 def _gqa(r: _Reader, model: dict[str, Any], default_kv_heads: int | None) -> None:
     """Standard attention's head layout: kv_channels = head_dim, GQA when fewer KV heads."""
     heads, hidden = model["num_attention_heads"], model["hidden_size"]
-    derived = hidden // heads if heads and hidden else None
-    model["kv_channels"] = r.count("head_dim", "kv_channels", derived)
+    sizes = _positive(heads) and _positive(hidden)
+    model["kv_channels"] = r.count("head_dim", "kv_channels", hidden // heads if sizes else None)
     kv_heads = r.count("num_key_value_heads", "num_query_groups", default_kv_heads or heads)
-    if kv_heads and heads and kv_heads < heads:
+    if _positive(kv_heads) and _positive(heads) and kv_heads < heads:
         model["group_query_attention"] = True
         model["num_query_groups"] = kv_heads
 
@@ -197,6 +201,12 @@ def _mla_rope(r: _Reader, model: dict[str, Any]) -> None:
     kind = scaling.get("type", scaling.get("rope_type"))
     if kind != "yarn":
         r.unsupported("rope_scaling", kind, "moeplan maps YaRN ('yarn') or no scaling for MLA")
+        return
+    numbers = {"factor": 1.0, **_MLA_MSCALE_DEFAULTS, **_MLA_BETA_DEFAULTS}
+    bad = [key for key in [*numbers, "original_max_position_embeddings"] if key in scaling
+           and (not isinstance(scaling[key], int | float) or isinstance(scaling[key], bool))]
+    if bad:
+        r.unsupported(f"rope_scaling.{bad[0]}", scaling[bad[0]], "expected a number")
         return
     model["rope_type"] = "yarn"
     model["rotary_scaling_factor"] = float(scaling.get("factor", 1.0))
@@ -380,7 +390,8 @@ def map_hf_config(hf: Mapping[str, Any], *, where: str = "model.hf_config",
     """The moeplan model fields for this config.json. `provided` holds the fields the YAML writes
     itself: keys feeding only those are not required. Raises HfConfigUnmappable."""
     names = hf.get("architectures")
-    known = [n for n in names if n in ARCHITECTURES] if isinstance(names, list) else []
+    known = [n for n in names if isinstance(n, str) and n in ARCHITECTURES] if isinstance(
+        names, list) else []
     if not known:
         raise HfConfigUnmappable([_unknown_architecture(names, where)])
     reader = _Reader(hf, known[0], where, provided or {})
