@@ -343,7 +343,11 @@ def test_unmodelled_features_are_findings():
     assert act.value.findings[0].path == "model.hf_config.hidden_act"
     with pytest.raises(HfConfigUnmappable) as typed:
         map_hf_config({**QWEN3_30B, "hidden_size": "2048"})
-    assert "must be an integer" in typed.value.findings[0].message
+    assert "must be a non-negative 64-bit integer" in typed.value.findings[0].message
+    with pytest.raises(HfConfigUnmappable) as huge:
+        map_hf_config({**QWEN3_30B, "num_experts": 10**30, "rms_norm_eps": float("nan")})
+    assert sorted(f.path for f in huge.value.findings) == [
+        "model.hf_config.num_experts", "model.hf_config.rms_norm_eps"]
 
 
 def test_check_reports_cfg007_with_exit_1(tmp_path: Path):

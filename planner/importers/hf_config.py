@@ -14,12 +14,14 @@ Pure data in, data out (no torch, no file writing): an unreadable file is `HfCon
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from planner.findings import Finding
+from planner.schema import MAX_LAYERS
 
 SOURCE = "planner/importers/hf_config.py::map_hf_config"
 CODE = "CFG007"
@@ -57,7 +59,8 @@ def read_hf_json(path: str | Path) -> dict[str, Any]:
     """The config.json as a dict; anything that is not a readable JSON object is HfConfigUnreadable."""
     target = Path(path)
     if not target.is_file():
-        what = "is a directory" if target.is_dir() else "no such file"
+        what = ("is a directory" if target.is_dir() else
+                "not a regular file" if target.exists() else "no such file")
         raise HfConfigUnreadable(f"{path}: {what}, expected a Hugging Face config.json")
     try:
         data = json.loads(target.read_text(encoding="utf-8"))
@@ -108,12 +111,14 @@ class _Reader:
         return None
 
     def count(self, key: str, target: str | None = None, default: Any = None) -> Any:
-        return self._get(key, target, default, "an integer",
-                         lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+        return self._get(key, target, default, "a non-negative 64-bit integer",
+                         lambda v: isinstance(v, int) and not isinstance(v, bool)
+                         and 0 <= v <= _INT_LIMIT)
 
     def number(self, key: str, target: str | None = None, default: Any = None) -> Any:
-        return self._get(key, target, default, "a number",
-                         lambda v: isinstance(v, int | float) and not isinstance(v, bool))
+        return self._get(key, target, default, "a finite number",
+                         lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+                         and math.isfinite(v) and abs(v) <= _INT_LIMIT)
 
     def flag(self, key: str, default: bool) -> bool:
         value = self._get(key, None, default, "true or false", lambda v: isinstance(v, bool))
@@ -129,6 +134,7 @@ class _Reader:
 
 
 _REQUIRED = object()
+_INT_LIMIT = 2**63 - 1  # what Megatron's sizes fit in (the loader's limit too)
 
 
 def _whole(value: Any) -> Any:
@@ -138,6 +144,11 @@ def _whole(value: Any) -> Any:
 
 def _positive(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _listable(layers: Any) -> bool:
+    """A layer count the per-layer pattern can be written for (the schema refuses larger ones)."""
+    return _positive(layers) and layers <= MAX_LAYERS
 
 
 def _moe_pattern(flags: list[int]) -> int | list[int]:
@@ -251,7 +262,7 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
     first_dense = r.count("first_k_dense_replace", None, 0) or 0
     every = r.count("moe_layer_freq", None, 1) or 1
     layers = model["num_layers"]
-    if isinstance(layers, int) and "moe_layer_freq" not in r.provided:
+    if _listable(layers) and "moe_layer_freq" not in r.provided:
         model["moe_layer_freq"] = _moe_pattern(
             [int(i >= first_dense and i % every == 0) for i in range(layers)])
     _deepseek_router(r, model)
@@ -322,7 +333,7 @@ def _qwen_moe(r: _Reader, *, qwen3: bool) -> dict[str, Any]:
         r.unsupported("mlp_only_layers", dense_only, "expected a list of layer indices")
         dense_only = []
     layers = model["num_layers"]
-    if isinstance(layers, int) and "moe_layer_freq" not in r.provided:
+    if _listable(layers) and "moe_layer_freq" not in r.provided:
         model["moe_layer_freq"] = _moe_pattern(
             [int(i not in dense_only and (i + 1) % step == 0) for i in range(layers)])
     if r.flag("use_sliding_window", False):
