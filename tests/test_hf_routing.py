@@ -106,3 +106,45 @@ def test_the_opposite_pre_softmax_setting_routes_differently():
     model = {**map_hf_config(QWEN2_MOE).model, "moe_router_pre_softmax": False}
     logits = torch.randn(TOKENS, model["num_experts"], generator=torch.Generator().manual_seed(1))
     assert not torch.allclose(_megatron_probs(model, logits, None), _hf_softmax_gate(QWEN2_MOE, logits))
+
+
+def _readme_mixtral_args() -> dict[str, Any]:
+    """Megatron's own Mixtral-8x7B launch (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/moe/README.md, "Runs Mixtral 8x7B model"), flags as field names."""
+    from tests.oracle import megatron_lm_dir
+
+    root, why = megatron_lm_dir()
+    if root is None:
+        pytest.skip(why)
+    text = (root / "megatron" / "core" / "transformer" / "moe" / "README.md").read_text("utf-8")
+    script = text[text.index("# Runs Mixtral 8x7B model"):]
+    script = script[:script.index("```")]
+    args: dict[str, Any] = {}
+    for block in ("MODEL_ARGS=(", "MOE_ARGS=("):
+        body = script[script.index(block) + len(block):]
+        words = body[:body.index(")")].split()
+        for index, word in enumerate(words):
+            if word.startswith("--"):
+                value = words[index + 1] if index + 1 < len(words) else None
+                name = word[2:].replace("-", "_")
+                args[name] = True if value is None or value.startswith("--") else value
+    return args
+
+
+def test_mixtral_mapping_matches_megatrons_own_mixtral_launch():
+    megatron = _readme_mixtral_args()
+    model = map_hf_config(MIXTRAL_8X7B).model
+    same = {  # Megatron flag → the mapped field it sets
+        "num_layers": "num_layers", "hidden_size": "hidden_size",
+        "ffn_hidden_size": "ffn_hidden_size", "num_attention_heads": "num_attention_heads",
+        "max_position_embeddings": "max_position_embeddings", "num_query_groups": "num_query_groups",
+        "normalization": "normalization", "position_embedding_type": "position_embedding_type",
+        "num_experts": "num_experts", "moe_router_topk": "moe_router_topk",
+        "attention_dropout": "attention_dropout", "hidden_dropout": "hidden_dropout",
+    }
+    for flag, field in same.items():
+        assert str(model[field]) == str(megatron[flag]) or float(model[field]) == float(megatron[flag]), flag
+    for flag in ("swiglu", "untie_embeddings_and_output_weights", "group_query_attention"):
+        assert megatron[flag] is True and model[flag] is True, flag
+    assert megatron["disable_bias_linear"] is True and model["add_bias_linear"] is False
+    assert "moe_router_pre_softmax" not in megatron and model["moe_router_pre_softmax"] is False

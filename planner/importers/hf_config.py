@@ -256,7 +256,7 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
         "moe_ffn_hidden_size": moe_ffn,
         "moe_shared_expert_intermediate_size": shared * moe_ffn if shared and moe_ffn else None,
         "mtp_num_layers": r.count("num_nextn_predict_layers", "mtp_num_layers", 0),
-        # The HF reference computes the gate in fp32 (DeepseekV3 MoEGate casts to float32).
+        # DeepSeek's HF MoEGate scores in fp32 (V3 casts the gate's inputs and weight to float32).
         "moe_router_dtype": "fp32",
     })
     first_dense = r.count("first_k_dense_replace", None, 0) or 0
