@@ -464,3 +464,26 @@ def test_any_json_value_maps_or_is_a_finding(name: str, key: str, value: Any, dr
         assert exc.findings and all(f.code == "CFG007" for f in exc.findings)
     else:
         assert mapping.architecture in ARCHITECTURES
+
+
+# Total parameters without MTP, from the model cards (cited by model id) and the independent
+# count: deepseek-ai/DeepSeek-V3 671.0B, Qwen/Qwen3-30B-A3B 30.53B, Qwen/Qwen3-235B-A22B 235.09B,
+# mistralai/Mixtral-8x7B-v0.1 46.70B (0.1 %); deepseek-ai/DeepSeek-V2-Lite 15.7B and
+# Qwen/Qwen1.5-MoE-A2.7B 14.3B are given to 0.1B on their cards (0.5 %).
+CARD_TOTALS = {"deepseek-v3": (671.0e9, 0.001), "qwen3-30b-a3b": (30.53e9, 0.001),
+               "qwen3-235b-a22b": (235.09e9, 0.001), "mixtral-8x7b": (46.70e9, 0.001),
+               "deepseek-v2-lite": (15.7e9, 0.005), "qwen2-moe": (14.3e9, 0.005)}
+
+
+@pytest.mark.parametrize("name", sorted(CARD_TOTALS))
+def test_hf_config_totals_match_the_model_cards(name: str):
+    from planner.accounting import budgets
+    from planner.loader import parse_config
+
+    mapping = map_hf_config(HF_CONFIGS[name])
+    _skip_unless_schema_has(mapping.model, bool(mapping.megatron_extra_args))
+    data = {"model": {"hf_config": HF_CONFIGS[name], "mtp_num_layers": 0},
+            "parallel": {"world_size": 1}, "training": {"seq_length": 16}}
+    rows = {b.name: b.value for b in budgets(parse_config(data)) if b.stage in (None, 0)}
+    card, tolerance = CARD_TOTALS[name]
+    assert abs(rows["params_on_rank"] / card - 1) < tolerance  # one rank holds every parameter
