@@ -9,7 +9,6 @@ written atomically: a complete file or none.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -147,11 +146,8 @@ def finish(text: str, data: dict[str, dict[str, Any]], unmapped: list[Any], outp
     raise typer.Exit(EXIT_OK if ok else EXIT_CONFIG)
 
 
-# The `import megatron` command lives here on wt/importmeg; this branch adds `import hf` only.
-IMPORTER_MODULES: tuple[str, ...] = ("planner.commands.import_hf",)
+# The `import megatron` command lives here on wt/importmeg; `import hf` is in import_hf.py.
 
 
 def register(app: typer.Typer) -> None:
-    for module in IMPORTER_MODULES:
-        importlib.import_module(module).register(import_app)
     app.add_typer(import_app, name="import")

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from planner.cli_common import EXIT_CONFIG, EXIT_USAGE, fail, findings_json, print_findings
-from planner.commands.import_ import AsJson, Output, config_yaml, finish
+from planner.commands.import_ import AsJson, Output, config_yaml, finish, import_app
 
 
 def hf_config_data(mapping: Any, sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -68,5 +68,6 @@ def import_hf(
            {"architecture": mapping.architecture, "notes": list(mapping.notes)})
 
 
-def register(import_app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
+    """Add `hf` to the `import` sub-app, which planner/commands/import_.py puts on APP."""
     import_app.command("hf")(import_hf)
