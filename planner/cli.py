@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.budget",
     "planner.commands.verify",
     "planner.commands.import_",
+    "planner.commands.import_hf",
 )
 
 app = typer.Typer(
