@@ -192,12 +192,13 @@ class Collectives:
             return
 
         def scaled(part: str, factor: str) -> str:
-            return f"({part}) * {factor}"
+            # whole bytes: a per-step expectation rounded once (Flex) times a layer share
+            return f"ceiling(({part}) * {factor})"
 
         def scaled_split(factor: str) -> tuple[str, str] | None:
             if split is None:
                 return None
-            return (f"ceiling({scaled(split[0], factor)})", f"ceiling({scaled(split[1], factor)})")
+            return scaled(split[0], factor), scaled(split[1], factor)
 
         again = (send, recv) if share == "1" else (scaled(send, share), scaled(recv, share))
         again_split = split if share == "1" else scaled_split(share)
@@ -350,9 +351,10 @@ def add_steps(book: Book, v: Variant) -> Collectives:
     else:
         if v.tp_ep:
             # one rounding per step (rows are expectations), not one per layer pass
-            rows = f"ceiling(flex_dedup_rows * h * p * {calls})"
-            split = (f"ceiling(flex_rdma_rows * h * p * {calls})",
-                     f"ceiling(flex_nvlink_rows * h * p * {calls})")
+            w = routed_width(v)
+            rows = f"ceiling(flex_dedup_rows * {w} * p * {calls})"
+            split = (f"ceiling(flex_rdma_rows * {w} * p * {calls})",
+                     f"ceiling(flex_nvlink_rows * {w} * p * {calls})")
             backend = v.flex_backend or "deepep"
             for phase in ("fwd", "bwd"):
                 grads = " grads" if phase == "bwd" else ""
