@@ -16,12 +16,19 @@ from functools import cached_property
 from typing import Any
 
 from planner.budget.book import PAGES, FormulaBook, formula_book
-from planner.budget.collectives import DIRECTIONS, Collective, UnknownCollective, collective
+from planner.budget.collectives import (
+    DIRECTIONS,
+    RECOMPUTE,
+    Collective,
+    UnknownCollective,
+    collective,
+)
 from planner.budget.collectives import TABLE as COLLECTIVES
 from planner.budget.explain import number_text, pretty, substitute, value_text
 from planner.budget.expr import Number, Quantity, evaluate, sympy_expression
 from planner.budget.symbols import (
     ALL_SYMBOLS,
+    CSA_RATIO,
     TOPOLOGY_GROUPS,
     Variant,
     chunk_values,
@@ -35,10 +42,10 @@ from planner.schedule import Peak, stage_peak
 from planner.schema import Config
 
 __all__ = [  # the formula book's public names, re-exported: import them from here
-    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "DIRECTIONS", "PAGES", "Accounting", "Budget",
+    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DIRECTIONS", "PAGES", "Accounting", "Budget",
     "BudgetError", "Collective", "FormulaBook", "Number", "Quantity", "UnknownCollective",
     "Variant", "budgets", "collective", "formula_book", "memory_by_stage", "number_text",
-    "plan_budgets", "pretty", "stage_memory", "value_text", "variant_of",
+    "plan_budgets", "pretty", "stage_memory", "value_text", "variant_of", "RECOMPUTE",
 ]
 
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")

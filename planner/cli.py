@@ -20,6 +20,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.launch",
     "planner.commands.budget",
     "planner.commands.verify",
+    "planner.commands.import_",
+    "planner.commands.import_hf",
 )
 
 app = typer.Typer(

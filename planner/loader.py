@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from planner.findings import Finding
+from planner.importers.hf_config import HfConfigUnreadable, apply_hf_config
 from planner.megatron_names import flag_of, megatron_arguments, moeplan_field, section_fields
 from planner.schema import Config
 
@@ -254,8 +255,9 @@ def _oversized_finding(path: tuple, value: int, positions: dict[tuple, Position]
 
 
 def parse_config(data: Any, positions: dict[tuple, Position] | None = None,
-                 duplicates: list | None = None) -> Config:
-    """Validate already-parsed YAML data; InvalidConfig carries one finding per problem."""
+                 duplicates: list | None = None, base_dir: Path | None = None) -> Config:
+    """Validate already-parsed YAML data; InvalidConfig carries one finding per problem.
+    base_dir: where a model.hf_config path starts (the YAML file's folder)."""
     positions = positions or {}
     findings = [
         _finding("CFG006", ".".join(map(str, p)), f"key '{p[-1]}' appears twice (line {pos[0]})",
@@ -270,6 +272,12 @@ def parse_config(data: Any, positions: dict[tuple, Position] | None = None,
         raise InvalidConfig([_finding("CFG005", "", f"the config must be a mapping of sections, "
                                       f"got {type(data).__name__}", "write `model:`, `parallel:`, "
                                       "`training:` … at the top level")])
+    try:
+        data, hf_findings = apply_hf_config(data, base_dir)  # beside presets: the YAML wins
+    except HfConfigUnreadable as exc:
+        raise UnreadableConfig(str(exc)) from None
+    if hf_findings:
+        raise InvalidConfig(findings + hf_findings)
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
@@ -291,4 +299,4 @@ def parse_config(data: Any, positions: dict[tuple, Position] | None = None,
 def load_config(path: str | Path) -> Config:
     text = read_text(path)
     data, positions, duplicates = parse_yaml(text, str(path))
-    return parse_config(data, positions, duplicates)
+    return parse_config(data, positions, duplicates, Path(path).parent)

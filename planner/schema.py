@@ -165,9 +165,11 @@ class ModelSection(Section):
         }
         derived["moe_ffn_hidden_size"] = self.moe_ffn_hidden_size or derived["ffn_hidden_size"]
         derived["moe_shared_expert_intermediate_size"] = self.moe_shared_expert_intermediate_size or 0
-        derived["group_query_attention"] = (self.group_query_attention
-                                            if self.group_query_attention is not None
-                                            else derived["num_query_groups"] != self.num_attention_heads)
+        # Megatron's GQA switch concerns standard attention; MLA and DSv4 attention ignore it.
+        derived["group_query_attention"] = (
+            self.group_query_attention if self.group_query_attention is not None
+            else self.attention_variant == "standard"
+            and derived["num_query_groups"] != self.num_attention_heads)
         derived["multi_latent_attention"] = self.attention_variant in ("mla", "dsv4_hybrid")
         derived["qk_head_dim"] = self.qk_head_dim or derived["kv_channels"]
         derived["v_head_dim"] = self.v_head_dim or derived["kv_channels"]

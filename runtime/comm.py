@@ -13,11 +13,16 @@ planner's budgets):
 Variable-size all-gather / reduce-scatter are built on ``all_to_all_single`` because gloo's list
 collectives fail on uneven shapes; the ledger still records them as all-gather / reduce-scatter
 with the logical byte counts above. A group of size one moves nothing and records nothing.
+
+While activation recompute runs a layer's forward again in backward (runtime/recompute.py), the
+forward collectives it issues are recorded under the `recompute` phase instead of `fwd`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +30,20 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from planner.accounting import RECOMPUTE
 from planner.accounting import collective as collective_entry
+
+_recomputing: ContextVar[bool] = ContextVar("moeplan_recomputing", default=False)
+
+
+@contextmanager
+def recomputing() -> Iterator[None]:
+    """Record the body's forward collectives as the `recompute` phase (a re-run forward)."""
+    token = _recomputing.set(True)
+    try:
+        yield
+    finally:
+        _recomputing.reset(token)
 
 
 @dataclass
@@ -65,6 +83,8 @@ class Ledger:
     ) -> None:
         # Names and phases are the planner's collectives table; anything else is a bug. (The group
         # is recorded, not checked: a mis-wired group must show up in `moeplan verify`.)
+        if phase == "fwd" and _recomputing.get():
+            phase = RECOMPUTE
         collective_entry(collective).check(phase)
         key = f"{collective}.{phase}"
         entry = self._entries.get(key)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from runtime.comm import CommGroup, Ledger, all_gather_v
 from runtime.init import DEFAULT_INIT_STD, init_tensor
 from runtime.plan_io import required
+from runtime.recompute import NO_RECOMPUTE, run_blocks
 
 
 @dataclass(frozen=True)
@@ -347,6 +348,7 @@ class Decoder(torch.nn.Module):
         # Filled during forward when `record_moe_outputs` is set: layer id -> MoE output [s,b,h].
         self.record_moe_outputs = False
         self.moe_outputs: dict[int, torch.Tensor] = {}
+        self.recompute = NO_RECOMPUTE  # the trainer sets the plan's (runtime/recompute.py)
 
     def forward(self, input_ids: torch.Tensor, local: torch.Tensor, gathered: torch.Tensor,
                 mtp_ids: list[torch.Tensor] | None = None
@@ -355,8 +357,9 @@ class Decoder(torch.nn.Module):
         the logits of every MTP depth, fed the shifted ids `mtp_ids`)."""
         hidden = F.embedding(input_ids, self.embedding).transpose(0, 1)
         self.moe_outputs = {}
-        for layer in self.layers:
-            hidden, ffn_out = layer(hidden, input_ids, local, gathered)
+        hidden, ffn_outs = run_blocks(list(self.layers), hidden, input_ids, local, gathered,
+                                      self.recompute)
+        for layer, ffn_out in zip(self.layers, ffn_outs, strict=True):
             if self.record_moe_outputs and layer.is_moe:
                 self.moe_outputs[layer.layer_id] = ffn_out.detach().clone()
         head = self.head if self.head is not None else self.embedding

@@ -49,6 +49,7 @@ from runtime.model import (
     output_logits,
     run_mtp,
 )
+from runtime.recompute import NO_RECOMPUTE, run_blocks
 
 # Builds one decoder layer by id (the trainer's MoE factory and groups are already bound).
 LayerFactory = Callable[[int], DecoderLayer]
@@ -98,6 +99,7 @@ class StageModel(torch.nn.Module):
         self.mtp = torch.nn.ModuleDict(
             {str(depth): MTPLayer(spec, depth, seed, dtype, make_layer(spec.num_layers + depth))
              for depth in depths})
+        self.recompute = NO_RECOMPUTE  # the trainer sets the plan's (runtime/recompute.py)
 
     def layer(self, layer_id: int) -> DecoderLayer:
         """A decoder layer, or the block of MTP depth layer_id − L."""
@@ -167,8 +169,9 @@ class StageChunk(torch.nn.Module):
         else:
             hidden = inputs
             ids = runner.token_ids(state.step, microbatch) if self._needs_ids() else None
-        for block in self.blocks:
-            hidden, ffn_out = block(hidden, ids, runner.local_positions, runner.gathered_positions)
+        hidden, ffn_outs = run_blocks(list(self.blocks), hidden, ids, runner.local_positions,
+                                      runner.gathered_positions, self.owner.recompute)
+        for block, ffn_out in zip(self.blocks, ffn_outs, strict=True):
             if state.record and block.is_moe:
                 state.moe_outputs[microbatch][block.layer_id] = ffn_out.detach().cpu().clone()
         if not self.last:

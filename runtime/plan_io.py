@@ -348,6 +348,11 @@ def unsupported_features(plan: Plan) -> list[str]:
     problems.extend(ownership_problems(plan, int(model("num_experts"))))
 
     cp = int(layout("cp"))
+    overlap = section("config.overlap", required(plan.raw["config"], "overlap", "config"))
+    refuse(overlap("recompute_granularity") == "selective" and cp > 1 and "core_attn" in (
+        overlap("recompute_modules") or ["core_attn"]), "overlap.recompute_modules with "
+           "core_attn and cp > 1: re-running only core attention (its CP K/V gather) is not "
+           "implemented; recompute 'full' or other modules")
     seq = int(training("seq_length"))
     mode = parallel("cp_partition_mode")
     chunks = 2 * cp if (cp > 1 and mode == "zigzag") else cp

@@ -45,6 +45,7 @@ from runtime.model import (
     Decoder,
     DecoderLayer,
     DecoderSpec,
+    MTPLayer,
     MTPTargets,
     TokenSlice,
     cp_slices,
@@ -54,6 +55,7 @@ from runtime.model import (
 from runtime.moe_layer import MoELayer
 from runtime.pipeline import PipelineRunner, StageModel
 from runtime.plan_io import GradScales, Plan, required
+from runtime.recompute import RecomputePolicy, checkpoint_forwards
 
 # Test-only fault injection: the equivalence tests flip this to prove they catch a wrong
 # reduction. Never exposed as a user flag.
@@ -302,6 +304,11 @@ class RankTrainer:
             self.model = StageModel(spec, plan.chunks(self.stage), self.seed, torch.float32,
                                     make_layer).to(self.device)
         self.spec = spec
+        recompute = RecomputePolicy.from_overlap(plan.raw["config"]["overlap"])
+        self.model.recompute = recompute
+        checkpoint_forwards([m for m in self.model.modules() if isinstance(m, MTPLayer)]
+                            if recompute.recomputes_mtp else [])
+        checkpoint_forwards(moe_blocks(self.model) if recompute.recomputes_moe else [])
         self.grad_scales: GradScales = plan.grad_scales
         self.per_token_loss = self.grad_scales.per_token is not None
         local_tokens = self.batches.micro_batch_size * len(self.slice)

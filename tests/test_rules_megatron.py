@@ -86,6 +86,15 @@ CITED_LINES = [
      "validate_args"),
     # a hybrid layer pattern makes the config a hybrid model
     (ARGUMENTS, 2272, "kw_args['is_hybrid_model'] = True", "core_transformer_config_from_args"),
+    # _LeftBoundaryExchange.forward: V4 CP raises when a rank holds fewer rows than the window (V4011)
+    ("core/transformer/experimental_attention_variant/csa_utils/cp_utils.py", 135,
+     "if tensor.shape[0] < d_window:", "_LeftBoundaryExchange.forward"),
+    # validate_args: emerging optimizers (Muon) refuse torch FSDP2 and Megatron-FSDP (DOP007)
+    (ARGUMENTS, 1873,
+     'assert not args.use_torch_fsdp2, "Emerging optimizer does not support Torch-FSDP2 for now."',
+     "validate_args"),
+    (ARGUMENTS, 1876, '), "Emerging optimizer does not support Megatron-FSDP for now."',
+     "validate_args"),
 ]
 
 

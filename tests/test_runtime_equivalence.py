@@ -115,9 +115,9 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str, str | None]],
-            out: str) -> None:
-    """One rank: run every case on one gloo world; rank 0 writes each case's verdict."""
+def _worker(rank: int, world: int, port: int, cases: list[tuple[Any, ...]], out: str) -> None:
+    """One rank: run every case (name, plan, fault[, balanced routing]) on one gloo world; rank 0
+    writes each case's verdict."""
     import torch
     import torch.distributed as dist
 
@@ -130,10 +130,10 @@ def _worker(rank: int, world: int, port: int, cases: list[tuple[str, str, str | 
                             world_size=world, timeout=timedelta(seconds=90))
     verdicts: dict[str, Any] = {}
     try:
-        for name, plan_path, fault in cases:
+        for name, plan_path, fault, *balanced in cases:
             try:
                 plan = load_plan(plan_path)
-                options = RunOptions(steps=STEPS, capture=True)
+                options = RunOptions(steps=STEPS, capture=True, balanced=any(balanced))
                 if fault is None:
                     outcome = execute(plan, options, True, None)
                 else:

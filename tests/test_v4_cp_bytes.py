@@ -216,9 +216,12 @@ def test_table_entries_are_rerun_by_full_recompute_only() -> None:
     for name in NAMES:
         assert COLLECTIVES[name].groups == ("cp",)
         assert COLLECTIVES[name].recomputed_with == frozenset({"full"})
-    assert COLLECTIVES["cp_boundary_hidden"].phases == {"fwd": ("p2p",), "bwd": ("p2p",)}
+    # the recompute phase re-runs the forward's algorithm
+    assert COLLECTIVES["cp_boundary_hidden"].phases == {"fwd": ("p2p",), "bwd": ("p2p",),
+                                                        "recompute": ("p2p",)}
     assert COLLECTIVES["cp_compressed_kv_gather"].phases == {"fwd": ("allgather",),
-                                                             "bwd": ("reduce_scatter",)}
+                                                             "bwd": ("reduce_scatter",),
+                                                             "recompute": ("allgather",)}
 
 
 def test_the_runtime_refuses_a_v4_plan_and_says_the_cp_figures_are_predicted(

@@ -7,7 +7,9 @@ hide it behind compute. The byte formulas (planner/budget/comm.py), `moeplan ver
 collective missing from the table fails loudly in each of them instead of going uncounted.
 
 Phases: `fwd` and `bwd` for what runs in the forward and backward pass; once-per-step work
-(gradient reductions, parameter gathers, count reductions) is filed under `fwd`.
+(gradient reductions, parameter gathers, count reductions) is filed under `fwd`. An entry with
+`recomputed_with` also has a `recompute` phase: the forward re-run inside the backward of a
+recomputed layer, with the forward's algorithm (planner/budget/comm.py prices it from the forward).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 ALGORITHMS: Mapping[str, str] = MappingProxyType({
     "alltoall": "all-to-all, direct sends",
@@ -24,6 +27,7 @@ ALGORITHMS: Mapping[str, str] = MappingProxyType({
     "p2p": "point-to-point send",
 })
 DIRECTIONS = ("send_bytes", "recv_bytes")
+RECOMPUTE = "recompute"  # the phase of a forward re-run by activation recompute
 
 Figure = tuple[str, str]  # (phase, direction)
 
@@ -43,6 +47,12 @@ class Collective:
     n·k rows back, whatever experts they chose.
     `recomputed_with`: the recompute settings whose backward re-runs this collective's forward
     (`full` for full-layer recompute, or a selective recompute module such as `moe`).
+    `layer_kind`: the stage count of the layers that each run it once per microbatch (`blocks`,
+    `L_moe`, `L_dense`, `L_csa`, `L_hca`): full recompute with the block method re-runs only the
+    first recompute_num_layers blocks of each chunk, so its re-run share is counted in these.
+    `grad_only`: it runs only while autograd records (Megatron's router computes the aux loss
+    under torch.is_grad_enabled()); Megatron's checkpoint runs a recomputed layer's first forward
+    without grad, so such a collective moves from `fwd` to `recompute` instead of running twice.
     """
 
     name: str
@@ -53,6 +63,17 @@ class Collective:
     fixed_when_dropless: frozenset[Figure] = field(default_factory=frozenset)
     overlap: str | None = None
     recomputed_with: frozenset[str] = frozenset()
+    layer_kind: str = "blocks"
+    grad_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.recomputed_with and RECOMPUTE not in self.phases:
+            # The re-run forward: the forward's algorithm, and the forward's routing-free figures.
+            phases = MappingProxyType({**self.phases, RECOMPUTE: self.phases["fwd"]})
+            again = frozenset((RECOMPUTE, d) for phase, d in self.fixed_when_dropless
+                              if phase == "fwd")
+            object.__setattr__(self, "phases", phases)
+            object.__setattr__(self, "fixed_when_dropless", self.fixed_when_dropless | again)
 
     def check(self, phase: str, group: str | None = None, algorithm: str | None = None) -> None:
         """Refuse a phase, group or algorithm this collective does not have."""
@@ -96,47 +117,59 @@ _MUON = ("Megatron-LM dev@d48bd6be megatron/core/optimizer/emerging_optimizers.p
          "TensorParallelMuon.orthogonalize")
 _TP_LAYERS = "Megatron-LM dev@d48bd6be megatron/core/tensor_parallel/layers.py"
 _MAPPINGS = "megatron/core/tensor_parallel/mappings.py"
-# A TP collective inside a transformer layer's forward runs again when that forward is recomputed:
-# the whole layer ("full"), the MoE layer with its shared expert, the dense MLP, the shared expert,
-# or MLA's up projections (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_layer.py).
-_TP_RECOMPUTE = frozenset({"full", "moe", "mlp", "shared_experts", "mla_up_proj"})
+# A TP collective inside a transformer layer's forward runs again when full recompute re-runs that
+# layer (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_block.py
+# _checkpointed_forward). Selective modules (moe, mlp, shared_experts, mla_up_proj) re-run only
+# their own part of these collectives; one entry sums every linear of the layer, so that partial
+# re-run is not priced (the figures under selective recompute are a lower bound).
+_TP_RECOMPUTE = frozenset({"full"})
+# Full recompute re-runs every collective of a recomputed layer (Megatron-LM dev@d48bd6be
+# megatron/core/transformer/transformer_block.py TransformerBlock._checkpointed_forward); the
+# selective `moe` module checkpoints the whole MoE layer, router, count exchange, dispatch,
+# experts and combine (megatron/core/transformer/moe/moe_layer.py MoELayer.forward, its
+# custom_forward under tensor_parallel.checkpoint), not only the experts.
+_MOE_RC: dict[str, Any] = {"recomputed_with": frozenset({"full", "moe"}), "layer_kind": "L_moe"}
 
 TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
     Collective("ep_dispatch_hidden", ("ep", "tp_ep"), _A2A,
                f"token rows to their experts (tp_ep with the Flex dispatcher); {_DISPATCHER} "
                "MoEAlltoAllTokenDispatcher.token_dispatch", routed_rows=True,
                fixed_when_dropless=_fixed("fwd.send_bytes", "bwd.recv_bytes"),
-               overlap=_EP_OVERLAP),
+               overlap=_EP_OVERLAP, **_MOE_RC),
     Collective("ep_combine_hidden", ("ep", "tp_ep"), _A2A,
                f"expert outputs back to their tokens; {_DISPATCHER} token_combine",
                routed_rows=True, fixed_when_dropless=_fixed("fwd.recv_bytes", "bwd.send_bytes"),
-               overlap=_EP_OVERLAP),
+               overlap=_EP_OVERLAP, **_MOE_RC),
     Collective("ep_dispatch_probs", ("ep",), _A2A,
                f"routing probabilities beside the rows; {_DISPATCHER} token_dispatch",
                routed_rows=True, fixed_when_dropless=_fixed("fwd.send_bytes", "bwd.recv_bytes"),
-               overlap=_EP_OVERLAP),
+               overlap=_EP_OVERLAP, **_MOE_RC),
     Collective("ep_count_exchange", ("tp_ep",), {"fwd": ("allgather",)},
-               f"per-expert token counts (int64 [E]); {_DISPATCHER} preprocess"),
+               f"per-expert token counts (int64 [E]); {_DISPATCHER} preprocess", **_MOE_RC),
     Collective("etp_gather_hidden", ("expt_tp",), _GATHER,
                f"received rows gathered over expert TP; {_DISPATCHER} token_dispatch",
-               routed_rows=True, overlap=_EP_OVERLAP),
+               routed_rows=True, overlap=_EP_OVERLAP, **_MOE_RC),
     Collective("etp_gather_probs", ("expt_tp",), _GATHER,
                f"their probabilities; {_DISPATCHER} token_dispatch", routed_rows=True,
-               overlap=_EP_OVERLAP),
+               overlap=_EP_OVERLAP, **_MOE_RC),
     Collective("etp_scatter_hidden", ("expt_tp",), _SCATTER,
                f"expert partial sums reduce-scattered over expert TP; {_DISPATCHER} "
-               "token_combine", routed_rows=True, overlap=_EP_OVERLAP),
+               "token_combine", routed_rows=True, overlap=_EP_OVERLAP, **_MOE_RC),
     Collective("ag_gather_hidden", ("tp_ep",), _GATHER,
                f"AllGather dispatcher: every token to every rank; {_DISPATCHER} "
-               "MoEAllGatherTokenDispatcher.token_dispatch"),
-    Collective("ag_gather_probs", ("tp_ep",), _GATHER, "AllGather dispatcher: probs [n, E]"),
+               "MoEAllGatherTokenDispatcher.token_dispatch", **_MOE_RC),
+    Collective("ag_gather_probs", ("tp_ep",), _GATHER, "AllGather dispatcher: probs [n, E]", **_MOE_RC),
     Collective("ag_gather_routing_map", ("tp_ep",), {"fwd": ("allgather",)},
-               "AllGather dispatcher: routing map [n, E] (no gradient)"),
+               "AllGather dispatcher: routing map [n, E] (no gradient)", **_MOE_RC),
     Collective("ag_scatter_hidden", ("tp_ep",), _SCATTER,
                f"AllGather dispatcher: outputs reduce-scattered back; {_DISPATCHER} "
-               "MoEAllGatherTokenDispatcher.token_combine"),
+               "MoEAllGatherTokenDispatcher.token_combine", **_MOE_RC),
     Collective("cp_kv_gather", ("cp",), _GATHER,
-               "context parallelism: local K and V gathered over CP (all-gather CP attention)"),
+               "context parallelism: local K and V gathered over CP (all-gather CP attention)",
+               # inside core attention: the selective `core_attn` module re-runs it too
+               # (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+               # Attention._checkpointed_attention_forward)
+               recomputed_with=frozenset({"full", "core_attn"})),
     Collective("dense_grad_reduce", ("dp_cp", "intra_dp_cp"),
                {"fwd": ("allreduce", "reduce_scatter")},
                f"dense grad buffer, once per step (reduce-scatter with the distributed "
@@ -165,7 +198,8 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                "dev@d48bd6be megatron/core/transformer/moe/moe_utils.py"),
     Collective("aux_loss_count_reduce", ("tp_cp",), {"fwd": ("allreduce",)},
                "aux-loss token counts summed over tp_cp in every router pass; Megatron-LM "
-               "dev@d48bd6be megatron/core/transformer/moe/router.py"),
+               "dev@d48bd6be megatron/core/transformer/moe/router.py", **_MOE_RC,
+               grad_only=True),  # TopKRouter.routing: only under torch.is_grad_enabled()
     Collective("pp_activation", ("pp",), {"fwd": ("p2p",), "bwd": ("p2p",)},
                "pipeline activations forward, their gradients backward; Megatron-LM "
                "dev@d48bd6be megatron/core/pipeline_parallel/p2p_communication.py"),
@@ -200,7 +234,7 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                f"routed-expert EGTP shards all-gathered into whole ETP slices before the grouped "
                f"GEMM, again before its backward and in a recompute forward; {_GTP} "
                "GTPShardedParam.materialize_group_for_forward / materialize_group_for_backward",
-               recomputed_with=frozenset({"full", "moe"})),
+               **_MOE_RC),
     Collective("egtp_wgrad_scatter", ("expt_gtp_remat",), {"bwd": ("reduce_scatter",)},
                f"the whole temporary expert wgrad reduce-scattered back to the EGTP shard; {_GTP} "
                "GTPShardedParam.finalize_group_grads (wgrad_reduce_scatter)"),
@@ -266,13 +300,13 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                "global aux loss: per-expert token counts (int64 [E]) all-reduced over tp_dp_cp in "
                "every router pass, accumulated across microbatches; Megatron-LM dev@d48bd6be "
                "megatron/core/transformer/moe/router.py TopKRouter._apply_global_aux_loss",
-               recomputed_with=frozenset({"full", "moe"})),
+               **_MOE_RC, grad_only=True),  # TopKRouter.routing: only under is_grad_enabled()
     # Virtual experts are not in Megatron dev or main (PR #7450, open); a forward re-run plans
     # and moves the replicas again, so recomputing the MoE layer repeats the weight transfer.
     Collective("vex_weight_transfer", ("ep",), {"fwd": ("alltoall",)},
                "virtual experts: hot experts' weights copied to temporary slots on peer ranks "
                "(predicted only; Megatron-LM PR #7450, MoonEP-style expert duplication)",
-               routed_rows=True, recomputed_with=frozenset({"full", "moe"})),
+               routed_rows=True, **_MOE_RC),
     Collective("vex_grad_return", ("ep",), {"bwd": ("alltoall",)},
                "virtual experts: replica weight gradients returned to the owning rank "
                "(predicted only; Megatron-LM PR #7450)", routed_rows=True),

@@ -9,12 +9,14 @@ routing dependence and overlap flag); `Collectives.add` refuses a name, phase, g
 the table does not list. Bytes are per rank, per MoE layer, per microbatch unless the name starts
 with `step.` (one optimizer step: × MoE layers on the stage × microbatches). Wire bytes assume ring
 algorithms for all-gather, reduce-scatter and all-reduce, direct sends for all-to-all and pipeline
-p2p. A collective over a one-rank group is not issued and predicts 0 bytes.
+p2p. A collective over a one-rank group is not issued and predicts 0 bytes. A forward that
+activation recompute runs again in backward (the table's `recomputed_with`) also predicts
+`step.<collective>.recompute.*`, derived by `Collectives.add` from the forward's formulas.
 """
 
 from __future__ import annotations
 
-from planner.budget.collectives import ALGORITHMS, collective
+from planner.budget.collectives import ALGORITHMS, RECOMPUTE, Collective, collective
 from planner.budget.expr import Book
 from planner.budget.symbols import Variant, routed_width
 from planner.budget.tp_comm import add_tp_bytes, add_tp_steps
@@ -133,14 +135,45 @@ def add_v4_cp_bytes(book: Book) -> None:
         "V4 CP: this rank's compressed indexer keys of the stage's CSA layers, one microbatch")
 
 
+# A table entry's layer_kind -> the stage count of those layers that full recompute re-runs.
+RECOMPUTED_LAYERS = {"blocks": "blocks_recomputed", "L_moe": "L_moe_recomputed",
+                     "L_dense": "L_dense_recomputed", "L_csa": "L_csa_recomputed",
+                     "L_hca": "L_hca_recomputed"}
+
+
 class Collectives:
     """Adds `step.<collective>.<phase>.*` predictions and their topology split, keeping a list of
-    the wire/intra/inter quantities for the totals."""
+    the wire/intra/inter quantities for the totals.
 
-    def __init__(self, book: Book) -> None:
+    Given the variant, each forward of an entry with `recomputed_with` that the config's
+    recompute re-runs also gets its `recompute` phase: the forward's bytes times the share of its
+    layers recomputed (see `recompute_share`)."""
+
+    def __init__(self, book: Book, variant: Variant | None = None) -> None:
         self.book = book
+        self.variant = variant
         self.intra: list[str] = []
         self.inter: list[str] = []
+        self._shares: set[str] = set()
+
+    def recompute_share(self, entry: Collective) -> str | None:
+        """The share of `entry`'s forward that recompute runs again, as a formula (a named
+        quantity, or "1"); None when the config re-runs none of it."""
+        v = self.variant
+        if v is None or not entry.recomputed_with:
+            return None
+        if v.recompute == "selective" and entry.recomputed_with & v.recompute_modules:
+            return "1"  # a selective module is recomputed in every layer that has it
+        if v.recompute != "full" or "full" not in entry.recomputed_with:
+            return None
+        kind = entry.layer_kind
+        name = f"recompute_share_{kind}"
+        if name not in self._shares:
+            self._shares.add(name)
+            self.book.add(name, f"{RECOMPUTED_LAYERS[kind]} / Max({kind}, 1)", "share", "step",
+                          f"share of the stage's {kind} layers whose forward full recompute "
+                          f"re-runs in backward ({v.recompute_method} method)")
+        return name
 
     def zero(self, name: str, phase: str, why: str) -> None:
         collective(name).check(phase)
@@ -153,7 +186,37 @@ class Collectives:
             split: tuple[str, str] | None = None) -> None:
         """`split` = (inter-node, intra-node) wire bytes, for collectives whose backend routes
         around the plain model (the flex backends' node de-duplication)."""
-        collective(name).check(phase, group, algorithm)
+        entry = collective(name)
+        entry.check(phase, group, algorithm)
+        share = self.recompute_share(entry) if phase == "fwd" else None
+        if share is None:
+            self._add(name, phase, group, algorithm, send, recv, doc, size, offnode, split)
+            return
+
+        def scaled(part: str, factor: str) -> str:
+            # whole bytes: a per-step expectation rounded once (Flex) times a layer share
+            return f"ceiling(({part}) * {factor})"
+
+        def scaled_split(factor: str) -> tuple[str, str] | None:
+            if split is None:
+                return None
+            return scaled(split[0], factor), scaled(split[1], factor)
+
+        again = (send, recv) if share == "1" else (scaled(send, share), scaled(recv, share))
+        again_split = split if share == "1" else scaled_split(share)
+        if entry.grad_only:  # skipped by the recomputed layers' no-grad first forward
+            rest = f"(1 - {share})"
+            self._add(name, phase, group, algorithm, scaled(send, rest), scaled(recv, rest),
+                      f"{doc} (only layers not recomputed: it needs grad)", size, offnode,
+                      scaled_split(rest))
+        else:
+            self._add(name, phase, group, algorithm, send, recv, doc, size, offnode, split)
+        self._add(name, RECOMPUTE, group, algorithm, *again,
+                  f"{doc}, run again by recompute in backward", size, offnode, again_split)
+
+    def _add(self, name: str, phase: str, group: str, algorithm: str, send: str, recv: str,
+             doc: str, size: str | None, offnode: str | None,
+             split: tuple[str, str] | None = None) -> None:
         add, base = self.book.add, f"step.{name}.{phase}"
         g = size or GROUP_SIZE.get(group, "")
         where = f"over {group}, {ALGORITHMS[algorithm]}"
@@ -216,7 +279,7 @@ def _add_flex_dedup(book: Book, width: str) -> None:
 
 def add_steps(book: Book, v: Variant) -> Collectives:
     """Per-step predictions under the measured-collective names shared with the runtime report."""
-    c = Collectives(book)
+    c = Collectives(book, v)
     calls = "moe_layer_passes"
     one = ONE_RANK
     if v.dispatcher == "alltoall":
@@ -290,9 +353,10 @@ def add_steps(book: Book, v: Variant) -> Collectives:
     else:
         if v.tp_ep:
             # one rounding per step (rows are expectations), not one per layer pass
-            rows = f"ceiling(flex_dedup_rows * h * p * {calls})"
-            split = (f"ceiling(flex_rdma_rows * h * p * {calls})",
-                     f"ceiling(flex_nvlink_rows * h * p * {calls})")
+            w = routed_width(v)
+            rows = f"ceiling(flex_dedup_rows * {w} * p * {calls})"
+            split = (f"ceiling(flex_rdma_rows * {w} * p * {calls})",
+                     f"ceiling(flex_nvlink_rows * {w} * p * {calls})")
             backend = v.flex_backend or "deepep"
             for phase in ("fwd", "bwd"):
                 grads = " grads" if phase == "bwd" else ""

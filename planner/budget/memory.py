@@ -269,8 +269,8 @@ def _add_recompute(book: Book, v: Variant) -> None:
         add("recompute_working_bytes", "0", "bytes", "memory", "no full recompute")
         return
     if v.recompute_method == "block":
-        add("recomputed_blocks", "Min(N_r * chunks, blocks)", "count", "memory",
-            "block method: the first N_r blocks of each chunk are recomputed")
+        add("recomputed_blocks", "blocks_recomputed", "count", "memory",
+            "block method: the first N_r decoder blocks of each chunk are recomputed (MTP not)")
         add("act_stored_layers", f"ceiling((blocks - recomputed_blocks) * {avg})"
             " + recomputed_blocks * layer_input_bytes", "bytes", "memory",
             f"per microbatch: other blocks keep everything (average block; {whole})")

@@ -107,6 +107,12 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
                     "1F1B or interleaved order replayed, planner/schedule.py)"),
     ("act_live_peak", "stored activations at that peak: each live pass holds its own chunk's "
                       "act_per_microbatch (see the act_chunk.* and act_live_peak rows)"),
+    ("blocks_recomputed", "blocks whose forward full recompute re-runs in backward (uniform: all, "
+                          "MTP included; block: the first N_r decoder blocks of each chunk)"),
+    ("L_moe_recomputed", "MoE layers among blocks_recomputed"),
+    ("L_dense_recomputed", "dense-MLP blocks among blocks_recomputed"),
+    ("L_csa_recomputed", "CSA attention layers among blocks_recomputed (V4)"),
+    ("L_hca_recomputed", "HCA attention layers among blocks_recomputed (V4)"),
 ))
 
 # The rank's neighbours in its CP group (group order, no wrap-around): V4 attention's boundary
@@ -389,7 +395,31 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
         # tied input/output embeddings, or the MTP stages' copies of the input embedding.
         "embd_sync": int(embd_size > 1 and (not model.untie_embeddings_and_output_weights
                                             or model.mtp_num_layers > 0)),
+        **_recompute_values(cfg, st),
     }
+
+
+def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
+    """The blocks of the stage whose forward full recompute re-runs, by kind. Megatron-LM
+    dev@d48bd6be megatron/core/transformer/transformer_block.py TransformerBlock._checkpointed_forward:
+    `uniform` checkpoints every layer of the chunk in groups of recompute_num_layers, `block` only the
+    first recompute_num_layers of each chunk; megatron/core/transformer/multi_token_prediction.py
+    MultiTokenPredictionLayer._checkpointed_forward recomputes MTP layers under `uniform` only."""
+    ov, model = cfg.overlap, cfg.model
+    layers: list[int] = []
+    if ov.recompute_granularity == "full":
+        block = ov.recompute_method == "block"
+        limit = ov.recompute_num_layers or 1
+        for chunk in st.chunks:
+            layers += chunk.layers[:limit] if block else chunk.layers
+            layers += [] if block else [model.num_layers + d for d in chunk.mtp_layers]
+    moe = sum(1 for layer in layers if layer >= model.num_layers or model.is_moe_layer(layer))
+    ratios = _ratios(cfg) if model.attention_variant == "dsv4_hybrid" else []
+    kinds = [ratios[layer] if layer < len(ratios) else 0 for layer in layers]
+    return {"blocks_recomputed": len(layers), "L_moe_recomputed": moe,
+            "L_dense_recomputed": len(layers) - moe,
+            "L_csa_recomputed": kinds.count(CSA_RATIO),
+            "L_hca_recomputed": sum(1 for r in kinds if r not in (0, CSA_RATIO))}
 
 
 def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],

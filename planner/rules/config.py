@@ -102,6 +102,21 @@ CONFIG_DOCS = (
         """,
         good=_GOOD_FILE,
     ),
+    documented(
+        "CFG007", "Hugging Face config.json cannot be mapped",
+        source="planner/importers/hf_config.py::map_hf_config",
+        why="""`model: {hf_config: PATH}` fills the model section from a Hugging Face config.json
+        for the architectures moeplan can map (DeepSeek-V2/V3, Qwen2-MoE/Qwen3-MoE, Mixtral). An
+        unknown architecture, a missing or mistyped key, or a feature moeplan cannot express
+        (sliding-window attention, a non-SiLU MLP) is named instead of guessed; a key is not needed
+        when the YAML writes the field it feeds.""",
+        bad="""
+        model: {hf_config: {architectures: [GPT2LMHeadModel]}}
+        parallel: {world_size: 128, ep: 64}
+        training: {seq_length: 4096}
+        """,
+        good=_GOOD_FILE,
+    ),
 )
 
 

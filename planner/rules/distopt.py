@@ -129,7 +129,28 @@ def torch_fsdp2_limits(f: Facts) -> Iterator[Violation]:
                             "optimizer")
 
 
+@rule(
+    "DOP007", "error", "Muon needs DDP or the distributed optimizer, not an FSDP",
+    source=VALIDATE_ARGS,
+    why="""Megatron's emerging optimizers (Muon) run on DDP buffers, alone or as the layer-wise
+    distributed optimizer; validate_args asserts that neither Megatron-FSDP nor torch FSDP2 is on
+    with them.""",
+    bad="""
+    training: {optimizer: muon, use_megatron_fsdp: true}
+    """,
+    good="training: {optimizer: muon, use_distributed_optimizer: true}",
+)
+def muon_without_fsdp(f: Facts) -> Iterator[Violation]:
+    if f.train.optimizer != "muon":
+        return
+    for field in ("use_megatron_fsdp", "use_torch_fsdp2"):
+        if getattr(f.train, field):
+            yield Violation(f"training.{field}", f"optimizer muon with {field}",
+                            f"set training.{field}: false (use_distributed_optimizer: true gives "
+                            "Muon the layer-wise distributed optimizer) or optimizer: adam")
+
+
 RULES = (
     instances_divide_dp_cp, instances_divide_edp, instances_need_distributed_optimizer,
-    param_gather_overlap_requirements, per_token_loss_sums, torch_fsdp2_limits,
+    param_gather_overlap_requirements, per_token_loss_sums, torch_fsdp2_limits, muon_without_fsdp,
 )

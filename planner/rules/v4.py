@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from planner.accounting import CSA_RATIO
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
-from planner.rules.sources import TRANSFORMER_CONFIG, V4_WRITE_UP, VALIDATE_ARGS
+from planner.rules.sources import TRANSFORMER_CONFIG, V4_WRITE_UP, VALIDATE_ARGS, dev
 
 COMPRESS_RATIOS = (0, 4, 128)
 
@@ -233,8 +234,42 @@ def v4_compress_ratio_values(f: Facts) -> Iterator[Violation]:
                         "use only 0, 4 and 128")
 
 
+CSA_REACH = 2 * CSA_RATIO  # two overlapping windows of 4 tokens
+BOUNDARY_EXCHANGE = dev("core/transformer/experimental_attention_variant/csa_utils/cp_utils.py",
+                        "_LeftBoundaryExchange.forward")
+
+
+@rule(
+    "V4011", "error", "every CP rank of DeepSeek-V4 attention holds a whole boundary window",
+    source=BOUNDARY_EXCHANGE,
+    why="""Under context parallelism each V4 attention layer sends the last max(window, compressor
+    reach) rows of its input to the next CP rank (reach: 8 for CSA's overlapping windows, the ratio
+    for HCA). Megatron raises at the first forward when a rank holds fewer rows than that window:
+    the packed rows per CP rank, micro_batch_size · seq_length / CP, must reach it.""",
+    bad=_V4_CP.replace("cp: 2", "cp: 4"),
+    good=_V4_CP,
+)
+def v4_cp_boundary_window(f: Facts) -> Iterator[Violation]:
+    if not f.v4_attention or f.par.cp <= 1:
+        return
+    ratios = set(f.model.compress_ratios or [])
+    reach = max([CSA_REACH] * (CSA_RATIO in ratios) + [r for r in ratios if r > CSA_RATIO],
+                default=0)
+    window = max(f.model.csa_window_size or 0, reach)
+    shards = f.par.cp * f.sequence_shards
+    tokens = f.train.micro_batch_size * f.train.seq_length
+    rows = tokens // shards
+    if rows < window:
+        yield Violation("parallel.cp", f"cp {f.par.cp} leaves {rows} packed rows per CP rank "
+                        f"(micro_batch_size {f.train.micro_batch_size} · seq_length "
+                        f"{f.train.seq_length} / {shards}), fewer than the boundary window "
+                        f"{window} = max(csa_window_size, compressor reach)",
+                        f"use cp <= {max(1, tokens // (window * f.sequence_shards))} or a longer "
+                        "seq_length")
+
+
 RULES = (
     v4_attention_tp1, v4_cp_needs_packing, v4_cp_contiguous, v4_cp_static, hash_forbids_ep_overlap,
     hash_needs_tid2eid_source, mhc_pp_with_ep_overlap, v4_without_node_limits,
-    v4_compress_ratio_count, v4_compress_ratio_values,
+    v4_compress_ratio_count, v4_compress_ratio_values, v4_cp_boundary_window,
 )

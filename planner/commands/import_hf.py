@@ -1,0 +1,73 @@
+"""`moeplan import hf CONFIG_JSON [-o job.yaml]`: a Hugging Face config.json as a moeplan YAML.
+
+The model section is written out field by field (not as a `hf_config:` reference), so the YAML
+stands alone and can be edited; parallel and training come from the options (a one-node starting
+point by default) because a config.json says nothing about the cluster. Like every `moeplan import`
+command: exit 0 valid, 1 when the written config has errors (or the config.json cannot be mapped:
+then nothing is written), 2 when the config.json cannot be read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from planner.cli_common import EXIT_CONFIG, EXIT_USAGE, fail, findings_json, print_findings
+from planner.commands.import_ import AsJson, Output, config_yaml, finish, import_app
+
+
+def hf_config_data(mapping: Any, sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The config's sections: the mapped model, the given parallel/training, and
+    launch.megatron_extra_args when the model needs Megatron arguments moeplan does not model."""
+    data: dict[str, dict[str, Any]] = {"model": dict(mapping.model), **sections}
+    if mapping.megatron_extra_args:
+        data["launch"] = {"megatron_extra_args": list(mapping.megatron_extra_args)}
+    return data
+
+
+def import_hf(
+    config_json: Annotated[Path, typer.Argument(help="the model's Hugging Face config.json")],
+    output: Output = None,
+    world_size: Annotated[int, typer.Option("--world-size", min=1, help="parallel.world_size")] = 8,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="parallel.tp")] = 1,
+    pp: Annotated[int, typer.Option("--pp", min=1, help="parallel.pp")] = 1,
+    ep: Annotated[int, typer.Option("--ep", min=1, help="parallel.ep")] = 1,
+    seq_length: Annotated[int, typer.Option("--seq-length", min=1, help="training.seq_length")] = 4096,
+    as_json: AsJson = False,
+) -> None:
+    """Write the moeplan config equivalent to a Hugging Face config.json (DeepSeek-V2/V3 incl.
+    Kimi-K2, Qwen2-MoE/Qwen3-MoE, Mixtral); report every finding of the result."""
+    from planner.importers.hf_config import (
+        HfConfigUnmappable,
+        HfConfigUnreadable,
+        map_hf_config,
+        read_hf_json,
+    )
+
+    try:
+        mapping = map_hf_config(read_hf_json(config_json), where=str(config_json))
+    except HfConfigUnreadable as exc:
+        fail(EXIT_USAGE, str(exc))
+    except HfConfigUnmappable as exc:
+        if as_json:
+            print(json.dumps({"ok": False, "findings": findings_json(exc.findings)}, indent=2))
+        else:
+            print_findings(exc.findings)
+        raise typer.Exit(EXIT_CONFIG) from None
+    sections = {"parallel": {"world_size": world_size, "tp": tp, "pp": pp, "ep": ep},
+                "training": {"seq_length": seq_length}}
+    data = hf_config_data(mapping, sections)
+    header = [f"imported by `moeplan import hf` from {config_json} ({mapping.architecture})",
+              "model: the config.json's dimensions in Megatron-LM's argument names",
+              "parallel / training: a starting point from the command's options; choose them",
+              *(f"note: {note}" for note in mapping.notes)]
+    finish(config_yaml(data, header), data, [], output, as_json,
+           {"architecture": mapping.architecture, "notes": list(mapping.notes)})
+
+
+def register(app: typer.Typer) -> None:
+    """Add `hf` to the `import` sub-app, which planner/commands/import_.py puts on APP."""
+    import_app.command("hf")(import_hf)
