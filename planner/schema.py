@@ -150,8 +150,8 @@ class ModelSection(Section):
                 "attention_variant mla needs model.kv_lora_rank (Megatron's MLA compresses K/V "
                 "through it; without it the KV path has no size)",
             )
-        if self.group_query_attention is False and self.num_query_groups not in (
-                None, self.num_attention_heads):
+        if (self.group_query_attention is False and self.attention_variant == "standard"
+                and self.num_query_groups not in (None, self.num_attention_heads)):
             raise PydanticCustomError(
                 "gqa_conflict",
                 "group_query_attention false but num_query_groups {groups} differs from "
