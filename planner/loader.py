@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from planner.findings import Finding
 from planner.importers.hf_config import HfConfigUnreadable, apply_hf_config
+from planner.megatron_names import flag_of, megatron_arguments, moeplan_field, section_fields
 from planner.schema import Config
 
 SCHEMA_SOURCE = "planner/schema.py"
@@ -120,14 +121,32 @@ def _finding(code: str, path: str, message: str, fix: str) -> Finding:
     return Finding(code, "error", path or "<root>", message, fix, SCHEMA_SOURCE)
 
 
-def _known_keys(model: type[BaseModel]) -> list[str]:
-    names = []
-    for name, info in model.model_fields.items():
-        names.append(name)
-        alias = info.validation_alias
-        if alias is not None and hasattr(alias, "choices"):
-            names.extend(str(c) for c in alias.choices)
-    return sorted(set(names))
+_known_keys = section_fields
+
+
+def unknown_key_hint(path: tuple) -> tuple[str, str]:
+    """The CFG001 message and fix for an unknown key. A Megatron argument is never "did you mean"
+    another field: it is named as belonging to another section, as modelled under another field, or
+    as not modelled (to pass through launch.megatron_extra_args); only a key that is no Megatron
+    argument gets the closest known key of its section."""
+    key = str(path[-1])
+    message = f"unknown key '{key}'"
+    home = moeplan_field(key)
+    if home is not None and home.endswith("." + key):
+        section = home.split(".")[0]
+        return message, f"'{key}' is a field of the {section} section; move it to {home}"
+    if home is not None:
+        return message, f"'{key}' is a Megatron argument moeplan models as {home}; set that"
+    if key in megatron_arguments():
+        return (f"{message}: {key} is a Megatron argument moeplan does not model",
+                f"pass it through launch.megatron_extra_args: ['{flag_of(key)}', '<value>'] "
+                "(or the flag alone for a switch)")
+    section = _section_model(path[:-1])
+    known = _known_keys(section) if section else []
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'?" if close else (
+        f"remove it; known keys here: {', '.join(known)}" if known else "remove it")
+    return message, hint
 
 
 def _section_model(keys: tuple) -> type[BaseModel] | None:
@@ -166,6 +185,16 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+# Whole-section model errors (planner/schema.py ModelSection): the field to blame and the fix.
+MODEL_CONFLICTS: dict[str, tuple[str, str]] = {
+    "attention_conflict": ("multi_latent_attention", "drop one of the two, or make them agree "
+                           "(multi_latent_attention true is attention_variant mla)"),
+    "mla_kv_lora_missing": ("kv_lora_rank", "add model.kv_lora_rank (DeepSeek-V3: 512)"),
+    "gqa_conflict": ("group_query_attention", "set group_query_attention true, or drop "
+                     "num_query_groups"),
+}
+
+
 def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) -> Finding:
     kind, loc = err["type"], err["loc"]
     path = _data_path(loc, data)
@@ -173,12 +202,8 @@ def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) ->
     where = positions.get(path)
     at = f" (line {where[0]}, column {where[1]})" if where else ""
     if kind == "extra_forbidden":
-        section = _section_model(path[:-1])
-        known = _known_keys(section) if section else []
-        close = difflib.get_close_matches(str(path[-1]), known, n=1, cutoff=0.6)
-        hint = f"did you mean '{close[0]}'?" if close else (
-            f"remove it; known keys here: {', '.join(known)}" if known else "remove it")
-        return _finding("CFG001", dotted, f"unknown key '{path[-1]}'{at}", hint)
+        message, hint = unknown_key_hint(path)
+        return _finding("CFG001", dotted, f"{message}{at}", hint)
     if kind == "missing":
         return _finding("CFG003", dotted, f"required field '{dotted}' is missing",
                         f"add {dotted}: <value> (or a model.preset that provides it)")
@@ -188,6 +213,9 @@ def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) ->
     if kind == "world_size_too_large":
         return _finding("CFG004", "cluster.nodes", err["msg"],
                         "give parallel.world_size, or fewer nodes or GPUs per node")
+    if kind in MODEL_CONFLICTS:
+        field, fix = MODEL_CONFLICTS[kind]
+        return _finding("CFG002", f"model.{field}", err["msg"], fix)
     value = _describe(err.get("input"))
     if kind == "finite_number":
         return _finding("CFG004", dotted, f"must be a finite number, got {value}{at}",

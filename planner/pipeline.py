@@ -67,7 +67,9 @@ def _symbol_count(item: str | list) -> int:
 def expand_layout(layout: str) -> list[list[str]]:
     """Expand a Megatron layout string (`Et*4|(tttt|)*14tmL`) into per-virtual-stage symbol lists."""
     pos, stack = 0, [[]]
-    text = layout.strip()
+    # Commas are cosmetic, as Megatron reads them (Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list): `Et*3|(tt|)*29,m|L`.
+    text = layout.replace(",", "").strip()
     while pos < len(text):
         match = _TOKEN.match(text, pos)
         if match is None:
@@ -75,7 +77,7 @@ def expand_layout(layout: str) -> list[list[str]]:
                 f"pipeline_model_parallel_layout {layout!r}: unexpected {text[pos]!r} at {pos}",
                 "parallel.pipeline_model_parallel_layout",
                 "use only E (embedding), t (decoder layer), m (MTP), L (loss), | (stage break), "
-                "( ) groups and *N repeats",
+                "( ) groups, *N repeats and cosmetic commas",
             )
         token = match.group(1).replace(" ", "")
         pos = match.end()

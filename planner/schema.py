@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from planner.degrees import Degrees
+from planner.layer_freq import parse_layer_freq
 from planner.presets import PRESETS
 
 PosInt = Annotated[int, Field(ge=1)]
@@ -61,6 +62,7 @@ class ModelSection(Section):
     moe_router_topk: PosInt = 2
     moe_ffn_hidden_size: PosInt | None = None
     moe_shared_expert_intermediate_size: NonNegInt | None = None
+    # An int N (every N-th layer MoE), a 0/1 list, or Megatron's string form "([0]*3+[1]*58)".
     moe_layer_freq: PosInt | list[Literal[0, 1]] = 1
     moe_n_hash_layers: NonNegInt = 0
     mtp_num_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
@@ -80,6 +82,19 @@ class ModelSection(Section):
     q_lora_rank: PosInt | None = None
     kv_lora_rank: PosInt | None = None
     qk_pos_emb_head_dim: NonNegInt = 0
+    # MLA head dims, as Megatron's MLATransformerConfig: q/k heads are qk_head_dim (no RoPE) +
+    # qk_pos_emb_head_dim (RoPE) wide, v heads v_head_dim (Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/multi_latent_attention.py MultiLatentAttention.__init__). Unset,
+    # both fall back to kv_channels.
+    multi_latent_attention: bool | None = None
+    qk_head_dim: PosInt | None = None
+    v_head_dim: PosInt | None = None
+    group_query_attention: bool | None = None
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    swiglu: bool = True
+    make_vocab_size_divisible_by: PosInt = VOCAB_DIVISOR
+    moe_router_dtype: Literal["fp32", "fp64"] | None = None
+    moe_shared_expert_gate: bool = False
     # RoPE / YaRN, named as Megatron's arguments. Numerics only: rotary embeddings hold no parameters
     # and no activation memory that moeplan budgets; the runtime's attention rotates by rotary_base.
     # DSv4 attention rotates window-only layers by rotary_base (plain RoPE) and CSA/HCA layers by
@@ -103,8 +118,46 @@ class ModelSection(Section):
     num_residual_streams: PosInt = 1
     mhc_sinkhorn_iterations: PosInt = 20
 
+    @field_validator("moe_layer_freq", mode="before")
+    @classmethod
+    def _megatron_freq(cls, value: Any) -> Any:
+        """Megatron's string spellings: "N" or a list expression such as "([0]*3+[1]*58)"."""
+        return parse_layer_freq(value) if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _latent_attention(cls, data: Any) -> Any:
+        """multi_latent_attention: true is Megatron's spelling of attention_variant mla (DSv4's
+        hybrid attention is MLA-based too); a contradiction is refused, not resolved."""
+        if not isinstance(data, dict) or not isinstance(data.get("multi_latent_attention"), bool):
+            return data
+        mla, variant = data["multi_latent_attention"], data.get("attention_variant")
+        if mla and variant is None:
+            return {**data, "attention_variant": "mla"}
+        if (mla and variant == "standard") or (not mla and variant in ("mla", "dsv4_hybrid")):
+            raise PydanticCustomError(
+                "attention_conflict",
+                "multi_latent_attention {mla} contradicts attention_variant {variant}",
+                {"mla": str(mla).lower(), "variant": variant},
+            )
+        return data
+
     @model_validator(mode="after")
     def _derive(self) -> ModelSection:
+        if self.attention_variant == "mla" and self.kv_lora_rank is None:
+            raise PydanticCustomError(
+                "mla_kv_lora_missing",
+                "attention_variant mla needs model.kv_lora_rank (Megatron's MLA compresses K/V "
+                "through it; without it the KV path has no size)",
+            )
+        if self.group_query_attention is False and self.num_query_groups not in (
+                None, self.num_attention_heads):
+            raise PydanticCustomError(
+                "gqa_conflict",
+                "group_query_attention false but num_query_groups {groups} differs from "
+                "num_attention_heads {heads}",
+                {"groups": self.num_query_groups, "heads": self.num_attention_heads},
+            )
         derived = {
             "num_query_groups": self.num_query_groups or self.num_attention_heads,
             "kv_channels": self.kv_channels or max(1, self.hidden_size // self.num_attention_heads),
@@ -112,6 +165,12 @@ class ModelSection(Section):
         }
         derived["moe_ffn_hidden_size"] = self.moe_ffn_hidden_size or derived["ffn_hidden_size"]
         derived["moe_shared_expert_intermediate_size"] = self.moe_shared_expert_intermediate_size or 0
+        derived["group_query_attention"] = (self.group_query_attention
+                                            if self.group_query_attention is not None
+                                            else derived["num_query_groups"] != self.num_attention_heads)
+        derived["multi_latent_attention"] = self.attention_variant in ("mla", "dsv4_hybrid")
+        derived["qk_head_dim"] = self.qk_head_dim or derived["kv_channels"]
+        derived["v_head_dim"] = self.v_head_dim or derived["kv_channels"]
         for key, value in derived.items():
             object.__setattr__(self, key, value)
         return self
@@ -245,6 +304,10 @@ class LaunchSection(Section):
     master_port: Annotated[int, Field(ge=1, le=65535)] = 29500
     steps: PosInt = 2
     check_reference: bool = True
+    # Megatron arguments moeplan does not model (data, tokenizer, LR schedule ...), appended verbatim
+    # (each word shell-quoted) to the emitted launch: e.g. ["--data-path", "/d/x", "--lr-decay-style",
+    # "cosine"]. Flags moeplan emits itself are refused (rule EMT001).
+    megatron_extra_args: list[str] = Field(default_factory=list)
 
 
 class Config(Section):
@@ -315,10 +378,10 @@ class Config(Section):
     @property
     def padded_vocab_size(self) -> int:
         """Rows of the embedding and output layer: the vocabulary rounded up to a multiple of
-        128·TP (Megatron-LM dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py
-        vocab_size_with_padding: make_vocab_size_divisible_by, default 128, times the TP size); the
-        padded logits take part in the softmax."""
-        divisor = VOCAB_DIVISOR * self.parallel.tp
+        model.make_vocab_size_divisible_by (default 128) times the TP size (Megatron-LM
+        dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding);
+        the padded logits take part in the softmax."""
+        divisor = self.model.make_vocab_size_divisible_by * self.parallel.tp
         return -(-self.model.vocab_size // divisor) * divisor
 
     @property

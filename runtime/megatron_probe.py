@@ -390,6 +390,23 @@ def _rotary(transformer: Any, model_config: Any) -> dict[str, Any]:
     return found
 
 
+SHAPE_FIELDS = ("num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
+                "moe_ffn_hidden_size", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
+                "qk_head_dim", "v_head_dim", "qk_pos_emb_head_dim", "gated_linear_unit",
+                "normalization", "add_bias_linear", "qk_layernorm", "moe_shared_expert_gate",
+                "moe_router_dtype", "hidden_dropout", "attention_dropout")
+
+
+def _shape(transformer: Any) -> dict[str, Any]:
+    """The model-shape fields of the TransformerConfig (MLATransformerConfig for MLA) as built."""
+    found = {}
+    for name in SHAPE_FIELDS:
+        if hasattr(transformer, name):
+            value = getattr(transformer, name)
+            found[name] = value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+    return found
+
+
 def _derived(args: Any, transformer: Any, model_config: Any) -> dict[str, Any]:
     from megatron.core.num_microbatches_calculator import get_num_microbatches
 
@@ -407,6 +424,7 @@ def _derived(args: Any, transformer: Any, model_config: Any) -> dict[str, Any]:
         "chunks": chunks,
         "hash_routing_built": hashing,
         "rope": _rotary(transformer, model_config),
+        "shape": _shape(transformer),
     }
     edp = getattr(args, "expert_data_parallel_size", None)
     if edp is not None:

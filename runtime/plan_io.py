@@ -301,6 +301,13 @@ def unsupported_features(plan: Plan) -> list[str]:
     refuse(bool(model("enable_hyper_connections")),
            "model.enable_hyper_connections: mHC residual streams are not implemented")
     refuse(bool(model("add_bias_linear")), "model.add_bias_linear: linear biases are not implemented")
+    shape = plan.model
+    refuse(shape.get("normalization", "RMSNorm") != "RMSNorm",
+           "model.normalization: the runtime's blocks use RMSNorm only")
+    refuse(shape.get("swiglu", True) is False, "model.swiglu false: the runtime's MLPs are SwiGLU only")
+    refuse(bool(shape.get("qk_layernorm")), "model.qk_layernorm: q/k norms are not implemented")
+    refuse(bool(shape.get("moe_shared_expert_gate")),
+           "model.moe_shared_expert_gate: the shared-expert gate is not implemented")
     refuse(model("moe_router_num_groups") is not None,
            "model.moe_router_num_groups: group-limited routing is not implemented")
     refuse(bool(model("moe_router_pre_softmax")),

@@ -60,7 +60,7 @@ def test_standard_attention_gets_only_the_rope_base():
 
 
 def test_mla_gets_yarn_settings_but_no_compressed_base():
-    flags = rope_flags(small(attention_variant="mla", rotary_scaling_factor=40.0))
+    flags = rope_flags(small(attention_variant="mla", kv_lora_rank=16, rotary_scaling_factor=40.0))
     assert flags["--rotary-scaling-factor"] == ("40.0",)
     assert flags["--original-max-position-embeddings"] == ("4096",)  # Megatron's argparse default
     assert "--csa-compress-rotary-base" not in flags and "--rope-type" not in flags

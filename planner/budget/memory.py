@@ -14,7 +14,7 @@ copy of probabilities in fused kernels, temporary GEMM workspaces, checkpoint I/
 overlap_grad_reduce (first stage) or one buffer per VPP chunk add (under lcm(shards, 128) elements
 each).
 Activations follow a flash-attention model (no s² score matrix is stored) and count each stored
-tensor once; SwiGLU is assumed for every MLP.
+tensor once; MLPs are SwiGLU (3 matrices) or, with swiglu false, two matrices.
 """
 
 from __future__ import annotations
@@ -49,30 +49,52 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     up = "mla_up_proj" in mods
     attention = {
         "standard": f"({norm} + 2 * heads * d + 2 * groups * d) * p + heads * 4",
-        "mla": f"({norm} + 2 * q_lora + 2 * (kv_lora + qk_rope)"
-               + ("" if up else " + 2 * heads * (d + qk_rope) + heads * d") + " + heads * d) * p"
+        "mla": f"({norm} + " + ("2 * q_lora + 2 * (kv_lora + qk_rope)" if v.mla_norms
+                                 else "q_lora + kv_lora + qk_rope")
+               + ("" if up else " + 2 * heads * (d_qk + qk_rope) + heads * d_v") + " + heads * d_v) * p"
                " + heads * 4",
         "dsv4_hybrid": f"({norm} + 2 * q_lora" + ("" if up else " + heads * d")
                        + " + 2 * d + heads * d + o_groups * o_lora) * p + heads * 4",
     }[v.attention]
-    act = "2 * I / ETP" if "moe_act" in mods else "3 * I / ETP"
-    shared = "0" if "shared_experts" in mods else ("2 * I_s" if "moe_act" in mods else "3 * I_s")
+    # FC1's output (2x wide under SwiGLU) and the activation's output; moe_act recompute drops the
+    # latter (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP).
+    fc1, kept = ("2", "3") if v.swiglu else ("", "2")
+    act = (f"{fc1} * I / ETP" if fc1 else "I / ETP") if "moe_act" in mods else f"{kept} * I / ETP"
+    shared = "0" if "shared_experts" in mods else (
+        (f"{fc1} * I_s" if fc1 else "I_s") if "moe_act" in mods else f"{kept} * I_s")
     w = routed_width(v)
     rows = "gemm_rows_padded" if v.quant_pad else "expert_gemm_rows"
     parts = {
         "act_attention_per_block": (f"tokens_per_rank * ({attention})",
                                     "norm in/out, q, k, v, core output, softmax statistics (fp32)"),
-        "act_router_per_layer": ("tokens_per_rank * E * (4 + 4 + 1)",
-                                 "router logits and probs in fp32, bool routing map"),
+        # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/router.py TopKRouter.gating:
+        # logits in moe_router_dtype (fp64 doubles them; unset keeps the input dtype, counted
+        # here as fp32, as the fp32 scores of the routing functions are)
+        "act_router_per_layer": ("tokens_per_rank * E * (8 + 8 + 1)" if v.router_fp64 else
+                                 "tokens_per_rank * E * (4 + 4 + 1)",
+                                 f"router logits and probs in {'fp64' if v.router_fp64 else 'fp32'}, "
+                                 "bool routing map"),
         "act_shared_per_layer": (f"tokens_per_rank * {shared} * p",
                                  "shared-expert FC1 output and activation"),
         "act_routed_per_layer": (f"{rows} * ({w} + {act} + 1) * p + assignments_per_rank * 8",
                                  "MoE-aware: expert inputs are the GEMM rows (n·k·ETP), not n; "
                                  "FC1 in/out, FC2 in, probs, int64 permutation map"),
         "act_dense_mlp_per_layer": ("tokens_per_rank * 2 * h * p" if "mlp" in mods else
-                                    f"tokens_per_rank * ({norm} + 3 * f) * p",
-                                    "dense SwiGLU MLP block"),
+                                    f"tokens_per_rank * ({norm} + {kept} * f) * p",
+                                    f"dense {'SwiGLU' if v.swiglu else 'non-gated'} MLP block"),
     }
+    if v.qk_norm:
+        # Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+        # SelfAttention.get_query_key_value_tensors: q_layernorm / k_layernorm keep their inputs.
+        parts["act_qk_norm_per_block"] = ("tokens_per_rank * (heads + groups) * d * p",
+                                          "qk_layernorm: the q and k the norms keep for backward")
+    if v.dropout:
+        # Megatron-LM dev@d48bd6be megatron/core/fusions/fused_bias_dropout.py
+        # _bias_dropout_add_func: torch dropout keeps a bool mask (1 byte per element) for
+        # backward, once after attention and once after the MLP. Attention dropout runs inside the
+        # flash kernel, which regenerates its mask from the RNG state and stores none.
+        parts["act_dropout_per_block"] = ("tokens_per_rank * 2 * h",
+                                          "hidden_dropout: the bool masks of both bias-dropout-adds")
     if v.latent:
         # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py MoELayer.postprocess:
         # fc2_latent_proj keeps its input (the combined latent rows) for its weight gradient;
@@ -111,6 +133,9 @@ def write(book: Book, v: Variant) -> None:
            + (" + act_latent_per_layer" if v.latent else ""))
     add("act_moe_per_layer", moe, "bytes", "memory", "per microbatch: one MoE layer")
     per_block = "act_attention_per_block"
+    for extra in ("act_qk_norm_per_block", "act_dropout_per_block"):
+        if extra in book.levels:
+            per_block += f" + {extra}"
     if v.mhc:
         add("act_mhc_per_block", "2 * tokens_per_rank * n_hc * h * p", "bytes", "memory",
             "per microbatch: the widened residual stream entering both sub-layers")

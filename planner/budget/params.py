@@ -13,24 +13,59 @@ PAGE = "params"
 
 ATTENTION_PARAMS = {
     "standard": "2 * h * d * (heads + groups) / (TP * GTP)",
-    "mla": "({q} + kv_lora * (h + 2 * heads * d + 1) + h * qk_rope + heads * d * h) / (TP * GTP)",
+    "mla": "({q} + kv_lora * (h + heads * (d_qk + d_v){kv_norm}) + h * qk_rope + heads * d_v * h)"
+           " / (TP * GTP)",
     "dsv4_hybrid": "(h * q_lora + q_lora + q_lora * heads * d + h * d + d + o_lora * heads * d"
                    " + h * o_groups * o_lora + heads) / (TP * GTP)",
 }
-MLA_Q = {True: "q_lora * (h + heads * (d + qk_rope) + 1)", False: "h * heads * (d + qk_rope)"}
+# add_bias_linear: one bias per linear. Column-parallel biases are split over TP, the row-parallel
+# output projection's bias is whole on every rank (Megatron-LM dev@d48bd6be
+# megatron/core/tensor_parallel/layers.py ColumnParallelLinear / RowParallelLinear.__init__).
+ATTENTION_BIAS = {
+    "standard": "(heads + 2 * groups) * d / TP + h",
+    "mla": "q_lora + heads * (d_qk + qk_rope) / TP + kv_lora + qk_rope + heads * (d_qk + d_v) / TP + h",
+}
+
+
+def _mlp_kind(v: Variant) -> str:
+    return "SwiGLU" if v.swiglu else "non-gated"
+
+
+def _fc1_width(v: Variant, width: str) -> str:
+    """FC1's output: gate and up halves under SwiGLU, one matrix otherwise."""
+    return f"2 * {width}" if v.swiglu else width
+
+
+def _fc1_bias(v: Variant, width: str) -> str:
+    return f"({_fc1_width(v, width)})"
+
+
+MLA_Q = {True: "q_lora * (h + heads * (d_qk + qk_rope){q_norm})", False: "h * heads * (d_qk + qk_rope)"}
 def write(book: Book, v: Variant) -> None:
     """Parameter counts on one rank of a stage, and the buffers/shards the grad steps need."""
     add, w = book.add, routed_width(v)
-    add("routed_params_per_layer", f"experts_per_rank * 3 * {w} * I / (ETP * EGTP)", "params",
-        "memory", f"routed SwiGLU experts on this rank (W1, W3: {w} x I/ETP, W2: I/ETP x {w})")
+    mats = "3" if v.swiglu else "2"
+    routed = f"experts_per_rank * {mats} * {w} * I / (ETP * EGTP)"
+    if v.bias:
+        routed += f" + experts_per_rank * ({_fc1_bias(v, 'I')} / ETP + {w})"
+    add("routed_params_per_layer", routed, "params", "memory",
+        f"routed {_mlp_kind(v)} experts on this rank (FC1: {w} x {_fc1_width(v, 'I')}/ETP, "
+        f"FC2: I/ETP x {w})" + (", their biases (FC2's whole on every ETP rank)" if v.bias else ""))
     add("routed_weight_bytes_per_layer", "routed_params_per_layer * p", "bytes", "memory",
         "routed expert weights per MoE layer")
     add("routed_weight_bytes_per_stage", "routed_weight_bytes_per_layer * moe_layers", "bytes",
         "memory", "routed expert weights of every MoE layer on the stage")
-    add("shared_params_per_layer", "3 * h * I_s / (TP * GTP)", "params", "memory",
-        "shared expert, dense TP layout")
+    add("shared_params_per_layer", f"{mats} * h * I_s / (TP * GTP)"
+        + (f" + {_fc1_bias(v, 'I_s')} / TP + Min(I_s, 1) * h" if v.bias else ""), "params", "memory",
+        "shared expert, dense TP layout" + (", with biases" if v.bias else ""))
     add("router_params_per_layer", "E * h", "params", "memory", "gating matrix (replicated over TP)")
     moe_dense = "shared_params_per_layer + router_params_per_layer"
+    if v.shared_gate:
+        # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/shared_experts.py
+        # SharedExpertMLP.__init__: gate_weight [1, h], whole on every TP rank.
+        add("shared_gate_params_per_layer", "h", "params", "memory",
+            "shared-expert gate weight [1, h] (replicated over TP)")
+        moe_dense += " + shared_gate_params_per_layer"
     if v.latent:
         # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py MoELayer.__init__:
         # fc1_latent_proj (h → latent) and fc2_latent_proj (latent → h), TELinear in "duplicated"
@@ -38,11 +73,27 @@ def write(book: Book, v: Variant) -> None:
         add("latent_proj_params_per_layer", "2 * h * h_moe", "params", "memory",
             "latent MoE projections h → latent and latent → h (replicated over TP)")
         moe_dense += " + latent_proj_params_per_layer"
-    add("norm_params_per_block", "2 * h", "params", "memory", "two RMSNorms per block")
-    attention = ATTENTION_PARAMS[v.attention].replace("{q}", MLA_Q[v.mla_q_lora])
+    add("norm_params_per_block", "4 * h" if v.layernorm else "2 * h", "params", "memory",
+        "two LayerNorms (weight + bias) per block" if v.layernorm else "two RMSNorms per block")
+    # MLA's q/kv latent norms exist only with qk_layernorm (Megatron-LM dev@d48bd6be
+    # megatron/core/models/gpt/gpt_layer_specs.py: the up projections fuse a layer norm then).
+    norm_term = " + 1" if v.mla_norms else ""
+    attention = (ATTENTION_PARAMS[v.attention].replace("{q}", MLA_Q[v.mla_q_lora])
+                 .replace("{q_norm}", norm_term).replace("{kv_norm}", norm_term))
     add("attention_params_per_block", attention, "params", "memory",
         f"{v.attention} attention projections on this rank")
     mixers = "attention_params_per_block + norm_params_per_block"
+    if v.qk_norm:
+        # Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__:
+        # q_layernorm and k_layernorm normalise each head (hidden_size_per_attention_head wide).
+        add("qk_norm_params_per_block", "4 * d" if v.layernorm else "2 * d", "params", "memory",
+            "qk_layernorm: q and k norms over the head dimension (replicated over TP)")
+        mixers += " + qk_norm_params_per_block"
+    if v.bias:
+        add("attention_bias_params_per_block", ATTENTION_BIAS.get(v.attention, "0"), "params",
+            "memory", "add_bias_linear: attention biases (column-parallel ones split over TP, the "
+            "output projection's whole on every TP rank)")
+        mixers += " + attention_bias_params_per_block"
     if v.mhc:
         add("mhc_params_per_block", "2 * ((2 + n_hc) * n_hc * n_hc * h + (2 + n_hc) * n_hc + 3)",
             "params", "memory", "mHC pre/post/combination weights of both sub-layers")
@@ -55,14 +106,22 @@ def write(book: Book, v: Variant) -> None:
         add("hca_params_per_layer", "(2 * d * h + hca_ratio * d + d) / (TP * GTP)", "params",
             "memory", "HCA compressor")
         extra = " + L_csa * csa_params_per_layer + L_hca * hca_params_per_layer"
-    add("dense_mlp_params_per_layer", "3 * h * f / (TP * GTP)", "params", "memory",
-        "dense SwiGLU MLP of a non-MoE block")
+    add("dense_mlp_params_per_layer", f"{mats} * h * f / (TP * GTP)"
+        + (f" + {_fc1_bias(v, 'f')} / TP + h" if v.bias else ""), "params", "memory",
+        f"dense {_mlp_kind(v)} MLP of a non-MoE block" + (", with biases" if v.bias else ""))
     add("embedding_params", "V_pad * h / TP", "params", "memory",
         "word embedding (or output) shard over the padded vocabulary")
-    add("final_params", "h + n_hc * n_hc * h + n_hc + 1" if v.mhc else "h", "params", "memory",
+    final_norm = "2 * h" if v.layernorm else "h"
+    mhc_head = " + n_hc * n_hc * h + n_hc + 1" if v.mhc else ""
+    add("final_params", final_norm + mhc_head, "params", "memory",
         "final norm" + (" + mHC head" if v.mhc else ""))
-    add("mtp_extra_params_per_layer", "2 * h * h / TP + 3 * h", "params", "memory",
-        "MTP e/h projections and norms (its block is counted with the blocks)")
+    # Megatron-LM dev@d48bd6be megatron/core/transformer/multi_token_prediction.py
+    # MultiTokenPredictionLayer.__init__: enorm, hnorm, the e/h projections, a final norm and,
+    # with mHC, its own output contraction head (hc_head_fn [n, n·h], hc_head_base [n], scale).
+    mtp_norms = "6 * h" if v.layernorm else "3 * h"
+    add("mtp_extra_params_per_layer", f"2 * h * h / TP + {mtp_norms}{mhc_head}", "params", "memory",
+        "MTP e/h projections and norms" + (" and mHC head" if v.mhc else "")
+        + " (its block is counted with the blocks)")
     add("dense_params_on_rank",
         f"blocks * ({mixers}){extra} + moe_layers * ({moe_dense})"
         " + L_dense * dense_mlp_params_per_layer"
@@ -102,29 +161,48 @@ def write(book: Book, v: Variant) -> None:
         add(f"{kind}_shard_params", f"{kind}_buffer_params / {kind}_opt_shards",
             "params", "memory", f"{kind} buffer elements whose optimizer state this rank owns "
             "(the first shards hold parameters only; padding sits at the buffer's end)")
-    _add_tp_replicated(book, v)
+    _add_tp_replicated(book, v, mtp_norms, mhc_head)
 
 
 MLA_DUPLICATED = {True: "h * q_lora + q_lora + h * (kv_lora + qk_rope) + kv_lora",
                   False: "h * (kv_lora + qk_rope) + kv_lora"}
 
 
-def _add_tp_replicated(book: Book, v: Variant) -> None:
+def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) -> None:
     """Parameters every TP rank holds whole but trains on its own sequence shard under sequence
     parallelism, so their grads are partial sums over TP (Megatron-LM dev@d48bd6be
     megatron/core/distributed/finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads
     reduces every parameter marked `sequence_parallel`: norms, the router, MLA's duplicated down
     projections and their norms, mHC weights)."""
     per_block = "norm_params_per_block" + (" + mhc_params_per_block" if v.mhc else "")
+    if v.qk_norm:
+        per_block += " + qk_norm_params_per_block"
+    dense_mlp = ""
+    if v.bias:
+        # Row-parallel biases are whole on every TP rank and marked sequence_parallel (Megatron-LM
+        # dev@d48bd6be megatron/core/tensor_parallel/layers.py RowParallelLinear.__init__): the
+        # attention output's, the dense MLP's and the shared expert's FC2, and MLA's down
+        # projections' (duplicated).
+        per_block += " + h" + (" + q_lora + kv_lora + qk_rope" if v.attention == "mla" else "")
+        dense_mlp = " + L_dense * h"
     if v.attention == "mla":
-        book.add("mla_duplicated_params_per_block", MLA_DUPLICATED[v.mla_q_lora], "params", "memory",
+        duplicated = MLA_DUPLICATED[v.mla_q_lora]
+        if not v.mla_norms:
+            duplicated = duplicated.replace(" + q_lora + ", " + ").removesuffix(" + kv_lora")
+        book.add("mla_duplicated_params_per_block", duplicated, "params", "memory",
                  "MLA down projections (duplicated over TP) and the q/kv norms after them")
         per_block += " + mla_duplicated_params_per_block"
     moe = ("(router_params_per_layer + latent_proj_params_per_layer)" if v.latent
            else "router_params_per_layer")
+    if v.shared_gate:
+        moe = f"({moe} + shared_gate_params_per_layer)"
+    if v.bias:
+        moe = f"({moe} + Min(I_s, 1) * h)"
     book.add("tp_replicated_params_on_rank",
-             f"blocks * ({per_block}) + moe_layers * {moe}"
-             " + has_output * final_params + L_mtp * 3 * h", "params", "memory",
+             f"blocks * ({per_block}) + moe_layers * {moe}{dense_mlp}"
+             " + has_output * final_params + L_mtp * "
+             + (f"({mtp_norms}{mhc_head})" if v.mhc else mtp_norms),
+             "params", "memory",
              "parameters replicated over TP whose grads sequence parallelism leaves partial"
              + (" (latent MoE's projections are duplicated over TP: Megatron-LM dev@d48bd6be "
                 "megatron/core/transformer/moe/moe_layer.py)" if v.latent else ""))

@@ -38,14 +38,16 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("I_s", "shared expert intermediate size (0 = none)"),
     Symbol("f", "dense MLP intermediate size (ffn_hidden_size)"),
     Symbol("V", "vocabulary size"),
-    Symbol("V_pad", "vocabulary padded to a multiple of 128·TP, the rows of the embedding and "
-           "output layers (Megatron's make_vocab_size_divisible_by = 128 times TP)"),
+    Symbol("V_pad", "vocabulary padded to a multiple of make_vocab_size_divisible_by (default 128) "
+           "times TP, the rows of the embedding and output layers"),
     Symbol("heads", "attention heads"),
     Symbol("groups", "query groups (KV heads)"),
     Symbol("d", "head dimension (kv_channels)"),
     Symbol("q_lora", "query LoRA rank (0 = none)"),
     Symbol("kv_lora", "KV LoRA rank (MLA)"),
     Symbol("qk_rope", "rotary part of the q/k head (qk_pos_emb_head_dim)"),
+    Symbol("d_qk", "MLA: the q/k head's part without RoPE (qk_head_dim, kv_channels when unset)"),
+    Symbol("d_v", "MLA: the v head dimension (v_head_dim, kv_channels when unset)"),
     Symbol("o_groups", "grouped output projection groups (V4)"),
     Symbol("o_lora", "output LoRA rank (V4)"),
     Symbol("idx_heads", "lightning-indexer heads (V4 CSA)"),
@@ -190,6 +192,14 @@ class Variant:
     flex_backend: str = ""  # the flex dispatcher's backend (deepep when unset), "" otherwise
     quant_pad: bool = False  # fp8/fp4: each local expert's rows padded to a multiple of q_align
     virtual_experts: bool = False  # temporary expert replicas (weights moved, grads returned)
+    layernorm: bool = False  # normalization LayerNorm (weight + bias) instead of RMSNorm (weight)
+    swiglu: bool = True  # SwiGLU MLPs (3 matrices, FC1 2x wide); False: 2 matrices, FC1 1x wide
+    bias: bool = False  # add_bias_linear: every linear layer has a bias
+    qk_norm: bool = False  # qk_layernorm on standard attention: per-head q and k norms
+    dropout: bool = False  # hidden_dropout > 0: both bias-dropout-adds keep a mask per block
+    shared_gate: bool = False  # moe_shared_expert_gate: a [1, h] sigmoid gate on the shared expert
+    router_fp64: bool = False  # moe_router_dtype fp64: router logits and probs in 8 bytes
+    mla_norms: bool = True  # MLA's q/kv latent norms (qk_layernorm); False: plain up projections
 
     @property
     def v4_cp(self) -> bool:
@@ -253,6 +263,14 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         sp=par.tp > 1 and par.sequence_parallel,
         shared_overlap=ov.moe_shared_expert_overlap and bool(model.moe_shared_expert_intermediate_size),
         global_aux=moe.moe_router_load_balancing_type == "global_aux_loss" and moe.moe_aux_loss_coeff > 0,
+        layernorm=model.normalization == "LayerNorm",
+        swiglu=model.swiglu,
+        bias=model.add_bias_linear,
+        qk_norm=model.qk_layernorm and model.attention_variant == "standard",
+        dropout=model.hidden_dropout > 0,
+        shared_gate=model.moe_shared_expert_gate and bool(model.moe_shared_expert_intermediate_size),
+        router_fp64=model.moe_router_dtype == "fp64",
+        mla_norms=model.qk_layernorm or model.attention_variant != "mla",
     )
 
 
@@ -312,7 +330,8 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "heads": m.num_attention_heads,
         "groups": m.num_query_groups or m.num_attention_heads, "d": m.kv_channels or 0,
         "q_lora": m.q_lora_rank or 0, "kv_lora": m.kv_lora_rank or 0,
-        "qk_rope": m.qk_pos_emb_head_dim, "o_groups": m.o_groups or 1, "o_lora": m.o_lora_rank or 0,
+        "qk_rope": m.qk_pos_emb_head_dim, "d_qk": m.qk_head_dim or 0, "d_v": m.v_head_dim or 0,
+        "o_groups": m.o_groups or 1, "o_lora": m.o_lora_rank or 0,
         "idx_heads": m.index_n_heads or 0, "idx_dim": m.index_head_dim or 0,
         "idx_topk": m.index_topk or 0, "csa_ratio": CSA_RATIO, "hca_ratio": max(hca, default=0),
         "n_hc": m.mhc_expansion, "S": tr.seq_length, "b": tr.micro_batch_size,

@@ -80,6 +80,15 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("fp8/fp4 with the `ncclep` backend", {"dispatcher": "flex", "ncclep": True,
                                            "flex_backend": "ncclep", "quant_pad": True}),
     ("virtual experts", {"virtual_experts": True}),
+    ("LayerNorm instead of RMSNorm", {"layernorm": True}),
+    ("non-gated MLPs (swiglu false)", {"swiglu": False}),
+    ("linear biases (add_bias_linear)", {"bias": True}),
+    ("qk_layernorm on standard attention", {"attention": "standard", "qk_norm": True}),
+    ("hidden dropout", {"dropout": True}),
+    ("a shared-expert gate", {"shared_gate": True}),
+    ("router dtype fp64", {"router_fp64": True}),
+    ("MLA without qk_layernorm (no latent norms)", {"attention": "mla", "mla_q_lora": True,
+                                                    "mla_norms": False}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {

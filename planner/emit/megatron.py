@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.emit.safety import EmitError
+from planner.megatron_names import moeplan_field
 from planner.pipeline import SplitError, StageSplit, stage_split
-from planner.schema import DEFAULT_ORDER, Config
+from planner.schema import DEFAULT_ORDER, VOCAB_DIVISOR, Config
 
 GPT_ENTRY = "pretrain_gpt.py"
 HYBRID_ENTRY = "pretrain_hybrid.py"
@@ -54,6 +55,7 @@ class MegatronArgs:
     flags: list[MegatronFlag] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # settings Megatron-LM cannot take
     env: dict[str, str] = field(default_factory=dict)  # exported before Megatron-LM starts
+    extra: tuple[str, ...] = ()  # launch.megatron_extra_args, verbatim after the plan's flags
 
     def add(self, flag: str, *values: object, source: str) -> None:
         self.flags.append(MegatronFlag(flag, tuple(_word(v) for v in values), source))
@@ -229,8 +231,8 @@ def _pipeline(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: Hybri
                  source=f"model.compress_ratios + stage split ({split.source}) + MTP")
     else:
         args.add("--num-layers", m.num_layers, source="model.num_layers")
-        if p.pipeline_model_parallel_layout:
-            args.add("--pipeline-model-parallel-layout", p.pipeline_model_parallel_layout,
+        if p.pipeline_model_parallel_layout:  # Megatron takes commas, not spaces
+            args.add("--pipeline-model-parallel-layout", "".join(p.pipeline_model_parallel_layout.split()),
                      source="parallel.pipeline_model_parallel_layout")
         elif p.num_layers_per_virtual_pipeline_stage is not None:
             args.add("--num-layers-per-virtual-pipeline-stage", p.num_layers_per_virtual_pipeline_stage,
@@ -256,10 +258,12 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
     args.add("--ffn-hidden-size", m.ffn_hidden_size, source="model.ffn_hidden_size")
     args.add("--num-attention-heads", m.num_attention_heads, source="model.num_attention_heads")
     args.add("--kv-channels", m.kv_channels, source="model.kv_channels")
-    if m.attention_variant == "standard" and m.num_query_groups != m.num_attention_heads:
-        args.add("--group-query-attention", source="model.num_query_groups")
+    if m.attention_variant == "standard" and m.group_query_attention:
+        args.add("--group-query-attention", source="model.group_query_attention / num_query_groups")
         args.add("--num-query-groups", m.num_query_groups, source="model.num_query_groups")
     args.add("--vocab-size", m.vocab_size, source="model.vocab_size")
+    args.add_if(m.make_vocab_size_divisible_by != VOCAB_DIVISOR, "--make-vocab-size-divisible-by",
+                m.make_vocab_size_divisible_by, source="model.make_vocab_size_divisible_by")
     if m.max_position_embeddings is not None:
         args.add("--max-position-embeddings", m.max_position_embeddings,
                  source="model.max_position_embeddings")
@@ -270,8 +274,8 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
     args.add("--hidden-dropout", m.hidden_dropout, source="model.hidden_dropout")
     args.add("--attention-dropout", m.attention_dropout, source="model.attention_dropout")
     args.add_if(m.qk_layernorm, "--qk-layernorm", source="model.qk_layernorm")
-    args.add("--swiglu", source="moeplan models SwiGLU MLPs and experts")
-    args.add("--normalization", "RMSNorm", source="moeplan models RMSNorm")
+    args.add_if(m.swiglu, "--swiglu", source="model.swiglu")
+    args.add("--normalization", m.normalization, source="model.normalization")
     args.add("--norm-epsilon", m.norm_epsilon, source="model.norm_epsilon")
     args.add_if(not m.add_bias_linear, "--disable-bias-linear", source="model.add_bias_linear false")
     args.add_if(m.untie_embeddings_and_output_weights, "--untie-embeddings-and-output-weights",
@@ -283,11 +287,14 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
         args.add("--multi-latent-attention", source=f"model.attention_variant {m.attention_variant}")
         args.add_if(m.q_lora_rank is not None, "--q-lora-rank", m.q_lora_rank, source="model.q_lora_rank")
         args.add("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim, source="model.qk_pos_emb_head_dim")
+    if is_dsv4(cfg):
         args.add("--v-head-dim", m.kv_channels, source="model.kv_channels")
     if m.attention_variant == "mla":
-        args.add_if(m.kv_lora_rank is not None, "--kv-lora-rank", m.kv_lora_rank, source="model.kv_lora_rank")
-        args.add("--qk-head-dim", (m.kv_channels or 0) - m.qk_pos_emb_head_dim,
-                 source="model.kv_channels - model.qk_pos_emb_head_dim")
+        # Megatron's MLA: q/k heads qk_head_dim + qk_pos_emb_head_dim wide, v heads v_head_dim
+        # (Megatron-LM dev@d48bd6be megatron/core/transformer/multi_latent_attention.py).
+        args.add("--kv-lora-rank", m.kv_lora_rank, source="model.kv_lora_rank")
+        args.add("--qk-head-dim", m.qk_head_dim, source="model.qk_head_dim")
+        args.add("--v-head-dim", m.v_head_dim, source="model.v_head_dim")
     if is_dsv4(cfg):
         args.add("--experimental-attention-variant", "dsv4_hybrid", source="model.attention_variant")
         args.add_if(m.o_groups is not None, "--o-groups", m.o_groups, source="model.o_groups")
@@ -367,7 +374,10 @@ def _moe(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPatt
     args.add("--moe-ffn-hidden-size", m.moe_ffn_hidden_size, source="model.moe_ffn_hidden_size")
     args.add_if(bool(m.moe_shared_expert_intermediate_size), "--moe-shared-expert-intermediate-size",
                 m.moe_shared_expert_intermediate_size, source="model.moe_shared_expert_intermediate_size")
+    args.add_if(m.moe_shared_expert_gate, "--moe-shared-expert-gate", source="model.moe_shared_expert_gate")
     args.add("--moe-router-topk", m.moe_router_topk, source="model.moe_router_topk")
+    args.add_if(m.moe_router_dtype is not None, "--moe-router-dtype", m.moe_router_dtype,
+                source="model.moe_router_dtype")
     args.add("--moe-router-score-function", m.moe_router_score_function,
              source="model.moe_router_score_function")
     args.add_if(m.moe_router_topk_scaling_factor is not None, "--moe-router-topk-scaling-factor",
@@ -482,4 +492,25 @@ def megatron_arguments(cfg: Config) -> MegatronArgs:
     _moe(cfg, args, split, pattern)
     _training(cfg, args)
     _overlap(cfg, args)
+    args.extra = extra_arguments(cfg, args)
     return args
+
+
+def extra_arguments(cfg: Config, args: MegatronArgs) -> tuple[str, ...]:
+    """launch.megatron_extra_args, verbatim; a flag moeplan emits itself is refused (the plan's
+    value and the passthrough's would fight, and Megatron's argparse keeps the last silently)."""
+    extra = tuple(cfg.launch.megatron_extra_args)
+    emitted = {f.flag: f.source for f in args.flags}
+    for index, word in enumerate(extra):
+        flag = word.split("=", 1)[0]
+        path = f"launch.megatron_extra_args[{index}]"
+        if flag in emitted:
+            raise EmitError(path, f"{word!r} duplicates {flag}, which moeplan emits from "
+                            f"{emitted[flag]}; set that field instead and drop it from "
+                            "megatron_extra_args")
+        modelled = moeplan_field(flag[2:].replace("-", "_")) if flag.startswith("--") else None
+        if modelled is not None:
+            raise EmitError(path, f"{word!r} is modelled by moeplan as {modelled}: passed through, "
+                            "it would change the model behind the plan's back; set "
+                            f"{modelled} instead")
+    return extra

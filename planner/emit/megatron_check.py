@@ -105,10 +105,34 @@ def expected_values(cfg: Config, plan: dict[str, Any]) -> dict[str, Any]:
                 "moe_blocks": blocks, "hashed_blocks": [layer for layer in blocks if layer in hashed],
             })
     rope = {name: getattr(cfg.model, name) for name in ("position_embedding_type", *rotary_fields(cfg))}
-    return {"data_parallel_size": cfg.dp, "expert_data_parallel_size": cfg.edp,
+    return {"shape": expected_shape(cfg),
+            "data_parallel_size": cfg.dp, "expert_data_parallel_size": cfg.edp,
             "num_microbatches": cfg.microbatches, "padded_vocab_size": cfg.padded_vocab_size,
             "virtual_pipeline_model_parallel_size": plan["layout"].get("vpp", 1),
             "chunks": sorted(chunks, key=lambda c: (c["stage"], c["virtual"])), "rope": rope}
+
+
+def expected_shape(cfg: Config) -> dict[str, Any]:
+    """The model shape in Megatron's TransformerConfig terms (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/transformer_config.py TransformerConfig, MLATransformerConfig):
+    what the probe reads back from the config Megatron built from the emitted arguments."""
+    m = cfg.model
+    shape: dict[str, Any] = {
+        "num_attention_heads": m.num_attention_heads, "ffn_hidden_size": m.ffn_hidden_size,
+        "moe_ffn_hidden_size": m.moe_ffn_hidden_size, "gated_linear_unit": m.swiglu,
+        "normalization": m.normalization, "add_bias_linear": m.add_bias_linear,
+        "qk_layernorm": m.qk_layernorm, "moe_shared_expert_gate": m.moe_shared_expert_gate,
+        "moe_router_dtype": m.moe_router_dtype, "hidden_dropout": m.hidden_dropout,
+        "attention_dropout": m.attention_dropout,
+        "multi_latent_attention": m.attention_variant in ("mla", "dsv4_hybrid"),
+    }
+    if m.attention_variant == "standard":
+        shape.update(num_query_groups=m.num_query_groups, kv_channels=m.kv_channels)
+    if m.attention_variant == "mla":
+        shape.update(q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
+                     qk_head_dim=m.qk_head_dim, v_head_dim=m.v_head_dim,
+                     qk_pos_emb_head_dim=m.qk_pos_emb_head_dim)
+    return shape
 
 
 _LABELS = {"data_parallel_size": "data-parallel size", "expert_data_parallel_size":
@@ -135,7 +159,19 @@ def mismatches(expected: dict[str, Any], derived: dict[str, Any]) -> list[str]:
                 found.append(f"{where} {label}: Megatron {theirs[key][name]}, moeplan {ours[key][name]}")
         found.extend(_hash_mismatches(where, ours[key], theirs[key], derived.get("hash_routing_built")))
     found.extend(_rope_mismatches(expected.get("rope", {}), derived.get("rope", {})))
+    theirs_shape = derived.get("shape", {})
+    found.extend(f"model shape {name}: Megatron {theirs_shape[name]}, moeplan {value}"
+                 for name, value in expected.get("shape", {}).items()
+                 if name in theirs_shape and not _same(theirs_shape[name], value))
     return found
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, an int and a float of the same number included (argparse types differ)."""
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return bool(a == b)
 
 
 def megatron_hashed(ours: dict[str, Any], theirs: dict[str, Any], built: bool | None) -> list[int] | None:
@@ -170,14 +206,8 @@ def _blocks(blocks: list[int]) -> str:
 
 
 def _rope_mismatches(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
-    def same(a: Any, b: Any) -> bool:
-        numbers = (int, float)
-        if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool):
-            return float(a) == float(b)
-        return bool(a == b)
-
     return [f"model.{name}: Megatron {theirs[name]}, moeplan {value}"
-            for name, value in ours.items() if name in theirs and not same(theirs[name], value)]
+            for name, value in ours.items() if name in theirs and not _same(theirs[name], value)]
 
 
 def probe_script() -> Path:

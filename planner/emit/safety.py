@@ -57,6 +57,8 @@ def _strings(cfg: Config) -> Iterator[tuple[str, str]]:
     for key, value in launch.env.items():
         yield f"launch.env.{key}", key
         yield f"launch.env.{key}", value
+    for index, entry in enumerate(launch.megatron_extra_args):
+        yield f"launch.megatron_extra_args[{index}]", entry
 
 
 def _option_name(entry: str) -> str:

@@ -27,7 +27,13 @@ CONFIG_DOCS = (
         "CFG001", "unknown key",
         source=LOADER,
         why="""Every section is closed: a misspelt key would otherwise be ignored silently and the
-        default used instead. The finding suggests the closest known key.""",
+        default used instead. Fields carry Megatron-LM's argument names, so the finding first asks
+        whether the key is one: a field of another section (move it), a Megatron argument moeplan
+        models under another field (named), or one it does not model (pass it verbatim through
+        launch.megatron_extra_args; Megatron-LM dev@d48bd6be megatron/training/arguments.py
+        add_megatron_arguments lists them). Only a key that is no Megatron argument gets the
+        closest known key of its section as a suggestion, so a real argument is never mistaken
+        for a field of another meaning.""",
         bad="""
         model: {preset: deepseek-v4-flash}
         parallel: {world_size: 128, ep: 64, tensor_parallel: 1}
