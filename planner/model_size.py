@@ -11,10 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from planner.budget.book import formula_book
-from planner.budget.expr import evaluate
-from planner.budget.symbols import global_values, stage_values, variant_of
-from planner.pipeline import SplitError, stage_split
+from planner.accounting import Accounting, BudgetError
+from planner.pipeline import SplitError
 from planner.schema import Config
 
 _TARGETS = ("dense_params_on_rank", "expert_params_on_rank", "routed_params_per_layer",
@@ -53,11 +51,8 @@ def whole_model(cfg: Config, mtp: bool = True) -> Config:
 
 
 def _params(cfg: Config) -> dict[str, Any]:
-    split = stage_split(cfg)
-    book = formula_book(variant_of(cfg, split)).subset(_TARGETS)
-    env = evaluate(book.at("global"), global_values(cfg, split))
-    env.update(stage_values(cfg, split, 0))
-    return evaluate(book.at("stage"), env)
+    """The params page's quantities for the one stage of a whole-model config."""
+    return Accounting(cfg, _TARGETS).stage_env(0)
 
 
 def model_size(cfg: Config) -> ModelSize | None:
@@ -65,7 +60,7 @@ def model_size(cfg: Config) -> ModelSize | None:
     finding says why)."""
     try:
         full, main = _params(whole_model(cfg)), _params(whole_model(cfg, mtp=False))
-    except (SplitError, ValueError, ZeroDivisionError):
+    except (BudgetError, SplitError, ValueError, ZeroDivisionError):
         return None
     m = cfg.model
     routed = main["expert_params_on_rank"]
