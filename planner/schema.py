@@ -43,7 +43,8 @@ def _alias(*names: str) -> Any:
 
 
 class ModelSection(Section):
-    preset: Literal["deepseek-v4-pro", "deepseek-v4-flash"] | None = None
+    preset: Literal["deepseek-v4-pro", "deepseek-v4-flash", "deepseek-v3", "qwen3-30b-a3b",
+                    "qwen3-235b-a22b", "mixtral-8x7b"] | None = None
     num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt

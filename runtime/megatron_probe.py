@@ -7,7 +7,8 @@ torch). For each request it runs Megatron's own chain — `parse_args` → `vali
 entry) or `gpt_config_from_args` (GPT entry) — and then asks Megatron, for every (pipeline rank,
 virtual stage) under torch's fake process group, which decoder, MoE and MTP layers it builds and
 which of those MoE layers its router hash-routes, and reads the rotary settings the configs ended
-up with.
+up with. A request with "count_parameters" also gets the parameters of Megatron's GPTModel built
+whole on one rank on the meta device (`_parameter_counts`).
 
 Hash routing is decided by Megatron's own objects (as of Megatron-LM dev@d48bd6be):
 `megatron/core/transformer/moe/router.py TopKRouter.__init__` sets `is_hash_layer` from the layer
@@ -407,6 +408,85 @@ def _shape(transformer: Any) -> dict[str, Any]:
     return found
 
 
+# The parallel sizes a one-rank copy of the model resets (the parameter count is of the whole model).
+ONE_RANK = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+            "virtual_pipeline_model_parallel_size": None, "pipeline_model_parallel_layout": None,
+            "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None,
+            "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1,
+            "context_parallel_size": 1, "sequence_parallel": False}
+# Fused-kernel switches the local modules refuse (megatron/core/transformer/torch_norm.py
+# WrappedTorchNorm), and the token dispatcher (the all-to-all one opens a CUDA stream,
+# megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher): none holds
+# parameters.
+LOCAL_KERNELS = {"persist_layer_norm": False, "memory_efficient_layer_norm": False,
+                 "gradient_accumulation_fusion": False, "moe_token_dispatcher_type": "allgather"}
+
+
+def _parameter_free_core_attention() -> Any:
+    import torch
+
+    class CoreAttention(torch.nn.Module):
+        """Stands in for MLA's local core attention: Megatron's local MLA spec passes it
+        `k_channels`/`v_channels`, which DotProductAttention does not take (dev@d48bd6be
+        megatron/core/models/gpt/gpt_layer_specs.py get_gpt_layer_local_submodules), and the
+        softmax(QK^T)V it computes holds no parameters."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__()
+
+    return CoreAttention
+
+
+def _parameter_counts(args: Any, transformer: Any) -> dict[str, Any]:
+    """Megatron's own GPTModel, built whole on one rank on the meta device (shapes, no memory):
+    the TransformerConfig as `core_transformer_config_from_args` made it with every parallel size
+    1, the local (non-Transformer-Engine) layer and MTP specs of
+    megatron/core/models/gpt/gpt_layer_specs.py, the vocabulary padded for one TP rank
+    (megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding). Parameters are
+    summed by name: `mtp.` is the MTP block, `.experts.` the routed experts, the word embedding
+    and the output layer the tables. The shape of every distinct parameter name pattern (layer
+    indices and expert numbers folded) comes back with its count, for a failing test to show."""
+    import dataclasses
+    import re
+
+    import torch
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_mtp_block_spec,
+    )
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.tokenizers.utils.build_tokenizer import vocab_size_with_padding
+
+    config = dataclasses.replace(transformer, **ONE_RANK, **LOCAL_KERNELS,
+                                 use_cpu_initialization=True, perform_initialization=False)
+    vocab = vocab_size_with_padding(args.vocab_size, argparse.Namespace(
+        **{**vars(args), "tensor_model_parallel_size": 1}), logging_enabled=False)
+    with _pipeline_rank(0, 1, 1) as groups, torch.device("meta"):
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
+        for layer in spec.layer_specs:
+            attention = layer.submodules.self_attention.submodules
+            if config.multi_latent_attention and hasattr(attention, "core_attention"):
+                attention.core_attention = _parameter_free_core_attention()
+        mtp = (get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
+               if config.mtp_num_layers else None)
+        model = GPTModel(config, spec, vocab, args.max_position_embeddings,
+                         share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+                         position_embedding_type=args.position_embedding_type,
+                         mtp_block_spec=mtp, pg_collection=groups)
+    counts = {"total": 0, "mtp": 0, "routed_experts": 0, "embedding": 0}
+    shapes: dict[str, list[Any]] = {}
+    for name, param in model.named_parameters():
+        n = param.numel()
+        mtp_param = name.startswith("mtp.")
+        counts["mtp" if mtp_param else "total"] += n
+        counts["routed_experts"] += n if ".experts." in name and not mtp_param else 0
+        counts["embedding"] += n if name.startswith(("embedding.word_embeddings", "output_layer")) else 0
+        pattern = re.sub(r"\.\d+\.", ".N.", re.sub(r"\.\d+\.", ".N.", name))
+        entry = shapes.setdefault(pattern, [list(param.shape), 0])
+        entry[1] += 1
+    return {**counts, "shapes": shapes}
+
+
 def _derived(args: Any, transformer: Any, model_config: Any) -> dict[str, Any]:
     from megatron.core.num_microbatches_calculator import get_num_microbatches
 
@@ -448,6 +528,9 @@ def check_one(request: dict[str, Any], megatron_dir: Path) -> dict[str, Any]:
             args, transformer, model_config = _megatron_chain(request, not_run, steps)
             steps.append(PROBE_STEP)
             derived = _derived(args, transformer, model_config)
+            if request.get("count_parameters"):
+                steps.append("parameter count")
+                derived["parameters"] = _parameter_counts(args, transformer)
         return {"verdict": "pass", "derived": derived, "not_run": not_run}
     except ImportError as exc:
         return {"verdict": "unusable", "message": _message(exc, ""),

@@ -25,6 +25,7 @@ from planner.emit.megatron_check import (
     judge,
     megatron_hashed,
     request_for,
+    run_probe,
 )
 from planner.findings import has_errors
 from planner.plan import compile_plan
@@ -99,3 +100,24 @@ def hashed_blocks(result: CheckResult) -> set[int]:
         assert hashed is not None, (result.name, chunk)
         found.update(hashed)
     return found
+
+
+class _CountingRequest(CheckRequest):
+    """A request that also asks the probe for the parameters of Megatron's model built whole."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {**super().as_json(), "count_parameters": True}
+
+
+def built_parameters(configs: dict[str, Config]) -> dict[str, dict[str, Any]]:
+    """Megatron's verdict on each config's emitted arguments and, when it passes, the parameter
+    counts of its GPTModel built whole on the meta device (runtime/megatron_probe.py
+    _parameter_counts); one probe subprocess for all."""
+    megatron = require_oracle()
+    requests = []
+    for name, cfg in configs.items():
+        plain = request_for(cfg, name)
+        requests.append(_CountingRequest(plain.name, plain.entry, plain.argv, plain.env,
+                                         plain.world_size))
+    results, _, _ = run_probe(requests, megatron, sys.executable, timeout_s=600)
+    return dict(zip(configs, results, strict=True))

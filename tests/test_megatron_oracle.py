@@ -67,6 +67,34 @@ PRESET_CONFIGS: dict[str, dict[str, Any]] = {
         "training": {**V4_TRAINING, "qkv_format": "thd", "sequence_packing_scheduler": "dp_balanced"},
         "moe": V4_MOE, "overlap": FULL_RECOMPUTE, "ignore": ["MEM001"],
     },
+    # The GPT-form presets (pretrain_gpt.py). MLA with TP2, PP4 from a layout, the MTP block last
+    "deepseek-v3": {
+        "model": {"preset": "deepseek-v3"},
+        "parallel": {"world_size": 128, "tp": 2, "cp": 1, "pp": 4, "ep": 16, "etp": 1,
+                     "sequence_parallel": True,
+                     "pipeline_model_parallel_layout": "Et*15|t*15|t*16|t*15mL"},
+        "training": V4_TRAINING, "ignore": ["MEM001"],
+    },
+    # GQA + qk_layernorm, TP2 with SP and PP2
+    "qwen3-30b-a3b": {
+        "model": {"preset": "qwen3-30b-a3b"},
+        "parallel": {"world_size": 32, "tp": 2, "cp": 1, "pp": 2, "ep": 8, "etp": 1,
+                     "sequence_parallel": True},
+        "training": V4_TRAINING, "ignore": ["MEM001"],
+    },
+    # CP2 and TP4 = ETP4 (Megatron's default ETP), 94 layers over PP2
+    "qwen3-235b-a22b": {
+        "model": {"preset": "qwen3-235b-a22b"},
+        "parallel": {"world_size": 128, "tp": 4, "cp": 2, "pp": 2, "ep": 8,
+                     "sequence_parallel": True},
+        "training": V4_TRAINING, "ignore": ["MEM001"],
+    },
+    # PP2 x VPP2, 8 experts over EP4
+    "mixtral-8x7b": {
+        "model": {"preset": "mixtral-8x7b"},
+        "parallel": {"world_size": 16, "tp": 1, "cp": 1, "pp": 2, "vpp": 2, "ep": 4, "etp": 1},
+        "training": V4_TRAINING, "ignore": ["MEM001"],
+    },
 }
 assert set(PRESET_CONFIGS) == set(PRESETS), "every preset needs a config judged by Megatron"
 

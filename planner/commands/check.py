@@ -21,6 +21,7 @@ from planner.cli_common import (
 )
 from planner.findings import has_errors
 from planner.layout import layout_summary
+from planner.model_size import ModelSize, model_size
 
 _ROWS = [
     ("world_size", "N (world size)"), ("tp", "TP"), ("cp", "CP"), ("pp", "PP"), ("vpp", "VPP"),
@@ -42,6 +43,24 @@ def _summary_table(layout: dict) -> Table:
     return table
 
 
+_SIZE_ROWS = [
+    ("total_params", "total parameters (without MTP)"), ("mtp_params", "MTP parameters"),
+    ("active_params", "activated parameters per token"),
+    ("embedding_params", "embedding + output-layer parameters"),
+]
+
+
+def _size_table(size: ModelSize) -> Table:
+    table = Table(title="model", show_header=False, title_justify="left")
+    table.add_column("quantity", style="bold")
+    table.add_column("value", justify="right")
+    table.add_column("exact", justify="right")
+    values = size.as_json()
+    for key, label in _SIZE_ROWS:
+        table.add_row(label, f"{values[key] / 1e9:,.2f} B", f"{values[key]:,}")
+    return table
+
+
 def check(
     config: Annotated[Path, typer.Argument(help="YAML config to check")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
@@ -50,16 +69,21 @@ def check(
     cfg = load_config_or_exit(config, as_json=as_json)
     findings = collect_findings(cfg)
     layout = layout_summary(cfg)
+    size = model_size(cfg)
     ok = not has_errors(findings)
     if as_json:
         payload = {"ok": ok, "findings": findings_json(findings)}
         if layout is not None:
             payload["layout"] = layout
+        if size is not None:
+            payload["model"] = size.as_json()
         print(json.dumps(payload, indent=2))
     else:
         print_findings(findings, stdout)
         if layout is not None:
             stdout.print(_summary_table(layout))
+        if size is not None:
+            stdout.print(_size_table(size))
         errors = sum(f.severity == "error" for f in findings)
         warnings = sum(f.severity == "warning" for f in findings)
         verdict = "[bold green]valid[/]" if ok else "[bold red]invalid[/]"
