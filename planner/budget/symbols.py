@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from planner.budget.expr import Number, Symbol, exact, normalize
+from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.pipeline import Chunk, StageLayers, StageSplit, stage_layers
 from planner.schema import Config
 
@@ -83,6 +84,7 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
            "megatron/core/transformer/moe/moe_utils.py get_align_size_for_quantization)"),
     Symbol("vex_slots", "temporary expert slots per rank and MoE layer with virtual experts "
            "(moeplan assumes one; 0 without virtual experts)"),
+    *MODEL_SYMBOLS,
 )
 
 STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in (
@@ -350,6 +352,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "miss_rank": miss_probability(m.num_experts, m.moe_router_topk, m.num_experts // max(par.ep, 1)),
         "q_align": QUANT_ALIGN["fp8"] if tr.fp8 else QUANT_ALIGN["fp4"] if tr.fp4 else 1,
         "vex_slots": int(cfg.moe.moe_virtual_experts),
+        **model_values(cfg),
     }
 
 
