@@ -311,6 +311,24 @@ class OverlapSection(Section):
     cuda_graph_scope: list[str] = Field(default_factory=list)
 
 
+Share = Annotated[float, Field(gt=0, le=1)]
+
+
+class EfficiencySection(Section):
+    """The step-time model's efficiency factors (`moeplan estimate`). Defaults are calibrated on
+    four public Megatron MoE measurements (docs/estimate.md lists them); every estimate prints
+    the values it used. Fractions of the catalog peaks, except routing_imbalance (>= 1)."""
+
+    gemm_bf16: Share = 0.6  # share of the dense BF16 peak the GEMMs reach
+    gemm_fp8: Share = 0.4  # share of the dense FP8 peak the GEMMs reach under FP8
+    attention: Share = 0.5  # share of the BF16 peak core (flash) attention reaches
+    intra_node: Share = 0.7  # share of the NVLink bandwidth a collective reaches
+    inter_node: Share = 0.8  # share of the scale-out bandwidth a collective reaches
+    hbm: Share = 0.8  # share of the HBM bandwidth the optimizer step reaches
+    overlap: Share = 0.8  # share of an overlapped collective hidden behind compute (at most all)
+    routing_imbalance: Annotated[float, Field(ge=1)] = 1.0  # busiest rank's expert load / mean
+
+
 class ClusterSection(Section):
     """The machines. `gpu` names a catalog entry (planner/gpus.py) whose figures fill every field
     left unset; without `gpu` they are an H100's (moeplan's defaults before the catalog)."""
@@ -326,6 +344,7 @@ class ClusterSection(Section):
     peak_bf16_tflops: PosFloat | None = None  # dense
     peak_fp8_tflops: PosFloat | None = None  # dense
     hbm_bandwidth_tb_s: PosFloat | None = None
+    efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
 
     @model_validator(mode="after")
     def _from_gpu(self) -> ClusterSection:

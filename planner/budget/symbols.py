@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from planner.budget.expr import Number, Symbol, exact, normalize
+from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.pipeline import Chunk, StageLayers, StageSplit, stage_layers
 from planner.schema import Config
@@ -85,6 +86,7 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("vex_slots", "temporary expert slots per rank and MoE layer with virtual experts "
            "(moeplan assumes one; 0 without virtual experts)"),
     *MODEL_SYMBOLS,
+    *HARDWARE_SYMBOLS,
 )
 
 STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in (
@@ -353,6 +355,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "q_align": QUANT_ALIGN["fp8"] if tr.fp8 else QUANT_ALIGN["fp4"] if tr.fp4 else 1,
         "vex_slots": int(cfg.moe.moe_virtual_experts),
         **model_values(cfg),
+        **hardware_values(cfg),
     }
 
 
