@@ -18,7 +18,7 @@ from planner.budget.symbols import TOPOLOGY_GROUPS, rank_values
 from planner.schema import Config
 
 COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gemm_s",
-                 "time_dense_gemm_s", "time_head_gemm_s")
+                 "time_dense_gemm_s", "time_head_gemm_s", "time_non_gemm_s")
 STEP_PARTS = ("time_compute_s", "time_exposed_comm_s", "time_bubble_s", "time_optimizer_s")
 
 

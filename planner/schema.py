@@ -319,14 +319,17 @@ class EfficiencySection(Section):
     four public Megatron MoE measurements (docs/estimate.md lists them); every estimate prints
     the values it used. Fractions of the catalog peaks, except routing_imbalance (>= 1)."""
 
-    gemm_bf16: Share = 0.6  # share of the dense BF16 peak the GEMMs reach
-    gemm_fp8: Share = 0.4  # share of the dense FP8 peak the GEMMs reach under FP8
+    gemm_bf16: Share = 0.8  # share of the dense BF16 peak the GEMMs reach
+    gemm_fp8: Share = 0.6  # share of the dense FP8 peak the GEMMs reach under FP8
     attention: Share = 0.5  # share of the BF16 peak core (flash) attention reaches
-    intra_node: Share = 0.7  # share of the NVLink bandwidth a collective reaches
-    inter_node: Share = 0.8  # share of the scale-out bandwidth a collective reaches
+    intra_node: Share = 0.85  # share of the NVLink bandwidth a collective reaches
+    inter_node: Share = 0.7  # share of the scale-out bandwidth a collective reaches
     hbm: Share = 0.8  # share of the HBM bandwidth the optimizer step reaches
-    overlap: Share = 0.8  # share of an overlapped collective hidden behind compute (at most all)
+    overlap: Share = 0.5  # share of an overlapped collective hidden behind compute (at most all)
     routing_imbalance: Annotated[float, Field(ge=1)] = 1.0  # busiest rank's expert load / mean
+    # Time per token and transformer block outside the GEMMs and attention (norms, router,
+    # permutations, activation functions, kernel launches), forward and backward together.
+    non_gemm_ns_per_token_block: NonNegFloat = 600.0
 
 
 class ClusterSection(Section):

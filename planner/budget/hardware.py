@@ -8,11 +8,12 @@ overlapped collective needs no change here.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from functools import reduce
 from typing import Any
 
 from planner.budget.collectives import TABLE
-from planner.budget.expr import Number, Symbol, exact
+from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.schema import Config
 
 TERA, GIGA = 10**12, 10**9
@@ -44,6 +45,8 @@ HARDWARE_SYMBOLS: tuple[Symbol, ...] = (
            "(efficiency.overlap)"),
     Symbol("imbalance", "busiest rank's routed-expert load over the mean (efficiency."
            "routing_imbalance; 1 under forced balance)"),
+    Symbol("t_non_gemm", "seconds per token and block outside GEMMs and attention, forward and "
+           "backward (efficiency.non_gemm_ns_per_token_block)"),
     *(Symbol(overlap_symbol(flag), f"1 when {flag} is on (an overlap flag of the collectives "
              "table)") for flag in OVERLAP_FLAGS),
 )
@@ -66,5 +69,6 @@ def hardware_values(cfg: Config) -> dict[str, Number]:
         "eff_attention": exact(eff.attention), "eff_intra": exact(eff.intra_node),
         "eff_inter": exact(eff.inter_node), "eff_hbm": exact(eff.hbm),
         "eff_overlap": exact(eff.overlap), "imbalance": exact(eff.routing_imbalance),
+        "t_non_gemm": normalize(Fraction(exact(eff.non_gemm_ns_per_token_block)) / GIGA),
         **{overlap_symbol(flag): _flag(cfg, flag) for flag in OVERLAP_FLAGS},
     }

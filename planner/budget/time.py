@@ -105,8 +105,12 @@ def _compute(book: Book) -> None:
         "dense MLPs, recompute included")
     add("time_head_gemm_s", f"{per_step} * 3 * stage_head_fwd_flops_per_token / time_bf16_rate",
         "s", "time", "logits and MTP projections (BF16)")
+    add("time_non_gemm_s", f"{per_step} * (blocks + blocks_recomputed / 3) * t_non_gemm", "s", "time",
+        "work outside GEMMs and attention (norms, router, permutations, activations, launches), "
+        "per token and block; a recomputed block's forward (a third) again")
     add("time_compute_s", "time_attention_gemm_s + time_attention_core_s + time_moe_gemm_s"
-        " + time_dense_gemm_s + time_head_gemm_s", "s", "time", "all compute of the step")
+        " + time_dense_gemm_s + time_head_gemm_s + time_non_gemm_s", "s", "time",
+        "all compute of the step")
 
 
 def _communication(book: Book, v: Variant) -> list[str]:
