@@ -252,3 +252,14 @@ def test_explain_shows_formula_and_values_and_refuses_unknown_names() -> None:
     assert out.returncode == 0 and "time_attention_gemm_s" in out.stdout and "= " in out.stdout
     bad = moeplan("estimate", path, "--explain", "no_such_thing")
     assert bad.returncode == 2 and "no such quantity" in bad.stderr + bad.stdout
+
+
+def test_findings_decide_the_exit_code_as_for_budget() -> None:
+    """A config with rule errors is still estimated when its grids build, exit 1, findings on
+    stderr; a layout whose grids cannot be built gets one clear line, never a traceback."""
+    bad = moeplan("estimate", str(EXAMPLES / "invalid" / "par003-experts-not-divisible-by-ep.yaml"),
+                  "--json")
+    assert bad.returncode == 1 and "PAR003" in bad.stderr and "step_time_s" in json.loads(bad.stdout)
+    broken = moeplan("estimate", str(EXAMPLES / "invalid" / "pip001-layers-do-not-split.yaml"))
+    assert broken.returncode == 1 and "no estimate" in broken.stderr
+    assert "Traceback" not in broken.stderr

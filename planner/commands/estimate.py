@@ -15,7 +15,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from planner.cli_common import EXIT_CONFIG, EXIT_OK, EXIT_USAGE, fail, load_config_or_exit, stdout
+from planner.cli_common import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_USAGE,
+    collect_findings,
+    fail,
+    load_config_or_exit,
+    print_findings,
+    stdout,
+)
+from planner.findings import has_errors
 
 
 def estimate(
@@ -27,12 +37,17 @@ def estimate(
 ) -> None:
     """Predicted step time per stage and its parts; the slowest stage sets the step."""
     cfg = load_config_or_exit(config)
+    # As `moeplan budget`: findings go to stderr and decide the exit code; a layout with errors
+    # (one that does not fit included) is still estimated when its grids can be built.
+    findings = collect_findings(cfg)
+    done = EXIT_CONFIG if has_errors(findings) else EXIT_OK
     from planner.accounting import BudgetError, pretty
     from planner.estimate import estimate as run
 
     try:
         result = run(cfg)
     except BudgetError as exc:
+        print_findings(findings)
         fail(EXIT_CONFIG, f"no estimate for {config}: {exc} (run `moeplan check` for the findings)")
     if explain is not None:
         budget = result.explain(explain)
@@ -46,13 +61,15 @@ def estimate(
             stdout.print(f"[bold]{escape(budget.name)}[/] ({escape(budget.scope)}): "
                          f"{escape(budget.doc)}\n{escape(pretty(budget.formula))}\n"
                          f"= {escape(budget.substitution)}\n= {float(budget.value):.6g} {budget.unit}")
-        raise typer.Exit(EXIT_OK)
+        print_findings(findings)
+        raise typer.Exit(done)
     data = result.as_json()
     if as_json:
         print(json.dumps(data, indent=1))
     else:
         _render(data)
-    raise typer.Exit(EXIT_OK)
+    print_findings(findings)
+    raise typer.Exit(done)
 
 
 def _render(data: dict[str, Any]) -> None:
