@@ -263,3 +263,13 @@ def test_findings_decide_the_exit_code_as_for_budget() -> None:
     broken = moeplan("estimate", str(EXAMPLES / "invalid" / "pip001-layers-do-not-split.yaml"))
     assert broken.returncode == 1 and "no estimate" in broken.stderr
     assert "Traceback" not in broken.stderr
+
+
+def test_mxfp8_pads_expert_rows_to_32() -> None:
+    """Megatron-LM dev@d48bd6be megatron/core/fp8_utils.py get_fp8_align_size: 32 for mxfp8,
+    16 for every other recipe."""
+    from planner.accounting import Accounting
+
+    def align(recipe: str | None) -> Any:
+        return Accounting(cfg(training={"fp8_format": "e4m3", "fp8_recipe": recipe})).inputs["q_align"]
+    assert (align(None), align("blockwise"), align("mxfp8")) == (16, 16, 32)
