@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.verify",
     "planner.commands.import_",
     "planner.commands.import_hf",
+    "planner.commands.estimate",
 )
 
 app = typer.Typer(

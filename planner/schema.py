@@ -13,6 +13,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from planner.degrees import Degrees
+from planner.gpus import GPUS
+from planner.gpus import gpu as gpu_entry
 from planner.layer_freq import parse_layer_freq
 from planner.presets import PRESETS
 
@@ -28,6 +30,7 @@ MAX_LAYERS = 100_000
 MAX_RANKS = 1 << 20
 MAX_EXPERTS = 1 << 16  # the plan lists each rank's experts
 RankCount = Annotated[int, Field(ge=1, le=MAX_RANKS)]
+GPU_NAMES = tuple(GPUS)
 
 
 class Section(BaseModel):
@@ -232,6 +235,10 @@ class TrainingSection(Section):
     num_distributed_optimizer_instances: PosInt = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: bool = False
+    # Megatron's --fp8-format (setting it turns fp8 on) and --fp8-recipe (Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/transformer_config.py TransformerConfig.fp8 / fp8_recipe).
+    fp8_format: Literal["e4m3", "hybrid"] | None = None
+    fp8_recipe: Literal["tensorwise", "delayed", "blockwise", "mxfp8"] | None = None
     fp4: bool = False
     calculate_per_token_loss: bool = False
     average_in_collective: bool = Field(
@@ -250,6 +257,27 @@ class TrainingSection(Section):
     adam_eps: PosFloat = 1e-8
     weight_decay: NonNegFloat = 0.1
     seed: NonNegInt = 1234
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fp8_format_enables_fp8(cls, data: Any) -> Any:
+        """Megatron turns FP8 on by naming its format; `fp8: true` alone keeps meaning e4m3."""
+        if not isinstance(data, dict) or data.get("fp8_format") is None:
+            return data
+        if data.get("fp8") is False:
+            raise PydanticCustomError(
+                "fp8_conflict", "training.fp8_format {fmt} but training.fp8 is false: drop one",
+                {"fmt": data["fp8_format"]})
+        return {**data, "fp8": True}
+
+    @model_validator(mode="after")
+    def _fp8_recipe_needs_fp8(self) -> TrainingSection:
+        if self.fp8_recipe is not None and not self.fp8:
+            raise PydanticCustomError(
+                "fp8_recipe_without_fp8",
+                "training.fp8_recipe {recipe} without FP8: set training.fp8_format (e4m3 or hybrid)",
+                {"recipe": self.fp8_recipe})
+        return self
 
 
 class MoeSection(Section):
@@ -286,12 +314,68 @@ class OverlapSection(Section):
     cuda_graph_scope: list[str] = Field(default_factory=list)
 
 
+Share = Annotated[float, Field(gt=0, le=1)]
+
+
+class EfficiencySection(Section):
+    """The step-time model's efficiency factors (`moeplan estimate`). Defaults are calibrated on
+    four public Megatron MoE measurements (docs/estimate.md lists them); every estimate prints
+    the values it used. Fractions of the catalog peaks, except routing_imbalance (>= 1)."""
+
+    gemm_bf16: Share = 0.8  # share of the dense BF16 peak the GEMMs reach
+    gemm_fp8: Share = 0.6  # share of the dense FP8 peak the GEMMs reach under FP8
+    attention: Share = 0.5  # share of the BF16 peak core (flash) attention reaches
+    intra_node: Share = 0.85  # share of the NVLink bandwidth a collective reaches
+    inter_node: Share = 0.7  # share of the scale-out bandwidth a collective reaches
+    hbm: Share = 0.8  # share of the HBM bandwidth the optimizer step reaches
+    overlap: Share = 0.5  # share of an overlapped collective hidden behind compute (at most all)
+    routing_imbalance: Annotated[float, Field(ge=1)] = 1.0  # busiest rank's expert load / mean
+    # Time per token and transformer block outside the GEMMs and attention (norms, router,
+    # permutations, activation functions, kernel launches), forward and backward together.
+    non_gemm_ns_per_token_block: NonNegFloat = 600.0
+
+
 class ClusterSection(Section):
+    """The machines. `gpu` names a catalog entry (planner/gpus.py) whose figures fill every field
+    left unset; without `gpu` they are an H100's (moeplan's defaults before the catalog)."""
+
     nodes: RankCount | None = None
-    gpus_per_node: RankCount = 8
-    gpu_memory_gib: PosFloat = 80.0
-    intra_node_bandwidth_gb_s: PosFloat = 450.0
-    inter_node_bandwidth_gb_s: PosFloat = 50.0
+    gpu: Literal[GPU_NAMES] | None = None  # type: ignore[valid-type]
+    gpus_per_node: RankCount | None = None
+    # GPUs that share one NVLink domain: a node (8) on HGX systems, 72 on NVL72 racks.
+    nvlink_domain: RankCount | None = None
+    gpu_memory_gib: PosFloat | None = None
+    intra_node_bandwidth_gb_s: PosFloat | None = None  # NVLink per GPU, one direction
+    inter_node_bandwidth_gb_s: PosFloat | None = None  # scale-out per GPU, one direction
+    peak_bf16_tflops: PosFloat | None = None  # dense
+    peak_fp8_tflops: PosFloat | None = None  # dense
+    hbm_bandwidth_tb_s: PosFloat | None = None
+    efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
+
+    @model_validator(mode="after")
+    def _from_gpu(self) -> ClusterSection:
+        card = gpu_entry(self.gpu)
+        filled = {
+            "gpus_per_node": card.gpus_per_node if self.gpu else 8,
+            "gpu_memory_gib": float(card.memory_gib), "intra_node_bandwidth_gb_s": float(card.nvlink_gb_s),
+            "inter_node_bandwidth_gb_s": float(card.scale_out_gb_s),
+            "peak_bf16_tflops": float(card.bf16_tflops), "peak_fp8_tflops": float(card.fp8_tflops),
+            "hbm_bandwidth_tb_s": float(card.hbm_tb_s),
+        }
+        for key, value in filled.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
+        if self.nvlink_domain is None:
+            domain = card.nvlink_domain if self.gpu else self.gpus_per_node
+            object.__setattr__(self, "nvlink_domain", max(domain, self.gpus_per_node or 1))
+        if self.nvlink_domain % (self.gpus_per_node or 1):
+            raise PydanticCustomError(
+                "nvlink_domain_nodes",
+                "cluster.nvlink_domain {domain} is not a whole number of nodes of {per_node} GPUs: "
+                "set it to a multiple of cluster.gpus_per_node",
+                {"domain": self.nvlink_domain, "per_node": self.gpus_per_node},
+            )
+        return self
 
 
 class LaunchSection(Section):

@@ -1,5 +1,5 @@
 """The formula book reads like a book: each page uses only the config symbols and names defined on
-its own page (above) or on earlier pages — layout → params → comm → memory → scaling."""
+its own page (above) or on earlier pages — layout → params → flops → comm → memory → scaling → time."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def later_page_reads(book: FormulaBook) -> list[str]:
 
 
 def test_pages_are_in_the_documented_order() -> None:
-    assert PAGE_ORDER == ["layout", "params", "comm", "memory", "scaling"]
+    assert PAGE_ORDER == ["layout", "params", "flops", "comm", "memory", "scaling", "time"]
 
 
 def test_every_quantity_is_written_by_a_page() -> None:

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
 
-from planner.budget import comm, layout, memory, params, scaling
+from planner.budget import comm, flops, layout, memory, params, scaling, time
 from planner.budget.expr import Book, Quantity
 from planner.budget.symbols import ALL_SYMBOLS, Variant
 
-PAGES: tuple[ModuleType, ...] = (layout, params, comm, memory, scaling)
+PAGES: tuple[ModuleType, ...] = (layout, params, flops, comm, memory, scaling, time)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from planner.budget.expr import Number, Symbol, exact, normalize
+from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
+from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.pipeline import Chunk, StageLayers, StageSplit, stage_layers
 from planner.schema import Config
 
@@ -78,11 +80,13 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
            "miss all E/EP experts of one EP rank: C(E − E/EP, k) / C(E, k), precomputed (the "
            "formulas have no binomials)"),
     Symbol("q_align", "rows each local expert's token count is padded to a multiple of for "
-           "quantised grouped GEMMs: 16 with fp8 (every recipe but mxfp8; moeplan has no recipe "
-           "field), 128 with fp4, else 1 (Megatron-LM dev@d48bd6be "
+           "quantised grouped GEMMs: 16 with fp8 (32 with training.fp8_recipe mxfp8), 128 with fp4, "
+           "else 1 (Megatron-LM dev@d48bd6be "
            "megatron/core/transformer/moe/moe_utils.py get_align_size_for_quantization)"),
     Symbol("vex_slots", "temporary expert slots per rank and MoE layer with virtual experts "
            "(moeplan assumes one; 0 without virtual experts)"),
+    *MODEL_SYMBOLS,
+    *HARDWARE_SYMBOLS,
 )
 
 STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in (
@@ -285,7 +289,7 @@ def _shards_optimizer(cfg: Config) -> bool:
 # Rows of one local expert are padded to these multiples for quantised grouped GEMMs
 # (Megatron-LM dev@d48bd6be megatron/core/fp8_utils.py get_fp8_align_size: 16 but for mxfp8's 32;
 # megatron/core/fp4_utils.py get_fp4_align_size: 128).
-QUANT_ALIGN = {"fp8": 16, "fp4": 128}
+QUANT_ALIGN = {"fp8": 16, "mxfp8": 32, "fp4": 128}
 
 
 def miss_probability(experts: int, topk: int, held: int) -> Number:
@@ -348,8 +352,11 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "csa_align": 32 // math.gcd(32, CSA_RATIO),
         "hca_align": 32 // math.gcd(32, max(hca, default=0)),
         "miss_rank": miss_probability(m.num_experts, m.moe_router_topk, m.num_experts // max(par.ep, 1)),
-        "q_align": QUANT_ALIGN["fp8"] if tr.fp8 else QUANT_ALIGN["fp4"] if tr.fp4 else 1,
+        "q_align": (QUANT_ALIGN["mxfp8" if tr.fp8_recipe == "mxfp8" else "fp8"] if tr.fp8
+                    else QUANT_ALIGN["fp4"] if tr.fp4 else 1),
         "vex_slots": int(cfg.moe.moe_virtual_experts),
+        **model_values(cfg),
+        **hardware_values(cfg),
     }
 
 

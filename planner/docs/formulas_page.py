@@ -99,6 +99,8 @@ CATEGORY_TITLES: dict[str, str] = {
     "step": "Per optimizer step, per collective (what `moeplan verify` compares)",
     "topology": "Topology: intra-node and inter-node bytes",
     "scaling": "Gradient scaling",
+    "flops": "FLOPs (Megatron's num_floating_point_operations, per token)",
+    "time": "Step time (`moeplan estimate`)",
 }
 LEVEL_TITLES = {"global": "Config dimensions (one value per job)",
                 "stage": "Per pipeline stage", "rank": "Per rank (placement on nodes)"}

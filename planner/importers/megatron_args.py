@@ -486,8 +486,10 @@ def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
     if "--bf16" in special or "--fp16" in special:
         result.set("training.precision", "bf16" if "--bf16" in special else "fp16")
     for flag, name in (("--fp8-format", "fp8"), ("--fp4-format", "fp4")):
-        if flag in special and _one(result, special[flag], "str") is not None:
+        if flag in special and (value := _one(result, special[flag], "str")) is not None:
             result.set(f"training.{name}", True)
+            if name == "fp8" and value != "e4m3":  # e4m3 is what `fp8: true` alone emits
+                result.set("training.fp8_format", value)
     if "--use-tp-pp-dp-mapping" in special:
         result.set("parallel.order", PP_DP_ORDER)
     for flag, degree, base in (("--tensor-parallel-num-weight-shards", "gtp", "tp"),

@@ -1,0 +1,50 @@
+"""The GPU catalog: what `cluster.gpu` names, as data (dense peaks, no sparsity).
+
+Figures are the vendors' published ones: NVIDIA's H100 and H200 Tensor Core GPU datasheets (SXM),
+the H800 as sold in China (the H100's compute and memory with NVLink cut to 400 GB/s; its usable
+one-direction NVLink of about 160 GB/s is DeepSeek's working figure in the DeepSeek-V3 technical
+report), and NVIDIA's DGX B200, GB200 NVL72, DGX B300 and GB300 NVL72 product pages. NVLink is per
+GPU and one direction; scale-out is the GPU's own network adapter (400 Gb/s = 50 GB/s, 800 Gb/s =
+100 GB/s on Blackwell Ultra). `memory_gib` is the datasheet's GB figure read as GiB, as moeplan's
+default of 80 always was; override `cluster.gpu_memory_gib` for what your driver reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU model: peaks, memory, links and how many GPUs share an NVLink domain."""
+
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float
+    memory_gib: float
+    hbm_tb_s: float
+    nvlink_gb_s: float  # per GPU, one direction
+    scale_out_gb_s: float  # per GPU, one direction
+    nvlink_domain: int  # GPUs that reach each other over NVLink
+    gpus_per_node: int  # GPUs in one node (tray) of a standard system
+
+
+GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
+    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8),
+    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8),
+    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8),
+    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8),
+    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4),
+    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8),
+    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4),
+)})
+
+# What a config without `cluster.gpu` gets: an H100's figures, moeplan's defaults before the catalog.
+DEFAULT_GPU = "H100"
+GpuName = str
+
+
+def gpu(name: str | None) -> Gpu:
+    """The catalog entry of `name`, the default H100 when None."""
+    return GPUS[name or DEFAULT_GPU]

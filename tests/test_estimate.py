@@ -1,0 +1,275 @@
+"""The GPU catalog, FP8 spellings and `moeplan estimate`: its step-time formulas by hand, the
+directions they must move in, and the calibration anchors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from planner.estimate import estimate
+from planner.gpus import GPUS
+from planner.importers.hf_config import map_hf_config
+from planner.schema import Config
+from tests.conftest import EXAMPLES
+from tests.test_flops import TINY
+from tests.test_hf_config import DEEPSEEK_V3, QWEN3_30B
+
+MODEL = {"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2, "vocab_size": 16,
+         "num_experts": 4}
+
+
+def cfg(cluster: dict[str, Any] | None = None, training: dict[str, Any] | None = None) -> Config:
+    return Config.model_validate({"model": MODEL, "parallel": {"world_size": 8},
+                                  "training": {"seq_length": 8, **(training or {})},
+                                  "cluster": cluster or {}}, strict=False)
+
+
+def test_catalog_holds_the_vendor_figures() -> None:
+    """Dense BF16/FP8 TFLOP/s, memory, HBM TB/s, NVLink and scale-out GB/s per GPU, NVLink domain."""
+    table = {name: (g.bf16_tflops, g.fp8_tflops, g.memory_gib, g.hbm_tb_s, g.nvlink_gb_s,
+                    g.scale_out_gb_s, g.nvlink_domain) for name, g in GPUS.items()}
+    assert table == {
+        "H100": (989, 1979, 80, 3.35, 450, 50, 8), "H200": (989, 1979, 141, 4.8, 450, 50, 8),
+        "H800": (989, 1979, 80, 3.35, 160, 50, 8), "B200": (2250, 4500, 180, 8, 900, 50, 8),
+        "GB200": (2500, 5000, 186, 8, 900, 50, 72), "B300": (2250, 4500, 288, 8, 900, 100, 8),
+        "GB300": (2500, 5000, 288, 8, 900, 100, 72)}
+
+
+def test_without_a_gpu_the_defaults_are_unchanged() -> None:
+    c = cfg().cluster
+    assert (c.gpus_per_node, c.gpu_memory_gib, c.intra_node_bandwidth_gb_s,
+            c.inter_node_bandwidth_gb_s, c.nvlink_domain) == (8, 80.0, 450.0, 50.0, 8)
+
+
+def test_a_gpu_fills_what_is_unset_and_the_config_wins() -> None:
+    c = cfg({"gpu": "GB200", "gpu_memory_gib": 180}).cluster
+    assert (c.gpus_per_node, c.nvlink_domain, c.gpu_memory_gib, c.peak_bf16_tflops,
+            c.intra_node_bandwidth_gb_s) == (4, 72, 180, 2500, 900)
+
+
+def test_nvlink_domain_must_be_whole_nodes() -> None:
+    with pytest.raises(ValueError, match="nvlink_domain 6 is not a whole number of nodes"):
+        cfg({"nvlink_domain": 6})
+
+
+def test_fp8_format_turns_fp8_on_and_a_recipe_needs_it() -> None:
+    t = cfg(training={"fp8_format": "hybrid", "fp8_recipe": "blockwise"}).training
+    assert (t.fp8, t.fp8_format, t.fp8_recipe) == (True, "hybrid", "blockwise")
+    with pytest.raises(ValueError, match="fp8_recipe mxfp8 without FP8"):
+        cfg(training={"fp8_recipe": "mxfp8"})
+    with pytest.raises(ValueError, match="fp8_format e4m3 but training.fp8 is false"):
+        cfg(training={"fp8_format": "e4m3", "fp8": False})
+
+
+# --- the time page ----------------------------------------------------------------------------
+
+def config(model: dict[str, Any], parallel: dict[str, Any], training: dict[str, Any],
+           **sections: Any) -> Config:
+    return Config.model_validate({"model": model, "parallel": parallel, "training": training,
+                                  **sections}, strict=False)
+
+
+def test_hand_derived_time_on_one_gpu() -> None:
+    """The flops test's tiny model (seq 8, one microbatch of one sequence) on one GPU of a
+    made-up 10⁶ FLOP/s peak at 1/2 efficiency: every reached rate is 5·10⁵ FLOP/s. Per token
+    forward (test_flops): attention projections 2·96, core 2·64, dense MLP 192, MoE 144, logits
+    1024. Each runs 3× over 8 tokens:
+      attention GEMMs 8·3·192 / 5e5 = 0.009216 s   core 8·3·128 / 5e5 = 0.006144 s
+      MoE             8·3·144 / 5e5 = 0.006912 s   dense 8·3·192 / 5e5 = 0.009216 s
+      logits          8·3·1024 / 5e5 = 0.049152 s
+    compute = 8·5040 / 5e5 = 0.08064 s (= Megatron's FLOPs of the step over the rate); one
+    rank: no collective, no bubble; the step adds the optimizer's HBM pass."""
+    cfg = config(TINY, {"world_size": 1}, {"seq_length": 8},
+                 cluster={"peak_bf16_tflops": 1e-6, "efficiency": {
+                     "gemm_bf16": 0.5, "attention": 0.5, "non_gemm_ns_per_token_block": 0}})
+    env = estimate(cfg).envs[0]
+    assert env["time_attention_gemm_s"] == Fraction(9216, 10**6)
+    assert env["time_attention_core_s"] == Fraction(6144, 10**6)
+    assert env["time_moe_gemm_s"] == Fraction(6912, 10**6)
+    assert env["time_dense_gemm_s"] == Fraction(9216, 10**6)
+    assert env["time_head_gemm_s"] == Fraction(49152, 10**6)
+    assert env["time_compute_s"] == Fraction(80640, 10**6)
+    assert env["time_exposed_comm_s"] == 0 and env["time_bubble_s"] == 0
+    optimizer = (env["weight_bytes"] + env["grad_bytes"] + 2 * env["optimizer_bytes"]) / (
+        Fraction(3350, 10**3) * 10**12 * Fraction(4, 5))
+    assert env["time_optimizer_s"] == optimizer
+    assert env["time_stage_step_s"] == env["time_compute_s"] + optimizer
+
+
+QWEN = map_hf_config(QWEN3_30B).model
+V3 = map_hf_config(DEEPSEEK_V3).model
+BALANCED = {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep",
+            "moe_router_force_load_balancing": True}
+
+
+def qwen(**overrides: Any) -> Config:
+    parallel = {"world_size": 16, "ep": 16, "etp": 1, **overrides.pop("parallel", {})}
+    training = {"seq_length": 4096, "global_batch_size": 1024, "use_distributed_optimizer": True,
+                **overrides.pop("training", {})}
+    return config(QWEN, parallel, training, moe=BALANCED, **overrides)
+
+
+def step(cfg: Config) -> float:
+    return estimate(cfg).step_time_s
+
+
+def test_ep_overlap_lowers_the_step_when_ep_crosses_nodes() -> None:
+    off, on = qwen(), qwen(overlap={"overlap_moe_expert_parallel_comm": True})
+    assert estimate(off).envs[0]["ep_nodes"] == 2  # EP16 over two 8-GPU nodes
+    assert step(on) < step(off)
+
+
+def test_a_bigger_nvlink_domain_lowers_the_step_for_ep64() -> None:
+    def v3(domain: int) -> Config:
+        return config(V3, {"world_size": 512, "pp": 8, "ep": 64, "etp": 1,
+                           "pipeline_model_parallel_layout": "Et*3|(t*8|)*6t*10mL"},
+                      {"seq_length": 4096, "global_batch_size": 512}, moe=BALANCED,
+                      cluster={"nvlink_domain": domain})
+    assert step(v3(64)) < step(v3(8))
+
+
+def test_more_microbatches_shrink_the_bubble() -> None:
+    def share(batch: int) -> float:
+        env = estimate(qwen(parallel={"world_size": 32, "pp": 2},
+                            training={"global_batch_size": batch})).envs[0]
+        return float(env["time_bubble_s"] / env["time_busy_s"])
+    assert share(64) == pytest.approx(1 / 4)  # (PP − 1) / m with m = 64 / 16 replicas = 4
+    assert share(1024) < share(256) < share(64)
+
+
+def test_interleaving_shrinks_the_bubble() -> None:
+    def bubble(vpp: int | None) -> float:
+        env = estimate(qwen(parallel={"world_size": 32, "pp": 2, "vpp": vpp},
+                            training={"global_batch_size": 64})).envs[0]
+        return float(env["time_bubble_s"] / env["time_busy_s"])
+    assert bubble(2) == pytest.approx(bubble(None) / 2)
+
+
+def test_full_recompute_costs_one_more_forward_of_the_recomputed_layers() -> None:
+    """Uniform full recompute re-runs every block's forward: the compute grows by exactly a
+    third of the blocks' forward + backward (the logits are not recomputed)."""
+    plain = estimate(qwen()).envs[0]
+    full = estimate(qwen(overlap={"recompute_granularity": "full",
+                                  "recompute_method": "uniform"})).envs[0]
+    blocks = plain["time_compute_s"] - plain["time_head_gemm_s"]
+    assert full["time_compute_s"] - plain["time_compute_s"] == blocks / 3
+
+
+def test_overlap_is_read_from_the_collectives_table() -> None:
+    """Grad-reduce overlap hides part of the DP reduce-scatter, never more than itself."""
+    on = estimate(qwen(parallel={"world_size": 32},
+                       overlap={"overlap_grad_reduce": True})).envs[0]
+    whole, exposed = on["time_dense_grad_reduce_fwd"], on["time_dense_grad_reduce_fwd_exposed"]
+    assert 0 < exposed < whole and exposed == whole / 2  # efficiency.overlap 0.5
+
+
+# --- calibration anchors (Megatron-Bridge and DeepSeek-V3 published figures) -----------------
+
+V3_LAYOUT = "Et*3|(tt|)*14|(tt|)*15mL"  # 32 chunks; the last stage's other chunk left empty
+ANCHORS: dict[str, tuple[Config, float]] = {
+    # A: DeepSeek-V3, 1024 H100, FP8 current scaling, TP2 PP8 VPP4 EP64; 1,297 tokens/s/GPU.
+    "A": (config(V3, {"world_size": 1024, "tp": 2, "pp": 8, "vpp": 4, "ep": 64, "etp": 1,
+                      "sequence_parallel": True, "pipeline_model_parallel_layout": V3_LAYOUT},
+                 {"seq_length": 4096, "global_batch_size": 8192, "fp8_format": "e4m3",
+                  "fp8_recipe": "tensorwise", "use_distributed_optimizer": True}, moe=BALANCED,
+                 overlap={"overlap_grad_reduce": True, "overlap_param_gather": True},
+                 cluster={"gpu": "H100"}), 1297.0),
+    # D: Qwen3-30B-A3B, 16 H100, BF16, HybridEP, EP overlap; 20.147 s/step.
+    "D": (config(QWEN, {"world_size": 16, "ep": 16, "etp": 1},
+                 {"seq_length": 4096, "global_batch_size": 1024, "use_distributed_optimizer": True},
+                 moe={**BALANCED, "moe_flex_dispatcher_backend": "hybridep"},
+                 overlap={"overlap_moe_expert_parallel_comm": True, "overlap_grad_reduce": True,
+                          "overlap_param_gather": True}, cluster={"gpu": "H100"}),
+          4096 * 1024 / 16 / 20.147),
+    # E: DeepSeek-V3 pre-training, 2048 H800, FP8, PP16 EP64, ZeRO-1; ≈ 1,543 tokens/s/GPU.
+    # DualPipe is not modelled: interleaving over 2 chunks and EP overlap stand in for it.
+    "E": (config(V3, {"world_size": 2048, "pp": 16, "vpp": 2, "ep": 64, "etp": 1,
+                      "pipeline_model_parallel_layout": V3_LAYOUT},
+                 {"seq_length": 4096, "global_batch_size": 15360, "fp8_format": "e4m3",
+                  "fp8_recipe": "blockwise", "use_distributed_optimizer": True}, moe=BALANCED,
+                 overlap={"overlap_moe_expert_parallel_comm": True, "overlap_grad_reduce": True,
+                          "overlap_param_gather": True}, cluster={"gpu": "H800"}), 1543.0),
+}
+# L: one MoE layer (DeepSeek proxy), 8 H100, BF16, alltoall: forward + backward 7.12 + 10.48 ms.
+LAYER = config({"num_layers": 1, "hidden_size": 7168, "num_attention_heads": 8, "vocab_size": 128,
+                "num_experts": 32, "moe_router_topk": 8, "moe_ffn_hidden_size": 2048,
+                "moe_shared_expert_intermediate_size": 2048},
+               {"world_size": 8, "ep": 8, "etp": 1}, {"seq_length": 4096, "global_batch_size": 8},
+               moe={"moe_token_dispatcher_type": "alltoall", "moe_router_force_load_balancing": True},
+               cluster={"gpu": "H100"})
+TOLERANCE = 0.15
+
+
+def anchor_table() -> dict[str, tuple[float, float]]:
+    """(predicted, published) per anchor: tokens/s/GPU for A, D, E; seconds for L's MoE layer
+    (its expert GEMMs, non-GEMM work and EP exchanges, forward + backward)."""
+    table = {name: (estimate(cfg).as_json()["tokens_per_s_per_gpu"], published)
+             for name, (cfg, published) in ANCHORS.items()}
+    row = estimate(LAYER).stages[0]
+    layer = (row["compute_parts_s"]["moe_gemm"] + row["compute_parts_s"]["non_gemm"]
+             + sum(v for k, v in row["exposed_comm_parts_s"].items() if k.startswith("ep_")))
+    table["L"] = (layer, (7.12 + 10.48) / 1e3)
+    return table
+
+
+def test_calibration_anchors_within_15_percent() -> None:
+    table = anchor_table()
+    print("\n".join(f"{k}: predicted {p:.6g}, published {q:.6g}, ratio {p / q:.3f}"
+                    for k, (p, q) in table.items()))
+    for name, (predicted, published) in table.items():
+        assert predicted == pytest.approx(published, rel=TOLERANCE), name
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def moeplan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_estimate_json_has_the_published_figures_at_the_top() -> None:
+    out = moeplan("estimate", str(EXAMPLES / "deepseek-v4-flash-128.yaml"), "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert set(data) == {"step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu",
+                         "flops_per_token", "mfu", "breakdown"}
+    assert data["mfu"]["denominator"].startswith("dense BF16 peak, 989 TFLOP/s")
+    assert data["breakdown"]["efficiency"]["gemm_bf16"] == 0.8
+    slowest = data["breakdown"]["stages"][data["breakdown"]["slowest_stage"]]
+    assert data["step_time_s"] == slowest["step_s"] == max(
+        s["step_s"] for s in data["breakdown"]["stages"])
+
+
+def test_explain_shows_formula_and_values_and_refuses_unknown_names() -> None:
+    path = str(EXAMPLES / "tiny-cpu-8.yaml")
+    out = moeplan("estimate", path, "--explain", "time_compute_s")
+    assert out.returncode == 0 and "time_attention_gemm_s" in out.stdout and "= " in out.stdout
+    bad = moeplan("estimate", path, "--explain", "no_such_thing")
+    assert bad.returncode == 2 and "no such quantity" in bad.stderr + bad.stdout
+
+
+def test_findings_decide_the_exit_code_as_for_budget() -> None:
+    """A config with rule errors is still estimated when its grids build, exit 1, findings on
+    stderr; a layout whose grids cannot be built gets one clear line, never a traceback."""
+    bad = moeplan("estimate", str(EXAMPLES / "invalid" / "par003-experts-not-divisible-by-ep.yaml"),
+                  "--json")
+    assert bad.returncode == 1 and "PAR003" in bad.stderr and "step_time_s" in json.loads(bad.stdout)
+    broken = moeplan("estimate", str(EXAMPLES / "invalid" / "pip001-layers-do-not-split.yaml"))
+    assert broken.returncode == 1 and "no estimate" in broken.stderr
+    assert "Traceback" not in broken.stderr
+
+
+def test_mxfp8_pads_expert_rows_to_32() -> None:
+    """Megatron-LM dev@d48bd6be megatron/core/fp8_utils.py get_fp8_align_size: 32 for mxfp8,
+    16 for every other recipe."""
+    from planner.accounting import Accounting
+
+    def align(recipe: str | None) -> Any:
+        return Accounting(cfg(training={"fp8_format": "e4m3", "fp8_recipe": recipe})).inputs["q_align"]
+    assert (align(None), align("blockwise"), align("mxfp8")) == (16, 16, 32)
