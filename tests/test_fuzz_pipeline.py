@@ -133,7 +133,10 @@ def test_mutated_configs_end_in_a_result_or_a_finding():
 @pytest.mark.parametrize("name", sorted(base_docs()))
 def test_every_base_config_runs_through(name, tmp_path):
     """The unmutated starting points: the bundled invalid examples end in rule findings, and so
-    do the bare presets (MEM001: a V4 model does not fit 80 GiB without the distributed optimizer
-    and recompute); the bundled valid examples and the rule base are planned and emitted."""
-    expected = "rule findings" if name.startswith(("invalid", "preset")) else "planned and emitted"
+    do the bare presets of big models (MEM001: they do not fit 80 GiB on 128 ranks with EP 64
+    without the distributed optimizer and recompute); the 30.5B-parameter Qwen3-30B-A3B fits,
+    and it, the bundled valid examples and the rule base are planned and emitted."""
+    findings = name.startswith("invalid") or (name.startswith("preset")
+                                              and name != "preset qwen3-30b-a3b")
+    expected = "rule findings" if findings else "planned and emitted"
     assert run_case(base_docs()[name], tmp_path) == expected
