@@ -146,6 +146,7 @@ def test_search_candidates_are_plotted_with_the_winner(monkeypatch, matplotlib_p
     assert seen["top"] == 5
     svg = context["charts"]["search"]
     assert 'id="chart-search"' in svg and "winner: TP1 CP1 PP8 VPP1 EP64 ETP1 mbs1 selective" in svg
+    assert "your layout" in svg
     assert [p["step_time_s"] for p in context["search"].points] == [40.0, 45.0, 57.0]
 
 

@@ -107,13 +107,18 @@ def time_chart(estimate: dict[str, Any]) -> str:
 
 
 def search_chart(points: list[dict[str, Any]]) -> str:
-    """Candidates as step time vs peak memory; the winner (first point) marked."""
+    """Candidates as step time vs peak memory; the winner (first point) and the user's layout
+    marked."""
     with matplotlib.rc_context(_RC):
         fig = _figure(8, 3.6)
         ax = fig.add_subplot()
-        rest = points[1:]
+        rest = [p for p in points[1:] if not p.get("is_user")]
         ax.scatter([p["peak_bytes"] / GIB for p in rest], [p["step_time_s"] for p in rest],
                    color="#4e79a7", s=18, label="candidates")
+        yours = [p for p in points[1:] if p.get("is_user")]
+        if yours:
+            ax.scatter([p["peak_bytes"] / GIB for p in yours], [p["step_time_s"] for p in yours],
+                       color="#333333", marker="D", s=36, label="your layout")
         best = points[0]
         ax.scatter([best["peak_bytes"] / GIB], [best["step_time_s"]], color="#e15759", marker="*",
                    s=160, label=f"winner: {best['label']}", zorder=3)
