@@ -205,3 +205,11 @@ def test_chromium_renders_the_page(pages, chromium, tmp_path, key, verdict):
     for chart in CHARTS:
         assert re.search(rf'<(svg|figure)[^>]*id="{chart}"', dom), chart
     assert dom.count("<svg") >= len(CHARTS)
+
+
+def test_without_matplotlib_report_says_which_extra(tmp_path):
+    probe = ("import sys\nsys.modules['matplotlib'] = None\nfrom planner.cli import app\n"
+             f"app(['report', {str(V4_PRO)!r}, '-o', {str(tmp_path / 'r.html')!r}])\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "pip install 'moeplan[report]'" in done.stderr and not (tmp_path / "r.html").exists()

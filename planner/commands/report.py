@@ -34,6 +34,8 @@ def report(
     if output.is_dir():
         fail(EXIT_USAGE, f"-o {output} is a directory; give a file name such as report.html")
     try:
+        import matplotlib  # noqa: F401  (the `report` extra; charts.py imports it lazily below)
+
         from planner.report.page import build_report
     except ImportError as exc:
         fail(EXIT_USAGE, f"moeplan report needs the `report` extra ({exc.name} is missing): "
