@@ -103,3 +103,39 @@ def test_failing_config_shows_the_failure_and_its_fix_first():
     first = result.stdout.splitlines()[:3]
     assert first[0].startswith("does not pass: OVL001")
     assert "fix: turn one of them off" in first[1]
+
+
+@pytest.mark.parametrize("gib, code, verdict", [
+    # stage 7 peaks at 73.784 GiB: 73.784/90 = 82 % > 80 % → MEM002; 73.784 > 60 → MEM001
+    (90, 0, "MEM002: fits, but a stage leaves under 20 % headroom"),
+    (60, 1, "MEM001: does not fit"),
+])
+def test_memory_verdicts(tmp_path, gib, code, verdict):
+    text = Path(V4_PRO).read_text().replace("gpu_memory_gib: 141", f"gpu_memory_gib: {gib}")
+    path = tmp_path / "v4.yaml"
+    path.write_text(text)
+    result = budget(str(path))
+    assert result.returncode == code
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(verdict), lines[0]
+    assert "on stage 7" in lines[0] and lines[1].lstrip().startswith(verdict[:6])
+
+
+def test_bar_marks_the_share_and_the_80_percent_line():
+    from planner.commands.budget_screen import bar
+
+    assert bar(0.5) == "█" * 20 + "·" * 12 + "|" + "·" * 7  # 40 cells, | at cell 32 = 80 %
+    assert bar(0.9) == "█" * 36 + "·" * 4  # past the line: the bar covers it
+    assert bar(1.25) == "█" * 40 + "▶"  # over the GPU
+
+
+def test_row_units_are_exact():
+    from fractions import Fraction
+
+    from planner.units import binary_unit, in_unit
+
+    assert binary_unit(1023) == ("B", 1) and binary_unit(1024) == ("KiB", 1024)
+    assert binary_unit(133177540608) == ("GiB", 2**30)  # 124.03125 GiB = 124.03125 · 2^30 B
+    assert in_unit(133177540608, 2**30) == "124.031"  # three decimals, as the tables print
+    assert in_unit(Fraction(3, 2) * 2**20, 2**30) == "0.001"
+    assert in_unit(0, 2**30) == "0"
