@@ -139,3 +139,13 @@ def test_row_units_are_exact():
     assert in_unit(133177540608, 2**30) == "124.031"  # three decimals, as the tables print
     assert in_unit(Fraction(3, 2) * 2**20, 2**30) == "0.001"
     assert in_unit(0, 2**30) == "0"
+
+
+def test_narrow_terminal_splits_stage_columns_instead_of_cutting_numbers(full):
+    narrow = budget(V4_PRO, "--all", columns=100).stdout
+    lines = narrow.splitlines()
+    assert max(len(line) for line in lines) <= 100 and "…" not in narrow
+    peaks = [line for line in lines if "peak_memory_bytes" in line]
+    assert len(peaks) == 2  # stages 0–3, then 4–7
+    values = [c.strip() for line in peaks for c in line.strip("│ ").split("│")[1:-1]]
+    assert [float(v) for v in values] == list(_table_peaks(full).values())

@@ -100,15 +100,38 @@ def render(items: list, *, explain: bool) -> None:
             if name not in omitted:
                 first = {b.stage: b for b in row}
                 rows.append([name, *_row_cells([first[run[0]] for run in runs], value_text)])
-        stdout.print(_stage_table(TITLES[category], [_run_label(run, scopes) for run in runs], rows))
+        headers = [_run_label(run, scopes) for run in runs]
+        for chunk in _column_chunks(headers, rows, stdout.width):
+            stdout.print(_stage_table(TITLES[category], [headers[i] for i in chunk],
+                                      [[r[0], *(r[1 + i] for i in chunk), r[-1]] for r in rows]))
         _note(omitted)
+
+
+def _column_chunks(headers: list[str], rows: list[list[str]], width: int) -> list[list[int]]:
+    """Stage columns split into groups that fit the terminal beside the quantity and unit
+    columns, so no number is ever cut or wrapped (one table when everything fits)."""
+    def col(i: int) -> int:  # column i of a row: 0 quantity, 1.. stages, -1 unit
+        return max([len(r[i]) for r in rows] + [len(h) for h in
+                                                 ([*headers, "unit"][i - 1].split("\n"))]) + 3
+
+    fixed = min(max((len(r[0]) for r in rows), default=8), 24) + 3 + col(len(headers) + 1) + 1
+    chunks: list[list[int]] = [[]]
+    used = fixed
+    for i in range(len(headers)):
+        if chunks[-1] and used + col(i + 1) > width:
+            chunks.append([])
+            used = fixed
+        chunks[-1].append(i)
+        used += col(i + 1)
+    return chunks
 
 
 def _stage_table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
     """Stage values side by side: number and unit columns are as wide as their widest cell and
     never wrap; only the quantity names fold when the terminal is narrow."""
     table = Table(title=title, title_justify="left", show_lines=False)
-    table.add_column("quantity", style="bold", overflow="fold")
+    longest = max((len(r[0]) for r in rows), default=8)
+    table.add_column("quantity", style="bold", overflow="fold", min_width=min(longest, 24))
     for i, header in enumerate([*headers, "unit"], start=1):
         width = max([len(r[i]) for r in rows] + [len(line) for line in header.split("\n")])
         table.add_column(header, justify="right", no_wrap=True, min_width=width)
