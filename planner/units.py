@@ -11,10 +11,21 @@ _UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 def format_bytes(value: int | Fraction, *, digits: int = 6) -> str:
     """Largest binary unit with value ≥ 1; up to `digits` decimals, trailing zeros dropped."""
     amount = Fraction(value)
+    name, size = binary_unit(amount)
+    return f"{_trim(amount / size, digits)} {name}"
+
+
+def binary_unit(value: int | Fraction) -> tuple[str, int]:
+    """The largest binary unit (name, size) in which `value` is at least 1; bytes below 1 KiB."""
     for name, size in _UNITS:
-        if abs(amount) >= size:
-            return f"{_trim(amount / size, digits)} {name}"
-    return f"{_trim(amount, digits)} B"
+        if abs(value) >= size:
+            return name, size
+    return "B", 1
+
+
+def in_unit(value: int | Fraction, size: int, *, digits: int = 3) -> str:
+    """`value` counted in a unit of `size` bytes, trailing zeros dropped."""
+    return _trim(Fraction(value) / size, digits)
 
 
 def _trim(value: Fraction, digits: int) -> str:

@@ -86,8 +86,8 @@ def test_rank_option_picks_the_rank_and_its_stage():
     assert by_name["rank_node"] == 16 and by_name["ep_offnode_share"] == "7/8"
 
 
-def test_default_output_has_a_table_per_category():
-    result = run(TINY)
+def test_all_output_has_a_table_per_category():
+    result = run(TINY, "--all")
     assert result.returncode == expected_exit(TINY)
     for title in ("layout", "token rows per rank", "bytes per rank", "collectives per optimizer step",
                   "topology split", "memory per rank", "gradient scaling"):

@@ -320,3 +320,23 @@ def collective(name: str) -> Collective:
     except KeyError:
         raise UnknownCollective(f"collective {name!r} is not in the collectives table "
                                 "(planner/budget/collectives.py)") from None
+
+
+# Once per optimizer step, not per microbatch or layer: gradient reductions, parameter gathers
+# after the sharded update, count reductions and the Muon momentum gathers. The table files their
+# work under phase `fwd`; displays call that phase "step" so they do not read as forward traffic.
+ONCE_PER_STEP: frozenset[str] = frozenset({
+    "dense_grad_reduce", "dense_param_gather", "dense_grad_instance_reduce", "expert_grad_reduce",
+    "expert_param_gather", "expert_grad_instance_reduce", "embd_grad_reduce",
+    "expert_bias_count_reduce", "gtp_replicated_grad_reduce", "muon_dense_tp_gather",
+    "muon_expert_tp_gather", "tp_sp_grad_reduce",
+})
+PHASE_LABELS: Mapping[str, str] = MappingProxyType({"fwd": "forward", "bwd": "backward",
+                                                     RECOMPUTE: "recompute"})
+
+
+def phase_label(name: str, phase: str) -> str:
+    """What a phase is for people: "step" for once-per-step work filed under `fwd`."""
+    if phase == "fwd" and name in ONCE_PER_STEP:
+        return "step"
+    return PHASE_LABELS.get(phase, phase)

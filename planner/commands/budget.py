@@ -1,7 +1,9 @@
 """`moeplan budget CONFIG`: rows, bytes, memory, scaling and topology per rank, by category.
 
-Budgets print for any config whose grids are computable; findings (memory over budget included)
-go to stderr and decide the exit code. `--json` prints only the JSON list on stdout.
+The default output is one screen: the verdict, peak memory per stage, the largest collectives per
+step and the step-time estimate; `--all` prints every table. Budgets print for any config whose
+grids are computable; findings (memory over budget included) go to stderr and decide the exit
+code. `--json` prints only the JSON list on stdout.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def _table(title: str, columns: list[str]) -> Table:
     table = Table(title=title, title_justify="left", show_lines=False)
     table.add_column("quantity", style="bold", no_wrap=True)
     for column in columns:
-        table.add_column(column, justify="right" if column != "formula → substitution" else "left")
+        explained = column == "formula → substitution"
+        table.add_column(column, justify="left" if explained else "right", no_wrap=not explained)
     return table
 
 
@@ -92,14 +95,61 @@ def render(items: list, *, explain: bool) -> None:
             by_name.setdefault(b.name, []).append(b)
         omitted = _omit_zeros(category, by_name)
         runs = _identical_stage_runs(stages, by_name)
-        table = _table(TITLES[category], [_run_label(run, scopes) for run in runs] + ["unit"])
+        rows = []
         for name, row in by_name.items():
             if name not in omitted:
                 first = {b.stage: b for b in row}
-                table.add_row(name, *(value_text(first[run[0]].value, first[run[0]].unit, short=True)
-                                      for run in runs), row[0].unit)
-        stdout.print(table)
+                rows.append([name, *_row_cells([first[run[0]] for run in runs], value_text)])
+        headers = [_run_label(run, scopes) for run in runs]
+        for chunk in _column_chunks(headers, rows, stdout.width):
+            stdout.print(_stage_table(TITLES[category], [headers[i] for i in chunk],
+                                      [[r[0], *(r[1 + i] for i in chunk), r[-1]] for r in rows]))
         _note(omitted)
+
+
+def _column_chunks(headers: list[str], rows: list[list[str]], width: int) -> list[list[int]]:
+    """Stage columns split into groups that fit the terminal beside the quantity and unit
+    columns, so no number is ever cut or wrapped (one table when everything fits)."""
+    def col(i: int) -> int:  # column i of a row: 0 quantity, 1.. stages, -1 unit
+        return max([len(r[i]) for r in rows] + [len(h) for h in
+                                                 ([*headers, "unit"][i - 1].split("\n"))]) + 3
+
+    fixed = min(max((len(r[0]) for r in rows), default=8), 24) + 3 + col(len(headers) + 1) + 1
+    chunks: list[list[int]] = [[]]
+    used = fixed
+    for i in range(len(headers)):
+        if chunks[-1] and used + col(i + 1) > width:
+            chunks.append([])
+            used = fixed
+        chunks[-1].append(i)
+        used += col(i + 1)
+    return chunks
+
+
+def _stage_table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
+    """Stage values side by side: number and unit columns are as wide as their widest cell and
+    never wrap; only the quantity names fold when the terminal is narrow."""
+    table = Table(title=title, title_justify="left", show_lines=False)
+    longest = max((len(r[0]) for r in rows), default=8)
+    table.add_column("quantity", style="bold", overflow="fold", min_width=min(longest, 24))
+    for i, header in enumerate([*headers, "unit"], start=1):
+        width = max([len(r[i]) for r in rows] + [len(line) for line in header.split("\n")])
+        table.add_column(header, justify="right", no_wrap=True, min_width=width)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _row_cells(cells: list, value_text) -> list[str]:
+    """One row of a stage table: bytes counted in one unit chosen for the row (its largest value),
+    named once in the unit column, so stage cells hold bare numbers that never wrap."""
+    from planner.units import binary_unit, in_unit
+
+    unit = cells[0].unit
+    if unit != "bytes":
+        return [value_text(b.value, unit, short=True) for b in cells] + [unit]
+    name, size = binary_unit(max(abs(b.value) for b in cells))
+    return [in_unit(b.value, size) for b in cells] + [name]
 
 
 def _identical_stage_runs(stages: list[int], by_name: dict[str, list]) -> list[list[int]]:
@@ -117,8 +167,8 @@ def _identical_stage_runs(stages: list[int], by_name: dict[str, list]) -> list[l
 
 def _run_label(run: list[int], scopes: dict[int, str]) -> str:
     if len(run) == 1:
-        return scopes[run[0]]
-    return f"stages {run[0]}–{run[-1]} (each)"
+        return scopes[run[0]].replace(" (", "\n(")
+    return f"stages {run[0]}–{run[-1]}\n(each)"
 
 
 def _omit_zeros(category: str, by_name: dict[str, list]) -> set[str]:
@@ -142,6 +192,8 @@ def budget(
     explain: Annotated[bool, typer.Option("--explain", help="formula and substitution per row")]
     = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON list only")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="every table in full (the default is "
+                                           "the one-screen answer)")] = False,
 ) -> None:
     """Per-rank budgets: token rows, bytes per collective, memory, gradient scaling, topology."""
     cfg = load_config_or_exit(config)
@@ -164,8 +216,13 @@ def budget(
         rows = [b.as_json() | ({"substitution": b.substitution, "doc": b.doc} if explain else {})
                 for b in items]
         print(json.dumps(rows, indent=1))
-    else:
+    elif show_all or explain or stage is not None or rank is not None:
         render(items, explain=explain)
+    else:
+        from planner.commands.budget_screen import render_screen
+        from planner.summary import summarize
+
+        render_screen(summarize(cfg, findings, items))
     print_findings(findings)
     raise typer.Exit(EXIT_CONFIG if has_errors(findings) else EXIT_OK)
 
