@@ -92,6 +92,7 @@ class Rejected:
     reason: str
     codes: tuple[str, ...]
     step_time_s: float | None = None
+    difference: dict[str, Any] | None = None  # from the winner, when listed as ruled out
 
 
 @dataclass
@@ -112,7 +113,7 @@ class SearchResult:
     def as_json(self) -> dict[str, Any]:
         return {"candidates": [c.as_json() for c in self.candidates],
                 "user": self.user.as_json() if self.user else None,
-                "ruled_out": [{"changes": r.changes, "reason": r.reason, "codes": list(r.codes),
+                "ruled_out": [{"difference": r.difference, "reason": r.reason, "codes": list(r.codes),
                                "step_time_s": r.step_time_s} for r in self.ruled_out],
                 "explored": self.explored, "legal": self.legal, "fitting": self.fitting,
                 "pruned": self.pruned, "wall_s": self.wall_s}
@@ -465,7 +466,9 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, max_ruled_out: int = 
         _refine(run, base)
     if progress:
         progress(run.total, run.total)
-    ranked = sorted(run.timed, key=lambda c: (c.step_time_s, not c.is_user))
+    # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
+    ranked = sorted(run.timed, key=lambda c: (c.step_time_s, not c.is_user,
+                                              len(difference(cfg, c.cfg))))
     winner = ranked[0] if ranked else None
     ruled_out = _ruled_out(judge, winner, max_ruled_out) if winner else []
     return SearchResult(ranked[:top], user if isinstance(user, Candidate) else None, ruled_out,
@@ -524,14 +527,40 @@ def _knobs_of(cfg: Config) -> Changes:
 
 
 def _ruled_out(judge: _Judge, winner: Candidate, count: int) -> list[Rejected]:
-    """Refused candidates of the winner's family that would have been faster, nearest first."""
-    fam = {k: winner.cfg.parallel.model_dump()[k] for k in ("tp", "cp", "pp", "ep", "etp")}
+    """Refused candidates of the winner's family that would have been faster, nearest first,
+    one per distinct difference from the winner."""
+    fam = _family_key(winner.cfg)
     near = [r for r in judge.seen.values() if isinstance(r, Rejected)
-            and all(getattr(r.cfg.parallel, k) == v for k, v in fam.items())]
+            and _family_key(r.cfg) == fam]
     for r in near:
         judge.time_rejected(r)
-    faster = [r for r in near if r.step_time_s is not None and r.step_time_s < winner.step_time_s]
-    return sorted(faster, key=lambda r: -(r.step_time_s or 0))[:count]
+    faster = sorted((r for r in near if r.step_time_s is not None
+                     and r.step_time_s < winner.step_time_s), key=lambda r: -(r.step_time_s or 0))
+    out, seen = [], set()
+    for r in faster:
+        r.difference = difference(winner.cfg, r.cfg)
+        key = (r.reason, tuple(sorted(r.difference.items())))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out[:count]
+
+
+def knob_view(cfg: Config) -> dict[str, Any]:
+    """The fields search varies, flat, for saying how two candidates differ."""
+    p, ov, moe = cfg.parallel, cfg.overlap, cfg.moe
+    view = {k: getattr(p, k) for k in ("tp", "cp", "pp", "ep", "etp", *PIPELINE_FIELDS)}
+    view.update(micro_batch_size=cfg.training.micro_batch_size, recompute=recompute_label(cfg),
+                moe_token_dispatcher_type=moe.moe_token_dispatcher_type,
+                moe_flex_dispatcher_backend=moe.moe_flex_dispatcher_backend,
+                overlap_moe_expert_parallel_comm=ov.overlap_moe_expert_parallel_comm)
+    return view
+
+
+def difference(base: Config, other: Config) -> dict[str, Any]:
+    """The varied fields whose value in `other` differs from `base`."""
+    a, b = knob_view(base), knob_view(other)
+    return {k: b[k] for k in b if b[k] != a[k]}
 
 
 # ----------------------------------------------------------------------------- emitting
@@ -561,4 +590,4 @@ def _aliases(section: str, key: str) -> list[str]:
 
 
 __all__ = ["Candidate", "Rejected", "SearchResult", "balanced_layout", "build", "emitted_data",
-           "families", "pipeline_choices", "recompute_presets", "search"]
+           "difference", "families", "knob_view", "pipeline_choices", "recompute_presets", "search"]

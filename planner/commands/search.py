@@ -113,15 +113,12 @@ def _render(result: Any) -> None:
     if result.ruled_out:
         stdout.print("faster candidates near the winner that were ruled out:")
         for r in result.ruled_out:
-            stdout.print(f"  {r.step_time_s:.3f} s  {escape(_changes_text(r.changes))}: "
+            stdout.print(f"  {r.step_time_s:.3f} s  {escape(_changes_text(r.difference or {}))}: "
                          f"{escape(r.reason)}")
 
 
-def _changes_text(changes: dict[str, dict[str, Any]]) -> str:
-    parts = []
-    for values in changes.values():
-        parts += [f"{k}={v}" for k, v in values.items() if v not in (None, False)]
-    return ", ".join(parts) or "your layout"
+def _changes_text(difference: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in difference.items()) or "the same knobs"
 
 
 def _emit(source: Path, target: Path, winner: Any, *, quiet: bool) -> None:
