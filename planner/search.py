@@ -305,8 +305,29 @@ class _Judge:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.explored = self.legal = self.fitting = 0
-        self.seen: dict[str, Candidate | Rejected] = {}
+        self.seen: dict[str, Candidate | Rejected] = {}  # by the candidate's identity
+
+    @property
+    def explored(self) -> int:
+        return len(self.seen)
+
+    @property
+    def legal(self) -> int:
+        """No rule error besides MEM001 (the memory budget's verdict)."""
+        return sum(1 for out in self.seen.values()
+                   if isinstance(out, Candidate) or out.codes in (("MEM001",), ("EST",)))
+
+    @property
+    def fitting(self) -> int:
+        return sum(1 for out in self.seen.values() if isinstance(out, Candidate))
+
+    def timed(self) -> list[Candidate]:
+        return [out for out in self.seen.values() if isinstance(out, Candidate)]
+
+    def absorb(self, other: _Judge) -> None:
+        """Take another judge's verdicts (a worker's), keeping the first of equal candidates."""
+        for key, out in other.seen.items():
+            self.seen.setdefault(key, out)
 
     def judge(self, changes: Changes, *, is_user: bool = False) -> Candidate | Rejected:
         from planner.accounting import BudgetError
@@ -317,13 +338,11 @@ class _Judge:
         key = _identity(cand)
         if key in self.seen:
             return self.seen[key]
-        self.explored += 1
         errors = _errors(run_rules(cand))
         codes = tuple(sorted({f.code for f in errors}))
         if codes and codes != ("MEM001",):
             out: Candidate | Rejected = Rejected(cand, changes, "rule " + ", ".join(codes), codes)
         else:
-            self.legal += 1
             if codes:
                 out = Rejected(cand, changes, _memory_reason(errors), codes)
             else:
@@ -332,7 +351,6 @@ class _Judge:
                 except BudgetError as exc:  # the catalog passed it: report, do not crash
                     out = Rejected(cand, changes, f"no estimate: {exc}", ("EST",))
                 else:
-                    self.fitting += 1
                     out = _candidate(cand, changes, est, is_user)
         self.seen[key] = out
         return out
@@ -390,26 +408,6 @@ def _groups(cfg: Config) -> tuple[dict[tuple[int, int, int, int], list[int]], in
     return {k: sorted(v, reverse=True) for k, v in groups.items()}, pruned
 
 
-class _Run:
-    """One search: the judge, the timed candidates and the progress count."""
-
-    def __init__(self, cfg: Config, progress: Progress | None) -> None:
-        self.cfg, self.judged, self.progress = cfg, _Judge(cfg), progress
-        self.timed: list[Candidate] = []
-        self.done = self.total = self.skipped = 0
-
-    def tick(self, count: int = 1) -> None:
-        self.done += count
-        if self.progress:
-            self.progress(self.done, max(self.total, self.done))
-
-    def judge(self, changes: Changes, *, is_user: bool = False) -> Candidate | Rejected:
-        out = self.judged.judge(changes, is_user=is_user)
-        if isinstance(out, Candidate) and all(out is not c for c in self.timed):
-            self.timed.append(out)
-        return out
-
-
 def _merge(*parts: Changes) -> Changes:
     out: Changes = {}
     for part in parts:
@@ -418,8 +416,64 @@ def _merge(*parts: Changes) -> Changes:
     return out
 
 
+Phase1Item = tuple[tuple[int, int, int, int], dict[str, Any], list[int]]
+
+
+def _phase1_work(cfg: Config, items: list[Phase1Item]) -> tuple[_Judge, int]:
+    """Judge a share of phase 1 (one process's work); returns the judge and the EPs skipped."""
+    judge, knobs, skipped = _Judge(cfg), _user_knobs(cfg), 0
+    for (tp, cp, pp, etp), pipe, eps in items:
+        for i, ep in enumerate(eps):
+            base = {"parallel": _family_changes(cfg, (tp, cp, pp, ep, etp), pipe)["parallel"]}
+            out = judge.judge(_merge(base, knobs))
+            if isinstance(out, Rejected) and out.codes == ("MEM001",):
+                out = judge.judge(_merge(base, knobs, {"overlap": dict(FULL_RECOMPUTE)}))
+            if isinstance(out, Rejected) and out.codes == ("MEM001",):
+                skipped += len(eps) - i - 1
+                break
+    return judge, skipped
+
+
+def _refine_work(cfg: Config, base: Candidate) -> tuple[_Judge, int]:
+    judge = _Judge(cfg)
+    _refine(judge, cfg, base)
+    return judge, 0
+
+
+def _run_units(work: Callable[..., tuple[_Judge, int]], cfg: Config, units: list[Any],
+               sizes: list[int], workers: int, tick: Callable[[int], None]
+               ) -> list[tuple[_Judge, int]]:
+    """Run `work(cfg, unit)` for every unit, in `workers` processes when more than one; the
+    results come back in the units' order (so the outcome never depends on the workers)."""
+    if workers <= 1 or len(units) <= 1:
+        out = []
+        for unit, size in zip(units, sizes, strict=True):
+            out.append(work(cfg, unit))
+            tick(size)
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    results: list[tuple[_Judge, int] | None] = [None] * len(units)
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(work, cfg, unit): i for i, unit in enumerate(units)}
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            tick(sizes[i])
+    return [r for r in results if r is not None]
+
+
+def _default_workers() -> int:
+    import os
+
+    return max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))
+
+
 def search(cfg: Config, *, top: int = 10, refine: int = 6, max_ruled_out: int = 3,
-           progress: Progress | None = None) -> SearchResult:
+           progress: Progress | None = None, workers: int | None = None) -> SearchResult:
     """Rank the fitting layouts of `cfg`'s model, cluster and batch by predicted step time.
 
     Phase 1 judges every family with each VPP-1 pipeline layout and the user's other knobs,
@@ -427,53 +481,57 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, max_ruled_out: int = 
     largest first and stop at the first that does not fit even then (a smaller EP holds more
     experts per rank). Phase 2 refines the `refine` fastest layouts (and the user's): VPP layouts,
     then micro-batch size × recompute preset, then dispatcher/backend × EP overlap, each step
-    keeping the fastest.
+    keeping the fastest. `workers` processes share the judging (default: up to 2 cores).
     """
     start = time.perf_counter()
-    run = _Run(cfg, progress)
-    judge = run.judged
-    user = run.judge({}, is_user=True)
+    workers = _default_workers() if workers is None else workers
+    judge = _Judge(cfg)
+    user = judge.judge({}, is_user=True)
     groups, pruned = _groups(cfg)
-    user_pipe, knobs = _user_pipe(cfg), _user_knobs(cfg)
-    plan = []
+    user_pipe = _user_pipe(cfg)
+    plan: list[Phase1Item] = []
     for (tp, cp, pp, etp), eps in groups.items():
         pipes = pipeline_choices(cfg, pp, (1,))
         if pp == cfg.parallel.pp and user_pipe not in pipes:
             pipes.insert(0, user_pipe)
         plan += [((tp, cp, pp, etp), pipe, eps) for pipe in pipes]
-    run.total = sum(len(eps) for _, _, eps in plan) + refine * 40
-    for (tp, cp, pp, etp), pipe, eps in plan:
-        for i, ep in enumerate(eps):
-            base = {"parallel": _family_changes(cfg, (tp, cp, pp, ep, etp), pipe)["parallel"]}
-            out = run.judge(_merge(base, knobs))
-            if isinstance(out, Rejected) and out.codes == ("MEM001",):
-                out = run.judge(_merge(base, knobs, {"overlap": dict(FULL_RECOMPUTE)}))
-            run.tick()
-            if isinstance(out, Rejected) and out.codes == ("MEM001",):
-                run.skipped += len(eps) - i - 1
-                run.tick(len(eps) - i - 1)
-                break
+    shares = max(1, min(len(plan), 8 * workers))
+    units = [plan[i::shares] for i in range(shares)]
+    sizes = [sum(len(eps) for _, _, eps in unit) for unit in units]
+    done, total = 0, sum(sizes) + refine * 40
+
+    def tick(count: int) -> None:
+        nonlocal done
+        done += count
+        if progress:
+            progress(done, max(total, done))
+
+    skipped = 0
+    for part, skip in _run_units(_phase1_work, cfg, units, sizes, workers, tick):
+        judge.absorb(part)
+        skipped += skip
     bases: list[Candidate] = []
-    for cand in sorted(run.timed, key=lambda c: c.step_time_s):
+    for cand in sorted(judge.timed(), key=lambda c: c.step_time_s):
         if all(_family_key(cand.cfg) != _family_key(b.cfg) for b in bases):
             bases.append(cand)
         if len(bases) == refine:
             break
     if isinstance(user, Candidate) and all(b is not user for b in bases):
         bases.append(user)
-    run.total = run.done + sum(_phase2_size(cfg, b) for b in bases)
-    for base in bases:
-        _refine(run, base)
+    sizes = [_phase2_size(cfg, b) for b in bases]
+    total = done + sum(sizes)
+    for part, _ in _run_units(_refine_work, cfg, bases, sizes, workers, tick):
+        judge.absorb(part)
     if progress:
-        progress(run.total, run.total)
+        progress(total, total)
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
-    ranked = sorted(run.timed, key=lambda c: (c.step_time_s, not c.is_user,
-                                              len(difference(cfg, c.cfg))))
+    ranked = sorted(judge.timed(), key=lambda c: (c.step_time_s, not c.is_user,
+                                                  len(difference(cfg, c.cfg))))
     winner = ranked[0] if ranked else None
     ruled_out = _ruled_out(judge, winner, max_ruled_out) if winner else []
     return SearchResult(ranked[:top], user if isinstance(user, Candidate) else None, ruled_out,
                         judge.explored, judge.legal, judge.fitting,
-                        time.perf_counter() - start, pruned + run.skipped)
+                        time.perf_counter() - start, pruned + skipped)
 
 
 def _family_key(cfg: Config) -> tuple[Any, ...]:
@@ -487,39 +545,37 @@ def _phase2_size(cfg: Config, base: Candidate) -> int:
             * len(recompute_presets(cfg)) + dispatchers)
 
 
-def _best(run: _Run, options: list[Changes], current: Candidate) -> Candidate:
+def _best(judge: _Judge, options: list[Changes], current: Candidate) -> Candidate:
     for changes in options:
-        out = run.judge(changes)
-        run.tick()
+        out = judge.judge(changes)
         if isinstance(out, Candidate) and out.step_time_s < current.step_time_s:
             current = out
     return current
 
 
-def _refine(run: _Run, base: Candidate) -> None:
+def _refine(judge: _Judge, cfg: Config, base: Candidate) -> None:
     """Coordinate steps from one fast layout: pipeline (VPP), MBS × recompute, dispatcher × overlap."""
-    cfg = run.cfg
     par = base.cfg.parallel
     fam = (par.tp, par.cp, par.pp, par.ep, par.etp or par.tp)
     knobs = _knobs_of(base.cfg)
     family = {"parallel": {k: v for k, v in _family_changes(cfg, fam, {})["parallel"].items()}
               | {"sequence_parallel": par.sequence_parallel}}
     pipes = [_merge(family, {"parallel": pipe}, knobs) for pipe in pipeline_choices(cfg, par.pp)]
-    best = _best(run, pipes, base)
+    best = _best(judge, pipes, base)
     pipe = {"parallel": {k: getattr(best.cfg.parallel, k) for k in PIPELINE_FIELDS}}
     layout = _merge(family, pipe)
     overlap_flag = best.cfg.overlap.overlap_moe_expert_parallel_comm
     options = [_merge(layout, knobs, {"training": {"micro_batch_size": mbs},
                                       "overlap": rc | {"overlap_moe_expert_parallel_comm": overlap_flag}})
                for mbs in MBS_CHOICES for rc in recompute_presets(cfg)]
-    best = _best(run, options, best)
+    best = _best(judge, options, best)
     knobs = _knobs_of(best.cfg)
     if cfg.model.num_experts:
         options = [_merge(layout, knobs, {"moe": {"moe_token_dispatcher_type": kind,
                                                   "moe_flex_dispatcher_backend": backend},
                                           "overlap": {"overlap_moe_expert_parallel_comm": flag}})
                    for kind, backend in DISPATCHERS for flag in (False, True)]
-        _best(run, options, best)
+        _best(judge, options, best)
 
 
 def _knobs_of(cfg: Config) -> Changes:
