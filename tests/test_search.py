@@ -166,3 +166,14 @@ def test_exit_codes(tmp_path: Path) -> None:
                          "--emit", str(tmp_path / "no-such-dir" / "x.yaml"))
     assert unwritable.returncode == 2 and "cannot write" in unwritable.stderr
     assert "Traceback" not in unwritable.stderr
+
+
+def test_human_output_lists_the_top_k_and_writes_the_winner(tmp_path: Path) -> None:
+    out = tmp_path / "winner.yaml"
+    done = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--top", "2", "--emit", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "fastest fitting layouts" in done.stdout and "wrote the winner" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if re.match(r"│ [12]\b", line)]
+    assert len(rows) == 2
+    assert moeplan("check", str(out)).returncode == 0
+    assert out.read_text().startswith("# moeplan search winner for tiny-cpu-8.yaml")

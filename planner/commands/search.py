@@ -47,6 +47,8 @@ def search(
         else:
             print_findings(findings)
         raise typer.Exit(EXIT_CONFIG)
+    if emit is not None and not (emit.parent if str(emit.parent) else Path(".")).is_dir():
+        fail(EXIT_USAGE, f"--emit {emit}: cannot write (no folder {emit.parent})")
     from planner.search import search as run
 
     if as_json:
