@@ -177,3 +177,18 @@ def test_human_output_lists_the_top_k_and_writes_the_winner(tmp_path: Path) -> N
     assert len(rows) == 2
     assert moeplan("check", str(out)).returncode == 0
     assert out.read_text().startswith("# moeplan search winner for tiny-cpu-8.yaml")
+
+
+def test_a_layout_that_does_not_fit_is_searched_not_refused(tmp_path: Path) -> None:
+    """With 1 MiB per GPU the tiny example's own layout needs ~1.8 MiB (MEM001), yet layouts of
+    the same model, cluster and batch exist that fit: search finds them, exit 0, user null."""
+    data = yaml.safe_load((EXAMPLES / "tiny-cpu-8.yaml").read_text())
+    data["cluster"]["gpu_memory_gib"] = 1 / 1024
+    path = tmp_path / "tight.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert [f.code for f in run_rules(load_config(path)) if f.severity == "error"] == ["MEM001"]
+    done = moeplan("search", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["user"] is None and result["candidates"]
+    assert all(c["peak_memory_bytes"] <= 1 << 20 for c in result["candidates"])
