@@ -445,13 +445,16 @@ def _run_units(work: Callable[..., tuple[_Judge, int]], cfg: Config, units: list
                ) -> list[tuple[_Judge, int]]:
     """Run `work(cfg, unit)` for every unit, in `workers` processes when more than one; the
     results come back in the units' order (so the outcome never depends on the workers)."""
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        workers = 1  # the workers inherit the loaded code by forking; elsewhere judge in-process
     if workers <= 1 or len(units) <= 1:
         out = []
         for unit, size in zip(units, sizes, strict=True):
             out.append(work(cfg, unit))
             tick(size)
         return out
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     results: list[tuple[_Judge, int] | None] = [None] * len(units)

@@ -22,7 +22,7 @@ from planner.pipeline import stage_split
 from planner.rules import run_rules
 from planner.rules.catalog import CODES
 from planner.schema import Config
-from planner.search import _Judge, balanced_layout, search
+from planner.search import _Judge, balanced_layout, knob_view, search
 from tests.conftest import EXAMPLES
 
 
@@ -116,13 +116,19 @@ def test_illegal_layouts_never_appear_and_the_users_layout_is_a_candidate() -> N
     only EP 1 and 2 may appear; every candidate passes the whole rule catalog."""
     cfg = tiny(num_experts=6)
     assert not has_errors(run_rules(cfg))
-    result = search(cfg, top=10**6)
+    result = search(cfg, top=10**6, workers=2)
     assert result.fitting == len(result.candidates) > 1
     assert {c.cfg.parallel.ep for c in result.candidates} <= {1, 2}
     assert all(not has_errors(run_rules(c.cfg)) for c in result.candidates)
     users = [c for c in result.candidates if c.is_user]
     assert len(users) == 1 and users[0].step_time_s == pytest.approx(estimate(cfg).step_time_s)
     assert result.candidates[0].step_time_s <= users[0].step_time_s
+    # Two worker processes or one: the same candidates in the same order.
+    alone = search(cfg, top=10**6, workers=1)
+    assert [(c.step_time_s, knob_view(c.cfg)) for c in alone.candidates] == \
+        [(c.step_time_s, knob_view(c.cfg)) for c in result.candidates]
+    assert (alone.explored, alone.legal, alone.fitting) == \
+        (result.explored, result.legal, result.fitting)
 
 
 def test_balanced_layouts_by_hand() -> None:
