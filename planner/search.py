@@ -515,10 +515,10 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, max_ruled_out: int = 
         skipped += skip
     bases: list[Candidate] = []
     for cand in sorted(judge.timed(), key=lambda c: c.step_time_s):
+        if len(bases) >= refine:
+            break
         if all(_family_key(cand.cfg) != _family_key(b.cfg) for b in bases):
             bases.append(cand)
-        if len(bases) == refine:
-            break
     if isinstance(user, Candidate) and all(b is not user for b in bases):
         bases.append(user)
     sizes = [_phase2_size(cfg, b) for b in bases]
