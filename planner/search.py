@@ -387,7 +387,8 @@ def _user_pipe(cfg: Config) -> dict[str, Any]:
     return {name: getattr(cfg.parallel, name) for name in PIPELINE_FIELDS}
 
 
-def _user_knobs(cfg: Config) -> Changes:
+def _knobs_of(cfg: Config) -> Changes:
+    """The knobs phase 2 varies, as a config sets them."""
     ov, moe = cfg.overlap, cfg.moe
     return {"training": {"micro_batch_size": cfg.training.micro_batch_size},
             "overlap": {"recompute_granularity": ov.recompute_granularity,
@@ -421,7 +422,7 @@ Phase1Item = tuple[tuple[int, int, int, int], dict[str, Any], list[int]]
 
 def _phase1_work(cfg: Config, items: list[Phase1Item]) -> tuple[_Judge, int]:
     """Judge a share of phase 1 (one process's work); returns the judge and the EPs skipped."""
-    judge, knobs, skipped = _Judge(cfg), _user_knobs(cfg), 0
+    judge, knobs, skipped = _Judge(cfg), _knobs_of(cfg), 0
     for (tp, cp, pp, etp), pipe, eps in items:
         for i, ep in enumerate(eps):
             base = {"parallel": _family_changes(cfg, (tp, cp, pp, ep, etp), pipe)["parallel"]}
@@ -579,10 +580,6 @@ def _refine(judge: _Judge, cfg: Config, base: Candidate) -> None:
                                           "overlap": {"overlap_moe_expert_parallel_comm": flag}})
                    for kind, backend in DISPATCHERS for flag in (False, True)]
         _best(judge, options, best)
-
-
-def _knobs_of(cfg: Config) -> Changes:
-    return _user_knobs(cfg)
 
 
 def _ruled_out(judge: _Judge, winner: Candidate, count: int) -> list[Rejected]:
