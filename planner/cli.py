@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.import_hf",
     "planner.commands.estimate",
     "planner.commands.report",
+    "planner.commands.search",
 )
 
 app = typer.Typer(

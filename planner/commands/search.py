@@ -1,0 +1,157 @@
+"""`moeplan search CONFIG`: the fastest fitting layouts of CONFIG's model, cluster and batch.
+
+The search itself is planner/search.py (candidates judged by the rule catalog, timed by the
+estimate); this module prints it, shows a progress bar and writes the winner with `--emit`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from planner.cli_common import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_USAGE,
+    collect_findings,
+    fail,
+    load_config_or_exit,
+    print_findings,
+    stderr,
+    stdout,
+)
+
+GIB = 1 << 30
+
+
+def search(
+    config: Annotated[Path, typer.Argument(help="YAML config whose model, cluster and batch to keep")],
+    top: Annotated[int, typer.Option("--top", min=1, help="how many candidates to list")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="print the JSON object only")] = False,
+    emit: Annotated[Path | None, typer.Option("--emit", metavar="FILE",
+                                              help="write the winner as a config")] = None,
+) -> None:
+    """Search TP, CP, PP (layouts, VPP), EP, ETP, micro-batch, recompute, dispatcher and EP
+    overlap; rank what the rules and the memory budget accept by predicted step time."""
+    cfg = load_config_or_exit(config, as_json=as_json)
+    findings = collect_findings(cfg)
+    blocking = [f for f in findings if f.severity == "error" and f.code != "MEM001"]
+    if blocking:  # a layout that does not fit is what search is for; other errors are not
+        if as_json:
+            print(json.dumps({"ok": False, "findings": [f.as_dict() for f in findings]}, indent=2))
+        else:
+            print_findings(findings)
+        raise typer.Exit(EXIT_CONFIG)
+    if emit is not None and not (emit.parent if str(emit.parent) else Path(".")).is_dir():
+        fail(EXIT_USAGE, f"--emit {emit}: cannot write (no folder {emit.parent})")
+    from planner.search import search as run
+
+    if as_json:
+        result = run(cfg, top=top)
+    else:
+        result = _with_progress(cfg, top, run)
+    if as_json:
+        print(json.dumps(result.as_json(), indent=1))
+    else:
+        _render(result)
+    if emit is not None and result.winner is not None:
+        _emit(config, emit, result.winner, quiet=as_json)
+    if result.winner is None:
+        if not as_json:
+            stderr.print("[bold red]no layout fits[/]: every candidate was refused "
+                         "(see the reasons above)")
+        raise typer.Exit(EXIT_CONFIG)
+    raise typer.Exit(EXIT_OK)
+
+
+def _with_progress(cfg: Any, top: int, run: Any) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=stderr, transient=True) as bar:
+        task = bar.add_task("searching layouts", total=None)
+        return run(cfg, top=top, progress=lambda done, total: bar.update(task, completed=done,
+                                                                         total=total))
+
+
+def _render(result: Any) -> None:
+    stdout.print(f"explored {result.explored} configs ({result.pruned} layouts pruned by the "
+                 f"degrees first): {result.legal} legal, {result.fitting} fit and were timed, "
+                 f"in {result.wall_s:.1f} s")
+    table = Table(title="fastest fitting layouts", title_justify="left")
+    for column in ("#", "TP", "CP", "PP", "VPP", "EP", "ETP", "DP", "MBS", "recompute", "dispatcher",
+                   "EP overlap", "step s", "TFLOP/s/GPU", "tokens/s/GPU", "peak GiB (stage)"):
+        table.add_column(column, justify="left" if column in ("recompute", "dispatcher") else "right")
+    for i, cand in enumerate(result.candidates, 1):
+        j = cand.as_json()
+        p, moe = j["parallel"], j["moe"]
+        dispatcher = moe["moe_token_dispatcher_type"] + (
+            f"/{moe['moe_flex_dispatcher_backend']}" if moe["moe_flex_dispatcher_backend"] else "")
+        table.add_row(f"{i}{' (yours)' if cand.is_user else ''}", *(str(p[k]) for k in
+                      ("tp", "cp", "pp", "vpp", "ep", "etp", "dp")),
+                      str(j["training"]["micro_batch_size"]), escape(j["recompute"]), dispatcher,
+                      "yes" if j["overlap_moe_expert_parallel_comm"] else "no",
+                      f"{cand.step_time_s:.3f}", f"{cand.tflops_per_gpu:.1f}",
+                      f"{cand.tokens_per_s_per_gpu:.0f}",
+                      f"{cand.peak_memory_bytes / GIB:.1f} ({cand.peak_stage})")
+    stdout.print(table)
+    winner = result.winner
+    if winner is None:
+        return
+    layout = winner.cfg.parallel.pipeline_model_parallel_layout
+    if layout:
+        stdout.print(f"winner's pipeline layout: {escape(layout)}")
+    if result.user is not None and not winner.is_user:
+        gain = result.user.step_time_s / winner.step_time_s
+        stdout.print(f"your layout: {result.user.step_time_s:.3f} s per step; the winner is "
+                     f"{gain:.2f}x faster")
+    elif result.user is None:
+        stdout.print("your layout does not fit or is not legal (see the findings of `moeplan check`)")
+    if result.ruled_out:
+        stdout.print("faster candidates near the winner that were ruled out:")
+        for r in result.ruled_out:
+            stdout.print(f"  {r.step_time_s:.3f} s  {escape(_changes_text(r.difference or {}))}: "
+                         f"{escape(r.reason)}")
+
+
+def _changes_text(difference: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in difference.items()) or "the same knobs"
+
+
+def _emit(source: Path, target: Path, winner: Any, *, quiet: bool) -> None:
+    """Write the winner over the user's YAML (their comments dropped), checked before writing."""
+    from planner.commands.import_ import config_yaml, write_atomically
+    from planner.findings import has_errors
+    from planner.loader import InvalidConfig, parse_config, parse_yaml, read_text
+    from planner.rules import run_rules
+    from planner.search import emitted_data
+
+    raw, _, _ = parse_yaml(read_text(source), str(source))
+    data = emitted_data(raw, winner)
+    hf = (data.get("model") or {}).get("hf_config")
+    if isinstance(hf, str) and not Path(hf).is_absolute():  # keep it pointing at the same file
+        data["model"]["hf_config"] = str((source.parent / hf).resolve())
+    text = config_yaml(data, [f"moeplan search winner for {source.name}: "
+                              f"{winner.step_time_s:.3f} s per step (predicted)"])
+    try:
+        emitted = parse_config(parse_yaml(text, str(target))[0], base_dir=target.parent)
+    except InvalidConfig as exc:
+        print_findings(exc.findings)
+        fail(EXIT_USAGE, f"--emit {target}: the winner does not load back (a bug); nothing written")
+    if has_errors(run_rules(emitted)):
+        fail(EXIT_USAGE, f"--emit {target}: the winner does not pass the rules (a bug); nothing written")
+    try:
+        write_atomically(target, text)
+    except OSError as exc:
+        fail(EXIT_USAGE, f"--emit {target}: cannot write ({exc.strerror})")
+    if not quiet:
+        stdout.print(f"wrote the winner to {escape(str(target))}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("search")(search)

@@ -1,0 +1,200 @@
+"""`moeplan search`: every candidate is a config the rule catalog and the memory budget accept,
+timed by the same estimate as `moeplan estimate`; the emitted winner passes `moeplan check`; the
+user's layout is always a candidate, so the winner is never slower."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from planner.estimate import estimate
+from planner.findings import has_errors
+from planner.loader import load_config
+from planner.pipeline import stage_split
+from planner.rules import run_rules
+from planner.rules.catalog import CODES
+from planner.schema import Config
+from planner.search import _Judge, balanced_layout, knob_view, search
+from tests.conftest import EXAMPLES
+
+
+def moeplan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
+                          text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "",
+                                                       "COLUMNS": "200"})
+
+
+def tiny(**model: Any) -> Config:
+    data = yaml.safe_load((EXAMPLES / "tiny-cpu-8.yaml").read_text())
+    data["model"].update(model)
+    return Config.model_validate(data)
+
+
+@pytest.fixture(scope="module", params=["deepseek-v4-pro-1024", "deepseek-v3-1024"])
+def searched(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[str, dict[str, Any], Path]:
+    """One `search --json --emit` run per bundled example (the slow part, shared by the tests)."""
+    name = request.param
+    out = tmp_path_factory.mktemp("search") / f"{name}-winner.yaml"
+    done = moeplan("search", str(EXAMPLES / f"{name}.yaml"), "--json", "--top", "5",
+                   "--emit", str(out))
+    assert done.returncode == 0, done.stderr
+    return name, json.loads(done.stdout), out
+
+
+def test_emitted_winner_passes_check_and_keeps_model_cluster_batch(searched) -> None:
+    name, data, out = searched
+    checked = moeplan("check", str(out))
+    assert checked.returncode == 0, checked.stderr
+    user, winner = load_config(EXAMPLES / f"{name}.yaml"), load_config(out)
+    assert winner.model == user.model and winner.cluster == user.cluster
+    assert (winner.training.seq_length, winner.global_batch_size, winner.parallel.world_size) == \
+        (user.training.seq_length, user.global_batch_size, user.parallel.world_size)
+    best = data["candidates"][0]
+    assert {k: getattr(winner.parallel, k) for k in ("tp", "cp", "pp", "ep", "etp")} == \
+        {k: best["parallel"][k] for k in ("tp", "cp", "pp", "ep", "etp")}
+    assert winner.parallel.pipeline_model_parallel_layout == \
+        best["parallel"]["pipeline_model_parallel_layout"]
+    # The emitted file is timed as the search timed it: same pipeline, same estimate.
+    assert estimate(winner).step_time_s == pytest.approx(best["step_time_s"], rel=1e-9)
+
+
+def test_winner_is_never_slower_than_the_users_layout(searched) -> None:
+    name, data, _ = searched
+    user_time = estimate(load_config(EXAMPLES / f"{name}.yaml")).step_time_s
+    assert data["user"]["is_user_layout"] and data["user"]["step_time_s"] == pytest.approx(user_time)
+    assert data["candidates"][0]["step_time_s"] <= user_time
+    times = [c["step_time_s"] for c in data["candidates"]]
+    assert times == sorted(times)
+
+
+def test_json_keys_and_counts(searched) -> None:
+    _, data, _ = searched
+    assert {"candidates", "explored", "legal", "fitting"} <= data.keys()
+    assert data["explored"] >= data["legal"] >= data["fitting"] >= len(data["candidates"]) > 0
+    assert len(data["candidates"]) <= 5
+    for cand in data["candidates"]:
+        assert {"parallel", "step_time_s", "peak_memory_bytes", "tflops_per_gpu",
+                "tokens_per_s_per_gpu", "stage_peak_memory_bytes"} <= cand.keys()
+        assert cand["peak_memory_bytes"] == max(cand["stage_peak_memory_bytes"])
+        assert {"tp", "cp", "pp", "vpp", "ep", "etp"} <= cand["parallel"].keys()
+
+
+def test_ruled_out_reasons_name_rule_codes_or_memory(searched) -> None:
+    _, data, _ = searched
+    winner = data["candidates"][0]["step_time_s"]
+    for r in data["ruled_out"]:
+        assert r["step_time_s"] < winner and r["difference"]
+        if r["codes"] == ["MEM001"]:
+            assert re.match(r"does not fit: stage \d+ needs an estimated [\d.]+ [KMGT]iB", r["reason"])
+        else:
+            assert r["reason"] == "rule " + ", ".join(r["codes"])
+            assert set(r["codes"]) <= set(CODES)
+
+
+def test_memory_rejection_says_which_stage_needs_how_much() -> None:
+    """A layout over the GPU's memory is refused by MEM001 with the stage and the bytes."""
+    cfg = tiny()
+    small = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
+        update={"gpu_memory_gib": 0.001})})
+    out = _Judge(small).judge({})
+    assert out.codes == ("MEM001",)
+    assert re.fullmatch(r"does not fit: stage 0 needs an estimated [\d.]+ MiB per rank, "
+                        r"[\d.]+ % of 1.02 MiB \(MEM001\)", out.reason), out.reason
+
+
+def test_illegal_layouts_never_appear_and_the_users_layout_is_a_candidate() -> None:
+    """6 experts on 8 ranks: EP 4 and 8 tile the world but do not split the experts (PAR003), so
+    only EP 1 and 2 may appear; every candidate passes the whole rule catalog."""
+    cfg = tiny(num_experts=6)
+    assert not has_errors(run_rules(cfg))
+    result = search(cfg, top=10**6, workers=2)
+    assert result.fitting == len(result.candidates) > 1
+    assert {c.cfg.parallel.ep for c in result.candidates} <= {1, 2}
+    assert all(not has_errors(run_rules(c.cfg)) for c in result.candidates)
+    users = [c for c in result.candidates if c.is_user]
+    assert len(users) == 1 and users[0].step_time_s == pytest.approx(estimate(cfg).step_time_s)
+    assert result.candidates[0].step_time_s <= users[0].step_time_s
+    # Two worker processes or one: the same candidates in the same order.
+    alone = search(cfg, top=10**6, workers=1)
+    assert [(c.step_time_s, knob_view(c.cfg)) for c in alone.candidates] == \
+        [(c.step_time_s, knob_view(c.cfg)) for c in result.candidates]
+    assert (alone.explored, alone.legal, alone.fitting) == \
+        (result.explored, result.legal, result.fitting)
+
+
+def test_balanced_layouts_by_hand() -> None:
+    """Embedding, loss and each MTP layer count as one layer; earlier chunks take the remainder.
+    DeepSeek-V3 (61 + MTP = 64 slots): PP8·VPP4 → 32 chunks of 2 = the published layout;
+    PP16 → 16 chunks of 4: E+3, 14×4, 2+m+L. 48 layers, PP4 → 50 slots = 13, 13, 12, 12."""
+    assert balanced_layout(61, 1, 8, 4) == "Et|(tt|)*30mL"
+    assert balanced_layout(61, 1, 16, 1) == "Et*3|(t*4|)*14ttmL"
+    assert balanced_layout(48, 0, 4, 1) == "Et*12|t*13|t*12|t*11L"
+    assert balanced_layout(2, 0, 4, 1) == "E|(t|)*2L"  # embedding and loss stages of their own
+    assert balanced_layout(1, 0, 4, 1) is None  # 3 slots cannot fill 4 chunks
+
+
+@pytest.mark.parametrize("layers,mtp", [(61, 1), (48, 0), (27, 2), (94, 0)])
+def test_balanced_layouts_split_as_megatron_reads_them(layers: int, mtp: int) -> None:
+    base = load_config(EXAMPLES / "deepseek-v3-1024.yaml")
+    for pp in (2, 4, 8, 16):
+        for vpp in (1, 2, 4):
+            layout = balanced_layout(layers, mtp, pp, vpp)
+            if layout is None:
+                continue
+            model = base.model.model_copy(update={"num_layers": layers, "mtp_num_layers": mtp})
+            par = base.parallel.model_copy(update={"pp": pp, "pipeline_model_parallel_layout": layout})
+            split = stage_split(base.model_copy(update={"model": model, "parallel": par}))
+            sizes = [len(c.layers) + len(c.mtp_layers) + c.embedding + c.loss for c in split.chunks]
+            assert split.vpp == vpp and max(sizes) - min(sizes) <= 1, (layout, sizes)
+
+
+def test_exit_codes(tmp_path: Path) -> None:
+    missing = moeplan("search", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    bad = moeplan("search", str(EXAMPLES / "invalid" / "par003-experts-not-divisible-by-ep.yaml"))
+    assert bad.returncode == 1 and "PAR003" in bad.stderr and "Traceback" not in bad.stderr
+    data = yaml.safe_load((EXAMPLES / "tiny-cpu-8.yaml").read_text())
+    bad_schema = copy.deepcopy(data)
+    bad_schema["parallel"]["tp"] = 0
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad_schema))
+    assert moeplan("search", str(path), "--json").returncode == 1
+    unwritable = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--top", "1",
+                         "--emit", str(tmp_path / "no-such-dir" / "x.yaml"))
+    assert unwritable.returncode == 2 and "cannot write" in unwritable.stderr
+    assert "Traceback" not in unwritable.stderr
+
+
+def test_human_output_lists_the_top_k_and_writes_the_winner(tmp_path: Path) -> None:
+    out = tmp_path / "winner.yaml"
+    done = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--top", "2", "--emit", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "fastest fitting layouts" in done.stdout and "wrote the winner" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if re.match(r"│ [12]\b", line)]
+    assert len(rows) == 2
+    assert moeplan("check", str(out)).returncode == 0
+    assert out.read_text().startswith("# moeplan search winner for tiny-cpu-8.yaml")
+
+
+def test_a_layout_that_does_not_fit_is_searched_not_refused(tmp_path: Path) -> None:
+    """With 1 MiB per GPU the tiny example's own layout needs ~1.8 MiB (MEM001), yet layouts of
+    the same model, cluster and batch exist that fit: search finds them, exit 0, user null."""
+    data = yaml.safe_load((EXAMPLES / "tiny-cpu-8.yaml").read_text())
+    data["cluster"]["gpu_memory_gib"] = 1 / 1024
+    path = tmp_path / "tight.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert [f.code for f in run_rules(load_config(path)) if f.severity == "error"] == ["MEM001"]
+    done = moeplan("search", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["user"] is None and result["candidates"]
+    assert all(c["peak_memory_bytes"] <= 1 << 20 for c in result["candidates"])
