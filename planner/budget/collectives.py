@@ -165,7 +165,9 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                f"AllGather dispatcher: outputs reduce-scattered back; {_DISPATCHER} "
                "MoEAllGatherTokenDispatcher.token_combine", **_MOE_RC),
     Collective("cp_kv_gather", ("cp",), _GATHER,
-               "context parallelism: local K and V gathered over CP (all-gather CP attention)",
+               "context parallelism: local K and V (standard, or MLA's per-head K and V after the "
+               "up projections) gathered over CP; all-gather CP attention, and TE's p2p ring moves "
+               "the same bytes",
                # inside core attention: the selective `core_attn` module re-runs it too
                # (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
                # Attention._checkpointed_attention_forward)

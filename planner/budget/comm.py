@@ -42,7 +42,13 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "model chunks on this stage that send activations forward")
         add("pp_recv_chunks", "VPP - is_first_stage", "count", "bytes",
             "model chunks on this stage that receive activations")
-    if v.cp_kv_gather:
+    if v.cp_kv_gather and v.attention == "mla":
+        # MLA attends with per-head K (nope + rope parts) and V after the up projections, and
+        # context parallelism exchanges those (Megatron-LM dev@d48bd6be
+        # megatron/core/transformer/multi_latent_attention.py MLASelfAttention.forward)
+        add("cp_kv_bytes", "b * S / cp_runtime * heads * (d_qk + qk_rope + d_v) * p / TP", "bytes",
+            "bytes", "MLA: local per-head K and V of one attention layer (all-gathered over CP)")
+    elif v.cp_kv_gather:
         add("cp_kv_bytes", "b * S / cp_runtime * 2 * groups * d * p / TP", "bytes", "bytes",
             "local K and V of one attention layer (all-gathered over CP)")
     if v.v4_cp:

@@ -179,7 +179,7 @@ class Variant:
     recompute: str | None
     recompute_method: str | None
     recompute_modules: frozenset[str]
-    cp_kv_gather: bool  # standard attention with CP over an all-gather of K/V
+    cp_kv_gather: bool  # standard or MLA attention with CP over an all-gather of K/V
     mla_q_lora: bool
     aux_counts: str  # load-balancing type whose token counts are all-reduced over tp_cp, or ""
     ncclep: bool = False  # flex dispatcher with the NCCL EP backend (static receive buffers)
@@ -248,7 +248,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         recompute_method=ov.recompute_method or ("uniform" if ov.recompute_granularity == "full"
                                                  else None),
         recompute_modules=modules if ov.recompute_granularity == "selective" else frozenset(),
-        cp_kv_gather=par.cp > 1 and model.attention_variant == "standard",
+        cp_kv_gather=par.cp > 1 and model.attention_variant in ("standard", "mla"),
         mla_q_lora=bool(model.q_lora_rank),
         flex_backend=(moe.moe_flex_dispatcher_backend or "deepep")
         if moe.moe_token_dispatcher_type == "flex" else "",

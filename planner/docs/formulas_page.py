@@ -48,6 +48,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("no distributed optimizer", {"dist_opt": False}),
     ("several distributed-optimizer instances", {"instances": True}),
     ("standard attention with CP > 1", {"attention": "standard", "cp_kv_gather": True}),
+    ("MLA attention with CP > 1", {"attention": "mla", "cp_kv_gather": True}),
     ("MLA with a query LoRA", {"attention": "mla", "mla_q_lora": True}),
     ("MLA without a query LoRA", {"attention": "mla", "mla_q_lora": False}),
     ("no mHC", {"mhc": False}),
