@@ -42,6 +42,15 @@ def fail(code: int, message: str) -> NoReturn:
     raise typer.Exit(code)
 
 
+def exit_with_findings(findings: list[Finding], *, as_json: bool = False) -> NoReturn:
+    """Print a config's findings (JSON or the table) and exit 1: the one way commands refuse."""
+    if as_json:
+        print(json.dumps({"ok": False, "findings": findings_json(findings)}, indent=2))
+    else:
+        print_findings(findings)
+    raise typer.Exit(EXIT_CONFIG)
+
+
 def load_config_or_exit(path: Path | str, *, as_json: bool = False) -> Config:
     """Load or exit: 2 for unreadable input, 1 (printing every finding) for an invalid config."""
     try:
@@ -51,11 +60,7 @@ def load_config_or_exit(path: Path | str, *, as_json: bool = False) -> Config:
             print(json.dumps({"ok": False, "error": str(exc), "findings": []}))
         fail(EXIT_USAGE, str(exc))
     except InvalidConfig as exc:
-        if as_json:
-            print(json.dumps({"ok": False, "findings": findings_json(exc.findings)}, indent=2))
-        else:
-            print_findings(exc.findings)
-        raise typer.Exit(EXIT_CONFIG) from None
+        exit_with_findings(exc.findings, as_json=as_json)
 
 
 def collect_findings(cfg: Config) -> list[Finding]:
@@ -69,10 +74,6 @@ def exit_on_errors(cfg: Config, *, as_json: bool = False) -> list[Finding]:
     """For commands that need a valid layout: print the findings and exit 1 when any is an error."""
     findings = collect_findings(cfg)
     if has_errors(findings):
-        if as_json:
-            print(json.dumps({"ok": False, "findings": findings_json(findings)}, indent=2))
-        else:
-            print_findings(findings)
-        raise typer.Exit(EXIT_CONFIG)
+        exit_with_findings(findings, as_json=as_json)
     return findings
 

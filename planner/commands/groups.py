@@ -15,13 +15,11 @@ import typer
 from rich.table import Table
 
 from planner.cli_common import (
-    EXIT_CONFIG,
     EXIT_USAGE,
     exit_on_errors,
+    exit_with_findings,
     fail,
-    findings_json,
     load_config_or_exit,
-    print_findings,
     stdout,
 )
 from planner.findings import Finding
@@ -59,11 +57,7 @@ def _grid_or_exit(cfg: Any, as_json: bool) -> Grid:
                     "Megatron-LM dev@d48bd6be megatron/core/parallel_state.py initialize_model_parallel")
             for problem in err.problems
         ]
-        if as_json:
-            print(json.dumps({"ok": False, "findings": findings_json(findings)}, indent=2))
-        else:
-            print_findings(findings)
-        raise typer.Exit(EXIT_CONFIG) from None
+        exit_with_findings(findings, as_json=as_json)
 
 
 def _header(grid: Grid) -> str:

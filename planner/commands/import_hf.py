@@ -9,13 +9,12 @@ then nothing is written), 2 when the config.json cannot be read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from planner.cli_common import EXIT_CONFIG, EXIT_USAGE, fail, findings_json, print_findings
+from planner.cli_common import EXIT_USAGE, exit_with_findings, fail
 from planner.commands.import_ import AsJson, Output, config_yaml, finish, import_app
 
 
@@ -52,11 +51,7 @@ def import_hf(
     except HfConfigUnreadable as exc:
         fail(EXIT_USAGE, str(exc))
     except HfConfigUnmappable as exc:
-        if as_json:
-            print(json.dumps({"ok": False, "findings": findings_json(exc.findings)}, indent=2))
-        else:
-            print_findings(exc.findings)
-        raise typer.Exit(EXIT_CONFIG) from None
+        exit_with_findings(exc.findings, as_json=as_json)
     sections = {"parallel": {"world_size": world_size, "tp": tp, "pp": pp, "ep": ep},
                 "training": {"seq_length": seq_length}}
     data = hf_config_data(mapping, sections)

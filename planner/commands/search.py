@@ -19,6 +19,7 @@ from planner.cli_common import (
     EXIT_OK,
     EXIT_USAGE,
     collect_findings,
+    exit_with_findings,
     fail,
     load_config_or_exit,
     print_findings,
@@ -42,11 +43,7 @@ def search(
     findings = collect_findings(cfg)
     blocking = [f for f in findings if f.severity == "error" and f.code != "MEM001"]
     if blocking:  # a layout that does not fit is what search is for; other errors are not
-        if as_json:
-            print(json.dumps({"ok": False, "findings": [f.as_dict() for f in findings]}, indent=2))
-        else:
-            print_findings(findings)
-        raise typer.Exit(EXIT_CONFIG)
+        exit_with_findings(findings, as_json=as_json)
     if emit is not None and not (emit.parent if str(emit.parent) else Path(".")).is_dir():
         fail(EXIT_USAGE, f"--emit {emit}: cannot write (no folder {emit.parent})")
     from planner.search import search as run
