@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.budget.book import PAGES, FormulaBook, formula_book
 from planner.budget.collectives import (
@@ -41,10 +41,13 @@ from planner.pipeline import SplitError, StageSplit, stage_split
 from planner.schedule import Peak, stage_peak
 from planner.schema import Config
 
+if TYPE_CHECKING:
+    from planner.grid import Grid
+
 __all__ = [  # the formula book's public names, re-exported: import them from here
     "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DIRECTIONS", "PAGES", "Accounting", "Budget",
     "BudgetError", "Collective", "FormulaBook", "Number", "Quantity", "UnknownCollective",
-    "Variant", "budgets", "collective", "formula_book", "memory_by_stage", "number_text",
+    "Variant", "budget_grid", "budgets", "collective", "formula_book", "memory_by_stage", "number_text",
     "plan_budgets", "pretty", "stage_memory", "value_text", "variant_of", "RECOMPUTE",
 ]
 
@@ -177,19 +180,42 @@ class Accounting:
         env.update(values)
         return evaluate(self.book.at("rank"), env)
 
+    def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:
+        """Every quantity for `rank` on `stage`, its groups placed on nodes of `node_size` GPUs
+        (budgets use the node, the time estimate the NVLink domain)."""
+        kinds = set(grid.kinds)
+        groups = {kind: grid.group_of(kind, rank) for kind in TOPOLOGY_GROUPS if kind in kinds}
+        model = self.cfg.model
+        try:
+            return self.rank_env(self.stage_env(stage, groups.get("embd")),
+                                 rank_values(rank, node_size, groups, grid.group_of("pp", rank),
+                                             (model.num_experts, model.moe_router_topk)))
+        except ZeroDivisionError as exc:
+            raise BudgetError(f"stage {stage}: a quantity divides by zero ({exc})") from None
+
     def budget(self, q: Quantity, env: dict[str, Number], scope: str, stage: int | None) -> Budget:
         return Budget(q.name, env[q.ident], q.unit, q.formula, scope, stage, q.category, q.doc,
                       env)
 
 
+def budget_grid(cfg: Config) -> Grid:
+    """The config's grid, or BudgetError when its groups cannot be built."""
+    from planner.grid import Grid, GridError, grid_spec_from_config
+
+    try:
+        return Grid(grid_spec_from_config(cfg))
+    except GridError as exc:
+        raise BudgetError(f"no grid: {exc}") from None
+
+
 def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -> list[Budget]:
     """Global budgets once, then stage and rank budgets for the chosen ranks: the given rank,
     the first rank of the given stage, or the first rank of every stage."""
-    from planner.grid import Grid, GridError, grid_spec_from_config
+    from planner.grid import GridError
 
     acc = Accounting(cfg)
+    grid = budget_grid(cfg)
     try:
-        grid = Grid(grid_spec_from_config(cfg))
         if rank is not None:
             chosen = [(grid.stage_of(rank), rank)]
         elif stage is not None:
@@ -199,17 +225,8 @@ def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -
     except GridError as exc:
         raise BudgetError(f"no grid: {exc}") from None
     out = [acc.budget(q, acc.globals, "all ranks", None) for q in acc.book.at("global")]
-    kinds = set(grid.kinds)
     for s, r in chosen:
-        groups = {kind: grid.group_of(kind, r) for kind in TOPOLOGY_GROUPS if kind in kinds}
-        try:
-            stage_env = acc.stage_env(s, groups.get("embd"))
-            env = acc.rank_env(stage_env, rank_values(r, cfg.cluster.gpus_per_node, groups,
-                                                      grid.group_of("pp", r),
-                                                      (cfg.model.num_experts,
-                                                       cfg.model.moe_router_topk)))
-        except ZeroDivisionError as exc:
-            raise BudgetError(f"stage {s}: a quantity divides by zero ({exc})") from None
+        env = acc.placed_env(grid, s, r, cfg.cluster.gpus_per_node)
         scope = f"stage {s} (rank {r})"
         for q in acc.book.quantities:
             if q.name == "in_flight_microbatches":

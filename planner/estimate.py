@@ -12,9 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.accounting import Accounting, Budget, BudgetError
-from planner.budget.collectives import TABLE
-from planner.budget.symbols import TOPOLOGY_GROUPS, rank_values
+from planner.accounting import COLLECTIVES, Accounting, Budget, budget_grid
 from planner.schema import Config
 
 COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gemm_s",
@@ -69,24 +67,13 @@ class Estimate:
 
 def estimate(cfg: Config) -> Estimate:
     """Evaluate the formula book for the first rank of each stage; raises BudgetError."""
-    from planner.grid import Grid, GridError, grid_spec_from_config
-
     acc = Accounting(cfg)
-    try:
-        grid = Grid(grid_spec_from_config(cfg))
-    except GridError as exc:
-        raise BudgetError(f"no grid: {exc}") from None
-    kinds, domain = set(grid.kinds), cfg.cluster.nvlink_domain or cfg.cluster.gpus_per_node or 1
+    grid = budget_grid(cfg)
+    domain = cfg.cluster.nvlink_domain or cfg.cluster.gpus_per_node or 1
     envs, stages = [], []
     for s in range(cfg.parallel.pp):
         rank = grid.stage_ranks(s)[0]
-        groups = {kind: grid.group_of(kind, rank) for kind in TOPOLOGY_GROUPS if kind in kinds}
-        try:
-            env = acc.rank_env(acc.stage_env(s, groups.get("embd")),
-                               rank_values(rank, domain, groups, grid.group_of("pp", rank),
-                                           (cfg.model.num_experts, cfg.model.moe_router_topk)))
-        except ZeroDivisionError as exc:
-            raise BudgetError(f"stage {s}: a quantity divides by zero ({exc})") from None
+        env = acc.placed_env(grid, s, rank, domain)
         envs.append(env)
         stages.append(_stage_row(s, rank, env))
     slowest = max(range(len(stages)), key=lambda s: stages[s]["step_s"])
@@ -95,7 +82,7 @@ def estimate(cfg: Config) -> Estimate:
 
 def _stage_row(stage: int, rank: int, env: dict[str, Any]) -> dict[str, Any]:
     comm: dict[str, float] = {}
-    for entry in TABLE.values():
+    for entry in COLLECTIVES.values():
         for phase in entry.phases:
             key = f"time_{entry.name}_{phase}"
             exposed = env.get(f"{key}_exposed", env.get(key))
