@@ -28,6 +28,7 @@ from typing import Any
 
 from planner.degrees import Degrees
 from planner.findings import Finding
+from planner.rules.hints import divisors
 from planner.schema import Config
 
 Changes = dict[str, dict[str, Any]]  # section -> field -> value, over the user's config
@@ -150,7 +151,7 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def _divisors(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+    return [d for d in divisors(n) if d <= limit]
 
 
 def families(cfg: Config) -> tuple[list[tuple[int, int, int, int, int]], int]:
