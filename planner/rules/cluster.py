@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from planner.grid import GridError, expert_layout
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 
@@ -44,4 +45,40 @@ def cluster_without_idle_gpus(f: Facts) -> Iterator[Violation]:
                         "match the world size to the allocation or request fewer nodes")
 
 
-RULES = (cluster_has_enough_gpus, cluster_without_idle_gpus)
+@rule(
+    "CLU003", "warning", "an expert-parallel group crosses NVLink domains it could stay inside",
+    source="Megatron-LM dev@d48bd6be megatron/core/parallel_state.py RankGenerator; "
+    "planner/emit/shape.py launch_shape (rank r runs on node r // gpus_per_node)",
+    why="""The token dispatch and combine all-to-alls run inside each EP group. An EP group no larger
+    than an NVLink domain can run entirely over NVLink, but when the domain is not a multiple of
+    the group (an NVL72 rack of 72 GPUs with EP 64, say) some groups straddle two domains and send
+    part of every dispatch over the much slower scale-out network. The slowest EP group sets the
+    step. NVL72 jobs commonly use 16 of the 18 trays of each rack (64 GPUs) for this reason.""",
+    bad="""parallel: {ep: 4}
+cluster: {nodes: 4, gpus_per_node: 2, nvlink_domain: 6}""",
+    good="""parallel: {ep: 4}
+cluster: {nodes: 4, gpus_per_node: 2, nvlink_domain: 4}""",
+)
+def ep_groups_inside_nvlink_domains(f: Facts) -> Iterator[Violation]:
+    domain = f.cluster.nvlink_domain or f.cluster.gpus_per_node or 1
+    try:
+        groups = expert_layout(f.grid_spec).groups("tp-ep")
+    except GridError:
+        return  # the grid's own rules (PAR) report why it cannot be built
+    size = len(groups[0])
+    needed = -(-size // domain)  # the fewest domains a group of this size can span
+    straddling = [g for g in groups if len({r // domain for r in g}) > needed]
+    if straddling:
+        first = straddling[0]
+        spans = len({r // domain for r in first})
+        yield Violation(
+            "cluster.nvlink_domain",
+            f"{len(straddling)} of {len(groups)} ETP·EP groups of {size} ranks span more NVLink "
+            f"domains of {domain} GPUs than they need ({needed}): ranks {first[0]}..{first[-1]} "
+            f"span {spans}",
+            (f"use {domain - domain % size} GPUs of each domain (set nvlink_domain: "
+             f"{domain - domain % size}), or pick ETP·EP dividing {domain}") if size < domain
+            else f"pick ETP·EP a multiple of nvlink_domain {domain}, or one dividing it")
+
+
+RULES = (cluster_has_enough_gpus, cluster_without_idle_gpus, ep_groups_inside_nvlink_domains)
