@@ -3,7 +3,8 @@
 Every figure is a real moeplan config (a base from the data file with the figure's fragment
 merged over it) that goes through the loader, the rule catalog and `planner.estimate.estimate`,
 as `moeplan estimate` would. Printed per figure: predicted and published throughput
-(tokens/s/GPU; one-layer figures: forward + backward milliseconds of the MoE layer), their ratio,
+(tokens/s/GPU, or Megatron TFLOP/s/GPU where a source gives only that; one-layer figures: forward
++ backward milliseconds of the MoE layer), their ratio,
 Megatron's GFLOP/token next to the published TFLOP/s ÷ tokens/s, and what the rule catalog says
 (a rule error or MEM001 "does not fit" is shown, never hidden: the figure is still estimated when
 its grids build). Last line: the median absolute error |ratio − 1| over the estimated figures.
@@ -67,10 +68,19 @@ class Figure:
         return "forward_ms" in self.published
 
     @property
+    def metric(self) -> str:
+        """What is compared: the layer's seconds, else tokens/s/GPU, else (a source that gives
+        only that) Megatron TFLOP/s/GPU."""
+        if self.is_layer:
+            return "layer_s"
+        return ("tokens_per_s_per_gpu" if "tokens_per_s_per_gpu" in self.published
+                else "tflops_per_gpu")
+
+    @property
     def published_value(self) -> float:
         if self.is_layer:
             return (self.published["forward_ms"] + self.published["backward_ms"]) / 1e3
-        return float(self.published["tokens_per_s_per_gpu"])
+        return float(self.published[self.metric])
 
     def config(self) -> Config:
         return parse_config(self.data)
@@ -133,7 +143,7 @@ def judge(figure: Figure) -> Judged:
         return out
     data = est.as_json()
     out.gflop_per_token = data["flops_per_token"] / 1e9
-    out.predicted = moe_layer_seconds(est) if figure.is_layer else data["tokens_per_s_per_gpu"]
+    out.predicted = moe_layer_seconds(est) if figure.is_layer else data[figure.metric]
     return out
 
 
@@ -145,13 +155,14 @@ def median_abs_error(rows: list[Judged]) -> float | None:
 def _value(figure: Figure, value: float | None) -> str:
     if value is None:
         return "—"
-    return f"{value * 1e3:.2f} ms" if figure.is_layer else f"{value:,.0f}"
+    return {"layer_s": f"{value * 1e3:.2f} ms", "tokens_per_s_per_gpu": f"{value:,.0f}",
+            "tflops_per_gpu": f"{value:,.0f} TFLOP/s"}[figure.metric]
 
 
 def _gflop(row: Judged) -> str:
     pub = row.figure.published
     published = (f"{pub['tflops_per_gpu'] * 1e3 / pub['tokens_per_s_per_gpu']:.1f}"
-                 if "tflops_per_gpu" in pub else "—")
+                 if {"tflops_per_gpu", "tokens_per_s_per_gpu"} <= set(pub) else "—")
     ours = "—" if row.gflop_per_token is None or row.figure.is_layer else f"{row.gflop_per_token:.1f}"
     return f"{published} / {ours}"
 
@@ -177,7 +188,8 @@ def summary(rows: list[Judged]) -> str:
     return (f"{part('all figures', rows)}; {part('whole models', whole)}; "
             f"{part('one MoE layer', layers)}. {flagged} flagged by the rule catalog or not "
             "estimated (still counted when estimated). Ratio = predicted / published: "
-            "tokens/s/GPU for whole models, forward + backward time for one layer")
+            "tokens/s/GPU for whole models (TFLOP/s/GPU where only that is published), "
+            "forward + backward time for one layer")
 
 
 def markdown(rows: list[Judged]) -> str:
