@@ -101,7 +101,8 @@ def _kinds(book: Book, v: Variant) -> None:
         "attention projections recompute runs again per token (full, or MLA up projections)")
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py MoELayer: with
     # "shared_experts" the shared expert's forward is checkpointed and re-run in backward.
-    shared_rc = "time_shared_fwd_flops" if "shared_experts" in selective else "0"
+    shared_rc = ("time_shared_fwd_flops" if "shared_experts" in selective and "moe" not in selective
+                 else "0")
     add("time_recompute_moe_flops", extra["moe"], "FLOP", "time",
         "MoE MLP forward recompute runs again per token")
     add("time_recompute_routed_flops",
@@ -154,9 +155,11 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     add("time_ew_router_elements", "L_moe * (h + 4 * E)", "elements", "time",
         "router per token: read h for the gate, the E logits through softmax/sigmoid and top-k")
     act = f"{'3' if v.swiglu else '2'}"
-    add("time_ew_act_elements", f"L_moe * {act} * (k * I + I_s) + L_dense * {act} * f",
-        "elements", "time", "activation functions: read FC1's output, write FC2's input, for the "
-        "k routed copies, the shared expert and dense MLPs")
+    add("time_ew_act_elements", f"L_moe * {act} * (k * I + I_s)", "elements", "time",
+        "expert activation functions: read FC1's output, write FC2's input, for the k routed "
+        "copies and the shared expert")
+    add("time_ew_dense_act_elements", f"L_dense * {act} * f", "elements", "time",
+        "dense MLP activation functions")
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py: the alltoall
     # dispatcher permutes the k copies before the exchange and sorts them by local expert after
     # it (and the reverse in combine); DeepEP receives each token once per rank and permutes once
@@ -175,11 +178,16 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         "permute and unpermute: each permutation reads and writes k rows of the token, in "
         "dispatch and in combine; unfused permutes (moe_permute_fusion off) cost more passes")
     add("time_ew_fwd_elements", "time_ew_norm_elements + time_ew_attention_elements"
-        " + time_ew_router_elements + time_ew_act_elements + time_ew_permute_elements",
+        " + time_ew_router_elements + time_ew_act_elements + time_ew_dense_act_elements"
+        " + time_ew_permute_elements",
         "elements", "time", "elementwise elements of one forward of the stage per token")
     rc = []
-    if "moe_act" in selective:
+    if "moe" in selective:
+        rc.append("time_ew_router_elements + time_ew_act_elements + time_ew_permute_elements")
+    elif "moe_act" in selective:
         rc.append(f"L_moe * {act} * k * I")
+    if "mlp" in selective:
+        rc.append("time_ew_dense_act_elements")
     if "layernorm" in selective:
         rc.append("blocks * 4 * h")
     if "mhc" in selective and v.mhc:
@@ -187,8 +195,8 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     full = "blocks_recomputed * time_ew_fwd_elements / Max(blocks, 1)"
     add("time_ew_recompute_elements", " + ".join([full, *rc]), "elements", "time",
         "elementwise work recompute runs again per token: recomputed blocks' forward"
-        + (", and selective " + ", ".join(m for m in ("moe_act", "layernorm", "mhc") if m in selective)
-           if rc else ""))
+        + (", and selective " + ", ".join(m for m in ("moe", "moe_act", "mlp", "layernorm", "mhc")
+                                          if m in selective) if rc else ""))
 
 
 def _gemm(book: Book, name: str, flops: str, rc_flops: str, params: str, rate: str,
@@ -238,7 +246,7 @@ def _compute(book: Book) -> None:
         "through HBM non_gemm_passes times over forward and backward (a third again for "
         "recomputed work), plus a fixed latency per token and block")
     add("time_moe_non_gemm_s", f"{per_step} * (time_ew_router_elements + time_ew_act_elements"
-        " - L_dense * 3 * f + time_ew_permute_elements) * non_gemm_passes * 2 / time_hbm_rate",
+        " + time_ew_permute_elements) * non_gemm_passes * 2 / time_hbm_rate",
         "s", "time", "the MoE layers' share of it (router, permutes, expert activations), "
         "without recompute")
     add("time_compute_s", "time_attention_gemm_s + time_attention_core_s + time_moe_gemm_s"
