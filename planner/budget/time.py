@@ -162,13 +162,14 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         "dense MLP activation functions")
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py: the alltoall
     # dispatcher permutes the k copies before the exchange and sorts them by local expert after
-    # it (and the reverse in combine); DeepEP receives each token once per rank and permutes once
+    # it when a rank holds more than one (and the reverse in combine); DeepEP receives each
+    # token once per rank and permutes once
     # (_DeepepManager.get_permuted_hidden_states_by_experts); HybridEP's dispatch kernel writes
     # the rows in expert order itself (_HybridEPManager.dispatch: hybrid_ep_dispatch with
     # num_blocks_permute), so no separate permutation reads them again.
     copies = "1"
     if v.ep and v.dispatcher == "alltoall":
-        copies = "2"
+        copies = "1 + Min(experts_per_rank - 1, 1)"
     elif v.ep and v.flex_backend == "hybridep":
         copies = "0"
     add("time_permute_copies", copies, "count", "time",
