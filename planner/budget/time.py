@@ -165,8 +165,8 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     # it when a rank holds more than one (and the reverse in combine); DeepEP receives each
     # token once per rank and permutes once
     # (_DeepepManager.get_permuted_hidden_states_by_experts); HybridEP's dispatch kernel writes
-    # the rows in expert order itself (_HybridEPManager.dispatch: hybrid_ep_dispatch with
-    # num_blocks_permute), so no separate permutation reads them again.
+    # the rows in expert order itself (_HybridEPManager.get_permuted_hidden_states_by_experts
+    # returns the dispatch output as is), so no separate permutation reads them again.
     copies = "1"
     if v.ep and v.dispatcher == "alltoall":
         copies = "1 + Min(experts_per_rank - 1, 1)"
