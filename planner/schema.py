@@ -326,13 +326,21 @@ class EfficiencySection(Section):
     gemm_fp8: Share = 0.6  # share of the dense FP8 peak the GEMMs reach under FP8
     attention: Share = 0.5  # share of the BF16 peak core (flash) attention reaches
     intra_node: Share = 0.85  # share of the NVLink bandwidth a collective reaches
-    inter_node: Share = 0.7  # share of the scale-out bandwidth a collective reaches
-    hbm: Share = 0.8  # share of the HBM bandwidth the optimizer step reaches
+    inter_node: Share = 0.9  # share of the scale-out bandwidth a collective reaches
+    hbm: Share = 0.8  # share of the HBM bandwidth streaming work (weights, elementwise) reaches
     overlap: Share = 0.5  # share of an overlapped collective hidden behind compute (at most all)
     routing_imbalance: Annotated[float, Field(ge=1)] = 1.0  # busiest rank's expert load / mean
-    # Time per token and transformer block outside the GEMMs and attention (norms, router,
-    # permutations, activation functions, kernel launches), forward and backward together.
-    non_gemm_ns_per_token_block: NonNegFloat = 600.0
+    # Fixed latency per token and transformer block outside the GEMMs and attention (kernel
+    # launches, host syncs), forward and backward together; their bytes are counted separately.
+    non_gemm_ns_per_token_block: NonNegFloat = 650.0
+    # HBM passes over the forward's elementwise bytes (norms, router, permutes, activations) in
+    # forward and backward together (fitted; fused backward kernels reuse what forward saved).
+    non_gemm_passes: PosFloat = 1.75
+    permute_unfused: Annotated[float, Field(ge=1)] = 3.0  # unfused permute / fused permute cost
+    # Share of the collective bandwidth each token dispatcher's EP exchange reaches.
+    dispatch_alltoall: Share = 1.0
+    dispatch_deepep: Share = 1.0
+    dispatch_hybridep: Share = 1.0
 
 
 class ClusterSection(Section):

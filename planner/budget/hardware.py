@@ -40,13 +40,23 @@ HARDWARE_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("eff_intra", "share of the NVLink bandwidth a collective reaches (efficiency.intra_node)"),
     Symbol("eff_inter", "share of the scale-out bandwidth a collective reaches "
            "(efficiency.inter_node)"),
-    Symbol("eff_hbm", "share of the HBM bandwidth the optimizer step reaches (efficiency.hbm)"),
+    Symbol("eff_hbm", "share of the HBM bandwidth streaming work reaches: GEMM weight and grad "
+           "traffic, elementwise kernels, the optimizer step (efficiency.hbm)"),
     Symbol("eff_overlap", "share of an overlapped collective hidden behind compute "
            "(efficiency.overlap)"),
     Symbol("imbalance", "busiest rank's routed-expert load over the mean (efficiency."
            "routing_imbalance; 1 under forced balance)"),
     Symbol("t_non_gemm", "seconds per token and block outside GEMMs and attention, forward and "
            "backward (efficiency.non_gemm_ns_per_token_block)"),
+    Symbol("non_gemm_passes", "HBM passes over the forward's elementwise bytes in forward and "
+           "backward together (efficiency.non_gemm_passes)"),
+    Symbol("permute_fused", "1 when the permutes are fused kernels (moe.moe_permute_fusion, or "
+           "the HybridEP backend, which permutes inside its dispatch)"),
+    Symbol("eff_permute_unfused", "cost of an unfused permutation over a fused one "
+           "(efficiency.permute_unfused)"),
+    Symbol("eff_dispatch", "share of the collective bandwidth the token dispatcher's EP exchange "
+           "reaches (efficiency.dispatch_alltoall / dispatch_deepep / dispatch_hybridep; 1 for "
+           "the others)"),
     *(Symbol(overlap_symbol(flag), f"1 when {flag} is on (an overlap flag of the collectives "
              "table)") for flag in OVERLAP_FLAGS),
 )
@@ -70,5 +80,28 @@ def hardware_values(cfg: Config) -> dict[str, Number]:
         "eff_inter": exact(eff.inter_node), "eff_hbm": exact(eff.hbm),
         "eff_overlap": exact(eff.overlap), "imbalance": exact(eff.routing_imbalance),
         "t_non_gemm": normalize(Fraction(exact(eff.non_gemm_ns_per_token_block)) / GIGA),
+        "non_gemm_passes": exact(eff.non_gemm_passes),
+        "permute_fused": int(cfg.moe.moe_permute_fusion or _hybridep(cfg)),
+        "eff_permute_unfused": exact(eff.permute_unfused),
+        "eff_dispatch": exact(dispatch_efficiency(cfg)),
         **{overlap_symbol(flag): _flag(cfg, flag) for flag in OVERLAP_FLAGS},
     }
+
+
+def _hybridep(cfg: Config) -> bool:
+    """HybridEP permutes inside its own dispatch kernels whatever moe_permute_fusion says
+    (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+    _HybridEPManager.dispatch calls hybrid_ep_dispatch with the routing map)."""
+    moe = cfg.moe
+    return moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend == "hybridep"
+
+
+def dispatch_efficiency(cfg: Config) -> float:
+    """The efficiency factor of the config's token dispatcher (its backend under flex)."""
+    eff, moe = cfg.cluster.efficiency, cfg.moe
+    if moe.moe_token_dispatcher_type == "alltoall":
+        return eff.dispatch_alltoall
+    if moe.moe_token_dispatcher_type == "flex":
+        backend = moe.moe_flex_dispatcher_backend or "deepep"
+        return {"deepep": eff.dispatch_deepep, "hybridep": eff.dispatch_hybridep}.get(backend, 1.0)
+    return 1.0

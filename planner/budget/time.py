@@ -61,6 +61,7 @@ def write(book: Book, v: Variant) -> None:
 def _kinds(book: Book, v: Variant) -> None:
     """Forward FLOPs per token by kind, and the extra forward FLOPs recompute runs again."""
     add = book.add
+    fx = "3" if v.swiglu else "2"
     core = "0" if v.attention == "dsv4_hybrid" else "blocks * flops_attention_core_fwd_per_token"
     core_rc = ("0" if v.attention == "dsv4_hybrid"
                else "blocks_recomputed * flops_attention_core_fwd_per_token")
@@ -69,45 +70,186 @@ def _kinds(book: Book, v: Variant) -> None:
     add("time_attention_linear_fwd_flops",
         "stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops", "FLOP", "time",
         "attention projections of the stage per token")
-    extra = {"attention_core": core_rc, "moe": "L_moe_recomputed * flops_moe_mlp_fwd_per_token",
+    add("time_shared_fwd_flops", f"L_moe * 2 * {fx} * I_s * h", "FLOP", "time",
+        "shared experts of the stage per token (their own GEMMs: every token, dense TP layout)")
+    add("time_routed_fwd_flops", "stage_moe_fwd_flops_per_token - time_shared_fwd_flops", "FLOP",
+        "time", "routed experts of the stage per token (k grouped-GEMM rows per token)")
+    moe_rc = "L_moe_recomputed * flops_moe_mlp_fwd_per_token"
+    extra = {"attention_core": core_rc, "moe": moe_rc,
              "dense": "L_dense_recomputed * flops_dense_mlp_fwd_per_token"}
     whole = {"attention_core": "time_attention_core_fwd_flops",
              "moe": "stage_moe_fwd_flops_per_token", "dense": "stage_dense_fwd_flops_per_token"}
+    selective = v.recompute_modules if v.recompute == "selective" else frozenset()
     for module, kind in SELECTIVE.items():
-        if v.recompute == "selective" and module in v.recompute_modules:
+        if module in selective:
             extra[kind] = whole[kind]
+    # Megatron-LM dev@d48bd6be megatron/core/transformer/multi_latent_attention.py
+    # MLASelfAttention.get_query_key_value_tensors qkv_up_proj_and_rope_apply: mla_up_proj re-runs
+    # the q and kv up projections (and RoPE) of every block.
+    up = "0"
+    if "mla_up_proj" in selective and v.attention == "mla":
+        q_in = "q_lora" if v.mla_q_lora else "h"
+        up = f"blocks * 2 * ({q_in} * heads * (d_qk + qk_rope) + kv_lora * heads * (d_qk + d_v))"
+    add("time_recompute_mla_up_flops", up, "FLOP", "time",
+        "MLA q and kv up projections selective recompute (mla_up_proj) runs again per token")
     add("time_recompute_attention_core_flops", extra["attention_core"], "FLOP", "time",
         "core attention forward recompute runs again per token")
     add("time_recompute_attention_linear_flops",
-        "stage_recompute_fwd_flops_per_token - L_moe_recomputed * flops_moe_mlp_fwd_per_token"
-        f" - L_dense_recomputed * flops_dense_mlp_fwd_per_token - ({core_rc})", "FLOP", "time",
-        "attention projections full recompute runs again per token")
+        f"stage_recompute_fwd_flops_per_token - {moe_rc}"
+        f" - L_dense_recomputed * flops_dense_mlp_fwd_per_token - ({core_rc})"
+        " + time_recompute_mla_up_flops", "FLOP", "time",
+        "attention projections recompute runs again per token (full, or MLA up projections)")
+    # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py MoELayer: with
+    # "shared_experts" the shared expert's forward is checkpointed and re-run in backward.
+    shared_rc = ("time_shared_fwd_flops" if "shared_experts" in selective and "moe" not in selective
+                 else "0")
     add("time_recompute_moe_flops", extra["moe"], "FLOP", "time",
         "MoE MLP forward recompute runs again per token")
+    add("time_recompute_routed_flops",
+        "time_recompute_moe_flops * time_routed_fwd_flops / Max(stage_moe_fwd_flops_per_token, 1)",
+        "FLOP", "time", "the routed experts' share of it")
+    add("time_recompute_shared_flops", f"time_recompute_moe_flops - time_recompute_routed_flops"
+        f" + {shared_rc}", "FLOP", "time",
+        "the shared experts' share, or all of them again with selective shared_experts")
     add("time_recompute_dense_flops", extra["dense"], "FLOP", "time",
         "dense MLP forward recompute runs again per token")
+    _weights(book, v)
+    _elementwise(book, v, selective)
+
+
+def _weights(book: Book, v: Variant) -> None:
+    """The rank's local weights per kind (params page), what a GEMM pass must stream from HBM."""
+    add = book.add
+    extra = " + L_csa * csa_params_per_layer + L_hca * hca_params_per_layer" if (
+        v.attention == "dsv4_hybrid") else ""
+    add("time_attention_params", f"blocks * attention_params_per_block{extra}", "params", "time",
+        "attention projection weights of the stage on this rank")
+    add("time_routed_params", "moe_layers * routed_params_per_layer", "params", "time",
+        "routed expert weights of the stage on this rank (E/EP local experts per layer)")
+    add("time_shared_params", "moe_layers * shared_params_per_layer", "params", "time",
+        "shared expert weights of the stage on this rank")
+    add("time_dense_params", "L_dense * dense_mlp_params_per_layer", "params", "time",
+        "dense MLP weights of the stage on this rank")
+    add("time_head_params", "(has_output + L_mtp) * embedding_params", "params", "time",
+        "output-layer weight shard the stage's logits (model and MTP) read")
+    add("time_weight_read_bytes", "(1 - fp8) * p + fp8", "bytes", "time",
+        "bytes per weight a forward or data-gradient GEMM reads (the FP8 copy under FP8)")
+    add("time_wgrad_rw_bytes", "2 * bytes_grad", "bytes", "time",
+        "bytes per weight a weight-gradient GEMM moves: gradient accumulation fusion reads and "
+        "writes the main grad once (Megatron-LM dev@d48bd6be megatron/training/arguments.py "
+        "--no-gradient-accumulation-fusion: on by default)")
+    add("time_hbm_rate", "bw_hbm * eff_hbm", "B/s", "time", "reached HBM bandwidth")
+
+
+def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
+    """Memory-bound work outside the GEMMs, as elements per token moved through HBM (forward)."""
+    add = book.add
+    attention = {"standard": "(heads + 2 * groups) * d",
+                 "mla": "heads * (2 * d_qk + 2 * qk_rope + d_v)",
+                 "dsv4_hybrid": "heads * d + 2 * d"}[v.attention]
+    add("time_ew_norm_elements", "blocks * (10 * h" + (" + 4 * n_hc * h" if v.mhc else "") + ")",
+        "elements", "time", "norms and residual adds per token: two norms (read and write h) "
+        "and two residual adds (read 2h, write h) per block" + (", mHC mixing" if v.mhc else ""))
+    add("time_ew_attention_elements", f"blocks * 2 * {attention}", "elements", "time",
+        "query, key and value heads read and written once outside the GEMMs (RoPE, concatenation)")
+    add("time_ew_router_elements", "L_moe * (h + 4 * E)", "elements", "time",
+        "router per token: read h for the gate, the E logits through softmax/sigmoid and top-k")
+    act = f"{'3' if v.swiglu else '2'}"
+    add("time_ew_act_elements", f"L_moe * {act} * (k * I + I_s)", "elements", "time",
+        "expert activation functions: read FC1's output, write FC2's input, for the k routed "
+        "copies and the shared expert")
+    add("time_ew_dense_act_elements", f"L_dense * {act} * f", "elements", "time",
+        "dense MLP activation functions")
+    # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py: the alltoall
+    # dispatcher permutes the k copies before the exchange and sorts them by local expert after
+    # it when a rank holds more than one (and the reverse in combine); DeepEP receives each
+    # token once per rank and permutes once
+    # (_DeepepManager.get_permuted_hidden_states_by_experts); HybridEP's dispatch kernel writes
+    # the rows in expert order itself (_HybridEPManager.get_permuted_hidden_states_by_experts
+    # returns the dispatch output as is), so no separate permutation reads them again.
+    copies = "1"
+    if v.ep and v.dispatcher == "alltoall":
+        copies = "1 + Min(experts_per_rank - 1, 1)"
+    elif v.ep and v.flex_backend == "hybridep":
+        copies = "0"
+    add("time_permute_copies", copies, "count", "time",
+        "permutations of the k routed copies per direction (dispatch and combine)")
+    add("time_ew_permute_elements", "L_moe * 2 * time_permute_copies * 2 * k * h_moe * "
+        "(permute_fused + (1 - permute_fused) * eff_permute_unfused)", "elements", "time",
+        "permute and unpermute: each permutation reads and writes k rows of the token, in "
+        "dispatch and in combine; unfused permutes (moe_permute_fusion off) cost more passes")
+    add("time_ew_fwd_elements", "time_ew_norm_elements + time_ew_attention_elements"
+        " + time_ew_router_elements + time_ew_act_elements + time_ew_dense_act_elements"
+        " + time_ew_permute_elements",
+        "elements", "time", "elementwise elements of one forward of the stage per token")
+    rc = []
+    if "moe" in selective:
+        rc.append("time_ew_router_elements + time_ew_act_elements + time_ew_permute_elements")
+    elif "moe_act" in selective:
+        rc.append(f"L_moe * {act} * k * I")
+    if "mlp" in selective:
+        rc.append("time_ew_dense_act_elements")
+    if "layernorm" in selective:
+        rc.append("blocks * 4 * h")
+    if "mhc" in selective and v.mhc:
+        rc.append("blocks * 4 * n_hc * h")
+    full = "blocks_recomputed * time_ew_fwd_elements / Max(blocks, 1)"
+    add("time_ew_recompute_elements", " + ".join([full, *rc]), "elements", "time",
+        "elementwise work recompute runs again per token: recomputed blocks' forward"
+        + (", and selective " + ", ".join(m for m in ("moe", "moe_act", "mlp", "layernorm", "mhc")
+                                          if m in selective) if rc else ""))
+
+
+def _gemm(book: Book, name: str, flops: str, rc_flops: str, params: str, rate: str,
+          what: str, scale: str = "") -> None:
+    """One kind's GEMM time per step: each pass at the slower of its FLOPs and its HBM bytes.
+
+    Per microbatch the forward, the data gradient and recompute's forward read the kind's local
+    weights; the weight gradient reads and writes its main grad. Recompute re-runs a share of the
+    forward, priced at the forward's roofline in proportion to its FLOPs."""
+    add, t = book.add, "time_tokens_per_rank"
+    fwd = add(f"time_{name}_fwd_pass_s", f"Max({t} * {flops}{scale} / {rate},"
+              f" {params} * time_weight_read_bytes / time_hbm_rate)", "s", "time",
+              f"{what}: one forward (or data-gradient) pass of a microbatch, FLOPs or weight "
+              "reads, whichever is slower")
+    wgrad = add(f"time_{name}_wgrad_pass_s", f"Max({t} * {flops}{scale} / {rate},"
+                f" {params} * time_wgrad_rw_bytes / time_hbm_rate)", "s", "time",
+                f"{what}: one weight-gradient pass, FLOPs or main-grad read and write")
+    add(f"time_{name}_s", f"microbatches * (2 * {fwd} + {wgrad}"
+        f" + {fwd} * {rc_flops} / Max({flops}, 1))", "s", "time",
+        f"{what}: forward, data and weight gradients and recompute of every microbatch")
 
 
 def _compute(book: Book) -> None:
     add = book.add
     per_step = "microbatches * time_tokens_per_rank"
-    add("time_attention_gemm_s", f"{per_step} * (3 * time_attention_linear_fwd_flops"
-        " + time_recompute_attention_linear_flops) / time_gemm_rate", "s", "time",
-        "attention projections: forward, data and weight gradients, and recompute")
+    _gemm(book, "attention_gemm", "time_attention_linear_fwd_flops",
+          "time_recompute_attention_linear_flops", "time_attention_params", "time_gemm_rate",
+          "attention projections")
     add("time_attention_core_s", f"{per_step} * (3 * time_attention_core_fwd_flops"
         " + time_recompute_attention_core_flops) / time_attention_rate", "s", "time",
         "core attention: forward, backward (Megatron's 3x) and recompute")
-    add("time_moe_gemm_s", f"{per_step} * (3 * stage_moe_fwd_flops_per_token"
-        " + time_recompute_moe_flops) * imbalance / time_gemm_rate", "s", "time",
-        "MoE MLPs (routed and shared experts) of the busiest rank, recompute included")
-    add("time_dense_gemm_s", f"{per_step} * (3 * stage_dense_fwd_flops_per_token"
-        " + time_recompute_dense_flops) / time_gemm_rate", "s", "time",
-        "dense MLPs, recompute included")
-    add("time_head_gemm_s", f"{per_step} * 3 * stage_head_fwd_flops_per_token / time_bf16_rate",
-        "s", "time", "logits and MTP projections (BF16)")
-    add("time_non_gemm_s", f"{per_step} * (blocks + blocks_recomputed / 3) * t_non_gemm", "s", "time",
-        "work outside GEMMs and attention (norms, router, permutations, activations, launches), "
-        "per token and block; a recomputed block's forward (a third) again")
+    _gemm(book, "routed_gemm", "time_routed_fwd_flops", "time_recompute_routed_flops",
+          "time_routed_params", "time_gemm_rate", "routed experts of the busiest rank",
+          " * imbalance")
+    _gemm(book, "shared_gemm", "time_shared_fwd_flops", "time_recompute_shared_flops",
+          "time_shared_params", "time_gemm_rate", "shared experts")
+    add("time_moe_gemm_s", "time_routed_gemm_s + time_shared_gemm_s", "s", "time",
+        "MoE MLPs (routed and shared experts), recompute included")
+    _gemm(book, "dense_gemm", "stage_dense_fwd_flops_per_token", "time_recompute_dense_flops",
+          "time_dense_params", "time_gemm_rate", "dense MLPs")
+    _gemm(book, "head_gemm", "stage_head_fwd_flops_per_token", "0", "time_head_params",
+          "time_bf16_rate", "logits and MTP projections (BF16)")
+    add("time_non_gemm_s", f"{per_step} * ((time_ew_fwd_elements * non_gemm_passes"
+        " + time_ew_recompute_elements * non_gemm_passes / 3) * 2 / time_hbm_rate"
+        " + (blocks + blocks_recomputed / 3) * t_non_gemm)", "s", "time",
+        "work outside GEMMs and attention: the forward's elementwise elements (BF16, 2 bytes) "
+        "through HBM non_gemm_passes times over forward and backward (a third again for "
+        "recomputed work), plus a fixed latency per token and block")
+    add("time_moe_non_gemm_s", f"{per_step} * (time_ew_router_elements + time_ew_act_elements"
+        " + time_ew_permute_elements) * non_gemm_passes * 2 / time_hbm_rate",
+        "s", "time", "the MoE layers' share of it (router, permutes, expert activations), "
+        "without recompute")
     add("time_compute_s", "time_attention_gemm_s + time_attention_core_s + time_moe_gemm_s"
         " + time_dense_gemm_s + time_head_gemm_s + time_non_gemm_s", "s", "time",
         "all compute of the step")
@@ -124,7 +266,7 @@ def _communication(book: Book, v: Variant) -> list[str]:
             name = add(f"time.{entry.name}.{phase}",
                        f"Max(step_{ident(entry.name)}_{phase}_intra_node_bytes / (bw_nvlink * eff_intra),"
                        f" step_{ident(entry.name)}_{phase}_inter_node_bytes / (bw_scale_out * eff_inter))"
-                       + (" * imbalance" if entry.routed_rows else ""),
+                       + (" * imbalance / eff_dispatch" if entry.routed_rows else ""),
                        "s", "time", f"{entry.name} {phase}: NVLink-domain bytes over NVLink, the rest "
                        "over the scale-out network, the slower setting the time")
             if entry.overlap:
