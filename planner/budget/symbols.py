@@ -15,6 +15,7 @@ from fractions import Fraction
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
+from planner.gpus import DEFAULT_GPU, HOPPER
 from planner.pipeline import Chunk, StageLayers, StageSplit, stage_layers
 from planner.schema import Config
 
@@ -204,6 +205,11 @@ class Variant:
     shared_gate: bool = False  # moe_shared_expert_gate: a [1, h] sigmoid gate on the shared expert
     router_fp64: bool = False  # moe_router_dtype fp64: router logits and probs in 8 bytes
     mla_norms: bool = True  # MLA's q/kv latent norms (qk_layernorm); False: plain up projections
+    # FP8 weights (training.fp8): "" without; else how TE stores a quantised weight: "tensor"
+    # (delayed / tensorwise: one scale per tensor), "blockwise" (128x128 block scales), "mxfp8"
+    fp8_weights: str = ""
+    fp8_transpose: bool = False  # tensor-scaled FP8 on Hopper: a transposed copy for backward
+    fp8_param_gather: bool = False  # training.fp8_param_gather: FP8 weights are the parameters
 
     @property
     def v4_cp(self) -> bool:
@@ -275,7 +281,16 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         shared_gate=model.moe_shared_expert_gate and bool(model.moe_shared_expert_intermediate_size),
         router_fp64=model.moe_router_dtype == "fp64",
         mla_norms=model.qk_layernorm or model.attention_variant != "mla",
+        fp8_weights=FP8_WEIGHTS.get(tr.fp8_recipe or "delayed", "tensor") if tr.fp8 else "",
+        fp8_transpose=tr.fp8 and (cfg.cluster.gpu or DEFAULT_GPU) in HOPPER
+        and (tr.fp8_recipe or "delayed") in ("delayed", "tensorwise"),
+        fp8_param_gather=tr.fp8 and tr.fp8_param_gather,
     )
+
+
+# How Transformer Engine stores a quantised weight per Megatron recipe (delayed is Megatron's
+# default: Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py fp8_recipe).
+FP8_WEIGHTS = {"delayed": "tensor", "tensorwise": "tensor", "blockwise": "blockwise", "mxfp8": "mxfp8"}
 
 
 def _shards_optimizer(cfg: Config) -> bool:
