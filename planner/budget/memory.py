@@ -4,8 +4,9 @@ shards grads and weights by its strategy), the whole weights GTP/EGTP and Megatr
 the block in use and the next, MoE-aware activations of the chunks live at the pipeline schedule's
 peak, recompute, and communication buffers.
 
-What is counted: every parameter and persistent buffer the model holds, main grads, optimizer
-states, stored activations and the transient dispatch/pipeline buffers of one layer. Weight and
+What is counted: every parameter and persistent buffer the model holds (under FP8 also
+Transformer Engine's cached FP8 weights, or the FP8 parameters of fp8_param_gather), main grads,
+optimizer states, stored activations and the transient dispatch/pipeline buffers of one layer. Weight and
 grad buffers are padded as the distributed optimizer pads them (one buffer per kind and stage, its
 end at a multiple of lcm(shards, 128) elements), so every shard and byte count is whole. What is
 not: allocator fragmentation, CUDA context and library workspaces, NCCL internal buffers, the fp32
