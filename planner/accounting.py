@@ -189,7 +189,9 @@ class Accounting:
         try:
             return self.rank_env(self.stage_env(stage, groups.get("embd")),
                                  rank_values(rank, node_size, groups, grid.group_of("pp", rank),
-                                             (model.num_experts, model.moe_router_topk)))
+                                             (model.num_experts, model.moe_router_topk,
+                                              model.moe_router_num_groups,
+                                              model.moe_router_group_topk)))
         except ZeroDivisionError as exc:
             raise BudgetError(f"stage {stage}: a quantity divides by zero ({exc})") from None
 

@@ -40,6 +40,12 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4),
 )})
 
+# GPUs whose FP8 GEMMs take only the TN layout, so Transformer Engine keeps a physically transposed
+# copy of a tensor-scaled FP8 weight for the data-gradient GEMM (Blackwell reads either layout;
+# Transformer Engine docs, low-precision training, "Performance considerations: handling
+# transposes").
+HOPPER = frozenset({"H100", "H200", "H800"})
+
 # What a config without `cluster.gpu` gets: an H100's figures, moeplan's defaults before the catalog.
 DEFAULT_GPU = "H100"
 GpuName = str

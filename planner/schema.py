@@ -239,6 +239,10 @@ class TrainingSection(Section):
     # megatron/core/transformer/transformer_config.py TransformerConfig.fp8 / fp8_recipe).
     fp8_format: Literal["e4m3", "hybrid"] | None = None
     fp8_recipe: Literal["tensorwise", "delayed", "blockwise", "mxfp8"] | None = None
+    # Megatron's --fp8-param-gather: the GEMM weights live in FP8 and the distributed optimizer's
+    # parameter all-gather moves them in FP8 (Megatron-LM dev@d48bd6be megatron/training/
+    # arguments.py; TransformerConfig.fp8_param).
+    fp8_param_gather: bool = False
     fp4: bool = False
     calculate_per_token_loss: bool = False
     average_in_collective: bool = Field(

@@ -95,6 +95,11 @@ CITED_LINES = [
      "validate_args"),
     (ARGUMENTS, 1876, '), "Emerging optimizer does not support Megatron-FSDP for now."',
      "validate_args"),
+    # validate_args: fp8_param_gather asserts a sharded parameter gather (DOP008) ...
+    (ARGUMENTS, 1165, "'--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
+     "megatron fsdp, or inference mode'", "validate_args"),
+    # ... and TransformerConfig refuses fp8_param without FP8
+    (TRANSFORMER_CONFIG, 1868, "if self.fp8_param and not self.fp8:", "__post_init__"),
 ]
 
 
@@ -381,3 +386,19 @@ def test_mtp_needs_rope_or_no_position_embedding(kind, ok):
     overlay = {"model": {"mtp_num_layers": 1, "position_embedding_type": kind}}
     pip005 = [c for c in codes(overlay) if c[0] == "PIP005"]
     assert pip005 == ([] if ok else [("PIP005", "error", "model.position_embedding_type")])
+
+
+# ----------------------------------------------------------------------------- fp8_param_gather
+
+
+def test_fp8_param_gather_without_fp8_or_distributed_optimizer_is_dop008() -> None:
+    """arguments.py:1165 (the distributed optimizer or an FSDP) and transformer_config.py:1868
+    (FP8 on) both fire on a plain config; the emitted command line keeps the flag."""
+    assert codes({"training": {"fp8_param_gather": True}}) == [
+        ("DOP008", "error", "training.fp8_param_gather"),
+        ("DOP008", "error", "training.use_distributed_optimizer")]
+    good = {"training": {"fp8_format": "e4m3", "fp8_param_gather": True,
+                         "use_distributed_optimizer": True}}
+    assert not [c for c in codes(good) if c[0] == "DOP008"]
+    assert "--fp8-param-gather" in megatron_arguments(
+        parse_config(merge(example_config_data(""), good))).as_dict()

@@ -502,6 +502,11 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
                       f"{shard} * p * microbatches", f"{padded} * p * microbatches",
                       f"Megatron-FSDP {kind} parameter all-gather {when}, every microbatch",
                       size=shards)
+        elif v.fp8_param_gather and not v.fsdp:
+            whole = _fp8_gather_buffers(c.book, v, kind)
+            c.add(f"{kind}_param_gather", "fwd", shard_group, "allgather", f"{whole} / {shards}",
+                  whole, f"{kind} parameter all-gather after the sharded update, FP8 weights at "
+                  "fp8_gather_bytes_per_param (fp8_param_gather)", size=shards)
         else:
             c.add(f"{kind}_param_gather", "fwd", shard_group, "allgather", f"{shard} * p",
                   f"{padded} * p", f"{kind} parameter all-gather after the sharded update",
@@ -510,6 +515,30 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
             c.add(f"{kind}_grad_instance_reduce", "fwd", "inter_dist_opt", "allreduce",
                   f"{shard} * bytes_grad", f"{shard} * bytes_grad",
                   "all-reduce of the grad shard across optimizer instances", size="I_opt")
+
+
+def _fp8_gather_buffers(book: Book, v: Variant, kind: str) -> str:
+    """Under fp8_param_gather Megatron keeps the FP8 weights in a buffer of their own (uint8
+    storage), apart from the training-precision parameters, each padded and sharded alike
+    (Megatron-LM dev@d48bd6be megatron/core/distributed/param_and_grad_buffer.py
+    group_params_for_buffers); the sharded update's all-gather moves both. Returns the bytes of
+    both whole buffers."""
+    add = book.add
+    if "fp8_gather_bytes_per_param" not in book.levels:
+        # mxfp8 weights share the grad buffer and are gathered through its bf16 view
+        # (_ParamAndGradBuffer.__init__ shared_param_grad_buffer); the other recipes gather the
+        # uint8 rowwise data.
+        add("fp8_gather_bytes_per_param", "2" if v.fp8_weights == "mxfp8" else "1", "bytes",
+            "bytes", "bytes one FP8 weight moves in the parameter all-gather: its FP8 rowwise data"
+            if v.fp8_weights != "mxfp8" else "bytes one FP8 weight moves in the parameter "
+            "all-gather: mxfp8 gathers bf16 through the grad buffer and requantises after")
+    fp8, pad = f"{kind}_fp8_params_on_rank", f"pad_{kind}"
+    add(f"{kind}_fp8_buffer_params", f"ceiling({fp8} / {pad}) * {pad}", "params", "memory",
+        f"fp8_param_gather: the {kind} FP8-weight buffer, padded like the others")
+    add(f"{kind}_hp_buffer_params", f"ceiling(({kind}_params_on_rank - {fp8}) / {pad}) * {pad}",
+        "params", "memory", f"fp8_param_gather: the {kind} buffer of everything else (padded)")
+    return (f"({kind}_fp8_buffer_params * fp8_gather_bytes_per_param"
+            f" + {kind}_hp_buffer_params * p)")
 
 
 def _fsdp_names(kind: str, v: Variant) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -4,8 +4,9 @@ shards grads and weights by its strategy), the whole weights GTP/EGTP and Megatr
 the block in use and the next, MoE-aware activations of the chunks live at the pipeline schedule's
 peak, recompute, and communication buffers.
 
-What is counted: every parameter and persistent buffer the model holds, main grads, optimizer
-states, stored activations and the transient dispatch/pipeline buffers of one layer. Weight and
+What is counted: every parameter and persistent buffer the model holds (under FP8 also
+Transformer Engine's cached FP8 weights, or the FP8 parameters of fp8_param_gather), main grads,
+optimizer states, stored activations and the transient dispatch/pipeline buffers of one layer. Weight and
 grad buffers are padded as the distributed optimizer pads them (one buffer per kind and stage, its
 end at a multiple of lcm(shards, 128) elements), so every shard and byte count is whole. What is
 not: allocator fragmentation, CUDA context and library workspaces, NCCL internal buffers, the fp32
@@ -230,6 +231,9 @@ def _weight_and_grad_terms(book: Book, v: Variant) -> tuple[str, str]:
     shard = "(dense_shard_params + expert_shard_params)"
     weights = f"{shard if v.fsdp == 'optim_grads_params' else full} * p"
     grads = f"{shard if v.fsdp in ('optim_grads', 'optim_grads_params') else full} * bytes_grad"
+    if v.fp8_weights and not v.fsdp:
+        weights = f"({full} - fp8_params_on_rank) * p + fp8_weight_bytes"
+        _add_fp8_weights(book, v)
     unit = []
     if v.gtp:
         unit.append("GTP * ceiling(dense_sliced_params / Max(blocks, 1))")
@@ -258,6 +262,45 @@ def _weight_and_grad_terms(book: Book, v: Variant) -> tuple[str, str]:
             "bytes", "memory", "one block's whole grads before the Megatron-FSDP reduce-scatter")
         grads += " + fsdp_grad_unit_bytes"
     return weights, grads
+
+
+# Bytes of Transformer Engine's quantised copy of one FP8 weight, both usages (rowwise for the
+# forward GEMM, columnwise for the data gradient): tensor scaling on Hopper keeps the FP8 data and
+# its transpose, on Blackwell one copy serves both; blockwise keeps rowwise and columnwise data
+# (its fp32 scale per 128x128 block, 8 bytes per 16,384 weights, is left out); mxfp8 keeps
+# rowwise and columnwise data and one E8M0 scale per 32 elements for each.
+FP8_COPY_BYTES = {("tensor", True): ("2", "FP8 data and its transpose (Hopper)"),
+                  ("tensor", False): ("1", "FP8 data, read in either layout (Blackwell)"),
+                  ("blockwise", False): ("2", "rowwise and columnwise FP8 data"),
+                  ("mxfp8", False): ("2 + 2 / 32", "rowwise and columnwise FP8 data with an "
+                                     "E8M0 scale per 32 elements each")}
+
+
+def _add_fp8_weights(book: Book, v: Variant) -> None:
+    """FP8 weights as Transformer Engine and Megatron hold them.
+
+    Without fp8_param_gather a weight stays a training-precision parameter and TE quantises it
+    into a workspace it caches across microbatches (Megatron passes is_first_microbatch unless
+    disable_parameter_transpose_cache: Megatron-LM dev@d48bd6be megatron/core/extensions/
+    transformer_engine.py TELinear.forward; TE's TransformerEngineBaseModule.
+    get_weight_workspace): the parameter and the copy both stay. With it the FP8 tensor is the
+    parameter: its rowwise data is the uint8 DDP param buffer (mxfp8: the weights keep their own
+    storage and gather through the grad buffer; param_and_grad_buffer.py
+    _ParamAndGradBuffer.__init__), the other usage stays with TE, and no training-precision
+    copy exists. The distributed optimizer's fp32 main params are unchanged. Megatron's own
+    estimate (megatron/training/theoretical_memory_usage.py) counts no FP8 copies.
+    """
+    copy, doc = FP8_COPY_BYTES[(v.fp8_weights, v.fp8_transpose)]
+    book.add("fp8_copy_bytes_per_param", copy, "bytes", "memory",
+             f"TE's quantised weight ({v.fp8_weights} scaling): {doc}")
+    if v.fp8_param_gather:
+        book.add("fp8_weight_bytes", "fp8_params_on_rank * fp8_copy_bytes_per_param", "bytes",
+                 "memory", "fp8_param_gather: the FP8 weights are the parameters (rowwise data "
+                 "in the param buffer, the other usage with TE); no training-precision copy")
+    else:
+        book.add("fp8_weight_bytes", "fp8_params_on_rank * (p + fp8_copy_bytes_per_param)",
+                 "bytes", "memory", "FP8 weights without fp8_param_gather: the training-precision "
+                 "parameter and TE's cached quantised copy")
 
 
 def _add_recompute(book: Book, v: Variant) -> None:

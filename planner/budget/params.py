@@ -162,6 +162,41 @@ def write(book: Book, v: Variant) -> None:
             "params", "memory", f"{kind} buffer elements whose optimizer state this rank owns "
             "(the first shards hold parameters only; padding sits at the buffer's end)")
     _add_tp_replicated(book, v, mtp_norms, mhc_head)
+    if v.fp8_weights:
+        _add_fp8_params(book, v)
+
+
+# The weight matrices of the attention projections alone (no fused norms, biases or sinks).
+ATTENTION_LINEAR = {
+    **ATTENTION_PARAMS,
+    "dsv4_hybrid": "(h * q_lora + q_lora * heads * d + h * d + o_lora * heads * d"
+                   " + h * o_groups * o_lora) / (TP * GTP)",
+}
+
+
+def _add_fp8_params(book: Book, v: Variant) -> None:
+    """The weights Transformer Engine quantises under FP8: the GEMM weights of its linear layers
+    (attention projections, shared and dense MLPs, latent projections, MTP's e/h projection,
+    the routed experts' grouped GEMMs). Biases, norms, the router, the embedding and the output
+    layer stay in the training precision (Megatron-LM dev@d48bd6be megatron/core/transformer/
+    transformer_config.py fp8_param: "primarily the weights of GEMMs"; the output layer is
+    Megatron's own ColumnParallelLinear, not a TE module). V4's CSA/HCA compressors and the
+    indexer's weight projection are built outside FP8 (megatron/core/transformer/
+    experimental_attention_variant/csa.py get_fp8_disabled_context); the indexer's q projection,
+    which is FP8, is counted with them in the training precision (approximate)."""
+    add, w = book.add, routed_width(v)
+    mats = "3" if v.swiglu else "2"
+    attention = ATTENTION_LINEAR[v.attention].replace("{q}", MLA_Q[v.mla_q_lora]).replace(
+        "{q_norm}", "").replace("{kv_norm}", "")
+    moe = f"{mats} * h * I_s / (TP * GTP)" + (" + 2 * h * h_moe" if v.latent else "")
+    add("dense_fp8_params_on_rank", f"blocks * {attention} + moe_layers * ({moe})"
+        f" + L_dense * {mats} * h * f / (TP * GTP) + L_mtp * 2 * h * h / TP", "params", "memory",
+        "dense GEMM weights quantised to FP8 (attention projections, shared expert"
+        + (", latent projections" if v.latent else "") + ", dense MLP, MTP e/h projection)")
+    add("expert_fp8_params_on_rank", f"moe_layers * experts_per_rank * {mats} * {w} * I"
+        " / (ETP * EGTP)", "params", "memory", "routed-expert GEMM weights quantised to FP8")
+    add("fp8_params_on_rank", "dense_fp8_params_on_rank + expert_fp8_params_on_rank", "params",
+        "memory", "all weights of the rank Transformer Engine quantises to FP8")
 
 
 MLA_DUPLICATED = {True: "h * q_lora + q_lora + h * (kv_lora + qk_rope) + kv_lora",

@@ -15,6 +15,7 @@ from fractions import Fraction
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
+from planner.gpus import DEFAULT_GPU, HOPPER
 from planner.pipeline import Chunk, StageLayers, StageSplit, stage_layers
 from planner.schema import Config
 
@@ -76,9 +77,10 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("csa_align", "V4 CP: per-rank compressed CSA rows are padded to a multiple of "
            "32 / gcd(32, csa_ratio)"),
     Symbol("hca_align", "the same for HCA rows: 32 / gcd(32, hca_ratio)"),
-    Symbol("miss_rank", "probability that a token's k distinct picks, uniform over the E experts, "
-           "miss all E/EP experts of one EP rank: C(E − E/EP, k) / C(E, k), precomputed (the "
-           "formulas have no binomials)"),
+    Symbol("miss_rank", "probability that a token's k distinct picks miss all E/EP experts of one "
+           "EP rank: C(E − E/EP, k) / C(E, k) for picks uniform over the E experts; with "
+           "group-limited routing k/g picks in each of g groups of G (symbols.miss_probability), "
+           "precomputed (the formulas have no binomials)"),
     Symbol("q_align", "rows each local expert's token count is padded to a multiple of for "
            "quantised grouped GEMMs: 16 with fp8 (32 with training.fp8_recipe mxfp8), 128 with fp4, "
            "else 1 (Megatron-LM dev@d48bd6be "
@@ -149,7 +151,8 @@ RANK_SYMBOLS: tuple[Symbol, ...] = (
     *(Symbol(name, doc, "rank") for name, doc in CP_NEIGHBOUR_SYMBOLS.items()),
     Symbol("miss_node", "probability that a token's k picks miss every expert on one node of its "
            "tp_ep group: C(E − m, k) / C(E, k) with m = E · tp_ep_on_node / tp_ep_size experts on "
-           "the node (the ETP shards of an expert share its node), precomputed", "rank"),
+           "the node (the ETP shards of an expert share its node); with group-limited routing k/g "
+           "picks in each of g groups of G (symbols.miss_probability), precomputed", "rank"),
 )
 
 ALL_SYMBOLS: tuple[Symbol, ...] = GLOBAL_SYMBOLS + STAGE_SYMBOLS + RANK_SYMBOLS
@@ -204,6 +207,11 @@ class Variant:
     shared_gate: bool = False  # moe_shared_expert_gate: a [1, h] sigmoid gate on the shared expert
     router_fp64: bool = False  # moe_router_dtype fp64: router logits and probs in 8 bytes
     mla_norms: bool = True  # MLA's q/kv latent norms (qk_layernorm); False: plain up projections
+    # FP8 weights (training.fp8): "" without; else how TE stores a quantised weight: "tensor"
+    # (delayed / tensorwise: one scale per tensor), "blockwise" (128x128 block scales), "mxfp8"
+    fp8_weights: str = ""
+    fp8_transpose: bool = False  # tensor-scaled FP8 on Hopper: a transposed copy for backward
+    fp8_param_gather: bool = False  # training.fp8_param_gather: FP8 weights are the parameters
 
     @property
     def v4_cp(self) -> bool:
@@ -275,7 +283,16 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         shared_gate=model.moe_shared_expert_gate and bool(model.moe_shared_expert_intermediate_size),
         router_fp64=model.moe_router_dtype == "fp64",
         mla_norms=model.qk_layernorm or model.attention_variant != "mla",
+        fp8_weights=FP8_WEIGHTS.get(tr.fp8_recipe or "delayed", "tensor") if tr.fp8 else "",
+        fp8_transpose=tr.fp8 and (cfg.cluster.gpu or DEFAULT_GPU) in HOPPER
+        and (tr.fp8_recipe or "delayed") in ("delayed", "tensorwise"),
+        fp8_param_gather=tr.fp8 and tr.fp8_param_gather,
     )
+
+
+# How Transformer Engine stores a quantised weight per Megatron recipe (delayed is Megatron's
+# default: Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py fp8_recipe).
+FP8_WEIGHTS = {"delayed": "tensor", "tensorwise": "tensor", "blockwise": "blockwise", "mxfp8": "mxfp8"}
 
 
 def _shards_optimizer(cfg: Config) -> bool:
@@ -292,12 +309,40 @@ def _shards_optimizer(cfg: Config) -> bool:
 QUANT_ALIGN = {"fp8": 16, "mxfp8": 32, "fp4": 128}
 
 
-def miss_probability(experts: int, topk: int, held: int) -> Number:
-    """Chance that k distinct experts, drawn uniformly from `experts`, avoid all `held` of them:
-    C(E − held, k) / C(E, k) (0 when k exceeds the experts left)."""
+def miss_probability(experts: int, topk: int, held: int,
+                     groups: tuple[int | None, int | None] = (None, None)) -> Number:
+    """Chance that a token's k picks avoid all `held` experts of one block (a rank's or a node's
+    experts), averaged over the blocks of that size that tile the E experts.
+
+    Plain top-k: k distinct experts drawn uniformly from E, C(E − held, k) / C(E, k) (0 when k
+    exceeds the experts left). Group-limited top-k (model.moe_router_num_groups G and
+    moe_router_group_topk g; Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py
+    group_limited_topk): a token first picks g of the G equal groups, by the sum of each group's
+    top-(k/g) scores, then its k experts inside them. Each picked group was picked for its
+    strongest experts, so it receives k/g of the picks (not uniformly 0..k; a simulation of
+    Megatron's routing on the random logits of forced balancing agrees to about 2 %); a block
+    overlapping group j in o_j experts is then missed with probability
+    E_S[prod_{j in S} C(s − o_j, k/g) / C(s, k/g)] over the uniform g-subsets S of groups."""
+    num_groups, group_topk = groups
     if experts <= 0 or topk > experts:
         return 0
-    return normalize(Fraction(math.comb(experts - held, topk), math.comb(experts, topk)))
+    if not num_groups or not group_topk or num_groups <= group_topk or experts % num_groups:
+        return normalize(Fraction(math.comb(experts - held, topk), math.comb(experts, topk)))
+    size, per_group = experts // num_groups, max(topk // group_topk, 1)
+    blocks = [range(start, min(start + held, experts)) for start in range(0, experts, max(held, 1))]
+    total = Fraction(0)
+    for block in blocks:
+        # chance the block is missed given group j is picked, per group
+        miss = [Fraction(math.comb(size - overlap, per_group), math.comb(size, per_group))
+                for overlap in (len(set(block) & set(range(j * size, (j + 1) * size)))
+                                for j in range(num_groups))]
+        # elementary symmetric sum e_g(miss) over the g-subsets, by dynamic programming
+        subsets = [Fraction(1)] + [Fraction(0)] * group_topk
+        for value in miss:
+            for picked in range(group_topk, 0, -1):
+                subsets[picked] += subsets[picked - 1] * value
+        total += subsets[group_topk] / math.comb(num_groups, group_topk)
+    return normalize(total / len(blocks))
 
 
 BUCKET_ALIGN = 128  # elements; Megatron-LM dev@d48bd6be megatron/core/optimizer/param_layout.py
@@ -351,7 +396,8 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "csa_window": m.csa_window_size or 0,
         "csa_align": 32 // math.gcd(32, CSA_RATIO),
         "hca_align": 32 // math.gcd(32, max(hca, default=0)),
-        "miss_rank": miss_probability(m.num_experts, m.moe_router_topk, m.num_experts // max(par.ep, 1)),
+        "miss_rank": miss_probability(m.num_experts, m.moe_router_topk, m.num_experts // max(par.ep, 1),
+                                      (m.moe_router_num_groups, m.moe_router_group_topk)),
         "q_align": (QUANT_ALIGN["mxfp8" if tr.fp8_recipe == "mxfp8" else "fp8"] if tr.fp8
                     else QUANT_ALIGN["fp4"] if tr.fp4 else 1),
         "vex_slots": int(cfg.moe.moe_virtual_experts),
@@ -430,11 +476,14 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
 
 
 def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
-                pp_group: Sequence[int], experts: tuple[int, int] = (1, 1)) -> dict[str, Number]:
+                pp_group: Sequence[int],
+                experts: tuple[int, int, int | None, int | None] = (1, 1, None, None),
+                ) -> dict[str, Number]:
     """Node-major placement facts of one rank: for each group kind, peers on its node, nodes
     spanned, and the share of ring edges (i -> i+1 in group order) that cross nodes; a kind the
     layout lacks counts as the rank alone. Pipeline sends go to the exact neighbour stage.
-    `experts` is (E, k), for the chance that a token skips a node of its tp_ep group."""
+    `experts` is (E, k, G, g) (G, g: group-limited routing, or None), for the chance that a
+    token skips a node of its tp_ep group."""
     from planner.grid import nodes_spanned
 
     node = rank // gpus_per_node
@@ -452,10 +501,11 @@ def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
     for key, neighbour in (("pp_next_offnode", where + 1), ("pp_prev_offnode", where - 1)):
         peer = pp_group[neighbour % size] if pp_group else rank
         values[key] = int(peer // gpus_per_node != node)
-    num_experts, topk = experts
+    num_experts, topk, num_groups, group_topk = experts
     on_node = int(values["tp_ep_on_node"])
     tp_ep = max(len(groups.get("tp_ep") or [rank]), 1)
-    values["miss_node"] = miss_probability(num_experts, topk, num_experts * on_node // tp_ep)
+    values["miss_node"] = miss_probability(num_experts, topk, num_experts * on_node // tp_ep,
+                                           (num_groups, group_topk))
     return values
 
 

@@ -90,6 +90,12 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("router dtype fp64", {"router_fp64": True}),
     ("MLA without qk_layernorm (no latent norms)", {"attention": "mla", "mla_q_lora": True,
                                                     "mla_norms": False}),
+    ("FP8 weights, tensor scaling on Hopper", {"quant_pad": True, "fp8_weights": "tensor",
+                                               "fp8_transpose": True}),
+    ("FP8 weights with fp8_param_gather (blockwise)",
+     {"quant_pad": True, "fp8_weights": "blockwise", "fp8_param_gather": True}),
+    ("FP8 weights with fp8_param_gather (mxfp8)",
+     {"quant_pad": True, "fp8_weights": "mxfp8", "fp8_param_gather": True}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {

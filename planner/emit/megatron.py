@@ -433,6 +433,7 @@ def _training(cfg: Config, args: MegatronArgs) -> None:
     args.add_if(t.precision == "fp16", "--fp16", source="training.precision")
     args.add_if(t.fp8, "--fp8-format", t.fp8_format or "e4m3", source="training.fp8")
     args.add_if(t.fp8_recipe is not None, "--fp8-recipe", t.fp8_recipe, source="training.fp8_recipe")
+    args.add_if(t.fp8_param_gather, "--fp8-param-gather", source="training.fp8_param_gather")
     args.add_if(t.fp4, "--fp4-format", "e2m1", source="training.fp4")
     args.add("--optimizer", t.optimizer, source="training.optimizer")
     args.add("--lr", t.lr, source="training.lr")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.hints import divisor_hint
-from planner.rules.sources import DDP, PARALLEL_STATE, VALIDATE_ARGS
+from planner.rules.sources import DDP, PARALLEL_STATE, TRANSFORMER_CONFIG, VALIDATE_ARGS
 
 _INSTANCES_16 = """
 parallel: {world_size: 16}
@@ -150,7 +150,30 @@ def muon_without_fsdp(f: Facts) -> Iterator[Violation]:
                             "Muon the layer-wise distributed optimizer) or optimizer: adam")
 
 
+@rule(
+    "DOP008", "error", "fp8_param_gather needs FP8 and a sharded parameter gather",
+    source=f"{VALIDATE_ARGS}; {TRANSFORMER_CONFIG}",
+    why="""With fp8_param_gather the FP8 weights are the parameters and the distributed
+    optimizer's (or an FSDP's) parameter all-gather moves them in FP8: validate_args asserts the
+    distributed optimizer, torch FSDP2 or Megatron-FSDP, and TransformerConfig refuses fp8_param
+    without FP8. (Torch FSDP2 on Transformer Engine 2.x turns it off with a warning.)""",
+    bad="training: {fp8_param_gather: true}",
+    good="training: {fp8_format: e4m3, fp8_param_gather: true, use_distributed_optimizer: true}",
+)
+def fp8_param_gather_requirements(f: Facts) -> Iterator[Violation]:
+    if not f.train.fp8_param_gather:
+        return
+    if not f.train.fp8:
+        yield Violation("training.fp8_param_gather", "fp8_param_gather without FP8",
+                        "set training.fp8_format (e4m3 or hybrid), or fp8_param_gather: false")
+    if not (f.train.use_distributed_optimizer or f.fsdp):
+        yield Violation("training.use_distributed_optimizer",
+                        "fp8_param_gather without the distributed optimizer or an FSDP",
+                        "set training.use_distributed_optimizer: true")
+
+
 RULES = (
     instances_divide_dp_cp, instances_divide_edp, instances_need_distributed_optimizer,
     param_gather_overlap_requirements, per_token_loss_sums, torch_fsdp2_limits, muon_without_fsdp,
+    fp8_param_gather_requirements,
 )
