@@ -161,3 +161,35 @@ def test_the_runtime_refuses_what_is_predicted_only(overlay: dict[str, Any], mes
     cfg = parse_config(merge(example_config_data(""), overlay))
     with pytest.raises(PlanError, match=message.replace(".", r"\.")):
         check_plan(compile_plan(cfg, run_rules(cfg)))
+
+
+def _simulated_hit_rates(experts: int, topk: int, groups: int, group_topk: int, block: int,
+                         tokens: int = 100_000) -> float:
+    """Megatron's group-limited top-k on forced-balance logits (normal noise through a sigmoid;
+    Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py RandomSTE and
+    group_limited_topk): the chance a token reaches expert block 0 of `block` experts."""
+    torch = pytest.importorskip("torch")
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(tokens, experts, generator=generator).sigmoid()
+    group_scores = scores.view(tokens, groups, -1).topk(topk // group_topk, dim=-1)[0].sum(-1)
+    picked = torch.zeros(tokens, groups, dtype=torch.bool).scatter_(
+        1, group_scores.topk(group_topk, dim=-1)[1], True)
+    masked = scores.masked_fill(~picked.repeat_interleave(experts // groups, dim=1), -1.0)
+    chosen = masked.topk(topk, dim=-1)[1]
+    return float((chosen < block).any(dim=-1).float().mean())
+
+
+@pytest.mark.parametrize(("block", "hand"), [
+    # a node holding one whole group (DeepSeek-V3, EP64 over 8 nodes, 8 groups, 4 picked): it is
+    # reached exactly when its group is picked, 1 − C(7, 4)/C(8, 4) = 1/2; plain top-8 says
+    # 1 − C(224, 8)/C(256, 8) ≈ 0.662
+    (32, Fraction(1, 2)),
+    # an EP rank's 4 experts inside one group: picked with chance 1/2, then 2 picks of the
+    # group's 32 miss the 4 with C(28, 2)/C(32, 2) = 378/496: 1 − (1/2 + 1/2 · 378/496)
+    (4, 1 - (Fraction(1, 2) + Fraction(1, 2) * Fraction(378, 496))),
+])
+def test_group_limited_routing_reaches_fewer_blocks(block: int, hand: Fraction) -> None:
+    reach = 1 - miss_probability(256, 8, block, (8, 4))
+    assert reach == hand
+    assert reach == pytest.approx(_simulated_hit_rates(256, 8, 8, 4, block), rel=0.03)
+    assert reach < 1 - miss_probability(256, 8, block)  # plain top-k reaches more blocks
