@@ -134,20 +134,36 @@ def test_a_bigger_nvlink_domain_lowers_the_step_for_ep64() -> None:
 
 
 def test_more_microbatches_shrink_the_bubble() -> None:
+    """PP2 without interleaving: each stage's bubble is the other stage's microbatch (1F1B: the
+    first microbatch's forward and the last one's backward pass through it), so the slowest
+    stage's bubble share is at most (PP − 1) / m and shrinks as m grows."""
     def share(batch: int) -> float:
-        env = estimate(qwen(parallel={"world_size": 32, "pp": 2},
-                            training={"global_batch_size": batch})).envs[0]
+        est = estimate(qwen(parallel={"world_size": 32, "pp": 2},
+                            training={"global_batch_size": batch}))
+        first, last = est.envs
+        assert first["time_bubble_s"] == last["time_microbatch_s"]
+        assert last["time_bubble_s"] == first["time_microbatch_s"]
+        env = est.envs[est.slowest_stage]
         return float(env["time_bubble_s"] / env["time_busy_s"])
-    assert share(64) == pytest.approx(1 / 4)  # (PP − 1) / m with m = 64 / 16 replicas = 4
+    assert share(64) <= 1 / 4  # (PP − 1) / m with m = 64 / 16 replicas = 4
     assert share(1024) < share(256) < share(64)
 
 
 def test_interleaving_shrinks_the_bubble() -> None:
-    def bubble(vpp: int | None) -> float:
-        env = estimate(qwen(parallel={"world_size": 32, "pp": 2, "vpp": vpp},
-                            training={"global_batch_size": 64})).envs[0]
-        return float(env["time_bubble_s"] / env["time_busy_s"])
-    assert bubble(2) == pytest.approx(bubble(None) / 2)
+    """PP2 VPP2: stage 0's bubble is stage 1's LAST chunk alone (layers 36–47 and the loss), stage
+    1's is stage 0's FIRST chunk (the embedding and layers 0–11): a bit over half of the
+    non-interleaved bubble (the whole other stage), since the loss and embedding stay whole."""
+    def bubbles(vpp: int | None) -> tuple[Any, Any]:
+        est = estimate(qwen(parallel={"world_size": 32, "pp": 2, "vpp": vpp},
+                            training={"global_batch_size": 64}))
+        return est.envs[0]["time_bubble_s"], est.envs[1]["time_bubble_s"]
+    whole, interleaved = bubbles(None), bubbles(2)
+    for stage in (0, 1):
+        assert whole[stage] / 2 < interleaved[stage] < whole[stage] * Fraction(6, 10)
+    est = estimate(qwen(parallel={"world_size": 32, "pp": 2, "vpp": 2},
+                        training={"global_batch_size": 64}))
+    assert est.envs[0]["time_bubble_s"] == est.envs[0]["t_last_1"]
+    assert est.envs[1]["time_bubble_s"] == est.envs[1]["t_first_0"]
 
 
 def test_full_recompute_costs_one_more_forward_of_the_recomputed_layers() -> None:
