@@ -289,3 +289,26 @@ def test_mxfp8_pads_expert_rows_to_32() -> None:
     def align(recipe: str | None) -> Any:
         return Accounting(cfg(training={"fp8_format": "e4m3", "fp8_recipe": recipe})).inputs["q_align"]
     assert (align(None), align("blockwise"), align("mxfp8")) == (16, 16, 32)
+
+
+def test_uneven_stages_wait_for_each_others_chunks_by_hand() -> None:
+    """The flops test's tiny model (seq 8) on PP2 at the made-up 5·10⁵ FLOP/s of the hand-derived
+    test above, m = 4 microbatches. Stage 0 holds the embedding and dense layer 0, stage 1 MoE
+    layer 1 and the logits; per microbatch (8 tokens, each GEMM 3×):
+      stage 0  8·3·(96 + 64 + 192) / 5e5        = 0.016896 s
+      stage 1  8·3·(96 + 64 + 144 + 1024) / 5e5 = 0.063744 s
+    (plus P2P and embedding-sync bytes of ~10⁻¹⁰ s). 1F1B: stage 1 sets the step with its own 4
+    microbatches and stage 0's one in front (the forward) and behind (the backward):
+      step = 4·0.063744 + 0.016896 = 0.271872 s (+ its optimizer step),
+    where (PP − 1) × its own microbatch would have charged 0.063744 for that bubble."""
+    cfg = config(TINY, {"world_size": 2, "pp": 2}, {"seq_length": 8, "global_batch_size": 4},
+                 cluster={"peak_bf16_tflops": 1e-6, "efficiency": {
+                     "gemm_bf16": 0.5, "attention": 0.5, "non_gemm_ns_per_token_block": 0}})
+    est = estimate(cfg)
+    first, last = est.envs
+    assert float(first["time_microbatch_s"]) == pytest.approx(0.016896, rel=1e-6)
+    assert float(last["time_microbatch_s"]) == pytest.approx(0.063744, rel=1e-6)
+    assert last["time_bubble_s"] == first["t_first_0"] == first["time_microbatch_s"]
+    assert first["time_bubble_s"] == last["t_last_1"] == last["time_microbatch_s"]
+    assert est.slowest_stage == 1
+    assert est.step_time_s == pytest.approx(0.271872 + float(last["time_optimizer_s"]), rel=1e-6)
