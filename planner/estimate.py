@@ -27,6 +27,7 @@ from typing import Any
 from planner.accounting import COLLECTIVES, Accounting, Budget, Number, budget_grid
 from planner.budget.expr import Book, Quantity, Symbol, evaluate
 from planner.budget.symbols import chunk_values
+from planner.pipeline import Chunk
 from planner.schema import Config
 
 COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gemm_s",
@@ -103,22 +104,24 @@ def _chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Numbe
     """t_first_j and t_last_j: one microbatch, forward and backward, through stage j's first and
     last model chunk alone (without interleaving both are the stage's own microbatch time)."""
     times: dict[str, Number] = {}
-    if acc.split.vpp == 1:
-        for j, env in enumerate(envs):
-            times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
-        return times
-    book = acc.book.subset(("time_microbatch_s",))
     for j, env in enumerate(envs):
         chunks = acc.split.stages[j].chunks
         for key, chunk in ((f"t_first_{j}", chunks[0]), (f"t_last_{j}", chunks[-1])):
-            alone = {**env, **chunk_values(acc.cfg, acc.split, chunk),
-                     # A chunk alone is a one-chunk stage: it receives an activation unless it
-                     # holds the embedding and sends one unless it holds the loss, per microbatch.
-                     "VPP": 1, "is_first_stage": int(chunk.embedding),
-                     "is_last_stage": int(chunk.loss)}
-            evaluate(book.at("stage"), alone)
-            times[key] = evaluate(book.at("rank"), alone)["time_microbatch_s"]
+            times[key] = (env["time_microbatch_s"] if acc.split.vpp == 1
+                          else chunk_microbatch_time(acc, env, chunk))
     return times
+
+
+def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chunk) -> Number:
+    """time_microbatch_s of one model chunk alone: the time page's stage and rank formulas on the
+    chunk's own counts (chunk_values), placed like its stage's rank (`stage_env`)."""
+    book = acc.book.subset(("time_microbatch_s",))
+    alone = {**stage_env, **chunk_values(acc.cfg, acc.split, chunk),
+             # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
+             # it holds the embedding and sends one unless it holds the loss.
+             "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
+    evaluate(book.at("stage"), alone)
+    return evaluate(book.at("rank"), alone)["time_microbatch_s"]
 
 
 @cache

@@ -19,12 +19,16 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.budget.expr import Number, evaluate
-from planner.estimate import pipeline_page
+from planner.estimate import chunk_microbatch_time, estimate, pipeline_page
+from planner.loader import load_config
 from planner.schedule import pipeline_order
+from planner.schema import Config
+from tests.conftest import EXAMPLES
 
 Times = list[list[Number]]  # [stage][model chunk]
 
@@ -174,3 +178,34 @@ def test_uneven_chunks_stay_within_the_stated_tolerance(
         assert 1 <= ratio <= UPPER
     else:
         assert LOWER[layout] <= ratio <= UPPER
+
+
+# ----------------------------------------------------------------- the real layouts
+
+def real_layouts() -> dict[str, Config]:
+    from tests.test_estimate import ANCHORS
+
+    configs = {name: load_config(EXAMPLES / f"{name}.yaml")
+               for name in ("deepseek-v3-1024", "deepseek-v4-pro-1024")}
+    # Anchor E's stand-in (PP16 VPP2, 120 microbatches) breaks BAT003: Megatron would refuse its
+    # schedule, and the simulation deadlocks on it.
+    return configs | {"anchor A": ANCHORS["A"][0]}
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-1024", "deepseek-v4-pro-1024", "anchor A"])
+def test_real_chunk_layouts_match_the_simulation(name: str) -> None:
+    """Every model chunk of the bundled DeepSeek-V3 (PP8, 32 chunks of `Et|(tt|)*30mL`) and V4-Pro
+    (PP8 `Et*6|(t*8|)*6t*7mL`) layouts and of anchor A, timed alone by the estimate
+    (`chunk_microbatch_time`), split forward : backward 1 : 2 (Megatron's 3× count) and 1 : 1:
+    the formula is within 1 % of the simulated schedule (measured: 0.0–0.2 %)."""
+    cfg = real_layouts()[name]
+    est = estimate(cfg)
+    acc = est.acc
+    pp, vpp, m = cfg.parallel.pp, acc.split.vpp, int(acc.globals["microbatches"])
+    chunks = [[chunk_microbatch_time(acc, est.envs[p], c) for c in acc.split.stages[p].chunks]
+              for p in range(pp)]
+    for forward in (Fraction(1, 3), Fraction(1, 2)):
+        fwd = [[t * forward for t in row] for row in chunks]
+        bwd = [[t * (1 - forward) for t in row] for row in chunks]
+        simulated = simulate(pp, vpp, m, fwd, bwd, cfg.parallel.microbatch_group_size_per_vp_stage)
+        assert Fraction(formula(pp, vpp, m, fwd, bwd)) / simulated == pytest.approx(1, abs=0.01)
