@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from planner.accounting import COLLECTIVES, Accounting, Budget, Number, budget_grid
-from planner.budget.expr import Book, Quantity, Symbol, evaluate
-from planner.budget.symbols import chunk_values
+from planner.accounting import COLLECTIVES, Accounting, Budget, Number, Variant, budget_grid, formula_book
+from planner.budget.expr import Book, Evaluator, Quantity, Symbol, compile_quantities, evaluate
+from planner.budget.symbols import STAGE_SYMBOLS, chunk_values
 from planner.pipeline import Chunk
 from planner.schema import Config
 
@@ -105,23 +105,38 @@ def _chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Numbe
     last model chunk alone (without interleaving both are the stage's own microbatch time)."""
     times: dict[str, Number] = {}
     for j, env in enumerate(envs):
-        chunks = acc.split.stages[j].chunks
-        for key, chunk in ((f"t_first_{j}", chunks[0]), (f"t_last_{j}", chunks[-1])):
-            times[key] = (env["time_microbatch_s"] if acc.split.vpp == 1
-                          else chunk_microbatch_time(acc, env, chunk))
+        first, last = acc.split.stages[j].chunks[0], acc.split.stages[j].chunks[-1]
+        if acc.split.vpp == 1:
+            times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
+            continue
+        times[f"t_first_{j}"] = chunk_microbatch_time(acc, env, first)
+        same = (first.embedding, first.loss, chunk_values(acc.cfg, acc.split, first)) == (
+            last.embedding, last.loss, chunk_values(acc.cfg, acc.split, last))
+        times[f"t_last_{j}"] = times[f"t_first_{j}"] if same else chunk_microbatch_time(acc, env, last)
     return times
 
 
 def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chunk) -> Number:
     """time_microbatch_s of one model chunk alone: the time page's stage and rank formulas on the
     chunk's own counts (chunk_values), placed like its stage's rank (`stage_env`)."""
-    book = acc.book.subset(("time_microbatch_s",))
     alone = {**stage_env, **chunk_values(acc.cfg, acc.split, chunk),
              # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
              # it holds the embedding and sends one unless it holds the loss.
              "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
-    evaluate(book.at("stage"), alone)
-    return evaluate(book.at("rank"), alone)["time_microbatch_s"]
+    return _chunk_evaluator(acc.variant)(alone)["time_microbatch_s"]
+
+
+@cache
+def _chunk_evaluator(variant: Variant) -> Evaluator:
+    """The formulas time_microbatch_s needs that a chunk's counts change (everything else keeps
+    its stage's value), compiled once per variant."""
+    changed = {symbol.name for symbol in STAGE_SYMBOLS} | {"VPP"}
+    needed = []
+    for q in formula_book(variant).subset(("time_microbatch_s",)).quantities:
+        if changed.intersection(q.refs):
+            changed.add(q.ident)
+            needed.append(q)
+    return compile_quantities(tuple(needed))
 
 
 @cache
