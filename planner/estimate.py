@@ -24,7 +24,16 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from planner.accounting import COLLECTIVES, Accounting, Budget, Number, Variant, budget_grid, formula_book
+from planner.accounting import (
+    COLLECTIVES,
+    Accounting,
+    Budget,
+    BudgetError,
+    Number,
+    Variant,
+    budget_grid,
+    formula_book,
+)
 from planner.budget.expr import Book, Evaluator, Quantity, Symbol, compile_quantities, evaluate
 from planner.budget.symbols import STAGE_SYMBOLS, chunk_values
 from planner.pipeline import Chunk
@@ -123,7 +132,10 @@ def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chu
              # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
              # it holds the embedding and sends one unless it holds the loss.
              "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
-    return _chunk_evaluator(acc.variant)(alone)["time_microbatch_s"]
+    try:
+        return _chunk_evaluator(acc.variant)(alone)["time_microbatch_s"]
+    except ZeroDivisionError as exc:
+        raise BudgetError(f"pipeline chunk {chunk.index}: a quantity divides by zero ({exc})") from None
 
 
 @cache
