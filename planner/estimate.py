@@ -8,14 +8,17 @@ the topology facts are therefore computed with the NVLink domain as the "node".
 
 The pipeline page (the one place where stages meet): stage k's step is its own busy time (all m
 microbatches through its chunks) plus the bubble the other stages' chunks put in front of and behind
-it, as Megatron's schedules order them (Megatron-LM dev@d48bd6be megatron/core/pipeline_parallel/
-schedules.py forward_backward_pipelining_with_interleaving / _without_interleaving): the first
+it, as Megatron's schedules order them (Megatron-LM dev@d48bd6be
+megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving and
+forward_backward_pipelining_without_interleaving): the first
 microbatch reaches stage k through the FIRST model chunk of every earlier stage, and the last one's
 backward leaves through them again; stage k's first backward waits for the LAST model chunk of every
 later stage, forward and backward. With equal stages this is Megatron's (PP − 1) / VPP bubble
 exactly; the slowest stage k sets the step. A chunk's microbatch time is the time page evaluated on
-that chunk alone (its own layers, embedding, MTP and loss: the formula book's terms are sums over
-the layers a stage holds, so the chunk's counts give the chunk's share exactly).
+that chunk alone (its own layers, embedding, MTP and loss): every per-layer term of the formula
+book is a sum over the layers a stage holds, so the chunk's counts give its share exactly; a
+once-per-step collective counts the chunk's own parameters, and an overlapped collective hides
+behind the chunk's own compute.
 """
 
 from __future__ import annotations
