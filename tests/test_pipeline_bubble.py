@@ -180,6 +180,22 @@ def test_uneven_chunks_stay_within_the_stated_tolerance(
         assert LOWER[layout] <= ratio <= UPPER
 
 
+@settings(max_examples=40, deadline=None)
+@given(schedules(), st.booleans(), st.data())
+def test_few_microbatches_widen_the_tolerance(
+        schedule: tuple[int, int, int, int | None], layout: bool, data: st.DataObject) -> None:
+    """Any microbatch count Megatron accepts (down to one group, or one microbatch in 1F1B): the
+    bubble is then most of the step and the closed formula drifts further (measured 1F1B
+    [1, 1.26], interleaved [0.73, 1.12]): 1F1B still never below the simulation."""
+    pp, vpp, m, group = schedule
+    fwd, bwd = chunk_times(pp, vpp, data.draw, layout)
+    ratio = Fraction(formula(pp, vpp, m, fwd, bwd)) / simulate(pp, vpp, m, fwd, bwd, group)
+    if vpp == 1:
+        assert 1 <= ratio <= Fraction(7, 5)
+    else:
+        assert Fraction(3, 5) <= ratio <= Fraction(6, 5)
+
+
 # ----------------------------------------------------------------- the real layouts
 
 def real_layouts() -> dict[str, Config]:
