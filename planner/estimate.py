@@ -5,19 +5,47 @@ Megatron's TFLOP/s/GPU, MFU with its denominator named).
 Placement for time: a collective's bytes inside one NVLink domain (cluster.nvlink_domain GPUs,
 a node on HGX systems, a rack on NVL72) travel over NVLink, the rest over the scale-out network;
 the topology facts are therefore computed with the NVLink domain as the "node".
+
+The pipeline page (the one place where stages meet): stage k's step is its own busy time (all m
+microbatches through its chunks) plus the bubble the other stages' chunks put in front of and behind
+it, as Megatron's schedules order them (Megatron-LM dev@d48bd6be
+megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving and
+forward_backward_pipelining_without_interleaving): the first
+microbatch reaches stage k through the FIRST model chunk of every earlier stage, and the last one's
+backward leaves through them again; stage k's first backward waits for the LAST model chunk of every
+later stage, forward and backward. With equal stages this is Megatron's (PP − 1) / VPP bubble
+exactly; the slowest stage k sets the step. A chunk's microbatch time is the time page evaluated on
+that chunk alone (its own layers, embedding, MTP and loss): every per-layer term of the formula
+book is a sum over the layers a stage holds, so the chunk's counts give its share exactly; a
+once-per-step collective counts the chunk's own parameters, and an overlapped collective hides
+behind the chunk's own compute.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
-from planner.accounting import COLLECTIVES, Accounting, Budget, budget_grid
+from planner.accounting import (
+    COLLECTIVES,
+    Accounting,
+    Budget,
+    BudgetError,
+    Number,
+    Variant,
+    budget_grid,
+    formula_book,
+)
+from planner.budget.expr import Book, Evaluator, Quantity, Symbol, compile_quantities, evaluate
+from planner.budget.symbols import STAGE_SYMBOLS, chunk_values
+from planner.pipeline import Chunk
 from planner.schema import Config
 
 COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gemm_s",
                  "time_dense_gemm_s", "time_head_gemm_s", "time_non_gemm_s")
 STEP_PARTS = ("time_compute_s", "time_exposed_comm_s", "time_bubble_s", "time_optimizer_s")
+PIPELINE_PAGE = "pipeline"
 
 
 @dataclass
@@ -57,7 +85,8 @@ class Estimate:
     def explain(self, name: str) -> Budget | None:
         """The named quantity on the slowest stage (or a global one), formula and values."""
         env = self.envs[self.slowest_stage]
-        for q in self.acc.book.quantities:
+        page = pipeline_page(self.cfg.parallel.pp, self.slowest_stage, self.acc.split.vpp > 1)
+        for q in (*self.acc.book.quantities, *page):
             if q.name == name or q.ident == name:
                 scope = "all ranks" if q.level == "global" else f"stage {self.slowest_stage}"
                 return self.acc.budget(q, env, scope, None if q.level == "global"
@@ -70,14 +99,90 @@ def estimate(cfg: Config) -> Estimate:
     acc = Accounting(cfg)
     grid = budget_grid(cfg)
     domain = cfg.cluster.nvlink_domain or cfg.cluster.gpus_per_node or 1
-    envs, stages = [], []
-    for s in range(cfg.parallel.pp):
-        rank = grid.stage_ranks(s)[0]
-        env = acc.placed_env(grid, s, rank, domain)
-        envs.append(env)
-        stages.append(_stage_row(s, rank, env))
+    pp = cfg.parallel.pp
+    ranks = [grid.stage_ranks(s)[0] for s in range(pp)]
+    envs = [acc.placed_env(grid, s, ranks[s], domain) for s in range(pp)]
+    chunk_times = _chunk_times(acc, envs)
+    stages = []
+    for s, env in enumerate(envs):
+        env.update(chunk_times)
+        evaluate(pipeline_page(pp, s, acc.split.vpp > 1), env)
+        stages.append(_stage_row(s, ranks[s], env))
     slowest = max(range(len(stages)), key=lambda s: stages[s]["step_s"])
     return Estimate(cfg, stages[slowest]["step_s"], slowest, stages, envs, acc.globals, acc)
+
+
+def _chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number]:
+    """t_first_j and t_last_j: one microbatch, forward and backward, through stage j's first and
+    last model chunk alone (without interleaving both are the stage's own microbatch time)."""
+    times: dict[str, Number] = {}
+    for j, env in enumerate(envs):
+        first, last = acc.split.stages[j].chunks[0], acc.split.stages[j].chunks[-1]
+        if acc.split.vpp == 1:
+            times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
+            continue
+        times[f"t_first_{j}"] = chunk_microbatch_time(acc, env, first)
+        same = (first.embedding, first.loss, chunk_values(acc.cfg, acc.split, first)) == (
+            last.embedding, last.loss, chunk_values(acc.cfg, acc.split, last))
+        times[f"t_last_{j}"] = times[f"t_first_{j}"] if same else chunk_microbatch_time(acc, env, last)
+    return times
+
+
+def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chunk) -> Number:
+    """time_microbatch_s of one model chunk alone: the time page's stage and rank formulas on the
+    chunk's own counts (chunk_values), placed like its stage's rank (`stage_env`)."""
+    alone = {**stage_env, **chunk_values(acc.cfg, acc.split, chunk),
+             # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
+             # it holds the embedding and sends one unless it holds the loss.
+             "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
+    try:
+        return _chunk_evaluator(acc.variant)(alone)["time_microbatch_s"]
+    except ZeroDivisionError as exc:
+        raise BudgetError(f"pipeline chunk {chunk.index}: a quantity divides by zero ({exc})") from None
+
+
+@cache
+def _chunk_evaluator(variant: Variant) -> Evaluator:
+    """The formulas time_microbatch_s needs that a chunk's counts change (everything else keeps
+    its stage's value), compiled once per variant."""
+    changed = {symbol.name for symbol in STAGE_SYMBOLS} | {"VPP"}
+    needed = []
+    for q in formula_book(variant).subset(("time_microbatch_s",)).quantities:
+        if changed.intersection(q.refs):
+            changed.add(q.ident)
+            needed.append(q)
+    return compile_quantities(tuple(needed))
+
+
+@cache
+def pipeline_page(pp: int, stage: int, interleaved: bool) -> tuple[Quantity, ...]:
+    """The bubble and the step of stage `stage` of `pp`, as named formulas over the other stages'
+    chunk times (symbols t_first_j, t_last_j) and this stage's time-page results."""
+    first, last = ("first model chunk", "last model chunk") if interleaved else ("microbatch",) * 2
+    symbols = [Symbol("time_busy_s", "this stage's busy time (time page)", "rank"),
+               Symbol("time_optimizer_s", "this stage's optimizer step (time page)", "rank")]
+    for j in range(pp):
+        symbols += [Symbol(f"t_first_{j}", f"stage {j}'s {first}: one microbatch forward and "
+                           "backward (time_microbatch_s of it alone)", "rank"),
+                    Symbol(f"t_last_{j}", f"stage {j}'s {last}: one microbatch forward and "
+                           "backward (time_microbatch_s of it alone)", "rank")]
+    book = Book(symbols)
+    book.page = PIPELINE_PAGE
+    before = " + ".join(f"t_first_{j}" for j in range(stage)) or "0"
+    after = " + ".join(f"t_last_{j}" for j in range(stage + 1, pp)) or "0"
+    book.add("time_bubble_before_s", before, "s", "time",
+             f"the first microbatch reaching this stage through each earlier stage's {first}, "
+             "and the last one's backward leaving through them")
+    book.add("time_bubble_after_s", after, "s", "time",
+             f"this stage's first backward waiting for each later stage's {last}, forward and "
+             "backward")
+    book.add("time_bubble_s", "time_bubble_before_s + time_bubble_after_s", "s", "time",
+             "pipeline bubble of this stage: warm-up and cool-down passes through the other "
+             "stages' chunks (Megatron's 1F1B and interleaved schedules; (PP − 1) / VPP of a "
+             "microbatch when the stages are equal)")
+    book.add("time_stage_step_s", "time_busy_s + time_bubble_s + time_optimizer_s", "s", "time",
+             "this stage's step when it sets the pace; the slowest stage sets the step time")
+    return tuple(book.quantities)
 
 
 def _stage_row(stage: int, rank: int, env: dict[str, Any]) -> dict[str, Any]:

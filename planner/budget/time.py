@@ -7,9 +7,10 @@ takes its per-step wire bytes of this rank (the comm page), the intra-NVLink-dom
 NVLink and the rest over the scale-out network, each at its bandwidth times a communication
 efficiency, the slower of the two setting its time. A collective whose table entry names an
 overlap flag that the config sets is hidden behind compute up to `eff_overlap` of itself (never
-more than the compute there is); the rest is exposed. The pipeline bubble is Megatron's (PP − 1)
-warm-up/cool-down passes of one model chunk (1F1B: a stage's microbatch; interleaved: 1/VPP of it).
-The optimizer step streams the rank's weights, grads and optimizer state through HBM once.
+more than the compute there is); the rest is exposed. The optimizer step streams the rank's
+weights, grads and optimizer state through HBM once. The pipeline bubble and the stage's step need
+the other stages' chunk times, so they are formulas of planner/estimate.py, evaluated after this
+page on every stage (and on the stages' first and last model chunks alone).
 
 Work per rank: a microbatch of b·S tokens of one replica is spread over its TP·CP ranks (dense
 layers by TP and CP, routed experts over the EP group, whose ranks each carry the same share of
@@ -49,13 +50,12 @@ def write(book: Book, v: Variant) -> None:
         "communication left on the critical path per step (every collective of the table)")
     add("time_busy_s", "time_compute_s + time_exposed_comm_s", "s", "time",
         "compute and exposed communication of all microbatches of the step")
-    add("time_bubble_s", "(PP - 1) / VPP * time_busy_s / microbatches", "s", "time",
-        "pipeline bubble: PP − 1 warm-up and cool-down passes of one model chunk (a stage's "
-        "microbatch over VPP; Megatron's 1F1B and interleaved schedules)")
+    add("time_microbatch_s", "time_busy_s / microbatches", "s", "time",
+        "one microbatch through every model chunk of the stage, forward and backward: the "
+        "pipeline's unit of work (planner/estimate.py sums other stages' chunks of it into the "
+        "bubble)")
     add("time_optimizer_s", "(weight_bytes + grad_bytes + 2 * optimizer_bytes) / (bw_hbm * eff_hbm)",
         "s", "time", "optimizer step: read grads and state, write state and weights once (HBM)")
-    add("time_stage_step_s", "time_busy_s + time_bubble_s + time_optimizer_s", "s", "time",
-        "this stage's step; the slowest stage sets the step time")
 
 
 def _kinds(book: Book, v: Variant) -> None:

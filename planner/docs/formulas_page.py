@@ -170,6 +170,22 @@ def _symbols_section() -> list[str]:
     return lines
 
 
+def _pipeline_section() -> list[str]:
+    """The estimate's pipeline page (planner/estimate.py): stage 2 of the baseline's PP 8."""
+    from planner.accounting import pretty
+    from planner.estimate import pipeline_page
+
+    lines = ["## Pipeline step (`moeplan estimate`, across stages)", "",
+             "Evaluated after the time page on every stage, over the other stages' chunk times: "
+             "`t_first_j` / `t_last_j` is `time_microbatch_s` of stage j's first / last model "
+             "chunk alone (its whole microbatch without interleaving). Shown for stage 2 of PP 8; "
+             "the sums run over the stages before and after the one evaluated.", "",
+             "| quantity | unit | formula | meaning |", "|---|---|---|---|"]
+    lines += [f"| {code(q.name)} | {q.unit} | {code(pretty(q.formula))} | {cell(q.doc)} |"
+              for q in pipeline_page(8, 2, False)]
+    return [*lines, ""]
+
+
 def formulas_page() -> str:
     from planner.accounting import pretty
 
@@ -213,6 +229,7 @@ def formulas_page() -> str:
             lines += [f"| | | *when {labels}:* {code(pretty(formula))} | |"
                       for formula, labels in alternatives]
         lines.append("")
+    lines += _pipeline_section()
     uncovered = [q.name for q in quantities if q.category not in CATEGORY_TITLES]
     if uncovered:
         raise ValueError(f"quantities without a docs category: {', '.join(uncovered)}")
