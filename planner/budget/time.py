@@ -178,9 +178,17 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         "(permute_fused + (1 - permute_fused) * eff_permute_unfused)", "elements", "time",
         "permute and unpermute: each permutation reads and writes k rows of the token, in "
         "dispatch and in combine; unfused permutes (moe_permute_fusion off) cost more passes")
+    inputs = {"standard": "h + heads * d",
+              "mla": "2 * h + q_lora + kv_lora + heads * d_v",
+              "dsv4_hybrid": "2 * h + q_lora + heads * d"}[v.attention]
+    add("time_ew_fp8_cast_elements", f"fp8 * 2 * (blocks * ({inputs}) + L_moe * (k * (h_moe + I)"
+        " + I_s + h * Min(I_s, 1)) + L_dense * (h + f))", "elements", "time",
+        "FP8 quantisation of every FP8 GEMM's input per token (Transformer Engine casts the BF16 "
+        "activation, reading 2 bytes and writing the FP8 copy and its transpose, 2 bytes: two "
+        "BF16 elements' worth); the backward's gradient casts are in non_gemm_passes; 0 in BF16")
     add("time_ew_fwd_elements", "time_ew_norm_elements + time_ew_attention_elements"
         " + time_ew_router_elements + time_ew_act_elements + time_ew_dense_act_elements"
-        " + time_ew_permute_elements",
+        " + time_ew_permute_elements + time_ew_fp8_cast_elements",
         "elements", "time", "elementwise elements of one forward of the stage per token")
     rc = []
     if "moe" in selective:
