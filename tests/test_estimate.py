@@ -451,3 +451,23 @@ def test_uneven_stages_wait_for_each_others_chunks_by_hand() -> None:
     assert first["time_bubble_s"] == last["t_last_1"] == last["time_microbatch_s"]
     assert est.slowest_stage == 1
     assert est.step_time_s == pytest.approx(0.271872 + float(last["time_optimizer_s"]), rel=1e-6)
+
+
+def test_shared_expert_overlap_hides_the_exchanges_behind_the_shared_expert() -> None:
+    """moe_shared_expert_overlap runs the shared expert's fc1 while the tokens are dispatched and
+    its fc2 while they are combined: each exchange's time shrinks by at most eff_overlap of itself
+    and by at most its GEMM's share (fc1 2/3 of a SwiGLU shared expert, fc2 1/3)."""
+    def env(on: bool) -> dict[str, Any]:
+        c = config(V3, {"world_size": 512, "pp": 8, "ep": 64, "etp": 1,
+                        "pipeline_model_parallel_layout": "Et*3|(t*8|)*6t*10mL"},
+                   {"seq_length": 4096, "global_batch_size": 512},
+                   moe={"moe_token_dispatcher_type": "alltoall"},
+                   overlap={"moe_shared_expert_overlap": on})
+        return estimate(c).envs[2]
+    off, on = env(False), env(True)
+    shared_fwd = on["microbatches"] * on["time_shared_gemm_fwd_pass_s"]
+    for name, share in (("ep_dispatch_hidden", Fraction(2, 3)), ("ep_combine_hidden", Fraction(1, 3))):
+        whole = on[f"time_{name}_fwd"]
+        assert on[f"time_{name}_fwd_exposed"] == whole - min(whole / 2, share * shared_fwd)
+        assert off[f"time_{name}_fwd_exposed"] == whole
+    assert on["time_stage_step_s"] < off["time_stage_step_s"]

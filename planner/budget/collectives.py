@@ -50,6 +50,11 @@ class Collective:
     `layer_kind`: the stage count of the layers that each run it once per microbatch (`blocks`,
     `L_moe`, `L_dense`, `L_csa`, `L_hca`): full recompute with the block method re-runs only the
     first recompute_num_layers blocks of each chunk, so its re-run share is counted in these.
+    `shared_expert_part`: the shared expert's GEMM (`fc1` or `fc2`) that
+    `moe_shared_expert_overlap` runs on a side stream while this exchange is in flight, so its
+    time can hide the exchange (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/
+    token_dispatcher.py MoEAlltoAllTokenDispatcher.token_dispatch launches the shared fc1 right
+    after the token all-to-all, token_combine the fc2 after the combine).
     `grad_only`: it runs only while autograd records (Megatron's router computes the aux loss
     under torch.is_grad_enabled()); Megatron's checkpoint runs a recomputed layer's first forward
     without grad, so such a collective moves from `fwd` to `recompute` instead of running twice.
@@ -65,6 +70,7 @@ class Collective:
     recomputed_with: frozenset[str] = frozenset()
     layer_kind: str = "blocks"
     grad_only: bool = False
+    shared_expert_part: str | None = None
 
     def __post_init__(self) -> None:
         if self.recomputed_with and RECOMPUTE not in self.phases:
@@ -135,11 +141,11 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                f"token rows to their experts (tp_ep with the Flex dispatcher); {_DISPATCHER} "
                "MoEAlltoAllTokenDispatcher.token_dispatch", routed_rows=True,
                fixed_when_dropless=_fixed("fwd.send_bytes", "bwd.recv_bytes"),
-               overlap=_EP_OVERLAP, **_MOE_RC),
+               overlap=_EP_OVERLAP, shared_expert_part="fc1", **_MOE_RC),
     Collective("ep_combine_hidden", ("ep", "tp_ep"), _A2A,
                f"expert outputs back to their tokens; {_DISPATCHER} token_combine",
                routed_rows=True, fixed_when_dropless=_fixed("fwd.recv_bytes", "bwd.send_bytes"),
-               overlap=_EP_OVERLAP, **_MOE_RC),
+               overlap=_EP_OVERLAP, shared_expert_part="fc2", **_MOE_RC),
     Collective("ep_dispatch_probs", ("ep",), _A2A,
                f"routing probabilities beside the rows; {_DISPATCHER} token_dispatch",
                routed_rows=True, fixed_when_dropless=_fixed("fwd.send_bytes", "bwd.recv_bytes"),

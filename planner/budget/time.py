@@ -263,6 +263,12 @@ def _compute(book: Book) -> None:
         "all compute of the step")
 
 
+def fx_share(v: Variant) -> str:
+    """The shared expert's fc1 share of its FLOPs: gate and up (2·I_s wide with SwiGLU) over
+    gate, up and down."""
+    return "2/3" if v.swiglu else "1/2"
+
+
 def _communication(book: Book, v: Variant) -> list[str]:
     """One time per collective and phase the comm page priced; exposed per its overlap flag."""
     add, exposed = book.add, []
@@ -277,10 +283,22 @@ def _communication(book: Book, v: Variant) -> list[str]:
                        + (" * imbalance / eff_dispatch" if entry.routed_rows else ""),
                        "s", "time", f"{entry.name} {phase}: NVLink-domain bytes over NVLink, the rest "
                        "over the scale-out network, the slower setting the time")
+            hidden, why = [], []
             if entry.overlap:
-                flag = overlap_symbol(entry.overlap)
-                name = add(f"time.{entry.name}.{phase}.exposed",
-                           f"{name} - {flag} * Min(eff_overlap * {name}, time_compute_s)", "s", "time",
-                           f"the part not hidden behind compute ({entry.overlap})")
+                hidden.append(f"{overlap_symbol(entry.overlap)} * Min(eff_overlap * {name}, "
+                              "time_compute_s)")
+                why.append(entry.overlap)
+            if entry.shared_expert_part and v.shared_overlap and phase != "recompute":
+                # One shared-expert GEMM per exchange and pass; OVL001 forbids running both
+                # overlaps, so at most one hidden term is non-zero.
+                share = fx_share(v) if entry.shared_expert_part == "fc1" else f"1 - {fx_share(v)}"
+                passes = ("time_shared_gemm_fwd_pass_s" if phase == "fwd" else
+                          "(time_shared_gemm_fwd_pass_s + time_shared_gemm_wgrad_pass_s)")
+                hidden.append(f"Min(eff_overlap * {name}, microbatches * ({share}) * {passes})")
+                why.append(f"the shared expert's {entry.shared_expert_part} under "
+                           "overlap.moe_shared_expert_overlap")
+            if hidden:
+                name = add(f"time.{entry.name}.{phase}.exposed", f"{name} - " + " - ".join(hidden),
+                           "s", "time", f"the part not hidden behind compute ({'; '.join(why)})")
             exposed.append(name)
     return exposed
