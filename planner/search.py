@@ -20,8 +20,8 @@ The space is searched in two phases:
    the best `layouts` of them the whole knob grid — every micro-batch size × recompute preset ×
    dispatcher/backend × EP overlap — with two exact prunings: a recompute preset is skipped when a
    preset recomputing a subset of its modules already fits (recomputing more never makes a step
-   faster nor is ever needed for memory then), and larger micro-batches are skipped once even full
-   recompute does not fit (activations grow with the micro-batch).
+   faster nor is ever needed for memory then), and a preset is skipped at a micro-batch size when
+   it did not fit at a smaller one (activations grow with the micro-batch).
 
 `refine=0` refines every family that fits (the whole space, slow). The user's config is always a
 candidate, so the winner is never slower than it.
@@ -614,6 +614,7 @@ class _Work:
 
     judge: _Judge
     pruned: dict[str, int] = field(default_factory=dict)
+    layouts: list[Changes] = field(default_factory=list)  # chosen for the knob grid
 
     def prune(self, reason: str, count: int = 1) -> None:
         self.pruned[reason] = self.pruned.get(reason, 0) + count
@@ -651,9 +652,9 @@ def _phase1_work(cfg: Config, headroom: float, items: list[Phase1Item]) -> _Work
     return work
 
 
-def _refine_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> _Work:
-    """One family: its cost-balanced and slot-balanced layouts at the anchor's knobs, then the
-    whole knob grid on the best `layouts` of them."""
+def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> _Work:
+    """One family: its cost-balanced and slot-balanced layouts at the anchor's knobs; the best
+    `layouts` of them go to the knob grid (`_Work.layouts`)."""
     from planner.accounting import BudgetError
     from planner.estimate import estimate
 
@@ -682,8 +683,14 @@ def _refine_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> _
             work.judge.time_rejected(out)  # it may fit with more recompute: rank it by time too
         if out.step_time_s is not None:
             timed.append((out.step_time_s, i))
-    for _, i in sorted(timed)[:layouts]:
-        _grid(work, cfg, _merge(base, {"parallel": unique[i]}))
+    work.layouts = [_merge(base, {"parallel": unique[i]}) for _, i in sorted(timed)[:layouts]]
+    return work
+
+
+def _grid_work(cfg: Config, headroom: float, unit: tuple[Changes, tuple[str, str | None]]) -> _Work:
+    """The knob grid of one layout and one dispatcher/backend (a unit small enough to share)."""
+    work = _Work(_Judge(cfg, headroom))
+    _grid(work, cfg, *unit)
     return work
 
 
@@ -691,35 +698,38 @@ def _pipe_of(cfg: Config) -> dict[str, Any]:
     return {name: getattr(cfg.parallel, name) for name in PIPELINE_FIELDS}
 
 
-def _grid(work: _Work, cfg: Config, layout: Changes) -> None:
-    """Every dispatcher/backend × EP overlap × micro-batch × recompute preset of one layout, but
-    the two exact prunings (see the module doc)."""
+def _dispatchers(cfg: Config) -> tuple[tuple[str, str | None], ...]:
+    if cfg.model.num_experts:
+        return DISPATCHERS
+    return ((cfg.moe.moe_token_dispatcher_type, cfg.moe.moe_flex_dispatcher_backend),)
+
+
+def _grid(work: _Work, cfg: Config, layout: Changes, dispatcher: tuple[str, str | None]) -> None:
+    """Every EP overlap × micro-batch × recompute preset of one layout and dispatcher, but the two
+    exact prunings (see the module doc)."""
     presets = recompute_presets(cfg)
-    dispatchers = DISPATCHERS if cfg.model.num_experts else ((cfg.moe.moe_token_dispatcher_type,
-                                                              cfg.moe.moe_flex_dispatcher_backend),)
-    for kind, backend in dispatchers:
-        for flag in (False, True):
-            for m, mbs in enumerate(MBS_CHOICES):
-                fitting: list[frozenset[str]] = []
-                memory_bound = False
-                for preset in presets:
-                    mine = recomputed(preset)
-                    if any(_dominates(f, mine) for f in fitting):
-                        work.prune("recomputes more than a fitting preset")
-                        continue
-                    out = work.judge.judge(_merge(layout, {
-                        "training": {"micro_batch_size": mbs},
-                        "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
-                        "moe": {"moe_token_dispatcher_type": kind,
-                                "moe_flex_dispatcher_backend": backend}}))
-                    if isinstance(out, Candidate):
-                        fitting.append(mine)
-                    memory_bound = isinstance(out, Rejected) and out.codes in NOT_FITTING[:2] \
-                        and "*" in mine
-                if memory_bound and not fitting:
-                    work.prune("larger micro-batch than one that does not fit",
-                               len(presets) * (len(MBS_CHOICES) - m - 1))
-                    break
+    kind, backend = dispatcher
+    for flag in (False, True):
+        too_big: set[frozenset[str]] = set()  # presets that did not fit at a smaller MBS
+        for mbs in MBS_CHOICES:
+            fitting: list[frozenset[str]] = []
+            for preset in presets:
+                mine = recomputed(preset)
+                if mine in too_big:
+                    work.prune("larger micro-batch than one that does not fit")
+                    continue
+                if any(_dominates(f, mine) for f in fitting):
+                    work.prune("recomputes more than a fitting preset")
+                    continue
+                out = work.judge.judge(_merge(layout, {
+                    "training": {"micro_batch_size": mbs},
+                    "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
+                    "moe": {"moe_token_dispatcher_type": kind,
+                            "moe_flex_dispatcher_backend": backend}}))
+                if isinstance(out, Candidate):
+                    fitting.append(mine)
+                elif out.codes in NOT_FITTING[:2]:
+                    too_big.add(mine)
 
 
 def _run_units(work: Callable[..., _Work], cfg: Config, headroom: float, units: list[Any],
@@ -756,7 +766,7 @@ def _default_workers() -> int:
                       else os.cpu_count() or 1))
 
 
-def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 2, max_ruled_out: int = 3,
+def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 1, max_ruled_out: int = 3,
            progress: Progress | None = None, workers: int | None = None,
            memory_headroom: float = 1.0) -> SearchResult:
     """Rank the fitting layouts of `cfg`'s model, cluster and batch by predicted step time.
@@ -807,10 +817,16 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 2, max
         chosen.append(user)
     pruned["families not refined"] = len(anchors) - len(chosen)
     refine_units = [(anchor, layouts) for anchor in chosen]
-    per_family = 4 * len(MBS_CHOICES) * len(DISPATCHERS) * 2 * layouts
-    total = done + per_family * len(refine_units)
-    for part in _run_units(_refine_work, cfg, memory_headroom, refine_units,
-                           [per_family] * len(refine_units), workers, tick):
+    per_layout = 4 * len(MBS_CHOICES) * 2
+    dispatchers = _dispatchers(cfg)
+    total = done + (10 + per_layout * len(dispatchers) * layouts) * len(refine_units)
+    grid_units = []
+    for part in _run_units(_layouts_work, cfg, memory_headroom, refine_units,
+                           [10] * len(refine_units), workers, tick):
+        absorb(part)
+        grid_units += [(layout, d) for layout in part.layouts for d in dispatchers]
+    for part in _run_units(_grid_work, cfg, memory_headroom, grid_units,
+                           [per_layout] * len(grid_units), workers, tick):
         absorb(part)
     if progress:
         progress(total, total)
@@ -827,11 +843,11 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 2, max
 
 
 def _ruled_out(judge: _Judge, winner: Candidate, count: int) -> list[Rejected]:
-    """Refused candidates of the winner's family that would have been faster, nearest first, one
-    per distinct verdict (`_verdict_key`)."""
-    fam = _family_key(winner.cfg)
-    refused = [r for r in judge.seen.values()
-               if isinstance(r, Rejected) and _family_key(r.cfg) == fam]
+    """Refused candidates of the winner's family and pipeline layout (its knob grid) that would
+    have been faster, nearest first, one per distinct verdict (`_verdict_key`)."""
+    here = (_family_key(winner.cfg), repr(_pipe_of(winner.cfg)))
+    refused = [r for r in judge.seen.values() if isinstance(r, Rejected)
+               and (_family_key(r.cfg), repr(_pipe_of(r.cfg))) == here]
     for r in refused:
         judge.time_rejected(r)
     faster = sorted((r for r in refused if r.step_time_s is not None
