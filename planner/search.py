@@ -3,10 +3,9 @@
 Search is a loop around the one pipeline `check` and `estimate` use: every candidate is a real
 Config (the user's with the layout knobs changed), refused by the rule catalog (MEM001 is the
 memory budget's verdict; `memory_headroom` may demand more margin) and timed by the step-time
-estimate. Nothing here re-states a rule or a formula: the cheap pruning
-before the catalog is only the degrees' own divisibility (planner/degrees.py), and pipeline
-layouts are generated as Megatron layout strings that planner/pipeline.py splits (or refuses) as
-for any config. The top candidates are re-checked by the whole catalog before they are shown.
+estimate. Nothing here re-states a rule or a formula: the cheap pruning before the catalog is
+only the degrees' own divisibility (planner/degrees.py), and pipeline layouts are generated as
+Megatron layout strings that planner/pipeline.py splits (or refuses) as for any config.
 
 The space is searched in two phases:
 
@@ -16,13 +15,14 @@ The space is searched in two phases:
    first and stop at the first whose anchor does not fit even with full recompute and MBS 1 (a
    smaller EP holds more experts per rank: more memory, never less);
 2. the `refine` fastest families (and the user's): cost-balanced layouts for VPP 1, 2, 4 (from the
-   family's own per-stage times, see `layer_costs`), the slot-balanced and even layouts, then for
-   the best `layouts` of them the whole knob grid — every micro-batch size × recompute preset ×
-   dispatcher/backend × EP overlap (also for the fastest layout of all when it does not fit with
-   the anchor's settings) — with two exact prunings: a recompute preset is skipped when a
-   preset recomputing a subset of its modules already fits (recomputing more never makes a step
-   faster nor is ever needed for memory then), and a preset is skipped at a micro-batch size when
-   it did not fit at a smaller one (activations grow with the micro-batch).
+   family's own per-stage times, see `layer_costs`), the slot-balanced and even layouts, timed
+   with the anchor's knobs; then for the `layouts` fastest fitting ones (and the fastest of all
+   when it does not fit with the anchor's knobs) the whole knob grid — every micro-batch size ×
+   recompute preset × dispatcher/backend × EP overlap — with two exact prunings: a recompute
+   preset is skipped when a preset recomputing a subset of its modules already fits (recomputing
+   more never makes a step faster nor is ever needed for memory then), and a preset is skipped
+   at a micro-batch size when it did not fit at a smaller one (activations grow with the
+   micro-batch).
 
 `refine=0` refines every family that fits (the whole space, slow). The user's config is always a
 candidate, so the winner is never slower than it.
