@@ -633,18 +633,26 @@ class _Work:
 Phase1Item = tuple[tuple[int, int, int, int], list[int], list[dict[str, Any]]]
 
 
+# The knobs an anchor falls back to when the user's are illegal on every layout of a family
+# (e.g. EP overlap, which Megatron refuses without VPP on PP > 1): the plainest dispatcher.
+PLAIN_KNOBS: Changes = {"overlap": {"overlap_moe_expert_parallel_comm": False},
+                        "moe": {"moe_token_dispatcher_type": "alltoall",
+                                "moe_flex_dispatcher_backend": None}}
+
+
 def _anchor(judge: _Judge, base: Changes, knobs: Changes,
             pipes: list[dict[str, Any]]) -> Candidate | Rejected | None:
-    """The family's first legal pipeline layout with the user's knobs; full recompute when those
-    do not fit. None when every layout is illegal."""
-    for pipe in pipes:
-        out = judge.judge(_merge(base, {"parallel": pipe}, knobs))
-        if isinstance(out, Rejected) and out.codes in NOT_FITTING[:2]:
-            out = judge.judge(_merge(base, {"parallel": pipe}, knobs,
-                                     {"training": {"micro_batch_size": 1},
-                                      "overlap": dict(FULL_RECOMPUTE)}))
-        if isinstance(out, Candidate) or out.codes in NOT_FITTING:
-            return out
+    """The family's first legal pipeline layout with the user's knobs (then the plain ones);
+    full recompute at MBS 1 when those do not fit. None when every layout is illegal."""
+    for settings in (knobs, _merge(knobs, PLAIN_KNOBS)):
+        for pipe in pipes:
+            out = judge.judge(_merge(base, {"parallel": pipe}, settings))
+            if isinstance(out, Rejected) and out.codes in NOT_FITTING[:2]:
+                out = judge.judge(_merge(base, {"parallel": pipe}, settings,
+                                         {"training": {"micro_batch_size": 1},
+                                          "overlap": dict(FULL_RECOMPUTE)}))
+            if isinstance(out, Candidate) or out.codes in NOT_FITTING:
+                return out
     return None
 
 
