@@ -303,3 +303,16 @@ def test_memory_headroom_keeps_every_candidate_under_it(tmp_path: Path) -> None:
     for bad in ("0", "1.5"):
         refused = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--memory-headroom", bad)
         assert refused.returncode == 2 and "--memory-headroom" in refused.stderr
+
+
+def test_refine_limits_the_families_searched_in_full_and_says_so() -> None:
+    """--refine 1: one family (plus yours) gets layouts and the knob grid, the others keep only
+    their anchor and are counted as not refined; the winner is still never slower than your
+    layout, and refining every family (0) never finds a slower one."""
+    cfg = tiny()
+    one = search(cfg, top=10**6, refine=1, workers=1)
+    every = search(cfg, top=10**6, refine=0, workers=1)
+    assert one.pruned_by["families not refined"] > 0 == every.pruned_by["families not refined"]
+    assert one.explored < every.explored
+    assert every.winner is not None and one.winner is not None
+    assert every.winner.step_time_s <= one.winner.step_time_s <= estimate(cfg).step_time_s
