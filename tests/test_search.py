@@ -264,8 +264,9 @@ def test_search_balances_the_winners_stages_by_cost(searched) -> None:
 # ----------------------------------------------------------------------------- exact pruning
 def test_the_pruning_assumptions_hold_on_the_examples() -> None:
     """Search skips a recompute preset when one recomputing a subset of its modules fits (more
-    recompute: never faster, never more memory) and larger micro-batches once full recompute does
-    not fit (activations grow with the micro-batch). Checked here on DeepSeek-V3's own layout."""
+    recompute: never faster, never more memory), a preset at larger micro-batches once it does
+    not fit (activations grow with the micro-batch) and, in phase 1, smaller EPs once an EP does
+    not fit (more experts per rank). Checked here on DeepSeek-V3's own layout."""
     cfg = load_config(EXAMPLES / "deepseek-v3-1024.yaml")
     presets = recompute_presets(cfg)
     for mbs in (1, 2):
@@ -281,6 +282,10 @@ def test_the_pruning_assumptions_hold_on_the_examples() -> None:
     peaks = [max(int(env["peak_memory_bytes"]) for env in estimate(build(cfg, {
         "training": {"micro_batch_size": mbs}, "overlap": FULL_RECOMPUTE})).envs) for mbs in (1, 2, 4)]
     assert peaks == sorted(peaks)
+    # Phase 1's EP cut-off: with everything else fixed, a smaller EP never needs less memory.
+    by_ep = [max(int(env["peak_memory_bytes"]) for env in estimate(build(cfg, {
+        "parallel": {"ep": ep}, "overlap": FULL_RECOMPUTE})).envs) for ep in (64, 32, 16, 8)]
+    assert by_ep == sorted(by_ep)
 
 
 def test_ruled_out_lists_each_verdict_once(searched) -> None:
