@@ -269,6 +269,7 @@ def test_the_pruning_assumptions_hold_on_the_examples() -> None:
     not fit (more experts per rank). Checked here on DeepSeek-V3's own layout."""
     cfg = load_config(EXAMPLES / "deepseek-v3-1024.yaml")
     presets = recompute_presets(cfg)
+    peaks_by_mbs = []
     for mbs in (1, 2):
         figures = []
         for preset in presets:
@@ -279,6 +280,8 @@ def test_the_pruning_assumptions_hold_on_the_examples() -> None:
             for large, t_large, m_large in figures:
                 if _dominates(small, large):
                     assert t_large >= t_small * (1 - 1e-12) and m_large <= m_small, (small, large)
+        peaks_by_mbs.append([peak for _, _, peak in figures])
+    assert all(one <= two for one, two in zip(*peaks_by_mbs, strict=True))
     peaks = [max(int(env["peak_memory_bytes"]) for env in estimate(build(cfg, {
         "training": {"micro_batch_size": mbs}, "overlap": FULL_RECOMPUTE})).envs) for mbs in (1, 2, 4)]
     assert peaks == sorted(peaks)
