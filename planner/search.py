@@ -52,8 +52,10 @@ VPP_CHOICES = (1, 2, 4)
 MBS_CHOICES = (1, 2, 4)
 # (dispatcher, flex backend) pairs; the catalog refuses those a layout cannot use (e.g. MOE008).
 DISPATCHERS = (("alltoall", None), ("allgather", None), ("flex", "deepep"), ("flex", "hybridep"))
-# Verdicts that leave a candidate legal (every rule passes) but not fitting.
-NOT_FITTING = (("MEM001",), ("HEADROOM",), ("EST",))
+# Verdicts that leave a candidate legal (every other rule passes) but not fitting: the memory
+# verdicts (MEM001, the stricter headroom), and no estimate.
+MEMORY_VERDICTS = (("MEM001",), ("HEADROOM",))
+NOT_FITTING = (*MEMORY_VERDICTS, ("EST",))
 
 
 @dataclass
@@ -119,7 +121,7 @@ class SearchResult:
     legal: int  # no rule error (MEM001 and the headroom aside)
     fitting: int  # no rule error at all, inside the headroom (timed)
     wall_s: float = 0.0
-    pruned: int = 0  # configs never built, for the reasons in `pruned_by`
+    pruned: int = 0  # families and knob settings never judged, for the reasons in `pruned_by`
     pruned_by: dict[str, int] = field(default_factory=dict)
     memory_headroom: float = 1.0
 
@@ -647,7 +649,7 @@ def _anchor(judge: _Judge, base: Changes, knobs: Changes,
     for settings in (knobs, _merge(knobs, PLAIN_KNOBS)):
         for pipe in pipes:
             out = judge.judge(_merge(base, {"parallel": pipe}, settings))
-            if isinstance(out, Rejected) and out.codes in NOT_FITTING[:2]:
+            if isinstance(out, Rejected) and out.codes in MEMORY_VERDICTS:
                 out = judge.judge(_merge(base, {"parallel": pipe}, settings,
                                          {"training": {"micro_batch_size": 1},
                                           "overlap": dict(FULL_RECOMPUTE)}))
@@ -663,9 +665,11 @@ def _phase1_work(cfg: Config, headroom: float, items: list[Phase1Item]) -> _Work
         for i, ep in enumerate(eps):
             base = _family_changes((tp, cp, pp, ep, etp), {})
             out = _anchor(work.judge, base, knobs, pipes)
-            if isinstance(out, Rejected) and out.codes in NOT_FITTING[:2]:
-                # Even full recompute at MBS 1 does not fit: smaller EPs hold more experts.
-                work.prune("smaller EP than one that does not fit", len(eps) - i - 1)
+            if isinstance(out, Rejected) and out.codes in MEMORY_VERDICTS:
+                # Even full recompute at MBS 1 does not fit: smaller EPs hold more experts. (Its
+                # other layouts are not tried: the slot-balanced one spreads memory evenly.)
+                work.prune("families whose anchor does not fit even with full recompute")
+                work.prune("families with a smaller EP than one that does not fit", len(eps) - i - 1)
                 break
     return work
 
@@ -697,7 +701,7 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
     unique = list({repr(sorted(p.items())): p for p in pipes}.values())
     for i, pipe in enumerate(unique):
         out = work.judge.judge(_merge(base, {"parallel": pipe}, knobs))
-        if isinstance(out, Rejected) and out.codes in NOT_FITTING[:2]:
+        if isinstance(out, Rejected) and out.codes in MEMORY_VERDICTS:
             work.judge.time_rejected(out)  # it may fit with more recompute: rank it by time too
         if out.step_time_s is not None:
             timed.append((isinstance(out, Rejected), out.step_time_s, i))
@@ -740,10 +744,10 @@ def _grid(work: _Work, cfg: Config, layout: Changes, dispatcher: tuple[str, str 
             for preset in presets:
                 mine = recomputed(preset)
                 if mine in too_big:
-                    work.prune("larger micro-batch than one that does not fit")
+                    work.prune("settings at a larger micro-batch than one that does not fit")
                     continue
                 if any(_dominates(f, mine) for f in fitting):
-                    work.prune("recomputes more than a fitting preset")
+                    work.prune("settings recomputing more than a fitting one")
                     continue
                 out = work.judge.judge(_merge(layout, {
                     "training": {"micro_batch_size": mbs},
@@ -752,7 +756,7 @@ def _grid(work: _Work, cfg: Config, layout: Changes, dispatcher: tuple[str, str 
                             "moe_flex_dispatcher_backend": backend}}))
                 if isinstance(out, Candidate):
                     fitting.append(mine)
-                elif out.codes in NOT_FITTING[:2]:
+                elif out.codes in MEMORY_VERDICTS:
                     too_big.add(mine)
 
 
@@ -806,7 +810,7 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 1, max
     judge = _Judge(cfg, memory_headroom)
     user = judge.judge({}, is_user=True)
     groups, pruned_degrees = _groups(cfg)
-    pruned: dict[str, int] = {"degrees (divisibility)": pruned_degrees}
+    pruned: dict[str, int] = {"families the degrees rule out": pruned_degrees}
     user_family = _family_key(cfg)
     plan: list[Phase1Item] = []
     for (tp, cp, pp, etp), eps in groups.items():
@@ -936,5 +940,6 @@ def _aliases(section: str, key: str) -> list[str]:
     return [c for c in choices if isinstance(c, str) and c != key]
 
 
-__all__ = ["Candidate", "Rejected", "SearchResult", "balanced_layout", "build", "emitted_data",
-           "difference", "families", "knob_view", "pipeline_choices", "recompute_presets", "search"]
+__all__ = ["Candidate", "LayerCosts", "Rejected", "SearchResult", "balanced_layout", "build",
+           "cost_balanced_layout", "emitted_data", "difference", "families", "knob_view",
+           "layer_costs", "layout_string", "pipeline_choices", "recompute_presets", "search"]
