@@ -29,13 +29,16 @@ def bench(path: Path, workers: int) -> None:
     best = result.winner
     print(f"{path.name}, {workers} worker(s): {wall:.2f} s wall, {result.explored} configs judged "
           f"({result.explored / wall:.0f} candidates/s), {result.legal} legal, {result.fitting} "
-          f"fitting and timed, {result.pruned} pruned before judging")
+          f"fitting and timed; never built: "
+          + ", ".join(f"{n} {why}" for why, n in result.pruned_by.items() if n))
     if best is not None:
         p = best.cfg.parallel
         user = f"{result.user.step_time_s:.3f} s" if result.user else "does not fit"
         print(f"  winner TP{p.tp} CP{p.cp} PP{p.pp} EP{p.ep} ETP{p.etp} MBS "
               f"{best.cfg.training.micro_batch_size}: {best.step_time_s:.3f} s/step, "
               f"{best.tflops_per_gpu:.0f} TFLOP/s/GPU (yours: {user})")
+        print(f"  layout {p.pipeline_model_parallel_layout or 'even'}; step time per stage (s): "
+              + " ".join(f"{t:.2f}" for t in best.stage_step_s))
 
 
 if __name__ == "__main__":

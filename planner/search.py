@@ -1,29 +1,39 @@
 """`moeplan search`: which layout of the same model, cluster and batch runs fastest.
 
 Search is a loop around the one pipeline `check` and `estimate` use: every candidate is a real
-Config (the user's with the layout knobs changed), rejected by the rule catalog (errors; MEM001 is
-the memory budget's verdict) and timed by the step-time estimate. Nothing here re-states a rule or
-a formula: the cheap pruning before the catalog is only the degrees' own divisibility
-(planner/degrees.py), and pipeline layouts are generated as Megatron layout strings that
-planner/pipeline.py then splits (or refuses) as for any config.
+Config (the user's with the layout knobs changed), refused by the rule catalog (MEM001 is the
+memory budget's verdict; `memory_headroom` may demand more margin) and timed by the step-time
+estimate. Nothing here re-states a rule or a formula: the cheap pruning before the catalog is
+only the degrees' own divisibility (planner/degrees.py), and pipeline layouts are generated as
+Megatron layout strings that planner/pipeline.py splits (or refuses) as for any config.
 
-The space is searched in two phases so that it stays fast:
+The space is searched in two phases:
 
-1. every (TP, CP, PP, EP, ETP) family that divides the world, times every pipeline layout of its
-   PP (the even split, the embedding/loss-aware split, balanced layout strings for VPP 1, 2, 4
-   and the user's own layout), with the user's other knobs (micro-batch size, recompute,
-   dispatcher, EP overlap) — full recompute tried when those do not fit;
-2. the fastest `refine` layouts of phase 1 with every micro-batch size, recompute preset,
-   dispatcher/backend and EP-overlap setting.
+1. every (TP, CP, PP, EP, ETP) family that divides the world (TP·CP inside one NVLink domain),
+   with one anchor layout (the slot-balanced VPP-1 layout, or the user's own) and the user's
+   knobs, full recompute when those do not fit; within a (TP, CP, PP, ETP) group EPs go largest
+   first and stop at the first whose anchor does not fit even with full recompute and MBS 1 (a
+   smaller EP holds more experts per rank: more memory, never less);
+2. the `refine` fastest families (and the user's): cost-balanced layouts for VPP 1, 2, 4 (from the
+   family's own per-stage times, see `layer_costs`), the slot-balanced and even layouts, timed
+   with the anchor's knobs; then for the `layouts` fastest fitting ones (and the fastest of all
+   when it does not fit with the anchor's knobs) the whole knob grid — every micro-batch size ×
+   recompute preset × dispatcher/backend × EP overlap — with two exact prunings: a recompute
+   preset is skipped when a preset recomputing a subset of its modules already fits (recomputing
+   more never makes a step faster nor is ever needed for memory then), and a preset is skipped
+   at a micro-batch size when it did not fit at a smaller one (activations grow with the
+   micro-batch).
 
-The user's own config is always a candidate, so the winner is never slower than it.
+`refine=0` refines every family that fits (the whole space, slow). The user's config is always a
+candidate, so the winner is never slower than it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 from planner.degrees import Degrees
@@ -42,6 +52,10 @@ VPP_CHOICES = (1, 2, 4)
 MBS_CHOICES = (1, 2, 4)
 # (dispatcher, flex backend) pairs; the catalog refuses those a layout cannot use (e.g. MOE008).
 DISPATCHERS = (("alltoall", None), ("allgather", None), ("flex", "deepep"), ("flex", "hybridep"))
+# Verdicts that leave a candidate legal (every other rule passes) but not fitting: the memory
+# verdicts (MEM001, the stricter headroom), and no estimate.
+MEMORY_VERDICTS = (("MEM001",), ("HEADROOM",))
+NOT_FITTING = (*MEMORY_VERDICTS, ("EST",))
 
 
 @dataclass
@@ -57,6 +71,7 @@ class Candidate:
     peak_stage: int
     stage_peak_bytes: list[int]
     is_user: bool = False
+    stage_step_s: list[float] = field(default_factory=list)  # each stage's step time
 
     def as_json(self) -> dict[str, Any]:
         c = self.cfg
@@ -81,6 +96,7 @@ class Candidate:
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_memory_stage": self.peak_stage,
             "stage_peak_memory_bytes": self.stage_peak_bytes,
+            "stage_step_time_s": self.stage_step_s,
         }
 
 
@@ -102,10 +118,12 @@ class SearchResult:
     user: Candidate | None  # the user's own layout (None when it does not fit)
     ruled_out: list[Rejected]  # faster than the winner but refused, nearest first
     explored: int  # configs built and judged by the catalog
-    legal: int  # no rule error other than MEM001
-    fitting: int  # no rule error at all (timed)
+    legal: int  # no rule error (MEM001 and the headroom aside)
+    fitting: int  # no rule error at all, inside the headroom (timed)
     wall_s: float = 0.0
-    pruned: int = 0  # layouts the degrees rejected before any config was built
+    pruned: int = 0  # families and knob settings never judged, for the reasons in `pruned_by`
+    pruned_by: dict[str, int] = field(default_factory=dict)
+    memory_headroom: float = 1.0
 
     @property
     def winner(self) -> Candidate | None:
@@ -117,7 +135,8 @@ class SearchResult:
                 "ruled_out": [{"difference": r.difference, "reason": r.reason, "codes": list(r.codes),
                                "step_time_s": r.step_time_s} for r in self.ruled_out],
                 "explored": self.explored, "legal": self.legal, "fitting": self.fitting,
-                "pruned": self.pruned, "wall_s": self.wall_s}
+                "pruned": self.pruned, "pruned_by": self.pruned_by,
+                "memory_headroom": self.memory_headroom, "wall_s": self.wall_s}
 
 
 Progress = Callable[[int, int], None]
@@ -201,6 +220,12 @@ def balanced_layout(layers: int, mtp: int, pp: int, vpp: int) -> str | None:
     counts[-1] -= 1 + mtp  # m... L
     if min(counts[1:-1] or [1]) < 1 or counts[0] < 0 or counts[-1] < 0 or sum(counts) != layers:
         return None
+    return layout_string(counts, mtp)
+
+
+def layout_string(counts: list[int], mtp: int) -> str:
+    """The Megatron layout string of decoder-layer counts per chunk (pipeline order): the
+    embedding opens the first chunk, the MTP layers and the loss close the last."""
     parts = [f"E{_layers(counts[0])}"] + [_layers(c) for c in counts[1:-1]] + \
         [f"{_layers(counts[-1])}{'m' * mtp}L"]
     return _compress(parts)
@@ -223,36 +248,160 @@ def _compress(parts: list[str]) -> str:
     return out[0] + "|" + "".join(out[1:]) + parts[-1]
 
 
-def pipeline_choices(cfg: Config, pp: int,
-                     vpps: tuple[int, ...] = VPP_CHOICES) -> list[dict[str, Any]]:
-    """The pipeline layouts tried for a PP and VPPs: each a full set of PIPELINE_FIELDS values."""
+@dataclass(frozen=True)
+class LayerCosts:
+    """Seconds of a stage's step that each piece of the model brings, read off one estimate."""
+
+    embedding: float
+    layers: tuple[float, ...]  # per decoder layer
+    tail: float  # the MTP layers and the loss (with its output layer), which close the last chunk
+
+
+def _layer_kind(cfg: Config, layer: int) -> tuple[bool, bool]:
     model = cfg.model
+    moe = model.is_moe_layer(layer)
+    return moe, moe and layer < model.moe_n_hash_layers
+
+
+def layer_costs(cfg: Config, stages: list[dict[str, Any]]) -> LayerCosts:
+    """Per-piece costs from the estimate's stage rows of a VPP-1 config (`Estimate.stages`).
+
+    A stage's work is its step time less its bubble (compute, exposed communication and optimizer
+    step scale with what the stage holds; the bubble is set by the slowest stage). A decoder
+    layer costs its kind's (dense, MoE, hash-routed MoE) work per layer on the stages holding only
+    that kind; a kind seen nowhere alone shares what is left of the first stage holding it. The
+    embedding and the tail (MTP + loss) cost what is left of the first and last stage."""
+    from planner.pipeline import stage_split
+
+    split = stage_split(cfg)
+    work = [float(row["step_s"]) - float(row["bubble_s"]) for row in stages]
+    kinds = [_layer_kind(cfg, i) for i in range(cfg.model.num_layers)]
+    samples: dict[tuple[bool, bool], list[float]] = {}
+    for st, w in zip(split.stages, work, strict=True):
+        seen = {kinds[i] for i in st.layers}
+        if len(seen) == 1 and not (st.embedding or st.output_head or st.mtp_layers):
+            samples.setdefault(seen.pop(), []).append(w / len(st.layers))
+    per_kind = {k: median(v) for k, v in samples.items()}
+    for st, w in zip(split.stages, work, strict=True):
+        unknown = [i for i in st.layers if kinds[i] not in per_kind]
+        if unknown:
+            known = sum(per_kind[kinds[i]] for i in st.layers if kinds[i] in per_kind)
+            share = max(0.0, w - known) / len(unknown)
+            for kind in {kinds[i] for i in unknown}:
+                per_kind[kind] = share
+    layers = tuple(per_kind.get(k, 0.0) for k in kinds)
+
+    def rest(s: int) -> float:
+        return max(0.0, work[s] - sum(layers[i] for i in split.stages[s].layers))
+
+    return LayerCosts(rest(0), layers, rest(len(work) - 1) if len(work) > 1 else 0.0)
+
+
+def cost_balanced_layout(costs: LayerCosts, mtp: int, pp: int, vpp: int) -> str | None:
+    """The layout over PP·VPP chunks that evens the stages' costs: the embedding in the first
+    chunk, the MTP layers and the loss in the last, at least one decoder layer in every other
+    chunk; None when there are too few layers.
+
+    A stage's fair share is the total cost over PP; what its embedding or tail leaves of that is
+    split evenly over its VPP chunks (chunk j belongs to stage j mod PP), and the layers are
+    placed so that the largest excess of a chunk over its share is smallest (ties: the smallest
+    sum of squared excesses, then lighter early chunks, as the first stages hold the most
+    microbatches). With VPP 1 a chunk is a stage, so this minimises the busiest stage's time; with
+    VPP > 1 a stage's excess is at most VPP times the largest chunk excess.
+
+    Dynamic programme over (chunk, layers placed): best[j][b] is the (max, sum of squares) of the
+    excesses of chunks 0..j holding layers 0..b-1."""
+    n, chunks = len(costs.layers), pp * vpp
+    if chunks < 2 or n < chunks - 2:
+        return None
+    prefix = [0.0]
+    for c in costs.layers:
+        prefix.append(prefix[-1] + c)
+    fair = (prefix[-1] + costs.embedding + costs.tail) / pp
+    extra = [0.0] * pp
+    extra[0] += costs.embedding
+    extra[-1] += costs.tail
+    share = [(fair - extra[j % pp]) / vpp for j in range(chunks)]
+
+    def cost(j: int, a: int, b: int) -> float:  # the chunk's excess over its share
+        return prefix[b] - prefix[a] - share[j]
+
+    inf = (float("inf"), float("inf"))
+    best = [[inf] * (n + 1) for _ in range(chunks)]
+    start = [[0] * (n + 1) for _ in range(chunks)]
+    for b in range(n + 1):
+        c = cost(0, 0, b)
+        best[0][b] = (c, c * c)
+    for j in range(1, chunks):
+        least = 0 if j == chunks - 1 else 1
+        ends = [n] if j == chunks - 1 else range(j, n + 1)
+        for b in ends:
+            for a in range(b - least, -1, -1):
+                c = cost(j, a, b)
+                if c > best[j][b][0]:
+                    break  # the chunk only grows as it starts earlier
+                prev = best[j - 1][a]
+                value = (max(prev[0], c), prev[1] + c * c)
+                if value <= best[j][b]:  # on a tie the later chunk takes more layers
+                    best[j][b], start[j][b] = value, a
+    if best[-1][n] == inf:
+        return None
+    counts, b = [], n
+    for j in range(chunks - 1, 0, -1):
+        a = start[j][b]
+        counts.append(b - a)
+        b = a
+    counts.append(b)
+    return layout_string(counts[::-1], mtp)
+
+
+def _blank_pipe() -> dict[str, Any]:
     blank: dict[str, Any] = {name: None for name in PIPELINE_FIELDS}
     blank.update(account_for_embedding_in_pipeline_split=False,
                  account_for_loss_in_pipeline_split=False)
+    return blank
+
+
+def pipeline_choices(cfg: Config, pp: int,
+                     vpps: tuple[int, ...] = VPP_CHOICES) -> list[dict[str, Any]]:
+    """The slot-balanced and even pipeline layouts for a PP and VPPs, slot-balanced VPP 1 first:
+    each a full set of PIPELINE_FIELDS values."""
+    model = cfg.model
+    blank = _blank_pipe()
     out: list[dict[str, Any]] = []
     if pp == 1:
         return [blank]
-    if model.num_layers % pp == 0 and 1 in vpps:
-        out.append(dict(blank))
-    if (model.num_layers + 2) % pp == 0 and 1 in vpps:
-        out.append(blank | {"account_for_embedding_in_pipeline_split": True,
-                            "account_for_loss_in_pipeline_split": True})
     seen = set()
     for vpp in vpps:
         layout = balanced_layout(model.num_layers, model.mtp_num_layers, pp, vpp)
         if layout and layout not in seen:
             seen.add(layout)
             out.append(blank | {"pipeline_model_parallel_layout": layout})
+    if model.num_layers % pp == 0 and 1 in vpps:
+        out.append(dict(blank))
+    if (model.num_layers + 2) % pp == 0 and 1 in vpps:
+        out.append(blank | {"account_for_embedding_in_pipeline_split": True,
+                            "account_for_loss_in_pipeline_split": True})
     for vpp in [v for v in vpps if v > 1]:  # even split with VPP (MTP rides on the last chunk)
         if model.num_layers % (pp * vpp) == 0:
             out.append(blank | {"vpp": vpp})
     return out
 
 
+def cost_balanced_choices(cfg: Config, pp: int, costs: LayerCosts) -> list[dict[str, Any]]:
+    """`cost_balanced_layout` for every VPP, as PIPELINE_FIELDS values."""
+    layouts = [cost_balanced_layout(costs, cfg.model.mtp_num_layers, pp, vpp) for vpp in VPP_CHOICES]
+    return [_blank_pipe() | {"pipeline_model_parallel_layout": layout}
+            for layout in dict.fromkeys(layouts) if layout]
+
+
+ALL_RECOMPUTED = frozenset({"*"})  # full recompute: every module, a superset of any selective set
+
+
 def recompute_presets(cfg: Config) -> list[dict[str, Any]]:
     """none; selective presets (core attention; the MoE activation and norms, plus the MLA up
-    projections on MLA models; all of them); full uniform 1; and the user's own setting."""
+    projections on MLA models; all of them); full uniform 1; and the user's own setting —
+    ordered by what they recompute, fewest modules first (see `recomputed`)."""
     mla = cfg.model.attention_variant in ("mla", "dsv4_hybrid")
     light = (["mla_up_proj"] if mla else []) + ["moe_act", "layernorm"]
     off = {"recompute_granularity": None, "recompute_method": None, "recompute_num_layers": None,
@@ -267,8 +416,28 @@ def recompute_presets(cfg: Config) -> list[dict[str, Any]]:
     ov = cfg.overlap
     user = {k: getattr(ov, k) for k in off}
     if user not in presets:
-        presets.insert(0, user)
-    return presets
+        presets.append(user)
+    return sorted(presets, key=lambda p: (p["recompute_granularity"] == "full", len(recomputed(p))))
+
+
+def recomputed(preset: dict[str, Any]) -> frozenset[str]:
+    """What a recompute setting recomputes: nothing, its selective modules, or everything. A
+    setting that recomputes a superset of another's modules costs at least as much time (it
+    repeats at least the same forward work) and holds at most as many activations."""
+    granularity = preset.get("recompute_granularity")
+    if granularity == "full":
+        return ALL_RECOMPUTED | frozenset(str(preset.get("recompute_num_layers")))
+    if granularity == "selective":
+        return frozenset(preset.get("recompute_modules") or ["core_attn"])
+    return frozenset()
+
+
+def _dominates(lesser: frozenset[str], greater: frozenset[str]) -> bool:
+    """`greater` recomputes everything `lesser` does (full recompute covers any selective set;
+    full with other layer counts is not compared)."""
+    if "*" in greater and "*" not in lesser:
+        return True
+    return lesser <= greater
 
 
 FULL_RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform",
@@ -302,10 +471,15 @@ def _memory_reason(findings: list[Finding]) -> str:
 
 
 class _Judge:
-    """Builds, judges and times candidates, counting and remembering what it refused."""
+    """Builds, judges and times candidates, counting and remembering what it refused.
 
-    def __init__(self, cfg: Config) -> None:
+    The catalog judges first (MEM001 included: the memory page alone is cheaper than a whole
+    estimate); a candidate whose busiest stage needs more than `headroom` of the GPU's memory is
+    refused as HEADROOM; the rest are timed."""
+
+    def __init__(self, cfg: Config, headroom: float = 1.0) -> None:
         self.cfg = cfg
+        self.headroom = headroom
         self.seen: dict[str, Candidate | Rejected] = {}  # by the candidate's identity
 
     @property
@@ -314,9 +488,9 @@ class _Judge:
 
     @property
     def legal(self) -> int:
-        """No rule error besides MEM001 (the memory budget's verdict)."""
+        """No rule error besides the memory verdict."""
         return sum(1 for out in self.seen.values()
-                   if isinstance(out, Candidate) or out.codes in (("MEM001",), ("EST",)))
+                   if isinstance(out, Candidate) or out.codes in NOT_FITTING)
 
     @property
     def fitting(self) -> int:
@@ -334,27 +508,47 @@ class _Judge:
         from planner.accounting import BudgetError
         from planner.estimate import estimate
         from planner.rules import run_rules
+        from planner.rules.catalog import CODES
+        from planner.rules.facts import Facts
 
         cand = build(self.cfg, changes)
         key = _identity(cand)
         if key in self.seen:
             return self.seen[key]
-        errors = _errors(run_rules(cand))
+        facts = Facts(cand, known_codes=CODES)
+        errors = _errors(run_rules(cand, facts=facts))
         codes = tuple(sorted({f.code for f in errors}))
-        if codes and codes != ("MEM001",):
-            out: Candidate | Rejected = Rejected(cand, changes, "rule " + ", ".join(codes), codes)
+        out: Candidate | Rejected
+        if codes == ("MEM001",):
+            out = Rejected(cand, changes, _memory_reason(errors), codes)
+        elif codes:
+            out = Rejected(cand, changes, "rule " + ", ".join(codes), codes)
+        elif (over := self._over_headroom(facts.stage_memory or [])) is not None:
+            out = Rejected(cand, changes, over, ("HEADROOM",))
         else:
-            if codes:
-                out = Rejected(cand, changes, _memory_reason(errors), codes)
+            try:
+                est = estimate(cand)
+            except BudgetError as exc:  # the catalog passed it: report, do not crash
+                out = Rejected(cand, changes, f"no estimate: {exc}", ("EST",))
             else:
-                try:
-                    est = estimate(cand)
-                except BudgetError as exc:  # the catalog passed it: report, do not crash
-                    out = Rejected(cand, changes, f"no estimate: {exc}", ("EST",))
-                else:
-                    out = _candidate(cand, changes, est, is_user)
+                out = _candidate(cand, changes, est, is_user)
         self.seen[key] = out
         return out
+
+    def _over_headroom(self, stages: list[dict[str, Any]]) -> str | None:
+        """Why the busiest stage is above the headroom (None when every stage is inside it)."""
+        from planner.units import format_bytes
+
+        if self.headroom >= 1 or not stages:
+            return None  # MEM001 already holds every stage to the whole GPU memory
+        shares = [float(env["memory_utilization"]) for env in stages]
+        worst = max(range(len(shares)), key=shares.__getitem__)
+        if shares[worst] <= self.headroom:
+            return None
+        env = stages[worst]
+        return (f"does not fit the {self.headroom:.0%} memory headroom: stage {worst} needs an "
+                f"estimated {format_bytes(int(env['peak_memory_bytes']), digits=2)} per rank, "
+                f"{shares[worst]:.1%} of {format_bytes(int(env['gpu_memory_bytes']), digits=2)}")
 
     def time_rejected(self, r: Rejected) -> None:
         """The step time a refused candidate would have (when its grids build)."""
@@ -373,12 +567,15 @@ def _candidate(cfg: Config, changes: Changes, est: Any, is_user: bool) -> Candid
     peaks = [int(env["peak_memory_bytes"]) for env in est.envs]
     stage = max(range(len(peaks)), key=peaks.__getitem__)
     return Candidate(cfg, changes, est.step_time_s, figures["tflops_per_gpu"],
-                     figures["tokens_per_s_per_gpu"], peaks[stage], stage, peaks, is_user)
+                     figures["tokens_per_s_per_gpu"], peaks[stage], stage, peaks, is_user,
+                     [float(row["step_s"]) for row in est.stages])
 
 
 # ----------------------------------------------------------------------------- the loop
-def _family_changes(cfg: Config, fam: tuple[int, int, int, int, int],
-                    pipe: dict[str, Any]) -> Changes:
+Family = tuple[int, int, int, int, int]
+
+
+def _family_changes(fam: Family, pipe: dict[str, Any]) -> Changes:
     tp, cp, pp, ep, etp = fam
     return {"parallel": {"tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp,
                          "sequence_parallel": tp > 1, **pipe}}
@@ -389,7 +586,7 @@ def _user_pipe(cfg: Config) -> dict[str, Any]:
 
 
 def _knobs_of(cfg: Config) -> Changes:
-    """The knobs phase 2 varies, as a config sets them."""
+    """The knobs the grid varies, as a config sets them."""
     ov, moe = cfg.overlap, cfg.moe
     return {"training": {"micro_batch_size": cfg.training.micro_batch_size},
             "overlap": {"recompute_granularity": ov.recompute_granularity,
@@ -418,35 +615,155 @@ def _merge(*parts: Changes) -> Changes:
     return out
 
 
-Phase1Item = tuple[tuple[int, int, int, int], dict[str, Any], list[int]]
+def _family_key(cfg: Config) -> Family:
+    p = cfg.parallel
+    return (p.tp, p.cp, p.pp, p.ep, p.etp or p.tp)
 
 
-def _phase1_work(cfg: Config, items: list[Phase1Item]) -> tuple[_Judge, int]:
-    """Judge a share of phase 1 (one process's work); returns the judge and the EPs skipped."""
-    judge, knobs, skipped = _Judge(cfg), _knobs_of(cfg), 0
-    for (tp, cp, pp, etp), pipe, eps in items:
+@dataclass
+class _Work:
+    """What one worker returns: its judge's verdicts and what it pruned, by reason."""
+
+    judge: _Judge
+    pruned: dict[str, int] = field(default_factory=dict)
+    layouts: list[Changes] = field(default_factory=list)  # chosen for the knob grid
+
+    def prune(self, reason: str, count: int = 1) -> None:
+        self.pruned[reason] = self.pruned.get(reason, 0) + count
+
+
+Phase1Item = tuple[tuple[int, int, int, int], list[int], list[dict[str, Any]]]
+
+
+# The knobs an anchor falls back to when the user's are illegal on every layout of a family
+# (e.g. EP overlap, which Megatron refuses without VPP on PP > 1): the plainest dispatcher.
+PLAIN_KNOBS: Changes = {"overlap": {"overlap_moe_expert_parallel_comm": False},
+                        "moe": {"moe_token_dispatcher_type": "alltoall",
+                                "moe_flex_dispatcher_backend": None}}
+
+
+def _anchor(judge: _Judge, base: Changes, knobs: Changes,
+            pipes: list[dict[str, Any]]) -> Candidate | Rejected | None:
+    """The family's first legal pipeline layout with the user's knobs (then the plain ones);
+    full recompute at MBS 1 when those do not fit. None when every layout is illegal."""
+    for settings in (knobs, _merge(knobs, PLAIN_KNOBS)):
+        for pipe in pipes:
+            out = judge.judge(_merge(base, {"parallel": pipe}, settings))
+            if isinstance(out, Rejected) and out.codes in MEMORY_VERDICTS:
+                out = judge.judge(_merge(base, {"parallel": pipe}, settings,
+                                         {"training": {"micro_batch_size": 1},
+                                          "overlap": dict(FULL_RECOMPUTE)}))
+            if isinstance(out, Candidate) or out.codes in NOT_FITTING:
+                return out
+    return None
+
+
+def _phase1_work(cfg: Config, headroom: float, items: list[Phase1Item]) -> _Work:
+    """Anchor every family of a share of the (TP, CP, PP, ETP) groups (one process's work)."""
+    work, knobs = _Work(_Judge(cfg, headroom)), _knobs_of(cfg)
+    for (tp, cp, pp, etp), eps, pipes in items:
         for i, ep in enumerate(eps):
-            base = {"parallel": _family_changes(cfg, (tp, cp, pp, ep, etp), pipe)["parallel"]}
-            out = judge.judge(_merge(base, knobs))
-            if isinstance(out, Rejected) and out.codes == ("MEM001",):
-                out = judge.judge(_merge(base, knobs, {"overlap": dict(FULL_RECOMPUTE)}))
-            if isinstance(out, Rejected) and out.codes == ("MEM001",):
-                skipped += len(eps) - i - 1
+            base = _family_changes((tp, cp, pp, ep, etp), {})
+            out = _anchor(work.judge, base, knobs, pipes)
+            if isinstance(out, Rejected) and out.codes in MEMORY_VERDICTS:
+                # Even full recompute at MBS 1 does not fit: smaller EPs hold more experts. (Its
+                # other layouts are not tried: the slot-balanced one spreads memory evenly.)
+                work.prune("families whose anchor does not fit even with full recompute")
+                work.prune("families with a smaller EP than one that does not fit", len(eps) - i - 1)
                 break
-    return judge, skipped
+    return work
 
 
-def _refine_work(cfg: Config, base: Candidate) -> tuple[_Judge, int]:
-    judge = _Judge(cfg)
-    _refine(judge, cfg, base)
-    return judge, 0
+def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> _Work:
+    """One family: its cost-balanced and slot-balanced layouts at the anchor's knobs; the best
+    `layouts` of them go to the knob grid (`_Work.layouts`)."""
+    from planner.accounting import BudgetError
+    from planner.estimate import estimate
+
+    anchor, layouts = unit
+    work = _Work(_Judge(cfg, headroom))
+    fam = _family_key(anchor.cfg)
+    base = _family_changes(fam, {})
+    knobs = _knobs_of(anchor.cfg)
+    pipes = pipeline_choices(cfg, fam[2])
+    if fam[2] > 1:
+        probe = build(cfg, _merge(base, {"parallel": pipes[0]}, knobs))
+        try:
+            costs = layer_costs(probe, estimate(probe).stages)
+        except (BudgetError, ValueError, ZeroDivisionError):
+            pass
+        else:
+            pipes = cost_balanced_choices(cfg, fam[2], costs) + pipes
+    if fam[2] == cfg.parallel.pp:
+        pipes.append(_user_pipe(cfg))
+    pipes.append(_pipe_of(anchor.cfg))
+    timed: list[tuple[bool, float, int]] = []  # (does not fit, step time, index)
+    unique = list({repr(sorted(p.items())): p for p in pipes}.values())
+    for i, pipe in enumerate(unique):
+        out = work.judge.judge(_merge(base, {"parallel": pipe}, knobs))
+        if isinstance(out, Rejected) and out.codes in MEMORY_VERDICTS:
+            work.judge.time_rejected(out)  # it may fit with more recompute: rank it by time too
+        if out.step_time_s is not None:
+            timed.append((isinstance(out, Rejected), out.step_time_s, i))
+    # The fastest fitting layouts, and the fastest of all when it is faster but does not fit at
+    # the anchor's settings (other recompute settings may make it fit).
+    chosen = [i for _, _, i in sorted(timed)[:layouts]]
+    fastest = min(timed, key=lambda item: item[1:], default=None)
+    if fastest is not None and fastest[2] not in chosen:
+        chosen.append(fastest[2])
+    work.layouts = [_merge(base, {"parallel": unique[i]}) for i in chosen]
+    return work
 
 
-def _run_units(work: Callable[..., tuple[_Judge, int]], cfg: Config, units: list[Any],
-               sizes: list[int], workers: int, tick: Callable[[int], None]
-               ) -> list[tuple[_Judge, int]]:
-    """Run `work(cfg, unit)` for every unit, in `workers` processes when more than one; the
-    results come back in the units' order (so the outcome never depends on the workers)."""
+def _grid_work(cfg: Config, headroom: float, unit: tuple[Changes, tuple[str, str | None]]) -> _Work:
+    """The knob grid of one layout and one dispatcher/backend (a unit small enough to share)."""
+    work = _Work(_Judge(cfg, headroom))
+    _grid(work, cfg, *unit)
+    return work
+
+
+def _pipe_of(cfg: Config) -> dict[str, Any]:
+    return {name: getattr(cfg.parallel, name) for name in PIPELINE_FIELDS}
+
+
+def _dispatchers(cfg: Config) -> tuple[tuple[str, str | None], ...]:
+    if cfg.model.num_experts:
+        return DISPATCHERS
+    return ((cfg.moe.moe_token_dispatcher_type, cfg.moe.moe_flex_dispatcher_backend),)
+
+
+def _grid(work: _Work, cfg: Config, layout: Changes, dispatcher: tuple[str, str | None]) -> None:
+    """Every EP overlap × micro-batch × recompute preset of one layout and dispatcher, but the two
+    exact prunings (see the module doc)."""
+    presets = recompute_presets(cfg)
+    kind, backend = dispatcher
+    for flag in (False, True):
+        too_big: set[frozenset[str]] = set()  # presets that did not fit at a smaller MBS
+        for mbs in MBS_CHOICES:
+            fitting: list[frozenset[str]] = []
+            for preset in presets:
+                mine = recomputed(preset)
+                if mine in too_big:
+                    work.prune("settings at a larger micro-batch than one that does not fit")
+                    continue
+                if any(_dominates(f, mine) for f in fitting):
+                    work.prune("settings recomputing more than a fitting one")
+                    continue
+                out = work.judge.judge(_merge(layout, {
+                    "training": {"micro_batch_size": mbs},
+                    "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
+                    "moe": {"moe_token_dispatcher_type": kind,
+                            "moe_flex_dispatcher_backend": backend}}))
+                if isinstance(out, Candidate):
+                    fitting.append(mine)
+                elif out.codes in MEMORY_VERDICTS:
+                    too_big.add(mine)
+
+
+def _run_units(work: Callable[..., _Work], cfg: Config, headroom: float, units: list[Any],
+               sizes: list[int], workers: int, tick: Callable[[int], None]) -> list[_Work]:
+    """Run `work(cfg, headroom, unit)` for every unit, in `workers` processes when more than one;
+    the results come back in the units' order (so the outcome never depends on the workers)."""
     import multiprocessing
 
     if "fork" not in multiprocessing.get_all_start_methods():
@@ -454,15 +771,15 @@ def _run_units(work: Callable[..., tuple[_Judge, int]], cfg: Config, units: list
     if workers <= 1 or len(units) <= 1:
         out = []
         for unit, size in zip(units, sizes, strict=True):
-            out.append(work(cfg, unit))
+            out.append(work(cfg, headroom, unit))
             tick(size)
         return out
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    results: list[tuple[_Judge, int] | None] = [None] * len(units)
+    results: list[_Work | None] = [None] * len(units)
     context = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = {pool.submit(work, cfg, unit): i for i, unit in enumerate(units)}
+        futures = {pool.submit(work, cfg, headroom, unit): i for i, unit in enumerate(units)}
         for future in as_completed(futures):
             i = futures[future]
             results[i] = future.result()
@@ -477,33 +794,34 @@ def _default_workers() -> int:
                       else os.cpu_count() or 1))
 
 
-def search(cfg: Config, *, top: int = 10, refine: int = 6, max_ruled_out: int = 3,
-           progress: Progress | None = None, workers: int | None = None) -> SearchResult:
+def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 1, max_ruled_out: int = 3,
+           progress: Progress | None = None, workers: int | None = None,
+           memory_headroom: float = 1.0) -> SearchResult:
     """Rank the fitting layouts of `cfg`'s model, cluster and batch by predicted step time.
 
-    Phase 1 judges every family with each VPP-1 pipeline layout and the user's other knobs,
-    retrying full recompute when that does not fit; within a (TP, CP, PP, ETP) group EPs go
-    largest first and stop at the first that does not fit even then (a smaller EP holds more
-    experts per rank). Phase 2 refines the `refine` fastest layouts (and the user's): VPP layouts,
-    then micro-batch size × recompute preset, then dispatcher/backend × EP overlap, each step
-    keeping the fastest. `workers` processes share the judging (default: up to 2 cores).
+    Phase 1 anchors every family; phase 2 refines the `refine` fastest families (0: all that fit)
+    and the user's: cost-balanced layouts, then the knob grid on the `layouts` best of them (see
+    the module doc). A candidate fits when every stage's estimated peak is at most
+    `memory_headroom` of the GPU's memory (1: MEM001's own threshold). `workers` processes share
+    the judging (default: up to 2 cores).
     """
     start = time.perf_counter()
     workers = _default_workers() if workers is None else workers
-    judge = _Judge(cfg)
+    judge = _Judge(cfg, memory_headroom)
     user = judge.judge({}, is_user=True)
-    groups, pruned = _groups(cfg)
-    user_pipe = _user_pipe(cfg)
+    groups, pruned_degrees = _groups(cfg)
+    pruned: dict[str, int] = {"families the degrees rule out": pruned_degrees}
+    user_family = _family_key(cfg)
     plan: list[Phase1Item] = []
     for (tp, cp, pp, etp), eps in groups.items():
         pipes = pipeline_choices(cfg, pp, (1,))
-        if pp == cfg.parallel.pp and user_pipe not in pipes:
-            pipes.insert(0, user_pipe)
-        plan += [((tp, cp, pp, etp), pipe, eps) for pipe in pipes]
+        if (tp, cp, pp, etp) == (user_family[0], user_family[1], user_family[2], user_family[4]):
+            pipes.insert(0, _user_pipe(cfg))
+        plan.append(((tp, cp, pp, etp), eps, pipes))
     shares = max(1, min(len(plan), 8 * workers))
     units = [plan[i::shares] for i in range(shares)]
-    sizes = [sum(len(eps) for _, _, eps in unit) for unit in units]
-    done, total = 0, sum(sizes) + refine * 40
+    sizes = [sum(len(eps) for _, eps, _ in unit) for unit in units]
+    done, total = 0, sum(sizes) * 2
 
     def tick(count: int) -> None:
         nonlocal done
@@ -511,96 +829,72 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, max_ruled_out: int = 
         if progress:
             progress(done, max(total, done))
 
-    skipped = 0
-    for part, skip in _run_units(_phase1_work, cfg, units, sizes, workers, tick):
-        judge.absorb(part)
-        skipped += skip
-    bases: list[Candidate] = []
+    def absorb(part: _Work) -> None:
+        judge.absorb(part.judge)
+        for reason, count in part.pruned.items():
+            pruned[reason] = pruned.get(reason, 0) + count
+
+    for part in _run_units(_phase1_work, cfg, memory_headroom, units, sizes, workers, tick):
+        absorb(part)
+    anchors: list[Candidate] = []
     for cand in sorted(judge.timed(), key=lambda c: c.step_time_s):
-        if len(bases) >= refine:
-            break
-        if all(_family_key(cand.cfg) != _family_key(b.cfg) for b in bases):
-            bases.append(cand)
-    if isinstance(user, Candidate) and all(b is not user for b in bases):
-        bases.append(user)
-    sizes = [_phase2_size(cfg, b) for b in bases]
-    total = done + sum(sizes)
-    for part, _ in _run_units(_refine_work, cfg, bases, sizes, workers, tick):
-        judge.absorb(part)
+        if all(_family_key(cand.cfg) != _family_key(b.cfg) for b in anchors):
+            anchors.append(cand)
+    chosen = anchors[:refine] if refine > 0 else anchors
+    if isinstance(user, Candidate) and all(_family_key(b.cfg) != user_family for b in chosen):
+        chosen.append(user)
+    pruned["families not refined"] = len(anchors) - len(chosen)
+    refine_units = [(anchor, layouts) for anchor in chosen]
+    per_layout = 4 * len(MBS_CHOICES) * 2
+    dispatchers = _dispatchers(cfg)
+    total = done + (10 + per_layout * len(dispatchers) * layouts) * len(refine_units)
+    grid_units = []
+    for part in _run_units(_layouts_work, cfg, memory_headroom, refine_units,
+                           [10] * len(refine_units), workers, tick):
+        absorb(part)
+        grid_units += [(layout, d) for layout in part.layouts for d in dispatchers]
+    for part in _run_units(_grid_work, cfg, memory_headroom, grid_units,
+                           [per_layout] * len(grid_units), workers, tick):
+        absorb(part)
     if progress:
         progress(total, total)
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
     ranked = sorted(judge.timed(), key=lambda c: (c.step_time_s, not c.is_user,
                                                   len(difference(cfg, c.cfg))))
-    winner = ranked[0] if ranked else None
+    shown = ranked[:top]
+    winner = shown[0] if shown else None
     ruled_out = _ruled_out(judge, winner, max_ruled_out) if winner else []
-    return SearchResult(ranked[:top], user if isinstance(user, Candidate) else None, ruled_out,
+    return SearchResult(shown, user if isinstance(user, Candidate) else None, ruled_out,
                         judge.explored, judge.legal, judge.fitting,
-                        time.perf_counter() - start, pruned + skipped)
-
-
-def _family_key(cfg: Config) -> tuple[Any, ...]:
-    p = cfg.parallel
-    return (p.tp, p.cp, p.pp, p.ep, p.etp)
-
-
-def _phase2_size(cfg: Config, base: Candidate) -> int:
-    dispatchers = len(DISPATCHERS) * 2 if cfg.model.num_experts else 1
-    return (len(pipeline_choices(cfg, base.cfg.parallel.pp)) + len(MBS_CHOICES)
-            * len(recompute_presets(cfg)) + dispatchers)
-
-
-def _best(judge: _Judge, options: list[Changes], current: Candidate) -> Candidate:
-    for changes in options:
-        out = judge.judge(changes)
-        if isinstance(out, Candidate) and out.step_time_s < current.step_time_s:
-            current = out
-    return current
-
-
-def _refine(judge: _Judge, cfg: Config, base: Candidate) -> None:
-    """Coordinate steps from one fast layout: pipeline (VPP), MBS × recompute, dispatcher × overlap."""
-    par = base.cfg.parallel
-    fam = (par.tp, par.cp, par.pp, par.ep, par.etp or par.tp)
-    knobs = _knobs_of(base.cfg)
-    family = {"parallel": {k: v for k, v in _family_changes(cfg, fam, {})["parallel"].items()}
-              | {"sequence_parallel": par.sequence_parallel}}
-    pipes = [_merge(family, {"parallel": pipe}, knobs) for pipe in pipeline_choices(cfg, par.pp)]
-    best = _best(judge, pipes, base)
-    pipe = {"parallel": {k: getattr(best.cfg.parallel, k) for k in PIPELINE_FIELDS}}
-    layout = _merge(family, pipe)
-    overlap_flag = best.cfg.overlap.overlap_moe_expert_parallel_comm
-    options = [_merge(layout, knobs, {"training": {"micro_batch_size": mbs},
-                                      "overlap": rc | {"overlap_moe_expert_parallel_comm": overlap_flag}})
-               for mbs in MBS_CHOICES for rc in recompute_presets(cfg)]
-    best = _best(judge, options, best)
-    knobs = _knobs_of(best.cfg)
-    if cfg.model.num_experts:
-        options = [_merge(layout, knobs, {"moe": {"moe_token_dispatcher_type": kind,
-                                                  "moe_flex_dispatcher_backend": backend},
-                                          "overlap": {"overlap_moe_expert_parallel_comm": flag}})
-                   for kind, backend in DISPATCHERS for flag in (False, True)]
-        _best(judge, options, best)
+                        time.perf_counter() - start, sum(pruned.values()), pruned,
+                        memory_headroom)
 
 
 def _ruled_out(judge: _Judge, winner: Candidate, count: int) -> list[Rejected]:
-    """Refused candidates of the winner's family that would have been faster, nearest first,
-    one per distinct difference from the winner."""
+    """Refused candidates of the winner's family (its layouts and its knob grid) that would have
+    been faster, nearest first, one per distinct verdict (`_verdict_key`)."""
     fam = _family_key(winner.cfg)
-    near = [r for r in judge.seen.values() if isinstance(r, Rejected)
-            and _family_key(r.cfg) == fam]
-    for r in near:
+    refused = [r for r in judge.seen.values()
+               if isinstance(r, Rejected) and _family_key(r.cfg) == fam]
+    for r in refused:
         judge.time_rejected(r)
-    faster = sorted((r for r in near if r.step_time_s is not None
+    faster = sorted((r for r in refused if r.step_time_s is not None
                      and r.step_time_s < winner.step_time_s), key=lambda r: -(r.step_time_s or 0))
     out, seen = [], set()
     for r in faster:
-        r.difference = difference(winner.cfg, r.cfg)
-        key = (r.reason, tuple(sorted(r.difference.items())))
-        if key not in seen:
-            seen.add(key)
+        verdict = _verdict_key(r.codes)
+        if verdict not in seen:
+            seen.add(verdict)
+            r.difference = difference(winner.cfg, r.cfg)
             out.append(r)
     return out[:count]
+
+
+def _verdict_key(codes: tuple[str, ...]) -> tuple[str, ...]:
+    """Which verdict a refusal is, for listing each once: its rule codes, memory aside when a
+    rule also refuses it (that rule is the reason; fixing memory would not help)."""
+    rules = tuple(c for c in codes if c not in ("MEM001", "HEADROOM"))
+    return rules or codes
 
 
 def knob_view(cfg: Config) -> dict[str, Any]:
@@ -646,5 +940,6 @@ def _aliases(section: str, key: str) -> list[str]:
     return [c for c in choices if isinstance(c, str) and c != key]
 
 
-__all__ = ["Candidate", "Rejected", "SearchResult", "balanced_layout", "build", "emitted_data",
-           "difference", "families", "knob_view", "pipeline_choices", "recompute_presets", "search"]
+__all__ = ["Candidate", "LayerCosts", "Rejected", "SearchResult", "balanced_layout", "build",
+           "cost_balanced_layout", "emitted_data", "difference", "families", "knob_view",
+           "layer_costs", "layout_string", "pipeline_choices", "recompute_presets", "search"]

@@ -22,7 +22,20 @@ from planner.pipeline import stage_split
 from planner.rules import run_rules
 from planner.rules.catalog import CODES
 from planner.schema import Config
-from planner.search import _Judge, balanced_layout, knob_view, search
+from planner.search import (
+    FULL_RECOMPUTE,
+    LayerCosts,
+    _dominates,
+    _Judge,
+    balanced_layout,
+    build,
+    cost_balanced_layout,
+    knob_view,
+    layer_costs,
+    recompute_presets,
+    recomputed,
+    search,
+)
 from tests.conftest import EXAMPLES
 
 
@@ -198,3 +211,116 @@ def test_a_layout_that_does_not_fit_is_searched_not_refused(tmp_path: Path) -> N
     result = json.loads(done.stdout)
     assert result["user"] is None and result["candidates"]
     assert all(c["peak_memory_bytes"] <= 1 << 20 for c in result["candidates"])
+
+
+# ----------------------------------------------------------------------------- cost balance
+def test_cost_balanced_layout_by_hand() -> None:
+    """10 layers of cost 1, a free embedding, a tail (MTP + loss) of cost 3, PP4: the busiest
+    chunk costs at least 4 (13 over 4 chunks, in whole layers); among layouts reaching 4 the most
+    even are 3, 3, 3, 1 + tail and 4, 3, 3, 0 + tail (sum of squares 43, against 45 for 4, 3, 2,
+    1 + tail), and of those the one with the lighter first stage wins."""
+    costs = LayerCosts(0.0, (1.0,) * 10, 3.0)
+    assert cost_balanced_layout(costs, 1, 4, 1) == "Et*3|(t*3|)*2tmL"
+    # A heavy embedding moves layers off the first chunk; VPP 2 makes 8 chunks of 10 layers.
+    assert cost_balanced_layout(LayerCosts(2.0, (1.0,) * 10, 0.0), 0, 2, 1) == "Et*4|t*6L"
+    assert cost_balanced_layout(costs, 1, 4, 2) is not None
+    assert cost_balanced_layout(costs, 1, 8, 2) is None  # 16 chunks, 14 need a layer: only 10
+
+
+def test_layer_costs_read_off_the_stage_rows() -> None:
+    """DeepSeek-V3 (layers 0-2 dense, the rest MoE) at PP4 `Et*15|t*16|t*16|t*14mL` with stage
+    work (step − bubble) 27, 32, 32, 35 s: the pure-MoE stages give 2 s per MoE layer; stage 0's
+    three dense layers share what its 12 MoE layers leave, (27 − 24) / 3 = 1 s each, so nothing
+    is left for the embedding; the tail is 35 − 14·2 = 7 s."""
+    base = load_config(EXAMPLES / "deepseek-v3-1024.yaml")
+    cfg = base.model_copy(update={"parallel": base.parallel.model_copy(update={
+        "pp": 4, "pipeline_model_parallel_layout": "Et*15|t*16|t*16|t*14mL"})})
+    rows = [{"step_s": w + 0.5, "bubble_s": 0.5} for w in (27.0, 32.0, 32.0, 35.0)]
+    costs = layer_costs(cfg, rows)
+    assert costs == LayerCosts(0.0, (1.0,) * 3 + (2.0,) * 58, 7.0)
+    # 3 + 58·2 + 7 = 126 s over 4 stages: at least 31.5, and 31 is infeasible (at most 3 + 14
+    # layers first, 15 in each middle stage, leaving 14 layers + tail = 35 s), so 32: the only way
+    # is 3 dense + 14 MoE first (31 s), 16 and 16 MoE (32 s each), 12 MoE + tail (31 s).
+    layout = cost_balanced_layout(costs, 1, 4, 1)
+    assert layout == "Et*17|(t*16|)*2t*12mL", layout
+
+
+def test_search_balances_the_winners_stages_by_cost(searched) -> None:
+    """The winner's pipeline is at least as even as the slot-balanced layout of its own family and
+    knobs (where the last stage carries MTP and the output layer besides its decoder layers)."""
+    name, data, out = searched
+    winner = load_config(out)
+    slots = balanced_layout(winner.model.num_layers, winner.model.mtp_num_layers,
+                            winner.parallel.pp, 1)
+    if winner.parallel.pp == 1 or slots is None:
+        pytest.skip("no pipeline to balance")
+    slot_cfg = winner.model_copy(update={"parallel": winner.parallel.model_copy(update={
+        "pipeline_model_parallel_layout": slots, "vpp": None})})
+    slot_stages = [row["step_s"] for row in estimate(slot_cfg).stages]
+    best = data["candidates"][0]["stage_step_time_s"]
+    assert max(best) <= max(slot_stages) * (1 + 1e-9), (name, best, slot_stages)
+
+
+# ----------------------------------------------------------------------------- exact pruning
+def test_the_pruning_assumptions_hold_on_the_examples() -> None:
+    """Search skips a recompute preset when one recomputing a subset of its modules fits (more
+    recompute: never faster, never more memory), a preset at larger micro-batches once it does
+    not fit (activations grow with the micro-batch) and, in phase 1, smaller EPs once an EP does
+    not fit (more experts per rank). Checked here on DeepSeek-V3's own layout."""
+    cfg = load_config(EXAMPLES / "deepseek-v3-1024.yaml")
+    presets = recompute_presets(cfg)
+    peaks_by_mbs = []
+    for mbs in (1, 2):
+        figures = []
+        for preset in presets:
+            est = estimate(build(cfg, {"training": {"micro_batch_size": mbs}, "overlap": preset}))
+            figures.append((recomputed(preset), est.step_time_s,
+                            max(int(env["peak_memory_bytes"]) for env in est.envs)))
+        for small, t_small, m_small in figures:
+            for large, t_large, m_large in figures:
+                if _dominates(small, large):
+                    assert t_large >= t_small * (1 - 1e-12) and m_large <= m_small, (small, large)
+        peaks_by_mbs.append([peak for _, _, peak in figures])
+    assert all(one <= two for one, two in zip(*peaks_by_mbs, strict=True))
+    peaks = [max(int(env["peak_memory_bytes"]) for env in estimate(build(cfg, {
+        "training": {"micro_batch_size": mbs}, "overlap": FULL_RECOMPUTE})).envs) for mbs in (1, 2, 4)]
+    assert peaks == sorted(peaks)
+    # Phase 1's EP cut-off: with everything else fixed, a smaller EP never needs less memory.
+    by_ep = [max(int(env["peak_memory_bytes"]) for env in estimate(build(cfg, {
+        "parallel": {"ep": ep}, "overlap": FULL_RECOMPUTE})).envs) for ep in (64, 32, 16, 8)]
+    assert by_ep == sorted(by_ep)
+
+
+def test_ruled_out_lists_each_verdict_once(searched) -> None:
+    _, data, _ = searched
+    verdicts = [tuple(c for c in r["codes"] if c not in ("MEM001", "HEADROOM")) or tuple(r["codes"])
+                for r in data["ruled_out"]]
+    assert len(verdicts) == len(set(verdicts))
+
+
+# ----------------------------------------------------------------------------- headroom
+def test_memory_headroom_keeps_every_candidate_under_it(tmp_path: Path) -> None:
+    """--memory-headroom 0.5: every listed candidate's busiest stage uses at most half the GPU."""
+    done = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--json", "--top", "50",
+                   "--memory-headroom", "0.5")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    gpu = load_config(EXAMPLES / "tiny-cpu-8.yaml").cluster.gpu_memory_gib * (1 << 30)
+    assert data["memory_headroom"] == 0.5 and data["candidates"]
+    assert all(c["peak_memory_bytes"] <= 0.5 * gpu for c in data["candidates"])
+    for bad in ("0", "1.5"):
+        refused = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--memory-headroom", bad)
+        assert refused.returncode == 2 and "--memory-headroom" in refused.stderr
+
+
+def test_refine_limits_the_families_searched_in_full_and_says_so() -> None:
+    """--refine 1: one family (plus yours) gets layouts and the knob grid, the others keep only
+    their anchor and are counted as not refined; the winner is still never slower than your
+    layout, and refining every family (0) never finds a slower one."""
+    cfg = tiny()
+    one = search(cfg, top=10**6, refine=1, workers=1)
+    every = search(cfg, top=10**6, refine=0, workers=1)
+    assert one.pruned_by["families not refined"] > 0 == every.pruned_by["families not refined"]
+    assert one.explored < every.explored
+    assert every.winner is not None and one.winner is not None
+    assert every.winner.step_time_s <= one.winner.step_time_s <= estimate(cfg).step_time_s

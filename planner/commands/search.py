@@ -36,9 +36,19 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON object only")] = False,
     emit: Annotated[Path | None, typer.Option("--emit", metavar="FILE",
                                               help="write the winner as a config")] = None,
+    memory_headroom: Annotated[float, typer.Option(
+        "--memory-headroom", metavar="FRACTION",
+        help="the share of GPU memory a candidate's busiest stage may use (default 1: what "
+             "MEM001 accepts; 0.8 demands MEM002's 20 % margin)")] = 1.0,
+    refine: Annotated[int, typer.Option(
+        "--refine", min=0, help="families whose layouts and knobs are searched in full, fastest "
+                                "first (0: every family that fits; slow)")] = 6,
 ) -> None:
     """Search TP, CP, PP (layouts, VPP), EP, ETP, micro-batch, recompute, dispatcher and EP
     overlap; rank what the rules and the memory budget accept by predicted step time."""
+    if not 0 < memory_headroom <= 1:
+        fail(EXIT_USAGE, f"--memory-headroom {memory_headroom}: give a fraction of GPU memory in "
+                         "(0, 1], e.g. 0.9")
     cfg = load_config_or_exit(config, as_json=as_json)
     findings = collect_findings(cfg)
     blocking = [f for f in findings if f.severity == "error" and f.code != "MEM001"]
@@ -48,10 +58,11 @@ def search(
         fail(EXIT_USAGE, f"--emit {emit}: cannot write (no folder {emit.parent})")
     from planner.search import search as run
 
+    options = {"top": top, "refine": refine, "memory_headroom": memory_headroom}
     if as_json:
-        result = run(cfg, top=top)
+        result = run(cfg, **options)
     else:
-        result = _with_progress(cfg, top, run)
+        result = _with_progress(cfg, options, run)
     if as_json:
         print(json.dumps(result.as_json(), indent=1))
     else:
@@ -66,20 +77,22 @@ def search(
     raise typer.Exit(EXIT_OK)
 
 
-def _with_progress(cfg: Any, top: int, run: Any) -> Any:
+def _with_progress(cfg: Any, options: dict[str, Any], run: Any) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=True) as bar:
         task = bar.add_task("searching layouts", total=None)
-        return run(cfg, top=top, progress=lambda done, total: bar.update(task, completed=done,
+        return run(cfg, **options, progress=lambda done, total: bar.update(task, completed=done,
                                                                          total=total))
 
 
 def _render(result: Any) -> None:
-    stdout.print(f"explored {result.explored} configs ({result.pruned} layouts pruned by the "
-                 f"degrees first): {result.legal} legal, {result.fitting} fit and were timed, "
-                 f"in {result.wall_s:.1f} s")
+    headroom = (f" within {result.memory_headroom:.0%} of GPU memory"
+                if result.memory_headroom < 1 else "")
+    stdout.print(f"explored {result.explored} configs: {result.legal} legal, {result.fitting} "
+                 f"fit{headroom} and were timed, in {result.wall_s:.1f} s; not built: "
+                 + "; ".join(f"{n} {why}" for why, n in result.pruned_by.items() if n))
     table = Table(title="fastest fitting layouts", title_justify="left")
     for column in ("#", "TP", "CP", "PP", "VPP", "EP", "ETP", "DP", "MBS", "recompute", "dispatcher",
                    "EP overlap", "step s", "TFLOP/s/GPU", "tokens/s/GPU", "peak GiB (stage)"):
@@ -103,6 +116,9 @@ def _render(result: Any) -> None:
     layout = winner.cfg.parallel.pipeline_model_parallel_layout
     if layout:
         stdout.print(f"winner's pipeline layout: {escape(layout)}")
+    if len(winner.stage_step_s) > 1:
+        stdout.print("winner's step time per stage (s): "
+                     + " ".join(f"{t:.2f}" for t in winner.stage_step_s))
     if result.user is not None and not winner.is_user:
         gain = result.user.step_time_s / winner.step_time_s
         stdout.print(f"your layout: {result.user.step_time_s:.3f} s per step; the winner is "

@@ -54,10 +54,11 @@ def suggest_codes(code: str, count: int = 3) -> list[str]:
     return extending[:count] or difflib.get_close_matches(wanted, CODES, n=count)
 
 
-def run_rules(cfg: Config) -> list[Finding]:
+def run_rules(cfg: Config, *, facts: Facts | None = None) -> list[Finding]:
     """Every checked rule on one config, in catalog order, minus the ignorable codes in
-    `cfg.ignore` (IGN002 reports the others)."""
-    facts = Facts(cfg, known_codes=CODES)
+    `cfg.ignore` (IGN002 reports the others). `facts` lets a caller (`moeplan search`) read the
+    facts the rules computed, such as the per-stage memory, afterwards."""
+    facts = facts or Facts(cfg, known_codes=CODES)
     ignored = {code_of(code) for code in cfg.ignore}
     findings: list[Finding] = []
     for entry in CATALOG:
