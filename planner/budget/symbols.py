@@ -8,9 +8,11 @@ choices (dispatcher, capacity mode, optimizer, recompute ...) that pick which fo
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cache
 
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
@@ -328,21 +330,30 @@ def miss_probability(experts: int, topk: int, held: int,
         return 0
     if not num_groups or not group_topk or num_groups <= group_topk or experts % num_groups:
         return normalize(Fraction(math.comb(experts - held, topk), math.comb(experts, topk)))
+    return _grouped_miss(experts, topk, max(held, 1), num_groups, group_topk)
+
+
+@cache
+def _grouped_miss(experts: int, topk: int, held: int, num_groups: int, group_topk: int) -> Number:
     size, per_group = experts // num_groups, max(topk // group_topk, 1)
-    blocks = [range(start, min(start + held, experts)) for start in range(0, experts, max(held, 1))]
+    patterns: Counter[tuple[int, ...]] = Counter()
+    for start in range(0, experts, held):
+        end = min(start + held, experts)
+        patterns[tuple(o for j in range(num_groups)
+                       if (o := min(end, (j + 1) * size) - max(start, j * size)) > 0)] += 1
     total = Fraction(0)
-    for block in blocks:
-        # chance the block is missed given group j is picked, per group
-        miss = [Fraction(math.comb(size - overlap, per_group), math.comb(size, per_group))
-                for overlap in (len(set(block) & set(range(j * size, (j + 1) * size)))
-                                for j in range(num_groups))]
-        # elementary symmetric sum e_g(miss) over the g-subsets, by dynamic programming
-        subsets = [Fraction(1)] + [Fraction(0)] * group_topk
-        for value in miss:
-            for picked in range(group_topk, 0, -1):
+    for overlaps, blocks in patterns.items():
+        # e_i over the groups the block touches (a group it misses contributes a factor 1)
+        subsets = [Fraction(1)] + [Fraction(0)] * len(overlaps)
+        for overlap in overlaps:
+            value = Fraction(math.comb(size - overlap, per_group), math.comb(size, per_group))
+            for picked in range(len(overlaps), 0, -1):
                 subsets[picked] += subsets[picked - 1] * value
-        total += subsets[group_topk] / math.comb(num_groups, group_topk)
-    return normalize(total / len(blocks))
+        untouched = num_groups - len(overlaps)
+        missed = sum(subsets[i] * math.comb(untouched, group_topk - i)
+                     for i in range(min(len(overlaps), group_topk) + 1))
+        total += blocks * missed / math.comb(num_groups, group_topk)
+    return normalize(total / sum(patterns.values()))
 
 
 BUCKET_ALIGN = 128  # elements; Megatron-LM dev@d48bd6be megatron/core/optimizer/param_layout.py
