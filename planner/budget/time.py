@@ -178,14 +178,16 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         "(permute_fused + (1 - permute_fused) * eff_permute_unfused)", "elements", "time",
         "permute and unpermute: each permutation reads and writes k rows of the token, in "
         "dispatch and in combine; unfused permutes (moe_permute_fusion off) cost more passes")
-    inputs = {"standard": "h + heads * d",
-              "mla": "2 * h + q_lora + kv_lora + heads * d_v",
-              "dsv4_hybrid": "2 * h + q_lora + heads * d"}[v.attention]
-    add("time_ew_fp8_cast_elements", f"fp8 * 2 * (blocks * ({inputs}) + L_moe * (k * (h_moe + I)"
-        " + I_s + h * Min(I_s, 1)) + L_dense * (h + f))", "elements", "time",
-        "FP8 quantisation of every FP8 GEMM's input per token (Transformer Engine casts the BF16 "
-        "activation, reading 2 bytes and writing the FP8 copy and its transpose, 2 bytes: two "
-        "BF16 elements' worth); the backward's gradient casts are in non_gemm_passes; 0 in BF16")
+    # Transformer Engine fuses the FP8 cast of a norm's output into the norm (LayerNormLinear:
+    # QKV / MLA down and up projections, dense fc1), so only the other FP8 GEMM inputs are cast
+    # by a kernel of their own: attention's output projection, the routed experts' fc1 (permuted
+    # rows) and fc2 (activation output), the shared expert and the dense fc2.
+    output_proj = {"standard": "heads * d", "mla": "heads * d_v", "dsv4_hybrid": "heads * d"}
+    add("time_ew_fp8_cast_elements", f"fp8 * 2 * (blocks * {output_proj[v.attention]}"
+        " + L_moe * (k * (h_moe + I) + I_s + h * Min(I_s, 1)) + L_dense * f)", "elements", "time",
+        "FP8 casts of the FP8 GEMM inputs no norm produces, per token (read BF16, write the FP8 "
+        "copy and its transpose: two BF16 elements' worth); casts of norm outputs are fused into "
+        "the norm; the backward's gradient casts are in non_gemm_passes; 0 in BF16")
     add("time_ew_fwd_elements", "time_ew_norm_elements + time_ew_attention_elements"
         " + time_ew_router_elements + time_ew_act_elements + time_ew_dense_act_elements"
         " + time_ew_permute_elements + time_ew_fp8_cast_elements",
