@@ -25,7 +25,7 @@ from planner.budget.collectives import (
 )
 from planner.budget.collectives import TABLE as COLLECTIVES
 from planner.budget.explain import number_text, pretty, substitute, value_text
-from planner.budget.expr import Number, Quantity, evaluate, sympy_expression
+from planner.budget.expr import Number, Quantity, sympy_expression
 from planner.budget.symbols import (
     ALL_SYMBOLS,
     CSA_RATIO,
@@ -110,8 +110,11 @@ def json_value(value: Any) -> int | str:
 class Accounting:
     """Evaluates one config's formula book: globals once, then per stage, then per rank."""
 
-    def __init__(self, cfg: Config, targets: tuple[str, ...] | None = None) -> None:
+    def __init__(self, cfg: Config, targets: tuple[str, ...] | None = None,
+                 exact: bool = True) -> None:
+        """`exact=False` evaluates in floats (search's ranking only; see planner/budget/expr.py)."""
         self.cfg = cfg
+        self.exact = exact
         try:
             self.split: StageSplit = stage_split(cfg)
         except SplitError as exc:
@@ -121,11 +124,13 @@ class Accounting:
         self.book = full.subset(targets) if targets else full
         self.inputs = global_values(cfg, self.split)
         self._schedules: dict[int, tuple[list[dict[str, Number]], Peak]] = {}
-        self.chunk_book = full.subset(("act_per_microbatch", "microbatches")).quantities
+        chunk_book = full.subset(("act_per_microbatch", "microbatches"))
+        self.chunk_book = chunk_book.quantities
+        self._chunk_evaluator = chunk_book.evaluator(None, exact)
         self.chunk_formula = next(q.formula for q in full.quantities
                                   if q.name == "act_per_microbatch")
         try:
-            self.globals = evaluate(self.book.at("global"), dict(self.inputs))
+            self.globals = self._evaluate("global", dict(self.inputs))
         except ZeroDivisionError as exc:
             raise BudgetError(f"a layout degree is zero ({exc})") from None
 
@@ -134,7 +139,11 @@ class Accounting:
         env.update(stage_values(self.cfg, self.split, stage, embd_group))
         peak = self.schedule(stage)[1]
         env.update(live_passes=peak.live_passes, act_live_peak=peak.bytes)
-        return evaluate(self.book.at("stage"), env)
+        return self._evaluate("stage", env)
+
+    def _evaluate(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
+        env.update(self.book.evaluator(level, self.exact)(env))
+        return env
 
     def schedule(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
         """Each model chunk of the stage evaluated alone (its activations per microbatch), and the
@@ -144,8 +153,11 @@ class Accounting:
         return self._schedules[stage]
 
     def _replay(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
-        envs = [evaluate(self.chunk_book, {**self.inputs, **chunk_values(self.cfg, self.split, c)})
-                for c in self.split.stages[stage].chunks]
+        envs = []
+        for c in self.split.stages[stage].chunks:
+            env = {**self.inputs, **chunk_values(self.cfg, self.split, c)}
+            env.update(self._chunk_evaluator(env))
+            envs.append(env)
         par, overlap = self.cfg.parallel, self.cfg.overlap.overlap_moe_expert_parallel_comm
         microbatches = max(1, math.ceil(envs[0]["microbatches"]))  # whole on any valid config
         peak = stage_peak(par.pp, self.split.vpp, stage, microbatches,
@@ -178,7 +190,7 @@ class Accounting:
     def rank_env(self, stage_env: dict[str, Number], values: dict[str, Number]) -> dict[str, Number]:
         env = dict(stage_env)
         env.update(values)
-        return evaluate(self.book.at("rank"), env)
+        return self._evaluate("rank", env)
 
     def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:
         """Every quantity for `rank` on `stage`, its groups placed on nodes of `node_size` GPUs

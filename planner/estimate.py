@@ -37,7 +37,7 @@ from planner.accounting import (
     budget_grid,
     formula_book,
 )
-from planner.budget.expr import Book, Evaluator, Quantity, Symbol, compile_quantities, evaluate
+from planner.budget.expr import Book, Evaluator, Quantity, Symbol, compile_quantities
 from planner.budget.symbols import STAGE_SYMBOLS, chunk_values
 from planner.pipeline import Chunk
 from planner.schema import Config
@@ -94,9 +94,12 @@ class Estimate:
         return None
 
 
-def estimate(cfg: Config) -> Estimate:
-    """Evaluate the formula book for the first rank of each stage; raises BudgetError."""
-    acc = Accounting(cfg)
+def estimate(cfg: Config, *, exact: bool = True) -> Estimate:
+    """Evaluate the formula book for the first rank of each stage; raises BudgetError.
+
+    `exact=False` evaluates in floats: `moeplan search` ranks with it and re-evaluates exactly
+    what it prints (the figures then equal `moeplan estimate`'s)."""
+    acc = Accounting(cfg, exact=exact)
     grid = budget_grid(cfg)
     domain = cfg.cluster.nvlink_domain or cfg.cluster.gpus_per_node or 1
     pp = cfg.parallel.pp
@@ -106,7 +109,7 @@ def estimate(cfg: Config) -> Estimate:
     stages = []
     for s, env in enumerate(envs):
         env.update(chunk_times)
-        evaluate(pipeline_page(pp, s, acc.split.vpp > 1), env)
+        env.update(compile_quantities(pipeline_page(pp, s, acc.split.vpp > 1), exact)(env))
         stages.append(_stage_row(s, ranks[s], env))
     slowest = max(range(len(stages)), key=lambda s: stages[s]["step_s"])
     return Estimate(cfg, stages[slowest]["step_s"], slowest, stages, envs, acc.globals, acc)
@@ -136,13 +139,13 @@ def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chu
              # it holds the embedding and sends one unless it holds the loss.
              "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
     try:
-        return _chunk_evaluator(acc.variant)(alone)["time_microbatch_s"]
+        return _chunk_evaluator(acc.variant, acc.exact)(alone)["time_microbatch_s"]
     except ZeroDivisionError as exc:
         raise BudgetError(f"pipeline chunk {chunk.index}: a quantity divides by zero ({exc})") from None
 
 
 @cache
-def _chunk_evaluator(variant: Variant) -> Evaluator:
+def _chunk_evaluator(variant: Variant, exact: bool = True) -> Evaluator:
     """The formulas time_microbatch_s needs that a chunk's counts change (everything else keeps
     its stage's value), compiled once per variant."""
     changed = {symbol.name for symbol in STAGE_SYMBOLS} | {"VPP"}
@@ -151,7 +154,7 @@ def _chunk_evaluator(variant: Variant) -> Evaluator:
         if changed.intersection(q.refs):
             changed.add(q.ident)
             needed.append(q)
-    return compile_quantities(tuple(needed))
+    return compile_quantities(tuple(needed), exact)
 
 
 @cache

@@ -527,7 +527,7 @@ class _Judge:
             out = Rejected(cand, changes, over, ("HEADROOM",))
         else:
             try:
-                est = estimate(cand)
+                est = estimate(cand, exact=False)
             except BudgetError as exc:  # the catalog passed it: report, do not crash
                 out = Rejected(cand, changes, f"no estimate: {exc}", ("EST",))
             else:
@@ -557,7 +557,7 @@ class _Judge:
 
         if r.step_time_s is None and "EST" not in r.codes:
             try:
-                r.step_time_s = estimate(r.cfg).step_time_s
+                r.step_time_s = estimate(r.cfg, exact=False).step_time_s
             except (BudgetError, ValueError, ZeroDivisionError, KeyError):
                 pass
 
@@ -689,7 +689,7 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
     if fam[2] > 1:
         probe = build(cfg, _merge(base, {"parallel": pipes[0]}, knobs))
         try:
-            costs = layer_costs(probe, estimate(probe).stages)
+            costs = layer_costs(probe, estimate(probe, exact=False).stages)
         except (BudgetError, ValueError, ZeroDivisionError):
             pass
         else:
@@ -859,11 +859,11 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 1, max
     if progress:
         progress(total, total)
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
-    ranked = sorted(judge.timed(), key=lambda c: (c.step_time_s, not c.is_user,
-                                                  len(difference(cfg, c.cfg))))
-    shown = ranked[:top]
+    shown = _exact_top(cfg, judge.timed(), top)
     winner = shown[0] if shown else None
     ruled_out = _ruled_out(judge, winner, max_ruled_out) if winner else []
+    if isinstance(user, Candidate):
+        user = next((c for c in shown if c.is_user), None) or _exact(user)
     return SearchResult(shown, user if isinstance(user, Candidate) else None, ruled_out,
                         judge.explored, judge.legal, judge.fitting,
                         time.perf_counter() - start, sum(pruned.values()), pruned,
@@ -873,13 +873,17 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 1, max
 def _ruled_out(judge: _Judge, winner: Candidate, count: int) -> list[Rejected]:
     """Refused candidates of the winner's family (its layouts and its knob grid) that would have
     been faster, nearest first, one per distinct verdict (`_verdict_key`)."""
+    from planner.estimate import estimate
+
     fam = _family_key(winner.cfg)
     refused = [r for r in judge.seen.values()
                if isinstance(r, Rejected) and _family_key(r.cfg) == fam]
     for r in refused:
         judge.time_rejected(r)
+    # Ranked in floats: "faster" means by more than their rounding (1e-12 of the step).
     faster = sorted((r for r in refused if r.step_time_s is not None
-                     and r.step_time_s < winner.step_time_s), key=lambda r: -(r.step_time_s or 0))
+                     and r.step_time_s < winner.step_time_s * (1 - FLOAT_MARGIN)),
+                    key=lambda r: -(r.step_time_s or 0))
     out, seen = [], set()
     for r in faster:
         verdict = _verdict_key(r.codes)
@@ -887,7 +891,36 @@ def _ruled_out(judge: _Judge, winner: Candidate, count: int) -> list[Rejected]:
             seen.add(verdict)
             r.difference = difference(winner.cfg, r.cfg)
             out.append(r)
+    for r in out[:count]:
+        r.step_time_s = estimate(r.cfg).step_time_s  # exactly, as printed
     return out[:count]
+
+
+# Float ranking is within this relative distance of the exact step time (a few dozen roundings of
+# 1e-16 each); candidates that close to the K-th are re-evaluated exactly before ranking.
+FLOAT_MARGIN = 1e-12
+
+
+def _exact(cand: Candidate) -> Candidate:
+    """The candidate's figures evaluated exactly (as `moeplan estimate` prints them)."""
+    from planner.estimate import estimate
+
+    return _candidate(cand.cfg, cand.changes, estimate(cand.cfg), cand.is_user)
+
+
+def _exact_top(cfg: Config, timed: list[Candidate], top: int) -> list[Candidate]:
+    """The `top` fastest, ranked on exact step times: every candidate within the float margin of
+    the top-th float time is re-evaluated exactly, then ranked (ties go to the user's layout,
+    then to the candidate that changes fewest of its fields)."""
+    def key(c: Candidate) -> tuple[float, bool, int]:
+        return (c.step_time_s, not c.is_user, len(difference(cfg, c.cfg)))
+
+    ranked = sorted(timed, key=key)
+    if not ranked:
+        return []
+    limit = ranked[min(top, len(ranked)) - 1].step_time_s * (1 + 4 * FLOAT_MARGIN)
+    pool = [_exact(c) for c in ranked if c.step_time_s <= limit]
+    return sorted(pool, key=key)[:top]
 
 
 def _verdict_key(codes: tuple[str, ...]) -> tuple[str, ...]:
