@@ -124,6 +124,11 @@ class Accounting:
         self.book = full.subset(targets) if targets else full
         self.inputs = global_values(cfg, self.split)
         self._schedules: dict[int, tuple[list[dict[str, Number]], Peak]] = {}
+        # Books without the activation peak (the time subset) skip the schedule replay, and
+        # stages (ranks) with equal inputs share one evaluation.
+        self._needs_peak = any(r in ("live_passes", "act_live_peak")
+                               for q in self.book.quantities for r in q.refs)
+        self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
         chunk_book = full.subset(("act_per_microbatch", "microbatches"))
         self.chunk_book = chunk_book.quantities
         self._chunk_evaluator = chunk_book.evaluator(None, exact)
@@ -135,11 +140,16 @@ class Accounting:
             raise BudgetError(f"a layout degree is zero ({exc})") from None
 
     def stage_env(self, stage: int, embd_group: list[int] | None = None) -> dict[str, Number]:
-        env = dict(self.globals)
-        env.update(stage_values(self.cfg, self.split, stage, embd_group))
-        peak = self.schedule(stage)[1]
-        env.update(live_passes=peak.live_passes, act_live_peak=peak.bytes)
-        return self._evaluate("stage", env)
+        values = stage_values(self.cfg, self.split, stage, embd_group)
+        if self._needs_peak:
+            peak = self.schedule(stage)[1]
+            values.update(live_passes=peak.live_passes, act_live_peak=peak.bytes)
+        key = ("stage", *values.items())
+        if key not in self._envs:
+            env = dict(self.globals)
+            env.update(values)
+            self._envs[key] = self._evaluate("stage", env)
+        return dict(self._envs[key])
 
     def _evaluate(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
         env.update(self.book.evaluator(level, self.exact)(env))
@@ -192,6 +202,16 @@ class Accounting:
         env.update(values)
         return self._evaluate("rank", env)
 
+    def _placed(self, stage: int, embd_group: list[int] | None,
+                values: dict[str, Number]) -> dict[str, Number]:
+        """rank_env(stage_env(...)), shared by stages whose inputs and placement are equal."""
+        stage_key = ("stage-of", stage) if self._needs_peak else \
+            tuple(stage_values(self.cfg, self.split, stage, embd_group).items())
+        key = ("rank", stage_key, *values.items())
+        if key not in self._envs:
+            self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
+        return dict(self._envs[key])
+
     def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:
         """Every quantity for `rank` on `stage`, its groups placed on nodes of `node_size` GPUs
         (budgets use the node, the time estimate the NVLink domain)."""
@@ -199,11 +219,11 @@ class Accounting:
         groups = {kind: grid.group_of(kind, rank) for kind in TOPOLOGY_GROUPS if kind in kinds}
         model = self.cfg.model
         try:
-            return self.rank_env(self.stage_env(stage, groups.get("embd")),
-                                 rank_values(rank, node_size, groups, grid.group_of("pp", rank),
-                                             (model.num_experts, model.moe_router_topk,
-                                              model.moe_router_num_groups,
-                                              model.moe_router_group_topk)))
+            return self._placed(stage, groups.get("embd"),
+                                rank_values(rank, node_size, groups, grid.group_of("pp", rank),
+                                            (model.num_experts, model.moe_router_topk,
+                                             model.moe_router_num_groups,
+                                             model.moe_router_group_topk)))
         except ZeroDivisionError as exc:
             raise BudgetError(f"stage {stage}: a quantity divides by zero ({exc})") from None
 
@@ -256,20 +276,21 @@ def plan_budgets(cfg: Config) -> list[dict[str, Any]]:
     return [b.as_json() for b in budgets(cfg)]
 
 
-def memory_by_stage(cfg: Config) -> list[dict[str, Number]]:
+def memory_by_stage(cfg: Config, exact: bool = True) -> list[dict[str, Number]]:
     """The memory parts of every stage (first-rank view; memory does not depend on placement)."""
-    acc = Accounting(cfg, _MEMORY_PARTS)
+    acc = Accounting(cfg, _MEMORY_PARTS, exact=exact)
     return [acc.stage_env(s) for s in range(cfg.parallel.pp)]
 
 
-def stage_memory(cfg: Config) -> list[dict[str, Number]] | None:
+def stage_memory(cfg: Config, exact: bool = True) -> list[dict[str, Number]] | None:
     """`memory_by_stage`, or None when the layout cannot be budgeted (other rules say why).
-    Plain rational arithmetic, no sympy: `moeplan check` calls this for MEM001/MEM002."""
+    Plain rational arithmetic, no sympy: `moeplan check` calls this for MEM001/MEM002
+    (`exact=False`: floats, for search's verdicts far from a threshold)."""
     from planner.layout import grids_computable
 
     if not grids_computable(cfg):
         return None
     try:
-        return memory_by_stage(cfg)
+        return memory_by_stage(cfg, exact)
     except (BudgetError, SplitError, ZeroDivisionError, ValueError):
         return None

@@ -46,6 +46,12 @@ COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gem
                  "time_dense_gemm_s", "time_head_gemm_s", "time_non_gemm_s")
 STEP_PARTS = ("time_compute_s", "time_exposed_comm_s", "time_bubble_s", "time_optimizer_s")
 PIPELINE_PAGE = "pipeline"
+# What the step time, the stage rows and the headline figures read (the float estimate's book).
+TIME_TARGETS = ("time_busy_s", "time_optimizer_s", "time_microbatch_s", *COMPUTE_PARTS,
+                "time_compute_s", "time_exposed_comm_s", "flops_per_step", "flops_per_token",
+                "tokens_per_step",
+                *(f"time_{entry.name}_{phase}{suffix}" for entry in COLLECTIVES.values()
+                  for phase in entry.phases for suffix in ("", "_exposed")))
 
 
 @dataclass
@@ -97,9 +103,10 @@ class Estimate:
 def estimate(cfg: Config, *, exact: bool = True) -> Estimate:
     """Evaluate the formula book for the first rank of each stage; raises BudgetError.
 
-    `exact=False` evaluates in floats: `moeplan search` ranks with it and re-evaluates exactly
-    what it prints (the figures then equal `moeplan estimate`'s)."""
-    acc = Accounting(cfg, exact=exact)
+    `exact=False` evaluates in floats and only the time page's quantities (and what they read):
+    `moeplan search` ranks with it and re-evaluates exactly what it prints (the figures then
+    equal `moeplan estimate`'s); its `envs` hold no memory figures."""
+    acc = Accounting(cfg, None if exact else TIME_TARGETS, exact=exact)
     grid = budget_grid(cfg)
     domain = cfg.cluster.nvlink_domain or cfg.cluster.gpus_per_node or 1
     pp = cfg.parallel.pp
