@@ -757,7 +757,11 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
             timed.append((isinstance(out, Rejected), out.step_time_s, i))
     # The fastest fitting layouts, and the fastest of all when it is faster but does not fit at
     # the anchor's settings (other recompute settings may make it fit).
-    chosen = [i for _, _, i in sorted(timed)[:layouts]]
+    # Ranked in floats: layouts as fast as the `layouts`-th up to rounding (exact ties) all go.
+    ranked = sorted(timed)
+    cut = ranked[min(layouts, len(ranked)) - 1] if ranked and layouts > 0 else None
+    chosen = [i for bad, t, i in ranked
+              if cut is not None and (bad, t) <= (cut[0], cut[1] * (1 + 4 * FLOAT_MARGIN))]
     fastest = min(timed, key=lambda item: item[1:], default=None)
     if fastest is not None and fastest[2] not in chosen:
         chosen.append(fastest[2])
