@@ -24,7 +24,11 @@ The space is searched in two phases:
    at a micro-batch size when it did not fit at a smaller one (activations grow with the
    micro-batch).
 
-`refine=0` refines every family that fits (the whole space, slow). The user's config is always a
+`refine=0` (the default) refines every family that fits: the whole space. Ranking uses the
+float estimate (planner/budget/expr.py); the printed candidates are re-evaluated exactly. The knob
+grid is bounded: a micro-batch size whose time without recompute already exceeds the `top`-th
+fitting step time known is skipped with all its presets (recomputing more is never faster), so
+the top K and the ruled-out list are those of the unpruned grid. The user's config is always a
 candidate, so the winner is never slower than it.
 """
 
@@ -866,7 +870,7 @@ def _default_workers() -> int:
                       else os.cpu_count() or 1))
 
 
-def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 1, max_ruled_out: int = 3,
+def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max_ruled_out: int = 3,
            progress: Progress | None = None, workers: int | None = None,
            memory_headroom: float = 1.0) -> SearchResult:
     """Rank the fitting layouts of `cfg`'s model, cluster and batch by predicted step time.
