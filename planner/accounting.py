@@ -129,6 +129,7 @@ class Accounting:
         self._needs_peak = any(r in ("live_passes", "act_live_peak")
                                for q in self.book.quantities for r in q.refs)
         self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
+        self._read = {r for q in self.book.quantities for r in q.refs}  # inputs a formula reads
         chunk_book = full.subset(("act_per_microbatch", "microbatches"))
         self.chunk_book = chunk_book.quantities
         self._chunk_evaluator = chunk_book.evaluator(None, exact)
@@ -207,10 +208,12 @@ class Accounting:
         """rank_env(stage_env(...)), shared by stages whose inputs and placement are equal."""
         stage_key = ("stage-of", stage) if self._needs_peak else \
             tuple(stage_values(self.cfg, self.split, stage, embd_group).items())
-        key = ("rank", stage_key, *values.items())
+        key = ("rank", stage_key, *((k, v) for k, v in values.items() if k in self._read))
         if key not in self._envs:
             self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
-        return dict(self._envs[key])
+        env = dict(self._envs[key])
+        env.update(values)  # this rank's own facts (those no formula reads may differ)
+        return env
 
     def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:
         """Every quantity for `rank` on `stage`, its groups placed on nodes of `node_size` GPUs
