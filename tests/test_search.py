@@ -302,7 +302,7 @@ def test_ruled_out_lists_each_verdict_once(searched) -> None:
 def test_memory_headroom_keeps_every_candidate_under_it(tmp_path: Path) -> None:
     """--memory-headroom 0.5: every listed candidate's busiest stage uses at most half the GPU."""
     done = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--json", "--top", "50",
-                   "--memory-headroom", "0.5")
+                   "--memory-headroom", "0.5", "--refine", "6")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     gpu = load_config(EXAMPLES / "tiny-cpu-8.yaml").cluster.gpu_memory_gib * (1 << 30)
