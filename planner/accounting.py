@@ -25,7 +25,7 @@ from planner.budget.collectives import (
 )
 from planner.budget.collectives import TABLE as COLLECTIVES
 from planner.budget.explain import number_text, pretty, substitute, value_text
-from planner.budget.expr import Number, Quantity, evaluate, sympy_expression
+from planner.budget.expr import Number, Quantity, sympy_expression
 from planner.budget.symbols import (
     ALL_SYMBOLS,
     CSA_RATIO,
@@ -110,8 +110,11 @@ def json_value(value: Any) -> int | str:
 class Accounting:
     """Evaluates one config's formula book: globals once, then per stage, then per rank."""
 
-    def __init__(self, cfg: Config, targets: tuple[str, ...] | None = None) -> None:
+    def __init__(self, cfg: Config, targets: tuple[str, ...] | None = None,
+                 exact: bool = True) -> None:
+        """`exact=False` evaluates in floats (search's ranking only; see planner/budget/expr.py)."""
         self.cfg = cfg
+        self.exact = exact
         try:
             self.split: StageSplit = stage_split(cfg)
         except SplitError as exc:
@@ -121,20 +124,37 @@ class Accounting:
         self.book = full.subset(targets) if targets else full
         self.inputs = global_values(cfg, self.split)
         self._schedules: dict[int, tuple[list[dict[str, Number]], Peak]] = {}
-        self.chunk_book = full.subset(("act_per_microbatch", "microbatches")).quantities
+        # Books without the activation peak (the time subset) skip the schedule replay, and
+        # stages (ranks) with equal inputs share one evaluation.
+        self._needs_peak = any(r in ("live_passes", "act_live_peak")
+                               for q in self.book.quantities for r in q.refs)
+        self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
+        self._read = {r for q in self.book.quantities for r in q.refs}  # inputs a formula reads
+        chunk_book = full.subset(("act_per_microbatch", "microbatches"))
+        self.chunk_book = chunk_book.quantities
+        self._chunk_evaluator = chunk_book.evaluator(None, exact)
         self.chunk_formula = next(q.formula for q in full.quantities
                                   if q.name == "act_per_microbatch")
         try:
-            self.globals = evaluate(self.book.at("global"), dict(self.inputs))
+            self.globals = self._evaluate("global", dict(self.inputs))
         except ZeroDivisionError as exc:
             raise BudgetError(f"a layout degree is zero ({exc})") from None
 
     def stage_env(self, stage: int, embd_group: list[int] | None = None) -> dict[str, Number]:
-        env = dict(self.globals)
-        env.update(stage_values(self.cfg, self.split, stage, embd_group))
-        peak = self.schedule(stage)[1]
-        env.update(live_passes=peak.live_passes, act_live_peak=peak.bytes)
-        return evaluate(self.book.at("stage"), env)
+        values = stage_values(self.cfg, self.split, stage, embd_group)
+        if self._needs_peak:
+            peak = self.schedule(stage)[1]
+            values.update(live_passes=peak.live_passes, act_live_peak=peak.bytes)
+        key = ("stage", *values.items())
+        if key not in self._envs:
+            env = dict(self.globals)
+            env.update(values)
+            self._envs[key] = self._evaluate("stage", env)
+        return dict(self._envs[key])
+
+    def _evaluate(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
+        env.update(self.book.evaluator(level, self.exact)(env))
+        return env
 
     def schedule(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
         """Each model chunk of the stage evaluated alone (its activations per microbatch), and the
@@ -144,8 +164,11 @@ class Accounting:
         return self._schedules[stage]
 
     def _replay(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
-        envs = [evaluate(self.chunk_book, {**self.inputs, **chunk_values(self.cfg, self.split, c)})
-                for c in self.split.stages[stage].chunks]
+        envs = []
+        for c in self.split.stages[stage].chunks:
+            env = {**self.inputs, **chunk_values(self.cfg, self.split, c)}
+            env.update(self._chunk_evaluator(env))
+            envs.append(env)
         par, overlap = self.cfg.parallel, self.cfg.overlap.overlap_moe_expert_parallel_comm
         microbatches = max(1, math.ceil(envs[0]["microbatches"]))  # whole on any valid config
         peak = stage_peak(par.pp, self.split.vpp, stage, microbatches,
@@ -178,7 +201,19 @@ class Accounting:
     def rank_env(self, stage_env: dict[str, Number], values: dict[str, Number]) -> dict[str, Number]:
         env = dict(stage_env)
         env.update(values)
-        return evaluate(self.book.at("rank"), env)
+        return self._evaluate("rank", env)
+
+    def _placed(self, stage: int, embd_group: list[int] | None,
+                values: dict[str, Number]) -> dict[str, Number]:
+        """rank_env(stage_env(...)), shared by stages whose inputs and placement are equal."""
+        stage_key = ("stage-of", stage) if self._needs_peak else \
+            tuple(stage_values(self.cfg, self.split, stage, embd_group).items())
+        key = ("rank", stage_key, *((k, v) for k, v in values.items() if k in self._read))
+        if key not in self._envs:
+            self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
+        env = dict(self._envs[key])
+        env.update(values)  # this rank's own facts (those no formula reads may differ)
+        return env
 
     def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:
         """Every quantity for `rank` on `stage`, its groups placed on nodes of `node_size` GPUs
@@ -187,11 +222,11 @@ class Accounting:
         groups = {kind: grid.group_of(kind, rank) for kind in TOPOLOGY_GROUPS if kind in kinds}
         model = self.cfg.model
         try:
-            return self.rank_env(self.stage_env(stage, groups.get("embd")),
-                                 rank_values(rank, node_size, groups, grid.group_of("pp", rank),
-                                             (model.num_experts, model.moe_router_topk,
-                                              model.moe_router_num_groups,
-                                              model.moe_router_group_topk)))
+            return self._placed(stage, groups.get("embd"),
+                                rank_values(rank, node_size, groups, grid.group_of("pp", rank),
+                                            (model.num_experts, model.moe_router_topk,
+                                             model.moe_router_num_groups,
+                                             model.moe_router_group_topk)))
         except ZeroDivisionError as exc:
             raise BudgetError(f"stage {stage}: a quantity divides by zero ({exc})") from None
 
@@ -244,20 +279,21 @@ def plan_budgets(cfg: Config) -> list[dict[str, Any]]:
     return [b.as_json() for b in budgets(cfg)]
 
 
-def memory_by_stage(cfg: Config) -> list[dict[str, Number]]:
+def memory_by_stage(cfg: Config, exact: bool = True) -> list[dict[str, Number]]:
     """The memory parts of every stage (first-rank view; memory does not depend on placement)."""
-    acc = Accounting(cfg, _MEMORY_PARTS)
+    acc = Accounting(cfg, _MEMORY_PARTS, exact=exact)
     return [acc.stage_env(s) for s in range(cfg.parallel.pp)]
 
 
-def stage_memory(cfg: Config) -> list[dict[str, Number]] | None:
+def stage_memory(cfg: Config, exact: bool = True) -> list[dict[str, Number]] | None:
     """`memory_by_stage`, or None when the layout cannot be budgeted (other rules say why).
-    Plain rational arithmetic, no sympy: `moeplan check` calls this for MEM001/MEM002."""
+    Plain rational arithmetic, no sympy: `moeplan check` calls this for MEM001/MEM002
+    (`exact=False`: floats, for search's verdicts far from a threshold)."""
     from planner.layout import grids_computable
 
     if not grids_computable(cfg):
         return None
     try:
-        return memory_by_stage(cfg)
+        return memory_by_stage(cfg, exact)
     except (BudgetError, SplitError, ZeroDivisionError, ValueError):
         return None

@@ -37,7 +37,7 @@ from planner.accounting import (
     budget_grid,
     formula_book,
 )
-from planner.budget.expr import Book, Evaluator, Quantity, Symbol, compile_quantities, evaluate
+from planner.budget.expr import Book, Evaluator, Quantity, Symbol, compile_quantities
 from planner.budget.symbols import STAGE_SYMBOLS, chunk_values
 from planner.pipeline import Chunk
 from planner.schema import Config
@@ -46,6 +46,12 @@ COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gem
                  "time_dense_gemm_s", "time_head_gemm_s", "time_non_gemm_s")
 STEP_PARTS = ("time_compute_s", "time_exposed_comm_s", "time_bubble_s", "time_optimizer_s")
 PIPELINE_PAGE = "pipeline"
+# What the step time, the stage rows and the headline figures read (the float estimate's book).
+TIME_TARGETS = ("time_busy_s", "time_optimizer_s", "time_microbatch_s", *COMPUTE_PARTS,
+                "time_compute_s", "time_exposed_comm_s", "flops_per_step", "flops_per_token",
+                "tokens_per_step",
+                *(f"time_{entry.name}_{phase}{suffix}" for entry in COLLECTIVES.values()
+                  for phase in entry.phases for suffix in ("", "_exposed")))
 
 
 @dataclass
@@ -94,9 +100,13 @@ class Estimate:
         return None
 
 
-def estimate(cfg: Config) -> Estimate:
-    """Evaluate the formula book for the first rank of each stage; raises BudgetError."""
-    acc = Accounting(cfg)
+def estimate(cfg: Config, *, exact: bool = True) -> Estimate:
+    """Evaluate the formula book for the first rank of each stage; raises BudgetError.
+
+    `exact=False` evaluates in floats and only the time page's quantities (and what they read):
+    `moeplan search` ranks with it and re-evaluates exactly what it prints (the figures then
+    equal `moeplan estimate`'s); its `envs` hold no memory figures."""
+    acc = Accounting(cfg, None if exact else TIME_TARGETS, exact=exact)
     grid = budget_grid(cfg)
     domain = cfg.cluster.nvlink_domain or cfg.cluster.gpus_per_node or 1
     pp = cfg.parallel.pp
@@ -106,7 +116,7 @@ def estimate(cfg: Config) -> Estimate:
     stages = []
     for s, env in enumerate(envs):
         env.update(chunk_times)
-        evaluate(pipeline_page(pp, s, acc.split.vpp > 1), env)
+        env.update(compile_quantities(pipeline_page(pp, s, acc.split.vpp > 1), exact)(env))
         stages.append(_stage_row(s, ranks[s], env))
     slowest = max(range(len(stages)), key=lambda s: stages[s]["step_s"])
     return Estimate(cfg, stages[slowest]["step_s"], slowest, stages, envs, acc.globals, acc)
@@ -136,13 +146,13 @@ def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chu
              # it holds the embedding and sends one unless it holds the loss.
              "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
     try:
-        return _chunk_evaluator(acc.variant)(alone)["time_microbatch_s"]
+        return _chunk_evaluator(acc.variant, acc.exact)(alone)["time_microbatch_s"]
     except ZeroDivisionError as exc:
         raise BudgetError(f"pipeline chunk {chunk.index}: a quantity divides by zero ({exc})") from None
 
 
 @cache
-def _chunk_evaluator(variant: Variant) -> Evaluator:
+def _chunk_evaluator(variant: Variant, exact: bool = True) -> Evaluator:
     """The formulas time_microbatch_s needs that a chunk's counts change (everything else keeps
     its stage's value), compiled once per variant."""
     changed = {symbol.name for symbol in STAGE_SYMBOLS} | {"VPP"}
@@ -151,7 +161,7 @@ def _chunk_evaluator(variant: Variant) -> Evaluator:
         if changed.intersection(q.refs):
             changed.add(q.ident)
             needed.append(q)
-    return compile_quantities(tuple(needed))
+    return compile_quantities(tuple(needed), exact)
 
 
 @cache

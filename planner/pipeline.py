@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from planner.schema import Config
 
@@ -258,8 +259,34 @@ def stage_layers(cfg: Config, stage: int, chunks: list[Chunk]) -> StageLayers:
                        any(c.loss for c in chunks), tuple(chunks))
 
 
+_SPLITS: dict[tuple[Any, ...], tuple[Any, StageSplit | SplitError]] = {}
+
+
 def stage_split(cfg: Config) -> StageSplit:
-    """The split Megatron would build for this config, or SplitError naming the field to change."""
+    """The split Megatron would build for this config, or SplitError naming the field to change.
+
+    Remembered per model object and pipeline fields (search asks for the same split many times);
+    the entry holds its model, so the id in the key is never reused while the entry lives."""
+    par = cfg.parallel
+    key = (id(cfg.model), par.pp, par.vpp, par.pipeline_model_parallel_layout,
+           par.decoder_first_pipeline_num_layers, par.decoder_last_pipeline_num_layers,
+           par.num_layers_per_virtual_pipeline_stage, par.account_for_embedding_in_pipeline_split,
+           par.account_for_loss_in_pipeline_split)
+    hit = _SPLITS.get(key)
+    if hit is None or hit[0] is not cfg.model:
+        try:
+            split: StageSplit | SplitError = _stage_split(cfg)
+        except SplitError as err:
+            split = err
+        if len(_SPLITS) > 4096:
+            _SPLITS.clear()
+        hit = _SPLITS[key] = (cfg.model, split)
+    if isinstance(hit[1], SplitError):
+        raise hit[1]
+    return hit[1]
+
+
+def _stage_split(cfg: Config) -> StageSplit:
     if cfg.parallel.pipeline_model_parallel_layout:
         vpp, chunks = _chunks_from_layout(cfg)
         source = f"layout {cfg.parallel.pipeline_model_parallel_layout}"

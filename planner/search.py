@@ -24,7 +24,11 @@ The space is searched in two phases:
    at a micro-batch size when it did not fit at a smaller one (activations grow with the
    micro-batch).
 
-`refine=0` refines every family that fits (the whole space, slow). The user's config is always a
+`refine=0` (the default) refines every family that fits: the whole space. Ranking uses the
+float estimate (planner/budget/expr.py); the printed candidates are re-evaluated exactly. The knob
+grid is bounded: a micro-batch size whose time without recompute already exceeds the `top`-th
+fitting step time known is skipped with all its presets (recomputing more is never faster), so
+the top K and the ruled-out list are those of the unpruned grid. The user's config is always a
 candidate, so the winner is never slower than it.
 """
 
@@ -477,10 +481,12 @@ class _Judge:
     estimate); a candidate whose busiest stage needs more than `headroom` of the GPU's memory is
     refused as HEADROOM; the rest are timed."""
 
-    def __init__(self, cfg: Config, headroom: float = 1.0) -> None:
+    def __init__(self, cfg: Config, headroom: float = 1.0, float_memory: bool = True) -> None:
         self.cfg = cfg
         self.headroom = headroom
+        self.float_memory = float_memory
         self.seen: dict[str, Candidate | Rejected] = {}  # by the candidate's identity
+        self._estimates: dict[str, Any] = {}  # timed by `step_time` before being judged
 
     @property
     def explored(self) -> int:
@@ -516,6 +522,8 @@ class _Judge:
         if key in self.seen:
             return self.seen[key]
         facts = Facts(cand, known_codes=CODES)
+        if self.float_memory:
+            self._float_memory(facts)
         errors = _errors(run_rules(cand, facts=facts))
         codes = tuple(sorted({f.code for f in errors}))
         out: Candidate | Rejected
@@ -527,13 +535,56 @@ class _Judge:
             out = Rejected(cand, changes, over, ("HEADROOM",))
         else:
             try:
-                est = estimate(cand)
+                est = self._estimates.pop(key, None) or estimate(cand, exact=False)
             except BudgetError as exc:  # the catalog passed it: report, do not crash
                 out = Rejected(cand, changes, f"no estimate: {exc}", ("EST",))
             else:
-                out = _candidate(cand, changes, est, is_user)
+                out = _candidate(cand, changes, est, is_user, facts.stage_memory)
+        self._estimates.pop(key, None)
         self.seen[key] = out
         return out
+
+    def _float_memory(self, facts: Any) -> None:
+        """Give the catalog the memory budget in floats when every stage is clear of the
+        thresholds a verdict compares with (MEM001's 100 %, MEM002's 80 %, the headroom) by far
+        more than float rounding: the verdicts are then those of the exact budget. Otherwise
+        the catalog evaluates it exactly, as `moeplan check` does."""
+        from planner.accounting import stage_memory
+        from planner.rules.memory import HEADROOM
+
+        stages = stage_memory(facts.cfg, exact=False)
+        if stages is None:
+            return
+        for env in stages:
+            share = float(env["memory_utilization"])
+            if any(abs(share - float(t)) <= FLOAT_MARGIN * float(t)
+                   for t in (1.0, HEADROOM, self.headroom)):
+                return
+        facts.__dict__["stage_memory"] = stages  # the cached property's slot
+
+    def step_time(self, changes: Changes) -> float | None:
+        """The candidate's step time without judging it (None when it cannot be estimated); the
+        estimate is kept for `judge`."""
+        from planner.accounting import BudgetError
+        from planner.estimate import estimate
+
+        cand = build(self.cfg, changes)
+        key = _identity(cand)
+        if key in self.seen:
+            return self.seen[key].step_time_s
+        try:
+            est = estimate(cand, exact=False)
+        except (BudgetError, ValueError, ZeroDivisionError, KeyError):
+            return None
+        self._estimates[key] = est
+        return float(est.step_time_s)
+
+    def forget_all(self) -> None:
+        self._estimates.clear()
+
+    def forget(self, changes: Changes) -> None:
+        """Drop a kept estimate (its candidate was pruned, not judged)."""
+        self._estimates.pop(_identity(build(self.cfg, changes)), None)
 
     def _over_headroom(self, stages: list[dict[str, Any]]) -> str | None:
         """Why the busiest stage is above the headroom (None when every stage is inside it)."""
@@ -557,14 +608,17 @@ class _Judge:
 
         if r.step_time_s is None and "EST" not in r.codes:
             try:
-                r.step_time_s = estimate(r.cfg).step_time_s
+                r.step_time_s = estimate(r.cfg, exact=False).step_time_s
             except (BudgetError, ValueError, ZeroDivisionError, KeyError):
                 pass
 
 
-def _candidate(cfg: Config, changes: Changes, est: Any, is_user: bool) -> Candidate:
+def _candidate(cfg: Config, changes: Changes, est: Any, is_user: bool,
+               memory: list[dict[str, Any]] | None = None) -> Candidate:
+    """The candidate's figures; peaks from the catalog's memory budget when given (a float
+    estimate holds none)."""
     figures = est.as_json()
-    peaks = [int(env["peak_memory_bytes"]) for env in est.envs]
+    peaks = [int(env["peak_memory_bytes"]) for env in (memory or est.envs)]
     stage = max(range(len(peaks)), key=peaks.__getitem__)
     return Candidate(cfg, changes, est.step_time_s, figures["tflops_per_gpu"],
                      figures["tokens_per_s_per_gpu"], peaks[stage], stage, peaks, is_user,
@@ -689,7 +743,7 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
     if fam[2] > 1:
         probe = build(cfg, _merge(base, {"parallel": pipes[0]}, knobs))
         try:
-            costs = layer_costs(probe, estimate(probe).stages)
+            costs = layer_costs(probe, estimate(probe, exact=False).stages)
         except (BudgetError, ValueError, ZeroDivisionError):
             pass
         else:
@@ -707,7 +761,11 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
             timed.append((isinstance(out, Rejected), out.step_time_s, i))
     # The fastest fitting layouts, and the fastest of all when it is faster but does not fit at
     # the anchor's settings (other recompute settings may make it fit).
-    chosen = [i for _, _, i in sorted(timed)[:layouts]]
+    # Ranked in floats: layouts as fast as the `layouts`-th up to rounding (exact ties) all go.
+    ranked = sorted(timed)
+    cut = ranked[min(layouts, len(ranked)) - 1] if ranked and layouts > 0 else None
+    chosen = [i for bad, t, i in ranked
+              if cut is not None and (bad, t) <= (cut[0], cut[1] * (1 + 4 * FLOAT_MARGIN))]
     fastest = min(timed, key=lambda item: item[1:], default=None)
     if fastest is not None and fastest[2] not in chosen:
         chosen.append(fastest[2])
@@ -715,10 +773,12 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
     return work
 
 
-def _grid_work(cfg: Config, headroom: float, unit: tuple[Changes, tuple[str, str | None]]) -> _Work:
+def _grid_work(cfg: Config, headroom: float,
+               unit: tuple[Changes, tuple[str, str | None], float, int]) -> _Work:
     """The knob grid of one layout and one dispatcher/backend (a unit small enough to share)."""
     work = _Work(_Judge(cfg, headroom))
     _grid(work, cfg, *unit)
+    work.judge.forget_all()  # estimates are not sent back to the parent process
     return work
 
 
@@ -732,14 +792,33 @@ def _dispatchers(cfg: Config) -> tuple[tuple[str, str | None], ...]:
     return ((cfg.moe.moe_token_dispatcher_type, cfg.moe.moe_flex_dispatcher_backend),)
 
 
-def _grid(work: _Work, cfg: Config, layout: Changes, dispatcher: tuple[str, str | None]) -> None:
-    """Every EP overlap × micro-batch × recompute preset of one layout and dispatcher, but the two
-    exact prunings (see the module doc)."""
+def _grid(work: _Work, cfg: Config, layout: Changes, dispatcher: tuple[str, str | None],
+          bound: float = float("inf"), top: int = 1) -> None:
+    """Every EP overlap × micro-batch × recompute preset of one layout and dispatcher, but the
+    exact prunings (see the module doc). `bound`: a step time `top` fitting candidates already
+    beat; a micro-batch size whose no-recompute time exceeds it (or the `top`-th best this grid
+    found) is skipped whole, recomputing more never being faster."""
     presets = recompute_presets(cfg)
     kind, backend = dispatcher
+    found: list[float] = []  # this grid's fitting step times
     for flag in (False, True):
         too_big: set[frozenset[str]] = set()  # presets that did not fit at a smaller MBS
         for mbs in MBS_CHOICES:
+            def setting(preset: dict[str, Any], mbs: int = mbs, flag: bool = flag) -> Changes:
+                return _merge(layout, {
+                    "training": {"micro_batch_size": mbs},
+                    "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
+                    "moe": {"moe_token_dispatcher_type": kind,
+                            "moe_flex_dispatcher_backend": backend}})
+
+            best = min(bound, sorted(found)[top - 1] if len(found) >= top else float("inf"))
+            if best < float("inf"):
+                floor = work.judge.step_time(setting(presets[0]))
+                if floor is not None and floor > best * (1 + FLOAT_MARGIN):
+                    work.judge.forget(setting(presets[0]))
+                    work.prune("settings slower without recompute than the best found",
+                               len(presets))
+                    continue
             fitting: list[frozenset[str]] = []
             for preset in presets:
                 mine = recomputed(preset)
@@ -749,13 +828,10 @@ def _grid(work: _Work, cfg: Config, layout: Changes, dispatcher: tuple[str, str 
                 if any(_dominates(f, mine) for f in fitting):
                     work.prune("settings recomputing more than a fitting one")
                     continue
-                out = work.judge.judge(_merge(layout, {
-                    "training": {"micro_batch_size": mbs},
-                    "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
-                    "moe": {"moe_token_dispatcher_type": kind,
-                            "moe_flex_dispatcher_backend": backend}}))
+                out = work.judge.judge(setting(preset))
                 if isinstance(out, Candidate):
                     fitting.append(mine)
+                    found.append(out.step_time_s)
                 elif out.codes in MEMORY_VERDICTS:
                     too_big.add(mine)
 
@@ -794,7 +870,7 @@ def _default_workers() -> int:
                       else os.cpu_count() or 1))
 
 
-def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 1, max_ruled_out: int = 3,
+def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max_ruled_out: int = 3,
            progress: Progress | None = None, workers: int | None = None,
            memory_headroom: float = 1.0) -> SearchResult:
     """Rank the fitting layouts of `cfg`'s model, cluster and batch by predicted step time.
@@ -848,22 +924,27 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 1, max
     per_layout = 4 * len(MBS_CHOICES) * 2
     dispatchers = _dispatchers(cfg)
     total = done + (10 + per_layout * len(dispatchers) * layouts) * len(refine_units)
-    grid_units = []
+    layout_choices = []
     for part in _run_units(_layouts_work, cfg, memory_headroom, refine_units,
                            [10] * len(refine_units), workers, tick):
         absorb(part)
-        grid_units += [(layout, d) for layout in part.layouts for d in dispatchers]
+        layout_choices += [(layout, d) for layout in part.layouts for d in dispatchers]
+    # Branch and bound: `top` candidates already fit at this step time (or faster); a grid cell
+    # that cannot beat it cannot enter the top (nor be a faster candidate that was ruled out).
+    known = sorted(c.step_time_s for c in judge.timed())
+    bound = known[top - 1] if top >= 1 and len(known) >= top else float("inf")
+    grid_units = [(layout, d, bound, max(top, 1)) for layout, d in layout_choices]
     for part in _run_units(_grid_work, cfg, memory_headroom, grid_units,
                            [per_layout] * len(grid_units), workers, tick):
         absorb(part)
     if progress:
         progress(total, total)
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
-    ranked = sorted(judge.timed(), key=lambda c: (c.step_time_s, not c.is_user,
-                                                  len(difference(cfg, c.cfg))))
-    shown = ranked[:top]
+    shown = _exact_top(cfg, judge.timed(), top)
     winner = shown[0] if shown else None
     ruled_out = _ruled_out(judge, winner, max_ruled_out) if winner else []
+    if isinstance(user, Candidate):
+        user = next((c for c in shown if c.is_user), None) or _exact(user)
     return SearchResult(shown, user if isinstance(user, Candidate) else None, ruled_out,
                         judge.explored, judge.legal, judge.fitting,
                         time.perf_counter() - start, sum(pruned.values()), pruned,
@@ -873,13 +954,17 @@ def search(cfg: Config, *, top: int = 10, refine: int = 6, layouts: int = 1, max
 def _ruled_out(judge: _Judge, winner: Candidate, count: int) -> list[Rejected]:
     """Refused candidates of the winner's family (its layouts and its knob grid) that would have
     been faster, nearest first, one per distinct verdict (`_verdict_key`)."""
+    from planner.estimate import estimate
+
     fam = _family_key(winner.cfg)
     refused = [r for r in judge.seen.values()
                if isinstance(r, Rejected) and _family_key(r.cfg) == fam]
     for r in refused:
         judge.time_rejected(r)
+    # Ranked in floats: "faster" means by more than their rounding (1e-12 of the step).
     faster = sorted((r for r in refused if r.step_time_s is not None
-                     and r.step_time_s < winner.step_time_s), key=lambda r: -(r.step_time_s or 0))
+                     and r.step_time_s < winner.step_time_s * (1 - FLOAT_MARGIN)),
+                    key=lambda r: -(r.step_time_s or 0))
     out, seen = [], set()
     for r in faster:
         verdict = _verdict_key(r.codes)
@@ -887,7 +972,40 @@ def _ruled_out(judge: _Judge, winner: Candidate, count: int) -> list[Rejected]:
             seen.add(verdict)
             r.difference = difference(winner.cfg, r.cfg)
             out.append(r)
+    for r in out[:count]:  # exactly, as printed (the memory verdicts were judged in floats)
+        r.step_time_s = estimate(r.cfg).step_time_s
+        if set(r.codes) & {"MEM001", "HEADROOM"}:
+            exact = _Judge(judge.cfg, judge.headroom, float_memory=False).judge(r.changes)
+            if isinstance(exact, Rejected):
+                r.reason = exact.reason
     return out[:count]
+
+
+# Float ranking is within this relative distance of the exact step time (a few dozen roundings of
+# 1e-16 each); candidates that close to the K-th are re-evaluated exactly before ranking.
+FLOAT_MARGIN = 1e-12
+
+
+def _exact(cand: Candidate) -> Candidate:
+    """The candidate's figures evaluated exactly (as `moeplan estimate` prints them)."""
+    from planner.estimate import estimate
+
+    return _candidate(cand.cfg, cand.changes, estimate(cand.cfg), cand.is_user)
+
+
+def _exact_top(cfg: Config, timed: list[Candidate], top: int) -> list[Candidate]:
+    """The `top` fastest, ranked on exact step times: every candidate within the float margin of
+    the top-th float time is re-evaluated exactly, then ranked (ties go to the user's layout,
+    then to the candidate that changes fewest of its fields)."""
+    def key(c: Candidate) -> tuple[float, bool, int]:
+        return (c.step_time_s, not c.is_user, len(difference(cfg, c.cfg)))
+
+    ranked = sorted(timed, key=key)
+    if not ranked:
+        return []
+    limit = ranked[min(top, len(ranked)) - 1].step_time_s * (1 + 4 * FLOAT_MARGIN)
+    pool = [_exact(c) for c in ranked if c.step_time_s <= limit]
+    return sorted(pool, key=key)[:top]
 
 
 def _verdict_key(codes: tuple[str, ...]) -> tuple[str, ...]:

@@ -58,7 +58,7 @@ def searched(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     name = request.param
     out = tmp_path_factory.mktemp("search") / f"{name}-winner.yaml"
     done = moeplan("search", str(EXAMPLES / f"{name}.yaml"), "--json", "--top", "5",
-                   "--emit", str(out))
+                   "--refine", "6", "--emit", str(out))  # the heuristic: whole space is slower
     assert done.returncode == 0, done.stderr
     return name, json.loads(done.stdout), out
 
@@ -129,7 +129,7 @@ def test_illegal_layouts_never_appear_and_the_users_layout_is_a_candidate() -> N
     only EP 1 and 2 may appear; every candidate passes the whole rule catalog."""
     cfg = tiny(num_experts=6)
     assert not has_errors(run_rules(cfg))
-    result = search(cfg, top=10**6, workers=2)
+    result = search(cfg, top=10**6, workers=2, refine=6)
     assert result.fitting == len(result.candidates) > 1
     assert {c.cfg.parallel.ep for c in result.candidates} <= {1, 2}
     assert all(not has_errors(run_rules(c.cfg)) for c in result.candidates)
@@ -137,7 +137,7 @@ def test_illegal_layouts_never_appear_and_the_users_layout_is_a_candidate() -> N
     assert len(users) == 1 and users[0].step_time_s == pytest.approx(estimate(cfg).step_time_s)
     assert result.candidates[0].step_time_s <= users[0].step_time_s
     # Two worker processes or one: the same candidates in the same order.
-    alone = search(cfg, top=10**6, workers=1)
+    alone = search(cfg, top=10**6, workers=1, refine=6)
     assert [(c.step_time_s, knob_view(c.cfg)) for c in alone.candidates] == \
         [(c.step_time_s, knob_view(c.cfg)) for c in result.candidates]
     assert (alone.explored, alone.legal, alone.fitting) == \
@@ -302,7 +302,7 @@ def test_ruled_out_lists_each_verdict_once(searched) -> None:
 def test_memory_headroom_keeps_every_candidate_under_it(tmp_path: Path) -> None:
     """--memory-headroom 0.5: every listed candidate's busiest stage uses at most half the GPU."""
     done = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--json", "--top", "50",
-                   "--memory-headroom", "0.5")
+                   "--memory-headroom", "0.5", "--refine", "6")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     gpu = load_config(EXAMPLES / "tiny-cpu-8.yaml").cluster.gpu_memory_gib * (1 << 30)
@@ -324,3 +324,33 @@ def test_refine_limits_the_families_searched_in_full_and_says_so() -> None:
     assert one.explored < every.explored
     assert every.winner is not None and one.winner is not None
     assert every.winner.step_time_s <= one.winner.step_time_s <= estimate(cfg).step_time_s
+
+
+# ----------------------------------------------------------------------------- speed, exactly
+def test_the_default_searches_the_whole_space_and_the_bound_keeps_the_top_exact() -> None:
+    """The default refines every family (`--refine 0`); the knob grid's bound (skip a micro-batch
+    size whose no-recompute time exceeds the top-th time known) prunes settings but leaves the
+    top K as the unbounded search ranks them (top=10**6 never prunes: fewer than 10**6 known).
+    Six experts: EP 1 and 2 only, a small space."""
+    cfg = tiny(num_experts=6)
+    default = search(cfg, top=3, workers=1)
+    unbounded = search(cfg, top=10**6, refine=0, workers=1)
+    assert default.pruned_by["families not refined"] == 0
+    assert "settings slower without recompute than the best found" not in unbounded.pruned_by
+    assert [(c.step_time_s, knob_view(c.cfg)) for c in default.candidates] == \
+        [(c.step_time_s, knob_view(c.cfg)) for c in unbounded.candidates[:3]]
+
+
+def test_ranked_in_floats_printed_exactly() -> None:
+    """Search ranks with the float estimate (the time page only); on every example it agrees with
+    the exact one to 1e-12, and the candidates search prints carry the exact figures of
+    `moeplan estimate`, bit for bit."""
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        cfg = load_config(path)
+        exact, fast = estimate(cfg), estimate(cfg, exact=False)
+        assert abs(fast.step_time_s - float(exact.step_time_s)) <= 1e-12 * exact.step_time_s
+    result = search(tiny(), top=3, workers=1)
+    for cand in result.candidates:
+        est = estimate(cand.cfg)
+        assert cand.step_time_s == est.step_time_s
+        assert cand.stage_peak_bytes == [int(env["peak_memory_bytes"]) for env in est.envs]

@@ -8,25 +8,40 @@ reasoned about: layout → params → FLOPs → comm → memory → scaling → 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from types import ModuleType
 
 from planner.budget import comm, flops, layout, memory, params, scaling, time
-from planner.budget.expr import Book, Quantity
+from planner.budget.expr import Book, Evaluator, Quantity, compile_quantities
 from planner.budget.symbols import ALL_SYMBOLS, Variant
 
 PAGES: tuple[ModuleType, ...] = (layout, params, flops, comm, memory, scaling, time)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FormulaBook:
-    """The quantities of one variant, split by the level they depend on (global < stage < rank)."""
+    """The quantities of one variant, split by the level they depend on (global < stage < rank).
+
+    Compared by identity (`formula_book` and `subset` are cached, so equal books are one object):
+    hashing a thousand formulas per lookup would cost more than evaluating them."""
 
     quantities: tuple[Quantity, ...]
+    _levels: dict[str, tuple[Quantity, ...]] = field(default_factory=dict, repr=False)
+    _evaluators: dict[tuple[str, bool], Evaluator] = field(default_factory=dict, repr=False)
 
     def at(self, level: str) -> tuple[Quantity, ...]:
-        return tuple(q for q in self.quantities if q.level == level)
+        if level not in self._levels:
+            self._levels[level] = tuple(q for q in self.quantities if q.level == level)
+        return self._levels[level]
+
+    def evaluator(self, level: str | None, exact: bool = True) -> Evaluator:
+        """The compiled function of one level's quantities (None: all of them), made once."""
+        key = (level or "", exact)
+        if key not in self._evaluators:
+            chosen = self.quantities if level is None else self.at(level)
+            self._evaluators[key] = compile_quantities(chosen, exact)
+        return self._evaluators[key]
 
     def subset(self, targets: tuple[str, ...]) -> FormulaBook:
         """Only what `targets` need, in the same order (for cheap memory checks)."""

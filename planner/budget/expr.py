@@ -4,7 +4,9 @@ Every quantity is written once, as a formula string over config symbols and earl
 That string is the sympy expression (`Quantity.expression`, parsed lazily and cached) and the fast
 path: each group of formulas is compiled once into one Python function whose divisions are exact
 (`_div` keeps ints where they divide, Fractions otherwise), so values never drift and `moeplan
-check` can evaluate the memory budget without importing sympy.
+check` can evaluate the memory budget without importing sympy. `moeplan search` ranks thousands
+of layouts with the same formulas compiled in float mode (`exact=False`: plain `/`, float inputs),
+then re-evaluates the ones it prints exactly.
 """
 
 from __future__ import annotations
@@ -126,28 +128,40 @@ class _ExactDivision(ast.NodeTransformer):
         return node
 
 
-@cache
-def compile_quantities(quantities: tuple[Quantity, ...]) -> Evaluator:
+def compile_quantities(quantities: tuple[Quantity, ...], exact: bool = True) -> Evaluator:
     """One Python function evaluating `quantities` in order from an environment of inputs.
 
     The whole level is parsed and compiled at once (one `compile` instead of one per formula);
-    every `/` in it becomes an exact `_div`.
+    every `/` in it becomes an exact `_div`. With `exact=False` the inputs are turned into floats
+    and `/` stays a float division (for ranking many candidates fast; never for a printed
+    budget). Equal formula texts compile once, whichever variant's book they come from.
     """
-    defined = {q.ident for q in quantities}
-    inputs = sorted({r for q in quantities for r in q.refs} - defined)
+    return _compile(tuple((q.ident, q.formula, q.refs) for q in quantities), exact)
+
+
+@cache
+def _compile(formulas: tuple[tuple[str, str, tuple[str, ...]], ...], exact: bool) -> Evaluator:
+    defined = {key for key, _, _ in formulas}
+    inputs = sorted({r for _, _, refs in formulas for r in refs} - defined)
     lines = ["def _evaluate(env):"]
-    lines += [f"    {name} = env[{name!r}]" for name in inputs]
-    lines += [f"    {q.ident} = _norm({q.formula})" for q in quantities]
-    lines.append("    return {" + ", ".join(f"{q.ident!r}: {q.ident}" for q in quantities) + "}")
-    tree = _ExactDivision().visit(ast.parse("\n".join(lines)))
-    scope: dict[str, Any] = {"__builtins__": {}, "_div": _div, "_norm": normalize, **FUNCTIONS}
+    cast = "" if exact else "_float"
+    lines += [f"    {name} = {cast}(env[{name!r}])" for name in inputs]
+    wrap = "_norm" if exact else ""
+    lines += [f"    {key} = {wrap}({formula})" for key, formula, _ in formulas]
+    lines.append("    return {" + ", ".join(f"{key!r}: {key}" for key, _, _ in formulas) + "}")
+    tree = ast.parse("\n".join(lines))
+    if exact:
+        tree = _ExactDivision().visit(tree)
+    scope: dict[str, Any] = {"__builtins__": {}, "_div": _div, "_norm": normalize, "_float": float,
+                             **FUNCTIONS}
     exec(compile(tree, "<budget formulas>", "exec"), scope)  # noqa: S102 - our own formulas
     return scope["_evaluate"]
 
 
-def evaluate(quantities: Iterable[Quantity], env: dict[str, Number]) -> dict[str, Number]:
+def evaluate(quantities: Iterable[Quantity], env: dict[str, Number],
+             exact: bool = True) -> dict[str, Number]:
     """Evaluate quantities in order into `env` (inputs already there); returns env for chaining."""
-    env.update(compile_quantities(tuple(quantities))(env))
+    env.update(compile_quantities(tuple(quantities), exact)(env))
     return env
 
 

@@ -42,7 +42,8 @@ def search(
              "MEM001 accepts; 0.8 demands MEM002's 20 % margin)")] = 1.0,
     refine: Annotated[int, typer.Option(
         "--refine", min=0, help="families whose layouts and knobs are searched in full, fastest "
-                                "first (0: every family that fits; slow)")] = 6,
+                                "first (default 0: every family that fits, the whole space; N: "
+                                "the N fastest at their anchor, a faster heuristic)")] = 0,
 ) -> None:
     """Search TP, CP, PP (layouts, VPP), EP, ETP, micro-batch, recompute, dispatcher and EP
     overlap; rank what the rules and the memory budget accept by predicted step time."""
