@@ -56,6 +56,9 @@ VPP_CHOICES = (1, 2, 4)
 MBS_CHOICES = (1, 2, 4)
 # (dispatcher, flex backend) pairs; the catalog refuses those a layout cannot use (e.g. MOE008).
 DISPATCHERS = (("alltoall", None), ("allgather", None), ("flex", "deepep"), ("flex", "hybridep"))
+# Every grid setting fuses the permutations (Transformer Engine's fused permute kernels): in the
+# model that is never slower and changes no memory, so trying it off could only add slower rows.
+FUSED_PERMUTE = {"moe_permute_fusion": True}
 # Verdicts that leave a candidate legal (every other rule passes) but not fitting: the memory
 # verdicts (MEM001, the stricter headroom), and no estimate.
 MEMORY_VERDICTS = (("MEM001",), ("HEADROOM",))
@@ -649,7 +652,8 @@ def _knobs_of(cfg: Config) -> Changes:
                         "recompute_modules": ov.recompute_modules,
                         "overlap_moe_expert_parallel_comm": ov.overlap_moe_expert_parallel_comm},
             "moe": {"moe_token_dispatcher_type": moe.moe_token_dispatcher_type,
-                    "moe_flex_dispatcher_backend": moe.moe_flex_dispatcher_backend}}
+                    "moe_flex_dispatcher_backend": moe.moe_flex_dispatcher_backend,
+                    "moe_permute_fusion": moe.moe_permute_fusion}}
 
 
 def _groups(cfg: Config) -> tuple[dict[tuple[int, int, int, int], list[int]], int]:
@@ -809,7 +813,7 @@ def _grid(work: _Work, cfg: Config, layout: Changes, dispatcher: tuple[str, str 
                     "training": {"micro_batch_size": mbs},
                     "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
                     "moe": {"moe_token_dispatcher_type": kind,
-                            "moe_flex_dispatcher_backend": backend}})
+                            "moe_flex_dispatcher_backend": backend, **FUSED_PERMUTE}})
 
             best = min(bound, sorted(found)[top - 1] if len(found) >= top else float("inf"))
             if best < float("inf"):
