@@ -91,7 +91,7 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "Flex combine of the expert outputs")
         _add_flex_dedup(book, w)
     if v.virtual_experts:
-        mats = "3" if v.swiglu else "2"
+        mats = v.mlp_matrices
         add("vex_expert_weight_bytes", f"{mats} * {w} * I * p", "bytes", "bytes",
             f"one whole routed expert ({'W1, W3, W2' if v.swiglu else 'FC1, FC2'}; virtual experts "
             "need ETP = 1): what a temporary "

@@ -23,7 +23,7 @@ FWD_BWD = 3  # forward + data gradient + weight gradient
 
 def write(book: Book, v: Variant) -> None:
     add = book.add
-    fx = "3" if v.swiglu else "2"  # SwiGLU stacks h -> 2·ffn and ffn -> h
+    fx = v.mlp_matrices  # SwiGLU stacks h -> 2·ffn and ffn -> h
     _attention(book, v)
     routed = (f"{fx} * I * k * h_moe + 2 * h * h_moe" if v.latent else f"{fx} * I * k * h")
     add("flops_moe_mlp_fwd_per_token", f"2 * ({routed} + {fx} * I_s * h)", "FLOP", "flops",

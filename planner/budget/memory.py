@@ -200,7 +200,7 @@ def write(book: Book, v: Variant) -> None:
     peak = ("weight_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes"
             " + comm_buffer_bytes")
     if v.virtual_experts:
-        mats = "3" if v.swiglu else "2"
+        mats = v.mlp_matrices
         add("vex_slot_bytes", "ceiling(in_flight_microbatches * moe_layers * vex_slots"
             f" * vex_expert_weight_bytes) + vex_slots * {mats} * h * I * bytes_grad", "bytes", "memory",
             "virtual experts: replica weights in the temporary slots of every MoE layer, kept for "

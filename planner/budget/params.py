@@ -44,7 +44,7 @@ MLA_Q = {True: "q_lora * (h + heads * (d_qk + qk_rope){q_norm})", False: "h * he
 def write(book: Book, v: Variant) -> None:
     """Parameter counts on one rank of a stage, and the buffers/shards the grad steps need."""
     add, w = book.add, routed_width(v)
-    mats = "3" if v.swiglu else "2"
+    mats = v.mlp_matrices
     routed = f"experts_per_rank * {mats} * {w} * I / (ETP * EGTP)"
     if v.bias:
         routed += f" + experts_per_rank * ({_fc1_bias(v, 'I')} / ETP + {w})"
@@ -185,7 +185,7 @@ def _add_fp8_params(book: Book, v: Variant) -> None:
     experimental_attention_variant/csa.py get_fp8_disabled_context); the indexer's q projection,
     which is FP8, is counted with them in the training precision (approximate)."""
     add, w = book.add, routed_width(v)
-    mats = "3" if v.swiglu else "2"
+    mats = v.mlp_matrices
     attention = ATTENTION_LINEAR[v.attention].replace("{q}", MLA_Q[v.mla_q_lora]).replace(
         "{q_norm}", "").replace("{kv_norm}", "")
     moe = f"{mats} * h * I_s / (TP * GTP)" + (" + 2 * h * h_moe" if v.latent else "")

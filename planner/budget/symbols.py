@@ -220,6 +220,12 @@ class Variant:
         """V4 attention's CP exchanges apply: V4 attention and CP > 1."""
         return self.dsv4_cp and self.attention == "dsv4_hybrid"
 
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP: gate, up and down under SwiGLU (FC1 twice as wide), FC1 and
+        FC2 otherwise."""
+        return 3 if self.swiglu else 2
+
 
 def routed_width(v: Variant) -> str:
     """The symbol for the width of routed token rows: `h_moe` under latent MoE, else `h` (so the

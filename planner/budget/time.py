@@ -61,7 +61,7 @@ def write(book: Book, v: Variant) -> None:
 def _kinds(book: Book, v: Variant) -> None:
     """Forward FLOPs per token by kind, and the extra forward FLOPs recompute runs again."""
     add = book.add
-    fx = "3" if v.swiglu else "2"
+    fx = v.mlp_matrices
     core = "0" if v.attention == "dsv4_hybrid" else "blocks * flops_attention_core_fwd_per_token"
     core_rc = ("0" if v.attention == "dsv4_hybrid"
                else "blocks_recomputed * flops_attention_core_fwd_per_token")
@@ -266,9 +266,8 @@ def _compute(book: Book) -> None:
 
 
 def fx_share(v: Variant) -> str:
-    """The shared expert's fc1 share of its FLOPs: gate and up (2·I_s wide with SwiGLU) over
-    gate, up and down."""
-    return "2/3" if v.swiglu else "1/2"
+    """The shared expert's fc1 share of its FLOPs: every MLP matrix but the down (FC2) one."""
+    return f"{v.mlp_matrices - 1}/{v.mlp_matrices}"
 
 
 def _communication(book: Book, v: Variant) -> list[str]:
