@@ -568,16 +568,12 @@ class _Judge:
     def step_time(self, changes: Changes) -> float | None:
         """The candidate's step time without judging it (None when it cannot be estimated); the
         estimate is kept for `judge`."""
-        from planner.accounting import BudgetError
-        from planner.estimate import estimate
-
         cand = build(self.cfg, changes)
         key = _identity(cand)
         if key in self.seen:
             return self.seen[key].step_time_s
-        try:
-            est = estimate(cand, exact=False)
-        except (BudgetError, ValueError, ZeroDivisionError, KeyError):
+        est = _float_estimate(cand)
+        if est is None:
             return None
         self._estimates[key] = est
         return float(est.step_time_s)
@@ -606,14 +602,22 @@ class _Judge:
 
     def time_rejected(self, r: Rejected) -> None:
         """The step time a refused candidate would have (when its grids build)."""
-        from planner.accounting import BudgetError
-        from planner.estimate import estimate
-
         if r.step_time_s is None and "EST" not in r.codes:
-            try:
-                r.step_time_s = estimate(r.cfg, exact=False).step_time_s
-            except (BudgetError, ValueError, ZeroDivisionError, KeyError):
-                pass
+            est = _float_estimate(r.cfg)
+            if est is not None:
+                r.step_time_s = est.step_time_s
+
+
+def _float_estimate(cand: Config) -> Any:
+    """The float estimate of a candidate that may not be judged yet, or None when a layout the
+    catalog would refuse cannot be estimated at all."""
+    from planner.accounting import BudgetError
+    from planner.estimate import estimate
+
+    try:
+        return estimate(cand, exact=False)
+    except (BudgetError, ValueError, ZeroDivisionError, KeyError):
+        return None
 
 
 def _candidate(cfg: Config, changes: Changes, est: Any, is_user: bool,
@@ -636,10 +640,6 @@ def _family_changes(fam: Family, pipe: dict[str, Any]) -> Changes:
     tp, cp, pp, ep, etp = fam
     return {"parallel": {"tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp,
                          "sequence_parallel": tp > 1, **pipe}}
-
-
-def _user_pipe(cfg: Config) -> dict[str, Any]:
-    return {name: getattr(cfg.parallel, name) for name in PIPELINE_FIELDS}
 
 
 def _knobs_of(cfg: Config) -> Changes:
@@ -753,7 +753,7 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
         else:
             pipes = cost_balanced_choices(cfg, fam[2], costs) + pipes
     if fam[2] == cfg.parallel.pp:
-        pipes.append(_user_pipe(cfg))
+        pipes.append(_pipe_of(cfg))
     pipes.append(_pipe_of(anchor.cfg))
     timed: list[tuple[bool, float, int]] = []  # (does not fit, step time, index)
     unique = list({repr(sorted(p.items())): p for p in pipes}.values())
@@ -787,6 +787,7 @@ def _grid_work(cfg: Config, headroom: float,
 
 
 def _pipe_of(cfg: Config) -> dict[str, Any]:
+    """The pipeline fields of a config, as a candidate's changes set them."""
     return {name: getattr(cfg.parallel, name) for name in PIPELINE_FIELDS}
 
 
@@ -896,7 +897,7 @@ def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max
     for (tp, cp, pp, etp), eps in groups.items():
         pipes = pipeline_choices(cfg, pp, (1,))
         if (tp, cp, pp, etp) == (user_family[0], user_family[1], user_family[2], user_family[4]):
-            pipes.insert(0, _user_pipe(cfg))
+            pipes.insert(0, _pipe_of(cfg))
         plan.append(((tp, cp, pp, etp), eps, pipes))
     shares = max(1, min(len(plan), 8 * workers))
     units = [plan[i::shares] for i in range(shares)]
