@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.accounting import BudgetError  # noqa: E402
-from planner.estimate import Estimate, estimate  # noqa: E402
+from planner.estimate import estimate  # noqa: E402
 from planner.findings import Finding  # noqa: E402
 from planner.loader import InvalidConfig, parse_config  # noqa: E402
 from planner.rules import run_rules  # noqa: E402
@@ -99,14 +99,6 @@ def load_figures(path: Path = DATA) -> list[Figure]:
     return figures
 
 
-def moe_layer_seconds(est: Estimate) -> float:
-    """A one-layer figure's MoE layer: expert GEMMs, non-GEMM work and the exposed EP exchanges
-    of stage 0, forward + backward (what the moe_perf benchmark times)."""
-    row = est.stages[0]
-    return (row["compute_parts_s"]["moe_gemm"] + row["compute_parts_s"]["non_gemm"]
-            + sum(v for k, v in row["exposed_comm_parts_s"].items() if k.startswith("ep_")))
-
-
 @dataclass
 class Judged:
     """A figure, what the model predicts for it, and what the rule catalog says of its layout."""
@@ -143,7 +135,7 @@ def judge(figure: Figure) -> Judged:
         return out
     data = est.as_json()
     out.gflop_per_token = data["flops_per_token"] / 1e9
-    out.predicted = moe_layer_seconds(est) if figure.is_layer else data[figure.metric]
+    out.predicted = est.moe_layer_seconds() if figure.is_layer else data[figure.metric]
     return out
 
 

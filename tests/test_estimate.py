@@ -258,12 +258,8 @@ def anchor_table() -> dict[str, tuple[float, float]]:
 
 
 def moe_layer_s(cfg: Config) -> float:
-    """The MoE layer alone: expert GEMMs, its elementwise work (router, permutes, activations)
-    and the EP exchanges, forward + backward."""
-    est = estimate(cfg)
-    env, row = est.envs[0], est.stages[0]
-    return float(env["time_moe_gemm_s"] + env["time_moe_non_gemm_s"]) + sum(
-        v for k, v in row["exposed_comm_parts_s"].items() if k.startswith("ep_"))
+    """The MoE layer alone (Estimate.moe_layer_seconds), forward + backward."""
+    return estimate(cfg).moe_layer_seconds()
 
 
 def test_calibration_anchors_within_15_percent() -> None:
