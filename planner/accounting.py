@@ -126,10 +126,9 @@ class Accounting:
         self._schedules: dict[int, tuple[list[dict[str, Number]], Peak]] = {}
         # Books without the activation peak (the time subset) skip the schedule replay, and
         # stages (ranks) with equal inputs share one evaluation.
-        self._needs_peak = any(r in ("live_passes", "act_live_peak")
-                               for q in self.book.quantities for r in q.refs)
+        self._read = self.book.reads  # inputs a formula reads
+        self._needs_peak = not self._read.isdisjoint(("live_passes", "act_live_peak"))
         self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
-        self._read = {r for q in self.book.quantities for r in q.refs}  # inputs a formula reads
         chunk_book = full.subset(("act_per_microbatch", "microbatches"))
         self.chunk_book = chunk_book.quantities
         self._chunk_evaluator = chunk_book.evaluator(None, exact)
@@ -218,15 +217,12 @@ class Accounting:
     def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:
         """Every quantity for `rank` on `stage`, its groups placed on nodes of `node_size` GPUs
         (budgets use the node, the time estimate the NVLink domain)."""
-        kinds = set(grid.kinds)
-        groups = {kind: grid.group_of(kind, rank) for kind in TOPOLOGY_GROUPS if kind in kinds}
         model = self.cfg.model
+        experts = (model.num_experts, model.moe_router_topk, model.moe_router_num_groups,
+                   model.moe_router_group_topk)
         try:
-            return self._placed(stage, groups.get("embd"),
-                                rank_values(rank, node_size, groups, grid.group_of("pp", rank),
-                                            (model.num_experts, model.moe_router_topk,
-                                             model.moe_router_num_groups,
-                                             model.moe_router_group_topk)))
+            embd, values = _placement(grid, rank, node_size, experts)
+            return self._placed(stage, embd, values)
         except ZeroDivisionError as exc:
             raise BudgetError(f"stage {stage}: a quantity divides by zero ({exc})") from None
 
@@ -235,14 +231,48 @@ class Accounting:
                       env)
 
 
+# Grids by spec: search estimates many candidates of one layout (knobs only differ), and a Grid
+# (group arithmetic, Megatron's build-time checks) depends on nothing but its spec.
+_GRIDS: dict[Any, Grid | BudgetError] = {}
+
+
+_PLACEMENTS: dict[tuple[Any, ...], tuple[list[int] | None, dict[str, Number]]] = {}
+
+
+def _placement(grid: Grid, rank: int, node_size: int,
+               experts: tuple[Any, ...]) -> tuple[list[int] | None, dict[str, Number]]:
+    """The rank's embedding group and `rank_values`, remembered per grid spec (they depend on
+    nothing else): every knob setting search times on one layout places its ranks alike."""
+    key = (grid.spec, rank, node_size, experts)
+    hit = _PLACEMENTS.get(key)
+    if hit is None:
+        kinds = set(grid.kinds)
+        groups = {kind: grid.group_of(kind, rank) for kind in TOPOLOGY_GROUPS if kind in kinds}
+        hit = (groups.get("embd"), rank_values(rank, node_size, groups, grid.group_of("pp", rank),
+                                               experts))
+        if len(_PLACEMENTS) > 65536:
+            _PLACEMENTS.clear()
+        _PLACEMENTS[key] = hit
+    return hit[0], dict(hit[1])
+
+
 def budget_grid(cfg: Config) -> Grid:
     """The config's grid, or BudgetError when its groups cannot be built."""
     from planner.grid import Grid, GridError, grid_spec_from_config
 
-    try:
-        return Grid(grid_spec_from_config(cfg))
-    except GridError as exc:
-        raise BudgetError(f"no grid: {exc}") from None
+    spec = grid_spec_from_config(cfg)
+    grid = _GRIDS.get(spec)
+    if grid is None:
+        try:
+            grid = Grid(spec)
+        except GridError as exc:
+            grid = BudgetError(f"no grid: {exc}")
+        if len(_GRIDS) > 1024:
+            _GRIDS.clear()
+        _GRIDS[spec] = grid
+    if isinstance(grid, BudgetError):
+        raise grid
+    return grid
 
 
 def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -> list[Budget]:

@@ -204,14 +204,18 @@ def pipeline_page(pp: int, stage: int, interleaved: bool) -> tuple[Quantity, ...
     return tuple(book.quantities)
 
 
+# (row label, time quantity, its exposed part) of every collective phase, in table order.
+_COMM_TIMES = tuple((f"{entry.name}.{phase}", f"time_{entry.name}_{phase}",
+                     f"time_{entry.name}_{phase}_exposed")
+                    for entry in COLLECTIVES.values() for phase in entry.phases)
+
+
 def _stage_row(stage: int, rank: int, env: dict[str, Any]) -> dict[str, Any]:
     comm: dict[str, float] = {}
-    for entry in COLLECTIVES.values():
-        for phase in entry.phases:
-            key = f"time_{entry.name}_{phase}"
-            exposed = env.get(f"{key}_exposed", env.get(key))
-            if exposed:
-                comm[f"{entry.name}.{phase}"] = float(exposed)
+    for label, key, exposed_key in _COMM_TIMES:
+        exposed = env.get(exposed_key, env.get(key))
+        if exposed:
+            comm[label] = float(exposed)
     return {"stage": stage, "rank": rank,
             "compute_parts_s": {part.removeprefix("time_").removesuffix("_s"): float(env[part])
                           for part in COMPUTE_PARTS},

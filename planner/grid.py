@@ -259,6 +259,17 @@ class Layout:
         return list(_mixed_radix_offsets(tuple((self.sizes[i], self.strides[i]) for i in indices)))
 
 
+@lru_cache(maxsize=4096)
+def _stage_ranks(dense: Layout, stage: int) -> tuple[int, ...]:
+    """Ranks of one pipeline stage of a dense layout, ascending (remembered: estimates ask for
+    every stage of the same layouts again and again)."""
+    pp_index = dense.axes.index("pp")
+    unmasked = tuple(i for i in range(len(dense.axes)) if i != pp_index)
+    offsets = _mixed_radix_offsets(tuple((dense.sizes[i], dense.strides[i]) for i in unmasked))
+    base = stage * dense.strides[pp_index]
+    return tuple(sorted(base + o for o in offsets))
+
+
 @lru_cache(maxsize=256)
 def _token_mask(axes: tuple[str, ...], token: str) -> tuple[int, ...]:
     names = token.lower().split("-")
@@ -862,13 +873,7 @@ class Grid:
         """Ranks of one pipeline stage, ascending."""
         if not 0 <= stage < self.spec.pp:
             raise GridError([f"stage {stage} is outside 0..{self.spec.pp - 1}"])
-        pp_index = self.dense.axes.index("pp")
-        unmasked = tuple(i for i in range(len(self.dense.axes)) if i != pp_index)
-        offsets = _mixed_radix_offsets(
-            tuple((self.dense.sizes[i], self.dense.strides[i]) for i in unmasked)
-        )
-        base = stage * self.dense.strides[pp_index]
-        return sorted(base + o for o in offsets)
+        return list(_stage_ranks(self.dense, stage))
 
     def formulas(self, stage: int = 0) -> dict[str, LayoutFormula]:
         return {"dense": layout_formula(self.dense, stage), "expert": layout_formula(self.expert, stage)}

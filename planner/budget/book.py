@@ -9,7 +9,7 @@ reasoned about: layout → params → FLOPs → comm → memory → scaling → 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from types import ModuleType
 
 from planner.budget import comm, flops, layout, memory, params, scaling, time
@@ -29,6 +29,11 @@ class FormulaBook:
     quantities: tuple[Quantity, ...]
     _levels: dict[str, tuple[Quantity, ...]] = field(default_factory=dict, repr=False)
     _evaluators: dict[tuple[str, bool], Evaluator] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def reads(self) -> frozenset[str]:
+        """Every name a formula of the book reads (symbols and other quantities)."""
+        return frozenset(r for q in self.quantities for r in q.refs)
 
     def at(self, level: str) -> tuple[Quantity, ...]:
         if level not in self._levels:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
+from typing import Any
 
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
@@ -426,16 +427,40 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
 def stage_values(cfg: Config, split: StageSplit, stage: int,
                  embd_group: Sequence[int] | None = None) -> dict[str, Number]:
     """Per-stage counts; `embd_group` is the embedding group of the stage's ranks (grid), if any."""
-    return _holding_values(cfg, split, split.stages[stage], split.vpp, embd_group)
+    embd_size = len(embd_group) if embd_group else 1
+    return _remembered(cfg, split, ("stage", stage, embd_size),
+                       lambda: _holding_values(cfg, split, split.stages[stage], split.vpp,
+                                               embd_size))
 
 
 def chunk_values(cfg: Config, split: StageSplit, chunk: Chunk) -> dict[str, Number]:
     """The same counts for one model chunk alone: what one of its forward passes stores."""
-    return _holding_values(cfg, split, stage_layers(cfg, chunk.stage, [chunk]), 1, None)
+    return _remembered(cfg, split, ("chunk", chunk.index),
+                       lambda: _holding_values(cfg, split, stage_layers(cfg, chunk.stage, [chunk]),
+                                               1, 1))
+
+
+_HOLDINGS: dict[tuple[Any, ...], tuple[Any, Any, dict[str, Number]]] = {}
+
+
+def _remembered(cfg: Config, split: StageSplit, where: tuple[Any, ...],
+                compute: Callable[[], dict[str, Number]]) -> dict[str, Number]:
+    """A stage's or chunk's counts, remembered per model, split and recompute setting (all they
+    read): search asks for the same ones for every knob setting of a layout. The entry holds the
+    model and the split, so the ids in its key are never reused while it lives."""
+    ov = cfg.overlap
+    key = (id(cfg.model), id(split), cfg.parallel.pp, ov.recompute_granularity,
+           ov.recompute_method, ov.recompute_num_layers, *where)
+    hit = _HOLDINGS.get(key)
+    if hit is None or hit[0] is not cfg.model or hit[1] is not split:
+        if len(_HOLDINGS) > 65536:
+            _HOLDINGS.clear()
+        hit = _HOLDINGS[key] = (cfg.model, split, compute())
+    return dict(hit[2])
 
 
 def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int,
-                    embd_group: Sequence[int] | None) -> dict[str, Number]:
+                    embd_size: int) -> dict[str, Number]:
     stage, model, pp = st.stage, cfg.model, cfg.parallel.pp
     ratios = _ratios(cfg)
     per_block = [ratios[i] if i < len(ratios) else 0 for i in st.layers]
@@ -445,7 +470,6 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
         per_block = []
     blocks = len(st.layers) + len(st.mtp_layers)
     tied_copy = not model.untie_embeddings_and_output_weights and pp > 1
-    embd_size = len(embd_group) if embd_group else 1
     first_chunk, last_chunk = split.chunks[0], split.chunks[-1]
     return {
         "s": stage, "chunks": chunks, "blocks": blocks, "L_moe": len(st.moe_layers),
