@@ -54,6 +54,9 @@ PIPELINE_FIELDS = ("vpp", "pipeline_model_parallel_layout", "decoder_first_pipel
                    "microbatch_group_size_per_vp_stage")
 VPP_CHOICES = (1, 2, 4)
 MBS_CHOICES = (1, 2, 4)
+# How many layouts the knob grid's first rounds take (the rest go in one last round): the most
+# promising few set a tight bound for all the others.
+GRID_ROUNDS = (4, 16)
 # (dispatcher, flex backend) pairs; the catalog refuses those a layout cannot use (e.g. MOE008).
 DISPATCHERS = (("alltoall", None), ("allgather", None), ("flex", "deepep"), ("flex", "hybridep"))
 # Every grid setting fuses the permutations (Transformer Engine's fused permute kernels): in the
@@ -572,6 +575,8 @@ class _Judge:
         key = _identity(cand)
         if key in self.seen:
             return self.seen[key].step_time_s
+        if key in self._estimates:
+            return float(self._estimates[key].step_time_s)
         est = _float_estimate(cand)
         if est is None:
             return None
@@ -684,7 +689,9 @@ class _Work:
 
     judge: _Judge
     pruned: dict[str, int] = field(default_factory=dict)
-    layouts: list[Changes] = field(default_factory=list)  # chosen for the knob grid
+    # Chosen for the knob grid, each with its promise: (does not fit, step time) at the anchor's
+    # knobs, by which the grid takes the layouts (most promising first).
+    layouts: list[tuple[tuple[bool, float], Changes]] = field(default_factory=list)
 
     def prune(self, reason: str, count: int = 1) -> None:
         self.pruned[reason] = self.pruned.get(reason, 0) + count
@@ -773,13 +780,13 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
     fastest = min(timed, key=lambda item: item[1:], default=None)
     if fastest is not None and fastest[2] not in chosen:
         chosen.append(fastest[2])
-    work.layouts = [_merge(base, {"parallel": unique[i]}) for i in chosen]
+    promise = {i: (bad, t) for bad, t, i in timed}
+    work.layouts = [(promise[i], _merge(base, {"parallel": unique[i]})) for i in chosen]
     return work
 
 
-def _grid_work(cfg: Config, headroom: float,
-               unit: tuple[Changes, tuple[str, str | None], float, int]) -> _Work:
-    """The knob grid of one layout and one dispatcher/backend (a unit small enough to share)."""
+def _grid_work(cfg: Config, headroom: float, unit: tuple[Changes, float, int]) -> _Work:
+    """The knob grid of one layout (a unit small enough to share)."""
     work = _Work(_Judge(cfg, headroom))
     _grid(work, cfg, *unit)
     work.judge.forget_all()  # estimates are not sent back to the parent process
@@ -797,48 +804,90 @@ def _dispatchers(cfg: Config) -> tuple[tuple[str, str | None], ...]:
     return ((cfg.moe.moe_token_dispatcher_type, cfg.moe.moe_flex_dispatcher_backend),)
 
 
-def _grid(work: _Work, cfg: Config, layout: Changes, dispatcher: tuple[str, str | None],
-          bound: float = float("inf"), top: int = 1) -> None:
-    """Every EP overlap × micro-batch × recompute preset of one layout and dispatcher, but the
-    exact prunings (see the module doc). `bound`: a step time `top` fitting candidates already
-    beat; a micro-batch size whose no-recompute time exceeds it (or the `top`-th best this grid
-    found) is skipped whole, recomputing more never being faster."""
-    presets = recompute_presets(cfg)
-    kind, backend = dispatcher
-    found: list[float] = []  # this grid's fitting step times
-    for flag in (False, True):
-        too_big: set[frozenset[str]] = set()  # presets that did not fit at a smaller MBS
-        for mbs in MBS_CHOICES:
-            def setting(preset: dict[str, Any], mbs: int = mbs, flag: bool = flag) -> Changes:
-                return _merge(layout, {
-                    "training": {"micro_batch_size": mbs},
-                    "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
-                    "moe": {"moe_token_dispatcher_type": kind,
-                            "moe_flex_dispatcher_backend": backend, **FUSED_PERMUTE}})
+def _floor_dispatcher(cfg: Config, dispatchers: tuple[tuple[str, str | None], ...]
+                      ) -> tuple[tuple[str, str | None] | None, set[tuple[str, str | None]]]:
+    """The dispatcher whose time bounds the others' from below on any layout, knobs alike, and
+    the dispatchers it bounds: HybridEP (flex), whose node-deduplicated rows are the fewest any
+    dispatcher moves and which permutes nothing (its kernel writes expert order), over every
+    dispatcher whose efficiency factor is no higher than its own (step time only grows with
+    exchanged bytes and permuted elements; tests/test_search.py checks it on the examples)."""
+    from planner.budget.hardware import dispatch_efficiency
 
+    lower = ("flex", "hybridep")
+    if lower not in dispatchers:
+        return None, set()
+
+    def efficiency(d: tuple[str, str | None]) -> float:
+        return dispatch_efficiency(build(cfg, {"moe": {"moe_token_dispatcher_type": d[0],
+                                                       "moe_flex_dispatcher_backend": d[1]}}))
+
+    ceiling = efficiency(lower)
+    return lower, {d for d in dispatchers if efficiency(d) <= ceiling}
+
+
+def _grid(work: _Work, cfg: Config, layout: Changes, bound: float = float("inf"),
+          top: int = 1) -> None:
+    """Every micro-batch × dispatcher × EP overlap × recompute preset of one layout, but the
+    exact prunings (see the module doc). `bound`: a step time `top` fitting candidates already
+    beat (or the `top`-th best this grid found); a setting whose time without recompute exceeds
+    it is skipped with all its presets, recomputing more never being faster. Lower bounds make
+    one time stand for several settings: with EP overlap on a setting is never slower than with
+    it off (the flag only hides exchange time), and HybridEP bounds the dispatchers
+    `_floor_dispatcher` names."""
+    presets = recompute_presets(cfg)
+    dispatchers = _dispatchers(cfg)
+    lower, bounded = _floor_dispatcher(cfg, dispatchers)
+    found: list[float] = []  # this grid's fitting step times
+    # Presets that did not fit at a smaller micro-batch, per dispatcher and EP overlap.
+    too_big: dict[tuple[tuple[str, str | None], bool], set[frozenset[str]]] = {}
+    for mbs in MBS_CHOICES:
+        def setting(dispatcher: tuple[str, str | None], flag: bool,
+                    preset: dict[str, Any], mbs: int = mbs) -> Changes:
+            return _merge(layout, {
+                "training": {"micro_batch_size": mbs},
+                "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
+                "moe": {"moe_token_dispatcher_type": dispatcher[0],
+                        "moe_flex_dispatcher_backend": dispatcher[1], **FUSED_PERMUTE}})
+
+        def slower(dispatcher: tuple[str, str | None], flag: bool, settings: int) -> bool:
+            """Whether the setting without recompute is slower than `top` fitting ones (then
+            the `settings` it bounds are pruned)."""
             best = min(bound, sorted(found)[top - 1] if len(found) >= top else float("inf"))
-            if best < float("inf"):
-                floor = work.judge.step_time(setting(presets[0]))
-                if floor is not None and floor > best * (1 + FLOAT_MARGIN):
-                    work.judge.forget(setting(presets[0]))
-                    work.prune("settings slower without recompute than the best found",
-                               len(presets))
+            if best == float("inf"):
+                return False
+            floor = work.judge.step_time(setting(dispatcher, flag, presets[0]))
+            if floor is None or floor <= best * (1 + FLOAT_MARGIN):
+                return False
+            work.judge.forget(setting(dispatcher, flag, presets[0]))
+            work.prune("settings slower without recompute than the best found",
+                       settings * len(presets))
+            return True
+
+        remaining = list(dispatchers)
+        if lower is not None and slower(lower, True, 2 * len(bounded)):
+            remaining = [d for d in dispatchers if d not in bounded]
+        for dispatcher in remaining:
+            if slower(dispatcher, True, 2):
+                continue
+            for flag in (True, False):
+                if not flag and slower(dispatcher, flag, 1):
                     continue
-            fitting: list[frozenset[str]] = []
-            for preset in presets:
-                mine = recomputed(preset)
-                if mine in too_big:
-                    work.prune("settings at a larger micro-batch than one that does not fit")
-                    continue
-                if any(_dominates(f, mine) for f in fitting):
-                    work.prune("settings recomputing more than a fitting one")
-                    continue
-                out = work.judge.judge(setting(preset))
-                if isinstance(out, Candidate):
-                    fitting.append(mine)
-                    found.append(out.step_time_s)
-                elif out.codes in MEMORY_VERDICTS:
-                    too_big.add(mine)
+                fitting: list[frozenset[str]] = []
+                small = too_big.setdefault((dispatcher, flag), set())
+                for preset in presets:
+                    mine = recomputed(preset)
+                    if mine in small:
+                        work.prune("settings at a larger micro-batch than one that does not fit")
+                        continue
+                    if any(_dominates(f, mine) for f in fitting):
+                        work.prune("settings recomputing more than a fitting one")
+                        continue
+                    out = work.judge.judge(setting(dispatcher, flag, preset))
+                    if isinstance(out, Candidate):
+                        fitting.append(mine)
+                        found.append(out.step_time_s)
+                    elif out.codes in MEMORY_VERDICTS:
+                        small.add(mine)
 
 
 def _run_units(work: Callable[..., _Work], cfg: Config, headroom: float, units: list[Any],
@@ -926,22 +975,28 @@ def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max
         chosen.append(user)
     pruned["families not refined"] = len(anchors) - len(chosen)
     refine_units = [(anchor, layouts) for anchor in chosen]
-    per_layout = 4 * len(MBS_CHOICES) * 2
     dispatchers = _dispatchers(cfg)
-    total = done + (10 + per_layout * len(dispatchers) * layouts) * len(refine_units)
-    layout_choices = []
+    per_layout = 4 * len(MBS_CHOICES) * 2 * len(dispatchers)
+    total = done + (10 + per_layout * layouts) * len(refine_units)
+    layout_choices: list[tuple[tuple[bool, float], Changes]] = []
     for part in _run_units(_layouts_work, cfg, memory_headroom, refine_units,
                            [10] * len(refine_units), workers, tick):
         absorb(part)
-        layout_choices += [(layout, d) for layout in part.layouts for d in dispatchers]
+        layout_choices += part.layouts
     # Branch and bound: `top` candidates already fit at this step time (or faster); a grid cell
     # that cannot beat it cannot enter the top (nor be a faster candidate that was ruled out).
-    known = sorted(c.step_time_s for c in judge.timed())
-    bound = known[top - 1] if top >= 1 and len(known) >= top else float("inf")
-    grid_units = [(layout, d, bound, max(top, 1)) for layout, d in layout_choices]
-    for part in _run_units(_grid_work, cfg, memory_headroom, grid_units,
-                           [per_layout] * len(grid_units), workers, tick):
-        absorb(part)
+    # The most promising layouts go first, in rounds of fixed sizes (whatever the workers, so
+    # the counts never depend on them); each round starts from the bound the earlier ones set.
+    ordered = [layout for _, layout in sorted(layout_choices, key=lambda item: item[0])]
+    start_at = 0
+    for size in (*GRID_ROUNDS, len(ordered)):
+        round_units, start_at = ordered[start_at:start_at + size], start_at + size
+        known = sorted(c.step_time_s for c in judge.timed())
+        bound = known[top - 1] if top >= 1 and len(known) >= top else float("inf")
+        units = [(layout, bound, max(top, 1)) for layout in round_units]
+        for part in _run_units(_grid_work, cfg, memory_headroom, units,
+                               [per_layout] * len(units), workers, tick):
+            absorb(part)
     if progress:
         progress(total, total)
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
