@@ -385,6 +385,8 @@ def pp_group_mismatch(spec: GridSpec) -> tuple[list[list[int]], list[list[int]]]
     Returns (dense pp groups, expert pp groups) when they differ. A spec whose layouts
     cannot be built at all returns None; `layout_problems` reports why.
     """
+    if spec.order.endswith("pp"):
+        return None  # pp-last: both generators give the pp groups of stride N/PP
     try:
         dense, expert = dense_layout(spec), expert_layout(spec)
     except GridError:

@@ -35,15 +35,19 @@ candidate, so the winner is never slower than it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.degrees import Degrees
 from planner.findings import Finding
 from planner.rules.hints import divisors
 from planner.schema import Config
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 Changes = dict[str, dict[str, Any]]  # section -> field -> value, over the user's config
 
@@ -82,6 +86,7 @@ class Candidate:
     stage_peak_bytes: list[int]
     is_user: bool = False
     stage_step_s: list[float] = field(default_factory=list)  # each stage's step time
+    stage_bubble_s: list[float] = field(default_factory=list)  # and its pipeline bubble
 
     def as_json(self) -> dict[str, Any]:
         c = self.cfg
@@ -333,27 +338,29 @@ def cost_balanced_layout(costs: LayerCosts, mtp: int, pp: int, vpp: int) -> str 
     extra[-1] += costs.tail
     share = [(fair - extra[j % pp]) / vpp for j in range(chunks)]
 
-    def cost(j: int, a: int, b: int) -> float:  # the chunk's excess over its share
-        return prefix[b] - prefix[a] - share[j]
-
     inf = (float("inf"), float("inf"))
     best = [[inf] * (n + 1) for _ in range(chunks)]
     start = [[0] * (n + 1) for _ in range(chunks)]
     for b in range(n + 1):
-        c = cost(0, 0, b)
+        c = prefix[b] - prefix[0] - share[0]  # the chunk's excess over its share
         best[0][b] = (c, c * c)
     for j in range(1, chunks):
-        least = 0 if j == chunks - 1 else 1
-        ends = [n] if j == chunks - 1 else range(j, n + 1)
-        for b in ends:
-            for a in range(b - least, -1, -1):
-                c = cost(j, a, b)
-                if c > best[j][b][0]:
+        last = j == chunks - 1
+        least = 0 if last else 1
+        prev, row, starts, fair_j = best[j - 1], best[j], start[j], share[j]
+        # Chunk j ends after layer b-1; b leaves every later middle chunk at least one layer,
+        # and chunks 1..j-1 hold at least one each, so chunk j starts at a >= j - 1.
+        for b in [n] if last else range(j, n + 1 - (chunks - 2 - j)):
+            high, squares, begin = *row[b], starts[b]
+            for a in range(b - least, j - 2, -1):
+                c = prefix[b] - prefix[a] - fair_j
+                if c > high:
                     break  # the chunk only grows as it starts earlier
-                prev = best[j - 1][a]
-                value = (max(prev[0], c), prev[1] + c * c)
-                if value <= best[j][b]:  # on a tie the later chunk takes more layers
-                    best[j][b], start[j][b] = value, a
+                worst, total = prev[a]
+                value = (max(worst, c), total + c * c)
+                if value <= (high, squares):  # on a tie the later chunk takes more layers
+                    (high, squares), begin = value, a
+            row[b], starts[b] = (high, squares), begin
     if best[-1][n] == inf:
         return None
     counts, b = [], n
@@ -634,7 +641,8 @@ def _candidate(cfg: Config, changes: Changes, est: Any, is_user: bool,
     stage = max(range(len(peaks)), key=peaks.__getitem__)
     return Candidate(cfg, changes, est.step_time_s, figures["tflops_per_gpu"],
                      figures["tokens_per_s_per_gpu"], peaks[stage], stage, peaks, is_user,
-                     [float(row["step_s"]) for row in est.stages])
+                     [float(row["step_s"]) for row in est.stages],
+                     [float(row["bubble_s"]) for row in est.stages])
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -754,7 +762,12 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
     if fam[2] > 1:
         probe = build(cfg, _merge(base, {"parallel": pipes[0]}, knobs))
         try:
-            costs = layer_costs(probe, estimate(probe, exact=False).stages)
+            if _pipe_of(anchor.cfg) == _pipe_of(probe):  # the anchor is the probe: reuse its rows
+                rows = [{"step_s": step, "bubble_s": bubble} for step, bubble
+                        in zip(anchor.stage_step_s, anchor.stage_bubble_s, strict=True)]
+            else:
+                rows = estimate(probe, exact=False).stages
+            costs = layer_costs(probe, rows)
         except (BudgetError, ValueError, ZeroDivisionError):
             pass
         else:
@@ -891,30 +904,41 @@ def _grid(work: _Work, cfg: Config, layout: Changes, bound: float = float("inf")
 
 
 def _run_units(work: Callable[..., _Work], cfg: Config, headroom: float, units: list[Any],
-               sizes: list[int], workers: int, tick: Callable[[int], None]) -> list[_Work]:
-    """Run `work(cfg, headroom, unit)` for every unit, in `workers` processes when more than one;
+               sizes: list[int], pool: Executor | None, tick: Callable[[int], None]) -> list[_Work]:
+    """Run `work(cfg, headroom, unit)` for every unit, in the pool's processes when there is one;
     the results come back in the units' order (so the outcome never depends on the workers)."""
-    import multiprocessing
-
-    if "fork" not in multiprocessing.get_all_start_methods():
-        workers = 1  # the workers inherit the loaded code by forking; elsewhere judge in-process
-    if workers <= 1 or len(units) <= 1:
+    if pool is None or len(units) <= 1:
         out = []
         for unit, size in zip(units, sizes, strict=True):
             out.append(work(cfg, headroom, unit))
             tick(size)
         return out
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
     results: list[_Work | None] = [None] * len(units)
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = {pool.submit(work, cfg, headroom, unit): i for i, unit in enumerate(units)}
-        for future in as_completed(futures):
-            i = futures[future]
-            results[i] = future.result()
-            tick(sizes[i])
+    futures = {pool.submit(work, cfg, headroom, unit): i for i, unit in enumerate(units)}
+    for future in as_completed(futures):
+        i = futures[future]
+        results[i] = future.result()
+        tick(sizes[i])
     return [r for r in results if r is not None]
+
+
+@contextmanager
+def _worker_pool(workers: int) -> Iterator[Executor | None]:
+    """`workers` processes for the whole search, or None to judge in-process. They are forked
+    once, so each keeps what it computed (compiled formula books, grids, placements) for its
+    later units; where fork is missing the search judges in-process."""
+    import multiprocessing
+
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        yield None
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers,
+                             mp_context=multiprocessing.get_context("fork")) as pool:
+        yield pool
 
 
 def _default_workers() -> int:
@@ -935,8 +959,14 @@ def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max
     `memory_headroom` of the GPU's memory (1: MEM001's own threshold). `workers` processes share
     the judging (default: up to 2 cores).
     """
+    with _worker_pool(_default_workers() if workers is None else workers) as pool:
+        return _search(cfg, top, refine, layouts, max_ruled_out, progress, pool, memory_headroom)
+
+
+def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int,
+            progress: Progress | None, pool: Executor | None,
+            memory_headroom: float) -> SearchResult:
     start = time.perf_counter()
-    workers = _default_workers() if workers is None else workers
     judge = _Judge(cfg, memory_headroom)
     user = judge.judge({}, is_user=True)
     groups, pruned_degrees = _groups(cfg)
@@ -948,7 +978,7 @@ def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max
         if (tp, cp, pp, etp) == (user_family[0], user_family[1], user_family[2], user_family[4]):
             pipes.insert(0, _pipe_of(cfg))
         plan.append(((tp, cp, pp, etp), eps, pipes))
-    shares = max(1, min(len(plan), 8 * workers))
+    shares = max(1, min(len(plan), 16))
     units = [plan[i::shares] for i in range(shares)]
     sizes = [sum(len(eps) for _, eps, _ in unit) for unit in units]
     done, total = 0, sum(sizes) * 2
@@ -964,7 +994,7 @@ def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max
         for reason, count in part.pruned.items():
             pruned[reason] = pruned.get(reason, 0) + count
 
-    for part in _run_units(_phase1_work, cfg, memory_headroom, units, sizes, workers, tick):
+    for part in _run_units(_phase1_work, cfg, memory_headroom, units, sizes, pool, tick):
         absorb(part)
     anchors: list[Candidate] = []
     for cand in sorted(judge.timed(), key=lambda c: c.step_time_s):
@@ -980,7 +1010,7 @@ def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max
     total = done + (10 + per_layout * layouts) * len(refine_units)
     layout_choices: list[tuple[tuple[bool, float], Changes]] = []
     for part in _run_units(_layouts_work, cfg, memory_headroom, refine_units,
-                           [10] * len(refine_units), workers, tick):
+                           [10] * len(refine_units), pool, tick):
         absorb(part)
         layout_choices += part.layouts
     # Branch and bound: `top` candidates already fit at this step time (or faster); a grid cell
@@ -995,7 +1025,7 @@ def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max
         bound = known[top - 1] if top >= 1 and len(known) >= top else float("inf")
         units = [(layout, bound, max(top, 1)) for layout in round_units]
         for part in _run_units(_grid_work, cfg, memory_headroom, units,
-                               [per_layout] * len(units), workers, tick):
+                               [per_layout] * len(units), pool, tick):
             absorb(part)
     if progress:
         progress(total, total)

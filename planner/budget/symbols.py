@@ -8,6 +8,7 @@ choices (dispatcher, capacity mode, optimizer, recompute ...) that pick which fo
 from __future__ import annotations
 
 import math
+import operator
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -532,7 +533,7 @@ def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
     for kind in TOPOLOGY_GROUPS:
         members = groups.get(kind) or [rank]
         nodes = [r // gpus_per_node for r in members]
-        crossing = sum(1 for i, n in enumerate(nodes) if n != nodes[(i + 1) % len(nodes)])
+        crossing = sum(map(operator.ne, nodes, nodes[1:] + nodes[:1]))
         values[f"{kind}_on_node"] = nodes.count(node)
         values[f"{kind}_nodes"] = nodes_spanned(members, gpus_per_node)
         values[f"{kind}_ring_offnode"] = normalize(Fraction(crossing, len(nodes)))
