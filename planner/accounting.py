@@ -129,6 +129,7 @@ class Accounting:
         self._read = self.book.reads  # inputs a formula reads
         self._needs_peak = not self._read.isdisjoint(("live_passes", "act_live_peak"))
         self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
+        self.placed_keys: dict[int, tuple[Any, ...]] = {}  # stage -> what its evaluation read
         chunk_book = full.subset(("act_per_microbatch", "microbatches"))
         self.chunk_book = chunk_book.quantities
         self._chunk_evaluator = chunk_book.evaluator(None, exact)
@@ -144,12 +145,20 @@ class Accounting:
         if self._needs_peak:
             peak = self.schedule(stage)[1]
             values.update(live_passes=peak.live_passes, act_live_peak=peak.bytes)
-        key = ("stage", *values.items())
+        key = ("stage", *self._read_items(values))
         if key not in self._envs:
             env = dict(self.globals)
             env.update(values)
             self._envs[key] = self._evaluate("stage", env)
-        return dict(self._envs[key])
+        env = dict(self._envs[key])
+        env.update(values)  # this stage's own counts (those no formula reads may differ)
+        return env
+
+    def _read_items(self, values: dict[str, Number]) -> tuple[tuple[str, Number], ...]:
+        """The values a formula of the book reads: what decides an evaluation (stages and ranks
+        that agree on them share one)."""
+        read = self._read
+        return tuple((k, v) for k, v in values.items() if k in read)
 
     def _evaluate(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
         env.update(self.book.evaluator(level, self.exact)(env))
@@ -204,14 +213,17 @@ class Accounting:
 
     def _placed(self, stage: int, embd_group: list[int] | None,
                 values: dict[str, Number]) -> dict[str, Number]:
-        """rank_env(stage_env(...)), shared by stages whose inputs and placement are equal."""
-        stage_key = ("stage-of", stage) if self._needs_peak else \
-            tuple(stage_values(self.cfg, self.split, stage, embd_group).items())
-        key = ("rank", stage_key, *((k, v) for k, v in values.items() if k in self._read))
+        """rank_env(stage_env(...)), shared by stages whose inputs and placement are equal (the
+        key is kept in `placed_keys`)."""
+        own = stage_values(self.cfg, self.split, stage, embd_group)
+        stage_key = ("stage-of", stage) if self._needs_peak else self._read_items(own)
+        key = ("rank", stage_key, *self._read_items(values))
         if key not in self._envs:
             self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
+        self.placed_keys[stage] = key
         env = dict(self._envs[key])
-        env.update(values)  # this rank's own facts (those no formula reads may differ)
+        env.update(own)  # this stage's and rank's own facts (those no formula reads may differ)
+        env.update(values)
         return env
 
     def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:

@@ -24,7 +24,7 @@ behind the chunk's own compute.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from planner.accounting import (
@@ -61,24 +61,40 @@ class Estimate:
     cfg: Config
     step_time_s: float
     slowest_stage: int
-    stages: list[dict[str, Any]]
+    ranks: list[int]  # the rank each stage is evaluated for (its first)
     envs: list[dict[str, Any]] = field(repr=False)
     globals: dict[str, Any] = field(repr=False)
     acc: Accounting = field(repr=False)
+
+    @cached_property
+    def stages(self) -> list[dict[str, Any]]:
+        """Each stage's row: its step, compute parts and exposed communication (made on first use:
+        search ranks thousands of estimates by their step time alone)."""
+        return [_stage_row(s, rank, env) for s, (rank, env) in enumerate(zip(self.ranks, self.envs,
+                                                                              strict=True))]
 
     @property
     def tokens_per_step(self) -> int:
         return int(self.globals["tokens_per_step"])
 
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Megatron's model FLOPs of a step per GPU and second, in TFLOP/s."""
+        n = self.cfg.parallel.world_size or 1
+        return float(self.globals["flops_per_step"]) / self.step_time_s / n / 1e12
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_step / self.step_time_s / (self.cfg.parallel.world_size or 1)
+
     def as_json(self) -> dict[str, Any]:
-        cfg, n = self.cfg, self.cfg.parallel.world_size or 1
-        tflops = float(self.globals["flops_per_step"]) / self.step_time_s / n / 1e12
+        cfg, tflops = self.cfg, self.tflops_per_gpu
         peak, precision = ((cfg.cluster.peak_fp8_tflops, "FP8") if cfg.training.fp8
                            else (cfg.cluster.peak_bf16_tflops, "BF16"))
         eff = cfg.cluster.efficiency
         return {
             "step_time_s": self.step_time_s,
-            "tokens_per_s_per_gpu": self.tokens_per_step / self.step_time_s / n,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "tflops_per_gpu": tflops,
             "flops_per_token": float(self.globals["flops_per_token"]),
             "mfu": {"value": tflops / float(peak or 1),
@@ -122,28 +138,37 @@ def estimate(cfg: Config, *, exact: bool = True) -> Estimate:
     ranks = [grid.stage_ranks(s)[0] for s in range(pp)]
     envs = [acc.placed_env(grid, s, ranks[s], domain) for s in range(pp)]
     chunk_times = _chunk_times(acc, envs)
-    stages = []
+    steps = []
     for s, env in enumerate(envs):
         env.update(chunk_times)
         env.update(compile_quantities(pipeline_page(pp, s, acc.split.vpp > 1), exact)(env))
-        stages.append(_stage_row(s, ranks[s], env))
-    slowest = max(range(len(stages)), key=lambda s: stages[s]["step_s"])
-    return Estimate(cfg, stages[slowest]["step_s"], slowest, stages, envs, acc.globals, acc)
+        steps.append(float(env["time_stage_step_s"]))
+    slowest = max(range(len(steps)), key=steps.__getitem__)
+    return Estimate(cfg, steps[slowest], slowest, ranks, envs, acc.globals, acc)
 
 
 def _chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number]:
     """t_first_j and t_last_j: one microbatch, forward and backward, through stage j's first and
     last model chunk alone (without interleaving both are the stage's own microbatch time)."""
     times: dict[str, Number] = {}
+    reads = _chunk_formulas(acc.variant)[1]
+    known: dict[tuple[Any, ...], Number] = {}  # chunks whose stage and counts read alike
+
+    def chunk_time(j: int, chunk: Chunk) -> Number:
+        counts = chunk_values(acc.cfg, acc.split, chunk)
+        key = (acc.placed_keys.get(j, j), chunk.embedding, chunk.loss,
+               *((k, v) for k, v in counts.items() if k in reads))
+        if key not in known:
+            known[key] = chunk_microbatch_time(acc, envs[j], chunk)
+        return known[key]
+
     for j, env in enumerate(envs):
         first, last = acc.split.stages[j].chunks[0], acc.split.stages[j].chunks[-1]
         if acc.split.vpp == 1:
             times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
             continue
-        times[f"t_first_{j}"] = chunk_microbatch_time(acc, env, first)
-        same = (first.embedding, first.loss, chunk_values(acc.cfg, acc.split, first)) == (
-            last.embedding, last.loss, chunk_values(acc.cfg, acc.split, last))
-        times[f"t_last_{j}"] = times[f"t_first_{j}"] if same else chunk_microbatch_time(acc, env, last)
+        times[f"t_first_{j}"] = chunk_time(j, first)
+        times[f"t_last_{j}"] = chunk_time(j, last)
     return times
 
 
@@ -161,16 +186,22 @@ def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chu
 
 
 @cache
-def _chunk_evaluator(variant: Variant, exact: bool = True) -> Evaluator:
+def _chunk_formulas(variant: Variant) -> tuple[tuple[Quantity, ...], frozenset[str]]:
     """The formulas time_microbatch_s needs that a chunk's counts change (everything else keeps
-    its stage's value), compiled once per variant."""
+    its stage's value), and every name they read."""
     changed = {symbol.name for symbol in STAGE_SYMBOLS} | {"VPP"}
     needed = []
     for q in formula_book(variant).subset(("time_microbatch_s",)).quantities:
         if changed.intersection(q.refs):
             changed.add(q.ident)
             needed.append(q)
-    return compile_quantities(tuple(needed), exact)
+    return tuple(needed), frozenset(r for q in needed for r in q.refs)
+
+
+@cache
+def _chunk_evaluator(variant: Variant, exact: bool = True) -> Evaluator:
+    """`_chunk_formulas`, compiled once per variant."""
+    return compile_quantities(_chunk_formulas(variant)[0], exact)
 
 
 @cache

@@ -636,13 +636,12 @@ def _candidate(cfg: Config, changes: Changes, est: Any, is_user: bool,
                memory: list[dict[str, Any]] | None = None) -> Candidate:
     """The candidate's figures; peaks from the catalog's memory budget when given (a float
     estimate holds none)."""
-    figures = est.as_json()
     peaks = [int(env["peak_memory_bytes"]) for env in (memory or est.envs)]
     stage = max(range(len(peaks)), key=peaks.__getitem__)
-    return Candidate(cfg, changes, est.step_time_s, figures["tflops_per_gpu"],
-                     figures["tokens_per_s_per_gpu"], peaks[stage], stage, peaks, is_user,
-                     [float(row["step_s"]) for row in est.stages],
-                     [float(row["bubble_s"]) for row in est.stages])
+    return Candidate(cfg, changes, est.step_time_s, est.tflops_per_gpu, est.tokens_per_s_per_gpu,
+                     peaks[stage], stage, peaks, is_user,
+                     [float(env["time_stage_step_s"]) for env in est.envs],
+                     [float(env["time_bubble_s"]) for env in est.envs])
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -876,9 +875,9 @@ def _grid(work: _Work, cfg: Config, layout: Changes, bound: float = float("inf")
                        settings * len(presets))
             return True
 
-        remaining = list(dispatchers)
+        remaining = sorted(dispatchers, key=lambda d: d != lower)  # the likely fastest first
         if lower is not None and slower(lower, True, 2 * len(bounded)):
-            remaining = [d for d in dispatchers if d not in bounded]
+            remaining = [d for d in remaining if d not in bounded]
         for dispatcher in remaining:
             if slower(dispatcher, True, 2):
                 continue
