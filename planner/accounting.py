@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from planner.budget.book import PAGES, FormulaBook, formula_book
@@ -154,11 +155,10 @@ class Accounting:
         env.update(values)  # this stage's own counts (those no formula reads may differ)
         return env
 
-    def _read_items(self, values: dict[str, Number]) -> tuple[tuple[str, Number], ...]:
+    def _read_items(self, values: dict[str, Number]) -> tuple[Any, ...]:
         """The values a formula of the book reads: what decides an evaluation (stages and ranks
         that agree on them share one)."""
-        read = self._read
-        return tuple((k, v) for k, v in values.items() if k in read)
+        return read_items(values, self._read)
 
     def _evaluate(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
         env.update(self.book.evaluator(level, self.exact)(env))
@@ -211,13 +211,13 @@ class Accounting:
         env.update(values)
         return self._evaluate("rank", env)
 
-    def _placed(self, stage: int, embd_group: list[int] | None,
-                values: dict[str, Number]) -> dict[str, Number]:
+    def _placed(self, stage: int, embd_group: list[int] | None, values: dict[str, Number],
+                values_key: Any) -> dict[str, Number]:
         """rank_env(stage_env(...)), shared by stages whose inputs and placement are equal (the
         key is kept in `placed_keys`)."""
         own = stage_values(self.cfg, self.split, stage, embd_group)
         stage_key = ("stage-of", stage) if self._needs_peak else self._read_items(own)
-        key = ("rank", stage_key, *self._read_items(values))
+        key = ("rank", stage_key, values_key)
         if key not in self._envs:
             self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
         self.placed_keys[stage] = key
@@ -233,8 +233,9 @@ class Accounting:
         experts = (model.num_experts, model.moe_router_topk, model.moe_router_num_groups,
                    model.moe_router_group_topk)
         try:
-            embd, values = _placement(grid, rank, node_size, experts)
-            return self._placed(stage, embd, values)
+            placement = _placement(grid, rank, node_size, experts)
+            return self._placed(stage, placement.embd, dict(placement.values),
+                                placement.key(self._read))
         except ZeroDivisionError as exc:
             raise BudgetError(f"stage {stage}: a quantity divides by zero ({exc})") from None
 
@@ -248,24 +249,73 @@ class Accounting:
 _GRIDS: dict[Any, Grid | BudgetError] = {}
 
 
-_PLACEMENTS: dict[tuple[Any, ...], tuple[list[int] | None, dict[str, Number]]] = {}
+class _HashedOnce:
+    """A tuple of values that hashes once: placement values hold Fractions, whose hash is slow,
+    and every estimate of a layout looks its ranks' evaluations up by them."""
+
+    __slots__ = ("items", "_hash")
+
+    def __init__(self, items: tuple[Any, ...]) -> None:
+        self.items, self._hash = items, hash(items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _HashedOnce) and self._hash == other._hash
+                                 and self.items == other.items)
 
 
-def _placement(grid: Grid, rank: int, node_size: int,
-               experts: tuple[Any, ...]) -> tuple[list[int] | None, dict[str, Number]]:
-    """The rank's embedding group and `rank_values`, remembered per grid spec (they depend on
-    nothing else): every knob setting search times on one layout places its ranks alike."""
+@dataclass(eq=False)
+class _Placement:
+    """A rank's embedding group and `rank_values`, with their sharing keys per formula book."""
+
+    embd: list[int] | None
+    values: dict[str, Number]
+    keys: dict[frozenset[str], _HashedOnce] = field(default_factory=dict)
+
+    def key(self, read: frozenset[str]) -> _HashedOnce:
+        """The values a book with inputs `read` reads (see `read_items`), hashed once."""
+        if read not in self.keys:
+            self.keys[read] = _HashedOnce(read_items(self.values, read))
+        return self.keys[read]
+
+
+_PLACEMENTS: dict[tuple[Any, ...], _Placement] = {}
+
+
+def _placement(grid: Grid, rank: int, node_size: int, experts: tuple[Any, ...]) -> _Placement:
+    """The rank's placement, remembered per grid spec (it depends on nothing else): every knob
+    setting search times on one layout places its ranks alike."""
     key = (grid.spec, rank, node_size, experts)
     hit = _PLACEMENTS.get(key)
     if hit is None:
         kinds = set(grid.kinds)
         groups = {kind: grid.group_of(kind, rank) for kind in TOPOLOGY_GROUPS if kind in kinds}
-        hit = (groups.get("embd"), rank_values(rank, node_size, groups, grid.group_of("pp", rank),
-                                               experts))
+        hit = _Placement(groups.get("embd"),
+                         rank_values(rank, node_size, groups, grid.group_of("pp", rank), experts))
         if len(_PLACEMENTS) > 65536:
             _PLACEMENTS.clear()
         _PLACEMENTS[key] = hit
-    return hit[0], dict(hit[1])
+    return hit
+
+
+_PICKERS: dict[tuple[frozenset[str], tuple[str, ...]], tuple[tuple[str, ...], Any]] = {}
+
+
+def read_items(values: dict[str, Number], read: frozenset[str]) -> tuple[Any, ...]:
+    """(names, values) of the entries of `values` named in `read`: what decides an evaluation
+    of formulas reading `read`. The picker per key set is made once."""
+    names = tuple(values)
+    pick = _PICKERS.get((read, names))
+    if pick is None:
+        chosen = tuple(k for k in names if k in read)
+        getter = itemgetter(*chosen) if len(chosen) > 1 else (
+            (lambda v, k=chosen[0]: (v[k],)) if chosen else (lambda v: ()))
+        if len(_PICKERS) > 4096:
+            _PICKERS.clear()
+        pick = _PICKERS[(read, names)] = (chosen, getter)
+    return pick[0], pick[1](values)
 
 
 def budget_grid(cfg: Config) -> Grid:

@@ -36,6 +36,7 @@ from planner.accounting import (
     Variant,
     budget_grid,
     formula_book,
+    read_items,
 )
 from planner.budget.expr import Book, Evaluator, Quantity, Symbol, compile_quantities
 from planner.budget.symbols import STAGE_SYMBOLS, chunk_values
@@ -156,8 +157,7 @@ def _chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Numbe
 
     def chunk_time(j: int, chunk: Chunk) -> Number:
         counts = chunk_values(acc.cfg, acc.split, chunk)
-        key = (acc.placed_keys.get(j, j), chunk.embedding, chunk.loss,
-               *((k, v) for k, v in counts.items() if k in reads))
+        key = (acc.placed_keys.get(j, j), chunk.embedding, chunk.loss, read_items(counts, reads))
         if key not in known:
             known[key] = chunk_microbatch_time(acc, envs[j], chunk)
         return known[key]

@@ -336,8 +336,10 @@ def _layout_axes(
     return Layout(name, tuple(tokens), tuple(sizes[t] for t in tokens)), []
 
 
+@lru_cache(maxsize=4096)
 def dense_layout(spec: GridSpec) -> Layout:
-    """The dense ("decoder") generator: EP axis 1."""
+    """The dense ("decoder") generator: EP axis 1 (remembered per spec, as `expert_layout`:
+    rules and budgets ask for the same layouts again and again)."""
     layout, problems = _layout_axes(
         "dense",
         spec.order,
@@ -349,6 +351,7 @@ def dense_layout(spec: GridSpec) -> Layout:
     return layout
 
 
+@lru_cache(maxsize=4096)
 def expert_layout(spec: GridSpec) -> Layout:
     """The expert generator: CP axis 1, TP = ETP, DP = EDP, gtp_remat = EGTP."""
     layout, problems = _layout_axes(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 Number = int | Fraction
 
@@ -108,6 +109,16 @@ def activation_peak(order: Sequence[Pass], chunk_bytes: Sequence[Number]) -> Pea
 
 def stage_peak(pp: int, vpp: int, stage: int, microbatches: int, chunk_bytes: Sequence[Number],
                group_size: int | None = None, extra_warmup: int = 0) -> Peak:
+    """`_stage_peak`, remembered (search replays the same stages for many knob settings). Float
+    bytes (search's ranking) and exact ones are remembered apart: 2.0 == 2 would share a key."""
+    floats = any(type(b) is float for b in chunk_bytes)
+    return _stage_peak(pp, vpp, stage, microbatches, tuple(chunk_bytes), group_size, extra_warmup,
+                       floats)
+
+
+@lru_cache(maxsize=16384)
+def _stage_peak(pp: int, vpp: int, stage: int, microbatches: int, chunk_bytes: tuple[Number, ...],
+                group_size: int | None, extra_warmup: int, floats: bool) -> Peak:
     """`activation_peak` of the stage's order (chunk bytes ≥ 0), in time independent of the
     microbatch count and the group size.
 

@@ -58,7 +58,7 @@ PIPELINE_FIELDS = ("vpp", "pipeline_model_parallel_layout", "decoder_first_pipel
                    "microbatch_group_size_per_vp_stage")
 VPP_CHOICES = (1, 2, 4)
 MBS_CHOICES = (1, 2, 4)
-# How many layouts the knob grid's first rounds take (the rest go in one last round): the most
+# How many families the first rounds of phase 2 take (the rest go in one last round): the most
 # promising few set a tight bound for all the others.
 GRID_ROUNDS = (4, 16)
 # (dispatcher, flex backend) pairs; the catalog refuses those a layout cannot use (e.g. MOE008).
@@ -797,10 +797,16 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
     return work
 
 
-def _grid_work(cfg: Config, headroom: float, unit: tuple[Changes, float, int]) -> _Work:
-    """The knob grid of one layout (a unit small enough to share)."""
-    work = _Work(_Judge(cfg, headroom))
-    _grid(work, cfg, *unit)
+def _family_work(cfg: Config, headroom: float,
+                 unit: tuple[Candidate, int, float, int]) -> _Work:
+    """One family: its layouts (`_layouts_work`), then the knob grid of the chosen ones, most
+    promising first, in one process (they share the family's grids and placements). `bound` as
+    for `_grid`; the family's own fitting candidates tighten it as they are found."""
+    anchor, layouts, bound, top = unit
+    work = _layouts_work(cfg, headroom, (anchor, layouts))
+    found = [c.step_time_s for c in work.judge.timed()]
+    for _, layout in sorted(work.layouts, key=lambda item: item[0]):
+        _grid(work, cfg, layout, bound, top, found)
     work.judge.forget_all()  # estimates are not sent back to the parent process
     return work
 
@@ -838,10 +844,11 @@ def _floor_dispatcher(cfg: Config, dispatchers: tuple[tuple[str, str | None], ..
 
 
 def _grid(work: _Work, cfg: Config, layout: Changes, bound: float = float("inf"),
-          top: int = 1) -> None:
+          top: int = 1, found: list[float] | None = None) -> None:
     """Every micro-batch × dispatcher × EP overlap × recompute preset of one layout, but the
     exact prunings (see the module doc). `bound`: a step time `top` fitting candidates already
-    beat (or the `top`-th best this grid found); a setting whose time without recompute exceeds
+    beat (or the `top`-th best of `found`, the fitting step times known to the caller, which
+    the grid extends); a setting whose time without recompute exceeds
     it is skipped with all its presets, recomputing more never being faster. Lower bounds make
     one time stand for several settings: with EP overlap on a setting is never slower than with
     it off (the flag only hides exchange time), and HybridEP bounds the dispatchers
@@ -849,7 +856,7 @@ def _grid(work: _Work, cfg: Config, layout: Changes, bound: float = float("inf")
     presets = recompute_presets(cfg)
     dispatchers = _dispatchers(cfg)
     lower, bounded = _floor_dispatcher(cfg, dispatchers)
-    found: list[float] = []  # this grid's fitting step times
+    found = [] if found is None else found
     # Presets that did not fit at a smaller micro-batch, per dispatcher and EP overlap.
     too_big: dict[tuple[tuple[str, str | None], bool], set[frozenset[str]]] = {}
     for mbs in MBS_CHOICES:
@@ -1003,28 +1010,22 @@ def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int
     if isinstance(user, Candidate) and all(_family_key(b.cfg) != user_family for b in chosen):
         chosen.append(user)
     pruned["families not refined"] = len(anchors) - len(chosen)
-    refine_units = [(anchor, layouts) for anchor in chosen]
     dispatchers = _dispatchers(cfg)
-    per_layout = 4 * len(MBS_CHOICES) * 2 * len(dispatchers)
-    total = done + (10 + per_layout * layouts) * len(refine_units)
-    layout_choices: list[tuple[tuple[bool, float], Changes]] = []
-    for part in _run_units(_layouts_work, cfg, memory_headroom, refine_units,
-                           [10] * len(refine_units), pool, tick):
-        absorb(part)
-        layout_choices += part.layouts
+    per_family = 10 + 4 * len(MBS_CHOICES) * 2 * len(dispatchers) * layouts
+    total = done + per_family * len(chosen)
     # Branch and bound: `top` candidates already fit at this step time (or faster); a grid cell
     # that cannot beat it cannot enter the top (nor be a faster candidate that was ruled out).
-    # The most promising layouts go first, in rounds of fixed sizes (whatever the workers, so
-    # the counts never depend on them); each round starts from the bound the earlier ones set.
-    ordered = [layout for _, layout in sorted(layout_choices, key=lambda item: item[0])]
+    # The most promising families (fastest anchors) go first, in rounds of fixed sizes
+    # (whatever the workers, so the counts never depend on them); each round starts from the
+    # bound the earlier ones set.
     start_at = 0
-    for size in (*GRID_ROUNDS, len(ordered)):
-        round_units, start_at = ordered[start_at:start_at + size], start_at + size
+    for size in (*GRID_ROUNDS, len(chosen)):
+        round_units, start_at = chosen[start_at:start_at + size], start_at + size
         known = sorted(c.step_time_s for c in judge.timed())
         bound = known[top - 1] if top >= 1 and len(known) >= top else float("inf")
-        units = [(layout, bound, max(top, 1)) for layout in round_units]
-        for part in _run_units(_grid_work, cfg, memory_headroom, units,
-                               [per_layout] * len(units), pool, tick):
+        units = [(anchor, layouts, bound, max(top, 1)) for anchor in round_units]
+        for part in _run_units(_family_work, cfg, memory_headroom, units,
+                               [per_family] * len(units), pool, tick):
             absorb(part)
     if progress:
         progress(total, total)

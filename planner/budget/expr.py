@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Literal
 
 Level = Literal["global", "stage", "rank"]
@@ -171,4 +171,11 @@ def exact(value: Any) -> Number:
         return int(value)
     if isinstance(value, int):
         return value
-    return normalize(Fraction(repr(float(value))))
+    return _exact_float(float(value))
+
+
+@lru_cache(maxsize=4096)
+def _exact_float(value: float) -> Number:
+    """The rational a float's shortest decimal text names (0.1 -> 1/10), remembered: configs
+    repeat a handful of them (efficiencies, bandwidths) across thousands of candidates."""
+    return normalize(Fraction(repr(value)))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import lru_cache
 
-from planner.grid import GridError, expert_layout
+from planner.grid import GridError, Layout, expert_layout
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 
@@ -62,23 +63,35 @@ cluster: {nodes: 4, gpus_per_node: 2, nvlink_domain: 4}""",
 def ep_groups_inside_nvlink_domains(f: Facts) -> Iterator[Violation]:
     domain = f.cluster.nvlink_domain or f.cluster.gpus_per_node or 1
     try:
-        groups = expert_layout(f.grid_spec).groups("tp-ep")
+        straddle = _straddling(expert_layout(f.grid_spec), domain)
     except GridError:
         return  # the grid's own rules (PAR) report why it cannot be built
-    size = len(groups[0])
-    needed = -(-size // domain)  # the fewest domains a group of this size can span
-    straddling = [g for g in groups if len({r // domain for r in g}) > needed]
-    if straddling:
-        first = straddling[0]
-        spans = len({r // domain for r in first})
+    if straddle is not None:
+        count, groups, size, needed, first, spans = straddle
         yield Violation(
             "cluster.nvlink_domain",
-            f"{len(straddling)} of {len(groups)} ETP·EP groups of {size} ranks span more NVLink "
+            f"{count} of {groups} ETP·EP groups of {size} ranks span more NVLink "
             f"domains of {domain} GPUs than they need ({needed}): ranks {first[0]}..{first[-1]} "
             f"span {spans}",
             (f"use {domain - domain % size} GPUs of each domain (set nvlink_domain: "
              f"{domain - domain % size}), or pick ETP·EP dividing {domain}") if size < domain
             else f"pick ETP·EP a multiple of nvlink_domain {domain}, or one dividing it")
+
+
+@lru_cache(maxsize=4096)
+def _straddling(layout: Layout, domain: int) -> tuple[int, int, int, int, tuple[int, ...], int] | None:
+    """(groups spanning more domains than needed, all groups, group size, domains needed, the
+    first such group, the domains it spans) of the layout's ETP·EP groups; None when none does
+    (remembered: search asks for every knob setting of a layout)."""
+    groups = layout.groups("tp-ep")
+    size = len(groups[0])
+    needed = -(-size // domain)  # the fewest domains a group of this size can span
+    straddling = [g for g in groups if len({r // domain for r in g}) > needed]
+    if not straddling:
+        return None
+    first = straddling[0]
+    return (len(straddling), len(groups), size, needed, tuple(first),
+            len({r // domain for r in first}))
 
 
 RULES = (cluster_has_enough_gpus, cluster_without_idle_gpus, ep_groups_inside_nvlink_domains)
