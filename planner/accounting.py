@@ -34,6 +34,7 @@ from planner.budget.symbols import (
     Variant,
     chunk_values,
     global_values,
+    moved_rank_values,
     rank_values,
     stage_values,
     variant_of,
@@ -282,6 +283,8 @@ class _Placement:
 
 
 _PLACEMENTS: dict[tuple[Any, ...], _Placement] = {}
+# Topology group kinds that span pipeline stages (the rest lie inside one stage's ranks).
+SPANS_STAGES = frozenset({"embd"})
 
 
 def _placement(grid: Grid, rank: int, node_size: int, experts: tuple[Any, ...]) -> _Placement:
@@ -290,10 +293,20 @@ def _placement(grid: Grid, rank: int, node_size: int, experts: tuple[Any, ...]) 
     key = (grid.spec, rank, node_size, experts)
     hit = _PLACEMENTS.get(key)
     if hit is None:
-        kinds = set(grid.kinds)
-        groups = {kind: grid.group_of(kind, rank) for kind in TOPOLOGY_GROUPS if kind in kinds}
-        hit = _Placement(groups.get("embd"),
-                         rank_values(rank, node_size, groups, grid.group_of("pp", rank), experts))
+        kinds = [kind for kind in TOPOLOGY_GROUPS if kind in set(grid.kinds)]
+        spec, pp_group = grid.spec, grid.group_of("pp", rank)
+        width = spec.world_size // spec.pp  # ranks per pipeline stage
+        shift = rank // width * width
+        if shift and shift % node_size == 0 and spec.order.endswith("pp"):
+            # With pp outermost, every group but the embedding's (which spans stages) is the same
+            # rank's in stage 0 moved by `shift` ranks: whole nodes here.
+            origin = _placement(grid, rank - shift, node_size, experts)
+            moved = {kind: grid.group_of(kind, rank) for kind in kinds if kind in SPANS_STAGES}
+            values = moved_rank_values(origin.values, rank, node_size, moved, pp_group)
+        else:
+            moved = {kind: grid.group_of(kind, rank) for kind in kinds}
+            values = rank_values(rank, node_size, moved, pp_group, experts)
+        hit = _Placement(moved.get("embd"), values)
         if len(_PLACEMENTS) > 65536:
             _PLACEMENTS.clear()
         _PLACEMENTS[key] = hit

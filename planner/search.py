@@ -746,9 +746,10 @@ def _phase1_work(cfg: Config, headroom: float, items: list[Phase1Item]) -> _Work
     return work
 
 
-def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> _Work:
+def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int],
+                  bound: float = float("inf")) -> _Work:
     """One family: its cost-balanced and slot-balanced layouts at the anchor's knobs; the best
-    `layouts` of them go to the knob grid (`_Work.layouts`)."""
+    `layouts` of them go to the knob grid (`_Work.layouts`). `bound` as for `_grid`."""
     from planner.accounting import BudgetError
     from planner.estimate import estimate
 
@@ -774,14 +775,27 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int]) -> 
     if fam[2] == cfg.parallel.pp:
         pipes.append(_pipe_of(cfg))
     pipes.append(_pipe_of(anchor.cfg))
-    timed: list[tuple[bool, float, int]] = []  # (does not fit, step time, index)
     unique = list({repr(sorted(p.items())): p for p in pipes}.values())
-    for i, pipe in enumerate(unique):
-        out = work.judge.judge(_merge(base, {"parallel": pipe}, knobs))
-        if isinstance(out, Rejected) and out.codes in MEMORY_VERDICTS:
-            work.judge.time_rejected(out)  # it may fit with more recompute: rank it by time too
-        if out.step_time_s is not None:
-            timed.append((isinstance(out, Rejected), out.step_time_s, i))
+    settings = [_merge(base, {"parallel": pipe}, knobs) for pipe in unique]
+    # Timed first, judged fastest first: once `layouts` of them fit, a slower one is judged only
+    # when it could still be a candidate (no slower than `bound`); it is never chosen.
+    times = [work.judge.step_time(one) for one in settings]
+    timed: list[tuple[bool, float, int]] = []  # (does not fit, step time, index)
+    fits: list[float] = []
+    for t, i in sorted((t, i) for i, t in enumerate(times) if t is not None):
+        if len(fits) >= layouts and t > fits[layouts - 1] * (1 + 4 * FLOAT_MARGIN) and t > bound:
+            work.judge.forget(settings[i])
+            work.prune("layouts slower than the chosen ones and the best found", 1)
+            continue
+        out = work.judge.judge(settings[i])
+        if isinstance(out, Candidate):
+            fits.append(t)
+        if isinstance(out, Candidate) or out.codes in MEMORY_VERDICTS:
+            # A layout that does not fit at the anchor's settings may fit with more recompute.
+            timed.append((isinstance(out, Rejected), t, i))
+    for i, t in enumerate(times):
+        if t is None:  # no estimate: the catalog says why
+            work.judge.judge(settings[i])
     # The fastest fitting layouts, and the fastest of all when it is faster but does not fit at
     # the anchor's settings (other recompute settings may make it fit).
     # Ranked in floats: layouts as fast as the `layouts`-th up to rounding (exact ties) all go.
@@ -803,7 +817,7 @@ def _family_work(cfg: Config, headroom: float,
     promising first, in one process (they share the family's grids and placements). `bound` as
     for `_grid`; the family's own fitting candidates tighten it as they are found."""
     anchor, layouts, bound, top = unit
-    work = _layouts_work(cfg, headroom, (anchor, layouts))
+    work = _layouts_work(cfg, headroom, (anchor, layouts), bound)
     found = [c.step_time_s for c in work.judge.timed()]
     for _, layout in sorted(work.layouts, key=lambda item: item[0]):
         _grid(work, cfg, layout, bound, top, found)

@@ -526,28 +526,54 @@ def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
     layout lacks counts as the rank alone. Pipeline sends go to the exact neighbour stage.
     `experts` is (E, k, G, g) (G, g: group-limited routing, or None), for the chance that a
     token skips a node of its tp_ep group."""
-    from planner.grid import nodes_spanned
-
-    node = rank // gpus_per_node
-    values: dict[str, Number] = {"rank": rank, "node": node}
+    values: dict[str, Number] = {"rank": rank, "node": rank // gpus_per_node}
     for kind in TOPOLOGY_GROUPS:
-        members = groups.get(kind) or [rank]
-        nodes = [r // gpus_per_node for r in members]
-        crossing = sum(map(operator.ne, nodes, nodes[1:] + nodes[:1]))
-        values[f"{kind}_on_node"] = nodes.count(node)
-        values[f"{kind}_nodes"] = nodes_spanned(members, gpus_per_node)
-        values[f"{kind}_ring_offnode"] = normalize(Fraction(crossing, len(nodes)))
+        values.update(group_values(kind, groups.get(kind) or [rank], rank, gpus_per_node))
     values.update(_cp_neighbours(rank, gpus_per_node, groups.get("cp") or [rank]))
-    where = list(pp_group).index(rank) if rank in pp_group else 0
-    size = max(len(pp_group), 1)
-    for key, neighbour in (("pp_next_offnode", where + 1), ("pp_prev_offnode", where - 1)):
-        peer = pp_group[neighbour % size] if pp_group else rank
-        values[key] = int(peer // gpus_per_node != node)
+    values.update(pipeline_values(rank, gpus_per_node, pp_group))
     num_experts, topk, num_groups, group_topk = experts
     on_node = int(values["tp_ep_on_node"])
     tp_ep = max(len(groups.get("tp_ep") or [rank]), 1)
     values["miss_node"] = miss_probability(num_experts, topk, num_experts * on_node // tp_ep,
                                            (num_groups, group_topk))
+    return values
+
+
+def moved_rank_values(values: dict[str, Number], rank: int, gpus_per_node: int,
+                      groups: dict[str, list[int]], pp_group: Sequence[int]) -> dict[str, Number]:
+    """`rank_values` of `rank` from those of another rank whose groups are this rank's moved by a
+    whole number of nodes, but `groups` (recomputed here) and the pipeline neighbours: every
+    per-node count and crossing share is unchanged by such a move."""
+    moved = dict(values)
+    moved.update(rank=rank, node=rank // gpus_per_node)
+    for kind, members in groups.items():
+        moved.update(group_values(kind, members or [rank], rank, gpus_per_node))
+    moved.update(pipeline_values(rank, gpus_per_node, pp_group))
+    return moved
+
+
+def group_values(kind: str, members: Sequence[int], rank: int,
+                 gpus_per_node: int) -> dict[str, Number]:
+    """One group kind's placement facts for `rank`: peers on its node, nodes spanned, and the
+    share of ring edges crossing nodes."""
+    from planner.grid import nodes_spanned
+
+    nodes = [r // gpus_per_node for r in members]
+    crossing = sum(map(operator.ne, nodes, nodes[1:] + nodes[:1]))
+    return {f"{kind}_on_node": nodes.count(rank // gpus_per_node),
+            f"{kind}_nodes": nodes_spanned(members, gpus_per_node),
+            f"{kind}_ring_offnode": normalize(Fraction(crossing, len(nodes)))}
+
+
+def pipeline_values(rank: int, gpus_per_node: int, pp_group: Sequence[int]) -> dict[str, Number]:
+    """Whether the rank's next and previous pipeline stages sit on another node."""
+    node = rank // gpus_per_node
+    where = list(pp_group).index(rank) if rank in pp_group else 0
+    size = max(len(pp_group), 1)
+    values: dict[str, Number] = {}
+    for key, neighbour in (("pp_next_offnode", where + 1), ("pp_prev_offnode", where - 1)):
+        peer = pp_group[neighbour % size] if pp_group else rank
+        values[key] = int(peer // gpus_per_node != node)
     return values
 
 
