@@ -338,30 +338,35 @@ def cost_balanced_layout(costs: LayerCosts, mtp: int, pp: int, vpp: int) -> str 
     extra[-1] += costs.tail
     share = [(fair - extra[j % pp]) / vpp for j in range(chunks)]
 
-    inf = (float("inf"), float("inf"))
-    best = [[inf] * (n + 1) for _ in range(chunks)]
+    inf = float("inf")
+    # worst[j][b], squares[j][b]: the (max, sum of squares) of the excesses of chunks 0..j
+    # holding layers 0..b-1; start[j][b]: where chunk j starts then.
+    worst = [[inf] * (n + 1) for _ in range(chunks)]
+    squares = [[inf] * (n + 1) for _ in range(chunks)]
     start = [[0] * (n + 1) for _ in range(chunks)]
     for b in range(n + 1):
         c = prefix[b] - prefix[0] - share[0]  # the chunk's excess over its share
-        best[0][b] = (c, c * c)
+        worst[0][b], squares[0][b] = c, c * c
     for j in range(1, chunks):
         last = j == chunks - 1
         least = 0 if last else 1
-        prev, row, starts, fair_j = best[j - 1], best[j], start[j], share[j]
+        prev_worst, prev_squares, fair_j = worst[j - 1], squares[j - 1], share[j]
         # Chunk j ends after layer b-1; b leaves every later middle chunk at least one layer,
         # and chunks 1..j-1 hold at least one each, so chunk j starts at a >= j - 1.
         for b in [n] if last else range(j, n + 1 - (chunks - 2 - j)):
-            high, squares, begin = *row[b], starts[b]
+            high, low, begin, end = inf, inf, 0, prefix[b]
             for a in range(b - least, j - 2, -1):
-                c = prefix[b] - prefix[a] - fair_j
+                c = end - prefix[a] - fair_j
                 if c > high:
                     break  # the chunk only grows as it starts earlier
-                worst, total = prev[a]
-                value = (max(worst, c), total + c * c)
-                if value <= (high, squares):  # on a tie the later chunk takes more layers
-                    (high, squares), begin = value, a
-            row[b], starts[b] = (high, squares), begin
-    if best[-1][n] == inf:
+                m = prev_worst[a]
+                if c > m:
+                    m = c
+                q = prev_squares[a] + c * c
+                if m < high or (m == high and q <= low):  # a tie: the later chunk takes more
+                    high, low, begin = m, q, a
+            worst[j][b], squares[j][b], start[j][b] = high, low, begin
+    if worst[-1][n] == inf:
         return None
     counts, b = [], n
     for j in range(chunks - 1, 0, -1):
@@ -862,65 +867,83 @@ def _grid(work: _Work, cfg: Config, layout: Changes, bound: float = float("inf")
     """Every micro-batch × dispatcher × EP overlap × recompute preset of one layout, but the
     exact prunings (see the module doc). `bound`: a step time `top` fitting candidates already
     beat (or the `top`-th best of `found`, the fitting step times known to the caller, which
-    the grid extends); a setting whose time without recompute exceeds
-    it is skipped with all its presets, recomputing more never being faster. Lower bounds make
-    one time stand for several settings: with EP overlap on a setting is never slower than with
-    it off (the flag only hides exchange time), and HybridEP bounds the dispatchers
-    `_floor_dispatcher` names."""
+    the grid extends); a setting whose time without recompute exceeds it is skipped with all
+    its presets, recomputing more never being faster. Lower bounds make one time stand for
+    several settings: with EP overlap on a setting is never slower than with it off (the flag
+    only hides exchange time), and HybridEP bounds the dispatchers `_floor_dispatcher` names.
+    The settings left are judged fastest first (by their time without recompute), so the
+    bound tightens early."""
     presets = recompute_presets(cfg)
     dispatchers = _dispatchers(cfg)
     lower, bounded = _floor_dispatcher(cfg, dispatchers)
     found = [] if found is None else found
-    # Presets that did not fit at a smaller micro-batch, per dispatcher and EP overlap.
-    too_big: dict[tuple[tuple[str, str | None], bool], set[frozenset[str]]] = {}
+
+    def setting(dispatcher: tuple[str, str | None], flag: bool, preset: dict[str, Any],
+                mbs: int) -> Changes:
+        return _merge(layout, {
+            "training": {"micro_batch_size": mbs},
+            "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
+            "moe": {"moe_token_dispatcher_type": dispatcher[0],
+                    "moe_flex_dispatcher_backend": dispatcher[1], **FUSED_PERMUTE}})
+
+    def best() -> float:
+        return min(bound, sorted(found)[top - 1] if len(found) >= top else float("inf"))
+
+    def slower(dispatcher: tuple[str, str | None], flag: bool, mbs: int, settings: int,
+               floor: float | None) -> bool:
+        """Whether the setting's time without recompute (`floor`) beats no `top` fitting ones
+        (then the `settings` it bounds are pruned)."""
+        if floor is None or floor <= best() * (1 + FLOAT_MARGIN):
+            return False
+        work.judge.forget(setting(dispatcher, flag, presets[0], mbs))
+        work.prune("settings slower without recompute than the best found",
+                   settings * len(presets))
+        return True
+
+    def floor_of(dispatcher: tuple[str, str | None], flag: bool, mbs: int) -> float | None:
+        if best() == float("inf"):
+            return None  # nothing to prune against: no need to time before judging
+        return work.judge.step_time(setting(dispatcher, flag, presets[0], mbs))
+
+    settings: list[tuple[float, int, tuple[str, str | None], bool, int]] = []
     for mbs in MBS_CHOICES:
-        def setting(dispatcher: tuple[str, str | None], flag: bool,
-                    preset: dict[str, Any], mbs: int = mbs) -> Changes:
-            return _merge(layout, {
-                "training": {"micro_batch_size": mbs},
-                "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
-                "moe": {"moe_token_dispatcher_type": dispatcher[0],
-                        "moe_flex_dispatcher_backend": dispatcher[1], **FUSED_PERMUTE}})
-
-        def slower(dispatcher: tuple[str, str | None], flag: bool, settings: int) -> bool:
-            """Whether the setting without recompute is slower than `top` fitting ones (then
-            the `settings` it bounds are pruned)."""
-            best = min(bound, sorted(found)[top - 1] if len(found) >= top else float("inf"))
-            if best == float("inf"):
-                return False
-            floor = work.judge.step_time(setting(dispatcher, flag, presets[0]))
-            if floor is None or floor <= best * (1 + FLOAT_MARGIN):
-                return False
-            work.judge.forget(setting(dispatcher, flag, presets[0]))
-            work.prune("settings slower without recompute than the best found",
-                       settings * len(presets))
-            return True
-
         remaining = sorted(dispatchers, key=lambda d: d != lower)  # the likely fastest first
-        if lower is not None and slower(lower, True, 2 * len(bounded)):
+        if lower is not None and slower(lower, True, mbs, 2 * len(bounded),
+                                        floor_of(lower, True, mbs)):
             remaining = [d for d in remaining if d not in bounded]
         for dispatcher in remaining:
-            if slower(dispatcher, True, 2):
+            floor = floor_of(dispatcher, True, mbs)
+            if slower(dispatcher, True, mbs, 2, floor):
                 continue
             for flag in (True, False):
-                if not flag and slower(dispatcher, flag, 1):
-                    continue
-                fitting: list[frozenset[str]] = []
-                small = too_big.setdefault((dispatcher, flag), set())
-                for preset in presets:
-                    mine = recomputed(preset)
-                    if mine in small:
-                        work.prune("settings at a larger micro-batch than one that does not fit")
+                if not flag:
+                    floor = floor_of(dispatcher, flag, mbs)
+                    if slower(dispatcher, flag, mbs, 1, floor):
                         continue
-                    if any(_dominates(f, mine) for f in fitting):
-                        work.prune("settings recomputing more than a fitting one")
-                        continue
-                    out = work.judge.judge(setting(dispatcher, flag, preset))
-                    if isinstance(out, Candidate):
-                        fitting.append(mine)
-                        found.append(out.step_time_s)
-                    elif out.codes in MEMORY_VERDICTS:
-                        small.add(mine)
+                rank = float("inf") if floor is None else floor
+                settings.append((rank, len(settings), dispatcher, flag, mbs))
+    # Presets that did not fit, per dispatcher and EP overlap: the smallest micro-batch each
+    # failed at (activations grow with the micro-batch, so larger ones fail too).
+    too_big: dict[tuple[tuple[str, str | None], bool], dict[frozenset[str], int]] = {}
+    for floor, _, dispatcher, flag, mbs in sorted(settings):
+        if slower(dispatcher, flag, mbs, 1, None if floor == float("inf") else floor):
+            continue
+        fitting: list[frozenset[str]] = []
+        failed = too_big.setdefault((dispatcher, flag), {})
+        for preset in presets:
+            mine = recomputed(preset)
+            if failed.get(mine, mbs) < mbs:
+                work.prune("settings at a larger micro-batch than one that does not fit")
+                continue
+            if any(_dominates(f, mine) for f in fitting):
+                work.prune("settings recomputing more than a fitting one")
+                continue
+            out = work.judge.judge(setting(dispatcher, flag, preset, mbs))
+            if isinstance(out, Candidate):
+                fitting.append(mine)
+                found.append(out.step_time_s)
+            elif out.codes in MEMORY_VERDICTS:
+                failed[mine] = min(failed.get(mine, mbs), mbs)
 
 
 def _run_units(work: Callable[..., _Work], cfg: Config, headroom: float, units: list[Any],
