@@ -213,23 +213,23 @@ class Accounting:
         return self._evaluate("rank", env)
 
     def _placed(self, stage: int, embd_group: list[int] | None, values: dict[str, Number],
-                values_key: Any) -> dict[str, Number]:
+                values_key: Any) -> tuple[dict[str, Number], dict[str, Number]]:
         """rank_env(stage_env(...)), shared by stages whose inputs and placement are equal (the
-        key is kept in `placed_keys`)."""
+        key is kept in `placed_keys`), and this stage's and rank's own facts."""
         own = stage_values(self.cfg, self.split, stage, embd_group)
         stage_key = ("stage-of", stage) if self._needs_peak else self._read_items(own)
         key = ("rank", stage_key, values_key)
         if key not in self._envs:
             self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
         self.placed_keys[stage] = key
-        env = dict(self._envs[key])
-        env.update(own)  # this stage's and rank's own facts (those no formula reads may differ)
-        env.update(values)
-        return env
+        own.update(values)
+        return self._envs[key], own
 
-    def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:
-        """Every quantity for `rank` on `stage`, its groups placed on nodes of `node_size` GPUs
-        (budgets use the node, the time estimate the NVLink domain)."""
+    def placed(self, grid: Grid, stage: int, rank: int,
+               node_size: int) -> tuple[dict[str, Number], dict[str, Number]]:
+        """`placed_env` in two parts: every quantity, evaluated once for all stages and ranks that
+        read alike (shared: never change it), and the facts of this stage and rank that no
+        formula reads (they may differ among those)."""
         model = self.cfg.model
         experts = (model.num_experts, model.moe_router_topk, model.moe_router_num_groups,
                    model.moe_router_group_topk)
@@ -239,6 +239,12 @@ class Accounting:
                                 placement.key(self._read))
         except ZeroDivisionError as exc:
             raise BudgetError(f"stage {stage}: a quantity divides by zero ({exc})") from None
+
+    def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:
+        """Every quantity for `rank` on `stage`, its groups placed on nodes of `node_size` GPUs
+        (budgets use the node, the time estimate the NVLink domain)."""
+        shared, own = self.placed(grid, stage, rank, node_size)
+        return {**shared, **own}
 
     def budget(self, q: Quantity, env: dict[str, Number], scope: str, stage: int | None) -> Budget:
         return Budget(q.name, env[q.ident], q.unit, q.formula, scope, stage, q.category, q.doc,

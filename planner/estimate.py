@@ -23,6 +23,7 @@ behind the chunk's own compute.
 
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from typing import Any
@@ -63,9 +64,21 @@ class Estimate:
     step_time_s: float
     slowest_stage: int
     ranks: list[int]  # the rank each stage is evaluated for (its first)
-    envs: list[dict[str, Any]] = field(repr=False)
     globals: dict[str, Any] = field(repr=False)
     acc: Accounting = field(repr=False)
+    # Per stage: the evaluation it shares with stages that read alike, its own facts, and its
+    # pipeline page (bubble and step); and the chunk times every page reads.
+    parts: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = field(repr=False)
+    chunk_times: dict[str, Any] = field(repr=False)
+
+    @cached_property
+    def envs(self) -> list[dict[str, Any]]:
+        """Each stage's every quantity and fact (made on first use)."""
+        return [{**shared, **own, **self.chunk_times, **page} for shared, own, page in self.parts]
+
+    def stage_values(self, name: str) -> list[Any]:
+        """One pipeline-page quantity (e.g. time_stage_step_s) of every stage."""
+        return [page[name] for _, _, page in self.parts]
 
     @cached_property
     def stages(self) -> list[dict[str, Any]]:
@@ -137,15 +150,16 @@ def estimate(cfg: Config, *, exact: bool = True) -> Estimate:
     domain = cfg.cluster.nvlink_domain or cfg.cluster.gpus_per_node or 1
     pp = cfg.parallel.pp
     ranks = [grid.stage_ranks(s)[0] for s in range(pp)]
-    envs = [acc.placed_env(grid, s, ranks[s], domain) for s in range(pp)]
-    chunk_times = _chunk_times(acc, envs)
-    steps = []
-    for s, env in enumerate(envs):
-        env.update(chunk_times)
-        env.update(compile_quantities(pipeline_page(pp, s, acc.split.vpp > 1), exact)(env))
-        steps.append(float(env["time_stage_step_s"]))
+    placed = [acc.placed(grid, s, ranks[s], domain) for s in range(pp)]
+    chunk_times = _chunk_times(acc, [shared for shared, _ in placed])
+    parts, steps = [], []
+    for s, (shared, own) in enumerate(placed):
+        page = compile_quantities(pipeline_page(pp, s, acc.split.vpp > 1), exact)(
+            ChainMap(chunk_times, shared))
+        parts.append((shared, own, page))
+        steps.append(float(page["time_stage_step_s"]))
     slowest = max(range(len(steps)), key=steps.__getitem__)
-    return Estimate(cfg, steps[slowest], slowest, ranks, envs, acc.globals, acc)
+    return Estimate(cfg, steps[slowest], slowest, ranks, acc.globals, acc, parts, chunk_times)
 
 
 def _chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number]:

@@ -58,9 +58,9 @@ PIPELINE_FIELDS = ("vpp", "pipeline_model_parallel_layout", "decoder_first_pipel
                    "microbatch_group_size_per_vp_stage")
 VPP_CHOICES = (1, 2, 4)
 MBS_CHOICES = (1, 2, 4)
-# How many families the first rounds of phase 2 take (the rest go in one last round): the most
-# promising few set a tight bound for all the others.
-GRID_ROUNDS = (4, 16)
+# How many layouts the knob grid's first round takes, lowest floor first (each later round four
+# times as many): the most promising few set a tight bound for all the others.
+GRID_FIRST_ROUND = 1
 # (dispatcher, flex backend) pairs; the catalog refuses those a layout cannot use (e.g. MOE008).
 DISPATCHERS = (("alltoall", None), ("allgather", None), ("flex", "deepep"), ("flex", "hybridep"))
 # Every grid setting fuses the permutations (Transformer Engine's fused permute kernels): in the
@@ -645,8 +645,8 @@ def _candidate(cfg: Config, changes: Changes, est: Any, is_user: bool,
     stage = max(range(len(peaks)), key=peaks.__getitem__)
     return Candidate(cfg, changes, est.step_time_s, est.tflops_per_gpu, est.tokens_per_s_per_gpu,
                      peaks[stage], stage, peaks, is_user,
-                     [float(env["time_stage_step_s"]) for env in est.envs],
-                     [float(env["time_bubble_s"]) for env in est.envs])
+                     [float(t) for t in est.stage_values("time_stage_step_s")],
+                     [float(t) for t in est.stage_values("time_bubble_s")])
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -701,9 +701,10 @@ class _Work:
 
     judge: _Judge
     pruned: dict[str, int] = field(default_factory=dict)
-    # Chosen for the knob grid, each with its promise: (does not fit, step time) at the anchor's
-    # knobs, by which the grid takes the layouts (most promising first).
-    layouts: list[tuple[tuple[bool, float], Changes]] = field(default_factory=list)
+    # Chosen for the knob grid, each with its promise (does not fit, step time at the anchor's
+    # knobs) and its `_floors`, by which the grid takes the layouts (most promising first).
+    layouts: list[tuple[tuple[bool, float], Changes, dict[int, float | None]]] = field(
+        default_factory=list)
 
     def prune(self, reason: str, count: int = 1) -> None:
         self.pruned[reason] = self.pruned.get(reason, 0) + count
@@ -751,14 +752,13 @@ def _phase1_work(cfg: Config, headroom: float, items: list[Phase1Item]) -> _Work
     return work
 
 
-def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int],
-                  bound: float = float("inf")) -> _Work:
+def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int, float]) -> _Work:
     """One family: its cost-balanced and slot-balanced layouts at the anchor's knobs; the best
     `layouts` of them go to the knob grid (`_Work.layouts`). `bound` as for `_grid`."""
     from planner.accounting import BudgetError
     from planner.estimate import estimate
 
-    anchor, layouts = unit
+    anchor, layouts, bound = unit
     work = _Work(_Judge(cfg, headroom))
     fam = _family_key(anchor.cfg)
     base = _family_changes(fam, {})
@@ -812,20 +812,19 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int],
     if fastest is not None and fastest[2] not in chosen:
         chosen.append(fastest[2])
     promise = {i: (bad, t) for bad, t, i in timed}
-    work.layouts = [(promise[i], _merge(base, {"parallel": unique[i]})) for i in chosen]
+    for i in chosen:
+        layout = _merge(base, {"parallel": unique[i]})
+        work.layouts.append((promise[i], layout, _floors(work, cfg, layout)))
+    work.judge.forget_all()  # estimates are not sent back to the parent process
     return work
 
 
-def _family_work(cfg: Config, headroom: float,
-                 unit: tuple[Candidate, int, float, int]) -> _Work:
-    """One family: its layouts (`_layouts_work`), then the knob grid of the chosen ones, most
-    promising first, in one process (they share the family's grids and placements). `bound` as
-    for `_grid`; the family's own fitting candidates tighten it as they are found."""
-    anchor, layouts, bound, top = unit
-    work = _layouts_work(cfg, headroom, (anchor, layouts), bound)
-    found = [c.step_time_s for c in work.judge.timed()]
-    for _, layout in sorted(work.layouts, key=lambda item: item[0]):
-        _grid(work, cfg, layout, bound, top, found)
+def _grid_work(cfg: Config, headroom: float,
+               unit: tuple[Changes, dict[int, float | None], float, int]) -> _Work:
+    """The knob grid of one layout (a unit small enough to share)."""
+    layout, floors, bound, top = unit
+    work = _Work(_Judge(cfg, headroom))
+    _grid(work, cfg, layout, bound, top, floors=floors)
     work.judge.forget_all()  # estimates are not sent back to the parent process
     return work
 
@@ -841,6 +840,27 @@ def _dispatchers(cfg: Config) -> tuple[tuple[str, str | None], ...]:
     return ((cfg.moe.moe_token_dispatcher_type, cfg.moe.moe_flex_dispatcher_backend),)
 
 
+def _setting(layout: Changes, dispatcher: tuple[str, str | None], flag: bool,
+             preset: dict[str, Any], mbs: int) -> Changes:
+    """One cell of a layout's knob grid."""
+    return _merge(layout, {
+        "training": {"micro_batch_size": mbs},
+        "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
+        "moe": {"moe_token_dispatcher_type": dispatcher[0],
+                "moe_flex_dispatcher_backend": dispatcher[1], **FUSED_PERMUTE}})
+
+
+def _floors(work: _Work, cfg: Config, layout: Changes) -> dict[int, float | None]:
+    """Per micro-batch size, the layout's time at the floor dispatcher with EP overlap on and no
+    recompute (`_floor_dispatcher`): a lower bound of every grid cell it bounds."""
+    lower, _ = _floor_dispatcher(cfg, _dispatchers(cfg))
+    if lower is None:
+        return {}
+    none = recompute_presets(cfg)[0]
+    return {mbs: work.judge.step_time(_setting(layout, lower, True, none, mbs))
+            for mbs in MBS_CHOICES}
+
+
 def _floor_dispatcher(cfg: Config, dispatchers: tuple[tuple[str, str | None], ...]
                       ) -> tuple[tuple[str, str | None] | None, set[tuple[str, str | None]]]:
     """The dispatcher whose time bounds the others' from below on any layout, knobs alike, and
@@ -851,6 +871,8 @@ def _floor_dispatcher(cfg: Config, dispatchers: tuple[tuple[str, str | None], ..
     from planner.budget.hardware import dispatch_efficiency
 
     lower = ("flex", "hybridep")
+    if len(dispatchers) == 1:  # one dispatcher (a dense model): EP overlap on bounds it alone
+        return dispatchers[0], set(dispatchers)
     if lower not in dispatchers:
         return None, set()
 
@@ -863,7 +885,8 @@ def _floor_dispatcher(cfg: Config, dispatchers: tuple[tuple[str, str | None], ..
 
 
 def _grid(work: _Work, cfg: Config, layout: Changes, bound: float = float("inf"),
-          top: int = 1, found: list[float] | None = None) -> None:
+          top: int = 1, found: list[float] | None = None,
+          floors: dict[int, float | None] | None = None) -> None:
     """Every micro-batch × dispatcher × EP overlap × recompute preset of one layout, but the
     exact prunings (see the module doc). `bound`: a step time `top` fitting candidates already
     beat (or the `top`-th best of `found`, the fitting step times known to the caller, which
@@ -872,19 +895,16 @@ def _grid(work: _Work, cfg: Config, layout: Changes, bound: float = float("inf")
     several settings: with EP overlap on a setting is never slower than with it off (the flag
     only hides exchange time), and HybridEP bounds the dispatchers `_floor_dispatcher` names.
     The settings left are judged fastest first (by their time without recompute), so the
-    bound tightens early."""
+    bound tightens early. `floors`: `_floors` of the layout, when known."""
     presets = recompute_presets(cfg)
     dispatchers = _dispatchers(cfg)
     lower, bounded = _floor_dispatcher(cfg, dispatchers)
     found = [] if found is None else found
+    floors = floors or {}
 
     def setting(dispatcher: tuple[str, str | None], flag: bool, preset: dict[str, Any],
                 mbs: int) -> Changes:
-        return _merge(layout, {
-            "training": {"micro_batch_size": mbs},
-            "overlap": preset | {"overlap_moe_expert_parallel_comm": flag},
-            "moe": {"moe_token_dispatcher_type": dispatcher[0],
-                    "moe_flex_dispatcher_backend": dispatcher[1], **FUSED_PERMUTE}})
+        return _setting(layout, dispatcher, flag, preset, mbs)
 
     def best() -> float:
         return min(bound, sorted(found)[top - 1] if len(found) >= top else float("inf"))
@@ -901,6 +921,8 @@ def _grid(work: _Work, cfg: Config, layout: Changes, bound: float = float("inf")
         return True
 
     def floor_of(dispatcher: tuple[str, str | None], flag: bool, mbs: int) -> float | None:
+        if (dispatcher, flag) == (lower, True) and mbs in floors:
+            return floors[mbs]  # timed already (`_floors`)
         if best() == float("inf"):
             return None  # nothing to prune against: no need to time before judging
         return work.judge.step_time(setting(dispatcher, flag, presets[0], mbs))
@@ -1048,22 +1070,47 @@ def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int
         chosen.append(user)
     pruned["families not refined"] = len(anchors) - len(chosen)
     dispatchers = _dispatchers(cfg)
-    per_family = 10 + 4 * len(MBS_CHOICES) * 2 * len(dispatchers) * layouts
-    total = done + per_family * len(chosen)
-    # Branch and bound: `top` candidates already fit at this step time (or faster); a grid cell
-    # that cannot beat it cannot enter the top (nor be a faster candidate that was ruled out).
-    # The most promising families (fastest anchors) go first, in rounds of fixed sizes
-    # (whatever the workers, so the counts never depend on them); each round starts from the
-    # bound the earlier ones set.
-    start_at = 0
-    for size in (*GRID_ROUNDS, len(chosen)):
-        round_units, start_at = chosen[start_at:start_at + size], start_at + size
-        known = sorted(c.step_time_s for c in judge.timed())
-        bound = known[top - 1] if top >= 1 and len(known) >= top else float("inf")
-        units = [(anchor, layouts, bound, max(top, 1)) for anchor in round_units]
-        for part in _run_units(_family_work, cfg, memory_headroom, units,
-                               [per_family] * len(units), pool, tick):
+    lower, bounded = _floor_dispatcher(cfg, dispatchers)
+    per_layout = len(recompute_presets(cfg)) * len(MBS_CHOICES) * 2 * len(dispatchers)
+    total = done + 10 * len(chosen)
+    queue: list[tuple[float, tuple[bool, float], int, Changes, dict[int, float | None]]] = []
+    known_times = sorted(c.step_time_s for c in judge.timed())
+    bound = known_times[top - 1] if top >= 1 and len(known_times) >= top else float("inf")
+    for part in _run_units(_layouts_work, cfg, memory_headroom,
+                           [(anchor, layouts, bound) for anchor in chosen], [10] * len(chosen),
+                           pool, tick):
+        absorb(part)
+        for promise, layout, floors in part.layouts:
+            known = [t for t in floors.values() if t is not None]
+            # A layout whose floors are all known and bound every dispatcher can be skipped
+            # whole; the others go first.
+            whole = lower is not None and bounded == set(dispatchers) and \
+                len(known) == len(MBS_CHOICES)
+            queue.append((min(known) if whole else -float("inf"), promise, len(queue), layout,
+                           floors))
+    total += per_layout * len(queue)
+    # Branch and bound over every chosen layout, the lowest floor first: `top` candidates
+    # already fit at the bound (the top-th step time known), so a layout (or grid cell) whose
+    # floor exceeds it cannot enter the top (nor be a faster candidate that was ruled out).
+    # Rounds of fixed, growing sizes (whatever the workers, so the counts never depend on
+    # them); each starts from the bound the earlier ones set.
+    queue.sort(key=lambda item: item[:3])
+    size = GRID_FIRST_ROUND
+    while queue:
+        known_times = sorted(c.step_time_s for c in judge.timed())
+        bound = known_times[top - 1] if top >= 1 and len(known_times) >= top else float("inf")
+        slow = [item for item in queue if item[0] > bound * (1 + FLOAT_MARGIN)]
+        if slow:
+            pruned["settings slower without recompute than the best found"] = pruned.get(
+                "settings slower without recompute than the best found", 0) + per_layout * len(slow)
+            tick(per_layout * len(slow))
+            queue = [item for item in queue if item[0] <= bound * (1 + FLOAT_MARGIN)]
+        batch, queue = queue[:size], queue[size:]
+        units = [(layout, floors, bound, max(top, 1)) for _, _, _, layout, floors in batch]
+        for part in _run_units(_grid_work, cfg, memory_headroom, units,
+                               [per_layout] * len(units), pool, tick):
             absorb(part)
+        size *= 4
     if progress:
         progress(total, total)
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
