@@ -143,7 +143,7 @@ class Accounting:
             raise BudgetError(f"a layout degree is zero ({exc})") from None
 
     def stage_env(self, stage: int, embd_group: list[int] | None = None) -> dict[str, Number]:
-        values = stage_values(self.cfg, self.split, stage, embd_group)
+        values = dict(stage_values(self.cfg, self.split, stage, embd_group))
         if self._needs_peak:
             peak = self.schedule(stage)[1]
             values.update(live_passes=peak.live_passes, act_live_peak=peak.bytes)
@@ -216,14 +216,13 @@ class Accounting:
                 values_key: Any) -> tuple[dict[str, Number], dict[str, Number]]:
         """rank_env(stage_env(...)), shared by stages whose inputs and placement are equal (the
         key is kept in `placed_keys`), and this stage's and rank's own facts."""
-        own = stage_values(self.cfg, self.split, stage, embd_group)
-        stage_key = ("stage-of", stage) if self._needs_peak else self._read_items(own)
+        counts = stage_values(self.cfg, self.split, stage, embd_group)
+        stage_key = ("stage-of", stage) if self._needs_peak else self._read_items(counts)
         key = ("rank", stage_key, values_key)
         if key not in self._envs:
             self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
         self.placed_keys[stage] = key
-        own.update(values)
-        return self._envs[key], own
+        return self._envs[key], {**counts, **values}
 
     def placed(self, grid: Grid, stage: int, rank: int,
                node_size: int) -> tuple[dict[str, Number], dict[str, Number]]:

@@ -23,7 +23,6 @@ behind the chunk's own compute.
 
 from __future__ import annotations
 
-from collections import ChainMap
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from typing import Any
@@ -48,6 +47,8 @@ COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gem
                  "time_dense_gemm_s", "time_head_gemm_s", "time_non_gemm_s")
 STEP_PARTS = ("time_compute_s", "time_exposed_comm_s", "time_bubble_s", "time_optimizer_s")
 PIPELINE_PAGE = "pipeline"
+# What the pipeline page reads of its own stage (besides every stage's chunk times).
+PAGE_STAGE_INPUTS = ("time_busy_s", "time_optimizer_s")
 # What the step time, the stage rows and the headline figures read (the float estimate's book).
 TIME_TARGETS = ("time_busy_s", "time_optimizer_s", "time_microbatch_s", *COMPUTE_PARTS,
                 "time_compute_s", "time_exposed_comm_s", "flops_per_step", "flops_per_token",
@@ -154,8 +155,8 @@ def estimate(cfg: Config, *, exact: bool = True) -> Estimate:
     chunk_times = _chunk_times(acc, [shared for shared, _ in placed])
     parts, steps = [], []
     for s, (shared, own) in enumerate(placed):
-        page = compile_quantities(pipeline_page(pp, s, acc.split.vpp > 1), exact)(
-            ChainMap(chunk_times, shared))
+        inputs = {**chunk_times, **{name: shared[name] for name in PAGE_STAGE_INPUTS}}
+        page = compile_quantities(pipeline_page(pp, s, acc.split.vpp > 1), exact)(inputs)
         parts.append((shared, own, page))
         steps.append(float(page["time_stage_step_s"]))
     slowest = max(range(len(steps)), key=steps.__getitem__)
@@ -223,8 +224,8 @@ def pipeline_page(pp: int, stage: int, interleaved: bool) -> tuple[Quantity, ...
     """The bubble and the step of stage `stage` of `pp`, as named formulas over the other stages'
     chunk times (symbols t_first_j, t_last_j) and this stage's time-page results."""
     first, last = ("first model chunk", "last model chunk") if interleaved else ("microbatch",) * 2
-    symbols = [Symbol("time_busy_s", "this stage's busy time (time page)", "rank"),
-               Symbol("time_optimizer_s", "this stage's optimizer step (time page)", "rank")]
+    symbols = [Symbol(name, f"this stage's {what} (time page)", "rank")
+               for name, what in zip(PAGE_STAGE_INPUTS, ("busy time", "optimizer step"), strict=True)]
     for j in range(pp):
         symbols += [Symbol(f"t_first_{j}", f"stage {j}'s {first}: one microbatch forward and "
                            "backward (time_microbatch_s of it alone)", "rank"),

@@ -146,16 +146,22 @@ def _compile(formulas: tuple[tuple[str, str, tuple[str, ...]], ...], exact: bool
     lines = ["def _evaluate(env):"]
     cast = "" if exact else "_float"
     lines += [f"    {name} = {cast}(env[{name!r}])" for name in inputs]
-    wrap = "_norm" if exact else ""
-    lines += [f"    {key} = {wrap}({formula})" for key, formula, _ in formulas]
+    if exact:
+        lines += [f"    {key} = _norm({_exact_text(formula)})" for key, formula, _ in formulas]
+    else:
+        lines += [f"    {key} = ({formula})" for key, formula, _ in formulas]
     lines.append("    return {" + ", ".join(f"{key!r}: {key}" for key, _, _ in formulas) + "}")
-    source = "\n".join(lines)
-    # Only exact division needs the syntax tree; floats compile from the text (much faster).
-    code = source if not exact else _ExactDivision().visit(ast.parse(source))
     scope: dict[str, Any] = {"__builtins__": {}, "_div": _div, "_norm": normalize, "_float": float,
                              **FUNCTIONS}
-    exec(compile(code, "<budget formulas>", "exec"), scope)  # noqa: S102 - our own formulas
+    exec(compile("\n".join(lines), "<budget formulas>", "exec"), scope)  # noqa: S102 - our own
     return scope["_evaluate"]
+
+
+@cache
+def _exact_text(formula: str) -> str:
+    """The formula with every `/` an exact `_div` (once per formula text, whichever level or
+    variant's book it is compiled in)."""
+    return ast.unparse(_ExactDivision().visit(ast.parse(formula, mode="eval")))
 
 
 def evaluate(quantities: Iterable[Quantity], env: dict[str, Number],

@@ -448,7 +448,8 @@ def _remembered(cfg: Config, split: StageSplit, where: tuple[Any, ...],
                 compute: Callable[[], dict[str, Number]]) -> dict[str, Number]:
     """A stage's or chunk's counts, remembered per model, split and recompute setting (all they
     read): search asks for the same ones for every knob setting of a layout. The entry holds the
-    model and the split, so the ids in its key are never reused while it lives."""
+    model and the split, so the ids in its key are never reused while it lives. The dict is
+    shared: callers copy it before changing it."""
     ov = cfg.overlap
     key = (id(cfg.model), id(split), cfg.parallel.pp, ov.recompute_granularity,
            ov.recompute_method, ov.recompute_num_layers, *where)
@@ -457,7 +458,7 @@ def _remembered(cfg: Config, split: StageSplit, where: tuple[Any, ...],
         if len(_HOLDINGS) > 65536:
             _HOLDINGS.clear()
         hit = _HOLDINGS[key] = (cfg.model, split, compute())
-    return dict(hit[2])
+    return hit[2]
 
 
 def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int,
