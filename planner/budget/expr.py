@@ -76,7 +76,7 @@ class Book:
         self.page = ""  # the formula-book page now writing (planner/budget/book.py)
 
     def add(self, name: str, formula: str, unit: str, category: str, doc: str = "") -> str:
-        refs = tuple(dict.fromkeys(r for r in IDENTIFIER.findall(formula) if r not in FUNCTIONS))
+        refs = formula_refs(formula)
         missing = [r for r in refs if r not in self.levels]
         if missing:
             raise FormulaError(f"{name} = {formula}: unknown {', '.join(missing)}")
@@ -85,9 +85,22 @@ class Book:
             raise FormulaError(f"{name} is defined twice")
         level = max((self.levels[r] for r in refs), key=LEVEL_ORDER.__getitem__, default="global")
         self.levels[key] = level
-        self.quantities.append(Quantity(name, formula, unit, category, doc, level, refs, key,
-                                        self.page))
+        self.quantities.append(_quantity(name, formula, unit, category, doc, level, self.page))
         return key
+
+
+@cache
+def formula_refs(formula: str) -> tuple[str, ...]:
+    """The names a formula reads, in order of first use (once per formula text)."""
+    return tuple(dict.fromkeys(r for r in IDENTIFIER.findall(formula) if r not in FUNCTIONS))
+
+
+@cache
+def _quantity(name: str, formula: str, unit: str, category: str, doc: str, level: Level,
+              page: str) -> Quantity:
+    """One Quantity per distinct definition: variants' books share most of theirs."""
+    return Quantity(name, formula, unit, category, doc, level, formula_refs(formula), ident(name),
+                    page)
 
 
 @cache
