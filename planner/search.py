@@ -25,11 +25,18 @@ The space is searched in two phases:
    micro-batch).
 
 `refine=0` (the default) refines every family that fits: the whole space. Ranking uses the
-float estimate (planner/budget/expr.py); the printed candidates are re-evaluated exactly. The knob
-grid is bounded: a micro-batch size whose time without recompute already exceeds the `top`-th
-fitting step time known is skipped with all its presets (recomputing more is never faster), so
-the top K and the ruled-out list are those of the unpruned grid. The user's config is always a
-candidate, so the winner is never slower than it.
+float estimate (planner/budget/expr.py); the printed candidates are re-evaluated exactly.
+
+Branch and bound keeps the whole space fast and the result exact: the bound is the `top`-th
+fitting step time known, and a setting whose time without recompute exceeds it is skipped with
+all its presets (recomputing more is never faster), so the top K and the ruled-out list are those
+of the unpruned grid. One such time stands for several settings: with EP overlap on a setting is
+never slower than with it off, and HybridEP's time bounds every dispatcher no more efficient than
+it (`_floor_dispatcher`); the least of a layout's floors over the micro-batch sizes bounds its
+whole grid. So the layouts are taken lowest floor first, in rounds of fixed, growing sizes whose
+bound the earlier rounds set, and inside a grid the settings are judged fastest first; a family's
+slower layouts are timed but judged only when they could still be chosen or be a candidate. The
+user's config is always a candidate, so the winner is never slower than it.
 """
 
 from __future__ import annotations
