@@ -767,6 +767,7 @@ def _layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int, floa
 
     anchor, layouts, bound = unit
     work = _Work(_Judge(cfg, headroom))
+    work.judge.seen[_identity(anchor.cfg)] = anchor  # judged in phase 1: not again
     fam = _family_key(anchor.cfg)
     base = _family_changes(fam, {})
     knobs = _knobs_of(anchor.cfg)
@@ -1121,7 +1122,7 @@ def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int
     if progress:
         progress(total, total)
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
-    shown = _exact_top(cfg, judge.timed(), top)
+    shown = _exact_top(cfg, judge.timed(), top, pool)
     winner = shown[0] if shown else None
     ruled_out = _ruled_out(judge, winner, max_ruled_out) if winner else []
     if isinstance(user, Candidate):
@@ -1174,10 +1175,12 @@ def _exact(cand: Candidate) -> Candidate:
     return _candidate(cand.cfg, cand.changes, estimate(cand.cfg), cand.is_user)
 
 
-def _exact_top(cfg: Config, timed: list[Candidate], top: int) -> list[Candidate]:
+def _exact_top(cfg: Config, timed: list[Candidate], top: int,
+               pool: Executor | None = None) -> list[Candidate]:
     """The `top` fastest, ranked on exact step times: every candidate within the float margin of
-    the top-th float time is re-evaluated exactly, then ranked (ties go to the user's layout,
-    then to the candidate that changes fewest of its fields)."""
+    the top-th float time is re-evaluated exactly (in the pool's processes when there is one),
+    then ranked (ties go to the user's layout, then to the candidate that changes fewest of its
+    fields)."""
     def key(c: Candidate) -> tuple[float, bool, int]:
         return (c.step_time_s, not c.is_user, len(difference(cfg, c.cfg)))
 
@@ -1185,8 +1188,10 @@ def _exact_top(cfg: Config, timed: list[Candidate], top: int) -> list[Candidate]
     if not ranked:
         return []
     limit = ranked[min(top, len(ranked)) - 1].step_time_s * (1 + 4 * FLOAT_MARGIN)
-    pool = [_exact(c) for c in ranked if c.step_time_s <= limit]
-    return sorted(pool, key=key)[:top]
+    close = [c for c in ranked if c.step_time_s <= limit]
+    exact = list(pool.map(_exact, close)) if pool is not None and len(close) > 1 else \
+        [_exact(c) for c in close]
+    return sorted(exact, key=key)[:top]
 
 
 def _verdict_key(codes: tuple[str, ...]) -> tuple[str, ...]:
