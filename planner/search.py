@@ -1113,6 +1113,8 @@ def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int
                 "settings slower without recompute than the best found", 0) + per_layout * len(slow)
             tick(per_layout * len(slow))
             queue = [item for item in queue if item[0] <= bound * (1 + FLOAT_MARGIN)]
+            if not queue:
+                break
         batch, queue = queue[:size], queue[size:]
         units = [(layout, floors, bound, max(top, 1)) for _, _, _, layout, floors in batch]
         for part in _run_units(_grid_work, cfg, memory_headroom, units,
