@@ -1126,7 +1126,7 @@ def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
     shown = _exact_top(cfg, judge.timed(), top, pool)
     winner = shown[0] if shown else None
-    ruled_out = _ruled_out(judge, winner, max_ruled_out) if winner else []
+    ruled_out = _ruled_out(judge, winner, max_ruled_out, pool) if winner else []
     if isinstance(user, Candidate):
         user = next((c for c in shown if c.is_user), None) or _exact(user)
     return SearchResult(shown, user if isinstance(user, Candidate) else None, ruled_out,
@@ -1135,11 +1135,11 @@ def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int
                         memory_headroom)
 
 
-def _ruled_out(judge: _Judge, winner: Candidate, count: int) -> list[Rejected]:
+def _ruled_out(judge: _Judge, winner: Candidate, count: int,
+               pool: Executor | None = None) -> list[Rejected]:
     """Refused candidates of the winner's family (its layouts and its knob grid) that would have
-    been faster, nearest first, one per distinct verdict (`_verdict_key`)."""
-    from planner.estimate import estimate
-
+    been faster, nearest first, one per distinct verdict (`_verdict_key`); the listed ones are
+    re-evaluated exactly (in the pool's processes when there is one)."""
     fam = _family_key(winner.cfg)
     refused = [r for r in judge.seen.values()
                if isinstance(r, Rejected) and _family_key(r.cfg) == fam]
@@ -1156,13 +1156,29 @@ def _ruled_out(judge: _Judge, winner: Candidate, count: int) -> list[Rejected]:
             seen.add(verdict)
             r.difference = difference(winner.cfg, r.cfg)
             out.append(r)
-    for r in out[:count]:  # exactly, as printed (the memory verdicts were judged in floats)
-        r.step_time_s = estimate(r.cfg).step_time_s
-        if set(r.codes) & {"MEM001", "HEADROOM"}:
-            exact = _Judge(judge.cfg, judge.headroom, float_memory=False).judge(r.changes)
-            if isinstance(exact, Rejected):
-                r.reason = exact.reason
-    return out[:count]
+    listed = out[:count]
+    units = [(judge.cfg, judge.headroom, r) for r in listed]
+    exact = list(pool.map(_exact_refusal, units)) if pool is not None and len(units) > 1 else \
+        [_exact_refusal(unit) for unit in units]
+    for r, (step_time, reason) in zip(listed, exact, strict=True):
+        r.step_time_s = step_time
+        r.reason = reason or r.reason
+    return listed
+
+
+def _exact_refusal(unit: tuple[Config, float, Rejected]) -> tuple[float, str | None]:
+    """A listed refusal's step time evaluated exactly, and its memory verdict judged on the exact
+    budget (None when no memory verdict is involved): as printed, whereas search judged the
+    memory verdicts in floats."""
+    from planner.estimate import estimate
+
+    cfg, headroom, r = unit
+    reason = None
+    if set(r.codes) & {"MEM001", "HEADROOM"}:
+        exact = _Judge(cfg, headroom, float_memory=False).judge(r.changes)
+        if isinstance(exact, Rejected):
+            reason = exact.reason
+    return estimate(r.cfg).step_time_s, reason
 
 
 # Float ranking is within this relative distance of the exact step time (a few dozen roundings of

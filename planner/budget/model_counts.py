@@ -25,8 +25,21 @@ MODEL_SYMBOLS: tuple[Symbol, ...] = (
 )
 
 
+_COUNTED: dict[int, tuple[object, dict[str, Number]]] = {}
+
+
 def model_values(cfg: Config) -> dict[str, Number]:
-    """The whole-model counts of `MODEL_SYMBOLS` for this config."""
+    """The whole-model counts of `MODEL_SYMBOLS` for this config, remembered per model object
+    (search's candidates share the user's; the entry holds it, so its id is never reused)."""
+    hit = _COUNTED.get(id(cfg.model))
+    if hit is None or hit[0] is not cfg.model:
+        if len(_COUNTED) > 256:
+            _COUNTED.clear()
+        hit = _COUNTED[id(cfg.model)] = (cfg.model, _model_values(cfg))
+    return dict(hit[1])
+
+
+def _model_values(cfg: Config) -> dict[str, Number]:
     m = cfg.model
     moe = sum(1 for layer in range(m.num_layers) if m.is_moe_layer(layer))
     last_moe = int(m.is_moe_layer(m.num_layers - 1))
