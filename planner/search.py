@@ -585,7 +585,7 @@ class _Judge:
             if any(abs(share - float(t)) <= FLOAT_MARGIN * float(t)
                    for t in (1.0, HEADROOM, self.headroom)):
                 return
-        facts.__dict__["stage_memory"] = stages  # the cached property's slot
+        facts.give_stage_memory(stages)
 
     def step_time(self, changes: Changes) -> float | None:
         """The candidate's step time without judging it (None when it cannot be estimated); the

@@ -104,6 +104,11 @@ class Facts:
 
         return stage_memory(self.cfg)
 
+    def give_stage_memory(self, stages: list[dict[str, Number]]) -> None:
+        """Take the memory parts from a caller that has them already: `moeplan search` gives its
+        float budget when every verdict on it equals the exact one."""
+        self.__dict__["stage_memory"] = stages  # the cached property's slot
+
     @cached_property
     def grid_spec(self) -> GridSpec:
         """The grid's view of the layout; only meaningful once both grids tile the world."""
