@@ -234,7 +234,7 @@ class Accounting:
                    model.moe_router_group_topk)
         try:
             placement = _placement(grid, rank, node_size, experts)
-            return self._placed(stage, placement.embd, dict(placement.values),
+            return self._placed(stage, placement.embd, placement.values,
                                 placement.key(self._read))
         except ZeroDivisionError as exc:
             raise BudgetError(f"stage {stage}: a quantity divides by zero ({exc})") from None
@@ -248,11 +248,6 @@ class Accounting:
     def budget(self, q: Quantity, env: dict[str, Number], scope: str, stage: int | None) -> Budget:
         return Budget(q.name, env[q.ident], q.unit, q.formula, scope, stage, q.category, q.doc,
                       env)
-
-
-# Grids by spec: search estimates many candidates of one layout (knobs only differ), and a Grid
-# (group arithmetic, Megatron's build-time checks) depends on nothing but its spec.
-_GRIDS: dict[Any, Grid | BudgetError] = {}
 
 
 class _HashedOnce:
@@ -298,7 +293,8 @@ def _placement(grid: Grid, rank: int, node_size: int, experts: tuple[Any, ...]) 
     key = (grid.spec, rank, node_size, experts)
     hit = _PLACEMENTS.get(key)
     if hit is None:
-        kinds = [kind for kind in TOPOLOGY_GROUPS if kind in set(grid.kinds)]
+        enabled = set(grid.kinds)
+        kinds = [kind for kind in TOPOLOGY_GROUPS if kind in enabled]
         spec, pp_group = grid.spec, grid.group_of("pp", rank)
         width = spec.world_size // spec.pp  # ranks per pipeline stage
         shift = rank // width * width
@@ -334,6 +330,11 @@ def read_items(values: dict[str, Number], read: frozenset[str]) -> tuple[Any, ..
             _PICKERS.clear()
         pick = _PICKERS[(read, names)] = (chosen, getter)
     return pick[0], pick[1](values)
+
+
+# Grids by spec: search estimates many candidates of one layout (knobs only differ), and a Grid
+# (group arithmetic, Megatron's build-time checks) depends on nothing but its spec.
+_GRIDS: dict[Any, Grid | BudgetError] = {}
 
 
 def budget_grid(cfg: Config) -> Grid:

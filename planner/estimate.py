@@ -77,7 +77,7 @@ class Estimate:
         """Each stage's every quantity and fact (made on first use)."""
         return [{**shared, **own, **self.chunk_times, **page} for shared, own, page in self.parts]
 
-    def stage_values(self, name: str) -> list[Any]:
+    def page_values(self, name: str) -> list[Any]:
         """One pipeline-page quantity (e.g. time_stage_step_s) of every stage."""
         return [page[name] for _, _, page in self.parts]
 

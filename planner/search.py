@@ -530,6 +530,12 @@ class _Judge:
     def timed(self) -> list[Candidate]:
         return [out for out in self.seen.values() if isinstance(out, Candidate)]
 
+    def bound(self, top: int) -> float:
+        """The `top`-th fastest fitting step time known (inf while fewer are known): what a
+        candidate must beat to enter the top."""
+        known = sorted(c.step_time_s for c in self.timed())
+        return known[top - 1] if top >= 1 and len(known) >= top else float("inf")
+
     def absorb(self, other: _Judge) -> None:
         """Take another judge's verdicts (a worker's), keeping the first of equal candidates."""
         for key, out in other.seen.items():
@@ -652,8 +658,8 @@ def _candidate(cfg: Config, changes: Changes, est: Any, is_user: bool,
     stage = max(range(len(peaks)), key=peaks.__getitem__)
     return Candidate(cfg, changes, est.step_time_s, est.tflops_per_gpu, est.tokens_per_s_per_gpu,
                      peaks[stage], stage, peaks, is_user,
-                     [float(t) for t in est.stage_values("time_stage_step_s")],
-                     [float(t) for t in est.stage_values("time_bubble_s")])
+                     [float(t) for t in est.page_values("time_stage_step_s")],
+                     [float(t) for t in est.page_values("time_bubble_s")])
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -1062,10 +1068,13 @@ def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int
         if progress:
             progress(done, max(total, done))
 
+    def count(reason: str, settings: int) -> None:
+        pruned[reason] = pruned.get(reason, 0) + settings
+
     def absorb(part: _Work) -> None:
         judge.absorb(part.judge)
-        for reason, count in part.pruned.items():
-            pruned[reason] = pruned.get(reason, 0) + count
+        for reason, settings in part.pruned.items():
+            count(reason, settings)
 
     for part in _run_units(_phase1_work, cfg, memory_headroom, units, sizes, pool, tick):
         absorb(part)
@@ -1082,8 +1091,7 @@ def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int
     per_layout = len(recompute_presets(cfg)) * len(MBS_CHOICES) * 2 * len(dispatchers)
     total = done + 10 * len(chosen)
     queue: list[tuple[float, tuple[bool, float], int, Changes, dict[int, float | None]]] = []
-    known_times = sorted(c.step_time_s for c in judge.timed())
-    bound = known_times[top - 1] if top >= 1 and len(known_times) >= top else float("inf")
+    bound = judge.bound(top)
     for part in _run_units(_layouts_work, cfg, memory_headroom,
                            [(anchor, layouts, bound) for anchor in chosen], [10] * len(chosen),
                            pool, tick):
@@ -1105,12 +1113,10 @@ def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int
     queue.sort(key=lambda item: item[:3])
     size = GRID_FIRST_ROUND
     while queue:
-        known_times = sorted(c.step_time_s for c in judge.timed())
-        bound = known_times[top - 1] if top >= 1 and len(known_times) >= top else float("inf")
+        bound = judge.bound(top)
         slow = [item for item in queue if item[0] > bound * (1 + FLOAT_MARGIN)]
         if slow:
-            pruned["settings slower without recompute than the best found"] = pruned.get(
-                "settings slower without recompute than the best found", 0) + per_layout * len(slow)
+            count("settings slower without recompute than the best found", per_layout * len(slow))
             tick(per_layout * len(slow))
             queue = [item for item in queue if item[0] <= bound * (1 + FLOAT_MARGIN)]
             if not queue:

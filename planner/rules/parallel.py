@@ -246,8 +246,6 @@ def order_dp_matches_edp(f: Facts) -> Iterator[Violation]:
     good="parallel: {tp: 2, sequence_parallel: true, ep: 2, order: tp-cp-ep-dp-pp}",
 )
 def pp_groups_agree(f: Facts) -> Iterator[Violation]:
-    if f.par.order.endswith("pp"):
-        return  # pp-last orders give both generators pp groups of stride N/PP
     if not order_dp_rule_holds(f.grid_spec) or f.world_size > PP_GROUP_LISTING_LIMIT:
         return  # Megatron asserts PAR010 first; beyond the limit listing the groups is too slow
     mismatch = pp_group_mismatch(f.grid_spec)
