@@ -1,4 +1,4 @@
-"""How fast `planner.grid` answers at 1,024 / 16,384 / 131,072 ranks.
+"""How fast `planner.layout.grid` answers at 1,024 / 16,384 / 131,072 ranks.
 
 One rank's view is rank arithmetic (no enumeration), so it should stay flat as N grows; the full
 listing of every group kind is linear in N. Peak memory is the Python heap peak (tracemalloc)
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.grid import Grid, GridSpec  # noqa: E402
+from planner.layout.grid import Grid, GridSpec  # noqa: E402
 
 # V4-Pro-shaped layouts (TP1, CP2, EP64, 384 experts) scaled by data parallelism.
 LAYOUTS = [

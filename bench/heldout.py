@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.accounting import BudgetError  # noqa: E402
+from planner.config.loader import InvalidConfig, parse_config  # noqa: E402
+from planner.config.schema import Config  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.findings import Finding  # noqa: E402
-from planner.loader import InvalidConfig, parse_config  # noqa: E402
 from planner.rules import run_rules  # noqa: E402
-from planner.schema import Config  # noqa: E402
 
 DATA = ROOT / "bench" / "heldout.yaml"
 DOC = ROOT / "docs" / "estimate.md"

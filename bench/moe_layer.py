@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.schema import ModelSection, MoeSection  # noqa: E402
+from planner.config.schema import ModelSection, MoeSection  # noqa: E402
 from runtime.comm import Ledger, MoEGroups  # noqa: E402
 from runtime.experts import swiglu  # noqa: E402
 from runtime.moe_layer import MoELayer  # noqa: E402

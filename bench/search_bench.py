@@ -24,8 +24,8 @@ DEFAULT = ROOT / "examples" / "deepseek-v3-1024.yaml"
 
 def measure(path: Path, workers: int, top: int, refine: int) -> dict:
     """One search in this process; its figures as JSON-able data."""
-    from planner.loader import load_config
-    from planner.search import _vpp, recompute_label, search
+    from planner.config.loader import load_config
+    from planner.search.run import _vpp, recompute_label, search
 
     cfg = load_config(path)
     start = time.perf_counter()

@@ -39,12 +39,12 @@ from planner.budget.symbols import (
     stage_values,
     variant_of,
 )
-from planner.pipeline import SplitError, StageSplit, stage_split
-from planner.schedule import Peak, stage_peak
-from planner.schema import Config
+from planner.config.schema import Config
+from planner.layout.pipeline import SplitError, StageSplit, stage_split
+from planner.layout.schedule import Peak, stage_peak
 
 if TYPE_CHECKING:
-    from planner.grid import Grid
+    from planner.layout.grid import Grid
 
 __all__ = [  # the formula book's public names, re-exported: import them from here
     "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DIRECTIONS", "PAGES", "Accounting", "Budget",
@@ -339,7 +339,7 @@ _GRIDS: dict[Any, Grid | BudgetError] = {}
 
 def budget_grid(cfg: Config) -> Grid:
     """The config's grid, or BudgetError when its groups cannot be built."""
-    from planner.grid import Grid, GridError, grid_spec_from_config
+    from planner.layout.grid import Grid, GridError, grid_spec_from_config
 
     spec = grid_spec_from_config(cfg)
     grid = _GRIDS.get(spec)
@@ -359,7 +359,7 @@ def budget_grid(cfg: Config) -> Grid:
 def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -> list[Budget]:
     """Global budgets once, then stage and rank budgets for the chosen ranks: the given rank,
     the first rank of the given stage, or the first rank of every stage."""
-    from planner.grid import GridError
+    from planner.layout.grid import GridError
 
     acc = Accounting(cfg)
     grid = budget_grid(cfg)
@@ -400,7 +400,7 @@ def stage_memory(cfg: Config, exact: bool = True) -> list[dict[str, Number]] | N
     """`memory_by_stage`, or None when the layout cannot be budgeted (other rules say why).
     Plain rational arithmetic, no sympy: `moeplan check` calls this for MEM001/MEM002
     (`exact=False`: floats, for search's verdicts far from a threshold)."""
-    from planner.layout import grids_computable
+    from planner.layout.summary import grids_computable
 
     if not grids_computable(cfg):
         return None

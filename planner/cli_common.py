@@ -13,9 +13,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from planner.config.loader import InvalidConfig, UnreadableConfig, load_config
+from planner.config.schema import Config
 from planner.findings import Finding, has_errors, sort_findings
-from planner.loader import InvalidConfig, UnreadableConfig, load_config
-from planner.schema import Config
 
 EXIT_OK, EXIT_CONFIG, EXIT_USAGE = 0, 1, 2
 

@@ -40,8 +40,8 @@ from planner.accounting import (
 )
 from planner.budget.expr import Book, Evaluator, Quantity, Symbol, compile_quantities
 from planner.budget.symbols import STAGE_SYMBOLS, chunk_values
-from planner.pipeline import Chunk
-from planner.schema import Config
+from planner.config.schema import Config
+from planner.layout.pipeline import Chunk
 
 COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gemm_s",
                  "time_dense_gemm_s", "time_head_gemm_s", "time_non_gemm_s")

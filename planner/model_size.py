@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.accounting import Accounting, BudgetError
-from planner.pipeline import SplitError
-from planner.schema import Config
+from planner.config.schema import Config
+from planner.layout.pipeline import SplitError
 
 _TARGETS = ("dense_params_on_rank", "expert_params_on_rank", "routed_params_per_layer",
             "embedding_params", "moe_layers")

@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from planner.config.schema import Config
 from planner.findings import Finding, has_errors
-from planner.schema import Config
 
 PLAN_FORMAT = "moeplan-plan"
 PLAN_VERSION = 1
@@ -43,7 +43,7 @@ def plan_digest(plan: dict[str, Any]) -> str:
 
 
 def _stages(cfg: Config) -> list[dict[str, Any]]:
-    from planner.pipeline import stage_split
+    from planner.layout.pipeline import stage_split
 
     split = stage_split(cfg)
     return [
@@ -91,8 +91,8 @@ def compile_plan(cfg: Config, findings: list[Finding]) -> dict[str, Any]:
     if has_errors(findings):
         raise PlanError(findings)
     from planner.accounting import plan_budgets
-    from planner.grid import Grid, grid_spec_from_config
-    from planner.layout import layout_summary
+    from planner.layout.grid import Grid, grid_spec_from_config
+    from planner.layout.summary import layout_summary
 
     grid = Grid(grid_spec_from_config(cfg))
     plan: dict[str, Any] = {

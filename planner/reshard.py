@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.config.schema import Config
 from planner.findings import Finding
-from planner.schema import Config
 
 # Fields that define the logical tensors of the model; any difference means another model.
 MODEL_IDENTITY_FIELDS = (
@@ -97,7 +97,7 @@ def reshard_plan(old: Config, new: Config) -> dict[str, Any]:
     A needed range is read from the old holder whose shard overlaps it, preferring the rank itself
     (no transfer), then the lowest old rank; replicas (old expt_dp peers) are interchangeable.
     """
-    from planner.grid import Grid, grid_spec_from_config
+    from planner.layout.grid import Grid, grid_spec_from_config
 
     old_grid, new_grid = Grid(grid_spec_from_config(old)), Grid(grid_spec_from_config(new))
     holders, _ = _holders(old_grid)

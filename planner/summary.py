@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.budget.collectives import phase_label
+from planner.config.schema import Config
 from planner.findings import Finding, has_errors
-from planner.schema import Config
 
 # The memory parts a stage's peak is made of (planner/budget/memory.py peak_memory_bytes), by what
 # people call them; buffers are the stage's own buffers plus one layer's transient comm buffers.

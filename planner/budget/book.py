@@ -2,7 +2,7 @@
 
 A page is a module with `PAGE` (its name) and `write(book, variant)`; it may read the config
 symbols and any name an earlier page (or itself, above) defined, never a later page's
-(tests/test_budget_pages.py walks every variant to check). The order is the order a step is
+(tests/unit/budget/test_budget_pages.py walks every variant to check). The order is the order a step is
 reasoned about: layout → params → FLOPs → comm → memory → scaling → time.
 """
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Number, Symbol, exact, normalize
-from planner.schema import Config
+from planner.config.schema import Config
 
 TERA, GIGA = 10**12, 10**9
 

@@ -10,7 +10,7 @@ decoder and MTP layers together.
 from __future__ import annotations
 
 from planner.budget.expr import Number, Symbol
-from planner.schema import Config
+from planner.config.schema import Config
 
 HCA_RATIO = 128  # the only non-CSA compress ratio Megatron's FLOPs formula counts
 

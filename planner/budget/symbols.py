@@ -19,9 +19,9 @@ from typing import Any
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
-from planner.gpus import DEFAULT_GPU, HOPPER
-from planner.pipeline import Chunk, StageLayers, StageSplit, stage_layers
-from planner.schema import Config
+from planner.config.gpus import DEFAULT_GPU, HOPPER
+from planner.config.schema import Config
+from planner.layout.pipeline import Chunk, StageLayers, StageSplit, stage_layers
 
 ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 CSA_RATIO = 4  # DeepSeek-V4: ratio 4 is CSA (overlapping compressor + lightning indexer); others HCA
@@ -114,7 +114,7 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
     ("embd_size", "ranks in this stage's embedding group (1 when not a member)"),
     ("embd_sync", "1 when this stage syncs embedding grads over an embedding group of >= 2 ranks"),
     ("live_passes", "forward chunk passes whose activations the stage holds at its peak (Megatron's "
-                    "1F1B or interleaved order replayed, planner/schedule.py)"),
+                    "1F1B or interleaved order replayed, planner/layout/schedule.py)"),
     ("act_live_peak", "stored activations at that peak: each live pass holds its own chunk's "
                       "act_per_microbatch (see the act_chunk.* and act_live_peak rows)"),
     ("blocks_recomputed", "blocks whose forward full recompute re-runs in backward (uniform: all, "
@@ -557,7 +557,7 @@ def group_values(kind: str, members: Sequence[int], rank: int,
                  gpus_per_node: int) -> dict[str, Number]:
     """One group kind's placement facts for `rank`: peers on its node, nodes spanned, and the
     share of ring edges crossing nodes."""
-    from planner.grid import nodes_spanned
+    from planner.layout.grid import nodes_spanned
 
     nodes = [r // gpus_per_node for r in members]
     crossing = sum(map(operator.ne, nodes, nodes[1:] + nodes[:1]))

@@ -20,7 +20,7 @@ from planner.cli_common import (
     stdout,
 )
 from planner.findings import has_errors
-from planner.layout import layout_summary
+from planner.layout.summary import layout_summary
 from planner.model_size import ModelSize, model_size
 
 _ROWS = [

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from planner.cli_common import EXIT_CONFIG, EXIT_USAGE, exit_on_errors, fail, load_config_or_exit, stdout
-from planner.schema import Config
+from planner.config.schema import Config
 
 CheckWith = Annotated[Path | None, typer.Option(
     "--check-with", metavar="MEGATRON_LM_DIR", help="first run this Megatron-LM (the folder holding the "

@@ -23,7 +23,7 @@ from planner.cli_common import (
     stdout,
 )
 from planner.findings import Finding
-from planner.grid import KIND_SOURCES, Grid, GridError, RankView, grid_spec_from_config
+from planner.layout.grid import KIND_SOURCES, Grid, GridError, RankView, grid_spec_from_config
 
 _SHOWN_RANKS = 12  # ranks printed per group before it is abbreviated
 
@@ -186,7 +186,7 @@ def _json_head(grid: Grid) -> dict[str, Any]:
 
 
 def _write_svg(grid: Grid, path: Path, stage: int, *, quiet: bool) -> None:
-    from planner.grid_svg import render_stage_svg
+    from planner.report.grid_svg import render_stage_svg
 
     if not 0 <= stage < grid.spec.pp:
         fail(EXIT_USAGE, f"--stage {stage} is outside 0..{grid.spec.pp - 1}")

@@ -96,7 +96,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 def validate(data: dict[str, dict[str, Any]]) -> list[Finding]:
     """Schema findings, or (when the config loads) every rule's findings."""
-    from planner.loader import InvalidConfig, parse_config
+    from planner.config.loader import InvalidConfig, parse_config
 
     try:
         cfg = parse_config(data)
@@ -159,7 +159,7 @@ def import_megatron(
     as_json: AsJson = False,
 ) -> None:
     """Turn a Megatron-LM command line into a moeplan config; report what it could not map."""
-    from planner.importers.megatron_args import UnreadableArgs, import_arguments
+    from planner.config.importers.megatron_args import UnreadableArgs, import_arguments
 
     text = read_source(args)
     try:

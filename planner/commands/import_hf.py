@@ -39,7 +39,7 @@ def import_hf(
 ) -> None:
     """Write the moeplan config equivalent to a Hugging Face config.json (DeepSeek-V2/V3 incl.
     Kimi-K2, Qwen2-MoE/Qwen3-MoE, Mixtral); report every finding of the result."""
-    from planner.importers.hf_config import (
+    from planner.config.importers.hf_config import (
         HfConfigUnmappable,
         HfConfigUnreadable,
         map_hf_config,

@@ -1,6 +1,6 @@
 """`moeplan search CONFIG`: the fastest fitting layouts of CONFIG's model, cluster and batch.
 
-The search itself is planner/search.py (candidates judged by the rule catalog, timed by the
+The search itself is planner/search/run.py (candidates judged by the rule catalog, timed by the
 estimate); this module prints it, shows a progress bar and writes the winner with `--emit`.
 """
 
@@ -57,7 +57,7 @@ def search(
         exit_with_findings(findings, as_json=as_json)
     if emit is not None and not (emit.parent if str(emit.parent) else Path(".")).is_dir():
         fail(EXIT_USAGE, f"--emit {emit}: cannot write (no folder {emit.parent})")
-    from planner.search import search as run
+    from planner.search.run import search as run
 
     options = {"top": top, "refine": refine, "memory_headroom": memory_headroom}
     if as_json:
@@ -140,10 +140,10 @@ def _changes_text(difference: dict[str, Any]) -> str:
 def _emit(source: Path, target: Path, winner: Any, *, quiet: bool) -> None:
     """Write the winner over the user's YAML (their comments dropped), checked before writing."""
     from planner.commands.import_ import config_yaml, write_atomically
+    from planner.config.loader import InvalidConfig, parse_config, parse_yaml, read_text
     from planner.findings import has_errors
-    from planner.loader import InvalidConfig, parse_config, parse_yaml, read_text
     from planner.rules import run_rules
-    from planner.search import emitted_data
+    from planner.search.run import emitted_data
 
     raw, _, _ = parse_yaml(read_text(source), str(source))
     data = emitted_data(raw, winner)

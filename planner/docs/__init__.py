@@ -1,6 +1,6 @@
 """The generated pages of docs/: written from the code so they can never drift from it.
 
-`python -m planner.docs` rewrites them; `python -m planner.docs --check` (and tests/test_docs.py)
+`python -m planner.docs` rewrites them; `python -m planner.docs --check` (and tests/unit/test_docs.py)
 fails when a committed page differs from what the code generates today.
 """
 

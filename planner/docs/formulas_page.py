@@ -115,8 +115,8 @@ LEVEL_TITLES = {"global": "Config dimensions (one value per job)",
 
 def baseline_variant() -> Any:
     from planner.accounting import variant_of
-    from planner.loader import parse_config
-    from planner.pipeline import stage_split
+    from planner.config.loader import parse_config
+    from planner.layout.pipeline import stage_split
 
     cfg = parse_config(BASELINE_CONFIG)
     return variant_of(cfg, stage_split(cfg))

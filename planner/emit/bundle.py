@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from planner.config.schema import Config
 from planner.emit.safety import check_launch_strings
 from planner.emit.scripts import (
     MEGATRON_FILE,
@@ -22,7 +23,6 @@ from planner.emit.scripts import (
 )
 from planner.emit.shape import PLAN_FILE, launch_shape
 from planner.plan import write_atomic
-from planner.schema import Config
 
 Target = Literal["torchrun", "slurm", "megatron", "all"]
 TARGETS: tuple[str, ...] = ("torchrun", "slurm", "megatron", "all")

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.config.megatron_names import moeplan_field
+from planner.config.schema import DEFAULT_ORDER, VOCAB_DIVISOR, Config
 from planner.emit.safety import EmitError
-from planner.megatron_names import moeplan_field
-from planner.pipeline import SplitError, StageSplit, stage_split
-from planner.schema import DEFAULT_ORDER, VOCAB_DIVISOR, Config
+from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
 GPT_ENTRY = "pretrain_gpt.py"
 HYBRID_ENTRY = "pretrain_hybrid.py"

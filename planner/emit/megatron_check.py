@@ -1,7 +1,7 @@
 """The pre-flight: run the user's own Megatron-LM on the emitted argument list and compare what it
 derives with the plan.
 
-Megatron runs in a subprocess (`runtime/megatron_probe.py`, which planner never imports: planner must
+Megatron runs in a subprocess (`planner/emit/megatron_probe.py`, which planner never imports: planner must
 not import torch) under the Python the user names. The probe is given the emitted flags unchanged,
 plus only data and tokenizer arguments (`DATA_ARGUMENTS`: mock data and the null tokenizer, which
 takes the model's `--vocab-size`), and the environment the launchers export. It runs Megatron's
@@ -16,7 +16,6 @@ the plan.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.config.schema import Config
 from planner.emit.megatron import megatron_arguments, rotary_fields
-from planner.schema import Config
 
 DATA_ARGUMENTS = ("--mock-data", "--tokenizer-type", "NullTokenizer")
 PROBE_TIMEOUT_S = 600
@@ -211,11 +210,8 @@ def _rope_mismatches(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
 
 
 def probe_script() -> Path:
-    """The probe file shipped in the `runtime` package (located without importing the package)."""
-    spec = importlib.util.find_spec("runtime")
-    if spec is None or not spec.submodule_search_locations:
-        raise CheckUnusable("moeplan's runtime package (which holds the Megatron probe) is not installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / PROBE_FILE
+    """The probe file beside this module: run as a script by the user's Python, never imported here."""
+    path = Path(__file__).with_name(PROBE_FILE)
     if not path.is_file():
         raise CheckUnusable(f"the Megatron probe {path} is missing from this moeplan installation")
     return path

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import posixpath
 
+from planner.config.schema import Config
 from planner.emit.megatron import megatron_arguments
 from planner.emit.render import render
 from planner.emit.shape import PLAN_FILE, REPORT_FILE, LaunchShape
-from planner.schema import Config
 
 TORCHRUN_FILE = "torchrun.sh"
 SLURM_FILE = "job.sbatch"

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.config.schema import Config
 from planner.emit.megatron import launch_environment
 from planner.emit.safety import EmitError
-from planner.schema import Config
 
 PLAN_FILE = "plan.json"
 REPORT_FILE = "report.json"

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.config.schema import Config
 from planner.findings import Finding
-from planner.schema import Config
 from planner.summary import Summary, gib, summarize
 
-SEARCH_MISSING = "search is not available in this build (planner/search.py is missing)"
+SEARCH_MISSING = "search is not available in this build (planner/search/run.py is missing)"
 EXPERT_ROWS = 4  # EP ranks listed in the expert-ownership table before "…"
 
 
@@ -28,9 +28,9 @@ class SearchOutcome:
 
 
 def search_outcome(cfg: Config, top: int) -> SearchOutcome:
-    """The candidates of `moeplan search` (planner.search.search), or why there are none."""
+    """The candidates of `moeplan search` (planner.search.run.search), or why there are none."""
     try:
-        module = importlib.import_module("planner.search")
+        module = importlib.import_module("planner.search.run")
     except ImportError:
         return SearchOutcome([], SEARCH_MISSING)
     result = module.search(cfg, top=top)
@@ -55,8 +55,8 @@ def _candidate_label(candidate: Any) -> str:
 
 def layout_context(cfg: Config) -> dict[str, Any] | None:
     """The stage rank map, the group sizes and the expert ownership of stage 0; None without a grid."""
-    from planner.grid import KIND_SOURCES, Grid, GridError, grid_spec_from_config
-    from planner.grid_svg import render_stage_svg
+    from planner.layout.grid import KIND_SOURCES, Grid, GridError, grid_spec_from_config
+    from planner.report.grid_svg import render_stage_svg
 
     try:
         grid = Grid(grid_spec_from_config(cfg))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 
+from planner.config.schema import Config
 from planner.findings import Finding
 from planner.rules import (
     batch,
@@ -21,7 +22,6 @@ from planner.rules import (
 )
 from planner.rules.base import Rule, code_of
 from planner.rules.facts import Facts
-from planner.schema import Config
 
 CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *config.CONFIG_DOCS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import lru_cache
 
-from planner.grid import GridError, Layout, expert_layout
+from planner.layout.grid import GridError, Layout, expert_layout
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 

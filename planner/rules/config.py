@@ -1,6 +1,6 @@
 """CFG and IGN: how the config file itself can be wrong.
 
-The CFG codes are emitted by the loader (planner/loader.py) before any rule runs; they are listed
+The CFG codes are emitted by the loader (planner/config/loader.py) before any rule runs; they are listed
 here so that `moeplan rules CFG001` explains them like every other code. Their examples are whole
 files. IGN001 checks the `ignore:` list against the catalog; IGN002 refuses to silence the codes
 that `UNIGNORABLE` names, with the reason it gives for each.
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from planner.rules.base import Rule, Violation, code_of, documented, rule
 from planner.rules.facts import Facts
 
-LOADER = "planner/loader.py::parse_config"
+LOADER = "planner/config/loader.py::parse_config"
 _GOOD_FILE = """
 model: {preset: deepseek-v4-flash}
 parallel: {world_size: 128, ep: 64}
@@ -104,7 +104,7 @@ CONFIG_DOCS = (
     ),
     documented(
         "CFG007", "Hugging Face config.json cannot be mapped",
-        source="planner/importers/hf_config.py::map_hf_config",
+        source="planner/config/importers/hf_config.py::map_hf_config",
         why="""`model: {hf_config: PATH}` fills the model section from a Hugging Face config.json
         for the architectures moeplan can map (DeepSeek-V2/V3, Qwen2-MoE/Qwen3-MoE, Mixtral). An
         unknown architecture, a missing or mistyped key, or a feature moeplan cannot express

@@ -10,10 +10,10 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from planner.config.schema import Config
 from planner.degrees import Degrees
-from planner.grid import GridSpec, grid_spec_from_config
-from planner.pipeline import SplitError, StageSplit, stage_split
-from planner.schema import Config
+from planner.layout.grid import GridSpec, grid_spec_from_config
+from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
 if TYPE_CHECKING:
     from planner.accounting import Number

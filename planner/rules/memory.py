@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from fractions import Fraction
 
 from planner.accounting import Number, number_text
+from planner.config.schema import Config
 from planner.findings import Finding
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
-from planner.schema import Config
 from planner.units import fixed, format_bytes
 
 SOURCE = ("Megatron-LM dev@d48bd6be megatron/training/theoretical_memory_usage.py "

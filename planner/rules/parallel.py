@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from math import prod
 
-from planner.grid import GridError, dense_layout, expert_layout, order_dp_rule_holds, pp_group_mismatch
+from planner.layout.grid import GridError, dense_layout, expert_layout, order_dp_rule_holds, pp_group_mismatch
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.hints import divisor_hint, multiple_hint

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.pipeline import Chunk, SplitError, StageSplit, expand_layout, suggested_layout
+from planner.layout.pipeline import Chunk, SplitError, StageSplit, expand_layout, suggested_layout
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.sources import PARALLEL_STATE, TRANSFORMER_CONFIG, VALIDATE_ARGS

@@ -1,0 +1,599 @@
+"""`moeplan import megatron`: read a Megatron-LM command line back into a moeplan config.
+
+The mapping is the inverse of the emitter (planner/emit/megatron.py): every schema field whose name
+(or AliasChoices alias) is a Megatron argument name maps to `--the-name`, and a small table covers
+the arguments moeplan spells differently or encodes in several fields (precision, the hybrid layer
+pattern, GTP weight shards, attention kind). Values are read with Megatron's argparse semantics
+(Megatron-LM dev@d48bd6be megatron/training/arguments.py add_megatron_arguments and
+megatron/training/argument_utils.py ArgumentGroupFactory): store_true flags, `--no-*`/`--disable-*`
+negations of boolean settings, nargs lists, `--moe-layer-freq` as an int or a list expression.
+An absent argument means Megatron's default, which is written out wherever moeplan's default differs.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from planner.config.schema import Config
+from planner.emit.megatron import HYBRID_DSV4_SPEC, PP_DP_ORDER
+
+# Sections whose fields are Megatron arguments; cluster and launch describe the machine and the job.
+MEGATRON_SECTIONS = ("model", "parallel", "training", "moe", "overlap")
+# Schema fields that are not Megatron arguments of their own name (moeplan's own settings, or fields
+# the table below reads from other arguments).
+NOT_ARGUMENTS = {
+    "model.preset", "model.attention_variant", "parallel.world_size", "parallel.order",
+    "parallel.embedding_ranks_rule", "parallel.gtp", "parallel.egtp", "training.precision",
+    "training.fp8", "training.fp4", "training.qkv_format", "moe.moe_virtual_experts",
+    "moe.moe_tid2eid_source",
+}
+Kind = Literal["flag", "int", "float", "str", "ints", "strs", "moe_freq", "bracket_ints", "special"]
+
+# Arguments whose moeplan field has another name, or that only the wt/fields model fields carry
+# (mapped by Megatron's names; dropped with a note while this schema lacks them).
+EXPLICIT: dict[str, tuple[str, Kind]] = {
+    "--activation-func-clamp-value": ("model.swiglu_limit", "float"),
+    "--disable-bias-linear": ("model.add_bias_linear", "flag"),
+    "--dsa-indexer-n-heads": ("model.index_n_heads", "int"),
+    "--dsa-indexer-head-dim": ("model.index_head_dim", "int"),
+    "--dsa-indexer-topk": ("model.index_topk", "int"),
+    "--csa-compress-ratios": ("model.compress_ratios", "bracket_ints"),
+    "--moe-layer-freq": ("model.moe_layer_freq", "moe_freq"),
+    "--microbatch-group-size-per-virtual-pipeline-stage": (
+        "parallel.microbatch_group_size_per_vp_stage", "int"),
+    "--multi-latent-attention": ("model.multi_latent_attention", "flag"),
+    "--qk-head-dim": ("model.qk_head_dim", "int"),
+    "--v-head-dim": ("model.v_head_dim", "int"),
+    "--group-query-attention": ("model.group_query_attention", "flag"),
+    "--normalization": ("model.normalization", "str"),
+    "--swiglu": ("model.swiglu", "flag"),
+    "--make-vocab-size-divisible-by": ("model.make_vocab_size_divisible_by", "int"),
+    "--moe-router-dtype": ("model.moe_router_dtype", "str"),
+    "--moe-shared-expert-gate": ("model.moe_shared_expert_gate", "flag"),
+    "--moe-router-load-balancing-type": ("moe.moe_router_load_balancing_type", "str"),  # nargs='+'
+    "--moe-aux-loss-coeff": ("moe.moe_aux_loss_coeff", "float"),  # nargs='+'
+}
+# Handled by `_special` (one argument, several fields, or a value that depends on another one).
+SPECIAL = {
+    "--bf16", "--fp16", "--fp8-format", "--fp4-format", "--use-tp-pp-dp-mapping",
+    "--tensor-parallel-num-weight-shards", "--expert-tensor-parallel-num-weight-shards",
+    "--experimental-attention-variant", "--hybrid-layer-pattern", "--spec", "--moe-n-hash-layers",
+    "--sequence-packing-scheduler",
+}
+# Megatron's defaults where moeplan's differ: an absent argument means these values
+# (Megatron-LM dev@d48bd6be megatron/training/arguments.py and
+# megatron/core/transformer/transformer_config.py TransformerConfig / MLATransformerConfig).
+MEGATRON_DEFAULTS: dict[str, Any] = {
+    "model.position_embedding_type": "learned_absolute",
+    "model.norm_epsilon": 1e-5,
+    "model.add_bias_linear": True,
+    "training.precision": "fp32",
+    "training.weight_decay": 0.01,
+    "training.adam_beta2": 0.999,
+    "moe.moe_grouped_gemm": False,
+    "moe.moe_token_dispatcher_type": "allgather",
+    "model.normalization": "LayerNorm",  # fields of the wt/fields change; dropped while absent
+    "model.swiglu": False,
+}
+MLA_DEFAULTS: dict[str, Any] = {  # _add_mla_args; only where MLA attention reads them
+    "model.qk_pos_emb_head_dim": 64,
+    "model.kv_lora_rank": 32,
+    "model.qk_head_dim": 128,
+    "model.v_head_dim": 128,
+}
+HYBRID_ATTENTION = {"W": 0, "C": 4, "H": 128}  # inverse of emit.megatron.DSV4_ATTENTION_SYMBOL
+_ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_TORCHRUN_NODES = ("--nnodes",)
+_TORCHRUN_PROCS = ("--nproc-per-node", "--nproc_per_node")
+
+
+class UnreadableArgs(Exception):
+    """The argument text cannot be split into words (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Unmapped:
+    """One argument moeplan did not take into a field, and why."""
+
+    argument: str
+    value: str
+    why: str
+    error: bool = False  # a malformed value (the import is not valid) rather than a passthrough
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"argument": self.argument, "value": self.value, "why": self.why, "error": self.error}
+
+
+@dataclass
+class Imported:
+    """The mapped config (section → field → value), what was left over, and where things came from."""
+
+    data: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unmapped: list[Unmapped] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)  # verbatim words of the unmapped arguments
+    entry: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    defaulted: set[str] = field(default_factory=set)  # fields set from Megatron's defaults
+
+    def set(self, dotted: str, value: Any) -> None:
+        section, name = dotted.split(".", 1)
+        self.data.setdefault(section, {})[name] = value
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        section, name = dotted.split(".", 1)
+        return self.data.get(section, {}).get(name, default)
+
+    def has(self, dotted: str) -> bool:
+        section, name = dotted.split(".", 1)
+        return name in self.data.get(section, {})
+
+
+@dataclass(frozen=True)
+class Argument:
+    flag: str
+    values: tuple[str, ...]
+
+    @property
+    def words(self) -> list[str]:
+        return [self.flag, *self.values]
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.values)
+
+
+# ---------------------------------------------------------------------------------------- schema
+def _unwrap(annotation: Any) -> Any:
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(members) == 1:
+            return _unwrap(members[0])
+        return annotation
+    return annotation
+
+
+def _kind(annotation: Any) -> Kind | None:
+    base = _unwrap(annotation)
+    origin = typing.get_origin(base)
+    if base is bool:
+        return "flag"
+    if base is int:
+        return "int"
+    if base is float:
+        return "float"
+    if base is str:
+        return "str"
+    if origin is Literal:
+        return "int" if all(isinstance(v, int) for v in typing.get_args(base)) else "str"
+    if origin is list:
+        [item] = typing.get_args(base)
+        return "ints" if _kind(item) == "int" else "strs" if _kind(item) == "str" else None
+    return None
+
+
+def section_model(section: str) -> type[BaseModel] | None:
+    info = Config.model_fields.get(section)
+    model = info.annotation if info else None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def schema_has(dotted: str) -> bool:
+    section, name = dotted.split(".", 1)
+    model = section_model(section)
+    return model is not None and name in model.model_fields
+
+
+def argument_table() -> dict[str, tuple[str, Kind]]:
+    """Megatron flag → (section.field, kind), from the schema's names and aliases plus EXPLICIT."""
+    table: dict[str, tuple[str, Kind]] = {}
+    respelled = {dotted for dotted, _ in EXPLICIT.values()}  # reachable only by Megatron's spelling
+    for section in MEGATRON_SECTIONS:
+        model = section_model(section)
+        assert model is not None
+        for name, info in model.model_fields.items():
+            dotted = f"{section}.{name}"
+            kind = _kind(info.annotation)
+            if dotted in NOT_ARGUMENTS or dotted in respelled or kind is None:
+                continue
+            names = [name]
+            alias = info.validation_alias
+            if alias is not None and hasattr(alias, "choices"):
+                names += [str(c) for c in alias.choices]
+            aliases = [n for n in names if n != name]
+            for spelling in aliases or [name]:  # an alias is the Megatron spelling of a short name
+                table["--" + spelling.replace("_", "-")] = (dotted, kind)
+    table.update(EXPLICIT)
+    return table
+
+
+# ---------------------------------------------------------------------------------------- words
+def split_words(text: str) -> list[str]:
+    """Shell words of a command line or argument file: `\\` continuations, quotes, `#` comments."""
+    joined = re.sub(r"\\\r?\n", " ", text)  # bash drops backslash-newline before splitting words
+    try:
+        return shlex.split(joined, comments=True, posix=True)
+    except ValueError as exc:
+        raise UnreadableArgs(f"cannot split the arguments into shell words: {exc}") from None
+
+
+@dataclass
+class CommandLine:
+    env: dict[str, str]
+    launcher: list[str]
+    entry: str | None
+    arguments: list[Argument]
+    stray: list[str]  # words before the first `--flag` that are not the entry script
+
+
+def parse_command(words: list[str]) -> CommandLine:
+    """Environment assignments, launcher (torchrun / python …), entry script, Megatron arguments."""
+    env: dict[str, str] = {}
+    index = 0
+    while index < len(words) and _ENV_ASSIGNMENT.match(words[index]):
+        name, value = words[index].split("=", 1)
+        env[name] = value
+        index += 1
+    rest = words[index:]
+    # The entry script is the first `*.py` word; what precedes it (torchrun and its options, python,
+    # `-m torch.distributed.run`) is the launcher.
+    entry_at = next((i for i, w in enumerate(rest) if w.endswith(".py") and not w.startswith("-")), None)
+    launcher: list[str] = []
+    entry = None
+    if entry_at is not None:
+        launcher, entry, rest = rest[:entry_at], rest[entry_at], rest[entry_at + 1:]
+    stray: list[str] = []
+    arguments: list[Argument] = []
+    for word in rest:
+        if word.startswith("--"):
+            flag, _, value = word.partition("=")
+            arguments.append(Argument(flag, (value,) if "=" in word else ()))
+        elif arguments:
+            last = arguments[-1]
+            arguments[-1] = Argument(last.flag, last.values + (word,))
+        else:
+            stray.append(word)
+    return CommandLine(env, launcher, None if entry is None else entry.rsplit("/", 1)[-1], arguments, stray)
+
+
+def launcher_world(launcher: list[str]) -> tuple[int | None, int | None, list[Unmapped]]:
+    """torchrun's --nnodes and --nproc-per-node, when both are plain integers."""
+    values: dict[str, str] = {}
+    for i, word in enumerate(launcher):
+        flag, eq, value = word.partition("=")
+        if flag in _TORCHRUN_NODES + _TORCHRUN_PROCS:
+            if not eq:
+                value = launcher[i + 1] if i + 1 < len(launcher) else ""
+            values["nodes" if flag in _TORCHRUN_NODES else "procs"] = value
+    issues = []
+    numbers: dict[str, int | None] = {"nodes": None, "procs": None}
+    for key, value in values.items():
+        if value.isdigit() and int(value) > 0:
+            numbers[key] = int(value)
+        else:
+            flag = "--nnodes" if key == "nodes" else "--nproc-per-node"
+            issues.append(Unmapped(flag, value, "torchrun value is not a fixed number of nodes/processes; "
+                                   "the world size cannot be derived from it (give --world-size)"))
+    return numbers["nodes"], numbers["procs"], issues
+
+
+# ---------------------------------------------------------------------------------------- values
+class BadValue(ValueError):
+    """A value Megatron's parser would refuse (or moeplan cannot read): reported as malformed."""
+
+
+class NotModelled(BadValue):
+    """A well-formed value describing something moeplan does not model."""
+
+
+def _number(text: str, kind: type) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        raise BadValue(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+
+
+def _eval_int_list(text: str) -> list[int]:
+    """A Python list expression of ints (`([0]*3+[1]*58)`, `[1,0,1]`), evaluated without eval()."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        raise BadValue(f"not a list expression: {text!r}") from None
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List | ast.Tuple):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(node.op, ast.Mult):
+                seq, times = (left, right) if isinstance(left, list) else (right, left)
+                if isinstance(seq, list) and isinstance(times, int) and 0 <= times * len(seq) <= 1_000_000:
+                    return seq * times
+        raise BadValue(f"only lists of integers, + and * are allowed in {text!r}")
+
+    result = value(tree)
+    if not isinstance(result, list) or not all(isinstance(v, int) for v in result):
+        raise BadValue(f"expected a list of integers, got {text!r}")
+    return result
+
+
+def parse_value(kind: Kind, values: tuple[str, ...]) -> Any:
+    if kind == "flag":
+        if values:
+            raise BadValue(f"is a switch and takes no value, got {' '.join(values)!r}")
+        return True
+    if kind in ("ints", "strs"):
+        if not values:
+            raise BadValue("expects one or more values")
+        return [_number(v, int) for v in values] if kind == "ints" else list(values)
+    if len(values) != 1:
+        raise BadValue(f"expects one value, got {len(values)}" + (" (moeplan models a single value)"
+                                                                  if values else ""))
+    [text] = values
+    if kind == "int":
+        return _number(text, int)
+    if kind == "float":
+        return _number(text, float)
+    if kind == "moe_freq":
+        return _eval_int_list(text) if "[" in text else _number(text, int)
+    if kind == "bracket_ints":
+        return _eval_int_list(text) if "[" in text else [_number(v, int) for v in text.split(",")]
+    return text
+
+
+# ---------------------------------------------------------------------------------------- hybrid
+def decode_hybrid_pattern(pattern: str) -> dict[str, Any]:
+    """Inverse of emit.megatron.hybrid_pattern for DeepSeek-V4 stacks: per-layer attention kind and
+    MoE/dense MLP, `|` pipeline segments (virtual stages in pipeline order), `/` MTP depths on the
+    last segment."""
+    segments = pattern.split("|")
+    ratios: list[int] = []
+    moe: list[int] = []
+    mtp_ratios: list[int] = []
+    counts: list[int] = []
+    for index, segment in enumerate(segments):
+        main, *mtp = segment.split("/")
+        if mtp and index != len(segments) - 1:
+            raise BadValue("MTP parts ('/') appear before the last pipeline segment")
+        if len(main) % 2:
+            raise BadValue(f"segment {segment!r} is not attention+MLP symbol pairs")
+        for pos in range(0, len(main), 2):
+            attention, mlp = main[pos], main[pos + 1]
+            if attention not in HYBRID_ATTENTION or mlp not in "E-":
+                raise NotModelled(f"{attention + mlp!r} is not a DeepSeek-V4 layer (W/C/H attention "
+                                  "then E or - MLP); moeplan models no other hybrid layers")
+            ratios.append(HYBRID_ATTENTION[attention])
+            moe.append(1 if mlp == "E" else 0)
+        counts.append(len(main) // 2)
+        for depth in mtp:
+            if len(depth) != 2 or depth[0] not in HYBRID_ATTENTION:
+                raise NotModelled(f"MTP part {depth!r} is not one DeepSeek-V4 layer")
+            mtp_ratios.append(HYBRID_ATTENTION[depth[0]])
+    return {"num_layers": len(ratios), "compress_ratios": ratios + mtp_ratios, "moe": moe,
+            "mtp_num_layers": len(mtp_ratios), "segments": counts}
+
+
+def moe_layer_freq(pattern: list[int]) -> int | list[int]:
+    """The int N when the 0/1 pattern is `every N-th layer`, else the list itself."""
+    for every in range(1, len(pattern) + 1):
+        if pattern == [1 if layer % every == 0 else 0 for layer in range(len(pattern))]:
+            return every
+    return pattern
+
+
+def layout_string(segments: list[int], mtp: int) -> str:
+    """A pipeline layout for decoder layers per segment, runs of equal middle segments folded as
+    `(t*8|)*6` (the way Megatron documents layouts)."""
+    texts = [("E" if i == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
+             + ("m" * mtp + "L" if i == len(segments) - 1 else "") for i, n in enumerate(segments)]
+    out, i = "", 0
+    while i < len(texts):
+        run = 1
+        while i + run < len(texts) - 1 and texts[i + run] == texts[i]:
+            run += 1
+        last = i + run == len(texts)
+        out += f"({texts[i]}|)*{run}" if run > 1 else texts[i] + ("" if last else "|")
+        i += run
+    return out
+
+
+# ---------------------------------------------------------------------------------------- import
+def import_arguments(text: str, world_size: int | None = None) -> Imported:
+    """Map a Megatron command line (text of a file or stdin) to a config dictionary this schema takes."""
+    result = map_arguments(text, world_size)
+    fit_schema(result)
+    return result
+
+
+def map_arguments(text: str, world_size: int | None = None) -> Imported:
+    """Every modelled argument under its Megatron name, including fields this schema may not have yet
+    (see `fit_schema`)."""
+    line = parse_command(split_words(text))
+    result = Imported(entry=line.entry, env=line.env)
+    for word in line.stray:
+        result.unmapped.append(Unmapped(word, "", "not an argument (no leading --) and not the entry "
+                                        "script; ignored"))
+    nodes, procs, issues = launcher_world(line.launcher)
+    result.unmapped += issues
+    table = argument_table()
+    special: dict[str, Argument] = {}
+    for arg in line.arguments:
+        if arg.flag in SPECIAL:
+            special[arg.flag] = arg
+            continue
+        target = table.get(arg.flag)
+        negated = False
+        if target is None:
+            for prefix in ("--no-", "--disable-"):
+                base = table.get("--" + arg.flag.removeprefix(prefix))
+                if arg.flag.startswith(prefix) and base is not None and base[1] == "flag":
+                    target, negated = base, True
+        if target is None:
+            _keep(result, arg, f"not modelled ({kept_where()})")
+            continue
+        dotted, kind = target
+        try:
+            value = parse_value(kind, arg.values)
+        except BadValue as exc:
+            result.unmapped.append(Unmapped(arg.flag, arg.text, f"malformed value: {exc}", error=True))
+            continue
+        if arg.flag == "--disable-bias-linear" or negated:
+            value = False
+        result.set(dotted, value)
+    _apply_special(result, special)
+    _apply_megatron_defaults(result)
+    _apply_world(result, nodes, procs, world_size)
+    if line.env:  # the environment the line exports goes where moeplan's launchers export theirs
+        result.set("launch.env", dict(line.env))
+    return result
+
+
+def kept_where() -> str:
+    """Where unmapped arguments go: the passthrough list, or (before it exists) the YAML header."""
+    if schema_has("launch.megatron_extra_args"):
+        return "kept in launch.megatron_extra_args"
+    return "listed in the YAML header"
+
+
+def _keep(result: Imported, arg: Argument, why: str) -> None:
+    result.unmapped.append(Unmapped(arg.flag, arg.text, why))
+    result.extra_args += arg.words
+
+
+def _one(result: Imported, arg: Argument, kind: Kind) -> Any:
+    try:
+        return parse_value(kind, arg.values)
+    except BadValue as exc:
+        result.unmapped.append(Unmapped(arg.flag, arg.text, f"malformed value: {exc}", error=True))
+        return None
+
+
+def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
+    """Arguments that set another field, several fields, or depend on other arguments."""
+    if "--bf16" in special or "--fp16" in special:
+        result.set("training.precision", "bf16" if "--bf16" in special else "fp16")
+    for flag, name in (("--fp8-format", "fp8"), ("--fp4-format", "fp4")):
+        if flag in special and (value := _one(result, special[flag], "str")) is not None:
+            result.set(f"training.{name}", True)
+            if name == "fp8" and value != "e4m3":  # e4m3 is what `fp8: true` alone emits
+                result.set("training.fp8_format", value)
+    if "--use-tp-pp-dp-mapping" in special:
+        result.set("parallel.order", PP_DP_ORDER)
+    for flag, degree, base in (("--tensor-parallel-num-weight-shards", "gtp", "tp"),
+                               ("--expert-tensor-parallel-num-weight-shards", "egtp", "etp")):
+        if flag in special and (shards := _one(result, special[flag], "int")) is not None:
+            size = result.get(f"parallel.{base}") or result.get("parallel.tp", 1)
+            if shards % size:
+                result.unmapped.append(Unmapped(flag, str(shards), f"malformed value: not a multiple of "
+                                                f"{base} {size} (shards = {base} x {degree})", error=True))
+            else:
+                result.set(f"parallel.{degree}", shards // size)
+    if "--sequence-packing-scheduler" in special:
+        scheduler = _one(result, special["--sequence-packing-scheduler"], "str")
+        if scheduler is not None:
+            # Packed sequences are THD; Megatron dev has no qkv_format argument of its own.
+            result.set("training.sequence_packing_scheduler", scheduler)
+            result.set("training.qkv_format", "thd")
+    variant = special.get("--experimental-attention-variant")
+    if variant is not None:
+        name = _one(result, variant, "str")
+        if name == "dsv4_hybrid":
+            result.set("model.attention_variant", "dsv4_hybrid")
+        elif name is not None:
+            _keep(result, variant, f"attention variant moeplan does not model ({kept_where()})")
+    if result.get("model.multi_latent_attention") and result.get("model.attention_variant") is None:
+        result.set("model.attention_variant", "mla")
+    if result.get("model.attention_variant") == "dsv4_hybrid":
+        result.data["model"].pop("multi_latent_attention", None)  # implied: DSv4 attention is MLA-based
+    spec = special.get("--spec")
+    if spec is not None and tuple(spec.values) != HYBRID_DSV4_SPEC:
+        _keep(result, spec, f"layer spec moeplan does not model ({kept_where()})")
+    hybrid = special.get("--hybrid-layer-pattern")
+    if hybrid is not None:
+        _apply_hybrid(result, hybrid)
+    hashed = special.get("--moe-n-hash-layers")
+    if hashed is not None and (count := _one(result, hashed, "int")) is not None:
+        # The hybrid stack numbers every pattern symbol, two per DSv4 layer (emit.megatron
+        # megatron_hash_layer_count); the GPT stack numbers layers 1..L.
+        result.set("model.moe_n_hash_layers", count // 2 if hybrid is not None else count)
+
+
+def _apply_hybrid(result: Imported, arg: Argument) -> None:
+    try:
+        [text] = arg.values
+        decoded = decode_hybrid_pattern(text)
+    except NotModelled as exc:
+        result.unmapped.append(Unmapped(arg.flag, arg.text, f"not modelled: {exc}", error=True))
+        return
+    except (ValueError, BadValue) as exc:
+        result.unmapped.append(Unmapped(arg.flag, arg.text, f"malformed value: {exc}", error=True))
+        return
+    # The pattern wins over --num-layers, and over --mtp-num-layers when it holds MTP parts
+    # (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args).
+    result.set("model.num_layers", decoded["num_layers"])
+    if decoded["mtp_num_layers"] or not result.has("model.mtp_num_layers"):
+        result.set("model.mtp_num_layers", decoded["mtp_num_layers"])
+    if not result.has("model.compress_ratios"):
+        result.set("model.compress_ratios", decoded["compress_ratios"])
+    result.set("model.moe_layer_freq", moe_layer_freq(decoded["moe"]))
+    if len(decoded["segments"]) > 1:
+        result.set("parallel.pipeline_model_parallel_layout",
+                   layout_string(decoded["segments"], result.get("model.mtp_num_layers", 0)))
+
+
+def _apply_megatron_defaults(result: Imported) -> None:
+    defaults = dict(MEGATRON_DEFAULTS)
+    if result.get("model.attention_variant") == "mla":
+        defaults.update(MLA_DEFAULTS)
+    for dotted, value in defaults.items():
+        if not result.has(dotted):
+            result.set(dotted, value)
+            result.defaulted.add(dotted)
+
+
+def _apply_world(result: Imported, nodes: int | None, procs: int | None, world_size: int | None) -> None:
+    if world_size is not None:
+        result.set("parallel.world_size", world_size)
+    elif nodes is not None and procs is not None:
+        result.set("parallel.world_size", nodes * procs)
+    if nodes is not None and procs is not None:
+        result.set("cluster.nodes", nodes)
+        result.set("cluster.gpus_per_node", procs)
+
+
+def fit_schema(result: Imported) -> None:
+    """Fields this schema lacks (the model fields of the `launch.megatron_extra_args` change) leave
+    the config and are reported; their arguments are kept verbatim."""
+    flags = {dotted: flag for flag, (dotted, _) in EXPLICIT.items()}
+    for section, fields in result.data.items():
+        for name in [n for n in fields if not schema_has(f"{section}.{n}")]:
+            value = fields.pop(name)
+            if f"{section}.{name}" in result.defaulted:
+                continue  # Megatron's default of a field this schema lacks: nothing to keep
+            flag = flags.get(f"{section}.{name}", "--" + name.replace("_", "-"))
+            words = [flag] if value is True else [flag, _word(value)]
+            result.unmapped.append(Unmapped(flag, " ".join(words[1:]), f"this moeplan's schema has no "
+                                            f"{section}.{name} yet; {kept_where()}"))
+            if value is not False:
+                result.extra_args += words
+    if result.extra_args and schema_has("launch.megatron_extra_args"):
+        result.set("launch.megatron_extra_args", list(result.extra_args))
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)

@@ -1,0 +1,151 @@
+"""Model presets with the official DeepSeek-V4 dimensions: the released V4-Pro / V4-Flash configs and
+checkpoint tensor shapes, in the argument names of Megatron-LM dev@d48bd6be's DeepSeek-V4 code
+(megatron/training/arguments.py, megatron/core/transformer/transformer_config.py).
+
+A preset only fills `model` fields the user did not write; every value can be overridden.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _compress_ratios(head: list[int], pair: list[int], repeats: int) -> list[int]:
+    """Per-layer CSA/HCA ratios plus the MTP entry (0), written the way the official config does."""
+    return head + pair * repeats + [0]
+
+
+_V4_COMMON: dict[str, Any] = {
+    "attention_variant": "dsv4_hybrid",
+    "num_query_groups": 1,
+    "kv_channels": 512,
+    "qk_pos_emb_head_dim": 64,
+    "kv_lora_rank": 448,
+    "o_lora_rank": 1024,
+    "csa_window_size": 128,
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "vocab_size": 129280,
+    "moe_router_topk": 6,
+    "moe_n_hash_layers": 3,
+    "mtp_num_layers": 1,
+    "enable_hyper_connections": True,
+    "num_residual_streams": 4,
+    "mhc_sinkhorn_iterations": 20,
+    "moe_router_score_function": "sqrtsoftplus",
+    "moe_router_enable_expert_bias": True,
+    "moe_router_bias_update_rate": 1e-3,
+    "untie_embeddings_and_output_weights": True,
+    "swiglu_limit": 10.0,
+    "max_position_embeddings": 1048576,
+    "position_embedding_type": "rope",
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "qk_layernorm": True,
+    # RoPE of the released V4 configs (Pro and Flash alike): rope_theta 10000, compress_rope_theta
+    # 160000 for the compressed (CSA/HCA) layers, rope_scaling yarn, factor 16 over an original
+    # 65,536 positions, beta_fast 32 / beta_slow 1 (Megatron's fixed MLA defaults, so no field).
+    "rope_type": "yarn",
+    "rotary_base": 10000,
+    "csa_compress_rotary_base": 160000.0,
+    "rotary_scaling_factor": 16.0,
+    "original_max_position_embeddings": 65536,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "deepseek-v4-pro": {
+        **_V4_COMMON,
+        "num_layers": 61,
+        "hidden_size": 7168,
+        "num_attention_heads": 128,
+        "ffn_hidden_size": 3072,
+        "num_experts": 384,
+        "moe_ffn_hidden_size": 3072,
+        "moe_shared_expert_intermediate_size": 3072,
+        "moe_router_topk_scaling_factor": 2.5,
+        "q_lora_rank": 1536,
+        "o_groups": 16,
+        "index_topk": 1024,
+        "compress_ratios": _compress_ratios([128, 128, 4], [128, 4], 29),
+    },
+    "deepseek-v4-flash": {
+        **_V4_COMMON,
+        "num_layers": 43,
+        "hidden_size": 4096,
+        "num_attention_heads": 64,
+        "ffn_hidden_size": 2048,
+        "num_experts": 256,
+        "moe_ffn_hidden_size": 2048,
+        "moe_shared_expert_intermediate_size": 2048,
+        "moe_router_topk_scaling_factor": 1.5,
+        "q_lora_rank": 1024,
+        "o_groups": 8,
+        "index_topk": 512,
+        "compress_ratios": _compress_ratios([0, 0, 4], [128, 4], 20),
+    },
+}
+
+# The models below are the published Hugging Face configs, field by field in Megatron's argument
+# names (the mapping `moeplan import hf` applies; tests/unit/config/test_presets.py checks each preset equals
+# that import of the same config.json). Every one is an RMSNorm + SwiGLU decoder with RoPE, untied
+# embeddings, no linear biases and no dropout.
+_HF_COMMON: dict[str, Any] = {
+    "normalization": "RMSNorm", "swiglu": True, "position_embedding_type": "rope",
+    "untie_embeddings_and_output_weights": True, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+    "add_bias_linear": False,
+}
+
+# Qwen3-MoE: GQA with 4 KV heads, head_dim 128, q/k RMSNorm, 128 experts top-8 with renormalised
+# softmax scores, every layer MoE, no shared expert.
+_QWEN3_MOE: dict[str, Any] = {
+    **_HF_COMMON,
+    "max_position_embeddings": 40960, "norm_epsilon": 1e-6, "rotary_base": 1000000,
+    "vocab_size": 151936, "kv_channels": 128, "group_query_attention": True,
+    "num_query_groups": 4, "qk_layernorm": True, "num_experts": 128, "moe_router_topk": 8,
+    "moe_router_score_function": "softmax", "moe_router_pre_softmax": False, "moe_layer_freq": 1,
+}
+
+PRESETS.update({
+    # deepseek-ai/DeepSeek-V3 config.json (Hugging Face): MLA (q_lora 1536, kv_lora 512, nope 128 +
+    # rope 64, v 128), 3 dense layers then 58 MoE layers of 256 experts top-8 + 1 shared expert,
+    # sigmoid scores with expert bias (noaux_tc), 8 groups top-4, one MTP layer, YaRN factor 40.
+    # Its mscale_all_dim 1.0 has no moeplan field: pass `--mscale-all-dim 1.0` in
+    # launch.megatron_extra_args (examples/deepseek-v3-1024.yaml does).
+    "deepseek-v3": {
+        **_HF_COMMON,
+        "num_layers": 61, "hidden_size": 7168, "num_attention_heads": 128, "vocab_size": 129280,
+        "max_position_embeddings": 163840, "norm_epsilon": 1e-6, "rotary_base": 10000,
+        "multi_latent_attention": True, "q_lora_rank": 1536, "kv_lora_rank": 512,
+        "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "qk_layernorm": True,
+        "ffn_hidden_size": 18432, "num_experts": 256, "moe_router_topk": 8,
+        "moe_ffn_hidden_size": 2048, "moe_shared_expert_intermediate_size": 2048,
+        "mtp_num_layers": 1, "moe_router_dtype": "fp32", "moe_layer_freq": [0] * 3 + [1] * 58,
+        "moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.5,
+        "moe_router_enable_expert_bias": True, "moe_router_num_groups": 8,
+        "moe_router_group_topk": 4, "rope_type": "yarn", "rotary_scaling_factor": 40.0,
+        "original_max_position_embeddings": 4096,
+    },
+    # Qwen/Qwen3-30B-A3B config.json (Hugging Face): 48 layers, hidden 2048, 32 heads.
+    "qwen3-30b-a3b": {
+        **_QWEN3_MOE,
+        "num_layers": 48, "hidden_size": 2048, "num_attention_heads": 32,
+        "ffn_hidden_size": 6144, "moe_ffn_hidden_size": 768,
+    },
+    # Qwen/Qwen3-235B-A22B config.json (Hugging Face): 94 layers, hidden 4096, 64 heads.
+    "qwen3-235b-a22b": {
+        **_QWEN3_MOE,
+        "num_layers": 94, "hidden_size": 4096, "num_attention_heads": 64,
+        "ffn_hidden_size": 12288, "moe_ffn_hidden_size": 1536,
+    },
+    # mistralai/Mixtral-8x7B-v0.1 config.json (Hugging Face): 32 layers, hidden 4096, 32 heads of
+    # 128 with 8 KV groups, 8 experts top-2 (each a full 14336-wide MLP), every layer MoE.
+    "mixtral-8x7b": {
+        **_HF_COMMON,
+        "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000,
+        "max_position_embeddings": 32768, "norm_epsilon": 1e-5, "rotary_base": 1000000,
+        "kv_channels": 128, "group_query_attention": True, "num_query_groups": 8,
+        "qk_layernorm": False, "ffn_hidden_size": 14336, "moe_ffn_hidden_size": 14336,
+        "num_experts": 8, "moe_router_topk": 2, "moe_layer_freq": 1,
+        "moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
+    },
+})

@@ -1,0 +1,510 @@
+"""The config schema: one pydantic model per YAML section, Megatron-LM argument names in snake_case.
+
+`Config` is the validated, *resolved* job description (presets merged, defaults derived), the single
+input of the rule catalog, the grid, the budgets and the compiled plan.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from planner.config.gpus import GPUS
+from planner.config.gpus import gpu as gpu_entry
+from planner.config.layer_freq import parse_layer_freq
+from planner.config.presets import PRESETS
+from planner.degrees import Degrees
+
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+VOCAB_DIVISOR = 128  # Megatron's default make_vocab_size_divisible_by
+# moeplan lists every layer, rank and expert, so their counts get a ceiling far above any real job.
+MAX_LAYERS = 100_000
+MAX_RANKS = 1 << 20
+MAX_EXPERTS = 1 << 16  # the plan lists each rank's experts
+RankCount = Annotated[int, Field(ge=1, le=MAX_RANKS)]
+GPU_NAMES = tuple(GPUS)
+
+
+class Section(BaseModel):
+    """Strict, closed section: unknown keys and wrong YAML types are config errors, not coercions;
+    every float is finite (`.inf`/`.nan` would only fail later, inside a budget)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, frozen=True,
+                              allow_inf_nan=False)
+
+
+def _alias(*names: str) -> Any:
+    return Field(default=None, validation_alias=AliasChoices(*names))
+
+
+class ModelSection(Section):
+    preset: Literal["deepseek-v4-pro", "deepseek-v4-flash", "deepseek-v3", "qwen3-30b-a3b",
+                    "qwen3-235b-a22b", "mixtral-8x7b"] | None = None
+    num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
+    hidden_size: PosInt
+    num_attention_heads: PosInt
+    num_query_groups: PosInt | None = None
+    kv_channels: PosInt | None = None
+    ffn_hidden_size: PosInt | None = None
+    vocab_size: PosInt
+    max_position_embeddings: PosInt | None = None
+    # moeplan's runtime rotates q/k (RoPE); Megatron's own default is a learned table, which MTP
+    # refuses (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args).
+    position_embedding_type: Literal["learned_absolute", "rope", "yarn", "mrope", "relative", "none"] = "rope"
+    hidden_dropout: Annotated[float, Field(ge=0, le=1)] = 0.1
+    attention_dropout: Annotated[float, Field(ge=0, le=1)] = 0.1
+    qk_layernorm: bool = False
+    num_experts: Annotated[int, Field(ge=1, le=MAX_EXPERTS)]
+    moe_router_topk: PosInt = 2
+    moe_ffn_hidden_size: PosInt | None = None
+    moe_shared_expert_intermediate_size: NonNegInt | None = None
+    # An int N (every N-th layer MoE), a 0/1 list, or Megatron's string form "([0]*3+[1]*58)".
+    moe_layer_freq: PosInt | list[Literal[0, 1]] = 1
+    moe_n_hash_layers: NonNegInt = 0
+    mtp_num_layers: Annotated[int, Field(ge=0, le=MAX_LAYERS)] = 0
+    mtp_loss_scaling_factor: NonNegFloat = 0.1
+    untie_embeddings_and_output_weights: bool = False
+    add_bias_linear: bool = False
+    moe_router_score_function: Literal["softmax", "sigmoid", "sqrtsoftplus"] = "softmax"
+    moe_router_topk_scaling_factor: PosFloat | None = None
+    moe_router_enable_expert_bias: bool = False
+    moe_router_bias_update_rate: NonNegFloat = 1e-3
+    moe_router_num_groups: PosInt | None = None
+    moe_router_group_topk: PosInt | None = None
+    moe_router_pre_softmax: bool = False
+    swiglu_limit: PosFloat | None = None
+    norm_epsilon: PosFloat = 1e-6
+    attention_variant: Literal["standard", "mla", "dsv4_hybrid"] = "standard"
+    q_lora_rank: PosInt | None = None
+    kv_lora_rank: PosInt | None = None
+    qk_pos_emb_head_dim: NonNegInt = 0
+    # MLA head dims, as Megatron's MLATransformerConfig: q/k heads are qk_head_dim (no RoPE) +
+    # qk_pos_emb_head_dim (RoPE) wide, v heads v_head_dim (Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/multi_latent_attention.py MultiLatentAttention.__init__). Unset,
+    # both fall back to kv_channels.
+    multi_latent_attention: bool | None = None
+    qk_head_dim: PosInt | None = None
+    v_head_dim: PosInt | None = None
+    group_query_attention: bool | None = None
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    swiglu: bool = True
+    make_vocab_size_divisible_by: PosInt = VOCAB_DIVISOR
+    moe_router_dtype: Literal["fp32", "fp64"] | None = None
+    moe_shared_expert_gate: bool = False
+    # RoPE / YaRN, named as Megatron's arguments. Numerics only: rotary embeddings hold no parameters
+    # and no activation memory that moeplan budgets; the runtime's attention rotates by rotary_base.
+    # DSv4 attention rotates window-only layers by rotary_base (plain RoPE) and CSA/HCA layers by
+    # csa_compress_rotary_base with YaRN: rotary_scaling_factor over original_max_position_embeddings,
+    # beta_fast 32 / beta_slow 1 fixed (Megatron-LM dev@d48bd6be megatron/core/transformer/
+    # experimental_attention_variant/deepseek_v4_hybrid_attention.py, MLATransformerConfig defaults).
+    # rope_type None keeps Megatron's default (yarn for MLA); 'yarn' needs an MLA attention variant.
+    rope_type: Literal["rope", "yarn"] | None = None
+    rotary_base: PosInt = 10000
+    rotary_scaling_factor: PosFloat = 1.0
+    original_max_position_embeddings: PosInt = 4096
+    csa_compress_rotary_base: PosFloat = 40000.0
+    o_groups: PosInt | None = None
+    o_lora_rank: PosInt | None = None
+    csa_window_size: PosInt | None = None
+    index_n_heads: PosInt | None = None
+    index_head_dim: PosInt | None = None
+    index_topk: PosInt | None = None
+    compress_ratios: list[NonNegInt] | None = None
+    enable_hyper_connections: bool = False
+    num_residual_streams: PosInt = 1
+    mhc_sinkhorn_iterations: PosInt = 20
+
+    @field_validator("moe_layer_freq", mode="before")
+    @classmethod
+    def _megatron_freq(cls, value: Any) -> Any:
+        """Megatron's string spellings: "N" or a list expression such as "([0]*3+[1]*58)"."""
+        return parse_layer_freq(value) if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _latent_attention(cls, data: Any) -> Any:
+        """multi_latent_attention: true is Megatron's spelling of attention_variant mla (DSv4's
+        hybrid attention is MLA-based too); a contradiction is refused, not resolved."""
+        if not isinstance(data, dict) or not isinstance(data.get("multi_latent_attention"), bool):
+            return data
+        mla, variant = data["multi_latent_attention"], data.get("attention_variant")
+        if mla and variant is None:
+            return {**data, "attention_variant": "mla"}
+        if (mla and variant == "standard") or (not mla and variant in ("mla", "dsv4_hybrid")):
+            raise PydanticCustomError(
+                "attention_conflict",
+                "multi_latent_attention {mla} contradicts attention_variant {variant}",
+                {"mla": str(mla).lower(), "variant": variant},
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _derive(self) -> ModelSection:
+        if self.attention_variant == "mla" and self.kv_lora_rank is None:
+            raise PydanticCustomError(
+                "mla_kv_lora_missing",
+                "attention_variant mla needs model.kv_lora_rank (Megatron's MLA compresses K/V "
+                "through it; without it the KV path has no size)",
+            )
+        if (self.group_query_attention is False and self.attention_variant == "standard"
+                and self.num_query_groups not in (None, self.num_attention_heads)):
+            raise PydanticCustomError(
+                "gqa_conflict",
+                "group_query_attention false but num_query_groups {groups} differs from "
+                "num_attention_heads {heads}",
+                {"groups": self.num_query_groups, "heads": self.num_attention_heads},
+            )
+        derived = {
+            "num_query_groups": self.num_query_groups or self.num_attention_heads,
+            "kv_channels": self.kv_channels or max(1, self.hidden_size // self.num_attention_heads),
+            "ffn_hidden_size": self.ffn_hidden_size or 4 * self.hidden_size,
+        }
+        derived["moe_ffn_hidden_size"] = self.moe_ffn_hidden_size or derived["ffn_hidden_size"]
+        derived["moe_shared_expert_intermediate_size"] = self.moe_shared_expert_intermediate_size or 0
+        # Megatron's GQA switch concerns standard attention; MLA and DSv4 attention ignore it.
+        derived["group_query_attention"] = (
+            self.group_query_attention if self.group_query_attention is not None
+            else self.attention_variant == "standard"
+            and derived["num_query_groups"] != self.num_attention_heads)
+        derived["multi_latent_attention"] = self.attention_variant in ("mla", "dsv4_hybrid")
+        derived["qk_head_dim"] = self.qk_head_dim or derived["kv_channels"]
+        derived["v_head_dim"] = self.v_head_dim or derived["kv_channels"]
+        for key, value in derived.items():
+            object.__setattr__(self, key, value)
+        return self
+
+    @property
+    def mhc_expansion(self) -> int:
+        """Width multiplier of the residual stream (1 when mHC is off)."""
+        return self.num_residual_streams if self.enable_hyper_connections else 1
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Megatron's moe_layer_freq: an int N makes every N-th layer MoE; a list is a 0/1 pattern."""
+        if isinstance(self.moe_layer_freq, int):
+            return layer % self.moe_layer_freq == 0
+        return layer < len(self.moe_layer_freq) and self.moe_layer_freq[layer] == 1
+
+
+class ParallelSection(Section):
+    world_size: RankCount | None = None
+    tp: PosInt = Field(1, validation_alias=AliasChoices("tp", "tensor_model_parallel_size"))
+    cp: PosInt = Field(1, validation_alias=AliasChoices("cp", "context_parallel_size"))
+    pp: PosInt = Field(1, validation_alias=AliasChoices("pp", "pipeline_model_parallel_size"))
+    vpp: PosInt | None = _alias(
+        "vpp", "virtual_pipeline_model_parallel_size", "num_virtual_stages_per_pipeline_rank"
+    )
+    ep: PosInt = Field(1, validation_alias=AliasChoices("ep", "expert_model_parallel_size"))
+    etp: PosInt | None = _alias("etp", "expert_tensor_parallel_size")
+    gtp: PosInt = Field(1, validation_alias=AliasChoices("gtp", "gtp_remat_size"))
+    egtp: PosInt = Field(1, validation_alias=AliasChoices("egtp", "expert_gtp_remat_size"))
+    gtp_remat_num_sequence_shards: PosInt | None = None
+    order: str = DEFAULT_ORDER
+    sequence_parallel: bool = False
+    hierarchical_context_parallel_sizes: list[PosInt] | None = None
+    cp_comm_type: Literal["p2p", "all_gather", "a2a", "a2a+p2p"] = "p2p"
+    cp_partition_mode: Literal["zigzag", "contiguous"] = "zigzag"
+    dynamic_context_parallel: bool = False
+    hybrid_context_parallel: bool = False
+    decoder_first_pipeline_num_layers: PosInt | None = None
+    decoder_last_pipeline_num_layers: PosInt | None = None
+    num_layers_per_virtual_pipeline_stage: PosInt | None = None
+    pipeline_model_parallel_layout: str | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    microbatch_group_size_per_vp_stage: PosInt | None = None
+    embedding_ranks_rule: Literal["gpt", "core"] = "gpt"
+
+
+class TrainingSection(Section):
+    seq_length: PosInt
+    micro_batch_size: PosInt = 1
+    global_batch_size: PosInt | None = None
+    qkv_format: Literal["sbhd", "bshd", "thd"] = "sbhd"
+    sequence_packing_scheduler: Literal["dp_balanced", "default_dynamic_cp"] | None = None
+    variable_seq_lengths: bool = False
+    optimizer: Literal["adam", "sgd", "muon"] = "adam"
+    use_distributed_optimizer: bool = False
+    num_distributed_optimizer_instances: PosInt = 1
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    fp8: bool = False
+    # Megatron's --fp8-format (setting it turns fp8 on) and --fp8-recipe (Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/transformer_config.py TransformerConfig.fp8 / fp8_recipe).
+    fp8_format: Literal["e4m3", "hybrid"] | None = None
+    fp8_recipe: Literal["tensorwise", "delayed", "blockwise", "mxfp8"] | None = None
+    # Megatron's --fp8-param-gather: the GEMM weights live in FP8 and the distributed optimizer's
+    # parameter all-gather moves them in FP8 (Megatron-LM dev@d48bd6be megatron/training/
+    # arguments.py; TransformerConfig.fp8_param).
+    fp8_param_gather: bool = False
+    fp4: bool = False
+    calculate_per_token_loss: bool = False
+    average_in_collective: bool = Field(
+        False, validation_alias=AliasChoices("average_in_collective", "ddp_average_in_collective")
+    )
+    ckpt_format: Literal["torch_dist", "torch", "torch_dcp", "fsdp_dtensor"] = "torch_dist"
+    use_megatron_fsdp: bool = False
+    # Megatron-FSDP: what is sharded over dp_cp / expt_dp (Megatron-LM dev@d48bd6be
+    # megatron/training/arguments.py --data-parallel-sharding-strategy, default optim_grads_params).
+    data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads",
+                                             "optim_grads_params"] = "optim_grads_params"
+    use_torch_fsdp2: bool = False
+    lr: PosFloat = 1e-4
+    adam_beta1: NonNegFloat = 0.9
+    adam_beta2: NonNegFloat = 0.95
+    adam_eps: PosFloat = 1e-8
+    weight_decay: NonNegFloat = 0.1
+    seed: NonNegInt = 1234
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fp8_format_enables_fp8(cls, data: Any) -> Any:
+        """Megatron turns FP8 on by naming its format; `fp8: true` alone keeps meaning e4m3."""
+        if not isinstance(data, dict) or data.get("fp8_format") is None:
+            return data
+        if data.get("fp8") is False:
+            raise PydanticCustomError(
+                "fp8_conflict", "training.fp8_format {fmt} but training.fp8 is false: drop one",
+                {"fmt": data["fp8_format"]})
+        return {**data, "fp8": True}
+
+    @model_validator(mode="after")
+    def _fp8_recipe_needs_fp8(self) -> TrainingSection:
+        if self.fp8_recipe is not None and not self.fp8:
+            raise PydanticCustomError(
+                "fp8_recipe_without_fp8",
+                "training.fp8_recipe {recipe} without FP8: set training.fp8_format (e4m3 or hybrid)",
+                {"recipe": self.fp8_recipe})
+        return self
+
+
+class MoeSection(Section):
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "alltoall"
+    moe_flex_dispatcher_backend: Literal["deepep", "hybridep", "ncclep"] | None = None
+    moe_expert_capacity_factor: PosFloat | None = None
+    moe_expert_rank_capacity_factor: PosFloat | None = None
+    moe_pad_expert_input_to_capacity: bool = False
+    moe_token_drop_policy: Literal["probs", "position"] = "probs"
+    moe_router_load_balancing_type: Literal[
+        "aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"
+    ] = "aux_loss"
+    moe_aux_loss_coeff: NonNegFloat = 0.0
+    moe_router_force_load_balancing: bool = False
+    moe_virtual_experts: bool = False
+    moe_latent_size: PosInt | None = None
+    moe_apply_probs_on_input: bool = False
+    moe_grouped_gemm: bool = True
+    moe_permute_fusion: bool = False
+    moe_tid2eid_source: str | None = None
+
+
+class OverlapSection(Section):
+    overlap_moe_expert_parallel_comm: bool = False
+    moe_shared_expert_overlap: bool = False
+    delay_wgrad_compute: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    recompute_granularity: Literal["full", "selective"] | None = None
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: PosInt | None = None
+    recompute_modules: list[str] | None = None
+    cuda_graph_impl: Literal["none", "local", "transformer_engine"] = "none"
+    cuda_graph_scope: list[str] = Field(default_factory=list)
+
+
+Share = Annotated[float, Field(gt=0, le=1)]
+
+
+class EfficiencySection(Section):
+    """The step-time model's efficiency factors (`moeplan estimate`). Defaults are calibrated on
+    four public Megatron MoE measurements (docs/estimate.md lists them); every estimate prints
+    the values it used. Fractions of the catalog peaks, except routing_imbalance (>= 1)."""
+
+    gemm_bf16: Share = 0.8  # share of the dense BF16 peak the GEMMs reach
+    gemm_fp8: Share = 0.6  # share of the dense FP8 peak the GEMMs reach under FP8
+    attention: Share = 0.5  # share of the BF16 peak core (flash) attention reaches
+    intra_node: Share = 0.85  # share of the NVLink bandwidth a collective reaches
+    inter_node: Share = 0.9  # share of the scale-out bandwidth a collective reaches
+    hbm: Share = 0.8  # share of the HBM bandwidth streaming work (weights, elementwise) reaches
+    overlap: Share = 0.5  # share of an overlapped collective hidden behind compute (at most all)
+    routing_imbalance: Annotated[float, Field(ge=1)] = 1.0  # busiest rank's expert load / mean
+    # Fixed latency per token and transformer block outside the GEMMs and attention (kernel
+    # launches, host syncs), forward and backward together; their bytes are counted separately.
+    non_gemm_ns_per_token_block: NonNegFloat = 650.0
+    # HBM passes over the forward's elementwise bytes (norms, router, permutes, activations) in
+    # forward and backward together (fitted; fused backward kernels reuse what forward saved).
+    non_gemm_passes: PosFloat = 1.75
+    permute_unfused: Annotated[float, Field(ge=1)] = 3.0  # unfused permute / fused permute cost
+    # Share of the collective bandwidth each token dispatcher's EP exchange reaches.
+    dispatch_alltoall: Share = 1.0
+    dispatch_deepep: Share = 1.0
+    dispatch_hybridep: Share = 1.0
+
+
+class ClusterSection(Section):
+    """The machines. `gpu` names a catalog entry (planner/config/gpus.py) whose figures fill every field
+    left unset; without `gpu` they are an H100's (moeplan's defaults before the catalog)."""
+
+    nodes: RankCount | None = None
+    gpu: Literal[GPU_NAMES] | None = None  # type: ignore[valid-type]
+    gpus_per_node: RankCount | None = None
+    # GPUs that share one NVLink domain: a node (8) on HGX systems, 72 on NVL72 racks.
+    nvlink_domain: RankCount | None = None
+    gpu_memory_gib: PosFloat | None = None
+    intra_node_bandwidth_gb_s: PosFloat | None = None  # NVLink per GPU, one direction
+    inter_node_bandwidth_gb_s: PosFloat | None = None  # scale-out per GPU, one direction
+    peak_bf16_tflops: PosFloat | None = None  # dense
+    peak_fp8_tflops: PosFloat | None = None  # dense
+    hbm_bandwidth_tb_s: PosFloat | None = None
+    efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
+
+    @model_validator(mode="after")
+    def _from_gpu(self) -> ClusterSection:
+        card = gpu_entry(self.gpu)
+        filled = {
+            "gpus_per_node": card.gpus_per_node if self.gpu else 8,
+            "gpu_memory_gib": float(card.memory_gib), "intra_node_bandwidth_gb_s": float(card.nvlink_gb_s),
+            "inter_node_bandwidth_gb_s": float(card.scale_out_gb_s),
+            "peak_bf16_tflops": float(card.bf16_tflops), "peak_fp8_tflops": float(card.fp8_tflops),
+            "hbm_bandwidth_tb_s": float(card.hbm_tb_s),
+        }
+        for key, value in filled.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
+        if self.nvlink_domain is None:
+            domain = card.nvlink_domain if self.gpu else self.gpus_per_node
+            object.__setattr__(self, "nvlink_domain", max(domain, self.gpus_per_node or 1))
+        if self.nvlink_domain % (self.gpus_per_node or 1):
+            raise PydanticCustomError(
+                "nvlink_domain_nodes",
+                "cluster.nvlink_domain {domain} is not a whole number of nodes of {per_node} GPUs: "
+                "set it to a multiple of cluster.gpus_per_node",
+                {"domain": self.nvlink_domain, "per_node": self.gpus_per_node},
+            )
+        return self
+
+
+class LaunchSection(Section):
+    job_name: str = "moeplan"
+    partition: str | None = None
+    account: str | None = None
+    time: str = "01:00:00"
+    container_image: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    extra_sbatch: list[str] = Field(default_factory=list)
+    output_dir: str = "logs"
+    cpus_per_task: PosInt | None = None
+    master_port: Annotated[int, Field(ge=1, le=65535)] = 29500
+    steps: PosInt = 2
+    check_reference: bool = True
+    # Megatron arguments moeplan does not model (data, tokenizer, LR schedule ...), appended verbatim
+    # (each word shell-quoted) to the emitted launch: e.g. ["--data-path", "/d/x", "--lr-decay-style",
+    # "cosine"]. Flags moeplan emits itself are refused (rule EMT001).
+    megatron_extra_args: list[str] = Field(default_factory=list)
+
+
+class Config(Section):
+    model: ModelSection
+    parallel: ParallelSection
+    training: TrainingSection
+    moe: MoeSection = Field(default_factory=MoeSection)
+    overlap: OverlapSection = Field(default_factory=OverlapSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    launch: LaunchSection = Field(default_factory=LaunchSection)
+    ignore: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        """Fill model fields from the named preset; whatever the user wrote wins."""
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+            return data
+        preset = data["model"].get("preset")
+        if preset is None or preset not in PRESETS:
+            return data
+        return {**data, "model": {**PRESETS[preset], **data["model"]}}
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Config:
+        """Derive what Megatron derives: world size, ETP default, nodes, the default global batch."""
+        par, cluster = self.parallel, self.cluster
+        world = par.world_size
+        if world is None:
+            if cluster.nodes is None:
+                raise PydanticCustomError(
+                    "world_size_missing",
+                    "parallel.world_size is not set and cannot be derived: give parallel.world_size "
+                    "or cluster.nodes (world size = nodes x gpus_per_node)",
+                )
+            world = cluster.nodes * cluster.gpus_per_node
+            if world > MAX_RANKS:
+                raise PydanticCustomError(
+                    "world_size_too_large",
+                    "cluster.nodes x gpus_per_node = {world} ranks, above moeplan's limit of {limit}",
+                    {"world": world, "limit": MAX_RANKS},
+                )
+        object.__setattr__(par, "world_size", world)
+        if par.etp is None:
+            object.__setattr__(par, "etp", par.tp)
+        if cluster.nodes is None:
+            object.__setattr__(cluster, "nodes", math.ceil(world / cluster.gpus_per_node))
+        return self
+
+    # The layout degrees have one owner (planner/degrees.py); the grid owns the groups.
+    @property
+    def degrees(self) -> Degrees:
+        """This config's layout degrees and the sizes derived from them (DP, EDP, model sizes)."""
+        return Degrees.from_config(self)
+
+    @property
+    def dp(self) -> int:
+        """Replicate data-parallel size D_a (DP = world / (TP·PP·CP) in Megatron-LM dev@d48bd6be
+        megatron/training/arguments.py validate_args; GTP on main divides it further); fractional
+        layouts are a rule finding."""
+        return self.degrees.dp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size N/(ETP·EP·PP·EGTP); CP never enters the expert grid."""
+        return self.degrees.edp
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and output layer: the vocabulary rounded up to a multiple of
+        model.make_vocab_size_divisible_by (default 128) times the TP size (Megatron-LM
+        dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding);
+        the padded logits take part in the softmax."""
+        divisor = self.model.make_vocab_size_divisible_by * self.parallel.tp
+        return -(-self.model.vocab_size // divisor) * divisor
+
+    @property
+    def global_batch_size(self) -> int:
+        """Megatron's default global batch is micro_batch_size x replicate DP."""
+        return self.training.global_batch_size or self.training.micro_batch_size * self.dp
+
+    @property
+    def batch_replicas(self) -> int:
+        """D_batch = D_a·GTP/q_s: ranks reading distinct samples; GTP sequence shards split one
+        sample over q_s ranks of the GTP axis (Megatron-LM main@d98e8a64 get_batch_parallel_size).
+        CP, EP and ETP add none."""
+        gtp, shards = self.parallel.gtp, self.parallel.gtp_remat_num_sequence_shards or 1
+        if gtp % shards:  # q_s must divide R (rule GTP001); until it does, count no sharding
+            shards = 1
+        return self.dp * gtp // shards
+
+    @property
+    def batch_unit(self) -> int:
+        """Samples one microbatch round consumes: micro_batch_size · D_batch."""
+        return self.training.micro_batch_size * self.batch_replicas
+
+    @property
+    def microbatches(self) -> int:
+        """m = B / (b · D_batch); with no GTP this is Megatron's B / (b · DP) (Megatron-LM
+        dev@d48bd6be megatron/core/num_microbatches_calculator.py ConstantNumMicroBatchesCalculator)."""
+        return self.global_batch_size // self.batch_unit

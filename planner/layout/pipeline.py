@@ -1,0 +1,300 @@
+"""Layer → pipeline-stage split, following Megatron's rules for even splits, uneven first/last stages,
+the account-for-embedding/loss flags, VPP and `pipeline_model_parallel_layout` strings.
+
+Everything that asks "which layers live on stage s" (the grid's expert ownership, the budgets, the
+plan, the runtime) reads the `StageSplit` built here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.config.schema import Config
+
+
+class SplitError(ValueError):
+    """The layers cannot be split as configured; carries the field to blame and a fix."""
+
+    def __init__(self, message: str, path: str, fix: str) -> None:
+        super().__init__(message)
+        self.message, self.path, self.fix = message, path, fix
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One virtual pipeline stage: the model chunk `virtual` of physical stage `stage`."""
+
+    index: int  # position in pipeline order, v·PP + p
+    stage: int
+    virtual: int
+    layers: tuple[int, ...]  # decoder layer ids
+    mtp_layers: tuple[int, ...]  # MTP depth ids 0..mtp_num_layers-1
+    embedding: bool
+    loss: bool
+
+
+@dataclass(frozen=True)
+class StageLayers:
+    """Everything one physical pipeline stage holds, over all its virtual chunks."""
+
+    stage: int
+    layers: tuple[int, ...]
+    mtp_layers: tuple[int, ...]
+    moe_layers: tuple[int, ...]  # decoder MoE ids, then MTP blocks as num_layers + depth
+    hash_layers: tuple[int, ...]
+    embedding: bool
+    output_head: bool
+    chunks: tuple[Chunk, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class StageSplit:
+    vpp: int
+    chunks: tuple[Chunk, ...]
+    stages: tuple[StageLayers, ...]
+    source: str  # how the split was decided, for display
+
+
+_TOKEN = re.compile(r"\s*(\(|\)|\*\s*\d+|[EtmL|])")
+MAX_LAYOUT_SYMBOLS = 1_000_000  # far above any real model; bounds the expansion of `t*N`
+
+
+def _symbol_count(item: str | list) -> int:
+    return sum(_symbol_count(i) for i in item) if isinstance(item, list) else 1
+
+
+def expand_layout(layout: str) -> list[list[str]]:
+    """Expand a Megatron layout string (`Et*4|(tttt|)*14tmL`) into per-virtual-stage symbol lists."""
+    pos, stack = 0, [[]]
+    # Commas are cosmetic, as Megatron reads them (Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list): `Et*3|(tt|)*29,m|L`.
+    text = layout.replace(",", "").strip()
+    while pos < len(text):
+        match = _TOKEN.match(text, pos)
+        if match is None:
+            raise SplitError(
+                f"pipeline_model_parallel_layout {layout!r}: unexpected {text[pos]!r} at {pos}",
+                "parallel.pipeline_model_parallel_layout",
+                "use only E (embedding), t (decoder layer), m (MTP), L (loss), | (stage break), "
+                "( ) groups, *N repeats and cosmetic commas",
+            )
+        token = match.group(1).replace(" ", "")
+        pos = match.end()
+        if token == "(":
+            stack.append([])
+        elif token == ")":
+            if len(stack) == 1:
+                raise SplitError(f"layout {layout!r}: unbalanced ')'",
+                                 "parallel.pipeline_model_parallel_layout", "balance the parentheses")
+            group = stack.pop()
+            stack[-1].append(group)
+        elif token.startswith("*"):
+            if not stack[-1]:
+                raise SplitError(f"layout {layout!r}: '*' with nothing to repeat",
+                                 "parallel.pipeline_model_parallel_layout", "write e.g. t*4")
+            last, repeats = stack[-1].pop(), int(token[1:])
+            total = repeats * _symbol_count(last) + sum(_symbol_count(i) for s in stack for i in s)
+            if total > MAX_LAYOUT_SYMBOLS:
+                raise SplitError(f"layout expands to {total} symbols (limit {MAX_LAYOUT_SYMBOLS})",
+                                 "parallel.pipeline_model_parallel_layout", "check the repeat counts")
+            stack[-1].extend([last] * repeats)
+        else:
+            stack[-1].append(token)
+    if len(stack) != 1:
+        raise SplitError(f"layout {layout!r}: unbalanced '('",
+                         "parallel.pipeline_model_parallel_layout", "balance the parentheses")
+
+    def flatten(items: list) -> list[str]:
+        flat: list[str] = []
+        for item in items:
+            flat.extend(flatten(item) if isinstance(item, list) else [item])
+        return flat
+
+    stages: list[list[str]] = [[]]
+    for symbol in flatten(stack[0]):
+        if symbol == "|":
+            stages.append([])
+        else:
+            stages[-1].append(symbol)
+    return stages
+
+
+def _chunks_from_layout(cfg: Config) -> tuple[int, list[Chunk]]:
+    par, model = cfg.parallel, cfg.model
+    path = "parallel.pipeline_model_parallel_layout"
+    stages = expand_layout(par.pipeline_model_parallel_layout or "")
+    if len(stages) % par.pp:
+        raise SplitError(
+            f"layout has {len(stages)} stages, not a multiple of pp={par.pp}", path,
+            "write PP x VPP stages separated by '|'",
+        )
+    vpp = len(stages) // par.pp
+    if par.vpp is not None and par.vpp != vpp:
+        raise SplitError(
+            f"vpp={par.vpp} but the layout implies {len(stages)}/{par.pp} = {vpp} virtual stages",
+            "parallel.vpp", f"set vpp: {vpp} or drop it",
+        )
+    n_t = sum(s.count("t") for s in stages)
+    n_m = sum(s.count("m") for s in stages)
+    if n_t != model.num_layers:
+        raise SplitError(f"layout places {n_t} decoder layers (t) but num_layers={model.num_layers}",
+                         path, f"write exactly {model.num_layers} 't' symbols")
+    if n_m != model.mtp_num_layers:
+        raise SplitError(f"layout places {n_m} MTP layers (m) but mtp_num_layers="
+                         f"{model.mtp_num_layers}", path, f"write {model.mtp_num_layers} 'm' symbols")
+    if "E" not in stages[0] or any("E" in s for s in stages[1:]):
+        raise SplitError("the embedding (E) must be in the first layout stage and only there",
+                         path, "start the layout with E")
+    if "L" not in stages[-1] or any("L" in s for s in stages[:-1]):
+        raise SplitError("the loss (L) must be in the last layout stage and only there",
+                         path, "end the layout with L")
+    chunks, next_t, next_m = [], 0, 0
+    for index, symbols in enumerate(stages):
+        t, m = symbols.count("t"), symbols.count("m")
+        chunks.append(Chunk(index, index % par.pp, index // par.pp,
+                            tuple(range(next_t, next_t + t)), tuple(range(next_m, next_m + m)),
+                            "E" in symbols, "L" in symbols))
+        next_t, next_m = next_t + t, next_m + m
+    return vpp, chunks
+
+
+def _layers_per_chunk(cfg: Config, vpp: int) -> list[int]:
+    """Decoder layers on each virtual stage (pipeline order), or SplitError with Megatron's rule."""
+    par, layers = cfg.parallel, cfg.model.num_layers
+    pp, first, last = par.pp, par.decoder_first_pipeline_num_layers, par.decoder_last_pipeline_num_layers
+    if first is not None or last is not None:
+        if pp == 1:
+            raise SplitError("decoder_first/last_pipeline_num_layers need pp > 1",
+                             "parallel.decoder_first_pipeline_num_layers", "remove them or raise pp")
+        per_stage: list[int | None] = [None] * pp
+        for value, stage, name in ((first, 0, "first"), (last, pp - 1, "last")):
+            if value is not None:
+                if value % vpp:
+                    raise SplitError(f"decoder_{name}_pipeline_num_layers={value} is not divisible"
+                                     f" by vpp={vpp}", f"parallel.decoder_{name}_pipeline_num_layers",
+                                     f"use a multiple of {vpp}")
+                per_stage[stage] = value
+        fixed = sum(v for v in per_stage if v is not None)
+        middle = [i for i, v in enumerate(per_stage) if v is None]
+        rest = layers - fixed
+        if rest < 0 or (middle and rest % len(middle)) or (not middle and rest):
+            raise SplitError(
+                f"{layers} layers minus first/last {fixed} leaves {rest} for {len(middle)} "
+                f"middle stage(s), which does not divide evenly",
+                "parallel.decoder_first_pipeline_num_layers",
+                "choose first/last counts so the middle stages get equal whole layer counts",
+            )
+        for i in middle:
+            per_stage[i] = rest // len(middle)
+        if any(v % vpp for v in per_stage if v is not None):
+            raise SplitError(f"middle stages get {rest // max(len(middle), 1)} layers, not divisible by "
+                             f"vpp={vpp}", "parallel.vpp", "adjust the split or vpp")
+        counts = [int(v or 0) for v in per_stage]
+        return [counts[p] // vpp for _ in range(vpp) for p in range(pp)]
+    extra = int(par.account_for_embedding_in_pipeline_split) + int(par.account_for_loss_in_pipeline_split)
+    total = layers + extra
+    if total % pp:
+        layout = suggested_layout(layers, pp, cfg.model.mtp_num_layers) if vpp == 1 else None
+        raise SplitError(
+            f"num_layers={layers}{f' + {extra} accounted' if extra else ''} is not divisible by pp={pp}",
+            "parallel.pipeline_model_parallel_layout",
+            "set decoder_first/last_pipeline_num_layers or a pipeline_model_parallel_layout"
+            + (f', e.g. pipeline_model_parallel_layout: "{layout}"' if layout else ""),
+        )
+    if (total // pp) % vpp:
+        raise SplitError(f"{total // pp} layers per stage are not divisible by vpp={vpp}",
+                         "parallel.vpp", "choose a vpp that divides the layers per stage")
+    per_chunk = [total // (pp * vpp)] * (pp * vpp)
+    if par.account_for_embedding_in_pipeline_split:
+        per_chunk[0] -= 1
+    if par.account_for_loss_in_pipeline_split:
+        per_chunk[-1] -= 1
+    return per_chunk
+
+
+def suggested_layout(layers: int, pp: int, mtp: int) -> str | None:
+    """A layout for layers that do not divide by PP: full stages of ceil(L/PP) layers, the
+    remainder on the embedding stage (which also holds the hash layers), MTP and loss last."""
+    per = -(-layers // pp)
+    first = layers - per * (pp - 1)
+    if pp < 2 or first < 1:
+        return None
+    middle = f"(t*{per}|)*{pp - 2}" if pp > 2 else ""
+    return f"Et*{first}|{middle}t*{per}{'m' * mtp}L"
+
+
+def _chunks_from_counts(cfg: Config) -> tuple[int, list[Chunk]]:
+    par = cfg.parallel
+    vpp = par.vpp or 1
+    if par.num_layers_per_virtual_pipeline_stage is not None:
+        per_rank = cfg.model.num_layers // par.pp
+        if per_rank % par.num_layers_per_virtual_pipeline_stage:
+            raise SplitError(
+                f"{per_rank} layers per stage not divisible by num_layers_per_virtual_pipeline_stage="
+                f"{par.num_layers_per_virtual_pipeline_stage}",
+                "parallel.num_layers_per_virtual_pipeline_stage", "pick a divisor",
+            )
+        vpp = per_rank // par.num_layers_per_virtual_pipeline_stage
+    counts = _layers_per_chunk(cfg, vpp)
+    chunks, start, last = [], 0, len(counts) - 1
+    for index, count in enumerate(counts):
+        mtp = tuple(range(cfg.model.mtp_num_layers)) if index == last else ()
+        chunks.append(Chunk(index, index % par.pp, index // par.pp, tuple(range(start, start + count)),
+                            mtp, index == 0, index == last))
+        start += count
+    return vpp, chunks
+
+
+def stage_layers(cfg: Config, stage: int, chunks: list[Chunk]) -> StageLayers:
+    """What `chunks` of physical stage `stage` hold together (all of its chunks, or just one)."""
+    model = cfg.model
+    layers = tuple(layer for c in chunks for layer in c.layers)
+    mtp = tuple(d for c in chunks for d in c.mtp_layers)
+    moe = tuple(layer for layer in layers if model.is_moe_layer(layer))
+    moe += tuple(model.num_layers + d for d in mtp)
+    hashed = tuple(layer for layer in moe if layer < min(model.moe_n_hash_layers, model.num_layers))
+    return StageLayers(stage, layers, mtp, moe, hashed, any(c.embedding for c in chunks),
+                       any(c.loss for c in chunks), tuple(chunks))
+
+
+_SPLITS: dict[tuple[Any, ...], tuple[Any, StageSplit | SplitError]] = {}
+
+
+def stage_split(cfg: Config) -> StageSplit:
+    """The split Megatron would build for this config, or SplitError naming the field to change.
+
+    Remembered per model object and pipeline fields (search asks for the same split many times);
+    the entry holds its model, so the id in the key is never reused while the entry lives."""
+    par = cfg.parallel
+    key = (id(cfg.model), par.pp, par.vpp, par.pipeline_model_parallel_layout,
+           par.decoder_first_pipeline_num_layers, par.decoder_last_pipeline_num_layers,
+           par.num_layers_per_virtual_pipeline_stage, par.account_for_embedding_in_pipeline_split,
+           par.account_for_loss_in_pipeline_split)
+    hit = _SPLITS.get(key)
+    if hit is None or hit[0] is not cfg.model:
+        try:
+            split: StageSplit | SplitError = _stage_split(cfg)
+        except SplitError as err:
+            split = err
+        if len(_SPLITS) > 4096:
+            _SPLITS.clear()
+        hit = _SPLITS[key] = (cfg.model, split)
+    if isinstance(hit[1], SplitError):
+        raise hit[1]
+    return hit[1]
+
+
+def _stage_split(cfg: Config) -> StageSplit:
+    if cfg.parallel.pipeline_model_parallel_layout:
+        vpp, chunks = _chunks_from_layout(cfg)
+        source = f"layout {cfg.parallel.pipeline_model_parallel_layout}"
+    else:
+        vpp, chunks = _chunks_from_counts(cfg)
+        source = "even split" if cfg.parallel.decoder_first_pipeline_num_layers is None and \
+            cfg.parallel.decoder_last_pipeline_num_layers is None else "first/last stage counts"
+    stages = tuple(
+        stage_layers(cfg, s, [c for c in chunks if c.stage == s]) for s in range(cfg.parallel.pp)
+    )
+    return StageSplit(vpp, tuple(chunks), stages, source)

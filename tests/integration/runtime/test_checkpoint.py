@@ -1,0 +1,225 @@
+"""Checkpoints keyed by global expert id survive layout changes (runtime/checkpoint.py, DCP).
+
+One 4-rank gloo launch runs a chain of jobs on the same model (4 experts, a hash layer, expert
+bias, tied embeddings, seq aux loss, one MTP depth) and global batch B = 4 under four layouts:
+
+    A = EP4 (DP4)          B = EP2 (DP4, EDP2)     C = EP2×ETP2 (DP4)     D = PP2×EP2 (DP2)
+
+* round trips: A saves after one step (A1); B, C load it and re-save (0 steps); A loads those
+  and re-saves. Every logical tensor — weights, expert bias, tid2eid, AdamW moments and step
+  counts, RNG states, the data position — must come back bit-identical;
+* continued training: A trains 2 steps (A2, never changing layout); B, C and D load A1 and
+  train the second step. Every weight and expert bias must match A2 within the equivalence
+  tolerance (a different layout sums gradients in another order: fp32 rounding only);
+* an ETP checkpoint stores each expert matrix once, as two column blocks at offsets of the
+  logical [h, f] matrix;
+* a checkpoint of another model (8 experts) is refused on every rank with a message.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.integration.runtime.test_runtime_equivalence import TOLERANCE, _free_port
+
+MODEL = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "kv_channels": 8,
+         "ffn_hidden_size": 64, "vocab_size": 64, "num_experts": 4, "moe_router_topk": 2,
+         "moe_ffn_hidden_size": 16, "moe_shared_expert_intermediate_size": 16,
+         "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+         "moe_n_hash_layers": 1, "untie_embeddings_and_output_weights": False,
+         "mtp_num_layers": 1}
+LAYOUTS = {
+    "A": {"world_size": 4, "ep": 4},
+    "B": {"world_size": 4, "ep": 2},
+    "C": {"world_size": 4, "ep": 2, "etp": 2},
+    "D": {"world_size": 4, "ep": 2, "pp": 2, "pipeline_model_parallel_layout": "Et|tmL"},
+    "other": {"world_size": 4, "ep": 4},
+}
+# (plan, load, steps, save)
+JOBS = [
+    ("A", None, 2, "A2"), ("A", None, 1, "A1"),
+    ("B", "A1", 0, "B1"), ("A", "B1", 0, "A1_via_B"),
+    ("C", "A1", 0, "C1"), ("A", "C1", 0, "A1_via_C"),
+    ("B", "A1", 1, "B2"), ("C", "C1", 1, "C2"), ("D", "A1", 1, "D2"),
+    ("other", "A1", 0, "refused"),
+]
+
+
+def _config(name: str) -> dict[str, Any]:
+    model = dict(MODEL, num_experts=8) if name == "other" else dict(MODEL)
+    return {
+        "model": model, "parallel": dict(LAYOUTS[name]),
+        "training": {"seq_length": 16, "micro_batch_size": 1, "global_batch_size": 4,
+                     "precision": "fp32", "lr": 1e-3, "seed": 5},
+        "moe": {"moe_token_dispatcher_type": "alltoall", "moe_tid2eid_source": "seeded",
+                "moe_router_load_balancing_type": "seq_aux_loss", "moe_aux_loss_coeff": 1e-2},
+        "cluster": {"gpus_per_node": 8},
+    }
+
+
+def _compile(name: str, folder: Path) -> Path:
+    import yaml
+
+    from planner.config.loader import load_config
+    from planner.plan import compile_plan, write_plan
+    from planner.rules import run_rules
+
+    source = folder / f"{name}.yaml"
+    source.write_text(yaml.safe_dump(_config(name)))
+    cfg = load_config(source)
+    target = folder / f"{name}.plan.json"
+    write_plan(compile_plan(cfg, run_rules(cfg)), target)
+    return target
+
+
+def _worker(rank: int, port: int, folder: str) -> None:
+    import torch.distributed as dist
+
+    from runtime.__main__ import execute
+    from runtime.checkpoint import CheckpointError
+    from runtime.plan_io import load_plan
+    from runtime.train import RunOptions
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=4, timeout=timedelta(seconds=90))
+    outcomes: dict[str, Any] = {}
+    root = Path(folder)
+    try:
+        for plan_name, load, steps, save in JOBS:
+            plan = load_plan(root / f"{plan_name}.plan.json")
+            try:
+                execute(plan, RunOptions(steps=steps), False, None,
+                        root / load if load else None, root / save)
+                outcomes[save] = "ok"
+            except CheckpointError as exc:
+                outcomes[save] = f"refused: {exc}"
+    except Exception:  # noqa: BLE001 - name the failing job in the outcome file
+        outcomes["error"] = traceback.format_exc()
+        raise
+    finally:
+        (root / f"outcomes-{rank}.json").write_text(json.dumps(outcomes))
+        dist.destroy_process_group()
+
+
+def _full(folder: Path, name: str) -> dict[str, Any]:
+    """A checkpoint as full logical tensors, read without any process group."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    target = folder / f"{name}.pt"
+    dcp_to_torch_save(str(folder / name), str(target))
+    return torch.load(target, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("checkpoints")
+    for name in LAYOUTS:
+        _compile(name, folder)
+    try:
+        mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=4, join=True)
+    except mp.ProcessRaisedException:
+        pass  # the outcome files say which job failed
+    return folder
+
+
+def _outcomes(chain: Path) -> list[dict[str, Any]]:
+    outcomes = [json.loads((chain / f"outcomes-{rank}.json").read_text()) for rank in range(4)]
+    for outcome in outcomes:
+        assert "error" not in outcome, outcome.get("error")
+    return outcomes
+
+
+def test_every_job_of_the_chain_ran(chain: Path) -> None:
+    for outcome in _outcomes(chain):
+        assert all(outcome[save] == "ok" for _, _, _, save in JOBS if save != "refused")
+
+
+def test_checkpoint_keys_are_logical(chain: Path) -> None:
+    state = _full(chain, "A1")
+    experts = {key for key in state if ".ffn.experts." in key and "optimizer" not in key}
+    prefixes = ("layers.0", "layers.1", "mtp.0.block")  # MTP depth 0 is MoE layer 2
+    assert experts == {f"{prefix}.ffn.experts.{eid}.{matrix}" for prefix in prefixes
+                       for eid in range(4) for matrix in ("w1", "w2", "w3")}
+    assert tuple(state["layers.0.ffn.experts.3.w1"].shape) == (32, 16)  # one expert, [h, f]
+    assert tuple(state["layers.0.ffn.experts.3.w2"].shape) == (16, 32)
+    for key in ("layers.0.ffn.router.weight", "layers.1.ffn.router.expert_bias",
+                "layers.0.ffn.router.tid2eid", "embedding", "progress.steps",
+                "optimizer.layers.0.ffn.experts.2.w3.exp_avg",
+                "optimizer.layers.0.ffn.experts.w3.step", "optimizer.embedding.exp_avg_sq",
+                "mtp.0.eh_proj", "mtp.0.block.ffn.router.expert_bias",
+                "rng.rank0", "rng.rank3"):
+        assert key in state, key
+    assert int(state["progress.steps"]) == 1
+    assert float(state["optimizer.embedding.step"]) == 1.0
+    # tid2eid spans the padded vocabulary (64 -> 128, Megatron pads to a multiple of 128·TP)
+    assert tuple(state["layers.0.ffn.router.tid2eid"].shape) == (128, 2)
+
+
+def test_etp_shards_are_offsets_of_the_logical_matrix(chain: Path) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(str(chain / "C1")).read_metadata().state_dict_metadata
+    w1, w2 = metadata["layers.1.ffn.experts.2.w1"], metadata["layers.1.ffn.experts.2.w2"]
+    assert tuple(w1.size) == (32, 16) and tuple(w2.size) == (16, 32)
+    # ETP2 halves the intermediate dimension f = 16: columns of w1, rows of w2
+    assert sorted(tuple(c.offsets) for c in w1.chunks) == [(0, 0), (0, 8)]
+    assert sorted(tuple(c.offsets) for c in w2.chunks) == [(0, 0), (8, 0)]
+    assert {tuple(c.sizes) for c in w1.chunks} == {(32, 8)}
+
+
+@pytest.mark.parametrize("copy", ["B1", "A1_via_B", "C1", "A1_via_C"])
+def test_round_trips_are_bit_exact(chain: Path, copy: str) -> None:
+    original, other = _full(chain, "A1"), _full(chain, copy)
+    assert set(other) == set(original)
+    for key, value in original.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(other[key], value), key
+        else:
+            assert other[key] == value, key
+
+
+@pytest.mark.parametrize("resumed", ["B2", "C2", "D2"])
+def test_training_continues_as_if_the_layout_never_changed(chain: Path, resumed: str) -> None:
+    from runtime.equivalence import relative_error
+
+    expected, actual = _full(chain, "A2"), _full(chain, resumed)
+    assert int(actual["progress.steps"]) == 2
+    compared = 0
+    for key, value in expected.items():
+        if key.startswith(("rng.", "optimizer.")) or not isinstance(value, torch.Tensor):
+            continue
+        if value.dtype == torch.int64:
+            assert torch.equal(actual[key], value), key
+        else:
+            error = relative_error(actual[key], value)
+            assert error <= TOLERANCE, f"{key}: {error:.3e}"
+        compared += 1
+    assert compared >= 40
+
+
+def test_a_checkpoint_of_another_model_is_refused_on_every_rank(chain: Path) -> None:
+    for outcome in _outcomes(chain):
+        assert outcome["refused"].startswith("refused: ")
+        assert "another model" in outcome["refused"]
+
+
+def test_checkpoint_flags_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    from tests.integration.runtime.test_runtime_cli import runtime
+
+    plan = _compile("A", tmp_path)
+    zero = runtime("--plan", str(plan), "--steps", "0")
+    assert zero.returncode == 2 and "0 only with --load and --save" in zero.stderr
+    checked = runtime("--plan", str(plan), "--load", str(tmp_path), "--check-reference")
+    assert checked.returncode == 2 and "cannot check a run that starts from --load" in (
+        checked.stderr)
+    for run in (zero, checked):
+        assert "Traceback" not in run.stderr

@@ -1,0 +1,119 @@
+"""Failing cleanly: a rank that dies or raises mid-step ends the whole torchrun job fast, with a
+non-zero exit and a message naming the rank; a tampered or other-version plan never starts one.
+
+The faults are injected with the test-only MOEPLAN_TEST_FAIL variable (runtime/failure.py):
+rank 1 of a 2-rank EP2 job is killed by SIGKILL, or raises, in microbatch 1 of step 1 — after
+the other rank has entered the step's collectives, so without teardown it would wait forever.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.failure import FAIL_VARIABLE, maybe_inject_failure, rank_failure_message
+from tests.integration.runtime.test_runtime_cli import ENV, ROOT, small
+
+PYTHON = sys.executable
+DEADLINE_S = 60.0
+
+
+def _run_with_fault(plan: Path, fault: str, nproc: int = 2
+                    ) -> tuple[subprocess.CompletedProcess[str], float]:
+    # A long group timeout: the job must end because the failure is propagated, not because a
+    # collective timed out.
+    env = {**ENV, FAIL_VARIABLE: fault, "MOEPLAN_GROUP_TIMEOUT_S": "600"}
+    command = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "runtime", "--plan", str(plan), "--steps", "3"]
+    started = time.monotonic()
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return run, time.monotonic() - started
+
+
+@pytest.mark.parametrize("action", ["kill", "raise"])
+def test_a_failing_rank_ends_the_job_and_is_named(tmp_path: Path, action: str) -> None:
+    plan = small(tmp_path)
+    run, elapsed = _run_with_fault(plan, f"{action}:1:1:1")
+    assert run.returncode != 0
+    assert elapsed < DEADLINE_S, f"the job took {elapsed:.1f} s to end"
+    output = run.stdout + run.stderr
+    if action == "kill":
+        # torchrun's agent names the dead worker and its signal
+        assert "rank      : 1" in output or "rank: 1" in output, output[-3000:]
+        assert "SIGKILL" in output or "-9" in output
+    else:
+        assert "moeplan runtime: rank 1 failed: InjectedFailure" in run.stderr, run.stderr[-3000:]
+    # the run was really mid-job: step 1 of 3 had begun on the surviving rank
+    assert "step 1/3" in run.stderr
+
+
+def test_a_killed_last_stage_rank_ends_a_pipelined_job(tmp_path: Path) -> None:
+    """PP2×EP2 on 4 ranks: rank 3 (last stage) dies in microbatch 1 of step 1 while the first
+    stage waits for its activation gradients; the job still ends well within the deadline."""
+    plan = small(tmp_path, "pp2", model={"num_layers": 2},
+                 parallel={"world_size": 4, "pp": 2, "ep": 2})
+    run, elapsed = _run_with_fault(plan, "kill:3:1:1", nproc=4)
+    assert run.returncode != 0
+    assert elapsed < DEADLINE_S, f"the job took {elapsed:.1f} s to end"
+    output = run.stdout + run.stderr
+    assert "rank      : 3" in output or "rank: 3" in output, output[-3000:]
+    assert "step 1/3" in run.stderr
+
+
+def test_injection_is_inert_without_the_variable_and_on_other_ranks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FAIL_VARIABLE, raising=False)
+    maybe_inject_failure(0, 0, 0)
+    monkeypatch.setenv(FAIL_VARIABLE, "raise:1:2:3")
+    maybe_inject_failure(0, 2, 3)
+    maybe_inject_failure(1, 2, 2)
+    with pytest.raises(RuntimeError, match="step 2, microbatch 3"):
+        maybe_inject_failure(1, 2, 3)
+    monkeypatch.setenv(FAIL_VARIABLE, "explode:1:2:3")  # malformed: ignored, never a crash
+    maybe_inject_failure(1, 2, 3)
+
+
+def test_failure_message_names_the_rank() -> None:
+    message = rank_failure_message(5, ValueError("bad shape\nmore"))
+    assert message.startswith("rank 5 failed: ValueError: bad shape;")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["layout"].update(ep=1), "digest mismatch"),
+        (lambda d: d.update(version=99), "version 99"),
+        (lambda d: d.update(moeplan_version="0.0.0-other"), "digest mismatch"),
+    ],
+)
+def test_tampered_or_foreign_plans_never_start_a_job(tmp_path: Path, edit: object,
+                                                     message: str) -> None:
+    """Under torchrun with 2 ranks: every rank refuses (exit 2) before any process group forms,
+    so no rendezvous timeout, no traceback."""
+    from planner.plan import plan_digest
+
+    source = small(tmp_path)
+    document = json.loads(source.read_text())
+    edit(document)  # type: ignore[operator]
+    if "version 99" in message:  # another version, digested consistently
+        document["digest"] = plan_digest(document)
+    target = tmp_path / "edited.plan.json"
+    target.write_text(json.dumps(document))
+    started = time.monotonic()
+    run = subprocess.run(
+        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+         "runtime", "--plan", str(target)],
+        cwd=ROOT, env={**ENV, "MOEPLAN_WORLD_TIMEOUT_S": "600"}, capture_output=True,
+        text=True, timeout=120)
+    assert run.returncode != 0
+    assert time.monotonic() - started < 30
+    assert message in run.stderr
+    # torchrun's launcher prints its own ChildFailedError traceback; no frame may be ours.
+    assert not re.search(r'File "[^"]*/runtime/', run.stderr), run.stderr[-3000:]

@@ -1,0 +1,207 @@
+"""`python -m runtime` as users run it: torchrun launches, exit codes, refusals, then `moeplan verify`.
+
+The headline check: examples/tiny-cpu-8.yaml compiled, run on 8 gloo ranks with forced balanced
+routing and the reference check, and every EP/ETP byte count measured equals the prediction.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from planner.config.loader import load_config
+from planner.plan import compile_plan, plan_digest, write_plan
+from planner.rules import run_rules
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "tiny-cpu-8.yaml"
+PYTHON = sys.executable
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MOEPLAN_GROUP_TIMEOUT_S": "90",
+       "PYTHONPATH": str(ROOT)}
+
+SMALL: dict[str, Any] = {
+    "model": {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "kv_channels": 8,
+              "ffn_hidden_size": 64, "vocab_size": 64, "num_experts": 4, "moe_router_topk": 2,
+              "moe_ffn_hidden_size": 16, "moe_shared_expert_intermediate_size": 16,
+              "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True},
+    "parallel": {"world_size": 2, "ep": 2},
+    "training": {"seq_length": 16, "micro_batch_size": 1, "global_batch_size": 4,
+                 "precision": "fp32", "lr": 1e-3, "seed": 3},
+    "moe": {"moe_token_dispatcher_type": "alltoall", "moe_router_load_balancing_type": "aux_loss",
+            "moe_aux_loss_coeff": 1e-2},
+    "cluster": {"gpus_per_node": 8},
+}
+
+
+def compile_config(config: dict[str, Any], folder: Path, name: str) -> Path:
+    source = folder / f"{name}.yaml"
+    source.write_text(yaml.safe_dump(config))
+    cfg = load_config(source)
+    plan = compile_plan(cfg, run_rules(cfg))
+    target = folder / f"{name}.plan.json"
+    write_plan(plan, target)
+    return target
+
+
+def small(folder: Path, name: str = "small", **sections: dict[str, Any]) -> Path:
+    config = copy.deepcopy(SMALL)
+    for section, values in sections.items():
+        config[section].update(values)
+    return compile_config(config, folder, name)
+
+
+def torchrun(nproc: int, *args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    command = [PYTHON, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", "-m", "runtime", *args]
+    return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def runtime(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "runtime", *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def moeplan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "planner.cli", *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_tiny_cpu_8_balanced_run_is_verified_exactly(tmp_path: Path) -> None:
+    """The issue's example: 8 ranks (CP2·DP4 dense, ETP2·EP2·EDP2 expert), balanced routing."""
+    plan = tmp_path / "plan.json"
+    compiled = moeplan("compile", str(EXAMPLE), "-o", str(plan))
+    assert compiled.returncode == 0, compiled.stderr
+    report = tmp_path / "report.json"
+    run = torchrun(8, "--plan", str(plan), "--steps", "2", "--check-reference", "--balanced",
+                   "--report", str(report))
+    assert run.returncode == 0, run.stdout + run.stderr[-4000:]
+    assert "reference check: ok" in run.stdout
+    measured = json.loads(report.read_text())
+    assert measured["balanced"] and measured["steps"] == 2 and measured["world_size"] == 8
+    assert measured["plan_digest"] == json.loads(plan.read_text())["digest"]
+    assert [share["rank"] for share in measured["ranks"]] == list(range(8))
+
+    verify = moeplan("verify", str(plan), str(report), "--json")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    figures = json.loads(verify.stdout)["figures"]
+    dispatch = [f for f in figures if f["collective"].startswith(("ep_", "etp_"))]
+    # 6 EP and 6 ETP collective phases plus the count exchange, send and recv, on 8 ranks
+    assert len(dispatch) == 8 * 2 * 13
+    assert all(f["status"] == "exact" and f["measured"] == f["predicted"] for f in dispatch)
+    # hand-derived: n = 32/2 = 16 rows, k = 2, h = 64, fp32, 2 MoE layers x 2 microbatches
+    send = {(f["rank"], f["collective"], f["phase"]): f["measured"] for f in figures
+            if f["direction"] == "send_bytes"}
+    assert send[0, "ep_dispatch_hidden", "fwd"] == 16 * 2 * 64 * 4 * 2 * 2
+    assert send[5, "etp_scatter_hidden", "fwd"] == 2 * 16 * 2 * 64 * 4 * 2 * 2
+    assert send[3, "ep_count_exchange", "fwd"] == 8 * 8 * 2 * 2
+
+    table = moeplan("verify", str(plan), str(report), "--rank", "3")
+    assert table.returncode == 0
+    assert "ep_dispatch_hidden.fwd" in table.stdout and "verified" in table.stdout
+
+
+def test_learned_routing_checks_sends_and_shows_receives(tmp_path: Path) -> None:
+    plan = small(tmp_path)
+    report = tmp_path / "report.json"
+    run = torchrun(2, "--plan", str(plan), "--steps", "3", "--check-reference", "--report",
+                   str(report), "--seed", "11")
+    assert run.returncode == 0, run.stdout + run.stderr[-4000:]
+    assert "step 3/3" in run.stderr  # rank 0's progress display
+    measured = json.loads(report.read_text())
+    assert measured["seed"] == 11 and not measured["balanced"]
+    verify = moeplan("verify", str(plan), str(report), "--json")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    status = {(f["rank"], f["collective"], f["phase"], f["direction"]): f["status"]
+              for f in json.loads(verify.stdout)["figures"]}
+    for rank in (0, 1):
+        assert status[rank, "ep_dispatch_hidden", "fwd", "send_bytes"] == "exact"
+        assert status[rank, "ep_combine_hidden", "bwd", "send_bytes"] == "exact"
+        assert status[rank, "ep_dispatch_hidden", "fwd", "recv_bytes"] == "expectation"
+        assert status[rank, "ep_combine_hidden", "fwd", "send_bytes"] == "expectation"
+        assert status[rank, "dense_grad_reduce", "fwd", "send_bytes"] == "exact"
+
+
+def test_one_rank_plan_runs_without_torchrun(tmp_path: Path) -> None:
+    plan = small(tmp_path, parallel={"world_size": 1, "ep": 1},
+                 training={"global_batch_size": 2})
+    report = tmp_path / "report.json"
+    run = runtime("--plan", str(plan), "--steps", "2", "--check-reference", "--report",
+                  str(report))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(report.read_text())["reference"]["ok"]
+
+
+def _edited(plan: Path, edit: Any, *, redigest: bool) -> Path:
+    document = json.loads(plan.read_text())
+    edit(document)
+    if redigest:
+        document["digest"] = plan_digest(document)
+    target = plan.with_name("edited.plan.json")
+    target.write_text(json.dumps(document))
+    return target
+
+
+@pytest.mark.parametrize(
+    ("edit", "redigest", "message"),
+    [
+        (lambda d: d["layout"].update(ep=4), False, "digest mismatch"),
+        (lambda d: d.update(version=2), True, "version 2"),
+        (lambda d: d.update(format="something-else"), True, "not a moeplan plan"),
+        (lambda d: d["config"]["moe"].update(moe_token_dispatcher_type="flex"), True,
+         "'alltoall' and 'allgather'"),
+        (lambda d: d["layout"].update(vpp=2), True, "virtual pipeline stages need PP > 1"),
+        (lambda d: d["layout"].update(pp=2), True, "no stage 1 in 'stages'"),
+        (lambda d: d["layout"].update(tp=2), True, "attention tensor parallelism"),
+        (lambda d: d["config"]["training"].update(precision="bf16"), True, "fp32"),
+        (lambda d: d["config"]["model"].update(mtp_num_layers=1), True, "MTP"),
+        (lambda d: d["groups"].pop("expt_dp"), True, "'expt_dp'"),
+        (lambda d: d["config"]["moe"].update(moe_tid2eid_source="ckpt/tid2eid.pt"), True,
+         "tid2eid"),
+        (lambda d: d["config"]["training"].pop("seq_length"), True,
+         "no config.training.seq_length"),
+        (lambda d: d["config"]["moe"].pop("moe_router_force_load_balancing"), True,
+         "no config.moe.moe_router_force_load_balancing"),
+        (lambda d: d["config"]["model"].pop("moe_router_score_function"), True,
+         "no config.model.moe_router_score_function"),
+        (lambda d: d.update(budgets=[b for b in d["budgets"]
+                                     if b["name"] != "grad_scale_sum_dense"]), True,
+         "no budget 'grad_scale_sum_dense'"),
+    ],
+)
+def test_unrunnable_plans_are_refused_before_any_group_forms(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, redigest: bool,
+        message: str) -> None:
+    """In-process `main`: the refusal comes back as exit code 2 before torch.distributed starts."""
+    import torch.distributed as dist
+
+    from runtime.__main__ import main
+
+    plan = _edited(small(tmp_path, model={"moe_n_hash_layers": 1}), edit, redigest=redigest)
+    assert main(["--plan", str(plan)]) == 2
+    assert message in capsys.readouterr().err
+    assert not dist.is_initialized()
+
+
+def test_launch_problems_are_explained(tmp_path: Path) -> None:
+    plan = small(tmp_path)
+    alone = runtime("--plan", str(plan))
+    assert alone.returncode == 2 and "--nproc-per-node=2" in alone.stderr
+    missing = runtime("--plan", str(tmp_path / "missing.json"))
+    assert missing.returncode == 2 and "no such plan file" in missing.stderr
+    balanced = small(tmp_path, "odd", model={"num_experts": 6, "moe_router_topk": 1},
+                     parallel={"world_size": 2, "ep": 2}, training={"seq_length": 10})
+    refused = runtime("--plan", str(balanced), "--balanced")
+    assert refused.returncode == 2 and "divide" in refused.stderr
+    for run in (alone, missing, refused):
+        assert "Traceback" not in run.stderr
+    usage = runtime("--plan", str(plan), "--steps", "0")
+    assert usage.returncode == 2 and "--steps" in usage.stderr

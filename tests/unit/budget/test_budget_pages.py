@@ -1,0 +1,64 @@
+"""The formula book reads like a book: each page uses only the config symbols and names defined on
+its own page (above) or on earlier pages — layout → params → flops → comm → memory → scaling → time."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+
+from planner.accounting import ALL_SYMBOLS, PAGES, FormulaBook, Quantity, Variant, formula_book
+from planner.config.loader import load_config
+from planner.layout.pipeline import stage_split
+from tests.conftest import EXAMPLES
+from tests.support.variant_strategy import variants
+
+PAGE_ORDER = [page.PAGE for page in PAGES]
+SYMBOLS = {s.name for s in ALL_SYMBOLS}
+
+
+def later_page_reads(book: FormulaBook) -> list[str]:
+    """Every `name (page) reads ref (later page)` in the book."""
+    page_of = {q.ident: q.page for q in book.quantities}
+    found = []
+    for q in book.quantities:
+        for ref in q.refs:
+            if ref in SYMBOLS:
+                continue
+            if PAGE_ORDER.index(page_of[ref]) > PAGE_ORDER.index(q.page):
+                found.append(f"{q.name} ({q.page}) reads {ref} ({page_of[ref]})")
+    return found
+
+
+def test_pages_are_in_the_documented_order() -> None:
+    assert PAGE_ORDER == ["layout", "params", "flops", "comm", "memory", "scaling", "time"]
+
+
+def test_every_quantity_is_written_by_a_page() -> None:
+    from planner.accounting import variant_of
+
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        cfg = load_config(path)
+        book = formula_book(variant_of(cfg, stage_split(cfg)))
+        assert {q.page for q in book.quantities} == set(PAGE_ORDER), path.name
+
+
+@settings(max_examples=300, deadline=None)
+@given(variants())
+def test_no_formula_reads_a_later_page(variant: Variant) -> None:
+    assert later_page_reads(formula_book(variant)) == []
+
+
+def test_the_walk_catches_a_later_page_read() -> None:
+    """The checker is not vacuous: a layout formula reading a memory name is reported."""
+    book = formula_book(next(iter(_example_variants())))
+    memory = next(q for q in book.quantities if q.page == "memory")
+    bad = Quantity("early", f"{memory.ident} + 1", "bytes", "layout", refs=(memory.ident,),
+                   ident="early", page="layout")
+    doctored = FormulaBook((*book.quantities, bad))
+    assert later_page_reads(doctored) == [f"early (layout) reads {memory.ident} (memory)"]
+
+
+def _example_variants() -> list[Variant]:
+    from planner.accounting import variant_of
+
+    return [variant_of(cfg, stage_split(cfg))
+            for cfg in (load_config(p) for p in sorted(EXAMPLES.glob("*.yaml")))]

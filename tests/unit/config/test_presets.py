@@ -1,0 +1,85 @@
+"""The GPT-form presets are the published Hugging Face configs: each preset equals `moeplan import hf`
+of the same config.json (tests/unit/config/test_hf_config.py writes them from the model repositories), so a
+preset and an imported config build the same model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.config.importers.hf_config import map_hf_config
+from planner.config.loader import load_config
+from planner.config.presets import PRESETS
+from planner.config.schema import ModelSection
+from planner.model_size import model_size
+from tests.conftest import EXAMPLES
+from tests.unit.config.test_hf_config import HF_CONFIGS
+
+HF_PRESETS = ("deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b")
+
+
+def test_every_preset_is_a_schema_choice():
+    annotation = ModelSection.model_fields["preset"].annotation
+    assert set(PRESETS) == set(annotation.__args__[0].__args__)
+
+
+@pytest.mark.parametrize("name", HF_PRESETS)
+def test_preset_equals_the_hf_import_of_its_config_json(name: str):
+    # No field added or changed: the preset is exactly the mapped config.json.
+    assert PRESETS[name] == map_hf_config(HF_CONFIGS[name]).model
+
+
+@pytest.mark.parametrize("name", HF_PRESETS)
+def test_preset_and_hf_config_resolve_to_the_same_model(tmp_path: Path, name: str):
+    (tmp_path / "config.json").write_text(json.dumps(HF_CONFIGS[name]), "utf-8")
+    rest = "parallel: {world_size: 8}\ntraining: {seq_length: 128}\nignore: [MEM001]\n"
+    (tmp_path / "preset.yaml").write_text(f"model: {{preset: {name}}}\n{rest}", "utf-8")
+    (tmp_path / "hf.yaml").write_text(f"model: {{hf_config: config.json}}\n{rest}", "utf-8")
+    preset = load_config(tmp_path / "preset.yaml").model.model_dump(exclude={"preset"})
+    assert preset == load_config(tmp_path / "hf.yaml").model.model_dump(exclude={"preset"})
+
+
+def test_v3_yarn_mscale_is_the_one_extra_argument():
+    # mscale_all_dim 1.0 has no moeplan field: the V3 example passes it verbatim.
+    assert map_hf_config(HF_CONFIGS["deepseek-v3"]).megatron_extra_args == ("--mscale-all-dim", "1.0")
+    example = load_config(EXAMPLES / "deepseek-v3-1024.yaml")
+    assert example.launch.megatron_extra_args == ["--mscale-all-dim", "1.0"]
+
+
+# ------------------------------------------------------------------ Megatron builds the same model
+# Megatron's GPTModel is built at full size on the meta device (parameter shapes, no memory) from
+# the emitted arguments of each GPT-form preset's example, every parallel size 1; its parameters
+# are summed by name and must equal the model size moeplan derives from its params page. The head
+# dims (TransformerConfig / MLATransformerConfig fields) and which layers are MoE are compared for
+# the same examples by tests/integration/megatron/test_megatron_oracle.py (`shape` and per-chunk MoE
+# layers). The
+# DeepSeek-V4 presets build a hybrid model whose layer specs exist only with Transformer Engine
+# modules (megatron/core/models/hybrid/hybrid_layer_specs.py), so they are not built here.
+PRESET_EXAMPLES = {"deepseek-v3": "deepseek-v3-1024.yaml", "qwen3-30b-a3b": "qwen3-30b-a3b-16.yaml",
+                   "qwen3-235b-a22b": "qwen3-235b-a22b-256.yaml", "mixtral-8x7b": "mixtral-8x7b-64.yaml"}
+
+
+@pytest.fixture(scope="module")
+def megatron_built() -> dict[str, dict[str, Any]]:
+    from tests.support.megatron_judge import built_parameters
+
+    configs = {name: load_config(EXAMPLES / file) for name, file in PRESET_EXAMPLES.items()}
+    return built_parameters(configs)
+
+
+@pytest.mark.parametrize("name", HF_PRESETS)
+def test_megatron_builds_the_same_number_of_parameters(name: str,
+                                                       megatron_built: dict[str, dict[str, Any]]):
+    cfg = load_config(EXAMPLES / PRESET_EXAMPLES[name])
+    assert cfg.model.preset == name
+    result = megatron_built[name]
+    assert result["verdict"] == "pass", result
+    built = result["derived"]["parameters"]
+    size = model_size(cfg)
+    assert size is not None
+    ours = {"total": size.total_params, "mtp": size.mtp_params,
+            "routed_experts": size.routed_expert_params, "embedding": size.embedding_params}
+    assert {k: built[k] for k in ours} == ours, built["shapes"]

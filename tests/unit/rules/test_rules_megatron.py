@@ -1,0 +1,404 @@
+"""Rules fixed against Megatron-LM's own code: each test names the line of Megatron-LM dev@d48bd6be
+that decides the case, checks moeplan's verdict on it, and (where a checkout is present) that the
+cited line still says what the test claims."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from planner.config.loader import parse_config
+from planner.emit.megatron import megatron_arguments
+from planner.findings import Finding
+from planner.rules import find_rule, run_rules
+from planner.rules.example_base import example_config_data, merge
+from tests.conftest import MINIMAL_V4
+from tests.support.megatron_lines import megatron_line
+
+TRANSFORMER_CONFIG = "core/transformer/transformer_config.py"
+ARGUMENTS = "training/arguments.py"
+TOKEN_DISPATCHER = "core/transformer/moe/token_dispatcher.py"
+MOE_UTILS = "core/transformer/moe/moe_utils.py"
+DDP = "core/distributed/distributed_data_parallel.py"
+
+# (path under megatron/, line at dev@d48bd6be, text on that line, function) — every line a test
+# below relies on.
+CITED_LINES = [
+    # TransformerConfig.__post_init__: full granularity without a method raises
+    (TRANSFORMER_CONFIG, 2165, 'elif self.recompute_granularity != "selective":', "__post_init__"),
+    # ... and without recompute_num_layers
+    (TRANSFORMER_CONFIG, 2171,
+     'if self.recompute_granularity != "selective" and self.recompute_num_layers is None:',
+     "__post_init__"),
+    # ... selective with recompute_num_layers raises
+    (TRANSFORMER_CONFIG, 2179,
+     'self.recompute_granularity == "selective" and self.recompute_num_layers is not None',
+     "__post_init__"),
+    # validate_args: selective with a recompute method asserts
+    (ARGUMENTS, 1521, "assert args.recompute_method is None", "validate_args"),
+    # contiguous CP with CP > 1 needs a packing scheduler (no qkv_format involved)
+    (TRANSFORMER_CONFIG, 1569, "if self.sequence_packing_scheduler is None:", "__post_init__"),
+    # _NCCLEPManager.__init__: ncclep without a rank capacity factor raises
+    (TOKEN_DISPATCHER, 1717, "if self.rank_capacity_factor is None:", "_NCCLEPManager.__init__"),
+    # _NCCLEPManager._ensure_bootstrap: the receive budget it sizes
+    (TOKEN_DISPATCHER, 1760,
+     "budget = int(self._max_tokens_per_rank * self.router_topk * self.rank_capacity_factor)",
+     "_NCCLEPManager._ensure_bootstrap"),
+    # a rank capacity factor needs the hybridep or ncclep backend
+    (TRANSFORMER_CONFIG, 2122,
+     'if self.moe_flex_dispatcher_backend not in ("hybridep", "ncclep"):', "__post_init__"),
+    # router groups are checked only under group_topk ...
+    (TRANSFORMER_CONFIG, 2954, "if self.moe_router_group_topk:", "__post_init__"),
+    # ... and group-limited routing only runs with group_topk
+    (MOE_UTILS, 777, "if group_topk:", "topk_routing_with_score_function._compute_topk"),
+    # DistributedDataParallel.__init__: partial DistOpt without DistOpt asserts
+    (DDP, 294, "), 'Partial DistOpt cannot be used without DistOpt'", "DistributedDataParallel.__init__"),
+    # validate_args: Megatron-FSDP turns the distributed optimizer on
+    (ARGUMENTS, 1212, "args.use_distributed_optimizer = True", "validate_args"),
+    # validate_args: dynamic CP needs per-token loss and the default_dynamic_cp scheduler
+    (ARGUMENTS, 1552, "args.calculate_per_token_loss", "validate_args"),
+    (ARGUMENTS, 1556, "if args.sequence_packing_scheduler != 'default_dynamic_cp':", "validate_args"),
+    # EP overlap with PP > 1 needs only VPP (nothing about mHC)
+    (TRANSFORMER_CONFIG, 3385,
+     "assert self.virtual_pipeline_model_parallel_size is not None, (", "__post_init__"),
+    # hash layers with PP > 1 need an explicit layout
+    (TRANSFORMER_CONFIG, 2883, "assert self.pipeline_model_parallel_layout is not None, (",
+     "__post_init__"),
+    # ... on the GPT path only
+    (TRANSFORMER_CONFIG, 2882,
+     "if self.pipeline_model_parallel_size > 1 and not self.is_hybrid_model:", "__post_init__"),
+    # EP overlap takes at most one MTP layer
+    (TRANSFORMER_CONFIG, 3466, "MTP layernum only supports 1 when enabling", "__post_init__"),
+    # MTP under uniform full recompute checkpoints one layer at a time
+    ("core/transformer/multi_token_prediction.py", 2499, "self.config.recompute_num_layers == 1",
+     "MultiTokenPredictionLayer._checkpointed_forward"),
+    # EP overlap + full recompute needs dropout 0
+    (TRANSFORMER_CONFIG, 3422, "assert self.attention_dropout == 0.0 and self.hidden_dropout == 0.0",
+     "__post_init__"),
+    # EP overlap without full recompute: no method, no layer count
+    (TRANSFORMER_CONFIG, 3445, "assert self.recompute_method is None, (", "__post_init__"),
+    (TRANSFORMER_CONFIG, 3448, "assert self.recompute_num_layers is None, (", "__post_init__"),
+    # MTP only with rope or no position embedding
+    (ARGUMENTS, 919,
+     'assert args.position_embedding_type == "rope" or args.position_embedding_type == "none"',
+     "validate_args"),
+    # a hybrid layer pattern makes the config a hybrid model
+    (ARGUMENTS, 2272, "kw_args['is_hybrid_model'] = True", "core_transformer_config_from_args"),
+    # _LeftBoundaryExchange.forward: V4 CP raises when a rank holds fewer rows than the window (V4011)
+    ("core/transformer/experimental_attention_variant/csa_utils/cp_utils.py", 135,
+     "if tensor.shape[0] < d_window:", "_LeftBoundaryExchange.forward"),
+    # validate_args: emerging optimizers (Muon) refuse torch FSDP2 and Megatron-FSDP (DOP007)
+    (ARGUMENTS, 1873,
+     'assert not args.use_torch_fsdp2, "Emerging optimizer does not support Torch-FSDP2 for now."',
+     "validate_args"),
+    (ARGUMENTS, 1876, '), "Emerging optimizer does not support Megatron-FSDP for now."',
+     "validate_args"),
+    # validate_args: fp8_param_gather asserts a sharded parameter gather (DOP008) ...
+    (ARGUMENTS, 1165, "'--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
+     "megatron fsdp, or inference mode'", "validate_args"),
+    # ... and TransformerConfig refuses fp8_param without FP8
+    (TRANSFORMER_CONFIG, 1868, "if self.fp8_param and not self.fp8:", "__post_init__"),
+]
+
+
+@pytest.mark.parametrize(("path", "line", "text", "function"), CITED_LINES,
+                         ids=[f"{p.rsplit('/', 1)[-1]}:{n}" for p, n, _, _ in CITED_LINES])
+def test_cited_megatron_line_says_what_the_rule_claims(path, line, text, function):
+    assert text in megatron_line(path, line), f"megatron/{path}:{line} ({function})"
+
+
+def findings(overlay: dict[str, Any]) -> list[Finding]:
+    return run_rules(parse_config(merge(example_config_data(""), overlay)))
+
+
+def codes(overlay: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(f.code, f.severity, f.path) for f in findings(overlay)]
+
+
+# ----------------------------------------------------------------------------- recompute
+
+
+def test_full_recompute_without_method_is_an_error():
+    # megatron/core/transformer/transformer_config.py:2165 and :2171, TransformerConfig.__post_init__
+    assert codes({"overlap": {"recompute_granularity": "full"}}) == [
+        ("OVL009", "error", "overlap.recompute_method"),
+        ("OVL009", "error", "overlap.recompute_num_layers"),
+    ]
+    done = {"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 2}
+    assert codes({"overlap": done}) == []
+
+
+def test_selective_recompute_with_method_is_an_error():
+    # megatron/training/arguments.py:1521 validate_args (method);
+    # megatron/core/transformer/transformer_config.py:2179 TransformerConfig.__post_init__ (layers)
+    overlay = {"overlap": {"recompute_granularity": "selective", "recompute_method": "uniform",
+                           "recompute_num_layers": 1}}
+    assert codes(overlay) == [("OVL010", "error", "overlap.recompute_method"),
+                              ("OVL010", "error", "overlap.recompute_num_layers")]
+    assert codes({"overlap": {"recompute_granularity": "selective"}}) == []
+
+
+def test_ep_overlap_takes_one_mtp_layer():
+    # megatron/core/transformer/transformer_config.py:3466 TransformerConfig.__post_init__
+    overlay = {"model": {"mtp_num_layers": 2}, "parallel": {"pp": 1},
+               "overlap": {"overlap_moe_expert_parallel_comm": True}}
+    assert codes(overlay) == [("OVL011", "error", "model.mtp_num_layers")]
+
+
+@pytest.mark.parametrize(("method", "layers", "ok"), [
+    ("uniform", 1, True), ("uniform", 2, False), ("block", 2, True)])
+def test_mtp_uniform_full_recompute_needs_one_layer(method, layers, ok):
+    # megatron/core/transformer/multi_token_prediction.py:2499
+    # MultiTokenPredictionLayer._checkpointed_forward
+    overlay = {"model": {"mtp_num_layers": 1},
+               "overlap": {"recompute_granularity": "full", "recompute_method": method,
+                           "recompute_num_layers": layers}}
+    assert codes(overlay) == ([] if ok else [("OVL012", "error", "overlap.recompute_num_layers")])
+
+
+# ----------------------------------------------------------------------------- V4002
+
+
+_V4_CP2 = {"model": {"attention_variant": "dsv4_hybrid", "compress_ratios": [0, 4, 128, 4]},
+           "parallel": {"cp": 2, "cp_partition_mode": "contiguous"}}
+
+
+@pytest.mark.parametrize("qkv_format", ["sbhd", "bshd", "thd"])
+def test_v4_cp_needs_a_packing_scheduler_not_a_qkv_format(qkv_format):
+    # megatron/core/transformer/transformer_config.py:1569 TransformerConfig.__post_init__: only the
+    # scheduler is checked; dev has no qkv_format argument and moeplan emits none.
+    packed = merge(_V4_CP2, {"training": {"qkv_format": qkv_format,
+                                          "sequence_packing_scheduler": "dp_balanced"}})
+    assert codes(packed) == []
+    unpacked = merge(_V4_CP2, {"training": {"qkv_format": qkv_format}})
+    assert codes(unpacked) == [("V4002", "error", "training.sequence_packing_scheduler")]
+
+
+def test_qkv_format_does_not_change_the_emitted_arguments():
+    data = merge(example_config_data(""), merge(_V4_CP2, {
+        "training": {"sequence_packing_scheduler": "dp_balanced"}}))
+    emitted = {fmt: megatron_arguments(parse_config(merge(data, {"training": {"qkv_format": fmt}})))
+               .as_dict() for fmt in ("sbhd", "thd")}
+    assert emitted["sbhd"] == emitted["thd"]
+
+
+def test_minimal_v4_file_asks_for_the_scheduler_once():
+    found = run_rules(parse_config(copy.deepcopy(MINIMAL_V4)))
+    assert [f.path for f in found if f.code == "V4002"] == ["training.sequence_packing_scheduler"]
+
+
+# ----------------------------------------------------------------------------- ncclep
+
+
+_NCCLEP = {"moe": {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "ncclep"}}
+
+
+def test_ncclep_needs_a_rank_capacity_factor():
+    # megatron/core/transformer/moe/token_dispatcher.py:1717 _NCCLEPManager.__init__
+    assert codes(_NCCLEP) == [("MOE018", "error", "moe.moe_expert_rank_capacity_factor")]
+    assert codes(merge(_NCCLEP, {"moe": {"moe_expert_rank_capacity_factor": 1.25}})) == []
+
+
+@pytest.mark.parametrize(("dispatcher", "backend", "ok"), [
+    ("flex", "ncclep", True), ("flex", "deepep", False), ("flex", None, False),
+    ("flex", "hybridep", False), ("alltoall", None, False)])
+def test_rank_capacity_factor_needs_ncclep(dispatcher, backend, ok):
+    # megatron/core/transformer/transformer_config.py:2122 TransformerConfig.__post_init__ (hybridep
+    # also needs use_transformer_engine_op_fuser, :2127, which moeplan does not set)
+    moe: dict[str, Any] = {"moe_token_dispatcher_type": dispatcher,
+                           "moe_expert_rank_capacity_factor": 2.0}
+    if backend:
+        moe["moe_flex_dispatcher_backend"] = backend
+    found = [c for c in codes({"moe": moe}) if c[0] == "MOE019"]
+    assert found == ([] if ok else [("MOE019", "error", "moe.moe_expert_rank_capacity_factor")])
+
+
+def test_rank_capacity_factor_is_emitted():
+    cfg = parse_config(merge(example_config_data(""),
+                             merge(_NCCLEP, {"moe": {"moe_expert_rank_capacity_factor": 1.5}})))
+    assert megatron_arguments(cfg).as_dict()["--moe-expert-rank-capacity-factor"] == ("1.5",)
+    plain = parse_config(example_config_data(""))
+    assert "--moe-expert-rank-capacity-factor" not in megatron_arguments(plain).as_dict()
+
+
+@pytest.mark.parametrize("value", [0, -1.0, "1.5"])
+def test_rank_capacity_factor_must_be_a_positive_number(value):
+    from planner.config.loader import InvalidConfig
+
+    with pytest.raises(InvalidConfig):
+        parse_config(merge(example_config_data(""), {"moe": {"moe_expert_rank_capacity_factor": value}}))
+
+
+def test_ncclep_drop_and_pad_is_a_warning_naming_both_branches():
+    # Megatron-LM main@d98e8a64 rejects it in the flex dispatcher; dev only asks for the rank
+    # capacity factor (megatron/core/transformer/moe/token_dispatcher.py:1717).
+    overlay = merge(_NCCLEP, {"moe": {"moe_expert_rank_capacity_factor": 1.5,
+                                      "moe_expert_capacity_factor": 1.0}})
+    [finding] = findings(overlay)
+    assert (finding.code, finding.severity) == ("MOE003", "warning")
+    assert "main rejects" in finding.message and "dev accepts" in finding.message
+    assert "main@d98e8a64" in finding.source and "dev@d48bd6be" in finding.source
+    assert finding.message.endswith("on main it fails")  # no V4 feature, no GTP: either branch
+    v4 = merge(overlay, {"model": {"moe_n_hash_layers": 1}, "parallel": {"pp": 1},
+                         "moe": {"moe_tid2eid_source": "checkpoint"}})
+    assert [f.message.rsplit("; ", 1)[1] for f in findings(v4)] == [
+        "this config targets dev (DeepSeek-V4 features)"]
+    gtp = merge(overlay, {"parallel": {"gtp": 2, "egtp": 2, "ep": 2}})
+    assert [(f.code, f.message.rsplit("; ", 1)[1]) for f in findings(gtp)] == [
+        ("MOE003", "this config targets main (GTP), where it fails")]
+
+
+# ----------------------------------------------------------------------------- router groups, DistOpt
+
+
+def test_router_groups_without_group_topk_warn_and_are_not_checked():
+    # megatron/core/transformer/transformer_config.py:2954 (checks only under group_topk) and
+    # megatron/core/transformer/moe/moe_utils.py:777 (routes group-limited only with group_topk)
+    assert codes({"model": {"moe_router_num_groups": 3}}) == [
+        ("MOE020", "warning", "model.moe_router_group_topk")]
+    assert codes({"model": {"moe_router_num_groups": 3, "moe_router_group_topk": 1}}) == [
+        ("MOE009", "error", "model.moe_router_num_groups")]
+
+
+def test_optimizer_instances_without_distopt_stay_an_error():
+    # megatron/core/distributed/distributed_data_parallel.py:291-294 DistributedDataParallel.__init__
+    # asserts 'Partial DistOpt cannot be used without DistOpt' when the model is wrapped (after
+    # validate_args passed), so Megatron does not ignore the count.
+    overlay = {"parallel": {"world_size": 16}, "training": {"num_distributed_optimizer_instances": 2}}
+    assert codes(overlay) == [("DOP003", "error", "training.use_distributed_optimizer")]
+    assert find_rule("DOP003").severity == "error"
+    # megatron/training/arguments.py:1212 validate_args: Megatron-FSDP switches DistOpt on itself.
+    fsdp = merge(overlay, {"training": {"use_megatron_fsdp": True}})
+    assert "DOP003" not in [c[0] for c in codes(fsdp)]
+
+
+# ----------------------------------------------------------------------------- write-up vs dev
+
+
+def test_v4_dynamic_cp_is_a_warning_when_megatron_accepts_it():
+    # megatron/training/arguments.py:1552 and :1556 validate_args: dynamic CP needs per-token loss
+    # and the default_dynamic_cp scheduler; nothing refuses dsv4_hybrid with it.
+    dynamic = merge(_V4_CP2, {"parallel": {"dynamic_context_parallel": True},
+                              "training": {"calculate_per_token_loss": True}})
+    assert codes(dynamic) == [("V4004", "warning", "parallel.dynamic_context_parallel")]
+    [warning] = findings(dynamic)
+    assert "write-up" in warning.message and "Megatron dev accepts" in warning.message
+    assert warning.source.startswith("the DeepSeek-V4 Megatron write-up; Megatron-LM dev@d48bd6be")
+
+
+def test_dynamic_cp_requirements_are_errors():
+    # megatron/training/arguments.py:1552 (per-token loss) and :1556 (scheduler) validate_args
+    overlay = {"parallel": {"cp": 2, "dynamic_context_parallel": True},
+               "training": {"sequence_packing_scheduler": "dp_balanced"}}
+    assert codes(overlay) == [("PAR015", "error", "training.calculate_per_token_loss"),
+                              ("PAR015", "error", "training.sequence_packing_scheduler")]
+
+
+def test_mhc_with_pp_and_ep_overlap_is_a_warning():
+    # megatron/core/transformer/transformer_config.py:3385 TransformerConfig.__post_init__: with
+    # PP > 1 the overlap needs VPP, nothing about mHC.
+    overlay = {"model": {"enable_hyper_connections": True, "num_residual_streams": 4},
+               "parallel": {"vpp": 2}, "overlap": {"overlap_moe_expert_parallel_comm": True}}
+    assert codes(overlay) == [("V4007", "warning", "overlap.overlap_moe_expert_parallel_comm")]
+    rule = find_rule("V4007")
+    assert "write-up" in rule.why and "Megatron dev accepts" in rule.why
+
+
+# ----------------------------------------------------------------------------- PIP004
+
+
+def _gpt_path_v4() -> dict[str, Any]:
+    """The minimal V4-Pro file with MLA attention: the GPT entry, where Megatron checks the layout."""
+    data = copy.deepcopy(MINIMAL_V4)
+    data["model"]["attention_variant"] = "mla"
+    return data
+
+
+def test_pip004_is_reported_when_the_split_fails():
+    # megatron/core/transformer/transformer_config.py:2883 TransformerConfig.__post_init__ asserts
+    # the layout for hash layers with PP > 1 whatever the even split would have been.
+    found = run_rules(parse_config(_gpt_path_v4()))
+    pip = {f.code: f for f in found if f.code.startswith("PIP")}
+    assert set(pip) == {"PIP001", "PIP004"}
+    # 61 layers over PP 8: 8 per stage, the remaining 5 (>= 3 hash layers) on the embedding stage.
+    assert pip["PIP004"].fix == 'set pipeline_model_parallel_layout, e.g. "Et*5|(t*8|)*6t*8mL"'
+
+
+def test_pip004_suggested_layout_is_valid_when_the_split_fails():
+    data = _gpt_path_v4()
+    fix = next(f.fix for f in run_rules(parse_config(data)) if f.code == "PIP004")
+    data["parallel"]["pipeline_model_parallel_layout"] = fix.split('"')[1]
+    assert not {f.code for f in run_rules(parse_config(data))} & {"PIP001", "PIP003", "PIP004"}
+
+
+def test_pip004_without_a_usable_suggestion_names_what_the_layout_needs():
+    # 9 layers over PP 4: the suggestion "Et*0|..." does not exist; 5 hash layers.
+    overlay = {"model": {"num_layers": 9, "moe_n_hash_layers": 5},
+               "parallel": {"world_size": 16, "pp": 4}, "moe": {"moe_tid2eid_source": "checkpoint"}}
+    pip4 = [f for f in findings(overlay) if f.code == "PIP004"]
+    assert len(pip4) == 1 and "'Et*5'" in pip4[0].fix
+
+
+def test_pip004_does_not_apply_to_the_hybrid_entry():
+    # megatron/core/transformer/transformer_config.py:2882: the check runs only when
+    # not is_hybrid_model; a --hybrid-layer-pattern (DeepSeek-V4 attention) sets it
+    # (megatron/training/arguments.py:2272 core_transformer_config_from_args).
+    v4 = {"model": {"attention_variant": "dsv4_hybrid", "compress_ratios": [0, 4, 128, 4],
+                    "moe_n_hash_layers": 1}, "moe": {"moe_tid2eid_source": "checkpoint"}}
+    assert codes(v4) == []
+    assert codes(merge(v4, {"model": {"attention_variant": "standard"}})) == [
+        ("PIP004", "error", "parallel.pipeline_model_parallel_layout")]
+
+
+# ----------------------------------------------------------------------------- found by the pre-flight
+
+_EP_OVERLAP_FULL = {"overlap_moe_expert_parallel_comm": True, "recompute_granularity": "full",
+                    "recompute_method": "uniform", "recompute_num_layers": 1}
+
+
+def test_ep_overlap_with_full_recompute_needs_dropout_zero():
+    # megatron/core/transformer/transformer_config.py:3422 TransformerConfig.__post_init__
+    dropout = {"hidden_dropout": 0.1, "attention_dropout": 0.05}
+    assert codes({"model": dropout, "parallel": {"pp": 1}, "overlap": _EP_OVERLAP_FULL}) == [
+        ("OVL013", "error", "model.hidden_dropout"), ("OVL013", "error", "model.attention_dropout")]
+    zero = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+    assert codes({"model": zero, "parallel": {"pp": 1}, "overlap": _EP_OVERLAP_FULL}) == []
+    # without the overlap, dropout and full recompute go together
+    plain = {**_EP_OVERLAP_FULL, "overlap_moe_expert_parallel_comm": False}
+    assert codes({"model": dropout, "parallel": {"pp": 1}, "overlap": plain}) == []
+
+
+def test_ep_overlap_without_full_recompute_takes_no_method():
+    # megatron/core/transformer/transformer_config.py:3445 and :3448 TransformerConfig.__post_init__
+    overlay = {"parallel": {"pp": 1}, "model": {"hidden_dropout": 0.0, "attention_dropout": 0.0},
+               "overlap": {"overlap_moe_expert_parallel_comm": True, "recompute_num_layers": 1}}
+    assert ("OVL014", "error", "overlap.recompute_num_layers") in codes(overlay)
+    overlay["overlap"] = {"overlap_moe_expert_parallel_comm": True}
+    assert not [c for c in codes(overlay) if c[0] == "OVL014"]
+
+
+@pytest.mark.parametrize(("kind", "ok"), [("rope", True), ("none", True), ("learned_absolute", False),
+                                          ("yarn", False)])
+def test_mtp_needs_rope_or_no_position_embedding(kind, ok):
+    # megatron/training/arguments.py:919 validate_args
+    overlay = {"model": {"mtp_num_layers": 1, "position_embedding_type": kind}}
+    pip005 = [c for c in codes(overlay) if c[0] == "PIP005"]
+    assert pip005 == ([] if ok else [("PIP005", "error", "model.position_embedding_type")])
+
+
+# ----------------------------------------------------------------------------- fp8_param_gather
+
+
+def test_fp8_param_gather_without_fp8_or_distributed_optimizer_is_dop008() -> None:
+    """arguments.py:1165 (the distributed optimizer or an FSDP) and transformer_config.py:1868
+    (FP8 on) both fire on a plain config; the emitted command line keeps the flag."""
+    assert codes({"training": {"fp8_param_gather": True}}) == [
+        ("DOP008", "error", "training.fp8_param_gather"),
+        ("DOP008", "error", "training.use_distributed_optimizer")]
+    good = {"training": {"fp8_format": "e4m3", "fp8_param_gather": True,
+                         "use_distributed_optimizer": True}}
+    assert not [c for c in codes(good) if c[0] == "DOP008"]
+    assert "--fp8-param-gather" in megatron_arguments(
+        parse_config(merge(example_config_data(""), good))).as_dict()

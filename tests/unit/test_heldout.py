@@ -1,0 +1,69 @@
+"""bench/heldout.py and its data: every held-out figure loads, builds a Config and is estimated.
+
+The held-out figures judge the step-time model; they never gate it, so no accuracy bound is
+asserted here — only that the check runs and reports what it finds."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import heldout  # noqa: E402
+
+FIGURES = heldout.load_figures()
+
+
+def test_the_data_file_holds_sourced_figures_with_unique_ids() -> None:
+    ids = [f.id for f in FIGURES]
+    assert len(ids) == len(set(ids)) and len(ids) >= 20
+    for f in FIGURES:
+        assert f.source.strip(), f.id
+        assert f.published_value > 0, f.id
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=[f.id for f in FIGURES])
+def test_every_figure_builds_a_config_and_is_estimated(figure: heldout.Figure) -> None:
+    row = heldout.judge(figure)
+    assert not row.failure, row.failure
+    assert row.predicted is not None and math.isfinite(row.predicted) and row.predicted > 0
+    assert row.figure.config().parallel.world_size == figure.data["parallel"]["world_size"]
+
+
+def test_the_base_is_merged_under_the_figure() -> None:
+    """Mappings merge key by key and the figure's value wins."""
+    base = {"moe": {"a": 1, "b": 2}, "x": 1}
+    assert heldout.merged(base, {"moe": {"b": 3}, "y": 2}) == {"moe": {"a": 1, "b": 3}, "x": 1,
+                                                                "y": 2}
+
+
+def test_median_error_and_rule_verdicts_are_reported() -> None:
+    """A layout the rules reject is shown with its code, and still counted when estimated."""
+    layer = next(f for f in FIGURES if f.is_layer)
+
+    def variant(name: str, change: dict) -> heldout.Figure:
+        return heldout.Figure(id=name, source="made up", published=layer.published,
+                              data=heldout.merged(layer.data, change))
+    ok, uneven, no_grid = (heldout.judge(f) for f in (
+        layer, variant("experts30", {"model": {"num_experts": 30}}),
+        variant("ep3", {"parallel": {"ep": 3}})))
+    assert ok.verdict == "ok"
+    # 30 experts over EP8: rejected by the catalog, yet its grids build, so it is estimated.
+    assert uneven.verdict.startswith("PAR003") and uneven.predicted is not None
+    # EP3 on 8 GPUs: no grid, no estimate; both the rule and the reason are shown.
+    assert "no estimate" in no_grid.verdict and no_grid.predicted is None
+    table = heldout.markdown([ok, uneven, no_grid])
+    assert "experts30" in table and "over 2 of 3" in table
+
+
+def test_the_docs_table_is_between_its_markers(tmp_path: Path) -> None:
+    page = tmp_path / "estimate.md"
+    page.write_text(f"# t\n{heldout.BEGIN}\nold\n{heldout.END}\ntail\n", encoding="utf-8")
+    heldout.update_docs("new\n", page)
+    assert page.read_text(encoding="utf-8") == f"# t\n{heldout.BEGIN}\nnew\n{heldout.END}\ntail\n"
+    assert heldout.BEGIN in (ROOT / "docs" / "estimate.md").read_text(encoding="utf-8")
