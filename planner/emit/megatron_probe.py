@@ -567,5 +567,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _forget_own_folder() -> None:
+    """Run as a script, this file's folder comes first on sys.path; that folder is moeplan's emitter,
+    whose `megatron.py` would shadow the user's Megatron-LM package."""
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
+
+
 if __name__ == "__main__":
+    _forget_own_folder()
     sys.exit(main(sys.argv))

@@ -18,7 +18,7 @@ DOCS = ROOT / "docs"
 SHIPPED = ("planner", "runtime", "templates", "tests", "docs", "examples", "bench",
            "README.md", "pyproject.toml")
 # The one file allowed to name the oracle checkout beside the repository.
-ORACLE_LOCATOR = ROOT / "tests" / "oracle.py"
+ORACLE_LOCATOR = ROOT / "tests" / "support" / "oracle.py"
 # Written in pieces so that this file does not contain what it forbids.
 FORBIDDEN = ("SPEC" + " §", "SPEC" + ".md", "shared" + "/design", "megatron" + "-reference",
              "perf" + "-anchors", ".." + "/shared")
