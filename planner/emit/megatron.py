@@ -96,7 +96,7 @@ def megatron_branch(cfg: Config) -> str:
 def _order_axes_of_size_one(cfg: Config) -> set[str]:
     """Axes that are 1 in both the dense and the expert generator change no group."""
     p = cfg.parallel
-    sizes = {"tp": max(p.tp, p.etp or 1), "cp": p.cp, "ep": p.ep, "pp": p.pp,
+    sizes = {"tp": max(p.tp, cfg.degrees.etp), "cp": p.cp, "ep": p.ep, "pp": p.pp,
              "dp": max(cfg.dp, cfg.edp), "gtp_remat": max(p.gtp, p.egtp)}
     return {axis for axis, size in sizes.items() if size == 1}
 
@@ -206,7 +206,7 @@ def _parallel(cfg: Config, args: MegatronArgs) -> None:
     args.add("--expert-tensor-parallel-size", p.etp, source="parallel.etp")
     args.add_if(p.gtp > 1, "--tensor-parallel-num-weight-shards", p.tp * p.gtp,
                 source="parallel.gtp (TP x GTP)")
-    args.add_if(p.egtp > 1, "--expert-tensor-parallel-num-weight-shards", (p.etp or 1) * p.egtp,
+    args.add_if(p.egtp > 1, "--expert-tensor-parallel-num-weight-shards", cfg.degrees.etp * p.egtp,
                 source="parallel.egtp (ETP x EGTP)")
     args.add_if(order_flags(cfg), "--use-tp-pp-dp-mapping", source=f"parallel.order {p.order}")
     args.add_if(p.sequence_parallel, "--sequence-parallel", source="parallel.sequence_parallel")
@@ -399,9 +399,8 @@ def _moe(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPatt
                 source="moe.moe_router_force_load_balancing")
     args.add("--moe-token-dispatcher-type", moe.moe_token_dispatcher_type,
              source="moe.moe_token_dispatcher_type")
-    args.add_if(moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend is not None,
-                "--moe-flex-dispatcher-backend", moe.moe_flex_dispatcher_backend,
-                source="moe.moe_flex_dispatcher_backend")
+    args.add_if(moe.moe_token_dispatcher_type == "flex", "--moe-flex-dispatcher-backend",
+                moe.moe_flex_dispatcher_backend, source="moe.moe_flex_dispatcher_backend")
     if moe.moe_expert_capacity_factor is not None:
         args.add("--moe-expert-capacity-factor", moe.moe_expert_capacity_factor,
                  source="moe.moe_expert_capacity_factor")
@@ -431,7 +430,7 @@ def _training(cfg: Config, args: MegatronArgs) -> None:
     args.add_if(t.variable_seq_lengths, "--variable-seq-lengths", source="training.variable_seq_lengths")
     args.add_if(t.precision == "bf16", "--bf16", source="training.precision")
     args.add_if(t.precision == "fp16", "--fp16", source="training.precision")
-    args.add_if(t.fp8, "--fp8-format", t.fp8_format or "e4m3", source="training.fp8")
+    args.add_if(t.fp8, "--fp8-format", t.fp8_format, source="training.fp8")
     args.add_if(t.fp8_recipe is not None, "--fp8-recipe", t.fp8_recipe, source="training.fp8_recipe")
     args.add_if(t.fp8_param_gather, "--fp8-param-gather", source="training.fp8_param_gather")
     args.add_if(t.fp4, "--fp4-format", "e2m1", source="training.fp4")

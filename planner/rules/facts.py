@@ -22,10 +22,6 @@ class NotComputable(Exception):
     """A quantity the rule needs is not a whole number (another rule already reports why)."""
 
 
-# Megatron's default backend when `moe_token_dispatcher_type: flex` names none.
-DEFAULT_FLEX_BACKEND = "deepep"
-
-
 class Facts:
     """One config plus the derived numbers and predicates several rules read."""
 
@@ -189,10 +185,11 @@ class Facts:
 
     @property
     def flex_backend(self) -> str | None:
-        """The flex backend in effect, or None when the dispatcher is not flex."""
+        """The flex backend in effect (the schema fills in Megatron's default), or None when the
+        dispatcher is not flex."""
         if self.moe.moe_token_dispatcher_type != "flex":
             return None
-        return self.moe.moe_flex_dispatcher_backend or DEFAULT_FLEX_BACKEND
+        return self.moe.moe_flex_dispatcher_backend
 
     @property
     def megatron_branch(self) -> str:
