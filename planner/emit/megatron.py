@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.config.megatron_names import moeplan_field
+from planner.config.megatron_branch import BranchConflict, megatron_branch
+from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER, moeplan_field
 from planner.config.schema import DEFAULT_ORDER, VOCAB_DIVISOR, Config
 from planner.emit.safety import EmitError
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
 GPT_ENTRY = "pretrain_gpt.py"
 HYBRID_ENTRY = "pretrain_hybrid.py"
-HYBRID_DSV4_SPEC = ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_dsv4_stack_spec")
-PP_DP_ORDER = "tp-cp-ep-pp-dp"
 
 # Hybrid-pattern attention symbol per DSv4 compress ratio: sliding window only, CSA, HCA.
 DSV4_ATTENTION_SYMBOL = {0: "W", 4: "C", 128: "H"}
@@ -80,17 +79,13 @@ def is_dsv4(cfg: Config) -> bool:
     return cfg.model.attention_variant == "dsv4_hybrid"
 
 
-def megatron_branch(cfg: Config) -> str:
-    """DeepSeek-V4 features live only on Megatron-LM's dev branch, GTP only on main."""
-    m, p, t = cfg.model, cfg.parallel, cfg.training
-    dev = (is_dsv4(cfg) or m.moe_n_hash_layers > 0 or m.enable_hyper_connections
-           or p.cp_partition_mode == "contiguous" or p.dynamic_context_parallel
-           or t.sequence_packing_scheduler is not None)
-    main = p.gtp > 1 or p.egtp > 1
-    if dev and main:
-        raise EmitError("parallel.gtp", "GTP (main branch only) cannot be combined with DeepSeek-V4 "
-                        "features (dev branch only) in one Megatron-LM command line")
-    return "dev" if dev else "main" if main else "main or dev"
+def _branch(cfg: Config) -> str:
+    """The branch the command line targets (planner/config/megatron_branch.py); a config that
+    needs both cannot be emitted."""
+    try:
+        return megatron_branch(cfg)
+    except BranchConflict as conflict:
+        raise EmitError(conflict.path, str(conflict)) from None
 
 
 def _order_axes_of_size_one(cfg: Config) -> set[str]:
@@ -484,7 +479,7 @@ def megatron_arguments(cfg: Config) -> MegatronArgs:
         split = stage_split(cfg)
     except SplitError as exc:
         raise EmitError(exc.path, exc.message) from None
-    args = MegatronArgs(entry=HYBRID_ENTRY if is_dsv4(cfg) else GPT_ENTRY, branch=megatron_branch(cfg),
+    args = MegatronArgs(entry=HYBRID_ENTRY if is_dsv4(cfg) else GPT_ENTRY, branch=_branch(cfg),
                         env=launch_environment(cfg))
     _parallel(cfg, args)
     pattern = hybrid_pattern(cfg, split) if args.entry == HYBRID_ENTRY else None

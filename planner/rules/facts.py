@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from planner.config.megatron_branch import BranchConflict, megatron_branch
 from planner.config.schema import Config
 from planner.degrees import Degrees
 from planner.layout.grid import GridSpec, grid_spec_from_config
@@ -194,14 +195,9 @@ class Facts:
     @property
     def megatron_branch(self) -> str:
         """The Megatron-LM branch the emitted command targets: dev, main, or 'main or dev'."""
-        # Imported here: the emit package loads jinja2 and its templates, which `moeplan check`
-        # would otherwise pay for on every start although only MOE003 asks.
-        from planner.emit import EmitError
-        from planner.emit.megatron import megatron_branch
-
         try:
             return megatron_branch(self.cfg)
-        except EmitError:  # GTP with V4 features: the emitter reports it, no branch has both
+        except BranchConflict:  # GTP with V4 features: the emitter reports it, no branch has both
             return "main or dev"
 
     @property
