@@ -17,6 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from planner.config.schema import Config
+
 DATA_FILE = Path(__file__).parent / "data" / "megatron_arguments.txt"
 
 # Megatron's names for two things moeplan writes and reads back in a launch line: the layer spec
@@ -64,8 +66,6 @@ def section_fields(model: type[BaseModel]) -> list[str]:
 
 def sections() -> dict[str, type[BaseModel]]:
     """The config's sections by name (model, parallel, training ...)."""
-    from planner.config.schema import Config
-
     return {name: info.annotation for name, info in Config.model_fields.items()
             if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
 

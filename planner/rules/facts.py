@@ -8,16 +8,14 @@ divisibility reports it once, and every rule built on top of it stays silent ins
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
 
+from planner.accounting import Number, stage_memory
 from planner.config.megatron_branch import BranchConflict, megatron_branch
 from planner.config.schema import Config
 from planner.degrees import Degrees
 from planner.layout.grid import GridSpec, grid_spec_from_config
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
-if TYPE_CHECKING:
-    from planner.accounting import Number
 
 class NotComputable(Exception):
     """A quantity the rule needs is not a whole number (another rule already reports why)."""
@@ -97,8 +95,6 @@ class Facts:
     @cached_property
     def stage_memory(self) -> list[dict[str, Number]] | None:
         """Every stage's memory parts (None when not computable), once for MEM001 and MEM002."""
-        from planner.accounting import stage_memory
-
         return stage_memory(self.cfg)
 
     def give_stage_memory(self, stages: list[dict[str, Number]]) -> None:
