@@ -243,7 +243,8 @@ class TrainingSection(Section):
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: bool = False
     # Megatron's --fp8-format (setting it turns fp8 on) and --fp8-recipe (Megatron-LM dev@d48bd6be
-    # megatron/core/transformer/transformer_config.py TransformerConfig.fp8 / fp8_recipe).
+    # megatron/core/transformer/transformer_config.py TransformerConfig.fp8 / fp8_recipe). Under FP8,
+    # Config fills in e4m3 and Megatron's delayed recipe when unset.
     fp8_format: Literal["e4m3", "hybrid"] | None = None
     fp8_recipe: Literal["tensorwise", "delayed", "blockwise", "mxfp8"] | None = None
     # Megatron's --fp8-param-gather: the GEMM weights live in FP8 and the distributed optimizer's
@@ -293,6 +294,7 @@ class TrainingSection(Section):
 
 class MoeSection(Section):
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "alltoall"
+    # Under flex, Config fills in Megatron's deepep when unset (DEFAULT_FLEX_BACKEND).
     moe_flex_dispatcher_backend: Literal["deepep", "hybridep", "ncclep"] | None = None
     moe_expert_capacity_factor: PosFloat | None = None
     moe_expert_rank_capacity_factor: PosFloat | None = None
