@@ -14,6 +14,7 @@ from typing import Any
 
 from planner.config.schema import Config
 from planner.findings import Finding
+from planner.layout.grid import Grid, grid_spec_from_config
 
 # Fields that define the logical tensors of the model; any difference means another model.
 MODEL_IDENTITY_FIELDS = (
@@ -97,8 +98,6 @@ def reshard_plan(old: Config, new: Config) -> dict[str, Any]:
     A needed range is read from the old holder whose shard overlaps it, preferring the rank itself
     (no transfer), then the lowest old rank; replicas (old expt_dp peers) are interchangeable.
     """
-    from planner.layout.grid import Grid, grid_spec_from_config
-
     old_grid, new_grid = Grid(grid_spec_from_config(old)), Grid(grid_spec_from_config(new))
     holders, _ = _holders(old_grid)
     inter = new.model.moe_ffn_hidden_size

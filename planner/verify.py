@@ -22,7 +22,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from planner.accounting import DIRECTIONS, UnknownCollective, collective
+from planner.budget.collectives import DIRECTIONS, UnknownCollective, collective
+from planner.plan import read_artifact
 
 REPORT_FORMAT = "moeplan-report"
 REPORT_VERSION = 1
@@ -91,8 +92,6 @@ class Verification:
 
 
 def read_report(path: Path | str) -> dict[str, Any]:
-    from planner.plan import read_artifact
-
     report = read_artifact(path, what="runtime report", fmt=REPORT_FORMAT, version=REPORT_VERSION,
                            error=VerifyInputError, remedy="rerun the runtime with this moeplan")
     if not isinstance(report.get("ranks"), list):

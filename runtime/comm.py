@@ -30,8 +30,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from planner.accounting import RECOMPUTE
-from planner.accounting import collective as collective_entry
+# The collectives table is a leaf (no pydantic, no schema): the ledger only checks names there.
+from planner.budget.collectives import RECOMPUTE
+from planner.budget.collectives import collective as collective_entry
 
 _recomputing: ContextVar[bool] = ContextVar("moeplan_recomputing", default=False)
 

@@ -363,7 +363,7 @@ def add_steps(book: Book, v: Variant) -> Collectives:
             rows = f"ceiling(flex_dedup_rows * {w} * p * {calls})"
             split = (f"ceiling(flex_rdma_rows * {w} * p * {calls})",
                      f"ceiling(flex_nvlink_rows * {w} * p * {calls})")
-            backend = v.flex_backend or "deepep"
+            backend = v.flex_backend
             for phase in ("fwd", "bwd"):
                 grads = " grads" if phase == "bwd" else ""
                 c.add("ep_dispatch_hidden", phase, "tp_ep", "alltoall", rows, rows,

@@ -102,6 +102,6 @@ def dispatch_efficiency(cfg: Config) -> float:
     if moe.moe_token_dispatcher_type == "alltoall":
         return eff.dispatch_alltoall
     if moe.moe_token_dispatcher_type == "flex":
-        backend = moe.moe_flex_dispatcher_backend or "deepep"
+        backend = moe.moe_flex_dispatcher_backend
         return {"deepep": eff.dispatch_deepep, "hybridep": eff.dispatch_hybridep}.get(backend, 1.0)
     return 1.0

@@ -200,7 +200,7 @@ class Variant:
     sp: bool = False  # sequence parallelism (with TP > 1)
     shared_overlap: bool = False  # moe_shared_expert_overlap: the shared expert's own AG/RS
     global_aux: bool = False  # global_aux_loss balancing (coefficient > 0)
-    flex_backend: str = ""  # the flex dispatcher's backend (deepep when unset), "" otherwise
+    flex_backend: str = ""  # the flex dispatcher's backend (the schema fills in deepep), "" otherwise
     quant_pad: bool = False  # fp8/fp4: each local expert's rows padded to a multiple of q_align
     virtual_experts: bool = False  # temporary expert replicas (weights moved, grads returned)
     layernorm: bool = False  # normalization LayerNorm (weight + bias) instead of RMSNorm (weight)
@@ -268,8 +268,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         recompute_modules=modules if ov.recompute_granularity == "selective" else frozenset(),
         cp_kv_gather=par.cp > 1 and model.attention_variant in ("standard", "mla"),
         mla_q_lora=bool(model.q_lora_rank),
-        flex_backend=(moe.moe_flex_dispatcher_backend or "deepep")
-        if moe.moe_token_dispatcher_type == "flex" else "",
+        flex_backend=str(moe.moe_flex_dispatcher_backend) if moe.moe_token_dispatcher_type == "flex" else "",
         quant_pad=tr.fp8 or tr.fp4,
         virtual_experts=moe.moe_virtual_experts,
         aux_counts=moe.moe_router_load_balancing_type
@@ -293,15 +292,16 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         shared_gate=model.moe_shared_expert_gate and bool(model.moe_shared_expert_intermediate_size),
         router_fp64=model.moe_router_dtype == "fp64",
         mla_norms=model.qk_layernorm or model.attention_variant != "mla",
-        fp8_weights=FP8_WEIGHTS.get(tr.fp8_recipe or "delayed", "tensor") if tr.fp8 else "",
+        fp8_weights=FP8_WEIGHTS[tr.fp8_recipe] if tr.fp8 and tr.fp8_recipe else "",
         fp8_transpose=tr.fp8 and (cfg.cluster.gpu or DEFAULT_GPU) in HOPPER
-        and (tr.fp8_recipe or "delayed") in ("delayed", "tensorwise"),
+        and tr.fp8_recipe in ("delayed", "tensorwise"),
         fp8_param_gather=tr.fp8 and tr.fp8_param_gather,
     )
 
 
-# How Transformer Engine stores a quantised weight per Megatron recipe (delayed is Megatron's
-# default: Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py fp8_recipe).
+# How Transformer Engine stores a quantised weight per Megatron recipe (the schema fills in
+# Megatron's default, delayed: Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+# TransformerConfig.fp8_recipe).
 FP8_WEIGHTS = {"delayed": "tensor", "tensorwise": "tensor", "blockwise": "blockwise", "mxfp8": "mxfp8"}
 
 

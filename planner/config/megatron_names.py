@@ -17,7 +17,16 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from planner.config.schema import Config
+
 DATA_FILE = Path(__file__).parent / "data" / "megatron_arguments.txt"
+
+# Megatron's names for two things moeplan writes and reads back in a launch line: the layer spec
+# `pretrain_hybrid.py` builds DeepSeek-V4 from (`--spec`, Megatron-LM dev@d48bd6be
+# megatron/core/models/hybrid/hybrid_layer_specs.py hybrid_dsv4_stack_spec) and the rank order
+# `--use-tp-pp-dp-mapping` selects (megatron/training/initialize.py _initialize_distributed).
+HYBRID_DSV4_SPEC = ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_dsv4_stack_spec")
+PP_DP_ORDER = "tp-cp-ep-pp-dp"
 
 
 # Megatron arguments moeplan models under another name (planner/emit/megatron.py writes them from
@@ -57,8 +66,6 @@ def section_fields(model: type[BaseModel]) -> list[str]:
 
 def sections() -> dict[str, type[BaseModel]]:
     """The config's sections by name (model, parallel, training ...)."""
-    from planner.config.schema import Config
-
     return {name: info.annotation for name, info in Config.model_fields.items()
             if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
 

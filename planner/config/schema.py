@@ -29,6 +29,13 @@ VOCAB_DIVISOR = 128  # Megatron's default make_vocab_size_divisible_by
 MAX_LAYERS = 100_000
 MAX_RANKS = 1 << 20
 MAX_EXPERTS = 1 << 16  # the plan lists each rank's experts
+# Megatron's defaults for fields that only mean something under a switch; `Config` fills them in
+# when that switch is on (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+# TransformerConfig.moe_flex_dispatcher_backend and TransformerConfig.fp8_recipe). `fp8: true` alone
+# has always meant the e4m3 format (Megatron's --fp8-format has no default: naming it turns FP8 on).
+DEFAULT_FLEX_BACKEND = "deepep"
+DEFAULT_FP8_RECIPE = "delayed"
+DEFAULT_FP8_FORMAT = "e4m3"
 RankCount = Annotated[int, Field(ge=1, le=MAX_RANKS)]
 GPU_NAMES = tuple(GPUS)
 
@@ -236,7 +243,8 @@ class TrainingSection(Section):
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     fp8: bool = False
     # Megatron's --fp8-format (setting it turns fp8 on) and --fp8-recipe (Megatron-LM dev@d48bd6be
-    # megatron/core/transformer/transformer_config.py TransformerConfig.fp8 / fp8_recipe).
+    # megatron/core/transformer/transformer_config.py TransformerConfig.fp8 / fp8_recipe). Under FP8,
+    # Config fills in e4m3 and Megatron's delayed recipe when unset.
     fp8_format: Literal["e4m3", "hybrid"] | None = None
     fp8_recipe: Literal["tensorwise", "delayed", "blockwise", "mxfp8"] | None = None
     # Megatron's --fp8-param-gather: the GEMM weights live in FP8 and the distributed optimizer's
@@ -286,6 +294,7 @@ class TrainingSection(Section):
 
 class MoeSection(Section):
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "alltoall"
+    # Under flex, Config fills in Megatron's deepep when unset (DEFAULT_FLEX_BACKEND).
     moe_flex_dispatcher_backend: Literal["deepep", "hybridep", "ncclep"] | None = None
     moe_expert_capacity_factor: PosFloat | None = None
     moe_expert_rank_capacity_factor: PosFloat | None = None
@@ -432,8 +441,12 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _resolve(self) -> Config:
-        """Derive what Megatron derives: world size, ETP default, nodes, the default global batch."""
-        par, cluster = self.parallel, self.cluster
+        """Derive what Megatron derives: world size, the ETP, flex-backend and FP8 defaults, nodes.
+
+        Each default is filled in here once, so no reader re-derives it; a default that only means
+        something under a switch (the flex backend, the FP8 format and recipe) is filled in only when
+        that switch is on, so the other configs keep None (nothing to choose)."""
+        par, cluster, moe, training = self.parallel, self.cluster, self.moe, self.training
         world = par.world_size
         if world is None:
             if cluster.nodes is None:
@@ -452,6 +465,12 @@ class Config(Section):
         object.__setattr__(par, "world_size", world)
         if par.etp is None:
             object.__setattr__(par, "etp", par.tp)
+        if moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend is None:
+            object.__setattr__(moe, "moe_flex_dispatcher_backend", DEFAULT_FLEX_BACKEND)
+        if training.fp8 and training.fp8_format is None:
+            object.__setattr__(training, "fp8_format", DEFAULT_FP8_FORMAT)
+        if training.fp8 and training.fp8_recipe is None:
+            object.__setattr__(training, "fp8_recipe", DEFAULT_FP8_RECIPE)
         if cluster.nodes is None:
             object.__setattr__(cluster, "nodes", math.ceil(world / cluster.gpus_per_node))
         return self

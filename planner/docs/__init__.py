@@ -11,6 +11,7 @@ from pathlib import Path
 
 from planner.docs.formulas_page import formulas_page
 from planner.docs.rules_page import rules_page
+from planner.plan import write_atomic
 
 GENERATED_PAGES: dict[str, Callable[[], str]] = {
     "rules.md": rules_page,
@@ -30,8 +31,6 @@ def stale_pages(folder: Path) -> list[str]:
 
 def write_pages(folder: Path) -> list[str]:
     """Write every generated page into `folder` (atomically); returns the names written."""
-    from planner.plan import write_atomic
-
     folder.mkdir(parents=True, exist_ok=True)
     for name, render in GENERATED_PAGES.items():
         write_atomic(folder / name, render())

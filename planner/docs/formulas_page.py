@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from planner.accounting import ALL_SYMBOLS, Variant, formula_book, pretty, variant_of
+from planner.config.loader import parse_config
 from planner.docs.markdown import GENERATED_NOTE, cell, code
+from planner.estimate import pipeline_page
+from planner.layout.pipeline import stage_split
 
 # The baseline: the bundled DeepSeek-V4-Pro layout on 1,024 GPUs (examples/deepseek-v4-pro-1024.yaml).
 BASELINE_CONFIG: dict[str, Any] = {
@@ -113,18 +117,12 @@ LEVEL_TITLES = {"global": "Config dimensions (one value per job)",
                 "stage": "Per pipeline stage", "rank": "Per rank (placement on nodes)"}
 
 
-def baseline_variant() -> Any:
-    from planner.accounting import variant_of
-    from planner.config.loader import parse_config
-    from planner.layout.pipeline import stage_split
-
+def baseline_variant() -> Variant:
     cfg = parse_config(BASELINE_CONFIG)
     return variant_of(cfg, stage_split(cfg))
 
 
 def _books() -> tuple[list[Any], list[tuple[str, dict[str, Any]]]]:
-    from planner.accounting import formula_book
-
     base = baseline_variant()
     baseline = list(formula_book(base).quantities)
     others = [(label, {q.name: q for q in formula_book(replace(base, **changes)).quantities})
@@ -156,8 +154,6 @@ def _alternatives(name: str, base_formula: str | None,
 
 
 def _symbols_section() -> list[str]:
-    from planner.accounting import ALL_SYMBOLS
-
     lines = ["## Inputs", "",
              "Every formula is written over these inputs and earlier quantities. Global inputs come "
              "from the config, stage inputs from the pipeline split, rank inputs from the process "
@@ -172,9 +168,6 @@ def _symbols_section() -> list[str]:
 
 def _pipeline_section() -> list[str]:
     """The estimate's pipeline page (planner/estimate.py): stage 2 of the baseline's PP 8."""
-    from planner.accounting import pretty
-    from planner.estimate import pipeline_page
-
     lines = ["## Pipeline step (`moeplan estimate`, across stages)", "",
              "Evaluated after the time page on every stage, over the other stages' chunk times: "
              "`t_first_j` / `t_last_j` is `time_microbatch_s` of stage j's first / last model "
@@ -187,8 +180,6 @@ def _pipeline_section() -> list[str]:
 
 
 def formulas_page() -> str:
-    from planner.accounting import pretty
-
     baseline, others = _books()
     base_names = {q.name: q for q in baseline}
     quantities = _ordered_quantities(baseline, others)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from planner.docs.markdown import GENERATED_NOTE, cell, fenced
+from planner.rules import CATALOG
+from planner.rules.example_base import EXAMPLE_BASE_YAML
 
 FAMILIES: dict[str, str] = {
     "CFG": "The config file itself (reported by the loader)",
@@ -22,9 +24,6 @@ FAMILIES: dict[str, str] = {
 
 
 def rules_page() -> str:
-    from planner.rules import CATALOG
-    from planner.rules.example_base import EXAMPLE_BASE_YAML
-
     families: dict[str, list] = {}
     for entry in CATALOG:
         families.setdefault(entry.family, []).append(entry)

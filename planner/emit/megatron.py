@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.config.megatron_names import moeplan_field
+from planner.config.megatron_branch import BranchConflict, megatron_branch
+from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER, moeplan_field
 from planner.config.schema import DEFAULT_ORDER, VOCAB_DIVISOR, Config
 from planner.emit.safety import EmitError
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
 GPT_ENTRY = "pretrain_gpt.py"
 HYBRID_ENTRY = "pretrain_hybrid.py"
-HYBRID_DSV4_SPEC = ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_dsv4_stack_spec")
-PP_DP_ORDER = "tp-cp-ep-pp-dp"
 
 # Hybrid-pattern attention symbol per DSv4 compress ratio: sliding window only, CSA, HCA.
 DSV4_ATTENTION_SYMBOL = {0: "W", 4: "C", 128: "H"}
@@ -80,23 +79,19 @@ def is_dsv4(cfg: Config) -> bool:
     return cfg.model.attention_variant == "dsv4_hybrid"
 
 
-def megatron_branch(cfg: Config) -> str:
-    """DeepSeek-V4 features live only on Megatron-LM's dev branch, GTP only on main."""
-    m, p, t = cfg.model, cfg.parallel, cfg.training
-    dev = (is_dsv4(cfg) or m.moe_n_hash_layers > 0 or m.enable_hyper_connections
-           or p.cp_partition_mode == "contiguous" or p.dynamic_context_parallel
-           or t.sequence_packing_scheduler is not None)
-    main = p.gtp > 1 or p.egtp > 1
-    if dev and main:
-        raise EmitError("parallel.gtp", "GTP (main branch only) cannot be combined with DeepSeek-V4 "
-                        "features (dev branch only) in one Megatron-LM command line")
-    return "dev" if dev else "main" if main else "main or dev"
+def _branch(cfg: Config) -> str:
+    """The branch the command line targets (planner/config/megatron_branch.py); a config that
+    needs both cannot be emitted."""
+    try:
+        return megatron_branch(cfg)
+    except BranchConflict as conflict:
+        raise EmitError(conflict.path, str(conflict)) from None
 
 
 def _order_axes_of_size_one(cfg: Config) -> set[str]:
     """Axes that are 1 in both the dense and the expert generator change no group."""
     p = cfg.parallel
-    sizes = {"tp": max(p.tp, p.etp or 1), "cp": p.cp, "ep": p.ep, "pp": p.pp,
+    sizes = {"tp": max(p.tp, cfg.degrees.etp), "cp": p.cp, "ep": p.ep, "pp": p.pp,
              "dp": max(cfg.dp, cfg.edp), "gtp_remat": max(p.gtp, p.egtp)}
     return {axis for axis, size in sizes.items() if size == 1}
 
@@ -206,7 +201,7 @@ def _parallel(cfg: Config, args: MegatronArgs) -> None:
     args.add("--expert-tensor-parallel-size", p.etp, source="parallel.etp")
     args.add_if(p.gtp > 1, "--tensor-parallel-num-weight-shards", p.tp * p.gtp,
                 source="parallel.gtp (TP x GTP)")
-    args.add_if(p.egtp > 1, "--expert-tensor-parallel-num-weight-shards", (p.etp or 1) * p.egtp,
+    args.add_if(p.egtp > 1, "--expert-tensor-parallel-num-weight-shards", cfg.degrees.etp * p.egtp,
                 source="parallel.egtp (ETP x EGTP)")
     args.add_if(order_flags(cfg), "--use-tp-pp-dp-mapping", source=f"parallel.order {p.order}")
     args.add_if(p.sequence_parallel, "--sequence-parallel", source="parallel.sequence_parallel")
@@ -399,9 +394,8 @@ def _moe(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPatt
                 source="moe.moe_router_force_load_balancing")
     args.add("--moe-token-dispatcher-type", moe.moe_token_dispatcher_type,
              source="moe.moe_token_dispatcher_type")
-    args.add_if(moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend is not None,
-                "--moe-flex-dispatcher-backend", moe.moe_flex_dispatcher_backend,
-                source="moe.moe_flex_dispatcher_backend")
+    args.add_if(moe.moe_token_dispatcher_type == "flex", "--moe-flex-dispatcher-backend",
+                moe.moe_flex_dispatcher_backend, source="moe.moe_flex_dispatcher_backend")
     if moe.moe_expert_capacity_factor is not None:
         args.add("--moe-expert-capacity-factor", moe.moe_expert_capacity_factor,
                  source="moe.moe_expert_capacity_factor")
@@ -431,7 +425,7 @@ def _training(cfg: Config, args: MegatronArgs) -> None:
     args.add_if(t.variable_seq_lengths, "--variable-seq-lengths", source="training.variable_seq_lengths")
     args.add_if(t.precision == "bf16", "--bf16", source="training.precision")
     args.add_if(t.precision == "fp16", "--fp16", source="training.precision")
-    args.add_if(t.fp8, "--fp8-format", t.fp8_format or "e4m3", source="training.fp8")
+    args.add_if(t.fp8, "--fp8-format", t.fp8_format, source="training.fp8")
     args.add_if(t.fp8_recipe is not None, "--fp8-recipe", t.fp8_recipe, source="training.fp8_recipe")
     args.add_if(t.fp8_param_gather, "--fp8-param-gather", source="training.fp8_param_gather")
     args.add_if(t.fp4, "--fp4-format", "e2m1", source="training.fp4")
@@ -485,7 +479,7 @@ def megatron_arguments(cfg: Config) -> MegatronArgs:
         split = stage_split(cfg)
     except SplitError as exc:
         raise EmitError(exc.path, exc.message) from None
-    args = MegatronArgs(entry=HYBRID_ENTRY if is_dsv4(cfg) else GPT_ENTRY, branch=megatron_branch(cfg),
+    args = MegatronArgs(entry=HYBRID_ENTRY if is_dsv4(cfg) else GPT_ENTRY, branch=_branch(cfg),
                         env=launch_environment(cfg))
     _parallel(cfg, args)
     pattern = hybrid_pattern(cfg, split) if args.entry == HYBRID_ENTRY else None

@@ -8,22 +8,17 @@ divisibility reports it once, and every rule built on top of it stays silent ins
 from __future__ import annotations
 
 from functools import cached_property
-from typing import TYPE_CHECKING
 
+from planner.accounting import Number, stage_memory
+from planner.config.megatron_branch import BranchConflict, megatron_branch
 from planner.config.schema import Config
 from planner.degrees import Degrees
 from planner.layout.grid import GridSpec, grid_spec_from_config
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
-if TYPE_CHECKING:
-    from planner.accounting import Number
 
 class NotComputable(Exception):
     """A quantity the rule needs is not a whole number (another rule already reports why)."""
-
-
-# Megatron's default backend when `moe_token_dispatcher_type: flex` names none.
-DEFAULT_FLEX_BACKEND = "deepep"
 
 
 class Facts:
@@ -100,8 +95,6 @@ class Facts:
     @cached_property
     def stage_memory(self) -> list[dict[str, Number]] | None:
         """Every stage's memory parts (None when not computable), once for MEM001 and MEM002."""
-        from planner.accounting import stage_memory
-
         return stage_memory(self.cfg)
 
     def give_stage_memory(self, stages: list[dict[str, Number]]) -> None:
@@ -189,22 +182,18 @@ class Facts:
 
     @property
     def flex_backend(self) -> str | None:
-        """The flex backend in effect, or None when the dispatcher is not flex."""
+        """The flex backend in effect (the schema fills in Megatron's default), or None when the
+        dispatcher is not flex."""
         if self.moe.moe_token_dispatcher_type != "flex":
             return None
-        return self.moe.moe_flex_dispatcher_backend or DEFAULT_FLEX_BACKEND
+        return self.moe.moe_flex_dispatcher_backend
 
     @property
     def megatron_branch(self) -> str:
         """The Megatron-LM branch the emitted command targets: dev, main, or 'main or dev'."""
-        # Imported here: the emit package loads jinja2 and its templates, which `moeplan check`
-        # would otherwise pay for on every start although only MOE003 asks.
-        from planner.emit import EmitError
-        from planner.emit.megatron import megatron_branch
-
         try:
             return megatron_branch(self.cfg)
-        except EmitError:  # GTP with V4 features: the emitter reports it, no branch has both
+        except BranchConflict:  # GTP with V4 features: the emitter reports it, no branch has both
             return "main or dev"
 
     @property

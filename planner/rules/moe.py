@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from planner.rules.base import Violation, rule
-from planner.rules.facts import DEFAULT_FLEX_BACKEND, Facts
+from planner.rules.facts import Facts
 from planner.rules.sources import FLEX_DISPATCHER, NCCLEP_MANAGER, TRANSFORMER_CONFIG, dev, main
 
 AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")
@@ -352,13 +352,14 @@ def ncclep_needs_rank_capacity(f: Facts) -> Iterator[Violation]:
 )
 def rank_capacity_needs_ncclep(f: Facts) -> Iterator[Violation]:
     factor = f.moe.moe_expert_rank_capacity_factor
-    backend = f.moe.moe_flex_dispatcher_backend or DEFAULT_FLEX_BACKEND
+    backend = f.flex_backend
     if factor is None or backend == "ncclep":
         return
     why = ("needs Megatron's use_transformer_engine_op_fuser, which moeplan does not configure"
            if backend == "hybridep" else "is only read by the hybridep and ncclep backends")
+    using = f"backend {backend}" if backend else f"dispatcher {f.moe.moe_token_dispatcher_type}"
     yield Violation("moe.moe_expert_rank_capacity_factor",
-                    f"moe_expert_rank_capacity_factor {factor} with backend {backend} {why}",
+                    f"moe_expert_rank_capacity_factor {factor} with {using} {why}",
                     "remove moe_expert_rank_capacity_factor, or use moe_token_dispatcher_type: flex "
                     "with moe_flex_dispatcher_backend: ncclep")
 

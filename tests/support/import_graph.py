@@ -1,8 +1,10 @@
-"""The import graph of a package, every import counted (module level and inside functions)."""
+"""The import graph of a package, every import counted (module level and inside functions), and
+the imports that run inside a function body (the lazy ones)."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -11,26 +13,46 @@ def module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _modules(root: Path) -> dict[str, Path]:
+    return {module_name(root, p): p for p in root.rglob("*.py")}
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> Iterator[tuple[str, bool]]:
+    """(imported module of the package, whether the import runs inside a function) for each
+    import statement of one module (a `from pkg import name` counts as importing pkg.name when
+    that is a module, else pkg)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    functions = [fn for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    in_function = {id(node) for fn in functions for node in ast.walk(fn) if node is not fn}
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                       for a in node.names]
+        for target in targets:
+            if target in modules and target != name:
+                yield target, id(node) in in_function
+
+
 def imports_of(root: Path) -> dict[str, set[str]]:
-    """module → the modules of the same package it imports (a `from pkg import name` counts as
-    importing pkg.name when that is a module, else pkg)."""
-    modules = {module_name(root, p): p for p in root.rglob("*.py")}
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                           for a in node.names]
-            graph[name].update(t for t in targets if t in modules and t != name)
-    return graph
+    """module → the modules of the same package it imports, wherever the import statement is."""
+    modules = _modules(root)
+    return {name: {target for target, _ in _imports(name, path, modules)}
+            for name, path in modules.items()}
+
+
+def function_level_imports(root: Path) -> set[tuple[str, str]]:
+    """(importing module, imported module) for every import of the package inside a function."""
+    modules = _modules(root)
+    return {(name, target) for name, path in modules.items()
+            for target, lazy in _imports(name, path, modules) if lazy}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER
 from planner.config.schema import Config
-from planner.emit.megatron import HYBRID_DSV4_SPEC, PP_DP_ORDER
 
 # Sections whose fields are Megatron arguments; cluster and launch describe the machine and the job.
 MEGATRON_SECTIONS = ("model", "parallel", "training", "moe", "overlap")

@@ -118,6 +118,23 @@ def test_round_trip_through_the_cli(tmp_path: Path) -> None:
     assert comparable(load_config(out), original) == comparable(original, original)
 
 
+def test_round_trip_of_the_defaults_the_schema_fills_in(tmp_path: Path) -> None:
+    """Flex without a backend and FP8 without a recipe: the emitter passes Megatron's defaults
+    (deepep, delayed) that the schema filled in, and the import gives the same config back."""
+    data = yaml.safe_load((EXAMPLES / "tiny-cpu-8.yaml").read_text())
+    data.setdefault("moe", {})["moe_token_dispatcher_type"] = "flex"
+    data["training"]["fp8"] = True
+    config = tmp_path / "flex-fp8.yaml"
+    config.write_text(yaml.safe_dump(data))
+    command = emitted_command(config, tmp_path)
+    words = command.replace("\\\n", "").split()
+    for flag, value in (("--moe-flex-dispatcher-backend", "deepep"), ("--fp8-recipe", "delayed")):
+        assert words[words.index(flag) + 1] == value
+    original = load_config(config)
+    back = parse_config(import_arguments(command).data)
+    assert comparable(back, original) == comparable(original, original)
+
+
 # ------------------------------------------------------------------------------ DeepSeek-V3
 # As people launch it: env, torchrun, the entry script, one or many arguments a line, comments,
 # data / tokenizer / LR-schedule / checkpoint arguments mixed in. Dims from the DeepSeek-V3 model card

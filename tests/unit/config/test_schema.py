@@ -6,6 +6,7 @@ import pytest
 
 from planner.config.loader import InvalidConfig, UnreadableConfig, load_config, parse_config, parse_yaml
 from planner.config.presets import PRESETS
+from planner.rules.example_base import example_config_data, merge
 from tests.conftest import EXAMPLES
 
 
@@ -233,3 +234,43 @@ def test_world_derived_from_nodes_has_the_same_ceiling(minimal_v4):
         parse_config(minimal_v4)
     assert [(f.code, f.path) for f in err.value.findings] == [("CFG004", "cluster.nodes")]
     assert "2097152 ranks" in err.value.findings[0].message
+
+
+# ----------------------------------------------------------------------------- defaults, one home
+# Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py:
+# TransformerConfig.moe_flex_dispatcher_backend = "deepep", TransformerConfig.fp8_recipe = "delayed".
+
+
+def _with(section: str, values: dict) -> dict:
+    return merge(example_config_data(""), {section: values})
+
+
+def test_flex_without_a_backend_gets_megatrons_default() -> None:
+    cfg = parse_config(_with("moe", {"moe_token_dispatcher_type": "flex"}))
+    assert cfg.moe.moe_flex_dispatcher_backend == "deepep"
+    named = parse_config(_with("moe", {"moe_token_dispatcher_type": "flex",
+                                       "moe_flex_dispatcher_backend": "hybridep"}))
+    assert named.moe.moe_flex_dispatcher_backend == "hybridep"
+
+
+def test_other_dispatchers_keep_no_backend() -> None:
+    """Only flex has a backend: search's plain dispatchers carry None, and so does the user's."""
+    cfg = parse_config(_with("moe", {"moe_token_dispatcher_type": "alltoall"}))
+    assert cfg.moe.moe_flex_dispatcher_backend is None
+
+
+def test_fp8_alone_is_e4m3_with_the_delayed_recipe() -> None:
+    t = parse_config(_with("training", {"fp8": True})).training
+    assert (t.fp8_format, t.fp8_recipe) == ("e4m3", "delayed")
+    t = parse_config(_with("training", {"fp8_format": "hybrid", "fp8_recipe": "mxfp8"})).training
+    assert (t.fp8_format, t.fp8_recipe) == ("hybrid", "mxfp8")
+    t = parse_config(_with("training", {})).training
+    assert (t.fp8, t.fp8_format, t.fp8_recipe) == (False, None, None)
+
+
+def test_resolved_defaults_survive_a_dump_and_reload() -> None:
+    """The compiled plan carries the resolved config; reading it back validates it again."""
+    flex = _with("moe", {"moe_token_dispatcher_type": "flex"})
+    cfg = parse_config(merge(flex, {"training": {"fp8": True}}))
+    again = parse_config(cfg.model_dump(mode="json"))
+    assert again.model_dump() == cfg.model_dump()

@@ -28,6 +28,8 @@ from planner.emit.megatron import megatron_arguments
 from planner.emit.render import sbatch_quote, shquote
 from planner.plan import read_plan
 from planner.rules import run_rules
+from planner.rules.example_base import example_config_data, merge
+from planner.rules.facts import Facts
 from tests.conftest import EXAMPLES
 
 TINY = EXAMPLES / "tiny-cpu-8.yaml"
@@ -919,3 +921,14 @@ def test_launchers_export_cuda_device_max_connections_where_megatron_asserts_it(
         assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in text) is exported, name
     _, [call] = run_script(out / "torchrun.sh", fakes)
     assert (call["env"].get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") is exported
+
+
+def test_a_config_of_both_branches_is_an_emit_error_and_no_rule_crash() -> None:
+    """GTP (main) with hyper-connections (dev): no command line runs it. The emitter says so on
+    parallel.gtp; the rules read the same answer from planner/config/ as 'main or dev'."""
+    cfg = parse_config(merge(example_config_data(""), {"parallel": {"gtp": 2},
+                                                       "model": {"enable_hyper_connections": True}}))
+    with pytest.raises(EmitError) as raised:
+        megatron_arguments(cfg)
+    assert raised.value.path == "parallel.gtp" and "dev branch only" in raised.value.message
+    assert Facts(cfg).megatron_branch == "main or dev"
