@@ -10,6 +10,7 @@ estimate. Nothing here re-states a rule or a formula. Ranking uses the float est
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from planner.accounting import BudgetError, Number, stage_memory
@@ -21,7 +22,7 @@ from planner.rules.catalog import CODES
 from planner.rules.facts import Facts
 from planner.rules.memory import HEADROOM
 from planner.search.knobs import Knobs, vpp_of
-from planner.units import format_bytes
+from planner.units import fixed, format_bytes
 
 # Verdicts that leave a candidate legal (every other rule passes) but not fitting: the memory
 # verdicts (MEM001, the stricter headroom), and no estimate.
@@ -97,10 +98,19 @@ def _errors(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.severity == "error"]
 
 
-def _memory_reason(findings: list[Finding]) -> str:
-    """MEM001's own verdict, shortened: "does not fit: stage s needs an estimated X per rank, …"."""
-    message = next(f.message for f in findings if f.code == "MEM001")
-    return "does not fit: " + message.split(" (", 1)[0] + " (MEM001)"
+def _stage_needs(stage: int, peak: Number, share: str, gpu: Number) -> str:
+    return (f"stage {stage} needs an estimated {format_bytes(peak, digits=2)} per rank, {share} of "
+            f"{format_bytes(gpu, digits=2)}")
+
+
+def _memory_reason(stages: list[dict[str, Number]]) -> str:
+    """MEM001's verdict read off the figures it compares (planner/rules/memory.py): the stage
+    with the largest share of GPU memory, its estimated peak and the GPU's memory."""
+    worst = max(range(len(stages)), key=lambda s: stages[s]["memory_utilization"])
+    env = stages[worst]
+    share = fixed(Fraction(env["memory_utilization"]) * 100, 1)
+    needs = _stage_needs(worst, env["peak_memory_bytes"], f"{share} %", env["gpu_memory_bytes"])
+    return f"does not fit: {needs} (MEM001)"
 
 
 class Judge:
@@ -161,7 +171,7 @@ class Judge:
         codes = tuple(sorted({f.code for f in errors}))
         out: Candidate | Rejected
         if codes == ("MEM001",):
-            out = Rejected(cand, knobs, _memory_reason(errors), codes)
+            out = Rejected(cand, knobs, _memory_reason(facts.stage_memory or []), codes)
         elif codes:
             out = Rejected(cand, knobs, "rule " + ", ".join(codes), codes)
         elif (over := self._over_headroom(facts.stage_memory or [])) is not None:
@@ -223,9 +233,9 @@ class Judge:
         if shares[worst] <= self.headroom:
             return None
         env = stages[worst]
-        return (f"does not fit the {self.headroom:.0%} memory headroom: stage {worst} needs an "
-                f"estimated {format_bytes(int(env['peak_memory_bytes']), digits=2)} per rank, "
-                f"{shares[worst]:.1%} of {format_bytes(int(env['gpu_memory_bytes']), digits=2)}")
+        return (f"does not fit the {self.headroom:.0%} memory headroom: "
+                + _stage_needs(worst, int(env["peak_memory_bytes"]), f"{shares[worst]:.1%}",
+                               int(env["gpu_memory_bytes"])))
 
     def time_rejected(self, r: Rejected) -> None:
         """The step time a refused candidate would have (when its grids build)."""

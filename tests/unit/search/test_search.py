@@ -126,6 +126,9 @@ def test_memory_rejection_says_which_stage_needs_how_much() -> None:
     assert out.codes == ("MEM001",)
     assert re.fullmatch(r"does not fit: stage 0 needs an estimated [\d.]+ MiB per rank, "
                         r"[\d.]+ % of 1.02 MiB \(MEM001\)", out.reason), out.reason
+    # Read off the figures MEM001 compares, it says what MEM001's own message opens with.
+    message = next(f.message for f in run_rules(small) if f.code == "MEM001")
+    assert out.reason == f"does not fit: {message.split(' (', 1)[0]} (MEM001)"
 
 
 def test_illegal_layouts_never_appear_and_the_users_layout_is_a_candidate() -> None:
