@@ -273,9 +273,11 @@ def recompute_presets(cfg: Config) -> list[Recompute]:
 def recomputed(preset: Recompute) -> frozenset[str]:
     """What a recompute setting recomputes: nothing, its selective modules, or everything. A
     setting that recomputes a superset of another's modules costs at least as much time (it
-    repeats at least the same forward work) and holds at most as many activations."""
+    repeats at least the same forward work) and holds at most as many activations. Full
+    recompute is everything plus one token for its method and layer count, so that two full
+    settings are never subsets of one another (they are not compared)."""
     if preset.granularity == "full":
-        return ALL_RECOMPUTED | frozenset(str(preset.num_layers))
+        return ALL_RECOMPUTED | {f"full {preset.method} {preset.num_layers}"}
     if preset.granularity == "selective":
         return frozenset(preset.modules or ["core_attn"])
     return frozenset()
@@ -283,7 +285,7 @@ def recomputed(preset: Recompute) -> frozenset[str]:
 
 def dominates(lesser: frozenset[str], greater: frozenset[str]) -> bool:
     """`greater` recomputes everything `lesser` does (full recompute covers any selective set;
-    full with other layer counts is not compared)."""
+    full with another method or layer count is not compared)."""
     if "*" in greater and "*" not in lesser:
         return True
     return lesser <= greater

@@ -25,7 +25,7 @@ from planner.rules import run_rules
 from planner.rules.catalog import CODES
 from planner.search.bound import cell, floor_dispatcher
 from planner.search.judge import Judge, float_estimate
-from planner.search.knobs import Knobs
+from planner.search.knobs import Knobs, Recompute
 from planner.search.run import search
 from planner.search.space import (
     FULL_RECOMPUTE,
@@ -297,6 +297,25 @@ def test_the_pruning_assumptions_hold_on_the_examples() -> None:
     by_ep = [max(int(env["peak_memory_bytes"]) for env in estimate(replace(
         knobs, ep=ep, recompute=FULL_RECOMPUTE).apply(cfg)).envs) for ep in (64, 32, 16, 8)]
     assert by_ep == sorted(by_ep)
+
+
+def test_full_recompute_settings_are_keyed_by_method_and_layer_count() -> None:
+    """Full recompute covers every selective set, but two full settings are not compared: uniform
+    12 neither recomputes more nor less than uniform 1 (nor uniform 21, nor block 1), so a fitting
+    full uniform 1 never prunes them. (The key once held the digits of the layer count: 12 and 21
+    shared one, and 12 "recomputed more" than 1.)"""
+    full = {n: recomputed(Recompute.full("uniform", n)) for n in (1, 2, 12, 21)}
+    assert len(set(full.values())) == 4
+    for lesser in full.values():
+        assert not any(dominates(lesser, greater) for greater in full.values() if greater != lesser)
+    assert recomputed(Recompute.full("block", 1)) != full[1]
+    selective = recomputed(Recompute.selective("core_attn", "moe_act"))
+    assert all(dominates(selective, f) and not dominates(f, selective) for f in full.values())
+    # The user's own full setting is a preset of its own, after the built-in full uniform 1.
+    cfg = tiny(num_layers=12)
+    cfg = cfg.model_copy(update={"overlap": cfg.overlap.model_copy(update={
+        "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 12})})
+    assert [p.label for p in recompute_presets(cfg)][-2:] == ["full uniform 1", "full uniform 12"]
 
 
 def test_ruled_out_lists_each_verdict_once(searched) -> None:
