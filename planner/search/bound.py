@@ -37,13 +37,12 @@ from planner.search.judge import (
     Rejected,
     identity,
 )
-from planner.search.knobs import Dispatcher, Knobs, Pipeline
+from planner.search.knobs import Dispatcher, Knobs, Pipeline, Recompute
 from planner.search.space import (
     FULL_RECOMPUTE,
     MBS_CHOICES,
     NO_RECOMPUTE,
     Group,
-    Recompute,
     cost_balanced_choices,
     dispatchers,
     dominates,
