@@ -37,7 +37,14 @@ class Pipeline:
         return cls(**{name: getattr(cfg.parallel, name) for name in PIPELINE_FIELDS})
 
     def values(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in PIPELINE_FIELDS}
+        return {"vpp": self.vpp, "pipeline_model_parallel_layout": self.pipeline_model_parallel_layout,
+                "decoder_first_pipeline_num_layers": self.decoder_first_pipeline_num_layers,
+                "decoder_last_pipeline_num_layers": self.decoder_last_pipeline_num_layers,
+                "num_layers_per_virtual_pipeline_stage": self.num_layers_per_virtual_pipeline_stage,
+                "account_for_embedding_in_pipeline_split":
+                    self.account_for_embedding_in_pipeline_split,
+                "account_for_loss_in_pipeline_split": self.account_for_loss_in_pipeline_split,
+                "microbatch_group_size_per_vp_stage": self.microbatch_group_size_per_vp_stage}
 
 
 PIPELINE_FIELDS = tuple(f.name for f in fields(Pipeline))
