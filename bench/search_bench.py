@@ -25,7 +25,8 @@ DEFAULT = ROOT / "examples" / "deepseek-v3-1024.yaml"
 def measure(path: Path, workers: int, top: int, refine: int) -> dict:
     """One search in this process; its figures as JSON-able data."""
     from planner.config.loader import load_config
-    from planner.search.run import _vpp, recompute_label, search
+    from planner.search.knobs import Recompute, vpp_of
+    from planner.search.run import search
 
     cfg = load_config(path)
     start = time.perf_counter()
@@ -35,8 +36,8 @@ def measure(path: Path, workers: int, top: int, refine: int) -> dict:
     winner = None
     if best is not None:
         p = best.cfg.parallel
-        winner = (f"TP{p.tp} CP{p.cp} PP{p.pp} VPP{_vpp(best.cfg)} EP{p.ep} ETP{p.etp} MBS "
-                  f"{best.cfg.training.micro_batch_size} {recompute_label(best.cfg)} "
+        winner = (f"TP{p.tp} CP{p.cp} PP{p.pp} VPP{vpp_of(best.cfg)} EP{p.ep} ETP{p.etp} MBS "
+                  f"{best.cfg.training.micro_batch_size} {Recompute.of(best.cfg).label} "
                   f"{best.cfg.moe.moe_token_dispatcher_type}/"
                   f"{best.cfg.moe.moe_flex_dispatcher_backend} EP overlap "
                   f"{best.cfg.overlap.overlap_moe_expert_parallel_comm}: "

@@ -143,7 +143,6 @@ def _emit(source: Path, target: Path, winner: Any, *, quiet: bool) -> None:
     from planner.config.loader import InvalidConfig, parse_config, parse_yaml, read_text
     from planner.findings import has_errors
     from planner.rules import run_rules
-    from planner.search.run import emitted_data
 
     raw, _, _ = parse_yaml(read_text(source), str(source))
     data = emitted_data(raw, winner)
@@ -165,6 +164,32 @@ def _emit(source: Path, target: Path, winner: Any, *, quiet: bool) -> None:
         fail(EXIT_USAGE, f"--emit {target}: cannot write ({exc.strerror})")
     if not quiet:
         stdout.print(f"wrote the winner to {escape(str(target))}")
+
+
+def emitted_data(raw: dict[str, Any], winner: Any) -> dict[str, Any]:
+    """The user's YAML data with the winner's knobs written over it (None drops a key); the
+    user's own layout (no knobs) leaves it as it is."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for section, values in (winner.knobs.sections() if winner.knobs else {}).items():
+        target = data.setdefault(section, {})
+        for key, value in values.items():
+            for alias in _aliases(section, key):
+                target.pop(alias, None)
+            if value is not None and value is not False or key in target:
+                target[key] = value
+            if value is None:
+                target.pop(key, None)
+    return data
+
+
+def _aliases(section: str, key: str) -> list[str]:
+    """The other spellings the schema accepts for a field (e.g. tensor_model_parallel_size)."""
+    from planner.config.schema import Config
+
+    model = Config.model_fields[section].annotation
+    info = getattr(model, "model_fields", {}).get(key)
+    choices = getattr(getattr(info, "validation_alias", None), "choices", None) or []
+    return [c for c in choices if isinstance(c, str) and c != key]
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.config.schema import Config
+from planner.layout.layout_string import layout_string
 
 
 class SplitError(ValueError):
@@ -221,8 +222,7 @@ def suggested_layout(layers: int, pp: int, mtp: int) -> str | None:
     first = layers - per * (pp - 1)
     if pp < 2 or first < 1:
         return None
-    middle = f"(t*{per}|)*{pp - 2}" if pp > 2 else ""
-    return f"Et*{first}|{middle}t*{per}{'m' * mtp}L"
+    return layout_string([first] + [per] * (pp - 1), mtp)
 
 
 def _chunks_from_counts(cfg: Config) -> tuple[int, list[Chunk]]:

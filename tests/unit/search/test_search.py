@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +23,22 @@ from planner.findings import has_errors
 from planner.layout.pipeline import stage_split
 from planner.rules import run_rules
 from planner.rules.catalog import CODES
-from planner.search.run import (
+from planner.search.bound import cell, floor_dispatcher
+from planner.search.judge import Judge, float_estimate
+from planner.search.knobs import Knobs, Recompute
+from planner.search.run import search
+from planner.search.space import (
     FULL_RECOMPUTE,
     MBS_CHOICES,
+    NO_RECOMPUTE,
     LayerCosts,
-    _dispatchers,
-    _dominates,
-    _float_estimate,
-    _floor_dispatcher,
-    _Judge,
-    _setting,
     balanced_layout,
-    build,
     cost_balanced_layout,
-    knob_view,
+    dispatchers,
+    dominates,
     layer_costs,
     recompute_presets,
     recomputed,
-    search,
 )
 from tests.conftest import EXAMPLES
 
@@ -123,10 +122,13 @@ def test_memory_rejection_says_which_stage_needs_how_much() -> None:
     cfg = tiny()
     small = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
         update={"gpu_memory_gib": 0.001})})
-    out = _Judge(small).judge({})
+    out = Judge(small).judge(None)
     assert out.codes == ("MEM001",)
     assert re.fullmatch(r"does not fit: stage 0 needs an estimated [\d.]+ MiB per rank, "
                         r"[\d.]+ % of 1.02 MiB \(MEM001\)", out.reason), out.reason
+    # Read off the figures MEM001 compares, it says what MEM001's own message opens with.
+    message = next(f.message for f in run_rules(small) if f.code == "MEM001")
+    assert out.reason == f"does not fit: {message.split(' (', 1)[0]} (MEM001)"
 
 
 def test_illegal_layouts_never_appear_and_the_users_layout_is_a_candidate() -> None:
@@ -143,8 +145,8 @@ def test_illegal_layouts_never_appear_and_the_users_layout_is_a_candidate() -> N
     assert result.candidates[0].step_time_s <= users[0].step_time_s
     # Two worker processes or one: the same candidates in the same order.
     alone = search(cfg, top=10**6, workers=1, refine=6)
-    assert [(c.step_time_s, knob_view(c.cfg)) for c in alone.candidates] == \
-        [(c.step_time_s, knob_view(c.cfg)) for c in result.candidates]
+    assert [(c.step_time_s, Knobs.of(c.cfg)) for c in alone.candidates] == \
+        [(c.step_time_s, Knobs.of(c.cfg)) for c in result.candidates]
     assert (alone.explored, alone.legal, alone.fitting) == \
         (result.explored, result.legal, result.fitting)
 
@@ -274,26 +276,46 @@ def test_the_pruning_assumptions_hold_on_the_examples() -> None:
     not fit (more experts per rank). Checked here on DeepSeek-V3's own layout."""
     cfg = load_config(EXAMPLES / "deepseek-v3-1024.yaml")
     presets = recompute_presets(cfg)
+    knobs = Knobs.of(cfg)
     peaks_by_mbs = []
     for mbs in (1, 2):
         figures = []
         for preset in presets:
-            est = estimate(build(cfg, {"training": {"micro_batch_size": mbs}, "overlap": preset}))
+            est = estimate(replace(knobs, micro_batch_size=mbs, recompute=preset).apply(cfg))
             figures.append((recomputed(preset), est.step_time_s,
                             max(int(env["peak_memory_bytes"]) for env in est.envs)))
         for small, t_small, m_small in figures:
             for large, t_large, m_large in figures:
-                if _dominates(small, large):
+                if dominates(small, large):
                     assert t_large >= t_small * (1 - 1e-12) and m_large <= m_small, (small, large)
         peaks_by_mbs.append([peak for _, _, peak in figures])
     assert all(one <= two for one, two in zip(*peaks_by_mbs, strict=True))
-    peaks = [max(int(env["peak_memory_bytes"]) for env in estimate(build(cfg, {
-        "training": {"micro_batch_size": mbs}, "overlap": FULL_RECOMPUTE})).envs) for mbs in (1, 2, 4)]
+    peaks = [max(int(env["peak_memory_bytes"]) for env in estimate(replace(
+        knobs, micro_batch_size=mbs, recompute=FULL_RECOMPUTE).apply(cfg)).envs) for mbs in (1, 2, 4)]
     assert peaks == sorted(peaks)
     # Phase 1's EP cut-off: with everything else fixed, a smaller EP never needs less memory.
-    by_ep = [max(int(env["peak_memory_bytes"]) for env in estimate(build(cfg, {
-        "parallel": {"ep": ep}, "overlap": FULL_RECOMPUTE})).envs) for ep in (64, 32, 16, 8)]
+    by_ep = [max(int(env["peak_memory_bytes"]) for env in estimate(replace(
+        knobs, ep=ep, recompute=FULL_RECOMPUTE).apply(cfg)).envs) for ep in (64, 32, 16, 8)]
     assert by_ep == sorted(by_ep)
+
+
+def test_full_recompute_settings_are_keyed_by_method_and_layer_count() -> None:
+    """Full recompute covers every selective set, but two full settings are not compared: uniform
+    12 neither recomputes more nor less than uniform 1 (nor uniform 21, nor block 1), so a fitting
+    full uniform 1 never prunes them. (The key once held the digits of the layer count: 12 and 21
+    shared one, and 12 "recomputed more" than 1.)"""
+    full = {n: recomputed(Recompute.full("uniform", n)) for n in (1, 2, 12, 21)}
+    assert len(set(full.values())) == 4
+    for lesser in full.values():
+        assert not any(dominates(lesser, greater) for greater in full.values() if greater != lesser)
+    assert recomputed(Recompute.full("block", 1)) != full[1]
+    selective = recomputed(Recompute.selective("core_attn", "moe_act"))
+    assert all(dominates(selective, f) and not dominates(f, selective) for f in full.values())
+    # The user's own full setting is a preset of its own, after the built-in full uniform 1.
+    cfg = tiny(num_layers=12)
+    cfg = cfg.model_copy(update={"overlap": cfg.overlap.model_copy(update={
+        "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 12})})
+    assert [p.label for p in recompute_presets(cfg)][-2:] == ["full uniform 1", "full uniform 12"]
 
 
 def test_ruled_out_lists_each_verdict_once(searched) -> None:
@@ -342,8 +364,8 @@ def test_the_default_searches_the_whole_space_and_the_bound_keeps_the_top_exact(
     unbounded = search(cfg, top=10**6, refine=0, workers=1)
     assert default.pruned_by["families not refined"] == 0
     assert "settings slower without recompute than the best found" not in unbounded.pruned_by
-    assert [(c.step_time_s, knob_view(c.cfg)) for c in default.candidates] == \
-        [(c.step_time_s, knob_view(c.cfg)) for c in unbounded.candidates[:3]]
+    assert [(c.step_time_s, Knobs.of(c.cfg)) for c in default.candidates] == \
+        [(c.step_time_s, Knobs.of(c.cfg)) for c in unbounded.candidates[:3]]
 
 
 def test_ranked_in_floats_printed_exactly() -> None:
@@ -362,29 +384,28 @@ def test_ranked_in_floats_printed_exactly() -> None:
 
 
 # ----------------------------------------------------------------------------- lower bounds
-def _time(cfg: Config, layout: dict, dispatcher: tuple, flag: bool, mbs: int) -> float | None:
-    est = _float_estimate(build(cfg, _setting(layout, dispatcher, flag, recompute_presets(cfg)[0],
-                                              mbs)))
+def _time(cfg: Config, layout: Knobs, dispatcher: tuple, flag: bool, mbs: int) -> float | None:
+    est = float_estimate(cell(layout, dispatcher, flag, NO_RECOMPUTE, mbs).apply(cfg))
     return None if est is None else est.step_time_s
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3-1024", "deepseek-v4-pro-1024", "qwen3-30b-a3b-16",
                                   "mixtral-8x7b-64"])
 def test_hybridep_with_ep_overlap_bounds_every_setting_it_stands_for(name: str) -> None:
-    """The knob grid skips a micro-batch size of a layout — every dispatcher `_floor_dispatcher`
+    """The knob grid skips a micro-batch size of a layout — every dispatcher `floor_dispatcher`
     names, EP overlap on and off — when HybridEP's time with EP overlap on and no recompute
     already exceeds the bound. Sound because the exchange time only grows with the bytes (the
     flex backends' node-deduplicated rows are the fewest any dispatcher moves) and the
     permutations (HybridEP's kernel writes expert order: none), and EP overlap only subtracts
     hidden exchange time. Checked here on the examples' own layouts at other EPs too."""
     cfg = load_config(EXAMPLES / f"{name}.yaml")
-    dispatchers = _dispatchers(cfg)
-    lower, bounded = _floor_dispatcher(cfg, dispatchers)
-    assert lower == ("flex", "hybridep") and bounded == set(dispatchers)
+    choices = dispatchers(cfg)
+    lower, bounded = floor_dispatcher(cfg, choices)
+    assert lower == ("flex", "hybridep") and bounded == set(choices)
     p = cfg.parallel
     checked = 0
     for ep in sorted({p.ep, max(p.ep // 2, 1), p.ep * 2}):
-        layout = {"parallel": {"ep": ep}}
+        layout = replace(Knobs.of(cfg), ep=ep)
         for mbs in MBS_CHOICES[:2]:
             floor = _time(cfg, layout, lower, True, mbs)
             if floor is None:
@@ -406,7 +427,7 @@ def test_a_dispatcher_more_efficient_than_hybridep_is_not_bounded_by_it() -> Non
     data.setdefault("cluster", {}).setdefault("efficiency", {}).update(
         dispatch_alltoall=1.0, dispatch_hybridep=0.5)
     cfg = Config.model_validate(data)
-    lower, bounded = _floor_dispatcher(cfg, _dispatchers(cfg))
+    lower, bounded = floor_dispatcher(cfg, dispatchers(cfg))
     assert lower == ("flex", "hybridep")
     assert ("alltoall", None) not in bounded and ("flex", "hybridep") in bounded
 
@@ -418,5 +439,5 @@ def test_the_workers_never_change_the_result() -> None:
     one, two = (search(cfg, top=3, workers=w) for w in (1, 2))
     assert (one.explored, one.legal, one.fitting, one.pruned_by) == \
         (two.explored, two.legal, two.fitting, two.pruned_by)
-    assert [(c.step_time_s, knob_view(c.cfg)) for c in one.candidates] == \
-        [(c.step_time_s, knob_view(c.cfg)) for c in two.candidates]
+    assert [(c.step_time_s, Knobs.of(c.cfg)) for c in one.candidates] == \
+        [(c.step_time_s, Knobs.of(c.cfg)) for c in two.candidates]
