@@ -97,7 +97,8 @@ def reshard_plan(old: Config, new: Config) -> dict[str, Any]:
     A needed range is read from the old holder whose shard overlaps it, preferring the rank itself
     (no transfer), then the lowest old rank; replicas (old expt_dp peers) are interchangeable.
     """
-    from planner.layout.grid import Grid, grid_spec_from_config
+    from planner.layout.grid import Grid
+    from planner.layout.spec import grid_spec_from_config
 
     old_grid, new_grid = Grid(grid_spec_from_config(old)), Grid(grid_spec_from_config(new))
     holders, _ = _holders(old_grid)

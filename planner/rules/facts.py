@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from planner.config.schema import Config
 from planner.degrees import Degrees
-from planner.layout.grid import GridSpec, grid_spec_from_config
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
+from planner.layout.spec import GridSpec, grid_spec_from_config
 
 if TYPE_CHECKING:
     from planner.accounting import Number
