@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.layout.grid import Grid, GridSpec  # noqa: E402
+from planner.layout.grid import Grid  # noqa: E402
+from planner.layout.spec import GridSpec  # noqa: E402
 
 # V4-Pro-shaped layouts (TP1, CP2, EP64, 384 experts) scaled by data parallelism.
 LAYOUTS = [

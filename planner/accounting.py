@@ -339,7 +339,9 @@ _GRIDS: dict[Any, Grid | BudgetError] = {}
 
 def budget_grid(cfg: Config) -> Grid:
     """The config's grid, or BudgetError when its groups cannot be built."""
-    from planner.layout.grid import Grid, GridError, grid_spec_from_config
+    from planner.layout.grid import Grid
+    from planner.layout.rank_generator import GridError
+    from planner.layout.spec import grid_spec_from_config
 
     spec = grid_spec_from_config(cfg)
     grid = _GRIDS.get(spec)
@@ -359,7 +361,7 @@ def budget_grid(cfg: Config) -> Grid:
 def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -> list[Budget]:
     """Global budgets once, then stage and rank budgets for the chosen ranks: the given rank,
     the first rank of the given stage, or the first rank of every stage."""
-    from planner.layout.grid import GridError
+    from planner.layout.rank_generator import GridError
 
     acc = Accounting(cfg)
     grid = budget_grid(cfg)

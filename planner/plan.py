@@ -91,7 +91,8 @@ def compile_plan(cfg: Config, findings: list[Finding]) -> dict[str, Any]:
     if has_errors(findings):
         raise PlanError(findings)
     from planner.accounting import plan_budgets
-    from planner.layout.grid import Grid, grid_spec_from_config
+    from planner.layout.grid import Grid
+    from planner.layout.spec import grid_spec_from_config
     from planner.layout.summary import layout_summary
 
     grid = Grid(grid_spec_from_config(cfg))

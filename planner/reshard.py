@@ -14,7 +14,8 @@ from typing import Any
 
 from planner.config.schema import Config
 from planner.findings import Finding
-from planner.layout.grid import Grid, grid_spec_from_config
+from planner.layout.grid import Grid
+from planner.layout.spec import grid_spec_from_config
 
 # Fields that define the logical tensors of the model; any difference means another model.
 MODEL_IDENTITY_FIELDS = (

@@ -1,6 +1,6 @@
 """The collectives table: every collective moeplan prices, described once.
 
-Each entry names the process-group kinds it runs over (kinds of planner/layout/grid.py), the algorithm of
+Each entry names the process-group kinds it runs over (planner/layout/group_kinds.py), the algorithm of
 each phase, which of its figures depend on the routing decisions, and the config flag that can
 hide it behind compute. The byte formulas (planner/budget/comm.py), `moeplan verify`
 (planner/verify.py) and the runtime's byte ledger (runtime/comm.py) all look names up here, so a

@@ -23,7 +23,9 @@ from planner.cli_common import (
     stdout,
 )
 from planner.findings import Finding
-from planner.layout.grid import KIND_SOURCES, Grid, GridError, RankView, grid_spec_from_config
+from planner.layout.grid import Grid, RankView
+from planner.layout.rank_generator import GridError
+from planner.layout.spec import grid_spec_from_config
 
 _SHOWN_RANKS = 12  # ranks printed per group before it is abbreviated
 
@@ -76,14 +78,14 @@ def _layout_table(grid: Grid, layout: str, first: int) -> Table:
                           ("groups", "right"), ("first groups", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for kind in grid.listing_kinds():  # families (hcp, DP×CP chunks) member by member
-        where, how = KIND_SOURCES[grid.base_kind(kind)]
-        if where != layout:
+        record = grid.group_kind(kind)
+        if record.grid != layout:
             continue
         groups = grid.groups(kind)
         shown = "\n".join(format_group(g) for g in groups[:first])
         if len(groups) > first:
             shown += f"\n… {len(groups) - first} more"
-        table.add_row(kind, how, str(grid.group_size(kind)), str(grid.num_groups(kind)), shown)
+        table.add_row(kind, record.built_from, str(grid.group_size(kind)), str(grid.num_groups(kind)), shown)
     return table
 
 

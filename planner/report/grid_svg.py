@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
-from planner.layout.grid import GTP_AXIS, Grid, Layout
+from planner.layout.grid import Grid
+from planner.layout.rank_generator import GTP_AXIS, RankGenerator
 
 MAX_CELLS = 128  # beyond this many ranks per stage, cells stand for blocks of ranks
 _CELL_H = 30.0
@@ -84,7 +85,7 @@ def outline_colour(index: int) -> str:
     return _OUTLINES[index % len(_OUTLINES)]
 
 
-def _rank(layout: Layout, coords: dict[str, int]) -> int:
+def _rank(layout: RankGenerator, coords: dict[str, int]) -> int:
     return sum(coords.get(a, 0) * g for a, g in zip(layout.axes, layout.strides, strict=True))
 
 
@@ -209,7 +210,7 @@ def _block_sizes(rows: int, cols: int) -> tuple[int, int]:
     return row_block, col_block
 
 
-def _inner_coords(layout: Layout, inner: list[str]) -> list[dict[str, int]]:
+def _inner_coords(layout: RankGenerator, inner: list[str]) -> list[dict[str, int]]:
     """Coordinates of the ranks inside one cell (TP, then GTP), fastest first."""
     combos: list[dict[str, int]] = [{}]
     for axis in inner:

@@ -55,7 +55,9 @@ def _candidate_label(candidate: Any) -> str:
 
 def layout_context(cfg: Config) -> dict[str, Any] | None:
     """The stage rank map, the group sizes and the expert ownership of stage 0; None without a grid."""
-    from planner.layout.grid import KIND_SOURCES, Grid, GridError, grid_spec_from_config
+    from planner.layout.grid import Grid
+    from planner.layout.rank_generator import GridError
+    from planner.layout.spec import grid_spec_from_config
     from planner.report.grid_svg import render_stage_svg
 
     try:
@@ -65,8 +67,8 @@ def layout_context(cfg: Config) -> dict[str, Any] | None:
     s = grid.spec
     groups = []
     for kind in grid.listing_kinds():
-        layout, built_from = KIND_SOURCES[grid.base_kind(kind)]
-        groups.append({"kind": kind, "layout": layout, "built_from": built_from,
+        record = grid.group_kind(kind)
+        groups.append({"kind": kind, "layout": record.grid, "built_from": record.built_from,
                        "size": grid.group_size(kind), "count": grid.num_groups(kind)})
     experts, seen = [], set()
     for rank in grid.stage_ranks(0):

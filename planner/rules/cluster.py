@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import lru_cache
 
-from planner.layout.grid import GridError, Layout, expert_layout
+from planner.layout.rank_generator import GridError, RankGenerator
+from planner.layout.spec import expert_generator
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 
@@ -63,7 +64,7 @@ cluster: {nodes: 4, gpus_per_node: 2, nvlink_domain: 4}""",
 def ep_groups_inside_nvlink_domains(f: Facts) -> Iterator[Violation]:
     domain = f.cluster.nvlink_domain or f.cluster.gpus_per_node or 1
     try:
-        straddle = _straddling(expert_layout(f.grid_spec), domain)
+        straddle = _straddling(expert_generator(f.grid_spec), domain)
     except GridError:
         return  # the grid's own rules (PAR) report why it cannot be built
     if straddle is not None:
@@ -79,7 +80,7 @@ def ep_groups_inside_nvlink_domains(f: Facts) -> Iterator[Violation]:
 
 
 @lru_cache(maxsize=4096)
-def _straddling(layout: Layout, domain: int) -> tuple[int, int, int, int, tuple[int, ...], int] | None:
+def _straddling(layout: RankGenerator, domain: int) -> tuple[int, int, int, int, tuple[int, ...], int] | None:
     """(groups spanning more domains than needed, all groups, group size, domains needed, the
     first such group, the domains it spans) of the layout's ETP·EP groups; None when none does
     (remembered: search asks for every knob setting of a layout)."""

@@ -13,8 +13,8 @@ from planner.accounting import Number, stage_memory
 from planner.config.megatron_branch import BranchConflict, megatron_branch
 from planner.config.schema import Config
 from planner.degrees import Degrees
-from planner.layout.grid import GridSpec, grid_spec_from_config
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
+from planner.layout.spec import GridSpec, grid_spec_from_config
 
 
 class NotComputable(Exception):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from math import prod
 
-from planner.layout.grid import GridError, dense_layout, expert_layout, order_dp_rule_holds, pp_group_mismatch
+from planner.layout.rank_generator import GridError
+from planner.layout.spec import dense_generator, expert_generator, order_dp_rule_holds, pp_group_mismatch
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.hints import divisor_hint, multiple_hint
@@ -205,7 +206,7 @@ def sequence_parallel_with_tp(f: Facts) -> Iterator[Violation]:
 )
 def order_names_every_axis(f: Facts) -> Iterator[Violation]:
     problems: list[str] = []
-    for build in (dense_layout, expert_layout):
+    for build in (dense_generator, expert_generator):
         try:
             build(f.grid_spec)
         except GridError as err:

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from planner.accounting import Accounting
 from planner.config.loader import load_config, parse_config
 from planner.degrees import Degrees
-from planner.layout.grid import Grid, GridError, GridSpec, grid_spec_from_config
+from planner.layout.grid import Grid
+from planner.layout.rank_generator import GridError
+from planner.layout.spec import GridSpec, grid_spec_from_config
 from planner.layout.summary import layout_summary
 from planner.rules.facts import Facts
 from tests.conftest import EXAMPLES, ROOT

@@ -108,7 +108,8 @@ def test_variations_cover_every_variant_field() -> None:
 
 def test_worked_example_table_matches_the_grid() -> None:
     from planner.config.loader import load_config
-    from planner.layout.grid import Grid, grid_spec_from_config
+    from planner.layout.grid import Grid
+    from planner.layout.spec import grid_spec_from_config
 
     page = (DOCS / "parallelism.md").read_text(encoding="utf-8")
     section = page.split("## Worked example: `examples/tiny-cpu-8.yaml`", 1)[1].split("\n## ", 1)[0]

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from planner.cli import app
 from planner.commands.groups import format_group
 from planner.config.loader import load_config
-from planner.layout.grid import Grid, GridSpec, grid_spec_from_config
+from planner.layout.grid import Grid
+from planner.layout.spec import GridSpec, grid_spec_from_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 V4_PRO = str(EXAMPLES / "deepseek-v4-pro-1024.yaml")

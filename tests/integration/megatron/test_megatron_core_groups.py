@@ -33,7 +33,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from planner.config.loader import InvalidConfig, load_config, parse_config
-from planner.layout.grid import Grid, grid_spec_from_config
+from planner.layout.grid import Grid
+from planner.layout.spec import grid_spec_from_config
 from planner.rules.catalog import run_rules
 
 ROOT = Path(__file__).resolve().parents[3]

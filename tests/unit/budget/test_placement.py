@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from planner.accounting import SPANS_STAGES, _placement
 from planner.budget.symbols import TOPOLOGY_GROUPS, rank_values
-from planner.layout.grid import Grid, GridError, GridSpec
+from planner.layout.grid import Grid
+from planner.layout.rank_generator import GridError
+from planner.layout.spec import GridSpec
 
 EXPERTS = (16, 2, None, None)
 

@@ -1,4 +1,5 @@
-"""planner.layout.grid: Megatron-exact groups, rank views, expert ownership and formulas.
+"""planner.layout (rank_generator, spec, grid, coordinates): Megatron-exact groups, rank views,
+expert ownership and formulas.
 
 Expected groups are derived by hand from Megatron's generator (Megatron-LM dev@d48bd6be
 megatron/core/parallel_state.py RankGenerator / generate_masked_orthogonal_rank_groups) and the
@@ -9,6 +10,8 @@ generator definition.
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from math import prod
 
 import pytest
@@ -16,18 +19,17 @@ import sympy
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planner.layout.grid import (
-    Grid,
-    GridError,
+from planner.layout.grid import Grid, nodes_spanned
+from planner.layout.rank_generator import GridError, RankGenerator
+from planner.layout.spec import (
     GridSpec,
-    Layout,
-    dense_layout,
-    expert_layout,
+    dense_generator,
+    expert_generator,
     layout_problems,
-    nodes_spanned,
     order_dp_rule_holds,
     pp_group_mismatch,
 )
+from tests.conftest import ROOT
 
 PP_DP_ORDER = "tp-cp-ep-pp-dp"
 
@@ -43,7 +45,7 @@ def v4_pro() -> GridSpec:
 
 def test_generator_matches_megatron_docstring_example():
     # parallel_size [tp, dp, pp] = [2, 3, 4], mask dp: dp_group[0] = [0, 2, 4], dp_group[7] = [19, 21, 23]
-    layout = Layout("dense", ("tp", "dp", "pp"), (2, 3, 4))
+    layout = RankGenerator("dense", ("tp", "dp", "pp"), (2, 3, 4))
     groups = layout.groups("dp")
     assert len(groups) == 8
     assert groups[0] == [0, 2, 4]
@@ -52,7 +54,7 @@ def test_generator_matches_megatron_docstring_example():
 
 
 def test_token_name_order_is_irrelevant():
-    layout = Layout("dense", ("tp", "cp", "dp", "pp"), (2, 2, 2, 2))
+    layout = RankGenerator("dense", ("tp", "cp", "dp", "pp"), (2, 2, 2, 2))
     assert layout.groups("dp-cp") == layout.groups("cp-dp")
     assert layout.group_containing("cp-dp", 13) == layout.group_containing("dp-cp", 13)
 
@@ -233,9 +235,9 @@ def test_egtp_axis_goes_after_ep():
 
 
 def test_gtp_axis_falls_back_after_tp_then_first():
-    assert dense_layout(GridSpec(4, gtp=2, order="cp-tp-dp-pp")).order.startswith("cp-tp-gtp_remat")
-    assert expert_layout(GridSpec(4, egtp=2, order="tp-dp-pp")).order.startswith("tp-gtp_remat-dp")
-    assert dense_layout(GridSpec(4, gtp=2, order="dp-pp")).order.startswith("gtp_remat-dp-pp")
+    assert dense_generator(GridSpec(4, gtp=2, order="cp-tp-dp-pp")).order.startswith("cp-tp-gtp_remat")
+    assert expert_generator(GridSpec(4, egtp=2, order="tp-dp-pp")).order.startswith("tp-gtp_remat-dp")
+    assert dense_generator(GridSpec(4, gtp=2, order="dp-pp")).order.startswith("gtp_remat-dp-pp")
 
 
 def test_distributed_optimizer_instances():
@@ -409,6 +411,17 @@ def test_one_rank_view_needs_no_full_listing():
     assert len(view.groups["expt_dp"]) == 128
 
 
+def test_the_grid_loads_sympy_only_when_formulas_are_asked_for():
+    # `moeplan check` and `budget` build grids and rank views; only formulas need sympy (0.25 s).
+    probe = ("import sys\nfrom planner.layout.grid import Grid\nfrom planner.layout.spec import GridSpec\n"
+             "grid = Grid(GridSpec(16, cp=2, ep=4, pp=2, num_experts=8))\n"
+             "grid.all_groups(); grid.rank_view(5, with_formulas=False).groups\n"
+             "assert 'sympy' not in sys.modules and 'planner.layout.coordinates' not in sys.modules\n"
+             "grid.formulas(1)\nassert 'planner.layout.coordinates' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
 # ----------------------------------------------------------------- property tests
 
 
@@ -476,7 +489,7 @@ PROPERTY = settings(max_examples=120, deadline=None,
 
 
 def _partition_kinds(grid: Grid) -> list[str]:
-    return [k for k in grid.kinds if k not in ("embd", "pos_embd", "hcp")] + list(grid.hcp_kinds)
+    return [k for k in grid.kinds if k not in ("embd", "pos_embd", "hcp")] + list(grid.members.get("hcp", ()))
 
 
 @PROPERTY

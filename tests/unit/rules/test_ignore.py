@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from planner.cli import app
 from planner.config.loader import parse_config
 from planner.findings import has_errors
-from planner.layout.grid import grid_spec_from_config, layout_problems
 from planner.layout.pipeline import SplitError, stage_split
+from planner.layout.spec import grid_spec_from_config, layout_problems
 from planner.rules import CATALOG, CODES, find_rule, run_rules
 from planner.rules.config import UNIGNORABLE
 from planner.rules.example_base import example_config_data

@@ -20,8 +20,8 @@ import planner.rules as rules_pkg
 from planner.cli import app
 from planner.config.loader import InvalidConfig, load_config, parse_config, parse_yaml
 from planner.findings import Finding
-from planner.layout.grid import grid_spec_from_config, layout_problems
 from planner.layout.pipeline import stage_split
+from planner.layout.spec import grid_spec_from_config, layout_problems
 from planner.rules import CATALOG, CODES, Rule, find_rule, run_rules
 from planner.rules.example_base import EXAMPLE_BASE_YAML, example_config_data, merge
 from tests.conftest import EXAMPLES, MINIMAL_V4
