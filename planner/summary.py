@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.budget.collectives import phase_label
+from planner.accounting import BudgetError, budgets, phase_label
 from planner.config.schema import Config
 from planner.findings import Finding, has_errors
 
@@ -94,7 +94,6 @@ def gib(value: float) -> str:
 
 def summarize(cfg: Config, findings: list[Finding], items: list | None = None) -> Summary:
     """The summary of `cfg` from `budgets(cfg)` (given, or computed here) and `estimate(cfg)`."""
-    from planner.accounting import BudgetError, budgets
     from planner.estimate import estimate
 
     summary = Summary(findings)

@@ -171,9 +171,8 @@ def _symbols_section() -> list[str]:
 
 
 def _pipeline_section() -> list[str]:
-    """The estimate's pipeline page (planner/estimate.py): stage 2 of the baseline's PP 8."""
-    from planner.accounting import pretty
-    from planner.estimate import pipeline_page
+    """The pipeline page (planner/budget/pipeline.py): stage 2 of the baseline's PP 8."""
+    from planner.accounting import pipeline_page, pretty
 
     lines = ["## Pipeline step (`moeplan estimate`, across stages)", "",
              "Evaluated after the time page on every stage, over the other stages' chunk times: "

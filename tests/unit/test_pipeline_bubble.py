@@ -1,4 +1,4 @@
-"""The pipeline bubble of `moeplan estimate` (planner/estimate.py `pipeline_page`) against a
+"""The pipeline bubble of `moeplan estimate` (planner/budget/pipeline.py `pipeline_page`) against a
 discrete-event simulation of Megatron's 1F1B and interleaved schedules.
 
 The oracle: every rank runs its forward and backward chunk passes in Megatron's order
@@ -23,10 +23,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner.accounting import chunk_microbatch_time, pipeline_page
 from planner.budget.expr import Number, evaluate
 from planner.config.loader import load_config
 from planner.config.schema import Config
-from planner.estimate import chunk_microbatch_time, estimate, pipeline_page
+from planner.estimate import estimate
 from planner.layout.schedule import pipeline_order
 from tests.conftest import EXAMPLES
 
