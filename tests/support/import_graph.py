@@ -11,12 +11,15 @@ def module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(root: Path) -> dict[str, set[str]]:
-    """module → the modules of the same package it imports (a `from pkg import name` counts as
-    importing pkg.name when that is a module, else pkg)."""
-    modules = {module_name(root, p): p for p in root.rglob("*.py")}
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
+def imports_of(root: Path, *also: Path) -> dict[str, set[str]]:
+    """module → the modules of the same package (and of the packages `also`) it imports (a
+    `from pkg import name` counts as importing pkg.name when that is a module, else pkg)."""
+    own = {module_name(root, p): p for p in root.rglob("*.py")}
+    modules = dict(own)
+    for other in also:
+        modules.update((module_name(other, p), p) for p in other.rglob("*.py"))
+    graph: dict[str, set[str]] = {name: set() for name in own}
+    for name, path in own.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             targets: list[str] = []
@@ -66,3 +69,4 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+
