@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.budget.book import PAGES, FormulaBook, formula_book, read_items
+from planner.budget.book import PAGES, FormulaBook, formula_book
 from planner.budget.collectives import (
     DIRECTIONS,
     RECOMPUTE,
@@ -24,25 +24,23 @@ from planner.budget.collectives import (
     phase_label,
 )
 from planner.budget.collectives import TABLE as COLLECTIVES
-from planner.budget.evaluate import Accounting, Budget, BudgetError, budget_grid, json_value
-from planner.budget.explain import number_text, pretty, substitute, value_text
-from planner.budget.expr import Number, Quantity, sympy_expression
+from planner.budget.evaluate import Accounting, Budget, BudgetError, budget_grid
+from planner.budget.explain import number_text, pretty, value_text
+from planner.budget.expr import Number, Quantity
 from planner.budget.hardware import dispatch_efficiency
 from planner.budget.pipeline import PAGE as PIPELINE_PAGE
 from planner.budget.pipeline import chunk_microbatch_time, chunk_times, pipeline_page, pipeline_step
-from planner.budget.placement import SPANS_STAGES, placement
-from planner.budget.symbols import ALL_SYMBOLS, CSA_RATIO, TOPOLOGY_GROUPS, Variant, variant_of
+from planner.budget.symbols import ALL_SYMBOLS, CSA_RATIO, Variant, variant_of
 from planner.config.schema import Config
 from planner.layout.pipeline import SplitError
 
 __all__ = [  # the formula book's public names, re-exported: import them from here
-    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DIRECTIONS", "PAGES",
-    "PIPELINE_PAGE", "RECOMPUTE", "SPANS_STAGES", "TOPOLOGY_GROUPS", "Accounting", "Budget",
-    "BudgetError", "Collective", "FormulaBook", "Number", "Quantity", "UnknownCollective", "Variant",
-    "budget_grid", "budgets", "chunk_microbatch_time", "chunk_times", "collective",
-    "dispatch_efficiency", "formula_book", "json_value", "memory_by_stage", "number_text",
-    "phase_label", "pipeline_page", "pipeline_step", "placement", "plan_budgets", "pretty",
-    "read_items", "stage_memory", "substitute", "sympy_expression", "value_text", "variant_of",
+    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DIRECTIONS", "PAGES", "PIPELINE_PAGE",
+    "RECOMPUTE", "Accounting", "Budget", "BudgetError", "Collective", "FormulaBook", "Number",
+    "Quantity", "UnknownCollective", "Variant", "budget_grid", "budgets", "chunk_microbatch_time",
+    "chunk_times", "collective", "dispatch_efficiency", "formula_book", "memory_by_stage",
+    "number_text", "phase_label", "pipeline_page", "pipeline_step", "plan_budgets", "pretty",
+    "stage_memory", "value_text", "variant_of",
 ]
 
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")
