@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
-F = TypeVar("F", bound=Callable[..., Any])
 
 _MISSING: Any = object()
 _MEMOS: list[Memo[Any, Any]] = []
@@ -59,28 +58,6 @@ class Memo(Generic[K, V]):
         return len(self._entries)
 
 
-def memoized(maxsize: int) -> Callable[[F], F]:
-    """A function of hashable arguments, remembered in a `Memo` by its positional arguments."""
-
-    def wrap(function: F) -> F:
-        memo: Memo[tuple[Any, ...], Any] = Memo(f"{function.__module__}.{function.__qualname__}",
-                                               maxsize)
-
-        def remembered(*args: Any) -> Any:
-            value = memo._entries.get(args, _MISSING)
-            if value is _MISSING:
-                value = function(*args)
-                memo.put(args, value)
-            return value
-
-        remembered.__doc__, remembered.__name__ = function.__doc__, function.__name__
-        remembered.__qualname__, remembered.__wrapped__ = function.__qualname__, function  # type: ignore[attr-defined]
-        remembered.memo = memo  # type: ignore[attr-defined]
-        return remembered  # type: ignore[return-value]
-
-    return wrap
-
-
 def memos() -> tuple[Memo[Any, Any], ...]:
     """Every memo made so far (each module makes its own at import)."""
     return tuple(_MEMOS)
@@ -92,12 +69,39 @@ def clear_memos() -> None:
         memo.clear()
 
 
-def section_key(section: BaseModel) -> tuple[Any, ...]:
-    """A config section's field values as a hashable tuple (list fields as tuples): what a memo
-    keys on for results that read the section. Sections are frozen, so the key stays true. (A
-    list comprehension over `__dict__`: a few microseconds, paid once per lookup.)"""
-    return (type(section), *[_frozen(v) if type(v) is list or type(v) is dict else v
-                             for v in section.__dict__.values()])
+class HashedOnce:
+    """A tuple of values that hashes once: for keys looked up many times whose hash is slow (many
+    fields, Fractions), e.g. a section's key or a rank's placement values."""
+
+    __slots__ = ("items", "_hash")
+
+    def __init__(self, items: tuple[Any, ...]) -> None:
+        self.items, self._hash = items, hash(items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, HashedOnce) and self._hash == other._hash
+                                 and self.items == other.items)
+
+
+def section_key(section: BaseModel) -> HashedOnce:
+    """A config section's field values, hashable (list fields as tuples): what a memo keys on for
+    results that read the section. Sections are frozen, so the key stays true.
+
+    Making it reads every field (a few microseconds), so the last section's key is kept with the
+    section itself (one entry, compared by identity while it holds the section: search's
+    candidates share the user's model section and ask tens of thousands of times)."""
+    if section is _last_key[0]:
+        return _last_key[1]
+    key = HashedOnce((type(section), *[_frozen(v) if type(v) is list or type(v) is dict else v
+                                       for v in section.__dict__.values()]))
+    _last_key[:] = (section, key)
+    return key
+
+
+_last_key: list[Any] = [None, None]
 
 
 def _frozen(value: Any) -> Any:

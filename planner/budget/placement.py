@@ -15,30 +15,13 @@ from typing import TYPE_CHECKING, Any
 from planner.budget.book import read_items
 from planner.budget.expr import Number
 from planner.budget.symbols import TOPOLOGY_GROUPS, moved_rank_values, rank_values
-from planner.memo import Memo
+from planner.memo import HashedOnce, Memo
 
 if TYPE_CHECKING:
     from planner.layout.grid import Grid
 
 # Topology group kinds that span pipeline stages (the rest lie inside one stage's ranks).
 SPANS_STAGES = frozenset({"embd"})
-
-
-class HashedOnce:
-    """A tuple of values that hashes once: placement values hold Fractions, whose hash is slow,
-    and every estimate of a layout looks its ranks' evaluations up by them."""
-
-    __slots__ = ("items", "_hash")
-
-    def __init__(self, items: tuple[Any, ...]) -> None:
-        self.items, self._hash = items, hash(items)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, HashedOnce) and self._hash == other._hash
-                                 and self.items == other.items)
 
 
 @dataclass(eq=False)
