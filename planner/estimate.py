@@ -6,49 +6,31 @@ Placement for time: a collective's bytes inside one NVLink domain (cluster.nvlin
 a node on HGX systems, a rack on NVL72) travel over NVLink, the rest over the scale-out network;
 the topology facts are therefore computed with the NVLink domain as the "node".
 
-The pipeline page (the one place where stages meet): stage k's step is its own busy time (all m
-microbatches through its chunks) plus the bubble the other stages' chunks put in front of and behind
-it, as Megatron's schedules order them (Megatron-LM dev@d48bd6be
-megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving and
-forward_backward_pipelining_without_interleaving): the first
-microbatch reaches stage k through the FIRST model chunk of every earlier stage, and the last one's
-backward leaves through them again; stage k's first backward waits for the LAST model chunk of every
-later stage, forward and backward. With equal stages this is Megatron's (PP − 1) / VPP bubble
-exactly; the slowest stage k sets the step. A chunk's microbatch time is the time page evaluated on
-that chunk alone (its own layers, embedding, MTP and loss): every per-layer term of the formula
-book is a sum over the layers a stage holds, so the chunk's counts give its share exactly; a
-once-per-step collective counts the chunk's own parameters, and an overlapped collective hides
-behind the chunk's own compute.
+The pipeline page of the formula book (planner/budget/pipeline.py) then puts each stage's bubble
+in front of and behind its busy time, over the other stages' chunk times; the slowest stage's step
+is the step time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache, cached_property
+from functools import cached_property
 from typing import Any
 
 from planner.accounting import (
     COLLECTIVES,
     Accounting,
     Budget,
-    BudgetError,
-    Number,
-    Variant,
     budget_grid,
-    formula_book,
-    read_items,
+    chunk_times,
+    pipeline_page,
+    pipeline_step,
 )
-from planner.budget.expr import Book, Evaluator, Quantity, Symbol, compile_quantities
-from planner.budget.symbols import STAGE_SYMBOLS, chunk_values
 from planner.config.schema import Config
-from planner.layout.pipeline import Chunk
 
 COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gemm_s",
                  "time_dense_gemm_s", "time_head_gemm_s", "time_non_gemm_s")
 STEP_PARTS = ("time_compute_s", "time_exposed_comm_s", "time_bubble_s", "time_optimizer_s")
-PIPELINE_PAGE = "pipeline"
-# What the pipeline page reads of its own stage (besides every stage's chunk times).
-PAGE_STAGE_INPUTS = ("time_busy_s", "time_optimizer_s")
 # What the step time, the stage rows and the headline figures read (the float estimate's book).
 TIME_TARGETS = ("time_busy_s", "time_optimizer_s", "time_microbatch_s", *COMPUTE_PARTS,
                 "time_compute_s", "time_exposed_comm_s", "flops_per_step", "flops_per_token",
@@ -152,102 +134,14 @@ def estimate(cfg: Config, *, exact: bool = True) -> Estimate:
     pp = cfg.parallel.pp
     ranks = [grid.stage_ranks(s)[0] for s in range(pp)]
     placed = [acc.placed(grid, s, ranks[s], domain) for s in range(pp)]
-    chunk_times = _chunk_times(acc, [shared for shared, _ in placed])
+    times = chunk_times(acc, [shared for shared, _ in placed])
     parts, steps = [], []
     for s, (shared, own) in enumerate(placed):
-        inputs = {**chunk_times, **{name: shared[name] for name in PAGE_STAGE_INPUTS}}
-        page = compile_quantities(pipeline_page(pp, s, acc.split.vpp > 1), exact)(inputs)
+        page = pipeline_step(acc, s, times, shared)
         parts.append((shared, own, page))
         steps.append(float(page["time_stage_step_s"]))
     slowest = max(range(len(steps)), key=steps.__getitem__)
-    return Estimate(cfg, steps[slowest], slowest, ranks, acc.globals, acc, parts, chunk_times)
-
-
-def _chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number]:
-    """t_first_j and t_last_j: one microbatch, forward and backward, through stage j's first and
-    last model chunk alone (without interleaving both are the stage's own microbatch time)."""
-    times: dict[str, Number] = {}
-    reads = _chunk_formulas(acc.variant)[1]
-    known: dict[tuple[Any, ...], Number] = {}  # chunks whose stage and counts read alike
-
-    def chunk_time(j: int, chunk: Chunk) -> Number:
-        counts = chunk_values(acc.cfg, acc.split, chunk)
-        key = (acc.placed_keys.get(j, j), chunk.embedding, chunk.loss, read_items(counts, reads))
-        if key not in known:
-            known[key] = chunk_microbatch_time(acc, envs[j], chunk)
-        return known[key]
-
-    for j, env in enumerate(envs):
-        first, last = acc.split.stages[j].chunks[0], acc.split.stages[j].chunks[-1]
-        if acc.split.vpp == 1:
-            times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
-            continue
-        times[f"t_first_{j}"] = chunk_time(j, first)
-        times[f"t_last_{j}"] = chunk_time(j, last)
-    return times
-
-
-def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chunk) -> Number:
-    """time_microbatch_s of one model chunk alone: the time page's stage and rank formulas on the
-    chunk's own counts (chunk_values), placed like its stage's rank (`stage_env`)."""
-    alone = {**stage_env, **chunk_values(acc.cfg, acc.split, chunk),
-             # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
-             # it holds the embedding and sends one unless it holds the loss.
-             "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
-    try:
-        return _chunk_evaluator(acc.variant, acc.exact)(alone)["time_microbatch_s"]
-    except ZeroDivisionError as exc:
-        raise BudgetError(f"pipeline chunk {chunk.index}: a quantity divides by zero ({exc})") from None
-
-
-@cache
-def _chunk_formulas(variant: Variant) -> tuple[tuple[Quantity, ...], frozenset[str]]:
-    """The formulas time_microbatch_s needs that a chunk's counts change (everything else keeps
-    its stage's value), and every name they read."""
-    changed = {symbol.name for symbol in STAGE_SYMBOLS} | {"VPP"}
-    needed = []
-    for q in formula_book(variant).subset(("time_microbatch_s",)).quantities:
-        if changed.intersection(q.refs):
-            changed.add(q.ident)
-            needed.append(q)
-    return tuple(needed), frozenset(r for q in needed for r in q.refs)
-
-
-@cache
-def _chunk_evaluator(variant: Variant, exact: bool = True) -> Evaluator:
-    """`_chunk_formulas`, compiled once per variant."""
-    return compile_quantities(_chunk_formulas(variant)[0], exact)
-
-
-@cache
-def pipeline_page(pp: int, stage: int, interleaved: bool) -> tuple[Quantity, ...]:
-    """The bubble and the step of stage `stage` of `pp`, as named formulas over the other stages'
-    chunk times (symbols t_first_j, t_last_j) and this stage's time-page results."""
-    first, last = ("first model chunk", "last model chunk") if interleaved else ("microbatch",) * 2
-    symbols = [Symbol(name, f"this stage's {what} (time page)", "rank")
-               for name, what in zip(PAGE_STAGE_INPUTS, ("busy time", "optimizer step"), strict=True)]
-    for j in range(pp):
-        symbols += [Symbol(f"t_first_{j}", f"stage {j}'s {first}: one microbatch forward and "
-                           "backward (time_microbatch_s of it alone)", "rank"),
-                    Symbol(f"t_last_{j}", f"stage {j}'s {last}: one microbatch forward and "
-                           "backward (time_microbatch_s of it alone)", "rank")]
-    book = Book(symbols)
-    book.page = PIPELINE_PAGE
-    before = " + ".join(f"t_first_{j}" for j in range(stage)) or "0"
-    after = " + ".join(f"t_last_{j}" for j in range(stage + 1, pp)) or "0"
-    book.add("time_bubble_before_s", before, "s", "time",
-             f"the first microbatch reaching this stage through each earlier stage's {first}, "
-             "and the last one's backward leaving through them")
-    book.add("time_bubble_after_s", after, "s", "time",
-             f"this stage's first backward waiting for each later stage's {last}, forward and "
-             "backward")
-    book.add("time_bubble_s", "time_bubble_before_s + time_bubble_after_s", "s", "time",
-             "pipeline bubble of this stage: warm-up and cool-down passes through the other "
-             "stages' chunks (Megatron's 1F1B and interleaved schedules; (PP − 1) / VPP of a "
-             "microbatch when the stages are equal)")
-    book.add("time_stage_step_s", "time_busy_s + time_bubble_s + time_optimizer_s", "s", "time",
-             "this stage's step when it sets the pace; the slowest stage sets the step time")
-    return tuple(book.quantities)
+    return Estimate(cfg, steps[slowest], slowest, ranks, acc.globals, acc, parts, times)
 
 
 # (row label, time quantity, its exposed part) of every collective phase, in table order.

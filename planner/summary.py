@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.budget.collectives import phase_label
+from planner.accounting import BudgetError, budgets, phase_label
 from planner.config.schema import Config
+from planner.estimate import estimate
 from planner.findings import Finding, has_errors
 
 # The memory parts a stage's peak is made of (planner/budget/memory.py peak_memory_bytes), by what
@@ -94,8 +95,6 @@ def gib(value: float) -> str:
 
 def summarize(cfg: Config, findings: list[Finding], items: list | None = None) -> Summary:
     """The summary of `cfg` from `budgets(cfg)` (given, or computed here) and `estimate(cfg)`."""
-    from planner.accounting import BudgetError, budgets
-    from planner.estimate import estimate
 
     summary = Summary(findings)
     if items is None:

@@ -8,13 +8,17 @@ reasoned about: layout → params → FLOPs → comm → memory → scaling → 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, cached_property
+from operator import itemgetter
 from types import ModuleType
+from typing import Any
 
 from planner.budget import comm, flops, layout, memory, params, scaling, time
-from planner.budget.expr import Book, Evaluator, Quantity, compile_quantities
+from planner.budget.expr import Book, Evaluator, Number, Quantity, compile_quantities
 from planner.budget.symbols import ALL_SYMBOLS, Variant
+from planner.memo import Memo
 
 PAGES: tuple[ModuleType, ...] = (layout, params, flops, comm, memory, scaling, time)
 
@@ -75,3 +79,24 @@ def _subset(book: FormulaBook, targets: tuple[str, ...]) -> FormulaBook:
         needed.add(key)
         stack.extend(by_ident[key].refs)
     return FormulaBook(tuple(q for q in book.quantities if q.ident in needed))
+
+
+_PICKERS: Memo[tuple[frozenset[str], tuple[str, ...]],
+               tuple[tuple[str, ...], Callable[[dict[str, Number]], tuple[Any, ...]]]] = Memo(
+    "read-items pickers", 4096)
+
+
+def read_items(values: dict[str, Number], read: frozenset[str]) -> tuple[Any, ...]:
+    """(names, values) of the entries of `values` named in `read` (a book's `reads`): what
+    decides an evaluation of formulas reading `read`. The picker per key set is made once."""
+    names = tuple(values)
+    chosen, pick = _PICKERS.get((read, names), _picker, read, names)
+    return chosen, pick(values)
+
+
+def _picker(read: frozenset[str], names: tuple[str, ...],
+            ) -> tuple[tuple[str, ...], Callable[[dict[str, Number]], tuple[Any, ...]]]:
+    chosen = tuple(k for k in names if k in read)
+    getter = itemgetter(*chosen) if len(chosen) > 1 else (
+        (lambda v, k=chosen[0]: (v[k],)) if chosen else (lambda v: ()))
+    return chosen, getter

@@ -10,6 +10,7 @@ from fractions import Fraction
 from functools import cache
 
 from planner.budget.expr import FUNCTIONS, IDENTIFIER, Number
+from planner.units import fixed, format_bytes
 
 
 def number_text(value: Number) -> str:
@@ -20,7 +21,6 @@ def number_text(value: Number) -> str:
 
 def value_text(value: Number, unit: str, *, short: bool = False) -> str:
     """A value for people: exact digits, binary units for bytes, a percentage for shares."""
-    from planner.units import fixed, format_bytes
 
     if unit == "bytes":
         human = format_bytes(value, digits=3 if short else 6)

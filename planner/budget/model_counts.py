@@ -9,8 +9,11 @@ decoder and MTP layers together.
 
 from __future__ import annotations
 
+from typing import Any
+
 from planner.budget.expr import Number, Symbol
 from planner.config.schema import Config
+from planner.memo import Memo, section_key
 
 HCA_RATIO = 128  # the only non-CSA compress ratio Megatron's FLOPs formula counts
 
@@ -25,18 +28,13 @@ MODEL_SYMBOLS: tuple[Symbol, ...] = (
 )
 
 
-_COUNTED: dict[int, tuple[object, dict[str, Number]]] = {}
+_COUNTED: Memo[tuple[Any, ...], dict[str, Number]] = Memo("model layer counts", 256)
 
 
 def model_values(cfg: Config) -> dict[str, Number]:
-    """The whole-model counts of `MODEL_SYMBOLS` for this config, remembered per model object
-    (search's candidates share the user's; the entry holds it, so its id is never reused)."""
-    hit = _COUNTED.get(id(cfg.model))
-    if hit is None or hit[0] is not cfg.model:
-        if len(_COUNTED) > 256:
-            _COUNTED.clear()
-        hit = _COUNTED[id(cfg.model)] = (cfg.model, _model_values(cfg))
-    return dict(hit[1])
+    """The whole-model counts of `MODEL_SYMBOLS` for this config, remembered per model (search's
+    candidates share the user's)."""
+    return dict(_COUNTED.get(section_key(cfg.model), _model_values, cfg))
 
 
 def _model_values(cfg: Config) -> dict[str, Number]:

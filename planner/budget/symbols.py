@@ -1,6 +1,6 @@
 """The inputs of the budget formulas: config dimensions, per-stage facts, per-rank placement facts.
 
-Each input is a `Symbol` with a one-line meaning; `global_values`, `stage_values` and `rank_values`
+Each input is a `Symbol` with a one-line meaning; `global_values`, `Holdings` and `rank_values`
 read their values from the config, the pipeline split and the grid. `Variant` holds the structural
 choices (dispatcher, capacity mode, optimizer, recompute ...) that pick which formula applies.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import operator
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cache
 from typing import Any
@@ -21,7 +21,9 @@ from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.config.gpus import DEFAULT_GPU, HOPPER
 from planner.config.schema import Config
-from planner.layout.pipeline import Chunk, StageLayers, StageSplit, stage_layers
+from planner.layout.grid import nodes_spanned
+from planner.layout.pipeline import Chunk, StageLayers, StageSplit, split_key, stage_layers
+from planner.memo import Memo
 
 ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 CSA_RATIO = 4  # DeepSeek-V4: ratio 4 is CSA (overlapping compressor + lightning indexer); others HCA
@@ -425,40 +427,47 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
     }
 
 
-def stage_values(cfg: Config, split: StageSplit, stage: int,
-                 embd_group: Sequence[int] | None = None) -> dict[str, Number]:
-    """Per-stage counts; `embd_group` is the embedding group of the stage's ranks (grid), if any."""
-    embd_size = len(embd_group) if embd_group else 1
-    return _remembered(cfg, split, ("stage", stage, embd_size),
-                       lambda: _holding_values(cfg, split, split.stages[stage], split.vpp,
-                                               embd_size))
+@dataclass(frozen=True, eq=False)
+class Holdings:
+    """What each stage (and each model chunk alone) of one split holds: the per-stage counts of
+    `STAGE_SYMBOLS`, made on first ask. Shared by every config with the same model, pipeline and
+    recompute fields (`holdings`): callers copy a dict before changing it."""
+
+    cfg: Config
+    split: StageSplit
+    _made: dict[tuple[str, int, int], dict[str, Number]] = field(default_factory=dict, repr=False)
+
+    def stage(self, stage: int, embd_group: Sequence[int] | None = None) -> dict[str, Number]:
+        """Per-stage counts; `embd_group` is the embedding group of the stage's ranks (grid), if
+        any."""
+        embd_size = len(embd_group) if embd_group else 1
+        key = ("stage", stage, embd_size)
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = _holding_values(self.cfg, self.split, self.split.stages[stage],
+                                                     self.split.vpp, embd_size)
+        return made
+
+    def chunk(self, chunk: Chunk) -> dict[str, Number]:
+        """The same counts for one model chunk alone: what one of its forward passes stores."""
+        key = ("chunk", chunk.index, 1)
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = _holding_values(
+                self.cfg, self.split, stage_layers(self.cfg, chunk.stage, [chunk]), 1, 1)
+        return made
 
 
-def chunk_values(cfg: Config, split: StageSplit, chunk: Chunk) -> dict[str, Number]:
-    """The same counts for one model chunk alone: what one of its forward passes stores."""
-    return _remembered(cfg, split, ("chunk", chunk.index),
-                       lambda: _holding_values(cfg, split, stage_layers(cfg, chunk.stage, [chunk]),
-                                               1, 1))
+_HOLDINGS: Memo[tuple[Any, ...], Holdings] = Memo("stage holdings", 4096)
 
 
-_HOLDINGS: dict[tuple[Any, ...], tuple[Any, Any, dict[str, Number]]] = {}
-
-
-def _remembered(cfg: Config, split: StageSplit, where: tuple[Any, ...],
-                compute: Callable[[], dict[str, Number]]) -> dict[str, Number]:
-    """A stage's or chunk's counts, remembered per model, split and recompute setting (all they
-    read): search asks for the same ones for every knob setting of a layout. The entry holds the
-    model and the split, so the ids in its key are never reused while it lives. The dict is
-    shared: callers copy it before changing it."""
+def holdings(cfg: Config, split: StageSplit) -> Holdings:
+    """The holdings of `split` (the config's `stage_split`), remembered by what they read: the
+    model, the pipeline fields and the recompute setting (search asks for the same ones for every
+    knob setting of a layout)."""
     ov = cfg.overlap
-    key = (id(cfg.model), id(split), cfg.parallel.pp, ov.recompute_granularity,
-           ov.recompute_method, ov.recompute_num_layers, *where)
-    hit = _HOLDINGS.get(key)
-    if hit is None or hit[0] is not cfg.model or hit[1] is not split:
-        if len(_HOLDINGS) > 65536:
-            _HOLDINGS.clear()
-        hit = _HOLDINGS[key] = (cfg.model, split, compute())
-    return hit[2]
+    key = (split_key(cfg), ov.recompute_granularity, ov.recompute_method, ov.recompute_num_layers)
+    return _HOLDINGS.get(key, Holdings, cfg, split)
 
 
 def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int,
@@ -557,8 +566,6 @@ def group_values(kind: str, members: Sequence[int], rank: int,
                  gpus_per_node: int) -> dict[str, Number]:
     """One group kind's placement facts for `rank`: peers on its node, nodes spanned, and the
     share of ring edges crossing nodes."""
-    from planner.layout.grid import nodes_spanned
-
     nodes = [r // gpus_per_node for r in members]
     crossing = sum(map(operator.ne, nodes, nodes[1:] + nodes[:1]))
     return {f"{kind}_on_node": nodes.count(rank // gpus_per_node),

@@ -9,8 +9,8 @@ efficiency, the slower of the two setting its time. A collective whose table ent
 overlap flag that the config sets is hidden behind compute up to `eff_overlap` of itself (never
 more than the compute there is); the rest is exposed. The optimizer step streams the rank's
 weights, grads and optimizer state through HBM once. The pipeline bubble and the stage's step need
-the other stages' chunk times, so they are formulas of planner/estimate.py, evaluated after this
-page on every stage (and on the stages' first and last model chunks alone).
+the other stages' chunk times, so they are the pipeline page (planner/budget/pipeline.py),
+evaluated after this page on every stage (and on the stages' first and last model chunks alone).
 
 Work per rank: a microbatch of b·S tokens of one replica is spread over its TP·CP ranks (dense
 layers by TP and CP, routed experts over the EP group, whose ranks each carry the same share of

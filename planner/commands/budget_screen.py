@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from planner.budget.collectives import phase_label
+from planner.accounting import phase_label
 from planner.cli_common import stdout
 from planner.summary import HEADROOM_SHARE, Summary, gib
 from planner.units import format_bytes

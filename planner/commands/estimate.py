@@ -1,8 +1,8 @@
 """`moeplan estimate CONFIG`: predicted step time, tokens/s/GPU, Megatron TFLOP/s/GPU and MFU.
 
-Every figure comes from the time page of the formula book (planner/budget/time.py) and the
-pipeline page of planner/estimate.py (bubble and step across stages); `--explain
-NAME` shows one of its quantities as formula → substitution → value. The efficiency factors used
+Every figure comes from the time page of the formula book (planner/budget/time.py) and its
+pipeline page (planner/budget/pipeline.py: bubble and step across stages); `--explain NAME` shows
+one of their quantities as formula → substitution → value. The efficiency factors used
 are printed with every estimate (cluster.efficiency overrides them).
 """
 

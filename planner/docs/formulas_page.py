@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from planner.accounting import ALL_SYMBOLS, Variant, formula_book, pretty, variant_of
+from planner.accounting import ALL_SYMBOLS, Variant, formula_book, pipeline_page, pretty, variant_of
 from planner.config.loader import parse_config
 from planner.docs.markdown import GENERATED_NOTE, cell, code
-from planner.estimate import pipeline_page
 from planner.layout.pipeline import stage_split
 
 # The baseline: the bundled DeepSeek-V4-Pro layout on 1,024 GPUs (examples/deepseek-v4-pro-1024.yaml).
@@ -167,7 +166,7 @@ def _symbols_section() -> list[str]:
 
 
 def _pipeline_section() -> list[str]:
-    """The estimate's pipeline page (planner/estimate.py): stage 2 of the baseline's PP 8."""
+    """The pipeline page (planner/budget/pipeline.py): stage 2 of the baseline's PP 8."""
     lines = ["## Pipeline step (`moeplan estimate`, across stages)", "",
              "Evaluated after the time page on every stage, over the other stages' chunk times: "
              "`t_first_j` / `t_last_j` is `time_microbatch_s` of stage j's first / last model "

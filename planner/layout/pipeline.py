@@ -13,6 +13,7 @@ from typing import Any
 
 from planner.config.schema import Config
 from planner.layout.layout_string import layout_string
+from planner.memo import Memo, section_key
 
 
 class SplitError(ValueError):
@@ -259,31 +260,33 @@ def stage_layers(cfg: Config, stage: int, chunks: list[Chunk]) -> StageLayers:
                        any(c.loss for c in chunks), tuple(chunks))
 
 
-_SPLITS: dict[tuple[Any, ...], tuple[Any, StageSplit | SplitError]] = {}
+_SPLITS: Memo[tuple[Any, ...], StageSplit | SplitError] = Memo("stage splits", 4096)
+
+
+def split_key(cfg: Config) -> tuple[Any, ...]:
+    """Everything the split reads: the model and the pipeline fields (a hashable value)."""
+    par = cfg.parallel
+    return (section_key(cfg.model), par.pp, par.vpp, par.pipeline_model_parallel_layout,
+            par.decoder_first_pipeline_num_layers, par.decoder_last_pipeline_num_layers,
+            par.num_layers_per_virtual_pipeline_stage, par.account_for_embedding_in_pipeline_split,
+            par.account_for_loss_in_pipeline_split)
 
 
 def stage_split(cfg: Config) -> StageSplit:
     """The split Megatron would build for this config, or SplitError naming the field to change.
 
-    Remembered per model object and pipeline fields (search asks for the same split many times);
-    the entry holds its model, so the id in the key is never reused while the entry lives."""
-    par = cfg.parallel
-    key = (id(cfg.model), par.pp, par.vpp, par.pipeline_model_parallel_layout,
-           par.decoder_first_pipeline_num_layers, par.decoder_last_pipeline_num_layers,
-           par.num_layers_per_virtual_pipeline_stage, par.account_for_embedding_in_pipeline_split,
-           par.account_for_loss_in_pipeline_split)
-    hit = _SPLITS.get(key)
-    if hit is None or hit[0] is not cfg.model:
-        try:
-            split: StageSplit | SplitError = _stage_split(cfg)
-        except SplitError as err:
-            split = err
-        if len(_SPLITS) > 4096:
-            _SPLITS.clear()
-        hit = _SPLITS[key] = (cfg.model, split)
-    if isinstance(hit[1], SplitError):
-        raise hit[1]
-    return hit[1]
+    Remembered by `split_key` (search asks for the same split many times)."""
+    split = _SPLITS.get(split_key(cfg), _split_or_error, cfg)
+    if isinstance(split, SplitError):
+        raise split
+    return split
+
+
+def _split_or_error(cfg: Config) -> StageSplit | SplitError:
+    try:
+        return _stage_split(cfg)
+    except SplitError as err:
+        return err
 
 
 def _stage_split(cfg: Config) -> StageSplit:

@@ -16,6 +16,7 @@ from math import prod
 from typing import Any, Literal
 
 from planner.degrees import Degrees
+from planner.layout.pipeline import SplitError, stage_split
 from planner.layout.rank_generator import GTP_AXIS, GridError, RankGenerator, generator_from_order
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -239,7 +240,6 @@ def _stage_layers(cfg: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...
     Megatron's `get_mtp_ranks` puts MTP on the last stage unless a pipeline layout says
     where it is; without a usable split the MoE lists stay empty.
     """
-    from planner.layout.pipeline import SplitError, stage_split
 
     pp = cfg.parallel.pp
     has_mtp = (getattr(cfg.model, "mtp_num_layers", 0) or 0) > 0

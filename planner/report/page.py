@@ -15,6 +15,10 @@ from typing import Any
 
 from planner.config.schema import Config
 from planner.findings import Finding
+from planner.layout.grid import Grid
+from planner.layout.rank_generator import GridError
+from planner.layout.spec import grid_spec_from_config
+from planner.report.grid_svg import render_stage_svg
 from planner.summary import Summary, gib, summarize
 
 SEARCH_MISSING = "search is not available in this build (planner/search/run.py is missing)"
@@ -55,10 +59,6 @@ def _candidate_label(candidate: Any) -> str:
 
 def layout_context(cfg: Config) -> dict[str, Any] | None:
     """The stage rank map, the group sizes and the expert ownership of stage 0; None without a grid."""
-    from planner.layout.grid import Grid
-    from planner.layout.rank_generator import GridError
-    from planner.layout.spec import grid_spec_from_config
-    from planner.report.grid_svg import render_stage_svg
 
     try:
         grid = Grid(grid_spec_from_config(cfg))

@@ -24,8 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.accounting import BudgetError
-from planner.budget.hardware import dispatch_efficiency
+from planner.accounting import BudgetError, dispatch_efficiency
 from planner.config.schema import Config
 from planner.estimate import estimate
 from planner.search.judge import (

@@ -13,8 +13,8 @@ def module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _modules(root: Path) -> dict[str, Path]:
-    return {module_name(root, p): p for p in root.rglob("*.py")}
+def _modules(root: Path, *also: Path) -> dict[str, Path]:
+    return {module_name(base, p): p for base in (root, *also) for p in base.rglob("*.py")}
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> Iterator[tuple[str, bool]]:
@@ -41,11 +41,13 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> Iterator[tuple[
                 yield target, id(node) in in_function
 
 
-def imports_of(root: Path) -> dict[str, set[str]]:
-    """module → the modules of the same package it imports, wherever the import statement is."""
-    modules = _modules(root)
+def imports_of(root: Path, *also: Path) -> dict[str, set[str]]:
+    """module of the package → the modules of the same package (and of the packages `also`) it
+    imports, wherever the import statement is."""
+    own = _modules(root)
+    modules = _modules(root, *also)
     return {name: {target for target, _ in _imports(name, path, modules)}
-            for name, path in modules.items()}
+            for name, path in own.items()}
 
 
 def function_level_imports(root: Path) -> set[tuple[str, str]]:
@@ -88,3 +90,4 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
+

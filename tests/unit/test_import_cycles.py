@@ -1,7 +1,8 @@
 """The import graph of planner/: no cycle, counting imports inside functions too (a lazy import that
-closes a cycle is still a cycle: it only hides the order problem until someone moves it); nothing
-imports the Megatron prober; imports inside functions only where a listed reason needs them; the
-runtime's byte ledger loads no pydantic."""
+closes a cycle is still a cycle: it only hides the order problem until someone moves it); only the
+entry, planner/accounting.py, opens the formula book (docs/growing.md); nothing imports the Megatron
+prober; imports inside functions only where a listed reason needs them; the runtime's byte ledger
+loads no pydantic."""
 
 from __future__ import annotations
 
@@ -25,31 +26,14 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     # formula book and the grid: only compile_plan needs them.
     ("planner.plan", "planner.accounting"): "compile_plan only",
     ("planner.plan", "planner.layout.grid"): "compile_plan only",
+    ("planner.plan", "planner.layout.spec"): "compile_plan only",
     ("planner.plan", "planner.layout.summary"): "compile_plan only",
     ("planner.plan", "planner.layout.pipeline"): "compile_plan only",
-    # TODO(wing merge): imports in rooms other wings are rebuilding (planner/search/, the
-    # accounting and budget pages, estimate/summary, layout/grid.py, and report/page.py's use of
-    # the grid); the lead trims this list after the merge.
-    ("planner.accounting", "planner.layout.grid"): "TODO(wing merge)",
-    ("planner.accounting", "planner.layout.summary"): "TODO(wing merge)",
-    ("planner.budget.explain", "planner.units"): "TODO(wing merge)",
-    ("planner.budget.symbols", "planner.layout.grid"): "TODO(wing merge)",
-    ("planner.layout.grid", "planner.layout.pipeline"): "TODO(wing merge)",
-    ("planner.report.page", "planner.layout.grid"): "TODO(wing merge)",
-    ("planner.report.page", "planner.report.charts"): "TODO(wing merge)",
-    ("planner.report.page", "planner.report.grid_svg"): "TODO(wing merge)",
-    ("planner.search.run", "planner.accounting"): "TODO(wing merge)",
-    ("planner.search.run", "planner.budget.hardware"): "TODO(wing merge)",
-    ("planner.search.run", "planner.config.schema"): "TODO(wing merge)",
-    ("planner.search.run", "planner.estimate"): "TODO(wing merge)",
-    ("planner.search.run", "planner.layout.pipeline"): "TODO(wing merge)",
-    ("planner.search.run", "planner.rules"): "TODO(wing merge)",
-    ("planner.search.run", "planner.rules.catalog"): "TODO(wing merge)",
-    ("planner.search.run", "planner.rules.facts"): "TODO(wing merge)",
-    ("planner.search.run", "planner.rules.memory"): "TODO(wing merge)",
-    ("planner.search.run", "planner.units"): "TODO(wing merge)",
-    ("planner.summary", "planner.accounting"): "TODO(wing merge)",
-    ("planner.summary", "planner.estimate"): "TODO(wing merge)",
+    # The coordinate formulas import sympy (a quarter of a second): only `groups` asks for them.
+    ("planner.layout.grid", "planner.layout.coordinates"): "sympy, for Grid.formulas only",
+    # matplotlib draws the report's charts: it loads when the page is assembled, not when the
+    # report command is registered at every CLI start.
+    ("planner.report.page", "planner.report.charts"): "matplotlib, when charts are drawn",
 }
 
 
@@ -85,11 +69,6 @@ def test_function_level_imports_are_only_the_listed_lazy_paths() -> None:
     assert sorted(LAZY_IMPORTS.keys() - found) == [], "no longer lazy: drop them from LAZY_IMPORTS"
 
 
-def test_the_collectives_table_is_a_leaf() -> None:
-    """verify and the runtime's ledger import it directly: it must stay free of moeplan imports."""
-    assert imports_of(ROOT / "planner")["planner.budget.collectives"] == set()
-
-
 def test_the_runtime_ledger_loads_no_pydantic() -> None:
     """runtime/comm.py checks collective names in the leaf table (planner/budget/collectives.py),
     not through the accounting entry, which loads pydantic, the schema and the formula book."""
@@ -99,3 +78,60 @@ def test_the_runtime_ledger_loads_no_pydantic() -> None:
               if line.startswith("import time:")]
     assert "runtime.comm" in loaded and "planner.budget.collectives" in loaded
     assert [name for name in loaded if name.split(".")[0] in ("pydantic", "pydantic_core")] == []
+
+# --- the formula book's one entry ----------------------------------------------------------------
+
+BOOK = "planner.budget"
+ENTRY = "planner.accounting"
+# Leaves of the book, each with the modules outside it that may import it directly. The
+# collectives table imports nothing of the book: `moeplan verify` and the runtime's ledger check
+# collective names against it without loading the pages (or pydantic and the schema).
+LEAVES: dict[str, tuple[str, ...]] = {"planner.budget.collectives": ("planner.verify", "runtime.")}
+
+
+def in_book(module: str) -> bool:
+    return module == BOOK or module.startswith(BOOK + ".")
+
+
+def is_book_page(module: str) -> bool:
+    """Every module of planner/budget/ (its package included) but the leaves: the pages, the
+    engine, the symbols and the evaluator, which only the entry and the book itself import."""
+    return in_book(module) and module not in LEAVES
+
+
+def entry_rule_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """`importer imports module` for every module outside the book and the entry that imports a
+    book page, or a leaf it is not named for."""
+    found = []
+    for importer, imported in sorted(graph.items()):
+        if in_book(importer) or importer == ENTRY:
+            continue
+        for target in sorted(m for m in imported if in_book(m)):
+            if is_book_page(target) or not importer.startswith(LEAVES[target]):
+                found.append(f"{importer} imports {target}")
+    return found
+
+
+def test_only_the_entry_imports_the_book() -> None:
+    assert entry_rule_breaches(imports_of(ROOT / "planner")) == []
+
+
+def test_the_runtime_imports_no_book_page() -> None:
+    graph = imports_of(ROOT / "runtime", ROOT / "planner")
+    assert entry_rule_breaches(graph) == []
+
+
+def test_the_collectives_table_is_a_leaf() -> None:
+    graph = imports_of(ROOT / "planner")
+    for leaf in LEAVES:
+        assert {m for m in graph[leaf] if m.startswith("planner.")} == set(), leaf
+
+
+def test_the_entry_rule_check_finds_a_breach() -> None:
+    """Not vacuous: a module outside the book importing a page, or the table without leave."""
+    graph = {"planner.accounting": {"planner.budget.book"}, "planner.budget.book": set(),
+             "planner.budget.collectives": set(), "planner.summary": {"planner.budget.book"},
+             "planner.verify": {"planner.budget.collectives"},
+             "planner.report.page": {"planner.budget.collectives"}}
+    assert entry_rule_breaches(graph) == ["planner.report.page imports planner.budget.collectives",
+                                          "planner.summary imports planner.budget.book"]

@@ -1,4 +1,4 @@
-"""The pipeline bubble of `moeplan estimate` (planner/estimate.py `pipeline_page`) against a
+"""The pipeline bubble of `moeplan estimate` (planner/budget/pipeline.py `pipeline_page`) against a
 discrete-event simulation of Megatron's 1F1B and interleaved schedules.
 
 The oracle: every rank runs its forward and backward chunk passes in Megatron's order
@@ -17,16 +17,19 @@ the slowest stage's.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner.accounting import chunk_microbatch_time, pipeline_page
 from planner.budget.expr import Number, evaluate
 from planner.config.loader import load_config
 from planner.config.schema import Config
-from planner.estimate import chunk_microbatch_time, estimate, pipeline_page
+from planner.estimate import estimate
 from planner.layout.schedule import pipeline_order
 from tests.conftest import EXAMPLES
 
@@ -225,3 +228,18 @@ def test_real_chunk_layouts_match_the_simulation(name: str) -> None:
         bwd = [[t * (1 - forward) for t in row] for row in chunks]
         simulated = simulate(pp, vpp, m, fwd, bwd, cfg.parallel.microbatch_group_size_per_vp_stage)
         assert Fraction(formula(pp, vpp, m, fwd, bwd)) / simulated == pytest.approx(1, abs=0.01)
+
+
+def test_the_pipeline_page_quantities_are_explained() -> None:
+    """`moeplan estimate --explain NAME` finds the pipeline page's quantities on the slowest stage,
+    with the values they were evaluated with."""
+    est = estimate(load_config(EXAMPLES / "deepseek-v3-1024.yaml"))
+    for name in ("time_bubble_before_s", "time_bubble_after_s", "time_bubble_s", "time_stage_step_s"):
+        explained = est.explain(name)
+        assert explained is not None, name
+        assert explained.value == est.page_values(name)[est.slowest_stage], name
+        assert explained.scope == f"stage {est.slowest_stage}", name
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "estimate",
+                          str(EXAMPLES / "tiny-cpu-8.yaml"), "--explain", "time_bubble_s"],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and "time_bubble_before_s" in out.stdout, out.stderr

@@ -3,9 +3,21 @@ its own page (above) or on earlier pages — layout → params → flops → com
 
 from __future__ import annotations
 
+import re
+
 from hypothesis import given, settings
 
-from planner.accounting import ALL_SYMBOLS, PAGES, FormulaBook, Quantity, Variant, formula_book
+from planner.accounting import (
+    ALL_SYMBOLS,
+    PAGES,
+    PIPELINE_PAGE,
+    FormulaBook,
+    Quantity,
+    Variant,
+    formula_book,
+    pipeline_page,
+)
+from planner.budget.pipeline import PAGE_STAGE_INPUTS
 from planner.config.loader import load_config
 from planner.layout.pipeline import stage_split
 from tests.conftest import EXAMPLES
@@ -62,3 +74,21 @@ def _example_variants() -> list[Variant]:
 
     return [variant_of(cfg, stage_split(cfg))
             for cfg in (load_config(p) for p in sorted(EXAMPLES.glob("*.yaml")))]
+
+
+def test_the_pipeline_page_reads_only_the_time_page_and_its_own_names() -> None:
+    """The pipeline page (planner/budget/pipeline.py), written per PP, stage and interleaving
+    after the book's pages: it reads its chunk-time symbols, its own names above, and time-page
+    results, nothing else."""
+    chunk_time = re.compile(r"t_(first|last)_\d+")
+    for variant in _example_variants():
+        time_names = {q.ident for q in formula_book(variant).quantities if q.page == "time"}
+        assert set(PAGE_STAGE_INPUTS) <= time_names
+        for pp, stage, interleaved in ((1, 0, False), (4, 0, True), (4, 2, False), (8, 7, True)):
+            own: set[str] = set()
+            for q in pipeline_page(pp, stage, interleaved):
+                assert q.page == PIPELINE_PAGE
+                strays = [r for r in q.refs if r not in own and r not in PAGE_STAGE_INPUTS
+                          and not chunk_time.fullmatch(r)]
+                assert strays == [], (q.name, strays)
+                own.add(q.ident)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planner.accounting import SPANS_STAGES, _placement
+from planner.budget.placement import SPANS_STAGES, placement
 from planner.budget.symbols import TOPOLOGY_GROUPS, rank_values
 from planner.layout.grid import Grid
 from planner.layout.rank_generator import GridError
@@ -41,7 +41,7 @@ def test_moved_placement_equals_the_full_one(tp, cp, pp, ep, etp, dp, node, orde
     width = world // pp
     for stage in range(pp):
         for rank in (stage * width, stage * width + width - 1):
-            assert _placement(grid, rank, node, EXPERTS).values == fresh(grid, rank, node), \
+            assert placement(grid, rank, node, EXPERTS).values == fresh(grid, rank, node), \
                 (order, stage, rank)
 
 

@@ -1,0 +1,245 @@
+"""The evaluator of the formula book: one config's globals once, then per stage, then per rank.
+
+`Accounting` evaluates a book (or the subset some targets need) exactly (ints and rationals) or in
+floats; stages and ranks that read alike share one evaluation. `Budget` is one evaluated quantity
+with its formula and values (for `--explain`). planner/accounting.py, the entry, builds the
+commands' budgets from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from planner.budget.book import formula_book, read_items
+from planner.budget.explain import number_text, substitute
+from planner.budget.expr import Number, Quantity, sympy_expression
+from planner.budget.placement import placement
+from planner.budget.symbols import Holdings, global_values, holdings, variant_of
+from planner.config.schema import Config
+from planner.layout.grid import Grid
+from planner.layout.pipeline import SplitError, StageSplit, stage_split
+from planner.layout.rank_generator import GridError
+from planner.layout.schedule import Peak, stage_peak
+from planner.layout.spec import grid_spec_from_config
+from planner.memo import Memo
+
+if TYPE_CHECKING:
+    from planner.layout.grid import Grid
+
+
+class BudgetError(ValueError):
+    """The budgets cannot be computed: the pipeline split or the grids are not buildable."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One evaluated quantity for one scope: its value, how it was computed, and for whom.
+
+    `value` is an int, or an exact Fraction when not whole (it compares equal to the sympy
+    Rational; `rational` converts). `substitution` is rendered on first use.
+    """
+
+    name: str
+    value: Number
+    unit: str
+    formula: str
+    scope: str
+    stage: int | None
+    category: str = ""
+    doc: str = ""
+    values: Mapping[str, Number] = field(default_factory=dict, compare=False, repr=False)
+
+    @cached_property
+    def substitution(self) -> str:
+        return substitute(self.formula, self.values)
+
+    @property
+    def rational(self) -> Any:
+        import sympy
+
+        return sympy.Rational(self.value)
+
+    @property
+    def expression(self) -> Any:
+        """The sympy expression of the formula."""
+        return sympy_expression(self.formula)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "value": json_value(self.value), "unit": self.unit,
+                "formula": self.formula, "scope": self.scope, "stage": self.stage}
+
+
+def json_value(value: Any) -> int | str:
+    """Whole numbers as JSON numbers, other rationals as exact "p/q" strings."""
+    if isinstance(value, int):
+        return value
+    text = str(value)
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+class Accounting:
+    """Evaluates one config's formula book: globals once, then per stage, then per rank."""
+
+    def __init__(self, cfg: Config, targets: tuple[str, ...] | None = None,
+                 exact: bool = True) -> None:
+        """`exact=False` evaluates in floats (search's ranking only; see planner/budget/expr.py)."""
+        self.cfg = cfg
+        self.exact = exact
+        try:
+            self.split: StageSplit = stage_split(cfg)
+        except SplitError as exc:
+            raise BudgetError(f"no pipeline split: {exc.message}") from None
+        self.holdings: Holdings = holdings(cfg, self.split)
+        self.variant = variant_of(cfg, self.split)
+        full = formula_book(self.variant)
+        self.book = full.subset(targets) if targets else full
+        self.inputs = global_values(cfg, self.split)
+        self._schedules: dict[int, tuple[list[dict[str, Number]], Peak]] = {}
+        # Books without the activation peak (the time subset) skip the schedule replay, and
+        # stages (ranks) with equal inputs share one evaluation.
+        self._read = self.book.reads  # inputs a formula reads
+        self._needs_peak = not self._read.isdisjoint(("live_passes", "act_live_peak"))
+        self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
+        self.placed_keys: dict[int, tuple[Any, ...]] = {}  # stage -> what its evaluation read
+        chunk_book = full.subset(("act_per_microbatch", "microbatches"))
+        self.chunk_book = chunk_book.quantities
+        self._chunk_evaluator = chunk_book.evaluator(None, exact)
+        self.chunk_formula = next(q.formula for q in full.quantities
+                                  if q.name == "act_per_microbatch")
+        try:
+            self.globals = self._evaluate("global", dict(self.inputs))
+        except ZeroDivisionError as exc:
+            raise BudgetError(f"a layout degree is zero ({exc})") from None
+
+    def stage_env(self, stage: int, embd_group: list[int] | None = None) -> dict[str, Number]:
+        values = dict(self.holdings.stage(stage, embd_group))
+        if self._needs_peak:
+            peak = self.schedule(stage)[1]
+            values.update(live_passes=peak.live_passes, act_live_peak=peak.bytes)
+        key = ("stage", *self._read_items(values))
+        if key not in self._envs:
+            env = dict(self.globals)
+            env.update(values)
+            self._envs[key] = self._evaluate("stage", env)
+        env = dict(self._envs[key])
+        env.update(values)  # this stage's own counts (those no formula reads may differ)
+        return env
+
+    def _read_items(self, values: dict[str, Number]) -> tuple[Any, ...]:
+        """The values a formula of the book reads: what decides an evaluation (stages and ranks
+        that agree on them share one)."""
+        return read_items(values, self._read)
+
+    def _evaluate(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
+        env.update(self.book.evaluator(level, self.exact)(env))
+        return env
+
+    def schedule(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
+        """Each model chunk of the stage evaluated alone (its activations per microbatch), and the
+        peak of live chunks over the stage's pipeline order."""
+        if stage not in self._schedules:
+            self._schedules[stage] = self._replay(stage)
+        return self._schedules[stage]
+
+    def _replay(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
+        envs = []
+        for c in self.split.stages[stage].chunks:
+            env = {**self.inputs, **self.holdings.chunk(c)}
+            env.update(self._chunk_evaluator(env))
+            envs.append(env)
+        par, overlap = self.cfg.parallel, self.cfg.overlap.overlap_moe_expert_parallel_comm
+        microbatches = max(1, math.ceil(envs[0]["microbatches"]))  # whole on any valid config
+        peak = stage_peak(par.pp, self.split.vpp, stage, microbatches,
+                          [env["act_per_microbatch"] for env in envs],
+                          par.microbatch_group_size_per_vp_stage,
+                          int(overlap and self.split.vpp > 1))
+        return envs, peak
+
+    def schedule_budgets(self, stage: int, scope: str) -> list[Budget]:
+        """Rows that explain act_live_peak: each chunk's activations, then the live sum."""
+        envs, peak = self.schedule(stage)
+        rows = []
+        for chunk, env in zip(self.split.stages[stage].chunks, envs, strict=True):
+            held = [f"layers {chunk.layers[0]}-{chunk.layers[-1]}" if chunk.layers else "no layers"]
+            held += ["MTP"] * bool(chunk.mtp_layers) + ["embedding"] * chunk.embedding
+            held += ["loss"] * chunk.loss
+            rows.append(Budget(f"act_chunk.{chunk.virtual}", env["act_per_microbatch"], "bytes",
+                               self.chunk_formula, scope, stage, "memory",
+                               f"per microbatch: model chunk {chunk.virtual} alone (pipeline chunk "
+                               f"{chunk.index}: {', '.join(held)})", env))
+        terms = [f"{n} * act_chunk_{v}" for v, n in enumerate(peak.live)]
+        total = envs[0]["microbatches"] * self.split.vpp
+        rows.append(Budget("act_live_peak", peak.bytes, "bytes", " + ".join(terms), scope, stage,
+                           "memory", f"stored activations at the schedule's peak, after forward "
+                           f"pass {peak.forward_pass} of {number_text(total)}: live passes of each "
+                           "chunk times its activations",
+                           {f"act_chunk_{row.name.split('.')[1]}": row.value for row in rows}))
+        return rows
+
+    def rank_env(self, stage_env: dict[str, Number], values: dict[str, Number]) -> dict[str, Number]:
+        env = dict(stage_env)
+        env.update(values)
+        return self._evaluate("rank", env)
+
+    def _placed(self, stage: int, embd_group: list[int] | None, values: dict[str, Number],
+                values_key: Any) -> tuple[dict[str, Number], dict[str, Number]]:
+        """rank_env(stage_env(...)), shared by stages whose inputs and placement are equal (the
+        key is kept in `placed_keys`), and this stage's and rank's own facts."""
+        counts = self.holdings.stage(stage, embd_group)
+        stage_key = ("stage-of", stage) if self._needs_peak else self._read_items(counts)
+        key = ("rank", stage_key, values_key)
+        if key not in self._envs:
+            self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
+        self.placed_keys[stage] = key
+        return self._envs[key], {**counts, **values}
+
+    def placed(self, grid: Grid, stage: int, rank: int,
+               node_size: int) -> tuple[dict[str, Number], dict[str, Number]]:
+        """`placed_env` in two parts: every quantity, evaluated once for all stages and ranks that
+        read alike (shared: never change it), and the facts of this stage and rank that no
+        formula reads (they may differ among those)."""
+        model = self.cfg.model
+        experts = (model.num_experts, model.moe_router_topk, model.moe_router_num_groups,
+                   model.moe_router_group_topk)
+        try:
+            placed = placement(grid, rank, node_size, experts)
+            return self._placed(stage, placed.embd, placed.values, placed.key(self._read))
+        except ZeroDivisionError as exc:
+            raise BudgetError(f"stage {stage}: a quantity divides by zero ({exc})") from None
+
+    def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:
+        """Every quantity for `rank` on `stage`, its groups placed on nodes of `node_size` GPUs
+        (budgets use the node, the time estimate the NVLink domain)."""
+        shared, own = self.placed(grid, stage, rank, node_size)
+        return {**shared, **own}
+
+    def budget(self, q: Quantity, env: dict[str, Number], scope: str, stage: int | None) -> Budget:
+        return Budget(q.name, env[q.ident], q.unit, q.formula, scope, stage, q.category, q.doc,
+                      env)
+
+
+# Grids by spec: search estimates many candidates of one layout (knobs only differ), and a Grid
+# (group arithmetic, Megatron's build-time checks) depends on nothing but its spec.
+_GRIDS: Memo[Any, Grid | BudgetError] = Memo("budget grids", 1024)
+
+
+def budget_grid(cfg: Config) -> Grid:
+    """The config's grid, or BudgetError when its groups cannot be built."""
+
+    spec = grid_spec_from_config(cfg)
+    grid = _GRIDS.get(spec, _grid_or_error, spec)
+    if isinstance(grid, BudgetError):
+        raise grid
+    return grid
+
+
+def _grid_or_error(spec: Any) -> Grid | BudgetError:
+
+    try:
+        return Grid(spec)
+    except GridError as exc:
+        return BudgetError(f"no grid: {exc}")

@@ -1,0 +1,110 @@
+"""Bounded memos: the one way moeplan remembers a pure function's results between calls.
+
+`moeplan search` asks for the same pipeline split, stage counts, rank placement and grid thousands
+of times (every knob setting of one layout shares them), so those are remembered. Every memo has
+the same policy: at most `maxsize` entries, the oldest entry dropped when a new one would exceed
+it, keyed on hashable *values* (never `id()`: an equal config built anew hits, and nothing is kept
+alive to stop an id being reused). `clear_memos()` empties them all (tests that count work do).
+
+A config section is a frozen pydantic model but not hashable (its list fields); `section_key`
+gives the value to key it on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+_MISSING: Any = object()
+_MEMOS: list[Memo[Any, Any]] = []
+
+
+class Memo(Generic[K, V]):
+    """A bounded map of key to computed value; the oldest entry goes first when it is full."""
+
+    __slots__ = ("name", "maxsize", "_entries")
+
+    def __init__(self, name: str, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError(f"memo {name}: maxsize must be at least 1, not {maxsize}")
+        self.name, self.maxsize = name, maxsize
+        self._entries: dict[K, V] = {}
+        _MEMOS.append(self)
+
+    def get(self, key: K, make: Callable[..., V], *args: Any) -> V:
+        """The value remembered for `key`, or `make(*args)` remembered under it."""
+        value = self._entries.get(key, _MISSING)
+        if value is _MISSING:
+            value = make(*args)
+            self.put(key, value)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        entries = self._entries
+        if len(entries) >= self.maxsize and key not in entries:
+            del entries[next(iter(entries))]  # dicts keep insertion order: the oldest
+        entries[key] = value
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def memos() -> tuple[Memo[Any, Any], ...]:
+    """Every memo made so far (each module makes its own at import)."""
+    return tuple(_MEMOS)
+
+
+def clear_memos() -> None:
+    """Forget everything every memo remembers."""
+    for memo in _MEMOS:
+        memo.clear()
+
+
+class HashedOnce:
+    """A tuple of values that hashes once: for keys looked up many times whose hash is slow (many
+    fields, Fractions), e.g. a section's key or a rank's placement values."""
+
+    __slots__ = ("items", "_hash")
+
+    def __init__(self, items: tuple[Any, ...]) -> None:
+        self.items, self._hash = items, hash(items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, HashedOnce) and self._hash == other._hash
+                                 and self.items == other.items)
+
+
+def section_key(section: BaseModel) -> HashedOnce:
+    """A config section's field values, hashable (list fields as tuples): what a memo keys on for
+    results that read the section. Sections are frozen, so the key stays true.
+
+    Making it reads every field (a few microseconds), so the last section's key is kept with the
+    section itself (one entry, compared by identity while it holds the section: search's
+    candidates share the user's model section and ask tens of thousands of times)."""
+    if section is _last_key[0]:
+        return _last_key[1]
+    key = HashedOnce((type(section), *[_frozen(v) if type(v) is list or type(v) is dict else v
+                                       for v in section.__dict__.values()]))
+    _last_key[:] = (section, key)
+    return key
+
+
+_last_key: list[Any] = [None, None]
+
+
+def _frozen(value: Any) -> Any:
+    """A list field as a tuple, a dict field as a tuple of its items (the schema's containers
+    hold scalars; a nested one would fail loudly as unhashable)."""
+    return tuple(value.items()) if type(value) is dict else tuple(value)
