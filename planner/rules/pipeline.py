@@ -4,24 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.layout.pipeline import Chunk, SplitError, StageSplit, expand_layout, suggested_layout
+from planner.layout.layout_string import PER_CHUNK, ChunkHolds, write_layout
+from planner.layout.pipeline import SplitError, StageSplit, expand_layout, suggested_layout
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.sources import PARALLEL_STATE, TRANSFORMER_CONFIG, VALIDATE_ARGS
 
 
-def _run(symbol: str, count: int) -> str:
-    return "" if count == 0 else symbol if count == 1 else f"{symbol}*{count}"
+def _opening(layers: int) -> str:
+    """The first chunk of a layout: the embedding and this many decoder layers."""
+    return write_layout([ChunkHolds(layers, embedding=True)], PER_CHUNK)
 
 
 def layout_string(split: StageSplit) -> str:
-    """The pipeline_model_parallel_layout that reproduces a split (E, t, m, L, '|' per stage)."""
-
-    def chunk_text(chunk: Chunk) -> str:
-        return ("E" if chunk.embedding else "") + _run("t", len(chunk.layers)) + \
-            _run("m", len(chunk.mtp_layers)) + ("L" if chunk.loss else "")
-
-    return "|".join(chunk_text(c) for c in split.chunks)
+    """The pipeline_model_parallel_layout that reproduces a split, chunk by chunk."""
+    return write_layout([ChunkHolds(len(c.layers), embedding=c.embedding, mtp=len(c.mtp_layers), loss=c.loss)
+                         for c in split.chunks], PER_CHUNK)
 
 
 @rule(
@@ -86,7 +84,7 @@ def hash_layers_on_first_stage(f: Facts) -> Iterator[Violation]:
             f"the embedding stage holds {len(first.layers)} decoder layer(s) but the "
             f"{hashed} hash layers 0..{hashed - 1} must all be there",
             f"give the first stage at least {hashed} layers: a layout starting "
-            f"'E{_run('t', hashed)}', or decoder_first_pipeline_num_layers >= {hashed} times vpp",
+            f"'{_opening(hashed)}', or decoder_first_pipeline_num_layers >= {hashed} times vpp",
         )
 
 
@@ -130,7 +128,7 @@ def _layout_fix_without_split(f: Facts) -> str:
     layout = suggested_layout(m.num_layers, f.par.pp, m.mtp_num_layers)
     if layout is not None and expand_layout(layout)[0].count("t") >= f.hash_layers:
         return f'set pipeline_model_parallel_layout, e.g. "{layout}"'
-    return (f"set a pipeline_model_parallel_layout that starts 'E{_run('t', f.hash_layers)}' (the "
+    return (f"set a pipeline_model_parallel_layout that starts '{_opening(f.hash_layers)}' (the "
             f"hash layers on the embedding stage) and places all {m.num_layers} layers")
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER
 from planner.config.schema import Config
+from planner.layout.layout_string import IMPORTED, layout_string
 
 # Sections whose fields are Megatron arguments; cluster and launch describe the machine and the job.
 MEGATRON_SECTIONS = ("model", "parallel", "training", "moe", "overlap")
@@ -394,22 +395,6 @@ def moe_layer_freq(pattern: list[int]) -> int | list[int]:
     return pattern
 
 
-def layout_string(segments: list[int], mtp: int) -> str:
-    """A pipeline layout for decoder layers per segment, runs of equal middle segments folded as
-    `(t*8|)*6` (the way Megatron documents layouts)."""
-    texts = [("E" if i == 0 else "") + (f"t*{n}" if n > 1 else "t" * n)
-             + ("m" * mtp + "L" if i == len(segments) - 1 else "") for i, n in enumerate(segments)]
-    out, i = "", 0
-    while i < len(texts):
-        run = 1
-        while i + run < len(texts) - 1 and texts[i + run] == texts[i]:
-            run += 1
-        last = i + run == len(texts)
-        out += f"({texts[i]}|)*{run}" if run > 1 else texts[i] + ("" if last else "|")
-        i += run
-    return out
-
-
 # ---------------------------------------------------------------------------------------- import
 def import_arguments(text: str, world_size: int | None = None) -> Imported:
     """Map a Megatron command line (text of a file or stdin) to a config dictionary this schema takes."""
@@ -551,7 +536,7 @@ def _apply_hybrid(result: Imported, arg: Argument) -> None:
     result.set("model.moe_layer_freq", moe_layer_freq(decoded["moe"]))
     if len(decoded["segments"]) > 1:
         result.set("parallel.pipeline_model_parallel_layout",
-                   layout_string(decoded["segments"], result.get("model.mtp_num_layers", 0)))
+                   layout_string(decoded["segments"], result.get("model.mtp_num_layers", 0), IMPORTED))
 
 
 def _apply_megatron_defaults(result: Imported) -> None:

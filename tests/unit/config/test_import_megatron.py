@@ -24,7 +24,6 @@ from planner.config.importers.megatron_args import (
     decode_hybrid_pattern,
     fit_schema,
     import_arguments,
-    layout_string,
     map_arguments,
     moe_layer_freq,
     parse_value,
@@ -32,7 +31,15 @@ from planner.config.importers.megatron_args import (
 )
 from planner.config.loader import load_config, parse_config
 from planner.config.schema import Config
+from planner.layout.layout_string import IMPORTED
+from planner.layout.layout_string import layout_string as write_layout_string
 from tests.conftest import EXAMPLES
+
+
+def layout_string(segments: list[int], mtp: int) -> str:
+    """The layout as `moeplan import megatron` spells it."""
+    return write_layout_string(segments, mtp, IMPORTED)
+
 
 runner = CliRunner()
 ROUND_TRIP_EXAMPLES = sorted(EXAMPLES.glob("*.yaml")) + sorted((EXAMPLES / "warnings").glob("*.yaml"))
