@@ -3,8 +3,8 @@ cycle is still a cycle: it only hides the order problem until someone moves it).
 
 from __future__ import annotations
 
-from tests.conftest import ROOT
 from tests.support.import_graph import cycles, imports_of
+from tests.support.paths import ROOT
 
 
 def test_planner_has_no_import_cycle() -> None:

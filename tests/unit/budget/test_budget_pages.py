@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from planner.accounting import ALL_SYMBOLS, PAGES, FormulaBook, Quantity, Variant, formula_book
 from planner.config.loader import load_config
 from planner.layout.pipeline import stage_split
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 from tests.support.variant_strategy import variants
 
 PAGE_ORDER = [page.PAGE for page in PAGES]

@@ -32,7 +32,7 @@ from planner.config.importers.megatron_args import (
 )
 from planner.config.loader import load_config, parse_config
 from planner.config.schema import Config
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 runner = CliRunner()
 ROUND_TRIP_EXAMPLES = sorted(EXAMPLES.glob("*.yaml")) + sorted((EXAMPLES / "warnings").glob("*.yaml"))

@@ -28,7 +28,7 @@ from planner.emit.megatron import megatron_arguments
 from planner.emit.render import sbatch_quote, shquote
 from planner.plan import read_plan
 from planner.rules import run_rules
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 TINY = EXAMPLES / "tiny-cpu-8.yaml"
 V4_PRO = EXAMPLES / "deepseek-v4-pro-1024.yaml"

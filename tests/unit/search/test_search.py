@@ -41,7 +41,7 @@ from planner.search.run import (
     recomputed,
     search,
 )
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 
 def moeplan(*args: str) -> subprocess.CompletedProcess[str]:
