@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tests.support.ports import free_port
 from tests.support.runtime_faults import runtime_fault
+
+__all__ = ["BASE", "STEPS", "TOLERANCE", "compile_case", "free_port", "merged", "run_cases"]
 
 TOLERANCE = 1e-5
 STEPS = 3
@@ -67,12 +69,6 @@ def compile_case(name: str, overrides: dict[str, Any], folder: Path) -> Path:
     target = folder / f"{name}.plan.json"
     write_plan(plan, target)
     return target
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run_cases(rank: int, world: int, port: int, cases: list[tuple[Any, ...]], out: str) -> None:
