@@ -1,30 +1,28 @@
-"""Shared fixtures. Constants tests import live in tests/support/ (paths, base_configs)."""
+"""Shared fixtures. Constants tests import live in tests/support/ (paths, base_configs).
+
+The README runs the suite on two pytest-xdist workers with `--dist loadfile`: each test file stays
+on one worker, so a module-scoped fixture (a multi-rank run, the local Slurm cluster whose munge
+socket is machine-wide, a compiled search) is built once. (`--dist loadgroup` would spread finer,
+but xdist 3.8.0 groups by rewriting `item._nodeid`, which pytest 9 no longer reads.)
+"""
 
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import pytest
 
 from tests.support.base_configs import MINIMAL_V4
 
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # xdist's workers start with COLUMNS=80 and LINES=24; a user's pipe has neither, and the CLI
+    # chooses its piped width (planner/cli_common.py) on whether COLUMNS is set.
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
 
 @pytest.fixture
 def minimal_v4() -> dict[str, Any]:
     return copy.deepcopy(MINIMAL_V4)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, the README's command) a module whose tests share
-    a module-scoped fixture of its own — a multi-rank run, the local Slurm cluster (munge's socket
-    is machine-wide), a compiled search — runs on one worker, so that fixture is built once and
-    never twice at the same time. Every other test is spread test by test."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        shared = any(definition.scope != "function" and definition.baseid
-                     for definitions in info.name2fixturedefs.values() for definition in definitions)
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
