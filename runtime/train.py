@@ -57,25 +57,6 @@ from runtime.pipeline import PipelineRunner, StageModel
 from runtime.plan_io import GradScales, Plan, required
 from runtime.recompute import RecomputePolicy, checkpoint_forwards
 
-# Test-only fault injection: the equivalence tests flip this to prove they catch a wrong
-# reduction. Never exposed as a user flag.
-FAULTS = ("expert_grads_over_dp_cp", "probs_applied_twice", "expert_bias_frozen",
-          "embedding_grads_unsynced")
-_fault: str | None = None
-
-
-@contextmanager
-def injected_fault(name: str) -> Iterator[None]:
-    """Run the body with a deliberately wrong runtime (tests only)."""
-    global _fault
-    if name not in FAULTS:
-        raise ValueError(f"unknown fault {name!r}")
-    _fault = name
-    try:
-        yield
-    finally:
-        _fault = None
-
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -315,8 +296,6 @@ class RankTrainer:
         for block in moe_blocks(self.model):
             block.aux_loss_backward_scale = (float(local_tokens) if self.per_token_loss
                                              else 1.0 / self.batches.microbatches)
-            if _fault == "probs_applied_twice":
-                _apply_probs_twice(block)
         self.expert_params = [p for block in moe_blocks(self.model)
                               for p in block.expert_parameters()]
         expert_ids = {id(p) for p in self.expert_params}
@@ -421,8 +400,7 @@ class RankTrainer:
         weight = getattr(self.model, "embedding", None)
         spec = self.model.spec
         shared = not spec.untied_head or spec.mtp_num_layers > 0
-        if (self.embd is None or not self.embd.active or weight is None or not shared
-                or _fault == "embedding_grads_unsynced"):
+        if self.embd is None or not self.embd.active or weight is None or not shared:
             return
         all_reduce(weight.grad, self.embd, self.ledger, "embd_grad_reduce")
 
@@ -430,10 +408,9 @@ class RankTrainer:
         """Dense over dp_cp, routed experts over expt_dp, each pre-scaled by the plan's factor."""
         scales = self.grad_scales
         op = dist.ReduceOp.AVG if scales.average else dist.ReduceOp.SUM
-        expert_group = self.dp_cp if _fault == "expert_grads_over_dp_cp" else self.expt_dp
         _reduce_grads(self.dense_params, scales.dense, self.dp_cp, op, self.ledger,
                       "dense_grad_reduce")
-        _reduce_grads(self.expert_params, scales.expert, expert_group, op, self.ledger,
+        _reduce_grads(self.expert_params, scales.expert, self.expt_dp, op, self.ledger,
                       "expert_grad_reduce")
         self.sync_embedding_grads()
         if scales.per_token is not None:
@@ -445,7 +422,7 @@ class RankTrainer:
         (counts are whole numbers), move those biases, and clear every router's counts."""
         blocks = moe_blocks(self.model)
         biased = [block for block in blocks if block.router.uses_expert_bias]
-        if biased and _fault != "expert_bias_frozen":
+        if biased:
             counts = torch.stack([block.local_tokens_per_expert for block in biased])
             counts = counts.round().to(torch.int64)
             all_reduce(counts, self.tp_dp_cp, self.ledger, "expert_bias_count_reduce")
@@ -500,14 +477,3 @@ def _reduce_grads(params: list[torch.nn.Parameter], factor: float, group: CommGr
     all_reduce(flat, group, ledger, name, op=op)
     for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
         grad.copy_(reduced)
-
-
-def _apply_probs_twice(block: MoELayer) -> None:
-    """Fault: weight the expert output by the routing weight again in the combine."""
-    experts = block.experts
-    original = experts.forward
-
-    def forward(rows: torch.Tensor, probs: torch.Tensor, tokens_per_expert: Any) -> torch.Tensor:
-        return original(rows, probs, tokens_per_expert) * probs.unsqueeze(-1)
-
-    experts.forward = forward  # type: ignore[method-assign]

@@ -1,21 +1,26 @@
-"""Shared fixtures: the bundled examples and a small valid base config to mutate."""
+"""Shared fixtures. Constants tests import live in tests/support/ (paths, base_configs).
+
+The README runs the suite on two pytest-xdist workers with `--dist loadfile`: each test file stays
+on one worker, so a module-scoped fixture (a multi-rank run, the local Slurm cluster whose munge
+socket is machine-wide, a compiled search) is built once. (`--dist loadgroup` would spread finer,
+but xdist 3.8.0 groups by rewriting `item._nodeid`, which pytest 9 no longer reads.)
+"""
 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
+import os
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
+from tests.support.base_configs import MINIMAL_V4
 
-MINIMAL_V4: dict[str, Any] = {
-    "model": {"preset": "deepseek-v4-pro"},
-    "parallel": {"world_size": 1024, "tp": 1, "cp": 2, "pp": 8, "ep": 64, "etp": 1},
-    "training": {"seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 4096},
-}
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # xdist's workers start with COLUMNS=80 and LINES=24; a user's pipe has neither, and the CLI
+    # chooses its piped width (planner/cli_common.py) on whether COLUMNS is set.
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 
 
 @pytest.fixture

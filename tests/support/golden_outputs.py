@@ -1,14 +1,27 @@
-"""Byte-for-byte fingerprints of what the CLI prints for every bundled example.
+"""Snapshots of what the CLI prints for every bundled example, so a refactor that changes a byte
+says which line changed.
 
-A refactor must not change a single byte of `check --json`, `budget --json`, `groups --json` or
-the compiled plan. The outputs are megabytes, so the recorded golden is a sha256 and a length per
-(example, command). Re-record on purpose, after a reviewed behaviour change:
+Covered: `check --json`, `budget --json`, `groups --json` and the plan `compile` writes, for every
+example under examples/ (valid, invalid/ and warnings/). Each runs in-process through typer's
+CliRunner (byte-identical to the subprocess: `--against-subprocess` checks that). One text file per
+(example, command) under tests/support/golden/: a header with the exit code, the byte count and
+the sha256 of the exact bytes, then a readable form of the output.
+
+The raw outputs are 14.6 MB (the 1024-rank budgets and plans), so the readable form is normalised,
+3.8 MB: JSON leaf records on one line, budget rows grouped under their name, unit and formula
+(one `scope: value` line per row), one line per process group, and the plan's `budgets` and
+`groups` written once (in budget.txt and groups.txt) when they equal those commands' output. The
+form keeps every value; what it drops (JSON whitespace, row order inside a name) is still held by
+the sha256 in the header, so every byte change fails the check. Re-record on purpose, after a
+reviewed behaviour change:
 
     python -m tests.support.golden_outputs --update
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import json
 import os
@@ -16,46 +29,200 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = ROOT / "tests" / "support" / "golden" / "cli_outputs.json"
+from tests.support.paths import EXAMPLES, ROOT
+
+GOLDEN = ROOT / "tests" / "support" / "golden"
 COMMANDS = ("check", "budget", "groups", "compile")
+ENV = {"COLUMNS": "400", "NO_COLOR": "1"}
+SHOWN_DIFF_LINES = 80
+LINE = 200  # the longest record `pretty` keeps on one line
+UPDATE = "python -m tests.support.golden_outputs --update"
 
 
 def examples() -> list[Path]:
-    base = ROOT / "examples"
-    return sorted(base.glob("*.yaml")) + sorted(base.glob("*/*.yaml"))
-
-
-def _run(command: str, config: Path) -> tuple[int, bytes]:
-    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}
-    cli = [sys.executable, "-m", "planner.cli", command]
-    if command == "compile":
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "plan.json"
-            done = subprocess.run([*cli, str(config), "-o", str(out)], capture_output=True,
-                                  cwd=ROOT, env=env, timeout=300)
-            return done.returncode, out.read_bytes() if out.exists() else b""
-    done = subprocess.run([*cli, "--json", str(config)], capture_output=True, cwd=ROOT, env=env,
-                          timeout=300)
-    return done.returncode, done.stdout
-
-
-def fingerprint(command: str, config: Path) -> dict[str, int | str]:
-    code, output = _run(command, config)
-    return {"exit": code, "bytes": len(output), "sha256": hashlib.sha256(output).hexdigest()}
+    return sorted(EXAMPLES.glob("*.yaml")) + sorted(EXAMPLES.glob("*/*.yaml"))
 
 
 def key(config: Path) -> str:
     return config.relative_to(ROOT).as_posix()
 
 
-def record() -> dict[str, dict[str, dict[str, int | str]]]:
-    return {key(c): {cmd: fingerprint(cmd, c) for cmd in COMMANDS} for c in examples()}
+def snapshot_path(command: str, config: Path) -> Path:
+    return GOLDEN / config.relative_to(EXAMPLES).with_suffix("") / f"{command}.txt"
+
+
+def _arguments(command: str, config: Path, plan: Path) -> list[str]:
+    if command == "compile":
+        return [command, str(config), "-o", str(plan)]
+    return [command, "--json", str(config)]
+
+
+@functools.cache
+def output(command: str, config: Path) -> tuple[int, bytes]:
+    """Exit code and bytes: stdout for the --json commands, the written plan for compile."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = Path(tmp) / "plan.json"
+        result = CliRunner().invoke(app, _arguments(command, config, plan), env=ENV)
+        if command == "compile":
+            return result.exit_code, plan.read_bytes() if plan.exists() else b""
+        return result.exit_code, result.stdout_bytes
+
+
+def subprocess_output(command: str, config: Path) -> tuple[int, bytes]:
+    """The same through `python -m planner.cli`, as a user runs it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = Path(tmp) / "plan.json"
+        done = subprocess.run([sys.executable, "-m", "planner.cli", *_arguments(command, config, plan)],
+                              capture_output=True, cwd=ROOT, env={**os.environ, **ENV}, timeout=300)
+        if command == "compile":
+            return done.returncode, plan.read_bytes() if plan.exists() else b""
+        return done.returncode, done.stdout
+
+
+# ------------------------------------------------------------------------------ readable forms
+
+
+def _is_scalar(value: Any) -> bool:
+    return not isinstance(value, dict | list)
+
+
+def _is_leaf(value: Any) -> bool:
+    """What one line holds: a scalar, a list of scalars, a short record of those."""
+    if isinstance(value, list) and all(map(_is_scalar, value)):
+        return True
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return _is_scalar(value) or (all(map(_is_leaf, items)) and len(json.dumps(value)) <= LINE)
+
+
+def pretty(value: Any, indent: int = 0) -> str:
+    """JSON with every leaf record on one line: a changed value shows as one changed line."""
+    if _is_leaf(value):
+        return json.dumps(value, ensure_ascii=False)
+    pad = " " * (indent + 1)
+    if isinstance(value, dict):
+        rows = [f"{pad}{json.dumps(k)}: {pretty(v, indent + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(rows) + "\n" + " " * indent + "}"
+    return "[\n" + ",\n".join(pad + pretty(v, indent + 1) for v in value) + "\n" + " " * indent + "]"
+
+
+def _budget_rows(rows: list[dict[str, Any]]) -> str:
+    """Rows grouped under `name [unit] = formula`, then `scope: value` per row."""
+    grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault((row["name"], row["unit"], row["formula"]), []).append(row)
+    lines = []
+    for (name, unit, formula), members in grouped.items():
+        lines.append(f"{name} [{unit}] = {formula}")
+        for row in members:
+            scope = row["scope"]
+            implied = None if scope == "all ranks" else scope.removeprefix("stage ").split(" ")[0]
+            stage = "" if str(row["stage"]) == str(implied) else f" (stage {json.dumps(row['stage'])})"
+            lines.append(f"  {scope}{stage}: {json.dumps(row['value'])}")
+    return "\n".join(lines)
+
+
+def _group_lines(groups: dict[str, list[list[int]]]) -> str:
+    return "\n".join(f"{kind} {i}: {json.dumps(group)}" for kind, members in groups.items()
+                     for i, group in enumerate(members))
+
+
+def _is_budget_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(r, dict) and set(r) == {"name", "value", "unit", "formula", "scope", "stage"}
+        for r in value)
+
+
+def readable(command: str, config: Path, data: bytes) -> str:
+    if not data:
+        return "(no output)"
+    if command == "check":
+        return data.decode()
+    document = json.loads(data)
+    if command == "budget" and _is_budget_list(document):
+        return _budget_rows(document)
+    if command == "groups" and isinstance(document, dict) and "groups" in document:
+        head = {k: v for k, v in document.items() if k != "groups"}
+        return pretty(head) + "\ngroups:\n" + _group_lines(document["groups"])
+    if command == "compile":
+        return _plan(config, document)
+    return pretty(document)
+
+
+def _plan(config: Path, plan: dict[str, Any]) -> str:
+    budget_rows = json.loads(output("budget", config)[1] or b"null")
+    groups = json.loads(output("groups", config)[1] or b"null") or {}
+    body = {k: v for k, v in plan.items() if k not in ("budgets", "groups")}
+    tail = []
+    if plan.get("budgets") == budget_rows:
+        body["budgets"] = "the rows of budget.txt"
+    else:
+        tail.append("budgets:\n" + _budget_rows(plan["budgets"]))
+    if plan.get("groups") == groups.get("groups"):
+        body["groups"] = "the groups of groups.txt"
+    else:
+        tail.append("groups:\n" + _group_lines(plan["groups"]))
+    return "\n".join([pretty(body), *tail])
+
+
+def snapshot(command: str, config: Path) -> str:
+    code, data = output(command, config)
+    shown = f"moeplan {command} {key(config)}" if command == "compile" else (
+        f"moeplan {command} --json {key(config)}")
+    return (f"# {shown}\n# exit {code}, {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}\n"
+            f"{readable(command, config, data)}\n")
+
+
+# ----------------------------------------------------------------------------------- checking
+
+
+def difference(recorded: str, now: str, name: str) -> str | None:
+    """None when equal, else a unified diff trimmed to SHOWN_DIFF_LINES lines."""
+    if recorded == now:
+        return None
+    diff = list(difflib.unified_diff(recorded.splitlines(), now.splitlines(), f"recorded/{name}",
+                                     f"now/{name}", n=2, lineterm=""))
+    shown = diff[:SHOWN_DIFF_LINES]
+    if len(diff) > len(shown):
+        shown.append(f"… {len(diff) - len(shown)} more diff lines")
+    if all(line.startswith(("---", "+++", "@@", " ", "-# exit", "+# exit")) for line in diff):
+        shown.append("(only the header changed: the bytes differ in what the readable form does not "
+                     "show — JSON whitespace or the order of rows within a name)")
+    return "\n".join(shown)
+
+
+def record() -> list[Path]:
+    written = []
+    for config in examples():
+        for command in COMMANDS:
+            path = snapshot_path(command, config)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(snapshot(command, config), encoding="utf-8")
+            written.append(path)
+    return written
+
+
+def against_subprocess() -> list[str]:
+    """Every (example, command) whose in-process output is not the subprocess's, byte for byte."""
+    return [f"{key(c)} {command}" for c in examples() for command in COMMANDS
+            if output(command, c) != subprocess_output(command, c)]
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--update"]:
-        sys.exit("usage: python -m tests.support.golden_outputs --update")
-    GOLDEN.write_text(json.dumps(record(), indent=1, sort_keys=True) + "\n")
-    print(f"recorded {GOLDEN.relative_to(ROOT)}")
+    if sys.argv[1:] == ["--update"]:
+        stale = {p for p in GOLDEN.rglob("*.txt")}
+        fresh = set(record())
+        for path in stale - fresh:
+            path.unlink()
+        print(f"recorded {len(fresh)} snapshots under {GOLDEN.relative_to(ROOT)}")
+    elif sys.argv[1:] == ["--against-subprocess"]:
+        differing = against_subprocess()
+        print("\n".join(differing) or "in-process output is byte-identical to the subprocess's")
+        sys.exit(1 if differing else 0)
+    else:
+        sys.exit("usage: python -m tests.support.golden_outputs --update | --against-subprocess")

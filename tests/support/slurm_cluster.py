@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.ports import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "sinfo", "scontrol", "squeue", "scancel")
@@ -49,12 +50,6 @@ class LocalSlurm:
     def node_states(self) -> list[str]:
         listed = self.run("sinfo", "--noheader", "--Node", "--format=%T", check=False).stdout
         return listed.split()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _conf(root: Path) -> str:

@@ -19,7 +19,7 @@ from planner.layout.rank_generator import GridError
 from planner.layout.spec import GridSpec, grid_spec_from_config
 from planner.layout.summary import layout_summary
 from planner.rules.facts import Facts
-from tests.conftest import EXAMPLES, ROOT
+from tests.support.paths import EXAMPLES, ROOT
 
 # ----------------------------------------------------------------- hand-derived
 
@@ -236,7 +236,7 @@ def test_known_twins_exist() -> None:
 def test_runtime_takes_each_ranks_experts_from_the_plan(tmp_path) -> None:
     """A one-rank plan whose rank row (re-digested) gives the rank 2 of its 4 experts: the MoE
     runtime reads that row, not E/EP, and refuses a block its splits cannot serve."""
-    from tests.integration.runtime.test_runtime_cli import _edited, runtime, small
+    from tests.support.launch import edited, runtime, small
 
     plan = small(tmp_path, parallel={"world_size": 1, "ep": 1}, training={"global_batch_size": 2})
     row = json.loads(plan.read_text())["ranks"][0]
@@ -245,7 +245,7 @@ def test_runtime_takes_each_ranks_experts_from_the_plan(tmp_path) -> None:
     def halve(document: dict) -> None:
         document["ranks"][0]["experts"].update(count=2, ids=[0, 1])
 
-    run = runtime("--plan", str(_edited(plan, halve, redigest=True)), "--steps", "1")
+    run = runtime("--plan", str(edited(plan, halve, redigest=True)), "--steps", "1")
     assert run.returncode == 2, run.stdout + run.stderr
     # refused when the plan is loaded, before any group forms (runtime/plan_io.py)
     assert "equal consecutive blocks of the 4 experts" in run.stderr

@@ -9,8 +9,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import ROOT
 from tests.support.import_graph import cycles, function_level_imports, imports_of
+from tests.support.paths import ROOT
 
 PROBER = "planner.emit.megatron_probe"
 

@@ -8,7 +8,7 @@ import pytest
 from planner import memo
 from planner.config.loader import load_config
 from planner.layout.pipeline import stage_split
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 # The caches moeplan remembers work in, by memo name, with their bounds.
 EXPECTED = {"stage splits": 4096, "model layer counts": 256, "stage holdings": 4096,

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from planner.cli import app
 from planner.config.loader import parse_config
 from planner.model_size import model_size
-from tests.conftest import EXAMPLES, ROOT
+from tests.support.paths import EXAMPLES, ROOT
 
 B = 10**9
 

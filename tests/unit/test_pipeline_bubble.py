@@ -31,7 +31,8 @@ from planner.config.loader import load_config
 from planner.config.schema import Config
 from planner.estimate import estimate
 from planner.layout.schedule import pipeline_order
-from tests.conftest import EXAMPLES
+from tests.support.estimate_anchors import ANCHORS
+from tests.support.paths import EXAMPLES
 
 Times = list[list[Number]]  # [stage][model chunk]
 
@@ -202,8 +203,6 @@ def test_few_microbatches_widen_the_tolerance(
 # ----------------------------------------------------------------- the real layouts
 
 def real_layouts() -> dict[str, Config]:
-    from tests.unit.test_estimate import ANCHORS
-
     configs = {name: load_config(EXAMPLES / f"{name}.yaml")
                for name in ("deepseek-v3-1024", "deepseek-v4-pro-1024")}
     # Anchor E's stand-in (PP16 VPP2, 120 microbatches) breaks BAT003: Megatron would refuse its

@@ -15,7 +15,7 @@ import yaml
 from planner.cli_common import collect_findings
 from planner.config.loader import load_config
 from planner.findings import has_errors
-from tests.conftest import EXAMPLES, ROOT
+from tests.support.paths import EXAMPLES, ROOT
 
 MOEPLAN = [sys.executable, "-m", "planner.cli", "budget"]
 V4_PRO = str(EXAMPLES / "deepseek-v4-pro-1024.yaml")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 MOEPLAN = [sys.executable, "-m", "planner.cli"]
 INVALID = sorted((EXAMPLES / "invalid").glob("*.yaml"))

@@ -31,7 +31,8 @@ from planner.config.schema import Config
 from planner.layout.summary import layout_summary
 from planner.rules import CODES, run_rules
 from planner.rules.example_base import EXAMPLE_BASE_YAML
-from tests.conftest import EXAMPLES, MINIMAL_V4
+from tests.support.base_configs import MINIMAL_V4
+from tests.support.paths import EXAMPLES
 
 
 def cases(count: int) -> settings:

@@ -25,8 +25,8 @@ from planner.emit import EmitError
 from planner.emit.megatron import megatron_arguments, megatron_hash_layer_count
 from planner.emit.megatron_check import CheckResult
 from planner.layout.pipeline import stage_split
-from tests.conftest import EXAMPLES
 from tests.support.megatron_judge import case_of, hashed_blocks, judge_configs, register, verdict
+from tests.support.paths import EXAMPLES
 
 V4_EXAMPLES = ("deepseek-v4-pro-1024.yaml", "deepseek-v4-flash-128.yaml")
 

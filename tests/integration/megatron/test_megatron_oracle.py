@@ -33,7 +33,6 @@ from planner.emit.megatron_check import (
     run_probe,
 )
 from planner.emit.safety import EmitError
-from tests.conftest import EXAMPLES, ROOT
 from tests.support.megatron_judge import (
     case_of,
     plan_of,
@@ -42,6 +41,7 @@ from tests.support.megatron_judge import (
     shared_stand_ins,
     verdict,
 )
+from tests.support.paths import EXAMPLES, ROOT
 
 V4_TRAINING = {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 64,
                "use_distributed_optimizer": True}

@@ -28,7 +28,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.integration.runtime.test_runtime_equivalence import TOLERANCE, _free_port
+from tests.support.runtime_ranks import TOLERANCE, free_port
 
 MODEL = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "kv_channels": 8,
          "ffn_hidden_size": 64, "vocab_size": 64, "num_experts": 4, "moe_router_topk": 2,
@@ -125,7 +125,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in LAYOUTS:
         _compile(name, folder)
     try:
-        mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=4, join=True)
+        mp.spawn(_worker, args=(free_port(), str(folder)), nprocs=4, join=True)
     except mp.ProcessRaisedException:
         pass  # the outcome files say which job failed
     return folder
@@ -213,7 +213,7 @@ def test_a_checkpoint_of_another_model_is_refused_on_every_rank(chain: Path) -> 
 
 
 def test_checkpoint_flags_are_checked_before_anything_starts(tmp_path: Path) -> None:
-    from tests.integration.runtime.test_runtime_cli import runtime
+    from tests.support.launch import runtime
 
     plan = _compile("A", tmp_path)
     zero = runtime("--plan", str(plan), "--steps", "0")

@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from planner.cli import app
-from tests.conftest import EXAMPLES, ROOT
+from tests.support.paths import EXAMPLES, ROOT
 
 runner = CliRunner()
 RUN_TIMEOUT = 300

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from runtime.failure import FAIL_VARIABLE, maybe_inject_failure, rank_failure_message
-from tests.integration.runtime.test_runtime_cli import ENV, ROOT, small
+from tests.support.launch import ENV, small
+from tests.support.paths import ROOT
 
 PYTHON = sys.executable
 DEADLINE_S = 60.0

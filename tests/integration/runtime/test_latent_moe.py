@@ -29,10 +29,10 @@ from hypothesis import strategies as st
 from planner.accounting import budgets
 from planner.config.loader import InvalidConfig, load_config, parse_config
 from planner.rules import run_rules
-from tests.conftest import EXAMPLES
-from tests.integration.runtime.test_runtime_cli import SMALL as RUNTIME_SMALL
-from tests.integration.runtime.test_runtime_cli import compile_config, moeplan, torchrun
+from tests.support.launch import SMALL as RUNTIME_SMALL
+from tests.support.launch import compile_config, moeplan, torchrun
 from tests.support.megatron_lines import megatron_line
+from tests.support.paths import EXAMPLES
 
 H, LATENT, P = 32, 8, 4
 PASSES = 2 * 2  # MoE layers × microbatches

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,6 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.config.schema import ModelSection, MoeSection
+from tests.support.runtime_ranks import free_port
 
 TOLERANCE = 1e-5
 SEQ, BATCH, HIDDEN, VOCAB = 4, 2, 16, 32  # n = 8 token rows per rank
@@ -433,15 +433,9 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out_dir: str) -
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(world: int, cases: list[Case], tmp_path: Path) -> list[dict[str, Any]]:
     """Spawn `world` gloo ranks running `cases`; returns each rank's results."""
-    mp.spawn(_worker, args=(world, _free_port(), cases, str(tmp_path)), nprocs=world,
+    mp.spawn(_worker, args=(world, free_port(), cases, str(tmp_path)), nprocs=world,
              join=True)
     return [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(world)]
 

@@ -21,15 +21,9 @@ import torch.multiprocessing as mp
 import yaml
 
 from planner.verify import EXACT, MISMATCH, verify
-from tests.integration.runtime.test_runtime_cli import ENV, EXAMPLE, PYTHON, ROOT, moeplan
-from tests.integration.runtime.test_runtime_equivalence import (
-    STEPS,
-    TOLERANCE,
-    _free_port,
-    _worker,
-    compile_case,
-    merged,
-)
+from tests.support.launch import ENV, EXAMPLE, PYTHON, moeplan
+from tests.support.paths import ROOT
+from tests.support.runtime_ranks import STEPS, TOLERANCE, compile_case, free_port, merged, run_cases
 
 TIED = {"untie_embeddings_and_output_weights": False}
 CASES: dict[str, tuple[dict[str, Any], str | None]] = {
@@ -64,7 +58,7 @@ def pipeline_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
              for name, (overrides, fault) in CASES.items()]
     out = folder / "verdicts.json"
     try:
-        mp.spawn(_worker, args=(4, _free_port(), cases, str(out)), nprocs=4, join=True)
+        mp.spawn(run_cases, args=(4, free_port(), cases, str(out)), nprocs=4, join=True)
     except mp.ProcessRaisedException:
         pass  # the failing case is named in the verdicts file
     verdicts = json.loads(out.read_text()) if out.exists() else {}

@@ -33,7 +33,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from planner.verify import EXACT, EXPECTATION, verify
-from tests.integration.runtime.test_runtime_equivalence import _free_port, _worker, compile_case
+from tests.support.runtime_ranks import compile_case, free_port, run_cases
 
 WORLD = 4
 CASES: dict[str, tuple[dict[str, Any], bool]] = {  # name -> (overrides, balanced routing)
@@ -65,7 +65,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
              for name, (overrides, balanced) in CASES.items()]
     out = folder / "reports.json"
     try:
-        mp.spawn(_worker, args=(WORLD, _free_port(), cases, str(out)), nprocs=WORLD, join=True)
+        mp.spawn(run_cases, args=(WORLD, free_port(), cases, str(out)), nprocs=WORLD, join=True)
     except mp.ProcessRaisedException:
         pass  # the failing case is named in the reports file
     reports = json.loads(out.read_text()) if out.exists() else {}

@@ -6,73 +6,13 @@ routing and the reference check, and every EP/ETP byte count measured equals the
 
 from __future__ import annotations
 
-import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from planner.config.loader import load_config
-from planner.plan import compile_plan, plan_digest, write_plan
-from planner.rules import run_rules
-
-ROOT = Path(__file__).resolve().parents[3]
-EXAMPLE = ROOT / "examples" / "tiny-cpu-8.yaml"
-PYTHON = sys.executable
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MOEPLAN_GROUP_TIMEOUT_S": "90",
-       "PYTHONPATH": str(ROOT)}
-
-SMALL: dict[str, Any] = {
-    "model": {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "kv_channels": 8,
-              "ffn_hidden_size": 64, "vocab_size": 64, "num_experts": 4, "moe_router_topk": 2,
-              "moe_ffn_hidden_size": 16, "moe_shared_expert_intermediate_size": 16,
-              "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True},
-    "parallel": {"world_size": 2, "ep": 2},
-    "training": {"seq_length": 16, "micro_batch_size": 1, "global_batch_size": 4,
-                 "precision": "fp32", "lr": 1e-3, "seed": 3},
-    "moe": {"moe_token_dispatcher_type": "alltoall", "moe_router_load_balancing_type": "aux_loss",
-            "moe_aux_loss_coeff": 1e-2},
-    "cluster": {"gpus_per_node": 8},
-}
-
-
-def compile_config(config: dict[str, Any], folder: Path, name: str) -> Path:
-    source = folder / f"{name}.yaml"
-    source.write_text(yaml.safe_dump(config))
-    cfg = load_config(source)
-    plan = compile_plan(cfg, run_rules(cfg))
-    target = folder / f"{name}.plan.json"
-    write_plan(plan, target)
-    return target
-
-
-def small(folder: Path, name: str = "small", **sections: dict[str, Any]) -> Path:
-    config = copy.deepcopy(SMALL)
-    for section, values in sections.items():
-        config[section].update(values)
-    return compile_config(config, folder, name)
-
-
-def torchrun(nproc: int, *args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    command = [PYTHON, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", "-m", "runtime", *args]
-    return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def runtime(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "runtime", *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def moeplan(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "planner.cli", *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=120)
+from tests.support.launch import EXAMPLE, edited, moeplan, runtime, small, torchrun
 
 
 def test_tiny_cpu_8_balanced_run_is_verified_exactly(tmp_path: Path) -> None:
@@ -140,16 +80,6 @@ def test_one_rank_plan_runs_without_torchrun(tmp_path: Path) -> None:
     assert json.loads(report.read_text())["reference"]["ok"]
 
 
-def _edited(plan: Path, edit: Any, *, redigest: bool) -> Path:
-    document = json.loads(plan.read_text())
-    edit(document)
-    if redigest:
-        document["digest"] = plan_digest(document)
-    target = plan.with_name("edited.plan.json")
-    target.write_text(json.dumps(document))
-    return target
-
-
 @pytest.mark.parametrize(
     ("edit", "redigest", "message"),
     [
@@ -185,7 +115,7 @@ def test_unrunnable_plans_are_refused_before_any_group_forms(
 
     from runtime.__main__ import main
 
-    plan = _edited(small(tmp_path, model={"moe_n_hash_layers": 1}), edit, redigest=redigest)
+    plan = edited(small(tmp_path, model={"moe_n_hash_layers": 1}), edit, redigest=redigest)
     assert main(["--plan", str(plan)]) == 2
     assert message in capsys.readouterr().err
     assert not dist.is_initialized()

@@ -18,7 +18,7 @@ import yaml
 from typer.testing import CliRunner
 
 from planner.cli import app
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 from tests.support.slurm_cluster import LocalSlurm, SlurmUnavailable, free_port, local_slurm
 
 runner = CliRunner()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, ROOT
+from tests.support.paths import EXAMPLES, ROOT
 
 SOURCES = ("pyproject.toml", "README.md", "planner", "runtime", "templates")
 TEMPLATES = ("templates/torchrun.sh.j2", "templates/job.sbatch.j2", "templates/megatron_args.sh.j2",

@@ -31,7 +31,8 @@ from planner.accounting import (
 from planner.config.loader import load_config, parse_config
 from planner.config.schema import Config
 from planner.rules.memory import memory_findings
-from tests.conftest import EXAMPLES, MINIMAL_V4, ROOT
+from tests.support.base_configs import MINIMAL_V4
+from tests.support.paths import EXAMPLES, ROOT
 
 V4_PRO = EXAMPLES / "deepseek-v4-pro-1024.yaml"
 

@@ -10,7 +10,7 @@ import pytest
 
 from planner.accounting import Accounting, budgets
 from planner.config.loader import load_config, parse_config
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 
 def deepseek_v3_like(layout: str, **overlap: Any) -> dict[str, Any]:

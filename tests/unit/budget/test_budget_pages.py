@@ -20,7 +20,7 @@ from planner.accounting import (
 from planner.budget.pipeline import PAGE_STAGE_INPUTS
 from planner.config.loader import load_config
 from planner.layout.pipeline import stage_split
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 from tests.support.variant_strategy import variants
 
 PAGE_ORDER = [page.PAGE for page in PAGES]

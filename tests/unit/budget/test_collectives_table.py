@@ -22,7 +22,7 @@ from planner.accounting import (
 from planner.budget.comm import Collectives
 from planner.budget.expr import Book
 from planner.verify import EXACT, EXPECTATION, MISMATCH, VerifyInputError, routing_free, verify
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.variant_strategy import variants
 
 # runtime/comm.py entry points that record into the ledger, and where each takes the name

@@ -13,9 +13,10 @@ from planner.accounting import Accounting
 from planner.config.importers.hf_config import map_hf_config
 from planner.config.loader import load_config
 from planner.config.schema import Config
-from tests.conftest import EXAMPLES
+from tests.support.hf_configs import DEEPSEEK_V2_LITE, DEEPSEEK_V3, QWEN3_30B
 from tests.support.megatron_source import megatron_functions
-from tests.unit.config.test_hf_config import DEEPSEEK_V2_LITE, DEEPSEEK_V3, QWEN3_30B
+from tests.support.paths import EXAMPLES
+from tests.support.small_models import TINY
 
 # DeepSeek-V3 on 1024 GPUs: TP2 PP8 EP64 with 5 + 6·8 + 8 decoder layers (the MTP layer last).
 V3_LAYOUT = {"tp": 2, "pp": 8, "ep": 64, "world_size": 1024,
@@ -47,11 +48,6 @@ def test_deepseek_v3_with_mtp_is_260_gflop_per_token() -> None:
 
 def test_qwen3_30b_a3b_is_23_gflop_per_token() -> None:
     assert float(flops_per_token(qwen3())) / 1e9 == pytest.approx(23.0, rel=0.005)
-
-
-TINY = {"num_layers": 2, "hidden_size": 4, "num_attention_heads": 2, "num_query_groups": 1,
-        "kv_channels": 2, "ffn_hidden_size": 8, "vocab_size": 100, "num_experts": 4,
-        "moe_router_topk": 2, "moe_ffn_hidden_size": 3, "moe_layer_freq": [0, 1]}
 
 
 def test_hand_derived_small_case() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from planner.accounting import memory_by_stage
 from planner.config.loader import load_config, parse_config
 from planner.rules.example_base import example_config_data, merge
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 
 def _stage(data: dict[str, Any], stage: int = 0) -> dict[str, Any]:

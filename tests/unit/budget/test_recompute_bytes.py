@@ -22,7 +22,7 @@ import pytest
 from planner.accounting import COLLECTIVES, RECOMPUTE, Accounting, budgets
 from planner.budget.comm import RECOMPUTED_LAYERS
 from planner.config.loader import load_config, parse_config
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 V4_PRO = EXAMPLES / "deepseek-v4-pro-1024.yaml"
 

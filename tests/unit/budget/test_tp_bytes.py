@@ -25,7 +25,7 @@ from planner.config.loader import load_config, parse_config
 from planner.docs.formulas_page import baseline_variant
 from planner.plan import compile_plan
 from planner.rules import run_rules
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 SMALL_TP: dict[str, Any] = {
     "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "kv_channels": 16,

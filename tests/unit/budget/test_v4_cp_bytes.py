@@ -23,7 +23,7 @@ import pytest
 
 from planner.accounting import COLLECTIVES, Variant, budgets, formula_book
 from planner.config.loader import load_config, parse_config
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 PRO = ROOT / "examples" / "deepseek-v4-pro-1024.yaml"
 NAMES = ("cp_boundary_hidden", "cp_compressed_kv_gather", "cp_indexer_k_gather")

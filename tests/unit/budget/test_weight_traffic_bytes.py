@@ -22,7 +22,7 @@ from planner.rules import run_rules
 from planner.rules.example_base import example_config_data, merge
 from planner.rules.memory import memory_findings
 from runtime.plan_io import PlanError, check_plan
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 FSDP = "training: {use_megatron_fsdp: true, ckpt_format: fsdp_dtensor}"
 

@@ -19,8 +19,9 @@ from planner.accounting import Accounting, budgets, memory_by_stage, plan_budget
 from planner.cli_common import collect_findings
 from planner.config.loader import load_config, parse_config
 from planner.findings import has_errors
-from tests.conftest import EXAMPLES, MINIMAL_V4
+from tests.support.base_configs import MINIMAL_V4
 from tests.support.megatron_source import megatron_functions
+from tests.support.paths import EXAMPLES
 
 MEMORY_BYTES = ("weight_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes", "activation_bytes",
                 "comm_buffer_bytes", "peak_memory_bytes", "gpu_memory_bytes")

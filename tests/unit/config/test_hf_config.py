@@ -1,11 +1,10 @@
 """`model: {hf_config: PATH}` and `moeplan import hf`: Hugging Face config.json → Megatron-named fields.
 
-The config.json files below are written from the published configs on Hugging Face, cited by model
-id (the keys and values of each repository's config.json; keys the mapping ignores, such as
-bos_token_id or quantization_config, are left out). Expected fields are derived by hand next to
-each case. Tests that load a mapped model through the schema skip, naming the field, while the
-schema lacks a field the mapping writes (multi_latent_attention, qk_head_dim, normalization, …
-arrive with the model-fields work), so they turn on once it lands.
+The config.json files (tests/support/hf_configs.py) are written from the published configs on
+Hugging Face, cited by model id. Expected fields are derived by hand next to each case. Tests that
+load a mapped model through the schema skip, naming the field, while the schema lacks a field the
+mapping writes (multi_latent_attention, qk_head_dim, normalization, … arrive with the model-fields
+work), so they turn on once it lands.
 """
 
 from __future__ import annotations
@@ -33,109 +32,24 @@ from planner.config.importers.hf_config import (
 )
 from planner.config.loader import InvalidConfig, UnreadableConfig, load_config
 from planner.config.schema import LaunchSection, ModelSection
-
-# deepseek-ai/DeepSeek-V3 config.json (Hugging Face model card repository).
-DEEPSEEK_V3: dict[str, Any] = {
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-    "attention_bias": False, "attention_dropout": 0.0, "first_k_dense_replace": 3,
-    "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512,
-    "max_position_embeddings": 163840, "moe_intermediate_size": 2048, "moe_layer_freq": 1,
-    "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
-    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
-    "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
-                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
-                     "type": "yarn"},
-    "rms_norm_eps": 1e-06, "rope_theta": 10000, "routed_scaling_factor": 2.5,
-    "scoring_func": "sigmoid", "tie_word_embeddings": False, "topk_group": 4,
-    "topk_method": "noaux_tc", "v_head_dim": 128, "vocab_size": 129280,
-}
-
-# moonshotai/Kimi-K2-Instruct config.json: the V3 architecture with 64 heads, 384 experts, one
-# dense layer, no expert groups, no MTP layer, a 163,840-token vocabulary and its own YaRN.
-KIMI_K2: dict[str, Any] = {
-    **DEEPSEEK_V3, "model_type": "kimi_k2", "first_k_dense_replace": 1,
-    "max_position_embeddings": 131072, "n_group": 1, "n_routed_experts": 384,
-    "num_attention_heads": 64, "num_key_value_heads": 64, "num_nextn_predict_layers": 0,
-    "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
-                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
-                     "type": "yarn"},
-    "rope_theta": 50000.0, "routed_scaling_factor": 2.827, "topk_group": 1, "vocab_size": 163840,
-}
-
-# deepseek-ai/DeepSeek-V2-Lite config.json: no query compression (q_lora_rank null), softmax
-# routing without renormalisation, no groups, YaRN mscale 0.707.
-DEEPSEEK_V2_LITE: dict[str, Any] = {
-    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048,
-    "intermediate_size": 10944, "kv_lora_rank": 512, "max_position_embeddings": 163840,
-    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
-    "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 16,
-    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
-    "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-    "rms_norm_eps": 1e-06,
-    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
-                     "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
-                     "type": "yarn"},
-    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
-    "tie_word_embeddings": False, "topk_group": 1, "topk_method": "greedy", "v_head_dim": 128,
-    "vocab_size": 102400,
-}
-
-# Qwen/Qwen3-30B-A3B config.json.
-QWEN3_30B: dict[str, Any] = {
-    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-    "decoder_sparse_step": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
-    "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
-    "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
-    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
-    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
-    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
-    "router_aux_loss_coef": 0.001, "sliding_window": None, "tie_word_embeddings": False,
-    "use_sliding_window": False, "vocab_size": 151936,
-}
-
-# Qwen/Qwen3-235B-A22B config.json.
-QWEN3_235B: dict[str, Any] = {
-    **QWEN3_30B, "hidden_size": 4096, "intermediate_size": 12288, "max_window_layers": 94,
-    "moe_intermediate_size": 1536, "num_attention_heads": 64, "num_hidden_layers": 94,
-}
-
-# Qwen/Qwen1.5-MoE-A2.7B config.json (the Qwen2-MoE architecture): a gated shared expert, q/k/v
-# biases, top-k softmax scores without renormalisation.
-QWEN2_MOE: dict[str, Any] = {
-    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "decoder_sparse_step": 1,
-    "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 5632,
-    "max_position_embeddings": 8192, "max_window_layers": 21, "model_type": "qwen2_moe",
-    "moe_intermediate_size": 1408, "norm_topk_prob": False, "num_attention_heads": 16,
-    "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24,
-    "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-    "shared_expert_intermediate_size": 5632, "sliding_window": 32768,
-    "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936,
-}
-
-# mistralai/Mixtral-8x7B-v0.1 config.json.
-MIXTRAL_8X7B: dict[str, Any] = {
-    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "hidden_act": "silu",
-    "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 32768,
-    "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
-    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8,
-    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
-    "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 32000,
-}
+from tests.support.hf_configs import (
+    DEEPSEEK_V2_LITE,
+    DEEPSEEK_V3,
+    HF_CONFIGS,
+    KIMI_K2,
+    MIXTRAL_8X7B,
+    QWEN2_MOE,
+    QWEN3_30B,
+    QWEN3_235B,
+)
 
 # Every supported architecture shares these: RMSNorm + SwiGLU decoder, RoPE, no dropout (HF models
-# train none), no MLP biases, untied embeddings (tie_word_embeddings false in every config above).
+# train none), no MLP biases, untied embeddings (tie_word_embeddings false in every HF config).
 COMMON = {
     "normalization": "RMSNorm", "swiglu": True, "position_embedding_type": "rope",
     "untie_embeddings_and_output_weights": True, "hidden_dropout": 0.0, "attention_dropout": 0.0,
     "add_bias_linear": False,
 }
-
-HF_CONFIGS = {"deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2, "deepseek-v2-lite": DEEPSEEK_V2_LITE,
-              "qwen3-30b-a3b": QWEN3_30B, "qwen3-235b-a22b": QWEN3_235B, "qwen2-moe": QWEN2_MOE,
-              "mixtral-8x7b": MIXTRAL_8X7B}
 
 
 def _schema_lacks(mapping_model: dict[str, Any], extra_args: bool) -> list[str]:

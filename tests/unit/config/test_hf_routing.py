@@ -14,8 +14,7 @@ from typing import Any, Optional
 import pytest
 
 from planner.config.importers.hf_config import map_hf_config
-from tests.support.megatron_source import megatron_functions
-from tests.unit.config.test_hf_config import (
+from tests.support.hf_configs import (
     DEEPSEEK_V2_LITE,
     DEEPSEEK_V3,
     KIMI_K2,
@@ -23,6 +22,7 @@ from tests.unit.config.test_hf_config import (
     QWEN2_MOE,
     QWEN3_30B,
 )
+from tests.support.megatron_source import megatron_functions
 
 torch = pytest.importorskip("torch")
 TOKENS = 32

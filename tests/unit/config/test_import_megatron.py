@@ -33,7 +33,7 @@ from planner.config.loader import load_config, parse_config
 from planner.config.schema import Config
 from planner.layout.layout_string import IMPORTED
 from planner.layout.layout_string import layout_string as write_layout_string
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 
 def layout_string(segments: list[int], mtp: int) -> str:

@@ -15,8 +15,8 @@ from planner.config.loader import load_config
 from planner.config.presets import PRESETS
 from planner.config.schema import ModelSection
 from planner.model_size import model_size
-from tests.conftest import EXAMPLES
-from tests.unit.config.test_hf_config import HF_CONFIGS
+from tests.support.hf_configs import HF_CONFIGS
+from tests.support.paths import EXAMPLES
 
 HF_PRESETS = ("deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b")
 

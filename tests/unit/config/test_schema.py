@@ -7,7 +7,7 @@ import pytest
 from planner.config.loader import InvalidConfig, UnreadableConfig, load_config, parse_config, parse_yaml
 from planner.config.presets import PRESETS
 from planner.rules.example_base import example_config_data, merge
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 
 def codes(exc: InvalidConfig) -> list[str]:

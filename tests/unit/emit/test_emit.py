@@ -30,7 +30,7 @@ from planner.plan import read_plan
 from planner.rules import run_rules
 from planner.rules.example_base import example_config_data, merge
 from planner.rules.facts import Facts
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 TINY = EXAMPLES / "tiny-cpu-8.yaml"
 V4_PRO = EXAMPLES / "deepseek-v4-pro-1024.yaml"

@@ -24,8 +24,8 @@ from planner.plan import compile_plan
 from planner.rules import run_rules
 from runtime.model import DecoderSpec, rotary
 from runtime.plan_io import PlanError, check_plan
-from tests.conftest import EXAMPLES
 from tests.support.megatron_judge import case_of, register, verdict
+from tests.support.paths import EXAMPLES
 
 V4_EXAMPLES = ("deepseek-v4-pro-1024.yaml", "deepseek-v4-flash-128.yaml")
 V4_ROPE = {"rope_type": "yarn", "rotary_base": 10000, "csa_compress_rotary_base": 160000.0,

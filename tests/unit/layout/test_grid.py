@@ -29,7 +29,7 @@ from planner.layout.spec import (
     order_dp_rule_holds,
     pp_group_mismatch,
 )
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 PP_DP_ORDER = "tp-cp-ep-pp-dp"
 

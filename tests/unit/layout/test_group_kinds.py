@@ -13,8 +13,8 @@ import pytest
 from planner.layout.grid import Grid
 from planner.layout.group_kinds import CORE_0_16, DEV, KIND_BY_NAME, KINDS, MAIN
 from planner.layout.spec import GridSpec
-from tests.conftest import ROOT
 from tests.support.oracle import megatron_lm_dir
+from tests.support.paths import ROOT
 
 # Megatron-LM main@d98e8a64 megatron/core/parallel_state.py initialize_model_parallel, creation order.
 CREATION_ORDER = (

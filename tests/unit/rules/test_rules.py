@@ -24,7 +24,8 @@ from planner.layout.pipeline import stage_split
 from planner.layout.spec import grid_spec_from_config, layout_problems
 from planner.rules import CATALOG, CODES, Rule, find_rule, run_rules
 from planner.rules.example_base import EXAMPLE_BASE_YAML, example_config_data, merge
-from tests.conftest import EXAMPLES, MINIMAL_V4
+from tests.support.base_configs import MINIMAL_V4
+from tests.support.paths import EXAMPLES
 
 CHECKED = [r for r in CATALOG if r.check is not None]
 DOCUMENTED = [r for r in CATALOG if r.check is None]

@@ -14,7 +14,7 @@ from planner.emit.megatron import megatron_arguments
 from planner.findings import Finding
 from planner.rules import find_rule, run_rules
 from planner.rules.example_base import example_config_data, merge
-from tests.conftest import MINIMAL_V4
+from tests.support.base_configs import MINIMAL_V4
 from tests.support.megatron_lines import megatron_line
 
 TRANSFORMER_CONFIG = "core/transformer/transformer_config.py"

@@ -40,7 +40,7 @@ from planner.search.space import (
     recompute_presets,
     recomputed,
 )
-from tests.conftest import EXAMPLES
+from tests.support.paths import EXAMPLES
 
 
 def moeplan(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,82 @@
+"""How the runtime tests launch things: compile a small config, run `python -m runtime` alone or
+under torchrun, run the `moeplan` CLI, edit a compiled plan — each a real subprocess, as users run it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.config.loader import load_config
+from planner.plan import compile_plan, plan_digest, write_plan
+from planner.rules import run_rules
+from tests.support.paths import EXAMPLES, ROOT
+
+EXAMPLE = EXAMPLES / "tiny-cpu-8.yaml"
+PYTHON = sys.executable
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MOEPLAN_GROUP_TIMEOUT_S": "90",
+       "PYTHONPATH": str(ROOT)}
+
+SMALL: dict[str, Any] = {
+    "model": {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "kv_channels": 8,
+              "ffn_hidden_size": 64, "vocab_size": 64, "num_experts": 4, "moe_router_topk": 2,
+              "moe_ffn_hidden_size": 16, "moe_shared_expert_intermediate_size": 16,
+              "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True},
+    "parallel": {"world_size": 2, "ep": 2},
+    "training": {"seq_length": 16, "micro_batch_size": 1, "global_batch_size": 4,
+                 "precision": "fp32", "lr": 1e-3, "seed": 3},
+    "moe": {"moe_token_dispatcher_type": "alltoall", "moe_router_load_balancing_type": "aux_loss",
+            "moe_aux_loss_coeff": 1e-2},
+    "cluster": {"gpus_per_node": 8},
+}
+
+
+def compile_config(config: dict[str, Any], folder: Path, name: str) -> Path:
+    source = folder / f"{name}.yaml"
+    source.write_text(yaml.safe_dump(config))
+    cfg = load_config(source)
+    plan = compile_plan(cfg, run_rules(cfg))
+    target = folder / f"{name}.plan.json"
+    write_plan(plan, target)
+    return target
+
+
+def small(folder: Path, name: str = "small", **sections: dict[str, Any]) -> Path:
+    config = copy.deepcopy(SMALL)
+    for section, values in sections.items():
+        config[section].update(values)
+    return compile_config(config, folder, name)
+
+
+def torchrun(nproc: int, *args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    command = [PYTHON, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", "-m", "runtime", *args]
+    return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def runtime(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "runtime", *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def moeplan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "planner.cli", *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=120)
+
+
+def edited(plan: Path, edit: Any, *, redigest: bool) -> Path:
+    """A copy of PLAN with EDIT applied (re-digested on request), beside it."""
+    document = json.loads(plan.read_text())
+    edit(document)
+    if redigest:
+        document["digest"] = plan_digest(document)
+    target = plan.with_name("edited.plan.json")
+    target.write_text(json.dumps(document))
+    return target
