@@ -52,8 +52,8 @@ def write(book: Book, v: Variant) -> None:
         "compute and exposed communication of all microbatches of the step")
     add("time_microbatch_s", "time_busy_s / microbatches", "s", "time",
         "one microbatch through every model chunk of the stage, forward and backward: the "
-        "pipeline's unit of work (planner/estimate.py sums other stages' chunks of it into the "
-        "bubble)")
+        "pipeline's unit of work (the pipeline page, planner/budget/pipeline.py, sums other "
+        "stages' chunks of it into the bubble)")
     add("time_optimizer_s", "(weight_bytes + grad_bytes + 2 * optimizer_bytes) / (bw_hbm * eff_hbm)",
         "s", "time", "optimizer step: read grads and state, write state and weights once (HBM)")
 
