@@ -45,6 +45,21 @@ class Memo(Generic[K, V]):
             self.put(key, value)
         return value
 
+    def get_or_raise(self, key: K, make: Callable[..., V], *args: Any,
+                     errors: tuple[type[Exception], ...]) -> V:
+        """As `get`, remembering a failure too: `make` raising one of `errors` is remembered, and
+        asking for the same key raises the same error again without calling `make`."""
+        value: Any = self._entries.get(key, _MISSING)
+        if value is _MISSING:
+            try:
+                value = make(*args)
+            except errors as exc:
+                value = exc
+            self.put(key, value)
+        if isinstance(value, errors):
+            raise value
+        return value
+
     def put(self, key: K, value: V) -> None:
         entries = self._entries
         if len(entries) >= self.maxsize and key not in entries:

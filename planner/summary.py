@@ -43,7 +43,6 @@ class StageMemory:
 @dataclass(frozen=True)
 class CollectiveStep:
     """One collective phase's per-step bytes on the stage where they are largest."""
-
     name: str
     phase: str
     label: str
@@ -95,7 +94,6 @@ def gib(value: float) -> str:
 
 def summarize(cfg: Config, findings: list[Finding], items: list | None = None) -> Summary:
     """The summary of `cfg` from `budgets(cfg)` (given, or computed here) and `estimate(cfg)`."""
-
     summary = Summary(findings)
     if items is None:
         try:

@@ -224,22 +224,17 @@ class Accounting:
 
 # Grids by spec: search estimates many candidates of one layout (knobs only differ), and a Grid
 # (group arithmetic, Megatron's build-time checks) depends on nothing but its spec.
-_GRIDS: Memo[Any, Grid | BudgetError] = Memo("budget grids", 1024)
+_GRIDS: Memo[Any, Grid] = Memo("budget grids", 1024)
 
 
 def budget_grid(cfg: Config) -> Grid:
     """The config's grid, or BudgetError when its groups cannot be built."""
-
     spec = grid_spec_from_config(cfg)
-    grid = _GRIDS.get(spec, _grid_or_error, spec)
-    if isinstance(grid, BudgetError):
-        raise grid
-    return grid
+    return _GRIDS.get_or_raise(spec, _grid, spec, errors=(BudgetError,))
 
 
-def _grid_or_error(spec: Any) -> Grid | BudgetError:
-
+def _grid(spec: Any) -> Grid:
     try:
         return Grid(spec)
     except GridError as exc:
-        return BudgetError(f"no grid: {exc}")
+        raise BudgetError(f"no grid: {exc}") from None

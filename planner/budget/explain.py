@@ -21,7 +21,6 @@ def number_text(value: Number) -> str:
 
 def value_text(value: Number, unit: str, *, short: bool = False) -> str:
     """A value for people: exact digits, binary units for bytes, a percentage for shares."""
-
     if unit == "bytes":
         human = format_bytes(value, digits=3 if short else 6)
         if short or abs(value) < 1024:

@@ -167,7 +167,6 @@ ALL_SYMBOLS: tuple[Symbol, ...] = GLOBAL_SYMBOLS + STAGE_SYMBOLS + RANK_SYMBOLS
 @dataclass(frozen=True)
 class Variant:
     """Structural choices that select formulas; equal variants share one cached formula book."""
-
     dispatcher: str
     capacity: str  # "dropless" | "drop" | "pad"
     ep: bool  # EP > 1

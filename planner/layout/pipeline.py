@@ -260,7 +260,7 @@ def stage_layers(cfg: Config, stage: int, chunks: list[Chunk]) -> StageLayers:
                        any(c.loss for c in chunks), tuple(chunks))
 
 
-_SPLITS: Memo[tuple[Any, ...], StageSplit | SplitError] = Memo("stage splits", 4096)
+_SPLITS: Memo[tuple[Any, ...], StageSplit] = Memo("stage splits", 4096)
 
 
 def split_key(cfg: Config) -> tuple[Any, ...]:
@@ -276,17 +276,7 @@ def stage_split(cfg: Config) -> StageSplit:
     """The split Megatron would build for this config, or SplitError naming the field to change.
 
     Remembered by `split_key` (search asks for the same split many times)."""
-    split = _SPLITS.get(split_key(cfg), _split_or_error, cfg)
-    if isinstance(split, SplitError):
-        raise split
-    return split
-
-
-def _split_or_error(cfg: Config) -> StageSplit | SplitError:
-    try:
-        return _stage_split(cfg)
-    except SplitError as err:
-        return err
+    return _SPLITS.get_or_raise(split_key(cfg), _stage_split, cfg, errors=(SplitError,))
 
 
 def _stage_split(cfg: Config) -> StageSplit:

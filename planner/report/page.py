@@ -59,7 +59,6 @@ def _candidate_label(candidate: Any) -> str:
 
 def layout_context(cfg: Config) -> dict[str, Any] | None:
     """The stage rank map, the group sizes and the expert ownership of stage 0; None without a grid."""
-
     try:
         grid = Grid(grid_spec_from_config(cfg))
     except GridError:

@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tests.support.launch import compile_config
 from tests.support.ports import free_port
 from tests.support.runtime_faults import runtime_fault
 
@@ -52,23 +53,13 @@ def compile_case(name: str, overrides: dict[str, Any], folder: Path) -> Path:
 
     The planner is imported here, not at module level: spawned ranks import this module and
     need only the runtime."""
-    import yaml
 
-    from planner.config.loader import load_config
-    from planner.plan import compile_plan, write_plan
-    from planner.rules import run_rules
 
     config = merged(overrides)
     par = config["parallel"]
     dp = par["world_size"] // (par.get("cp", 1) * par.get("tp", 1) * par.get("pp", 1))
     config["training"]["global_batch_size"] = 2 * dp * config["training"]["micro_batch_size"]
-    source = folder / f"{name}.yaml"
-    source.write_text(yaml.safe_dump(config))
-    cfg = load_config(source)
-    plan = compile_plan(cfg, run_rules(cfg))
-    target = folder / f"{name}.plan.json"
-    write_plan(plan, target)
-    return target
+    return compile_config(config, folder, name)
 
 
 def run_cases(rank: int, world: int, port: int, cases: list[tuple[Any, ...]], out: str) -> None:
