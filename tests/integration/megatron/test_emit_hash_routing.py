@@ -177,14 +177,6 @@ def hybrid_layouts(draw: st.DrawFn) -> Config:
     return parse_config(data)
 
 
-# Each example is one probe subprocess for the whole list (Megatron's import dominates its cost).
-@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(hybrid_layouts(), min_size=10, max_size=10))
-def test_megatron_hashes_the_planned_blocks_of_random_layouts(configs: list[Config]):
-    for cfg, hashed in zip(configs, megatron_hashed(judge_configs(configs)), strict=True):
-        assert hashed == planned_hashed(cfg), cfg.parallel.pipeline_model_parallel_layout
-
-
 @st.composite
 def gpt_layouts(draw: st.DrawFn) -> Config:
     """A toy GPT MoE model: random layer count, dense-first/scattered dense blocks, PP x VPP layout,
@@ -202,8 +194,13 @@ def gpt_layouts(draw: st.DrawFn) -> Config:
     return parse_config(data)
 
 
+# Each example is one probe subprocess for both lists (Megatron's import dominates its cost, so the
+# hybrid and the GPT stacks share it).
 @settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(gpt_layouts(), min_size=10, max_size=10))
-def test_megatron_gpt_stack_hashes_the_planned_blocks_of_random_layouts(configs: list[Config]):
+@given(st.lists(hybrid_layouts(), min_size=10, max_size=10),
+       st.lists(gpt_layouts(), min_size=10, max_size=10))
+def test_megatron_hybrid_and_gpt_stacks_hash_the_planned_blocks_of_random_layouts(hybrid: list[Config],
+                                                                                   gpt: list[Config]):
+    configs = hybrid + gpt
     for cfg, hashed in zip(configs, megatron_hashed(judge_configs(configs)), strict=True):
         assert hashed == planned_hashed(cfg), cfg.parallel.pipeline_model_parallel_layout
