@@ -14,6 +14,7 @@ the script never sets, a positional `$1` — is kept as `${NAME}` in the word an
 from __future__ import annotations
 
 import ast
+import fnmatch
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ _KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until",
 _DECLARE = {"export", "declare", "local", "readonly", "typeset"}
 _SEPARATORS = {";", "&", "|", "&&", "||", "|&", ";;"}
 ENTRY_SUFFIX = ".py"
+
+
+NOT_SET = "not set in the file (an environment variable, or set elsewhere)"
 
 
 class Unknown(str):
@@ -76,6 +80,9 @@ class ShellRead:
     variables: dict[str, Value]
     sbatch: dict[str, str]  # `#SBATCH --nodes=4` → {"nodes": "4"} (long option names)
     included: list[str]  # files the script sources (not followed)
+    deciders: dict[str, Unresolved]  # unknowns whose `if` / `case` ran every branch
+    conflicts: list[str]  # variables such undecided branches set differently
+    assumed_unset: list[str]  # environment variables `[ -z $X ]` tests read as unset
 
 
 # ---------------------------------------------------------------------------------------- lexer
@@ -98,8 +105,9 @@ class _Lexer:
             self.line += 1
         return char
 
-    def statements(self) -> list[tuple[int, list[Word]]]:
-        out: list[tuple[int, list[Word]]] = []
+    def statements(self) -> list[tuple[int, list[Word], str]]:
+        """(line, words, the operator that ended the statement: newline, `;`, `&&`, `)`, …)."""
+        out: list[tuple[int, list[Word], str]] = []
         words: list[Word] = []
         start = self.line
         heredocs: list[tuple[str, bool]] = []
@@ -120,8 +128,8 @@ class _Lexer:
                 op = self.take()
                 if op in ";&|" and self.peek() in ";&|":
                     op += self.take()
-                if words:
-                    out.append((start, words))
+                if words or op in (";;", ")"):
+                    out.append((start, words, op))
                 words = []
                 if op == "\n":
                     for delimiter, strip in heredocs:
@@ -153,7 +161,7 @@ class _Lexer:
                 continue
             words.append(word)
         if words:
-            out.append((start, words))
+            out.append((start, words, "\n"))
         return out
 
     def _skip_heredoc(self, delimiter: str, strip: bool) -> None:
@@ -283,7 +291,7 @@ class _Lexer:
 
 
 # ---------------------------------------------------------------------------------------- run
-_PARAMETER = re.compile(r"(?P<length>#)?(?P<name>[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-])"
+_PARAMETER = re.compile(r"(?P<length>#)?(?P<name>[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])"
                         r"(?:\[(?P<index>[^\]]*)\])?(?P<op>:?[-=+?])?(?P<arg>.*)$", re.S)
 
 
@@ -293,6 +301,10 @@ class _Interpreter:
         self.variables: dict[str, Value] = {}
         self.unresolved: dict[str, Unresolved] = {}  # of the words being expanded now
         self.carried: dict[str, dict[str, Unresolved]] = {}  # what a variable's value holds unresolved
+        self.deciders: dict[str, Unresolved] = {}  # unknowns that left an `if` / `case` undecided
+        self.assumed_unset: set[str] = set()  # environment switches a test read as unset
+        self.conflicts: set[str] = set()  # variables two undecided branches both assign
+        self.frames: list[_Frame] = []
 
     # ------------------------------------------------------------------ values
     def lookup(self, name: str) -> Value | None:
@@ -343,7 +355,7 @@ class _Interpreter:
         if value is None:
             if name.isdigit():
                 return self._unknown(name, f"positional argument ${name} of the script")
-            return self._unknown(name, "not set in the file (an environment variable, or set elsewhere)")
+            return self._unknown(name, NOT_SET)
         return value
 
     def expand_text(self, text: str) -> str:
@@ -370,6 +382,9 @@ class _Interpreter:
                 return self._unknown(name, f"used in $(({body.strip()})) but not set in the script"
                                      if value is None else f"used in $(({body.strip()}))")
             expression = re.sub(rf"\$?\{{?\b{name}\b\}}?", f"({value})", expression)
+        ternary = re.fullmatch(r"(.+?)\?(.+):(.+)", expression.strip(), re.S)
+        if ternary:  # bash's `c ? a : b` in Python's spelling
+            expression = f"(({ternary.group(2)}) if ({ternary.group(1)}) else ({ternary.group(3)}))"
         try:
             return str(_integer(ast.parse(expression.strip(), mode="eval").body))
         except (SyntaxError, ValueError, ZeroDivisionError):
@@ -464,6 +479,9 @@ class _Interpreter:
         if appending:
             old = self.lookup(name)
             value = (" ".join(old) if isinstance(old, list) else (old or "")) + value
+        for frame in self.frames:
+            if frame.undecided and frame.assigned:
+                frame.assigned[-1].add(name)
         if local is not None:
             local[name] = value
         else:
@@ -480,56 +498,233 @@ class _Interpreter:
         fields = self.fields(quoted)
         return fields[0] if fields else ""
 
-    def run(self, statements: list[tuple[int, list[Word]]]) -> tuple[list[Command], list[str]]:
+    def run(self, statements: list[tuple[int, list[Word], str]]) -> tuple[list[Command], list[str]]:
+        """Statements in order; `if`/`elif`/`else` and `case` take the branch their test selects,
+        and run every branch when the test cannot be decided (then `deciders` names why)."""
         commands: list[Command] = []
         included: list[str] = []
-        for line, words in statements:
+        frames = self.frames
+        index = 0
+        while index < len(statements):
+            line, words, end = statements[index]
+            index += 1
             words = list(words)
+            head = words[0].literal if words else None
+            frame = frames[-1] if frames else None
+            if frame is not None and frame.kind == "case" and frame.expecting:
+                if head == "esac":
+                    self.conflicts |= frames.pop().conflicts()
+                    continue
+                frame.patterns += [" ".join(self.fields(w)) for w in words]
+                if end == ")":
+                    frame.expecting = False
+                    self._open_case_branch(frame)
+                continue
+            if head in ("if", "elif", "while", "until"):
+                condition = [words[1:]]
+                joins = [end]
+                while joins[-1] in ("&&", "||") and index < len(statements):
+                    condition.append(list(statements[index][1]))
+                    joins.append(statements[index][2])
+                    index += 1
+                decided = self.condition(condition, joins[:-1])
+                if head == "elif" and frame is not None:
+                    frame.branch(decided, self._condition_text(condition))
+                elif head == "if":
+                    frames.append(_Frame("if", parent=self._running(frames)))
+                    frames[-1].branch(decided, self._condition_text(condition))
+                else:
+                    frames.append(_Frame("loop", parent=self._running(frames)))
+                continue
+            if head == "else" and frame is not None:
+                frame.otherwise()
+                words = words[1:]
+            elif head in ("fi", "done", "esac") and frames:
+                self.conflicts |= frames.pop().conflicts()
+                continue
+            elif head == "case":
+                value = " ".join(self.fields(words[1])) if len(words) > 1 else ""
+                frames.append(_Frame("case", parent=self._running(frames), value=value, expecting=True))
+                continue
+            elif head in ("for", "select"):
+                frames.append(_Frame("loop", parent=self._running(frames)))
+                continue
             while words and words[0].literal in _KEYWORDS:
                 words.pop(0)
-            if not words:
+            if end == ";;" and frames and frames[-1].kind == "case":
+                frames[-1].expecting = True
+                frames[-1].patterns = []
+            if not words or not self._running(frames):
                 continue
-            head = words[0].literal
-            if head in ("for", "case", "function", "[", "[[", "test") or (head or "").endswith(")"):
-                continue
-            if head in _DECLARE:
-                for word in words[1:]:
-                    if not (word.literal or "").startswith("-"):
-                        self.assign(word)
-                continue
-            if head in ("source", "."):
-                included += [" ".join(self.fields(w)) for w in words[1:2]]
-                continue
-            if head == "unset":
-                for word in words[1:]:
-                    self.variables.pop(word.literal or "", None)
-                continue
-            env: dict[str, str] = {}
-            while words and words[0].array is None and self.assign(words[0], env) and len(words) > 1:
-                words.pop(0)
-            if len(words) == 1 and (words[0].array is not None or _ASSIGNMENT.match(words[0].literal or "")
-                                    or self._is_assignment(words[0])):
-                if not env:
-                    self.assign(words[0])
-                else:
-                    self.assign(words[0])
-                for name, value in env.items():
-                    self.variables[name] = value
-                continue
-            self.unresolved = {}
-            expanded = [f for word in words for f in self.fields(word)]
-            if expanded and expanded[0] == "eval":
-                try:
-                    expanded = shlex.split(" ".join(expanded[1:]), comments=True)
-                except ValueError:
-                    expanded = " ".join(expanded[1:]).split()
-            commands.append(Command(expanded, env, line, self.unresolved))
-            self.unresolved = {}
+            command = self.statement(words, line, included)
+            if command is not None:
+                commands.append(command)
         return commands, included
 
+    def _running(self, frames: list[_Frame]) -> bool:
+        return all(f.taking for f in frames) and all(f.parent for f in frames)
+
+    def _open_case_branch(self, frame: _Frame) -> None:
+        matched = any(fnmatch.fnmatchcase(frame.value, p) for p in frame.patterns)
+        known = PLACEHOLDER.search(frame.value) is None
+        frame.branch(matched if known else None, f"case {frame.value}")
+
+    def _condition_text(self, condition: list[list[Word]]) -> str:
+        return " ... ".join(" ".join("".join(s.text for s in w.segments) for w in words) for words in condition)
+
+    def condition(self, tests: list[list[Word]], joins: list[str]) -> bool | None:
+        """`[ … ]` / `[[ … ]]` / `test` joined by && and ||: True, False, or None (not decidable)."""
+        results = [self.test(words) for words in tests]
+        value = results[0]
+        for join, result in zip(joins, results[1:], strict=False):
+            if join == "&&":
+                value = False if value is False or result is False else (None if None in (value, result) else True)
+            else:
+                value = True if value is True or result is True else (None if None in (value, result) else False)
+        return value
+
+    def test(self, words: list[Word]) -> bool | None:
+        before = dict(self.unresolved)
+        fields = [" ".join(self.fields(w)) if w.segments else "" for w in words]
+        unknown = {k: v for k, v in self.unresolved.items() if k not in before}
+        self.unresolved = before
+        if fields and fields[0] in ("[", "[[", "test"):
+            fields = fields[1:]
+        if fields and fields[-1] in ("]", "]]"):
+            fields = fields[:-1]
+        negate = bool(fields) and fields[0] == "!"
+        fields = fields[1:] if negate else fields
+        unset = [k for k, v in unknown.items() if v.why == NOT_SET]
+        if unknown and len(unset) == len(unknown):
+            # an environment switch the script tests (`[ -z ${MP_VP} ]`): unset reads as empty, as in bash
+            self.assumed_unset.update(unset)
+            saved = {name: self.sets.get(name) for name in unset}
+            self.sets.update({name: "" for name in unset})
+            fields = [" ".join(self.fields(w)) if w.segments else "" for w in words]
+            for name, value in saved.items():
+                self.sets.pop(name) if value is None else self.sets.__setitem__(name, value)
+            self.unresolved = before
+            fields = fields[1:] if fields and fields[0] in ("[", "[[", "test") else fields
+            fields = fields[:-1] if fields and fields[-1] in ("]", "]]") else fields
+            fields = fields[1:] if negate else fields
+        elif unknown:
+            self.deciders.update(unknown)
+            return None
+        result = _evaluate_test(fields)
+        return None if result is None else result != negate
+
+    def statement(self, words: list[Word], line: int, included: list[str]) -> Command | None:
+        head = words[0].literal
+        if head in ("function", "[", "[[", "test", "exit", "return") or (head or "").endswith(("()", ")")):
+            return None
+        if head in _DECLARE:
+            for word in words[1:]:
+                if not (word.literal or "").startswith("-"):
+                    self.assign(word)
+            return None
+        if head in ("source", "."):
+            included += [" ".join(self.fields(w)) for w in words[1:2]]
+            return None
+        if head == "unset":
+            for word in words[1:]:
+                self.variables.pop(word.literal or "", None)
+            return None
+        assignments = 0
+        while assignments < len(words) and self._is_assignment(words[assignments]):
+            assignments += 1
+        if assignments == len(words):
+            for word in words:
+                self.assign(word)
+            return None
+        env: dict[str, str] = {}
+        for word in words[:assignments]:
+            self.assign(word, env)
+        self.unresolved = {}
+        expanded = [f for word in words[assignments:] for f in self.fields(word)]
+        if expanded and expanded[0] == "eval":
+            try:
+                expanded = shlex.split(" ".join(expanded[1:]), comments=True)
+            except ValueError:
+                expanded = " ".join(expanded[1:]).split()
+        command = Command(expanded, env, line, self.unresolved)
+        self.unresolved = {}
+        return command
+
     def _is_assignment(self, word: Word) -> bool:
-        text = "".join(s.text for s in word.segments if s.kind == "lit" and not s.quoted)
-        return bool(_ASSIGNMENT.match(text))
+        prefix = ""
+        for segment in word.segments:
+            if segment.kind != "lit" or segment.quoted:
+                break
+            prefix += segment.text
+        return bool(_ASSIGNMENT.match(prefix))
+
+
+@dataclass
+class _Frame:
+    """One open `if`, `case` or loop: whether its current branch runs."""
+
+    kind: str
+    parent: bool = True  # whether the enclosing code runs
+    value: str = ""  # the case word
+    expecting: bool = False  # a case waiting for its next pattern list
+    patterns: list[str] = field(default_factory=list)
+    taking: bool = True
+    done: bool = False  # a branch was taken
+    undecided: bool = False
+    assigned: list[set[str]] = field(default_factory=list)  # names each undecided branch sets
+
+    def conflicts(self) -> set[str]:
+        """Names that more than one undecided branch sets: the static read cannot pick a value."""
+        seen: set[str] = set()
+        twice: set[str] = set()
+        for names in self.assigned:
+            twice |= seen & names
+            seen |= names
+        return twice
+
+    def branch(self, decided: bool | None, why: str) -> None:
+        """The next branch: taken when its test holds and no earlier branch was."""
+        self.assigned.append(set())
+        if self.done:
+            self.taking = False
+        elif decided is None:
+            self.taking, self.undecided = True, True
+        else:
+            self.taking, self.done = decided, decided
+            self.undecided = False
+        del why
+
+    def otherwise(self) -> None:
+        self.assigned.append(set())
+        self.taking = not self.done or self.undecided
+        if self.undecided:
+            self.done = False
+
+
+_INTEGER_TESTS = {"-eq": lambda a, b: a == b, "-ne": lambda a, b: a != b, "-gt": lambda a, b: a > b,
+                  "-ge": lambda a, b: a >= b, "-lt": lambda a, b: a < b, "-le": lambda a, b: a <= b}
+
+
+def _evaluate_test(fields: list[str]) -> bool | None:
+    """The few test forms launch scripts use: -z/-n, string = == != and the integer comparisons."""
+    if len(fields) == 2 and fields[0] in ("-z", "-n"):
+        return (fields[1] == "") == (fields[0] == "-z")
+    if len(fields) == 1:
+        return fields[0] != ""
+    if len(fields) == 0 and True:
+        return False
+    if len(fields) == 3:
+        left, op, right = fields
+        if op in ("=", "=="):
+            return fnmatch.fnmatchcase(left, right) if "*" in right else left == right
+        if op == "!=":
+            return left != right
+        if op in _INTEGER_TESTS:
+            try:
+                return _INTEGER_TESTS[op](int(left), int(right))
+            except ValueError:
+                return None
+    return None
 
 
 def _spelling(name: str) -> str:
@@ -554,6 +749,14 @@ def _drop_prefix(word: Word, length: int) -> Word:
 def _integer(node: ast.AST) -> int:
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value
+    if isinstance(node, ast.IfExp):
+        return _integer(node.body) if _integer(node.test) else _integer(node.orelse)
+    if isinstance(node, ast.Compare) and len(node.ops) == 1:
+        left, right = _integer(node.left), _integer(node.comparators[0])
+        compare = {ast.Gt: left > right, ast.GtE: left >= right, ast.Lt: left < right,
+                   ast.LtE: left <= right, ast.Eq: left == right, ast.NotEq: left != right}
+        if type(node.ops[0]) in compare:
+            return int(compare[type(node.ops[0])])
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         value = _integer(node.operand)
         return -value if isinstance(node.op, ast.USub) else value
@@ -597,7 +800,8 @@ def read_script(text: str, sets: dict[str, str] | None = None) -> ShellRead:
     """Run the script's assignments and expand every command, without executing anything."""
     interpreter = _Interpreter(sets or {})
     commands, included = interpreter.run(_Lexer(text).statements())
-    return ShellRead(commands, interpreter.variables, sbatch_options(text), included)
+    return ShellRead(commands, interpreter.variables, sbatch_options(text), included, interpreter.deciders,
+                     sorted(interpreter.conflicts), sorted(interpreter.assumed_unset))
 
 
 def entry_index(words: list[str]) -> int | None:

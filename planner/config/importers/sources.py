@@ -59,6 +59,20 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     facts = launch_facts(launcher, read.sbatch)
     front = FrontEnd(SHELL_SCRIPT, argv, entry.rsplit("/", 1)[-1], dict(command.env), facts,
                      dict(command.unresolved), origins=[origin] if origin else [])
+    if read.deciders:
+        names = ", ".join("$" + n if not n.startswith("$") else n for n in read.deciders)
+        settable = [n for n in read.deciders if not n.startswith("$")]
+        if read.conflicts:
+            why = (f"decide(s) which branch of an `if`/`case` runs, and the branches set "
+                   f"{', '.join(read.conflicts)} differently; every branch was read, the last one wins")
+        else:
+            why = "decide(s) which branch of an `if`/`case` runs; every branch was read"
+        fix = " ".join(f"--set {n}=VALUE" for n in settable) or "replace them with their values"
+        front.notes.append(Unmapped(names, "", f"{why}; fix: {fix}", error=bool(read.conflicts)))
+    if read.assumed_unset:
+        names = ", ".join("$" + n for n in read.assumed_unset)
+        front.notes.append(Unmapped(names, "", "tested by the script and not set in it: read as unset (empty), "
+                                    "as bash does; fix: --set NAME=VALUE for the ones your job sets"))
     if read.included:
         front.notes.append(Unmapped("source", " ".join(read.included), "files the script sources are not "
                                     "read; what they set is unresolved"))
