@@ -83,6 +83,7 @@ class ShellRead:
     deciders: dict[str, Unresolved]  # unknowns whose `if` / `case` ran every branch
     conflicts: list[str]  # variables such undecided branches set differently
     assumed_unset: list[str]  # environment variables `[ -z $X ]` tests read as unset
+    carried: dict[str, dict[str, Unresolved]]  # what each variable's value holds unresolved
 
 
 # ---------------------------------------------------------------------------------------- lexer
@@ -302,6 +303,7 @@ class _Interpreter:
         self.unresolved: dict[str, Unresolved] = {}  # of the words being expanded now
         self.carried: dict[str, dict[str, Unresolved]] = {}  # what a variable's value holds unresolved
         self.deciders: dict[str, Unresolved] = {}  # unknowns that left an `if` / `case` undecided
+        self.assigned_somewhere: set[str] = set()  # every name an assignment anywhere in the script sets
         self.assumed_unset: set[str] = set()  # environment switches a test read as unset
         self.conflicts: set[str] = set()  # variables two undecided branches both assign
         self.frames: list[_Frame] = []
@@ -352,6 +354,8 @@ class _Interpreter:
             return value  # type: ignore[return-value]
         if op in (":+", "+"):
             return "" if empty else self.expand_text(arg)
+        if value is None and name in self.assigned_somewhere:
+            return ""  # the script sets it only in a branch that did not run: empty, as bash has it
         if value is None:
             if name.isdigit():
                 return self._unknown(name, f"positional argument ${name} of the script")
@@ -651,12 +655,7 @@ class _Interpreter:
         return command
 
     def _is_assignment(self, word: Word) -> bool:
-        prefix = ""
-        for segment in word.segments:
-            if segment.kind != "lit" or segment.quoted:
-                break
-            prefix += segment.text
-        return bool(_ASSIGNMENT.match(prefix))
+        return bool(_ASSIGNMENT.match(_literal_prefix(word)))
 
 
 @dataclass
@@ -725,6 +724,16 @@ def _evaluate_test(fields: list[str]) -> bool | None:
             except ValueError:
                 return None
     return None
+
+
+def _literal_prefix(word: Word) -> str:
+    """The unquoted literal text a word starts with (where `NAME=` of an assignment is)."""
+    prefix = ""
+    for segment in word.segments:
+        if segment.kind != "lit" or segment.quoted:
+            break
+        prefix += segment.text
+    return prefix
 
 
 def _spelling(name: str) -> str:
@@ -799,9 +808,12 @@ def sbatch_options(text: str) -> dict[str, str]:
 def read_script(text: str, sets: dict[str, str] | None = None) -> ShellRead:
     """Run the script's assignments and expand every command, without executing anything."""
     interpreter = _Interpreter(sets or {})
-    commands, included = interpreter.run(_Lexer(text).statements())
+    statements = _Lexer(text).statements()
+    interpreter.assigned_somewhere = {match.group(1) for _, words, _ in statements for word in words
+                                      if (match := _ASSIGNMENT.match(_literal_prefix(word)))}
+    commands, included = interpreter.run(statements)
     return ShellRead(commands, interpreter.variables, sbatch_options(text), included, interpreter.deciders,
-                     sorted(interpreter.conflicts), sorted(interpreter.assumed_unset))
+                     sorted(interpreter.conflicts), sorted(interpreter.assumed_unset), interpreter.carried)
 
 
 def entry_index(words: list[str]) -> int | None:
@@ -825,6 +837,23 @@ def launch_command(read: ShellRead) -> Command | None:
 
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+_MIN_FLAGS = 3  # a variable holding fewer `--flags` is not an argument list
+
+
+def argument_variables(read: ShellRead) -> tuple[list[str], list[str], dict[str, Unresolved]] | None:
+    """A snippet that only defines argument lists (`MODEL_ARGS="--num-layers 48 …"`, no launch):
+    the variables whose words are Megatron flags, in the order the script sets them, their words,
+    and what they hold unresolved."""
+    names: list[str] = []
+    argv: list[str] = []
+    unresolved: dict[str, Unresolved] = {}
+    for name, value in read.variables.items():
+        words = value if isinstance(value, list) else (value.split() if not isinstance(value, Unknown) else [])
+        if words and words[0].startswith("--") and sum(w.startswith("--") for w in words) >= _MIN_FLAGS:
+            names.append(name)
+            argv += words
+            unresolved.update(read.carried.get(name, {}))
+    return (names, argv, unresolved) if names else None
 
 
 def expand_value(text: str, variables: dict[str, str]) -> tuple[str, dict[str, Unresolved]]:

@@ -15,10 +15,16 @@ from planner.config.importers.launch_facts import launch_facts
 from planner.config.importers.log_lines import clean_lines
 from planner.config.importers.megatron_args import Imported, Unmapped, split_words
 from planner.config.importers.megatron_log import has_dump, log_front_end
-from planner.config.importers.shell_script import entry_index, launch_command, read_script
+from planner.config.importers.shell_script import (
+    argument_variables,
+    entry_index,
+    launch_command,
+    read_script,
+)
 
 ARGUMENT_FILE = "argument file"
 SHELL_SCRIPT = "shell launch script"
+SHELL_SNIPPET = "shell argument snippet, no launch command"
 # What makes a text a script rather than one command line: assignments, expansions, control flow.
 _SHELL_SIGNS = re.compile(r"^\s*(?:#!|export\s|[A-Za-z_][A-Za-z0-9_]*\+?=|if\s|for\s|while\s|function\s"
                           r"|source\s|\.\s|#SBATCH)|\$[{(A-Za-z_0-9@]", re.M)
@@ -35,8 +41,7 @@ def detect_form(text: str) -> str:
     """The form's name: what the user is told the file was read as."""
     if has_dump(clean_lines(text)):
         return "log"
-    mapping_like = not _SHELL_SIGNS.search(text) or text.lstrip().startswith(("ENV_VARS", "MODEL_ARGS", "--"))
-    data = load_map(text) if mapping_like else None
+    data = load_map(text)
     if data is not None and is_argument_map(data):
         return "map"
     if data is not None and {"model", "parallel"} & set(data):
@@ -47,6 +52,10 @@ def detect_form(text: str) -> str:
 def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> FrontEnd:
     read = read_script(text, sets)
     command = launch_command(read)
+    if command is None and (held := argument_variables(read)):
+        names, argv, unresolved = held
+        return FrontEnd(f"{SHELL_SNIPPET} ({', '.join(names)})", argv, unresolved=unresolved,
+                        origins=[origin] if origin else [])
     if command is None:
         runs = [c.words[:2] for c in read.commands if c.words and c.words[0] in ("bash", "sh", "sbatch")]
         why = ("no command in it starts a Python entry script (pretrain_gpt.py, …)"
