@@ -20,6 +20,7 @@ from planner.emit.megatron_check import DATA_ARGUMENTS, CheckRequest, request_fo
 FILES = Path(__file__).parent / "launch_corpus_files"
 # Megatron-LM tests/test_utils/recipes/h100/moe.yaml runs every MoE functional test on one node of 8.
 FUNCTIONAL_TEST_WORLD = 8
+FUNCTIONAL_TEST = "YAML argument map (MODEL_ARGS of a Megatron-LM"
 # GPT-2 BPE, which the functional tests' --vocab-file bpe/vocab.json holds (50257 tokens).
 GPT2_VOCABULARY = 50257
 
@@ -68,16 +69,16 @@ CORPUS: tuple[CorpusEntry, ...] = (
                 why="one node of 8; vocabulary of the qwen3-30b-a3b preset the note suggests"),
     CorpusEntry("mlm_modelopt_deepseek_v2_lite.sh", "shell argument snippet", world_size=8,
                 vocab_size=102400, why="one node of 8; DeepSeek-V2-Lite config.json vocab_size 102400"),
-    CorpusEntry("mlm_ft_tp2_pp1_8experts_etp1_ep4.yaml", "YAML argument map (MODEL_ARGS of a Megatron-LM",
+    CorpusEntry("mlm_ft_tp2_pp1_8experts_etp1_ep4.yaml", FUNCTIONAL_TEST,
                 world_size=FUNCTIONAL_TEST_WORLD, vocab_size=GPT2_VOCABULARY,
                 why="tests/test_utils/recipes/h100/moe.yaml: nodes 1, gpus 8; GPT-2 BPE vocabulary"),
-    CorpusEntry("mlm_ft_tp2_pp2_ep2_4experts.yaml", "YAML argument map (MODEL_ARGS of a Megatron-LM",
+    CorpusEntry("mlm_ft_tp2_pp2_ep2_4experts.yaml", FUNCTIONAL_TEST,
                 world_size=FUNCTIONAL_TEST_WORLD, vocab_size=GPT2_VOCABULARY,
                 why="tests/test_utils/recipes/h100/moe.yaml: nodes 1, gpus 8; GPT-2 BPE vocabulary"),
-    CorpusEntry("mlm_ft_tp4_ep2_etp2_pp2_dist_optimizer.yaml", "YAML argument map (MODEL_ARGS of a Megatron-LM",
+    CorpusEntry("mlm_ft_tp4_ep2_etp2_pp2_dist_optimizer.yaml", FUNCTIONAL_TEST,
                 world_size=FUNCTIONAL_TEST_WORLD, vocab_size=GPT2_VOCABULARY,
                 why="tests/test_utils/recipes/h100/moe.yaml: nodes 1, gpus 8; GPT-2 BPE vocabulary"),
-    CorpusEntry("mlm_ft_tp2_pp2_ep4_etp1_mtp_fp8.yaml", "YAML argument map (MODEL_ARGS of a Megatron-LM",
+    CorpusEntry("mlm_ft_tp2_pp2_ep4_etp1_mtp_fp8.yaml", FUNCTIONAL_TEST,
                 world_size=FUNCTIONAL_TEST_WORLD, vocab_size=GPT2_VOCABULARY,
                 why="tests/test_utils/recipes/h100/moe.yaml: nodes 1, gpus 8; GPT-2 BPE vocabulary"),
     CorpusEntry("modelzoo_qwen3_30b_a3b.yaml", "YAML argument map (MODEL_ARGS, as Megatron-MoE-ModelZoo",
@@ -96,14 +97,15 @@ CORPUS: tuple[CorpusEntry, ...] = (
     CorpusEntry("modelzoo_deepseek_v3.yaml", "YAML argument map (MODEL_ARGS, as Megatron-MoE-ModelZoo",
                 sets={**modelzoo_sets(1, 16, 64, 1, 1, 1, 8192, 61, "flex", "true"), "PP_FIRST": "4",
                       "PP_LAST": "1"}, world_size=1024, vocab_size=129280,
-                appended=("--decoder-first-pipeline-num-layers", "4", "--decoder-last-pipeline-num-layers", "1"),
+                appended=("--decoder-first-pipeline-num-layers", "4",
+                          "--decoder-last-pipeline-num-layers", "1"),
                 why=f"{MODELZOO_RUNTIME}: NNODES 128; sbatch_benchmarking.sh appends PP_FIRST 4 / PP_LAST 1 "
                     "as --decoder-first/last-pipeline-num-layers (61 layers over PP 16); deepseek-v3 preset "
                     "vocabulary"),
     CorpusEntry("pai_deepseek_v3.sh", "shell launch script",
-                sets={**_positional(["dsw", "A37B", "1", "8", "1e-5", "1e-6", "1024", "1024", "bf16", "8", "8",
-                                     "1", "1", "16", "true", "true", "false", "false", "sel", "1.0", "100000",
-                                     "/data", "/data", "/ckpt", "1000000000", "10000", "/out"]),
+                sets={**_positional(["dsw", "A37B", "1", "8", "1e-5", "1e-6", "1024", "1024", "bf16", "8",
+                                     "8", "1", "1", "16", "true", "true", "false", "false", "sel", "1.0",
+                                     "100000", "/data", "/data", "/ckpt", "1000000000", "10000", "/out"]),
                       "MP_PP0_LAYERS": "5", "GPUS_PER_NODE": "8", "NNODES": "16"},
                 vocab_size=129280, why=PAI_README.format(model="deepseek_v3") + " with MP_PP0_LAYERS=5; "
                 "16 nodes of 8 (EP 16 x PP 8); deepseek-v3 preset vocabulary"),
@@ -112,8 +114,8 @@ CORPUS: tuple[CorpusEntry, ...] = (
                                      "1", "1", "4", "true", "true", "true", "false", "sel", "false", "100000",
                                      "/data", "/data", "/ckpt", "10000", "100", "/out"]),
                       "WORLD_SIZE": "1", "RANK": "0", "KUBERNETES_CONTAINER_RESOURCE_GPU": "8"},
-                vocab_size=151936, why=PAI_README.format(model="qwen3") + "; one dlc node of 8; "
-                "qwen3-30b-a3b preset vocabulary"),
+                why=PAI_README.format(model="qwen3") + "; one dlc node of 8 (its --padded-vocab-size "
+                "gives the vocabulary)"),
 )
 
 
@@ -148,29 +150,54 @@ ENVIRONMENT_ONLY = {
 }
 
 
+# Data and tokenizer arguments: the probe runs on mock data with the null tokenizer (DATA_ARGUMENTS),
+# which takes the model's --vocab-size.
+DATA_AND_TOKENIZER = {"--data-path", "--train-data-path", "--valid-data-path", "--test-data-path", "--split",
+                      "--data-cache-path", "--tokenizer-type", "--tokenizer-model", "--vocab-file",
+                      "--merge-file", "--data-args-path", "--per-split-data-args-path", "--mock-data"}
+
+
 def without_environment_flags(argv: list[str]) -> list[str]:
+    """The arguments the probe machine can judge: no kernel-library checks, no data or tokenizer
+    (replaced by mock data), and only Megatron's own arguments — an entry script such as
+    Pai-Megatron-Patch's pretrain_qwen.py adds its own parser's (--patch-tokenizer-type, …)."""
+    from planner.config.importers.megatron_args import parse_command
+    from planner.config.megatron_names import megatron_arguments
+
+    known = megatron_arguments()
+    return [w for a in parse_command(argv).arguments
+            if a.flag not in ENVIRONMENT_ONLY and a.flag not in DATA_AND_TOKENIZER
+            and a.flag.removeprefix("--").replace("-", "_") in known for w in a.words]
+
+
+def known_arguments(argv: list[str]) -> list[str]:
+    """The arguments whose values the file gives (those holding an unknown `${NAME}` left out)."""
     from planner.config.importers.megatron_args import parse_command
 
-    return [w for a in parse_command(argv).arguments if a.flag not in ENVIRONMENT_ONLY for w in a.words]
+    return [w for a in parse_command(argv).arguments if not any("${" in v for v in a.values) for w in a.words]
 
 
 def megatron_request(name: str, result: Imported, front: FrontEnd, cfg: Config | None) -> CheckRequest:
-    """What Megatron is asked to judge: the arguments `emit megatron` writes for the imported config;
+    """What Megatron is asked to judge: the arguments `emit megatron` writes for the imported config,
+    its launch.megatron_extra_args included (those with a value the file leaves unknown left out);
     where the config has no stage split to emit (moeplan refuses it), the file's own arguments
     (those whose value the file leaves unknown left out)."""
+    from planner.emit.megatron import megatron_arguments
     from planner.emit.safety import EmitError
 
     if cfg is not None:
         try:
             plain = request_for(cfg, name)
-            return CheckRequest(name, plain.entry, without_environment_flags(plain.argv), plain.env,
-                                plain.world_size)
+            passthrough = known_arguments(list(megatron_arguments(cfg).extra))
+            flags = plain.argv[:len(plain.argv) - len(DATA_ARGUMENTS)]
+            return CheckRequest(name, plain.entry, [*without_environment_flags(flags + passthrough),
+                                                    *DATA_ARGUMENTS], plain.env, plain.world_size)
         except EmitError:
             pass
-    from planner.config.importers.megatron_args import parse_command
-
-    known = [w for a in parse_command(front.argv).arguments if not any("${" in v for v in a.values)
-             for w in a.words]
+    known = known_arguments(front.argv)
     world = result.get("parallel.world_size") or 1
     return CheckRequest(name, front.entry or "pretrain_gpt.py",
                         [*without_environment_flags(known), *DATA_ARGUMENTS], dict(front.env), world)
+
+
+BY_NAME = {entry.name: entry for entry in CORPUS}

@@ -86,9 +86,13 @@ def _unresolved_notes(front: FrontEnd, words: list[str]) -> tuple[list[str], lis
 def _vocabulary(result: Imported, front: FrontEnd, words: list[str]) -> None:
     """`model.vocab_size` from a local tokenizer folder when no vocabulary flag is given; else one
     note naming the flag and field to set, with a preset's vocabulary as the suggestion."""
+    values = {a.flag: a.text for a in parse_command(words).arguments}
+    padded = values.get("--padded-vocab-size", "")
+    if padded.isdigit() and "--vocab-size" not in values and not is_modelled("--padded-vocab-size"):
+        _padded_vocabulary(result, front, int(padded))
+        return
     if any(flag in words for flag in _VOCABULARY_FLAGS) or result.has("model.vocab_size"):
         return
-    values = {a.flag: a.text for a in parse_command(words).arguments}
     tokenizer = values.get("--tokenizer-model") or values.get("--tokenizer-name-or-path") or ""
     kind = values.get("--tokenizer-type", "")
     folder = local_folder(tokenizer, front.origins)
@@ -108,6 +112,22 @@ def _vocabulary(result: Imported, front: FrontEnd, words: list[str]) -> None:
            "folder moeplan can read")
     front.notes.append(Unmapped("--vocab-size", "", f"{why}; fix: add --vocab-size N to the arguments or "
                                 f"set model.vocab_size{hint}"))
+
+
+def _padded_vocabulary(result: Imported, front: FrontEnd, padded: int) -> None:
+    """`--padded-vocab-size N` is the embedding size Megatron uses as given (validate_args skips
+    _vocab_size_with_padding): the same N in moeplan's terms is vocab_size N padded to a multiple of
+    1 x TP, exact whenever TP divides N."""
+    tp = result.get("parallel.tp", 1)
+    if padded % tp:
+        front.notes.append(Unmapped("--padded-vocab-size", str(padded), f"not a multiple of TP {tp}, which "
+                                    "moeplan's vocabulary padding needs; fix: set model.vocab_size",
+                                    error=True))
+        return
+    result.set("model.vocab_size", padded)
+    result.set("model.make_vocab_size_divisible_by", 1)
+    front.notes.append(Unmapped("--padded-vocab-size", str(padded), f"model.vocab_size {padded} with "
+                                "make_vocab_size_divisible_by 1: Megatron's padded vocabulary as given"))
 
 
 def _apply_launch(result: Imported, facts: LaunchFacts, world_size: int | None) -> None:

@@ -17,7 +17,7 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\
 _STAMPS = (
     re.compile(r"\[[^\[\]\n]{0,120}\]:?[ \t]*"),  # [default0]: [rank0]: [2025-01-01 12:00:00] [INFO]
     re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?[ \t]*(?:[-|][ \t]*)?"),
-    re.compile(r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?::[\w.]+:|[ \t]*[-|:][ \t]*)"),
+    re.compile(r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?::[\w.]+:|[ \t]*[-|:][ \t]*|[ \t]+)"),
     re.compile(r"\d{1,5}:[ \t]"),  # srun --label: "12: "
     re.compile(r"(?:rank|RANK)[ \t]*\d+[ \t]*[:|][ \t]*"),
     re.compile(r"\[?[\w.]+\.py:\d+\]?[ \t]*:?[ \t]*"),  # [file.py:42] :

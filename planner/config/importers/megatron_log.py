@@ -184,8 +184,9 @@ def log_front_end(text: str, source: str = "log") -> tuple[FrontEnd, LogRead]:
     unknown = sorted(d for d in read.dump if d not in destinations() and d not in _FACTS)
     if unknown:
         front.notes.append(Unmapped(" ".join(unknown[:6]) + (" …" if len(unknown) > 6 else ""), "",
-                                    f"{len(unknown)} dump entries are no argument of the Megatron-LM "
-                                    "moeplan follows (another Megatron version); left out"))
+                                    f"{len(unknown)} dump entries have no flag in the parser of the "
+                                    "Megatron-LM moeplan follows (values validate_args sets, or arguments "
+                                    "of another Megatron version); left out"))
     return front, read
 
 

@@ -574,17 +574,21 @@ class _Interpreter:
         frame.branch(matched if known else None, f"case {frame.value}")
 
     def _condition_text(self, condition: list[list[Word]]) -> str:
-        return " ... ".join(" ".join("".join(s.text for s in w.segments) for w in words) for words in condition)
+        def spelled(words: list[Word]) -> str:
+            return " ".join("".join(s.text for s in w.segments) for w in words)
+
+        return " ... ".join(spelled(words) for words in condition)
 
     def condition(self, tests: list[list[Word]], joins: list[str]) -> bool | None:
         """`[ … ]` / `[[ … ]]` / `test` joined by && and ||: True, False, or None (not decidable)."""
         results = [self.test(words) for words in tests]
         value = results[0]
         for join, result in zip(joins, results[1:], strict=False):
-            if join == "&&":
-                value = False if value is False or result is False else (None if None in (value, result) else True)
+            decisive = False if join == "&&" else True  # what settles `a && b` / `a || b` alone
+            if decisive in (value, result):
+                value = decisive
             else:
-                value = True if value is True or result is True else (None if None in (value, result) else False)
+                value = None if None in (value, result) else not decisive
         return value
 
     def test(self, words: list[Word]) -> bool | None:
@@ -848,7 +852,7 @@ def argument_variables(read: ShellRead) -> tuple[list[str], list[str], dict[str,
     argv: list[str] = []
     unresolved: dict[str, Unresolved] = {}
     for name, value in read.variables.items():
-        words = value if isinstance(value, list) else (value.split() if not isinstance(value, Unknown) else [])
+        words = value if isinstance(value, list) else [] if isinstance(value, Unknown) else value.split()
         if words and words[0].startswith("--") and sum(w.startswith("--") for w in words) >= _MIN_FLAGS:
             names.append(name)
             argv += words

@@ -80,8 +80,8 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
         front.notes.append(Unmapped(names, "", f"{why}; fix: {fix}", error=bool(read.conflicts)))
     if read.assumed_unset:
         names = ", ".join("$" + n for n in read.assumed_unset)
-        front.notes.append(Unmapped(names, "", "tested by the script and not set in it: read as unset (empty), "
-                                    "as bash does; fix: --set NAME=VALUE for the ones your job sets"))
+        front.notes.append(Unmapped(names, "", "tested by the script and not set in it: read as unset "
+                                    "(empty), as bash does; fix: --set NAME=VALUE for those your job sets"))
     if read.included:
         front.notes.append(Unmapped("source", " ".join(read.included), "files the script sources are not "
                                     "read; what they set is unresolved"))
