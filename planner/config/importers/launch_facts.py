@@ -92,9 +92,10 @@ def launch_facts(launcher: list[str], sbatch: dict[str, str] | None = None) -> L
             if key in values and values[key][1].isdigit() and not value.isdigit():
                 continue
             values[key] = (f"{name} {flag} {value}", value)
-    for option, key in _SBATCH.items():
-        if sbatch and option in sbatch and key not in values:
-            values[key] = (f"#SBATCH --{option}={sbatch[option]}", sbatch[option])
+    for option, key in _SBATCH.items():  # the job's allocation, where the launch line does not count
+        if sbatch and option in sbatch and (key not in values or not values[key][1].isdigit()):
+            if sbatch[option].isdigit() or key not in values:
+                values[key] = (f"#SBATCH --{option}={sbatch[option]}", sbatch[option])
     facts.launcher = "torchrun" if "torchrun" in names else next(iter(names), "")
     numbers: dict[str, int] = {}
     for key, (where, value) in values.items():
