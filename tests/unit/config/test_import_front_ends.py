@@ -45,7 +45,8 @@ ARGS+=(--lr 1e-4)
 MORE="--min-lr 1e-5 \
       --save /ckpt/$NAME"
 LAYERS=$(( 2 * (TP + 1) ))
-torchrun --nproc-per-node 8 pretrain_gpt.py "${ARGS[@]}" $MORE --num-layers $LAYERS --empty "" ${UNSET_OK:+--x}
+torchrun --nproc-per-node 8 pretrain_gpt.py "${ARGS[@]}" $MORE --num-layers $LAYERS \
+    --empty "" ${UNSET_OK:+--x}
 """
     assert words_of(script) == ["torchrun", "--nproc-per-node", "8", "pretrain_gpt.py",
                                 "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "4",
@@ -126,12 +127,16 @@ srun python pretrain_gpt.py {MODEL} --vocab-size 1000
     assert result.data["parallel"]["world_size"] == 16
 
 
+MAP_LINES = "\n".join(f"  {flag}: {value}" for flag, value in zip(MODEL.split()[::2], MODEL.split()[1::2],
+                                                                   strict=True))
+
+
 def test_yaml_argument_maps() -> None:
     text = f"""
 ENV_VARS:
   CUDA_DEVICE_MAX_CONNECTIONS: 1
 MODEL_ARGS:
-{chr(10).join(f"  {flag}: {value}" for flag, value in zip(MODEL.split()[::2], MODEL.split()[1::2], strict=True))}
+{MAP_LINES}
   --vocab-size: 1000
   --moe-grouped-gemm: true
   --moe-router-pre-softmax: false
