@@ -23,6 +23,7 @@ _MPIRUN = {"-np": "tasks", "-n": "tasks", "--np": "tasks", "-npernode": "per_nod
 _SBATCH = {"nodes": "nodes", "ntasks": "tasks", "ntasks-per-node": "per_node",
            "gpus-per-node": "gpus_per_node"}
 _PPR = re.compile(r"ppr:(\d+):node")
+DUMP_LAUNCHER = "dump"  # the facts come from a training log's argument dump, not a launcher
 
 
 @dataclass
@@ -39,6 +40,8 @@ class LaunchFacts:
 
     @property
     def summary(self) -> str:
+        if self.launcher == DUMP_LAUNCHER:
+            return f"world_size {self.world_size}" if self.world_size else "no world_size in the dump"
         if self.world_size is None:
             return self.launcher or "no launcher"
         shape = f"{self.nodes} node(s) x {self.per_node}" if self.nodes and self.per_node else ""

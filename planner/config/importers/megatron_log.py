@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.config.importers.assemble import FrontEnd, assemble
-from planner.config.importers.launch_facts import LaunchFacts
+from planner.config.importers.launch_facts import DUMP_LAUNCHER, LaunchFacts
 from planner.config.importers.log_lines import clean_lines
 from planner.config.importers.megatron_args import Unmapped
 
@@ -175,9 +175,9 @@ def log_front_end(text: str, source: str = "log") -> tuple[FrontEnd, LogRead]:
     """The log as an import front end: the dump's arguments, its world size as the launch."""
     read = read_log(text)
     world = read.printed_int("world_size")
-    facts = LaunchFacts(launcher="Megatron's argument dump", world_size=world,
+    facts = LaunchFacts(launcher=DUMP_LAUNCHER, world_size=world,
                         sources=[f"world_size {world} in the argument dump of {source}"] if world else [])
-    front = FrontEnd("Megatron training log (argument dump)", read.argv, facts=facts)
+    front = FrontEnd("Megatron training log, argument dump", read.argv, facts=facts)
     if read.dumps > 1:
         front.notes.append(Unmapped("---- arguments ----", str(read.dumps), "the log holds several argument "
                                     "dumps (one per start of the job); the last one is read"))
