@@ -47,17 +47,16 @@ AsJson = Annotated[bool, typer.Option("--json", help="machine-readable report on
 
 
 def read_source(source: str) -> str:
-    """The text of SOURCE (`-` for stdin); exit 2 when it cannot be read as UTF-8 text."""
-    if source == "-":
-        raw = sys.stdin.buffer.read()
-    else:
-        path = Path(source)
-        if not path.is_file():
-            fail(EXIT_USAGE, f"{source}: {'is a directory' if path.is_dir() else 'no such file'}")
+    """The text of SOURCE (`-` for stdin); exit 2 when it cannot be read as UTF-8 text. Files go
+    through the config loader's reader (planner/config/loader.py read_text), the one file reader."""
+    from planner.config.loader import UnreadableConfig, read_text
+
+    if source != "-":
         try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            fail(EXIT_USAGE, f"{source}: cannot read ({exc.strerror})")
+            return read_text(source)
+        except UnreadableConfig as exc:
+            fail(EXIT_USAGE, str(exc))
+    raw = sys.stdin.buffer.read()
     if b"\x00" in raw:
         fail(EXIT_USAGE, f"{source}: binary data, expected text")
     try:
