@@ -533,10 +533,10 @@ class _Interpreter:
                     index += 1
                 decided = self.condition(condition, joins[:-1])
                 if head == "elif" and frame is not None:
-                    frame.branch(decided, self._condition_text(condition))
+                    frame.branch(decided)
                 elif head == "if":
                     frames.append(_Frame("if", parent=self._running(frames)))
-                    frames[-1].branch(decided, self._condition_text(condition))
+                    frames[-1].branch(decided)
                 else:
                     frames.append(_Frame("loop", parent=self._running(frames)))
                 continue
@@ -571,13 +571,7 @@ class _Interpreter:
     def _open_case_branch(self, frame: _Frame) -> None:
         matched = any(fnmatch.fnmatchcase(frame.value, p) for p in frame.patterns)
         known = PLACEHOLDER.search(frame.value) is None
-        frame.branch(matched if known else None, f"case {frame.value}")
-
-    def _condition_text(self, condition: list[list[Word]]) -> str:
-        def spelled(words: list[Word]) -> str:
-            return " ".join("".join(s.text for s in w.segments) for w in words)
-
-        return " ... ".join(spelled(words) for words in condition)
+        frame.branch(matched if known else None)
 
     def condition(self, tests: list[list[Word]], joins: list[str]) -> bool | None:
         """`[ … ]` / `[[ … ]]` / `test` joined by && and ||: True, False, or None (not decidable)."""
@@ -685,7 +679,7 @@ class _Frame:
             seen |= names
         return twice
 
-    def branch(self, decided: bool | None, why: str) -> None:
+    def branch(self, decided: bool | None) -> None:
         """The next branch: taken when its test holds and no earlier branch was."""
         self.assigned.append(set())
         if self.done:
@@ -695,7 +689,6 @@ class _Frame:
         else:
             self.taking, self.done = decided, decided
             self.undecided = False
-        del why
 
     def otherwise(self) -> None:
         self.assigned.append(set())
@@ -714,7 +707,7 @@ def _evaluate_test(fields: list[str]) -> bool | None:
         return (fields[1] == "") == (fields[0] == "-z")
     if len(fields) == 1:
         return fields[0] != ""
-    if len(fields) == 0 and True:
+    if not fields:
         return False
     if len(fields) == 3:
         left, op, right = fields
