@@ -20,6 +20,7 @@ from planner.config.importers.launch_facts import launch_facts
 from planner.config.importers.shell_script import launch_command, read_script
 from planner.config.importers.sources import NotAnImport, detect_form, import_text
 from planner.config.loader import parse_config, parse_yaml
+from tests.support.paths import EXAMPLES
 
 runner = CliRunner()
 MODEL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --num-experts 8 --moe-router-topk 2 "
@@ -200,3 +201,28 @@ def test_cli_names_the_form_and_prints_check_findings_at_once(tmp_path: Path) ->
     assert data["parallel"]["tp"] == 4 and data["cluster"] == {"nodes": 1, "gpus_per_node": 8}
     bad = runner.invoke(app, ["import", "megatron", str(script), "--set", "TP"])
     assert bad.exit_code == 2 and "expected NAME=VALUE" in bad.output
+
+
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml")) + sorted((EXAMPLES / "warnings").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", EXAMPLE_FILES, ids=lambda p: p.name)
+def test_every_example_imports_the_same_through_the_front_end(config: Path) -> None:
+    """The argument-file front end gives what the mapping alone gives (the round trip of
+    test_import_megatron.py), and its YAML loads back as written."""
+    import shlex
+
+    from planner.config.importers.megatron_args import import_arguments
+    from planner.config.loader import load_config
+    from planner.emit.megatron import megatron_arguments
+
+    cfg = load_config(config)
+    args = megatron_arguments(cfg)
+    nodes, world = cfg.cluster.nodes, cfg.parallel.world_size
+    assert nodes is not None and world is not None
+    words = [args.entry, *(w for flag in args.flags for w in (flag.flag, *flag.values)), *args.extra]
+    text = f"torchrun --nnodes {nodes} --nproc-per-node {world // nodes} " + shlex.join(words)
+    result, front = import_text(text)
+    assert front.form == "argument file" and result.data == import_arguments(text).data
+    written, _, _ = parse_yaml(config_yaml(result.data, []))
+    assert written == result.data
