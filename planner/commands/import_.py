@@ -47,17 +47,16 @@ AsJson = Annotated[bool, typer.Option("--json", help="machine-readable report on
 
 
 def read_source(source: str) -> str:
-    """The text of SOURCE (`-` for stdin); exit 2 when it cannot be read as UTF-8 text."""
-    if source == "-":
-        raw = sys.stdin.buffer.read()
-    else:
-        path = Path(source)
-        if not path.is_file():
-            fail(EXIT_USAGE, f"{source}: {'is a directory' if path.is_dir() else 'no such file'}")
+    """The text of SOURCE (`-` for stdin); exit 2 when it cannot be read as UTF-8 text. Files go
+    through the config loader's reader (planner/config/loader.py read_text), the one file reader."""
+    from planner.config.loader import UnreadableConfig, read_text
+
+    if source != "-":
         try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            fail(EXIT_USAGE, f"{source}: cannot read ({exc.strerror})")
+            return read_text(source)
+        except UnreadableConfig as exc:
+            fail(EXIT_USAGE, str(exc))
+    raw = sys.stdin.buffer.read()
     if b"\x00" in raw:
         fail(EXIT_USAGE, f"{source}: binary data, expected text")
     try:
@@ -75,10 +74,21 @@ def config_yaml(data: dict[str, dict[str, Any]], header: list[str]) -> str:
 
     Dumper.add_representer(list, lambda dumper, value: dumper.represent_sequence(
         "tag:yaml.org,2002:seq", value, flow_style=True))
+    Dumper.add_representer(str, _string_representer)
     ordered = {s: data[s] for s in SECTION_ORDER if data.get(s)}
     ordered.update({s: v for s, v in data.items() if s not in ordered and v})
     body = yaml.dump(ordered, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100)
     return "".join(f"# {line}\n" for line in header) + body
+
+
+def _string_representer(dumper: Any, value: str) -> Any:
+    """Quote a string the config loader would read as another type: moeplan's loader reads YAML 1.2
+    numbers (`1e-6` is a float there, a string to PyYAML's YAML 1.1 dumper), so a value such as
+    `--min-lr 1e-6` kept in launch.megatron_extra_args must be written quoted to load back."""
+    from planner.config.loader import loads_as_string
+
+    style = None if loads_as_string(value) else "'"
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -147,33 +157,54 @@ def finish(text: str, data: dict[str, dict[str, Any]], unmapped: list[Any], outp
     raise typer.Exit(EXIT_OK if ok else EXIT_CONFIG)
 
 
+def parse_sets(sets: list[str]) -> dict[str, str]:
+    """`--set NAME=VALUE` options as a mapping; exit 2 on one without `=`."""
+    values: dict[str, str] = {}
+    for item in sets:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            fail(EXIT_USAGE, f"--set {item!r}: expected NAME=VALUE (a variable of the launch script or "
+                             "argument map)")
+        values[name.strip()] = value
+    return values
+
+
 @import_app.command("megatron")
 def import_megatron(
-    args: Annotated[str, typer.Argument(metavar="ARGS", help="file of Megatron-LM arguments (a command "
-                                        "line, one or many per line, torchrun and the entry script may "
-                                        "lead), or - for stdin")],
+    args: Annotated[str, typer.Argument(metavar="SOURCE", help="what you launch Megatron-LM with: an "
+                                        "argument file (a command line; torchrun and the entry script may "
+                                        "lead), a shell launch script (read, never run), a YAML argument "
+                                        "map (MODEL_ARGS), or a training log with Megatron's argument dump; "
+                                        "- for stdin")],
     output: Output = None,
     world_size: Annotated[int | None, typer.Option("--world-size", min=1, help="ranks of the job, when "
-                                                   "no torchrun --nnodes/--nproc-per-node gives them")
-                          ] = None,
+                                                   "no launcher in SOURCE gives them")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", metavar="NAME=VALUE", help="value of a "
+                                                   "variable the script or map leaves to its environment "
+                                                   "(repeatable)")] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Turn a Megatron-LM command line into a moeplan config; report what it could not map."""
-    from planner.config.importers.megatron_args import UnreadableArgs, import_arguments
+    """Turn a Megatron-LM launch (arguments, script, argument map or log) into a moeplan config."""
+    from planner.config.importers.megatron_args import UnreadableArgs
+    from planner.config.importers.sources import NotAnImport, import_text
 
     text = read_source(args)
+    origin = None if args == "-" else Path(args).resolve().parent
     try:
-        result = import_arguments(text, world_size)
-    except UnreadableArgs as exc:
+        result, front = import_text(text, parse_sets(sets or []), world_size, origin)
+    except (UnreadableArgs, NotAnImport) as exc:
         fail(EXIT_USAGE, f"{args}: {exc}")
     kept = [u for u in result.unmapped if not u.error]
     header = [f"imported by `moeplan import megatron` from {'stdin' if args == '-' else args}"
-              + (f" (entry {result.entry})" if result.entry else "")]
-    if kept and "megatron_extra_args" not in result.data.get("launch", {}):
+              + (f" (entry {result.entry})" if result.entry else ""),
+              f"read as: {front.described}"]
+    if kept and "megatron_extra_args" not in result.data.get("launch", {}) and result.extra_args:
         header += ["arguments moeplan does not model (this moeplan has no launch.megatron_extra_args; "
                    "pass them to Megatron-LM yourself):", "  " + shlex.join(result.extra_args)]
+    if not as_json:
+        stderr.print(f"read {escape('stdin' if args == '-' else args)} as: {escape(front.described)}")
     finish(config_yaml(result.data, header), result.data, result.unmapped, output, as_json,
-           {"entry": result.entry, "env": result.env})
+           {"form": front.form, "launch": front.facts.summary, "entry": result.entry, "env": result.env})
 
 
 def register(app: typer.Typer) -> None:

@@ -49,6 +49,15 @@ _ConfigLoader.add_implicit_resolver(
 )
 
 
+def loads_as_string(value: str) -> bool:
+    """Whether `value`, written as a plain YAML scalar, reads back as this string under this loader
+    (`1e-6` does not: it is a float here), so a writer knows when to quote it."""
+    try:
+        return yaml.load(yaml.safe_dump(value), Loader=_ConfigLoader) == value  # noqa: S506
+    except yaml.YAMLError:
+        return False
+
+
 class UnreadableConfig(Exception):
     """The input cannot be read as YAML at all (exit code 2)."""
 

@@ -109,15 +109,17 @@ class _CountingRequest(CheckRequest):
         return {**super().as_json(), "count_parameters": True}
 
 
+def counting(plain: CheckRequest) -> CheckRequest:
+    """The same request, asking the probe also for the parameters of Megatron's model built whole
+    (derived["parameters"]); it can join the shared run through `register`."""
+    return _CountingRequest(plain.name, plain.entry, plain.argv, plain.env, plain.world_size)
+
+
 def built_parameters(configs: dict[str, Config]) -> dict[str, dict[str, Any]]:
     """Megatron's verdict on each config's emitted arguments and, when it passes, the parameter
     counts of its GPTModel built whole on the meta device (planner/emit/megatron_probe.py
     _parameter_counts); one probe subprocess for all."""
     megatron = require_oracle()
-    requests = []
-    for name, cfg in configs.items():
-        plain = request_for(cfg, name)
-        requests.append(_CountingRequest(plain.name, plain.entry, plain.argv, plain.env,
-                                         plain.world_size))
+    requests = [counting(request_for(cfg, name)) for name, cfg in configs.items()]
     results, _, _ = run_probe(requests, megatron, sys.executable, timeout_s=600)
     return dict(zip(configs, results, strict=True))

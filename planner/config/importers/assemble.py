@@ -1,0 +1,167 @@
+"""One import for every input form: the argument list a front end read (argument file, launch
+script, training log, YAML argument map) plus its launch facts, mapped onto the config by
+planner/config/importers/megatron_args.py, with the world size and `cluster:` from the launcher,
+the vocabulary from the tokenizer when the line has none, and what could not be read named with
+its fix.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.config.importers.launch_facts import LaunchFacts
+from planner.config.importers.megatron_args import (
+    SPECIAL,
+    Imported,
+    Unmapped,
+    argument_table,
+    fit_schema,
+    map_arguments,
+    parse_command,
+)
+from planner.config.importers.shell_script import PLACEHOLDER, Unresolved
+from planner.config.importers.vocabulary import folder_vocabulary, local_folder, preset_vocabulary
+
+_VOCABULARY_FLAGS = ("--vocab-size", "--padded-vocab-size")
+
+
+@dataclass
+class FrontEnd:
+    """What a front end read: the form (named for the user), the Megatron arguments, the launch."""
+
+    form: str
+    argv: list[str]
+    entry: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    facts: LaunchFacts = field(default_factory=LaunchFacts)
+    unresolved: dict[str, Unresolved] = field(default_factory=dict)
+    notes: list[Unmapped] = field(default_factory=list)
+    origins: list[Path] = field(default_factory=list)  # folders a relative tokenizer path may be in
+
+    @property
+    def described(self) -> str:
+        if self.facts.launcher or self.facts.world_size:
+            return f"{self.form} ({self.facts.summary})"
+        return self.form
+
+
+def is_modelled(flag: str) -> bool:
+    """Whether the mapping reads this flag into a field (then an unknown value matters)."""
+    table = argument_table()
+    if flag in table or flag in SPECIAL:
+        return True
+    return any(flag.startswith(p) and ("--" + flag.removeprefix(p)) in table for p in ("--no-", "--disable-"))
+
+
+def _unresolved_notes(front: FrontEnd, words: list[str]) -> tuple[list[str], list[Unmapped]]:
+    """Drop modelled arguments whose value holds an unknown `${NAME}` (Megatron's default is not
+    what the script means, so the field stays unset and the note is an error); keep the others."""
+    arguments = parse_command(words).arguments
+    kept: list[str] = []
+    users: dict[str, list[tuple[str, bool]]] = {}
+    for arg in arguments:
+        names = [m.group(1) for value in arg.values for m in PLACEHOLDER.finditer(value)]
+        modelled = bool(names) and is_modelled(arg.flag)
+        for name in names:
+            users.setdefault(name, []).append((arg.flag, modelled))
+        if not modelled:
+            kept += arg.words
+    notes = []
+    for name, uses in users.items():
+        entry = front.unresolved.get(name, Unresolved(name, "not set"))
+        error = any(modelled for _, modelled in uses)
+        flags = ", ".join(dict.fromkeys(flag for flag, _ in uses))
+        settable = not name.startswith("$")
+        fix = (f"pass --set {name}=VALUE" if settable else "replace it with its value in the file, or "
+               "pass --set for the variable it is assigned to")
+        effect = ("so these arguments are left out and their fields stay unset" if error else
+                  "kept as written (they do not change the plan)")
+        notes.append(Unmapped("$" + name if settable else name, "",
+                              f"{entry.why}; used by {flags}, {effect}; fix: {fix}", error=error))
+    return kept, notes
+
+
+def _vocabulary(result: Imported, front: FrontEnd, words: list[str]) -> None:
+    """`model.vocab_size` from a local tokenizer folder when no vocabulary flag is given; else one
+    note naming the flag and field to set, with a preset's vocabulary as the suggestion."""
+    values = {a.flag: a.text for a in parse_command(words).arguments}
+    padded = values.get("--padded-vocab-size", "")
+    if padded.isdigit() and "--vocab-size" not in values and not is_modelled("--padded-vocab-size"):
+        _padded_vocabulary(result, front, int(padded))
+        return
+    if any(flag in words for flag in _VOCABULARY_FLAGS) or result.has("model.vocab_size"):
+        return
+    tokenizer = values.get("--tokenizer-model") or values.get("--tokenizer-name-or-path") or ""
+    kind = values.get("--tokenizer-type", "")
+    folder = local_folder(tokenizer, front.origins)
+    found = folder_vocabulary(folder) if folder is not None else None
+    if found is not None:
+        size, where = found
+        result.set("model.vocab_size", size)
+        front.notes.append(Unmapped("--tokenizer-model", tokenizer, f"model.vocab_size {size} read from "
+                                    f"{where} (the tokenizer's size; Megatron pads it)"))
+        return
+    said = " ".join(p for p in (f"--tokenizer-type {kind}" if kind else "",
+                                f"--tokenizer-model {tokenizer}" if tokenizer else "") if p)
+    suggestion = preset_vocabulary(tokenizer) if tokenizer else None
+    hint = (f"; the {suggestion[0]} preset's vocabulary is {suggestion[1]}: --vocab-size {suggestion[1]}"
+            if suggestion else "")
+    why = (f"the vocabulary comes from the tokenizer ({said or 'none named'}), which is not a local "
+           "folder moeplan can read")
+    front.notes.append(Unmapped("--vocab-size", "", f"{why}; fix: add --vocab-size N to the arguments or "
+                                f"set model.vocab_size{hint}"))
+
+
+def _padded_vocabulary(result: Imported, front: FrontEnd, padded: int) -> None:
+    """`--padded-vocab-size N` is the embedding size Megatron uses as given (validate_args skips
+    _vocab_size_with_padding): the same N in moeplan's terms is vocab_size N padded to a multiple of
+    1 x TP, exact whenever TP divides N."""
+    tp = result.get("parallel.tp", 1)
+    if padded % tp:
+        front.notes.append(Unmapped("--padded-vocab-size", str(padded), f"not a multiple of TP {tp}, which "
+                                    "moeplan's vocabulary padding needs; fix: set model.vocab_size",
+                                    error=True))
+        return
+    result.set("model.vocab_size", padded)
+    result.set("model.make_vocab_size_divisible_by", 1)
+    front.notes.append(Unmapped("--padded-vocab-size", str(padded), f"model.vocab_size {padded} with "
+                                "make_vocab_size_divisible_by 1: Megatron's padded vocabulary as given"))
+
+
+def _apply_launch(result: Imported, facts: LaunchFacts, world_size: int | None) -> None:
+    world = world_size if world_size is not None else facts.world_size
+    if world is not None:
+        result.set("parallel.world_size", world)
+    if facts.nodes and facts.per_node and (world is None or world == facts.nodes * facts.per_node):
+        result.set("cluster.nodes", facts.nodes)
+        result.set("cluster.gpus_per_node", facts.per_node)
+
+
+def _launch_notes(front: FrontEnd, world_size: int | None) -> list[Unmapped]:
+    notes = []
+    for option, value in front.facts.not_numbers:
+        notes.append(Unmapped(option, value, "not a fixed number, so the world size is not derived from "
+                              "it; fix: pass --world-size N or --set the variable", error=False))
+    if world_size is None and front.facts.world_size is None:
+        notes.append(Unmapped("--world-size", "", "no launcher in the input gives the number of ranks "
+                              "(torchrun --nnodes/--nproc-per-node, srun -N/--ntasks-per-node, mpirun -np, "
+                              "#SBATCH --nodes); fix: pass --world-size N"))
+    return notes
+
+
+def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:
+    """The config of a front end's arguments: mapped, launched, vocabulary found, notes first."""
+    words, unresolved = _unresolved_notes(front, front.argv)
+    text = shlex.join(([front.entry] if front.entry else []) + words)
+    result = map_arguments(text)
+    result.entry = front.entry or result.entry
+    _apply_launch(result, front.facts, world_size)
+    if front.env:
+        result.set("launch.env", dict(front.env))
+        result.env = dict(front.env)
+    _vocabulary(result, front, words)
+    fit_schema(result)
+    result.unmapped = [*front.notes, *unresolved, *_launch_notes(front, world_size), *result.unmapped]
+    return result

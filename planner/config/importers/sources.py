@@ -1,0 +1,125 @@
+"""Which input form a user's file is, and its import front end: a Megatron training log (an
+argument dump), a YAML argument map, a shell launch script (read statically, never run), or an
+argument file (a command line, one or many arguments per line). Each form yields the argument
+list and launch facts that planner/config/importers/assemble.py maps onto the config.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from planner.config.importers.arg_map import is_argument_map, load_map, read_map
+from planner.config.importers.assemble import FrontEnd, assemble
+from planner.config.importers.launch_facts import launch_facts
+from planner.config.importers.log_lines import clean_lines
+from planner.config.importers.megatron_args import Imported, Unmapped, split_words
+from planner.config.importers.megatron_log import has_dump, log_front_end
+from planner.config.importers.shell_script import (
+    argument_variables,
+    entry_index,
+    launch_command,
+    read_script,
+)
+
+ARGUMENT_FILE = "argument file"
+SHELL_SCRIPT = "shell launch script"
+SHELL_SNIPPET = "shell argument snippet, no launch command"
+# What makes a text a script rather than one command line: assignments, expansions, control flow.
+_SHELL_SIGNS = re.compile(r"^\s*(?:#!|export\s|[A-Za-z_][A-Za-z0-9_]*\+?=|if\s|for\s|while\s|function\s"
+                          r"|source\s|\.\s|#SBATCH)|\$[{(A-Za-z_0-9@]", re.M)
+
+
+_ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+class NotAnImport(ValueError):
+    """The text is none of the forms `moeplan import megatron` reads (exit 2, with why)."""
+
+
+def detect_form(text: str) -> str:
+    """The form's name: what the user is told the file was read as."""
+    if has_dump(clean_lines(text)):
+        return "log"
+    data = load_map(text)
+    if data is not None and is_argument_map(data):
+        return "map"
+    if data is not None and {"model", "parallel"} & set(data):
+        raise NotAnImport("this is a moeplan config (model/parallel sections): run `moeplan check` on it")
+    return "script" if _SHELL_SIGNS.search(text) else "arguments"
+
+
+def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> FrontEnd:
+    read = read_script(text, sets)
+    command = launch_command(read)
+    if command is None and (held := argument_variables(read)):
+        names, argv, unresolved = held
+        return FrontEnd(f"{SHELL_SNIPPET} ({', '.join(names)})", argv, unresolved=unresolved,
+                        origins=[origin] if origin else [])
+    if command is None:
+        runs = [c.words[:2] for c in read.commands if c.words and c.words[0] in ("bash", "sh", "sbatch")]
+        why = ("no command in it starts a Python entry script (pretrain_gpt.py, …)"
+               + (f"; it runs {' '.join(runs[-1])}: import that script, or the argument map it reads"
+                  if runs else ""))
+        raise NotAnImport(why)
+    at = entry_index(command.words)
+    assert at is not None
+    launcher, entry, argv = command.words[:at], command.words[at], command.words[at + 1:]
+    facts = launch_facts(launcher, read.sbatch)
+    front = FrontEnd(SHELL_SCRIPT, argv, entry.rsplit("/", 1)[-1], dict(command.env), facts,
+                     dict(command.unresolved), origins=[origin] if origin else [])
+    if read.deciders:
+        names = ", ".join("$" + n if not n.startswith("$") else n for n in read.deciders)
+        settable = [n for n in read.deciders if not n.startswith("$")]
+        if read.conflicts:
+            why = (f"decide(s) which branch of an `if`/`case` runs, and the branches set "
+                   f"{', '.join(read.conflicts)} differently; every branch was read, the last one wins")
+        else:
+            why = "decide(s) which branch of an `if`/`case` runs; every branch was read"
+        fix = " ".join(f"--set {n}=VALUE" for n in settable) or "replace them with their values"
+        front.notes.append(Unmapped(names, "", f"{why}; fix: {fix}", error=bool(read.conflicts)))
+    if read.assumed_unset:
+        names = ", ".join("$" + n for n in read.assumed_unset)
+        front.notes.append(Unmapped(names, "", "tested by the script and not set in it: read as unset "
+                                    "(empty), as bash does; fix: --set NAME=VALUE for those your job sets"))
+    if read.included:
+        front.notes.append(Unmapped("source", " ".join(read.included), "files the script sources are not "
+                                    "read; what they set is unresolved"))
+    return front
+
+
+def arguments_front_end(text: str, origin: Path | None) -> FrontEnd:
+    words = split_words(text)
+    env_end = next((i for i, w in enumerate(words) if not _ENV_WORD.match(w)), len(words))
+    env = dict(w.split("=", 1) for w in words[:env_end])
+    rest = words[env_end:]
+    at = entry_index(rest)
+    launcher, entry, argv = (rest[:at], rest[at], rest[at + 1:]) if at is not None else ([], None, rest)
+    front = FrontEnd(ARGUMENT_FILE, argv, entry.rsplit("/", 1)[-1] if entry else None, env,
+                     launch_facts(launcher), origins=[origin] if origin else [])
+    return front
+
+
+def front_end(text: str, sets: dict[str, str] | None = None, origin: Path | None = None) -> FrontEnd:
+    """The front end of whichever form `text` is (NotAnImport when it is none)."""
+    sets = sets or {}
+    form = detect_form(text)
+    if form == "log":
+        front, _ = log_front_end(text)
+        return front
+    if form == "map":
+        data = load_map(text)
+        assert data is not None
+        found = read_map(data, sets)
+        return FrontEnd(found.form, found.argv, env=found.env, unresolved=found.unresolved,
+                        origins=[origin] if origin else [])
+    if form == "script":
+        return script_front_end(text, sets, origin)
+    return arguments_front_end(text, origin)
+
+
+def import_text(text: str, sets: dict[str, str] | None = None, world_size: int | None = None,
+                origin: Path | None = None) -> tuple[Imported, FrontEnd]:
+    """The imported config of any input form, and the front end that read it."""
+    front = front_end(text, sets, origin)
+    return assemble(front, world_size), front

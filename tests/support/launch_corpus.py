@@ -1,0 +1,203 @@
+"""The launch corpus: real public MoE launch scripts and argument maps (each file in
+tests/support/launch_corpus_files/ names its repository, path and commit in its first lines), with
+what a user passes beside the file — `--set` values the file leaves to its environment, a world size
+where no launcher in the file gives one, and the vocabulary the import asks for when only a
+tokenizer fixes it — each with where that value comes from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.config.importers.assemble import assemble
+from planner.config.importers.megatron_args import Imported
+from planner.config.importers.sources import FrontEnd, front_end
+from planner.config.schema import Config
+from planner.emit.megatron_check import DATA_ARGUMENTS, CheckRequest, request_for
+
+FILES = Path(__file__).parent / "launch_corpus_files"
+# Megatron-LM tests/test_utils/recipes/h100/moe.yaml runs every MoE functional test on one node of 8.
+FUNCTIONAL_TEST_WORLD = 8
+FUNCTIONAL_TEST = "YAML argument map (MODEL_ARGS of a Megatron-LM"
+# GPT-2 BPE, which the functional tests' --vocab-file bpe/vocab.json holds (50257 tokens).
+GPT2_VOCABULARY = 50257
+
+
+@dataclass(frozen=True)
+class CorpusEntry:
+    name: str  # file in FILES
+    form: str  # the form the import names (a prefix of FrontEnd.form)
+    sets: dict[str, str] = field(default_factory=dict)
+    world_size: int | None = None
+    vocab_size: int | None = None  # what the user adds after the vocabulary note
+    why: str = ""  # where sets / world size / vocabulary come from
+    appended: tuple[str, ...] = ()  # arguments the file's harness appends to the map
+
+
+def modelzoo_sets(tp: int, pp: int, ep: int, cp: int, vpp: int, mbs: int, gbs: int, layers: int,
+                  dispatcher: str, grouped: str, seq: int = 4096) -> dict[str, str]:
+    """The variables Megatron-MoE-ModelZoo runtime_configs/benchmarking/runtime.conf sets for a model
+    (its BENCHMARKING_MODEL_CONFIGS row; LAYERS_PER_VP = layers / PP / VPP when VPP > 1, else false)."""
+    return {"TP": str(tp), "PP": str(pp), "EP": str(ep), "CP": str(cp), "VPP": str(vpp), "MBS": str(mbs),
+            "GBS": str(gbs), "MOE_TOKEN_DISPATCHER": dispatcher, "MOE_GROUPED_GEMM": grouped,
+            "SEQ_LEN": str(seq), "LAYERS_PER_VP": str(layers // pp // vpp) if vpp > 1 else "false",
+            "NUM_LAYERS": str(layers)}
+
+
+MODELZOO_RUNTIME = ("yanring/Megatron-MoE-ModelZoo runtime_configs/benchmarking/runtime.conf "
+                    "BENCHMARKING_MODEL_CONFIGS (commit e8650517), 8 GPUs per node")
+PAI_README = "alibaba/Pai-Megatron-Patch examples/{model}/README.md pretraining command (commit a098ca5a)"
+
+
+def _positional(values: list[str]) -> dict[str, str]:
+    return {str(i + 1): value for i, value in enumerate(values)}
+
+
+CORPUS: tuple[CorpusEntry, ...] = (
+    CorpusEntry("mlm_mixtral_8x7b_distributed.sh", "shell launch script",
+                sets={"TOKENIZER_MODEL": "{tokenizer_folder}", "SLURM_NNODES": "4"},
+                why="PP 4 x EP 8 needs 32 ranks: 4 nodes (the script reads SLURM_NNODES); a Mixtral "
+                    "tokenizer folder (config.json vocab_size 32000, mistralai/Mixtral-8x7B-v0.1)"),
+    CorpusEntry("mlm_mfsdp_deepseek_v3.sh", "shell argument snippet", world_size=256, vocab_size=129280,
+                why="its sbatch heredoc leaves nodes to the user (your_own_num_nodes): 32 nodes of 8 "
+                    "(EP 8 x DP); vocabulary of the deepseek-v3 preset the note suggests"),
+    CorpusEntry("mlm_gptoss_train.sh", "shell launch script", vocab_size=201088,
+                why="gpt-oss's o200k_harmony tokenizer (openai/gpt-oss-20b config.json vocab_size 201088)"),
+    CorpusEntry("mlm_modelopt_qwen3_30b_a3b.sh", "shell argument snippet", world_size=8, vocab_size=151936,
+                why="one node of 8; vocabulary of the qwen3-30b-a3b preset the note suggests"),
+    CorpusEntry("mlm_modelopt_deepseek_v2_lite.sh", "shell argument snippet", world_size=8,
+                vocab_size=102400, why="one node of 8; DeepSeek-V2-Lite config.json vocab_size 102400"),
+    CorpusEntry("mlm_ft_tp2_pp1_8experts_etp1_ep4.yaml", FUNCTIONAL_TEST,
+                world_size=FUNCTIONAL_TEST_WORLD, vocab_size=GPT2_VOCABULARY,
+                why="tests/test_utils/recipes/h100/moe.yaml: nodes 1, gpus 8; GPT-2 BPE vocabulary"),
+    CorpusEntry("mlm_ft_tp2_pp2_ep2_4experts.yaml", FUNCTIONAL_TEST,
+                world_size=FUNCTIONAL_TEST_WORLD, vocab_size=GPT2_VOCABULARY,
+                why="tests/test_utils/recipes/h100/moe.yaml: nodes 1, gpus 8; GPT-2 BPE vocabulary"),
+    CorpusEntry("mlm_ft_tp4_ep2_etp2_pp2_dist_optimizer.yaml", FUNCTIONAL_TEST,
+                world_size=FUNCTIONAL_TEST_WORLD, vocab_size=GPT2_VOCABULARY,
+                why="tests/test_utils/recipes/h100/moe.yaml: nodes 1, gpus 8; GPT-2 BPE vocabulary"),
+    CorpusEntry("mlm_ft_tp2_pp2_ep4_etp1_mtp_fp8.yaml", FUNCTIONAL_TEST,
+                world_size=FUNCTIONAL_TEST_WORLD, vocab_size=GPT2_VOCABULARY,
+                why="tests/test_utils/recipes/h100/moe.yaml: nodes 1, gpus 8; GPT-2 BPE vocabulary"),
+    CorpusEntry("modelzoo_qwen3_30b_a3b.yaml", "YAML argument map (MODEL_ARGS, as Megatron-MoE-ModelZoo",
+                sets=modelzoo_sets(1, 1, 8, 1, 1, 1, 256, 48, "alltoall", "true"), world_size=32,
+                vocab_size=151936, why=f"{MODELZOO_RUNTIME}: NNODES 4; qwen3-30b-a3b preset vocabulary"),
+    CorpusEntry("modelzoo_qwen3_235b_a22b.yaml", "YAML argument map (MODEL_ARGS, as Megatron-MoE-ModelZoo",
+                sets=modelzoo_sets(2, 8, 32, 1, 4, 1, 256, 96, "flex", "true"), world_size=256,
+                vocab_size=151936, why=f"{MODELZOO_RUNTIME}: NNODES 32 (96 = 94 layers + embedding + "
+                                        "loss); qwen3-235b-a22b preset vocabulary"),
+    CorpusEntry("modelzoo_mixtral_8x7b.yaml", "YAML argument map (MODEL_ARGS, as Megatron-MoE-ModelZoo",
+                sets=modelzoo_sets(1, 4, 8, 1, 8, 1, 256, 32, "alltoall", "true"), world_size=64,
+                vocab_size=32000, why=f"{MODELZOO_RUNTIME}: NNODES 8; Mixtral vocabulary 32000"),
+    CorpusEntry("modelzoo_deepseek_v2_lite.yaml", "YAML argument map (MODEL_ARGS, as Megatron-MoE-ModelZoo",
+                sets=modelzoo_sets(1, 1, 8, 1, 1, 1, 512, 27, "alltoall", "true"), world_size=8,
+                vocab_size=102400, why=f"{MODELZOO_RUNTIME}: NNODES 1; DeepSeek-V2-Lite vocabulary 102400"),
+    CorpusEntry("modelzoo_deepseek_v3.yaml", "YAML argument map (MODEL_ARGS, as Megatron-MoE-ModelZoo",
+                sets={**modelzoo_sets(1, 16, 64, 1, 1, 1, 8192, 61, "flex", "true"), "PP_FIRST": "4",
+                      "PP_LAST": "1"}, world_size=1024, vocab_size=129280,
+                appended=("--decoder-first-pipeline-num-layers", "4",
+                          "--decoder-last-pipeline-num-layers", "1"),
+                why=f"{MODELZOO_RUNTIME}: NNODES 128; sbatch_benchmarking.sh appends PP_FIRST 4 / PP_LAST 1 "
+                    "as --decoder-first/last-pipeline-num-layers (61 layers over PP 16); deepseek-v3 preset "
+                    "vocabulary"),
+    CorpusEntry("pai_deepseek_v3.sh", "shell launch script",
+                sets={**_positional(["dsw", "A37B", "1", "8", "1e-5", "1e-6", "1024", "1024", "bf16", "8",
+                                     "8", "1", "1", "16", "true", "true", "false", "false", "sel", "1.0",
+                                     "100000", "/data", "/data", "/ckpt", "1000000000", "10000", "/out"]),
+                      "MP_PP0_LAYERS": "5", "GPUS_PER_NODE": "8", "NNODES": "16"},
+                vocab_size=129280, why=PAI_README.format(model="deepseek_v3") + " with MP_PP0_LAYERS=5; "
+                "16 nodes of 8 (EP 16 x PP 8); deepseek-v3 preset vocabulary"),
+    CorpusEntry("pai_qwen3.sh", "shell launch script",
+                sets={**_positional(["dlc", "A3B", "1", "8", "1e-5", "1e-6", "128", "128", "bf16", "4", "2",
+                                     "1", "1", "4", "true", "true", "true", "false", "sel", "false", "100000",
+                                     "/data", "/data", "/ckpt", "10000", "100", "/out"]),
+                      "WORLD_SIZE": "1", "RANK": "0", "KUBERNETES_CONTAINER_RESOURCE_GPU": "8"},
+                why=PAI_README.format(model="qwen3") + "; one dlc node of 8 (its --padded-vocab-size "
+                "gives the vocabulary)"),
+)
+
+
+MIXTRAL_VOCABULARY = 32000
+
+
+def tokenizer_folder(root: Path) -> Path:
+    """A local Hugging Face folder standing for the Mixtral tokenizer the script's $2 names."""
+    folder = root / "mixtral-tokenizer"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"vocab_size": MIXTRAL_VOCABULARY}))
+    return folder
+
+
+def import_entry(entry: CorpusEntry, root: Path) -> tuple[Imported, FrontEnd]:
+    """The entry imported as a user would: the file, its `--set`s and world size, the vocabulary
+    the note asks for and the arguments its harness appends."""
+    sets = {name: value.replace("{tokenizer_folder}", str(tokenizer_folder(root)))
+            for name, value in entry.sets.items()}
+    front = front_end((FILES / entry.name).read_text(encoding="utf-8"), sets, FILES)
+    front.argv += list(entry.appended)
+    if entry.vocab_size is not None:
+        front.argv += ["--vocab-size", str(entry.vocab_size)]
+    return assemble(front, entry.world_size), front
+
+
+# Flags whose only check in Megatron is that a kernel library is installed, which the probe machine
+# lacks (it runs Megatron on CPU with stand-ins): the corpus judges the rest of the arguments.
+ENVIRONMENT_ONLY = {
+    "--moe-permute-fusion": "megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__ "
+                            "asks for Transformer Engine's fused permutation kernels",
+}
+
+
+# Data and tokenizer arguments: the probe runs on mock data with the null tokenizer (DATA_ARGUMENTS),
+# which takes the model's --vocab-size.
+DATA_AND_TOKENIZER = {"--data-path", "--train-data-path", "--valid-data-path", "--test-data-path", "--split",
+                      "--data-cache-path", "--tokenizer-type", "--tokenizer-model", "--vocab-file",
+                      "--merge-file", "--data-args-path", "--per-split-data-args-path", "--mock-data"}
+
+
+def without_environment_flags(argv: list[str]) -> list[str]:
+    """The arguments the probe machine can judge: no kernel-library checks, no data or tokenizer
+    (replaced by mock data), and only Megatron's own arguments — an entry script such as
+    Pai-Megatron-Patch's pretrain_qwen.py adds its own parser's (--patch-tokenizer-type, …)."""
+    from planner.config.importers.megatron_args import parse_command
+    from planner.config.megatron_names import megatron_arguments
+
+    known = megatron_arguments()
+    return [w for a in parse_command(argv).arguments
+            if a.flag not in ENVIRONMENT_ONLY and a.flag not in DATA_AND_TOKENIZER
+            and a.flag.removeprefix("--").replace("-", "_") in known for w in a.words]
+
+
+def known_arguments(argv: list[str]) -> list[str]:
+    """The arguments whose values the file gives (those holding an unknown `${NAME}` left out)."""
+    from planner.config.importers.megatron_args import parse_command
+
+    return [w for a in parse_command(argv).arguments if not any("${" in v for v in a.values) for w in a.words]
+
+
+def megatron_request(name: str, result: Imported, front: FrontEnd, cfg: Config | None) -> CheckRequest:
+    """What Megatron is asked to judge: the arguments `emit megatron` writes for the imported config,
+    its launch.megatron_extra_args included (those with a value the file leaves unknown left out);
+    where the config has no stage split to emit (moeplan refuses it), the file's own arguments
+    (those whose value the file leaves unknown left out)."""
+    from planner.emit.megatron import megatron_arguments
+    from planner.emit.safety import EmitError
+
+    if cfg is not None:
+        try:
+            plain = request_for(cfg, name)
+            passthrough = known_arguments(list(megatron_arguments(cfg).extra))
+            flags = plain.argv[:len(plain.argv) - len(DATA_ARGUMENTS)]
+            return CheckRequest(name, plain.entry, [*without_environment_flags(flags + passthrough),
+                                                    *DATA_ARGUMENTS], plain.env, plain.world_size)
+        except EmitError:
+            pass
+    known = known_arguments(front.argv)
+    world = result.get("parallel.world_size") or 1
+    return CheckRequest(name, front.entry or "pretrain_gpt.py",
+                        [*without_environment_flags(known), *DATA_ARGUMENTS], dict(front.env), world)
+
+
+BY_NAME = {entry.name: entry for entry in CORPUS}

@@ -1,0 +1,176 @@
+"""Megatron training logs: the argument dump Megatron prints (tests/support/megatron_logs/, printed
+by Megatron-LM dev@d48bd6be itself for two corpus launches) rebuilds a config from the log alone,
+whose emitted arguments Megatron's parser turns into the values the log printed — data-parallel
+size, microbatches, padded vocabulary, layers per pipeline stage — and log prefixes and colour
+codes do not change what is read."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.cli_common import collect_findings
+from planner.config.importers.log_lines import clean_line, clean_lines
+from planner.config.importers.megatron_log import (
+    argument_dumps,
+    config_from_log,
+    destinations,
+    dump_arguments,
+    read_log,
+)
+from planner.config.loader import parse_config
+from planner.config.megatron_names import megatron_arguments
+from planner.findings import has_errors
+from planner.plan import compile_plan
+from tests.support.megatron_judge import case_of, register, verdict
+from tests.support.megatron_logs import LOGGED, LOGS
+
+PREFIXES = ["[default0]:", "[rank0]: ", "0: ", "\x1b[32mINFO\x1b[0m: ",
+            "[20250301 12:00:00][rank-0/8][INFO ] [arguments.py:2200] : ",
+            "2025-03-01 12:00:00,123 - INFO - ", "[2025-03-01 12:00:00] [INFO] ", "INFO:megatron.training:"]
+
+
+def _text(name: str) -> str:
+    return (LOGS / name).read_text(encoding="utf-8")
+
+
+for _log in LOGGED:
+    register(f"log {_log}", case_of(parse_config(config_from_log(_text(_log), _log)[0]), f"log {_log}"))
+
+
+def test_log_lines_lose_colours_and_prefixes() -> None:
+    line = "  num_layers ...................................... 32"
+    for prefix in PREFIXES:
+        assert clean_line(prefix + line).strip() == line.strip(), prefix
+    assert clean_line("\x1b[1;31mERROR\x1b[0m: out of memory") == "out of memory"
+    assert clean_lines("a\r\nprogress 10%\rprogress 100%\n") == ["a", "progress 100%", ""]
+
+
+@settings(max_examples=30, derandomize=True, deadline=None)
+@given(st.lists(st.sampled_from(PREFIXES), max_size=3), st.booleans())
+def test_a_dump_reads_the_same_under_any_stamps(prefixes: list[str], coloured: bool) -> None:
+    lines = ["------------------------ arguments ------------------------",
+             "  num_experts ..................................... 8",
+             "  moe_router_load_balancing_type .................. ['aux_loss']",
+             "  a_destination_longer_than_forty_eight_characters_x  7",
+             "-------------------- end of arguments ---------------------"]
+    stamp = "".join(prefixes)
+    text = "\n".join((stamp + (f"\x1b[36m{line}\x1b[0m" if coloured else line)) for line in lines)
+    assert argument_dumps(clean_lines(text)) == [{"num_experts": "8",
+                                                  "moe_router_load_balancing_type": "['aux_loss']",
+                                                  "a_destination_longer_than_forty_eight_characters_x": "7"}]
+
+
+def test_dump_values_become_the_flags_that_set_them() -> None:
+    """Only values other than Megatron's default come back, under their flag; store_false
+    destinations come back as their negative flag; nargs lists as words."""
+    argv = dump_arguments({"num_experts": "8", "add_bias_linear": "False", "bf16": "True", "fp16": "False",
+                           "moe_router_load_balancing_type": "['seq_aux_loss']", "num_layers": "4",
+                           "encoder_seq_length": "4096", "seq_length": "4096", "world_size": "8"})
+    assert argv == ["--num-experts", "8", "--disable-bias-linear", "--bf16",
+                    "--moe-router-load-balancing-type", "seq_aux_loss", "--num-layers", "4",
+                    "--seq-length", "4096"]
+
+
+def test_the_destination_table_names_megatron_flags() -> None:
+    """Every flag of planner/config/data/megatron_dests.tsv is one of Megatron's arguments
+    (planner/config/data/megatron_arguments.txt, which tests/unit/config/test_model_fields.py checks
+    against the oracle's parser)."""
+    names = megatron_arguments()
+    rows = [row for rows in destinations().values() for row in rows]
+    flags = {row.flag.removeprefix("--").replace("-", "_") for row in rows}
+    assert flags <= names and len(flags) > 800
+
+
+@pytest.mark.parametrize("name", sorted(LOGGED))
+def test_a_log_alone_rebuilds_the_config_megatron_ran(name: str) -> None:
+    text = _text(name)
+    read = read_log(text)
+    data, notes = config_from_log(text, name)
+    assert not [n for n in notes if n.error], notes
+    cfg = parse_config(data)
+    findings = collect_findings(cfg)
+    assert not has_errors(findings), [f.line() for f in findings]
+    dump = read.dump
+    pp, vpp = int(dump["pipeline_model_parallel_size"]), int(dump["virtual_pipeline_model_parallel_size"]
+                                                              .replace("None", "1"))
+    assert cfg.parallel.world_size == int(dump["world_size"])
+    assert (cfg.dp, cfg.microbatches, cfg.padded_vocab_size) == (
+        int(dump["data_parallel_size"]), read.num_microbatches, read.padded_vocab_size)
+    plan = compile_plan(cfg, findings)
+    layers = {len(chunk["layers"]) for stage in plan["stages"] for chunk in stage["chunks"]}
+    assert layers == {int(dump["num_layers"]) // pp // vpp}
+
+
+@pytest.mark.parametrize("name", sorted(LOGGED))
+def test_megatron_derives_from_the_emitted_arguments_what_the_log_printed(name: str) -> None:
+    text = _text(name)
+    read = read_log(text)
+    result = verdict(f"log {name}")
+    assert result.verdict == "pass", (result.message, result.mismatches)
+    derived = result.derived
+    assert derived["data_parallel_size"] == int(read.dump["data_parallel_size"])
+    assert derived["num_microbatches"] == read.num_microbatches
+    assert derived["padded_vocab_size"] == read.padded_vocab_size
+    vpp = read.printed_int("virtual_pipeline_model_parallel_size") or 1
+    assert derived["virtual_pipeline_model_parallel_size"] == vpp
+    per_stage = int(read.dump["num_layers"]) // int(read.dump["pipeline_model_parallel_size"]) // vpp
+    assert {chunk["layers"] for chunk in derived["chunks"]} == {per_stage}
+
+
+def test_a_stamped_log_gives_the_same_config() -> None:
+    name = sorted(LOGGED)[0]
+    text = _text(name)
+    stamped = "\n".join(f"[default0]:[2025-03-01 12:00:0{i % 10}] \x1b[32mINFO\x1b[0m {line}"
+                        for i, line in enumerate(text.splitlines()))
+    assert config_from_log(stamped, name)[0] == config_from_log(text, name)[0]
+
+
+def test_several_dumps_read_the_last_and_say_so() -> None:
+    text = _text(sorted(LOGGED)[0])
+    layers = read_log(text).dump["num_layers"]
+    earlier = re.sub(r"(  num_layers \.+ )\d+", r"\g<1>999", text)
+    read = read_log(earlier + text)
+    assert read.dumps == 2 and read.dump["num_layers"] == layers
+    twice = earlier + text
+    assert any("several argument dumps" in n.why for n in config_from_log(twice)[1])
+
+
+_DESTS_PROBE = r"""
+import argparse, json, sys
+from pathlib import Path
+from planner.emit.megatron_probe import install_stand_ins
+install_stand_ins(Path(sys.argv[1]))
+from megatron.training import arguments
+parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+kinds = {"_StoreTrueAction": "true", "_StoreFalseAction": "false", "BooleanOptionalAction": "optional",
+         "_StoreAction": "value"}
+rows = []
+for action in parser._actions:
+    if action.option_strings and action.dest != "help":
+        kind = kinds[type(action).__name__]
+        flag = next((f for f in action.option_strings if f.startswith("--")), action.option_strings[0])
+        nargs = "" if action.nargs is None or kind != "value" else str(action.nargs)
+        rows.append((action.dest, flag, kind, nargs, str(action.default)))
+print("\n" + json.dumps(rows))
+"""
+
+if __name__ == "__main__":  # regenerate planner/config/data/megatron_dests.tsv from the oracle's parser
+    import json
+    import subprocess
+    import sys
+
+    from planner.config.importers.megatron_log import DESTS_FILE
+    from tests.support.oracle import megatron_lm_dir
+
+    folder, why = megatron_lm_dir()
+    if folder is None:
+        sys.exit(why)
+    done = subprocess.run([sys.executable, "-c", _DESTS_PROBE, str(folder)], capture_output=True, text=True,
+                          check=True)
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    header = [line for line in DESTS_FILE.read_text(encoding="utf-8").splitlines() if line.startswith("#")]
+    DESTS_FILE.write_text("\n".join([*header, *("\t".join(row) for row in rows)]) + "\n", encoding="utf-8")
