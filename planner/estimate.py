@@ -103,11 +103,13 @@ class Estimate:
 
     def moe_layer_seconds(self, stage: int = 0) -> float:
         """The MoE layers of a stage alone, forward + backward over the step: expert GEMMs, their
-        elementwise work (router, permutes, activations) and the exposed EP exchanges — what
+        elementwise work (router, permutes, activations), their fixed host costs and the exposed
+        EP exchanges — what
         Megatron-LM's moe_perf benchmark times for a one-layer proxy
         (tests/functional_tests/test_cases/common/moe_perf)."""
         env, row = self.envs[stage], self.stages[stage]
-        return float(env["time_moe_gemm_s"] + env["time_moe_non_gemm_s"]) + sum(
+        return float(env["time_moe_gemm_s"] + env["time_moe_non_gemm_s"]
+                     + env["time_moe_fixed_s"]) + sum(
             v for k, v in row["exposed_comm_parts_s"].items() if k.startswith("ep_"))
 
     def explain(self, name: str) -> Budget | None:

@@ -28,16 +28,25 @@ class Gpu:
     scale_out_gb_s: float  # per GPU, one direction
     nvlink_domain: int  # GPUs that reach each other over NVLink
     gpus_per_node: int  # GPUs in one node (tray) of a standard system
+    # GEMM dimension at which a GEMM reaches half its large-shape efficiency (the step-time model's
+    # shape curve, planner/budget/time.py): bigger chips need bigger tiles in flight to fill.
+    gemm_half_dim: float = 64.0
+    # Share of the dense FP8 peak large FP8 GEMMs reach in training (casts and scaling included):
+    # fitted per family on the calibration figures (docs/estimate.md); unset efficiency.gemm_fp8
+    # takes it.
+    gemm_fp8_eff: float = 0.5
+    # Architecture family: calibration factors may be fitted per family (`gemm_fp8@blackwell`).
+    family: str = ""
 
 
 GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
-    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8),
-    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8),
-    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8),
-    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8),
-    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4),
-    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8),
-    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4),
+    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8, gemm_fp8_eff=0.51, family="hopper"),
+    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8, gemm_fp8_eff=0.51, family="hopper"),
+    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, gemm_fp8_eff=0.51, family="hopper"),
+    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.25, family="blackwell"),
+    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.25, family="blackwell"),
+    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.25, family="blackwell"),
+    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.25, family="blackwell"),
 )})
 
 # GPUs whose FP8 GEMMs take only the TN layout, so Transformer Engine keeps a physically transposed
