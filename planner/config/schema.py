@@ -395,6 +395,9 @@ class ClusterSection(Section):
     peak_fp8_tflops: PosFloat | None = None  # dense
     hbm_bandwidth_tb_s: PosFloat | None = None
     efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
+    # Step-time model (issue 23): a `moeplan calibrate` profile whose fitted factors replace the
+    # efficiency defaults in estimate, search, budget and report (path relative to the cwd).
+    calibration: str | None = None
 
     @model_validator(mode="after")
     def _from_gpu(self) -> ClusterSection:

@@ -1,0 +1,132 @@
+"""`moeplan calibrate`: Megatron log parsing case by case (colour codes, logger prefixes, warm-up,
+skipped iterations, truncation, two configs in one log, no timing lines), the fit, the profile and
+the commands that take it. The logs are written here, in Megatron-LM's training_log format
+(megatron/training/training.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.calibrate.calibration import CalibrationError, run_calibration
+from planner.calibrate.megatron_log import LogError, parse_log
+from planner.calibrate.profile import ProfileError, apply_profile, read_profile
+from planner.cli import app
+from planner.config.importers.log_lines import clean_lines
+from planner.estimate import estimate
+from tests.support.paths import EXAMPLES
+
+TINY = EXAMPLES / "tiny-cpu-8.yaml"
+ARGS = {"num_layers": "2", "hidden_size": "64", "micro_batch_size": "1"}
+
+
+def megatron_log(step_ms: float, *, n: int = 6, prefix: str = "", colour: bool = False,
+                 skipped_at: int | None = None, truncate: bool = False,
+                 second_args: dict[str, str] | None = None, gpu: str | None = None) -> str:
+    out: list[str] = []
+
+    def dump(args: dict[str, str]) -> None:
+        out.append("------------------------ arguments ------------------------")
+        out.extend(f"  {k} {'.' * (40 - len(k))} {v}" for k, v in args.items())
+        out.append("-------------------- end of arguments ---------------------")
+    dump(ARGS)
+    if gpu:
+        out.append(f"> device name: NVIDIA {gpu} 80GB HBM3")
+    for i in range(1, n + 1):
+        ms = step_ms * (3 if i == 1 else 1)  # the first interval is warm-up
+        line = (f" [2026-01-01 00:00:{i:02d}] iteration {i * 10:8d}/{n * 10:8d} | consumed samples: "
+                f"{i * 80:12d} | elapsed time per iteration (ms): {ms:.1f} | throughput per GPU "
+                f"(TFLOP/s/GPU): 100.0 | learning rate: 1.000000E-04 | global batch size:     8 | "
+                f"lm loss: 1.0E+01 | loss scale: 1.0 | number of skipped iterations: "
+                f"{int(skipped_at == i):3d} | number of nan iterations:   0 |")
+        out.append(f"\x1b[32m{line}\x1b[0m" if colour else line)
+        if i == 1:
+            out.append("[Rank 0] (after 10 iterations) memory (MB) | allocated: 1000.0 | max "
+                       "allocated: 2048.0 | reserved: 3000.0 | max reserved: 3000.0")
+        if second_args and i == n // 2:
+            dump(second_args)
+    if truncate:
+        out[-1] = out[-1][: len(out[-1]) // 3]
+    else:
+        out.append("[after training is done] datetime: 2026-01-01 00:01:00")
+    return "".join(prefix + line + "\n" for line in out)
+
+
+def test_steady_median_skips_warm_up_and_reads_memory_and_arguments() -> None:
+    log = parse_log(megatron_log(100.0))
+    assert log.step_s == pytest.approx(0.1) and len(log.steady) == 5
+    assert log.peak_memory_bytes == {0: 2048.0 * 2**20}
+    assert log.arguments["hidden_size"] == "64" and log.tflops_per_gpu == 100.0
+
+
+@pytest.mark.parametrize("prefix", ["[20250101 12:00:00][rank-0/8][INFO ] [--------trainer.py:123] : ",
+                                    "[default0]:", "0: "])
+def test_logger_prefixes_and_colour_codes_are_removed(prefix: str) -> None:
+    log = parse_log(megatron_log(80.0, prefix=prefix, colour=True))
+    assert log.step_s == pytest.approx(0.08) and log.arguments["num_layers"] == "2"
+    assert clean_lines("\x1b[1;31mred\x1b[0m") == ["red"]
+
+
+def test_skipped_iterations_are_left_out_and_truncation_is_noted() -> None:
+    log = parse_log(megatron_log(100.0, skipped_at=3))
+    assert len(log.steady) == 4 and any("skipped" in n for n in log.notes)
+    cut = parse_log(megatron_log(100.0, truncate=True))
+    assert cut.truncated and any("truncated" in n for n in cut.notes)
+
+
+def test_bad_logs_get_one_clear_message() -> None:
+    with pytest.raises(LogError, match="no timing lines"):
+        parse_log("hello\nworld\n", "x.log")
+    with pytest.raises(LogError, match="two different configs in one log .*hidden_size"):
+        parse_log(megatron_log(100.0, second_args={**ARGS, "hidden_size": "128"}), "two.log")
+
+
+def test_calibrate_fits_a_factor_and_the_profile_moves_the_estimate(tmp_path: Path) -> None:
+    measured = estimate(apply_profile_free()).step_time_s * 2
+    path = tmp_path / "run.log"
+    path.write_text(megatron_log(measured * 1e3, gpu="H100"), encoding="utf-8")
+    result = run_calibration([path], [TINY], None)
+    data = result.as_json()
+    run = data["runs"][0]
+    assert abs(run["predicted_step_s_after"] / run["measured_step_s"] - 1) < abs(
+        run["predicted_step_s_before"] / run["measured_step_s"] - 1)
+    assert sum(f["fitted"] for f in data["factors"].values()) == 1  # one run: one factor
+    assert any(not f["fitted"] and f["why"] for f in data["factors"].values())
+    assert data["stack"]["gpu"] == "H100" and set(run["measured_peak_memory_bytes"]) == {"0"}
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(result.profile_yaml(), encoding="utf-8")
+    _, factors = read_profile(profile)
+    calibrated = estimate(apply_profile(apply_profile_free(), profile)).step_time_s
+    assert calibrated == pytest.approx(run["predicted_step_s_after"], rel=1e-6)
+    assert factors
+    runner = CliRunner()
+    out = runner.invoke(app, ["estimate", str(TINY), "--calibration", str(profile), "--json"])
+    assert out.exit_code == 0, out.output
+    assert "calibration" in out.output
+
+
+def apply_profile_free():  # noqa: ANN201 - the tiny example, loaded
+    from planner.config.loader import load_config
+    return load_config(TINY)
+
+
+def test_calibrate_command_findings(tmp_path: Path) -> None:
+    runner = CliRunner()
+    empty = tmp_path / "empty.log"
+    empty.write_text("nothing here\n", encoding="utf-8")
+    out = runner.invoke(app, ["calibrate", str(empty), "--config", str(TINY)])
+    assert out.exit_code == 1 and "no timing lines" in out.output
+    log = tmp_path / "run.log"
+    log.write_text(megatron_log(100.0), encoding="utf-8")
+    out = runner.invoke(app, ["calibrate", str(log)])
+    assert out.exit_code == 2 and "--config" in out.output
+    missing = runner.invoke(app, ["calibrate", str(tmp_path / "nope.log"), "--config", str(TINY)])
+    assert missing.exit_code == 2 and "no such file" in missing.output
+    with pytest.raises(CalibrationError, match="--gpu XYZ"):
+        run_calibration([log], [TINY], "XYZ")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("factors: {no_such: 1}\n", encoding="utf-8")
+    with pytest.raises(ProfileError, match="no_such"):
+        read_profile(bad)
