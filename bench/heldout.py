@@ -168,7 +168,8 @@ HEADER = ("figure", "published", "predicted", "ratio", "GFLOP/token published / 
 
 
 def table_rows(rows: list[Judged]) -> list[tuple[str, ...]]:
-    return [(r.figure.id + (" (calibration)" if r.figure.calibration else ""), _value(r.figure, r.figure.published_value), _value(r.figure, r.predicted),
+    return [(r.figure.id + (" (calibration)" if r.figure.calibration else ""),
+             _value(r.figure, r.figure.published_value), _value(r.figure, r.predicted),
              "—" if r.ratio is None else f"{r.ratio:.2f}", _gflop(r), r.verdict) for r in rows]
 
 

@@ -29,7 +29,7 @@ FACTORS: tuple[Factor, ...] = (
     Factor("gemm_fp8", 0.2, 0.76, "share of the FP8 peak large GEMMs reach"),
     Factor("attention", 0.2, 0.9, "share of the BF16 peak core attention reaches"),
     Factor("hbm", 0.4, 0.95, "share of the HBM bandwidth streaming kernels reach"),
-    Factor("dispatch_alltoall", 0.2, 1.0, "share of the collective bandwidth the alltoall dispatcher reaches"),
+    Factor("dispatch_alltoall", 0.2, 1.0, "share of the bandwidth the alltoall dispatcher reaches"),
     Factor("dispatch_deepep", 0.2, 1.0, "share of the collective bandwidth DeepEP reaches"),
     Factor("permute_unfused", 1.0, 10.0, "cost of an unfused permutation over a fused one"),
     Factor("intra_node", 0.3, 1.0, "share of the NVLink bandwidth collectives reach"),

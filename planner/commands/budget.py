@@ -17,11 +17,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from planner.cli_common import (
-    CalibrationOption,
-    calibrated_or_exit,
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_USAGE,
+    CalibrationOption,
+    calibrated_or_exit,
     collect_findings,
     fail,
     load_config_or_exit,

@@ -19,7 +19,6 @@ from rich.markup import escape
 from planner.cli_common import EXIT_OK, EXIT_USAGE, fail, stdout
 
 
-
 def calibrate(
     logs: Annotated[list[Path], typer.Argument(help="Megatron-LM training logs (console output)")],
     gpu: Annotated[str | None, typer.Option("--gpu", help="GPU of the runs when the logs do not "

@@ -18,10 +18,10 @@ from rich.table import Table
 
 from planner.cli_common import (
     EXIT_CONFIG,
-    CalibrationOption,
-    calibrated_or_exit,
     EXIT_OK,
     EXIT_USAGE,
+    CalibrationOption,
+    calibrated_or_exit,
     collect_findings,
     fail,
     load_config_or_exit,

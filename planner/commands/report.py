@@ -10,11 +10,11 @@ from typing import Annotated
 import typer
 
 from planner.cli_common import (
-    CalibrationOption,
-    calibrated_or_exit,
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_USAGE,
+    CalibrationOption,
+    calibrated_or_exit,
     collect_findings,
     fail,
     load_config_or_exit,

@@ -15,11 +15,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from planner.cli_common import (
-    CalibrationOption,
-    calibrated_or_exit,
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_USAGE,
+    CalibrationOption,
+    calibrated_or_exit,
     collect_findings,
     exit_with_findings,
     fail,
