@@ -1,4 +1,4 @@
-"""Leave-one-out calibration within one published stack: the Megatron-Bridge 25.11 container's
+"""Leave-one-out calibration within one published stack: one Megatron-Bridge container's
 rows of bench/heldout.yaml. For each row, the factors are fitted (planner/calibrate/fit.py) on
 the other rows and the left-out row is predicted; printed beside the default factors' error.
 
@@ -19,8 +19,8 @@ import heldout  # noqa: E402
 
 from planner.calibrate.fit import Run, fit  # noqa: E402
 
-STACK = "25.11 NeMo container"
-FACTORS = ("host_us_per_expert", "gemm_fp8@blackwell")
+STACK = sys.argv[1] if len(sys.argv) > 1 else "26.02 NeMo container"
+FACTORS = ("host_us_per_expert", "gemm_fp8@blackwell", "gemm_bf16@blackwell", "host_us_per_microbatch")
 
 
 def run_of(figure: heldout.Figure) -> Run:

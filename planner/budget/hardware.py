@@ -50,6 +50,8 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("gemm_half", "GEMM dimension reaching half the large-shape efficiency "
            "(efficiency.gemm_half_dim, else the GPU catalog's)"),
     Symbol("gemm_tile", "tile a GEMM dimension is quantised to (efficiency.gemm_tile)"),
+    Symbol("t_dispatch", "fixed seconds per token dispatch or combine call of the dispatcher "
+           "dispatcher (efficiency.dispatch_latency_us_alltoall / _deepep / _hybridep)"),
     Symbol("t_coll", "latency of one collective call, seconds (efficiency.collective_latency_us)"),
     Symbol("eff_attention_variant", "share of eff_attention the config's core-attention kernel "
            "reaches (efficiency.attention_mla for MLA, attention_sparse for DeepSeek-V4, else 1)"),
@@ -163,6 +165,7 @@ def fixed_cost_values(cfg: Config) -> dict[str, Number]:
         "t_step_fixed": normalize(Fraction(exact(eff.step_fixed_ms)) / 10**3),
         **graph_capture(cfg),
         "gemm_half": exact(half), "gemm_tile": eff.gemm_tile,
+        "t_dispatch": normalize(Fraction(exact(dispatch_latency(cfg))) / 10**6),
         "t_coll": normalize(Fraction(exact(eff.collective_latency_us)) / 10**6),
         "eff_attention_variant": exact(attention_variant_share(cfg)),
     }
@@ -174,6 +177,17 @@ def _hybridep(cfg: Config) -> bool:
     _HybridEPManager.dispatch calls hybrid_ep_dispatch with the routing map)."""
     moe = cfg.moe
     return moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend == "hybridep"
+
+
+def dispatch_latency(cfg: Config) -> float:
+    """The fixed microseconds per dispatch / combine call of the config's token dispatcher."""
+    eff, moe = cfg.cluster.efficiency, cfg.moe
+    if moe.moe_token_dispatcher_type == "alltoall":
+        return eff.dispatch_latency_us_alltoall
+    if moe.moe_token_dispatcher_type == "flex":
+        return {"deepep": eff.dispatch_latency_us_deepep,
+                "hybridep": eff.dispatch_latency_us_hybridep}.get(moe.moe_flex_dispatcher_backend, 0.0)
+    return 0.0
 
 
 def dispatch_efficiency(cfg: Config) -> float:

@@ -366,6 +366,10 @@ def fx_share(v: Variant) -> str:
 
 # Collectives that run once per layer and microbatch (TP/SP, EP, ETP, CP, GTP weight gathers) and
 # the pipeline's P2P (once per model chunk and microbatch); the rest run once per step.
+# The token dispatcher's own exchanges (dispatch and combine of the hidden rows): each call also
+# pays the dispatcher's fixed set-up (efficiency.dispatch_latency_us_*: DeepEP's notify and
+# layout kernels run before every dispatch).
+TOKEN_EXCHANGES = ("ep_dispatch_hidden", "ep_combine_hidden")
 PER_LAYER = ("ep_", "etp_", "ag_", "tp_sp_", "tp_linear", "cp_", "gtp_weight", "egtp_weight")
 
 
@@ -388,6 +392,9 @@ def _communication(book: Book, v: Variant) -> list[str]:
                        f"Max(step_{ident(entry.name)}_{phase}_intra_node_bytes / (bw_nvlink * eff_intra),"
                        f" step_{ident(entry.name)}_{phase}_inter_node_bytes / (bw_scale_out * eff_inter))"
                        + (" * imbalance / eff_dispatch" if entry.routed_rows else "")
+                       + (" + microbatches * blocks * t_dispatch * Min(step_"
+                          f"{ident(entry.name)}_{phase}_intra_node_bytes + step_{ident(entry.name)}_"
+                          f"{phase}_inter_node_bytes, 1)" if entry.name in TOKEN_EXCHANGES else "")
                        + f" + {_calls(entry.name)} * t_coll * Min(step_{ident(entry.name)}_{phase}"
                        "_intra_node_bytes + " f"step_{ident(entry.name)}_{phase}_inter_node_bytes, 1)",
                        "s", "time", f"{entry.name} {phase}: NVLink-domain bytes over NVLink, the rest "

@@ -31,6 +31,7 @@ FACTORS: tuple[Factor, ...] = (
     Factor("hbm", 0.4, 0.95, "share of the HBM bandwidth streaming kernels reach"),
     Factor("dispatch_alltoall", 0.2, 1.0, "share of the bandwidth the alltoall dispatcher reaches"),
     Factor("dispatch_deepep", 0.2, 1.0, "share of the collective bandwidth DeepEP reaches"),
+    Factor("dispatch_latency_us_deepep", 0.0, 2000.0, "DeepEP's fixed cost per dispatch call"),
     Factor("permute_unfused", 1.0, 10.0, "cost of an unfused permutation over a fused one"),
     Factor("intra_node", 0.3, 1.0, "share of the NVLink bandwidth collectives reach"),
     Factor("inter_node", 0.3, 1.0, "share of the scale-out bandwidth collectives reach"),

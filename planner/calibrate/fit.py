@@ -1,7 +1,8 @@
 """Bounded least squares of the step-time model's efficiency factors on measured runs.
 
 The residual of a run is log(predicted / measured): a 10 % miss weighs the same on a 2 s and a
-20 s step. Levenberg–Marquardt over the chosen factors with a numerical Jacobian, every step
+20 s step; misses beyond 10 % weigh linearly (Huber), so one run the model cannot explain does
+not pull every factor. Levenberg–Marquardt over the chosen factors with a numerical Jacobian, every step
 projected back into the factors' bounds (planner/calibrate/factors.py); no numpy (the planner
 never needs it). A factor whose column is zero on every run (no run exercises it, e.g. the
 scale-out bandwidth when every run fits in one NVLink domain) is left at its value and reported
@@ -49,8 +50,19 @@ class FitResult:
     after: list[float] = field(default_factory=list)
 
 
+# Residuals beyond this (log) size count linearly, not squared (Huber's loss): one run whose miss
+# the model cannot explain (a stack feature it lacks) does not drag every factor after it.
+HUBER = 0.1
+
+
+def _robust(r: float) -> float:
+    """A residual whose square is Huber's loss (times 2) at HUBER."""
+    a = abs(r)
+    return r if a <= HUBER else math.copysign(math.sqrt(2 * HUBER * a - HUBER * HUBER), r)
+
+
 def _residuals(runs: Sequence[Run], values: dict[str, float]) -> list[float]:
-    return [math.log(run.predict(values) / run.measured) for run in runs]
+    return [_robust(math.log(run.predict(values) / run.measured)) for run in runs]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:

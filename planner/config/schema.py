@@ -373,6 +373,10 @@ class EfficiencySection(Section):
     # Latency of one collective call (alpha of the alpha-beta model: small messages reach less
     # than the link's bandwidth), inside the NVLink domain and across the scale-out network.
     collective_latency_us: NonNegFloat = 0.0
+    # Fixed set-up per token dispatch or combine call of each dispatcher (besides its bytes).
+    dispatch_latency_us_alltoall: NonNegFloat = 0.0
+    dispatch_latency_us_deepep: NonNegFloat = 0.0
+    dispatch_latency_us_hybridep: NonNegFloat = 0.0
     # Core attention kernels other than the standard one: MLA (192/128 head dims), DeepSeek-V4's
     # sparse CSA/HCA attention with its indexer, as shares of eff_attention.
     attention_mla: Share = 1.0

@@ -19,6 +19,7 @@ from planner.estimate import estimate
 from tests.support.paths import EXAMPLES
 
 TINY = EXAMPLES / "tiny-cpu-8.yaml"
+ROOT_DATA = Path(__file__).resolve().parents[1] / "data" / "megatron_logs"
 ARGS = {"num_layers": "2", "hidden_size": "64", "micro_batch_size": "1"}
 
 
@@ -130,3 +131,15 @@ def test_calibrate_command_findings(tmp_path: Path) -> None:
     bad.write_text("factors: {no_such: 1}\n", encoding="utf-8")
     with pytest.raises(ProfileError, match="no_such"):
         read_profile(bad)
+
+
+def test_a_real_public_log_truncated_mid_line() -> None:
+    """NVIDIA/Megatron-LM issue #756's Mixtral-8x7B log on 16 H100 (tests/data/megatron_logs, with
+    its source): three intervals, the quote ending inside the last line; the first interval is
+    warm-up, rank 1's `max allocated` is read."""
+    text = (ROOT_DATA / "issue756_mixtral_16xh100.log").read_text(encoding="utf-8")
+    log = parse_log(text, "issue756")
+    assert [i.iteration for i in log.intervals] == [2, 3, 4] and log.truncated
+    assert log.step_s == pytest.approx((5.4106 + 5.3641) / 2)
+    assert log.peak_memory_bytes == {1: pytest.approx(54250.98583984375 * 2**20)}
+    assert log.tflops_per_gpu == pytest.approx((241.4 + 243.5) / 2)
