@@ -5,6 +5,7 @@ the commands that take it. The logs are written here, in Megatron-LM's training_
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,21 @@ def test_a_real_public_log_truncated_mid_line() -> None:
     assert log.step_s == pytest.approx((5.4106 + 5.3641) / 2)
     assert log.peak_memory_bytes == {1: pytest.approx(54250.98583984375 * 2**20)}
     assert log.tflops_per_gpu == pytest.approx((241.4 + 243.5) / 2)
+
+
+def test_estimate_measured_shows_the_gap_and_the_terms(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    predicted = estimate(apply_profile_free()).step_time_s
+    log.write_text(megatron_log(predicted * 1.5e3), encoding="utf-8")
+    runner = CliRunner()
+    out = runner.invoke(app, ["estimate", str(TINY), "--measured", str(log), "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)["measured"]
+    assert data["ratio"] == pytest.approx(1 / 1.5, rel=5e-3)  # the log prints 0.1 ms
+    assert data["terms"] and all(t["scale"] > 1 for t in data["terms"])
+    text = runner.invoke(app, ["estimate", str(TINY), "--measured", str(log)])
+    assert text.exit_code == 0 and "would have to move" in text.output
+    empty = tmp_path / "empty.log"
+    empty.write_text("x\n", encoding="utf-8")
+    bad = runner.invoke(app, ["estimate", str(TINY), "--measured", str(empty)])
+    assert bad.exit_code == 1 and "no timing lines" in bad.output
