@@ -57,3 +57,11 @@ def test_tp8_exposes_more_communication_than_tp2() -> None:
         return env(qwen(parallel={"world_size": 64, "tp": tp, "ep": 8, "etp": 1,
                                   "sequence_parallel": True}))["time_exposed_comm_s"]
     assert exposed(8) > exposed(2)
+
+
+def test_tp_comm_overlap_hides_part_of_the_sp_collectives() -> None:
+    def exposed(on: bool) -> Any:
+        return env(qwen(parallel={"world_size": 64, "tp": 4, "ep": 8, "etp": 1,
+                                  "sequence_parallel": True},
+                        overlap={"tp_comm_overlap": on}))["time_exposed_comm_s"]
+    assert exposed(True) < exposed(False)
