@@ -1,14 +1,18 @@
 """Page 7, step time: what one rank of a stage spends per optimizer step, as named formulas.
 
 The model is analytical and calibrated, not measured: GEMMs take their Megatron FLOPs (the flops
-page; recompute's extra forwards included) at the catalog peak times a GEMM efficiency; core
+page; recompute's extra forwards included) at the catalog peak times a GEMM efficiency and the
+GEMM's shape efficiency (m, n, k, tile quantisation); core
 attention at the BF16 peak times an attention efficiency; every collective of the collectives table
 takes its per-step wire bytes of this rank (the comm page), the intra-NVLink-domain part over
 NVLink and the rest over the scale-out network, each at its bandwidth times a communication
 efficiency, the slower of the two setting its time. A collective whose table entry names an
 overlap flag that the config sets is hidden behind compute up to `eff_overlap` of itself (never
 more than the compute there is); the rest is exposed. The optimizer step streams the rank's
-weights, grads and optimizer state through HBM once. The pipeline bubble and the stage's step need
+weights, grads and optimizer state through HBM once, plus a fixed cost per step. Fixed host
+costs (launches per block, per local expert, per microbatch and model chunk, less what CUDA graphs
+capture) add to the compute: Megatron's dropless MoE layers wait on the host every layer. Each
+collective call also pays a latency. The pipeline bubble and the stage's step need
 the other stages' chunk times, so they are the pipeline page (planner/budget/pipeline.py),
 evaluated after this page on every stage (and on the stages' first and last model chunks alone).
 

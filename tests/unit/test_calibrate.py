@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from planner.calibrate.calibration import CalibrationError, run_calibration
@@ -162,3 +163,18 @@ def test_estimate_measured_shows_the_gap_and_the_terms(tmp_path: Path) -> None:
     empty.write_text("x\n", encoding="utf-8")
     bad = runner.invoke(app, ["estimate", str(TINY), "--measured", str(empty)])
     assert bad.exit_code == 1 and "no timing lines" in bad.output
+
+
+def test_cluster_calibration_in_the_config_is_taken(tmp_path: Path) -> None:
+    profile = tmp_path / "p.yaml"
+    profile.write_text("stack: {gpu: H100}\nfactors: {host_us_per_microbatch: 40000.0}\n",
+                       encoding="utf-8")
+    data = yaml.safe_load(TINY.read_text(encoding="utf-8"))
+    data.setdefault("cluster", {})["calibration"] = str(profile)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    out = CliRunner().invoke(app, ["estimate", str(config), "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output)["breakdown"]
+    assert result["calibration"] == str(profile)
+    assert result["efficiency"]["host_us_per_microbatch"] == 40000.0
