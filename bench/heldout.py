@@ -61,6 +61,8 @@ class Figure:
     data: dict[str, Any]
     recipe: str = ""
     notes: str = ""
+    calibration: bool = False  # a figure the default factors were fitted on (it does not judge)
+    sweep: str = ""  # figures of one sweep: one model, cluster and stack, several settings
 
     @property
     def is_layer(self) -> bool:
@@ -95,7 +97,9 @@ def load_figures(path: Path = DATA) -> list[Figure]:
         figures.append(Figure(id=entry["id"], source=entry["source"],
                               published=entry["published"],
                               data=merged(base, entry.get("config", {})),
-                              recipe=entry.get("recipe", ""), notes=entry.get("notes", "")))
+                              recipe=entry.get("recipe", ""), notes=entry.get("notes", ""),
+                              calibration=bool(entry.get("calibration", False)),
+                              sweep=entry.get("sweep", "")))
     return figures
 
 
@@ -164,8 +168,44 @@ HEADER = ("figure", "published", "predicted", "ratio", "GFLOP/token published / 
 
 
 def table_rows(rows: list[Judged]) -> list[tuple[str, ...]]:
-    return [(r.figure.id, _value(r.figure, r.figure.published_value), _value(r.figure, r.predicted),
+    return [(r.figure.id + (" (calibration)" if r.figure.calibration else ""),
+             _value(r.figure, r.figure.published_value), _value(r.figure, r.predicted),
              "—" if r.ratio is None else f"{r.ratio:.2f}", _gflop(r), r.verdict) for r in rows]
+
+
+def kendall_tau(pairs: list[tuple[float, float]]) -> tuple[float, int, int]:
+    """Kendall's tau-a of (measured, predicted) values, and the pairs in measured order of all
+    pairs (a tied prediction counts as out of order)."""
+    concordant = discordant = 0
+    for i in range(len(pairs)):
+        for j in range(i + 1, len(pairs)):
+            sign = (pairs[i][0] - pairs[j][0]) * (pairs[i][1] - pairs[j][1])
+            concordant += sign > 0
+            discordant += sign <= 0
+    total = concordant + discordant
+    return ((concordant - discordant) / total if total else 1.0), concordant, total
+
+
+def sweep_rows(rows: list[Judged]) -> list[tuple[str, int, str, str]]:
+    """Per sweep: figures, pairs in measured order, Kendall tau (throughput, or layer speed)."""
+    sweeps: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.figure.sweep and r.predicted is not None:
+            # Faster is higher: throughput as is, a layer's seconds inverted.
+            flip = -1.0 if r.figure.is_layer else 1.0
+            sweeps.setdefault(r.figure.sweep, []).append(
+                (flip * r.figure.published_value, flip * r.predicted))
+    out = []
+    for name, pairs in sweeps.items():
+        tau, good, total = kendall_tau(pairs)
+        out.append((name, len(pairs), f"{good}/{total}", f"{tau:.2f}"))
+    return out
+
+
+def sweep_markdown(rows: list[Judged]) -> str:
+    lines = ["| sweep | figures | pairs in measured order | Kendall τ |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in sweep_rows(rows)]
+    return "\n".join(lines) + "\n"
 
 
 def summary(rows: list[Judged]) -> str:
@@ -174,11 +214,14 @@ def summary(rows: list[Judged]) -> str:
         estimated = sum(r.ratio is not None for r in subset)
         return (f"{name}: none estimated" if mae is None
                 else f"{name}: median |ratio − 1| = {mae:.1%} over {estimated} of {len(subset)}")
-    whole = [r for r in rows if not r.figure.is_layer]
-    layers = [r for r in rows if r.figure.is_layer]
+    judging = [r for r in rows if not r.figure.calibration]
+    whole = [r for r in judging if not r.figure.is_layer]
+    layers = [r for r in judging if r.figure.is_layer]
     flagged = sum(r.verdict != "ok" for r in rows)
-    return (f"{part('all figures', rows)}; {part('whole models', whole)}; "
-            f"{part('one MoE layer', layers)}. {flagged} flagged by the rule catalog or not "
+    calibration = [r for r in rows if r.figure.calibration]
+    return (f"held out: {part('all figures', judging)}; {part('whole models', whole)}; "
+            f"{part('one MoE layer', layers)}; {part('calibration figures', calibration)}. "
+            f"{flagged} flagged by the rule catalog or not "
             "estimated (still counted when estimated). Ratio = predicted / published: "
             "tokens/s/GPU for whole models (TFLOP/s/GPU where only that is published), "
             "forward + backward time for one layer")
@@ -188,7 +231,7 @@ def markdown(rows: list[Judged]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |"
               for row in table_rows(rows)]
-    return "\n".join(lines) + "\n\n" + summary(rows) + ".\n"
+    return ("\n".join(lines) + "\n\n" + summary(rows) + ".\n\n" + sweep_markdown(rows))
 
 
 def plain(rows: list[Judged]) -> str:
@@ -196,7 +239,7 @@ def plain(rows: list[Judged]) -> str:
     widths = [max(len(row[i]) for row in body) for i in range(len(HEADER) - 1)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
              for row in body]
-    return "\n".join(lines) + "\n" + summary(rows)
+    return "\n".join(lines) + "\n" + summary(rows) + "\n\n" + sweep_markdown(rows)
 
 
 def update_docs(text: str, doc: Path = DOC) -> None:

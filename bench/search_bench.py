@@ -4,13 +4,17 @@ Each measurement runs in a fresh process (cold caches, as `moeplan search` start
 time of the search, the configs the rule catalog judged per second, the counts explored / legal /
 fitting and what was never built, and the winner — judging in one process and in two (the
 issue's target: the whole space in under 10 s on a 2-core machine), and the ratio of the two.
-Run: `OMP_NUM_THREADS=1 .venv/bin/python bench/search_bench.py [--top K] [--refine N] [CONFIG ...]`
-(defaults as `moeplan search`: the top 10 over the whole space, `--refine 0`).
+Run: `OMP_NUM_THREADS=1 .venv/bin/python bench/search_bench.py [--top K] [--refine N] [--workers W]
+[--baseline TREE] [CONFIG ...]` (defaults as `moeplan search`: the top 10 over the whole space,
+`--refine 0`; W 0 = one and two workers). `--baseline TREE` (a checkout of an earlier commit, e.g.
+`git archive 861707c | tar -x -C /tmp/base`) measures that tree's search on the same config right
+after each of this tree's, in the same run: old and new model under the same machine load.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -47,15 +51,26 @@ def measure(path: Path, workers: int, top: int, refine: int) -> dict:
             "fitting": result.fitting, "pruned_by": result.pruned_by, "winner": winner}
 
 
-def bench(path: Path, top: int, refine: int) -> None:
+def _one(tree: Path, path: Path, workers: int, top: int, refine: int) -> dict:
+    """One measurement in a fresh process of `tree`'s planner (no caches carried over)."""
+    done = subprocess.run([sys.executable, str(tree / "bench" / "search_bench.py"), "--one",
+                           str(workers), "--top", str(top), "--refine", str(refine), str(path)],
+                          capture_output=True, text=True, check=True, cwd=tree,
+                          env={**os.environ, "PYTHONPATH": str(tree)})
+    return json.loads(done.stdout)
+
+
+def bench(path: Path, top: int, refine: int, counts: tuple[int, ...] = (1, 2),
+          baseline: Path | None = None) -> None:
     scope = "whole space" if refine == 0 else f"refine {refine}"
     walls = {}
-    for workers in (1, 2):  # a fresh process each: no caches carried over from the other run
-        done = subprocess.run([sys.executable, __file__, "--one", str(workers), "--top", str(top),
-                               "--refine", str(refine), str(path)], capture_output=True,
-                              text=True, check=True)
-        figures = json.loads(done.stdout)
+    for workers in counts:
+        figures = _one(ROOT, path.resolve(), workers, top, refine)
         walls[workers] = figures["wall"]
+        if baseline is not None:
+            old = _one(baseline, path.resolve(), workers, top, refine)
+            print(f"{path.name}, {workers} worker(s), baseline {baseline}: {old['wall']:.2f} s wall, "
+                  f"{old['explored']} configs judged; winner {old['winner']}")
         print(f"{path.name} ({scope}, top {top}), {workers} worker(s): {figures['wall']:.2f} s "
               f"wall, {figures['explored']} configs judged "
               f"({figures['explored'] / figures['wall']:.0f} candidates/s), {figures['legal']} "
@@ -63,19 +78,25 @@ def bench(path: Path, top: int, refine: int) -> None:
               + ", ".join(f"{n} {why}" for why, n in figures["pruned_by"].items() if n))
         if figures["winner"]:
             print(f"  winner {figures['winner']}")
-    print(f"  two workers / one: {walls[2] / walls[1]:.2f} of the wall time")
+    if len(walls) == 2:
+        print(f"  two workers / one: {walls[2] / walls[1]:.2f} of the wall time")
 
 
 def main(args: list[str]) -> None:
-    options = {"--top": 10, "--refine": 0, "--one": 0}
-    while args[:1] and args[0] in options:
+    options: dict[str, int] = {"--top": 10, "--refine": 0, "--one": 0, "--workers": 0}
+    baseline = None
+    while args[:1] and (args[0] in options or args[0] == "--baseline"):
+        if args[0] == "--baseline":
+            baseline, args = Path(args[1]).resolve(), args[2:]
+            continue
         options[args[0]], args = int(args[1]), args[2:]
     paths = [Path(a) for a in args] or [DEFAULT]
     if options["--one"]:
         print(json.dumps(measure(paths[0], options["--one"], options["--top"], options["--refine"])))
         return
     for path in paths:
-        bench(path, options["--top"], options["--refine"])
+        counts = (options["--workers"],) if options["--workers"] else (1, 2)
+        bench(path, options["--top"], options["--refine"], counts, baseline)
 
 
 if __name__ == "__main__":

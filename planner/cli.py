@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.commands.import_",
     "planner.commands.import_hf",
     "planner.commands.estimate",
+    "planner.commands.calibrate",
     "planner.commands.report",
     "planner.commands.search",
 )

@@ -7,12 +7,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from planner.calibrate.profile import ProfileError, apply_profile
 from planner.config.loader import InvalidConfig, UnreadableConfig, load_config
 from planner.config.schema import Config
 from planner.findings import Finding, has_errors, sort_findings
@@ -77,3 +78,21 @@ def exit_on_errors(cfg: Config, *, as_json: bool = False) -> list[Finding]:
         exit_with_findings(findings, as_json=as_json)
     return findings
 
+
+
+# --- step-time calibration profiles (issue 23) -------------------------------------------------
+CalibrationOption = Annotated[Path | None, typer.Option(
+    "--calibration", metavar="FILE", help="a `moeplan calibrate` profile: its fitted efficiency "
+    "factors replace the defaults (else cluster.calibration)")]
+
+
+def calibrated_or_exit(cfg: Config, path: Path | None) -> tuple[Config, str]:
+    """The config with the profile's factors applied (the option's, else cluster.calibration's)
+    and what was used, for the output; exit 2 on a profile that cannot be read."""
+    target = path or cfg.cluster.calibration
+    if not target:
+        return cfg, "none (default factors)"
+    try:
+        return apply_profile(cfg, target), str(target)
+    except (ProfileError, UnreadableConfig) as exc:
+        fail(EXIT_USAGE, f"calibration profile: {exc}")

@@ -26,6 +26,7 @@ from planner.accounting import (
     pipeline_page,
     pipeline_step,
 )
+from planner.config.gpus import gpu
 from planner.config.schema import Config
 
 COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gemm_s",
@@ -88,7 +89,6 @@ class Estimate:
         cfg, tflops = self.cfg, self.tflops_per_gpu
         peak, precision = ((cfg.cluster.peak_fp8_tflops, "FP8") if cfg.training.fp8
                            else (cfg.cluster.peak_bf16_tflops, "BF16"))
-        eff = cfg.cluster.efficiency
         return {
             "step_time_s": self.step_time_s,
             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
@@ -98,16 +98,18 @@ class Estimate:
                     "denominator": f"dense {precision} peak, {peak:g} TFLOP/s per GPU "
                                    f"({cfg.cluster.gpu or 'H100 (default)'})"},
             "breakdown": {"slowest_stage": self.slowest_stage, "stages": self.stages,
-                          "efficiency": eff.model_dump(), "nvlink_domain": cfg.cluster.nvlink_domain},
+                          "efficiency": _efficiency(cfg), "nvlink_domain": cfg.cluster.nvlink_domain},
         }
 
     def moe_layer_seconds(self, stage: int = 0) -> float:
         """The MoE layers of a stage alone, forward + backward over the step: expert GEMMs, their
-        elementwise work (router, permutes, activations) and the exposed EP exchanges — what
+        elementwise work (router, permutes, activations), their fixed host costs and the exposed
+        EP exchanges — what
         Megatron-LM's moe_perf benchmark times for a one-layer proxy
         (tests/functional_tests/test_cases/common/moe_perf)."""
         env, row = self.envs[stage], self.stages[stage]
-        return float(env["time_moe_gemm_s"] + env["time_moe_non_gemm_s"]) + sum(
+        return float(env["time_moe_gemm_s"] + env["time_moe_non_gemm_s"]
+                     + env["time_moe_fixed_s"]) + sum(
             v for k, v in row["exposed_comm_parts_s"].items() if k.startswith("ep_"))
 
     def explain(self, name: str) -> Budget | None:
@@ -142,6 +144,14 @@ def estimate(cfg: Config, *, exact: bool = True) -> Estimate:
         steps.append(float(page["time_stage_step_s"]))
     slowest = max(range(len(steps)), key=steps.__getitem__)
     return Estimate(cfg, steps[slowest], slowest, ranks, acc.globals, acc, parts, times)
+
+
+def _efficiency(cfg: Config) -> dict[str, Any]:
+    """The efficiency factors the estimate used, the GPU catalog's fill-ins included."""
+    out = cfg.cluster.efficiency.model_dump()
+    if out["gemm_half_dim"] is None:
+        out["gemm_half_dim"] = gpu(cfg.cluster.gpu).gemm_half_dim
+    return out
 
 
 # (row label, time quantity, its exposed part) of every collective phase, in table order.

@@ -36,6 +36,12 @@ class UnknownCollective(ValueError):
     """A collective, phase, group or algorithm that the table does not list."""
 
 
+# Megatron's --tp-comm-overlap (Transformer Engine's userbuffers, with sequence parallelism: Megatron-LM
+# dev@d48bd6be megatron/training/arguments.py asserts it) overlaps the SP all-gathers and
+# reduce-scatters with the linears' GEMMs (megatron/core/model_parallel_config.py tp_comm_overlap).
+TP_OVERLAP = "overlap.tp_comm_overlap"
+
+
 @dataclass(frozen=True)
 class Collective:
     """One collective: where it runs, how, and what routing and overlap do to it.
@@ -270,16 +276,18 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                f"(attention QKV or MLA up projections, shared-expert/dense FC1, MTP eh_proj, "
                f"output layer) and MLA's rotary key all-gathered over TP; backward reduce-scatters "
                f"its grad; {_TP_LAYERS} ColumnParallelLinear, {_MAPPINGS} "
-               "gather_from_sequence_parallel_region", recomputed_with=_TP_RECOMPUTE),
+               "gather_from_sequence_parallel_region", recomputed_with=_TP_RECOMPUTE,
+               overlap=TP_OVERLAP),
     Collective("tp_sp_wgrad_gather", ("tp",), {"bwd": ("allgather",)},
                f"sequence parallelism: a column-parallel linear stores its input sequence-sharded "
                f"and all-gathers it again in backward for the weight gradient; {_TP_LAYERS} "
-               "LinearWithGradAccumulationAndAsyncCommunication.backward"),
+               "LinearWithGradAccumulationAndAsyncCommunication.backward", overlap=TP_OVERLAP),
     Collective("tp_sp_scatter", ("tp",), _SCATTER,
                f"sequence parallelism: the output of every row-parallel linear (attention proj, "
                f"shared-expert/dense FC2) reduce-scattered over TP to [s/TP, b, h]; backward "
                f"all-gathers its grad; {_TP_LAYERS} RowParallelLinear, {_MAPPINGS} "
-               "reduce_scatter_to_sequence_parallel_region", recomputed_with=_TP_RECOMPUTE),
+               "reduce_scatter_to_sequence_parallel_region", recomputed_with=_TP_RECOMPUTE,
+               overlap=TP_OVERLAP),
     Collective("tp_linear_allreduce", ("tp",), {"fwd": ("allreduce",), "bwd": ("allreduce",)},
                f"TP without sequence parallelism: forward all-reduce of every row-parallel "
                f"linear's output, backward all-reduce of every column-parallel linear's input "

@@ -14,6 +14,7 @@ from typing import Any
 
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Number, Symbol, exact, normalize
+from planner.config.gpus import gpu as gpu_entry
 from planner.config.schema import Config
 
 TERA, GIGA = 10**12, 10**9
@@ -25,6 +26,36 @@ def overlap_symbol(flag: str) -> str:
     """The input naming one overlap flag: `overlap.overlap_grad_reduce` -> `on_overlap_grad_reduce`."""
     return "on_" + flag.rsplit(".", 1)[-1]
 
+
+# --- step-time model terms (issue 23): fixed costs, CUDA graphs, GEMM shapes, collective latency.
+FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
+    Symbol("t_host_block", "host seconds to launch one block's forward and backward kernels per "
+           "microbatch without CUDA graphs (efficiency.host_us_per_block)"),
+    Symbol("t_host_expert", "host seconds per local expert of a MoE layer per microbatch "
+           "(efficiency.host_us_per_expert)"),
+    Symbol("t_host_microbatch", "host seconds per microbatch and model chunk: schedule, P2P set-up, "
+           "loss (efficiency.host_us_per_microbatch)"),
+    Symbol("t_step_fixed", "fixed seconds per optimizer step: optimizer launches, gradient-sync "
+           "set-up, logging (efficiency.step_fixed_ms)"),
+    Symbol("graph_attn", "1 when CUDA graphs capture the attention part of a block "
+           "(overlap.cuda_graph_impl local/transformer_engine with scope attn or whole layers, or "
+           "full_iteration)"),
+    Symbol("graph_router", "1 when CUDA graphs capture the MoE router (scope moe_router, moe)"),
+    Symbol("graph_preprocess", "1 when CUDA graphs capture the MoE preprocessing (scope "
+           "moe_preprocess, moe)"),
+    Symbol("graph_experts", "1 when CUDA graphs capture the MLP / experts and the dispatch (scope "
+           "mlp on dense blocks, moe on drop-and-pad MoE, or full_iteration)"),
+    Symbol("graph_full", "1 under cuda_graph_impl full_iteration: the whole forward-backward of "
+           "every microbatch is one graph, so per-microbatch host costs go too"),
+    Symbol("gemm_half", "GEMM dimension reaching half the large-shape efficiency "
+           "(efficiency.gemm_half_dim, else the GPU catalog's)"),
+    Symbol("gemm_tile", "tile a GEMM dimension is quantised to (efficiency.gemm_tile)"),
+    Symbol("t_dispatch", "fixed seconds per token dispatch or combine call of the dispatcher "
+           "dispatcher (efficiency.dispatch_latency_us_alltoall / _deepep / _hybridep)"),
+    Symbol("t_coll", "latency of one collective call, seconds (efficiency.collective_latency_us)"),
+    Symbol("eff_attention_variant", "share of eff_attention the config's core-attention kernel "
+           "reaches (efficiency.attention_mla for MLA, attention_sparse for DeepSeek-V4, else 1)"),
+)
 
 HARDWARE_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("peak_bf16", "dense BF16 peak of one GPU, FLOP/s (cluster.peak_bf16_tflops)"),
@@ -57,6 +88,7 @@ HARDWARE_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("eff_dispatch", "share of the collective bandwidth the token dispatcher's EP exchange "
            "reaches (efficiency.dispatch_alltoall / dispatch_deepep / dispatch_hybridep; 1 for "
            "the others)"),
+    *FIXED_COST_SYMBOLS,
     *(Symbol(overlap_symbol(flag), f"1 when {flag} is on (an overlap flag of the collectives "
              "table)") for flag in OVERLAP_FLAGS),
 )
@@ -85,6 +117,57 @@ def hardware_values(cfg: Config) -> dict[str, Number]:
         "eff_permute_unfused": exact(eff.permute_unfused),
         "eff_dispatch": exact(dispatch_efficiency(cfg)),
         **{overlap_symbol(flag): _flag(cfg, flag) for flag in OVERLAP_FLAGS},
+        **fixed_cost_values(cfg),
+    }
+
+
+# CUDA-graph scopes (Megatron-LM dev@d48bd6be megatron/core/transformer/enums.py CudaGraphModule;
+# megatron/core/transformer/transformer_config.py cuda_graph_impl, cuda_graph_modules): which part
+# of a block each captures. An empty scope under local / transformer_engine captures whole layers.
+GRAPH_PARTS: dict[str, tuple[str, ...]] = {
+    "attn": ("graph_attn",), "moe_router": ("graph_router",),
+    "moe_preprocess": ("graph_preprocess",), "mlp": ("graph_experts",),
+    "moe": ("graph_router", "graph_preprocess", "graph_experts"),
+}
+GRAPH_SYMBOLS = ("graph_attn", "graph_router", "graph_preprocess", "graph_experts")
+
+
+def graph_capture(cfg: Config) -> dict[str, int]:
+    """Which block parts the config's CUDA graphs capture (0/1 each), and full_iteration."""
+    ov = cfg.overlap
+    out = dict.fromkeys((*GRAPH_SYMBOLS, "graph_full"), 0)
+    if ov.cuda_graph_impl == "full_iteration":
+        return dict.fromkeys(out, 1)
+    if ov.cuda_graph_impl == "none":
+        return out
+    scopes = ov.cuda_graph_scope or ["attn", "moe"]
+    for scope in scopes:
+        for name in GRAPH_PARTS.get(scope, ()):
+            out[name] = 1
+    return out
+
+
+def attention_variant_share(cfg: Config) -> float:
+    """The attention kernel's share of eff_attention: MLA's or V4's sparse kernel, else 1."""
+    eff = cfg.cluster.efficiency
+    return {"mla": eff.attention_mla, "dsv4_hybrid": eff.attention_sparse}.get(
+        cfg.model.attention_variant, 1.0)
+
+
+def fixed_cost_values(cfg: Config) -> dict[str, Number]:
+    """The fixed-cost, GEMM-shape and latency inputs of the time page."""
+    eff = cfg.cluster.efficiency
+    half = eff.gemm_half_dim if eff.gemm_half_dim is not None else gpu_entry(cfg.cluster.gpu).gemm_half_dim
+    return {
+        "t_host_block": normalize(Fraction(exact(eff.host_us_per_block)) / 10**6),
+        "t_host_expert": normalize(Fraction(exact(eff.host_us_per_expert)) / 10**6),
+        "t_host_microbatch": normalize(Fraction(exact(eff.host_us_per_microbatch)) / 10**6),
+        "t_step_fixed": normalize(Fraction(exact(eff.step_fixed_ms)) / 10**3),
+        **graph_capture(cfg),
+        "gemm_half": exact(half), "gemm_tile": eff.gemm_tile,
+        "t_dispatch": normalize(Fraction(exact(dispatch_latency(cfg))) / 10**6),
+        "t_coll": normalize(Fraction(exact(eff.collective_latency_us)) / 10**6),
+        "eff_attention_variant": exact(attention_variant_share(cfg)),
     }
 
 
@@ -94,6 +177,17 @@ def _hybridep(cfg: Config) -> bool:
     _HybridEPManager.dispatch calls hybrid_ep_dispatch with the routing map)."""
     moe = cfg.moe
     return moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend == "hybridep"
+
+
+def dispatch_latency(cfg: Config) -> float:
+    """The fixed microseconds per dispatch / combine call of the config's token dispatcher."""
+    eff, moe = cfg.cluster.efficiency, cfg.moe
+    if moe.moe_token_dispatcher_type == "alltoall":
+        return eff.dispatch_latency_us_alltoall
+    if moe.moe_token_dispatcher_type == "flex":
+        return {"deepep": eff.dispatch_latency_us_deepep,
+                "hybridep": eff.dispatch_latency_us_hybridep}.get(moe.moe_flex_dispatcher_backend, 0.0)
+    return 0.0
 
 
 def dispatch_efficiency(cfg: Config) -> float:

@@ -1,14 +1,18 @@
 """Page 7, step time: what one rank of a stage spends per optimizer step, as named formulas.
 
 The model is analytical and calibrated, not measured: GEMMs take their Megatron FLOPs (the flops
-page; recompute's extra forwards included) at the catalog peak times a GEMM efficiency; core
+page; recompute's extra forwards included) at the catalog peak times a GEMM efficiency and the
+GEMM's shape efficiency (m, n, k, tile quantisation); core
 attention at the BF16 peak times an attention efficiency; every collective of the collectives table
 takes its per-step wire bytes of this rank (the comm page), the intra-NVLink-domain part over
 NVLink and the rest over the scale-out network, each at its bandwidth times a communication
 efficiency, the slower of the two setting its time. A collective whose table entry names an
 overlap flag that the config sets is hidden behind compute up to `eff_overlap` of itself (never
 more than the compute there is); the rest is exposed. The optimizer step streams the rank's
-weights, grads and optimizer state through HBM once. The pipeline bubble and the stage's step need
+weights, grads and optimizer state through HBM once, plus a fixed cost per step. Fixed host
+costs (launches per block, per local expert, per microbatch and model chunk, less what CUDA graphs
+capture) add to the compute: Megatron's dropless MoE layers wait on the host every layer. Each
+collective call also pays a latency. The pipeline bubble and the stage's step need
 the other stages' chunk times, so they are the pipeline page (planner/budget/pipeline.py),
 evaluated after this page on every stage (and on the stages' first and last model chunks alone).
 
@@ -26,6 +30,9 @@ from planner.budget.hardware import overlap_symbol
 from planner.budget.symbols import Variant
 
 PAGE = "time"
+COMPUTE = ("time_compute_s", "time_attention_gemm_s + time_attention_core_s + time_moe_gemm_s"
+           " + time_dense_gemm_s + time_head_gemm_s + time_non_gemm_s + time_fixed_s", "s", "time",
+           "all compute of the step, with the fixed host costs the GPU waits for")
 
 # Selective recompute modules whose forward the backward re-runs, per layer kind they cover
 # (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py recompute_modules).
@@ -41,10 +48,14 @@ def write(book: Book, v: Variant) -> None:
         "FLOP/s", "time", "reached GEMM rate of the linear layers (FP8 peak under FP8)")
     add("time_bf16_rate", "peak_bf16 * eff_gemm_bf16", "FLOP/s", "time",
         "reached BF16 GEMM rate (the output layer stays BF16 under FP8)")
-    add("time_attention_rate", "peak_bf16 * eff_attention", "FLOP/s", "time",
-        "reached rate of core (flash) attention")
+    add("time_attention_rate", "peak_bf16 * eff_attention * eff_attention_variant", "FLOP/s", "time",
+        "reached rate of core (flash) attention: the standard kernel's share, times the "
+        "config's variant's (MLA; DeepSeek-V4's sparse kernels)")
     _kinds(book, v)
+    _shapes(book, v)
     _compute(book)
+    _fixed_costs(book, v)
+    add(*COMPUTE)
     exposed = _communication(book, v)
     add("time_exposed_comm_s", " + ".join(exposed) or "0", "s", "time",
         "communication left on the critical path per step (every collective of the table)")
@@ -54,8 +65,10 @@ def write(book: Book, v: Variant) -> None:
         "one microbatch through every model chunk of the stage, forward and backward: the "
         "pipeline's unit of work (the pipeline page, planner/budget/pipeline.py, sums other "
         "stages' chunks of it into the bubble)")
-    add("time_optimizer_s", "(weight_bytes + grad_bytes + 2 * optimizer_bytes) / (bw_hbm * eff_hbm)",
-        "s", "time", "optimizer step: read grads and state, write state and weights once (HBM)")
+    add("time_optimizer_s", "(weight_bytes + grad_bytes + 2 * optimizer_bytes) / (bw_hbm * eff_hbm)"
+        " + t_step_fixed", "s", "time", "optimizer step: read grads and state, write state and "
+        "weights once (HBM), plus the fixed cost of a step (optimizer launches, gradient-sync "
+        "set-up, logging)")
 
 
 def _kinds(book: Book, v: Variant) -> None:
@@ -218,11 +231,11 @@ def _gemm(book: Book, name: str, flops: str, rc_flops: str, params: str, rate: s
     weights; the weight gradient reads and writes its main grad. Recompute re-runs a share of the
     forward, priced at the forward's roofline in proportion to its FLOPs."""
     add, t = book.add, "time_tokens_per_rank"
-    fwd = add(f"time_{name}_fwd_pass_s", f"Max({t} * {flops}{scale} / {rate},"
+    fwd = add(f"time_{name}_fwd_pass_s", f"Max({t} * {flops}{scale} / ({rate}),"
               f" {params} * time_weight_read_bytes / time_hbm_rate)", "s", "time",
               f"{what}: one forward (or data-gradient) pass of a microbatch, FLOPs or weight "
               "reads, whichever is slower")
-    wgrad = add(f"time_{name}_wgrad_pass_s", f"Max({t} * {flops}{scale} / {rate},"
+    wgrad = add(f"time_{name}_wgrad_pass_s", f"Max({t} * {flops}{scale} / ({rate}),"
                 f" {params} * time_wgrad_rw_bytes / time_hbm_rate)", "s", "time",
                 f"{what}: one weight-gradient pass, FLOPs or main-grad read and write")
     add(f"time_{name}_s", f"microbatches * (2 * {fwd} + {wgrad}"
@@ -234,22 +247,23 @@ def _compute(book: Book) -> None:
     add = book.add
     per_step = "microbatches * time_tokens_per_rank"
     _gemm(book, "attention_gemm", "time_attention_linear_fwd_flops",
-          "time_recompute_attention_linear_flops", "time_attention_params", "time_gemm_rate",
-          "attention projections")
+          "time_recompute_attention_linear_flops", "time_attention_params",
+          "time_gemm_rate * time_attention_shape_eff", "attention projections")
     add("time_attention_core_s", f"{per_step} * (3 * time_attention_core_fwd_flops"
         " + time_recompute_attention_core_flops) / time_attention_rate", "s", "time",
         "core attention: forward, backward (Megatron's 3x) and recompute")
     _gemm(book, "routed_gemm", "time_routed_fwd_flops", "time_recompute_routed_flops",
-          "time_routed_params", "time_gemm_rate", "routed experts of the busiest rank",
+          "time_routed_params", "time_gemm_rate * time_routed_shape_eff",
+          "routed experts of the busiest rank",
           " * imbalance")
     _gemm(book, "shared_gemm", "time_shared_fwd_flops", "time_recompute_shared_flops",
-          "time_shared_params", "time_gemm_rate", "shared experts")
+          "time_shared_params", "time_gemm_rate * time_shared_shape_eff", "shared experts")
     add("time_moe_gemm_s", "time_routed_gemm_s + time_shared_gemm_s", "s", "time",
         "MoE MLPs (routed and shared experts), recompute included")
     _gemm(book, "dense_gemm", "stage_dense_fwd_flops_per_token", "time_recompute_dense_flops",
-          "time_dense_params", "time_gemm_rate", "dense MLPs")
+          "time_dense_params", "time_gemm_rate * time_dense_shape_eff", "dense MLPs")
     _gemm(book, "head_gemm", "stage_head_fwd_flops_per_token", "0", "time_head_params",
-          "time_bf16_rate", "logits and MTP projections (BF16)")
+          "time_bf16_rate * time_head_shape_eff", "logits and MTP projections (BF16)")
     add("time_non_gemm_s", f"{per_step} * ((time_ew_fwd_elements * non_gemm_passes"
         " + time_ew_recompute_elements * non_gemm_passes / 3) * 2 / time_hbm_rate"
         " + (blocks + blocks_recomputed / 3) * t_non_gemm)", "s", "time",
@@ -260,14 +274,114 @@ def _compute(book: Book) -> None:
         " + time_ew_permute_elements) * non_gemm_passes * 2 / time_hbm_rate",
         "s", "time", "the MoE layers' share of it (router, permutes, expert activations), "
         "without recompute")
-    add("time_compute_s", "time_attention_gemm_s + time_attention_core_s + time_moe_gemm_s"
-        " + time_dense_gemm_s + time_head_gemm_s + time_non_gemm_s", "s", "time",
-        "all compute of the step")
+
+
+# --- GEMM shapes and fixed costs (issue 23) ---------------------------------------------------
+
+def _dim_eff(d: str) -> str:
+    """One GEMM dimension's share of the large-shape efficiency: d / (d + gemm_half), times the
+    tile quantisation d / (ceil(d / gemm_tile) · gemm_tile) (a partial tile costs a whole one)."""
+    return (f"({d}) / (({d}) + gemm_half) * ({d}) / (ceiling(({d}) / gemm_tile) * gemm_tile)")
+
+
+# (kind, m, n, k, what) of each GEMM kind: m the rows one GEMM sees per microbatch (a TP group's
+# linears see their whole CP-local sequence; a routed expert its own rows), n its output columns
+# on this rank, k the reduction.
+GEMM_SHAPES: tuple[tuple[str, str, str, str, str], ...] = (
+    ("attention", "b * S / CP", "h / TP", "h", "attention projections"),
+    ("routed", "Max(local_expert_rows, 1)", "I / ETP", "h_moe", "one routed expert's GEMM"),
+    ("shared", "b * S / CP", "Max(I_s, 1) / TP", "h", "shared expert"),
+    ("dense", "b * S / CP", "Max(f, 1) / TP", "h", "dense MLP"),
+    ("head", "b * S / CP", "V_pad / TP", "h", "output layer"),
+)
+
+
+def _shapes(book: Book, v: Variant) -> None:
+    """Each GEMM kind's shape efficiency: the product of its three dimensions' shares, so a
+    skinny or small GEMM (few rows per expert, a narrow expert, expert TP) runs below a square
+    one. Megatron's grouped GEMM runs one GEMM per local expert."""
+    for kind, m, n, k, what in GEMM_SHAPES:
+        book.add(f"time_{kind}_shape_eff", f"{_dim_eff(m)} * {_dim_eff(n)} * {_dim_eff(k)}",
+                 "share", "time", f"{what}: shape efficiency of an m·n·k = ({m})·({n})·({k}) GEMM "
+                 "(per dimension d / (d + gemm_half) after quantisation to gemm_tile)")
+
+
+# Share of one block's host launches (forward and backward) in each part a CUDA graph can capture
+# (hardware.GRAPH_PARTS): attention (norms, projections, RoPE, core attention, residual); the MoE
+# router (gate GEMM, score function, top-k, aux loss); its preprocessing (token counts, routing
+# map); the experts with dispatch and combine (or the dense MLP). A modelling split, not counted
+# from a trace: fit efficiency.host_us_per_block to your runs (`moeplan calibrate`).
+LAUNCH_SHARES: dict[str, str] = {"graph_attn": "2/5", "graph_router": "3/20",
+                                 "graph_preprocess": "1/10", "graph_experts": "7/20"}
+# The forward launches selective recompute repeats, per module, as a share of a block's
+# forward-and-backward launches (a forward is about a third of them), and the layer count it
+# applies to (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+# recompute_modules).
+RECOMPUTE_LAUNCHES: dict[str, tuple[str, str]] = {
+    "core_attn": ("1/30", "blocks"), "layernorm": ("1/30", "blocks"), "mla_up_proj": ("1/30", "blocks"),
+    "mhc": ("1/30", "blocks"), "moe_act": ("1/60", "L_moe"), "shared_experts": ("1/30", "L_moe"),
+    "mlp": ("7/60", "L_dense"), "moe": ("1/5", "L_moe"),
+}
+
+
+def _fixed_costs(book: Book, v: Variant) -> None:
+    """Host time the GPU waits for: launches per block and per microbatch, less what CUDA graphs
+    capture. Megatron's dropless MoE layers synchronise with the host (token counts per expert),
+    so the host cannot run ahead of the GPU across layers: its launch time adds to the step."""
+    add = book.add
+    captured = " + ".join(f"{share} * {sym}" for sym, share in LAUNCH_SHARES.items())
+    add("time_host_block_s", f"t_host_block * (1 - ({captured}))", "s", "time",
+        "host time to launch one block's forward and backward kernels per microbatch, less the "
+        "parts CUDA graphs capture (overlap.cuda_graph_impl, cuda_graph_scope: attn "
+        f"{LAUNCH_SHARES['graph_attn']}, moe_router {LAUNCH_SHARES['graph_router']}, "
+        f"moe_preprocess {LAUNCH_SHARES['graph_preprocess']}, mlp / moe experts "
+        f"{LAUNCH_SHARES['graph_experts']}; full_iteration all)")
+    selective = v.recompute_modules if v.recompute == "selective" else frozenset()
+    rc = ["blocks_recomputed / 3"] + [f"{share} * {count}" for module, (share, count)
+                                      in RECOMPUTE_LAUNCHES.items() if module in selective]
+    add("time_recompute_launch_blocks", " + ".join(rc), "blocks", "time",
+        "blocks' worth of launches recompute repeats per microbatch: a recomputed block's "
+        "forward, and each selective module's forward share (memory-bound modules cost their "
+        "launches however few bytes they move)")
+    moe_rc = "L_moe_recomputed" + (" + L_moe" if "moe" in selective else "")
+    add("time_host_experts_s", f"Max((L_moe + ({moe_rc}) / 3) * experts_per_rank * t_host_expert"
+        " * (1 - graph_experts) - time_routed_gemm_s / microbatches, 0)", "s", "time",
+        "per-expert launches of the stage's MoE layers per microbatch (a grouped linear "
+        "quantises and multiplies each local expert on its own), recompute's forward included, "
+        "less the routed GEMMs' own time they overlap (the host enqueues the next expert while "
+        "the GPU runs this one)")
+    moe_share = " + ".join(f"{LAUNCH_SHARES[g]} * (1 - {g})" for g in
+                           ("graph_router", "graph_preprocess", "graph_experts"))
+    add("time_moe_fixed_s", f"microbatches * (time_host_experts_s + L_moe * t_host_block * "
+        f"({moe_share}))", "s", "time",
+        "the MoE layers' share of the fixed host costs (router, preprocessing, experts and "
+        "dispatch launches), what a one-layer benchmark's forward + backward includes")
+    add("time_fixed_s", "microbatches * ((blocks + time_recompute_launch_blocks) * time_host_block_s"
+        " + time_host_experts_s + chunks * t_host_microbatch * (1 - graph_full))", "s", "time",
+        "fixed host costs of the step: every block's and local expert's launches per microbatch "
+        "(recompute's included) and each model chunk's per-microbatch cost; more tokens per "
+        "microbatch amortise them")
 
 
 def fx_share(v: Variant) -> str:
     """The shared expert's fc1 share of its FLOPs: every MLP matrix but the down (FC2) one."""
     return f"{v.mlp_matrices - 1}/{v.mlp_matrices}"
+
+
+# Collectives that run once per layer and microbatch (TP/SP, EP, ETP, CP, GTP weight gathers) and
+# the pipeline's P2P (once per model chunk and microbatch); the rest run once per step.
+# The token dispatcher's own exchanges (dispatch and combine of the hidden rows): each call also
+# pays the dispatcher's fixed set-up (efficiency.dispatch_latency_us_*: DeepEP's notify and
+# layout kernels run before every dispatch).
+TOKEN_EXCHANGES = ("ep_dispatch_hidden", "ep_combine_hidden")
+PER_LAYER = ("ep_", "etp_", "ag_", "tp_sp_", "tp_linear", "cp_", "gtp_weight", "egtp_weight")
+
+
+def _calls(name: str) -> str:
+    """Calls of one collective phase per step on this rank."""
+    if name.startswith(PER_LAYER):
+        return "microbatches * blocks"
+    return "microbatches * chunks" if name == "pp_activation" else "1"
 
 
 def _communication(book: Book, v: Variant) -> list[str]:
@@ -281,9 +395,16 @@ def _communication(book: Book, v: Variant) -> list[str]:
             name = add(f"time.{entry.name}.{phase}",
                        f"Max(step_{ident(entry.name)}_{phase}_intra_node_bytes / (bw_nvlink * eff_intra),"
                        f" step_{ident(entry.name)}_{phase}_inter_node_bytes / (bw_scale_out * eff_inter))"
-                       + (" * imbalance / eff_dispatch" if entry.routed_rows else ""),
+                       + (" * imbalance / eff_dispatch" if entry.routed_rows else "")
+                       + (" + microbatches * blocks * t_dispatch * Min(step_"
+                          f"{ident(entry.name)}_{phase}_intra_node_bytes + step_{ident(entry.name)}_"
+                          f"{phase}_inter_node_bytes, 1)" if entry.name in TOKEN_EXCHANGES else "")
+                       + f" + {_calls(entry.name)} * t_coll * Min(step_{ident(entry.name)}_{phase}"
+                       "_intra_node_bytes + " f"step_{ident(entry.name)}_{phase}_inter_node_bytes, 1)",
                        "s", "time", f"{entry.name} {phase}: NVLink-domain bytes over NVLink, the rest "
-                       "over the scale-out network, the slower setting the time")
+                       "over the scale-out network, the slower setting the time, plus one latency "
+                       f"per call ({_calls(entry.name)} calls: the alpha-beta model, so small "
+                       "messages reach less than the link's bandwidth)")
             hidden, why = [], []
             if entry.overlap:
                 hidden.append(f"{overlap_symbol(entry.overlap)} * Min(eff_overlap * {name}, "

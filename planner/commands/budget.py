@@ -20,6 +20,8 @@ from planner.cli_common import (
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_USAGE,
+    CalibrationOption,
+    calibrated_or_exit,
     collect_findings,
     fail,
     load_config_or_exit,
@@ -194,9 +196,10 @@ def budget(
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON list only")] = False,
     show_all: Annotated[bool, typer.Option("--all", help="every table in full (the default is "
                                            "the one-screen answer)")] = False,
+    calibration: CalibrationOption = None,
 ) -> None:
     """Per-rank budgets: token rows, bytes per collective, memory, gradient scaling, topology."""
-    cfg = load_config_or_exit(config)
+    cfg, _ = calibrated_or_exit(load_config_or_exit(config), calibration)
     if rank is not None and stage is not None:
         fail(EXIT_USAGE, "give --rank or --stage, not both")
     world, pp = cfg.parallel.world_size or 0, cfg.parallel.pp

@@ -20,6 +20,8 @@ from planner.cli_common import (
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_USAGE,
+    CalibrationOption,
+    calibrated_or_exit,
     collect_findings,
     fail,
     load_config_or_exit,
@@ -35,9 +37,12 @@ def estimate(
     explain: Annotated[str | None, typer.Option("--explain", metavar="NAME",
                                                 help="show one quantity's formula and values "
                                                      "(on the slowest stage)")] = None,
+    calibration: CalibrationOption = None,
+    measured: Annotated[Path | None, typer.Option("--measured", metavar="LOG", help="a Megatron "
+                        "log of this config's run: its measured step beside the prediction")] = None,
 ) -> None:
     """Predicted step time per stage and its parts; the slowest stage sets the step."""
-    cfg = load_config_or_exit(config)
+    cfg, used = calibrated_or_exit(load_config_or_exit(config), calibration)
     # As `moeplan budget`: findings go to stderr and decide the exit code; a layout with errors
     # (one that does not fit included) is still estimated when its grids can be built.
     findings = collect_findings(cfg)
@@ -65,6 +70,10 @@ def estimate(
         print_findings(findings)
         raise typer.Exit(done)
     data = result.as_json()
+    data["breakdown"]["calibration"] = used
+    if measured is not None:
+        from planner.calibrate.compare import compare_or_exit
+        data["measured"] = compare_or_exit(result, measured)
     if as_json:
         print(json.dumps(data, indent=1))
     else:
@@ -91,7 +100,15 @@ def _render(data: dict[str, Any]) -> None:
     stdout.print(table)
     eff = ", ".join(f"{k} {v:g}" for k, v in b["efficiency"].items())
     stdout.print(f"[dim]efficiency factors (cluster.efficiency): {escape(eff)}; NVLink domain "
-                 f"{b['nvlink_domain']} GPUs[/]")
+                 f"{b['nvlink_domain']} GPUs; calibration: {escape(str(b.get('calibration')))}[/]")
+    if "measured" in data:
+        m = data["measured"]
+        stdout.print(f"measured [bold]{m['measured_step_s']:.3f} s[/] per step vs predicted "
+                     f"{m['predicted_step_s']:.3f} s (ratio {m['ratio']:.2f}); the terms that "
+                     "would have to move to close the gap:")
+        for term in m["terms"]:
+            stdout.print(f"  {escape(term['term'])} {term['seconds']:.3f} s: x{term['scale']:.2f} "
+                         f"alone ({escape(term['factor'])})")
 
 
 def register(app: typer.Typer) -> None:

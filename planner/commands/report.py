@@ -13,6 +13,8 @@ from planner.cli_common import (
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_USAGE,
+    CalibrationOption,
+    calibrated_or_exit,
     collect_findings,
     fail,
     load_config_or_exit,
@@ -28,9 +30,10 @@ def report(
     search: Annotated[bool, typer.Option("--search", help="also run `moeplan search` and plot its "
                                          "candidates")] = False,
     top: Annotated[int, typer.Option("--top", min=1, help="candidates plotted with --search")] = 20,
+    calibration: CalibrationOption = None,
 ) -> None:
     """Write one self-contained HTML page: verdict, layout, memory, communication, step time."""
-    cfg = load_config_or_exit(config)
+    cfg, _ = calibrated_or_exit(load_config_or_exit(config), calibration)
     if output.is_dir():
         fail(EXIT_USAGE, f"-o {output} is a directory; give a file name such as report.html")
     try:

@@ -18,6 +18,8 @@ from planner.cli_common import (
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_USAGE,
+    CalibrationOption,
+    calibrated_or_exit,
     collect_findings,
     exit_with_findings,
     fail,
@@ -44,13 +46,15 @@ def search(
         "--refine", min=0, help="families whose layouts and knobs are searched in full, fastest "
                                 "first (default 0: every family that fits, the whole space; N: "
                                 "the N fastest at their anchor, a faster heuristic)")] = 0,
+    calibration: CalibrationOption = None,
 ) -> None:
     """Search TP, CP, PP (layouts, VPP), EP, ETP, micro-batch, recompute, dispatcher and EP
     overlap; rank what the rules and the memory budget accept by predicted step time."""
     if not 0 < memory_headroom <= 1:
         fail(EXIT_USAGE, f"--memory-headroom {memory_headroom}: give a fraction of GPU memory in "
                          "(0, 1], e.g. 0.9")
-    cfg = load_config_or_exit(config, as_json=as_json)
+    cfg, calibration_used = calibrated_or_exit(load_config_or_exit(config, as_json=as_json),
+                                               calibration)
     findings = collect_findings(cfg)
     blocking = [f for f in findings if f.severity == "error" and f.code != "MEM001"]
     if blocking:  # a layout that does not fit is what search is for; other errors are not
@@ -65,9 +69,10 @@ def search(
     else:
         result = _with_progress(cfg, options, run)
     if as_json:
-        print(json.dumps(result.as_json(), indent=1))
+        print(json.dumps(result.as_json() | {"calibration": calibration_used}, indent=1))
     else:
         _render(result)
+        stdout.print(f"[dim]ranked with calibration: {escape(calibration_used)}[/]")
     if emit is not None and result.winner is not None:
         _emit(config, emit, result.winner, quiet=as_json)
     if result.winner is None:

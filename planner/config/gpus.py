@@ -3,7 +3,8 @@
 Figures are the vendors' published ones: NVIDIA's H100 and H200 Tensor Core GPU datasheets (SXM),
 the H800 as sold in China (the H100's compute and memory with NVLink cut to 400 GB/s; its usable
 one-direction NVLink of about 160 GB/s is DeepSeek's working figure in the DeepSeek-V3 technical
-report), and NVIDIA's DGX B200, GB200 NVL72, DGX B300 and GB300 NVL72 product pages. NVLink is per
+report), NVIDIA's DGX B200, GB200 NVL72, DGX B300 and GB300 NVL72 product pages, and AMD's
+Instinct MI300X, MI325X and MI355X data sheets. NVLink is per
 GPU and one direction; scale-out is the GPU's own network adapter (400 Gb/s = 50 GB/s, 800 Gb/s =
 100 GB/s on Blackwell Ultra). `memory_gib` is the datasheet's GB figure read as GiB, as moeplan's
 default of 80 always was; override `cluster.gpu_memory_gib` for what your driver reports.
@@ -28,16 +29,32 @@ class Gpu:
     scale_out_gb_s: float  # per GPU, one direction
     nvlink_domain: int  # GPUs that reach each other over NVLink
     gpus_per_node: int  # GPUs in one node (tray) of a standard system
+    # GEMM dimension at which a GEMM reaches half its large-shape efficiency (the step-time model's
+    # shape curve, planner/budget/time.py): bigger chips need bigger tiles in flight to fill.
+    gemm_half_dim: float = 64.0
+    # Share of the dense FP8 peak large FP8 GEMMs reach in training (casts and scaling included):
+    # fitted per family on the calibration figures (docs/estimate.md); unset efficiency.gemm_fp8
+    # takes it.
+    gemm_fp8_eff: float = 0.5
+    # Architecture family: calibration factors may be fitted per family (`gemm_fp8@blackwell`).
+    family: str = ""
 
 
 GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
-    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8),
-    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8),
-    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8),
-    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8),
-    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4),
-    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8),
-    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4),
+    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8, gemm_fp8_eff=0.51, family="hopper"),
+    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8, gemm_fp8_eff=0.51, family="hopper"),
+    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, gemm_fp8_eff=0.51, family="hopper"),
+    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.25, family="blackwell"),
+    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.25, family="blackwell"),
+    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.25, family="blackwell"),
+    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.25, family="blackwell"),
+    # AMD Instinct (AMD's MI300X, MI325X and MI355X product pages and data sheets: dense BF16 and
+    # FP8 without sparsity; Infinity Fabric's aggregate peer bandwidth of its seven links, quoted
+    # bidirectional, halved for one direction; eight GPUs per platform, one 400 Gb/s NIC each).
+    # Their FP8 GEMM share is not fitted on any published run yet: the catalog default stands.
+    Gpu("MI300X", 1307.4, 2614.9, 192, 5.3, 448, 50, 8, 8, family="cdna3"),
+    Gpu("MI325X", 1307.4, 2614.9, 256, 6.0, 448, 50, 8, 8, family="cdna3"),
+    Gpu("MI355X", 2516.6, 5033.2, 288, 8.0, 537.6, 50, 8, 8, family="cdna4"),
 )})
 
 # GPUs whose FP8 GEMMs take only the TN layout, so Transformer Engine keeps a physically transposed

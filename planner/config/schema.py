@@ -323,8 +323,11 @@ class OverlapSection(Section):
     recompute_method: Literal["uniform", "block"] | None = None
     recompute_num_layers: PosInt | None = None
     recompute_modules: list[str] | None = None
-    cuda_graph_impl: Literal["none", "local", "transformer_engine"] = "none"
+    cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = "none"
     cuda_graph_scope: list[str] = Field(default_factory=list)
+    # --- step-time model (issue 23): Megatron's --tp-comm-overlap (Transformer Engine's userbuffers
+    # overlap of the TP/SP all-gathers and reduce-scatters with the linears' GEMMs).
+    tp_comm_overlap: bool = False
 
 
 Share = Annotated[float, Field(gt=0, le=1)]
@@ -336,7 +339,7 @@ class EfficiencySection(Section):
     the values it used. Fractions of the catalog peaks, except routing_imbalance (>= 1)."""
 
     gemm_bf16: Share = 0.8  # share of the dense BF16 peak the GEMMs reach
-    gemm_fp8: Share = 0.6  # share of the dense FP8 peak the GEMMs reach under FP8
+    gemm_fp8: Share | None = None  # share of the FP8 peak FP8 GEMMs reach; unset: the GPU catalog's
     attention: Share = 0.5  # share of the BF16 peak core (flash) attention reaches
     intra_node: Share = 0.85  # share of the NVLink bandwidth a collective reaches
     inter_node: Share = 0.9  # share of the scale-out bandwidth a collective reaches
@@ -345,15 +348,39 @@ class EfficiencySection(Section):
     routing_imbalance: Annotated[float, Field(ge=1)] = 1.0  # busiest rank's expert load / mean
     # Fixed latency per token and transformer block outside the GEMMs and attention (kernel
     # launches, host syncs), forward and backward together; their bytes are counted separately.
-    non_gemm_ns_per_token_block: NonNegFloat = 650.0
+    non_gemm_ns_per_token_block: NonNegFloat = 2.9
     # HBM passes over the forward's elementwise bytes (norms, router, permutes, activations) in
     # forward and backward together (fitted; fused backward kernels reuse what forward saved).
-    non_gemm_passes: PosFloat = 1.75
+    non_gemm_passes: PosFloat = 0.5
     permute_unfused: Annotated[float, Field(ge=1)] = 3.0  # unfused permute / fused permute cost
     # Share of the collective bandwidth each token dispatcher's EP exchange reaches.
-    dispatch_alltoall: Share = 1.0
+    dispatch_alltoall: Share = 0.94
     dispatch_deepep: Share = 1.0
     dispatch_hybridep: Share = 1.0
+    # --- step-time model terms (issue 23, planner/budget/time.py). Fixed costs: host time to launch
+    # one transformer block's forward and backward kernels per microbatch outside CUDA graphs, per
+    # microbatch and model chunk (schedule, P2P set-up, loss), and per optimizer step.
+    host_us_per_block: NonNegFloat = 0.0
+    # Host launches per local expert of a MoE layer per microbatch: Transformer Engine's grouped
+    # linear quantises and multiplies expert by expert, so its launches grow with E / EP.
+    host_us_per_expert: NonNegFloat = 480.0
+    host_us_per_microbatch: NonNegFloat = 9500.0
+    step_fixed_ms: NonNegFloat = 0.0
+    # GEMM shape curve: a GEMM dimension d reaches d / (d + gemm_half_dim) of the large-shape
+    # efficiency, after tile quantisation to gemm_tile; unset = the GPU catalog's figures.
+    gemm_half_dim: NonNegFloat | None = None
+    gemm_tile: PosInt = 128
+    # Latency of one collective call (alpha of the alpha-beta model: small messages reach less
+    # than the link's bandwidth), inside the NVLink domain and across the scale-out network.
+    collective_latency_us: NonNegFloat = 0.0
+    # Fixed set-up per token dispatch or combine call of each dispatcher (besides its bytes).
+    dispatch_latency_us_alltoall: NonNegFloat = 0.0
+    dispatch_latency_us_deepep: NonNegFloat = 0.0
+    dispatch_latency_us_hybridep: NonNegFloat = 0.0
+    # Core attention kernels other than the standard one: MLA (192/128 head dims), DeepSeek-V4's
+    # sparse CSA/HCA attention with its indexer, as shares of eff_attention.
+    attention_mla: Share = 1.0
+    attention_sparse: Share = 1.0
 
 
 class ClusterSection(Section):
@@ -372,6 +399,9 @@ class ClusterSection(Section):
     peak_fp8_tflops: PosFloat | None = None  # dense
     hbm_bandwidth_tb_s: PosFloat | None = None
     efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
+    # Step-time model (issue 23): a `moeplan calibrate` profile whose fitted factors replace the
+    # efficiency defaults in estimate, search, budget and report (path relative to the cwd).
+    calibration: str | None = None
 
     @model_validator(mode="after")
     def _from_gpu(self) -> ClusterSection:
@@ -386,6 +416,9 @@ class ClusterSection(Section):
         for key, value in filled.items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
+        # Step-time model (issue 23): the catalog's FP8 GEMM share when efficiency leaves it unset.
+        if self.efficiency.gemm_fp8 is None:
+            object.__setattr__(self.efficiency, "gemm_fp8", card.gemm_fp8_eff)
         if self.nvlink_domain is None:
             domain = card.nvlink_domain if self.gpu else self.gpus_per_node
             object.__setattr__(self, "nvlink_domain", max(domain, self.gpus_per_node or 1))

@@ -471,6 +471,8 @@ def _overlap(cfg: Config, args: MegatronArgs) -> None:
                 source="overlap.cuda_graph_impl")
     if o.cuda_graph_scope:
         args.add("--cuda-graph-scope", *o.cuda_graph_scope, source="overlap.cuda_graph_scope")
+    # step-time model (issue 23): TP communication overlap, priced on the time page.
+    args.add_if(o.tp_comm_overlap, "--tp-comm-overlap", source="overlap.tp_comm_overlap")
 
 
 def megatron_arguments(cfg: Config) -> MegatronArgs:

@@ -36,7 +36,7 @@ from planner.search.judge import (
     Rejected,
     identity,
 )
-from planner.search.knobs import Dispatcher, Knobs, Pipeline, Recompute
+from planner.search.knobs import Dispatcher, Knobs, Pipeline, Recompute, vpp_of
 from planner.search.space import (
     FULL_RECOMPUTE,
     MBS_CHOICES,
@@ -196,6 +196,15 @@ def _floors(work: Work, cfg: Config, layout: Knobs) -> Floors:
             for mbs in MBS_CHOICES}
 
 
+NO_EP_OVERLAP = "settings with EP overlap on a pipeline without virtual stages (OVL003)"
+
+
+def ep_overlap_runs(cfg: Config) -> bool:
+    """Whether the layout can run batch-level EP overlap: not with PP > 1 and no virtual stages
+    (rule OVL003, planner/rules/overlap.py ep_overlap_needs_vpp)."""
+    return cfg.parallel.pp == 1 or vpp_of(cfg) > 1
+
+
 def floor_dispatcher(cfg: Config, choices: tuple[Dispatcher, ...]
                      ) -> tuple[Dispatcher | None, set[Dispatcher]]:
     """The dispatcher whose time bounds the others' from below on any layout, knobs alike, and
@@ -259,6 +268,7 @@ def _grid(work: Work, cfg: Config, layout: Knobs, bound: float = float("inf"),
         return work.judge.step_time(setting(dispatcher, flag, presets[0], mbs))
 
     settings: list[tuple[float, int, Dispatcher, bool, int]] = []
+    overlap_runs = ep_overlap_runs(layout.apply(cfg))
     for mbs in MBS_CHOICES:
         remaining = sorted(choices, key=lambda d: d != lower)  # the likely fastest first
         if lower is not None and slower(lower, True, mbs, 2 * len(bounded),
@@ -269,6 +279,10 @@ def _grid(work: Work, cfg: Config, layout: Knobs, bound: float = float("inf"),
             if slower(dispatcher, True, mbs, 2, floor):
                 continue
             for flag in (True, False):
+                if flag and not overlap_runs:
+                    # Its time still bounds the flag off (above); judging it only meets OVL003.
+                    work.prune(NO_EP_OVERLAP, len(presets))
+                    continue
                 if not flag:
                     floor = floor_of(dispatcher, flag, mbs)
                     if slower(dispatcher, flag, mbs, 1, floor):

@@ -24,11 +24,14 @@ _STAMPS = (
     re.compile(r":[ \t]"),  # the separator a stamp leaves before the message
 )
 _DUMP_LINE = re.compile(r"^\s*[A-Za-z_]\w* \.+ ")
+# Megatron's own per-rank lines start with a bracket too (training.py report_memory's `[Rank R]`):
+# stamps stop there, or the memory lines would lose the rank they report.
+_MEGATRON_OWN = re.compile(r"\[Rank \d+\]")
 
 
 def _strip_stamps(line: str) -> str:
     """Take stamps off the front until none matches; the dump's two-space indent survives."""
-    while True:
+    while not _MEGATRON_OWN.match(line):
         for stamp in _STAMPS:
             match = stamp.match(line)
             if match and match.end() > 0:
@@ -36,6 +39,7 @@ def _strip_stamps(line: str) -> str:
                 break
         else:
             return line
+    return line
 
 
 def clean_line(raw: str) -> str:

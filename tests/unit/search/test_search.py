@@ -25,7 +25,7 @@ from planner.rules import run_rules
 from planner.rules.catalog import CODES
 from planner.search.bound import cell, floor_dispatcher
 from planner.search.judge import Judge, float_estimate
-from planner.search.knobs import Knobs, Recompute
+from planner.search.knobs import Knobs, Recompute, vpp_of
 from planner.search.run import search
 from planner.search.space import (
     FULL_RECOMPUTE,
@@ -254,11 +254,13 @@ def test_layer_costs_read_off_the_stage_rows() -> None:
 
 def test_search_balances_the_winners_stages_by_cost(searched) -> None:
     """The winner's pipeline is at least as even as the slot-balanced layout of its own family and
-    knobs (where the last stage carries MTP and the output layer besides its decoder layers)."""
+    knobs, its virtual chunks included (a model chunk has a fixed cost per microbatch of its own;
+    the last stage carries MTP and the output layer besides its decoder layers)."""
     name, data, out = searched
     winner = load_config(out)
+    vpp = vpp_of(winner)
     slots = balanced_layout(winner.model.num_layers, winner.model.mtp_num_layers,
-                            winner.parallel.pp, 1)
+                            winner.parallel.pp, vpp)
     if winner.parallel.pp == 1 or slots is None:
         pytest.skip("no pipeline to balance")
     slot_cfg = winner.model_copy(update={"parallel": winner.parallel.model_copy(update={

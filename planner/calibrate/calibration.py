@@ -1,0 +1,152 @@
+"""One calibration: logs and configs in; per-run figures, fitted factors and a profile out."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.accounting import BudgetError, budget_grid, budgets
+from planner.calibrate.factors import BY_NAME, current
+from planner.calibrate.fit import Run, fit
+from planner.calibrate.megatron_log import LogError, MeasuredLog, parse_log
+from planner.calibrate.profile import dump_profile
+from planner.calibrate.source import config_for_log
+from planner.config.gpus import GPUS
+from planner.config.loader import InvalidConfig, UnreadableConfig, read_text
+from planner.config.schema import Config
+from planner.summary import stage_memory
+
+CANDIDATES = ("host_us_per_expert", "host_us_per_microbatch", "gemm_bf16", "gemm_fp8", "hbm",
+              "intra_node", "inter_node", "attention", "collective_latency_us")
+
+
+class CalibrationError(ValueError):
+    """What stops a calibration, with its exit code (1 bad log or config, 2 unreadable input)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def with_gpu(cfg: Config, name: str) -> Config:
+    """The config on another catalog GPU (its unset cluster figures filled from that entry)."""
+    data = cfg.model_dump(exclude_unset=True)
+    data.setdefault("cluster", {})["gpu"] = name
+    return Config.model_validate(data, strict=False)
+
+
+def _sensitivity(runs: list[Run], name: str) -> float:
+    """How much the runs' predictions move (log) when the factor moves 10 % of its range."""
+    f = BY_NAME[name]
+    base = current(runs[0].cfg, name)
+    step = (f.high - f.low) * 0.1
+    trial = base + step if base + step <= f.high else base - step
+    return max(abs(math.log(r.predict({name: trial}) / r.predict({}))) for r in runs)
+
+
+@dataclass
+class CalibrationResult:
+    logs: list[MeasuredLog]
+    runs: list[Run]
+    values: dict[str, float]
+    defaults: dict[str, float]
+    why: dict[str, str]
+    before: list[float]
+    after: list[float]
+    memory: list[dict[str, tuple[float, float]]]
+    stack: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        runs = []
+        for log, run, b, a, mem in zip(self.logs, self.runs, self.before, self.after, self.memory,
+                                       strict=True):
+            runs.append({"log": log.path, "measured_step_s": run.measured,
+                         "predicted_step_s_before": b, "predicted_step_s_after": a,
+                         "measured_tflops_per_gpu": log.tflops_per_gpu,
+                         "measured_peak_memory_bytes": {k: v[0] for k, v in mem.items()},
+                         "predicted_peak_memory_bytes": {k: v[1] for k, v in mem.items()},
+                         "memory_by_rank": mem, "notes": log.notes})
+        factors = {n: {"value": self.values[n], "default": self.defaults[n],
+                       "fitted": n not in self.why, "why": self.why.get(n, ""),
+                       "low": BY_NAME[n].low, "high": BY_NAME[n].high} for n in self.defaults}
+        return {"runs": runs, "factors": factors, "stack": self.stack}
+
+    def profile_yaml(self) -> str:
+        return dump_profile(self.stack, {n: v for n, v in self.values.items() if n not in self.why})
+
+
+def _memory(cfg: Config, log: MeasuredLog) -> dict[str, tuple[float, float]]:
+    """Per logged rank: (max allocated, predicted peak of its stage), bytes."""
+    if not log.memory_mb:
+        return {}
+    try:
+        stages = stage_memory(budgets(cfg))
+        grid = budget_grid(cfg)
+    except BudgetError:
+        return {}
+    out = {}
+    for rank, measured in log.peak_memory_bytes.items():
+        stage = next((s for s in range(cfg.parallel.pp) if rank in grid.stage_ranks(s)), None)
+        if stage is not None:
+            out[str(rank)] = (measured, stages[stage].peak)
+    return out
+
+
+def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> CalibrationResult:
+    logs, runs = [], []
+    if gpu is not None and gpu not in GPUS:
+        raise CalibrationError(f"--gpu {gpu}: not in the GPU catalog ({', '.join(GPUS)})", 2)
+    for i, path in enumerate(paths):
+        try:
+            text = read_text(path)
+            log = parse_log(text, str(path))
+        except UnreadableConfig as exc:
+            raise CalibrationError(str(exc).replace("YAML", "log"), 2) from None
+        except LogError as exc:
+            raise CalibrationError(str(exc)) from None
+        source = configs[i] if len(configs) > 1 else (configs[0] if configs else None)
+        try:
+            cfg = config_for_log(log, text, source)
+        except LogError as exc:
+            raise CalibrationError(str(exc), 2) from None
+        except UnreadableConfig as exc:
+            raise CalibrationError(str(exc), 2) from None
+        except InvalidConfig as exc:
+            rebuilt = "" if source else " (rebuilt from the log's argument dump; pass --config CONFIG)"
+            raise CalibrationError(f"{source or path}: invalid config{rebuilt}: " + "; ".join(
+                f"{f.code} {f.path}: {f.message}" for f in exc.findings)) from None
+        name = log.gpu or gpu or cfg.cluster.gpu
+        if name is None:
+            raise CalibrationError(f"{path}: the log does not name its GPU and neither --gpu nor "
+                                   "cluster.gpu does: pass --gpu NAME (e.g. --gpu H100)")
+        if name != cfg.cluster.gpu:
+            cfg = with_gpu(cfg, name)
+        logs.append(log)
+        runs.append(Run(str(path), cfg, log.step_s))
+    try:
+        sens = {n: _sensitivity(runs, n) for n in CANDIDATES}
+    except BudgetError as exc:
+        raise CalibrationError(f"no estimate for a run's config: {exc}") from None
+    ranked = [n for n in sorted(CANDIDATES, key=lambda n: -sens[n]) if sens[n] > 1e-4]
+    chosen = ranked[:len(runs)]
+    why = {n: ("no run exercises it" if sens[n] <= 1e-4 else
+               f"fewer runs ({len(runs)}) than exercised factors: the {len(runs)} most sensitive "
+               "are fitted") for n in CANDIDATES if n not in chosen}
+    result = fit(runs, chosen) if chosen else None
+    values = {n: current(runs[0].cfg, n) for n in CANDIDATES}
+    if result:
+        values.update(result.values)
+        for n, ok in result.fitted.items():
+            if not ok:
+                why[n] = "no run exercises it"
+    before = [r.predict({}) for r in runs]
+    after = [r.predict({n: values[n] for n in chosen}) for r in runs]
+    fitted_cfgs = [r.cfg for r in runs]
+    memory = [_memory(c, log) for c, log in zip(fitted_cfgs, logs, strict=True)]
+    stack = {"gpu": runs[0].cfg.cluster.gpu, "megatron": next((lg.version for lg in logs if lg.version),
+                                                               "not in the logs"),
+             "logs": [str(p) for p in paths]}
+    return CalibrationResult(logs, runs, values, {n: current(runs[0].cfg, n) for n in CANDIDATES},
+                             why, before, after, memory, stack)

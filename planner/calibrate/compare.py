@@ -1,0 +1,44 @@
+"""`moeplan estimate --measured LOG`: one run's measured step beside the predicted breakdown, and
+for each term of the slowest stage how far it alone would have to move to explain the gap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from planner.calibrate.megatron_log import LogError, parse_log
+from planner.cli_common import EXIT_CONFIG, EXIT_USAGE, fail
+from planner.config.loader import UnreadableConfig, read_text
+from planner.estimate import Estimate
+
+# Step terms of a stage row and the efficiency factor that prices each.
+TERMS = {"attention_gemm": "gemm_bf16 / gemm_fp8", "attention_core": "attention",
+         "moe_gemm": "gemm_bf16 / gemm_fp8", "dense_gemm": "gemm_bf16 / gemm_fp8",
+         "head_gemm": "gemm_bf16", "non_gemm": "hbm, non_gemm_passes",
+         "fixed": "host_us_per_expert, host_us_per_microbatch", "exposed_comm":
+         "intra_node, inter_node, collective_latency_us", "bubble": "(the other stages)",
+         "optimizer": "hbm, step_fixed_ms"}
+
+
+def compare(est: Estimate, log_text: str, path: str) -> dict[str, Any]:
+    log = parse_log(log_text, path)
+    env = est.envs[est.slowest_stage]
+    row = est.stages[est.slowest_stage]
+    seconds = {**row["compute_parts_s"], "fixed": float(env["time_fixed_s"]),
+               "exposed_comm": row["exposed_comm_s"], "bubble": row["bubble_s"],
+               "optimizer": row["optimizer_s"]}
+    gap = log.step_s - est.step_time_s
+    terms = [{"term": name, "seconds": s, "scale": 1 + gap / s, "factor": TERMS[name]}
+             for name, s in seconds.items() if s > 0 and 1 + gap / s > 0]
+    terms.sort(key=lambda t: abs(t["scale"] - 1))
+    return {"log": path, "measured_step_s": log.step_s, "predicted_step_s": est.step_time_s,
+            "ratio": est.step_time_s / log.step_s, "terms": terms[:5], "notes": log.notes}
+
+
+def compare_or_exit(est: Estimate, path: Path) -> dict[str, Any]:
+    try:
+        return compare(est, read_text(path), str(path))
+    except UnreadableConfig as exc:
+        fail(EXIT_USAGE, str(exc).replace("YAML", "log"))
+    except LogError as exc:
+        fail(EXIT_CONFIG, str(exc))

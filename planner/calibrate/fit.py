@@ -1,0 +1,134 @@
+"""Bounded least squares of the step-time model's efficiency factors on measured runs.
+
+The residual of a run is log(predicted / measured): a 10 % miss weighs the same on a 2 s and a
+20 s step; misses beyond 10 % weigh linearly (Huber), so one run the model cannot explain does
+not pull every factor. Levenberg–Marquardt over the chosen factors with a numerical Jacobian, every step
+projected back into the factors' bounds (planner/calibrate/factors.py); no numpy (the planner
+never needs it). A factor whose column is zero on every run (no run exercises it, e.g. the
+scale-out bandwidth when every run fits in one NVLink domain) is left at its value and reported
+as not fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from planner.calibrate.factors import current, factor, with_factors
+from planner.config.schema import Config
+from planner.estimate import estimate
+
+# How a run's measured figure is predicted: the step time, or one MoE layer's forward+backward.
+METRICS: dict[str, Callable[[Config], float]] = {
+    "step_s": lambda cfg: estimate(cfg, exact=False).step_time_s,
+    "layer_s": lambda cfg: estimate(cfg).moe_layer_seconds(),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: its config, the measured figure and which figure it is."""
+
+    name: str
+    cfg: Config
+    measured: float
+    metric: str = "step_s"
+
+    def predict(self, values: dict[str, float]) -> float:
+        return METRICS[self.metric](with_factors(self.cfg, values))
+
+
+@dataclass
+class FitResult:
+    """Fitted values, which factors the runs identified, and per-run predictions."""
+
+    values: dict[str, float]
+    defaults: dict[str, float]
+    fitted: dict[str, bool]
+    before: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+
+
+# Residuals beyond this (log) size count linearly, not squared (Huber's loss): one run whose miss
+# the model cannot explain (a stack feature it lacks) does not drag every factor after it.
+HUBER = 0.1
+
+
+def _robust(r: float) -> float:
+    """A residual whose square is Huber's loss (times 2) at HUBER."""
+    a = abs(r)
+    return r if a <= HUBER else math.copysign(math.sqrt(2 * HUBER * a - HUBER * HUBER), r)
+
+
+def _residuals(runs: Sequence[Run], values: dict[str, float]) -> list[float]:
+    return [_robust(math.log(run.predict(values) / run.measured)) for run in runs]
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (tiny dense systems)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        if abs(m[col][col]) < 1e-300:
+            continue
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col], strict=True)]
+    return [m[i][n] / m[i][i] if abs(m[i][i]) > 1e-300 else 0.0 for i in range(n)]
+
+
+def fit(runs: Sequence[Run], names: Sequence[str], *, iterations: int = 25,
+        start: dict[str, float] | None = None) -> FitResult:
+    """Fit the named factors to the runs (all runs share the fitted values)."""
+    base = runs[0].cfg
+    defaults = {n: current(base, n) for n in names}
+    values = {**defaults, **(start or {})}
+    bounds = {n: (factor(n).low, factor(n).high) for n in names}
+    before = [run.predict({}) for run in runs]
+    res = _residuals(runs, values)
+    cost = sum(r * r for r in res)
+    damping, fitted = 1e-2, dict.fromkeys(names, False)
+    for _ in range(iterations):
+        jac: list[list[float]] = []
+        for n in names:
+            low, high = bounds[n]
+            step = max(abs(values[n]) * 0.05, (high - low) * 0.005)
+            trial = dict(values)
+            trial[n] = values[n] + step if values[n] + step <= high else values[n] - step
+            moved = _residuals(runs, trial)
+            jac.append([(m - r) / (trial[n] - values[n]) for m, r in zip(moved, res, strict=True)])
+        for n, col in zip(names, jac, strict=True):
+            span = (bounds[n][1] - bounds[n][0]) * 0.005
+            fitted[n] = fitted[n] or any(abs(c) * span > 1e-6 for c in col)
+        live = [i for i, n in enumerate(names) if fitted[n]]
+        if not live:
+            break
+        # Scale each column by its factor's range so the damping treats all alike.
+        scale = [bounds[names[i]][1] - bounds[names[i]][0] for i in live]
+        jt = [[jac[i][r] * s for r in range(len(runs))] for i, s in zip(live, scale, strict=True)]
+        jtj = [[sum(a * b for a, b in zip(x, y, strict=True)) for y in jt] for x in jt]
+        jtr = [-sum(a * b for a, b in zip(x, res, strict=True)) for x in jt]
+        improved = False
+        for _ in range(8):
+            a = [[jtj[i][j] + (damping * (jtj[i][i] + 1e-9) if i == j else 0.0)
+                  for j in range(len(live))] for i in range(len(live))]
+            delta = _solve(a, jtr)
+            trial = dict(values)
+            for i, d, s in zip(live, delta, scale, strict=True):
+                low, high = bounds[names[i]]
+                trial[names[i]] = min(high, max(low, values[names[i]] + d * s))
+            trial_res = _residuals(runs, trial)
+            trial_cost = sum(r * r for r in trial_res)
+            if trial_cost < cost:
+                values, res, cost, improved = trial, trial_res, trial_cost, True
+                damping = max(damping / 3, 1e-6)
+                break
+            damping *= 4
+        if not improved or cost < 1e-10:
+            break
+    after = [run.predict(values) for run in runs]
+    return FitResult(values, defaults, fitted, before, after)

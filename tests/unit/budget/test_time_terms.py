@@ -1,0 +1,67 @@
+"""The step-time model's fixed costs, GEMM shapes and TP latency move the way they must
+(planner/budget/time.py): directions, not fitted values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.config.schema import Config
+from planner.estimate import estimate
+from tests.support.estimate_anchors import BALANCED, QWEN, config
+
+
+def qwen(parallel: dict[str, Any] | None = None, training: dict[str, Any] | None = None,
+         overlap: dict[str, Any] | None = None, efficiency: dict[str, Any] | None = None) -> Config:
+    return config(QWEN, {"world_size": 16, "ep": 8, "etp": 1, **(parallel or {})},
+                  {"seq_length": 4096, "global_batch_size": 256, "use_distributed_optimizer": True,
+                   **(training or {})}, moe=BALANCED, overlap=overlap or {},
+                  cluster={"gpu": "H100", "efficiency": efficiency or {}})
+
+
+def env(cfg: Config) -> dict[str, Any]:
+    est = estimate(cfg)
+    return est.envs[est.slowest_stage]
+
+
+def test_larger_microbatches_amortise_the_fixed_costs() -> None:
+    one, four = env(qwen(training={"micro_batch_size": 1})), env(qwen(training={"micro_batch_size": 4}))
+    assert four["time_fixed_s"] < one["time_fixed_s"]
+
+
+def test_more_microbatches_amortise_the_fixed_step_cost() -> None:
+    def per_token(batch: int) -> float:
+        cfg = qwen(training={"global_batch_size": batch}, efficiency={"step_fixed_ms": 500})
+        return estimate(cfg).step_time_s / (batch * 4096)
+    assert per_token(512) < per_token(128) < per_token(32)
+
+
+def test_cuda_graphs_lower_the_fixed_cost() -> None:
+    eff = {"host_us_per_block": 300}
+    none = env(qwen(efficiency=eff))["time_fixed_s"]
+    router = env(qwen(efficiency=eff, overlap={"cuda_graph_impl": "transformer_engine",
+                                               "cuda_graph_scope": ["attn", "moe_router"]}))
+    full = env(qwen(efficiency=eff, overlap={"cuda_graph_impl": "full_iteration"}))
+    assert full["time_fixed_s"] < router["time_fixed_s"] < none
+
+
+def test_a_skinny_expert_gemm_runs_below_a_square_one() -> None:
+    square = env(qwen(parallel={"world_size": 16, "ep": 8, "etp": 1}))
+    skinny = env(config({**QWEN, "moe_ffn_hidden_size": 96}, {"world_size": 16, "ep": 8, "etp": 1},
+                        {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED,
+                        cluster={"gpu": "H100"}))
+    assert skinny["time_routed_shape_eff"] < square["time_routed_shape_eff"] < 1
+
+
+def test_tp8_exposes_more_communication_than_tp2() -> None:
+    def exposed(tp: int) -> Any:
+        return env(qwen(parallel={"world_size": 64, "tp": tp, "ep": 8, "etp": 1,
+                                  "sequence_parallel": True}))["time_exposed_comm_s"]
+    assert exposed(8) > exposed(2)
+
+
+def test_tp_comm_overlap_hides_part_of_the_sp_collectives() -> None:
+    def exposed(on: bool) -> Any:
+        return env(qwen(parallel={"world_size": 64, "tp": 4, "ep": 8, "etp": 1,
+                                  "sequence_parallel": True},
+                        overlap={"tp_comm_overlap": on}))["time_exposed_comm_s"]
+    assert exposed(True) < exposed(False)

@@ -1,0 +1,198 @@
+"""`moeplan calibrate`: Megatron log parsing case by case (colour codes, logger prefixes, warm-up,
+skipped iterations, truncation, two configs in one log, no timing lines), the fit, the profile and
+the commands that take it. The logs are written here, in Megatron-LM's training_log format
+(megatron/training/training.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from planner.calibrate.calibration import CalibrationError, run_calibration
+from planner.calibrate.megatron_log import LogError, parse_log
+from planner.calibrate.profile import ProfileError, apply_profile, read_profile
+from planner.cli import app
+from planner.config.importers.log_lines import clean_lines
+from planner.estimate import estimate
+from tests.support.paths import EXAMPLES
+
+TINY = EXAMPLES / "tiny-cpu-8.yaml"
+LOGS = Path(__file__).resolve().parents[1] / "support" / "megatron_logs"
+ARGS = {"num_layers": "2", "hidden_size": "64", "micro_batch_size": "1"}
+
+
+def megatron_log(step_ms: float, *, n: int = 6, prefix: str = "", colour: bool = False,
+                 skipped_at: int | None = None, truncate: bool = False,
+                 second_args: dict[str, str] | None = None, gpu: str | None = None) -> str:
+    out: list[str] = []
+
+    def dump(args: dict[str, str]) -> None:
+        out.append("------------------------ arguments ------------------------")
+        out.extend(f"  {k} {'.' * (40 - len(k))} {v}" for k, v in args.items())
+        out.append("-------------------- end of arguments ---------------------")
+    dump(ARGS)
+    if gpu:
+        out.append(f"> device name: NVIDIA {gpu} 80GB HBM3")
+    for i in range(1, n + 1):
+        ms = step_ms * (3 if i == 1 else 1)  # the first interval is warm-up
+        line = (f" [2026-01-01 00:00:{i:02d}] iteration {i * 10:8d}/{n * 10:8d} | consumed samples: "
+                f"{i * 80:12d} | elapsed time per iteration (ms): {ms:.1f} | throughput per GPU "
+                f"(TFLOP/s/GPU): 100.0 | learning rate: 1.000000E-04 | global batch size:     8 | "
+                f"lm loss: 1.0E+01 | loss scale: 1.0 | number of skipped iterations: "
+                f"{int(skipped_at == i):3d} | number of nan iterations:   0 |")
+        out.append(f"\x1b[32m{line}\x1b[0m" if colour else line)
+        if i == 1:
+            out.append("[Rank 0] (after 10 iterations) memory (MB) | allocated: 1000.0 | max "
+                       "allocated: 2048.0 | reserved: 3000.0 | max reserved: 3000.0")
+        if second_args and i == n // 2:
+            dump(second_args)
+    if truncate:
+        out[-1] = out[-1][: len(out[-1]) // 3]
+    else:
+        out.append("[after training is done] datetime: 2026-01-01 00:01:00")
+    return "".join(prefix + line + "\n" for line in out)
+
+
+def test_steady_median_skips_warm_up_and_reads_memory_and_arguments() -> None:
+    log = parse_log(megatron_log(100.0))
+    assert log.step_s == pytest.approx(0.1) and len(log.steady) == 5
+    assert log.peak_memory_bytes == {0: 2048.0 * 2**20}
+    assert log.arguments["hidden_size"] == "64" and log.tflops_per_gpu == 100.0
+
+
+@pytest.mark.parametrize("prefix", ["[20250101 12:00:00][rank-0/8][INFO ] [--------trainer.py:123] : ",
+                                    "[default0]:", "0: "])
+def test_logger_prefixes_and_colour_codes_are_removed(prefix: str) -> None:
+    log = parse_log(megatron_log(80.0, prefix=prefix, colour=True))
+    assert log.step_s == pytest.approx(0.08) and log.arguments["num_layers"] == "2"
+    assert clean_lines("\x1b[1;31mred\x1b[0m") == ["red"]
+
+
+def test_skipped_iterations_are_left_out_and_truncation_is_noted() -> None:
+    log = parse_log(megatron_log(100.0, skipped_at=3))
+    assert len(log.steady) == 4 and any("skipped" in n for n in log.notes)
+    cut = parse_log(megatron_log(100.0, truncate=True))
+    assert cut.truncated and any("truncated" in n for n in cut.notes)
+
+
+def test_bad_logs_get_one_clear_message() -> None:
+    with pytest.raises(LogError, match="no timing lines"):
+        parse_log("hello\nworld\n", "x.log")
+    with pytest.raises(LogError, match="two different configs in one log .*hidden_size"):
+        parse_log(megatron_log(100.0, second_args={**ARGS, "hidden_size": "128"}), "two.log")
+
+
+def test_calibrate_fits_a_factor_and_the_profile_moves_the_estimate(tmp_path: Path) -> None:
+    measured = estimate(apply_profile_free()).step_time_s * 2
+    path = tmp_path / "run.log"
+    path.write_text(megatron_log(measured * 1e3, gpu="H100"), encoding="utf-8")
+    result = run_calibration([path], [TINY], None)
+    data = result.as_json()
+    run = data["runs"][0]
+    assert abs(run["predicted_step_s_after"] / run["measured_step_s"] - 1) < abs(
+        run["predicted_step_s_before"] / run["measured_step_s"] - 1)
+    assert sum(f["fitted"] for f in data["factors"].values()) == 1  # one run: one factor
+    assert any(not f["fitted"] and f["why"] for f in data["factors"].values())
+    assert data["stack"]["gpu"] == "H100" and set(run["measured_peak_memory_bytes"]) == {"0"}
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(result.profile_yaml(), encoding="utf-8")
+    _, factors = read_profile(profile)
+    calibrated = estimate(apply_profile(apply_profile_free(), profile)).step_time_s
+    assert calibrated == pytest.approx(run["predicted_step_s_after"], rel=1e-6)
+    assert factors
+    runner = CliRunner()
+    out = runner.invoke(app, ["estimate", str(TINY), "--calibration", str(profile), "--json"])
+    assert out.exit_code == 0, out.output
+    assert "calibration" in out.output
+
+
+def apply_profile_free():  # noqa: ANN201 - the tiny example, loaded
+    from planner.config.loader import load_config
+    return load_config(TINY)
+
+
+def test_calibrate_command_findings(tmp_path: Path) -> None:
+    runner = CliRunner()
+    empty = tmp_path / "empty.log"
+    empty.write_text("nothing here\n", encoding="utf-8")
+    out = runner.invoke(app, ["calibrate", str(empty), "--config", str(TINY)])
+    assert out.exit_code == 1 and "no timing lines" in out.output
+    log = tmp_path / "run.log"
+    log.write_text(megatron_log(100.0), encoding="utf-8")
+    out = runner.invoke(app, ["calibrate", str(log)])  # a dump too short to be a config
+    assert out.exit_code == 1 and "model.vocab_size" in out.output and "--config" in out.output
+    no_dump = tmp_path / "no-dump.log"
+    no_dump.write_text(megatron_log(100.0).split("end of arguments", 1)[1], encoding="utf-8")
+    out = runner.invoke(app, ["calibrate", str(no_dump)])
+    assert out.exit_code == 2 and "no argument dump" in out.output and "--config" in out.output
+    missing = runner.invoke(app, ["calibrate", str(tmp_path / "nope.log"), "--config", str(TINY)])
+    assert missing.exit_code == 2 and "no such file" in missing.output
+    with pytest.raises(CalibrationError, match="--gpu XYZ"):
+        run_calibration([log], [TINY], "XYZ")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("factors: {no_such: 1}\n", encoding="utf-8")
+    with pytest.raises(ProfileError, match="no_such"):
+        read_profile(bad)
+
+
+def test_a_real_public_log_truncated_mid_line() -> None:
+    """NVIDIA/Megatron-LM issue #756's Mixtral-8x7B log on 16 H100 (tests/support/megatron_logs, with
+    its source): three intervals, the quote ending inside the last line; the first interval is
+    warm-up, rank 1's `max allocated` is read."""
+    text = (LOGS / "issue756_mixtral_16xh100.log").read_text(encoding="utf-8")
+    log = parse_log(text, "issue756")
+    assert [i.iteration for i in log.intervals] == [2, 3, 4] and log.truncated
+    assert log.step_s == pytest.approx((5.4106 + 5.3641) / 2)
+    assert log.peak_memory_bytes == {1: pytest.approx(54250.98583984375 * 2**20)}
+    assert log.tflops_per_gpu == pytest.approx((241.4 + 243.5) / 2)
+
+
+def test_estimate_measured_shows_the_gap_and_the_terms(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    predicted = estimate(apply_profile_free()).step_time_s
+    log.write_text(megatron_log(predicted * 1.5e3), encoding="utf-8")
+    runner = CliRunner()
+    out = runner.invoke(app, ["estimate", str(TINY), "--measured", str(log), "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)["measured"]
+    assert data["ratio"] == pytest.approx(1 / 1.5, rel=5e-3)  # the log prints 0.1 ms
+    assert data["terms"] and all(t["scale"] > 1 for t in data["terms"])
+    text = runner.invoke(app, ["estimate", str(TINY), "--measured", str(log)])
+    assert text.exit_code == 0 and "would have to move" in text.output
+    empty = tmp_path / "empty.log"
+    empty.write_text("x\n", encoding="utf-8")
+    bad = runner.invoke(app, ["estimate", str(TINY), "--measured", str(empty)])
+    assert bad.exit_code == 1 and "no timing lines" in bad.output
+
+
+def test_cluster_calibration_in_the_config_is_taken(tmp_path: Path) -> None:
+    profile = tmp_path / "p.yaml"
+    profile.write_text("stack: {gpu: H100}\nfactors: {host_us_per_microbatch: 40000.0}\n",
+                       encoding="utf-8")
+    data = yaml.safe_load(TINY.read_text(encoding="utf-8"))
+    data.setdefault("cluster", {})["calibration"] = str(profile)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    out = CliRunner().invoke(app, ["estimate", str(config), "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output)["breakdown"]
+    assert result["calibration"] == str(profile)
+    assert result["efficiency"]["host_us_per_microbatch"] == 40000.0
+
+
+def test_a_log_alone_calibrates_from_its_argument_dump(tmp_path: Path) -> None:
+    """No --config: the run's config is rebuilt from the log's argument dump (the log importer,
+    planner/config/importers/megatron_log.py). The dump is Megatron's own print for the ModelZoo
+    DeepSeek-V2-Lite launch on 8 GPUs (tests/support/megatron_logs); the iteration lines follow it."""
+    dump = LOGS / "deepseek_v2_lite.log"
+    timing = megatron_log(900.0).split("end of arguments", 1)[1].split("\n", 1)[1]
+    path = tmp_path / "v2-lite.log"
+    path.write_text(dump.read_text(encoding="utf-8") + timing, encoding="utf-8")
+    result = run_calibration([path], [], "H100")
+    cfg = result.runs[0].cfg
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.parallel.world_size) == (27, 2048, 8)
+    assert result.as_json()["runs"][0]["measured_step_s"] == pytest.approx(0.9)
