@@ -488,8 +488,31 @@ def megatron_arguments(cfg: Config) -> MegatronArgs:
     _moe(cfg, args, split, pattern)
     _training(cfg, args)
     _overlap(cfg, args)
+    _launch_script_fields(cfg, args)
     args.extra = extra_arguments(cfg, args)
     return args
+
+
+def _launch_script_fields(cfg: Config, args: MegatronArgs) -> None:
+    """The fields real launch scripts set (issue 22): rotary share, a given padded vocabulary, the
+    precision-aware optimizer's dtypes, the gradient-buffer dtype and optimizer CPU offload; each
+    written only when it differs from Megatron's default."""
+    m, t = cfg.model, cfg.training
+    args.add_if(m.rotary_percent != 1.0, "--rotary-percent", m.rotary_percent, source="model.rotary_percent")
+    args.add_if(m.padded_vocab_size is not None, "--padded-vocab-size", m.padded_vocab_size,
+                source="model.padded_vocab_size")
+    args.add_if(t.use_precision_aware_optimizer, "--use-precision-aware-optimizer",
+                source="training.use_precision_aware_optimizer")
+    for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        value = getattr(t, name)
+        args.add_if(value != "fp32", "--" + name.replace("_", "-"), value, source=f"training.{name}")
+    args.add_if(t.accumulate_allreduce_grads_in_fp32, "--accumulate-allreduce-grads-in-fp32",
+                source="training.accumulate_allreduce_grads_in_fp32")
+    args.add_if(t.grad_reduce_in_bf16, "--grad-reduce-in-bf16", source="training.grad_reduce_in_bf16")
+    args.add_if(t.optimizer_cpu_offload, "--optimizer-cpu-offload", source="training.optimizer_cpu_offload")
+    args.add_if(t.optimizer_cpu_offload and t.optimizer_offload_fraction != 1.0,
+                "--optimizer-offload-fraction", t.optimizer_offload_fraction,
+                source="training.optimizer_offload_fraction")
 
 
 def extra_arguments(cfg: Config, args: MegatronArgs) -> tuple[str, ...]:

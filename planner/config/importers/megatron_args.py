@@ -68,6 +68,14 @@ SPECIAL = {
     "--tensor-parallel-num-weight-shards", "--expert-tensor-parallel-num-weight-shards",
     "--experimental-attention-variant", "--hybrid-layer-pattern", "--spec", "--moe-n-hash-layers",
     "--sequence-packing-scheduler",
+    "--use-rotary-position-embeddings", "--recompute-activations",  # LEGACY_SPELLINGS below
+}
+# Megatron's older spellings of a field, resolved as validate_args resolves them (Megatron-LM
+# dev@d48bd6be megatron/training/arguments.py validate_args: "Legacy RoPE arguments" sets
+# position_embedding_type rope; recompute_activations sets recompute_granularity selective).
+LEGACY_SPELLINGS: dict[str, tuple[str, str]] = {
+    "--use-rotary-position-embeddings": ("model.position_embedding_type", "rope"),
+    "--recompute-activations": ("overlap.recompute_granularity", "selective"),
 }
 # Megatron's defaults where moeplan's differ: an absent argument means these values
 # (Megatron-LM dev@d48bd6be megatron/training/arguments.py and
@@ -468,6 +476,9 @@ def _one(result: Imported, arg: Argument, kind: Kind) -> Any:
 
 def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
     """Arguments that set another field, several fields, or depend on other arguments."""
+    for flag, (dotted, value) in LEGACY_SPELLINGS.items():
+        if flag in special and _one(result, special[flag], "flag") is not None:
+            result.set(dotted, value)
     if "--bf16" in special or "--fp16" in special:
         result.set("training.precision", "bf16" if "--bf16" in special else "fp16")
     for flag, name in (("--fp8-format", "fp8"), ("--fp4-format", "fp4")):
