@@ -226,18 +226,46 @@ def suggested_layout(layers: int, pp: int, mtp: int) -> str | None:
     return layout_string([first] + [per] * (pp - 1), mtp)
 
 
+def _vpp_from_layers_per_stage(cfg: Config) -> int:
+    """VPP from num_layers_per_virtual_pipeline_stage, as Megatron derives it: the layers plus one
+    slot for each account-for flag, split evenly over PP, then over the layers per virtual stage
+    (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args, the
+    num_layers_per_virtual_pipeline_stage branch). Uneven pipelines need the VPP degree itself."""
+    par, path = cfg.parallel, "parallel.num_layers_per_virtual_pipeline_stage"
+    per_vp = par.num_layers_per_virtual_pipeline_stage or 1
+    uneven = "give parallel.vpp (--num-virtual-stages-per-pipeline-rank) instead"
+    if par.vpp is not None or par.pipeline_model_parallel_layout:
+        other = "parallel.vpp" if par.vpp is not None else "parallel.pipeline_model_parallel_layout"
+        raise SplitError(f"num_layers_per_virtual_pipeline_stage={per_vp} and {other} are both set; "
+                         "Megatron takes no more than one of --num-layers-per-virtual-pipeline-stage, "
+                         "--num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout",
+                         path, "drop one of them")
+    if par.decoder_first_pipeline_num_layers is not None or par.decoder_last_pipeline_num_layers is not None:
+        raise SplitError("num_layers_per_virtual_pipeline_stage with decoder_first/last_pipeline_num_layers"
+                         ": Megatron asks for --num-virtual-stages-per-pipeline-rank to set the virtual "
+                         "pipeline degree of an uneven pipeline", path, uneven)
+    extra = int(par.account_for_embedding_in_pipeline_split) + int(par.account_for_loss_in_pipeline_split)
+    slots = cfg.model.num_layers + extra
+    accounted = f" + {extra} accounted = {slots}" if extra else ""
+    if slots % par.pp:
+        raise SplitError(f"num_layers={cfg.model.num_layers}{accounted} is not divisible by pp={par.pp} "
+                         "(Megatron: the number of layers must be divisible by the pipeline size)", path,
+                         f"{uneven}, with decoder_first/last_pipeline_num_layers or a "
+                         "pipeline_model_parallel_layout")
+    per_stage = slots // par.pp
+    if per_stage % per_vp:
+        raise SplitError(f"{per_stage} layers per pipeline stage are not divisible by "
+                         f"num_layers_per_virtual_pipeline_stage={per_vp} (Megatron: the layers per "
+                         "pipeline stage must be divisible by the layers per virtual pipeline stage)",
+                         path, f"use a divisor of {per_stage}, or {uneven}")
+    return per_stage // per_vp
+
+
 def _chunks_from_counts(cfg: Config) -> tuple[int, list[Chunk]]:
     par = cfg.parallel
     vpp = par.vpp or 1
     if par.num_layers_per_virtual_pipeline_stage is not None:
-        per_rank = cfg.model.num_layers // par.pp
-        if per_rank % par.num_layers_per_virtual_pipeline_stage:
-            raise SplitError(
-                f"{per_rank} layers per stage not divisible by num_layers_per_virtual_pipeline_stage="
-                f"{par.num_layers_per_virtual_pipeline_stage}",
-                "parallel.num_layers_per_virtual_pipeline_stage", "pick a divisor",
-            )
-        vpp = per_rank // par.num_layers_per_virtual_pipeline_stage
+        vpp = _vpp_from_layers_per_stage(cfg)
     counts = _layers_per_chunk(cfg, vpp)
     chunks, start, last = [], 0, len(counts) - 1
     for index, count in enumerate(counts):
@@ -281,6 +309,8 @@ def stage_split(cfg: Config) -> StageSplit:
 
 def _stage_split(cfg: Config) -> StageSplit:
     if cfg.parallel.pipeline_model_parallel_layout:
+        if cfg.parallel.num_layers_per_virtual_pipeline_stage is not None:
+            _vpp_from_layers_per_stage(cfg)  # raises: Megatron takes only one of the two
         vpp, chunks = _chunks_from_layout(cfg)
         source = f"layout {cfg.parallel.pipeline_model_parallel_layout}"
     else:
