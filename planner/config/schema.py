@@ -307,8 +307,8 @@ class TrainingSection(Section):
                 "training.{name} {value} needs training.use_precision_aware_optimizer: true (Megatron "
                 "keeps every optimizer state in fp32 otherwise)",
                 {"name": lowered[0], "value": getattr(self, lowered[0])})
-        if self.use_precision_aware_optimizer and (self.optimizer != "adam"
-                                                   or not self.use_distributed_optimizer):
+        sharded = self.use_distributed_optimizer or self.use_megatron_fsdp  # FSDP turns it on
+        if self.use_precision_aware_optimizer and (self.optimizer != "adam" or not sharded):
             raise PydanticCustomError(
                 "precision_aware_needs_distopt",
                 "training.use_precision_aware_optimizer needs optimizer adam and "
