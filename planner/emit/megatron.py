@@ -346,6 +346,8 @@ def rotary_fields(cfg: Config) -> tuple[str, ...]:
         names += ["rotary_scaling_factor", "original_max_position_embeddings"]
     if is_dsv4(cfg):
         names.append("csa_compress_rotary_base")
+    if m.rotary_percent != 1.0:  # GPTModel.__init__ passes it to RotaryEmbedding
+        names.append("rotary_percent")
     return tuple(names)
 
 
@@ -494,11 +496,10 @@ def megatron_arguments(cfg: Config) -> MegatronArgs:
 
 
 def _launch_script_fields(cfg: Config, args: MegatronArgs) -> None:
-    """The fields real launch scripts set (issue 22): rotary share, a given padded vocabulary, the
+    """The fields real launch scripts set (issue 22): a given padded vocabulary, the
     precision-aware optimizer's dtypes, the gradient-buffer dtype and optimizer CPU offload; each
     written only when it differs from Megatron's default."""
     m, t = cfg.model, cfg.training
-    args.add_if(m.rotary_percent != 1.0, "--rotary-percent", m.rotary_percent, source="model.rotary_percent")
     args.add_if(m.padded_vocab_size is not None, "--padded-vocab-size", m.padded_vocab_size,
                 source="model.padded_vocab_size")
     args.add_if(t.use_precision_aware_optimizer, "--use-precision-aware-optimizer",
