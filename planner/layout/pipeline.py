@@ -226,6 +226,31 @@ def suggested_layout(layers: int, pp: int, mtp: int) -> str | None:
     return layout_string([first] + [per] * (pp - 1), mtp)
 
 
+def _refuse_conflicting_splits(cfg: Config) -> None:
+    """Pipeline arguments Megatron refuses together, in its order (Megatron-LM dev@d48bd6be
+    megatron/training/arguments.py validate_args: at most one of layers per virtual stage, virtual
+    stages per rank and a layout, `_vpp_from_layers_per_stage`; then
+    megatron/core/transformer/transformer_config.py
+    TransformerConfig.__post_init__: a layout with no other split argument, first/last stage counts
+    without the account-for flags)."""
+    par = cfg.parallel
+    first_last = (par.decoder_first_pipeline_num_layers is not None
+                  or par.decoder_last_pipeline_num_layers is not None)
+    account = par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split
+    if par.num_layers_per_virtual_pipeline_stage is not None:
+        _vpp_from_layers_per_stage(cfg)  # validate_args's checks come first
+    if par.pipeline_model_parallel_layout and (first_last or account):
+        raise SplitError("pipeline_model_parallel_layout with decoder_first/last_pipeline_num_layers or "
+                         "an account-for flag: Megatron's TransformerConfig takes a layout alone",
+                         "parallel.pipeline_model_parallel_layout",
+                         "drop the other split arguments (the layout places E and L itself)")
+    if first_last and account:
+        raise SplitError("decoder_first/last_pipeline_num_layers with account_for_embedding/loss_in_"
+                         "pipeline_split: Megatron's TransformerConfig refuses them together",
+                         "parallel.decoder_first_pipeline_num_layers",
+                         "drop the account-for flags or the first/last stage counts")
+
+
 def _vpp_from_layers_per_stage(cfg: Config) -> int:
     """VPP from num_layers_per_virtual_pipeline_stage, as Megatron derives it: the layers plus one
     slot for each account-for flag, split evenly over PP, then over the layers per virtual stage
@@ -308,9 +333,8 @@ def stage_split(cfg: Config) -> StageSplit:
 
 
 def _stage_split(cfg: Config) -> StageSplit:
+    _refuse_conflicting_splits(cfg)
     if cfg.parallel.pipeline_model_parallel_layout:
-        if cfg.parallel.num_layers_per_virtual_pipeline_stage is not None:
-            _vpp_from_layers_per_stage(cfg)  # raises: Megatron takes only one of the two
         vpp, chunks = _chunks_from_layout(cfg)
         source = f"layout {cfg.parallel.pipeline_model_parallel_layout}"
     else:

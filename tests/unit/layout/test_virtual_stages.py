@@ -70,6 +70,10 @@ def test_account_for_slots_give_megatrons_vpp():
     ({"decoder_first_pipeline_num_layers": 10}, "asks for --num-virtual-stages-per-pipeline-rank"),
     # two spellings of the virtual degree at once
     ({"vpp": 4}, "no more than one of --num-layers-per-virtual-pipeline-stage"),
+    ({"pipeline_model_parallel_layout": "Et*11|(t*12|)*6t*11L"}, "no more than one of"),
+    # TransformerConfig.__post_init__: first/last stage counts exclude the account-for flags
+    ({"num_layers_per_virtual_pipeline_stage": None, "vpp": 4, "decoder_first_pipeline_num_layers": 8},
+     "refuses them together"),
 ])
 def test_megatrons_refusals_are_named(changes: dict[str, Any], fragment: str):
     with pytest.raises(SplitError) as caught:
