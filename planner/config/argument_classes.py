@@ -84,6 +84,20 @@ def modelled_field(name: str) -> str | None:
     return entry.what if entry is not None and entry.kind == "modelled" else None
 
 
+# Legacy (non-core) model switches (rule ARG004): Megatron-LM dev builds Megatron-Core models only
+# and its parser has neither; `--moe-model-type deepspeed_moe` (the DeepSpeed / Pai-Megatron-Patch
+# spelling) asks for a DeepSpeed-MoE layer. None: any value.
+LEGACY_MODEL_SWITCHES: dict[str, str | None] = {"use_legacy_models": None, "moe_model_type": "deepspeed_moe"}
+
+
+def is_legacy_model(name: str, values: tuple[str, ...]) -> bool:
+    """Whether argument `name` with `values` asks for a legacy (non-core) model."""
+    if name not in LEGACY_MODEL_SWITCHES:
+        return False
+    wanted = LEGACY_MODEL_SWITCHES[name]
+    return wanted is None or values[:1] == (wanted,)
+
+
 def argument_words(words: list[str] | tuple[str, ...]) -> list[tuple[int, str, tuple[str, ...]]]:
     """(index, name, values) of each `--flag` in a list of launch words, values up to the next flag;
     `--flag=value` is one word."""

@@ -13,18 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.config.argument_classes import ArgumentClass, argument_class, argument_words
+from planner.config.argument_classes import ArgumentClass, argument_class, argument_words, is_legacy_model
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 
 PARSER = "Megatron-LM dev@d48bd6be megatron/training/arguments.py add_megatron_arguments"
 TABLE = "planner/config/argument_classes.py argument_classes"
-# Legacy (non-core) model switches: Megatron-LM dev builds Megatron-Core models only (its parser
-# has neither), and DeepSpeed-MoE (`--moe-model-type deepspeed_moe`, the Pai-Megatron-Patch / DeepSpeed
-# fork spelling) is a different MoE layer (capacity-bound gating, its own expert groups).
-LEGACY = {"use_legacy_models": None, "moe_model_type": "deepspeed_moe"}
-
-
 def _carried(f: Facts) -> Iterator[tuple[str, str, tuple[str, ...], ArgumentClass | None]]:
     words = f.cfg.launch.megatron_extra_args
     for index, name, values in argument_words(words):
@@ -87,14 +81,10 @@ def carried_changes_time(f: Facts) -> Iterator[Violation]:
 )
 def carried_unknown(f: Facts) -> Iterator[Violation]:
     for path, name, values, entry in _carried(f):
-        if entry is None and not _legacy(name, values):
+        if entry is None and not is_legacy_model(name, values):
             yield Violation(path, f"{_shown(name, values)} is not an argument of Megatron-LM "
                             "dev@d48bd6be's parser, which refuses it",
                             "drop it, or spell the argument as megatron/training/arguments.py does")
-
-
-def _legacy(name: str, values: tuple[str, ...]) -> bool:
-    return name in LEGACY and (LEGACY[name] is None or values[:1] == (LEGACY[name],))
 
 
 @rule(
@@ -109,7 +99,7 @@ def _legacy(name: str, values: tuple[str, ...]) -> bool:
 )
 def legacy_model(f: Facts) -> Iterator[Violation]:
     for path, name, values, _ in _carried(f):
-        if _legacy(name, values):
+        if is_legacy_model(name, values):
             yield Violation(path, f"{_shown(name, values)} asks for a legacy (non-core) model; moeplan "
                             "plans Megatron-Core MoE models only and Megatron-LM dev@d48bd6be no longer "
                             "builds legacy ones",

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from planner.config.argument_classes import argument_class, is_legacy_model
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER
 from planner.config.schema import Config
 from planner.layout.layout_string import IMPORTED, layout_string
@@ -435,7 +436,7 @@ def map_arguments(text: str, world_size: int | None = None) -> Imported:
                 if arg.flag.startswith(prefix) and base is not None and base[1] == "flag":
                     target, negated = base, True
         if target is None:
-            _keep(result, arg, f"not modelled ({kept_where()})")
+            _keep(result, arg, kept_reason(arg))
             continue
         dotted, kind = target
         try:
@@ -459,6 +460,21 @@ def kept_where() -> str:
     if schema_has("launch.megatron_extra_args"):
         return "kept in launch.megatron_extra_args"
     return "listed in the YAML header"
+
+
+def kept_reason(arg: Argument) -> str:
+    """Why an argument is carried verbatim, from its class (planner/config/argument_classes.py):
+    plan-neutral, or what it changes and the rule `check` reports it under."""
+    name = arg.flag[2:].replace("-", "_")
+    entry = argument_class(name)
+    where = kept_where()
+    if entry is None:
+        code = "ARG004" if is_legacy_model(name, arg.values) else "ARG003"
+        return f"not modelled: not an argument of Megatron-LM dev's parser ({where}; check reports {code})"
+    if entry.kind in ("error", "warning") and entry.changes_plan(arg.values):
+        code = "ARG001" if entry.kind == "error" else "ARG002"
+        return f"not modelled: changes {entry.what}, {entry.how} ({where}; check reports {code})"
+    return f"not modelled, plan-neutral ({entry.what if entry.kind == 'neutral' else 'as given'}; {where})"
 
 
 def _keep(result: Imported, arg: Argument, why: str) -> None:
