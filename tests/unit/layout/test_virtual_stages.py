@@ -92,3 +92,22 @@ def test_megatron_derives_the_same_virtual_stages():
     both account-for flags) derives VPP 4 and builds the same layers per virtual stage."""
     result = verdict(ORACLE_QWEN)
     assert result.verdict == "pass", (result.message, result.location, result.mismatches)
+
+
+ORACLE_UNEVEN = "virtual stages: Qwen3-235B-A22B, first/last stage counts with VPP 2"
+UNEVEN = qwen(num_layers_per_virtual_pipeline_stage=None, account_for_embedding_in_pipeline_split=None,
+              account_for_loss_in_pipeline_split=None, vpp=2, decoder_first_pipeline_num_layers=10,
+              decoder_last_pipeline_num_layers=12)
+register(ORACLE_UNEVEN, case_of(parse_config({**UNEVEN, "ignore": ["MEM001", "MEM002"]}), ORACLE_UNEVEN))
+
+
+def test_uneven_pipeline_with_virtual_stages_per_rank():
+    """--decoder-first/last-pipeline-num-layers with --num-virtual-stages-per-pipeline-rank:
+    TransformerConfig.__post_init__ (uneven PP) wants each of them, and the middle stages' layers,
+    divisible by VPP; 94 - 10 - 12 = 72 layers over 6 middle stages, 12 each. Megatron builds the
+    same chunks (5 / 6 / 6 layers per virtual stage)."""
+    split = stage_split(parse_config(UNEVEN))
+    assert split.vpp == 2
+    assert [len(c.layers) for c in split.chunks if c.stage in (0, 1, 7)] == [5, 6, 6, 5, 6, 6]
+    result = verdict(ORACLE_UNEVEN)
+    assert result.verdict == "pass", (result.message, result.location, result.mismatches)
