@@ -36,10 +36,11 @@ def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:
             continue
         neutral = (f"; as {' or '.join(entry.neutral_values)} it would not"
                    if entry.neutral_values else "")
+        fix = ("drop it from launch.megatron_extra_args to train the model moeplan counts, or ignore "
+               "ARG001 to accept figures without it" if kind == "error" else
+               "the step-time estimate leaves it out: ignore ARG002 to accept that, or drop it")
         yield Violation(path, f"{_shown(name, values)} changes {entry.what} ({entry.how}), which "
-                        f"moeplan does not model{neutral}",
-                        f"drop it from launch.megatron_extra_args to train the model moeplan counts, or "
-                        f"ignore {'ARG001' if kind == 'error' else 'ARG002'} to accept figures without it")
+                        f"moeplan does not model{neutral}", fix)
 
 
 @rule(
