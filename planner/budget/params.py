@@ -94,6 +94,12 @@ def write(book: Book, v: Variant) -> None:
             "memory", "add_bias_linear: attention biases (column-parallel ones split over TP, the "
             "output projection's whole on every TP rank)")
         mixers += " + attention_bias_params_per_block"
+    elif v.qkv_bias:
+        # Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__:
+        # add_qkv_bias biases linear_qkv (column-parallel, split over TP) and nothing else.
+        add("attention_bias_params_per_block", "(heads + 2 * groups) * d / TP", "params", "memory",
+            "add_qkv_bias: the fused QKV projection's bias (split over TP)")
+        mixers += " + attention_bias_params_per_block"
     if v.mhc:
         add("mhc_params_per_block", "2 * ((2 + n_hc) * n_hc * n_hc * h + (2 + n_hc) * n_hc + 3)",
             "params", "memory", "mHC pre/post/combination weights of both sub-layers")

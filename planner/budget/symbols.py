@@ -229,6 +229,7 @@ class Variant:
     # The precision-aware optimizer's bytes per parameter (master, exp_avg, exp_avg_sq), "" without
     precision_aware: tuple[str, str, str] | tuple[()] = ()
     optimizer_offload: bool = False  # optimizer_cpu_offload: a share of the states on the CPU
+    qkv_bias: bool = False  # add_qkv_bias without add_bias_linear, standard attention: QKV bias only
 
     @property
     def v4_cp(self) -> bool:
@@ -313,6 +314,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         grads_fp32=tr.grads_in_fp32 or tr.precision == "fp32",
         precision_aware=precision_aware_bytes(cfg),
         optimizer_offload=tr.optimizer_cpu_offload and tr.optimizer_offload_fraction > 0,
+        qkv_bias=model.add_qkv_bias and not model.add_bias_linear and model.attention_variant == "standard",
     )
 
 

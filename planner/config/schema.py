@@ -137,6 +137,10 @@ class ModelSection(Section):
     # (Megatron-LM dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py
     # _set_padded_vocab_size pads only when it is unset).
     padded_vocab_size: PosInt | None = None
+    # --add-qkv-bias: a bias on the fused QKV projection alone (Qwen2; Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/attention.py SelfAttention.__init__: bias=add_bias_linear or
+    # add_qkv_bias); MLA's projections ignore it.
+    add_qkv_bias: bool = False
 
     @field_validator("moe_layer_freq", mode="before")
     @classmethod

@@ -95,6 +95,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("grad buffers in the parameters' dtype", {"grads_fp32": False}),
     ("precision-aware optimizer (bf16 master remainders and moments)", {"precision_aware": ("2", "2", "2")}),
     ("optimizer CPU offload", {"optimizer_offload": True}),
+    ("a QKV bias only (add_qkv_bias)", {"attention": "standard", "qkv_bias": True}),
     ("MLA without qk_layernorm (no latent norms)", {"attention": "mla", "mla_q_lora": True,
                                                     "mla_norms": False}),
     ("FP8 weights, tensor scaling on Hopper", {"quant_pad": True, "fp8_weights": "tensor",

@@ -502,6 +502,7 @@ def _launch_script_fields(cfg: Config, args: MegatronArgs) -> None:
     m, t = cfg.model, cfg.training
     args.add_if(m.padded_vocab_size is not None, "--padded-vocab-size", m.padded_vocab_size,
                 source="model.padded_vocab_size")
+    args.add_if(m.add_qkv_bias, "--add-qkv-bias", source="model.add_qkv_bias")
     args.add_if(t.use_precision_aware_optimizer, "--use-precision-aware-optimizer",
                 source="training.use_precision_aware_optimizer")
     for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):

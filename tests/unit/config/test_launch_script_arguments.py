@@ -77,6 +77,19 @@ def test_rotary_percent_is_read_and_emitted_without_parameters():
     assert "--rotary-percent" not in megatron_arguments(build()).as_dict()
 
 
+def test_add_qkv_bias_counts_the_qkv_bias_alone():
+    """megatron/core/transformer/attention.py SelfAttention.__init__: linear_qkv gets
+    bias=add_bias_linear or add_qkv_bias, a column-parallel bias of (heads + 2 groups) x d split
+    over TP; MLA's projections ignore it."""
+    assert imported("--add-qkv-bias")["model"]["add_qkv_bias"] is True
+    cfg = build({"add_qkv_bias": True, "num_query_groups": 2}, parallel={"world_size": 2, "tp": 2, "ep": 1})
+    heads, groups, d = 4, 2, H // 4
+    assert stage0(cfg)["attention_bias_params_per_block"] == (heads + 2 * groups) * d // 2
+    assert megatron_arguments(cfg).as_dict()["--add-qkv-bias"] == ()
+    with_linear = stage0(build({"add_qkv_bias": True, "add_bias_linear": True}))
+    assert with_linear["attention_bias_params_per_block"] == (heads + 2 * heads) * d + H  # no double count
+
+
 # ------------------------------------------------------------------------------ vocabulary
 
 
