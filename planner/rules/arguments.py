@@ -6,7 +6,7 @@ planner/config/data/megatron_argument_classes.txt (planner/config/argument_class
 plan-neutral one passes silently, one that changes the shapes or the memory verdict is an error
 (ARG001), one that changes only the step time a warning (ARG002); a word Megatron-LM dev's parser
 does not define is refused there, so it is refused here (ARG003), legacy (non-core) models with
-their own code (ARG004).
+their own code (ARG004), and a modelled argument belongs in its field (ARG005).
 """
 
 from __future__ import annotations
@@ -108,4 +108,20 @@ def legacy_model(f: Facts) -> Iterator[Violation]:
                             "and the --moe-* arguments)")
 
 
-RULES = (carried_changes_model, carried_changes_time, carried_unknown, legacy_model)
+@rule(
+    "ARG005", "error", "modelled arguments are set by their field, not carried",
+    source=f"{PARSER}; {TABLE}",
+    why="""An argument moeplan models is written by `emit megatron` from its field; carried as well,
+    it would set the model behind the plan's back (Megatron's parser keeps the last value), and
+    `emit` refuses it. The finding names the field to set instead.""",
+    bad="launch: {megatron_extra_args: [--qk-layernorm]}",
+    good="model: {qk_layernorm: true}",
+)
+def carried_modelled(f: Facts) -> Iterator[Violation]:
+    for path, name, values, entry in _carried(f):
+        if entry is not None and entry.kind == "modelled":
+            yield Violation(path, f"{_shown(name, values)} is modelled by moeplan as {entry.what}",
+                            f"set {entry.what} and drop it from launch.megatron_extra_args")
+
+
+RULES = (carried_changes_model, carried_changes_time, carried_unknown, legacy_model, carried_modelled)

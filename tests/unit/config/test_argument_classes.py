@@ -91,7 +91,8 @@ def _codes(extra: list[str]) -> list[tuple[str, str]]:
 def test_check_is_loud_about_what_it_carries():
     extra = ["--data-path", "/d/x", "--lr-decay-style", "cosine", "--quick-geglu",
              "--no-gradient-accumulation-fusion", "--softmax-type", "vanilla", "--softmax-type",
-             "learnable", "--no-such-flag", "--use-legacy-models", "--moe-model-type", "deepspeed_moe"]
+             "learnable", "--no-such-flag", "--use-legacy-models", "--moe-model-type", "deepspeed_moe",
+             "--recompute-activations"]
     assert sorted(_codes(extra)) == sorted([
         ("ARG001", "launch.megatron_extra_args[4]"),  # gpt-oss's experts: parameters
         ("ARG002", "launch.megatron_extra_args[5]"),  # a fusion: time only
@@ -99,6 +100,7 @@ def test_check_is_loud_about_what_it_carries():
         ("ARG003", "launch.megatron_extra_args[10]"),  # Megatron's parser refuses it
         ("ARG004", "launch.megatron_extra_args[11]"),  # legacy models
         ("ARG004", "launch.megatron_extra_args[12]"),  # DeepSpeed-MoE
+        ("ARG005", "launch.megatron_extra_args[14]"),  # overlap.recompute_granularity models it
     ])
 
 
