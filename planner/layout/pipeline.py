@@ -275,8 +275,9 @@ def _vpp_from_layers_per_stage(cfg: Config) -> int:
     if slots % par.pp:
         raise SplitError(f"num_layers={cfg.model.num_layers}{accounted} is not divisible by pp={par.pp} "
                          "(Megatron: the number of layers must be divisible by the pipeline size)", path,
-                         f"{uneven}, with decoder_first/last_pipeline_num_layers or a "
-                         "pipeline_model_parallel_layout")
+                         "give decoder_first/last_pipeline_num_layers with parallel.vpp "
+                         "(--num-virtual-stages-per-pipeline-rank), or a pipeline_model_parallel_layout "
+                         "instead")
     per_stage = slots // par.pp
     if per_stage % per_vp:
         raise SplitError(f"{per_stage} layers per pipeline stage are not divisible by "

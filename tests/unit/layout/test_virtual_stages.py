@@ -78,6 +78,8 @@ def test_account_for_slots_give_megatrons_vpp():
 def test_megatrons_refusals_are_named(changes: dict[str, Any], fragment: str):
     with pytest.raises(SplitError) as caught:
         stage_split(parse_config(qwen(**changes)))
+    # PIP001 alone: the EP overlap asked for virtual stages, so no OVL003 follows the failed split
+    assert "OVL003" not in {f.code for f in run_rules(parse_config(qwen(**changes)))}
     text = f"{caught.value.message} ({caught.value.fix})"
     assert fragment in text, text
     assert "vpp=" not in caught.value.message  # no degree moeplan invented
