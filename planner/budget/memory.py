@@ -117,10 +117,16 @@ def write(book: Book, v: Variant) -> None:
     opt, opt_doc = OPTIMIZER_BYTES[v.optimizer]
     if v.master_copy:
         opt, opt_doc = f"4 + {opt}", f"fp32 master weights + {opt_doc}"
+    if v.precision_aware:
+        opt, opt_doc = _precision_aware(v)
     add("optimizer_bytes_per_param", opt, "bytes", "memory", opt_doc)
-    add("optimizer_bytes", "optimizer_bytes_per_param * (dense_shard_params + expert_shard_params)",
+    states = "optimizer_bytes_per_param * (dense_shard_params + expert_shard_params)"
+    add("optimizer_bytes", f"opt_gpu_share * {states}" if v.optimizer_offload else states,
         "bytes", "memory",
-        "optimizer states, sharded over dp_cp / expt_dp with the distributed optimizer")
+        "optimizer states, sharded over dp_cp / expt_dp with the distributed optimizer"
+        + ("; optimizer_cpu_offload keeps optimizer_offload_fraction of them on the CPU (Megatron-LM "
+           "dev@d48bd6be megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py "
+           "HybridDeviceOptimizer)" if v.optimizer_offload else ""))
     glob = " + moe_layers * (E + 1) * 4" if v.global_aux else ""
     add("buffer_bytes", f"bias_routers * E * (4 + 8) + L_hash * V_pad * k * 4{glob}", "bytes", "memory",
         "expert bias (fp32) and token counts (int64); hash tables tid2eid [V_pad, k] int32"
@@ -211,6 +217,17 @@ def write(book: Book, v: Variant) -> None:
     add("gpu_memory_bytes", "mem_gib * 1073741824", "bytes", "memory", "cluster.gpu_memory_gib")
     add("memory_utilization", "peak_memory_bytes / gpu_memory_bytes", "share", "memory",
         "peak over GPU memory (MEM002 above 80 %, MEM001 above 100 %)")
+
+
+def _precision_aware(v: Variant) -> tuple[str, str]:
+    """Bytes per parameter of the precision-aware optimizer's states (symbols.precision_aware_bytes
+    picks them from the dtypes): master weights (none for fp32 parameters; a bf16 parameter's fp32
+    master kept as its 16-bit remainder), exp_avg and exp_avg_sq."""
+    master, avg, avg_sq = v.precision_aware
+    parts = [part for part in (master, avg, avg_sq) if part != "0"]
+    doc = (f"precision-aware optimizer: master weights {master} B, exp_avg {avg} B, "
+           f"exp_avg_sq {avg_sq} B per parameter")
+    return " + ".join(parts), doc
 
 
 def _weight_and_grad_terms(book: Book, v: Variant) -> tuple[str, str]:

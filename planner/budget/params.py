@@ -94,6 +94,12 @@ def write(book: Book, v: Variant) -> None:
             "memory", "add_bias_linear: attention biases (column-parallel ones split over TP, the "
             "output projection's whole on every TP rank)")
         mixers += " + attention_bias_params_per_block"
+    elif v.qkv_bias:
+        # Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__:
+        # add_qkv_bias biases linear_qkv (column-parallel, split over TP) and nothing else.
+        add("attention_bias_params_per_block", "(heads + 2 * groups) * d / TP", "params", "memory",
+            "add_qkv_bias: the fused QKV projection's bias (split over TP)")
+        mixers += " + attention_bias_params_per_block"
     if v.mhc:
         add("mhc_params_per_block", "2 * ((2 + n_hc) * n_hc * n_hc * h + (2 + n_hc) * n_hc + 3)",
             "params", "memory", "mHC pre/post/combination weights of both sub-layers")
@@ -111,6 +117,14 @@ def write(book: Book, v: Variant) -> None:
         f"dense {_mlp_kind(v)} MLP of a non-MoE block" + (", with biases" if v.bias else ""))
     add("embedding_params", "V_pad * h / TP", "params", "memory",
         "word embedding (or output) shard over the padded vocabulary")
+    positions = ""
+    if v.learned_positions:
+        # Megatron-LM dev@d48bd6be megatron/core/models/common/embeddings/
+        # language_model_embedding.py LanguageModelEmbedding.__init__: learned_absolute adds a
+        # torch.nn.Embedding(max_sequence_length, h), whole on every TP rank, on the embedding stage.
+        add("position_embedding_params", "pos_rows * h", "params", "memory",
+            "learned absolute position table [max_position_embeddings, h] (replicated over TP)")
+        positions = " + has_embedding * position_embedding_params"
     final_norm = "2 * h" if v.layernorm else "h"
     mhc_head = " + n_hc * n_hc * h + n_hc + 1" if v.mhc else ""
     add("final_params", final_norm + mhc_head, "params", "memory",
@@ -126,7 +140,7 @@ def write(book: Book, v: Variant) -> None:
         f"blocks * ({mixers}){extra} + moe_layers * ({moe_dense})"
         " + L_dense * dense_mlp_params_per_layer"
         " + (has_embedding + has_mtp_embedding + has_output_weight) * embedding_params"
-        " + has_output * final_params + L_mtp * mtp_extra_params_per_layer",
+        " + has_output * final_params + L_mtp * mtp_extra_params_per_layer" + positions,
         "params", "memory", "parameters reduced over dp_cp")
     add("expert_params_on_rank", "moe_layers * routed_params_per_layer", "params", "memory",
         "routed-expert parameters reduced over expt_dp")
@@ -146,8 +160,15 @@ def write(book: Book, v: Variant) -> None:
         add("bytes_grad", "p", "bytes", "memory", "Megatron-FSDP main grads in the parameters' "
             "dtype (Megatron-LM dev@d48bd6be megatron/training/arguments.py "
             "--megatron-fsdp-main-grads-dtype, default auto)")
+    elif v.grads_fp32:
+        add("bytes_grad", "4", "bytes", "memory", "fp32 main grads (accumulate_allreduce_grads_in_fp32, "
+            "Megatron's default under bf16)")
     else:
-        add("bytes_grad", "4", "bytes", "memory", "fp32 main grads (Megatron's default for bf16/fp16)")
+        # Megatron-LM dev@d48bd6be megatron/core/distributed/param_and_grad_buffer.py: the grad
+        # buffer takes the parameters' dtype unless grad_reduce_in_fp32 (fp16's default, bf16 with
+        # grad_reduce_in_bf16 or main_grads_dtype bf16).
+        add("bytes_grad", "p", "bytes", "memory", "main grads in the parameters' dtype (no "
+            "accumulate_allreduce_grads_in_fp32)")
     shard = v.dist_opt
     by = "Megatron-FSDP" if v.fsdp else "distributed optimizer"
     add("dense_opt_shards", "dp_cp_size / I_opt" if shard else "1", "ranks", "memory",

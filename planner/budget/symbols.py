@@ -93,6 +93,12 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
            "megatron/core/transformer/moe/moe_utils.py get_align_size_for_quantization)"),
     Symbol("vex_slots", "temporary expert slots per rank and MoE layer with virtual experts "
            "(moeplan assumes one; 0 without virtual experts)"),
+    # issue 22 (args branch)
+    Symbol("pos_rows", "rows of the learned position table (max_position_embeddings, seq_length "
+           "when unset; Megatron-LM dev@d48bd6be megatron/core/models/common/embeddings/"
+           "language_model_embedding.py LanguageModelEmbedding)"),
+    Symbol("opt_gpu_share", "share of the optimizer states on the GPU: 1 - optimizer_offload_fraction "
+           "with optimizer_cpu_offload, else 1"),
     *MODEL_SYMBOLS,
     *HARDWARE_SYMBOLS,
 )
@@ -217,6 +223,13 @@ class Variant:
     fp8_weights: str = ""
     fp8_transpose: bool = False  # tensor-scaled FP8 on Hopper: a transposed copy for backward
     fp8_param_gather: bool = False  # training.fp8_param_gather: FP8 weights are the parameters
+    # ---- issue 22 (args branch): learned position table, optimizer state dtypes, grad buffer
+    learned_positions: bool = False  # position_embedding_type learned_absolute: a [rows, h] table
+    grads_fp32: bool = True  # grad buffers in fp32 (accumulate_allreduce_grads_in_fp32), else p
+    # The precision-aware optimizer's bytes per parameter (master, exp_avg, exp_avg_sq), "" without
+    precision_aware: tuple[str, str, str] | tuple[()] = ()
+    optimizer_offload: bool = False  # optimizer_cpu_offload: a share of the states on the CPU
+    qkv_bias: bool = False  # add_qkv_bias without add_bias_linear, standard attention: QKV bias only
 
     @property
     def v4_cp(self) -> bool:
@@ -297,7 +310,39 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         fp8_transpose=tr.fp8 and (cfg.cluster.gpu or DEFAULT_GPU) in HOPPER
         and tr.fp8_recipe in ("delayed", "tensorwise"),
         fp8_param_gather=tr.fp8 and tr.fp8_param_gather,
+        learned_positions=model.position_embedding_type == "learned_absolute",
+        grads_fp32=tr.grads_in_fp32 or tr.precision == "fp32",
+        precision_aware=precision_aware_bytes(cfg),
+        optimizer_offload=tr.optimizer_cpu_offload and tr.optimizer_offload_fraction > 0,
+        qkv_bias=model.add_qkv_bias and not model.add_bias_linear and model.attention_variant == "standard",
     )
+
+
+# Bytes of one optimizer state element per --main-params-dtype / --exp-avg-dtype choice; fp8 moments
+# keep one scale per tensor besides (left out).
+STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+def precision_aware_bytes(cfg: Config) -> tuple[str, str, str] | tuple[()]:
+    """(master, exp_avg, exp_avg_sq) bytes per parameter of Transformer Engine's FusedAdam under
+    --use-precision-aware-optimizer (Megatron-LM dev@d48bd6be megatron/core/optimizer/__init__.py
+    _get_megatron_optimizer_based_on_param_groups). TE keeps the master weights unless they are
+    fp32 under an FP8 recipe other than delayed without CPU offload (then Megatron's distributed
+    optimizer keeps fp32 ones: OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8); an
+    fp32 master of a bf16 parameter is stored as its 16-bit remainder (store_param_remainders,
+    default true, distrib_optimizer.py). fp32 training parameters need no master copy."""
+    tr = cfg.training
+    if not tr.use_precision_aware_optimizer:
+        return ()
+    te_master = (tr.main_params_dtype != "fp32" or not tr.fp8 or tr.fp8_recipe == "delayed"
+                 or tr.optimizer_cpu_offload)
+    if tr.precision == "fp32":
+        master = 0
+    elif tr.main_params_dtype == "fp32":
+        master = 2 if te_master and tr.precision == "bf16" else 4
+    else:
+        master = STATE_BYTES[tr.main_params_dtype]
+    return (str(master), str(STATE_BYTES[tr.exp_avg_dtype]), str(STATE_BYTES[tr.exp_avg_sq_dtype]))
 
 
 # How Transformer Engine stores a quantised weight per Megatron recipe (the schema fills in
@@ -421,6 +466,9 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "q_align": (QUANT_ALIGN["mxfp8" if tr.fp8_recipe == "mxfp8" else "fp8"] if tr.fp8
                     else QUANT_ALIGN["fp4"] if tr.fp4 else 1),
         "vex_slots": int(cfg.moe.moe_virtual_experts),
+        # issue 22 (args branch)
+        "pos_rows": m.max_position_embeddings or tr.seq_length,
+        "opt_gpu_share": 1 - exact(tr.optimizer_offload_fraction) if tr.optimizer_cpu_offload else 1,
         **model_values(cfg),
         **hardware_values(cfg),
     }

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from planner.config.argument_classes import modelled_field
 from planner.config.schema import Config
 
 DATA_FILE = Path(__file__).parent / "data" / "megatron_arguments.txt"
@@ -75,7 +76,9 @@ def moeplan_field(name: str) -> str | None:
     for section, model in sections().items():
         if name in section_fields(model):
             return f"{section}.{name}"
-    return MODELLED_AS.get(name)
+    # The classes table (planner/config/argument_classes.py) names the field of every other
+    # modelled argument, so flipping an argument to modelled is one line of data.
+    return MODELLED_AS.get(name) or modelled_field(name)
 
 
 def flag_of(name: str) -> str:

@@ -128,6 +128,19 @@ class ModelSection(Section):
     enable_hyper_connections: bool = False
     num_residual_streams: PosInt = 1
     mhc_sinkhorn_iterations: PosInt = 20
+    # ---- position embeddings and vocabulary as launch scripts give them (issue 22, args branch).
+    # --rotary-percent: the share of each head's dimensions RoPE rotates (numerics only: no
+    # parameters, no stored activations; Megatron-LM dev@d48bd6be megatron/core/models/gpt/
+    # gpt_model.py GPTModel.__init__ passes it to RotaryEmbedding).
+    rotary_percent: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # --padded-vocab-size: the embedding and output rows as given, instead of vocab_size rounded up
+    # (Megatron-LM dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py
+    # _set_padded_vocab_size pads only when it is unset).
+    padded_vocab_size: PosInt | None = None
+    # --add-qkv-bias: a bias on the fused QKV projection alone (Qwen2; Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/attention.py SelfAttention.__init__: bias=add_bias_linear or
+    # add_qkv_bias); MLA's projections ignore it.
+    add_qkv_bias: bool = False
 
     @field_validator("moe_layer_freq", mode="before")
     @classmethod
@@ -269,6 +282,62 @@ class TrainingSection(Section):
     adam_eps: PosFloat = 1e-8
     weight_decay: NonNegFloat = 0.1
     seed: NonNegInt = 1234
+    # ---- optimizer state dtypes, the gradient-buffer dtype and optimizer CPU offload (issue 22,
+    # args branch), named as Megatron's arguments (Megatron-LM dev@d48bd6be
+    # megatron/training/arguments.py _add_training_args / the precision-aware optimizer group;
+    # megatron/core/optimizer/optimizer_config.py OptimizerConfig). The state dtypes other than fp32
+    # need use_precision_aware_optimizer (OptimizerConfig.__post_init__ asserts it).
+    use_precision_aware_optimizer: bool = False
+    main_grads_dtype: Literal["fp32", "bf16"] = "fp32"
+    main_params_dtype: Literal["fp32", "fp16"] = "fp32"
+    exp_avg_dtype: Literal["fp32", "fp16", "bf16", "fp8"] = "fp32"
+    exp_avg_sq_dtype: Literal["fp32", "fp16", "bf16", "fp8"] = "fp32"
+    # Megatron's store_true switch; what it resolves to is `grads_in_fp32` (validate_args turns it on
+    # under bf16 with fp32 main grads and off with grad_reduce_in_bf16).
+    accumulate_allreduce_grads_in_fp32: bool = False
+    grad_reduce_in_bf16: bool = False
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
+
+    @model_validator(mode="after")
+    def _precision_aware_optimizer(self) -> TrainingSection:
+        """Megatron-LM dev@d48bd6be megatron/core/optimizer/optimizer_config.py
+        OptimizerConfig.__post_init__ and megatron/training/arguments.py validate_args."""
+        lowered = [name for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
+                                     "exp_avg_sq_dtype") if getattr(self, name) != "fp32"]
+        if lowered and not self.use_precision_aware_optimizer:
+            raise PydanticCustomError(
+                "state_dtype_without_precision_aware",
+                "training.{name} {value} needs training.use_precision_aware_optimizer: true (Megatron "
+                "keeps every optimizer state in fp32 otherwise)",
+                {"name": lowered[0], "value": getattr(self, lowered[0])})
+        sharded = self.use_distributed_optimizer or self.use_megatron_fsdp  # FSDP turns it on
+        if self.use_precision_aware_optimizer and (self.optimizer != "adam" or not sharded):
+            raise PydanticCustomError(
+                "precision_aware_needs_distopt",
+                "training.use_precision_aware_optimizer needs optimizer adam and "
+                "use_distributed_optimizer: true (Megatron's OptimizerConfig asserts both)")
+        if self.optimizer_cpu_offload and not self.use_precision_aware_optimizer:
+            raise PydanticCustomError(
+                "offload_needs_precision_aware",
+                "training.optimizer_cpu_offload needs training.use_precision_aware_optimizer: true "
+                "(Megatron's validate_args: the hybrid device optimizer reuses its code path)")
+        if self.accumulate_allreduce_grads_in_fp32 and self.main_grads_dtype != "fp32":
+            raise PydanticCustomError(
+                "fp32_accumulation_with_bf16_grads",
+                "training.accumulate_allreduce_grads_in_fp32 with main_grads_dtype {dtype}: Megatron "
+                "allows only fp32 main grads with it", {"dtype": self.main_grads_dtype})
+        return self
+
+    @property
+    def grads_in_fp32(self) -> bool:
+        """Whether the gradient buffers are fp32 (else the parameters' dtype): Megatron's
+        accumulate_allreduce_grads_in_fp32 after validate_args (Megatron-LM dev@d48bd6be
+        megatron/training/arguments.py; megatron/training/training.py get_model passes it as
+        DistributedDataParallelConfig.grad_reduce_in_fp32)."""
+        if self.precision == "bf16":
+            return not self.grad_reduce_in_bf16 and self.main_grads_dtype == "fp32"
+        return self.accumulate_allreduce_grads_in_fp32 or self.precision == "fp32"
 
     @model_validator(mode="before")
     @classmethod
@@ -506,6 +575,14 @@ class Config(Section):
             object.__setattr__(training, "fp8_recipe", DEFAULT_FP8_RECIPE)
         if cluster.nodes is None:
             object.__setattr__(cluster, "nodes", math.ceil(world / cluster.gpus_per_node))
+        padded = self.model.padded_vocab_size
+        if padded is not None and (padded % par.tp or padded < self.model.vocab_size):
+            # Megatron-LM dev@d48bd6be megatron/core/tensor_parallel/layers.py
+            # VocabParallelEmbedding.__init__ splits the rows evenly over TP (VocabUtility).
+            raise PydanticCustomError(
+                "padded_vocab",
+                "model.padded_vocab_size {padded} must be a multiple of tp {tp} and at least "
+                "model.vocab_size {vocab}", {"padded": padded, "tp": par.tp, "vocab": self.model.vocab_size})
         return self
 
     # The layout degrees have one owner (planner/degrees.py); the grid owns the groups.
@@ -532,6 +609,8 @@ class Config(Section):
         model.make_vocab_size_divisible_by (default 128) times the TP size (Megatron-LM
         dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding);
         the padded logits take part in the softmax."""
+        if self.model.padded_vocab_size is not None:  # --padded-vocab-size: used as given
+            return self.model.padded_vocab_size
         divisor = self.model.make_vocab_size_divisible_by * self.parallel.tp
         return -(-self.model.vocab_size // divisor) * divisor
 

@@ -19,6 +19,7 @@ FAMILIES: dict[str, str] = {
     "VEX": "Virtual experts",
     "CLU": "Cluster",
     "MEM": "Memory budget",
+    "ARG": "Megatron arguments carried verbatim",
     "IGN": "The ignore list",
 }
 

@@ -346,6 +346,8 @@ def rotary_fields(cfg: Config) -> tuple[str, ...]:
         names += ["rotary_scaling_factor", "original_max_position_embeddings"]
     if is_dsv4(cfg):
         names.append("csa_compress_rotary_base")
+    if m.rotary_percent != 1.0:  # GPTModel.__init__ passes it to RotaryEmbedding
+        names.append("rotary_percent")
     return tuple(names)
 
 
@@ -490,8 +492,31 @@ def megatron_arguments(cfg: Config) -> MegatronArgs:
     _moe(cfg, args, split, pattern)
     _training(cfg, args)
     _overlap(cfg, args)
+    _launch_script_fields(cfg, args)
     args.extra = extra_arguments(cfg, args)
     return args
+
+
+def _launch_script_fields(cfg: Config, args: MegatronArgs) -> None:
+    """The fields real launch scripts set (issue 22): a given padded vocabulary, the
+    precision-aware optimizer's dtypes, the gradient-buffer dtype and optimizer CPU offload; each
+    written only when it differs from Megatron's default."""
+    m, t = cfg.model, cfg.training
+    args.add_if(m.padded_vocab_size is not None, "--padded-vocab-size", m.padded_vocab_size,
+                source="model.padded_vocab_size")
+    args.add_if(m.add_qkv_bias, "--add-qkv-bias", source="model.add_qkv_bias")
+    args.add_if(t.use_precision_aware_optimizer, "--use-precision-aware-optimizer",
+                source="training.use_precision_aware_optimizer")
+    for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        value = getattr(t, name)
+        args.add_if(value != "fp32", "--" + name.replace("_", "-"), value, source=f"training.{name}")
+    args.add_if(t.accumulate_allreduce_grads_in_fp32, "--accumulate-allreduce-grads-in-fp32",
+                source="training.accumulate_allreduce_grads_in_fp32")
+    args.add_if(t.grad_reduce_in_bf16, "--grad-reduce-in-bf16", source="training.grad_reduce_in_bf16")
+    args.add_if(t.optimizer_cpu_offload, "--optimizer-cpu-offload", source="training.optimizer_cpu_offload")
+    args.add_if(t.optimizer_cpu_offload and t.optimizer_offload_fraction != 1.0,
+                "--optimizer-offload-fraction", t.optimizer_offload_fraction,
+                source="training.optimizer_offload_fraction")
 
 
 def extra_arguments(cfg: Config, args: MegatronArgs) -> tuple[str, ...]:

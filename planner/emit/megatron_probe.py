@@ -65,7 +65,8 @@ GPT_NUMBERING_FIELDS = (
     "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
     "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "mtp_num_layers")
 ROTARY_FIELDS = ("position_embedding_type", "rope_type", "rotary_base", "rotary_scaling_factor",
-                 "original_max_position_embeddings", "csa_compress_rotary_base", "beta_fast", "beta_slow")
+                 "original_max_position_embeddings", "csa_compress_rotary_base", "beta_fast", "beta_slow",
+                 "rotary_percent")
 TOY_STACKS = (f"hash-routing stacks: toy TransformerConfig (hidden {TOY_HIDDEN}, {TOY_EXPERTS} experts, "
               "1 head, local modules, CPU weights) with the real layer count, pattern or MoE layer "
               "frequency, hash count, pipeline split and MTP depths")

@@ -226,18 +226,72 @@ def suggested_layout(layers: int, pp: int, mtp: int) -> str | None:
     return layout_string([first] + [per] * (pp - 1), mtp)
 
 
+def _refuse_conflicting_splits(cfg: Config) -> None:
+    """Pipeline arguments Megatron refuses together, in its order (Megatron-LM dev@d48bd6be
+    megatron/training/arguments.py validate_args: at most one of layers per virtual stage, virtual
+    stages per rank and a layout, `_vpp_from_layers_per_stage`; then
+    megatron/core/transformer/transformer_config.py
+    TransformerConfig.__post_init__: a layout with no other split argument, first/last stage counts
+    without the account-for flags)."""
+    par = cfg.parallel
+    first_last = (par.decoder_first_pipeline_num_layers is not None
+                  or par.decoder_last_pipeline_num_layers is not None)
+    account = par.account_for_embedding_in_pipeline_split or par.account_for_loss_in_pipeline_split
+    if par.num_layers_per_virtual_pipeline_stage is not None:
+        _vpp_from_layers_per_stage(cfg)  # validate_args's checks come first
+    if par.pipeline_model_parallel_layout and (first_last or account):
+        raise SplitError("pipeline_model_parallel_layout with decoder_first/last_pipeline_num_layers or "
+                         "an account-for flag: Megatron's TransformerConfig takes a layout alone",
+                         "parallel.pipeline_model_parallel_layout",
+                         "drop the other split arguments (the layout places E and L itself)")
+    if first_last and account:
+        raise SplitError("decoder_first/last_pipeline_num_layers with account_for_embedding/loss_in_"
+                         "pipeline_split: Megatron's TransformerConfig refuses them together",
+                         "parallel.decoder_first_pipeline_num_layers",
+                         "drop the account-for flags or the first/last stage counts")
+
+
+def _vpp_from_layers_per_stage(cfg: Config) -> int:
+    """VPP from num_layers_per_virtual_pipeline_stage, as Megatron derives it: the layers plus one
+    slot for each account-for flag, split evenly over PP, then over the layers per virtual stage
+    (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args, the
+    num_layers_per_virtual_pipeline_stage branch). Uneven pipelines need the VPP degree itself."""
+    par, path = cfg.parallel, "parallel.num_layers_per_virtual_pipeline_stage"
+    per_vp = par.num_layers_per_virtual_pipeline_stage or 1
+    uneven = "give parallel.vpp (--num-virtual-stages-per-pipeline-rank) instead"
+    if par.vpp is not None or par.pipeline_model_parallel_layout:
+        other = "parallel.vpp" if par.vpp is not None else "parallel.pipeline_model_parallel_layout"
+        raise SplitError(f"num_layers_per_virtual_pipeline_stage={per_vp} and {other} are both set; "
+                         "Megatron takes no more than one of --num-layers-per-virtual-pipeline-stage, "
+                         "--num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout",
+                         path, "drop one of them")
+    if par.decoder_first_pipeline_num_layers is not None or par.decoder_last_pipeline_num_layers is not None:
+        raise SplitError("num_layers_per_virtual_pipeline_stage with decoder_first/last_pipeline_num_layers"
+                         ": Megatron asks for --num-virtual-stages-per-pipeline-rank to set the virtual "
+                         "pipeline degree of an uneven pipeline", path, uneven)
+    extra = int(par.account_for_embedding_in_pipeline_split) + int(par.account_for_loss_in_pipeline_split)
+    slots = cfg.model.num_layers + extra
+    accounted = f" + {extra} accounted = {slots}" if extra else ""
+    if slots % par.pp:
+        raise SplitError(f"num_layers={cfg.model.num_layers}{accounted} is not divisible by pp={par.pp} "
+                         "(Megatron: the number of layers must be divisible by the pipeline size)", path,
+                         "give decoder_first/last_pipeline_num_layers with parallel.vpp "
+                         "(--num-virtual-stages-per-pipeline-rank), or a pipeline_model_parallel_layout "
+                         "instead")
+    per_stage = slots // par.pp
+    if per_stage % per_vp:
+        raise SplitError(f"{per_stage} layers per pipeline stage are not divisible by "
+                         f"num_layers_per_virtual_pipeline_stage={per_vp} (Megatron: the layers per "
+                         "pipeline stage must be divisible by the layers per virtual pipeline stage)",
+                         path, f"use a divisor of {per_stage}, or {uneven}")
+    return per_stage // per_vp
+
+
 def _chunks_from_counts(cfg: Config) -> tuple[int, list[Chunk]]:
     par = cfg.parallel
     vpp = par.vpp or 1
     if par.num_layers_per_virtual_pipeline_stage is not None:
-        per_rank = cfg.model.num_layers // par.pp
-        if per_rank % par.num_layers_per_virtual_pipeline_stage:
-            raise SplitError(
-                f"{per_rank} layers per stage not divisible by num_layers_per_virtual_pipeline_stage="
-                f"{par.num_layers_per_virtual_pipeline_stage}",
-                "parallel.num_layers_per_virtual_pipeline_stage", "pick a divisor",
-            )
-        vpp = per_rank // par.num_layers_per_virtual_pipeline_stage
+        vpp = _vpp_from_layers_per_stage(cfg)
     counts = _layers_per_chunk(cfg, vpp)
     chunks, start, last = [], 0, len(counts) - 1
     for index, count in enumerate(counts):
@@ -280,6 +334,7 @@ def stage_split(cfg: Config) -> StageSplit:
 
 
 def _stage_split(cfg: Config) -> StageSplit:
+    _refuse_conflicting_splits(cfg)
     if cfg.parallel.pipeline_model_parallel_layout:
         vpp, chunks = _chunks_from_layout(cfg)
         source = f"layout {cfg.parallel.pipeline_model_parallel_layout}"

@@ -7,6 +7,7 @@ import difflib
 from planner.config.schema import Config
 from planner.findings import Finding
 from planner.rules import (
+    arguments,
     batch,
     cluster,
     config,
@@ -36,6 +37,7 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *virtual_experts.RULES,
     *cluster.RULES,
     *memory.RULES,
+    *arguments.RULES,
     *config.RULES,
 ))
 RULES_BY_CODE: dict[str, Rule] = {r.code: r for r in CATALOG}

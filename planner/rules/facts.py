@@ -132,6 +132,15 @@ class Facts:
             return result.vpp
         return self.par.vpp or 1
 
+    @property
+    def asks_for_virtual_stages(self) -> bool:
+        """More than one virtual stage per rank: the split's, or, when the split fails (PIP001 says
+        why), whether the config asks for them (parallel.vpp > 1, or layers per virtual stage)."""
+        result = self.split_result
+        if isinstance(result, StageSplit):
+            return result.vpp > 1
+        return (self.par.vpp or 1) > 1 or self.par.num_layers_per_virtual_pipeline_stage is not None
+
     # ----------------------------------------------------------------- features
     @property
     def v4_attention(self) -> bool:

@@ -6,7 +6,7 @@ planner/accounting.py); these rules own the verdict: the thresholds, the message
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 
 from planner.accounting import Number, number_text
@@ -34,7 +34,7 @@ def _verdict(f: Facts, over: Fraction, upto: Fraction | None, what: str) -> Iter
     s, env = max(hits, key=lambda item: item[1]["memory_utilization"])
     others = f"; {len(hits)} of {len(stages)} stages {what}" if len(hits) > 1 else ""
     yield Violation("cluster.gpu_memory_gib", f"stage {s} needs an estimated {_memory_text(env)}"
-                    f"{others}", _memory_fix(f.cfg, s))
+                    f"{others}", _memory_fix(f.cfg, s, env))
 
 
 def _memory_text(env: dict[str, Number]) -> str:
@@ -46,23 +46,108 @@ def _memory_text(env: dict[str, Number]) -> str:
             f"{flight} microbatch(es) in flight)")
 
 
-def _memory_fix(cfg: Config, stage: int) -> str:
-    hints = []
+def ranked_parts(env: dict[str, Number]) -> list[tuple[str, str]]:
+    """The stage's memory parts (key, label), largest first."""
+    return sorted(_PARTS, key=lambda part: env[part[0]], reverse=True)
+
+
+def _memory_fix(cfg: Config, stage: int, env: dict[str, Number]) -> str:
+    """The levers of the stage's largest part (what shrinks it in Megatron), those of the next
+    largest, then the degrees that shrink every part."""
+    (key, label), (second, second_label) = ranked_parts(env)[:2]
+    share = fixed(Fraction(env[key]) / Fraction(env["peak_memory_bytes"]) * 100, 0)
+    levers = PART_LEVERS[key](cfg)
+    text = (f"the largest part is {label} ({format_bytes(env[key], digits=2)}, {share} % of the peak): "
+            + (f"try {'; '.join(levers)}" if levers else "its levers are in use"))
+    more = [lever for lever in PART_LEVERS[second](cfg) if lever not in levers]
+    if more:
+        text += f"; for {second_label} ({format_bytes(env[second], digits=2)}): {'; '.join(more)}"
+    degrees = ("a larger TP (with sequence_parallel) or CP" if key == "activation_bytes"
+               else "a larger EP or PP")
+    return f"{text}; or {degrees}; see `moeplan budget --stage {stage}` for every part"
+
+
+FSDP_ORDER = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+
+
+def _sharding_levers(cfg: Config, strategy: str) -> list[str]:
+    """What shards this part over the data-parallel ranks: the distributed optimizer (optimizer
+    states), Megatron-FSDP's strategy that includes it (Megatron-LM dev@d48bd6be
+    megatron/training/arguments.py --data-parallel-sharding-strategy)."""
     tr = cfg.training
     if tr.use_megatron_fsdp:
-        # Megatron-FSDP already shards the optimizer (it forces the distributed optimizer on);
-        # what is left is sharding grads and weights too (Megatron-LM dev@d48bd6be
-        # megatron/training/arguments.py --data-parallel-sharding-strategy).
-        if tr.data_parallel_sharding_strategy != "optim_grads_params":
-            hints.append("training.data_parallel_sharding_strategy: optim_grads_params")
-    elif not tr.use_distributed_optimizer:
-        hints.append("training.use_distributed_optimizer: true")
-    if cfg.overlap.recompute_granularity != "full":
-        # Megatron refuses full recompute without a method and a layer count (OVL009).
+        if FSDP_ORDER.index(tr.data_parallel_sharding_strategy) < FSDP_ORDER.index(strategy):
+            return [f"training.data_parallel_sharding_strategy: {strategy}"]
+        return []
+    if strategy == "optim":
+        return [] if tr.use_distributed_optimizer else ["training.use_distributed_optimizer: true"]
+    return [f"Megatron-FSDP (training.use_megatron_fsdp with data_parallel_sharding_strategy {strategy})"]
+
+
+def _optimizer_levers(cfg: Config) -> list[str]:
+    """Optimizer states: shard them, hold them in 16 bits (Transformer Engine's precision-aware
+    FusedAdam), or keep a share on the CPU (Megatron-LM dev@d48bd6be megatron/core/optimizer/
+    optimizer_config.py OptimizerConfig)."""
+    tr = cfg.training
+    hints = _sharding_levers(cfg, "optim")
+    if tr.num_distributed_optimizer_instances > 1:
+        hints.append("training.num_distributed_optimizer_instances: 1 (shard over all of DP)")
+    if tr.optimizer == "adam" and tr.use_distributed_optimizer and not tr.use_megatron_fsdp:
+        if tr.exp_avg_dtype == "fp32" or tr.exp_avg_sq_dtype == "fp32":
+            hints.append("training.use_precision_aware_optimizer: true with exp_avg_dtype and "
+                         "exp_avg_sq_dtype bf16")
+        if not tr.optimizer_cpu_offload or tr.optimizer_offload_fraction < 1:
+            hints.append("training.optimizer_cpu_offload: true with an optimizer_offload_fraction "
+                         "(needs the precision-aware optimizer)")
+    return hints
+
+
+def _weight_levers(cfg: Config) -> list[str]:
+    hints = _sharding_levers(cfg, "optim_grads_params")
+    if cfg.training.fp8 and not cfg.training.fp8_param_gather:
+        hints.append("training.fp8_param_gather: true (FP8 weights without a BF16 copy)")
+    return hints
+
+
+def _grad_levers(cfg: Config) -> list[str]:
+    hints = _sharding_levers(cfg, "optim_grads")
+    tr = cfg.training
+    if (tr.grads_in_fp32 and tr.precision == "bf16" and tr.use_distributed_optimizer
+            and tr.optimizer == "adam"):
+        hints.append("bf16 grad buffers (training.use_precision_aware_optimizer with main_grads_dtype "
+                     "bf16)")
+    return hints
+
+
+def _activation_levers(cfg: Config) -> list[str]:
+    """Recompute first (selective, then full: OVL009 wants a method and a count), then smaller
+    microbatches and sequence parallelism."""
+    ov, hints = cfg.overlap, []
+    if ov.recompute_granularity is None:
+        hints.append("overlap.recompute_granularity: selective (or the recompute_modules moe_act, "
+                     "layernorm, mla_up_proj)")
+    if ov.recompute_granularity != "full":
         hints.append("overlap: {recompute_granularity: full, recompute_method: uniform, "
                      "recompute_num_layers: 1}")
-    hints.append("a larger EP or PP")
-    return f"try {', '.join(hints)}; see `moeplan budget --stage {stage}` for every part"
+    if cfg.training.micro_batch_size > 1:
+        hints.append(f"a micro_batch_size below {cfg.training.micro_batch_size}")
+    if cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
+        hints.append("parallel.sequence_parallel: true")
+    return hints
+
+
+def _buffer_levers(cfg: Config) -> list[str]:
+    hints = [f"a micro_batch_size below {cfg.training.micro_batch_size}"] \
+        if cfg.training.micro_batch_size > 1 else []
+    if cfg.moe.moe_expert_capacity_factor is None:
+        hints.append("moe.moe_expert_capacity_factor (bounded dispatch buffers)")
+    return hints
+
+
+PART_LEVERS: dict[str, Callable[[Config], list[str]]] = {
+    "weight_bytes": _weight_levers, "grad_bytes": _grad_levers, "optimizer_bytes": _optimizer_levers,
+    "activation_bytes": _activation_levers, "comm_buffer_bytes": _buffer_levers,
+}
 
 
 @rule(

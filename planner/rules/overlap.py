@@ -62,7 +62,7 @@ def ep_overlap_needs_ep(f: Facts) -> Iterator[Violation]:
     good=_OVERLAP_ON + "\nparallel: {vpp: 2}",
 )
 def ep_overlap_needs_vpp(f: Facts) -> Iterator[Violation]:
-    if _ep_overlap(f) and f.par.pp > 1 and f.vpp <= 1:
+    if _ep_overlap(f) and f.par.pp > 1 and not f.asks_for_virtual_stages:
         yield Violation(EP_OVERLAP, f"overlap_moe_expert_parallel_comm with pp {f.par.pp} and no "
                         "virtual pipeline stages", "set parallel.vpp >= 2 or a layout with "
                         "several stages per rank")

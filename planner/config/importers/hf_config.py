@@ -268,9 +268,10 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
     _deepseek_router(r, model)
     _mla_rope(r, model)
     if r.flag("attention_bias", False):
-        r.extra_args.append("--add-qkv-bias")
+        model["add_qkv_bias"] = True
         r.notes.append("attention_bias: HF also biases the output projection; Megatron's "
-                       "--add-qkv-bias covers the q/kv projections only (a few vectors per layer)")
+                       "--add-qkv-bias covers the q/kv projections only, and MLA's projections "
+                       "take no QKV bias")
     return model
 
 
@@ -340,15 +341,13 @@ def _qwen_moe(r: _Reader, *, qwen3: bool) -> dict[str, Any]:
         r.unsupported("use_sliding_window", True, "sliding-window attention is not modelled")
     if qwen3:
         if r.flag("attention_bias", False):
-            r.extra_args.append("--add-qkv-bias")
+            model["add_qkv_bias"] = True
     else:
         shared = r.count("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
                        _REQUIRED)
         model["moe_shared_expert_intermediate_size"] = shared
         model["moe_shared_expert_gate"] = bool(shared)
-        r.extra_args.append("--add-qkv-bias")  # Qwen2 attention always biases q, k and v
-        r.notes.append("Qwen2 q/k/v biases pass through as --add-qkv-bias; moeplan does not "
-                       "count them (3 vectors per layer)")
+        model["add_qkv_bias"] = True  # Qwen2 attention always biases q, k and v
     return model
 
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from planner.config.argument_classes import argument_class, is_legacy_model
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER
 from planner.config.schema import Config
 from planner.layout.layout_string import IMPORTED, layout_string
@@ -68,6 +69,14 @@ SPECIAL = {
     "--tensor-parallel-num-weight-shards", "--expert-tensor-parallel-num-weight-shards",
     "--experimental-attention-variant", "--hybrid-layer-pattern", "--spec", "--moe-n-hash-layers",
     "--sequence-packing-scheduler",
+    "--use-rotary-position-embeddings", "--recompute-activations",  # LEGACY_SPELLINGS below
+}
+# Megatron's older spellings of a field, resolved as validate_args resolves them (Megatron-LM
+# dev@d48bd6be megatron/training/arguments.py validate_args: "Legacy RoPE arguments" sets
+# position_embedding_type rope; recompute_activations sets recompute_granularity selective).
+LEGACY_SPELLINGS: dict[str, tuple[str, str]] = {
+    "--use-rotary-position-embeddings": ("model.position_embedding_type", "rope"),
+    "--recompute-activations": ("overlap.recompute_granularity", "selective"),
 }
 # Megatron's defaults where moeplan's differ: an absent argument means these values
 # (Megatron-LM dev@d48bd6be megatron/training/arguments.py and
@@ -427,7 +436,7 @@ def map_arguments(text: str, world_size: int | None = None) -> Imported:
                 if arg.flag.startswith(prefix) and base is not None and base[1] == "flag":
                     target, negated = base, True
         if target is None:
-            _keep(result, arg, f"not modelled ({kept_where()})")
+            _keep(result, arg, kept_reason(arg))
             continue
         dotted, kind = target
         try:
@@ -453,6 +462,21 @@ def kept_where() -> str:
     return "listed in the YAML header"
 
 
+def kept_reason(arg: Argument) -> str:
+    """Why an argument is carried verbatim, from its class (planner/config/argument_classes.py):
+    plan-neutral, or what it changes and the rule `check` reports it under."""
+    name = arg.flag[2:].replace("-", "_")
+    entry = argument_class(name)
+    where = kept_where()
+    if entry is None:
+        code = "ARG004" if is_legacy_model(name, arg.values) else "ARG003"
+        return f"not modelled: not an argument of Megatron-LM dev's parser ({where}; check reports {code})"
+    if entry.kind in ("error", "warning") and entry.changes_plan(arg.values):
+        code = "ARG001" if entry.kind == "error" else "ARG002"
+        return f"not modelled: changes {entry.what}, {entry.how} ({where}; check reports {code})"
+    return f"not modelled, plan-neutral ({entry.what if entry.kind == 'neutral' else 'as given'}; {where})"
+
+
 def _keep(result: Imported, arg: Argument, why: str) -> None:
     result.unmapped.append(Unmapped(arg.flag, arg.text, why))
     result.extra_args += arg.words
@@ -468,6 +492,9 @@ def _one(result: Imported, arg: Argument, kind: Kind) -> Any:
 
 def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
     """Arguments that set another field, several fields, or depend on other arguments."""
+    for flag, (dotted, value) in LEGACY_SPELLINGS.items():
+        if flag in special and _one(result, special[flag], "flag") is not None:
+            result.set(dotted, value)
     if "--bf16" in special or "--fp16" in special:
         result.set("training.precision", "bf16" if "--bf16" in special else "fp16")
     for flag, name in (("--fp8-format", "fp8"), ("--fp4-format", "fp4")):

@@ -168,7 +168,7 @@ def test_qwen2_moe_has_a_gated_shared_expert_and_qkv_bias():
     assert model["qk_layernorm"] is False
     assert model["kv_channels"] == 2048 // 16  # no head_dim key: hidden / heads
     assert "group_query_attention" not in model  # 16 KV heads = 16 heads
-    assert mapping.megatron_extra_args == ("--add-qkv-bias",)
+    assert model["add_qkv_bias"] is True and mapping.megatron_extra_args == ()
 
 
 def test_mixtral_8x7b_maps_to_megatron_arguments():

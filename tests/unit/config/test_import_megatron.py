@@ -372,7 +372,7 @@ def test_hybrid_pattern_of_other_layers_is_not_modelled() -> None:
 
 def test_stdin_and_unwritable_output(tmp_path: Path) -> None:
     line = ("--num-layers 2 --hidden-size 8 --num-attention-heads 2 --vocab-size 64 --num-experts 4 "
-            "--seq-length 16 --world-size-is-not-megatron 1")
+            "--seq-length 16 --log-interval 1")
     result = runner.invoke(app, ["import", "megatron", "-", "--world-size", "4"], input=line)
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(result.stdout.split("arguments not mapped")[0])["model"]["num_layers"] == 2

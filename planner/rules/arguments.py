@@ -1,0 +1,127 @@
+"""ARG: the Megatron arguments carried verbatim in `launch.megatron_extra_args`.
+
+A carried argument reaches Megatron untouched, so one that changes the model moeplan counted
+would make `check` call a different model valid. Each argument's class is one line of
+planner/config/data/megatron_argument_classes.txt (planner/config/argument_classes.py): a
+plan-neutral one passes silently, one that changes the shapes or the memory verdict is an error
+(ARG001), one that changes only the step time a warning (ARG002); a word Megatron-LM dev's parser
+does not define is refused there, so it is refused here (ARG003), legacy (non-core) models with
+their own code (ARG004), and a modelled argument belongs in its field (ARG005).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from planner.config.argument_classes import ArgumentClass, argument_class, argument_words, is_legacy_model
+from planner.rules.base import Violation, rule
+from planner.rules.facts import Facts
+
+PARSER = "Megatron-LM dev@d48bd6be megatron/training/arguments.py add_megatron_arguments"
+TABLE = "planner/config/argument_classes.py argument_classes"
+def _carried(f: Facts) -> Iterator[tuple[str, str, tuple[str, ...], ArgumentClass | None]]:
+    words = f.cfg.launch.megatron_extra_args
+    for index, name, values in argument_words(words):
+        yield f"launch.megatron_extra_args[{index}]", name, values, argument_class(name)
+
+
+def _shown(name: str, values: tuple[str, ...]) -> str:
+    flag = "--" + name.replace("_", "-")
+    return " ".join((flag, *values))
+
+
+def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:
+    for path, name, values, entry in _carried(f):
+        if entry is None or entry.kind != kind or not entry.changes_plan(values):
+            continue
+        neutral = (f"; as {' or '.join(entry.neutral_values)} it would not"
+                   if entry.neutral_values else "")
+        fix = ("drop it from launch.megatron_extra_args to train the model moeplan counts, or ignore "
+               "ARG001 to accept figures without it" if kind == "error" else
+               "the step-time estimate leaves it out: ignore ARG002 to accept that, or drop it")
+        yield Violation(path, f"{_shown(name, values)} changes {entry.what} ({entry.how}), which "
+                        f"moeplan does not model{neutral}", fix)
+
+
+@rule(
+    "ARG001", "error", "carried Megatron arguments leave the counted model as it is",
+    source=f"{PARSER}; {TABLE}",
+    why="""`launch.megatron_extra_args` reaches Megatron verbatim. An argument there that changes
+    the model's shapes, parameters, FLOPs or memory (an activation variant, window attention, a
+    state dtype, an offload) would train a different model than the one whose parameters and memory
+    moeplan reports, and `check` would call it valid. Each argument's class is one line of the
+    classes table; modelled ones go in their field instead.""",
+    bad="launch: {megatron_extra_args: [--quick-geglu]}",
+    good="launch: {megatron_extra_args: [--lr-decay-style, cosine]}",
+)
+def carried_changes_model(f: Facts) -> Iterator[Violation]:
+    yield from _not_modelled(f, "error")
+
+
+@rule(
+    "ARG002", "warning", "carried Megatron arguments leave the step time as estimated",
+    source=f"{PARSER}; {TABLE}",
+    why="""A fusion, a CUDA graph, a kernel or communication choice carried verbatim changes only how
+    fast the same model trains: the parameters and the memory verdict still hold, the step-time
+    estimate does not account for it.""",
+    bad="launch: {megatron_extra_args: [--no-gradient-accumulation-fusion]}",
+    good="launch: {megatron_extra_args: [--log-interval, '10']}",
+)
+def carried_changes_time(f: Facts) -> Iterator[Violation]:
+    yield from _not_modelled(f, "warning")
+
+
+@rule(
+    "ARG003", "error", "carried words are arguments of Megatron-LM dev's parser",
+    source=PARSER,
+    why="""Megatron's parser stops at an argument it does not define ("unrecognized arguments"), so a
+    job carrying one does not start. The list is the parser Megatron-LM dev builds
+    (planner/config/data/megatron_arguments.txt).""",
+    bad="launch: {megatron_extra_args: [--no-such-megatron-flag]}",
+    good="launch: {megatron_extra_args: [--log-interval, '10']}",
+)
+def carried_unknown(f: Facts) -> Iterator[Violation]:
+    for path, name, values, entry in _carried(f):
+        if entry is None and not is_legacy_model(name, values):
+            yield Violation(path, f"{_shown(name, values)} is not an argument of Megatron-LM "
+                            "dev@d48bd6be's parser, which refuses it",
+                            "drop it, or spell the argument as megatron/training/arguments.py does")
+
+
+@rule(
+    "ARG004", "error", "the model is a Megatron-Core model",
+    source=PARSER,
+    why="""moeplan counts and lays out Megatron-Core MoE models. A legacy (non-core) model
+    (`--use-legacy-models`) or a DeepSpeed-MoE layer (`--moe-model-type deepspeed_moe`) has other
+    modules, other expert groups and capacity-bound gating: its parameters, memory and
+    communication are not the ones moeplan would report, and Megatron-LM dev no longer builds it.""",
+    bad="launch: {megatron_extra_args: [--use-legacy-models]}",
+    good="launch: {megatron_extra_args: []}",
+)
+def legacy_model(f: Facts) -> Iterator[Violation]:
+    for path, name, values, _ in _carried(f):
+        if is_legacy_model(name, values):
+            yield Violation(path, f"{_shown(name, values)} asks for a legacy (non-core) model; moeplan "
+                            "plans Megatron-Core MoE models only and Megatron-LM dev@d48bd6be no longer "
+                            "builds legacy ones",
+                            "port the job to Megatron-Core (drop the flag; MoE through --num-experts "
+                            "and the --moe-* arguments)")
+
+
+@rule(
+    "ARG005", "error", "modelled arguments are set by their field, not carried",
+    source=f"{PARSER}; {TABLE}",
+    why="""An argument moeplan models is written by `emit megatron` from its field; carried as well,
+    it would set the model behind the plan's back (Megatron's parser keeps the last value), and
+    `emit` refuses it. The finding names the field to set instead.""",
+    bad="launch: {megatron_extra_args: [--qk-layernorm]}",
+    good="model: {qk_layernorm: true}",
+)
+def carried_modelled(f: Facts) -> Iterator[Violation]:
+    for path, name, values, entry in _carried(f):
+        if entry is not None and entry.kind == "modelled":
+            yield Violation(path, f"{_shown(name, values)} is modelled by moeplan as {entry.what}",
+                            f"set {entry.what} and drop it from launch.megatron_extra_args")
+
+
+RULES = (carried_changes_model, carried_changes_time, carried_unknown, legacy_model, carried_modelled)

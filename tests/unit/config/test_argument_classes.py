@@ -1,0 +1,120 @@
+"""Every Megatron argument in exactly one class (modelled, plan-neutral, not modelled: error or
+warning), and `check` loud about the ones it carries but does not model (rules ARG001-ARG004).
+
+The parser is Megatron-LM dev@d48bd6be megatron/training/arguments.py add_megatron_arguments:
+tests/unit/config/test_model_fields.py test_megatron_argument_list_matches_the_oracle holds
+planner/config/data/megatron_arguments.txt to the oracle's parser name for name, and this test holds
+the classes table to that list, so together every argument of the oracle's parser has one class.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from planner.config.argument_classes import (
+    CLASSES_FILE,
+    KINDS,
+    BadClassLine,
+    argument_classes,
+    argument_words,
+    parse_line,
+)
+from planner.config.importers.megatron_args import section_model
+from planner.config.loader import parse_config
+from planner.config.megatron_names import megatron_arguments, moeplan_field, section_fields
+from planner.rules import run_rules
+from planner.rules.example_base import example_config_data
+
+
+def _lines() -> list[str]:
+    return [line for line in CLASSES_FILE.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def test_every_parser_argument_has_exactly_one_class():
+    names = [parse_line(line).name for line in _lines()]
+    twice = [name for name, count in Counter(names).items() if count > 1]
+    assert not twice, f"classified more than once: {twice}"
+    assert set(names) == set(megatron_arguments()), (
+        f"unclassified: {sorted(set(megatron_arguments()) - set(names))}; "
+        f"not in the parser: {sorted(set(names) - set(megatron_arguments()))}")
+    assert {entry.kind for entry in argument_classes().values()} == set(KINDS)
+
+
+def test_modelled_arguments_name_a_field_that_exists():
+    for entry in argument_classes().values():
+        if entry.kind != "modelled":
+            continue
+        section, _, name = entry.what.partition(".")
+        model = section_model(section)
+        assert model is not None and name in section_fields(model), entry
+
+
+def test_every_argument_with_a_field_of_its_name_is_modelled():
+    """A schema field (or alias) spelt like the argument is the argument: the table may not call it
+    neutral or not modelled."""
+    for entry in argument_classes().values():
+        field = moeplan_field(entry.name)
+        assert (field is not None) == (entry.kind == "modelled"), entry
+
+
+def test_class_counts_are_reported():
+    counts = Counter(entry.kind for entry in argument_classes().values())
+    assert sum(counts.values()) == len(megatron_arguments())
+    assert counts["error"] and counts["warning"] and counts["neutral"] and counts["modelled"]
+
+
+@pytest.mark.parametrize("line", ["x | maybe | y", "x | error | memory", "x | warning | time | t | ok 1",
+                                  " | neutral | data"])
+def test_malformed_lines_are_refused(line: str):
+    with pytest.raises(BadClassLine):
+        parse_line(line)
+
+
+def test_argument_words_reads_flags_and_values():
+    words = ["--data-path", "/d/a", "/d/b", "--quick-geglu", "--window-size=128,0"]
+    assert argument_words(words) == [(0, "data_path", ("/d/a", "/d/b")), (3, "quick_geglu", ()),
+                                     (4, "window_size", ("128,0",))]
+
+
+def _codes(extra: list[str]) -> list[tuple[str, str]]:
+    data: dict[str, Any] = example_config_data("{}")
+    data["launch"] = {"megatron_extra_args": copy.copy(extra)}
+    cfg = parse_config(data)
+    return [(f.code, f.path) for f in run_rules(cfg) if f.code.startswith("ARG")]
+
+
+def test_check_is_loud_about_what_it_carries():
+    extra = ["--data-path", "/d/x", "--lr-decay-style", "cosine", "--quick-geglu",
+             "--no-gradient-accumulation-fusion", "--softmax-type", "vanilla", "--softmax-type",
+             "learnable", "--no-such-flag", "--use-legacy-models", "--moe-model-type", "deepspeed_moe",
+             "--recompute-activations"]
+    assert sorted(_codes(extra)) == sorted([
+        ("ARG001", "launch.megatron_extra_args[4]"),  # gpt-oss's experts: parameters
+        ("ARG002", "launch.megatron_extra_args[5]"),  # a fusion: time only
+        ("ARG001", "launch.megatron_extra_args[8]"),  # attention sinks; vanilla is Megatron's default
+        ("ARG003", "launch.megatron_extra_args[10]"),  # Megatron's parser refuses it
+        ("ARG004", "launch.megatron_extra_args[11]"),  # legacy models
+        ("ARG004", "launch.megatron_extra_args[12]"),  # DeepSpeed-MoE
+        ("ARG005", "launch.megatron_extra_args[14]"),  # overlap.recompute_granularity models it
+    ])
+
+
+def test_plan_neutral_arguments_pass_silently():
+    neutral = [entry.flag for entry in argument_classes().values() if entry.kind == "neutral"]
+    assert _codes(neutral) == []
+
+
+def test_not_modelled_arguments_say_what_they_change():
+    """The finding names what the argument changes, in the issue's terms."""
+    terms = {"parameters", "memory", "FLOPs", "time", "bytes", "refused"}
+    for entry in argument_classes().values():
+        if entry.kind in ("error", "warning"):
+            changes = {part.strip() for part in entry.what.split(",")}
+            assert changes and changes <= terms, entry
+            # a warning changes only how fast (time, and the bytes moved); never shapes or memory
+            assert (entry.kind == "warning") == (changes <= {"time", "bytes"}), entry
