@@ -88,8 +88,12 @@ def _vocabulary(result: Imported, front: FrontEnd, words: list[str]) -> None:
     note naming the flag and field to set, with a preset's vocabulary as the suggestion."""
     values = {a.flag: a.text for a in parse_command(words).arguments}
     padded = values.get("--padded-vocab-size", "")
-    if padded.isdigit() and "--vocab-size" not in values and not is_modelled("--padded-vocab-size"):
-        _padded_vocabulary(result, front, int(padded))
+    if padded.isdigit() and "--vocab-size" not in values:
+        if not result.has("model.vocab_size"):
+            result.set("model.vocab_size", int(padded))
+            front.notes.append(Unmapped("--padded-vocab-size", padded, f"model.vocab_size {padded}: no "
+                                        "tokenizer size is given, and Megatron uses the padded size as "
+                                        "given (validate_args skips the padding), so the rows are the same"))
         return
     if any(flag in words for flag in _VOCABULARY_FLAGS) or result.has("model.vocab_size"):
         return
@@ -112,22 +116,6 @@ def _vocabulary(result: Imported, front: FrontEnd, words: list[str]) -> None:
            "folder moeplan can read")
     front.notes.append(Unmapped("--vocab-size", "", f"{why}; fix: add --vocab-size N to the arguments or "
                                 f"set model.vocab_size{hint}"))
-
-
-def _padded_vocabulary(result: Imported, front: FrontEnd, padded: int) -> None:
-    """`--padded-vocab-size N` is the embedding size Megatron uses as given (validate_args skips
-    _vocab_size_with_padding): the same N in moeplan's terms is vocab_size N padded to a multiple of
-    1 x TP, exact whenever TP divides N."""
-    tp = result.get("parallel.tp", 1)
-    if padded % tp:
-        front.notes.append(Unmapped("--padded-vocab-size", str(padded), f"not a multiple of TP {tp}, which "
-                                    "moeplan's vocabulary padding needs; fix: set model.vocab_size",
-                                    error=True))
-        return
-    result.set("model.vocab_size", padded)
-    result.set("model.make_vocab_size_divisible_by", 1)
-    front.notes.append(Unmapped("--padded-vocab-size", str(padded), f"model.vocab_size {padded} with "
-                                "make_vocab_size_divisible_by 1: Megatron's padded vocabulary as given"))
 
 
 def _apply_launch(result: Imported, facts: LaunchFacts, world_size: int | None) -> None:

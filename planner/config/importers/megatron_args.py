@@ -70,6 +70,7 @@ SPECIAL = {
     "--experimental-attention-variant", "--hybrid-layer-pattern", "--spec", "--moe-n-hash-layers",
     "--sequence-packing-scheduler",
     "--use-rotary-position-embeddings", "--recompute-activations",  # LEGACY_SPELLINGS below
+    "--no-position-embedding",
 }
 # Megatron's older spellings of a field, resolved as validate_args resolves them (Megatron-LM
 # dev@d48bd6be megatron/training/arguments.py validate_args: "Legacy RoPE arguments" sets
@@ -541,6 +542,15 @@ def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
         # The hybrid stack numbers every pattern symbol, two per DSv4 layer (emit.megatron
         # megatron_hash_layer_count); the GPT stack numbers layers 1..L.
         result.set("model.moe_n_hash_layers", count // 2 if hybrid is not None else count)
+    no_table = special.get("--no-position-embedding")
+    if no_table is not None:
+        # validate_args refuses the deprecated flag unless the position embedding is rope, where
+        # nothing reads it (GPTModel builds a learned table only for learned_absolute).
+        if result.get("model.position_embedding_type") == "rope":
+            result.unmapped.append(Unmapped(no_table.flag, "", "deprecated and a no-op under "
+                                            "--position-embedding-type rope (validate_args); dropped"))
+        else:
+            _keep(result, no_table, kept_reason(no_table))
 
 
 def _apply_hybrid(result: Imported, arg: Argument) -> None:

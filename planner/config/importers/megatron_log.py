@@ -41,6 +41,10 @@ _FACTS = {"world_size", "rank", "local_rank", "data_parallel_size", "params_dtyp
           "consumed_train_samples", "consumed_valid_samples", "padded_vocab_size", "iteration",
           "curr_iteration", "variable_seq_lengths", "num_floating_point_operations_so_far"}
 _ENUM = re.compile(r"^[A-Z]\w*\.(?P<member>\w+)$")
+# validate_args turns the dtype arguments' spellings into torch dtypes before the dump is printed
+# (megatron/training/arguments.py validate_args, its dtype_map); the flag takes the spelling.
+_DTYPE_SPELLINGS = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
+                    "torch.uint8": "fp8"}
 
 # dest → the dests whose value (other than their default) makes validate_args derive it: given
 # both, Megatron refuses the pair (validate_args: "expected sample-based training", the
@@ -137,6 +141,7 @@ def _words(row: Destination, printed: str) -> list[str] | None:
         if row.kind == "false":
             return [row.flag] if printed == "False" else None
         return [row.flag if printed == "True" else "--no-" + row.flag.removeprefix("--")]
+    printed = _DTYPE_SPELLINGS.get(printed, printed)
     if printed == row.default or printed == "None":
         return None
     if (enum := _ENUM.match(printed)) and _ENUM.match(row.default):
