@@ -217,6 +217,8 @@ class Variant:
     fp8_weights: str = ""
     fp8_transpose: bool = False  # tensor-scaled FP8 on Hopper: a transposed copy for backward
     fp8_param_gather: bool = False  # training.fp8_param_gather: FP8 weights are the parameters
+    # --- issue 25 (article): routed experts in a grad buffer of their own (Degrees.expert_grad_buffer)
+    expert_buffer: bool = True
 
     @property
     def v4_cp(self) -> bool:
@@ -297,6 +299,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         fp8_transpose=tr.fp8 and (cfg.cluster.gpu or DEFAULT_GPU) in HOPPER
         and tr.fp8_recipe in ("delayed", "tensorwise"),
         fp8_param_gather=tr.fp8 and tr.fp8_param_gather,
+        expert_buffer=cfg.degrees.expert_grad_buffer,
     )
 
 

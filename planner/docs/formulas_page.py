@@ -99,6 +99,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
      {"quant_pad": True, "fp8_weights": "blockwise", "fp8_param_gather": True}),
     ("FP8 weights with fp8_param_gather (mxfp8)",
      {"quant_pad": True, "fp8_weights": "mxfp8", "fp8_param_gather": True}),
+    # --- issue 25 (article)
+    ("EP 1, ETP = TP, EGTP = GTP: routed experts in the dense grad buffer", {"expert_buffer": False}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {
