@@ -642,7 +642,21 @@ def add_topology(book: Book, v: Variant, c: Collectives) -> None:
         "wire bytes per step that cross nodes, all collectives")
 
 
+def add_hot_rank_bytes(book: Book, v: Variant) -> None:
+    """Issue 25 (article): the busiest rank's EP payloads at its stated-quantile rows: what it
+    receives in dispatch and sends back in combine (the others' sends stay n·k rows, exact)."""
+    w = routed_width(v)
+    book.add("hot_dispatch_recv_bytes", f"hot_recv_rows_quantile * {w} * p", "bytes", "bytes",
+             "the busiest rank's dispatch receive payload (hot_recv_rows_quantile rows)")
+    book.add("hot_combine_send_bytes", f"hot_recv_rows_quantile * {w} * p", "bytes", "bytes",
+             "the busiest rank's combine send payload: its expert outputs go back")
+    if v.etp:
+        book.add("hot_etp_gather_recv_bytes", f"hot_gemm_rows * {w} * p", "bytes", "bytes",
+                 "the busiest rank's rows after the ETP all-gather")
+
+
 def write(book: Book, v: Variant) -> None:
     add_layer_bytes(book, v)
+    add_hot_rank_bytes(book, v)
     add_tp_bytes(book, v)
     add_topology(book, v, add_steps(book, v))

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cache
+from statistics import NormalDist
 from typing import Any
 
 from planner.budget.expr import Number, Symbol, exact, normalize
@@ -77,6 +78,8 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
            "optimizer shards, 128) with the distributed optimizer, else 1"),
     Symbol("pad_expert", "the same for the expert grad buffer: lcm(expert optimizer shards, 128)"),
     Symbol("mem_gib", "GPU memory per rank in GiB (cluster.gpu_memory_gib)"),
+    Symbol("recv_z2", "z² of the busiest EP rank's stated quantile: z = Φ⁻¹(q^(1/EP)) for "
+           "q = efficiency.routing_quantile (the quantile of the largest of EP receive counts)"),
     Symbol("h_moe", "width of the routed token rows: moe_latent_size with latent MoE (the rows "
            "are projected h → latent before dispatch and back after combine), else h"),
     Symbol("csa_window", "raw sliding window of every V4 attention layer (csa_window_size)"),
@@ -415,6 +418,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "pad_dense": _buffer_pad(cfg, cfg.degrees.dp_cp_size),
         "pad_expert": _buffer_pad(cfg, cfg.degrees.edp),
         "mem_gib": exact(cfg.cluster.gpu_memory_gib),
+        "recv_z2": hot_rank_z2(cfg.cluster.efficiency.routing_quantile, par.ep),
         "h_moe": cfg.moe.moe_latent_size or m.hidden_size,
         "csa_window": m.csa_window_size or 0,
         "csa_align": 32 // math.gcd(32, CSA_RATIO),
@@ -598,3 +602,12 @@ def _cp_neighbours(rank: int, gpus_per_node: int, cp_group: Sequence[int]) -> di
         values[f"cp_has_{side}"] = int(there)
         values[f"cp_{side}_offnode"] = int(there and members[peer] // gpus_per_node != node)
     return values
+
+
+def hot_rank_z2(quantile: float, ep: int) -> Number:
+    """z² for the stated quantile of the busiest of EP ranks: P(max of EP receive counts ≤ x) =
+    P(one ≤ x)^EP for independent ranks, so each rank's count sits at its q^(1/EP) quantile
+    (normal approximation; the counts are nearly independent when E/EP ≪ E). Rounded to 6
+    decimals so the budget stays an exact rational."""
+    z = NormalDist().inv_cdf(quantile ** (1 / max(ep, 1)))
+    return exact(round(max(z, 0.0) ** 2, 6))

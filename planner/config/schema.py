@@ -343,6 +343,10 @@ class EfficiencySection(Section):
     hbm: Share = 0.8  # share of the HBM bandwidth streaming work (weights, elementwise) reaches
     overlap: Share = 0.5  # share of an overlapped collective hidden behind compute (at most all)
     routing_imbalance: Annotated[float, Field(ge=1)] = 1.0  # busiest rank's expert load / mean
+    # --- issue 25 (article): the quantile of the busiest EP rank's received rows that the
+    # hot-rank rows, bytes and memory budgets state (uniform routing's spread, on top of the
+    # routing_imbalance expectation).
+    routing_quantile: Annotated[float, Field(gt=0.5, lt=1)] = 0.999
     # Fixed latency per token and transformer block outside the GEMMs and attention (kernel
     # launches, host syncs), forward and backward together; their bytes are counted separately.
     non_gemm_ns_per_token_block: NonNegFloat = 650.0
