@@ -39,6 +39,9 @@ OPTIMIZER_BYTES = {"adam": ("8", "Adam m and v in fp32"), "sgd": ("4", "fp32 mom
 # written into the communication buffer as the DeepSeek-V4 Megatron write-up describes).
 FLEX_BUFFERS = {
     "deepep": "2 * flex_dedup_send_bytes",
+    # DeepEP v2 (dev only): the ElasticBuffer dispatch receives one row per token and rank and
+    # combine sends the per-rank sums back, like DeepEP (_DeepepV2Manager.dispatch / combine)
+    "deepepv2": "2 * flex_dedup_send_bytes",
     "hybridep": "(expert_gemm_rows + tokens_per_rank) * h * p",
 }
 
@@ -187,6 +190,8 @@ def write(book: Book, v: Variant) -> None:
                FLEX_BUFFERS.get(v.flex_backend, FLEX_BUFFERS["deepep"])
                .replace("expert_gemm_rows", rows).replace(" h ", f" {w} "),
                }[v.dispatcher]
+    if v.ncclep_zero_copy:
+        buffers = zero_copy_buffers(v)
     if v.pp:
         buffers += " + 2 * pp_activation_bytes"
     add("comm_buffer_bytes", buffers, "bytes", "memory",
@@ -196,7 +201,10 @@ def write(book: Book, v: Variant) -> None:
         "NCCL EP: its receive and combine buffers of ncclep_recv_rows each), pipeline send/recv"
         + ("; NCCL EP keeps both: Megatron dev bootstraps it with zero_copy=False and refuses "
            "moe_ncclep_use_symm_mem, so FC2 outputs are not written straight into the "
-           "communication buffer as the DeepSeek-V4 Megatron write-up describes" if v.ncclep else ""))
+           "communication buffer as the DeepSeek-V4 Megatron write-up describes"
+           if v.ncclep and not v.ncclep_zero_copy else "")
+        + ("; NCCL EP zero-copy (main's moe_ncclep_zero_copy): two persistent bf16 symmetric "
+           "buffers of ncclep_recv_rows that FC2 writes into" if v.ncclep_zero_copy else ""))
     peak = ("weight_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes"
             " + comm_buffer_bytes")
     if v.virtual_experts:
@@ -325,6 +333,17 @@ def _add_recompute(book: Book, v: Variant) -> None:
         "uniform method: one input per group of N_r blocks")
     add("recompute_working_bytes", f"ceiling(Min(N_r, blocks) * {avg})", "bytes", "memory",
         f"one group of N_r blocks re-materialised during backward (average block; {whole})")
+
+
+# --- issue 25 (article): NCCL EP's zero-copy buffers (Megatron-LM main@d98e8a64
+# megatron/core/transformer/moe/token_dispatcher.py _NCCLEPManager._ensure_bootstrap): two
+# persistent symmetric-memory buffers [recv_capacity, hidden] in bf16 whatever the training dtype
+# (the combine's FC2 output and the dispatch-backward grad), shared by every MoE layer; under
+# fp8/fp4 also the received probs [recv_capacity] in fp32. FC2 writes straight into them, so no
+# other receive or combine copy exists.
+def zero_copy_buffers(v: Variant) -> str:
+    w = routed_width(v)
+    return f"2 * ncclep_recv_rows * {w} * 2" + (" + ncclep_recv_rows * 4" if v.quant_pad else "")
 
 
 # --- issue 25 (article): the busiest rank's memory (its received rows at the stated quantile)

@@ -222,6 +222,7 @@ class Variant:
     fp8_param_gather: bool = False  # training.fp8_param_gather: FP8 weights are the parameters
     # --- issue 25 (article): routed experts in a grad buffer of their own (Degrees.expert_grad_buffer)
     expert_buffer: bool = True
+    ncclep_zero_copy: bool = False  # main's moe_ncclep_zero_copy: persistent bf16 symmetric buffers
 
     @property
     def v4_cp(self) -> bool:
@@ -303,6 +304,8 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         and tr.fp8_recipe in ("delayed", "tensorwise"),
         fp8_param_gather=tr.fp8 and tr.fp8_param_gather,
         expert_buffer=cfg.degrees.expert_grad_buffer,
+        ncclep_zero_copy=moe.moe_ncclep_zero_copy and moe.moe_token_dispatcher_type == "flex"
+        and moe.moe_flex_dispatcher_backend == "ncclep",
     )
 
 

@@ -295,7 +295,8 @@ class TrainingSection(Section):
 class MoeSection(Section):
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "alltoall"
     # Under flex, Config fills in Megatron's deepep when unset (DEFAULT_FLEX_BACKEND).
-    moe_flex_dispatcher_backend: Literal["deepep", "hybridep", "ncclep"] | None = None
+    # deepepv2 (DeepEP v2's ElasticBuffer) exists only on Megatron-LM dev (planner/config/megatron_branch.py).
+    moe_flex_dispatcher_backend: Literal["deepep", "deepepv2", "hybridep", "ncclep"] | None = None
     moe_expert_capacity_factor: PosFloat | None = None
     moe_expert_rank_capacity_factor: PosFloat | None = None
     moe_pad_expert_input_to_capacity: bool = False
@@ -311,6 +312,9 @@ class MoeSection(Section):
     moe_grouped_gemm: bool = True
     moe_permute_fusion: bool = False
     moe_tid2eid_source: str | None = None
+    # --- issue 25 (article): NCCL EP's zero-copy path, Megatron-LM main only (TransformerConfig.
+    # moe_ncclep_zero_copy): FC2 outputs and FC1 input grads written into symmetric-memory buffers.
+    moe_ncclep_zero_copy: bool = False
 
 
 class OverlapSection(Section):

@@ -11,6 +11,7 @@ from planner.rules import (
     cluster,
     config,
     distopt,
+    flex_backends,
     gtp,
     memory,
     moe,
@@ -30,6 +31,7 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *pipeline.RULES,
     *v4.RULES,
     *moe.RULES,
+    *flex_backends.RULES,  # issue 25 (article)
     *overlap.RULES,
     *gtp.RULES,
     *distopt.RULES,
