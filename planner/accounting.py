@@ -32,6 +32,7 @@ from planner.budget.pipeline import PAGE as PIPELINE_PAGE
 from planner.budget.pipeline import chunk_microbatch_time, chunk_times, pipeline_page, pipeline_step
 from planner.budget.symbols import ALL_SYMBOLS, CSA_RATIO, Variant, variant_of
 from planner.config.schema import Config
+from planner.layout.nodes import rank_places
 from planner.layout.pipeline import SplitError
 from planner.layout.rank_generator import GridError
 from planner.layout.summary import grids_computable
@@ -67,7 +68,7 @@ def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -
         raise BudgetError(f"no grid: {exc}") from None
     out = [acc.budget(q, acc.globals, "all ranks", None) for q in acc.book.at("global")]
     for s, r in chosen:
-        env = acc.placed_env(grid, s, r, cfg.cluster.gpus_per_node)
+        env = acc.placed_env(grid, s, r, rank_places(cfg))
         scope = f"stage {s} (rank {r})"
         for q in acc.book.quantities:
             if q.name == "in_flight_microbatches":

@@ -624,7 +624,8 @@ def _add_weight_steps(c: Collectives, v: Variant) -> None:
 
 def add_topology(book: Book, v: Variant, c: Collectives) -> None:
     add = book.add
-    add("rank_node", "node", "count", "topology", "node of this rank (rank // gpus_per_node)")
+    add("rank_node", "node", "count", "topology", "node of this rank (as the launcher places it: "
+        "cluster.rank_distribution / rank_nodes)")
     a2a = "tp_ep" if v.dispatcher == "flex" else "ep"
     size = GROUP_SIZE[a2a]
     add(f"{a2a}_group_nodes", f"{a2a}_nodes", "count", "topology", f"nodes one {a2a} group spans")

@@ -22,7 +22,7 @@ from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.config.gpus import DEFAULT_GPU, HOPPER
 from planner.config.schema import Config
-from planner.layout.grid import nodes_spanned
+from planner.layout.nodes import Places, node_of
 from planner.layout.pipeline import Chunk, StageLayers, StageSplit, split_key, stage_layers
 from planner.memo import Memo
 
@@ -147,7 +147,8 @@ TOPOLOGY_GROUPS: tuple[str, ...] = ("ep", "expt_tp", "tp_ep", "cp", "tp_cp", "dp
 
 RANK_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("rank", "global rank", "rank"),
-    Symbol("node", "node of the rank (rank // gpus_per_node, node-major placement)", "rank"),
+    Symbol("node", "node of the rank (rank // gpus_per_node node-major; cluster.rank_distribution / "
+           "rank_nodes otherwise)", "rank"),
     Symbol("pp_next_offnode", "1 when the next pipeline stage's rank is on another node", "rank"),
     Symbol("pp_prev_offnode", "1 when the previous pipeline stage's rank is on another node", "rank"),
     *(s for kind in TOPOLOGY_GROUPS for s in (
@@ -536,7 +537,7 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
             "L_hca_recomputed": sum(1 for r in kinds if r not in (0, CSA_RATIO))}
 
 
-def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
+def rank_values(rank: int, gpus_per_node: Places, groups: dict[str, list[int]],
                 pp_group: Sequence[int],
                 experts: tuple[int, int, int | None, int | None] = (1, 1, None, None),
                 ) -> dict[str, Number]:
@@ -545,7 +546,7 @@ def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
     layout lacks counts as the rank alone. Pipeline sends go to the exact neighbour stage.
     `experts` is (E, k, G, g) (G, g: group-limited routing, or None), for the chance that a
     token skips a node of its tp_ep group."""
-    values: dict[str, Number] = {"rank": rank, "node": rank // gpus_per_node}
+    values: dict[str, Number] = {"rank": rank, "node": node_of(rank, gpus_per_node)}
     for kind in TOPOLOGY_GROUPS:
         values.update(group_values(kind, groups.get(kind) or [rank], rank, gpus_per_node))
     values.update(_cp_neighbours(rank, gpus_per_node, groups.get("cp") or [rank]))
@@ -558,13 +559,13 @@ def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
     return values
 
 
-def moved_rank_values(values: dict[str, Number], rank: int, gpus_per_node: int,
+def moved_rank_values(values: dict[str, Number], rank: int, gpus_per_node: Places,
                       groups: dict[str, list[int]], pp_group: Sequence[int]) -> dict[str, Number]:
     """`rank_values` of `rank` from those of another rank whose groups are this rank's moved by a
     whole number of nodes, but `groups` (recomputed here) and the pipeline neighbours: every
     per-node count and crossing share is unchanged by such a move."""
     moved = dict(values)
-    moved.update(rank=rank, node=rank // gpus_per_node)
+    moved.update(rank=rank, node=node_of(rank, gpus_per_node))
     for kind, members in groups.items():
         moved.update(group_values(kind, members or [rank], rank, gpus_per_node))
     moved.update(pipeline_values(rank, gpus_per_node, pp_group))
@@ -572,38 +573,38 @@ def moved_rank_values(values: dict[str, Number], rank: int, gpus_per_node: int,
 
 
 def group_values(kind: str, members: Sequence[int], rank: int,
-                 gpus_per_node: int) -> dict[str, Number]:
+                 gpus_per_node: Places) -> dict[str, Number]:
     """One group kind's placement facts for `rank`: peers on its node, nodes spanned, and the
-    share of ring edges crossing nodes."""
-    nodes = [r // gpus_per_node for r in members]
+    share of ring edges crossing nodes (nodes as `gpus_per_node` places ranks: planner/layout/nodes.py)."""
+    nodes = [node_of(r, gpus_per_node) for r in members]
     crossing = sum(map(operator.ne, nodes, nodes[1:] + nodes[:1]))
-    return {f"{kind}_on_node": nodes.count(rank // gpus_per_node),
-            f"{kind}_nodes": nodes_spanned(members, gpus_per_node),
+    return {f"{kind}_on_node": nodes.count(node_of(rank, gpus_per_node)),
+            f"{kind}_nodes": len(set(nodes)),
             f"{kind}_ring_offnode": normalize(Fraction(crossing, len(nodes)))}
 
 
-def pipeline_values(rank: int, gpus_per_node: int, pp_group: Sequence[int]) -> dict[str, Number]:
+def pipeline_values(rank: int, gpus_per_node: Places, pp_group: Sequence[int]) -> dict[str, Number]:
     """Whether the rank's next and previous pipeline stages sit on another node."""
-    node = rank // gpus_per_node
+    node = node_of(rank, gpus_per_node)
     where = list(pp_group).index(rank) if rank in pp_group else 0
     size = max(len(pp_group), 1)
     values: dict[str, Number] = {}
     for key, neighbour in (("pp_next_offnode", where + 1), ("pp_prev_offnode", where - 1)):
         peer = pp_group[neighbour % size] if pp_group else rank
-        values[key] = int(peer // gpus_per_node != node)
+        values[key] = int(node_of(peer, gpus_per_node) != node)
     return values
 
 
-def _cp_neighbours(rank: int, gpus_per_node: int, cp_group: Sequence[int]) -> dict[str, Number]:
+def _cp_neighbours(rank: int, gpus_per_node: Places, cp_group: Sequence[int]) -> dict[str, Number]:
     """Whether the rank has a previous / next CP rank and whether it sits on another node."""
     members = list(cp_group)
     where = members.index(rank) if rank in members else 0
-    node = rank // gpus_per_node
+    node = node_of(rank, gpus_per_node)
     values: dict[str, Number] = {}
     for side, peer in (("next", where + 1), ("prev", where - 1)):
         there = 0 <= peer < len(members)
         values[f"cp_has_{side}"] = int(there)
-        values[f"cp_{side}_offnode"] = int(there and members[peer] // gpus_per_node != node)
+        values[f"cp_{side}_offnode"] = int(there and node_of(members[peer], gpus_per_node) != node)
     return values
 
 

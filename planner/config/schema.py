@@ -380,6 +380,11 @@ class ClusterSection(Section):
     peak_fp8_tflops: PosFloat | None = None  # dense
     hbm_bandwidth_tb_s: PosFloat | None = None
     efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
+    # --- issue 25 (article): where ranks run (planner/layout/nodes.py). block: torchrun and Slurm's
+    # default fill node after node; cyclic: Slurm --distribution=cyclic, rank r on node r % nodes;
+    # rank_nodes: an explicit node index per rank (a hostfile's order), which wins over both.
+    rank_distribution: Literal["block", "cyclic"] = "block"
+    rank_nodes: list[Annotated[int, Field(ge=0)]] | None = None
 
     @model_validator(mode="after")
     def _from_gpu(self) -> ClusterSection:
