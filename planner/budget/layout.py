@@ -18,6 +18,7 @@ def write(book: Book, v: Variant) -> None:
     add_layout(book, v)
     add_rows(book, v)
     add_hot_rank_rows(book, v)
+    add_packing(book, v)
 
 
 def add_layout(book: Book, v: Variant) -> None:
@@ -93,6 +94,24 @@ def add_rows(book: Book, v: Variant) -> None:
             "rows", "NCCL EP receive capacity per rank, fixed at the first dispatch: local tokens "
             "rounded up to 64, times ETP·k and the rank capacity factor"
             + (", rounded up to q_align (fp8/fp4)" if v.quant_pad else ""))
+
+
+# --- issue 25 (article): which packed length the budgets take (THD packing of variable lengths).
+PACKED_BASIS = {
+    "": "fixed length: every microbatch holds b·seq_length tokens (no training.packed_lengths)",
+    "max": "the longest packed microbatch of training.packed_lengths (memory-safe: every "
+           "per-microbatch figure is its upper bound)",
+    "mean": "the mean packed microbatch of training.packed_lengths, rounded up (typical step "
+            "time; memory may peak above it)",
+}
+
+
+def add_packing(book: Book, v: Variant) -> None:
+    """Say which microbatch length every row, byte, memory and time figure is computed for.
+    Attention FLOPs then treat the packed microbatch as one sequence: an upper bound, since
+    packed THD attends within each sequence only (Megatron-LM dev@d48bd6be
+    megatron/core/datasets/data_schedule.py packs whole sequences with cu_seqlens)."""
+    book.add("packed_tokens_per_microbatch", "b * S", "tokens", "layout", PACKED_BASIS[v.packed_basis])
 
 
 # --- issue 25 (article): the busiest rank's received rows, not only the uniform expectation.

@@ -66,7 +66,8 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("csa_ratio", "CSA compression ratio (4)"),
     Symbol("hca_ratio", "HCA compression ratio (largest other ratio in compress_ratios)"),
     Symbol("n_hc", "residual-stream width multiplier (mHC expansion, 1 without mHC)"),
-    Symbol("S", "sequence length"),
+    Symbol("S", "sequence length: seq_length, or with training.packed_lengths the max (or mean, "
+           "packed_length_basis) packed tokens of a microbatch over b, rounded up"),
     Symbol("b", "micro-batch size"),
     Symbol("B", "global batch size (sequences per optimizer step)"),
     Symbol("p", "bytes per element of training.precision"),
@@ -224,6 +225,7 @@ class Variant:
     # --- issue 25 (article): routed experts in a grad buffer of their own (Degrees.expert_grad_buffer)
     expert_buffer: bool = True
     ncclep_zero_copy: bool = False  # main's moe_ncclep_zero_copy: persistent bf16 symmetric buffers
+    packed_basis: str = ""  # "" fixed S; "max" / "mean" of training.packed_lengths (THD packing)
 
     @property
     def v4_cp(self) -> bool:
@@ -307,6 +309,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         expert_buffer=cfg.degrees.expert_grad_buffer,
         ncclep_zero_copy=moe.moe_ncclep_zero_copy and moe.moe_token_dispatcher_type == "flex"
         and moe.moe_flex_dispatcher_backend == "ncclep",
+        packed_basis=tr.packed_length_basis if tr.packed_lengths else "",
     )
 
 
@@ -413,7 +416,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "o_groups": m.o_groups or 1, "o_lora": m.o_lora_rank or 0,
         "idx_heads": m.index_n_heads or 0, "idx_dim": m.index_head_dim or 0,
         "idx_topk": m.index_topk or 0, "csa_ratio": CSA_RATIO, "hca_ratio": max(hca, default=0),
-        "n_hc": m.mhc_expansion, "S": tr.seq_length, "b": tr.micro_batch_size,
+        "n_hc": m.mhc_expansion, "S": packed_sequence_length(tr), "b": tr.micro_batch_size,
         "B": cfg.global_batch_size, "p": ELEMENT_BYTES[tr.precision],
         "cf": exact(cfg.moe.moe_expert_capacity_factor or 0),
         "rcf": exact(cfg.moe.moe_expert_rank_capacity_factor or 0),
@@ -615,3 +618,13 @@ def hot_rank_z2(quantile: float, ep: int) -> Number:
     decimals so the budget stays an exact rational."""
     z = NormalDist().inv_cdf(quantile ** (1 / max(ep, 1)))
     return exact(round(max(z, 0.0) ** 2, 6))
+
+
+def packed_sequence_length(tr: Any) -> int:
+    """The S the budgets use: seq_length (fixed), or for variable-length THD packing the max or
+    the mean of training.packed_lengths (tokens per packed microbatch) over b, rounded up."""
+    lengths = tr.packed_lengths
+    if not lengths:
+        return int(tr.seq_length)
+    tokens = max(lengths) if tr.packed_length_basis == "max" else Fraction(sum(lengths), len(lengths))
+    return math.ceil(Fraction(tokens) / tr.micro_batch_size)

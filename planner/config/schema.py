@@ -258,6 +258,11 @@ class TrainingSection(Section):
     )
     ckpt_format: Literal["torch_dist", "torch", "torch_dcp", "fsdp_dtensor"] = "torch_dist"
     use_megatron_fsdp: bool = False
+    # --- issue 25 (article): variable-length THD packing. The tokens of each packed microbatch
+    # (a sample of the distribution, or just its largest); the budgets take their max (memory-safe,
+    # the default) or their mean (typical step time), as packed_length_basis says.
+    packed_lengths: list[PosInt] | None = None
+    packed_length_basis: Literal["max", "mean"] = "max"
     # Megatron-FSDP: what is sharded over dp_cp / expt_dp (Megatron-LM dev@d48bd6be
     # megatron/training/arguments.py --data-parallel-sharding-strategy, default optim_grads_params).
     data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads",

@@ -104,6 +104,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("NCCL EP zero-copy (main's moe_ncclep_zero_copy)", {"dispatcher": "flex", "ncclep": True,
                                                          "flex_backend": "ncclep", "ncclep_zero_copy": True}),
     ("dispatcher `flex` with the `deepepv2` backend", {"dispatcher": "flex", "flex_backend": "deepepv2"}),
+    ("THD packing budgeted at the longest packed microbatch", {"packed_basis": "max"}),
+    ("THD packing budgeted at the mean packed microbatch", {"packed_basis": "mean"}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {

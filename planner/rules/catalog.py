@@ -16,6 +16,7 @@ from planner.rules import (
     memory,
     moe,
     overlap,
+    packing,
     parallel,
     pipeline,
     v4,
@@ -28,6 +29,7 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *config.CONFIG_DOCS,
     *parallel.RULES,
     *batch.RULES,
+    *packing.RULES,  # issue 25 (article)
     *pipeline.RULES,
     *v4.RULES,
     *moe.RULES,
