@@ -11,6 +11,7 @@ from planner.rules import (
     cluster,
     config,
     distopt,
+    drops,
     flex_backends,
     gtp,
     memory,
@@ -34,6 +35,7 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *v4.RULES,
     *moe.RULES,
     *flex_backends.RULES,  # issue 25 (article)
+    *drops.RULES,  # issue 25 (article)
     *overlap.RULES,
     *gtp.RULES,
     *distopt.RULES,
