@@ -323,6 +323,9 @@ class MoeSection(Section):
 
 
 class OverlapSection(Section):
+    # --- issue 25 (article): the pipeline schedule asked for. dualpipe (the DeepSeek-V4 trainer's,
+    # adapted for mHC) is in no Megatron-LM branch: V4030 says so and the budgets time 1F1B.
+    pipeline_schedule: Literal["1f1b", "dualpipe"] = "1f1b"
     overlap_moe_expert_parallel_comm: bool = False
     moe_shared_expert_overlap: bool = False
     delay_wgrad_compute: bool = False

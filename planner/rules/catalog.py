@@ -7,6 +7,7 @@ import difflib
 from planner.config.schema import Config
 from planner.findings import Finding
 from planner.rules import (
+    ahead,
     batch,
     cluster,
     config,
@@ -33,6 +34,7 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *packing.RULES,  # issue 25 (article)
     *pipeline.RULES,
     *v4.RULES,
+    *ahead.RULES,  # issue 25 (article)
     *moe.RULES,
     *flex_backends.RULES,  # issue 25 (article)
     *drops.RULES,  # issue 25 (article)

@@ -11,6 +11,7 @@ from planner.config.loader import parse_config
 from planner.rules import run_rules
 from planner.rules.example_base import example_config_data, merge
 from tests.support.megatron_lines import megatron_line
+from tests.support.oracle import megatron_lm_dir
 
 HYBRIDEP = {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep"}
 
@@ -46,3 +47,36 @@ def test_sequence_shards_exclude_the_dynamic_cp_scheduler_only():
 def test_cited_line():
     assert "class DefaultDynamicCPScheduler(DpBalancedScheduler):" in megatron_line(
         "core/datasets/data_schedule.py", 407)
+
+
+# ----------------------------------------------------------------------------- not in Megatron
+# Article §23, §30, §31: DualPipe for mHC, the V4 trainer's Muon gradient all-to-all and MXFP4 QAT.
+
+V4 = {"model": {"attention_variant": "dsv4_hybrid", "compress_ratios": [0, 4, 128, 4]}}
+
+
+def test_what_megatron_lacks_is_said_as_information():
+    mhc = {"model": {"enable_hyper_connections": True}, "parallel": {"pp": 2},
+           "overlap": {"pipeline_schedule": "dualpipe"}}
+    assert ("V4030", "overlap.pipeline_schedule") in _codes(mhc)
+    assert "V4030" not in [c for c, _ in _codes({"model": {"enable_hyper_connections": True}})]
+    assert ("V4031", "training.optimizer") in _codes(merge(V4, {"training": {"optimizer": "muon"}}))
+    assert ("V4032", "training.fp4") in _codes(merge(V4, {"training": {"fp4": True}}))
+    found = run_rules(parse_config(merge(example_config_data(""), merge(mhc, V4))))
+    assert {f.code: f.severity for f in found if f.code.startswith("V403")} == {"V4030": "warning"}
+
+
+def test_megatron_dev_has_no_dualpipe_mxfp4_or_muon_all_to_all():
+    # the oracle's source, searched: megatron/core/transformer/transformer_config.py:718 offers
+    # fp4_recipe nvfp4 or custom only; LayerWiseDistributedOptimizer (layer_wise_optimizer.py:105)
+    # has no all-to-all; nothing is named DualPipe
+    assert "fp4_recipe: Optional[Literal['nvfp4', 'custom']]" in megatron_line(
+        "core/transformer/transformer_config.py", 718)
+    assert "class LayerWiseDistributedOptimizer(ChainedOptimizer):" in megatron_line(
+        "core/optimizer/layer_wise_optimizer.py", 105)
+    root, _ = megatron_lm_dir()
+    assert root is not None  # megatron_line above skips without a checkout
+    for path in ("core/optimizer/layer_wise_optimizer.py", "core/optimizer/emerging_optimizers.py"):
+        assert "all_to_all" not in (root / "megatron" / path).read_text(encoding="utf-8")
+    schedules = (root / "megatron" / "core/pipeline_parallel/schedules.py").read_text(encoding="utf-8")
+    assert "dualpipe" not in schedules.lower()
