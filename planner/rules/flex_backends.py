@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from planner.accounting import ncclep_receive_check
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.sources import dev, main
@@ -76,4 +77,27 @@ def zero_copy_with_ep_overlap(f: Facts) -> Iterator[Violation]:
                         "of the dispatch gradient per backward", "accept the copy, or turn one off")
 
 
-RULES = (deepepv2_fp32_probs, zero_copy_needs_static_ncclep, zero_copy_with_ep_overlap)
+@rule(
+    "MOE034", "warning", "NCCL EP's static receive capacity holds the busiest rank's rows",
+    source=dev("core/transformer/moe/token_dispatcher.py", "_NCCLEPManager._ensure_bootstrap"),
+    why="""NCCL EP fixes its receive buffer at the first dispatch: ceil64(local tokens) · ETP·k ·
+    moe_expert_rank_capacity_factor rows. Routing skew sends the busiest rank more than the mean
+    n·k·ETP; at the stated quantile (efficiency.routing_quantile, on top of routing_imbalance) it
+    needs hot_gemm_rows, and a capacity below that overflows the static buffer on that rank.""",
+    bad="moe: {" + "moe_token_dispatcher_type: flex, moe_flex_dispatcher_backend: ncclep, "
+        "moe_expert_rank_capacity_factor: 1.0}",
+    good="moe: {" + "moe_token_dispatcher_type: flex, moe_flex_dispatcher_backend: ncclep, "
+         "moe_expert_rank_capacity_factor: 1.5}",
+)
+def ncclep_capacity_holds_the_hot_rank(f: Facts) -> Iterator[Violation]:
+    rows = ncclep_receive_check(f.cfg)
+    if rows is not None and rows["ncclep_recv_rows"] < rows["hot_gemm_rows"]:
+        need = rows["hot_gemm_rows"]
+        yield Violation("moe.moe_expert_rank_capacity_factor",
+                        f"receive capacity {rows['ncclep_recv_rows']} rows < the busiest rank's "
+                        f"{need} at the stated quantile", "raise moe_expert_rank_capacity_factor "
+                        "(or lower efficiency.routing_quantile / routing_imbalance if the skew is known)")
+
+
+RULES = (deepepv2_fp32_probs, zero_copy_needs_static_ncclep, zero_copy_with_ep_overlap,
+         ncclep_capacity_holds_the_hot_rank)

@@ -85,3 +85,18 @@ def test_cited_main_lines():
     assert "self.zero_copy = config.moe_ncclep_zero_copy" in megatron_main_line(td, 1540)
     assert "moe_ncclep_zero_copy requires moe_expert_rank_capacity_factor" in megatron_main_line(td, 1561)
     assert "moe_ncclep_zero_copy + overlap_moe_expert_parallel_comm" in megatron_main_line(td, 1671)
+
+
+def test_ncclep_capacity_against_the_busiest_rank():
+    # 256 local tokens (a multiple of 64) · ETP·k = 2 · factor: 1.0 → 512 rows, 1.1 → 563, 1.5 → 768.
+    # The busiest rank at q = 0.999: 512 expected + ceil(z·σ) = 64 (tests/unit/budget/test_hot_rank.py)
+    # = 576 rows, so 1.0 and 1.1 overflow, 1.5 holds it.
+    def codes(factor: float) -> list[tuple[str, str]]:
+        return _codes({"moe": {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "ncclep",
+                               "moe_expert_rank_capacity_factor": factor}})
+    assert codes(1.0) == codes(1.1) == [("MOE034", "moe.moe_expert_rank_capacity_factor")]
+    assert codes(1.5) == []
+    [finding] = run_rules(parse_config(merge(example_config_data(""), {"moe": {
+        "moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "ncclep",
+        "moe_expert_rank_capacity_factor": 1.1}})))
+    assert "receive capacity 563 rows < the busiest rank's 576" in finding.message
