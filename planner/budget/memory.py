@@ -380,5 +380,5 @@ def _add_hot_rank_memory(book: Book, v: Variant) -> None:
         what += " and HybridEP's expert-output buffer"
     add("hot_rank_extra_bytes", extra, "bytes", "memory",
         f"what the busiest rank holds beyond the expected peak at the stated quantile: {what}")
-    add("hot_rank_peak_memory_bytes", "peak_memory_bytes + hot_rank_extra_bytes", "bytes", "memory",
+    add("hot_rank_memory_peak_bytes", "peak_memory_bytes + hot_rank_extra_bytes", "bytes", "memory",
         "estimated peak of the busiest EP rank (hot_recv_rows_quantile received rows a layer)")

@@ -45,7 +45,7 @@ def test_example_base_by_hand():
     extra = (704 - 512) * got["act_routed_bytes_per_row"]
     assert got["hot_act_extra_per_layer"] == extra
     held = got["hot_moe_layers_stored"] * extra
-    assert got["hot_rank_peak_memory_bytes"] == got["peak_memory_bytes"] + held
+    assert got["hot_rank_memory_peak_bytes"] == got["peak_memory_bytes"] + held
 
 
 def test_uniform_and_ep1_have_no_spread():
