@@ -32,6 +32,7 @@ from planner.budget.pipeline import PAGE as PIPELINE_PAGE
 from planner.budget.pipeline import chunk_microbatch_time, chunk_times, pipeline_page, pipeline_step
 from planner.budget.symbols import ALL_SYMBOLS, CSA_RATIO, Variant, variant_of
 from planner.config.schema import Config
+from planner.layout.nodes import rank_places
 from planner.layout.pipeline import SplitError
 from planner.layout.rank_generator import GridError
 from planner.layout.summary import grids_computable
@@ -67,7 +68,7 @@ def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -
         raise BudgetError(f"no grid: {exc}") from None
     out = [acc.budget(q, acc.globals, "all ranks", None) for q in acc.book.at("global")]
     for s, r in chosen:
-        env = acc.placed_env(grid, s, r, cfg.cluster.gpus_per_node)
+        env = acc.placed_env(grid, s, r, rank_places(cfg))
         scope = f"stage {s} (rank {r})"
         for q in acc.book.quantities:
             if q.name == "in_flight_microbatches":
@@ -99,3 +100,21 @@ def stage_memory(cfg: Config, exact: bool = True) -> list[dict[str, Number]] | N
         return memory_by_stage(cfg, exact)
     except (BudgetError, SplitError, ZeroDivisionError, ValueError):
         return None
+
+
+# --- issue 25 (article): the busiest rank's rows against NCCL EP's static receive capacity.
+_RECEIVE_PARTS = ("hot_gemm_rows", "ncclep_recv_rows")
+
+
+def ncclep_receive_check(cfg: Config) -> dict[str, Number] | None:
+    """Stage 0's hot_gemm_rows and ncclep_recv_rows (rows are alike on every stage), or None when
+    the config has no NCCL EP backend or cannot be budgeted (other rules say why)."""
+    moe = cfg.moe
+    if moe.moe_token_dispatcher_type != "flex" or moe.moe_flex_dispatcher_backend != "ncclep" \
+            or moe.moe_expert_rank_capacity_factor is None or not grids_computable(cfg):
+        return None
+    try:
+        env = Accounting(cfg, _RECEIVE_PARTS).stage_env(0)
+    except (BudgetError, SplitError, ZeroDivisionError, ValueError):
+        return None
+    return {name: env[name] for name in _RECEIVE_PARTS}

@@ -92,6 +92,17 @@ class Degrees:
                        f"{self.etp}·{self.ep}·{self.pp}·{self.egtp} = {self.expert_model_size}")
         return out
 
+    # ----------------------------------------------------------------- expert grad buffer
+    @property
+    def expert_grad_buffer(self) -> bool:
+        """Routed experts get their own grad buffer (reduced over expt_dp) only when the expert
+        grid differs from the dense one: EP > 1, ETP != TP or EGTP != GTP. Otherwise their
+        parameters carry allreduce=True and share the dense buffer over dp_cp (Megatron-LM
+        main@d98e8a64 megatron/core/extensions/transformer_engine.py TELinear.__init__
+        use_expert_pgs; dev@d48bd6be tests EP > 1 alone, the same split whenever ETP = TP and
+        GTP = EGTP = 1)."""
+        return self.ep > 1 or self.etp != self.tp or self.egtp != self.gtp
+
     # ----------------------------------------------------------------- data-parallel sizes
     @property
     def dp(self) -> int:

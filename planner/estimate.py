@@ -28,6 +28,7 @@ from planner.accounting import (
 )
 from planner.config.gpus import gpu
 from planner.config.schema import Config
+from planner.layout.nodes import rank_places
 
 COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gemm_s",
                  "time_dense_gemm_s", "time_head_gemm_s", "time_non_gemm_s")
@@ -132,7 +133,7 @@ def estimate(cfg: Config, *, exact: bool = True) -> Estimate:
     equal `moeplan estimate`'s); its `envs` hold no memory figures."""
     acc = Accounting(cfg, None if exact else TIME_TARGETS, exact=exact)
     grid = budget_grid(cfg)
-    domain = cfg.cluster.nvlink_domain or cfg.cluster.gpus_per_node or 1
+    domain = rank_places(cfg, nvlink=True)  # NVLink domains, as the launcher places ranks
     pp = cfg.parallel.pp
     ranks = [grid.stage_ranks(s)[0] for s in range(pp)]
     placed = [acc.placed(grid, s, ranks[s], domain) for s in range(pp)]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.config.schema import Config
+from planner.drops import drop_difference
 from planner.findings import Finding
 from planner.layout.grid import Grid
 from planner.layout.spec import grid_spec_from_config
@@ -130,6 +131,7 @@ def reshard_plan(old: Config, new: Config) -> dict[str, Any]:
         "bytes_per_parameter": _PRECISION_BYTES[new.training.precision] + ADAM_STATE_BYTES,
         "total_read_bytes": total_read,
         "total_local_bytes": sum(r.local_bytes for r in reads),
+        "drops": drop_difference(old, new),
         "ranks": [r.as_dict() for r in reads],
     }
 

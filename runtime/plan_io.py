@@ -60,6 +60,12 @@ class GradScales:
     expert: float
     average: bool
     per_token: float | None
+    # The loss-scale chain and the buffer split (the scaling page's loss_scale_microbatch,
+    # loss_scale_mtp and expert_grad_buffers): what a microbatch's loss and MTP term are multiplied
+    # by before backward, and whether routed experts are reduced apart from the dense buffer.
+    loss: float = 1.0
+    mtp_loss: float = 1.0
+    expert_buffer: bool = True
 
 
 @dataclass(frozen=True)
@@ -157,6 +163,9 @@ class Plan:
             expert=float(self.budget(f"grad_scale_{mode}_expert")),
             average=average,
             per_token=float(self.budget(PER_TOKEN_SCALE_BUDGET)) if per_token else None,
+            loss=float(self.budget("loss_scale_microbatch")),
+            mtp_loss=float(self.budget("loss_scale_mtp")),
+            expert_buffer=bool(self.budget("expert_grad_buffers")),
         )
 
     @property

@@ -5,7 +5,10 @@ Loss scaling is chosen so that the reduced gradient *is* the gradient of the glo
 plan's (`budgets`: grad_scale_sum_* / grad_scale_avg_* / grad_scale_per_token, read through
 `Plan.grad_scales`); this module applies them and never recomputes them. Why they are right:
 
-* each rank backpropagates its local mean token loss divided by the m microbatches;
+* each rank backpropagates its local mean token loss times the plan's loss_scale_microbatch
+  (1/m; 1 with per-token loss) and the MTP term times loss_scale_mtp;
+* with EP 1, ETP = TP and EGTP = GTP the plan's expert_grad_buffers is 0: the routed experts join
+  the dense grads in one dp_cp reduction (expt_dp is the same ranks, the factors are equal);
 * dense grads are pre-scaled by 1/|dp_cp| and summed over `dp_cp` (Megatron-LM dev@d48bd6be
   megatron/core/distributed/distributed_data_parallel.py DistributedDataParallel.__init__).
   The CP ranks of one sequence hold equal shares of its tokens, so Σ_c mean_c / CP is the
@@ -311,8 +314,7 @@ class RankTrainer:
         def loss_of(logits: torch.Tensor, labels: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
             losses = token_losses(logits, labels)
-            backprop = losses.sum() if self.per_token_loss else losses.mean() / m
-            return backprop, losses.detach().mean()
+            return self.scaled_loss(losses), losses.detach().mean()
 
         return PipelineRunner(
             rank=self.rank, stage=self.stage, pp=self.plan.pp, mtp_loss_of=self.mtp_loss_of,
@@ -337,11 +339,16 @@ class RankTrainer:
         targets = MTPTargets.of(ids, labels, self.spec.mtp_num_layers)
         return targets.select(self.slice.index(), self.device)
 
+    def scaled_loss(self, losses: torch.Tensor) -> torch.Tensor:
+        """What one microbatch backpropagates: its token-loss sum (per-token loss) or mean, times
+        the plan's loss_scale_microbatch (1/m, or 1 with per-token loss)."""
+        return (losses.sum() if self.per_token_loss else losses.mean()) * self.grad_scales.loss
+
     def mtp_loss_of(self, logits: list[torch.Tensor], targets: MTPTargets
                     ) -> tuple[torch.Tensor, list[float]]:
         """(the MTP term to backpropagate with the main loss, each depth's masked mean loss)."""
         term, means = mtp_loss(logits, targets, self.spec.mtp_loss_scale, self.per_token_loss)
-        return (term if self.per_token_loss else term / self.batches.microbatches), means
+        return term * self.grad_scales.mtp_loss, means
 
     def step(self, step: int) -> StepCapture:
         """One optimizer step over m microbatches; returns what the reference check compares."""
@@ -361,7 +368,7 @@ class RankTrainer:
                                                 self.gathered_positions,
                                                 targets.ids if targets is not None else None)
                 losses = token_losses(logits, labels)
-                backprop = losses.sum() if self.per_token_loss else losses.mean() / m
+                backprop = self.scaled_loss(losses)
                 if targets is not None:
                     term, means = self.mtp_loss_of(mtp_logits, targets)
                     backprop = backprop + term
@@ -408,10 +415,14 @@ class RankTrainer:
         """Dense over dp_cp, routed experts over expt_dp, each pre-scaled by the plan's factor."""
         scales = self.grad_scales
         op = dist.ReduceOp.AVG if scales.average else dist.ReduceOp.SUM
-        _reduce_grads(self.dense_params, scales.dense, self.dp_cp, op, self.ledger,
-                      "dense_grad_reduce")
-        _reduce_grads(self.expert_params, scales.expert, self.expt_dp, op, self.ledger,
-                      "expert_grad_reduce")
+        if not scales.expert_buffer:  # one buffer: expt_dp is dp_cp, the scales are equal
+            _reduce_grads(self.dense_params + self.expert_params, scales.dense, self.dp_cp, op,
+                          self.ledger, "dense_grad_reduce")
+        else:
+            _reduce_grads(self.dense_params, scales.dense, self.dp_cp, op, self.ledger,
+                          "dense_grad_reduce")
+            _reduce_grads(self.expert_params, scales.expert, self.expt_dp, op, self.ledger,
+                          "expert_grad_reduce")
         self.sync_embedding_grads()
         if scales.per_token is not None:
             for p in self.model.parameters():

@@ -462,9 +462,12 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
     (intra_dp_cp / intra_expt_dp) and the shard is all-reduced across instances (inter_dist_opt).
     """
     for kind, group, inner, params, shards in (
-            ("dense", "dp_cp", "intra_dp_cp", "dense_params_on_rank", "dense_opt_shards"),
-            ("expert", "expt_dp", "intra_expt_dp", "expert_params_on_rank", "expert_opt_shards")):
+            ("dense", "dp_cp", "intra_dp_cp", "dense_grad_params", "dense_opt_shards"),
+            ("expert", "expt_dp", "intra_expt_dp", "expert_grad_params", "expert_opt_shards")):
         name, buffer = f"{kind}_grad_reduce", f"{params} * bytes_grad"
+        if kind == "expert" and not v.expert_buffer:
+            _zero_expert_buffer_steps(c, v)
+            continue
         if not (v.dp_cp if kind == "dense" else v.edp):
             c.zero(name, "fwd", f"{group} = 1: {ONE_RANK}")
             if v.dist_opt:
@@ -517,6 +520,23 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
                   "all-reduce of the grad shard across optimizer instances", size="I_opt")
 
 
+# Why the expert buffer's collectives are zero when the experts share the dense buffer.
+NO_EXPERT_BUFFER = ("EP 1, ETP = TP and EGTP = GTP: the routed experts share the dense grad buffer "
+                    "(dense_grad_reduce moves them over dp_cp)")
+
+
+def _zero_expert_buffer_steps(c: Collectives, v: Variant) -> None:
+    """No expert buffer (`Variant.expert_buffer` false): none of its per-step collectives run."""
+    c.zero("expert_grad_reduce", "fwd", NO_EXPERT_BUFFER)
+    if v.dist_opt:
+        c.zero("expert_param_gather", "fwd", NO_EXPERT_BUFFER)
+    if v.instances:
+        c.zero("expert_grad_instance_reduce", "fwd", NO_EXPERT_BUFFER)
+    for fsdp_name, phases in _fsdp_names("expert", v):
+        for phase in phases:
+            c.zero(fsdp_name, phase, NO_EXPERT_BUFFER)
+
+
 def _fp8_gather_buffers(book: Book, v: Variant, kind: str) -> str:
     """Under fp8_param_gather Megatron keeps the FP8 weights in a buffer of their own (uint8
     storage), apart from the training-precision parameters, each padded and sharded alike
@@ -533,9 +553,11 @@ def _fp8_gather_buffers(book: Book, v: Variant, kind: str) -> str:
             if v.fp8_weights != "mxfp8" else "bytes one FP8 weight moves in the parameter "
             "all-gather: mxfp8 gathers bf16 through the grad buffer and requantises after")
     fp8, pad = f"{kind}_fp8_params_on_rank", f"pad_{kind}"
+    if not v.expert_buffer:  # the experts' weights sit in the dense buffers (NO_EXPERT_BUFFER)
+        fp8 = "fp8_params_on_rank" if kind == "dense" else "0"
     add(f"{kind}_fp8_buffer_params", f"ceiling({fp8} / {pad}) * {pad}", "params", "memory",
         f"fp8_param_gather: the {kind} FP8-weight buffer, padded like the others")
-    add(f"{kind}_hp_buffer_params", f"ceiling(({kind}_params_on_rank - {fp8}) / {pad}) * {pad}",
+    add(f"{kind}_hp_buffer_params", f"ceiling(({kind}_grad_params - {fp8}) / {pad}) * {pad}",
         "params", "memory", f"fp8_param_gather: the {kind} buffer of everything else (padded)")
     return (f"({kind}_fp8_buffer_params * fp8_gather_bytes_per_param"
             f" + {kind}_hp_buffer_params * p)")
@@ -602,7 +624,8 @@ def _add_weight_steps(c: Collectives, v: Variant) -> None:
 
 def add_topology(book: Book, v: Variant, c: Collectives) -> None:
     add = book.add
-    add("rank_node", "node", "count", "topology", "node of this rank (rank // gpus_per_node)")
+    add("rank_node", "node", "count", "topology", "node of this rank (as the launcher places it: "
+        "cluster.rank_distribution / rank_nodes)")
     a2a = "tp_ep" if v.dispatcher == "flex" else "ep"
     size = GROUP_SIZE[a2a]
     add(f"{a2a}_group_nodes", f"{a2a}_nodes", "count", "topology", f"nodes one {a2a} group spans")
@@ -620,7 +643,21 @@ def add_topology(book: Book, v: Variant, c: Collectives) -> None:
         "wire bytes per step that cross nodes, all collectives")
 
 
+def add_hot_rank_bytes(book: Book, v: Variant) -> None:
+    """Issue 25 (article): the busiest rank's EP payloads at its stated-quantile rows: what it
+    receives in dispatch and sends back in combine (the others' sends stay n·k rows, exact)."""
+    w = routed_width(v)
+    book.add("hot_dispatch_recv_bytes", f"hot_recv_rows_quantile * {w} * p", "bytes", "bytes",
+             "the busiest rank's dispatch receive payload (hot_recv_rows_quantile rows)")
+    book.add("hot_combine_send_bytes", f"hot_recv_rows_quantile * {w} * p", "bytes", "bytes",
+             "the busiest rank's combine send payload: its expert outputs go back")
+    if v.etp:
+        book.add("hot_etp_gather_recv_bytes", f"hot_gemm_rows * {w} * p", "bytes", "bytes",
+                 "the busiest rank's rows after the ETP all-gather")
+
+
 def write(book: Book, v: Variant) -> None:
     add_layer_bytes(book, v)
+    add_hot_rank_bytes(book, v)
     add_tp_bytes(book, v)
     add_topology(book, v, add_steps(book, v))

@@ -21,6 +21,7 @@ from planner.budget.placement import placement
 from planner.budget.symbols import Holdings, global_values, holdings, variant_of
 from planner.config.schema import Config
 from planner.layout.grid import Grid
+from planner.layout.nodes import Places
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 from planner.layout.rank_generator import GridError
 from planner.layout.schedule import Peak, stage_peak
@@ -198,7 +199,7 @@ class Accounting:
         return self._envs[key], {**counts, **values}
 
     def placed(self, grid: Grid, stage: int, rank: int,
-               node_size: int) -> tuple[dict[str, Number], dict[str, Number]]:
+               node_size: Places) -> tuple[dict[str, Number], dict[str, Number]]:
         """`placed_env` in two parts: every quantity, evaluated once for all stages and ranks that
         read alike (shared: never change it), and the facts of this stage and rank that no
         formula reads (they may differ among those)."""
@@ -211,7 +212,7 @@ class Accounting:
         except ZeroDivisionError as exc:
             raise BudgetError(f"stage {stage}: a quantity divides by zero ({exc})") from None
 
-    def placed_env(self, grid: Grid, stage: int, rank: int, node_size: int) -> dict[str, Number]:
+    def placed_env(self, grid: Grid, stage: int, rank: int, node_size: Places) -> dict[str, Number]:
         """Every quantity for `rank` on `stage`, its groups placed on nodes of `node_size` GPUs
         (budgets use the node, the time estimate the NVLink domain)."""
         shared, own = self.placed(grid, stage, rank, node_size)

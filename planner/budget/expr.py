@@ -25,7 +25,22 @@ Number = int | Fraction
 Evaluator = Callable[[Mapping[str, Number]], dict[str, Number]]
 
 LEVEL_ORDER: dict[str, int] = {"global": 0, "stage": 1, "rank": 2}
-FUNCTIONS: dict[str, Any] = {"ceiling": math.ceil, "floor": math.floor, "Min": min, "Max": max}
+
+
+def ceil_sqrt(value: Number | float) -> int:
+    """The smallest whole number at least the square root of a non-negative value, exactly for
+    ints and Fractions (t with t² ≥ value > (t − 1)²): a standard deviation in whole rows."""
+    if isinstance(value, float):
+        return math.ceil(math.sqrt(value))
+    ratio = Fraction(value)
+    root = math.isqrt(ratio.numerator // ratio.denominator)
+    while root * root * ratio.denominator < ratio.numerator:
+        root += 1
+    return root
+
+
+FUNCTIONS: dict[str, Any] = {"ceiling": math.ceil, "floor": math.floor, "Min": min, "Max": max,
+                             "ceil_sqrt": ceil_sqrt}
 IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z_0-9]*\b")
 
 
@@ -109,7 +124,8 @@ def sympy_expression(formula: str) -> Any:
     import sympy
 
     names = {n: sympy.Symbol(n) for n in IDENTIFIER.findall(formula) if n not in FUNCTIONS}
-    names.update(ceiling=sympy.ceiling, floor=sympy.floor, Min=sympy.Min, Max=sympy.Max)
+    names.update(ceiling=sympy.ceiling, floor=sympy.floor, Min=sympy.Min, Max=sympy.Max,
+                 ceil_sqrt=lambda x: sympy.ceiling(sympy.sqrt(x)))
     return sympy.sympify(formula, locals=names)
 
 

@@ -17,6 +17,8 @@ PAGE = "layout"
 def write(book: Book, v: Variant) -> None:
     add_layout(book, v)
     add_rows(book, v)
+    add_hot_rank_rows(book, v)
+    add_packing(book, v)
 
 
 def add_layout(book: Book, v: Variant) -> None:
@@ -92,3 +94,55 @@ def add_rows(book: Book, v: Variant) -> None:
             "rows", "NCCL EP receive capacity per rank, fixed at the first dispatch: local tokens "
             "rounded up to 64, times ETP·k and the rank capacity factor"
             + (", rounded up to q_align (fp8/fp4)" if v.quant_pad else ""))
+
+
+# --- issue 25 (article): which packed length the budgets take (THD packing of variable lengths).
+PACKED_BASIS = {
+    "": "fixed length: every microbatch holds b·seq_length tokens (no training.packed_lengths)",
+    "max": "the longest packed microbatch of training.packed_lengths (memory-safe: every "
+           "per-microbatch figure is its upper bound)",
+    "mean": "the mean packed microbatch of training.packed_lengths, rounded up (typical step "
+            "time; memory may peak above it)",
+}
+
+
+def add_packing(book: Book, v: Variant) -> None:
+    """Say which microbatch length every row, byte, memory and time figure is computed for.
+    Attention FLOPs then treat the packed microbatch as one sequence: an upper bound, since
+    packed THD attends within each sequence only (Megatron-LM dev@d48bd6be
+    megatron/core/datasets/data_schedule.py packs whole sequences with cu_seqlens)."""
+    book.add("packed_tokens_per_microbatch", "b * S", "tokens", "layout", PACKED_BASIS[v.packed_basis])
+
+
+# --- issue 25 (article): the busiest rank's received rows, not only the uniform expectation.
+# Capacity dropping caps them at EP·c per local expert (pad: exactly that).
+HOT_CAP = {"dropless": "", "drop": "experts_per_rank * EP * capacity",
+           "pad": "experts_per_rank * EP * capacity"}
+
+
+def add_hot_rank_rows(book: Book, v: Variant) -> None:
+    """The hot rank's receive rows: the expectation routing_imbalance states, and a stated quantile
+    (efficiency.routing_quantile) of the largest of the EP ranks' counts under uniform top-k
+    routing. One token lands on k of E experts without repeats, so the number of a rank's
+    L = E/EP experts it picks is hypergeometric (variance k·(L/E)(1 − L/E)(E − k)/(E − 1)); the
+    EP group's tokens route independently, so a rank's count has EP·n times that variance
+    (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+    MoEAlltoAllTokenDispatcher.preprocess: output_splits are these counts, known only after the
+    count exchange)."""
+    add = book.add
+    add("recv_rows_var", "ep_group_tokens * k * experts_per_rank / E * (1 - experts_per_rank / E)"
+        " * (E - k) / Max(E - 1, 1)", "rows", "rows",
+        "variance of one rank's received rows under uniform top-k routing (0 when EP = 1)")
+    expect = "ceiling(imbalance * expected_recv_rows)"
+    quantile = f"{expect} + ceil_sqrt(recv_z2 * recv_rows_var)"
+    cap = HOT_CAP[v.capacity]
+    if cap:
+        expect, quantile = f"Min({expect}, {cap})", f"Min({quantile}, {cap})"
+    add("hot_recv_rows", expect, "rows", "rows",
+        "the busiest rank's received rows in expectation: routing_imbalance times the mean"
+        + (" (capped at EP·c per local expert)" if cap else ""))
+    add("hot_recv_rows_quantile", quantile, "rows", "rows",
+        "the busiest rank's received rows at the stated quantile: the expectation plus z·σ of "
+        "uniform routing, z = Φ⁻¹(q^(1/EP))" + (" (capped at EP·c per local expert)" if cap else ""))
+    add("hot_gemm_rows", "ETP * hot_recv_rows_quantile", "rows", "rows",
+        "the busiest rank's grouped-GEMM rows at the stated quantile (after the ETP all-gather)")

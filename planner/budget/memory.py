@@ -39,6 +39,9 @@ OPTIMIZER_BYTES = {"adam": ("8", "Adam m and v in fp32"), "sgd": ("4", "fp32 mom
 # written into the communication buffer as the DeepSeek-V4 Megatron write-up describes).
 FLEX_BUFFERS = {
     "deepep": "2 * flex_dedup_send_bytes",
+    # DeepEP v2 (dev only): the ElasticBuffer dispatch receives one row per token and rank and
+    # combine sends the per-rank sums back, like DeepEP (_DeepepV2Manager.dispatch / combine)
+    "deepepv2": "2 * flex_dedup_send_bytes",
     "hybridep": "(expert_gemm_rows + tokens_per_rank) * h * p",
 }
 
@@ -193,6 +196,8 @@ def write(book: Book, v: Variant) -> None:
                FLEX_BUFFERS.get(v.flex_backend, FLEX_BUFFERS["deepep"])
                .replace("expert_gemm_rows", rows).replace(" h ", f" {w} "),
                }[v.dispatcher]
+    if v.ncclep_zero_copy:
+        buffers = zero_copy_buffers(v)
     if v.pp:
         buffers += " + 2 * pp_activation_bytes"
     add("comm_buffer_bytes", buffers, "bytes", "memory",
@@ -202,7 +207,10 @@ def write(book: Book, v: Variant) -> None:
         "NCCL EP: its receive and combine buffers of ncclep_recv_rows each), pipeline send/recv"
         + ("; NCCL EP keeps both: Megatron dev bootstraps it with zero_copy=False and refuses "
            "moe_ncclep_use_symm_mem, so FC2 outputs are not written straight into the "
-           "communication buffer as the DeepSeek-V4 Megatron write-up describes" if v.ncclep else ""))
+           "communication buffer as the DeepSeek-V4 Megatron write-up describes"
+           if v.ncclep and not v.ncclep_zero_copy else "")
+        + ("; NCCL EP zero-copy (main's moe_ncclep_zero_copy): two persistent bf16 symmetric "
+           "buffers of ncclep_recv_rows that FC2 writes into" if v.ncclep_zero_copy else ""))
     peak = ("weight_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes"
             " + comm_buffer_bytes")
     if v.virtual_experts:
@@ -214,6 +222,7 @@ def write(book: Book, v: Variant) -> None:
             "returns (predicted only; Megatron-LM PR #7450, not in dev)")
         peak += " + vex_slot_bytes"
     add("peak_memory_bytes", peak, "bytes", "memory", "estimated peak per rank")
+    _add_hot_rank_memory(book, v)
     add("gpu_memory_bytes", "mem_gib * 1073741824", "bytes", "memory", "cluster.gpu_memory_gib")
     add("memory_utilization", "peak_memory_bytes / gpu_memory_bytes", "share", "memory",
         "peak over GPU memory (MEM002 above 80 %, MEM001 above 100 %)")
@@ -341,3 +350,52 @@ def _add_recompute(book: Book, v: Variant) -> None:
         "uniform method: one input per group of N_r blocks")
     add("recompute_working_bytes", f"ceiling(Min(N_r, blocks) * {avg})", "bytes", "memory",
         f"one group of N_r blocks re-materialised during backward (average block; {whole})")
+
+
+# --- issue 25 (article): NCCL EP's zero-copy buffers (Megatron-LM main@d98e8a64
+# megatron/core/transformer/moe/token_dispatcher.py _NCCLEPManager._ensure_bootstrap): two
+# persistent symmetric-memory buffers [recv_capacity, hidden] in bf16 whatever the training dtype
+# (the combine's FC2 output and the dispatch-backward grad), shared by every MoE layer; under
+# fp8/fp4 also the received probs [recv_capacity] in fp32. FC2 writes straight into them, so no
+# other receive or combine copy exists.
+def zero_copy_buffers(v: Variant) -> str:
+    w = routed_width(v)
+    return f"2 * ncclep_recv_rows * {w} * 2" + (" + ncclep_recv_rows * 4" if v.quant_pad else "")
+
+
+# --- issue 25 (article): the busiest rank's memory (its received rows at the stated quantile)
+
+
+def _hot_moe_layers_stored(v: Variant) -> tuple[str, str]:
+    """How many MoE layers hold their routed activations at the peak, and why."""
+    if v.recompute == "full" and v.recompute_method != "block":
+        return "Min(moe_layers, N_r)", "uniform full recompute: one group of N_r blocks re-run"
+    if "moe" in v.recompute_modules:
+        return "Min(moe_layers, 1)", "selective moe recompute: one MoE layer re-run at a time"
+    return ("ceiling(in_flight_microbatches) * moe_layers",
+            "every MoE layer of the microbatches in flight (an upper bound: the busiest rank may "
+            "differ from layer to layer)")
+
+
+def _add_hot_rank_memory(book: Book, v: Variant) -> None:
+    """The busiest rank's peak: its routed activations (and HybridEP's expert-output buffer) at
+    hot_gemm_rows instead of the expected expert_gemm_rows; the send side (n·k rows) is exact."""
+    add = book.add
+    rows = "gemm_rows_padded" if v.quant_pad else "expert_gemm_rows"
+    add("act_routed_bytes_per_row", f"(act_routed_per_layer - assignments_per_rank * 8) / Max({rows}, 1)",
+        "bytes", "memory", "stored routed-activation bytes per grouped-GEMM row (FC1 in/out, FC2 in, "
+        "probs)")
+    add("hot_act_extra_per_layer", f"ceiling(Max(hot_gemm_rows - {rows}, 0) * act_routed_bytes_per_row)",
+        "bytes", "memory", "per microbatch: what one MoE layer's routed activations add on the "
+        "busiest rank at the stated quantile")
+    stored, why = _hot_moe_layers_stored(v)
+    add("hot_moe_layers_stored", stored, "count", "memory",
+        f"MoE layers whose routed activations are held at the peak: {why}")
+    extra, what = "hot_moe_layers_stored * hot_act_extra_per_layer", "its stored routed activations"
+    if v.dispatcher == "flex" and v.flex_backend == "hybridep":
+        extra += f" + Max(hot_gemm_rows - {rows}, 0) * {routed_width(v)} * p"
+        what += " and HybridEP's expert-output buffer"
+    add("hot_rank_extra_bytes", extra, "bytes", "memory",
+        f"what the busiest rank holds beyond the expected peak at the stated quantile: {what}")
+    add("hot_rank_memory_peak_bytes", "peak_memory_bytes + hot_rank_extra_bytes", "bytes", "memory",
+        "estimated peak of the busiest EP rank (hot_recv_rows_quantile received rows a layer)")

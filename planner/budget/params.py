@@ -175,8 +175,9 @@ def write(book: Book, v: Variant) -> None:
         f"dense optimizer shards ({by} over dp_cp, per instance)")
     add("expert_opt_shards", "expert_dp / I_opt" if shard else "1", "ranks", "memory",
         f"expert optimizer shards ({by} over expt_dp, per instance)")
+    _add_grad_buffer_members(book, v)
     for kind in ("dense", "expert"):
-        add(f"{kind}_buffer_params", f"ceiling({kind}_params_on_rank / pad_{kind}) * pad_{kind}",
+        add(f"{kind}_buffer_params", f"ceiling({kind}_grad_params / pad_{kind}) * pad_{kind}",
             "params", "memory", f"{kind} grad/param buffer: the parameters, the end padded to a "
             f"multiple of pad_{kind} so the distributed optimizer's shards are whole")
         add(f"{kind}_shard_params", f"{kind}_buffer_params / {kind}_opt_shards",
@@ -185,6 +186,27 @@ def write(book: Book, v: Variant) -> None:
     _add_tp_replicated(book, v, mtp_norms, mhc_head)
     if v.fp8_weights:
         _add_fp8_params(book, v)
+
+
+def _add_grad_buffer_members(book: Book, v: Variant) -> None:
+    """Which parameters each grad buffer holds. Routed experts get a buffer of their own only when
+    the expert grid differs from the dense one (`Degrees.expert_grad_buffer`: EP > 1, ETP != TP or
+    EGTP != GTP; Megatron-LM main@d98e8a64 megatron/core/extensions/transformer_engine.py
+    TELinear.__init__ use_expert_pgs, megatron/core/distributed/distributed_data_parallel.py
+    DistributedDataParallel.__init__ groups buffers by `not param.allreduce`); otherwise they sit
+    in the dense buffer, reduced with it over dp_cp."""
+    if v.expert_buffer:
+        book.add("dense_grad_params", "dense_params_on_rank", "params", "memory",
+                 "parameters in the dense grad buffer (reduced over dp_cp)")
+        book.add("expert_grad_params", "expert_params_on_rank", "params", "memory",
+                 "parameters in the expert grad buffer (reduced over expt_dp): the expert grid "
+                 "differs from the dense one (EP > 1, ETP != TP or EGTP != GTP)")
+        return
+    book.add("dense_grad_params", "dense_params_on_rank + expert_params_on_rank", "params",
+             "memory", "parameters in the dense grad buffer: with EP 1, ETP = TP and EGTP = GTP "
+             "the routed experts carry allreduce=True and share it")
+    book.add("expert_grad_params", "0", "params", "memory",
+             "no expert grad buffer: EP 1, ETP = TP, EGTP = GTP (the experts are in the dense one)")
 
 
 # The weight matrices of the attention projections alone (no fused norms, biases or sinks).

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from planner.budget.book import read_items
 from planner.budget.expr import Number
 from planner.budget.symbols import TOPOLOGY_GROUPS, moved_rank_values, rank_values
+from planner.layout.nodes import Places
 from planner.memo import HashedOnce, Memo
 
 if TYPE_CHECKING:
@@ -42,20 +43,21 @@ class Placement:
 _PLACEMENTS: Memo[tuple[Any, ...], Placement] = Memo("rank placements", 65536)
 
 
-def placement(grid: Grid, rank: int, node_size: int, experts: tuple[Any, ...]) -> Placement:
-    """The rank's placement on nodes of `node_size` GPUs; `experts` is (E, k, G, g) of the model
-    (symbols.rank_values). Remembered per grid spec, which is all a grid depends on."""
+def placement(grid: Grid, rank: int, node_size: Places, experts: tuple[Any, ...]) -> Placement:
+    """The rank's placement on nodes of `node_size` GPUs (or a NodeMap: planner/layout/nodes.py);
+    `experts` is (E, k, G, g) of the model (symbols.rank_values). Remembered per grid spec and
+    placement, which is all a grid's placement depends on."""
     return _PLACEMENTS.get((grid.spec, rank, node_size, experts), _place, grid, rank, node_size,
                            experts)
 
 
-def _place(grid: Grid, rank: int, node_size: int, experts: tuple[Any, ...]) -> Placement:
+def _place(grid: Grid, rank: int, node_size: Places, experts: tuple[Any, ...]) -> Placement:
     enabled = set(grid.kinds)
     kinds = [kind for kind in TOPOLOGY_GROUPS if kind in enabled]
     spec, pp_group = grid.spec, grid.group_of("pp", rank)
     width = spec.world_size // spec.pp  # ranks per pipeline stage
     shift = rank // width * width
-    if shift and shift % node_size == 0 and spec.order.endswith("pp"):
+    if isinstance(node_size, int) and shift and shift % node_size == 0 and spec.order.endswith("pp"):
         # With pp outermost, every group but the embedding's (which spans stages) is the same
         # rank's in stage 0 moved by `shift` ranks: whole nodes here.
         origin = placement(grid, rank - shift, node_size, experts)

@@ -13,6 +13,8 @@ def write(book: Book, v: Variant) -> None:
     distributed_data_parallel.py gradient_scaling_factor / expert_gradient_scaling_factor; the GTP
     R_e/R correction of Megatron-LM main@d98e8a64, PR #7165)."""
     add = book.add
+    _add_buffer_split(book, v)
+    _add_loss_scales(book, v)
     add("gtp_expert_correction", "EGTP / GTP", "ratio", "scaling",
         "R_e/R: expert pre-scale correction when GTP != EGTP")
     if v.per_token_loss:
@@ -32,3 +34,33 @@ def write(book: Book, v: Variant) -> None:
         "net dense scale after the GTP completion (mean over all data ranks)")
     add("grad_scale_total_expert", "grad_scale_sum_expert / EGTP", "ratio", "scaling",
         "net expert scale after the EGTP completion; equals the dense one")
+
+
+# --- issue 25 (article): the grad-buffer split and the loss-scale chain, as budgets the runtime reads
+
+
+def _add_buffer_split(book: Book, v: Variant) -> None:
+    """Whether routed experts are reduced in a buffer of their own (Degrees.expert_grad_buffer):
+    1 when the expert grid differs from the dense one, 0 when they share the dense buffer."""
+    book.add("expert_grad_buffers", "1" if v.expert_buffer else "0", "count", "scaling",
+             "routed-expert grad buffers reduced over expt_dp: 1 when EP > 1, ETP != TP or EGTP != GTP"
+             " (Megatron-LM main@d98e8a64 megatron/core/extensions/transformer_engine.py "
+             "TELinear.__init__ use_expert_pgs), else 0: the experts share the dense buffer")
+
+
+def _add_loss_scales(book: Book, v: Variant) -> None:
+    """What each microbatch's losses are multiplied by before backward (Megatron-LM dev@d48bd6be
+    megatron/core/pipeline_parallel/schedules.py forward_step: `output_tensor /= num_microbatches`
+    unless calculate_per_token_loss, and MTPLossAutoScaler.set_loss_scale(loss_scale /
+    num_microbatches)); chained with the pre-scales above it makes the mean over the global batch.
+    The fp16 dynamic loss scale (grad_scale_func) is a runtime state, not a budget."""
+    if v.per_token_loss:
+        book.add("loss_scale_microbatch", "1", "ratio", "scaling",
+                 "per-token loss: each microbatch's token-loss sum is backpropagated unscaled")
+        book.add("loss_scale_mtp", "1", "ratio", "scaling",
+                 "per-token loss: the MTP loss term is backpropagated unscaled")
+        return
+    book.add("loss_scale_microbatch", "1 / microbatches", "ratio", "scaling",
+             "1/m: each microbatch's mean token loss is divided by the microbatches of the step")
+    book.add("loss_scale_mtp", "1 / microbatches", "ratio", "scaling",
+             "1/m: the MTP loss term, scaled like the main loss (MTPLossAutoScaler)")

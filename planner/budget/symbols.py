@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cache
+from statistics import NormalDist
 from typing import Any
 
 from planner.budget.expr import Number, Symbol, exact, normalize
@@ -21,7 +22,7 @@ from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.config.gpus import DEFAULT_GPU, HOPPER
 from planner.config.schema import Config
-from planner.layout.grid import nodes_spanned
+from planner.layout.nodes import Places, node_of
 from planner.layout.pipeline import Chunk, StageLayers, StageSplit, split_key, stage_layers
 from planner.memo import Memo
 
@@ -65,7 +66,8 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("csa_ratio", "CSA compression ratio (4)"),
     Symbol("hca_ratio", "HCA compression ratio (largest other ratio in compress_ratios)"),
     Symbol("n_hc", "residual-stream width multiplier (mHC expansion, 1 without mHC)"),
-    Symbol("S", "sequence length"),
+    Symbol("S", "sequence length: seq_length, or with training.packed_lengths the max (or mean, "
+           "packed_length_basis) packed tokens of a microbatch over b, rounded up"),
     Symbol("b", "micro-batch size"),
     Symbol("B", "global batch size (sequences per optimizer step)"),
     Symbol("p", "bytes per element of training.precision"),
@@ -77,6 +79,8 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
            "optimizer shards, 128) with the distributed optimizer, else 1"),
     Symbol("pad_expert", "the same for the expert grad buffer: lcm(expert optimizer shards, 128)"),
     Symbol("mem_gib", "GPU memory per rank in GiB (cluster.gpu_memory_gib)"),
+    Symbol("recv_z2", "z² of the busiest EP rank's stated quantile: z = Φ⁻¹(q^(1/EP)) for "
+           "q = efficiency.routing_quantile (the quantile of the largest of EP receive counts)"),
     Symbol("h_moe", "width of the routed token rows: moe_latent_size with latent MoE (the rows "
            "are projected h → latent before dispatch and back after combine), else h"),
     Symbol("csa_window", "raw sliding window of every V4 attention layer (csa_window_size)"),
@@ -150,7 +154,8 @@ TOPOLOGY_GROUPS: tuple[str, ...] = ("ep", "expt_tp", "tp_ep", "cp", "tp_cp", "dp
 
 RANK_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("rank", "global rank", "rank"),
-    Symbol("node", "node of the rank (rank // gpus_per_node, node-major placement)", "rank"),
+    Symbol("node", "node of the rank (rank // gpus_per_node node-major; cluster.rank_distribution / "
+           "rank_nodes otherwise)", "rank"),
     Symbol("pp_next_offnode", "1 when the next pipeline stage's rank is on another node", "rank"),
     Symbol("pp_prev_offnode", "1 when the previous pipeline stage's rank is on another node", "rank"),
     *(s for kind in TOPOLOGY_GROUPS for s in (
@@ -230,6 +235,10 @@ class Variant:
     precision_aware: tuple[str, str, str] | tuple[()] = ()
     optimizer_offload: bool = False  # optimizer_cpu_offload: a share of the states on the CPU
     qkv_bias: bool = False  # add_qkv_bias without add_bias_linear, standard attention: QKV bias only
+    # --- issue 25 (article): routed experts in a grad buffer of their own (Degrees.expert_grad_buffer)
+    expert_buffer: bool = True
+    ncclep_zero_copy: bool = False  # main's moe_ncclep_zero_copy: persistent bf16 symmetric buffers
+    packed_basis: str = ""  # "" fixed S; "max" / "mean" of training.packed_lengths (THD packing)
 
     @property
     def v4_cp(self) -> bool:
@@ -315,6 +324,10 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         precision_aware=precision_aware_bytes(cfg),
         optimizer_offload=tr.optimizer_cpu_offload and tr.optimizer_offload_fraction > 0,
         qkv_bias=model.add_qkv_bias and not model.add_bias_linear and model.attention_variant == "standard",
+        expert_buffer=cfg.degrees.expert_grad_buffer,
+        ncclep_zero_copy=moe.moe_ncclep_zero_copy and moe.moe_token_dispatcher_type == "flex"
+        and moe.moe_flex_dispatcher_backend == "ncclep",
+        packed_basis=tr.packed_length_basis if tr.packed_lengths else "",
     )
 
 
@@ -448,7 +461,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "o_groups": m.o_groups or 1, "o_lora": m.o_lora_rank or 0,
         "idx_heads": m.index_n_heads or 0, "idx_dim": m.index_head_dim or 0,
         "idx_topk": m.index_topk or 0, "csa_ratio": CSA_RATIO, "hca_ratio": max(hca, default=0),
-        "n_hc": m.mhc_expansion, "S": tr.seq_length, "b": tr.micro_batch_size,
+        "n_hc": m.mhc_expansion, "S": packed_sequence_length(tr), "b": tr.micro_batch_size,
         "B": cfg.global_batch_size, "p": ELEMENT_BYTES[tr.precision],
         "cf": exact(cfg.moe.moe_expert_capacity_factor or 0),
         "rcf": exact(cfg.moe.moe_expert_rank_capacity_factor or 0),
@@ -457,6 +470,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "pad_dense": _buffer_pad(cfg, cfg.degrees.dp_cp_size),
         "pad_expert": _buffer_pad(cfg, cfg.degrees.edp),
         "mem_gib": exact(cfg.cluster.gpu_memory_gib),
+        "recv_z2": hot_rank_z2(cfg.cluster.efficiency.routing_quantile, par.ep),
         "h_moe": cfg.moe.moe_latent_size or m.hidden_size,
         "csa_window": m.csa_window_size or 0,
         "csa_align": 32 // math.gcd(32, CSA_RATIO),
@@ -574,7 +588,7 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
             "L_hca_recomputed": sum(1 for r in kinds if r not in (0, CSA_RATIO))}
 
 
-def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
+def rank_values(rank: int, gpus_per_node: Places, groups: dict[str, list[int]],
                 pp_group: Sequence[int],
                 experts: tuple[int, int, int | None, int | None] = (1, 1, None, None),
                 ) -> dict[str, Number]:
@@ -583,7 +597,7 @@ def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
     layout lacks counts as the rank alone. Pipeline sends go to the exact neighbour stage.
     `experts` is (E, k, G, g) (G, g: group-limited routing, or None), for the chance that a
     token skips a node of its tp_ep group."""
-    values: dict[str, Number] = {"rank": rank, "node": rank // gpus_per_node}
+    values: dict[str, Number] = {"rank": rank, "node": node_of(rank, gpus_per_node)}
     for kind in TOPOLOGY_GROUPS:
         values.update(group_values(kind, groups.get(kind) or [rank], rank, gpus_per_node))
     values.update(_cp_neighbours(rank, gpus_per_node, groups.get("cp") or [rank]))
@@ -596,13 +610,13 @@ def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],
     return values
 
 
-def moved_rank_values(values: dict[str, Number], rank: int, gpus_per_node: int,
+def moved_rank_values(values: dict[str, Number], rank: int, gpus_per_node: Places,
                       groups: dict[str, list[int]], pp_group: Sequence[int]) -> dict[str, Number]:
     """`rank_values` of `rank` from those of another rank whose groups are this rank's moved by a
     whole number of nodes, but `groups` (recomputed here) and the pipeline neighbours: every
     per-node count and crossing share is unchanged by such a move."""
     moved = dict(values)
-    moved.update(rank=rank, node=rank // gpus_per_node)
+    moved.update(rank=rank, node=node_of(rank, gpus_per_node))
     for kind, members in groups.items():
         moved.update(group_values(kind, members or [rank], rank, gpus_per_node))
     moved.update(pipeline_values(rank, gpus_per_node, pp_group))
@@ -610,36 +624,55 @@ def moved_rank_values(values: dict[str, Number], rank: int, gpus_per_node: int,
 
 
 def group_values(kind: str, members: Sequence[int], rank: int,
-                 gpus_per_node: int) -> dict[str, Number]:
+                 gpus_per_node: Places) -> dict[str, Number]:
     """One group kind's placement facts for `rank`: peers on its node, nodes spanned, and the
-    share of ring edges crossing nodes."""
-    nodes = [r // gpus_per_node for r in members]
+    share of ring edges crossing nodes (nodes as `gpus_per_node` places ranks: planner/layout/nodes.py)."""
+    nodes = [node_of(r, gpus_per_node) for r in members]
     crossing = sum(map(operator.ne, nodes, nodes[1:] + nodes[:1]))
-    return {f"{kind}_on_node": nodes.count(rank // gpus_per_node),
-            f"{kind}_nodes": nodes_spanned(members, gpus_per_node),
+    return {f"{kind}_on_node": nodes.count(node_of(rank, gpus_per_node)),
+            f"{kind}_nodes": len(set(nodes)),
             f"{kind}_ring_offnode": normalize(Fraction(crossing, len(nodes)))}
 
 
-def pipeline_values(rank: int, gpus_per_node: int, pp_group: Sequence[int]) -> dict[str, Number]:
+def pipeline_values(rank: int, gpus_per_node: Places, pp_group: Sequence[int]) -> dict[str, Number]:
     """Whether the rank's next and previous pipeline stages sit on another node."""
-    node = rank // gpus_per_node
+    node = node_of(rank, gpus_per_node)
     where = list(pp_group).index(rank) if rank in pp_group else 0
     size = max(len(pp_group), 1)
     values: dict[str, Number] = {}
     for key, neighbour in (("pp_next_offnode", where + 1), ("pp_prev_offnode", where - 1)):
         peer = pp_group[neighbour % size] if pp_group else rank
-        values[key] = int(peer // gpus_per_node != node)
+        values[key] = int(node_of(peer, gpus_per_node) != node)
     return values
 
 
-def _cp_neighbours(rank: int, gpus_per_node: int, cp_group: Sequence[int]) -> dict[str, Number]:
+def _cp_neighbours(rank: int, gpus_per_node: Places, cp_group: Sequence[int]) -> dict[str, Number]:
     """Whether the rank has a previous / next CP rank and whether it sits on another node."""
     members = list(cp_group)
     where = members.index(rank) if rank in members else 0
-    node = rank // gpus_per_node
+    node = node_of(rank, gpus_per_node)
     values: dict[str, Number] = {}
     for side, peer in (("next", where + 1), ("prev", where - 1)):
         there = 0 <= peer < len(members)
         values[f"cp_has_{side}"] = int(there)
-        values[f"cp_{side}_offnode"] = int(there and members[peer] // gpus_per_node != node)
+        values[f"cp_{side}_offnode"] = int(there and node_of(members[peer], gpus_per_node) != node)
     return values
+
+
+def hot_rank_z2(quantile: float, ep: int) -> Number:
+    """z² for the stated quantile of the busiest of EP ranks: P(max of EP receive counts ≤ x) =
+    P(one ≤ x)^EP for independent ranks, so each rank's count sits at its q^(1/EP) quantile
+    (normal approximation; the counts are nearly independent when E/EP ≪ E). Rounded to 6
+    decimals so the budget stays an exact rational."""
+    z = NormalDist().inv_cdf(quantile ** (1 / max(ep, 1)))
+    return exact(round(max(z, 0.0) ** 2, 6))
+
+
+def packed_sequence_length(tr: Any) -> int:
+    """The S the budgets use: seq_length (fixed), or for variable-length THD packing the max or
+    the mean of training.packed_lengths (tokens per packed microbatch) over b, rounded up."""
+    lengths = tr.packed_lengths
+    if not lengths:
+        return int(tr.seq_length)
+    tokens = max(lengths) if tr.packed_length_basis == "max" else Fraction(sum(lengths), len(lengths))
+    return math.ceil(Fraction(tokens) / tr.micro_batch_size)

@@ -61,6 +61,8 @@ def reshard_plan_command(
     stdout.print(table)
     stdout.print(f"total to read: {format_bytes(plan['total_read_bytes'])}; already in place: "
                  f"{format_bytes(plan['total_local_bytes'])}")
+    if plan["drops"] is not None:  # capacity dropping: do both layouts drop the same assignments?
+        stdout.print(f"capacity drops: {plan['drops']['why']}")
 
 
 def register(app: typer.Typer) -> None:

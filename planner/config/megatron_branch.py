@@ -24,7 +24,12 @@ def megatron_branch(cfg: Config) -> str:
            or p.cp_partition_mode == "contiguous" or p.dynamic_context_parallel
            or t.sequence_packing_scheduler is not None)
     main = p.gtp > 1 or p.egtp > 1
+    flex = cfg.moe.moe_token_dispatcher_type == "flex"
+    # DeepEP v2 is a dev-only flex backend; NCCL EP's zero-copy path is main-only (issue 25).
+    dev = dev or (flex and cfg.moe.moe_flex_dispatcher_backend == "deepepv2")
+    main = main or cfg.moe.moe_ncclep_zero_copy
     if dev and main:
-        raise BranchConflict("GTP (main branch only) cannot be combined with DeepSeek-V4 features "
-                             "(dev branch only) in one Megatron-LM command line")
+        raise BranchConflict("GTP or moe_ncclep_zero_copy (main branch only) cannot be combined "
+                             "with DeepSeek-V4 features or the deepepv2 backend (dev branch only) "
+                             "in one Megatron-LM command line")
     return "dev" if dev else "main" if main else "main or dev"

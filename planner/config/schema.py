@@ -271,6 +271,11 @@ class TrainingSection(Section):
     )
     ckpt_format: Literal["torch_dist", "torch", "torch_dcp", "fsdp_dtensor"] = "torch_dist"
     use_megatron_fsdp: bool = False
+    # --- issue 25 (article): variable-length THD packing. The tokens of each packed microbatch
+    # (a sample of the distribution, or just its largest); the budgets take their max (memory-safe,
+    # the default) or their mean (typical step time), as packed_length_basis says.
+    packed_lengths: list[PosInt] | None = None
+    packed_length_basis: Literal["max", "mean"] = "max"
     # Megatron-FSDP: what is sharded over dp_cp / expt_dp (Megatron-LM dev@d48bd6be
     # megatron/training/arguments.py --data-parallel-sharding-strategy, default optim_grads_params).
     data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads",
@@ -364,7 +369,8 @@ class TrainingSection(Section):
 class MoeSection(Section):
     moe_token_dispatcher_type: Literal["allgather", "alltoall", "flex"] = "alltoall"
     # Under flex, Config fills in Megatron's deepep when unset (DEFAULT_FLEX_BACKEND).
-    moe_flex_dispatcher_backend: Literal["deepep", "hybridep", "ncclep"] | None = None
+    # deepepv2 (DeepEP v2's ElasticBuffer) exists only on Megatron-LM dev (planner/config/megatron_branch.py).
+    moe_flex_dispatcher_backend: Literal["deepep", "deepepv2", "hybridep", "ncclep"] | None = None
     moe_expert_capacity_factor: PosFloat | None = None
     moe_expert_rank_capacity_factor: PosFloat | None = None
     moe_pad_expert_input_to_capacity: bool = False
@@ -380,9 +386,15 @@ class MoeSection(Section):
     moe_grouped_gemm: bool = True
     moe_permute_fusion: bool = False
     moe_tid2eid_source: str | None = None
+    # --- issue 25 (article): NCCL EP's zero-copy path, Megatron-LM main only (TransformerConfig.
+    # moe_ncclep_zero_copy): FC2 outputs and FC1 input grads written into symmetric-memory buffers.
+    moe_ncclep_zero_copy: bool = False
 
 
 class OverlapSection(Section):
+    # --- issue 25 (article): the pipeline schedule asked for. dualpipe (the DeepSeek-V4 trainer's,
+    # adapted for mHC) is in no Megatron-LM branch: V4030 says so and the budgets time 1F1B.
+    pipeline_schedule: Literal["1f1b", "dualpipe"] = "1f1b"
     overlap_moe_expert_parallel_comm: bool = False
     moe_shared_expert_overlap: bool = False
     delay_wgrad_compute: bool = False
@@ -415,6 +427,10 @@ class EfficiencySection(Section):
     hbm: Share = 0.8  # share of the HBM bandwidth streaming work (weights, elementwise) reaches
     overlap: Share = 0.5  # share of an overlapped collective hidden behind compute (at most all)
     routing_imbalance: Annotated[float, Field(ge=1)] = 1.0  # busiest rank's expert load / mean
+    # --- issue 25 (article): the quantile of the busiest EP rank's received rows that the
+    # hot-rank rows, bytes and memory budgets state (uniform routing's spread, on top of the
+    # routing_imbalance expectation).
+    routing_quantile: Annotated[float, Field(gt=0.5, lt=1)] = 0.999
     # Fixed latency per token and transformer block outside the GEMMs and attention (kernel
     # launches, host syncs), forward and backward together; their bytes are counted separately.
     non_gemm_ns_per_token_block: NonNegFloat = 2.9
@@ -471,6 +487,11 @@ class ClusterSection(Section):
     # Step-time model (issue 23): a `moeplan calibrate` profile whose fitted factors replace the
     # efficiency defaults in estimate, search, budget and report (path relative to the cwd).
     calibration: str | None = None
+    # --- issue 25 (article): where ranks run (planner/layout/nodes.py). block: torchrun and Slurm's
+    # default fill node after node; cyclic: Slurm --distribution=cyclic, rank r on node r % nodes;
+    # rank_nodes: an explicit node index per rank (a hostfile's order), which wins over both.
+    rank_distribution: Literal["block", "cyclic"] = "block"
+    rank_nodes: list[Annotated[int, Field(ge=0)]] | None = None
 
     @model_validator(mode="after")
     def _from_gpu(self) -> ClusterSection:

@@ -104,6 +104,13 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
      {"quant_pad": True, "fp8_weights": "blockwise", "fp8_param_gather": True}),
     ("FP8 weights with fp8_param_gather (mxfp8)",
      {"quant_pad": True, "fp8_weights": "mxfp8", "fp8_param_gather": True}),
+    # --- issue 25 (article)
+    ("EP 1, ETP = TP, EGTP = GTP: routed experts in the dense grad buffer", {"expert_buffer": False}),
+    ("NCCL EP zero-copy (main's moe_ncclep_zero_copy)", {"dispatcher": "flex", "ncclep": True,
+                                                         "flex_backend": "ncclep", "ncclep_zero_copy": True}),
+    ("dispatcher `flex` with the `deepepv2` backend", {"dispatcher": "flex", "flex_backend": "deepepv2"}),
+    ("THD packing budgeted at the longest packed microbatch", {"packed_basis": "max"}),
+    ("THD packing budgeted at the mean packed microbatch", {"packed_basis": "mean"}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {

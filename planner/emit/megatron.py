@@ -406,6 +406,8 @@ def _moe(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPatt
                 source="moe.moe_pad_expert_input_to_capacity")
     args.add_if(moe.moe_expert_rank_capacity_factor is not None, "--moe-expert-rank-capacity-factor",
                 moe.moe_expert_rank_capacity_factor, source="moe.moe_expert_rank_capacity_factor")
+    args.add_if(moe.moe_ncclep_zero_copy, "--moe-ncclep-zero-copy",  # main only (issue 25)
+                source="moe.moe_ncclep_zero_copy")
     args.add_if(moe.moe_latent_size is not None, "--moe-latent-size", moe.moe_latent_size,
                 source="moe.moe_latent_size")
     args.add_if(moe.moe_apply_probs_on_input, "--moe-apply-probs-on-input",

@@ -7,15 +7,19 @@ import difflib
 from planner.config.schema import Config
 from planner.findings import Finding
 from planner.rules import (
+    ahead,
     arguments,
     batch,
     cluster,
     config,
     distopt,
+    drops,
+    flex_backends,
     gtp,
     memory,
     moe,
     overlap,
+    packing,
     parallel,
     pipeline,
     v4,
@@ -28,9 +32,13 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *config.CONFIG_DOCS,
     *parallel.RULES,
     *batch.RULES,
+    *packing.RULES,  # issue 25 (article)
     *pipeline.RULES,
     *v4.RULES,
+    *ahead.RULES,  # issue 25 (article)
     *moe.RULES,
+    *flex_backends.RULES,  # issue 25 (article)
+    *drops.RULES,  # issue 25 (article)
     *overlap.RULES,
     *gtp.RULES,
     *distopt.RULES,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import lru_cache
 
+from planner.layout.nodes import Places, node_of, rank_places
 from planner.layout.rank_generator import GridError, RankGenerator
 from planner.layout.spec import expert_generator
 from planner.rules.base import Violation, rule
@@ -64,7 +65,7 @@ cluster: {nodes: 4, gpus_per_node: 2, nvlink_domain: 4}""",
 def ep_groups_inside_nvlink_domains(f: Facts) -> Iterator[Violation]:
     domain = f.cluster.nvlink_domain or f.cluster.gpus_per_node or 1
     try:
-        straddle = _straddling(expert_generator(f.grid_spec), domain)
+        straddle = _straddling(expert_generator(f.grid_spec), domain, rank_places(f.cfg, nvlink=True))
     except GridError:
         return  # the grid's own rules (PAR) report why it cannot be built
     if straddle is not None:
@@ -80,19 +81,55 @@ def ep_groups_inside_nvlink_domains(f: Facts) -> Iterator[Violation]:
 
 
 @lru_cache(maxsize=4096)
-def _straddling(layout: RankGenerator, domain: int) -> tuple[int, int, int, int, tuple[int, ...], int] | None:
+def _straddling(layout: RankGenerator, domain: int, places: Places
+                ) -> tuple[int, int, int, int, tuple[int, ...], int] | None:
     """(groups spanning more domains than needed, all groups, group size, domains needed, the
-    first such group, the domains it spans) of the layout's ETP·EP groups; None when none does
+    first such group, the domains it spans) of the layout's ETP·EP groups, each rank in the NVLink
+    domain the launcher places it in (`places`, planner/layout/nodes.py); None when none does
     (remembered: search asks for every knob setting of a layout)."""
     groups = layout.groups("tp-ep")
     size = len(groups[0])
     needed = -(-size // domain)  # the fewest domains a group of this size can span
-    straddling = [g for g in groups if len({r // domain for r in g}) > needed]
+    straddling = [g for g in groups if len({node_of(r, places) for r in g}) > needed]
     if not straddling:
         return None
     first = straddling[0]
     return (len(straddling), len(groups), size, needed, tuple(first),
-            len({r // domain for r in first}))
+            len({node_of(r, places) for r in first}))
 
 
-RULES = (cluster_has_enough_gpus, cluster_without_idle_gpus, ep_groups_inside_nvlink_domains)
+# --- issue 25 (article §4): an explicit rank→node map must place every rank on a real node.
+
+
+@rule(
+    "CLU004", "error", "the rank→node map places every rank on a node with a free GPU",
+    source="planner/layout/nodes.py rank_places (torch.distributed global ranks; the launcher "
+    "decides the node)",
+    why="""cluster.rank_nodes names the node of every rank in rank order (a hostfile's order, or
+    any launcher's); the intra/inter-node split of every collective and CLU003 read it. A map
+    shorter than the world, a node index past cluster.nodes, or more ranks on a node than it has
+    GPUs describes no launch that can happen.""",
+    bad="cluster: {nodes: 2, gpus_per_node: 4, rank_nodes: [0, 0, 0, 0, 0, 1, 1, 1]}",
+    good="cluster: {nodes: 2, gpus_per_node: 4, rank_nodes: [0, 1, 0, 1, 0, 1, 0, 1]}",
+)
+def rank_nodes_are_a_launch(f: Facts) -> Iterator[Violation]:
+    nodes_of = f.cluster.rank_nodes
+    if not nodes_of:
+        return
+    world, per_node = f.world_size, f.cluster.gpus_per_node or 1
+    nodes = f.cluster.nodes or -(-world // per_node)
+    if len(nodes_of) != world:
+        yield Violation("cluster.rank_nodes", f"{len(nodes_of)} entries for world_size {world}",
+                        f"give one node index per rank ({world})")
+    if any(n >= nodes for n in nodes_of):
+        yield Violation("cluster.rank_nodes", f"node index {max(nodes_of)} with cluster.nodes {nodes}",
+                        f"use node indices 0..{nodes - 1}")
+    crowded = sorted({n for n in nodes_of if nodes_of.count(n) > per_node})
+    if crowded:
+        n = crowded[0]
+        yield Violation("cluster.rank_nodes", f"node {n} holds {nodes_of.count(n)} ranks, more than "
+                        f"gpus_per_node {per_node}", f"at most {per_node} ranks on each node")
+
+
+RULES = (cluster_has_enough_gpus, cluster_without_idle_gpus, ep_groups_inside_nvlink_domains,
+         rank_nodes_are_a_launch)

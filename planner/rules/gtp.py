@@ -161,8 +161,32 @@ def gtp_single_optimizer_instance(f: Facts) -> Iterator[Violation]:
                         "set num_distributed_optimizer_instances: 1")
 
 
+# --- issue 25 (article §22, §26): the packing schedulers sequence-sharded GTP excludes.
+DYNAMIC_CP_SCHEDULER = ("Megatron-LM dev@d48bd6be megatron/core/datasets/data_schedule.py "
+                        "DefaultDynamicCPScheduler.__init__; " + GTP_SEQUENCE_SHARDS)
+
+
+@rule(
+    "GTP009", "error", "GTP sequence sharding excludes the default_dynamic_cp packing scheduler",
+    source=DYNAMIC_CP_SCHEDULER,
+    why="""The default_dynamic_cp scheduler packs each batch for a CP size it picks per batch over
+    the dp·cp ranks, while sequence shards fix the runtime context split at C·q_s ranks (the GTP
+    peers of one sample). dp_balanced keeps the CP size and balances over the D_batch = D_w·R/q_s
+    batch replicas, so it stays allowed.""",
+    bad=_SHARDED + "\ntraining: {sequence_packing_scheduler: default_dynamic_cp}",
+    good=_SHARDED + "\ntraining: {sequence_packing_scheduler: dp_balanced}",
+)
+def sequence_shards_static_packing(f: Facts) -> Iterator[Violation]:
+    scheduler = f.train.sequence_packing_scheduler
+    if f.sequence_shards > 1 and scheduler == "default_dynamic_cp":
+        yield Violation("training.sequence_packing_scheduler",
+                        f"gtp_remat_num_sequence_shards {f.sequence_shards} with the {scheduler} "
+                        "packing scheduler (a CP size per batch)",
+                        "use sequence_packing_scheduler: dp_balanced, or drop the sequence shards")
+
+
 RULES = (
     sequence_shards_divide_gtp, sequence_shards_need_ddp, sequence_shards_need_torch_dist,
     sequence_shards_static_cp, gtp_without_average_in_collective, gtp_egtp_correction,
-    gtp_checkpoint_format, gtp_single_optimizer_instance,
+    gtp_checkpoint_format, gtp_single_optimizer_instance, sequence_shards_static_packing,
 )

@@ -156,7 +156,7 @@ def moe_bias_needs_etp1(f: Facts) -> Iterator[Violation]:
 
 
 @rule(
-    "MOE008", "error", "flex deepep/ncclep backends need ETP·EP > 1",
+    "MOE008", "error", "flex deepep/deepepv2/ncclep backends need ETP·EP > 1",
     source=FLEX_DISPATCHER,
     why="""DeepEP and NCCL EP are communication kernels over the ETP×EP domain; with a single
     rank in it they refuse to start.""",
@@ -171,7 +171,7 @@ def moe_bias_needs_etp1(f: Facts) -> Iterator[Violation]:
 )
 def flex_needs_ep_domain(f: Facts) -> Iterator[Violation]:
     backend = f.flex_backend
-    if backend in ("deepep", "ncclep") and f.degrees.tp_ep_size == 1:
+    if backend in ("deepep", "deepepv2", "ncclep") and f.degrees.tp_ep_size == 1:
         yield Violation("parallel.ep", f"flex backend {backend} with etp·ep = {f.etp}·{f.par.ep} = 1",
                         "raise ep or etp, or use the alltoall dispatcher")
 
@@ -236,7 +236,7 @@ def ncclep_needs_flex(f: Facts) -> Iterator[Violation]:
 
 
 @rule(
-    "MOE013", "error", "the deepep backend does not pad to capacity",
+    "MOE013", "error", "the deepep and deepepv2 backends do not pad to capacity",
     source=TRANSFORMER_CONFIG,
     why="""DeepEP's dispatch produces variable per-expert row counts; it has no drop-and-pad
     mode, so pad-to-capacity is rejected (hybridep supports it).""",
@@ -250,9 +250,9 @@ def ncclep_needs_flex(f: Facts) -> Iterator[Violation]:
     """,
 )
 def deepep_no_padding(f: Facts) -> Iterator[Violation]:
-    if f.flex_backend == "deepep" and f.moe.moe_pad_expert_input_to_capacity:
+    if f.flex_backend in ("deepep", "deepepv2") and f.moe.moe_pad_expert_input_to_capacity:
         yield Violation("moe.moe_pad_expert_input_to_capacity",
-                        "flex backend deepep with moe_pad_expert_input_to_capacity",
+                        f"flex backend {f.flex_backend} with moe_pad_expert_input_to_capacity",
                         "turn padding off or use the hybridep backend")
 
 

@@ -9,7 +9,8 @@ from planner.rules.facts import Facts
 from planner.rules.sources import VIRTUAL_EXPERTS
 
 SOURCE = VIRTUAL_EXPERTS
-_ON = "moe: {moe_virtual_experts: true}"
+_ON = ("moe: {moe_virtual_experts: true, moe_token_dispatcher_type: flex, "
+       "moe_flex_dispatcher_backend: hybridep}")
 
 
 def _on(f: Facts) -> bool:
@@ -85,7 +86,62 @@ def virtual_experts_no_fsdp(f: Facts) -> Iterator[Violation]:
                         f"set training.{f.fsdp}: false")
 
 
+# --- issue 25 (article §27): the dispatcher, backend and overlap the replica planner runs under.
+
+
+@rule(
+    "VEX006", "error", "virtual experts need the flex dispatcher",
+    source=SOURCE,
+    why="""The replica planner is built into the flex dispatcher's HybridEP path: it rewrites the
+    routing map into physical slots before the fused dispatch. The alltoall and allgather
+    dispatchers route by the fixed owner of each expert and cannot send an assignment to a
+    replica.""",
+    bad="moe: {moe_virtual_experts: true, moe_token_dispatcher_type: alltoall}",
+    good=_ON,
+)
+def virtual_experts_need_flex(f: Facts) -> Iterator[Violation]:
+    kind = f.moe.moe_token_dispatcher_type
+    if _on(f) and kind != "flex":
+        yield Violation("moe.moe_token_dispatcher_type", f"moe_virtual_experts with the {kind} dispatcher",
+                        "set moe_token_dispatcher_type: flex with moe_flex_dispatcher_backend: hybridep")
+
+
+@rule(
+    "VEX007", "error", "virtual experts need the hybridep backend",
+    source=SOURCE,
+    why="""Virtual-expert load balancing is added to HybridEP only; DeepEP, DeepEP v2 and NCCL EP
+    dispatch to the static expert owners.""",
+    bad="moe: {moe_virtual_experts: true, moe_token_dispatcher_type: flex, "
+        "moe_flex_dispatcher_backend: deepep}",
+    good=_ON,
+)
+def virtual_experts_need_hybridep(f: Facts) -> Iterator[Violation]:
+    backend = f.flex_backend
+    if _on(f) and backend is not None and backend != "hybridep":
+        yield Violation("moe.moe_flex_dispatcher_backend", f"moe_virtual_experts with the {backend} "
+                        "backend", "set moe_flex_dispatcher_backend: hybridep")
+
+
+@rule(
+    "VEX008", "warning", "virtual experts with batch-level EP overlap",
+    source=SOURCE,
+    why="""The replica weights move asynchronously between the planner's decision and the expert
+    GEMMs, on the streams batch-level EP overlap (overlap_moe_expert_parallel_comm) schedules
+    dispatch and combine on; the pull request lists BF16/MXFP8, expert GTP, repeated MTP and
+    activation offloading as supported and not this overlap, and the DeepSeek-V4 Megatron write-up
+    says some overlaps are restricted.""",
+    bad=_ON + "\nparallel: {pp: 1}\noverlap: {overlap_moe_expert_parallel_comm: true}",
+    good=_ON + "\nparallel: {pp: 1}",
+)
+def virtual_experts_with_ep_overlap(f: Facts) -> Iterator[Violation]:
+    if _on(f) and f.ovl.overlap_moe_expert_parallel_comm:
+        yield Violation("overlap.overlap_moe_expert_parallel_comm",
+                        "moe_virtual_experts with overlap_moe_expert_parallel_comm (not among the "
+                        "supported combinations)", "turn off overlap_moe_expert_parallel_comm")
+
+
 RULES = (
     virtual_experts_etp1, virtual_experts_fixed_tokens, virtual_experts_no_expert_bias,
-    virtual_experts_no_fp4, virtual_experts_no_fsdp,
+    virtual_experts_no_fp4, virtual_experts_no_fsdp, virtual_experts_need_flex,
+    virtual_experts_need_hybridep, virtual_experts_with_ep_overlap,
 )

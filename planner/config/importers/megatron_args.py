@@ -37,6 +37,9 @@ NOT_ARGUMENTS = {
     "training.fp8", "training.fp4", "training.qkv_format", "moe.moe_virtual_experts",
     "moe.moe_tid2eid_source",
 }
+# --- issue 25 (article): THD packing's packed lengths and their basis are moeplan's own settings.
+NOT_ARGUMENTS |= {"training.packed_lengths", "training.packed_length_basis",
+                  "overlap.pipeline_schedule"}
 Kind = Literal["flag", "int", "float", "str", "ints", "strs", "moe_freq", "bracket_ints", "special"]
 
 # Arguments whose moeplan field has another name, or that only the wt/fields model fields carry

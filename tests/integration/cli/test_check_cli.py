@@ -75,7 +75,9 @@ def test_each_warning_example_passes_with_only_its_warning(path):
     assert result.returncode == 0, result.stdout
     payload = json.loads(result.stdout)
     assert payload["ok"] is True
-    assert {(f["code"], f["severity"]) for f in payload["findings"]} == {(code, "warning")}
+    # information (MOE033: capacity drops follow the slicing) is neither a warning nor an error
+    assert {(f["code"], f["severity"]) for f in payload["findings"]
+            if f["severity"] != "info"} == {(code, "warning")}
 
 
 def test_there_are_warning_examples():

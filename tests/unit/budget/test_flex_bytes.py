@@ -150,7 +150,8 @@ def test_virtual_experts_price_weights_slots_and_gradients():
 @pytest.mark.parametrize(("overlay", "message"), [
     ({"moe": {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "hybridep"}},
      "moe_token_dispatcher_type = 'flex'"),
-    ({"moe": {"moe_virtual_experts": True}}, "moe_virtual_experts is not implemented"),
+    ({"moe": {"moe_virtual_experts": True, "moe_token_dispatcher_type": "flex",  # VEX006/VEX007
+              "moe_flex_dispatcher_backend": "hybridep"}}, "moe_virtual_experts is not implemented"),
     ({"training": {"fp8": True}}, "training.fp8/fp4"),
 ])
 def test_the_runtime_refuses_what_is_predicted_only(overlay: dict[str, Any], message: str):

@@ -156,7 +156,7 @@ def test_buffers_and_vocabulary_are_padded_as_megatron_pads_them(megatron_paddin
     assert env["V_pad"] == megatron_padding["vocab_size_with_padding"](
         cfg.model.vocab_size, args, logging_enabled=False)
     for kind, replicas in (("dense", cfg.dp * cfg.parallel.cp), ("expert", cfg.edp)):
-        params = env[f"{kind}_params_on_rank"]
+        params = env[f"{kind}_grad_params"]  # the buffer's members (experts join dense with EP 1)
         assert isinstance(params, int)
         if not tr.use_distributed_optimizer:
             assert env[f"{kind}_buffer_params"] == params == env[f"{kind}_shard_params"]

@@ -467,6 +467,7 @@ NOT_ON_DEV = {
     "--gtp-remat-num-sequence-shards": "GTP sequence shards, Megatron-LM main only",
     "--virtual-pipeline-model-parallel-size": "the older spelling of --num-virtual-stages-per-pipeline-rank",
     "--variable-seq-lengths": "emitted by `emit megatron` for training.variable_seq_lengths",
+    "--moe-ncclep-zero-copy": "NCCL EP zero-copy, Megatron-LM main only (moe.moe_ncclep_zero_copy)",
 }
 
 

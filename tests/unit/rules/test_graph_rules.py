@@ -66,6 +66,7 @@ def test_no_graphs_no_scope_rules():
 def test_moe_and_router_scopes_are_exclusive():
     # transformer_config.py:3222
     assert codes(merge(_graphs("local", "moe", "moe_router"), DROP_PAD)) == [
+        ("MOE033", "moe.moe_expert_capacity_factor"),  # info: drops follow the slicing
         ("OVL016", "overlap.cuda_graph_scope")]
 
 

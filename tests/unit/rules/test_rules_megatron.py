@@ -236,17 +236,17 @@ def test_ncclep_drop_and_pad_is_a_warning_naming_both_branches():
     # capacity factor (megatron/core/transformer/moe/token_dispatcher.py:1717).
     overlay = merge(_NCCLEP, {"moe": {"moe_expert_rank_capacity_factor": 1.5,
                                       "moe_expert_capacity_factor": 1.0}})
-    [finding] = findings(overlay)
+    [finding] = [f for f in findings(overlay) if f.code != "MOE033"]  # MOE033: info on drops
     assert (finding.code, finding.severity) == ("MOE003", "warning")
     assert "main rejects" in finding.message and "dev accepts" in finding.message
     assert "main@d98e8a64" in finding.source and "dev@d48bd6be" in finding.source
     assert finding.message.endswith("on main it fails")  # no V4 feature, no GTP: either branch
     v4 = merge(overlay, {"model": {"moe_n_hash_layers": 1}, "parallel": {"pp": 1},
                          "moe": {"moe_tid2eid_source": "checkpoint"}})
-    assert [f.message.rsplit("; ", 1)[1] for f in findings(v4)] == [
+    assert [f.message.rsplit("; ", 1)[1] for f in findings(v4) if f.code == "MOE003"] == [
         "this config targets dev (DeepSeek-V4 features)"]
     gtp = merge(overlay, {"parallel": {"gtp": 2, "egtp": 2, "ep": 2}})
-    assert [(f.code, f.message.rsplit("; ", 1)[1]) for f in findings(gtp)] == [
+    assert [(f.code, f.message.rsplit("; ", 1)[1]) for f in findings(gtp) if f.code == "MOE003"] == [
         ("MOE003", "this config targets main (GTP), where it fails")]
 
 

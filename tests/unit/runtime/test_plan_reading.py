@@ -134,7 +134,12 @@ def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[st
                                 set_budget("grad_scale_sum_dense", "1")),
         "expert_doubled": edited(original, folder / "expert.plan.json",
                                  set_budget("grad_scale_sum_expert", "1")),
+        # the loss-scale chain: m = B 2 / (b 1 · DP 2) = 1, so 1/m = 1
+        "loss_doubled": edited(original, folder / "loss.plan.json",
+                               set_budget("loss_scale_microbatch", "2")),
     }
+    assert budget_value(original, "loss_scale_microbatch") == "1"
+    assert budget_value(original, "expert_grad_buffers") == "1"  # EP 2: the experts' own buffer
     out = folder / "result"
     try:
         mp.spawn(_worker, args=(2, _free_port(), {k: str(v) for k, v in plans.items()}, str(out)),
@@ -169,6 +174,30 @@ def test_edited_expert_pre_scale_doubles_exactly_the_reduced_expert_grads(two_ra
             want = 2 * grad if name in experts else grad
             assert torch.equal(doubled["grads"][name], want), f"rank {rank} {name}"
         assert any(base["grads"][name].abs().sum() > 0 for name in experts)
+
+
+def test_edited_loss_scale_doubles_the_grads_the_aux_loss_does_not_reach(two_rank_runs) -> None:
+    """Article §18-19, the loss-scale / 1/m chain: the runtime multiplies each microbatch's loss by
+    the plan's loss_scale_microbatch (Megatron-LM dev@d48bd6be megatron/core/pipeline_parallel/
+    schedules.py:336 forward_step `output_tensor /= num_microbatches`). 1 → 2 doubles exactly the
+    grads of the parameters after the last router (the final norm and the output layer); the aux
+    loss, scaled on its own, still reaches the others."""
+    for rank, run in two_rank_runs.items():
+        base, doubled = run["original"], run["loss_doubled"]
+        head = [n for n in base["grads"] if n.startswith(("final_norm", "output"))]
+        assert head, sorted(base["grads"])
+        for name in head:
+            assert torch.equal(doubled["grads"][name], 2 * base["grads"][name]), f"rank {rank} {name}"
+
+
+def test_experts_join_the_dense_reduction_without_an_expert_grid(tmp_path: Path) -> None:
+    """Article §18-19: EP 1, ETP = TP, EGTP = GTP: the plan says no expert buffer and the runtime
+    reduces the experts with the dense grads (Megatron-LM main@d98e8a64 megatron/core/extensions/
+    transformer_engine.py:1236 use_expert_pgs)."""
+    config = copy.deepcopy(SMALL)
+    config["parallel"]["ep"] = 1
+    scales = load_plan(compiled(tmp_path, "ep1", config)).grad_scales
+    assert (scales.expert_buffer, scales.dense, scales.expert, scales.loss) == (False, 0.5, 0.5, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
