@@ -61,6 +61,8 @@ def _attention(book: Book, v: Variant) -> None:
         add("flops_attention_core_fwd_per_token", "2 * heads * d * S", "FLOP", "flops",
             "one attention layer's QKᵀ and softmax·V per token: 2 GEMMs over the causal half "
             "of S keys (the /2 cancels the second GEMM)")
+        if v.window:
+            _window(book)
         return
     if v.attention == "mla":
         q = ("q_lora * (h + heads * (d_qk + qk_rope) + 1)" if v.mla_q_lora
@@ -100,6 +102,24 @@ def _attention(book: Book, v: Variant) -> None:
     add("flops_attention_swa_fwd_per_token",
         "flops_v4_projection_fwd_per_token + flops_v4_window_fwd_per_token", "FLOP", "flops",
         "one window-only V4 layer per token: projections and window attention")
+
+
+def _window(book: Book) -> None:
+    """Sliding-window core attention as it runs. Megatron's num_floating_point_operations has no
+    window term: its figure (flops_per_token) counts window layers over the whole causal sequence
+    like full ones, so these rows feed only the time page. A causal query at position i reads
+    min(i + 1, K) keys, K = window_keys (left window + itself) capped at S; over S queries that
+    averages K · (1 − (K − 1) / (2S))."""
+    add = book.add
+    add("flops_window_keys_avg", "Min(window_keys, S) * (1 - (Min(window_keys, S) - 1) / (2 * S))",
+        "keys", "flops", "average keys a sliding-window query reads under the causal mask")
+    add("flops_attention_window_core_fwd_per_token", "2 * 2 * heads * d * flops_window_keys_avg",
+        "FLOP", "flops", "one sliding-window attention layer's QKᵀ and softmax·V per token as "
+        "computed (moeplan's count; Megatron's FLOPs figure counts the layer as full attention)")
+    add("flops_window_fwd_per_token", "L_model_window * (flops_attention_window_core_fwd_per_token"
+        " - flops_attention_core_fwd_per_token)", "FLOP", "flops",
+        "what the model's window layers change in one forward per token against Megatron's "
+        "full-attention count (negative: work the window skips)")
 
 
 def _model_attention(v: Variant) -> str:

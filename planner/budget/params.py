@@ -58,7 +58,10 @@ def write(book: Book, v: Variant) -> None:
     add("shared_params_per_layer", f"{mats} * h * I_s / (TP * GTP)"
         + (f" + {_fc1_bias(v, 'I_s')} / TP + Min(I_s, 1) * h" if v.bias else ""), "params", "memory",
         "shared expert, dense TP layout" + (", with biases" if v.bias else ""))
-    add("router_params_per_layer", "E * h", "params", "memory", "gating matrix (replicated over TP)")
+    # add_bias_linear biases the router too (Megatron-LM dev@d48bd6be megatron/core/transformer/
+    # moe/router.py Router.__init__: bias [E], whole on every TP rank).
+    add("router_params_per_layer", "E * h + E" if v.bias else "E * h", "params", "memory",
+        "gating matrix" + (" and its bias" if v.bias else "") + " (replicated over TP)")
     moe_dense = "shared_params_per_layer + router_params_per_layer"
     if v.shared_gate:
         # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/shared_experts.py
@@ -94,6 +97,7 @@ def write(book: Book, v: Variant) -> None:
             "memory", "add_bias_linear: attention biases (column-parallel ones split over TP, the "
             "output projection's whole on every TP rank)")
         mixers += " + attention_bias_params_per_block"
+    mixers = _add_attention_extras(book, v, mixers)
     if v.mhc:
         add("mhc_params_per_block", "2 * ((2 + n_hc) * n_hc * n_hc * h + (2 + n_hc) * n_hc + 3)",
             "params", "memory", "mHC pre/post/combination weights of both sub-layers")
@@ -164,6 +168,23 @@ def write(book: Book, v: Variant) -> None:
     _add_tp_replicated(book, v, mtp_norms, mhc_head)
     if v.fp8_weights:
         _add_fp8_params(book, v)
+
+
+def _add_attention_extras(book: Book, v: Variant, mixers: str) -> str:
+    """Attention parameters of the current MoE architectures: gpt-oss's learnable sinks (Megatron-LM
+    dev@d48bd6be megatron/core/transformer/dot_product_attention.py DotProductAttention.__init__:
+    softmax_offset [heads / TP]) and GLM-4.5's q/k/v biases without other biases
+    (megatron/core/transformer/attention.py SelfAttention.__init__: linear_qkv bias =
+    add_bias_linear or add_qkv_bias, column-parallel, split over TP)."""
+    if v.sinks:
+        book.add("sink_params_per_block", "heads / TP", "params", "memory",
+                 "softmax_type learnable: one sink logit per attention head (split over TP)")
+        mixers += " + sink_params_per_block"
+    if v.qkv_bias:
+        book.add("qkv_bias_params_per_block", "(heads + 2 * groups) * d / TP", "params", "memory",
+                 "add_qkv_bias: the q/k/v projection's bias (split over TP)")
+        mixers += " + qkv_bias_params_per_block"
+    return mixers
 
 
 # The weight matrices of the attention projections alone (no fused norms, biases or sinks).

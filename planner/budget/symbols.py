@@ -16,6 +16,12 @@ from fractions import Fraction
 from functools import cache
 from typing import Any
 
+from planner.budget.attention_kinds import (
+    WINDOW_STAGE_SYMBOLS,
+    WINDOW_SYMBOLS,
+    window_layers,
+    window_values,
+)
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
@@ -94,6 +100,7 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("vex_slots", "temporary expert slots per rank and MoE layer with virtual experts "
            "(moeplan assumes one; 0 without virtual experts)"),
     *MODEL_SYMBOLS,
+    *WINDOW_SYMBOLS,
     *HARDWARE_SYMBOLS,
 )
 
@@ -125,6 +132,7 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
     ("L_dense_recomputed", "dense-MLP blocks among blocks_recomputed"),
     ("L_csa_recomputed", "CSA attention layers among blocks_recomputed (V4)"),
     ("L_hca_recomputed", "HCA attention layers among blocks_recomputed (V4)"),
+    *WINDOW_STAGE_SYMBOLS,
 ))
 
 # The rank's neighbours in its CP group (group order, no wrap-around): V4 attention's boundary
@@ -217,6 +225,10 @@ class Variant:
     fp8_weights: str = ""
     fp8_transpose: bool = False  # tensor-scaled FP8 on Hopper: a transposed copy for backward
     fp8_param_gather: bool = False  # training.fp8_param_gather: FP8 weights are the parameters
+    # Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
+    sinks: bool = False  # softmax_type learnable: one sink logit per head and attention layer
+    window: bool = False  # sliding-window attention on some layers (model.window_size)
+    qkv_bias: bool = False  # add_qkv_bias without add_bias_linear: biases on linear_qkv only
 
     @property
     def v4_cp(self) -> bool:
@@ -286,7 +298,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         shared_overlap=ov.moe_shared_expert_overlap and bool(model.moe_shared_expert_intermediate_size),
         global_aux=moe.moe_router_load_balancing_type == "global_aux_loss" and moe.moe_aux_loss_coeff > 0,
         layernorm=model.normalization == "LayerNorm",
-        swiglu=model.swiglu,
+        swiglu=model.gated_mlp,
         bias=model.add_bias_linear,
         qk_norm=model.qk_layernorm and model.attention_variant == "standard",
         dropout=model.hidden_dropout > 0,
@@ -297,6 +309,9 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         fp8_transpose=tr.fp8 and (cfg.cluster.gpu or DEFAULT_GPU) in HOPPER
         and tr.fp8_recipe in ("delayed", "tensorwise"),
         fp8_param_gather=tr.fp8 and tr.fp8_param_gather,
+        sinks=model.softmax_type == "learnable",
+        window=model.window_size is not None and model.attention_variant == "standard",
+        qkv_bias=model.add_qkv_bias and not model.add_bias_linear,
     )
 
 
@@ -422,6 +437,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
                     else QUANT_ALIGN["fp4"] if tr.fp4 else 1),
         "vex_slots": int(cfg.moe.moe_virtual_experts),
         **model_values(cfg),
+        **window_values(cfg),
         **hardware_values(cfg),
     }
 
@@ -487,6 +503,7 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
         "L_mtp": len(st.mtp_layers),
         "L_csa": sum(1 for r in per_block if r == CSA_RATIO),
         "L_hca": sum(1 for r in per_block if r not in (0, CSA_RATIO)),
+        "L_window": window_layers(model, st.layers),
         "has_embedding": int(st.embedding),
         "has_mtp_embedding": int(bool(st.mtp_layers) and not st.embedding),
         "has_output": int(st.output_head),
@@ -523,7 +540,8 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
     return {"blocks_recomputed": len(layers), "L_moe_recomputed": moe,
             "L_dense_recomputed": len(layers) - moe,
             "L_csa_recomputed": kinds.count(CSA_RATIO),
-            "L_hca_recomputed": sum(1 for r in kinds if r not in (0, CSA_RATIO))}
+            "L_hca_recomputed": sum(1 for r in kinds if r not in (0, CSA_RATIO)),
+            "L_window_recomputed": window_layers(model, layers)}
 
 
 def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],

@@ -21,6 +21,7 @@ tokens; `imbalance` scales the routed-expert share for the busiest rank.
 from __future__ import annotations
 
 from planner.budget.collectives import TABLE
+from planner.budget.attention_kinds import window_core
 from planner.budget.expr import Book, ident
 from planner.budget.hardware import overlap_symbol
 from planner.budget.symbols import Variant
@@ -65,10 +66,16 @@ def _kinds(book: Book, v: Variant) -> None:
     core = "0" if v.attention == "dsv4_hybrid" else "blocks * flops_attention_core_fwd_per_token"
     core_rc = ("0" if v.attention == "dsv4_hybrid"
                else "blocks_recomputed * flops_attention_core_fwd_per_token")
+    linear = "stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops"
+    counted_core_rc = core_rc  # the flops page's recompute row counts window layers as full
+    if v.window:  # window layers' core attention as it runs (the flops page's window rows)
+        linear = f"stage_attention_fwd_flops_per_token - {core}"
+        core, core_rc = window_core("blocks", "L_window"), window_core(
+            "blocks_recomputed", "L_window_recomputed")
     add("time_attention_core_fwd_flops", core, "FLOP", "time",
-        "core attention of the stage per token (V4's sparse attention counts as GEMMs)")
-    add("time_attention_linear_fwd_flops",
-        "stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops", "FLOP", "time",
+        "core attention of the stage per token (V4's sparse attention counts as GEMMs"
+        + ("; sliding-window layers over their window" if v.window else "") + ")")
+    add("time_attention_linear_fwd_flops", linear, "FLOP", "time",
         "attention projections of the stage per token")
     add("time_shared_fwd_flops", f"L_moe * 2 * {fx} * I_s * h", "FLOP", "time",
         "shared experts of the stage per token (their own GEMMs: every token, dense TP layout)")
@@ -96,7 +103,7 @@ def _kinds(book: Book, v: Variant) -> None:
         "core attention forward recompute runs again per token")
     add("time_recompute_attention_linear_flops",
         f"stage_recompute_fwd_flops_per_token - {moe_rc}"
-        f" - L_dense_recomputed * flops_dense_mlp_fwd_per_token - ({core_rc})"
+        f" - L_dense_recomputed * flops_dense_mlp_fwd_per_token - ({counted_core_rc})"
         " + time_recompute_mla_up_flops", "FLOP", "time",
         "attention projections recompute runs again per token (full, or MLA up projections)")
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py MoELayer: with

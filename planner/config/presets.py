@@ -149,3 +149,27 @@ PRESETS.update({
         "moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
     },
 })
+
+# ---- Current MoE architectures, from their published Hugging Face config.json (cited per model;
+# tests/support/hf_configs.py holds the files and tests/unit/config/test_presets.py checks each
+# preset equals `moeplan import hf` of it).
+# openai/gpt-oss-20b and openai/gpt-oss-120b config.json: 64 heads of 64 with 8 KV groups, q/k/v/o
+# biases and a learnable sink per head, sliding window 128 (HF: the query and 127 keys before it)
+# on every other layer from layer 0, every layer MoE (32 / 128 experts top-4, biased router, top-k
+# softmax), experts with biases and the clamped GLU (limit 7, linear offset 1), vocabulary 201,088.
+_GPT_OSS: dict[str, Any] = {
+    **_HF_COMMON,
+    "hidden_size": 2880, "num_attention_heads": 64, "vocab_size": 201088,
+    "max_position_embeddings": 131072, "norm_epsilon": 1e-5, "rotary_base": 150000,
+    "kv_channels": 64, "group_query_attention": True, "num_query_groups": 8,
+    "add_bias_linear": True, "softmax_type": "learnable", "qk_layernorm": False,
+    "swiglu": False, "quick_geglu": True, "glu_linear_offset": 1.0, "swiglu_limit": 7.0,
+    "ffn_hidden_size": 2880, "moe_ffn_hidden_size": 2880, "moe_router_topk": 4,
+    "moe_layer_freq": 1, "moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
+    "window_size": [127, 0], "window_attn_skip_freq": 2,
+}
+
+PRESETS.update({
+    "gpt-oss-20b": {**_GPT_OSS, "num_layers": 24, "num_experts": 32},
+    "gpt-oss-120b": {**_GPT_OSS, "num_layers": 36, "num_experts": 128},
+})

@@ -54,7 +54,9 @@ def _alias(*names: str) -> Any:
 
 class ModelSection(Section):
     preset: Literal["deepseek-v4-pro", "deepseek-v4-flash", "deepseek-v3", "qwen3-30b-a3b",
-                    "qwen3-235b-a22b", "mixtral-8x7b"] | None = None
+                    "qwen3-235b-a22b", "mixtral-8x7b",
+                    # current MoE architectures
+                    "gpt-oss-20b", "gpt-oss-120b"] | None = None
     num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt
@@ -128,12 +130,46 @@ class ModelSection(Section):
     enable_hyper_connections: bool = False
     num_residual_streams: PosInt = 1
     mhc_sinkhorn_iterations: PosInt = 20
+    # ---- Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2): fields named as Megatron-LM
+    # dev@d48bd6be megatron/core/transformer/transformer_config.py TransformerConfig (and its
+    # arguments). softmax_type 'learnable' gives every attention layer one sink logit per head
+    # (megatron/core/transformer/dot_product_attention.py DotProductAttention.softmax_offset);
+    # 'off-by-one' adds a fixed zero logit, no parameter.
+    softmax_type: Literal["vanilla", "off-by-one", "learnable"] = "vanilla"
+    # Sliding-window attention: window_size (left, right) keys, e.g. [128, 0]; window_attn_skip_freq
+    # N makes every N-th layer (1-based) full attention, a 1/0 list marks window layers with 1
+    # (megatron/core/transformer/utils.py is_layer_window_attention). Unset: every layer windowed.
+    window_size: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)] | None = None
+    window_attn_skip_freq: PosInt | list[Literal[0, 1]] | None = None
+    # --quick-geglu: gated MLP with x·sigmoid(1.702x) (megatron/training/argument_utils.py
+    # core_transformer_config_from_args: gated_linear_unit, quick_gelu; it refuses --swiglu with it);
+    # glu_linear_offset is added to the linear half (gpt-oss: 1.0), clamped by swiglu_limit.
+    quick_geglu: bool = False
+    glu_linear_offset: float = 0.0
+    # --add-qkv-bias: biases on the q/k/v projection only (add_bias_linear implies it).
+    add_qkv_bias: bool = False
+    # --rotary-percent: the share of each head's dimensions RoPE rotates (numerics only).
+    rotary_percent: Annotated[float, Field(gt=0, le=1)] = 1.0
 
-    @field_validator("moe_layer_freq", mode="before")
+    @field_validator("moe_layer_freq", "window_attn_skip_freq", mode="before")
     @classmethod
     def _megatron_freq(cls, value: Any) -> Any:
         """Megatron's string spellings: "N" or a list expression such as "([0]*3+[1]*58)"."""
         return parse_layer_freq(value) if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _quick_geglu(cls, data: Any) -> Any:
+        """--quick-geglu replaces SwiGLU (Megatron asserts `not args.swiglu` with it), so it turns
+        moeplan's swiglu default off; swiglu: true written beside it is refused."""
+        if not isinstance(data, dict) or data.get("quick_geglu") is not True:
+            return data
+        if data.get("swiglu") is True:
+            raise PydanticCustomError(
+                "quick_geglu_swiglu",
+                "model.quick_geglu and model.swiglu are both true: Megatron takes one gated "
+                "activation (drop swiglu)")
+        return {**data, "swiglu": False}
 
     @model_validator(mode="before")
     @classmethod
@@ -169,6 +205,13 @@ class ModelSection(Section):
                 "num_attention_heads {heads}",
                 {"groups": self.num_query_groups, "heads": self.num_attention_heads},
             )
+        skip = self.window_attn_skip_freq
+        if isinstance(skip, list) and len(skip) != self.num_layers:
+            raise PydanticCustomError(
+                "window_pattern_length",
+                "model.window_attn_skip_freq lists {found} layers, the model has {layers}: give "
+                "one 1 (window) or 0 (full) per layer",
+                {"found": len(skip), "layers": self.num_layers})
         derived = {
             "num_query_groups": self.num_query_groups or self.num_attention_heads,
             "kv_channels": self.kv_channels or max(1, self.hidden_size // self.num_attention_heads),
@@ -192,6 +235,23 @@ class ModelSection(Section):
     def mhc_expansion(self) -> int:
         """Width multiplier of the residual stream (1 when mHC is off)."""
         return self.num_residual_streams if self.enable_hyper_connections else 1
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Megatron's gated_linear_unit: SwiGLU or quick-GEGLU (FC1 twice as wide)."""
+        return self.swiglu or self.quick_geglu
+
+    def is_window_layer(self, layer: int) -> bool:
+        """Sliding-window attention on 0-based `layer`, as Megatron's is_layer_window_attention
+        decides it for layer number layer + 1."""
+        if self.window_size is None:
+            return False
+        skip = self.window_attn_skip_freq
+        if skip is None:
+            return True
+        if isinstance(skip, int):
+            return (layer + 1) % skip != 0
+        return layer < len(skip) and skip[layer] == 1
 
     def is_moe_layer(self, layer: int) -> bool:
         """Megatron's moe_layer_freq: an int N makes every N-th layer MoE; a list is a 0/1 pattern."""

@@ -277,6 +277,7 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
                 source="model.untie_embeddings_and_output_weights")
     args.add_if(m.swiglu_limit is not None, "--activation-func-clamp-value", m.swiglu_limit,
                 source="model.swiglu_limit")
+    _current_architectures(cfg, args)
     _rope(cfg, args)
     if m.attention_variant in ("mla", "dsv4_hybrid"):
         args.add("--multi-latent-attention", source=f"model.attention_variant {m.attention_variant}")
@@ -317,6 +318,23 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
                 source="model.mtp_loss_scaling_factor")
     if args.entry == HYBRID_ENTRY:
         args.add("--spec", *HYBRID_DSV4_SPEC, source="hybrid DSv4 layer specs")
+
+
+def _current_architectures(cfg: Config, args: MegatronArgs) -> None:
+    """gpt-oss / GLM-4.5 / MiniMax-M2 mechanisms, each a Megatron-LM dev@d48bd6be TransformerConfig
+    field with its own flag (megatron/core/transformer/transformer_config.py); --window-size is
+    parsed as "left,right" (megatron/training/arguments.py tuple_type)."""
+    m = cfg.model
+    args.add_if(m.quick_geglu, "--quick-geglu", source="model.quick_geglu")
+    args.add_if(m.glu_linear_offset != 0, "--glu-linear-offset", m.glu_linear_offset,
+                source="model.glu_linear_offset")
+    args.add_if(m.softmax_type != "vanilla", "--softmax-type", m.softmax_type, source="model.softmax_type")
+    if m.window_size is not None:
+        args.add("--window-size", ",".join(str(n) for n in m.window_size), source="model.window_size")
+        args.add_if(m.window_attn_skip_freq is not None, "--window-attn-skip-freq",
+                    m.window_attn_skip_freq, source="model.window_attn_skip_freq")
+    args.add_if(m.add_qkv_bias and not m.add_bias_linear, "--add-qkv-bias", source="model.add_qkv_bias")
+    args.add_if(m.rotary_percent != 1, "--rotary-percent", m.rotary_percent, source="model.rotary_percent")
 
 
 def _hash_routing(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPattern | None) -> None:

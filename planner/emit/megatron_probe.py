@@ -395,7 +395,10 @@ SHAPE_FIELDS = ("num_attention_heads", "num_query_groups", "kv_channels", "ffn_h
                 "moe_ffn_hidden_size", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
                 "qk_head_dim", "v_head_dim", "qk_pos_emb_head_dim", "gated_linear_unit",
                 "normalization", "add_bias_linear", "qk_layernorm", "moe_shared_expert_gate",
-                "moe_router_dtype", "hidden_dropout", "attention_dropout")
+                "moe_router_dtype", "hidden_dropout", "attention_dropout",
+                # current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
+                "softmax_type", "window_size", "window_attn_skip_freq", "glu_linear_offset",
+                "activation_func_clamp_value", "add_qkv_bias")
 
 
 def _shape(transformer: Any) -> dict[str, Any]:
@@ -404,7 +407,10 @@ def _shape(transformer: Any) -> dict[str, Any]:
     for name in SHAPE_FIELDS:
         if hasattr(transformer, name):
             value = getattr(transformer, name)
-            found[name] = value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+            if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
+                value = list(value)  # window_size (left, right), a per-layer pattern
+            found[name] = (value if isinstance(value, (bool, int, float, str, list, type(None)))
+                           else repr(value))
     return found
 
 

@@ -156,18 +156,23 @@ def _moe_pattern(flags: list[int]) -> int | list[int]:
     return 1 if flags and all(flags) else flags
 
 
-def _common(r: _Reader, *, eps: float, theta: float) -> dict[str, Any]:
+def _common(r: _Reader, *, eps: float, theta: float,
+            sizes: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Fields every supported architecture shares: a pre-norm RMSNorm decoder with SwiGLU MLPs,
-    rotary positions, no dropout and no linear biases in the MLPs."""
+    rotary positions, no dropout and no linear biases in the MLPs. `sizes` holds the Hugging Face
+    config class's defaults for the model sizes; without it they are required."""
     act = r.text("hidden_act", "silu")
     if act != "silu":
         r.unsupported("hidden_act", act, "moeplan maps SiLU-gated MLPs (Megatron --swiglu) only")
+    size = (lambda key: sizes.get(key, _REQUIRED)) if sizes else (lambda key: _REQUIRED)
     return {
-        "num_layers": r.count("num_hidden_layers", "num_layers", _REQUIRED),
-        "hidden_size": r.count("hidden_size", "hidden_size", _REQUIRED),
-        "num_attention_heads": r.count("num_attention_heads", "num_attention_heads", _REQUIRED),
-        "vocab_size": r.count("vocab_size", "vocab_size", _REQUIRED),
-        "max_position_embeddings": r.count("max_position_embeddings", "max_position_embeddings"),
+        "num_layers": r.count("num_hidden_layers", "num_layers", size("num_hidden_layers")),
+        "hidden_size": r.count("hidden_size", "hidden_size", size("hidden_size")),
+        "num_attention_heads": r.count("num_attention_heads", "num_attention_heads",
+                                       size("num_attention_heads")),
+        "vocab_size": r.count("vocab_size", "vocab_size", size("vocab_size")),
+        "max_position_embeddings": r.count("max_position_embeddings", "max_position_embeddings",
+                                           sizes.get("max_position_embeddings") if sizes else None),
         "normalization": "RMSNorm",
         "norm_epsilon": r.number("rms_norm_eps", "norm_epsilon", eps),
         "swiglu": True,
@@ -180,11 +185,14 @@ def _common(r: _Reader, *, eps: float, theta: float) -> dict[str, Any]:
     }
 
 
-def _gqa(r: _Reader, model: dict[str, Any], default_kv_heads: int | None) -> None:
-    """Standard attention's head layout: kv_channels = head_dim, GQA when fewer KV heads."""
+def _gqa(r: _Reader, model: dict[str, Any], default_kv_heads: int | None,
+         default_head_dim: int | None = None) -> None:
+    """Standard attention's head layout: kv_channels = head_dim (default hidden / heads unless
+    the config class names another), GQA when fewer KV heads."""
     heads, hidden = model["num_attention_heads"], model["hidden_size"]
     sizes = _positive(heads) and _positive(hidden)
-    model["kv_channels"] = r.count("head_dim", "kv_channels", hidden // heads if sizes else None)
+    head_dim = default_head_dim or (hidden // heads if sizes else None)
+    model["kv_channels"] = r.count("head_dim", "kv_channels", head_dim)
     kv_heads = r.count("num_key_value_heads", "num_query_groups", default_kv_heads or heads)
     if _positive(kv_heads) and _positive(heads) and kv_heads < heads:
         model["group_query_attention"] = True
@@ -377,7 +385,90 @@ def _mixtral(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# ---- Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2): each reader defaults an omitted
+# key as that model's Hugging Face config class does (transformers src/transformers/models/<model>/
+# configuration_<model>.py, cited per reader) or refuses it by name.
+
+# transformers src/transformers/models/gpt_oss/configuration_gpt_oss.py GptOssConfig: the defaults
+# are gpt-oss-120b's (default_theta 150000; layer_types alternate sliding / full from layer 0).
+_GPT_OSS_DEFAULTS = {"num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
+                     "vocab_size": 201088, "max_position_embeddings": 131072,
+                     "rms_norm_eps": 1e-5, "rope_theta": 150000.0, "num_local_experts": 128,
+                     "num_experts_per_tok": 4, "intermediate_size": 2880, "head_dim": 64,
+                     "num_key_value_heads": 8, "sliding_window": 128, "swiglu_limit": 7.0,
+                     "swiglu_alpha": 1.702, "attention_bias": True}
+# Megatron's quick_gelu is x·sigmoid(1.702·x) (Megatron-LM dev@d48bd6be
+# megatron/core/fusions/fused_bias_geglu.py quick_gelu); gpt-oss's GLU adds 1 to its linear half.
+_QUICK_GELU_ALPHA, _GPT_OSS_GLU_OFFSET = 1.702, 1.0
+
+
+def _window_pattern(r: _Reader, layers: Any, sliding: Any) -> dict[str, Any]:
+    """HF layer_types → Megatron's window_attn_skip_freq: None when every layer slides, N when every
+    N-th layer (1-based) is full, else the 1/0 list (1 = window)."""
+    types = r.hf.get("layer_types")
+    if types is None and _listable(layers):
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    known = ("sliding_attention", "full_attention")
+    if not isinstance(types, list) or not all(t in known for t in types):
+        r.unsupported("layer_types", types, "expected a list of 'sliding_attention' / "
+                      "'full_attention'")
+        return {}
+    if _listable(layers) and len(types) != layers:
+        r.unsupported("layer_types", f"{len(types)} entries", f"num_hidden_layers is {layers}")
+        return {}
+    flags = [int(t == "sliding_attention") for t in types]
+    if sliding is None or not any(flags):
+        return {}
+    # HF's sliding window W holds the query and the W - 1 keys before it (transformers
+    # src/transformers/masking_utils.py sliding_window_overlay: kv_idx > q_idx - W); Megatron's
+    # window (left, right) reads left keys before the query (megatron/core/transformer/
+    # dot_product_attention.py, Transformer Engine's window_size).
+    model: dict[str, Any] = {"window_size": [sliding - 1, 0]}
+    period = next((n for n in range(2, len(flags) + 1)
+                   if flags == [int((i + 1) % n != 0) for i in range(len(flags))]), None)
+    if not all(flags):
+        model["window_attn_skip_freq"] = period or flags
+    return model
+
+
+def _gpt_oss(r: _Reader) -> dict[str, Any]:
+    """GptOssForCausalLM: GQA attention with learnable sinks and q/k/v/o biases, alternating
+    sliding-window and full layers, every layer MoE with a biased router, top-k softmax over the
+    chosen logits (Megatron's post-softmax), experts with biases and the clamped GLU
+    (Megatron --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value)."""
+    d = _GPT_OSS_DEFAULTS
+    model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
+    _gqa(r, model, d["num_key_value_heads"], d["head_dim"])
+    _no_rope_scaling(r)
+    alpha = r.number("swiglu_alpha", None, d["swiglu_alpha"])
+    if alpha is not None and alpha != _QUICK_GELU_ALPHA:
+        r.unsupported("swiglu_alpha", alpha, f"Megatron's quick-GEGLU fixes the gain at "
+                      f"{_QUICK_GELU_ALPHA}")
+    if not r.flag("attention_bias", d["attention_bias"]):
+        r.unsupported("attention_bias", False, "Megatron's add_bias_linear biases every linear "
+                      "layer; gpt-oss without attention biases has no Megatron spelling")
+    ffn = r.count("intermediate_size", "moe_ffn_hidden_size", d["intermediate_size"])
+    sliding = r.count("sliding_window", None, d["sliding_window"])
+    if sliding == 0:
+        r.unsupported("sliding_window", 0, "expected a positive window or null")
+        sliding = None
+    model.update({
+        "swiglu": False, "quick_geglu": True, "glu_linear_offset": _GPT_OSS_GLU_OFFSET,
+        "swiglu_limit": r.number("swiglu_limit", "swiglu_limit", d["swiglu_limit"]),
+        "add_bias_linear": True, "softmax_type": "learnable", "qk_layernorm": False,
+        "ffn_hidden_size": ffn, "moe_ffn_hidden_size": ffn,
+        "num_experts": r.count("num_local_experts", "num_experts", d["num_local_experts"]),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
+                                   d["num_experts_per_tok"]),
+        "moe_layer_freq": 1, "moe_router_score_function": "softmax",
+        "moe_router_pre_softmax": False,
+    })
+    model.update(_window_pattern(r, model["num_layers"], sliding))
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "GptOssForCausalLM": _gpt_oss,
     "DeepseekV2ForCausalLM": _deepseek,
     "DeepseekV3ForCausalLM": _deepseek,
     "Qwen2MoeForCausalLM": lambda r: _qwen_moe(r, qwen3=False),
