@@ -173,3 +173,30 @@ PRESETS.update({
     "gpt-oss-20b": {**_GPT_OSS, "num_layers": 24, "num_experts": 32},
     "gpt-oss-120b": {**_GPT_OSS, "num_layers": 36, "num_experts": 128},
 })
+
+# zai-org/GLM-4.5 and zai-org/GLM-4.5-Air config.json: GQA (96 heads of 128, 8 KV groups) with
+# q/k/v biases, half the head dims rotated (partial_rotary_factor 0.5), rope_theta 1e6, first-k
+# dense layers, 160 / 128 experts top-8 plus one shared expert, sigmoid scores with an expert-score
+# correction bias (fp32 router), one MTP layer; GLM-4.5 adds per-head q/k RMSNorm.
+_GLM45: dict[str, Any] = {
+    **_HF_COMMON,
+    "num_attention_heads": 96, "vocab_size": 151552, "max_position_embeddings": 131072,
+    "norm_epsilon": 1e-5, "rotary_base": 1000000, "kv_channels": 128,
+    "group_query_attention": True, "num_query_groups": 8, "add_qkv_bias": True,
+    "rotary_percent": 0.5, "moe_router_topk": 8, "mtp_num_layers": 1, "moe_router_dtype": "fp32",
+    "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+}
+
+PRESETS.update({
+    "glm-4.5": {
+        **_GLM45, "num_layers": 92, "hidden_size": 5120, "qk_layernorm": True,
+        "ffn_hidden_size": 12288, "num_experts": 160, "moe_ffn_hidden_size": 1536,
+        "moe_shared_expert_intermediate_size": 1536, "moe_router_topk_scaling_factor": 2.5,
+        "moe_layer_freq": [0] * 3 + [1] * 89,
+    },
+    "glm-4.5-air": {
+        **_GLM45, "num_layers": 46, "hidden_size": 4096, "qk_layernorm": False,
+        "ffn_hidden_size": 10944, "num_experts": 128, "moe_ffn_hidden_size": 1408,
+        "moe_shared_expert_intermediate_size": 1408, "moe_layer_freq": [0] * 1 + [1] * 45,
+    },
+})

@@ -56,7 +56,7 @@ class ModelSection(Section):
     preset: Literal["deepseek-v4-pro", "deepseek-v4-flash", "deepseek-v3", "qwen3-30b-a3b",
                     "qwen3-235b-a22b", "mixtral-8x7b",
                     # current MoE architectures
-                    "gpt-oss-20b", "gpt-oss-120b"] | None = None
+                    "gpt-oss-20b", "gpt-oss-120b", "glm-4.5", "glm-4.5-air"] | None = None
     num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt

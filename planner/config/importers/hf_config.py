@@ -467,8 +467,69 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# transformers src/transformers/models/glm4_moe/configuration_glm4_moe.py Glm4MoeConfig.__init__
+# (GLM-4.5-Air's sizes). head_dim is no argument there: modeling_glm4_moe.py Glm4MoeAttention reads
+# getattr(config, "head_dim", hidden_size // num_attention_heads); num_nextn_predict_layers is not
+# either (the HF model builds no MTP layer), so an omitted one is none.
+_GLM4_MOE_DEFAULTS = {"num_hidden_layers": 46, "hidden_size": 4096, "num_attention_heads": 96,
+                      "vocab_size": 151552, "max_position_embeddings": 131072,
+                      "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "intermediate_size": 10944,
+                      "num_key_value_heads": 8, "partial_rotary_factor": 0.5,
+                      "moe_intermediate_size": 1408, "num_experts_per_tok": 8,
+                      "n_shared_experts": 1, "n_routed_experts": 128, "routed_scaling_factor": 1.0,
+                      "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+                      "norm_topk_prob": True, "use_qk_norm": False, "attention_bias": False}
+
+
+def _glm4_moe(r: _Reader) -> dict[str, Any]:
+    """Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air): GQA with q/k/v biases (no output bias: Megatron's
+    --add-qkv-bias), optional per-head q/k RMSNorm, partial rotary, first-k dense layers, a shared
+    expert, sigmoid routing with an expert-score correction bias (Megatron's expert bias), grouped
+    top-k, fp32 router (modeling_glm4_moe.py Glm4MoeTopkRouter casts to float32), MTP layers."""
+    d = _GLM4_MOE_DEFAULTS
+    model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
+    _gqa(r, model, d["num_key_value_heads"])
+    _no_rope_scaling(r)
+    moe_ffn = r.count("moe_intermediate_size", "moe_ffn_hidden_size", d["moe_intermediate_size"])
+    shared = r.count("n_shared_experts", None, d["n_shared_experts"]) or 0
+    partial = r.number("partial_rotary_factor", "rotary_percent", d["partial_rotary_factor"])
+    if partial is not None and not 0 < partial <= 1:
+        r.unsupported("partial_rotary_factor", partial, "expected a share in (0, 1]")
+    model.update({
+        "qk_layernorm": r.flag("use_qk_norm", d["use_qk_norm"]),
+        "add_qkv_bias": r.flag("attention_bias", d["attention_bias"]),
+        "rotary_percent": float(partial) if partial is not None else None,
+        "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", d["intermediate_size"]),
+        "num_experts": r.count("n_routed_experts", "num_experts", d["n_routed_experts"]),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
+                                   d["num_experts_per_tok"]),
+        "moe_ffn_hidden_size": moe_ffn,
+        "moe_shared_expert_intermediate_size": shared * moe_ffn if shared and moe_ffn else None,
+        "mtp_num_layers": r.count("num_nextn_predict_layers", "mtp_num_layers", 0),
+        "moe_router_dtype": "fp32", "moe_router_score_function": "sigmoid",
+        "moe_router_enable_expert_bias": True,
+    })
+    scale = r.number("routed_scaling_factor", "moe_router_topk_scaling_factor",
+                     d["routed_scaling_factor"])
+    if scale not in (None, 1, 1.0):
+        model["moe_router_topk_scaling_factor"] = float(scale)
+    if not r.flag("norm_topk_prob", d["norm_topk_prob"]):
+        r.notes.append("norm_topk_prob false with sigmoid scoring: Megatron always renormalises "
+                       "the top-k sigmoid scores (routing weights differ)")
+    groups, group_topk = r.count("n_group", None, d["n_group"]), r.count("topk_group", None,
+                                                                       d["topk_group"])
+    if groups and groups > 1:
+        model["moe_router_num_groups"], model["moe_router_group_topk"] = groups, group_topk
+    first_dense = r.count("first_k_dense_replace", None, d["first_k_dense_replace"]) or 0
+    layers = model["num_layers"]
+    if _listable(layers) and "moe_layer_freq" not in r.provided:
+        model["moe_layer_freq"] = _moe_pattern([int(i >= first_dense) for i in range(layers)])
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "GptOssForCausalLM": _gpt_oss,
+    "Glm4MoeForCausalLM": _glm4_moe,
     "DeepseekV2ForCausalLM": _deepseek,
     "DeepseekV3ForCausalLM": _deepseek,
     "Qwen2MoeForCausalLM": lambda r: _qwen_moe(r, qwen3=False),
