@@ -89,8 +89,12 @@ def write(book: Book, v: Variant) -> None:
     if v.qk_norm:
         # Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__:
         # q_layernorm and k_layernorm normalise each head (hidden_size_per_attention_head wide).
-        add("qk_norm_params_per_block", "4 * d" if v.layernorm else "2 * d", "params", "memory",
-            "qk_layernorm: q and k norms over the head dimension (replicated over TP)")
+        norms, doc = ("4 * d" if v.layernorm else "2 * d"), "over the head dimension"
+        if v.qk_norm_layer:  # MiniMax-M2: one q norm of heads·d and one k norm of groups·d
+            norms = ("2 * " if v.layernorm else "") + "(heads + groups) * d"
+            doc = "over all heads of the layer at once"
+        add("qk_norm_params_per_block", norms, "params", "memory",
+            f"qk_layernorm: q and k norms {doc} (replicated over TP)")
         mixers += " + qk_norm_params_per_block"
     if v.bias:
         add("attention_bias_params_per_block", ATTENTION_BIAS.get(v.attention, "0"), "params",

@@ -229,6 +229,7 @@ class Variant:
     sinks: bool = False  # softmax_type learnable: one sink logit per head and attention layer
     window: bool = False  # sliding-window attention on some layers (model.window_size)
     qkv_bias: bool = False  # add_qkv_bias without add_bias_linear: biases on linear_qkv only
+    qk_norm_layer: bool = False  # qk_layernorm_per_layer: q/k norms over all heads (MiniMax-M2)
 
     @property
     def v4_cp(self) -> bool:
@@ -312,6 +313,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         sinks=model.softmax_type == "learnable",
         window=model.window_size is not None and model.attention_variant == "standard",
         qkv_bias=model.add_qkv_bias and not model.add_bias_linear,
+        qk_norm_layer=model.qk_layernorm_per_layer and model.attention_variant == "standard",
     )
 
 

@@ -200,3 +200,17 @@ PRESETS.update({
         "moe_shared_expert_intermediate_size": 1408, "moe_layer_freq": [0] * 1 + [1] * 45,
     },
 })
+
+# MiniMaxAI/MiniMax-M2 config.json: 62 layers of GQA full attention (48 heads of 128, 8 KV groups)
+# with q/k RMSNorm over all heads of the layer and 64 of 128 head dims rotated (rope_theta 5e6),
+# every layer MoE: 256 experts of 1536 top-8, sigmoid scores with an expert bias, no shared expert.
+PRESETS["minimax-m2"] = {
+    **_HF_COMMON,
+    "num_layers": 62, "hidden_size": 3072, "num_attention_heads": 48, "vocab_size": 200064,
+    "max_position_embeddings": 196608, "norm_epsilon": 1e-6, "rotary_base": 5000000,
+    "kv_channels": 128, "group_query_attention": True, "num_query_groups": 8,
+    "rotary_percent": 0.5, "qk_layernorm": True, "qk_layernorm_per_layer": True,
+    "ffn_hidden_size": 1536, "moe_ffn_hidden_size": 1536, "num_experts": 256, "moe_router_topk": 8,
+    "moe_layer_freq": 1, "moe_router_score_function": "sigmoid",
+    "moe_router_enable_expert_bias": True,
+}

@@ -56,7 +56,7 @@ class ModelSection(Section):
     preset: Literal["deepseek-v4-pro", "deepseek-v4-flash", "deepseek-v3", "qwen3-30b-a3b",
                     "qwen3-235b-a22b", "mixtral-8x7b",
                     # current MoE architectures
-                    "gpt-oss-20b", "gpt-oss-120b", "glm-4.5", "glm-4.5-air"] | None = None
+                    "gpt-oss-20b", "gpt-oss-120b", "glm-4.5", "glm-4.5-air", "minimax-m2"] | None = None
     num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt
@@ -150,6 +150,11 @@ class ModelSection(Section):
     add_qkv_bias: bool = False
     # --rotary-percent: the share of each head's dimensions RoPE rotates (numerics only).
     rotary_percent: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # MiniMax-M2 normalises q and k over all heads of the layer at once (one RMSNorm of heads·d and
+    # one of groups·d) instead of per head. Megatron has no such norm (its qk_layernorm is per head:
+    # megatron/core/transformer/attention.py SelfAttention.__init__), hence no Megatron name:
+    # moeplan budgets it and `emit megatron` refuses it (EMT010).
+    qk_layernorm_per_layer: bool = False
 
     @field_validator("moe_layer_freq", "window_attn_skip_freq", mode="before")
     @classmethod
@@ -205,6 +210,9 @@ class ModelSection(Section):
                 "num_attention_heads {heads}",
                 {"groups": self.num_query_groups, "heads": self.num_attention_heads},
             )
+        if self.qk_layernorm_per_layer and not self.qk_layernorm:
+            raise PydanticCustomError(
+                "qk_norm_scope", "model.qk_layernorm_per_layer needs model.qk_layernorm: true")
         skip = self.window_attn_skip_freq
         if isinstance(skip, list) and len(skip) != self.num_layers:
             raise PydanticCustomError(

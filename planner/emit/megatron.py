@@ -20,6 +20,9 @@ from planner.emit.safety import EmitError
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
 GPT_ENTRY = "pretrain_gpt.py"
+# The code `emit megatron` prefixes a refusal with when Megatron-LM dev cannot train the model at all
+# (not a layout it refuses: those are rule findings).
+NOT_IN_MEGATRON = "EMT010"
 HYBRID_ENTRY = "pretrain_hybrid.py"
 
 # Hybrid-pattern attention symbol per DSv4 compress ratio: sliding window only, CSA, HCA.
@@ -325,6 +328,12 @@ def _current_architectures(cfg: Config, args: MegatronArgs) -> None:
     field with its own flag (megatron/core/transformer/transformer_config.py); --window-size is
     parsed as "left,right" (megatron/training/arguments.py tuple_type)."""
     m = cfg.model
+    if m.qk_layernorm_per_layer:
+        raise EmitError("model.qk_layernorm_per_layer", f"{NOT_IN_MEGATRON} Megatron-LM dev cannot "
+                        "train this: its qk_layernorm normalises each head (megatron/core/transformer/"
+                        "attention.py SelfAttention.__init__: q_layernorm over "
+                        "hidden_size_per_attention_head), none normalises all heads of a layer at once "
+                        "(MiniMax-M2); set it false to train per-head q/k norms instead")
     args.add_if(m.quick_geglu, "--quick-geglu", source="model.quick_geglu")
     args.add_if(m.glu_linear_offset != 0, "--glu-linear-offset", m.glu_linear_offset,
                 source="model.glu_linear_offset")

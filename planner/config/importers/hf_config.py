@@ -527,8 +527,62 @@ def _glm4_moe(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# transformers src/transformers/models/minimax_m2/configuration_minimax_m2.py MiniMaxM2Config
+# (default_theta 5e6; rotary_dim defaults to head_dim // 2). Its modeling_minimax_m2.py fixes the
+# rest: q/k RMSNorm over all heads of the layer, sigmoid router scores with an
+# e_score_correction_bias, top-k renormalised, no shared expert and no MTP module.
+_MINIMAX_M2_DEFAULTS = {"num_hidden_layers": 62, "hidden_size": 3072, "num_attention_heads": 48,
+                        "vocab_size": 200064, "max_position_embeddings": 196608,
+                        "rms_norm_eps": 1e-6, "rope_theta": 5000000.0, "intermediate_size": 1536,
+                        "num_key_value_heads": 8, "head_dim": 128, "num_local_experts": 256,
+                        "num_experts_per_tok": 8}
+
+
+def _minimax_m2(r: _Reader) -> dict[str, Any]:
+    """MiniMaxM2ForCausalLM: GQA full attention with per-layer q/k RMSNorm and partial rotary
+    (rotary_dim of head_dim), every layer MoE with sigmoid scores and an expert bias."""
+    d = _MINIMAX_M2_DEFAULTS
+    model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
+    _gqa(r, model, d["num_key_value_heads"], d["head_dim"])
+    _no_rope_scaling(r)
+    head_dim = model["kv_channels"]
+    rotary = r.count("rotary_dim", None, head_dim // 2 if _positive(head_dim) else None)
+    if _positive(head_dim) and _positive(rotary) and rotary <= head_dim:
+        model["rotary_percent"] = rotary / head_dim
+    elif rotary is not None:
+        r.unsupported("rotary_dim", rotary, f"expected 1 .. head_dim ({head_dim})")
+    ffn = r.count("intermediate_size", "moe_ffn_hidden_size", d["intermediate_size"])
+    if r.flag("use_mtp", False):
+        r.notes.append("use_mtp: Hugging Face's MiniMax-M2 builds no MTP module (none is imported); "
+                       "set model.mtp_num_layers to train some")
+    # Keys HF's MiniMax-M2 modeling ignores but the published config.json states: what they say
+    # must be what that modeling builds.
+    for key, built in (("scoring_func", "sigmoid"), ("qk_norm_type", "per_layer"),
+                       ("use_routing_bias", True), ("use_qk_norm", True)):
+        if r.hf.get(key, built) != built:
+            r.unsupported(key, r.hf[key], f"Hugging Face's MiniMax-M2 builds {key} = {built!r}")
+    types = r.hf.get("attn_type_list")
+    if isinstance(types, list) and any(t != 1 for t in types):
+        r.unsupported("attn_type_list", types, "linear-attention layers (0) are MiniMax-01/M1's, "
+                      "not MiniMax-M2's (every layer full attention)")
+    if r.count("shared_intermediate_size", None, 0):
+        r.unsupported("shared_intermediate_size", r.hf["shared_intermediate_size"],
+                      "Hugging Face's MiniMax-M2 builds no shared expert")
+    model.update({
+        "qk_layernorm": True, "qk_layernorm_per_layer": True,
+        "ffn_hidden_size": ffn, "moe_ffn_hidden_size": ffn,
+        "num_experts": r.count("num_local_experts", "num_experts", d["num_local_experts"]),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
+                                   d["num_experts_per_tok"]),
+        "moe_layer_freq": 1, "moe_router_score_function": "sigmoid",
+        "moe_router_enable_expert_bias": True,
+    })
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "GptOssForCausalLM": _gpt_oss,
+    "MiniMaxM2ForCausalLM": _minimax_m2,
     "Glm4MoeForCausalLM": _glm4_moe,
     "DeepseekV2ForCausalLM": _deepseek,
     "DeepseekV3ForCausalLM": _deepseek,
