@@ -20,8 +20,8 @@ tokens; `imbalance` scales the routed-expert share for the busiest rank.
 
 from __future__ import annotations
 
-from planner.budget.collectives import TABLE
 from planner.budget.attention_kinds import window_core
+from planner.budget.collectives import TABLE
 from planner.budget.expr import Book, ident
 from planner.budget.hardware import overlap_symbol
 from planner.budget.symbols import Variant

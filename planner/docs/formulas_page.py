@@ -88,6 +88,12 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("non-gated MLPs (swiglu false)", {"swiglu": False}),
     ("linear biases (add_bias_linear)", {"bias": True}),
     ("qk_layernorm on standard attention", {"attention": "standard", "qk_norm": True}),
+    # current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
+    ("learnable attention sinks (softmax_type learnable)", {"attention": "standard", "sinks": True}),
+    ("sliding-window attention layers (window_size)", {"attention": "standard", "window": True}),
+    ("q/k/v biases only (add_qkv_bias)", {"attention": "standard", "qkv_bias": True}),
+    ("q/k norms over all heads of a layer (qk_layernorm_per_layer)",
+     {"attention": "standard", "qk_norm": True, "qk_norm_layer": True}),
     ("hidden dropout", {"dropout": True}),
     ("a shared-expert gate", {"shared_gate": True}),
     ("router dtype fp64", {"router_fp64": True}),

@@ -100,6 +100,64 @@ MIXTRAL_8X7B: dict[str, Any] = {
     "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 32000,
 }
 
+# ---- Current MoE architectures (config.json keys the mapping reads, plus the ones it checks).
+# openai/gpt-oss-20b config.json: 24 layers alternating sliding (128) / full attention, 32 experts.
+GPT_OSS_20B: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
+    "attention_dropout": 0.0, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2880, "initial_context_length": 4096, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "num_attention_heads": 64, "num_experts_per_tok": 4,
+    "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                     "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+    "swiglu_limit": 7.0, "tie_word_embeddings": False, "vocab_size": 201088,
+}
+
+# openai/gpt-oss-120b config.json: the same with 36 layers and 128 experts.
+GPT_OSS_120B: dict[str, Any] = {
+    **GPT_OSS_20B, "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "num_hidden_layers": 36, "num_local_experts": 128,
+}
+
+# zai-org/GLM-4.5 config.json: 92 layers (3 dense), 160 experts top-8 + 1 shared, q/k norm, MTP 1.
+GLM_45: dict[str, Any] = {
+    "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "attention_bias": True,
+    "attention_dropout": 0.0, "first_k_dense_replace": 3, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 5120, "intermediate_size": 12288, "max_position_embeddings": 131072,
+    "moe_intermediate_size": 1536, "n_group": 1, "n_routed_experts": 160, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 96, "num_experts_per_tok": 8,
+    "num_hidden_layers": 92, "num_key_value_heads": 8, "num_nextn_predict_layers": 1,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 1000000, "routed_scaling_factor": 2.5, "tie_word_embeddings": False,
+    "topk_group": 1, "use_qk_norm": True, "vocab_size": 151552,
+}
+
+# zai-org/GLM-4.5-Air config.json: 46 layers (1 dense), 128 experts top-8 + 1 shared, no q/k norm.
+GLM_45_AIR: dict[str, Any] = {
+    **GLM_45, "first_k_dense_replace": 1, "hidden_size": 4096, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "n_routed_experts": 128, "num_hidden_layers": 46,
+    "routed_scaling_factor": 1.0, "use_qk_norm": False,
+}
+
+# MiniMaxAI/MiniMax-M2 config.json: 62 full-attention layers, per-layer q/k norm, rotary_dim 64,
+# 256 experts top-8 with sigmoid scores and a routing bias; 3 MTP modules HF does not build.
+MINIMAX_M2: dict[str, Any] = {
+    "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2",
+    "attention_dropout": 0.0, "attn_type_list": [1] * 62, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 3072, "intermediate_size": 1536, "max_position_embeddings": 196608,
+    "mtp_transformer_layers": 1, "num_attention_heads": 48, "num_experts_per_tok": 8,
+    "num_hidden_layers": 62, "num_key_value_heads": 8, "num_local_experts": 256,
+    "num_mtp_modules": 3, "qk_norm_type": "per_layer", "rms_norm_eps": 1e-06,
+    "rope_theta": 5000000, "rotary_dim": 64, "scoring_func": "sigmoid",
+    "shared_intermediate_size": 0, "tie_word_embeddings": False, "use_mtp": True,
+    "use_qk_norm": True, "use_routing_bias": True, "vocab_size": 200064,
+}
+
 HF_CONFIGS = {"deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2, "deepseek-v2-lite": DEEPSEEK_V2_LITE,
               "qwen3-30b-a3b": QWEN3_30B, "qwen3-235b-a22b": QWEN3_235B, "qwen2-moe": QWEN2_MOE,
-              "mixtral-8x7b": MIXTRAL_8X7B}
+              "mixtral-8x7b": MIXTRAL_8X7B, "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B,
+              "glm-4.5": GLM_45, "glm-4.5-air": GLM_45_AIR, "minimax-m2": MINIMAX_M2}

@@ -241,15 +241,41 @@ def _mla_rope(r: _Reader, model: dict[str, Any]) -> None:
                            "numerics only)")
 
 
+# The router and layer-pattern keys a DeepSeek config.json may omit, defaulted as its own Hugging
+# Face config class and modeling do (never from the other family): transformers
+# src/transformers/models/deepseek_v2/configuration_deepseek_v2.py DeepseekV2Config (topk_method
+# greedy, norm_topk_prob false, routed_scaling_factor 1.0, no groups, first_k_dense_replace 0, two
+# shared experts; modeling_deepseek_v2.py scores with a softmax) and
+# src/transformers/models/deepseek_v3/configuration_deepseek_v3.py DeepseekV3Config (n_group 8,
+# topk_group 4, norm_topk_prob true, routed_scaling_factor 2.5, first_k_dense_replace 3, one
+# shared expert; modeling_deepseek_v3.py DeepseekV3TopkRouter always scores with a sigmoid and an
+# e_score_correction_bias, i.e. noaux_tc). Both default q_lora_rank to 1536 (null in the file
+# means no query compression) and rope_theta to 10000, and know no MTP layer
+# (num_nextn_predict_layers absent: none) and no moe_layer_freq (1).
+_DEEPSEEK_ROUTER_DEFAULTS = {
+    "DeepseekV2ForCausalLM": {"scoring_func": "softmax", "topk_method": "greedy",
+                              "norm_topk_prob": False, "routed_scaling_factor": 1.0, "n_group": 1,
+                              "topk_group": 1, "first_k_dense_replace": 0, "n_shared_experts": 2,
+                              "q_lora_rank": 1536, "max_position_embeddings": 2048},
+    "DeepseekV3ForCausalLM": {"scoring_func": "sigmoid", "topk_method": "noaux_tc",
+                              "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8,
+                              "topk_group": 4, "first_k_dense_replace": 3, "n_shared_experts": 1,
+                              "q_lora_rank": 1536, "max_position_embeddings": 4096},
+}
+
+
 def _deepseek(r: _Reader) -> dict[str, Any]:
     """DeepseekV2ForCausalLM / DeepseekV3ForCausalLM (Kimi-K2 too): MLA, first-k dense layers,
     shared experts, softmax (V2) or sigmoid + expert-bias (V3) routing, optional MTP."""
-    model = _common(r, eps=1e-6, theta=10000.0)
+    d = _DEEPSEEK_ROUTER_DEFAULTS[r.architecture]
+    model = _common(r, eps=1e-6, theta=10000.0,
+                    sizes={"max_position_embeddings": d["max_position_embeddings"]})
     moe_ffn = r.count("moe_intermediate_size", "moe_ffn_hidden_size", _REQUIRED)
-    shared = r.count("n_shared_experts", None, 0) or 0
+    shared = r.count("n_shared_experts", None, d["n_shared_experts"]) or 0
     model.update({
         "multi_latent_attention": True,
-        "q_lora_rank": r.count("q_lora_rank", "q_lora_rank"),  # null: no query compression
+        # null: no query compression; absent: the config class's 1536
+        "q_lora_rank": r.count("q_lora_rank", "q_lora_rank", d["q_lora_rank"]),
         "kv_lora_rank": r.count("kv_lora_rank", "kv_lora_rank", _REQUIRED),
         "qk_head_dim": r.count("qk_nope_head_dim", "qk_head_dim", _REQUIRED),
         "qk_pos_emb_head_dim": r.count("qk_rope_head_dim", "qk_pos_emb_head_dim", _REQUIRED),
@@ -267,7 +293,7 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
         # DeepSeek's HF MoEGate scores in fp32 (V3 casts the gate's inputs and weight to float32).
         "moe_router_dtype": "fp32",
     })
-    first_dense = r.count("first_k_dense_replace", None, 0) or 0
+    first_dense = r.count("first_k_dense_replace", None, d["first_k_dense_replace"]) or 0
     every = r.count("moe_layer_freq", None, 1) or 1
     layers = model["num_layers"]
     if _listable(layers) and "moe_layer_freq" not in r.provided:
@@ -287,10 +313,12 @@ def _deepseek_router(r: _Reader, model: dict[str, Any]) -> None:
     router arguments. Softmax: HF V2 scales un-normalised top-k softmax scores, which is Megatron's
     pre-softmax path; with norm_topk_prob the top-k renormalised softmax equals a softmax over the
     top-k logits (Megatron's default post-softmax). Sigmoid: Megatron renormalises top-k scores."""
-    scoring = r.text("scoring_func", "softmax")
-    normalise = r.flag("norm_topk_prob", False)
-    scale = r.number("routed_scaling_factor", "moe_router_topk_scaling_factor", 1.0)
-    method = r.text("topk_method", "greedy")
+    d = _DEEPSEEK_ROUTER_DEFAULTS[r.architecture]
+    scoring = r.text("scoring_func", d["scoring_func"])
+    normalise = r.flag("norm_topk_prob", d["norm_topk_prob"])
+    scale = r.number("routed_scaling_factor", "moe_router_topk_scaling_factor",
+                     d["routed_scaling_factor"])
+    method = r.text("topk_method", d["topk_method"])
     if scoring == "softmax":
         model["moe_router_score_function"] = "softmax"
         model["moe_router_pre_softmax"] = not normalise
@@ -307,7 +335,8 @@ def _deepseek_router(r: _Reader, model: dict[str, Any]) -> None:
         r.unsupported("scoring_func", scoring, "moeplan maps 'softmax' and 'sigmoid' scoring")
     if method == "noaux_tc":
         model["moe_router_enable_expert_bias"] = True
-    groups, group_topk = r.count("n_group", None, 1), r.count("topk_group", None, 1)
+    groups, group_topk = r.count("n_group", None, d["n_group"]), r.count("topk_group", None,
+                                                                       d["topk_group"])
     if method in ("group_limited_greedy", "noaux_tc") and groups and groups > 1:
         model["moe_router_num_groups"] = groups
         model["moe_router_group_topk"] = group_topk
@@ -413,20 +442,23 @@ def _window_pattern(r: _Reader, layers: Any, sliding: Any) -> dict[str, Any]:
         r.unsupported("layer_types", types, "expected a list of 'sliding_attention' / "
                       "'full_attention'")
         return {}
-    if _listable(layers) and len(types) != layers:
-        r.unsupported("layer_types", f"{len(types)} entries", f"num_hidden_layers is {layers}")
-        return {}
     flags = [int(t == "sliding_attention") for t in types]
     if sliding is None or not any(flags):
+        return {}
+    period = next((n for n in range(2, len(flags) + 1)
+                   if flags == [int((i + 1) % n != 0) for i in range(len(flags))]), None)
+    # A YAML that writes its own num_layers keeps a periodic pattern; any other length mismatch
+    # has no per-layer answer.
+    regular = all(flags) or (period is not None and "num_layers" in r.provided)
+    if _listable(layers) and len(types) != layers and not regular:
+        r.unsupported("layer_types", f"{len(types)} entries", f"num_hidden_layers is {layers}")
         return {}
     # HF's sliding window W holds the query and the W - 1 keys before it (transformers
     # src/transformers/masking_utils.py sliding_window_overlay: kv_idx > q_idx - W); Megatron's
     # window (left, right) reads left keys before the query (megatron/core/transformer/
     # dot_product_attention.py, Transformer Engine's window_size).
     model: dict[str, Any] = {"window_size": [sliding - 1, 0]}
-    period = next((n for n in range(2, len(flags) + 1)
-                   if flags == [int((i + 1) % n != 0) for i in range(len(flags))]), None)
-    if not all(flags):
+    if not all(flags) and "window_attn_skip_freq" not in r.provided:
         model["window_attn_skip_freq"] = period or flags
     return model
 
