@@ -35,6 +35,7 @@ NOT_ARGUMENTS = {
     "parallel.embedding_ranks_rule", "parallel.gtp", "parallel.egtp", "training.precision",
     "training.fp8", "training.fp4", "training.qkv_format", "moe.moe_virtual_experts",
     "moe.moe_tid2eid_source",
+    "model.qk_layernorm_per_layer",  # MiniMax-M2's per-layer q/k norm: no Megatron argument
 }
 Kind = Literal["flag", "int", "float", "str", "ints", "strs", "moe_freq", "bracket_ints", "special"]
 
