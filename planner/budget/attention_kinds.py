@@ -1,6 +1,7 @@
 """Per-layer attention kinds of the current MoE architectures (gpt-oss's alternating sliding-window
-and full attention): which layers are windowed and how many keys a windowed query reads, the
-inputs of the window terms on the flops and time pages.
+and full attention, Llama 4's chunked attention on its RoPE layers): which layers are windowed or
+chunked and how many keys their queries read, the inputs of those terms on the flops and time
+pages.
 
 Megatron-LM dev@d48bd6be megatron/core/transformer/utils.py is_layer_window_attention decides a
 layer's kind from window_size and window_attn_skip_freq (model.is_window_layer follows it);
@@ -21,11 +22,16 @@ WINDOW_SYMBOLS: tuple[Symbol, ...] = (
            "part + itself (the causal mask hides the right part; 0 without a window)"),
     Symbol("L_model_window", "sliding-window attention layers of the whole model (decoder layers; "
            "MTP layers counted full)"),
+
+    Symbol("chunk_keys", "tokens of one attention chunk (attention_chunk_size; 0 without chunking)"),
+    Symbol("L_model_chunked", "chunked-attention layers of the whole model (Llama 4's RoPE layers)"),
 )
 
 WINDOW_STAGE_SYMBOLS: tuple[tuple[str, str], ...] = (
     ("L_window", "sliding-window attention layers on the stage (decoder layers)"),
     ("L_window_recomputed", "sliding-window attention layers among blocks_recomputed"),
+    ("L_chunked", "chunked-attention layers on the stage (decoder layers)"),
+    ("L_chunked_recomputed", "chunked-attention layers among blocks_recomputed"),
 )
 
 
@@ -35,14 +41,25 @@ def window_layers(model: ModelSection, layers: Iterable[int]) -> int:
     return sum(1 for layer in layers if layer < model.num_layers and model.is_window_layer(layer))
 
 
+def chunked_layers(model: ModelSection, layers: Iterable[int]) -> int:
+    """How many of the 0-based `layers` run chunked attention (decoder layers only)."""
+    return sum(1 for layer in layers if layer < model.num_layers and model.is_chunked_layer(layer))
+
+
 def window_values(cfg: Config) -> dict[str, Number]:
     m = cfg.model
     return {"window_keys": m.window_size[0] + 1 if m.window_size else 0,
-            "L_model_window": window_layers(m, range(m.num_layers))}
+            "L_model_window": window_layers(m, range(m.num_layers)),
+            "chunk_keys": m.attention_chunk_size or 0,
+            "L_model_chunked": chunked_layers(m, range(m.num_layers))}
 
 
-def window_core(blocks: str, windowed: str) -> str:
-    """The time page's core attention FLOPs per token of `blocks` of which `windowed` are
-    sliding-window layers (the flops page's window rows)."""
-    return (f"({blocks} - {windowed}) * flops_attention_core_fwd_per_token"
-            f" + {windowed} * flops_attention_window_core_fwd_per_token")
+def window_core(suffix: str = "", window: bool = True, chunked: bool = False) -> str:
+    """The time page's core attention FLOPs per token of the stage's blocks (`suffix`
+    "_recomputed": its recomputed ones), the window and chunked layers at their own rows."""
+    blocks = "blocks_recomputed" if suffix else "blocks"
+    kinds = [(f"L_window{suffix}", "flops_attention_window_core_fwd_per_token")] if window else []
+    kinds += [(f"L_chunked{suffix}", "flops_attention_chunk_core_fwd_per_token")] if chunked else []
+    full = " - ".join([blocks, *(count for count, _ in kinds)])
+    return " + ".join([f"({full}) * flops_attention_core_fwd_per_token",
+                       *(f"{count} * {row}" for count, row in kinds)])

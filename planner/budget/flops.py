@@ -63,6 +63,8 @@ def _attention(book: Book, v: Variant) -> None:
             "of S keys (the /2 cancels the second GEMM)")
         if v.window:
             _window(book)
+        if v.chunked:
+            _chunked(book)
         return
     if v.attention == "mla":
         q = ("q_lora * (h + heads * (d_qk + qk_rope) + 1)" if v.mla_q_lora
@@ -120,6 +122,21 @@ def _window(book: Book) -> None:
         " - flops_attention_core_fwd_per_token)", "FLOP", "flops",
         "what the model's window layers change in one forward per token against Megatron's "
         "full-attention count (negative: work the window skips)")
+
+
+def _chunked(book: Book) -> None:
+    """Chunked attention as it runs (Llama 4's RoPE layers): a query reads the causal part of its
+    own chunk of C = attention_chunk_size tokens, so the core term is Megatron's causal one over
+    Min(C, S) keys instead of S (equal to it while S <= C, where chunking changes nothing).
+    Megatron has no chunked attention; these rows feed only the time page."""
+    add = book.add
+    add("flops_attention_chunk_core_fwd_per_token", "2 * heads * d * Min(chunk_keys, S)", "FLOP",
+        "flops", "one chunked-attention layer's QKᵀ and softmax·V per token over the causal half "
+        "of its chunk (moeplan's count)")
+    add("flops_chunk_fwd_per_token", "L_model_chunked * (flops_attention_chunk_core_fwd_per_token"
+        " - flops_attention_core_fwd_per_token)", "FLOP", "flops",
+        "what the model's chunked layers change in one forward per token against Megatron's "
+        "full-attention count (0 while S <= attention_chunk_size)")
 
 
 def _model_attention(v: Variant) -> str:

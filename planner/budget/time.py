@@ -68,13 +68,14 @@ def _kinds(book: Book, v: Variant) -> None:
                else "blocks_recomputed * flops_attention_core_fwd_per_token")
     linear = "stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops"
     counted_core_rc = core_rc  # the flops page's recompute row counts window layers as full
-    if v.window:  # window layers' core attention as it runs (the flops page's window rows)
+    if v.window or v.chunked:  # window / chunked layers' core attention as it runs (flops page)
         linear = f"stage_attention_fwd_flops_per_token - {core}"
-        core, core_rc = window_core("blocks", "L_window"), window_core(
-            "blocks_recomputed", "L_window_recomputed")
+        core = window_core("", v.window, v.chunked)
+        core_rc = window_core("_recomputed", v.window, v.chunked)
     add("time_attention_core_fwd_flops", core, "FLOP", "time",
         "core attention of the stage per token (V4's sparse attention counts as GEMMs"
-        + ("; sliding-window layers over their window" if v.window else "") + ")")
+        + ("; sliding-window and chunked layers over their keys" if v.window or v.chunked else "")
+        + ")")
     add("time_attention_linear_fwd_flops", linear, "FLOP", "time",
         "attention projections of the stage per token")
     add("time_shared_fwd_flops", f"L_moe * 2 * {fx} * I_s * h", "FLOP", "time",

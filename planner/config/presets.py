@@ -214,3 +214,26 @@ PRESETS["minimax-m2"] = {
     "moe_layer_freq": 1, "moe_router_score_function": "sigmoid",
     "moe_router_enable_expert_bias": True,
 }
+
+# meta-llama/Llama-4-Scout-17B-16E and meta-llama/Llama-4-Maverick-17B-128E config.json, their
+# text_config (the vision encoder is no part of a preset): 48 layers of GQA (40 heads of 128, 8 KV
+# groups), RoPE (theta 5e5) with chunked attention (8192) except every 4th layer (NoPE, full
+# attention), top-1 sigmoid routing plus a shared expert of 8192; Scout: 16 experts in every layer
+# and L2 q/k norm; Maverick: 128 experts every other layer (from layer 1), dense layers 16384 wide.
+# Llama 4 scales the expert's input by the router score: set moe: {moe_apply_probs_on_input: true}
+# beside the preset (the examples do; `model: {hf_config: …}` sets it).
+_LLAMA4: dict[str, Any] = {
+    **_HF_COMMON,
+    "num_layers": 48, "hidden_size": 5120, "num_attention_heads": 40, "vocab_size": 202048,
+    "norm_epsilon": 1e-5, "rotary_base": 500000, "kv_channels": 128, "group_query_attention": True,
+    "num_query_groups": 8, "qk_layernorm": False, "ffn_hidden_size": 16384,
+    "moe_ffn_hidden_size": 8192, "moe_shared_expert_intermediate_size": 8192, "moe_router_topk": 1,
+    "moe_router_score_function": "sigmoid", "attention_chunk_size": 8192, "no_rope_freq": 4,
+}
+
+PRESETS.update({
+    "llama-4-scout": {**_LLAMA4, "max_position_embeddings": 10485760, "qk_l2_norm": True,
+                      "num_experts": 16, "moe_layer_freq": 1},
+    "llama-4-maverick": {**_LLAMA4, "max_position_embeddings": 1048576, "qk_l2_norm": False,
+                         "num_experts": 128, "moe_layer_freq": [0, 1] * 24},
+})

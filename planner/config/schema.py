@@ -56,7 +56,8 @@ class ModelSection(Section):
     preset: Literal["deepseek-v4-pro", "deepseek-v4-flash", "deepseek-v3", "qwen3-30b-a3b",
                     "qwen3-235b-a22b", "mixtral-8x7b",
                     # current MoE architectures
-                    "gpt-oss-20b", "gpt-oss-120b", "glm-4.5", "glm-4.5-air", "minimax-m2"] | None = None
+                    "gpt-oss-20b", "gpt-oss-120b", "glm-4.5", "glm-4.5-air", "minimax-m2",
+                    "llama-4-scout", "llama-4-maverick"] | None = None
     num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt
@@ -155,8 +156,17 @@ class ModelSection(Section):
     # megatron/core/transformer/attention.py SelfAttention.__init__), hence no Megatron name:
     # moeplan budgets it and `emit megatron` refuses it (EMT010).
     qk_layernorm_per_layer: bool = False
+    # Llama 4: --no-rope-freq N skips RoPE on every N-th layer (1-based), a 1/0 list marks NoPE
+    # layers with 1 (TransformerConfig.no_rope_freq); --qk-l2-norm normalises q and k by their L2
+    # norm, no parameters (megatron/core/transformer/attention.py SelfAttention: L2Norm).
+    no_rope_freq: PosInt | list[Literal[0, 1]] | None = None
+    qk_l2_norm: bool = False
+    # Llama 4's chunked attention on its RoPE layers: a query reads only the keys of its own
+    # attention_chunk_size-token chunk (Hugging Face's name; Megatron has none: at seq_length <=
+    # attention_chunk_size it is plain causal attention, beyond it `emit megatron` refuses, EMT010).
+    attention_chunk_size: PosInt | None = None
 
-    @field_validator("moe_layer_freq", "window_attn_skip_freq", mode="before")
+    @field_validator("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq", mode="before")
     @classmethod
     def _megatron_freq(cls, value: Any) -> Any:
         """Megatron's string spellings: "N" or a list expression such as "([0]*3+[1]*58)"."""
@@ -260,6 +270,19 @@ class ModelSection(Section):
         if isinstance(skip, int):
             return (layer + 1) % skip != 0
         return layer < len(skip) and skip[layer] == 1
+
+    def is_rope_layer(self, layer: int) -> bool:
+        """RoPE on 0-based `layer` (Megatron's no_rope_freq: N skips layer numbers divisible by N)."""
+        skip = self.no_rope_freq
+        if skip is None:
+            return True
+        if isinstance(skip, int):
+            return (layer + 1) % skip != 0
+        return not (layer < len(skip) and skip[layer] == 1)
+
+    def is_chunked_layer(self, layer: int) -> bool:
+        """Chunked attention on 0-based `layer`: Llama 4 chunks its RoPE layers' attention."""
+        return self.attention_chunk_size is not None and self.is_rope_layer(layer)
 
     def is_moe_layer(self, layer: int) -> bool:
         """Megatron's moe_layer_freq: an int N makes every N-th layer MoE; a list is a 0/1 pattern."""

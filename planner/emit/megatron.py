@@ -334,6 +334,14 @@ def _current_architectures(cfg: Config, args: MegatronArgs) -> None:
                         "attention.py SelfAttention.__init__: q_layernorm over "
                         "hidden_size_per_attention_head), none normalises all heads of a layer at once "
                         "(MiniMax-M2); set it false to train per-head q/k norms instead")
+    chunk = m.attention_chunk_size
+    if chunk is not None and cfg.training.seq_length > chunk and not all(
+            not m.is_chunked_layer(layer) for layer in range(m.num_layers)):
+        raise EmitError("model.attention_chunk_size", f"{NOT_IN_MEGATRON} Megatron-LM dev cannot "
+                        f"train this: its attention has no chunked mode (megatron/core/transformer/"
+                        f"attention.py SelfAttention), and at seq_length {cfg.training.seq_length} > "
+                        f"attention_chunk_size {chunk} chunked layers differ from causal ones; train "
+                        f"at seq_length <= {chunk}, where they are the same")
     args.add_if(m.quick_geglu, "--quick-geglu", source="model.quick_geglu")
     args.add_if(m.glu_linear_offset != 0, "--glu-linear-offset", m.glu_linear_offset,
                 source="model.glu_linear_offset")
@@ -344,6 +352,8 @@ def _current_architectures(cfg: Config, args: MegatronArgs) -> None:
                     m.window_attn_skip_freq, source="model.window_attn_skip_freq")
     args.add_if(m.add_qkv_bias and not m.add_bias_linear, "--add-qkv-bias", source="model.add_qkv_bias")
     args.add_if(m.rotary_percent != 1, "--rotary-percent", m.rotary_percent, source="model.rotary_percent")
+    args.add_if(m.no_rope_freq is not None, "--no-rope-freq", m.no_rope_freq, source="model.no_rope_freq")
+    args.add_if(m.qk_l2_norm, "--qk-l2-norm", source="model.qk_l2_norm")
 
 
 def _hash_routing(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPattern | None) -> None:

@@ -128,6 +128,10 @@ def expected_shape(cfg: Config) -> dict[str, Any]:
         "window_attn_skip_freq": m.window_attn_skip_freq, "glu_linear_offset": m.glu_linear_offset,
         "activation_func_clamp_value": m.swiglu_limit,
         "add_qkv_bias": m.add_qkv_bias or m.add_bias_linear,
+        # Megatron turns an int no_rope_freq into its per-layer list (TransformerConfig.__post_init__)
+        "no_rope_freq": None if m.no_rope_freq is None
+        else [int(not m.is_rope_layer(layer)) for layer in range(m.num_layers)],
+        "qk_l2_norm": m.qk_l2_norm, "moe_apply_probs_on_input": cfg.moe.moe_apply_probs_on_input,
     }
     if m.attention_variant == "standard":
         shape.update(num_query_groups=m.num_query_groups, kv_channels=m.kv_channels)

@@ -398,7 +398,8 @@ SHAPE_FIELDS = ("num_attention_heads", "num_query_groups", "kv_channels", "ffn_h
                 "moe_router_dtype", "hidden_dropout", "attention_dropout",
                 # current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
                 "softmax_type", "window_size", "window_attn_skip_freq", "glu_linear_offset",
-                "activation_func_clamp_value", "add_qkv_bias")
+                "activation_func_clamp_value", "add_qkv_bias", "no_rope_freq", "qk_l2_norm",
+                "moe_apply_probs_on_input")
 
 
 def _shape(transformer: Any) -> dict[str, Any]:

@@ -157,7 +157,41 @@ MINIMAX_M2: dict[str, Any] = {
     "use_qk_norm": True, "use_routing_bias": True, "vocab_size": 200064,
 }
 
+# meta-llama/Llama-4-Scout-17B-16E config.json (its text_config; the vision_config is cut to two
+# keys, which the mapping only notes): 48 layers, every layer MoE (16 experts top-1 + a shared
+# expert), NoPE every 4th layer, chunked attention 8192, L2 q/k norm, Llama-3 RoPE scaling.
+LLAMA4_SCOUT: dict[str, Any] = {
+    "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+    "tie_word_embeddings": False, "vision_config": {"hidden_size": 1408, "num_hidden_layers": 34},
+    "text_config": {
+        "attention_bias": False, "attention_chunk_size": 8192, "attention_dropout": 0.0,
+        "attn_scale": 0.1, "attn_temperature_tuning": 4, "floor_scale": 8192, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 5120, "interleave_moe_layer_step": 1,
+        "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+        "max_position_embeddings": 10485760, "model_type": "llama4_text",
+        "moe_layers": list(range(48)), "no_rope_layers": [1, 1, 1, 0] * 12,
+        "num_attention_heads": 40, "num_experts_per_tok": 1, "num_hidden_layers": 48,
+        "num_key_value_heads": 8, "num_local_experts": 16, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "tie_word_embeddings": False,
+        "use_qk_norm": True, "vocab_size": 202048,
+    },
+}
+
+# meta-llama/Llama-4-Maverick-17B-128E config.json (text_config): 128 experts on every other layer
+# from layer 1 (dense layers 16384 wide between), no q/k norm, no RoPE scaling.
+LLAMA4_MAVERICK: dict[str, Any] = {
+    **LLAMA4_SCOUT,
+    "text_config": {
+        **LLAMA4_SCOUT["text_config"], "interleave_moe_layer_step": 2,
+        "max_position_embeddings": 1048576, "moe_layers": list(range(1, 48, 2)),
+        "num_local_experts": 128, "rope_scaling": None, "use_qk_norm": False,
+    },
+}
+
 HF_CONFIGS = {"deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2, "deepseek-v2-lite": DEEPSEEK_V2_LITE,
               "qwen3-30b-a3b": QWEN3_30B, "qwen3-235b-a22b": QWEN3_235B, "qwen2-moe": QWEN2_MOE,
               "mixtral-8x7b": MIXTRAL_8X7B, "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B,
-              "glm-4.5": GLM_45, "glm-4.5-air": GLM_45_AIR, "minimax-m2": MINIMAX_M2}
+              "glm-4.5": GLM_45, "glm-4.5-air": GLM_45_AIR, "minimax-m2": MINIMAX_M2,
+              "llama-4-scout": LLAMA4_SCOUT, "llama-4-maverick": LLAMA4_MAVERICK}

@@ -53,6 +53,7 @@ class HfMapping:
     model: dict[str, Any]
     megatron_extra_args: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    moe: dict[str, Any] = field(default_factory=dict)  # `moe` fields the routing needs (Llama 4)
 
 
 def read_hf_json(path: str | Path) -> dict[str, Any]:
@@ -90,6 +91,7 @@ class _Reader:
     findings: list[Finding] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    moe: dict[str, Any] = field(default_factory=dict)
 
     def _problem(self, key: str, message: str, fix: str) -> None:
         self.findings.append(Finding(CODE, "error", f"{self.where}.{key}", message, fix, SOURCE))
@@ -612,7 +614,91 @@ def _minimax_m2(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# transformers src/transformers/models/llama4/configuration_llama4.py Llama4TextConfig (Scout's
+# sizes; default_theta 500000): moe_layers from interleave_moe_layer_step, no_rope_layers (1 = RoPE)
+# from no_rope_layer_interval, attention_chunk_size 8192 on the RoPE layers.
+_LLAMA4_DEFAULTS = {"num_hidden_layers": 48, "hidden_size": 5120, "num_attention_heads": 40,
+                    "vocab_size": 202048, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                    "rope_theta": 500000.0, "intermediate_size": 8192,
+                    "intermediate_size_mlp": 16384, "num_key_value_heads": 8, "head_dim": 128,
+                    "num_experts_per_tok": 1, "num_local_experts": 16,
+                    "interleave_moe_layer_step": 1, "use_qk_norm": True,
+                    "no_rope_layer_interval": 4, "attention_chunk_size": 8192,
+                    "attention_bias": False}
+MULTIMODAL = ("Llama4ForConditionalGeneration",)
+
+
+def _layer_list(r: _Reader, key: str) -> list[int] | None:
+    """A per-layer 0/1 list or index list the config.json states, checked."""
+    value = r.hf.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                              for i in value):
+        r.unsupported(key, value, "expected a list of integers")
+        return None
+    return value
+
+
+def _llama4(r: _Reader) -> dict[str, Any]:
+    """Llama4ForConditionalGeneration (its text_config) / Llama4ForCausalLM: GQA attention, RoPE
+    except every no_rope_layer_interval-th layer (Megatron --no-rope-freq), L2 q/k norm on
+    (--qk-l2-norm), chunked attention on the RoPE layers, MoE layers every
+    interleave_moe_layer_step-th layer with a top-1 sigmoid router whose score scales the expert's
+    input (--moe-apply-probs-on-input) plus a shared expert, dense layers intermediate_size_mlp
+    wide."""
+    d = _LLAMA4_DEFAULTS
+    model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
+    _gqa(r, model, d["num_key_value_heads"], d["head_dim"])
+    _no_rope_scaling(r)
+    if r.flag("attention_bias", d["attention_bias"]):
+        r.unsupported("attention_bias", True, "Llama 4 biases q/k/v/o only; Megatron's biases "
+                      "cover q/k/v (--add-qkv-bias) or every linear layer")
+    ffn = r.count("intermediate_size", "moe_ffn_hidden_size", d["intermediate_size"])
+    model.update({
+        "qk_layernorm": False, "qk_l2_norm": r.flag("use_qk_norm", d["use_qk_norm"]),
+        "ffn_hidden_size": r.count("intermediate_size_mlp", "ffn_hidden_size",
+                                   d["intermediate_size_mlp"]),
+        "moe_ffn_hidden_size": ffn, "moe_shared_expert_intermediate_size": ffn,
+        "num_experts": r.count("num_local_experts", "num_experts", d["num_local_experts"]),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk", d["num_experts_per_tok"]),
+        "moe_router_score_function": "sigmoid",
+        "attention_chunk_size": r.count("attention_chunk_size", "attention_chunk_size",
+                                        d["attention_chunk_size"]),
+    })
+    if model["moe_router_topk"] not in (None, 1):
+        r.unsupported("num_experts_per_tok", model["moe_router_topk"], "Megatron scales the expert "
+                      "input by the router score (--moe-apply-probs-on-input) for top-1 only")
+    r.moe["moe_apply_probs_on_input"] = True
+    layers = model["num_layers"]
+    if not _listable(layers):
+        return model
+    step = r.count("interleave_moe_layer_step", None, d["interleave_moe_layer_step"]) or 1
+    moe_layers = _layer_list(r, "moe_layers")
+    if moe_layers is None:
+        moe_layers = list(range(step - 1, layers, step))
+    if "moe_layer_freq" not in r.provided:
+        model["moe_layer_freq"] = _moe_pattern([int(i in moe_layers) for i in range(layers)])
+    interval = r.count("no_rope_layer_interval", None, d["no_rope_layer_interval"])
+    rope = _layer_list(r, "no_rope_layers")  # HF: 1 = the layer uses RoPE
+    if rope is None and _positive(interval):
+        rope = [int((i + 1) % interval != 0) for i in range(layers)]
+    if not rope or all(rope) or "no_rope_freq" in r.provided:
+        return model
+    nope = [1 - flag for flag in rope]
+    period = next((n for n in range(2, len(nope) + 1) if len(nope) % n == 0
+                   and nope == [int((i + 1) % n == 0) for i in range(len(nope))]), None)
+    # A YAML that writes its own num_layers keeps a periodic pattern (as for gpt-oss's windows).
+    if len(rope) != layers and not (period and "num_layers" in r.provided):
+        r.unsupported("no_rope_layers", f"{len(rope)} entries", f"num_hidden_layers is {layers}")
+        return model
+    model["no_rope_freq"] = period or nope
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "Llama4ForConditionalGeneration": _llama4,
+    "Llama4ForCausalLM": _llama4,
     "GptOssForCausalLM": _gpt_oss,
     "MiniMaxM2ForCausalLM": _minimax_m2,
     "Glm4MoeForCausalLM": _glm4_moe,
@@ -643,7 +729,11 @@ def map_hf_config(hf: Mapping[str, Any], *, where: str = "model.hf_config",
         names, list) else []
     if not known:
         raise HfConfigUnmappable([_unknown_architecture(names, where)])
-    reader = _Reader(hf, known[0], where, provided or {})
+    text, where = _text_config(hf, known[0], where)
+    reader = _Reader(text, known[0], where, provided or {})
+    if known[0] in MULTIMODAL and hf.get("vision_config") is not None:
+        reader.notes.append("vision_config: the vision encoder and projector are not imported "
+                            "(moeplan plans the text decoder; the model card's total counts them)")
     model = ARCHITECTURES[known[0]](reader)
     if reader.findings:
         raise HfConfigUnmappable(reader.findings)
@@ -652,7 +742,17 @@ def map_hf_config(hf: Mapping[str, Any], *, where: str = "model.hf_config",
         model={key: value for key, value in model.items() if value is not None},
         megatron_extra_args=tuple(reader.extra_args),
         notes=tuple(reader.notes),
+        moe=dict(reader.moe),
     )
+
+
+def _text_config(hf: Mapping[str, Any], architecture: str, where: str) -> tuple[Mapping[str, Any], str]:
+    """The decoder's own keys: a multimodal architecture nests them in text_config (transformers
+    configuration_llama4.py Llama4Config: an absent text_config is Llama4TextConfig()'s defaults)."""
+    if architecture not in MULTIMODAL:
+        return hf, where
+    text = hf.get("text_config")
+    return (text if isinstance(text, Mapping) else {}), f"{where}.text_config"
 
 
 def apply_hf_config(data: dict[str, Any], base_dir: Path | None) -> tuple[dict[str, Any],
@@ -685,6 +785,8 @@ def apply_hf_config(data: dict[str, Any], base_dir: Path | None) -> tuple[dict[s
     except HfConfigUnmappable as exc:
         return data, exc.findings
     resolved = {**data, "model": {**mapping.model, **own}}
+    if mapping.moe and isinstance(data.get("moe", {}), dict):  # the YAML's moe fields win
+        resolved["moe"] = {**mapping.moe, **data.get("moe", {})}
     launch = data.get("launch", {})
     if mapping.megatron_extra_args and isinstance(launch, dict):
         written = launch.get("megatron_extra_args") or []
