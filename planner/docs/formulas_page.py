@@ -91,6 +91,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     # current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
     ("learnable attention sinks (softmax_type learnable)", {"attention": "standard", "sinks": True}),
     ("sliding-window attention layers (window_size)", {"attention": "standard", "window": True}),
+    ("chunked attention layers (attention_chunk_size)", {"attention": "standard", "chunked": True}),
     ("q/k/v biases only (add_qkv_bias)", {"attention": "standard", "qkv_bias": True}),
     ("q/k norms over all heads of a layer (qk_layernorm_per_layer)",
      {"attention": "standard", "qk_norm": True, "qk_norm_layer": True}),

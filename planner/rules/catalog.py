@@ -7,6 +7,7 @@ import difflib
 from planner.config.schema import Config
 from planner.findings import Finding
 from planner.rules import (
+    architectures,
     batch,
     cluster,
     config,
@@ -34,6 +35,7 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *gtp.RULES,
     *distopt.RULES,
     *virtual_experts.RULES,
+    *architectures.RULES,
     *cluster.RULES,
     *memory.RULES,
     *config.RULES,

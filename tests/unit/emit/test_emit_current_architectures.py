@@ -54,6 +54,18 @@ def test_megatron_dev_cannot_train_a_per_layer_qk_norm():
     assert refused.value.message.startswith(f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this")
 
 
+def test_llama4_flags_and_chunked_attention_beyond_one_chunk():
+    cfg = load_config(ARCH / "llama-4-scout-64.yaml")
+    flags = megatron_arguments(cfg).as_dict()
+    assert flags["--no-rope-freq"] == ("4",) and flags["--qk-l2-norm"] == ()
+    assert flags["--moe-apply-probs-on-input"] == () and flags["--moe-router-topk"] == ("1",)
+    longer = cfg.model_copy(update={"training": cfg.training.model_copy(update={"seq_length": 16384})})
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(longer)
+    assert refused.value.path == "model.attention_chunk_size"
+    assert refused.value.message.startswith(NOT_IN_MEGATRON)
+
+
 # Megatron's verdict on small models with each mechanism, in the shared probe run.
 ORACLE_CASES = {
     "arch: sinks + window list + quick-geglu + biases": small(
@@ -66,6 +78,14 @@ ORACLE_CASES = {
         add_qkv_bias=True, rotary_percent=0.5, qk_layernorm=True, moe_router_score_function="sigmoid",
         moe_router_enable_expert_bias=True, moe_layer_freq=[0, 1, 1, 1], mtp_num_layers=1,
         moe_shared_expert_intermediate_size=32, ffn_hidden_size=128),
+    "arch: NoPE list + L2 q/k norm + top-1 on the input + chunk": parse_config({
+        "model": {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128,
+                  "num_experts": 4, "moe_router_topk": 1, "hidden_dropout": 0.0,
+                  "attention_dropout": 0.0, "no_rope_freq": [0, 1, 0, 1], "qk_l2_norm": True,
+                  "attention_chunk_size": 64, "moe_router_score_function": "sigmoid",
+                  "moe_layer_freq": [0, 1, 0, 1], "moe_shared_expert_intermediate_size": 32},
+        "parallel": {"world_size": 2, "ep": 2}, "training": {"seq_length": 64},
+        "moe": {"moe_apply_probs_on_input": True}}),
 }
 for _name, _cfg in ORACLE_CASES.items():
     register(_name, case_of(_cfg, _name))
