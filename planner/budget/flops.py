@@ -56,8 +56,10 @@ def _attention(book: Book, v: Variant) -> None:
     """Per-layer attention FLOPs per token: the projections (token-linear) and the core (∝ S)."""
     add = book.add
     if v.attention == "standard":
-        add("flops_attention_linear_fwd_per_token", "2 * h * d * (2 * heads + 2 * groups)",
-            "FLOP", "flops", "one attention layer's Q, K, V and output projections per token")
+        gate = " + 2 * h * d * heads" if v.output_gate else ""
+        add("flops_attention_linear_fwd_per_token", "2 * h * d * (2 * heads + 2 * groups)" + gate,
+            "FLOP", "flops", "one attention layer's Q, K, V and output projections per token"
+            + (" and its output gate (Megatron's gate_projection_size)" if v.output_gate else ""))
         add("flops_attention_core_fwd_per_token", "2 * heads * d * S", "FLOP", "flops",
             "one attention layer's QKᵀ and softmax·V per token: 2 GEMMs over the causal half "
             "of S keys (the /2 cancels the second GEMM)")
@@ -65,6 +67,12 @@ def _attention(book: Book, v: Variant) -> None:
             _window(book)
         if v.chunked:
             _chunked(book)
+        if v.linear:
+            add("flops_gdn_fwd_per_token", "2 * (h * (2 * la_qk + 2 * la_v + 2 * la_nv) + la_conv"
+                " * (2 * la_qk + la_v) + 4 * la_nv * la_dv ** 2 + h * la_v)", "FLOP", "flops",
+                "one gated DeltaNet layer per token, as Megatron's num_floating_point_operations "
+                "counts it: in_proj, the short convolution, the delta rule (KKᵀ, VKᵀ, the state "
+                "update and SQ over one value head each) and out_proj; token-linear, no S term")
         return
     if v.attention == "mla":
         q = ("q_lora * (h + heads * (d_qk + qk_rope) + 1)" if v.mla_q_lora
@@ -140,6 +148,9 @@ def _chunked(book: Book) -> None:
 
 
 def _model_attention(v: Variant) -> str:
+    if v.linear:
+        return ("(L_model - L_model_linear) * (flops_attention_linear_fwd_per_token"
+                " + flops_attention_core_fwd_per_token) + L_model_linear * flops_gdn_fwd_per_token")
     if v.attention == "dsv4_hybrid":
         return ("L_model_csa * flops_attention_csa_fwd_per_token + L_model_hca * "
                 "flops_attention_hca_fwd_per_token + (L_model - L_model_csa - L_model_hca) * "
@@ -154,6 +165,10 @@ def stage_attention(v: Variant, suffix: str = "") -> str:
                 f"flops_attention_hca_fwd_per_token + (blocks{suffix} - L_csa{suffix} - "
                 f"L_hca{suffix}) * flops_attention_swa_fwd_per_token")
     blocks = "blocks_recomputed" if suffix else "blocks"
+    if v.linear:
+        gdn = "L_linear_recomputed" if suffix else "L_linear"
+        return (f"({blocks} - {gdn}) * (flops_attention_linear_fwd_per_token"
+                f" + flops_attention_core_fwd_per_token) + {gdn} * flops_gdn_fwd_per_token")
     return f"{blocks} * (flops_attention_linear_fwd_per_token + flops_attention_core_fwd_per_token)"
 
 

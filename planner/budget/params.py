@@ -102,6 +102,7 @@ def write(book: Book, v: Variant) -> None:
             "output projection's whole on every TP rank)")
         mixers += " + attention_bias_params_per_block"
     mixers = _add_attention_extras(book, v, mixers)
+    standard_only = mixers.replace(" + norm_params_per_block", "")  # what a DeltaNet layer lacks
     if v.mhc:
         add("mhc_params_per_block", "2 * ((2 + n_hc) * n_hc * n_hc * h + (2 + n_hc) * n_hc + 3)",
             "params", "memory", "mHC pre/post/combination weights of both sub-layers")
@@ -114,6 +115,9 @@ def write(book: Book, v: Variant) -> None:
         add("hca_params_per_layer", "(2 * d * h + hca_ratio * d + d) / (TP * GTP)", "params",
             "memory", "HCA compressor")
         extra = " + L_csa * csa_params_per_layer + L_hca * hca_params_per_layer"
+    if v.linear:
+        _add_gated_delta_net(book)
+        extra += f" + L_linear * (gdn_params_per_layer - ({standard_only}))"
     add("dense_mlp_params_per_layer", f"{mats} * h * f / (TP * GTP)"
         + (f" + {_fc1_bias(v, 'f')} / TP + h" if v.bias else ""), "params", "memory",
         f"dense {_mlp_kind(v)} MLP of a non-MoE block" + (", with biases" if v.bias else ""))
@@ -188,7 +192,26 @@ def _add_attention_extras(book: Book, v: Variant, mixers: str) -> str:
         book.add("qkv_bias_params_per_block", "(heads + 2 * groups) * d / TP", "params", "memory",
                  "add_qkv_bias: the q/k/v projection's bias (split over TP)")
         mixers += " + qkv_bias_params_per_block"
+    if v.output_gate:
+        # megatron/core/transformer/attention.py SelfAttention.__init__: linear_qkv_out_dim grows
+        # by kv_channels · heads with attention_output_gate.
+        book.add("attention_gate_params_per_block", "h * heads * d / (TP * GTP)", "params", "memory",
+                 "attention_output_gate: the heads·d output gate fused into linear_qkv (split over TP)")
+        mixers += " + attention_gate_params_per_block"
     return mixers
+
+
+def _add_gated_delta_net(book: Book) -> None:
+    """One gated DeltaNet layer (Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/
+    common.py _GDNBase.__init__ and gdn.py GatedDeltaNet): in_proj h → q, k (la_qk each), v, the
+    output gate z (la_v each) and beta, alpha (la_nv each); the depthwise conv1d over q, k, v
+    (la_conv taps, no bias); dt_bias and A_log per value head; the gated RMSNorm over one value
+    head (la_dv, whole on every TP rank); out_proj la_v → h. Everything but the norm is split
+    over TP by heads. It replaces the layer's softmax attention (the block keeps its two norms)."""
+    book.add("gdn_params_per_layer", "(h * (2 * la_qk + 2 * la_v + 2 * la_nv) + (2 * la_qk + la_v)"
+             " * la_conv + 2 * la_nv + la_v * h) / TP + la_dv", "params", "memory",
+             "gated DeltaNet projections, short convolution, decay/step parameters and output "
+             "norm of one linear-attention layer on this rank")
 
 
 # The weight matrices of the attention projections alone (no fused norms, biases or sinks).
@@ -261,6 +284,9 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
         moe = f"({moe} + shared_gate_params_per_layer)"
     if v.bias:
         moe = f"({moe} + Min(I_s, 1) * h)"
+    if v.linear:  # a DeltaNet layer has no q/k norms but its whole output norm (la_dv)
+        dense_mlp += (" + L_linear * (la_dv - qk_norm_params_per_block)" if v.qk_norm
+                      else " + L_linear * la_dv")
     book.add("tp_replicated_params_on_rank",
              f"blocks * ({per_block}) + moe_layers * {moe}{dense_mlp}"
              " + has_output * final_params + L_mtp * "

@@ -20,6 +20,7 @@ from planner.budget.attention_kinds import (
     WINDOW_STAGE_SYMBOLS,
     WINDOW_SYMBOLS,
     chunked_layers,
+    linear_layers,
     window_layers,
     window_values,
 )
@@ -230,6 +231,8 @@ class Variant:
     sinks: bool = False  # softmax_type learnable: one sink logit per head and attention layer
     window: bool = False  # sliding-window attention on some layers (model.window_size)
     chunked: bool = False  # chunked attention on some layers (model.attention_chunk_size)
+    linear: bool = False  # gated DeltaNet layers (model.linear_attention_freq)
+    output_gate: bool = False  # attention_output_gate: a heads·d gate fused into linear_qkv
     qkv_bias: bool = False  # add_qkv_bias without add_bias_linear: biases on linear_qkv only
     qk_norm_layer: bool = False  # qk_layernorm_per_layer: q/k norms over all heads (MiniMax-M2)
 
@@ -315,6 +318,8 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         sinks=model.softmax_type == "learnable",
         window=model.window_size is not None and model.attention_variant == "standard",
         chunked=model.attention_chunk_size is not None and model.attention_variant == "standard",
+        linear=model.linear_attention_freq is not None and model.attention_variant == "standard",
+        output_gate=model.attention_output_gate and model.attention_variant == "standard",
         qkv_bias=model.add_qkv_bias and not model.add_bias_linear,
         qk_norm_layer=model.qk_layernorm_per_layer and model.attention_variant == "standard",
     )
@@ -510,6 +515,7 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
         "L_hca": sum(1 for r in per_block if r not in (0, CSA_RATIO)),
         "L_window": window_layers(model, st.layers),
         "L_chunked": chunked_layers(model, st.layers),
+        "L_linear": linear_layers(model, [*st.layers, *(model.num_layers + d for d in st.mtp_layers)]),
         "has_embedding": int(st.embedding),
         "has_mtp_embedding": int(bool(st.mtp_layers) and not st.embedding),
         "has_output": int(st.output_head),
@@ -548,7 +554,8 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
             "L_csa_recomputed": kinds.count(CSA_RATIO),
             "L_hca_recomputed": sum(1 for r in kinds if r not in (0, CSA_RATIO)),
             "L_window_recomputed": window_layers(model, layers),
-            "L_chunked_recomputed": chunked_layers(model, layers)}
+            "L_chunked_recomputed": chunked_layers(model, layers),
+            "L_linear_recomputed": linear_layers(model, layers)}
 
 
 def rank_values(rank: int, gpus_per_node: int, groups: dict[str, list[int]],

@@ -237,3 +237,21 @@ PRESETS.update({
     "llama-4-maverick": {**_LLAMA4, "max_position_embeddings": 1048576, "qk_l2_norm": False,
                          "num_experts": 128, "moe_layer_freq": [0, 1] * 24},
 })
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct config.json: 48 layers in groups of four, three gated DeltaNet
+# layers (16 key heads and 32 value heads of 128, a 4-tap short convolution) then one gated full
+# attention layer (16 heads of 256, 2 KV groups, q/k RMSNorm, a quarter of each head rotated,
+# rope_theta 1e7); every layer MoE: 512 experts of 512 top-10 (renormalised softmax) plus a gated
+# shared expert of 512.
+PRESETS["qwen3-next-80b-a3b"] = {
+    **_HF_COMMON,
+    "num_layers": 48, "hidden_size": 2048, "num_attention_heads": 16, "vocab_size": 151936,
+    "max_position_embeddings": 262144, "norm_epsilon": 1e-6, "rotary_base": 10000000,
+    "kv_channels": 256, "group_query_attention": True, "num_query_groups": 2, "qk_layernorm": True,
+    "ffn_hidden_size": 5120, "num_experts": 512, "moe_router_topk": 10, "moe_ffn_hidden_size": 512,
+    "moe_router_score_function": "softmax", "moe_router_pre_softmax": False, "moe_layer_freq": 1,
+    "moe_shared_expert_intermediate_size": 512, "moe_shared_expert_gate": True,
+    "attention_output_gate": True, "rotary_percent": 0.25, "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_attention_freq": 4,
+}

@@ -57,7 +57,7 @@ class ModelSection(Section):
                     "qwen3-235b-a22b", "mixtral-8x7b",
                     # current MoE architectures
                     "gpt-oss-20b", "gpt-oss-120b", "glm-4.5", "glm-4.5-air", "minimax-m2",
-                    "llama-4-scout", "llama-4-maverick"] | None = None
+                    "llama-4-scout", "llama-4-maverick", "qwen3-next-80b-a3b"] | None = None
     num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt
@@ -165,8 +165,22 @@ class ModelSection(Section):
     # attention_chunk_size-token chunk (Hugging Face's name; Megatron has none: at seq_length <=
     # attention_chunk_size it is plain causal attention, beyond it `emit megatron` refuses, EMT010).
     attention_chunk_size: PosInt | None = None
+    # Qwen3-Next: gated DeltaNet linear attention (Megatron's experimental_attention_variant
+    # gated_delta_net, written by `emit megatron` when linear_attention_freq is set) on every layer
+    # but each linear_attention_freq-th (1-based; a list marks linear layers with 1), whose
+    # standard attention is gated (attention_output_gate: a sigmoid gate of heads·d fused into the
+    # q/k/v projection). Dims and defaults as TransformerConfig's linear_* fields
+    # (megatron/core/ssm/gated_delta_net/common.py _GDNBase.__init__).
+    linear_attention_freq: PosInt | list[Literal[0, 1]] | None = None
+    linear_conv_kernel_dim: PosInt = 4
+    linear_key_head_dim: PosInt = 128
+    linear_value_head_dim: PosInt = 128
+    linear_num_key_heads: PosInt = 16
+    linear_num_value_heads: PosInt = 32
+    attention_output_gate: bool = False
 
-    @field_validator("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq", mode="before")
+    @field_validator("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq", "linear_attention_freq",
+                     mode="before")
     @classmethod
     def _megatron_freq(cls, value: Any) -> Any:
         """Megatron's string spellings: "N" or a list expression such as "([0]*3+[1]*58)"."""
@@ -279,6 +293,16 @@ class ModelSection(Section):
         if isinstance(skip, int):
             return (layer + 1) % skip != 0
         return not (layer < len(skip) and skip[layer] == 1)
+
+    def is_linear_attention_layer(self, layer: int) -> bool:
+        """Gated DeltaNet on 0-based `layer` (Megatron-LM dev@d48bd6be megatron/training/training.py
+        num_floating_point_operations: an int N makes layer numbers divisible by N standard)."""
+        freq = self.linear_attention_freq
+        if freq is None:
+            return False
+        if isinstance(freq, int):
+            return (layer + 1) % freq != 0
+        return layer < len(freq) and freq[layer] == 1
 
     def is_chunked_layer(self, layer: int) -> bool:
         """Chunked attention on 0-based `layer`: Llama 4 chunks its RoPE layers' attention."""

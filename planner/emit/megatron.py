@@ -354,6 +354,14 @@ def _current_architectures(cfg: Config, args: MegatronArgs) -> None:
     args.add_if(m.rotary_percent != 1, "--rotary-percent", m.rotary_percent, source="model.rotary_percent")
     args.add_if(m.no_rope_freq is not None, "--no-rope-freq", m.no_rope_freq, source="model.no_rope_freq")
     args.add_if(m.qk_l2_norm, "--qk-l2-norm", source="model.qk_l2_norm")
+    args.add_if(m.attention_output_gate, "--attention-output-gate", source="model.attention_output_gate")
+    if m.linear_attention_freq is not None:  # Qwen3-Next's gated DeltaNet layers
+        args.add("--experimental-attention-variant", "gated_delta_net",
+                 source="model.linear_attention_freq (gated DeltaNet layers)")
+        args.add("--linear-attention-freq", m.linear_attention_freq, source="model.linear_attention_freq")
+        for name in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                     "linear_num_key_heads", "linear_num_value_heads"):
+            args.add("--" + name.replace("_", "-"), getattr(m, name), source=f"model.{name}")
 
 
 def _hash_routing(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPattern | None) -> None:

@@ -132,7 +132,13 @@ def expected_shape(cfg: Config) -> dict[str, Any]:
         "no_rope_freq": None if m.no_rope_freq is None
         else [int(not m.is_rope_layer(layer)) for layer in range(m.num_layers)],
         "qk_l2_norm": m.qk_l2_norm, "moe_apply_probs_on_input": cfg.moe.moe_apply_probs_on_input,
+        "attention_output_gate": m.attention_output_gate,
     }
+    if m.linear_attention_freq is not None:  # Qwen3-Next's gated DeltaNet layers
+        shape.update({name: getattr(m, name) for name in (
+            "linear_attention_freq", "linear_conv_kernel_dim", "linear_key_head_dim",
+            "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")},
+            experimental_attention_variant="gated_delta_net")
     if m.attention_variant == "standard":
         shape.update(num_query_groups=m.num_query_groups, kv_channels=m.kv_channels)
     if m.attention_variant == "mla":

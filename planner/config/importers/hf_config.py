@@ -348,23 +348,28 @@ def _deepseek_router(r: _Reader, model: dict[str, Any]) -> None:
                            "(topk / group_topk) scores (routing choice only, no size change)")
 
 
-def _qwen_moe(r: _Reader, *, qwen3: bool) -> dict[str, Any]:
+def _qwen_moe(r: _Reader, *, qwen3: bool, defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Qwen2MoeForCausalLM / Qwen3MoeForCausalLM: GQA, softmax top-k routing, MoE every
     decoder_sparse_step-th layer except mlp_only_layers; Qwen2-MoE adds a gated shared expert and
     q/k/v biases, Qwen3-MoE q/k RMSNorm."""
-    model = _common(r, eps=1e-6, theta=10000.0)
-    _gqa(r, model, None)
+    d = defaults or {}
+    need = (lambda key: d.get(key, _REQUIRED))  # the config class's default, else required
+    model = _common(r, eps=d.get("rms_norm_eps", 1e-6), theta=d.get("rope_theta", 10000.0),
+                    sizes=d or None)
+    _gqa(r, model, d.get("num_key_value_heads"), d.get("head_dim"))
     _no_rope_scaling(r)
     model.update({
         "qk_layernorm": qwen3,
-        "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", _REQUIRED),
-        "num_experts": r.count("num_experts", "num_experts", _REQUIRED),
-        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk", _REQUIRED),
-        "moe_ffn_hidden_size": r.count("moe_intermediate_size", "moe_ffn_hidden_size", _REQUIRED),
+        "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", need("intermediate_size")),
+        "num_experts": r.count("num_experts", "num_experts", need("num_experts")),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
+                                   need("num_experts_per_tok")),
+        "moe_ffn_hidden_size": r.count("moe_intermediate_size", "moe_ffn_hidden_size",
+                                       need("moe_intermediate_size")),
         "moe_router_score_function": "softmax",
         # norm_topk_prob renormalises the top-k of a full softmax = Megatron's post-softmax;
         # without it the weights are the full softmax's top-k = Megatron's pre-softmax.
-        "moe_router_pre_softmax": not r.flag("norm_topk_prob", False),
+        "moe_router_pre_softmax": not r.flag("norm_topk_prob", d.get("norm_topk_prob", False)),
     })
     step = r.count("decoder_sparse_step", None, 1) or 1
     dense_only = r.hf.get("mlp_only_layers") or []
@@ -380,11 +385,12 @@ def _qwen_moe(r: _Reader, *, qwen3: bool) -> dict[str, Any]:
     if qwen3:
         if r.flag("attention_bias", False):
             r.extra_args.append("--add-qkv-bias")
-    else:
+    if not qwen3 or "shared_expert_intermediate_size" in d:
         shared = r.count("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
-                       _REQUIRED)
+                         need("shared_expert_intermediate_size"))
         model["moe_shared_expert_intermediate_size"] = shared
         model["moe_shared_expert_gate"] = bool(shared)
+    if not qwen3:
         r.extra_args.append("--add-qkv-bias")  # Qwen2 attention always biases q, k and v
         r.notes.append("Qwen2 q/k/v biases pass through as --add-qkv-bias; moeplan does not "
                        "count them (3 vectors per layer)")
@@ -696,7 +702,58 @@ def _llama4(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# transformers src/transformers/models/qwen3_next/configuration_qwen3_next.py Qwen3NextConfig
+# (partial_rotary_factor 0.25; layer_types from full_attention_interval 4: every 4th layer full
+# attention, the others gated DeltaNet); rope_theta is PreTrainedConfig's default 10000.
+_QWEN3_NEXT_DEFAULTS = {"num_hidden_layers": 48, "hidden_size": 2048, "num_attention_heads": 16,
+                        "vocab_size": 151936, "max_position_embeddings": 32768,
+                        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "intermediate_size": 5632,
+                        "num_key_value_heads": 2, "head_dim": 256, "linear_conv_kernel_dim": 4,
+                        "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                        "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                        "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                        "num_experts_per_tok": 10, "num_experts": 512, "norm_topk_prob": True,
+                        "partial_rotary_factor": 0.25, "full_attention_interval": 4}
+_LINEAR_DIMS = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                "linear_num_key_heads", "linear_num_value_heads")
+
+
+def _qwen3_next(r: _Reader) -> dict[str, Any]:
+    """Qwen3NextForCausalLM: Qwen3-MoE's routing with a gated shared expert, gated full attention
+    (q_proj also yields the sigmoid output gate: Megatron's attention_output_gate) with q/k RMSNorm
+    and partial rotary on every full_attention_interval-th layer, gated DeltaNet on the others
+    (Megatron's experimental_attention_variant gated_delta_net with its linear_* dims)."""
+    d = _QWEN3_NEXT_DEFAULTS
+    model = _qwen_moe(r, qwen3=True, defaults=d)
+    model["attention_output_gate"] = True
+    partial = r.number("partial_rotary_factor", "rotary_percent", d["partial_rotary_factor"])
+    if partial is not None and not 0 < partial <= 1:
+        r.unsupported("partial_rotary_factor", partial, "expected a share in (0, 1]")
+    elif partial is not None:
+        model["rotary_percent"] = float(partial)
+    for key in _LINEAR_DIMS:
+        model[key] = r.count(key, key, d[key])
+    layers = model["num_layers"]
+    types = r.hf.get("layer_types")
+    if types is None and _listable(layers):
+        interval = r.count("full_attention_interval", None, d["full_attention_interval"]) or 1
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or not all(t in ("linear_attention", "full_attention")
+                                              for t in types):
+        r.unsupported("layer_types", types, "expected 'linear_attention' / 'full_attention' per layer")
+        return model
+    flags = [int(t == "linear_attention") for t in types]
+    period = next((n for n in range(2, len(flags) + 1)
+                   if flags == [int((i + 1) % n != 0) for i in range(len(flags))]), None)
+    if _listable(layers) and len(flags) != layers and not (period and "num_layers" in r.provided):
+        r.unsupported("layer_types", f"{len(flags)} entries", f"num_hidden_layers is {layers}")
+    elif any(flags) and "linear_attention_freq" not in r.provided:
+        model["linear_attention_freq"] = period or flags
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "Qwen3NextForCausalLM": _qwen3_next,
     "Llama4ForConditionalGeneration": _llama4,
     "Llama4ForCausalLM": _llama4,
     "GptOssForCausalLM": _gpt_oss,
