@@ -92,6 +92,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("learnable attention sinks (softmax_type learnable)", {"attention": "standard", "sinks": True}),
     ("sliding-window attention layers (window_size)", {"attention": "standard", "window": True}),
     ("chunked attention layers (attention_chunk_size)", {"attention": "standard", "chunked": True}),
+    ("gated DeltaNet layers (linear_attention_freq)", {"attention": "standard", "linear": True}),
+    ("gated attention (attention_output_gate)", {"attention": "standard", "output_gate": True}),
     ("q/k/v biases only (add_qkv_bias)", {"attention": "standard", "qkv_bias": True}),
     ("q/k norms over all heads of a layer (qk_layernorm_per_layer)",
      {"attention": "standard", "qk_norm": True, "qk_norm_layer": True}),

@@ -1,5 +1,6 @@
 """ARC: what Megatron refuses with the mechanisms of the current MoE architectures (gpt-oss,
-GLM-4.5, MiniMax-M2, Llama 4): the NoPE pattern, the GLU offset, the L2 q/k norm."""
+GLM-4.5, MiniMax-M2, Llama 4, Qwen3-Next): the NoPE pattern, the GLU offset, the L2 q/k norm, the
+gated DeltaNet heads."""
 
 from __future__ import annotations
 
@@ -62,4 +63,44 @@ def qk_l2_norm_standard_attention(f: Facts) -> Iterator[Violation]:
                         f"{f.model.attention_variant}", "drop qk_l2_norm (MLA normalises its latents)")
 
 
-RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention)
+_GDN = "model: {linear_attention_freq: 4, "
+_TP4 = "parallel: {tp: 4, ep: 2, sequence_parallel: true}"
+
+
+@rule(
+    "ARC004", "error", "gated DeltaNet value heads are a multiple of its key heads",
+    source=TRANSFORMER_CONFIG,
+    why="""Each gated DeltaNet key head serves linear_num_value_heads / linear_num_key_heads value
+    heads; Megatron asserts the ratio is whole.""",
+    bad=_GDN + "linear_num_key_heads: 4, linear_num_value_heads: 6}",
+    good=_GDN + "linear_num_key_heads: 4, linear_num_value_heads: 8}",
+)
+def gdn_value_heads_per_key_head(f: Facts) -> Iterator[Violation]:
+    m = f.model
+    if m.linear_attention_freq is not None and m.linear_num_value_heads % m.linear_num_key_heads:
+        yield Violation("model.linear_num_value_heads", f"linear_num_value_heads "
+                        f"{m.linear_num_value_heads} is not a multiple of linear_num_key_heads "
+                        f"{m.linear_num_key_heads}", "make the value heads a multiple of the key heads")
+
+
+@rule(
+    "ARC005", "error", "TP divides the gated DeltaNet heads",
+    source=TRANSFORMER_CONFIG,
+    why="""Gated DeltaNet splits its key and value heads over the tensor-parallel ranks (with the
+    default chunkwise CP every CP rank keeps its TP rank's heads); Megatron asserts TP divides
+    both head counts.""",
+    bad=_GDN + "linear_num_key_heads: 2, linear_num_value_heads: 4}\n" + _TP4,
+    good=_GDN + "linear_num_key_heads: 4, linear_num_value_heads: 8}\n" + _TP4,
+)
+def gdn_heads_fit_tp(f: Facts) -> Iterator[Violation]:
+    m, tp = f.model, f.par.tp
+    if m.linear_attention_freq is None:
+        return
+    for name in ("linear_num_key_heads", "linear_num_value_heads"):
+        if getattr(m, name) % tp:
+            yield Violation(f"model.{name}", f"{name} {getattr(m, name)} not divisible by TP {tp}",
+                            f"pick a TP that divides {getattr(m, name)}")
+
+
+RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention,
+         gdn_value_heads_per_key_head, gdn_heads_fit_tp)

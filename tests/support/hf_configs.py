@@ -190,8 +190,25 @@ LLAMA4_MAVERICK: dict[str, Any] = {
     },
 }
 
+# Qwen/Qwen3-Next-80B-A3B-Instruct config.json: 48 layers, every 4th full (gated) attention, the
+# others gated DeltaNet; 512 experts top-10 plus a gated shared expert.
+QWEN3_NEXT: dict[str, Any] = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "attention_bias": False,
+    "attention_dropout": 0.0, "decoder_sparse_step": 1, "full_attention_interval": 4,
+    "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 5120,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+    "mlp_only_layers": [], "moe_intermediate_size": 512, "norm_topk_prob": True,
+    "num_attention_heads": 16, "num_experts": 512, "num_experts_per_tok": 10,
+    "num_hidden_layers": 48, "num_key_value_heads": 2, "partial_rotary_factor": 0.25,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000000,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936,
+}
+
 HF_CONFIGS = {"deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2, "deepseek-v2-lite": DEEPSEEK_V2_LITE,
               "qwen3-30b-a3b": QWEN3_30B, "qwen3-235b-a22b": QWEN3_235B, "qwen2-moe": QWEN2_MOE,
               "mixtral-8x7b": MIXTRAL_8X7B, "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B,
               "glm-4.5": GLM_45, "glm-4.5-air": GLM_45_AIR, "minimax-m2": MINIMAX_M2,
-              "llama-4-scout": LLAMA4_SCOUT, "llama-4-maverick": LLAMA4_MAVERICK}
+              "llama-4-scout": LLAMA4_SCOUT, "llama-4-maverick": LLAMA4_MAVERICK,
+              "qwen3-next-80b-a3b": QWEN3_NEXT}

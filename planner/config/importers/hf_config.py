@@ -353,7 +353,10 @@ def _qwen_moe(r: _Reader, *, qwen3: bool, defaults: Mapping[str, Any] | None = N
     decoder_sparse_step-th layer except mlp_only_layers; Qwen2-MoE adds a gated shared expert and
     q/k/v biases, Qwen3-MoE q/k RMSNorm."""
     d = defaults or {}
-    need = (lambda key: d.get(key, _REQUIRED))  # the config class's default, else required
+
+    def need(key: str) -> Any:
+        return d.get(key, _REQUIRED)  # the config class's default, else required
+
     model = _common(r, eps=d.get("rms_norm_eps", 1e-6), theta=d.get("rope_theta", 10000.0),
                     sizes=d or None)
     _gqa(r, model, d.get("num_key_value_heads"), d.get("head_dim"))

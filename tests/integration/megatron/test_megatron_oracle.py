@@ -132,6 +132,12 @@ PRESET_CONFIGS: dict[str, dict[str, Any]] = {
                      "sequence_parallel": True},
         "training": V4_TRAINING, "moe": {"moe_apply_probs_on_input": True}, "ignore": ["MEM001"],
     },
+    "qwen3-next-80b-a3b": {
+        "model": {"preset": "qwen3-next-80b-a3b"},
+        "parallel": {"world_size": 32, "tp": 2, "cp": 1, "pp": 2, "ep": 8, "etp": 1,
+                     "sequence_parallel": True},
+        "training": V4_TRAINING, "ignore": ["MEM001"],
+    },
 }
 # MiniMax-M2's per-layer q/k norm is nothing Megatron dev can train: `emit megatron` refuses it
 # (EMT010, tests/unit/emit/test_emit_current_architectures.py).

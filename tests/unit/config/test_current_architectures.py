@@ -33,16 +33,17 @@ from tests.support.hf_configs import (
     LLAMA4_MAVERICK,
     LLAMA4_SCOUT,
     MINIMAX_M2,
+    QWEN3_NEXT,
 )
 from tests.support.paths import EXAMPLES
 
 ARCH_EXAMPLES = {"gpt-oss-20b": "gpt-oss-20b-16", "gpt-oss-120b": "gpt-oss-120b-64",
                  "glm-4.5": "glm-4.5-256", "glm-4.5-air": "glm-4.5-air-64",
                  "minimax-m2": "minimax-m2-128", "llama-4-scout": "llama-4-scout-64",
-                 "llama-4-maverick": "llama-4-maverick-256"}
+                 "llama-4-maverick": "llama-4-maverick-256", "qwen3-next-80b-a3b": "qwen3-next-80b-a3b-32"}
 HF = {"gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B, "glm-4.5": GLM_45,
       "glm-4.5-air": GLM_45_AIR, "minimax-m2": MINIMAX_M2, "llama-4-scout": LLAMA4_SCOUT,
-      "llama-4-maverick": LLAMA4_MAVERICK}
+      "llama-4-maverick": LLAMA4_MAVERICK, "qwen3-next-80b-a3b": QWEN3_NEXT}
 
 
 def _example(name: str):
@@ -124,9 +125,33 @@ def _llama4_count(hf: dict[str, Any]) -> dict[str, int]:
     return {"total": total, "active": total - moe * (e - k) * expert, "mtp": 0, "embedding": 2 * table}
 
 
+def _qwen3_next_count(c: dict[str, Any]) -> dict[str, int]:
+    """modeling_qwen3_next.py: Qwen3NextGatedDeltaNet on the linear_attention layers (in_proj_qkvz
+    [h, 2·qk + 2·v], in_proj_ba [h, 2·nv], conv1d [2·qk + v, 1, K] without bias, dt_bias and A_log
+    [nv], the gated RMSNorm [d_v], out_proj [v, h]); Qwen3NextAttention on the full_attention ones
+    (q_proj [h, 2·heads·d]: the query and its output gate, k/v [h, groups·d], o_proj, q_norm /
+    k_norm [d]); Qwen3NextSparseMoeBlock everywhere (gate [E, h], E experts, shared_expert of
+    shared_expert_intermediate_size and its shared_expert_gate [1, h]); two RMSNorms per layer."""
+    h, heads, groups, d = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    e, i, k, v, layers = (c["num_experts"], c["moe_intermediate_size"], c["num_experts_per_tok"],
+                          c["vocab_size"], c["num_hidden_layers"])
+    qk = c["linear_key_head_dim"] * c["linear_num_key_heads"]
+    vd, nv = c["linear_value_head_dim"] * c["linear_num_value_heads"], c["linear_num_value_heads"]
+    gdn = (h * (2 * qk + 2 * vd) + h * 2 * nv + (2 * qk + vd) * c["linear_conv_kernel_dim"] + 2 * nv
+           + c["linear_value_head_dim"] + vd * h)
+    attention = h * 2 * heads * d + 2 * h * groups * d + heads * d * h + 2 * d
+    full = layers // c["full_attention_interval"]
+    expert = 3 * h * i
+    moe = e * h + e * expert + 3 * h * c["shared_expert_intermediate_size"] + h
+    table = v * h
+    total = (layers - full) * gdn + full * attention + layers * (2 * h + moe) + h + 2 * table
+    return {"total": total, "active": total - layers * (e - k) * expert, "mtp": 0, "embedding": 2 * table}
+
+
 COUNTS = {"gpt-oss-20b": _gpt_oss_count, "gpt-oss-120b": _gpt_oss_count, "glm-4.5": _glm4_moe_count,
           "glm-4.5-air": _glm4_moe_count, "minimax-m2": _minimax_m2_count,
-          "llama-4-scout": _llama4_count, "llama-4-maverick": _llama4_count}
+          "llama-4-scout": _llama4_count, "llama-4-maverick": _llama4_count,
+          "qwen3-next-80b-a3b": _qwen3_next_count}
 
 
 @pytest.mark.parametrize("name", sorted(ARCH_EXAMPLES))
@@ -155,12 +180,15 @@ def test_totals_equal_the_tensor_by_tensor_count(name: str):
 # meta-llama/Llama-4-Scout-17B-16E: 109B total, 17B active; Llama-4-Maverick-17B-128E: 400B total,
 #   17B active; the totals include the vision encoder and projector (Scout: 109B − 107.77B of
 #   text decoder), the active figures the two tables.
+# Qwen/Qwen3-Next-80B-A3B-Instruct: 80B total, 3B activated (the name's rounding: 3.25B without
+#   the two tables).
 CARDS = {"gpt-oss-20b": (20.91e9, 3.61e9, 0.001, "embedding_in"),
          "gpt-oss-120b": (116.83e9, 5.13e9, 0.001, "embedding_in"),
          "glm-4.5": (355e9, 32e9, 0.01, "tables_and_mtp"), "glm-4.5-air": (106e9, 12e9, 0.02, "tables"),
          "minimax-m2": (230e9, 10e9, 0.025, "tables"),
          "llama-4-scout": (109e9, 17e9, 0.015, "with_tables"),
-         "llama-4-maverick": (400e9, 17e9, 0.005, "with_tables")}
+         "llama-4-maverick": (400e9, 17e9, 0.005, "with_tables"),
+         "qwen3-next-80b-a3b": (80e9, 3e9, 0.005, "tables")}
 
 
 @pytest.mark.parametrize("name", sorted(CARDS))
@@ -211,6 +239,19 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 8, "num_local_experts": 256, "rope_theta": 5000000.0,
         "scoring_func": "sigmoid", "use_routing_bias": True, "qk_norm_type": "per_layer",
         "use_qk_norm": True, "shared_intermediate_size": 0, "use_mtp": False},
+    # configuration_qwen3_next.py Qwen3NextConfig (layer_types from full_attention_interval 4)
+    "Qwen3NextForCausalLM": {
+        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+        "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+        "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False, "rope_theta": 10000.0, "rope_scaling": None,
+        "attention_bias": False, "attention_dropout": 0.0, "head_dim": 256,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "decoder_sparse_step": 1,
+        "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+        "num_experts_per_tok": 10, "num_experts": 512, "norm_topk_prob": True,
+        "mlp_only_layers": [], "partial_rotary_factor": 0.25, "full_attention_interval": 4,
+        "use_sliding_window": False},
     # configuration_llama4.py Llama4TextConfig (text_config's keys)
     "Llama4ForConditionalGeneration": {
         "vocab_size": 202048, "hidden_size": 5120, "intermediate_size": 8192,

@@ -20,7 +20,7 @@ from tests.support.paths import EXAMPLES
 
 HF_PRESETS = ("deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "gpt-oss-20b",
               "gpt-oss-120b", "glm-4.5", "glm-4.5-air", "minimax-m2", "llama-4-scout",
-              "llama-4-maverick")
+              "llama-4-maverick", "qwen3-next-80b-a3b")
 
 
 def test_every_preset_is_a_schema_choice():
@@ -69,15 +69,18 @@ PRESET_EXAMPLES = {"deepseek-v3": "deepseek-v3-1024.yaml", "qwen3-30b-a3b": "qwe
                    "glm-4.5": "architectures/glm-4.5-256.yaml",
                    "glm-4.5-air": "architectures/glm-4.5-air-64.yaml",
                    "llama-4-scout": "architectures/llama-4-scout-64.yaml",
-                   "llama-4-maverick": "architectures/llama-4-maverick-256.yaml"}
+                   "llama-4-maverick": "architectures/llama-4-maverick-256.yaml",
+                   "qwen3-next-80b-a3b": "architectures/qwen3-next-80b-a3b-32.yaml"}
 # The current architectures are built with their first layers only, one of each layer kind (gpt-oss:
 # a window and a full layer; GLM: its dense layers and a MoE layer; Llama 4: three RoPE layers and a
-# NoPE one, dense and MoE layers), MTP kept, on one rank: every
+# NoPE one, dense and MoE layers; Qwen3-Next: three gated DeltaNet layers and a gated attention
+# one, Megatron's GatedDeltaNet built with local linear layers by the probe), MTP kept, on one
+# rank: every
 # per-layer tensor is what the build checks (building their hundreds of experts per layer for every
 # layer would cost this test suite tens of seconds); the full-size totals equal the
 # tensor-by-tensor count in tests/unit/config/test_current_architectures.py.
 LEADING_LAYERS = {"gpt-oss-20b": 2, "gpt-oss-120b": 2, "glm-4.5": 4, "glm-4.5-air": 2,
-                  "llama-4-scout": 4, "llama-4-maverick": 4}
+                  "llama-4-scout": 4, "llama-4-maverick": 4, "qwen3-next-80b-a3b": 4}
 
 
 def _built_config(name: str) -> Config:

@@ -36,6 +36,13 @@ CITED_LINES = [
     ("core/models/gpt/gpt_layer_specs.py", 255, 'assert qk_l2_norm is False, "qk_l2_norm is not supported '
      'with MLA."', "get_gpt_layer_with_transformer_engine_submodules"),
     ("training/argument_utils.py", 440, "assert not args.swiglu", "core_transformer_config_from_args"),
+    # ... ARC004 / ARC005: gated DeltaNet's head ratio and its heads over TP
+    (TRANSFORMER_CONFIG, 1677, "assert self.linear_num_value_heads % self.linear_num_key_heads == 0, (",
+     "__post_init__"),
+    (TRANSFORMER_CONFIG, 1704, "assert self.linear_num_key_heads % linear_head_parallel_size == 0, (",
+     "__post_init__"),
+    (TRANSFORMER_CONFIG, 1708, "assert self.linear_num_value_heads % linear_head_parallel_size == 0, (",
+     "__post_init__"),
     # TransformerConfig.__post_init__: full granularity without a method raises
     (TRANSFORMER_CONFIG, 2165, 'elif self.recompute_granularity != "selective":', "__post_init__"),
     # ... and without recompute_num_layers
