@@ -46,7 +46,9 @@ def write(book: Book, v: Variant) -> None:
         "one forward of the whole model per token")
     add("flops_per_token", f"{FWD_BWD} * flops_fwd_per_token", "FLOP", "flops",
         "Megatron's num_floating_point_operations per token: forward, data gradient and weight "
-        "gradient of every GEMM (recompute not counted)")
+        "gradient of every GEMM (recompute not counted)"
+        + ("; with --quick-geglu the three MLP GEMMs it runs, where Megatron's figure reads "
+           "args.swiglu and counts two" if v.quick_geglu else ""))
     add("flops_per_step", "flops_per_token * tokens_per_step", "FLOP", "flops",
         "Megatron's num_floating_point_operations for one global batch")
     _stage(book, v)

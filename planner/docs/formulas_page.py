@@ -94,6 +94,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("chunked attention layers (attention_chunk_size)", {"attention": "standard", "chunked": True}),
     ("gated DeltaNet layers (linear_attention_freq)", {"attention": "standard", "linear": True}),
     ("gated attention (attention_output_gate)", {"attention": "standard", "output_gate": True}),
+    ("quick-GEGLU MLPs (quick_geglu)", {"quick_geglu": True}),
     ("q/k/v biases only (add_qkv_bias)", {"attention": "standard", "qkv_bias": True}),
     ("q/k norms over all heads of a layer (qk_layernorm_per_layer)",
      {"attention": "standard", "qk_norm": True, "qk_norm_layer": True}),
