@@ -443,7 +443,8 @@ def test_stand_ins_are_listed_and_only_those():
     named = [s.split(":")[0] for s in shared_stand_ins()]
     assert set(named) <= {"typing.override", "CUDA device capability", "CUDA current device",
                           "Transformer Engine version gate", "Transformer Engine fused RoPE kernel",
-                          "cuDNN DSA kernel presence check", "hash-routing stacks"}
+                          "cuDNN DSA kernel presence check", "hash-routing stacks",
+                          "flash-linear-attention kernel presence check (gated DeltaNet)"}
     assert {"CUDA device capability", "CUDA current device"} <= set(named)  # this CI has no GPU
     assert "hash-routing stacks" in named  # the examples hash-route
 
