@@ -192,6 +192,14 @@ def _add_attention_extras(book: Book, v: Variant, mixers: str) -> str:
         book.add("qkv_bias_params_per_block", "(heads + 2 * groups) * d / TP", "params", "memory",
                  "add_qkv_bias: the q/k/v projection's bias (split over TP)")
         mixers += " + qkv_bias_params_per_block"
+    if v.dsa:
+        # megatron/core/transformer/experimental_attention_variant/dsa.py DSAIndexer.__init__:
+        # linear_wq_b [q_lora → idx_heads·idx_dim], linear_wk [h → idx_dim], k_norm (LayerNorm,
+        # weight and bias) and linear_weights_proj [h → idx_heads], all "duplicated" over TP.
+        book.add("dsa_indexer_params_per_block", "idx_heads * idx_dim * q_lora + h * idx_dim"
+                 " + 2 * idx_dim + h * idx_heads", "params", "memory",
+                 "DSA lightning indexer (whole on every TP rank)")
+        mixers += " + dsa_indexer_params_per_block"
     if v.output_gate:
         # megatron/core/transformer/attention.py SelfAttention.__init__: linear_qkv_out_dim grows
         # by kv_channels · heads with attention_output_gate.
@@ -284,6 +292,8 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
         moe = f"({moe} + shared_gate_params_per_layer)"
     if v.bias:
         moe = f"({moe} + Min(I_s, 1) * h)"
+    if v.dsa:  # the indexer's grads are averaged over TP (average_gradients_across_tp_domain)
+        per_block += " + dsa_indexer_params_per_block"
     if v.linear:  # a DeltaNet layer has no q/k norms but its whole output norm (la_dv)
         dense_mlp += (" + L_linear * (la_dv - qk_norm_params_per_block)" if v.qk_norm
                       else " + L_linear * la_dv")

@@ -234,6 +234,7 @@ class Variant:
     linear: bool = False  # gated DeltaNet layers (model.linear_attention_freq)
     output_gate: bool = False  # attention_output_gate: a heads·d gate fused into linear_qkv
     quick_geglu: bool = False  # gated MLPs by --quick-geglu (Megatron's FLOPs figure counts 2 GEMMs)
+    dsa: bool = False  # DeepSeek-V3.2's DSA: MLA with a lightning indexer (duplicated over TP)
     qkv_bias: bool = False  # add_qkv_bias without add_bias_linear: biases on linear_qkv only
     qk_norm_layer: bool = False  # qk_layernorm_per_layer: q/k norms over all heads (MiniMax-M2)
 
@@ -322,6 +323,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         linear=model.linear_attention_freq is not None and model.attention_variant == "standard",
         output_gate=model.attention_output_gate and model.attention_variant == "standard",
         quick_geglu=model.quick_geglu,
+        dsa=model.dsa and model.attention_variant == "mla",
         qkv_bias=model.add_qkv_bias and not model.add_bias_linear,
         qk_norm_layer=model.qk_layernorm_per_layer and model.attention_variant == "standard",
     )

@@ -255,3 +255,9 @@ PRESETS["qwen3-next-80b-a3b"] = {
     "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
     "linear_num_value_heads": 32, "linear_attention_freq": 4,
 }
+
+# deepseek-ai/DeepSeek-V3.2-Exp config.json: DeepSeek-V3 (the "deepseek-v3" preset's dims) plus DSA,
+# a lightning indexer of 64 heads of 128 that keeps 2048 keys per query. Like V3's, its
+# mscale_all_dim 1.0 passes as `--mscale-all-dim 1.0` in launch.megatron_extra_args.
+PRESETS["deepseek-v3.2"] = {**PRESETS["deepseek-v3"], "dsa": True, "index_n_heads": 64,
+                            "index_head_dim": 128, "index_topk": 2048}

@@ -57,7 +57,8 @@ class ModelSection(Section):
                     "qwen3-235b-a22b", "mixtral-8x7b",
                     # current MoE architectures
                     "gpt-oss-20b", "gpt-oss-120b", "glm-4.5", "glm-4.5-air", "minimax-m2",
-                    "llama-4-scout", "llama-4-maverick", "qwen3-next-80b-a3b"] | None = None
+                    "llama-4-scout", "llama-4-maverick", "qwen3-next-80b-a3b",
+                    "deepseek-v3.2"] | None = None
     num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt
@@ -178,6 +179,10 @@ class ModelSection(Section):
     linear_num_key_heads: PosInt = 16
     linear_num_value_heads: PosInt = 32
     attention_output_gate: bool = False
+    # DeepSeek-V3.2's DSA (Megatron's experimental_attention_variant dsa): MLA whose queries attend
+    # the index_topk keys a lightning indexer picks. Written with attention_variant mla and the
+    # indexer fields index_n_heads / index_head_dim / index_topk (Megatron's --dsa-indexer-*).
+    dsa: bool = False
 
     @field_validator("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq", "linear_attention_freq",
                      mode="before")
@@ -234,6 +239,11 @@ class ModelSection(Section):
                 "num_attention_heads {heads}",
                 {"groups": self.num_query_groups, "heads": self.num_attention_heads},
             )
+        if self.dsa and (self.attention_variant != "mla" or None in (
+                self.index_n_heads, self.index_head_dim, self.index_topk)):
+            raise PydanticCustomError(
+                "dsa_fields", "model.dsa needs attention_variant mla and model.index_n_heads, "
+                "index_head_dim and index_topk (Megatron's DSA is MLA with a lightning indexer)")
         if self.qk_layernorm_per_layer and not self.qk_layernorm:
             raise PydanticCustomError(
                 "qk_norm_scope", "model.qk_layernorm_per_layer needs model.qk_layernorm: true")

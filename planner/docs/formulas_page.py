@@ -95,6 +95,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("gated DeltaNet layers (linear_attention_freq)", {"attention": "standard", "linear": True}),
     ("gated attention (attention_output_gate)", {"attention": "standard", "output_gate": True}),
     ("quick-GEGLU MLPs (quick_geglu)", {"quick_geglu": True}),
+    ("DSA: MLA with a lightning indexer (dsa)", {"attention": "mla", "mla_q_lora": True, "dsa": True}),
     ("q/k/v biases only (add_qkv_bias)", {"attention": "standard", "qkv_bias": True}),
     ("q/k norms over all heads of a layer (qk_layernorm_per_layer)",
      {"attention": "standard", "qk_norm": True, "qk_norm_layer": True}),

@@ -355,6 +355,12 @@ def _current_architectures(cfg: Config, args: MegatronArgs) -> None:
     args.add_if(m.no_rope_freq is not None, "--no-rope-freq", m.no_rope_freq, source="model.no_rope_freq")
     args.add_if(m.qk_l2_norm, "--qk-l2-norm", source="model.qk_l2_norm")
     args.add_if(m.attention_output_gate, "--attention-output-gate", source="model.attention_output_gate")
+    if m.dsa:  # DeepSeek-V3.2 (megatron/core/transformer/transformer_config.py: DSA refuses RoPE fusion)
+        args.add("--experimental-attention-variant", "dsa", source="model.dsa")
+        args.add("--dsa-indexer-n-heads", m.index_n_heads, source="model.index_n_heads")
+        args.add("--dsa-indexer-head-dim", m.index_head_dim, source="model.index_head_dim")
+        args.add("--dsa-indexer-topk", m.index_topk, source="model.index_topk")
+        args.add("--no-rope-fusion", source="model.dsa (DSAttention has no fused RoPE)")
     if m.linear_attention_freq is not None:  # Qwen3-Next's gated DeltaNet layers
         args.add("--experimental-attention-variant", "gated_delta_net",
                  source="model.linear_attention_freq (gated DeltaNet layers)")

@@ -1,6 +1,6 @@
 """ARC: what Megatron refuses with the mechanisms of the current MoE architectures (gpt-oss,
-GLM-4.5, MiniMax-M2, Llama 4, Qwen3-Next): the NoPE pattern, the GLU offset, the L2 q/k norm, the
-gated DeltaNet heads."""
+GLM-4.5, MiniMax-M2, Llama 4, Qwen3-Next, DeepSeek-V3.2): the NoPE pattern, the GLU offset, the
+L2 q/k norm, the gated DeltaNet heads, DSA's biases and CP exchange."""
 
 from __future__ import annotations
 
@@ -102,5 +102,35 @@ def gdn_heads_fit_tp(f: Facts) -> Iterator[Violation]:
                             f"pick a TP that divides {getattr(m, name)}")
 
 
+_DSA = ("model: {multi_latent_attention: true, kv_lora_rank: 32, q_lora_rank: 32, dsa: true, "
+        "index_n_heads: 4, index_head_dim: 16, index_topk: 64")
+
+
+@rule(
+    "ARC006", "error", "DSA takes no linear biases",
+    source=TRANSFORMER_CONFIG,
+    why="""DSA runs Megatron's absorbed MLA attention, which refuses add_bias_linear.""",
+    bad=_DSA + ", add_bias_linear: true}",
+    good=_DSA + "}",
+)
+def dsa_without_bias(f: Facts) -> Iterator[Violation]:
+    if f.model.dsa and f.model.add_bias_linear:
+        yield Violation("model.add_bias_linear", "add_bias_linear with DSA", "set add_bias_linear: false")
+
+
+@rule(
+    "ARC007", "error", "DSA under CP needs the all-gather CP exchange",
+    source=TRANSFORMER_CONFIG,
+    why="""DSA's context parallelism gathers the keys over the CP group; Megatron asserts every
+    cp_comm_type is all_gather.""",
+    bad=_DSA + "}\nparallel: {world_size: 16, cp: 2, cp_comm_type: p2p}",
+    good=_DSA + "}\nparallel: {world_size: 16, cp: 2, cp_comm_type: all_gather}",
+)
+def dsa_cp_all_gather(f: Facts) -> Iterator[Violation]:
+    if f.model.dsa and f.par.cp > 1 and f.par.cp_comm_type != "all_gather":
+        yield Violation("parallel.cp_comm_type", f"DSA with CP {f.par.cp} over {f.par.cp_comm_type}",
+                        "set parallel.cp_comm_type: all_gather")
+
+
 RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention,
-         gdn_value_heads_per_key_head, gdn_heads_fit_tp)
+         gdn_value_heads_per_key_head, gdn_heads_fit_tp, dsa_without_bias, dsa_cp_all_gather)

@@ -206,9 +206,15 @@ QWEN3_NEXT: dict[str, Any] = {
     "tie_word_embeddings": False, "use_sliding_window": False, "vocab_size": 151936,
 }
 
+# deepseek-ai/DeepSeek-V3.2-Exp config.json: DeepSeek-V3's keys plus the DSA lightning indexer.
+DEEPSEEK_V32: dict[str, Any] = {
+    **DEEPSEEK_V3, "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+    "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048,
+}
+
 HF_CONFIGS = {"deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2, "deepseek-v2-lite": DEEPSEEK_V2_LITE,
               "qwen3-30b-a3b": QWEN3_30B, "qwen3-235b-a22b": QWEN3_235B, "qwen2-moe": QWEN2_MOE,
               "mixtral-8x7b": MIXTRAL_8X7B, "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B,
               "glm-4.5": GLM_45, "glm-4.5-air": GLM_45_AIR, "minimax-m2": MINIMAX_M2,
               "llama-4-scout": LLAMA4_SCOUT, "llama-4-maverick": LLAMA4_MAVERICK,
-              "qwen3-next-80b-a3b": QWEN3_NEXT}
+              "qwen3-next-80b-a3b": QWEN3_NEXT, "deepseek-v3.2": DEEPSEEK_V32}

@@ -755,7 +755,26 @@ def _qwen3_next(r: _Reader) -> dict[str, Any]:
     return model
 
 
+_DEEPSEEK_ROUTER_DEFAULTS["DeepseekV32ForCausalLM"] = _DEEPSEEK_ROUTER_DEFAULTS["DeepseekV3ForCausalLM"]
+
+
+def _deepseek_v32(r: _Reader) -> dict[str, Any]:
+    """DeepseekV32ForCausalLM (deepseek-ai/DeepSeek-V3.2-Exp): the DeepSeek-V3 architecture plus the
+    lightning indexer of DSA (index_n_heads, index_head_dim, index_topk: Megatron's
+    --dsa-indexer-*). transformers ships no config class for it, so an omitted indexer key is
+    refused by name, and the rest defaults as DeepseekV3Config."""
+    model = _deepseek(r)
+    model.update({
+        "dsa": True,
+        "index_n_heads": r.count("index_n_heads", "index_n_heads", _REQUIRED),
+        "index_head_dim": r.count("index_head_dim", "index_head_dim", _REQUIRED),
+        "index_topk": r.count("index_topk", "index_topk", _REQUIRED),
+    })
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "DeepseekV32ForCausalLM": _deepseek_v32,
     "Qwen3NextForCausalLM": _qwen3_next,
     "Llama4ForConditionalGeneration": _llama4,
     "Llama4ForCausalLM": _llama4,

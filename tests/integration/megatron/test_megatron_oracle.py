@@ -138,6 +138,14 @@ PRESET_CONFIGS: dict[str, dict[str, Any]] = {
                      "sequence_parallel": True},
         "training": V4_TRAINING, "ignore": ["MEM001"],
     },
+    # DSA over the V3 layout (TP2, PP4 from a layout, the MTP block last)
+    "deepseek-v3.2": {
+        "model": {"preset": "deepseek-v3.2"},
+        "parallel": {"world_size": 128, "tp": 2, "cp": 1, "pp": 4, "ep": 16, "etp": 1,
+                     "sequence_parallel": True,
+                     "pipeline_model_parallel_layout": "Et*15|t*15|t*16|t*15mL"},
+        "training": V4_TRAINING, "ignore": ["MEM001"],
+    },
 }
 # MiniMax-M2's per-layer q/k norm is nothing Megatron dev can train: `emit megatron` refuses it
 # (EMT010, tests/unit/emit/test_emit_current_architectures.py).

@@ -25,6 +25,7 @@ from planner.estimate import estimate
 from planner.model_size import model_size
 from planner.search.run import search
 from tests.support.hf_configs import (
+    DEEPSEEK_V32,
     GLM_45,
     GLM_45_AIR,
     GPT_OSS_20B,
@@ -40,10 +41,12 @@ from tests.support.paths import EXAMPLES
 ARCH_EXAMPLES = {"gpt-oss-20b": "gpt-oss-20b-16", "gpt-oss-120b": "gpt-oss-120b-64",
                  "glm-4.5": "glm-4.5-256", "glm-4.5-air": "glm-4.5-air-64",
                  "minimax-m2": "minimax-m2-128", "llama-4-scout": "llama-4-scout-64",
-                 "llama-4-maverick": "llama-4-maverick-256", "qwen3-next-80b-a3b": "qwen3-next-80b-a3b-32"}
+                 "llama-4-maverick": "llama-4-maverick-256", "qwen3-next-80b-a3b": "qwen3-next-80b-a3b-32",
+                 "deepseek-v3.2": "deepseek-v3.2-1024"}
 HF = {"gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B, "glm-4.5": GLM_45,
       "glm-4.5-air": GLM_45_AIR, "minimax-m2": MINIMAX_M2, "llama-4-scout": LLAMA4_SCOUT,
-      "llama-4-maverick": LLAMA4_MAVERICK, "qwen3-next-80b-a3b": QWEN3_NEXT}
+      "llama-4-maverick": LLAMA4_MAVERICK, "qwen3-next-80b-a3b": QWEN3_NEXT,
+      "deepseek-v3.2": DEEPSEEK_V32}
 
 
 def _example(name: str):
@@ -148,10 +151,37 @@ def _qwen3_next_count(c: dict[str, Any]) -> dict[str, int]:
     return {"total": total, "active": total - layers * (e - k) * expert, "mtp": 0, "embedding": 2 * table}
 
 
+def _deepseek_v32_count(c: dict[str, Any]) -> dict[str, int]:
+    """inference/model.py of deepseek-ai/DeepSeek-V3.2-Exp (the checkpoint's tensors): V3's MLA
+    (wq_a [h, q_lora] + q_norm, wq_b [q_lora, heads·(nope + rope)], wkv_a [h, kv_lora + rope] +
+    kv_norm, wkv_b [kv_lora, heads·(nope + v)], wo [heads·v, h]) plus the Indexer (wq_b [q_lora,
+    idx_heads·idx_dim], wk [h, idx_dim], k_norm LayerNorm weight + bias, weights_proj [h, idx_heads]);
+    first_k_dense_replace dense layers, then gate [E, h] (its e_score_correction_bias named apart),
+    E experts and the shared expert; the MTP layer (enorm, hnorm, eh_proj, one MoE layer, its
+    norm) as Megatron builds it."""
+    h, heads = c["hidden_size"], c["num_attention_heads"]
+    e, k = c["n_routed_experts"], c["num_experts_per_tok"]
+    ql, kvl, nope, rope, vd = (c["q_lora_rank"], c["kv_lora_rank"], c["qk_nope_head_dim"],
+                               c["qk_rope_head_dim"], c["v_head_dim"])
+    ih, idim = c["index_n_heads"], c["index_head_dim"]
+    attention = (h * ql + ql + ql * heads * (nope + rope) + h * (kvl + rope) + kvl
+                 + kvl * heads * (nope + vd) + heads * vd * h)
+    indexer = ql * ih * idim + h * idim + 2 * idim + h * ih
+    i, layers, dense = c["moe_intermediate_size"], c["num_hidden_layers"], c["first_k_dense_replace"]
+    expert = 3 * h * i
+    moe_layer = 2 * h + attention + indexer + e * h + e * expert + c["n_shared_experts"] * expert
+    dense_layer = 2 * h + attention + indexer + 3 * h * c["intermediate_size"]
+    table = c["vocab_size"] * h
+    total = dense * dense_layer + (layers - dense) * moe_layer + h + 2 * table
+    mtp = c["num_nextn_predict_layers"] * (moe_layer + 2 * h + 2 * h * h + h)
+    return {"total": total, "active": total - (layers - dense) * (e - k) * expert, "mtp": mtp,
+            "embedding": 2 * table}
+
+
 COUNTS = {"gpt-oss-20b": _gpt_oss_count, "gpt-oss-120b": _gpt_oss_count, "glm-4.5": _glm4_moe_count,
           "glm-4.5-air": _glm4_moe_count, "minimax-m2": _minimax_m2_count,
           "llama-4-scout": _llama4_count, "llama-4-maverick": _llama4_count,
-          "qwen3-next-80b-a3b": _qwen3_next_count}
+          "qwen3-next-80b-a3b": _qwen3_next_count, "deepseek-v3.2": _deepseek_v32_count}
 
 
 @pytest.mark.parametrize("name", sorted(ARCH_EXAMPLES))
@@ -182,13 +212,16 @@ def test_totals_equal_the_tensor_by_tensor_count(name: str):
 #   text decoder), the active figures the two tables.
 # Qwen/Qwen3-Next-80B-A3B-Instruct: 80B total, 3B activated (the name's rounding: 3.25B without
 #   the two tables).
+# deepseek-ai/DeepSeek-V3.2-Exp: 685B (the checkpoint: main model, its MTP layer and that layer's
+#   own embedding and output copies, which Megatron shares), 37B activated without the tables.
 CARDS = {"gpt-oss-20b": (20.91e9, 3.61e9, 0.001, "embedding_in"),
          "gpt-oss-120b": (116.83e9, 5.13e9, 0.001, "embedding_in"),
          "glm-4.5": (355e9, 32e9, 0.01, "tables_and_mtp"), "glm-4.5-air": (106e9, 12e9, 0.02, "tables"),
          "minimax-m2": (230e9, 10e9, 0.025, "tables"),
          "llama-4-scout": (109e9, 17e9, 0.015, "with_tables"),
          "llama-4-maverick": (400e9, 17e9, 0.005, "with_tables"),
-         "qwen3-next-80b-a3b": (80e9, 3e9, 0.005, "tables")}
+         "qwen3-next-80b-a3b": (80e9, 3e9, 0.005, "tables"),
+         "deepseek-v3.2": (685e9, 37e9, 0.002, "tables_and_mtp_and_copies")}
 
 
 @pytest.mark.parametrize("name", sorted(CARDS))
@@ -196,7 +229,8 @@ def test_totals_against_the_model_cards(name: str):
     size = model_size(_example(name))
     assert size is not None
     total, active, tolerance, how = CARDS[name]
-    ours_total = size.total_params + (size.mtp_params if how == "tables_and_mtp" else 0)
+    ours_total = size.total_params + (size.mtp_params if how.startswith("tables_and_mtp") else 0)
+    ours_total += size.embedding_params if how.endswith("copies") else 0
     table = size.embedding_params // 2
     ours_active = size.active_params - {"embedding_in": table, "with_tables": 0}.get(how, 2 * table)
     assert abs(ours_total / total - 1) < tolerance
@@ -289,6 +323,8 @@ def _with(hf: dict[str, Any], key: str, value: Any = None, drop: bool = False) -
     return {**hf, NESTED: keys} if NESTED in hf else keys
 
 
+# DeepSeek-V3.2 has no transformers config class: V3's defaults, its indexer keys refused by name.
+HF_DEFAULTS["DeepseekV32ForCausalLM"] = HF_DEFAULTS["DeepseekV3ForCausalLM"]
 DEFAULT_CASES = [(name, key) for name, hf in ALL_HF.items() for key in _decoder_keys(hf)
                  if key not in ("architectures", "model_type")]
 

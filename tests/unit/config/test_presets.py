@@ -20,7 +20,7 @@ from tests.support.paths import EXAMPLES
 
 HF_PRESETS = ("deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "gpt-oss-20b",
               "gpt-oss-120b", "glm-4.5", "glm-4.5-air", "minimax-m2", "llama-4-scout",
-              "llama-4-maverick", "qwen3-next-80b-a3b")
+              "llama-4-maverick", "qwen3-next-80b-a3b", "deepseek-v3.2")
 
 
 def test_every_preset_is_a_schema_choice():

@@ -47,6 +47,14 @@ def test_glm_flags():
     assert flags["--mtp-num-layers"] == ("1",)
 
 
+def test_deepseek_v32_flags():
+    flags = megatron_arguments(load_config(ARCH / "deepseek-v3.2-1024.yaml")).as_dict()
+    assert flags["--experimental-attention-variant"] == ("dsa",)
+    assert (flags["--dsa-indexer-n-heads"], flags["--dsa-indexer-head-dim"],
+            flags["--dsa-indexer-topk"]) == (("64",), ("128",), ("2048",))
+    assert flags["--no-rope-fusion"] == () and flags["--multi-latent-attention"] == ()
+
+
 def test_megatron_dev_cannot_train_a_per_layer_qk_norm():
     with pytest.raises(EmitError) as refused:
         megatron_arguments(load_config(ARCH / "minimax-m2-128.yaml"))

@@ -43,6 +43,10 @@ CITED_LINES = [
      "__post_init__"),
     (TRANSFORMER_CONFIG, 1708, "assert self.linear_num_value_heads % linear_head_parallel_size == 0, (",
      "__post_init__"),
+    # ... ARC006 / ARC007: DSA refuses linear biases and any CP exchange but all-gather
+    (TRANSFORMER_CONFIG, 1714, "if self.add_bias_linear:", "__post_init__"),
+    (TRANSFORMER_CONFIG, 1737, 'and cp_comm_type.replace("_", "").lower() == "allgather"',
+     "__post_init__"),
     # TransformerConfig.__post_init__: full granularity without a method raises
     (TRANSFORMER_CONFIG, 2165, 'elif self.recompute_granularity != "selective":', "__post_init__"),
     # ... and without recompute_num_layers
