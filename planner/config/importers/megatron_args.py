@@ -36,6 +36,8 @@ NOT_ARGUMENTS = {
     "training.fp8", "training.fp4", "training.qkv_format", "moe.moe_virtual_experts",
     "moe.moe_tid2eid_source",
     "model.qk_layernorm_per_layer",  # MiniMax-M2's per-layer q/k norm: no Megatron argument
+    "model.attention_chunk_size",  # Llama 4's chunked attention: no Megatron argument
+    "model.dsa",  # written as --experimental-attention-variant dsa
 }
 Kind = Literal["flag", "int", "float", "str", "ints", "strs", "moe_freq", "bracket_ints", "special"]
 
