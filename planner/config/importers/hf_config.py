@@ -4,7 +4,8 @@ A model published on Hugging Face describes itself in a config.json; this module
 returns the `model` section that builds the same network in Megatron-LM dev@d48bd6be (argument
 names from megatron/training/arguments.py and the TransformerConfig / MLATransformerConfig fields
 of megatron/core/transformer/transformer_config.py). Architectures: DeepSeek-V2/V3 (Kimi-K2 uses
-the V3 architecture), Qwen2-MoE/Qwen3-MoE, Mixtral. Routing semantics follow Megatron-LM
+the V3 architecture) and V3.2, Qwen2-MoE/Qwen3-MoE/Qwen3-Next, Mixtral, gpt-oss, GLM-4.5,
+MiniMax-M2, Llama 4. Routing semantics follow Megatron-LM
 dev@d48bd6be megatron/core/transformer/moe/moe_utils.py topk_routing_with_score_function.
 
 Pure data in, data out (no torch, no file writing): an unreadable file is `HfConfigUnreadable`
