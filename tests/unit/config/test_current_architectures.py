@@ -425,3 +425,20 @@ def test_glm_mtp_and_dense_layers_come_from_the_config():
                         "training": {"seq_length": 16}})
     assert cfg.model.mtp_num_layers == 1 and cfg.model.moe_layer_freq[:4] == [0, 0, 0, 1]
     assert cfg.model.add_qkv_bias and cfg.model.rotary_percent == 0.5
+
+
+def test_gated_delta_net_terms_by_hand():
+    """Qwen3-Next's example (b 1, S 4096, TP 1, CP 1): a DeltaNet layer holds in_proj h·(2·qk + 2·v
+    + 2·nv) + conv (2·qk + v)·K + 2·nv + v·h + the d_v norm = 33,718,464 parameters (qk = 2048,
+    v = 4096, nv = 32, K = 4); it runs Megatron's 2·(h·(2qk + 2v + 2nv) + K·(2qk + v) + 4·nv·d_v²
+    + h·v) FLOPs per token forward; it stores per token (2h + 4·qk + 5·v)·2 bytes + nv·(2 + 64)·4
+    bytes = 73,984 bytes."""
+    env = Accounting(_example("qwen3-next-80b-a3b"), ("gdn_params_per_layer", "flops_gdn_fwd_per_token",
+                                                      "act_gdn_per_layer")).stage_env(0)
+    h, qk, v, nv, conv, dv = 2048, 2048, 4096, 32, 4, 128
+    assert env["gdn_params_per_layer"] == h * (2 * qk + 2 * v + 2 * nv) + (2 * qk + v) * conv + 2 * nv \
+        + v * h + dv == 33_718_464
+    assert env["flops_gdn_fwd_per_token"] == 2 * (h * (2 * qk + 2 * v + 2 * nv) + conv * (2 * qk + v)
+                                                  + 4 * nv * dv ** 2 + h * v)
+    assert env["act_gdn_per_layer"] == 4096 * ((2 * h + 4 * qk + 5 * v) * 2 + nv * 66 * 4)
+    assert env["act_gdn_per_layer"] == 4096 * 73_984
