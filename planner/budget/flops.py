@@ -46,7 +46,9 @@ def write(book: Book, v: Variant) -> None:
         "one forward of the whole model per token")
     add("flops_per_token", f"{FWD_BWD} * flops_fwd_per_token", "FLOP", "flops",
         "Megatron's num_floating_point_operations per token: forward, data gradient and weight "
-        "gradient of every GEMM (recompute not counted)")
+        "gradient of every GEMM (recompute not counted)"
+        + ("; with --quick-geglu the three MLP GEMMs it runs, where Megatron's figure reads "
+           "args.swiglu and counts two" if v.quick_geglu else ""))
     add("flops_per_step", "flops_per_token * tokens_per_step", "FLOP", "flops",
         "Megatron's num_floating_point_operations for one global batch")
     _stage(book, v)
@@ -56,11 +58,23 @@ def _attention(book: Book, v: Variant) -> None:
     """Per-layer attention FLOPs per token: the projections (token-linear) and the core (∝ S)."""
     add = book.add
     if v.attention == "standard":
-        add("flops_attention_linear_fwd_per_token", "2 * h * d * (2 * heads + 2 * groups)",
-            "FLOP", "flops", "one attention layer's Q, K, V and output projections per token")
+        gate = " + 2 * h * d * heads" if v.output_gate else ""
+        add("flops_attention_linear_fwd_per_token", "2 * h * d * (2 * heads + 2 * groups)" + gate,
+            "FLOP", "flops", "one attention layer's Q, K, V and output projections per token"
+            + (" and its output gate (Megatron's gate_projection_size)" if v.output_gate else ""))
         add("flops_attention_core_fwd_per_token", "2 * heads * d * S", "FLOP", "flops",
             "one attention layer's QKᵀ and softmax·V per token: 2 GEMMs over the causal half "
             "of S keys (the /2 cancels the second GEMM)")
+        if v.window:
+            _window(book)
+        if v.chunked:
+            _chunked(book)
+        if v.linear:
+            add("flops_gdn_fwd_per_token", "2 * (h * (2 * la_qk + 2 * la_v + 2 * la_nv) + la_conv"
+                " * (2 * la_qk + la_v) + 4 * la_nv * la_dv ** 2 + h * la_v)", "FLOP", "flops",
+                "one gated DeltaNet layer per token, as Megatron's num_floating_point_operations "
+                "counts it: in_proj, the short convolution, the delta rule (KKᵀ, VKᵀ, the state "
+                "update and SQ over one value head each) and out_proj; token-linear, no S term")
         return
     if v.attention == "mla":
         q = ("q_lora * (h + heads * (d_qk + qk_rope) + 1)" if v.mla_q_lora
@@ -102,7 +116,43 @@ def _attention(book: Book, v: Variant) -> None:
         "one window-only V4 layer per token: projections and window attention")
 
 
+def _window(book: Book) -> None:
+    """Sliding-window core attention as it runs. Megatron's num_floating_point_operations has no
+    window term: its figure (flops_per_token) counts window layers over the whole causal sequence
+    like full ones, so these rows feed only the time page. A causal query at position i reads
+    min(i + 1, K) keys, K = window_keys (left window + itself) capped at S; over S queries that
+    averages K · (1 − (K − 1) / (2S))."""
+    add = book.add
+    add("flops_window_keys_avg", "Min(window_keys, S) * (1 - (Min(window_keys, S) - 1) / (2 * S))",
+        "keys", "flops", "average keys a sliding-window query reads under the causal mask")
+    add("flops_attention_window_core_fwd_per_token", "2 * 2 * heads * d * flops_window_keys_avg",
+        "FLOP", "flops", "one sliding-window attention layer's QKᵀ and softmax·V per token as "
+        "computed (moeplan's count; Megatron's FLOPs figure counts the layer as full attention)")
+    add("flops_window_fwd_per_token", "L_model_window * (flops_attention_window_core_fwd_per_token"
+        " - flops_attention_core_fwd_per_token)", "FLOP", "flops",
+        "what the model's window layers change in one forward per token against Megatron's "
+        "full-attention count (negative: work the window skips)")
+
+
+def _chunked(book: Book) -> None:
+    """Chunked attention as it runs (Llama 4's RoPE layers): a query reads the causal part of its
+    own chunk of C = attention_chunk_size tokens, so the core term is Megatron's causal one over
+    Min(C, S) keys instead of S (equal to it while S <= C, where chunking changes nothing).
+    Megatron has no chunked attention; these rows feed only the time page."""
+    add = book.add
+    add("flops_attention_chunk_core_fwd_per_token", "2 * heads * d * Min(chunk_keys, S)", "FLOP",
+        "flops", "one chunked-attention layer's QKᵀ and softmax·V per token over the causal half "
+        "of its chunk (moeplan's count)")
+    add("flops_chunk_fwd_per_token", "L_model_chunked * (flops_attention_chunk_core_fwd_per_token"
+        " - flops_attention_core_fwd_per_token)", "FLOP", "flops",
+        "what the model's chunked layers change in one forward per token against Megatron's "
+        "full-attention count (0 while S <= attention_chunk_size)")
+
+
 def _model_attention(v: Variant) -> str:
+    if v.linear:
+        return ("(L_model - L_model_linear) * (flops_attention_linear_fwd_per_token"
+                " + flops_attention_core_fwd_per_token) + L_model_linear * flops_gdn_fwd_per_token")
     if v.attention == "dsv4_hybrid":
         return ("L_model_csa * flops_attention_csa_fwd_per_token + L_model_hca * "
                 "flops_attention_hca_fwd_per_token + (L_model - L_model_csa - L_model_hca) * "
@@ -117,6 +167,10 @@ def stage_attention(v: Variant, suffix: str = "") -> str:
                 f"flops_attention_hca_fwd_per_token + (blocks{suffix} - L_csa{suffix} - "
                 f"L_hca{suffix}) * flops_attention_swa_fwd_per_token")
     blocks = "blocks_recomputed" if suffix else "blocks"
+    if v.linear:
+        gdn = "L_linear_recomputed" if suffix else "L_linear"
+        return (f"({blocks} - {gdn}) * (flops_attention_linear_fwd_per_token"
+                f" + flops_attention_core_fwd_per_token) + {gdn} * flops_gdn_fwd_per_token")
     return f"{blocks} * (flops_attention_linear_fwd_per_token + flops_attention_core_fwd_per_token)"
 
 

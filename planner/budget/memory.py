@@ -46,6 +46,34 @@ FLEX_BUFFERS = {
 }
 
 
+# Chunk length of flash-linear-attention's chunked gated delta rule (fla.ops.gated_delta_rule
+# chunk_gated_delta_rule, BT = 64): its saved WY matrix A holds 64 fp32 entries per token and head.
+GDN_CHUNK = 64
+
+
+def _add_gated_delta_net_activations(book: Book, v: Variant, per_block: str) -> None:
+    """What one gated DeltaNet layer keeps for backward instead of softmax attention's tensors
+    (Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py GatedDeltaNet.forward and
+    the chunked kernel it calls): the norm's input and output, the short convolution's input and
+    output (q, k, v: 2·la_qk + la_v each), the output gate z, the kernel output and the gated
+    norm's output (la_v each) in the training precision, and per value head the fp32 step and
+    decay (beta, g) and the kernel's chunk matrix A (GDN_CHUNK entries). The recurrent state is
+    recomputed per chunk in backward, not stored; only its final value (la_nv · d_k · d_v, one
+    per sequence) is, which this leaves out. The layer keeps its block's other tensors (the MLP
+    side, dropout, mHC); its softmax-attention terms are taken back."""
+    mods = v.recompute_modules
+    norm = "h" if "layernorm" in mods else "2 * h"
+    book.add("act_gdn_per_layer", f"tokens_per_rank * (({norm} + 4 * la_qk + 5 * la_v) * p"
+             f" + la_nv * (2 + {GDN_CHUNK}) * 4)", "bytes", "memory",
+             "per microbatch: one gated DeltaNet layer's stored tensors (its conv and kernel "
+             "inputs, gate, outputs; fp32 step, decay and chunk matrix per value head)")
+    attention = "act_attention_per_block" + (" + act_qk_norm_per_block" if "act_qk_norm_per_block"
+                                             in per_block else "")
+    book.add("act_gdn_per_layer_extra", f"act_gdn_per_layer - ({attention})", "bytes", "memory",
+             "per microbatch: what a gated DeltaNet layer stores beyond the softmax-attention "
+             "block it is counted as")
+
+
 def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     """Stored activation widths; selective recompute drops the tensors it recomputes."""
     mods = v.recompute_modules
@@ -152,6 +180,9 @@ def write(book: Book, v: Variant) -> None:
         per_block += " + act_mhc_per_block"
     layers = f"blocks * ({per_block}) + moe_layers * act_moe_per_layer" \
              " + L_dense * act_dense_mlp_per_layer"
+    if v.linear:
+        _add_gated_delta_net_activations(book, v, per_block)
+        layers += " + L_linear * act_gdn_per_layer_extra"
     if v.attention == "dsv4_hybrid":
         add("act_csa_per_layer", "tokens_per_rank * ((4 * d + idx_heads * idx_dim + idx_heads"
             " + 4 * idx_dim) * p + idx_topk * 4)", "bytes", "memory",

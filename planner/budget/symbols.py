@@ -17,6 +17,14 @@ from functools import cache
 from statistics import NormalDist
 from typing import Any
 
+from planner.budget.attention_kinds import (
+    WINDOW_STAGE_SYMBOLS,
+    WINDOW_SYMBOLS,
+    chunked_layers,
+    linear_layers,
+    window_layers,
+    window_values,
+)
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
@@ -104,6 +112,7 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("opt_gpu_share", "share of the optimizer states on the GPU: 1 - optimizer_offload_fraction "
            "with optimizer_cpu_offload, else 1"),
     *MODEL_SYMBOLS,
+    *WINDOW_SYMBOLS,
     *HARDWARE_SYMBOLS,
 )
 
@@ -135,6 +144,7 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
     ("L_dense_recomputed", "dense-MLP blocks among blocks_recomputed"),
     ("L_csa_recomputed", "CSA attention layers among blocks_recomputed (V4)"),
     ("L_hca_recomputed", "HCA attention layers among blocks_recomputed (V4)"),
+    *WINDOW_STAGE_SYMBOLS,
 ))
 
 # The rank's neighbours in its CP group (group order, no wrap-around): V4 attention's boundary
@@ -239,6 +249,15 @@ class Variant:
     expert_buffer: bool = True
     ncclep_zero_copy: bool = False  # main's moe_ncclep_zero_copy: persistent bf16 symmetric buffers
     packed_basis: str = ""  # "" fixed S; "max" / "mean" of training.packed_lengths (THD packing)
+    # Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
+    sinks: bool = False  # softmax_type learnable: one sink logit per head and attention layer
+    window: bool = False  # sliding-window attention on some layers (model.window_size)
+    chunked: bool = False  # chunked attention on some layers (model.attention_chunk_size)
+    linear: bool = False  # gated DeltaNet layers (model.linear_attention_freq)
+    output_gate: bool = False  # attention_output_gate: a heads·d gate fused into linear_qkv
+    quick_geglu: bool = False  # gated MLPs by --quick-geglu (Megatron's FLOPs figure counts 2 GEMMs)
+    dsa: bool = False  # DeepSeek-V3.2's DSA: MLA with a lightning indexer (duplicated over TP)
+    qk_norm_layer: bool = False  # qk_layernorm_per_layer: q/k norms over all heads (MiniMax-M2)
 
     @property
     def v4_cp(self) -> bool:
@@ -308,7 +327,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         shared_overlap=ov.moe_shared_expert_overlap and bool(model.moe_shared_expert_intermediate_size),
         global_aux=moe.moe_router_load_balancing_type == "global_aux_loss" and moe.moe_aux_loss_coeff > 0,
         layernorm=model.normalization == "LayerNorm",
-        swiglu=model.swiglu,
+        swiglu=model.gated_mlp,
         bias=model.add_bias_linear,
         qk_norm=model.qk_layernorm and model.attention_variant == "standard",
         dropout=model.hidden_dropout > 0,
@@ -328,6 +347,14 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         ncclep_zero_copy=moe.moe_ncclep_zero_copy and moe.moe_token_dispatcher_type == "flex"
         and moe.moe_flex_dispatcher_backend == "ncclep",
         packed_basis=tr.packed_length_basis if tr.packed_lengths else "",
+        sinks=model.softmax_type == "learnable",
+        window=model.window_size is not None and model.attention_variant == "standard",
+        chunked=model.attention_chunk_size is not None and model.attention_variant == "standard",
+        linear=model.linear_attention_freq is not None and model.attention_variant == "standard",
+        output_gate=model.attention_output_gate and model.attention_variant == "standard",
+        quick_geglu=model.quick_geglu,
+        dsa=model.dsa and model.attention_variant == "mla",
+        qk_norm_layer=model.qk_layernorm_per_layer and model.attention_variant == "standard",
     )
 
 
@@ -484,6 +511,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "pos_rows": m.max_position_embeddings or tr.seq_length,
         "opt_gpu_share": 1 - exact(tr.optimizer_offload_fraction) if tr.optimizer_cpu_offload else 1,
         **model_values(cfg),
+        **window_values(cfg),
         **hardware_values(cfg),
     }
 
@@ -549,6 +577,9 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
         "L_mtp": len(st.mtp_layers),
         "L_csa": sum(1 for r in per_block if r == CSA_RATIO),
         "L_hca": sum(1 for r in per_block if r not in (0, CSA_RATIO)),
+        "L_window": window_layers(model, st.layers),
+        "L_chunked": chunked_layers(model, st.layers),
+        "L_linear": linear_layers(model, [*st.layers, *(model.num_layers + d for d in st.mtp_layers)]),
         "has_embedding": int(st.embedding),
         "has_mtp_embedding": int(bool(st.mtp_layers) and not st.embedding),
         "has_output": int(st.output_head),
@@ -585,7 +616,10 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
     return {"blocks_recomputed": len(layers), "L_moe_recomputed": moe,
             "L_dense_recomputed": len(layers) - moe,
             "L_csa_recomputed": kinds.count(CSA_RATIO),
-            "L_hca_recomputed": sum(1 for r in kinds if r not in (0, CSA_RATIO))}
+            "L_hca_recomputed": sum(1 for r in kinds if r not in (0, CSA_RATIO)),
+            "L_window_recomputed": window_layers(model, layers),
+            "L_chunked_recomputed": chunked_layers(model, layers),
+            "L_linear_recomputed": linear_layers(model, layers)}
 
 
 def rank_values(rank: int, gpus_per_node: Places, groups: dict[str, list[int]],

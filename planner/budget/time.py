@@ -24,6 +24,7 @@ tokens; `imbalance` scales the routed-expert share for the busiest rank.
 
 from __future__ import annotations
 
+from planner.budget.attention_kinds import standard_blocks, window_core
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Book, ident
 from planner.budget.hardware import overlap_symbol
@@ -78,10 +79,21 @@ def _kinds(book: Book, v: Variant) -> None:
     core = "0" if v.attention == "dsv4_hybrid" else "blocks * flops_attention_core_fwd_per_token"
     core_rc = ("0" if v.attention == "dsv4_hybrid"
                else "blocks_recomputed * flops_attention_core_fwd_per_token")
+    linear = "stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops"
+    counted_core_rc = core_rc  # the flops page's recompute row counts window layers as full
+    if v.linear:  # gated DeltaNet layers have no core attention (the flops page's stage rows)
+        core = f"{standard_blocks('', True)} * flops_attention_core_fwd_per_token"
+        core_rc = f"{standard_blocks('_recomputed', True)} * flops_attention_core_fwd_per_token"
+        counted_core_rc = core_rc
+    if v.window or v.chunked:  # window / chunked layers' core attention as it runs (flops page)
+        linear = f"stage_attention_fwd_flops_per_token - {core}"
+        core = window_core("", v.window, v.chunked, v.linear)
+        core_rc = window_core("_recomputed", v.window, v.chunked, v.linear)
     add("time_attention_core_fwd_flops", core, "FLOP", "time",
-        "core attention of the stage per token (V4's sparse attention counts as GEMMs)")
-    add("time_attention_linear_fwd_flops",
-        "stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops", "FLOP", "time",
+        "core attention of the stage per token (V4's sparse attention counts as GEMMs"
+        + ("; sliding-window and chunked layers over their keys" if v.window or v.chunked else "")
+        + ")")
+    add("time_attention_linear_fwd_flops", linear, "FLOP", "time",
         "attention projections of the stage per token")
     add("time_shared_fwd_flops", f"L_moe * 2 * {fx} * I_s * h", "FLOP", "time",
         "shared experts of the stage per token (their own GEMMs: every token, dense TP layout)")
@@ -109,7 +121,7 @@ def _kinds(book: Book, v: Variant) -> None:
         "core attention forward recompute runs again per token")
     add("time_recompute_attention_linear_flops",
         f"stage_recompute_fwd_flops_per_token - {moe_rc}"
-        f" - L_dense_recomputed * flops_dense_mlp_fwd_per_token - ({core_rc})"
+        f" - L_dense_recomputed * flops_dense_mlp_fwd_per_token - ({counted_core_rc})"
         " + time_recompute_mla_up_flops", "FLOP", "time",
         "attention projections recompute runs again per token (full, or MLA up projections)")
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py MoELayer: with
@@ -135,7 +147,10 @@ def _weights(book: Book, v: Variant) -> None:
     add = book.add
     extra = " + L_csa * csa_params_per_layer + L_hca * hca_params_per_layer" if (
         v.attention == "dsv4_hybrid") else ""
-    add("time_attention_params", f"blocks * attention_params_per_block{extra}", "params", "time",
+    attention = "blocks * attention_params_per_block"
+    if v.linear:  # gated DeltaNet layers stream their own weights instead
+        attention = "(blocks - L_linear) * attention_params_per_block + L_linear * gdn_params_per_layer"
+    add("time_attention_params", f"{attention}{extra}", "params", "time",
         "attention projection weights of the stage on this rank")
     add("time_routed_params", "moe_layers * routed_params_per_layer", "params", "time",
         "routed expert weights of the stage on this rank (E/EP local experts per layer)")

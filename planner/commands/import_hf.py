@@ -22,6 +22,8 @@ def hf_config_data(mapping: Any, sections: dict[str, dict[str, Any]]) -> dict[st
     """The config's sections: the mapped model, the given parallel/training, and
     launch.megatron_extra_args when the model needs Megatron arguments moeplan does not model."""
     data: dict[str, dict[str, Any]] = {"model": dict(mapping.model), **sections}
+    if mapping.moe:  # routing settings that live in Megatron's moe arguments (Llama 4)
+        data["moe"] = dict(mapping.moe)
     if mapping.megatron_extra_args:
         data["launch"] = {"megatron_extra_args": list(mapping.megatron_extra_args)}
     return data
@@ -38,7 +40,8 @@ def import_hf(
     as_json: AsJson = False,
 ) -> None:
     """Write the moeplan config equivalent to a Hugging Face config.json (DeepSeek-V2/V3 incl.
-    Kimi-K2, Qwen2-MoE/Qwen3-MoE, Mixtral); report every finding of the result."""
+    Kimi-K2, Qwen2-MoE/Qwen3-MoE, Mixtral, gpt-oss, GLM-4.5, MiniMax-M2, Llama 4); report every
+    finding of the result."""
     from planner.config.importers.hf_config import (
         HfConfigUnmappable,
         HfConfigUnreadable,

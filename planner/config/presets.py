@@ -149,3 +149,115 @@ PRESETS.update({
         "moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
     },
 })
+
+# ---- Current MoE architectures, from their published Hugging Face config.json (cited per model;
+# tests/support/hf_configs.py holds the files and tests/unit/config/test_presets.py checks each
+# preset equals `moeplan import hf` of it).
+# openai/gpt-oss-20b and openai/gpt-oss-120b config.json: 64 heads of 64 with 8 KV groups, q/k/v/o
+# biases and a learnable sink per head, sliding window 128 (HF: the query and 127 keys before it)
+# on every other layer from layer 0, every layer MoE (32 / 128 experts top-4, biased router, top-k
+# softmax), experts with biases and the clamped GLU (limit 7, linear offset 1), vocabulary 201,088.
+_GPT_OSS: dict[str, Any] = {
+    **_HF_COMMON,
+    "hidden_size": 2880, "num_attention_heads": 64, "vocab_size": 201088,
+    "max_position_embeddings": 131072, "norm_epsilon": 1e-5, "rotary_base": 150000,
+    "kv_channels": 64, "group_query_attention": True, "num_query_groups": 8,
+    "add_bias_linear": True, "softmax_type": "learnable", "qk_layernorm": False,
+    "swiglu": False, "quick_geglu": True, "glu_linear_offset": 1.0, "swiglu_limit": 7.0,
+    "ffn_hidden_size": 2880, "moe_ffn_hidden_size": 2880, "moe_router_topk": 4,
+    "moe_layer_freq": 1, "moe_router_score_function": "softmax", "moe_router_pre_softmax": False,
+    "window_size": [127, 0], "window_attn_skip_freq": 2,
+}
+
+PRESETS.update({
+    "gpt-oss-20b": {**_GPT_OSS, "num_layers": 24, "num_experts": 32},
+    "gpt-oss-120b": {**_GPT_OSS, "num_layers": 36, "num_experts": 128},
+})
+
+# zai-org/GLM-4.5 and zai-org/GLM-4.5-Air config.json: GQA (96 heads of 128, 8 KV groups) with
+# q/k/v biases, half the head dims rotated (partial_rotary_factor 0.5), rope_theta 1e6, first-k
+# dense layers, 160 / 128 experts top-8 plus one shared expert, sigmoid scores with an expert-score
+# correction bias (fp32 router), one MTP layer; GLM-4.5 adds per-head q/k RMSNorm.
+_GLM45: dict[str, Any] = {
+    **_HF_COMMON,
+    "num_attention_heads": 96, "vocab_size": 151552, "max_position_embeddings": 131072,
+    "norm_epsilon": 1e-5, "rotary_base": 1000000, "kv_channels": 128,
+    "group_query_attention": True, "num_query_groups": 8, "add_qkv_bias": True,
+    "rotary_percent": 0.5, "moe_router_topk": 8, "mtp_num_layers": 1, "moe_router_dtype": "fp32",
+    "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+}
+
+PRESETS.update({
+    "glm-4.5": {
+        **_GLM45, "num_layers": 92, "hidden_size": 5120, "qk_layernorm": True,
+        "ffn_hidden_size": 12288, "num_experts": 160, "moe_ffn_hidden_size": 1536,
+        "moe_shared_expert_intermediate_size": 1536, "moe_router_topk_scaling_factor": 2.5,
+        "moe_layer_freq": [0] * 3 + [1] * 89,
+    },
+    "glm-4.5-air": {
+        **_GLM45, "num_layers": 46, "hidden_size": 4096, "qk_layernorm": False,
+        "ffn_hidden_size": 10944, "num_experts": 128, "moe_ffn_hidden_size": 1408,
+        "moe_shared_expert_intermediate_size": 1408, "moe_layer_freq": [0] * 1 + [1] * 45,
+    },
+})
+
+# MiniMaxAI/MiniMax-M2 config.json: 62 layers of GQA full attention (48 heads of 128, 8 KV groups)
+# with q/k RMSNorm over all heads of the layer and 64 of 128 head dims rotated (rope_theta 5e6),
+# every layer MoE: 256 experts of 1536 top-8, sigmoid scores with an expert bias, no shared expert.
+PRESETS["minimax-m2"] = {
+    **_HF_COMMON,
+    "num_layers": 62, "hidden_size": 3072, "num_attention_heads": 48, "vocab_size": 200064,
+    "max_position_embeddings": 196608, "norm_epsilon": 1e-6, "rotary_base": 5000000,
+    "kv_channels": 128, "group_query_attention": True, "num_query_groups": 8,
+    "rotary_percent": 0.5, "qk_layernorm": True, "qk_layernorm_per_layer": True,
+    "ffn_hidden_size": 1536, "moe_ffn_hidden_size": 1536, "num_experts": 256, "moe_router_topk": 8,
+    "moe_layer_freq": 1, "moe_router_score_function": "sigmoid",
+    "moe_router_enable_expert_bias": True,
+}
+
+# meta-llama/Llama-4-Scout-17B-16E and meta-llama/Llama-4-Maverick-17B-128E config.json, their
+# text_config (the vision encoder is no part of a preset): 48 layers of GQA (40 heads of 128, 8 KV
+# groups), RoPE (theta 5e5) with chunked attention (8192) except every 4th layer (NoPE, full
+# attention), top-1 sigmoid routing plus a shared expert of 8192; Scout: 16 experts in every layer
+# and L2 q/k norm; Maverick: 128 experts every other layer (from layer 1), dense layers 16384 wide.
+# Llama 4 scales the expert's input by the router score: set moe: {moe_apply_probs_on_input: true}
+# beside the preset (the examples do; `model: {hf_config: …}` sets it).
+_LLAMA4: dict[str, Any] = {
+    **_HF_COMMON,
+    "num_layers": 48, "hidden_size": 5120, "num_attention_heads": 40, "vocab_size": 202048,
+    "norm_epsilon": 1e-5, "rotary_base": 500000, "kv_channels": 128, "group_query_attention": True,
+    "num_query_groups": 8, "qk_layernorm": False, "ffn_hidden_size": 16384,
+    "moe_ffn_hidden_size": 8192, "moe_shared_expert_intermediate_size": 8192, "moe_router_topk": 1,
+    "moe_router_score_function": "sigmoid", "attention_chunk_size": 8192, "no_rope_freq": 4,
+}
+
+PRESETS.update({
+    "llama-4-scout": {**_LLAMA4, "max_position_embeddings": 10485760, "qk_l2_norm": True,
+                      "num_experts": 16, "moe_layer_freq": 1},
+    "llama-4-maverick": {**_LLAMA4, "max_position_embeddings": 1048576, "qk_l2_norm": False,
+                         "num_experts": 128, "moe_layer_freq": [0, 1] * 24},
+})
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct config.json: 48 layers in groups of four, three gated DeltaNet
+# layers (16 key heads and 32 value heads of 128, a 4-tap short convolution) then one gated full
+# attention layer (16 heads of 256, 2 KV groups, q/k RMSNorm, a quarter of each head rotated,
+# rope_theta 1e7); every layer MoE: 512 experts of 512 top-10 (renormalised softmax) plus a gated
+# shared expert of 512.
+PRESETS["qwen3-next-80b-a3b"] = {
+    **_HF_COMMON,
+    "num_layers": 48, "hidden_size": 2048, "num_attention_heads": 16, "vocab_size": 151936,
+    "max_position_embeddings": 262144, "norm_epsilon": 1e-6, "rotary_base": 10000000,
+    "kv_channels": 256, "group_query_attention": True, "num_query_groups": 2, "qk_layernorm": True,
+    "ffn_hidden_size": 5120, "num_experts": 512, "moe_router_topk": 10, "moe_ffn_hidden_size": 512,
+    "moe_router_score_function": "softmax", "moe_router_pre_softmax": False, "moe_layer_freq": 1,
+    "moe_shared_expert_intermediate_size": 512, "moe_shared_expert_gate": True,
+    "attention_output_gate": True, "rotary_percent": 0.25, "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_attention_freq": 4,
+}
+
+# deepseek-ai/DeepSeek-V3.2-Exp config.json: DeepSeek-V3 (the "deepseek-v3" preset's dims) plus DSA,
+# a lightning indexer of 64 heads of 128 that keeps 2048 keys per query. Like V3's, its
+# mscale_all_dim 1.0 passes as `--mscale-all-dim 1.0` in launch.megatron_extra_args.
+PRESETS["deepseek-v3.2"] = {**PRESETS["deepseek-v3"], "dsa": True, "index_n_heads": 64,
+                            "index_head_dim": 128, "index_topk": 2048}

@@ -54,7 +54,11 @@ def _alias(*names: str) -> Any:
 
 class ModelSection(Section):
     preset: Literal["deepseek-v4-pro", "deepseek-v4-flash", "deepseek-v3", "qwen3-30b-a3b",
-                    "qwen3-235b-a22b", "mixtral-8x7b"] | None = None
+                    "qwen3-235b-a22b", "mixtral-8x7b",
+                    # current MoE architectures
+                    "gpt-oss-20b", "gpt-oss-120b", "glm-4.5", "glm-4.5-air", "minimax-m2",
+                    "llama-4-scout", "llama-4-maverick", "qwen3-next-80b-a3b",
+                    "deepseek-v3.2"] | None = None
     num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt
@@ -141,12 +145,74 @@ class ModelSection(Section):
     # megatron/core/transformer/attention.py SelfAttention.__init__: bias=add_bias_linear or
     # add_qkv_bias); MLA's projections ignore it.
     add_qkv_bias: bool = False
+    # ---- Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2): fields named as Megatron-LM
+    # dev@d48bd6be megatron/core/transformer/transformer_config.py TransformerConfig (and its
+    # arguments). softmax_type 'learnable' gives every attention layer one sink logit per head
+    # (megatron/core/transformer/dot_product_attention.py DotProductAttention.softmax_offset);
+    # 'off-by-one' adds a fixed zero logit, no parameter.
+    softmax_type: Literal["vanilla", "off-by-one", "learnable"] = "vanilla"
+    # Sliding-window attention: window_size (left, right) keys, e.g. [128, 0]; window_attn_skip_freq
+    # N makes every N-th layer (1-based) full attention, a 1/0 list marks window layers with 1
+    # (megatron/core/transformer/utils.py is_layer_window_attention). Unset: every layer windowed.
+    window_size: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)] | None = None
+    window_attn_skip_freq: PosInt | list[Literal[0, 1]] | None = None
+    # --quick-geglu: gated MLP with x·sigmoid(1.702x) (megatron/training/argument_utils.py
+    # core_transformer_config_from_args: gated_linear_unit, quick_gelu; it refuses --swiglu with it);
+    # glu_linear_offset is added to the linear half (gpt-oss: 1.0), clamped by swiglu_limit.
+    quick_geglu: bool = False
+    glu_linear_offset: float = 0.0
+    # MiniMax-M2 normalises q and k over all heads of the layer at once (one RMSNorm of heads·d and
+    # one of groups·d) instead of per head. Megatron has no such norm (its qk_layernorm is per head:
+    # megatron/core/transformer/attention.py SelfAttention.__init__), hence no Megatron name:
+    # moeplan budgets it and `emit megatron` refuses it (EMT010).
+    qk_layernorm_per_layer: bool = False
+    # Llama 4: --no-rope-freq N skips RoPE on every N-th layer (1-based), a 1/0 list marks NoPE
+    # layers with 1 (TransformerConfig.no_rope_freq); --qk-l2-norm normalises q and k by their L2
+    # norm, no parameters (megatron/core/transformer/attention.py SelfAttention: L2Norm).
+    no_rope_freq: PosInt | list[Literal[0, 1]] | None = None
+    qk_l2_norm: bool = False
+    # Llama 4's chunked attention on its RoPE layers: a query reads only the keys of its own
+    # attention_chunk_size-token chunk (Hugging Face's name; Megatron has none: at seq_length <=
+    # attention_chunk_size it is plain causal attention, beyond it `emit megatron` refuses, EMT010).
+    attention_chunk_size: PosInt | None = None
+    # Qwen3-Next: gated DeltaNet linear attention (Megatron's experimental_attention_variant
+    # gated_delta_net, written by `emit megatron` when linear_attention_freq is set) on every layer
+    # but each linear_attention_freq-th (1-based; a list marks linear layers with 1), whose
+    # standard attention is gated (attention_output_gate: a sigmoid gate of heads·d fused into the
+    # q/k/v projection). Dims and defaults as TransformerConfig's linear_* fields
+    # (megatron/core/ssm/gated_delta_net/common.py _GDNBase.__init__).
+    linear_attention_freq: PosInt | list[Literal[0, 1]] | None = None
+    linear_conv_kernel_dim: PosInt = 4
+    linear_key_head_dim: PosInt = 128
+    linear_value_head_dim: PosInt = 128
+    linear_num_key_heads: PosInt = 16
+    linear_num_value_heads: PosInt = 32
+    attention_output_gate: bool = False
+    # DeepSeek-V3.2's DSA (Megatron's experimental_attention_variant dsa): MLA whose queries attend
+    # the index_topk keys a lightning indexer picks. Written with attention_variant mla and the
+    # indexer fields index_n_heads / index_head_dim / index_topk (Megatron's --dsa-indexer-*).
+    dsa: bool = False
 
-    @field_validator("moe_layer_freq", mode="before")
+    @field_validator("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq", "linear_attention_freq",
+                     mode="before")
     @classmethod
     def _megatron_freq(cls, value: Any) -> Any:
         """Megatron's string spellings: "N" or a list expression such as "([0]*3+[1]*58)"."""
         return parse_layer_freq(value) if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _quick_geglu(cls, data: Any) -> Any:
+        """--quick-geglu replaces SwiGLU (Megatron asserts `not args.swiglu` with it), so it turns
+        moeplan's swiglu default off; swiglu: true written beside it is refused."""
+        if not isinstance(data, dict) or data.get("quick_geglu") is not True:
+            return data
+        if data.get("swiglu") is True:
+            raise PydanticCustomError(
+                "quick_geglu_swiglu",
+                "model.quick_geglu and model.swiglu are both true: Megatron takes one gated "
+                "activation (drop swiglu)")
+        return {**data, "swiglu": False}
 
     @model_validator(mode="before")
     @classmethod
@@ -182,6 +248,21 @@ class ModelSection(Section):
                 "num_attention_heads {heads}",
                 {"groups": self.num_query_groups, "heads": self.num_attention_heads},
             )
+        if self.dsa and (self.attention_variant != "mla" or None in (
+                self.index_n_heads, self.index_head_dim, self.index_topk)):
+            raise PydanticCustomError(
+                "dsa_fields", "model.dsa needs attention_variant mla and model.index_n_heads, "
+                "index_head_dim and index_topk (Megatron's DSA is MLA with a lightning indexer)")
+        if self.qk_layernorm_per_layer and not self.qk_layernorm:
+            raise PydanticCustomError(
+                "qk_norm_scope", "model.qk_layernorm_per_layer needs model.qk_layernorm: true")
+        skip = self.window_attn_skip_freq
+        if isinstance(skip, list) and len(skip) != self.num_layers:
+            raise PydanticCustomError(
+                "window_pattern_length",
+                "model.window_attn_skip_freq lists {found} layers, the model has {layers}: give "
+                "one 1 (window) or 0 (full) per layer",
+                {"found": len(skip), "layers": self.num_layers})
         derived = {
             "num_query_groups": self.num_query_groups or self.num_attention_heads,
             "kv_channels": self.kv_channels or max(1, self.hidden_size // self.num_attention_heads),
@@ -205,6 +286,46 @@ class ModelSection(Section):
     def mhc_expansion(self) -> int:
         """Width multiplier of the residual stream (1 when mHC is off)."""
         return self.num_residual_streams if self.enable_hyper_connections else 1
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Megatron's gated_linear_unit: SwiGLU or quick-GEGLU (FC1 twice as wide)."""
+        return self.swiglu or self.quick_geglu
+
+    def is_window_layer(self, layer: int) -> bool:
+        """Sliding-window attention on 0-based `layer`, as Megatron's is_layer_window_attention
+        decides it for layer number layer + 1."""
+        if self.window_size is None:
+            return False
+        skip = self.window_attn_skip_freq
+        if skip is None:
+            return True
+        if isinstance(skip, int):
+            return (layer + 1) % skip != 0
+        return layer < len(skip) and skip[layer] == 1
+
+    def is_rope_layer(self, layer: int) -> bool:
+        """RoPE on 0-based `layer` (Megatron's no_rope_freq: N skips layer numbers divisible by N)."""
+        skip = self.no_rope_freq
+        if skip is None:
+            return True
+        if isinstance(skip, int):
+            return (layer + 1) % skip != 0
+        return not (layer < len(skip) and skip[layer] == 1)
+
+    def is_linear_attention_layer(self, layer: int) -> bool:
+        """Gated DeltaNet on 0-based `layer` (Megatron-LM dev@d48bd6be megatron/training/training.py
+        num_floating_point_operations: an int N makes layer numbers divisible by N standard)."""
+        freq = self.linear_attention_freq
+        if freq is None:
+            return False
+        if isinstance(freq, int):
+            return (layer + 1) % freq != 0
+        return layer < len(freq) and freq[layer] == 1
+
+    def is_chunked_layer(self, layer: int) -> bool:
+        """Chunked attention on 0-based `layer`: Llama 4 chunks its RoPE layers' attention."""
+        return self.attention_chunk_size is not None and self.is_rope_layer(layer)
 
     def is_moe_layer(self, layer: int) -> bool:
         """Megatron's moe_layer_freq: an int N makes every N-th layer MoE; a list is a 0/1 pattern."""

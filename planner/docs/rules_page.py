@@ -17,6 +17,7 @@ FAMILIES: dict[str, str] = {
     "GTP": "GTP / EGTP weight rematerialisation",
     "DOP": "Distributed optimizer",
     "VEX": "Virtual experts",
+    "ARC": "Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2, Llama 4, Qwen3-Next, DeepSeek-V3.2)",
     "CLU": "Cluster",
     "MEM": "Memory budget",
     "ARG": "Megatron arguments carried verbatim",

@@ -20,6 +20,9 @@ from planner.emit.safety import EmitError
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
 GPT_ENTRY = "pretrain_gpt.py"
+# The code `emit megatron` prefixes a refusal with when Megatron-LM dev cannot train the model at all
+# (not a layout it refuses: those are rule findings).
+NOT_IN_MEGATRON = "EMT010"
 HYBRID_ENTRY = "pretrain_hybrid.py"
 
 # Hybrid-pattern attention symbol per DSv4 compress ratio: sliding window only, CSA, HCA.
@@ -277,6 +280,7 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
                 source="model.untie_embeddings_and_output_weights")
     args.add_if(m.swiglu_limit is not None, "--activation-func-clamp-value", m.swiglu_limit,
                 source="model.swiglu_limit")
+    _current_architectures(cfg, args)
     _rope(cfg, args)
     if m.attention_variant in ("mla", "dsv4_hybrid"):
         args.add("--multi-latent-attention", source=f"model.attention_variant {m.attention_variant}")
@@ -317,6 +321,53 @@ def _model(cfg: Config, args: MegatronArgs) -> None:
                 source="model.mtp_loss_scaling_factor")
     if args.entry == HYBRID_ENTRY:
         args.add("--spec", *HYBRID_DSV4_SPEC, source="hybrid DSv4 layer specs")
+
+
+def _current_architectures(cfg: Config, args: MegatronArgs) -> None:
+    """gpt-oss / GLM-4.5 / MiniMax-M2 mechanisms, each a Megatron-LM dev@d48bd6be TransformerConfig
+    field with its own flag (megatron/core/transformer/transformer_config.py); --window-size is
+    parsed as "left,right" (megatron/training/arguments.py tuple_type)."""
+    m = cfg.model
+    if m.qk_layernorm_per_layer:
+        raise EmitError("model.qk_layernorm_per_layer", f"{NOT_IN_MEGATRON} Megatron-LM dev cannot "
+                        "train this: its qk_layernorm normalises each head (megatron/core/transformer/"
+                        "attention.py SelfAttention.__init__: q_layernorm over "
+                        "hidden_size_per_attention_head), none normalises all heads of a layer at once "
+                        "(MiniMax-M2); set it false to train per-head q/k norms instead")
+    chunk = m.attention_chunk_size
+    if chunk is not None and cfg.training.seq_length > chunk and not all(
+            not m.is_chunked_layer(layer) for layer in range(m.num_layers)):
+        raise EmitError("model.attention_chunk_size", f"{NOT_IN_MEGATRON} Megatron-LM dev cannot "
+                        f"train this: its attention has no chunked mode (megatron/core/transformer/"
+                        f"attention.py SelfAttention), and at seq_length {cfg.training.seq_length} > "
+                        f"attention_chunk_size {chunk} chunked layers differ from causal ones; train "
+                        f"at seq_length <= {chunk}, where they are the same")
+    args.add_if(m.quick_geglu, "--quick-geglu", source="model.quick_geglu")
+    args.add_if(m.glu_linear_offset != 0, "--glu-linear-offset", m.glu_linear_offset,
+                source="model.glu_linear_offset")
+    args.add_if(m.softmax_type != "vanilla", "--softmax-type", m.softmax_type, source="model.softmax_type")
+    if m.window_size is not None:
+        args.add("--window-size", ",".join(str(n) for n in m.window_size), source="model.window_size")
+        args.add_if(m.window_attn_skip_freq is not None, "--window-attn-skip-freq",
+                    m.window_attn_skip_freq, source="model.window_attn_skip_freq")
+    args.add_if(m.add_qkv_bias and not m.add_bias_linear, "--add-qkv-bias", source="model.add_qkv_bias")
+    args.add_if(m.rotary_percent != 1, "--rotary-percent", m.rotary_percent, source="model.rotary_percent")
+    args.add_if(m.no_rope_freq is not None, "--no-rope-freq", m.no_rope_freq, source="model.no_rope_freq")
+    args.add_if(m.qk_l2_norm, "--qk-l2-norm", source="model.qk_l2_norm")
+    args.add_if(m.attention_output_gate, "--attention-output-gate", source="model.attention_output_gate")
+    if m.dsa:  # DeepSeek-V3.2 (megatron/core/transformer/transformer_config.py: DSA refuses RoPE fusion)
+        args.add("--experimental-attention-variant", "dsa", source="model.dsa")
+        args.add("--dsa-indexer-n-heads", m.index_n_heads, source="model.index_n_heads")
+        args.add("--dsa-indexer-head-dim", m.index_head_dim, source="model.index_head_dim")
+        args.add("--dsa-indexer-topk", m.index_topk, source="model.index_topk")
+        args.add("--no-rope-fusion", source="model.dsa (DSAttention has no fused RoPE)")
+    if m.linear_attention_freq is not None:  # Qwen3-Next's gated DeltaNet layers
+        args.add("--experimental-attention-variant", "gated_delta_net",
+                 source="model.linear_attention_freq (gated DeltaNet layers)")
+        args.add("--linear-attention-freq", m.linear_attention_freq, source="model.linear_attention_freq")
+        for name in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                     "linear_num_key_heads", "linear_num_value_heads"):
+            args.add("--" + name.replace("_", "-"), getattr(m, name), source=f"model.{name}")
 
 
 def _hash_routing(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: HybridPattern | None) -> None:

@@ -118,13 +118,27 @@ def expected_shape(cfg: Config) -> dict[str, Any]:
     m = cfg.model
     shape: dict[str, Any] = {
         "num_attention_heads": m.num_attention_heads, "ffn_hidden_size": m.ffn_hidden_size,
-        "moe_ffn_hidden_size": m.moe_ffn_hidden_size, "gated_linear_unit": m.swiglu,
+        "moe_ffn_hidden_size": m.moe_ffn_hidden_size, "gated_linear_unit": m.gated_mlp,
         "normalization": m.normalization, "add_bias_linear": m.add_bias_linear,
         "qk_layernorm": m.qk_layernorm, "moe_shared_expert_gate": m.moe_shared_expert_gate,
         "moe_router_dtype": m.moe_router_dtype, "hidden_dropout": m.hidden_dropout,
         "attention_dropout": m.attention_dropout,
         "multi_latent_attention": m.attention_variant in ("mla", "dsv4_hybrid"),
+        "softmax_type": m.softmax_type, "window_size": m.window_size,
+        "window_attn_skip_freq": m.window_attn_skip_freq, "glu_linear_offset": m.glu_linear_offset,
+        "activation_func_clamp_value": m.swiglu_limit,
+        "add_qkv_bias": m.add_qkv_bias or m.add_bias_linear,
+        # Megatron turns an int no_rope_freq into its per-layer list (TransformerConfig.__post_init__)
+        "no_rope_freq": None if m.no_rope_freq is None
+        else [int(not m.is_rope_layer(layer)) for layer in range(m.num_layers)],
+        "qk_l2_norm": m.qk_l2_norm, "moe_apply_probs_on_input": cfg.moe.moe_apply_probs_on_input,
+        "attention_output_gate": m.attention_output_gate,
     }
+    if m.linear_attention_freq is not None:  # Qwen3-Next's gated DeltaNet layers
+        shape.update({name: getattr(m, name) for name in (
+            "linear_attention_freq", "linear_conv_kernel_dim", "linear_key_head_dim",
+            "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")},
+            experimental_attention_variant="gated_delta_net")
     if m.attention_variant == "standard":
         shape.update(num_query_groups=m.num_query_groups, kv_channels=m.kv_channels)
     if m.attention_variant == "mla":

@@ -33,6 +33,8 @@ when the real thing is missing and listed in the result; nothing else is patched
     which `TransformerConfig` asks for when RoPE fusion is on (Megatron's default)
   * the cuDNN DSA kernel presence check (device + `flash_mla`/`cudnn.DSA` import) → present, so a
     login node without the kernels judges the arguments, not the installation
+  * the flash-linear-attention kernel presence check of gated DeltaNet (`HAVE_FLA`) → present, its
+    kernel not callable (only the parameter count builds the module)
   * `typing.override` (Python 3.12) → `typing_extensions.override` on Python 3.11
   * `torch.cuda.current_device` → "cpu": the router allocates its hash table (tid2eid) and expert
     bias on the current device while the hash-routing stacks are built
@@ -127,7 +129,25 @@ def install_stand_ins(megatron_dir: Path) -> list[str]:
             sys.modules["cudnn"] = _cudnn_dsa_stand_in()
         used.append("cuDNN DSA kernel presence check: kernels present (flash_mla, cudnn.DSA with "
                     "q_causal_offsets; no CUDA device or no kernels here)")
+    used.extend(_fla_stand_in())
     return used
+
+
+def _fla_stand_in() -> list[str]:
+    """Gated DeltaNet refuses to build without flash-linear-attention's kernels
+    (megatron/core/ssm/gated_delta_net/common.py _GDNBase.__init__: HAVE_FLA); the parameter count
+    only builds it, so a not-callable kernel stands in when FLA is not installed."""
+    if _installed("fla"):
+        return []
+    try:
+        from megatron.core.ssm.gated_delta_net import common, gdn
+    except ImportError:
+        return []
+    kernel = _not_callable("flash-linear-attention chunk_gated_delta_rule")
+    common.HAVE_FLA = True
+    common.chunk_gated_delta_rule = gdn.chunk_gated_delta_rule = kernel
+    return ["flash-linear-attention kernel presence check (gated DeltaNet): present, not callable "
+            "(not installed)"]
 
 
 def _transformer_engine_stand_ins(core_utils: Any) -> list[str]:
@@ -345,8 +365,7 @@ def _gpt_chunks(transformer: Any, pp: int, vpp: int, hashing: bool) -> list[dict
     from megatron.core.transformer.transformer_block import TransformerBlock, get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    specs = get_gpt_decoder_layer_specs(transformer, use_transformer_engine=False)
-    moe = [_builds(spec.submodules.mlp) is MoELayer for spec in specs]
+    moe = _gpt_moe_layers(transformer, get_gpt_decoder_layer_specs, MoELayer)
     layout = transformer.pipeline_model_parallel_layout
     numbering = {name: getattr(transformer, name) for name in GPT_NUMBERING_FIELDS}
     chunks = []
@@ -374,6 +393,21 @@ def _gpt_chunks(transformer: Any, pp: int, vpp: int, hashing: bool) -> list[dict
     return chunks
 
 
+def _gpt_moe_layers(transformer: Any, layer_specs: Any, moe_layer: Any) -> list[bool]:
+    """Which decoder layers are MoE, as the GPT path decides: from its layer specs, or, for an
+    experimental attention variant (gated DeltaNet), whose layer specs exist only with Transformer
+    Engine, from the MoE pattern those specs are cut from (megatron/core/models/gpt/
+    experimental_attention_variant_module_specs.py get_moe_layer_pattern)."""
+    if getattr(transformer, "experimental_attention_variant", None) is not None:
+        from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+            get_moe_layer_pattern,
+        )
+
+        return [bool(flag) for flag in get_moe_layer_pattern(transformer)]
+    specs = layer_specs(transformer, use_transformer_engine=False)
+    return [_builds(spec.submodules.mlp) is moe_layer for spec in specs]
+
+
 def _builds(spec: Any) -> Any:
     """The class a layer spec builds: a ModuleSpec's `module`, or a partial's function."""
     return getattr(spec, "module", None) or getattr(spec, "func", None)
@@ -396,7 +430,13 @@ SHAPE_FIELDS = ("num_attention_heads", "num_query_groups", "kv_channels", "ffn_h
                 "moe_ffn_hidden_size", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
                 "qk_head_dim", "v_head_dim", "qk_pos_emb_head_dim", "gated_linear_unit",
                 "normalization", "add_bias_linear", "qk_layernorm", "moe_shared_expert_gate",
-                "moe_router_dtype", "hidden_dropout", "attention_dropout")
+                "moe_router_dtype", "hidden_dropout", "attention_dropout",
+                # current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
+                "softmax_type", "window_size", "window_attn_skip_freq", "glu_linear_offset",
+                "activation_func_clamp_value", "add_qkv_bias", "no_rope_freq", "qk_l2_norm",
+                "moe_apply_probs_on_input", "experimental_attention_variant", "linear_attention_freq",
+                "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                "linear_num_key_heads", "linear_num_value_heads", "attention_output_gate")
 
 
 def _shape(transformer: Any) -> dict[str, Any]:
@@ -405,7 +445,10 @@ def _shape(transformer: Any) -> dict[str, Any]:
     for name in SHAPE_FIELDS:
         if hasattr(transformer, name):
             value = getattr(transformer, name)
-            found[name] = value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+            if isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
+                value = list(value)  # window_size (left, right), a per-layer pattern
+            found[name] = (value if isinstance(value, (bool, int, float, str, list, type(None)))
+                           else repr(value))
     return found
 
 
@@ -438,6 +481,38 @@ def _parameter_free_core_attention() -> Any:
     return CoreAttention
 
 
+def _local_block_spec(config: Any, block_spec: Any) -> Any:
+    """The local decoder block spec of `config`. Gated DeltaNet layers (experimental attention
+    variant gated_delta_net) have Transformer-Engine-only specs (megatron/core/models/gpt/
+    experimental_attention_variant_module_specs.py _get_backend_spec_provider), so their layers
+    get Megatron's GatedDeltaNet module with local linear layers standing in for Transformer
+    Engine's (its in_proj fuses the input norm, which the local layer keeps apart: the same
+    parameters), on the layers get_linear_attention_pattern marks."""
+    import dataclasses
+
+    if getattr(config, "experimental_attention_variant", None) != "gated_delta_net":
+        return block_spec(config, use_transformer_engine=False)
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+        get_linear_attention_pattern,
+    )
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    standard = dataclasses.replace(config, experimental_attention_variant=None,
+                                   linear_attention_freq=None)
+    spec = block_spec(standard, use_transformer_engine=False)
+    gdn = ModuleSpec(module=GatedDeltaNet, submodules=GatedDeltaNetSubmodules(
+        in_proj=ColumnParallelLinear, out_norm=WrappedTorchNorm, out_proj=RowParallelLinear))
+    layers = [dataclasses.replace(layer, submodules=dataclasses.replace(layer.submodules,
+                                                                        self_attention=gdn))
+              if linear else layer
+              for layer, linear in zip(spec.layer_specs, get_linear_attention_pattern(config),
+                                       strict=True)]
+    return dataclasses.replace(spec, layer_specs=layers)
+
+
 def _parameter_counts(args: Any, transformer: Any) -> dict[str, Any]:
     """Megatron's own GPTModel, built whole on one rank on the meta device (shapes, no memory):
     the TransformerConfig as `core_transformer_config_from_args` made it with every parallel size
@@ -463,7 +538,7 @@ def _parameter_counts(args: Any, transformer: Any) -> dict[str, Any]:
     vocab = vocab_size_with_padding(args.vocab_size, argparse.Namespace(
         **{**vars(args), "tensor_model_parallel_size": 1}), logging_enabled=False)
     with _pipeline_rank(0, 1, 1) as groups, torch.device("meta"):
-        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False)
+        spec = _local_block_spec(config, get_gpt_decoder_block_spec)
         for layer in spec.layer_specs:
             attention = layer.submodules.self_attention.submodules
             if config.multi_latent_attention and hasattr(attention, "core_attention"):

@@ -8,6 +8,7 @@ from planner.config.schema import Config
 from planner.findings import Finding
 from planner.rules import (
     ahead,
+    architectures,
     arguments,
     batch,
     cluster,
@@ -43,6 +44,7 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *gtp.RULES,
     *distopt.RULES,
     *virtual_experts.RULES,
+    *architectures.RULES,
     *cluster.RULES,
     *memory.RULES,
     *arguments.RULES,

@@ -4,7 +4,8 @@ A model published on Hugging Face describes itself in a config.json; this module
 returns the `model` section that builds the same network in Megatron-LM dev@d48bd6be (argument
 names from megatron/training/arguments.py and the TransformerConfig / MLATransformerConfig fields
 of megatron/core/transformer/transformer_config.py). Architectures: DeepSeek-V2/V3 (Kimi-K2 uses
-the V3 architecture), Qwen2-MoE/Qwen3-MoE, Mixtral. Routing semantics follow Megatron-LM
+the V3 architecture) and V3.2, Qwen2-MoE/Qwen3-MoE/Qwen3-Next, Mixtral, gpt-oss, GLM-4.5,
+MiniMax-M2, Llama 4. Routing semantics follow Megatron-LM
 dev@d48bd6be megatron/core/transformer/moe/moe_utils.py topk_routing_with_score_function.
 
 Pure data in, data out (no torch, no file writing): an unreadable file is `HfConfigUnreadable`
@@ -53,6 +54,7 @@ class HfMapping:
     model: dict[str, Any]
     megatron_extra_args: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    moe: dict[str, Any] = field(default_factory=dict)  # `moe` fields the routing needs (Llama 4)
 
 
 def read_hf_json(path: str | Path) -> dict[str, Any]:
@@ -90,6 +92,7 @@ class _Reader:
     findings: list[Finding] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    moe: dict[str, Any] = field(default_factory=dict)
 
     def _problem(self, key: str, message: str, fix: str) -> None:
         self.findings.append(Finding(CODE, "error", f"{self.where}.{key}", message, fix, SOURCE))
@@ -156,18 +159,23 @@ def _moe_pattern(flags: list[int]) -> int | list[int]:
     return 1 if flags and all(flags) else flags
 
 
-def _common(r: _Reader, *, eps: float, theta: float) -> dict[str, Any]:
+def _common(r: _Reader, *, eps: float, theta: float,
+            sizes: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Fields every supported architecture shares: a pre-norm RMSNorm decoder with SwiGLU MLPs,
-    rotary positions, no dropout and no linear biases in the MLPs."""
+    rotary positions, no dropout and no linear biases in the MLPs. `sizes` holds the Hugging Face
+    config class's defaults for the model sizes; without it they are required."""
     act = r.text("hidden_act", "silu")
     if act != "silu":
         r.unsupported("hidden_act", act, "moeplan maps SiLU-gated MLPs (Megatron --swiglu) only")
+    size = (lambda key: sizes.get(key, _REQUIRED)) if sizes else (lambda key: _REQUIRED)
     return {
-        "num_layers": r.count("num_hidden_layers", "num_layers", _REQUIRED),
-        "hidden_size": r.count("hidden_size", "hidden_size", _REQUIRED),
-        "num_attention_heads": r.count("num_attention_heads", "num_attention_heads", _REQUIRED),
-        "vocab_size": r.count("vocab_size", "vocab_size", _REQUIRED),
-        "max_position_embeddings": r.count("max_position_embeddings", "max_position_embeddings"),
+        "num_layers": r.count("num_hidden_layers", "num_layers", size("num_hidden_layers")),
+        "hidden_size": r.count("hidden_size", "hidden_size", size("hidden_size")),
+        "num_attention_heads": r.count("num_attention_heads", "num_attention_heads",
+                                       size("num_attention_heads")),
+        "vocab_size": r.count("vocab_size", "vocab_size", size("vocab_size")),
+        "max_position_embeddings": r.count("max_position_embeddings", "max_position_embeddings",
+                                           sizes.get("max_position_embeddings") if sizes else None),
         "normalization": "RMSNorm",
         "norm_epsilon": r.number("rms_norm_eps", "norm_epsilon", eps),
         "swiglu": True,
@@ -180,11 +188,14 @@ def _common(r: _Reader, *, eps: float, theta: float) -> dict[str, Any]:
     }
 
 
-def _gqa(r: _Reader, model: dict[str, Any], default_kv_heads: int | None) -> None:
-    """Standard attention's head layout: kv_channels = head_dim, GQA when fewer KV heads."""
+def _gqa(r: _Reader, model: dict[str, Any], default_kv_heads: int | None,
+         default_head_dim: int | None = None) -> None:
+    """Standard attention's head layout: kv_channels = head_dim (default hidden / heads unless
+    the config class names another), GQA when fewer KV heads."""
     heads, hidden = model["num_attention_heads"], model["hidden_size"]
     sizes = _positive(heads) and _positive(hidden)
-    model["kv_channels"] = r.count("head_dim", "kv_channels", hidden // heads if sizes else None)
+    head_dim = default_head_dim or (hidden // heads if sizes else None)
+    model["kv_channels"] = r.count("head_dim", "kv_channels", head_dim)
     kv_heads = r.count("num_key_value_heads", "num_query_groups", default_kv_heads or heads)
     if _positive(kv_heads) and _positive(heads) and kv_heads < heads:
         model["group_query_attention"] = True
@@ -233,15 +244,41 @@ def _mla_rope(r: _Reader, model: dict[str, Any]) -> None:
                            "numerics only)")
 
 
+# The router and layer-pattern keys a DeepSeek config.json may omit, defaulted as its own Hugging
+# Face config class and modeling do (never from the other family): transformers
+# src/transformers/models/deepseek_v2/configuration_deepseek_v2.py DeepseekV2Config (topk_method
+# greedy, norm_topk_prob false, routed_scaling_factor 1.0, no groups, first_k_dense_replace 0, two
+# shared experts; modeling_deepseek_v2.py scores with a softmax) and
+# src/transformers/models/deepseek_v3/configuration_deepseek_v3.py DeepseekV3Config (n_group 8,
+# topk_group 4, norm_topk_prob true, routed_scaling_factor 2.5, first_k_dense_replace 3, one
+# shared expert; modeling_deepseek_v3.py DeepseekV3TopkRouter always scores with a sigmoid and an
+# e_score_correction_bias, i.e. noaux_tc). Both default q_lora_rank to 1536 (null in the file
+# means no query compression) and rope_theta to 10000, and know no MTP layer
+# (num_nextn_predict_layers absent: none) and no moe_layer_freq (1).
+_DEEPSEEK_ROUTER_DEFAULTS = {
+    "DeepseekV2ForCausalLM": {"scoring_func": "softmax", "topk_method": "greedy",
+                              "norm_topk_prob": False, "routed_scaling_factor": 1.0, "n_group": 1,
+                              "topk_group": 1, "first_k_dense_replace": 0, "n_shared_experts": 2,
+                              "q_lora_rank": 1536, "max_position_embeddings": 2048},
+    "DeepseekV3ForCausalLM": {"scoring_func": "sigmoid", "topk_method": "noaux_tc",
+                              "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 8,
+                              "topk_group": 4, "first_k_dense_replace": 3, "n_shared_experts": 1,
+                              "q_lora_rank": 1536, "max_position_embeddings": 4096},
+}
+
+
 def _deepseek(r: _Reader) -> dict[str, Any]:
     """DeepseekV2ForCausalLM / DeepseekV3ForCausalLM (Kimi-K2 too): MLA, first-k dense layers,
     shared experts, softmax (V2) or sigmoid + expert-bias (V3) routing, optional MTP."""
-    model = _common(r, eps=1e-6, theta=10000.0)
+    d = _DEEPSEEK_ROUTER_DEFAULTS[r.architecture]
+    model = _common(r, eps=1e-6, theta=10000.0,
+                    sizes={"max_position_embeddings": d["max_position_embeddings"]})
     moe_ffn = r.count("moe_intermediate_size", "moe_ffn_hidden_size", _REQUIRED)
-    shared = r.count("n_shared_experts", None, 0) or 0
+    shared = r.count("n_shared_experts", None, d["n_shared_experts"]) or 0
     model.update({
         "multi_latent_attention": True,
-        "q_lora_rank": r.count("q_lora_rank", "q_lora_rank"),  # null: no query compression
+        # null: no query compression; absent: the config class's 1536
+        "q_lora_rank": r.count("q_lora_rank", "q_lora_rank", d["q_lora_rank"]),
         "kv_lora_rank": r.count("kv_lora_rank", "kv_lora_rank", _REQUIRED),
         "qk_head_dim": r.count("qk_nope_head_dim", "qk_head_dim", _REQUIRED),
         "qk_pos_emb_head_dim": r.count("qk_rope_head_dim", "qk_pos_emb_head_dim", _REQUIRED),
@@ -259,7 +296,7 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
         # DeepSeek's HF MoEGate scores in fp32 (V3 casts the gate's inputs and weight to float32).
         "moe_router_dtype": "fp32",
     })
-    first_dense = r.count("first_k_dense_replace", None, 0) or 0
+    first_dense = r.count("first_k_dense_replace", None, d["first_k_dense_replace"]) or 0
     every = r.count("moe_layer_freq", None, 1) or 1
     layers = model["num_layers"]
     if _listable(layers) and "moe_layer_freq" not in r.provided:
@@ -280,10 +317,12 @@ def _deepseek_router(r: _Reader, model: dict[str, Any]) -> None:
     router arguments. Softmax: HF V2 scales un-normalised top-k softmax scores, which is Megatron's
     pre-softmax path; with norm_topk_prob the top-k renormalised softmax equals a softmax over the
     top-k logits (Megatron's default post-softmax). Sigmoid: Megatron renormalises top-k scores."""
-    scoring = r.text("scoring_func", "softmax")
-    normalise = r.flag("norm_topk_prob", False)
-    scale = r.number("routed_scaling_factor", "moe_router_topk_scaling_factor", 1.0)
-    method = r.text("topk_method", "greedy")
+    d = _DEEPSEEK_ROUTER_DEFAULTS[r.architecture]
+    scoring = r.text("scoring_func", d["scoring_func"])
+    normalise = r.flag("norm_topk_prob", d["norm_topk_prob"])
+    scale = r.number("routed_scaling_factor", "moe_router_topk_scaling_factor",
+                     d["routed_scaling_factor"])
+    method = r.text("topk_method", d["topk_method"])
     if scoring == "softmax":
         model["moe_router_score_function"] = "softmax"
         model["moe_router_pre_softmax"] = not normalise
@@ -300,7 +339,8 @@ def _deepseek_router(r: _Reader, model: dict[str, Any]) -> None:
         r.unsupported("scoring_func", scoring, "moeplan maps 'softmax' and 'sigmoid' scoring")
     if method == "noaux_tc":
         model["moe_router_enable_expert_bias"] = True
-    groups, group_topk = r.count("n_group", None, 1), r.count("topk_group", None, 1)
+    groups, group_topk = r.count("n_group", None, d["n_group"]), r.count("topk_group", None,
+                                                                       d["topk_group"])
     if method in ("group_limited_greedy", "noaux_tc") and groups and groups > 1:
         model["moe_router_num_groups"] = groups
         model["moe_router_group_topk"] = group_topk
@@ -310,23 +350,31 @@ def _deepseek_router(r: _Reader, model: dict[str, Any]) -> None:
                            "(topk / group_topk) scores (routing choice only, no size change)")
 
 
-def _qwen_moe(r: _Reader, *, qwen3: bool) -> dict[str, Any]:
+def _qwen_moe(r: _Reader, *, qwen3: bool, defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Qwen2MoeForCausalLM / Qwen3MoeForCausalLM: GQA, softmax top-k routing, MoE every
     decoder_sparse_step-th layer except mlp_only_layers; Qwen2-MoE adds a gated shared expert and
     q/k/v biases, Qwen3-MoE q/k RMSNorm."""
-    model = _common(r, eps=1e-6, theta=10000.0)
-    _gqa(r, model, None)
+    d = defaults or {}
+
+    def need(key: str) -> Any:
+        return d.get(key, _REQUIRED)  # the config class's default, else required
+
+    model = _common(r, eps=d.get("rms_norm_eps", 1e-6), theta=d.get("rope_theta", 10000.0),
+                    sizes=d or None)
+    _gqa(r, model, d.get("num_key_value_heads"), d.get("head_dim"))
     _no_rope_scaling(r)
     model.update({
         "qk_layernorm": qwen3,
-        "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", _REQUIRED),
-        "num_experts": r.count("num_experts", "num_experts", _REQUIRED),
-        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk", _REQUIRED),
-        "moe_ffn_hidden_size": r.count("moe_intermediate_size", "moe_ffn_hidden_size", _REQUIRED),
+        "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", need("intermediate_size")),
+        "num_experts": r.count("num_experts", "num_experts", need("num_experts")),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
+                                   need("num_experts_per_tok")),
+        "moe_ffn_hidden_size": r.count("moe_intermediate_size", "moe_ffn_hidden_size",
+                                       need("moe_intermediate_size")),
         "moe_router_score_function": "softmax",
         # norm_topk_prob renormalises the top-k of a full softmax = Megatron's post-softmax;
         # without it the weights are the full softmax's top-k = Megatron's pre-softmax.
-        "moe_router_pre_softmax": not r.flag("norm_topk_prob", False),
+        "moe_router_pre_softmax": not r.flag("norm_topk_prob", d.get("norm_topk_prob", False)),
     })
     step = r.count("decoder_sparse_step", None, 1) or 1
     dense_only = r.hf.get("mlp_only_layers") or []
@@ -339,14 +387,14 @@ def _qwen_moe(r: _Reader, *, qwen3: bool) -> dict[str, Any]:
             [int(i not in dense_only and (i + 1) % step == 0) for i in range(layers)])
     if r.flag("use_sliding_window", False):
         r.unsupported("use_sliding_window", True, "sliding-window attention is not modelled")
-    if qwen3:
-        if r.flag("attention_bias", False):
-            model["add_qkv_bias"] = True
-    else:
+    if qwen3 and r.flag("attention_bias", False):
+        model["add_qkv_bias"] = True
+    if not qwen3 or "shared_expert_intermediate_size" in d:  # Qwen2-MoE, Qwen3-Next
         shared = r.count("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
-                       _REQUIRED)
+                         need("shared_expert_intermediate_size"))
         model["moe_shared_expert_intermediate_size"] = shared
         model["moe_shared_expert_gate"] = bool(shared)
+    if not qwen3:
         model["add_qkv_bias"] = True  # Qwen2 attention always biases q, k and v
     return model
 
@@ -376,7 +424,362 @@ def _mixtral(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# ---- Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2): each reader defaults an omitted
+# key as that model's Hugging Face config class does (transformers src/transformers/models/<model>/
+# configuration_<model>.py, cited per reader) or refuses it by name.
+
+# transformers src/transformers/models/gpt_oss/configuration_gpt_oss.py GptOssConfig: the defaults
+# are gpt-oss-120b's (default_theta 150000; layer_types alternate sliding / full from layer 0).
+_GPT_OSS_DEFAULTS = {"num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
+                     "vocab_size": 201088, "max_position_embeddings": 131072,
+                     "rms_norm_eps": 1e-5, "rope_theta": 150000.0, "num_local_experts": 128,
+                     "num_experts_per_tok": 4, "intermediate_size": 2880, "head_dim": 64,
+                     "num_key_value_heads": 8, "sliding_window": 128, "swiglu_limit": 7.0,
+                     "swiglu_alpha": 1.702, "attention_bias": True}
+# Megatron's quick_gelu is x·sigmoid(1.702·x) (Megatron-LM dev@d48bd6be
+# megatron/core/fusions/fused_bias_geglu.py quick_gelu); gpt-oss's GLU adds 1 to its linear half.
+_QUICK_GELU_ALPHA, _GPT_OSS_GLU_OFFSET = 1.702, 1.0
+
+
+def _window_pattern(r: _Reader, layers: Any, sliding: Any) -> dict[str, Any]:
+    """HF layer_types → Megatron's window_attn_skip_freq: None when every layer slides, N when every
+    N-th layer (1-based) is full, else the 1/0 list (1 = window)."""
+    types = r.hf.get("layer_types")
+    if types is None and _listable(layers):
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    known = ("sliding_attention", "full_attention")
+    if not isinstance(types, list) or not all(t in known for t in types):
+        r.unsupported("layer_types", types, "expected a list of 'sliding_attention' / "
+                      "'full_attention'")
+        return {}
+    flags = [int(t == "sliding_attention") for t in types]
+    if sliding is None or not any(flags):
+        return {}
+    period = next((n for n in range(2, len(flags) + 1)
+                   if flags == [int((i + 1) % n != 0) for i in range(len(flags))]), None)
+    # A YAML that writes its own num_layers keeps a periodic pattern; any other length mismatch
+    # has no per-layer answer.
+    regular = all(flags) or (period is not None and "num_layers" in r.provided)
+    if _listable(layers) and len(types) != layers and not regular:
+        r.unsupported("layer_types", f"{len(types)} entries", f"num_hidden_layers is {layers}")
+        return {}
+    # HF's sliding window W holds the query and the W - 1 keys before it (transformers
+    # src/transformers/masking_utils.py sliding_window_overlay: kv_idx > q_idx - W); Megatron's
+    # window (left, right) reads left keys before the query (megatron/core/transformer/
+    # dot_product_attention.py, Transformer Engine's window_size).
+    model: dict[str, Any] = {"window_size": [sliding - 1, 0]}
+    if not all(flags) and "window_attn_skip_freq" not in r.provided:
+        model["window_attn_skip_freq"] = period or flags
+    return model
+
+
+def _gpt_oss(r: _Reader) -> dict[str, Any]:
+    """GptOssForCausalLM: GQA attention with learnable sinks and q/k/v/o biases, alternating
+    sliding-window and full layers, every layer MoE with a biased router, top-k softmax over the
+    chosen logits (Megatron's post-softmax), experts with biases and the clamped GLU
+    (Megatron --quick-geglu --glu-linear-offset 1 --activation-func-clamp-value)."""
+    d = _GPT_OSS_DEFAULTS
+    model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
+    _gqa(r, model, d["num_key_value_heads"], d["head_dim"])
+    _no_rope_scaling(r)
+    alpha = r.number("swiglu_alpha", None, d["swiglu_alpha"])
+    if alpha is not None and alpha != _QUICK_GELU_ALPHA:
+        r.unsupported("swiglu_alpha", alpha, f"Megatron's quick-GEGLU fixes the gain at "
+                      f"{_QUICK_GELU_ALPHA}")
+    if not r.flag("attention_bias", d["attention_bias"]):
+        r.unsupported("attention_bias", False, "Megatron's add_bias_linear biases every linear "
+                      "layer; gpt-oss without attention biases has no Megatron spelling")
+    ffn = r.count("intermediate_size", "moe_ffn_hidden_size", d["intermediate_size"])
+    sliding = r.count("sliding_window", None, d["sliding_window"])
+    if sliding == 0:
+        r.unsupported("sliding_window", 0, "expected a positive window or null")
+        sliding = None
+    model.update({
+        "swiglu": False, "quick_geglu": True, "glu_linear_offset": _GPT_OSS_GLU_OFFSET,
+        "swiglu_limit": r.number("swiglu_limit", "swiglu_limit", d["swiglu_limit"]),
+        "add_bias_linear": True, "softmax_type": "learnable", "qk_layernorm": False,
+        "ffn_hidden_size": ffn, "moe_ffn_hidden_size": ffn,
+        "num_experts": r.count("num_local_experts", "num_experts", d["num_local_experts"]),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
+                                   d["num_experts_per_tok"]),
+        "moe_layer_freq": 1, "moe_router_score_function": "softmax",
+        "moe_router_pre_softmax": False,
+    })
+    model.update(_window_pattern(r, model["num_layers"], sliding))
+    return model
+
+
+# transformers src/transformers/models/glm4_moe/configuration_glm4_moe.py Glm4MoeConfig.__init__
+# (GLM-4.5-Air's sizes). head_dim is no argument there: modeling_glm4_moe.py Glm4MoeAttention reads
+# getattr(config, "head_dim", hidden_size // num_attention_heads); num_nextn_predict_layers is not
+# either (the HF model builds no MTP layer), so an omitted one is none.
+_GLM4_MOE_DEFAULTS = {"num_hidden_layers": 46, "hidden_size": 4096, "num_attention_heads": 96,
+                      "vocab_size": 151552, "max_position_embeddings": 131072,
+                      "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "intermediate_size": 10944,
+                      "num_key_value_heads": 8, "partial_rotary_factor": 0.5,
+                      "moe_intermediate_size": 1408, "num_experts_per_tok": 8,
+                      "n_shared_experts": 1, "n_routed_experts": 128, "routed_scaling_factor": 1.0,
+                      "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+                      "norm_topk_prob": True, "use_qk_norm": False, "attention_bias": False}
+
+
+def _glm4_moe(r: _Reader) -> dict[str, Any]:
+    """Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air): GQA with q/k/v biases (no output bias: Megatron's
+    --add-qkv-bias), optional per-head q/k RMSNorm, partial rotary, first-k dense layers, a shared
+    expert, sigmoid routing with an expert-score correction bias (Megatron's expert bias), grouped
+    top-k, fp32 router (modeling_glm4_moe.py Glm4MoeTopkRouter casts to float32), MTP layers."""
+    d = _GLM4_MOE_DEFAULTS
+    model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
+    _gqa(r, model, d["num_key_value_heads"])
+    _no_rope_scaling(r)
+    moe_ffn = r.count("moe_intermediate_size", "moe_ffn_hidden_size", d["moe_intermediate_size"])
+    shared = r.count("n_shared_experts", None, d["n_shared_experts"]) or 0
+    partial = r.number("partial_rotary_factor", "rotary_percent", d["partial_rotary_factor"])
+    if partial is not None and not 0 < partial <= 1:
+        r.unsupported("partial_rotary_factor", partial, "expected a share in (0, 1]")
+    model.update({
+        "qk_layernorm": r.flag("use_qk_norm", d["use_qk_norm"]),
+        "add_qkv_bias": r.flag("attention_bias", d["attention_bias"]),
+        "rotary_percent": float(partial) if partial is not None else None,
+        "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", d["intermediate_size"]),
+        "num_experts": r.count("n_routed_experts", "num_experts", d["n_routed_experts"]),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
+                                   d["num_experts_per_tok"]),
+        "moe_ffn_hidden_size": moe_ffn,
+        "moe_shared_expert_intermediate_size": shared * moe_ffn if shared and moe_ffn else None,
+        "mtp_num_layers": r.count("num_nextn_predict_layers", "mtp_num_layers", 0),
+        "moe_router_dtype": "fp32", "moe_router_score_function": "sigmoid",
+        "moe_router_enable_expert_bias": True,
+    })
+    scale = r.number("routed_scaling_factor", "moe_router_topk_scaling_factor",
+                     d["routed_scaling_factor"])
+    if scale not in (None, 1, 1.0):
+        model["moe_router_topk_scaling_factor"] = float(scale)
+    if not r.flag("norm_topk_prob", d["norm_topk_prob"]):
+        r.notes.append("norm_topk_prob false with sigmoid scoring: Megatron always renormalises "
+                       "the top-k sigmoid scores (routing weights differ)")
+    groups, group_topk = r.count("n_group", None, d["n_group"]), r.count("topk_group", None,
+                                                                       d["topk_group"])
+    if groups and groups > 1:
+        model["moe_router_num_groups"], model["moe_router_group_topk"] = groups, group_topk
+    first_dense = r.count("first_k_dense_replace", None, d["first_k_dense_replace"]) or 0
+    layers = model["num_layers"]
+    if _listable(layers) and "moe_layer_freq" not in r.provided:
+        model["moe_layer_freq"] = _moe_pattern([int(i >= first_dense) for i in range(layers)])
+    return model
+
+
+# transformers src/transformers/models/minimax_m2/configuration_minimax_m2.py MiniMaxM2Config
+# (default_theta 5e6; rotary_dim defaults to head_dim // 2). Its modeling_minimax_m2.py fixes the
+# rest: q/k RMSNorm over all heads of the layer, sigmoid router scores with an
+# e_score_correction_bias, top-k renormalised, no shared expert and no MTP module.
+_MINIMAX_M2_DEFAULTS = {"num_hidden_layers": 62, "hidden_size": 3072, "num_attention_heads": 48,
+                        "vocab_size": 200064, "max_position_embeddings": 196608,
+                        "rms_norm_eps": 1e-6, "rope_theta": 5000000.0, "intermediate_size": 1536,
+                        "num_key_value_heads": 8, "head_dim": 128, "num_local_experts": 256,
+                        "num_experts_per_tok": 8}
+
+
+def _minimax_m2(r: _Reader) -> dict[str, Any]:
+    """MiniMaxM2ForCausalLM: GQA full attention with per-layer q/k RMSNorm and partial rotary
+    (rotary_dim of head_dim), every layer MoE with sigmoid scores and an expert bias."""
+    d = _MINIMAX_M2_DEFAULTS
+    model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
+    _gqa(r, model, d["num_key_value_heads"], d["head_dim"])
+    _no_rope_scaling(r)
+    head_dim = model["kv_channels"]
+    rotary = r.count("rotary_dim", None, head_dim // 2 if _positive(head_dim) else None)
+    if _positive(head_dim) and _positive(rotary) and rotary <= head_dim:
+        model["rotary_percent"] = rotary / head_dim
+    elif rotary is not None:
+        r.unsupported("rotary_dim", rotary, f"expected 1 .. head_dim ({head_dim})")
+    ffn = r.count("intermediate_size", "moe_ffn_hidden_size", d["intermediate_size"])
+    if r.flag("use_mtp", False):
+        r.notes.append("use_mtp: Hugging Face's MiniMax-M2 builds no MTP module (none is imported); "
+                       "set model.mtp_num_layers to train some")
+    # Keys HF's MiniMax-M2 modeling ignores but the published config.json states: what they say
+    # must be what that modeling builds.
+    for key, built in (("scoring_func", "sigmoid"), ("qk_norm_type", "per_layer"),
+                       ("use_routing_bias", True), ("use_qk_norm", True)):
+        if r.hf.get(key, built) != built:
+            r.unsupported(key, r.hf[key], f"Hugging Face's MiniMax-M2 builds {key} = {built!r}")
+    types = r.hf.get("attn_type_list")
+    if isinstance(types, list) and any(t != 1 for t in types):
+        r.unsupported("attn_type_list", types, "linear-attention layers (0) are MiniMax-01/M1's, "
+                      "not MiniMax-M2's (every layer full attention)")
+    if r.count("shared_intermediate_size", None, 0):
+        r.unsupported("shared_intermediate_size", r.hf["shared_intermediate_size"],
+                      "Hugging Face's MiniMax-M2 builds no shared expert")
+    model.update({
+        "qk_layernorm": True, "qk_layernorm_per_layer": True,
+        "ffn_hidden_size": ffn, "moe_ffn_hidden_size": ffn,
+        "num_experts": r.count("num_local_experts", "num_experts", d["num_local_experts"]),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
+                                   d["num_experts_per_tok"]),
+        "moe_layer_freq": 1, "moe_router_score_function": "sigmoid",
+        "moe_router_enable_expert_bias": True,
+    })
+    return model
+
+
+# transformers src/transformers/models/llama4/configuration_llama4.py Llama4TextConfig (Scout's
+# sizes; default_theta 500000): moe_layers from interleave_moe_layer_step, no_rope_layers (1 = RoPE)
+# from no_rope_layer_interval, attention_chunk_size 8192 on the RoPE layers.
+_LLAMA4_DEFAULTS = {"num_hidden_layers": 48, "hidden_size": 5120, "num_attention_heads": 40,
+                    "vocab_size": 202048, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                    "rope_theta": 500000.0, "intermediate_size": 8192,
+                    "intermediate_size_mlp": 16384, "num_key_value_heads": 8, "head_dim": 128,
+                    "num_experts_per_tok": 1, "num_local_experts": 16,
+                    "interleave_moe_layer_step": 1, "use_qk_norm": True,
+                    "no_rope_layer_interval": 4, "attention_chunk_size": 8192,
+                    "attention_bias": False}
+MULTIMODAL = ("Llama4ForConditionalGeneration",)
+
+
+def _layer_list(r: _Reader, key: str) -> list[int] | None:
+    """A per-layer 0/1 list or index list the config.json states, checked."""
+    value = r.hf.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                              for i in value):
+        r.unsupported(key, value, "expected a list of integers")
+        return None
+    return value
+
+
+def _llama4(r: _Reader) -> dict[str, Any]:
+    """Llama4ForConditionalGeneration (its text_config) / Llama4ForCausalLM: GQA attention, RoPE
+    except every no_rope_layer_interval-th layer (Megatron --no-rope-freq), L2 q/k norm on
+    (--qk-l2-norm), chunked attention on the RoPE layers, MoE layers every
+    interleave_moe_layer_step-th layer with a top-1 sigmoid router whose score scales the expert's
+    input (--moe-apply-probs-on-input) plus a shared expert, dense layers intermediate_size_mlp
+    wide."""
+    d = _LLAMA4_DEFAULTS
+    model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
+    _gqa(r, model, d["num_key_value_heads"], d["head_dim"])
+    _no_rope_scaling(r)
+    if r.flag("attention_bias", d["attention_bias"]):
+        r.unsupported("attention_bias", True, "Llama 4 biases q/k/v/o only; Megatron's biases "
+                      "cover q/k/v (--add-qkv-bias) or every linear layer")
+    ffn = r.count("intermediate_size", "moe_ffn_hidden_size", d["intermediate_size"])
+    model.update({
+        "qk_layernorm": False, "qk_l2_norm": r.flag("use_qk_norm", d["use_qk_norm"]),
+        "ffn_hidden_size": r.count("intermediate_size_mlp", "ffn_hidden_size",
+                                   d["intermediate_size_mlp"]),
+        "moe_ffn_hidden_size": ffn, "moe_shared_expert_intermediate_size": ffn,
+        "num_experts": r.count("num_local_experts", "num_experts", d["num_local_experts"]),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk", d["num_experts_per_tok"]),
+        "moe_router_score_function": "sigmoid",
+        "attention_chunk_size": r.count("attention_chunk_size", "attention_chunk_size",
+                                        d["attention_chunk_size"]),
+    })
+    if model["moe_router_topk"] not in (None, 1):
+        r.unsupported("num_experts_per_tok", model["moe_router_topk"], "Megatron scales the expert "
+                      "input by the router score (--moe-apply-probs-on-input) for top-1 only")
+    r.moe["moe_apply_probs_on_input"] = True
+    layers = model["num_layers"]
+    if not _listable(layers):
+        return model
+    step = r.count("interleave_moe_layer_step", None, d["interleave_moe_layer_step"]) or 1
+    moe_layers = _layer_list(r, "moe_layers")
+    if moe_layers is None:
+        moe_layers = list(range(step - 1, layers, step))
+    if "moe_layer_freq" not in r.provided:
+        model["moe_layer_freq"] = _moe_pattern([int(i in moe_layers) for i in range(layers)])
+    interval = r.count("no_rope_layer_interval", None, d["no_rope_layer_interval"])
+    rope = _layer_list(r, "no_rope_layers")  # HF: 1 = the layer uses RoPE
+    if rope is None and _positive(interval):
+        rope = [int((i + 1) % interval != 0) for i in range(layers)]
+    if not rope or all(rope) or "no_rope_freq" in r.provided:
+        return model
+    nope = [1 - flag for flag in rope]
+    period = next((n for n in range(2, len(nope) + 1) if len(nope) % n == 0
+                   and nope == [int((i + 1) % n == 0) for i in range(len(nope))]), None)
+    # A YAML that writes its own num_layers keeps a periodic pattern (as for gpt-oss's windows).
+    if len(rope) != layers and not (period and "num_layers" in r.provided):
+        r.unsupported("no_rope_layers", f"{len(rope)} entries", f"num_hidden_layers is {layers}")
+        return model
+    model["no_rope_freq"] = period or nope
+    return model
+
+
+# transformers src/transformers/models/qwen3_next/configuration_qwen3_next.py Qwen3NextConfig
+# (partial_rotary_factor 0.25; layer_types from full_attention_interval 4: every 4th layer full
+# attention, the others gated DeltaNet); rope_theta is PreTrainedConfig's default 10000.
+_QWEN3_NEXT_DEFAULTS = {"num_hidden_layers": 48, "hidden_size": 2048, "num_attention_heads": 16,
+                        "vocab_size": 151936, "max_position_embeddings": 32768,
+                        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "intermediate_size": 5632,
+                        "num_key_value_heads": 2, "head_dim": 256, "linear_conv_kernel_dim": 4,
+                        "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                        "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                        "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                        "num_experts_per_tok": 10, "num_experts": 512, "norm_topk_prob": True,
+                        "partial_rotary_factor": 0.25, "full_attention_interval": 4}
+_LINEAR_DIMS = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                "linear_num_key_heads", "linear_num_value_heads")
+
+
+def _qwen3_next(r: _Reader) -> dict[str, Any]:
+    """Qwen3NextForCausalLM: Qwen3-MoE's routing with a gated shared expert, gated full attention
+    (q_proj also yields the sigmoid output gate: Megatron's attention_output_gate) with q/k RMSNorm
+    and partial rotary on every full_attention_interval-th layer, gated DeltaNet on the others
+    (Megatron's experimental_attention_variant gated_delta_net with its linear_* dims)."""
+    d = _QWEN3_NEXT_DEFAULTS
+    model = _qwen_moe(r, qwen3=True, defaults=d)
+    model["attention_output_gate"] = True
+    partial = r.number("partial_rotary_factor", "rotary_percent", d["partial_rotary_factor"])
+    if partial is not None and not 0 < partial <= 1:
+        r.unsupported("partial_rotary_factor", partial, "expected a share in (0, 1]")
+    elif partial is not None:
+        model["rotary_percent"] = float(partial)
+    for key in _LINEAR_DIMS:
+        model[key] = r.count(key, key, d[key])
+    layers = model["num_layers"]
+    types = r.hf.get("layer_types")
+    if types is None and _listable(layers):
+        interval = r.count("full_attention_interval", None, d["full_attention_interval"]) or 1
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or not all(t in ("linear_attention", "full_attention")
+                                              for t in types):
+        r.unsupported("layer_types", types, "expected 'linear_attention' / 'full_attention' per layer")
+        return model
+    flags = [int(t == "linear_attention") for t in types]
+    period = next((n for n in range(2, len(flags) + 1)
+                   if flags == [int((i + 1) % n != 0) for i in range(len(flags))]), None)
+    if _listable(layers) and len(flags) != layers and not (period and "num_layers" in r.provided):
+        r.unsupported("layer_types", f"{len(flags)} entries", f"num_hidden_layers is {layers}")
+    elif any(flags) and "linear_attention_freq" not in r.provided:
+        model["linear_attention_freq"] = period or flags
+    return model
+
+
+_DEEPSEEK_ROUTER_DEFAULTS["DeepseekV32ForCausalLM"] = _DEEPSEEK_ROUTER_DEFAULTS["DeepseekV3ForCausalLM"]
+
+
+def _deepseek_v32(r: _Reader) -> dict[str, Any]:
+    """DeepseekV32ForCausalLM (deepseek-ai/DeepSeek-V3.2-Exp): the DeepSeek-V3 architecture plus the
+    lightning indexer of DSA (index_n_heads, index_head_dim, index_topk: Megatron's
+    --dsa-indexer-*). transformers ships no config class for it, so an omitted indexer key is
+    refused by name, and the rest defaults as DeepseekV3Config."""
+    model = _deepseek(r)
+    model.update({
+        "dsa": True,
+        "index_n_heads": r.count("index_n_heads", "index_n_heads", _REQUIRED),
+        "index_head_dim": r.count("index_head_dim", "index_head_dim", _REQUIRED),
+        "index_topk": r.count("index_topk", "index_topk", _REQUIRED),
+    })
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "DeepseekV32ForCausalLM": _deepseek_v32,
+    "Qwen3NextForCausalLM": _qwen3_next,
+    "Llama4ForConditionalGeneration": _llama4,
+    "Llama4ForCausalLM": _llama4,
+    "GptOssForCausalLM": _gpt_oss,
+    "MiniMaxM2ForCausalLM": _minimax_m2,
+    "Glm4MoeForCausalLM": _glm4_moe,
     "DeepseekV2ForCausalLM": _deepseek,
     "DeepseekV3ForCausalLM": _deepseek,
     "Qwen2MoeForCausalLM": lambda r: _qwen_moe(r, qwen3=False),
@@ -404,7 +807,11 @@ def map_hf_config(hf: Mapping[str, Any], *, where: str = "model.hf_config",
         names, list) else []
     if not known:
         raise HfConfigUnmappable([_unknown_architecture(names, where)])
-    reader = _Reader(hf, known[0], where, provided or {})
+    text, where = _text_config(hf, known[0], where)
+    reader = _Reader(text, known[0], where, provided or {})
+    if known[0] in MULTIMODAL and hf.get("vision_config") is not None:
+        reader.notes.append("vision_config: the vision encoder and projector are not imported "
+                            "(moeplan plans the text decoder; the model card's total counts them)")
     model = ARCHITECTURES[known[0]](reader)
     if reader.findings:
         raise HfConfigUnmappable(reader.findings)
@@ -413,7 +820,17 @@ def map_hf_config(hf: Mapping[str, Any], *, where: str = "model.hf_config",
         model={key: value for key, value in model.items() if value is not None},
         megatron_extra_args=tuple(reader.extra_args),
         notes=tuple(reader.notes),
+        moe=dict(reader.moe),
     )
+
+
+def _text_config(hf: Mapping[str, Any], architecture: str, where: str) -> tuple[Mapping[str, Any], str]:
+    """The decoder's own keys: a multimodal architecture nests them in text_config (transformers
+    configuration_llama4.py Llama4Config: an absent text_config is Llama4TextConfig()'s defaults)."""
+    if architecture not in MULTIMODAL:
+        return hf, where
+    text = hf.get("text_config")
+    return (text if isinstance(text, Mapping) else {}), f"{where}.text_config"
 
 
 def apply_hf_config(data: dict[str, Any], base_dir: Path | None) -> tuple[dict[str, Any],
@@ -446,6 +863,8 @@ def apply_hf_config(data: dict[str, Any], base_dir: Path | None) -> tuple[dict[s
     except HfConfigUnmappable as exc:
         return data, exc.findings
     resolved = {**data, "model": {**mapping.model, **own}}
+    if mapping.moe and isinstance(data.get("moe", {}), dict):  # the YAML's moe fields win
+        resolved["moe"] = {**mapping.moe, **data.get("moe", {})}
     launch = data.get("launch", {})
     if mapping.megatron_extra_args and isinstance(launch, dict):
         written = launch.get("megatron_extra_args") or []

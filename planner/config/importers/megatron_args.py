@@ -36,6 +36,9 @@ NOT_ARGUMENTS = {
     "parallel.embedding_ranks_rule", "parallel.gtp", "parallel.egtp", "training.precision",
     "training.fp8", "training.fp4", "training.qkv_format", "moe.moe_virtual_experts",
     "moe.moe_tid2eid_source",
+    "model.qk_layernorm_per_layer",  # MiniMax-M2's per-layer q/k norm: no Megatron argument
+    "model.attention_chunk_size",  # Llama 4's chunked attention: no Megatron argument
+    "model.dsa",  # written as --experimental-attention-variant dsa
 }
 # --- issue 25 (article): THD packing's packed lengths and their basis are moeplan's own settings.
 NOT_ARGUMENTS |= {"training.packed_lengths", "training.packed_length_basis",

@@ -100,10 +100,14 @@ def megatron_args(cfg: Config) -> SimpleNamespace:
         moe_latent_size=cfg.moe.moe_latent_size,
         moe_shared_expert_intermediate_size=m.moe_shared_expert_intermediate_size or None,
         swiglu=m.swiglu, multi_latent_attention=m.multi_latent_attention,
-        experimental_attention_variant="dsv4_hybrid" if v4 else None,
+        experimental_attention_variant="dsv4_hybrid" if v4 else (
+            "gated_delta_net" if m.linear_attention_freq is not None else None),
         q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_head_dim=m.qk_head_dim,
         qk_pos_emb_head_dim=m.qk_pos_emb_head_dim, v_head_dim=m.v_head_dim,
-        attention_output_gate=False, linear_attention_freq=None,
+        attention_output_gate=m.attention_output_gate, linear_attention_freq=m.linear_attention_freq,
+        linear_conv_kernel_dim=m.linear_conv_kernel_dim, linear_key_head_dim=m.linear_key_head_dim,
+        linear_value_head_dim=m.linear_value_head_dim, linear_num_key_heads=m.linear_num_key_heads,
+        linear_num_value_heads=m.linear_num_value_heads,
         csa_compress_ratios=m.compress_ratios, o_groups=m.o_groups, o_lora_rank=m.o_lora_rank,
         csa_window_size=m.csa_window_size, dsa_indexer_n_heads=m.index_n_heads,
         dsa_indexer_head_dim=m.index_head_dim, dsa_indexer_topk=m.index_topk,
@@ -132,6 +136,10 @@ def oracle_cases() -> dict[str, Config]:
             {**TINY, "swiglu": False, "moe_layer_freq": [1, 0], "mtp_num_layers": 2}, seq=16),
         "latent MoE with a shared expert": config(latent, seq=32, moe={"moe_latent_size": 4}),
         **{path.stem: load_config(path) for path in sorted(EXAMPLES.glob("deepseek-v4-*.yaml"))},
+        # current architectures: gated attention + gated DeltaNet (Megatron's linear-attention
+        # terms), q/k/v biases and MTP, NoPE / chunked layers (S <= chunk: no change)
+        **{name: load_config(EXAMPLES / "architectures" / f"{name}.yaml") for name in (
+            "qwen3-next-80b-a3b-32", "glm-4.5-256", "minimax-m2-128", "llama-4-maverick-256")},
     }
 
 
@@ -140,3 +148,16 @@ def test_equals_megatron_num_floating_point_operations(name: str) -> None:
     cfg = oracle_cases()[name]
     ours = flops_per_token(cfg)
     assert float(ours) == pytest.approx(megatron_flops_per_token(cfg), rel=1e-12)
+
+
+def test_megatron_counts_quick_geglu_mlps_as_two_gemms() -> None:
+    """Megatron's figure reads args.swiglu for the MLP's GEMM count (3 with SwiGLU, else 2), so a
+    --quick-geglu run (gpt-oss: gated, three GEMMs) logs a third fewer MLP FLOPs than it runs.
+    moeplan's flops_per_token counts the three GEMMs it runs; the difference is exactly one
+    h x I GEMM per routed expert pick and per dense MLP, forward and backward (3 · 2 · I · h · k
+    per MoE layer and token), and the window layers are counted full as Megatron counts them."""
+    cfg = load_config(EXAMPLES / "architectures" / "gpt-oss-20b-16.yaml")
+    m = cfg.model
+    third_gemm = 3 * 2 * m.moe_ffn_hidden_size * m.hidden_size * m.moe_router_topk * m.num_layers
+    assert float(flops_per_token(cfg)) == pytest.approx(megatron_flops_per_token(cfg) + third_gemm,
+                                                        rel=1e-12)

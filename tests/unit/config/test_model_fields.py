@@ -215,13 +215,15 @@ def test_add_bias_linear_counts_every_bias():
 
 def test_row_parallel_biases_are_tp_replicated_under_sequence_parallelism():
     """TP 2 with SP: per block two RMSNorms (2h) + the attention output bias (h); the MoE layer's
-    router (E·h) + shared FC2 bias (h); the dense layer's FC2 bias (h); the final norm (h)."""
+    router (E·h) and its bias (E, marked sequence_parallel: Megatron-LM dev@d48bd6be
+    megatron/core/transformer/moe/router.py Router.__init__) + shared FC2 bias (h); the dense
+    layer's FC2 bias (h); the final norm (h)."""
     cfg = build({**STANDARD, "add_bias_linear": True},
                 parallel={"world_size": 2, "tp": 2, "etp": 1, "sequence_parallel": True})
     v = stage0(cfg)
     blocks, moe_layers, dense = 2, 1, 1
-    assert v["tp_replicated_params_on_rank"] == (blocks * (2 * 32 + 32) + moe_layers * (4 * 32 + 32)
-                                                 + dense * 32 + 32)
+    assert v["tp_replicated_params_on_rank"] == (blocks * (2 * 32 + 32)
+                                                 + moe_layers * (4 * 32 + 4 + 32) + dense * 32 + 32)
 
 
 def test_qk_layernorm_counts_weights_and_saved_inputs():

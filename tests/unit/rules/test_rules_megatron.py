@@ -26,6 +26,27 @@ DDP = "core/distributed/distributed_data_parallel.py"
 # (path under megatron/, line at dev@d48bd6be, text on that line, function) — every line a test
 # below relies on.
 CITED_LINES = [
+    # current architectures (planner/rules/architectures.py): ARC001's no_rope_freq checks ...
+    (TRANSFORMER_CONFIG, 3580, "assert self.num_layers % self.no_rope_freq == 0, (", "__post_init__"),
+    (TRANSFORMER_CONFIG, 3589, "assert len(self.no_rope_freq) == self.num_layers, (", "__post_init__"),
+    # ... ARC002's GLU offset under the fused bias-activation kernel ...
+    (TRANSFORMER_CONFIG, 2689, "if self.glu_linear_offset != 0.0 and self.activation_func != quick_gelu:",
+     "__post_init__"),
+    # ... ARC003's L2 norm with MLA, and quick-GEGLU's refusal of --swiglu (the schema's)
+    ("core/models/gpt/gpt_layer_specs.py", 255, 'assert qk_l2_norm is False, "qk_l2_norm is not supported '
+     'with MLA."', "get_gpt_layer_with_transformer_engine_submodules"),
+    ("training/argument_utils.py", 440, "assert not args.swiglu", "core_transformer_config_from_args"),
+    # ... ARC004 / ARC005: gated DeltaNet's head ratio and its heads over TP
+    (TRANSFORMER_CONFIG, 1677, "assert self.linear_num_value_heads % self.linear_num_key_heads == 0, (",
+     "__post_init__"),
+    (TRANSFORMER_CONFIG, 1704, "assert self.linear_num_key_heads % linear_head_parallel_size == 0, (",
+     "__post_init__"),
+    (TRANSFORMER_CONFIG, 1708, "assert self.linear_num_value_heads % linear_head_parallel_size == 0, (",
+     "__post_init__"),
+    # ... ARC006 / ARC007: DSA refuses linear biases and any CP exchange but all-gather
+    (TRANSFORMER_CONFIG, 1714, "if self.add_bias_linear:", "__post_init__"),
+    (TRANSFORMER_CONFIG, 1737, 'and cp_comm_type.replace("_", "").lower() == "allgather"',
+     "__post_init__"),
     # TransformerConfig.__post_init__: full granularity without a method raises
     (TRANSFORMER_CONFIG, 2165, 'elif self.recompute_granularity != "selective":', "__post_init__"),
     # ... and without recompute_num_layers

@@ -1,0 +1,136 @@
+"""ARC: what Megatron refuses with the mechanisms of the current MoE architectures (gpt-oss,
+GLM-4.5, MiniMax-M2, Llama 4, Qwen3-Next, DeepSeek-V3.2): the NoPE pattern, the GLU offset, the
+L2 q/k norm, the gated DeltaNet heads, DSA's biases and CP exchange."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from planner.rules.base import Violation, rule
+from planner.rules.facts import Facts
+from planner.rules.sources import TRANSFORMER_CONFIG, dev
+
+GPT_LAYER_SPECS = dev("core/models/gpt/gpt_layer_specs.py",
+                      "get_gpt_layer_with_transformer_engine_submodules")
+
+
+@rule(
+    "ARC001", "error", "no_rope_freq must fit the layer count",
+    source=TRANSFORMER_CONFIG,
+    why="""Megatron expands an integer no_rope_freq N into a per-layer pattern repeated
+    num_layers / N times and asserts N divides num_layers; a list must name every layer.""",
+    bad="model: {no_rope_freq: 3}",
+    good="model: {no_rope_freq: 4}",
+)
+def no_rope_pattern_fits(f: Facts) -> Iterator[Violation]:
+    skip, layers = f.model.no_rope_freq, f.model.num_layers
+    if isinstance(skip, int) and layers % skip:
+        yield Violation("model.no_rope_freq", f"no_rope_freq {skip} does not divide num_layers {layers}",
+                        f"pick a divisor of {layers} or give the 0/1 list per layer")
+    elif isinstance(skip, list) and len(skip) != layers:
+        yield Violation("model.no_rope_freq", f"no_rope_freq lists {len(skip)} layers, the model has "
+                        f"{layers}", "give one 1 (no RoPE) or 0 per layer")
+
+
+@rule(
+    "ARC002", "error", "glu_linear_offset needs quick_geglu",
+    source=TRANSFORMER_CONFIG,
+    why="""With the fused bias-activation kernel (Megatron's default for gated MLPs) a non-zero
+    glu_linear_offset is refused unless the activation is quick-GEGLU: only that kernel adds the
+    offset to the linear half (gpt-oss's clamped GLU).""",
+    bad="model: {glu_linear_offset: 1.0}",
+    good="model: {glu_linear_offset: 1.0, quick_geglu: true}",
+)
+def glu_offset_needs_quick_geglu(f: Facts) -> Iterator[Violation]:
+    m = f.model
+    if m.glu_linear_offset != 0 and not m.quick_geglu and (m.swiglu or m.add_bias_linear):
+        yield Violation("model.glu_linear_offset", f"glu_linear_offset {m.glu_linear_offset} with "
+                        f"{'swiglu' if m.swiglu else 'gelu'}", "set model.quick_geglu: true or drop "
+                        "the offset")
+
+
+@rule(
+    "ARC003", "error", "qk_l2_norm needs standard attention",
+    source=GPT_LAYER_SPECS,
+    why="""Megatron's layer specs assert that the L2 q/k norm is not combined with multi-latent
+    attention (its MLA q/k norms are the latent RMSNorms).""",
+    bad="model: {qk_l2_norm: true, multi_latent_attention: true, kv_lora_rank: 32}",
+    good="model: {qk_l2_norm: true}",
+)
+def qk_l2_norm_standard_attention(f: Facts) -> Iterator[Violation]:
+    if f.model.qk_l2_norm and f.model.attention_variant != "standard":
+        yield Violation("model.qk_l2_norm", f"qk_l2_norm with attention_variant "
+                        f"{f.model.attention_variant}", "drop qk_l2_norm (MLA normalises its latents)")
+
+
+_GDN = "model: {linear_attention_freq: 4, "
+_TP4 = "parallel: {tp: 4, ep: 2, sequence_parallel: true}"
+
+
+@rule(
+    "ARC004", "error", "gated DeltaNet value heads are a multiple of its key heads",
+    source=TRANSFORMER_CONFIG,
+    why="""Each gated DeltaNet key head serves linear_num_value_heads / linear_num_key_heads value
+    heads; Megatron asserts the ratio is whole.""",
+    bad=_GDN + "linear_num_key_heads: 4, linear_num_value_heads: 6}",
+    good=_GDN + "linear_num_key_heads: 4, linear_num_value_heads: 8}",
+)
+def gdn_value_heads_per_key_head(f: Facts) -> Iterator[Violation]:
+    m = f.model
+    if m.linear_attention_freq is not None and m.linear_num_value_heads % m.linear_num_key_heads:
+        yield Violation("model.linear_num_value_heads", f"linear_num_value_heads "
+                        f"{m.linear_num_value_heads} is not a multiple of linear_num_key_heads "
+                        f"{m.linear_num_key_heads}", "make the value heads a multiple of the key heads")
+
+
+@rule(
+    "ARC005", "error", "TP divides the gated DeltaNet heads",
+    source=TRANSFORMER_CONFIG,
+    why="""Gated DeltaNet splits its key and value heads over the tensor-parallel ranks (with the
+    default chunkwise CP every CP rank keeps its TP rank's heads); Megatron asserts TP divides
+    both head counts.""",
+    bad=_GDN + "linear_num_key_heads: 2, linear_num_value_heads: 4}\n" + _TP4,
+    good=_GDN + "linear_num_key_heads: 4, linear_num_value_heads: 8}\n" + _TP4,
+)
+def gdn_heads_fit_tp(f: Facts) -> Iterator[Violation]:
+    m, tp = f.model, f.par.tp
+    if m.linear_attention_freq is None:
+        return
+    for name in ("linear_num_key_heads", "linear_num_value_heads"):
+        if getattr(m, name) % tp:
+            yield Violation(f"model.{name}", f"{name} {getattr(m, name)} not divisible by TP {tp}",
+                            f"pick a TP that divides {getattr(m, name)}")
+
+
+_DSA = ("model: {multi_latent_attention: true, kv_lora_rank: 32, q_lora_rank: 32, dsa: true, "
+        "index_n_heads: 4, index_head_dim: 16, index_topk: 64")
+
+
+@rule(
+    "ARC006", "error", "DSA takes no linear biases",
+    source=TRANSFORMER_CONFIG,
+    why="""DSA runs Megatron's absorbed MLA attention, which refuses add_bias_linear.""",
+    bad=_DSA + ", add_bias_linear: true}",
+    good=_DSA + "}",
+)
+def dsa_without_bias(f: Facts) -> Iterator[Violation]:
+    if f.model.dsa and f.model.add_bias_linear:
+        yield Violation("model.add_bias_linear", "add_bias_linear with DSA", "set add_bias_linear: false")
+
+
+@rule(
+    "ARC007", "error", "DSA under CP needs the all-gather CP exchange",
+    source=TRANSFORMER_CONFIG,
+    why="""DSA's context parallelism gathers the keys over the CP group; Megatron asserts every
+    cp_comm_type is all_gather.""",
+    bad=_DSA + "}\nparallel: {world_size: 16, cp: 2, cp_comm_type: p2p}",
+    good=_DSA + "}\nparallel: {world_size: 16, cp: 2, cp_comm_type: all_gather}",
+)
+def dsa_cp_all_gather(f: Facts) -> Iterator[Violation]:
+    if f.model.dsa and f.par.cp > 1 and f.par.cp_comm_type != "all_gather":
+        yield Violation("parallel.cp_comm_type", f"DSA with CP {f.par.cp} over {f.par.cp_comm_type}",
+                        "set parallel.cp_comm_type: all_gather")
+
+
+RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention,
+         gdn_value_heads_per_key_head, gdn_heads_fit_tp, dsa_without_bias, dsa_cp_all_gather)
