@@ -531,6 +531,10 @@ def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
         name = _one(result, variant, "str")
         if name == "dsv4_hybrid":
             result.set("model.attention_variant", "dsv4_hybrid")
+        elif name == "dsa":  # DeepSeek-V3.2: MLA with the lightning indexer (emit writes it back)
+            result.set("model.dsa", True)
+        elif name == "gated_delta_net" and result.has("model.linear_attention_freq"):
+            pass  # Qwen3-Next: --linear-attention-freq carries the layer pattern moeplan models
         elif name is not None:
             _keep(result, variant, f"attention variant moeplan does not model ({kept_where()})")
     if result.get("model.multi_latent_attention") and result.get("model.attention_variant") is None:
