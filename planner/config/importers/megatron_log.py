@@ -48,7 +48,8 @@ _DTYPE_SPELLINGS = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.fl
 
 # dest → the dests whose value (other than their default) makes validate_args derive it: given
 # both, Megatron refuses the pair (validate_args: "expected sample-based training", the
-# encoder_seq_length assertion, the one-of-three VPP assertion).
+# encoder_seq_length assertion, the one-of-three VPP assertion, 'cannot have both num-layers and
+# encoder-num-layers').
 _DERIVED_FROM: dict[str, tuple[str, ...]] = {
     "encoder_seq_length": ("seq_length",),
     "train_iters": ("train_samples",),
@@ -57,6 +58,7 @@ _DERIVED_FROM: dict[str, tuple[str, ...]] = {
     "num_virtual_stages_per_pipeline_rank": ("num_layers_per_virtual_pipeline_stage",
                                              "pipeline_model_parallel_layout", "hybrid_layer_pattern"),
     "num_layers": ("hybrid_layer_pattern",),
+    "encoder_num_layers": ("num_layers",),  # validate_args copies num_layers into it
 }
 
 
