@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 from collections.abc import Iterator
 
-from planner.rules.base import Rule, Violation, code_of, documented, rule
+from planner.rules.base import SHOWN_PER_RULE, Rule, Violation, code_of, documented, rule
 from planner.rules.facts import Facts
 
 LOADER = "planner/config/loader.py::parse_config"
@@ -130,10 +130,14 @@ CONFIG_DOCS = (
     good="ignore: [PAR012]",
 )
 def ignore_known_codes(f: Facts) -> Iterator[Violation]:
+    known = set(f.known_codes)
+    unknown = 0
     for index, entry in enumerate(f.cfg.ignore):
         code = code_of(entry)
-        if code not in f.known_codes:
-            close = difflib.get_close_matches(code, f.known_codes, n=1)
+        if code not in known:
+            unknown += 1  # did-you-mean costs a millisecond: only for the entries that are shown
+            close = (difflib.get_close_matches(code, f.known_codes, n=1)
+                     if unknown <= SHOWN_PER_RULE else [])
             hint = f"did you mean {close[0]}?" if close else "see `moeplan rules` for the codes"
             yield Violation(f"ignore.{index}", f"unknown rule code '{entry}' in ignore", hint)
 
