@@ -10,10 +10,8 @@ written atomically: a complete file or none.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,11 +23,13 @@ from planner.cli_common import (
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_USAGE,
+    check_output_or_exit,
     collect_findings,
     fail,
     findings_json,
     print_findings,
     stderr,
+    write_or_exit,
 )
 from planner.findings import Finding, has_errors
 
@@ -44,26 +44,18 @@ SECTION_ORDER = ("model", "parallel", "training", "moe", "overlap", "cluster", "
 
 Output = Annotated[Path | None, typer.Option("-o", "--output", help="YAML file to write (default: stdout)")]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable report on stdout")]
+Force = Annotated[bool, typer.Option("--force", help="overwrite an existing -o file")]
 
 
-def read_source(source: str) -> str:
-    """The text of SOURCE (`-` for stdin); exit 2 when it cannot be read as UTF-8 text."""
-    if source == "-":
-        raw = sys.stdin.buffer.read()
-    else:
-        path = Path(source)
-        if not path.is_file():
-            fail(EXIT_USAGE, f"{source}: {'is a directory' if path.is_dir() else 'no such file'}")
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            fail(EXIT_USAGE, f"{source}: cannot read ({exc.strerror})")
-    if b"\x00" in raw:
-        fail(EXIT_USAGE, f"{source}: binary data, expected text")
+def read_source(source: str, kind: str = "args") -> str:
+    """The text of SOURCE (`-` for stdin, with a deadline) through the bounded reader (the kind's
+    size cap, regular files only); exit 2 when it cannot be read as UTF-8 text."""
+    from planner.config.loader import UnreadableConfig, read_text
+
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        fail(EXIT_USAGE, f"{source}: not UTF-8 text (byte {exc.start})")
+        return read_text(source, kind)
+    except UnreadableConfig as exc:
+        fail(EXIT_USAGE, str(exc))
 
 
 def config_yaml(data: dict[str, dict[str, Any]], header: list[str]) -> str:
@@ -79,19 +71,6 @@ def config_yaml(data: dict[str, dict[str, Any]], header: list[str]) -> str:
     ordered.update({s: v for s, v in data.items() if s not in ordered and v})
     body = yaml.dump(ordered, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100)
     return "".join(f"# {line}\n" for line in header) + body
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write into a temporary file beside PATH, then rename: readers see the old file or the new."""
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def validate(data: dict[str, dict[str, Any]]) -> list[Finding]:
@@ -116,15 +95,14 @@ def unmapped_table(rows: list[Any]) -> Table:
 
 
 def finish(text: str, data: dict[str, dict[str, Any]], unmapped: list[Any], output: Path | None,
-           as_json: bool, extra: dict[str, Any]) -> None:
-    """Write the YAML, report the unmapped arguments and every finding, exit 0/1 (2 if unwritable)."""
+           as_json: bool, extra: dict[str, Any], *, force: bool = False) -> None:
+    """Write the YAML, report the unmapped arguments and every finding, exit 0/1 (2 if unwritable,
+    or if -o exists and force is not given: each command also checks that before its work)."""
     findings = validate(data)
     ok = not has_errors(findings) and not any(u.error for u in unmapped)
     if output is not None:
-        try:
-            write_atomically(output, text)
-        except OSError as exc:
-            fail(EXIT_USAGE, f"cannot write {output}: {exc.strerror or exc}")
+        check_output_or_exit(output, force=force)
+        write_or_exit(output, text)
     if as_json:
         payload = {"ok": ok, "output": None if output is None else str(output), **extra,
                    "config": data, "unmapped": [u.as_dict() for u in unmapped],
@@ -157,10 +135,13 @@ def import_megatron(
                                                    "no torchrun --nnodes/--nproc-per-node gives them")
                           ] = None,
     as_json: AsJson = False,
+    force: Force = False,
 ) -> None:
     """Turn a Megatron-LM command line into a moeplan config; report what it could not map."""
     from planner.config.importers.megatron_args import UnreadableArgs, import_arguments
 
+    if output is not None:
+        check_output_or_exit(output, force=force)
     text = read_source(args)
     try:
         result = import_arguments(text, world_size)
@@ -173,7 +154,7 @@ def import_megatron(
         header += ["arguments moeplan does not model (this moeplan has no launch.megatron_extra_args; "
                    "pass them to Megatron-LM yourself):", "  " + shlex.join(result.extra_args)]
     finish(config_yaml(result.data, header), result.data, result.unmapped, output, as_json,
-           {"entry": result.entry, "env": result.env})
+           {"entry": result.entry, "env": result.env}, force=force)
 
 
 def register(app: typer.Typer) -> None:

@@ -131,8 +131,13 @@ def read_bytes(path: str | Path, kind: str = "config") -> bytes:
     """The whole file (or stdin for `-`), never more than the kind's cap."""
     limit = cap_of(kind)
     if str(path) == STDIN:
-        return _read_fd(sys.stdin.fileno(), limit, "<stdin>", kind,
-                        time.monotonic() + stdin_seconds())
+        fd = _stdin_fd()
+        if fd is None:  # an in-memory stdin (a test runner's): it cannot hang, only be large
+            raw = sys.stdin.buffer.read(limit + 1)
+            if len(raw) > limit:
+                raise _too_large("<stdin>", kind, f"more than {limit:,} bytes")
+            return raw
+        return _read_fd(fd, limit, "<stdin>", kind, time.monotonic() + stdin_seconds())
     fd, size = _open_regular(path, kind)
     try:
         if size > limit:
@@ -140,6 +145,13 @@ def read_bytes(path: str | Path, kind: str = "config") -> bytes:
         return _read_fd(fd, limit, path, kind, None)
     finally:
         os.close(fd)
+
+
+def _stdin_fd() -> int | None:
+    try:
+        return sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return None
 
 
 def decode_text(raw: bytes, path: str | Path, kind: str = "config") -> str:
@@ -163,7 +175,10 @@ def read_lines(path: str | Path, kind: str = "log") -> Iterator[str]:
     first line."""
     limit = cap_of(kind)
     if str(path) == STDIN:
-        return _lines(sys.stdin.fileno(), False, "<stdin>", kind, limit, stdin_seconds())
+        fd = _stdin_fd()
+        if fd is None:  # an in-memory stdin: read it whole (within the cap) and split it
+            return iter(decode_text(read_bytes(STDIN, kind), "<stdin>", kind).splitlines())
+        return _lines(fd, False, "<stdin>", kind, limit, stdin_seconds())
     fd, size = _open_regular(path, kind)
     if size > limit:
         os.close(fd)

@@ -43,13 +43,15 @@ def check_target(path: str | Path, *, force: bool, option: str = "-o") -> None:
         raise WriteFailed(target, "exists; pass --force to overwrite it")
 
 
-def write_atomic(path: str | Path, text: str | bytes, *, mode: int = 0o644) -> None:
-    """Write through a temporary file in the same folder and rename; WriteFailed on any OSError."""
+def write_atomic(path: str | Path, text: str | bytes, *, mode: int = 0o644, parents: bool = True) -> None:
+    """Write through a temporary file in the same folder and rename; WriteFailed on any OSError.
+    parents: create missing folders first (a plan's run folder); False refuses a missing one."""
     target = Path(path)
     check_target(target, force=True)
     folder = target.parent if str(target.parent) else Path(".")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if parents:
+            folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name[:100]}.", suffix=".tmp")
     except OSError as exc:
         raise WriteFailed(target, f"cannot write ({exc.strerror or exc})") from None

@@ -28,6 +28,7 @@ from planner.accounting import BudgetError, budgets
 from planner.cli import app
 from planner.config.loader import InvalidConfig, parse_config
 from planner.emit import TARGETS, EmitError, emit_files, log_folder, write_files
+from planner.files.writing import WriteFailed
 from planner.findings import has_errors
 from planner.layout.summary import layout_summary
 from planner.plan import compile_plan
@@ -66,7 +67,7 @@ def run_case(doc: Any, out_dir: Path) -> str:
         folder = out_dir / target
         try:
             write_files(folder, files, log_folder(cfg, folder, files))
-        except OSError:  # `emit` exits 2 with the OS's reason (e.g. a name over 255 bytes)
+        except WriteFailed:  # `emit` exits 2 with the OS's reason (e.g. a name over 255 bytes)
             return "emit could not write (usage error)"
     return "planned and emitted"
 
