@@ -162,8 +162,13 @@ def check_launch_strings(cfg: Config) -> None:
                             "word such as '--exclusive' or '--gres=gpu:8'")
         option = managed_option(entry)
         if option is not None:
-            written = _option_name(entry) if entry.startswith("--") else entry[:2]
-            named = "" if written == option else f"{written} abbreviates {option}: "
+            written = _option_name(entry)
+            if written == option:
+                named = ""
+            elif entry.startswith("--"):
+                named = f"{written} abbreviates {option}: "
+            else:
+                named = f"{entry[:12]!r} bundles short options, one of them {option}: "
             raise EmitError(path, f"{named}{option} is set by moeplan from "
                             f"{MANAGED_SBATCH_OPTIONS[option]}; change it there")
         for name in exported_names(entry):

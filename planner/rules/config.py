@@ -103,6 +103,24 @@ CONFIG_DOCS = (
         good=_GOOD_FILE,
     ),
     documented(
+        "CFG008", "YAML too big to read",
+        source="planner/config/loader.py::parse_yaml",
+        why="""Aliases repeat an anchored value wherever they appear, so a file of a few lines can
+        stand for billions of values ("billion laughs"). The loader measures the composed YAML
+        before building it: at most 2,000,000 nodes (MOEPLAN_YAML_MAX_NODES raises it), 1,000
+        aliases, aliases nested 4 deep and 100,000 nodes that exist only through aliases; a
+        recursive alias is refused too. A real config has a few hundred values.""",
+        bad="""
+        a0: &a0 [x]
+        a1: &a1 [*a0, *a0]
+        a2: &a2 [*a1, *a1]
+        a3: &a3 [*a2, *a2]
+        a4: &a4 [*a3, *a3]
+        a5: [*a4, *a4]
+        """,
+        good=_GOOD_FILE,
+    ),
+    documented(
         "CFG007", "Hugging Face config.json cannot be mapped",
         source="planner/config/importers/hf_config.py::map_hf_config",
         why="""`model: {hf_config: PATH}` fills the model section from a Hugging Face config.json
@@ -148,7 +166,8 @@ _LOADER = "the loader reports it before `ignore:` is read; a config with it is n
 # Errors that leave nothing for the later steps (groups, stage split, budgets, plan, emit) to
 # build on: `ignore:` cannot silence them (IGN002 says so when it lists one).
 UNIGNORABLE: dict[str, str] = {
-    **{code: _LOADER for code in ("CFG001", "CFG002", "CFG003", "CFG004", "CFG005", "CFG006")},
+    **{code: _LOADER for code in ("CFG001", "CFG002", "CFG003", "CFG004", "CFG005", "CFG006",
+                                   "CFG008")},
     "PAR001": f"without whole dense groups (DP = N / (TP·CP·PP·GTP)) {_GRID}",
     "PAR002": f"without whole expert groups (EDP = N / (ETP·EP·PP·EGTP)) {_GRID}",
     "PAR009": f"the rank order is what the groups are read from: with an invalid order {_GRID}",
