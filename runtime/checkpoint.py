@@ -39,6 +39,7 @@ from runtime.checkpoint_trust import (
     SafeReader,
     SaveLock,
     check_manifest,
+    check_metadata_files,
     safe_metadata,
     write_manifest,
 )
@@ -188,9 +189,10 @@ def checkpoint_shapes(path: Path, model: dict[str, Any] | None = None) -> dict[s
     `model` (the plan's model section) the manifest is checked first (runtime/checkpoint_trust.py);
     the metadata is always read through the allow-list unpickler."""
     try:
-        if model is not None:
-            check_manifest(path, model)
+        manifest = check_manifest(path, model) if model is not None else None
         metadata = safe_metadata(path)
+        if manifest is not None:
+            check_metadata_files(path, metadata, manifest)
     except CheckpointRefused as exc:
         raise CheckpointError(str(exc)) from None
     return {key: tuple(entry.size) if hasattr(entry, "size") else None

@@ -176,6 +176,14 @@ def check_manifest(folder: Path, model: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+def check_metadata_files(folder: Path, metadata: Metadata, manifest: dict[str, Any]) -> None:
+    """Every file the metadata will make DCP open is one the manifest listed (no `../`)."""
+    unlisted = sorted(set(checkpoint_files(folder, metadata)) - set(manifest["files"]))
+    if unlisted:
+        raise CheckpointRefused(f"{folder}/{METADATA} reads {unlisted[0]!r}, which the manifest does "
+                                "not list: refused")
+
+
 class SaveLock:
     """Rank 0's claim on a --save folder for the length of one save."""
 

@@ -63,7 +63,7 @@ def test_a_stdin_that_never_closes_is_refused_after_its_deadline() -> None:
 
 # ----------------------------------------------------------------------------- verify fuzz
 
-CASES_VERIFY = int(os.environ.get("MOEPLAN_FUZZ_EXAMPLES", 30))
+CASES_VERIFY = int(os.environ.get("MOEPLAN_FUZZ_EXAMPLES", 20))
 FIRST_SEED = int(os.environ.get("MOEPLAN_FUZZ_SEED", 0))
 
 
