@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +94,9 @@ def _reraised(lines: Iterator[str]) -> Iterator[str]:
 # How big a YAML document may grow once its aliases are expanded. The text's own size is capped
 # by the reader (planner/files/reading.py); aliases multiply it (a "billion laughs" file of 1 KiB
 # expands to 10^9 nodes), so the composed node graph is measured before anything walks or builds
-# the tree. A real config has a few hundred nodes, a million-entry ignore list a million.
-MAX_NODES = 2_000_000
+# the tree. A real config has a few hundred nodes, a million-entry ignore list a million, a section
+# of a million unknown keys two million: both are still judged.
+MAX_NODES = 2_500_000
 MAX_ALIASES = 1_000
 MAX_ALIAS_DEPTH = 4  # an alias of an anchor that holds aliases of anchors …, four deep
 MAX_ALIAS_NODES = 100_000  # nodes that exist only because an alias repeats an anchor
@@ -187,11 +188,74 @@ def _too_many_nodes(text: str) -> str | None:
     return None
 
 
-def _positions(root: yaml.Node) -> tuple[dict[tuple, Position], list]:
-    """Map each key path to its 1-based (line, column), and collect duplicate keys on the way
-    (walked without recursion; structure_problem has bounded the expanded size)."""
+def _key_positions(root: yaml.Node) -> dict[tuple, Position]:
+    """Each key path's 1-based (line, column), walked without recursion (structure_problem or
+    the node estimate has bounded the expanded size)."""
     out: dict[tuple, Position] = {}
-    duplicates: list = []
+    stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                here = path + (key_node.value,)
+                out[here] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                stack.append((value_node, here))
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                here = path + (index,)
+                out[here] = (item.start_mark.line + 1, item.start_mark.column + 1)
+                stack.append((item, here))
+    return out
+
+
+class NodePositions(Mapping[tuple, Position]):
+    """Key path → (line, column), found when asked for: a lookup walks down its own path only
+    (indexing each mapping it passes once), so a config with a million entries and a few findings
+    pays for the few. Iterating builds the whole table."""
+
+    def __init__(self, root: yaml.Node | None) -> None:
+        self._root = root
+        self._table: dict[tuple, Position] | None = None
+        self._index: dict[int, dict[Any, tuple[yaml.Node, yaml.Node]]] = {}
+
+    def _step(self, node: yaml.Node, part: Any) -> tuple[yaml.Node, yaml.Node] | None:
+        """(the node that marks `part`'s position, its value) under `node`, or None."""
+        if isinstance(node, yaml.SequenceNode):
+            ok = isinstance(part, int) and 0 <= part < len(node.value)
+            return (node.value[part], node.value[part]) if ok else None
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        index = self._index.get(id(node))
+        if index is None:  # a repeated key is found at its last occurrence, as YAML keeps it
+            index = self._index[id(node)] = {key.value: (key, value) for key, value in node.value}
+        return index.get(part)
+
+    def __getitem__(self, path: tuple) -> Position:
+        node, marker = self._root, None
+        for part in path:
+            found = self._step(node, part) if node is not None else None
+            if found is None:
+                raise KeyError(path)
+            marker, node = found
+        if marker is None:
+            raise KeyError(path)
+        return marker.start_mark.line + 1, marker.start_mark.column + 1
+
+    def _positions(self) -> dict[tuple, Position]:
+        if self._table is None:
+            self._table = _key_positions(self._root) if self._root is not None else {}
+        return self._table
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._positions())
+
+    def __len__(self) -> int:
+        return len(self._positions())
+
+
+def _duplicate_keys(root: yaml.Node) -> list[tuple[tuple, Position]]:
+    """(key path, position) of every key a mapping repeats, in file order."""
+    duplicates: list[tuple[tuple, Position]] = []
     stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
     while stack:
         node, path = stack.pop()
@@ -199,23 +263,20 @@ def _positions(root: yaml.Node) -> tuple[dict[tuple, Position], list]:
             seen: set[str] = set()
             for key_node, value_node in node.value:
                 key = key_node.value
-                here = path + (key,)
-                where = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
                 if key in seen:
-                    duplicates.append((here, where))
+                    duplicates.append((path + (key,), (key_node.start_mark.line + 1,
+                                                       key_node.start_mark.column + 1)))
                 seen.add(key)
-                out[here] = where
-                stack.append((value_node, here))
+                if not isinstance(value_node, yaml.ScalarNode):
+                    stack.append((value_node, path + (key,)))
         elif isinstance(node, yaml.SequenceNode):
-            for index, item in enumerate(node.value):
-                here = path + (index,)
-                out[here] = (item.start_mark.line + 1, item.start_mark.column + 1)
-                stack.append((item, here))
+            stack.extend((item, path + (index,)) for index, item in enumerate(node.value)
+                         if not isinstance(item, yaml.ScalarNode))
     duplicates.sort(key=lambda item: item[1])
-    return out, duplicates
+    return duplicates
 
 
-def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, dict[tuple, Position], list]:
+def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, Mapping[tuple, Position], list]:
     """Compose once, measure the node graph (a CFG008 finding when it is too big to build), then
     build the data from the same nodes."""
     loader = _ConfigLoader(text)
@@ -225,7 +286,8 @@ def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, dict[tuple, Posi
             raise InvalidConfig([_finding("CFG008", "", f"the YAML is too big to read: {too_many}",
                                           "shrink the file; a config needs a few hundred values")])
         node = loader.get_single_node()
-        problem = structure_problem(node) if node is not None else None
+        # Aliases need anchors: a text without `&` composes to a tree the node estimate bounded.
+        problem = structure_problem(node) if node is not None and "&" in text else None
         if problem:
             raise InvalidConfig([_finding("CFG008", "", f"the YAML is too big to read: {problem}",
                                           "shrink the file; a config needs a few hundred values")])
@@ -240,8 +302,7 @@ def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, dict[tuple, Posi
         raise UnreadableConfig(f"{name}: cannot parse YAML ({type(exc).__name__})") from None
     finally:
         loader.dispose()
-    positions, duplicates = _positions(node) if node is not None else ({}, [])
-    return data, positions, duplicates
+    return data, NodePositions(node), _duplicate_keys(node) if node is not None else []
 
 
 def _finding(code: str, path: str, message: str, fix: str) -> Finding:
@@ -322,7 +383,7 @@ MODEL_CONFLICTS: dict[str, tuple[str, str]] = {
 }
 
 
-def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) -> Finding:
+def _error_to_finding(err: dict, data: Any, positions: Mapping[tuple, Position]) -> Finding:
     kind, loc = err["type"], err["loc"]
     path = _data_path(loc, data)
     dotted = ".".join(str(p) for p in path)
@@ -358,7 +419,7 @@ def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) ->
 SHOWN_PER_KIND = 50  # schema errors of one kind shown in full; the rest are counted in one finding
 
 
-def _schema_findings(exc: ValidationError, data: Any, positions: dict[tuple, Position],
+def _schema_findings(exc: ValidationError, data: Any, positions: Mapping[tuple, Position],
                      earlier: list[Finding]) -> list[Finding]:
     """One finding per schema error and path; past SHOWN_PER_KIND of a kind (a section of a million
     unknown keys) the rest are only counted, so the hints (difflib) cost stays bounded."""
@@ -401,7 +462,7 @@ def _oversized_integers(data: Any) -> list[tuple[tuple, int]]:
     return sorted(found, key=lambda item: [str(part) for part in item[0]])
 
 
-def _oversized_finding(path: tuple, value: int, positions: dict[tuple, Position]) -> Finding:
+def _oversized_finding(path: tuple, value: int, positions: Mapping[tuple, Position]) -> Finding:
     dotted = ".".join(map(str, path))
     where = positions.get(path)
     at = f" (line {where[0]}, column {where[1]})" if where else ""
@@ -410,11 +471,11 @@ def _oversized_finding(path: tuple, value: int, positions: dict[tuple, Position]
                     f"give {dotted} a realistic value (at most {INT_LIMIT})")
 
 
-def parse_config(data: Any, positions: dict[tuple, Position] | None = None,
+def parse_config(data: Any, positions: Mapping[tuple, Position] | None = None,
                  duplicates: list | None = None, base_dir: Path | None = None) -> Config:
     """Validate already-parsed YAML data; InvalidConfig carries one finding per problem.
     base_dir: where a model.hf_config path starts (the YAML file's folder)."""
-    positions = positions or {}
+    positions = {} if positions is None else positions
     duplicates = duplicates or []
     findings = [
         _finding("CFG006", ".".join(map(str, p)), f"key '{p[-1]}' appears twice (line {pos[0]})",

@@ -107,7 +107,7 @@ CONFIG_DOCS = (
         source="planner/config/loader.py::parse_yaml",
         why="""Aliases repeat an anchored value wherever they appear, so a file of a few lines can
         stand for billions of values ("billion laughs"). The loader measures the composed YAML
-        before building it: at most 2,000,000 nodes (MOEPLAN_YAML_MAX_NODES raises it), 1,000
+        before building it: at most 2,500,000 nodes (MOEPLAN_YAML_MAX_NODES raises it), 1,000
         aliases, aliases nested 4 deep and 100,000 nodes that exist only through aliases; a
         recursive alias is refused too. A real config has a few hundred values.""",
         bad="""
