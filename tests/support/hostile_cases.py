@@ -215,7 +215,8 @@ CASES: tuple[Case, ...] = (
                                        + "1" * 5000 + "}"))),
     Case("verify: report with Infinity", ("verify", "{tmp}/plan.json", "{tmp}/inf.json"),
          _both(write_plan_pair, _write("inf.json", lambda: _report_text(
-             '[{"rank": 0, "stage": 0, "collectives": {"dense_grad_reduce.fwd": {"send_bytes": Infinity}}}]')))),
+             '[{"rank": 0, "stage": 0, "collectives": '
+             '{"dense_grad_reduce.fwd": {"send_bytes": Infinity}}}]')))),
     Case("verify: report ranks of the wrong type", ("verify", "{tmp}/plan.json", "{tmp}/bad.json"),
          _both(write_plan_pair, _write("bad.json", lambda: _report_text('[{"rank": "0"}]')))),
     Case("compile -o a read-only folder", ("compile", str(TINY), "-o", _read_only_folder() + "/plan.json"),
