@@ -196,9 +196,10 @@ def check_plan(document: dict[str, Any], source: str = "plan") -> Plan:
     plan = Plan(document)
     try:
         _check_structure(plan, source)
-        _check_degrees(plan, source)
         _check_plan_values(plan)
         problems = unsupported_features(plan)
+        if not problems:  # a plan the runtime cannot run anyway says why first
+            _check_degrees(plan, source)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlanError(f"{source} is malformed ({type(exc).__name__}: {exc}): recompile the "
                         "config") from None

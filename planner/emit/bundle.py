@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.config.schema import Config
-from planner.emit.safety import check_launch_strings
+from planner.emit.safety import check_launch_strings, check_slurm_paths
 from planner.emit.scripts import (
     MEGATRON_FILE,
     SLURM_FILE,
@@ -49,6 +49,7 @@ def emit_files(cfg: Config, plan: dict[str, Any], target: Target,
         files.append(EmittedFile(TORCHRUN_FILE, torchrun_script(shape), SCRIPT_MODE,
                                  f"torchrun launcher, {shape.nodes} node(s) x {shape.nproc_per_node}"))
     if "slurm" in wanted:
+        check_slurm_paths(cfg)
         files.append(EmittedFile(SLURM_FILE, slurm_script(cfg, shape), SCRIPT_MODE,
                                  f"Slurm batch script, {shape.nodes} node(s), srun + torchrun"))
     if "megatron" in wanted:

@@ -150,11 +150,6 @@ def check_launch_strings(cfg: Config) -> None:
         if key in PROGRAM_CHOICE_NAMES:
             raise EmitError(f"launch.env.{key}", f"{key} changes which programs or libraries every rank "
                             "runs; set it in the environment you launch from if you really need it")
-    _check_output_dir(launch.output_dir)
-    if "/" in launch.job_name or len(launch.job_name.encode("utf-8")) > 200:
-        raise EmitError("launch.job_name", f"{launch.job_name[:40]!r}: Slurm writes the logs to "
-                        "<output_dir>/<job name>-<job id>.out, so the name must be one file name "
-                        "(no '/', at most 200 bytes)")
     for index, entry in enumerate(launch.extra_sbatch):
         path = f"launch.extra_sbatch[{index}]"
         if not entry.startswith("-") or entry.strip() != entry or entry in ("-", "--"):
@@ -175,6 +170,17 @@ def check_launch_strings(cfg: Config) -> None:
             if name in SHELL_INTERNAL_NAMES or name in PROGRAM_CHOICE_NAMES or name.startswith("BASH_FUNC_"):
                 raise EmitError(path, f"--export sets {name}, which launch.env refuses (it changes how "
                                 "the job's shell runs or which programs it runs); set it outside moeplan")
+
+
+def check_slurm_paths(cfg: Config) -> None:
+    """What the batch script's --output/--error need (the other launchers write no log files):
+    the log folder inside the run folder, and a job name that is one file name (%x)."""
+    launch = cfg.launch
+    _check_output_dir(launch.output_dir)
+    if "/" in launch.job_name or len(launch.job_name.encode("utf-8")) > 200:
+        raise EmitError("launch.job_name", f"{launch.job_name[:40]!r}: Slurm writes the logs to "
+                        "<output_dir>/<job name>-<job id>.out, so the name must be one file name "
+                        "(no '/', at most 200 bytes)")
 
 
 def _check_output_dir(output_dir: str) -> None:

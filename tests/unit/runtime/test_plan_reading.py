@@ -317,7 +317,7 @@ def test_re_paired_groups_are_refused_at_load() -> None:
     with pytest.raises(PlanError, match=r"dp group 0 .* does not match the plan's rank coordinates"):
         check_plan(swapped)
     resized = copy.deepcopy(plan)
-    resized["groups"]["ep"] = [group[:1] for group in resized["groups"]["ep"]] + [
-        group[1:] for group in resized["groups"]["ep"]]
-    with pytest.raises(PlanError, match=r"ep group 0 .* has 1 ranks, the plan declares ep = 2"):
+    resized["groups"]["expt_dp"] = [group[:1] for group in resized["groups"]["expt_dp"]] + [
+        group[1:] for group in resized["groups"]["expt_dp"]]
+    with pytest.raises(PlanError, match=r"expt_dp group 0 .* has 1 ranks, the plan declares edp = 2"):
         check_plan(resized)
