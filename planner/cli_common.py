@@ -16,6 +16,7 @@ from rich.markup import escape
 from planner.calibrate.profile import ProfileError, apply_profile
 from planner.config.loader import InvalidConfig, UnreadableConfig, load_config
 from planner.config.schema import Config
+from planner.files.writing import WriteFailed, check_target, write_atomic
 from planner.findings import Finding, has_errors, sort_findings
 
 EXIT_OK, EXIT_CONFIG, EXIT_USAGE = 0, 1, 2
@@ -62,6 +63,23 @@ def load_config_or_exit(path: Path | str, *, as_json: bool = False) -> Config:
         fail(EXIT_USAGE, str(exc))
     except InvalidConfig as exc:
         exit_with_findings(exc.findings, as_json=as_json)
+
+
+def check_output_or_exit(path: Path, *, force: bool, option: str = "-o") -> None:
+    """Before any work: refuse an output that is a directory or a device, or exists without --force."""
+    try:
+        check_target(path, force=force, option=option)
+    except WriteFailed as exc:
+        fail(EXIT_USAGE, f"{option} {exc}")
+
+
+def write_or_exit(path: Path, text: str | bytes, *, mode: int = 0o644, parents: bool = False) -> None:
+    """Write atomically (planner/files/writing.py) or exit 2 naming the path and the cause;
+    parents: create missing folders (else a missing folder is the refusal)."""
+    try:
+        write_atomic(path, text, mode=mode, parents=parents)
+    except WriteFailed as exc:
+        fail(EXIT_USAGE, str(exc))
 
 
 def collect_findings(cfg: Config) -> list[Finding]:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from planner.config.schema import Config
+from planner.files.json_input import read_json
+from planner.files.reading import UnreadableInput
+from planner.files.writing import write_atomic
 from planner.findings import Finding, has_errors
 
 PLAN_FORMAT = "moeplan-plan"
@@ -112,33 +113,20 @@ def compile_plan(cfg: Config, findings: list[Finding]) -> dict[str, Any]:
     return plan
 
 
-def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
-    """Write through a temporary file in the same folder and rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_plan(plan: dict[str, Any], path: Path) -> None:
     write_atomic(path, json.dumps(plan, indent=1) + "\n")
 
 
 def read_artifact(path: Path | str, *, what: str, fmt: str, version: int,
-                  error: type[Exception], remedy: str) -> dict[str, Any]:
-    """Load one of moeplan's JSON artifacts (plan, report) and check its format and version."""
+                  error: type[Exception], remedy: str, kind: str = "plan") -> dict[str, Any]:
+    """Load one of moeplan's JSON artifacts (plan, report) through the bounded reader (its kind's
+    size cap, JSON depth and integer limits) and check its format and version."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise error(f"{path}: no such {what} file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error(f"{path}: not a readable {what} ({exc})") from None
+        data = read_json(path, kind)
+    except UnreadableInput as exc:
+        if exc.code == "FILE001":
+            raise error(f"{path}: no such {what} file") from None
+        raise error(f"{path}: not a readable {what}: {exc.reason} [{exc.code}]") from None
     if not isinstance(data, dict) or data.get("format") != fmt:
         found = f" (format {data.get('format')!r})" if isinstance(data, dict) else ""
         raise error(f"{path}: not a moeplan {what}{found}")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.budget.collectives import DIRECTIONS, UnknownCollective, collective
+from planner.files.json_shape import ShapeError, check_shape
 from planner.plan import read_artifact
 
 REPORT_FORMAT = "moeplan-report"
@@ -91,11 +92,50 @@ class Verification:
         return sum(f.status == status for f in self.figures)
 
 
+# What verify reads of a report (runtime/report.py build_report, runtime/comm.py ledger rows,
+# runtime/equivalence.py check_reference) and of a plan (planner/plan.py compile_plan): checked
+# before any of it is read, so an edited file is a message naming the key, never a traceback.
+_LEDGER_ROW = {"send_bytes?": "int", "recv_bytes?": "int", "calls?": "int", "group?": ("str", "null"),
+               "*": "any"}
+REPORT_SHAPE = {
+    "plan_digest": ("str", "null"),
+    "balanced?": "bool",
+    "reference?": ("null", {"checked?": "bool", "ok?": "bool", "max_rel_error?": "number",
+                            "tolerance?": ("number", "null"),
+                            "mismatches?": [{"rank?": ("int", "null"), "tensor?": "str",
+                                             "rel_error?": ("number", "null"), "*": "any"}],
+                            "*": "any"}),
+    "ranks": [{"rank": "int", "stage": "int", "collectives?": {"*": _LEDGER_ROW}, "*": "any"}],
+    "*": "any",
+}
+PLAN_SHAPE = {
+    "digest": "str",
+    "budgets": [{"name": "str", "stage?": ("int", "null"), "value": ("number", "str", "null"),
+                 "*": "any"}],
+    "config": {"moe": {"moe_token_dispatcher_type": "str",
+                       "moe_expert_capacity_factor": ("number", "null"),
+                       "moe_pad_expert_input_to_capacity": "bool", "*": "any"}, "*": "any"},
+    "*": "any",
+}
+
+
+def check_input_shape(data: dict[str, Any], shape: dict[str, Any], path: Path | str, what: str) -> None:
+    try:
+        check_shape(data, shape)
+    except ShapeError as exc:
+        raise VerifyInputError(f"{path}: not a {what} this moeplan wrote ({exc})") from None
+
+
 def read_report(path: Path | str) -> dict[str, Any]:
     report = read_artifact(path, what="runtime report", fmt=REPORT_FORMAT, version=REPORT_VERSION,
-                           error=VerifyInputError, remedy="rerun the runtime with this moeplan")
-    if not isinstance(report.get("ranks"), list):
-        raise VerifyInputError(f"{path}: the report has no 'ranks' list")
+                           error=VerifyInputError, remedy="rerun the runtime with this moeplan",
+                           kind="report")
+    check_input_shape(report, REPORT_SHAPE, path, "runtime report")
+    for index, share in enumerate(report["ranks"]):
+        for key in share.get("collectives", {}):
+            if "." not in key:
+                raise VerifyInputError(f"{path}: $.ranks[{index}].collectives.{key}: expected "
+                                       "<collective>.<phase>; not a report this moeplan wrote")
     return report
 
 
@@ -106,7 +146,12 @@ def predictions(plan: dict[str, Any]) -> dict[tuple[int | None, str, str, str], 
         parts = str(budget.get("name", "")).split(".")
         if len(parts) != 4 or parts[0] != "step" or parts[3] not in DIRECTIONS:
             continue
-        table[budget.get("stage"), parts[1], parts[2], parts[3]] = Fraction(str(budget["value"]))
+        try:
+            table[budget.get("stage"), parts[1], parts[2], parts[3]] = Fraction(str(budget["value"]))
+        except (ValueError, ZeroDivisionError):
+            raise VerifyInputError(f"the plan's budget {budget['name']} has the value "
+                                   f"{str(budget['value'])[:40]!r}, not a number: recompile the "
+                                   "plan") from None
     return table
 
 
@@ -129,6 +174,8 @@ def routing_free(plan: dict[str, Any], name: str, phase: str, direction: str) ->
 
 def verify(plan: dict[str, Any], report: dict[str, Any]) -> Verification:
     """Every rank × collective × direction, predicted next to measured, with its status."""
+    check_input_shape(plan, PLAN_SHAPE, "the plan", "plan")
+    check_input_shape(report, REPORT_SHAPE, "the report", "runtime report")
     if report.get("plan_digest") != plan.get("digest"):
         raise VerifyInputError("the report was measured on another plan (plan_digest "
                                f"{str(report.get('plan_digest'))[:19]}… vs "

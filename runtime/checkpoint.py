@@ -29,10 +29,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from runtime.checkpoint_trust import (
+    MANIFEST,
+    CheckpointRefused,
+    SafeReader,
+    SaveLock,
+    check_manifest,
+    check_metadata_files,
+    safe_metadata,
+    write_manifest,
+)
 from runtime.experts import EXPERT_MATRICES, expert_shard_dim
 from runtime.plan_io import Plan
 
@@ -150,20 +160,41 @@ class LogicalState:
 
 def save_checkpoint(path: Path, plan: Plan, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, expert_ids: Sequence[int], steps_done: int) -> None:
-    """Collective: every rank writes its logical entries into one DCP folder."""
+    """Collective: every rank writes its logical entries into one DCP folder, which rank 0 holds
+    locked for the save (a second run saving there is refused) and then describes in a manifest."""
     state = LogicalState(plan, model, optimizer, expert_ids, expert_mesh(plan))
     entries = state.save_state()
     entries[PROGRESS_KEY] = torch.tensor(steps_done, dtype=torch.int64)
     entries[f"rng.rank{dist.get_rank()}"] = torch.get_rng_state()
-    dcp.save(entries, checkpoint_id=str(path))
-
-
-def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...] | None]:
-    """Logical key → logical shape (None for non-tensor entries), from the metadata alone."""
+    lock = SaveLock(path)
+    refusal = lock.acquire() if dist.get_rank() == 0 else None
+    if lock.held:  # a save that dies half-way leaves no manifest: the folder reads as unfinished
+        (path / MANIFEST).unlink(missing_ok=True)
     try:
-        metadata = FileSystemReader(str(path)).read_metadata()
-    except (OSError, ValueError, RuntimeError, EOFError) as exc:
-        raise CheckpointError(f"{path} is not a readable checkpoint ({exc})") from None
+        _refuse_as_rank0(refusal)
+        dcp.save(entries, checkpoint_id=str(path))
+        problem = None
+        if dist.get_rank() == 0:
+            try:
+                write_manifest(path, plan.raw["config"]["model"], steps_done, dist.get_world_size())
+            except CheckpointRefused as exc:
+                problem = str(exc)
+        _refuse_as_rank0(problem)
+    finally:
+        lock.release()
+
+
+def checkpoint_shapes(path: Path, model: dict[str, Any] | None = None) -> dict[str, tuple[int, ...] | None]:
+    """Logical key → logical shape (None for non-tensor entries), from the metadata alone. With
+    `model` (the plan's model section) the manifest is checked first (runtime/checkpoint_trust.py);
+    the metadata is always read through the allow-list unpickler."""
+    try:
+        manifest = check_manifest(path, model) if model is not None else None
+        metadata = safe_metadata(path)
+        if manifest is not None:
+            check_metadata_files(path, metadata, manifest)
+    except CheckpointRefused as exc:
+        raise CheckpointError(str(exc)) from None
     return {key: tuple(entry.size) if hasattr(entry, "size") else None
             for key, entry in metadata.state_dict_metadata.items()}
 
@@ -185,6 +216,14 @@ def fit_problems(path: Path, saved: dict[str, tuple[int, ...] | None],
     return problems
 
 
+def _refuse_as_rank0(problem: str | None) -> None:
+    """Collective: rank 0's refusal (or None), raised on every rank with rank 0's words."""
+    said: list[str | None] = [problem]
+    dist.broadcast_object_list(said, src=0)
+    if said[0]:
+        raise CheckpointError(said[0])
+
+
 def _agree_on_fit(problems: list[str]) -> None:
     """Collective: every rank refuses together, so none waits inside DCP for the others."""
     flag = torch.tensor([1 if problems else 0], dtype=torch.int64)
@@ -201,7 +240,7 @@ def load_checkpoint(path: Path, plan: Plan, model: torch.nn.Module,
     """Collective: fill this rank's model, buffers, AdamW state and RNG from a checkpoint saved
     under any layout of the same model; returns the optimizer steps already done."""
     try:
-        saved = checkpoint_shapes(path)
+        saved = checkpoint_shapes(path, plan.raw["config"]["model"])
         problems: list[str] = []
     except CheckpointError as exc:
         saved, problems = {}, [str(exc)]
@@ -217,7 +256,7 @@ def load_checkpoint(path: Path, plan: Plan, model: torch.nn.Module,
     targets[rng_key] = torch.empty_like(torch.get_rng_state())
     targets[PROGRESS_KEY] = torch.zeros((), dtype=torch.int64)
     try:
-        dcp.load(targets, checkpoint_id=str(path))
+        dcp.load(targets, checkpoint_id=str(path), storage_reader=SafeReader(str(path)))
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP's is a BaseException
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path} does not fit this model: {first}") from None

@@ -207,6 +207,8 @@ def check_plan(document: dict[str, Any], source: str = "plan") -> Plan:
         _check_structure(plan, source)
         _check_plan_values(plan)
         problems = unsupported_features(plan)
+        if not problems:  # a plan the runtime cannot run anyway says why first
+            _check_degrees(plan, source)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlanError(f"{source} is malformed ({type(exc).__name__}: {exc}): recompile the "
                         "config") from None
@@ -234,6 +236,42 @@ def _check_structure(plan: Plan, source: str) -> None:
     ranks = sorted(entry.get("rank", -1) for entry in plan.raw["ranks"])
     if ranks != list(range(world)):
         raise PlanError(f"{source}: 'ranks' does not list ranks 0..{world - 1}: recompile the config")
+
+
+# Each group kind the runtime forms, the coordinates that stay fixed inside one of its groups and
+# the coordinate that orders it, as the plan's own `ranks` rows state them (planner/plan.py _ranks).
+_GROUP_COORDINATES: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "tp": (("stage", "cp_rank", "dp_rank"), "tp_rank", "tp"),
+    "cp": (("stage", "tp_rank", "dp_rank"), "cp_rank", "cp"),
+    "dp": (("stage", "tp_rank", "cp_rank"), "dp_rank", "dp"),
+    "pp": (("tp_rank", "cp_rank", "dp_rank"), "stage", "pp"),
+    "ep": (("stage", "etp_rank", "edp_rank"), "ep_rank", "ep"),
+    "expt_tp": (("stage", "ep_rank", "edp_rank"), "etp_rank", "etp"),
+    "expt_dp": (("stage", "ep_rank", "etp_rank"), "edp_rank", "edp"),
+}
+
+
+def _check_degrees(plan: Plan, source: str) -> None:
+    """The plan's groups against its own declared degrees and rank coordinates (a consistency
+    check, not a re-derivation): every group of a kind has the kind's degree of ranks, holds
+    exactly the ranks whose other coordinates agree, in the order of the kind's own coordinate.
+    A plan whose groups were re-paired (and re-digested) is refused naming the group."""
+    if any(int(plan.layout.get(axis, 1)) != 1 for axis in ("gtp", "egtp")):
+        return  # GTP adds an axis these rows do not carry (the runtime refuses GTP plans anyway)
+    rows = {int(entry["rank"]): entry for entry in plan.raw["ranks"]}
+    for kind, (fixed, order, degree) in _GROUP_COORDINATES.items():
+        size = int(plan.layout[degree])
+        for index, group in enumerate(plan.groups.get(kind, [])):
+            where = f"{source}: {kind} group {index} {list(group)[:8]}"
+            if len(group) != size:
+                raise PlanError(f"{where} has {len(group)} ranks, the plan declares {degree} = {size}: "
+                                "recompile the config")
+            keys = {tuple(rows[r][c] for c in fixed) for r in group}
+            positions = [rows[r][order] for r in group]
+            if len(keys) != 1 or positions != list(range(size)):
+                raise PlanError(f"{where} does not match the plan's rank coordinates ({', '.join(fixed)} "
+                                f"must agree, {order} run 0..{size - 1}): the groups were edited; "
+                                "recompile the config")
 
 
 def _check_plan_values(plan: Plan) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from planner.plan import write_atomic
+from planner.files.writing import write_atomic
 from runtime.plan_io import Plan
 from runtime.train import RankResult, RunOptions
 

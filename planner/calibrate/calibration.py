@@ -100,7 +100,7 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
         raise CalibrationError(f"--gpu {gpu}: not in the GPU catalog ({', '.join(GPUS)})", 2)
     for i, path in enumerate(paths):
         try:
-            text = read_text(path)
+            text = read_text(path, "log")
             log = parse_log(text, str(path))
         except UnreadableConfig as exc:
             raise CalibrationError(str(exc).replace("YAML", "log"), 2) from None

@@ -37,7 +37,7 @@ def compare(est: Estimate, log_text: str, path: str) -> dict[str, Any]:
 
 def compare_or_exit(est: Estimate, path: Path) -> dict[str, Any]:
     try:
-        return compare(est, read_text(path), str(path))
+        return compare(est, read_text(path, "log"), str(path))
     except UnreadableConfig as exc:
         fail(EXIT_USAGE, str(exc).replace("YAML", "log"))
     except LogError as exc:

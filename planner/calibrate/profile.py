@@ -32,7 +32,7 @@ def dump_profile(stack: dict[str, Any], factors: dict[str, float]) -> str:
 def read_profile(path: str | Path) -> tuple[dict[str, Any], dict[str, float]]:
     """The stack and factors of a profile file; raises ProfileError (or the loader's
     UnreadableConfig for a file that cannot be read)."""
-    data = yaml.safe_load(read_text(path))
+    data = yaml.safe_load(read_text(path, "profile"))
     if not isinstance(data, dict) or not isinstance(data.get("factors"), dict):
         raise ProfileError(f"{path}: not a calibration profile (expected a 'factors' mapping; "
                            "write one with `moeplan calibrate LOG -o FILE`)")

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from planner.cli_common import EXIT_OK, EXIT_USAGE, fail, stdout
+from planner.cli_common import EXIT_OK, EXIT_USAGE, check_output_or_exit, fail, stdout, write_or_exit
 
 
 def calibrate(
@@ -28,6 +28,7 @@ def calibrate(
                                                       "it, each log's argument dump is the config")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output", help="write the profile YAML")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON object only")] = False,
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing -o file")] = False,
 ) -> None:
     """Fit the step-time model's efficiency factors to measured Megatron runs."""
     from planner.calibrate.calibration import CalibrationError, run_calibration
@@ -36,12 +37,14 @@ def calibrate(
     if configs and len(configs) not in (1, len(logs)):
         fail(EXIT_USAGE, f"--config given {len(configs)} times for {len(logs)} logs: give one per "
                          "log, in order, or one for all")
+    if output is not None:
+        check_output_or_exit(output, force=force)
     try:
         result = run_calibration(logs, configs, gpu)
     except CalibrationError as exc:
         fail(exc.code, str(exc))
     if output is not None:
-        output.write_text(result.profile_yaml(), encoding="utf-8")
+        write_or_exit(output, result.profile_yaml())
     if as_json:
         print(json.dumps(result.as_json(), indent=1))
     else:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from planner.cli_common import EXIT_USAGE, exit_on_errors, fail, load_config_or_exit, stdout
-from planner.plan import compile_plan, write_plan
+from planner.cli_common import (
+    check_output_or_exit,
+    exit_on_errors,
+    load_config_or_exit,
+    stdout,
+    write_or_exit,
+)
+from planner.plan import compile_plan
 
 
 def compile_command(
@@ -18,12 +25,11 @@ def compile_command(
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
 ) -> None:
     """Validate CONFIG and write the compiled plan (refused when the config has errors)."""
+    check_output_or_exit(output, force=force)
     cfg = load_config_or_exit(config)
     findings = exit_on_errors(cfg)
-    if output.exists() and not force:
-        fail(EXIT_USAGE, f"{output} exists; pass --force to overwrite it")
     plan = compile_plan(cfg, findings)
-    write_plan(plan, output)
+    write_or_exit(output, json.dumps(plan, indent=1) + "\n", parents=True)
     layout = plan["layout"]
     stdout.print(f"wrote {output}: {layout['world_size']} ranks, DP {layout['dp']}, EDP {layout['edp']}, "
                  f"{len(plan['groups'])} group kinds, {len(plan['budgets'])} budgets, {plan['digest'][:19]}…")

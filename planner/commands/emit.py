@@ -105,10 +105,12 @@ def emit_command(
             if f.mode & 0o111:
                 sys.stdout.write(f"\n===== {output / f.name} =====\n{f.text}")
         return
+    from planner.files.writing import WriteFailed
+
     try:
         written = write_files(output, files, logs)
-    except OSError as exc:
-        fail(EXIT_USAGE, f"cannot write into {output}: {exc.strerror or exc}")
+    except WriteFailed as exc:
+        fail(EXIT_USAGE, f"cannot write into {output}: {exc}")
     stdout.print(f"wrote {', '.join(str(p) for p in written)} (plan {plan['digest'][:19]}…)", markup=False)
     for hint in _next_steps(output, {f.name for f in files}):
         stdout.print(f"  {hint}", markup=False)

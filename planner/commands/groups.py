@@ -16,11 +16,13 @@ from rich.table import Table
 
 from planner.cli_common import (
     EXIT_USAGE,
+    check_output_or_exit,
     exit_on_errors,
     exit_with_findings,
     fail,
     load_config_or_exit,
     stdout,
+    write_or_exit,
 )
 from planner.findings import Finding
 from planner.layout.grid import Grid, RankView
@@ -132,8 +134,11 @@ def groups(
     stage: Annotated[int, typer.Option("--stage", help="pipeline stage for --svg")] = 0,
     first: Annotated[int, typer.Option("--first", min=1, help="groups shown per kind")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing --svg file")] = False,
 ) -> None:
     """Print the process groups Megatron-Core would build, or one rank's view of them."""
+    if svg is not None:
+        check_output_or_exit(svg, force=force, option="--svg")
     cfg = load_config_or_exit(config, as_json=as_json)
     exit_on_errors(cfg, as_json=as_json)
     grid = _grid_or_exit(cfg, as_json)
@@ -192,10 +197,7 @@ def _write_svg(grid: Grid, path: Path, stage: int, *, quiet: bool) -> None:
 
     if not 0 <= stage < grid.spec.pp:
         fail(EXIT_USAGE, f"--stage {stage} is outside 0..{grid.spec.pp - 1}")
-    try:
-        path.write_text(render_stage_svg(grid, stage), encoding="utf-8")
-    except OSError as exc:
-        fail(EXIT_USAGE, f"cannot write {path}: {exc.strerror or exc}")
+    write_or_exit(path, render_stage_svg(grid, stage))
     if not quiet:
         stdout.print(f"wrote {path} (stage {stage}, {grid.spec.ranks_per_stage} ranks)")
 

@@ -10,10 +10,8 @@ written atomically: a complete file or none.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,11 +23,13 @@ from planner.cli_common import (
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_USAGE,
+    check_output_or_exit,
     collect_findings,
     fail,
     findings_json,
     print_findings,
     stderr,
+    write_or_exit,
 )
 from planner.findings import Finding, has_errors
 
@@ -44,25 +44,18 @@ SECTION_ORDER = ("model", "parallel", "training", "moe", "overlap", "cluster", "
 
 Output = Annotated[Path | None, typer.Option("-o", "--output", help="YAML file to write (default: stdout)")]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable report on stdout")]
+Force = Annotated[bool, typer.Option("--force", help="overwrite an existing -o file")]
 
 
-def read_source(source: str) -> str:
-    """The text of SOURCE (`-` for stdin); exit 2 when it cannot be read as UTF-8 text. Files go
-    through the config loader's reader (planner/config/loader.py read_text), the one file reader."""
+def read_source(source: str, kind: str = "args") -> str:
+    """The text of SOURCE (`-` for stdin, with a deadline) through the bounded reader (the kind's
+    size cap, regular files only); exit 2 when it cannot be read as UTF-8 text."""
     from planner.config.loader import UnreadableConfig, read_text
 
-    if source != "-":
-        try:
-            return read_text(source)
-        except UnreadableConfig as exc:
-            fail(EXIT_USAGE, str(exc))
-    raw = sys.stdin.buffer.read()
-    if b"\x00" in raw:
-        fail(EXIT_USAGE, f"{source}: binary data, expected text")
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        fail(EXIT_USAGE, f"{source}: not UTF-8 text (byte {exc.start})")
+        return read_text(source, kind)
+    except UnreadableConfig as exc:
+        fail(EXIT_USAGE, str(exc))
 
 
 def config_yaml(data: dict[str, dict[str, Any]], header: list[str]) -> str:
@@ -91,19 +84,6 @@ def _string_representer(dumper: Any, value: str) -> Any:
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write into a temporary file beside PATH, then rename: readers see the old file or the new."""
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def validate(data: dict[str, dict[str, Any]]) -> list[Finding]:
     """Schema findings, or (when the config loads) every rule's findings."""
     from planner.config.loader import InvalidConfig, parse_config
@@ -126,15 +106,14 @@ def unmapped_table(rows: list[Any]) -> Table:
 
 
 def finish(text: str, data: dict[str, dict[str, Any]], unmapped: list[Any], output: Path | None,
-           as_json: bool, extra: dict[str, Any]) -> None:
-    """Write the YAML, report the unmapped arguments and every finding, exit 0/1 (2 if unwritable)."""
+           as_json: bool, extra: dict[str, Any], *, force: bool = False) -> None:
+    """Write the YAML, report the unmapped arguments and every finding, exit 0/1 (2 if unwritable,
+    or if -o exists and force is not given: each command also checks that before its work)."""
     findings = validate(data)
     ok = not has_errors(findings) and not any(u.error for u in unmapped)
     if output is not None:
-        try:
-            write_atomically(output, text)
-        except OSError as exc:
-            fail(EXIT_USAGE, f"cannot write {output}: {exc.strerror or exc}")
+        check_output_or_exit(output, force=force)
+        write_or_exit(output, text)
     if as_json:
         payload = {"ok": ok, "output": None if output is None else str(output), **extra,
                    "config": data, "unmapped": [u.as_dict() for u in unmapped],
@@ -183,11 +162,14 @@ def import_megatron(
                                                    "variable the script or map leaves to its environment "
                                                    "(repeatable)")] = None,
     as_json: AsJson = False,
+    force: Force = False,
 ) -> None:
     """Turn a Megatron-LM launch (arguments, script, argument map or log) into a moeplan config."""
     from planner.config.importers.megatron_args import UnreadableArgs
     from planner.config.importers.sources import NotAnImport, import_text
 
+    if output is not None:
+        check_output_or_exit(output, force=force)
     text = read_source(args)
     origin = None if args == "-" else Path(args).resolve().parent
     try:
@@ -204,7 +186,8 @@ def import_megatron(
     if not as_json:
         stderr.print(f"read {escape('stdin' if args == '-' else args)} as: {escape(front.described)}")
     finish(config_yaml(result.data, header), result.data, result.unmapped, output, as_json,
-           {"form": front.form, "launch": front.facts.summary, "entry": result.entry, "env": result.env})
+           {"form": front.form, "launch": front.facts.summary, "entry": result.entry, "env": result.env},
+           force=force)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
-from planner.cli_common import EXIT_USAGE, exit_with_findings, fail
-from planner.commands.import_ import AsJson, Output, config_yaml, finish, import_app
+from planner.cli_common import EXIT_USAGE, check_output_or_exit, exit_with_findings, fail
+from planner.commands.import_ import AsJson, Force, Output, config_yaml, finish, import_app
 
 
 def hf_config_data(mapping: Any, sections: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -38,6 +38,7 @@ def import_hf(
     ep: Annotated[int, typer.Option("--ep", min=1, help="parallel.ep")] = 1,
     seq_length: Annotated[int, typer.Option("--seq-length", min=1, help="training.seq_length")] = 4096,
     as_json: AsJson = False,
+    force: Force = False,
 ) -> None:
     """Write the moeplan config equivalent to a Hugging Face config.json (DeepSeek-V2/V3 incl.
     Kimi-K2, Qwen2-MoE/Qwen3-MoE, Mixtral, gpt-oss, GLM-4.5, MiniMax-M2, Llama 4); report every
@@ -49,6 +50,8 @@ def import_hf(
         read_hf_json,
     )
 
+    if output is not None:
+        check_output_or_exit(output, force=force)
     try:
         mapping = map_hf_config(read_hf_json(config_json), where=str(config_json))
     except HfConfigUnreadable as exc:
@@ -63,7 +66,7 @@ def import_hf(
               "parallel / training: a starting point from the command's options; choose them",
               *(f"note: {note}" for note in mapping.notes)]
     finish(config_yaml(data, header), data, [], output, as_json,
-           {"architecture": mapping.architecture, "notes": list(mapping.notes)})
+           {"architecture": mapping.architecture, "notes": list(mapping.notes)}, force=force)
 
 
 def register(app: typer.Typer) -> None:

@@ -85,11 +85,15 @@ def launch_command(
         fail(EXIT_CONFIG, f"{exc.path}: {exc.message}")
     if check_with is not None:  # before the run folder exists: a refused plan leaves nothing behind
         megatron_preflight(cfg, plan, check_with, check_python, config)
+    from planner.files.writing import WriteFailed
+
     try:
         folder = run_folder(runs_dir, cfg.launch.job_name)
         write_files(folder, files)
     except OSError as exc:
         fail(EXIT_USAGE, f"cannot create a run folder under {runs_dir}: {exc.strerror or exc}")
+    except WriteFailed as exc:
+        fail(EXIT_USAGE, f"cannot write the run folder: {exc}")
     stdout.print(f"run folder {folder}: {world} rank(s) on this machine, plan {plan['digest'][:19]}…",
                  markup=False)
     sys.stdout.flush()

@@ -15,11 +15,13 @@ from planner.cli_common import (
     EXIT_USAGE,
     CalibrationOption,
     calibrated_or_exit,
+    check_output_or_exit,
     collect_findings,
     fail,
     load_config_or_exit,
     print_findings,
     stdout,
+    write_or_exit,
 )
 from planner.findings import has_errors
 
@@ -31,11 +33,11 @@ def report(
                                          "candidates")] = False,
     top: Annotated[int, typer.Option("--top", min=1, help="candidates plotted with --search")] = 20,
     calibration: CalibrationOption = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
 ) -> None:
     """Write one self-contained HTML page: verdict, layout, memory, communication, step time."""
+    check_output_or_exit(output, force=force)
     cfg, _ = calibrated_or_exit(load_config_or_exit(config), calibration)
-    if output.is_dir():
-        fail(EXIT_USAGE, f"-o {output} is a directory; give a file name such as report.html")
     try:
         import matplotlib  # noqa: F401  (the `report` extra; charts.py imports it lazily below)
 
@@ -43,14 +45,9 @@ def report(
     except ImportError as exc:
         fail(EXIT_USAGE, f"moeplan report needs the `report` extra ({exc.name} is missing): "
                          "pip install 'moeplan[report]'")
-    from planner.plan import write_atomic
-
     findings = collect_findings(cfg)
     html = build_report(cfg, config, findings, top if search else None)
-    try:
-        write_atomic(output, html)
-    except OSError as exc:
-        fail(EXIT_USAGE, f"cannot write {output}: {exc.strerror or exc}")
+    write_or_exit(output, html, parents=True)
     print_findings(findings)
     stdout.print(f"wrote {output}")
     raise typer.Exit(EXIT_CONFIG if has_errors(findings) else EXIT_OK)

@@ -20,6 +20,7 @@ from planner.cli_common import (
     EXIT_USAGE,
     CalibrationOption,
     calibrated_or_exit,
+    check_output_or_exit,
     collect_findings,
     exit_with_findings,
     fail,
@@ -27,6 +28,7 @@ from planner.cli_common import (
     print_findings,
     stderr,
     stdout,
+    write_or_exit,
 )
 
 GIB = 1 << 30
@@ -38,6 +40,7 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="print the JSON object only")] = False,
     emit: Annotated[Path | None, typer.Option("--emit", metavar="FILE",
                                               help="write the winner as a config")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing --emit file")] = False,
     memory_headroom: Annotated[float, typer.Option(
         "--memory-headroom", metavar="FRACTION",
         help="the share of GPU memory a candidate's busiest stage may use (default 1: what "
@@ -53,6 +56,8 @@ def search(
     if not 0 < memory_headroom <= 1:
         fail(EXIT_USAGE, f"--memory-headroom {memory_headroom}: give a fraction of GPU memory in "
                          "(0, 1], e.g. 0.9")
+    if emit is not None:
+        check_output_or_exit(emit, force=force, option="--emit")
     cfg, calibration_used = calibrated_or_exit(load_config_or_exit(config, as_json=as_json),
                                                calibration)
     findings = collect_findings(cfg)
@@ -144,7 +149,7 @@ def _changes_text(difference: dict[str, Any]) -> str:
 
 def _emit(source: Path, target: Path, winner: Any, *, quiet: bool) -> None:
     """Write the winner over the user's YAML (their comments dropped), checked before writing."""
-    from planner.commands.import_ import config_yaml, write_atomically
+    from planner.commands.import_ import config_yaml
     from planner.config.loader import InvalidConfig, parse_config, parse_yaml, read_text
     from planner.findings import has_errors
     from planner.rules import run_rules
@@ -163,10 +168,7 @@ def _emit(source: Path, target: Path, winner: Any, *, quiet: bool) -> None:
         fail(EXIT_USAGE, f"--emit {target}: the winner does not load back (a bug); nothing written")
     if has_errors(run_rules(emitted)):
         fail(EXIT_USAGE, f"--emit {target}: the winner does not pass the rules (a bug); nothing written")
-    try:
-        write_atomically(target, text)
-    except OSError as exc:
-        fail(EXIT_USAGE, f"--emit {target}: cannot write ({exc.strerror})")
+    write_or_exit(target, text)
     if not quiet:
         stdout.print(f"wrote the winner to {escape(str(target))}")
 

@@ -7,7 +7,9 @@ a readable file that does not describe a valid config yields findings (exit 1). 
 from __future__ import annotations
 
 import difflib
+import os
 import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +19,16 @@ from pydantic import BaseModel, ValidationError
 from planner.config.importers.hf_config import HfConfigUnreadable, apply_hf_config
 from planner.config.megatron_names import flag_of, megatron_arguments, moeplan_field, section_fields
 from planner.config.schema import Config
+from planner.files import reading
 from planner.findings import Finding
 
 SCHEMA_SOURCE = "planner/config/schema.py"
 Position = tuple[int, int]
 
 
-class _ConfigLoader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 numbers: `1e-4` is a float (as every Megatron user writes it) and
+class _ConfigLoader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):  # type: ignore[misc]
+    """SafeLoader (libyaml's when installed: it parses ten times faster and caps nesting at 1,000
+    levels) with YAML 1.2 numbers: `1e-4` is a float (as every Megatron user writes it) and
     `04:00:00` stays a string (YAML 1.1 would read a base-60 integer)."""
 
 
@@ -70,50 +74,233 @@ class InvalidConfig(Exception):
         self.findings = findings
 
 
-def read_text(path: str | Path) -> str:
-    target = Path(path)
-    if not target.exists():
-        raise UnreadableConfig(f"{path}: no such file")
-    if target.is_dir():
-        raise UnreadableConfig(f"{path}: is a directory, expected a YAML file")
+def read_text(path: str | Path, kind: str = "config") -> str:
+    """The bounded reader (planner/files/reading.py: size cap per kind, regular files only, `-`
+    for stdin) with its refusals as UnreadableConfig, so config-room callers catch one exception."""
     try:
-        raw = target.read_bytes()
-    except OSError as exc:
-        raise UnreadableConfig(f"{path}: cannot read ({exc.strerror})") from None
-    if b"\x00" in raw:
-        raise UnreadableConfig(f"{path}: binary data, expected a YAML text file")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UnreadableConfig(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        return reading.read_text(path, kind)
+    except reading.UnreadableInput as exc:
+        raise UnreadableConfig(str(exc)) from None
 
 
-def _positions(node: yaml.Node, path: tuple = (), out: dict | None = None,
-               duplicates: list | None = None) -> tuple[dict[tuple, Position], list]:
-    """Map each key path to its 1-based (line, column), and collect duplicate keys on the way."""
-    out = {} if out is None else out
-    duplicates = [] if duplicates is None else duplicates
+def read_lines(path: str | Path, kind: str = "log") -> Iterator[str]:
+    """Stream a log (or any text) line by line in bounded memory (planner/files/reading.py
+    read_lines); refusals, at the call or while streaming, are UnreadableConfig."""
+    try:
+        lines = reading.read_lines(path, kind)
+    except reading.UnreadableInput as exc:
+        raise UnreadableConfig(str(exc)) from None
+    return _reraised(lines)
+
+
+def _reraised(lines: Iterator[str]) -> Iterator[str]:
+    try:
+        yield from lines
+    except reading.UnreadableInput as exc:
+        raise UnreadableConfig(str(exc)) from None
+
+
+# How big a YAML document may grow once its aliases are expanded. The text's own size is capped
+# by the reader (planner/files/reading.py); aliases multiply it (a "billion laughs" file of 1 KiB
+# expands to 10^9 nodes), so the composed node graph is measured before anything walks or builds
+# the tree. A real config has a few hundred nodes, a million-entry ignore list a million, a section
+# of a million unknown keys two million: both are still judged.
+MAX_NODES = 2_500_000
+MAX_ALIASES = 1_000
+MAX_ALIAS_DEPTH = 4  # an alias of an anchor that holds aliases of anchors …, four deep
+MAX_ALIAS_NODES = 100_000  # nodes that exist only because an alias repeats an anchor
+
+
+def max_nodes() -> int:
+    raw = os.environ.get("MOEPLAN_YAML_MAX_NODES", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else MAX_NODES
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = key_node.value
-            here = path + (key,)
-            if key in seen:
-                duplicates.append((here, (key_node.start_mark.line + 1, key_node.start_mark.column + 1)))
-            seen.add(key)
-            out[here] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            _positions(value_node, here, out, duplicates)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            out[path + (index,)] = (item.start_mark.line + 1, item.start_mark.column + 1)
-            _positions(item, path + (index,), out, duplicates)
-    return out, duplicates
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
-def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, dict[tuple, Position], list]:
+def structure_problem(root: yaml.Node) -> str | None:
+    """Why the composed document is too big to build (None: it is not). Walks each distinct node
+    once, without recursion: the first time a node is reached it is its anchor's copy, each later
+    time an alias; sizes and alias depths are kept per node, so the expanded tree is never built."""
+    limit = max_nodes()
+    size: dict[int, int] = {}  # expanded size of each finished collection
+    depth: dict[int, int] = {}  # alias nesting inside each finished collection
+    seen, open_nodes = {id(root)}, set()
+    aliases = 0
+    stack: list[tuple[yaml.Node, list[yaml.Node] | None]] = [(root, None)]
+    while stack:
+        node, kids = stack.pop()
+        key = id(node)
+        if kids is not None:  # every child is finished: sum them up
+            open_nodes.discard(key)
+            total, deepest = 1, 0
+            for kid, alias in kids:
+                kid_key = id(kid)
+                total += size.get(kid_key, 1)
+                deepest = max(deepest, depth.get(kid_key, 0) + alias)
+            size[key], depth[key] = total, deepest
+            continue
+        open_nodes.add(key)
+        marked = []
+        todo = []
+        for kid in _children(node):
+            kid_key = id(kid)
+            if kid_key in seen:
+                if kid_key in open_nodes:
+                    return "an alias refers to the node that contains it (a recursive structure)"
+                aliases += 1
+                if aliases > MAX_ALIASES:
+                    return f"more than {MAX_ALIASES:,} aliases; write the values out"
+                marked.append((kid, 1))
+                continue
+            seen.add(kid_key)
+            marked.append((kid, 0))
+            if not isinstance(kid, yaml.ScalarNode):
+                todo.append(kid)
+        if len(seen) > limit:
+            return f"more than {limit:,} nodes; if the config is real, raise MOEPLAN_YAML_MAX_NODES=<nodes>"
+        stack.append((node, marked))
+        stack.extend((kid, None) for kid in reversed(todo))
+    total, distinct = size.get(id(root), 1), len(seen)
+    if depth.get(id(root), 0) > MAX_ALIAS_DEPTH:
+        return (f"aliases nested {depth[id(root)]} deep (an alias of an anchor that holds aliases "
+                f"…); at most {MAX_ALIAS_DEPTH} are read: write the values out")
+    if total - distinct > MAX_ALIAS_NODES:
+        return (f"its aliases expand {distinct:,} nodes into {total:,}; at most {MAX_ALIAS_NODES:,} "
+                "may come from aliases: write the values out")
+    if total > limit:
+        return (f"{total:,} nodes once aliases are expanded, over {limit:,}; if the config is real, "
+                "raise MOEPLAN_YAML_MAX_NODES=<nodes>")
+    return None
+
+
+def _too_many_nodes(text: str) -> str | None:
+    """Composing costs ~0.5 KiB per node, so a file that may hold more nodes than max_nodes() is
+    counted first on libyaml's event stream (constant memory), never composed. Every node but the
+    first follows one of `, : [ {` or a line break, so twice their count bounds the nodes."""
+    limit = max_nodes()
+    if 2 * sum(text.count(mark) for mark in ",:\n[{") + 2 <= limit:
+        return None
+    nodes = 0
+    for event in yaml.parse(text, Loader=_ConfigLoader):
+        if isinstance(event, yaml.ScalarEvent | yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            nodes += 1
+            if nodes > limit:
+                return (f"more than {limit:,} nodes; if the config is real, raise "
+                        "MOEPLAN_YAML_MAX_NODES=<nodes>")
+    return None
+
+
+def _key_positions(root: yaml.Node) -> dict[tuple, Position]:
+    """Each key path's 1-based (line, column), walked without recursion (structure_problem or
+    the node estimate has bounded the expanded size)."""
+    out: dict[tuple, Position] = {}
+    stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                here = path + (key_node.value,)
+                out[here] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                stack.append((value_node, here))
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                here = path + (index,)
+                out[here] = (item.start_mark.line + 1, item.start_mark.column + 1)
+                stack.append((item, here))
+    return out
+
+
+class NodePositions(Mapping[tuple, Position]):
+    """Key path → (line, column), found when asked for: a lookup walks down its own path only
+    (indexing each mapping it passes once), so a config with a million entries and a few findings
+    pays for the few. Iterating builds the whole table."""
+
+    def __init__(self, root: yaml.Node | None) -> None:
+        self._root = root
+        self._table: dict[tuple, Position] | None = None
+        self._index: dict[int, dict[Any, tuple[yaml.Node, yaml.Node]]] = {}
+
+    def _step(self, node: yaml.Node, part: Any) -> tuple[yaml.Node, yaml.Node] | None:
+        """(the node that marks `part`'s position, its value) under `node`, or None."""
+        if isinstance(node, yaml.SequenceNode):
+            ok = isinstance(part, int) and 0 <= part < len(node.value)
+            return (node.value[part], node.value[part]) if ok else None
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        index = self._index.get(id(node))
+        if index is None:  # a repeated key is found at its last occurrence, as YAML keeps it
+            index = self._index[id(node)] = {key.value: (key, value) for key, value in node.value}
+        return index.get(part)
+
+    def __getitem__(self, path: tuple) -> Position:
+        node, marker = self._root, None
+        for part in path:
+            found = self._step(node, part) if node is not None else None
+            if found is None:
+                raise KeyError(path)
+            marker, node = found
+        if marker is None:
+            raise KeyError(path)
+        return marker.start_mark.line + 1, marker.start_mark.column + 1
+
+    def _positions(self) -> dict[tuple, Position]:
+        if self._table is None:
+            self._table = _key_positions(self._root) if self._root is not None else {}
+        return self._table
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._positions())
+
+    def __len__(self) -> int:
+        return len(self._positions())
+
+
+def _duplicate_keys(root: yaml.Node) -> list[tuple[tuple, Position]]:
+    """(key path, position) of every key a mapping repeats, in file order."""
+    duplicates: list[tuple[tuple, Position]] = []
+    stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key_node, value_node in node.value:
+                key = key_node.value
+                if key in seen:
+                    duplicates.append((path + (key,), (key_node.start_mark.line + 1,
+                                                       key_node.start_mark.column + 1)))
+                seen.add(key)
+                if not isinstance(value_node, yaml.ScalarNode):
+                    stack.append((value_node, path + (key,)))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, path + (index,)) for index, item in enumerate(node.value)
+                         if not isinstance(item, yaml.ScalarNode))
+    duplicates.sort(key=lambda item: item[1])
+    return duplicates
+
+
+def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, Mapping[tuple, Position], list]:
+    """Compose once, measure the node graph (a CFG008 finding when it is too big to build), then
+    build the data from the same nodes."""
+    loader = _ConfigLoader(text)
     try:
-        data = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 — a SafeLoader subclass
-        node = yaml.compose(text, Loader=_ConfigLoader)
+        too_many = _too_many_nodes(text)
+        if too_many:
+            raise InvalidConfig([_finding("CFG008", "", f"the YAML is too big to read: {too_many}",
+                                          "shrink the file; a config needs a few hundred values")])
+        node = loader.get_single_node()
+        # Aliases need anchors: a text without `&` composes to a tree the node estimate bounded.
+        problem = structure_problem(node) if node is not None and "&" in text else None
+        if problem:
+            raise InvalidConfig([_finding("CFG008", "", f"the YAML is too big to read: {problem}",
+                                          "shrink the file; a config needs a few hundred values")])
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
@@ -122,8 +309,9 @@ def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, dict[tuple, Posi
         raise UnreadableConfig(f"{name}: YAML error: {exc}") from None
     except (RecursionError, ValueError, OverflowError) as exc:
         raise UnreadableConfig(f"{name}: cannot parse YAML ({type(exc).__name__})") from None
-    positions, duplicates = _positions(node) if node is not None else ({}, [])
-    return data, positions, duplicates
+    finally:
+        loader.dispose()
+    return data, NodePositions(node), _duplicate_keys(node) if node is not None else []
 
 
 def _finding(code: str, path: str, message: str, fix: str) -> Finding:
@@ -204,7 +392,7 @@ MODEL_CONFLICTS: dict[str, tuple[str, str]] = {
 }
 
 
-def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) -> Finding:
+def _error_to_finding(err: dict, data: Any, positions: Mapping[tuple, Position]) -> Finding:
     kind, loc = err["type"], err["loc"]
     path = _data_path(loc, data)
     dotted = ".".join(str(p) for p in path)
@@ -237,6 +425,35 @@ def _error_to_finding(err: dict, data: Any, positions: dict[tuple, Position]) ->
                     f"fix the type/value of {dotted}")
 
 
+SHOWN_PER_KIND = 50  # schema errors of one kind shown in full; the rest are counted in one finding
+
+
+def _schema_findings(exc: ValidationError, data: Any, positions: Mapping[tuple, Position],
+                     earlier: list[Finding]) -> list[Finding]:
+    """One finding per schema error and path; past SHOWN_PER_KIND of a kind (a section of a million
+    unknown keys) the rest are only counted, so the hints (difflib) cost stays bounded."""
+    seen = {f.path for f in earlier}
+    shown: dict[str, int] = {}
+    hidden: dict[str, list] = {}
+    out: list[Finding] = []
+    for err in exc.errors(include_url=False):
+        kind = err["type"]
+        if shown.get(kind, 0) >= SHOWN_PER_KIND:
+            hidden.setdefault(kind, []).append(err)
+            continue
+        finding = _error_to_finding(err, data, positions)
+        if finding.path not in seen:
+            seen.add(finding.path)
+            out.append(finding)
+            shown[kind] = shown.get(kind, 0) + 1
+    for kind, errors in hidden.items():
+        first = _error_to_finding(errors[0], data, positions)
+        out.append(_finding(first.code, first.path, f"and {len(errors):,} more error(s) like the "
+                            f"{SHOWN_PER_KIND} above ({kind}) from here on",
+                            "fix the ones shown first, then rerun"))
+    return out
+
+
 INT_LIMIT = 2**63 - 1  # Megatron's sizes end up in 64-bit tensors and CUDA arguments
 
 
@@ -254,7 +471,7 @@ def _oversized_integers(data: Any) -> list[tuple[tuple, int]]:
     return sorted(found, key=lambda item: [str(part) for part in item[0]])
 
 
-def _oversized_finding(path: tuple, value: int, positions: dict[tuple, Position]) -> Finding:
+def _oversized_finding(path: tuple, value: int, positions: Mapping[tuple, Position]) -> Finding:
     dotted = ".".join(map(str, path))
     where = positions.get(path)
     at = f" (line {where[0]}, column {where[1]})" if where else ""
@@ -263,16 +480,22 @@ def _oversized_finding(path: tuple, value: int, positions: dict[tuple, Position]
                     f"give {dotted} a realistic value (at most {INT_LIMIT})")
 
 
-def parse_config(data: Any, positions: dict[tuple, Position] | None = None,
+def parse_config(data: Any, positions: Mapping[tuple, Position] | None = None,
                  duplicates: list | None = None, base_dir: Path | None = None) -> Config:
     """Validate already-parsed YAML data; InvalidConfig carries one finding per problem.
     base_dir: where a model.hf_config path starts (the YAML file's folder)."""
-    positions = positions or {}
+    positions = {} if positions is None else positions
+    duplicates = duplicates or []
     findings = [
         _finding("CFG006", ".".join(map(str, p)), f"key '{p[-1]}' appears twice (line {pos[0]})",
                  "keep one; YAML silently takes the last")
-        for p, pos in (duplicates or [])
+        for p, pos in duplicates[:SHOWN_PER_KIND]
     ]
+    if len(duplicates) > SHOWN_PER_KIND:
+        path, pos = duplicates[SHOWN_PER_KIND]
+        findings.append(_finding("CFG006", ".".join(map(str, path)),
+                                 f"and {len(duplicates) - SHOWN_PER_KIND:,} more duplicate keys from "
+                                 f"line {pos[0]} on", "keep one of each; YAML silently takes the last"))
     findings += [_oversized_finding(p, v, positions) for p, v in _oversized_integers(data)]
     if data is None:
         raise InvalidConfig([_finding("CFG005", "", "the config is empty",
@@ -290,13 +513,7 @@ def parse_config(data: Any, positions: dict[tuple, Position] | None = None,
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        seen = {f.path for f in findings}
-        for err in exc.errors():
-            finding = _error_to_finding(err, data, positions)
-            if finding.path not in seen:
-                seen.add(finding.path)
-                findings.append(finding)
-        raise InvalidConfig(findings) from None
+        raise InvalidConfig(findings + _schema_findings(exc, data, positions, findings)) from None
     except (RecursionError, TypeError, ValueError, OverflowError) as exc:
         raise InvalidConfig([_finding("CFG002", "", f"cannot interpret the config: {exc}",
                                       "check the value types")]) from None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from planner.docs.formulas_page import formulas_page
 from planner.docs.rules_page import rules_page
-from planner.plan import write_atomic
+from planner.files.writing import write_atomic
 
 GENERATED_PAGES: dict[str, Callable[[], str]] = {
     "rules.md": rules_page,

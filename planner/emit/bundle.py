@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.config.schema import Config
-from planner.emit.safety import check_launch_strings
+from planner.emit.safety import check_launch_strings, check_slurm_paths
 from planner.emit.scripts import (
     MEGATRON_FILE,
     SLURM_FILE,
@@ -22,7 +22,7 @@ from planner.emit.scripts import (
     torchrun_script,
 )
 from planner.emit.shape import PLAN_FILE, launch_shape
-from planner.plan import write_atomic
+from planner.files.writing import WriteFailed, write_atomic
 
 Target = Literal["torchrun", "slurm", "megatron", "all"]
 TARGETS: tuple[str, ...] = ("torchrun", "slurm", "megatron", "all")
@@ -49,6 +49,7 @@ def emit_files(cfg: Config, plan: dict[str, Any], target: Target,
         files.append(EmittedFile(TORCHRUN_FILE, torchrun_script(shape), SCRIPT_MODE,
                                  f"torchrun launcher, {shape.nodes} node(s) x {shape.nproc_per_node}"))
     if "slurm" in wanted:
+        check_slurm_paths(cfg)
         files.append(EmittedFile(SLURM_FILE, slurm_script(cfg, shape), SCRIPT_MODE,
                                  f"Slurm batch script, {shape.nodes} node(s), srun + torchrun"))
     if "megatron" in wanted:
@@ -70,13 +71,17 @@ def existing(out_dir: Path, files: list[EmittedFile]) -> list[Path]:
 
 
 def write_files(out_dir: Path, files: list[EmittedFile], logs: Path | None = None) -> list[Path]:
-    """Write each file atomically (plan first, so a script never points at a missing plan)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write each file atomically (plan first, so a script never points at a missing plan);
+    WriteFailed names the path and the cause."""
     written = []
+    for folder in (out_dir, logs):
+        try:
+            if folder is not None:
+                folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(folder, f"cannot create the folder ({exc.strerror or exc})") from None
     for f in files:
         path = out_dir / f.name
         write_atomic(path, f.text, mode=f.mode)
         written.append(path)
-    if logs is not None:
-        logs.mkdir(parents=True, exist_ok=True)
     return written

@@ -21,6 +21,10 @@ SHELL_INTERNAL_NAMES = frozenset({
     "IFS", "ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS", "PS4", "CDPATH", "GLOBIGNORE",
     "BASH_XTRACEFD", "PROMPT_COMMAND",
 })
+# Variables that change which programs and libraries the script runs: `torchrun` and `python`
+# are found through PATH, and the dynamic loader (ld.so(8)) runs LD_PRELOAD / LD_AUDIT code in
+# every process. Refused like the shell's own variables; set them outside moeplan if you mean it.
+PROGRAM_CHOICE_NAMES = frozenset({"PATH", "LD_PRELOAD", "LD_AUDIT"})
 
 # sbatch options the batch script derives from the plan or from dedicated launch fields.
 MANAGED_SBATCH_OPTIONS: dict[str, str] = {
@@ -36,6 +40,32 @@ MANAGED_SBATCH_OPTIONS: dict[str, str] = {
     "--account": "launch.account", "-A": "launch.account",
     "--time": "launch.time", "-t": "launch.time",
 }
+
+
+# Every long option sbatch 22.05 accepts (`sbatch --help`, `sbatch --usage`; Slurm's
+# src/common/slurm_opt.c common_options). sbatch parses with getopt_long(3), which takes any
+# unambiguous prefix of a long option ("--outp" is --output) and an exact name before a prefix
+# ("--gpus" is --gpus, not --gpus-per-node): an entry is refused when it resolves to a managed
+# option, or is a prefix of one and so would be ambiguous.
+SBATCH_LONG_OPTIONS = frozenset("""
+account acctg-freq array batch bb bbf begin chdir cluster-constraint clusters comment constraint
+container contiguous core-spec cores-per-socket cpu-freq cpus-per-gpu cpus-per-task deadline
+delay-boot dependency distribution error exclude exclusive export export-file extra-node-info
+get-user-env gid gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres
+gres-flags help hint hold ignore-pbs input job-name kill-on-invalid-dep licenses mail-type
+mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu mincpus network nice no-kill no-requeue
+nodefile nodelist nodes ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket
+open-mode output overcommit oversubscribe parsable partition power prefer priority profile
+propagate qos quiet reboot requeue reservation signal sockets-per-node spread-job switches
+test-only thread-spec threads-per-core time time-min tmp tres-per-task uid umask usage
+use-min-nodes verbose version wait wait-all-nodes wckey wrap
+""".split())
+# sbatch's short options that take an argument (the rest are flags: -H -O -Q -s -v -W -h -V -u
+# -k): in a bundle such as `-Qo/x` each flag is read until one that takes the rest as its value.
+SBATCH_SHORT_WITH_VALUE = frozenset("AaBbCcDdeFGiJLMmNnopqSTtwx")
+# Slurm expands `%j`, `%x`, `%A` … in --output/--error names (sbatch(1) "filename pattern"); a
+# literal % in launch.output_dir is written %% so the path is the one the user wrote.
+_PATTERN = re.compile(r"%")
 
 
 class EmitError(ValueError):
@@ -68,6 +98,37 @@ def _option_name(entry: str) -> str:
     return entry[:2]
 
 
+def managed_option(entry: str) -> str | None:
+    """The managed sbatch option an extra_sbatch entry sets, as sbatch would read it (None: it
+    sets none): a long option by exact name or unambiguous prefix, each short option of a bundle."""
+    if entry.startswith("--"):
+        name = entry[2:].split("=", 1)[0]
+        if name in SBATCH_LONG_OPTIONS:
+            return f"--{name}" if f"--{name}" in MANAGED_SBATCH_OPTIONS else None
+        managed = sorted(option for option in MANAGED_SBATCH_OPTIONS
+                         if option.startswith("--") and name and option[2:].startswith(name))
+        return managed[0] if managed else None
+    for letter in entry[1:]:
+        if f"-{letter}" in MANAGED_SBATCH_OPTIONS:
+            return f"-{letter}"
+        if letter in SBATCH_SHORT_WITH_VALUE:
+            return None
+    return None
+
+
+def exported_names(entry: str) -> list[str]:
+    """The variable names an `--export=…` entry (or its prefixes, `--exp=`) sets for the job."""
+    name, _, value = entry.partition("=")
+    if not entry.startswith("--") or len(name) < 5 or not "--export".startswith(name):
+        return []
+    return [item.split("=", 1)[0] for item in value.split(",") if item]
+
+
+def slurm_literal(path: str) -> str:
+    """A path as an --output/--error filename: `%` doubled so Slurm expands none of the user's."""
+    return _PATTERN.sub("%%", path)
+
+
 def check_launch_strings(cfg: Config) -> None:
     """Raise EmitError for the first launch value no script can carry safely."""
     for path, value in _strings(cfg):
@@ -86,12 +147,50 @@ def check_launch_strings(cfg: Config) -> None:
         if key in SHELL_INTERNAL_NAMES or key.startswith("BASH_FUNC_"):
             raise EmitError(f"launch.env.{key}", f"{key} changes how bash runs the launch script itself; "
                             "set it outside moeplan if you really need it")
+        if key in PROGRAM_CHOICE_NAMES:
+            raise EmitError(f"launch.env.{key}", f"{key} changes which programs or libraries every rank "
+                            "runs; set it in the environment you launch from if you really need it")
     for index, entry in enumerate(launch.extra_sbatch):
         path = f"launch.extra_sbatch[{index}]"
         if not entry.startswith("-") or entry.strip() != entry or entry in ("-", "--"):
             raise EmitError(path, f"{entry!r} is not one sbatch option; write each option as a single "
                             "word such as '--exclusive' or '--gres=gpu:8'")
-        option = _option_name(entry)
-        if option in MANAGED_SBATCH_OPTIONS:
-            raise EmitError(path, f"{option} is set by moeplan from {MANAGED_SBATCH_OPTIONS[option]}; "
-                            "change it there")
+        option = managed_option(entry)
+        if option is not None:
+            written = _option_name(entry)
+            if written == option:
+                named = ""
+            elif entry.startswith("--"):
+                named = f"{written} abbreviates {option}: "
+            else:
+                named = f"{entry[:12]!r} bundles short options, one of them {option}: "
+            raise EmitError(path, f"{named}{option} is set by moeplan from "
+                            f"{MANAGED_SBATCH_OPTIONS[option]}; change it there")
+        for name in exported_names(entry):
+            if name in SHELL_INTERNAL_NAMES or name in PROGRAM_CHOICE_NAMES or name.startswith("BASH_FUNC_"):
+                raise EmitError(path, f"--export sets {name}, which launch.env refuses (it changes how "
+                                "the job's shell runs or which programs it runs); set it outside moeplan")
+
+
+def check_slurm_paths(cfg: Config) -> None:
+    """What the batch script's --output/--error need (the other launchers write no log files):
+    the log folder inside the run folder, and a job name that is one file name (%x)."""
+    launch = cfg.launch
+    _check_output_dir(launch.output_dir)
+    if "/" in launch.job_name or len(launch.job_name.encode("utf-8")) > 200:
+        raise EmitError("launch.job_name", f"{launch.job_name[:40]!r}: Slurm writes the logs to "
+                        "<output_dir>/<job name>-<job id>.out, so the name must be one file name "
+                        "(no '/', at most 200 bytes)")
+
+
+def _check_output_dir(output_dir: str) -> None:
+    """launch.output_dir is where Slurm opens the job's logs: a relative path stays inside the run
+    folder (no `..`), and no part is a name a file system cannot hold."""
+    parts = output_dir.split("/")
+    if not output_dir.startswith("/") and ".." in parts:
+        raise EmitError("launch.output_dir", f"{output_dir!r} climbs out of the run folder with '..'; "
+                        "give a folder inside it (e.g. logs) or an absolute path")
+    for part in parts:
+        if len(part.encode("utf-8")) > 200:
+            raise EmitError("launch.output_dir", f"the folder name {part[:20]!r}… is longer than a file "
+                            "system allows once Slurm adds the job name; shorten it")

@@ -7,6 +7,7 @@ import posixpath
 from planner.config.schema import Config
 from planner.emit.megatron import megatron_arguments
 from planner.emit.render import render
+from planner.emit.safety import slurm_literal
 from planner.emit.shape import PLAN_FILE, REPORT_FILE, LaunchShape
 
 TORCHRUN_FILE = "torchrun.sh"
@@ -22,8 +23,8 @@ def slurm_script(cfg: Config, shape: LaunchShape) -> str:
     launch = cfg.launch
     return render(
         "job.sbatch.j2", shape=shape, launch=launch, plan_file=PLAN_FILE, report_file=REPORT_FILE,
-        output_path=posixpath.join(launch.output_dir, "%x-%j.out"),
-        error_path=posixpath.join(launch.output_dir, "%x-%j.err"),
+        output_path=posixpath.join(slurm_literal(launch.output_dir), "%x-%j.out"),
+        error_path=posixpath.join(slurm_literal(launch.output_dir), "%x-%j.err"),
     )
 
 

@@ -30,6 +30,10 @@ class Violation:
 
 CheckFn = Callable[["Facts"], Iterable[Violation]]
 
+# Findings one rule reports in full; the rest are counted in one more finding. A config with a
+# million-entry `ignore:` list is judged in linear time and printed in a screenful.
+SHOWN_PER_RULE = 50
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -62,11 +66,22 @@ class Rule:
         """Run the check; a rule whose inputs are fractional has nothing to say (never a crash)."""
         if self.check is None:
             return []
+        shown: list[Finding] = []
+        more, first_more = 0, ""
         try:
-            return [Finding(self.code, self.severity, v.path, v.message, v.fix, self.source)
-                    for v in self.check(facts)]
+            for v in self.check(facts):
+                if len(shown) < SHOWN_PER_RULE:
+                    shown.append(Finding(self.code, self.severity, v.path, v.message, v.fix, self.source))
+                else:
+                    more, first_more = more + 1, first_more or v.path
         except NotComputable:
             return []
+        if more:
+            shown.append(Finding(self.code, self.severity, first_more,
+                                 f"and {more:,} more {self.code} finding(s) like the {SHOWN_PER_RULE} "
+                                 "above, from here on", "fix the ones shown first, then rerun",
+                                 self.source))
+        return shown
 
     def as_dict(self) -> dict[str, str]:
         return {"code": self.code, "severity": self.severity, "title": self.title,

@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 from collections.abc import Iterator
 
-from planner.rules.base import Rule, Violation, code_of, documented, rule
+from planner.rules.base import SHOWN_PER_RULE, Rule, Violation, code_of, documented, rule
 from planner.rules.facts import Facts
 
 LOADER = "planner/config/loader.py::parse_config"
@@ -103,6 +103,24 @@ CONFIG_DOCS = (
         good=_GOOD_FILE,
     ),
     documented(
+        "CFG008", "YAML too big to read",
+        source="planner/config/loader.py::parse_yaml",
+        why="""Aliases repeat an anchored value wherever they appear, so a file of a few lines can
+        stand for billions of values ("billion laughs"). The loader measures the composed YAML
+        before building it: at most 2,500,000 nodes (MOEPLAN_YAML_MAX_NODES raises it), 1,000
+        aliases, aliases nested 4 deep and 100,000 nodes that exist only through aliases; a
+        recursive alias is refused too. A real config has a few hundred values.""",
+        bad="""
+        a0: &a0 [x]
+        a1: &a1 [*a0, *a0]
+        a2: &a2 [*a1, *a1]
+        a3: &a3 [*a2, *a2]
+        a4: &a4 [*a3, *a3]
+        a5: [*a4, *a4]
+        """,
+        good=_GOOD_FILE,
+    ),
+    documented(
         "CFG007", "Hugging Face config.json cannot be mapped",
         source="planner/config/importers/hf_config.py::map_hf_config",
         why="""`model: {hf_config: PATH}` fills the model section from a Hugging Face config.json
@@ -130,10 +148,14 @@ CONFIG_DOCS = (
     good="ignore: [PAR012]",
 )
 def ignore_known_codes(f: Facts) -> Iterator[Violation]:
+    known = set(f.known_codes)
+    unknown = 0
     for index, entry in enumerate(f.cfg.ignore):
         code = code_of(entry)
-        if code not in f.known_codes:
-            close = difflib.get_close_matches(code, f.known_codes, n=1)
+        if code not in known:
+            unknown += 1  # did-you-mean costs a millisecond: only for the entries that are shown
+            close = (difflib.get_close_matches(code, f.known_codes, n=1)
+                     if unknown <= SHOWN_PER_RULE else [])
             hint = f"did you mean {close[0]}?" if close else "see `moeplan rules` for the codes"
             yield Violation(f"ignore.{index}", f"unknown rule code '{entry}' in ignore", hint)
 
@@ -144,7 +166,8 @@ _LOADER = "the loader reports it before `ignore:` is read; a config with it is n
 # Errors that leave nothing for the later steps (groups, stage split, budgets, plan, emit) to
 # build on: `ignore:` cannot silence them (IGN002 says so when it lists one).
 UNIGNORABLE: dict[str, str] = {
-    **{code: _LOADER for code in ("CFG001", "CFG002", "CFG003", "CFG004", "CFG005", "CFG006")},
+    **{code: _LOADER for code in ("CFG001", "CFG002", "CFG003", "CFG004", "CFG005", "CFG006",
+                                   "CFG008")},
     "PAR001": f"without whole dense groups (DP = N / (TP·CP·PP·GTP)) {_GRID}",
     "PAR002": f"without whole expert groups (EDP = N / (ETP·EP·PP·EGTP)) {_GRID}",
     "PAR009": f"the rank order is what the groups are read from: with an invalid order {_GRID}",

@@ -14,7 +14,6 @@ Pure data in, data out (no torch, no file writing): an unreadable file is `HfCon
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.config.schema import MAX_LAYERS
+from planner.files.json_input import read_json
+from planner.files.reading import UnreadableInput
 from planner.findings import Finding
 
 SOURCE = "planner/config/importers/hf_config.py::map_hf_config"
@@ -59,22 +60,10 @@ class HfMapping:
 
 def read_hf_json(path: str | Path) -> dict[str, Any]:
     """The config.json as a dict; anything that is not a readable JSON object is HfConfigUnreadable."""
-    target = Path(path)
-    if not target.is_file():
-        what = ("is a directory" if target.is_dir() else
-                "not a regular file" if target.exists() else "no such file")
-        raise HfConfigUnreadable(f"{path}: {what}, expected a Hugging Face config.json")
     try:
-        data = json.loads(target.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise HfConfigUnreadable(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise HfConfigUnreadable(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise HfConfigUnreadable(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: "
-                                 f"{exc.msg}") from None
-    except (RecursionError, ValueError) as exc:
-        raise HfConfigUnreadable(f"{path}: cannot parse JSON ({type(exc).__name__})") from None
+        data = read_json(path, "hf_config")
+    except UnreadableInput as exc:
+        raise HfConfigUnreadable(f"{exc}; expected a Hugging Face config.json") from None
     if not isinstance(data, dict):
         raise HfConfigUnreadable(f"{path}: a config.json is a JSON object, got {type(data).__name__}")
     return data

@@ -25,7 +25,7 @@ def _json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(read_text(path))
+        data = json.loads(read_text(path, "tokenizer"))
     except (UnreadableConfig, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None

@@ -7,11 +7,14 @@ then refuse with BudgetError), an emitter's EmitError, an OSError writing the fi
 exit 2), or a plan and its files. Anything else is a crash; the test collects every distinct one
 and prints a reproducer for each.
 
+Every 20th case also runs the commands themselves; every 100th also estimate, verify (on a
+mutated report of its plan) and import megatron (on its emitted arguments), every 1000th report.
 CI runs DEFAULT_CASES; `MOEPLAN_FUZZ_EXAMPLES=20000` (and `MOEPLAN_FUZZ_SEED`) run more.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -28,11 +31,13 @@ from planner.accounting import BudgetError, budgets
 from planner.cli import app
 from planner.config.loader import InvalidConfig, parse_config
 from planner.emit import TARGETS, EmitError, emit_files, log_folder, write_files
+from planner.files.writing import WriteFailed
 from planner.findings import has_errors
 from planner.layout.summary import layout_summary
 from planner.plan import compile_plan
 from planner.rules import run_rules
 from tests.support.config_mutator import base_docs, mutated_config
+from tests.support.json_mutator import mutate
 
 DEFAULT_CASES = 1000
 CLI_EVERY = 20  # every 20th case also goes through the commands themselves
@@ -66,7 +71,7 @@ def run_case(doc: Any, out_dir: Path) -> str:
         folder = out_dir / target
         try:
             write_files(folder, files, log_folder(cfg, folder, files))
-        except OSError:  # `emit` exits 2 with the OS's reason (e.g. a name over 255 bytes)
+        except WriteFailed:  # `emit` exits 2 with the OS's reason (e.g. a name over 255 bytes)
             return "emit could not write (usage error)"
     return "planned and emitted"
 
@@ -74,16 +79,42 @@ def run_case(doc: Any, out_dir: Path) -> str:
 COMMANDS = (("check", "{cfg}", "--json"), ("budget", "{cfg}"), ("groups", "{cfg}", "--rank", "0"),
             ("compile", "{cfg}", "-o", "{out}/plan.json"), ("emit", "all", "{cfg}", "-o", "{out}/run"),
             ("reshard-plan", "{base}", "{cfg}"))
+# Every other command that reads a file, on what the commands above wrote: the plan with a mutated
+# runtime report (tests/support/json_mutator.py), the emitted Megatron arguments, the estimate and
+# (rarely: it draws charts) the HTML report. Every EXTRA_EVERY-th CLI case runs them.
+EXTRA_COMMANDS = (("estimate", "{cfg}"), ("verify", "{out}/plan.json", "{out}/report.json"),
+                  ("import", "megatron", "{out}/run/megatron_args.sh", "--world-size", "8"))
+EXTRA_EVERY, REPORT_EVERY = 5 * CLI_EVERY, 50 * CLI_EVERY
 
 
-def run_commands(doc: Any, base: Any, out_dir: Path) -> None:
+def _mutated_report(out_dir: Path, seed: int) -> None:
+    """A runtime report of the compiled plan (when there is one), broken by the seed."""
+    plan_file = out_dir / "plan.json"
+    if not plan_file.is_file():
+        return
+    plan = json.loads(plan_file.read_text())
+    report = {"format": "moeplan-report", "version": 1, "plan_digest": plan["digest"],
+              "balanced": True, "reference": {"checked": False},
+              "ranks": [{"rank": r["rank"], "stage": r["stage"], "collectives": {}}
+                        for r in plan["ranks"]]}
+    (out_dir / "report.json").write_text(json.dumps(mutate(report, seed)[0]))
+
+
+def run_commands(doc: Any, base: Any, out_dir: Path, seed: int = 0) -> None:
     """The same config through the real commands (in-process): exit 0, 1 or 2 and no exception.
     reshard-plan moves a checkpoint from the unmutated base to it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"cfg": out_dir / "config.yaml", "base": out_dir / "base.yaml"}
     for key, data in (("cfg", doc), ("base", base)):
         paths[key].write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
-    for command in COMMANDS:
+    commands = list(COMMANDS)
+    if seed % EXTRA_EVERY == 0:
+        commands += EXTRA_COMMANDS
+    if seed % REPORT_EVERY == 0:
+        commands.append(("report", "{cfg}", "-o", "{out}/report.html"))
+    for command in commands:
+        if command[0] == "verify":
+            _mutated_report(out_dir, seed)
         args = [part.format(out=out_dir, **paths) for part in command]
         result = _runner.invoke(app, args)
         if result.exit_code not in (0, 1, 2) or not isinstance(result.exception, SystemExit | None):
@@ -104,7 +135,7 @@ def fuzz(cases: int, first_seed: int) -> tuple[Counter[str], dict[str, str]]:
             try:
                 outcome = run_case(doc, Path(tmp) / str(seed))
                 if seed % CLI_EVERY == 0:
-                    run_commands(doc, bases[base], Path(tmp) / f"cli-{seed}")
+                    run_commands(doc, bases[base], Path(tmp) / f"cli-{seed}", seed)
                 if time.monotonic() - started > CASE_SECONDS:
                     raise TimeoutError(f"took {time.monotonic() - started:.0f} s")
             except Exception as exc:  # noqa: BLE001 — every crash is collected and reported

@@ -13,7 +13,12 @@ bias, tied embeddings, seq aux loss, one MTP depth) and global batch B = 4 under
   tolerance (a different layout sums gradients in another order: fp32 rounding only);
 * an ETP checkpoint stores each expert matrix once, as two column blocks at offsets of the
   logical [h, f] matrix;
-* a checkpoint of another model (8 experts) is refused on every rank with a message.
+* a checkpoint of another model (8 experts) is refused on every rank with a message;
+* untrusted folders (runtime/checkpoint_trust.py), made from A1 between jobs: a `.metadata` that is
+  a pickle payload (with a manifest rewritten to match) is refused naming the class, and the
+  payload's marker file never appears; a truncated shard is refused naming the file; a folder
+  without a manifest (a foreign or unfinished checkpoint) is refused; a --save folder another run
+  holds locked is refused naming the lock.
 """
 
 from __future__ import annotations
@@ -50,7 +55,45 @@ JOBS = [
     ("C", "A1", 0, "C1"), ("A", "C1", 0, "A1_via_C"),
     ("B", "A1", 1, "B2"), ("C", "C1", 1, "C2"), ("D", "A1", 1, "D2"),
     ("other", "A1", 0, "refused"),
+    ("prepare", None, 0, "untrusted folders"),
+    ("A", "evil", 0, "refused_evil"), ("A", "truncated", 0, "refused_truncated"),
+    ("A", "foreign", 0, "refused_foreign"), ("A", "A1", 0, "locked"),
 ]
+MARKER = "PAYLOAD-RAN"
+
+
+class _Payload:
+    """Unpickling this runs a shell command that leaves MARKER behind."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return (os.system, (f"touch {self.folder}/{MARKER}",))
+
+
+def _untrusted_folders(root: Path) -> None:
+    """Rank 0, between jobs: copies of A1 broken the ways a shared checkpoint can be."""
+    import hashlib
+    import pickle
+    import shutil
+
+    from runtime.checkpoint_trust import LOCK, MANIFEST, METADATA
+
+    for name in ("evil", "truncated", "foreign"):
+        shutil.copytree(root / "A1", root / name)
+    (root / "evil" / METADATA).write_bytes(pickle.dumps(_Payload(str(root))))
+    manifest = json.loads((root / "evil" / MANIFEST).read_text())
+    manifest["metadata_sha256"] = hashlib.sha256((root / "evil" / METADATA).read_bytes()).hexdigest()
+    manifest["files"][METADATA] = (root / "evil" / METADATA).stat().st_size
+    (root / "evil" / MANIFEST).write_text(json.dumps(manifest))
+    shard = sorted((root / "truncated").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    (root / "foreign" / MANIFEST).unlink()
+    (root / "locked").mkdir()
+    (root / "locked" / LOCK).write_text("pid 1 on elsewhere since earlier\n")
 
 
 def _config(name: str) -> dict[str, Any]:
@@ -95,6 +138,11 @@ def _worker(rank: int, port: int, folder: str) -> None:
     root = Path(folder)
     try:
         for plan_name, load, steps, save in JOBS:
+            if plan_name == "prepare":
+                if rank == 0:
+                    _untrusted_folders(root)
+                dist.barrier()
+                continue
             plan = load_plan(root / f"{plan_name}.plan.json")
             try:
                 execute(plan, RunOptions(steps=steps), False, None,
@@ -140,7 +188,8 @@ def _outcomes(chain: Path) -> list[dict[str, Any]]:
 
 def test_every_job_of_the_chain_ran(chain: Path) -> None:
     for outcome in _outcomes(chain):
-        assert all(outcome[save] == "ok" for _, _, _, save in JOBS if save != "refused")
+        assert all(outcome[save] == "ok" for plan, _, _, save in JOBS
+                   if plan != "prepare" and not save.startswith(("refused", "locked")))
 
 
 def test_checkpoint_keys_are_logical(chain: Path) -> None:
@@ -223,3 +272,23 @@ def test_checkpoint_flags_are_checked_before_anything_starts(tmp_path: Path) -> 
         checked.stderr)
     for run in (zero, checked):
         assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(("job", "says"), [
+    ("refused_evil", "names posix.system, which no checkpoint this runtime writes holds"),
+    ("refused_truncated", "truncated or replaced after the save"),
+    ("refused_foreign", "has no moeplan-manifest.json"),
+    ("locked", "another run is saving into"),
+])
+def test_an_untrusted_checkpoint_is_refused_before_anything_runs(chain: Path, job: str, says: str) -> None:
+    for outcome in _outcomes(chain):
+        assert outcome[job].startswith("refused: ") and says in outcome[job], outcome[job]
+    assert not (chain / MARKER).exists(), "the pickle payload ran"
+
+
+def test_a_save_leaves_a_manifest_and_no_lock(chain: Path) -> None:
+    from runtime.checkpoint_trust import LOCK, MANIFEST
+
+    manifest = json.loads((chain / "A1" / MANIFEST).read_text())
+    assert manifest["model"]["num_experts"] == 4 and manifest["steps"] == 1
+    assert ".metadata" in manifest["files"] and not (chain / "A1" / LOCK).exists()

@@ -347,7 +347,7 @@ def test_import_hf_writes_a_loadable_yaml(tmp_path: Path):
     assert cfg.model.num_experts == 8 and cfg.model.num_query_groups == 8
     # Like `import megatron`: the YAML is written, the exit code says whether it is valid.
     assert result.exit_code == (1 if has_errors(collect_findings(cfg)) else 0), result.output
-    report = CliRunner().invoke(app, [*args, "--json"])
+    report = CliRunner().invoke(app, [*args, "--json", "--force"])  # -o exists: overwrite it
     assert json.loads(report.stdout)["architecture"] == "MixtralForCausalLM"
 
 

@@ -528,7 +528,8 @@ def test_hostile_strings_in_every_launch_field_come_out_inert(tmp_path: Path, fa
     assert found["--partition"] == value
     assert found["--account"] == value
     assert found["--time"] == value
-    assert found["--output"] == f"logs/{value}/%x-%j.out"
+    # Slurm expands %-patterns in --output: the user's own % is doubled so the folder is literal.
+    assert found["--output"] == f"logs/{value.replace('%', '%%')}/%x-%j.out"
     assert found["--comment"] == value
     assert (out / "logs" / value).is_dir()
 

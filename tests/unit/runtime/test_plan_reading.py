@@ -329,3 +329,24 @@ def test_grad_scales_follow_the_loss_mode(tmp_path: Path) -> None:
     per_token = variant(calculate_per_token_loss=True)
     assert (per_token.dense, per_token.expert, per_token.average, per_token.per_token) == (
         1.0, 1.0, False, 1 / 16)
+
+
+def test_re_paired_groups_are_refused_at_load() -> None:
+    """A plan whose groups were re-paired and re-digested (issue 26) passed every check before:
+    the groups are now held against the plan's own degrees and rank coordinates."""
+    from runtime.plan_io import check_plan
+
+    cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "tiny-cpu-8.yaml")
+    plan = compile_plan(cfg, run_rules(cfg))
+    check_plan(copy.deepcopy(plan))
+    swapped = copy.deepcopy(plan)
+    first, second = swapped["groups"]["dp"][0], swapped["groups"]["dp"][1]
+    first[0], second[0] = second[0], first[0]
+    swapped["digest"] = plan_digest(swapped)
+    with pytest.raises(PlanError, match=r"dp group 0 .* does not match the plan's rank coordinates"):
+        check_plan(swapped)
+    resized = copy.deepcopy(plan)
+    resized["groups"]["expt_dp"] = [group[:1] for group in resized["groups"]["expt_dp"]] + [
+        group[1:] for group in resized["groups"]["expt_dp"]]
+    with pytest.raises(PlanError, match=r"expt_dp group 0 .* has 1 ranks, the plan declares edp = 2"):
+        check_plan(resized)
