@@ -43,7 +43,8 @@ NOT_ARGUMENTS = {
 # --- issue 25 (article): THD packing's packed lengths and their basis are moeplan's own settings.
 NOT_ARGUMENTS |= {"training.packed_lengths", "training.packed_length_basis",
                   "overlap.pipeline_schedule"}
-Kind = Literal["flag", "int", "float", "str", "ints", "strs", "moe_freq", "bracket_ints", "special"]
+Kind = Literal["flag", "int", "float", "str", "ints", "strs", "moe_freq", "bracket_ints", "int_tuple",
+               "special"]
 
 # Arguments whose moeplan field has another name, or that only the wt/fields model fields carry
 # (mapped by Megatron's names; dropped with a note while this schema lacks them).
@@ -55,6 +56,12 @@ EXPLICIT: dict[str, tuple[str, Kind]] = {
     "--dsa-indexer-topk": ("model.index_topk", "int"),
     "--csa-compress-ratios": ("model.compress_ratios", "bracket_ints"),
     "--moe-layer-freq": ("model.moe_layer_freq", "moe_freq"),
+    # An int or a list expression, parsed as --moe-layer-freq is (megatron/training/arguments.py
+    # moe_freq_type, no_rope_freq_type, la_freq_type); the window is "left,right" (tuple_type).
+    "--window-attn-skip-freq": ("model.window_attn_skip_freq", "moe_freq"),
+    "--no-rope-freq": ("model.no_rope_freq", "moe_freq"),
+    "--linear-attention-freq": ("model.linear_attention_freq", "moe_freq"),
+    "--window-size": ("model.window_size", "int_tuple"),
     "--microbatch-group-size-per-virtual-pipeline-stage": (
         "parallel.microbatch_group_size_per_vp_stage", "int"),
     "--multi-latent-attention": ("model.multi_latent_attention", "flag"),
@@ -366,6 +373,8 @@ def parse_value(kind: Kind, values: tuple[str, ...]) -> Any:
         return _number(text, float)
     if kind == "moe_freq":
         return _eval_int_list(text) if "[" in text else _number(text, int)
+    if kind == "int_tuple":  # megatron/training/arguments.py tuple_type: "127,0" or "(127,0)"
+        return [_number(v, int) for v in text.strip("()").split(",")]
     if kind == "bracket_ints":
         return _eval_int_list(text) if "[" in text else [_number(v, int) for v in text.split(",")]
     return text

@@ -92,15 +92,17 @@ def test_check_is_loud_about_what_it_carries():
     extra = ["--data-path", "/d/x", "--lr-decay-style", "cosine", "--quick-geglu",
              "--no-gradient-accumulation-fusion", "--softmax-type", "vanilla", "--softmax-type",
              "learnable", "--no-such-flag", "--use-legacy-models", "--moe-model-type", "deepspeed_moe",
-             "--recompute-activations"]
+             "--recompute-activations", "--attention-backend", "unfused"]
     assert sorted(_codes(extra)) == sorted([
-        ("ARG001", "launch.megatron_extra_args[4]"),  # gpt-oss's experts: parameters
+        ("ARG005", "launch.megatron_extra_args[4]"),  # gpt-oss's experts: model.quick_geglu models it
         ("ARG002", "launch.megatron_extra_args[5]"),  # a fusion: time only
-        ("ARG001", "launch.megatron_extra_args[8]"),  # attention sinks; vanilla is Megatron's default
+        ("ARG005", "launch.megatron_extra_args[6]"),  # model.softmax_type models attention sinks,
+        ("ARG005", "launch.megatron_extra_args[8]"),  # the default vanilla as well as learnable
         ("ARG003", "launch.megatron_extra_args[10]"),  # Megatron's parser refuses it
         ("ARG004", "launch.megatron_extra_args[11]"),  # legacy models
         ("ARG004", "launch.megatron_extra_args[12]"),  # DeepSpeed-MoE
         ("ARG005", "launch.megatron_extra_args[14]"),  # overlap.recompute_granularity models it
+        ("ARG001", "launch.megatron_extra_args[15]"),  # unfused attention stores the s x s scores
     ])
 
 

@@ -301,6 +301,17 @@ def test_moe_layer_freq_spellings() -> None:
     assert moe_layer_freq([1, 0, 1, 0]) == 2 and moe_layer_freq([0, 1, 1]) == [0, 1, 1]
 
 
+def test_window_attention_arguments_are_read_as_megatron_parses_them() -> None:
+    """--window-size is megatron/training/arguments.py tuple_type ("127,0", parentheses allowed);
+    --window-attn-skip-freq, --no-rope-freq and --linear-attention-freq are an int or a list
+    expression (moe_freq_type, no_rope_freq_type, la_freq_type), as in examples/gptoss/02_train.sh."""
+    data = import_arguments("--window-size 127,0 --window-attn-skip-freq 2 --no-rope-freq 4 "
+                            "--linear-attention-freq '[1,1,1,0]'").data["model"]
+    assert data["window_size"] == [127, 0] and data["window_attn_skip_freq"] == 2
+    assert data["no_rope_freq"] == 4 and data["linear_attention_freq"] == [1, 1, 1, 0]
+    assert parse_value("int_tuple", ("(128,0)",)) == [128, 0]
+
+
 def test_hybrid_pattern_and_layout_inverse() -> None:
     decoded = decode_hybrid_pattern("WEHE|CEC-|CECE/WE")
     # 6 decoder layers (W H | C C | C C) + 1 MTP (W); the 4th layer's MLP is dense ('-')
