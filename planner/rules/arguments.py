@@ -6,7 +6,8 @@ planner/config/data/megatron_argument_classes.txt (planner/config/argument_class
 plan-neutral one passes silently, one that changes the shapes or the memory verdict is an error
 (ARG001), one that changes only the step time a warning (ARG002); a word Megatron-LM dev's parser
 does not define is refused there, so it is refused here (ARG003), legacy (non-core) models with
-their own code (ARG004), and a modelled argument belongs in its field (ARG005).
+their own code (ARG004), a modelled argument belongs in its field (ARG005), and carried arguments
+Megatron's validate_args refuses together are refused here too (ARG006).
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:
     "ARG001", "error", "carried Megatron arguments leave the counted model as it is",
     source=f"{PARSER}; {TABLE}",
     why="""`launch.megatron_extra_args` reaches Megatron verbatim. An argument there that changes
-    the model's shapes, parameters, FLOPs or memory (an activation variant, window attention, a
-    state dtype, an offload) would train a different model than the one whose parameters and memory
+    the model's shapes, parameters, FLOPs or memory (an unfused attention backend, a Megatron-FSDP
+    buffer, a legacy implementation) would train a different model than the one whose parameters and memory
     moeplan reports, and `check` would call it valid. Each argument's class is one line of the
     classes table; modelled ones go in their field instead.""",
-    bad="launch: {megatron_extra_args: [--quick-geglu]}",
+    bad="launch: {megatron_extra_args: [--attention-backend, unfused]}",
     good="launch: {megatron_extra_args: [--lr-decay-style, cosine]}",
 )
 def carried_changes_model(f: Facts) -> Iterator[Violation]:
@@ -124,4 +125,37 @@ def carried_modelled(f: Facts) -> Iterator[Violation]:
                             f"set {entry.what} and drop it from launch.megatron_extra_args")
 
 
-RULES = (carried_changes_model, carried_changes_time, carried_unknown, legacy_model, carried_modelled)
+# Carried argument values Megatron's validate_args refuses together: (argument, value), (argument,
+# value or None for a switch), Megatron's reason and its way out (Megatron-LM dev@d48bd6be
+# megatron/training/arguments.py validate_args; megatron/core/model_parallel_config.py
+# ModelParallelConfig.__post_init__ asserts the same).
+REFUSED_TOGETHER = (
+    (("cross_entropy_fusion_impl", "te"), ("cross_entropy_loss_fusion", None),
+     "Transformer Engine's fused cross entropy is disabled for its stability issues",
+     "use --cross-entropy-fusion-impl native, or drop --cross-entropy-loss-fusion"),
+)
+
+
+@rule(
+    "ARG006", "error", "carried arguments are ones Megatron accepts together",
+    source="Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args",
+    why="""Each argument may be fine alone while Megatron refuses the pair at start-up: dev refuses
+    `--cross-entropy-fusion-impl te` with `--cross-entropy-loss-fusion` (Transformer Engine's fused
+    cross entropy is disabled). A job carrying both does not start, so `check` does not call it valid.""",
+    bad="launch: {megatron_extra_args: [--cross-entropy-loss-fusion, --cross-entropy-fusion-impl, te]}",
+    good="launch: {megatron_extra_args: [--cross-entropy-loss-fusion, --cross-entropy-fusion-impl, native]}",
+)
+def carried_refused_together(f: Facts) -> Iterator[Violation]:
+    carried = {name: (path, values) for path, name, values, _ in _carried(f)}  # the last one counts
+    for (name, value), (other, other_value), why, fix in REFUSED_TOGETHER:
+        if name not in carried or other not in carried:
+            continue
+        path, values = carried[name]
+        if values[:1] == (value,) and (other_value is None or carried[other][1][:1] == (other_value,)):
+            yield Violation(path, f"{_shown(name, values)} with {_shown(other, carried[other][1])} is "
+                            f"refused by Megatron-LM dev@d48bd6be's validate_args ({why})",
+                            fix)
+
+
+RULES = (carried_changes_model, carried_changes_time, carried_unknown, legacy_model, carried_modelled,
+         carried_refused_together)

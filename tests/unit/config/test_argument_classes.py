@@ -120,3 +120,12 @@ def test_not_modelled_arguments_say_what_they_change():
             assert changes and changes <= terms, entry
             # a warning changes only how fast (time, and the bytes moved); never shapes or memory
             assert (entry.kind == "warning") == (changes <= {"time", "bytes"}), entry
+
+
+def test_arguments_megatron_refuses_together_are_refused():
+    """Megatron-LM dev's validate_args asserts not (cross_entropy_loss_fusion and
+    cross_entropy_fusion_impl == 'te'): each alone is a time warning, the pair is ARG006."""
+    pair = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
+    assert ("ARG006", "launch.megatron_extra_args[1]") in _codes(pair)
+    assert not [c for c, _ in _codes(pair[1:]) if c == "ARG006"]
+    assert not [c for c, _ in _codes([*pair[:2], "native"]) if c == "ARG006"]
