@@ -69,7 +69,7 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
     "modelzoo_deepseek_v2_lite.yaml": (set(), "pass", "", ""),
     "modelzoo_deepseek_v3.yaml": ({"MEM001"}, "accepted", "",
                                   "15 microbatches in flight on stage 1 with selective recompute of the "
-                                  "recipe: moeplan's own memory check, which Megatron's parser does not make"),
+                                  "recipe: moeplan's own memory check, Megatron's parser makes none"),
     "pai_deepseek_v3.sh": ({"ARG003"}, "pass", "",
                            "--max-padding-length, --extra-vocab-size, --patch-tokenizer-type, --dataset, "
                            "--train-mode, --qk-nope-head-dim and --qk-rope-head-dim are Pai-Megatron-Patch's "
