@@ -2,7 +2,7 @@
 `---- arguments ----` and `---- end of arguments ----` (Megatron-LM dev@d48bd6be
 megatron/training/arguments.py _print_args, called at the end of validate_args) holds every
 argument after validation, plus the world size; the tokenizer's `padded vocab (size: N) with M
-dummy tokens (new size: P)` line (megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding)
+dummy tokens (new size: P)` line (megatron/training/vocab_utils.py calculate_padded_vocab_size)
 and `setting number of microbatches to constant K` (megatron/core/num_microbatches_calculator.py)
 follow it.
 

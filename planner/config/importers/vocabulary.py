@@ -1,8 +1,8 @@
 """The vocabulary a launch trains with, when its command line does not say.
 
 Megatron takes the vocabulary from the tokenizer unless `--vocab-size` is given
-(Megatron-LM dev@d48bd6be megatron/training/tokenizer/tokenizer.py build_tokenizer, then
-_vocab_size_with_padding pads `tokenizer.vocab_size` to a multiple of
+(Megatron-LM dev@d48bd6be megatron/core/tokenizers/utils/build_tokenizer.py build_tokenizer, then
+vocab_size_with_padding pads `tokenizer.vocab_size` to a multiple of
 make_vocab_size_divisible_by x TP). A Hugging Face tokenizer's size is its vocabulary plus the
 added tokens outside it (`len(tokenizer)`: tokenizer.json `model.vocab` + `added_tokens`); only
 when the folder has no tokenizer.json does the model's config.json `vocab_size` (the embedding rows,
