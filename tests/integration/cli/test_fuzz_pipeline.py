@@ -39,7 +39,7 @@ from planner.rules import run_rules
 from tests.support.config_mutator import base_docs, mutated_config
 from tests.support.json_mutator import mutate
 
-DEFAULT_CASES = 1000
+DEFAULT_CASES = 500
 CLI_EVERY = 20  # every 20th case also goes through the commands themselves
 CASE_SECONDS = 30  # one case that runs longer than this is reported like a crash
 
@@ -166,8 +166,12 @@ def test_every_base_config_runs_through(name, tmp_path):
     """The unmutated starting points: the bundled invalid examples end in rule findings, and so
     do the bare presets of big models (MEM001: they do not fit 80 GiB on 128 ranks with EP 64
     without the distributed optimizer and recompute); the 30.5B-parameter Qwen3-30B-A3B fits,
-    and it, the bundled valid examples and the rule base are planned and emitted."""
+    and it, the bundled valid examples and the rule base are planned and emitted — but for
+    MiniMax-M2, valid and budgeted, whose per-layer q/k norm Megatron-LM dev cannot build, so
+    `emit megatron` refuses it (EMT010)."""
     findings = name.startswith("invalid") or (name.startswith("preset")
                                               and name != "preset qwen3-30b-a3b")
     expected = "rule findings" if findings else "planned and emitted"
+    if name == "architectures/minimax-m2-128.yaml":
+        expected = "emit refused (finding)"
     assert run_case(base_docs()[name], tmp_path) == expected

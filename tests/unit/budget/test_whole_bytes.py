@@ -115,7 +115,7 @@ def valid_layouts(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=80, deadline=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(valid_layouts())
 def test_every_budget_in_bytes_is_whole_on_valid_configs(data):
