@@ -185,17 +185,19 @@ def dispatch_latency(cfg: Config) -> float:
     if moe.moe_token_dispatcher_type == "alltoall":
         return eff.dispatch_latency_us_alltoall
     if moe.moe_token_dispatcher_type == "flex":
-        return {"deepep": eff.dispatch_latency_us_deepep,
+        return {"deepep": eff.dispatch_latency_us_deepep, "deepepv2": eff.dispatch_latency_us_deepep,
                 "hybridep": eff.dispatch_latency_us_hybridep}.get(moe.moe_flex_dispatcher_backend, 0.0)
     return 0.0
 
 
 def dispatch_efficiency(cfg: Config) -> float:
-    """The efficiency factor of the config's token dispatcher (its backend under flex)."""
+    """The efficiency factor of the config's token dispatcher (its backend under flex). DeepEP v2
+    has no published figure of its own yet: it is priced as DeepEP; NCCL EP as the link (1.0)."""
     eff, moe = cfg.cluster.efficiency, cfg.moe
     if moe.moe_token_dispatcher_type == "alltoall":
         return eff.dispatch_alltoall
     if moe.moe_token_dispatcher_type == "flex":
         backend = moe.moe_flex_dispatcher_backend
-        return {"deepep": eff.dispatch_deepep, "hybridep": eff.dispatch_hybridep}.get(backend, 1.0)
+        return {"deepep": eff.dispatch_deepep, "deepepv2": eff.dispatch_deepep,
+                "hybridep": eff.dispatch_hybridep}.get(backend, 1.0)
     return 1.0

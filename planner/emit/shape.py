@@ -15,6 +15,7 @@ from typing import Any
 from planner.config.schema import Config
 from planner.emit.megatron import launch_environment
 from planner.emit.safety import EmitError
+from planner.layout.nodes import node_of, rank_places
 
 PLAN_FILE = "plan.json"
 REPORT_FILE = "report.json"
@@ -58,6 +59,25 @@ def layout_line(plan: dict[str, Any]) -> str:
     return f"N={lay['world_size']}: {dense} | {expert}, order {lay['order']}"
 
 
+def _refuse_other_placement(cfg: Config, world: int, per_node: int) -> None:
+    """The budget's rank→node map (cluster.rank_distribution / rank_nodes, planner/layout/nodes.py)
+    must be the one the launchers give: one torchrun per node numbers ranks node after node
+    (node_rank · nproc_per_node + local_rank), so a cyclic or hostfile placement is not what runs."""
+    c = cfg.cluster
+    if c.rank_distribution == "block" and not c.rank_nodes:
+        return
+    places = rank_places(cfg)
+    moved = next((r for r in range(world) if node_of(r, places) != r // per_node), None)
+    if moved is None:
+        return
+    field = "cluster.rank_nodes" if c.rank_nodes else "cluster.rank_distribution"
+    raise EmitError(field, f"the budget runs rank {moved} on node {node_of(moved, places)}, but the "
+                    "emitted launchers start one torchrun per node, which puts it on node "
+                    f"{moved // per_node} (ranks node after node); launch the ranks in that order "
+                    "yourself (e.g. srun with one task per GPU and --distribution=cyclic) or plan "
+                    "with rank_distribution: block")
+
+
 def launch_shape(cfg: Config, plan: dict[str, Any], config_path: Path | str) -> LaunchShape:
     """Ranks per node from the plan's world size over cluster.nodes (which must divide it)."""
     world = cfg.parallel.world_size
@@ -70,6 +90,7 @@ def launch_shape(cfg: Config, plan: dict[str, Any], config_path: Path | str) -> 
     if per_node > cfg.cluster.gpus_per_node:
         raise EmitError("cluster.nodes", f"{world} ranks over {nodes} node(s) is {per_node} per node, more "
                         f"than cluster.gpus_per_node = {cfg.cluster.gpus_per_node}")
+    _refuse_other_placement(cfg, world, per_node)
     cpus = cfg.launch.cpus_per_task or per_node
     provenance = (
         f"moeplan {plan['moeplan_version']} from config {config_path}",

@@ -83,7 +83,7 @@ SPECIAL = {
     "--experimental-attention-variant", "--hybrid-layer-pattern", "--spec", "--moe-n-hash-layers",
     "--sequence-packing-scheduler",
     "--use-rotary-position-embeddings", "--recompute-activations",  # LEGACY_SPELLINGS below
-    "--no-position-embedding",
+    "--no-position-embedding", "--linear-attention-type",
 }
 # Megatron's older spellings of a field, resolved as validate_args resolves them (Megatron-LM
 # dev@d48bd6be megatron/training/arguments.py validate_args: "Legacy RoPE arguments" sets
@@ -535,7 +535,9 @@ def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
             # Packed sequences are THD; Megatron dev has no qkv_format argument of its own.
             result.set("training.sequence_packing_scheduler", scheduler)
             result.set("training.qkv_format", "thd")
-    variant = special.get("--experimental-attention-variant")
+    # --linear-attention-type is TransformerConfig's deprecated spelling of the variant
+    # (megatron/core/transformer/transformer_config.py __post_init__ copies it over).
+    variant = special.get("--experimental-attention-variant") or special.get("--linear-attention-type")
     if variant is not None:
         name = _one(result, variant, "str")
         if name == "dsv4_hybrid":

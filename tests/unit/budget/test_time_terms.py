@@ -65,3 +65,21 @@ def test_tp_comm_overlap_hides_part_of_the_sp_collectives() -> None:
                                   "sequence_parallel": True},
                         overlap={"tp_comm_overlap": on}))["time_exposed_comm_s"]
     assert exposed(True) < exposed(False)
+
+
+def test_deepep_v2_is_priced_as_deepep_until_it_has_a_figure_of_its_own() -> None:
+    from planner.budget.hardware import dispatch_efficiency, dispatch_latency
+    from planner.config.loader import load_config
+    from tests.support.paths import EXAMPLES
+
+    cfg = load_config(EXAMPLES / "deepseek-v3-1024.yaml")
+    eff = cfg.cluster.efficiency.model_copy(update={"dispatch_deepep": 0.7,
+                                                    "dispatch_latency_us_deepep": 40.0})
+
+    def flex(backend: str) -> Config:
+        return cfg.model_copy(update={
+            "moe": cfg.moe.model_copy(update={"moe_token_dispatcher_type": "flex",
+                                              "moe_flex_dispatcher_backend": backend}),
+            "cluster": cfg.cluster.model_copy(update={"efficiency": eff})})
+    assert dispatch_efficiency(flex("deepepv2")) == dispatch_efficiency(flex("deepep")) == 0.7
+    assert dispatch_latency(flex("deepepv2")) == dispatch_latency(flex("deepep")) == 40.0

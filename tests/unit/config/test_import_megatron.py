@@ -494,3 +494,17 @@ def parse_command_arguments(line: str) -> list[str]:
     from planner.config.importers.megatron_args import parse_command, split_words
 
     return [a.flag for a in parse_command(split_words(line)).arguments]
+
+
+@pytest.mark.parametrize(("words", "field", "value"), [
+    # megatron/core/transformer/transformer_config.py __post_init__: the deprecated spelling
+    ("--linear-attention-type gated_delta_net --linear-attention-freq 4", "linear_attention_freq", 4),
+    ("--experimental-attention-variant gated_delta_net --linear-attention-freq 4", "linear_attention_freq", 4),
+    ("--experimental-attention-variant dsa --multi-latent-attention", "dsa", True),
+    # validate_args refuses --no-position-embedding unless rope, where nothing reads it
+    ("--position-embedding-type rope --no-position-embedding", "position_embedding_type", "rope"),
+])
+def test_variant_spellings_import_as_the_fields_emit_writes_back(words: str, field: str, value: Any):
+    result = import_arguments(words)
+    assert result.data["model"][field] == value
+    assert not result.extra_args, result.extra_args

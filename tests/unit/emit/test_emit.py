@@ -933,3 +933,21 @@ def test_a_config_of_both_branches_is_an_emit_error_and_no_rule_crash() -> None:
         megatron_arguments(cfg)
     assert raised.value.path == "parallel.gtp" and "dev branch only" in raised.value.message
     assert Facts(cfg).megatron_branch == "main or dev"
+
+
+@pytest.mark.parametrize("placement", [{"rank_distribution": "cyclic"},
+                                       {"rank_nodes": [0, 1, 0, 1, 0, 1, 0, 1]}])
+def test_a_placement_the_launchers_do_not_give_is_refused(tmp_path: Path, placement: dict[str, Any]):
+    """One torchrun per node numbers ranks node after node; a budget planned for Slurm's cyclic
+    distribution or a hostfile order would describe a placement the emitted scripts never run."""
+    data = tiny_data()
+    data["cluster"] = {**data.get("cluster", {}), "nodes": 2, "gpus_per_node": 4, **placement}
+    path = tmp_path / "placed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = emit("all", path, "-o", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    assert "cluster.rank_" in result.output and "rank 1 on node 1" in result.output
+    assert not (tmp_path / "out").exists()
+    block = {**data, "cluster": {**data["cluster"], "rank_distribution": "block", "rank_nodes": None}}
+    path.write_text(yaml.safe_dump(block))
+    assert emit("all", path, "-o", tmp_path / "block").exit_code == 0
