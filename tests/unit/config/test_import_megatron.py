@@ -499,7 +499,8 @@ def parse_command_arguments(line: str) -> list[str]:
 @pytest.mark.parametrize(("words", "field", "value"), [
     # megatron/core/transformer/transformer_config.py __post_init__: the deprecated spelling
     ("--linear-attention-type gated_delta_net --linear-attention-freq 4", "linear_attention_freq", 4),
-    ("--experimental-attention-variant gated_delta_net --linear-attention-freq 4", "linear_attention_freq", 4),
+    ("--experimental-attention-variant gated_delta_net --linear-attention-freq 4",
+     "linear_attention_freq", 4),
     ("--experimental-attention-variant dsa --multi-latent-attention", "dsa", True),
     # validate_args refuses --no-position-embedding unless rope, where nothing reads it
     ("--position-embedding-type rope --no-position-embedding", "position_embedding_type", "rope"),
