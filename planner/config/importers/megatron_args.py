@@ -536,7 +536,7 @@ def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
             result.set("training.sequence_packing_scheduler", scheduler)
             result.set("training.qkv_format", "thd")
     # --linear-attention-type is TransformerConfig's deprecated spelling of the variant
-    # (megatron/core/transformer/transformer_config.py __post_init__ copies it over).
+    # (megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__ copies it over).
     variant = special.get("--experimental-attention-variant") or special.get("--linear-attention-type")
     if variant is not None:
         name = _one(result, variant, "str")

@@ -497,7 +497,7 @@ def parse_command_arguments(line: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("words", "field", "value"), [
-    # megatron/core/transformer/transformer_config.py __post_init__: the deprecated spelling
+    # megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__: the deprecated spelling
     ("--linear-attention-type gated_delta_net --linear-attention-freq 4", "linear_attention_freq", 4),
     ("--experimental-attention-variant gated_delta_net --linear-attention-freq 4",
      "linear_attention_freq", 4),
