@@ -179,25 +179,26 @@ def _hybridep(cfg: Config) -> bool:
     return moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend == "hybridep"
 
 
+def _priced_dispatcher(cfg: Config) -> str | None:
+    """Which dispatcher's efficiency factors price the config's token exchange: alltoall, or the
+    flex backend's (DeepEP v2 has no published figure of its own yet: it is priced as DeepEP);
+    None for the rest (allgather, NCCL EP), which run at the link's rate with no fixed set-up."""
+    moe = cfg.moe
+    if moe.moe_token_dispatcher_type == "alltoall":
+        return "alltoall"
+    if moe.moe_token_dispatcher_type == "flex":
+        return {"deepep": "deepep", "deepepv2": "deepep",
+                "hybridep": "hybridep"}.get(moe.moe_flex_dispatcher_backend or "")
+    return None
+
+
 def dispatch_latency(cfg: Config) -> float:
     """The fixed microseconds per dispatch / combine call of the config's token dispatcher."""
-    eff, moe = cfg.cluster.efficiency, cfg.moe
-    if moe.moe_token_dispatcher_type == "alltoall":
-        return eff.dispatch_latency_us_alltoall
-    if moe.moe_token_dispatcher_type == "flex":
-        return {"deepep": eff.dispatch_latency_us_deepep, "deepepv2": eff.dispatch_latency_us_deepep,
-                "hybridep": eff.dispatch_latency_us_hybridep}.get(moe.moe_flex_dispatcher_backend, 0.0)
-    return 0.0
+    name = _priced_dispatcher(cfg)
+    return getattr(cfg.cluster.efficiency, f"dispatch_latency_us_{name}") if name else 0.0
 
 
 def dispatch_efficiency(cfg: Config) -> float:
-    """The efficiency factor of the config's token dispatcher (its backend under flex). DeepEP v2
-    has no published figure of its own yet: it is priced as DeepEP; NCCL EP as the link (1.0)."""
-    eff, moe = cfg.cluster.efficiency, cfg.moe
-    if moe.moe_token_dispatcher_type == "alltoall":
-        return eff.dispatch_alltoall
-    if moe.moe_token_dispatcher_type == "flex":
-        backend = moe.moe_flex_dispatcher_backend
-        return {"deepep": eff.dispatch_deepep, "deepepv2": eff.dispatch_deepep,
-                "hybridep": eff.dispatch_hybridep}.get(backend, 1.0)
-    return 1.0
+    """The efficiency factor of the config's token dispatcher (its backend under flex)."""
+    name = _priced_dispatcher(cfg)
+    return getattr(cfg.cluster.efficiency, f"dispatch_{name}") if name else 1.0
