@@ -6,11 +6,22 @@ the fixed configs of every test module share one run: a module registers each co
 imported (pytest imports every module before it runs a test), and the first verdict asked for
 judges everything registered so far in one subprocess. Generated (hypothesis) configs are judged
 in batches with `judge_configs`. Tests skip, with the reason, where there is no Megatron-LM checkout.
+
+Under pytest-xdist every worker imports every module, so every worker registers the same cases: the
+first worker to ask judges them and leaves the run in a folder of this test run's own
+(`PYTEST_XDIST_TESTRUNUID`), and the others wait on its lock and read it instead of starting
+Megatron again.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
+import os
+import pickle
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +33,7 @@ from planner.config.schema import Config
 from planner.emit.megatron_check import (
     CheckRequest,
     CheckResult,
+    CheckRun,
     expected_values,
     judge,
     megatron_hashed,
@@ -71,10 +83,36 @@ def verdict(name: str) -> CheckResult:
     if name not in _verdicts:
         names = list(_pending)
         made = [_pending.pop(one)() for one in names]
-        run = judge([request for request, _ in made], [want for _, want in made], megatron, sys.executable)
+        run = _shared_judge(names, made, megatron)
         _verdicts.update(zip(names, run.results, strict=True))
         _stand_ins[:] = run.stand_ins
     return _verdicts[name]
+
+
+def _shared_judge(names: list[str], made: list[tuple[CheckRequest, dict[str, Any]]],
+                  megatron: Path) -> CheckRun:
+    """`judge` on the batch, once per test run: workers with the same batch read the first one's run."""
+    requests = [request for request, _ in made]
+    expected = [want for _, want in made]
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:  # one process: nobody to share with
+        return judge(requests, expected, megatron, sys.executable)
+    batch = json.dumps([names, [r.as_json() for r in requests], expected], sort_keys=True, default=str)
+    key = hashlib.sha256(batch.encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / f"moeplan-oracle-{run_id}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    saved = folder / f"{key}.pickle"
+    with open(folder / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if saved.exists():
+            with saved.open("rb") as stream:
+                return pickle.load(stream)  # noqa: S301 - written by this test run's own worker
+        run = judge(requests, expected, megatron, sys.executable)
+        partial = saved.with_suffix(".partial")
+        with partial.open("wb") as stream:
+            pickle.dump(run, stream)
+        partial.replace(saved)
+        return run
 
 
 def shared_stand_ins() -> list[str]:

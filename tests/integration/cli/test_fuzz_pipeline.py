@@ -39,7 +39,7 @@ from planner.rules import run_rules
 from tests.support.config_mutator import base_docs, mutated_config
 from tests.support.json_mutator import mutate
 
-DEFAULT_CASES = 500
+DEFAULT_CASES = 300
 CLI_EVERY = 20  # every 20th case also goes through the commands themselves
 CASE_SECONDS = 30  # one case that runs longer than this is reported like a crash
 

@@ -1,6 +1,6 @@
 """The emitted torchrun launcher, run for real: 8 CPU ranks of the bundled runtime on the tiny example
-must finish with the reference check passing and `moeplan verify` content; `moeplan launch` does
-compile → emit → run → verify in one command on a 2-rank plan.
+must finish with the reference check passing and every byte `moeplan verify` reads exact; `moeplan
+launch` does compile → emit → run → verify in one command on a 2-rank plan.
 """
 
 from __future__ import annotations
@@ -35,20 +35,51 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def test_emitted_torchrun_script_runs_tiny_cpu_8_with_the_reference_check_passing(tmp_path: Path):
+def balanced_tiny_cpu_8(folder: Path) -> Path:
+    """The issue's example as shipped, with balanced routing so every byte is exact."""
+    data = yaml.safe_load((EXAMPLES / "tiny-cpu-8.yaml").read_text())
+    data["moe"]["moe_router_force_load_balancing"] = True
+    path = folder / "tiny-cpu-8-balanced.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_emitted_torchrun_script_runs_tiny_cpu_8_and_every_byte_is_verified_exactly(tmp_path: Path):
+    """8 ranks (CP2·DP4 dense, ETP2·EP2·EDP2 expert) through the emitted script, as users launch
+    them; balanced routing (`--balanced`, which the script passes) makes every dispatch figure exact."""
     out = tmp_path / "run"
-    result = runner.invoke(app, ["emit", "torchrun", str(EXAMPLES / "tiny-cpu-8.yaml"), "-o", str(out)])
+    result = runner.invoke(app, ["emit", "torchrun", str(balanced_tiny_cpu_8(tmp_path)), "-o", str(out)])
     assert result.exit_code == 0, result.output
+    assert "--balanced" in (out / "torchrun.sh").read_text()
     run = subprocess.run(["bash", str(out / "torchrun.sh")], env=clean_env(), capture_output=True,
                          text=True, timeout=RUN_TIMEOUT, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "reference check: ok" in run.stdout
-    report = json.loads((out / "report.json").read_text())
-    assert report["world_size"] == 8 and report["steps"] == 2
-    assert report["reference"] == {**report["reference"], "checked": True, "ok": True}
-    verify = runner.invoke(app, ["verify", str(out / "plan.json"), str(out / "report.json")])
+    plan = json.loads((out / "plan.json").read_text())
+    measured = json.loads((out / "report.json").read_text())
+    assert measured["balanced"] and measured["steps"] == 2 and measured["world_size"] == 8
+    assert measured["reference"] == {**measured["reference"], "checked": True, "ok": True}
+    assert measured["plan_digest"] == plan["digest"]
+    assert [share["rank"] for share in measured["ranks"]] == list(range(8))
+
+    verify = runner.invoke(app, ["verify", str(out / "plan.json"), str(out / "report.json"), "--json"])
     assert verify.exit_code == 0, verify.output
-    assert "verified" in verify.output and "NOT verified" not in verify.output
+    figures = json.loads(verify.output)["figures"]
+    dispatch = [f for f in figures if f["collective"].startswith(("ep_", "etp_"))]
+    # 6 EP and 6 ETP collective phases plus the count exchange, send and recv, on 8 ranks
+    assert len(dispatch) == 8 * 2 * 13
+    assert all(f["status"] == "exact" and f["measured"] == f["predicted"] for f in dispatch)
+    # hand-derived: n = 32/2 = 16 rows, k = 2, h = 64, fp32, 2 MoE layers x 2 microbatches
+    send = {(f["rank"], f["collective"], f["phase"]): f["measured"] for f in figures
+            if f["direction"] == "send_bytes"}
+    assert send[0, "ep_dispatch_hidden", "fwd"] == 16 * 2 * 64 * 4 * 2 * 2
+    assert send[5, "etp_scatter_hidden", "fwd"] == 2 * 16 * 2 * 64 * 4 * 2 * 2
+    assert send[3, "ep_count_exchange", "fwd"] == 8 * 8 * 2 * 2
+
+    table = runner.invoke(app, ["verify", str(out / "plan.json"), str(out / "report.json"), "--rank", "3"])
+    assert table.exit_code == 0, table.output
+    assert "ep_dispatch_hidden.fwd" in table.output and "verified" in table.output
+    assert "NOT verified" not in table.output
 
 
 def two_rank_config(folder: Path) -> Path:

@@ -53,7 +53,7 @@ def test_every_quantity_is_written_by_a_page() -> None:
         assert {q.page for q in book.quantities} == set(PAGE_ORDER), path.name
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(variants())
 def test_no_formula_reads_a_later_page(variant: Variant) -> None:
     assert later_page_reads(formula_book(variant)) == []
