@@ -52,7 +52,8 @@ class RecomputePolicy:
         modules = value("recompute_modules") or ["core_attn"]
         return cls(granularity=granularity,
                    method=str(value("recompute_method") or "uniform"),
-                   num_layers=int(value("recompute_num_layers") or 1),
+                   num_layers=1 if value("recompute_num_layers") is None
+                   else int(value("recompute_num_layers")),
                    modules=frozenset(modules) if granularity == "selective" else frozenset())
 
     @property

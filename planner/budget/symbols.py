@@ -606,7 +606,7 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
     layers: list[int] = []
     if ov.recompute_granularity == "full":
         block = ov.recompute_method == "block"
-        limit = ov.recompute_num_layers or 1
+        limit = 1 if ov.recompute_num_layers is None else ov.recompute_num_layers
         for chunk in st.chunks:
             layers += chunk.layers[:limit] if block else chunk.layers
             layers += [] if block else [model.num_layers + d for d in chunk.mtp_layers]

@@ -523,7 +523,9 @@ class OverlapSection(Section):
     overlap_param_gather: bool = False
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
-    recompute_num_layers: PosInt | None = None
+    # 0 is legal under `block` (Megatron recomputes no block: TransformerBlock._checkpointed_forward);
+    # under `uniform` it never ends Megatron's loop, which OVL009 refuses
+    recompute_num_layers: NonNegInt | None = None
     recompute_modules: list[str] | None = None
     cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = "none"
     cuda_graph_scope: list[str] = Field(default_factory=list)

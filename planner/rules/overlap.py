@@ -166,7 +166,10 @@ def ep_overlap_without_moe_recompute(f: Facts) -> Iterator[Violation]:
     source=TRANSFORMER_CONFIG,
     why="""Full recompute re-runs whole groups of blocks: recompute_method says how the blocks are
     grouped (uniform: every recompute_num_layers blocks; block: the first recompute_num_layers
-    of each stage), and Megatron refuses full granularity without both.""",
+    of each stage), and Megatron refuses full granularity without both. Under `uniform` the count
+    must be at least 1: Megatron's loop over the groups (megatron/core/transformer/transformer_block.py
+    TransformerBlock._checkpointed_forward) advances by recompute_num_layers, so 0 never ends it and
+    the first step hangs; under `block`, 0 recomputes no block.""",
     bad="overlap: {recompute_granularity: full}",
     good="overlap: {recompute_granularity: full, recompute_method: uniform, recompute_num_layers: 1}",
 )
@@ -180,6 +183,12 @@ def full_recompute_needs_method(f: Facts) -> Iterator[Violation]:
         yield Violation("overlap.recompute_num_layers",
                         "recompute_granularity full without recompute_num_layers",
                         "set overlap.recompute_num_layers, e.g. 1 (every block recomputed on its own)")
+    elif f.ovl.recompute_num_layers == 0 and f.ovl.recompute_method == "uniform":
+        yield Violation("overlap.recompute_num_layers",
+                        "recompute_method uniform with recompute_num_layers 0: Megatron's group loop "
+                        "advances by 0 blocks and the first step never ends",
+                        "set overlap.recompute_num_layers to 1 or more (or recompute_method: block, "
+                        "where 0 recomputes no block)")
 
 
 @rule(

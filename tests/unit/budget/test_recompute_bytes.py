@@ -117,6 +117,20 @@ def test_block_method_recomputes_the_first_n_r_blocks_of_each_chunk() -> None:
     assert (stages[1]["blocks_recomputed"], stages[1]["L_moe_recomputed"]) == (4, 4)
 
 
+def test_block_method_with_zero_layers_recomputes_nothing() -> None:
+    """`block` with recompute_num_layers 0 is legal and re-runs no block (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/transformer_block.py TransformerBlock._checkpointed_forward: the
+    checkpointed range is layer_idx < 0 + skipped); a real DeepSeek-V4 launch sets it."""
+    plain = small(None)
+    for stage, v in small(full("block", 0)).items():
+        assert v["blocks_recomputed"] == v["recomputed_blocks"] == v["L_moe_recomputed"] == 0
+        assert all(value == 0 for name, value in v.items()
+                   if name.startswith("step.") and name.split(".")[2] == RECOMPUTE)
+        assert v["recompute_working_bytes"] == 0
+        assert v["step.ep_dispatch_hidden.fwd.send_bytes"] == \
+            plain[stage]["step.ep_dispatch_hidden.fwd.send_bytes"]
+
+
 def test_uniform_method_recomputes_every_block_mtp_included() -> None:
     for n_r in (1, 3):
         for stage, v in small(full("uniform", n_r)).items():

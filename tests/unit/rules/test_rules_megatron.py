@@ -26,6 +26,8 @@ DDP = "core/distributed/distributed_data_parallel.py"
 # (path under megatron/, line at dev@d48bd6be, text on that line, function) — every line a test
 # below relies on.
 CITED_LINES = [
+    ("core/transformer/transformer_block.py", 722, "layer_idx += self.config.recompute_num_layers",
+     "_checkpointed_forward"),
     # current architectures (planner/rules/architectures.py): ARC001's no_rope_freq checks ...
     (TRANSFORMER_CONFIG, 3580, "assert self.num_layers % self.no_rope_freq == 0, (", "__post_init__"),
     (TRANSFORMER_CONFIG, 3589, "assert len(self.no_rope_freq) == self.num_layers, (", "__post_init__"),
@@ -149,6 +151,15 @@ def test_full_recompute_without_method_is_an_error():
     ]
     done = {"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 2}
     assert codes({"overlap": done}) == []
+
+
+def test_zero_recompute_layers_hang_uniform_and_are_legal_under_block():
+    # megatron/core/transformer/transformer_block.py:722 TransformerBlock._checkpointed_forward:
+    # the uniform loop advances by recompute_num_layers, so 0 never ends it; TransformerConfig
+    # checks only that the count is set (transformer_config.py:2171)
+    uniform = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 0}
+    assert codes({"overlap": uniform}) == [("OVL009", "error", "overlap.recompute_num_layers")]
+    assert codes({"overlap": {**uniform, "recompute_method": "block"}}) == []
 
 
 def test_selective_recompute_with_method_is_an_error():
