@@ -108,7 +108,7 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
             raise CalibrationError(str(exc)) from None
         source = configs[i] if len(configs) > 1 else (configs[0] if configs else None)
         try:
-            cfg = config_for_log(log, text, source)
+            cfg = config_for_log(log, source)
         except LogError as exc:
             raise CalibrationError(str(exc), 2) from None
         except UnreadableConfig as exc:

@@ -60,6 +60,13 @@ _DERIVED_FROM: dict[str, tuple[str, ...]] = {
     "num_layers": ("hybrid_layer_pattern",),
     "encoder_num_layers": ("num_layers",),  # validate_args copies num_layers into it
 }
+# dest → (dest, printed value) under which validate_args derives it and refuses it given: with
+# --weight-decay-incr-style constant it asserts the start and end decays unset, then copies
+# --weight-decay into both (megatron/training/arguments.py validate_args).
+_DERIVED_WHEN: dict[str, tuple[str, str]] = {
+    "start_weight_decay": ("weight_decay_incr_style", "constant"),
+    "end_weight_decay": ("weight_decay_incr_style", "constant"),
+}
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ class LogRead:
     vocab_size: int | None = None  # the tokenizer's own size, before padding
     num_microbatches: int | None = None
     argv: list[str] = field(default_factory=list)
+    every_dump: list[dict[str, str]] = field(default_factory=list)  # all of them, in log order
 
     def printed_int(self, name: str) -> int | None:
         value = self.dump.get(name, "None")
@@ -119,9 +127,14 @@ def argument_dumps(lines: list[str]) -> list[dict[str, str]]:
 
 def read_log(text: str) -> LogRead:
     """The log's last argument dump and the tokenizer and microbatch lines that follow it."""
-    lines = clean_lines(text)
+    return read_lines(clean_lines(text))
+
+
+def read_lines(lines: list[str]) -> LogRead:
+    """`read_log` of lines already cleaned (log_lines.clean_lines): a reader that also wants the
+    log's other lines, such as calibrate's timing reader, cleans the log once and shares them."""
     dumps = argument_dumps(lines)
-    read = LogRead(dumps[-1] if dumps else {}, len(dumps))
+    read = LogRead(dumps[-1] if dumps else {}, len(dumps), every_dump=dumps)
     for line in lines:
         if match := _PADDED.search(line):
             read.vocab_size, read.padded_vocab_size = int(match["size"]), int(match["padded"])
@@ -168,6 +181,8 @@ def dump_arguments(dump: dict[str, str], vocab_size: int | None = None) -> list[
         given = (other for other in _DERIVED_FROM.get(dest, ()))
         if any(dump.get(other, "None") not in ("None", "0", "False", "") for other in given):
             continue
+        if (when := _DERIVED_WHEN.get(dest)) and dump.get(when[0]) == when[1]:
+            continue
         for row in table.get(dest, ()):
             words = _words(row, printed)
             if words:
@@ -181,6 +196,11 @@ def dump_arguments(dump: dict[str, str], vocab_size: int | None = None) -> list[
 def log_front_end(text: str, source: str = "log") -> tuple[FrontEnd, LogRead]:
     """The log as an import front end: the dump's arguments, its world size as the launch."""
     read = read_log(text)
+    return front_end_of(read, source), read
+
+
+def front_end_of(read: LogRead, source: str = "log") -> FrontEnd:
+    """The import front end of a log already read."""
     world = read.printed_int("world_size")
     facts = LaunchFacts(launcher=DUMP_LAUNCHER, world_size=world,
                         sources=[f"world_size {world} in the argument dump of {source}"] if world else [])
@@ -194,13 +214,17 @@ def log_front_end(text: str, source: str = "log") -> tuple[FrontEnd, LogRead]:
                                     f"{len(unknown)} dump entries have no flag in the parser of the "
                                     "Megatron-LM moeplan follows (values validate_args sets, or arguments "
                                     "of another Megatron version); left out"))
-    return front, read
+    return front
 
 
 def config_from_log(text: str, source: str = "log") -> tuple[dict[str, dict[str, Any]], list[Unmapped]]:
     """The config a Megatron training log ran, from its argument dump alone: the raw config
     sections (as `moeplan import megatron` writes them) and what could not be taken over, each row
     naming the argument and why (`error` rows make the config not what the log ran)."""
-    front, _ = log_front_end(text, source)
-    result = assemble(front)
+    return config_from_read(read_log(text), source)
+
+
+def config_from_read(read: LogRead, source: str = "log") -> tuple[dict[str, dict[str, Any]], list[Unmapped]]:
+    """`config_from_log` of a log already read (`read_lines`)."""
+    result = assemble(front_end_of(read, source))
     return result.data, result.unmapped
