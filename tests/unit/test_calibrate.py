@@ -196,3 +196,23 @@ def test_a_log_alone_calibrates_from_its_argument_dump(tmp_path: Path) -> None:
     cfg = result.runs[0].cfg
     assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.parallel.world_size) == (27, 2048, 8)
     assert result.as_json()["runs"][0]["measured_step_s"] == pytest.approx(0.9)
+
+
+def test_a_public_primus_log_calibrates_from_the_log_alone(tmp_path: Path) -> None:
+    """AMD Primus's console log of DeepSeek-V2-Lite on 8 MI355X (tests/support/megatron_logs, with
+    its source): every line behind Primus's colour codes and logger stamps, each iteration printed
+    twice and as `LAST/AVERAGE`. No --config: the dump rebuilds the run; the log names no GPU, so
+    --gpu gives it and without it the command says so. Measured: the median of iterations 2-20."""
+    path = LOGS / "primus_dsv2_lite_mi355x.log"
+    log = parse_log(path.read_text(encoding="utf-8"), "primus")
+    assert [i.iteration for i in log.intervals] == list(range(1, 21)) and not log.truncated
+    assert log.intervals[2].elapsed_ms == 32208.7 and any("printed twice" in n for n in log.notes)
+    assert log.step_s == pytest.approx(32.0611) and log.gpu is None
+    assert log.peak_memory_bytes == {0: pytest.approx(227548.37 * 2**20)}  # the higher of two reports
+    run = run_calibration([path], [], "MI355X").as_json()["runs"][0]
+    assert run["measured_step_s"] == pytest.approx(32.0611)
+    assert abs(run["predicted_step_s_after"] / run["measured_step_s"] - 1) < abs(
+        run["predicted_step_s_before"] / run["measured_step_s"] - 1)
+    assert set(run["measured_peak_memory_bytes"]) == set(run["predicted_peak_memory_bytes"]) == {"0"}
+    with pytest.raises(CalibrationError, match="does not name its GPU .*--gpu NAME"):
+        run_calibration([path], [], None)

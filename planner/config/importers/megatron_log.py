@@ -142,7 +142,8 @@ def read_lines(lines: list[str]) -> LogRead:
             read.num_microbatches = int(match["count"])
     if read.padded_vocab_size is None:
         read.padded_vocab_size = read.printed_int("padded_vocab_size")
-    read.argv = dump_arguments(read.dump, read.vocab_size or read.padded_vocab_size)
+    read.argv = dump_arguments(read.dump, read.vocab_size or read.padded_vocab_size,
+                               tokenizer_size=read.vocab_size)
     return read
 
 
@@ -171,13 +172,19 @@ def _words(row: Destination, printed: str) -> list[str] | None:
     return [row.flag, printed]
 
 
-def dump_arguments(dump: dict[str, str], vocab_size: int | None = None) -> list[str]:
+def dump_arguments(dump: dict[str, str], vocab_size: int | None = None, *,
+                   tokenizer_size: int | None = None) -> list[str]:
     """The argument list that makes Megatron print this dump: every value that differs from the
     parser's default, under the flag that sets it (entries the parser has no flag for — world size,
-    ranks, dtypes validate_args computes — are facts, not arguments)."""
+    ranks, dtypes validate_args computes — are facts, not arguments). `tokenizer_size`, the size
+    the padded-vocabulary line printed, wins over a different `vocab_size` in the dump (see
+    `_tokenizer_resized`)."""
     table = destinations()
     argv: list[str] = []
+    resized = _tokenizer_resized(dump, tokenizer_size)
     for dest, printed in dump.items():
+        if dest == "vocab_size" and resized:
+            continue
         given = (other for other in _DERIVED_FROM.get(dest, ()))
         if any(dump.get(other, "None") not in ("None", "0", "False", "") for other in given):
             continue
@@ -188,9 +195,20 @@ def dump_arguments(dump: dict[str, str], vocab_size: int | None = None) -> list[
             if words:
                 argv += words
                 break
-    if vocab_size is not None and dump.get("vocab_size", "None") == "None":
+    if vocab_size is not None and (dump.get("vocab_size", "None") == "None" or resized):
         argv += ["--vocab-size", str(vocab_size)]  # the tokenizer's size, which Megatron pads again
     return argv
+
+
+def _tokenizer_resized(dump: dict[str, str], tokenizer_size: int | None) -> bool:
+    """Whether the run's tokenizer reported a size other than the dump's --vocab-size: Megatron pads
+    the tokenizer's size, not the argument (megatron/core/tokenizers/utils/build_tokenizer.py
+    build_tokenizer → vocab_size_with_padding), and tokenizers differ between versions in what
+    they add to it (an older NullTokenizer appended its end-of-document id: 131072 → 131073 →
+    131200 padded). The
+    size the log printed is the embedding the run built, so it is the one carried over."""
+    given = dump.get("vocab_size", "None")
+    return tokenizer_size is not None and given.isdigit() and int(given) != tokenizer_size
 
 
 def log_front_end(text: str, source: str = "log") -> tuple[FrontEnd, LogRead]:
@@ -208,6 +226,11 @@ def front_end_of(read: LogRead, source: str = "log") -> FrontEnd:
     if read.dumps > 1:
         front.notes.append(Unmapped("---- arguments ----", str(read.dumps), "the log holds several argument "
                                     "dumps (one per start of the job); the last one is read"))
+    if _tokenizer_resized(read.dump, read.vocab_size):
+        front.notes.append(Unmapped("--vocab-size", read.dump["vocab_size"], f"the run's tokenizer reported "
+                                    f"{read.vocab_size} tokens (the padded-vocabulary line), which Megatron "
+                                    f"padded to {read.padded_vocab_size}: --vocab-size {read.vocab_size} is "
+                                    "taken, so the model has the embedding the run built"))
     unknown = sorted(d for d in read.dump if d not in destinations() and d not in _FACTS)
     if unknown:
         front.notes.append(Unmapped(" ".join(unknown[:6]) + (" …" if len(unknown) > 6 else ""), "",
