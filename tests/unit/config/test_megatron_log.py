@@ -7,6 +7,8 @@ codes do not change what is read."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 from planner.cli_common import collect_findings
 from planner.config.importers.log_lines import clean_line, clean_lines
 from planner.config.importers.megatron_log import (
+    LogRead,
     argument_dumps,
     config_from_log,
     destinations,
@@ -27,7 +30,7 @@ from planner.emit.megatron_check import DATA_ARGUMENTS, CheckRequest, expected_v
 from planner.findings import has_errors
 from planner.plan import compile_plan
 from tests.support.launch_corpus import without_environment_flags
-from tests.support.megatron_judge import case_of, plan_of, register, verdict
+from tests.support.megatron_judge import Case, case_of, plan_of, register, verdict
 from tests.support.megatron_logs import LOGGED, LOGS
 
 PREFIXES = ["[default0]:", "[rank0]: ", "0: ", "\x1b[32mINFO\x1b[0m: ",
@@ -43,13 +46,26 @@ for _log in LOGGED:
     register(f"log {_log}", case_of(parse_config(config_from_log(_text(_log), _log)[0]), f"log {_log}"))
 
 
-# A public log (tests/support/megatron_logs/primus_dsv2_lite_mi355x.log, with its source): AMD Primus's
-# console log of DeepSeek-V2-Lite on 8 MI355X, its Megatron-LM lines behind Primus's colour codes and
-# logger stamps. Its Megatron is older than the oracle, so the rebuilt config carries three arguments
-# the oracle judges differently; the findings name them, and the test applies the fixes they name.
-PRIMUS = "primus_dsv2_lite_mi355x.log"
-PRIMUS_REFUSED = {("ARG001", "--megatron-fsdp-main-grads-dtype"), ("ARG001", "--moe-enable-deepep"),
-                  ("ARG006", "--cross-entropy-fusion-impl")}
+# Public logs (tests/support/megatron_logs, each with its source in its header), each with the error
+# findings its rebuilt config gets — the argument each names, as (code, first word) — and the fixes
+# those findings name. AMD Primus's DeepSeek-V2-Lite run on 8 MI355X (its Megatron lines behind
+# Primus's colour codes and logger stamps): its Megatron is older than the oracle, which judges three
+# of its arguments differently, and the log names no GPU (H100 assumed: MEM001). Megatron-LM's own
+# RL refit benchmark (a 4-layer MoE at TP 2): a refit never trains, so it ran without sequence
+# parallelism, which the MoE layer refuses in training (PAR008).
+@dataclass(frozen=True)
+class PublicLog:
+    refused: frozenset[tuple[str, str]]
+    fixes: dict[str, dict[str, Any]]
+
+
+PUBLIC_LOGS = {
+    "primus_dsv2_lite_mi355x.log": PublicLog(frozenset({
+        ("ARG001", "--megatron-fsdp-main-grads-dtype"), ("ARG001", "--moe-enable-deepep"),
+        ("ARG006", "--cross-entropy-fusion-impl"), ("MEM001", "stage")}), {"cluster": {"gpu": "MI355X"}}),
+    "megatron_rl_refit_moe.log": PublicLog(frozenset({("PAR008", "tp")}),
+                                           {"parallel": {"sequence_parallel": True}}),
+}
 
 
 def _without_extra_args(data: dict, indexes: set[int]) -> dict:
@@ -62,28 +78,41 @@ def _without_extra_args(data: dict, indexes: set[int]) -> dict:
     return {**data, "launch": {**data["launch"], "megatron_extra_args": kept}}
 
 
-def _primus_fixed() -> tuple[dict, list]:
-    """The config the Primus log rebuilds, its error findings, and the config with their fixes:
-    the flagged arguments dropped and the GPU the run folder names (the log names none)."""
-    data = config_from_log(_text(PRIMUS), PRIMUS)[0]
+def _rebuilt(name: str) -> tuple[dict, list]:
+    """The config a public log rebuilds with the fixes its error findings name applied (flagged
+    arguments dropped, the log's `fixes` set), and those findings."""
+    data = config_from_log(_text(name), name)[0]
     errors = [f for f in collect_findings(parse_config(data)) if f.severity == "error"]
     flagged = {int(f.path.split("[")[1].rstrip("]")) for f in errors
                if f.path.startswith("launch.megatron_extra_args[")}
     fixed = _without_extra_args(data, flagged)
-    return {**fixed, "cluster": {**fixed.get("cluster", {}), "gpu": "MI355X"}}, errors
+    for section, values in PUBLIC_LOGS[name].fixes.items():
+        fixed[section] = {**fixed.get(section, {}), **values}
+    return fixed, errors
 
 
-def _primus_case() -> tuple[CheckRequest, dict]:
+def _public_case(name: str) -> Case:
     """The fixed config's emitted arguments, less the kernel-library checks the CPU probe cannot
     pass (tests/support/launch_corpus.py ENVIRONMENT_ONLY)."""
-    cfg = parse_config(_primus_fixed()[0])
-    plain = request_for(cfg, f"log {PRIMUS}")
-    argv = [*without_environment_flags(plain.argv[:len(plain.argv) - len(DATA_ARGUMENTS)]), *DATA_ARGUMENTS]
-    request = CheckRequest(plain.name, plain.entry, argv, plain.env, plain.world_size)
-    return request, expected_values(cfg, plan_of(cfg))
+    def case() -> tuple[CheckRequest, dict]:
+        cfg = parse_config(_rebuilt(name)[0])
+        plain = request_for(cfg, f"log {name}")
+        flags = without_environment_flags(plain.argv[:len(plain.argv) - len(DATA_ARGUMENTS)])
+        argv = [*flags, *DATA_ARGUMENTS]
+        return (CheckRequest(plain.name, plain.entry, argv, plain.env, plain.world_size),
+                expected_values(cfg, plan_of(cfg)))
+    return case
 
 
-register(f"log {PRIMUS}", _primus_case)
+for _log in PUBLIC_LOGS:
+    register(f"log {_log}", _public_case(_log))
+
+
+def _microbatches(read: LogRead) -> int:
+    """The microbatches the log printed, else the dump's global / (micro × data-parallel) batch."""
+    dump = read.dump
+    return read.num_microbatches or int(dump["global_batch_size"]) // (
+        int(dump["micro_batch_size"]) * int(dump["data_parallel_size"]))
 
 
 def test_log_lines_lose_colours_and_prefixes() -> None:
@@ -221,29 +250,33 @@ if __name__ == "__main__":  # regenerate planner/config/data/megatron_dests.tsv 
     DESTS_FILE.write_text("\n".join([*header, *("\t".join(row) for row in rows)]) + "\n", encoding="utf-8")
 
 
-def test_a_public_primus_log_rebuilds_its_run_and_names_what_the_oracle_refuses() -> None:
-    """The Primus log's dump is read through its stamps whole; the config it rebuilds is the run's
-    (8 ranks, EP 8, 27 layers of MLA with 64 experts, top-6); the arguments the oracle judges
-    differently from the run's older Megatron are findings naming the argument, not a silent pass."""
-    read = read_log(_text(PRIMUS))
-    assert read.dumps == 1 and len(read.dump) > 800
-    assert (read.num_microbatches, read.padded_vocab_size) == (8, 131200)
-    fixed, errors = _primus_fixed()
-    assert {(f.code, f.message.split()[0]) for f in errors if f.code != "MEM001"} == PRIMUS_REFUSED
-    assert any(f.code == "MEM001" and "80 GiB" in f.message for f in errors)  # no GPU named: H100 assumed
+@pytest.mark.parametrize("name", sorted(PUBLIC_LOGS))
+def test_a_public_log_rebuilds_its_run_and_names_what_the_oracle_refuses(name: str) -> None:
+    """The dump is read whole through whatever stamps the log carries; the config it rebuilds has
+    the run's world, data-parallel size, microbatches, padded vocabulary and layers; what moeplan or
+    the oracle refuses in it is a finding naming the argument, never a silent pass."""
+    read = read_log(_text(name))
+    assert read.dumps == 1 and len(read.dump) > 600
+    fixed, errors = _rebuilt(name)
+    assert {(f.code, f.message.split()[0]) for f in errors} == PUBLIC_LOGS[name].refused
     cfg = parse_config(fixed)
-    assert not has_errors(collect_findings(cfg))
-    assert (cfg.parallel.world_size, cfg.parallel.ep, cfg.dp, cfg.microbatches) == (8, 8, 8, 8)
-    assert (cfg.model.num_layers, cfg.model.num_experts, cfg.model.moe_router_topk) == (27, 64, 6)
-    assert cfg.model.multi_latent_attention and cfg.padded_vocab_size == 131200
+    findings = collect_findings(cfg)
+    assert not has_errors(findings), [f.line() for f in findings if f.severity == "error"]
+    dump = read.dump
+    assert (cfg.parallel.world_size, cfg.parallel.ep, cfg.dp, cfg.microbatches, cfg.padded_vocab_size) == (
+        int(dump["world_size"]), int(dump["expert_model_parallel_size"]), int(dump["data_parallel_size"]),
+        _microbatches(read), read.padded_vocab_size)
+    assert (cfg.model.num_layers, cfg.model.num_experts) == (int(dump["num_layers"]),
+                                                             int(dump["num_experts"]))
 
 
-def test_megatron_derives_from_the_primus_config_what_its_log_printed() -> None:
-    read = read_log(_text(PRIMUS))
-    result = verdict(f"log {PRIMUS}")
+@pytest.mark.parametrize("name", sorted(PUBLIC_LOGS))
+def test_megatron_derives_from_a_public_log_config_what_the_log_printed(name: str) -> None:
+    read = read_log(_text(name))
+    result = verdict(f"log {name}")
     assert result.verdict == "pass", (result.message, result.mismatches)
-    derived = result.derived
-    assert derived["data_parallel_size"] == int(read.dump["data_parallel_size"]) == 8
-    assert (derived["num_microbatches"], derived["padded_vocab_size"]) == (read.num_microbatches,
-                                                                          read.padded_vocab_size)
-    assert {chunk["layers"] for chunk in derived["chunks"]} == {int(read.dump["num_layers"])}
+    derived, dump = result.derived, read.dump
+    assert (derived["data_parallel_size"], derived["num_microbatches"], derived["padded_vocab_size"]) == (
+        int(dump["data_parallel_size"]), _microbatches(read), read.padded_vocab_size)
+    per_stage = int(dump["num_layers"]) // int(dump["pipeline_model_parallel_size"])
+    assert {chunk["layers"] for chunk in derived["chunks"]} == {per_stage}
