@@ -216,3 +216,14 @@ def test_a_public_primus_log_calibrates_from_the_log_alone(tmp_path: Path) -> No
     assert set(run["measured_peak_memory_bytes"]) == set(run["predicted_peak_memory_bytes"]) == {"0"}
     with pytest.raises(CalibrationError, match="does not name its GPU .*--gpu NAME"):
         run_calibration([path], [], None)
+
+
+def test_runs_the_model_cannot_tell_apart_identify_one_factor(tmp_path: Path) -> None:
+    """The same layout measured twice (Primus's pilot logged one DeepSeek-V2-Lite job three times)
+    is one equation: one factor is fitted, not two."""
+    path = tmp_path / "run.log"
+    step_ms = estimate(apply_profile_free()).step_time_s * 2e3
+    path.write_text(megatron_log(step_ms, gpu="H100"), encoding="utf-8")
+    factors = run_calibration([path, path], [TINY], None).as_json()["factors"]
+    assert sum(f["fitted"] for f in factors.values()) == 1
+    assert any("fewer distinct runs (1)" in (f["why"] or "") for f in factors.values())
