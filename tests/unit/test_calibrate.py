@@ -1,7 +1,8 @@
 """`moeplan calibrate`: Megatron log parsing case by case (colour codes, logger prefixes, warm-up,
 skipped iterations, truncation, two configs in one log, no timing lines), the fit, the profile and
 the commands that take it. The logs are written here, in Megatron-LM's training_log format
-(megatron/training/training.py)."""
+(megatron/training/training.py), beside public logs (tests/support/megatron_logs, each citing its
+source)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Megatron training logs: the argument dump Megatron prints (tests/support/megatron_logs/, printed
-by Megatron-LM dev@d48bd6be itself for two corpus launches) rebuilds a config from the log alone,
-whose emitted arguments Megatron's parser turns into the values the log printed — data-parallel
-size, microbatches, padded vocabulary, layers per pipeline stage — and log prefixes and colour
-codes do not change what is read."""
+"""Megatron training logs: the argument dump Megatron prints (tests/support/megatron_logs/: printed
+by Megatron-LM dev@d48bd6be itself for two corpus launches, and two public logs, each citing its
+source) rebuilds a config from the log alone, whose emitted arguments Megatron's parser turns into
+the values the log printed — data-parallel size, microbatches, padded vocabulary, layers per
+pipeline stage — and log prefixes and colour codes do not change what is read. What a public log's
+config holds that moeplan or the oracle refuses is a finding naming the argument."""
 
 from __future__ import annotations
 
