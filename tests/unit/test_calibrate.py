@@ -228,3 +228,31 @@ def test_runs_the_model_cannot_tell_apart_identify_one_factor(tmp_path: Path) ->
     factors = run_calibration([path, path], [TINY], None).as_json()["factors"]
     assert sum(f["fitted"] for f in factors.values()) == 1
     assert any("fewer distinct runs (1)" in (f["why"] or "") for f in factors.values())
+
+
+def test_a_public_mi300x_log_calibrates_with_the_config_its_fork_value_needs(tmp_path: Path) -> None:
+    """microsoft/ltp-megatron-lm's 6.55B MoE on 8 MI300X (tests/support/megatron_logs, with its
+    source): the log ends at iteration 11 of 25 and names no GPU; its dump asks for the fork's own
+    load-balancing type, so the rebuilt config is refused with the finding naming it, and the
+    --config the finding asks for (the log's import with Megatron's global-batch auxiliary loss)
+    calibrates. Measured: the median of iterations 2-11; memory: rank 0's max allocated."""
+    from planner.commands.import_ import config_yaml
+    from planner.config.importers.megatron_log import config_from_log
+
+    path = LOGS / "ltp_moe_6b_mi300x.log"
+    text = path.read_text(encoding="utf-8")
+    log = parse_log(text, "ltp")
+    assert [i.iteration for i in log.intervals] == list(range(1, 12)) and log.truncated
+    assert log.step_s == pytest.approx((2357.5 + 2369.0) / 2e3)
+    assert log.peak_memory_bytes == {0: pytest.approx(145529.322265625 * 2**20)}
+    with pytest.raises(CalibrationError, match="moe_router_load_balancing_type.*global_batch_loss"):
+        run_calibration([path], [], "MI300X")
+    data = config_from_log(text, str(path))[0]
+    data["moe"]["moe_router_load_balancing_type"] = "global_aux_loss"
+    config = tmp_path / "ltp.yaml"
+    config.write_text(config_yaml(data, []), encoding="utf-8")
+    run = run_calibration([path], [config], "MI300X").as_json()["runs"][0]
+    assert run["measured_step_s"] == pytest.approx(log.step_s)
+    assert abs(run["predicted_step_s_after"] / run["measured_step_s"] - 1) < abs(
+        run["predicted_step_s_before"] / run["measured_step_s"] - 1)
+    assert set(run["predicted_peak_memory_bytes"]) == {"0"}
