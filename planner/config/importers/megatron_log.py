@@ -41,6 +41,8 @@ _FACTS = {"world_size", "rank", "local_rank", "data_parallel_size", "params_dtyp
           "consumed_train_samples", "consumed_valid_samples", "padded_vocab_size", "iteration",
           "curr_iteration", "variable_seq_lengths", "num_floating_point_operations_so_far"}
 _ENUM = re.compile(r"^[A-Z]\w*\.(?P<member>\w+)$")
+# Printed values that leave an unknown dump entry unset (the run did not ask for anything).
+_UNSET = {"None", "False", "0", "0.0", "", "[]", "{}"}
 # validate_args turns the dtype arguments' spellings into torch dtypes before the dump is printed
 # (megatron/training/arguments.py validate_args, its dtype_map); the flag takes the spelling.
 _DTYPE_SPELLINGS = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
@@ -233,10 +235,15 @@ def front_end_of(read: LogRead, source: str = "log") -> FrontEnd:
                                     "taken, so the model has the embedding the run built"))
     unknown = sorted(d for d in read.dump if d not in destinations() and d not in _FACTS)
     if unknown:
-        front.notes.append(Unmapped(" ".join(unknown[:6]) + (" …" if len(unknown) > 6 else ""), "",
-                                    f"{len(unknown)} dump entries have no flag in the parser of the "
-                                    "Megatron-LM moeplan follows (values validate_args sets, or arguments "
-                                    "of another Megatron version); left out"))
+        # Entries the run set come first, with their values: one of another Megatron (or a fork such
+        # as Primus) may change the model, and the user is the one who can tell.
+        set_ = [d for d in unknown if read.dump[d] not in _UNSET]
+        shown = [f"{d}={read.dump[d]}" for d in set_] + [d for d in unknown if d not in set_]
+        front.notes.append(Unmapped(" ".join(shown[:8]) + (" …" if len(shown) > 8 else ""), "",
+                                    f"{len(unknown)} dump entries ({len(set_)} of them set) have no flag "
+                                    "in the parser of the Megatron-LM moeplan follows (values validate_args "
+                                    "sets, or arguments of another Megatron version or a fork); left out: "
+                                    "check the set ones change nothing the plan counts"))
     return front
 
 

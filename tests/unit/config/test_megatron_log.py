@@ -314,3 +314,13 @@ def test_moeplan_counts_the_parameters_the_ltp_log_printed() -> None:
     assert printed is not None
     size = model_size(parse_config(_rebuilt(name)[0]))
     assert size is not None and size.total_params == int(printed.group(1))
+
+
+def test_dump_entries_no_parser_knows_are_named_the_set_ones_first() -> None:
+    """A fork's or another version's entries (Primus's DeepSeek-V4 proxy sets attn_sliding_window,
+    compress_ratios, …) may change the model: the note names the set ones first, with values."""
+    from planner.config.importers.megatron_log import front_end_of
+
+    read = LogRead({"num_layers": "2", "zz_fork_window": "128", "aa_fork_switch": "False"}, 1)
+    note = next(n for n in front_end_of(read).notes if "no flag" in n.why)
+    assert note.argument == "zz_fork_window=128 aa_fork_switch" and "(1 of them set)" in note.why
