@@ -56,7 +56,7 @@ for _log in LOGGED:
 # never trains, so it ran without sequence parallelism, which the MoE layer refuses in training
 # (PAR008). microsoft/ltp-megatron-lm's 6.55B MoE on 8 MI300X: the fork's own load-balancing type
 # `global_batch_loss`, which no Megatron-LM has (CFG002); Megatron's global-batch auxiliary loss
-# (`global_aux_loss`) stands for it.
+# (`global_aux_loss`) stands for it; the same fork's 17B-A2B checkpoint conversion at EP 8 likewise.
 @dataclass(frozen=True)
 class PublicLog:
     refused: frozenset[tuple[str, str]]
@@ -73,6 +73,8 @@ PUBLIC_LOGS = {
     "ltp_moe_6b_mi300x.log": PublicLog(frozenset({("CFG002", "moe.moe_router_load_balancing_type")}),
                                        {"moe": {"moe_router_load_balancing_type": "global_aux_loss"},
                                         "cluster": {"gpu": "MI300X"}}),
+    "ltp_moe_17b_a2b_ep8.log": PublicLog(frozenset({("CFG002", "moe.moe_router_load_balancing_type")}),
+                                         {"moe": {"moe_router_load_balancing_type": "global_aux_loss"}}),
 }
 EXTRA = "launch.megatron_extra_args["
 
