@@ -108,7 +108,7 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
             raise CalibrationError(str(exc)) from None
         source = configs[i] if len(configs) > 1 else (configs[0] if configs else None)
         try:
-            cfg = config_for_log(log, text, source)
+            cfg = config_for_log(log, source)
         except LogError as exc:
             raise CalibrationError(str(exc), 2) from None
         except UnreadableConfig as exc:
@@ -130,9 +130,12 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
     except BudgetError as exc:
         raise CalibrationError(f"no estimate for a run's config: {exc}") from None
     ranked = [n for n in sorted(CANDIDATES, key=lambda n: -sens[n]) if sens[n] > 1e-4]
-    chosen = ranked[:len(runs)]
+    # Runs the model cannot tell apart (the same layout measured again: one Primus job logged three
+    # times) give one equation between them, so they identify one factor, not one each.
+    distinct = len({f"{r.predict({}):.9g}" for r in runs})
+    chosen = ranked[:distinct]
     why = {n: ("no run exercises it" if sens[n] <= 1e-4 else
-               f"fewer runs ({len(runs)}) than exercised factors: the {len(runs)} most sensitive "
+               f"fewer distinct runs ({distinct}) than exercised factors: the {distinct} most sensitive "
                "are fitted") for n in CANDIDATES if n not in chosen}
     result = fit(runs, chosen) if chosen else None
     values = {n: current(runs[0].cfg, n) for n in CANDIDATES}

@@ -10,7 +10,10 @@ codes and launcher prefixes first (planner/config/importers/log_lines.py).
 
 The measured step is the median elapsed time over steady intervals: the first logged interval
 (start-up, compilation, allocator warm-up) and every interval with a skipped iteration are left
-out. A log with no timing line, or two argument dumps that disagree, is refused with a finding.
+out. An interval printed twice (AMD Primus logs each iteration line from two call sites, and
+prints `elapsed time per iteration (ms): LAST/AVERAGE`; the first figure is the interval's own) is
+read once; a rank's memory is its highest `max allocated` report. A log with no timing line, or
+two argument dumps that disagree, is refused with a finding.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 
 from planner.config.gpus import GPUS
 from planner.config.importers.log_lines import clean_lines
-from planner.config.importers.megatron_log import argument_dumps
+from planner.config.importers.megatron_log import LogRead, read_lines
 
 ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
 ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)")
@@ -62,6 +65,7 @@ class MeasuredLog:
     version: str | None = None
     truncated: bool = False
     notes: list[str] = field(default_factory=list)
+    read: LogRead | None = None  # the log importer's read of the same cleaned lines (its config)
 
     @property
     def step_s(self) -> float:
@@ -78,9 +82,8 @@ class MeasuredLog:
         return {rank: m["max_allocated"] * 2**20 for rank, m in self.memory_mb.items()}
 
 
-def _arguments(lines: list[str], path: str) -> dict[str, str]:
+def _arguments(dumps: list[dict[str, str]], path: str) -> dict[str, str]:
     """The run's argument dump (the log importer reads the dumps); two that differ are two runs."""
-    dumps = argument_dumps(lines)
     ignore = {"rank", "local_rank", "world_size", "save", "load", "wandb_exp_name", "timestamp"}
     first = dumps[0] if dumps else {}
     for other in dumps[1:]:
@@ -96,25 +99,30 @@ def _arguments(lines: list[str], path: str) -> dict[str, str]:
 def parse_log(text: str, path: str = "<log>") -> MeasuredLog:
     """The figures of one Megatron log; raises LogError when it has no timing lines."""
     lines = clean_lines(text)
-    intervals: list[Interval] = []
+    by_iteration: dict[int, Interval] = {}
+    repeated = 0
     truncated = False
     memory: dict[int, dict[str, float]] = {}
     for line in lines:
         if (it := ITERATION.search(line)) and (el := ELAPSED.search(line)):
             tf, sk = THROUGHPUT.search(line), SKIPPED.search(line)
-            intervals.append(Interval(int(it.group(1)), float(el.group(1)),
-                                      float(tf.group(1)) if tf else None,
-                                      int(sk.group(1)) if sk else 0))
+            interval = Interval(int(it.group(1)), float(el.group(1)), float(tf.group(1)) if tf else None,
+                                int(sk.group(1)) if sk else 0)
+            repeated += by_iteration.get(interval.iteration) == interval
+            by_iteration[interval.iteration] = interval
         elif it and "elapsed time" in line:
             truncated = True
         if m := MEMORY.search(line):
             rank = int(m.group(1))
-            memory[rank] = dict(zip(("allocated", "max_allocated", "reserved", "max_reserved"),
-                                    map(float, m.groups()[1:]), strict=True))
+            report = dict(zip(("allocated", "max_allocated", "reserved", "max_reserved"),
+                              map(float, m.groups()[1:]), strict=True))
+            if report["max_allocated"] >= memory.get(rank, {}).get("max_allocated", 0.0):
+                memory[rank] = report
+    intervals = [by_iteration[i] for i in sorted(by_iteration)]
     if not intervals:
         raise LogError(f"{path}: no timing lines ('iteration N/ T | ... elapsed time per "
                        "iteration (ms): X'): pass Megatron's console log with --log-interval set")
-    notes: list[str] = []
+    notes: list[str] = [f"{repeated} interval line(s) printed twice, read once"] if repeated else []
     steady = [i for i in intervals[1:] if i.skipped == 0]
     if len(intervals) > 1 and len(steady) < len(intervals) - 1:
         notes.append(f"{len(intervals) - 1 - len(steady)} interval(s) with skipped iterations left out")
@@ -130,7 +138,8 @@ def parse_log(text: str, path: str = "<log>") -> MeasuredLog:
     if truncated:
         notes.append(f"log ends before training did (last interval at iteration {train_iters}): "
                      "truncated, the complete intervals are used")
-    arguments = _arguments(lines, path)
+    read = read_lines(lines)
+    arguments = _arguments(read.every_dump, path)
     gpu = next((m.group(1) for ln in lines if (m := GPU_NAME.search(ln))), None)
     version = next((m.group(1) for ln in lines if (m := VERSION.search(ln))), None)
-    return MeasuredLog(path, intervals, steady, memory, arguments, gpu, version, truncated, notes)
+    return MeasuredLog(path, intervals, steady, memory, arguments, gpu, version, truncated, notes, read)

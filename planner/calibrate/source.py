@@ -7,21 +7,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.calibrate.megatron_log import LogError, MeasuredLog
-from planner.config.importers.megatron_log import config_from_log
+from planner.config.importers.megatron_log import config_from_read
 from planner.config.loader import load_config, parse_config
 from planner.config.schema import Config
 
 
-def config_for_log(log: MeasuredLog, text: str, config: Path | None) -> Config:
+def config_for_log(log: MeasuredLog, config: Path | None) -> Config:
     """The moeplan config of the run a log measured: the given file (raises the loader's
     UnreadableConfig / InvalidConfig), else the config its argument dump rebuilds (LogError when
-    the log has no dump or the dump leaves an argument moeplan cannot take over)."""
+    the log has no dump or the dump leaves an argument moeplan cannot take over). The dump is the
+    one `parse_log` already read from the cleaned lines: the log is read once."""
     if config is not None:
         return load_config(config)
-    if not log.arguments:
+    if not log.arguments or log.read is None:
         raise LogError(f"{log.path}: the log has no argument dump ('---- arguments ----'): pass "
                        "--config CONFIG (one per log, in order, or one for all)")
-    data, unmapped = config_from_log(text, log.path)
+    data, unmapped = config_from_read(log.read, log.path)
     errors = [row for row in unmapped if row.error]
     if errors:
         shown = "; ".join(f"{row.argument} {row.value}: {row.why}" for row in errors[:5])

@@ -5,6 +5,9 @@ validate_args (megatron/training/arguments.py _print_args), the tokenizer's padd
 line (megatron/core/num_microbatches_calculator.py), through Python logging's default format as a
 run without a logging config prints them.
 
+The folder also holds public logs (each header names its repository, path or issue and commit or
+date), which this module neither lists nor regenerates.
+
 Regenerate with `python -m tests.support.megatron_logs` (needs the Megatron-LM checkout of
 tests/support/oracle.py; runs Megatron's parser on CPU with the probe's stand-ins).
 """

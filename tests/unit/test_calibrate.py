@@ -1,7 +1,8 @@
 """`moeplan calibrate`: Megatron log parsing case by case (colour codes, logger prefixes, warm-up,
 skipped iterations, truncation, two configs in one log, no timing lines), the fit, the profile and
 the commands that take it. The logs are written here, in Megatron-LM's training_log format
-(megatron/training/training.py)."""
+(megatron/training/training.py), beside public logs (tests/support/megatron_logs, each citing its
+source)."""
 
 from __future__ import annotations
 
@@ -196,3 +197,62 @@ def test_a_log_alone_calibrates_from_its_argument_dump(tmp_path: Path) -> None:
     cfg = result.runs[0].cfg
     assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.parallel.world_size) == (27, 2048, 8)
     assert result.as_json()["runs"][0]["measured_step_s"] == pytest.approx(0.9)
+
+
+def test_a_public_primus_log_calibrates_from_the_log_alone(tmp_path: Path) -> None:
+    """AMD Primus's console log of DeepSeek-V2-Lite on 8 MI355X (tests/support/megatron_logs, with
+    its source): every line behind Primus's colour codes and logger stamps, each iteration printed
+    twice and as `LAST/AVERAGE`. No --config: the dump rebuilds the run; the log names no GPU, so
+    --gpu gives it and without it the command says so. Measured: the median of iterations 2-20."""
+    path = LOGS / "primus_dsv2_lite_mi355x.log"
+    log = parse_log(path.read_text(encoding="utf-8"), "primus")
+    assert [i.iteration for i in log.intervals] == list(range(1, 21)) and not log.truncated
+    assert log.intervals[2].elapsed_ms == 32208.7 and any("printed twice" in n for n in log.notes)
+    assert log.step_s == pytest.approx(32.0611) and log.gpu is None
+    assert log.peak_memory_bytes == {0: pytest.approx(227548.37 * 2**20)}  # the higher of two reports
+    run = run_calibration([path], [], "MI355X").as_json()["runs"][0]
+    assert run["measured_step_s"] == pytest.approx(32.0611)
+    assert abs(run["predicted_step_s_after"] / run["measured_step_s"] - 1) < abs(
+        run["predicted_step_s_before"] / run["measured_step_s"] - 1)
+    assert set(run["measured_peak_memory_bytes"]) == set(run["predicted_peak_memory_bytes"]) == {"0"}
+    with pytest.raises(CalibrationError, match="does not name its GPU .*--gpu NAME"):
+        run_calibration([path], [], None)
+
+
+def test_runs_the_model_cannot_tell_apart_identify_one_factor(tmp_path: Path) -> None:
+    """The same layout measured twice (Primus's pilot logged one DeepSeek-V2-Lite job three times)
+    is one equation: one factor is fitted, not two."""
+    path = tmp_path / "run.log"
+    step_ms = estimate(apply_profile_free()).step_time_s * 2e3
+    path.write_text(megatron_log(step_ms, gpu="H100"), encoding="utf-8")
+    factors = run_calibration([path, path], [TINY], None).as_json()["factors"]
+    assert sum(f["fitted"] for f in factors.values()) == 1
+    assert any("fewer distinct runs (1)" in (f["why"] or "") for f in factors.values())
+
+
+def test_a_public_mi300x_log_calibrates_with_the_config_its_fork_value_needs(tmp_path: Path) -> None:
+    """microsoft/ltp-megatron-lm's 6.55B MoE on 8 MI300X (tests/support/megatron_logs, with its
+    source): the log ends at iteration 11 of 25 and names no GPU; its dump asks for the fork's own
+    load-balancing type, so the rebuilt config is refused with the finding naming it, and the
+    --config the finding asks for (the log's import with Megatron's global-batch auxiliary loss)
+    calibrates. Measured: the median of iterations 2-11; memory: rank 0's max allocated."""
+    from planner.commands.import_ import config_yaml
+    from planner.config.importers.megatron_log import config_from_log
+
+    path = LOGS / "ltp_moe_6b_mi300x.log"
+    text = path.read_text(encoding="utf-8")
+    log = parse_log(text, "ltp")
+    assert [i.iteration for i in log.intervals] == list(range(1, 12)) and log.truncated
+    assert log.step_s == pytest.approx((2357.5 + 2369.0) / 2e3)
+    assert log.peak_memory_bytes == {0: pytest.approx(145529.322265625 * 2**20)}
+    with pytest.raises(CalibrationError, match="moe_router_load_balancing_type.*global_batch_loss"):
+        run_calibration([path], [], "MI300X")
+    data = config_from_log(text, str(path))[0]
+    data["moe"]["moe_router_load_balancing_type"] = "global_aux_loss"
+    config = tmp_path / "ltp.yaml"
+    config.write_text(config_yaml(data, []), encoding="utf-8")
+    run = run_calibration([path], [config], "MI300X").as_json()["runs"][0]
+    assert run["measured_step_s"] == pytest.approx(log.step_s)
+    assert abs(run["predicted_step_s_after"] / run["measured_step_s"] - 1) < abs(
+        run["predicted_step_s_before"] / run["measured_step_s"] - 1)
+    assert set(run["predicted_peak_memory_bytes"]) == {"0"}

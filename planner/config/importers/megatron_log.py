@@ -41,6 +41,8 @@ _FACTS = {"world_size", "rank", "local_rank", "data_parallel_size", "params_dtyp
           "consumed_train_samples", "consumed_valid_samples", "padded_vocab_size", "iteration",
           "curr_iteration", "variable_seq_lengths", "num_floating_point_operations_so_far"}
 _ENUM = re.compile(r"^[A-Z]\w*\.(?P<member>\w+)$")
+# Printed values that leave an unknown dump entry unset (the run did not ask for anything).
+_UNSET = {"None", "False", "0", "0.0", "", "[]", "{}"}
 # validate_args turns the dtype arguments' spellings into torch dtypes before the dump is printed
 # (megatron/training/arguments.py validate_args, its dtype_map); the flag takes the spelling.
 _DTYPE_SPELLINGS = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16",
@@ -59,6 +61,13 @@ _DERIVED_FROM: dict[str, tuple[str, ...]] = {
                                              "pipeline_model_parallel_layout", "hybrid_layer_pattern"),
     "num_layers": ("hybrid_layer_pattern",),
     "encoder_num_layers": ("num_layers",),  # validate_args copies num_layers into it
+}
+# dest → (dest, printed value) under which validate_args derives it and refuses it given: with
+# --weight-decay-incr-style constant it asserts the start and end decays unset, then copies
+# --weight-decay into both (megatron/training/arguments.py validate_args).
+_DERIVED_WHEN: dict[str, tuple[str, str]] = {
+    "start_weight_decay": ("weight_decay_incr_style", "constant"),
+    "end_weight_decay": ("weight_decay_incr_style", "constant"),
 }
 
 
@@ -91,6 +100,7 @@ class LogRead:
     vocab_size: int | None = None  # the tokenizer's own size, before padding
     num_microbatches: int | None = None
     argv: list[str] = field(default_factory=list)
+    every_dump: list[dict[str, str]] = field(default_factory=list)  # all of them, in log order
 
     def printed_int(self, name: str) -> int | None:
         value = self.dump.get(name, "None")
@@ -119,9 +129,14 @@ def argument_dumps(lines: list[str]) -> list[dict[str, str]]:
 
 def read_log(text: str) -> LogRead:
     """The log's last argument dump and the tokenizer and microbatch lines that follow it."""
-    lines = clean_lines(text)
+    return read_lines(clean_lines(text))
+
+
+def read_lines(lines: list[str]) -> LogRead:
+    """`read_log` of lines already cleaned (log_lines.clean_lines): a reader that also wants the
+    log's other lines, such as calibrate's timing reader, cleans the log once and shares them."""
     dumps = argument_dumps(lines)
-    read = LogRead(dumps[-1] if dumps else {}, len(dumps))
+    read = LogRead(dumps[-1] if dumps else {}, len(dumps), every_dump=dumps)
     for line in lines:
         if match := _PADDED.search(line):
             read.vocab_size, read.padded_vocab_size = int(match["size"]), int(match["padded"])
@@ -129,7 +144,8 @@ def read_log(text: str) -> LogRead:
             read.num_microbatches = int(match["count"])
     if read.padded_vocab_size is None:
         read.padded_vocab_size = read.printed_int("padded_vocab_size")
-    read.argv = dump_arguments(read.dump, read.vocab_size or read.padded_vocab_size)
+    read.argv = dump_arguments(read.dump, read.vocab_size or read.padded_vocab_size,
+                               tokenizer_size=read.vocab_size)
     return read
 
 
@@ -158,29 +174,53 @@ def _words(row: Destination, printed: str) -> list[str] | None:
     return [row.flag, printed]
 
 
-def dump_arguments(dump: dict[str, str], vocab_size: int | None = None) -> list[str]:
+def dump_arguments(dump: dict[str, str], vocab_size: int | None = None, *,
+                   tokenizer_size: int | None = None) -> list[str]:
     """The argument list that makes Megatron print this dump: every value that differs from the
     parser's default, under the flag that sets it (entries the parser has no flag for — world size,
-    ranks, dtypes validate_args computes — are facts, not arguments)."""
+    ranks, dtypes validate_args computes — are facts, not arguments). `tokenizer_size`, the size
+    the padded-vocabulary line printed, wins over a different `vocab_size` in the dump (see
+    `_tokenizer_resized`)."""
     table = destinations()
     argv: list[str] = []
+    resized = _tokenizer_resized(dump, tokenizer_size)
     for dest, printed in dump.items():
+        if dest == "vocab_size" and resized:
+            continue
         given = (other for other in _DERIVED_FROM.get(dest, ()))
         if any(dump.get(other, "None") not in ("None", "0", "False", "") for other in given):
+            continue
+        if (when := _DERIVED_WHEN.get(dest)) and dump.get(when[0]) == when[1]:
             continue
         for row in table.get(dest, ()):
             words = _words(row, printed)
             if words:
                 argv += words
                 break
-    if vocab_size is not None and dump.get("vocab_size", "None") == "None":
+    if vocab_size is not None and (dump.get("vocab_size", "None") == "None" or resized):
         argv += ["--vocab-size", str(vocab_size)]  # the tokenizer's size, which Megatron pads again
     return argv
+
+
+def _tokenizer_resized(dump: dict[str, str], tokenizer_size: int | None) -> bool:
+    """Whether the run's tokenizer reported a size other than the dump's --vocab-size: Megatron pads
+    the tokenizer's size, not the argument (megatron/core/tokenizers/utils/build_tokenizer.py
+    build_tokenizer → vocab_size_with_padding), and tokenizers differ between versions in what
+    they add to it (an older NullTokenizer appended its end-of-document id: 131072 → 131073 →
+    131200 padded). The
+    size the log printed is the embedding the run built, so it is the one carried over."""
+    given = dump.get("vocab_size", "None")
+    return tokenizer_size is not None and given.isdigit() and int(given) != tokenizer_size
 
 
 def log_front_end(text: str, source: str = "log") -> tuple[FrontEnd, LogRead]:
     """The log as an import front end: the dump's arguments, its world size as the launch."""
     read = read_log(text)
+    return front_end_of(read, source), read
+
+
+def front_end_of(read: LogRead, source: str = "log") -> FrontEnd:
+    """The import front end of a log already read."""
     world = read.printed_int("world_size")
     facts = LaunchFacts(launcher=DUMP_LAUNCHER, world_size=world,
                         sources=[f"world_size {world} in the argument dump of {source}"] if world else [])
@@ -188,19 +228,33 @@ def log_front_end(text: str, source: str = "log") -> tuple[FrontEnd, LogRead]:
     if read.dumps > 1:
         front.notes.append(Unmapped("---- arguments ----", str(read.dumps), "the log holds several argument "
                                     "dumps (one per start of the job); the last one is read"))
+    if _tokenizer_resized(read.dump, read.vocab_size):
+        front.notes.append(Unmapped("--vocab-size", read.dump["vocab_size"], f"the run's tokenizer reported "
+                                    f"{read.vocab_size} tokens (the padded-vocabulary line), which Megatron "
+                                    f"padded to {read.padded_vocab_size}: --vocab-size {read.vocab_size} is "
+                                    "taken, so the model has the embedding the run built"))
     unknown = sorted(d for d in read.dump if d not in destinations() and d not in _FACTS)
     if unknown:
-        front.notes.append(Unmapped(" ".join(unknown[:6]) + (" …" if len(unknown) > 6 else ""), "",
-                                    f"{len(unknown)} dump entries have no flag in the parser of the "
-                                    "Megatron-LM moeplan follows (values validate_args sets, or arguments "
-                                    "of another Megatron version); left out"))
-    return front, read
+        # Entries the run set come first, with their values: one of another Megatron (or a fork such
+        # as Primus) may change the model, and the user is the one who can tell.
+        set_ = [d for d in unknown if read.dump[d] not in _UNSET]
+        shown = [f"{d}={read.dump[d]}" for d in set_] + [d for d in unknown if d not in set_]
+        front.notes.append(Unmapped(" ".join(shown[:8]) + (" …" if len(shown) > 8 else ""), "",
+                                    f"{len(unknown)} dump entries ({len(set_)} of them set) have no flag "
+                                    "in the parser of the Megatron-LM moeplan follows (values validate_args "
+                                    "sets, or arguments of another Megatron version or a fork); left out: "
+                                    "check the set ones change nothing the plan counts"))
+    return front
 
 
 def config_from_log(text: str, source: str = "log") -> tuple[dict[str, dict[str, Any]], list[Unmapped]]:
     """The config a Megatron training log ran, from its argument dump alone: the raw config
     sections (as `moeplan import megatron` writes them) and what could not be taken over, each row
     naming the argument and why (`error` rows make the config not what the log ran)."""
-    front, _ = log_front_end(text, source)
-    result = assemble(front)
+    return config_from_read(read_log(text), source)
+
+
+def config_from_read(read: LogRead, source: str = "log") -> tuple[dict[str, dict[str, Any]], list[Unmapped]]:
+    """`config_from_log` of a log already read (`read_lines`)."""
+    result = assemble(front_end_of(read, source))
     return result.data, result.unmapped
