@@ -5,7 +5,8 @@ would make `check` call a different model valid. Each argument's class is one li
 planner/config/data/megatron_argument_classes.txt (planner/config/argument_classes.py): a
 plan-neutral one passes silently, one that changes the shapes or the memory verdict is an error
 (ARG001), one that changes only the step time a warning (ARG002); a word Megatron-LM dev's parser
-does not define is refused there, so it is refused here (ARG003), legacy (non-core) models with
+does not define is refused there, so it is refused here (ARG003: one of main@d98e8a64's parser
+said as main-only), legacy (non-core) models with
 their own code (ARG004), a modelled argument belongs in its field (ARG005), and carried arguments
 Megatron's validate_args refuses together are refused here too (ARG006).
 """
@@ -19,7 +20,10 @@ from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 
 PARSER = "Megatron-LM dev@d48bd6be megatron/training/arguments.py add_megatron_arguments"
+MAIN_PARSER = "Megatron-LM main@d98e8a64 megatron/training/arguments.py add_megatron_arguments"
 TABLE = "planner/config/argument_classes.py argument_classes"
+
+
 def _carried(f: Facts) -> Iterator[tuple[str, str, tuple[str, ...], ArgumentClass | None]]:
     words = f.cfg.launch.megatron_extra_args
     for index, name, values in argument_words(words):
@@ -74,19 +78,39 @@ def carried_changes_time(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "ARG003", "error", "carried words are arguments of Megatron-LM dev's parser",
-    source=PARSER,
+    source=f"{PARSER}; {MAIN_PARSER}",
     why="""Megatron's parser stops at an argument it does not define ("unrecognized arguments"), so a
     job carrying one does not start. The list is the parser Megatron-LM dev builds
-    (planner/config/data/megatron_arguments.txt).""",
+    (planner/config/data/megatron_arguments.txt), the one `emit` writes for. An argument only
+    main@d98e8a64's parser defines (megatron_arguments_main.txt; `main-only` in the classes table) is
+    an error too, said as such: the job runs on main as written, the emitted launch does not start on
+    dev. A user on main ignores ARG003 for it (`ignore: [ARG003]`); what the argument changes is still
+    ARG001/ARG002 and the finding names dev's spelling where dev has one.""",
     bad="launch: {megatron_extra_args: [--no-such-megatron-flag]}",
     good="launch: {megatron_extra_args: [--log-interval, '10']}",
 )
 def carried_unknown(f: Facts) -> Iterator[Violation]:
     for path, name, values, entry in _carried(f):
-        if entry is None and not is_legacy_model(name, values):
+        if entry is not None and entry.only == "main":
+            yield _main_only(path, name, values, entry)
+        elif entry is None and not is_legacy_model(name, values):
             yield Violation(path, f"{_shown(name, values)} is not an argument of Megatron-LM "
                             "dev@d48bd6be's parser, which refuses it",
                             "drop it, or spell the argument as megatron/training/arguments.py does")
+
+
+def _main_only(path: str, name: str, values: tuple[str, ...], entry: ArgumentClass) -> Violation:
+    """ARG003 for an argument of main's parser that dev's lacks: where the job runs as written and
+    what to write for dev."""
+    spelled = ""
+    if entry.other_spelling:
+        dev = argument_class(entry.other_spelling)
+        field = f" (moeplan models it as {dev.what})" if dev is not None and dev.kind == "modelled" else ""
+        spelled = f"dev spells it {_shown(entry.other_spelling, ())}{field}; "
+    return Violation(path, f"{_shown(name, values)} is main-only: Megatron-LM dev@d48bd6be's parser "
+                     "refuses it, main@d98e8a64's accepts it, and moeplan emits and checks for dev",
+                     f"{spelled or 'drop it for dev; '}on main, where the job runs as written, ignore "
+                     "ARG003 (ignore: [ARG003])")
 
 
 @rule(

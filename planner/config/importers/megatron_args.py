@@ -487,6 +487,9 @@ def kept_reason(arg: Argument) -> str:
     if entry is None:
         code = "ARG004" if is_legacy_model(name, arg.values) else "ARG003"
         return f"not modelled: not an argument of Megatron-LM dev's parser ({where}; check reports {code})"
+    if entry.only == "main":  # issue 22: main@d98e8a64's parser has it, dev's (emit's target) does not
+        return (f"main-only: Megatron-LM main's parser accepts it, dev's refuses it ({where}; check "
+                "reports ARG003)")
     if entry.kind in ("error", "warning") and entry.changes_plan(arg.values):
         code = "ARG001" if entry.kind == "error" else "ARG002"
         return f"not modelled: changes {entry.what}, {entry.how} ({where}; check reports {code})"
