@@ -35,9 +35,21 @@ def _shown(name: str, values: tuple[str, ...]) -> str:
     return " ".join((flag, *values))
 
 
+# Carried arguments that are no-ops for the value a modelled field holds, read from the field rather
+# than from the launch words: (argument, field, value). Megatron-LM dev@d48bd6be
+# megatron/training/arguments.py validate_args refuses --no-position-embedding unless
+# position_embedding_type is rope, where GPTModel.__init__ builds no table either way.
+INERT_WHEN = (("no_position_embedding", "position_embedding_type", "rope"),)
+
+
+def _inert(f: Facts, name: str) -> bool:
+    return any(name == argument and getattr(f.cfg.model, field) == value
+               for argument, field, value in INERT_WHEN)
+
+
 def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:
     for path, name, values, entry in _carried(f):
-        if entry is None or entry.kind != kind or not entry.changes_plan(values):
+        if entry is None or entry.kind != kind or not entry.changes_plan(values) or _inert(f, name):
             continue
         neutral = (f"; as {' or '.join(entry.neutral_values)} it would not"
                    if entry.neutral_values else "")

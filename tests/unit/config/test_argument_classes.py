@@ -53,7 +53,8 @@ def test_every_parser_argument_has_exactly_one_class():
     assert set(names) == both, (f"unclassified: {sorted(both - set(names))}; "
                                 f"in neither parser: {sorted(set(names) - both)}")
     assert {entry.kind for entry in argument_classes().values()} == set(KINDS)
-    tagged = {only: {e.name for e in argument_classes().values() if e.only == only} for only in ("main", "dev")}
+    tagged = {only: {e.name for e in argument_classes().values() if e.only == only}
+              for only in ("main", "dev")}
     assert tagged["main"] == main_arguments() - megatron_arguments(), "main-only tags"
     assert tagged["dev"] == megatron_arguments() - main_arguments(), "dev-only tags"
 
@@ -191,3 +192,16 @@ def test_main_only_arguments_are_said_as_such():
     renamed = found[("ARG003", "launch.megatron_extra_args[1]")]
     assert "--enable-hyper-connections" in renamed.fix and "model.enable_hyper_connections" in renamed.fix
     assert "main-only" not in found[("ARG003", "launch.megatron_extra_args[3]")].message
+
+
+@pytest.mark.parametrize(("embedding", "refused"), [("rope", False), ("learned_absolute", True),
+                                                     ("none", True), ("yarn", True)])
+def test_no_position_embedding_follows_the_position_embedding_field(embedding: str, refused: bool):
+    """Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args raises on
+    `not args.add_position_embedding and args.position_embedding_type != 'rope'`: a carried
+    --no-position-embedding is a no-op under model.position_embedding_type rope, refused otherwise."""
+    data: dict[str, Any] = example_config_data("{}")
+    data["model"]["position_embedding_type"] = embedding
+    data["launch"] = {"megatron_extra_args": ["--no-position-embedding"]}
+    codes = [f.code for f in run_rules(parse_config(data)) if f.code.startswith("ARG")]
+    assert codes == (["ARG001"] if refused else [])
