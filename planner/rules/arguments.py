@@ -16,18 +16,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from planner.config.argument_classes import ArgumentClass, argument_class, argument_words, is_legacy_model
+from planner.config.entry_parsers import entry_argument
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 
 PARSER = "Megatron-LM dev@d48bd6be megatron/training/arguments.py add_megatron_arguments"
 MAIN_PARSER = "Megatron-LM main@d98e8a64 megatron/training/arguments.py add_megatron_arguments"
 TABLE = "planner/config/argument_classes.py argument_classes"
+ENTRY_TABLE = "planner/config/entry_parsers.py entry_parsers"
 
 
 def _carried(f: Facts) -> Iterator[tuple[str, str, tuple[str, ...], ArgumentClass | None]]:
+    """Each carried argument with its class: Megatron's table, else the class the entry script's
+    own parser gives it (launch.megatron_entry; planner/config/entry_parsers.py)."""
     words = f.cfg.launch.megatron_extra_args
     for index, name, values in argument_words(words):
-        yield f"launch.megatron_extra_args[{index}]", name, values, argument_class(name)
+        entry = argument_class(name)
+        if entry is None and (added := entry_argument(f.cfg.launch.megatron_entry, name)) is not None:
+            entry = added[1]
+        yield f"launch.megatron_extra_args[{index}]", name, values, entry
 
 
 def _shown(name: str, values: tuple[str, ...]) -> str:
@@ -90,21 +97,32 @@ def carried_changes_time(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "ARG003", "error", "carried words are arguments of Megatron-LM dev's parser",
-    source=f"{PARSER}; {MAIN_PARSER}",
+    source=f"{PARSER}; {MAIN_PARSER}; {ENTRY_TABLE}",
     why="""Megatron's parser stops at an argument it does not define ("unrecognized arguments"), so a
     job carrying one does not start. The list is the parser Megatron-LM dev builds
     (planner/config/data/megatron_arguments.txt), the one `emit` writes for. An argument only
     main@d98e8a64's parser defines (megatron_arguments_main.txt; `main-only` in the classes table) is
     an error too, said as such: the job runs on main as written, the emitted launch does not start on
     dev. A user on main ignores ARG003 for it (`ignore: [ARG003]`); what the argument changes is still
-    ARG001/ARG002 and the finding names dev's spelling where dev has one.""",
+    ARG001/ARG002 and the finding names dev's spelling where dev has one. So is an argument the entry
+    script's own parser adds (`launch.megatron_entry`: Pai-Megatron-Patch's get_patch_args,
+    ModelOpt's add_modelopt_args; planner/config/data/entry_parser_arguments.txt): no typo, the
+    finding names the parser that accepts it.""",
     bad="launch: {megatron_extra_args: [--no-such-megatron-flag]}",
     good="launch: {megatron_extra_args: [--log-interval, '10']}",
 )
 def carried_unknown(f: Facts) -> Iterator[Violation]:
+    script = f.cfg.launch.megatron_entry
     for path, name, values, entry in _carried(f):
         if entry is not None and entry.only == "main":
             yield _main_only(path, name, values, entry)
+        elif argument_class(name) is None and (added := entry_argument(script, name)) is not None:
+            parser = added[0]
+            yield Violation(path, f"{_shown(name, values)} is an argument of {parser.who}'s parser "
+                            f"({parser.source}), which {script} adds; Megatron-LM dev@d48bd6be's own "
+                            "parser, the one moeplan emits for, refuses it",
+                            f"drop it for the emitted launch; launching {script} as written, ignore ARG003 "
+                            "(ignore: [ARG003])")
         elif entry is None and not is_legacy_model(name, values):
             yield Violation(path, f"{_shown(name, values)} is not an argument of Megatron-LM "
                             "dev@d48bd6be's parser, which refuses it",

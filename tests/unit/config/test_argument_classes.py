@@ -23,6 +23,7 @@ from planner.config.argument_classes import (
     argument_words,
     parse_line,
 )
+from planner.config.entry_parsers import entry_argument, entry_parsers
 from planner.config.importers.megatron_args import section_model
 from planner.config.loader import parse_config
 from planner.config.megatron_names import (
@@ -205,3 +206,59 @@ def test_no_position_embedding_follows_the_position_embedding_field(embedding: s
     data["launch"] = {"megatron_extra_args": ["--no-position-embedding"]}
     codes = [f.code for f in run_rules(parse_config(data)) if f.code.startswith("ARG")]
     assert codes == (["ARG001"] if refused else [])
+
+
+# ------------------------------------------------------------------------ entry scripts' parsers
+
+
+def test_entry_parser_arguments_are_no_arguments_of_megatron():
+    """The entry parsers' lines classify arguments Megatron-LM's parsers lack (one Megatron defines
+    belongs in the main table), each saying what it changes in the issue's terms."""
+    terms = {"parameters", "memory", "FLOPs", "time", "bytes"}
+    parsers = entry_parsers()
+    assert {p.key for p in parsers} == {"pai", "modelopt"}
+    for parser in parsers:
+        for entry in parser.classes.values():
+            assert entry.name not in megatron_arguments() | main_arguments(), entry
+            if entry.kind in ("error", "warning"):
+                assert {part.strip() for part in entry.what.split(",")} <= terms, entry
+
+
+def test_corpus_arguments_of_entry_parsers_are_classified():
+    """Every argument a launch-corpus file carries that Megatron's parsers lack is one of its entry
+    script's parser (Pai-Megatron-Patch's pretrain_qwen.py / pretrain_deepseek.py, ModelOpt's
+    pretrain_gpt.py) and imports with that parser named; launch.megatron_entry records the script."""
+    from planner.config.importers.sources import import_text
+    from tests.support.launch_corpus import FILES
+
+    seen = set()
+    for path in sorted(FILES.glob("*.sh")):  # the YAML maps name no entry script
+        result, _ = import_text(path.read_text(encoding="utf-8"), world_size=8)
+        extra = result.data.get("launch", {}).get("megatron_extra_args", [])
+        for _, name, _ in argument_words(extra):
+            if name in argument_classes():
+                continue
+            added = entry_argument(result.entry, name)
+            assert added is not None, (path.name, name)
+            assert result.data["launch"]["megatron_entry"] == result.entry
+            [row] = [u for u in result.unmapped if u.argument == "--" + name.replace("_", "-")]
+            assert f"{added[0].who}'s parser" in row.why, row
+            seen.add((added[0].key, name))
+    assert {key for key, _ in seen} == {"pai", "modelopt"}
+
+
+def test_check_names_the_entry_parser_and_what_it_changes():
+    """ARG003 says which parser accepts an entry script's argument; one that changes the model is
+    ARG001 as well (Pai's --extra-vocab-size grows the vocabulary), a neutral one ARG003 alone.
+    Without the entry script the same word is not an argument of any parser moeplan knows."""
+    extra = ["--extra-vocab-size", "421", "--patch-tokenizer-type", "DeepSeekV2Tokenizer"]
+    data: dict[str, Any] = example_config_data("{}")
+    data["launch"] = {"megatron_extra_args": extra, "megatron_entry": "pretrain_deepseek.py"}
+    found = [f for f in run_rules(parse_config(data)) if f.code.startswith("ARG")]
+    assert sorted((f.code, f.path) for f in found) == [("ARG001", "launch.megatron_extra_args[0]"),
+                                                        ("ARG003", "launch.megatron_extra_args[0]"),
+                                                        ("ARG003", "launch.megatron_extra_args[2]")]
+    arg003 = [f for f in found if f.code == "ARG003"][0]
+    assert "Pai-Megatron-Patch's parser" in arg003.message and "get_patch_args" in arg003.message
+    plain = [f for f in _findings(extra) if f.code == "ARG003"]
+    assert len(plain) == 2 and all("not an argument of" in f.message for f in plain)
