@@ -42,11 +42,13 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                                  "change memory and are not modelled (ARG001); MEM001 is moeplan's own "
                                  "check (MBS 4 x 4096 tokens over 61 layers on PP 1: the activations alone "
                                  "exceed the 80 GiB moeplan assumes, the script names no GPU)"),
-    "mlm_gptoss_train.sh": ({"PIP001", "ARG003"}, "rejected", "Number of layers should be divisible",
+    "mlm_gptoss_train.sh": ({"PIP001", "ARG003", "ARG001"}, "rejected",
+                            "Number of layers should be divisible",
                             "12 layers on PP 8 (the script sets PP to the world size): the same refusal; "
                             "--enable-gpt-oss and --export-force-local-attention are ModelOpt's "
                             "(megatron/post_training/arguments.py add_modelopt_args, which pretrain_gpt.py "
-                            "adds only where nvidia-modelopt is installed): ARG003 against dev's parser"),
+                            "adds only where nvidia-modelopt is installed): ARG003 against dev's parser, "
+                            "naming ModelOpt's; local DotProductAttention stores the s x s scores: ARG001"),
     "mlm_modelopt_qwen3_30b_a3b.sh": ({"MEM001"}, "accepted", "",
                                       "a post-training snippet with no parallel sizes: the whole "
                                       "model on each of 8 ranks; memory is moeplan's own check"),
@@ -72,11 +74,13 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                                   "the stored map has no recompute (runtime.conf adds none): 15 "
                                   "microbatches of 4 layers' activations on stage 1 of 16 do not fit 80 GiB; "
                                   "moeplan's own memory check, Megatron's parser makes none"),
-    "pai_deepseek_v3.sh": ({"ARG003"}, "pass", "",
+    "pai_deepseek_v3.sh": ({"ARG003", "ARG001"}, "pass", "",
                            "--max-padding-length, --extra-vocab-size, --patch-tokenizer-type, --dataset, "
                            "--train-mode, --qk-nope-head-dim and --qk-rope-head-dim are Pai-Megatron-Patch's "
-                           "own parser's (dev spells the MLA dims --qk-head-dim/--qk-pos-emb-head-dim); "
-                           "rotary embeddings are read now, so MTP is no longer refused"),
+                           "own parser's (dev spells the MLA dims --qk-head-dim/--qk-pos-emb-head-dim): "
+                           "ARG003 naming it; Pai's tokenizer sets the padded vocabulary to its size plus "
+                           "--extra-vocab-size: ARG001; rotary embeddings are read now, so MTP is no longer "
+                           "refused"),
     "pai_qwen3.sh": ({"ARG003"}, "pass", "", "Pai-Megatron-Patch's own parser's arguments "
                      "(--max-padding-length, --patch-tokenizer-type, --dataset, --train-mode)"),
 }
