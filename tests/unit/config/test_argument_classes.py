@@ -23,7 +23,7 @@ from planner.config.argument_classes import (
     argument_words,
     parse_line,
 )
-from planner.config.entry_parsers import entry_argument, entry_parsers
+from planner.config.entry_parsers import entry_parsers
 from planner.config.importers.megatron_args import section_model
 from planner.config.loader import parse_config
 from planner.config.megatron_names import (
@@ -222,29 +222,6 @@ def test_entry_parser_arguments_are_no_arguments_of_megatron():
             assert entry.name not in megatron_arguments() | main_arguments(), entry
             if entry.kind in ("error", "warning"):
                 assert {part.strip() for part in entry.what.split(",")} <= terms, entry
-
-
-def test_corpus_arguments_of_entry_parsers_are_classified():
-    """Every argument a launch-corpus file carries that Megatron's parsers lack is one of its entry
-    script's parser (Pai-Megatron-Patch's pretrain_qwen.py / pretrain_deepseek.py, ModelOpt's
-    pretrain_gpt.py) and imports with that parser named; launch.megatron_entry records the script."""
-    from planner.config.importers.sources import import_text
-    from tests.support.launch_corpus import FILES
-
-    seen = set()
-    for path in sorted(FILES.glob("*.sh")):  # the YAML maps name no entry script
-        result, _ = import_text(path.read_text(encoding="utf-8"), world_size=8)
-        extra = result.data.get("launch", {}).get("megatron_extra_args", [])
-        for _, name, _ in argument_words(extra):
-            if name in argument_classes():
-                continue
-            added = entry_argument(result.entry, name)
-            assert added is not None, (path.name, name)
-            assert result.data["launch"]["megatron_entry"] == result.entry
-            [row] = [u for u in result.unmapped if u.argument == "--" + name.replace("_", "-")]
-            assert f"{added[0].who}'s parser" in row.why, row
-            seen.add((added[0].key, name))
-    assert {key for key, _ in seen} == {"pai", "modelopt"}
 
 
 def test_check_names_the_entry_parser_and_what_it_changes():

@@ -22,6 +22,9 @@ import pytest
 
 from planner.cli_common import collect_findings
 from planner.commands.import_ import config_yaml
+from planner.config.argument_classes import argument_classes, argument_words
+from planner.config.entry_parsers import entry_argument
+from planner.config.importers.megatron_args import Imported
 from planner.config.loader import InvalidConfig, parse_config, parse_yaml
 from planner.config.schema import Config
 from planner.emit.megatron_check import expected_values
@@ -142,6 +145,22 @@ def test_import_names_the_form_loads_back_and_checks(name: str, tmp_path: Path) 
     cfg = parse_config(written)
     errors = {f.code for f in collect_findings(cfg) if f.severity == "error"}
     assert errors == EXPECTED[name][0], EXPECTED[name][3]
+    assert_entry_parser_arguments_named(result)
+
+
+def assert_entry_parser_arguments_named(result: Imported) -> None:
+    """A carried argument no Megatron parser defines is one of the entry script's own parser
+    (Pai-Megatron-Patch's get_patch_args, ModelOpt's add_modelopt_args), imported with that parser
+    named and the script kept in launch.megatron_entry (planner/config/entry_parsers.py)."""
+    extra = result.data.get("launch", {}).get("megatron_extra_args", [])
+    for _, arg, _ in argument_words(extra):
+        if arg in argument_classes():
+            continue
+        added = entry_argument(result.entry, arg)
+        assert added is not None, arg
+        assert result.data["launch"]["megatron_entry"] == result.entry
+        [row] = [u for u in result.unmapped if u.argument == "--" + arg.replace("_", "-")]
+        assert f"{added[0].who}'s parser" in row.why, row
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
