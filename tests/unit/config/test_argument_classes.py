@@ -239,3 +239,15 @@ def test_check_names_the_entry_parser_and_what_it_changes():
     assert "Pai-Megatron-Patch's parser" in arg003.message and "get_patch_args" in arg003.message
     plain = [f for f in _findings(extra) if f.code == "ARG003"]
     assert len(plain) == 2 and all("not an argument of" in f.message for f in plain)
+
+
+def test_import_says_main_only_and_entry_parser_arguments_apart():
+    """`import megatron` keeps each in launch.megatron_extra_args with the parser that has it."""
+    from planner.config.importers.megatron_args import import_arguments
+
+    words = "pretrain_deepseek.py --num-layers 2 --otel-enabled --train-mode pretrain --no-such-flag"
+    why = {u.argument: u.why for u in import_arguments(words).unmapped}
+    assert why["--otel-enabled"].startswith("main-only: Megatron-LM main's parser accepts it")
+    assert why["--train-mode"].startswith("an argument of Pai-Megatron-Patch's parser")
+    assert "not an argument of Megatron-LM dev's parser" in why["--no-such-flag"]
+    assert import_arguments(words).data["launch"]["megatron_entry"] == "pretrain_deepseek.py"
