@@ -49,13 +49,37 @@ Force = Annotated[bool, typer.Option("--force", help="overwrite an existing -o f
 
 def read_source(source: str, kind: str = "args") -> str:
     """The text of SOURCE (`-` for stdin, with a deadline) through the bounded reader (the kind's
-    size cap, regular files only); exit 2 when it cannot be read as UTF-8 text."""
+    size cap, regular files only); exit 2 when it cannot be read as UTF-8 text. A file over the
+    kind's cap may still be a Megatron training log: it is streamed under the log cap, keeping the
+    lines the log importer reads (a log is a log, however long the run after its argument dump)."""
     from planner.config.loader import UnreadableConfig, read_text
 
     try:
+        if source != "-" and (log := _long_log(source, kind)) is not None:
+            return log
         return read_text(source, kind)
     except UnreadableConfig as exc:
         fail(EXIT_USAGE, str(exc))
+
+
+def _long_log(source: str, kind: str) -> str | None:
+    """The essential lines of SOURCE when it is a regular file over the kind's cap holding a
+    Megatron argument dump (planner/config/importers/megatron_log.py log_essentials), else None."""
+    import os
+    import stat
+
+    from planner.config.importers.megatron_log import log_essentials
+    from planner.config.loader import read_lines
+    from planner.files.reading import cap_of
+
+    try:
+        info = os.stat(source)
+    except OSError:
+        return None  # read_text names what is wrong with it
+    if not stat.S_ISREG(info.st_mode) or info.st_size <= cap_of(kind):
+        return None
+    kept = log_essentials(read_lines(source, "log"))
+    return None if kept is None else "\n".join(kept)
 
 
 def config_yaml(data: dict[str, dict[str, Any]], header: list[str]) -> str:

@@ -11,6 +11,7 @@ planner/config/data/megatron_argument_classes.txt, so modelling an argument late
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -20,6 +21,11 @@ CLASSES_FILE = Path(__file__).parent / "data" / "megatron_argument_classes.txt"
 Kind = Literal["modelled", "neutral", "error", "warning"]
 KINDS: tuple[Kind, ...] = ("modelled", "neutral", "error", "warning")
 _NEUTRAL_AS = "plan-neutral as "
+# The last part of a line names the one parser that defines the argument, when only one does:
+# `main-only` (Megatron-LM main@d98e8a64, not dev@d48bd6be, whose parser `emit` targets) or
+# `dev-only`; `as NAME` is the other parser's spelling of the same argument.
+Parser = Literal["", "main", "dev"]
+_ONLY = re.compile(r"(main|dev)-only(?: as ([a-z0-9_]+))?")
 
 
 class BadClassLine(ValueError):
@@ -37,6 +43,8 @@ class ArgumentClass:
     what: str
     how: str = ""
     neutral_values: tuple[str, ...] = ()
+    only: Parser = ""
+    other_spelling: str = ""
 
     @property
     def flag(self) -> str:
@@ -51,6 +59,9 @@ class ArgumentClass:
 
 def parse_line(line: str) -> ArgumentClass:
     parts = [part.strip() for part in line.split("|")]
+    tag = _ONLY.fullmatch(parts[-1]) if len(parts) > 3 else None
+    if tag is not None:
+        parts = parts[:-1]
     if len(parts) < 3 or parts[1] not in KINDS or not parts[0] or not parts[2]:
         raise BadClassLine(f"not 'name | {'/'.join(KINDS)} | ...': {line!r}")
     name, kind, what, *rest = parts
@@ -62,7 +73,8 @@ def parse_line(line: str) -> ArgumentClass:
         neutral = tuple(v.strip() for v in rest[1].removeprefix(_NEUTRAL_AS).split(","))
     if kind in ("error", "warning") and not how:
         raise BadClassLine(f"a not-modelled argument needs what it changes and how: {line!r}")
-    return ArgumentClass(name, kind, what, how, neutral)  # type: ignore[arg-type]
+    only, other = (tag.group(1), tag.group(2) or "") if tag is not None else ("", "")
+    return ArgumentClass(name, kind, what, how, neutral, only, other)  # type: ignore[arg-type]
 
 
 @cache

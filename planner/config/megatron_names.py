@@ -21,6 +21,9 @@ from planner.config.argument_classes import modelled_field
 from planner.config.schema import Config
 
 DATA_FILE = Path(__file__).parent / "data" / "megatron_arguments.txt"
+# Megatron-LM main@d98e8a64's parser, the same way (tests/support/megatron_argument_lists.py writes
+# both): the classes table marks the arguments only one of the two parsers defines.
+MAIN_DATA_FILE = Path(__file__).parent / "data" / "megatron_arguments_main.txt"
 
 # Megatron's names for two things moeplan writes and reads back in a launch line: the layer spec
 # `pretrain_hybrid.py` builds DeepSeek-V4 from (`--spec`, Megatron-LM dev@d48bd6be
@@ -47,11 +50,22 @@ MODELLED_AS: dict[str, str] = {
 }
 
 
+def _names(path: Path) -> frozenset[str]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
 @cache
 def megatron_arguments() -> frozenset[str]:
-    """Every Megatron argument name, as moeplan would spell it as a field."""
-    lines = DATA_FILE.read_text(encoding="utf-8").splitlines()
-    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+    """Every argument name of Megatron-LM dev's parser (the one `emit` targets), as moeplan would
+    spell it as a field."""
+    return _names(DATA_FILE)
+
+
+@cache
+def main_arguments() -> frozenset[str]:
+    """Every argument name of Megatron-LM main@d98e8a64's parser."""
+    return _names(MAIN_DATA_FILE)
 
 
 def section_fields(model: type[BaseModel]) -> list[str]:

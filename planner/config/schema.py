@@ -662,6 +662,12 @@ class LaunchSection(Section):
     # (each word shell-quoted) to the emitted launch: e.g. ["--data-path", "/d/x", "--lr-decay-style",
     # "cosine"]. Flags moeplan emits itself are refused (rule EMT001).
     megatron_extra_args: list[str] = Field(default_factory=list)
+    # --- issue 22 (entry parsers): the entry script the imported launch ran, written by `import
+    # megatron` when megatron_extra_args carry arguments of that script's own parser
+    # (planner/config/entry_parsers.py: Pai-Megatron-Patch's get_patch_args, ModelOpt's
+    # add_modelopt_args), so ARG003 names the parser that accepts them. `emit` still writes
+    # Megatron-LM's entry.
+    megatron_entry: str | None = None
 
 
 class Config(Section):

@@ -5,7 +5,8 @@ would make `check` call a different model valid. Each argument's class is one li
 planner/config/data/megatron_argument_classes.txt (planner/config/argument_classes.py): a
 plan-neutral one passes silently, one that changes the shapes or the memory verdict is an error
 (ARG001), one that changes only the step time a warning (ARG002); a word Megatron-LM dev's parser
-does not define is refused there, so it is refused here (ARG003), legacy (non-core) models with
+does not define is refused there, so it is refused here (ARG003: one of main@d98e8a64's parser
+said as main-only), legacy (non-core) models with
 their own code (ARG004), a modelled argument belongs in its field (ARG005), and carried arguments
 Megatron's validate_args refuses together are refused here too (ARG006).
 """
@@ -15,15 +16,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from planner.config.argument_classes import ArgumentClass, argument_class, argument_words, is_legacy_model
+from planner.config.entry_parsers import entry_argument
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 
 PARSER = "Megatron-LM dev@d48bd6be megatron/training/arguments.py add_megatron_arguments"
+MAIN_PARSER = "Megatron-LM main@d98e8a64 megatron/training/arguments.py add_megatron_arguments"
 TABLE = "planner/config/argument_classes.py argument_classes"
+ENTRY_TABLE = "planner/config/entry_parsers.py entry_parsers"
+
+
 def _carried(f: Facts) -> Iterator[tuple[str, str, tuple[str, ...], ArgumentClass | None]]:
+    """Each carried argument with its class: Megatron's table, else the class the entry script's
+    own parser gives it (launch.megatron_entry; planner/config/entry_parsers.py)."""
     words = f.cfg.launch.megatron_extra_args
     for index, name, values in argument_words(words):
-        yield f"launch.megatron_extra_args[{index}]", name, values, argument_class(name)
+        entry = argument_class(name)
+        if entry is None and (added := entry_argument(f.cfg.launch.megatron_entry, name)) is not None:
+            entry = added[1]
+        yield f"launch.megatron_extra_args[{index}]", name, values, entry
 
 
 def _shown(name: str, values: tuple[str, ...]) -> str:
@@ -31,9 +42,21 @@ def _shown(name: str, values: tuple[str, ...]) -> str:
     return " ".join((flag, *values))
 
 
+# Carried arguments that are no-ops for the value a modelled field holds, read from the field rather
+# than from the launch words: (argument, field, value). Megatron-LM dev@d48bd6be
+# megatron/training/arguments.py validate_args refuses --no-position-embedding unless
+# position_embedding_type is rope, where GPTModel.__init__ builds no table either way.
+INERT_WHEN = (("no_position_embedding", "position_embedding_type", "rope"),)
+
+
+def _inert(f: Facts, name: str) -> bool:
+    return any(name == argument and getattr(f.cfg.model, field) == value
+               for argument, field, value in INERT_WHEN)
+
+
 def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:
     for path, name, values, entry in _carried(f):
-        if entry is None or entry.kind != kind or not entry.changes_plan(values):
+        if entry is None or entry.kind != kind or not entry.changes_plan(values) or _inert(f, name):
             continue
         neutral = (f"; as {' or '.join(entry.neutral_values)} it would not"
                    if entry.neutral_values else "")
@@ -74,19 +97,50 @@ def carried_changes_time(f: Facts) -> Iterator[Violation]:
 
 @rule(
     "ARG003", "error", "carried words are arguments of Megatron-LM dev's parser",
-    source=PARSER,
+    source=f"{PARSER}; {MAIN_PARSER}; {ENTRY_TABLE}",
     why="""Megatron's parser stops at an argument it does not define ("unrecognized arguments"), so a
     job carrying one does not start. The list is the parser Megatron-LM dev builds
-    (planner/config/data/megatron_arguments.txt).""",
+    (planner/config/data/megatron_arguments.txt), the one `emit` writes for. An argument only
+    main@d98e8a64's parser defines (megatron_arguments_main.txt; `main-only` in the classes table) is
+    an error too, said as such: the job runs on main as written, the emitted launch does not start on
+    dev. A user on main ignores ARG003 for it (`ignore: [ARG003]`); what the argument changes is still
+    ARG001/ARG002 and the finding names dev's spelling where dev has one. So is an argument the entry
+    script's own parser adds (`launch.megatron_entry`: Pai-Megatron-Patch's get_patch_args,
+    ModelOpt's add_modelopt_args; planner/config/data/entry_parser_arguments.txt): no typo, the
+    finding names the parser that accepts it.""",
     bad="launch: {megatron_extra_args: [--no-such-megatron-flag]}",
     good="launch: {megatron_extra_args: [--log-interval, '10']}",
 )
 def carried_unknown(f: Facts) -> Iterator[Violation]:
+    script = f.cfg.launch.megatron_entry
     for path, name, values, entry in _carried(f):
-        if entry is None and not is_legacy_model(name, values):
+        if entry is not None and entry.only == "main":
+            yield _main_only(path, name, values, entry)
+        elif argument_class(name) is None and (added := entry_argument(script, name)) is not None:
+            parser = added[0]
+            yield Violation(path, f"{_shown(name, values)} is an argument of {parser.who}'s parser "
+                            f"({parser.source}), which {script} adds; Megatron-LM dev@d48bd6be's own "
+                            "parser, the one moeplan emits for, refuses it",
+                            f"drop it for the emitted launch; launching {script} as written, ignore ARG003 "
+                            "(ignore: [ARG003])")
+        elif entry is None and not is_legacy_model(name, values):
             yield Violation(path, f"{_shown(name, values)} is not an argument of Megatron-LM "
                             "dev@d48bd6be's parser, which refuses it",
                             "drop it, or spell the argument as megatron/training/arguments.py does")
+
+
+def _main_only(path: str, name: str, values: tuple[str, ...], entry: ArgumentClass) -> Violation:
+    """ARG003 for an argument of main's parser that dev's lacks: where the job runs as written and
+    what to write for dev."""
+    spelled = ""
+    if entry.other_spelling:
+        dev = argument_class(entry.other_spelling)
+        field = f" (moeplan models it as {dev.what})" if dev is not None and dev.kind == "modelled" else ""
+        spelled = f"dev spells it {_shown(entry.other_spelling, ())}{field}; "
+    return Violation(path, f"{_shown(name, values)} is main-only: Megatron-LM dev@d48bd6be's parser "
+                     "refuses it, main@d98e8a64's accepts it, and moeplan emits and checks for dev",
+                     f"{spelled or 'drop it for dev; '}on main, where the job runs as written, ignore "
+                     "ARG003 (ignore: [ARG003])")
 
 
 @rule(

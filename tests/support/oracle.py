@@ -14,6 +14,18 @@ ENV_VARIABLE = "MOEPLAN_MEGATRON_LM"
 DEFAULT_ORACLE = Path(__file__).resolve().parents[3] / "shared" / "oracle" / "megatron-lm-dev"
 
 
+MAIN_ENV_VARIABLE = "MOEPLAN_MEGATRON_LM_MAIN"
+
+
+def megatron_lm_main_dir() -> tuple[Path | None, str]:
+    """(a Megatron-LM main checkout, "") when MOEPLAN_MEGATRON_LM_MAIN names one, else (None, why):
+    the checks against main are opt-in, CI reads the committed main list."""
+    configured = os.environ.get(MAIN_ENV_VARIABLE)
+    if configured and (Path(configured) / "megatron" / "training" / "arguments.py").is_file():
+        return Path(configured), ""
+    return None, f"no Megatron-LM main checkout: set {MAIN_ENV_VARIABLE} (opt-in)"
+
+
 def megatron_lm_dir() -> tuple[Path | None, str]:
     """(the checkout holding the `megatron` package, "") or (None, why the tests must skip)."""
     configured = os.environ.get(ENV_VARIABLE)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from planner.config.argument_classes import argument_class, is_legacy_model
+from planner.config.entry_parsers import entry_argument
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER
 from planner.config.schema import Config
 from planner.layout.layout_string import IMPORTED, layout_string
@@ -172,6 +173,11 @@ class Argument:
     @property
     def text(self) -> str:
         return " ".join(self.values)
+
+    @property
+    def name(self) -> str:
+        """The argument's name as the classes table spells it (`--quick-geglu` → quick_geglu)."""
+        return self.flag[2:].replace("-", "_")
 
 
 # ---------------------------------------------------------------------------------------- schema
@@ -452,7 +458,9 @@ def map_arguments(text: str, world_size: int | None = None) -> Imported:
                 if arg.flag.startswith(prefix) and base is not None and base[1] == "flag":
                     target, negated = base, True
         if target is None:
-            _keep(result, arg, kept_reason(arg))
+            _keep(result, arg, kept_reason(arg, line.entry))
+            if argument_class(arg.name) is None and entry_argument(line.entry, arg.name) is not None:
+                result.set("launch.megatron_entry", line.entry)  # issue 22: ARG003 names its parser
             continue
         dotted, kind = target
         try:
@@ -478,15 +486,27 @@ def kept_where() -> str:
     return "listed in the YAML header"
 
 
-def kept_reason(arg: Argument) -> str:
-    """Why an argument is carried verbatim, from its class (planner/config/argument_classes.py):
-    plan-neutral, or what it changes and the rule `check` reports it under."""
-    name = arg.flag[2:].replace("-", "_")
+def kept_reason(arg: Argument, entry_script: str | None = None) -> str:
+    """Why an argument is carried verbatim, from its class (planner/config/argument_classes.py, or
+    the entry script's own parser: planner/config/entry_parsers.py): plan-neutral, or what it
+    changes and the rule `check` reports it under."""
+    name = arg.name
     entry = argument_class(name)
     where = kept_where()
+    if entry is None and (added := entry_argument(entry_script, name)) is not None:
+        parser, entry = added
+        changes = (f"changes {entry.what}, {entry.how}; check reports ARG003 and "
+                   f"{'ARG001' if entry.kind == 'error' else 'ARG002'}"
+                   if entry.kind in ("error", "warning") and entry.changes_plan(arg.values)
+                   else f"plan-neutral, {entry.what}; check reports ARG003")
+        return (f"an argument of {parser.who}'s parser ({parser.source}), which {entry_script} adds; "
+                f"Megatron-LM's parser refuses it ({where}; {changes})")
     if entry is None:
         code = "ARG004" if is_legacy_model(name, arg.values) else "ARG003"
         return f"not modelled: not an argument of Megatron-LM dev's parser ({where}; check reports {code})"
+    if entry.only == "main":  # issue 22: main@d98e8a64's parser has it, dev's (emit's target) does not
+        return (f"main-only: Megatron-LM main's parser accepts it, dev's refuses it ({where}; check "
+                "reports ARG003)")
     if entry.kind in ("error", "warning") and entry.changes_plan(arg.values):
         code = "ARG001" if entry.kind == "error" else "ARG002"
         return f"not modelled: changes {entry.what}, {entry.how} ({where}; check reports {code})"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 
 from planner.config.importers.assemble import FrontEnd, assemble
 from planner.config.importers.launch_facts import DUMP_LAUNCHER, LaunchFacts
-from planner.config.importers.log_lines import clean_lines
+from planner.config.importers.log_lines import clean_line, clean_lines
 from planner.config.importers.megatron_args import Unmapped
 
 DESTS_FILE = Path(__file__).resolve().parents[1] / "data" / "megatron_dests.tsv"
@@ -125,6 +126,35 @@ def argument_dumps(lines: list[str]) -> list[dict[str, str]]:
         elif current is not None and (match := _ENTRY.match(line)):
             current[match["name"]] = (match["value"] or "").strip()
     return dumps
+
+
+# A dump is one line per argument (~880 in dev); one running far longer never ends (a log cut off
+# inside it), and argument_dumps drops an unterminated dump anyway.
+MAX_DUMP_LINES = 20_000
+
+
+def log_essentials(raw_lines: Iterable[str]) -> list[str] | None:
+    """From a log streamed line by line, the raw lines read_log reads (every argument dump with its
+    markers, the padded-vocabulary and microbatch lines), so a log of any length is imported in the
+    memory of its dump; None when the stream holds no dump (it is not a Megatron log)."""
+    kept: list[str] = []
+    current: list[str] | None = None
+    seen = False
+    for raw in raw_lines:
+        line = clean_line(raw)
+        stripped = line.strip()
+        if _START.match(stripped):
+            current, seen = [raw], True
+        elif current is not None:
+            current.append(raw)
+            if _END.match(stripped):
+                kept += current
+                current = None
+            elif len(current) > MAX_DUMP_LINES:
+                current = None
+        elif _PADDED.search(line) or _MICROBATCHES.search(line):
+            kept.append(raw)
+    return kept if seen else None
 
 
 def read_log(text: str) -> LogRead:

@@ -226,3 +226,26 @@ def test_every_example_imports_the_same_through_the_front_end(config: Path) -> N
     assert front.form == "argument file" and result.data == import_arguments(text).data
     written, _, _ = parse_yaml(config_yaml(result.data, []))
     assert written == result.data
+
+
+def test_a_log_over_the_argument_cap_is_streamed_as_a_log(tmp_path: Path, monkeypatch) -> None:
+    """A log is a log: a file over the `args` cap holding Megatron's argument dump is read line by
+    line under the log cap (only its dump and derived lines kept) and imports as the dump alone
+    does; a file over the cap without a dump is still refused by size (exit 2)."""
+    from planner.config.importers.megatron_log import config_from_log
+    from tests.support.megatron_logs import LOGGED, LOGS
+
+    name = sorted(LOGGED)[0]
+    text = (LOGS / name).read_text(encoding="utf-8")
+    monkeypatch.setenv("MOEPLAN_MAX_BYTES_ARGS", str(len(text.encode()) + 100))
+    noise = "".join(f" iteration {i:>6}/ 100000 | lm loss: 1.0E+00 | grad norm: 0.5 |\n" for i in range(3000))
+    log = tmp_path / "train.log"
+    log.write_text(text + noise, encoding="utf-8")
+    out = tmp_path / "job.yaml"
+    result = runner.invoke(app, ["import", "megatron", str(log), "-o", str(out)])
+    assert "as: Megatron training log" in result.output, result.output
+    assert yaml.safe_load(out.read_text())["model"] == config_from_log(text, name)[0]["model"]
+    plain = tmp_path / "args.txt"
+    plain.write_text("--num-layers 4 " * 20_000, encoding="utf-8")
+    refused = runner.invoke(app, ["import", "megatron", str(plain)])
+    assert refused.exit_code == 2 and "MOEPLAN_MAX_BYTES_ARGS" in refused.output, refused.output

@@ -22,6 +22,9 @@ import pytest
 
 from planner.cli_common import collect_findings
 from planner.commands.import_ import config_yaml
+from planner.config.argument_classes import argument_classes, argument_words
+from planner.config.entry_parsers import entry_argument
+from planner.config.importers.megatron_args import Imported
 from planner.config.loader import InvalidConfig, parse_config, parse_yaml
 from planner.config.schema import Config
 from planner.emit.megatron_check import expected_values
@@ -42,11 +45,13 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                                  "change memory and are not modelled (ARG001); MEM001 is moeplan's own "
                                  "check (MBS 4 x 4096 tokens over 61 layers on PP 1: the activations alone "
                                  "exceed the 80 GiB moeplan assumes, the script names no GPU)"),
-    "mlm_gptoss_train.sh": ({"PIP001", "ARG003"}, "rejected", "Number of layers should be divisible",
+    "mlm_gptoss_train.sh": ({"PIP001", "ARG003", "ARG001"}, "rejected",
+                            "Number of layers should be divisible",
                             "12 layers on PP 8 (the script sets PP to the world size): the same refusal; "
                             "--enable-gpt-oss and --export-force-local-attention are ModelOpt's "
                             "(megatron/post_training/arguments.py add_modelopt_args, which pretrain_gpt.py "
-                            "adds only where nvidia-modelopt is installed): ARG003 against dev's parser"),
+                            "adds only where nvidia-modelopt is installed): ARG003 against dev's parser, "
+                            "naming ModelOpt's; local DotProductAttention stores the s x s scores: ARG001"),
     "mlm_modelopt_qwen3_30b_a3b.sh": ({"MEM001"}, "accepted", "",
                                       "a post-training snippet with no parallel sizes: the whole "
                                       "model on each of 8 ranks; memory is moeplan's own check"),
@@ -72,11 +77,13 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                                   "the stored map has no recompute (runtime.conf adds none): 15 "
                                   "microbatches of 4 layers' activations on stage 1 of 16 do not fit 80 GiB; "
                                   "moeplan's own memory check, Megatron's parser makes none"),
-    "pai_deepseek_v3.sh": ({"ARG003"}, "pass", "",
+    "pai_deepseek_v3.sh": ({"ARG003", "ARG001"}, "pass", "",
                            "--max-padding-length, --extra-vocab-size, --patch-tokenizer-type, --dataset, "
                            "--train-mode, --qk-nope-head-dim and --qk-rope-head-dim are Pai-Megatron-Patch's "
-                           "own parser's (dev spells the MLA dims --qk-head-dim/--qk-pos-emb-head-dim); "
-                           "rotary embeddings are read now, so MTP is no longer refused"),
+                           "own parser's (dev spells the MLA dims --qk-head-dim/--qk-pos-emb-head-dim): "
+                           "ARG003 naming it; Pai's tokenizer sets the padded vocabulary to its size plus "
+                           "--extra-vocab-size: ARG001; rotary embeddings are read now, so MTP is no longer "
+                           "refused"),
     "pai_qwen3.sh": ({"ARG003"}, "pass", "", "Pai-Megatron-Patch's own parser's arguments "
                      "(--max-padding-length, --patch-tokenizer-type, --dataset, --train-mode)"),
 }
@@ -138,6 +145,22 @@ def test_import_names_the_form_loads_back_and_checks(name: str, tmp_path: Path) 
     cfg = parse_config(written)
     errors = {f.code for f in collect_findings(cfg) if f.severity == "error"}
     assert errors == EXPECTED[name][0], EXPECTED[name][3]
+    assert_entry_parser_arguments_named(result)
+
+
+def assert_entry_parser_arguments_named(result: Imported) -> None:
+    """A carried argument no Megatron parser defines is one of the entry script's own parser
+    (Pai-Megatron-Patch's get_patch_args, ModelOpt's add_modelopt_args), imported with that parser
+    named and the script kept in launch.megatron_entry (planner/config/entry_parsers.py)."""
+    extra = result.data.get("launch", {}).get("megatron_extra_args", [])
+    for _, arg, _ in argument_words(extra):
+        if arg in argument_classes():
+            continue
+        added = entry_argument(result.entry, arg)
+        assert added is not None, arg
+        assert result.data["launch"]["megatron_entry"] == result.entry
+        [row] = [u for u in result.unmapped if u.argument == "--" + arg.replace("_", "-")]
+        assert f"{added[0].who}'s parser" in row.why, row
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))

@@ -10,9 +10,7 @@ moe/shared_experts.py, multi_token_prediction.py), never read back from the prod
 from __future__ import annotations
 
 import copy
-import json
 import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -28,6 +26,7 @@ from planner.config.schema import Config
 from planner.emit import EmitError
 from planner.emit.megatron import megatron_arguments
 from planner.layout.pipeline import expand_layout
+from tests.support.megatron_argument_lists import parser_argument_names
 from tests.support.megatron_judge import case_of, register, require_oracle, verdict
 
 # A tiny DeepSeek-V3-like MLA model: every MLA dimension distinct, so a mix-up shows.
@@ -387,25 +386,9 @@ def test_unknown_key_hints(key: str, wanted: str | None):
     assert len(found) == 1 and wanted in found[0][2], found
 
 
-def oracle_argument_names(megatron: Any) -> list[str]:
-    """The long option names of the parser Megatron-LM builds, from a subprocess (Megatron imports
-    torch; the stand-ins of the pre-flight let it import on a machine without a GPU)."""
-    script = ("import argparse, json, sys; from pathlib import Path; "
-              f"sys.path.insert(0, {str(megatron)!r}); "
-              "from planner.emit.megatron_probe import install_stand_ins; "
-              f"install_stand_ins(Path({str(megatron)!r})); "
-              "from megatron.training.arguments import add_megatron_arguments; "
-              "from planner.config.megatron_names import names_of_parser; "
-              "p = argparse.ArgumentParser(allow_abbrev=False); add_megatron_arguments(p); "
-              "print(json.dumps(names_of_parser(p)))")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         check=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def test_megatron_argument_list_matches_the_oracle():
     """planner/config/data/megatron_arguments.txt is the parser Megatron-LM builds, name for name."""
-    assert sorted(megatron_names()) == oracle_argument_names(require_oracle()), DATA_FILE
+    assert sorted(megatron_names()) == parser_argument_names(require_oracle()), DATA_FILE
 
 
 # ------------------------------------------------------------------------------- passthrough
@@ -530,13 +513,3 @@ def test_runtime_refuses_what_it_cannot_run(field: str, value: Any, message: str
     cfg = build({**STANDARD, field: value}, training={"seq_length": 16, "precision": "fp32"})
     with pytest.raises(PlanError, match=message):
         check_plan(compile_plan(cfg, run_rules(cfg)))
-
-
-if __name__ == "__main__":  # regenerate planner/config/data/megatron_arguments.txt from the oracle
-    from tests.support.oracle import megatron_lm_dir
-
-    folder, why = megatron_lm_dir()
-    if folder is None:
-        sys.exit(why)
-    header = [line for line in DATA_FILE.read_text(encoding="utf-8").splitlines() if line.startswith("#")]
-    DATA_FILE.write_text("\n".join([*header, *oracle_argument_names(folder)]) + "\n", encoding="utf-8")
