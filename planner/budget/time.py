@@ -392,6 +392,13 @@ TOKEN_EXCHANGES = ("ep_dispatch_hidden", "ep_combine_hidden")
 PER_LAYER = ("ep_", "etp_", "ag_", "tp_sp_", "tp_linear", "cp_", "gtp_weight", "egtp_weight")
 
 
+def _sm_bound(name: str, phase: str) -> str:
+    """A token exchange's time at the dispatcher's own copy rate (DeepEP's SMs; 0 for the rest):
+    all its bytes, NVLink and scale-out, pass through those SMs."""
+    return (f"(step_{name}_{phase}_intra_node_bytes + step_{name}_{phase}_inter_node_bytes)"
+            " * inv_dispatch_sm_rate")
+
+
 def _calls(name: str) -> str:
     """Calls of one collective phase per step on this rank."""
     if name.startswith(PER_LAYER):
@@ -409,7 +416,9 @@ def _communication(book: Book, v: Variant) -> list[str]:
                 continue
             name = add(f"time.{entry.name}.{phase}",
                        f"Max(step_{ident(entry.name)}_{phase}_intra_node_bytes / (bw_nvlink * eff_intra),"
-                       f" step_{ident(entry.name)}_{phase}_inter_node_bytes / (bw_scale_out * eff_inter))"
+                       f" step_{ident(entry.name)}_{phase}_inter_node_bytes / (bw_scale_out * eff_inter)"
+                       + (f", {_sm_bound(ident(entry.name), phase)}" if entry.name in TOKEN_EXCHANGES
+                          else "") + ")"
                        + (" * imbalance / eff_dispatch" if entry.routed_rows else "")
                        + (" + microbatches * blocks * t_dispatch * Min(step_"
                           f"{ident(entry.name)}_{phase}_intra_node_bytes + step_{ident(entry.name)}_"

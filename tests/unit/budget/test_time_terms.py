@@ -83,3 +83,18 @@ def test_deepep_v2_is_priced_as_deepep_until_it_has_a_figure_of_its_own() -> Non
             "cluster": cfg.cluster.model_copy(update={"efficiency": eff})})
     assert dispatch_efficiency(flex("deepepv2")) == dispatch_efficiency(flex("deepep")) == 0.7
     assert dispatch_latency(flex("deepepv2")) == dispatch_latency(flex("deepep")) == 40.0
+
+
+def test_deepep_exchange_is_bound_by_its_sms() -> None:
+    """DeepEP's copy kernels run on the SMs Megatron gives them: on one NVLink domain fewer SMs
+    slow its exchange, enough SMs leave it at the link's rate; the alltoall has no such bound."""
+    flex = {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}
+
+    def exchange(moe: dict[str, Any], sms: int) -> Any:
+        cfg = config(QWEN, {"world_size": 8, "ep": 8, "etp": 1}, {"seq_length": 4096,
+                     "global_batch_size": 8}, moe={**BALANCED, **moe},
+                     cluster={"gpu": "H100", "efficiency": {"deepep_num_sms": sms}})
+        return env(cfg)["time_ep_dispatch_hidden_fwd"]
+    assert exchange(flex, 10) > exchange(flex, 20) > exchange(flex, 132)
+    assert exchange({"moe_token_dispatcher_type": "alltoall"}, 10) == exchange(
+        {"moe_token_dispatcher_type": "alltoall"}, 132)
