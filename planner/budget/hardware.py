@@ -53,6 +53,8 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("t_dispatch", "fixed seconds per token dispatch or combine call of the dispatcher "
            "dispatcher (efficiency.dispatch_latency_us_alltoall / _deepep / _hybridep)"),
     Symbol("t_coll", "latency of one collective call, seconds (efficiency.collective_latency_us)"),
+    Symbol("cp_ring", "1 when context parallelism exchanges KV in a ring overlapped with attention "
+           "(parallel.cp_comm_type p2p or a2a+p2p); 0 for all_gather and a2a"),
     Symbol("inv_dispatch_sm_rate", "seconds per byte of the dispatcher's own copy kernels: DeepEP's "
            "normal kernels move a token exchange with efficiency.deepep_num_sms SMs at "
            "efficiency.deepep_gb_s_per_sm each; 0 for dispatchers without that bound"),
@@ -171,6 +173,7 @@ def fixed_cost_values(cfg: Config) -> dict[str, Number]:
         "t_dispatch": normalize(Fraction(exact(dispatch_latency(cfg))) / 10**6),
         "t_coll": normalize(Fraction(exact(eff.collective_latency_us)) / 10**6),
         "inv_dispatch_sm_rate": dispatch_sm_seconds_per_byte(cfg),
+        "cp_ring": int(cfg.parallel.cp_comm_type in ("p2p", "a2a+p2p")),
         "eff_attention_variant": exact(attention_variant_share(cfg)),
     }
 
