@@ -39,6 +39,11 @@ class FormulaBook:
         """Every name a formula of the book reads (symbols and other quantities)."""
         return frozenset(r for q in self.quantities for r in q.refs)
 
+    @cached_property
+    def by_name(self) -> dict[str, Quantity]:
+        """Each quantity by its name, made once per book (Accounting looks one up per config)."""
+        return {q.name: q for q in self.quantities}
+
     def at(self, level: str) -> tuple[Quantity, ...]:
         if level not in self._levels:
             self._levels[level] = tuple(q for q in self.quantities if q.level == level)

@@ -109,8 +109,7 @@ class Accounting:
         chunk_book = full.subset(("act_per_microbatch", "microbatches"))
         self.chunk_book = chunk_book.quantities
         self._chunk_evaluator = chunk_book.evaluator(None, exact)
-        self.chunk_formula = next(q.formula for q in full.quantities
-                                  if q.name == "act_per_microbatch")
+        self.chunk_formula = full.by_name["act_per_microbatch"].formula
         try:
             self.globals = self._evaluate("global", dict(self.inputs))
         except ZeroDivisionError as exc:

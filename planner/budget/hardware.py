@@ -53,6 +53,11 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("t_dispatch", "fixed seconds per token dispatch or combine call of the dispatcher "
            "dispatcher (efficiency.dispatch_latency_us_alltoall / _deepep / _hybridep)"),
     Symbol("t_coll", "latency of one collective call, seconds (efficiency.collective_latency_us)"),
+    Symbol("cp_ring", "1 when context parallelism exchanges KV in a ring overlapped with attention "
+           "(parallel.cp_comm_type p2p or a2a+p2p); 0 for all_gather and a2a"),
+    Symbol("inv_dispatch_sm_rate", "seconds per byte of the dispatcher's own copy kernels: DeepEP's "
+           "normal kernels move a token exchange with efficiency.deepep_num_sms SMs at "
+           "efficiency.deepep_gb_s_per_sm each; 0 for dispatchers without that bound"),
     Symbol("eff_attention_variant", "share of eff_attention the config's core-attention kernel "
            "reaches (efficiency.attention_mla for MLA, attention_sparse for DeepSeek-V4, else 1)"),
 )
@@ -167,6 +172,8 @@ def fixed_cost_values(cfg: Config) -> dict[str, Number]:
         "gemm_half": exact(half), "gemm_tile": eff.gemm_tile,
         "t_dispatch": normalize(Fraction(exact(dispatch_latency(cfg))) / 10**6),
         "t_coll": normalize(Fraction(exact(eff.collective_latency_us)) / 10**6),
+        "inv_dispatch_sm_rate": dispatch_sm_seconds_per_byte(cfg),
+        "cp_ring": int(cfg.parallel.cp_comm_type in ("p2p", "a2a+p2p")),
         "eff_attention_variant": exact(attention_variant_share(cfg)),
     }
 
@@ -202,3 +209,17 @@ def dispatch_efficiency(cfg: Config) -> float:
     """The efficiency factor of the config's token dispatcher (its backend under flex)."""
     name = _priced_dispatcher(cfg)
     return getattr(cfg.cluster.efficiency, f"dispatch_{name}") if name else 1.0
+
+
+def dispatch_sm_seconds_per_byte(cfg: Config) -> Number:
+    """1 / (SMs x bytes/s per SM) of DeepEP's normal kernels, 0 for the other dispatchers.
+
+    DeepEP copies each row with SM threads (one sending and one receiving SM per channel), on the
+    SMs Megatron hands it (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+    _DeepepManager.__init__: set_deepep_num_sms, 20 when moe_flex_dispatcher_num_sms is unset), so
+    on one NVLink domain its exchange is SM-bound below the link's rate. HybridEP copies with TMA
+    and NCCL's all-to-all with its own channels: no such bound is modelled for them."""
+    if _priced_dispatcher(cfg) != "deepep":
+        return 0
+    eff = cfg.cluster.efficiency
+    return normalize(Fraction(1) / (eff.deepep_num_sms * Fraction(exact(eff.deepep_gb_s_per_sm)) * GIGA))

@@ -28,6 +28,15 @@ from planner.budget.attention_kinds import standard_blocks, window_core
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Book, ident
 from planner.budget.hardware import overlap_symbol
+from planner.budget.sparse_attention_time import (
+    dsa_core,
+    has_indexer,
+    v4_core,
+    write_dsa_kernels,
+    write_indexer_counts,
+    write_indexer_time,
+    write_v4_kernels,
+)
 from planner.budget.symbols import Variant
 
 PAGE = "time"
@@ -52,11 +61,16 @@ def write(book: Book, v: Variant) -> None:
     add("time_attention_rate", "peak_bf16 * eff_attention * eff_attention_variant", "FLOP/s", "time",
         "reached rate of core (flash) attention: the standard kernel's share, times the "
         "config's variant's (MLA; DeepSeek-V4's sparse kernels)")
+    if has_indexer(v):
+        write_indexer_counts(book, v)
     _kinds(book, v)
     _shapes(book, v)
     _compute(book)
+    if has_indexer(v):
+        write_indexer_time(book, v)
     _fixed_costs(book, v)
-    add(*COMPUTE)
+    name, formula, *rest = COMPUTE
+    add(name, formula + (" + time_indexer_s" if has_indexer(v) else ""), *rest)
     exposed = _communication(book, v)
     add("time_exposed_comm_s", " + ".join(exposed) or "0", "s", "time",
         "communication left on the critical path per step (every collective of the table)")
@@ -89,8 +103,19 @@ def _kinds(book: Book, v: Variant) -> None:
         linear = f"stage_attention_fwd_flops_per_token - {core}"
         core = window_core("", v.window, v.chunked, v.linear)
         core_rc = window_core("_recomputed", v.window, v.chunked, v.linear)
+    if v.attention == "dsv4_hybrid":  # V4: sparse, compressed and window kernels of their own
+        write_v4_kernels(book)
+        core, core_rc = v4_core(""), v4_core("_recomputed")
+        counted_core_rc = f"{core_rc} + L_csa_recomputed * time_indexer_score_flops"
+        linear = ("stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops"
+                  " - L_csa * time_indexer_score_flops")
+    elif v.dsa:  # V3.2 DSA: the flops page counts dense MLA; the kernel attends the top-k keys
+        write_dsa_kernels(book)
+        linear = "stage_attention_fwd_flops_per_token - blocks * flops_attention_core_fwd_per_token"
+        core, core_rc = dsa_core(""), dsa_core("_recomputed")
     add("time_attention_core_fwd_flops", core, "FLOP", "time",
-        "core attention of the stage per token (V4's sparse attention counts as GEMMs"
+        "core attention of the stage per token (V4: CSA's sparse, HCA's compressed and the window "
+        "kernels; DSA: the selected keys only"
         + ("; sliding-window and chunked layers over their keys" if v.window or v.chunked else "")
         + ")")
     add("time_attention_linear_fwd_flops", linear, "FLOP", "time",
@@ -392,6 +417,25 @@ TOKEN_EXCHANGES = ("ep_dispatch_hidden", "ep_combine_hidden")
 PER_LAYER = ("ep_", "etp_", "ag_", "tp_sp_", "tp_linear", "cp_", "gtp_weight", "egtp_weight")
 
 
+def _sm_bound(name: str, phase: str) -> str:
+    """A token exchange's time at the dispatcher's own copy rate (DeepEP's SMs; 0 for the rest):
+    all its bytes, NVLink and scale-out, pass through those SMs."""
+    return (f"(step_{name}_{phase}_intra_node_bytes + step_{name}_{phase}_inter_node_bytes)"
+            " * inv_dispatch_sm_rate")
+
+
+# Context parallelism's KV exchange: Megatron-LM dev@d48bd6be megatron/core/transformer/
+# transformer_config.py cp_comm_type: "p2p" exchanges KV chunks in a ring, async, overlapped with
+# attention compute; "all_gather" gathers the whole KV first and cannot be overlapped.
+CP_RING = "cp_kv_gather"
+
+
+def _cp_ring_hidden(name: str) -> str:
+    """The part of the CP KV exchange a ring hides: each chunk's transfer runs under the previous
+    chunk's attention, so at most the core attention's time (times eff_overlap) is hidden."""
+    return f"cp_ring * Min(eff_overlap * {name}, time_attention_core_s)"
+
+
 def _calls(name: str) -> str:
     """Calls of one collective phase per step on this rank."""
     if name.startswith(PER_LAYER):
@@ -409,7 +453,9 @@ def _communication(book: Book, v: Variant) -> list[str]:
                 continue
             name = add(f"time.{entry.name}.{phase}",
                        f"Max(step_{ident(entry.name)}_{phase}_intra_node_bytes / (bw_nvlink * eff_intra),"
-                       f" step_{ident(entry.name)}_{phase}_inter_node_bytes / (bw_scale_out * eff_inter))"
+                       f" step_{ident(entry.name)}_{phase}_inter_node_bytes / (bw_scale_out * eff_inter)"
+                       + (f", {_sm_bound(ident(entry.name), phase)}" if entry.name in TOKEN_EXCHANGES
+                          else "") + ")"
                        + (" * imbalance / eff_dispatch" if entry.routed_rows else "")
                        + (" + microbatches * blocks * t_dispatch * Min(step_"
                           f"{ident(entry.name)}_{phase}_intra_node_bytes + step_{ident(entry.name)}_"
@@ -434,6 +480,9 @@ def _communication(book: Book, v: Variant) -> list[str]:
                 hidden.append(f"Min(eff_overlap * {name}, microbatches * ({share}) * {passes})")
                 why.append(f"the shared expert's {entry.shared_expert_part} under "
                            "overlap.moe_shared_expert_overlap")
+            if entry.name == CP_RING:
+                hidden.append(_cp_ring_hidden(name))
+                why.append("the KV ring under parallel.cp_comm_type p2p or a2a+p2p")
             if hidden:
                 name = add(f"time.{entry.name}.{phase}.exposed", f"{name} - " + " - ".join(hidden),
                            "s", "time", f"the part not hidden behind compute ({'; '.join(why)})")

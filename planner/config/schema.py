@@ -589,6 +589,14 @@ class EfficiencySection(Section):
     # sparse CSA/HCA attention with its indexer, as shares of eff_attention.
     attention_mla: Share = 1.0
     attention_sparse: Share = 1.0
+    # --- DeepEP's SM-bound exchange (issue 23): DeepEP's normal kernels copy the rows with the SMs
+    # Megatron gives them (moe_flex_dispatcher_num_sms, 20 when unset: token_dispatcher.py
+    # _DeepepManager.__init__), so an exchange runs at no more than SMs x the rate one SM moves.
+    # Per SM: 4096 tokens x 7168 hidden, top-8 of 32 experts on 8 H100 at 20 SMs, dispatch 1.00 ms
+    # and combine 1.16 ms for 290 MB to the other ranks each (tile-ai/tilescale
+    # examples/distributed/deepseek_deepep/deepep.md @4704282a, DeepEP's own row): 13.4 GB/s.
+    deepep_num_sms: PosInt = 20
+    deepep_gb_s_per_sm: PosFloat = 13.4
 
 
 class ClusterSection(Section):

@@ -191,10 +191,12 @@ def test_overlap_is_read_from_the_collectives_table() -> None:
 
 # --- calibration anchors (tests/support/estimate_anchors.py) and one MoE layer ----------------
 
-# L: one MoE layer (DeepSeek proxy), 8 H100, BF16, alltoall: forward + backward 7.12 + 10.48 ms.
+# L: one MoE layer (DeepSeek proxy: 8 groups, top-4 groups, as moe_perf/test_cases.py DEEPSEEK_PROXY),
+# 8 H100, BF16, alltoall: forward + backward 7.12 + 10.48 ms.
 LAYER = config({"num_layers": 1, "hidden_size": 7168, "num_attention_heads": 8, "vocab_size": 128,
                 "num_experts": 32, "moe_router_topk": 8, "moe_ffn_hidden_size": 2048,
-                "moe_shared_expert_intermediate_size": 2048},
+                "moe_shared_expert_intermediate_size": 2048, "moe_router_num_groups": 8,
+                "moe_router_group_topk": 4},
                {"world_size": 8, "ep": 8, "etp": 1}, {"seq_length": 4096, "global_batch_size": 8},
                moe={"moe_token_dispatcher_type": "alltoall", "moe_router_force_load_balancing": True,
                     "moe_permute_fusion": True},

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.config.importers.hf_config import map_hf_config
 from planner.config.schema import Config
 from planner.estimate import estimate
 from tests.support.estimate_anchors import BALANCED, QWEN, config
+from tests.support.hf_configs import DEEPSEEK_V32
 
 
 def qwen(parallel: dict[str, Any] | None = None, training: dict[str, Any] | None = None,
@@ -83,3 +85,50 @@ def test_deepep_v2_is_priced_as_deepep_until_it_has_a_figure_of_its_own() -> Non
             "cluster": cfg.cluster.model_copy(update={"efficiency": eff})})
     assert dispatch_efficiency(flex("deepepv2")) == dispatch_efficiency(flex("deepep")) == 0.7
     assert dispatch_latency(flex("deepepv2")) == dispatch_latency(flex("deepep")) == 40.0
+
+
+def test_deepep_exchange_is_bound_by_its_sms() -> None:
+    """DeepEP's copy kernels run on the SMs Megatron gives them: on one NVLink domain fewer SMs
+    slow its exchange, enough SMs leave it at the link's rate; the alltoall has no such bound."""
+    flex = {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "deepep"}
+
+    def exchange(moe: dict[str, Any], sms: int) -> Any:
+        cfg = config(QWEN, {"world_size": 8, "ep": 8, "etp": 1}, {"seq_length": 4096,
+                     "global_batch_size": 8}, moe={**BALANCED, **moe},
+                     cluster={"gpu": "H100", "efficiency": {"deepep_num_sms": sms}})
+        return env(cfg)["time_ep_dispatch_hidden_fwd"]
+    assert exchange(flex, 10) > exchange(flex, 20) > exchange(flex, 132)
+    assert exchange({"moe_token_dispatcher_type": "alltoall"}, 10) == exchange(
+        {"moe_token_dispatcher_type": "alltoall"}, 132)
+
+
+def v32(seq: int, cp: int = 1, overlap: dict[str, Any] | None = None,
+        parallel: dict[str, Any] | None = None) -> dict[str, Any]:
+    """DeepSeek-V3.2 (DSA) cut to four layers on 16 H100."""
+    model = {**map_hf_config(DEEPSEEK_V32).model, "num_layers": 4, "moe_layer_freq": 1,
+             "mtp_num_layers": 0}
+    return env(config(model, {"world_size": 16, "ep": 8, "etp": 1, "cp": cp, **(parallel or {})},
+                      {"seq_length": seq, "global_batch_size": 16 // cp}, moe=BALANCED,
+                      overlap=overlap or {}, cluster={"gpu": "H100"}))
+
+
+def test_the_indexer_cost_grows_with_the_sequence() -> None:
+    """The lightning indexer scores every earlier key: its time per token grows with S."""
+    def per_token(seq: int) -> Any:
+        e = v32(seq)
+        return e["time_indexer_s"] / (e["microbatches"] * e["time_tokens_per_rank"])
+    assert per_token(16384) > 2 * per_token(4096) > 0
+
+
+def test_sparse_attention_is_cheaper_than_dense_at_long_sequences() -> None:
+    """DSA attends index_topk keys: at 32k its core attention is far below dense MLA's S/2 keys."""
+    e = v32(32768)
+    assert e["time_attention_core_fwd_flops"] < e["blocks"] * e["flops_attention_core_fwd_per_token"] / 4
+
+
+def test_cp_exposes_the_kv_exchange_unless_a_ring_overlaps_it() -> None:
+    """CP all-gathers KV: all_gather leaves it all on the critical path, the p2p ring hides part."""
+    gather = v32(16384, cp=2, parallel={"cp_comm_type": "all_gather"})
+    ring = v32(16384, cp=2, parallel={"cp_comm_type": "p2p"})
+    assert gather["time_cp_kv_gather_fwd_exposed"] == gather["time_cp_kv_gather_fwd"] > 0
+    assert ring["time_cp_kv_gather_fwd_exposed"] < gather["time_cp_kv_gather_fwd_exposed"]
