@@ -57,7 +57,7 @@ ARCHITECTURES = (
         "shared-expert gate": {"moe_shared_expert_gate": False},
     }),
     Architecture("DeepSeek-V3.2", "deepseek-v3.2", {
-        "DSA lightning indexer": {"dsa": False},
+        "DSA (absorbed MLA attention + lightning indexer)": {"dsa": False},
     }),
     Architecture("Llama-4-Maverick", "llama-4-maverick", {
         "NoPE every 4th layer": {"no_rope_freq": None},
