@@ -93,6 +93,23 @@ class DecoderSpec:
     # and add_qkv_bias (QKV alone; megatron/core/transformer/attention.py SelfAttention.__init__).
     add_bias_linear: bool = False
     add_qkv_bias: bool = False
+    # gpt-oss's attention: softmax_type (learnable sinks: one logit per head, Megatron's
+    # DotProductAttention.softmax_offset; off-by-one: a fixed zero logit) and sliding windows
+    # (window_size's left part; window_attn_skip_freq picks the layers, as
+    # megatron/core/transformer/utils.py is_layer_window_attention does).
+    softmax_type: str = "vanilla"
+    window_left: int | None = None
+    window_skip: int | tuple[int, ...] | None = None
+
+    def is_window_layer(self, layer_id: int) -> bool:
+        """is_layer_window_attention for Megatron's layer number layer_id + 1."""
+        if self.window_left is None:
+            return False
+        if self.window_skip is None:
+            return True
+        if isinstance(self.window_skip, int):
+            return (layer_id + 1) % self.window_skip != 0
+        return layer_id < len(self.window_skip) and bool(self.window_skip[layer_id])
 
     @classmethod
     def from_config(cls, model: dict[str, Any], moe_layers: list[int], hash_layers: list[int],
@@ -122,12 +139,19 @@ class DecoderSpec:
             activation=MLPActivation.from_config(model),
             add_bias_linear=bool(value("add_bias_linear")),
             add_qkv_bias=bool(value("add_qkv_bias")),
+            softmax_type=str(value("softmax_type")),
+            window_left=None if value("window_size") is None else int(value("window_size")[0]),
+            window_skip=_window_skip(value("window_attn_skip_freq")),
         )
 
     @property
     def output_std(self) -> float:
         """Residual-branch output projections start at std/sqrt(2·L) (Megatron's scaled init)."""
         return self.init_std / math.sqrt(2.0 * self.num_layers)
+
+
+def _window_skip(skip: Any) -> int | tuple[int, ...] | None:
+    return skip if skip is None or isinstance(skip, int) else tuple(int(flag) for flag in skip)
 
 
 def _param(seed: int, identity: tuple[Any, ...], shape: tuple[int, ...], std: float,
@@ -187,6 +211,12 @@ class CausalAttention(torch.nn.Module):
         self.bk = _bias(spec.num_query_groups * d, qkv_bias, dtype)
         self.bv = _bias(spec.num_query_groups * d, qkv_bias, dtype)
         self.bo = _bias(h, spec.add_bias_linear, dtype)
+        self.window_left = spec.window_left if spec.is_window_layer(layer_id) else None
+        if spec.softmax_type == "learnable":  # drawn like Megatron's init_method does it
+            self.softmax_offset = _param(seed, (layer_id, "attention", "softmax_offset"),
+                                         (spec.num_heads,), std, dtype)
+        else:
+            self.softmax_offset = None
 
     def forward(self, x: torch.Tensor, local: torch.Tensor, gathered: torch.Tensor) -> torch.Tensor:
         """x [s_local, b, h]; `local`/`gathered` are the global positions of the local rows and of
@@ -207,9 +237,27 @@ class CausalAttention(torch.nn.Module):
         k = k.repeat_interleave(repeat, dim=2).permute(1, 2, 0, 3)
         v = v.repeat_interleave(repeat, dim=2).permute(1, 2, 0, 3)
         allowed = local[:, None] >= gathered[None, :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        if self.window_left is not None:  # keys at most window_left positions back
+            allowed = allowed & (local[:, None] - gathered[None, :] <= self.window_left)
+        if spec.softmax_type == "vanilla":
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        else:
+            out = sink_attention(q, k, v, allowed, self.softmax_offset)
         return _linear(out.permute(2, 0, 1, 3).reshape(s, b, spec.num_heads * d), self.wo,
                        self.bo)
+
+
+def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                   offset: torch.Tensor | None) -> torch.Tensor:
+    """softmax([q·kᵀ/√d, sink]) without the sink column, times v: one extra logit per head in
+    the denominator (Megatron-LM dev@d48bd6be megatron/core/fusions/fused_softmax.py SoftmaxOne;
+    `offset` None is off-by-one's fixed zero logit). q, k, v [b, heads, s, d]."""
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    b, heads, s, _ = scores.shape
+    sink = (scores.new_zeros(heads) if offset is None else offset.to(scores.dtype))
+    sink = sink.view(1, heads, 1, 1).expand(b, heads, s, 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
 
 
 class DenseMLP(torch.nn.Module):

@@ -354,6 +354,9 @@ def unsupported_features(plan: Plan) -> list[str]:
     refuse(shape.get("normalization", "RMSNorm") != "RMSNorm",
            "model.normalization: the runtime's blocks use RMSNorm only")
     problems.extend(attention_mechanism_problems(plan.model))
+    refuse(shape.get("window_size") is not None and int(model("mtp_num_layers")) > 0,
+           "model.window_size with model.mtp_num_layers > 0: which MTP blocks are windowed is not "
+           "implemented; drop one of them for the runtime")
     refuse(bool(shape.get("qk_layernorm")), "model.qk_layernorm: q/k norms are not implemented")
     refuse(bool(shape.get("moe_shared_expert_gate")),
            "model.moe_shared_expert_gate: the shared-expert gate is not implemented")
@@ -416,8 +419,6 @@ def unsupported_features(plan: Plan) -> list[str]:
 # Attention and position mechanisms the planner budgets but the runtime's decoder does not run:
 # (field, the value that means "off", what the runtime would otherwise silently leave out).
 UNRUN_ATTENTION_FIELDS = (
-    ("softmax_type", "vanilla", "attention sinks (off-by-one or learnable softmax)"),
-    ("window_size", None, "sliding-window attention"),
     ("attention_chunk_size", None, "chunked attention"),
     ("no_rope_freq", None, "NoPE layers"),
     ("rotary_percent", 1.0, "partial rotary embeddings"),

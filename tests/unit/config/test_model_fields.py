@@ -521,7 +521,7 @@ def test_megatron_builds_moeplans_gpt_shape():
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("normalization", "LayerNorm", "RMSNorm only"), ("softmax_type", "learnable", "attention sinks"),
+    ("normalization", "LayerNorm", "RMSNorm only"), ("qk_l2_norm", True, "L2 q/k norms"),
     ("qk_layernorm", True, "q/k norms"), ("moe_shared_expert_gate", True, "shared-expert gate"),
 ])
 def test_runtime_refuses_what_it_cannot_run(field: str, value: Any, message: str):

@@ -16,6 +16,7 @@ import torch
 
 from planner.config.loader import load_config
 from runtime.activation import MLPActivation, quick_gelu
+from runtime.model import DecoderSpec, sink_attention
 from runtime.plan_io import attention_mechanism_problems
 from tests.support.megatron_lines import megatron_line
 from tests.support.paths import EXAMPLES
@@ -65,17 +66,41 @@ def test_swiglu_clamp_and_gelu():
     ("core/transformer/moe/experts.py", 867, "x_linear + self.config.glu_linear_offset"),
     ("core/transformer/moe/experts.py", 311, "t + b * p"),
     ("core/transformer/moe/shared_experts.py", 124, "assert config.add_bias_linear == False"),
+    ("core/fusions/fused_softmax.py", 175, "ret = torch.softmax(qk, dim=-1)[..., :-1]"),
+    ("core/transformer/utils.py", 482, "return layer_number % window_attn_skip_freq != 0"),
 ])
 def test_cited_megatron_line(path: str, line: int, text: str):
     assert text in megatron_line(path, line), f"megatron/{path}:{line}"
 
 
-def test_gpt_oss_plan_fields_pick_the_activation_and_refuse_the_attention_it_lacks():
+def test_gpt_oss_plan_fields_pick_the_activation_and_the_attention():
     model = load_config(EXAMPLES / "architectures" / "gpt-oss-20b-16.yaml").model.model_dump(mode="json")
     assert MLPActivation.from_config(model) == MLPActivation("quick_geglu", 1.0)
-    refused = attention_mechanism_problems(model)
-    assert [line.split(" = ")[0] for line in refused] == ["model.softmax_type", "model.window_size"]
-    assert all("not implemented by the runtime" in line for line in refused)
+    assert attention_mechanism_problems(model) == []  # sinks and windows run
+    spec = DecoderSpec.from_config(model, list(range(24)), [], 201_088)
+    assert (spec.softmax_type, spec.window_left, spec.window_skip) == ("learnable", 127, 2)
+    # window_attn_skip_freq 2: layer numbers 1, 3, … windowed, 2, 4, … full
+    assert [spec.is_window_layer(layer) for layer in range(4)] == [True, False, True, False]
+    assert attention_mechanism_problems({**model, "linear_attention_freq": 4})[0].startswith(
+        "model.linear_attention_freq = 4: gated DeltaNet")
+
+
+def test_sink_attention_and_window_by_hand():
+    """One head, d 1, three positions, q = k = 1, v = (1, 2, 3), sink logit s: position 2 with a
+    window of 1 key back reads keys 1 and 2 (logits 1 each) and the sink:
+    out = (2 + 3)·e / (2e + e^s)."""
+    q = k = torch.ones(1, 1, 3, 1, dtype=torch.float64)
+    v = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64).view(1, 1, 3, 1)
+    positions = torch.arange(3)
+    allowed = (positions[:, None] >= positions[None, :]) & (positions[:, None] - positions[None, :] <= 1)
+    sink = torch.tensor([0.5], dtype=torch.float64)
+    out = sink_attention(q, k, v, allowed, sink).flatten().tolist()
+    e, es = math.e, math.exp(0.5)
+    assert out == pytest.approx([1 * e / (e + es), 3 * e / (2 * e + es), 5 * e / (2 * e + es)],
+                                rel=1e-12)
+    # off-by-one: a zero logit
+    assert sink_attention(q, k, v, allowed, None).flatten().tolist()[0] == pytest.approx(
+        e / (e + 1), rel=1e-12)
 
 
 def test_an_offset_without_quick_geglu_is_refused():
