@@ -43,7 +43,7 @@ from runtime.checkpoint_trust import (
     safe_metadata,
     write_manifest,
 )
-from runtime.experts import EXPERT_MATRICES, expert_shard_dim
+from runtime.experts import EXPERT_TENSORS, expert_shard_dim
 from runtime.plan_io import Plan
 
 PROGRESS_KEY = "progress.steps"
@@ -76,7 +76,7 @@ def _key(name: str, state: str) -> str:
 def _expert_param(name: str) -> tuple[str, str] | None:
     """`layers.L.ffn.experts.w1` → ("layers.L.ffn.experts", "w1"); None for other names."""
     prefix, _, matrix = name.rpartition(".")
-    if prefix.endswith(".ffn.experts") and matrix in EXPERT_MATRICES:
+    if prefix.endswith(".ffn.experts") and matrix in EXPERT_TENSORS:
         return prefix, matrix
     return None
 
@@ -97,7 +97,8 @@ class LogicalState:
         if expert is None:
             return {_key(name, state): tensor}
         prefix, matrix = expert
-        placements = [Replicate(), Shard(expert_shard_dim(matrix))]
+        dim = expert_shard_dim(matrix)
+        placements = [Replicate(), Replicate() if dim is None else Shard(dim)]
         return {
             _key(f"{prefix}.{self.expert_ids[index]}.{matrix}", state): DTensor.from_local(
                 tensor[index], self.submesh, placements, run_check=False)

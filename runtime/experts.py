@@ -1,6 +1,8 @@
-"""Grouped SwiGLU routed experts (one grouped GEMM per matrix) and the dense shared expert.
+"""Grouped routed experts (one grouped GEMM per matrix) and the dense shared expert.
 
-Math form X·W: F_e(X) = (SiLU(X W1) ⊙ (X W3)) W2 with W1, W3 ∈ R^{h×I}, W2 ∈ R^{I×h}.
+Math form X·W: F_e(X) = (SiLU(X W1) ⊙ (X W3)) W2 with W1, W3 ∈ R^{h×I}, W2 ∈ R^{I×h} for SwiGLU;
+the plan's other activations (runtime/activation.py: quick-GEGLU with its offset, or GELU with no
+W3) and add_bias_linear's biases b1, b3 ∈ R^I, b2 ∈ R^h run through the same grouped GEMMs.
 Under ETP = q each rank holds column shards W1[:, I/q], W3[:, I/q] and the row shard W2[I/q, :],
 computes a partial FC2 output and the dispatcher's ETP reduce-scatter sums the partials.
 The routing weight multiplies the activation after SwiGLU and before FC2 (as Megatron-LM
@@ -18,18 +20,29 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from runtime.activation import MLPActivation, clamp_glu_inputs
 from runtime.init import init_shard, init_tensor
 from runtime.router import MoESettings
 
 EXPERT_MATRICES = ("w1", "w3", "w2")
+# add_bias_linear's per-expert biases: b1 / b3 on FC1's two halves, b2 on FC2's output.
+EXPERT_BIASES = ("b1", "b3", "b2")
+EXPERT_TENSORS = EXPERT_MATRICES + EXPERT_BIASES
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
     """SiLU(gate) ⊙ up, with V4's clamp: gate clamped from above, up clamped to ±limit."""
-    if limit is not None:
-        gate = gate.clamp(max=limit)
-        up = up.clamp(min=-limit, max=limit)
+    gate, up = clamp_glu_inputs(gate, up, limit)
     return F.silu(gate) * up
+
+
+def expert_tensors(settings: MoESettings) -> tuple[str, ...]:
+    """The tensors one expert holds: W3 only when gated, the biases only with add_bias_linear."""
+    gated = settings.activation.gated
+    names = [m for m in EXPERT_MATRICES if gated or m != "w3"]
+    if settings.add_bias_linear:
+        names += [b for b in EXPERT_BIASES if gated or b != "b3"]
+    return tuple(names)
 
 
 def scale_by_probs(activation: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -46,21 +59,38 @@ def output_init_std(settings: MoESettings) -> float:
     return settings.init_std / math.sqrt(2.0 * settings.num_layers)
 
 
-def expert_matrix_shape(settings: MoESettings, matrix: str) -> tuple[int, int]:
+def expert_matrix_shape(settings: MoESettings, matrix: str) -> tuple[int, ...]:
     """The full logical shape of one expert's matrix in math form (latent MoE: the latent width,
     as Megatron-LM dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP sizes FC1's
-    input and FC2's output)."""
+    input and FC2's output); a bias is one row of its matrix's output."""
     h, ffn = settings.routed_width, settings.ffn_hidden_size
-    return (ffn, h) if matrix == "w2" else (h, ffn)
+    return {"w2": (ffn, h), "b1": (ffn,), "b3": (ffn,), "b2": (h,)}.get(matrix, (h, ffn))
 
 
-def expert_shard_dim(matrix: str) -> int:
-    """ETP splits the intermediate dimension: columns of W1/W3, rows of W2 (never h)."""
-    return 0 if matrix == "w2" else 1
+def expert_shard_dim(matrix: str) -> int | None:
+    """ETP splits the intermediate dimension: columns of W1/W3 and their biases, rows of W2 (never
+    h, so FC2's bias is whole: None)."""
+    return {"w2": 0, "b1": 0, "b3": 0, "b2": None}.get(matrix, 1)
 
 
 def expert_matrix_std(settings: MoESettings, matrix: str) -> float:
+    """Biases start at zero (0.0), as Megatron's linear layers initialise them."""
+    if matrix in EXPERT_BIASES:
+        return 0.0
     return output_init_std(settings) if matrix == "w2" else settings.init_std
+
+
+def expert_init(seed: int, layer_id: int, expert: int, settings: MoESettings, matrix: str,
+                dtype: torch.dtype, part: int = 0, parts: int = 1) -> torch.Tensor:
+    """One expert's tensor (its ETP shard `part` of `parts`), from its global identity."""
+    shape = expert_matrix_shape(settings, matrix)
+    if matrix in EXPERT_BIASES:
+        dim = expert_shard_dim(matrix)
+        width = shape[0] // parts if dim is not None else shape[0]
+        return torch.zeros(width, dtype=dtype)
+    return init_shard(seed, expert_identity(layer_id, expert, matrix), shape,
+                      expert_matrix_std(settings, matrix), dtype,
+                      dim=expert_shard_dim(matrix) or 0, part=part, parts=parts)
 
 
 def expert_identity(layer_id: int, expert_id: int, matrix: str) -> tuple[int, str, int, str]:
@@ -149,20 +179,9 @@ class GroupedExperts(torch.nn.Module):
         self.expert_ids = tuple(int(expert) for expert in expert_ids)
         self.etp_rank = etp_rank
         self.etp_size = etp_size
-        for matrix in EXPERT_MATRICES:
-            shards = [
-                init_shard(
-                    seed,
-                    expert_identity(layer_id, expert, matrix),
-                    expert_matrix_shape(settings, matrix),
-                    expert_matrix_std(settings, matrix),
-                    dtype,
-                    dim=expert_shard_dim(matrix),
-                    part=etp_rank,
-                    parts=etp_size,
-                )
-                for expert in self.expert_ids
-            ]
+        for matrix in expert_tensors(settings):
+            shards = [expert_init(seed, layer_id, expert, settings, matrix, dtype, etp_rank,
+                                  etp_size) for expert in self.expert_ids]
             self.register_parameter(matrix, torch.nn.Parameter(torch.stack(shards)))
 
     @property
@@ -182,9 +201,50 @@ class GroupedExperts(torch.nn.Module):
         )
         rows = rows.to(self.w1.dtype)
         probs = probs.to(rows.dtype)
-        return GroupedSwiGLU.apply(
-            rows, self.w1, self.w3, self.w2, probs, offsets, self.settings.swiglu_limit
-        )
+        if self.settings.activation.is_plain_swiglu and not self.settings.add_bias_linear:
+            return GroupedSwiGLU.apply(
+                rows, self.w1, self.w3, self.w2, probs, offsets, self.settings.swiglu_limit
+            )
+        return self._composed(rows, probs, offsets, tokens_per_expert)
+
+    def _composed(self, rows: torch.Tensor, probs: torch.Tensor, offsets: torch.Tensor,
+                  tokens_per_expert: Sequence[int]) -> torch.Tensor:
+        """Any activation, with or without biases, as autograd composes it (Megatron-LM
+        dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP.forward: FC1 adds its
+        bias before the activation, the probs weight the activation, and `_apply_bias` adds FC2's
+        bias times the row's prob after FC2)."""
+        activation: MLPActivation = self.settings.activation
+        expert_of_row = torch.repeat_interleave(
+            torch.arange(self.num_local_experts, device=rows.device),
+            torch.tensor(list(tokens_per_expert), device=rows.device))
+        weights = dict(self.named_parameters())
+
+        def fc1(matrix: str, bias: str) -> torch.Tensor:
+            out = _grouped_mm(rows, weights[matrix], offsets)
+            return out + weights[bias][expert_of_row] if bias in weights else out
+
+        if activation.gated:
+            hidden = activation.glu(fc1("w1", "b1"), fc1("w3", "b3"), self.settings.swiglu_limit)
+        else:
+            hidden = activation.plain(fc1("w1", "b1"))
+        weight = probs.unsqueeze(-1)
+        out = _ContiguousGrad.apply(_grouped_mm(hidden * weight, self.w2, offsets))
+        if "b2" in weights:
+            out = out + weights["b2"][expert_of_row] * weight
+        return out
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward hands on a contiguous gradient: the grouped GEMM's backward
+    refuses the stride-0 gradient `.sum().backward()` produces."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad.contiguous()
 
 
 def shared_expert_identity(layer_id: int, matrix: str) -> tuple[int, str, str]:
@@ -192,7 +252,8 @@ def shared_expert_identity(layer_id: int, matrix: str) -> tuple[int, str, str]:
 
 
 class SharedExpert(torch.nn.Module):
-    """Always-on SwiGLU expert in the dense layout (TP = 1: replicated, reduced over dp_cp).
+    """Always-on expert in the dense layout (TP = 1: replicated, reduced over dp_cp), with the
+    model's activation (W3 only when gated; Megatron's shared experts have no biases).
 
     V4 does not clamp the shared expert, so no limit is applied here.
     """
@@ -202,13 +263,18 @@ class SharedExpert(torch.nn.Module):
     ) -> None:
         super().__init__()
         h, ffn = settings.hidden_size, settings.shared_ffn_hidden_size
+        self.activation = settings.activation
         for matrix, shape, std in (
             ("w1", (h, ffn), settings.init_std),
             ("w3", (h, ffn), settings.init_std),
             ("w2", (ffn, h), output_init_std(settings)),
         ):
+            if matrix == "w3" and not self.activation.gated:
+                continue
             values = init_tensor(seed, shared_expert_identity(layer_id, matrix), shape, std, dtype)
             self.register_parameter(matrix, torch.nn.Parameter(values))
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        return swiglu(rows @ self.w1, rows @ self.w3, None) @ self.w2
+        if not self.activation.gated:
+            return self.activation.plain(rows @ self.w1) @ self.w2
+        return self.activation.glu(rows @ self.w1, rows @ self.w3, None) @ self.w2

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from runtime.activation import MLPActivation
 from runtime.comm import CommGroup, Ledger, all_gather_v
 from runtime.init import DEFAULT_INIT_STD, init_tensor
 from runtime.plan_io import required
@@ -87,6 +88,28 @@ class DecoderSpec:
     mtp_num_layers: int
     mtp_loss_scale: float  # Megatron's mtp_loss_scaling_factor
     rotary_base: float
+    activation: MLPActivation = MLPActivation()
+    # Megatron's add_bias_linear (every linear layer: QKV, the output projection, dense FC1/FC2)
+    # and add_qkv_bias (QKV alone; megatron/core/transformer/attention.py SelfAttention.__init__).
+    add_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    # gpt-oss's attention: softmax_type (learnable sinks: one logit per head, Megatron's
+    # DotProductAttention.softmax_offset; off-by-one: a fixed zero logit) and sliding windows
+    # (window_size's left part; window_attn_skip_freq picks the layers, as
+    # megatron/core/transformer/utils.py is_layer_window_attention does).
+    softmax_type: str = "vanilla"
+    window_left: int | None = None
+    window_skip: int | tuple[int, ...] | None = None
+
+    def is_window_layer(self, layer_id: int) -> bool:
+        """is_layer_window_attention for Megatron's layer number layer_id + 1."""
+        if self.window_left is None:
+            return False
+        if self.window_skip is None:
+            return True
+        if isinstance(self.window_skip, int):
+            return (layer_id + 1) % self.window_skip != 0
+        return layer_id < len(self.window_skip) and bool(self.window_skip[layer_id])
 
     @classmethod
     def from_config(cls, model: dict[str, Any], moe_layers: list[int], hash_layers: list[int],
@@ -113,6 +136,12 @@ class DecoderSpec:
             mtp_num_layers=int(value("mtp_num_layers")),
             mtp_loss_scale=float(value("mtp_loss_scaling_factor")),
             rotary_base=float(value("rotary_base")),
+            activation=MLPActivation.from_config(model),
+            add_bias_linear=bool(value("add_bias_linear")),
+            add_qkv_bias=bool(value("add_qkv_bias")),
+            softmax_type=str(value("softmax_type")),
+            window_left=None if value("window_size") is None else int(value("window_size")[0]),
+            window_skip=_window_skip(value("window_attn_skip_freq")),
         )
 
     @property
@@ -121,9 +150,22 @@ class DecoderSpec:
         return self.init_std / math.sqrt(2.0 * self.num_layers)
 
 
+def _window_skip(skip: Any) -> int | tuple[int, ...] | None:
+    return skip if skip is None or isinstance(skip, int) else tuple(int(flag) for flag in skip)
+
+
 def _param(seed: int, identity: tuple[Any, ...], shape: tuple[int, ...], std: float,
            dtype: torch.dtype) -> torch.nn.Parameter:
     return torch.nn.Parameter(init_tensor(seed, identity, shape, std, dtype))
+
+
+def _bias(width: int, wanted: bool, dtype: torch.dtype) -> torch.nn.Parameter | None:
+    """A linear layer's bias, zero at the start as Megatron's linear layers initialise it."""
+    return torch.nn.Parameter(torch.zeros(width, dtype=dtype)) if wanted else None
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x @ weight if bias is None else x @ weight + bias
 
 
 class RMSNorm(torch.nn.Module):
@@ -164,6 +206,17 @@ class CausalAttention(torch.nn.Module):
                          dtype)
         self.wo = _param(seed, (layer_id, "attention", "wo"), (spec.num_heads * d, h),
                          spec.output_std, dtype)
+        qkv_bias = spec.add_bias_linear or spec.add_qkv_bias
+        self.bq = _bias(spec.num_heads * d, qkv_bias, dtype)
+        self.bk = _bias(spec.num_query_groups * d, qkv_bias, dtype)
+        self.bv = _bias(spec.num_query_groups * d, qkv_bias, dtype)
+        self.bo = _bias(h, spec.add_bias_linear, dtype)
+        self.window_left = spec.window_left if spec.is_window_layer(layer_id) else None
+        if spec.softmax_type == "learnable":  # drawn like Megatron's init_method does it
+            self.softmax_offset = _param(seed, (layer_id, "attention", "softmax_offset"),
+                                         (spec.num_heads,), std, dtype)
+        else:
+            self.softmax_offset = None
 
     def forward(self, x: torch.Tensor, local: torch.Tensor, gathered: torch.Tensor) -> torch.Tensor:
         """x [s_local, b, h]; `local`/`gathered` are the global positions of the local rows and of
@@ -171,9 +224,10 @@ class CausalAttention(torch.nn.Module):
         spec = self.spec
         s, b, _ = x.shape
         d, groups = spec.head_dim, spec.num_query_groups
-        q = rotary((x @ self.wq).view(s, b, spec.num_heads, d), local, spec.rotary_base)
-        k = rotary((x @ self.wk).view(s, b, groups, d), local, spec.rotary_base)
-        v = (x @ self.wv).view(s, b, groups, d)
+        q = rotary(_linear(x, self.wq, self.bq).view(s, b, spec.num_heads, d), local,
+                   spec.rotary_base)
+        k = rotary(_linear(x, self.wk, self.bk).view(s, b, groups, d), local, spec.rotary_base)
+        v = _linear(x, self.wv, self.bv).view(s, b, groups, d)
         kv = torch.cat([k, v], dim=-1)
         if self.cp.active:
             kv = all_gather_v(kv, self.cp, [s] * self.cp.size, self.ledger, "cp_kv_gather")
@@ -183,22 +237,52 @@ class CausalAttention(torch.nn.Module):
         k = k.repeat_interleave(repeat, dim=2).permute(1, 2, 0, 3)
         v = v.repeat_interleave(repeat, dim=2).permute(1, 2, 0, 3)
         allowed = local[:, None] >= gathered[None, :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-        return out.permute(2, 0, 1, 3).reshape(s, b, spec.num_heads * d) @ self.wo
+        if self.window_left is not None:  # keys at most window_left positions back
+            allowed = allowed & (local[:, None] - gathered[None, :] <= self.window_left)
+        if spec.softmax_type == "vanilla":
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        else:
+            out = sink_attention(q, k, v, allowed, self.softmax_offset)
+        return _linear(out.permute(2, 0, 1, 3).reshape(s, b, spec.num_heads * d), self.wo,
+                       self.bo)
+
+
+def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                   offset: torch.Tensor | None) -> torch.Tensor:
+    """softmax([q·kᵀ/√d, sink]) without the sink column, times v: one extra logit per head in
+    the denominator (Megatron-LM dev@d48bd6be megatron/core/fusions/fused_softmax.py SoftmaxOne;
+    `offset` None is off-by-one's fixed zero logit). q, k, v [b, heads, s, d]."""
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    b, heads, s, _ = scores.shape
+    sink = (scores.new_zeros(heads) if offset is None else offset.to(scores.dtype))
+    sink = sink.view(1, heads, 1, 1).expand(b, heads, s, 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
 
 
 class DenseMLP(torch.nn.Module):
-    """SwiGLU feed-forward for layers that are not MoE (moe_layer_freq)."""
+    """Feed-forward for layers that are not MoE (moe_layer_freq), with the model's activation
+    (W3 only when gated) and add_bias_linear's biases."""
 
     def __init__(self, spec: DecoderSpec, layer_id: int, seed: int, dtype: torch.dtype) -> None:
         super().__init__()
         h, f = spec.hidden_size, spec.ffn_hidden_size
+        self.activation = spec.activation
+        gated = self.activation.gated
         self.w1 = _param(seed, (layer_id, "mlp", "w1"), (h, f), spec.init_std, dtype)
-        self.w3 = _param(seed, (layer_id, "mlp", "w3"), (h, f), spec.init_std, dtype)
+        if gated:
+            self.w3 = _param(seed, (layer_id, "mlp", "w3"), (h, f), spec.init_std, dtype)
         self.w2 = _param(seed, (layer_id, "mlp", "w2"), (f, h), spec.output_std, dtype)
+        self.b1 = _bias(f, spec.add_bias_linear, dtype)
+        self.b3 = _bias(f, spec.add_bias_linear and gated, dtype)
+        self.b2 = _bias(h, spec.add_bias_linear, dtype)
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        return (F.silu(x @ self.w1) * (x @ self.w3)) @ self.w2
+        gate = _linear(x, self.w1, self.b1)
+        if not self.activation.gated:
+            return _linear(self.activation.plain(gate), self.w2, self.b2)
+        hidden = self.activation.glu(gate, _linear(x, self.w3, self.b3), None)
+        return _linear(hidden, self.w2, self.b2)
 
 
 # (layer_id, is_hash_layer) -> the MoE block of that layer: forward(hidden [s,b,h], ids [b,s]).

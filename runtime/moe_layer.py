@@ -24,7 +24,7 @@ import torch
 from runtime.comm import Ledger, MoEGroups
 from runtime.dispatcher import ExpertLayout, make_dispatcher
 from runtime.experts import (
-    EXPERT_MATRICES,
+    EXPERT_TENSORS,
     GroupedExperts,
     SharedExpert,
     expert_shard_dim,
@@ -183,9 +183,12 @@ class MoELayer(torch.nn.Module):
         ETP shard of the intermediate dimension. Dense tensors are replicated.
         """
         prefix, _, matrix = name.partition(".")
-        if prefix != "experts" or matrix not in EXPERT_MATRICES:
+        if prefix != "experts" or matrix not in EXPERT_TENSORS:
             return full
         local = full[list(self.owned_experts)]
-        dim = 1 + expert_shard_dim(matrix)
+        shard = expert_shard_dim(matrix)
+        if shard is None:
+            return local
+        dim = 1 + shard
         width = full.shape[dim] // self.layout.etp_size
         return local.narrow(dim, self.layout.etp_rank * width, width)

@@ -347,11 +347,16 @@ def unsupported_features(plan: Plan) -> list[str]:
            "runtime's attention uses plain RoPE with model.rotary_base")
     refuse(bool(model("enable_hyper_connections")),
            "model.enable_hyper_connections: mHC residual streams are not implemented")
-    refuse(bool(model("add_bias_linear")), "model.add_bias_linear: linear biases are not implemented")
+    refuse(bool(model("add_bias_linear")) and int(layout("etp")) > 1,
+           "model.add_bias_linear with layout.etp > 1: the routed experts' FC2 bias under expert "
+           "tensor parallelism is not implemented; use etp = 1")
     shape = plan.model
     refuse(shape.get("normalization", "RMSNorm") != "RMSNorm",
            "model.normalization: the runtime's blocks use RMSNorm only")
-    refuse(shape.get("swiglu", True) is False, "model.swiglu false: the runtime's MLPs are SwiGLU only")
+    problems.extend(attention_mechanism_problems(plan.model))
+    refuse(shape.get("window_size") is not None and int(model("mtp_num_layers")) > 0,
+           "model.window_size with model.mtp_num_layers > 0: which MTP blocks are windowed is not "
+           "implemented; drop one of them for the runtime")
     refuse(bool(shape.get("qk_layernorm")), "model.qk_layernorm: q/k norms are not implemented")
     refuse(bool(shape.get("moe_shared_expert_gate")),
            "model.moe_shared_expert_gate: the shared-expert gate is not implemented")
@@ -409,6 +414,29 @@ def unsupported_features(plan: Plan) -> list[str]:
     refuse(heads % groups != 0, f"model.num_attention_heads = {heads} is not a multiple of "
            f"model.num_query_groups = {groups}")
     return problems
+
+
+# Attention and position mechanisms the planner budgets but the runtime's decoder does not run:
+# (field, the value that means "off", what the runtime would otherwise silently leave out).
+UNRUN_ATTENTION_FIELDS = (
+    ("attention_chunk_size", None, "chunked attention"),
+    ("no_rope_freq", None, "NoPE layers"),
+    ("rotary_percent", 1.0, "partial rotary embeddings"),
+    ("qk_l2_norm", False, "L2 q/k norms"),
+    ("qk_layernorm_per_layer", False, "per-layer q/k norms"),
+    ("linear_attention_freq", None, "gated DeltaNet linear attention"),
+    ("attention_output_gate", False, "the attention output gate"),
+    ("dsa", False, "DeepSeek sparse attention"),
+)
+
+
+def attention_mechanism_problems(model: dict[str, Any]) -> list[str]:
+    """A refusal for every attention mechanism the plan turns on that the runtime does not run
+    (a plan written before a field existed lacks it and has the mechanism off)."""
+    return [f"model.{field} = {model[field]!r}: {what} is not implemented by the runtime's "
+            f"decoder (the plan budgets it; runs need {field}: {off!r})"
+            for field, off, what in UNRUN_ATTENTION_FIELDS
+            if field in model and model[field] != off]
 
 
 def ownership_problems(plan: Plan, num_experts: int) -> list[str]:

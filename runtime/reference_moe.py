@@ -1,9 +1,10 @@
 """Single-process reference of the MoE block: a plain per-expert loop over full logical weights.
 
 No dispatcher, no grouped GEMM, no collectives: for every expert, take the token rows routed to
-it, run its full SwiGLU, weight and add. It is written independently of the runtime layer (only
-the initialisation and the capacity definition are shared) so the equivalence tests compare two
-implementations, not one with itself.
+it, run its full MLP (the plan's activation, add_bias_linear's biases), weight and add. It is
+written independently of the runtime layer (only the initialisation, the capacity definition and
+the plan's activation settings are shared) so the equivalence tests compare two implementations,
+not one with itself.
 
 Capacity dropping, forced balanced routing and the aux loss are decided per *source rank*
 (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py get_capacity counts a
@@ -21,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from runtime.experts import (
-    EXPERT_MATRICES,
     expert_identity,
     expert_matrix_shape,
     expert_matrix_std,
+    expert_tensors,
     output_init_std,
     shared_expert_identity,
 )
@@ -49,13 +50,16 @@ class ReferenceMoE(torch.nn.Module):
             init_tensor(seed, (layer_id, "router", "weight"), (num_experts, h),
                         settings.init_std, dtype)
         )
+        self.router.bias = torch.nn.Parameter(
+            init_tensor(seed, (layer_id, "router", "bias"), (num_experts,), settings.init_std, dtype)
+        ) if settings.add_bias_linear else None
         self.router.register_buffer("expert_bias", torch.zeros(num_experts))
         self.experts = _Holder()
-        for matrix in EXPERT_MATRICES:
+        for matrix in expert_tensors(settings):
+            shape, std = expert_matrix_shape(settings, matrix), expert_matrix_std(settings, matrix)
             stacked = torch.stack([
-                init_tensor(seed, expert_identity(layer_id, expert, matrix),
-                            expert_matrix_shape(settings, matrix),
-                            expert_matrix_std(settings, matrix), dtype)
+                init_tensor(seed, expert_identity(layer_id, expert, matrix), shape, std, dtype)
+                if std else torch.zeros(shape, dtype=dtype)  # biases start at zero
                 for expert in range(num_experts)
             ])
             self.experts.register_parameter(matrix, torch.nn.Parameter(stacked))
@@ -68,6 +72,8 @@ class ReferenceMoE(torch.nn.Module):
                 ("w3", (h, ffn), settings.init_std),
                 ("w2", (ffn, h), output_init_std(settings)),
             ):
+                if matrix == "w3" and not settings.activation.gated:
+                    continue
                 values = init_tensor(seed, shared_expert_identity(layer_id, matrix), shape, std,
                                      dtype)
                 self.shared_expert.register_parameter(matrix, torch.nn.Parameter(values))
@@ -136,14 +142,30 @@ def _capacity_drop(
 
 
 def _activation(
-    x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, limit: float | None
+    x: torch.Tensor, holder: torch.nn.Module, index: int | None, settings: MoESettings,
+    limit: float | None
 ) -> torch.Tensor:
-    """SiLU(x W1) ⊙ (x W3), gate capped at +limit and up kept within ±limit."""
-    gate, up = x @ w1, x @ w3
+    """act(x W1 + b1) · (x W3 + b3 + offset), gate capped at +limit and up kept within ±limit;
+    GELU(x W1 + b1) when not gated. `index` picks one expert of stacked tensors."""
+    def take(name: str) -> torch.Tensor | None:
+        tensor = getattr(holder, name, None)
+        return tensor if tensor is None or index is None else tensor[index]
+
+    def linear(weight: str, bias: str) -> torch.Tensor:
+        out, b = x @ take(weight), take(bias)
+        return out if b is None else out + b
+
+    kind, offset = settings.activation.kind, settings.activation.linear_offset
+    gate = linear("w1", "b1")
+    if kind == "gelu":
+        return 0.5 * gate * (1.0 + torch.erf(gate / 2.0**0.5))
+    up = linear("w3", "b3")
     if limit is not None:
         cap = torch.tensor(limit, dtype=gate.dtype)
         gate = torch.minimum(gate, cap)
         up = torch.maximum(torch.minimum(up, cap), -cap)
+    if kind == "quick_geglu":
+        return gate * torch.sigmoid(1.702 * gate) * (up + offset)
     return F.silu(gate) * up
 
 
@@ -180,6 +202,8 @@ def reference_moe(
         x = shard.reshape(seq_length * batch, h)
         num_tokens = x.shape[0]
         logits = x.float() @ weights.router.weight.float().t()
+        if weights.router.bias is not None:
+            logits = logits + weights.router.bias.float()
         scores = _scores(logits, settings.score_function)
         ids = None
         if is_hash_layer and input_ids is not None and input_ids[j] is not None:
@@ -207,17 +231,18 @@ def reference_moe(
                 continue
             tokens = torch.tensor([t for t, _ in slots])
             columns = torch.tensor([i for _, i in slots])
-            activation = _activation(
-                routed[tokens], weights.experts.w1[expert], weights.experts.w3[expert],
-                settings.swiglu_limit,
-            )
-            weighted = activation * mixing[tokens, columns].unsqueeze(1).to(activation.dtype)
-            y = y.index_add(0, tokens, weighted @ weights.experts.w2[expert])
+            activation = _activation(routed[tokens], weights.experts, expert, settings,
+                                     settings.swiglu_limit)
+            prob = mixing[tokens, columns].unsqueeze(1).to(activation.dtype)
+            out = (activation * prob) @ weights.experts.w2[expert]
+            if settings.add_bias_linear:  # FC2's bias, weighted by the prob as _apply_bias does
+                out = out + weights.experts.b2[expert] * prob
+            y = y.index_add(0, tokens, out)
         if latent:
             y = y @ weights.fc2_latent_proj
         if weights.shared_expert is not None:
             shared = weights.shared_expert
-            y = y + _activation(x, shared.w1, shared.w3, None) @ shared.w2
+            y = y + _activation(x, shared, None, settings, None) @ shared.w2
         outputs.append(y.view(seq_length, batch, h))
         aux_inputs.append((logits, mixing))
 

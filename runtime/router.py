@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from runtime.activation import MLPActivation
 from runtime.comm import CommGroup, Ledger, all_reduce
 from runtime.init import DEFAULT_INIT_STD, init_tensor
 from runtime.plan_io import required
@@ -55,6 +56,10 @@ class MoESettings:
     num_layers: int
     init_std: float
     latent_size: int | None = None  # latent MoE: routed rows and experts at this width
+    # The MLP activation (model.swiglu / quick_geglu / glu_linear_offset) and add_bias_linear's
+    # biases on the router and the routed experts' FC1 / FC2.
+    activation: MLPActivation = MLPActivation()
+    add_bias_linear: bool = False
 
     @property
     def routed_width(self) -> int:
@@ -99,6 +104,8 @@ class MoESettings:
                 # Not a config field (the schema has none): Megatron's init_method_std default.
                 init_std=DEFAULT_INIT_STD,
                 latent_size=None if latent is None else int(latent),
+                activation=MLPActivation.from_config(model_cfg),
+                add_bias_linear=bool(model("add_bias_linear")),
             )
         except (TypeError, ValueError) as bad:
             raise MoEConfigError(f"config has a malformed MoE value: {bad}") from None
@@ -134,6 +141,12 @@ class MoESettings:
             problems.append("drop-and-pad is only implemented for the alltoall dispatcher")
         if self.swiglu_limit is not None and self.swiglu_limit <= 0:
             problems.append(f"swiglu_limit must be > 0, got {self.swiglu_limit}")
+        if self.add_bias_linear and self.shared_ffn_hidden_size > 0:
+            # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/shared_experts.py
+            # SharedExpertMLP.__init__ asserts add_bias_linear is False.
+            problems.append("add_bias_linear with a shared expert: Megatron's shared experts have "
+                            "no biases (set moe_shared_expert_intermediate_size: 0 or "
+                            "add_bias_linear: false)")
         if problems:
             raise MoEConfigError("; ".join(problems))
 
@@ -283,6 +296,11 @@ class Router(torch.nn.Module):
         self.weight = torch.nn.Parameter(
             init_tensor(seed, (layer_id, "router", "weight"), shape, settings.init_std, dtype)
         )
+        # add_bias_linear: the gating linear's bias [E], drawn like the weight (Megatron-LM
+        # dev@d48bd6be megatron/core/transformer/moe/router.py Router.__init__ / reset_parameters).
+        self.bias = torch.nn.Parameter(
+            init_tensor(seed, (layer_id, "router", "bias"), (settings.num_experts,),
+                        settings.init_std, dtype)) if settings.add_bias_linear else None
         # V4's hash layers have no gate bias: the table decides, the bias could not act.
         self.uses_expert_bias = settings.enable_expert_bias and not is_hash_layer
         self.register_buffer("expert_bias", torch.zeros(settings.num_experts))
@@ -314,7 +332,8 @@ class Router(torch.nn.Module):
     ) -> Routing:
         settings = self.settings
         num_tokens = rows.shape[0]
-        logits = F.linear(rows.float(), self.weight.float())
+        logits = F.linear(rows.float(), self.weight.float(),
+                          None if self.bias is None else self.bias.float())
         scores = affinity(logits, settings.score_function)
         experts = self._select(scores.detach(), token_ids, force_balanced)
         weights = mixing_weights(scores, experts, settings)

@@ -32,6 +32,10 @@ WINDOW_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("la_nv", "gated DeltaNet value heads (linear_num_value_heads)"),
     Symbol("la_dv", "gated DeltaNet value head dimension (linear_value_head_dim)"),
     Symbol("la_conv", "gated DeltaNet short-convolution kernel (linear_conv_kernel_dim)"),
+    # ---- gated DeltaNet under CP (Megatron's default linear_cp_mode 'chunkwise').
+    Symbol("la_dk", "gated DeltaNet key head dimension (linear_key_head_dim)"),
+    Symbol("gdn_cp_relayout", "1 when CP's zigzag layout must be converted to the contiguous one "
+           "around every gated DeltaNet layer (cp_partition_mode zigzag), else 0"),
 )
 
 WINDOW_STAGE_SYMBOLS: tuple[tuple[str, str], ...] = (
@@ -71,7 +75,8 @@ def window_values(cfg: Config) -> dict[str, Number]:
             "la_qk": m.linear_key_head_dim * m.linear_num_key_heads,
             "la_v": m.linear_value_head_dim * m.linear_num_value_heads,
             "la_nv": m.linear_num_value_heads, "la_dv": m.linear_value_head_dim,
-            "la_conv": m.linear_conv_kernel_dim}
+            "la_conv": m.linear_conv_kernel_dim, "la_dk": m.linear_key_head_dim,
+            "gdn_cp_relayout": int(cfg.parallel.cp_partition_mode == "zigzag")}
 
 
 def standard_blocks(suffix: str = "", linear: bool = False) -> str:

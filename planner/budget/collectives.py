@@ -232,6 +232,28 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                f"V4 CSA: the lightning indexer's compressed keys all-gathered over CP, grads "
                f"reduce-scattered back; {_CSA} CompressedSparseAttention._forward_thd_cp",
                recomputed_with=_FULL_LAYER),
+    # ---- gated DeltaNet and DSA under CP (issue 24; planner/budget/comm.py add_gdn_cp_bytes,
+    # add_dsa_cp_bytes).
+    Collective("cp_gdn_state_gather", ("cp",), _REGATHER,
+               "gated DeltaNet, chunkwise CP: each rank's fp32 chunk state and transition matrix "
+               "all-gathered, and their gradients in backward; flash-linear-attention fla/ops/cp/"
+               "chunk_delta_h.py chunk_gated_delta_rule_fwd_h_pre_process / _bwd_dhu_pre_process, "
+               "called from Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py",
+               recomputed_with=_FULL_LAYER, layer_kind="L_linear"),
+    Collective("cp_gdn_conv_boundary", ("cp",), {"fwd": ("p2p",), "bwd": ("p2p",)},
+               "gated DeltaNet, chunkwise CP: the short convolution's last kernel − 1 input rows to "
+               "the next CP rank, their grads back; fla causal_conv1d (conv_cp_send_recv_fwd)",
+               recomputed_with=_FULL_LAYER, layer_kind="L_linear"),
+    Collective("cp_gdn_relayout", ("cp",), _A2A,
+               "gated DeltaNet, chunkwise CP under the zigzag layout: hidden rows converted to the "
+               "contiguous layout and back; Megatron-LM dev@d48bd6be megatron/core/"
+               "context_parallel_layout/conversion.py convert_module_input_tensors_cp_partition_mode",
+               recomputed_with=_FULL_LAYER, layer_kind="L_linear"),
+    Collective("cp_dsa_indexer_k_gather", ("cp",), _GATHER,
+               "DSA: the lightning indexer's keys all-gathered over CP, grads reduce-scattered back; "
+               "Megatron-LM dev@d48bd6be megatron/core/transformer/experimental_attention_variant/"
+               "dsa.py DSAttention.forward",
+               recomputed_with=_FULL_LAYER),
     Collective("gtp_weight_gather", ("gtp_remat",), _REGATHER,
                f"dense GTP shards all-gathered into whole TP slices before each GEMM, again before "
                f"its backward and in a recompute forward; {_GTP} GTPShardedParam."

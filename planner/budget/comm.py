@@ -16,6 +16,7 @@ activation recompute runs again in backward (the table's `recomputed_with`) also
 
 from __future__ import annotations
 
+from planner.budget.attention_kinds import standard_blocks
 from planner.budget.collectives import ALGORITHMS, RECOMPUTE, Collective, collective
 from planner.budget.expr import Book
 from planner.budget.symbols import Variant, routed_width
@@ -42,7 +43,9 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "model chunks on this stage that send activations forward")
         add("pp_recv_chunks", "VPP - is_first_stage", "count", "bytes",
             "model chunks on this stage that receive activations")
-    if v.cp_kv_gather and v.attention == "mla":
+    if v.cp_kv_gather and v.dsa:
+        add_dsa_cp_bytes(book)
+    elif v.cp_kv_gather and v.attention == "mla":
         # MLA attends with per-head K (nope + rope parts) and V after the up projections, and
         # context parallelism exchanges those (Megatron-LM dev@d48bd6be
         # megatron/core/transformer/multi_latent_attention.py MLASelfAttention.forward)
@@ -51,6 +54,8 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
     elif v.cp_kv_gather:
         add("cp_kv_bytes", "b * S / cp_runtime * 2 * groups * d * p / TP", "bytes", "bytes",
             "local K and V of one attention layer (all-gathered over CP)")
+    if v.cp_kv_gather and v.linear:
+        add_gdn_cp_bytes(book)
     if v.v4_cp:
         add_v4_cp_bytes(book)
     if v.dispatcher == "alltoall":
@@ -96,6 +101,44 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             f"one whole routed expert ({'W1, W3, W2' if v.swiglu else 'FC1, FC2'}; virtual experts "
             "need ETP = 1): what a temporary "
             "slot receives, and the size of the replica's gradient sent back")
+
+
+# ---- CP of the current architectures' attention kinds (issue 24). Window and chunked layers add
+# nothing of their own: Megatron hands window_size to Transformer Engine's attention
+# (megatron/core/extensions/transformer_engine.py TEDotProductAttention.__init__) and runs the
+# same CP exchange of the layer's K and V as for full attention, so they keep cp_kv_bytes.
+GDN_CP = ("Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py GatedDeltaNet.forward "
+          "(linear_cp_mode 'chunkwise', TransformerConfig's default)")
+
+
+def add_gdn_cp_bytes(book: Book) -> None:
+    """A gated DeltaNet layer under CP exchanges no K/V. In Megatron's default chunkwise mode
+    (GDN_CP) the layer converts a zigzag CP layout to the contiguous one and back
+    (convert_module_input_tensors_cp_partition_mode, an all-to-all of the hidden rows,
+    megatron/core/context_parallel_layout/conversion.py) and calls flash-linear-attention with a
+    CP context (fla.ops.cp build_cp_context): the short convolution sends its last la_conv − 1 input
+    rows to the next CP rank (conv_cp_send_recv_fwd; their grads come back), and the chunked delta
+    rule all-gathers each rank's fp32 state and transition matrix [value heads, d_k, d_k + d_v]
+    (chunk_gated_delta_rule_fwd_h_pre_process; the backward gathers their gradients alike,
+    chunk_gated_delta_rule_bwd_dhu_pre_process). Bytes of one layer and microbatch."""
+    add = book.add
+    add("cp_gdn_state_bytes", "la_nv / TP * la_dk * (la_dk + la_dv) * 4", "bytes", "bytes",
+        "gated DeltaNet: one rank's fp32 chunk state and transition matrix (all-gathered over CP)")
+    add("cp_gdn_conv_bytes", "(la_conv - 1) * (2 * la_qk + la_v) / TP * p", "bytes", "bytes",
+        "gated DeltaNet: the short convolution's last la_conv − 1 input rows (to the next CP rank)")
+    add("cp_gdn_relayout_bytes", "gdn_cp_relayout * tokens_per_rank * h * p", "bytes", "bytes",
+        "gated DeltaNet: the hidden rows of one zigzag ↔ contiguous conversion (all-to-all)")
+
+
+def add_dsa_cp_bytes(book: Book) -> None:
+    """DSA under CP (Megatron-LM dev@d48bd6be megatron/core/transformer/
+    experimental_attention_variant/dsa.py DSAttention.forward, all-gather CP only): the absorbed
+    MLA attention gathers its single latent key [kv_lora + qk_rope] (value None), whole on every TP
+    rank, and the lightning indexer gathers its keys [idx_dim]; backward reduce-scatters both."""
+    book.add("cp_kv_bytes", "b * S / cp_runtime * (kv_lora + qk_rope) * p", "bytes", "bytes",
+             "DSA: the local latent key of one attention layer (all-gathered over CP)")
+    book.add("cp_dsa_indexer_k_bytes", "b * S / cp_runtime * idx_dim * p", "bytes", "bytes",
+             "DSA: the lightning indexer's local keys of one layer (all-gathered over CP)")
 
 
 def add_v4_cp_bytes(book: Book) -> None:
@@ -144,7 +187,7 @@ def add_v4_cp_bytes(book: Book) -> None:
 # A table entry's layer_kind -> the stage count of those layers that full recompute re-runs.
 RECOMPUTED_LAYERS = {"blocks": "blocks_recomputed", "L_moe": "L_moe_recomputed",
                      "L_dense": "L_dense_recomputed", "L_csa": "L_csa_recomputed",
-                     "L_hca": "L_hca_recomputed"}
+                     "L_hca": "L_hca_recomputed", "L_linear": "L_linear_recomputed"}
 
 
 class Collectives:
@@ -417,14 +460,58 @@ def add_steps(book: Book, v: Variant) -> Collectives:
         for phase in ("fwd", "bwd"):
             c.zero("pp_activation", phase, f"PP = 1: {one}")
     if v.cp_kv_gather:
-        c.add("cp_kv_gather", "fwd", "cp", "allgather", "cp_kv_bytes * blocks * microbatches",
-              "CP * cp_kv_bytes * blocks * microbatches", "CP all-gather of local K and V")
+        # gated DeltaNet layers exchange no K/V (add_gdn_cp_bytes): only the softmax blocks gather
+        blocks = standard_blocks(linear=v.linear)
+        c.add("cp_kv_gather", "fwd", "cp", "allgather", f"cp_kv_bytes * {blocks} * microbatches",
+              f"CP * cp_kv_bytes * {blocks} * microbatches", "CP all-gather of local K and V")
         c.add("cp_kv_gather", "bwd", "cp", "reduce_scatter",
-              "CP * cp_kv_bytes * blocks * microbatches", "cp_kv_bytes * blocks * microbatches",
-              "its backward reduce-scatter of dK, dV")
+              f"CP * cp_kv_bytes * {blocks} * microbatches",
+              f"cp_kv_bytes * {blocks} * microbatches", "its backward reduce-scatter of dK, dV")
+    _add_linear_attention_cp_steps(c, v)
     _add_v4_cp_steps(c, v)
     add_tp_steps(c, v)
     return c
+
+
+def _add_linear_attention_cp_steps(c: Collectives, v: Variant) -> None:
+    """The CP exchanges of gated DeltaNet and DSA layers per step (add_gdn_cp_bytes,
+    add_dsa_cp_bytes); CP = 1, or a model without them, issues none."""
+    m = "microbatches"
+    if v.linear:
+        if not v.cp_kv_gather:
+            for name in ("cp_gdn_state_gather", "cp_gdn_conv_boundary", "cp_gdn_relayout"):
+                for phase in ("fwd", "bwd"):
+                    c.zero(name, phase, f"CP = 1: {ONE_RANK}")
+        else:
+            for phase in ("fwd", "bwd"):
+                c.add("cp_gdn_state_gather", phase, "cp", "allgather",
+                      f"cp_gdn_state_bytes * L_linear * {m}",
+                      f"CP * cp_gdn_state_bytes * L_linear * {m}",
+                      "CP all-gather of the DeltaNet chunk states" if phase == "fwd" else
+                      "CP all-gather of their gradients")
+                c.add("cp_gdn_relayout", phase, "cp", "alltoall",
+                      f"2 * cp_gdn_relayout_bytes * L_linear * {m}",
+                      f"2 * cp_gdn_relayout_bytes * L_linear * {m}",
+                      "zigzag → contiguous and back around each DeltaNet layer" if phase == "fwd"
+                      else "the same conversions of the gradients")
+            for phase, out, into, off in (("fwd", "cp_has_next", "cp_has_prev", "cp_next_offnode"),
+                                          ("bwd", "cp_has_prev", "cp_has_next", "cp_prev_offnode")):
+                c.add("cp_gdn_conv_boundary", phase, "cp", "p2p",
+                      f"{out} * cp_gdn_conv_bytes * L_linear * {m}",
+                      f"{into} * cp_gdn_conv_bytes * L_linear * {m}",
+                      "DeltaNet conv boundary rows to the next CP rank" if phase == "fwd" else
+                      "their grads back to the previous CP rank", offnode=off)
+    if v.dsa:
+        if not v.cp_kv_gather:
+            for phase in ("fwd", "bwd"):
+                c.zero("cp_dsa_indexer_k_gather", phase, f"CP = 1: {ONE_RANK}")
+        else:
+            c.add("cp_dsa_indexer_k_gather", "fwd", "cp", "allgather",
+                  f"cp_dsa_indexer_k_bytes * blocks * {m}", f"CP * cp_dsa_indexer_k_bytes * blocks * {m}",
+                  "CP all-gather of the DSA indexer keys")
+            c.add("cp_dsa_indexer_k_gather", "bwd", "cp", "reduce_scatter",
+                  f"CP * cp_dsa_indexer_k_bytes * blocks * {m}", f"cp_dsa_indexer_k_bytes * blocks * {m}",
+                  "its backward reduce-scatter of the indexer-key grads")
 
 
 def _add_v4_cp_steps(c: Collectives, v: Variant) -> None:

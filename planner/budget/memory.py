@@ -58,9 +58,11 @@ def _add_gated_delta_net_activations(book: Book, v: Variant, per_block: str) -> 
     output (q, k, v: 2·la_qk + la_v each), the output gate z, the kernel output and the gated
     norm's output (la_v each) in the training precision, and per value head the fp32 step and
     decay (beta, g) and the kernel's chunk matrix A (GDN_CHUNK entries). The recurrent state is
-    recomputed per chunk in backward, not stored; only its final value (la_nv · d_k · d_v, one
-    per sequence) is, which this leaves out. The layer keeps its block's other tensors (the MLP
-    side, dropout, mHC); its softmax-attention terms are taken back."""
+    recomputed per chunk in backward, not stored, and no final state exists in training:
+    GatedDeltaNet._forward_compute calls the kernel with initial_state=None and
+    output_final_state=False (and the short convolution likewise), so it adds 0 bytes per layer
+    and microbatch. The layer keeps its block's other tensors (the MLP side, dropout, mHC); its
+    softmax-attention terms are taken back."""
     mods = v.recompute_modules
     norm = "h" if "layernorm" in mods else "2 * h"
     book.add("act_gdn_per_layer", f"tokens_per_rank * (({norm} + 4 * la_qk + 5 * la_v) * p"

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -481,6 +482,50 @@ def _parameter_free_core_attention() -> Any:
     return CoreAttention
 
 
+@functools.cache
+def _duplicated_linear() -> Any:
+    """Stands in for Transformer Engine's TELinear, the one module DSA's spec takes from
+    `backend.linear()` (megatron/core/models/gpt/experimental_attention_variant_module_specs.py
+    get_dsa_module_spec_for_backend; megatron/core/models/backends.py LocalSpecProvider has no
+    `linear`). DSA builds it with parallel_mode "duplicated" (dsa.py DSAIndexer.__init__): a
+    whole, un-split weight [output, input] on every TP rank, and a bias only when asked (never
+    here), so its parameters are TELinear's, by name and shape. It never runs."""
+    import torch
+
+    class DuplicatedLinear(torch.nn.Module):
+        def __init__(self, input_size: int, output_size: int, *, config: Any, bias: bool,
+                     **_: Any) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(output_size, input_size,
+                                                         dtype=config.params_dtype))
+            self.bias = (torch.nn.Parameter(torch.empty(output_size, dtype=config.params_dtype))
+                         if bias else None)
+
+    return DuplicatedLinear
+
+
+def _dsa_attention_spec(config: Any) -> Any:
+    """DSA's self-attention spec from Megatron's own builder with the local backend and the
+    duplicated linear above for `backend.linear()`. AbsorbedMLASelfAttention accepts its
+    down projections only as TELinear (duplicated) or a column-parallel linear
+    (absorbed_mla.py AbsorbedMLASelfAttention.__init__, `in [TELinear]`), and binds TELinear to
+    None when Transformer Engine is missing, so the stand-in takes that name there too."""
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.transformer.experimental_attention_variant import absorbed_mla
+
+    if absorbed_mla.TELinear is None:
+        absorbed_mla.TELinear = _duplicated_linear()
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+        get_dsa_module_spec_for_backend,
+    )
+
+    class LocalWithLinear(LocalSpecProvider):
+        def linear(self) -> type:
+            return _duplicated_linear()
+
+    return get_dsa_module_spec_for_backend(config=config, backend=LocalWithLinear())
+
+
 def _local_block_spec(config: Any, block_spec: Any) -> Any:
     """The local decoder block spec of `config`. Gated DeltaNet layers (experimental attention
     variant gated_delta_net) have Transformer-Engine-only specs (megatron/core/models/gpt/
@@ -490,7 +535,15 @@ def _local_block_spec(config: Any, block_spec: Any) -> Any:
     parameters), on the layers get_linear_attention_pattern marks."""
     import dataclasses
 
-    if getattr(config, "experimental_attention_variant", None) != "gated_delta_net":
+    variant = getattr(config, "experimental_attention_variant", None)
+    if variant == "dsa":  # every layer DSA (megatron/core/transformer/experimental_attention_variant)
+        spec = block_spec(dataclasses.replace(config, experimental_attention_variant=None),
+                          use_transformer_engine=False)
+        dsa = _dsa_attention_spec(config)
+        layers = [dataclasses.replace(layer, submodules=dataclasses.replace(
+            layer.submodules, self_attention=dsa)) for layer in spec.layer_specs]
+        return dataclasses.replace(spec, layer_specs=layers)
+    if variant != "gated_delta_net":
         return block_spec(config, use_transformer_engine=False)
     from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
         get_linear_attention_pattern,
@@ -541,7 +594,8 @@ def _parameter_counts(args: Any, transformer: Any) -> dict[str, Any]:
         spec = _local_block_spec(config, get_gpt_decoder_block_spec)
         for layer in spec.layer_specs:
             attention = layer.submodules.self_attention.submodules
-            if config.multi_latent_attention and hasattr(attention, "core_attention"):
+            if (config.multi_latent_attention and hasattr(attention, "core_attention")
+                    and getattr(config, "experimental_attention_variant", None) != "dsa"):
                 attention.core_attention = _parameter_free_core_attention()
         mtp = (get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
                if config.mtp_num_layers else None)

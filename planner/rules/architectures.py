@@ -1,6 +1,7 @@
 """ARC: what Megatron refuses with the mechanisms of the current MoE architectures (gpt-oss,
 GLM-4.5, MiniMax-M2, Llama 4, Qwen3-Next, DeepSeek-V3.2): the NoPE pattern, the GLU offset, the
-L2 q/k norm, the gated DeltaNet heads, DSA's biases and CP exchange."""
+L2 q/k norm, the gated DeltaNet heads, DSA's biases and CP exchange, and linear biases beside a
+shared expert."""
 
 from __future__ import annotations
 
@@ -132,5 +133,21 @@ def dsa_cp_all_gather(f: Facts) -> Iterator[Violation]:
                         "set parallel.cp_comm_type: all_gather")
 
 
+@rule(
+    "ARC008", "error", "linear biases take no shared expert",
+    source=dev("core/transformer/moe/shared_experts.py", "SharedExpertMLP.__init__"),
+    why="""Megatron's shared expert asserts add_bias_linear is off: its MLP has no biases, so
+    gpt-oss-style biases (add_bias_linear) and a shared expert cannot be trained together.""",
+    bad="model: {add_bias_linear: true, moe_shared_expert_intermediate_size: 32}",
+    good="model: {add_bias_linear: true, moe_shared_expert_intermediate_size: 0}",
+)
+def bias_without_shared_expert(f: Facts) -> Iterator[Violation]:
+    shared = f.model.moe_shared_expert_intermediate_size or 0
+    if f.model.add_bias_linear and shared:
+        yield Violation("model.add_bias_linear", f"add_bias_linear with a shared expert of {shared}",
+                        "set add_bias_linear: false or moe_shared_expert_intermediate_size: 0")
+
+
 RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention,
-         gdn_value_heads_per_key_head, gdn_heads_fit_tp, dsa_without_bias, dsa_cp_all_gather)
+         gdn_value_heads_per_key_head, gdn_heads_fit_tp, dsa_without_bias, dsa_cp_all_gather,
+         bias_without_shared_expert)

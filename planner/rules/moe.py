@@ -141,11 +141,11 @@ def probs_on_input_top1(f: Facts) -> Iterator[Violation]:
     why="""With ETP > 1 the FC2 outputs are partial sums reduced over ETP; a bias added on every
     ETP rank would be counted ETP times.""",
     bad="""
-    model: {add_bias_linear: true}
+    model: {add_bias_linear: true, moe_shared_expert_intermediate_size: 0}
     parallel: {ep: 2, etp: 2}
     """,
     good="""
-    model: {add_bias_linear: true}
+    model: {add_bias_linear: true, moe_shared_expert_intermediate_size: 0}
     parallel: {ep: 4, etp: 1}
     """,
 )

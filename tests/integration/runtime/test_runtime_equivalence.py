@@ -47,6 +47,19 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     # MTP depth 0 after the 2 decoder layers (MoE layer 2) under zigzag CP: the shifted ids and
     # labels are cut from whole sequences, the rank holding the sequence end masks its last row
     "mtp_cp2_ep2": ({"parallel": {"cp": 2, "ep": 2}, "model": {"mtp_num_layers": 1}}, None),
+    # gpt-oss's layer: learnable sinks, a 3-key-back sliding window on every other layer (across
+    # the CP gather), quick-GEGLU with linear offset 1 and the clamp acting at 0.1 on these
+    # inputs, add_bias_linear (QKV, output projection, router, expert and dense FC1/FC2 biases),
+    # softmax top-4 and a dense layer; and the non-gated GELU MLP (no W3).
+    "gpt_oss_layer_cp2_ep2": ({"parallel": {"cp": 2, "ep": 2}, "model": {
+        "softmax_type": "learnable", "window_size": [3, 0], "window_attn_skip_freq": 2,
+        "quick_geglu": True, "glu_linear_offset": 1.0, "swiglu_limit": 0.1,
+        "add_bias_linear": True, "moe_shared_expert_intermediate_size": 0, "num_layers": 3,
+        "moe_layer_freq": [1, 0, 1], "moe_router_score_function": "softmax",
+        "moe_router_topk": 4, "moe_router_topk_scaling_factor": None,
+        "moe_router_enable_expert_bias": False}}, None),
+    "gelu_ep2_dense_layer": ({"parallel": {"ep": 2}, "model": {
+        "swiglu": False, "swiglu_limit": None, "num_layers": 3, "moe_layer_freq": [1, 0, 1]}}, None),
     # Deliberately wrong runtimes: the comparison must catch each.
     "fault_expert_grads_over_dp_cp": ({"parallel": {"cp": 2, "ep": 2}},
                                       "expert_grads_over_dp_cp"),

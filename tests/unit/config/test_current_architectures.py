@@ -36,6 +36,7 @@ from tests.support.hf_configs import (
     MINIMAX_M2,
     QWEN3_NEXT,
 )
+from tests.support.megatron_lines import megatron_line
 from tests.support.paths import EXAMPLES
 
 ARCH_EXAMPLES = {"gpt-oss-20b": "gpt-oss-20b-16", "gpt-oss-120b": "gpt-oss-120b-64",
@@ -442,3 +443,20 @@ def test_gated_delta_net_terms_by_hand():
                                                   + 4 * nv * dv ** 2 + h * v)
     assert env["act_gdn_per_layer"] == 4096 * ((2 * h + 4 * qk + 5 * v) * 2 + nv * 66 * 4)
     assert env["act_gdn_per_layer"] == 4096 * 73_984
+
+
+# Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py GatedDeltaNet._forward_compute:
+# the delta rule and the short convolution run with no initial and no final state in training.
+GDN_STATE_LINES = [(367, "initial_state=None,"), (368, "output_final_state=False,"),
+                   (523, "initial_state=None,"), (524, "output_final_state=False,")]
+
+
+def test_gated_delta_net_keeps_no_final_state():
+    """The recurrent state a chunked delta rule could return at the sequence end (la_nv·d_k·d_v
+    fp32 = 32·128·128·4 = 2 MiB per layer and sequence for Qwen3-Next) is never produced in
+    Megatron's training forward, so nothing is stored for backward: the per-layer term above
+    (4096 · 73,984 bytes) has no state part, and neither does any other memory row."""
+    for line, text in GDN_STATE_LINES:
+        assert text in megatron_line("core/ssm/gated_delta_net/gdn.py", line), line
+    env = Accounting(_example("qwen3-next-80b-a3b"), ("act_gdn_per_layer",)).stage_env(0)
+    assert env["act_gdn_per_layer"] == 4096 * 73_984  # the 2 MiB = 2,097,152 B would show here

@@ -450,7 +450,9 @@ register(ORACLE_MLA, case_of(build(
     training={"seq_length": 64, "micro_batch_size": 1, "global_batch_size": 8,
               "precision": "bf16"}), ORACLE_MLA))
 register(ORACLE_GPT, case_of(build(
+    # no shared expert: Megatron's refuses linear biases (ARC008)
     {**STANDARD, "normalization": "LayerNorm", "swiglu": False, "add_bias_linear": True,
+     "moe_shared_expert_intermediate_size": 0,
      "qk_layernorm": True, "make_vocab_size_divisible_by": 64, "hidden_dropout": 0.1},
     parallel={"world_size": 4, "ep": 2, "tp": 2, "etp": 1, "sequence_parallel": True},
     training={"seq_length": 64, "micro_batch_size": 1, "global_batch_size": 4}), ORACLE_GPT))
@@ -502,7 +504,7 @@ def test_megatron_builds_moeplans_gpt_shape():
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("normalization", "LayerNorm", "RMSNorm only"), ("swiglu", False, "SwiGLU only"),
+    ("normalization", "LayerNorm", "RMSNorm only"), ("qk_l2_norm", True, "L2 q/k norms"),
     ("qk_layernorm", True, "q/k norms"), ("moe_shared_expert_gate", True, "shared-expert gate"),
 ])
 def test_runtime_refuses_what_it_cannot_run(field: str, value: Any, message: str):

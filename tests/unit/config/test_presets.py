@@ -70,17 +70,21 @@ PRESET_EXAMPLES = {"deepseek-v3": "deepseek-v3-1024.yaml", "qwen3-30b-a3b": "qwe
                    "glm-4.5-air": "architectures/glm-4.5-air-64.yaml",
                    "llama-4-scout": "architectures/llama-4-scout-64.yaml",
                    "llama-4-maverick": "architectures/llama-4-maverick-256.yaml",
-                   "qwen3-next-80b-a3b": "architectures/qwen3-next-80b-a3b-32.yaml"}
+                   "qwen3-next-80b-a3b": "architectures/qwen3-next-80b-a3b-32.yaml",
+                   "deepseek-v3.2": "architectures/deepseek-v3.2-1024.yaml"}
 # The current architectures are built with their first layers only, one of each layer kind (gpt-oss:
 # a window and a full layer; GLM: its dense layers and a MoE layer; Llama 4: three RoPE layers and a
 # NoPE one, dense and MoE layers; Qwen3-Next: three gated DeltaNet layers and a gated attention
-# one, Megatron's GatedDeltaNet built with local linear layers by the probe), MTP kept, on one
-# rank: every
+# one, Megatron's GatedDeltaNet built with local linear layers by the probe; DeepSeek-V3.2: its
+# three dense layers and a MoE one, DSA's attention from Megatron's own spec builder with a local
+# stand-in for the duplicated TELinear its indexer and down projections take, see
+# planner/emit/megatron_probe.py _dsa_attention_spec), MTP kept, on one rank: every
 # per-layer tensor is what the build checks (building their hundreds of experts per layer for every
 # layer would cost this test suite tens of seconds); the full-size totals equal the
 # tensor-by-tensor count in tests/unit/config/test_current_architectures.py.
 LEADING_LAYERS = {"gpt-oss-20b": 2, "gpt-oss-120b": 2, "glm-4.5": 4, "glm-4.5-air": 2,
-                  "llama-4-scout": 4, "llama-4-maverick": 4, "qwen3-next-80b-a3b": 4}
+                  "llama-4-scout": 4, "llama-4-maverick": 4, "qwen3-next-80b-a3b": 4,
+                  "deepseek-v3.2": 4}
 
 
 def _built_config(name: str) -> Config:

@@ -49,6 +49,9 @@ CITED_LINES = [
     (TRANSFORMER_CONFIG, 1714, "if self.add_bias_linear:", "__post_init__"),
     (TRANSFORMER_CONFIG, 1737, 'and cp_comm_type.replace("_", "").lower() == "allgather"',
      "__post_init__"),
+    # ... ARC008: the shared expert refuses linear biases
+    ("core/transformer/moe/shared_experts.py", 124, "assert config.add_bias_linear == False",
+     "SharedExpertMLP.__init__"),
     # TransformerConfig.__post_init__: full granularity without a method raises
     (TRANSFORMER_CONFIG, 2165, 'elif self.recompute_granularity != "selective":', "__post_init__"),
     # ... and without recompute_num_layers
