@@ -327,6 +327,11 @@ def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, Mapping[tuple, P
         raise UnreadableConfig(f"{name}: YAML error: {exc}") from None
     except (RecursionError, ValueError, OverflowError) as exc:
         raise UnreadableConfig(f"{name}: cannot parse YAML ({type(exc).__name__})") from None
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:  # PyYAML's constructors on
+        # a malformed tagged value: `!!bool maybe`, `!!int ""`, `!!timestamp bad`
+        raise UnreadableConfig(f"{name}: a tagged value cannot be read as its tag "
+                               f"({type(exc).__name__}); drop the tag (such as !!bool or "
+                               "!!timestamp) or fix the value") from None
     finally:
         loader.dispose()
         if collecting:

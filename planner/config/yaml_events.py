@@ -192,4 +192,9 @@ def _constructed(loader: yaml.CSafeLoader, tag: str, raw: str, event: yaml.Scala
     construct = loader.yaml_constructors.get(tag)
     if construct is None:  # a merge key, a tag nothing constructs: the composer's call
         raise NeedsComposer
-    return construct(loader, yaml.ScalarNode(tag, raw, event.start_mark, event.end_mark, event.style))
+    try:
+        return construct(loader, yaml.ScalarNode(tag, raw, event.start_mark, event.end_mark, event.style))
+    except Exception:  # noqa: BLE001 - whatever a constructor raises, the composer path reports
+        # The composer reads the whole document before it constructs: a syntax error or the node
+        # cap further on is reported first, so the refusal of a doubly broken file stays its own.
+        raise NeedsComposer from None

@@ -93,3 +93,13 @@ def test_the_bench_judges_both_big_cases(tmp_path):
     found = yaml_bench.measure(ROOT, 2_000, tmp_path, repeats=1)
     assert {case: row["exit"] for case, row in found.items()} == {"ignore list": 0, "unknown section": 1}
     assert all(row["libyaml_per_100k_s"] > 0 for row in found.values())
+
+
+@pytest.mark.parametrize("text", ["a: !!bool maybe\n", "a: !!int ''\n", "a: !!timestamp bad\n"])
+def test_a_malformed_tagged_value_is_a_usage_error(text):
+    """PyYAML's constructors raise KeyError, IndexError, AttributeError on these (a traceback
+    before); a syntax error further on still comes first (the composer reads before it builds)."""
+    with pytest.raises(loader.UnreadableConfig, match="cannot be read as its tag"):
+        parse_yaml(text)
+    with pytest.raises(loader.UnreadableConfig, match="syntax error at line 3"):
+        parse_yaml(text + "b: [1\n")
