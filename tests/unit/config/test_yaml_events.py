@@ -103,3 +103,26 @@ def test_a_malformed_tagged_value_is_a_usage_error(text):
         parse_yaml(text)
     with pytest.raises(loader.UnreadableConfig, match="syntax error at line 3"):
         parse_yaml(text + "b: [1\n")
+
+
+def test_mutated_configs_read_alike_on_both_paths():
+    """Mutated example configs (tests/support/text_mutator.py): where the event path reads one, the
+    data, duplicates and positions are the composer's; where either refuses, both refuse alike."""
+    from tests.support.text_mutator import mutate_text
+
+    originals = [path.read_text() for path in sorted((ROOT / "examples").glob("*.yaml"))]
+    for seed in range(300):
+        text, steps = mutate_text(originals[seed % len(originals)], seed, steps=4)
+        try:
+            want, refusal = composed(text), None
+        except Exception as exc:  # noqa: BLE001 - compared with the event path's refusal below
+            want, refusal = None, (type(exc), str(exc))
+        try:
+            got = events(text)
+        except yaml_events.NeedsComposer:
+            continue
+        except Exception as exc:  # noqa: BLE001
+            assert (type(exc), str(exc)) == refusal, (seed, steps)
+            continue
+        assert refusal is None and got[0] == want[0] and got[2] == want[2], (seed, steps)
+        assert all(got[1].get(path) == want[1].get(path) for path in paths_of(got[0])), (seed, steps)
