@@ -15,7 +15,7 @@ from typing import Any
 from planner.config.schema import Config
 from planner.drops import drop_difference
 from planner.findings import Finding
-from planner.layout.grid import Grid
+from planner.layout.grid import ExpertOwnership, Grid
 from planner.layout.spec import grid_spec_from_config
 
 # Fields that define the logical tensors of the model; any difference means another model.
@@ -75,16 +75,32 @@ class RankRead:
                 "sources": {str(k): v for k, v in sorted(self.sources.items())}}
 
 
-def _holders(grid: Any) -> tuple[dict[tuple[int, int], list[tuple[int, int, int]]], int]:
-    """(layer, expert) -> [(rank, shard start, shard stop)] over the whole old layout."""
+Shard = tuple[int, int]  # [start, stop) of the intermediate dimension I
+
+
+def _layer_stages(grid: Grid) -> dict[int, int]:
+    """MoE layer -> the old pipeline stage that holds it."""
     spec = grid.spec
-    out: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-    for rank in range(spec.world_size):
-        own = grid.expert_ownership(rank)
-        for layer, ids in own.experts_by_layer.items():
-            for expert in ids:
-                out.setdefault((layer, expert), []).append((rank, own.etp_rank, own.etp_size))
-    return out, spec.world_size
+    return {layer: stage for stage in range(spec.pp) for layer in spec.moe_layers_of_stage(stage)}
+
+
+def _shard(own: ExpertOwnership, inter: int) -> Shard:
+    """The rank's ETP slice of the intermediate dimension."""
+    width = inter // own.etp_size
+    return own.etp_rank * width, (own.etp_rank + 1) * width
+
+
+def _holders(grid: Grid, inter: int) -> dict[tuple[int, int], dict[Shard, int]]:
+    """(old stage, expert) -> {ETP shard of I: the lowest old rank holding it}. Every MoE layer of
+    a stage is held by the same ranks, and replicas (expert-DP peers) are interchangeable, so the
+    table has one entry per shard instead of one per replica: the plan stays linear in ranks."""
+    out: dict[tuple[int, int], dict[Shard, int]] = {}
+    for rank in range(grid.spec.world_size):  # ascending: the first holder seen is the lowest
+        own = grid.expert_ownership(rank, with_replicas=False)
+        shard = _shard(own, inter)
+        for expert in own.expert_ids if own.experts_by_layer else ():
+            out.setdefault((own.stage, expert), {}).setdefault(shard, rank)
+    return out
 
 
 def _bytes_per_intermediate_row(cfg: Config) -> int:
@@ -101,20 +117,25 @@ def reshard_plan(old: Config, new: Config) -> dict[str, Any]:
     (no transfer), then the lowest old rank; replicas (old expt_dp peers) are interchangeable.
     """
     old_grid, new_grid = Grid(grid_spec_from_config(old)), Grid(grid_spec_from_config(new))
-    holders, _ = _holders(old_grid)
     inter = new.model.moe_ffn_hidden_size
+    holders, layer_stage = _holders(old_grid, inter), _layer_stages(old_grid)
     row_bytes = _bytes_per_intermediate_row(new)
     reads: list[RankRead] = []
     for rank in range(new_grid.spec.world_size):
-        own = new_grid.expert_ownership(rank)
-        width = inter // own.etp_size
-        start, stop = own.etp_rank * width, (own.etp_rank + 1) * width
+        own = new_grid.expert_ownership(rank, with_replicas=False)
+        start, stop = _shard(own, inter)
         entry = RankRead(rank, own.stage, own.expert_ids, tuple(sorted(own.experts_by_layer)),
                          (start, stop))
-        for layer, ids in own.experts_by_layer.items():
-            for expert in ids:
-                for src, lo, hi in _pieces(holders.get((layer, expert), []), start, stop, rank, inter):
-                    amount = (hi - lo) * row_bytes
+        kept = _kept_in_place(old_grid, rank, inter)
+        layers_per_stage: dict[int, int] = {}  # the layers of one old stage read alike: count them
+        for layer in own.experts_by_layer:
+            stage = layer_stage.get(layer, -1)
+            layers_per_stage[stage] = layers_per_stage.get(stage, 0) + 1
+        for stage, layers in layers_per_stage.items():
+            for expert in own.expert_ids:
+                mine = kept.get((stage, expert))
+                for src, lo, hi in _pieces(holders.get((stage, expert), {}), mine, start, stop, rank):
+                    amount = (hi - lo) * row_bytes * layers
                     if src == rank:
                         entry.local_bytes += amount
                     else:
@@ -136,21 +157,26 @@ def reshard_plan(old: Config, new: Config) -> dict[str, Any]:
     }
 
 
-def _pieces(holders: list[tuple[int, int, int]], start: int, stop: int, rank: int,
-            inter: int) -> list[tuple[int, int, int]]:
-    """Cover [start, stop) of I with old shards: the rank's own shard first, then lowest rank."""
-    ranges = []
-    for src, etp_rank, etp_size in holders:
-        width = inter // etp_size
-        ranges.append((src != rank, src, etp_rank * width, (etp_rank + 1) * width))
-    ranges.sort()
-    pieces, covered = [], []
-    for _, src, lo, hi in ranges:
+def _kept_in_place(grid: Grid, rank: int, inter: int) -> dict[tuple[int, int], Shard]:
+    """(old stage, expert) -> the shard of I this rank already held in the old layout."""
+    if rank >= grid.spec.world_size:
+        return {}
+    own = grid.expert_ownership(rank, with_replicas=False)
+    shard = _shard(own, inter)
+    return {(own.stage, expert): shard for expert in own.expert_ids} if own.experts_by_layer else {}
+
+
+def _pieces(shards: dict[Shard, int], mine: Shard | None, start: int, stop: int,
+            rank: int) -> list[tuple[int, int, int]]:
+    """Cover [start, stop) of I with old shards (aligned: equal or disjoint): from the rank itself
+    where it holds the shard, else from the lowest old rank holding it."""
+    pieces = []
+    for (lo, hi), lowest in shards.items():
         lo, hi = max(lo, start), min(hi, stop)
-        for c_lo, c_hi in covered:  # keep only what is not covered yet (old shards are aligned)
-            if c_lo <= lo and hi <= c_hi:
-                lo = hi
         if lo < hi:
-            pieces.append((src, lo, hi))
-            covered.append((lo, hi))
+            pieces.append((rank if _within(lo, hi, mine) else lowest, lo, hi))
     return pieces
+
+
+def _within(lo: int, hi: int, shard: Shard | None) -> bool:
+    return shard is not None and shard[0] <= lo and hi <= shard[1]

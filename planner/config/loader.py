@@ -7,6 +7,7 @@ a readable file that does not describe a valid config yields findings (exit 1). 
 from __future__ import annotations
 
 import difflib
+import gc
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -16,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from planner.config import yaml_events
 from planner.config.importers.hf_config import HfConfigUnreadable, apply_hf_config
 from planner.config.megatron_names import flag_of, megatron_arguments, moeplan_field, section_fields
 from planner.config.schema import Config
@@ -23,7 +25,7 @@ from planner.files import reading
 from planner.findings import Finding
 
 SCHEMA_SOURCE = "planner/config/schema.py"
-Position = tuple[int, int]
+Position = yaml_events.Position
 
 
 class _ConfigLoader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):  # type: ignore[misc]
@@ -285,21 +287,37 @@ def _duplicate_keys(root: yaml.Node) -> list[tuple[tuple, Position]]:
     return duplicates
 
 
+def _too_big(problem: str) -> InvalidConfig:
+    return InvalidConfig([_finding("CFG008", "", f"the YAML is too big to read: {problem}",
+                                   "shrink the file; a config needs a few hundred values")])
+
+
 def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, Mapping[tuple, Position], list]:
-    """Compose once, measure the node graph (a CFG008 finding when it is too big to build), then
-    build the data from the same nodes."""
+    """Build the data from libyaml's events when the text has no anchors (planner/config/
+    yaml_events.py: counted as it is built, never composed); otherwise, or for whatever that path
+    leaves to it, compose once, measure the node graph (a CFG008 finding when it is too big to
+    build), then build the data from the same nodes. The cycle collector is paused meanwhile: the
+    values built hold no cycles, and it would walk the growing tree again and again."""
     loader = _ConfigLoader(text)
+    collecting = gc.isenabled()
+    gc.disable()
     try:
+        if "&" not in text:  # aliases need anchors
+            try:
+                return yaml_events.build(loader, max_nodes())
+            except yaml_events.TooManyNodes:
+                raise _too_big(f"more than {max_nodes():,} nodes; if the config is real, raise "
+                               "MOEPLAN_YAML_MAX_NODES=<nodes>") from None
+            except yaml_events.NeedsComposer:
+                loader.dispose()
+                loader = _ConfigLoader(text)
         too_many = _too_many_nodes(text)
         if too_many:
-            raise InvalidConfig([_finding("CFG008", "", f"the YAML is too big to read: {too_many}",
-                                          "shrink the file; a config needs a few hundred values")])
+            raise _too_big(too_many)
         node = loader.get_single_node()
-        # Aliases need anchors: a text without `&` composes to a tree the node estimate bounded.
         problem = structure_problem(node) if node is not None and "&" in text else None
         if problem:
-            raise InvalidConfig([_finding("CFG008", "", f"the YAML is too big to read: {problem}",
-                                          "shrink the file; a config needs a few hundred values")])
+            raise _too_big(problem)
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
@@ -309,8 +327,15 @@ def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, Mapping[tuple, P
         raise UnreadableConfig(f"{name}: YAML error: {exc}") from None
     except (RecursionError, ValueError, OverflowError) as exc:
         raise UnreadableConfig(f"{name}: cannot parse YAML ({type(exc).__name__})") from None
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:  # PyYAML's constructors on
+        # a malformed tagged value: `!!bool maybe`, `!!int ""`, `!!timestamp bad`
+        raise UnreadableConfig(f"{name}: a tagged value cannot be read as its tag "
+                               f"({type(exc).__name__}); drop the tag (such as !!bool or "
+                               "!!timestamp) or fix the value") from None
     finally:
         loader.dispose()
+        if collecting:
+            gc.enable()
     return data, NodePositions(node), _duplicate_keys(node) if node is not None else []
 
 
@@ -458,14 +483,18 @@ INT_LIMIT = 2**63 - 1  # Megatron's sizes end up in 64-bit tensors and CUDA argu
 
 
 def _oversized_integers(data: Any) -> list[tuple[tuple, int]]:
-    """Every integer beyond 64 bits, anywhere in the data (walked without recursion)."""
-    found, stack = [], [((), data)]
+    """Every integer beyond 64 bits, anywhere in the data (walked without recursion; a path is
+    made only for a collection or a find, so a million-entry list costs a million type checks)."""
+    found: list[tuple[tuple, int]] = []
+    stack: list[tuple[tuple, Any]] = [((), data)]
     while stack:
         path, node = stack.pop()
-        if isinstance(node, dict):
-            stack.extend((path + (key,), value) for key, value in node.items())
-        elif isinstance(node, list):
-            stack.extend((path + (index,), value) for index, value in enumerate(node))
+        if isinstance(node, dict | list):
+            for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+                if isinstance(value, dict | list):
+                    stack.append((path + (key,), value))
+                elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
+                    found.append((path + (key,), value))
         elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > INT_LIMIT:
             found.append((path, node))
     return sorted(found, key=lambda item: [str(part) for part in item[0]])

@@ -210,8 +210,10 @@ class Grid:
         record, generator = self._lookup(kind)
         return record.construction.member(kind, generator, self.spec, rank)
 
-    def expert_ownership(self, rank: int) -> ExpertOwnership:
-        """Global expert ids this rank holds per MoE layer of its stage, and its replicas."""
+    def expert_ownership(self, rank: int, *, with_replicas: bool = True) -> ExpertOwnership:
+        """Global expert ids this rank holds per MoE layer of its stage, and its replicas.
+        with_replicas=False leaves replica_peers empty: listing them costs EDP per rank, which a
+        caller asking for every rank (the reshard plan) would pay N times."""
         self._check_rank(rank)
         s, x = self.spec, self.expert
         stage = x.coordinate(rank, "pp")
@@ -238,7 +240,7 @@ class Grid:
             egtp_size=s.egtp,
             expert_ids=ids,
             experts_by_layer={layer: ids for layer in layers} if ids else {},
-            replica_peers=tuple(x.group_containing("dp", rank)),
+            replica_peers=tuple(x.group_containing("dp", rank)) if with_replicas else (),
             note=note,
         )
 

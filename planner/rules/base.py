@@ -12,11 +12,7 @@ from textwrap import dedent
 
 from planner.findings import Finding, Severity
 from planner.rules.facts import Facts, NotComputable
-
-
-def code_of(text: str) -> str:
-    """A rule code as written by a person (`ignore:` entries, `moeplan rules par001`): PAR001."""
-    return text.strip().upper()
+from planner.rules.facts import code_of as code_of  # re-exported: the rules import it from here
 
 
 @dataclass(frozen=True)

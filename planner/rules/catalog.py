@@ -71,7 +71,7 @@ def run_rules(cfg: Config, *, facts: Facts | None = None) -> list[Finding]:
     `cfg.ignore` (IGN002 reports the others). `facts` lets a caller (`moeplan search`) read the
     facts the rules computed, such as the per-stage memory, afterwards."""
     facts = facts or Facts(cfg, known_codes=CODES)
-    ignored = {code_of(code) for code in cfg.ignore}
+    ignored = set(facts.ignore_codes)
     findings: list[Finding] = []
     for entry in CATALOG:
         if entry.code not in ignored or entry.cannot_ignore:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 from collections.abc import Iterator
 
-from planner.rules.base import SHOWN_PER_RULE, Rule, Violation, code_of, documented, rule
+from planner.rules.base import SHOWN_PER_RULE, Rule, Violation, documented, rule
 from planner.rules.facts import Facts
 
 LOADER = "planner/config/loader.py::parse_config"
@@ -149,15 +150,19 @@ CONFIG_DOCS = (
 )
 def ignore_known_codes(f: Facts) -> Iterator[Violation]:
     known = set(f.known_codes)
-    unknown = 0
-    for index, entry in enumerate(f.cfg.ignore):
-        code = code_of(entry)
-        if code not in known:
-            unknown += 1  # did-you-mean costs a millisecond: only for the entries that are shown
-            close = (difflib.get_close_matches(code, f.known_codes, n=1)
-                     if unknown <= SHOWN_PER_RULE else [])
-            hint = f"did you mean {close[0]}?" if close else "see `moeplan rules` for the codes"
-            yield Violation(f"ignore.{index}", f"unknown rule code '{entry}' in ignore", hint)
+    unknown = [index for index, code in enumerate(f.ignore_codes) if code not in known]
+    for count, index in enumerate(unknown):
+        entry = f.cfg.ignore[index]
+        shown = count < SHOWN_PER_RULE  # did-you-mean costs a millisecond: only for those shown
+        close = difflib.get_close_matches(f.ignore_codes[index], f.known_codes, n=1) if shown else []
+        hint = f"did you mean {close[0]}?" if close else "see `moeplan rules` for the codes"
+        violation = Violation(f"ignore.{index}", f"unknown rule code '{entry}' in ignore", hint)
+        yield violation
+        if count == SHOWN_PER_RULE:
+            # Past the shown ones Rule.findings only counts them (and names this first one): a
+            # million unknown entries cost a million comparisons, not a million messages.
+            yield from itertools.repeat(violation, len(unknown) - count - 1)
+            return
 
 
 _GRID = "the process groups cannot be built, so neither can the budgets, the plan or a launch"
@@ -199,8 +204,7 @@ def mark_unignorable(catalog: tuple[Rule, ...]) -> tuple[Rule, ...]:
     good="ignore: [PAR012]",
 )
 def ignore_structural_codes(f: Facts) -> Iterator[Violation]:
-    for index, entry in enumerate(f.cfg.ignore):
-        code = code_of(entry)
+    for index, code in enumerate(f.ignore_codes):
         if code in UNIGNORABLE:
             yield Violation(f"ignore.{index}", f"{code} cannot be ignored: {UNIGNORABLE[code]}",
                             f"remove it from ignore; fix the {code} error if one is reported")

@@ -17,6 +17,11 @@ from planner.layout.pipeline import SplitError, StageSplit, stage_split
 from planner.layout.spec import GridSpec, grid_spec_from_config
 
 
+def code_of(text: str) -> str:
+    """A rule code as written by a person (`ignore:` entries, `moeplan rules par001`): PAR001."""
+    return text.strip().upper()
+
+
 class NotComputable(Exception):
     """A quantity the rule needs is not a whole number (another rule already reports why)."""
 
@@ -33,6 +38,13 @@ class Facts:
         self.moe = cfg.moe
         self.ovl = cfg.overlap
         self.cluster = cfg.cluster
+
+    # ----------------------------------------------------------------- the ignore list
+    @cached_property
+    def ignore_codes(self) -> list[str]:
+        """`ignore:` entries as rule codes (PAR001), one per entry in order: normalised once for
+        the runner and both IGN rules, as a list of a million entries is judged in linear time."""
+        return list(map(code_of, self.cfg.ignore))
 
     # ----------------------------------------------------------------- degrees and grids
     @property

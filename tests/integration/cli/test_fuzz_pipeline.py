@@ -175,3 +175,84 @@ def test_every_base_config_runs_through(name, tmp_path):
     if name == "architectures/minimax-m2-128.yaml":
         expected = "emit refused (finding)"
     assert run_case(base_docs()[name], tmp_path) == expected
+
+
+# ----------------------------------------------------------------------------- reading commands
+# The commands that read other files than a config, each on mutated copies of real inputs
+# (tests/support/text_mutator.py for text, json_mutator for Hugging Face configs): launch scripts,
+# argument maps and training logs for `import megatron`, logs for `calibrate`, config.json for
+# `import hf`, and a config for `search` whose space is tiny (one rank, two experts, one layer),
+# judged in-process. Every case: exit 0, 1 or 2 and no exception. FILE_CASES are spread over
+# the four; MOEPLAN_FUZZ_EXAMPLES raises them with the rest.
+FILE_CASES = max(16, CASES // 30)
+SUPPORT = Path(__file__).resolve().parents[2] / "support"
+SCRIPTS = sorted((SUPPORT / "launch_corpus_files").iterdir())
+LOGS = sorted((SUPPORT / "megatron_logs").glob("*.log"))
+TINY_SEARCH = """\
+model: {num_layers: 1, hidden_size: 64, num_attention_heads: 4, kv_channels: 16,
+        ffn_hidden_size: 128, vocab_size: 256, num_experts: 2, moe_router_topk: 2,
+        moe_ffn_hidden_size: 32}
+parallel:
+  world_size: 1
+training:
+  seq_length: 32
+  micro_batch_size: 1
+  global_batch_size: 1
+  precision: fp32
+cluster:
+  nodes: 1
+  gpus_per_node: 1
+  gpu_memory_gib: 1
+"""
+
+
+def _reading_case(seed: int, folder: Path) -> tuple[list[str], list[str]]:
+    """(the command line, the mutation steps) of one case, its input written into `folder`."""
+    from tests.support.hf_configs import HF_CONFIGS
+    from tests.support.text_mutator import mutate_text
+
+    kind = ("search", "import hf", "import megatron", "calibrate")[seed % 4]
+    pick = seed // 4
+    if kind == "import hf":
+        source = HF_CONFIGS[sorted(HF_CONFIGS)[pick % len(HF_CONFIGS)]]
+        if seed % 8 < 4:
+            doc, steps = mutate(source, seed)
+            text = json.dumps(doc)
+        else:
+            text, steps = mutate_text(json.dumps(source, indent=1), seed)
+        path = folder / "config.json"
+        command = ["import", "hf", str(path)]
+    elif kind == "search":
+        text, steps = mutate_text(TINY_SEARCH, seed)
+        path = folder / "search.yaml"
+        command = ["search", str(path), "--refine", "1", "--top", "3"]
+    else:
+        originals = SCRIPTS + LOGS if kind == "import megatron" else LOGS
+        original = originals[pick % len(originals)]
+        text, steps = mutate_text(original.read_text(encoding="utf-8"), seed)
+        path = folder / original.name
+        command = (["import", "megatron", str(path), "--world-size", "8"] if kind == "import megatron"
+                   else ["calibrate", str(path)] + (["--gpu", "H100"] if pick % 2 else []))
+    path.write_text(text, encoding="utf-8", errors="surrogateescape")
+    return command, [kind, *steps]
+
+
+def test_mutated_inputs_of_every_reading_command_end_in_0_1_2(tmp_path, monkeypatch):
+    import planner.search.run as search_run
+
+    monkeypatch.setattr(search_run, "default_workers", lambda: 1)  # no process pool per case
+    crashes, outcomes = [], Counter()
+    for seed in range(FIRST_SEED, FIRST_SEED + FILE_CASES):
+        folder = tmp_path / str(seed)
+        folder.mkdir()
+        command, steps = _reading_case(seed, folder)
+        started = time.monotonic()
+        result = _runner.invoke(app, command)
+        seconds = time.monotonic() - started
+        outcomes[f"{steps[0]}: exit {result.exit_code}"] += 1
+        crashed = result.exit_code not in (0, 1, 2) or not isinstance(result.exception, SystemExit | None)
+        if crashed or seconds > CASE_SECONDS:
+            crashes.append(f"seed {seed}: {' | '.join(steps)}: exit {result.exit_code}, "
+                           f"{seconds:.0f} s: {result.exception!r:.300}")
+    print(f"\n{FILE_CASES} reading cases from seed {FIRST_SEED}: {dict(outcomes)}")
+    assert crashes == []
