@@ -576,6 +576,14 @@ class OverlapSection(Section):
                 "overlap.offload_modules {modules} with 'moe' in overlap.recompute_modules: the MoE "
                 "layer is recomputed whole, so Megatron refuses offloading inside it; drop one",
                 {"modules": inside_moe})
+        if self.recompute_granularity == "selective" and "mhc" in (self.recompute_modules or []) \
+                and mods & {"attn_norm", "mlp_norm"}:
+            raise PydanticCustomError(
+                "offload_norms_with_mhc_recompute",
+                "overlap.offload_modules {modules} with 'mhc' in overlap.recompute_modules: Megatron "
+                "refuses them together (the mHC recompute replays those norms before the offload's "
+                "backward chunk exists); drop them or the mhc recompute",
+                {"modules": sorted(mods & {"attn_norm", "mlp_norm"})})
         if "fused_group_mlp" in mods:
             raise PydanticCustomError(
                 "fused_group_mlp_needs_op_fuser",
