@@ -13,6 +13,7 @@ from planner.accounting import budgets
 from planner.config.loader import InvalidConfig
 from planner.emit.megatron import megatron_arguments
 from planner.rules import run_rules
+from planner.rules.memory import _activation_levers
 from tests.support.megatron_judge import case_of, register, verdict
 from tests.support.megatron_lines import megatron_line
 from tests.unit.config.test_launch_script_arguments import build, imported, stage0
@@ -243,3 +244,10 @@ def test_megatron_accepts_the_emitted_offload_arguments():
     arguments with the exported environment (planner/emit/megatron_check.py)."""
     result = verdict(ORACLE_OFFLOAD)
     assert result.verdict == "pass", (result.message, result.location, result.mismatches)
+
+
+def test_the_memory_fix_names_offloading_as_an_activation_lever():
+    """MEM001's fix for activations offers offloading where it is off (and counted)."""
+    hint = next(h for h in _activation_levers(build()) if "fine_grained_activation_offloading" in h)
+    assert "offload_modules: [expert_fc1, moe_act]" in hint
+    assert not [h for h in _activation_levers(offloading()) if "fine_grained_activation_offloading" in h]
