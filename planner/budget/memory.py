@@ -21,6 +21,7 @@ tensor once; MLPs are SwiGLU (3 matrices) or, with swiglu false, two matrices.
 from __future__ import annotations
 
 from planner.budget.expr import Book
+from planner.budget.offload import write_offload, write_offload_peak
 from planner.budget.symbols import Variant, routed_width
 
 PAGE = "memory"
@@ -219,8 +220,11 @@ def write(book: Book, v: Variant) -> None:
     add("in_flight_microbatches", "live_passes / VPP", "count", "memory",
         "chunk passes held at the activation peak, in microbatch equivalents (1F1B: min(m, PP - s);"
         " interleaved: warm-up passes + 1)")
-    add("activation_bytes", "act_live_peak + recompute_working_bytes", "bytes", "memory",
-        "peak stored activations: the live chunks at the schedule's peak, plus recompute's block")
+    offloading = "act_offloaded_per_microbatch" in book.levels
+    add("activation_bytes", "act_live_peak + recompute_working_bytes"
+        + (f" + {write_offload_peak(book)}" if offloading else ""), "bytes", "memory",
+        "peak stored activations: the live chunks at the schedule's peak, plus recompute's block"
+        + ("; with activation offloading, plus the offloaded bytes kept on the GPU" if offloading else ""))
     w = routed_width(v)
     rows = "gemm_rows_padded" if v.quant_pad else "expert_gemm_rows"
     buffers = {"alltoall": "2 * dispatch_send_bytes",
@@ -365,6 +369,14 @@ def _add_fp8_weights(book: Book, v: Variant) -> None:
 def _add_recompute(book: Book, v: Variant) -> None:
     add, avg = book.add, "act_layers_per_microbatch / Max(blocks, 1)"
     whole = "whole bytes, the average block rounded up"
+    if v.recompute != "full" and v.offload:
+        # issue 22 (offload branch): the offload groups' tensors wait on the host, not the GPU
+        offloaded = write_offload(book, v)
+        add("act_stored_layers", f"act_layers_per_microbatch - {offloaded}", "bytes", "memory",
+            "per microbatch: block activations kept on the GPU for backward (fine-grained "
+            "activation offloading moves the offload groups' tensors to the host)")
+        add("recompute_working_bytes", "0", "bytes", "memory", "no full recompute")
+        return
     if v.recompute != "full":
         add("act_stored_layers", "act_layers_per_microbatch", "bytes", "memory",
             "per microbatch: block activations kept for backward")

@@ -29,6 +29,7 @@ from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.config.gpus import DEFAULT_GPU, HOPPER
+from planner.config.offload_groups import offload_groups
 from planner.config.schema import Config
 from planner.layout.nodes import Places, node_of
 from planner.layout.pipeline import Chunk, StageLayers, StageSplit, split_key, stage_layers
@@ -111,6 +112,13 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
            "language_model_embedding.py LanguageModelEmbedding)"),
     Symbol("opt_gpu_share", "share of the optimizer states on the GPU: 1 - optimizer_offload_fraction "
            "with optimizer_cpu_offload, else 1"),
+    # issue 22 (offload branch)
+    Symbol("min_offloaded", "overlap.min_offloaded_tensor_size: elements below which a saved tensor "
+           "stays on the GPU"),
+    Symbol("offload_keep_share", "1 - overlap.activation_offload_fraction (in floating point, as "
+           "Megatron computes it): share of each chunk's eligible offload groups kept on the GPU"),
+    Symbol("offload_delta_bytes", "overlap.delta_offload_bytes_across_pp_ranks: pipeline rank r keeps "
+           "r times this many offloadable bytes on the GPU"),
     *MODEL_SYMBOLS,
     *WINDOW_SYMBOLS,
     *HARDWARE_SYMBOLS,
@@ -258,6 +266,8 @@ class Variant:
     quick_geglu: bool = False  # gated MLPs by --quick-geglu (Megatron's FLOPs figure counts 2 GEMMs)
     dsa: bool = False  # DeepSeek-V3.2's DSA: MLA with a lightning indexer (duplicated over TP)
     qk_norm_layer: bool = False  # qk_layernorm_per_layer: q/k norms over all heads (MiniMax-M2)
+    # ---- issue 22 (offload branch): the fine-grained activation offload groups counted
+    offload: frozenset[str] = frozenset()
 
     @property
     def v4_cp(self) -> bool:
@@ -355,6 +365,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         quick_geglu=model.quick_geglu,
         dsa=model.dsa and model.attention_variant == "mla",
         qk_norm_layer=model.qk_layernorm_per_layer and model.attention_variant == "standard",
+        offload=offload_groups(cfg),
     )
 
 
@@ -510,6 +521,11 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         # issue 22 (args branch)
         "pos_rows": m.max_position_embeddings or tr.seq_length,
         "opt_gpu_share": 1 - exact(tr.optimizer_offload_fraction) if tr.optimizer_cpu_offload else 1,
+        # issue 22 (offload branch)
+        "min_offloaded": cfg.overlap.min_offloaded_tensor_size,
+        # Megatron computes int(eligible * (1 - fraction)) in floats: 1 - 0.9 is just under 0.1
+        "offload_keep_share": exact(1 - cfg.overlap.activation_offload_fraction),
+        "offload_delta_bytes": cfg.overlap.delta_offload_bytes_across_pp_ranks,
         **model_values(cfg),
         **window_values(cfg),
         **hardware_values(cfg),

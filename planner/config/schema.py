@@ -512,6 +512,14 @@ class MoeSection(Section):
     moe_ncclep_zero_copy: bool = False
 
 
+# ---- issue 22 (offload): Megatron's allowed offload_modules (TransformerConfig.__post_init__'s
+# allowed_modules), in the order a layer's forward runs them.
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
+                   "moe_act", "fused_group_mlp")
+OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
+                        "moe_act", "fused_group_mlp"]
+
+
 class OverlapSection(Section):
     # --- issue 25 (article): the pipeline schedule asked for. dualpipe (the DeepSeek-V4 trainer's,
     # adapted for mHC) is in no Megatron-LM branch: V4030 says so and the budgets time 1F1B.
@@ -532,6 +540,59 @@ class OverlapSection(Section):
     # --- step-time model (issue 23): Megatron's --tp-comm-overlap (Transformer Engine's userbuffers
     # overlap of the TP/SP all-gathers and reduce-scatters with the linears' GEMMs).
     tp_comm_overlap: bool = False
+    # ---- fine-grained activation offloading (issue 22, offload branch), named as Megatron's
+    # arguments (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+    # TransformerConfig, parsed from it by megatron/training/arguments.py): the saved inputs of the
+    # named modules go to pinned host memory after their forward and come back for their backward
+    # (megatron/core/pipeline_parallel/fine_grained_activation_offload.py).
+    fine_grained_activation_offloading: bool = False
+    offload_modules: list[OffloadModule] = Field(default_factory=list)
+    min_offloaded_tensor_size: NonNegInt = 1024 * 1024  # elements; smaller tensors stay on the GPU
+    delta_offload_bytes_across_pp_ranks: NonNegInt = 0  # pipeline rank r keeps r times this on the GPU
+    activation_offload_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
+    fine_grained_offloading_max_inflight_offloads: NonNegInt | None = None
+
+    @model_validator(mode="after")
+    def _activation_offloading(self) -> OverlapSection:
+        """What TransformerConfig.__post_init__ asserts of the offload settings (Megatron-LM
+        dev@d48bd6be megatron/core/transformer/transformer_config.py, the
+        `if self.fine_grained_activation_offloading:` block)."""
+        if not self.fine_grained_activation_offloading:
+            return self
+        mods = set(self.offload_modules)
+        if not mods:
+            raise PydanticCustomError(
+                "offload_without_modules",
+                "overlap.fine_grained_activation_offloading needs overlap.offload_modules (one or more of "
+                "{choices}); Megatron asserts a non-empty list", {"choices": ", ".join(OFFLOAD_MODULES)})
+        if "attn_proj" in mods and "core_attn" not in mods:
+            raise PydanticCustomError(
+                "attn_proj_without_core_attn",
+                "overlap.offload_modules has attn_proj without core_attn: attn_proj's input is core "
+                "attention's output, which core attention's backward needs; add core_attn")
+        inside_moe = sorted(mods & {"moe_act", "expert_fc1", "fused_group_mlp"})
+        if self.recompute_granularity == "selective" and "moe" in (self.recompute_modules or []) \
+                and inside_moe:
+            raise PydanticCustomError(
+                "offload_inside_recomputed_moe",
+                "overlap.offload_modules {modules} with 'moe' in overlap.recompute_modules: the MoE "
+                "layer is recomputed whole, so Megatron refuses offloading inside it; drop one",
+                {"modules": inside_moe})
+        if self.recompute_granularity == "selective" and "mhc" in (self.recompute_modules or []) \
+                and mods & {"attn_norm", "mlp_norm"}:
+            raise PydanticCustomError(
+                "offload_norms_with_mhc_recompute",
+                "overlap.offload_modules {modules} with 'mhc' in overlap.recompute_modules: Megatron "
+                "refuses them together (the mHC recompute replays those norms before the offload's "
+                "backward chunk exists); drop them or the mhc recompute",
+                {"modules": sorted(mods & {"attn_norm", "mlp_norm"})})
+        if "fused_group_mlp" in mods:
+            raise PydanticCustomError(
+                "fused_group_mlp_needs_op_fuser",
+                "overlap.offload_modules fused_group_mlp needs Megatron's use_transformer_engine_op_fuser "
+                "(its fused grouped MLP), which moeplan does not model; offload expert_fc1 and moe_act "
+                "instead")
+        return self
 
 
 Share = Annotated[float, Field(gt=0, le=1)]

@@ -126,6 +126,14 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("dispatcher `flex` with the `deepepv2` backend", {"dispatcher": "flex", "flex_backend": "deepepv2"}),
     ("THD packing budgeted at the longest packed microbatch", {"packed_basis": "max"}),
     ("THD packing budgeted at the mean packed microbatch", {"packed_basis": "mean"}),
+    # --- issue 22 (offload branch)
+    ("fine-grained activation offloading of every module (standard attention)",
+     {"recompute": None, "recompute_method": None, "attention": "standard",
+      "offload": frozenset({"qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"})}),
+    ("fine-grained activation offloading of every module (MLA)",
+     {"recompute": None, "recompute_method": None, "attention": "mla", "mla_q_lora": True,
+      "offload": frozenset({"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
+                            "moe_act"})}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {

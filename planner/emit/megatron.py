@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from planner.config.megatron_branch import BranchConflict, megatron_branch
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER, moeplan_field
-from planner.config.schema import DEFAULT_ORDER, VOCAB_DIVISOR, Config
+from planner.config.schema import DEFAULT_ORDER, VOCAB_DIVISOR, Config, OverlapSection
 from planner.emit.safety import EmitError
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
@@ -45,9 +45,14 @@ def launch_environment(cfg: Config) -> dict[str, str]:
     it on Blackwell as well costs nothing there."""
     p, t = cfg.parallel, cfg.training
     fsdp = t.use_megatron_fsdp or t.use_torch_fsdp2
+    env = {}
     if (p.tp > 1 or p.cp > 1) and not fsdp and not cfg.overlap.overlap_moe_expert_parallel_comm:
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    return {}
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    # issue 22 (offload): validate_args asserts NVTE_CPU_OFFLOAD_V1=1 under fine-grained activation
+    # offloading with Transformer Engine >= 2.10 (so TE does not offload weights); harmless before.
+    if cfg.overlap.fine_grained_activation_offloading:
+        env["NVTE_CPU_OFFLOAD_V1"] = "1"
+    return env
 
 
 @dataclass
@@ -528,6 +533,7 @@ def _overlap(cfg: Config, args: MegatronArgs) -> None:
         args.add("--cuda-graph-scope", *o.cuda_graph_scope, source="overlap.cuda_graph_scope")
     # step-time model (issue 23): TP communication overlap, priced on the time page.
     args.add_if(o.tp_comm_overlap, "--tp-comm-overlap", source="overlap.tp_comm_overlap")
+    _activation_offload_arguments(args, o)
 
 
 def megatron_arguments(cfg: Config) -> MegatronArgs:
@@ -570,6 +576,21 @@ def _launch_script_fields(cfg: Config, args: MegatronArgs) -> None:
     args.add_if(t.optimizer_cpu_offload and t.optimizer_offload_fraction != 1.0,
                 "--optimizer-offload-fraction", t.optimizer_offload_fraction,
                 source="training.optimizer_offload_fraction")
+
+
+def _activation_offload_arguments(args: MegatronArgs, o: OverlapSection) -> None:
+    """Fine-grained activation offloading (issue 22), each setting written only when it differs
+    from Megatron's default (TransformerConfig's fields of the same names)."""
+    if not o.fine_grained_activation_offloading:
+        return
+    args.add("--fine-grained-activation-offloading", source="overlap.fine_grained_activation_offloading")
+    args.add("--offload-modules", *o.offload_modules, source="overlap.offload_modules")
+    defaults = OverlapSection()
+    for name in ("min_offloaded_tensor_size", "delta_offload_bytes_across_pp_ranks",
+                 "activation_offload_fraction", "fine_grained_offloading_max_inflight_offloads"):
+        value = getattr(o, name)
+        args.add_if(value != getattr(defaults, name), "--" + name.replace("_", "-"), value,
+                    source=f"overlap.{name}")
 
 
 def extra_arguments(cfg: Config, args: MegatronArgs) -> tuple[str, ...]:

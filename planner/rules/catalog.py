@@ -19,6 +19,7 @@ from planner.rules import (
     gtp,
     memory,
     moe,
+    offload,
     overlap,
     packing,
     parallel,
@@ -47,6 +48,7 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *architectures.RULES,
     *cluster.RULES,
     *memory.RULES,
+    *offload.RULES,  # issue 22 (offload branch)
     *arguments.RULES,
     *config.RULES,
 ))

@@ -129,6 +129,11 @@ def _activation_levers(cfg: Config) -> list[str]:
     if ov.recompute_granularity != "full":
         hints.append("overlap: {recompute_granularity: full, recompute_method: uniform, "
                      "recompute_num_layers: 1}")
+    # issue 22 (offload branch): the MoE side's saved tensors to pinned host memory
+    if not ov.fine_grained_activation_offloading and ov.cuda_graph_impl == "none" \
+            and ov.recompute_granularity != "full":
+        hints.append("overlap: {fine_grained_activation_offloading: true, offload_modules: "
+                     "[expert_fc1, moe_act]} (their inputs wait in pinned host memory)")
     if cfg.training.micro_batch_size > 1:
         hints.append(f"a micro_batch_size below {cfg.training.micro_batch_size}")
     if cfg.parallel.tp > 1 and not cfg.parallel.sequence_parallel:
