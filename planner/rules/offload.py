@@ -1,4 +1,5 @@
-"""OFL: fine-grained activation offloading where moeplan cannot count what leaves the GPU."""
+"""OFL: host offloads — activation offloading where moeplan cannot count what leaves the GPU, and
+the offloads whose host traffic the step time does not price."""
 
 from __future__ import annotations
 
@@ -37,4 +38,43 @@ def offload_is_counted(f: Facts) -> Iterator[Violation]:
                         "(mlp_norm, expert_fc1, moe_act) without CUDA graphs or full recompute")
 
 
-RULES = (offload_is_counted,)
+OPTIMIZER_OFFLOAD = dev("core/optimizer/cpu_offloading/hybrid_optimizer.py", "HybridDeviceOptimizer")
+
+
+def _unpriced_offloads(f: Facts) -> list[str]:
+    """The host offloads of this config, each with the traffic the time page leaves out."""
+    found = []
+    if f.ovl.fine_grained_activation_offloading and f.ovl.offload_modules:
+        found.append("fine-grained activation offloading (the D2H copies of host_activation_bytes per "
+                     "microbatch in forward and their H2D reloads in backward, on a side stream)")
+    tr = f.cfg.training
+    if tr.optimizer_cpu_offload and tr.optimizer_offload_fraction > 0:
+        found.append(f"optimizer CPU offload ({tr.optimizer_offload_fraction:g} of the optimizer step run "
+                     "on the host CPU, with its grads copied down and parameters copied back)")
+    return found
+
+
+@rule(
+    "OFL002", "warning", "the step time prices no host offload",
+    source=OPTIMIZER_OFFLOAD,
+    why="""The memory page moves what the offloads put on the host, but the time page has no host
+    link and no CPU optimizer: activation copies run beside compute on their own stream (hidden
+    only when the link keeps up), and the offloaded share of the optimizer step runs on the CPU
+    (Megatron's HybridDeviceOptimizer), usually far slower than on the GPU. The step estimate,
+    and `search`'s ranking, leave both out.""",
+    bad="training: {use_distributed_optimizer: true, use_precision_aware_optimizer: true, "
+        "optimizer_cpu_offload: true, optimizer_offload_fraction: 0.5}",
+    good="training: {use_distributed_optimizer: true, use_precision_aware_optimizer: true}",
+)
+def offloads_are_not_timed(f: Facts) -> Iterator[Violation]:
+    found = _unpriced_offloads(f)
+    if found:
+        path = ("overlap.fine_grained_activation_offloading" if f.ovl.fine_grained_activation_offloading
+                and f.ovl.offload_modules else "training.optimizer_cpu_offload")
+        yield Violation(path, f"the step-time estimate leaves out {'; and '.join(found)}",
+                        "read the estimate as a lower bound, or calibrate on a measured run with the "
+                        "offload (`moeplan estimate --measured LOG`, `moeplan calibrate LOG`); ignore "
+                        "OFL002 to accept it")
+
+
+RULES = (offload_is_counted, offloads_are_not_timed)

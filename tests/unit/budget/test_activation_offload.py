@@ -202,6 +202,21 @@ def test_what_moeplan_cannot_count_is_refused(overlap: dict[str, Any], model: di
     assert "OFL001" not in {f.code for f in run_rules(offloading(["core_attn", "expert_fc1"]))}
 
 
+def test_the_step_time_says_it_prices_no_host_offload():
+    """OFL002 (warning): the time page has no host link and no CPU optimizer, so either offload
+    makes the estimate a lower bound, and the finding names the offload."""
+    def ofl002(cfg: Any) -> list[str]:
+        return [f.message for f in run_rules(cfg) if f.code == "OFL002"]
+
+    [activations] = ofl002(offloading(["expert_fc1"]))
+    assert "fine-grained activation offloading" in activations
+    optimizer = build(training={"use_precision_aware_optimizer": True, "optimizer_cpu_offload": True,
+                                "optimizer_offload_fraction": 0.5})
+    [states] = ofl002(optimizer)
+    assert "optimizer CPU offload (0.5 of the optimizer step" in states
+    assert ofl002(build()) == []
+
+
 # --------------------------------------------------------------------------- import and emit
 def test_offload_arguments_import_and_emit_back():
     """megatron/training/arguments.py builds these flags from TransformerConfig's fields; emit
