@@ -43,15 +43,25 @@ def _shown(name: str, values: tuple[str, ...]) -> str:
 
 
 # Carried arguments that are no-ops for the value a modelled field holds, read from the field rather
-# than from the launch words: (argument, field, value). Megatron-LM dev@d48bd6be
+# than from the launch words: (argument, section.field, value). Megatron-LM dev@d48bd6be
 # megatron/training/arguments.py validate_args refuses --no-position-embedding unless
-# position_embedding_type is rope, where GPTModel.__init__ builds no table either way.
-INERT_WHEN = (("no_position_embedding", "position_embedding_type", "rope"),)
+# position_embedding_type is rope, where GPTModel.__init__ builds no table either way. The
+# Megatron-FSDP dtypes and buffer pool reach DistributedDataParallelConfig always (training.py
+# get_model), but only the Megatron-FSDP wrapper reads them (megatron/core/distributed/fsdp/):
+# without use_megatron_fsdp they change nothing, and older Megatrons print other defaults for them
+# in their argument dumps.
+INERT_WHEN = (("no_position_embedding", "model.position_embedding_type", "rope"),
+              *((name, "training.use_megatron_fsdp", False)
+                for name in ("megatron_fsdp_main_params_dtype", "megatron_fsdp_main_grads_dtype",
+                             "megatron_fsdp_grad_comm_dtype", "megatron_fsdp_max_pool_double_buffer")))
 
 
 def _inert(f: Facts, name: str) -> bool:
-    return any(name == argument and getattr(f.cfg.model, field) == value
-               for argument, field, value in INERT_WHEN)
+    def holds(path: str) -> object:
+        section, field = path.split(".")
+        return getattr(getattr(f.cfg, section), field)
+
+    return any(name == argument and holds(path) == value for argument, path, value in INERT_WHEN)
 
 
 def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:

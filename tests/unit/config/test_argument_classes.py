@@ -208,6 +208,19 @@ def test_no_position_embedding_follows_the_position_embedding_field(embedding: s
     assert codes == (["ARG001"] if refused else [])
 
 
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_megatron_fsdp_dtypes_count_only_under_megatron_fsdp(fsdp: bool):
+    """Only the Megatron-FSDP wrapper reads these (Megatron-LM dev@d48bd6be megatron/core/distributed/
+    fsdp/src/megatron_fsdp/mixed_precision.py; training.py get_model passes them to every DDP config),
+    so an older Megatron's dump default such as fp32 is a no-op without use_megatron_fsdp."""
+    data: dict[str, Any] = example_config_data("{}")
+    data["training"]["use_megatron_fsdp"] = fsdp
+    data["launch"] = {"megatron_extra_args": ["--megatron-fsdp-main-grads-dtype", "fp32",
+                                              "--megatron-fsdp-max-pool-double-buffer"]}
+    codes = [f.code for f in run_rules(parse_config(data)) if f.code.startswith("ARG")]
+    assert codes == (["ARG001", "ARG001"] if fsdp else [])
+
+
 # ------------------------------------------------------------------------ entry scripts' parsers
 
 
