@@ -84,7 +84,7 @@ SPECIAL = {
     "--experimental-attention-variant", "--hybrid-layer-pattern", "--spec", "--moe-n-hash-layers",
     "--sequence-packing-scheduler",
     "--use-rotary-position-embeddings", "--recompute-activations",  # LEGACY_SPELLINGS below
-    "--no-position-embedding", "--linear-attention-type",
+    "--no-position-embedding", "--linear-attention-type", "--moe-enable-deepep",
 }
 # Megatron's older spellings of a field, resolved as validate_args resolves them (Megatron-LM
 # dev@d48bd6be megatron/training/arguments.py validate_args: "Legacy RoPE arguments" sets
@@ -531,6 +531,7 @@ def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
     for flag, (dotted, value) in LEGACY_SPELLINGS.items():
         if flag in special and _one(result, special[flag], "flag") is not None:
             result.set(dotted, value)
+    _apply_enable_deepep(result, special.get("--moe-enable-deepep"))
     if "--bf16" in special or "--fp16" in special:
         result.set("training.precision", "bf16" if "--bf16" in special else "fp16")
     for flag, name in (("--fp8-format", "fp8"), ("--fp4-format", "fp4")):
@@ -592,6 +593,25 @@ def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
                                             "--position-embedding-type rope (validate_args); dropped"))
         else:
             _keep(result, no_table, kept_reason(no_table))
+
+
+def _apply_enable_deepep(result: Imported, arg: Argument | None) -> None:
+    """--moe-enable-deepep, the deprecated switch TransformerConfig.__post_init__ turns into the flex
+    dispatcher's DeepEP backend (Megatron-LM dev@d48bd6be megatron/core/transformer/
+    transformer_config.py), refusing it without the flex dispatcher or beside another backend."""
+    if arg is None or _one(result, arg, "flag") is None:
+        return
+    backend = result.get("moe.moe_flex_dispatcher_backend")
+    if result.get("moe.moe_token_dispatcher_type") != "flex":
+        why = ("Megatron raises 'DeepEP backend is only supported with flex token dispatcher': add "
+               "--moe-token-dispatcher-type flex, or use --moe-flex-dispatcher-backend deepep with it")
+    elif backend in ("deepepv2", "hybridep"):
+        why = (f"Megatron raises 'Only one backend is supported for flex token dispatcher' beside "
+               f"--moe-flex-dispatcher-backend {backend}: drop one of them")
+    else:
+        result.set("moe.moe_flex_dispatcher_backend", "deepep")
+        return
+    result.unmapped.append(Unmapped(arg.flag, "", why, error=True))
 
 
 def _apply_hybrid(result: Imported, arg: Argument) -> None:

@@ -121,6 +121,30 @@ def test_recompute_activations_means_selective_recompute():
         "recompute_granularity"] == "selective"
 
 
+# ------------------------------------------------------------------------- dispatcher
+
+
+@pytest.mark.parametrize(("extra", "backend", "refusal"), [
+    ("--moe-token-dispatcher-type flex --moe-enable-deepep", "deepep", None),
+    ("--moe-enable-deepep", None, "only supported with flex token dispatcher"),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-enable-deepep",
+     "hybridep", "Only one backend is supported"),
+])
+def test_moe_enable_deepep_is_the_flex_dispatchers_deepep_backend(extra: str, backend: str | None,
+                                                                  refusal: str | None):
+    """Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+    TransformerConfig.__post_init__: the deprecated switch sets moe_flex_dispatcher_backend deepep,
+    and raises without the flex dispatcher or beside another backend."""
+    result = import_arguments(LINE + extra, world_size=2)
+    assert result.data.get("moe", {}).get("moe_flex_dispatcher_backend") == backend
+    errors = [u.why for u in result.unmapped if u.error and u.argument == "--moe-enable-deepep"]
+    if refusal is None:
+        assert errors == []
+    else:
+        [message] = errors
+        assert refusal in message
+
+
 # ------------------------------------------------------------- gradient buffer dtype
 
 

@@ -51,7 +51,7 @@ for _log in LOGGED:
 # findings its rebuilt config gets — as (code, the argument: its flag in launch.megatron_extra_args,
 # else the config path) — and the fixes those findings name. AMD Primus's DeepSeek-V2-Lite run on
 # 8 MI355X (its Megatron lines behind Primus's colour codes and logger stamps): its Megatron is
-# older than the oracle, which judges two of its arguments differently (its Megatron-FSDP main-grad
+# older than the oracle, which judges one of its arguments differently (its Megatron-FSDP main-grad
 # dtype default, fp32 where the oracle's is auto, is inert: the run uses no Megatron-FSDP), and the log
 # names no GPU
 # (H100 assumed: MEM001). Megatron-LM's own RL refit benchmark (a 4-layer MoE at TP 2): a refit
@@ -67,7 +67,6 @@ class PublicLog:
 
 PUBLIC_LOGS = {
     "primus_dsv2_lite_mi355x.log": PublicLog(frozenset({
-        ("ARG001", "--moe-enable-deepep"),
         ("ARG006", "--cross-entropy-fusion-impl"), ("MEM001", "cluster.gpu_memory_gib")}),
         {"cluster": {"gpu": "MI355X"}}),
     "megatron_rl_refit_moe.log": PublicLog(frozenset({("PAR008", "parallel.sequence_parallel")}),
