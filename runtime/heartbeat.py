@@ -24,7 +24,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from runtime.rendezvous import Endpoint, arrival_of, open_store, rank_list
@@ -34,11 +34,15 @@ DONE = "done"
 
 @dataclass
 class Progress:
-    """What this rank is doing, set by the main thread and published with every beat."""
+    """What this rank is doing, set by the main thread and published with every beat; `moved`
+    wakes the beating thread at each new phase or step, so the last progress a stopped rank
+    published is the step it stopped in (microbatches are sampled: they can come by the hundred
+    a second)."""
 
     phase: str = "starting"
     step: int = -1
     microbatch: int = -1
+    moved: threading.Event = field(default_factory=threading.Event)
 
     def encode(self, count: int) -> str:
         return f"{count} {self.phase} {self.step} {self.microbatch}"
@@ -50,11 +54,15 @@ PROGRESS = Progress()
 def note_phase(phase: str) -> None:
     """The main thread enters PHASE (one word: groups, model, load, save, reference, report)."""
     PROGRESS.phase = phase
+    PROGRESS.moved.set()
 
 
 def note_microbatch(step: int, microbatch: int) -> None:
     """The main thread starts microbatch MICROBATCH of optimizer step STEP."""
+    new_step = (PROGRESS.phase, PROGRESS.step) != ("train", step)
     PROGRESS.phase, PROGRESS.step, PROGRESS.microbatch = "train", step, microbatch
+    if new_step:
+        PROGRESS.moved.set()
 
 
 def describe(beat: str) -> str:
@@ -111,6 +119,7 @@ class Heartbeat:
     def stop(self) -> None:
         """This rank is done: stop beating and tell the watchers not to wait for more."""
         self.stopping.set()
+        PROGRESS.moved.set()
         self.thread.join()
         try:
             self.store.set(self.key(self.endpoint.rank), DONE)
@@ -122,10 +131,21 @@ class Heartbeat:
         since = dict.fromkeys(self.watched, time.monotonic())
         store_ok = time.monotonic()
         keys = [self.key(rank) for rank in self.watched]
-        while not self.stopping.wait(self.limits.period):
+        next_watch = time.monotonic() + self.limits.period
+        while True:
+            PROGRESS.moved.wait(max(0.0, next_watch - time.monotonic()))
+            if self.stopping.is_set():
+                return
             now = time.monotonic()
+            watch = now >= next_watch
+            if watch:
+                next_watch = now + self.limits.period
             try:
-                self.beat()
+                if watch or PROGRESS.moved.is_set():
+                    PROGRESS.moved.clear()
+                    self.beat()
+                if not watch:
+                    continue
                 beats = dict(zip(self.watched, self.store.multi_get(keys), strict=True))
             except RuntimeError:  # torch's DistError and its kin: the store did not answer
                 if now - store_ok > self.limits.stall_after:
@@ -142,11 +162,11 @@ class Heartbeat:
                                  now - min(since[rank] for rank in stalled))
 
     def _peers_lost(self, ranks: list[int], beats: dict[int, str], silent: float) -> None:
-        last = "; ".join(f"rank {rank} was at {describe(beats[rank])}" for rank in ranks)
+        last = "; ".join(f"rank {rank}'s last beat reported {describe(beats[rank])}"
+                         for rank in ranks)
         self._end(f"rank {self.endpoint.rank}: rank {rank_list(ranks)} stopped responding: no "
                   f"heartbeat for {silent:.1f} s (limit {self.limits.stall_after:g} s, half of "
-                  f"MOEPLAN_GROUP_TIMEOUT_S); at its last beat (one every "
-                  f"{self.limits.period:.2g} s) {last}; the job stops", ranks)
+                  f"MOEPLAN_GROUP_TIMEOUT_S); {last}; the job stops", ranks)
 
     def _store_lost(self, silent: float) -> None:
         host = self.endpoint.store_host

@@ -74,7 +74,7 @@ def test_a_silent_peer_is_named_with_its_last_progress() -> None:
     message, stalled = watcher.ended[0]
     assert stalled == [1]
     assert message.startswith("rank 0: rank 1 stopped responding: no heartbeat for")
-    assert "rank 1 was at step 2, microbatch 1" in message
+    assert "rank 1's last beat reported step 2, microbatch 1" in message
     del store
 
 
