@@ -76,9 +76,12 @@ def open_store(endpoint: Endpoint, timeout: timedelta, *, client: bool = False) 
     """The job's TCPStore: hosted here on rank 0 without torchrun, a client otherwise (or when
     `client` asks for a second connection, as the heartbeat's own)."""
     host_here = endpoint.rank == 0 and not endpoint.agent_store and not client
+    # A client's connect takes up to twice its timeout (torch tries again once after the first
+    # try times out): connect under half of TIMEOUT, then wait on keys under all of it.
+    connect = timeout if host_here else timeout / 2
     try:
-        return dist.TCPStore(endpoint.host, endpoint.port, is_master=host_here, timeout=timeout,
-                             wait_for_workers=False, multi_tenant=host_here)
+        store = dist.TCPStore(endpoint.host, endpoint.port, is_master=host_here, timeout=connect,
+                              wait_for_workers=False, multi_tenant=host_here)
     except dist.DistError as exc:
         if host_here:
             raise RendezvousError(
@@ -88,6 +91,8 @@ def open_store(endpoint: Endpoint, timeout: timedelta, *, client: bool = False) 
             f"rank {endpoint.rank}: no rendezvous store answered at {endpoint.address} within "
             f"{timeout.total_seconds():g} s (MOEPLAN_RENDEZVOUS_TIMEOUT_S); {endpoint.store_host} "
             "hosts it: check that it started and that MASTER_ADDR/MASTER_PORT reach it") from None
+    store.set_timeout(timeout)
+    return store
 
 
 def check_in(store: dist.Store, endpoint: Endpoint, timeout: timedelta) -> None:
@@ -117,8 +122,7 @@ def arrival_of(store: dist.Store, endpoint: Endpoint, rank: int) -> tuple[str, i
 
 
 def join(timeout: timedelta) -> tuple[dist.TCPStore, Endpoint]:
-    """Open the store and check in; RendezvousError names what failed, within TIMEOUT (under
-    twice it when the store never answers: torch's client retries its connect once)."""
+    """Open the store and check in; RendezvousError names what failed, within TIMEOUT."""
     endpoint = Endpoint.from_env()
     store = open_store(endpoint, timeout)
     check_in(store, endpoint, timeout)
