@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.failure import rank_failure_message
     from runtime.groups import GROUP_TIMEOUT, init_distributed
     from runtime.heartbeat import Heartbeat, Limits
-    from runtime.rendezvous import RendezvousError
+    from runtime.rendezvous import LaunchEnvironmentError, RendezvousError
     from runtime.train import RunOptions
 
     options = RunOptions(steps=args.steps, balanced=balanced, seed=args.seed,
@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = init_distributed()
         heartbeat = (Heartbeat(endpoint, Limits.of(GROUP_TIMEOUT), EXIT_PEER_LOST).start()
                      if endpoint.world_size > 1 else None)
+    except LaunchEnvironmentError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
     except RendezvousError as exc:
         _say(str(exc))
         return EXIT_PEER_LOST

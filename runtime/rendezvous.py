@@ -25,6 +25,10 @@ class RendezvousError(RuntimeError):
     """The job cannot form: the store did not answer, or some ranks never arrived."""
 
 
+class LaunchEnvironmentError(ValueError):
+    """The variables that say where to meet are missing or malformed: a usage error."""
+
+
 @dataclass(frozen=True)
 class Endpoint:
     """Where this rank meets the others, as torchrun (or the user) put it in the environment."""
@@ -39,6 +43,16 @@ class Endpoint:
     @classmethod
     def from_env(cls) -> Endpoint:
         env = os.environ
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+                   if not env.get(name)]
+        malformed = [name for name in ("MASTER_PORT", "RANK", "WORLD_SIZE")
+                     if env.get(name) and not env[name].isdigit()]
+        if missing or malformed:
+            what = (f"lacks {', '.join(missing)}" if missing
+                    else f"has {', '.join(f'{n}={env[n]!r}' for n in malformed)}, not a whole number")
+            raise LaunchEnvironmentError(
+                f"the job's environment {what}: start the runtime with torchrun (it sets "
+                "MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE), or with none of them for one rank")
         return cls(host=env["MASTER_ADDR"], port=int(env["MASTER_PORT"]), rank=int(env["RANK"]),
                    world_size=int(env["WORLD_SIZE"]),
                    agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",

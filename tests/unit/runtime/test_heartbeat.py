@@ -14,7 +14,13 @@ import pytest
 import torch.distributed as dist
 
 from runtime.heartbeat import PROGRESS, Heartbeat, Limits, describe, note_microbatch, note_phase
-from runtime.rendezvous import Endpoint, RendezvousError, check_in, rank_list
+from runtime.rendezvous import (
+    Endpoint,
+    LaunchEnvironmentError,
+    RendezvousError,
+    check_in,
+    rank_list,
+)
 from tests.support.ports import free_port
 
 LIMITS = Limits(stall_after=0.4, period=0.05)
@@ -124,3 +130,15 @@ def test_check_in_names_the_ranks_that_never_came() -> None:
         store.add(endpoint.key("arrivals"), 1)
     with pytest.raises(RendezvousError, match=r"2 of 6 ranks never arrived .* rank 3-4; the job"):
         check_in(store, endpoint, timedelta(seconds=0.3))
+
+
+def test_a_launch_without_its_variables_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500x")
+    with pytest.raises(LaunchEnvironmentError, match="lacks MASTER_ADDR: start the runtime with"):
+        Endpoint.from_env()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(LaunchEnvironmentError, match="MASTER_PORT='29500x', not a whole number"):
+        Endpoint.from_env()
