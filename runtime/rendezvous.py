@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
+
+PROBE_PAUSE_S = 0.5  # between connection attempts to a store that is not up yet
 
 
 class RendezvousError(RuntimeError):
@@ -86,15 +89,29 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def _listening(host: str, port: int, deadline: float) -> bool:
+    """Whether anything accepts on HOST:PORT before DEADLINE (monotonic): plain TCP probes, since
+    torch's own client connect lasts its timeout plus a random back-off plus a second try."""
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(remaining, 5.0))):
+                return True
+        except OSError:
+            if time.monotonic() + PROBE_PAUSE_S >= deadline:
+                return False
+            time.sleep(PROBE_PAUSE_S)
+
+
 def open_store(endpoint: Endpoint, timeout: timedelta, *, client: bool = False) -> dist.TCPStore:
     """The job's TCPStore: hosted here on rank 0 without torchrun, a client otherwise (or when
     `client` asks for a second connection, as the heartbeat's own)."""
     host_here = endpoint.rank == 0 and not endpoint.agent_store and not client
-    # A client's connect takes up to twice its timeout (torch tries again once after the first
-    # try times out): connect under half of TIMEOUT, then wait on keys under all of it.
-    connect = timeout if host_here else timeout / 2
+    deadline = time.monotonic() + timeout.total_seconds()
     try:
-        store = dist.TCPStore(endpoint.host, endpoint.port, is_master=host_here, timeout=connect,
+        if not host_here and not _listening(endpoint.host, endpoint.port, deadline):
+            raise dist.DistError("nothing listens there")
+        store = dist.TCPStore(endpoint.host, endpoint.port, is_master=host_here, timeout=timeout,
                               wait_for_workers=False, multi_tenant=host_here)
     except dist.DistError as exc:
         if host_here:
@@ -105,7 +122,6 @@ def open_store(endpoint: Endpoint, timeout: timedelta, *, client: bool = False) 
             f"rank {endpoint.rank}: no rendezvous store answered at {endpoint.address} within "
             f"{timeout.total_seconds():g} s (MOEPLAN_RENDEZVOUS_TIMEOUT_S); {endpoint.store_host} "
             "hosts it: check that it started and that MASTER_ADDR/MASTER_PORT reach it") from None
-    store.set_timeout(timeout)
     return store
 
 
