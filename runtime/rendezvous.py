@@ -95,12 +95,16 @@ def _listening(host: str, port: int, deadline: float) -> bool:
     while True:
         remaining = deadline - time.monotonic()
         try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(remaining, 5.0))):
-                return True
+            with socket.create_connection((host, port), timeout=max(0.1, min(remaining, 5.0))) as probe:
+                # With nothing listening on a local port in the ephemeral range, a connect can
+                # pick that very port as its source and reach itself (TCP simultaneous open).
+                if probe.getsockname() != probe.getpeername():
+                    return True
         except OSError:
-            if time.monotonic() + PROBE_PAUSE_S >= deadline:
-                return False
-            time.sleep(PROBE_PAUSE_S)
+            pass
+        if time.monotonic() + PROBE_PAUSE_S >= deadline:
+            return False
+        time.sleep(PROBE_PAUSE_S)
 
 
 def open_store(endpoint: Endpoint, timeout: timedelta, *, client: bool = False) -> dist.TCPStore:
@@ -111,8 +115,10 @@ def open_store(endpoint: Endpoint, timeout: timedelta, *, client: bool = False) 
     try:
         if not host_here and not _listening(endpoint.host, endpoint.port, deadline):
             raise dist.DistError("nothing listens there")
-        store = dist.TCPStore(endpoint.host, endpoint.port, is_master=host_here, timeout=timeout,
-                              wait_for_workers=False, multi_tenant=host_here)
+        connect = max(1.0, deadline - time.monotonic()) if not host_here else timeout.total_seconds()
+        store = dist.TCPStore(endpoint.host, endpoint.port, is_master=host_here,
+                              timeout=timedelta(seconds=connect), wait_for_workers=False,
+                              multi_tenant=host_here)
     except dist.DistError as exc:
         if host_here:
             raise RendezvousError(
@@ -122,6 +128,7 @@ def open_store(endpoint: Endpoint, timeout: timedelta, *, client: bool = False) 
             f"rank {endpoint.rank}: no rendezvous store answered at {endpoint.address} within "
             f"{timeout.total_seconds():g} s (MOEPLAN_RENDEZVOUS_TIMEOUT_S); {endpoint.store_host} "
             "hosts it: check that it started and that MASTER_ADDR/MASTER_PORT reach it") from None
+    store.set_timeout(timeout)
     return store
 
 
