@@ -96,6 +96,8 @@ def launch_problem(plan: Any) -> str | None:
             return None
         return (f"the plan is for {plan.world_size} ranks: start it with `torchrun --standalone "
                 f"--nproc-per-node={plan.world_size} -m runtime --plan ...`")
+    if not world.isdigit():
+        return f"WORLD_SIZE={world!r} is not a whole number: let torchrun set it"
     if int(world) != plan.world_size:
         return (f"the plan is for {plan.world_size} ranks but this job has {world}: use "
                 f"--nproc-per-node={plan.world_size} (or nodes x processes = {plan.world_size})")
