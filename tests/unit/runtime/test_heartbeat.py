@@ -23,7 +23,7 @@ from runtime.rendezvous import (
 )
 from tests.support.ports import free_port
 
-LIMITS = Limits(stall_after=0.4, period=0.05)
+LIMITS = Limits(stall_after=0.6, period=0.1)  # loose enough for a loaded CI box
 
 
 class Recorded(Heartbeat):
