@@ -10,7 +10,9 @@ any layout of the same model (runtime/checkpoint.py); `--steps 0 --load A --save
 
 Exit codes: 0 ok, 1 the reference check found a mismatch, 2 the plan or the launch is unusable
 (refused before any process group forms, with a message and no traceback), 3 this rank failed
-during the run (the message names the rank; torchrun then ends the other ranks).
+during the run (the message names the rank; torchrun then ends the other ranks), 4 the job lost a
+rank: one never arrived at the rendezvous, the store did not answer, or a peer stopped responding
+(runtime/rendezvous.py, runtime/heartbeat.py; the message names the rank).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_RANK_FAILED = 0, 1, 2, 3
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_RANK_FAILED, EXIT_PEER_LOST = 0, 1, 2, 3, 4
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -94,6 +96,8 @@ def launch_problem(plan: Any) -> str | None:
             return None
         return (f"the plan is for {plan.world_size} ranks: start it with `torchrun --standalone "
                 f"--nproc-per-node={plan.world_size} -m runtime --plan ...`")
+    if not world.isdigit():
+        return f"WORLD_SIZE={world!r} is not a whole number: let torchrun set it"
     if int(world) != plan.world_size:
         return (f"the plan is for {plan.world_size} ranks but this job has {world}: use "
                 f"--nproc-per-node={plan.world_size} (or nodes x processes = {plan.world_size})")
@@ -108,23 +112,30 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None,
     from runtime.checkpoint import load_checkpoint, save_checkpoint
     from runtime.equivalence import check_reference, describe_mismatches
     from runtime.groups import build_groups
+    from runtime.heartbeat import note_phase
     from runtime.report import gather_report, write_report
     from runtime.train import RankTrainer
 
+    note_phase("groups")
     groups = build_groups(plan)
+    note_phase("model")
     trainer = RankTrainer(plan, groups, options)
     expert_ids = plan.expert_ownership(trainer.rank).ids
     if load is not None:
+        note_phase("load")
         trainer.start_step = load_checkpoint(load, plan, trainer.model, trainer.optimizer,
                                              expert_ids)
     result = trainer.run()
     if save is not None:
+        note_phase("save")
         save_checkpoint(save, plan, trainer.model, trainer.optimizer, expert_ids,
                         trainer.start_step + options.steps)
         if dist.get_rank() == 0:
             print(f"saved {save} after step {trainer.start_step + options.steps}", flush=True)
+    note_phase("reference")
     reference = (check_reference(plan, trainer, result, options) if check
                  else {"checked": False})
+    note_phase("report")
     report = gather_report(plan, options, trainer.seed, result, reference)
     code = EXIT_MISMATCH if check and not reference["ok"] else EXIT_OK
     if dist.get_rank() == 0 and report is not None:
@@ -174,13 +185,24 @@ def main(argv: list[str] | None = None) -> int:
 
     from runtime.checkpoint import CheckpointError
     from runtime.failure import rank_failure_message
-    from runtime.groups import init_distributed
+    from runtime.groups import GROUP_TIMEOUT, init_distributed
+    from runtime.heartbeat import Heartbeat, Limits
+    from runtime.rendezvous import LaunchEnvironmentError, RendezvousError
     from runtime.train import RunOptions
 
     options = RunOptions(steps=args.steps, balanced=balanced, seed=args.seed,
                          capture=args.check_reference, progress=args.steps > 1)
     _single_process_env()
-    init_distributed()
+    try:
+        endpoint = init_distributed()
+        heartbeat = (Heartbeat(endpoint, Limits.of(GROUP_TIMEOUT), EXIT_PEER_LOST).start()
+                     if endpoint.world_size > 1 else None)
+    except LaunchEnvironmentError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
+    except RendezvousError as exc:
+        _say(str(exc))
+        return EXIT_PEER_LOST
     try:
         code = execute(plan, options, args.check_reference, args.report, args.load,
                        args.save).code
@@ -189,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(EXIT_USAGE)
     except (PlanError, MoEConfigError) as exc:
         _say(str(exc))
+        if heartbeat is not None:
+            heartbeat.stop()
         dist.destroy_process_group()
         return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - any crash: name the rank, leave at once
@@ -197,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         # No teardown: the peers may be blocked in a collective with this rank, and a graceful
         # destroy could wait on them. Exiting lets torchrun's agent end the job now.
         os._exit(EXIT_RANK_FAILED)
+    if heartbeat is not None:
+        heartbeat.stop()
     dist.destroy_process_group()
     return code
 

@@ -3,19 +3,22 @@
 Two halves. `rank_failure_message` is what `python -m runtime` prints when this rank raises: one
 line naming the rank (torchrun's agent then sees a non-zero exit and tears the other ranks down,
 so nobody waits on a collective that will never complete). `maybe_inject_failure` is test-only
-fault injection driven by an environment variable, so the tests can make rank R raise or die by
-SIGKILL in the middle of a step, exactly where a real crash or an OOM kill would hit.
+fault injection driven by an environment variable, so the tests can make rank R raise, die by
+SIGKILL, or stop by SIGSTOP (a hung rank: it raises nothing and keeps its sockets open, which
+only the heartbeat in runtime/heartbeat.py catches) in the middle of a step, exactly where a
+real crash, an OOM kill or a frozen process would hit.
 
-    MOEPLAN_TEST_FAIL=<kill|raise>:<rank>:<step>:<microbatch>
+    MOEPLAN_TEST_FAIL=<kill|raise|stop>:<rank>:<step>:<microbatch>
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 
 FAIL_VARIABLE = "MOEPLAN_TEST_FAIL"
-_ACTIONS = ("kill", "raise")
+_ACTIONS = ("kill", "raise", "stop")
 
 
 class InjectedFailure(RuntimeError):
@@ -30,7 +33,7 @@ def _parse(text: str) -> tuple[str, int, int, int] | None:
 
 
 def maybe_inject_failure(rank: int, step: int, microbatch: int) -> None:
-    """Kill or raise on the configured (rank, step, microbatch); a no-op otherwise."""
+    """Kill, stop or raise on the configured (rank, step, microbatch); a no-op otherwise."""
     spec = _parse(os.environ.get(FAIL_VARIABLE, ""))
     if spec is None:
         return
@@ -39,6 +42,10 @@ def maybe_inject_failure(rank: int, step: int, microbatch: int) -> None:
         return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "stop":  # the pid lets a test end the stopped process whatever happens
+        print(f"rank {rank} stops itself: SIGSTOP, pid {os.getpid()}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     raise InjectedFailure(f"injected failure at step {step}, microbatch {microbatch}")
 
 

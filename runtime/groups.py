@@ -16,18 +16,22 @@ import torch
 import torch.distributed as dist
 
 from runtime.plan_io import RUNTIME_GROUP_NAMES, Plan
+from runtime.rendezvous import Endpoint, join
 
 
-def _seconds(variable: str, default: int) -> timedelta:
+def timeout_from_env(variable: str, default: int) -> timedelta:
     """A timeout from the environment; anything but a positive whole number keeps the default."""
     text = os.environ.get(variable, "")
     return timedelta(seconds=int(text) if text.isdigit() and int(text) > 0 else default)
 
 
-GROUP_TIMEOUT = _seconds("MOEPLAN_GROUP_TIMEOUT_S", 120)
+GROUP_TIMEOUT = timeout_from_env("MOEPLAN_GROUP_TIMEOUT_S", 120)
 # The world group carries only bookkeeping (the reference broadcast, the report gather): it must
 # outwait rank 0 training the single-process reference, which can take minutes on a real model.
-WORLD_TIMEOUT = _seconds("MOEPLAN_WORLD_TIMEOUT_S", 1800)
+WORLD_TIMEOUT = timeout_from_env("MOEPLAN_WORLD_TIMEOUT_S", 1800)
+# Every rank must have checked in by then (runtime/rendezvous.py); torchrun's agents allow their
+# own rendezvous 600 s, and its workers start together once that has completed.
+RENDEZVOUS_TIMEOUT = timeout_from_env("MOEPLAN_RENDEZVOUS_TIMEOUT_S", 300)
 
 
 def backend_for_host() -> str:
@@ -35,14 +39,19 @@ def backend_for_host() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(timeout: timedelta = WORLD_TIMEOUT) -> None:
-    """Join the job torchrun started (env:// rendezvous); a no-op if already joined."""
-    if dist.is_initialized():
-        return
+def init_distributed() -> Endpoint:
+    """Join the job torchrun started (its env:// variables): every rank checks in within
+    RENDEZVOUS_TIMEOUT (RendezvousError names the missing ones), then the world group forms on
+    the same store with WORLD_TIMEOUT, under the prefix torch's env:// init would use."""
+    store, endpoint = join(RENDEZVOUS_TIMEOUT)
     backend = backend_for_host()
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend, timeout=timeout)
+    store.set_timeout(WORLD_TIMEOUT)
+    dist.init_process_group(backend=backend, store=dist.PrefixStore("default_pg", store),
+                            rank=endpoint.rank, world_size=endpoint.world_size,
+                            timeout=WORLD_TIMEOUT)
+    return endpoint
 
 
 def compute_device() -> torch.device:

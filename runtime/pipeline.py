@@ -39,6 +39,7 @@ from torch.distributed.pipelining import (
 
 from runtime.comm import Ledger
 from runtime.failure import maybe_inject_failure
+from runtime.heartbeat import note_microbatch
 from runtime.model import (
     DecoderLayer,
     DecoderSpec,
@@ -156,6 +157,7 @@ class StageChunk(torch.nn.Module):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         runner, microbatch = self.runner, self.calls
         self.calls += 1
+        note_microbatch(runner.state.step, microbatch)
         maybe_inject_failure(runner.rank, runner.state.step, microbatch)
         with runner.meter.forward():  # one chunk's microbatch: what it saves for backward
             return self._forward(inputs, microbatch)

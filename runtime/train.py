@@ -43,6 +43,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from runtime.comm import CommGroup, Ledger, MoEGroups, all_reduce
 from runtime.failure import maybe_inject_failure
 from runtime.groups import RankGroups, compute_device
+from runtime.heartbeat import note_microbatch
 from runtime.init import identity_seed
 from runtime.model import (
     Decoder,
@@ -360,6 +361,7 @@ class RankTrainer:
         if self.pipeline is not None:
             self._pipeline_step(step, capture)
         for microbatch in range(m if self.pipeline is None else 0):
+            note_microbatch(step, microbatch)
             maybe_inject_failure(self.rank, step, microbatch)
             ids, labels = self.microbatch(step, microbatch)
             targets = self.mtp_microbatch(step, microbatch) if self.spec.mtp_num_layers else None

@@ -1,0 +1,188 @@
+"""A rank whose process stops (SIGSTOP, a frozen host, a cut link) ends the job, and is named.
+
+A stopped rank raises nothing and keeps its sockets open, so its peers wait in a collective until
+the group timeout and then fail themselves: torchrun blames whichever rank gave up first. Here a
+daemon thread on every rank bumps a counter in the job's store every `period` and reads the
+counters it watches: rank 0 watches every rank, every other rank watches rank 0, so each rank is
+watched and the store sees O(world) requests per period. A counter that has not moved for
+`stall_after` seconds, timed on the watcher's own monotonic clock (no clocks to agree), means its
+process stopped running: the watcher prints one line naming the rank and the last progress it
+reported, SIGKILLs it if it runs on this host (a stopped process cannot act on torchrun's SIGTERM,
+and torchrun would wait out its 30 s grace first), and exits, so torchrun ends the job.
+
+The thread beats while the main thread computes or waits (rank 0 training the reference for
+minutes included), so only a process that does not run at all misses beats. `stall_after` is half
+the group timeout: a collective waiting on the stopped rank would time out at the full timeout and
+name the wrong rank. A rank that finishes writes `done` and is watched no more.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from runtime.rendezvous import Endpoint, arrival_of, open_store, rank_list
+
+DONE = "done"
+
+
+@dataclass
+class Progress:
+    """What this rank is doing, set by the main thread and published with every beat; `moved`
+    wakes the beating thread at each new phase or step, so the last progress a stopped rank
+    published is the step it stopped in (microbatches are sampled: they can come by the hundred
+    a second)."""
+
+    phase: str = "starting"
+    step: int = -1
+    microbatch: int = -1
+    moved: threading.Event = field(default_factory=threading.Event)
+
+    def encode(self, count: int) -> str:
+        return f"{count} {self.phase} {self.step} {self.microbatch}"
+
+
+PROGRESS = Progress()
+
+
+def note_phase(phase: str) -> None:
+    """The main thread enters PHASE (one word: groups, model, load, save, reference, report)."""
+    PROGRESS.phase = phase
+    PROGRESS.moved.set()
+
+
+def note_microbatch(step: int, microbatch: int) -> None:
+    """The main thread starts microbatch MICROBATCH of optimizer step STEP."""
+    new_step = (PROGRESS.phase, PROGRESS.step) != ("train", step)
+    PROGRESS.phase, PROGRESS.step, PROGRESS.microbatch = "train", step, microbatch
+    if new_step:
+        PROGRESS.moved.set()
+
+
+def describe(beat: str) -> str:
+    """A published beat as words: `step 1, microbatch 1` or the phase."""
+    parts = beat.split()
+    if len(parts) != 4:
+        return "none reported"
+    _, phase, step, microbatch = parts
+    if phase == "train":
+        return f"step {step}, microbatch {microbatch}"
+    return {"starting": "forming the world group", "groups": "building process groups",
+            "model": "building the model", "load": "loading the checkpoint",
+            "save": "saving the checkpoint", "reference": "the reference check",
+            "report": "gathering the report"}.get(phase, phase)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How often to beat and how long a silent peer is tolerated."""
+
+    stall_after: float
+    period: float
+
+    @classmethod
+    def of(cls, group_timeout: timedelta) -> Limits:
+        stall_after = group_timeout.total_seconds() / 2
+        return cls(stall_after=stall_after, period=min(5.0, max(0.1, stall_after / 10)))
+
+
+class Heartbeat:
+    """This rank's beating and watching thread (see the module docstring)."""
+
+    def __init__(self, endpoint: Endpoint, limits: Limits, exit_code: int) -> None:
+        self.endpoint, self.limits, self.exit_code = endpoint, limits, exit_code
+        rank, world = endpoint.rank, endpoint.world_size
+        self.watched = [r for r in range(world) if r != rank] if rank == 0 else [0]
+        self.store = open_store(endpoint, timedelta(seconds=limits.stall_after), client=True)
+        self.count = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="moeplan-heartbeat", daemon=True)
+
+    def key(self, rank: int) -> str:
+        return self.endpoint.key("beat", rank)
+
+    def beat(self) -> None:
+        self.count += 1
+        self.store.set(self.key(self.endpoint.rank), PROGRESS.encode(self.count))
+
+    def start(self) -> Heartbeat:
+        self.beat()
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """This rank is done: stop beating and tell the watchers not to wait for more."""
+        self.stopping.set()
+        PROGRESS.moved.set()
+        self.thread.join()
+        try:
+            self.store.set(self.key(self.endpoint.rank), DONE)
+        except RuntimeError:
+            pass  # the store's host left first: nobody is left to watch this rank
+
+    def _run(self) -> None:
+        seen: dict[int, bytes] = {}
+        since = dict.fromkeys(self.watched, time.monotonic())
+        store_ok = time.monotonic()
+        keys = [self.key(rank) for rank in self.watched]
+        next_watch = time.monotonic() + self.limits.period
+        while True:
+            PROGRESS.moved.wait(max(0.0, next_watch - time.monotonic()))
+            if self.stopping.is_set():
+                return
+            now = time.monotonic()
+            watch = now >= next_watch
+            if watch:
+                next_watch = now + self.limits.period
+            try:
+                if watch or PROGRESS.moved.is_set():
+                    PROGRESS.moved.clear()
+                    self.beat()
+                if not watch:
+                    continue
+                beats = dict(zip(self.watched, self.store.multi_get(keys), strict=True))
+            except RuntimeError:  # torch's DistError and its kin: the store did not answer
+                if now - store_ok > self.limits.stall_after:
+                    self._store_lost(now - store_ok)
+                continue
+            store_ok = now
+            for rank, value in beats.items():
+                if value != seen.get(rank):
+                    seen[rank], since[rank] = value, now
+            stalled = [rank for rank in self.watched if seen.get(rank) != DONE.encode()
+                       and now - since[rank] > self.limits.stall_after]
+            if stalled:
+                self._peers_lost(stalled, {rank: seen.get(rank, b"").decode() for rank in stalled},
+                                 now - min(since[rank] for rank in stalled))
+
+    def _peers_lost(self, ranks: list[int], beats: dict[int, str], silent: float) -> None:
+        last = "; ".join(f"rank {rank}'s last beat reported {describe(beats[rank])}"
+                         for rank in ranks)
+        self._end(f"rank {self.endpoint.rank}: rank {rank_list(ranks)} stopped responding: no "
+                  f"heartbeat for {silent:.1f} s (limit {self.limits.stall_after:g} s, half of "
+                  f"MOEPLAN_GROUP_TIMEOUT_S); {last}; the job stops", ranks)
+
+    def _store_lost(self, silent: float) -> None:
+        host = self.endpoint.store_host
+        self._end(f"rank {self.endpoint.rank}: the job's store at {self.endpoint.address} "
+                  f"({host} hosts it) has not answered for {silent:.1f} s (limit "
+                  f"{self.limits.stall_after:g} s, half of MOEPLAN_GROUP_TIMEOUT_S); "
+                  f"{host} stopped responding; the job stops", [])
+
+    def _end(self, message: str, stalled: list[int]) -> None:
+        print(f"moeplan runtime: {message}", file=sys.stderr, flush=True)
+        here = socket.gethostname()
+        for rank in stalled:
+            try:
+                arrival = arrival_of(self.store, self.endpoint, rank)
+                if arrival is not None and arrival[0] == here:
+                    os.kill(arrival[1], signal.SIGKILL)
+            except (RuntimeError, ProcessLookupError, PermissionError):
+                pass  # gone already, or not ours to end: torchrun's teardown still reaches it
+        os._exit(self.exit_code)

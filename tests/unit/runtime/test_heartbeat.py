@@ -1,0 +1,144 @@
+"""The heartbeat's judgement in one process: real stores and threads, no ranks launched.
+
+Two `Heartbeat`s for ranks 0 and 1 of a 2-rank job share a store this test hosts; the one whose
+thread never starts plays the stopped process. `_end` (print, SIGKILL a local peer, exit) is
+replaced by a recorder, since ending the test process is the real one's job.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from runtime.heartbeat import PROGRESS, Heartbeat, Limits, describe, note_microbatch, note_phase
+from runtime.rendezvous import (
+    Endpoint,
+    LaunchEnvironmentError,
+    RendezvousError,
+    check_in,
+    rank_list,
+)
+from tests.support.ports import free_port
+
+LIMITS = Limits(stall_after=0.6, period=0.1)  # loose enough for a loaded CI box
+
+
+class Recorded(Heartbeat):
+    """A heartbeat whose ending is written down instead of carried out."""
+
+    ended: list[tuple[str, list[int]]]
+
+    def _end(self, message: str, stalled: list[int]) -> None:
+        self.ended.append((message, stalled))
+        self.stopping.set()
+
+
+def _job(world: int = 2) -> tuple[dist.TCPStore, list[Endpoint]]:
+    port = free_port()
+    endpoints = [Endpoint("127.0.0.1", port, rank, world, agent_store=True, attempt="0")
+                 for rank in range(world)]
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    for endpoint in endpoints:
+        store.set(endpoint.key("arrived", endpoint.rank), "elsewhere 1")  # never killed here
+    return store, endpoints
+
+
+def _heartbeat(endpoint: Endpoint) -> Recorded:
+    beat = Recorded(endpoint, LIMITS, exit_code=4)
+    beat.ended = []
+    return beat
+
+
+def _wait_for(condition: object, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.02)
+
+
+def test_limits_follow_the_group_timeout() -> None:
+    assert Limits.of(timedelta(seconds=120)) == Limits(stall_after=60.0, period=5.0)
+    assert Limits.of(timedelta(seconds=4)) == Limits(stall_after=2.0, period=0.2)
+    assert Limits.of(timedelta(seconds=1)).period == 0.1
+
+
+def test_a_silent_peer_is_named_with_its_last_progress() -> None:
+    store, (first, second) = _job()
+    note_microbatch(2, 1)
+    stopped = _heartbeat(second)
+    stopped.beat()  # it beat once, then its process stopped
+    watcher = _heartbeat(first).start()
+    try:
+        _wait_for(lambda: watcher.ended, 3.0)
+    finally:
+        watcher.stopping.set()
+        note_phase("starting")
+    assert len(watcher.ended) == 1
+    message, stalled = watcher.ended[0]
+    assert stalled == [1]
+    assert message.startswith("rank 0: rank 1 stopped responding: no heartbeat for")
+    assert "rank 1's last beat reported step 2, microbatch 1" in message
+    del store
+
+
+def test_healthy_and_finished_peers_are_never_named() -> None:
+    store, endpoints = _job(3)
+    beats = [_heartbeat(endpoint).start() for endpoint in endpoints]
+    time.sleep(1.5 * LIMITS.stall_after)
+    beats[2].stop()  # done early: its silence from now on is not a stall
+    time.sleep(1.5 * LIMITS.stall_after)
+    for beat in beats[:2]:
+        beat.stop()
+    assert [beat.ended for beat in beats] == [[], [], []]
+    assert store.get(endpoints[0].key("beat", 2)) == b"done"
+    del store
+
+
+def test_a_store_that_stops_answering_is_named() -> None:
+    store, (_, second) = _job()
+    watcher = _heartbeat(second)
+    watcher.watched = []  # only the store: its peers are not the point here
+    watcher.start()
+    del store  # the host of the store goes away
+    try:
+        _wait_for(lambda: watcher.ended, 3.0)
+    finally:
+        watcher.stopping.set()
+    assert watcher.ended, "the lost store was never noticed"
+    assert "the job's store at 127.0.0.1:" in watcher.ended[0][0]
+    assert "torchrun's agent stopped responding" in watcher.ended[0][0]
+
+
+def test_progress_reads_as_words() -> None:
+    assert describe("7 train 3 1") == "step 3, microbatch 1"
+    assert describe("2 reference -1 -1") == "the reference check"
+    assert describe("garbage") == "none reported"
+    assert rank_list([9, 1, 4, 5, 6, 7]) == "1, 4-7, 9"
+    assert PROGRESS.encode(5).split()[0] == "5"
+
+
+def test_check_in_names_the_ranks_that_never_came() -> None:
+    port = free_port()
+    endpoint = Endpoint("127.0.0.1", port, 2, 6, agent_store=False, attempt="0")
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    for rank in (0, 1, 5):
+        store.set(endpoint.key("arrived", rank), "host 1")
+        store.add(endpoint.key("arrivals"), 1)
+    with pytest.raises(RendezvousError, match=r"2 of 6 ranks never arrived .* rank 3-4; the job"):
+        check_in(store, endpoint, timedelta(seconds=0.3))
+
+
+def test_a_launch_without_its_variables_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500x")
+    with pytest.raises(LaunchEnvironmentError, match="lacks MASTER_ADDR: start the runtime with"):
+        Endpoint.from_env()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(LaunchEnvironmentError, match="MASTER_PORT='29500x', not a whole number"):
+        Endpoint.from_env()
