@@ -14,9 +14,9 @@ from planner.config.loader import InvalidConfig
 from planner.emit.megatron import megatron_arguments
 from planner.rules import run_rules
 from planner.rules.memory import _activation_levers
+from tests.support.launch_arguments import build, imported, stage0
 from tests.support.megatron_judge import case_of, register, verdict
 from tests.support.megatron_lines import megatron_line
-from tests.unit.config.test_launch_script_arguments import build, imported, stage0
 
 TRANSFORMER_CONFIG = "core/transformer/transformer_config.py"
 OFFLOAD = "core/pipeline_parallel/fine_grained_activation_offload.py"
