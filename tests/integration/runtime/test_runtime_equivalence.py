@@ -43,7 +43,8 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                                        "moe": {"moe_expert_capacity_factor": 1.0}}, None),
     "per_token_loss_cp2_ep2": ({"parallel": {"cp": 2, "ep": 2},
                                 "training": {"calculate_per_token_loss": True}}, None),
-    "ep2_etp2_edp2_8ranks": ({"parallel": {"world_size": 8, "ep": 2, "etp": 2}}, None),
+    # 8 ranks (CP2·DP4 dense, ETP2·EP2·EDP2 expert) run against the same reference in
+    # test_emit_run.py, through the emitted launcher (`--check-reference`): no second 8-rank spawn here
     # MTP depth 0 after the 2 decoder layers (MoE layer 2) under zigzag CP: the shifted ids and
     # labels are cut from whole sequences, the rank holding the sequence end masks its last row
     "mtp_cp2_ep2": ({"parallel": {"cp": 2, "ep": 2}, "model": {"mtp_num_layers": 1}}, None),
