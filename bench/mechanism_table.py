@@ -20,7 +20,10 @@ from __future__ import annotations
 import copy
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere, like bench/*.py
 
 from planner.accounting import memory_by_stage
 from planner.config.loader import load_config, parse_config
