@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from runtime.activation import MLPActivation, clamp_glu_inputs
+from runtime.activation import MLPActivation
 from runtime.init import init_shard, init_tensor
 from runtime.router import MoESettings
 
@@ -28,12 +28,6 @@ EXPERT_MATRICES = ("w1", "w3", "w2")
 # add_bias_linear's per-expert biases: b1 / b3 on FC1's two halves, b2 on FC2's output.
 EXPERT_BIASES = ("b1", "b3", "b2")
 EXPERT_TENSORS = EXPERT_MATRICES + EXPERT_BIASES
-
-
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
-    """SiLU(gate) ⊙ up, with V4's clamp: gate clamped from above, up clamped to ±limit."""
-    gate, up = clamp_glu_inputs(gate, up, limit)
-    return F.silu(gate) * up
 
 
 def expert_tensors(settings: MoESettings) -> tuple[str, ...]:
@@ -117,7 +111,7 @@ class GroupedSwiGLU(torch.autograd.Function):
         gate = _grouped_mm(x, w1, offsets)
         up = _grouped_mm(x, w3, offsets)
         gate_passes = up_passes = None
-        if limit is not None:  # swiglu()'s clamp, in place
+        if limit is not None:  # clamp_glu_inputs' clamp, in place
             # clamp's gradient flows where the input lay inside the bounds (ends included).
             gate_passes = gate <= limit
             up_passes = (up >= -limit).logical_and_(up <= limit)
