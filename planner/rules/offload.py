@@ -41,16 +41,18 @@ def offload_is_counted(f: Facts) -> Iterator[Violation]:
 OPTIMIZER_OFFLOAD = dev("core/optimizer/cpu_offloading/hybrid_optimizer.py", "HybridDeviceOptimizer")
 
 
-def _unpriced_offloads(f: Facts) -> list[str]:
-    """The host offloads of this config, each with the traffic the time page leaves out."""
+def _unpriced_offloads(f: Facts) -> list[tuple[str, str]]:
+    """The host offloads of this config: (field, the traffic the time page leaves out)."""
     found = []
     if f.ovl.fine_grained_activation_offloading and f.ovl.offload_modules:
-        found.append("fine-grained activation offloading (the D2H copies of host_activation_bytes per "
-                     "microbatch in forward and their H2D reloads in backward, on a side stream)")
+        found.append(("overlap.fine_grained_activation_offloading",
+                      "fine-grained activation offloading (the D2H copies of host_activation_bytes per "
+                      "microbatch in forward and their H2D reloads in backward, on a side stream)"))
     tr = f.cfg.training
     if tr.optimizer_cpu_offload and tr.optimizer_offload_fraction > 0:
-        found.append(f"optimizer CPU offload ({tr.optimizer_offload_fraction:g} of the optimizer step run "
-                     "on the host CPU, with its grads copied down and parameters copied back)")
+        found.append(("training.optimizer_cpu_offload",
+                      f"optimizer CPU offload ({tr.optimizer_offload_fraction:g} of the optimizer step "
+                      "run on the host CPU, with its grads copied down and parameters copied back)"))
     return found
 
 
@@ -69,9 +71,8 @@ def _unpriced_offloads(f: Facts) -> list[str]:
 def offloads_are_not_timed(f: Facts) -> Iterator[Violation]:
     found = _unpriced_offloads(f)
     if found:
-        path = ("overlap.fine_grained_activation_offloading" if f.ovl.fine_grained_activation_offloading
-                and f.ovl.offload_modules else "training.optimizer_cpu_offload")
-        yield Violation(path, f"the step-time estimate leaves out {'; and '.join(found)}",
+        yield Violation(found[0][0], f"the step-time estimate leaves out "
+                        f"{'; and '.join(what for _, what in found)}",
                         "read the estimate as a lower bound, or calibrate on a measured run with the "
                         "offload (`moeplan estimate --measured LOG`, `moeplan calibrate LOG`); ignore "
                         "OFL002 to accept it")
