@@ -17,8 +17,8 @@ PROBER = "planner.emit.megatron_probe"
 # The imports inside a function body outside planner/commands/ (whose commands import what they
 # need when run: planner/cli.py loads every command module at start, so `moeplan check` pays for
 # whatever they import at module level), each with the reason it is not a module import.
-# planner/cli.py's command loading and report/page.py's optional search are importlib calls, not
-# import statements: they keep their own reasons (planner/cli.py, planner/report/page.py).
+# planner/cli.py's command loading is an importlib call, not an import statement: it keeps its own
+# reason (planner/cli.py).
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
     # The rule catalog loads when a command first judges a config, not at every command's start.
     ("planner.cli_common", "planner.rules"): "every command imports cli_common at start",
