@@ -1,10 +1,14 @@
-"""Bounded memos: the one way moeplan remembers a pure function's results between calls.
+"""Bounded memos: how moeplan remembers results computed from a config between calls.
 
 `moeplan search` asks for the same pipeline split, stage counts, rank placement and grid thousands
 of times (every knob setting of one layout shares them), so those are remembered. Every memo has
 the same policy: at most `maxsize` entries, the oldest entry dropped when a new one would exceed
 it, keyed on hashable *values* (never `id()`: an equal config built anew hits, and nothing is kept
 alive to stop an id being reused). `clear_memos()` empties them all (tests that count work do).
+
+Pure functions of small frozen arguments keep functools' `cache`/`lru_cache` instead (the tables
+read from planner/config/data/, the formulas planner/budget/expr.py compiles, the rank arithmetic
+of planner/layout/): their results never go stale, so nothing needs to clear them.
 
 A config section is a frozen pydantic model but not hashable (its list fields); `section_key`
 gives the value to key it on.

@@ -24,7 +24,7 @@ from typing import Any
 
 from planner.budget.collectives import DIRECTIONS, UnknownCollective, collective
 from planner.files.json_shape import ShapeError, check_shape
-from planner.plan import read_artifact
+from planner.plan_format import read_artifact
 
 REPORT_FORMAT = "moeplan-report"
 REPORT_VERSION = 1

@@ -132,7 +132,7 @@ class CommGroup:
 
 @dataclass
 class MoEGroups:
-    """The groups an MoE layer communicates over (R2 builds this from plan["groups"]).
+    """The groups an MoE layer communicates over (runtime/train.py moe_groups builds it from the plan).
 
     Groups are torch ProcessGroups, or None when their size is 1. `tp_ep` must list ranks with
     ETP fastest (in-group index = ep_rank * etp_size + etp_rank), as Megatron's expert `tp-ep`

@@ -15,7 +15,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from planner.plan import PlanFileError, read_plan
+from planner.plan_format import PlanFileError, read_plan
 
 # Every group the runtime creates, in the order all ranks create them.
 RUNTIME_GROUP_NAMES = (

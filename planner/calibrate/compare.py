@@ -3,12 +3,9 @@ for each term of the slowest stage how far it alone would have to move to explai
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from planner.calibrate.megatron_log import LogError, parse_log
-from planner.cli_common import EXIT_CONFIG, EXIT_USAGE, fail
-from planner.config.loader import UnreadableConfig, read_text
+from planner.calibrate.megatron_log import parse_log
 from planner.estimate import Estimate
 
 # Step terms of a stage row and the efficiency factor that prices each.
@@ -34,11 +31,3 @@ def compare(est: Estimate, log_text: str, path: str) -> dict[str, Any]:
     return {"log": path, "measured_step_s": log.step_s, "predicted_step_s": est.step_time_s,
             "ratio": est.step_time_s / log.step_s, "terms": terms[:5], "notes": log.notes}
 
-
-def compare_or_exit(est: Estimate, path: Path) -> dict[str, Any]:
-    try:
-        return compare(est, read_text(path, "log"), str(path))
-    except UnreadableConfig as exc:
-        fail(EXIT_USAGE, str(exc).replace("YAML", "log"))
-    except LogError as exc:
-        fail(EXIT_CONFIG, str(exc))

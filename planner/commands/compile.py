@@ -15,7 +15,6 @@ from planner.cli_common import (
     stdout,
     write_or_exit,
 )
-from planner.plan import compile_plan
 
 
 def compile_command(
@@ -28,6 +27,8 @@ def compile_command(
     check_output_or_exit(output, force=force)
     cfg = load_config_or_exit(config)
     findings = exit_on_errors(cfg)
+    from planner.plan import compile_plan
+
     plan = compile_plan(cfg, findings)
     write_or_exit(output, json.dumps(plan, indent=1) + "\n", parents=True)
     layout = plan["layout"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -29,6 +29,9 @@ from planner.cli_common import (
     stdout,
 )
 from planner.findings import has_errors
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from planner.estimate import Estimate
 
 
 def estimate(
@@ -72,14 +75,29 @@ def estimate(
     data = result.as_json()
     data["breakdown"]["calibration"] = used
     if measured is not None:
-        from planner.calibrate.compare import compare_or_exit
-        data["measured"] = compare_or_exit(result, measured)
+        data["measured"] = _compare_or_exit(result, measured)
     if as_json:
         print(json.dumps(data, indent=1))
     else:
         _render(data)
     print_findings(findings)
     raise typer.Exit(done)
+
+
+def _compare_or_exit(est: Estimate, path: Path) -> dict[str, Any]:
+    """The measured log beside the estimate. The exit lives here, not in planner/calibrate/, so
+    the library raises and only a command decides the exit code: an unreadable log is a usage
+    error (2), a log without timing lines a config error (1)."""
+    from planner.calibrate.compare import compare
+    from planner.calibrate.megatron_log import LogError
+    from planner.config.loader import UnreadableConfig, read_text
+
+    try:
+        return compare(est, read_text(path, "log"), str(path))
+    except UnreadableConfig as exc:
+        fail(EXIT_USAGE, str(exc).replace("YAML", "log"))
+    except LogError as exc:
+        fail(EXIT_CONFIG, str(exc))
 
 
 def _render(data: dict[str, Any]) -> None:

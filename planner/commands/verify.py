@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli_common import EXIT_CONFIG, EXIT_OK, EXIT_USAGE, fail, stdout
-from planner.plan import PlanFileError, read_plan
+from planner.plan_format import PlanFileError, read_plan
 from planner.verify import (
     EXACT,
     EXPECTATION,

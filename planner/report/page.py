@@ -8,7 +8,6 @@ planner/report/charts.py; the jinja2 template holds the CSS, so the page loads n
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ from planner.layout.grid import Grid
 from planner.layout.rank_generator import GridError
 from planner.layout.spec import grid_spec_from_config
 from planner.report.grid_svg import render_stage_svg
+from planner.search.run import search as run_search
 from planner.summary import Summary, gib, summarize
 
-SEARCH_MISSING = "search is not available in this build (planner/search/run.py is missing)"
 EXPERT_ROWS = 4  # EP ranks listed in the expert-ownership table before "…"
 
 
@@ -33,11 +32,7 @@ class SearchOutcome:
 
 def search_outcome(cfg: Config, top: int) -> SearchOutcome:
     """The candidates of `moeplan search` (planner.search.run.search), or why there are none."""
-    try:
-        module = importlib.import_module("planner.search.run")
-    except ImportError:
-        return SearchOutcome([], SEARCH_MISSING)
-    result = module.search(cfg, top=top)
+    result = run_search(cfg, top=top)
     points = [{"label": _candidate_label(c), "step_time_s": float(c.step_time_s),
                "peak_bytes": float(c.peak_memory_bytes), "is_user": bool(c.is_user)}
               for c in result.candidates]

@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 from planner.config.loader import load_config
-from planner.plan import compile_plan, plan_digest, write_plan
+from planner.plan import compile_plan
+from planner.plan_format import plan_digest, write_plan
 from planner.rules import run_rules
 from tests.support.paths import EXAMPLES, ROOT
 

@@ -17,18 +17,11 @@ PROBER = "planner.emit.megatron_probe"
 # The imports inside a function body outside planner/commands/ (whose commands import what they
 # need when run: planner/cli.py loads every command module at start, so `moeplan check` pays for
 # whatever they import at module level), each with the reason it is not a module import.
-# planner/cli.py's command loading and report/page.py's optional search are importlib calls, not
-# import statements: they keep their own reasons (planner/cli.py, planner/report/page.py).
+# planner/cli.py's command loading is an importlib call, not an import statement: it keeps its own
+# reason (planner/cli.py).
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
     # The rule catalog loads when a command first judges a config, not at every command's start.
     ("planner.cli_common", "planner.rules"): "every command imports cli_common at start",
-    # The plan reader (runtime/plan_io.py, runtime/report.py, planner/verify.py) stays off the
-    # formula book and the grid: only compile_plan needs them.
-    ("planner.plan", "planner.accounting"): "compile_plan only",
-    ("planner.plan", "planner.layout.grid"): "compile_plan only",
-    ("planner.plan", "planner.layout.spec"): "compile_plan only",
-    ("planner.plan", "planner.layout.summary"): "compile_plan only",
-    ("planner.plan", "planner.layout.pipeline"): "compile_plan only",
     # The coordinate formulas import sympy (a quarter of a second): only `groups` asks for them.
     ("planner.layout.grid", "planner.layout.coordinates"): "sympy, for Grid.formulas only",
     # matplotlib draws the report's charts: it loads when the page is assembled, not when the
@@ -48,9 +41,10 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 def test_the_graph_sees_function_level_imports() -> None:
     graph = imports_of(ROOT / "planner")
-    # planner/plan.py imports the accounting entry inside compile_plan
-    assert "planner.accounting" in graph["planner.plan"]
-    assert ("planner.plan", "planner.accounting") in function_level_imports(ROOT / "planner")
+    # planner/layout/grid.py imports the sympy coordinate formulas inside Grid.formulas
+    assert "planner.layout.coordinates" in graph["planner.layout.grid"]
+    assert ("planner.layout.grid", "planner.layout.coordinates") in function_level_imports(
+        ROOT / "planner")
     assert "planner.budget.comm" in graph["planner.budget.book"]
 
 
@@ -69,14 +63,28 @@ def test_function_level_imports_are_only_the_listed_lazy_paths() -> None:
     assert sorted(LAZY_IMPORTS.keys() - found) == [], "no longer lazy: drop them from LAZY_IMPORTS"
 
 
+def _loaded_by(module: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"],
+                          capture_output=True, text=True, cwd=ROOT, check=True)
+    return [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+            if line.startswith("import time:")]
+
+
 def test_the_runtime_ledger_loads_no_pydantic() -> None:
     """runtime/comm.py checks collective names in the leaf table (planner/budget/collectives.py),
     not through the accounting entry, which loads pydantic, the schema and the formula book."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import runtime.comm"],
-                          capture_output=True, text=True, cwd=ROOT, check=True)
-    loaded = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
-              if line.startswith("import time:")]
+    loaded = _loaded_by("runtime.comm")
     assert "runtime.comm" in loaded and "planner.budget.collectives" in loaded
+    assert [name for name in loaded if name.split(".")[0] in ("pydantic", "pydantic_core")] == []
+
+
+def test_the_runtime_plan_reader_loads_only_the_plan_format() -> None:
+    """runtime/plan_io.py reads plans through the leaf planner/plan_format.py: of the planner it
+    loads that file and the bounded reader (planner/files/), not the schema, grid or book."""
+    loaded = _loaded_by("runtime.plan_io")
+    assert sorted(name for name in loaded if name.startswith("planner")) == [
+        "planner", "planner.files", "planner.files.json_input", "planner.files.reading",
+        "planner.files.writing", "planner.plan_format"]
     assert [name for name in loaded if name.split(".")[0] in ("pydantic", "pydantic_core")] == []
 
 # --- the formula book's one entry ----------------------------------------------------------------

@@ -140,7 +140,7 @@ def test_search_candidates_are_plotted_with_the_winner(monkeypatch, matplotlib_p
                                      user=candidate(1, 57.0, 74 * 2**30, user=True),
                                      fitting=9, explored=30)
 
-    monkeypatch.setitem(sys.modules, "planner.search.run", types.SimpleNamespace(search=search))
+    monkeypatch.setattr("planner.report.page.run_search", search)
     cfg = load_config(V4_PRO)
     context = page_context(cfg, V4_PRO, collect_findings(cfg), search_top=5)
     assert seen["top"] == 5
@@ -150,20 +150,13 @@ def test_search_candidates_are_plotted_with_the_winner(monkeypatch, matplotlib_p
     assert [p["step_time_s"] for p in context["search"].points] == [40.0, 45.0, 57.0]
 
 
-def test_search_missing_says_so(monkeypatch, matplotlib_present):
-    from planner.config.loader import load_config
-    from planner.report.page import SEARCH_MISSING, page_context, render_page
-
-    monkeypatch.setitem(sys.modules, "planner.search.run", None)  # import fails as when absent
-    cfg = load_config(V4_PRO)
-    html = render_page(page_context(cfg, V4_PRO, [], search_top=5))
-    assert SEARCH_MISSING in html and 'id="chart-search"' not in html
-
-
 def test_check_does_not_import_matplotlib():
+    """Nor the report page, which imports the search (planner/search/run.py) at module level."""
     probe = ("import sys\nfrom planner.cli import app\n"
              f"try:\n    app(['check', {str(V4_PRO)!r}])\nexcept SystemExit:\n    pass\n"
-             "assert 'matplotlib' not in sys.modules, 'check imported matplotlib'\n")
+             "assert 'matplotlib' not in sys.modules, 'check imported matplotlib'\n"
+             "assert 'planner.report.page' not in sys.modules, 'check imported the report page'\n"
+             "assert 'planner.search.run' not in sys.modules, 'check imported the search'\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
 

@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.plan import plan_digest
+from planner.plan_format import plan_digest
 from tests.support.hostile_cases import CASES, MEMORY_BOUND, ROOT, _plan_and_report, run_in_process
 from tests.support.json_mutator import mutate
 

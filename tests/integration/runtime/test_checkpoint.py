@@ -112,7 +112,8 @@ def _compile(name: str, folder: Path) -> Path:
     import yaml
 
     from planner.config.loader import load_config
-    from planner.plan import compile_plan, write_plan
+    from planner.plan import compile_plan
+    from planner.plan_format import write_plan
     from planner.rules import run_rules
 
     source = folder / f"{name}.yaml"

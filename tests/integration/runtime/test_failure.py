@@ -98,7 +98,7 @@ def test_tampered_or_foreign_plans_never_start_a_job(tmp_path: Path, edit: objec
                                                      message: str) -> None:
     """Under torchrun with 2 ranks: every rank refuses (exit 2) before any process group forms,
     so no rendezvous timeout, no traceback."""
-    from planner.plan import plan_digest
+    from planner.plan_format import plan_digest
 
     source = small(tmp_path)
     document = json.loads(source.read_text())

@@ -226,7 +226,8 @@ def test_table_entries_are_rerun_by_full_recompute_only() -> None:
 
 def test_the_runtime_refuses_a_v4_plan_and_says_the_cp_figures_are_predicted(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from planner.plan import compile_plan, write_plan
+    from planner.plan import compile_plan
+    from planner.plan_format import write_plan
     from planner.rules import run_rules
     from runtime.__main__ import main
 

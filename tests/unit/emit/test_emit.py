@@ -26,7 +26,7 @@ from planner.config.loader import load_config, parse_config
 from planner.emit import EmitError
 from planner.emit.megatron import megatron_arguments
 from planner.emit.render import sbatch_quote, shquote
-from planner.plan import read_plan
+from planner.plan_format import read_plan
 from planner.rules import run_rules
 from planner.rules.example_base import example_config_data, merge
 from planner.rules.facts import Facts

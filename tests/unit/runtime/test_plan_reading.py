@@ -1,7 +1,7 @@
 """The runtime reads what the plan says — gradient pre-scales, expert ownership, MoE settings — and
 never recomputes or re-defaults them.
 
-Each test edits one value in a compiled plan, re-digests it (`planner.plan.plan_digest`, so the
+Each test edits one value in a compiled plan, re-digests it (`planner.plan_format.plan_digest`, so the
 edited plan still loads) and shows that the runtime's behaviour follows the edit, or that the
 runtime refuses it with a PlanError naming the field. The gradient test really trains: 2 gloo
 ranks (torch.multiprocessing spawn) run one optimizer step of the real `RankTrainer` per plan.
@@ -24,7 +24,8 @@ import torch.multiprocessing as mp
 import yaml
 
 from planner.config.loader import load_config
-from planner.plan import compile_plan, plan_digest, write_plan
+from planner.plan import compile_plan
+from planner.plan_format import plan_digest, write_plan
 from planner.rules import run_rules
 from runtime.plan_io import PlanError, load_plan
 
