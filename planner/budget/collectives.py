@@ -26,6 +26,14 @@ ALGORITHMS: Mapping[str, str] = MappingProxyType({
     "allreduce": "ring all-reduce: 2(G-1)/G of the input on the wire",
     "p2p": "point-to-point send",
 })
+# Each algorithm's transpose: the backward of a forward collective moves its gradients the other
+# way, so its send is the forward's receive (an all-gather's backward is a reduce-scatter of the
+# gathered grads). A backward phase whose algorithm is not the transpose of the forward's (an
+# all-gather again, as GTP's and Megatron-FSDP's weight re-gathers) repeats the forward's figures.
+TRANSPOSE: Mapping[str, str] = MappingProxyType({
+    "alltoall": "alltoall", "allgather": "reduce_scatter", "reduce_scatter": "allgather",
+    "allreduce": "allreduce", "p2p": "p2p",
+})
 DIRECTIONS = ("send_bytes", "recv_bytes")
 RECOMPUTE = "recompute"  # the phase of a forward re-run by activation recompute
 
@@ -64,6 +72,9 @@ class Collective:
     `grad_only`: it runs only while autograd records (Megatron's router computes the aux loss
     under torch.is_grad_enabled()); Megatron's checkpoint runs a recomputed layer's first forward
     without grad, so such a collective moves from `fwd` to `recompute` instead of running twice.
+    `not_issued`: why a config whose groups have several ranks still issues none of it (the
+    setting that turns it off, or the collective that runs instead); a group of one rank gives
+    its own reason (planner/budget/comm.py Collectives.close). `{field}` names a Variant field.
     """
 
     name: str
@@ -77,6 +88,7 @@ class Collective:
     layer_kind: str = "blocks"
     grad_only: bool = False
     shared_expert_part: str | None = None
+    not_issued: str = ""
 
     def __post_init__(self) -> None:
         if self.recomputed_with and RECOMPUTE not in self.phases:
@@ -157,7 +169,8 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                routed_rows=True, fixed_when_dropless=_fixed("fwd.send_bytes", "bwd.recv_bytes"),
                overlap=_EP_OVERLAP, **_MOE_RC),
     Collective("ep_count_exchange", ("tp_ep",), {"fwd": ("allgather",)},
-               f"per-expert token counts (int64 [E]); {_DISPATCHER} preprocess", **_MOE_RC),
+               f"per-expert token counts (int64 [E]); {_DISPATCHER} preprocess", **_MOE_RC,
+               not_issued="drop-and-pad fixes every split: no count exchange"),
     Collective("etp_gather_hidden", ("expt_tp",), _GATHER,
                f"received rows gathered over expert TP; {_DISPATCHER} token_dispatch",
                routed_rows=True, overlap=_EP_OVERLAP, **_MOE_RC),
@@ -187,20 +200,28 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
     Collective("dense_grad_reduce", ("dp_cp", "intra_dp_cp"),
                {"fwd": ("allreduce", "reduce_scatter")},
                f"dense grad buffer, once per step (reduce-scatter with the distributed "
-               f"optimizer); {_DDP} start_grad_sync", overlap="overlap.overlap_grad_reduce"),
+               f"optimizer); {_DDP} start_grad_sync", overlap="overlap.overlap_grad_reduce",
+               not_issued=("Megatron-FSDP {fsdp}: grads are reduce-scattered after every "
+                           "backward (fsdp_dense_grad_reduce)")),
     Collective("dense_param_gather", ("dp_cp", "intra_dp_cp"), {"fwd": ("allgather",)},
                "dense parameters gathered after the sharded update (distributed optimizer)",
-               overlap="overlap.overlap_param_gather"),
+               overlap="overlap.overlap_param_gather",
+               not_issued=("Megatron-FSDP optim_grads_params: the update writes the shard; "
+                           "blocks gather before use (fsdp_dense_param_gather)")),
     Collective("dense_grad_instance_reduce", ("inter_dist_opt",), {"fwd": ("allreduce",)},
                "dense grad shard all-reduced across distributed-optimizer instances",
                overlap="overlap.overlap_grad_reduce"),
     Collective("expert_grad_reduce", ("expt_dp", "intra_expt_dp"),
                {"fwd": ("allreduce", "reduce_scatter")},
                f"routed-expert grad buffer, once per step; {_DDP} start_grad_sync",
-               overlap="overlap.overlap_grad_reduce"),
+               overlap="overlap.overlap_grad_reduce",
+               not_issued=("Megatron-FSDP {fsdp}: grads are reduce-scattered after every "
+                           "backward (fsdp_expert_grad_reduce)")),
     Collective("expert_param_gather", ("expt_dp", "intra_expt_dp"), {"fwd": ("allgather",)},
                "expert parameters gathered after the sharded update (distributed optimizer)",
-               overlap="overlap.overlap_param_gather"),
+               overlap="overlap.overlap_param_gather",
+               not_issued=("Megatron-FSDP optim_grads_params: the update writes the shard; "
+                           "blocks gather before use (fsdp_expert_param_gather)")),
     Collective("expert_grad_instance_reduce", ("inter_dist_opt",), {"fwd": ("allreduce",)},
                "expert grad shard all-reduced across distributed-optimizer instances",
                overlap="overlap.overlap_grad_reduce"),
@@ -209,11 +230,13 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                "Megatron-LM dev@d48bd6be megatron/core/distributed/finalize_model_grads.py"),
     Collective("expert_bias_count_reduce", ("tp_dp_cp",), {"fwd": ("allreduce",)},
                "token counts of every expert-bias router, once per step; Megatron-LM "
-               "dev@d48bd6be megatron/core/transformer/moe/moe_utils.py"),
+               "dev@d48bd6be megatron/core/transformer/moe/moe_utils.py",
+               not_issued="no expert bias"),
     Collective("aux_loss_count_reduce", ("tp_cp",), {"fwd": ("allreduce",)},
                "aux-loss token counts summed over tp_cp in every router pass; Megatron-LM "
                "dev@d48bd6be megatron/core/transformer/moe/router.py", **_MOE_RC,
-               grad_only=True),  # TopKRouter.routing: only under torch.is_grad_enabled()
+               grad_only=True,  # TopKRouter.routing: only under torch.is_grad_enabled()
+               not_issued="no aux loss, or TP·CP = 1: nothing to sum"),
     Collective("pp_activation", ("pp",), {"fwd": ("p2p",), "bwd": ("p2p",)},
                "pipeline activations forward, their gradients backward; Megatron-LM "
                "dev@d48bd6be megatron/core/pipeline_parallel/p2p_communication.py"),
@@ -299,32 +322,38 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                f"output layer) and MLA's rotary key all-gathered over TP; backward reduce-scatters "
                f"its grad; {_TP_LAYERS} ColumnParallelLinear, {_MAPPINGS} "
                "gather_from_sequence_parallel_region", recomputed_with=_TP_RECOMPUTE,
-               overlap=TP_OVERLAP),
+               overlap=TP_OVERLAP,
+               not_issued="no sequence parallelism"),
     Collective("tp_sp_wgrad_gather", ("tp",), {"bwd": ("allgather",)},
                f"sequence parallelism: a column-parallel linear stores its input sequence-sharded "
                f"and all-gathers it again in backward for the weight gradient; {_TP_LAYERS} "
-               "LinearWithGradAccumulationAndAsyncCommunication.backward", overlap=TP_OVERLAP),
+               "LinearWithGradAccumulationAndAsyncCommunication.backward", overlap=TP_OVERLAP,
+               not_issued="no sequence parallelism"),
     Collective("tp_sp_scatter", ("tp",), _SCATTER,
                f"sequence parallelism: the output of every row-parallel linear (attention proj, "
                f"shared-expert/dense FC2) reduce-scattered over TP to [s/TP, b, h]; backward "
                f"all-gathers its grad; {_TP_LAYERS} RowParallelLinear, {_MAPPINGS} "
                "reduce_scatter_to_sequence_parallel_region", recomputed_with=_TP_RECOMPUTE,
-               overlap=TP_OVERLAP),
+               overlap=TP_OVERLAP,
+               not_issued="no sequence parallelism"),
     Collective("tp_linear_allreduce", ("tp",), {"fwd": ("allreduce",), "bwd": ("allreduce",)},
                f"TP without sequence parallelism: forward all-reduce of every row-parallel "
                f"linear's output, backward all-reduce of every column-parallel linear's input "
                f"grad; {_TP_LAYERS} RowParallelLinear, ColumnParallelLinear",
-               recomputed_with=_TP_RECOMPUTE),
+               recomputed_with=_TP_RECOMPUTE,
+               not_issued="sequence parallelism: reduce-scatter instead"),
     Collective("tp_embedding_reduce", ("tp",),
                {"fwd": ("reduce_scatter", "allreduce"), "bwd": ("allgather",)},
                f"vocab-parallel embedding output summed over TP: reduce-scattered to the sequence "
                f"shard with sequence parallelism (backward all-gathers its grad), else all-reduced; "
-               f"{_TP_LAYERS} VocabParallelEmbedding.forward"),
+               f"{_TP_LAYERS} VocabParallelEmbedding.forward",
+               not_issued="no sequence parallelism: the grad is not gathered"),
     Collective("tp_mtp_gather", ("tp",), {"fwd": ("allgather",), "bwd": ("allgather",)},
                "MTP: the column-parallel eh_proj output gathered along the hidden dimension; with "
                "sequence parallelism the following sequence scatter all-gathers its grad in "
                "backward; Megatron-LM dev@d48bd6be megatron/core/transformer/"
-               "multi_token_prediction.py MultiTokenPredictionLayer._concat_embeddings"),
+               "multi_token_prediction.py MultiTokenPredictionLayer._concat_embeddings",
+               not_issued="no sequence parallelism: the grad is split, not gathered"),
     Collective("tp_xent_reduce", ("tp",), {"fwd": ("allreduce",)},
                "vocab-parallel cross entropy: three all-reduces over TP of [s, b] fp32 (logit max, "
                "target logit, sum of exponentials) per loss; Megatron-LM dev@d48bd6be "
@@ -333,12 +362,14 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                "sequence parallelism: grads of the parameters replicated over TP (norms, router, "
                "MLA down projections, mHC) all-reduced over TP once per step; Megatron-LM "
                "dev@d48bd6be megatron/core/distributed/finalize_model_grads.py "
-               "_allreduce_non_tensor_model_parallel_grads"),
+               "_allreduce_non_tensor_model_parallel_grads",
+               not_issued="no sequence parallelism"),
     Collective("global_aux_count_reduce", ("tp_dp_cp",), {"fwd": ("allreduce",)},
                "global aux loss: per-expert token counts (int64 [E]) all-reduced over tp_dp_cp in "
                "every router pass, accumulated across microbatches; Megatron-LM dev@d48bd6be "
                "megatron/core/transformer/moe/router.py TopKRouter._apply_global_aux_loss",
-               **_MOE_RC, grad_only=True),  # TopKRouter.routing: only under is_grad_enabled()
+               **_MOE_RC, grad_only=True,
+               not_issued="no global aux loss"),  # TopKRouter.routing: only under is_grad_enabled()
     # Virtual experts are not in Megatron dev or main (PR #7450, open); a forward re-run plans
     # and moves the replicas again, so recomputing the MoE layer repeats the weight transfer.
     Collective("vex_weight_transfer", ("ep",), {"fwd": ("alltoall",)},
@@ -349,6 +380,25 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                "virtual experts: replica weight gradients returned to the owning rank "
                "(predicted only; Megatron-LM PR #7450)", routed_rows=True),
 )})
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One collective as the comm page declares it: its forward figures, and the doc of its
+    backward, whose figures and algorithm the table derives (planner/budget/comm.py
+    Collectives.exchange). `algorithm` picks the forward's where the table lists several; `size`
+    names the group's size where it is not the group's own symbol; `split` = (inter-node,
+    intra-node) wire bytes of a backend that routes around the plain model, in both phases."""
+
+    name: str
+    group: str
+    send: str
+    recv: str
+    doc: str
+    back: str
+    algorithm: str | None = None
+    size: str | None = None
+    split: tuple[str, str] | None = None
 
 
 def collective(name: str) -> Collective:

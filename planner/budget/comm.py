@@ -16,8 +16,21 @@ activation recompute runs again in backward (the table's `recomputed_with`) also
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
+
 from planner.budget.attention_kinds import standard_blocks
-from planner.budget.collectives import ALGORITHMS, RECOMPUTE, Collective, collective
+from planner.budget.collectives import (
+    ALGORITHMS,
+    DIRECTIONS,
+    RECOMPUTE,
+    TRANSPOSE,
+    Collective,
+    Exchange,
+    UnknownCollective,
+    collective,
+)
 from planner.budget.expr import Book
 from planner.budget.symbols import Variant, routed_width
 from planner.budget.tp_comm import add_tp_bytes, add_tp_steps
@@ -26,9 +39,42 @@ PAGE = "comm"
 
 ONE_RANK = "group of one rank: no collective"
 WHOLE_BYTES = "shares of a buffer and expectations are rounded up to whole bytes"
-GROUP_SIZE = {"ep": "EP", "expt_tp": "ETP", "tp_ep": "tp_ep_size", "cp": "CP", "tp_cp": "(TP * CP)",
-              "dp_cp": "dp_cp_size", "expt_dp": "expert_dp", "tp_dp_cp": "tp_dp_cp_size",
-              "embd": "embd_size", "gtp_remat": "GTP", "expt_gtp_remat": "EGTP", "tp": "TP"}
+
+
+class GroupSize(NamedTuple):
+    symbol: str  # its size in the formulas (the ring and all-to-all wire bytes)
+    label: str  # how a reason names it: "EP = 1: group of one rank: no collective"
+
+
+# The groups the comm page prices collectives over, without an explicit size (planner/layout/
+# group_kinds.py). The intra-instance and inter-instance groups always come with their size.
+GROUPS: Mapping[str, GroupSize] = MappingProxyType({
+    "ep": GroupSize("EP", "EP"), "expt_tp": GroupSize("ETP", "ETP"),
+    "tp_ep": GroupSize("tp_ep_size", "ETP·EP"), "cp": GroupSize("CP", "CP"),
+    "tp_cp": GroupSize("(TP * CP)", "TP·CP"), "dp_cp": GroupSize("dp_cp_size", "dp_cp"),
+    "expt_dp": GroupSize("expert_dp", "expt_dp"), "tp_dp_cp": GroupSize("tp_dp_cp_size", "tp_dp_cp"),
+    "embd": GroupSize("embd_size", "embd"), "gtp_remat": GroupSize("GTP", "GTP"),
+    "expt_gtp_remat": GroupSize("EGTP", "EGTP"), "tp": GroupSize("TP", "TP"),
+    "pp": GroupSize("PP", "PP"),
+})
+
+
+def _group(group: str) -> GroupSize:
+    try:
+        return GROUPS[group]
+    except KeyError:
+        raise UnknownCollective(f"group {group!r} has no size in GROUPS (planner/budget/comm.py); "
+                                "give the collective its size") from None
+
+
+def group_size(group: str) -> str:
+    """The symbol of `group`'s size; a group the page does not know fails loudly."""
+    return _group(group).symbol
+
+
+def one_rank(group: str) -> str:
+    """Why a collective over `group` is not issued when the group has one rank."""
+    return f"{_group(group).label} = 1: {ONE_RANK}"
 
 
 def add_layer_bytes(book: Book, v: Variant) -> None:
@@ -194,6 +240,10 @@ class Collectives:
     """Adds `step.<collective>.<phase>.*` predictions and their topology split, keeping a list of
     the wire/intra/inter quantities for the totals.
 
+    `exchange` declares a collective once, by its forward: the backward follows from the table.
+    `close` gives every phase of the named entries that the config did not issue its zero rows,
+    with the reason: a group of one rank, or the entry's own `not_issued`.
+
     Given the variant, each forward of an entry with `recomputed_with` that the config's
     recompute re-runs also gets its `recompute` phase: the forward's bytes times the share of its
     layers recomputed (see `recompute_share`)."""
@@ -204,6 +254,7 @@ class Collectives:
         self.intra: list[str] = []
         self.inter: list[str] = []
         self._shares: set[str] = set()
+        self._written: set[tuple[str, str]] = set()
 
     def recompute_share(self, entry: Collective) -> str | None:
         """The share of `entry`'s forward that recompute runs again, as a formula (a named
@@ -224,22 +275,58 @@ class Collectives:
                           f"re-runs in backward ({v.recompute_method} method)")
         return name
 
-    def zero(self, name: str, phase: str, why: str) -> None:
-        collective(name).check(phase)
-        base = f"step.{name}.{phase}"
-        for part in ("send_bytes", "recv_bytes"):
-            self.book.add(f"{base}.{part}", "0", "bytes", "step", why)
+    def exchange(self, *exchanges: Exchange) -> None:
+        """Issue each exchange's forward as declared and its backward as the table derives it:
+        the backward phase's algorithm, and, where that is the forward's transpose, send and
+        receive swapped (else the forward's figures again). Several exchanges are written phase
+        by phase: every forward, then every backward, as Megatron runs them."""
+        backwards = []
+        for x in exchanges:
+            phases = collective(x.name).phases
+            forward = x.algorithm or _only(x.name, "fwd", phases["fwd"])
+            transposed = TRANSPOSE[forward] in phases.get("bwd", ())
+            backward = TRANSPOSE[forward] if transposed else _only(x.name, "bwd", phases.get("bwd", ()))
+            self.add(x.name, "fwd", x.group, forward, x.send, x.recv, x.doc, size=x.size, split=x.split)
+            figures = (x.recv, x.send) if transposed else (x.send, x.recv)
+            backwards.append((x, backward, figures))
+        for x, backward, (send, recv) in backwards:
+            self.add(x.name, "bwd", x.group, backward, send, recv, x.back, size=x.size, split=x.split)
+
+    def close(self, *names: str, group: str | None = None, phase: str | None = None,
+              why: str | None = None) -> None:
+        """Zero rows for every phase (or only `phase`) of each named entry not yet written. The
+        reason: `why`, else `group` has one rank, else the entry's `not_issued`."""
+        for name in names:
+            entry = collective(name)
+            for p in (phase,) if phase else entry.phases:
+                entry.check(p)
+            left = [p for p in ((phase,) if phase else entry.phases)
+                    if p != RECOMPUTE and (name, p) not in self._written]
+            if not left:
+                continue
+            reason = why or (one_rank(group) if group else self._not_issued(entry))
+            for p in left:
+                self._written.add((name, p))
+                for part in DIRECTIONS:
+                    self.book.add(f"step.{name}.{p}.{part}", "0", "bytes", "step", reason)
+
+    def _not_issued(self, entry: Collective) -> str:
+        if not entry.not_issued:
+            raise UnknownCollective(f"{entry.name} has no not_issued reason in the collectives "
+                                    "table: name the group of one rank that leaves it out")
+        fields = {} if self.variant is None else vars(self.variant)
+        return entry.not_issued.format_map(fields)
 
     def add(self, name: str, phase: str, group: str, algorithm: str, send: str, recv: str,
-            doc: str, *, size: str | None = None, offnode: str | None = None,
-            split: tuple[str, str] | None = None) -> None:
-        """`split` = (inter-node, intra-node) wire bytes, for collectives whose backend routes
-        around the plain model (the flex backends' node de-duplication)."""
+            doc: str, *, size: str | None = None, split: tuple[str, str] | None = None) -> None:
+        """Issue one phase. `split` = (inter-node, intra-node) wire bytes, for collectives whose
+        backend routes around the plain model (the flex backends' node de-duplication)."""
         entry = collective(name)
         entry.check(phase, group, algorithm)
+        self._written.add((name, phase))
         share = self.recompute_share(entry) if phase == "fwd" else None
         if share is None:
-            self._add(name, phase, group, algorithm, send, recv, doc, size, offnode, split)
+            self._add(name, phase, group, algorithm, send, recv, doc, size, split)
             return
 
         def scaled(part: str, factor: str) -> str:
@@ -256,21 +343,19 @@ class Collectives:
         if entry.grad_only:  # skipped by the recomputed layers' no-grad first forward
             rest = f"(1 - {share})"
             self._add(name, phase, group, algorithm, scaled(send, rest), scaled(recv, rest),
-                      f"{doc} (only layers not recomputed: it needs grad)", size, offnode,
-                      scaled_split(rest))
+                      f"{doc} (only layers not recomputed: it needs grad)", size, scaled_split(rest))
         else:
-            self._add(name, phase, group, algorithm, send, recv, doc, size, offnode, split)
+            self._add(name, phase, group, algorithm, send, recv, doc, size, split)
         self._add(name, RECOMPUTE, group, algorithm, *again,
-                  f"{doc}, run again by recompute in backward", size, offnode, again_split)
+                  f"{doc}, run again by recompute in backward", size, again_split)
 
     def _add(self, name: str, phase: str, group: str, algorithm: str, send: str, recv: str,
-             doc: str, size: str | None, offnode: str | None,
-             split: tuple[str, str] | None = None) -> None:
+             doc: str, size: str | None, split: tuple[str, str] | None = None) -> None:
         add, base = self.book.add, f"step.{name}.{phase}"
-        g = size or GROUP_SIZE.get(group, "")
         where = f"over {group}, {ALGORITHMS[algorithm]}"
         s = add(f"{base}.send_bytes", send, "bytes", "step", f"{doc}; {where}")
         add(f"{base}.recv_bytes", recv, "bytes", "step", f"{doc}: received (expectation)")
+        g = size if size is not None else group_size(group)
         if split:
             wire, inter = f"{split[0]} + {split[1]}", split[0]
         elif algorithm == "alltoall":
@@ -282,13 +367,22 @@ class Collectives:
                     "allreduce": f"2 * ceiling({s} * ({g} - 1) / {g})", "p2p": s}[algorithm]
         w = add(f"{base}.wire_bytes", wire, "bytes", "topology",
                 f"bytes this rank puts on the wire ({where}; {WHOLE_BYTES})")
-        if algorithm != "alltoall" and not split:
-            inter = f"ceiling({w} * {offnode or group + '_ring_offnode'})"
+        if algorithm == "p2p":  # forward to the next rank of the group, backward to the previous
+            inter = f"ceiling({w} * {group}_{'prev' if phase == 'bwd' else 'next'}_offnode)"
+        elif algorithm != "alltoall" and not split:
+            inter = f"ceiling({w} * {group}_ring_offnode)"
         x = add(f"{base}.inter_node_bytes", inter, "bytes", "topology",
                 f"wire bytes that cross nodes (node-major placement; {WHOLE_BYTES})")
         self.inter.append(x)
         self.intra.append(add(f"{base}.intra_node_bytes", f"{w} - {x}", "bytes", "topology",
                               "wire bytes that stay inside the node"))
+
+
+def _only(name: str, phase: str, algorithms: tuple[str, ...]) -> str:
+    if len(algorithms) != 1:
+        raise UnknownCollective(f"{name}.{phase} is {' or '.join(algorithms) or 'not in the table'}: "
+                                "an exchange names its forward algorithm")
+    return algorithms[0]
 
 
 def _add_flex_dedup(book: Book, width: str) -> None:
@@ -329,216 +423,152 @@ def _add_flex_dedup(book: Book, width: str) -> None:
 def add_steps(book: Book, v: Variant) -> Collectives:
     """Per-step predictions under the measured-collective names shared with the runtime report."""
     c = Collectives(book, v)
+    _dispatcher_exchanges(c, v)
+    _add_grad_steps(c, v)
+    _add_weight_steps(c, v)
+    _router_steps(c, v)
+    c.add("embd_grad_reduce", "fwd", "embd", "allreduce", "embd_sync * embedding_params * bytes_grad",
+          "embd_sync * embedding_params * bytes_grad",
+          "embedding-group sync of word-embedding grads (tied output, MTP copies)")
+    if v.pp:
+        c.exchange(Exchange("pp_activation", "pp", "pp_activation_bytes * pp_send_chunks * microbatches",
+                            "pp_activation_bytes * pp_recv_chunks * microbatches",
+                            "pipeline activations", "pipeline input grads"))
+    c.close("pp_activation", group="pp")
+    _cp_exchanges(c, v)
+    add_tp_steps(c, v)
+    return c
+
+
+def _dispatcher_exchanges(c: Collectives, v: Variant) -> None:
+    """The token dispatcher's exchanges per step (add_layer_bytes gives one layer's payloads)."""
     calls = "moe_layer_passes"
-    one = ONE_RANK
     if v.dispatcher == "alltoall":
+        d, k = f"dispatch_send_bytes * {calls}", f"combine_send_bytes * {calls}"
+        probs, recv = f"dispatch_probs_send_bytes * {calls}", f"expected_recv_rows * p * {calls}"
         if v.ep:
-            for phase, send, recv in (("fwd", "dispatch_send_bytes", "combine_send_bytes"),
-                                      ("bwd", "combine_send_bytes", "dispatch_send_bytes")):
-                c.add("ep_dispatch_hidden", phase, "ep", "alltoall", f"{send} * {calls}",
-                      f"{recv} * {calls}", "EP dispatch hidden" + (" grads" if phase == "bwd" else ""))
-                c.add("ep_combine_hidden", phase, "ep", "alltoall", f"{recv} * {calls}",
-                      f"{send} * {calls}", "EP combine hidden" + (" grads" if phase == "bwd" else ""))
-            c.add("ep_dispatch_probs", "fwd", "ep", "alltoall", f"dispatch_probs_send_bytes * {calls}",
-                  f"expected_recv_rows * p * {calls}", "EP dispatch of probs")
-            c.add("ep_dispatch_probs", "bwd", "ep", "alltoall", f"expected_recv_rows * p * {calls}",
-                  f"dispatch_probs_send_bytes * {calls}", "EP dispatch of prob grads")
-        else:
-            for name in ("ep_dispatch_hidden", "ep_combine_hidden", "ep_dispatch_probs"):
-                for phase in ("fwd", "bwd"):
-                    c.zero(name, phase, f"EP = 1: {one}")
+            c.exchange(Exchange("ep_dispatch_hidden", "ep", d, k, "EP dispatch hidden",
+                                "EP dispatch hidden grads"),
+                       Exchange("ep_combine_hidden", "ep", k, d, "EP combine hidden",
+                                "EP combine hidden grads"))
+            c.exchange(Exchange("ep_dispatch_probs", "ep", probs, recv, "EP dispatch of probs",
+                                "EP dispatch of prob grads"))
+        c.close("ep_dispatch_hidden", "ep_combine_hidden", "ep_dispatch_probs", group="ep")
         if v.tp_ep and v.capacity != "pad":
-            c.add("ep_count_exchange", "fwd", "tp_ep", "allgather",
-                  f"count_exchange_send_bytes * {calls}",
+            c.add("ep_count_exchange", "fwd", "tp_ep", "allgather", f"count_exchange_send_bytes * {calls}",
                   f"tp_ep_size * count_exchange_send_bytes * {calls}", "per-expert token counts")
-        else:
-            c.zero("ep_count_exchange", "fwd", "drop-and-pad fixes every split: no count exchange"
-                   if v.tp_ep else f"ETP·EP = 1: {one}")
-        if v.etp:
-            gather, scatter = "etp_gather_send_bytes", "etp_scatter_send_bytes"
-            c.add("etp_gather_hidden", "fwd", "expt_tp", "allgather", f"{gather} * {calls}",
-                  f"ETP * {gather} * {calls}", "ETP all-gather of received rows")
-            c.add("etp_gather_hidden", "bwd", "expt_tp", "reduce_scatter", f"{scatter} * {calls}",
-                  f"{gather} * {calls}", "its backward reduce-scatter of row grads")
-            c.add("etp_gather_probs", "fwd", "expt_tp", "allgather",
-                  f"expected_recv_rows * p * {calls}", f"expert_gemm_rows * p * {calls}",
-                  "ETP all-gather of probs")
-            c.add("etp_gather_probs", "bwd", "expt_tp", "reduce_scatter",
-                  f"expert_gemm_rows * p * {calls}", f"expected_recv_rows * p * {calls}",
-                  "its backward reduce-scatter of prob grads")
-            c.add("etp_scatter_hidden", "fwd", "expt_tp", "reduce_scatter", f"{scatter} * {calls}",
-                  f"{gather} * {calls}", "ETP reduce-scatter of expert partial sums")
-            c.add("etp_scatter_hidden", "bwd", "expt_tp", "allgather", f"{gather} * {calls}",
-                  f"{scatter} * {calls}", "its backward all-gather of output grads")
-        else:
-            for name in ("etp_gather_hidden", "etp_gather_probs", "etp_scatter_hidden"):
-                for phase in ("fwd", "bwd"):
-                    c.zero(name, phase, f"ETP = 1: {one}")
+        c.close("ep_count_exchange", group=None if v.tp_ep else "tp_ep")
+        gather, scatter = f"etp_gather_send_bytes * {calls}", f"etp_scatter_send_bytes * {calls}"
+        gemm = f"expert_gemm_rows * p * {calls}"
+        for x in (Exchange("etp_gather_hidden", "expt_tp", gather, f"ETP * {gather}",
+                           "ETP all-gather of received rows", "its backward reduce-scatter of row grads"),
+                  Exchange("etp_gather_probs", "expt_tp", recv, gemm, "ETP all-gather of probs",
+                           "its backward reduce-scatter of prob grads"),
+                  Exchange("etp_scatter_hidden", "expt_tp", scatter, gather,
+                           "ETP reduce-scatter of expert partial sums",
+                           "its backward all-gather of output grads")):
+            if v.etp:
+                c.exchange(x)
+        c.close("etp_gather_hidden", "etp_gather_probs", "etp_scatter_hidden", group="expt_tp")
     elif v.dispatcher == "allgather":
-        names = (("ag_gather_hidden", ("fwd", "bwd")), ("ag_gather_probs", ("fwd", "bwd")),
-                 ("ag_gather_routing_map", ("fwd",)), ("ag_scatter_hidden", ("fwd", "bwd")))
+        gs, gr = f"ag_gather_send_bytes * {calls}", f"ag_gather_recv_bytes * {calls}"
+        probs, routing = f"ag_probs_send_bytes * {calls}", f"ag_routing_map_send_bytes * {calls}"
         if v.tp_ep:
-            gs, gr = "ag_gather_send_bytes", "ag_gather_recv_bytes"
-            c.add("ag_gather_hidden", "fwd", "tp_ep", "allgather", f"{gs} * {calls}",
-                  f"{gr} * {calls}", "AllGather dispatcher: hidden")
-            c.add("ag_gather_hidden", "bwd", "tp_ep", "reduce_scatter", f"{gr} * {calls}",
-                  f"{gs} * {calls}", "its backward reduce-scatter")
-            c.add("ag_gather_probs", "fwd", "tp_ep", "allgather", f"ag_probs_send_bytes * {calls}",
-                  f"tp_ep_size * ag_probs_send_bytes * {calls}", "AllGather dispatcher: probs")
-            c.add("ag_gather_probs", "bwd", "tp_ep", "reduce_scatter",
-                  f"tp_ep_size * ag_probs_send_bytes * {calls}", f"ag_probs_send_bytes * {calls}",
-                  "its backward reduce-scatter of prob grads")
-            c.add("ag_gather_routing_map", "fwd", "tp_ep", "allgather",
-                  f"ag_routing_map_send_bytes * {calls}",
-                  f"tp_ep_size * ag_routing_map_send_bytes * {calls}", "routing map (no grad)")
-            c.add("ag_scatter_hidden", "fwd", "tp_ep", "reduce_scatter", f"{gr} * {calls}",
-                  f"{gs} * {calls}", "AllGather dispatcher: reduce-scatter of outputs")
-            c.add("ag_scatter_hidden", "bwd", "tp_ep", "allgather", f"{gs} * {calls}",
-                  f"{gr} * {calls}", "its backward all-gather")
-        else:
-            for name, phases in names:
-                for phase in phases:
-                    c.zero(name, phase, f"ETP·EP = 1: {one}")
+            c.exchange(Exchange("ag_gather_hidden", "tp_ep", gs, gr, "AllGather dispatcher: hidden",
+                                "its backward reduce-scatter"))
+            c.exchange(Exchange("ag_gather_probs", "tp_ep", probs, f"tp_ep_size * {probs}",
+                                "AllGather dispatcher: probs", "its backward reduce-scatter of prob grads"))
+            c.add("ag_gather_routing_map", "fwd", "tp_ep", "allgather", routing,
+                  f"tp_ep_size * {routing}", "routing map (no grad)")
+            c.exchange(Exchange("ag_scatter_hidden", "tp_ep", gr, gs,
+                                "AllGather dispatcher: reduce-scatter of outputs", "its backward all-gather"))
+        c.close("ag_gather_hidden", "ag_gather_probs", "ag_gather_routing_map", "ag_scatter_hidden",
+                group="tp_ep")
     else:
         if v.tp_ep:
             # one rounding per step (rows are expectations), not one per layer pass
-            w = routed_width(v)
+            w, b = routed_width(v), v.flex_backend
             rows = f"ceiling(flex_dedup_rows * {w} * p * {calls})"
             split = (f"ceiling(flex_rdma_rows * {w} * p * {calls})",
                      f"ceiling(flex_nvlink_rows * {w} * p * {calls})")
-            backend = v.flex_backend
-            for phase in ("fwd", "bwd"):
-                grads = " grads" if phase == "bwd" else ""
-                c.add("ep_dispatch_hidden", phase, "tp_ep", "alltoall", rows, rows,
-                      f"Flex ({backend}) dispatch{grads}, one row per token and destination rank",
-                      split=split)
-                c.add("ep_combine_hidden", phase, "tp_ep", "alltoall", rows, rows,
-                      f"Flex ({backend}) combine{grads}, summed per node before crossing",
-                      split=split)
-        else:
-            for name in ("ep_dispatch_hidden", "ep_combine_hidden"):
-                for phase in ("fwd", "bwd"):
-                    c.zero(name, phase, f"ETP·EP = 1: {one}")
-    _add_grad_steps(c, v)
-    _add_weight_steps(c, v)
-    if v.virtual_experts and v.ep:
-        weights = f"vex_slots * vex_expert_weight_bytes * {calls}"
-        c.add("vex_weight_transfer", "fwd", "ep", "alltoall", weights, weights,
-              "virtual experts: a hot expert's weights copied to each temporary slot")
-        grads = f"vex_slots * 3 * {routed_width(v)} * I * bytes_grad * {calls}"
-        c.add("vex_grad_return", "bwd", "ep", "alltoall", grads, grads,
-              "virtual experts: each replica's fp32 weight gradient back to the owner")
-    elif v.virtual_experts:
-        c.zero("vex_weight_transfer", "fwd", f"EP = 1: {ONE_RANK}")
-        c.zero("vex_grad_return", "bwd", f"EP = 1: {ONE_RANK}")
+            per_rank, per_node = "one row per token and destination rank", "summed per node before crossing"
+            c.exchange(Exchange("ep_dispatch_hidden", "tp_ep", rows, rows, f"Flex ({b}) dispatch, {per_rank}",
+                                f"Flex ({b}) dispatch grads, {per_rank}", split=split),
+                       Exchange("ep_combine_hidden", "tp_ep", rows, rows, f"Flex ({b}) combine, {per_node}",
+                                f"Flex ({b}) combine grads, {per_node}", split=split))
+        c.close("ep_dispatch_hidden", "ep_combine_hidden", group="tp_ep")
+
+
+def _router_steps(c: Collectives, v: Variant) -> None:
+    """Virtual experts' weight traffic and the routers' token-count reductions."""
+    calls = "moe_layer_passes"
+    if v.virtual_experts:
+        if v.ep:
+            weights = f"vex_slots * vex_expert_weight_bytes * {calls}"
+            c.add("vex_weight_transfer", "fwd", "ep", "alltoall", weights, weights,
+                  "virtual experts: a hot expert's weights copied to each temporary slot")
+            grads = f"vex_slots * 3 * {routed_width(v)} * I * bytes_grad * {calls}"
+            c.add("vex_grad_return", "bwd", "ep", "alltoall", grads, grads,
+                  "virtual experts: each replica's fp32 weight gradient back to the owner")
+        c.close("vex_weight_transfer", "vex_grad_return", group="ep")
     if v.expert_bias and v.tp_dp_cp:
         c.add("expert_bias_count_reduce", "fwd", "tp_dp_cp", "allreduce", "bias_routers * E * 8",
               "bias_routers * E * 8",
               "once per step: int64 token counts of every expert-bias router on the stage")
-    else:
-        c.zero("expert_bias_count_reduce", "fwd", "no expert bias" if not v.expert_bias
-               else f"tp_dp_cp = 1: {one}")
+    c.close("expert_bias_count_reduce", group="tp_dp_cp" if v.expert_bias else None)
     if v.aux_counts:
         counts = "b * E" if v.aux_counts == "seq_aux_loss" else "E"
         c.add("aux_loss_count_reduce", "fwd", "tp_cp", "allreduce", f"{counts} * 4 * {calls}",
               f"{counts} * 4 * {calls}",
               f"{v.aux_counts} token counts (fp32), all-reduced over tp_cp in every router pass")
-    else:
-        c.zero("aux_loss_count_reduce", "fwd", "no aux loss, or TP·CP = 1: nothing to sum")
-    c.add("embd_grad_reduce", "fwd", "embd", "allreduce", "embd_sync * embedding_params * bytes_grad",
-          "embd_sync * embedding_params * bytes_grad",
-          "embedding-group sync of word-embedding grads (tied output, MTP copies)")
-    if v.pp:
-        for phase, out, into, off in (("fwd", "pp_send_chunks", "pp_recv_chunks", "pp_next_offnode"),
-                                      ("bwd", "pp_recv_chunks", "pp_send_chunks", "pp_prev_offnode")):
-            c.add("pp_activation", phase, "pp", "p2p",
-                  f"pp_activation_bytes * {out} * microbatches",
-                  f"pp_activation_bytes * {into} * microbatches",
-                  "pipeline activations" if phase == "fwd" else "pipeline input grads",
-                  offnode=off)
-    else:
-        for phase in ("fwd", "bwd"):
-            c.zero("pp_activation", phase, f"PP = 1: {one}")
+    c.close("aux_loss_count_reduce")
+
+
+def _cp_exchanges(c: Collectives, v: Variant) -> None:
+    """The context-parallel exchanges of the attention and mixer kinds present, per step: K and V
+    of standard and MLA attention (gated DeltaNet layers exchange none: only the softmax blocks
+    gather), gated DeltaNet's (add_gdn_cp_bytes), DSA's indexer keys (add_dsa_cp_bytes) and V4
+    attention's (add_v4_cp_bytes). CP = 1 issues none."""
+    m = "microbatches"
     if v.cp_kv_gather:
-        # gated DeltaNet layers exchange no K/V (add_gdn_cp_bytes): only the softmax blocks gather
-        blocks = standard_blocks(linear=v.linear)
-        c.add("cp_kv_gather", "fwd", "cp", "allgather", f"cp_kv_bytes * {blocks} * microbatches",
-              f"CP * cp_kv_bytes * {blocks} * microbatches", "CP all-gather of local K and V")
-        c.add("cp_kv_gather", "bwd", "cp", "reduce_scatter",
-              f"CP * cp_kv_bytes * {blocks} * microbatches",
-              f"cp_kv_bytes * {blocks} * microbatches", "its backward reduce-scatter of dK, dV")
-    _add_linear_attention_cp_steps(c, v)
-    _add_v4_cp_steps(c, v)
-    add_tp_steps(c, v)
-    return c
-
-
-def _add_linear_attention_cp_steps(c: Collectives, v: Variant) -> None:
-    """The CP exchanges of gated DeltaNet and DSA layers per step (add_gdn_cp_bytes,
-    add_dsa_cp_bytes); CP = 1, or a model without them, issues none."""
-    m = "microbatches"
+        kv = f"cp_kv_bytes * {standard_blocks(linear=v.linear)} * {m}"
+        c.exchange(Exchange("cp_kv_gather", "cp", kv, f"CP * {kv}", "CP all-gather of local K and V",
+                            "its backward reduce-scatter of dK, dV"))
     if v.linear:
-        if not v.cp_kv_gather:
-            for name in ("cp_gdn_state_gather", "cp_gdn_conv_boundary", "cp_gdn_relayout"):
-                for phase in ("fwd", "bwd"):
-                    c.zero(name, phase, f"CP = 1: {ONE_RANK}")
-        else:
-            for phase in ("fwd", "bwd"):
-                c.add("cp_gdn_state_gather", phase, "cp", "allgather",
-                      f"cp_gdn_state_bytes * L_linear * {m}",
-                      f"CP * cp_gdn_state_bytes * L_linear * {m}",
-                      "CP all-gather of the DeltaNet chunk states" if phase == "fwd" else
-                      "CP all-gather of their gradients")
-                c.add("cp_gdn_relayout", phase, "cp", "alltoall",
-                      f"2 * cp_gdn_relayout_bytes * L_linear * {m}",
-                      f"2 * cp_gdn_relayout_bytes * L_linear * {m}",
-                      "zigzag → contiguous and back around each DeltaNet layer" if phase == "fwd"
-                      else "the same conversions of the gradients")
-            for phase, out, into, off in (("fwd", "cp_has_next", "cp_has_prev", "cp_next_offnode"),
-                                          ("bwd", "cp_has_prev", "cp_has_next", "cp_prev_offnode")):
-                c.add("cp_gdn_conv_boundary", phase, "cp", "p2p",
-                      f"{out} * cp_gdn_conv_bytes * L_linear * {m}",
-                      f"{into} * cp_gdn_conv_bytes * L_linear * {m}",
-                      "DeltaNet conv boundary rows to the next CP rank" if phase == "fwd" else
-                      "their grads back to the previous CP rank", offnode=off)
+        if v.cp_kv_gather:
+            state = f"cp_gdn_state_bytes * L_linear * {m}"
+            relayout = f"2 * cp_gdn_relayout_bytes * L_linear * {m}"
+            c.exchange(Exchange("cp_gdn_state_gather", "cp", state, f"CP * {state}",
+                                "CP all-gather of the DeltaNet chunk states",
+                                "CP all-gather of their gradients"),
+                       Exchange("cp_gdn_relayout", "cp", relayout, relayout,
+                                "zigzag → contiguous and back around each DeltaNet layer",
+                                "the same conversions of the gradients"))
+            conv = f"cp_gdn_conv_bytes * L_linear * {m}"
+            c.exchange(Exchange("cp_gdn_conv_boundary", "cp", f"cp_has_next * {conv}",
+                                f"cp_has_prev * {conv}",
+                                "DeltaNet conv boundary rows to the next CP rank",
+                                "their grads back to the previous CP rank"))
+        c.close("cp_gdn_state_gather", "cp_gdn_conv_boundary", "cp_gdn_relayout", group="cp")
     if v.dsa:
-        if not v.cp_kv_gather:
-            for phase in ("fwd", "bwd"):
-                c.zero("cp_dsa_indexer_k_gather", phase, f"CP = 1: {ONE_RANK}")
-        else:
-            c.add("cp_dsa_indexer_k_gather", "fwd", "cp", "allgather",
-                  f"cp_dsa_indexer_k_bytes * blocks * {m}", f"CP * cp_dsa_indexer_k_bytes * blocks * {m}",
-                  "CP all-gather of the DSA indexer keys")
-            c.add("cp_dsa_indexer_k_gather", "bwd", "cp", "reduce_scatter",
-                  f"CP * cp_dsa_indexer_k_bytes * blocks * {m}", f"cp_dsa_indexer_k_bytes * blocks * {m}",
-                  "its backward reduce-scatter of the indexer-key grads")
-
-
-def _add_v4_cp_steps(c: Collectives, v: Variant) -> None:
-    """V4 attention's CP exchanges per step (see add_v4_cp_bytes); CP = 1 issues none."""
-    names = (("cp_boundary_hidden", "p2p"), ("cp_compressed_kv_gather", "allgather"),
-             ("cp_indexer_k_gather", "allgather"))
-    if v.attention != "dsv4_hybrid":
-        return
-    if not v.v4_cp:
-        for name, _ in names:
-            for phase in ("fwd", "bwd"):
-                c.zero(name, phase, f"CP = 1: {ONE_RANK}")
-        return
-    m = "microbatches"
-    for phase, out, into, off in (("fwd", "cp_has_next", "cp_has_prev", "cp_next_offnode"),
-                                  ("bwd", "cp_has_prev", "cp_has_next", "cp_prev_offnode")):
-        c.add("cp_boundary_hidden", phase, "cp", "p2p", f"{out} * cp_boundary_bytes * {m}",
-              f"{into} * cp_boundary_bytes * {m}",
-              "V4 CP boundary hidden rows to the next CP rank" if phase == "fwd" else
-              "their grads back to the previous CP rank", offnode=off)
-    for name, own in (("cp_compressed_kv_gather", "cp_compressed_kv_bytes"),
-                      ("cp_indexer_k_gather", "cp_indexer_k_bytes")):
-        what = "compressed KV" if "kv" in name else "indexer keys"
-        c.add(name, "fwd", "cp", "allgather", f"{own} * {m}", f"CP * {own} * {m}",
-              f"V4 CP all-gather of {what}")
-        c.add(name, "bwd", "cp", "reduce_scatter", f"CP * {own} * {m}", f"{own} * {m}",
-              f"its backward reduce-scatter of the {what} grads")
+        if v.cp_kv_gather:
+            keys = f"cp_dsa_indexer_k_bytes * blocks * {m}"
+            c.exchange(Exchange("cp_dsa_indexer_k_gather", "cp", keys, f"CP * {keys}",
+                                "CP all-gather of the DSA indexer keys",
+                                "its backward reduce-scatter of the indexer-key grads"))
+        c.close("cp_dsa_indexer_k_gather", group="cp")
+    if v.attention == "dsv4_hybrid":
+        if v.v4_cp:
+            rows = f"cp_boundary_bytes * {m}"
+            c.exchange(Exchange("cp_boundary_hidden", "cp", f"cp_has_next * {rows}", f"cp_has_prev * {rows}",
+                                "V4 CP boundary hidden rows to the next CP rank",
+                                "their grads back to the previous CP rank"))
+            for name, own, what in (("cp_compressed_kv_gather", "cp_compressed_kv_bytes", "compressed KV"),
+                                    ("cp_indexer_k_gather", "cp_indexer_k_bytes", "indexer keys")):
+                c.exchange(Exchange(name, "cp", f"{own} * {m}", f"CP * {own} * {m}",
+                                    f"V4 CP all-gather of {what}",
+                                    f"its backward reduce-scatter of the {what} grads"))
+        c.close("cp_boundary_hidden", "cp_compressed_kv_gather", "cp_indexer_k_gather", group="cp")
 
 
 def _add_grad_steps(c: Collectives, v: Variant) -> None:
@@ -552,16 +582,14 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
             ("dense", "dp_cp", "intra_dp_cp", "dense_grad_params", "dense_opt_shards"),
             ("expert", "expt_dp", "intra_expt_dp", "expert_grad_params", "expert_opt_shards")):
         name, buffer = f"{kind}_grad_reduce", f"{params} * bytes_grad"
+        gather = (f"{kind}_param_gather",) if v.dist_opt else ()
+        fsdp = _fsdp_names(kind, v)
         if kind == "expert" and not v.expert_buffer:
-            _zero_expert_buffer_steps(c, v)
+            instance = ("expert_grad_instance_reduce",) if v.instances else ()
+            c.close(name, *gather, *instance, *fsdp, why=NO_EXPERT_BUFFER)
             continue
         if not (v.dp_cp if kind == "dense" else v.edp):
-            c.zero(name, "fwd", f"{group} = 1: {ONE_RANK}")
-            if v.dist_opt:
-                c.zero(f"{kind}_param_gather", "fwd", f"{group} = 1: {ONE_RANK}")
-            for fsdp_name, phases in _fsdp_names(kind, v):
-                for phase in phases:
-                    c.zero(fsdp_name, phase, f"{group} = 1: {ONE_RANK}")
+            c.close(name, *gather, *fsdp, group=group)
             continue
         if not v.dist_opt:
             c.add(name, "fwd", group, "allreduce", buffer, buffer, f"{kind} grad buffer all-reduce")
@@ -569,8 +597,7 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
         shard_group = inner if v.instances else group
         shard, padded = f"{kind}_shard_params", f"{kind}_buffer_params"
         if v.fsdp in ("optim_grads", "optim_grads_params"):
-            c.zero(name, "fwd", f"Megatron-FSDP {v.fsdp}: grads are reduce-scattered after every "
-                   f"backward (fsdp_{kind}_grad_reduce)")
+            c.close(name)
             c.add(f"fsdp_{kind}_grad_reduce", "bwd", shard_group, "reduce_scatter",
                   f"{padded} * bytes_grad * microbatches", f"{shard} * bytes_grad * microbatches",
                   f"Megatron-FSDP {kind} grad reduce-scatter after every microbatch's backward",
@@ -585,13 +612,12 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
                   f"{shard} * bytes_grad",
                   f"{kind} grad buffer reduce-scatter (distributed optimizer)", size=shards)
         if v.fsdp == "optim_grads_params":
-            c.zero(f"{kind}_param_gather", "fwd", "Megatron-FSDP optim_grads_params: the update "
-                   f"writes the shard; blocks gather before use (fsdp_{kind}_param_gather)")
-            for phase, when in (("fwd", "before each forward"), ("bwd", "again before backward")):
-                c.add(f"fsdp_{kind}_param_gather", phase, shard_group, "allgather",
-                      f"{shard} * p * microbatches", f"{padded} * p * microbatches",
-                      f"Megatron-FSDP {kind} parameter all-gather {when}, every microbatch",
-                      size=shards)
+            c.close(f"{kind}_param_gather")
+            c.exchange(Exchange(f"fsdp_{kind}_param_gather", shard_group, f"{shard} * p * microbatches",
+                                f"{padded} * p * microbatches",
+                                f"Megatron-FSDP {kind} parameter all-gather before each forward, every "
+                                "microbatch", f"Megatron-FSDP {kind} parameter all-gather again before "
+                                "backward, every microbatch", size=shards))
         elif v.fp8_param_gather and not v.fsdp:
             whole = _fp8_gather_buffers(c.book, v, kind)
             c.add(f"{kind}_param_gather", "fwd", shard_group, "allgather", f"{whole} / {shards}",
@@ -610,18 +636,6 @@ def _add_grad_steps(c: Collectives, v: Variant) -> None:
 # Why the expert buffer's collectives are zero when the experts share the dense buffer.
 NO_EXPERT_BUFFER = ("EP 1, ETP = TP and EGTP = GTP: the routed experts share the dense grad buffer "
                     "(dense_grad_reduce moves them over dp_cp)")
-
-
-def _zero_expert_buffer_steps(c: Collectives, v: Variant) -> None:
-    """No expert buffer (`Variant.expert_buffer` false): none of its per-step collectives run."""
-    c.zero("expert_grad_reduce", "fwd", NO_EXPERT_BUFFER)
-    if v.dist_opt:
-        c.zero("expert_param_gather", "fwd", NO_EXPERT_BUFFER)
-    if v.instances:
-        c.zero("expert_grad_instance_reduce", "fwd", NO_EXPERT_BUFFER)
-    for fsdp_name, phases in _fsdp_names("expert", v):
-        for phase in phases:
-            c.zero(fsdp_name, phase, NO_EXPERT_BUFFER)
 
 
 def _fp8_gather_buffers(book: Book, v: Variant, kind: str) -> str:
@@ -650,13 +664,13 @@ def _fp8_gather_buffers(book: Book, v: Variant, kind: str) -> str:
             f" + {kind}_hp_buffer_params * p)")
 
 
-def _fsdp_names(kind: str, v: Variant) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _fsdp_names(kind: str, v: Variant) -> tuple[str, ...]:
     """The Megatron-FSDP collectives a sharding strategy adds for one buffer kind."""
-    names: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    names: tuple[str, ...] = ()
     if v.fsdp in ("optim_grads", "optim_grads_params"):
-        names += ((f"fsdp_{kind}_grad_reduce", ("bwd",)),)
+        names += (f"fsdp_{kind}_grad_reduce",)
     if v.fsdp == "optim_grads_params":
-        names += ((f"fsdp_{kind}_param_gather", ("fwd", "bwd")),)
+        names += (f"fsdp_{kind}_param_gather",)
     return names
 
 
@@ -675,38 +689,32 @@ def _add_weight_steps(c: Collectives, v: Variant) -> None:
     for kind, on, group, size, shard in (
             ("gtp", v.gtp, "gtp_remat", "GTP", "dense_sliced_params"),
             ("egtp", v.egtp, "expt_gtp_remat", "EGTP", "expert_params_on_rank")):
-        if not on:
-            for name, phases in ((f"{kind}_weight_gather", ("fwd", "bwd")),
-                                 (f"{kind}_wgrad_scatter", ("bwd",))):
-                for phase in phases:
-                    c.zero(name, phase, f"{size} = 1: {ONE_RANK}")
-            continue
-        own, whole = f"{shard} * p * microbatches", f"{size} * {shard} * p * microbatches"
-        for phase, when in (("fwd", "before the forward GEMMs"), ("bwd", "again for the backward")):
-            c.add(f"{kind}_weight_gather", phase, group, "allgather", own, whole,
-                  f"{kind.upper()} weight all-gather {when}, every microbatch")
-        c.add(f"{kind}_wgrad_scatter", "bwd", group, "reduce_scatter", whole, own,
-              f"{kind.upper()} wgrad reduce-scatter to the permanent shard, every microbatch")
+        if on:
+            own, whole = f"{shard} * p * microbatches", f"{size} * {shard} * p * microbatches"
+            label = kind.upper()
+            c.exchange(Exchange(f"{kind}_weight_gather", group, own, whole,
+                                f"{label} weight all-gather before the forward GEMMs, every microbatch",
+                                f"{label} weight all-gather again for the backward, every microbatch"))
+            c.add(f"{kind}_wgrad_scatter", "bwd", group, "reduce_scatter", whole, own,
+                  f"{label} wgrad reduce-scatter to the permanent shard, every microbatch")
+        c.close(f"{kind}_weight_gather", f"{kind}_wgrad_scatter", group=group)
     if v.gtp:
         c.add("gtp_replicated_grad_reduce", "fwd", "gtp_remat", "allreduce",
               "dense_replicated_params * bytes_grad", "dense_replicated_params * bytes_grad",
               "once per step: grads of the parameters GTP does not slice")
-    else:
-        c.zero("gtp_replicated_grad_reduce", "fwd", f"GTP = 1: {ONE_RANK}")
+    c.close("gtp_replicated_grad_reduce", group="gtp_remat")
     if v.optimizer != "muon":
         return
     if v.muon_tp:
         c.add("muon_dense_tp_gather", "fwd", "tp", "allgather", "dense_sliced_params * 4",
               "TP * dense_sliced_params * 4", "once per step: fp32 momentum of the TP-sliced "
               "dense matrices, gathered whole for Newton-Schulz")
-    else:
-        c.zero("muon_dense_tp_gather", "fwd", f"TP = 1: {ONE_RANK}")
+    c.close("muon_dense_tp_gather", group="tp")
     if v.etp:
         c.add("muon_expert_tp_gather", "fwd", "expt_tp", "allgather", "expert_params_on_rank * 4",
               "ETP * expert_params_on_rank * 4", "once per step: fp32 momentum of the ETP-sliced "
               "expert matrices, gathered whole for Newton-Schulz")
-    else:
-        c.zero("muon_expert_tp_gather", "fwd", f"ETP = 1: {ONE_RANK}")
+    c.close("muon_expert_tp_gather", group="expt_tp")
 
 
 def add_topology(book: Book, v: Variant, c: Collectives) -> None:
@@ -714,7 +722,7 @@ def add_topology(book: Book, v: Variant, c: Collectives) -> None:
     add("rank_node", "node", "count", "topology", "node of this rank (as the launcher places it: "
         "cluster.rank_distribution / rank_nodes)")
     a2a = "tp_ep" if v.dispatcher == "flex" else "ep"
-    size = GROUP_SIZE[a2a]
+    size = group_size(a2a)
     add(f"{a2a}_group_nodes", f"{a2a}_nodes", "count", "topology", f"nodes one {a2a} group spans")
     add(f"{a2a}_offnode_share", f"({size} - {a2a}_on_node) / {size}", "ratio", "topology",
         "share of dispatched rows whose destination is on another node (uniform routing)")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from planner.budget.collectives import Exchange
 from planner.budget.expr import Book
 from planner.budget.symbols import Variant
 
@@ -29,12 +30,13 @@ from planner.budget.symbols import Variant
 class Collectives(Protocol):
     """What planner/budget/comm.py's `Collectives` offers (imported there, so not importable here)."""
 
-    def zero(self, name: str, phase: str, why: str) -> None: ...
+    def exchange(self, *exchanges: Exchange) -> None: ...
+
+    def close(self, *names: str, group: str | None = None, phase: str | None = None) -> None: ...
 
     def add(self, name: str, phase: str, group: str, algorithm: str, send: str, recv: str,
             doc: str) -> None: ...
 
-ONE_RANK = "group of one rank: no collective"
 # Element widths of attention's column-parallel linear inputs and its row-parallel output. MLA:
 # the down projections are duplicated over TP (no collective); the q and kv up projections (or
 # the whole q projection without a query LoRA) are column-parallel, and with SP the rotary key
@@ -96,63 +98,65 @@ def add_tp_bytes(book: Book, v: Variant) -> None:
             "TP all-reduce of every column-parallel input grad")
 
 
+# Every TP collective, in the order the page writes them where TP = 1 issues none.
+TP_COLLECTIVES = ("tp_sp_gather", "tp_sp_wgrad_gather", "tp_sp_scatter", "tp_sp_grad_reduce",
+                  "tp_linear_allreduce", "tp_embedding_reduce", "tp_mtp_gather", "tp_xent_reduce")
+M = "microbatches"
+
+
 def add_tp_steps(c: Collectives, v: Variant) -> None:
     """Per-step TP predictions (× microbatches), the SP grad reduction and global-aux counts."""
-    m = "microbatches"
-    sp_names = (("tp_sp_gather", ("fwd", "bwd")), ("tp_sp_wgrad_gather", ("bwd",)),
-                ("tp_sp_scatter", ("fwd", "bwd")), ("tp_sp_grad_reduce", ("fwd",)))
-    if not v.tp:
-        for name, phases in (*sp_names, ("tp_linear_allreduce", ("fwd", "bwd")),
-                             ("tp_embedding_reduce", ("fwd", "bwd")), ("tp_mtp_gather", ("fwd", "bwd")),
-                             ("tp_xent_reduce", ("fwd",))):
-            for phase in phases:
-                c.zero(name, phase, f"TP = 1: {ONE_RANK}")
-    elif v.sp:
-        g, w, s = "tp_sp_gather_send_bytes", "tp_sp_wgrad_send_bytes", "tp_sp_scatter_recv_bytes"
-        c.add("tp_sp_gather", "fwd", "tp", "allgather", f"{g} * {m}", f"TP * {g} * {m}",
-              "SP all-gather of column-parallel inputs")
-        c.add("tp_sp_gather", "bwd", "tp", "reduce_scatter", f"TP * {g} * {m}", f"{g} * {m}",
-              "its backward reduce-scatter of the input grads")
-        c.add("tp_sp_wgrad_gather", "bwd", "tp", "allgather", f"{w} * {m}", f"TP * {w} * {m}",
-              "SP backward re-gather of stored input shards for weight grads")
-        c.add("tp_sp_scatter", "fwd", "tp", "reduce_scatter", f"TP * {s} * {m}", f"{s} * {m}",
-              "SP reduce-scatter of row-parallel outputs")
-        c.add("tp_sp_scatter", "bwd", "tp", "allgather", f"{s} * {m}", f"TP * {s} * {m}",
-              "its backward all-gather of the output grads")
-        c.zero("tp_linear_allreduce", "fwd", "sequence parallelism: reduce-scatter instead")
-        c.zero("tp_linear_allreduce", "bwd", "sequence parallelism: reduce-scatter instead")
-        e = "tp_embedding_bytes"
-        c.add("tp_embedding_reduce", "fwd", "tp", "reduce_scatter", f"{e} * {m}", f"{e} / TP * {m}",
-              "embedding output reduce-scattered to the sequence shard")
-        c.add("tp_embedding_reduce", "bwd", "tp", "allgather", f"{e} / TP * {m}", f"{e} * {m}",
-              "its backward all-gather of the embedding grads")
-        c.add("tp_mtp_gather", "bwd", "tp", "allgather", f"tp_mtp_gather_send_bytes * {m}",
-              f"TP * tp_mtp_gather_send_bytes * {m}",
-              "backward of the sequence scatter after eh_proj: all-gather of its grad")
-        c.add("tp_sp_grad_reduce", "fwd", "tp", "allreduce", "tp_replicated_params_on_rank * bytes_grad",
-              "tp_replicated_params_on_rank * bytes_grad",
-              "once per step: grads of TP-replicated parameters (finalize_model_grads)")
-    else:
-        for name, phases in sp_names:
-            for phase in phases:
-                c.zero(name, phase, "no sequence parallelism")
-        for phase in ("fwd", "bwd"):
-            b = f"tp_allreduce_{phase}_bytes"
-            c.add("tp_linear_allreduce", phase, "tp", "allreduce", f"{b} * {m}", f"{b} * {m}",
-                  "TP all-reduce of row-parallel outputs" if phase == "fwd"
-                  else "TP all-reduce of column-parallel input grads")
-        c.add("tp_embedding_reduce", "fwd", "tp", "allreduce", f"tp_embedding_bytes * {m}",
-              f"tp_embedding_bytes * {m}", "embedding output all-reduced over TP")
-        c.zero("tp_embedding_reduce", "bwd", "no sequence parallelism: the grad is not gathered")
-        c.zero("tp_mtp_gather", "bwd", "no sequence parallelism: the grad is split, not gathered")
+    if v.tp and v.sp:
+        _sp_steps(c)
+    elif v.tp:
+        _allreduce_steps(c)
     if v.tp:
-        c.add("tp_mtp_gather", "fwd", "tp", "allgather", f"tp_mtp_gather_send_bytes * {m}",
-              f"TP * tp_mtp_gather_send_bytes * {m}", "MTP eh_proj output gathered over TP")
-        c.add("tp_xent_reduce", "fwd", "tp", "allreduce", f"tp_xent_bytes * {m}",
-              f"tp_xent_bytes * {m}", "vocab-parallel cross-entropy all-reduces")
+        c.add("tp_mtp_gather", "fwd", "tp", "allgather", f"tp_mtp_gather_send_bytes * {M}",
+              f"TP * tp_mtp_gather_send_bytes * {M}", "MTP eh_proj output gathered over TP")
+        c.add("tp_xent_reduce", "fwd", "tp", "allreduce", f"tp_xent_bytes * {M}",
+              f"tp_xent_bytes * {M}", "vocab-parallel cross-entropy all-reduces")
+    c.close(*TP_COLLECTIVES, group=None if v.tp else "tp")
     if v.global_aux and v.tp_dp_cp:
         c.add("global_aux_count_reduce", "fwd", "tp_dp_cp", "allreduce", "E * 8 * moe_layer_passes",
               "E * 8 * moe_layer_passes", "global aux loss: int64 token counts in every router pass")
-    else:
-        c.zero("global_aux_count_reduce", "fwd", "no global aux loss" if not v.global_aux
-               else f"tp_dp_cp = 1: {ONE_RANK}")
+    c.close("global_aux_count_reduce", group="tp_dp_cp" if v.global_aux else None)
+
+
+def _sp_steps(c: Collectives) -> None:
+    """Sequence parallelism: gathers and scatters instead of all-reduces."""
+    g, w, s = "tp_sp_gather_send_bytes", "tp_sp_wgrad_send_bytes", "tp_sp_scatter_recv_bytes"
+    c.exchange(Exchange("tp_sp_gather", "tp", f"{g} * {M}", f"TP * {g} * {M}",
+                        "SP all-gather of column-parallel inputs",
+                        "its backward reduce-scatter of the input grads"))
+    c.add("tp_sp_wgrad_gather", "bwd", "tp", "allgather", f"{w} * {M}", f"TP * {w} * {M}",
+          "SP backward re-gather of stored input shards for weight grads")
+    c.exchange(Exchange("tp_sp_scatter", "tp", f"TP * {s} * {M}", f"{s} * {M}",
+                        "SP reduce-scatter of row-parallel outputs",
+                        "its backward all-gather of the output grads"))
+    c.close("tp_linear_allreduce")
+    e = "tp_embedding_bytes"
+    c.exchange(Exchange("tp_embedding_reduce", "tp", f"{e} * {M}", f"{e} / TP * {M}",
+                        "embedding output reduce-scattered to the sequence shard",
+                        "its backward all-gather of the embedding grads", algorithm="reduce_scatter"))
+    c.add("tp_mtp_gather", "bwd", "tp", "allgather", f"tp_mtp_gather_send_bytes * {M}",
+          f"TP * tp_mtp_gather_send_bytes * {M}",
+          "backward of the sequence scatter after eh_proj: all-gather of its grad")
+    c.add("tp_sp_grad_reduce", "fwd", "tp", "allreduce", "tp_replicated_params_on_rank * bytes_grad",
+          "tp_replicated_params_on_rank * bytes_grad",
+          "once per step: grads of TP-replicated parameters (finalize_model_grads)")
+
+
+def _allreduce_steps(c: Collectives) -> None:
+    """TP without sequence parallelism: the linears all-reduce; the embedding sums whole."""
+    c.close("tp_sp_gather", "tp_sp_wgrad_gather", "tp_sp_scatter", "tp_sp_grad_reduce")
+    # two collectives under one name: row-parallel outputs forward, column-parallel input grads
+    # backward; neither is the other's transpose
+    for phase in ("fwd", "bwd"):
+        b = f"tp_allreduce_{phase}_bytes"
+        c.add("tp_linear_allreduce", phase, "tp", "allreduce", f"{b} * {M}", f"{b} * {M}",
+              "TP all-reduce of row-parallel outputs" if phase == "fwd"
+              else "TP all-reduce of column-parallel input grads")
+    c.add("tp_embedding_reduce", "fwd", "tp", "allreduce", f"tp_embedding_bytes * {M}",
+          f"tp_embedding_bytes * {M}", "embedding output all-reduced over TP")
+    c.close("tp_embedding_reduce")
+    c.close("tp_mtp_gather", phase="bwd")

@@ -90,7 +90,7 @@ def test_the_formulas_refuse_a_collective_the_table_lacks() -> None:
     with pytest.raises(UnknownCollective, match="does not run over 'dp_cp'"):
         c.add("ep_dispatch_hidden", "fwd", "dp_cp", "alltoall", "h", "h", "doc")
     with pytest.raises(UnknownCollective, match="has no phase 'bwd'"):
-        c.zero("dense_grad_reduce", "bwd", "no")
+        c.close("dense_grad_reduce", phase="bwd")
 
 
 def test_table_entries_are_consistent() -> None:
