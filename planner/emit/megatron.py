@@ -65,6 +65,11 @@ class MegatronArgs:
     extra: tuple[str, ...] = ()  # launch.megatron_extra_args, verbatim after the plan's flags
 
     def add(self, flag: str, *values: object, source: str) -> None:
+        """Append a flag; one already held is refused (argparse would keep the last silently, so two
+        writers of one flag are a bug however their values agree)."""
+        held = next((f for f in self.flags if f.flag == flag), None)
+        if held is not None:
+            raise ValueError(f"{flag} is emitted twice: from {held.source} and from {source}")
         self.flags.append(MegatronFlag(flag, tuple(_word(v) for v in values), source))
 
     def add_if(self, condition: bool, flag: str, *values: object, source: str) -> None:
@@ -355,8 +360,7 @@ def _current_architectures(cfg: Config, args: MegatronArgs) -> None:
         args.add("--window-size", ",".join(str(n) for n in m.window_size), source="model.window_size")
         args.add_if(m.window_attn_skip_freq is not None, "--window-attn-skip-freq",
                     m.window_attn_skip_freq, source="model.window_attn_skip_freq")
-    args.add_if(m.add_qkv_bias and not m.add_bias_linear, "--add-qkv-bias", source="model.add_qkv_bias")
-    args.add_if(m.rotary_percent != 1, "--rotary-percent", m.rotary_percent, source="model.rotary_percent")
+    args.add_if(m.add_qkv_bias, "--add-qkv-bias", source="model.add_qkv_bias")
     args.add_if(m.no_rope_freq is not None, "--no-rope-freq", m.no_rope_freq, source="model.no_rope_freq")
     args.add_if(m.qk_l2_norm, "--qk-l2-norm", source="model.qk_l2_norm")
     args.add_if(m.attention_output_gate, "--attention-output-gate", source="model.attention_output_gate")
@@ -563,7 +567,6 @@ def _launch_script_fields(cfg: Config, args: MegatronArgs) -> None:
     m, t = cfg.model, cfg.training
     args.add_if(m.padded_vocab_size is not None, "--padded-vocab-size", m.padded_vocab_size,
                 source="model.padded_vocab_size")
-    args.add_if(m.add_qkv_bias, "--add-qkv-bias", source="model.add_qkv_bias")
     args.add_if(t.use_precision_aware_optimizer, "--use-precision-aware-optimizer",
                 source="training.use_precision_aware_optimizer")
     for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
