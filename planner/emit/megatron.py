@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.config.hybrid_pattern import RATIO_SYMBOL, join_segments, layer_symbols, segment_text
 from planner.config.megatron_branch import BranchConflict, megatron_branch
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER, moeplan_field
 from planner.config.schema import DEFAULT_ORDER, VOCAB_DIVISOR, Config, OverlapSection
@@ -25,10 +26,6 @@ GPT_ENTRY = "pretrain_gpt.py"
 NOT_IN_MEGATRON = "EMT010"
 HYBRID_ENTRY = "pretrain_hybrid.py"
 
-# Hybrid-pattern attention symbol per DSv4 compress ratio: sliding window only, CSA, HCA.
-DSV4_ATTENTION_SYMBOL = {0: "W", 4: "C", 128: "H"}
-MOE_SYMBOL, DENSE_MLP_SYMBOL = "E", "-"
-SEGMENT_BREAK, MTP_BREAK = "|", "/"
 
 
 @dataclass(frozen=True)
@@ -145,15 +142,14 @@ def hybrid_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
     if ratios is None or len(ratios) < total:
         raise EmitError("model.compress_ratios", f"the hybrid layer pattern needs one compress ratio per "
                         f"decoder and MTP layer ({total}), got {0 if ratios is None else len(ratios)}")
-    bad = sorted({r for r in ratios[:total] if r not in DSV4_ATTENTION_SYMBOL})
+    bad = sorted({r for r in ratios[:total] if r not in RATIO_SYMBOL})
     if bad:
         raise EmitError("model.compress_ratios", f"ratios {bad} have no hybrid-pattern symbol "
                         "(0 = window only, 4 = CSA, 128 = HCA)")
     moe_layers = {layer for stage in split.stages for layer in stage.moe_layers}
 
     def symbols(layer: int) -> str:
-        mlp = MOE_SYMBOL if layer in moe_layers else DENSE_MLP_SYMBOL
-        return DSV4_ATTENTION_SYMBOL[ratios[layer]] + mlp
+        return layer_symbols(ratios[layer], layer in moe_layers)
 
     segments: list[str] = []
     numbers: dict[int, int] = {}
@@ -166,15 +162,12 @@ def hybrid_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
         if chunk.mtp_layers and chunk.index != last:
             raise EmitError("parallel.pipeline_model_parallel_layout", "the hybrid layer pattern places "
                             "MTP layers after the last pipeline segment; move 'm' to the last stage")
-        text = ""
-        for layer in chunk.layers:
-            piece = symbols(layer)
-            text += piece
+        pieces = [symbols(layer) for layer in chunk.layers]
+        for layer, piece in zip(chunk.layers, pieces, strict=True):
             counted += len(piece)
             numbers[layer] = counted
-        text += "".join(MTP_BREAK + symbols(model.num_layers + d) for d in chunk.mtp_layers)
-        segments.append(text)
-    return HybridPattern(SEGMENT_BREAK.join(segments), numbers)
+        segments.append(segment_text(pieces, [symbols(model.num_layers + d) for d in chunk.mtp_layers]))
+    return HybridPattern(join_segments(segments), numbers)
 
 
 def planned_hash_blocks(split: StageSplit) -> list[int]:

@@ -24,9 +24,10 @@ from pydantic import BaseModel
 
 from planner.config.argument_classes import argument_class, is_legacy_model
 from planner.config.entry_parsers import entry_argument
+from planner.config.hybrid_pattern import PatternNotModelled, read_hybrid_pattern
+from planner.config.layout_strings import IMPORTED, layout_string
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER
 from planner.config.schema import Config
-from planner.layout.layout_string import IMPORTED, layout_string
 
 # Sections whose fields are Megatron arguments; cluster and launch describe the machine and the job.
 MEGATRON_SECTIONS = ("model", "parallel", "training", "moe", "overlap")
@@ -114,7 +115,6 @@ MLA_DEFAULTS: dict[str, Any] = {  # _add_mla_args; only where MLA attention read
     "model.qk_head_dim": 128,
     "model.v_head_dim": 128,
 }
-HYBRID_ATTENTION = {"W": 0, "C": 4, "H": 128}  # inverse of emit.megatron.DSV4_ATTENTION_SYMBOL
 _ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _TORCHRUN_NODES = ("--nnodes",)
 _TORCHRUN_PROCS = ("--nproc-per-node", "--nproc_per_node")
@@ -321,10 +321,6 @@ class BadValue(ValueError):
     """A value Megatron's parser would refuse (or moeplan cannot read): reported as malformed."""
 
 
-class NotModelled(BadValue):
-    """A well-formed value describing something moeplan does not model."""
-
-
 def _number(text: str, kind: type) -> Any:
     try:
         return kind(text)
@@ -384,38 +380,6 @@ def parse_value(kind: Kind, values: tuple[str, ...]) -> Any:
     if kind == "bracket_ints":
         return _eval_int_list(text) if "[" in text else [_number(v, int) for v in text.split(",")]
     return text
-
-
-# ---------------------------------------------------------------------------------------- hybrid
-def decode_hybrid_pattern(pattern: str) -> dict[str, Any]:
-    """Inverse of emit.megatron.hybrid_pattern for DeepSeek-V4 stacks: per-layer attention kind and
-    MoE/dense MLP, `|` pipeline segments (virtual stages in pipeline order), `/` MTP depths on the
-    last segment."""
-    segments = pattern.split("|")
-    ratios: list[int] = []
-    moe: list[int] = []
-    mtp_ratios: list[int] = []
-    counts: list[int] = []
-    for index, segment in enumerate(segments):
-        main, *mtp = segment.split("/")
-        if mtp and index != len(segments) - 1:
-            raise BadValue("MTP parts ('/') appear before the last pipeline segment")
-        if len(main) % 2:
-            raise BadValue(f"segment {segment!r} is not attention+MLP symbol pairs")
-        for pos in range(0, len(main), 2):
-            attention, mlp = main[pos], main[pos + 1]
-            if attention not in HYBRID_ATTENTION or mlp not in "E-":
-                raise NotModelled(f"{attention + mlp!r} is not a DeepSeek-V4 layer (W/C/H attention "
-                                  "then E or - MLP); moeplan models no other hybrid layers")
-            ratios.append(HYBRID_ATTENTION[attention])
-            moe.append(1 if mlp == "E" else 0)
-        counts.append(len(main) // 2)
-        for depth in mtp:
-            if len(depth) != 2 or depth[0] not in HYBRID_ATTENTION:
-                raise NotModelled(f"MTP part {depth!r} is not one DeepSeek-V4 layer")
-            mtp_ratios.append(HYBRID_ATTENTION[depth[0]])
-    return {"num_layers": len(ratios), "compress_ratios": ratios + mtp_ratios, "moe": moe,
-            "mtp_num_layers": len(mtp_ratios), "segments": counts}
 
 
 def moe_layer_freq(pattern: list[int]) -> int | list[int]:
@@ -617,11 +581,11 @@ def _apply_enable_deepep(result: Imported, arg: Argument | None) -> None:
 def _apply_hybrid(result: Imported, arg: Argument) -> None:
     try:
         [text] = arg.values
-        decoded = decode_hybrid_pattern(text)
-    except NotModelled as exc:
+        decoded = read_hybrid_pattern(text)
+    except PatternNotModelled as exc:
         result.unmapped.append(Unmapped(arg.flag, arg.text, f"not modelled: {exc}", error=True))
         return
-    except (ValueError, BadValue) as exc:
+    except ValueError as exc:  # a pattern Megatron's grammar refuses, or not one value
         result.unmapped.append(Unmapped(arg.flag, arg.text, f"malformed value: {exc}", error=True))
         return
     # The pattern wins over --num-layers, and over --mtp-num-layers when it holds MTP parts

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.cli import app
+from planner.config.hybrid_pattern import read_hybrid_pattern
 from planner.config.importers.megatron_args import (
     EXPLICIT,
     Imported,
-    decode_hybrid_pattern,
     fit_schema,
     import_arguments,
     map_arguments,
@@ -29,10 +29,10 @@ from planner.config.importers.megatron_args import (
     parse_value,
     schema_has,
 )
+from planner.config.layout_strings import IMPORTED
+from planner.config.layout_strings import layout_string as write_layout_string
 from planner.config.loader import load_config, parse_config
 from planner.config.schema import Config
-from planner.layout.layout_string import IMPORTED
-from planner.layout.layout_string import layout_string as write_layout_string
 from tests.support.paths import EXAMPLES
 
 
@@ -313,7 +313,7 @@ def test_window_attention_arguments_are_read_as_megatron_parses_them() -> None:
 
 
 def test_hybrid_pattern_and_layout_inverse() -> None:
-    decoded = decode_hybrid_pattern("WEHE|CEC-|CECE/WE")
+    decoded = read_hybrid_pattern("WEHE|CEC-|CECE/WE")
     # 6 decoder layers (W H | C C | C C) + 1 MTP (W); the 4th layer's MLP is dense ('-')
     assert decoded["compress_ratios"] == [0, 128, 4, 4, 4, 4, 0]
     assert decoded["moe"] == [1, 1, 1, 0, 1, 1] and decoded["mtp_num_layers"] == 1
@@ -324,11 +324,11 @@ def test_hybrid_pattern_and_layout_inverse() -> None:
 
 @given(st.lists(st.integers(1, 12), min_size=1, max_size=12), st.integers(0, 2))
 def test_layout_string_expands_to_its_segments(segments: list[int], mtp: int) -> None:
-    """Megatron's layout grammar (planner/layout/pipeline.py expand_layout) reads back the segments:
+    """Megatron's layout grammar (planner/config/layout_strings.py parse_layout) reads back the segments:
     embedding first, MTP and loss last, one decoder layer per `t`."""
-    from planner.layout.pipeline import expand_layout
+    from planner.config.layout_strings import parse_layout
 
-    stages = expand_layout(layout_string(segments, mtp))
+    stages = parse_layout(layout_string(segments, mtp))
     assert [stage.count("t") for stage in stages] == segments
     assert stages[0][0] == "E" and stages[-1][-1] == "L" and stages[-1].count("m") == mtp
 
