@@ -10,7 +10,6 @@ written atomically: a complete file or none.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -200,13 +199,9 @@ def import_megatron(
         result, front = import_text(text, parse_sets(sets or []), world_size, origin)
     except (UnreadableArgs, NotAnImport) as exc:
         fail(EXIT_USAGE, f"{args}: {exc}")
-    kept = [u for u in result.unmapped if not u.error]
     header = [f"imported by `moeplan import megatron` from {'stdin' if args == '-' else args}"
               + (f" (entry {result.entry})" if result.entry else ""),
               f"read as: {front.described}"]
-    if kept and "megatron_extra_args" not in result.data.get("launch", {}) and result.extra_args:
-        header += ["arguments moeplan does not model (this moeplan has no launch.megatron_extra_args; "
-                   "pass them to Megatron-LM yourself):", "  " + shlex.join(result.extra_args)]
     if not as_json:
         stderr.print(f"read {escape('stdin' if args == '-' else args)} as: {escape(front.described)}")
     finish(config_yaml(result.data, header), result.data, result.unmapped, output, as_json,

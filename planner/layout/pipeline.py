@@ -7,12 +7,11 @@ plan, the runtime) reads the `StageSplit` built here.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.config.layout_strings import LayoutStringError, layout_string, parse_layout
 from planner.config.schema import Config
-from planner.layout.layout_string import layout_string
 from planner.memo import Memo, section_key
 
 
@@ -59,68 +58,13 @@ class StageSplit:
     source: str  # how the split was decided, for display
 
 
-_TOKEN = re.compile(r"\s*(\(|\)|\*\s*\d+|[EtmL|])")
-MAX_LAYOUT_SYMBOLS = 1_000_000  # far above any real model; bounds the expansion of `t*N`
-
-
-def _symbol_count(item: str | list) -> int:
-    return sum(_symbol_count(i) for i in item) if isinstance(item, list) else 1
-
-
 def expand_layout(layout: str) -> list[list[str]]:
-    """Expand a Megatron layout string (`Et*4|(tttt|)*14tmL`) into per-virtual-stage symbol lists."""
-    pos, stack = 0, [[]]
-    # Commas are cosmetic, as Megatron reads them (Megatron-LM dev@d48bd6be
-    # megatron/core/transformer/pipeline_parallel_layer_layout.py parse_str_to_list): `Et*3|(tt|)*29,m|L`.
-    text = layout.replace(",", "").strip()
-    while pos < len(text):
-        match = _TOKEN.match(text, pos)
-        if match is None:
-            raise SplitError(
-                f"pipeline_model_parallel_layout {layout!r}: unexpected {text[pos]!r} at {pos}",
-                "parallel.pipeline_model_parallel_layout",
-                "use only E (embedding), t (decoder layer), m (MTP), L (loss), | (stage break), "
-                "( ) groups, *N repeats and cosmetic commas",
-            )
-        token = match.group(1).replace(" ", "")
-        pos = match.end()
-        if token == "(":
-            stack.append([])
-        elif token == ")":
-            if len(stack) == 1:
-                raise SplitError(f"layout {layout!r}: unbalanced ')'",
-                                 "parallel.pipeline_model_parallel_layout", "balance the parentheses")
-            group = stack.pop()
-            stack[-1].append(group)
-        elif token.startswith("*"):
-            if not stack[-1]:
-                raise SplitError(f"layout {layout!r}: '*' with nothing to repeat",
-                                 "parallel.pipeline_model_parallel_layout", "write e.g. t*4")
-            last, repeats = stack[-1].pop(), int(token[1:])
-            total = repeats * _symbol_count(last) + sum(_symbol_count(i) for s in stack for i in s)
-            if total > MAX_LAYOUT_SYMBOLS:
-                raise SplitError(f"layout expands to {total} symbols (limit {MAX_LAYOUT_SYMBOLS})",
-                                 "parallel.pipeline_model_parallel_layout", "check the repeat counts")
-            stack[-1].extend([last] * repeats)
-        else:
-            stack[-1].append(token)
-    if len(stack) != 1:
-        raise SplitError(f"layout {layout!r}: unbalanced '('",
-                         "parallel.pipeline_model_parallel_layout", "balance the parentheses")
-
-    def flatten(items: list) -> list[str]:
-        flat: list[str] = []
-        for item in items:
-            flat.extend(flatten(item) if isinstance(item, list) else [item])
-        return flat
-
-    stages: list[list[str]] = [[]]
-    for symbol in flatten(stack[0]):
-        if symbol == "|":
-            stages.append([])
-        else:
-            stages[-1].append(symbol)
-    return stages
+    """Expand a Megatron layout string (`Et*4|(tttt|)*14tmL`) into per-virtual-stage symbol lists;
+    an unreadable one is a split error on the layout field."""
+    try:
+        return parse_layout(layout)
+    except LayoutStringError as exc:
+        raise SplitError(exc.message, "parallel.pipeline_model_parallel_layout", exc.fix) from None
 
 
 def _chunks_from_layout(cfg: Config) -> tuple[int, list[Chunk]]:

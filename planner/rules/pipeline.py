@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.layout.layout_string import PER_CHUNK, ChunkHolds, write_layout
+from planner.config.layout_strings import PER_CHUNK, ChunkHolds, write_layout
 from planner.layout.pipeline import SplitError, StageSplit, expand_layout, suggested_layout
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts

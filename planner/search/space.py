@@ -2,7 +2,7 @@
 cost-balanced), the knob grid's micro-batch sizes, dispatchers and recompute presets.
 
 Nothing here judges: the only pruning is the degrees' own divisibility (planner/degrees.py), and
-pipeline layouts are written as Megatron layout strings (planner/layout/layout_string.py) that
+pipeline layouts are written as Megatron layout strings (planner/config/layout_strings.py) that
 planner/layout/pipeline.py splits, or refuses, as for any config.
 """
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+from planner.config.layout_strings import layout_string
 from planner.config.schema import Config
 from planner.degrees import Degrees
-from planner.layout.layout_string import layout_string
 from planner.layout.pipeline import stage_split
 from planner.rules.hints import divisors
 from planner.search.knobs import Dispatcher, Family, Pipeline, Recompute

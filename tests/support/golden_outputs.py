@@ -1,8 +1,9 @@
 """Snapshots of what the CLI prints for every bundled example, so a refactor that changes a byte
 says which line changed.
 
-Covered: `check --json`, `budget --json`, `groups --json` and the plan `compile` writes, for every
-example under examples/ (valid, invalid/ and warnings/). Each runs in-process through typer's
+Covered: `check --json`, `budget --json`, `groups --json`, the plan `compile` writes and the
+`megatron_args.sh` that `emit megatron` writes, for every example under examples/ (valid, invalid/
+and warnings/). Each runs in-process through typer's
 CliRunner (byte-identical to the subprocess: `--against-subprocess` checks that). One text file per
 (example, command) under tests/support/golden/: a header with the exit code, the byte count and
 the sha256 of the exact bytes, then a readable form of the output.
@@ -20,6 +21,7 @@ reviewed behaviour change:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -34,7 +36,8 @@ from typing import Any
 from tests.support.paths import EXAMPLES, ROOT
 
 GOLDEN = ROOT / "tests" / "support" / "golden"
-COMMANDS = ("check", "budget", "groups", "compile")
+COMMANDS = ("check", "budget", "groups", "compile", "emit-megatron")
+EMITTED = "megatron_args.sh"  # the file `emit megatron` writes that the emit-megatron snapshot holds
 ENV = {"COLUMNS": "400", "NO_COLOR": "1"}
 SHOWN_DIFF_LINES = 80
 LINE = 200  # the longest record `pretty` keeps on one line
@@ -56,7 +59,20 @@ def snapshot_path(command: str, config: Path) -> Path:
 def _arguments(command: str, config: Path, plan: Path) -> list[str]:
     if command == "compile":
         return [command, str(config), "-o", str(plan)]
+    if command == "emit-megatron":  # the config as a path under the repository: the script names it
+        return ["emit", "megatron", key(config), "-o", str(plan.parent / "run")]
     return [command, "--json", str(config)]
+
+
+def _written(command: str, result_code: int, stdout: bytes, plan: Path) -> tuple[int, bytes]:
+    """The bytes a command's snapshot holds: the written plan for compile, the written
+    megatron_args.sh for emit-megatron (stdout when it wrote none), stdout for the --json commands."""
+    if command == "compile":
+        return result_code, plan.read_bytes() if plan.exists() else b""
+    if command == "emit-megatron":
+        script = plan.parent / "run" / EMITTED
+        return result_code, script.read_bytes() if script.exists() else stdout
+    return result_code, stdout
 
 
 @functools.cache
@@ -66,12 +82,10 @@ def output(command: str, config: Path) -> tuple[int, bytes]:
 
     from planner.cli import app
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(ROOT):
         plan = Path(tmp) / "plan.json"
         result = CliRunner().invoke(app, _arguments(command, config, plan), env=ENV)
-        if command == "compile":
-            return result.exit_code, plan.read_bytes() if plan.exists() else b""
-        return result.exit_code, result.stdout_bytes
+        return _written(command, result.exit_code, result.stdout_bytes, plan)
 
 
 def subprocess_output(command: str, config: Path) -> tuple[int, bytes]:
@@ -80,9 +94,7 @@ def subprocess_output(command: str, config: Path) -> tuple[int, bytes]:
         plan = Path(tmp) / "plan.json"
         done = subprocess.run([sys.executable, "-m", "planner.cli", *_arguments(command, config, plan)],
                               capture_output=True, cwd=ROOT, env={**os.environ, **ENV}, timeout=300)
-        if command == "compile":
-            return done.returncode, plan.read_bytes() if plan.exists() else b""
-        return done.returncode, done.stdout
+        return _written(command, done.returncode, done.stdout, plan)
 
 
 # ------------------------------------------------------------------------------ readable forms
@@ -141,7 +153,7 @@ def _is_budget_list(value: Any) -> bool:
 def readable(command: str, config: Path, data: bytes) -> str:
     if not data:
         return "(no output)"
-    if command == "check":
+    if command in ("check", "emit-megatron"):
         return data.decode()
     document = json.loads(data)
     if command == "budget" and _is_budget_list(document):
@@ -172,8 +184,9 @@ def _plan(config: Path, plan: dict[str, Any]) -> str:
 
 def snapshot(command: str, config: Path) -> str:
     code, data = output(command, config)
-    shown = f"moeplan {command} {key(config)}" if command == "compile" else (
-        f"moeplan {command} --json {key(config)}")
+    shown = {"compile": f"moeplan compile {key(config)}",
+             "emit-megatron": f"moeplan emit megatron {key(config)} -o DIR ({EMITTED})"}.get(
+        command, f"moeplan {command} --json {key(config)}")
     return (f"# {shown}\n# exit {code}, {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}\n"
             f"{readable(command, config, data)}\n")
 

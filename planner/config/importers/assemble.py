@@ -7,22 +7,21 @@ its fix.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.config.importers.launch_facts import LaunchFacts
 from planner.config.importers.megatron_args import (
-    SPECIAL,
+    Argument,
     Imported,
     Unmapped,
-    argument_table,
-    fit_schema,
-    map_arguments,
+    keep_extra_args,
+    map_command,
     parse_command,
 )
 from planner.config.importers.shell_script import PLACEHOLDER, Unresolved
 from planner.config.importers.vocabulary import folder_vocabulary, local_folder, preset_vocabulary
+from planner.config.megatron_arguments import SPECIAL, argument_table
 
 _VOCABULARY_FLAGS = ("--vocab-size", "--padded-vocab-size")
 
@@ -83,10 +82,10 @@ def _unresolved_notes(front: FrontEnd, words: list[str]) -> tuple[list[str], lis
     return kept, notes
 
 
-def _vocabulary(result: Imported, front: FrontEnd, words: list[str]) -> None:
+def _vocabulary(result: Imported, front: FrontEnd, arguments: list[Argument]) -> None:
     """`model.vocab_size` from a local tokenizer folder when no vocabulary flag is given; else one
     note naming the flag and field to set, with a preset's vocabulary as the suggestion."""
-    values = {a.flag: a.text for a in parse_command(words).arguments}
+    values = {a.flag: a.text for a in arguments}
     padded = values.get("--padded-vocab-size", "")
     if padded.isdigit() and "--vocab-size" not in values:
         if not result.has("model.vocab_size"):
@@ -95,7 +94,7 @@ def _vocabulary(result: Imported, front: FrontEnd, words: list[str]) -> None:
                                         "tokenizer size is given, and Megatron uses the padded size as "
                                         "given (validate_args skips the padding), so the rows are the same"))
         return
-    if any(flag in words for flag in _VOCABULARY_FLAGS) or result.has("model.vocab_size"):
+    if any(flag in values for flag in _VOCABULARY_FLAGS) or result.has("model.vocab_size"):
         return
     tokenizer = values.get("--tokenizer-model") or values.get("--tokenizer-name-or-path") or ""
     kind = values.get("--tokenizer-type", "")
@@ -142,14 +141,14 @@ def _launch_notes(front: FrontEnd, world_size: int | None) -> list[Unmapped]:
 def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:
     """The config of a front end's arguments: mapped, launched, vocabulary found, notes first."""
     words, unresolved = _unresolved_notes(front, front.argv)
-    text = shlex.join(([front.entry] if front.entry else []) + words)
-    result = map_arguments(text)
+    line = parse_command(([front.entry] if front.entry else []) + words)
+    result = map_command(line)
     result.entry = front.entry or result.entry
     _apply_launch(result, front.facts, world_size)
     if front.env:
         result.set("launch.env", dict(front.env))
         result.env = dict(front.env)
-    _vocabulary(result, front, words)
-    fit_schema(result)
+    _vocabulary(result, front, line.arguments)
+    keep_extra_args(result)
     result.unmapped = [*front.notes, *unresolved, *_launch_notes(front, world_size), *result.unmapped]
     return result

@@ -1,9 +1,10 @@
 """`moeplan import megatron`: read a Megatron-LM command line back into a moeplan config.
 
-The mapping is the inverse of the emitter (planner/emit/megatron.py): every schema field whose name
-(or AliasChoices alias) is a Megatron argument name maps to `--the-name`, and a small table covers
-the arguments moeplan spells differently or encodes in several fields (precision, the hybrid layer
-pattern, GTP weight shards, attention kind). Values are read with Megatron's argparse semantics
+The mapping is the emitter's (planner/emit/megatron.py), read from the same table
+(planner/config/megatron_arguments.py): every schema field whose name (or AliasChoices alias) is a
+Megatron argument name maps to `--the-name`, and a small table covers the arguments moeplan spells
+differently or encodes in several fields (precision, the hybrid layer pattern, GTP weight shards,
+attention kind). Values are read with Megatron's argparse semantics
 (Megatron-LM dev@d48bd6be megatron/training/arguments.py add_megatron_arguments and
 megatron/training/argument_utils.py ArgumentGroupFactory): store_true flags, `--no-*`/`--disable-*`
 negations of boolean settings, nargs lists, `--moe-layer-freq` as an int or a list expression.
@@ -15,106 +16,24 @@ from __future__ import annotations
 import ast
 import re
 import shlex
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from pydantic import BaseModel
+from typing import Any
 
 from planner.config.argument_classes import argument_class, is_legacy_model
 from planner.config.entry_parsers import entry_argument
+from planner.config.hybrid_pattern import PatternNotModelled, read_hybrid_pattern
+from planner.config.layout_strings import IMPORTED, layout_string
+from planner.config.megatron_arguments import (
+    LEGACY_SPELLINGS,
+    MEGATRON_DEFAULTS,
+    MLA_DEFAULTS,
+    SPECIAL,
+    Kind,
+    argument_table,
+)
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER
-from planner.config.schema import Config
-from planner.layout.layout_string import IMPORTED, layout_string
 
-# Sections whose fields are Megatron arguments; cluster and launch describe the machine and the job.
-MEGATRON_SECTIONS = ("model", "parallel", "training", "moe", "overlap")
-# Schema fields that are not Megatron arguments of their own name (moeplan's own settings, or fields
-# the table below reads from other arguments).
-NOT_ARGUMENTS = {
-    "model.preset", "model.attention_variant", "parallel.world_size", "parallel.order",
-    "parallel.embedding_ranks_rule", "parallel.gtp", "parallel.egtp", "training.precision",
-    "training.fp8", "training.fp4", "training.qkv_format", "moe.moe_virtual_experts",
-    "moe.moe_tid2eid_source",
-    "model.qk_layernorm_per_layer",  # MiniMax-M2's per-layer q/k norm: no Megatron argument
-    "model.attention_chunk_size",  # Llama 4's chunked attention: no Megatron argument
-    "model.dsa",  # written as --experimental-attention-variant dsa
-}
-# --- issue 25 (article): THD packing's packed lengths and their basis are moeplan's own settings.
-NOT_ARGUMENTS |= {"training.packed_lengths", "training.packed_length_basis",
-                  "overlap.pipeline_schedule"}
-Kind = Literal["flag", "int", "float", "str", "ints", "strs", "moe_freq", "bracket_ints", "int_tuple",
-               "special"]
-
-# Arguments whose moeplan field has another name, or that only the wt/fields model fields carry
-# (mapped by Megatron's names; dropped with a note while this schema lacks them).
-EXPLICIT: dict[str, tuple[str, Kind]] = {
-    "--activation-func-clamp-value": ("model.swiglu_limit", "float"),
-    "--disable-bias-linear": ("model.add_bias_linear", "flag"),
-    "--dsa-indexer-n-heads": ("model.index_n_heads", "int"),
-    "--dsa-indexer-head-dim": ("model.index_head_dim", "int"),
-    "--dsa-indexer-topk": ("model.index_topk", "int"),
-    "--csa-compress-ratios": ("model.compress_ratios", "bracket_ints"),
-    "--moe-layer-freq": ("model.moe_layer_freq", "moe_freq"),
-    # An int or a list expression, parsed as --moe-layer-freq is (megatron/training/arguments.py
-    # moe_freq_type, no_rope_freq_type, la_freq_type); the window is "left,right" (tuple_type).
-    "--window-attn-skip-freq": ("model.window_attn_skip_freq", "moe_freq"),
-    "--no-rope-freq": ("model.no_rope_freq", "moe_freq"),
-    "--linear-attention-freq": ("model.linear_attention_freq", "moe_freq"),
-    "--window-size": ("model.window_size", "int_tuple"),
-    "--microbatch-group-size-per-virtual-pipeline-stage": (
-        "parallel.microbatch_group_size_per_vp_stage", "int"),
-    "--multi-latent-attention": ("model.multi_latent_attention", "flag"),
-    "--qk-head-dim": ("model.qk_head_dim", "int"),
-    "--v-head-dim": ("model.v_head_dim", "int"),
-    "--group-query-attention": ("model.group_query_attention", "flag"),
-    "--normalization": ("model.normalization", "str"),
-    "--swiglu": ("model.swiglu", "flag"),
-    "--make-vocab-size-divisible-by": ("model.make_vocab_size_divisible_by", "int"),
-    "--moe-router-dtype": ("model.moe_router_dtype", "str"),
-    "--moe-shared-expert-gate": ("model.moe_shared_expert_gate", "flag"),
-    "--moe-router-load-balancing-type": ("moe.moe_router_load_balancing_type", "str"),  # nargs='+'
-    "--moe-aux-loss-coeff": ("moe.moe_aux_loss_coeff", "float"),  # nargs='+'
-}
-# Handled by `_special` (one argument, several fields, or a value that depends on another one).
-SPECIAL = {
-    "--bf16", "--fp16", "--fp8-format", "--fp4-format", "--use-tp-pp-dp-mapping",
-    "--tensor-parallel-num-weight-shards", "--expert-tensor-parallel-num-weight-shards",
-    "--experimental-attention-variant", "--hybrid-layer-pattern", "--spec", "--moe-n-hash-layers",
-    "--sequence-packing-scheduler",
-    "--use-rotary-position-embeddings", "--recompute-activations",  # LEGACY_SPELLINGS below
-    "--no-position-embedding", "--linear-attention-type", "--moe-enable-deepep",
-}
-# Megatron's older spellings of a field, resolved as validate_args resolves them (Megatron-LM
-# dev@d48bd6be megatron/training/arguments.py validate_args: "Legacy RoPE arguments" sets
-# position_embedding_type rope; recompute_activations sets recompute_granularity selective).
-LEGACY_SPELLINGS: dict[str, tuple[str, str]] = {
-    "--use-rotary-position-embeddings": ("model.position_embedding_type", "rope"),
-    "--recompute-activations": ("overlap.recompute_granularity", "selective"),
-}
-# Megatron's defaults where moeplan's differ: an absent argument means these values
-# (Megatron-LM dev@d48bd6be megatron/training/arguments.py and
-# megatron/core/transformer/transformer_config.py TransformerConfig / MLATransformerConfig).
-MEGATRON_DEFAULTS: dict[str, Any] = {
-    "model.position_embedding_type": "learned_absolute",
-    "model.norm_epsilon": 1e-5,
-    "model.add_bias_linear": True,
-    "training.precision": "fp32",
-    "training.weight_decay": 0.01,
-    "training.adam_beta2": 0.999,
-    "moe.moe_grouped_gemm": False,
-    "moe.moe_token_dispatcher_type": "allgather",
-    "model.normalization": "LayerNorm",  # fields of the wt/fields change; dropped while absent
-    "model.swiglu": False,
-}
-MLA_DEFAULTS: dict[str, Any] = {  # _add_mla_args; only where MLA attention reads them
-    "model.qk_pos_emb_head_dim": 64,
-    "model.kv_lora_rank": 32,
-    "model.qk_head_dim": 128,
-    "model.v_head_dim": 128,
-}
-HYBRID_ATTENTION = {"W": 0, "C": 4, "H": 128}  # inverse of emit.megatron.DSV4_ATTENTION_SYMBOL
+KEPT = "kept in launch.megatron_extra_args"  # where an argument moeplan does not model goes
 _ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _TORCHRUN_NODES = ("--nnodes",)
 _TORCHRUN_PROCS = ("--nproc-per-node", "--nproc_per_node")
@@ -146,7 +65,6 @@ class Imported:
     extra_args: list[str] = field(default_factory=list)  # verbatim words of the unmapped arguments
     entry: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    defaulted: set[str] = field(default_factory=set)  # fields set from Megatron's defaults
 
     def set(self, dotted: str, value: Any) -> None:
         section, name = dotted.split(".", 1)
@@ -178,72 +96,6 @@ class Argument:
     def name(self) -> str:
         """The argument's name as the classes table spells it (`--quick-geglu` → quick_geglu)."""
         return self.flag[2:].replace("-", "_")
-
-
-# ---------------------------------------------------------------------------------------- schema
-def _unwrap(annotation: Any) -> Any:
-    while typing.get_origin(annotation) is typing.Annotated:
-        annotation = typing.get_args(annotation)[0]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(members) == 1:
-            return _unwrap(members[0])
-        return annotation
-    return annotation
-
-
-def _kind(annotation: Any) -> Kind | None:
-    base = _unwrap(annotation)
-    origin = typing.get_origin(base)
-    if base is bool:
-        return "flag"
-    if base is int:
-        return "int"
-    if base is float:
-        return "float"
-    if base is str:
-        return "str"
-    if origin is Literal:
-        return "int" if all(isinstance(v, int) for v in typing.get_args(base)) else "str"
-    if origin is list:
-        [item] = typing.get_args(base)
-        return "ints" if _kind(item) == "int" else "strs" if _kind(item) == "str" else None
-    return None
-
-
-def section_model(section: str) -> type[BaseModel] | None:
-    info = Config.model_fields.get(section)
-    model = info.annotation if info else None
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def schema_has(dotted: str) -> bool:
-    section, name = dotted.split(".", 1)
-    model = section_model(section)
-    return model is not None and name in model.model_fields
-
-
-def argument_table() -> dict[str, tuple[str, Kind]]:
-    """Megatron flag → (section.field, kind), from the schema's names and aliases plus EXPLICIT."""
-    table: dict[str, tuple[str, Kind]] = {}
-    respelled = {dotted for dotted, _ in EXPLICIT.values()}  # reachable only by Megatron's spelling
-    for section in MEGATRON_SECTIONS:
-        model = section_model(section)
-        assert model is not None
-        for name, info in model.model_fields.items():
-            dotted = f"{section}.{name}"
-            kind = _kind(info.annotation)
-            if dotted in NOT_ARGUMENTS or dotted in respelled or kind is None:
-                continue
-            names = [name]
-            alias = info.validation_alias
-            if alias is not None and hasattr(alias, "choices"):
-                names += [str(c) for c in alias.choices]
-            aliases = [n for n in names if n != name]
-            for spelling in aliases or [name]:  # an alias is the Megatron spelling of a short name
-                table["--" + spelling.replace("_", "-")] = (dotted, kind)
-    table.update(EXPLICIT)
-    return table
 
 
 # ---------------------------------------------------------------------------------------- words
@@ -321,10 +173,6 @@ class BadValue(ValueError):
     """A value Megatron's parser would refuse (or moeplan cannot read): reported as malformed."""
 
 
-class NotModelled(BadValue):
-    """A well-formed value describing something moeplan does not model."""
-
-
 def _number(text: str, kind: type) -> Any:
     try:
         return kind(text)
@@ -386,38 +234,6 @@ def parse_value(kind: Kind, values: tuple[str, ...]) -> Any:
     return text
 
 
-# ---------------------------------------------------------------------------------------- hybrid
-def decode_hybrid_pattern(pattern: str) -> dict[str, Any]:
-    """Inverse of emit.megatron.hybrid_pattern for DeepSeek-V4 stacks: per-layer attention kind and
-    MoE/dense MLP, `|` pipeline segments (virtual stages in pipeline order), `/` MTP depths on the
-    last segment."""
-    segments = pattern.split("|")
-    ratios: list[int] = []
-    moe: list[int] = []
-    mtp_ratios: list[int] = []
-    counts: list[int] = []
-    for index, segment in enumerate(segments):
-        main, *mtp = segment.split("/")
-        if mtp and index != len(segments) - 1:
-            raise BadValue("MTP parts ('/') appear before the last pipeline segment")
-        if len(main) % 2:
-            raise BadValue(f"segment {segment!r} is not attention+MLP symbol pairs")
-        for pos in range(0, len(main), 2):
-            attention, mlp = main[pos], main[pos + 1]
-            if attention not in HYBRID_ATTENTION or mlp not in "E-":
-                raise NotModelled(f"{attention + mlp!r} is not a DeepSeek-V4 layer (W/C/H attention "
-                                  "then E or - MLP); moeplan models no other hybrid layers")
-            ratios.append(HYBRID_ATTENTION[attention])
-            moe.append(1 if mlp == "E" else 0)
-        counts.append(len(main) // 2)
-        for depth in mtp:
-            if len(depth) != 2 or depth[0] not in HYBRID_ATTENTION:
-                raise NotModelled(f"MTP part {depth!r} is not one DeepSeek-V4 layer")
-            mtp_ratios.append(HYBRID_ATTENTION[depth[0]])
-    return {"num_layers": len(ratios), "compress_ratios": ratios + mtp_ratios, "moe": moe,
-            "mtp_num_layers": len(mtp_ratios), "segments": counts}
-
-
 def moe_layer_freq(pattern: list[int]) -> int | list[int]:
     """The int N when the 0/1 pattern is `every N-th layer`, else the list itself."""
     for every in range(1, len(pattern) + 1):
@@ -430,14 +246,17 @@ def moe_layer_freq(pattern: list[int]) -> int | list[int]:
 def import_arguments(text: str, world_size: int | None = None) -> Imported:
     """Map a Megatron command line (text of a file or stdin) to a config dictionary this schema takes."""
     result = map_arguments(text, world_size)
-    fit_schema(result)
+    keep_extra_args(result)
     return result
 
 
 def map_arguments(text: str, world_size: int | None = None) -> Imported:
-    """Every modelled argument under its Megatron name, including fields this schema may not have yet
-    (see `fit_schema`)."""
-    line = parse_command(split_words(text))
+    """Every modelled argument of a command line's text, under its field."""
+    return map_command(parse_command(split_words(text)), world_size)
+
+
+def map_command(line: CommandLine, world_size: int | None = None) -> Imported:
+    """Every modelled argument of a command line's words, under its field; the others kept."""
     result = Imported(entry=line.entry, env=line.env)
     for word in line.stray:
         result.unmapped.append(Unmapped(word, "", "not an argument (no leading --) and not the entry "
@@ -479,20 +298,13 @@ def map_arguments(text: str, world_size: int | None = None) -> Imported:
     return result
 
 
-def kept_where() -> str:
-    """Where unmapped arguments go: the passthrough list, or (before it exists) the YAML header."""
-    if schema_has("launch.megatron_extra_args"):
-        return "kept in launch.megatron_extra_args"
-    return "listed in the YAML header"
-
-
 def kept_reason(arg: Argument, entry_script: str | None = None) -> str:
     """Why an argument is carried verbatim, from its class (planner/config/argument_classes.py, or
     the entry script's own parser: planner/config/entry_parsers.py): plan-neutral, or what it
     changes and the rule `check` reports it under."""
     name = arg.name
     entry = argument_class(name)
-    where = kept_where()
+    where = KEPT
     if entry is None and (added := entry_argument(entry_script, name)) is not None:
         parser, entry = added
         changes = (f"changes {entry.what}, {entry.how}; check reports ARG003 and "
@@ -568,14 +380,14 @@ def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
         elif name == "gated_delta_net" and result.has("model.linear_attention_freq"):
             pass  # Qwen3-Next: --linear-attention-freq carries the layer pattern moeplan models
         elif name is not None:
-            _keep(result, variant, f"attention variant moeplan does not model ({kept_where()})")
+            _keep(result, variant, f"attention variant moeplan does not model ({KEPT})")
     if result.get("model.multi_latent_attention") and result.get("model.attention_variant") is None:
         result.set("model.attention_variant", "mla")
     if result.get("model.attention_variant") == "dsv4_hybrid":
         result.data["model"].pop("multi_latent_attention", None)  # implied: DSv4 attention is MLA-based
     spec = special.get("--spec")
     if spec is not None and tuple(spec.values) != HYBRID_DSV4_SPEC:
-        _keep(result, spec, f"layer spec moeplan does not model ({kept_where()})")
+        _keep(result, spec, f"layer spec moeplan does not model ({KEPT})")
     hybrid = special.get("--hybrid-layer-pattern")
     if hybrid is not None:
         _apply_hybrid(result, hybrid)
@@ -617,11 +429,11 @@ def _apply_enable_deepep(result: Imported, arg: Argument | None) -> None:
 def _apply_hybrid(result: Imported, arg: Argument) -> None:
     try:
         [text] = arg.values
-        decoded = decode_hybrid_pattern(text)
-    except NotModelled as exc:
+        decoded = read_hybrid_pattern(text)
+    except PatternNotModelled as exc:
         result.unmapped.append(Unmapped(arg.flag, arg.text, f"not modelled: {exc}", error=True))
         return
-    except (ValueError, BadValue) as exc:
+    except ValueError as exc:  # a pattern Megatron's grammar refuses, or not one value
         result.unmapped.append(Unmapped(arg.flag, arg.text, f"malformed value: {exc}", error=True))
         return
     # The pattern wins over --num-layers, and over --mtp-num-layers when it holds MTP parts
@@ -644,7 +456,6 @@ def _apply_megatron_defaults(result: Imported) -> None:
     for dotted, value in defaults.items():
         if not result.has(dotted):
             result.set(dotted, value)
-            result.defaulted.add(dotted)
 
 
 def _apply_world(result: Imported, nodes: int | None, procs: int | None, world_size: int | None) -> None:
@@ -657,26 +468,7 @@ def _apply_world(result: Imported, nodes: int | None, procs: int | None, world_s
         result.set("cluster.gpus_per_node", procs)
 
 
-def fit_schema(result: Imported) -> None:
-    """Fields this schema lacks (the model fields of the `launch.megatron_extra_args` change) leave
-    the config and are reported; their arguments are kept verbatim."""
-    flags = {dotted: flag for flag, (dotted, _) in EXPLICIT.items()}
-    for section, fields in result.data.items():
-        for name in [n for n in fields if not schema_has(f"{section}.{n}")]:
-            value = fields.pop(name)
-            if f"{section}.{name}" in result.defaulted:
-                continue  # Megatron's default of a field this schema lacks: nothing to keep
-            flag = flags.get(f"{section}.{name}", "--" + name.replace("_", "-"))
-            words = [flag] if value is True else [flag, _word(value)]
-            result.unmapped.append(Unmapped(flag, " ".join(words[1:]), f"this moeplan's schema has no "
-                                            f"{section}.{name} yet; {kept_where()}"))
-            if value is not False:
-                result.extra_args += words
-    if result.extra_args and schema_has("launch.megatron_extra_args"):
+def keep_extra_args(result: Imported) -> None:
+    """The arguments moeplan does not model go to Megatron verbatim, after the plan's."""
+    if result.extra_args:
         result.set("launch.megatron_extra_args", list(result.extra_args))
-
-
-def _word(value: Any) -> str:
-    if isinstance(value, list):
-        return "[" + ",".join(map(str, value)) + "]"
-    return str(value)

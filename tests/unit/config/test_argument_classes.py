@@ -24,8 +24,8 @@ from planner.config.argument_classes import (
     parse_line,
 )
 from planner.config.entry_parsers import entry_parsers
-from planner.config.importers.megatron_args import section_model
 from planner.config.loader import parse_config
+from planner.config.megatron_arguments import section_model
 from planner.config.megatron_names import (
     MAIN_DATA_FILE,
     main_arguments,

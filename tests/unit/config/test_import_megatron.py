@@ -18,21 +18,17 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner.cli import app
+from planner.config.hybrid_pattern import read_hybrid_pattern
 from planner.config.importers.megatron_args import (
-    EXPLICIT,
-    Imported,
-    decode_hybrid_pattern,
-    fit_schema,
     import_arguments,
     map_arguments,
     moe_layer_freq,
     parse_value,
-    schema_has,
 )
+from planner.config.layout_strings import IMPORTED
+from planner.config.layout_strings import layout_string as write_layout_string
 from planner.config.loader import load_config, parse_config
 from planner.config.schema import Config
-from planner.layout.layout_string import IMPORTED
-from planner.layout.layout_string import layout_string as write_layout_string
 from tests.support.paths import EXAMPLES
 
 
@@ -105,10 +101,8 @@ def emitted_command(config: Path, tmp_path: Path) -> str:
 def test_round_trip_gives_back_every_example(config: Path, tmp_path: Path) -> None:
     original = load_config(config)
     imported = import_arguments(emitted_command(config, tmp_path))
-    # Only the model fields this schema does not have yet are left over (wt/fields adds them), and
-    # the example's own launch.megatron_extra_args, kept there again.
-    assert all(("schema has no" in u.why or "megatron_extra_args" in u.why) and not u.error
-               for u in imported.unmapped), imported.unmapped
+    # Only the example's own launch.megatron_extra_args are left over, kept there again.
+    assert all("megatron_extra_args" in u.why and not u.error for u in imported.unmapped), imported.unmapped
     back = parse_config(imported.data)
     assert comparable(back, original) == comparable(original, original)
 
@@ -183,7 +177,7 @@ V3_NOT_MODELLED = [
     "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "deepseek-ai/DeepSeek-V3",
     "--save", "$CKPT", "--load", "$CKPT", "--save-interval", "1000", "--log-interval", "1",
 ]
-# The model fields the wt/fields change adds; before it lands, this schema lacks them.
+# Model fields of the V3 line that only Megatron's names spell (EXPLICIT), read from it by name.
 V3_NEW_FIELDS = {
     "multi_latent_attention": True, "qk_head_dim": 128, "v_head_dim": 128, "normalization": "RMSNorm",
     "swiglu": True, "moe_router_dtype": "fp32",
@@ -218,29 +212,15 @@ def test_v3_launch_line_maps_every_modelled_argument() -> None:
     assert all(u.why.startswith("not modelled") and not u.error for u in mapped.unmapped)
 
 
-def test_v3_launch_line_loads_what_this_schema_has() -> None:
-    """Fields this schema lacks leave the config and are reported; the rest loads. The line names no
-    --vocab-size (the tokenizer gives it), so the config lacks model.vocab_size until one is added."""
-    result = import_arguments(V3_LINE)
-    missing = {name for name in V3_NEW_FIELDS if not schema_has(f"model.{name}")}
-    reported = {u.argument for u in result.unmapped if "schema has no" in u.why}
-    assert reported == {flag for flag, (dotted, _) in EXPLICIT.items()
-                        if dotted.removeprefix("model.") in missing}
-    result.data["model"]["vocab_size"] = 129280
-    cfg = parse_config(result.data)
-    assert cfg.model.attention_variant == "mla" and cfg.dp == 32 and cfg.edp == 1  # 512/(2·8), 512/(64·8)
-
-
 def test_v3_launch_line_loads_completely() -> None:
-    missing = sorted(name for name in V3_NEW_FIELDS if not schema_has(f"model.{name}"))
-    if missing or not schema_has("launch.megatron_extra_args"):
-        pytest.skip("needs the wt/fields schema fields: model." + ", model.".join(missing)
-                    + " and launch.megatron_extra_args")
+    """The line names no --vocab-size (the tokenizer gives it), so one is added; the rest loads,
+    the arguments moeplan does not model kept verbatim."""
     result = import_arguments(V3_LINE)
     result.data["model"]["vocab_size"] = 129280
     cfg = parse_config(result.data)
-    assert cfg.launch.megatron_extra_args == V3_NOT_MODELLED  # type: ignore[attr-defined]
+    assert cfg.launch.megatron_extra_args == V3_NOT_MODELLED
     assert all(getattr(cfg.model, k) == v for k, v in V3_NEW_FIELDS.items())
+    assert cfg.model.attention_variant == "mla" and cfg.dp == 32 and cfg.edp == 1  # 512/(2·8), 512/(64·8)
 
 
 def test_v3_cli_reports_unmapped_and_findings_at_once(tmp_path: Path) -> None:
@@ -313,7 +293,7 @@ def test_window_attention_arguments_are_read_as_megatron_parses_them() -> None:
 
 
 def test_hybrid_pattern_and_layout_inverse() -> None:
-    decoded = decode_hybrid_pattern("WEHE|CEC-|CECE/WE")
+    decoded = read_hybrid_pattern("WEHE|CEC-|CECE/WE")
     # 6 decoder layers (W H | C C | C C) + 1 MTP (W); the 4th layer's MLP is dense ('-')
     assert decoded["compress_ratios"] == [0, 128, 4, 4, 4, 4, 0]
     assert decoded["moe"] == [1, 1, 1, 0, 1, 1] and decoded["mtp_num_layers"] == 1
@@ -324,11 +304,11 @@ def test_hybrid_pattern_and_layout_inverse() -> None:
 
 @given(st.lists(st.integers(1, 12), min_size=1, max_size=12), st.integers(0, 2))
 def test_layout_string_expands_to_its_segments(segments: list[int], mtp: int) -> None:
-    """Megatron's layout grammar (planner/layout/pipeline.py expand_layout) reads back the segments:
+    """Megatron's layout grammar (planner/config/layout_strings.py parse_layout) reads back the segments:
     embedding first, MTP and loss last, one decoder layer per `t`."""
-    from planner.layout.pipeline import expand_layout
+    from planner.config.layout_strings import parse_layout
 
-    stages = expand_layout(layout_string(segments, mtp))
+    stages = parse_layout(layout_string(segments, mtp))
     assert [stage.count("t") for stage in stages] == segments
     assert stages[0][0] == "E" and stages[-1][-1] == "L" and stages[-1].count("m") == mtp
 
@@ -393,14 +373,6 @@ def test_stdin_and_unwritable_output(tmp_path: Path) -> None:
     assert result.exit_code == 2 and not target.parent.exists()
 
 
-def test_fit_schema_keeps_unknown_fields_as_arguments() -> None:
-    mapped = Imported()
-    mapped.set("model.not_a_field_anywhere", 7)
-    fit_schema(mapped)
-    assert mapped.extra_args == ["--not-a-field-anywhere", "7"]
-    assert "schema has no model.not_a_field_anywhere" in mapped.unmapped[0].why
-
-
 # ------------------------------------------------------------------------------ against Megatron
 # Megatron's own parser, run in a subprocess on the oracle checkout (the GPU-only stand-ins of
 # planner/emit/megatron_probe.py): for each argument, which attribute it sets and to what.
@@ -448,7 +420,7 @@ def _same(ours: Any, theirs: Any) -> bool:
 def test_values_and_defaults_match_megatrons_parser() -> None:
     """Every argument of the V3 line that maps to a field reads as Megatron's parser reads it, and
     every default the import writes for an absent argument is Megatron's."""
-    from planner.config.importers.megatron_args import MEGATRON_DEFAULTS, MLA_DEFAULTS, argument_table
+    from planner.config.megatron_arguments import MEGATRON_DEFAULTS, MLA_DEFAULTS, argument_table
 
     dests, (v3, minimal, mla) = megatron_parse([V3_LINE, MINIMAL, MINIMAL + " --multi-latent-attention"])
     table = argument_table()
@@ -483,7 +455,7 @@ NOT_ON_DEV = {
 
 
 def test_every_mapped_flag_is_a_megatron_argument() -> None:
-    from planner.config.importers.megatron_args import SPECIAL, argument_table
+    from planner.config.megatron_arguments import SPECIAL, argument_table
 
     dests, _ = megatron_parse([])
     unknown = {f for f in [*argument_table(), *SPECIAL] if f not in dests}

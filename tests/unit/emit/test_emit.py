@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from planner.cli import app
 from planner.config.loader import load_config, parse_config
 from planner.emit import EmitError
-from planner.emit.megatron import megatron_arguments
+from planner.emit.megatron import MegatronArgs, megatron_arguments
 from planner.emit.render import sbatch_quote, shquote
 from planner.plan_format import read_plan
 from planner.rules import run_rules
@@ -758,6 +758,19 @@ def test_megatron_pp_dp_order_and_pipeline_flags():
     assert found["--moe-layer-freq"] == ("[1,0,1,0]",)
     assert found["--group-query-attention"] == () and found["--num-query-groups"] == ("4",)
     assert found["--recompute-method"] == ("uniform",) and found["--recompute-num-layers"] == ("1",)
+
+
+def test_a_flag_already_held_is_refused():
+    """Two writers of one flag are a bug even when their values agree (argparse keeps the last)."""
+    args = MegatronArgs(entry="pretrain_gpt.py", branch="dev")
+    args.add("--rotary-percent", 0.5, source="model.rotary_percent")
+    args.add_if(False, "--rotary-percent", 0.5, source="not written")
+    with pytest.raises(ValueError, match=r"--rotary-percent is emitted twice: from model.rotary_percent "
+                       r"and from rope"):
+        args.add("--rotary-percent", 0.5, source="rope")
+    with pytest.raises(ValueError, match="emitted twice"):
+        args.add_if(True, "--rotary-percent", 0.25, source="rope")
+    assert [f.flag for f in args.flags] == ["--rotary-percent"]
 
 
 def test_megatron_default_order_needs_no_flag_and_size_one_axes_do_not_matter():

@@ -41,10 +41,26 @@ def test_gpt_oss_flags():
 
 
 def test_glm_flags():
-    flags = megatron_arguments(load_config(ARCH / "glm-4.5-256.yaml")).as_dict()
+    args = megatron_arguments(load_config(ARCH / "glm-4.5-256.yaml"))
+    flags = args.as_dict()
     assert flags["--add-qkv-bias"] == () and "--disable-bias-linear" in flags
     assert flags["--rotary-percent"] == ("0.5",) and flags["--qk-layernorm"] == ()
     assert flags["--mtp-num-layers"] == ("1",)
+    # Each once, beside the other attention and rotary flags (the dictionary would hide a repeat).
+    listed = [f.flag for f in args.flags]
+    assert listed.count("--add-qkv-bias") == listed.count("--rotary-percent") == 1
+    assert listed.index("--add-qkv-bias") < listed.index("--rotary-base") < listed.index("--rotary-percent")
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")) + sorted(ARCH.glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_no_example_emits_a_flag_twice(example):
+    try:
+        args = megatron_arguments(load_config(example))
+    except EmitError:
+        return  # refused as a whole (MiniMax-M2's per-layer q/k norm)
+    listed = [f.flag for f in args.flags]
+    assert sorted(listed) == sorted(set(listed))
 
 
 def test_deepseek_v32_flags():

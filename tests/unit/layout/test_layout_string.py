@@ -1,4 +1,4 @@
-"""The one writer of Megatron layout strings (planner/layout/layout_string.py): each spelling its
+"""The one writer of Megatron layout strings (planner/config/layout_strings.py): each spelling its
 callers print, derived by hand, and every spelling read back by the parser as the same chunks."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner.layout.layout_string import FOLDED, IMPORTED, PER_CHUNK, ChunkHolds, layout_string, write_layout
+from planner.config.layout_strings import FOLDED, IMPORTED, PER_CHUNK, ChunkHolds, layout_string, write_layout
 from planner.layout.pipeline import expand_layout
 
 

@@ -1,0 +1,84 @@
+"""Megatron's `--hybrid-layer-pattern`, both directions, from one symbol table.
+
+The hybrid stack (Megatron-LM dev@d48bd6be megatron/core/models/hybrid/hybrid_layer_allocation.py
+`Symbols`, `parse_hybrid_pattern`) reads one symbol per sublayer, `|` between pipeline segments
+(virtual stages in pipeline order) and `/` before each MTP depth, which sits on the last segment.
+moeplan models DeepSeek-V4's stacks: per decoder layer an attention symbol (its compress ratio)
+then its MLP symbol, `E` routed MoE or `-` dense. The emitter writes the pattern from a planned
+split (planner/emit/megatron.py `hybrid_pattern`), the importer reads it back
+(planner/config/importers/megatron_args.py) into `model.compress_ratios`, `model.moe_layer_freq`,
+`model.mtp_num_layers` and the pipeline segments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+# DeepSeek-V4 attention symbol -> compress ratio: sliding window only, CSA, HCA.
+ATTENTION_RATIO: dict[str, int] = {"W": 0, "C": 4, "H": 128}
+RATIO_SYMBOL: dict[int, str] = {ratio: symbol for symbol, ratio in ATTENTION_RATIO.items()}
+MOE_SYMBOL, DENSE_MLP_SYMBOL = "E", "-"
+MLP_IS_MOE: dict[str, bool] = {MOE_SYMBOL: True, DENSE_MLP_SYMBOL: False}
+SEGMENT_BREAK, MTP_BREAK = "|", "/"
+# The Mamba stack's layer symbols (`Symbols.MAMBA`, `Symbols.ATTENTION`): one symbol is one layer,
+# mixed with `-` and `E` MLP layers (Nemotron-H's `M-M*-`). This is where their reading goes once
+# the Mamba layer kind is modelled; until then a pattern with them is refused as not modelled.
+MAMBA_STACK_SYMBOLS: dict[str, str] = {"M": "Mamba-2 mixer", "*": "self-attention"}
+
+
+class PatternError(ValueError):
+    """A pattern Megatron's grammar or moeplan's layer pairs cannot read."""
+
+
+class PatternNotModelled(PatternError):
+    """A well-formed pattern of layers moeplan does not model (Mamba stacks)."""
+
+
+def layer_symbols(ratio: int, moe: bool) -> str:
+    """One DeepSeek-V4 layer: its attention symbol, then its MLP symbol."""
+    return RATIO_SYMBOL[ratio] + (MOE_SYMBOL if moe else DENSE_MLP_SYMBOL)
+
+
+def segment_text(layers: Sequence[str], mtp_depths: Sequence[str]) -> str:
+    """One pipeline segment: its layers' symbols, then `/` and one layer per MTP depth."""
+    return "".join(layers) + "".join(MTP_BREAK + depth for depth in mtp_depths)
+
+
+def join_segments(segments: Sequence[str]) -> str:
+    return SEGMENT_BREAK.join(segments)
+
+
+def read_hybrid_pattern(pattern: str) -> dict[str, Any]:
+    """The layers of a DeepSeek-V4 pattern: compress ratio per decoder then MTP layer, 1/0 MoE per
+    decoder layer, the MTP depth count and the decoder layers of each pipeline segment."""
+    mamba = sorted({s for s in pattern if s in MAMBA_STACK_SYMBOLS})
+    if mamba:
+        named = ", ".join(f"{s!r} ({MAMBA_STACK_SYMBOLS[s]})" for s in mamba)
+        raise PatternNotModelled(f"{named} is a layer of Megatron's Mamba stack; moeplan models no "
+                                 "Mamba layers yet, only DeepSeek-V4 ones (W/C/H attention then E or - MLP)")
+    segments = pattern.split(SEGMENT_BREAK)
+    ratios: list[int] = []
+    moe: list[int] = []
+    mtp_ratios: list[int] = []
+    counts: list[int] = []
+    for index, segment in enumerate(segments):
+        main, *mtp = segment.split(MTP_BREAK)
+        if mtp and index != len(segments) - 1:
+            raise PatternError("MTP parts ('/') appear before the last pipeline segment")
+        if len(main) % 2:
+            raise PatternError(f"segment {segment!r} is not attention+MLP symbol pairs")
+        for pos in range(0, len(main), 2):
+            attention, mlp = main[pos], main[pos + 1]
+            if attention not in ATTENTION_RATIO or mlp not in MLP_IS_MOE:
+                raise PatternNotModelled(f"{attention + mlp!r} is not a DeepSeek-V4 layer (W/C/H attention "
+                                         "then E or - MLP); moeplan models no other hybrid layers")
+            ratios.append(ATTENTION_RATIO[attention])
+            moe.append(1 if MLP_IS_MOE[mlp] else 0)
+        counts.append(len(main) // 2)
+        for depth in mtp:
+            if len(depth) != 2 or depth[0] not in ATTENTION_RATIO:
+                raise PatternNotModelled(f"MTP part {depth!r} is not one DeepSeek-V4 layer")
+            mtp_ratios.append(ATTENTION_RATIO[depth[0]])
+    return {"num_layers": len(ratios), "compress_ratios": ratios + mtp_ratios, "moe": moe,
+            "mtp_num_layers": len(mtp_ratios), "segments": counts}
