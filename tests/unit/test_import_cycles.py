@@ -29,8 +29,6 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("planner.plan", "planner.layout.spec"): "compile_plan only",
     ("planner.plan", "planner.layout.summary"): "compile_plan only",
     ("planner.plan", "planner.layout.pipeline"): "compile_plan only",
-    # The coordinate formulas import sympy (a quarter of a second): only `groups` asks for them.
-    ("planner.layout.grid", "planner.layout.coordinates"): "sympy, for Grid.formulas only",
     # matplotlib draws the report's charts: it loads when the page is assembled, not when the
     # report command is registered at every CLI start.
     ("planner.report.page", "planner.report.charts"): "matplotlib, when charts are drawn",
