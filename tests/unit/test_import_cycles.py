@@ -22,6 +22,9 @@ PROBER = "planner.emit.megatron_probe"
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
     # The rule catalog loads when a command first judges a config, not at every command's start.
     ("planner.cli_common", "planner.rules"): "every command imports cli_common at start",
+    # The Hugging Face config.json mapping (the largest module `check` would compile) loads only
+    # for a config that names model.hf_config.
+    ("planner.config.loader", "planner.config.importers.hf_config"): "model.hf_config only",
     # The plan reader (runtime/plan_io.py, runtime/report.py, planner/verify.py) stays off the
     # formula book and the grid: only compile_plan needs them.
     ("planner.plan", "planner.accounting"): "compile_plan only",
