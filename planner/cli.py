@@ -1,43 +1,101 @@
 """The `moeplan` command line: typer parses arguments, the command modules call the library.
 
-Each module in COMMAND_MODULES exposes `register(app)`; heavy imports stay inside the commands so
-`moeplan check` starts fast.
+Each module in COMMANDS exposes `register(app)`. A run imports only the module(s) of the command it
+names (`moeplan check …` never imports the search, the emitters or the report, nor has typer read
+the other fourteen commands' signatures); `moeplan --help`, a mistyped command and anything that
+reads the app as a whole (typer's test runner) see every command.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+from typing import Any
 
 import typer
+import typer.main
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "planner.commands.check",
-    "planner.commands.groups",
-    "planner.commands.compile",
-    "planner.commands.rules",
-    "planner.commands.reshard",
-    "planner.commands.emit",
-    "planner.commands.launch",
-    "planner.commands.budget",
-    "planner.commands.verify",
-    "planner.commands.import_",
-    "planner.commands.import_hf",
-    "planner.commands.estimate",
-    "planner.commands.calibrate",
-    "planner.commands.report",
-    "planner.commands.search",
-)
+# Command name -> the modules whose register(app) adds it, in `moeplan --help` order.
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "check": ("planner.commands.check",),
+    "groups": ("planner.commands.groups",),
+    "compile": ("planner.commands.compile",),
+    "rules": ("planner.commands.rules",),
+    "reshard-plan": ("planner.commands.reshard",),
+    "emit": ("planner.commands.emit",),
+    "launch": ("planner.commands.launch",),
+    "budget": ("planner.commands.budget",),
+    "verify": ("planner.commands.verify",),
+    "import": ("planner.commands.import_", "planner.commands.import_hf"),
+    "estimate": ("planner.commands.estimate",),
+    "calibrate": ("planner.commands.calibrate",),
+    "report": ("planner.commands.report",),
+    "search": ("planner.commands.search",),
+}
+COMMAND_MODULES: tuple[str, ...] = tuple(m for modules in COMMANDS.values() for m in modules)
 
-app = typer.Typer(
+
+class CommandLine(typer.Typer):
+    """A Typer app whose commands are registered when first needed.
+
+    `registered_commands`/`registered_groups` load every command on first read (typer builds the
+    click group from them); `__call__` loads only the command named on the command line and builds
+    the same click group from it alone, so the invoked command parses, helps and fails as in the
+    full group."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._loaded: list[str] = []
+        self._commands: list[Any] = []
+        self._groups: list[Any] = []
+        super().__init__(**kwargs)
+
+    def _load(self, modules: tuple[str, ...]) -> None:
+        for module in modules:
+            if module not in self._loaded:
+                self._loaded.append(module)  # first: register() reads the lists below
+                importlib.import_module(module).register(self)
+
+    def _load_all(self) -> None:
+        if not self._loaded:
+            self._load(COMMAND_MODULES)
+
+    @property  # type: ignore[override]
+    def registered_commands(self) -> list[Any]:
+        self._load_all()
+        return self._commands
+
+    @registered_commands.setter
+    def registered_commands(self, value: list[Any]) -> None:
+        self._commands = value
+
+    @property  # type: ignore[override]
+    def registered_groups(self) -> list[Any]:
+        self._load_all()
+        return self._groups
+
+    @registered_groups.setter
+    def registered_groups(self, value: list[Any]) -> None:
+        self._groups = value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        argv = kwargs.get("args", args[0] if args else None)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        modules = COMMANDS.get(argv[0]) if argv and not self._loaded else None
+        if modules is None:
+            return super().__call__(*args, **kwargs)
+        self._load(modules)
+        # The group typer would build from every command (pretty exceptions are off, so typer's
+        # own __call__ adds nothing else), holding only the one asked for.
+        return typer.main.get_group(self)(*args, **kwargs)
+
+
+app = CommandLine(
     name="moeplan",
     help="Compile a Megatron MoE training config: check it, list its groups, budget it, launch it.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-for _module in COMMAND_MODULES:
-    importlib.import_module(_module).register(app)
 
 
 if __name__ == "__main__":

@@ -118,8 +118,7 @@ def _print_rank(view: RankView, only_kind: str | None) -> None:
         stdout.print(f"experts: {own.note}")
     stdout.print(f"expert replicas (expt_dp peers, same parameters): {list(own.replica_peers)}")
     for name, formula in view.formulas.items():
-        coords = ", ".join(f"{sym}={int(expr.subs('r', view.rank))}"
-                           for sym, expr in formula.inverse.items())
+        coords = ", ".join(f"{sym}={value}" for sym, value in formula.coordinates_of(view.rank).items())
         stdout.print(
             f"{name} formula: {formula.text()}  ({formula.ranges()})\n"
             f"    stage {view.stage}: {formula.text(stage=True)};  {coords}"

@@ -9,8 +9,8 @@ generate_masked_orthogonal_rank_groups, initialize_model_parallel).
 
 A rank's coordinates and groups are derived from strides (O(number of axes) per coordinate),
 so one rank's view of a 131,072-rank job needs no enumeration; full listings are linear in N.
-No torch and no sympy at import time (the formulas load planner/layout/coordinates.py when asked
-for): `moeplan check` must start fast.
+No torch and no sympy (planner/layout/coordinates.py writes the formulas' texts from the strides and
+loads sympy only for its expressions): `moeplan check` and `moeplan groups --rank` must start fast.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from planner.layout.coordinates import CoordinateFormula, coordinate_formula
 from planner.layout.group_kinds import KIND_BY_NAME, KINDS, GroupKind
 from planner.layout.rank_generator import GTP_AXIS, GridError, GridName, RankGenerator, stage_ranks
 from planner.layout.spec import GridSpec, dense_generator, expert_generator, layout_problems
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from collections.abc import Iterable
-
-    from planner.layout.coordinates import CoordinateFormula
 
 
 # --------------------------------------------------------------------------- views
@@ -111,7 +110,7 @@ class RankView:
                     "global": f.text(),
                     "stage": f.text(stage=True),
                     "ranges": f.ranges(),
-                    "inverse": {sym: str(expr) for sym, expr in f.inverse.items()},
+                    "inverse": f.inverse_text(),
                 }
                 for name, f in self.formulas.items()
             },
@@ -274,9 +273,7 @@ class Grid:
 
 
     def formulas(self, stage: int = 0) -> dict[str, CoordinateFormula]:
-        """Each generator's rank as a sympy formula of its coordinates (this loads sympy)."""
-        from planner.layout.coordinates import coordinate_formula  # lazy: sympy costs `check` 0.25 s
-
+        """Each generator's rank as a formula of its coordinates (texts without sympy)."""
         return {"dense": coordinate_formula(self.dense, stage),
                 "expert": coordinate_formula(self.expert, stage)}
 

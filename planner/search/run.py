@@ -67,7 +67,14 @@ from planner.search.judge import (
     verdict_key,
 )
 from planner.search.knobs import Knobs, Pipeline, family_of
-from planner.search.space import MBS_CHOICES, dispatchers, groups, pipeline_choices, recompute_presets
+from planner.search.space import (
+    MBS_CHOICES,
+    Group,
+    dispatchers,
+    groups,
+    pipeline_choices,
+    recompute_presets,
+)
 
 # How many layouts the knob grid's first round takes, lowest floor first (each later round four
 # times as many): the most promising few set a tight bound for all the others.
@@ -103,6 +110,15 @@ class SearchResult:
 
 Progress = Callable[[int, int], None]
 
+# Phase-1 settings (family x EP, planner/search/space.py groups) below which the default search
+# judges in this process: each forked worker warms its own formula books, grids and placements,
+# so two workers cost about 1.9 s more CPU than one. Measured on the shared 2-core machine (whole
+# `search(cfg, top=10)` processes, one worker vs two, medians of 2-3 pairs): tiny-cpu-8.yaml (78
+# settings) 5.0 vs 6.8 s CPU, wall 0.72x in process; qwen3-30b-a3b-16.yaml (155) 5.5 vs 7.4 s
+# CPU, wall 0.73x. Larger spaces (mixtral-8x7b-64.yaml, 271, and up) keep the pool as before,
+# where bench/search_bench.py measures the second core's gain on an idle machine.
+IN_PROCESS_BELOW = 200
+
 
 def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max_ruled_out: int = 3,
            progress: Progress | None = None, workers: int | None = None,
@@ -113,19 +129,24 @@ def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max
     and the user's: cost-balanced layouts, then the knob grid on the `layouts` best of them (see
     the module doc). A candidate fits when every stage's estimated peak is at most
     `memory_headroom` of the GPU's memory (1: MEM001's own threshold). `workers` processes share
-    the judging (default: up to 2 cores).
+    the judging (default: up to 2 cores, or this process alone for a small space, IN_PROCESS_BELOW).
     """
-    with worker_pool(default_workers() if workers is None else workers) as pool:
-        return _search(cfg, top, refine, layouts, max_ruled_out, progress, pool, memory_headroom)
+    space = groups(cfg)
+    if workers is None:
+        settings = sum(len(eps) for eps in space[0].values())
+        workers = 1 if settings < IN_PROCESS_BELOW else default_workers()
+    with worker_pool(workers) as pool:
+        return _search(cfg, space, top, refine, layouts, max_ruled_out, progress, pool,
+                       memory_headroom)
 
 
-def _search(cfg: Config, top: int, refine: int, layouts: int, max_ruled_out: int,
-            progress: Progress | None, pool: Executor | None,
+def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, refine: int,
+            layouts: int, max_ruled_out: int, progress: Progress | None, pool: Executor | None,
             memory_headroom: float) -> SearchResult:
     start = time.perf_counter()
     judge = Judge(cfg, memory_headroom)
     user = judge.judge(None, is_user=True)
-    by_group, pruned_degrees = groups(cfg)
+    by_group, pruned_degrees = space
     pruned: dict[str, int] = {"families the degrees rule out": pruned_degrees}
     user_family = family_of(cfg)
     plan: list[Phase1Item] = []

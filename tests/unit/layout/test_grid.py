@@ -411,13 +411,15 @@ def test_one_rank_view_needs_no_full_listing():
     assert len(view.groups["expt_dp"]) == 128
 
 
-def test_the_grid_loads_sympy_only_when_formulas_are_asked_for():
-    # `moeplan check` and `budget` build grids and rank views; only formulas need sympy (0.25 s).
+def test_the_grid_loads_sympy_only_when_formula_expressions_are_asked_for():
+    # `moeplan check`, `budget` and `groups --rank` (JSON or table) print the formulas' texts; only
+    # the sympy expressions load sympy (0.35 s, more than the rest of `groups --rank`).
     probe = ("import sys\nfrom planner.layout.grid import Grid\nfrom planner.layout.spec import GridSpec\n"
              "grid = Grid(GridSpec(16, cp=2, ep=4, pp=2, num_experts=8))\n"
-             "grid.all_groups(); grid.rank_view(5, with_formulas=False).groups\n"
-             "assert 'sympy' not in sys.modules and 'planner.layout.coordinates' not in sys.modules\n"
-             "grid.formulas(1)\nassert 'planner.layout.coordinates' in sys.modules\n")
+             "grid.all_groups(); view = grid.rank_view(5)\nview.groups; view.to_dict()\n"
+             "view.formulas['dense'].coordinates_of(5)\n"
+             "assert 'sympy' not in sys.modules\n"
+             "grid.formulas(1)['dense'].inverse\nassert 'sympy' in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
 
@@ -607,3 +609,24 @@ def test_formulas_evaluate_to_the_rank(spec, data):
         )
         assert int(formula.expression.subs(values)) == rank
         assert int(formula.stage_expression.subs(values)) == rank
+
+
+@settings(max_examples=50, deadline=None)
+@given(layouts(), st.data())
+def test_formula_texts_are_what_sympy_prints_and_evaluates(spec, data):
+    """`groups --rank` writes the inverse formulas and the coordinates without sympy: they must be
+    the bytes sympy printed (str of the expression) and the values it substituted."""
+    assume(layout_problems(spec) == [])
+    grid = Grid(spec)
+    rank = data.draw(st.integers(0, spec.world_size - 1))
+    for formula in grid.formulas(grid.stage_of(rank)).values():
+        assert formula.inverse_text() == {sym: str(expr) for sym, expr in formula.inverse.items()}
+        assert formula.coordinates_of(rank) == {
+            sym: int(expr.subs("r", rank)) for sym, expr in formula.inverse.items()}
+
+
+def test_inverse_text_of_the_v4_pro_dense_stage():
+    formula = Grid(GridSpec(1024, cp=2, pp=8, ep=64, num_experts=384)).formulas(5)["dense"]
+    assert formula.inverse_text() == {"c": "Mod(r, 2)", "d_a": "Mod(floor(r/2), 64)",
+                                      "p": "Mod(floor(r/128), 8)"}
+    assert formula.coordinates_of(700) == {"c": 0, "d_a": 30, "p": 5}
