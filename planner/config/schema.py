@@ -247,9 +247,10 @@ class ModelSection(Section):
         if value is not None:
             return handler(value)
         try:
-            return handler(_SIZES[str(info.field_name)](info.data))
-        except KeyError:  # a field it derives from is itself invalid: that error is the one to show
+            derived = _SIZES[str(info.field_name)](info.data)
+        except KeyError:  # a field it derives from is invalid: that error is the one to show
             return None
+        return None if derived is None else handler(derived)  # None: derived from one left None
 
     @model_validator(mode="before")
     @classmethod
