@@ -121,7 +121,7 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
         if name is None:
             raise CalibrationError(f"{path}: the log does not name its GPU and neither --gpu nor "
                                    "cluster.gpu does: pass --gpu NAME (e.g. --gpu H100)")
-        if name != cfg.cluster.gpu:
+        if name != cfg.cluster.gpu or not cfg.cluster.gpu_named:  # the run's card, named
             cfg = with_gpu(cfg, name)
         logs.append(log)
         runs.append(Run(str(path), cfg, log.step_s))

@@ -62,7 +62,8 @@ def _alias(*names: str) -> Any:
 
 
 def _derived(*names: str) -> Any:
-    """A field a validator fills in when the user leaves it unset: None goes in, never comes out.
+    """A field a validator fills in when the user leaves it unset: None goes in, a validated Config
+    never holds it (its own section's validator fills it, or Config / ClusterSection does).
 
     Typed as the resolved value (pydantic types a `validate_default` default as Any), so readers need
     no fallback; a value filled in this way stays out of `model_fields_set`, so
@@ -729,7 +730,7 @@ class ClusterSection(Section):
     left unset; without `gpu` they are an H100's (moeplan's defaults before the catalog), in nodes
     of 8 GPUs that form their own NVLink domain."""
 
-    nodes: RankCount = _derived()  # unset: the nodes world_size fills (Config._resolve)
+    nodes: RankCount = _derived()  # unset: world_size / gpus_per_node rounded up (Config._resolve)
     gpu: Literal[GPU_NAMES] = DEFAULT_GPU  # type: ignore[valid-type]
     gpus_per_node: RankCount | None = None
     # GPUs that share one NVLink domain: a node (8) on HGX systems, 72 on NVL72 racks.
