@@ -38,12 +38,11 @@ class Degrees:
 
     @classmethod
     def from_config(cls, cfg: Any) -> Degrees:
-        """A validated Config's degrees, ETP defaulting to TP as Megatron's does (Megatron-LM
-        dev@d48bd6be megatron/training/arguments.py validate_args)."""
+        """A validated Config's degrees (the schema resolved world size and ETP)."""
         p = cfg.parallel
         return cls(
-            world_size=int(p.world_size or 0), tp=p.tp, cp=p.cp, pp=p.pp, ep=p.ep,
-            etp=p.etp or p.tp, gtp=p.gtp, egtp=p.egtp, num_experts=cfg.model.num_experts or 0,
+            world_size=p.world_size, tp=p.tp, cp=p.cp, pp=p.pp, ep=p.ep,
+            etp=p.etp, gtp=p.gtp, egtp=p.egtp, num_experts=cfg.model.num_experts,
         )
 
     # ----------------------------------------------------------------- model sizes

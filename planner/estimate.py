@@ -26,7 +26,6 @@ from planner.accounting import (
     pipeline_page,
     pipeline_step,
 )
-from planner.config.gpus import gpu
 from planner.config.schema import Config
 from planner.layout.nodes import rank_places
 
@@ -79,12 +78,12 @@ class Estimate:
     @property
     def tflops_per_gpu(self) -> float:
         """Megatron's model FLOPs of a step per GPU and second, in TFLOP/s."""
-        n = self.cfg.parallel.world_size or 1
+        n = self.cfg.parallel.world_size
         return float(self.globals["flops_per_step"]) / self.step_time_s / n / 1e12
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
-        return self.tokens_per_step / self.step_time_s / (self.cfg.parallel.world_size or 1)
+        return self.tokens_per_step / self.step_time_s / self.cfg.parallel.world_size
 
     def as_json(self) -> dict[str, Any]:
         cfg, tflops = self.cfg, self.tflops_per_gpu
@@ -97,9 +96,10 @@ class Estimate:
             "flops_per_token": float(self.globals["flops_per_token"]),
             "mfu": {"value": tflops / float(peak or 1),
                     "denominator": f"dense {precision} peak, {peak:g} TFLOP/s per GPU "
-                                   f"({cfg.cluster.gpu or 'H100 (default)'})"},
+                                   f"({cfg.cluster.gpu_label})"},
             "breakdown": {"slowest_stage": self.slowest_stage, "stages": self.stages,
-                          "efficiency": _efficiency(cfg), "nvlink_domain": cfg.cluster.nvlink_domain},
+                          "efficiency": cfg.cluster.efficiency.model_dump(),
+                          "nvlink_domain": cfg.cluster.nvlink_domain},
         }
 
     def moe_layer_seconds(self, stage: int = 0) -> float:
@@ -145,14 +145,6 @@ def estimate(cfg: Config, *, exact: bool = True) -> Estimate:
         steps.append(float(page["time_stage_step_s"]))
     slowest = max(range(len(steps)), key=steps.__getitem__)
     return Estimate(cfg, steps[slowest], slowest, ranks, acc.globals, acc, parts, times)
-
-
-def _efficiency(cfg: Config) -> dict[str, Any]:
-    """The efficiency factors the estimate used, the GPU catalog's fill-ins included."""
-    out = cfg.cluster.efficiency.model_dump()
-    if out["gemm_half_dim"] is None:
-        out["gemm_half_dim"] = gpu(cfg.cluster.gpu).gemm_half_dim
-    return out
 
 
 # (row label, time quantity, its exposed part) of every collective phase, in table order.

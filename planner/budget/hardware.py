@@ -14,7 +14,6 @@ from typing import Any
 
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Number, Symbol, exact, normalize
-from planner.config.gpus import gpu as gpu_entry
 from planner.config.schema import Config
 
 TERA, GIGA = 10**12, 10**9
@@ -162,14 +161,13 @@ def attention_variant_share(cfg: Config) -> float:
 def fixed_cost_values(cfg: Config) -> dict[str, Number]:
     """The fixed-cost, GEMM-shape and latency inputs of the time page."""
     eff = cfg.cluster.efficiency
-    half = eff.gemm_half_dim if eff.gemm_half_dim is not None else gpu_entry(cfg.cluster.gpu).gemm_half_dim
     return {
         "t_host_block": normalize(Fraction(exact(eff.host_us_per_block)) / 10**6),
         "t_host_expert": normalize(Fraction(exact(eff.host_us_per_expert)) / 10**6),
         "t_host_microbatch": normalize(Fraction(exact(eff.host_us_per_microbatch)) / 10**6),
         "t_step_fixed": normalize(Fraction(exact(eff.step_fixed_ms)) / 10**3),
         **graph_capture(cfg),
-        "gemm_half": exact(half), "gemm_tile": eff.gemm_tile,
+        "gemm_half": exact(eff.gemm_half_dim), "gemm_tile": eff.gemm_tile,
         "t_dispatch": normalize(Fraction(exact(dispatch_latency(cfg))) / 10**6),
         "t_coll": normalize(Fraction(exact(eff.collective_latency_us)) / 10**6),
         "inv_dispatch_sm_rate": dispatch_sm_seconds_per_byte(cfg),

@@ -28,7 +28,7 @@ from planner.budget.attention_kinds import (
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
-from planner.config.gpus import DEFAULT_GPU, HOPPER
+from planner.config.gpus import takes_tn_only
 from planner.config.offload_groups import offload_groups
 from planner.config.schema import Config
 from planner.layout.nodes import Places, node_of
@@ -345,7 +345,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         router_fp64=model.moe_router_dtype == "fp64",
         mla_norms=model.qk_layernorm or model.attention_variant != "mla",
         fp8_weights=FP8_WEIGHTS[tr.fp8_recipe] if tr.fp8 and tr.fp8_recipe else "",
-        fp8_transpose=tr.fp8 and (cfg.cluster.gpu or DEFAULT_GPU) in HOPPER
+        fp8_transpose=tr.fp8 and takes_tn_only(cfg.cluster.gpu)
         and tr.fp8_recipe in ("delayed", "tensorwise"),
         fp8_param_gather=tr.fp8 and tr.fp8_param_gather,
         learned_positions=model.position_embedding_type == "learned_absolute",
@@ -484,18 +484,18 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
     m, par, tr = cfg.model, cfg.parallel, cfg.training
     hca = [r for r in _ratios(cfg) if r not in (0, CSA_RATIO)]
     return {
-        "N": par.world_size or 0, "TP": par.tp, "CP": par.cp, "PP": par.pp, "VPP": split.vpp,
+        "N": par.world_size, "TP": par.tp, "CP": par.cp, "PP": par.pp, "VPP": split.vpp,
         "EP": par.ep, "ETP": cfg.degrees.etp, "GTP": par.gtp, "EGTP": par.egtp,
         "q_s": par.gtp_remat_num_sequence_shards or 1,
         "TP_seq": par.tp if par.sequence_parallel else 1,
         "h": m.hidden_size, "E": m.num_experts, "k": m.moe_router_topk,
-        "I": m.moe_ffn_hidden_size or 0, "I_s": m.moe_shared_expert_intermediate_size or 0,
-        "f": m.ffn_hidden_size or 0, "V": m.vocab_size,
+        "I": m.moe_ffn_hidden_size, "I_s": m.moe_shared_expert_intermediate_size,
+        "f": m.ffn_hidden_size, "V": m.vocab_size,
         "V_pad": cfg.padded_vocab_size,
         "heads": m.num_attention_heads,
-        "groups": m.num_query_groups or m.num_attention_heads, "d": m.kv_channels or 0,
+        "groups": m.num_query_groups, "d": m.kv_channels,
         "q_lora": m.q_lora_rank or 0, "kv_lora": m.kv_lora_rank or 0,
-        "qk_rope": m.qk_pos_emb_head_dim, "d_qk": m.qk_head_dim or 0, "d_v": m.v_head_dim or 0,
+        "qk_rope": m.qk_pos_emb_head_dim, "d_qk": m.qk_head_dim, "d_v": m.v_head_dim,
         "o_groups": m.o_groups or 1, "o_lora": m.o_lora_rank or 0,
         "idx_heads": m.index_n_heads or 0, "idx_dim": m.index_head_dim or 0,
         "idx_topk": m.index_topk or 0, "csa_ratio": CSA_RATIO, "hca_ratio": max(hca, default=0),

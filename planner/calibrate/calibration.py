@@ -117,11 +117,11 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
             rebuilt = "" if source else " (rebuilt from the log's argument dump; pass --config CONFIG)"
             raise CalibrationError(f"{source or path}: invalid config{rebuilt}: " + "; ".join(
                 f"{f.code} {f.path}: {f.message}" for f in exc.findings)) from None
-        name = log.gpu or gpu or cfg.cluster.gpu
+        name = log.gpu or gpu or (cfg.cluster.gpu if cfg.cluster.gpu_named else None)
         if name is None:
             raise CalibrationError(f"{path}: the log does not name its GPU and neither --gpu nor "
                                    "cluster.gpu does: pass --gpu NAME (e.g. --gpu H100)")
-        if name != cfg.cluster.gpu:
+        if name != cfg.cluster.gpu or not cfg.cluster.gpu_named:  # the run's card, named
             cfg = with_gpu(cfg, name)
         logs.append(log)
         runs.append(Run(str(path), cfg, log.step_s))

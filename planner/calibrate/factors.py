@@ -76,9 +76,5 @@ def with_factors(cfg: Config, values: dict[str, float]) -> Config:
 
 
 def current(cfg: Config, name: str) -> float:
-    """The value the config's step-time model uses for a factor (catalog fill-ins included)."""
-    name = split_name(name)[0]
-    value = getattr(cfg.cluster.efficiency, name)
-    if value is None and name == "gemm_half_dim":
-        return gpu(cfg.cluster.gpu).gemm_half_dim
-    return float(value)
+    """The value the config's step-time model uses for a factor (the schema filled in the card's)."""
+    return float(getattr(cfg.cluster.efficiency, split_name(name)[0]))

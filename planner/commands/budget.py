@@ -202,7 +202,7 @@ def budget(
     cfg, _ = calibrated_or_exit(load_config_or_exit(config), calibration)
     if rank is not None and stage is not None:
         fail(EXIT_USAGE, "give --rank or --stage, not both")
-    world, pp = cfg.parallel.world_size or 0, cfg.parallel.pp
+    world, pp = cfg.parallel.world_size, cfg.parallel.pp
     if rank is not None and not 0 <= rank < world:
         fail(EXIT_USAGE, f"--rank {rank} is outside 0..{world - 1}")
     if stage is not None and not 0 <= stage < pp:

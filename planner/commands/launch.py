@@ -73,7 +73,7 @@ def launch_command(
 
     cfg = load_config_or_exit(config)
     findings = exit_on_errors(cfg)
-    world = cfg.parallel.world_size or 0
+    world = cfg.parallel.world_size
     if world > max_ranks:
         fail(EXIT_USAGE, f"the plan has {world} ranks and launch starts every one of them on this "
              f"machine (limit --max-ranks {max_ranks}); for a cluster use `moeplan emit slurm` or "

@@ -57,17 +57,18 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     Gpu("MI355X", 2516.6, 5033.2, 288, 8.0, 537.6, 50, 8, 8, family="cdna4"),
 )})
 
-# GPUs whose FP8 GEMMs take only the TN layout, so Transformer Engine keeps a physically transposed
-# copy of a tensor-scaled FP8 weight for the data-gradient GEMM (Blackwell reads either layout;
-# Transformer Engine docs, low-precision training, "Performance considerations: handling
-# transposes").
-HOPPER = frozenset({"H100", "H200", "H800"})
-
 # What a config without `cluster.gpu` gets: an H100's figures, moeplan's defaults before the catalog.
 DEFAULT_GPU = "H100"
-GpuName = str
 
 
-def gpu(name: str | None) -> Gpu:
-    """The catalog entry of `name`, the default H100 when None."""
-    return GPUS[name or DEFAULT_GPU]
+def gpu(name: str) -> Gpu:
+    """The catalog entry of `name` (a resolved config's `cluster.gpu`)."""
+    return GPUS[name]
+
+
+def takes_tn_only(name: str) -> bool:
+    """Whether the card's FP8 GEMMs take only the TN layout, so Transformer Engine keeps a physically
+    transposed copy of a tensor-scaled FP8 weight for the data-gradient GEMM: Hopper does, Blackwell
+    reads either layout (Transformer Engine docs, low-precision training, "Performance
+    considerations: handling transposes")."""
+    return gpu(name).family == "hopper"

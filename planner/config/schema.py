@@ -9,10 +9,19 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from planner.config.gpus import GPUS
+from planner.config.gpus import DEFAULT_GPU, GPUS
 from planner.config.gpus import gpu as gpu_entry
 from planner.config.layer_freq import parse_layer_freq
 from planner.config.presets import PRESETS
@@ -52,6 +61,34 @@ def _alias(*names: str) -> Any:
     return Field(default=None, validation_alias=AliasChoices(*names))
 
 
+def _derived(*names: str) -> Any:
+    """A field a validator fills in when the user leaves it unset: None goes in, a validated Config
+    never holds it (its own section's validator fills it, or Config / ClusterSection does).
+
+    Typed as the resolved value (pydantic types a `validate_default` default as Any), so readers need
+    no fallback; a value filled in this way stays out of `model_fields_set`, so
+    `model_dump(exclude_unset=True)` is still what the user wrote (calibrate.with_gpu re-resolves a
+    config on another card from it)."""
+    return Field(None, validate_default=True, validation_alias=AliasChoices(*names) if names else None)
+
+
+def _unset_passes(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """None stays None for the enclosing section to fill in (Config._resolve, ClusterSection._from_gpu)."""
+    return None if value is None else handler(value)
+
+
+# What an unset size is, from the model fields validated before it (the schema declares those first).
+_SIZES: dict[str, Any] = {
+    "num_query_groups": lambda m: m["num_attention_heads"],
+    "kv_channels": lambda m: max(1, m["hidden_size"] // m["num_attention_heads"]),
+    "ffn_hidden_size": lambda m: 4 * m["hidden_size"],
+    "moe_ffn_hidden_size": lambda m: m["ffn_hidden_size"],
+    "moe_shared_expert_intermediate_size": lambda m: 0,
+    "qk_head_dim": lambda m: m["kv_channels"],
+    "v_head_dim": lambda m: m["kv_channels"],
+}
+
+
 class ModelSection(Section):
     preset: Literal["deepseek-v4-pro", "deepseek-v4-flash", "deepseek-v3", "qwen3-30b-a3b",
                     "qwen3-235b-a22b", "mixtral-8x7b",
@@ -62,9 +99,9 @@ class ModelSection(Section):
     num_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)]
     hidden_size: PosInt
     num_attention_heads: PosInt
-    num_query_groups: PosInt | None = None
-    kv_channels: PosInt | None = None
-    ffn_hidden_size: PosInt | None = None
+    num_query_groups: PosInt = _derived()  # unset: num_attention_heads (no GQA)
+    kv_channels: PosInt = _derived()  # unset: hidden_size / num_attention_heads
+    ffn_hidden_size: PosInt = _derived()  # unset: 4 x hidden_size
     vocab_size: PosInt
     max_position_embeddings: PosInt | None = None
     # moeplan's runtime rotates q/k (RoPE); Megatron's own default is a learned table, which MTP
@@ -75,8 +112,8 @@ class ModelSection(Section):
     qk_layernorm: bool = False
     num_experts: Annotated[int, Field(ge=1, le=MAX_EXPERTS)]
     moe_router_topk: PosInt = 2
-    moe_ffn_hidden_size: PosInt | None = None
-    moe_shared_expert_intermediate_size: NonNegInt | None = None
+    moe_ffn_hidden_size: PosInt = _derived()  # unset: ffn_hidden_size
+    moe_shared_expert_intermediate_size: NonNegInt = _derived()  # unset: 0, no shared expert
     # An int N (every N-th layer MoE), a 0/1 list, or Megatron's string form "([0]*3+[1]*58)".
     moe_layer_freq: PosInt | list[Literal[0, 1]] = 1
     moe_n_hash_layers: NonNegInt = 0
@@ -102,8 +139,8 @@ class ModelSection(Section):
     # megatron/core/transformer/multi_latent_attention.py MultiLatentAttention.__init__). Unset,
     # both fall back to kv_channels.
     multi_latent_attention: bool | None = None
-    qk_head_dim: PosInt | None = None
-    v_head_dim: PosInt | None = None
+    qk_head_dim: PosInt = _derived()
+    v_head_dim: PosInt = _derived()
     group_query_attention: bool | None = None
     normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
     swiglu: bool = True
@@ -200,6 +237,22 @@ class ModelSection(Section):
         """Megatron's string spellings: "N" or a list expression such as "([0]*3+[1]*58)"."""
         return parse_layer_freq(value) if isinstance(value, str) else value
 
+    @field_validator(*_SIZES, mode="wrap")
+    @classmethod
+    def _sizes(cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+        """Megatron's defaults for the head and FFN sizes (Megatron-LM dev@d48bd6be
+        megatron/training/arguments.py validate_args: ffn_hidden_size 4h, kv_channels h / heads;
+        megatron/core/transformer/transformer_config.py TransformerConfig.__post_init__:
+        num_query_groups = heads, moe_ffn_hidden_size = ffn_hidden_size), from the fields declared
+        above them."""
+        if value is not None:
+            return handler(value)
+        try:
+            derived = _SIZES[str(info.field_name)](info.data)
+        except KeyError:  # a field it derives from is invalid: that error is the one to show
+            return None
+        return None if derived is None else handler(derived)  # None: derived from one left None
+
     @model_validator(mode="before")
     @classmethod
     def _quick_geglu(cls, data: Any) -> Any:
@@ -241,7 +294,7 @@ class ModelSection(Section):
                 "through it; without it the KV path has no size)",
             )
         if (self.group_query_attention is False and self.attention_variant == "standard"
-                and self.num_query_groups not in (None, self.num_attention_heads)):
+                and self.num_query_groups != self.num_attention_heads):
             raise PydanticCustomError(
                 "gqa_conflict",
                 "group_query_attention false but num_query_groups {groups} differs from "
@@ -264,20 +317,13 @@ class ModelSection(Section):
                 "one 1 (window) or 0 (full) per layer",
                 {"found": len(skip), "layers": self.num_layers})
         derived = {
-            "num_query_groups": self.num_query_groups or self.num_attention_heads,
-            "kv_channels": self.kv_channels or max(1, self.hidden_size // self.num_attention_heads),
-            "ffn_hidden_size": self.ffn_hidden_size or 4 * self.hidden_size,
+            # Megatron's GQA switch concerns standard attention; MLA and DSv4 attention ignore it.
+            "group_query_attention": (
+                self.group_query_attention if self.group_query_attention is not None
+                else self.attention_variant == "standard"
+                and self.num_query_groups != self.num_attention_heads),
+            "multi_latent_attention": self.attention_variant in ("mla", "dsv4_hybrid"),
         }
-        derived["moe_ffn_hidden_size"] = self.moe_ffn_hidden_size or derived["ffn_hidden_size"]
-        derived["moe_shared_expert_intermediate_size"] = self.moe_shared_expert_intermediate_size or 0
-        # Megatron's GQA switch concerns standard attention; MLA and DSv4 attention ignore it.
-        derived["group_query_attention"] = (
-            self.group_query_attention if self.group_query_attention is not None
-            else self.attention_variant == "standard"
-            and derived["num_query_groups"] != self.num_attention_heads)
-        derived["multi_latent_attention"] = self.attention_variant in ("mla", "dsv4_hybrid")
-        derived["qk_head_dim"] = self.qk_head_dim or derived["kv_channels"]
-        derived["v_head_dim"] = self.v_head_dim or derived["kv_channels"]
         for key, value in derived.items():
             object.__setattr__(self, key, value)
         return self
@@ -335,7 +381,7 @@ class ModelSection(Section):
 
 
 class ParallelSection(Section):
-    world_size: RankCount | None = None
+    world_size: RankCount = _derived()  # unset: cluster.nodes x gpus_per_node (Config._resolve)
     tp: PosInt = Field(1, validation_alias=AliasChoices("tp", "tensor_model_parallel_size"))
     cp: PosInt = Field(1, validation_alias=AliasChoices("cp", "context_parallel_size"))
     pp: PosInt = Field(1, validation_alias=AliasChoices("pp", "pipeline_model_parallel_size"))
@@ -343,7 +389,7 @@ class ParallelSection(Section):
         "vpp", "virtual_pipeline_model_parallel_size", "num_virtual_stages_per_pipeline_rank"
     )
     ep: PosInt = Field(1, validation_alias=AliasChoices("ep", "expert_model_parallel_size"))
-    etp: PosInt | None = _alias("etp", "expert_tensor_parallel_size")
+    etp: PosInt = _derived("etp", "expert_tensor_parallel_size")  # unset: tp, as Megatron
     gtp: PosInt = Field(1, validation_alias=AliasChoices("gtp", "gtp_remat_size"))
     egtp: PosInt = Field(1, validation_alias=AliasChoices("egtp", "expert_gtp_remat_size"))
     gtp_remat_num_sequence_shards: PosInt | None = None
@@ -362,6 +408,20 @@ class ParallelSection(Section):
     account_for_loss_in_pipeline_split: bool = False
     microbatch_group_size_per_vp_stage: PosInt | None = None
     embedding_ranks_rule: Literal["gpt", "core"] = "gpt"
+
+    @field_validator("world_size", mode="wrap")
+    @classmethod
+    def _world_from_cluster(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _unset_passes(value, handler)
+
+    @field_validator("etp", mode="wrap")
+    @classmethod
+    def _etp(cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+        """Megatron's ETP defaults to the TP size (Megatron-LM dev@d48bd6be
+        megatron/training/arguments.py validate_args: expert_tensor_parallel_size)."""
+        if value is None:
+            return info.data.get("tp")  # None only when tp is itself invalid
+        return handler(value)
 
 
 class TrainingSection(Section):
@@ -604,7 +664,7 @@ class EfficiencySection(Section):
     the values it used. Fractions of the catalog peaks, except routing_imbalance (>= 1)."""
 
     gemm_bf16: Share = 0.8  # share of the dense BF16 peak the GEMMs reach
-    gemm_fp8: Share | None = None  # share of the FP8 peak FP8 GEMMs reach; unset: the GPU catalog's
+    gemm_fp8: Share = _derived()  # share of the FP8 peak FP8 GEMMs reach; unset: the GPU catalog's
     attention: Share = 0.5  # share of the BF16 peak core (flash) attention reaches
     intra_node: Share = 0.85  # share of the NVLink bandwidth a collective reaches
     inter_node: Share = 0.9  # share of the scale-out bandwidth a collective reaches
@@ -637,7 +697,7 @@ class EfficiencySection(Section):
     step_fixed_ms: NonNegFloat = 0.0
     # GEMM shape curve: a GEMM dimension d reaches d / (d + gemm_half_dim) of the large-shape
     # efficiency, after tile quantisation to gemm_tile; unset = the GPU catalog's figures.
-    gemm_half_dim: NonNegFloat | None = None
+    gemm_half_dim: NonNegFloat = _derived()
     gemm_tile: PosInt = 128
     # Latency of one collective call (alpha of the alpha-beta model: small messages reach less
     # than the link's bandwidth), inside the NVLink domain and across the scale-out network.
@@ -659,13 +719,19 @@ class EfficiencySection(Section):
     deepep_num_sms: PosInt = 20
     deepep_gb_s_per_sm: PosFloat = 13.4
 
+    @field_validator("gemm_fp8", "gemm_half_dim", mode="wrap")
+    @classmethod
+    def _from_card(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _unset_passes(value, handler)  # ClusterSection._from_gpu fills them from the card
+
 
 class ClusterSection(Section):
     """The machines. `gpu` names a catalog entry (planner/config/gpus.py) whose figures fill every field
-    left unset; without `gpu` they are an H100's (moeplan's defaults before the catalog)."""
+    left unset; without `gpu` they are an H100's (moeplan's defaults before the catalog), in nodes
+    of 8 GPUs that form their own NVLink domain."""
 
-    nodes: RankCount | None = None
-    gpu: Literal[GPU_NAMES] | None = None  # type: ignore[valid-type]
+    nodes: RankCount = _derived()  # unset: world_size / gpus_per_node rounded up (Config._resolve)
+    gpu: Literal[GPU_NAMES] = DEFAULT_GPU  # type: ignore[valid-type]
     gpus_per_node: RankCount | None = None
     # GPUs that share one NVLink domain: a node (8) on HGX systems, 72 on NVL72 racks.
     nvlink_domain: RankCount | None = None
@@ -685,11 +751,24 @@ class ClusterSection(Section):
     rank_distribution: Literal["block", "cyclic"] = "block"
     rank_nodes: list[Annotated[int, Field(ge=0)]] | None = None
 
+    @field_validator("nodes", mode="wrap")
+    @classmethod
+    def _nodes_from_world(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _unset_passes(value, handler)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_gpu(cls, data: Any) -> Any:
+        """`gpu: null` names no card, as leaving it out does."""
+        if isinstance(data, dict) and "gpu" in data and data["gpu"] is None:
+            return {k: v for k, v in data.items() if k != "gpu"}
+        return data
+
     @model_validator(mode="after")
     def _from_gpu(self) -> ClusterSection:
-        card = gpu_entry(self.gpu)
+        card, named = gpu_entry(self.gpu), self.gpu_named
         filled = {
-            "gpus_per_node": card.gpus_per_node if self.gpu else 8,
+            "gpus_per_node": card.gpus_per_node if named else 8,
             "gpu_memory_gib": float(card.memory_gib), "intra_node_bandwidth_gb_s": float(card.nvlink_gb_s),
             "inter_node_bandwidth_gb_s": float(card.scale_out_gb_s),
             "peak_bf16_tflops": float(card.bf16_tflops), "peak_fp8_tflops": float(card.fp8_tflops),
@@ -698,11 +777,14 @@ class ClusterSection(Section):
         for key, value in filled.items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
-        # Step-time model (issue 23): the catalog's FP8 GEMM share when efficiency leaves it unset.
+        # The step-time model's card figures (FP8 GEMM share, GEMM shape curve) where efficiency
+        # leaves them unset.
         if self.efficiency.gemm_fp8 is None:
             object.__setattr__(self.efficiency, "gemm_fp8", card.gemm_fp8_eff)
+        if self.efficiency.gemm_half_dim is None:
+            object.__setattr__(self.efficiency, "gemm_half_dim", card.gemm_half_dim)
         if self.nvlink_domain is None:
-            domain = card.nvlink_domain if self.gpu else self.gpus_per_node
+            domain = card.nvlink_domain if named else self.gpus_per_node
             object.__setattr__(self, "nvlink_domain", max(domain, self.gpus_per_node or 1))
         if self.nvlink_domain % (self.gpus_per_node or 1):
             raise PydanticCustomError(
@@ -712,6 +794,17 @@ class ClusterSection(Section):
                 {"domain": self.nvlink_domain, "per_node": self.gpus_per_node},
             )
         return self
+
+
+    @property
+    def gpu_named(self) -> bool:
+        """Whether the config names its card (else it is DEFAULT_GPU, in nodes of 8)."""
+        return "gpu" in self.model_fields_set
+
+    @property
+    def gpu_label(self) -> str:
+        """The card as reports name it: `H100 (default)` when the config names none."""
+        return self.gpu if self.gpu_named else f"{self.gpu} (default)"
 
 
 class LaunchSection(Section):
@@ -762,21 +855,24 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _resolve(self) -> Config:
-        """Derive what Megatron derives: world size, the ETP, flex-backend and FP8 defaults, nodes.
+        """Derive what needs two sections: world size and nodes (from each other and the cluster's
+        GPUs per node), flex-backend and FP8 defaults.
 
         Each default is filled in here once, so no reader re-derives it; a default that only means
         something under a switch (the flex backend, the FP8 format and recipe) is filled in only when
-        that switch is on, so the other configs keep None (nothing to choose)."""
+        that switch is on, so the other configs keep None (nothing to choose). world_size and nodes
+        are None here only when the user left them unset (their sections pass None through)."""
         par, cluster, moe, training = self.parallel, self.cluster, self.moe, self.training
-        world = par.world_size
+        world: int | None = par.world_size
+        nodes: int | None = cluster.nodes
         if world is None:
-            if cluster.nodes is None:
+            if nodes is None:
                 raise PydanticCustomError(
                     "world_size_missing",
                     "parallel.world_size is not set and cannot be derived: give parallel.world_size "
                     "or cluster.nodes (world size = nodes x gpus_per_node)",
                 )
-            world = cluster.nodes * cluster.gpus_per_node
+            world = nodes * cluster.gpus_per_node
             if world > MAX_RANKS:
                 raise PydanticCustomError(
                     "world_size_too_large",
@@ -784,15 +880,13 @@ class Config(Section):
                     {"world": world, "limit": MAX_RANKS},
                 )
         object.__setattr__(par, "world_size", world)
-        if par.etp is None:
-            object.__setattr__(par, "etp", par.tp)
         if moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend is None:
             object.__setattr__(moe, "moe_flex_dispatcher_backend", DEFAULT_FLEX_BACKEND)
         if training.fp8 and training.fp8_format is None:
             object.__setattr__(training, "fp8_format", DEFAULT_FP8_FORMAT)
         if training.fp8 and training.fp8_recipe is None:
             object.__setattr__(training, "fp8_recipe", DEFAULT_FP8_RECIPE)
-        if cluster.nodes is None:
+        if nodes is None:
             object.__setattr__(cluster, "nodes", math.ceil(world / cluster.gpus_per_node))
         padded = self.model.padded_vocab_size
         if padded is not None and (padded % par.tp or padded < self.model.vocab_size):

@@ -61,6 +61,4 @@ def rank_places(cfg: Config, *, nvlink: bool = False) -> Places:
     explicit = tuple(c.rank_nodes or ())
     if not explicit and c.rank_distribution == "block":
         return domain
-    world = cfg.parallel.world_size or 0
-    nodes = c.nodes or -(-world // per_node) or 1
-    return NodeMap(per_node, nodes, c.rank_distribution, explicit).coarsened(max(domain // per_node, 1))
+    return NodeMap(per_node, c.nodes, c.rank_distribution, explicit).coarsened(max(domain // per_node, 1))

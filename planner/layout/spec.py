@@ -15,6 +15,7 @@ from functools import cached_property, lru_cache
 from math import prod
 from typing import Any, Literal
 
+from planner.config.schema import Config
 from planner.degrees import Degrees
 from planner.layout.pipeline import SplitError, stage_split
 from planner.layout.rank_generator import GTP_AXIS, GridError, RankGenerator, generator_from_order
@@ -213,7 +214,7 @@ def _abbreviate(groups: list[list[int]], limit: int = 3) -> str:
 # --------------------------------------------------------------------------- config
 
 
-def grid_spec_from_config(cfg: Any) -> GridSpec:
+def grid_spec_from_config(cfg: Config) -> GridSpec:
     """Collect the layout degrees, embedding stages and MoE layers of a validated Config."""
     p, t, m = cfg.parallel, cfg.training, cfg.model
     moe_layers, mtp_stages = _stage_layers(cfg)
@@ -223,13 +224,13 @@ def grid_spec_from_config(cfg: Any) -> GridSpec:
         order=p.order,
         hcp_sizes=tuple(hcp) if hcp else None,
         dp_cp_chunks=(
-            "dynamic" if getattr(p, "dynamic_context_parallel", False)
-            else "hybrid" if getattr(p, "hybrid_context_parallel", False) else "none"
+            "dynamic" if p.dynamic_context_parallel
+            else "hybrid" if p.hybrid_context_parallel else "none"
         ),
         dist_opt_instances=t.num_distributed_optimizer_instances,
         tied_embeddings=not m.untie_embeddings_and_output_weights,
         mtp_stages=mtp_stages,
-        embedding_rule=getattr(p, "embedding_ranks_rule", "gpt"),
+        embedding_rule=p.embedding_ranks_rule,
         moe_layers_by_stage=moe_layers,
     )
 

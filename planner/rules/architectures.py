@@ -142,7 +142,7 @@ def dsa_cp_all_gather(f: Facts) -> Iterator[Violation]:
     good="model: {add_bias_linear: true, moe_shared_expert_intermediate_size: 0}",
 )
 def bias_without_shared_expert(f: Facts) -> Iterator[Violation]:
-    shared = f.model.moe_shared_expert_intermediate_size or 0
+    shared = f.model.moe_shared_expert_intermediate_size
     if f.model.add_bias_linear and shared:
         yield Violation("model.add_bias_linear", f"add_bias_linear with a shared expert of {shared}",
                         "set add_bias_linear: false or moe_shared_expert_intermediate_size: 0")

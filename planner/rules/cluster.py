@@ -23,7 +23,7 @@ SOURCE = "planner/emit/shape.py launch_shape (the launchers start one rank per G
     good="cluster: {nodes: 2, gpus_per_node: 4}",
 )
 def cluster_has_enough_gpus(f: Facts) -> Iterator[Violation]:
-    nodes, per_node = f.cluster.nodes or 0, f.cluster.gpus_per_node
+    nodes, per_node = f.cluster.nodes, f.cluster.gpus_per_node
     if nodes * per_node < f.world_size:
         need = -(-f.world_size // per_node)
         yield Violation("cluster.nodes",
@@ -40,7 +40,7 @@ def cluster_has_enough_gpus(f: Facts) -> Iterator[Violation]:
     good="cluster: {nodes: 1, gpus_per_node: 8}",
 )
 def cluster_without_idle_gpus(f: Facts) -> Iterator[Violation]:
-    nodes, per_node = f.cluster.nodes or 0, f.cluster.gpus_per_node
+    nodes, per_node = f.cluster.nodes, f.cluster.gpus_per_node
     if nodes * per_node > f.world_size:
         yield Violation("cluster.nodes",
                         f"nodes·gpus_per_node = {nodes}·{per_node} = {nodes * per_node} GPUs for "
@@ -116,8 +116,7 @@ def rank_nodes_are_a_launch(f: Facts) -> Iterator[Violation]:
     nodes_of = f.cluster.rank_nodes
     if not nodes_of:
         return
-    world, per_node = f.world_size, f.cluster.gpus_per_node or 1
-    nodes = f.cluster.nodes or -(-world // per_node)
+    world, nodes, per_node = f.world_size, f.cluster.nodes, f.cluster.gpus_per_node or 1
     if len(nodes_of) != world:
         yield Violation("cluster.rank_nodes", f"{len(nodes_of)} entries for world_size {world}",
                         f"give one node index per rank ({world})")

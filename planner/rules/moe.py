@@ -407,7 +407,7 @@ WEIGHT_ALIGN = {"fp8": 16, "fp4": 32}
 )
 def quantised_expert_dims_aligned(f: Facts) -> Iterator[Violation]:
     kind = "fp8" if f.train.fp8 else "fp4" if f.train.fp4 else None
-    if kind is None or not f.model.moe_ffn_hidden_size:
+    if kind is None:
         return
     align, width = WEIGHT_ALIGN[kind], f.model.moe_ffn_hidden_size // f.etp
     if width % align:

@@ -93,7 +93,7 @@ def experts_divisible_by_ep(f: Facts) -> Iterator[Violation]:
     """,
 )
 def expert_ffn_divisible_by_etp(f: Facts) -> Iterator[Violation]:
-    size, etp = f.model.moe_ffn_hidden_size or 0, f.etp
+    size, etp = f.model.moe_ffn_hidden_size, f.etp
     if size % etp:
         yield Violation(
             "model.moe_ffn_hidden_size",
@@ -118,7 +118,7 @@ def expert_ffn_divisible_by_etp(f: Facts) -> Iterator[Violation]:
     """,
 )
 def shared_expert_divisible_by_tp(f: Facts) -> Iterator[Violation]:
-    size, tp = f.model.moe_shared_expert_intermediate_size or 0, f.par.tp
+    size, tp = f.model.moe_shared_expert_intermediate_size, f.par.tp
     if size and size % tp:
         yield Violation(
             "model.moe_shared_expert_intermediate_size",
@@ -167,7 +167,7 @@ def heads_divisible_by_tp(f: Facts) -> Iterator[Violation]:
     """,
 )
 def query_groups_fit_tp(f: Facts) -> Iterator[Violation]:
-    groups, tp = f.model.num_query_groups or f.model.num_attention_heads, f.par.tp
+    groups, tp = f.model.num_query_groups, f.par.tp
     if groups % tp and tp % groups:
         yield Violation(
             "model.num_query_groups",

@@ -98,7 +98,7 @@ class Knobs:
     cp: int
     pp: int
     ep: int
-    etp: int | None
+    etp: int
     sequence_parallel: bool
     pipeline: Pipeline
     micro_batch_size: int
@@ -117,7 +117,7 @@ class Knobs:
 
     @property
     def family(self) -> Family:
-        return (self.tp, self.cp, self.pp, self.ep, self.etp or self.tp)
+        return (self.tp, self.cp, self.pp, self.ep, self.etp)
 
     def of_family(self, family: Family) -> Knobs:
         """These knobs on another family's degrees, sequence parallelism on whenever TP > 1."""
@@ -158,9 +158,9 @@ class Knobs:
 
 
 def family_of(cfg: Config) -> Family:
-    """The config's (TP, CP, PP, EP, ETP), ETP read as Megatron does (TP when unset)."""
+    """The config's (TP, CP, PP, EP, ETP)."""
     p = cfg.parallel
-    return (p.tp, p.cp, p.pp, p.ep, p.etp or p.tp)
+    return (p.tp, p.cp, p.pp, p.ep, p.etp)
 
 
 def vpp_of(cfg: Config) -> int:

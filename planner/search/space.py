@@ -17,7 +17,7 @@ from planner.config.schema import Config
 from planner.degrees import Degrees
 from planner.layout.pipeline import stage_split
 from planner.rules.hints import divisors
-from planner.search.knobs import Dispatcher, Family, Pipeline, Recompute
+from planner.search.knobs import Dispatcher, Family, Pipeline, Recompute, family_of
 
 VPP_CHOICES = (1, 2, 4)
 MBS_CHOICES = (1, 2, 4)
@@ -46,15 +46,15 @@ def families(cfg: Config) -> tuple[list[Family], int]:
     many were pruned on the way. TP·CP stays inside one NVLink domain (tensor and context
     parallelism across the scale-out network is never the fast choice) and ETP is 1 or TP."""
     par, model = cfg.parallel, cfg.model
-    world = int(par.world_size or 1)
+    world = par.world_size
     domain = cfg.cluster.nvlink_domain or cfg.cluster.gpus_per_node or 8
     gbs = cfg.global_batch_size
-    experts = model.num_experts or 0
+    experts = model.num_experts
     out, pruned = [], 0
     tps = _powers_of_two(min(domain, 8))
     pps = _divisors(world, model.num_layers + model.mtp_num_layers)
     eps = _divisors(experts, world) if experts else [1]
-    user = (par.tp, par.cp, par.pp, par.ep, par.etp or par.tp)
+    user = family_of(cfg)
     for tp in tps:
         for cp in _powers_of_two(domain // tp):
             for pp in pps:

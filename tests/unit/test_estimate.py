@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from planner.config.gpus import GPUS
+from planner.config.gpus import GPUS, takes_tn_only
 from planner.config.schema import Config
 from planner.estimate import estimate
 from planner.rules import run_rules
@@ -35,21 +35,30 @@ def cfg(cluster: dict[str, Any] | None = None, training: dict[str, Any] | None =
 
 
 def test_catalog_holds_the_vendor_figures() -> None:
-    """Dense BF16/FP8 TFLOP/s, memory, HBM TB/s, NVLink and scale-out GB/s per GPU, NVLink domain."""
+    """Dense BF16/FP8 TFLOP/s, memory, HBM TB/s, NVLink and scale-out GB/s per GPU, NVLink domain,
+    architecture family (Hopper's FP8 GEMMs take only the TN layout: takes_tn_only)."""
     table = {name: (g.bf16_tflops, g.fp8_tflops, g.memory_gib, g.hbm_tb_s, g.nvlink_gb_s,
-                    g.scale_out_gb_s, g.nvlink_domain) for name, g in GPUS.items()}
+                    g.scale_out_gb_s, g.nvlink_domain, g.family) for name, g in GPUS.items()}
     assert table == {
-        "H100": (989, 1979, 80, 3.35, 450, 50, 8), "H200": (989, 1979, 141, 4.8, 450, 50, 8),
-        "H800": (989, 1979, 80, 3.35, 160, 50, 8), "B200": (2250, 4500, 180, 8, 900, 50, 8),
-        "GB200": (2500, 5000, 186, 8, 900, 50, 72), "B300": (2250, 4500, 288, 8, 900, 100, 8),
-        "GB300": (2500, 5000, 288, 8, 900, 100, 72), "MI300X": (1307.4, 2614.9, 192, 5.3, 448, 50, 8),
-        "MI325X": (1307.4, 2614.9, 256, 6.0, 448, 50, 8), "MI355X": (2516.6, 5033.2, 288, 8.0, 537.6, 50, 8)}
+        "H100": (989, 1979, 80, 3.35, 450, 50, 8, "hopper"),
+        "H200": (989, 1979, 141, 4.8, 450, 50, 8, "hopper"),
+        "H800": (989, 1979, 80, 3.35, 160, 50, 8, "hopper"),
+        "B200": (2250, 4500, 180, 8, 900, 50, 8, "blackwell"),
+        "GB200": (2500, 5000, 186, 8, 900, 50, 72, "blackwell"),
+        "B300": (2250, 4500, 288, 8, 900, 100, 8, "blackwell"),
+        "GB300": (2500, 5000, 288, 8, 900, 100, 72, "blackwell"),
+        "MI300X": (1307.4, 2614.9, 192, 5.3, 448, 50, 8, "cdna3"),
+        "MI325X": (1307.4, 2614.9, 256, 6.0, 448, 50, 8, "cdna3"),
+        "MI355X": (2516.6, 5033.2, 288, 8.0, 537.6, 50, 8, "cdna4")}
+    assert [name for name in GPUS if takes_tn_only(name)] == ["H100", "H200", "H800"]
 
 
 def test_without_a_gpu_the_defaults_are_unchanged() -> None:
     c = cfg().cluster
     assert (c.gpus_per_node, c.gpu_memory_gib, c.intra_node_bandwidth_gb_s,
             c.inter_node_bandwidth_gb_s, c.nvlink_domain) == (8, 80.0, 450.0, 50.0, 8)
+    assert (c.gpu, c.gpu_label, c.efficiency.gemm_half_dim, c.efficiency.gemm_fp8) == (
+        "H100", "H100 (default)", 64.0, 0.51)
 
 
 def test_a_gpu_fills_what_is_unset_and_the_config_wins() -> None:
