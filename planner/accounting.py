@@ -30,7 +30,8 @@ from planner.budget.expr import Number, Quantity
 from planner.budget.hardware import dispatch_efficiency
 from planner.budget.pipeline import PAGE as PIPELINE_PAGE
 from planner.budget.pipeline import chunk_microbatch_time, chunk_times, pipeline_page, pipeline_step
-from planner.budget.symbols import ALL_SYMBOLS, CSA_RATIO, Variant, variant_of
+from planner.budget.symbols import ALL_SYMBOLS, CSA_RATIO, variant_of
+from planner.budget.variant import Variant
 from planner.config.schema import Config
 from planner.layout.nodes import rank_places
 from planner.layout.pipeline import SplitError

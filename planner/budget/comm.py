@@ -16,11 +16,11 @@ activation recompute runs again in backward (the table's `recomputed_with`) also
 
 from __future__ import annotations
 
-from planner.budget.attention_kinds import standard_blocks
 from planner.budget.collectives import ALGORITHMS, RECOMPUTE, Collective, collective
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant, routed_width
+from planner.budget.layer_kinds import attention_blocks
 from planner.budget.tp_comm import add_tp_bytes, add_tp_steps
+from planner.budget.variant import Variant, routed_width
 
 PAGE = "comm"
 
@@ -43,7 +43,7 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "model chunks on this stage that send activations forward")
         add("pp_recv_chunks", "VPP - is_first_stage", "count", "bytes",
             "model chunks on this stage that receive activations")
-    if v.cp_kv_gather and v.dsa:
+    if v.cp_kv_gather and v.has("dsa"):
         add_dsa_cp_bytes(book)
     elif v.cp_kv_gather and v.attention == "mla":
         # MLA attends with per-head K (nope + rope parts) and V after the up projections, and
@@ -54,7 +54,7 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
     elif v.cp_kv_gather:
         add("cp_kv_bytes", "b * S / cp_runtime * 2 * groups * d * p / TP", "bytes", "bytes",
             "local K and V of one attention layer (all-gathered over CP)")
-    if v.cp_kv_gather and v.linear:
+    if v.cp_kv_gather and v.has("gdn"):
         add_gdn_cp_bytes(book)
     if v.v4_cp:
         add_v4_cp_bytes(book)
@@ -461,7 +461,7 @@ def add_steps(book: Book, v: Variant) -> Collectives:
             c.zero("pp_activation", phase, f"PP = 1: {one}")
     if v.cp_kv_gather:
         # gated DeltaNet layers exchange no K/V (add_gdn_cp_bytes): only the softmax blocks gather
-        blocks = standard_blocks(linear=v.linear)
+        blocks = attention_blocks(v)
         c.add("cp_kv_gather", "fwd", "cp", "allgather", f"cp_kv_bytes * {blocks} * microbatches",
               f"CP * cp_kv_bytes * {blocks} * microbatches", "CP all-gather of local K and V")
         c.add("cp_kv_gather", "bwd", "cp", "reduce_scatter",
@@ -477,7 +477,7 @@ def _add_linear_attention_cp_steps(c: Collectives, v: Variant) -> None:
     """The CP exchanges of gated DeltaNet and DSA layers per step (add_gdn_cp_bytes,
     add_dsa_cp_bytes); CP = 1, or a model without them, issues none."""
     m = "microbatches"
-    if v.linear:
+    if v.has("gdn"):
         if not v.cp_kv_gather:
             for name in ("cp_gdn_state_gather", "cp_gdn_conv_boundary", "cp_gdn_relayout"):
                 for phase in ("fwd", "bwd"):
@@ -501,7 +501,7 @@ def _add_linear_attention_cp_steps(c: Collectives, v: Variant) -> None:
                       f"{into} * cp_gdn_conv_bytes * L_linear * {m}",
                       "DeltaNet conv boundary rows to the next CP rank" if phase == "fwd" else
                       "their grads back to the previous CP rank", offnode=off)
-    if v.dsa:
+    if v.has("dsa"):
         if not v.cp_kv_gather:
             for phase in ("fwd", "bwd"):
                 c.zero("cp_dsa_indexer_k_gather", phase, f"CP = 1: {ONE_RANK}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant
+from planner.budget.variant import Variant
 
 
 class Collectives(Protocol):

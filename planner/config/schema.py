@@ -7,6 +7,7 @@ input of the rule catalog, the grid, the budgets and the compiled plan.
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -27,6 +28,10 @@ DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 VOCAB_DIVISOR = 128  # Megatron's default make_vocab_size_divisible_by
 # moeplan lists every layer, rank and expert, so their counts get a ceiling far above any real job.
 MAX_LAYERS = 100_000
+# DeepSeek-V4: compress ratio 4 is CSA (overlapping compressor + lightning indexer), 0 a window-only
+# layer, any other HCA (Megatron-LM dev@d48bd6be megatron/core/transformer/
+# experimental_attention_variant/deepseek_v4_hybrid_attention.py).
+DSV4_CSA_RATIO = 4
 MAX_RANKS = 1 << 20
 MAX_EXPERTS = 1 << 16  # the plan lists each rank's experts
 # Megatron's defaults for fields that only mean something under a switch; `Config` fills them in
@@ -326,6 +331,30 @@ class ModelSection(Section):
     def is_chunked_layer(self, layer: int) -> bool:
         """Chunked attention on 0-based `layer`: Llama 4 chunks its RoPE layers' attention."""
         return self.attention_chunk_size is not None and self.is_rope_layer(layer)
+
+    @cached_property
+    def layer_mixers(self) -> tuple[str, ...]:
+        """The token-mixer kind of every decoder and MTP layer (0-based; MTP layers numbered from
+        num_layers on, as Megatron's num_floating_point_operations numbers them), resolved once
+        for the budget pages (planner/budget/layer_kinds.py holds one record per name). A
+        gated DeltaNet layer is not also a window or chunked one; window and chunked attention
+        are decoder-layer choices (MTP layers attend in full)."""
+        return tuple(self._mixer(layer) for layer in range(self.num_layers + self.mtp_num_layers))
+
+    def _mixer(self, layer: int) -> str:
+        if self.attention_variant == "dsv4_hybrid":
+            ratios = self.compress_ratios or []
+            ratio = ratios[layer] if layer < len(ratios) else 0
+            return "v4_window" if ratio == 0 else "v4_csa" if ratio == DSV4_CSA_RATIO else "v4_hca"
+        if self.attention_variant == "mla":
+            return "mla"
+        if self.is_linear_attention_layer(layer):
+            return "gdn"
+        if layer < self.num_layers and self.is_window_layer(layer):
+            return "window"
+        if layer < self.num_layers and self.is_chunked_layer(layer):
+            return "chunked"
+        return "softmax"
 
     def is_moe_layer(self, layer: int) -> bool:
         """Megatron's moe_layer_freq: an int N makes every N-th layer MoE; a list is a 0/1 pattern."""
