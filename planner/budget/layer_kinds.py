@@ -551,9 +551,34 @@ OUTPUT_GATE = LayerKind(
     projection_flops=(" + 2 * h * d * heads", " and its output gate (Megatron's gate_projection_size)"),
 )
 
+def _head_gate_params(book: Book, v: Variant) -> str:
+    # megatron/core/transformer/attention.py SelfAttention.__init__: linear_qkv_out_dim grows by
+    # num_attention_heads with head_wise_attn_gate (one scalar gate per head; its bias with the
+    # QKV bias, add_bias_linear or add_qkv_bias, both column-parallel: split over TP).
+    bias = " + heads / TP" if v.bias or v.qkv_bias else ""
+    book.add("attention_head_gate_params_per_block", f"h * heads / (TP * GTP){bias}", "params",
+             "memory", "head_wise_attn_gate: one gate row per head fused into linear_qkv (split over TP)"
+             + (", with its bias" if bias else ""))
+    return " + attention_head_gate_params_per_block"
+
+
+HEAD_GATE = LayerKind(
+    "head_gate", FEATURE, "standard", "a per-head attention gate (head_wise_attn_gate)",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__ and "
+    "get_query_key_value_tensors (head_wise_attn_gate)",
+    _standard(lambda m: m.head_wise_attn_gate),
+    variations=(("a per-head attention gate (head_wise_attn_gate)",
+                 {"kinds": frozenset({"softmax", "head_gate"}), "cp": False}),),
+    block_params=_head_gate_params,
+    # Megatron's num_floating_point_operations has no head-gate term (its gate_projection_size
+    # reads attention_output_gate only); moeplan counts the GEMM the gate rows run.
+    projection_flops=(" + 2 * h * heads", " and its per-head gate rows (head_wise_attn_gate; "
+                      "Megatron's FLOPs figure leaves them out)"),
+)
+
 # Every kind, in the order the pages write them (mixers, then features).
 KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, CSA, HCA, V4_WINDOW, MAMBA,
-                                QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE)
+                                QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE, HEAD_GATE)
 BY_NAME: dict[str, LayerKind] = {kind.name: kind for kind in KINDS}
 MIXERS = tuple(kind for kind in KINDS if kind.role == MIXER)
 FEATURES = tuple(kind for kind in KINDS if kind.role == FEATURE)

@@ -193,6 +193,10 @@ class ModelSection(Section):
     linear_num_key_heads: PosInt = 16
     linear_num_value_heads: PosInt = 32
     attention_output_gate: bool = False
+    # Step-3.5-Flash's per-head gate: one sigmoid scalar per attention head, its rows appended to
+    # linear_qkv (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+    # SelfAttention.__init__); Megatron refuses it beside attention_output_gate.
+    head_wise_attn_gate: bool = False
     # DeepSeek-V3.2's DSA (Megatron's experimental_attention_variant dsa): MLA whose queries attend
     # the index_topk keys a lightning indexer picks. Written with attention_variant mla and the
     # indexer fields index_n_heads / index_head_dim / index_topk (Megatron's --dsa-indexer-*).
@@ -204,6 +208,17 @@ class ModelSection(Section):
     def _megatron_freq(cls, value: Any) -> Any:
         """Megatron's string spellings: "N" or a list expression such as "([0]*3+[1]*58)"."""
         return parse_layer_freq(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_attention_gate(self) -> ModelSection:
+        """Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+        TransformerConfig.__post_init__: the two gates' linear_qkv row layouts are incompatible."""
+        if self.head_wise_attn_gate and self.attention_output_gate:
+            raise PydanticCustomError(
+                "two_attention_gates",
+                "model.head_wise_attn_gate and model.attention_output_gate are both true: Megatron "
+                "takes one attention gate")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -11,7 +11,7 @@ RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "shared
 
 
 # Standard attention's optional kinds (planner/budget/layer_kinds.py), beside its softmax base.
-STANDARD_EXTRAS = ("window", "chunked", "gdn", "sinks", "output_gate")
+STANDARD_EXTRAS = ("window", "chunked", "gdn", "sinks", "output_gate", "head_gate")
 V4 = frozenset({"v4_csa", "v4_hca", "v4_window"})
 
 
