@@ -7,7 +7,6 @@ input of the rule catalog, the grid, the budgets and the compiled plan.
 from __future__ import annotations
 
 import math
-from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -201,6 +200,11 @@ class ModelSection(Section):
     # the index_topk keys a lightning indexer picks. Written with attention_variant mla and the
     # indexer fields index_n_heads / index_head_dim / index_topk (Megatron's --dsa-indexer-*).
     dsa: bool = False
+    # A hybrid model's Mamba-2 mixer layers (Megatron-LM dev@d48bd6be megatron/core/ssm/
+    # mamba_mixer.py MambaMixer, `M` in --hybrid-layer-pattern): 1 per decoder layer that runs one.
+    # Its figures are not modelled yet, so a config with one is refused (_mamba_not_modelled);
+    # planner/budget/layer_kinds.py MAMBA is the record the pages will sum once they are.
+    mamba_layers: list[Literal[0, 1]] | None = None
 
     @field_validator("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq", "linear_attention_freq",
                      mode="before")
@@ -208,6 +212,19 @@ class ModelSection(Section):
     def _megatron_freq(cls, value: Any) -> Any:
         """Megatron's string spellings: "N" or a list expression such as "([0]*3+[1]*58)"."""
         return parse_layer_freq(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _mamba_not_modelled(self) -> ModelSection:
+        """Loud, never counted as attention: moeplan has no Mamba-2 parameter, FLOP, activation
+        or time figures, so a Mamba layer is refused rather than budgeted as something else."""
+        if self.mamba_layers and 1 in self.mamba_layers:
+            raise PydanticCustomError(
+                "mamba_not_modelled",
+                "model.mamba_layers marks {count} Mamba-2 mixer layers: Megatron's MambaMixer "
+                "(megatron/core/ssm/mamba_mixer.py) is a layer kind whose parameters, FLOPs, "
+                "activations and time moeplan does not model yet",
+                {"count": self.mamba_layers.count(1)})
+        return self
 
     @model_validator(mode="after")
     def _one_attention_gate(self) -> ModelSection:
@@ -347,16 +364,22 @@ class ModelSection(Section):
         """Chunked attention on 0-based `layer`: Llama 4 chunks its RoPE layers' attention."""
         return self.attention_chunk_size is not None and self.is_rope_layer(layer)
 
-    @cached_property
+    @property
     def layer_mixers(self) -> tuple[str, ...]:
         """The token-mixer kind of every decoder and MTP layer (0-based; MTP layers numbered from
         num_layers on, as Megatron's num_floating_point_operations numbers them), resolved once
-        for the budget pages (planner/budget/layer_kinds.py holds one record per name). A
-        gated DeltaNet layer is not also a window or chunked one; window and chunked attention
-        are decoder-layer choices (MTP layers attend in full)."""
-        return tuple(self._mixer(layer) for layer in range(self.num_layers + self.mtp_num_layers))
+        per model shape for the budget pages (planner/budget/layer_kinds.py holds one record per
+        name). A gated DeltaNet layer is not also a window or chunked one; window and chunked
+        attention are decoder-layer choices (MTP layers attend in full). Remembered by the
+        fields that decide it, not on the instance: model_copy(update=...) must not keep a stale
+        sequence."""
+        key = tuple(_frozen(getattr(self, name)) for name in _MIXER_FIELDS)
+        return _layer_mixers(key, self)
 
     def _mixer(self, layer: int) -> str:
+        mamba = self.mamba_layers or []
+        if layer < len(mamba) and mamba[layer] == 1:
+            return "mamba"
         if self.attention_variant == "dsv4_hybrid":
             ratios = self.compress_ratios or []
             ratio = ratios[layer] if layer < len(ratios) else 0
@@ -376,6 +399,30 @@ class ModelSection(Section):
         if isinstance(self.moe_layer_freq, int):
             return layer % self.moe_layer_freq == 0
         return layer < len(self.moe_layer_freq) and self.moe_layer_freq[layer] == 1
+
+
+# The model fields that decide each layer's mixer (ModelSection._mixer).
+_MIXER_FIELDS = ("num_layers", "mtp_num_layers", "attention_variant", "compress_ratios", "window_size",
+                 "window_attn_skip_freq", "no_rope_freq", "attention_chunk_size",
+                 "linear_attention_freq", "mamba_layers")
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+_MIXERS: dict[tuple[Any, ...], tuple[str, ...]] = {}
+
+
+def _layer_mixers(key: tuple[Any, ...], model: ModelSection) -> tuple[str, ...]:
+    """One model shape's mixers (`key`: its _MIXER_FIELDS), remembered for the next ask."""
+    mixers = _MIXERS.get(key)
+    if mixers is None:
+        if len(_MIXERS) > 256:
+            _MIXERS.clear()
+        mixers = _MIXERS[key] = tuple(model._mixer(layer)
+                                      for layer in range(model.num_layers + model.mtp_num_layers))
+    return mixers
 
 
 class ParallelSection(Section):

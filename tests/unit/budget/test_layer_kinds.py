@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from planner.accounting import budgets, formula_book
-from planner.budget.layer_kinds import KINDS, kinds_present
+from planner.budget.layer_kinds import KINDS, kinds_present, refuse_unmodelled
 from planner.config.loader import InvalidConfig, load_config, parse_config
 from planner.docs.formulas_page import VARIATIONS, baseline_variant
 from tests.support.paths import EXAMPLES
@@ -156,3 +156,16 @@ def test_every_kind_is_documented_and_varied() -> None:
         if not kind.unmodelled:
             assert kind.name in varied, f"{kind.name}: add a variation to its record"
             formula_book(baseline_variant())  # the baseline still builds
+
+
+def test_a_mamba_layer_is_refused_loudly() -> None:
+    """Megatron's Mamba-2 mixer has a record but no figures yet: a config marking a Mamba layer
+    is refused with the reason, never budgeted as attention."""
+    with pytest.raises(InvalidConfig, match="Mamba-2 mixer layers: Megatron's MambaMixer"):
+        _tiny(mamba_layers=[1, 0])
+    cfg = _tiny(mamba_layers=[0, 0])  # no Mamba layer: the plain model
+    assert cfg.model.layer_mixers == ("softmax", "softmax") and "mamba" not in kinds_present(cfg)
+    # a model that got past the schema still cannot be budgeted: the record refuses it
+    hybrid = cfg.model_copy(update={"model": cfg.model.model_copy(update={"mamba_layers": [1, 0]})})
+    assert hybrid.model.layer_mixers == ("mamba", "softmax")
+    assert "mamba_mixer.py MambaMixer" in (refuse_unmodelled(hybrid) or "")
