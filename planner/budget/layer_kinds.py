@@ -29,14 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from planner.budget.expr import Book, Number, Symbol
 from planner.budget.sparse_attention_time import write_dsa_kernels
+from planner.budget.variant import Variant
 from planner.config.schema import Config, ModelSection
-
-if TYPE_CHECKING:
-    from planner.budget.variant import Variant
 
 MIXER, FEATURE = "mixer", "feature"
 # The views `kind_sum` composes: the flops page's per-layer attention row as Megatron's
@@ -111,15 +109,6 @@ class LayerKind:
     kernel_note: str = ""  # time page: what its kernels change in the core attention's doc
     cp_collectives: tuple[str, ...] = ()  # its CP exchanges (planner/budget/collectives.py names)
     unmodelled: str = ""  # why its figures are not modelled: a config with it is refused
-
-
-def family_of(kinds: Iterable[str]) -> str:
-    """The attention family of the kinds present ("standard" when no kind names one)."""
-    families = {BY_NAME[name].family for name in kinds if BY_NAME[name].role == MIXER}
-    for family in ("dsv4_hybrid", "mla"):
-        if family in families:
-            return family
-    return "standard"
 
 
 # ------------------------------------------------------------------------------ standard family

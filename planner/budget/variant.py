@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.budget.layer_kinds import family_of
+# The base mixer of each attention family but standard's (planner/budget/layer_kinds.py records
+# them; tests/unit/budget/test_layer_kinds.py holds the two in step).
+FAMILY_BASES: dict[str, str] = {"v4_window": "dsv4_hybrid", "mla": "mla"}
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ class Variant:
     @property
     def attention(self) -> str:
         """The attention family of the kinds present: "standard", "mla" or "dsv4_hybrid"."""
-        return family_of(self.kinds)
+        return next((family for base, family in FAMILY_BASES.items() if base in self.kinds),
+                    "standard")
 
     @property
     def cp_kv_gather(self) -> bool:

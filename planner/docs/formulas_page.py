@@ -11,8 +11,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from planner.accounting import ALL_SYMBOLS, Variant, formula_book, pipeline_page, pretty, variant_of
-from planner.budget.layer_kinds import KINDS
+from planner.accounting import (
+    ALL_SYMBOLS,
+    LAYER_KINDS,
+    Variant,
+    formula_book,
+    pipeline_page,
+    pretty,
+    variant_of,
+)
 from planner.config.loader import parse_config
 from planner.docs.markdown import GENERATED_NOTE, cell, code
 from planner.layout.pipeline import stage_split
@@ -86,7 +93,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("linear biases (add_bias_linear)", {"bias": True}),
     ("quick-GEGLU MLPs (quick_geglu)", {"quick_geglu": True}),
     # every layer kind's own (planner/budget/layer_kinds.py)
-    *(variation for kind in KINDS for variation in kind.variations),
+    *(variation for kind in LAYER_KINDS for variation in kind.variations),
     ("q/k/v biases only (add_qkv_bias)", {"kinds": STANDARD, "cp": False, "qkv_bias": True}),
     ("hidden dropout", {"dropout": True}),
     ("a shared-expert gate", {"shared_gate": True}),

@@ -169,3 +169,12 @@ def test_a_mamba_layer_is_refused_loudly() -> None:
     hybrid = cfg.model_copy(update={"model": cfg.model.model_copy(update={"mamba_layers": [1, 0]})})
     assert hybrid.model.layer_mixers == ("mamba", "softmax")
     assert "mamba_mixer.py MambaMixer" in (refuse_unmodelled(hybrid) or "")
+
+
+def test_the_variant_reads_each_family_from_its_base_kind() -> None:
+    from planner.budget.variant import FAMILY_BASES
+
+    bases = {kind.name: kind.family for kind in KINDS
+             if kind.role == "mixer" and any(type(t).__name__ == "Base" for terms in kind.terms.values()
+                                             for t in terms)}
+    assert {**FAMILY_BASES, "softmax": "standard"} == bases
