@@ -28,9 +28,11 @@ from planner.budget.evaluate import Accounting, Budget, BudgetError, budget_grid
 from planner.budget.explain import number_text, pretty, value_text
 from planner.budget.expr import Number, Quantity
 from planner.budget.hardware import dispatch_efficiency
+from planner.budget.layer_kinds import KINDS as LAYER_KINDS
 from planner.budget.pipeline import PAGE as PIPELINE_PAGE
 from planner.budget.pipeline import chunk_microbatch_time, chunk_times, pipeline_page, pipeline_step
-from planner.budget.symbols import ALL_SYMBOLS, CSA_RATIO, Variant, variant_of
+from planner.budget.symbols import ALL_SYMBOLS, CSA_RATIO, variant_of
+from planner.budget.variant import Variant
 from planner.config.schema import Config
 from planner.layout.nodes import rank_places
 from planner.layout.pipeline import SplitError
@@ -38,7 +40,8 @@ from planner.layout.rank_generator import GridError
 from planner.layout.summary import grids_computable
 
 __all__ = [  # the formula book's public names, re-exported: import them from here
-    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DIRECTIONS", "PAGES", "PIPELINE_PAGE",
+    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DIRECTIONS", "LAYER_KINDS", "PAGES",
+    "PIPELINE_PAGE",
     "RECOMPUTE", "Accounting", "Budget", "BudgetError", "Collective", "FormulaBook", "Number",
     "Quantity", "UnknownCollective", "Variant", "budget_grid", "budgets", "chunk_microbatch_time",
     "chunk_times", "collective", "dispatch_efficiency", "formula_book", "memory_by_stage",

@@ -17,7 +17,8 @@ from typing import Any
 
 from planner.budget import comm, flops, layout, memory, params, scaling, time
 from planner.budget.expr import Book, Evaluator, Number, Quantity, compile_quantities
-from planner.budget.symbols import ALL_SYMBOLS, Variant
+from planner.budget.symbols import ALL_SYMBOLS
+from planner.budget.variant import Variant
 from planner.memo import Memo
 
 PAGES: tuple[ModuleType, ...] = (layout, params, flops, comm, memory, scaling, time)

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
-from planner.budget.attention_kinds import standard_blocks
 from planner.budget.collectives import (
     ALGORITHMS,
     DIRECTIONS,
@@ -32,8 +31,9 @@ from planner.budget.collectives import (
     collective,
 )
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant, routed_width
+from planner.budget.layer_kinds import attention_blocks
 from planner.budget.tp_comm import add_tp_bytes, add_tp_steps
+from planner.budget.variant import Variant, routed_width
 
 PAGE = "comm"
 
@@ -89,7 +89,7 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "model chunks on this stage that send activations forward")
         add("pp_recv_chunks", "VPP - is_first_stage", "count", "bytes",
             "model chunks on this stage that receive activations")
-    if v.cp_kv_gather and v.dsa:
+    if v.cp_kv_gather and v.has("dsa"):
         add_dsa_cp_bytes(book)
     elif v.cp_kv_gather and v.attention == "mla":
         # MLA attends with per-head K (nope + rope parts) and V after the up projections, and
@@ -100,7 +100,7 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
     elif v.cp_kv_gather:
         add("cp_kv_bytes", "b * S / cp_runtime * 2 * groups * d * p / TP", "bytes", "bytes",
             "local K and V of one attention layer (all-gathered over CP)")
-    if v.cp_kv_gather and v.linear:
+    if v.cp_kv_gather and v.has("gdn"):
         add_gdn_cp_bytes(book)
     if v.v4_cp:
         add_v4_cp_bytes(book)
@@ -531,10 +531,10 @@ def _cp_exchanges(c: Collectives, v: Variant) -> None:
     attention's (add_v4_cp_bytes). CP = 1 issues none."""
     m = "microbatches"
     if v.cp_kv_gather:
-        kv = f"cp_kv_bytes * {standard_blocks(linear=v.linear)} * {m}"
+        kv = f"cp_kv_bytes * {attention_blocks(v)} * {m}"
         c.exchange(Exchange("cp_kv_gather", "cp", kv, f"CP * {kv}", "CP all-gather of local K and V",
                             "its backward reduce-scatter of dK, dV"))
-    if v.linear:
+    if v.has("gdn"):
         if v.cp_kv_gather:
             state = f"cp_gdn_state_bytes * L_linear * {m}"
             relayout = f"2 * cp_gdn_relayout_bytes * L_linear * {m}"
@@ -550,7 +550,7 @@ def _cp_exchanges(c: Collectives, v: Variant) -> None:
                                 "DeltaNet conv boundary rows to the next CP rank",
                                 "their grads back to the previous CP rank"))
         c.close("cp_gdn_state_gather", "cp_gdn_conv_boundary", "cp_gdn_relayout", group="cp")
-    if v.dsa:
+    if v.has("dsa"):
         if v.cp_kv_gather:
             keys = f"cp_dsa_indexer_k_bytes * blocks * {m}"
             c.exchange(Exchange("cp_dsa_indexer_k_gather", "cp", keys, f"CP * {keys}",

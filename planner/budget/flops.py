@@ -14,7 +14,8 @@ The stage rows give what one stage computes, for the time page.
 from __future__ import annotations
 
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant
+from planner.budget.layer_kinds import FLOPS, kinds_of, model_sum, stage_sum
+from planner.budget.variant import Variant
 
 PAGE = "flops"
 
@@ -38,7 +39,7 @@ def write(book: Book, v: Variant) -> None:
     add("flops_logits_fwd_per_token", "2 * h * V_pad", "FLOP", "flops",
         "one output-layer forward per token over the padded vocabulary (the model's, and again "
         "for each MTP layer)")
-    attention = _model_attention(v)
+    attention = model_sum(v, FLOPS)
     add("flops_fwd_per_token", f"{attention} + L_model_moe * flops_moe_mlp_fwd_per_token"
         " + L_model_dense * flops_dense_mlp_fwd_per_token"
         " + L_model_mtp * flops_mtp_extra_fwd_per_token"
@@ -55,28 +56,19 @@ def write(book: Book, v: Variant) -> None:
 
 
 def _attention(book: Book, v: Variant) -> None:
-    """Per-layer attention FLOPs per token: the projections (token-linear) and the core (∝ S)."""
+    """Per-layer attention FLOPs per token: the family's projections (token-linear) and core (∝ S),
+    then each kind's own rows (planner/budget/layer_kinds.py)."""
     add = book.add
+    kinds = kinds_of(v)
     if v.attention == "standard":
-        gate = " + 2 * h * d * heads" if v.output_gate else ""
-        add("flops_attention_linear_fwd_per_token", "2 * h * d * (2 * heads + 2 * groups)" + gate,
-            "FLOP", "flops", "one attention layer's Q, K, V and output projections per token"
-            + (" and its output gate (Megatron's gate_projection_size)" if v.output_gate else ""))
+        terms = "".join(kind.projection_flops[0] for kind in kinds)
+        docs = "".join(kind.projection_flops[1] for kind in kinds)
+        add("flops_attention_linear_fwd_per_token", "2 * h * d * (2 * heads + 2 * groups)" + terms,
+            "FLOP", "flops", "one attention layer's Q, K, V and output projections per token" + docs)
         add("flops_attention_core_fwd_per_token", "2 * heads * d * S", "FLOP", "flops",
             "one attention layer's QKᵀ and softmax·V per token: 2 GEMMs over the causal half "
             "of S keys (the /2 cancels the second GEMM)")
-        if v.window:
-            _window(book)
-        if v.chunked:
-            _chunked(book)
-        if v.linear:
-            add("flops_gdn_fwd_per_token", "2 * (h * (2 * la_qk + 2 * la_v + 2 * la_nv) + la_conv"
-                " * (2 * la_qk + la_v) + 4 * la_nv * la_dv ** 2 + h * la_v)", "FLOP", "flops",
-                "one gated DeltaNet layer per token, as Megatron's num_floating_point_operations "
-                "counts it: in_proj, the short convolution, the delta rule (KKᵀ, VKᵀ, the state "
-                "update and SQ over one value head each) and out_proj; token-linear, no S term")
-        return
-    if v.attention == "mla":
+    elif v.attention == "mla":
         q = ("q_lora * (h + heads * (d_qk + qk_rope) + 1)" if v.mla_q_lora
              else "h * heads * (d_qk + qk_rope)")
         add("flops_attention_linear_fwd_per_token",
@@ -85,93 +77,13 @@ def _attention(book: Book, v: Variant) -> None:
             "the kv down/up projections, the shared RoPE key and the output projection")
         add("flops_attention_core_fwd_per_token", "heads * (d_qk + qk_rope + d_v) * S", "FLOP",
             "flops", "one MLA layer's QKᵀ and softmax·V per token over the causal half of S keys")
-        return
-    # DeepSeek-V4: every layer has the MLA-style projections and window attention; CSA adds
-    # top-k compressed keys, its compressor and the lightning indexer; HCA all compressed keys.
-    add("flops_v4_projection_fwd_per_token",
-        "2 * (q_lora * (h + heads * d_v + 1) + h * d_v + d_v + heads * d_v * o_lora"
-        " + o_groups * o_lora * h)", "FLOP", "flops",
-        "one V4 attention layer's q (through q_lora), joint KV and grouped low-rank output "
-        "projections per token")
-    add("flops_v4_window_fwd_per_token", "2 * 2 * heads * csa_window * d_v", "FLOP", "flops",
-        "sliding-window attention per token (every V4 layer): QKᵀ and softmax·V over the window")
-    add("flops_v4_csa_topk", "Min(idx_topk, floor(S / 4))", "entries", "flops",
-        "compressed entries a CSA query attends (index_topk, at most S/4)")
-    add("flops_v4_csa_avg_compressed", "flops_v4_csa_topk * (1 - flops_v4_csa_topk * 4 / (2 * S))",
-        "entries", "flops", "average compressed entries per query under the causal mask")
-    add("flops_attention_csa_fwd_per_token",
-        "flops_v4_projection_fwd_per_token + 2 * (2 * heads * (csa_window + flops_v4_csa_avg_compressed)"
-        " * d_v + 2 * h * 2 * d_v + 2 * h * 2 * idx_dim + q_lora * idx_heads * idx_dim"
-        " + h * idx_heads + idx_heads * idx_dim * S / 4)", "FLOP", "flops",
-        "one CSA layer per token: projections, window + top-k compressed attention, the "
-        "overlapping compressor (2x width), the indexer's compressor, q and weight projections "
-        "and its scoring of ~S/4 compressed keys")
-    add("flops_attention_hca_fwd_per_token",
-        "flops_v4_projection_fwd_per_token + 2 * (2 * heads * csa_window * d_v + 2 * h * d_v"
-        " + heads * d_v * S / 128)", "FLOP", "flops",
-        "one HCA layer per token: projections, window attention, the compressor and attention "
-        "over all ~S/128 causal compressed keys (Megatron counts ratio 128)")
-    add("flops_attention_swa_fwd_per_token",
-        "flops_v4_projection_fwd_per_token + flops_v4_window_fwd_per_token", "FLOP", "flops",
-        "one window-only V4 layer per token: projections and window attention")
-
-
-def _window(book: Book) -> None:
-    """Sliding-window core attention as it runs. Megatron's num_floating_point_operations has no
-    window term: its figure (flops_per_token) counts window layers over the whole causal sequence
-    like full ones, so these rows feed only the time page. A causal query at position i reads
-    min(i + 1, K) keys, K = window_keys (left window + itself) capped at S; over S queries that
-    averages K · (1 − (K − 1) / (2S))."""
-    add = book.add
-    add("flops_window_keys_avg", "Min(window_keys, S) * (1 - (Min(window_keys, S) - 1) / (2 * S))",
-        "keys", "flops", "average keys a sliding-window query reads under the causal mask")
-    add("flops_attention_window_core_fwd_per_token", "2 * 2 * heads * d * flops_window_keys_avg",
-        "FLOP", "flops", "one sliding-window attention layer's QKᵀ and softmax·V per token as "
-        "computed (moeplan's count; Megatron's FLOPs figure counts the layer as full attention)")
-    add("flops_window_fwd_per_token", "L_model_window * (flops_attention_window_core_fwd_per_token"
-        " - flops_attention_core_fwd_per_token)", "FLOP", "flops",
-        "what the model's window layers change in one forward per token against Megatron's "
-        "full-attention count (negative: work the window skips)")
-
-
-def _chunked(book: Book) -> None:
-    """Chunked attention as it runs (Llama 4's RoPE layers): a query reads the causal part of its
-    own chunk of C = attention_chunk_size tokens, so the core term is Megatron's causal one over
-    Min(C, S) keys instead of S (equal to it while S <= C, where chunking changes nothing).
-    Megatron has no chunked attention; these rows feed only the time page."""
-    add = book.add
-    add("flops_attention_chunk_core_fwd_per_token", "2 * heads * d * Min(chunk_keys, S)", "FLOP",
-        "flops", "one chunked-attention layer's QKᵀ and softmax·V per token over the causal half "
-        "of its chunk (moeplan's count)")
-    add("flops_chunk_fwd_per_token", "L_model_chunked * (flops_attention_chunk_core_fwd_per_token"
-        " - flops_attention_core_fwd_per_token)", "FLOP", "flops",
-        "what the model's chunked layers change in one forward per token against Megatron's "
-        "full-attention count (0 while S <= attention_chunk_size)")
-
-
-def _model_attention(v: Variant) -> str:
-    if v.linear:
-        return ("(L_model - L_model_linear) * (flops_attention_linear_fwd_per_token"
-                " + flops_attention_core_fwd_per_token) + L_model_linear * flops_gdn_fwd_per_token")
-    if v.attention == "dsv4_hybrid":
-        return ("L_model_csa * flops_attention_csa_fwd_per_token + L_model_hca * "
-                "flops_attention_hca_fwd_per_token + (L_model - L_model_csa - L_model_hca) * "
-                "flops_attention_swa_fwd_per_token")
-    return "L_model * (flops_attention_linear_fwd_per_token + flops_attention_core_fwd_per_token)"
+    for kind in kinds:
+        kind.flops(book, v)
 
 
 def stage_attention(v: Variant, suffix: str = "") -> str:
     """The stage's attention forward FLOPs per token, over its blocks (or its recomputed ones)."""
-    if v.attention == "dsv4_hybrid":
-        return (f"L_csa{suffix} * flops_attention_csa_fwd_per_token + L_hca{suffix} * "
-                f"flops_attention_hca_fwd_per_token + (blocks{suffix} - L_csa{suffix} - "
-                f"L_hca{suffix}) * flops_attention_swa_fwd_per_token")
-    blocks = "blocks_recomputed" if suffix else "blocks"
-    if v.linear:
-        gdn = "L_linear_recomputed" if suffix else "L_linear"
-        return (f"({blocks} - {gdn}) * (flops_attention_linear_fwd_per_token"
-                f" + flops_attention_core_fwd_per_token) + {gdn} * flops_gdn_fwd_per_token")
-    return f"{blocks} * (flops_attention_linear_fwd_per_token + flops_attention_core_fwd_per_token)"
+    return stage_sum(v, FLOPS, suffix)
 
 
 def _stage(book: Book, v: Variant) -> None:

@@ -9,7 +9,7 @@ expectations; sent rows are exact (n·k, or E·c with drop-and-pad).
 from __future__ import annotations
 
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant
+from planner.budget.variant import Variant
 
 PAGE = "layout"
 

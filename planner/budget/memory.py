@@ -21,8 +21,9 @@ tensor once; MLPs are SwiGLU (3 matrices) or, with swiglu false, two matrices.
 from __future__ import annotations
 
 from planner.budget.expr import Book
+from planner.budget.layer_kinds import kinds_of
 from planner.budget.offload import write_offload, write_offload_peak
-from planner.budget.symbols import Variant, routed_width
+from planner.budget.variant import Variant, routed_width
 
 PAGE = "memory"
 
@@ -45,36 +46,6 @@ FLEX_BUFFERS = {
     "deepepv2": "2 * flex_dedup_send_bytes",
     "hybridep": "(expert_gemm_rows + tokens_per_rank) * h * p",
 }
-
-
-# Chunk length of flash-linear-attention's chunked gated delta rule (fla.ops.gated_delta_rule
-# chunk_gated_delta_rule, BT = 64): its saved WY matrix A holds 64 fp32 entries per token and head.
-GDN_CHUNK = 64
-
-
-def _add_gated_delta_net_activations(book: Book, v: Variant, per_block: str) -> None:
-    """What one gated DeltaNet layer keeps for backward instead of softmax attention's tensors
-    (Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py GatedDeltaNet.forward and
-    the chunked kernel it calls): the norm's input and output, the short convolution's input and
-    output (q, k, v: 2·la_qk + la_v each), the output gate z, the kernel output and the gated
-    norm's output (la_v each) in the training precision, and per value head the fp32 step and
-    decay (beta, g) and the kernel's chunk matrix A (GDN_CHUNK entries). The recurrent state is
-    recomputed per chunk in backward, not stored, and no final state exists in training:
-    GatedDeltaNet._forward_compute calls the kernel with initial_state=None and
-    output_final_state=False (and the short convolution likewise), so it adds 0 bytes per layer
-    and microbatch. The layer keeps its block's other tensors (the MLP side, dropout, mHC); its
-    softmax-attention terms are taken back."""
-    mods = v.recompute_modules
-    norm = "h" if "layernorm" in mods else "2 * h"
-    book.add("act_gdn_per_layer", f"tokens_per_rank * (({norm} + 4 * la_qk + 5 * la_v) * p"
-             f" + la_nv * (2 + {GDN_CHUNK}) * 4)", "bytes", "memory",
-             "per microbatch: one gated DeltaNet layer's stored tensors (its conv and kernel "
-             "inputs, gate, outputs; fp32 step, decay and chunk matrix per value head)")
-    attention = "act_attention_per_block" + (" + act_qk_norm_per_block" if "act_qk_norm_per_block"
-                                             in per_block else "")
-    book.add("act_gdn_per_layer_extra", f"act_gdn_per_layer - ({attention})", "bytes", "memory",
-             "per microbatch: what a gated DeltaNet layer stores beyond the softmax-attention "
-             "block it is counted as")
 
 
 def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
@@ -183,26 +154,7 @@ def write(book: Book, v: Variant) -> None:
         per_block += " + act_mhc_per_block"
     layers = f"blocks * ({per_block}) + moe_layers * act_moe_per_layer" \
              " + L_dense * act_dense_mlp_per_layer"
-    if v.linear:
-        _add_gated_delta_net_activations(book, v, per_block)
-        layers += " + L_linear * act_gdn_per_layer_extra"
-    if v.attention == "dsv4_hybrid":
-        add("act_csa_per_layer", "tokens_per_rank * ((4 * d + idx_heads * idx_dim + idx_heads"
-            " + 4 * idx_dim) * p + idx_topk * 4)", "bytes", "memory",
-            "per microbatch: CSA compressor, indexer scores and int32 top-k indices")
-        add("act_hca_per_layer", "tokens_per_rank * 2 * d * p", "bytes", "memory",
-            "per microbatch: HCA compressor")
-        layers += " + L_csa * act_csa_per_layer + L_hca * act_hca_per_layer"
-    if v.v4_cp:
-        layers += " + act_v4_cp_per_microbatch"
-        add("act_v4_cp_per_microbatch", "cp_boundary_bytes + (L_csa * cp_boundary_rows_csa"
-            " + L_hca * cp_boundary_rows_hca + (blocks - L_csa - L_hca) * cp_boundary_rows_swa)"
-            " * d * p + CP * (cp_compressed_kv_bytes + cp_indexer_k_bytes)", "bytes", "memory",
-            "per microbatch, V4 attention under CP: what backward keeps of the exchanges (the "
-            "received boundary hidden rows and their projected KV, the all-gathered compressed KV "
-            "in the attention's saved KV buffer, the gathered CSA indexer keys), all the stage's "
-            "layers; Megatron-LM dev@d48bd6be megatron/core/transformer/"
-            "experimental_attention_variant/csa.py CompressedSparseAttention._forward_thd_cp")
+    layers += "".join(kind.activations(book, v, per_block) for kind in kinds_of(v))
     add("act_layers_per_microbatch", layers, "bytes", "memory",
         "all blocks of the stage for one microbatch, nothing recomputed")
     add("layer_input_bytes", "tokens_per_rank * n_hc * h * p", "bytes", "memory",

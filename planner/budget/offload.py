@@ -29,7 +29,7 @@ forward):
 from __future__ import annotations
 
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant, routed_width
+from planner.budget.variant import Variant, routed_width
 from planner.config.offload_groups import ATTENTION_GROUPS, MOE_GROUPS
 
 

@@ -7,7 +7,8 @@ megatron/core/distributed/param_and_grad_buffer.py, megatron/core/optimizer/dist
 from __future__ import annotations
 
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant, routed_width
+from planner.budget.layer_kinds import kinds_of
+from planner.budget.variant import Variant, routed_width
 
 PAGE = "params"
 
@@ -85,45 +86,29 @@ def write(book: Book, v: Variant) -> None:
                  .replace("{q_norm}", norm_term).replace("{kv_norm}", norm_term))
     add("attention_params_per_block", attention, "params", "memory",
         f"{v.attention} attention projections on this rank")
-    mixers = "attention_params_per_block + norm_params_per_block"
-    if v.qk_norm:
-        # Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__:
-        # q_layernorm and k_layernorm normalise each head (hidden_size_per_attention_head wide).
-        norms, doc = ("4 * d" if v.layernorm else "2 * d"), "over the head dimension"
-        if v.qk_norm_layer:  # MiniMax-M2: one q norm of heads·d and one k norm of groups·d
-            norms = ("2 * " if v.layernorm else "") + "(heads + groups) * d"
-            doc = "over all heads of the layer at once"
-        add("qk_norm_params_per_block", norms, "params", "memory",
-            f"qk_layernorm: q and k norms {doc} (replicated over TP)")
-        mixers += " + qk_norm_params_per_block"
+    # One block's terms: the attention side (what a kind with a mixer of its own replaces) and
+    # the block's norms and mHC weights, which every block keeps.
+    attention_side = ["attention_params_per_block"]
+    kinds = kinds_of(v)
+    attention_side += [kind.block_params(book, v) for kind in kinds if kind.beside_norms]
     if v.bias:
         add("attention_bias_params_per_block", ATTENTION_BIAS.get(v.attention, "0"), "params",
             "memory", "add_bias_linear: attention biases (column-parallel ones split over TP, the "
             "output projection's whole on every TP rank)")
-        mixers += " + attention_bias_params_per_block"
+        attention_side.append(" + attention_bias_params_per_block")
     elif v.qkv_bias:
         # Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__:
         # add_qkv_bias biases linear_qkv (column-parallel, split over TP) and nothing else.
         add("attention_bias_params_per_block", "(heads + 2 * groups) * d / TP", "params", "memory",
             "add_qkv_bias: the fused QKV projection's bias (split over TP)")
-        mixers += " + attention_bias_params_per_block"
-    mixers = _add_attention_extras(book, v, mixers)
-    standard_only = mixers.replace(" + norm_params_per_block", "")  # what a DeltaNet layer lacks
+        attention_side.append(" + attention_bias_params_per_block")
+    attention_side += [kind.block_params(book, v) for kind in kinds if not kind.beside_norms]
+    mixers = attention_side[0] + " + norm_params_per_block" + "".join(attention_side[1:])
     if v.mhc:
         add("mhc_params_per_block", "2 * ((2 + n_hc) * n_hc * n_hc * h + (2 + n_hc) * n_hc + 3)",
             "params", "memory", "mHC pre/post/combination weights of both sub-layers")
         mixers += " + mhc_params_per_block"
-    extra = ""
-    if v.attention == "dsv4_hybrid":
-        add("csa_params_per_layer", "(4 * d * h + csa_ratio * 2 * d + d + idx_heads * idx_dim * q_lora"
-            " + idx_heads * h + 4 * idx_dim * h + csa_ratio * 2 * idx_dim + idx_dim) / (TP * GTP)",
-            "params", "memory", "CSA compressor (overlapping, 2x width) + lightning indexer")
-        add("hca_params_per_layer", "(2 * d * h + hca_ratio * d + d) / (TP * GTP)", "params",
-            "memory", "HCA compressor")
-        extra = " + L_csa * csa_params_per_layer + L_hca * hca_params_per_layer"
-    if v.linear:
-        _add_gated_delta_net(book)
-        extra += f" + L_linear * (gdn_params_per_layer - ({standard_only}))"
+    extra = "".join(kind.layer_params(book, v, "".join(attention_side)) for kind in kinds)
     add("dense_mlp_params_per_layer", f"{mats} * h * f / (TP * GTP)"
         + (f" + {_fc1_bias(v, 'f')} / TP + h" if v.bias else ""), "params", "memory",
         f"dense {_mlp_kind(v)} MLP of a non-MoE block" + (", with biases" if v.bias else ""))
@@ -221,45 +206,6 @@ def _add_grad_buffer_members(book: Book, v: Variant) -> None:
              "no expert grad buffer: EP 1, ETP = TP, EGTP = GTP (the experts are in the dense one)")
 
 
-def _add_attention_extras(book: Book, v: Variant, mixers: str) -> str:
-    """Attention parameters of the current MoE architectures: gpt-oss's learnable sinks (Megatron-LM
-    dev@d48bd6be megatron/core/transformer/dot_product_attention.py DotProductAttention.__init__:
-    softmax_offset [heads / TP]), DSA's indexer and Qwen3-Next's output gate (GLM-4.5's q/k/v
-    biases are attention_bias_params_per_block, above)."""
-    if v.sinks:
-        book.add("sink_params_per_block", "heads / TP", "params", "memory",
-                 "softmax_type learnable: one sink logit per attention head (split over TP)")
-        mixers += " + sink_params_per_block"
-    if v.dsa:
-        # megatron/core/transformer/experimental_attention_variant/dsa.py DSAIndexer.__init__:
-        # linear_wq_b [q_lora → idx_heads·idx_dim], linear_wk [h → idx_dim], k_norm (LayerNorm,
-        # weight and bias) and linear_weights_proj [h → idx_heads], all "duplicated" over TP.
-        book.add("dsa_indexer_params_per_block", "idx_heads * idx_dim * q_lora + h * idx_dim"
-                 " + 2 * idx_dim + h * idx_heads", "params", "memory",
-                 "DSA lightning indexer (whole on every TP rank)")
-        mixers += " + dsa_indexer_params_per_block"
-    if v.output_gate:
-        # megatron/core/transformer/attention.py SelfAttention.__init__: linear_qkv_out_dim grows
-        # by kv_channels · heads with attention_output_gate.
-        book.add("attention_gate_params_per_block", "h * heads * d / (TP * GTP)", "params", "memory",
-                 "attention_output_gate: the heads·d output gate fused into linear_qkv (split over TP)")
-        mixers += " + attention_gate_params_per_block"
-    return mixers
-
-
-def _add_gated_delta_net(book: Book) -> None:
-    """One gated DeltaNet layer (Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/
-    common.py _GDNBase.__init__ and gdn.py GatedDeltaNet): in_proj h → q, k (la_qk each), v, the
-    output gate z (la_v each) and beta, alpha (la_nv each); the depthwise conv1d over q, k, v
-    (la_conv taps, no bias); dt_bias and A_log per value head; the gated RMSNorm over one value
-    head (la_dv, whole on every TP rank); out_proj la_v → h. Everything but the norm is split
-    over TP by heads. It replaces the layer's softmax attention (the block keeps its two norms)."""
-    book.add("gdn_params_per_layer", "(h * (2 * la_qk + 2 * la_v + 2 * la_nv) + (2 * la_qk + la_v)"
-             " * la_conv + 2 * la_nv + la_v * h) / TP + la_dv", "params", "memory",
-             "gated DeltaNet projections, short convolution, decay/step parameters and output "
-             "norm of one linear-attention layer on this rank")
-
-
 # The weight matrices of the attention projections alone (no fused norms, biases or sinks).
 ATTENTION_LINEAR = {
     **ATTENTION_PARAMS,
@@ -304,8 +250,8 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
     reduces every parameter marked `sequence_parallel`: norms, the router, MLA's duplicated down
     projections and their norms, mHC weights)."""
     per_block = "norm_params_per_block" + (" + mhc_params_per_block" if v.mhc else "")
-    if v.qk_norm:
-        per_block += " + qk_norm_params_per_block"
+    kinds = kinds_of(v)
+    per_block += "".join(kind.tp_replicated_block for kind in kinds if kind.beside_norms)
     dense_mlp = ""
     if v.bias:
         # Row-parallel biases are whole on every TP rank and marked sequence_parallel (Megatron-LM
@@ -330,11 +276,8 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
         moe = f"({moe} + shared_gate_params_per_layer)"
     if v.bias:
         moe = f"({moe} + Min(I_s, 1) * h)"
-    if v.dsa:  # the indexer's grads are averaged over TP (average_gradients_across_tp_domain)
-        per_block += " + dsa_indexer_params_per_block"
-    if v.linear:  # a DeltaNet layer has no q/k norms but its whole output norm (la_dv)
-        dense_mlp += (" + L_linear * (la_dv - qk_norm_params_per_block)" if v.qk_norm
-                      else " + L_linear * la_dv")
+    per_block += "".join(kind.tp_replicated_block for kind in kinds if not kind.beside_norms)
+    dense_mlp += "".join(kind.tp_replicated_layers(v) for kind in kinds)
     book.add("tp_replicated_params_on_rank",
              f"blocks * ({per_block}) + moe_layers * {moe}{dense_mlp}"
              " + has_output * final_params + L_mtp * "

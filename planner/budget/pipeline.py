@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from planner.budget.book import formula_book, read_items
 from planner.budget.evaluate import BudgetError
 from planner.budget.expr import Book, Evaluator, Number, Quantity, Symbol, compile_quantities
-from planner.budget.symbols import STAGE_SYMBOLS, Variant
+from planner.budget.symbols import STAGE_SYMBOLS
+from planner.budget.variant import Variant
 from planner.layout.pipeline import Chunk
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant
+from planner.budget.variant import Variant
 
 PAGE = "scaling"
 

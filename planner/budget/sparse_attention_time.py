@@ -17,32 +17,17 @@ kernel that runs them, so the time page prices each at its own rate instead of a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant
+
+if TYPE_CHECKING:
+    from planner.budget.variant import Variant
 
 
 def has_indexer(v: Variant) -> bool:
     """V4 (CSA layers) or V3.2's DSA: a lightning indexer picks the keys each query attends."""
-    return v.attention == "dsv4_hybrid" or v.dsa
-
-
-def v4_core(suffix: str) -> str:
-    """V4's attention kernels of the stage per token (forward), over the stage's layers (suffix
-    `_recomputed`: over those full recompute re-runs)."""
-    blocks = "blocks" + suffix
-    return (f"L_csa{suffix} * time_v4_csa_core_flops + L_hca{suffix} * time_v4_hca_core_flops"
-            f" + ({blocks} - L_csa{suffix} - L_hca{suffix}) * flops_v4_window_fwd_per_token")
-
-
-def write_v4_kernels(book: Book) -> None:
-    """Per-layer forward FLOPs per token of V4's attention kernels (the flops page's own terms)."""
-    add = book.add
-    add("time_v4_csa_core_flops", "2 * 2 * heads * (csa_window + flops_v4_csa_avg_compressed) * d_v",
-        "FLOP", "time", "one CSA layer's sparse attention per token: QKᵀ and softmax·V over the "
-        "window and the indexer's top-k compressed keys (causal average)")
-    add("time_v4_hca_core_flops", "2 * (2 * heads * csa_window * d_v + heads * d_v * S / 128)",
-        "FLOP", "time", "one HCA layer's attention per token: the window and all ~S/128 causal "
-        "compressed keys (the compressed branch)")
+    return v.has("v4_csa") or v.has("dsa")
 
 
 def write_dsa_kernels(book: Book) -> None:
@@ -53,10 +38,6 @@ def write_dsa_kernels(book: Book) -> None:
     add("time_dsa_core_flops", "heads * (d_qk + qk_rope + d_v) * 2 * time_dsa_keys", "FLOP", "time",
         "one DSA layer's sparse MLA attention per token: QKᵀ and softmax·V over the selected keys "
         "(dense MLA's flops_attention_core_fwd_per_token has S/2 keys)")
-
-
-def dsa_core(suffix: str) -> str:
-    return f"blocks{suffix} * time_dsa_core_flops"
 
 
 def _indexer_layers(v: Variant) -> tuple[str, str, str]:

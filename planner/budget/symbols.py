@@ -17,26 +17,27 @@ from functools import cache
 from statistics import NormalDist
 from typing import Any
 
-from planner.budget.attention_kinds import (
-    WINDOW_STAGE_SYMBOLS,
-    WINDOW_SYMBOLS,
-    chunked_layers,
-    linear_layers,
-    window_layers,
-    window_values,
-)
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
+from planner.budget.layer_kinds import (
+    KIND_STAGE_SYMBOLS,
+    KIND_SYMBOLS,
+    kind_values,
+    kinds_present,
+    layer_counts,
+    refuse_unmodelled,
+)
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
+from planner.budget.variant import Variant
 from planner.config.gpus import takes_tn_only
 from planner.config.offload_groups import offload_groups
-from planner.config.schema import Config
+from planner.config.schema import DSV4_CSA_RATIO, Config
 from planner.layout.nodes import Places, node_of
 from planner.layout.pipeline import Chunk, StageLayers, StageSplit, split_key, stage_layers
 from planner.memo import Memo
 
 ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
-CSA_RATIO = 4  # DeepSeek-V4: ratio 4 is CSA (overlapping compressor + lightning indexer); others HCA
+CSA_RATIO = DSV4_CSA_RATIO  # DeepSeek-V4: ratio 4 is CSA; the others HCA (planner/config/schema.py)
 
 GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("N", "world size (ranks)"),
@@ -120,7 +121,7 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("offload_delta_bytes", "overlap.delta_offload_bytes_across_pp_ranks: pipeline rank r keeps "
            "r times this many offloadable bytes on the GPU"),
     *MODEL_SYMBOLS,
-    *WINDOW_SYMBOLS,
+    *KIND_SYMBOLS,
     *HARDWARE_SYMBOLS,
 )
 
@@ -152,7 +153,7 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
     ("L_dense_recomputed", "dense-MLP blocks among blocks_recomputed"),
     ("L_csa_recomputed", "CSA attention layers among blocks_recomputed (V4)"),
     ("L_hca_recomputed", "HCA attention layers among blocks_recomputed (V4)"),
-    *WINDOW_STAGE_SYMBOLS,
+    *KIND_STAGE_SYMBOLS,
 ))
 
 # The rank's neighbours in its CP group (group order, no wrap-around): V4 attention's boundary
@@ -193,101 +194,10 @@ RANK_SYMBOLS: tuple[Symbol, ...] = (
 ALL_SYMBOLS: tuple[Symbol, ...] = GLOBAL_SYMBOLS + STAGE_SYMBOLS + RANK_SYMBOLS
 
 
-@dataclass(frozen=True)
-class Variant:
-    """Structural choices that select formulas; equal variants share one cached formula book."""
-    dispatcher: str
-    capacity: str  # "dropless" | "drop" | "pad"
-    ep: bool  # EP > 1
-    etp: bool  # ETP > 1
-    tp_ep: bool  # ETP·EP > 1
-    dp_cp: bool  # dense replica group > 1
-    edp: bool  # expert replica group > 1
-    tp_dp_cp: bool
-    pp: bool
-    dist_opt: bool
-    instances: bool
-    attention: str
-    mhc: bool
-    per_token_loss: bool
-    expert_bias: bool
-    optimizer: str
-    master_copy: bool  # low-precision params keep an fp32 master copy in the optimizer
-    recompute: str | None
-    recompute_method: str | None
-    recompute_modules: frozenset[str]
-    cp_kv_gather: bool  # standard or MLA attention with CP over an all-gather of K/V
-    mla_q_lora: bool
-    aux_counts: str  # load-balancing type whose token counts are all-reduced over tp_cp, or ""
-    ncclep: bool = False  # flex dispatcher with the NCCL EP backend (static receive buffers)
-    latent: bool = False  # latent MoE: routed rows and routed experts at moe_latent_size
-    dsv4_cp: bool = False  # DeepSeek-V4 attention with CP > 1 (THD boundary exchange + gathers)
-    fsdp: str = ""  # Megatron-FSDP sharding strategy (data_parallel_sharding_strategy), "" without
-    gtp: bool = False  # GTP > 1: dense weights rematerialised over gtp_remat
-    egtp: bool = False  # EGTP > 1: routed-expert weights rematerialised over expt_gtp_remat
-    muon_tp: bool = False  # Muon with TP > 1: TP shards of each matrix gathered for Newton-Schulz
-    tp: bool = False  # TP > 1: attention, shared-expert and dense-MLP linears are TP-sharded
-    sp: bool = False  # sequence parallelism (with TP > 1)
-    shared_overlap: bool = False  # moe_shared_expert_overlap: the shared expert's own AG/RS
-    global_aux: bool = False  # global_aux_loss balancing (coefficient > 0)
-    flex_backend: str = ""  # the flex dispatcher's backend (the schema fills in deepep), "" otherwise
-    quant_pad: bool = False  # fp8/fp4: each local expert's rows padded to a multiple of q_align
-    virtual_experts: bool = False  # temporary expert replicas (weights moved, grads returned)
-    layernorm: bool = False  # normalization LayerNorm (weight + bias) instead of RMSNorm (weight)
-    swiglu: bool = True  # SwiGLU MLPs (3 matrices, FC1 2x wide); False: 2 matrices, FC1 1x wide
-    bias: bool = False  # add_bias_linear: every linear layer has a bias
-    qk_norm: bool = False  # qk_layernorm on standard attention: per-head q and k norms
-    dropout: bool = False  # hidden_dropout > 0: both bias-dropout-adds keep a mask per block
-    shared_gate: bool = False  # moe_shared_expert_gate: a [1, h] sigmoid gate on the shared expert
-    router_fp64: bool = False  # moe_router_dtype fp64: router logits and probs in 8 bytes
-    mla_norms: bool = True  # MLA's q/kv latent norms (qk_layernorm); False: plain up projections
-    # FP8 weights (training.fp8): "" without; else how TE stores a quantised weight: "tensor"
-    # (delayed / tensorwise: one scale per tensor), "blockwise" (128x128 block scales), "mxfp8"
-    fp8_weights: str = ""
-    fp8_transpose: bool = False  # tensor-scaled FP8 on Hopper: a transposed copy for backward
-    fp8_param_gather: bool = False  # training.fp8_param_gather: FP8 weights are the parameters
-    # ---- issue 22 (args branch): learned position table, optimizer state dtypes, grad buffer
-    learned_positions: bool = False  # position_embedding_type learned_absolute: a [rows, h] table
-    grads_fp32: bool = True  # grad buffers in fp32 (accumulate_allreduce_grads_in_fp32), else p
-    # The precision-aware optimizer's bytes per parameter (master, exp_avg, exp_avg_sq), "" without
-    precision_aware: tuple[str, str, str] | tuple[()] = ()
-    optimizer_offload: bool = False  # optimizer_cpu_offload: a share of the states on the CPU
-    qkv_bias: bool = False  # add_qkv_bias without add_bias_linear, standard attention: QKV bias only
-    # --- issue 25 (article): routed experts in a grad buffer of their own (Degrees.expert_grad_buffer)
-    expert_buffer: bool = True
-    ncclep_zero_copy: bool = False  # main's moe_ncclep_zero_copy: persistent bf16 symmetric buffers
-    packed_basis: str = ""  # "" fixed S; "max" / "mean" of training.packed_lengths (THD packing)
-    # Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
-    sinks: bool = False  # softmax_type learnable: one sink logit per head and attention layer
-    window: bool = False  # sliding-window attention on some layers (model.window_size)
-    chunked: bool = False  # chunked attention on some layers (model.attention_chunk_size)
-    linear: bool = False  # gated DeltaNet layers (model.linear_attention_freq)
-    output_gate: bool = False  # attention_output_gate: a heads·d gate fused into linear_qkv
-    quick_geglu: bool = False  # gated MLPs by --quick-geglu (Megatron's FLOPs figure counts 2 GEMMs)
-    dsa: bool = False  # DeepSeek-V3.2's DSA: MLA with a lightning indexer (duplicated over TP)
-    qk_norm_layer: bool = False  # qk_layernorm_per_layer: q/k norms over all heads (MiniMax-M2)
-    # ---- issue 22 (offload branch): the fine-grained activation offload groups counted
-    offload: frozenset[str] = frozenset()
-
-    @property
-    def v4_cp(self) -> bool:
-        """V4 attention's CP exchanges apply: V4 attention and CP > 1."""
-        return self.dsv4_cp and self.attention == "dsv4_hybrid"
-
-    @property
-    def mlp_matrices(self) -> int:
-        """Weight matrices of one MLP: gate, up and down under SwiGLU (FC1 twice as wide), FC1 and
-        FC2 otherwise."""
-        return 3 if self.swiglu else 2
-
-
-def routed_width(v: Variant) -> str:
-    """The symbol for the width of routed token rows: `h_moe` under latent MoE, else `h` (so the
-    formulas of a config without latent MoE read exactly as before)."""
-    return "h_moe" if v.latent else "h"
-
-
 def variant_of(cfg: Config, split: StageSplit) -> Variant:
+    refused = refuse_unmodelled(cfg)
+    if refused:  # never budgeted as some other kind (the schema refuses such a config first)
+        raise ValueError(refused)
     par, tr, moe, ov, model = cfg.parallel, cfg.training, cfg.moe, cfg.overlap, cfg.model
     if moe.moe_expert_capacity_factor is None:
         capacity = "dropless"
@@ -308,7 +218,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         pp=par.pp > 1,
         dist_opt=_shards_optimizer(cfg),
         instances=tr.num_distributed_optimizer_instances > 1,
-        attention=model.attention_variant,
+        kinds=kinds_present(cfg),
         mhc=model.enable_hyper_connections and model.mhc_expansion > 1,
         per_token_loss=tr.calculate_per_token_loss,
         expert_bias=model.moe_router_enable_expert_bias,
@@ -318,7 +228,6 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         recompute_method=ov.recompute_method or ("uniform" if ov.recompute_granularity == "full"
                                                  else None),
         recompute_modules=modules if ov.recompute_granularity == "selective" else frozenset(),
-        cp_kv_gather=par.cp > 1 and model.attention_variant in ("standard", "mla"),
         mla_q_lora=bool(model.q_lora_rank),
         flex_backend=str(moe.moe_flex_dispatcher_backend) if moe.moe_token_dispatcher_type == "flex" else "",
         quant_pad=tr.fp8 or tr.fp4,
@@ -327,7 +236,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         if moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss")
         and moe.moe_aux_loss_coeff > 0 and par.tp * par.cp > 1 else "",
         latent=moe.moe_latent_size is not None,
-        dsv4_cp=par.cp > 1 and model.attention_variant == "dsv4_hybrid",
+        cp=par.cp > 1,
         fsdp=tr.data_parallel_sharding_strategy if tr.use_megatron_fsdp else "",
         gtp=par.gtp > 1,
         egtp=par.egtp > 1,
@@ -339,7 +248,6 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         layernorm=model.normalization == "LayerNorm",
         swiglu=model.gated_mlp,
         bias=model.add_bias_linear,
-        qk_norm=model.qk_layernorm and model.attention_variant == "standard",
         dropout=model.hidden_dropout > 0,
         shared_gate=model.moe_shared_expert_gate and bool(model.moe_shared_expert_intermediate_size),
         router_fp64=model.moe_router_dtype == "fp64",
@@ -357,14 +265,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         ncclep_zero_copy=moe.moe_ncclep_zero_copy and moe.moe_token_dispatcher_type == "flex"
         and moe.moe_flex_dispatcher_backend == "ncclep",
         packed_basis=tr.packed_length_basis if tr.packed_lengths else "",
-        sinks=model.softmax_type == "learnable",
-        window=model.window_size is not None and model.attention_variant == "standard",
-        chunked=model.attention_chunk_size is not None and model.attention_variant == "standard",
-        linear=model.linear_attention_freq is not None and model.attention_variant == "standard",
-        output_gate=model.attention_output_gate and model.attention_variant == "standard",
         quick_geglu=model.quick_geglu,
-        dsa=model.dsa and model.attention_variant == "mla",
-        qk_norm_layer=model.qk_layernorm_per_layer and model.attention_variant == "standard",
         offload=offload_groups(cfg),
     )
 
@@ -527,7 +428,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "offload_keep_share": exact(1 - cfg.overlap.activation_offload_fraction),
         "offload_delta_bytes": cfg.overlap.delta_offload_bytes_across_pp_ranks,
         **model_values(cfg),
-        **window_values(cfg),
+        **kind_values(cfg),
         **hardware_values(cfg),
     }
 
@@ -578,12 +479,6 @@ def holdings(cfg: Config, split: StageSplit) -> Holdings:
 def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int,
                     embd_size: int) -> dict[str, Number]:
     stage, model, pp = st.stage, cfg.model, cfg.parallel.pp
-    ratios = _ratios(cfg)
-    per_block = [ratios[i] if i < len(ratios) else 0 for i in st.layers]
-    per_block += [ratios[model.num_layers + d] if model.num_layers + d < len(ratios) else 0
-                  for d in st.mtp_layers]
-    if model.attention_variant != "dsv4_hybrid":
-        per_block = []
     blocks = len(st.layers) + len(st.mtp_layers)
     tied_copy = not model.untie_embeddings_and_output_weights and pp > 1
     first_chunk, last_chunk = split.chunks[0], split.chunks[-1]
@@ -591,11 +486,7 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
         "s": stage, "chunks": chunks, "blocks": blocks, "L_moe": len(st.moe_layers),
         "L_dense": blocks - len(st.moe_layers), "L_hash": len(st.hash_layers),
         "L_mtp": len(st.mtp_layers),
-        "L_csa": sum(1 for r in per_block if r == CSA_RATIO),
-        "L_hca": sum(1 for r in per_block if r not in (0, CSA_RATIO)),
-        "L_window": window_layers(model, st.layers),
-        "L_chunked": chunked_layers(model, st.layers),
-        "L_linear": linear_layers(model, [*st.layers, *(model.num_layers + d for d in st.mtp_layers)]),
+        **layer_counts(model, [*st.layers, *(model.num_layers + d for d in st.mtp_layers)]),
         "has_embedding": int(st.embedding),
         "has_mtp_embedding": int(bool(st.mtp_layers) and not st.embedding),
         "has_output": int(st.output_head),
@@ -627,15 +518,8 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
             layers += chunk.layers[:limit] if block else chunk.layers
             layers += [] if block else [model.num_layers + d for d in chunk.mtp_layers]
     moe = sum(1 for layer in layers if layer >= model.num_layers or model.is_moe_layer(layer))
-    ratios = _ratios(cfg) if model.attention_variant == "dsv4_hybrid" else []
-    kinds = [ratios[layer] if layer < len(ratios) else 0 for layer in layers]
     return {"blocks_recomputed": len(layers), "L_moe_recomputed": moe,
-            "L_dense_recomputed": len(layers) - moe,
-            "L_csa_recomputed": kinds.count(CSA_RATIO),
-            "L_hca_recomputed": sum(1 for r in kinds if r not in (0, CSA_RATIO)),
-            "L_window_recomputed": window_layers(model, layers),
-            "L_chunked_recomputed": chunked_layers(model, layers),
-            "L_linear_recomputed": linear_layers(model, layers)}
+            "L_dense_recomputed": len(layers) - moe, **layer_counts(model, layers, "_recomputed")}
 
 
 def rank_values(rank: int, gpus_per_node: Places, groups: dict[str, list[int]],

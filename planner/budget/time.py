@@ -24,20 +24,12 @@ tokens; `imbalance` scales the routed-expert share for the busiest rank.
 
 from __future__ import annotations
 
-from planner.budget.attention_kinds import standard_blocks, window_core
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Book, ident
 from planner.budget.hardware import overlap_symbol
-from planner.budget.sparse_attention_time import (
-    dsa_core,
-    has_indexer,
-    v4_core,
-    write_dsa_kernels,
-    write_indexer_counts,
-    write_indexer_time,
-    write_v4_kernels,
-)
-from planner.budget.symbols import Variant
+from planner.budget.layer_kinds import CORE, KERNEL, WEIGHTS, kind_sum, kinds_of, stage_sum
+from planner.budget.sparse_attention_time import has_indexer, write_indexer_counts, write_indexer_time
+from planner.budget.variant import Variant
 
 PAGE = "time"
 COMPUTE = ("time_compute_s", "time_attention_gemm_s + time_attention_core_s + time_moe_gemm_s"
@@ -90,34 +82,24 @@ def _kinds(book: Book, v: Variant) -> None:
     """Forward FLOPs per token by kind, and the extra forward FLOPs recompute runs again."""
     add = book.add
     fx = v.mlp_matrices
-    core = "0" if v.attention == "dsv4_hybrid" else "blocks * flops_attention_core_fwd_per_token"
-    core_rc = ("0" if v.attention == "dsv4_hybrid"
-               else "blocks_recomputed * flops_attention_core_fwd_per_token")
-    linear = "stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops"
-    counted_core_rc = core_rc  # the flops page's recompute row counts window layers as full
-    if v.linear:  # gated DeltaNet layers have no core attention (the flops page's stage rows)
-        core = f"{standard_blocks('', True)} * flops_attention_core_fwd_per_token"
-        core_rc = f"{standard_blocks('_recomputed', True)} * flops_attention_core_fwd_per_token"
-        counted_core_rc = core_rc
-    if v.window or v.chunked:  # window / chunked layers' core attention as it runs (flops page)
-        linear = f"stage_attention_fwd_flops_per_token - {core}"
-        core = window_core("", v.window, v.chunked, v.linear)
-        core_rc = window_core("_recomputed", v.window, v.chunked, v.linear)
-    if v.attention == "dsv4_hybrid":  # V4: sparse, compressed and window kernels of their own
-        write_v4_kernels(book)
-        core, core_rc = v4_core(""), v4_core("_recomputed")
-        counted_core_rc = f"{core_rc} + L_csa_recomputed * time_indexer_score_flops"
-        linear = ("stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops"
-                  " - L_csa * time_indexer_score_flops")
-    elif v.dsa:  # V3.2 DSA: the flops page counts dense MLA; the kernel attends the top-k keys
-        write_dsa_kernels(book)
-        linear = "stage_attention_fwd_flops_per_token - blocks * flops_attention_core_fwd_per_token"
-        core, core_rc = dsa_core(""), dsa_core("_recomputed")
+    kinds = kinds_of(v)
+    for kind in kinds:  # the kinds' own kernels (V4's sparse and compressed ones, DSA's)
+        kind.kernels(book)
+    # The core attention as its kernels run it, against the flops page's count of it (window and
+    # chunked layers count as full there, DSA as dense MLA; V4's CSA count adds its indexer's
+    # scoring, which the time page prices apart): the projections are what remains.
+    core, core_rc = stage_sum(v, KERNEL), stage_sum(v, KERNEL, "_recomputed")
+    counted, counted_adds = kind_sum(v, CORE, "blocks", lambda kind: kind.count)
+    counted_core_rc = stage_sum(v, CORE, "_recomputed")
+    if counted == core:
+        linear = " - ".join(["stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops",
+                             *counted_adds])
+    else:
+        linear = f"stage_attention_fwd_flops_per_token - {' + '.join([counted, *counted_adds])}"
+    notes = list(dict.fromkeys(kind.kernel_note for kind in kinds if kind.kernel_note))
     add("time_attention_core_fwd_flops", core, "FLOP", "time",
         "core attention of the stage per token (V4: CSA's sparse, HCA's compressed and the window "
-        "kernels; DSA: the selected keys only"
-        + ("; sliding-window and chunked layers over their keys" if v.window or v.chunked else "")
-        + ")")
+        "kernels; DSA: the selected keys only" + "".join(f"; {note}" for note in notes) + ")")
     add("time_attention_linear_fwd_flops", linear, "FLOP", "time",
         "attention projections of the stage per token")
     add("time_shared_fwd_flops", f"L_moe * 2 * {fx} * I_s * h", "FLOP", "time",
@@ -170,12 +152,7 @@ def _kinds(book: Book, v: Variant) -> None:
 def _weights(book: Book, v: Variant) -> None:
     """The rank's local weights per kind (params page), what a GEMM pass must stream from HBM."""
     add = book.add
-    extra = " + L_csa * csa_params_per_layer + L_hca * hca_params_per_layer" if (
-        v.attention == "dsv4_hybrid") else ""
-    attention = "blocks * attention_params_per_block"
-    if v.linear:  # gated DeltaNet layers stream their own weights instead
-        attention = "(blocks - L_linear) * attention_params_per_block + L_linear * gdn_params_per_layer"
-    add("time_attention_params", f"{attention}{extra}", "params", "time",
+    add("time_attention_params", stage_sum(v, WEIGHTS), "params", "time",
         "attention projection weights of the stage on this rank")
     add("time_routed_params", "moe_layers * routed_params_per_layer", "params", "time",
         "routed expert weights of the stage on this rank (E/EP local experts per layer)")

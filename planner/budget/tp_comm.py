@@ -24,7 +24,7 @@ from typing import Protocol
 
 from planner.budget.collectives import Exchange
 from planner.budget.expr import Book
-from planner.budget.symbols import Variant
+from planner.budget.variant import Variant
 
 
 class Collectives(Protocol):

@@ -36,6 +36,7 @@ NOT_ARGUMENTS = {
     "model.qk_layernorm_per_layer",  # MiniMax-M2's per-layer q/k norm: no Megatron argument
     "model.attention_chunk_size",  # Llama 4's chunked attention: no Megatron argument
     "model.dsa",  # written as --experimental-attention-variant dsa
+    "model.mamba_layers",  # the M layers of --hybrid-layer-pattern (refused: not modelled yet)
 }
 # THD packing's packed lengths and their basis, and the pipeline schedule, are moeplan's own settings.
 NOT_ARGUMENTS |= {"training.packed_lengths", "training.packed_length_basis",

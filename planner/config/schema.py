@@ -36,6 +36,10 @@ DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 VOCAB_DIVISOR = 128  # Megatron's default make_vocab_size_divisible_by
 # moeplan lists every layer, rank and expert, so their counts get a ceiling far above any real job.
 MAX_LAYERS = 100_000
+# DeepSeek-V4: compress ratio 4 is CSA (overlapping compressor + lightning indexer), 0 a window-only
+# layer, any other HCA (Megatron-LM dev@d48bd6be megatron/core/transformer/
+# experimental_attention_variant/deepseek_v4_hybrid_attention.py).
+DSV4_CSA_RATIO = 4
 MAX_RANKS = 1 << 20
 MAX_EXPERTS = 1 << 16  # the plan lists each rank's experts
 # Megatron's defaults for fields that only mean something under a switch; `Config` fills them in
@@ -225,10 +229,19 @@ class ModelSection(Section):
     linear_num_key_heads: PosInt = 16
     linear_num_value_heads: PosInt = 32
     attention_output_gate: bool = False
+    # Step-3.5-Flash's per-head gate: one sigmoid scalar per attention head, its rows appended to
+    # linear_qkv (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+    # SelfAttention.__init__); Megatron refuses it beside attention_output_gate.
+    head_wise_attn_gate: bool = False
     # DeepSeek-V3.2's DSA (Megatron's experimental_attention_variant dsa): MLA whose queries attend
     # the index_topk keys a lightning indexer picks. Written with attention_variant mla and the
     # indexer fields index_n_heads / index_head_dim / index_topk (Megatron's --dsa-indexer-*).
     dsa: bool = False
+    # A hybrid model's Mamba-2 mixer layers (Megatron-LM dev@d48bd6be megatron/core/ssm/
+    # mamba_mixer.py MambaMixer, `M` in --hybrid-layer-pattern): 1 per decoder layer that runs one.
+    # Its figures are not modelled yet, so a config with one is refused (_mamba_not_modelled);
+    # planner/budget/layer_kinds.py MAMBA is the record the pages will sum once they are.
+    mamba_layers: list[Literal[0, 1]] | None = None
 
     @field_validator("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq", "linear_attention_freq",
                      mode="before")
@@ -252,6 +265,30 @@ class ModelSection(Section):
         except KeyError:  # a field it derives from is invalid: that error is the one to show
             return None
         return None if derived is None else handler(derived)  # None: derived from one left None
+
+    @model_validator(mode="after")
+    def _mamba_not_modelled(self) -> ModelSection:
+        """Loud, never counted as attention: moeplan has no Mamba-2 parameter, FLOP, activation
+        or time figures, so a Mamba layer is refused rather than budgeted as something else."""
+        if self.mamba_layers and 1 in self.mamba_layers:
+            raise PydanticCustomError(
+                "mamba_not_modelled",
+                "model.mamba_layers marks {count} Mamba-2 mixer layers: Megatron's MambaMixer "
+                "(megatron/core/ssm/mamba_mixer.py) is a layer kind whose parameters, FLOPs, "
+                "activations and time moeplan does not model yet",
+                {"count": self.mamba_layers.count(1)})
+        return self
+
+    @model_validator(mode="after")
+    def _one_attention_gate(self) -> ModelSection:
+        """Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+        TransformerConfig.__post_init__: the two gates' linear_qkv row layouts are incompatible."""
+        if self.head_wise_attn_gate and self.attention_output_gate:
+            raise PydanticCustomError(
+                "two_attention_gates",
+                "model.head_wise_attn_gate and model.attention_output_gate are both true: Megatron "
+                "takes one attention gate")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -373,11 +410,65 @@ class ModelSection(Section):
         """Chunked attention on 0-based `layer`: Llama 4 chunks its RoPE layers' attention."""
         return self.attention_chunk_size is not None and self.is_rope_layer(layer)
 
+    @property
+    def layer_mixers(self) -> tuple[str, ...]:
+        """The token-mixer kind of every decoder and MTP layer (0-based; MTP layers numbered from
+        num_layers on, as Megatron's num_floating_point_operations numbers them), resolved once
+        per model shape for the budget pages (planner/budget/layer_kinds.py holds one record per
+        name). A gated DeltaNet layer is not also a window or chunked one; window and chunked
+        attention are decoder-layer choices (MTP layers attend in full). Remembered by the
+        fields that decide it, not on the instance: model_copy(update=...) must not keep a stale
+        sequence."""
+        key = tuple(_frozen(getattr(self, name)) for name in _MIXER_FIELDS)
+        return _layer_mixers(key, self)
+
+    def _mixer(self, layer: int) -> str:
+        mamba = self.mamba_layers or []
+        if layer < len(mamba) and mamba[layer] == 1:
+            return "mamba"
+        if self.attention_variant == "dsv4_hybrid":
+            ratios = self.compress_ratios or []
+            ratio = ratios[layer] if layer < len(ratios) else 0
+            return "v4_window" if ratio == 0 else "v4_csa" if ratio == DSV4_CSA_RATIO else "v4_hca"
+        if self.attention_variant == "mla":
+            return "mla"
+        if self.is_linear_attention_layer(layer):
+            return "gdn"
+        if layer < self.num_layers and self.is_window_layer(layer):
+            return "window"
+        if layer < self.num_layers and self.is_chunked_layer(layer):
+            return "chunked"
+        return "softmax"
+
     def is_moe_layer(self, layer: int) -> bool:
         """Megatron's moe_layer_freq: an int N makes every N-th layer MoE; a list is a 0/1 pattern."""
         if isinstance(self.moe_layer_freq, int):
             return layer % self.moe_layer_freq == 0
         return layer < len(self.moe_layer_freq) and self.moe_layer_freq[layer] == 1
+
+
+# The model fields that decide each layer's mixer (ModelSection._mixer).
+_MIXER_FIELDS = ("num_layers", "mtp_num_layers", "attention_variant", "compress_ratios", "window_size",
+                 "window_attn_skip_freq", "no_rope_freq", "attention_chunk_size",
+                 "linear_attention_freq", "mamba_layers")
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+_MIXERS: dict[tuple[Any, ...], tuple[str, ...]] = {}
+
+
+def _layer_mixers(key: tuple[Any, ...], model: ModelSection) -> tuple[str, ...]:
+    """One model shape's mixers (`key`: its _MIXER_FIELDS), remembered for the next ask."""
+    mixers = _MIXERS.get(key)
+    if mixers is None:
+        if len(_MIXERS) > 256:
+            _MIXERS.clear()
+        mixers = _MIXERS[key] = tuple(model._mixer(layer)
+                                      for layer in range(model.num_layers + model.mtp_num_layers))
+    return mixers
 
 
 class ParallelSection(Section):

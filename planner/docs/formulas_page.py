@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from planner.accounting import ALL_SYMBOLS, Variant, formula_book, pipeline_page, pretty, variant_of
+from planner.accounting import (
+    ALL_SYMBOLS,
+    LAYER_KINDS,
+    Variant,
+    formula_book,
+    pipeline_page,
+    pretty,
+    variant_of,
+)
 from planner.config.loader import parse_config
 from planner.docs.markdown import GENERATED_NOTE, cell, code
 from planner.layout.pipeline import stage_split
@@ -33,6 +41,7 @@ BASELINE_CONFIG: dict[str, Any] = {
 }
 
 _SELECTIVE = {"recompute": "selective", "recompute_method": None}
+STANDARD = frozenset({"softmax"})
 
 # label -> the Variant fields that change (relative to the baseline).
 VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -50,10 +59,6 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("TP·DP·CP = 1", {"tp_dp_cp": False}),
     ("no distributed optimizer", {"dist_opt": False}),
     ("several distributed-optimizer instances", {"instances": True}),
-    ("standard attention with CP > 1", {"attention": "standard", "cp_kv_gather": True}),
-    ("MLA attention with CP > 1", {"attention": "mla", "cp_kv_gather": True}),
-    ("MLA with a query LoRA", {"attention": "mla", "mla_q_lora": True}),
-    ("MLA without a query LoRA", {"attention": "mla", "mla_q_lora": False}),
     ("no mHC", {"mhc": False}),
     ("per-token loss", {"per_token_loss": True}),
     ("no expert bias", {"expert_bias": False}),
@@ -68,7 +73,6 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("`aux_loss` balancing with TP·CP > 1", {"aux_counts": "aux_loss"}),
     ("no aux-loss counts to reduce", {"aux_counts": ""}),
     ("latent MoE (`moe_latent_size`)", {"latent": True}),
-    ("DeepSeek-V4 attention with CP = 1", {"dsv4_cp": False}),
     *((f"Megatron-FSDP `{strategy}`", {"fsdp": strategy, "dist_opt": strategy != "no_shard"})
       for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params")),
     ("GTP > 1", {"gtp": True}),
@@ -87,22 +91,10 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("LayerNorm instead of RMSNorm", {"layernorm": True}),
     ("non-gated MLPs (swiglu false)", {"swiglu": False}),
     ("linear biases (add_bias_linear)", {"bias": True}),
-    ("qk_layernorm on standard attention", {"attention": "standard", "qk_norm": True}),
-    # current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
-    ("learnable attention sinks (softmax_type learnable)", {"attention": "standard", "sinks": True}),
-    ("sliding-window attention layers (window_size)", {"attention": "standard", "window": True}),
-    ("chunked attention layers (attention_chunk_size)", {"attention": "standard", "chunked": True}),
-    ("gated DeltaNet layers (linear_attention_freq)", {"attention": "standard", "linear": True}),
-    ("gated attention (attention_output_gate)", {"attention": "standard", "output_gate": True}),
     ("quick-GEGLU MLPs (quick_geglu)", {"quick_geglu": True}),
-    ("DSA: MLA with a lightning indexer (dsa)", {"attention": "mla", "mla_q_lora": True, "dsa": True}),
-    ("gated DeltaNet layers with CP > 1 (chunkwise linear CP)",
-     {"attention": "standard", "linear": True, "cp_kv_gather": True}),
-    ("DSA with CP > 1 (latent key and indexer keys all-gathered)",
-     {"attention": "mla", "mla_q_lora": True, "dsa": True, "cp_kv_gather": True}),
-    ("q/k/v biases only (add_qkv_bias)", {"attention": "standard", "qkv_bias": True}),
-    ("q/k norms over all heads of a layer (qk_layernorm_per_layer)",
-     {"attention": "standard", "qk_norm": True, "qk_norm_layer": True}),
+    # every layer kind's own (planner/budget/layer_kinds.py)
+    *(variation for kind in LAYER_KINDS for variation in kind.variations),
+    ("q/k/v biases only (add_qkv_bias)", {"kinds": STANDARD, "cp": False, "qkv_bias": True}),
     ("hidden dropout", {"dropout": True}),
     ("a shared-expert gate", {"shared_gate": True}),
     ("router dtype fp64", {"router_fp64": True}),
@@ -110,9 +102,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("grad buffers in the parameters' dtype", {"grads_fp32": False}),
     ("precision-aware optimizer (bf16 master remainders and moments)", {"precision_aware": ("2", "2", "2")}),
     ("optimizer CPU offload", {"optimizer_offload": True}),
-    ("a QKV bias only (add_qkv_bias)", {"attention": "standard", "qkv_bias": True}),
-    ("MLA without qk_layernorm (no latent norms)", {"attention": "mla", "mla_q_lora": True,
-                                                    "mla_norms": False}),
+    ("MLA without qk_layernorm (no latent norms)", {"kinds": frozenset({"mla"}), "mla_q_lora": True,
+                                                    "mla_norms": False, "cp": False}),
     ("FP8 weights, tensor scaling on Hopper", {"quant_pad": True, "fp8_weights": "tensor",
                                                "fp8_transpose": True}),
     ("FP8 weights with fp8_param_gather (blockwise)",
@@ -128,10 +119,11 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("THD packing budgeted at the mean packed microbatch", {"packed_basis": "mean"}),
     # --- issue 22 (offload branch)
     ("fine-grained activation offloading of every module (standard attention)",
-     {"recompute": None, "recompute_method": None, "attention": "standard",
+     {"recompute": None, "recompute_method": None, "kinds": STANDARD, "cp": False,
       "offload": frozenset({"qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"})}),
     ("fine-grained activation offloading of every module (MLA)",
-     {"recompute": None, "recompute_method": None, "attention": "mla", "mla_q_lora": True,
+     {"recompute": None, "recompute_method": None, "kinds": frozenset({"mla"}), "cp": False,
+      "mla_q_lora": True,
       "offload": frozenset({"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
                             "moe_act"})}),
 )

@@ -364,18 +364,19 @@ def test_per_layer_bytes_are_degree_one_in_sequence_length():
 def _variants(limit: int | None = None):
     base = dict(ep=True, etp=True, tp_ep=True, dp_cp=True, edp=True, tp_dp_cp=True, pp=True,
                 instances=False, mhc=False, per_token_loss=False, expert_bias=True,
-                optimizer="adam", master_copy=True, recompute_method=None, cp_kv_gather=True,
+                optimizer="adam", master_copy=True, recompute_method=None, cp=True,
                 mla_q_lora=True, aux_counts="seq_aux_loss")
     combos = itertools.product(("alltoall", "allgather", "flex"), ("dropless", "drop", "pad"),
-                               (False, True), ("standard", "mla", "dsv4_hybrid"),
+                               (False, True), (frozenset({"softmax"}), frozenset({"mla"}),
+                                               frozenset({"v4_csa", "v4_hca", "v4_window"})),
                                (None, "full", "selective"))
-    for n, (dispatcher, capacity, dist_opt, attention, recompute) in enumerate(combos):
+    for n, (dispatcher, capacity, dist_opt, kinds, recompute) in enumerate(combos):
         if limit is not None and n >= limit:
             return
         modules = frozenset({"moe_act", "layernorm", "mla_up_proj"}) if recompute == "selective" \
             else frozenset()
         yield Variant(dispatcher=dispatcher, capacity=capacity, dist_opt=dist_opt,
-                      attention=attention, recompute=recompute, recompute_modules=modules,
+                      kinds=kinds, recompute=recompute, recompute_modules=modules,
                       **{**base, "recompute_method": "uniform" if recompute == "full" else None})
 
 

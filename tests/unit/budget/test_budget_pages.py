@@ -3,8 +3,10 @@ its own page (above) or on earlier pages — layout → params → flops → com
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
+import pytest
 from hypothesis import given, settings
 
 from planner.accounting import (
@@ -17,6 +19,7 @@ from planner.accounting import (
     formula_book,
     pipeline_page,
 )
+from planner.budget.layer_kinds import KINDS
 from planner.budget.pipeline import PAGE_STAGE_INPUTS
 from planner.config.loader import load_config
 from planner.layout.pipeline import stage_split
@@ -92,3 +95,24 @@ def test_the_pipeline_page_reads_only_the_time_page_and_its_own_names() -> None:
                           and not chunk_time.fullmatch(r)]
                 assert strays == [], (q.name, strays)
                 own.add(q.ident)
+
+
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if not kind.unmodelled], ids=lambda kind: kind.name)
+def test_every_layer_kind_builds_a_book_in_page_order(kind) -> None:
+    """Each layer kind's variations of the formulas page's baseline (planner/budget/layer_kinds.py)
+    build a book whose formulas read only earlier pages."""
+    from planner.docs.formulas_page import baseline_variant
+
+    base = baseline_variant()
+    for _, changes in kind.variations or (("the baseline's own kind", {}),):
+        variant = dataclasses.replace(base, **changes)
+        assert kind.name in variant.kinds
+        assert later_page_reads(formula_book(variant)) == [], kind.name
+
+
+def test_an_unmodelled_kind_is_refused_not_counted_as_attention() -> None:
+    from planner.docs.formulas_page import baseline_variant
+
+    mamba = dataclasses.replace(baseline_variant(), kinds=frozenset({"softmax", "mamba"}))
+    with pytest.raises(ValueError, match="Mamba-2 mixer"):
+        formula_book(mamba)

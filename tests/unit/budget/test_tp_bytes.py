@@ -180,7 +180,8 @@ def test_tp_one_prices_nothing() -> None:
 def test_mla_gathers_the_up_projection_inputs_and_the_rotary_key() -> None:
     """MLA: down projections are duplicated (no collective); the q/kv up projections are
     column-parallel, and SP gathers the rotary key part separately (not re-gathered for wgrad)."""
-    base = dataclasses.replace(baseline_variant(), attention="mla", mla_q_lora=True, tp=True, sp=True)
+    base = dataclasses.replace(baseline_variant(), kinds=frozenset({"mla"}), mla_q_lora=True, tp=True,
+                               sp=True)
     formulas = {q.name: q.formula for q in formula_book(base).quantities}
     assert formulas["tp_attention_in_width"] == "q_lora + kv_lora"
     assert formulas["tp_sp_gather_width"] == "tp_column_width + blocks * qk_rope"

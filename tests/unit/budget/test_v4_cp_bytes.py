@@ -147,7 +147,7 @@ def test_standard_attention_has_none_of_them() -> None:
 
 def test_only_v4_attention_with_cp_selects_the_formulas() -> None:
     base = formula_book(Variant(**{**_pro_variant().__dict__}))
-    other = formula_book(Variant(**{**_pro_variant().__dict__, "attention": "mla"}))
+    other = formula_book(Variant(**{**_pro_variant().__dict__, "kinds": frozenset({"mla"})}))
     assert "cp_boundary_bytes" in {q.name for q in base.quantities}
     assert "cp_boundary_bytes" not in {q.name for q in other.quantities}
 

@@ -1,0 +1,698 @@
+"""Layer kinds, one record each: what a kind of attention layer (or an attention feature) adds to
+every formula page, so the pages sum over the kinds present instead of branching on a flag per
+kind (the way planner/layout/group_kinds.py keeps one record per process-group kind).
+
+The cut. The config's attention family (model.attention_variant: standard, MLA, DeepSeek-V4) owns
+the projections every attention layer has (params, FLOPs, activations, TP widths: the pages'
+family tables). A kind is what differs from that:
+
+* a *mixer* is the token mixer of a layer, exactly one per layer, resolved once by
+  `ModelSection.layer_mixers` (softmax, window, chunked, gated DeltaNet, MLA, V4's CSA/HCA/window,
+  Mamba). Each family has one *base* mixer (softmax, mla, v4_window) counted over all blocks; the
+  others either replace it on their layers (`Replace`: subtracted from the base's count, their own
+  row written instead) or add to it (`Add`: V4's compressors sit beside the shared projections).
+* a *feature* is a change every attention layer of its family carries (learnable sinks, the
+  output gate, the head-wise gate, q/k norms, DSA's indexer): one more parameter row per block,
+  one more projection term, or (`Rebase`) another core-attention row for the base.
+
+`kind_sum` composes a page's per-layer rows over the kinds present, in `KINDS` order, so the
+formula text is the one the pages wrote by hand before (the golden snapshots hold it). A record
+whose `unmodelled` says why is refused (`refuse_unmodelled`): a config with such layers is never
+counted as attention.
+
+Adding a kind: one `LayerKind` in `KINDS` (and its name in `ModelSection.layer_mixers` for a
+mixer, or its config switch in `present` for a feature), with its hand-derived test in
+tests/unit/budget/test_layer_kinds.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.budget.expr import Book, Number, Symbol
+from planner.budget.sparse_attention_time import write_dsa_kernels
+from planner.budget.variant import Variant
+from planner.config.schema import Config, ModelSection
+
+MIXER, FEATURE = "mixer", "feature"
+# The views `kind_sum` composes: the flops page's per-layer attention row as Megatron's
+# num_floating_point_operations counts it (FLOPS), the flops page's core attention (CORE), the
+# core attention as the time page's kernels run it (KERNEL), the attention weights (WEIGHTS), and
+# the layers whose K/V a CP all-gather moves (KV).
+FLOPS, CORE, KERNEL, WEIGHTS, KV = "flops", "core", "kernel", "weights", "kv"
+
+
+@dataclass(frozen=True)
+class Base:
+    """The family's base row: counted over the blocks no other kind replaces."""
+    row: str
+
+
+@dataclass(frozen=True)
+class Replace:
+    """The kind's layers are taken from the base's count and counted at `row` ("" for nothing)."""
+    row: str
+
+
+@dataclass(frozen=True)
+class Add:
+    """The kind's layers add `row` beside the base's (counted, not taken from the base)."""
+    row: str
+
+
+@dataclass(frozen=True)
+class Rebase:
+    """A feature that gives the base another row (DSA's sparse kernel for MLA's core)."""
+    row: str
+
+
+Term = Base | Replace | Add | Rebase
+
+
+def _never(book: Book, v: Variant) -> str:
+    return ""
+
+
+def _no_terms(book: Book, v: Variant, attention_side: str) -> str:
+    return ""
+
+
+@dataclass(frozen=True, eq=False)  # records compare by identity: one per kind
+class LayerKind:
+    """One attention mixer or attention feature and its share of every page."""
+
+    name: str  # its name in Variant.kinds (and, for a mixer, in ModelSection.layer_mixers)
+    role: str  # MIXER or FEATURE
+    family: str  # the model.attention_variant it belongs to ("" for a mixer of no family)
+    what: str  # one line: what the kind is, as the formulas page's VARIATIONS label says it
+    megatron: str  # the Megatron source it follows
+    present: Callable[[ModelSection], bool]  # the config has it (a flag, not a layer count)
+    variations: tuple[tuple[str, dict[str, Any]], ...] = ()  # formulas page: label, Variant changes
+    count: str = ""  # stage symbol of its layers (mixers other than their family's base)
+    count_doc: str = ""
+    model_count: str = ""  # the whole model's count of its layers (the flops page's)
+    terms: Mapping[str, tuple[Term, ...]] = field(default_factory=dict)  # kind_sum's views
+    # params page: rows of one block, returning " + row" terms of the attention side of a block
+    block_params: Callable[[Book, Variant], str] = _never
+    beside_norms: bool = False  # its block parameters come before the attention biases
+    # params page: rows of its own layers, returning " + L_x * ..." terms of the stage
+    layer_params: Callable[[Book, Variant, str], str] = _no_terms
+    # params page: its share of the parameters replicated over TP (sequence-parallel grads)
+    tp_replicated_block: str = ""  # per block
+    tp_replicated_layers: Callable[[Variant], str] = lambda v: ""  # per stage
+    projection_flops: tuple[str, str] = ("", "")  # flops page: (" + term", " and doc") per layer
+    flops: Callable[[Book, Variant], None] = lambda book, v: None  # flops page rows
+    activations: Callable[[Book, Variant, str], str] = _no_terms  # memory page: " + L_x * ..."
+    kernels: Callable[[Book], None] = lambda book: None  # time page: its kernel rows
+    kernel_note: str = ""  # time page: what its kernels change in the core attention's doc
+    cp_collectives: tuple[str, ...] = ()  # its CP exchanges (planner/budget/collectives.py names)
+    unmodelled: str = ""  # why its figures are not modelled: a config with it is refused
+
+
+# ------------------------------------------------------------------------------ standard family
+
+
+def _softmax_present(m: ModelSection) -> bool:
+    return m.attention_variant == "standard"
+
+
+def _standard(flag: Callable[[ModelSection], bool]) -> Callable[[ModelSection], bool]:
+    """A standard-attention feature: the flag, on standard attention only."""
+    return lambda m: m.attention_variant == "standard" and flag(m)
+
+
+SOFTMAX = LayerKind(
+    "softmax", MIXER, "standard", "standard (softmax) attention over the whole causal sequence",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention",
+    _softmax_present,
+    variations=(("standard attention with CP > 1", {"kinds": frozenset({"softmax"}), "cp": True}),),
+    terms={FLOPS: (Base("(flops_attention_linear_fwd_per_token + flops_attention_core_fwd_per_token)"),),
+           CORE: (Base("flops_attention_core_fwd_per_token"),),
+           KERNEL: (Base("flops_attention_core_fwd_per_token"),),
+           WEIGHTS: (Base("attention_params_per_block"),)},
+    cp_collectives=("cp_kv_gather",),
+)
+
+
+def _window_flops(book: Book, v: Variant) -> None:
+    """Sliding-window core attention as it runs. Megatron's num_floating_point_operations has no
+    window term: its figure (flops_per_token) counts window layers over the whole causal sequence
+    like full ones, so these rows feed only the time page. A causal query at position i reads
+    min(i + 1, K) keys, K = window_keys (left window + itself) capped at S; over S queries that
+    averages K · (1 − (K − 1) / (2S))."""
+    add = book.add
+    add("flops_window_keys_avg", "Min(window_keys, S) * (1 - (Min(window_keys, S) - 1) / (2 * S))",
+        "keys", "flops", "average keys a sliding-window query reads under the causal mask")
+    add("flops_attention_window_core_fwd_per_token", "2 * 2 * heads * d * flops_window_keys_avg",
+        "FLOP", "flops", "one sliding-window attention layer's QKᵀ and softmax·V per token as "
+        "computed (moeplan's count; Megatron's FLOPs figure counts the layer as full attention)")
+    add("flops_window_fwd_per_token", "L_model_window * (flops_attention_window_core_fwd_per_token"
+        " - flops_attention_core_fwd_per_token)", "FLOP", "flops",
+        "what the model's window layers change in one forward per token against Megatron's "
+        "full-attention count (negative: work the window skips)")
+
+
+WINDOW = LayerKind(
+    "window", MIXER, "standard", "sliding-window attention layers (window_size)",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/utils.py is_layer_window_attention "
+    "(window_size, window_attn_skip_freq)",
+    _standard(lambda m: m.window_size is not None),
+    variations=(("sliding-window attention layers (window_size)",
+                 {"kinds": frozenset({"softmax", "window"}), "cp": False}),),
+    count="L_window", count_doc="sliding-window attention layers on the stage (decoder layers)",
+    model_count="L_model_window",
+    terms={KERNEL: (Replace("flops_attention_window_core_fwd_per_token"),)},
+    flops=_window_flops, kernel_note="sliding-window and chunked layers over their keys",
+)
+
+
+def _chunked_flops(book: Book, v: Variant) -> None:
+    """Chunked attention as it runs (Llama 4's RoPE layers): a query reads the causal part of its
+    own chunk of C = attention_chunk_size tokens, so the core term is Megatron's causal one over
+    Min(C, S) keys instead of S (equal to it while S <= C, where chunking changes nothing).
+    Megatron has no chunked attention; these rows feed only the time page."""
+    add = book.add
+    add("flops_attention_chunk_core_fwd_per_token", "2 * heads * d * Min(chunk_keys, S)", "FLOP",
+        "flops", "one chunked-attention layer's QKᵀ and softmax·V per token over the causal half "
+        "of its chunk (moeplan's count)")
+    add("flops_chunk_fwd_per_token", "L_model_chunked * (flops_attention_chunk_core_fwd_per_token"
+        " - flops_attention_core_fwd_per_token)", "FLOP", "flops",
+        "what the model's chunked layers change in one forward per token against Megatron's "
+        "full-attention count (0 while S <= attention_chunk_size)")
+
+
+CHUNKED = LayerKind(
+    "chunked", MIXER, "standard", "chunked attention layers (attention_chunk_size)",
+    "Hugging Face Llama4TextAttention (attention_chunk_size on its RoPE layers); Megatron has none",
+    _standard(lambda m: m.attention_chunk_size is not None),
+    variations=(("chunked attention layers (attention_chunk_size)",
+                 {"kinds": frozenset({"softmax", "chunked"}), "cp": False}),),
+    count="L_chunked", count_doc="chunked-attention layers on the stage (decoder layers)",
+    model_count="L_model_chunked",
+    terms={KERNEL: (Replace("flops_attention_chunk_core_fwd_per_token"),)},
+    flops=_chunked_flops, kernel_note="sliding-window and chunked layers over their keys",
+)
+
+
+def _gdn_layer_params(book: Book, v: Variant, attention_side: str) -> str:
+    """One gated DeltaNet layer (Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/
+    common.py _GDNBase.__init__ and gdn.py GatedDeltaNet): in_proj h → q, k (la_qk each), v, the
+    output gate z (la_v each) and beta, alpha (la_nv each); the depthwise conv1d over q, k, v
+    (la_conv taps, no bias); dt_bias and A_log per value head; the gated RMSNorm over one value
+    head (la_dv, whole on every TP rank); out_proj la_v → h. Everything but the norm is split
+    over TP by heads. It replaces the layer's softmax attention (the block keeps its two norms)."""
+    book.add("gdn_params_per_layer", "(h * (2 * la_qk + 2 * la_v + 2 * la_nv) + (2 * la_qk + la_v)"
+             " * la_conv + 2 * la_nv + la_v * h) / TP + la_dv", "params", "memory",
+             "gated DeltaNet projections, short convolution, decay/step parameters and output "
+             "norm of one linear-attention layer on this rank")
+    return f" + L_linear * (gdn_params_per_layer - ({attention_side}))"
+
+
+def _gdn_flops(book: Book, v: Variant) -> None:
+    book.add("flops_gdn_fwd_per_token", "2 * (h * (2 * la_qk + 2 * la_v + 2 * la_nv) + la_conv"
+             " * (2 * la_qk + la_v) + 4 * la_nv * la_dv ** 2 + h * la_v)", "FLOP", "flops",
+             "one gated DeltaNet layer per token, as Megatron's num_floating_point_operations "
+             "counts it: in_proj, the short convolution, the delta rule (KKᵀ, VKᵀ, the state "
+             "update and SQ over one value head each) and out_proj; token-linear, no S term")
+
+
+# Chunk length of flash-linear-attention's chunked gated delta rule (fla.ops.gated_delta_rule
+# chunk_gated_delta_rule, BT = 64): its saved WY matrix A holds 64 fp32 entries per token and head.
+GDN_CHUNK = 64
+
+
+def _gdn_activations(book: Book, v: Variant, per_block: str) -> str:
+    """What one gated DeltaNet layer keeps for backward instead of softmax attention's tensors
+    (Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py GatedDeltaNet.forward and
+    the chunked kernel it calls): the norm's input and output, the short convolution's input and
+    output (q, k, v: 2·la_qk + la_v each), the output gate z, the kernel output and the gated
+    norm's output (la_v each) in the training precision, and per value head the fp32 step and
+    decay (beta, g) and the kernel's chunk matrix A (GDN_CHUNK entries). The recurrent state is
+    recomputed per chunk in backward, not stored, and no final state exists in training:
+    GatedDeltaNet._forward_compute calls the kernel with initial_state=None and
+    output_final_state=False (and the short convolution likewise), so it adds 0 bytes per layer
+    and microbatch. The layer keeps its block's other tensors (the MLP side, dropout, mHC); its
+    softmax-attention terms are taken back."""
+    norm = "h" if "layernorm" in v.recompute_modules else "2 * h"
+    book.add("act_gdn_per_layer", f"tokens_per_rank * (({norm} + 4 * la_qk + 5 * la_v) * p"
+             f" + la_nv * (2 + {GDN_CHUNK}) * 4)", "bytes", "memory",
+             "per microbatch: one gated DeltaNet layer's stored tensors (its conv and kernel "
+             "inputs, gate, outputs; fp32 step, decay and chunk matrix per value head)")
+    attention = "act_attention_per_block" + (" + act_qk_norm_per_block" if "act_qk_norm_per_block"
+                                             in per_block else "")
+    book.add("act_gdn_per_layer_extra", f"act_gdn_per_layer - ({attention})", "bytes", "memory",
+             "per microbatch: what a gated DeltaNet layer stores beyond the softmax-attention "
+             "block it is counted as")
+    return " + L_linear * act_gdn_per_layer_extra"
+
+
+GDN = LayerKind(
+    "gdn", MIXER, "standard", "gated DeltaNet layers (linear_attention_freq)",
+    "Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py GatedDeltaNet",
+    _standard(lambda m: m.linear_attention_freq is not None),
+    variations=(("gated DeltaNet layers (linear_attention_freq)",
+                 {"kinds": frozenset({"softmax", "gdn"}), "cp": False}),
+                ("gated DeltaNet layers with CP > 1 (chunkwise linear CP)",
+                 {"kinds": frozenset({"softmax", "gdn"}), "cp": True})),
+    count="L_linear", count_doc="gated DeltaNet layers on the stage (decoder and MTP layers)",
+    model_count="L_model_linear",
+    terms={FLOPS: (Replace("flops_gdn_fwd_per_token"),), CORE: (Replace(""),),
+           KERNEL: (Replace(""),), WEIGHTS: (Replace("gdn_params_per_layer"),), KV: (Replace(""),)},
+    layer_params=_gdn_layer_params,
+    # a DeltaNet layer has no q/k norms but its whole output norm (la_dv)
+    tp_replicated_layers=lambda v: (" + L_linear * (la_dv - qk_norm_params_per_block)" if v.qk_norm
+                                    else " + L_linear * la_dv"),
+    flops=_gdn_flops, activations=_gdn_activations,
+    cp_collectives=("cp_gdn_state_gather", "cp_gdn_conv_boundary", "cp_gdn_relayout"),
+)
+
+
+# ------------------------------------------------------------------------------ MLA family
+
+MLA = LayerKind(
+    "mla", MIXER, "mla", "multi-latent attention (MLA)",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/multi_latent_attention.py MLASelfAttention",
+    lambda m: m.attention_variant == "mla",
+    variations=(("MLA attention with CP > 1", {"kinds": frozenset({"mla"}), "cp": True}),
+                ("MLA with a query LoRA", {"kinds": frozenset({"mla"}), "mla_q_lora": True, "cp": False}),
+                ("MLA without a query LoRA",
+                 {"kinds": frozenset({"mla"}), "mla_q_lora": False, "cp": False})),
+    terms={FLOPS: (Base("(flops_attention_linear_fwd_per_token + flops_attention_core_fwd_per_token)"),),
+           CORE: (Base("flops_attention_core_fwd_per_token"),),
+           KERNEL: (Base("flops_attention_core_fwd_per_token"),),
+           WEIGHTS: (Base("attention_params_per_block"),)},
+    cp_collectives=("cp_kv_gather",),
+)
+
+
+def _dsa_params(book: Book, v: Variant) -> str:
+    # megatron/core/transformer/experimental_attention_variant/dsa.py DSAIndexer.__init__:
+    # linear_wq_b [q_lora → idx_heads·idx_dim], linear_wk [h → idx_dim], k_norm (LayerNorm,
+    # weight and bias) and linear_weights_proj [h → idx_heads], all "duplicated" over TP.
+    book.add("dsa_indexer_params_per_block", "idx_heads * idx_dim * q_lora + h * idx_dim"
+             " + 2 * idx_dim + h * idx_heads", "params", "memory",
+             "DSA lightning indexer (whole on every TP rank)")
+    return " + dsa_indexer_params_per_block"
+
+
+DSA = LayerKind(
+    "dsa", FEATURE, "mla", "DSA: MLA with a lightning indexer (dsa)",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/experimental_attention_variant/dsa.py "
+    "DSAttention, DSAIndexer",
+    lambda m: m.attention_variant == "mla" and m.dsa,
+    variations=(("DSA: MLA with a lightning indexer (dsa)",
+                 {"kinds": frozenset({"mla", "dsa"}), "mla_q_lora": True, "cp": False}),
+                ("DSA with CP > 1 (latent key and indexer keys all-gathered)",
+                 {"kinds": frozenset({"mla", "dsa"}), "mla_q_lora": True, "cp": True})),
+    terms={KERNEL: (Rebase("time_dsa_core_flops"),)},
+    block_params=_dsa_params,
+    # the indexer's grads are averaged over TP (average_gradients_across_tp_domain)
+    tp_replicated_block=" + dsa_indexer_params_per_block",
+    kernels=write_dsa_kernels,
+    cp_collectives=("cp_dsa_indexer_k_gather",),
+)
+
+
+# ------------------------------------------------------------------------------ DeepSeek-V4 family
+
+V4 = "Megatron-LM dev@d48bd6be megatron/core/transformer/experimental_attention_variant/"
+
+
+def _v4_present(m: ModelSection) -> bool:
+    return m.attention_variant == "dsv4_hybrid"
+
+
+def _csa_params(book: Book, v: Variant, attention_side: str) -> str:
+    book.add("csa_params_per_layer", "(4 * d * h + csa_ratio * 2 * d + d + idx_heads * idx_dim * q_lora"
+             " + idx_heads * h + 4 * idx_dim * h + csa_ratio * 2 * idx_dim + idx_dim) / (TP * GTP)",
+             "params", "memory", "CSA compressor (overlapping, 2x width) + lightning indexer")
+    return " + L_csa * csa_params_per_layer"
+
+
+def _hca_params(book: Book, v: Variant, attention_side: str) -> str:
+    book.add("hca_params_per_layer", "(2 * d * h + hca_ratio * d + d) / (TP * GTP)", "params",
+             "memory", "HCA compressor")
+    return " + L_hca * hca_params_per_layer"
+
+
+def _csa_flops(book: Book, v: Variant) -> None:
+    """DeepSeek-V4: every layer has the MLA-style projections and window attention (the family's
+    shared rows, written with the first V4 kind); CSA adds top-k compressed keys, its compressor
+    and the lightning indexer."""
+    add = book.add
+    add("flops_v4_projection_fwd_per_token",
+        "2 * (q_lora * (h + heads * d_v + 1) + h * d_v + d_v + heads * d_v * o_lora"
+        " + o_groups * o_lora * h)", "FLOP", "flops",
+        "one V4 attention layer's q (through q_lora), joint KV and grouped low-rank output "
+        "projections per token")
+    add("flops_v4_window_fwd_per_token", "2 * 2 * heads * csa_window * d_v", "FLOP", "flops",
+        "sliding-window attention per token (every V4 layer): QKᵀ and softmax·V over the window")
+    add("flops_v4_csa_topk", "Min(idx_topk, floor(S / 4))", "entries", "flops",
+        "compressed entries a CSA query attends (index_topk, at most S/4)")
+    add("flops_v4_csa_avg_compressed", "flops_v4_csa_topk * (1 - flops_v4_csa_topk * 4 / (2 * S))",
+        "entries", "flops", "average compressed entries per query under the causal mask")
+    add("flops_attention_csa_fwd_per_token",
+        "flops_v4_projection_fwd_per_token + 2 * (2 * heads * (csa_window + flops_v4_csa_avg_compressed)"
+        " * d_v + 2 * h * 2 * d_v + 2 * h * 2 * idx_dim + q_lora * idx_heads * idx_dim"
+        " + h * idx_heads + idx_heads * idx_dim * S / 4)", "FLOP", "flops",
+        "one CSA layer per token: projections, window + top-k compressed attention, the "
+        "overlapping compressor (2x width), the indexer's compressor, q and weight projections "
+        "and its scoring of ~S/4 compressed keys")
+
+
+def _hca_flops(book: Book, v: Variant) -> None:
+    book.add("flops_attention_hca_fwd_per_token",
+             "flops_v4_projection_fwd_per_token + 2 * (2 * heads * csa_window * d_v + 2 * h * d_v"
+             " + heads * d_v * S / 128)", "FLOP", "flops",
+             "one HCA layer per token: projections, window attention, the compressor and attention "
+             "over all ~S/128 causal compressed keys (Megatron counts ratio 128)")
+
+
+def _swa_flops(book: Book, v: Variant) -> None:
+    book.add("flops_attention_swa_fwd_per_token",
+             "flops_v4_projection_fwd_per_token + flops_v4_window_fwd_per_token", "FLOP", "flops",
+             "one window-only V4 layer per token: projections and window attention")
+
+
+def _csa_activations(book: Book, v: Variant, per_block: str) -> str:
+    book.add("act_csa_per_layer", "tokens_per_rank * ((4 * d + idx_heads * idx_dim + idx_heads"
+             " + 4 * idx_dim) * p + idx_topk * 4)", "bytes", "memory",
+             "per microbatch: CSA compressor, indexer scores and int32 top-k indices")
+    return " + L_csa * act_csa_per_layer"
+
+
+def _hca_activations(book: Book, v: Variant, per_block: str) -> str:
+    book.add("act_hca_per_layer", "tokens_per_rank * 2 * d * p", "bytes", "memory",
+             "per microbatch: HCA compressor")
+    return " + L_hca * act_hca_per_layer"
+
+
+def _v4_cp_activations(book: Book, v: Variant, per_block: str) -> str:
+    if not v.v4_cp:
+        return ""
+    book.add("act_v4_cp_per_microbatch", "cp_boundary_bytes + (L_csa * cp_boundary_rows_csa"
+             " + L_hca * cp_boundary_rows_hca + (blocks - L_csa - L_hca) * cp_boundary_rows_swa)"
+             " * d * p + CP * (cp_compressed_kv_bytes + cp_indexer_k_bytes)", "bytes", "memory",
+             "per microbatch, V4 attention under CP: what backward keeps of the exchanges (the "
+             "received boundary hidden rows and their projected KV, the all-gathered compressed KV "
+             "in the attention's saved KV buffer, the gathered CSA indexer keys), all the stage's "
+             "layers; Megatron-LM dev@d48bd6be megatron/core/transformer/"
+             "experimental_attention_variant/csa.py CompressedSparseAttention._forward_thd_cp")
+    return " + act_v4_cp_per_microbatch"
+
+
+def _csa_kernels(book: Book) -> None:
+    book.add("time_v4_csa_core_flops", "2 * 2 * heads * (csa_window + flops_v4_csa_avg_compressed) * d_v",
+             "FLOP", "time", "one CSA layer's sparse attention per token: QKᵀ and softmax·V over the "
+             "window and the indexer's top-k compressed keys (causal average)")
+
+
+def _hca_kernels(book: Book) -> None:
+    book.add("time_v4_hca_core_flops", "2 * (2 * heads * csa_window * d_v + heads * d_v * S / 128)",
+             "FLOP", "time", "one HCA layer's attention per token: the window and all ~S/128 causal "
+             "compressed keys (the compressed branch)")
+
+
+V4_CP = ("cp_boundary_hidden", "cp_compressed_kv_gather", "cp_indexer_k_gather")
+
+# V4's kinds are written CSA, HCA, window: the base (window-only layers) last, as the flops
+# page's per-layer row has always read.
+CSA = LayerKind(
+    "v4_csa", MIXER, "dsv4_hybrid", "DeepSeek-V4 CSA layers (compress ratio 4: compressed sparse "
+    "attention with a lightning indexer)", V4 + "csa.py CompressedSparseAttention", _v4_present,
+    count="L_csa", count_doc="CSA attention layers on the stage (V4)", model_count="L_model_csa",
+    terms={FLOPS: (Replace("flops_attention_csa_fwd_per_token"),),
+           CORE: (Replace("time_v4_csa_core_flops"), Add("time_indexer_score_flops")),
+           KERNEL: (Replace("time_v4_csa_core_flops"),), WEIGHTS: (Add("csa_params_per_layer"),)},
+    layer_params=_csa_params, flops=_csa_flops, activations=_csa_activations, kernels=_csa_kernels,
+    cp_collectives=V4_CP,
+)
+HCA = LayerKind(
+    "v4_hca", MIXER, "dsv4_hybrid", "DeepSeek-V4 HCA layers (heavily compressed attention)",
+    V4 + "csa.py CompressedSparseAttention (compress ratio 128)", _v4_present,
+    count="L_hca", count_doc="HCA attention layers on the stage (V4)", model_count="L_model_hca",
+    terms={FLOPS: (Replace("flops_attention_hca_fwd_per_token"),),
+           CORE: (Replace("time_v4_hca_core_flops"),), KERNEL: (Replace("time_v4_hca_core_flops"),),
+           WEIGHTS: (Add("hca_params_per_layer"),)},
+    layer_params=_hca_params, flops=_hca_flops, activations=_hca_activations, kernels=_hca_kernels,
+    cp_collectives=V4_CP,
+)
+V4_WINDOW = LayerKind(
+    "v4_window", MIXER, "dsv4_hybrid", "DeepSeek-V4 window-only layers (compress ratio 0)",
+    V4 + "deepseek_v4_hybrid_attention.py", _v4_present,
+    variations=(("DeepSeek-V4 attention with CP = 1", {"cp": False}),),
+    terms={FLOPS: (Base("flops_attention_swa_fwd_per_token"),),
+           CORE: (Base("flops_v4_window_fwd_per_token"),),
+           KERNEL: (Base("flops_v4_window_fwd_per_token"),), WEIGHTS: (Base("attention_params_per_block"),)},
+    flops=_swa_flops, activations=_v4_cp_activations, cp_collectives=V4_CP,
+)
+
+
+# ------------------------------------------------------------------------------ Mamba
+
+MAMBA = LayerKind(
+    "mamba", MIXER, "", "Mamba-2 mixer layers of a hybrid model (hybrid_layer_pattern `M`)",
+    "Megatron-LM dev@d48bd6be megatron/core/ssm/mamba_mixer.py MambaMixer",
+    lambda m: "mamba" in m.layer_mixers,
+    count="L_mamba", count_doc="Mamba-2 mixer layers on the stage (hybrid models)",
+    model_count="L_model_mamba",
+    unmodelled="Megatron's Mamba-2 mixer (megatron/core/ssm/mamba_mixer.py MambaMixer) is a layer "
+               "kind moeplan has no parameter, FLOP, activation or time figures for yet",
+)
+
+
+# ------------------------------------------------------------------------------ attention features
+
+
+def _qk_norm_params(book: Book, v: Variant) -> str:
+    # Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__:
+    # q_layernorm and k_layernorm normalise each head (hidden_size_per_attention_head wide).
+    book.add("qk_norm_params_per_block", "4 * d" if v.layernorm else "2 * d", "params", "memory",
+             "qk_layernorm: q and k norms over the head dimension (replicated over TP)")
+    return " + qk_norm_params_per_block"
+
+
+def _qk_norm_layer_params(book: Book, v: Variant) -> str:
+    # MiniMax-M2: one q norm of heads·d and one k norm of groups·d
+    book.add("qk_norm_params_per_block", ("2 * " if v.layernorm else "") + "(heads + groups) * d",
+             "params", "memory",
+             "qk_layernorm: q and k norms over all heads of the layer at once (replicated over TP)")
+    return " + qk_norm_params_per_block"
+
+
+QK_NORM = LayerKind(
+    "qk_norm", FEATURE, "standard", "qk_layernorm on standard attention",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__ "
+    "(q_layernorm, k_layernorm)",
+    _standard(lambda m: m.qk_layernorm and not m.qk_layernorm_per_layer),
+    variations=(("qk_layernorm on standard attention",
+                 {"kinds": frozenset({"softmax", "qk_norm"}), "cp": False}),),
+    block_params=_qk_norm_params, beside_norms=True,
+    tp_replicated_block=" + qk_norm_params_per_block",
+)
+QK_NORM_LAYER = LayerKind(
+    "qk_norm_layer", FEATURE, "standard", "q/k norms over all heads of a layer (qk_layernorm_per_layer)",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__ "
+    "(qk_layernorm_per_layer)",
+    _standard(lambda m: m.qk_layernorm and m.qk_layernorm_per_layer),
+    variations=(("q/k norms over all heads of a layer (qk_layernorm_per_layer)",
+                 {"kinds": frozenset({"softmax", "qk_norm_layer"}), "cp": False}),),
+    block_params=_qk_norm_layer_params, beside_norms=True,
+    tp_replicated_block=" + qk_norm_params_per_block",
+)
+
+
+def _sink_params(book: Book, v: Variant) -> str:
+    book.add("sink_params_per_block", "heads / TP", "params", "memory",
+             "softmax_type learnable: one sink logit per attention head (split over TP)")
+    return " + sink_params_per_block"
+
+
+SINKS = LayerKind(
+    "sinks", FEATURE, "standard", "learnable attention sinks (softmax_type learnable)",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/dot_product_attention.py "
+    "DotProductAttention.__init__ (softmax_offset [heads / TP])",
+    _standard(lambda m: m.softmax_type == "learnable"),
+    variations=(("learnable attention sinks (softmax_type learnable)",
+                 {"kinds": frozenset({"softmax", "sinks"}), "cp": False}),),
+    block_params=_sink_params,
+)
+
+
+def _output_gate_params(book: Book, v: Variant) -> str:
+    # megatron/core/transformer/attention.py SelfAttention.__init__: linear_qkv_out_dim grows
+    # by kv_channels · heads with attention_output_gate.
+    book.add("attention_gate_params_per_block", "h * heads * d / (TP * GTP)", "params", "memory",
+             "attention_output_gate: the heads·d output gate fused into linear_qkv (split over TP)")
+    return " + attention_gate_params_per_block"
+
+
+OUTPUT_GATE = LayerKind(
+    "output_gate", FEATURE, "standard", "gated attention (attention_output_gate)",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__ "
+    "(attention_output_gate)",
+    _standard(lambda m: m.attention_output_gate),
+    variations=(("gated attention (attention_output_gate)",
+                 {"kinds": frozenset({"softmax", "output_gate"}), "cp": False}),),
+    block_params=_output_gate_params,
+    projection_flops=(" + 2 * h * d * heads", " and its output gate (Megatron's gate_projection_size)"),
+)
+
+def _head_gate_params(book: Book, v: Variant) -> str:
+    # megatron/core/transformer/attention.py SelfAttention.__init__: linear_qkv_out_dim grows by
+    # num_attention_heads with head_wise_attn_gate (one scalar gate per head; its bias with the
+    # QKV bias, add_bias_linear or add_qkv_bias, both column-parallel: split over TP).
+    bias = " + heads / TP" if v.bias or v.qkv_bias else ""
+    book.add("attention_head_gate_params_per_block", f"h * heads / (TP * GTP){bias}", "params",
+             "memory", "head_wise_attn_gate: one gate row per head fused into linear_qkv (split over TP)"
+             + (", with its bias" if bias else ""))
+    return " + attention_head_gate_params_per_block"
+
+
+HEAD_GATE = LayerKind(
+    "head_gate", FEATURE, "standard", "a per-head attention gate (head_wise_attn_gate)",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__ and "
+    "get_query_key_value_tensors (head_wise_attn_gate)",
+    _standard(lambda m: m.head_wise_attn_gate),
+    variations=(("a per-head attention gate (head_wise_attn_gate)",
+                 {"kinds": frozenset({"softmax", "head_gate"}), "cp": False}),),
+    block_params=_head_gate_params,
+    # Megatron's num_floating_point_operations has no head-gate term (its gate_projection_size
+    # reads attention_output_gate only); moeplan counts the GEMM the gate rows run.
+    projection_flops=(" + 2 * h * heads", " and its per-head gate rows (head_wise_attn_gate; "
+                      "Megatron's FLOPs figure leaves them out)"),
+)
+
+# Every kind, in the order the pages write them (mixers, then features).
+KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, CSA, HCA, V4_WINDOW, MAMBA,
+                                QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE, HEAD_GATE)
+BY_NAME: dict[str, LayerKind] = {kind.name: kind for kind in KINDS}
+MIXERS = tuple(kind for kind in KINDS if kind.role == MIXER)
+FEATURES = tuple(kind for kind in KINDS if kind.role == FEATURE)
+
+
+def kinds_present(cfg: Config) -> frozenset[str]:
+    """The names of the kinds the config has (a mixer: its switch, not its layer count, so every
+    config of one model shares the formulas of its kinds)."""
+    return frozenset(kind.name for kind in KINDS if kind.present(cfg.model))
+
+
+def kinds_of(v: Variant) -> tuple[LayerKind, ...]:
+    """The kinds of the variant, in `KINDS` order; a kind without figures is refused, never
+    left out (its layers would be counted as the base's)."""
+    kinds = tuple(kind for kind in KINDS if kind.name in v.kinds)
+    for kind in kinds:
+        if kind.unmodelled:
+            raise ValueError(kind.unmodelled)
+    return kinds
+
+
+def refuse_unmodelled(cfg: Config) -> str | None:
+    """Why the config's layers cannot be budgeted (a kind moeplan has no figures for), or None."""
+    missing = [kind for kind in KINDS if kind.unmodelled and kind.present(cfg.model)]
+    return "; ".join(kind.unmodelled for kind in missing) or None
+
+
+def kind_sum(v: Variant, view: str, total: str, counts: Callable[[LayerKind], str]) -> tuple[str, list[str]]:
+    """One view's per-layer rows over the kinds present: the base row over the blocks no kind
+    replaces, each replacing kind's row over its layers, in `KINDS` order; and the `Add` terms
+    beside them (returned apart: some pages subtract them). `total` counts all blocks, `counts`
+    names a kind's layers (its stage or model symbol)."""
+    written: list[str | None] = []
+    taken: list[str] = []
+    adds: list[str] = []
+    base, rebase = "", ""
+    for kind in kinds_of(v):
+        for term in kind.terms.get(view, ()):
+            if isinstance(term, Base):
+                base = term.row
+                written.append(None)
+            elif isinstance(term, Rebase):
+                rebase = term.row
+            elif isinstance(term, Replace):
+                taken.append(counts(kind))
+                if term.row:
+                    written.append(f"{counts(kind)} * {term.row}")
+            else:
+                adds.append(f"{counts(kind)} * {term.row}")
+    blocks = f"({total} - {' - '.join(taken)})" if taken else total
+    row = rebase or base
+    return " + ".join(f"{blocks} * {row}" if term is None else term for term in written), adds
+
+
+def stage_sum(v: Variant, view: str, suffix: str = "") -> str:
+    """`kind_sum` over the stage's blocks (`suffix` "_recomputed": those full recompute re-runs),
+    its `Add` terms after."""
+    main, adds = kind_sum(v, view, "blocks" + suffix, lambda kind: kind.count + suffix)
+    return " + ".join([main, *adds])
+
+
+def model_sum(v: Variant, view: str) -> str:
+    """`kind_sum` over the whole model's blocks, as the flops page counts them."""
+    main, adds = kind_sum(v, view, "L_model", lambda kind: kind.model_count)
+    return " + ".join([main, *adds])
+
+
+def attention_blocks(v: Variant, suffix: str = "") -> str:
+    """The stage's blocks with softmax-family attention (K/V to exchange under CP): all but the
+    layers a kind replaces with a mixer of its own."""
+    taken = [kind.count + suffix for kind in kinds_of(v)
+             if any(isinstance(term, Replace) for term in kind.terms.get(KV, ()))]
+    return f"(blocks{suffix} - {' - '.join(taken)})" if taken else "blocks" + suffix
+
+
+# ------------------------------------------------------------------------------ symbols and values
+
+KIND_SYMBOLS: tuple[Symbol, ...] = (
+    Symbol("window_keys", "keys a causal sliding-window query reads at most: window_size's left "
+           "part + itself (the causal mask hides the right part; 0 without a window)"),
+    Symbol("L_model_window", "sliding-window attention layers of the whole model (decoder layers; "
+           "MTP layers counted full)"),
+    Symbol("chunk_keys", "tokens of one attention chunk (attention_chunk_size; 0 without chunking)"),
+    Symbol("L_model_chunked", "chunked-attention layers of the whole model (Llama 4's RoPE layers)"),
+    Symbol("L_model_linear", "gated DeltaNet (linear attention) layers of the whole model, MTP "
+           "layers included, as Megatron's FLOPs formula counts them over num_layers + mtp"),
+    Symbol("la_qk", "gated DeltaNet q (and k) width: linear_key_head_dim · linear_num_key_heads"),
+    Symbol("la_v", "gated DeltaNet v (and gate z) width: linear_value_head_dim · linear_num_value_heads"),
+    Symbol("la_nv", "gated DeltaNet value heads (linear_num_value_heads)"),
+    Symbol("la_dv", "gated DeltaNet value head dimension (linear_value_head_dim)"),
+    Symbol("la_conv", "gated DeltaNet short-convolution kernel (linear_conv_kernel_dim)"),
+    # ---- gated DeltaNet under CP (Megatron's default linear_cp_mode 'chunkwise').
+    Symbol("la_dk", "gated DeltaNet key head dimension (linear_key_head_dim)"),
+    Symbol("gdn_cp_relayout", "1 when CP's zigzag layout must be converted to the contiguous one "
+           "around every gated DeltaNet layer (cp_partition_mode zigzag), else 0"),
+)
+
+# Per-stage layer counts of the kinds that count their layers, and of those among the blocks
+# full recompute re-runs (V4's CSA/HCA counts are declared beside the stage's other counts).
+KIND_STAGE_SYMBOLS: tuple[tuple[str, str], ...] = tuple(
+    pair for kind in (WINDOW, CHUNKED, GDN) for pair in (
+        (kind.count, kind.count_doc),
+        (f"{kind.count}_recomputed", f"{kind.count_doc.split(' on the stage')[0]} among blocks_recomputed")))
+
+
+def kind_values(cfg: Config) -> dict[str, Number]:
+    """The global inputs of the kinds' formulas (0 for a kind the config lacks)."""
+    m = cfg.model
+    mixers = m.layer_mixers
+    return {"window_keys": m.window_size[0] + 1 if m.window_size else 0,
+            "L_model_window": mixers.count("window"),
+            "chunk_keys": m.attention_chunk_size or 0,
+            "L_model_chunked": mixers.count("chunked"),
+            "L_model_linear": mixers.count("gdn"),
+            "la_qk": m.linear_key_head_dim * m.linear_num_key_heads,
+            "la_v": m.linear_value_head_dim * m.linear_num_value_heads,
+            "la_nv": m.linear_num_value_heads, "la_dv": m.linear_value_head_dim,
+            "la_conv": m.linear_conv_kernel_dim, "la_dk": m.linear_key_head_dim,
+            "gdn_cp_relayout": int(cfg.parallel.cp_partition_mode == "zigzag")}
+
+
+def layer_counts(model: ModelSection, layers: Iterable[int], suffix: str = "") -> dict[str, Number]:
+    """How many of the 0-based `layers` (MTP layers numbered from num_layers on) each counted
+    mixer runs, under its stage symbol (+ `suffix`)."""
+    mixers = model.layer_mixers
+    picked = [mixers[layer] for layer in layers if layer < len(mixers)]
+    return {kind.count + suffix: picked.count(kind.name) for kind in MIXERS
+            if kind.count and not kind.unmodelled}

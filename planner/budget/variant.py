@@ -1,0 +1,118 @@
+"""`Variant`: the structural choices (dispatcher, capacity mode, optimizer, recompute, the layer
+kinds present ...) that pick which formula applies; equal variants share one cached formula book.
+planner/budget/symbols.py variant_of reads one from a config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The base mixer of each attention family but standard's (planner/budget/layer_kinds.py records
+# them; tests/unit/budget/test_layer_kinds.py holds the two in step).
+FAMILY_BASES: dict[str, str] = {"v4_window": "dsv4_hybrid", "mla": "mla"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Structural choices that select formulas; equal variants share one cached formula book."""
+    dispatcher: str
+    capacity: str  # "dropless" | "drop" | "pad"
+    ep: bool  # EP > 1
+    etp: bool  # ETP > 1
+    tp_ep: bool  # ETP·EP > 1
+    dp_cp: bool  # dense replica group > 1
+    edp: bool  # expert replica group > 1
+    tp_dp_cp: bool
+    pp: bool
+    dist_opt: bool
+    instances: bool
+    # The layer kinds present (planner/budget/layer_kinds.py: one record per name); the attention
+    # family and every per-kind choice are read from them
+    kinds: frozenset[str]
+    mhc: bool
+    per_token_loss: bool
+    expert_bias: bool
+    optimizer: str
+    master_copy: bool  # low-precision params keep an fp32 master copy in the optimizer
+    recompute: str | None
+    recompute_method: str | None
+    recompute_modules: frozenset[str]
+    mla_q_lora: bool
+    aux_counts: str  # load-balancing type whose token counts are all-reduced over tp_cp, or ""
+    ncclep: bool = False  # flex dispatcher with the NCCL EP backend (static receive buffers)
+    latent: bool = False  # latent MoE: routed rows and routed experts at moe_latent_size
+    cp: bool = False  # CP > 1: the kinds' context-parallel exchanges are issued
+    fsdp: str = ""  # Megatron-FSDP sharding strategy (data_parallel_sharding_strategy), "" without
+    gtp: bool = False  # GTP > 1: dense weights rematerialised over gtp_remat
+    egtp: bool = False  # EGTP > 1: routed-expert weights rematerialised over expt_gtp_remat
+    muon_tp: bool = False  # Muon with TP > 1: TP shards of each matrix gathered for Newton-Schulz
+    tp: bool = False  # TP > 1: attention, shared-expert and dense-MLP linears are TP-sharded
+    sp: bool = False  # sequence parallelism (with TP > 1)
+    shared_overlap: bool = False  # moe_shared_expert_overlap: the shared expert's own AG/RS
+    global_aux: bool = False  # global_aux_loss balancing (coefficient > 0)
+    flex_backend: str = ""  # the flex dispatcher's backend (the schema fills in deepep), "" otherwise
+    quant_pad: bool = False  # fp8/fp4: each local expert's rows padded to a multiple of q_align
+    virtual_experts: bool = False  # temporary expert replicas (weights moved, grads returned)
+    layernorm: bool = False  # normalization LayerNorm (weight + bias) instead of RMSNorm (weight)
+    swiglu: bool = True  # SwiGLU MLPs (3 matrices, FC1 2x wide); False: 2 matrices, FC1 1x wide
+    bias: bool = False  # add_bias_linear: every linear layer has a bias
+    dropout: bool = False  # hidden_dropout > 0: both bias-dropout-adds keep a mask per block
+    shared_gate: bool = False  # moe_shared_expert_gate: a [1, h] sigmoid gate on the shared expert
+    router_fp64: bool = False  # moe_router_dtype fp64: router logits and probs in 8 bytes
+    mla_norms: bool = True  # MLA's q/kv latent norms (qk_layernorm); False: plain up projections
+    # FP8 weights (training.fp8): "" without; else how TE stores a quantised weight: "tensor"
+    # (delayed / tensorwise: one scale per tensor), "blockwise" (128x128 block scales), "mxfp8"
+    fp8_weights: str = ""
+    fp8_transpose: bool = False  # tensor-scaled FP8 on Hopper: a transposed copy for backward
+    fp8_param_gather: bool = False  # training.fp8_param_gather: FP8 weights are the parameters
+    # ---- issue 22 (args branch): learned position table, optimizer state dtypes, grad buffer
+    learned_positions: bool = False  # position_embedding_type learned_absolute: a [rows, h] table
+    grads_fp32: bool = True  # grad buffers in fp32 (accumulate_allreduce_grads_in_fp32), else p
+    # The precision-aware optimizer's bytes per parameter (master, exp_avg, exp_avg_sq), "" without
+    precision_aware: tuple[str, str, str] | tuple[()] = ()
+    optimizer_offload: bool = False  # optimizer_cpu_offload: a share of the states on the CPU
+    qkv_bias: bool = False  # add_qkv_bias without add_bias_linear, standard attention: QKV bias only
+    # --- issue 25 (article): routed experts in a grad buffer of their own (Degrees.expert_grad_buffer)
+    expert_buffer: bool = True
+    ncclep_zero_copy: bool = False  # main's moe_ncclep_zero_copy: persistent bf16 symmetric buffers
+    packed_basis: str = ""  # "" fixed S; "max" / "mean" of training.packed_lengths (THD packing)
+    # Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
+    quick_geglu: bool = False  # gated MLPs by --quick-geglu (Megatron's FLOPs figure counts 2 GEMMs)
+    # ---- issue 22 (offload branch): the fine-grained activation offload groups counted
+    offload: frozenset[str] = frozenset()
+
+    def has(self, kind: str) -> bool:
+        """The layer kind `kind` is present (some layer runs it, or every attention layer has it)."""
+        return kind in self.kinds
+
+    @property
+    def attention(self) -> str:
+        """The attention family of the kinds present: "standard", "mla" or "dsv4_hybrid"."""
+        return next((family for base, family in FAMILY_BASES.items() if base in self.kinds),
+                    "standard")
+
+    @property
+    def cp_kv_gather(self) -> bool:
+        """Standard or MLA attention with CP > 1: K/V all-gathered over CP."""
+        return self.cp and self.attention in ("standard", "mla")
+
+    @property
+    def v4_cp(self) -> bool:
+        """V4 attention's CP exchanges apply: V4 attention and CP > 1."""
+        return self.cp and self.attention == "dsv4_hybrid"
+
+    @property
+    def qk_norm(self) -> bool:
+        """q and k norms on standard attention, per head or over all heads of the layer."""
+        return self.has("qk_norm") or self.has("qk_norm_layer")
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP: gate, up and down under SwiGLU (FC1 twice as wide), FC1 and
+        FC2 otherwise."""
+        return 3 if self.swiglu else 2
+
+
+def routed_width(v: Variant) -> str:
+    """The symbol for the width of routed token rows: `h_moe` under latent MoE, else `h` (so the
+    formulas of a config without latent MoE read exactly as before)."""
+    return "h_moe" if v.latent else "h"

@@ -1,0 +1,180 @@
+"""Each layer kind's own figures, by hand, on tiny-cpu-8 (h 64, 4 heads of d 16, 4 query groups,
+TP 1, S 32, 2 decoder layers, no MTP) with the kind switched on (planner/budget/layer_kinds.py)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+import pytest
+
+from planner.accounting import budgets, formula_book
+from planner.budget.layer_kinds import KINDS, kinds_present, refuse_unmodelled
+from planner.config.loader import InvalidConfig, load_config, parse_config
+from planner.docs.formulas_page import VARIATIONS, baseline_variant
+from tests.support.paths import EXAMPLES
+
+H, HEADS, D, GROUPS, S = 64, 4, 16, 4, 32
+PROJECTIONS = 2 * H * D * (2 * HEADS + 2 * GROUPS)  # Q, K, V and output, one token: 32,768
+CORE = 2 * HEADS * D * S  # QKᵀ and softmax·V over the causal half of S keys: 4,096
+
+
+def _tiny(**model: Any):
+    data = load_config(EXAMPLES / "tiny-cpu-8.yaml").model_dump(mode="json", exclude_unset=True)
+    data["model"].update(model)
+    return parse_config(data)
+
+
+def _values(cfg) -> dict[str, Any]:
+    return {b.name: b.value for b in budgets(cfg, stage=0) if b.stage in (None, 0)}
+
+
+def test_softmax_attention_by_hand() -> None:
+    cfg = _tiny()
+    assert cfg.model.layer_mixers == ("softmax", "softmax")
+    env = _values(cfg)
+    assert env["attention_params_per_block"] == 2 * H * D * (HEADS + GROUPS) == 16_384
+    assert env["flops_attention_linear_fwd_per_token"] == PROJECTIONS == 32_768
+    assert env["flops_attention_core_fwd_per_token"] == CORE
+    assert env["time_attention_core_fwd_flops"] == 2 * CORE
+
+
+def test_sliding_window_layers_by_hand() -> None:
+    """window 7 left + itself = 8 keys, on every odd layer (window_attn_skip_freq 2: layer 1 of 2)."""
+    cfg = _tiny(window_size=[7, 0], window_attn_skip_freq=2)
+    assert cfg.model.layer_mixers == ("window", "softmax")
+    env = _values(cfg)
+    keys = Fraction(8) * (1 - Fraction(8 - 1, 2 * S))  # 57/8 keys on average under the causal mask
+    assert env["flops_window_keys_avg"] == keys
+    window = 2 * 2 * HEADS * D * keys  # 1,824
+    assert env["flops_attention_window_core_fwd_per_token"] == window == 1824
+    assert env["time_attention_core_fwd_flops"] == CORE + window
+    # Megatron's FLOPs figure counts the window layer as full attention
+    assert env["stage_attention_fwd_flops_per_token"] == 2 * (PROJECTIONS + CORE)
+
+
+def test_chunked_layers_by_hand() -> None:
+    cfg = _tiny(attention_chunk_size=8)
+    assert cfg.model.layer_mixers == ("chunked", "chunked")  # every layer is a RoPE layer
+    env = _values(cfg)
+    assert env["flops_attention_chunk_core_fwd_per_token"] == 2 * HEADS * D * 8 == 1024
+    assert env["time_attention_core_fwd_flops"] == 2 * 1024
+
+
+GDN = {"linear_attention_freq": 2, "linear_key_head_dim": 8, "linear_num_key_heads": 2,
+       "linear_value_head_dim": 8, "linear_num_value_heads": 4, "linear_conv_kernel_dim": 4}
+
+
+def test_gated_delta_net_layers_by_hand() -> None:
+    """la_qk = 8·2 = 16, la_v = 8·4 = 32, 4 value heads, conv 4; layer 1 of 2 is DeltaNet."""
+    cfg = _tiny(**GDN)
+    assert cfg.model.layer_mixers == ("gdn", "softmax")
+    env, base = _values(cfg), _values(_tiny())
+    in_proj = H * (2 * 16 + 2 * 32 + 2 * 4)  # q, k, v, z, beta, alpha
+    gdn = in_proj + (2 * 16 + 32) * 4 + 2 * 4 + 32 * H + 8  # + conv, dt_bias/A_log, out, norm
+    assert env["gdn_params_per_layer"] == gdn == 8976
+    # the DeltaNet layer replaces its softmax attention; both blocks keep their norms
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] == gdn - 16_384
+    flops = 2 * (in_proj + 4 * (2 * 16 + 32) + 4 * 4 * 8 ** 2 + H * 32)
+    assert env["flops_gdn_fwd_per_token"] == flops == 19_968
+    assert env["stage_attention_fwd_flops_per_token"] == (PROJECTIONS + CORE) + flops
+    assert env["time_attention_core_fwd_flops"] == CORE  # token-linear: no core attention
+
+
+MLA = {"attention_variant": "mla", "kv_lora_rank": 32, "qk_pos_emb_head_dim": 8, "qk_head_dim": 16,
+       "v_head_dim": 16}
+
+
+def test_mla_by_hand() -> None:
+    cfg = _tiny(**MLA)
+    assert cfg.model.layer_mixers == ("mla", "mla")
+    env = _values(cfg)
+    q = H * HEADS * (16 + 8)
+    kv = 32 * (H + HEADS * (16 + 16))
+    assert env["attention_params_per_block"] == q + kv + H * 8 + HEADS * 16 * H == 16_896
+    assert env["flops_attention_core_fwd_per_token"] == HEADS * (16 + 8 + 16) * S
+
+
+def test_dsa_indexer_by_hand() -> None:
+    """The indexer (2 heads of 8, top 4) on MLA with a 16-wide query LoRA."""
+    cfg = _tiny(**MLA, q_lora_rank=16, dsa=True, index_n_heads=2, index_head_dim=8, index_topk=4)
+    env = _values(cfg)
+    assert env["dsa_indexer_params_per_block"] == 2 * 8 * 16 + H * 8 + 2 * 8 + H * 2 == 912
+    keys = Fraction(4) * (1 - Fraction(4, 2 * S))  # top 4, fewer for the first queries
+    assert env["time_dsa_core_flops"] == HEADS * (16 + 8 + 16) * 2 * keys == 1200
+    assert env["time_attention_core_fwd_flops"] == 2 * 1200
+
+
+def test_deepseek_v4_layers_follow_the_compress_ratios() -> None:
+    """DeepSeek-V4-Flash's pattern [0, 0, 4] + [128, 4] · 20: two window-only layers, then CSA
+    and HCA alternating."""
+    cfg = load_config(EXAMPLES / "deepseek-v4-flash-128.yaml")
+    mixers = cfg.model.layer_mixers
+    assert mixers[:5] == ("v4_window", "v4_window", "v4_csa", "v4_hca", "v4_csa")
+    env = _values(cfg)
+    assert env["flops_attention_swa_fwd_per_token"] == (env["flops_v4_projection_fwd_per_token"]
+                                                        + env["flops_v4_window_fwd_per_token"])
+    # 43 decoder ratios and one MTP layer past the list's end (ratio 0: window-only)
+    assert (mixers.count("v4_csa"), mixers.count("v4_hca"), mixers.count("v4_window")) == (21, 20, 3)
+
+
+def test_attention_features_by_hand() -> None:
+    assert _values(_tiny(softmax_type="learnable"))["sink_params_per_block"] == HEADS
+    gate = _values(_tiny(attention_output_gate=True))
+    assert gate["attention_gate_params_per_block"] == H * HEADS * D == 4096
+    assert gate["flops_attention_linear_fwd_per_token"] == PROJECTIONS + 2 * H * D * HEADS
+    assert _values(_tiny(qk_layernorm=True))["qk_norm_params_per_block"] == 2 * D
+    per_layer = _values(_tiny(qk_layernorm=True, qk_layernorm_per_layer=True))
+    assert per_layer["qk_norm_params_per_block"] == (HEADS + GROUPS) * D
+
+
+def test_head_wise_attention_gate_by_hand() -> None:
+    """Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__:
+    linear_qkv's output grows from heads·d + 2·groups·d = 192 to 196 rows (one per head), so the
+    weight gains h · heads = 256 parameters and each token's forward 2 · h · heads = 512 FLOPs;
+    Megatron's num_floating_point_operations does not count them (gate_projection_size reads
+    attention_output_gate only), moeplan does."""
+    cfg = _tiny(head_wise_attn_gate=True)
+    assert "head_gate" in kinds_present(cfg)
+    env, base = _values(cfg), _values(_tiny())
+    assert env["attention_head_gate_params_per_block"] == H * HEADS == 256
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] == 2 * 256  # two blocks
+    assert env["flops_attention_linear_fwd_per_token"] == PROJECTIONS + 2 * H * HEADS == 33_280
+    biased = _values(_tiny(head_wise_attn_gate=True, add_qkv_bias=True))
+    assert biased["attention_head_gate_params_per_block"] == H * HEADS + HEADS  # its bias rows
+    with pytest.raises(InvalidConfig, match="one attention gate"):
+        _tiny(head_wise_attn_gate=True, attention_output_gate=True)
+
+
+def test_every_kind_is_documented_and_varied() -> None:
+    """Each modelled kind names its Megatron source, and the formulas page shows every one."""
+    varied = set(baseline_variant().kinds)
+    for _, changes in VARIATIONS:
+        varied |= set(changes.get("kinds", ()))
+    for kind in KINDS:
+        assert kind.what and kind.megatron.startswith(("Megatron-LM", "Hugging Face")), kind.name
+        if not kind.unmodelled:
+            assert kind.name in varied, f"{kind.name}: add a variation to its record"
+            formula_book(baseline_variant())  # the baseline still builds
+
+
+def test_a_mamba_layer_is_refused_loudly() -> None:
+    """Megatron's Mamba-2 mixer has a record but no figures yet: a config marking a Mamba layer
+    is refused with the reason, never budgeted as attention."""
+    with pytest.raises(InvalidConfig, match="Mamba-2 mixer layers: Megatron's MambaMixer"):
+        _tiny(mamba_layers=[1, 0])
+    cfg = _tiny(mamba_layers=[0, 0])  # no Mamba layer: the plain model
+    assert cfg.model.layer_mixers == ("softmax", "softmax") and "mamba" not in kinds_present(cfg)
+    # a model that got past the schema still cannot be budgeted: the record refuses it
+    hybrid = cfg.model_copy(update={"model": cfg.model.model_copy(update={"mamba_layers": [1, 0]})})
+    assert hybrid.model.layer_mixers == ("mamba", "softmax")
+    assert "mamba_mixer.py MambaMixer" in (refuse_unmodelled(hybrid) or "")
+
+
+def test_the_variant_reads_each_family_from_its_base_kind() -> None:
+    from planner.budget.variant import FAMILY_BASES
+
+    bases = {kind.name: kind.family for kind in KINDS
+             if kind.role == "mixer" and any(type(t).__name__ == "Base" for terms in kind.terms.values()
+                                             for t in terms)}
+    assert {**FAMILY_BASES, "softmax": "standard"} == bases
