@@ -1,5 +1,6 @@
-"""emit megatron -> import megatron: every field of planner/config/megatron_arguments.py's table is
-moved off Megatron's default in some config, and the import gives each of them back.
+"""emit megatron -> import megatron: every field of planner/config/megatron_arguments.py's table,
+and every field its SPECIAL arguments write (precision, FP8/FP4, GTP weight shards, rank order,
+attention kind), is moved off Megatron's default in some config, and the import gives each back.
 
 One config cannot hold them all, because Megatron builds one attention per model: the standard
 attention's fields, MLA's (with DeepSeek-V3.2's DSA indexer) and DeepSeek-V4's hybrid attention
@@ -10,7 +11,8 @@ dispatcher for its backend). Each field is moved in the first architecture where
 the config valid and is emitted; a field already moved in an earlier one is left at its default in
 the later ones, so Megatron's either-or pairs (swiglu or quick_geglu, decoder_first/last layers or
 account_for_*, adam's betas or sgd, main-only NCCL EP zero-copy or dev-only features, the three
-spellings of virtual stages) land in different configs. The configs are built from the table, so a
+spellings of virtual stages) land in different configs; the third, a pipeline layout, is set on
+the DeepSeek-V4 config, whose hybrid pattern carries it. The configs are built from the table, so a
 new argument is covered without editing this test, and one the test cannot move fails it.
 """
 
@@ -32,6 +34,7 @@ from planner.config.megatron_arguments import (
     megatron_default,
     section_model,
 )
+from planner.config.megatron_names import PP_DP_ORDER
 from planner.config.schema import Config
 from planner.emit import EmitError
 from planner.emit.megatron import megatron_arguments, planned_hash_blocks
@@ -72,12 +75,26 @@ ARCHITECTURES: dict[str, Data] = {
 # Table fields no config can move, each with its reason: empty, so a new table field the test cannot
 # move fails it until it is covered (or named here with why Megatron never reads it back).
 LEFT_AT_DEFAULT: dict[str, str] = {}
-# String lists whose schema type names no allowed values: Megatron's own (Megatron-LM dev@d48bd6be
+# Values for fields whose schema type names none: Megatron's own (Megatron-LM dev@d48bd6be
 # megatron/core/transformer/transformer_config.py TransformerConfig.recompute_modules' allowed
-# modules; megatron/core/transformer/enums.py CudaGraphModule via planner/rules/overlap.py).
-LIST_VALUES: dict[str, list[list[str]]] = {
+# modules; megatron/core/transformer/enums.py CudaGraphModule via planner/rules/overlap.py; the one
+# rank order besides the default its command line takes, --use-tp-pp-dp-mapping).
+VALUES: dict[str, list[Any]] = {
     "overlap.recompute_modules": [["core_attn"], ["moe_act"]],
     "overlap.cuda_graph_scope": [[m] for m in GRAPH_MODULES],
+    "parallel.order": [PP_DP_ORDER],
+}
+# Fields Megatron reads through an argument of another name or meaning (planner/config/
+# megatron_arguments.py SPECIAL, read by the importer's _apply_special), with those arguments.
+SPECIAL_FIELDS: dict[tuple[str, str], set[str]] = {
+    ("training.precision", "str"): {"--bf16", "--fp16"},
+    ("training.fp8", "flag"): {"--fp8-format"},
+    ("training.fp4", "flag"): {"--fp4-format"},
+    ("parallel.gtp", "int"): {"--tensor-parallel-num-weight-shards"},
+    ("parallel.egtp", "int"): {"--expert-tensor-parallel-num-weight-shards"},
+    ("parallel.order", "str"): {"--use-tp-pp-dp-mapping"},
+    ("model.dsa", "flag"): {"--experimental-attention-variant"},
+    ("model.attention_variant", "str"): {"--multi-latent-attention", "--experimental-attention-variant"},
 }
 
 
@@ -101,8 +118,8 @@ def _candidates(dotted: str, kind: str) -> list[Any]:
     base = _unwrap(model.model_fields[name].annotation)
     if typing.get_origin(base) is typing.Literal:
         return [v for v in typing.get_args(base) if v != default]
-    if dotted in LIST_VALUES:
-        return LIST_VALUES[dotted]
+    if dotted in VALUES:
+        return VALUES[dotted]
     if typing.get_origin(base) is list:
         item = _unwrap(typing.get_args(base)[0])
         if typing.get_origin(item) is typing.Literal:
@@ -115,8 +132,9 @@ def _candidates(dotted: str, kind: str) -> list[Any]:
 
 
 def table_fields() -> dict[tuple[str, str], set[str]]:
-    """(field, kind) of every table argument the emitter passes, with the flags that write it."""
-    fields: dict[tuple[str, str], set[str]] = {}
+    """(field, kind) of every table argument the emitter passes, and of every field a SPECIAL
+    argument writes, with the flags that write it."""
+    fields: dict[tuple[str, str], set[str]] = dict(SPECIAL_FIELDS)
     for flag, (dotted, kind) in argument_table().items():
         if dotted not in NOT_EMITTED:
             fields.setdefault((dotted, kind), set()).add(flag)
