@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -155,8 +155,11 @@ def schema_has(dotted: str) -> bool:
     return model is not None and name in model.model_fields
 
 
-def argument_table() -> dict[str, tuple[str, Kind]]:
-    """Megatron flag → (section.field, kind), from the schema's names and aliases plus EXPLICIT."""
+@functools.cache
+def argument_table() -> Mapping[str, tuple[str, Kind]]:
+    """Megatron flag → (section.field, kind), from the schema's names and aliases plus EXPLICIT.
+    Built once and read-only: the emitter looks up every plain step in it, and walking the schema's
+    annotations per lookup made one `emit megatron` spend most of its time here."""
     table: dict[str, tuple[str, Kind]] = {}
     respelled = {dotted for dotted, _ in EXPLICIT.values()}  # reachable only by Megatron's spelling
     for section in MEGATRON_SECTIONS:
@@ -175,7 +178,7 @@ def argument_table() -> dict[str, tuple[str, Kind]]:
             for spelling in aliases or [name]:  # an alias is the Megatron spelling of a short name
                 table["--" + spelling.replace("_", "-")] = (dotted, kind)
     table.update(EXPLICIT)
-    return table
+    return types.MappingProxyType(table)
 
 
 # ---------------------------------------------------------------------------------------- emit order

@@ -481,3 +481,15 @@ def test_variant_spellings_import_as_the_fields_emit_writes_back(words: str, fie
     result = import_arguments(words)
     assert result.data["model"][field] == value
     assert not result.extra_args, result.extra_args
+
+
+def test_argument_table_is_built_once_and_read_only() -> None:
+    """The emitter looks up every plain step in the table, so it is built once; shared by import and
+    emit, it cannot be changed by either."""
+    from planner.config.megatron_arguments import argument_table
+
+    table = argument_table()
+    assert argument_table() is table
+    assert table["--hidden-size"] == ("model.hidden_size", "int")
+    with pytest.raises(TypeError):
+        table["--hidden-size"] = ("model.num_layers", "int")  # type: ignore[index]
