@@ -426,6 +426,7 @@ UNRUN_ATTENTION_FIELDS = (
     ("qk_layernorm_per_layer", False, "per-layer q/k norms"),
     ("linear_attention_freq", None, "gated DeltaNet linear attention"),
     ("attention_output_gate", False, "the attention output gate"),
+    ("head_wise_attn_gate", False, "the head-wise attention gate"),
     ("dsa", False, "DeepSeek sparse attention"),
 )
 

@@ -1,7 +1,7 @@
 """ARC: what Megatron refuses with the mechanisms of the current MoE architectures (gpt-oss,
 GLM-4.5, MiniMax-M2, Llama 4, Qwen3-Next, DeepSeek-V3.2): the NoPE pattern, the GLU offset, the
-L2 q/k norm, the gated DeltaNet heads, DSA's biases and CP exchange, and linear biases beside a
-shared expert."""
+L2 q/k norm, the gated DeltaNet heads, DSA's biases and CP exchange, linear biases beside a shared
+expert, and the head-wise attention gate over TP."""
 
 from __future__ import annotations
 
@@ -148,6 +148,40 @@ def bias_without_shared_expert(f: Facts) -> Iterator[Violation]:
                         "set add_bias_linear: false or moe_shared_expert_intermediate_size: 0")
 
 
+_GATE = "model: {head_wise_attn_gate: true, num_attention_heads: 8, "
+
+
+@rule(
+    "ARC009", "error", "the head-wise attention gate fits TP",
+    source=TRANSFORMER_CONFIG,
+    why="""The head-wise gate's rows (one per attention head) are appended to linear_qkv and peeled
+    off per TP rank before the query groups are resliced: Megatron refuses it unless TP divides the
+    attention heads and the query groups are at least TP; under FP8 (FP4) each rank's linear_qkv
+    output, (heads + 2 * groups) * kv_channels + heads over TP, must be a multiple of 16 (32).""",
+    bad=_GATE + "num_query_groups: 2}\nparallel: {tp: 4, ep: 2, sequence_parallel: true}",
+    good=_GATE + "num_query_groups: 4}\nparallel: {tp: 4, ep: 2, sequence_parallel: true}",
+)
+def head_gate_fits_tp(f: Facts) -> Iterator[Violation]:
+    m, tp = f.model, f.par.tp
+    if not m.head_wise_attn_gate:
+        return
+    if m.num_attention_heads % tp:
+        yield Violation("model.num_attention_heads", f"head_wise_attn_gate with "
+                        f"{m.num_attention_heads} heads over TP {tp}",
+                        f"pick a TP that divides {m.num_attention_heads}")
+    if m.num_query_groups < tp:
+        yield Violation("model.num_query_groups", f"head_wise_attn_gate with {m.num_query_groups} "
+                        f"query groups < TP {tp}", f"use TP <= {m.num_query_groups}")
+    if f.train.fp8 or f.train.fp4:
+        align = 32 if f.train.fp4 else 16
+        out = (m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels + m.num_attention_heads
+        if (out // tp) % align:
+            yield Violation("model.head_wise_attn_gate", f"linear_qkv's {out // tp} output rows per "
+                            f"TP rank ({out} over TP {tp}) are not a multiple of {align} under "
+                            f"{'FP4' if f.train.fp4 else 'FP8'}",
+                            "change the heads, groups or TP, or train without the head-wise gate")
+
+
 RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention,
          gdn_value_heads_per_key_head, gdn_heads_fit_tp, dsa_without_bias, dsa_cp_all_gather,
-         bias_without_shared_expert)
+         bias_without_shared_expert, head_gate_fits_tp)

@@ -52,6 +52,10 @@ CITED_LINES = [
     # ... ARC008: the shared expert refuses linear biases
     ("core/transformer/moe/shared_experts.py", 124, "assert config.add_bias_linear == False",
      "SharedExpertMLP.__init__"),
+    # ... ARC009: the head-wise gate's heads and groups over TP, and its FP8/FP4 row alignment
+    (TRANSFORMER_CONFIG, 1521, "if self.num_attention_heads % tp != 0:", "__post_init__"),
+    (TRANSFORMER_CONFIG, 1529, "if self.num_query_groups < tp:", "__post_init__"),
+    (TRANSFORMER_CONFIG, 1545, "if per_partition % align != 0:", "__post_init__"),
     # TransformerConfig.__post_init__: full granularity without a method raises
     (TRANSFORMER_CONFIG, 2165, 'elif self.recompute_granularity != "selective":', "__post_init__"),
     # ... and without recompute_num_layers
@@ -437,3 +441,31 @@ def test_fp8_param_gather_without_fp8_or_distributed_optimizer_is_dop008() -> No
     assert not [c for c in codes(good) if c[0] == "DOP008"]
     assert "--fp8-param-gather" in megatron_arguments(
         parse_config(merge(example_config_data(""), good))).as_dict()
+
+
+# ----------------------------------------------------------------------------- head-wise attention gate
+
+
+def test_head_wise_gate_over_tp_is_arc009() -> None:
+    """transformer_config.py:1521 (TP divides the heads), :1529 (query groups >= TP) and :1545
+    (FP8: each rank's linear_qkv rows a multiple of 16). 16 heads, 4 groups, kv_channels 8 give
+    (16 + 2·4)·8 + 16 = 208 rows: 104 per rank at TP 2 (104 = 6·16 + 8, refused), 208 = 13·16 at
+    TP 1 (accepted)."""
+    model = {"head_wise_attn_gate": True, "num_attention_heads": 8, "num_query_groups": 2,
+             "hidden_size": 128}
+    par = {"tp": 4, "ep": 2, "sequence_parallel": True}
+    assert [c for c in codes({"model": model, "parallel": par}) if c[0] == "ARC009"] == [
+        ("ARC009", "error", "model.num_query_groups")]
+    par6 = {"tp": 3, "ep": 2, "sequence_parallel": True}
+    assert ("ARC009", "error", "model.num_attention_heads") in codes(
+        {"model": {**model, "num_query_groups": 4}, "parallel": par6})
+    fp8_model = {"head_wise_attn_gate": True, "num_attention_heads": 16, "num_query_groups": 4,
+                 "hidden_size": 128, "kv_channels": 8}
+    fp8 = {"fp8_format": "e4m3"}
+    refused = codes({"model": fp8_model, "parallel": {"tp": 2, "ep": 2, "sequence_parallel": True},
+                     "training": fp8})
+    assert ("ARC009", "error", "model.head_wise_attn_gate") in refused  # 104 rows per rank
+    fits = codes({"model": fp8_model, "parallel": {"tp": 1, "ep": 2}, "training": fp8})
+    assert not [c for c in fits if c[0] == "ARC009"]  # 208 = 13 · 16 rows
+    assert not [c for c in codes({"model": {**model, "num_query_groups": 4}, "parallel": par})
+                if c[0] == "ARC009"]
