@@ -31,7 +31,7 @@ from planner.budget.collectives import (
     collective,
 )
 from planner.budget.expr import Book
-from planner.budget.layer_kinds import kinds_of, write_cp_bytes
+from planner.budget.layer_kinds import MIXERS, kinds_of, write_cp_bytes
 from planner.budget.tp_comm import add_tp_bytes, add_tp_steps
 from planner.budget.variant import Variant, routed_width
 
@@ -135,10 +135,13 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "slot receives, and the size of the replica's gradient sent back")
 
 
-# A table entry's layer_kind -> the stage count of those layers that full recompute re-runs.
+# A table entry's layer_kind -> the stage count of those layers that full recompute re-runs:
+# the blocks, MoE and dense layers, and each counted mixer's (planner/budget/layer_kinds.py), so a
+# mixer with a recomputed CP exchange of its own needs no entry here.
 RECOMPUTED_LAYERS = {"blocks": "blocks_recomputed", "L_moe": "L_moe_recomputed",
-                     "L_dense": "L_dense_recomputed", "L_csa": "L_csa_recomputed",
-                     "L_hca": "L_hca_recomputed", "L_linear": "L_linear_recomputed"}
+                     "L_dense": "L_dense_recomputed",
+                     **{kind.count: f"{kind.count}_recomputed" for kind in MIXERS
+                        if kind.count and not kind.unmodelled}}
 
 
 class Collectives:
