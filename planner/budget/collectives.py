@@ -255,8 +255,8 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                f"V4 CSA: the lightning indexer's compressed keys all-gathered over CP, grads "
                f"reduce-scattered back; {_CSA} CompressedSparseAttention._forward_thd_cp",
                recomputed_with=_FULL_LAYER),
-    # ---- gated DeltaNet and DSA under CP (issue 24; planner/budget/comm.py add_gdn_cp_bytes,
-    # add_dsa_cp_bytes).
+    # ---- gated DeltaNet and DSA under CP (their records' cp_bytes and cp_exchanges in
+    # planner/budget/layer_kinds.py).
     Collective("cp_gdn_state_gather", ("cp",), _REGATHER,
                "gated DeltaNet, chunkwise CP: each rank's fp32 chunk state and transition matrix "
                "all-gathered, and their gradients in backward; flash-linear-attention fla/ops/cp/"

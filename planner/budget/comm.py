@@ -31,7 +31,7 @@ from planner.budget.collectives import (
     collective,
 )
 from planner.budget.expr import Book
-from planner.budget.layer_kinds import attention_blocks
+from planner.budget.layer_kinds import MIXERS, kinds_of, write_cp_bytes
 from planner.budget.tp_comm import add_tp_bytes, add_tp_steps
 from planner.budget.variant import Variant, routed_width
 
@@ -89,21 +89,7 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "model chunks on this stage that send activations forward")
         add("pp_recv_chunks", "VPP - is_first_stage", "count", "bytes",
             "model chunks on this stage that receive activations")
-    if v.cp_kv_gather and v.has("dsa"):
-        add_dsa_cp_bytes(book)
-    elif v.cp_kv_gather and v.attention == "mla":
-        # MLA attends with per-head K (nope + rope parts) and V after the up projections, and
-        # context parallelism exchanges those (Megatron-LM dev@d48bd6be
-        # megatron/core/transformer/multi_latent_attention.py MLASelfAttention.forward)
-        add("cp_kv_bytes", "b * S / cp_runtime * heads * (d_qk + qk_rope + d_v) * p / TP", "bytes",
-            "bytes", "MLA: local per-head K and V of one attention layer (all-gathered over CP)")
-    elif v.cp_kv_gather:
-        add("cp_kv_bytes", "b * S / cp_runtime * 2 * groups * d * p / TP", "bytes", "bytes",
-            "local K and V of one attention layer (all-gathered over CP)")
-    if v.cp_kv_gather and v.has("gdn"):
-        add_gdn_cp_bytes(book)
-    if v.v4_cp:
-        add_v4_cp_bytes(book)
+    write_cp_bytes(book, v)
     if v.dispatcher == "alltoall":
         add("dispatch_send_bytes", f"dispatch_send_rows * {w} * p", "bytes", "bytes",
             "EP dispatch hidden, including the chunk a rank sends to itself")
@@ -149,91 +135,13 @@ def add_layer_bytes(book: Book, v: Variant) -> None:
             "slot receives, and the size of the replica's gradient sent back")
 
 
-# ---- CP of the current architectures' attention kinds (issue 24). Window and chunked layers add
-# nothing of their own: Megatron hands window_size to Transformer Engine's attention
-# (megatron/core/extensions/transformer_engine.py TEDotProductAttention.__init__) and runs the
-# same CP exchange of the layer's K and V as for full attention, so they keep cp_kv_bytes.
-GDN_CP = ("Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py GatedDeltaNet.forward "
-          "(linear_cp_mode 'chunkwise', TransformerConfig's default)")
-
-
-def add_gdn_cp_bytes(book: Book) -> None:
-    """A gated DeltaNet layer under CP exchanges no K/V. In Megatron's default chunkwise mode
-    (GDN_CP) the layer converts a zigzag CP layout to the contiguous one and back
-    (convert_module_input_tensors_cp_partition_mode, an all-to-all of the hidden rows,
-    megatron/core/context_parallel_layout/conversion.py) and calls flash-linear-attention with a
-    CP context (fla.ops.cp build_cp_context): the short convolution sends its last la_conv − 1 input
-    rows to the next CP rank (conv_cp_send_recv_fwd; their grads come back), and the chunked delta
-    rule all-gathers each rank's fp32 state and transition matrix [value heads, d_k, d_k + d_v]
-    (chunk_gated_delta_rule_fwd_h_pre_process; the backward gathers their gradients alike,
-    chunk_gated_delta_rule_bwd_dhu_pre_process). Bytes of one layer and microbatch."""
-    add = book.add
-    add("cp_gdn_state_bytes", "la_nv / TP * la_dk * (la_dk + la_dv) * 4", "bytes", "bytes",
-        "gated DeltaNet: one rank's fp32 chunk state and transition matrix (all-gathered over CP)")
-    add("cp_gdn_conv_bytes", "(la_conv - 1) * (2 * la_qk + la_v) / TP * p", "bytes", "bytes",
-        "gated DeltaNet: the short convolution's last la_conv − 1 input rows (to the next CP rank)")
-    add("cp_gdn_relayout_bytes", "gdn_cp_relayout * tokens_per_rank * h * p", "bytes", "bytes",
-        "gated DeltaNet: the hidden rows of one zigzag ↔ contiguous conversion (all-to-all)")
-
-
-def add_dsa_cp_bytes(book: Book) -> None:
-    """DSA under CP (Megatron-LM dev@d48bd6be megatron/core/transformer/
-    experimental_attention_variant/dsa.py DSAttention.forward, all-gather CP only): the absorbed
-    MLA attention gathers its single latent key [kv_lora + qk_rope] (value None), whole on every TP
-    rank, and the lightning indexer gathers its keys [idx_dim]; backward reduce-scatters both."""
-    book.add("cp_kv_bytes", "b * S / cp_runtime * (kv_lora + qk_rope) * p", "bytes", "bytes",
-             "DSA: the local latent key of one attention layer (all-gathered over CP)")
-    book.add("cp_dsa_indexer_k_bytes", "b * S / cp_runtime * idx_dim * p", "bytes", "bytes",
-             "DSA: the lightning indexer's local keys of one layer (all-gathered over CP)")
-
-
-def add_v4_cp_bytes(book: Book) -> None:
-    """DeepSeek-V4 attention under THD context parallelism, per layer per microbatch (Megatron-LM
-    dev@d48bd6be megatron/core/transformer/experimental_attention_variant/csa_utils/cp_utils.py
-    exchange_cp_boundary_hidden, prepare_cp_compressor_input; csa.py
-    CompressedSparseAttention._forward_thd_cp).
-
-    Layout: THD packing with a contiguous CP split, so CP rank r holds packed rows
-    [r·n, (r+1)·n) of the microbatch (n = tokens_per_rank). Each V4 attention layer first sends
-    its last max(window, compressor reach) rows of the attention input (hidden width h, not KV)
-    to the next CP rank, which projects their KV itself; the compressor reach is 2·4 = 8 rows for
-    CSA (overlapping windows), the ratio for HCA, 0 for window-only layers. A compressed row
-    belongs to the rank holding its group's last token; each rank pads its compressed rows to a
-    fixed capacity floor((n + reach) / ratio), rounded up to a multiple of 32 / gcd(32, ratio),
-    and those fixed-capacity buffers are all-gathered rank-major over CP: the attention KV
-    (d wide) for CSA and HCA, and the indexer keys (idx_dim wide) for CSA. Backward
-    reduce-scatters both gathers' grads and returns the boundary rows' grads to their owner.
-
-    The DeepSeek-V4 Megatron write-up describes the neighbour message as uncompressed tail KV;
-    the code sends hidden rows (h wide), which these formulas follow.
-    """
-    add = book.add
-    for kind, reach in (("csa", "2 * csa_ratio"), ("hca", "hca_ratio"), ("swa", "0")):
-        add(f"cp_boundary_rows_{kind}", f"Max(csa_window, {reach})", "rows", "rows",
-            f"V4 CP: boundary rows a {kind.upper()} layer sends to the next CP rank: "
-            "max(window, compressor reach)")
-    add("cp_boundary_bytes", "(L_csa * cp_boundary_rows_csa + L_hca * cp_boundary_rows_hca"
-        " + (blocks - L_csa - L_hca) * cp_boundary_rows_swa) * h * p", "bytes", "bytes",
-        "V4 CP: boundary hidden rows of all the stage's attention layers, one microbatch (every "
-        "V4 layer exchanges, window-only and MTP layers included)")
-    for kind, ratio, reach in (("csa", "csa_ratio", "2 * csa_ratio"),
-                               ("hca", "Max(hca_ratio, 1)", "hca_ratio")):
-        add(f"cp_{kind}_compressed_rows",
-            f"ceiling(Max(1, floor((tokens_per_rank + {reach}) / {ratio})) / {kind}_align)"
-            f" * {kind}_align", "rows", "rows",
-            f"V4 CP: fixed-capacity compressed {kind.upper()} rows per rank (padded; the capacity "
-            "every rank contributes to the all-gather)")
-    add("cp_compressed_kv_bytes", "(L_csa * cp_csa_compressed_rows + L_hca * cp_hca_compressed_rows)"
-        " * d * p", "bytes", "bytes",
-        "V4 CP: this rank's compressed KV of all the stage's CSA and HCA layers, one microbatch")
-    add("cp_indexer_k_bytes", "L_csa * cp_csa_compressed_rows * idx_dim * p", "bytes", "bytes",
-        "V4 CP: this rank's compressed indexer keys of the stage's CSA layers, one microbatch")
-
-
-# A table entry's layer_kind -> the stage count of those layers that full recompute re-runs.
+# A table entry's layer_kind -> the stage count of those layers that full recompute re-runs:
+# the blocks, MoE and dense layers, and each counted mixer's (planner/budget/layer_kinds.py), so a
+# mixer with a recomputed CP exchange of its own needs no entry here.
 RECOMPUTED_LAYERS = {"blocks": "blocks_recomputed", "L_moe": "L_moe_recomputed",
-                     "L_dense": "L_dense_recomputed", "L_csa": "L_csa_recomputed",
-                     "L_hca": "L_hca_recomputed", "L_linear": "L_linear_recomputed"}
+                     "L_dense": "L_dense_recomputed",
+                     **{kind.count: f"{kind.count}_recomputed" for kind in MIXERS
+                        if kind.count and not kind.unmodelled}}
 
 
 class Collectives:
@@ -525,50 +433,15 @@ def _router_steps(c: Collectives, v: Variant) -> None:
 
 
 def _cp_exchanges(c: Collectives, v: Variant) -> None:
-    """The context-parallel exchanges of the attention and mixer kinds present, per step: K and V
-    of standard and MLA attention (gated DeltaNet layers exchange none: only the softmax blocks
-    gather), gated DeltaNet's (add_gdn_cp_bytes), DSA's indexer keys (add_dsa_cp_bytes) and V4
-    attention's (add_v4_cp_bytes). CP = 1 issues none."""
-    m = "microbatches"
-    if v.cp_kv_gather:
-        kv = f"cp_kv_bytes * {attention_blocks(v)} * {m}"
-        c.exchange(Exchange("cp_kv_gather", "cp", kv, f"CP * {kv}", "CP all-gather of local K and V",
-                            "its backward reduce-scatter of dK, dV"))
-    if v.has("gdn"):
-        if v.cp_kv_gather:
-            state = f"cp_gdn_state_bytes * L_linear * {m}"
-            relayout = f"2 * cp_gdn_relayout_bytes * L_linear * {m}"
-            c.exchange(Exchange("cp_gdn_state_gather", "cp", state, f"CP * {state}",
-                                "CP all-gather of the DeltaNet chunk states",
-                                "CP all-gather of their gradients"),
-                       Exchange("cp_gdn_relayout", "cp", relayout, relayout,
-                                "zigzag → contiguous and back around each DeltaNet layer",
-                                "the same conversions of the gradients"))
-            conv = f"cp_gdn_conv_bytes * L_linear * {m}"
-            c.exchange(Exchange("cp_gdn_conv_boundary", "cp", f"cp_has_next * {conv}",
-                                f"cp_has_prev * {conv}",
-                                "DeltaNet conv boundary rows to the next CP rank",
-                                "their grads back to the previous CP rank"))
-        c.close("cp_gdn_state_gather", "cp_gdn_conv_boundary", "cp_gdn_relayout", group="cp")
-    if v.has("dsa"):
-        if v.cp_kv_gather:
-            keys = f"cp_dsa_indexer_k_bytes * blocks * {m}"
-            c.exchange(Exchange("cp_dsa_indexer_k_gather", "cp", keys, f"CP * {keys}",
-                                "CP all-gather of the DSA indexer keys",
-                                "its backward reduce-scatter of the indexer-key grads"))
-        c.close("cp_dsa_indexer_k_gather", group="cp")
-    if v.attention == "dsv4_hybrid":
-        if v.v4_cp:
-            rows = f"cp_boundary_bytes * {m}"
-            c.exchange(Exchange("cp_boundary_hidden", "cp", f"cp_has_next * {rows}", f"cp_has_prev * {rows}",
-                                "V4 CP boundary hidden rows to the next CP rank",
-                                "their grads back to the previous CP rank"))
-            for name, own, what in (("cp_compressed_kv_gather", "cp_compressed_kv_bytes", "compressed KV"),
-                                    ("cp_indexer_k_gather", "cp_indexer_k_bytes", "indexer keys")):
-                c.exchange(Exchange(name, "cp", f"{own} * {m}", f"CP * {own} * {m}",
-                                    f"V4 CP all-gather of {what}",
-                                    f"its backward reduce-scatter of the {what} grads"))
-        c.close("cp_boundary_hidden", "cp_compressed_kv_gather", "cp_indexer_k_gather", group="cp")
+    """The context-parallel exchanges of the layer kinds present, per step, in `KINDS` order: each
+    record's declarations (planner/budget/layer_kinds.py `cp_exchanges`; its per-layer payloads
+    come from `cp_bytes`), then zero rows for the entries it names and did not issue. CP = 1
+    issues none."""
+    for kind in kinds_of(v):
+        exchanges = kind.cp_exchanges(v)
+        for together in exchanges.declare:
+            c.exchange(*together)
+        c.close(*exchanges.close, group="cp")
 
 
 def _add_grad_steps(c: Collectives, v: Variant) -> None:

@@ -20,17 +20,23 @@ formula text is the one the pages wrote by hand before (the golden snapshots hol
 whose `unmodelled` says why is refused (`refuse_unmodelled`): a config with such layers is never
 counted as attention.
 
+The comm page's context-parallel part is a sum over the records too: `write_cp_bytes` writes
+each kind's per-layer payloads (`cp_kv`, `cp_bytes`) and planner/budget/comm.py declares each
+kind's `cp_exchanges`, closing what CP = 1 does not issue.
+
 Adding a kind: one `LayerKind` in `KINDS` (and its name in `ModelSection.layer_mixers` for a
 mixer, or its config switch in `present` for a feature), with its hand-derived test in
-tests/unit/budget/test_layer_kinds.py.
+tests/unit/budget/test_layer_kinds.py; a CP exchange of a new collective also needs its entry in
+planner/budget/collectives.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from planner.budget.collectives import Exchange
 from planner.budget.expr import Book, Number, Symbol
 from planner.budget.sparse_attention_time import write_dsa_kernels
 from planner.budget.variant import Variant
@@ -79,6 +85,19 @@ def _no_terms(book: Book, v: Variant, attention_side: str) -> str:
     return ""
 
 
+class CpExchanges(NamedTuple):
+    """A kind's context-parallel exchanges as the comm page declares them (planner/budget/comm.py
+    Collectives.exchange): each tuple of `declare` is one declaration (its forwards, then its
+    backwards, as Megatron runs them), empty at CP = 1; `close` names the table entries that get
+    "CP = 1" zero rows where they were not declared."""
+    declare: tuple[tuple[Exchange, ...], ...] = ()
+    close: tuple[str, ...] = ()
+
+
+def _no_cp(v: Variant) -> CpExchanges:
+    return CpExchanges()
+
+
 @dataclass(frozen=True, eq=False)  # records compare by identity: one per kind
 class LayerKind:
     """One attention mixer or attention feature and its share of every page."""
@@ -107,7 +126,11 @@ class LayerKind:
     activations: Callable[[Book, Variant, str], str] = _no_terms  # memory page: " + L_x * ..."
     kernels: Callable[[Book], None] = lambda book: None  # time page: its kernel rows
     kernel_note: str = ""  # time page: what its kernels change in the core attention's doc
-    cp_collectives: tuple[str, ...] = ()  # its CP exchanges (planner/budget/collectives.py names)
+    # comm page, CP > 1 only: one layer's K/V all-gather payload (formula, doc) for `cp_kv_bytes`,
+    # a feature's replacing its family base's (DSA's latent key for MLA's per-head K and V)
+    cp_kv: tuple[str, str] | tuple[()] = ()
+    cp_bytes: Callable[[Book, Variant], None] = lambda book, v: None  # its own per-layer payloads
+    cp_exchanges: Callable[[Variant], CpExchanges] = _no_cp  # its exchanges per step (collectives.py)
     unmodelled: str = ""  # why its figures are not modelled: a config with it is refused
 
 
@@ -123,6 +146,20 @@ def _standard(flag: Callable[[ModelSection], bool]) -> Callable[[ModelSection], 
     return lambda m: m.attention_variant == "standard" and flag(m)
 
 
+def _kv_exchange(v: Variant) -> CpExchanges:
+    """Under CP every softmax-family attention layer all-gathers its local K and V (`cp_kv_bytes`,
+    its family base's or a feature's payload); backward reduce-scatters dK, dV. A gated DeltaNet
+    layer exchanges none (`attention_blocks` leaves it out). Window and chunked layers run the
+    same exchange as full attention: Megatron hands window_size to Transformer Engine's attention
+    (Megatron-LM dev@d48bd6be megatron/core/extensions/transformer_engine.py
+    TEDotProductAttention.__init__). CP = 1 writes no zero rows for it."""
+    if not v.cp:
+        return CpExchanges()
+    kv = f"cp_kv_bytes * {attention_blocks(v)} * microbatches"
+    return CpExchanges(((Exchange("cp_kv_gather", "cp", kv, f"CP * {kv}", "CP all-gather of local K and V",
+                                  "its backward reduce-scatter of dK, dV"),),))
+
+
 SOFTMAX = LayerKind(
     "softmax", MIXER, "standard", "standard (softmax) attention over the whole causal sequence",
     "Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention",
@@ -132,7 +169,9 @@ SOFTMAX = LayerKind(
            CORE: (Base("flops_attention_core_fwd_per_token"),),
            KERNEL: (Base("flops_attention_core_fwd_per_token"),),
            WEIGHTS: (Base("attention_params_per_block"),)},
-    cp_collectives=("cp_kv_gather",),
+    cp_kv=("b * S / cp_runtime * 2 * groups * d * p / TP",
+           "local K and V of one attention layer (all-gathered over CP)"),
+    cp_exchanges=_kv_exchange,
 )
 
 
@@ -248,6 +287,49 @@ def _gdn_activations(book: Book, v: Variant, per_block: str) -> str:
     return " + L_linear * act_gdn_per_layer_extra"
 
 
+GDN_CP = ("Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py GatedDeltaNet.forward "
+          "(linear_cp_mode 'chunkwise', TransformerConfig's default)")
+
+
+def _gdn_cp_bytes(book: Book, v: Variant) -> None:
+    """A gated DeltaNet layer under CP exchanges no K/V. In Megatron's default chunkwise mode
+    (GDN_CP) the layer converts a zigzag CP layout to the contiguous one and back
+    (convert_module_input_tensors_cp_partition_mode, an all-to-all of the hidden rows,
+    megatron/core/context_parallel_layout/conversion.py) and calls flash-linear-attention with a
+    CP context (fla.ops.cp build_cp_context): the short convolution sends its last la_conv − 1 input
+    rows to the next CP rank (conv_cp_send_recv_fwd; their grads come back), and the chunked delta
+    rule all-gathers each rank's fp32 state and transition matrix [value heads, d_k, d_k + d_v]
+    (chunk_gated_delta_rule_fwd_h_pre_process; the backward gathers their gradients alike,
+    chunk_gated_delta_rule_bwd_dhu_pre_process). Bytes of one layer and microbatch."""
+    add = book.add
+    add("cp_gdn_state_bytes", "la_nv / TP * la_dk * (la_dk + la_dv) * 4", "bytes", "bytes",
+        "gated DeltaNet: one rank's fp32 chunk state and transition matrix (all-gathered over CP)")
+    add("cp_gdn_conv_bytes", "(la_conv - 1) * (2 * la_qk + la_v) / TP * p", "bytes", "bytes",
+        "gated DeltaNet: the short convolution's last la_conv − 1 input rows (to the next CP rank)")
+    add("cp_gdn_relayout_bytes", "gdn_cp_relayout * tokens_per_rank * h * p", "bytes", "bytes",
+        "gated DeltaNet: the hidden rows of one zigzag ↔ contiguous conversion (all-to-all)")
+
+
+def _gdn_cp_exchanges(v: Variant) -> CpExchanges:
+    """Per step, over the stage's DeltaNet layers (_gdn_cp_bytes gives one layer's payloads)."""
+    closed = ("cp_gdn_state_gather", "cp_gdn_conv_boundary", "cp_gdn_relayout")
+    if not v.cp:
+        return CpExchanges(close=closed)
+    m = "microbatches"
+    state = f"cp_gdn_state_bytes * L_linear * {m}"
+    relayout = f"2 * cp_gdn_relayout_bytes * L_linear * {m}"
+    conv = f"cp_gdn_conv_bytes * L_linear * {m}"
+    return CpExchanges((
+        (Exchange("cp_gdn_state_gather", "cp", state, f"CP * {state}",
+                  "CP all-gather of the DeltaNet chunk states", "CP all-gather of their gradients"),
+         Exchange("cp_gdn_relayout", "cp", relayout, relayout,
+                  "zigzag → contiguous and back around each DeltaNet layer",
+                  "the same conversions of the gradients")),
+        (Exchange("cp_gdn_conv_boundary", "cp", f"cp_has_next * {conv}", f"cp_has_prev * {conv}",
+                  "DeltaNet conv boundary rows to the next CP rank",
+                  "their grads back to the previous CP rank"),)), closed)
+
+
 GDN = LayerKind(
     "gdn", MIXER, "standard", "gated DeltaNet layers (linear_attention_freq)",
     "Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py GatedDeltaNet",
@@ -265,7 +347,7 @@ GDN = LayerKind(
     tp_replicated_layers=lambda v: (" + L_linear * (la_dv - qk_norm_params_per_block)" if v.qk_norm
                                     else " + L_linear * la_dv"),
     flops=_gdn_flops, activations=_gdn_activations,
-    cp_collectives=("cp_gdn_state_gather", "cp_gdn_conv_boundary", "cp_gdn_relayout"),
+    cp_bytes=_gdn_cp_bytes, cp_exchanges=_gdn_cp_exchanges,
 )
 
 
@@ -283,7 +365,12 @@ MLA = LayerKind(
            CORE: (Base("flops_attention_core_fwd_per_token"),),
            KERNEL: (Base("flops_attention_core_fwd_per_token"),),
            WEIGHTS: (Base("attention_params_per_block"),)},
-    cp_collectives=("cp_kv_gather",),
+    # MLA attends with per-head K (nope + rope parts) and V after the up projections, and context
+    # parallelism exchanges those (Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/multi_latent_attention.py MLASelfAttention.forward)
+    cp_kv=("b * S / cp_runtime * heads * (d_qk + qk_rope + d_v) * p / TP",
+           "MLA: local per-head K and V of one attention layer (all-gathered over CP)"),
+    cp_exchanges=_kv_exchange,
 )
 
 
@@ -295,6 +382,26 @@ def _dsa_params(book: Book, v: Variant) -> str:
              " + 2 * idx_dim + h * idx_heads", "params", "memory",
              "DSA lightning indexer (whole on every TP rank)")
     return " + dsa_indexer_params_per_block"
+
+
+def _dsa_cp_bytes(book: Book, v: Variant) -> None:
+    """DSA under CP (Megatron-LM dev@d48bd6be megatron/core/transformer/
+    experimental_attention_variant/dsa.py DSAttention.forward, all-gather CP only): the absorbed
+    MLA attention gathers its single latent key [kv_lora + qk_rope] (value None), whole on every TP
+    rank (the record's `cp_kv`), and the lightning indexer gathers its keys [idx_dim]; backward
+    reduce-scatters both."""
+    book.add("cp_dsa_indexer_k_bytes", "b * S / cp_runtime * idx_dim * p", "bytes", "bytes",
+             "DSA: the lightning indexer's local keys of one layer (all-gathered over CP)")
+
+
+def _dsa_cp_exchanges(v: Variant) -> CpExchanges:
+    closed = ("cp_dsa_indexer_k_gather",)
+    if not v.cp:
+        return CpExchanges(close=closed)
+    keys = "cp_dsa_indexer_k_bytes * blocks * microbatches"
+    return CpExchanges(((Exchange("cp_dsa_indexer_k_gather", "cp", keys, f"CP * {keys}",
+                                  "CP all-gather of the DSA indexer keys",
+                                  "its backward reduce-scatter of the indexer-key grads"),),), closed)
 
 
 DSA = LayerKind(
@@ -311,7 +418,9 @@ DSA = LayerKind(
     # the indexer's grads are averaged over TP (average_gradients_across_tp_domain)
     tp_replicated_block=" + dsa_indexer_params_per_block",
     kernels=write_dsa_kernels,
-    cp_collectives=("cp_dsa_indexer_k_gather",),
+    cp_kv=("b * S / cp_runtime * (kv_lora + qk_rope) * p",
+           "DSA: the local latent key of one attention layer (all-gathered over CP)"),
+    cp_bytes=_dsa_cp_bytes, cp_exchanges=_dsa_cp_exchanges,
 )
 
 
@@ -390,7 +499,7 @@ def _hca_activations(book: Book, v: Variant, per_block: str) -> str:
 
 
 def _v4_cp_activations(book: Book, v: Variant, per_block: str) -> str:
-    if not v.v4_cp:
+    if not v.cp:
         return ""
     book.add("act_v4_cp_per_microbatch", "cp_boundary_bytes + (L_csa * cp_boundary_rows_csa"
              " + L_hca * cp_boundary_rows_hca + (blocks - L_csa - L_hca) * cp_boundary_rows_swa)"
@@ -415,7 +524,66 @@ def _hca_kernels(book: Book) -> None:
              "compressed keys (the compressed branch)")
 
 
-V4_CP = ("cp_boundary_hidden", "cp_compressed_kv_gather", "cp_indexer_k_gather")
+def _v4_cp_bytes(book: Book, v: Variant) -> None:
+    """DeepSeek-V4 attention under THD context parallelism, per layer per microbatch (Megatron-LM
+    dev@d48bd6be megatron/core/transformer/experimental_attention_variant/csa_utils/cp_utils.py
+    exchange_cp_boundary_hidden, prepare_cp_compressor_input; csa.py
+    CompressedSparseAttention._forward_thd_cp).
+
+    Layout: THD packing with a contiguous CP split, so CP rank r holds packed rows
+    [r·n, (r+1)·n) of the microbatch (n = tokens_per_rank). Each V4 attention layer first sends
+    its last max(window, compressor reach) rows of the attention input (hidden width h, not KV)
+    to the next CP rank, which projects their KV itself; the compressor reach is 2·4 = 8 rows for
+    CSA (overlapping windows), the ratio for HCA, 0 for window-only layers. A compressed row
+    belongs to the rank holding its group's last token; each rank pads its compressed rows to a
+    fixed capacity floor((n + reach) / ratio), rounded up to a multiple of 32 / gcd(32, ratio),
+    and those fixed-capacity buffers are all-gathered rank-major over CP: the attention KV
+    (d wide) for CSA and HCA, and the indexer keys (idx_dim wide) for CSA. Backward
+    reduce-scatters both gathers' grads and returns the boundary rows' grads to their owner.
+
+    The DeepSeek-V4 Megatron write-up describes the neighbour message as uncompressed tail KV;
+    the code sends hidden rows (h wide), which these formulas follow.
+    """
+    add = book.add
+    for kind, reach in (("csa", "2 * csa_ratio"), ("hca", "hca_ratio"), ("swa", "0")):
+        add(f"cp_boundary_rows_{kind}", f"Max(csa_window, {reach})", "rows", "rows",
+            f"V4 CP: boundary rows a {kind.upper()} layer sends to the next CP rank: "
+            "max(window, compressor reach)")
+    add("cp_boundary_bytes", "(L_csa * cp_boundary_rows_csa + L_hca * cp_boundary_rows_hca"
+        " + (blocks - L_csa - L_hca) * cp_boundary_rows_swa) * h * p", "bytes", "bytes",
+        "V4 CP: boundary hidden rows of all the stage's attention layers, one microbatch (every "
+        "V4 layer exchanges, window-only and MTP layers included)")
+    for kind, ratio, reach in (("csa", "csa_ratio", "2 * csa_ratio"),
+                               ("hca", "Max(hca_ratio, 1)", "hca_ratio")):
+        add(f"cp_{kind}_compressed_rows",
+            f"ceiling(Max(1, floor((tokens_per_rank + {reach}) / {ratio})) / {kind}_align)"
+            f" * {kind}_align", "rows", "rows",
+            f"V4 CP: fixed-capacity compressed {kind.upper()} rows per rank (padded; the capacity "
+            "every rank contributes to the all-gather)")
+    add("cp_compressed_kv_bytes", "(L_csa * cp_csa_compressed_rows + L_hca * cp_hca_compressed_rows)"
+        " * d * p", "bytes", "bytes",
+        "V4 CP: this rank's compressed KV of all the stage's CSA and HCA layers, one microbatch")
+    add("cp_indexer_k_bytes", "L_csa * cp_csa_compressed_rows * idx_dim * p", "bytes", "bytes",
+        "V4 CP: this rank's compressed indexer keys of the stage's CSA layers, one microbatch")
+
+
+def _v4_cp_exchanges(v: Variant) -> CpExchanges:
+    """Per step: the boundary rows, then the compressed KV and indexer-key gathers (_v4_cp_bytes
+    gives their payloads, already summed over the stage's layers)."""
+    closed = ("cp_boundary_hidden", "cp_compressed_kv_gather", "cp_indexer_k_gather")
+    if not v.cp:
+        return CpExchanges(close=closed)
+    rows = "cp_boundary_bytes * microbatches"
+    boundary = Exchange("cp_boundary_hidden", "cp", f"cp_has_next * {rows}", f"cp_has_prev * {rows}",
+                        "V4 CP boundary hidden rows to the next CP rank",
+                        "their grads back to the previous CP rank")
+    gathers = tuple((Exchange(name, "cp", f"{own} * microbatches", f"CP * {own} * microbatches",
+                              f"V4 CP all-gather of {what}",
+                              f"its backward reduce-scatter of the {what} grads"),)
+                    for name, own, what in (
+                        ("cp_compressed_kv_gather", "cp_compressed_kv_bytes", "compressed KV"),
+                        ("cp_indexer_k_gather", "cp_indexer_k_bytes", "indexer keys")))
+    return CpExchanges(((boundary,), *gathers), closed)
 
 # V4's kinds are written CSA, HCA, window: the base (window-only layers) last, as the flops
 # page's per-layer row has always read.
@@ -427,7 +595,6 @@ CSA = LayerKind(
            CORE: (Replace("time_v4_csa_core_flops"), Add("time_indexer_score_flops")),
            KERNEL: (Replace("time_v4_csa_core_flops"),), WEIGHTS: (Add("csa_params_per_layer"),)},
     layer_params=_csa_params, flops=_csa_flops, activations=_csa_activations, kernels=_csa_kernels,
-    cp_collectives=V4_CP,
 )
 HCA = LayerKind(
     "v4_hca", MIXER, "dsv4_hybrid", "DeepSeek-V4 HCA layers (heavily compressed attention)",
@@ -437,7 +604,6 @@ HCA = LayerKind(
            CORE: (Replace("time_v4_hca_core_flops"),), KERNEL: (Replace("time_v4_hca_core_flops"),),
            WEIGHTS: (Add("hca_params_per_layer"),)},
     layer_params=_hca_params, flops=_hca_flops, activations=_hca_activations, kernels=_hca_kernels,
-    cp_collectives=V4_CP,
 )
 V4_WINDOW = LayerKind(
     "v4_window", MIXER, "dsv4_hybrid", "DeepSeek-V4 window-only layers (compress ratio 0)",
@@ -446,7 +612,11 @@ V4_WINDOW = LayerKind(
     terms={FLOPS: (Base("flops_attention_swa_fwd_per_token"),),
            CORE: (Base("flops_v4_window_fwd_per_token"),),
            KERNEL: (Base("flops_v4_window_fwd_per_token"),), WEIGHTS: (Base("attention_params_per_block"),)},
-    flops=_swa_flops, activations=_v4_cp_activations, cp_collectives=V4_CP,
+    flops=_swa_flops,
+    # The family's CP exchanges sit on its base, every V4 layer's kind: the boundary rows span
+    # all the stage's layers and the compressed-KV gather CSA's and HCA's together, so they are
+    # one piece, not a share per kind (and its activations read them)
+    activations=_v4_cp_activations, cp_bytes=_v4_cp_bytes, cp_exchanges=_v4_cp_exchanges,
 )
 
 
@@ -633,6 +803,21 @@ def model_sum(v: Variant, view: str) -> str:
     """`kind_sum` over the whole model's blocks, as the flops page counts them."""
     main, adds = kind_sum(v, view, "L_model", lambda kind: kind.model_count)
     return " + ".join([main, *adds])
+
+
+def write_cp_bytes(book: Book, v: Variant) -> None:
+    """The comm page's per-layer CP payloads of the kinds present, CP > 1 only: one layer's K/V
+    (`cp_kv_bytes`: the last present kind's `cp_kv`, so a feature's rebases its family base's),
+    then each kind's own, in `KINDS` order."""
+    if not v.cp:
+        return
+    kinds = kinds_of(v)
+    kv = [kind.cp_kv for kind in kinds if kind.cp_kv]
+    if kv:
+        formula, doc = kv[-1]
+        book.add("cp_kv_bytes", formula, "bytes", "bytes", doc)
+    for kind in kinds:
+        kind.cp_bytes(book, v)
 
 
 def attention_blocks(v: Variant, suffix: str = "") -> str:

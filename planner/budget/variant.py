@@ -91,16 +91,6 @@ class Variant:
                     "standard")
 
     @property
-    def cp_kv_gather(self) -> bool:
-        """Standard or MLA attention with CP > 1: K/V all-gathered over CP."""
-        return self.cp and self.attention in ("standard", "mla")
-
-    @property
-    def v4_cp(self) -> bool:
-        """V4 attention's CP exchanges apply: V4 attention and CP > 1."""
-        return self.cp and self.attention == "dsv4_hybrid"
-
-    @property
     def qk_norm(self) -> bool:
         """q and k norms on standard attention, per head or over all heads of the layer."""
         return self.has("qk_norm") or self.has("qk_norm_layer")

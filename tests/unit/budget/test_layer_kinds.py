@@ -178,3 +178,50 @@ def test_the_variant_reads_each_family_from_its_base_kind() -> None:
              if kind.role == "mixer" and any(type(t).__name__ == "Base" for terms in kind.terms.values()
                                              for t in terms)}
     assert {**FAMILY_BASES, "softmax": "standard"} == bases
+
+
+CP_EXCHANGES = {  # each kind's CP exchanges, in the order the comm page declares them
+    "softmax": ("cp_kv_gather",), "mla": ("cp_kv_gather",),
+    "gdn": ("cp_gdn_state_gather", "cp_gdn_relayout", "cp_gdn_conv_boundary"),
+    "dsa": ("cp_dsa_indexer_k_gather",),
+    "v4_window": ("cp_boundary_hidden", "cp_compressed_kv_gather", "cp_indexer_k_gather"),
+}
+
+
+def test_each_kind_carries_its_cp_exchanges() -> None:
+    """The records hold the comm page's CP part: under CP > 1 each kind declares its own table
+    entries over cp; at CP = 1 it declares none and closes exactly those (the K/V all-gather
+    closes nothing: a CP = 1 book has no step.cp_kv_gather rows)."""
+    from dataclasses import replace
+
+    from planner.budget.collectives import collective
+    from planner.budget.variant import FAMILY_BASES
+
+    bases = {family: base for base, family in FAMILY_BASES.items()} | {"standard": "softmax"}
+    declared = {}
+    for kind in KINDS:
+        if kind.unmodelled:
+            continue
+        v = replace(baseline_variant(), kinds=frozenset({bases[kind.family], kind.name}), cp=True)
+        on = kind.cp_exchanges(v)
+        off = kind.cp_exchanges(replace(v, cp=False))
+        names = tuple(x.name for together in on.declare for x in together)
+        assert all(x.group == "cp" and "cp" in collective(x.name).groups
+                   for together in on.declare for x in together), kind.name
+        assert off.declare == () and on.close == off.close, kind.name
+        assert set(off.close) == (set() if names == ("cp_kv_gather",) else set(names)), kind.name
+        if names:
+            declared[kind.name] = names
+    assert declared == CP_EXCHANGES
+
+
+def test_the_comm_page_names_no_kind_in_its_cp_part() -> None:
+    """comm.py's CP part is a sum over the records: it tests no kind or family by name."""
+    import inspect
+
+    from planner.budget import comm
+
+    source = inspect.getsource(comm._cp_exchanges)
+    assert "kinds_of(v)" in source
+    for word in ("v.has(", "v.attention", "v.cp", *(f'"{kind.name}"' for kind in KINDS)):
+        assert word not in source, word
