@@ -151,8 +151,9 @@ def _kv_exchange(v: Variant) -> CpExchanges:
     its family base's or a feature's payload); backward reduce-scatters dK, dV. A gated DeltaNet
     layer exchanges none (`attention_blocks` leaves it out). Window and chunked layers run the
     same exchange as full attention: Megatron hands window_size to Transformer Engine's attention
-    (Megatron-LM dev@d48bd6be megatron/core/extensions/transformer_engine.py
-    TEDotProductAttention.__init__). CP = 1 writes no zero rows for it."""
+    (Megatron-LM dev@d48bd6be
+    megatron/core/extensions/transformer_engine.py TEDotProductAttention.__init__). CP = 1 writes
+    no zero rows for it."""
     if not v.cp:
         return CpExchanges()
     kv = f"cp_kv_bytes * {attention_blocks(v)} * microbatches"
@@ -176,9 +177,10 @@ SOFTMAX = LayerKind(
 
 
 def _window_flops(book: Book, v: Variant) -> None:
-    """Sliding-window core attention as it runs. Megatron's num_floating_point_operations has no
-    window term: its figure (flops_per_token) counts window layers over the whole causal sequence
-    like full ones, so these rows feed only the time page. A causal query at position i reads
+    """Sliding-window core attention as it runs. Megatron's (Megatron-LM dev@d48bd6be
+    megatron/training/training.py num_floating_point_operations) has no window term: its figure
+    (flops_per_token) counts window layers over the whole causal sequence like full ones, so these
+    rows feed only the time page. A causal query at position i reads
     min(i + 1, K) keys, K = window_keys (left window + itself) capped at S; over S queries that
     averages K · (1 − (K − 1) / (2S))."""
     add = book.add
@@ -682,8 +684,9 @@ def _sink_params(book: Book, v: Variant) -> str:
 
 SINKS = LayerKind(
     "sinks", FEATURE, "standard", "learnable attention sinks (softmax_type learnable)",
-    "Megatron-LM dev@d48bd6be megatron/core/transformer/dot_product_attention.py "
-    "DotProductAttention.__init__ (softmax_offset [heads / TP])",
+    "Megatron-LM dev@d48bd6be "
+    "megatron/core/transformer/dot_product_attention.py DotProductAttention.__init__ "
+    "(softmax_offset [heads / TP])",
     _standard(lambda m: m.softmax_type == "learnable"),
     variations=(("learnable attention sinks (softmax_type learnable)",
                  {"kinds": frozenset({"softmax", "sinks"}), "cp": False}),),
