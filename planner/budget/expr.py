@@ -189,7 +189,10 @@ def _compile(formulas: tuple[tuple[str, str, tuple[str, ...]], ...], exact: bool
 @cache
 def _exact_text(formula: str) -> str:
     """The formula with every `/` an exact `_div` (once per formula text, whichever level or
-    variant's book it is compiled in)."""
+    variant's book it is compiled in). Most formulas divide nothing and go in as written, unparsed:
+    two thirds of the book, half the cost of compiling it."""
+    if "/" not in formula:
+        return formula
     return ast.unparse(_ExactDivision().visit(ast.parse(formula, mode="eval")))
 
 
