@@ -44,9 +44,14 @@ FUNCTIONS: dict[str, Any] = {"ceiling": math.ceil, "floor": math.floor, "Min": m
 IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z_0-9]*\b")
 
 
+_NON_WORD = re.compile(r"\W")
+
+
+@cache
 def ident(name: str) -> str:
-    """The identifier a formula uses for a public name (`step.pp_activation.fwd.send_bytes`)."""
-    return re.sub(r"\W", "_", name)
+    """The identifier a formula uses for a public name (`step.pp_activation.fwd.send_bytes`),
+    once per name: every variant's book asks again for the same few hundred."""
+    return _NON_WORD.sub("_", name)
 
 
 @dataclass(frozen=True)
