@@ -7,11 +7,9 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from planner.calibrate.profile import ProfileError, apply_profile
 from planner.config.loader import InvalidConfig, UnreadableConfig, load_config
@@ -19,17 +17,48 @@ from planner.config.schema import Config
 from planner.files.writing import WriteFailed, check_target, write_atomic
 from planner.findings import Finding, has_errors, sort_findings
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    stdout: Console
+    stderr: Console
+
 EXIT_OK, EXIT_CONFIG, EXIT_USAGE = 0, 1, 2
 
 # Piped output gets room for side-by-side stage tables instead of rich's 80-column default.
 _PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
-stdout = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+_CONSOLES: dict[str, dict[str, Any]] = {
+    "stdout": {"highlight": False, "soft_wrap": True, "width": _PIPE_WIDTH},
+    "stderr": {"stderr": True, "highlight": False, "soft_wrap": True},
+}
+
+
+def __getattr__(name: str) -> Any:
+    """`stdout` and `stderr`, rich Consoles made on first use: a command that prints only JSON
+    (`groups --rank R --json`) never imports rich, about a tenth of its start-up."""
+    if name not in _CONSOLES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _console(name)
+
+
+def _console(name: str) -> Console:
+    """The module's `stdout`/`stderr` Console, made and kept on first use."""
+    console = globals().get(name)
+    if console is None:
+        from rich.console import Console
+
+        console = globals()[name] = Console(**_CONSOLES[name])
+    return console
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def print_findings(findings: list[Finding], console: Console = stderr) -> None:
+def print_findings(findings: list[Finding], console: Console | None = None) -> None:
+    """Each finding on one line, errors first, on `console` (else stderr)."""
+    from rich.markup import escape
+
+    if console is None:
+        console = _console("stderr")
     for f in sort_findings(findings):
         console.print(f"[{_STYLE[f.severity]}]{f.code} {f.severity}[/] {escape(f.path)}: "
                       f"{escape(f.message)} [dim]({escape(f.fix)})[/]", markup=True)
@@ -40,7 +69,9 @@ def findings_json(findings: list[Finding]) -> list[dict[str, str]]:
 
 
 def fail(code: int, message: str) -> NoReturn:
-    stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+    from rich.markup import escape
+
+    _console("stderr").print(f"[bold red]error:[/] {escape(message)}", markup=True)
     raise typer.Exit(code)
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.budget.book import formula_book, read_items
 from planner.budget.explain import number_text, substitute
-from planner.budget.expr import Number, Quantity, sympy_expression
+from planner.budget.expr import Evaluator, Number, Quantity, sympy_expression
 from planner.budget.placement import placement
 from planner.budget.symbols import Holdings, global_values, holdings, variant_of
 from planner.config.schema import Config
@@ -106,14 +106,21 @@ class Accounting:
         self._needs_peak = not self._read.isdisjoint(("live_passes", "act_live_peak"))
         self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
         self.placed_keys: dict[int, tuple[Any, ...]] = {}  # stage -> what its evaluation read
-        chunk_book = full.subset(("act_per_microbatch", "microbatches"))
-        self.chunk_book = chunk_book.quantities
-        self._chunk_evaluator = chunk_book.evaluator(None, exact)
-        self.chunk_formula = full.by_name["act_per_microbatch"].formula
+        self._full = full
         try:
             self.globals = self._evaluate("global", dict(self.inputs))
         except ZeroDivisionError as exc:
             raise BudgetError(f"a layout degree is zero ({exc})") from None
+
+    @cached_property
+    def _chunk_evaluator(self) -> Evaluator:
+        """Each model chunk's activations alone, compiled only when a schedule is replayed (a
+        book without the activation peak, e.g. model_size's parameters, never needs it)."""
+        return self._full.subset(("act_per_microbatch", "microbatches")).evaluator(None, self.exact)
+
+    @property
+    def chunk_formula(self) -> str:
+        return self._full.by_name["act_per_microbatch"].formula
 
     def stage_env(self, stage: int, embd_group: list[int] | None = None) -> dict[str, Number]:
         values = dict(self.holdings.stage(stage, embd_group))

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
+from planner import cli_common
 from planner.cli_common import (
     EXIT_USAGE,
     check_output_or_exit,
@@ -21,13 +21,15 @@ from planner.cli_common import (
     exit_with_findings,
     fail,
     load_config_or_exit,
-    stdout,
     write_or_exit,
 )
 from planner.findings import Finding
 from planner.layout.grid import Grid, RankView
 from planner.layout.rank_generator import GridError
 from planner.layout.spec import grid_spec_from_config
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 _SHOWN_RANKS = 12  # ranks printed per group before it is abbreviated
 
@@ -75,6 +77,8 @@ def _header(grid: Grid) -> str:
 
 
 def _layout_table(grid: Grid, layout: str, first: int) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"{layout} layout", title_justify="left")
     for name, justify in (("kind", "left"), ("built from", "left"), ("size", "right"),
                           ("groups", "right"), ("first groups", "left")):
@@ -92,6 +96,9 @@ def _layout_table(grid: Grid, layout: str, first: int) -> Table:
 
 
 def _print_rank(view: RankView, only_kind: str | None) -> None:
+    from rich.table import Table
+
+    stdout = cli_common.stdout
     stdout.print(f"[bold]rank {view.rank}[/] — pipeline stage {view.stage}", markup=True)
     dense = "  ".join(f"{a}={v}" for a, v in view.dense_coords.items())
     expert = "  ".join(f"{a}={v}" for a, v in view.expert_coords.items())
@@ -167,6 +174,7 @@ def groups(
         kinds = [kind] if kind is not None else list(grid.kinds)
         print(json.dumps(_json_head(grid) | {"groups": {k: grid.groups(k) for k in kinds}}))
         return
+    stdout = cli_common.stdout  # rich is imported only for the text and tables below
     if kind is not None:
         stdout.print(f"[bold]{kind}[/]: {grid.num_groups(kind)} group(s)", markup=True)
         for i, group in enumerate(grid.groups(kind)):
@@ -198,7 +206,7 @@ def _write_svg(grid: Grid, path: Path, stage: int, *, quiet: bool) -> None:
         fail(EXIT_USAGE, f"--stage {stage} is outside 0..{grid.spec.pp - 1}")
     write_or_exit(path, render_stage_svg(grid, stage))
     if not quiet:
-        stdout.print(f"wrote {path} (stage {stage}, {grid.spec.ranks_per_stage} ranks)")
+        cli_common.stdout.print(f"wrote {path} (stage {stage}, {grid.spec.ranks_per_stage} ranks)")
 
 
 def register(app: typer.Typer) -> None:

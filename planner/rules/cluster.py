@@ -90,7 +90,10 @@ def _straddling(layout: RankGenerator, domain: int, places: Places
     groups = layout.groups("tp-ep")
     size = len(groups[0])
     needed = -(-size // domain)  # the fewest domains a group of this size can span
-    straddling = [g for g in groups if len({node_of(r, places) for r in g}) > needed]
+    if isinstance(places, int):  # node-major filling: one division per rank (16,384 at a time)
+        straddling = [g for g in groups if len({r // places for r in g}) > needed]
+    else:
+        straddling = [g for g in groups if len({places.node(r) for r in g}) > needed]
     if not straddling:
         return None
     first = straddling[0]
