@@ -77,6 +77,15 @@ class Rebase:
 Term = Base | Replace | Add | Rebase
 
 
+# The rows a softmax-family base (standard or MLA attention) counts every block at: projections and
+# core attention over the whole causal sequence, and its attention weights.
+FULL_ATTENTION_TERMS: dict[str, tuple[Term, ...]] = {
+    FLOPS: (Base("(flops_attention_linear_fwd_per_token + flops_attention_core_fwd_per_token)"),),
+    CORE: (Base("flops_attention_core_fwd_per_token"),),
+    KERNEL: (Base("flops_attention_core_fwd_per_token"),),
+    WEIGHTS: (Base("attention_params_per_block"),)}
+
+
 def _never(book: Book, v: Variant) -> str:
     return ""
 
@@ -166,10 +175,7 @@ SOFTMAX = LayerKind(
     "Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention",
     _softmax_present,
     variations=(("standard attention with CP > 1", {"kinds": frozenset({"softmax"}), "cp": True}),),
-    terms={FLOPS: (Base("(flops_attention_linear_fwd_per_token + flops_attention_core_fwd_per_token)"),),
-           CORE: (Base("flops_attention_core_fwd_per_token"),),
-           KERNEL: (Base("flops_attention_core_fwd_per_token"),),
-           WEIGHTS: (Base("attention_params_per_block"),)},
+    terms=FULL_ATTENTION_TERMS,
     cp_kv=("b * S / cp_runtime * 2 * groups * d * p / TP",
            "local K and V of one attention layer (all-gathered over CP)"),
     cp_exchanges=_kv_exchange,
@@ -363,10 +369,7 @@ MLA = LayerKind(
                 ("MLA with a query LoRA", {"kinds": frozenset({"mla"}), "mla_q_lora": True, "cp": False}),
                 ("MLA without a query LoRA",
                  {"kinds": frozenset({"mla"}), "mla_q_lora": False, "cp": False})),
-    terms={FLOPS: (Base("(flops_attention_linear_fwd_per_token + flops_attention_core_fwd_per_token)"),),
-           CORE: (Base("flops_attention_core_fwd_per_token"),),
-           KERNEL: (Base("flops_attention_core_fwd_per_token"),),
-           WEIGHTS: (Base("attention_params_per_block"),)},
+    terms=FULL_ATTENTION_TERMS,
     # MLA attends with per-head K (nope + rope parts) and V after the up projections, and context
     # parallelism exchanges those (Megatron-LM dev@d48bd6be
     # megatron/core/transformer/multi_latent_attention.py MLASelfAttention.forward)
