@@ -716,6 +716,7 @@ OUTPUT_GATE = LayerKind(
     projection_flops=(" + 2 * h * d * heads", " and its output gate (Megatron's gate_projection_size)"),
 )
 
+
 def _head_gate_params(book: Book, v: Variant) -> str:
     # megatron/core/transformer/attention.py SelfAttention.__init__: linear_qkv_out_dim grows by
     # num_attention_heads with head_wise_attn_gate (one scalar gate per head; its bias with the
