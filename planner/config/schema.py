@@ -266,18 +266,19 @@ class ModelSection(Section):
             return None
         return None if derived is None else handler(derived)  # None: derived from one left None
 
-    @model_validator(mode="after")
-    def _mamba_not_modelled(self) -> ModelSection:
+    @field_validator("mamba_layers")
+    @classmethod
+    def _mamba_not_modelled(cls, value: list[int] | None) -> list[int] | None:
         """Loud, never counted as attention: moeplan has no Mamba-2 parameter, FLOP, activation
         or time figures, so a Mamba layer is refused rather than budgeted as something else."""
-        if self.mamba_layers and 1 in self.mamba_layers:
+        if value and 1 in value:
             raise PydanticCustomError(
                 "mamba_not_modelled",
-                "model.mamba_layers marks {count} Mamba-2 mixer layers: Megatron's MambaMixer "
+                "{count} Mamba-2 mixer layer(s) marked: Megatron's MambaMixer "
                 "(megatron/core/ssm/mamba_mixer.py) is a layer kind whose parameters, FLOPs, "
                 "activations and time moeplan does not model yet",
-                {"count": self.mamba_layers.count(1)})
-        return self
+                {"count": value.count(1)})
+        return value
 
     @model_validator(mode="after")
     def _one_attention_gate(self) -> ModelSection:

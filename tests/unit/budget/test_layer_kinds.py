@@ -161,7 +161,7 @@ def test_every_kind_is_documented_and_varied() -> None:
 def test_a_mamba_layer_is_refused_loudly() -> None:
     """Megatron's Mamba-2 mixer has a record but no figures yet: a config marking a Mamba layer
     is refused with the reason, never budgeted as attention."""
-    with pytest.raises(InvalidConfig, match="Mamba-2 mixer layers: Megatron's MambaMixer"):
+    with pytest.raises(InvalidConfig, match=r"Mamba-2 mixer layer\(s\) marked: Megatron's MambaMixer"):
         _tiny(mamba_layers=[1, 0])
     cfg = _tiny(mamba_layers=[0, 0])  # no Mamba layer: the plain model
     assert cfg.model.layer_mixers == ("softmax", "softmax") and "mamba" not in kinds_present(cfg)
