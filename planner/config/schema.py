@@ -280,16 +280,17 @@ class ModelSection(Section):
                 {"count": value.count(1)})
         return value
 
-    @model_validator(mode="after")
-    def _one_attention_gate(self) -> ModelSection:
+    @field_validator("head_wise_attn_gate")
+    @classmethod
+    def _one_attention_gate(cls, value: bool, info: ValidationInfo) -> bool:
         """Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
         TransformerConfig.__post_init__: the two gates' linear_qkv row layouts are incompatible."""
-        if self.head_wise_attn_gate and self.attention_output_gate:
+        if value and info.data.get("attention_output_gate"):
             raise PydanticCustomError(
                 "two_attention_gates",
-                "model.head_wise_attn_gate and model.attention_output_gate are both true: Megatron "
-                "takes one attention gate")
-        return self
+                "model.attention_output_gate is true as well: Megatron takes one attention gate "
+                "(their linear_qkv row layouts are incompatible)")
+        return value
 
     @model_validator(mode="before")
     @classmethod
