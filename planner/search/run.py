@@ -111,13 +111,13 @@ class SearchResult:
 Progress = Callable[[int, int], None]
 
 # Phase-1 settings (family x EP, planner/search/space.py groups) below which the default search
-# judges in this process: each forked worker warms its own formula books, grids and placements,
-# so two workers cost about 1.9 s more CPU than one. Measured on the shared 2-core machine (whole
-# `search(cfg, top=10)` processes, one worker vs two, medians of 2-3 pairs): tiny-cpu-8.yaml (78
-# settings) 5.0 vs 6.8 s CPU, wall 0.72x in process; qwen3-30b-a3b-16.yaml (155) 5.5 vs 7.4 s
-# CPU, wall 0.73x. Larger spaces (mixtral-8x7b-64.yaml, 271, and up) keep the pool as before,
-# where bench/search_bench.py measures the second core's gain on an idle machine.
-IN_PROCESS_BELOW = 200
+# judges in this process: a forked worker warms its own formula books, grids and placements, which
+# pays only when there is enough to share. Measured on an idle 2-core machine (whole
+# `search(cfg, top=2)` processes, one worker against two, medians of 5 pairs): tiny-cpu-8.yaml at
+# world size 2 (8 settings) 0.92x wall in process; at world size 4 (30 settings) 1.22x; as
+# bundled (77 settings) 1.19x, though with 25% less CPU. A loaded machine favours the single
+# process for longer (0.72x at 78 settings with other jobs on both cores).
+IN_PROCESS_BELOW = 12
 
 
 def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max_ruled_out: int = 3,
