@@ -26,6 +26,7 @@ from planner.config.gpus import gpu as gpu_entry
 from planner.config.layer_freq import parse_layer_freq
 from planner.config.presets import PRESETS
 from planner.degrees import Degrees
+from planner.memo import HashedOnce, Memo, section_key
 
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -419,10 +420,12 @@ class ModelSection(Section):
         per model shape for the budget pages (planner/budget/layer_kinds.py holds one record per
         name). A gated DeltaNet layer is not also a window or chunked one; window and chunked
         attention are decoder-layer choices (MTP layers attend in full). Remembered by the
-        fields that decide it, not on the instance: model_copy(update=...) must not keep a stale
+        section's values, not on the instance: model_copy(update=...) must not keep a stale
         sequence."""
-        key = tuple(_frozen(getattr(self, name)) for name in _MIXER_FIELDS)
-        return _layer_mixers(key, self)
+        return _LAYER_MIXERS.get(section_key(self), self._all_mixers)
+
+    def _all_mixers(self) -> tuple[str, ...]:
+        return tuple(self._mixer(layer) for layer in range(self.num_layers + self.mtp_num_layers))
 
     def _mixer(self, layer: int) -> str:
         mamba = self.mamba_layers or []
@@ -449,28 +452,8 @@ class ModelSection(Section):
         return layer < len(self.moe_layer_freq) and self.moe_layer_freq[layer] == 1
 
 
-# The model fields that decide each layer's mixer (ModelSection._mixer).
-_MIXER_FIELDS = ("num_layers", "mtp_num_layers", "attention_variant", "compress_ratios", "window_size",
-                 "window_attn_skip_freq", "no_rope_freq", "attention_chunk_size",
-                 "linear_attention_freq", "mamba_layers")
-
-
-def _frozen(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-_MIXERS: dict[tuple[Any, ...], tuple[str, ...]] = {}
-
-
-def _layer_mixers(key: tuple[Any, ...], model: ModelSection) -> tuple[str, ...]:
-    """One model shape's mixers (`key`: its _MIXER_FIELDS), remembered for the next ask."""
-    mixers = _MIXERS.get(key)
-    if mixers is None:
-        if len(_MIXERS) > 256:
-            _MIXERS.clear()
-        mixers = _MIXERS[key] = tuple(model._mixer(layer)
-                                      for layer in range(model.num_layers + model.mtp_num_layers))
-    return mixers
+# One model shape's mixer per layer (ModelSection.layer_mixers), keyed on the section's values.
+_LAYER_MIXERS: Memo[HashedOnce, tuple[str, ...]] = Memo("layer mixers", 256)
 
 
 class ParallelSection(Section):

@@ -12,7 +12,8 @@ from tests.support.paths import EXAMPLES
 
 # The caches moeplan remembers work in, by memo name, with their bounds.
 EXPECTED = {"stage splits": 4096, "model layer counts": 256, "stage holdings": 4096,
-            "read-items pickers": 4096, "rank placements": 65536, "budget grids": 1024}
+            "read-items pickers": 4096, "rank placements": 65536, "budget grids": 1024,
+            "layer mixers": 256}
 
 
 def test_a_memo_never_holds_more_than_maxsize_and_drops_the_oldest() -> None:
