@@ -17,8 +17,8 @@ family tables). A kind is what differs from that:
 
 `kind_sum` composes a page's per-layer rows over the kinds present, in `KINDS` order, so the
 formula text is the one the pages wrote by hand before (the golden snapshots hold it). A record
-whose `unmodelled` says why is refused (`refuse_unmodelled`): a config with such layers is never
-counted as attention.
+whose `unmodelled` says why is refused (`kinds_of`, which every page reads the kinds through): a
+config with such layers is never counted as attention.
 
 The comm page's context-parallel part is a sum over the records too: `write_cp_bytes` writes
 each kind's per-layer payloads (`cp_kv`, `cp_bytes`) and planner/budget/comm.py declares each
@@ -764,12 +764,6 @@ def kinds_of(v: Variant) -> tuple[LayerKind, ...]:
         if kind.unmodelled:
             raise ValueError(kind.unmodelled)
     return kinds
-
-
-def refuse_unmodelled(cfg: Config) -> str | None:
-    """Why the config's layers cannot be budgeted (a kind moeplan has no figures for), or None."""
-    missing = [kind for kind in KINDS if kind.unmodelled and kind.present(cfg.model)]
-    return "; ".join(kind.unmodelled for kind in missing) or None
 
 
 def kind_sum(v: Variant, view: str, total: str, counts: Callable[[LayerKind], str]) -> tuple[str, list[str]]:

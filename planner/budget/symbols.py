@@ -25,7 +25,6 @@ from planner.budget.layer_kinds import (
     kind_values,
     kinds_present,
     layer_counts,
-    refuse_unmodelled,
 )
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.budget.variant import Variant
@@ -195,9 +194,6 @@ ALL_SYMBOLS: tuple[Symbol, ...] = GLOBAL_SYMBOLS + STAGE_SYMBOLS + RANK_SYMBOLS
 
 
 def variant_of(cfg: Config, split: StageSplit) -> Variant:
-    refused = refuse_unmodelled(cfg)
-    if refused:  # never budgeted as some other kind (the schema refuses such a config first)
-        raise ValueError(refused)
     par, tr, moe, ov, model = cfg.parallel, cfg.training, cfg.moe, cfg.overlap, cfg.model
     if moe.moe_expert_capacity_factor is None:
         capacity = "dropless"
