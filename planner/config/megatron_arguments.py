@@ -202,7 +202,8 @@ class Hand:
     fields: tuple[str, ...] = ()
 
 
-def _dsv4(c: Config) -> bool:
+def is_dsv4(c: Config) -> bool:
+    """DeepSeek-V4 attention: Megatron trains it on the hybrid entry (pretrain_hybrid.py)."""
     return c.model.attention_variant == "dsv4_hybrid"
 
 
@@ -211,7 +212,7 @@ def _mla_attention(c: Config) -> bool:  # MLA and DSv4 attention both read the M
 
 
 def _gpt(c: Config) -> bool:  # pretrain_gpt.py: the hybrid pattern carries what these say on the hybrid entry
-    return not _dsv4(c)
+    return not is_dsv4(c)
 
 
 def _both(*tests: Callable[[Config], bool]) -> Callable[[Config], bool]:
@@ -284,9 +285,9 @@ EMIT_ORDER: tuple[Emit | Hand, ...] = (
     *(Emit(f, always=True, when=lambda c: c.model.attention_variant == "mla")
       for f in ("--kv-lora-rank", "--qk-head-dim", "--v-head-dim")),
     Hand("dsv4_attention"),
-    *(Emit(f, when=_dsv4) for f in ("--o-groups", "--o-lora-rank", "--csa-window-size")),
+    *(Emit(f, when=is_dsv4) for f in ("--o-groups", "--o-lora-rank", "--csa-window-size")),
     Hand("dsv4_compress_ratios", ("model.compress_ratios",)),
-    *(Emit(f, when=_both(_dsv4, lambda c: not c.model.dsa))
+    *(Emit(f, when=_both(is_dsv4, lambda c: not c.model.dsa))
       for f in ("--dsa-indexer-n-heads", "--dsa-indexer-head-dim", "--dsa-indexer-topk")),
     Emit("--enable-hyper-connections"),
     *(Emit(f, always=True, when=lambda c: c.model.enable_hyper_connections)

@@ -15,7 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.config.hybrid_pattern import RATIO_SYMBOL, join_segments, layer_symbols, segment_text
-from planner.config.megatron_arguments import Emit, Hand, argument_table, emit_steps, megatron_default
+from planner.config.megatron_arguments import (
+    Emit,
+    Hand,
+    argument_table,
+    emit_steps,
+    is_dsv4,
+    megatron_default,
+)
 from planner.config.megatron_branch import BranchConflict, megatron_branch
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER, moeplan_field
 from planner.config.schema import DEFAULT_ORDER, Config
@@ -85,10 +92,6 @@ def _word(value: object) -> str:
     if isinstance(value, list):
         return "[" + ",".join(str(v) for v in value) + "]"
     return str(value)
-
-
-def is_dsv4(cfg: Config) -> bool:
-    return cfg.model.attention_variant == "dsv4_hybrid"
 
 
 def _branch(cfg: Config) -> str:
