@@ -590,6 +590,7 @@ def _v4_cp_exchanges(v: Variant) -> CpExchanges:
                         ("cp_indexer_k_gather", "cp_indexer_k_bytes", "indexer keys")))
     return CpExchanges(((boundary,), *gathers), closed)
 
+
 # V4's kinds are written CSA, HCA, window: the base (window-only layers) last, as the flops
 # page's per-layer row has always read.
 CSA = LayerKind(

@@ -31,7 +31,7 @@ from planner.budget.variant import Variant
 from planner.config.gpus import takes_tn_only
 from planner.config.offload_groups import offload_groups
 from planner.config.schema import DSV4_CSA_RATIO, Config
-from planner.layout.nodes import Places, node_of
+from planner.layout.nodes import Places, node_of, nodes_of
 from planner.layout.pipeline import Chunk, StageLayers, StageSplit, split_key, stage_layers
 from planner.memo import Memo
 
@@ -557,7 +557,7 @@ def group_values(kind: str, members: Sequence[int], rank: int,
                  gpus_per_node: Places) -> dict[str, Number]:
     """One group kind's placement facts for `rank`: peers on its node, nodes spanned, and the
     share of ring edges crossing nodes (nodes as `gpus_per_node` places ranks: planner/layout/nodes.py)."""
-    nodes = [node_of(r, gpus_per_node) for r in members]
+    nodes = nodes_of(members, gpus_per_node)
     crossing = sum(map(operator.ne, nodes, nodes[1:] + nodes[:1]))
     return {f"{kind}_on_node": nodes.count(node_of(rank, gpus_per_node)),
             f"{kind}_nodes": len(set(nodes)),

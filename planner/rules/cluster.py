@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import lru_cache
 
-from planner.layout.nodes import Places, node_of, rank_places
+from planner.layout.nodes import Places, node_of, nodes_of, rank_places
 from planner.layout.rank_generator import GridError, RankGenerator
 from planner.layout.spec import expert_generator
 from planner.rules.base import Violation, rule
@@ -90,10 +90,7 @@ def _straddling(layout: RankGenerator, domain: int, places: Places
     groups = layout.groups("tp-ep")
     size = len(groups[0])
     needed = -(-size // domain)  # the fewest domains a group of this size can span
-    if isinstance(places, int):  # node-major filling: one division per rank (16,384 at a time)
-        straddling = [g for g in groups if len({r // places for r in g}) > needed]
-    else:
-        straddling = [g for g in groups if len({places.node(r) for r in g}) > needed]
+    straddling = [g for g in groups if len(set(nodes_of(g, places))) > needed]
     if not straddling:
         return None
     first = straddling[0]
