@@ -746,9 +746,7 @@ HEAD_GATE = LayerKind(
 # Every kind, in the order the pages write them (mixers, then features).
 KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, CSA, HCA, V4_WINDOW, MAMBA,
                                 QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE, HEAD_GATE)
-BY_NAME: dict[str, LayerKind] = {kind.name: kind for kind in KINDS}
 MIXERS = tuple(kind for kind in KINDS if kind.role == MIXER)
-FEATURES = tuple(kind for kind in KINDS if kind.role == FEATURE)
 
 
 def kinds_present(cfg: Config) -> frozenset[str]:

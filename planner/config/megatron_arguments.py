@@ -149,12 +149,6 @@ def section_model(section: str) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def schema_has(dotted: str) -> bool:
-    section, name = dotted.split(".", 1)
-    model = section_model(section)
-    return model is not None and name in model.model_fields
-
-
 @functools.cache
 def argument_table() -> Mapping[str, tuple[str, Kind]]:
     """Megatron flag → (section.field, kind), from the schema's names and aliases plus EXPLICIT.
