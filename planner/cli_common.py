@@ -113,16 +113,18 @@ def write_or_exit(path: Path, text: str | bytes, *, mode: int = 0o644, parents: 
         fail(EXIT_USAGE, str(exc))
 
 
-def collect_findings(cfg: Config) -> list[Finding]:
-    """Every rule of the catalog plus the budget findings (memory), `ignore:` applied."""
+def collect_findings(cfg: Config, *, budget: bool = True) -> list[Finding]:
+    """Every rule of the catalog plus the budget findings (memory), `ignore:` applied;
+    `budget=False`: without the rules that judge the formula book's figures (memory)."""
     from planner.rules import run_rules
 
-    return sort_findings(run_rules(cfg))
+    return sort_findings(run_rules(cfg, budget=budget))
 
 
-def exit_on_errors(cfg: Config, *, as_json: bool = False) -> list[Finding]:
-    """For commands that need a valid layout: print the findings and exit 1 when any is an error."""
-    findings = collect_findings(cfg)
+def exit_on_errors(cfg: Config, *, as_json: bool = False, budget: bool = True) -> list[Finding]:
+    """For commands that need a valid layout: print the findings and exit 1 when any is an error
+    (`budget=False`: a layout that does not fit memory still passes)."""
+    findings = collect_findings(cfg, budget=budget)
     if has_errors(findings):
         exit_with_findings(findings, as_json=as_json)
     return findings

@@ -15,6 +15,13 @@ def format_bytes(value: int | Fraction, *, digits: int = 6) -> str:
     return f"{_trim(amount / size, digits)} {name}"
 
 
+def number_text(value: int | float | Fraction) -> str:
+    """A formula value in exact digits: a fraction as numerator/denominator, never a rounded float."""
+    if isinstance(value, Fraction):
+        return f"{value.numerator}/{value.denominator}"
+    return str(value)
+
+
 def binary_unit(value: int | Fraction) -> tuple[str, int]:
     """The largest binary unit (name, size) in which `value` is at least 1; bytes below 1 KiB."""
     for name, size in _UNITS:

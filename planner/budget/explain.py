@@ -10,13 +10,7 @@ from fractions import Fraction
 from functools import cache
 
 from planner.budget.expr import FUNCTIONS, IDENTIFIER, Number
-from planner.units import fixed, format_bytes
-
-
-def number_text(value: Number) -> str:
-    if isinstance(value, Fraction):
-        return f"{value.numerator}/{value.denominator}"
-    return str(value)
+from planner.units import fixed, format_bytes, number_text
 
 
 def value_text(value: Number, unit: str, *, short: bool = False) -> str:

@@ -146,7 +146,10 @@ def groups(
     if svg is not None:
         check_output_or_exit(svg, force=force, option="--svg")
     cfg = load_config_or_exit(config, as_json=as_json)
-    exit_on_errors(cfg, as_json=as_json)
+    # Megatron builds the groups of a layout that will not fit memory (the OOM comes later, at the
+    # first step), so only the rules on what Megatron refuses to build decide here: `check` and
+    # `budget` judge memory. This also keeps the formula book out of `groups --rank R --json`.
+    exit_on_errors(cfg, as_json=as_json, budget=False)
     grid = _grid_or_exit(cfg, as_json)
     spec = grid.spec
     if rank is not None and not 0 <= rank < spec.world_size:

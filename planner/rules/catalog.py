@@ -53,6 +53,11 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *config.RULES,
 ))
 RULES_BY_CODE: dict[str, Rule] = {r.code: r for r in CATALOG}
+# The rules that judge a figure of the formula book (the per-stage memory, NCCL EP's receive rows
+# against the busiest rank's): they say whether a layout fits, not whether Megatron builds it.
+# `moeplan groups` runs the catalog without them, so it never loads the book.
+READS_BUDGET: frozenset[str] = frozenset(
+    (*(r.code for r in memory.RULES), flex_backends.ncclep_capacity_holds_the_hot_rank.code))
 CODES: tuple[str, ...] = tuple(RULES_BY_CODE)
 
 
@@ -68,14 +73,17 @@ def suggest_codes(code: str, count: int = 3) -> list[str]:
     return extending[:count] or difflib.get_close_matches(wanted, CODES, n=count)
 
 
-def run_rules(cfg: Config, *, facts: Facts | None = None) -> list[Finding]:
+def run_rules(cfg: Config, *, facts: Facts | None = None, budget: bool = True) -> list[Finding]:
     """Every checked rule on one config, in catalog order, minus the ignorable codes in
     `cfg.ignore` (IGN002 reports the others). `facts` lets a caller (`moeplan search`) read the
-    facts the rules computed, such as the per-stage memory, afterwards."""
+    facts the rules computed, such as the per-stage memory, afterwards. `budget=False` leaves out
+    the rules in READS_BUDGET (whether the layout fits memory), for a caller that asks only
+    whether Megatron builds the layout."""
     facts = facts or Facts(cfg, known_codes=CODES)
     ignored = set(facts.ignore_codes)
+    left_out = frozenset() if budget else READS_BUDGET
     findings: list[Finding] = []
     for entry in CATALOG:
-        if entry.code not in ignored or entry.cannot_ignore:
+        if entry.code not in left_out and (entry.code not in ignored or entry.cannot_ignore):
             findings.extend(entry.findings(facts))
     return findings

@@ -8,13 +8,16 @@ divisibility reports it once, and every rule built on top of it stays silent ins
 from __future__ import annotations
 
 from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
-from planner.accounting import Number, stage_memory
 from planner.config.megatron_branch import BranchConflict, megatron_branch
 from planner.config.schema import Config
 from planner.degrees import Degrees
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 from planner.layout.spec import GridSpec, grid_spec_from_config
+
+if TYPE_CHECKING:
+    from planner.accounting import Number
 
 
 def code_of(text: str) -> str:
@@ -107,7 +110,16 @@ class Facts:
     @cached_property
     def stage_memory(self) -> list[dict[str, Number]] | None:
         """Every stage's memory parts (None when not computable), once for MEM001 and MEM002."""
+        from planner.accounting import stage_memory
+
         return stage_memory(self.cfg)
+
+    @cached_property
+    def ncclep_receive_rows(self) -> dict[str, Any] | None:
+        """NCCL EP's static receive rows against the busiest rank's (None without NCCL EP)."""
+        from planner.accounting import ncclep_receive_check
+
+        return ncclep_receive_check(self.cfg)
 
     def give_stage_memory(self, stages: list[dict[str, Number]]) -> None:
         """Take the memory parts from a caller that has them already: `moeplan search` gives its

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.accounting import ncclep_receive_check
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.sources import dev, main
@@ -90,7 +89,7 @@ def zero_copy_with_ep_overlap(f: Facts) -> Iterator[Violation]:
          "moe_expert_rank_capacity_factor: 1.5}",
 )
 def ncclep_capacity_holds_the_hot_rank(f: Facts) -> Iterator[Violation]:
-    rows = ncclep_receive_check(f.cfg)
+    rows = f.ncclep_receive_rows
     if rows is not None and rows["ncclep_recv_rows"] < rows["hot_gemm_rows"]:
         need = rows["hot_gemm_rows"]
         yield Violation("moe.moe_expert_rank_capacity_factor",

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
-from planner.accounting import Number, number_text
 from planner.config.schema import Config
 from planner.findings import Finding
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
-from planner.units import fixed, format_bytes
+from planner.units import fixed, format_bytes, number_text
+
+if TYPE_CHECKING:
+    from planner.accounting import Number
 
 SOURCE = ("Megatron-LM dev@d48bd6be megatron/training/theoretical_memory_usage.py "
           "report_theoretical_memory; Megatron-LM dev@d48bd6be "

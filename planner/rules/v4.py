@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.accounting import CSA_RATIO
+from planner.config.schema import DSV4_CSA_RATIO as CSA_RATIO
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.sources import TRANSFORMER_CONFIG, V4_WRITE_UP, VALIDATE_ARGS, dev

@@ -22,6 +22,10 @@ PROBER = "planner.emit.megatron_probe"
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
     # The rule catalog loads when a command first judges a config, not at every command's start.
     ("planner.cli_common", "planner.rules"): "every command imports cli_common at start",
+    # The formula book loads when a rule judges one of its figures (the per-stage memory, NCCL
+    # EP's receive rows), so `moeplan groups`, which runs the catalog without those rules, never
+    # loads it.
+    ("planner.rules.facts", "planner.accounting"): "only the rules in READS_BUDGET",
     # The Hugging Face config.json mapping (the largest module `check` would compile) loads only
     # for a config that names model.hf_config.
     ("planner.config.loader", "planner.config.importers.hf_config"): "model.hf_config only",

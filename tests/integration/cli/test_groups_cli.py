@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -157,6 +159,36 @@ def test_non_tiling_layout_exits_1(tmp_path, minimal_v4):
     assert result.exit_code == 1
     payload = json.loads(result.output)
     assert payload["ok"] is False and payload["findings"]
+
+
+def test_a_layout_that_does_not_fit_memory_still_has_its_groups(tmp_path):
+    """Megatron builds the groups before the first step runs out of memory: `check` refuses the
+    layout (MEM001), `groups` lists them, and its pre-check never loads the formula book."""
+    data = yaml.safe_load(Path(TINY).read_text())
+    data["cluster"]["gpu_memory_gib"] = 0.0001
+    path = write_config(tmp_path, data)
+    assert runner.invoke(app, ["check", path]).exit_code == 1
+    assert "MEM001" in runner.invoke(app, ["check", path, "--json"]).output
+    result = invoke(path, "--rank", "3", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["world_size"] == 8
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys; from planner.config.loader import load_config; "
+         "from planner.rules import run_rules; "
+         f"found = run_rules(load_config({path!r}), budget=False); "
+         "print('planner.accounting' in sys.modules, sorted({f.code for f in found}))"],
+        capture_output=True, text=True, check=True, timeout=60)
+    assert loaded.stdout.split()[0] == "False", loaded.stdout + loaded.stderr
+
+
+def test_the_groups_precheck_is_the_catalog_without_the_budget_rules():
+    from planner.rules.catalog import READS_BUDGET, run_rules
+
+    assert {"MEM001", "MEM002", "MOE034"} <= READS_BUDGET
+    for example in (V4_PRO, str(EXAMPLES / "invalid" / "dop002-instances-do-not-divide-edp.yaml")):
+        cfg = load_config(example)
+        every = run_rules(cfg)
+        assert run_rules(cfg, budget=False) == [f for f in every if f.code not in READS_BUDGET]
 
 
 def test_unreadable_config_exits_2(tmp_path):
