@@ -1,4 +1,5 @@
-"""`moeplan emit {torchrun,slurm,megatron,all} CONFIG -o DIR`: plan.json plus launch scripts.
+"""`moeplan emit {torchrun,slurm,megatron,bridge,all} CONFIG -o DIR`: plan.json plus launch scripts
+(bridge: Megatron-Bridge ConfigContainer overrides for a recipe run).
 
 With `--check-with MEGATRON_LM_DIR` the user's own Megatron-LM judges the emitted arguments first;
 nothing is written unless it passes (exit 1 when Megatron rejects them or derives other values than
@@ -30,6 +31,7 @@ class EmitTarget(StrEnum):
     torchrun = "torchrun"
     slurm = "slurm"
     megatron = "megatron"
+    bridge = "bridge"
     all = "all"
 
 
@@ -41,18 +43,22 @@ def _next_steps(out_dir: Path, names: set[str]) -> list[str]:
         hints.append(f"submit:         cd {out_dir} && sbatch job.sbatch")
     if "megatron_args.sh" in names:
         hints.append(f"Megatron args:  bash {out_dir / 'megatron_args.sh'}")
+    if "bridge_overrides.txt" in names:
+        hints.append("Bridge recipe:  scripts/training/train.sh ... --recipe RECIPE "
+                     f"$(grep -v '^#' {out_dir / 'bridge_overrides.txt'})")
     return hints
 
 
 def megatron_preflight(cfg: Config, plan: dict[str, object], megatron_lm: Path, python: str,
-                       config: Path) -> None:
-    """Print Megatron-LM's verdict on the plan's arguments; exit 1 (rejected or other values) or 2
-    (cannot run) unless it passes."""
+                       config: Path, *, bridge: bool = False) -> None:
+    """Print Megatron-LM's verdict on the plan's arguments (with `bridge`, on the Megatron-Bridge
+    overrides too, as Megatron's own config container holds them); exit 1 (rejected or other
+    values) or 2 (cannot run) unless it passes."""
     from planner.emit import EmitError
     from planner.emit.megatron_check import CheckUnusable, check_config, summary_lines
 
     try:
-        run = check_config(cfg, plan, megatron_lm, python, name=str(config))
+        run = check_config(cfg, plan, megatron_lm, python, name=str(config), bridge=bridge)
     except CheckUnusable as exc:
         fail(EXIT_USAGE, f"--check-with {megatron_lm}: {exc}")
     except EmitError as exc:
@@ -92,7 +98,8 @@ def emit_command(
         fail(EXIT_USAGE, f"{', '.join(str(p) for p in clashes)} already exist(s); pass --force to overwrite")
     logs = log_folder(cfg, output, files)
     if check_with is not None:
-        megatron_preflight(cfg, plan, check_with, check_python, config)
+        megatron_preflight(cfg, plan, check_with, check_python, config,
+                           bridge=target in (EmitTarget.bridge, EmitTarget.all))
     if dry_run:
         stdout.print(f"dry run: would write {len(files)} file(s) into {output}/", markup=False)
         for f in files:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.config.schema import Config
+from planner.emit.bridge import BRIDGE_FILE, bridge_file_text
 from planner.emit.safety import check_launch_strings, check_slurm_paths
 from planner.emit.scripts import (
     MEGATRON_FILE,
@@ -24,8 +25,8 @@ from planner.emit.scripts import (
 from planner.emit.shape import PLAN_FILE, launch_shape
 from planner.files.writing import WriteFailed, write_atomic
 
-Target = Literal["torchrun", "slurm", "megatron", "all"]
-TARGETS: tuple[str, ...] = ("torchrun", "slurm", "megatron", "all")
+Target = Literal["torchrun", "slurm", "megatron", "bridge", "all"]
+TARGETS: tuple[str, ...] = ("torchrun", "slurm", "megatron", "bridge", "all")
 SCRIPT_MODE, DATA_MODE = 0o755, 0o644
 
 
@@ -42,7 +43,7 @@ def emit_files(cfg: Config, plan: dict[str, Any], target: Target,
     """Render everything `target` asks for (EmitError before any output when a value is unsafe)."""
     check_launch_strings(cfg)
     shape = launch_shape(cfg, plan, config_path)
-    wanted = {"torchrun", "slurm", "megatron"} if target == "all" else {target}
+    wanted = {"torchrun", "slurm", "megatron", "bridge"} if target == "all" else {target}
     files = [EmittedFile(PLAN_FILE, json.dumps(plan, indent=1) + "\n", DATA_MODE,
                          f"compiled plan {plan['digest']}")]
     if "torchrun" in wanted:
@@ -55,6 +56,9 @@ def emit_files(cfg: Config, plan: dict[str, Any], target: Target,
     if "megatron" in wanted:
         files.append(EmittedFile(MEGATRON_FILE, megatron_script(cfg, shape), SCRIPT_MODE,
                                  "Megatron-LM argument list"))
+    if "bridge" in wanted:
+        files.append(EmittedFile(BRIDGE_FILE, bridge_file_text(cfg, plan["digest"], str(config_path)),
+                                 DATA_MODE, "Megatron-Bridge ConfigContainer overrides"))
     return files
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.config.schema import Config
+from planner.emit.bridge import bridge_overrides, megatron_view
 from planner.emit.megatron import megatron_arguments, rotary_fields
 
 DATA_ARGUMENTS = ("--mock-data", "--tokenizer-type", "NullTokenizer")
@@ -43,10 +44,13 @@ class CheckRequest:
     argv: list[str]
     env: dict[str, str]
     world_size: int
+    # Megatron-Bridge override paths (planner/emit/bridge.py) whose values Megatron's own config
+    # container should hold; empty: the container is not built
+    container_paths: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "entry": self.entry, "argv": self.argv, "env": self.env,
-                "world_size": self.world_size}
+                "world_size": self.world_size, "container_paths": self.container_paths}
 
 
 @dataclass
@@ -77,19 +81,22 @@ class CheckRun:
     python_version: str
 
 
-def request_for(cfg: Config, name: str = "config") -> CheckRequest:
-    """The emitted flags unchanged, plus data/tokenizer arguments only."""
+def request_for(cfg: Config, name: str = "config", *, bridge: bool = False) -> CheckRequest:
+    """The emitted flags unchanged, plus data/tokenizer arguments only; with `bridge`, the paths of
+    the Megatron-Bridge overrides Megatron's own container holds too."""
     args = megatron_arguments(cfg)
     argv = [word for flag in args.flags for word in (flag.flag, *flag.values)]
     world = cfg.parallel.world_size
     assert world is not None  # resolved by Config._resolve
+    paths = list(megatron_view(bridge_overrides(cfg, args))) if bridge else []
     return CheckRequest(name=name, entry=args.entry, argv=[*argv, *DATA_ARGUMENTS], env=dict(args.env),
-                        world_size=world)
+                        world_size=world, container_paths=paths)
 
 
-def expected_values(cfg: Config, plan: dict[str, Any]) -> dict[str, Any]:
+def expected_values(cfg: Config, plan: dict[str, Any], *, bridge: bool = False) -> dict[str, Any]:
     """What the plan says Megatron must derive, in the probe's terms (per pipeline chunk), plus the
-    model's rotary fields that its attention kind reads."""
+    model's rotary fields that its attention kind reads; with `bridge`, the Megatron-Bridge
+    overrides as Megatron's own config container must hold them."""
     num_layers = cfg.model.num_layers
     chunks = []
     for stage in plan["stages"]:
@@ -108,7 +115,8 @@ def expected_values(cfg: Config, plan: dict[str, Any]) -> dict[str, Any]:
             "data_parallel_size": cfg.dp, "expert_data_parallel_size": cfg.edp,
             "num_microbatches": cfg.microbatches, "padded_vocab_size": cfg.padded_vocab_size,
             "virtual_pipeline_model_parallel_size": plan["layout"].get("vpp", 1),
-            "chunks": sorted(chunks, key=lambda c: (c["stage"], c["virtual"])), "rope": rope}
+            "chunks": sorted(chunks, key=lambda c: (c["stage"], c["virtual"])), "rope": rope,
+            "container": megatron_view(bridge_overrides(cfg)) if bridge else {}}
 
 
 def expected_shape(cfg: Config) -> dict[str, Any]:
@@ -176,6 +184,13 @@ def mismatches(expected: dict[str, Any], derived: dict[str, Any]) -> list[str]:
     found.extend(f"model shape {name}: Megatron {theirs_shape[name]}, moeplan {value}"
                  for name, value in expected.get("shape", {}).items()
                  if name in theirs_shape and not _same(theirs_shape[name], value))
+    theirs_container = derived.get("container", {})
+    for path, value in expected.get("container", {}).items():
+        if path not in theirs_container:
+            found.append(f"Bridge override {path}: Megatron's config container has no such field")
+        elif not _same(theirs_container[path], value) and theirs_container[path] != str(value):
+            found.append(f"Bridge override {path}: Megatron's container {theirs_container[path]!r}, "
+                         f"moeplan {value!r}")
     return found
 
 
@@ -298,8 +313,9 @@ def judge(requests: list[CheckRequest], expected: list[dict[str, Any]], megatron
 
 
 def check_config(cfg: Config, plan: dict[str, Any], megatron_lm: Path, python: str,
-                 name: str = "config") -> CheckRun:
-    return judge([request_for(cfg, name)], [expected_values(cfg, plan)], megatron_lm, python)
+                 name: str = "config", *, bridge: bool = False) -> CheckRun:
+    return judge([request_for(cfg, name, bridge=bridge)], [expected_values(cfg, plan, bridge=bridge)],
+                 megatron_lm, python)
 
 
 def summary_lines(run: CheckRun, megatron_lm: Path) -> list[str]:

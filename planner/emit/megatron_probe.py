@@ -642,6 +642,43 @@ def _derived(args: Any, transformer: Any, model_config: Any) -> dict[str, Any]:
     return derived
 
 
+def _json_value(value: Any) -> Any:
+    """A config value as JSON: lists for tuples, an enum's name, anything else without a JSON form
+    (a dtype, a layout object) as its text."""
+    import enum
+
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _container_values(args: Any, model_config: Any, paths: list[str], not_run: list[str]) -> dict[str, Any]:
+    """The values Megatron's own config container (megatron/training/argument_utils.py
+    pretrain_cfg_container_from_args) holds at each `section.field` path; Megatron's GPT/hybrid
+    model config nests the TransformerConfig under `transformer`, where Megatron-Bridge's model
+    providers hold it flat, so `model.X` is read there first. A path it does not hold is left out."""
+    from megatron.training import argument_utils
+
+    build = getattr(argument_utils, "pretrain_cfg_container_from_args", None)
+    if build is None or model_config is None:
+        not_run.append("pretrain_cfg_container_from_args: not in this Megatron-LM")
+        return {}
+    container = build(args, model_config)
+    values = {}
+    for path in paths:
+        section, name = path.split(".", 1)
+        holder = getattr(container, section, None)
+        if section == "model" and hasattr(getattr(holder, "transformer", None), name):
+            holder = holder.transformer
+        if holder is not None and hasattr(holder, name):
+            values[path] = _json_value(getattr(holder, name))
+    return values
+
+
 def check_one(request: dict[str, Any], megatron_dir: Path) -> dict[str, Any]:
     """Megatron's verdict on one argument list: pass with derived values, or its message."""
     from megatron.training.global_vars import unset_global_variables
@@ -661,6 +698,10 @@ def check_one(request: dict[str, Any], megatron_dir: Path) -> dict[str, Any]:
             if request.get("count_parameters"):
                 steps.append("parameter count")
                 derived["parameters"] = _parameter_counts(args, transformer)
+            if request.get("container_paths"):
+                steps.append("pretrain_cfg_container_from_args")
+                derived["container"] = _container_values(args, model_config, request["container_paths"],
+                                                         not_run)
         return {"verdict": "pass", "derived": derived, "not_run": not_run}
     except ImportError as exc:
         return {"verdict": "unusable", "message": _message(exc, ""),

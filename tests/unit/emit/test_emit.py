@@ -195,7 +195,9 @@ def test_emit_all_writes_the_plan_and_three_executable_scripts(tiny_all: Path):
         assert f"#   moeplan 0.1.0 from config {TINY}\n" in text, name
         assert "#   N=8: TP1 CP2 PP1 DP4 | ETP2 EP2 EDP2, order tp-cp-ep-dp-pp\n" in text, name
     assert (tiny_all / "logs").is_dir()  # Slurm cannot open --output in a missing folder
-    assert sorted(p.name for p in tiny_all.iterdir()) == sorted(["plan.json", "logs", *SCRIPTS])
+    assert sorted(p.name for p in tiny_all.iterdir()) == sorted(["plan.json", "logs", "bridge_overrides.txt",
+                                                                 *SCRIPTS])
+    assert stat.S_IMODE((tiny_all / "bridge_overrides.txt").stat().st_mode) == 0o644
 
 
 @pytest.mark.parametrize("target, name", [("torchrun", "torchrun.sh"), ("slurm", "job.sbatch"),
