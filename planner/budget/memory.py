@@ -155,6 +155,8 @@ def write(book: Book, v: Variant) -> None:
     layers = f"blocks * ({per_block}) + moe_layers * act_moe_per_layer" \
              " + L_dense * act_dense_mlp_per_layer"
     layers += "".join(kind.activations(book, v, per_block) for kind in kinds_of(v))
+    if v.mixer_only and v.dropout:  # a mixer-only block keeps one dropout mask, not two
+        layers += " - L_nomlp * tokens_per_rank * h"
     add("act_layers_per_microbatch", layers, "bytes", "memory",
         "all blocks of the stage for one microbatch, nothing recomputed")
     add("layer_input_bytes", "tokens_per_rank * n_hc * h * p", "bytes", "memory",

@@ -137,8 +137,8 @@ def write(book: Book, v: Variant) -> None:
         f"blocks * ({mixers}){extra} + moe_layers * ({moe_dense})"
         " + L_dense * dense_mlp_params_per_layer"
         " + (has_embedding + has_mtp_embedding + has_output_weight) * embedding_params"
-        " + has_output * final_params + L_mtp * mtp_extra_params_per_layer" + positions,
-        "params", "memory", "parameters reduced over dp_cp")
+        " + has_output * final_params + L_mtp * mtp_extra_params_per_layer" + positions
+        + _mixer_only_norm(v), "params", "memory", "parameters reduced over dp_cp")
     add("expert_params_on_rank", "moe_layers * routed_params_per_layer", "params", "memory",
         "routed-expert parameters reduced over expt_dp")
     add("params_on_rank", "dense_params_on_rank + expert_params_on_rank", "params", "memory",
@@ -183,6 +183,15 @@ def write(book: Book, v: Variant) -> None:
     _add_tp_replicated(book, v, mtp_norms, mhc_head)
     if v.fp8_weights:
         _add_fp8_params(book, v)
+
+
+def _mixer_only_norm(v: Variant) -> str:
+    """A hybrid model's mixer-only block (Megatron-LM dev@d48bd6be megatron/core/models/hybrid/
+    hybrid_block.py HybridStack: one layer per pattern symbol) has its mixer's norm only, not the
+    pre-MLP norm a block's two norms count."""
+    if not v.mixer_only:
+        return ""
+    return " - L_nomlp * " + ("2 * h" if v.layernorm else "h")
 
 
 def _add_grad_buffer_members(book: Book, v: Variant) -> None:
@@ -281,7 +290,7 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
     book.add("tp_replicated_params_on_rank",
              f"blocks * ({per_block}) + moe_layers * {moe}{dense_mlp}"
              " + has_output * final_params + L_mtp * "
-             + (f"({mtp_norms}{mhc_head})" if v.mhc else mtp_norms),
+             + (f"({mtp_norms}{mhc_head})" if v.mhc else mtp_norms) + _mixer_only_norm(v),
              "params", "memory",
              "parameters replicated over TP whose grads sequence parallelism leaves partial"
              + (" (latent MoE's projections are duplicated over TP: Megatron-LM dev@d48bd6be "

@@ -94,8 +94,9 @@ def _kinds(book: Book, v: Variant) -> None:
     if counted == core:
         linear = " - ".join(["stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops",
                              *counted_adds])
-    else:
-        linear = f"stage_attention_fwd_flops_per_token - {' + '.join([counted, *counted_adds])}"
+    else:  # a sum of kinds' rows (Mamba's beside softmax) is taken off whole
+        taken = " + ".join([counted, *counted_adds])
+        linear = f"stage_attention_fwd_flops_per_token - {f'({taken})' if ' + ' in taken else taken}"
     notes = list(dict.fromkeys(kind.kernel_note for kind in kinds if kind.kernel_note))
     add("time_attention_core_fwd_flops", core, "FLOP", "time",
         "core attention of the stage per token (V4: CSA's sparse, HCA's compressed and the window "
