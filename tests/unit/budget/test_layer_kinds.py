@@ -181,6 +181,7 @@ CP_EXCHANGES = {  # each kind's CP exchanges, in the order the comm page declare
     "gdn": ("cp_gdn_state_gather", "cp_gdn_relayout", "cp_gdn_conv_boundary"),
     "dsa": ("cp_dsa_indexer_k_gather",),
     "v4_window": ("cp_boundary_hidden", "cp_compressed_kv_gather", "cp_indexer_k_gather"),
+    "mamba": ("cp_mamba_a2a",),
 }
 
 
