@@ -210,7 +210,12 @@ def judged_configs() -> dict[str, Config]:
     configs["gpt pp2 layout + mtp"] = parse_config(layout)
     configs["ep overlap, full recompute, dropout 0"] = parse_config(ep_overlap_full_recompute(0.0))
     configs[SHORT_FLASH] = parse_config(copy.deepcopy(SHORT_FLASH_DATA))
+    # the Mamba stack on the hybrid entry: Nemotron-3-Nano's 52-layer pattern (TP2 + SP, EP8)
+    configs[NANO] = load_config(EXAMPLES / NANO)
     return configs
+
+
+NANO = "architectures/nemotron-3-nano-30b-a3b-64.yaml"
 
 
 # Configs Megatron refuses, with the Megatron source line that refuses them and the moeplan rule that
