@@ -31,6 +31,9 @@ SEGMENT_BREAK, MTP_BREAK = "|", "/"
 # mixed with `-` and `E` MLP layers (Nemotron-H's `M-M*-`); the value says whether it is Mamba.
 MAMBA_SYMBOL, ATTENTION_SYMBOL = "M", "*"
 MAMBA_STACK_SYMBOLS: dict[str, bool] = {MAMBA_SYMBOL: True, ATTENTION_SYMBOL: False}
+# A Mamba-stack MTP depth moeplan models: moeplan's MTP block, attention then MoE (Nemotron-3-Super's
+# mtp_hybrid_override_pattern).
+MAMBA_MTP_DEPTH = ATTENTION_SYMBOL + MOE_SYMBOL
 
 
 class PatternError(ValueError):
@@ -95,12 +98,15 @@ def read_hybrid_pattern(pattern: str) -> dict[str, Any]:
 
 
 def read_mamba_pattern(pattern: str) -> dict[str, Any]:
-    """The blocks of a Mamba-stack pattern: per block 1/0 Mamba, 1/0 mixer-only, 1/0 MoE, and the
-    blocks of each pipeline segment. An MLP layer with no mixer before it in its segment, another
-    mixer family beside `M`/`*`, or MTP parts are refused as not modelled, naming the layer."""
-    if MTP_BREAK in pattern:
-        raise PatternNotModelled("MTP parts ('/') of a Mamba-stack pattern: moeplan models no hybrid "
-                                 "MTP depths yet")
+    """The blocks of a Mamba-stack pattern: per block 1/0 Mamba, 1/0 mixer-only, 1/0 MoE, the MTP
+    depths (each `*E`) and the blocks of each pipeline segment. An MLP layer with no mixer before it
+    in its segment, another mixer family beside `M`/`*`, or another MTP depth is refused as not
+    modelled, naming the layer."""
+    pattern, *depths = pattern.split(MTP_BREAK)
+    for depth in depths:
+        if depth != MAMBA_MTP_DEPTH:
+            raise PatternNotModelled(f"MTP part {depth!r}: moeplan models a hybrid MTP depth as "
+                                     f"{MAMBA_MTP_DEPTH!r} (attention then MoE) only")
     mamba: list[int] = []
     alone: list[int] = []
     moe: list[int] = []
@@ -128,4 +134,4 @@ def read_mamba_pattern(pattern: str) -> dict[str, Any]:
                     "(Mamba-2), * (attention), E and - only in one pattern")
         counts.append(blocks)
     return {"num_layers": len(mamba), "mamba_layers": mamba, "mixer_only_layers": alone,
-            "moe": moe, "mtp_num_layers": 0, "segments": counts}
+            "moe": moe, "mtp_num_layers": len(depths), "segments": counts}

@@ -433,11 +433,11 @@ class ModelSection(Section):
                 "mamba_attention", "model.mamba_layers with attention_variant {variant}: moeplan "
                 "models Mamba-2 beside standard attention (`*`) only",
                 {"variant": self.attention_variant})
-        if self.mtp_num_layers:
+        if self.mtp_num_layers and not self.is_moe_layer(self.num_layers - 1):
             raise PydanticCustomError(
-                "mamba_mtp", "model.mamba_layers with mtp_num_layers {mtp}: a hybrid model's MTP "
-                "depths are patterns of their own, which moeplan does not model yet (set "
-                "mtp_num_layers: 0)", {"mtp": self.mtp_num_layers})
+                "mamba_mtp", "model.mtp_num_layers {mtp} in a hybrid model whose last decoder block "
+                "is not MoE: moeplan models a hybrid MTP depth as attention then MoE (`*E`, "
+                "Nemotron-3-Super's), after a MoE block", {"mtp": self.mtp_num_layers})
         others = [name for name, on in (
             ("linear_attention_freq", self.linear_attention_freq is not None),
             ("window_size", self.window_size is not None),

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.config.hybrid_pattern import (
+    MAMBA_MTP_DEPTH,
     RATIO_SYMBOL,
     join_segments,
     layer_symbols,
@@ -186,9 +187,11 @@ def hybrid_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
 
 
 def _mamba_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
-    """`MEM*E…|…`: per block its mixer (M Mamba-2, * attention), then its MLP (E, -) unless the
-    block is mixer-only, `|` between pipeline segments (virtual stages in pipeline order)."""
+    """`MEM*E…|…/*E`: per block its mixer (M Mamba-2, * attention), then its MLP (E, -) unless
+    the block is mixer-only, `|` between pipeline segments (virtual stages in pipeline order), `/*E`
+    per MTP depth on the last segment."""
     model = cfg.model
+    last = len(split.chunks) - 1
     mamba = model.mamba_layers or [0] * model.num_layers
     moe_layers = {layer for stage in split.stages for layer in stage.moe_layers}
     segments: list[str] = []
@@ -198,12 +201,15 @@ def _mamba_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
         if not chunk.layers:
             raise EmitError("parallel.pipeline_model_parallel_layout", f"pipeline segment {chunk.index} "
                             "holds no decoder layer; a hybrid layer pattern cannot express it")
+        if chunk.mtp_layers and chunk.index != last:
+            raise EmitError("parallel.pipeline_model_parallel_layout", "the hybrid layer pattern places "
+                            "MTP layers after the last pipeline segment; move 'm' to the last stage")
         pieces = [mamba_block_symbols(mamba[layer] == 1, model.has_mlp(layer), layer in moe_layers)
                   for layer in chunk.layers]
         for layer, piece in zip(chunk.layers, pieces, strict=True):
             counted += len(piece)
             numbers[layer] = counted
-        segments.append("".join(pieces))
+        segments.append(segment_text(pieces, [MAMBA_MTP_DEPTH] * len(chunk.mtp_layers)))
     return HybridPattern(join_segments(segments), numbers)
 
 

@@ -85,8 +85,8 @@ def test_mamba_dims_megatron_refuses_are_refused() -> None:
         _hybrid(mamba_num_groups=3)
     with pytest.raises(InvalidConfig, match="mamba_layers lists 1 layers, the model has 2"):
         _hybrid(mamba_layers=[1])
-    with pytest.raises(InvalidConfig, match="hybrid model's MTP depths"):
-        _hybrid(mtp_num_layers=1)
+    with pytest.raises(InvalidConfig, match="last decoder block is not MoE"):
+        _hybrid(mtp_num_layers=1, moe_layer_freq=[1, 0])
     codes = {f.code for f in run_rules(_hybrid(mamba_num_groups=4, mamba_num_heads=8))}
     assert "ARC010" not in codes  # 4 groups over TP 2 = 2 per rank = CP 2
     found = [f for f in run_rules(_hybrid(mamba_num_groups=1, mamba_num_heads=4)) if f.code == "ARC010"]
@@ -133,8 +133,26 @@ def test_nemotron_3_nano_pattern_reads_and_emits_as_published() -> None:
     ("EM*E", "layer 1 'E' is an MLP layer with no mixer before it"),
     ("ME|EM", "layer 3 'E' is an MLP layer with no mixer before it"),
     ("MEGE", "layer 3 'G' beside Mamba-stack layers"),
-    ("M*E/*E", "MTP parts"),
+    ("M*E/ME", "MTP part 'ME'"),
 ])
 def test_mamba_patterns_moeplan_cannot_pair_are_refused(pattern: str, why: str) -> None:
     with pytest.raises(PatternNotModelled, match=why):
         read_hybrid_pattern(pattern)
+
+
+def test_hybrid_mtp_depths_are_attention_then_moe() -> None:
+    """Nemotron-3-Super's MTP depth `*E` is moeplan's MTP block (attention, then MoE after a MoE
+    last block): read from `/*E` parts, written back on the last pipeline segment, counted as
+    Megatron's hybrid_flops counts it (the depth's layers, its norms and eh_proj, its logits)."""
+    decoded = read_hybrid_pattern("M*E|ME/*E/*E")
+    assert (decoded["num_layers"], decoded["mtp_num_layers"], decoded["segments"]) == (3, 2, [2, 1])
+    data = load_config(NANO).model_dump(mode="json", exclude_unset=True)
+    data["model"]["mtp_num_layers"] = 2
+    cfg = parse_config(data)
+    [pattern] = [f.values for f in megatron_arguments(cfg).flags if f.flag == "--hybrid-layer-pattern"]
+    assert pattern == (NANO_PATTERN + "/*E/*E",)
+    h, vocab = 2688, 131072
+    depth = (4 * 128 * 32 * (h + h * 2 / 32) + 2 * 8192 * 128 * 32  # its attention layer
+             + 4 * h * 1856 * 6 + 4 * h * 3712  # its MoE layer
+             + 2 * (3 * h + 2 * h * h) + 2 * h * vocab)  # norms, eh_proj and logits
+    assert _values(cfg)["flops_per_token"] == 22_278_094_848 + 3 * 2 * depth
