@@ -21,6 +21,7 @@ from tests.support.paths import EXAMPLES
 
 H, DIN, NH, N, G, CONV, CHUNK, TP, CP, P = 64, 32, 4, 8, 2, 4, 128, 2, 2, 4
 NANO = EXAMPLES / "architectures" / "nemotron-3-nano-30b-a3b-64.yaml"
+SUPER = EXAMPLES / "architectures" / "nemotron-3-super-120b-a12b-256.yaml"
 NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
 
 
@@ -156,3 +157,27 @@ def test_hybrid_mtp_depths_are_attention_then_moe() -> None:
              + 4 * h * 1856 * 6 + 4 * h * 3712  # its MoE layer
              + 2 * (3 * h + 2 * h * h) + 2 * h * vocab)  # norms, eh_proj and logits
     assert _values(cfg)["flops_per_token"] == 22_278_094_848 + 3 * 2 * depth
+
+
+def test_nemotron_3_super_counts_by_hand() -> None:
+    """Latent MoE (routed experts at 1024, the h ↔ latent projections whole on every rank) under a
+    Mamba stack of 88 layers and one `*E` MTP depth; Megatron's hybrid_flops by hand at S 8192
+    (d_inner 8192 = 2h here, so Megatron's Mamba figure is the work as it runs)."""
+    h, vocab, latent = 4096, 131072, 1024
+    mamba = h * (2 * 8192 + 2 * 8 * 128 + 128) + (8192 + 2 * 8 * 128) * 5 + 3 * 128 + 8192 + 8192 * h
+    attention = h * (32 + 2 * 2) * 128 + 32 * 128 * h
+    routed = 512 * 2 * latent * 2688
+    moe = routed + 2 * h * latent + 2 * h * 5376 + 512 * h
+    total = 2 * vocab * h + h + 40 * (mamba + h) + 8 * (attention + h) + 40 * (moe + h)
+    mtp = 2 * h * h + 3 * h + attention + moe + 2 * h
+    size = model_size(load_config(SUPER))
+    assert size is not None
+    assert (size.total_params, size.mtp_params) == (total, mtp) == (120_668_687_360, 2_942_324_736)
+    assert size.active_params == total - 40 * (512 - 22) * 2 * latent * 2688 == 12_770_216_960
+    hp = 128 * 32
+    attention_flops = 4 * hp * (h + h * 2 / 32) + 2 * 8192 * hp
+    mamba_flops = 2 * h * (2 * 2 * h + 2 * 8 * 128 + 128) + 7 * 2 * h * 128 + 2 * 2 * h * h
+    moe_flops = 4 * latent * 2688 * 22 + 4 * h * latent + 4 * h * 5376
+    fwd = (9 * attention_flops + 40 * mamba_flops + 41 * moe_flops + 2 * (3 * h + 2 * h * h)
+           + 2 * 2 * h * vocab)
+    assert _values(load_config(SUPER))["flops_per_token"] == 3 * fwd == 80_250_740_736
