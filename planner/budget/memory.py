@@ -345,6 +345,18 @@ def _add_recompute(book: Book, v: Variant) -> None:
         add("recompute_working_bytes", f"Min(recomputed_blocks, 1) * ceiling({avg})", "bytes",
             "memory", f"one block re-materialised during its backward ({whole})")
         return
+    if v.hybrid_stack:
+        # Megatron-LM dev@d48bd6be megatron/core/models/hybrid/hybrid_block.py HybridStack.forward
+        # checkpoints through megatron/core/recompute.py checkpointed_forward over its own layers:
+        # one per pattern symbol, so N_r counts symbols, not moeplan's blocks
+        layers = "L_pattern"
+        add("act_stored_layers", "ceiling(L_pattern / N_r) * layer_input_bytes", "bytes", "memory",
+            "uniform method, hybrid stack: one input per group of N_r pattern layers (a block is "
+            "its mixer's layer and its MLP's)")
+        add("recompute_working_bytes", f"ceiling(Min(N_r, {layers}) * act_layers_per_microbatch"
+            f" / Max({layers}, 1))", "bytes", "memory", "one group of N_r pattern layers "
+            f"re-materialised during backward (average pattern layer; {whole})")
+        return
     add("act_stored_layers", "ceiling(blocks / N_r) * layer_input_bytes", "bytes", "memory",
         "uniform method: one input per group of N_r blocks")
     add("recompute_working_bytes", f"ceiling(Min(N_r, blocks) * {avg})", "bytes", "memory",

@@ -131,6 +131,8 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
     ("L_moe", "MoE layers on the stage (MTP blocks included)"),
     ("L_dense", "blocks with a dense MLP instead of MoE"),
     ("L_nomlp", "hybrid models: blocks that are a mixer alone (no MLP layer, one norm)"),
+    ("L_pattern", "hybrid models: Megatron's layers on the stage (one per pattern symbol: a block's "
+                  "mixer and its MLP; MTP depths one each)"),
     ("L_hash", "hash-routed MoE layers on the stage (no expert bias)"),
     ("L_mtp", "MTP layers on the stage"),
     ("L_csa", "CSA attention layers on the stage (V4)"),
@@ -265,6 +267,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         quick_geglu=model.quick_geglu,
         offload=offload_groups(cfg),
         mixer_only=1 in (model.mixer_only_layers or []),
+        hybrid_stack=1 in (model.mamba_layers or []) + (model.mixer_only_layers or []),
     )
 
 
@@ -483,7 +486,8 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
     first_chunk, last_chunk = split.chunks[0], split.chunks[-1]
     return {
         "s": stage, "chunks": chunks, "blocks": blocks, "L_moe": len(st.moe_layers),
-        "L_dense": blocks - len(st.moe_layers) - alone, "L_nomlp": alone, "L_hash": len(st.hash_layers),
+        "L_dense": blocks - len(st.moe_layers) - alone, "L_nomlp": alone,
+        "L_pattern": 2 * len(st.layers) - alone + len(st.mtp_layers), "L_hash": len(st.hash_layers),
         "L_mtp": len(st.mtp_layers),
         **layer_counts(model, [*st.layers, *(model.num_layers + d for d in st.mtp_layers)]),
         "has_embedding": int(st.embedding),

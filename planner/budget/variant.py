@@ -81,6 +81,8 @@ class Variant:
     offload: frozenset[str] = frozenset()
     # hybrid models: some blocks are a mixer alone (no MLP layer, one norm: mixer_only_layers)
     mixer_only: bool = False
+    # a Mamba stack (Megatron's HybridStack): full recompute counts its pattern layers, not blocks
+    hybrid_stack: bool = False
 
     def has(self, kind: str) -> bool:
         """The layer kind `kind` is present (some layer runs it, or every attention layer has it)."""

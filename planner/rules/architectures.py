@@ -227,6 +227,32 @@ def mamba_fits_tp_cp(f: Facts) -> Iterator[Violation]:
                             "size, or train without FP8")
 
 
+HYBRID_RECOMPUTE = dev("core/recompute.py", "checkpointed_forward")
+
+
+@rule(
+    "ARC011", "error", "block-method full recompute of a Mamba stack is not modelled",
+    source=HYBRID_RECOMPUTE,
+    why="""Megatron's hybrid stack (megatron/core/models/hybrid/hybrid_block.py HybridStack)
+    checkpoints its own layers, one per pattern symbol, so the block method recomputes the first
+    recompute_num_layers pattern layers of each chunk: half a block of moeplan's can be recomputed
+    and half not. moeplan's memory page counts whole blocks there, so it refuses to price it
+    rather than print a wrong figure; the uniform method (every layer recomputed) is modelled.""",
+    bad=_MAMBA + "2}\n" + _TP2 + "\noverlap: {recompute_granularity: full, recompute_method: block, "
+        "recompute_num_layers: 1}",
+    good=_MAMBA + "2}\n" + _TP2 + "\noverlap: {recompute_granularity: full, recompute_method: "
+         "uniform, recompute_num_layers: 1}",
+)
+def hybrid_block_recompute(f: Facts) -> Iterator[Violation]:
+    m, ov = f.model, f.cfg.overlap
+    if 1 not in (m.mamba_layers or []) + (m.mixer_only_layers or []):
+        return
+    if ov.recompute_granularity == "full" and ov.recompute_method == "block":
+        yield Violation("overlap.recompute_method", "block-method full recompute of a Mamba stack "
+                        "(Megatron counts recompute_num_layers in pattern layers, moeplan in blocks)",
+                        "use recompute_method: uniform, or selective recompute")
+
+
 RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention,
          gdn_value_heads_per_key_head, gdn_heads_fit_tp, dsa_without_bias, dsa_cp_all_gather,
-         bias_without_shared_expert, head_gate_fits_tp, mamba_fits_tp_cp)
+         bias_without_shared_expert, head_gate_fits_tp, mamba_fits_tp_cp, hybrid_block_recompute)

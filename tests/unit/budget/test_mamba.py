@@ -181,3 +181,15 @@ def test_nemotron_3_super_counts_by_hand() -> None:
     fwd = (9 * attention_flops + 40 * mamba_flops + 41 * moe_flops + 2 * (3 * h + 2 * h * h)
            + 2 * 2 * h * vocab)
     assert _values(load_config(SUPER))["flops_per_token"] == 3 * fwd == 80_250_740_736
+
+
+def test_uniform_full_recompute_of_a_hybrid_stack_counts_pattern_layers() -> None:
+    """Megatron's HybridStack checkpoints per pattern layer: Super's 88 layers and its MTP depth
+    keep 89 inputs [S / TP, h] under recompute_num_layers 1, not one per block (49)."""
+    env = _values(load_config(SUPER))
+    rows = 8192 // 2  # S over TP (sequence parallel)
+    assert env["layer_input_bytes"] == rows * 4096 * 2
+    assert env["act_stored_layers"] == (88 + 1) * rows * 4096 * 2
+    data = load_config(SUPER).model_dump(mode="json", exclude_unset=True)
+    data["overlap"]["recompute_method"] = "block"  # Megatron's N_r pattern layers: refused
+    assert "ARC011" in {f.code for f in run_rules(parse_config(data))}
