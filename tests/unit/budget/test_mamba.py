@@ -193,3 +193,14 @@ def test_uniform_full_recompute_of_a_hybrid_stack_counts_pattern_layers() -> Non
     data = load_config(SUPER).model_dump(mode="json", exclude_unset=True)
     data["overlap"]["recompute_method"] = "block"  # Megatron's N_r pattern layers: refused
     assert "ARC011" in {f.code for f in run_rules(parse_config(data))}
+
+
+def test_the_runtime_refuses_a_mamba_plan() -> None:
+    """The bundled runtime's decoder has no Mamba-2 layer: a plan with one is refused by name."""
+    from runtime.plan_io import attention_mechanism_problems
+
+    model = load_config(NANO).model.model_dump(mode="json")
+    problems = attention_mechanism_problems(model)
+    assert [p.split(" = ")[0] for p in problems] == [
+        "model.mamba_layers", "model.mixer_only_layers", "model.squared_relu"]
+    assert "Mamba-2 mixer layers is not implemented by the runtime's decoder" in problems[0]
