@@ -238,9 +238,17 @@ def _add_fp8_params(book: Book, v: Variant) -> None:
     attention = ATTENTION_LINEAR[v.attention].replace("{q}", MLA_Q[v.mla_q_lora]).replace(
         "{q_norm}", "").replace("{kv_norm}", "")
     moe = f"{mats} * h * I_s / (TP * GTP)" + (" + 2 * h * h_moe" if v.latent else "")
-    add("dense_fp8_params_on_rank", f"blocks * {attention} + moe_layers * ({moe})"
+    mixers = f"blocks * {attention}"
+    if v.has("mamba"):
+        # a Mamba-2 layer's GEMMs are in_proj and out_proj (TE linears); conv1d, dt_bias, A_log,
+        # D and the gated norm stay in the training precision (Megatron-LM dev@d48bd6be
+        # megatron/core/ssm/mamba_mixer.py MambaMixer.__init__)
+        mixers = (f"(blocks - L_mamba) * {attention} + L_mamba * (h * (2 * mb_din + 2 * mb_g * mb_n"
+                  " + mb_nh) + mb_din * h) / TP")
+    add("dense_fp8_params_on_rank", f"{mixers} + moe_layers * ({moe})"
         f" + L_dense * {mats} * h * f / (TP * GTP) + L_mtp * 2 * h * h / TP", "params", "memory",
-        "dense GEMM weights quantised to FP8 (attention projections, shared expert"
+        "dense GEMM weights quantised to FP8 (attention projections" + (", Mamba-2 in/out "
+        "projections" if v.has("mamba") else "") + ", shared expert"
         + (", latent projections" if v.latent else "") + ", dense MLP, MTP e/h projection)")
     add("expert_fp8_params_on_rank", f"moe_layers * experts_per_rank * {mats} * {w} * I"
         " / (ETP * EGTP)", "params", "memory", "routed-expert GEMM weights quantised to FP8")

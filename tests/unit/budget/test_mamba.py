@@ -204,3 +204,16 @@ def test_the_runtime_refuses_a_mamba_plan() -> None:
     assert [p.split(" = ")[0] for p in problems] == [
         "model.mamba_layers", "model.mixer_only_layers", "model.squared_relu"]
     assert "Mamba-2 mixer layers is not implemented by the runtime's decoder" in problems[0]
+
+
+def test_fp8_quantises_the_mamba_projections_only() -> None:
+    """Under FP8 Transformer Engine quantises in_proj and out_proj; conv1d, dt_bias, A_log, D and
+    the gated norm stay in bf16. Nano at TP 2: 6 attention, 23 Mamba, 23 shared experts."""
+    data = load_config(NANO).model_dump(mode="json", exclude_unset=True)
+    data["training"]["fp8_format"] = "e4m3"
+    env = _values(parse_config(data))
+    h = 2688
+    attention = 2 * h * 128 * (32 + 2) // 2
+    mamba = (h * (2 * 4096 + 2 * 8 * 128 + 64) + 4096 * h) // 2
+    shared = 2 * h * 3712 // 2
+    assert env["dense_fp8_params_on_rank"] == 6 * attention + 23 * mamba + 23 * shared == 744_812_544
