@@ -110,7 +110,11 @@ def _kinds(book: Book, v: Variant) -> None:
     moe_rc = "L_moe_recomputed * flops_moe_mlp_fwd_per_token"
     extra = {"attention_core": core_rc, "moe": moe_rc,
              "dense": "L_dense_recomputed * flops_dense_mlp_fwd_per_token"}
-    whole = {"attention_core": "time_attention_core_fwd_flops",
+    # selective core_attn re-runs attention's core only: a Mamba-2 layer checkpoints nothing
+    # (Megatron-LM dev@d48bd6be megatron/core/ssm/mamba_mixer.py MambaMixer.forward)
+    core_attn = ("time_attention_core_fwd_flops - L_mamba * flops_mamba_scan_fwd_per_token"
+                 if v.has("mamba") else "time_attention_core_fwd_flops")
+    whole = {"attention_core": core_attn,
              "moe": "stage_moe_fwd_flops_per_token", "dense": "stage_dense_fwd_flops_per_token"}
     selective = v.recompute_modules if v.recompute == "selective" else frozenset()
     for module, kind in SELECTIVE.items():

@@ -217,3 +217,10 @@ def test_fp8_quantises_the_mamba_projections_only() -> None:
     mamba = (h * (2 * 4096 + 2 * 8 * 128 + 64) + 4096 * h) // 2
     shared = 2 * h * 3712 // 2
     assert env["dense_fp8_params_on_rank"] == 6 * attention + 23 * mamba + 23 * shared == 744_812_544
+
+
+def test_selective_core_attn_recompute_leaves_the_mamba_scan_alone() -> None:
+    data = load_config(NANO).model_dump(mode="json", exclude_unset=True)
+    data["overlap"].update(recompute_granularity="selective", recompute_modules=["core_attn"])
+    env = _values(parse_config(data))
+    assert env["time_recompute_attention_core_flops"] == 6 * 2 * 32 * 128 * 8192  # 6 attention layers
