@@ -212,7 +212,6 @@ def judged_configs() -> dict[str, Config]:
     configs[SHORT_FLASH] = parse_config(copy.deepcopy(SHORT_FLASH_DATA))
     # the Mamba stack on the hybrid entry: Nemotron-3-Nano's 52-layer pattern (TP2 + SP, EP8)
     configs[NANO] = load_config(EXAMPLES / NANO)
-    configs[SUPER] = load_config(EXAMPLES / SUPER)  # latent MoE, the `/*E` MTP depth
     # ... and with a hybrid MTP depth (`/*E`) on the last of two pipeline segments
     nano = load_config(EXAMPLES / NANO).model_dump(mode="json", exclude_unset=True)
     nano["model"]["mtp_num_layers"] = 1
@@ -223,7 +222,6 @@ def judged_configs() -> dict[str, Config]:
 
 NANO = "architectures/nemotron-3-nano-30b-a3b-64.yaml"
 NANO_MTP = "nemotron-3-nano, hybrid MTP over PP2"
-SUPER = "architectures/nemotron-3-super-120b-a12b-256.yaml"
 
 
 # Configs Megatron refuses, with the Megatron source line that refuses them and the moeplan rule that
