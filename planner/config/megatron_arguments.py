@@ -38,6 +38,7 @@ NOT_ARGUMENTS = {
     "model.dsa",  # written as --experimental-attention-variant dsa
     "model.mamba_layers",  # the M layers of --hybrid-layer-pattern
     "model.mixer_only_layers",  # the mixers of --hybrid-layer-pattern with no MLP symbol after them
+    "model.hybrid_layer_pattern",  # read into the block fields; the emitter writes it from them
 }
 # THD packing's packed lengths and their basis, and the pipeline schedule, are moeplan's own settings.
 NOT_ARGUMENTS |= {"training.packed_lengths", "training.packed_length_basis",

@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from planner.config.gpus import DEFAULT_GPU, GPUS
 from planner.config.gpus import gpu as gpu_entry
+from planner.config.hybrid_pattern import SEGMENT_BREAK, PatternError, read_hybrid_pattern
 from planner.config.layer_freq import parse_layer_freq
 from planner.config.presets import PRESETS
 from planner.degrees import Degrees
@@ -248,6 +249,11 @@ class ModelSection(Section):
     # named and defaulted as TransformerConfig's mamba_* fields; unset mamba_num_heads means
     # hidden_size * 2 // mamba_head_dim heads (MambaMixer's expand=2).
     mamba_layers: list[Literal[0, 1]] | None = None
+    # Megatron's --hybrid-layer-pattern as written (one symbol per Megatron layer, `/` before each
+    # MTP depth; no `|`: the pipeline split is parallel.pipeline_model_parallel_layout's): it fills
+    # num_layers (blocks), mamba_layers, mixer_only_layers, moe_layer_freq and mtp_num_layers (or
+    # DeepSeek-V4's compress_ratios) once, in `_hybrid_pattern`; a field written beside it must agree.
+    hybrid_layer_pattern: str | None = None
     # 1 per decoder block of a hybrid model that is its mixer alone: the pattern puts the next
     # mixer right after it (Nemotron-3's `M*`), so the block has no MLP layer and one norm.
     mixer_only_layers: list[Literal[0, 1]] | None = None
@@ -304,6 +310,44 @@ class ModelSection(Section):
                 "model.quick_geglu and model.swiglu are both true: Megatron takes one gated "
                 "activation (drop swiglu)")
         return {**data, "swiglu": False}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hybrid_pattern(cls, data: Any) -> Any:
+        """Megatron's pattern read once into the block fields the pages read (planner/config/
+        hybrid_pattern.py); what it cannot pair, or a field that says otherwise, is refused."""
+        if not isinstance(data, dict) or not isinstance(data.get("hybrid_layer_pattern"), str):
+            return data
+        pattern = data["hybrid_layer_pattern"]
+        if SEGMENT_BREAK in pattern:
+            raise PydanticCustomError(
+                "hybrid_pattern_segments", "model.hybrid_layer_pattern {pattern!r} holds pipeline "
+                "segments ('|'): write the model's pattern here and the split in "
+                "parallel.pipeline_model_parallel_layout", {"pattern": pattern})
+        try:
+            decoded = read_hybrid_pattern(pattern)
+        except PatternError as exc:
+            raise PydanticCustomError("hybrid_pattern", "model.hybrid_layer_pattern {pattern!r}: "
+                                      "{why}", {"pattern": pattern, "why": str(exc)}) from None
+        fields: dict[str, Any] = {"num_layers": decoded["num_layers"], "moe_layer_freq": decoded["moe"],
+                                  "mtp_num_layers": decoded["mtp_num_layers"]}
+        if "mamba_layers" in decoded:
+            fields |= {"mamba_layers": decoded["mamba_layers"],
+                       "mixer_only_layers": decoded["mixer_only_layers"]}
+        else:
+            fields |= {"compress_ratios": decoded["compress_ratios"]}
+        for name, value in fields.items():
+            given = data.get(name)
+            if name == "moe_layer_freq" and isinstance(given, (int, str)):
+                given = parse_layer_freq(given) if isinstance(given, str) else given
+                given = [1 if i % given == 0 else 0 for i in range(len(value))] if isinstance(
+                    given, int) else given
+            if given is not None and given != value:
+                raise PydanticCustomError(
+                    "hybrid_pattern_conflict", "model.{field} {given} contradicts "
+                    "model.hybrid_layer_pattern, which gives {value}: drop one of them",
+                    {"field": name, "given": str(given), "value": str(value)})
+        return {**data, **fields}
 
     @model_validator(mode="before")
     @classmethod

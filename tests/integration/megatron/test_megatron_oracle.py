@@ -214,6 +214,7 @@ def judged_configs() -> dict[str, Config]:
     configs[NANO] = load_config(EXAMPLES / NANO)
     # ... and with a hybrid MTP depth (`/*E`) on the last of two pipeline segments
     nano = load_config(EXAMPLES / NANO).model_dump(mode="json", exclude_unset=True)
+    nano["model"]["hybrid_layer_pattern"] += "/*E"
     nano["model"]["mtp_num_layers"] = 1
     nano["parallel"].update(pp=2, pipeline_model_parallel_layout="Et*15|t*14mL")
     configs[NANO_MTP] = parse_config(nano)

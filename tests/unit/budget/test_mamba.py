@@ -148,7 +148,9 @@ def test_hybrid_mtp_depths_are_attention_then_moe() -> None:
     decoded = read_hybrid_pattern("M*E|ME/*E/*E")
     assert (decoded["num_layers"], decoded["mtp_num_layers"], decoded["segments"]) == (3, 2, [2, 1])
     data = load_config(NANO).model_dump(mode="json", exclude_unset=True)
-    data["model"]["mtp_num_layers"] = 2
+    derived = ("num_layers", "mamba_layers", "mixer_only_layers", "moe_layer_freq", "mtp_num_layers")
+    data["model"] = {k: v for k, v in data["model"].items() if k not in derived}
+    data["model"]["hybrid_layer_pattern"] = NANO_PATTERN + "/*E/*E"
     cfg = parse_config(data)
     [pattern] = [f.values for f in megatron_arguments(cfg).flags if f.flag == "--hybrid-layer-pattern"]
     assert pattern == (NANO_PATTERN + "/*E/*E",)
@@ -224,3 +226,16 @@ def test_selective_core_attn_recompute_leaves_the_mamba_scan_alone() -> None:
     data["overlap"].update(recompute_granularity="selective", recompute_modules=["core_attn"])
     env = _values(parse_config(data))
     assert env["time_recompute_attention_core_flops"] == 6 * 2 * 32 * 128 * 8192  # 6 attention layers
+
+
+def test_the_pattern_fills_the_block_fields_and_refuses_a_contradiction() -> None:
+    """model.hybrid_layer_pattern, as Megatron spells it, is read once into the block fields; one
+    written beside it that says otherwise, or a pipeline split inside it, is refused by name."""
+    cfg = load_config(NANO)
+    assert cfg.model.hybrid_layer_pattern == NANO_PATTERN and cfg.model.num_layers == 29
+    data = load_config(NANO).model_dump(mode="json", exclude_unset=True)
+    for field, value, why in (("mtp_num_layers", 1, "model.mtp_num_layers 1 contradicts"),
+                              ("hybrid_layer_pattern", "MEM*E|ME", "holds pipeline segments"),
+                              ("hybrid_layer_pattern", "-MEM*E", "layer 1 '-' is an MLP layer")):
+        with pytest.raises(InvalidConfig, match=why):
+            parse_config({**data, "model": {**data["model"], field: value}})
