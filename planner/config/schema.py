@@ -334,8 +334,8 @@ class ModelSection(Section):
         if "mamba_layers" in decoded:
             fields |= {"mamba_layers": decoded["mamba_layers"],
                        "mixer_only_layers": decoded["mixer_only_layers"]}
-        else:
-            fields |= {"compress_ratios": decoded["compress_ratios"]}
+        else:  # W/C/H layers are DeepSeek-V4 attention: never read as standard attention
+            fields |= {"compress_ratios": decoded["compress_ratios"], "attention_variant": "dsv4_hybrid"}
         for name, value in fields.items():
             given = data.get(name)
             if name == "moe_layer_freq" and isinstance(given, (int, str)):
