@@ -37,7 +37,8 @@ class ModelSize:
 
 def whole_model(cfg: Config, mtp: bool = True) -> Config:
     """The same model on one rank: every degree 1, one stage, no layout string."""
-    model = cfg.model.model_dump(exclude={"preset"})
+    # the block fields carry what a hybrid pattern said (a pattern's MTP part would fight mtp=False)
+    model = cfg.model.model_dump(exclude={"preset", "hybrid_layer_pattern"})
     if not mtp:
         model["mtp_num_layers"] = 0
         ratios = model.get("compress_ratios")

@@ -428,6 +428,9 @@ UNRUN_ATTENTION_FIELDS = (
     ("attention_output_gate", False, "the attention output gate"),
     ("head_wise_attn_gate", False, "the head-wise attention gate"),
     ("dsa", False, "DeepSeek sparse attention"),
+    ("mamba_layers", None, "Mamba-2 mixer layers"),
+    ("mixer_only_layers", None, "mixer-only hybrid blocks"),
+    ("squared_relu", False, "squared-ReLU MLPs"),
 )
 
 

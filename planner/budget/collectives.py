@@ -272,6 +272,11 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                "contiguous layout and back; Megatron-LM dev@d48bd6be megatron/core/"
                "context_parallel_layout/conversion.py convert_module_input_tensors_cp_partition_mode",
                recomputed_with=_FULL_LAYER, layer_kind="L_linear"),
+    Collective("cp_mamba_a2a", ("cp",), _A2A,
+               "Mamba-2 under CP: z, x, B, C, dt turned from sequence shards into head shards "
+               "before the conv and scan, the output back after; Megatron-LM dev@d48bd6be "
+               "megatron/core/ssm/mamba_context_parallel.py MambaContextParallel.pre_conv_ssm",
+               recomputed_with=_FULL_LAYER, layer_kind="L_mamba"),
     Collective("cp_dsa_indexer_k_gather", ("cp",), _GATHER,
                "DSA: the lightning indexer's keys all-gathered over CP, grads reduce-scattered back; "
                "Megatron-LM dev@d48bd6be megatron/core/transformer/experimental_attention_variant/"

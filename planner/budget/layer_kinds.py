@@ -628,14 +628,126 @@ V4_WINDOW = LayerKind(
 
 # ------------------------------------------------------------------------------ Mamba
 
+MAMBA_SRC = "Megatron-LM dev@d48bd6be megatron/core/ssm/mamba_mixer.py MambaMixer"
+# MambaMixer.__init__'s defaults the hybrid layer specs keep (megatron/core/models/hybrid/
+# hybrid_layer_specs.py builds MambaMixer without them): the causal conv kernel and the SSD chunk.
+MAMBA_D_CONV, MAMBA_CHUNK = 4, 128
+
+
+def _mamba_present(m: ModelSection) -> bool:
+    return m.attention_variant == "standard" and "mamba" in m.layer_mixers
+
+
+def _mamba_layer_params(book: Book, v: Variant, attention_side: str) -> str:
+    """One Mamba-2 mixer on a TP rank (MambaMixer.__init__): in_proj h → [z, x, B, C, dt]
+    (2·d_inner + 2·groups·state + heads), the depthwise conv1d over [x, B, C] with its bias
+    (conv taps + 1 per channel), dt_bias, A_log and D (one per head; D_has_hdim False), the gated
+    RMSNorm over d_inner and out_proj d_inner → h; no linear biases (MambaMixer asserts
+    `not bias`). Every one of them is split over TP by heads and groups (tensor_model_parallel,
+    partition_dim 0). The layer's pre-norm is fused into in_proj (TELayerNormColumnParallelLinear,
+    hybrid_layer_specs.py), whole on every TP rank: it is the block's first norm. It replaces the
+    block's attention side."""
+    book.add("mamba_params_per_layer", "(h * (2 * mb_din + 2 * mb_g * mb_n + mb_nh)"
+             " + (mb_din + 2 * mb_g * mb_n) * (mb_conv + 1) + 3 * mb_nh + mb_din + mb_din * h) / TP",
+             "params", "memory", "Mamba-2 in_proj, conv1d (weight and bias), dt_bias, A_log, D, "
+             "gated norm and out_proj of one mixer layer on this rank (all split over TP)")
+    return f" + L_mamba * (mamba_params_per_layer - ({attention_side}))"
+
+
+def _mamba_flops(book: Book, v: Variant) -> None:
+    """Megatron's count and the work as it runs. Megatron-LM dev@d48bd6be
+    megatron/training/training.py num_floating_point_operations (hybrid_flops,
+    mamba_layer_flops) prices a Mamba layer with d_in = 2·hidden_size whatever mamba_num_heads
+    says: in_proj, 7·d_in·state for the scan, out_proj. moeplan keeps that figure for the FLOPs
+    page (MFU as Megatron reports it) and prices the layer as it runs on the time page: the
+    projections at the real d_inner (as GEMMs), the causal conv and the chunked SSD scan of
+    mamba_split_conv1d_scan_combined as kernels."""
+    add = book.add
+    add("flops_mamba_fwd_per_token", "2 * h * (4 * h + 2 * mb_g * mb_n + mb_nh) + 14 * h * mb_n"
+        " + 4 * h * h", "FLOP", "flops", "one Mamba-2 layer per token as Megatron's "
+        "num_floating_point_operations counts it (mamba_layer_flops: d_in = 2h)")
+    add("flops_mamba_proj_fwd_per_token", "2 * h * (2 * mb_din + 2 * mb_g * mb_n + mb_nh)"
+        " + 2 * mb_din * h", "FLOP", "flops",
+        "one Mamba-2 layer's in_proj and out_proj per token at its real d_inner (moeplan's count)")
+    add("flops_mamba_scan_fwd_per_token", "2 * mb_conv * (mb_din + 2 * mb_g * mb_n)"
+        " + 2 * mb_g * mb_chunk * mb_n + mb_din * mb_chunk + 4 * mb_din * mb_n", "FLOP", "flops",
+        "one Mamba-2 layer's causal conv1d and chunked SSD scan per token (moeplan's count): "
+        "C·Bᵀ over a whole chunk per group, the causal half of the chunk's (C·Bᵀ∘L)·x per head, "
+        "the chunk states Bᵀ·x and their output C·h per head (state passing between chunks and "
+        "the elementwise gate, D skip and softplus left out)")
+    add("flops_mamba_counted_core_fwd_per_token",
+        "flops_mamba_fwd_per_token - flops_mamba_proj_fwd_per_token", "FLOP", "flops",
+        "what Megatron's Mamba figure holds beyond the real projections (taken off the GEMM "
+        "work the time page prices; the scan is priced as a kernel instead)")
+
+
+def _mamba_activations(book: Book, v: Variant, per_block: str) -> str:
+    """What one Mamba-2 layer keeps for backward on Megatron's training path
+    (MambaMixer._ssm_training, use_mamba_mem_eff_path True): in_proj's fused norm its input and
+    output (h each; h with layernorm recompute), mamba_split_conv1d_scan_combined its input
+    zxBCdt (2·d_inner + 2·groups·state + heads) and the scan output out_x (d_inner), the gated
+    RMSNorm its input (d_inner) and fp32 rstd per group, out_proj its input (d_inner); widths
+    split over TP like the rows of tokens_per_rank. The SSM states are recomputed in backward
+    (no initial or final state in training), so none is stored. It replaces the block's softmax
+    attention tensors."""
+    norm = "h" if "layernorm" in v.recompute_modules else "2 * h"
+    book.add("act_mamba_per_layer", f"tokens_per_rank * (({norm} + 5 * mb_din + 2 * mb_g * mb_n"
+             " + mb_nh) * p + mb_g * 4)", "bytes", "memory",
+             "per microbatch: one Mamba-2 layer's stored tensors (norm in/out, zxBCdt, scan "
+             "output, gated norm input and fp32 rstd, out_proj input)")
+    attention = "act_attention_per_block" + (" + act_qk_norm_per_block" if "act_qk_norm_per_block"
+                                             in per_block else "")
+    book.add("act_mamba_per_layer_extra", f"act_mamba_per_layer - ({attention})", "bytes", "memory",
+             "per microbatch: what a Mamba-2 layer stores beyond the softmax-attention block it is "
+             "counted as")
+    return " + L_mamba * act_mamba_per_layer_extra"
+
+
+MAMBA_CP = ("Megatron-LM dev@d48bd6be megatron/core/ssm/mamba_context_parallel.py "
+            "MambaContextParallel.pre_conv_ssm, post_conv_ssm")
+
+
+def _mamba_cp_bytes(book: Book, v: Variant) -> None:
+    """Mamba-2 under CP exchanges no K/V: MAMBA_CP turns the sequence shards into head shards
+    before the conv and scan (all-to-all of z, x, B, C, dt; B and C repeated group_repeat_count
+    times when a rank holds fewer groups than CP ranks) and back after (all-to-all of y). One
+    rank's local tensors per layer and microbatch."""
+    book.add("cp_mamba_pre_bytes", "b * S / cp_runtime * (2 * mb_din + 2 * mb_g * mb_n * mb_repeat"
+             " + mb_nh) / TP * p", "bytes", "bytes",
+             "Mamba-2: one rank's zxBCdt of one layer (all-to-all sequence → heads over CP)")
+    book.add("cp_mamba_post_bytes", "b * S / cp_runtime * mb_din / TP * p", "bytes", "bytes",
+             "Mamba-2: one rank's scan output of one layer (all-to-all heads → sequence over CP)")
+
+
+def _mamba_cp_exchanges(v: Variant) -> CpExchanges:
+    closed = ("cp_mamba_a2a",)
+    if not v.cp:
+        return CpExchanges(close=closed)
+    a2a = "(cp_mamba_pre_bytes + cp_mamba_post_bytes) * L_mamba * microbatches"
+    return CpExchanges(((Exchange("cp_mamba_a2a", "cp", a2a, a2a,
+                                  "Mamba-2 all-to-alls sequence ↔ heads around the conv and scan",
+                                  "the same all-to-alls of the gradients"),),), closed)
+
+
 MAMBA = LayerKind(
-    "mamba", MIXER, "", "Mamba-2 mixer layers of a hybrid model (hybrid_layer_pattern `M`)",
-    "Megatron-LM dev@d48bd6be megatron/core/ssm/mamba_mixer.py MambaMixer",
-    lambda m: "mamba" in m.layer_mixers,
+    "mamba", MIXER, "standard", "Mamba-2 mixer layers of a hybrid model (hybrid_layer_pattern `M`)",
+    MAMBA_SRC, _mamba_present,
+    variations=(("Mamba-2 mixer layers (hybrid_layer_pattern M)",
+                 {"kinds": frozenset({"softmax", "mamba"}), "cp": False}),
+                ("Mamba-2 mixer layers with CP > 1 (all-to-all CP)",
+                 {"kinds": frozenset({"softmax", "mamba"}), "cp": True})),
     count="L_mamba", count_doc="Mamba-2 mixer layers on the stage (hybrid models)",
     model_count="L_model_mamba",
-    unmodelled="Megatron's Mamba-2 mixer (megatron/core/ssm/mamba_mixer.py MambaMixer) is a layer "
-               "kind moeplan has no parameter, FLOP, activation or time figures for yet",
+    terms={FLOPS: (Replace("flops_mamba_fwd_per_token"),),
+           CORE: (Replace("flops_mamba_counted_core_fwd_per_token"),),
+           KERNEL: (Replace("flops_mamba_scan_fwd_per_token"),),
+           WEIGHTS: (Replace("mamba_params_per_layer"),), KV: (Replace(""),)},
+    layer_params=_mamba_layer_params,
+    # a Mamba layer has no q/k norms; everything of its own is split over TP
+    tp_replicated_layers=lambda v: " - L_mamba * qk_norm_params_per_block" if v.qk_norm else "",
+    flops=_mamba_flops, activations=_mamba_activations,
+    kernel_note="Mamba-2 layers: causal conv and chunked SSD scan",
+    cp_bytes=_mamba_cp_bytes, cp_exchanges=_mamba_cp_exchanges,
 )
 
 
@@ -846,6 +958,15 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("la_conv", "gated DeltaNet short-convolution kernel (linear_conv_kernel_dim)"),
     # ---- gated DeltaNet under CP (Megatron's default linear_cp_mode 'chunkwise').
     Symbol("la_dk", "gated DeltaNet key head dimension (linear_key_head_dim)"),
+    Symbol("L_model_mamba", "Mamba-2 mixer layers of the whole model (hybrid_layer_pattern M)"),
+    Symbol("mb_din", "Mamba-2 inner width d_inner: mamba_num_heads · mamba_head_dim"),
+    Symbol("mb_nh", "Mamba-2 heads (mamba_num_heads, else 2 · hidden_size / mamba_head_dim)"),
+    Symbol("mb_n", "Mamba-2 state size (mamba_state_dim)"),
+    Symbol("mb_g", "Mamba-2 B/C groups (mamba_num_groups)"),
+    Symbol("mb_conv", "Mamba-2 causal conv kernel (MambaMixer d_conv, 4)"),
+    Symbol("mb_chunk", "Mamba-2 SSD chunk length (MambaMixer chunk_size, 128)"),
+    Symbol("mb_repeat", "Mamba-2 under CP: how often each B/C group is repeated so every CP rank "
+           "holds one (CP / (mamba_num_groups / TP) when that is > 1, else 1)"),
     Symbol("gdn_cp_relayout", "1 when CP's zigzag layout must be converted to the contiguous one "
            "around every gated DeltaNet layer (cp_partition_mode zigzag), else 0"),
 )
@@ -853,7 +974,7 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
 # Per-stage layer counts of the kinds that count their layers, and of those among the blocks
 # full recompute re-runs (V4's CSA/HCA counts are declared beside the stage's other counts).
 KIND_STAGE_SYMBOLS: tuple[tuple[str, str], ...] = tuple(
-    pair for kind in (WINDOW, CHUNKED, GDN) for pair in (
+    pair for kind in (WINDOW, CHUNKED, GDN, MAMBA) for pair in (
         (kind.count, kind.count_doc),
         (f"{kind.count}_recomputed", f"{kind.count_doc.split(' on the stage')[0]} among blocks_recomputed")))
 
@@ -871,7 +992,18 @@ def kind_values(cfg: Config) -> dict[str, Number]:
             "la_v": m.linear_value_head_dim * m.linear_num_value_heads,
             "la_nv": m.linear_num_value_heads, "la_dv": m.linear_value_head_dim,
             "la_conv": m.linear_conv_kernel_dim, "la_dk": m.linear_key_head_dim,
-            "gdn_cp_relayout": int(cfg.parallel.cp_partition_mode == "zigzag")}
+            "gdn_cp_relayout": int(cfg.parallel.cp_partition_mode == "zigzag"),
+            "L_model_mamba": mixers.count("mamba"), "mb_din": m.mamba_d_inner,
+            "mb_nh": m.mamba_heads, "mb_n": m.mamba_state_dim, "mb_g": m.mamba_num_groups,
+            "mb_conv": MAMBA_D_CONV, "mb_chunk": MAMBA_CHUNK, "mb_repeat": _group_repeat(cfg)}
+
+
+def _group_repeat(cfg: Config) -> int:
+    """MambaContextParallel._set_cp_params group_repeat_count: CP / local groups when a TP rank
+    holds fewer B/C groups than there are CP ranks, else 1."""
+    local = cfg.model.mamba_num_groups // cfg.parallel.tp
+    cp = cfg.parallel.cp
+    return cp // local if 0 < local < cp else 1
 
 
 def layer_counts(model: ModelSection, layers: Iterable[int], suffix: str = "") -> dict[str, Number]:

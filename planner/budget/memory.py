@@ -155,6 +155,8 @@ def write(book: Book, v: Variant) -> None:
     layers = f"blocks * ({per_block}) + moe_layers * act_moe_per_layer" \
              " + L_dense * act_dense_mlp_per_layer"
     layers += "".join(kind.activations(book, v, per_block) for kind in kinds_of(v))
+    if v.mixer_only and v.dropout:  # a mixer-only block keeps one dropout mask, not two
+        layers += " - L_nomlp * tokens_per_rank * h"
     add("act_layers_per_microbatch", layers, "bytes", "memory",
         "all blocks of the stage for one microbatch, nothing recomputed")
     add("layer_input_bytes", "tokens_per_rank * n_hc * h * p", "bytes", "memory",
@@ -342,6 +344,18 @@ def _add_recompute(book: Book, v: Variant) -> None:
             f"per microbatch: other blocks keep everything (average block; {whole})")
         add("recompute_working_bytes", f"Min(recomputed_blocks, 1) * ceiling({avg})", "bytes",
             "memory", f"one block re-materialised during its backward ({whole})")
+        return
+    if v.hybrid_stack:
+        # Megatron-LM dev@d48bd6be megatron/core/models/hybrid/hybrid_block.py HybridStack.forward
+        # checkpoints through megatron/core/recompute.py checkpointed_forward over its own layers:
+        # one per pattern symbol, so N_r counts symbols, not moeplan's blocks
+        layers = "L_pattern"
+        add("act_stored_layers", "ceiling(L_pattern / N_r) * layer_input_bytes", "bytes", "memory",
+            "uniform method, hybrid stack: one input per group of N_r pattern layers (a block is "
+            "its mixer's layer and its MLP's)")
+        add("recompute_working_bytes", f"ceiling(Min(N_r, {layers}) * act_layers_per_microbatch"
+            f" / Max({layers}, 1))", "bytes", "memory", "one group of N_r pattern layers "
+            f"re-materialised during backward (average pattern layer; {whole})")
         return
     add("act_stored_layers", "ceiling(blocks / N_r) * layer_input_bytes", "bytes", "memory",
         "uniform method: one input per group of N_r blocks")

@@ -21,7 +21,8 @@ MODEL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("L_model", "transformer blocks of the whole model (decoder layers + MTP layers)"),
     Symbol("L_model_moe", "MoE blocks of the whole model (MTP layers count as MoE when the last "
            "decoder layer is MoE, as Megatron's FLOPs formula counts them)"),
-    Symbol("L_model_dense", "dense-MLP blocks of the whole model (the same rule)"),
+    Symbol("L_model_dense", "dense-MLP blocks of the whole model (the same rule; a hybrid model's "
+           "mixer-only blocks have none)"),
     Symbol("L_model_mtp", "MTP layers of the whole model (mtp_num_layers)"),
     Symbol("L_model_csa", "DeepSeek-V4 blocks with compress ratio 4 (CSA), MTP included"),
     Symbol("L_model_hca", "DeepSeek-V4 blocks with compress ratio 128 (HCA), MTP included"),
@@ -41,12 +42,13 @@ def _model_values(cfg: Config) -> dict[str, Number]:
     m = cfg.model
     moe = sum(1 for layer in range(m.num_layers) if m.is_moe_layer(layer))
     last_moe = int(m.is_moe_layer(m.num_layers - 1))
+    alone = sum(1 for layer in range(m.num_layers) if not m.has_mlp(layer))
     mtp = m.mtp_num_layers
     ratios = list(m.compress_ratios or []) if m.attention_variant == "dsv4_hybrid" else []
     return {
         "L_model": m.num_layers + mtp,
         "L_model_moe": moe + last_moe * mtp,
-        "L_model_dense": m.num_layers - moe + (1 - last_moe) * mtp,
+        "L_model_dense": m.num_layers - moe - alone + (1 - last_moe) * mtp,
         "L_model_mtp": mtp,
         "L_model_csa": ratios.count(4),
         "L_model_hca": ratios.count(HCA_RATIO),

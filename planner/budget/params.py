@@ -137,8 +137,8 @@ def write(book: Book, v: Variant) -> None:
         f"blocks * ({mixers}){extra} + moe_layers * ({moe_dense})"
         " + L_dense * dense_mlp_params_per_layer"
         " + (has_embedding + has_mtp_embedding + has_output_weight) * embedding_params"
-        " + has_output * final_params + L_mtp * mtp_extra_params_per_layer" + positions,
-        "params", "memory", "parameters reduced over dp_cp")
+        " + has_output * final_params + L_mtp * mtp_extra_params_per_layer" + positions
+        + _mixer_only_norm(v), "params", "memory", "parameters reduced over dp_cp")
     add("expert_params_on_rank", "moe_layers * routed_params_per_layer", "params", "memory",
         "routed-expert parameters reduced over expt_dp")
     add("params_on_rank", "dense_params_on_rank + expert_params_on_rank", "params", "memory",
@@ -185,6 +185,15 @@ def write(book: Book, v: Variant) -> None:
         _add_fp8_params(book, v)
 
 
+def _mixer_only_norm(v: Variant) -> str:
+    """A hybrid model's mixer-only block (Megatron-LM dev@d48bd6be megatron/core/models/hybrid/
+    hybrid_block.py HybridStack: one layer per pattern symbol) has its mixer's norm only, not the
+    pre-MLP norm a block's two norms count."""
+    if not v.mixer_only:
+        return ""
+    return " - L_nomlp * " + ("2 * h" if v.layernorm else "h")
+
+
 def _add_grad_buffer_members(book: Book, v: Variant) -> None:
     """Which parameters each grad buffer holds. Routed experts get a buffer of their own only when
     the expert grid differs from the dense one (`Degrees.expert_grad_buffer`: EP > 1, ETP != TP or
@@ -229,9 +238,17 @@ def _add_fp8_params(book: Book, v: Variant) -> None:
     attention = ATTENTION_LINEAR[v.attention].replace("{q}", MLA_Q[v.mla_q_lora]).replace(
         "{q_norm}", "").replace("{kv_norm}", "")
     moe = f"{mats} * h * I_s / (TP * GTP)" + (" + 2 * h * h_moe" if v.latent else "")
-    add("dense_fp8_params_on_rank", f"blocks * {attention} + moe_layers * ({moe})"
+    mixers = f"blocks * {attention}"
+    if v.has("mamba"):
+        # a Mamba-2 layer's GEMMs are in_proj and out_proj (TE linears); conv1d, dt_bias, A_log,
+        # D and the gated norm stay in the training precision (Megatron-LM dev@d48bd6be
+        # megatron/core/ssm/mamba_mixer.py MambaMixer.__init__)
+        mixers = (f"(blocks - L_mamba) * {attention} + L_mamba * (h * (2 * mb_din + 2 * mb_g * mb_n"
+                  " + mb_nh) + mb_din * h) / TP")
+    add("dense_fp8_params_on_rank", f"{mixers} + moe_layers * ({moe})"
         f" + L_dense * {mats} * h * f / (TP * GTP) + L_mtp * 2 * h * h / TP", "params", "memory",
-        "dense GEMM weights quantised to FP8 (attention projections, shared expert"
+        "dense GEMM weights quantised to FP8 (attention projections" + (", Mamba-2 in/out "
+        "projections" if v.has("mamba") else "") + ", shared expert"
         + (", latent projections" if v.latent else "") + ", dense MLP, MTP e/h projection)")
     add("expert_fp8_params_on_rank", f"moe_layers * experts_per_rank * {mats} * {w} * I"
         " / (ETP * EGTP)", "params", "memory", "routed-expert GEMM weights quantised to FP8")
@@ -281,7 +298,7 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
     book.add("tp_replicated_params_on_rank",
              f"blocks * ({per_block}) + moe_layers * {moe}{dense_mlp}"
              " + has_output * final_params + L_mtp * "
-             + (f"({mtp_norms}{mhc_head})" if v.mhc else mtp_norms),
+             + (f"({mtp_norms}{mhc_head})" if v.mhc else mtp_norms) + _mixer_only_norm(v),
              "params", "memory",
              "parameters replicated over TP whose grads sequence parallelism leaves partial"
              + (" (latent MoE's projections are duplicated over TP: Megatron-LM dev@d48bd6be "

@@ -130,6 +130,9 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
     ("blocks", "transformer blocks on the stage (decoder layers + MTP layers)"),
     ("L_moe", "MoE layers on the stage (MTP blocks included)"),
     ("L_dense", "blocks with a dense MLP instead of MoE"),
+    ("L_nomlp", "hybrid models: blocks that are a mixer alone (no MLP layer, one norm)"),
+    ("L_pattern", "hybrid models: Megatron's layers on the stage (one per pattern symbol: a block's "
+                  "mixer and its MLP; MTP depths one each)"),
     ("L_hash", "hash-routed MoE layers on the stage (no expert bias)"),
     ("L_mtp", "MTP layers on the stage"),
     ("L_csa", "CSA attention layers on the stage (V4)"),
@@ -263,6 +266,8 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         packed_basis=tr.packed_length_basis if tr.packed_lengths else "",
         quick_geglu=model.quick_geglu,
         offload=offload_groups(cfg),
+        mixer_only=1 in (model.mixer_only_layers or []),
+        hybrid_stack=1 in (model.mamba_layers or []) + (model.mixer_only_layers or []),
     )
 
 
@@ -476,11 +481,13 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
                     embd_size: int) -> dict[str, Number]:
     stage, model, pp = st.stage, cfg.model, cfg.parallel.pp
     blocks = len(st.layers) + len(st.mtp_layers)
+    alone = sum(1 for layer in st.layers if not model.has_mlp(layer))
     tied_copy = not model.untie_embeddings_and_output_weights and pp > 1
     first_chunk, last_chunk = split.chunks[0], split.chunks[-1]
     return {
         "s": stage, "chunks": chunks, "blocks": blocks, "L_moe": len(st.moe_layers),
-        "L_dense": blocks - len(st.moe_layers), "L_hash": len(st.hash_layers),
+        "L_dense": blocks - len(st.moe_layers) - alone, "L_nomlp": alone,
+        "L_pattern": 2 * len(st.layers) - alone + len(st.mtp_layers), "L_hash": len(st.hash_layers),
         "L_mtp": len(st.mtp_layers),
         **layer_counts(model, [*st.layers, *(model.num_layers + d for d in st.mtp_layers)]),
         "has_embedding": int(st.embedding),
@@ -514,8 +521,9 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
             layers += chunk.layers[:limit] if block else chunk.layers
             layers += [] if block else [model.num_layers + d for d in chunk.mtp_layers]
     moe = sum(1 for layer in layers if layer >= model.num_layers or model.is_moe_layer(layer))
+    alone = sum(1 for layer in layers if layer < model.num_layers and not model.has_mlp(layer))
     return {"blocks_recomputed": len(layers), "L_moe_recomputed": moe,
-            "L_dense_recomputed": len(layers) - moe, **layer_counts(model, layers, "_recomputed")}
+            "L_dense_recomputed": len(layers) - moe - alone, **layer_counts(model, layers, "_recomputed")}
 
 
 def rank_values(rank: int, gpus_per_node: Places, groups: dict[str, list[int]],

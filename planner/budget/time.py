@@ -94,8 +94,9 @@ def _kinds(book: Book, v: Variant) -> None:
     if counted == core:
         linear = " - ".join(["stage_attention_fwd_flops_per_token - time_attention_core_fwd_flops",
                              *counted_adds])
-    else:
-        linear = f"stage_attention_fwd_flops_per_token - {' + '.join([counted, *counted_adds])}"
+    else:  # a sum of kinds' rows (Mamba's beside softmax) is taken off whole
+        taken = " + ".join([counted, *counted_adds])
+        linear = f"stage_attention_fwd_flops_per_token - {f'({taken})' if ' + ' in taken else taken}"
     notes = list(dict.fromkeys(kind.kernel_note for kind in kinds if kind.kernel_note))
     add("time_attention_core_fwd_flops", core, "FLOP", "time",
         "core attention of the stage per token (V4: CSA's sparse, HCA's compressed and the window "
@@ -109,7 +110,11 @@ def _kinds(book: Book, v: Variant) -> None:
     moe_rc = "L_moe_recomputed * flops_moe_mlp_fwd_per_token"
     extra = {"attention_core": core_rc, "moe": moe_rc,
              "dense": "L_dense_recomputed * flops_dense_mlp_fwd_per_token"}
-    whole = {"attention_core": "time_attention_core_fwd_flops",
+    # selective core_attn re-runs attention's core only: a Mamba-2 layer checkpoints nothing
+    # (Megatron-LM dev@d48bd6be megatron/core/ssm/mamba_mixer.py MambaMixer.forward)
+    core_attn = ("time_attention_core_fwd_flops - L_mamba * flops_mamba_scan_fwd_per_token"
+                 if v.has("mamba") else "time_attention_core_fwd_flops")
+    whole = {"attention_core": core_attn,
              "moe": "stage_moe_fwd_flops_per_token", "dense": "stage_dense_fwd_flops_per_token"}
     selective = v.recompute_modules if v.recompute == "selective" else frozenset()
     for module, kind in SELECTIVE.items():

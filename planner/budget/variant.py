@@ -79,6 +79,10 @@ class Variant:
     quick_geglu: bool = False  # gated MLPs by --quick-geglu (Megatron's FLOPs figure counts 2 GEMMs)
     # ---- issue 22 (offload branch): the fine-grained activation offload groups counted
     offload: frozenset[str] = frozenset()
+    # hybrid models: some blocks are a mixer alone (no MLP layer, one norm: mixer_only_layers)
+    mixer_only: bool = False
+    # a Mamba stack (Megatron's HybridStack): full recompute counts its pattern layers, not blocks
+    hybrid_stack: bool = False
 
     def has(self, kind: str) -> bool:
         """The layer kind `kind` is present (some layer runs it, or every attention layer has it)."""

@@ -36,7 +36,9 @@ NOT_ARGUMENTS = {
     "model.qk_layernorm_per_layer",  # MiniMax-M2's per-layer q/k norm: no Megatron argument
     "model.attention_chunk_size",  # Llama 4's chunked attention: no Megatron argument
     "model.dsa",  # written as --experimental-attention-variant dsa
-    "model.mamba_layers",  # the M layers of --hybrid-layer-pattern (refused: not modelled yet)
+    "model.mamba_layers",  # the M layers of --hybrid-layer-pattern
+    "model.mixer_only_layers",  # the mixers of --hybrid-layer-pattern with no MLP symbol after them
+    "model.hybrid_layer_pattern",  # read into the block fields; the emitter writes it from them
 }
 # THD packing's packed lengths and their basis, and the pipeline schedule, are moeplan's own settings.
 NOT_ARGUMENTS |= {"training.packed_lengths", "training.packed_length_basis",
@@ -201,12 +203,23 @@ def is_dsv4(c: Config) -> bool:
     return c.model.attention_variant == "dsv4_hybrid"
 
 
+def is_mamba_stack(c: Config) -> bool:
+    """Mamba-2 layers: Megatron trains them on the hybrid entry (pretrain_hybrid.py) with its
+    default Mamba stack spec."""
+    return 1 in (c.model.mamba_layers or []) or 1 in (c.model.mixer_only_layers or [])
+
+
+def is_hybrid(c: Config) -> bool:
+    """The model goes through pretrain_hybrid.py and --hybrid-layer-pattern."""
+    return is_dsv4(c) or is_mamba_stack(c)
+
+
 def _mla_attention(c: Config) -> bool:  # MLA and DSv4 attention both read the MLA arguments
     return c.model.attention_variant in ("mla", "dsv4_hybrid")
 
 
 def _gpt(c: Config) -> bool:  # pretrain_gpt.py: the hybrid pattern carries what these say on the hybrid entry
-    return not is_dsv4(c)
+    return not is_hybrid(c)
 
 
 def _both(*tests: Callable[[Config], bool]) -> Callable[[Config], bool]:
@@ -255,9 +268,13 @@ EMIT_ORDER: tuple[Emit | Hand, ...] = (
     Emit("--activation-func-clamp-value"),
     Hand("not_in_megatron"),
     Emit("--quick-geglu"),
+    Emit("--squared-relu"),
     Emit("--glu-linear-offset"),
     Emit("--softmax-type"),
     Emit("--window-size"),
+    *(Emit(f, always=True, when=is_mamba_stack) for f in (
+        "--mamba-state-dim", "--mamba-head-dim", "--mamba-num-groups")),
+    Emit("--mamba-num-heads", when=is_mamba_stack),
     Emit("--window-attn-skip-freq", when=lambda c: c.model.window_size is not None),
     Emit("--add-qkv-bias"),
     Emit("--no-rope-freq"),

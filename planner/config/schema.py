@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from planner.config.gpus import DEFAULT_GPU, GPUS
 from planner.config.gpus import gpu as gpu_entry
+from planner.config.hybrid_pattern import SEGMENT_BREAK, PatternError, read_hybrid_pattern
 from planner.config.layer_freq import parse_layer_freq
 from planner.config.presets import PRESETS
 from planner.degrees import Degrees
@@ -203,6 +204,10 @@ class ModelSection(Section):
     # glu_linear_offset is added to the linear half (gpt-oss: 1.0), clamped by swiglu_limit.
     quick_geglu: bool = False
     glu_linear_offset: float = 0.0
+    # --squared-relu: non-gated MLPs with relu(x)² (Nemotron-H, Nemotron-3); the shapes, FLOPs and
+    # stored tensors of a non-gated MLP (Megatron-LM dev@d48bd6be megatron/training/arguments.py
+    # core_transformer_config_from_args asserts `not args.swiglu` with it).
+    squared_relu: bool = False
     # MiniMax-M2 normalises q and k over all heads of the layer at once (one RMSNorm of heads·d and
     # one of groups·d) instead of per head. Megatron has no such norm (its qk_layernorm is per head:
     # megatron/core/transformer/attention.py SelfAttention.__init__), hence no Megatron name:
@@ -239,10 +244,23 @@ class ModelSection(Section):
     # indexer fields index_n_heads / index_head_dim / index_topk (Megatron's --dsa-indexer-*).
     dsa: bool = False
     # A hybrid model's Mamba-2 mixer layers (Megatron-LM dev@d48bd6be megatron/core/ssm/
-    # mamba_mixer.py MambaMixer, `M` in --hybrid-layer-pattern): 1 per decoder layer that runs one.
-    # Its figures are not modelled yet, so a config with one is refused (_mamba_not_modelled);
-    # planner/budget/layer_kinds.py MAMBA is the record the pages will sum once they are.
+    # mamba_mixer.py MambaMixer, `M` in --hybrid-layer-pattern): 1 per decoder block whose mixer is
+    # Mamba-2 instead of attention (planner/config/hybrid_pattern.py reads a pattern into it). Dims
+    # named and defaulted as TransformerConfig's mamba_* fields; unset mamba_num_heads means
+    # hidden_size * 2 // mamba_head_dim heads (MambaMixer's expand=2).
     mamba_layers: list[Literal[0, 1]] | None = None
+    # Megatron's --hybrid-layer-pattern as written (one symbol per Megatron layer, `/` before each
+    # MTP depth; no `|`: the pipeline split is parallel.pipeline_model_parallel_layout's): it fills
+    # num_layers (blocks), mamba_layers, mixer_only_layers, moe_layer_freq and mtp_num_layers (or
+    # DeepSeek-V4's compress_ratios) once, in `_hybrid_pattern`; a field written beside it must agree.
+    hybrid_layer_pattern: str | None = None
+    # 1 per decoder block of a hybrid model that is its mixer alone: the pattern puts the next
+    # mixer right after it (Nemotron-3's `M*`), so the block has no MLP layer and one norm.
+    mixer_only_layers: list[Literal[0, 1]] | None = None
+    mamba_state_dim: PosInt = 128
+    mamba_head_dim: PosInt = 64
+    mamba_num_groups: PosInt = 8
+    mamba_num_heads: PosInt | None = None
 
     @field_validator("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq", "linear_attention_freq",
                      mode="before")
@@ -266,20 +284,6 @@ class ModelSection(Section):
         except KeyError:  # a field it derives from is invalid: that error is the one to show
             return None
         return None if derived is None else handler(derived)  # None: derived from one left None
-
-    @field_validator("mamba_layers")
-    @classmethod
-    def _mamba_not_modelled(cls, value: list[int] | None) -> list[int] | None:
-        """Loud, never counted as attention: moeplan has no Mamba-2 parameter, FLOP, activation
-        or time figures, so a Mamba layer is refused rather than budgeted as something else."""
-        if value and 1 in value:
-            raise PydanticCustomError(
-                "mamba_not_modelled",
-                "{count} Mamba-2 mixer layer(s) marked: Megatron's MambaMixer "
-                "(megatron/core/ssm/mamba_mixer.py) is a layer kind whose parameters, FLOPs, "
-                "activations and time moeplan does not model yet",
-                {"count": value.count(1)})
-        return value
 
     @field_validator("head_wise_attn_gate")
     @classmethod
@@ -305,6 +309,57 @@ class ModelSection(Section):
                 "quick_geglu_swiglu",
                 "model.quick_geglu and model.swiglu are both true: Megatron takes one gated "
                 "activation (drop swiglu)")
+        return {**data, "swiglu": False}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hybrid_pattern(cls, data: Any) -> Any:
+        """Megatron's pattern read once into the block fields the pages read (planner/config/
+        hybrid_pattern.py); what it cannot pair, or a field that says otherwise, is refused."""
+        if not isinstance(data, dict) or not isinstance(data.get("hybrid_layer_pattern"), str):
+            return data
+        pattern = data["hybrid_layer_pattern"]
+        if SEGMENT_BREAK in pattern:
+            raise PydanticCustomError(
+                "hybrid_pattern_segments", "model.hybrid_layer_pattern {pattern!r} holds pipeline "
+                "segments ('|'): write the model's pattern here and the split in "
+                "parallel.pipeline_model_parallel_layout", {"pattern": pattern})
+        try:
+            decoded = read_hybrid_pattern(pattern)
+        except PatternError as exc:
+            raise PydanticCustomError("hybrid_pattern", "model.hybrid_layer_pattern {pattern!r}: "
+                                      "{why}", {"pattern": pattern, "why": str(exc)}) from None
+        fields: dict[str, Any] = {"num_layers": decoded["num_layers"], "moe_layer_freq": decoded["moe"],
+                                  "mtp_num_layers": decoded["mtp_num_layers"]}
+        if "mamba_layers" in decoded:
+            fields |= {"mamba_layers": decoded["mamba_layers"],
+                       "mixer_only_layers": decoded["mixer_only_layers"]}
+        else:  # W/C/H layers are DeepSeek-V4 attention: never read as standard attention
+            fields |= {"compress_ratios": decoded["compress_ratios"], "attention_variant": "dsv4_hybrid"}
+        for name, value in fields.items():
+            given = data.get(name)
+            if name == "moe_layer_freq" and isinstance(given, (int, str)):
+                given = parse_layer_freq(given) if isinstance(given, str) else given
+                given = [1 if i % given == 0 else 0 for i in range(len(value))] if isinstance(
+                    given, int) else given
+            if given is not None and given != value:
+                raise PydanticCustomError(
+                    "hybrid_pattern_conflict", "model.{field} {given} contradicts "
+                    "model.hybrid_layer_pattern, which gives {value}: drop one of them",
+                    {"field": name, "given": str(given), "value": str(value)})
+        return {**data, **fields}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _squared_relu(cls, data: Any) -> Any:
+        """--squared-relu is a non-gated activation: it turns moeplan's swiglu default off; swiglu:
+        true beside it is refused, as Megatron asserts."""
+        if not isinstance(data, dict) or data.get("squared_relu") is not True:
+            return data
+        if data.get("swiglu") is True or data.get("quick_geglu") is True:
+            raise PydanticCustomError(
+                "squared_relu_gated", "model.squared_relu with a gated activation (swiglu or "
+                "quick_geglu): Megatron takes one activation (drop the gated one)")
         return {**data, "swiglu": False}
 
     @model_validator(mode="before")
@@ -356,6 +411,8 @@ class ModelSection(Section):
                 "model.window_attn_skip_freq lists {found} layers, the model has {layers}: give "
                 "one 1 (window) or 0 (full) per layer",
                 {"found": len(skip), "layers": self.num_layers})
+        if self.mamba_layers is not None or self.mixer_only_layers is not None:
+            self._check_mamba()
         derived = {
             # Megatron's GQA switch concerns standard attention; MLA and DSv4 attention ignore it.
             "group_query_attention": (
@@ -377,6 +434,62 @@ class ModelSection(Section):
     def gated_mlp(self) -> bool:
         """Megatron's gated_linear_unit: SwiGLU or quick-GEGLU (FC1 twice as wide)."""
         return self.swiglu or self.quick_geglu
+
+    @property
+    def mamba_heads(self) -> int:
+        """Mamba-2 heads (MambaMixer.__init__: mamba_num_heads, else d_inner // mamba_head_dim
+        with d_inner = expand (2) * hidden_size)."""
+        return self.mamba_num_heads or 2 * self.hidden_size // self.mamba_head_dim
+
+    @property
+    def mamba_d_inner(self) -> int:
+        """Mamba-2 inner width: heads * head dim (MambaMixer.__init__)."""
+        return self.mamba_heads * self.mamba_head_dim
+
+    def _check_mamba(self) -> None:
+        """What MambaMixer.__init__ asserts of its dims, and what moeplan does not model beside it
+        (refused by name, never priced as something else)."""
+        for name, given in (("mamba_layers", self.mamba_layers),
+                            ("mixer_only_layers", self.mixer_only_layers)):
+            if given is not None and len(given) != self.num_layers:
+                raise PydanticCustomError(
+                    "mamba_pattern_length", "model.{field} lists {found} layers, the model has "
+                    "{layers}: give one 1 or 0 per decoder layer",
+                    {"field": name, "found": len(given), "layers": self.num_layers})
+        if 1 not in (self.mamba_layers or []) + (self.mixer_only_layers or []):
+            return
+        if self.enable_hyper_connections:
+            raise PydanticCustomError(
+                "mamba_mhc", "model.mamba_layers or mixer_only_layers with "
+                "enable_hyper_connections: moeplan models mHC on DeepSeek-V4 stacks only")
+        if self.mamba_num_heads is None and (2 * self.hidden_size) % self.mamba_head_dim:
+            raise PydanticCustomError(
+                "mamba_head_dim", "model.mamba_head_dim {dim} does not divide d_inner {inner} "
+                "(2 * hidden_size): set mamba_num_heads or a dividing head dim",
+                {"dim": self.mamba_head_dim, "inner": 2 * self.hidden_size})
+        if self.mamba_heads % self.mamba_num_groups:
+            raise PydanticCustomError(
+                "mamba_groups", "model.mamba_num_groups {groups} does not divide the {heads} "
+                "Mamba heads (MambaMixer asserts nheads % ngroups == 0)",
+                {"groups": self.mamba_num_groups, "heads": self.mamba_heads})
+        if self.attention_variant != "standard":
+            raise PydanticCustomError(
+                "mamba_attention", "model.mamba_layers with attention_variant {variant}: moeplan "
+                "models Mamba-2 beside standard attention (`*`) only",
+                {"variant": self.attention_variant})
+        if self.mtp_num_layers and not self.is_moe_layer(self.num_layers - 1):
+            raise PydanticCustomError(
+                "mamba_mtp", "model.mtp_num_layers {mtp} in a hybrid model whose last decoder block "
+                "is not MoE: moeplan models a hybrid MTP depth as attention then MoE (`*E`, "
+                "Nemotron-3-Super's), after a MoE block", {"mtp": self.mtp_num_layers})
+        others = [name for name, on in (
+            ("linear_attention_freq", self.linear_attention_freq is not None),
+            ("window_size", self.window_size is not None),
+            ("attention_chunk_size", self.attention_chunk_size is not None)) if on]
+        if others:
+            raise PydanticCustomError(
+                "mamba_mixers", "model.mamba_layers beside model.{field}: moeplan models a hybrid "
+                "stack of Mamba-2 and full attention layers only", {"field": others[0]})
 
     def is_window_layer(self, layer: int) -> bool:
         """Sliding-window attention on 0-based `layer`, as Megatron's is_layer_window_attention
@@ -445,8 +558,16 @@ class ModelSection(Section):
             return "chunked"
         return "softmax"
 
+    def has_mlp(self, layer: int) -> bool:
+        """The 0-based decoder block has an MLP layer (not a hybrid model's mixer-only block)."""
+        alone = self.mixer_only_layers or []
+        return not (layer < len(alone) and alone[layer] == 1)
+
     def is_moe_layer(self, layer: int) -> bool:
-        """Megatron's moe_layer_freq: an int N makes every N-th layer MoE; a list is a 0/1 pattern."""
+        """Megatron's moe_layer_freq: an int N makes every N-th layer MoE; a list is a 0/1 pattern.
+        A mixer-only block has no MLP, MoE or dense."""
+        if not self.has_mlp(layer):
+            return False
         if isinstance(self.moe_layer_freq, int):
             return layer % self.moe_layer_freq == 0
         return layer < len(self.moe_layer_freq) and self.moe_layer_freq[layer] == 1

@@ -92,6 +92,11 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("non-gated MLPs (swiglu false)", {"swiglu": False}),
     ("linear biases (add_bias_linear)", {"bias": True}),
     ("quick-GEGLU MLPs (quick_geglu)", {"quick_geglu": True}),
+    ("hybrid Mamba-2 stack with mixer-only blocks (mixer_only_layers)",
+     {"kinds": frozenset({"softmax", "mamba"}), "mixer_only": True, "dropout": True}),
+    ("hybrid Mamba-2 stack under uniform full recompute (N_r counts pattern layers)",
+     {"kinds": frozenset({"softmax", "mamba"}), "hybrid_stack": True, "recompute": "full",
+      "recompute_method": "uniform"}),
     # every layer kind's own (planner/budget/layer_kinds.py)
     *(variation for kind in LAYER_KINDS for variation in kind.variations),
     ("q/k/v biases only (add_qkv_bias)", {"kinds": STANDARD, "cp": False, "qkv_bias": True}),

@@ -14,13 +14,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from planner.config.hybrid_pattern import RATIO_SYMBOL, join_segments, layer_symbols, segment_text
+from planner.config.hybrid_pattern import (
+    MAMBA_MTP_DEPTH,
+    RATIO_SYMBOL,
+    join_segments,
+    layer_symbols,
+    mamba_block_symbols,
+    segment_text,
+)
 from planner.config.megatron_arguments import (
     Emit,
     Hand,
     argument_table,
     emit_steps,
     is_dsv4,
+    is_hybrid,
+    is_mamba_stack,
     megatron_default,
 )
 from planner.config.megatron_branch import BranchConflict, megatron_branch
@@ -142,6 +151,8 @@ def hybrid_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
     """`HEHECE…|…/WE`: attention kind + MLP kind per layer, `|` between pipeline segments (virtual
     stages in pipeline order), `/` before each MTP depth, which must sit on the last segment."""
     model = cfg.model
+    if is_mamba_stack(cfg):
+        return _mamba_pattern(cfg, split)
     ratios = model.compress_ratios
     total = model.num_layers + model.mtp_num_layers
     if ratios is None or len(ratios) < total:
@@ -172,6 +183,33 @@ def hybrid_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
             counted += len(piece)
             numbers[layer] = counted
         segments.append(segment_text(pieces, [symbols(model.num_layers + d) for d in chunk.mtp_layers]))
+    return HybridPattern(join_segments(segments), numbers)
+
+
+def _mamba_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
+    """`MEM*E…|…/*E`: per block its mixer (M Mamba-2, * attention), then its MLP (E, -) unless
+    the block is mixer-only, `|` between pipeline segments (virtual stages in pipeline order), `/*E`
+    per MTP depth on the last segment."""
+    model = cfg.model
+    last = len(split.chunks) - 1
+    mamba = model.mamba_layers or [0] * model.num_layers
+    moe_layers = {layer for stage in split.stages for layer in stage.moe_layers}
+    segments: list[str] = []
+    numbers: dict[int, int] = {}
+    counted = 0
+    for chunk in split.chunks:
+        if not chunk.layers:
+            raise EmitError("parallel.pipeline_model_parallel_layout", f"pipeline segment {chunk.index} "
+                            "holds no decoder layer; a hybrid layer pattern cannot express it")
+        if chunk.mtp_layers and chunk.index != last:
+            raise EmitError("parallel.pipeline_model_parallel_layout", "the hybrid layer pattern places "
+                            "MTP layers after the last pipeline segment; move 'm' to the last stage")
+        pieces = [mamba_block_symbols(mamba[layer] == 1, model.has_mlp(layer), layer in moe_layers)
+                  for layer in chunk.layers]
+        for layer, piece in zip(chunk.layers, pieces, strict=True):
+            counted += len(piece)
+            numbers[layer] = counted
+        segments.append(segment_text(pieces, [MAMBA_MTP_DEPTH] * len(chunk.mtp_layers)))
     return HybridPattern(join_segments(segments), numbers)
 
 
@@ -249,8 +287,10 @@ def _order(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
 
 def _hybrid_layer_pattern(cfg: Config, args: MegatronArgs, planned: _Planned) -> None:
     if planned.pattern is not None:
+        fields = ("model.mamba_layers + mixer_only_layers" if is_mamba_stack(cfg)
+                  else "model.compress_ratios")
         args.add("--hybrid-layer-pattern", planned.pattern.text,
-                 source=f"model.compress_ratios + stage split ({planned.split.source}) + MTP")
+                 source=f"{fields} + stage split ({planned.split.source}) + MTP")
 
 
 def _virtual_stages(cfg: Config, args: MegatronArgs, planned: _Planned) -> None:
@@ -393,7 +433,9 @@ def _dsv4_compress_ratios(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
 
 
 def _spec(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
-    if args.entry == HYBRID_ENTRY:
+    # A Mamba stack keeps the hybrid entry's default spec (Megatron-LM dev@d48bd6be
+    # megatron/training/models/hybrid.py: hybrid_stack_spec, M/*/-/E layers)
+    if is_dsv4(cfg):
         args.add("--spec", *HYBRID_DSV4_SPEC, source="hybrid DSv4 layer specs")
 
 
@@ -446,7 +488,7 @@ def megatron_arguments(cfg: Config) -> MegatronArgs:
         split = stage_split(cfg)
     except SplitError as exc:
         raise EmitError(exc.path, exc.message) from None
-    args = MegatronArgs(entry=HYBRID_ENTRY if is_dsv4(cfg) else GPT_ENTRY, branch=_branch(cfg),
+    args = MegatronArgs(entry=HYBRID_ENTRY if is_hybrid(cfg) else GPT_ENTRY, branch=_branch(cfg),
                         env=launch_environment(cfg))
     order_flags(cfg)  # an order Megatron's command line cannot express is refused first
     planned = _Planned(split, hybrid_pattern(cfg, split) if args.entry == HYBRID_ENTRY else None)

@@ -1,7 +1,7 @@
 """ARC: what Megatron refuses with the mechanisms of the current MoE architectures (gpt-oss,
 GLM-4.5, MiniMax-M2, Llama 4, Qwen3-Next, DeepSeek-V3.2): the NoPE pattern, the GLU offset, the
 L2 q/k norm, the gated DeltaNet heads, DSA's biases and CP exchange, linear biases beside a shared
-expert, and the head-wise attention gate over TP."""
+expert, the head-wise attention gate over TP, and the Mamba-2 heads and groups over TP and CP."""
 
 from __future__ import annotations
 
@@ -182,6 +182,77 @@ def head_gate_fits_tp(f: Facts) -> Iterator[Violation]:
                             "change the heads, groups or TP, or train without the head-wise gate")
 
 
+MAMBA_MIXER = dev("core/ssm/mamba_mixer.py", "MambaMixer.__init__")
+_MAMBA = ("model: {num_layers: 2, mamba_layers: [1, 0], mamba_num_heads: 8, mamba_head_dim: 16, "
+          "mamba_num_groups: ")
+_TP2 = "parallel: {tp: 2, ep: 2, sequence_parallel: true}"
+
+
+@rule(
+    "ARC010", "error", "Mamba-2 heads and groups fit TP and CP",
+    source=MAMBA_MIXER,
+    why="""A Mamba-2 mixer splits its heads and its B/C groups over the tensor-parallel ranks and
+    asserts TP divides both; under context parallelism each TP rank's heads are split again over
+    the CP ranks (megatron/core/ssm/mamba_context_parallel.py MambaContextParallel._set_cp_params
+    asserts CP divides them, and that a rank's groups and CP divide one another). Under FP8 the
+    in_proj output width, 2·d_inner + 2·groups·state + heads, must be a multiple of 16.""",
+    bad=_MAMBA + "1}\n" + _TP2,
+    good=_MAMBA + "2}\n" + _TP2,
+)
+def mamba_fits_tp_cp(f: Facts) -> Iterator[Violation]:
+    m, tp, cp = f.model, f.par.tp, f.par.cp
+    if 1 not in (m.mamba_layers or []):
+        return
+    heads, groups = m.mamba_heads, m.mamba_num_groups
+    if heads % tp:
+        yield Violation("model.mamba_num_heads", f"{heads} Mamba heads not divisible by TP {tp}",
+                        f"pick a TP that divides {heads}")
+    if groups % tp:
+        yield Violation("model.mamba_num_groups", f"{groups} Mamba groups not divisible by TP {tp}",
+                        f"pick a TP that divides {groups}")
+    elif cp > 1:
+        local = groups // tp
+        if (heads // tp) % cp:
+            yield Violation("parallel.cp", f"{heads // tp} Mamba heads per TP rank not divisible by "
+                            f"CP {cp}", f"pick a CP that divides {heads // tp}")
+        if (cp % local) if local < cp else (local % cp):
+            yield Violation("parallel.cp", f"{local} Mamba groups per TP rank and CP {cp} do not "
+                            "divide one another", "pick a CP that divides or is a multiple of "
+                            f"{local}")
+    if f.train.fp8 or f.train.fp4:
+        width = 2 * m.mamba_d_inner + 2 * groups * m.mamba_state_dim + heads
+        if width % 16:
+            yield Violation("model.mamba_num_heads", f"Mamba in_proj output width {width} is not "
+                            "a multiple of 16 under FP8", "change the Mamba heads, groups or state "
+                            "size, or train without FP8")
+
+
+HYBRID_RECOMPUTE = dev("core/recompute.py", "checkpointed_forward")
+
+
+@rule(
+    "ARC011", "error", "block-method full recompute of a Mamba stack is not modelled",
+    source=HYBRID_RECOMPUTE,
+    why="""Megatron's hybrid stack (megatron/core/models/hybrid/hybrid_block.py HybridStack)
+    checkpoints its own layers, one per pattern symbol, so the block method recomputes the first
+    recompute_num_layers pattern layers of each chunk: half a block of moeplan's can be recomputed
+    and half not. moeplan's memory page counts whole blocks there, so it refuses to price it
+    rather than print a wrong figure; the uniform method (every layer recomputed) is modelled.""",
+    bad=_MAMBA + "2}\n" + _TP2 + "\noverlap: {recompute_granularity: full, recompute_method: block, "
+        "recompute_num_layers: 1}",
+    good=_MAMBA + "2}\n" + _TP2 + "\noverlap: {recompute_granularity: full, recompute_method: "
+         "uniform, recompute_num_layers: 1}",
+)
+def hybrid_block_recompute(f: Facts) -> Iterator[Violation]:
+    m, ov = f.model, f.cfg.overlap
+    if 1 not in (m.mamba_layers or []) + (m.mixer_only_layers or []):
+        return
+    if ov.recompute_granularity == "full" and ov.recompute_method == "block":
+        yield Violation("overlap.recompute_method", "block-method full recompute of a Mamba stack "
+                        "(Megatron counts recompute_num_layers in pattern layers, moeplan in blocks)",
+                        "use recompute_method: uniform, or selective recompute")
+
+
 RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention,
          gdn_value_heads_per_key_head, gdn_heads_fit_tp, dsa_without_bias, dsa_cp_all_gather,
-         bias_without_shared_expert, head_gate_fits_tp)
+         bias_without_shared_expert, head_gate_fits_tp, mamba_fits_tp_cp, hybrid_block_recompute)

@@ -441,7 +441,11 @@ def _apply_hybrid(result: Imported, arg: Argument) -> None:
     result.set("model.num_layers", decoded["num_layers"])
     if decoded["mtp_num_layers"] or not result.has("model.mtp_num_layers"):
         result.set("model.mtp_num_layers", decoded["mtp_num_layers"])
-    if not result.has("model.compress_ratios"):
+    if "mamba_layers" in decoded:  # a Mamba stack: its mixers and mixer-only blocks
+        result.set("model.mamba_layers", decoded["mamba_layers"])
+        if 1 in decoded["mixer_only_layers"]:
+            result.set("model.mixer_only_layers", decoded["mixer_only_layers"])
+    elif not result.has("model.compress_ratios"):
         result.set("model.compress_ratios", decoded["compress_ratios"])
     result.set("model.moe_layer_freq", moe_layer_freq(decoded["moe"]))
     if len(decoded["segments"]) > 1:

@@ -210,7 +210,19 @@ def judged_configs() -> dict[str, Config]:
     configs["gpt pp2 layout + mtp"] = parse_config(layout)
     configs["ep overlap, full recompute, dropout 0"] = parse_config(ep_overlap_full_recompute(0.0))
     configs[SHORT_FLASH] = parse_config(copy.deepcopy(SHORT_FLASH_DATA))
+    # the Mamba stack on the hybrid entry: Nemotron-3-Nano's 52-layer pattern (TP2 + SP, EP8)
+    configs[NANO] = load_config(EXAMPLES / NANO)
+    # ... and with a hybrid MTP depth (`/*E`) on the last of two pipeline segments
+    nano = load_config(EXAMPLES / NANO).model_dump(mode="json", exclude_unset=True)
+    nano["model"]["hybrid_layer_pattern"] += "/*E"
+    nano["model"]["mtp_num_layers"] = 1
+    nano["parallel"].update(pp=2, pipeline_model_parallel_layout="Et*15|t*14mL")
+    configs[NANO_MTP] = parse_config(nano)
     return configs
+
+
+NANO = "architectures/nemotron-3-nano-30b-a3b-64.yaml"
+NANO_MTP = "nemotron-3-nano, hybrid MTP over PP2"
 
 
 # Configs Megatron refuses, with the Megatron source line that refuses them and the moeplan rule that

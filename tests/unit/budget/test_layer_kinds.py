@@ -158,18 +158,13 @@ def test_every_kind_is_documented_and_varied() -> None:
             formula_book(baseline_variant())  # the baseline still builds
 
 
-def test_a_mamba_layer_is_refused_loudly() -> None:
-    """Megatron's Mamba-2 mixer has a record but no figures yet: a config marking a Mamba layer
-    is refused with the reason, never budgeted as attention."""
-    with pytest.raises(InvalidConfig, match=r"Mamba-2 mixer layer\(s\) marked: Megatron's MambaMixer"):
-        _tiny(mamba_layers=[1, 0])
-    cfg = _tiny(mamba_layers=[0, 0])  # no Mamba layer: the plain model
+def test_mamba_layers_resolve_as_the_block_mixer() -> None:
+    """mamba_layers marks the blocks whose mixer is Mamba-2 (its figures: tests/unit/budget/
+    test_mamba.py); none marked is the plain model."""
+    cfg = _tiny(mamba_layers=[0, 0])
     assert cfg.model.layer_mixers == ("softmax", "softmax") and "mamba" not in kinds_present(cfg)
-    # a model that got past the schema still cannot be budgeted: the record refuses it
-    hybrid = cfg.model_copy(update={"model": cfg.model.model_copy(update={"mamba_layers": [1, 0]})})
-    assert hybrid.model.layer_mixers == ("mamba", "softmax")
-    with pytest.raises(ValueError, match="mamba_mixer.py MambaMixer"):
-        budgets(hybrid)
+    hybrid = _tiny(mamba_layers=[1, 0], mamba_num_heads=8, mamba_head_dim=16, mamba_num_groups=2)
+    assert hybrid.model.layer_mixers == ("mamba", "softmax") and "mamba" in kinds_present(hybrid)
 
 
 def test_the_variant_reads_each_family_from_its_base_kind() -> None:
@@ -186,6 +181,7 @@ CP_EXCHANGES = {  # each kind's CP exchanges, in the order the comm page declare
     "gdn": ("cp_gdn_state_gather", "cp_gdn_relayout", "cp_gdn_conv_boundary"),
     "dsa": ("cp_dsa_indexer_k_gather",),
     "v4_window": ("cp_boundary_hidden", "cp_compressed_kv_gather", "cp_indexer_k_gather"),
+    "mamba": ("cp_mamba_a2a",),
 }
 
 

@@ -352,10 +352,16 @@ def test_malformed_value_names_the_argument(argument: str, value: str, tmp_path:
 
 
 def test_hybrid_pattern_of_other_layers_is_not_modelled() -> None:
-    """Mamba / standard-attention hybrid stacks are valid Megatron but not moeplan models."""
-    mapped = map_arguments("pretrain_hybrid.py --hybrid-layer-pattern 'M*M-' --mtp-num-layers 1")
-    [bad] = mapped.unmapped
-    assert bad.error and bad.why.startswith("not modelled:") and bad.argument == "--hybrid-layer-pattern"
+    """A Mamba stack reads as blocks (a mixer, then at most one MLP); a layer moeplan cannot pair
+    (an MLP with no mixer before it, gated DeltaNet's G) is valid Megatron but not modelled."""
+    mapped = map_arguments("pretrain_hybrid.py --hybrid-layer-pattern 'M*M-'")
+    model = mapped.data["model"]
+    assert (model["num_layers"], model["mamba_layers"], model["mixer_only_layers"]) == (
+        3, [1, 0, 1], [1, 1, 0])
+    for pattern in ("-M*E", "MGE"):
+        mapped = map_arguments(f"pretrain_hybrid.py --hybrid-layer-pattern '{pattern}'")
+        [bad] = mapped.unmapped
+        assert bad.error and bad.why.startswith("not modelled:") and bad.argument == "--hybrid-layer-pattern"
     mapped = map_arguments("pretrain_hybrid.py --hybrid-layer-pattern WEHE --mtp-num-layers 1")
     assert mapped.data["model"]["mtp_num_layers"] == 1  # no '/' part: the flag stands
     assert mapped.data["model"]["num_layers"] == 2

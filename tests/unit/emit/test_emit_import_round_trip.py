@@ -4,7 +4,8 @@ attention kind), is moved off Megatron's default in some config, and the import 
 
 One config cannot hold them all, because Megatron builds one attention per model: the standard
 attention's fields, MLA's (with DeepSeek-V3.2's DSA indexer) and DeepSeek-V4's hybrid attention
-(its own entry, pretrain_hybrid.py) exclude each other. So there are three architectures, each the
+(its own entry, pretrain_hybrid.py) exclude each other, and a Mamba stack goes through that entry
+too. So there are four architectures, each the
 smallest MoE model plus the switches that let the fields under them be written (FP8 for the recipe,
 the precision-aware optimizer for its dtypes, activation offloading for its settings, the flex
 dispatcher for its backend). Each field is moved in the first architecture where some value keeps
@@ -70,6 +71,14 @@ ARCHITECTURES: dict[str, Data] = {
         "model": {"attention_variant": "dsv4_hybrid", "compress_ratios": [0, 4, 128, 4],
                   "q_lora_rank": 16, "o_groups": 2, "o_lora_rank": 8, "csa_window_size": 8,
                   "index_n_heads": 2, "index_head_dim": 8, "index_topk": 16},
+    },
+    "Mamba stack": {
+        # Mamba-2 mixers on the hybrid entry (block 1 is attention alone: a mixer-only block); the
+        # layout becomes the pattern's `|` segments as for DeepSeek-V4
+        "parallel": {"pp": 2, "pipeline_model_parallel_layout": "Ett|ttL"},
+        "model": {"mamba_layers": [1, 0, 1, 1], "mixer_only_layers": [0, 1, 0, 0],
+                  "mamba_num_heads": 4, "mamba_head_dim": 16,
+                  "mamba_num_groups": 2, "mamba_state_dim": 16},
     },
 }
 # Table fields no config can move, each with its reason: empty, so a new table field the test cannot

@@ -56,6 +56,18 @@ CITED_LINES = [
     (TRANSFORMER_CONFIG, 1521, "if self.num_attention_heads % tp != 0:", "__post_init__"),
     (TRANSFORMER_CONFIG, 1529, "if self.num_query_groups < tp:", "__post_init__"),
     (TRANSFORMER_CONFIG, 1545, "if per_partition % align != 0:", "__post_init__"),
+    # ... ARC010: Mamba-2 heads and groups over TP, their FP8 width, and over CP
+    ("core/ssm/mamba_mixer.py", 241,
+     "assert (2 * self.d_inner + 2 * self.ngroups * self.d_state + self.nheads) % 16 == 0, (",
+     "MambaMixer.__init__"),
+    ("core/ssm/mamba_mixer.py", 249, "assert self.nheads % tp_size == 0", "MambaMixer.__init__"),
+    ("core/ssm/mamba_mixer.py", 257, "assert self.ngroups % tp_size == 0", "MambaMixer.__init__"),
+    ("core/ssm/mamba_context_parallel.py", 110, "self.nheads_local_tp % self.cp_size == 0",
+     "MambaContextParallel._set_cp_params"),
+    ("core/ssm/mamba_context_parallel.py", 124, "self.cp_size % self.ngroups_local_tp == 0",
+     "MambaContextParallel._set_cp_params"),
+    ("core/ssm/mamba_context_parallel.py", 131, "self.ngroups_local_tp % self.cp_size == 0",
+     "MambaContextParallel._set_cp_params"),
     # TransformerConfig.__post_init__: full granularity without a method raises
     (TRANSFORMER_CONFIG, 2165, 'elif self.recompute_granularity != "selective":', "__post_init__"),
     # ... and without recompute_num_layers
@@ -469,3 +481,20 @@ def test_head_wise_gate_over_tp_is_arc009() -> None:
     assert not [c for c in fits if c[0] == "ARC009"]  # 208 = 13 · 16 rows
     assert not [c for c in codes({"model": {**model, "num_query_groups": 4}, "parallel": par})
                 if c[0] == "ARC009"]
+
+
+def test_mamba_heads_and_groups_over_tp_and_cp_are_arc010() -> None:
+    """mamba_mixer.py:249/:257 (TP divides heads and groups), mamba_context_parallel.py:110
+    (CP divides a TP rank's heads) and :124/:131 (a rank's groups and CP divide one another).
+    8 heads of 16 over 4 groups: at TP 2 a rank holds 4 heads and 2 groups."""
+    model = {"num_layers": 2, "mamba_layers": [1, 0], "mamba_num_heads": 8, "mamba_head_dim": 16,
+             "mamba_num_groups": 4}
+    arc = lambda overlay: [c for c in codes(overlay) if c[0] == "ARC010"]  # noqa: E731
+    par = {"tp": 2, "ep": 2, "sequence_parallel": True}
+    assert arc({"model": model, "parallel": par}) == []
+    assert arc({"model": {**model, "mamba_num_groups": 2}, "parallel": {**par, "tp": 4}}) == [
+        ("ARC010", "error", "model.mamba_num_groups")]  # 2 groups over TP 4
+    # CP 8 > 4 heads per TP rank (at TP 1: 8 heads, 4 groups -> CP 8 divides 8 heads, 8 % 4 = 0)
+    assert arc({"model": model, "parallel": {"tp": 2, "cp": 8, "ep": 2,
+                                             "sequence_parallel": True}}) == [
+        ("ARC010", "error", "parallel.cp")]
