@@ -79,6 +79,14 @@ class Variant:
     quick_geglu: bool = False  # gated MLPs by --quick-geglu (Megatron's FLOPs figure counts 2 GEMMs)
     # ---- issue 22 (offload branch): the fine-grained activation offload groups counted
     offload: frozenset[str] = frozenset()
+    # The allocator's peak: unfused attention keeps the s x s scores ("" flash / fused kernels);
+    # the loss's cross-entropy path ("unfused", "native", "te", "linear"); Transformer Engine's
+    # GEMM workspaces (transformer_impl transformer_engine) and its grouped-GEMM streams.
+    attn_scores: bool = False
+    attention_dropout: bool = False
+    ce_impl: str = "unfused"
+    te: bool = True
+    grouped_gemm: bool = False
 
     def has(self, kind: str) -> bool:
         """The layer kind `kind` is present (some layer runs it, or every attention layer has it)."""

@@ -560,6 +560,15 @@ class TrainingSection(Section):
     grad_reduce_in_bf16: bool = False
     optimizer_cpu_offload: bool = False
     optimizer_offload_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
+    # The allocator's peak (planner/budget/memory.py): the attention kernel (unfused and local keep
+    # the s x s scores), the layer implementation (local: Megatron's own unfused attention) and
+    # the loss's cross-entropy path (Megatron-LM dev@d48bd6be megatron/core/transformer/
+    # transformer_config.py attention_backend, transformer_impl; megatron/core/
+    # model_parallel_config.py cross_entropy_loss_fusion, cross_entropy_fusion_impl).
+    attention_backend: Literal["auto", "flash", "fused", "unfused", "local"] = "auto"
+    transformer_impl: Literal["transformer_engine", "local"] = "transformer_engine"
+    cross_entropy_loss_fusion: bool = False
+    cross_entropy_fusion_impl: Literal["native", "te", "linear"] = "native"
 
     @model_validator(mode="after")
     def _precision_aware_optimizer(self) -> TrainingSection:
@@ -826,6 +835,14 @@ class ClusterSection(Section):
     # rank_nodes: an explicit node index per rank (a hostfile's order), which wins over both.
     rank_distribution: Literal["block", "cyclic"] = "block"
     rank_nodes: list[Annotated[int, Field(ge=0)]] | None = None
+    # Device memory beyond the allocator's `max allocated` (planner/budget/memory.py
+    # write_device_total): the caching allocator's reserved/allocated ratio, the CUDA context,
+    # the channels NCCL opens per communicator; memory_margin is the share of the GPU that MEM002
+    # and search keep free of the device total.
+    allocator_reserved_ratio: Annotated[float, Field(ge=1, le=2)] = 1.04
+    cuda_context_gib: Annotated[float, Field(ge=0, le=16)] = 0.5
+    nccl_channels: Annotated[int, Field(ge=1, le=64)] = 16
+    memory_margin: Annotated[float, Field(ge=0, lt=1)] = 0.08
 
     @field_validator("nodes", mode="wrap")
     @classmethod
