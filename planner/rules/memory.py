@@ -50,11 +50,11 @@ def _memory_text(env: dict[str, Number]) -> str:
     parts = ", ".join(f"{label} {format_bytes(env[key], digits=2)}" for key, label in _PARTS)
     flight = number_text(env["in_flight_microbatches"])
     rest = Fraction(env["device_memory_bytes"]) - Fraction(env["hot_rank_memory_peak_bytes"])
-    return (f"{format_bytes(env['device_memory_bytes'], digits=2)} of device memory per rank, "
-            f"{fixed(share, 1)} % of {format_bytes(env['gpu_memory_bytes'], digits=2)}: an allocated "
-            f"peak of {format_bytes(env['hot_rank_memory_peak_bytes'], digits=2)} on the busiest EP "
-            f"rank ({parts}; {flight} microbatch(es) in flight) and "
-            f"{format_bytes(rest, digits=2)} of reserved slack, CUDA context and NCCL buffers")
+    return (f"{format_bytes(env['device_memory_bytes'], digits=2)} per rank, "
+            f"{fixed(share, 1)} % of {format_bytes(env['gpu_memory_bytes'], digits=2)} (device "
+            f"total: an allocated peak of {format_bytes(env['hot_rank_memory_peak_bytes'], digits=2)}"
+            f" on the busiest EP rank, {parts}, {flight} microbatch(es) in flight; plus "
+            f"{format_bytes(rest, digits=2)} of reserved slack, CUDA context and NCCL buffers)")
 
 
 def ranked_parts(env: dict[str, Number]) -> list[tuple[str, str]]:
