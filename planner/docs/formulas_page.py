@@ -126,6 +126,12 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
       "mla_q_lora": True,
       "offload": frozenset({"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
                             "moe_act"})}),
+    # the allocator's peak (planner/budget/device_memory.py)
+    ("unfused attention (standard, attention dropout): the s x s scores stored",
+     {"attn_scores": True, "attention_dropout": True, "kinds": STANDARD, "cp": False}),
+    ("Transformer Engine's fused cross entropy", {"ce_impl": "te"}),
+    ("the fused native cross entropy", {"ce_impl": "native"}),
+    ("the local implementation, no TE grouped GEMM", {"te": False, "grouped_gemm": False}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {
