@@ -93,9 +93,9 @@ class Summary:
                    f"{worst.stage}" if worst else f"no budgets: {self.budget_error}")
         others = sorted({f.code for f in self.errors if f.code not in MEMORY_CODES})
         rules = f"; rule errors: {', '.join(others)}" if others else ""
-        return {"fits": f"fits: every stage under {self.line:.0%} of GPU memory — {closest}",
-                "MEM002": f"MEM002: fits, but a stage leaves under {1 - self.line:.0%} headroom — "
-                          f"{closest}{rules}",
+        return {"fits": f"fits: every stage under {self.line * 100:.0f} % of GPU memory — {closest}",
+                "MEM002": f"MEM002: fits, but a stage leaves under {(1 - self.line) * 100:.0f} % "
+                          f"headroom — {closest}{rules}",
                 "MEM001": f"MEM001: does not fit — {closest}{rules}",
                 "errors": f"does not pass: {', '.join(others)} — {closest}"}[self.verdict]
 
