@@ -254,11 +254,14 @@ def _weight_and_grad_terms(book: Book, v: Variant) -> tuple[str, str]:
     """
     add = book.add
     full = "(dense_buffer_params + expert_buffer_params)"
+    # frozen parameters sit outside the DDP buffers, as plain tensors (training_modes.py)
+    held = "(frozen_params_on_rank + dense_buffer_params + expert_buffer_params)" \
+        if v.freeze or v.lora else full
     shard = "(dense_shard_params + expert_shard_params)"
-    weights = f"{shard if v.fsdp == 'optim_grads_params' else full} * p"
+    weights = f"{shard if v.fsdp == 'optim_grads_params' else held} * p"
     grads = f"{shard if v.fsdp in ('optim_grads', 'optim_grads_params') else full} * bytes_grad"
     if v.fp8_weights and not v.fsdp:
-        weights = f"({full} - fp8_params_on_rank) * p + fp8_weight_bytes"
+        weights = f"({held} - fp8_params_on_rank) * p + fp8_weight_bytes"
         _add_fp8_weights(book, v)
     unit = []
     if v.gtp:

@@ -93,6 +93,7 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("context_gib", "CUDA context and loaded kernels per rank in GiB (cluster.cuda_context_gib)"),
     Symbol("nccl_channels", "channels NCCL opens per ring communicator (cluster.nccl_channels)"),
     Symbol("mem_margin", "share of GPU memory kept free of the device total (cluster.memory_margin)"),
+    Symbol("lora_rank", "LoRA adapter rank (training.lora.dim; 0 without LoRA)"),
     Symbol("recv_z2", "z² of the busiest EP rank's stated quantile: z = Φ⁻¹(q^(1/EP)) for "
            "q = efficiency.routing_quantile (the quantile of the largest of EP receive counts)"),
     Symbol("h_moe", "width of the routed token rows: moe_latent_size with latent MoE (the rows "
@@ -273,6 +274,8 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         ce_impl=tr.cross_entropy_fusion_impl if tr.cross_entropy_loss_fusion else "unfused",
         te=tr.transformer_impl == "transformer_engine",
         grouped_gemm=moe.moe_grouped_gemm and model.num_experts > 0,
+        freeze=frozenset(tr.freeze),
+        lora=frozenset(tr.lora.target_modules) if tr.lora else frozenset(),
     )
 
 
@@ -419,6 +422,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "context_gib": exact(cfg.cluster.cuda_context_gib),
         "nccl_channels": cfg.cluster.nccl_channels,
         "mem_margin": exact(cfg.cluster.memory_margin),
+        "lora_rank": tr.lora.dim if tr.lora else 0,
         "recv_z2": hot_rank_z2(cfg.cluster.efficiency.routing_quantile, par.ep),
         "h_moe": cfg.moe.moe_latent_size or m.hidden_size,
         "csa_window": m.csa_window_size or 0,

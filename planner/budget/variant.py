@@ -87,6 +87,9 @@ class Variant:
     ce_impl: str = "unfused"
     te: bool = True
     grouped_gemm: bool = False
+    # What trains: frozen parameter groups ("dense", "experts") and the LoRA targets (empty without)
+    freeze: frozenset[str] = frozenset()
+    lora: frozenset[str] = frozenset()
 
     def has(self, kind: str) -> bool:
         """The layer kind `kind` is present (some layer runs it, or every attention layer has it)."""

@@ -500,6 +500,16 @@ class ParallelSection(Section):
         return handler(value)
 
 
+class LoraSection(Section):
+    """LoRA adapters over a frozen base (Megatron-Bridge src/megatron/bridge/peft/lora.py LoRA:
+    `dim` is the rank, `target_modules` the linear names it wraps, its defaults)."""
+
+    dim: PosInt = 32
+    alpha: PosFloat = 32
+    target_modules: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]] = Field(
+        default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], min_length=1)
+
+
 class TrainingSection(Section):
     seq_length: PosInt
     micro_batch_size: PosInt = 1
@@ -569,6 +579,12 @@ class TrainingSection(Section):
     transformer_impl: Literal["transformer_engine", "local"] = "transformer_engine"
     cross_entropy_loss_fusion: bool = False
     cross_entropy_fusion_impl: Literal["native", "te", "linear"] = "native"
+    # What trains (planner/budget/training_modes.py): parameter groups frozen (no main grads, no
+    # optimizer states: Megatron's DDP buffers hold only parameters that require grad), or LoRA
+    # adapters over a frozen base as Megatron-Bridge's PEFT builds them
+    # (src/megatron/bridge/peft/lora.py LoRA; peft/utils.py ParallelLinearAdapter).
+    freeze: list[Literal["dense", "experts"]] = Field(default_factory=list)
+    lora: LoraSection | None = None
 
     @model_validator(mode="after")
     def _precision_aware_optimizer(self) -> TrainingSection:
