@@ -138,8 +138,41 @@ def write_device_total(book: Book, v: Variant) -> None:
     add("reserved_slack_bytes", "ceiling(hot_rank_memory_peak_bytes * (reserved_ratio - 1))", "bytes",
         "memory", "reserved but unallocated blocks of the caching allocator at the peak "
         "(cluster.allocator_reserved_ratio)")
-    add("device_memory_bytes", "hot_rank_memory_peak_bytes + reserved_slack_bytes"
-        " + cuda_context_bytes + nccl_buffer_bytes", "bytes", "memory",
-        "device total of the busiest EP rank: allocated peak, reserved slack, CUDA context, NCCL")
+    total = "hot_rank_memory_peak_bytes + reserved_slack_bytes + cuda_context_bytes + nccl_buffer_bytes"
+    if v.rl:
+        total = write_rl_colocation(book, v, total)
+    add("device_memory_bytes", total, "bytes", "memory",
+        "device total of the busiest EP rank: allocated peak, reserved slack, CUDA context, NCCL"
+        + ("; with the colocated RL engine, the larger of the training and rollout phases" if v.rl else ""))
     add("device_memory_utilization", "device_memory_bytes / gpu_memory_bytes", "share", "memory",
         "device total over GPU memory (MEM002 above 1 - cluster.memory_margin, MEM001 above 100 %)")
+
+
+def write_rl_colocation(book: Book, v: Variant, training: str) -> str:
+    """An RL inference engine on the same GPUs (slime's --colocate with --sglang-mem-fraction-
+    static, verl's rollout.gpu_memory_utilization): SGLang and vLLM size their static pool
+    (weights and KV cache) as that share of the GPU's whole memory. In the training phase the
+    engine holds its pool, or only its own CUDA context when it releases the pool (slime
+    --offload-rollout, torch_memory_saver; verl free_cache_engine); in the rollout phase training
+    holds its weights, grads and optimizer states, or only its context and NCCL buffers when it
+    offloads them (slime --offload-train; verl param_offload / optimizer_offload). The device
+    total is the larger phase."""
+    add = book.add
+    add("rl_engine_bytes", "rl_engine_fraction * gpu_memory_bytes", "bytes", "memory",
+        "the inference engine's static pool (weights and KV cache): its share of the GPU")
+    add("rl_engine_in_training_bytes",
+        "cuda_context_bytes" if "rollout" in v.rl else "rl_engine_bytes", "bytes", "memory",
+        "what the engine holds while training runs: "
+        + ("its CUDA context (the pool is released)" if "rollout" in v.rl else "its whole pool"))
+    kept = "cuda_context_bytes + nccl_buffer_bytes"
+    if "train" not in v.rl:
+        kept = "weight_bytes + grad_bytes + optimizer_bytes + buffer_bytes + " + kept
+    add("rl_training_in_rollout_bytes", kept, "bytes", "memory",
+        "what training holds while the engine generates: "
+        + ("its CUDA context and NCCL buffers (weights, grads and optimizer states offloaded)"
+           if "train" in v.rl else "its weights, grads, optimizer states, CUDA context and NCCL"))
+    add("rl_training_phase_bytes", f"{training} + rl_engine_in_training_bytes", "bytes", "memory",
+        "device total of the training phase: training's own and the engine's share")
+    add("rl_rollout_phase_bytes", "rl_engine_bytes + rl_training_in_rollout_bytes", "bytes", "memory",
+        "device total of the rollout phase: the engine's pool and what training keeps")
+    return "Max(rl_training_phase_bytes, rl_rollout_phase_bytes)"

@@ -94,6 +94,8 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("nccl_channels", "channels NCCL opens per ring communicator (cluster.nccl_channels)"),
     Symbol("mem_margin", "share of GPU memory kept free of the device total (cluster.memory_margin)"),
     Symbol("lora_rank", "LoRA adapter rank (training.lora.dim; 0 without LoRA)"),
+    Symbol("rl_engine_fraction", "share of GPU memory a colocated RL inference engine takes "
+           "(training.rl_colocation.engine_memory_fraction; 0 without)"),
     Symbol("recv_z2", "z² of the busiest EP rank's stated quantile: z = Φ⁻¹(q^(1/EP)) for "
            "q = efficiency.routing_quantile (the quantile of the largest of EP receive counts)"),
     Symbol("h_moe", "width of the routed token rows: moe_latent_size with latent MoE (the rows "
@@ -276,7 +278,17 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         grouped_gemm=moe.moe_grouped_gemm and model.num_experts > 0,
         freeze=frozenset(tr.freeze),
         lora=frozenset(tr.lora.target_modules) if tr.lora else frozenset(),
+        rl=_rl(tr),
     )
+
+
+def _rl(tr: Any) -> str:
+    """Which sides of an RL colocation release their memory in the other's phase."""
+    rl = tr.rl_colocation
+    if rl is None:
+        return ""
+    sides = [side for side, on in (("train", rl.offload_train), ("rollout", rl.offload_rollout)) if on]
+    return "+".join(sides) or "none"
 
 
 # Bytes of one optimizer state element per --main-params-dtype / --exp-avg-dtype choice; fp8 moments
@@ -423,6 +435,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "nccl_channels": cfg.cluster.nccl_channels,
         "mem_margin": exact(cfg.cluster.memory_margin),
         "lora_rank": tr.lora.dim if tr.lora else 0,
+        "rl_engine_fraction": exact(tr.rl_colocation.engine_memory_fraction) if tr.rl_colocation else 0,
         "recv_z2": hot_rank_z2(cfg.cluster.efficiency.routing_quantile, par.ep),
         "h_moe": cfg.moe.moe_latent_size or m.hidden_size,
         "csa_window": m.csa_window_size or 0,

@@ -90,6 +90,9 @@ class Variant:
     # What trains: frozen parameter groups ("dense", "experts") and the LoRA targets (empty without)
     freeze: frozenset[str] = frozenset()
     lora: frozenset[str] = frozenset()
+    # An RL inference engine on the same GPUs: "" without; else which sides release their memory
+    # in the other's phase ("train", "rollout", both or neither, as "train+rollout" / "none")
+    rl: str = ""
 
     def has(self, kind: str) -> bool:
         """The layer kind `kind` is present (some layer runs it, or every attention layer has it)."""

@@ -510,6 +510,18 @@ class LoraSection(Section):
         default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], min_length=1)
 
 
+class RlColocationSection(Section):
+    """An inference engine colocated with training on the same GPUs, as slime (`--colocate`,
+    `--sglang-mem-fraction-static`, `--offload-train`, `--offload-rollout`) and verl
+    (`rollout.gpu_memory_utilization`, the actor's param/optimizer offload, `free_cache_engine`)
+    launch it: the engine takes `engine_memory_fraction` of the GPU's memory for its weights and
+    KV cache; each side may release its memory while the other phase runs."""
+
+    engine_memory_fraction: Annotated[float, Field(gt=0, lt=1)]
+    offload_train: bool = True  # training's params, grads and optimizer leave the GPU in rollout
+    offload_rollout: bool = True  # the engine's weights and KV cache leave the GPU in training
+
+
 class TrainingSection(Section):
     seq_length: PosInt
     micro_batch_size: PosInt = 1
@@ -585,6 +597,9 @@ class TrainingSection(Section):
     # (src/megatron/bridge/peft/lora.py LoRA; peft/utils.py ParallelLinearAdapter).
     freeze: list[Literal["dense", "experts"]] = Field(default_factory=list)
     lora: LoraSection | None = None
+    # An RL post-training job whose inference engine shares the GPUs (planner/budget/
+    # device_memory.py write_rl_colocation).
+    rl_colocation: RlColocationSection | None = None
 
     @model_validator(mode="after")
     def _precision_aware_optimizer(self) -> TrainingSection:

@@ -191,7 +191,8 @@ def carried_modelled(f: Facts) -> Iterator[Violation]:
 
 # Argument values Megatron's validate_args refuses together: (field, value), (field, value), Megatron's
 # reason and its way out (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args;
-# megatron/core/model_parallel_config.py ModelParallelConfig.__post_init__ asserts the same).
+# megatron/core/model_parallel_config.py
+# ModelParallelConfig.__post_init__ asserts the same).
 REFUSED_TOGETHER = (
     (("training.cross_entropy_fusion_impl", "te"), ("training.cross_entropy_loss_fusion", True),
      "Transformer Engine's fused cross entropy is disabled for its stability issues",

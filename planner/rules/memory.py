@@ -199,10 +199,34 @@ def memory_headroom(f: Facts) -> Iterator[Violation]:
     yield from _verdict(f, share, Fraction(1), f"above {fixed(share * 100, 0)} %")
 
 
-RULES = (memory_fits, memory_headroom)
+@rule(
+    "MEM003", "warning", "what trains is budgeted, and the launch must apply it",
+    source="planner/budget/training_modes.py trainable; planner/budget/device_memory.py "
+           "write_rl_colocation",
+    why="""training.lora, training.freeze and training.rl_colocation change what the memory budget
+    holds (frozen weights without grads or optimizer states, adapters, an inference engine's share
+    of the GPU), but Megatron-LM's pretrain_gpt.py, which `emit megatron` launches, trains every
+    parameter and runs no engine: the job must be launched by Megatron-Bridge (its PEFT and freeze
+    options) or by slime / verl, with the same settings, for the budget to hold.""",
+    bad="training: {freeze: [dense]}",
+    good="training: {freeze: []}",
+)
+def training_mode_launch(f: Facts) -> Iterator[Violation]:
+    tr = f.cfg.training
+    for name, on, launcher in (("lora", tr.lora is not None, "Megatron-Bridge's PEFT LoRA"),
+                               ("freeze", bool(tr.freeze), "Megatron-Bridge's freeze options"),
+                               ("rl_colocation", tr.rl_colocation is not None, "slime or verl")):
+        if on:
+            yield Violation(f"training.{name}", f"training.{name} is budgeted, but `emit megatron` "
+                            "writes a Megatron-LM pretraining launch that trains every parameter",
+                            f"launch the job with {launcher} using the same settings")
+
+
+VERDICTS = (memory_fits, memory_headroom)
+RULES = (*VERDICTS, training_mode_launch)
 
 
 def memory_findings(cfg: Config) -> list[Finding]:
     """MEM001 and MEM002 alone, for callers that want only the memory verdict."""
     facts = Facts(cfg)
-    return [finding for unit in RULES for finding in unit.findings(facts)]
+    return [finding for unit in VERDICTS for finding in unit.findings(facts)]
