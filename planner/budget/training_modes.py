@@ -38,10 +38,8 @@ def _lora_terms(v: Variant) -> tuple[list[str], list[str], list[str], list[str]]
     layer and MoE layer (routed experts)."""
     m, r = _mats(v), "lora_rank"
     attention, shared, dense, routed = [], [], [], []
-    if v.attention == "dsv4_hybrid" and v.lora & {"linear_qkv", "linear_proj"}:
-        raise ValueError("training.lora targets linear_qkv / linear_proj on DeepSeek-V4 attention, "
-                         "whose grouped output projection moeplan does not count adapters for: "
-                         "target linear_fc1 and linear_fc2 only")
+    # (DeepSeek-V4 attention with linear_qkv / linear_proj targets is refused by the schema:
+    # planner/config/schema.py Config._lora_targets_counted)
     if "linear_qkv" in v.lora and v.attention == "standard":
         attention.append(f"{r} * (h + (heads + 2 * groups) * d) / TP")
     if "linear_proj" in v.lora:

@@ -978,6 +978,21 @@ class Config(Section):
         return {**data, "model": {**PRESETS[preset], **data["model"]}}
 
     @model_validator(mode="after")
+    def _lora_targets_counted(self) -> Config:
+        """DeepSeek-V4's attention has no linear_qkv and a grouped output projection whose adapters
+        moeplan does not count (planner/budget/training_modes.py): refuse rather than guess."""
+        lora = self.training.lora
+        if lora is not None and self.model.attention_variant == "dsv4_hybrid":
+            named = sorted({"linear_qkv", "linear_proj"} & set(lora.target_modules))
+            if named:
+                raise PydanticCustomError(
+                    "lora_target_not_counted",
+                    "training.lora.target_modules {named} on DeepSeek-V4 attention: moeplan does not "
+                    "count adapters on its projections; target linear_fc1 and linear_fc2 only",
+                    {"named": ", ".join(named)})
+        return self
+
+    @model_validator(mode="after")
     def _resolve(self) -> Config:
         """Derive what needs two sections: world size and nodes (from each other and the cluster's
         GPUs per node), flex-backend and FP8 defaults.
