@@ -92,3 +92,25 @@ def test_a_layout_at_99_percent_is_refused_by_default_and_accepted_with_a_lower_
     assert memory_findings(lowered) == []
     accepted = Judge(lowered).judge(None)
     assert not hasattr(accepted, "codes") and 0.009 < accepted.headroom < 0.011
+
+
+def test_a_logs_memory_lines_beside_both_peaks() -> None:
+    """microsoft/ltp-megatron-lm's 6.55B MoE log (tests/support/megatron_logs, with its source):
+    rank 0's max allocated 145,529.32 MiB and max reserved 147,018 MiB sit beside the allocated
+    peak of its stage, that peak times the reserved ratio, and the device total."""
+    from planner.calibrate.megatron_log import parse_log
+    from planner.calibrate.memory_lines import memory_report
+    from planner.config.importers.megatron_log import config_from_log
+    from tests.support.paths import ROOT
+
+    log = ROOT / "tests" / "support" / "megatron_logs" / "ltp_moe_6b_mi300x.log"
+    text = log.read_text(encoding="utf-8")
+    fixes = {"moe": {"moe_router_load_balancing_type": "global_aux_loss"}, "cluster": {"gpu": "MI300X"}}
+    data = merge(config_from_log(text, "ltp")[0], fixes)
+    [row] = memory_report(parse_config(data), parse_log(text, "ltp"))
+    assert row["rank"] == 0
+    assert row["max_allocated_bytes"] == 145529.322265625 * 2**20
+    assert row["max_reserved_bytes"] == 147018 * 2**20
+    assert row["predicted_reserved_bytes"] == row["predicted_peak_bytes"] * 1.04
+    assert row["predicted_device_bytes"] > row["predicted_reserved_bytes"]
+    assert row["allocated_ratio"] == row["predicted_peak_bytes"] / row["max_allocated_bytes"]
