@@ -81,7 +81,7 @@ class Candidate:
             "stage_peak_memory_bytes": self.stage_peak_bytes,
             "stage_step_time_s": self.stage_step_s,
             "device_memory_bytes": self.device_memory_bytes,
-            "memory_headroom": self.headroom,
+            "device_memory_free_share": self.headroom,
         }
 
 

@@ -344,7 +344,7 @@ def test_memory_headroom_keeps_every_candidate_under_it(tmp_path: Path) -> None:
     gpu = load_config(EXAMPLES / "tiny-cpu-8.yaml").cluster.gpu_memory_gib * (1 << 30)
     assert data["memory_headroom"] == 0.5 and data["candidates"]
     assert all(c["device_memory_bytes"] <= 0.5 * gpu for c in data["candidates"])
-    assert all(c["memory_headroom"] >= 0.5 for c in data["candidates"])
+    assert all(c["device_memory_free_share"] >= 0.5 for c in data["candidates"])
     for bad in ("0", "1.5"):
         refused = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--memory-headroom", bad)
         assert refused.returncode == 2 and "--memory-headroom" in refused.stderr
