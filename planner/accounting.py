@@ -52,7 +52,8 @@ __all__ = [  # the formula book's public names, re-exported: import them from he
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")
 _MEMORY_PARTS = ("weight_bytes", "grad_bytes", "optimizer_bytes", "buffer_bytes",
                  "activation_bytes", "comm_buffer_bytes", "in_flight_microbatches",
-                 "peak_memory_bytes", "gpu_memory_bytes", "memory_utilization")
+                 "peak_memory_bytes", "gpu_memory_bytes", "memory_utilization",
+                 "hot_rank_memory_peak_bytes", "device_memory_bytes", "device_memory_utilization")
 
 
 def budgets(cfg: Config, *, stage: int | None = None, rank: int | None = None) -> list[Budget]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.accounting import BudgetError, budgets, phase_label
-from planner.config.schema import Config
+from planner.config.schema import ClusterSection, Config
 from planner.estimate import estimate
 from planner.findings import Finding, has_errors
 
@@ -21,9 +21,12 @@ MEMORY_PARTS: dict[str, tuple[str, ...]] = {
     "grads": ("grad_bytes",),
     "optimizer": ("optimizer_bytes",),
     "activations": ("activation_bytes",),
-    "buffers": ("buffer_bytes", "comm_buffer_bytes", "vex_slot_bytes"),
+    "buffers": ("buffer_bytes", "comm_buffer_bytes", "vex_slot_bytes", "transient_extra_bytes",
+                "workspace_bytes"),
 }
-HEADROOM_SHARE = 0.8  # MEM002 above this share of GPU memory (planner/rules/memory.py HEADROOM)
+# MEM002 above this share of GPU memory for the device total under the default
+# cluster.memory_margin (planner/rules/memory.py headroom_share reads the config's own).
+HEADROOM_SHARE = 1 - ClusterSection.model_fields["memory_margin"].default
 MEMORY_CODES = ("MEM001", "MEM002")
 
 
@@ -34,10 +37,15 @@ class StageMemory:
     parts: dict[str, float]
     peak: float
     gpu: float
+    device: float = 0.0  # the device total of the stage's busiest EP rank
 
     @property
     def share(self) -> float:
         return self.peak / self.gpu if self.gpu else 0.0
+
+    @property
+    def device_share(self) -> float:
+        return self.device / self.gpu if self.gpu else 0.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ class Summary:
     estimate: dict[str, Any] | None = None
     budget_error: str | None = None
     estimate_error: str | None = None
+    line: float = HEADROOM_SHARE  # 1 - cluster.memory_margin
 
     @property
     def errors(self) -> list[Finding]:
@@ -67,7 +76,8 @@ class Summary:
 
     @property
     def verdict(self) -> str:
-        """`fits`, `MEM001` (does not fit), `MEM002` (under 20 % headroom) or `errors`."""
+        """`fits`, `MEM001` (does not fit), `MEM002` (under cluster.memory_margin free) or
+        `errors`."""
         codes = {f.code for f in self.findings}
         if "MEM001" in codes:
             return "MEM001"
@@ -77,13 +87,15 @@ class Summary:
 
     def headline(self) -> str:
         """One sentence: the verdict and the closest stage to the limit."""
-        worst = max(self.stages, key=lambda s: s.share, default=None)
-        closest = (f"highest peak {gib(worst.peak)} of {gib(worst.gpu)} ({worst.share:.1%}) on stage "
+        worst = max(self.stages, key=lambda s: s.device_share, default=None)
+        closest = (f"highest device total {gib(worst.device)} of {gib(worst.gpu)} "
+                   f"({worst.device_share:.1%}; allocated peak {gib(worst.peak)}) on stage "
                    f"{worst.stage}" if worst else f"no budgets: {self.budget_error}")
         others = sorted({f.code for f in self.errors if f.code not in MEMORY_CODES})
         rules = f"; rule errors: {', '.join(others)}" if others else ""
-        return {"fits": f"fits: every stage under 80 % of GPU memory — {closest}",
-                "MEM002": f"MEM002: fits, but a stage leaves under 20 % headroom — {closest}{rules}",
+        return {"fits": f"fits: every stage under {self.line * 100:.0f} % of GPU memory — {closest}",
+                "MEM002": f"MEM002: fits, but a stage leaves under {(1 - self.line) * 100:.0f} % "
+                          f"headroom — {closest}{rules}",
                 "MEM001": f"MEM001: does not fit — {closest}{rules}",
                 "errors": f"does not pass: {', '.join(others)} — {closest}"}[self.verdict]
 
@@ -94,7 +106,7 @@ def gib(value: float) -> str:
 
 def summarize(cfg: Config, findings: list[Finding], items: list | None = None) -> Summary:
     """The summary of `cfg` from `budgets(cfg)` (given, or computed here) and `estimate(cfg)`."""
-    summary = Summary(findings)
+    summary = Summary(findings, line=1 - cfg.cluster.memory_margin)
     if items is None:
         try:
             items = budgets(cfg)
@@ -124,7 +136,7 @@ def stage_memory(items: list) -> list[StageMemory]:
         values = shared | values
         parts = {part: sum(values.get(n, 0.0) for n in names) for part, names in MEMORY_PARTS.items()}
         out.append(StageMemory(stage, ranks[stage], parts, values["peak_memory_bytes"],
-                               values["gpu_memory_bytes"]))
+                               values["gpu_memory_bytes"], values.get("device_memory_bytes", 0.0)))
     return out
 
 

@@ -9,17 +9,25 @@ Transformer Engine's cached FP8 weights, or the FP8 parameters of fp8_param_gath
 optimizer states, stored activations and the transient dispatch/pipeline buffers of one layer. Weight and
 grad buffers are padded as the distributed optimizer pads them (one buffer per kind and stage, its
 end at a multiple of lcm(shards, 128) elements), so every shard and byte count is whole. What is
-not: allocator fragmentation, CUDA context and library workspaces, NCCL internal buffers, the fp32
-copy of probabilities in fused kernels, temporary GEMM workspaces, checkpoint I/O buffers, the
+not here: the loss's logits, unfused attention's scores, GEMM workspaces and the device total
+(reserved slack, CUDA context, NCCL buffers) are planner/budget/device_memory.py's; left out: the fp32
+copy of probabilities in fused kernels, checkpoint I/O buffers, the
 64-element alignment of each parameter in its buffer, and the extra padded buckets that
 overlap_grad_reduce (first stage) or one buffer per VPP chunk add (under lcm(shards, 128) elements
 each).
-Activations follow a flash-attention model (no s² score matrix is stored) and count each stored
-tensor once; MLPs are SwiGLU (3 matrices) or, with swiglu false, two matrices.
+Activations follow a flash-attention model unless the attention backend is unfused (then the s²
+scores are device_memory.py's) and count each stored tensor once; MLPs are SwiGLU (3 matrices)
+or, with swiglu false, two matrices.
 """
 
 from __future__ import annotations
 
+from planner.budget.device_memory import (
+    logits_stored,
+    write_allocator_extras,
+    write_attention_scores,
+    write_device_total,
+)
 from planner.budget.expr import Book
 from planner.budget.layer_kinds import kinds_of
 from planner.budget.offload import write_offload, write_offload_peak
@@ -145,7 +153,8 @@ def write(book: Book, v: Variant) -> None:
            + (" + act_latent_per_layer" if v.latent else ""))
     add("act_moe_per_layer", moe, "bytes", "memory", "per microbatch: one MoE layer")
     per_block = "act_attention_per_block"
-    for extra in ("act_qk_norm_per_block", "act_dropout_per_block"):
+    write_attention_scores(book, v)
+    for extra in ("act_qk_norm_per_block", "act_dropout_per_block", "act_attn_scores_per_block"):
         if extra in book.levels:
             per_block += f" + {extra}"
     if v.mhc:
@@ -164,11 +173,11 @@ def write(book: Book, v: Variant) -> None:
     _add_recompute(book, v)
     add("act_embedding", "has_embedding * tokens_per_rank * (h * p + 8)", "bytes", "memory",
         "per microbatch: embedding output and token ids")
-    add("act_output", "(has_output + L_mtp) * tokens_per_rank * (h * p + TP_seq * V_pad / TP * 4)",
+    add("act_output", f"(has_output + L_mtp) * tokens_per_rank * (h * p + {logits_stored(v)})",
         "bytes", "memory",
-        "per microbatch: output-layer input and fp32 logits (main head and each MTP head); the "
-        "logits cover the whole sequence (gathered from the TP_seq shards) and V_pad / TP of the "
-        "vocabulary")
+        "per microbatch: output-layer input and the logits the cross entropy keeps (main head and "
+        "each MTP head); the logits cover the whole sequence (gathered from the TP_seq shards) and "
+        "V_pad / TP of the vocabulary")
     add("act_per_microbatch", "act_stored_layers + act_embedding + act_output", "bytes", "memory",
         "stored activations of one microbatch on this stage")
     add("in_flight_microbatches", "live_passes / VPP", "count", "memory",
@@ -203,7 +212,7 @@ def write(book: Book, v: Variant) -> None:
         + ("; NCCL EP zero-copy (main's moe_ncclep_zero_copy): two persistent bf16 symmetric "
            "buffers of ncclep_recv_rows that FC2 writes into" if v.ncclep_zero_copy else ""))
     peak = ("weight_bytes + grad_bytes + optimizer_bytes + buffer_bytes + activation_bytes"
-            " + comm_buffer_bytes")
+            " + comm_buffer_bytes + " + write_allocator_extras(book, v))
     if v.virtual_experts:
         mats = v.mlp_matrices
         add("vex_slot_bytes", "ceiling(in_flight_microbatches * moe_layers * vex_slots"
@@ -212,11 +221,13 @@ def write(book: Book, v: Variant) -> None:
             "the backward of each microbatch in flight, and one replica's fp32 gradient before it "
             "returns (predicted only; Megatron-LM PR #7450, not in dev)")
         peak += " + vex_slot_bytes"
-    add("peak_memory_bytes", peak, "bytes", "memory", "estimated peak per rank")
+    add("peak_memory_bytes", peak, "bytes", "memory",
+        "estimated peak per rank: what Megatron's log prints as max allocated")
     _add_hot_rank_memory(book, v)
     add("gpu_memory_bytes", "mem_gib * 1073741824", "bytes", "memory", "cluster.gpu_memory_gib")
     add("memory_utilization", "peak_memory_bytes / gpu_memory_bytes", "share", "memory",
-        "peak over GPU memory (MEM002 above 80 %, MEM001 above 100 %)")
+        "allocated peak over GPU memory (the verdicts judge device_memory_utilization)")
+    write_device_total(book, v)
 
 
 def _precision_aware(v: Variant) -> tuple[str, str]:
@@ -245,11 +256,14 @@ def _weight_and_grad_terms(book: Book, v: Variant) -> tuple[str, str]:
     """
     add = book.add
     full = "(dense_buffer_params + expert_buffer_params)"
+    # frozen parameters sit outside the DDP buffers, as plain tensors (training_modes.py)
+    held = "(frozen_params_on_rank + dense_buffer_params + expert_buffer_params)" \
+        if v.freeze or v.lora else full
     shard = "(dense_shard_params + expert_shard_params)"
-    weights = f"{shard if v.fsdp == 'optim_grads_params' else full} * p"
+    weights = f"{shard if v.fsdp == 'optim_grads_params' else held} * p"
     grads = f"{shard if v.fsdp in ('optim_grads', 'optim_grads_params') else full} * bytes_grad"
     if v.fp8_weights and not v.fsdp:
-        weights = f"({full} - fp8_params_on_rank) * p + fp8_weight_bytes"
+        weights = f"({held} - fp8_params_on_rank) * p + fp8_weight_bytes"
         _add_fp8_weights(book, v)
     unit = []
     if v.gtp:

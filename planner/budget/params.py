@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from planner.budget.expr import Book
 from planner.budget.layer_kinds import kinds_of
+from planner.budget.training_modes import trainable
 from planner.budget.variant import Variant, routed_width
 
 PAGE = "params"
@@ -200,15 +201,19 @@ def _add_grad_buffer_members(book: Book, v: Variant) -> None:
     EGTP != GTP; Megatron-LM main@d98e8a64 megatron/core/extensions/transformer_engine.py
     TELinear.__init__ use_expert_pgs, megatron/core/distributed/distributed_data_parallel.py
     DistributedDataParallel.__init__ groups buffers by `not param.allreduce`); otherwise they sit
-    in the dense buffer, reduced with it over dp_cp."""
+    in the dense buffer, reduced with it over dp_cp. Frozen groups and LoRA's frozen base are
+    not in them (planner/budget/training_modes.py trainable)."""
+    dense, expert = ("dense_params_on_rank", "expert_params_on_rank")
+    if v.freeze or v.lora:
+        dense, expert = trainable(book, v)
     if v.expert_buffer:
-        book.add("dense_grad_params", "dense_params_on_rank", "params", "memory",
+        book.add("dense_grad_params", dense, "params", "memory",
                  "parameters in the dense grad buffer (reduced over dp_cp)")
-        book.add("expert_grad_params", "expert_params_on_rank", "params", "memory",
+        book.add("expert_grad_params", expert, "params", "memory",
                  "parameters in the expert grad buffer (reduced over expt_dp): the expert grid "
                  "differs from the dense one (EP > 1, ETP != TP or EGTP != GTP)")
         return
-    book.add("dense_grad_params", "dense_params_on_rank + expert_params_on_rank", "params",
+    book.add("dense_grad_params", f"{dense} + {expert}", "params",
              "memory", "parameters in the dense grad buffer: with EP 1, ETP = TP and EGTP = GTP "
              "the routed experts carry allreduce=True and share it")
     book.add("expert_grad_params", "0", "params", "memory",

@@ -88,6 +88,14 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
            "optimizer shards, 128) with the distributed optimizer, else 1"),
     Symbol("pad_expert", "the same for the expert grad buffer: lcm(expert optimizer shards, 128)"),
     Symbol("mem_gib", "GPU memory per rank in GiB (cluster.gpu_memory_gib)"),
+    Symbol("reserved_ratio", "the caching allocator's reserved over allocated bytes at the peak "
+           "(cluster.allocator_reserved_ratio)"),
+    Symbol("context_gib", "CUDA context and loaded kernels per rank in GiB (cluster.cuda_context_gib)"),
+    Symbol("nccl_channels", "channels NCCL opens per ring communicator (cluster.nccl_channels)"),
+    Symbol("mem_margin", "share of GPU memory kept free of the device total (cluster.memory_margin)"),
+    Symbol("lora_rank", "LoRA adapter rank (training.lora.dim; 0 without LoRA)"),
+    Symbol("rl_engine_fraction", "share of GPU memory a colocated RL inference engine takes "
+           "(training.rl_colocation.engine_memory_fraction; 0 without)"),
     Symbol("recv_z2", "z² of the busiest EP rank's stated quantile: z = Φ⁻¹(q^(1/EP)) for "
            "q = efficiency.routing_quantile (the quantile of the largest of EP receive counts)"),
     Symbol("h_moe", "width of the routed token rows: moe_latent_size with latent MoE (the rows "
@@ -268,7 +276,24 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         offload=offload_groups(cfg),
         mixer_only=1 in (model.mixer_only_layers or []),
         hybrid_stack=1 in (model.mamba_layers or []) + (model.mixer_only_layers or []),
+        attn_scores=tr.attention_backend in ("unfused", "local") or tr.transformer_impl == "local",
+        attention_dropout=model.attention_dropout > 0,
+        ce_impl=tr.cross_entropy_fusion_impl if tr.cross_entropy_loss_fusion else "unfused",
+        te=tr.transformer_impl == "transformer_engine",
+        grouped_gemm=moe.moe_grouped_gemm and model.num_experts > 0,
+        freeze=frozenset(tr.freeze),
+        lora=frozenset(tr.lora.target_modules) if tr.lora else frozenset(),
+        rl=_rl(tr),
     )
+
+
+def _rl(tr: Any) -> str:
+    """Which sides of an RL colocation release their memory in the other's phase."""
+    rl = tr.rl_colocation
+    if rl is None:
+        return ""
+    sides = [side for side, on in (("train", rl.offload_train), ("rollout", rl.offload_rollout)) if on]
+    return "+".join(sides) or "none"
 
 
 # Bytes of one optimizer state element per --main-params-dtype / --exp-avg-dtype choice; fp8 moments
@@ -410,6 +435,12 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "pad_dense": _buffer_pad(cfg, cfg.degrees.dp_cp_size),
         "pad_expert": _buffer_pad(cfg, cfg.degrees.edp),
         "mem_gib": exact(cfg.cluster.gpu_memory_gib),
+        "reserved_ratio": exact(cfg.cluster.allocator_reserved_ratio),
+        "context_gib": exact(cfg.cluster.cuda_context_gib),
+        "nccl_channels": cfg.cluster.nccl_channels,
+        "mem_margin": exact(cfg.cluster.memory_margin),
+        "lora_rank": tr.lora.dim if tr.lora else 0,
+        "rl_engine_fraction": exact(tr.rl_colocation.engine_memory_fraction) if tr.rl_colocation else 0,
         "recv_z2": hot_rank_z2(cfg.cluster.efficiency.routing_quantile, par.ep),
         "h_moe": cfg.moe.moe_latent_size or m.hidden_size,
         "csa_window": m.csa_window_size or 0,

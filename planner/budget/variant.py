@@ -83,6 +83,20 @@ class Variant:
     mixer_only: bool = False
     # a Mamba stack (Megatron's HybridStack): full recompute counts its pattern layers, not blocks
     hybrid_stack: bool = False
+    # The allocator's peak: unfused attention keeps the s x s scores ("" flash / fused kernels);
+    # the loss's cross-entropy path ("unfused", "native", "te", "linear"); Transformer Engine's
+    # GEMM workspaces (transformer_impl transformer_engine) and its grouped-GEMM streams.
+    attn_scores: bool = False
+    attention_dropout: bool = False
+    ce_impl: str = "unfused"
+    te: bool = True
+    grouped_gemm: bool = False
+    # What trains: frozen parameter groups ("dense", "experts") and the LoRA targets (empty without)
+    freeze: frozenset[str] = frozenset()
+    lora: frozenset[str] = frozenset()
+    # An RL inference engine on the same GPUs: "" without; else which sides release their memory
+    # in the other's phase ("train", "rollout", both or neither, as "train+rollout" / "none")
+    rl: str = ""
 
     def has(self, kind: str) -> bool:
         """The layer kind `kind` is present (some layer runs it, or every attention layer has it)."""

@@ -7,16 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.accounting import BudgetError, budget_grid, budgets
+from planner.accounting import BudgetError
 from planner.calibrate.factors import BY_NAME, current
 from planner.calibrate.fit import Run, fit
 from planner.calibrate.megatron_log import LogError, MeasuredLog, parse_log
+from planner.calibrate.memory_lines import memory_by_rank, reserved_by_rank
 from planner.calibrate.profile import dump_profile
 from planner.calibrate.source import config_for_log
 from planner.config.gpus import GPUS
 from planner.config.loader import InvalidConfig, UnreadableConfig, read_text
 from planner.config.schema import Config
-from planner.summary import stage_memory
 
 CANDIDATES = ("host_us_per_expert", "host_us_per_microbatch", "gemm_bf16", "gemm_fp8", "hbm",
               "intra_node", "inter_node", "attention", "collective_latency_us")
@@ -55,7 +55,7 @@ class CalibrationResult:
     why: dict[str, str]
     before: list[float]
     after: list[float]
-    memory: list[dict[str, tuple[float, float]]]
+    memory: list[dict[str, tuple[float, float, float, float]]]
     stack: dict[str, Any]
 
     def as_json(self) -> dict[str, Any]:
@@ -67,7 +67,10 @@ class CalibrationResult:
                          "measured_tflops_per_gpu": log.tflops_per_gpu,
                          "measured_peak_memory_bytes": {k: v[0] for k, v in mem.items()},
                          "predicted_peak_memory_bytes": {k: v[1] for k, v in mem.items()},
-                         "memory_by_rank": mem, "notes": log.notes})
+                         "predicted_device_memory_bytes": {k: v[3] for k, v in mem.items()},
+                         "memory_by_rank": mem,
+                         "reserved_by_rank": reserved_by_rank(log, mem),
+                         "notes": log.notes})
         factors = {n: {"value": self.values[n], "default": self.defaults[n],
                        "fitted": n not in self.why, "why": self.why.get(n, ""),
                        "low": BY_NAME[n].low, "high": BY_NAME[n].high} for n in self.defaults}
@@ -75,23 +78,6 @@ class CalibrationResult:
 
     def profile_yaml(self) -> str:
         return dump_profile(self.stack, {n: v for n, v in self.values.items() if n not in self.why})
-
-
-def _memory(cfg: Config, log: MeasuredLog) -> dict[str, tuple[float, float]]:
-    """Per logged rank: (max allocated, predicted peak of its stage), bytes."""
-    if not log.memory_mb:
-        return {}
-    try:
-        stages = stage_memory(budgets(cfg))
-        grid = budget_grid(cfg)
-    except BudgetError:
-        return {}
-    out = {}
-    for rank, measured in log.peak_memory_bytes.items():
-        stage = next((s for s in range(cfg.parallel.pp) if rank in grid.stage_ranks(s)), None)
-        if stage is not None:
-            out[str(rank)] = (measured, stages[stage].peak)
-    return out
 
 
 def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> CalibrationResult:
@@ -147,7 +133,7 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
     before = [r.predict({}) for r in runs]
     after = [r.predict({n: values[n] for n in chosen}) for r in runs]
     fitted_cfgs = [r.cfg for r in runs]
-    memory = [_memory(c, log) for c, log in zip(fitted_cfgs, logs, strict=True)]
+    memory = [memory_by_rank(c, log) for c, log in zip(fitted_cfgs, logs, strict=True)]
     stack = {"gpu": runs[0].cfg.cluster.gpu, "megatron": next((lg.version for lg in logs if lg.version),
                                                                "not in the logs"),
              "logs": [str(p) for p in paths]}

@@ -18,10 +18,10 @@ _VERDICT_STYLE = {"fits": "bold green", "MEM002": "bold yellow", "MEM001": "bold
                   "errors": "bold red"}
 
 
-def bar(share: float, width: int = BAR_WIDTH) -> str:
-    """`share` of the GPU as a bar of `width` cells, with `|` where the 80 % line falls."""
+def bar(share: float, width: int = BAR_WIDTH, mark: float = HEADROOM_SHARE) -> str:
+    """`share` of the GPU as a bar of `width` cells, with `|` where MEM002's line (`mark`) falls."""
     filled = min(width, round(share * width))
-    line = round(HEADROOM_SHARE * width)
+    line = round(mark * width)
     cells = ["█" if i < filled else ("|" if i == line else "·") for i in range(width)]
     return "".join(cells) + ("▶" if share > 1 else "")
 
@@ -46,17 +46,19 @@ def render_screen(summary: Summary) -> None:
 
 def _memory(summary: Summary) -> None:
     gpu = summary.stages[0].gpu
-    table = Table(title=f"peak memory per stage (first rank; GPU {gib(gpu)}, | marks 80 %)",
+    table = Table(title=f"peak memory per stage (first rank's max allocated) and device total "
+                        f"(busiest EP rank; GPU {gib(gpu)}, | marks {summary.line * 100:.0f} %)",
                   title_justify="left", box=None, pad_edge=False)
     for name, justify in (("stage", "right"), ("rank", "right"), ("peak", "right"),
-                          ("share", "right"), ("0 % … 100 % of the GPU", "left"),
+                          ("device", "right"), ("share", "right"), ("0 % … 100 % of the GPU", "left"),
                           ("largest part", "left")):
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for s in summary.stages:
         part, value = max(s.parts.items(), key=lambda kv: kv[1])
-        colour = "red" if s.share > 1 else "yellow" if s.share > HEADROOM_SHARE else "green"
-        table.add_row(str(s.stage), str(s.rank), gib(s.peak), f"{s.share:.1%}",
-                      f"[{colour}]{bar(s.share)}[/]", f"{part} {gib(value)}")
+        share = s.device_share
+        colour = "red" if share > 1 else "yellow" if share > summary.line else "green"
+        table.add_row(str(s.stage), str(s.rank), gib(s.peak), gib(s.device), f"{share:.1%}",
+                      f"[{colour}]{bar(share, mark=summary.line)}[/]", f"{part} {gib(value)}")
     stdout.print(table)
 
 

@@ -59,9 +59,15 @@ def _render(data: dict[str, Any], output: Path | None) -> None:
                      f"{run['predicted_step_s_after']:.3f} s after")
         for note in run["notes"]:
             stdout.print(f"  note: {escape(note)}")
-        for rank, (measured, predicted) in sorted(run["memory_by_rank"].items(), key=lambda kv: int(kv[0])):
-            stdout.print(f"  rank {rank}: max allocated {measured / 2**30:.2f} GiB, predicted peak "
-                         f"{predicted / 2**30:.2f} GiB")
+        reserved = run["reserved_by_rank"]
+        for rank, (measured, predicted, _, device) in sorted(run["memory_by_rank"].items(),
+                                                             key=lambda kv: int(kv[0])):
+            line = (f"  rank {rank}: max allocated {measured / 2**30:.2f} GiB, predicted peak "
+                    f"{predicted / 2**30:.2f} GiB")
+            if rank in reserved:
+                line += (f"; max reserved {reserved[rank][0] / 2**30:.2f} GiB, predicted "
+                         f"{reserved[rank][1] / 2**30:.2f} GiB")
+            stdout.print(line + f"; predicted device total {device / 2**30:.2f} GiB")
     for name, f in data["factors"].items():
         state = (f"fitted in [{f['low']:g}, {f['high']:g}]" if f["fitted"]
                  else f"not fitted: {f['why']}")

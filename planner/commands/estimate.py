@@ -93,11 +93,22 @@ def _compare_or_exit(est: Estimate, path: Path) -> dict[str, Any]:
     from planner.config.loader import UnreadableConfig, read_text
 
     try:
-        return compare(est, read_text(path, "log"), str(path))
+        text = read_text(path, "log")
+        out = compare(est, text, str(path))
+        out["memory"] = _memory_lines(est, text, str(path))
+        return out
     except UnreadableConfig as exc:
         fail(EXIT_USAGE, str(exc).replace("YAML", "log"))
     except LogError as exc:
         fail(EXIT_CONFIG, str(exc))
+
+
+def _memory_lines(est: Estimate, text: str, path: str) -> list[dict[str, Any]]:
+    """The log's memory lines beside the memory budget of the estimated config."""
+    from planner.calibrate.megatron_log import parse_log
+    from planner.calibrate.memory_lines import memory_report
+
+    return memory_report(est.cfg, parse_log(text, path))
 
 
 def _render(data: dict[str, Any]) -> None:
@@ -127,6 +138,14 @@ def _render(data: dict[str, Any]) -> None:
         for term in m["terms"]:
             stdout.print(f"  {escape(term['term'])} {term['seconds']:.3f} s: x{term['scale']:.2f} "
                          f"alone ({escape(term['factor'])})")
+        for row in m.get("memory", []):
+            line = (f"rank {row['rank']}: max allocated {row['max_allocated_bytes'] / 2**30:.2f} GiB "
+                    f"vs predicted {row['predicted_peak_bytes'] / 2**30:.2f} GiB (ratio "
+                    f"{row['allocated_ratio']:.2f})")
+            if "max_reserved_bytes" in row:
+                line += (f"; max reserved {row['max_reserved_bytes'] / 2**30:.2f} GiB vs predicted "
+                         f"{row['predicted_reserved_bytes'] / 2**30:.2f} GiB")
+            stdout.print(line + f"; predicted device total {row['predicted_device_bytes'] / 2**30:.2f} GiB")
 
 
 def register(app: typer.Typer) -> None:

@@ -41,10 +41,11 @@ def search(
     emit: Annotated[Path | None, typer.Option("--emit", metavar="FILE",
                                               help="write the winner as a config")] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing --emit file")] = False,
-    memory_headroom: Annotated[float, typer.Option(
+    memory_headroom: Annotated[float | None, typer.Option(
         "--memory-headroom", metavar="FRACTION",
-        help="the share of GPU memory a candidate's busiest stage may use (default 1: what "
-             "MEM001 accepts; 0.8 demands MEM002's 20 % margin)")] = 1.0,
+        help="the share of GPU memory a candidate's device total (busiest stage and EP rank) may "
+             "use (default 1 - cluster.memory_margin, MEM002's line; 1 accepts layouts at the "
+             "edge, what MEM001 alone accepts)")] = None,
     refine: Annotated[int, typer.Option(
         "--refine", min=0, help="families whose layouts and knobs are searched in full, fastest "
                                 "first (default 0: every family that fits, the whole space; N: "
@@ -53,7 +54,7 @@ def search(
 ) -> None:
     """Search TP, CP, PP (layouts, VPP), EP, ETP, micro-batch, recompute, dispatcher and EP
     overlap; rank what the rules and the memory budget accept by predicted step time."""
-    if not 0 < memory_headroom <= 1:
+    if memory_headroom is not None and not 0 < memory_headroom <= 1:
         fail(EXIT_USAGE, f"--memory-headroom {memory_headroom}: give a fraction of GPU memory in "
                          "(0, 1], e.g. 0.9")
     if emit is not None:
@@ -106,7 +107,8 @@ def _render(result: Any) -> None:
                  + "; ".join(f"{n} {why}" for why, n in result.pruned_by.items() if n))
     table = Table(title="fastest fitting layouts", title_justify="left")
     for column in ("#", "TP", "CP", "PP", "VPP", "EP", "ETP", "DP", "MBS", "recompute", "dispatcher",
-                   "EP overlap", "step s", "TFLOP/s/GPU", "tokens/s/GPU", "peak GiB (stage)"):
+                   "EP overlap", "step s", "TFLOP/s/GPU", "tokens/s/GPU", "peak GiB (stage)",
+                   "device GiB", "headroom"):
         table.add_column(column, justify="left" if column in ("recompute", "dispatcher") else "right")
     for i, cand in enumerate(result.candidates, 1):
         j = cand.as_json()
@@ -119,7 +121,8 @@ def _render(result: Any) -> None:
                       "yes" if j["overlap_moe_expert_parallel_comm"] else "no",
                       f"{cand.step_time_s:.3f}", f"{cand.tflops_per_gpu:.1f}",
                       f"{cand.tokens_per_s_per_gpu:.0f}",
-                      f"{cand.peak_memory_bytes / GIB:.1f} ({cand.peak_stage})")
+                      f"{cand.peak_memory_bytes / GIB:.1f} ({cand.peak_stage})",
+                      f"{cand.device_memory_bytes / GIB:.1f}", f"{cand.headroom:.1%}")
     stdout.print(table)
     winner = result.winner
     if winner is None:

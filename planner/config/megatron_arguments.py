@@ -43,6 +43,9 @@ NOT_ARGUMENTS = {
 # THD packing's packed lengths and their basis, and the pipeline schedule, are moeplan's own settings.
 NOT_ARGUMENTS |= {"training.packed_lengths", "training.packed_length_basis",
                   "overlap.pipeline_schedule"}
+# What trains (frozen groups, LoRA adapters) is Megatron-Bridge's PEFT and freeze options, not a
+# Megatron-LM argument.
+NOT_ARGUMENTS |= {"training.freeze", "training.lora", "training.rl_colocation"}
 Kind = Literal["flag", "int", "float", "str", "ints", "strs", "moe_freq", "bracket_ints", "int_tuple",
                "special"]
 

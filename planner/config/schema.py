@@ -621,6 +621,28 @@ class ParallelSection(Section):
         return handler(value)
 
 
+class LoraSection(Section):
+    """LoRA adapters over a frozen base (Megatron-Bridge src/megatron/bridge/peft/lora.py LoRA:
+    `dim` is the rank, `target_modules` the linear names it wraps, its defaults)."""
+
+    dim: PosInt = 32
+    alpha: PosFloat = 32
+    target_modules: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]] = Field(
+        default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], min_length=1)
+
+
+class RlColocationSection(Section):
+    """An inference engine colocated with training on the same GPUs, as slime (`--colocate`,
+    `--sglang-mem-fraction-static`, `--offload-train`, `--offload-rollout`) and verl
+    (`rollout.gpu_memory_utilization`, the actor's param/optimizer offload, `free_cache_engine`)
+    launch it: the engine takes `engine_memory_fraction` of the GPU's memory for its weights and
+    KV cache; each side may release its memory while the other phase runs."""
+
+    engine_memory_fraction: Annotated[float, Field(gt=0, lt=1)]
+    offload_train: bool = True  # training's params, grads and optimizer leave the GPU in rollout
+    offload_rollout: bool = True  # the engine's weights and KV cache leave the GPU in training
+
+
 class TrainingSection(Section):
     seq_length: PosInt
     micro_batch_size: PosInt = 1
@@ -681,6 +703,24 @@ class TrainingSection(Section):
     grad_reduce_in_bf16: bool = False
     optimizer_cpu_offload: bool = False
     optimizer_offload_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
+    # The allocator's peak (planner/budget/memory.py): the attention kernel (unfused and local keep
+    # the s x s scores), the layer implementation (local: Megatron's own unfused attention) and
+    # the loss's cross-entropy path (Megatron-LM dev@d48bd6be megatron/core/transformer/
+    # transformer_config.py attention_backend, transformer_impl; megatron/core/
+    # model_parallel_config.py cross_entropy_loss_fusion, cross_entropy_fusion_impl).
+    attention_backend: Literal["auto", "flash", "fused", "unfused", "local"] = "auto"
+    transformer_impl: Literal["transformer_engine", "local"] = "transformer_engine"
+    cross_entropy_loss_fusion: bool = False
+    cross_entropy_fusion_impl: Literal["native", "te", "linear"] = "native"
+    # What trains (planner/budget/training_modes.py): parameter groups frozen (no main grads, no
+    # optimizer states: Megatron's DDP buffers hold only parameters that require grad), or LoRA
+    # adapters over a frozen base as Megatron-Bridge's PEFT builds them
+    # (src/megatron/bridge/peft/lora.py LoRA; peft/utils.py ParallelLinearAdapter).
+    freeze: list[Literal["dense", "experts"]] = Field(default_factory=list)
+    lora: LoraSection | None = None
+    # An RL post-training job whose inference engine shares the GPUs (planner/budget/
+    # device_memory.py write_rl_colocation).
+    rl_colocation: RlColocationSection | None = None
 
     @model_validator(mode="after")
     def _precision_aware_optimizer(self) -> TrainingSection:
@@ -947,6 +987,14 @@ class ClusterSection(Section):
     # rank_nodes: an explicit node index per rank (a hostfile's order), which wins over both.
     rank_distribution: Literal["block", "cyclic"] = "block"
     rank_nodes: list[Annotated[int, Field(ge=0)]] | None = None
+    # Device memory beyond the allocator's `max allocated` (planner/budget/memory.py
+    # write_device_total): the caching allocator's reserved/allocated ratio, the CUDA context,
+    # the channels NCCL opens per communicator; memory_margin is the share of the GPU that MEM002
+    # and search keep free of the device total.
+    allocator_reserved_ratio: Annotated[float, Field(ge=1, le=2)] = 1.04
+    cuda_context_gib: Annotated[float, Field(ge=0, le=16)] = 0.5
+    nccl_channels: Annotated[int, Field(ge=1, le=64)] = 16
+    memory_margin: Annotated[float, Field(ge=0, lt=1)] = 0.08
 
     @field_validator("nodes", mode="wrap")
     @classmethod
@@ -1049,6 +1097,21 @@ class Config(Section):
         if preset is None or preset not in PRESETS:
             return data
         return {**data, "model": {**PRESETS[preset], **data["model"]}}
+
+    @model_validator(mode="after")
+    def _lora_targets_counted(self) -> Config:
+        """DeepSeek-V4's attention has no linear_qkv and a grouped output projection whose adapters
+        moeplan does not count (planner/budget/training_modes.py): refuse rather than guess."""
+        lora = self.training.lora
+        if lora is not None and self.model.attention_variant == "dsv4_hybrid":
+            named = sorted({"linear_qkv", "linear_proj"} & set(lora.target_modules))
+            if named:
+                raise PydanticCustomError(
+                    "lora_target_not_counted",
+                    "training.lora.target_modules {named} on DeepSeek-V4 attention: moeplan does not "
+                    "count adapters on its projections; target linear_fc1 and linear_fc2 only",
+                    {"named": ", ".join(named)})
+        return self
 
     @model_validator(mode="after")
     def _resolve(self) -> Config:

@@ -131,6 +131,19 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
       "mla_q_lora": True,
       "offload": frozenset({"attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
                             "moe_act"})}),
+    # the allocator's peak (planner/budget/device_memory.py)
+    ("unfused attention (standard, attention dropout): the s x s scores stored",
+     {"attn_scores": True, "attention_dropout": True, "kinds": STANDARD, "cp": False}),
+    ("Transformer Engine's fused cross entropy", {"ce_impl": "te"}),
+    ("the fused native cross entropy", {"ce_impl": "native"}),
+    ("the local implementation, no TE grouped GEMM", {"te": False, "grouped_gemm": False}),
+    # what trains (planner/budget/training_modes.py)
+    ("routed experts frozen", {"freeze": frozenset({"experts"})}),
+    ("LoRA on linear_qkv, linear_proj, linear_fc1, linear_fc2 (standard attention)",
+     {"lora": frozenset({"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}), "kinds": STANDARD,
+      "cp": False}),
+    ("a colocated RL engine, both sides offloading in the other's phase", {"rl": "train+rollout"}),
+    ("a colocated RL engine that keeps its pool, training that keeps its state", {"rl": "none"}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {

@@ -58,7 +58,8 @@ def memory_chart(stages: list[StageMemory]) -> str:
         gpu = stages[0].gpu / GIB
         ax.axhline(gpu, color="#333333", linewidth=1.4, label=f"GPU capacity ({gpu:.0f} GiB)")
         ax.axhline(gpu * HEADROOM_SHARE, color="#333333", linewidth=1, linestyle="--",
-                   label=f"{HEADROOM_SHARE:.0%} line ({gpu * HEADROOM_SHARE:.0f} GiB)")
+                   label=f"MEM002 line at the default margin, {HEADROOM_SHARE:.0%} "
+                         f"({gpu * HEADROOM_SHARE:.0f} GiB)")
         for i, s in enumerate(stages):
             ax.text(i, s.peak / GIB, f"{s.peak / GIB:.1f}\n{s.share:.0%}", ha="center",
                     va="bottom", fontsize=7)

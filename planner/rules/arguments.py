@@ -81,11 +81,11 @@ def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:
     "ARG001", "error", "carried Megatron arguments leave the counted model as it is",
     source=f"{PARSER}; {TABLE}",
     why="""`launch.megatron_extra_args` reaches Megatron verbatim. An argument there that changes
-    the model's shapes, parameters, FLOPs or memory (an unfused attention backend, a Megatron-FSDP
-    buffer, a legacy implementation) would train a different model than the one whose parameters and memory
+    the model's shapes, parameters, FLOPs or memory (FP16 logits, a Megatron-FSDP buffer, first and
+    last layers kept in BF16) would train a different model than the one whose parameters and memory
     moeplan reports, and `check` would call it valid. Each argument's class is one line of the
     classes table; modelled ones go in their field instead.""",
-    bad="launch: {megatron_extra_args: [--attention-backend, unfused]}",
+    bad="launch: {megatron_extra_args: [--fp16-lm-cross-entropy]}",
     good="launch: {megatron_extra_args: [--lr-decay-style, cosine]}",
 )
 def carried_changes_model(f: Facts) -> Iterator[Violation]:
@@ -189,36 +189,36 @@ def carried_modelled(f: Facts) -> Iterator[Violation]:
                             f"set {entry.what} and drop it from launch.megatron_extra_args")
 
 
-# Carried argument values Megatron's validate_args refuses together: (argument, value), (argument,
-# value or None for a switch), Megatron's reason and its way out (Megatron-LM dev@d48bd6be
-# megatron/training/arguments.py validate_args; megatron/core/model_parallel_config.py
+# Argument values Megatron's validate_args refuses together: (field, value), (field, value), Megatron's
+# reason and its way out (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args;
+# megatron/core/model_parallel_config.py
 # ModelParallelConfig.__post_init__ asserts the same).
 REFUSED_TOGETHER = (
-    (("cross_entropy_fusion_impl", "te"), ("cross_entropy_loss_fusion", None),
+    (("training.cross_entropy_fusion_impl", "te"), ("training.cross_entropy_loss_fusion", True),
      "Transformer Engine's fused cross entropy is disabled for its stability issues",
-     "use --cross-entropy-fusion-impl native, or drop --cross-entropy-loss-fusion"),
+     "set training.cross_entropy_fusion_impl: native, or training.cross_entropy_loss_fusion: false"),
 )
+
+
+def _field(f: Facts, path: str) -> object:
+    section, name = path.split(".")
+    return getattr(getattr(f.cfg, section), name)
 
 
 @rule(
-    "ARG006", "error", "carried arguments are ones Megatron accepts together",
+    "ARG006", "error", "arguments are ones Megatron accepts together",
     source="Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args",
     why="""Each argument may be fine alone while Megatron refuses the pair at start-up: dev refuses
     `--cross-entropy-fusion-impl te` with `--cross-entropy-loss-fusion` (Transformer Engine's fused
-    cross entropy is disabled). A job carrying both does not start, so `check` does not call it valid.""",
-    bad="launch: {megatron_extra_args: [--cross-entropy-loss-fusion, --cross-entropy-fusion-impl, te]}",
-    good="launch: {megatron_extra_args: [--cross-entropy-loss-fusion, --cross-entropy-fusion-impl, native]}",
+    cross entropy is disabled). A job with both does not start, so `check` does not call it valid.""",
+    bad="training: {cross_entropy_loss_fusion: true, cross_entropy_fusion_impl: te}",
+    good="training: {cross_entropy_loss_fusion: true, cross_entropy_fusion_impl: native}",
 )
 def carried_refused_together(f: Facts) -> Iterator[Violation]:
-    carried = {name: (path, values) for path, name, values, _ in _carried(f)}  # the last one counts
     for (name, value), (other, other_value), why, fix in REFUSED_TOGETHER:
-        if name not in carried or other not in carried:
-            continue
-        path, values = carried[name]
-        if values[:1] == (value,) and (other_value is None or carried[other][1][:1] == (other_value,)):
-            yield Violation(path, f"{_shown(name, values)} with {_shown(other, carried[other][1])} is "
-                            f"refused by Megatron-LM dev@d48bd6be's validate_args ({why})",
-                            fix)
+        if _field(f, name) == value and _field(f, other) == other_value:
+            yield Violation(name, f"{name} {value} with {other} {other_value} is refused by "
+                            f"Megatron-LM dev@d48bd6be's validate_args ({why})", fix)
 
 
 RULES = (carried_changes_model, carried_changes_time, carried_unknown, legacy_model, carried_modelled,

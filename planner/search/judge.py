@@ -20,7 +20,7 @@ from planner.findings import Finding
 from planner.rules import run_rules
 from planner.rules.catalog import CODES
 from planner.rules.facts import Facts
-from planner.rules.memory import HEADROOM
+from planner.rules.memory import SHARE, headroom_share
 from planner.search.knobs import Knobs, vpp_of
 from planner.units import fixed, format_bytes
 
@@ -49,6 +49,13 @@ class Candidate:
     is_user: bool = False
     stage_step_s: list[float] = field(default_factory=list)  # each stage's step time
     stage_bubble_s: list[float] = field(default_factory=list)  # and its pipeline bubble
+    device_memory_bytes: int = 0  # the largest device total (busiest EP rank) over the stages
+    gpu_memory_bytes: int = 0
+
+    @property
+    def headroom(self) -> float:
+        """The share of GPU memory the largest device total leaves free."""
+        return 1 - self.device_memory_bytes / self.gpu_memory_bytes if self.gpu_memory_bytes else 0.0
 
     def as_json(self) -> dict[str, Any]:
         c, k = self.cfg, Knobs.of(self.cfg)
@@ -73,6 +80,8 @@ class Candidate:
             "peak_memory_stage": self.peak_stage,
             "stage_peak_memory_bytes": self.stage_peak_bytes,
             "stage_step_time_s": self.stage_step_s,
+            "device_memory_bytes": self.device_memory_bytes,
+            "device_memory_free_share": self.headroom,
         }
 
 
@@ -105,11 +114,11 @@ def _stage_needs(stage: int, peak: Number, share: str, gpu: Number) -> str:
 
 def _memory_reason(stages: list[dict[str, Number]]) -> str:
     """MEM001's verdict read off the figures it compares (planner/rules/memory.py): the stage
-    with the largest share of GPU memory, its estimated peak and the GPU's memory."""
-    worst = max(range(len(stages)), key=lambda s: stages[s]["memory_utilization"])
+    with the largest share of GPU memory, its device total and the GPU's memory."""
+    worst = max(range(len(stages)), key=lambda s: stages[s][SHARE])
     env = stages[worst]
-    share = fixed(Fraction(env["memory_utilization"]) * 100, 1)
-    needs = _stage_needs(worst, env["peak_memory_bytes"], f"{share} %", env["gpu_memory_bytes"])
+    share = fixed(Fraction(env[SHARE]) * 100, 1)
+    needs = _stage_needs(worst, env["device_memory_bytes"], f"{share} %", env["gpu_memory_bytes"])
     return f"does not fit: {needs} (MEM001)"
 
 
@@ -117,12 +126,13 @@ class Judge:
     """Builds, judges and times candidates, counting and remembering what it refused.
 
     The catalog judges first (MEM001 included: the memory page alone is cheaper than a whole
-    estimate); a candidate whose busiest stage needs more than `headroom` of the GPU's memory is
-    refused as HEADROOM; the rest are timed."""
+    estimate); a candidate whose busiest stage's device total needs more than `headroom` of the
+    GPU's memory (by default 1 - cluster.memory_margin, MEM002's line) is refused as HEADROOM; the
+    rest are timed."""
 
-    def __init__(self, cfg: Config, headroom: float = 1.0, float_memory: bool = True) -> None:
+    def __init__(self, cfg: Config, headroom: float | None = None, float_memory: bool = True) -> None:
         self.cfg = cfg
-        self.headroom = headroom
+        self.headroom = float(headroom_share(cfg)) if headroom is None else headroom
         self.float_memory = float_memory
         self.seen: dict[str, Candidate | Rejected] = {}  # by the candidate's identity
         self._estimates: dict[str, Estimate] = {}  # timed by `step_time` before being judged
@@ -196,9 +206,9 @@ class Judge:
         if stages is None:
             return
         for env in stages:
-            share = float(env["memory_utilization"])
+            share = float(env[SHARE])
             if any(abs(share - float(t)) <= FLOAT_MARGIN * float(t)
-                   for t in (1.0, HEADROOM, self.headroom)):
+                   for t in (1.0, headroom_share(facts.cfg), self.headroom)):
                 return
         facts.give_stage_memory(stages)
 
@@ -228,13 +238,13 @@ class Judge:
         """Why the busiest stage is above the headroom (None when every stage is inside it)."""
         if self.headroom >= 1 or not stages:
             return None  # MEM001 already holds every stage to the whole GPU memory
-        shares = [float(env["memory_utilization"]) for env in stages]
+        shares = [float(env[SHARE]) for env in stages]
         worst = max(range(len(shares)), key=shares.__getitem__)
         if shares[worst] <= self.headroom:
             return None
         env = stages[worst]
         return (f"does not fit the {self.headroom:.0%} memory headroom: "
-                + _stage_needs(worst, int(env["peak_memory_bytes"]), f"{shares[worst]:.1%}",
+                + _stage_needs(worst, int(env["device_memory_bytes"]), f"{shares[worst]:.1%}",
                                int(env["gpu_memory_bytes"])))
 
     def time_rejected(self, r: Rejected) -> None:
@@ -258,12 +268,15 @@ def candidate(cfg: Config, knobs: Knobs | None, est: Estimate, is_user: bool,
               memory: list[dict[str, Number]] | None = None) -> Candidate:
     """The candidate's figures; peaks from the catalog's memory budget when given (a float
     estimate holds none)."""
-    peaks = [int(env["peak_memory_bytes"]) for env in (memory or est.envs)]
+    envs = memory or est.envs
+    peaks = [int(env["peak_memory_bytes"]) for env in envs]
     stage = max(range(len(peaks)), key=peaks.__getitem__)
     return Candidate(cfg, knobs, est.step_time_s, est.tflops_per_gpu, est.tokens_per_s_per_gpu,
                      peaks[stage], stage, peaks, is_user,
                      [float(t) for t in est.page_values("time_stage_step_s")],
-                     [float(t) for t in est.page_values("time_bubble_s")])
+                     [float(t) for t in est.page_values("time_bubble_s")],
+                     max(int(env["device_memory_bytes"]) for env in envs),
+                     int(envs[0]["gpu_memory_bytes"]))
 
 
 def exact(cand: Candidate) -> Candidate:

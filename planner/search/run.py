@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.config.schema import Config
+from planner.rules.memory import headroom_share
 from planner.search.bound import (
     Floors,
     Phase1Item,
@@ -92,7 +93,7 @@ class SearchResult:
     wall_s: float = 0.0
     pruned: int = 0  # families and knob settings never judged, for the reasons in `pruned_by`
     pruned_by: dict[str, int] = field(default_factory=dict)
-    memory_headroom: float = 1.0
+    memory_headroom: float = 1.0  # the share the device total may use (resolved)
 
     @property
     def winner(self) -> Candidate | None:
@@ -122,19 +123,22 @@ IN_PROCESS_BELOW = 12
 
 def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max_ruled_out: int = 3,
            progress: Progress | None = None, workers: int | None = None,
-           memory_headroom: float = 1.0) -> SearchResult:
+           memory_headroom: float | None = None) -> SearchResult:
     """Rank the fitting layouts of `cfg`'s model, cluster and batch by predicted step time.
 
     Phase 1 anchors every family; phase 2 refines the `refine` fastest families (0: all that fit)
     and the user's: cost-balanced layouts, then the knob grid on the `layouts` best of them (see
-    the module doc). A candidate fits when every stage's estimated peak is at most
-    `memory_headroom` of the GPU's memory (1: MEM001's own threshold). `workers` processes share
+    the module doc). A candidate fits when every stage's device total (busiest EP rank) is at
+    most `memory_headroom` of the GPU's memory (None: 1 - cluster.memory_margin, MEM002's line;
+    1: MEM001's own threshold). `workers` processes share
     the judging (default: up to 2 cores, or this process alone for a small space, IN_PROCESS_BELOW).
     """
     space = groups(cfg)
     if workers is None:
         settings = sum(len(eps) for eps in space[0].values())
         workers = 1 if settings < IN_PROCESS_BELOW else default_workers()
+    if memory_headroom is None:
+        memory_headroom = float(headroom_share(cfg))
     with worker_pool(workers) as pool:
         return _search(cfg, space, top, refine, layouts, max_ruled_out, progress, pool,
                        memory_headroom)

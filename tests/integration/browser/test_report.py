@@ -73,7 +73,7 @@ def test_page_is_self_contained(pages):
 def test_v4_page_leads_with_the_verdict_and_holds_every_chart(pages):
     html = pages["v4"].read_text()
     verdict = html.index('id="verdict"')
-    assert "fits: every stage under 80 % of GPU memory" in html
+    assert "fits: every stage under 92 % of GPU memory" in html
     for chart in CHARTS:
         assert f'id="{chart}"' in html, chart
         assert html.index(f'id="{chart}"') > verdict
@@ -91,7 +91,7 @@ def test_v4_page_shows_the_commands_figures(pages):
         memory = html[html.index('<section id="memory">'):]
         row = re.search(rf'<tr><td class="num">{stage}</td>.*?</tr>', memory).group(0)
         assert f"{peak / 2**30:.1f} GiB" in row and f"{peak / gpu:.1%}" in row
-    assert f"{peaks[7] / 2**30:.1f}" == "73.8"  # stage 7, 73.784 GiB in `budget --all`
+    assert f"{peaks[7] / 2**30:.1f}" == "74.0"  # stage 7, 73.972 GiB in `budget --all`
     step = json.loads(moeplan("estimate", V4_PRO, "--json").stdout)["step_time_s"]
     assert f"<strong>{step:.2f} s</strong>" in html
     # a gradient reduction is once-per-step work, not forward traffic
@@ -180,7 +180,7 @@ def _browse(chromium: str, tmp_path: Path, *args: str) -> subprocess.CompletedPr
                            *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("key, verdict", [("v4", "fits: every stage under 80 %"),
+@pytest.mark.parametrize("key, verdict", [("v4", "fits: every stage under 92 %"),
                                           ("failing", "does not pass: OVL001")])
 def test_chromium_renders_the_page(pages, chromium, tmp_path, key, verdict):
     from matplotlib.image import imread  # matplotlib's PNG reader: no new dependency

@@ -47,7 +47,7 @@ TINY: dict[str, Any] = {
                  "qkv_format": "thd", "sequence_packing_scheduler": "dp_balanced",
                  "precision": "fp32"},
     "moe": {"moe_token_dispatcher_type": "alltoall"},
-    "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu_memory_gib": 1},
+    "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu_memory_gib": 2},
 }
 
 

@@ -144,7 +144,7 @@ def test_check_is_loud_about_what_it_carries():
         ("ARG004", "launch.megatron_extra_args[11]"),  # legacy models
         ("ARG004", "launch.megatron_extra_args[12]"),  # DeepSpeed-MoE
         ("ARG005", "launch.megatron_extra_args[14]"),  # overlap.recompute_granularity models it
-        ("ARG001", "launch.megatron_extra_args[15]"),  # unfused attention stores the s x s scores
+        ("ARG005", "launch.megatron_extra_args[15]"),  # training.attention_backend models it
     ])
 
 
@@ -168,11 +168,19 @@ def test_not_modelled_arguments_say_what_they_change():
 
 def test_arguments_megatron_refuses_together_are_refused():
     """Megatron-LM dev's validate_args asserts not (cross_entropy_loss_fusion and
-    cross_entropy_fusion_impl == 'te'): each alone is a time warning, the pair is ARG006."""
-    pair = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
-    assert ("ARG006", "launch.megatron_extra_args[1]") in _codes(pair)
-    assert not [c for c, _ in _codes(pair[1:]) if c == "ARG006"]
-    assert not [c for c, _ in _codes([*pair[:2], "native"]) if c == "ARG006"]
+    cross_entropy_fusion_impl == 'te'): the training fields that model them refuse the pair
+    (ARG006), each alone passes; carried, they belong in those fields (ARG005)."""
+    def codes(training: dict[str, Any]) -> list[tuple[str, str]]:
+        data: dict[str, Any] = example_config_data("{}")
+        data["training"] = {**data["training"], **training}
+        return [(f.code, f.path) for f in run_rules(parse_config(data)) if f.code.startswith("ARG")]
+
+    pair = {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"}
+    assert codes(pair) == [("ARG006", "training.cross_entropy_fusion_impl")]
+    assert codes({"cross_entropy_fusion_impl": "te"}) == []
+    assert codes({**pair, "cross_entropy_fusion_impl": "native"}) == []
+    carried = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
+    assert [c for c, _ in _codes(carried)] == ["ARG005", "ARG005"]
 
 
 def test_main_only_arguments_are_said_as_such():

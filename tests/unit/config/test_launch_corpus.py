@@ -56,15 +56,15 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                                       "a post-training snippet with no parallel sizes: the whole "
                                       "model on each of 8 ranks; memory is moeplan's own check"),
     "mlm_modelopt_deepseek_v2_lite.sh": ({"MEM001"}, "accepted", "", "as above"),
-    "mlm_ft_tp2_pp1_8experts_etp1_ep4.yaml": ({"ARG001"}, "pass", "",
-                                              "--attention-backend unfused stores the s x s scores, "
-                                              "which moeplan does not model"),
-    "mlm_ft_tp2_pp2_ep2_4experts.yaml": ({"ARG001"}, "pass", "",
+    "mlm_ft_tp2_pp1_8experts_etp1_ep4.yaml": (set(), "pass", "",
+                                              "--attention-backend unfused (its s x s scores) is "
+                                              "training.attention_backend"),
+    "mlm_ft_tp2_pp2_ep2_4experts.yaml": (set(), "pass", "",
                                          "--attention-backend unfused and --transformer-impl local are "
-                                         "not modelled"),
+                                         "training fields"),
     "mlm_ft_tp4_ep2_etp2_pp2_dist_optimizer.yaml": (set(), "pass", "", ""),
-    "mlm_ft_tp2_pp2_ep4_etp1_mtp_fp8.yaml": ({"ARG001"}, "pass", "",
-                                             "--attention-backend unfused is not modelled"),
+    "mlm_ft_tp2_pp2_ep4_etp1_mtp_fp8.yaml": (set(), "pass", "",
+                                             "--attention-backend unfused is training.attention_backend"),
     "modelzoo_qwen3_30b_a3b.yaml": ({"ARG006"}, "rejected", "cross entropy loss fusion",
                                     "Megatron dev refuses --cross-entropy-loss-fusion with "
                                     "--cross-entropy-fusion-impl te (validate_args): so does ARG006"),

@@ -67,8 +67,8 @@ class PublicLog:
 
 PUBLIC_LOGS = {
     "primus_dsv2_lite_mi355x.log": PublicLog(frozenset({
-        ("ARG006", "--cross-entropy-fusion-impl"), ("MEM001", "cluster.gpu_memory_gib")}),
-        {"cluster": {"gpu": "MI355X"}}),
+        ("ARG006", "training.cross_entropy_fusion_impl"), ("MEM001", "cluster.gpu_memory_gib")}),
+        {"cluster": {"gpu": "MI355X"}, "training": {"cross_entropy_fusion_impl": "native"}}),
     "megatron_rl_refit_moe.log": PublicLog(frozenset({("PAR008", "parallel.sequence_parallel")}),
                                            {"parallel": {"sequence_parallel": True}}),
     "ltp_moe_6b_mi300x.log": PublicLog(frozenset({("CFG002", "moe.moe_router_load_balancing_type")}),

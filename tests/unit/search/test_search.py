@@ -112,6 +112,9 @@ def test_ruled_out_reasons_name_rule_codes_or_memory(searched) -> None:
         assert r["step_time_s"] < winner and r["difference"]
         if r["codes"] == ["MEM001"]:
             assert re.match(r"does not fit: stage \d+ needs an estimated [\d.]+ [KMGT]iB", r["reason"])
+        elif r["codes"] == ["HEADROOM"]:
+            assert re.match(r"does not fit the \d+% memory headroom: stage \d+ needs an estimated "
+                            r"[\d.]+ [KMGT]iB", r["reason"])
         else:
             assert r["reason"] == "rule " + ", ".join(r["codes"])
             assert set(r["codes"]) <= set(CODES)
@@ -124,7 +127,7 @@ def test_memory_rejection_says_which_stage_needs_how_much() -> None:
         update={"gpu_memory_gib": 0.001})})
     out = Judge(small).judge(None)
     assert out.codes == ("MEM001",)
-    assert re.fullmatch(r"does not fit: stage 0 needs an estimated [\d.]+ MiB per rank, "
+    assert re.fullmatch(r"does not fit: stage 0 needs an estimated [\d.]+ GiB per rank, "
                         r"[\d.]+ % of 1.02 MiB \(MEM001\)", out.reason), out.reason
     # Read off the figures MEM001 compares, it says what MEM001's own message opens with.
     message = next(f.message for f in run_rules(small) if f.code == "MEM001")
@@ -206,10 +209,12 @@ def test_human_output_lists_the_top_k_and_writes_the_winner(tmp_path: Path) -> N
 
 
 def test_a_layout_that_does_not_fit_is_searched_not_refused(tmp_path: Path) -> None:
-    """With 1 MiB per GPU the tiny example's own layout needs ~1.8 MiB (MEM001), yet layouts of
-    the same model, cluster and batch exist that fit: search finds them, exit 0, user null."""
+    """With 1.1 GiB per GPU the tiny example's own layout needs a device total of ~1.3 GiB
+    (MEM001: its NCCL rings and the CUDA context), yet layouts of the same model, cluster and
+    batch in fewer communicators fit inside the default margin: search finds them, exit 0, user
+    null."""
     data = yaml.safe_load((EXAMPLES / "tiny-cpu-8.yaml").read_text())
-    data["cluster"]["gpu_memory_gib"] = 1 / 1024
+    data["cluster"]["gpu_memory_gib"] = 1.1
     path = tmp_path / "tight.yaml"
     path.write_text(yaml.safe_dump(data))
     assert [f.code for f in run_rules(load_config(path)) if f.severity == "error"] == ["MEM001"]
@@ -217,7 +222,8 @@ def test_a_layout_that_does_not_fit_is_searched_not_refused(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["user"] is None and result["candidates"]
-    assert all(c["peak_memory_bytes"] <= 1 << 20 for c in result["candidates"])
+    assert result["memory_headroom"] == 0.92
+    assert all(c["device_memory_bytes"] <= 0.92 * 1.1 * (1 << 30) for c in result["candidates"])
 
 
 # ----------------------------------------------------------------------------- cost balance
@@ -329,14 +335,16 @@ def test_ruled_out_lists_each_verdict_once(searched) -> None:
 
 # ----------------------------------------------------------------------------- headroom
 def test_memory_headroom_keeps_every_candidate_under_it(tmp_path: Path) -> None:
-    """--memory-headroom 0.5: every listed candidate's busiest stage uses at most half the GPU."""
+    """--memory-headroom 0.5: every listed candidate's device total (busiest stage and EP rank)
+    uses at most half the GPU."""
     done = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--json", "--top", "50",
                    "--memory-headroom", "0.5", "--refine", "6")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     gpu = load_config(EXAMPLES / "tiny-cpu-8.yaml").cluster.gpu_memory_gib * (1 << 30)
     assert data["memory_headroom"] == 0.5 and data["candidates"]
-    assert all(c["peak_memory_bytes"] <= 0.5 * gpu for c in data["candidates"])
+    assert all(c["device_memory_bytes"] <= 0.5 * gpu for c in data["candidates"])
+    assert all(c["device_memory_free_share"] >= 0.5 for c in data["candidates"])
     for bad in ("0", "1.5"):
         refused = moeplan("search", str(EXAMPLES / "tiny-cpu-8.yaml"), "--memory-headroom", bad)
         assert refused.returncode == 2 and "--memory-headroom" in refused.stderr
