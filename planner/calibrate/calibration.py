@@ -14,7 +14,7 @@ from planner.calibrate.megatron_log import LogError, MeasuredLog, parse_log
 from planner.calibrate.profile import dump_profile
 from planner.calibrate.source import config_for_log
 from planner.config.gpus import GPUS
-from planner.config.loader import InvalidConfig, UnreadableConfig, read_text
+from planner.config.loader import InvalidConfig, UnreadableConfig, read_lines
 from planner.config.schema import Config
 from planner.summary import stage_memory
 
@@ -100,8 +100,7 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
         raise CalibrationError(f"--gpu {gpu}: not in the GPU catalog ({', '.join(GPUS)})", 2)
     for i, path in enumerate(paths):
         try:
-            text = read_text(path, "log")
-            log = parse_log(text, str(path))
+            log = parse_log(read_lines(path, "log"), str(path))  # streamed, a line at a time
         except UnreadableConfig as exc:
             raise CalibrationError(str(exc).replace("YAML", "log"), 2) from None
         except LogError as exc:

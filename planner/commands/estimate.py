@@ -90,10 +90,10 @@ def _compare_or_exit(est: Estimate, path: Path) -> dict[str, Any]:
     error (2), a log without timing lines a config error (1)."""
     from planner.calibrate.compare import compare
     from planner.calibrate.megatron_log import LogError
-    from planner.config.loader import UnreadableConfig, read_text
+    from planner.config.loader import UnreadableConfig, read_lines
 
     try:
-        return compare(est, read_text(path, "log"), str(path))
+        return compare(est, read_lines(path, "log"), str(path))  # streamed, a line at a time
     except UnreadableConfig as exc:
         fail(EXIT_USAGE, str(exc).replace("YAML", "log"))
     except LogError as exc:

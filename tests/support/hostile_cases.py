@@ -106,6 +106,36 @@ def fifo(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- the cases
 
+# Calibration profiles an adversarial user writes (issue 36): each refused naming the entry, exit 2.
+PROFILES: dict[str, str] = {
+    "profile: a negative efficiency": "factors: {gemm_bf16: -0.5}\n",
+    "profile: .nan": "factors: {gemm_bf16: .nan}\n",
+    "profile: .inf": "factors: {host_us_per_expert: .inf}\n",
+    "profile: a syntax error": "factors: {gemm_bf16: [\n",
+    "profile: two documents": "factors: {gemm_bf16: 0.5}\n---\nfactors: {}\n",
+    "profile: a python tag": "factors: !!python/object/apply:os.system [echo owned]\n",
+    "profile: a bad float tag": "factors: {gemm_bf16: !!float abc}\n",
+    "profile: nested 5,000 deep": "factors: " + "[" * 5000 + "]" * 5000 + "\n",
+    "profile: a 5,000-digit integer": "factors: {gemm_bf16: " + "9" * 5000 + "}\n",
+    "profile: a 4,000-digit integer": "factors: {gemm_bf16: " + "9" * 4000 + "}\n",
+    "profile: an alias bomb": alias_bomb(7) + "factors: {gemm_bf16: 0.5}\n",
+}
+
+
+def _profile_case(name: str, text: str, command: str = "estimate") -> Case:
+    return Case(name, (command, str(TINY), "--calibration", "{tmp}/profile.yaml"),
+                _write("profile.yaml", text))
+
+
+def _timing_lines(ms: str) -> str:
+    return "".join(f" iteration {i * 10:8d}/{30:8d} | elapsed time per iteration (ms): {ms} | "
+                   "number of skipped iterations:   0 |\n" for i in (1, 2, 3))
+
+
+def _with_model(line: str) -> str:
+    return tiny_text().replace("model:\n", f"model:\n  {line}\n", 1)
+
+
 
 @dataclass(frozen=True)
 class Case:
@@ -239,6 +269,25 @@ CASES: tuple[Case, ...] = (
     _sbatch_case("extra_sbatch --export=ALL,BASH_ENV=", '  extra_sbatch: ["--export=ALL,BASH_ENV=/x"]\n'),
     _sbatch_case("launch.env LD_PRELOAD", '  env: {LD_PRELOAD: /tmp/evil.so}\n'),
     _sbatch_case("launch.output_dir ../../x", '  output_dir: ../../x\n'),
+    # --- round 4 (issue 36): calibration profiles, measured logs, moe_layer_freq
+    *(_profile_case(name, text) for name, text in PROFILES.items()),
+    _profile_case("search with a negative efficiency", "factors: {gemm_bf16: -0.5}\n", "search"),
+    *(Case(f"estimate --measured: elapsed {ms} ms", ("estimate", str(TINY), "--measured", "{tmp}/m.log"),
+           _write("m.log", _timing_lines(ms)), expect=(1,)) for ms in ("0", "1.2.3", "1e999", "-5000")),
+    Case("estimate --measured: a 3.2 MB line of stacked stamps", ("estimate", str(TINY), "--measured",
+                                                                  "{tmp}/long.log"),
+         _write("long.log", lambda: "[a]" * 1_100_000 + _timing_lines("5.0"))),
+    Case("calibrate: a 3.2 MB line of stacked stamps", ("calibrate", "{tmp}/long.log", "--gpu", "H100"),
+         _write("long.log", lambda: "[a]" * 1_100_000 + _timing_lines("5.0"))),
+    Case("moe_layer_freq: a product of a 4,800-digit number", ("compile", "{tmp}/freq.yaml", "-o",
+                                                              "{tmp}/plan.json"),
+         _write("freq.yaml", lambda: _with_model('moe_layer_freq: "' + "*".join(["99999999"] * 600) + '"')),
+         expect=(1,)),
+    Case("moe_layer_freq: a 3 MB list product", ("check", "{tmp}/freq.yaml"),
+         _write("freq.yaml", lambda: _with_model('moe_layer_freq: "[1]*1000000' + "*1" * 1_500_000 + '"')),
+         expect=(1,)),
+    Case("moe_layer_freq: a list longer than the model", ("check", "{tmp}/freq.yaml"),
+         _write("freq.yaml", lambda: _with_model("moe_layer_freq: [1, 0, 1]")), expect=(1,)),
 )
 
 
