@@ -168,6 +168,14 @@ def _no_temp_files(tmp: Path) -> str | None:
     return f"temporary files left behind: {left}" if left else None
 
 
+def _no_run_folder(tmp: Path) -> str | None:
+    return "a half-written run folder was left" if (tmp / "run").exists() else None
+
+
+def _link_kept(tmp: Path) -> str | None:
+    return None if (tmp / "out.json").is_symlink() else "the link was replaced"
+
+
 def _hf_config_at(target: str) -> Callable[[], str]:
     return lambda: tiny_text().replace("model:\n", f"model:\n  hf_config: {target}\n", 1)
 
@@ -286,6 +294,12 @@ CASES: tuple[Case, ...] = (
     Case("moe_layer_freq: a 3 MB list product", ("check", "{tmp}/freq.yaml"),
          _write("freq.yaml", lambda: _with_model('moe_layer_freq: "[1]*1000000' + "*1" * 1_500_000 + '"')),
          expect=(1,)),
+    *(_sbatch_case(f"launch.env {name}", f"  env: {{{name}: /tmp/canary}}\n")
+      for name in ("PYTHONPATH", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONWARNINGS")),
+    Case("emit all past ulimit -f", ("emit", "all", str(TINY), "-o", "{tmp}/run"),
+         file_size_limit=16 << 10, check_after=_no_run_folder),
+    Case("compile -o a symlink to stdout --force", ("compile", str(TINY), "-o", "{tmp}/out.json", "--force"),
+         lambda tmp: (tmp / "out.json").symlink_to("/dev/stdout"), check_after=_link_kept),
     Case("moe_layer_freq: a list longer than the model", ("check", "{tmp}/freq.yaml"),
          _write("freq.yaml", lambda: _with_model("moe_layer_freq: [1, 0, 1]")), expect=(1,)),
 )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from planner.config.importers.shell_script import ScriptTooComplex, Unresolved, expand_value
+from planner.config.loader import _too_many_nodes, structure_problem
 
 _FORMS = {
     "TEST_TYPE": "YAML argument map (MODEL_ARGS of a Megatron-LM functional test)",
@@ -41,8 +42,6 @@ def load_map(text: str) -> dict | None:
     a config's caps (planner/config/loader.py structure_problem: aliases, their depth, the nodes
     they add), so a few hundred bytes of aliases cannot expand into millions of arguments;
     ScriptTooComplex when it is too big."""
-    from planner.config.loader import _too_many_nodes, structure_problem
-
     loader = _BASE_LOADER(text)
     try:
         problem = _too_many_nodes(text)
