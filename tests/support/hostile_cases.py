@@ -168,6 +168,20 @@ def _no_temp_files(tmp: Path) -> str | None:
     return f"temporary files left behind: {left}" if left else None
 
 
+def _edited_plan(tmp: Path) -> None:
+    """The plan with step.dense_grad_reduce's send bytes doubled, digested again (so the digest
+    holds) and its report pointed at it: only re-deriving the figures from the config tells."""
+    from planner.plan_format import plan_digest
+
+    plan, report = _plan_and_report()
+    plan = json.loads(json.dumps(plan))
+    entry = next(b for b in plan["budgets"] if b["name"] == "step.dense_grad_reduce.fwd.send_bytes")
+    entry["value"] *= 2
+    plan["digest"] = plan_digest(plan)
+    (tmp / "edited.json").write_text(json.dumps(plan))
+    (tmp / "report.json").write_text(json.dumps({**report, "plan_digest": plan["digest"]}))
+
+
 def _no_run_folder(tmp: Path) -> str | None:
     return "a half-written run folder was left" if (tmp / "run").exists() else None
 
@@ -300,6 +314,8 @@ CASES: tuple[Case, ...] = (
          file_size_limit=16 << 10, check_after=_no_run_folder),
     Case("compile -o a symlink to stdout --force", ("compile", str(TINY), "-o", "{tmp}/out.json", "--force"),
          lambda tmp: (tmp / "out.json").symlink_to("/dev/stdout"), check_after=_link_kept),
+    Case("verify: a plan's dense gradient bytes doubled and re-digested",
+         ("verify", "{tmp}/edited.json", "{tmp}/report.json"), _both(write_plan_pair, _edited_plan)),
     Case("moe_layer_freq: a list longer than the model", ("check", "{tmp}/freq.yaml"),
          _write("freq.yaml", lambda: _with_model("moe_layer_freq: [1, 0, 1]")), expect=(1,)),
 )
