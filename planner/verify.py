@@ -190,7 +190,8 @@ def _first_difference(mine: Any, theirs: Any, path: str) -> str | None:
                 return f"{where}.{extra}: present in only one of the plan and its recompile"
             stack += [(a[k], b[k], f"{where}.{k}") for k in reversed(list(a))]
         elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-            stack += [(x, y, f"{where}[{i}]") for i, (x, y) in reversed(list(enumerate(zip(a, b, strict=True))))]
+            pairs = list(enumerate(zip(a, b, strict=True)))
+            stack += [(x, y, f"{where}[{i}]") for i, (x, y) in reversed(pairs)]
         elif a != b or type(a) is not type(b):
             return f"{where} is {str(b)[:60]} in the plan, {str(a)[:60]} when its config is compiled"
     return None
