@@ -122,6 +122,21 @@ PROFILES: dict[str, str] = {
 }
 
 
+_LAUNCH = "torchrun pretrain_gpt.py --num-layers $A\n"
+# Launch scripts a few hundred bytes long that grew without bound in the shell importer (issue 36).
+SCRIPTS: dict[str, str] = {
+    "string doubling": "A=x\n" + "A=$A$A\n" * 40 + _LAUNCH,
+    "array doubling": "A=(x)\n" + 'A=("${A[@]}" "${A[@]}")\n' * 40 + _LAUNCH,
+    "nested ${a:-${b:-…}} 5,000 deep": "A=" + "${a:-" * 5000 + "1" + "}" * 5000 + "\n" + _LAUNCH,
+    "nested $(( 3,000 deep": "A=" + "$((" * 3000 + "1" + "))" * 3000 + "\n" + _LAUNCH,
+    "a 320 kB ternary": "A=$((" + "1?" * 80_000 + "1" + ":1" * 80_000 + "))\n" + _LAUNCH,
+    "arrays nested 5,000 deep": "A=" + "B=(" * 5000 + "\n" + _LAUNCH,
+    "a YAML argument map of aliases": "--a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"--{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcde", "bcdef", strict=True))
+        + "--num-layers: 2\n",
+}
+
+
 def _profile_case(name: str, text: str, command: str = "estimate") -> Case:
     return Case(name, (command, str(TINY), "--calibration", "{tmp}/profile.yaml"),
                 _write("profile.yaml", text))
@@ -316,6 +331,10 @@ CASES: tuple[Case, ...] = (
          lambda tmp: (tmp / "out.json").symlink_to("/dev/stdout"), check_after=_link_kept),
     Case("verify: a plan's dense gradient bytes doubled and re-digested",
          ("verify", "{tmp}/edited.json", "{tmp}/report.json"), _both(write_plan_pair, _edited_plan)),
+    *(Case(f"import megatron: {name}", ("import", "megatron", "{tmp}/launch.sh"), _write("launch.sh", text))
+      for name, text in SCRIPTS.items()),
+    Case("import megatron: squaring a number forty times", ("import", "megatron", "{tmp}/launch.sh"),
+         _write("launch.sh", "A=99999999\n" + "A=$((A*A))\n" * 40 + _LAUNCH), expect=(1,)),
     Case("moe_layer_freq: a list longer than the model", ("check", "{tmp}/freq.yaml"),
          _write("freq.yaml", lambda: _with_model("moe_layer_freq: [1, 0, 1]")), expect=(1,)),
 )
