@@ -107,17 +107,15 @@ def fifo(path: Path) -> None:
 # ----------------------------------------------------------------------------- the cases
 
 # Calibration profiles an adversarial user writes (issue 36): each refused naming the entry, exit 2.
+# The readers' unit tests (tests/unit/files/test_reader_bounds.py, tests/unit/config/
+# test_shell_budgets.py, tests/unit/emit/test_emit.py) hold the rest of each family.
 PROFILES: dict[str, str] = {
     "profile: a negative efficiency": "factors: {gemm_bf16: -0.5}\n",
     "profile: .nan": "factors: {gemm_bf16: .nan}\n",
-    "profile: .inf": "factors: {host_us_per_expert: .inf}\n",
     "profile: a syntax error": "factors: {gemm_bf16: [\n",
     "profile: two documents": "factors: {gemm_bf16: 0.5}\n---\nfactors: {}\n",
     "profile: a python tag": "factors: !!python/object/apply:os.system [echo owned]\n",
-    "profile: a bad float tag": "factors: {gemm_bf16: !!float abc}\n",
-    "profile: nested 5,000 deep": "factors: " + "[" * 5000 + "]" * 5000 + "\n",
     "profile: a 5,000-digit integer": "factors: {gemm_bf16: " + "9" * 5000 + "}\n",
-    "profile: a 4,000-digit integer": "factors: {gemm_bf16: " + "9" * 4000 + "}\n",
     "profile: an alias bomb": alias_bomb(7) + "factors: {gemm_bf16: 0.5}\n",
 }
 
@@ -126,11 +124,8 @@ _LAUNCH = "torchrun pretrain_gpt.py --num-layers $A\n"
 # Launch scripts a few hundred bytes long that grew without bound in the shell importer (issue 36).
 SCRIPTS: dict[str, str] = {
     "string doubling": "A=x\n" + "A=$A$A\n" * 40 + _LAUNCH,
-    "array doubling": "A=(x)\n" + 'A=("${A[@]}" "${A[@]}")\n' * 40 + _LAUNCH,
     "nested ${a:-${b:-…}} 5,000 deep": "A=" + "${a:-" * 5000 + "1" + "}" * 5000 + "\n" + _LAUNCH,
-    "nested $(( 3,000 deep": "A=" + "$((" * 3000 + "1" + "))" * 3000 + "\n" + _LAUNCH,
     "a 320 kB ternary": "A=$((" + "1?" * 80_000 + "1" + ":1" * 80_000 + "))\n" + _LAUNCH,
-    "arrays nested 5,000 deep": "A=" + "B=(" * 5000 + "\n" + _LAUNCH,
     "a YAML argument map of aliases": "--a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
         f"--{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcde", "bcdef", strict=True))
         + "--num-layers: 2\n",
@@ -310,7 +305,7 @@ CASES: tuple[Case, ...] = (
     *(_profile_case(name, text) for name, text in PROFILES.items()),
     _profile_case("search with a negative efficiency", "factors: {gemm_bf16: -0.5}\n", "search"),
     *(Case(f"estimate --measured: elapsed {ms} ms", ("estimate", str(TINY), "--measured", "{tmp}/m.log"),
-           _write("m.log", _timing_lines(ms)), expect=(1,)) for ms in ("0", "1.2.3", "1e999", "-5000")),
+           _write("m.log", _timing_lines(ms)), expect=(1,)) for ms in ("0", "-5000")),
     Case("estimate --measured: a 3.2 MB line of stacked stamps", ("estimate", str(TINY), "--measured",
                                                                   "{tmp}/long.log"),
          _write("long.log", lambda: "[a]" * 1_100_000 + _timing_lines("5.0"))),
@@ -324,7 +319,7 @@ CASES: tuple[Case, ...] = (
          _write("freq.yaml", lambda: _with_model('moe_layer_freq: "[1]*1000000' + "*1" * 1_500_000 + '"')),
          expect=(1,)),
     *(_sbatch_case(f"launch.env {name}", f"  env: {{{name}: /tmp/canary}}\n")
-      for name in ("PYTHONPATH", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONWARNINGS")),
+      for name in ("PYTHONPATH",)),
     Case("emit all past ulimit -f", ("emit", "all", str(TINY), "-o", "{tmp}/run"),
          file_size_limit=16 << 10, check_after=_no_run_folder),
     Case("compile -o a symlink to stdout --force", ("compile", str(TINY), "-o", "{tmp}/out.json", "--force"),
@@ -333,8 +328,6 @@ CASES: tuple[Case, ...] = (
          ("verify", "{tmp}/edited.json", "{tmp}/report.json"), _both(write_plan_pair, _edited_plan)),
     *(Case(f"import megatron: {name}", ("import", "megatron", "{tmp}/launch.sh"), _write("launch.sh", text))
       for name, text in SCRIPTS.items()),
-    Case("import megatron: squaring a number forty times", ("import", "megatron", "{tmp}/launch.sh"),
-         _write("launch.sh", "A=99999999\n" + "A=$((A*A))\n" * 40 + _LAUNCH), expect=(1,)),
     Case("moe_layer_freq: a list longer than the model", ("check", "{tmp}/freq.yaml"),
          _write("freq.yaml", lambda: _with_model("moe_layer_freq: [1, 0, 1]")), expect=(1,)),
 )

@@ -115,7 +115,7 @@ _SHELL_BITS = st.sampled_from([
 ])
 
 
-@settings(max_examples=60, derandomize=True, deadline=None)
+@settings(max_examples=30, derandomize=True, deadline=None)
 @given(st.lists(_SHELL_BITS, max_size=60))
 def test_random_scripts_are_read_or_refused_never_raise(bits: list[str]) -> None:
     error = _bounded(read_script, "".join(bits))

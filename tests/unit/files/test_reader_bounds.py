@@ -55,6 +55,9 @@ def _bounded(call, *args):  # noqa: ANN001, ANN202 - a test helper
     ("factors: {gemm: 0.5}\n", "factors.gemm is not a calibrated factor"),
     ("factors: {gemm_bf16: 0.5, gemm_bf16: 0.6}\n", "key factors.gemm_bf16 appears twice (line 1)"),
     ("factors: {gemm_bf16: 0.5}\n---\nfactors: {}\n", "but found another document"),
+    ("factors: {gemm_bf16: [\n", "YAML syntax error at line 2, column 1"),
+    ("factors: {gemm_bf16: !!float abc}\n", "cannot parse YAML (ValueError)"),
+    ("factors: {host_us_per_expert: .inf}\n", "factors.host_us_per_expert = inf is not a finite"),
     ("factors: " + "[" * 5000 + "]" * 5000 + "\n", "exceeded maximum nesting depth"),
     ("a: &a [1, *a]\nfactors: {gemm_bf16: 0.5}\n", "too big to read"),
 ])
@@ -82,7 +85,7 @@ _YAML_BITS = st.sampled_from([
 ])
 
 
-@settings(max_examples=40, derandomize=True, deadline=None,
+@settings(max_examples=25, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(_YAML_BITS, max_size=40))
 def test_random_profiles_end_in_the_readers_errors(tmp_path: Path, bits: list[str]) -> None:
@@ -126,17 +129,17 @@ def test_cleaning_and_reading_a_line_is_linear(prefix: str) -> None:
 
 
 def test_a_long_log_streams_in_bounded_memory() -> None:
-    """5 MB of noise lines around the timing lines: the reader keeps intervals, not lines (its
-    peak stays under 1 MiB)."""
+    """2 MB of noise lines around the timing lines: the reader keeps intervals, not lines (its
+    peak stays under 512 KiB)."""
     def lines():  # noqa: ANN202
         yield _timing("250.0")
-        for i in range(5_000):
+        for i in range(2_000):
             yield f"[default0]: noise {i} " + "x" * 1000
         yield _timing("250.0", 20)
     tracemalloc.start()
     try:
         assert parse_log(lines()).step_s == 0.25
-        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+        assert tracemalloc.get_traced_memory()[1] < 512 << 10
     finally:
         tracemalloc.stop()
 
