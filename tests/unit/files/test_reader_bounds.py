@@ -57,6 +57,7 @@ def _bounded(call, *args):  # noqa: ANN001, ANN202 - a test helper
     ("factors: {gemm_bf16: 0.5}\n---\nfactors: {}\n", "but found another document"),
     ("factors: {gemm_bf16: [\n", "YAML syntax error at line 2, column 1"),
     ("factors: {gemm_bf16: !!float abc}\n", "cannot parse YAML (ValueError)"),
+    ("factors: {gemm_bf16: " + "9" * 5000 + "}\n", "cannot parse YAML (a number of more than 4,300 digits)"),
     ("factors: {host_us_per_expert: .inf}\n", "factors.host_us_per_expert = inf is not a finite"),
     ("factors: " + "[" * 5000 + "]" * 5000 + "\n", "exceeded maximum nesting depth"),
     ("a: &a [1, *a]\nfactors: {gemm_bf16: 0.5}\n", "too big to read"),
