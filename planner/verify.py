@@ -23,8 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from planner.budget.collectives import DIRECTIONS, UnknownCollective, collective
+from planner.config.loader import InvalidConfig, UnreadableConfig, parse_config
 from planner.files.json_shape import ShapeError, check_shape
+from planner.plan import compile_plan
 from planner.plan_format import read_artifact
+from planner.rules import run_rules
 
 REPORT_FORMAT = "moeplan-report"
 REPORT_VERSION = 1
@@ -170,6 +173,56 @@ def routing_free(plan: dict[str, Any], name: str, phase: str, direction: str) ->
         # routing-dependent number of rows in every routed-rows collective.
         return bool(moe["moe_pad_expert_input_to_capacity"])
     return (phase, direction) in entry.fixed_when_dropless
+
+
+# What a plan derives from its config; the rest (format, versions, digest) is its envelope.
+DERIVED = ("layout", "stages", "groups", "ranks", "budgets", "findings")
+
+
+def _first_difference(mine: Any, theirs: Any, path: str) -> str | None:
+    """The first place two JSON values differ, as `path: theirs in the plan, mine recompiled`."""
+    stack = [(mine, theirs, path)]
+    while stack:
+        a, b, where = stack.pop()
+        if isinstance(a, dict) and isinstance(b, dict):
+            if a.keys() != b.keys():
+                extra = sorted(set(a) ^ set(b), key=str)[0]
+                return f"{where}.{extra}: present in only one of the plan and its recompile"
+            stack += [(a[k], b[k], f"{where}.{k}") for k in reversed(list(a))]
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            pairs = list(enumerate(zip(a, b, strict=True)))
+            stack += [(x, y, f"{where}[{i}]") for i, (x, y) in reversed(pairs)]
+        elif a != b or type(a) is not type(b):
+            return f"{where} is {str(b)[:60]} in the plan, {str(a)[:60]} when its config is compiled"
+    return None
+
+
+def check_rederived(plan: dict[str, Any]) -> None:
+    """VerifyInputError when the plan's figures are not what its own config compiles to."""
+    check_input_shape(plan, PLAN_SHAPE, "the plan", "plan")
+    difference = rederived_difference(plan)
+    if difference:
+        raise VerifyInputError(f"the plan is not what its own config compiles to ({difference}): "
+                               "it was edited after compile, or compiled by another moeplan "
+                               f"({str(plan.get('moeplan_version'))[:40]}); recompile the config")
+
+
+def rederived_difference(plan: dict[str, Any]) -> str | None:
+    """Compile the plan's own config again and name the first derived figure that differs (None:
+    the plan is what its config compiles to). The digest proves the file is intact, not that its
+    figures follow from its config: a plan edited and digested again passes the digest."""
+    try:
+        cfg = parse_config(plan["config"])
+        again = compile_plan(cfg, run_rules(cfg))
+    except (InvalidConfig, UnreadableConfig) as exc:
+        return f"its embedded config does not compile ({str(exc)[:120] or type(exc).__name__})"
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError, RecursionError) as exc:
+        return f"its embedded config does not compile ({type(exc).__name__}: {str(exc)[:80]})"
+    for key in DERIVED:
+        difference = _first_difference(again.get(key), plan.get(key), key)
+        if difference:
+            return difference
+    return None
 
 
 def verify(plan: dict[str, Any], report: dict[str, Any]) -> Verification:

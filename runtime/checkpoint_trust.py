@@ -13,6 +13,10 @@ any code while it loads: a checkpoint someone shared would be trusted completely
   saved it; `check_manifest` compares all of it before the metadata is even unpickled, so a
   truncated shard, an edited metadata file or a checkpoint of another model is refused naming the
   file or the model field;
+* every file is opened only after `regular_file` saw a regular file of the folder itself: a shard
+  that is a symbolic link (to a file elsewhere), a FIFO (whose open would wait for a writer
+  forever) or a device is refused naming it, and the unpickled metadata is type-checked entry by
+  entry (`check_metadata_shape`) before anything reads a field of it;
 * `SaveLock` (`.moeplan-save.lock`, created with O_EXCL by rank 0) keeps two runs from saving into
   one folder at once: the second is refused, naming the first.
 """
@@ -24,13 +28,23 @@ import json
 import os
 import pickle
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 
 from planner.files.json_input import read_json
 from planner.files.reading import UnreadableInput
@@ -73,23 +87,109 @@ class _MetadataUnpickler(pickle.Unpickler):
                                 "writes holds: refused before loading it (a pickle can run code)")
 
 
+def regular_file(folder: Path | str, name: str) -> Path:
+    """`folder/name` when it is a regular file of the folder itself; CheckpointRefused naming it
+    when it is a symbolic link, a FIFO, a device, a folder, or a name that leaves the folder."""
+    where = Path(folder) / name
+    if not name or "/" in name or name in (".", "..") or "\x00" in name:
+        raise CheckpointRefused(f"{Path(folder)}: {name[:80]!r} is not a file of this folder")
+    try:
+        info = os.lstat(where)
+    except FileNotFoundError:
+        raise CheckpointRefused(f"{where}: no such file") from None
+    except OSError as exc:
+        raise CheckpointRefused(f"{where}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise CheckpointRefused(f"{where} is a symbolic link: a checkpoint's files must be regular "
+                                "files inside its folder (copy the file in, not a link)")
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointRefused(f"{where} is not a regular file (a FIFO, a device, a socket or a "
+                                "folder): refused without opening it")
+    return where
+
+
+def _open_regular(folder: Path | str, name: str) -> Any:
+    """A binary handle on a checked regular file, opened without following a link or waiting on
+    a FIFO put there since the check."""
+    where = regular_file(folder, name)
+    try:
+        fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise CheckpointRefused(f"{where}: cannot read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointRefused(f"{where} is not a regular file: refused")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def safe_metadata(path: Path | str) -> Metadata:
-    """A folder's DCP metadata, unpickled through the allow-list."""
+    """A folder's DCP metadata, unpickled through the allow-list and type-checked."""
     where = Path(path) / METADATA
     try:
-        with open(where, "rb") as handle:
+        with _open_regular(path, METADATA) as handle:
             metadata = _MetadataUnpickler(handle, str(where)).load()
-    except CheckpointRefused:
+    except CheckpointRefused as exc:
+        if "no such file" in str(exc):
+            raise CheckpointRefused(f"{where}: no such file (not a DCP checkpoint)") from None
         raise
-    except FileNotFoundError:
-        raise CheckpointRefused(f"{where}: no such file (not a DCP checkpoint)") from None
     except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
-            IndexError, KeyError) as exc:
+            IndexError, KeyError, RecursionError, MemoryError) as exc:
         raise CheckpointRefused(f"{where} is not readable DCP metadata ({type(exc).__name__}: "
                                 f"{str(exc)[:80]})") from None
     if not isinstance(metadata, Metadata):
         raise CheckpointRefused(f"{where} holds a {type(metadata).__name__}, not DCP metadata")
+    check_metadata_shape(metadata, str(where))
     return metadata
+
+
+def _size(value: Any) -> bool:
+    return isinstance(value, torch.Size) and all(type(n) is int and n >= 0 for n in value)
+
+
+def _entry_problem(key: Any, entry: Any) -> str | None:
+    """Why one state_dict_metadata entry is not what DCP writes (None: it is)."""
+    if not isinstance(key, str):
+        return f"a key of type {type(key).__name__}"
+    if isinstance(entry, BytesStorageMetadata):
+        return None
+    if not isinstance(entry, TensorStorageMetadata):
+        return f"{key[:80]} holds a {type(entry).__name__}, not tensor or bytes metadata"
+    props = entry.properties
+    if not isinstance(props, TensorProperties) or not isinstance(props.dtype, torch.dtype):
+        return f"{key[:80]}: its tensor properties are not DCP's"
+    if not _size(entry.size) or not isinstance(entry.chunks, list):
+        return f"{key[:80]}: its size or chunk list is not DCP's"
+    for chunk in entry.chunks:
+        if not isinstance(chunk, ChunkStorageMetadata) or not (_size(chunk.offsets) and _size(chunk.sizes)):
+            return f"{key[:80]}: a chunk is not DCP's (offsets and sizes)"
+    return None
+
+
+def _storage_problem(key: Any, info: Any) -> str | None:
+    if not isinstance(key, MetadataIndex) or not isinstance(key.fqn, str):
+        return f"a storage key of type {type(key).__name__}"
+    if not isinstance(info, _StorageInfo) or not isinstance(info.relative_path, str):
+        return f"storage of {key.fqn[:80]} is a {type(info).__name__}, not a file, offset and length"
+    if type(info.offset) is not int or type(info.length) is not int or info.offset < 0 or info.length < 0:
+        return f"storage of {key.fqn[:80]}: offset {info.offset!r:.20} / length {info.length!r:.20}"
+    return None
+
+
+def check_metadata_shape(metadata: Metadata, where: str) -> None:
+    """Every entry the loader will read a field of is of DCP's own type (torch/distributed/
+    checkpoint/metadata.py, filesystem.py _StorageInfo): an int or a list in its place, which the
+    allow-list unpickler lets through, is refused naming the file, not met later as an
+    AttributeError."""
+    entries, storage = metadata.state_dict_metadata, metadata.storage_data
+    if not isinstance(entries, dict) or not isinstance(storage, dict | None):
+        raise CheckpointRefused(f"{where}: its state_dict_metadata or storage_data is not a mapping")
+    for key, entry in entries.items():
+        if problem := _entry_problem(key, entry):
+            raise CheckpointRefused(f"{where}: {problem}: not metadata DCP wrote")
+    for key, info in (storage or {}).items():
+        if problem := _storage_problem(key, info):
+            raise CheckpointRefused(f"{where}: {problem}: not metadata DCP wrote")
 
 
 class SafeReader(FileSystemReader):
@@ -105,7 +205,7 @@ class SafeReader(FileSystemReader):
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with _open_regular(path.parent, path.name) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -142,6 +242,8 @@ def _model_difference(saved: dict[str, Any], mine: dict[str, Any]) -> str | None
 def check_manifest(folder: Path, model: dict[str, Any]) -> dict[str, Any]:
     """Everything the manifest promises, checked before the metadata is unpickled."""
     where = folder / MANIFEST
+    if os.path.lexists(where):
+        regular_file(folder, MANIFEST)
     try:
         manifest = read_json(where, "profile")
     except UnreadableInput as exc:
@@ -161,12 +263,14 @@ def check_manifest(folder: Path, model: dict[str, Any]) -> dict[str, Any]:
     if difference:
         raise CheckpointRefused(f"{folder} was saved from another model: {difference}")
     for name, size in sorted(files.items()):
-        if "/" in name or name in ("", ".", ".."):
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
             raise CheckpointRefused(f"{where} lists {name!r}, which is not a file of this folder")
-        try:
-            found = (folder / name).stat().st_size
-        except OSError:
-            raise CheckpointRefused(f"{folder}/{name} is missing (the manifest lists it)") from None
+        if type(size) is not int:
+            raise CheckpointRefused(f"{where}: the size of {name[:80]} is {size!r:.40}, not a number "
+                                    "of bytes")
+        if not os.path.lexists(folder / name):
+            raise CheckpointRefused(f"{folder}/{name} is missing (the manifest lists it)")
+        found = regular_file(folder, name).stat().st_size
         if found != size:
             raise CheckpointRefused(f"{folder}/{name} is {found:,} bytes, the manifest says {size:,}: "
                                     "truncated or replaced after the save")

@@ -14,6 +14,13 @@ The thread beats while the main thread computes or waits (rank 0 training the re
 minutes included), so only a process that does not run at all misses beats. `stall_after` is half
 the group timeout: a collective waiting on the stopped rank would time out at the full timeout and
 name the wrong rank. A rank that finishes writes `done` and is watched no more.
+
+A store whose host is stopped (SIGSTOP of torchrun's agent, a frozen head node) keeps its socket
+open, and a TCPStore read then waits past its own timeout for good (torch 2.13 logs the poll
+timeout and polls again): the beating thread would hang in it and the ranks train on, watched by
+nobody. So a second thread, the store watchdog, touches no store: it reads when the beating thread
+last heard from the store and, past `stall_after`, ends the job naming the store's address, who
+hosts it, and the head node (rank 0's host) with the last beat heard from rank 0.
 """
 
 from __future__ import annotations
@@ -103,6 +110,11 @@ class Heartbeat:
         self.count = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="moeplan-heartbeat", daemon=True)
+        self.watchdog = threading.Thread(target=self._watch_store, name="moeplan-store-watchdog",
+                                         daemon=True)
+        self.store_ok = time.monotonic()  # when the store last answered this rank
+        self.head_heard = time.monotonic()  # when rank 0's counter last moved (rank 0: itself)
+        self.head_host = "its host"  # rank 0's host, read once at start while the store answers
 
     def key(self, rank: int) -> str:
         return self.endpoint.key("beat", rank)
@@ -113,14 +125,31 @@ class Heartbeat:
 
     def start(self) -> Heartbeat:
         self.beat()
+        try:
+            arrival = arrival_of(self.store, self.endpoint, 0)
+            self.head_host = arrival[0] if arrival else self.head_host
+        except (RuntimeError, ValueError):
+            pass  # a check-in of another form: the message says "its host"
+        self.store_ok = time.monotonic()
         self.thread.start()
+        self.watchdog.start()
         return self
+
+    def _watch_store(self) -> None:
+        """End the job when the beating thread has not heard from the store for `stall_after`
+        (it may be stuck inside a store call that never returns)."""
+        while not self.stopping.wait(self.limits.period):
+            silent = time.monotonic() - self.store_ok
+            if silent > self.limits.stall_after:
+                self._store_lost(silent)
+                return
 
     def stop(self) -> None:
         """This rank is done: stop beating and tell the watchers not to wait for more."""
         self.stopping.set()
         PROGRESS.moved.set()
         self.thread.join()
+        self.watchdog.join()
         try:
             self.store.set(self.key(self.endpoint.rank), DONE)
         except RuntimeError:
@@ -129,7 +158,6 @@ class Heartbeat:
     def _run(self) -> None:
         seen: dict[int, bytes] = {}
         since = dict.fromkeys(self.watched, time.monotonic())
-        store_ok = time.monotonic()
         keys = [self.key(rank) for rank in self.watched]
         next_watch = time.monotonic() + self.limits.period
         while True:
@@ -145,16 +173,18 @@ class Heartbeat:
                     PROGRESS.moved.clear()
                     self.beat()
                 if not watch:
-                    continue
+                    continue  # a set returns before the store answers: only a read proves it
                 beats = dict(zip(self.watched, self.store.multi_get(keys), strict=True))
             except RuntimeError:  # torch's DistError and its kin: the store did not answer
-                if now - store_ok > self.limits.stall_after:
-                    self._store_lost(now - store_ok)
+                if time.monotonic() - self.store_ok > self.limits.stall_after:
+                    self._store_lost(time.monotonic() - self.store_ok)
                 continue
-            store_ok = now
+            now = self.store_ok = time.monotonic()
             for rank, value in beats.items():
                 if value != seen.get(rank):
                     seen[rank], since[rank] = value, now
+            if 0 in since:
+                self.head_heard = since[0]
             stalled = [rank for rank in self.watched if seen.get(rank) != DONE.encode()
                        and now - since[rank] > self.limits.stall_after]
             if stalled:
@@ -170,10 +200,13 @@ class Heartbeat:
 
     def _store_lost(self, silent: float) -> None:
         host = self.endpoint.store_host
+        head = ("" if self.endpoint.rank == 0 else
+                f"; the head node {self.head_host} (rank 0) was last heard "
+                f"{time.monotonic() - self.head_heard:.1f} s ago")
         self._end(f"rank {self.endpoint.rank}: the job's store at {self.endpoint.address} "
                   f"({host} hosts it) has not answered for {silent:.1f} s (limit "
                   f"{self.limits.stall_after:g} s, half of MOEPLAN_GROUP_TIMEOUT_S); "
-                  f"{host} stopped responding; the job stops", [])
+                  f"{host} stopped responding{head}; the job stops", [])
 
     def _end(self, message: str, stalled: list[int]) -> None:
         print(f"moeplan runtime: {message}", file=sys.stderr, flush=True)

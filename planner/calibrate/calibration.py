@@ -15,7 +15,7 @@ from planner.calibrate.memory_lines import memory_by_rank, reserved_by_rank
 from planner.calibrate.profile import dump_profile
 from planner.calibrate.source import config_for_log
 from planner.config.gpus import GPUS
-from planner.config.loader import InvalidConfig, UnreadableConfig, read_text
+from planner.config.loader import InvalidConfig, UnreadableConfig, read_lines
 from planner.config.schema import Config
 
 CANDIDATES = ("host_us_per_expert", "host_us_per_microbatch", "gemm_bf16", "gemm_fp8", "hbm",
@@ -86,8 +86,7 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
         raise CalibrationError(f"--gpu {gpu}: not in the GPU catalog ({', '.join(GPUS)})", 2)
     for i, path in enumerate(paths):
         try:
-            text = read_text(path, "log")
-            log = parse_log(text, str(path))
+            log = parse_log(read_lines(path, "log"), str(path))  # streamed, a line at a time
         except UnreadableConfig as exc:
             raise CalibrationError(str(exc).replace("YAML", "log"), 2) from None
         except LogError as exc:

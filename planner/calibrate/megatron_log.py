@@ -20,19 +20,30 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from planner.config.gpus import GPUS
-from planner.config.importers.log_lines import clean_lines
-from planner.config.importers.megatron_log import LogRead, read_lines
+from planner.config.importers.log_lines import clean_line
+from planner.config.importers.megatron_log import (
+    MAX_DUMP_LINES,
+    LogRead,
+    dump_end,
+    dump_entry,
+    dump_start,
+    read_lines,
+)
 
-ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+ITERATION = re.compile(r"\biteration\s+(\d{1,18})\s*/\s*(\d{1,18})\s*\|")
 ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)")
 THROUGHPUT = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+)")
-SKIPPED = re.compile(r"number of skipped iterations:\s*(\d+)")
-MEMORY = re.compile(r"\[Rank (\d+)\].*memory \(MB\)\s*\|\s*allocated:\s*([0-9.]+)\s*\|\s*"
+SKIPPED = re.compile(r"number of skipped iterations:\s*(\d{1,18})(?!\d)")
+# report_memory's figures, then the `[Rank R]` before them: two searches, each linear in the line
+# (one pattern `\[Rank (\d+)\].*memory` rescans the rest of the line from every `[Rank`).
+MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*([0-9.]+)\s*\|\s*"
                     r"max allocated:\s*([0-9.]+)\s*\|\s*reserved:\s*([0-9.]+)\s*\|\s*"
                     r"max reserved:\s*([0-9.]+)")
+RANK = re.compile(r"\[Rank (\d{1,9})\]")
 VERSION = re.compile(r"(?:megatron[-_ ]?(?:core|lm)?\s*(?:version|commit)[: =]+)([\w.+-]+)", re.I)
 GPU_NAME = re.compile(r"\b(?:NVIDIA\s+|AMD\s+Instinct\s+)?(" + "|".join(
     sorted(GPUS, key=len, reverse=True)) + r")\b")
@@ -82,64 +93,162 @@ class MeasuredLog:
         return {rank: m["max_allocated"] * 2**20 for rank, m in self.memory_mb.items()}
 
 
-def _arguments(dumps: list[dict[str, str]], path: str) -> dict[str, str]:
-    """The run's argument dump (the log importer reads the dumps); two that differ are two runs."""
-    ignore = {"rank", "local_rank", "world_size", "save", "load", "wandb_exp_name", "timestamp"}
-    first = dumps[0] if dumps else {}
-    for other in dumps[1:]:
-        differ = sorted(k for k in set(first) | set(other)
-                        if k not in ignore and first.get(k) != other.get(k))
-        if differ:
-            shown = ", ".join(f"{k} {first.get(k)!r} vs {other.get(k)!r}" for k in differ[:3])
-            raise LogError(f"{path}: two different configs in one log ({shown}): split it into "
-                           "one log per run")
-    return first
+# What one log may hold before the reader stops keeping more (each far beyond any real run; the
+# log is streamed, so these bound the memory of a log of any length).
+MAX_INTERVALS = 1_000_000  # logged intervals kept (a 1M-step run logged every step)
+MAX_RANKS = 1 << 20  # ranks with a memory report kept (the config's rank ceiling)
+_IGNORED = {"rank", "local_rank", "world_size", "save", "load", "wandb_exp_name", "timestamp"}
 
 
-def parse_log(text: str, path: str = "<log>") -> MeasuredLog:
-    """The figures of one Megatron log; raises LogError when it has no timing lines."""
-    lines = clean_lines(text)
-    by_iteration: dict[int, Interval] = {}
-    repeated = 0
-    truncated = False
-    memory: dict[int, dict[str, float]] = {}
-    for line in lines:
-        if (it := ITERATION.search(line)) and (el := ELAPSED.search(line)):
-            tf, sk = THROUGHPUT.search(line), SKIPPED.search(line)
-            interval = Interval(int(it.group(1)), float(el.group(1)), float(tf.group(1)) if tf else None,
-                                int(sk.group(1)) if sk else 0)
-            repeated += by_iteration.get(interval.iteration) == interval
-            by_iteration[interval.iteration] = interval
-        elif it and "elapsed time" in line:
-            truncated = True
-        if m := MEMORY.search(line):
-            rank = int(m.group(1))
-            report = dict(zip(("allocated", "max_allocated", "reserved", "max_reserved"),
-                              map(float, m.groups()[1:]), strict=True))
-            if report["max_allocated"] >= memory.get(rank, {}).get("max_allocated", 0.0):
-                memory[rank] = report
-    intervals = [by_iteration[i] for i in sorted(by_iteration)]
-    if not intervals:
-        raise LogError(f"{path}: no timing lines ('iteration N/ T | ... elapsed time per "
-                       "iteration (ms): X'): pass Megatron's console log with --log-interval set")
-    notes: list[str] = [f"{repeated} interval line(s) printed twice, read once"] if repeated else []
-    steady = [i for i in intervals[1:] if i.skipped == 0]
-    if len(intervals) > 1 and len(steady) < len(intervals) - 1:
-        notes.append(f"{len(intervals) - 1 - len(steady)} interval(s) with skipped iterations left out")
-    if not steady:
-        steady = [i for i in intervals if i.skipped == 0] or intervals
-        notes.append("no steady interval after the first (warm-up) one: the first is used")
-    finished = any("after training is done" in ln for ln in lines)
-    last = intervals[-1]
-    if not finished and (m := ITERATION.search(next(ln for ln in reversed(lines)
-                                                     if ITERATION.search(ln)))):
-        truncated = truncated or int(m.group(1)) < int(m.group(2))
-    train_iters = last.iteration
-    if truncated:
-        notes.append(f"log ends before training did (last interval at iteration {train_iters}): "
-                     "truncated, the complete intervals are used")
-    read = read_lines(lines)
-    arguments = _arguments(read.every_dump, path)
-    gpu = next((m.group(1) for ln in lines if (m := GPU_NAME.search(ln))), None)
-    version = next((m.group(1) for ln in lines if (m := VERSION.search(ln))), None)
-    return MeasuredLog(path, intervals, steady, memory, arguments, gpu, version, truncated, notes, read)
+def _number(text: str) -> float | None:
+    """A printed figure as a finite float, or None (`1.2.3`, `1e999`, `nan` are not figures)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def _differ(first: dict[str, str], other: dict[str, str], path: str) -> None:
+    """Two argument dumps of one log that differ are two runs: refused."""
+    differ = sorted(k for k in set(first) | set(other)
+                    if k not in _IGNORED and first.get(k) != other.get(k))
+    if differ:
+        shown = ", ".join(f"{k} {first.get(k)!r:.60} vs {other.get(k)!r:.60}" for k in differ[:3])
+        raise LogError(f"{path}: two different configs in one log ({shown}): split it into "
+                       "one log per run")
+
+
+class _Reader:
+    """One pass over a log's lines in bounded memory: the intervals, the memory reports, the
+    stack, and of the argument dumps only the first (every later one is compared with it) and
+    the last (the importer reads it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.by_iteration: dict[int, Interval] = {}
+        self.memory: dict[int, dict[str, float]] = {}
+        self.repeated = self.dropped = self.bad = 0
+        self.bad_example = ""  # the first elapsed time that is not a positive, finite number
+        self.truncated = self.finished = False
+        self.last_iteration: tuple[int, int] | None = None
+        self.gpu: str | None = None
+        self.version: str | None = None
+        self.first_dump: dict[str, str] | None = None
+        self.last_dump: list[str] = []
+        self.dumps = 0
+        self.current: list[str] | None = None
+        self.entries: dict[str, str] = {}
+        self.tail: dict[str, str] = {}  # the last padded-vocabulary and microbatch lines
+
+    def feed(self, raw: str) -> None:
+        line = clean_line(raw)
+        self._dump(line)
+        if it := ITERATION.search(line):
+            self.last_iteration = (int(it.group(1)), int(it.group(2)))
+            if el := ELAPSED.search(line):
+                self._interval(line, int(it.group(1)), el.group(1))
+            elif "elapsed time" in line:
+                self.truncated = True
+        if (m := MEMORY.search(line)) and (r := RANK.search(line, 0, m.start())):
+            self._memory(int(r.group(1)), m.groups())
+        self.finished = self.finished or "after training is done" in line
+        if self.gpu is None and (g := GPU_NAME.search(line)):
+            self.gpu = g.group(1)
+        if self.version is None and (v := VERSION.search(line)):
+            self.version = v.group(1)
+
+    def _interval(self, line: str, iteration: int, elapsed: str) -> None:
+        ms = _number(elapsed)
+        if ms is None or ms <= 0:
+            self.bad += 1
+            self.bad_example = self.bad_example or f"{elapsed[:40]} at iteration {iteration}"
+            return
+        tf, sk = THROUGHPUT.search(line), SKIPPED.search(line)
+        tflops = _number(tf.group(1)) if tf else None
+        interval = Interval(iteration, ms, tflops, int(sk.group(1)) if sk else 0)
+        if iteration not in self.by_iteration and len(self.by_iteration) >= MAX_INTERVALS:
+            self.dropped += 1
+            return
+        self.repeated += self.by_iteration.get(iteration) == interval
+        self.by_iteration[iteration] = interval
+
+    def _memory(self, rank: int, groups: tuple[str, ...]) -> None:
+        values = [_number(g) for g in groups]
+        if None in values or (rank not in self.memory and len(self.memory) >= MAX_RANKS):
+            return
+        report = dict(zip(("allocated", "max_allocated", "reserved", "max_reserved"),
+                          values, strict=True))
+        if report["max_allocated"] >= self.memory.get(rank, {}).get("max_allocated", 0.0):
+            self.memory[rank] = report  # type: ignore[assignment]
+
+    def _dump(self, line: str) -> None:
+        stripped = line.strip()
+        if dump_start(stripped):
+            self.current, self.entries = [line], {}
+        elif self.current is not None:
+            self.current.append(line)
+            if dump_end(stripped):
+                self._dump_done(self.current)
+                self.current = None
+            elif (entry := dump_entry(line)) is not None:
+                self.entries[entry[0]] = entry[1]
+            if self.current is not None and len(self.current) > MAX_DUMP_LINES:
+                self.current = None  # a dump cut off: never ends
+        elif "padded vocab" in line:
+            self.tail["padded"] = line
+        elif "micro" in line and "batches to constant" in line:
+            self.tail["microbatches"] = line
+
+    def _dump_done(self, lines: list[str]) -> None:
+        self.dumps += 1
+        if self.first_dump is None:
+            self.first_dump = self.entries
+        else:
+            _differ(self.first_dump, self.entries, self.path)
+        self.last_dump = lines
+
+    def result(self) -> MeasuredLog:
+        intervals = [self.by_iteration[i] for i in sorted(self.by_iteration)]
+        if not intervals and self.bad:
+            raise LogError(f"{self.path}: no usable timing line: {self.bad} whose elapsed time "
+                           f"is not a positive, finite number of ms (first: {self.bad_example}); "
+                           "pass the log as Megatron printed it")
+        if not intervals:
+            raise LogError(f"{self.path}: no timing lines ('iteration N/ T | ... elapsed time per "
+                           "iteration (ms): X'): pass Megatron's console log with --log-interval set")
+        notes = [f"{self.repeated} interval line(s) printed twice, read once"] if self.repeated else []
+        if self.bad:
+            notes.append(f"{self.bad} timing line(s) whose elapsed time is not a positive, finite "
+                         f"number of ms left out (first: {self.bad_example})")
+        if self.dropped:
+            notes.append(f"{self.dropped} interval(s) after the first {MAX_INTERVALS:,} left out")
+        steady = [i for i in intervals[1:] if i.skipped == 0]
+        if len(intervals) > 1 and len(steady) < len(intervals) - 1:
+            notes.append(f"{len(intervals) - 1 - len(steady)} interval(s) with skipped iterations "
+                         "left out")
+        if not steady:
+            steady = [i for i in intervals if i.skipped == 0] or intervals
+            notes.append("no steady interval after the first (warm-up) one: the first is used")
+        truncated = self.truncated
+        if not self.finished and self.last_iteration is not None:
+            truncated = truncated or self.last_iteration[0] < self.last_iteration[1]
+        if truncated:
+            notes.append(f"log ends before training did (last interval at iteration "
+                         f"{intervals[-1].iteration}): truncated, the complete intervals are used")
+        read = read_lines(self.last_dump + list(self.tail.values()))
+        read.dumps = self.dumps
+        read.every_dump = [d for d in (self.first_dump,) if d is not None] + (
+            [read.dump] if self.dumps > 1 else [])
+        return MeasuredLog(self.path, intervals, steady, self.memory, self.first_dump or {},
+                           self.gpu, self.version, truncated, notes, read)
+
+
+def parse_log(source: str | Iterable[str], path: str = "<log>") -> MeasuredLog:
+    """The figures of one Megatron log, from its text or its lines streamed (planner/config/
+    loader.py read_lines, which caps each line); raises LogError when it has no timing lines, or
+    when it holds two argument dumps that differ."""
+    reader = _Reader(path)
+    for raw in source.split("\n") if isinstance(source, str) else source:
+        reader.feed(raw)
+    return reader.result()

@@ -88,27 +88,20 @@ def _compare_or_exit(est: Estimate, path: Path) -> dict[str, Any]:
     """The measured log beside the estimate. The exit lives here, not in planner/calibrate/, so
     the library raises and only a command decides the exit code: an unreadable log is a usage
     error (2), a log without timing lines a config error (1)."""
-    from planner.calibrate.compare import compare
-    from planner.calibrate.megatron_log import LogError
-    from planner.config.loader import UnreadableConfig, read_text
+    from planner.calibrate.compare import compare_log
+    from planner.calibrate.megatron_log import LogError, parse_log
+    from planner.calibrate.memory_lines import memory_report
+    from planner.config.loader import UnreadableConfig, read_lines
 
     try:
-        text = read_text(path, "log")
-        out = compare(est, text, str(path))
-        out["memory"] = _memory_lines(est, text, str(path))
+        log = parse_log(read_lines(path, "log"), str(path))  # streamed, a line at a time
+        out = compare_log(est, log, str(path))
+        out["memory"] = memory_report(est.cfg, log)
         return out
     except UnreadableConfig as exc:
         fail(EXIT_USAGE, str(exc).replace("YAML", "log"))
     except LogError as exc:
         fail(EXIT_CONFIG, str(exc))
-
-
-def _memory_lines(est: Estimate, text: str, path: str) -> list[dict[str, Any]]:
-    """The log's memory lines beside the memory budget of the estimated config."""
-    from planner.calibrate.megatron_log import parse_log
-    from planner.calibrate.memory_lines import memory_report
-
-    return memory_report(est.cfg, parse_log(text, path))
 
 
 def _render(data: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from planner.verify import (
     UNPREDICTED,
     Verification,
     VerifyInputError,
+    check_rederived,
     read_report,
     verify,
 )
@@ -75,7 +76,9 @@ def verify_command(
 ) -> None:
     """Compare a runtime report with its plan; exit 0 only when every checked figure matches."""
     try:
-        result = verify(read_plan(plan_path), read_report(report_path))
+        plan = read_plan(plan_path)
+        check_rederived(plan)  # the digest proves the file intact, this that its figures follow
+        result = verify(plan, read_report(report_path))
     except (PlanFileError, VerifyInputError) as exc:
         fail(EXIT_USAGE, str(exc))
     code = EXIT_OK if result.ok else EXIT_CONFIG

@@ -18,6 +18,14 @@ import re
 from pydantic_core import PydanticCustomError
 
 MAX_PATTERN_ITEMS = 1_000_000  # bounds `[0]*N`; far above any real layer count
+# Bounds on the work, not only the result: an int beyond 64 bits (Megatron's sizes end in 64-bit
+# tensors) and the items all `+` and `*` together build, so `[1]*1000000*1*1*…` of a few MB or a
+# product of thousands of large numbers is refused in linear time instead of copied a million
+# times over or multiplied into a number of thousands of digits.
+MAX_INT = 2**63 - 1
+MAX_WORK_ITEMS = 4 * MAX_PATTERN_ITEMS
+MAX_DIGITS = 19
+MAX_TEXT = 1 << 20  # characters: an explicit 0/1 list of MAX_LAYERS layers is ~200 KB
 _TOKENS = re.compile(r"\s*(\d+|[\[\](),+*])")
 
 Value = int | list
@@ -32,6 +40,9 @@ class _Parser:
         self.tokens: list[str] = []
         pos = 0
         text = text.rstrip()
+        if len(text) > MAX_TEXT:
+            raise PatternError(f"{len(text):,} characters, more than the {MAX_TEXT:,} a pattern "
+                               "of every layer needs")
         while pos < len(text):
             match = _TOKENS.match(text, pos)
             if match is None:
@@ -39,6 +50,14 @@ class _Parser:
             self.tokens.append(match.group(1))
             pos = match.end()
         self.pos = 0
+        self.work = 0
+
+    def built(self, items: list) -> list:
+        """Count the items a step built against the work budget."""
+        self.work += len(items)
+        if len(items) > MAX_PATTERN_ITEMS or self.work > MAX_WORK_ITEMS:
+            raise PatternError(f"expands beyond {MAX_PATTERN_ITEMS} items")
+        return items
 
     def peek(self) -> str | None:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
@@ -54,20 +73,22 @@ class _Parser:
         value = self.term()
         while self.peek() == "+":
             self.take()
-            value = _add(value, self.term())
+            value = self._checked(_add(value, self.term()))
         return value
 
     def term(self) -> Value:
         value = self.atom()
         while self.peek() == "*":
             self.take()
-            value = _mul(value, self.atom())
+            value = self._checked(_mul(value, self.atom()))
         return value
 
     def atom(self) -> Value:
         token = self.take()
         if token.isdigit():
-            return int(token)
+            if len(token.lstrip("0")) > MAX_DIGITS:
+                raise PatternError(f"{token[:20]}… is beyond the 64-bit range")
+            return self._checked(int(token))
         if token == "(":
             value = self.expr()
             self.take(")")
@@ -82,6 +103,13 @@ class _Parser:
             self.take("]")
             return items
         raise PatternError(f"unexpected {token!r}")
+
+    def _checked(self, value: Value) -> Value:
+        if isinstance(value, int):
+            if value > MAX_INT:
+                raise PatternError(f"a number beyond the 64-bit range ({MAX_INT})")
+            return value
+        return self.built(value)
 
 
 def _add(left: Value, right: Value) -> Value:
@@ -100,7 +128,7 @@ def _mul(left: Value, right: Value) -> Value:
         raise PatternError("'*' repeats a list a number of times")
     if len(items) * count > MAX_PATTERN_ITEMS:
         raise PatternError(f"expands beyond {MAX_PATTERN_ITEMS} items")
-    return items * count
+    return items * count  # the parser counts the copy against its work budget
 
 
 def _bounded(items: list) -> list:

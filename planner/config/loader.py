@@ -325,7 +325,9 @@ def parse_yaml(text: str, name: str = "<config>") -> tuple[Any, Mapping[tuple, P
     except yaml.YAMLError as exc:
         raise UnreadableConfig(f"{name}: YAML error: {exc}") from None
     except (RecursionError, ValueError, OverflowError) as exc:
-        raise UnreadableConfig(f"{name}: cannot parse YAML ({type(exc).__name__})") from None
+        why = ("a number of more than 4,300 digits" if "integer string conversion" in str(exc)
+               else type(exc).__name__)
+        raise UnreadableConfig(f"{name}: cannot parse YAML ({why})") from None
     except (AttributeError, TypeError, KeyError, IndexError) as exc:  # PyYAML's constructors on
         # a malformed tagged value: `!!bool maybe`, `!!int ""`, `!!timestamp bad`
         raise UnreadableConfig(f"{name}: a tagged value cannot be read as its tag "

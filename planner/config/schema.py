@@ -404,6 +404,14 @@ class ModelSection(Section):
         if self.qk_layernorm_per_layer and not self.qk_layernorm:
             raise PydanticCustomError(
                 "qk_norm_scope", "model.qk_layernorm_per_layer needs model.qk_layernorm: true")
+        pattern = self.moe_layer_freq  # Megatron-LM dev@d48bd6be megatron/core/models/gpt/
+        # gpt_layer_specs.py get_gpt_decoder_layer_specs asserts one entry per layer
+        if isinstance(pattern, list) and len(pattern) != self.num_layers:
+            raise PydanticCustomError(
+                "moe_pattern_length",
+                "model.moe_layer_freq lists {found} layers, the model has {layers}: give one 1 "
+                "(MoE) or 0 (dense) per layer",
+                {"found": len(pattern), "layers": self.num_layers})
         skip = self.window_attn_skip_freq
         if isinstance(skip, list) and len(skip) != self.num_layers:
             raise PydanticCustomError(

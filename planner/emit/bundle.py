@@ -23,7 +23,7 @@ from planner.emit.scripts import (
     torchrun_script,
 )
 from planner.emit.shape import PLAN_FILE, launch_shape
-from planner.files.writing import WriteFailed, write_atomic
+from planner.files.writing import WriteFailed, write_together
 
 Target = Literal["torchrun", "slurm", "megatron", "bridge", "all"]
 TARGETS: tuple[str, ...] = ("torchrun", "slurm", "megatron", "bridge", "all")
@@ -75,17 +75,20 @@ def existing(out_dir: Path, files: list[EmittedFile]) -> list[Path]:
 
 
 def write_files(out_dir: Path, files: list[EmittedFile], logs: Path | None = None) -> list[Path]:
-    """Write each file atomically (plan first, so a script never points at a missing plan);
-    WriteFailed names the path and the cause."""
-    written = []
+    """Write the run folder whole or not at all (planner/files/writing.py write_together): every
+    file is complete in a temporary file before any is renamed into place, and a failure midway
+    (a full disk) leaves neither the files nor the folders this call created. WriteFailed names
+    the path and the cause."""
+    made: list[Path] = []
     for folder in (out_dir, logs):
+        if folder is None:
+            continue
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
         try:
-            if folder is not None:
-                folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise WriteFailed(folder, f"cannot create the folder ({exc.strerror or exc})") from None
-    for f in files:
-        path = out_dir / f.name
-        write_atomic(path, f.text, mode=f.mode)
-        written.append(path)
-    return written
+        made += reversed(missing)
+    paths = [out_dir / f.name for f in files]
+    write_together([(path, f.text, f.mode) for path, f in zip(paths, files, strict=True)], made)
+    return paths

@@ -26,6 +26,44 @@ SHELL_INTERNAL_NAMES = frozenset({
 # every process. Refused like the shell's own variables; set them outside moeplan if you mean it.
 PROGRAM_CHOICE_NAMES = frozenset({"PATH", "LD_PRELOAD", "LD_AUDIT"})
 
+# launch.env is an allow-list: the variables the stack a Megatron job runs on reads to tune
+# itself, by prefix or by name. Anything else — PYTHONPATH, PYTHONHOME, PYTHONSTARTUP,
+# PYTHONWARNINGS (its category is imported), LD_LIBRARY_PATH, a package's own hooks — can make
+# every rank import or load code of the config's choosing, so it is refused, named, with the fix:
+# set it in the environment the job is launched from.
+ALLOWED_ENV_PREFIXES = (
+    "NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "OMP_", "MKL_", "NVTE_", "NVSHMEM_", "UB_", "UCX_",
+    "UCC_", "FI_", "GLOO_", "CUBLAS_", "CUBLASLT_", "CUDNN_", "NVIDIA_", "MEGATRON_", "HF_",
+    "TRANSFORMERS_", "WANDB_", "RCCL_", "HIP_", "HSA_", "ROCM_", "LCE_",
+)
+ALLOWED_ENV_NAMES = frozenset({
+    "TOKENIZERS_PARALLELISM", "MAMBA_DETERMINISTIC", "DYNAMO_CACHE_SIZE_LIMIT", "FP4_RECIPE",
+    "TRITON_CACHE_AUTOTUNING", "GPU_MAX_HW_QUEUES", "TZ", "LANG", "LC_ALL",
+})
+# Inside the allowed prefixes, the names that choose code: where CUDA's compiler and libraries
+# come from, and the caches of compiled extensions a rank loads without building them again
+# (torch.utils.cpp_extension, TorchInductor and Triton read these folders' .so files).
+CODE_CHOICE_NAMES = frozenset({
+    "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR",
+    "PYTORCH_KERNEL_CACHE_PATH", "TORCH_HOME", "HF_MODULES_CACHE", "NCCL_NET_PLUGIN",
+    "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN", "NCCL_CONF_FILE", "HIP_PATH",
+    "ROCM_PATH", "ROCM_HOME",
+})
+
+
+def env_refusal(name: str) -> str | None:
+    """Why launch.env may not set `name` (None: it may)."""
+    if name in SHELL_INTERNAL_NAMES or name.startswith("BASH_FUNC_"):
+        return f"{name} changes how bash runs the launch script itself"
+    if name in PROGRAM_CHOICE_NAMES or name in CODE_CHOICE_NAMES:
+        return f"{name} changes which programs, libraries or compiled code every rank runs"
+    if name in ALLOWED_ENV_NAMES or name.startswith(ALLOWED_ENV_PREFIXES):
+        return None
+    return (f"{name} is not a variable launch.env passes (it takes the tuning variables of the "
+            f"stack: {', '.join(p + '*' for p in ALLOWED_ENV_PREFIXES[:8])}, … and Megatron's own); "
+            "a variable such as PYTHONPATH or LD_LIBRARY_PATH could make every rank import code of "
+            "the config's choosing")
+
 # sbatch options the batch script derives from the plan or from dedicated launch fields.
 MANAGED_SBATCH_OPTIONS: dict[str, str] = {
     "--nodes": "cluster.nodes", "-N": "cluster.nodes",
@@ -117,11 +155,12 @@ def managed_option(entry: str) -> str | None:
 
 
 def exported_names(entry: str) -> list[str]:
-    """The variable names an `--export=…` entry (or its prefixes, `--exp=`) sets for the job."""
+    """The variable names an `--export=…` entry (or its prefixes, `--exp=`) sets to a value for the
+    job (`NAME=value`; ALL, NONE and a bare NAME pass on the submitter's own environment)."""
     name, _, value = entry.partition("=")
     if not entry.startswith("--") or len(name) < 5 or not "--export".startswith(name):
         return []
-    return [item.split("=", 1)[0] for item in value.split(",") if item]
+    return [item.split("=", 1)[0] for item in value.split(",") if "=" in item]
 
 
 def slurm_literal(path: str) -> str:
@@ -144,12 +183,10 @@ def check_launch_strings(cfg: Config) -> None:
         if not _ENV_NAME.fullmatch(key):
             raise EmitError(f"launch.env.{key}", f"{key!r} is not a valid environment variable name "
                             "(letters, digits and _, not starting with a digit)")
-        if key in SHELL_INTERNAL_NAMES or key.startswith("BASH_FUNC_"):
-            raise EmitError(f"launch.env.{key}", f"{key} changes how bash runs the launch script itself; "
-                            "set it outside moeplan if you really need it")
-        if key in PROGRAM_CHOICE_NAMES:
-            raise EmitError(f"launch.env.{key}", f"{key} changes which programs or libraries every rank "
-                            "runs; set it in the environment you launch from if you really need it")
+        why = env_refusal(key)
+        if why:
+            raise EmitError(f"launch.env.{key}", f"{why}; set it in the environment you launch "
+                            "from if you really need it")
     for index, entry in enumerate(launch.extra_sbatch):
         path = f"launch.extra_sbatch[{index}]"
         if not entry.startswith("-") or entry.strip() != entry or entry in ("-", "--"):
@@ -167,9 +204,10 @@ def check_launch_strings(cfg: Config) -> None:
             raise EmitError(path, f"{named}{option} is set by moeplan from "
                             f"{MANAGED_SBATCH_OPTIONS[option]}; change it there")
         for name in exported_names(entry):
-            if name in SHELL_INTERNAL_NAMES or name in PROGRAM_CHOICE_NAMES or name.startswith("BASH_FUNC_"):
-                raise EmitError(path, f"--export sets {name}, which launch.env refuses (it changes how "
-                                "the job's shell runs or which programs it runs); set it outside moeplan")
+            why = env_refusal(name)
+            if why:
+                raise EmitError(path, f"--export sets {name}, which launch.env refuses ({why}); set "
+                                "it outside moeplan")
 
 
 def check_slurm_paths(cfg: Config) -> None:

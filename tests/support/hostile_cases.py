@@ -106,6 +106,46 @@ def fifo(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- the cases
 
+# Calibration profiles an adversarial user writes (issue 36): each refused naming the entry, exit 2.
+# The readers' unit tests (tests/unit/files/test_reader_bounds.py, tests/unit/config/
+# test_shell_budgets.py, tests/unit/emit/test_emit.py) hold the rest of each family.
+PROFILES: dict[str, str] = {
+    "profile: a negative efficiency": "factors: {gemm_bf16: -0.5}\n",
+    "profile: .nan": "factors: {gemm_bf16: .nan}\n",
+    "profile: a syntax error": "factors: {gemm_bf16: [\n",
+    "profile: two documents": "factors: {gemm_bf16: 0.5}\n---\nfactors: {}\n",
+    "profile: a python tag": "factors: !!python/object/apply:os.system [echo owned]\n",
+    "profile: a 5,000-digit integer": "factors: {gemm_bf16: " + "9" * 5000 + "}\n",
+    "profile: an alias bomb": alias_bomb(7) + "factors: {gemm_bf16: 0.5}\n",
+}
+
+
+_LAUNCH = "torchrun pretrain_gpt.py --num-layers $A\n"
+# Launch scripts a few hundred bytes long that grew without bound in the shell importer (issue 36).
+SCRIPTS: dict[str, str] = {
+    "string doubling": "A=x\n" + "A=$A$A\n" * 40 + _LAUNCH,
+    "nested ${a:-${b:-…}} 5,000 deep": "A=" + "${a:-" * 5000 + "1" + "}" * 5000 + "\n" + _LAUNCH,
+    "a 320 kB ternary": "A=$((" + "1?" * 80_000 + "1" + ":1" * 80_000 + "))\n" + _LAUNCH,
+    "a YAML argument map of aliases": "--a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"--{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcde", "bcdef", strict=True))
+        + "--num-layers: 2\n",
+}
+
+
+def _profile_case(name: str, text: str, command: str = "estimate") -> Case:
+    return Case(name, (command, str(TINY), "--calibration", "{tmp}/profile.yaml"),
+                _write("profile.yaml", text))
+
+
+def _timing_lines(ms: str) -> str:
+    return "".join(f" iteration {i * 10:8d}/{30:8d} | elapsed time per iteration (ms): {ms} | "
+                   "number of skipped iterations:   0 |\n" for i in (1, 2, 3))
+
+
+def _with_model(line: str) -> str:
+    return tiny_text().replace("model:\n", f"model:\n  {line}\n", 1)
+
+
 
 @dataclass(frozen=True)
 class Case:
@@ -136,6 +176,28 @@ def _both(*steps: Callable[[Path], None]) -> Callable[[Path], None]:
 def _no_temp_files(tmp: Path) -> str | None:
     left = [p.name for p in tmp.rglob(".*.tmp")]
     return f"temporary files left behind: {left}" if left else None
+
+
+def _edited_plan(tmp: Path) -> None:
+    """The plan with step.dense_grad_reduce's send bytes doubled, digested again (so the digest
+    holds) and its report pointed at it: only re-deriving the figures from the config tells."""
+    from planner.plan_format import plan_digest
+
+    plan, report = _plan_and_report()
+    plan = json.loads(json.dumps(plan))
+    entry = next(b for b in plan["budgets"] if b["name"] == "step.dense_grad_reduce.fwd.send_bytes")
+    entry["value"] *= 2
+    plan["digest"] = plan_digest(plan)
+    (tmp / "edited.json").write_text(json.dumps(plan))
+    (tmp / "report.json").write_text(json.dumps({**report, "plan_digest": plan["digest"]}))
+
+
+def _no_run_folder(tmp: Path) -> str | None:
+    return "a half-written run folder was left" if (tmp / "run").exists() else None
+
+
+def _link_kept(tmp: Path) -> str | None:
+    return None if (tmp / "out.json").is_symlink() else "the link was replaced"
 
 
 def _hf_config_at(target: str) -> Callable[[], str]:
@@ -239,6 +301,35 @@ CASES: tuple[Case, ...] = (
     _sbatch_case("extra_sbatch --export=ALL,BASH_ENV=", '  extra_sbatch: ["--export=ALL,BASH_ENV=/x"]\n'),
     _sbatch_case("launch.env LD_PRELOAD", '  env: {LD_PRELOAD: /tmp/evil.so}\n'),
     _sbatch_case("launch.output_dir ../../x", '  output_dir: ../../x\n'),
+    # --- round 4 (issue 36): calibration profiles, measured logs, moe_layer_freq
+    *(_profile_case(name, text) for name, text in PROFILES.items()),
+    _profile_case("search with a negative efficiency", "factors: {gemm_bf16: -0.5}\n", "search"),
+    *(Case(f"estimate --measured: elapsed {ms} ms", ("estimate", str(TINY), "--measured", "{tmp}/m.log"),
+           _write("m.log", _timing_lines(ms)), expect=(1,)) for ms in ("0", "-5000")),
+    Case("estimate --measured: a 3.2 MB line of stacked stamps", ("estimate", str(TINY), "--measured",
+                                                                  "{tmp}/long.log"),
+         _write("long.log", lambda: "[a]" * 1_100_000 + _timing_lines("5.0"))),
+    Case("calibrate: a 3.2 MB line of stacked stamps", ("calibrate", "{tmp}/long.log", "--gpu", "H100"),
+         _write("long.log", lambda: "[a]" * 1_100_000 + _timing_lines("5.0"))),
+    Case("moe_layer_freq: a product of a 4,800-digit number", ("compile", "{tmp}/freq.yaml", "-o",
+                                                              "{tmp}/plan.json"),
+         _write("freq.yaml", lambda: _with_model('moe_layer_freq: "' + "*".join(["99999999"] * 600) + '"')),
+         expect=(1,)),
+    Case("moe_layer_freq: a 3 MB list product", ("check", "{tmp}/freq.yaml"),
+         _write("freq.yaml", lambda: _with_model('moe_layer_freq: "[1]*1000000' + "*1" * 1_500_000 + '"')),
+         expect=(1,)),
+    *(_sbatch_case(f"launch.env {name}", f"  env: {{{name}: /tmp/canary}}\n")
+      for name in ("PYTHONPATH",)),
+    Case("emit all past ulimit -f", ("emit", "all", str(TINY), "-o", "{tmp}/run"),
+         file_size_limit=16 << 10, check_after=_no_run_folder),
+    Case("compile -o a symlink to stdout --force", ("compile", str(TINY), "-o", "{tmp}/out.json", "--force"),
+         lambda tmp: (tmp / "out.json").symlink_to("/dev/stdout"), check_after=_link_kept),
+    Case("verify: a plan's dense gradient bytes doubled and re-digested",
+         ("verify", "{tmp}/edited.json", "{tmp}/report.json"), _both(write_plan_pair, _edited_plan)),
+    *(Case(f"import megatron: {name}", ("import", "megatron", "{tmp}/launch.sh"), _write("launch.sh", text))
+      for name, text in SCRIPTS.items()),
+    Case("moe_layer_freq: a list longer than the model", ("check", "{tmp}/freq.yaml"),
+         _write("freq.yaml", lambda: _with_model("moe_layer_freq: [1, 0, 1]")), expect=(1,)),
 )
 
 

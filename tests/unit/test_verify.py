@@ -251,3 +251,21 @@ def test_verify_never_imports_torch() -> None:
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_plan_edited_and_digested_again_is_refused(plan: dict[str, Any]) -> None:
+    """The digest proves the file intact, not that its figures follow from its config: before,
+    a doubled dense gradient scale (re-digested) was called verified."""
+    from planner.plan_format import plan_digest
+    from planner.verify import check_rederived
+
+    check_rederived(plan)  # the plan as compiled passes
+    edited = json.loads(json.dumps(plan))
+    index, entry = next((i, b) for i, b in enumerate(edited["budgets"])
+                        if b["name"] == "step.dense_grad_reduce.fwd.send_bytes")
+    entry["value"] *= 2
+    edited["digest"] = plan_digest(edited)
+    with pytest.raises(VerifyInputError, match=rf"budgets\[{index}\]\.value is {entry['value']} in "
+                                               rf"the plan, {entry['value'] // 2} when its config is "
+                                               "compiled"):
+        check_rederived(edited)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from planner.config.importers.shell_script import Unresolved, expand_value
+from planner.config.importers.shell_script import ScriptTooComplex, Unresolved, expand_value
+from planner.config.loader import _too_many_nodes, structure_problem
 
 _FORMS = {
     "TEST_TYPE": "YAML argument map (MODEL_ARGS of a Megatron-LM functional test)",
@@ -32,13 +33,27 @@ class ArgumentMap:
     ignored: list[str] = field(default_factory=list)  # keys that are no `--flag`
 
 
+_BASE_LOADER = yaml.CBaseLoader if yaml.__with_libyaml__ else yaml.BaseLoader
+
+
 def load_map(text: str) -> dict | None:
     """The YAML mapping of `text` with every scalar a string (as the harnesses' yq reads it), or
-    None when the text is not a YAML mapping."""
+    None when the text is not a YAML mapping. Composed once and measured before it is built, with
+    a config's caps (planner/config/loader.py structure_problem: aliases, their depth, the nodes
+    they add), so a few hundred bytes of aliases cannot expand into millions of arguments;
+    ScriptTooComplex when it is too big."""
+    loader = _BASE_LOADER(text)
     try:
-        data = yaml.load(text, Loader=yaml.BaseLoader)  # noqa: S506 - BaseLoader builds no objects
-    except yaml.YAMLError:
+        problem = _too_many_nodes(text)
+        node = None if problem else loader.get_single_node()
+        problem = problem or (structure_problem(node) if node is not None else None)
+        if problem:
+            raise ScriptTooComplex("the YAML argument map", f"too big to read: {problem}")
+        data = loader.construct_document(node) if node is not None else None
+    except (yaml.YAMLError, RecursionError, ValueError):
         return None
+    finally:
+        loader.dispose()
     return data if isinstance(data, dict) else None
 
 
@@ -62,9 +77,13 @@ def read_map(data: dict, sets: dict[str, str]) -> ArgumentMap:
             found.ignored.append(str(key))
             continue
         values = value if isinstance(value, list) else [value]
+        if any(isinstance(item, list | dict) for item in values):
+            raise ScriptTooComplex(f"the YAML argument map's {key[:80]}", "a value nested in a list "
+                                   "or mapping (an argument takes a word or a list of words)")
         words: list[str] = []
         for item in values:
-            expanded, unresolved = expand_value(str(item) if item is not None else "", {**env, **sets})
+            expanded, unresolved = expand_value(str(item) if item is not None else "", {**env, **sets},
+                                                f"the YAML argument map's {key[:80]}")
             found.unresolved.update(unresolved)
             words.append(expanded)
         if words == ["false"]:

@@ -33,9 +33,11 @@ DESTS_FILE = Path(__file__).resolve().parents[1] / "data" / "megatron_dests.tsv"
 _START = re.compile(r"^-+ arguments -+$")
 _END = re.compile(r"^-+ end of arguments -+$")
 _ENTRY = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*) \.*(?: (?P<value>.*))?$")
-_PADDED = re.compile(r"padded vocab \(size: (?P<size>\d+)\) with (?P<dummy>\d+) dummy tokens "
-                     r"\(new size: (?P<padded>\d+)\)")
-_MICROBATCHES = re.compile(r"setting number of micro-?batches to constant (?P<count>\d+)")
+# Counts of at most 18 digits: a longer one is not a count, and int() of thousands of digits is
+# slow (and refused past 4,300).
+_PADDED = re.compile(r"padded vocab \(size: (?P<size>\d{1,18})\) with (?P<dummy>\d{1,18}) dummy "
+                     r"tokens \(new size: (?P<padded>\d{1,18})\)")
+_MICROBATCHES = re.compile(r"setting number of micro-?batches to constant (?P<count>\d{1,18})\b")
 # Dump entries that are facts of the run, not arguments (set by parse_args / validate_args).
 _FACTS = {"world_size", "rank", "local_rank", "data_parallel_size", "params_dtype",
           "virtual_pipeline_model_parallel_size", "transformer_pipeline_model_parallel_size",
@@ -105,11 +107,27 @@ class LogRead:
 
     def printed_int(self, name: str) -> int | None:
         value = self.dump.get(name, "None")
-        return int(value) if value.lstrip("-").isdigit() else None
+        digits = value.lstrip("-")
+        return int(value) if digits.isdigit() and len(digits) <= 18 else None
 
 
 def has_dump(lines: list[str]) -> bool:
     return any(_START.match(line.strip()) for line in lines)
+
+
+def dump_start(stripped: str) -> bool:
+    """Whether a cleaned, stripped line opens an argument dump."""
+    return _START.match(stripped) is not None
+
+
+def dump_end(stripped: str) -> bool:
+    return _END.match(stripped) is not None
+
+
+def dump_entry(line: str) -> tuple[str, str] | None:
+    """One dump line as (dest, printed value), or None."""
+    match = _ENTRY.match(line)
+    return (match["name"], (match["value"] or "").strip()) if match else None
 
 
 def argument_dumps(lines: list[str]) -> list[dict[str, str]]:

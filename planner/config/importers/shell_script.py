@@ -9,6 +9,11 @@ exactly that much bash: every statement runs in order (both branches of an `if`:
 cannot know which runs, the later assignment wins), and what it cannot know — `$(…)`, a variable
 the script never sets, a positional `$1` — is kept as `${NAME}` in the word and listed in
 `Unresolved`, so the caller can name it with `--set NAME=VALUE` as the fix.
+
+Every step is bounded (the budgets below): a script a few hundred bytes long can double a string
+or an array thirty times, nest `${a:-${b:-…}}` defaults thousands deep or multiply numbers into
+millions of digits. An overrun stops the read with ScriptTooComplex naming the line and the
+budget; nothing is evaluated further.
 """
 
 from __future__ import annotations
@@ -31,6 +36,24 @@ ENTRY_SUFFIX = ".py"
 
 
 NOT_SET = "not set in the file (an environment variable, or set elsewhere)"
+
+# Budgets of one read, each far beyond a real launch script (a few KiB, a few hundred words).
+MAX_VALUE_CHARS = 1 << 20  # one expanded word or variable value
+MAX_ARRAY_ITEMS = 100_000  # one array's elements
+MAX_WORK_CHARS = 64 << 20  # every character all expansions of the read produce together
+MAX_DEPTH = 64  # `${a:-${b:-…}}` defaults, and `( … )` arrays, nested in one another
+MAX_ARITHMETIC_CHARS = 1_000  # one `$(( … ))` after its variables are put in
+INT_BITS = 64  # bash's arithmetic is intmax_t: it wraps at 64 bits, and so does this reader
+
+
+class ScriptTooComplex(Exception):
+    """The script exceeds a budget of the static read (the message names the line and the
+    budget); the caller refuses the import (exit 2)."""
+
+    def __init__(self, line: int | str, what: str) -> None:
+        where = f"line {line}" if isinstance(line, int) else str(line)
+        super().__init__(f"{where}: {what}; moeplan reads launch scripts statically and stops "
+                         "there: give the value with --set NAME=VALUE or simplify the script")
 
 
 class Unknown(str):
@@ -90,10 +113,11 @@ class ShellRead:
 class _Lexer:
     """Bash words and statement boundaries (newline, `;`, `&&`, `|`, …), arrays, here-documents."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, depth: int = 0) -> None:
         self.text = text
         self.pos = 0
         self.line = 1
+        self.depth = depth  # arrays nested at the current word
 
     def peek(self, ahead: int = 0) -> str:
         at = self.pos + ahead
@@ -210,6 +234,15 @@ class _Lexer:
         return text is not None and bool(_ASSIGNMENT.fullmatch(text))
 
     def _array(self) -> list[Word]:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ScriptTooComplex(self.line, f"arrays nested more than {MAX_DEPTH} deep")
+        try:
+            return self._elements()
+        finally:
+            self.depth -= 1
+
+    def _elements(self) -> list[Word]:
         elements: list[Word] = []
         while self.pos < len(self.text):
             char = self.peek()
@@ -250,17 +283,27 @@ class _Lexer:
         word.segments.append(Segment("lit", buffer, True))
 
     def _balanced(self, opening: str, closing: str) -> str:
+        """The text up to the `closing` that balances an `opening` already taken; jumps from one
+        character that matters to the next (a character-by-character loop made a few KiB of
+        nested `${a:-${b:-…}}` take seconds)."""
         depth, start = 1, self.pos
-        while self.pos < len(self.text):
-            char = self.take()
-            if char == "\\":
+        stops = re.compile("[\\\\\n" + re.escape(opening + closing) + "]")
+        while (match := stops.search(self.text, self.pos)) is not None:
+            char, self.pos = match.group(), match.end()
+            if char == "\n":
+                self.line += 1
+            elif char == "\\":
                 self.take()
             elif char == opening:
                 depth += 1
-            elif char == closing:
+                if depth > MAX_DEPTH:
+                    raise ScriptTooComplex(self.line, f"'{opening}' nested more than {MAX_DEPTH} "
+                                           "deep inside an expansion")
+            else:
                 depth -= 1
                 if depth == 0:
                     return self.text[start:self.pos - 1]
+        self.pos = len(self.text)
         return self.text[start:]
 
     def _expansion(self, quoted: bool) -> Segment:
@@ -307,6 +350,25 @@ class _Interpreter:
         self.assumed_unset: set[str] = set()  # environment switches a test read as unset
         self.conflicts: set[str] = set()  # variables two undecided branches both assign
         self.frames: list[_Frame] = []
+        self.line: int | str = 1  # of the statement being run (a key of an argument map)
+        self.depth = 0  # defaults being expanded inside one another
+        self.work = 0  # characters all expansions produced so far
+
+    def spend(self, value: Value) -> Value:
+        """Count an expanded value against the budgets; ScriptTooComplex past one."""
+        if isinstance(value, list):
+            if len(value) > MAX_ARRAY_ITEMS:
+                raise ScriptTooComplex(self.line, f"an array grows past {MAX_ARRAY_ITEMS:,} elements")
+            size = sum(map(len, value))
+        else:
+            size = len(value)
+            if size > MAX_VALUE_CHARS:
+                raise ScriptTooComplex(self.line, f"a value grows past {MAX_VALUE_CHARS:,} characters")
+        self.work += size
+        if self.work > MAX_WORK_CHARS:
+            raise ScriptTooComplex(self.line, f"the expansions produce more than {MAX_WORK_CHARS:,} "
+                                   "characters in all")
+        return value
 
     # ------------------------------------------------------------------ values
     def lookup(self, name: str) -> Value | None:
@@ -364,7 +426,17 @@ class _Interpreter:
 
     def expand_text(self, text: str) -> str:
         """A default's text (`${A:-"$B/x"}`): its words expanded without field splitting."""
-        lexer = _Lexer(text)
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ScriptTooComplex(self.line, f"defaults (${{A:-${{B:-…}}}}) nested more than "
+                                   f"{MAX_DEPTH} deep")
+        try:
+            return self._expand_text(text)
+        finally:
+            self.depth -= 1
+
+    def _expand_text(self, text: str) -> str:
+        lexer = _Lexer(text, self.depth)  # arrays count against the same depth
         parts: list[str] = []
         while lexer.pos < len(text):
             if lexer.peek() in " \t\r\n":
@@ -375,9 +447,15 @@ class _Interpreter:
                 lexer.take()
                 continue
             parts.append("".join(self.fields(Word([Segment(s.kind, s.text, True) for s in word.segments]))))
-        return " ".join(parts)
+        return self.spend(" ".join(parts))  # type: ignore[return-value]
 
     def arithmetic(self, body: str) -> str:
+        """`$(( … ))` with the script's variables put in: + - * / % and comparisons, `c ? a : b`,
+        in 64-bit integers as bash computes them; an expression longer than the budget stops the
+        read, one this reader cannot compute stays unresolved."""
+        if len(body) > MAX_ARITHMETIC_CHARS:
+            raise ScriptTooComplex(self.line, f"an arithmetic expression of {len(body):,} characters "
+                                   f"(more than {MAX_ARITHMETIC_CHARS:,})")
         names = set(re.findall(r"\$?\{?([A-Za-z_][A-Za-z0-9_]*)\}?", body))
         expression = body
         for name in sorted(names, key=len, reverse=True):
@@ -385,13 +463,17 @@ class _Interpreter:
             if value is None or isinstance(value, Unknown | list):
                 return self._unknown(name, f"used in $(({body.strip()})) but not set in the script"
                                      if value is None else f"used in $(({body.strip()}))")
+            if len(value) > MAX_ARITHMETIC_CHARS:
+                raise ScriptTooComplex(self.line, f"${name} in $(({body.strip()[:60]})) holds "
+                                       f"{len(value):,} characters (more than {MAX_ARITHMETIC_CHARS:,})")
             expression = re.sub(rf"\$?\{{?\b{name}\b\}}?", f"({value})", expression)
-        ternary = re.fullmatch(r"(.+?)\?(.+):(.+)", expression.strip(), re.S)
-        if ternary:  # bash's `c ? a : b` in Python's spelling
-            expression = f"(({ternary.group(2)}) if ({ternary.group(1)}) else ({ternary.group(3)}))"
+            if len(expression) > MAX_ARITHMETIC_CHARS:
+                raise ScriptTooComplex(self.line, f"$(({body.strip()[:60]})) grows past "
+                                       f"{MAX_ARITHMETIC_CHARS:,} characters with its variables put in")
+        expression = _python_ternary(expression.strip())
         try:
-            return str(_integer(ast.parse(expression.strip(), mode="eval").body))
-        except (SyntaxError, ValueError, ZeroDivisionError):
+            return str(_integer(ast.parse(expression, mode="eval").body))
+        except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
             return self._unknown(f"$(({body.strip()}))", "arithmetic that cannot be read statically")
 
     def segment(self, segment: Segment) -> Value:
@@ -442,6 +524,8 @@ class _Interpreter:
                 current = None
         if current is not None:
             out.append(current)
+        for part in out:
+            self.spend(part)
         return out
 
     # ------------------------------------------------------------------ statements
@@ -469,7 +553,7 @@ class _Interpreter:
             if appending:
                 old = self.lookup(name)
                 values = (old if isinstance(old, list) else [old] if old else []) + values
-            self.variables[name] = values
+            self.variables[name] = self.spend(values)  # type: ignore[assignment]
             return True
         before = dict(self.unresolved)
         value = self._assigned(rest)
@@ -482,7 +566,7 @@ class _Interpreter:
             self.carried[name] = {**(self.carried.get(name, {}) if appending else {}), **found}
         if appending:
             old = self.lookup(name)
-            value = (" ".join(old) if isinstance(old, list) else (old or "")) + value
+            value = self.spend((" ".join(old) if isinstance(old, list) else (old or "")) + value)  # type: ignore[assignment]
         for frame in self.frames:
             if frame.undecided and frame.assigned:
                 frame.assigned[-1].add(name)
@@ -511,6 +595,7 @@ class _Interpreter:
         index = 0
         while index < len(statements):
             line, words, end = statements[index]
+            self.line = line
             index += 1
             words = list(words)
             head = words[0].literal if words else None
@@ -752,9 +837,36 @@ def _drop_prefix(word: Word, length: int) -> Word:
     return Word(segments)
 
 
+def _python_ternary(expression: str) -> str:
+    """bash's `c ? a : b` (right-associative: `c ? a : d ? b : e`) in Python's spelling, at the
+    top level of the expression. Found by scanning, in linear time per level (a pattern with two
+    greedy groups backtracked for minutes over a long expression)."""
+    depth, ask, pending = 0, -1, 0
+    for at, char in enumerate(expression):
+        if char in "()":
+            depth += 1 if char == "(" else -1
+        elif depth == 0 and char == "?":
+            ask = at if ask < 0 else ask
+            pending += 1
+        elif depth == 0 and char == ":" and ask >= 0:
+            pending -= 1
+            if pending == 0:
+                return (f"(({_python_ternary(expression[ask + 1:at])}) if ({expression[:ask]}) "
+                        f"else ({_python_ternary(expression[at + 1:])}))")
+    return expression
+
+
+def _wrapped(value: int) -> int:
+    """The value as bash's 64-bit arithmetic holds it (two's complement wrap-around)."""
+    value &= (1 << INT_BITS) - 1
+    return value - (1 << INT_BITS) if value >> (INT_BITS - 1) else value
+
+
 def _integer(node: ast.AST) -> int:
     if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
+        if node.value.bit_length() > INT_BITS:
+            raise ValueError("a number beyond 64 bits")
+        return _wrapped(node.value)
     if isinstance(node, ast.IfExp):
         return _integer(node.body) if _integer(node.test) else _integer(node.orelse)
     if isinstance(node, ast.Compare) and len(node.ops) == 1:
@@ -765,23 +877,29 @@ def _integer(node: ast.AST) -> int:
             return int(compare[type(node.ops[0])])
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         value = _integer(node.operand)
-        return -value if isinstance(node.op, ast.USub) else value
+        return _wrapped(-value) if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.BinOp):
         left, right = _integer(node.left), _integer(node.right)
         if isinstance(node.op, ast.Add):
-            return left + right
+            return _wrapped(left + right)
         if isinstance(node.op, ast.Sub):
-            return left - right
+            return _wrapped(left - right)
         if isinstance(node.op, ast.Mult):
-            return left * right
+            return _wrapped(left * right)
         if isinstance(node.op, ast.Div | ast.FloorDiv):
-            return int(left / right)  # bash truncates toward zero
+            if right == 0:
+                raise ZeroDivisionError
+            quotient = abs(left) // abs(right)  # bash truncates toward zero
+            return _wrapped(quotient if (left < 0) == (right < 0) else -quotient)
         if isinstance(node.op, ast.Mod):
-            return left % right
+            if right == 0:
+                raise ZeroDivisionError
+            rest = abs(left) % abs(right)  # bash's remainder takes the dividend's sign
+            return rest if left >= 0 else -rest
     raise ValueError("not integer arithmetic")
 
 
-_SBATCH = re.compile(r"^\s*#SBATCH\s+(.*)$", re.M)
+_SBATCH = re.compile(r"^[ \t]*#SBATCH[ \t]+(.*)$", re.M)  # [ \t]: `\s*` would span lines (quadratic)
 _SBATCH_SHORT = {"-N": "nodes", "-n": "ntasks", "-G": "gpus"}
 
 
@@ -853,11 +971,13 @@ def argument_variables(read: ShellRead) -> tuple[list[str], list[str], dict[str,
     return (names, argv, unresolved) if names else None
 
 
-def expand_value(text: str, variables: dict[str, str]) -> tuple[str, dict[str, Unresolved]]:
+def expand_value(text: str, variables: dict[str, str],
+                 where: str = "a value") -> tuple[str, dict[str, Unresolved]]:
     """`${VAR}` and `$VAR` in one value (envsubst's job in the YAML harnesses), unknowns kept as
-    `${VAR}` and listed."""
+    `${VAR}` and listed; ScriptTooComplex (naming `where`) past a budget."""
     if "$" not in text and "`" not in text:
         return text, {}
     interpreter = _Interpreter(variables)
+    interpreter.line = where
     value = interpreter.expand_text(text)
     return value, interpreter.unresolved

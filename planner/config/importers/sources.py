@@ -16,6 +16,7 @@ from planner.config.importers.log_lines import clean_lines
 from planner.config.importers.megatron_args import Imported, Unmapped, split_words
 from planner.config.importers.megatron_log import has_dump, log_front_end
 from planner.config.importers.shell_script import (
+    ScriptTooComplex,
     argument_variables,
     entry_index,
     launch_command,
@@ -26,7 +27,7 @@ ARGUMENT_FILE = "argument file"
 SHELL_SCRIPT = "shell launch script"
 SHELL_SNIPPET = "shell argument snippet, no launch command"
 # What makes a text a script rather than one command line: assignments, expansions, control flow.
-_SHELL_SIGNS = re.compile(r"^\s*(?:#!|export\s|[A-Za-z_][A-Za-z0-9_]*\+?=|if\s|for\s|while\s|function\s"
+_SHELL_SIGNS = re.compile(r"^[ \t]*(?:#!|export\s|[A-Za-z_][A-Za-z0-9_]*\+?=|if\s|for\s|while\s|function\s"
                           r"|source\s|\.\s|#SBATCH)|\$[{(A-Za-z_0-9@]", re.M)
 
 
@@ -39,7 +40,7 @@ class NotAnImport(ValueError):
 
 def detect_form(text: str) -> str:
     """The form's name: what the user is told the file was read as."""
-    if has_dump(clean_lines(text)):
+    if " arguments " in text and has_dump(clean_lines(text)):  # the dump's marker line
         return "log"
     data = load_map(text)
     if data is not None and is_argument_map(data):
@@ -101,8 +102,15 @@ def arguments_front_end(text: str, origin: Path | None) -> FrontEnd:
 
 
 def front_end(text: str, sets: dict[str, str] | None = None, origin: Path | None = None) -> FrontEnd:
-    """The front end of whichever form `text` is (NotAnImport when it is none)."""
-    sets = sets or {}
+    """The front end of whichever form `text` is (NotAnImport when it is none, or when reading it
+    exceeds a budget of the static reader)."""
+    try:
+        return _front_end(text, sets or {}, origin)
+    except ScriptTooComplex as exc:
+        raise NotAnImport(str(exc)) from None
+
+
+def _front_end(text: str, sets: dict[str, str], origin: Path | None) -> FrontEnd:
     form = detect_form(text)
     if form == "log":
         front, _ = log_front_end(text)

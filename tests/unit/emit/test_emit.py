@@ -277,9 +277,30 @@ def test_a_failed_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pyte
     result = emit("all", TINY, "-o", out)
     assert result.exit_code == 2
     assert "No space left on device" in result.output
-    assert not (out / "job.sbatch").exists()
-    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
-    read_plan(out / "plan.json")  # what was written is whole
+    assert not out.exists()  # the run folder whole or not at all: the plan renamed before is gone
+
+
+def test_a_disk_full_midway_leaves_the_run_folder_as_it_was(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch):
+    """The third file's write fails: no file of the set is renamed into place, no temporary file
+    stays, and an existing folder keeps what it held."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    real_fdopen = os.fdopen
+    opened = []
+
+    def filling_fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+        opened.append(fd)
+        if len(opened) == 3:
+            os.close(fd)
+            raise OSError(28, "No space left on device")
+        return real_fdopen(fd, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", filling_fdopen)
+    result = emit("all", TINY, "-o", out)
+    assert result.exit_code == 2 and "No space left on device" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
 # ------------------------------------------------------------------------- torchrun.sh, run by bash
@@ -362,13 +383,13 @@ def test_runtime_flags_follow_the_launch_and_moe_sections(tmp_path: Path, fakes:
 
 def test_launch_env_is_exported_literally(tmp_path: Path, fakes: dict[str, Any]):
     data = tiny_data()
-    data["launch"]["env"] = {"NCCL_DEBUG": "INFO", "MY_PATH": "$HOME/x:${PATH}", "EMPTY": ""}
+    data["launch"]["env"] = {"NCCL_DEBUG": "INFO", "WANDB_DIR": "$HOME/x:${PATH}", "NVTE_EMPTY": ""}
     out = tmp_path / "out"
     assert emit("torchrun", write_config(tmp_path, data), "-o", out).exit_code == 0
     _, [call] = run_script(out / "torchrun.sh", fakes)
     assert call["env"]["NCCL_DEBUG"] == "INFO"
-    assert call["env"]["MY_PATH"] == "$HOME/x:${PATH}"
-    assert call["env"]["EMPTY"] == ""
+    assert call["env"]["WANDB_DIR"] == "$HOME/x:${PATH}"
+    assert call["env"]["NVTE_EMPTY"] == ""
 
 
 # ------------------------------------------------------------------------- job.sbatch
@@ -462,6 +483,13 @@ def test_sbatch_refuses_to_start_without_its_plan(tmp_path: Path, fakes: dict[st
     ("env", {"1ST": "x"}, "not a valid environment variable name"),
     ("env", {"IFS": "x"}, "changes how bash runs"),
     ("env", {"BASH_ENV": "/tmp/x"}, "changes how bash runs"),
+    # an allow-list (issue 36): each of these made torchrun.sh import a package of the config's choosing
+    *(("env", {name: "/tmp/canary"}, f"{name} is not a variable launch.env passes")
+      for name in ("PYTHONPATH", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONWARNINGS", "PYTHONSTARTUP",
+                   "MY_VAR")),
+    *(("env", {name: "/tmp/canary"}, "changes which programs, libraries or compiled code")
+      for name in ("CUDA_HOME", "TORCH_EXTENSIONS_DIR", "NCCL_NET_PLUGIN")),
+    ("extra_sbatch", ["--export=ALL,PYTHONPATH=/tmp/canary"], "--export sets PYTHONPATH"),
     ("env", {"OK": "line1\nline2"}, "control character"),
 ])
 def test_launch_values_no_script_can_carry_are_refused(tmp_path: Path, field: str, value: Any,
@@ -510,7 +538,7 @@ def test_hostile_strings_in_every_launch_field_come_out_inert(tmp_path: Path, fa
     data = tiny_data()
     data["launch"].update(job_name=value, partition=value, account=value, time=value,
                           container_image=value, output_dir="logs/" + value,
-                          extra_sbatch=["--comment=" + value], env={"HOSTILE": value})
+                          extra_sbatch=["--comment=" + value], env={"NCCL_HOSTILE": value})
     out = tmp_path / "out"
     cwd = tmp_path / "cwd"
     cwd.mkdir()
@@ -522,8 +550,8 @@ def test_hostile_strings_in_every_launch_field_come_out_inert(tmp_path: Path, fa
     argv = torchrun_call["argv"]
     assert re.fullmatch(r"[A-Za-z0-9_.-]+", argv[argv.index("--rdzv-id") + 1])
     # Every other value arrived intact, as one word, where it was meant to go.
-    assert torchrun_call["env"]["HOSTILE"] == value
-    assert srun_call["env"]["HOSTILE"] == value
+    assert torchrun_call["env"]["NCCL_HOSTILE"] == value
+    assert srun_call["env"]["NCCL_HOSTILE"] == value
     assert f"--container-image={value}" in srun_call["argv"]
     found = directive_map((out / "job.sbatch").read_text())
     assert found["--job-name"] == value
@@ -814,13 +842,13 @@ def emitted_variants(root: Path) -> list[Path]:
     """Every script for the examples, a container/env/extra-options config, and hostile values."""
     variants: list[tuple[str, Path]] = [("tiny", TINY), ("v4pro", V4_PRO)]
     rich = tiny_data()
-    rich["launch"].update(partition="gpu", account="a", container_image="img:1", env={"A": "1"},
+    rich["launch"].update(partition="gpu", account="a", container_image="img:1", env={"NCCL_A": "1"},
                           extra_sbatch=["--exclusive"], cpus_per_task=32)
     rich["moe"]["moe_router_force_load_balancing"] = True
     variants.append(("rich", write_config(root, rich, "rich.yaml")))
     hostile = tiny_data()
     hostile["launch"].update(job_name=HOSTILE[0], partition=HOSTILE[1], account=HOSTILE[2],
-                             container_image=HOSTILE[3], env={"H": HOSTILE[4]},
+                             container_image=HOSTILE[3], env={"NCCL_H": HOSTILE[4]},
                              extra_sbatch=["--comment=" + HOSTILE[5]], output_dir=HOSTILE[6])
     variants.append(("hostile", write_config(root, hostile, "hostile.yaml")))
     scripts = []

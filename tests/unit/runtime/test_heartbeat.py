@@ -7,6 +7,7 @@ replaced by a recorder, since ending the test process is the real one's job.
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 
@@ -142,3 +143,40 @@ def test_a_launch_without_its_variables_is_a_usage_error(monkeypatch: pytest.Mon
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     with pytest.raises(LaunchEnvironmentError, match="MASTER_PORT='29500x', not a whole number"):
         Endpoint.from_env()
+
+
+class _FrozenStore:
+    """A store whose host was stopped: writes leave, reads never return (as a TCPStore's do once
+    its server is SIGSTOPped: it logs its poll timeout and polls again)."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    def set(self, key: str, value: str) -> None:
+        pass
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.released.wait()
+        raise RuntimeError("released")
+
+
+def test_a_stopped_store_host_is_named_though_its_reads_never_return() -> None:
+    """Before, the beating thread hung in the store read and the ranks trained on (step 970)."""
+    store, (first, second) = _job()
+    watcher = _heartbeat(second).start()
+    time.sleep(3 * LIMITS.period)  # rank 0's beat is heard once
+    frozen = _FrozenStore()
+    watcher.store = frozen
+    started = time.monotonic()
+    try:
+        _wait_for(lambda: watcher.ended, 5.0)
+    finally:
+        watcher.stopping.set()
+        frozen.released.set()
+    assert watcher.ended, "the stopped store was never noticed"
+    assert time.monotonic() - started < 4 * LIMITS.stall_after
+    message = watcher.ended[0][0]
+    assert message.startswith("rank 1: the job's store at 127.0.0.1:")
+    assert "(torchrun's agent hosts it) has not answered for" in message
+    assert "the head node elsewhere (rank 0) was last heard" in message
+    del store
