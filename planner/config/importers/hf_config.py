@@ -61,7 +61,9 @@ class HfMapping:
 def read_hf_json(path: str | Path) -> dict[str, Any]:
     """The config.json as a dict; anything that is not a readable JSON object is HfConfigUnreadable."""
     try:
-        data = read_json(path, "hf_config")
+        # transformers reads config.json with Python's json, which takes Infinity and NaN
+        # (Nemotron-3's "time_step_limit": [0.0, Infinity]); _Reader refuses them where mapped.
+        data = read_json(path, "hf_config", constants=True)
     except UnreadableInput as exc:
         raise HfConfigUnreadable(f"{exc}; expected a Hugging Face config.json") from None
     if not isinstance(data, dict):
@@ -761,7 +763,163 @@ def _deepseek_v32(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# transformers src/transformers/models/deepseek_v4/configuration_deepseek_v4.py DeepseekV4Config
+# (V4-Flash's sizes; layer_types from the legacy compress_ratios 0/4/128 = sliding / CSA / HCA,
+# mlp_layer_types from num_hash_layers, qk_rope_head_dim = head_dim x partial_rotary_factor).
+_DEEPSEEK_V4_DEFAULTS = {"num_hidden_layers": 43, "hidden_size": 4096, "num_attention_heads": 64,
+                         "vocab_size": 129280, "max_position_embeddings": 1048576,
+                         "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "num_key_value_heads": 1,
+                         "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024,
+                         "moe_intermediate_size": 2048, "n_routed_experts": 256,
+                         "n_shared_experts": 1, "num_experts_per_tok": 6,
+                         "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5,
+                         "compress_rope_theta": 160000.0, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+                         "hc_eps": 1e-6, "num_hash_layers": 3, "swiglu_limit": 10.0,
+                         "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024,
+                         "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
+                         "num_nextn_predict_layers": 1}
+# Megatron's DSv4 ratios (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+# TransformerConfig.__post_init__: "csa_compress_ratios must be 0, 4, or 128"); transformers'
+# layer_types spell them by name, with compress_rates giving CSA's and HCA's.
+_V4_LAYER_TYPES = {"sliding_attention": None, "compressed_sparse_attention": 4,
+                   "heavily_compressed_attention": 128}
+_V4_RATIOS = (0, 4, 128)
+
+
+def _v4_ratios(r: _Reader, layers: Any, mtp: Any) -> list[int] | None:
+    """The per-layer compress ratios, MTP layers included (Megatron indexes the list past the
+    decoder for its MTP layers; the released files end with the MTP layer's 0)."""
+    ratios = r.hf.get("compress_ratios")
+    if ratios is None and isinstance(r.hf.get("layer_types"), list):
+        rates = r.hf.get("compress_rates") or {}
+        if not isinstance(rates, dict):
+            r.unsupported("compress_rates", rates, "expected an object of layer type -> ratio")
+            return None
+        named = {kind: rates.get(kind, ratio) or 0 for kind, ratio in _V4_LAYER_TYPES.items()}
+        unknown = [t for t in r.hf["layer_types"] if t not in named]
+        if unknown:
+            r.unsupported("layer_types", unknown[0], f"DeepSeek-V4 layers are {', '.join(named)}")
+            return None
+        ratios = [named[t] for t in r.hf["layer_types"]]
+    if ratios is None:
+        r.unsupported("compress_ratios", None, "a DeepSeek-V4 config.json names each layer's "
+                      "compression (compress_ratios or layer_types); without it the layer program "
+                      "is the config class's guess, not this model's")
+        return None
+    if not isinstance(ratios, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                               for x in ratios):
+        r.unsupported("compress_ratios", ratios, "expected a list of integers")
+        return None
+    wrong = sorted({x for x in ratios if x not in _V4_RATIOS})
+    if wrong:
+        r.unsupported("compress_ratios", wrong, "Megatron's DeepSeek-V4 attention takes 0 (window "
+                      "only), 4 (CSA) or 128 (HCA)")
+        return None
+    if not (_listable(layers) and isinstance(mtp, int)):
+        return ratios
+    if len(ratios) < layers:
+        r.unsupported("compress_ratios", f"{len(ratios)} entries", f"num_hidden_layers is {layers}")
+        return None
+    if len(ratios) < layers + mtp:  # MTP layers compress nothing (the released files' last 0)
+        r.notes.append(f"compress_ratios lists {len(ratios)} layers: the {mtp} MTP layer(s) are "
+                       "given ratio 0 (window only), as the released DeepSeek-V4 files write them")
+        ratios = ratios + [0] * (layers + mtp - len(ratios))
+    return ratios
+
+
+def _v4_hash_layers(r: _Reader, layers: Any) -> Any:
+    """num_hash_layers, or the leading hash_moe entries of mlp_layer_types (Megatron hashes the
+    first moe_n_hash_layers layers only)."""
+    kinds = r.hf.get("mlp_layer_types")
+    if kinds is None:
+        return r.count("num_hash_layers", "moe_n_hash_layers", _DEEPSEEK_V4_DEFAULTS["num_hash_layers"])
+    if not isinstance(kinds, list) or any(k not in ("hash_moe", "moe") for k in kinds):
+        r.unsupported("mlp_layer_types", kinds, "expected 'hash_moe' / 'moe' per layer")
+        return None
+    leading = next((i for i, k in enumerate(kinds) if k != "hash_moe"), len(kinds))
+    if "hash_moe" in kinds[leading:]:
+        r.unsupported("mlp_layer_types", kinds, "Megatron hash-routes the first moe_n_hash_layers "
+                      "layers only (--moe-n-hash-layers), not hash layers after a routed one")
+        return None
+    return leading
+
+
+def _deepseek_v4(r: _Reader) -> dict[str, Any]:
+    """DeepseekV4ForCausalLM (V4-Pro, V4-Flash): Megatron's dsv4_hybrid attention (one shared
+    512-wide K/V head, low-rank q, grouped low-rank output, a sliding window on every layer plus
+    CSA (ratio 4, with the lightning indexer) or HCA (ratio 128) compression per layer), every
+    layer MoE with a shared expert, hash routing on the first layers, sqrt-softplus scores with
+    an expert bias, mHC residual streams, MTP. Names as Megatron-LM dev@d48bd6be
+    megatron/training/arguments.py (--experimental-attention-variant dsv4_hybrid)."""
+    d = _DEEPSEEK_V4_DEFAULTS
+    model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
+    head_dim = r.count("head_dim", "kv_channels", d["head_dim"])
+    rope = r.count("qk_rope_head_dim", "qk_pos_emb_head_dim", d["qk_rope_head_dim"])
+    kv_heads = r.count("num_key_value_heads", "num_query_groups", d["num_key_value_heads"])
+    if kv_heads not in (None, 1):
+        r.unsupported("num_key_value_heads", kv_heads, "DeepSeek-V4 attention shares one K/V head")
+    if r.flag("attention_bias", False):
+        r.unsupported("attention_bias", True, "Megatron's DeepSeek-V4 attention has no biases")
+    moe_ffn = r.count("moe_intermediate_size", "moe_ffn_hidden_size", d["moe_intermediate_size"])
+    shared = r.count("n_shared_experts", None, d["n_shared_experts"]) or 0
+    mtp = r.count("num_nextn_predict_layers", "mtp_num_layers", d["num_nextn_predict_layers"])
+    hc = r.count("hc_mult", "num_residual_streams", d["hc_mult"])
+    scoring = r.text("scoring_func", d["scoring_func"])
+    if scoring not in ("sqrtsoftplus", "sigmoid", "softmax"):
+        r.unsupported("scoring_func", scoring, "Megatron scores experts by softmax, sigmoid or "
+                      "sqrtsoftplus")
+    if not r.flag("norm_topk_prob", True):
+        r.notes.append("norm_topk_prob false: Megatron renormalises the top-k scores of a "
+                       "sqrtsoftplus/sigmoid router (routing weights differ)")
+    if r.number("hc_eps", None, d["hc_eps"]) not in (None, d["hc_eps"]):
+        r.notes.append(f"hc_eps {r.hf['hc_eps']} differs from Megatron's mHC epsilon 1e-6, which "
+                       "no argument changes (Sinkhorn numerics only)")
+    model.update({
+        "attention_variant": "dsv4_hybrid", "qk_layernorm": True,
+        "num_query_groups": kv_heads, "kv_channels": head_dim, "qk_pos_emb_head_dim": rope,
+        # Megatron derives the K/V latent as the non-rotary head part (head_dim - rope).
+        "kv_lora_rank": head_dim - rope if _positive(head_dim) and _positive(rope)
+        and rope < head_dim else None,
+        "q_lora_rank": r.count("q_lora_rank", "q_lora_rank", d["q_lora_rank"]),
+        "o_groups": r.count("o_groups", "o_groups", d["o_groups"]),
+        "o_lora_rank": r.count("o_lora_rank", "o_lora_rank", d["o_lora_rank"]),
+        "csa_window_size": r.count("sliding_window", "csa_window_size", d["sliding_window"]),
+        "index_n_heads": r.count("index_n_heads", "index_n_heads", d["index_n_heads"]),
+        "index_head_dim": r.count("index_head_dim", "index_head_dim", d["index_head_dim"]),
+        "index_topk": r.count("index_topk", "index_topk", d["index_topk"]),
+        # No dense layer: transformers reads intermediate_size as moe_intermediate_size.
+        "ffn_hidden_size": moe_ffn, "moe_ffn_hidden_size": moe_ffn,
+        "num_experts": r.count("n_routed_experts", "num_experts", d["n_routed_experts"]),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
+                                   d["num_experts_per_tok"]),
+        "moe_shared_expert_intermediate_size": shared * moe_ffn if shared and moe_ffn else None,
+        "moe_n_hash_layers": _v4_hash_layers(r, model["num_layers"]),
+        "mtp_num_layers": mtp,
+        "enable_hyper_connections": bool(hc and hc > 1),
+        "num_residual_streams": hc,
+        "mhc_sinkhorn_iterations": r.count("hc_sinkhorn_iters", "mhc_sinkhorn_iterations",
+                                           d["hc_sinkhorn_iters"]),
+        "moe_router_score_function": scoring,
+        "moe_router_enable_expert_bias": r.text("topk_method", "noaux_tc") == "noaux_tc",
+        "swiglu_limit": r.number("swiglu_limit", "swiglu_limit", d["swiglu_limit"]),
+        "csa_compress_rotary_base": r.number("compress_rope_theta", "csa_compress_rotary_base",
+                                             d["compress_rope_theta"]),
+        "compress_ratios": _v4_ratios(r, model["num_layers"], mtp),
+    })
+    if model["csa_compress_rotary_base"] is not None:
+        model["csa_compress_rotary_base"] = float(model["csa_compress_rotary_base"])
+    scale = r.number("routed_scaling_factor", "moe_router_topk_scaling_factor",
+                     d["routed_scaling_factor"])
+    if scale not in (None, 1, 1.0):
+        model["moe_router_topk_scaling_factor"] = float(scale)
+    if "n_group" in r.hf and r.hf["n_group"] not in (None, 1):
+        r.unsupported("n_group", r.hf["n_group"], "DeepSeek-V4 routes without expert groups")
+    _mla_rope(r, model)
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "DeepseekV4ForCausalLM": _deepseek_v4,
     "DeepseekV32ForCausalLM": _deepseek_v32,
     "Qwen3NextForCausalLM": _qwen3_next,
     "Llama4ForConditionalGeneration": _llama4,
@@ -779,10 +937,7 @@ ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
 
 def _unknown_architecture(found: Any, where: str) -> Finding:
     supported = ", ".join(ARCHITECTURES)
-    v4 = any("V4" in str(name) for name in found) if isinstance(found, list) else False
-    fix = ("use model.preset deepseek-v4-pro or deepseek-v4-flash: the DeepSeek-V4 config.json "
-           "format is not documented well enough to map" if v4 else
-           f"supported: {supported}; otherwise write the model section by hand")
+    fix = f"supported: {supported}; otherwise write the model section by hand"
     return Finding(CODE, "error", f"{where}.architectures",
                    f"architectures {found!r:.80} names no architecture moeplan can map", fix, SOURCE)
 

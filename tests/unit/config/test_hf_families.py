@@ -1,0 +1,93 @@
+"""Verbatim config.json files of current MoE families (tests/support/hf_config_files/) through
+`moeplan import hf`: each maps to the model transformers builds from it, counted exactly, or is
+refused naming the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.config.importers.hf_config import HfConfigUnmappable, map_hf_config, read_hf_json
+from planner.config.presets import PRESETS
+from planner.config.schema import Config, ModelSection
+from planner.model_size import model_size
+from tests.support.hf_corpus import TRANSFORMERS_COUNTS, corpus_config, corpus_path
+
+
+def _size(model: dict[str, object]) -> tuple[int, int, int]:
+    cfg = Config.model_validate({"model": model, "parallel": {"world_size": 1},
+                                 "training": {"seq_length": 16}})
+    size = model_size(cfg)
+    assert size is not None
+    return size.total_params, size.active_params, size.mtp_params
+
+
+@pytest.mark.parametrize("name", ["deepseek-v4-pro", "deepseek-v4-flash"])
+def test_deepseek_v4_config_json_is_the_preset_model(name: str):
+    # The official file maps to the preset field for field once Megatron's defaults resolve:
+    # hash layers, compress ratios (MTP's 0 included), indexer, mHC and YaRN read from the file.
+    mapping = map_hf_config(read_hf_json(corpus_path(name)))
+    assert mapping.architecture == "DeepseekV4ForCausalLM" and not mapping.megatron_extra_args
+    assert ModelSection.model_validate(mapping.model) == ModelSection.model_validate(PRESETS[name])
+    assert mapping.model["moe_n_hash_layers"] == 3 and mapping.model["num_residual_streams"] == 4
+    assert mapping.model["kv_lora_rank"] == 512 - 64  # Megatron's latent: the non-rotary part
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMERS_COUNTS))
+def test_the_count_is_what_transformers_builds(name: str):
+    total, _, _ = _size(map_hf_config(corpus_config(name)).model)
+    assert total == TRANSFORMERS_COUNTS[name]
+
+
+def test_deepseek_v4_layer_types_spelling_equals_compress_ratios():
+    # transformers' own spelling (layer_types + mlp_layer_types) maps to the same model as the
+    # released files' legacy keys (compress_ratios + num_hash_layers).
+    hf = corpus_config("deepseek-v4-flash")
+    names = {0: "sliding_attention", 4: "compressed_sparse_attention",
+             128: "heavily_compressed_attention"}
+    spelled = {key: value for key, value in hf.items() if key not in ("compress_ratios",
+                                                                      "num_hash_layers")}
+    spelled["layer_types"] = [names[r] for r in hf["compress_ratios"][:43]]
+    spelled["mlp_layer_types"] = ["hash_moe"] * 3 + ["moe"] * 40
+    mapped = map_hf_config(spelled)
+    assert mapped.model == map_hf_config(hf).model
+    assert any("MTP layer(s) are given ratio 0" in note for note in mapped.notes)
+
+
+@pytest.mark.parametrize(("change", "key", "says"), [
+    ({"compress_ratios": [0, 8] * 22}, "compress_ratios", "0 (window only), 4 (CSA) or 128"),
+    ({"compress_ratios": None}, "compress_ratios", "names each layer's compression"),
+    ({"compress_ratios": [0, 4]}, "compress_ratios", "num_hidden_layers is 43"),
+    ({"num_key_value_heads": 8}, "num_key_value_heads", "one K/V head"),
+    ({"scoring_func": "relu"}, "scoring_func", "softmax, sigmoid or sqrtsoftplus"),
+    ({"mlp_layer_types": ["moe", "hash_moe"] + ["moe"] * 41}, "mlp_layer_types",
+     "first moe_n_hash_layers layers only"),
+    ({"layer_types": ["sliding_attention", "linear_attention"], "compress_ratios": None},
+     "layer_types", "DeepSeek-V4 layers are"),
+])
+def test_deepseek_v4_what_megatron_cannot_build_is_refused_by_key(change: dict[str, object],
+                                                                  key: str, says: str):
+    hf = {**corpus_config("deepseek-v4-flash"), **change}
+    hf = {k: v for k, v in hf.items() if v is not None}
+    with pytest.raises(HfConfigUnmappable) as refused:
+        map_hf_config(hf)
+    [finding] = refused.value.findings
+    assert finding.code == "CFG007" and finding.path == f"model.hf_config.{key}"
+    assert says in finding.message
+
+
+def test_infinity_reads_as_python_does_and_is_refused_only_where_mapped(tmp_path: Path):
+    # Nemotron-3-Super's "time_step_limit": [0.0, Infinity] is real config.json that Python's json
+    # and transformers read: the reader takes it; a mapped key that is not finite is a finding.
+    hf = corpus_config("deepseek-v4-flash")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**hf, "time_step_limit": [0.0, float("inf")]}), "utf-8")
+    assert "Infinity" in path.read_text("utf-8")
+    assert read_hf_json(path)["time_step_limit"] == [0.0, float("inf")]
+    assert map_hf_config(read_hf_json(path)).model == map_hf_config(hf).model
+    path.write_text(json.dumps({**hf, "swiglu_limit": float("nan")}), "utf-8")
+    with pytest.raises(HfConfigUnmappable) as nan:
+        map_hf_config(read_hf_json(path))
+    assert [f.path for f in nan.value.findings] == ["model.hf_config.swiglu_limit"]
