@@ -40,9 +40,10 @@ def import_hf(
     as_json: AsJson = False,
     force: Force = False,
 ) -> None:
-    """Write the moeplan config equivalent to a Hugging Face config.json (DeepSeek-V2/V3 incl.
-    Kimi-K2, Qwen2-MoE/Qwen3-MoE, Mixtral, gpt-oss, GLM-4.5, MiniMax-M2, Llama 4); report every
-    finding of the result."""
+    """Write the moeplan config equivalent to a Hugging Face config.json (the families of
+    planner/config/importers/hf_families.py: DeepSeek-V2/V3/V3.2/V4, Kimi-K2 and K2.5, GLM-4.5,
+    GLM-4.7-Flash, Qwen2-MoE/Qwen3-MoE/Qwen3-Next, Mixtral, gpt-oss, MiniMax-M2, Llama 4), name the
+    Megatron-Bridge bridge that trains it, and report every finding of the result."""
     from planner.config.importers.hf_config import (
         HfConfigUnmappable,
         HfConfigUnreadable,
@@ -64,9 +65,11 @@ def import_hf(
     header = [f"imported by `moeplan import hf` from {config_json} ({mapping.architecture})",
               "model: the config.json's dimensions in Megatron-LM's argument names",
               "parallel / training: a starting point from the command's options; choose them",
+              f"bridge: {mapping.bridge}",
               *(f"note: {note}" for note in mapping.notes)]
     finish(config_yaml(data, header), data, [], output, as_json,
-           {"architecture": mapping.architecture, "notes": list(mapping.notes)}, force=force)
+           {"architecture": mapping.architecture, "family": mapping.family,
+            "bridge": mapping.bridge, "notes": list(mapping.notes)}, force=force)
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ CORPUS = Path(__file__).parent / "hf_config_files"
 TRANSFORMERS_COUNTS: dict[str, int] = {
     "deepseek-v4-pro": 1_572_997_179_491,
     "deepseek-v4-flash": 284_332_230_231,
+    "glm-4.7-flash": 29_943_390_976,
 }
 
 

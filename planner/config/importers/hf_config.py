@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.config.importers.hf_families import BY_ARCHITECTURE, Family, family_of
 from planner.config.schema import MAX_LAYERS
 from planner.files.json_input import read_json
 from planner.files.reading import UnreadableInput
@@ -56,6 +57,8 @@ class HfMapping:
     megatron_extra_args: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     moe: dict[str, Any] = field(default_factory=dict)  # `moe` fields the routing needs (Llama 4)
+    family: str = ""  # the Hugging Face model_type record it was mapped through
+    bridge: str = ""  # the Megatron-Bridge bridge that trains the family (or that none does)
 
 
 def read_hf_json(path: str | Path) -> dict[str, Any]:
@@ -624,7 +627,6 @@ _LLAMA4_DEFAULTS = {"num_hidden_layers": 48, "hidden_size": 5120, "num_attention
                     "interleave_moe_layer_step": 1, "use_qk_norm": True,
                     "no_rope_layer_interval": 4, "attention_chunk_size": 8192,
                     "attention_bias": False}
-MULTIMODAL = ("Llama4ForConditionalGeneration",)
 
 
 def _layer_list(r: _Reader, key: str) -> list[int] | None:
@@ -918,8 +920,39 @@ def _deepseek_v4(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# transformers src/transformers/models/glm4_moe_lite/configuration_glm4_moe_lite.py Glm4MoeLiteConfig
+# (GLM-4.7-Flash's sizes): n_group 1, routed_scaling_factor 1.8, one shared expert, q_lora_rank 768;
+# its modeling_glm4_moe_lite.py Glm4MoeLiteTopkRouter scores with a sigmoid and an
+# e_score_correction_bias (noaux_tc) in fp32; mlp_layer_types defaults to one dense layer.
+_DEEPSEEK_ROUTER_DEFAULTS["Glm4MoeLiteForCausalLM"] = {
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
+    "routed_scaling_factor": 1.8, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+    "n_shared_experts": 1, "q_lora_rank": 768, "max_position_embeddings": 202752}
+
+
+def _glm4_moe_lite(r: _Reader) -> dict[str, Any]:
+    """Glm4MoeLiteForCausalLM (GLM-4.7-Flash): the DeepSeek-V3 stack (MLA with q/kv latents,
+    dense then MoE layers, a shared expert, sigmoid routing with an expert bias, MTP), its dense
+    layers named by mlp_layer_types ('dense' / 'sparse') when the file lists them."""
+    model = _deepseek(r)
+    partial = r.number("partial_rotary_factor", None, 1.0)
+    if partial not in (None, 1, 1.0):
+        r.unsupported("partial_rotary_factor", partial, "MLA rotates all qk_rope_head_dim dims")
+    kinds = r.hf.get("mlp_layer_types")
+    if kinds is not None and "moe_layer_freq" not in r.provided:
+        if not isinstance(kinds, list) or any(k not in ("dense", "sparse") for k in kinds):
+            r.unsupported("mlp_layer_types", kinds, "expected 'dense' / 'sparse' per layer")
+        elif _listable(model["num_layers"]) and len(kinds) != model["num_layers"]:
+            r.unsupported("mlp_layer_types", f"{len(kinds)} entries",
+                          f"num_hidden_layers is {model['num_layers']}")
+        else:
+            model["moe_layer_freq"] = _moe_pattern([int(k == "sparse") for k in kinds])
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "DeepseekV4ForCausalLM": _deepseek_v4,
+    "Glm4MoeLiteForCausalLM": _glm4_moe_lite,
     "DeepseekV32ForCausalLM": _deepseek_v32,
     "Qwen3NextForCausalLM": _qwen3_next,
     "Llama4ForConditionalGeneration": _llama4,
@@ -935,46 +968,52 @@ ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
 }
 
 
-def _unknown_architecture(found: Any, where: str) -> Finding:
-    supported = ", ".join(ARCHITECTURES)
+def _unknown_architecture(found: Any, model_type: Any, where: str) -> Finding:
+    supported = ", ".join(BY_ARCHITECTURE)
     fix = f"supported: {supported}; otherwise write the model section by hand"
     return Finding(CODE, "error", f"{where}.architectures",
-                   f"architectures {found!r:.80} names no architecture moeplan can map", fix, SOURCE)
+                   f"architectures {found!r:.80} (model_type {model_type!r:.40}) names no "
+                   "family moeplan can map", fix, SOURCE)
 
 
 def map_hf_config(hf: Mapping[str, Any], *, where: str = "model.hf_config",
                   provided: Mapping[str, Any] | None = None) -> HfMapping:
-    """The moeplan model fields for this config.json. `provided` holds the fields the YAML writes
+    """The moeplan model fields for this config.json, found through its family record
+    (planner/config/importers/hf_families.py). `provided` holds the fields the YAML writes
     itself: keys feeding only those are not required. Raises HfConfigUnmappable."""
     names = hf.get("architectures")
-    known = [n for n in names if isinstance(n, str) and n in ARCHITECTURES] if isinstance(
-        names, list) else []
-    if not known:
-        raise HfConfigUnmappable([_unknown_architecture(names, where)])
-    text, where = _text_config(hf, known[0], where)
-    reader = _Reader(text, known[0], where, provided or {})
-    if known[0] in MULTIMODAL and hf.get("vision_config") is not None:
-        reader.notes.append("vision_config: the vision encoder and projector are not imported "
-                            "(moeplan plans the text decoder; the model card's total counts them)")
-    model = ARCHITECTURES[known[0]](reader)
+    family = family_of(names, hf.get("model_type"))
+    if family is None:
+        raise HfConfigUnmappable([_unknown_architecture(names, hf.get("model_type"), where)])
+    named = [n for n in names if n in BY_ARCHITECTURE] if isinstance(names, list) else []
+    text, where = _text_config(hf, family, where)
+    reader = _Reader(text, family.reader, where, provided or {})
+    for tower in family.towers:
+        if hf.get(tower) is not None:
+            reader.notes.append(f"{tower}: this tower is left out of the budget (moeplan plans the "
+                                "text decoder; the model card's total counts the tower too)")
+    model = ARCHITECTURES[family.reader](reader)
     if reader.findings:
         raise HfConfigUnmappable(reader.findings)
     return HfMapping(
-        architecture=known[0],
+        architecture=named[0] if named else family.architectures[0],
         model={key: value for key, value in model.items() if value is not None},
         megatron_extra_args=tuple(reader.extra_args),
         notes=tuple(reader.notes),
         moe=dict(reader.moe),
+        family=family.model_type,
+        bridge=family.bridge_line(),
     )
 
 
-def _text_config(hf: Mapping[str, Any], architecture: str, where: str) -> tuple[Mapping[str, Any], str]:
-    """The decoder's own keys: a multimodal architecture nests them in text_config (transformers
-    configuration_llama4.py Llama4Config: an absent text_config is Llama4TextConfig()'s defaults)."""
-    if architecture not in MULTIMODAL:
+def _text_config(hf: Mapping[str, Any], family: Family, where: str) -> tuple[Mapping[str, Any], str]:
+    """The decoder's own keys: a multimodal wrapper nests them under its text_config key
+    (transformers configuration_llama4.py Llama4Config: an absent text_config is
+    Llama4TextConfig()'s defaults; configuration_kimi_k25.py Kimi_K25Config: a deepseek_v3 one)."""
+    if family.text_config is None:
         return hf, where
-    text = hf.get("text_config")
-    return (text if isinstance(text, Mapping) else {}), f"{where}.text_config"
+    text = hf.get(family.text_config)
+    return (text if isinstance(text, Mapping) else {}), f"{where}.{family.text_config}"
 
 
 def apply_hf_config(data: dict[str, Any], base_dir: Path | None) -> tuple[dict[str, Any],

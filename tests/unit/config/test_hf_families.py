@@ -13,6 +13,7 @@ from planner.config.importers.hf_config import HfConfigUnmappable, map_hf_config
 from planner.config.presets import PRESETS
 from planner.config.schema import Config, ModelSection
 from planner.model_size import model_size
+from tests.support.hf_configs import KIMI_K2
 from tests.support.hf_corpus import TRANSFORMERS_COUNTS, corpus_config, corpus_path
 
 
@@ -91,3 +92,46 @@ def test_infinity_reads_as_python_does_and_is_refused_only_where_mapped(tmp_path
     with pytest.raises(HfConfigUnmappable) as nan:
         map_hf_config(read_hf_json(path))
     assert [f.path for f in nan.value.findings] == ["model.hf_config.swiglu_limit"]
+
+
+def test_glm_4_7_flash_is_the_deepseek_v3_stack_with_its_mtp_layer():
+    # GLM-4.7-Flash's MTP layer: the checkpoint's layer 47 less its repeated embedding and head
+    # (2 x 154,880 x 2,048) and its expert-bias buffer (64): 31,221,488,576 - 29,943,390,976
+    # - 634,388,480 - 47 x 64 (the 46 MoE layers' and the MTP layer's e_score_correction_bias).
+    mapping = map_hf_config(corpus_config("glm-4.7-flash"))
+    assert mapping.model["moe_layer_freq"] == [0] + [1] * 46
+    assert (mapping.model["q_lora_rank"], mapping.model["qk_head_dim"],
+            mapping.model["v_head_dim"]) == (768, 192, 256)
+    total, active, mtp = _size(mapping.model)
+    assert mtp == 31_221_488_576 - 29_943_390_976 - 2 * 154_880 * 2_048 - 47 * 64
+    routed = 46 * 64 * 3 * 2_048 * 1_536
+    assert active == total - routed * (64 - 4) // 64
+    assert "GLM47FlashBridge" in mapping.bridge
+
+
+def test_a_multimodal_wrapper_resolves_to_its_text_stack_and_names_its_tower():
+    # Kimi-K2.5 wraps the DeepSeek-V3 text stack (transformers Kimi_K25Config: text_config of
+    # model_type deepseek_v3, kimi_k2 renamed) beside a vision tower moeplan leaves out.
+    wrapped = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+               "text_config": {**KIMI_K2, "model_type": "kimi_k2"},
+               "vision_config": {"model_type": "kimi_k25_vision", "hidden_size": 1152}}
+    mapping = map_hf_config(wrapped)
+    assert mapping.model == map_hf_config(KIMI_K2).model
+    assert mapping.family == "kimi_k25" and "KimiK25VLBridge" in mapping.bridge
+    assert any(note.startswith("vision_config: this tower is left out") for note in mapping.notes)
+    with pytest.raises(HfConfigUnmappable) as bare:  # no text stack: its keys are missing, by name
+        map_hf_config({**wrapped, "text_config": None})
+    assert all(f.path.startswith("model.hf_config.text_config.") for f in bare.value.findings)
+
+
+def test_import_hf_names_the_megatron_bridge(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    out = tmp_path / "job.yaml"
+    result = CliRunner().invoke(app, ["import", "hf", str(corpus_path("deepseek-v4-flash")),
+                                      "-o", str(out)])
+    assert result.exit_code in (0, 1), result.output
+    assert ("# bridge: Megatron-Bridge trains it with DeepSeekV4Bridge "
+            "(src/megatron/bridge/models/deepseek/deepseek_v4_bridge.py") in out.read_text("utf-8")
