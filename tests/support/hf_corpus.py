@@ -3,7 +3,8 @@ SOURCES.txt) and what transformers builds from each file.
 
 `TRANSFORMERS_COUNTS` holds, per file, the parameters of transformers' own model built on the meta
 device from that file (transformers 5.25.0, `AutoModelForCausalLM.from_config`, every parameter
-summed; no MTP layer, which transformers does not build). The unit tests compare moeplan's count
+summed; no MTP layer, which transformers does not build; for a multimodal wrapper, the text stack
+with its output layer, from `AutoModelForImageTextToText`). The unit tests compare moeplan's count
 with these numbers without importing torch; tests/integration/transformers/ rebuilds the models
 and checks the numbers still hold (skipped where transformers is not installed).
 """
@@ -21,6 +22,9 @@ TRANSFORMERS_COUNTS: dict[str, int] = {
     "deepseek-v4-pro": 1_572_997_179_491,
     "deepseek-v4-flash": 284_332_230_231,
     "glm-4.7-flash": 29_943_390_976,
+    # Qwen3VLMoeForConditionalGeneration: its language_model (30,220,957,696) and lm_head
+    # (311,164,928); the vision tower's 538,631,408 are left out (moeplan plans the text stack).
+    "qwen3-vl-30b-a3b": 30_532_122_624,
 }
 
 

@@ -198,7 +198,11 @@ def _gqa(r: _Reader, model: dict[str, Any], default_kv_heads: int | None,
 
 def _no_rope_scaling(r: _Reader) -> None:
     scaling = r.hf.get("rope_scaling")
-    if scaling:
+    if isinstance(scaling, dict) and "mrope_section" in scaling:
+        r.notes.append(f"rope_scaling mrope_section {scaling['mrope_section']!r:.40}: multimodal "
+                       "RoPE (Megatron --position-embedding-type mrope --mrope-section) rotates "
+                       "text tokens as plain RoPE; numerics only, no parameter or memory figure")
+    elif scaling:
         r.notes.append(f"rope_scaling {scaling!r:.80} is not mapped for standard attention (RoPE "
                        "numerics only; no parameter or memory figure changes): add Megatron's "
                        "--position-embedding-type yarn arguments by hand if you train with it")
@@ -985,7 +989,8 @@ def map_hf_config(hf: Mapping[str, Any], *, where: str = "model.hf_config",
     family = family_of(names, hf.get("model_type"))
     if family is None:
         raise HfConfigUnmappable([_unknown_architecture(names, hf.get("model_type"), where)])
-    named = [n for n in names if n in BY_ARCHITECTURE] if isinstance(names, list) else []
+    named = [n for n in names if isinstance(n, str) and n in BY_ARCHITECTURE] if isinstance(
+        names, list) else []
     text, where = _text_config(hf, family, where)
     reader = _Reader(text, family.reader, where, provided or {})
     for tower in family.towers:
@@ -1013,7 +1018,9 @@ def _text_config(hf: Mapping[str, Any], family: Family, where: str) -> tuple[Map
     if family.text_config is None:
         return hf, where
     text = hf.get(family.text_config)
-    return (text if isinstance(text, Mapping) else {}), f"{where}.{family.text_config}"
+    stack = dict(text) if isinstance(text, Mapping) else {}
+    stack.update({key: hf[key] for key in family.wrapper_keys if key in hf})
+    return stack, f"{where}.{family.text_config}"
 
 
 def apply_hf_config(data: dict[str, Any], base_dir: Path | None) -> tuple[dict[str, Any],

@@ -25,6 +25,10 @@ class Family:
     reader: str  # the hf_config.ARCHITECTURES reader of its text stack
     text_config: str | None = None  # the key a multimodal wrapper nests the text stack under
     towers: tuple[str, ...] = ()  # sub-configs of towers left out of the budget
+    # keys a wrapper states for the whole model that its text stack obeys (they win over the
+    # text_config's own): Qwen3-VL's top-level tie_word_embeddings false unties the output layer
+    # its text_config class would tie by default
+    wrapper_keys: tuple[str, ...] = ()
     bridge: str | None = None  # the Megatron-Bridge class that converts and trains it
     bridge_source: str | None = None  # that class's file under src/megatron/bridge/models/
 
@@ -48,6 +52,7 @@ FAMILIES: tuple[Family, ...] = (
     # Kimi_K25Config: text_config is a deepseek_v3 config) beside a MoonViT vision tower.
     Family("kimi_k25", ("KimiK25ForConditionalGeneration",), "DeepseekV3ForCausalLM",
            text_config="text_config", towers=("vision_config",),
+           wrapper_keys=("tie_word_embeddings",),
            bridge="KimiK25VLBridge", bridge_source="kimi_vl/kimi_k25_vl_bridge.py"),
     Family("deepseek_v32", ("DeepseekV32ForCausalLM",), "DeepseekV32ForCausalLM"),
     Family("deepseek_v4", ("DeepseekV4ForCausalLM",), "DeepseekV4ForCausalLM",
@@ -61,6 +66,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2_moe", ("Qwen2MoeForCausalLM",), "Qwen2MoeForCausalLM"),
     Family("qwen3_moe", ("Qwen3MoeForCausalLM",), "Qwen3MoeForCausalLM",
            bridge="Qwen3MoEBridge", bridge_source="qwen/qwen3_moe_bridge.py"),
+    # Qwen3-VL-MoE: the Qwen3-MoE text stack (transformers configuration_qwen3_vl_moe.py
+    # Qwen3VLMoeTextConfig; interleaved M-RoPE is RoPE numerics only) beside a vision tower.
+    Family("qwen3_vl_moe", ("Qwen3VLMoeForConditionalGeneration",), "Qwen3MoeForCausalLM",
+           text_config="text_config", towers=("vision_config",),
+           wrapper_keys=("tie_word_embeddings",),
+           bridge="Qwen3VLMoEBridge", bridge_source="qwen_vl/qwen3_vl_bridge.py"),
     Family("qwen3_next", ("Qwen3NextForCausalLM",), "Qwen3NextForCausalLM",
            bridge="Qwen3NextBridge", bridge_source="qwen/qwen3_next_bridge.py"),
     Family("mixtral", ("MixtralForCausalLM",), "MixtralForCausalLM"),

@@ -124,6 +124,18 @@ def test_a_multimodal_wrapper_resolves_to_its_text_stack_and_names_its_tower():
     assert all(f.path.startswith("model.hf_config.text_config.") for f in bare.value.findings)
 
 
+def test_qwen3_vl_is_the_qwen3_moe_stack_untied_by_its_wrapper():
+    # The top-level tie_word_embeddings false unties the output layer (the checkpoint holds
+    # lm_head); the text stack equals Qwen3-30B-A3B's but for its RoPE base and context.
+    mapping = map_hf_config(corpus_config("qwen3-vl-30b-a3b"))
+    assert mapping.model["untie_embeddings_and_output_weights"] is True
+    preset = {**PRESETS["qwen3-30b-a3b"], "rotary_base": 5_000_000,
+              "max_position_embeddings": 262_144}
+    assert ModelSection.model_validate(mapping.model) == ModelSection.model_validate(preset)
+    assert any("mrope" in note for note in mapping.notes)
+    assert any(note.startswith("vision_config:") for note in mapping.notes)
+
+
 def test_import_hf_names_the_megatron_bridge(tmp_path: Path):
     from typer.testing import CliRunner
 
