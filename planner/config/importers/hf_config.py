@@ -162,6 +162,10 @@ def _common(r: _Reader, *, eps: float, theta: float,
     if act != "silu":
         r.unsupported("hidden_act", act, "moeplan maps SiLU-gated MLPs (Megatron --swiglu) only")
     size = (lambda key: sizes.get(key, _REQUIRED)) if sizes else (lambda key: _REQUIRED)
+    # transformers 5 writes rope_theta inside rope_parameters (GLM-5's file has no other).
+    nested = r.hf.get("rope_parameters")
+    if isinstance(nested, Mapping) and "rope_theta" in nested:
+        theta = nested["rope_theta"]
     return {
         "num_layers": r.count("num_hidden_layers", "num_layers", size("num_hidden_layers")),
         "hidden_size": r.count("hidden_size", "hidden_size", size("hidden_size")),
@@ -954,9 +958,38 @@ def _glm4_moe_lite(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# transformers src/transformers/models/glm_moe_dsa/configuration_glm_moe_dsa.py GlmMoeDsaConfig
+# (GLM-5's sizes): sigmoid router with an expert bias, first_k_dense_replace 3, one shared expert,
+# routed_scaling_factor 2.5, q_lora_rank 2048, the indexer's 32 heads of 128 keeping 2048 keys.
+_DEEPSEEK_ROUTER_DEFAULTS["GlmMoeDsaForCausalLM"] = {
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 3,
+    "n_shared_experts": 1, "q_lora_rank": 2048, "max_position_embeddings": 202752}
+_GLM_DSA_INDEXER = {"index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048}
+
+
+def _glm_moe_dsa(r: _Reader) -> dict[str, Any]:
+    """GlmMoeDsaForCausalLM (GLM-5, GLM-5.1): GLM-4.7-Flash's DeepSeek-V3 stack with DSA, a
+    lightning indexer on every layer (modeling_glm_moe_dsa.py GlmMoeDsaIndexer: wq_b from the q
+    latent, wk, a LayerNorm'd key, weights_proj), as DeepSeek-V3.2's (Megatron --dsa-indexer-*).
+    An indexer that reuses another layer's picks (indexer_types other than 'full') has no Megatron
+    spelling and is refused."""
+    model = _glm4_moe_lite(r)
+    model["dsa"] = True
+    for key, default in _GLM_DSA_INDEXER.items():
+        model[key] = r.count(key, key, default)
+    for key, allowed in (("indexer_types", "full"), ("layer_types", "full_attention")):
+        kinds = r.hf.get(key)
+        if kinds is not None and (not isinstance(kinds, list) or any(k != allowed for k in kinds)):
+            r.unsupported(key, kinds, f"Megatron's DSA gives every layer its own indexer "
+                          f"('{allowed}' on every layer)")
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "DeepseekV4ForCausalLM": _deepseek_v4,
     "Glm4MoeLiteForCausalLM": _glm4_moe_lite,
+    "GlmMoeDsaForCausalLM": _glm_moe_dsa,
     "DeepseekV32ForCausalLM": _deepseek_v32,
     "Qwen3NextForCausalLM": _qwen3_next,
     "Llama4ForConditionalGeneration": _llama4,

@@ -61,6 +61,9 @@ FAMILIES: tuple[Family, ...] = (
     # bias, one shared expert, MTP) under its own name (transformers modeling_glm4_moe_lite.py).
     Family("glm4_moe_lite", ("Glm4MoeLiteForCausalLM",), "Glm4MoeLiteForCausalLM",
            bridge="GLM47FlashBridge", bridge_source="glm/glm47_flash_bridge.py"),
+    # GLM-5 / GLM-5.1: GLM-4.7-Flash's stack with a DSA indexer on every layer.
+    Family("glm_moe_dsa", ("GlmMoeDsaForCausalLM",), "GlmMoeDsaForCausalLM",
+           bridge="GLM5Bridge", bridge_source="glm_moe_dsa/glm5_bridge.py"),
     Family("glm4_moe", ("Glm4MoeForCausalLM",), "Glm4MoeForCausalLM",
            bridge="GLM45Bridge", bridge_source="glm/glm45_bridge.py"),
     Family("qwen2_moe", ("Qwen2MoeForCausalLM",), "Qwen2MoeForCausalLM"),

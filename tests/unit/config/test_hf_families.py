@@ -109,6 +109,22 @@ def test_glm_4_7_flash_is_the_deepseek_v3_stack_with_its_mtp_layer():
     assert "GLM47FlashBridge" in mapping.bridge
 
 
+def test_glm_5_is_dsa_on_every_layer_and_its_mtp_layer_is_the_checkpoints():
+    # rope_theta only inside rope_parameters (transformers 5's spelling); the MTP layer is the
+    # checkpoint's layer 78 (753,864,139,008 in all) less the 76 expert-bias buffers of 256.
+    mapping = map_hf_config(corpus_config("glm-5.1"))
+    model = mapping.model
+    assert model["dsa"] and (model["index_n_heads"], model["index_head_dim"],
+                             model["index_topk"]) == (32, 128, 2048)
+    assert model["rotary_base"] == 1_000_000 and model["moe_layer_freq"] == [0] * 3 + [1] * 75
+    _, _, mtp = _size(model)
+    assert mtp == 753_864_139_008 - TRANSFORMERS_COUNTS["glm-5.1"] - 76 * 256
+    assert "GLM5Bridge" in mapping.bridge
+    with pytest.raises(HfConfigUnmappable) as shared:  # an indexer reusing another layer's picks
+        map_hf_config({**corpus_config("glm-5.1"), "indexer_types": ["full", "shared"] * 39})
+    assert [f.path for f in shared.value.findings] == ["model.hf_config.indexer_types"]
+
+
 def test_a_multimodal_wrapper_resolves_to_its_text_stack_and_names_its_tower():
     # Kimi-K2.5 wraps the DeepSeek-V3 text stack (transformers Kimi_K25Config: text_config of
     # model_type deepseek_v3, kimi_k2 renamed) beside a vision tower moeplan leaves out.
