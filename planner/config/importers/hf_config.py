@@ -148,6 +148,16 @@ def _listable(layers: Any) -> bool:
     return _positive(layers) and layers <= MAX_LAYERS
 
 
+def _every_nth(flags: list[int], marked: int) -> int | None:
+    """N >= 2 when exactly every N-th layer (1-based) is `marked`, else None: N can only be the
+    first marked layer's number, so one comparison decides (a 100,000-layer list stays linear)."""
+    first = next((i for i, flag in enumerate(flags) if flag == marked), None)
+    if first is None or first < 1:
+        return None
+    n = first + 1
+    return n if all((flag == marked) == ((i + 1) % n == 0) for i, flag in enumerate(flags)) else None
+
+
 def _moe_pattern(flags: list[int]) -> int | list[int]:
     """Megatron's moe_layer_freq: 1 when every layer is MoE, else the 0/1 list per layer."""
     return 1 if flags and all(flags) else flags
@@ -457,8 +467,7 @@ def _window_pattern(r: _Reader, layers: Any, sliding: Any) -> dict[str, Any]:
     flags = [int(t == "sliding_attention") for t in types]
     if sliding is None or not any(flags):
         return {}
-    period = next((n for n in range(2, len(flags) + 1)
-                   if flags == [int((i + 1) % n != 0) for i in range(len(flags))]), None)
+    period = _every_nth(flags, 0)
     # A YAML that writes its own num_layers keeps a periodic pattern; any other length mismatch
     # has no per-layer answer.
     regular = all(flags) or (period is not None and "num_layers" in r.provided)
@@ -695,8 +704,8 @@ def _llama4(r: _Reader) -> dict[str, Any]:
     if not rope or all(rope) or "no_rope_freq" in r.provided:
         return model
     nope = [1 - flag for flag in rope]
-    period = next((n for n in range(2, len(nope) + 1) if len(nope) % n == 0
-                   and nope == [int((i + 1) % n == 0) for i in range(len(nope))]), None)
+    period = _every_nth(nope, 1)
+    period = period if period and len(nope) % period == 0 else None
     # A YAML that writes its own num_layers keeps a periodic pattern (as for gpt-oss's windows).
     if len(rope) != layers and not (period and "num_layers" in r.provided):
         r.unsupported("no_rope_layers", f"{len(rope)} entries", f"num_hidden_layers is {layers}")
@@ -746,8 +755,7 @@ def _qwen3_next(r: _Reader) -> dict[str, Any]:
         r.unsupported("layer_types", types, "expected 'linear_attention' / 'full_attention' per layer")
         return model
     flags = [int(t == "linear_attention") for t in types]
-    period = next((n for n in range(2, len(flags) + 1)
-                   if flags == [int((i + 1) % n != 0) for i in range(len(flags))]), None)
+    period = _every_nth(flags, 0)
     if _listable(layers) and len(flags) != layers and not (period and "num_layers" in r.provided):
         r.unsupported("layer_types", f"{len(flags)} entries", f"num_hidden_layers is {layers}")
     elif any(flags) and "linear_attention_freq" not in r.provided:
