@@ -50,15 +50,23 @@ def import_hf(
         map_hf_config,
         read_hf_json,
     )
+    from planner.config.importers.hf_families import family_of
 
     if output is not None:
         check_output_or_exit(output, force=force)
     try:
-        mapping = map_hf_config(read_hf_json(config_json), where=str(config_json))
+        hf = read_hf_json(config_json)
+        mapping = map_hf_config(hf, where=str(config_json))
     except HfConfigUnreadable as exc:
         fail(EXIT_USAGE, str(exc))
     except HfConfigUnmappable as exc:
-        exit_with_findings(exc.findings, as_json=as_json)
+        findings = exc.findings
+        if family_of(hf.get("architectures"), hf.get("model_type")) is None:
+            from planner.commands.hf_meta import meta_finding
+
+            census = meta_finding(hf, str(config_json))
+            findings = [*findings, census] if census else findings
+        exit_with_findings(findings, as_json=as_json)
     sections = {"parallel": {"world_size": world_size, "tp": tp, "pp": pp, "ep": ep},
                 "training": {"seq_length": seq_length}}
     data = hf_config_data(mapping, sections)

@@ -5,14 +5,18 @@ moeplan's count to. Skipped where transformers is not installed (it is pinned in
 Only DeepSeek-V4-Flash is rebuilt here (the article's model; about 5 CPU-seconds, most of it
 importing torch and transformers): every build costs 0.5-4 s more, over the suite's time budget.
 The other recorded counts were measured the same way; name a file in REBUILT to re-check it.
+The no-record path of `import hf` (planner/commands/hf_meta.py) builds a toy ERNIE-4.5-MoE.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from planner.cli import app
 from tests.support.hf_corpus import TRANSFORMERS_COUNTS, corpus_path
 
 REBUILT = ("deepseek-v4-flash",)
@@ -28,3 +32,25 @@ def test_transformers_meta_build_has_the_recorded_count(name: str):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert sum(p.numel() for p in model.parameters()) == TRANSFORMERS_COUNTS[name]
+
+
+def test_a_model_type_without_a_record_is_counted_by_transformers_and_refused_by_layer(
+        tmp_path: Path):
+    # ERNIE-4.5-MoE has a Megatron-Bridge bridge but no moeplan record: import hf reports what
+    # transformers builds from the file and names the layer-0 modules it cannot price.
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = {"architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe",
+          "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "moe_num_experts": 4, "moe_k": 2, "vocab_size": 256, "moe_layer_start_index": 1}
+    built = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**hf))
+    count = sum(p.numel() for p in built.parameters())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(hf), "utf-8")
+    result = CliRunner().invoke(app, ["import", "hf", str(path), "--json"])
+    assert result.exit_code == 1
+    messages = [f["message"] for f in json.loads(result.output)["findings"]]
+    [census] = [m for m in messages if "transformers" in m]
+    assert f"Ernie4_5_MoeForCausalLM with {count:,} parameters (2 decoder layers)" in census
+    assert "layer 0 (self_attn Ernie4_5_MoeAttention" in census
