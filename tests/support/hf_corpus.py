@@ -26,6 +26,9 @@ TRANSFORMERS_COUNTS: dict[str, int] = {
     # Qwen3VLMoeForConditionalGeneration: its language_model (30,220,957,696) and lm_head
     # (311,164,928); the vision tower's 538,631,408 are left out (moeplan plans the text stack).
     "qwen3-vl-30b-a3b": 30_532_122_624,
+    # Qwen3_5MoeForConditionalGeneration: language_model 34,152,051,328 + lm_head 508,559,360
+    # (vision tower 446,571,248 left out).
+    "qwen3.5-35b-a3b": 34_660_610_688,
 }
 
 

@@ -737,6 +737,10 @@ def _qwen3_next(r: _Reader) -> dict[str, Any]:
     (Megatron's experimental_attention_variant gated_delta_net with its linear_* dims)."""
     d = _QWEN3_NEXT_DEFAULTS
     model = _qwen_moe(r, qwen3=True, defaults=d)
+    if r.hf.get("mtp_num_hidden_layers"):  # Qwen3.5: transformers builds no MTP layer
+        r.notes.append(f"mtp_num_hidden_layers {r.hf['mtp_num_hidden_layers']!r:.10}: the MTP "
+                       "layer(s) are not imported (transformers builds none); set "
+                       "model.mtp_num_layers to train them")
     model["attention_output_gate"] = True
     partial = r.number("partial_rotary_factor", "rotary_percent", d["partial_rotary_factor"])
     if partial is not None and not 0 < partial <= 1:

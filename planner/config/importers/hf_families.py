@@ -75,6 +75,15 @@ FAMILIES: tuple[Family, ...] = (
            text_config="text_config", towers=("vision_config",),
            wrapper_keys=("tie_word_embeddings",),
            bridge="Qwen3VLMoEBridge", bridge_source="qwen_vl/qwen3_vl_bridge.py"),
+    # Qwen3.5-MoE: Qwen3-Next's text stack (gated DeltaNet + gated attention, a gated shared
+    # expert; transformers modeling_qwen3_5_moe.py splits the DeltaNet input projection into
+    # in_proj_qkv / _z / _b / _a, the same parameters) inside a vision wrapper.
+    Family("qwen3_5_moe", ("Qwen3_5MoeForConditionalGeneration",), "Qwen3NextForCausalLM",
+           text_config="text_config", towers=("vision_config",),
+           wrapper_keys=("tie_word_embeddings",),
+           bridge="Qwen35VLMoEBridge", bridge_source="qwen_vl/qwen35_vl_bridge.py"),
+    Family("qwen3_5_moe_text", ("Qwen3_5MoeForCausalLM",), "Qwen3NextForCausalLM",
+           bridge="Qwen35MoEBridge", bridge_source="qwen/qwen35_bridge.py"),
     Family("qwen3_next", ("Qwen3NextForCausalLM",), "Qwen3NextForCausalLM",
            bridge="Qwen3NextBridge", bridge_source="qwen/qwen3_next_bridge.py"),
     Family("mixtral", ("MixtralForCausalLM",), "MixtralForCausalLM"),

@@ -152,6 +152,18 @@ def test_qwen3_vl_is_the_qwen3_moe_stack_untied_by_its_wrapper():
     assert any(note.startswith("vision_config:") for note in mapping.notes)
 
 
+def test_qwen3_5_moe_is_the_qwen3_next_stack_in_a_vision_wrapper():
+    # RoPE base and rotary share only inside rope_parameters / text_config; one full-attention
+    # layer in four, the rest gated DeltaNet; a gated shared expert; the MTP layer is a note.
+    mapping = map_hf_config(corpus_config("qwen3.5-35b-a3b"))
+    model = mapping.model
+    assert (model["rotary_base"], model["rotary_percent"], model["linear_attention_freq"]) == (
+        10_000_000, 0.25, 4)
+    assert model["moe_shared_expert_gate"] and model["attention_output_gate"]
+    assert any(note.startswith("mtp_num_hidden_layers 1") for note in mapping.notes)
+    assert "Qwen35VLMoEBridge" in mapping.bridge
+
+
 def test_import_hf_names_the_megatron_bridge(tmp_path: Path):
     from typer.testing import CliRunner
 
