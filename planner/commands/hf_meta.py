@@ -32,9 +32,17 @@ def _build(hf: Mapping[str, Any]) -> Any:
     raise ValueError(str(last))
 
 
+_TOWERS = ("vision", "visual", "audio")  # module-name parts of a wrapper's non-text towers
+
+
+def _tower(name: str) -> bool:
+    return any(part in name for part in _TOWERS)
+
+
 def _layers(model: Any) -> list[Any]:
-    """The decoder's layer list: the longest ModuleList named `layers` (a wrapper's text stack)."""
-    lists = [module for name, module in model.named_modules() if name.rsplit(".", 1)[-1] == "layers"]
+    """The decoder's layer list: the longest ModuleList named `layers` outside the towers."""
+    lists = [module for name, module in model.named_modules()
+             if name.rsplit(".", 1)[-1] == "layers" and not _tower(name)]
     return max(lists, key=len) if lists else []
 
 
@@ -55,14 +63,16 @@ def meta_finding(hf: Mapping[str, Any], where: str) -> Finding | None:
                        f"transformers {transformers.__version__} cannot build it either: "
                        f"{type(exc).__name__}: {str(exc)[:160]}",
                        "write the model section by hand", SOURCE)
-    total = sum(p.numel() for p in model.parameters())
+    total = sum(p.numel() for name, p in model.named_parameters() if not _tower(name))
+    towers = sum(p.numel() for name, p in model.named_parameters() if _tower(name))
     layers = _layers(model)
     parts = ", ".join(f"{name} {type(child).__name__}" for name, child in
                       layers[0].named_children()) if layers else "no layer list"
     return Finding("CFG007", "error", f"{where}.model_type",
                    f"model_type {model_type!r:.40} has no moeplan family record: transformers "
                    f"{transformers.__version__} builds {type(model).__name__} with {total:,} "
-                   f"parameters ({len(layers)} decoder layers); layer 0 ({parts}) maps to no "
+                   f"parameters in its text stack ({len(layers)} decoder layers"
+                   f"{f'; towers {towers:,} more' if towers else ''}); layer 0 ({parts}) maps to no "
                    "moeplan layer kind, so nothing past the count can be priced",
                    "write the model section by hand (the count above is the target), or add a "
                    "family record in planner/config/importers/hf_families.py", SOURCE)

@@ -52,5 +52,6 @@ def test_a_model_type_without_a_record_is_counted_by_transformers_and_refused_by
     assert result.exit_code == 1
     messages = [f["message"] for f in json.loads(result.output)["findings"]]
     [census] = [m for m in messages if "transformers" in m]
-    assert f"Ernie4_5_MoeForCausalLM with {count:,} parameters (2 decoder layers)" in census
+    assert f"Ernie4_5_MoeForCausalLM with {count:,} parameters in its text stack (2 decoder layers)" \
+        in census
     assert "layer 0 (self_attn Ernie4_5_MoeAttention" in census
