@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.config.importers.hf_config import HfConfigUnmappable, map_hf_config, read_hf_json
 from planner.config.presets import PRESETS
@@ -175,3 +177,27 @@ def test_import_hf_names_the_megatron_bridge(tmp_path: Path):
     assert result.exit_code in (0, 1), result.output
     assert ("# bridge: Megatron-Bridge trains it with DeepSeekV4Bridge "
             "(src/megatron/bridge/models/deepseek/deepseek_v4_bridge.py") in out.read_text("utf-8")
+
+
+_VALUES = st.none() | st.booleans() | st.integers(-3, 10**6) | st.floats() | st.text(max_size=6) | \
+    st.lists(st.sampled_from(["full", "moe", "hash_moe", 0, 4, 128, None]), max_size=4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(sorted(TRANSFORMERS_COUNTS)), pick=st.integers(0, 10**6),
+       value=_VALUES, drop=st.booleans())
+def test_any_value_of_a_corpus_key_maps_or_is_a_finding(name: str, pick: int, value: object,
+                                                        drop: bool):
+    # One key of a real file replaced (Infinity and NaN included) or dropped: a mapping or
+    # CFG007 findings, never a traceback.
+    hf = corpus_config(name)
+    target = hf.get("text_config") if isinstance(hf.get("text_config"), dict) and pick % 2 else hf
+    key = sorted(target)[pick % len(target)]
+    if drop:
+        del target[key]
+    else:
+        target[key] = value
+    try:
+        map_hf_config(hf)
+    except HfConfigUnmappable as exc:
+        assert exc.findings and all(f.code == "CFG007" for f in exc.findings)
