@@ -40,33 +40,44 @@ def import_hf(
     as_json: AsJson = False,
     force: Force = False,
 ) -> None:
-    """Write the moeplan config equivalent to a Hugging Face config.json (DeepSeek-V2/V3 incl.
-    Kimi-K2, Qwen2-MoE/Qwen3-MoE, Mixtral, gpt-oss, GLM-4.5, MiniMax-M2, Llama 4); report every
-    finding of the result."""
+    """Write the moeplan config equivalent to a Hugging Face config.json (the families of
+    planner/config/importers/hf_families.py: DeepSeek-V2/V3/V3.2/V4, Kimi-K2 and K2.5, GLM-4.5,
+    GLM-4.7-Flash, Qwen2-MoE/Qwen3-MoE/Qwen3-Next, Mixtral, gpt-oss, MiniMax-M2, Llama 4), name the
+    Megatron-Bridge bridge that trains it, and report every finding of the result."""
     from planner.config.importers.hf_config import (
         HfConfigUnmappable,
         HfConfigUnreadable,
         map_hf_config,
         read_hf_json,
     )
+    from planner.config.importers.hf_families import family_of
 
     if output is not None:
         check_output_or_exit(output, force=force)
     try:
-        mapping = map_hf_config(read_hf_json(config_json), where=str(config_json))
+        hf = read_hf_json(config_json)
+        mapping = map_hf_config(hf, where=str(config_json))
     except HfConfigUnreadable as exc:
         fail(EXIT_USAGE, str(exc))
     except HfConfigUnmappable as exc:
-        exit_with_findings(exc.findings, as_json=as_json)
+        findings = exc.findings
+        if family_of(hf.get("architectures"), hf.get("model_type")) is None:
+            from planner.commands.hf_meta import meta_finding
+
+            census = meta_finding(hf, str(config_json))
+            findings = [*findings, census] if census else findings
+        exit_with_findings(findings, as_json=as_json)
     sections = {"parallel": {"world_size": world_size, "tp": tp, "pp": pp, "ep": ep},
                 "training": {"seq_length": seq_length}}
     data = hf_config_data(mapping, sections)
     header = [f"imported by `moeplan import hf` from {config_json} ({mapping.architecture})",
               "model: the config.json's dimensions in Megatron-LM's argument names",
               "parallel / training: a starting point from the command's options; choose them",
+              f"bridge: {mapping.bridge}",
               *(f"note: {note}" for note in mapping.notes)]
     finish(config_yaml(data, header), data, [], output, as_json,
-           {"architecture": mapping.architecture, "notes": list(mapping.notes)}, force=force)
+           {"architecture": mapping.architecture, "family": mapping.family,
+            "bridge": mapping.bridge, "notes": list(mapping.notes)}, force=force)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,7 +2,9 @@
 checkpoint tensor shapes, in the argument names of Megatron-LM dev@d48bd6be's DeepSeek-V4 code
 (megatron/training/arguments.py, megatron/core/transformer/transformer_config.py).
 
-A preset only fills `model` fields the user did not write; every value can be overridden.
+A preset only fills `model` fields the user did not write; every value can be overridden. The two
+DeepSeek-V4 presets are also what `moeplan import hf` makes of the official config.json files
+(tests/unit/config/test_hf_families.py holds the two equal).
 """
 
 from __future__ import annotations

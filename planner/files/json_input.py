@@ -37,6 +37,13 @@ def _constant(path: str | Path, text: str) -> float:
     raise UnreadableInput("FILE007", path, f"{text} is not JSON (only finite numbers are)")
 
 
+def _python_constant(text: str) -> float:
+    """`Infinity`, `-Infinity` and `NaN` as Python's json reads them: a Hugging Face config.json
+    may hold one (`"time_step_limit": [0.0, Infinity]`); the importer range-checks every number
+    it reads, so a non-finite one is refused there, by its field."""
+    return float(text)
+
+
 def depth_over(data: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether containers nest deeper than `limit` (walked without recursion)."""
     stack = [(data, 1)]
@@ -50,12 +57,14 @@ def depth_over(data: Any, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
-def parse_json(text: str, path: str | Path) -> Any:
-    """Decode JSON text; UnreadableInput for syntax, depth, huge integers and non-finite numbers."""
+def parse_json(text: str, path: str | Path, *, constants: bool = False) -> Any:
+    """Decode JSON text; UnreadableInput for syntax, depth, huge integers and non-finite numbers
+    (with `constants`, the literals Infinity/-Infinity/NaN are read as Python reads them)."""
     try:
         data = json.loads(text, parse_int=lambda t: _integer(path, t),
                           parse_float=lambda t: _number(path, t),
-                          parse_constant=lambda t: _constant(path, t))
+                          parse_constant=_python_constant if constants
+                          else lambda t: _constant(path, t))
     except json.JSONDecodeError as exc:
         raise UnreadableInput("FILE005", path, f"invalid JSON at line {exc.lineno}, column "
                               f"{exc.colno}: {exc.msg}") from None
@@ -66,6 +75,6 @@ def parse_json(text: str, path: str | Path) -> Any:
     return data
 
 
-def read_json(path: str | Path, kind: str) -> Any:
+def read_json(path: str | Path, kind: str, *, constants: bool = False) -> Any:
     """A JSON file of `kind` (its size cap), parsed with the limits above."""
-    return parse_json(decode_text(read_bytes(path, kind), path, kind), path)
+    return parse_json(decode_text(read_bytes(path, kind), path, kind), path, constants=constants)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.config.importers.hf_families import BY_ARCHITECTURE, Family, family_of
 from planner.config.schema import MAX_LAYERS
 from planner.files.json_input import read_json
 from planner.files.reading import UnreadableInput
@@ -56,12 +57,16 @@ class HfMapping:
     megatron_extra_args: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     moe: dict[str, Any] = field(default_factory=dict)  # `moe` fields the routing needs (Llama 4)
+    family: str = ""  # the Hugging Face model_type record it was mapped through
+    bridge: str = ""  # the Megatron-Bridge bridge that trains the family (or that none does)
 
 
 def read_hf_json(path: str | Path) -> dict[str, Any]:
     """The config.json as a dict; anything that is not a readable JSON object is HfConfigUnreadable."""
     try:
-        data = read_json(path, "hf_config")
+        # transformers reads config.json with Python's json, which takes Infinity and NaN
+        # (Nemotron-3's "time_step_limit": [0.0, Infinity]); _Reader refuses them where mapped.
+        data = read_json(path, "hf_config", constants=True)
     except UnreadableInput as exc:
         raise HfConfigUnreadable(f"{exc}; expected a Hugging Face config.json") from None
     if not isinstance(data, dict):
@@ -143,6 +148,16 @@ def _listable(layers: Any) -> bool:
     return _positive(layers) and layers <= MAX_LAYERS
 
 
+def _every_nth(flags: list[int], marked: int) -> int | None:
+    """N >= 2 when exactly every N-th layer (1-based) is `marked`, else None: N can only be the
+    first marked layer's number, so one comparison decides (a 100,000-layer list stays linear)."""
+    first = next((i for i, flag in enumerate(flags) if flag == marked), None)
+    if first is None or first < 1:
+        return None
+    n = first + 1
+    return n if all((flag == marked) == ((i + 1) % n == 0) for i, flag in enumerate(flags)) else None
+
+
 def _moe_pattern(flags: list[int]) -> int | list[int]:
     """Megatron's moe_layer_freq: 1 when every layer is MoE, else the 0/1 list per layer."""
     return 1 if flags and all(flags) else flags
@@ -157,6 +172,10 @@ def _common(r: _Reader, *, eps: float, theta: float,
     if act != "silu":
         r.unsupported("hidden_act", act, "moeplan maps SiLU-gated MLPs (Megatron --swiglu) only")
     size = (lambda key: sizes.get(key, _REQUIRED)) if sizes else (lambda key: _REQUIRED)
+    # transformers 5 writes rope_theta inside rope_parameters (GLM-5's file has no other).
+    nested = r.hf.get("rope_parameters")
+    if isinstance(nested, Mapping) and "rope_theta" in nested:
+        theta = nested["rope_theta"]
     return {
         "num_layers": r.count("num_hidden_layers", "num_layers", size("num_hidden_layers")),
         "hidden_size": r.count("hidden_size", "hidden_size", size("hidden_size")),
@@ -193,7 +212,11 @@ def _gqa(r: _Reader, model: dict[str, Any], default_kv_heads: int | None,
 
 def _no_rope_scaling(r: _Reader) -> None:
     scaling = r.hf.get("rope_scaling")
-    if scaling:
+    if isinstance(scaling, dict) and "mrope_section" in scaling:
+        r.notes.append(f"rope_scaling mrope_section {scaling['mrope_section']!r:.40}: multimodal "
+                       "RoPE (Megatron --position-embedding-type mrope --mrope-section) rotates "
+                       "text tokens as plain RoPE; numerics only, no parameter or memory figure")
+    elif scaling:
         r.notes.append(f"rope_scaling {scaling!r:.80} is not mapped for standard attention (RoPE "
                        "numerics only; no parameter or memory figure changes): add Megatron's "
                        "--position-embedding-type yarn arguments by hand if you train with it")
@@ -444,8 +467,7 @@ def _window_pattern(r: _Reader, layers: Any, sliding: Any) -> dict[str, Any]:
     flags = [int(t == "sliding_attention") for t in types]
     if sliding is None or not any(flags):
         return {}
-    period = next((n for n in range(2, len(flags) + 1)
-                   if flags == [int((i + 1) % n != 0) for i in range(len(flags))]), None)
+    period = _every_nth(flags, 0)
     # A YAML that writes its own num_layers keeps a periodic pattern; any other length mismatch
     # has no per-layer answer.
     regular = all(flags) or (period is not None and "num_layers" in r.provided)
@@ -622,7 +644,6 @@ _LLAMA4_DEFAULTS = {"num_hidden_layers": 48, "hidden_size": 5120, "num_attention
                     "interleave_moe_layer_step": 1, "use_qk_norm": True,
                     "no_rope_layer_interval": 4, "attention_chunk_size": 8192,
                     "attention_bias": False}
-MULTIMODAL = ("Llama4ForConditionalGeneration",)
 
 
 def _layer_list(r: _Reader, key: str) -> list[int] | None:
@@ -683,8 +704,8 @@ def _llama4(r: _Reader) -> dict[str, Any]:
     if not rope or all(rope) or "no_rope_freq" in r.provided:
         return model
     nope = [1 - flag for flag in rope]
-    period = next((n for n in range(2, len(nope) + 1) if len(nope) % n == 0
-                   and nope == [int((i + 1) % n == 0) for i in range(len(nope))]), None)
+    period = _every_nth(nope, 1)
+    period = period if period and len(nope) % period == 0 else None
     # A YAML that writes its own num_layers keeps a periodic pattern (as for gpt-oss's windows).
     if len(rope) != layers and not (period and "num_layers" in r.provided):
         r.unsupported("no_rope_layers", f"{len(rope)} entries", f"num_hidden_layers is {layers}")
@@ -716,6 +737,10 @@ def _qwen3_next(r: _Reader) -> dict[str, Any]:
     (Megatron's experimental_attention_variant gated_delta_net with its linear_* dims)."""
     d = _QWEN3_NEXT_DEFAULTS
     model = _qwen_moe(r, qwen3=True, defaults=d)
+    if r.hf.get("mtp_num_hidden_layers"):  # Qwen3.5: transformers builds no MTP layer
+        r.notes.append(f"mtp_num_hidden_layers {r.hf['mtp_num_hidden_layers']!r:.10}: the MTP "
+                       "layer(s) are not imported (transformers builds none); set "
+                       "model.mtp_num_layers to train them")
     model["attention_output_gate"] = True
     partial = r.number("partial_rotary_factor", "rotary_percent", d["partial_rotary_factor"])
     if partial is not None and not 0 < partial <= 1:
@@ -734,8 +759,7 @@ def _qwen3_next(r: _Reader) -> dict[str, Any]:
         r.unsupported("layer_types", types, "expected 'linear_attention' / 'full_attention' per layer")
         return model
     flags = [int(t == "linear_attention") for t in types]
-    period = next((n for n in range(2, len(flags) + 1)
-                   if flags == [int((i + 1) % n != 0) for i in range(len(flags))]), None)
+    period = _every_nth(flags, 0)
     if _listable(layers) and len(flags) != layers and not (period and "num_layers" in r.provided):
         r.unsupported("layer_types", f"{len(flags)} entries", f"num_hidden_layers is {layers}")
     elif any(flags) and "linear_attention_freq" not in r.provided:
@@ -761,7 +785,223 @@ def _deepseek_v32(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# transformers src/transformers/models/deepseek_v4/configuration_deepseek_v4.py DeepseekV4Config
+# (V4-Flash's sizes; layer_types from the legacy compress_ratios 0/4/128 = sliding / CSA / HCA,
+# mlp_layer_types from num_hash_layers, qk_rope_head_dim = head_dim x partial_rotary_factor).
+_DEEPSEEK_V4_DEFAULTS = {"num_hidden_layers": 43, "hidden_size": 4096, "num_attention_heads": 64,
+                         "vocab_size": 129280, "max_position_embeddings": 1048576,
+                         "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "num_key_value_heads": 1,
+                         "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024,
+                         "moe_intermediate_size": 2048, "n_routed_experts": 256,
+                         "n_shared_experts": 1, "num_experts_per_tok": 6,
+                         "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5,
+                         "compress_rope_theta": 160000.0, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+                         "hc_eps": 1e-6, "num_hash_layers": 3, "swiglu_limit": 10.0,
+                         "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024,
+                         "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
+                         "num_nextn_predict_layers": 1}
+# Megatron's DSv4 ratios (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+# TransformerConfig.__post_init__: "csa_compress_ratios must be 0, 4, or 128"); transformers'
+# layer_types spell them by name, with compress_rates giving CSA's and HCA's.
+_V4_LAYER_TYPES = {"sliding_attention": None, "compressed_sparse_attention": 4,
+                   "heavily_compressed_attention": 128}
+_V4_RATIOS = (0, 4, 128)
+
+
+def _v4_ratios(r: _Reader, layers: Any, mtp: Any) -> list[int] | None:
+    """The per-layer compress ratios, MTP layers included (Megatron indexes the list past the
+    decoder for its MTP layers; the released files end with the MTP layer's 0)."""
+    ratios = r.hf.get("compress_ratios")
+    if ratios is None and isinstance(r.hf.get("layer_types"), list):
+        rates = r.hf.get("compress_rates") or {}
+        if not isinstance(rates, dict):
+            r.unsupported("compress_rates", rates, "expected an object of layer type -> ratio")
+            return None
+        named = {kind: rates.get(kind, ratio) or 0 for kind, ratio in _V4_LAYER_TYPES.items()}
+        unknown = [t for t in r.hf["layer_types"] if t not in named]
+        if unknown:
+            r.unsupported("layer_types", unknown[0], f"DeepSeek-V4 layers are {', '.join(named)}")
+            return None
+        ratios = [named[t] for t in r.hf["layer_types"]]
+    if ratios is None:
+        r.unsupported("compress_ratios", None, "a DeepSeek-V4 config.json names each layer's "
+                      "compression (compress_ratios or layer_types); without it the layer program "
+                      "is the config class's guess, not this model's")
+        return None
+    if not isinstance(ratios, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                               for x in ratios):
+        r.unsupported("compress_ratios", ratios, "expected a list of integers")
+        return None
+    wrong = sorted({x for x in ratios if x not in _V4_RATIOS})
+    if wrong:
+        r.unsupported("compress_ratios", wrong, "Megatron's DeepSeek-V4 attention takes 0 (window "
+                      "only), 4 (CSA) or 128 (HCA)")
+        return None
+    if not (_listable(layers) and isinstance(mtp, int)):
+        return ratios
+    if len(ratios) < layers:
+        r.unsupported("compress_ratios", f"{len(ratios)} entries", f"num_hidden_layers is {layers}")
+        return None
+    if len(ratios) < layers + mtp:  # MTP layers compress nothing (the released files' last 0)
+        r.notes.append(f"compress_ratios lists {len(ratios)} layers: the {mtp} MTP layer(s) are "
+                       "given ratio 0 (window only), as the released DeepSeek-V4 files write them")
+        ratios = ratios + [0] * (layers + mtp - len(ratios))
+    return ratios
+
+
+def _v4_hash_layers(r: _Reader, layers: Any) -> Any:
+    """num_hash_layers, or the leading hash_moe entries of mlp_layer_types (Megatron hashes the
+    first moe_n_hash_layers layers only)."""
+    kinds = r.hf.get("mlp_layer_types")
+    if kinds is None:
+        return r.count("num_hash_layers", "moe_n_hash_layers", _DEEPSEEK_V4_DEFAULTS["num_hash_layers"])
+    if not isinstance(kinds, list) or any(k not in ("hash_moe", "moe") for k in kinds):
+        r.unsupported("mlp_layer_types", kinds, "expected 'hash_moe' / 'moe' per layer")
+        return None
+    leading = next((i for i, k in enumerate(kinds) if k != "hash_moe"), len(kinds))
+    if "hash_moe" in kinds[leading:]:
+        r.unsupported("mlp_layer_types", kinds, "Megatron hash-routes the first moe_n_hash_layers "
+                      "layers only (--moe-n-hash-layers), not hash layers after a routed one")
+        return None
+    return leading
+
+
+def _deepseek_v4(r: _Reader) -> dict[str, Any]:
+    """DeepseekV4ForCausalLM (V4-Pro, V4-Flash): Megatron's dsv4_hybrid attention (one shared
+    512-wide K/V head, low-rank q, grouped low-rank output, a sliding window on every layer plus
+    CSA (ratio 4, with the lightning indexer) or HCA (ratio 128) compression per layer), every
+    layer MoE with a shared expert, hash routing on the first layers, sqrt-softplus scores with
+    an expert bias, mHC residual streams, MTP. Names as Megatron-LM dev@d48bd6be
+    megatron/training/arguments.py (--experimental-attention-variant dsv4_hybrid)."""
+    d = _DEEPSEEK_V4_DEFAULTS
+    model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
+    head_dim = r.count("head_dim", "kv_channels", d["head_dim"])
+    rope = r.count("qk_rope_head_dim", "qk_pos_emb_head_dim", d["qk_rope_head_dim"])
+    kv_heads = r.count("num_key_value_heads", "num_query_groups", d["num_key_value_heads"])
+    if kv_heads not in (None, 1):
+        r.unsupported("num_key_value_heads", kv_heads, "DeepSeek-V4 attention shares one K/V head")
+    if r.flag("attention_bias", False):
+        r.unsupported("attention_bias", True, "Megatron's DeepSeek-V4 attention has no biases")
+    moe_ffn = r.count("moe_intermediate_size", "moe_ffn_hidden_size", d["moe_intermediate_size"])
+    shared = r.count("n_shared_experts", None, d["n_shared_experts"]) or 0
+    mtp = r.count("num_nextn_predict_layers", "mtp_num_layers", d["num_nextn_predict_layers"])
+    hc = r.count("hc_mult", "num_residual_streams", d["hc_mult"])
+    scoring = r.text("scoring_func", d["scoring_func"])
+    if scoring not in ("sqrtsoftplus", "sigmoid", "softmax"):
+        r.unsupported("scoring_func", scoring, "Megatron scores experts by softmax, sigmoid or "
+                      "sqrtsoftplus")
+    if not r.flag("norm_topk_prob", True):
+        r.notes.append("norm_topk_prob false: Megatron renormalises the top-k scores of a "
+                       "sqrtsoftplus/sigmoid router (routing weights differ)")
+    if r.number("hc_eps", None, d["hc_eps"]) not in (None, d["hc_eps"]):
+        r.notes.append(f"hc_eps {r.hf['hc_eps']} differs from Megatron's mHC epsilon 1e-6, which "
+                       "no argument changes (Sinkhorn numerics only)")
+    model.update({
+        "attention_variant": "dsv4_hybrid", "qk_layernorm": True,
+        "num_query_groups": kv_heads, "kv_channels": head_dim, "qk_pos_emb_head_dim": rope,
+        # Megatron derives the K/V latent as the non-rotary head part (head_dim - rope).
+        "kv_lora_rank": head_dim - rope if _positive(head_dim) and _positive(rope)
+        and rope < head_dim else None,
+        "q_lora_rank": r.count("q_lora_rank", "q_lora_rank", d["q_lora_rank"]),
+        "o_groups": r.count("o_groups", "o_groups", d["o_groups"]),
+        "o_lora_rank": r.count("o_lora_rank", "o_lora_rank", d["o_lora_rank"]),
+        "csa_window_size": r.count("sliding_window", "csa_window_size", d["sliding_window"]),
+        "index_n_heads": r.count("index_n_heads", "index_n_heads", d["index_n_heads"]),
+        "index_head_dim": r.count("index_head_dim", "index_head_dim", d["index_head_dim"]),
+        "index_topk": r.count("index_topk", "index_topk", d["index_topk"]),
+        # No dense layer: transformers reads intermediate_size as moe_intermediate_size.
+        "ffn_hidden_size": moe_ffn, "moe_ffn_hidden_size": moe_ffn,
+        "num_experts": r.count("n_routed_experts", "num_experts", d["n_routed_experts"]),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
+                                   d["num_experts_per_tok"]),
+        "moe_shared_expert_intermediate_size": shared * moe_ffn if shared and moe_ffn else None,
+        "moe_n_hash_layers": _v4_hash_layers(r, model["num_layers"]),
+        "mtp_num_layers": mtp,
+        "enable_hyper_connections": bool(hc and hc > 1),
+        "num_residual_streams": hc,
+        "mhc_sinkhorn_iterations": r.count("hc_sinkhorn_iters", "mhc_sinkhorn_iterations",
+                                           d["hc_sinkhorn_iters"]),
+        "moe_router_score_function": scoring,
+        "moe_router_enable_expert_bias": r.text("topk_method", "noaux_tc") == "noaux_tc",
+        "swiglu_limit": r.number("swiglu_limit", "swiglu_limit", d["swiglu_limit"]),
+        "csa_compress_rotary_base": r.number("compress_rope_theta", "csa_compress_rotary_base",
+                                             d["compress_rope_theta"]),
+        "compress_ratios": _v4_ratios(r, model["num_layers"], mtp),
+    })
+    if model["csa_compress_rotary_base"] is not None:
+        model["csa_compress_rotary_base"] = float(model["csa_compress_rotary_base"])
+    scale = r.number("routed_scaling_factor", "moe_router_topk_scaling_factor",
+                     d["routed_scaling_factor"])
+    if scale not in (None, 1, 1.0):
+        model["moe_router_topk_scaling_factor"] = float(scale)
+    if "n_group" in r.hf and r.hf["n_group"] not in (None, 1):
+        r.unsupported("n_group", r.hf["n_group"], "DeepSeek-V4 routes without expert groups")
+    _mla_rope(r, model)
+    return model
+
+
+# transformers src/transformers/models/glm4_moe_lite/configuration_glm4_moe_lite.py Glm4MoeLiteConfig
+# (GLM-4.7-Flash's sizes): n_group 1, routed_scaling_factor 1.8, one shared expert, q_lora_rank 768;
+# its modeling_glm4_moe_lite.py Glm4MoeLiteTopkRouter scores with a sigmoid and an
+# e_score_correction_bias (noaux_tc) in fp32; mlp_layer_types defaults to one dense layer.
+_DEEPSEEK_ROUTER_DEFAULTS["Glm4MoeLiteForCausalLM"] = {
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
+    "routed_scaling_factor": 1.8, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+    "n_shared_experts": 1, "q_lora_rank": 768, "max_position_embeddings": 202752}
+
+
+def _glm4_moe_lite(r: _Reader) -> dict[str, Any]:
+    """Glm4MoeLiteForCausalLM (GLM-4.7-Flash): the DeepSeek-V3 stack (MLA with q/kv latents,
+    dense then MoE layers, a shared expert, sigmoid routing with an expert bias, MTP), its dense
+    layers named by mlp_layer_types ('dense' / 'sparse') when the file lists them."""
+    model = _deepseek(r)
+    partial = r.number("partial_rotary_factor", None, 1.0)
+    if partial not in (None, 1, 1.0):
+        r.unsupported("partial_rotary_factor", partial, "MLA rotates all qk_rope_head_dim dims")
+    kinds = r.hf.get("mlp_layer_types")
+    if kinds is not None and "moe_layer_freq" not in r.provided:
+        if not isinstance(kinds, list) or any(k not in ("dense", "sparse") for k in kinds):
+            r.unsupported("mlp_layer_types", kinds, "expected 'dense' / 'sparse' per layer")
+        elif _listable(model["num_layers"]) and len(kinds) != model["num_layers"]:
+            r.unsupported("mlp_layer_types", f"{len(kinds)} entries",
+                          f"num_hidden_layers is {model['num_layers']}")
+        else:
+            model["moe_layer_freq"] = _moe_pattern([int(k == "sparse") for k in kinds])
+    return model
+
+
+# transformers src/transformers/models/glm_moe_dsa/configuration_glm_moe_dsa.py GlmMoeDsaConfig
+# (GLM-5's sizes): sigmoid router with an expert bias, first_k_dense_replace 3, one shared expert,
+# routed_scaling_factor 2.5, q_lora_rank 2048, the indexer's 32 heads of 128 keeping 2048 keys.
+_DEEPSEEK_ROUTER_DEFAULTS["GlmMoeDsaForCausalLM"] = {
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 3,
+    "n_shared_experts": 1, "q_lora_rank": 2048, "max_position_embeddings": 202752}
+_GLM_DSA_INDEXER = {"index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048}
+
+
+def _glm_moe_dsa(r: _Reader) -> dict[str, Any]:
+    """GlmMoeDsaForCausalLM (GLM-5, GLM-5.1): GLM-4.7-Flash's DeepSeek-V3 stack with DSA, a
+    lightning indexer on every layer (modeling_glm_moe_dsa.py GlmMoeDsaIndexer: wq_b from the q
+    latent, wk, a LayerNorm'd key, weights_proj), as DeepSeek-V3.2's (Megatron --dsa-indexer-*).
+    An indexer that reuses another layer's picks (indexer_types other than 'full') has no Megatron
+    spelling and is refused."""
+    model = _glm4_moe_lite(r)
+    model["dsa"] = True
+    for key, default in _GLM_DSA_INDEXER.items():
+        model[key] = r.count(key, key, default)
+    for key, allowed in (("indexer_types", "full"), ("layer_types", "full_attention")):
+        kinds = r.hf.get(key)
+        if kinds is not None and (not isinstance(kinds, list) or any(k != allowed for k in kinds)):
+            r.unsupported(key, kinds, f"Megatron's DSA gives every layer its own indexer "
+                          f"('{allowed}' on every layer)")
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "DeepseekV4ForCausalLM": _deepseek_v4,
+    "Glm4MoeLiteForCausalLM": _glm4_moe_lite,
+    "GlmMoeDsaForCausalLM": _glm_moe_dsa,
     "DeepseekV32ForCausalLM": _deepseek_v32,
     "Qwen3NextForCausalLM": _qwen3_next,
     "Llama4ForConditionalGeneration": _llama4,
@@ -777,49 +1017,55 @@ ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
 }
 
 
-def _unknown_architecture(found: Any, where: str) -> Finding:
-    supported = ", ".join(ARCHITECTURES)
-    v4 = any("V4" in str(name) for name in found) if isinstance(found, list) else False
-    fix = ("use model.preset deepseek-v4-pro or deepseek-v4-flash: the DeepSeek-V4 config.json "
-           "format is not documented well enough to map" if v4 else
-           f"supported: {supported}; otherwise write the model section by hand")
+def _unknown_architecture(found: Any, model_type: Any, where: str) -> Finding:
+    supported = ", ".join(BY_ARCHITECTURE)
+    fix = f"supported: {supported}; otherwise write the model section by hand"
     return Finding(CODE, "error", f"{where}.architectures",
-                   f"architectures {found!r:.80} names no architecture moeplan can map", fix, SOURCE)
+                   f"architectures {found!r:.80} (model_type {model_type!r:.40}) names no "
+                   "family moeplan can map", fix, SOURCE)
 
 
 def map_hf_config(hf: Mapping[str, Any], *, where: str = "model.hf_config",
                   provided: Mapping[str, Any] | None = None) -> HfMapping:
-    """The moeplan model fields for this config.json. `provided` holds the fields the YAML writes
+    """The moeplan model fields for this config.json, found through its family record
+    (planner/config/importers/hf_families.py). `provided` holds the fields the YAML writes
     itself: keys feeding only those are not required. Raises HfConfigUnmappable."""
     names = hf.get("architectures")
-    known = [n for n in names if isinstance(n, str) and n in ARCHITECTURES] if isinstance(
+    family = family_of(names, hf.get("model_type"))
+    if family is None:
+        raise HfConfigUnmappable([_unknown_architecture(names, hf.get("model_type"), where)])
+    named = [n for n in names if isinstance(n, str) and n in BY_ARCHITECTURE] if isinstance(
         names, list) else []
-    if not known:
-        raise HfConfigUnmappable([_unknown_architecture(names, where)])
-    text, where = _text_config(hf, known[0], where)
-    reader = _Reader(text, known[0], where, provided or {})
-    if known[0] in MULTIMODAL and hf.get("vision_config") is not None:
-        reader.notes.append("vision_config: the vision encoder and projector are not imported "
-                            "(moeplan plans the text decoder; the model card's total counts them)")
-    model = ARCHITECTURES[known[0]](reader)
+    text, where = _text_config(hf, family, where)
+    reader = _Reader(text, family.reader, where, provided or {})
+    for tower in family.towers:
+        if hf.get(tower) is not None:
+            reader.notes.append(f"{tower}: this tower is left out of the budget (moeplan plans the "
+                                "text decoder; the model card's total counts the tower too)")
+    model = ARCHITECTURES[family.reader](reader)
     if reader.findings:
         raise HfConfigUnmappable(reader.findings)
     return HfMapping(
-        architecture=known[0],
+        architecture=named[0] if named else family.architectures[0],
         model={key: value for key, value in model.items() if value is not None},
         megatron_extra_args=tuple(reader.extra_args),
         notes=tuple(reader.notes),
         moe=dict(reader.moe),
+        family=family.model_type,
+        bridge=family.bridge_line(),
     )
 
 
-def _text_config(hf: Mapping[str, Any], architecture: str, where: str) -> tuple[Mapping[str, Any], str]:
-    """The decoder's own keys: a multimodal architecture nests them in text_config (transformers
-    configuration_llama4.py Llama4Config: an absent text_config is Llama4TextConfig()'s defaults)."""
-    if architecture not in MULTIMODAL:
+def _text_config(hf: Mapping[str, Any], family: Family, where: str) -> tuple[Mapping[str, Any], str]:
+    """The decoder's own keys: a multimodal wrapper nests them under its text_config key
+    (transformers configuration_llama4.py Llama4Config: an absent text_config is
+    Llama4TextConfig()'s defaults; configuration_kimi_k25.py Kimi_K25Config: a deepseek_v3 one)."""
+    if family.text_config is None:
         return hf, where
-    text = hf.get("text_config")
-    return (text if isinstance(text, Mapping) else {}), f"{where}.text_config"
+    text = hf.get(family.text_config)
+    stack = dict(text) if isinstance(text, Mapping) else {}
+    stack.update({key: hf[key] for key in family.wrapper_keys if key in hf})
+    return stack, f"{where}.{family.text_config}"
 
 
 def apply_hf_config(data: dict[str, Any], base_dir: Path | None) -> tuple[dict[str, Any],

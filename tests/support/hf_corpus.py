@@ -1,0 +1,42 @@
+"""The verbatim Hugging Face config.json corpus (tests/support/hf_config_files/, sources in its
+SOURCES.txt) and what transformers builds from each file.
+
+`TRANSFORMERS_COUNTS` holds, per file, the parameters of transformers' own model built on the meta
+device from that file (transformers 5.25.0, `AutoModelForCausalLM.from_config`, every parameter
+summed; no MTP layer, which transformers does not build; for a multimodal wrapper, the text stack
+with its output layer, from `AutoModelForImageTextToText`). The unit tests compare moeplan's count
+with these numbers without importing torch; tests/integration/transformers/ rebuilds the models
+and checks the numbers still hold (skipped where transformers is not installed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CORPUS = Path(__file__).parent / "hf_config_files"
+
+# name -> total parameters of transformers 5.25.0's meta-device build of the file.
+TRANSFORMERS_COUNTS: dict[str, int] = {
+    "deepseek-v4-pro": 1_572_997_179_491,
+    "deepseek-v4-flash": 284_332_230_231,
+    "glm-4.7-flash": 29_943_390_976,
+    "glm-5.1": 743_911_199_232,
+    # Qwen3VLMoeForConditionalGeneration: its language_model (30,220,957,696) and lm_head
+    # (311,164,928); the vision tower's 538,631,408 are left out (moeplan plans the text stack).
+    "qwen3-vl-30b-a3b": 30_532_122_624,
+    # Qwen3_5MoeForConditionalGeneration: language_model 34,152,051,328 + lm_head 508,559,360
+    # (vision tower 446,571,248 left out).
+    "qwen3.5-35b-a3b": 34_660_610_688,
+}
+
+
+def corpus_path(name: str) -> Path:
+    return CORPUS / f"{name}.json"
+
+
+def corpus_config(name: str) -> dict[str, Any]:
+    """The file as Python's json reads it (Infinity and NaN included, as transformers reads them)."""
+    data: dict[str, Any] = json.loads(corpus_path(name).read_text("utf-8"))
+    return data

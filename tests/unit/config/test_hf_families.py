@@ -1,0 +1,203 @@
+"""Verbatim config.json files of current MoE families (tests/support/hf_config_files/) through
+`moeplan import hf`: each maps to the model transformers builds from it, counted exactly, or is
+refused naming the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.config.importers.hf_config import HfConfigUnmappable, map_hf_config, read_hf_json
+from planner.config.presets import PRESETS
+from planner.config.schema import Config, ModelSection
+from planner.model_size import model_size
+from tests.support.hf_configs import KIMI_K2
+from tests.support.hf_corpus import TRANSFORMERS_COUNTS, corpus_config, corpus_path
+
+
+def _size(model: dict[str, object]) -> tuple[int, int, int]:
+    cfg = Config.model_validate({"model": model, "parallel": {"world_size": 1},
+                                 "training": {"seq_length": 16}})
+    size = model_size(cfg)
+    assert size is not None
+    return size.total_params, size.active_params, size.mtp_params
+
+
+@pytest.mark.parametrize("name", ["deepseek-v4-pro", "deepseek-v4-flash"])
+def test_deepseek_v4_config_json_is_the_preset_model(name: str):
+    # The official file maps to the preset field for field once Megatron's defaults resolve:
+    # hash layers, compress ratios (MTP's 0 included), indexer, mHC and YaRN read from the file.
+    mapping = map_hf_config(read_hf_json(corpus_path(name)))
+    assert mapping.architecture == "DeepseekV4ForCausalLM" and not mapping.megatron_extra_args
+    assert ModelSection.model_validate(mapping.model) == ModelSection.model_validate(PRESETS[name])
+    assert mapping.model["moe_n_hash_layers"] == 3 and mapping.model["num_residual_streams"] == 4
+    assert mapping.model["kv_lora_rank"] == 512 - 64  # Megatron's latent: the non-rotary part
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMERS_COUNTS))
+def test_the_count_is_what_transformers_builds(name: str):
+    total, _, _ = _size(map_hf_config(corpus_config(name)).model)
+    assert total == TRANSFORMERS_COUNTS[name]
+
+
+def test_deepseek_v4_layer_types_spelling_equals_compress_ratios():
+    # transformers' own spelling (layer_types + mlp_layer_types) maps to the same model as the
+    # released files' legacy keys (compress_ratios + num_hash_layers).
+    hf = corpus_config("deepseek-v4-flash")
+    names = {0: "sliding_attention", 4: "compressed_sparse_attention",
+             128: "heavily_compressed_attention"}
+    spelled = {key: value for key, value in hf.items() if key not in ("compress_ratios",
+                                                                      "num_hash_layers")}
+    spelled["layer_types"] = [names[r] for r in hf["compress_ratios"][:43]]
+    spelled["mlp_layer_types"] = ["hash_moe"] * 3 + ["moe"] * 40
+    mapped = map_hf_config(spelled)
+    assert mapped.model == map_hf_config(hf).model
+    assert any("MTP layer(s) are given ratio 0" in note for note in mapped.notes)
+
+
+@pytest.mark.parametrize(("change", "key", "says"), [
+    ({"compress_ratios": [0, 8] * 22}, "compress_ratios", "0 (window only), 4 (CSA) or 128"),
+    ({"compress_ratios": None}, "compress_ratios", "names each layer's compression"),
+    ({"compress_ratios": [0, 4]}, "compress_ratios", "num_hidden_layers is 43"),
+    ({"num_key_value_heads": 8}, "num_key_value_heads", "one K/V head"),
+    ({"scoring_func": "relu"}, "scoring_func", "softmax, sigmoid or sqrtsoftplus"),
+    ({"mlp_layer_types": ["moe", "hash_moe"] + ["moe"] * 41}, "mlp_layer_types",
+     "first moe_n_hash_layers layers only"),
+    ({"layer_types": ["sliding_attention", "linear_attention"], "compress_ratios": None},
+     "layer_types", "DeepSeek-V4 layers are"),
+])
+def test_deepseek_v4_what_megatron_cannot_build_is_refused_by_key(change: dict[str, object],
+                                                                  key: str, says: str):
+    hf = {**corpus_config("deepseek-v4-flash"), **change}
+    hf = {k: v for k, v in hf.items() if v is not None}
+    with pytest.raises(HfConfigUnmappable) as refused:
+        map_hf_config(hf)
+    [finding] = refused.value.findings
+    assert finding.code == "CFG007" and finding.path == f"model.hf_config.{key}"
+    assert says in finding.message
+
+
+def test_infinity_reads_as_python_does_and_is_refused_only_where_mapped(tmp_path: Path):
+    # Nemotron-3-Super's "time_step_limit": [0.0, Infinity] is real config.json that Python's json
+    # and transformers read: the reader takes it; a mapped key that is not finite is a finding.
+    hf = corpus_config("deepseek-v4-flash")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**hf, "time_step_limit": [0.0, float("inf")]}), "utf-8")
+    assert "Infinity" in path.read_text("utf-8")
+    assert read_hf_json(path)["time_step_limit"] == [0.0, float("inf")]
+    assert map_hf_config(read_hf_json(path)).model == map_hf_config(hf).model
+    path.write_text(json.dumps({**hf, "swiglu_limit": float("nan")}), "utf-8")
+    with pytest.raises(HfConfigUnmappable) as nan:
+        map_hf_config(read_hf_json(path))
+    assert [f.path for f in nan.value.findings] == ["model.hf_config.swiglu_limit"]
+
+
+def test_glm_4_7_flash_is_the_deepseek_v3_stack_with_its_mtp_layer():
+    # GLM-4.7-Flash's MTP layer: the checkpoint's layer 47 less its repeated embedding and head
+    # (2 x 154,880 x 2,048) and its expert-bias buffer (64): 31,221,488,576 - 29,943,390,976
+    # - 634,388,480 - 47 x 64 (the 46 MoE layers' and the MTP layer's e_score_correction_bias).
+    mapping = map_hf_config(corpus_config("glm-4.7-flash"))
+    assert mapping.model["moe_layer_freq"] == [0] + [1] * 46
+    assert (mapping.model["q_lora_rank"], mapping.model["qk_head_dim"],
+            mapping.model["v_head_dim"]) == (768, 192, 256)
+    total, active, mtp = _size(mapping.model)
+    assert mtp == 31_221_488_576 - 29_943_390_976 - 2 * 154_880 * 2_048 - 47 * 64
+    routed = 46 * 64 * 3 * 2_048 * 1_536
+    assert active == total - routed * (64 - 4) // 64
+    assert "GLM47FlashBridge" in mapping.bridge
+
+
+def test_glm_5_is_dsa_on_every_layer_and_its_mtp_layer_is_the_checkpoints():
+    # rope_theta only inside rope_parameters (transformers 5's spelling); the MTP layer is the
+    # checkpoint's layer 78 (753,864,139,008 in all) less the 76 expert-bias buffers of 256.
+    mapping = map_hf_config(corpus_config("glm-5.1"))
+    model = mapping.model
+    assert model["dsa"] and (model["index_n_heads"], model["index_head_dim"],
+                             model["index_topk"]) == (32, 128, 2048)
+    assert model["rotary_base"] == 1_000_000 and model["moe_layer_freq"] == [0] * 3 + [1] * 75
+    _, _, mtp = _size(model)
+    assert mtp == 753_864_139_008 - TRANSFORMERS_COUNTS["glm-5.1"] - 76 * 256
+    assert "GLM5Bridge" in mapping.bridge
+    with pytest.raises(HfConfigUnmappable) as shared:  # an indexer reusing another layer's picks
+        map_hf_config({**corpus_config("glm-5.1"), "indexer_types": ["full", "shared"] * 39})
+    assert [f.path for f in shared.value.findings] == ["model.hf_config.indexer_types"]
+
+
+def test_a_multimodal_wrapper_resolves_to_its_text_stack_and_names_its_tower():
+    # Kimi-K2.5 wraps the DeepSeek-V3 text stack (transformers Kimi_K25Config: text_config of
+    # model_type deepseek_v3, kimi_k2 renamed) beside a vision tower moeplan leaves out.
+    wrapped = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+               "text_config": {**KIMI_K2, "model_type": "kimi_k2"},
+               "vision_config": {"model_type": "kimi_k25_vision", "hidden_size": 1152}}
+    mapping = map_hf_config(wrapped)
+    assert mapping.model == map_hf_config(KIMI_K2).model
+    assert mapping.family == "kimi_k25" and "KimiK25VLBridge" in mapping.bridge
+    assert any(note.startswith("vision_config: this tower is left out") for note in mapping.notes)
+    with pytest.raises(HfConfigUnmappable) as bare:  # no text stack: its keys are missing, by name
+        map_hf_config({**wrapped, "text_config": None})
+    assert all(f.path.startswith("model.hf_config.text_config.") for f in bare.value.findings)
+
+
+def test_qwen3_vl_is_the_qwen3_moe_stack_untied_by_its_wrapper():
+    # The top-level tie_word_embeddings false unties the output layer (the checkpoint holds
+    # lm_head); the text stack equals Qwen3-30B-A3B's but for its RoPE base and context.
+    mapping = map_hf_config(corpus_config("qwen3-vl-30b-a3b"))
+    assert mapping.model["untie_embeddings_and_output_weights"] is True
+    preset = {**PRESETS["qwen3-30b-a3b"], "rotary_base": 5_000_000,
+              "max_position_embeddings": 262_144}
+    assert ModelSection.model_validate(mapping.model) == ModelSection.model_validate(preset)
+    assert any("mrope" in note for note in mapping.notes)
+    assert any(note.startswith("vision_config:") for note in mapping.notes)
+
+
+def test_qwen3_5_moe_is_the_qwen3_next_stack_in_a_vision_wrapper():
+    # RoPE base and rotary share only inside rope_parameters / text_config; one full-attention
+    # layer in four, the rest gated DeltaNet; a gated shared expert; the MTP layer is a note.
+    mapping = map_hf_config(corpus_config("qwen3.5-35b-a3b"))
+    model = mapping.model
+    assert (model["rotary_base"], model["rotary_percent"], model["linear_attention_freq"]) == (
+        10_000_000, 0.25, 4)
+    assert model["moe_shared_expert_gate"] and model["attention_output_gate"]
+    assert any(note.startswith("mtp_num_hidden_layers 1") for note in mapping.notes)
+    assert "Qwen35VLMoEBridge" in mapping.bridge
+
+
+def test_import_hf_names_the_megatron_bridge(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    out = tmp_path / "job.yaml"
+    result = CliRunner().invoke(app, ["import", "hf", str(corpus_path("deepseek-v4-flash")),
+                                      "-o", str(out)])
+    assert result.exit_code in (0, 1), result.output
+    assert ("# bridge: Megatron-Bridge trains it with DeepSeekV4Bridge "
+            "(src/megatron/bridge/models/deepseek/deepseek_v4_bridge.py") in out.read_text("utf-8")
+
+
+_VALUES = st.none() | st.booleans() | st.integers(-3, 10**6) | st.floats() | st.text(max_size=6) | \
+    st.lists(st.sampled_from(["full", "moe", "hash_moe", 0, 4, 128, None]), max_size=4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(sorted(TRANSFORMERS_COUNTS)), pick=st.integers(0, 10**6),
+       value=_VALUES, drop=st.booleans())
+def test_any_value_of_a_corpus_key_maps_or_is_a_finding(name: str, pick: int, value: object,
+                                                        drop: bool):
+    # One key of a real file replaced (Infinity and NaN included) or dropped: a mapping or
+    # CFG007 findings, never a traceback.
+    hf = corpus_config(name)
+    target = hf.get("text_config") if isinstance(hf.get("text_config"), dict) and pick % 2 else hf
+    key = sorted(target)[pick % len(target)]
+    if drop:
+        del target[key]
+    else:
+        target[key] = value
+    try:
+        map_hf_config(hf)
+    except HfConfigUnmappable as exc:
+        assert exc.findings and all(f.code == "CFG007" for f in exc.findings)
