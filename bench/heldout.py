@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.accounting import BudgetError  # noqa: E402
+from planner.calibrate.factors import with_factors  # noqa: E402
+from planner.calibrate.fit import Run, fit  # noqa: E402
 from planner.config.loader import InvalidConfig, parse_config  # noqa: E402
 from planner.config.schema import Config  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
@@ -63,6 +65,8 @@ class Figure:
     notes: str = ""
     calibration: bool = False  # a figure the default factors were fitted on (it does not judge)
     sweep: str = ""  # figures of one sweep: one model, cluster and stack, several settings
+    family: str = ""  # the publication the figure comes from (one stack, one team, one write-up)
+    sweep_only: bool = False  # a point of a scaling curve read for its order, not its value
 
     @property
     def is_layer(self) -> bool:
@@ -71,12 +75,19 @@ class Figure:
 
     @property
     def metric(self) -> str:
-        """What is compared: the layer's seconds, else tokens/s/GPU, else (a source that gives
-        only that) Megatron TFLOP/s/GPU."""
+        """What is compared: the layer's seconds, else the step's seconds, else tokens/s/GPU,
+        else (a source that gives only that) Megatron TFLOP/s/GPU."""
         if self.is_layer:
             return "layer_s"
-        return ("tokens_per_s_per_gpu" if "tokens_per_s_per_gpu" in self.published
-                else "tflops_per_gpu")
+        for name in ("step_time_s", "tokens_per_s_per_gpu"):
+            if name in self.published:
+                return name
+        return "tflops_per_gpu"
+
+    @property
+    def is_time(self) -> bool:
+        """A time (lower is faster), not a throughput."""
+        return self.metric in ("layer_s", "step_time_s")
 
     @property
     def published_value(self) -> float:
@@ -99,7 +110,8 @@ def load_figures(path: Path = DATA) -> list[Figure]:
                               data=merged(base, entry.get("config", {})),
                               recipe=entry.get("recipe", ""), notes=entry.get("notes", ""),
                               calibration=bool(entry.get("calibration", False)),
-                              sweep=entry.get("sweep", "")))
+                              sweep=entry.get("sweep", ""), family=entry["family"],
+                              sweep_only=bool(entry.get("sweep_only", False))))
     return figures
 
 
@@ -115,7 +127,21 @@ class Judged:
 
     @property
     def ratio(self) -> float | None:
-        return None if self.predicted is None else self.predicted / self.figure.published_value
+        """Predicted speed over published speed: above 1, moeplan is too fast."""
+        if self.predicted is None:
+            return None
+        ratio = self.predicted / self.figure.published_value
+        return 1 / ratio if self.figure.is_time else ratio
+
+    def run(self) -> Run:
+        """The figure as a measured run for a fit: its step (or layer) seconds, the throughput
+        converted through the predicted step (tokens and FLOPs per step are the config's)."""
+        assert self.ratio is not None
+        cfg = self.figure.config()
+        if self.figure.is_layer:
+            return Run(self.figure.id, cfg, self.figure.published_value, "layer_s")
+        step = estimate(cfg, exact=False).step_time_s
+        return Run(self.figure.id, cfg, step * self.ratio)
 
     @property
     def verdict(self) -> str:
@@ -125,9 +151,10 @@ class Judged:
         return "; ".join(parts + [self.failure] if self.failure else parts) or "ok"
 
 
-def judge(figure: Figure) -> Judged:
+def judge(figure: Figure, factors: dict[str, float] | None = None) -> Judged:
+    """The figure estimated with the default factors, or with `factors` in their place."""
     try:
-        cfg = figure.config()
+        cfg = with_factors(figure.config(), factors or {})
     except InvalidConfig as exc:
         return Judged(figure, failure="config: " + "; ".join(
             f"{f.code} {f.path}: {f.message}" for f in exc.findings))
@@ -139,7 +166,8 @@ def judge(figure: Figure) -> Judged:
         return out
     data = est.as_json()
     out.gflop_per_token = data["flops_per_token"] / 1e9
-    out.predicted = est.moe_layer_seconds() if figure.is_layer else data[figure.metric]
+    out.predicted = (est.moe_layer_seconds() if figure.is_layer
+                     else est.step_time_s if figure.metric == "step_time_s" else data[figure.metric])
     return out
 
 
@@ -151,7 +179,8 @@ def median_abs_error(rows: list[Judged]) -> float | None:
 def _value(figure: Figure, value: float | None) -> str:
     if value is None:
         return "—"
-    return {"layer_s": f"{value * 1e3:.2f} ms", "tokens_per_s_per_gpu": f"{value:,.0f}",
+    return {"layer_s": f"{value * 1e3:.2f} ms", "step_time_s": f"{value:.3f} s/step",
+            "tokens_per_s_per_gpu": f"{value:,.0f}",
             "tflops_per_gpu": f"{value:,.0f} TFLOP/s"}[figure.metric]
 
 
@@ -191,8 +220,8 @@ def sweep_rows(rows: list[Judged]) -> list[tuple[str, int, str, str]]:
     sweeps: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
         if r.figure.sweep and r.predicted is not None:
-            # Faster is higher: throughput as is, a layer's seconds inverted.
-            flip = -1.0 if r.figure.is_layer else 1.0
+            # Faster is higher: throughput as is, seconds inverted.
+            flip = -1.0 if r.figure.is_time else 1.0
             sweeps.setdefault(r.figure.sweep, []).append(
                 (flip * r.figure.published_value, flip * r.predicted))
     out = []
@@ -208,13 +237,78 @@ def sweep_markdown(rows: list[Judged]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The factors whose defaults (planner/config/schema.py EfficiencySection, the GPU catalog's FP8
+# shares) were fitted on the figures marked `calibration`; every other default is measured or
+# cited. Leaving a family out refits these on the calibration figures of the other families.
+FITTED = ("host_us_per_microbatch", "host_us_per_expert", "gemm_fp8@hopper", "gemm_fp8@blackwell")
+
+
+@dataclass
+class FamilyRow:
+    """One source family: its figures judged with the defaults and with the factors fitted on
+    the calibration figures of the other families only."""
+
+    family: str
+    rows: list[Judged]
+    held_out: list[Judged]
+    calibration: int
+    values: dict[str, float]
+
+
+def _errors(rows: list[Judged]) -> list[float]:
+    return [abs(r.ratio - 1) for r in rows if r.ratio is not None]
+
+
+def leave_family_out(rows: list[Judged]) -> list[FamilyRow]:
+    """Per family: refit FITTED without the family's calibration figures (a family with none
+    keeps the defaults, fitted without it) and judge every figure of the family with that fit,
+    its calibration figures included (left out, they judge too). Sweep-only points are left out."""
+    calib = [r for r in rows if r.figure.calibration and r.ratio is not None]
+    runs = {r.figure.id: r.run() for r in calib}
+    out = []
+    for family in sorted({r.figure.family for r in rows}):
+        judged = [r for r in rows if r.figure.family == family and not r.figure.sweep_only]
+        others = [runs[r.figure.id] for r in calib if r.figure.family != family]
+        values: dict[str, float] = {}
+        held = judged
+        if len(others) < len(calib):
+            values = fit(others, FITTED, iterations=8).values
+            held = [judge(r.figure, values) for r in judged]
+        out.append(FamilyRow(family, judged, held, len(calib) - len(others), values))
+    return out
+
+
+def family_markdown(families: list[FamilyRow]) -> str:
+    def med(rows: list[Judged]) -> str:
+        errors = _errors(rows)
+        return f"{statistics.median(errors):.1%}" if errors else "—"
+
+    def worst(rows: list[Judged]) -> str:
+        errors = _errors(rows)
+        return f"{max(errors):.1%}" if errors else "—"
+    lines = ["| source family | figures | of them calibration | median error, defaults | "
+             "median error, fitted without the family | worst, fitted without |",
+             "|---|---|---|---|---|---|"]
+    for f in families:
+        lines.append(f"| {f.family} | {len(f.rows)} | {f.calibration} | {med(f.rows)} | "
+                     f"{med(f.held_out)} | {worst(f.held_out)} |")
+    held = [r for f in families for r in f.held_out]
+    per_family = [statistics.median(_errors(f.held_out)) for f in families if _errors(f.held_out)]
+    lines.append(f"\nLeave-one-source-family-out: median |ratio − 1| = "
+                 f"{statistics.median(_errors(held)):.1%} over {len(_errors(held))} figures of "
+                 f"{len(families)} families; the median family's median "
+                 f"{statistics.median(per_family):.1%}; worst family "
+                 f"{max(per_family):.1%}. Refitted: {', '.join(FITTED)}.\n")
+    return "\n".join(lines) + "\n"
+
+
 def summary(rows: list[Judged]) -> str:
     def part(name: str, subset: list[Judged]) -> str:
         mae = median_abs_error(subset)
         estimated = sum(r.ratio is not None for r in subset)
         return (f"{name}: none estimated" if mae is None
                 else f"{name}: median |ratio − 1| = {mae:.1%} over {estimated} of {len(subset)}")
-    judging = [r for r in rows if not r.figure.calibration]
+    judging = [r for r in rows if not r.figure.calibration and not r.figure.sweep_only]
     whole = [r for r in judging if not r.figure.is_layer]
     layers = [r for r in judging if r.figure.is_layer]
     flagged = sum(r.verdict != "ok" for r in rows)
@@ -222,9 +316,11 @@ def summary(rows: list[Judged]) -> str:
     return (f"held out: {part('all figures', judging)}; {part('whole models', whole)}; "
             f"{part('one MoE layer', layers)}; {part('calibration figures', calibration)}. "
             f"{flagged} flagged by the rule catalog or not "
-            "estimated (still counted when estimated). Ratio = predicted / published: "
-            "tokens/s/GPU for whole models (TFLOP/s/GPU where only that is published), "
-            "forward + backward time for one layer")
+            "estimated (still counted when estimated); points of scaling curves (sweep only) "
+            "judge their order, not the medians. Ratio = predicted speed / published speed: "
+            "tokens/s/GPU for whole models (TFLOP/s/GPU where only that is published, the "
+            "inverse of the step time where that is), the inverse of forward + backward time for "
+            "one layer; above 1 moeplan is too fast")
 
 
 def markdown(rows: list[Judged]) -> str:
@@ -260,13 +356,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update-docs", action="store_true",
                         help="rewrite the held-out table in docs/estimate.md")
     parser.add_argument("--only", metavar="SUBSTRING", help="judge the figures whose id has it")
+    parser.add_argument("--no-refit", action="store_true",
+                        help="skip the leave-one-source-family-out refits (minutes)")
     args = parser.parse_args(argv)
     figures = [f for f in load_figures() if not args.only or args.only in f.id]
     rows = [judge(f) for f in figures]
     text = markdown(rows)
+    if not args.no_refit:
+        text += "\n" + family_markdown(leave_family_out(rows))
     if args.update_docs:
         update_docs(text)
-    print(text if args.markdown or args.update_docs else plain(rows))
+    print(text if args.markdown or args.update_docs else
+          plain(rows) + text[text.index("| source family"):] if not args.no_refit else plain(rows))
     return 0
 
 
