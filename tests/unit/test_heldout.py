@@ -50,7 +50,7 @@ def test_median_error_and_rule_verdicts_are_reported() -> None:
         return heldout.Figure(id=name, source="made up", published=layer.published,
                               data=heldout.merged(layer.data, change))
     ok, uneven, no_grid = (heldout.judge(f) for f in (
-        layer, variant("experts30", {"model": {"num_experts": 30}}),
+        variant(layer.id, {}), variant("experts30", {"model": {"num_experts": 30}}),
         variant("ep3", {"parallel": {"ep": 3}})))
     assert ok.verdict == "ok"
     # 30 experts over EP8: rejected by the catalog, yet its grids build, so it is estimated.
