@@ -1,4 +1,5 @@
-"""Judge the step-time model on published figures it was never calibrated on (bench/heldout.yaml).
+"""Judge the step-time model on published figures (bench/heldout.yaml) by source family: the
+fitted factors (FITTED) refitted without a family, then that family's figures predicted.
 
 Every figure is a real moeplan config (a base from the data file with the figure's fragment
 merged over it) that goes through the loader, the rule catalog and `planner.estimate.estimate`,
@@ -234,7 +235,13 @@ def sweep_rows(rows: list[Judged]) -> list[tuple[str, int, str, str]]:
 
 def sweep_markdown(rows: list[Judged]) -> str:
     lines = ["| sweep | figures | pairs in measured order | Kendall τ |", "|---|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in sweep_rows(rows)]
+    found = sweep_rows(rows)
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in found]
+    good = sum(int(c.split("/")[0]) for _, _, c, _ in found)
+    total = sum(int(c.split("/")[1]) for _, _, c, _ in found)
+    if total:
+        lines.append(f"\nSame-sweep pairs in the measured order: {good} of {total} "
+                     f"({good / total:.0%}).")
     return "\n".join(lines) + "\n"
 
 

@@ -71,6 +71,8 @@ def _robust(r: float) -> float:
 # weakly (one run that exercises it far more than the rest, or two factors that trade against each
 # other) stays near them instead of jumping to what fits those runs' noise.
 PRIOR_WIDTH = 0.5
+# The stack-level term is there to absorb what the bounded factors cannot: no pull toward 1.
+UNPULLED = frozenset({"stack_factor"})
 
 
 def _prior_scale(default: float, low: float, high: float) -> float:
@@ -110,7 +112,8 @@ def fit(runs: Sequence[Run], names: Sequence[str], *, iterations: int = 25,
     values = {**defaults, **(start or {})}
     bounds = {n: (factor(n).low, factor(n).high) for n in names}
     before = [run.predict({}) for run in runs]
-    prior = {n: (defaults[n], _prior_scale(defaults[n], *bounds[n])) for n in names} if use_prior else None
+    prior = ({n: (defaults[n], _prior_scale(defaults[n], *bounds[n])) for n in names
+              if n not in UNPULLED} if use_prior else None)
     res = _residuals(runs, values, prior)
     cost = sum(r * r for r in res)
     damping, fitted = 1e-2, dict.fromkeys(names, False)

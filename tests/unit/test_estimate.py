@@ -442,3 +442,71 @@ def test_shared_expert_overlap_hides_the_exchanges_behind_the_shared_expert() ->
         assert on[f"time_{name}_fwd_exposed"] == whole - min(whole / 2, share * shared_fwd)
         assert off[f"time_{name}_fwd_exposed"] == whole
     assert on["time_stage_step_s"] < off["time_stage_step_s"]
+
+
+# --- host launches (planner/budget/time.py ATTENTION_LAUNCHES and the rest) --------------------
+
+def tiny_env(**sections: Any) -> dict[str, Any]:
+    """The hand test's tiny model (one dense, one MoE block of 4 experts top-2) on one GPU."""
+    training = {"seq_length": 8, **sections.pop("training", {})}
+    return estimate(config(TINY, {"world_size": 1}, training, **sections)).envs[0]
+
+
+def test_launch_counts_by_hand() -> None:
+    """One GPU, BF16, no TP, alltoall without EP, permutes fused (one kernel each way), no
+    shared expert: attention 2 + 2 + 1 + 1 + 1 = 7; router 4 (+ 3 with the auxiliary loss);
+    preprocessing 3; experts 1 + 2·1 + 2 + 4·2 + 1 + 0 + 1 = 15 (four local experts, fc1 and
+    fc2 each); dense MLP 5. The stage's forward: 2 blocks · 7 + 1 MoE · (router + 3 + 15) +
+    1 dense · 5. Unfused permutes take five kernels each way: experts 15 + 2·4 = 23."""
+    assert tiny_env()["time_launches_experts"] == 23
+    env = tiny_env(moe={"moe_permute_fusion": True})
+    assert env["time_launches_attention"] == 7
+    assert env["time_launches_preprocess"] == 3
+    assert env["time_launches_experts"] == 15
+    assert env["time_launches_dense"] == 5
+    router = env["time_launches_router"]
+    assert router in (4, 7)  # 3 more with the auxiliary loss on
+    assert env["time_launches_fwd"] == 2 * 7 + router + 3 + 15 + 5
+    # FP8 adds the output projection's input cast and two quantisations per local expert.
+    fp8 = tiny_env(training={"fp8_format": "e4m3", "fp8_recipe": "tensorwise"},
+                   moe={"moe_permute_fusion": True})
+    assert fp8["time_launches_attention"] == 8 and fp8["time_launches_experts"] == 15 + 4 * 2
+
+
+def test_cuda_graphs_cut_launches_in_every_spelling() -> None:
+    """Scopes capture their parts; full_iteration, as an impl or as the deprecated scope under
+    local (TransformerConfig migrates it), captures every launch; the deprecated scope 'full'
+    is whole layers, as an empty scope is."""
+    def launches(overlap: dict[str, Any]) -> Any:
+        return tiny_env(overlap=overlap)["time_launches_fwd"]
+    none = launches({})
+    attn = launches({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ["attn"]})
+    assert attn == none - 2 * 7
+    full = launches({"cuda_graph_impl": "full_iteration"})
+    assert full == 0
+    assert launches({"cuda_graph_impl": "local", "cuda_graph_scope": ["full_iteration"]}) == 0
+    assert launches({"cuda_graph_impl": "local", "cuda_graph_scope": ["full"]}) == launches(
+        {"cuda_graph_impl": "local"}) < attn
+
+
+def test_host_bound_microbatches_wait_for_the_host_and_bigger_ones_amortise_it() -> None:
+    """Qwen3-30B-A3B on 16 H100 (anchor D's layout) with a slow host: the GPU waits for the
+    launches (max(host, GPU) per forward and backward), so a slower host lengthens the step;
+    two sequences per microbatch halve the microbatches, and the host time per token falls."""
+    def env(launch_us: float, mbs: int = 1) -> dict[str, Any]:
+        return estimate(qwen(training={"micro_batch_size": mbs},
+                             cluster={"gpu": "H100",
+                                      "efficiency": {"host_us_per_launch": launch_us}})).envs[0]
+    fast, slow = env(1), env(200)
+    assert slow["time_fixed_s"] > fast["time_fixed_s"]
+    assert slow["time_host_fwd_s"] > slow["time_gpu_s"] / (3 * slow["microbatches"])
+    bigger = env(200, 2)
+    assert bigger["microbatches"] == slow["microbatches"] / 2
+    assert bigger["time_fixed_s"] < slow["time_fixed_s"]
+
+
+def test_stack_factor_scales_the_compute() -> None:
+    """calibrate's stack-level term: the stack's compute over the model's."""
+    base = tiny_env()
+    slow = tiny_env(cluster={"efficiency": {"stack_factor": 2}})
+    assert slow["time_compute_s"] == 2 * base["time_compute_s"]
