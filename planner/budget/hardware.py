@@ -28,6 +28,9 @@ def overlap_symbol(flag: str) -> str:
 
 # --- step-time model terms (issue 23): fixed costs, CUDA graphs, GEMM shapes, collective latency.
 FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
+    Symbol("delay_wgrad", "1 when overlap.delay_wgrad_compute runs with "
+           "overlap_moe_expert_parallel_comm: the experts' weight gradient waits for the "
+           "dispatch's backward all-to-all to be issued"),
     Symbol("stack_factor", "the stack's GPU work over the model's (efficiency.stack_factor; 1 "
            "unless a calibration fits it)"),
     Symbol("t_launch", "host seconds to issue one kernel: Python, PyTorch's dispatcher and the "
@@ -174,6 +177,8 @@ def fixed_cost_values(cfg: Config) -> dict[str, Number]:
     eff = cfg.cluster.efficiency
     return {
         "stack_factor": exact(eff.stack_factor),
+        "delay_wgrad": int(cfg.overlap.delay_wgrad_compute
+                           and cfg.overlap.overlap_moe_expert_parallel_comm),
         "t_launch": normalize(Fraction(exact(eff.host_us_per_launch)) / 10**6),
         "t_host_block": normalize(Fraction(exact(eff.host_us_per_block)) / 10**6),
         "t_host_expert": normalize(Fraction(exact(eff.host_us_per_expert)) / 10**6),

@@ -495,6 +495,14 @@ def _sm_bound(name: str, phase: str) -> str:
             " * inv_dispatch_sm_rate")
 
 
+# Megatron-LM dev@d48bd6be megatron/core/model_parallel_config.py, the field that flag sets ("Delay
+# the weight gradient computation to improve batch-level communication overlapping"): under the
+# batch-level EP overlap the experts' weight gradient is held back and runs while the dispatch's
+# backward all-to-all is in flight, so that exchange hides, beyond the EP overlap's share, behind
+# the routed weight-gradient GEMMs (at most their time).
+DELAYED_WGRAD_HIDES = "ep_dispatch_hidden"
+
+
 # Context parallelism's KV exchange: Megatron-LM dev@d48bd6be megatron/core/transformer/
 # transformer_config.py cp_comm_type: "p2p" exchanges KV chunks in a ring, async, overlapped with
 # attention compute; "all_gather" gathers the whole KV first and cannot be overlapped.
@@ -551,6 +559,10 @@ def _communication(book: Book, v: Variant) -> list[str]:
                 hidden.append(f"Min(eff_overlap * {name}, microbatches * ({share}) * {passes})")
                 why.append(f"the shared expert's {entry.shared_expert_part} under "
                            "overlap.moe_shared_expert_overlap")
+            if entry.name == DELAYED_WGRAD_HIDES and phase == "bwd":
+                hidden.append(f"delay_wgrad * Min((1 - eff_overlap) * {name}, microbatches"
+                              " * time_routed_gemm_wgrad_pass_s)")
+                why.append("the experts' delayed weight gradient under overlap.delay_wgrad_compute")
             if entry.name == CP_RING:
                 hidden.append(_cp_ring_hidden(name))
                 why.append("the KV ring under parallel.cp_comm_type p2p or a2a+p2p")

@@ -510,3 +510,19 @@ def test_stack_factor_scales_the_compute() -> None:
     base = tiny_env()
     slow = tiny_env(cluster={"efficiency": {"stack_factor": 2}})
     assert slow["time_compute_s"] == 2 * base["time_compute_s"]
+
+
+def test_delayed_wgrad_hides_the_dispatch_backward_behind_its_gemm() -> None:
+    """Qwen3-30B-A3B over two nodes with the batch-level EP overlap: delay_wgrad_compute hides
+    the dispatch's backward all-to-all behind the experts' held-back weight gradient too, so
+    that exchange's exposed part shrinks (by at most those GEMMs' time) and the step with it;
+    without the EP overlap the flag changes nothing (OVL005 refuses it)."""
+    ep = {"overlap_moe_expert_parallel_comm": True}
+    plain, delayed = (estimate(qwen(overlap={**ep, "delay_wgrad_compute": d})) for d in (False, True))
+    name = "time_ep_dispatch_hidden_bwd_exposed"
+    p, d = plain.envs[0], delayed.envs[0]
+    assert d[name] < p[name]
+    assert p[name] - d[name] <= p["microbatches"] * p["time_routed_gemm_wgrad_pass_s"]
+    assert delayed.step_time_s < plain.step_time_s
+    alone = estimate(qwen(overlap={"delay_wgrad_compute": True}))
+    assert alone.step_time_s == estimate(qwen()).step_time_s
