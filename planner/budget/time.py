@@ -368,6 +368,13 @@ DENSE_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("2", "pre-MLP norm and fc1 (TE LayerNormLinear)"), ("1", "activation"), ("1", "fc2 GEMM"),
     ("1", "bias-dropout-add into the residual"),
 )
+# The ends of the model: the embedding lookup (Megatron-LM dev@d48bd6be
+# megatron/core/models/common/embeddings/language_model_embedding.py), and on the last stage
+# the final norm, the output GEMM and the loss (megatron/core/tensor_parallel/cross_entropy.py
+# VocabParallelCrossEntropy.forward: the logits' max, its subtraction, exp, sum, log, the
+# target's gather and masking, and the loss's mean: about ten kernels).
+EMBEDDING_LAUNCHES = 1
+OUTPUT_LAUNCHES = 12
 # Launches after a MoE layer's dropless sync before the GPU has work again: the permute and the
 # dispatch (the GPU idles while the host issues them).
 SYNC_RESTART_LAUNCHES = 2
@@ -429,9 +436,13 @@ def _fixed_costs(book: Book, v: Variant) -> None:
     uncaptured = ("blocks * time_launches_attention * (1 - graph_attn) + L_moe * ("
                   "time_launches_router * (1 - graph_router) + time_launches_preprocess"
                   " * (1 - graph_preprocess) + time_launches_experts * (1 - graph_experts))"
-                  " + L_dense * time_launches_dense * (1 - graph_experts)")
+                  " + L_dense * time_launches_dense * (1 - graph_experts)"
+                  f" + (has_embedding * {EMBEDDING_LAUNCHES} + has_output * {OUTPUT_LAUNCHES})"
+                  " * (1 - graph_full)")
     add("time_launches_fwd", uncaptured, "kernels", "time",
-        "kernels the stage's forward launches per microbatch outside CUDA graphs (overlap."
+        "kernels the stage's forward launches per microbatch outside CUDA graphs, the "
+        f"embedding's ({EMBEDDING_LAUNCHES}) and the output layer and loss's ({OUTPUT_LAUNCHES}) "
+        "included (overlap."
         "cuda_graph_impl and cuda_graph_scope: attn, moe_router, moe_preprocess, mlp / moe; "
         "full_iteration, or the scope full_iteration, captures all)")
     selective = v.recompute_modules if v.recompute == "selective" else frozenset()

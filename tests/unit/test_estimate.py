@@ -456,8 +456,9 @@ def test_launch_counts_by_hand() -> None:
     """One GPU, BF16, no TP, alltoall without EP, permutes fused (one kernel each way), no
     shared expert: attention 2 + 2 + 1 + 1 + 1 = 7; router 4 (+ 3 with the auxiliary loss);
     preprocessing 3; experts 1 + 2·1 + 2 + 4·2 + 1 + 0 + 1 = 15 (four local experts, fc1 and
-    fc2 each); dense MLP 5. The stage's forward: 2 blocks · 7 + 1 MoE · (router + 3 + 15) +
-    1 dense · 5. Unfused permutes take five kernels each way: experts 15 + 2·4 = 23."""
+    fc2 each); dense MLP 5; the embedding 1 and the output layer with its loss 12. The stage's
+    forward: 2 blocks · 7 + 1 MoE · (router + 3 + 15) + 1 dense · 5 + 1 + 12. Unfused permutes
+    take five kernels each way: experts 15 + 2·4 = 23."""
     assert tiny_env()["time_launches_experts"] == 23
     env = tiny_env(moe={"moe_permute_fusion": True})
     assert env["time_launches_attention"] == 7
@@ -466,7 +467,7 @@ def test_launch_counts_by_hand() -> None:
     assert env["time_launches_dense"] == 5
     router = env["time_launches_router"]
     assert router in (4, 7)  # 3 more with the auxiliary loss on
-    assert env["time_launches_fwd"] == 2 * 7 + router + 3 + 15 + 5
+    assert env["time_launches_fwd"] == 2 * 7 + router + 3 + 15 + 5 + 1 + 12  # embedding, loss
     # FP8 adds the output projection's input cast and two quantisations per local expert.
     fp8 = tiny_env(training={"fp8_format": "e4m3", "fp8_recipe": "tensorwise"},
                    moe={"moe_permute_fusion": True})
