@@ -1,4 +1,5 @@
-"""Judge the step-time model on published figures it was never calibrated on (bench/heldout.yaml).
+"""Judge the step-time model on published figures (bench/heldout.yaml) by source family: the
+fitted factors (FITTED) refitted without a family, then that family's figures predicted.
 
 Every figure is a real moeplan config (a base from the data file with the figure's fragment
 merged over it) that goes through the loader, the rule catalog and `planner.estimate.estimate`,
@@ -31,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.accounting import BudgetError  # noqa: E402
+from planner.calibrate.factors import with_factors  # noqa: E402
+from planner.calibrate.fit import Run, fit  # noqa: E402
 from planner.config.loader import InvalidConfig, parse_config  # noqa: E402
 from planner.config.schema import Config  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
@@ -63,6 +66,8 @@ class Figure:
     notes: str = ""
     calibration: bool = False  # a figure the default factors were fitted on (it does not judge)
     sweep: str = ""  # figures of one sweep: one model, cluster and stack, several settings
+    family: str = ""  # the publication the figure comes from (one stack, one team, one write-up)
+    sweep_only: bool = False  # a point of a scaling curve read for its order, not its value
 
     @property
     def is_layer(self) -> bool:
@@ -71,12 +76,19 @@ class Figure:
 
     @property
     def metric(self) -> str:
-        """What is compared: the layer's seconds, else tokens/s/GPU, else (a source that gives
-        only that) Megatron TFLOP/s/GPU."""
+        """What is compared: the layer's seconds, else the step's seconds, else tokens/s/GPU,
+        else (a source that gives only that) Megatron TFLOP/s/GPU."""
         if self.is_layer:
             return "layer_s"
-        return ("tokens_per_s_per_gpu" if "tokens_per_s_per_gpu" in self.published
-                else "tflops_per_gpu")
+        for name in ("step_time_s", "tokens_per_s_per_gpu"):
+            if name in self.published:
+                return name
+        return "tflops_per_gpu"
+
+    @property
+    def is_time(self) -> bool:
+        """A time (lower is faster), not a throughput."""
+        return self.metric in ("layer_s", "step_time_s")
 
     @property
     def published_value(self) -> float:
@@ -98,8 +110,10 @@ def load_figures(path: Path = DATA) -> list[Figure]:
                               published=entry["published"],
                               data=merged(base, entry.get("config", {})),
                               recipe=entry.get("recipe", ""), notes=entry.get("notes", ""),
-                              calibration=bool(entry.get("calibration", False)),
-                              sweep=entry.get("sweep", "")))
+                              calibration=bool(entry.get("calibration",
+                                                         not entry.get("sweep_only", False))),
+                              sweep=entry.get("sweep", ""), family=entry["family"],
+                              sweep_only=bool(entry.get("sweep_only", False))))
     return figures
 
 
@@ -115,7 +129,21 @@ class Judged:
 
     @property
     def ratio(self) -> float | None:
-        return None if self.predicted is None else self.predicted / self.figure.published_value
+        """Predicted speed over published speed: above 1, moeplan is too fast."""
+        if self.predicted is None:
+            return None
+        ratio = self.predicted / self.figure.published_value
+        return 1 / ratio if self.figure.is_time else ratio
+
+    def run(self) -> Run:
+        """The figure as a measured run for a fit: its step (or layer) seconds, the throughput
+        converted through the predicted step (tokens and FLOPs per step are the config's)."""
+        assert self.ratio is not None
+        cfg = self.figure.config()
+        if self.figure.is_layer:
+            return Run(self.figure.id, cfg, self.figure.published_value, "layer_s")
+        step = estimate(cfg, exact=False).step_time_s
+        return Run(self.figure.id, cfg, step * self.ratio)
 
     @property
     def verdict(self) -> str:
@@ -125,9 +153,10 @@ class Judged:
         return "; ".join(parts + [self.failure] if self.failure else parts) or "ok"
 
 
-def judge(figure: Figure) -> Judged:
+def judge(figure: Figure, factors: dict[str, float] | None = None) -> Judged:
+    """The figure estimated with the default factors, or with `factors` in their place."""
     try:
-        cfg = figure.config()
+        cfg = with_factors(figure.config(), factors or {})
     except InvalidConfig as exc:
         return Judged(figure, failure="config: " + "; ".join(
             f"{f.code} {f.path}: {f.message}" for f in exc.findings))
@@ -139,7 +168,8 @@ def judge(figure: Figure) -> Judged:
         return out
     data = est.as_json()
     out.gflop_per_token = data["flops_per_token"] / 1e9
-    out.predicted = est.moe_layer_seconds() if figure.is_layer else data[figure.metric]
+    out.predicted = (est.moe_layer_seconds() if figure.is_layer
+                     else est.step_time_s if figure.metric == "step_time_s" else data[figure.metric])
     return out
 
 
@@ -151,7 +181,8 @@ def median_abs_error(rows: list[Judged]) -> float | None:
 def _value(figure: Figure, value: float | None) -> str:
     if value is None:
         return "—"
-    return {"layer_s": f"{value * 1e3:.2f} ms", "tokens_per_s_per_gpu": f"{value:,.0f}",
+    return {"layer_s": f"{value * 1e3:.2f} ms", "step_time_s": f"{value:.3f} s/step",
+            "tokens_per_s_per_gpu": f"{value:,.0f}",
             "tflops_per_gpu": f"{value:,.0f} TFLOP/s"}[figure.metric]
 
 
@@ -191,8 +222,8 @@ def sweep_rows(rows: list[Judged]) -> list[tuple[str, int, str, str]]:
     sweeps: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
         if r.figure.sweep and r.predicted is not None:
-            # Faster is higher: throughput as is, a layer's seconds inverted.
-            flip = -1.0 if r.figure.is_layer else 1.0
+            # Faster is higher: throughput as is, seconds inverted.
+            flip = -1.0 if r.figure.is_time else 1.0
             sweeps.setdefault(r.figure.sweep, []).append(
                 (flip * r.figure.published_value, flip * r.predicted))
     out = []
@@ -204,7 +235,83 @@ def sweep_rows(rows: list[Judged]) -> list[tuple[str, int, str, str]]:
 
 def sweep_markdown(rows: list[Judged]) -> str:
     lines = ["| sweep | figures | pairs in measured order | Kendall τ |", "|---|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in sweep_rows(rows)]
+    found = sweep_rows(rows)
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in found]
+    good = sum(int(c.split("/")[0]) for _, _, c, _ in found)
+    total = sum(int(c.split("/")[1]) for _, _, c, _ in found)
+    if total:
+        lines.append(f"\nSame-sweep pairs in the measured order: {good} of {total} "
+                     f"({good / total:.0%}).")
+    return "\n".join(lines) + "\n"
+
+
+# The factors whose defaults (planner/config/schema.py EfficiencySection, the GPU catalog's FP8
+# shares, planner/config/gpus.py) are fitted on the bench; every other default is measured or
+# cited. `--fit-defaults` prints the fit on every calibration figure; leaving a family out refits
+# them on the calibration figures of the other families only.
+FITTED = ("host_us_per_launch", "gemm_bf16@hopper", "gemm_bf16@blackwell", "gemm_fp8@hopper",
+          "gemm_fp8@blackwell")
+FIT_ITERATIONS = 10
+
+
+@dataclass
+class FamilyRow:
+    """One source family: its figures judged with the defaults and with the factors fitted on
+    the calibration figures of the other families only."""
+
+    family: str
+    rows: list[Judged]
+    held_out: list[Judged]
+    calibration: int
+    values: dict[str, float]
+
+
+def _errors(rows: list[Judged]) -> list[float]:
+    return [abs(r.ratio - 1) for r in rows if r.ratio is not None]
+
+
+def calibration_runs(rows: list[Judged]) -> dict[str, Run]:
+    """The figures the defaults are fitted on, as measured runs."""
+    return {r.figure.id: r.run() for r in rows if r.figure.calibration and r.ratio is not None}
+
+
+def leave_family_out(rows: list[Judged]) -> list[FamilyRow]:
+    """Per family: FITTED refitted on the calibration figures of every other family, and every
+    figure of the family (calibration or not; sweep-only points aside) judged with that fit."""
+    runs = calibration_runs(rows)
+    out = []
+    for family in sorted({r.figure.family for r in rows}):
+        judged = [r for r in rows if r.figure.family == family and not r.figure.sweep_only]
+        others = [runs[r.figure.id] for r in rows
+                  if r.figure.id in runs and r.figure.family != family]
+        values = fit(others, FITTED, iterations=FIT_ITERATIONS).values
+        held = [judge(r.figure, values) for r in judged]
+        out.append(FamilyRow(family, judged, held, len(runs) - len(others), values))
+    return out
+
+
+def family_markdown(families: list[FamilyRow]) -> str:
+    def med(rows: list[Judged]) -> str:
+        errors = _errors(rows)
+        return f"{statistics.median(errors):.1%}" if errors else "—"
+
+    def worst(rows: list[Judged]) -> str:
+        errors = _errors(rows)
+        return f"{max(errors):.1%}" if errors else "—"
+    lines = ["| source family | figures | of them calibration | median error, defaults | "
+             "median error, fitted without the family | worst, fitted without |",
+             "|---|---|---|---|---|---|"]
+    for f in families:
+        lines.append(f"| {f.family} | {len(f.rows)} | {f.calibration} | {med(f.rows)} | "
+                     f"{med(f.held_out)} | {worst(f.held_out)} |")
+    held = [r for f in families for r in f.held_out]
+    per_family = [statistics.median(_errors(f.held_out)) for f in families if _errors(f.held_out)]
+    lines.append(f"\nLeave-one-source-family-out (each family judged by {', '.join(FITTED)} "
+                 "fitted on the other families' calibration figures): median |ratio − 1| = "
+                 f"{statistics.median(_errors(held)):.1%} over {len(_errors(held))} figures of "
+                 f"{len(families)} families; the median family's median "
+                 f"{statistics.median(per_family):.1%}; worst family "
+                 f"{max(per_family):.1%}.\n")
     return "\n".join(lines) + "\n"
 
 
@@ -214,17 +321,19 @@ def summary(rows: list[Judged]) -> str:
         estimated = sum(r.ratio is not None for r in subset)
         return (f"{name}: none estimated" if mae is None
                 else f"{name}: median |ratio − 1| = {mae:.1%} over {estimated} of {len(subset)}")
-    judging = [r for r in rows if not r.figure.calibration]
-    whole = [r for r in judging if not r.figure.is_layer]
-    layers = [r for r in judging if r.figure.is_layer]
+    fitted = [r for r in rows if r.figure.calibration]
+    whole = [r for r in fitted if not r.figure.is_layer]
+    layers = [r for r in fitted if r.figure.is_layer]
+    never = [r for r in rows if not r.figure.calibration]
     flagged = sum(r.verdict != "ok" for r in rows)
-    calibration = [r for r in rows if r.figure.calibration]
-    return (f"held out: {part('all figures', judging)}; {part('whole models', whole)}; "
-            f"{part('one MoE layer', layers)}; {part('calibration figures', calibration)}. "
-            f"{flagged} flagged by the rule catalog or not "
-            "estimated (still counted when estimated). Ratio = predicted / published: "
-            "tokens/s/GPU for whole models (TFLOP/s/GPU where only that is published), "
-            "forward + backward time for one layer")
+    return (f"in sample (the defaults are fitted on these; the leave-one-family-out table below "
+            f"is the honest figure): {part('all calibration figures', fitted)}; "
+            f"{part('whole models', whole)}; {part('one MoE layer', layers)}; never fitted: "
+            f"{part('scaling-curve points', never)}. {flagged} flagged by the rule catalog or not "
+            "estimated (still counted when estimated). Ratio = predicted speed / published speed: "
+            "tokens/s/GPU for whole models (TFLOP/s/GPU where only that is published, the "
+            "inverse of the step time where that is), the inverse of forward + backward time for "
+            "one layer; above 1 moeplan is too fast")
 
 
 def markdown(rows: list[Judged]) -> str:
@@ -260,13 +369,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update-docs", action="store_true",
                         help="rewrite the held-out table in docs/estimate.md")
     parser.add_argument("--only", metavar="SUBSTRING", help="judge the figures whose id has it")
+    parser.add_argument("--no-refit", action="store_true",
+                        help="skip the leave-one-source-family-out refits")
+    parser.add_argument("--fit-defaults", action="store_true",
+                        help="print the factors fitted on every calibration figure (the defaults)")
     args = parser.parse_args(argv)
     figures = [f for f in load_figures() if not args.only or args.only in f.id]
     rows = [judge(f) for f in figures]
+    if args.fit_defaults:
+        result = fit(list(calibration_runs(rows).values()), FITTED, iterations=FIT_ITERATIONS,
+                     use_prior=False)
+        print("\n".join(f"{n}: {result.values[n]:.4g} (now {result.defaults[n]:.4g})"
+                        for n in FITTED))
+        return 0
     text = markdown(rows)
+    if not args.no_refit:
+        text += "\n" + family_markdown(leave_family_out(rows))
     if args.update_docs:
         update_docs(text)
-    print(text if args.markdown or args.update_docs else plain(rows))
+    print(text if args.markdown or args.update_docs else
+          plain(rows) + text[text.index("| source family"):] if not args.no_refit else plain(rows))
     return 0
 
 

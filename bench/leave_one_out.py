@@ -1,8 +1,9 @@
-"""Leave-one-out calibration within one published stack: one Megatron-Bridge container's
-rows of bench/heldout.yaml. For each row, the factors are fitted (planner/calibrate/fit.py) on
-the other rows and the left-out row is predicted; printed beside the default factors' error.
+"""Leave-one-out calibration within one published stack: one source family's rows of
+bench/heldout.yaml (a Megatron-Bridge container, the Moonlight recompute sweep). For each row,
+the factors are fitted (planner/calibrate/fit.py) on the other rows and the left-out row is
+predicted; printed beside the default factors' error.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/leave_one_out.py
+    OMP_NUM_THREADS=1 .venv/bin/python bench/leave_one_out.py [FAMILY]
 """
 
 from __future__ import annotations
@@ -19,23 +20,23 @@ import heldout  # noqa: E402
 
 from planner.calibrate.fit import Run, fit  # noqa: E402
 
-STACK = sys.argv[1] if len(sys.argv) > 1 else "26.02 NeMo container"
-# What one software stack changes against the defaults: its host cost per microbatch and model
-# chunk (launches, schedule, CUDA-graph coverage). The GEMM shares are the GPU's and trade against
-# that cost on these rows (both grow with microbatches x chunks): with them free, leaving out the
-# one row without per-microbatch host cost (25.11's full-iteration CUDA graph on GB300) moves
-# gemm_fp8@blackwell from 0.29 to 0.63 and that row's error from 1.5 % to 33 %.
-FACTORS = ("host_us_per_microbatch",)
+STACK = sys.argv[1] if len(sys.argv) > 1 else "bridge-26.02"  # a source family of the bench
+# What one software stack changes against the defaults: its own speed (the stack-level term,
+# planner/calibrate/factors.py stack_factor) and its host's time per kernel launch.
+FACTORS = ("stack_factor", "host_us_per_launch")
 
 
 def run_of(figure: heldout.Figure) -> Run:
     cfg = figure.config()
     tokens = cfg.training.global_batch_size * cfg.training.seq_length / cfg.parallel.world_size
+    if "step_time_s" in figure.published:
+        return Run(figure.id, cfg, figure.published["step_time_s"])
     return Run(figure.id, cfg, tokens / figure.published["tokens_per_s_per_gpu"])
 
 
 def main() -> int:
-    figures = [f for f in heldout.load_figures() if STACK in f.source and not f.is_layer]
+    figures = [f for f in heldout.load_figures() if f.family == STACK and not f.is_layer
+               and {"tokens_per_s_per_gpu", "step_time_s"} & set(f.published)]
     runs = [run_of(f) for f in figures]
     print(f"| left out | default error | after calibrating on the other {len(runs) - 1} |")
     print("|---|---|---|")

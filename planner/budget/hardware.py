@@ -28,6 +28,13 @@ def overlap_symbol(flag: str) -> str:
 
 # --- step-time model terms (issue 23): fixed costs, CUDA graphs, GEMM shapes, collective latency.
 FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
+    Symbol("delay_wgrad", "1 when overlap.delay_wgrad_compute runs with "
+           "overlap_moe_expert_parallel_comm: the experts' weight gradient waits for the "
+           "dispatch's backward all-to-all to be issued"),
+    Symbol("stack_factor", "the stack's GPU work over the model's (efficiency.stack_factor; 1 "
+           "unless a calibration fits it)"),
+    Symbol("t_launch", "host seconds to issue one kernel: Python, PyTorch's dispatcher and the "
+           "CUDA launch (efficiency.host_us_per_launch)"),
     Symbol("t_host_block", "host seconds to launch one block's forward and backward kernels per "
            "microbatch without CUDA graphs (efficiency.host_us_per_block)"),
     Symbol("t_host_expert", "host seconds per local expert of a MoE layer per microbatch "
@@ -137,14 +144,21 @@ GRAPH_SYMBOLS = ("graph_attn", "graph_router", "graph_preprocess", "graph_expert
 
 
 def graph_capture(cfg: Config) -> dict[str, int]:
-    """Which block parts the config's CUDA graphs capture (0/1 each), and full_iteration."""
+    """Which block parts the config's CUDA graphs capture (0/1 each), and full_iteration.
+
+    Every spelling Megatron accepts: cuda_graph_impl full_iteration; the deprecated scope
+    "full_iteration" under any impl, which TransformerConfig.__post_init__ migrates to
+    cuda_graph_impl="full_iteration" (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/cuda_graph_config.py normalize_cuda_graph_modules marks it
+    deprecated, TransformerConfig.__post_init__ applies the migration);
+    the deprecated scope "full" and an empty scope, whole layers."""
     ov = cfg.overlap
     out = dict.fromkeys((*GRAPH_SYMBOLS, "graph_full"), 0)
-    if ov.cuda_graph_impl == "full_iteration":
+    if ov.cuda_graph_impl == "full_iteration" or "full_iteration" in ov.cuda_graph_scope:
         return dict.fromkeys(out, 1)
     if ov.cuda_graph_impl == "none":
         return out
-    scopes = ov.cuda_graph_scope or ["attn", "moe"]
+    scopes = [s for s in ov.cuda_graph_scope if s != "full"] or ["attn", "moe"]
     for scope in scopes:
         for name in GRAPH_PARTS.get(scope, ()):
             out[name] = 1
@@ -162,6 +176,10 @@ def fixed_cost_values(cfg: Config) -> dict[str, Number]:
     """The fixed-cost, GEMM-shape and latency inputs of the time page."""
     eff = cfg.cluster.efficiency
     return {
+        "stack_factor": exact(eff.stack_factor),
+        "delay_wgrad": int(cfg.overlap.delay_wgrad_compute
+                           and cfg.overlap.overlap_moe_expert_parallel_comm),
+        "t_launch": normalize(Fraction(exact(eff.host_us_per_launch)) / 10**6),
         "t_host_block": normalize(Fraction(exact(eff.host_us_per_block)) / 10**6),
         "t_host_expert": normalize(Fraction(exact(eff.host_us_per_expert)) / 10**6),
         "t_host_microbatch": normalize(Fraction(exact(eff.host_us_per_microbatch)) / 10**6),

@@ -32,9 +32,9 @@ from planner.budget.sparse_attention_time import has_indexer, write_indexer_coun
 from planner.budget.variant import Variant
 
 PAGE = "time"
-COMPUTE = ("time_compute_s", "time_attention_gemm_s + time_attention_core_s + time_moe_gemm_s"
-           " + time_dense_gemm_s + time_head_gemm_s + time_non_gemm_s + time_fixed_s", "s", "time",
-           "all compute of the step, with the fixed host costs the GPU waits for")
+GPU_WORK = ("time_gpu_s", "time_attention_gemm_s + time_attention_core_s + time_moe_gemm_s"
+            " + time_dense_gemm_s + time_head_gemm_s + time_non_gemm_s", "s", "time",
+            "the GPU's own work of the step: GEMMs, attention and memory-bound kernels")
 
 # Selective recompute modules whose forward the backward re-runs, per layer kind they cover
 # (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py recompute_modules).
@@ -60,9 +60,13 @@ def write(book: Book, v: Variant) -> None:
     _compute(book)
     if has_indexer(v):
         write_indexer_time(book, v)
-    _fixed_costs(book, v)
-    name, formula, *rest = COMPUTE
+    name, formula, *rest = GPU_WORK
     add(name, formula + (" + time_indexer_s" if has_indexer(v) else ""), *rest)
+    _fixed_costs(book, v)
+    add("time_compute_s", "stack_factor * (time_gpu_s + time_fixed_s)", "s", "time",
+        "all compute of the step, with the host time the GPU waits for, times the stack's factor "
+        "(efficiency.stack_factor: 1 unless `moeplan calibrate` fits a stack the terms do not "
+        "explain)")
     exposed = _communication(book, v)
     add("time_exposed_comm_s", " + ".join(exposed) or "0", "s", "time",
         "communication left on the critical path per step (every collective of the table)")
@@ -328,13 +332,57 @@ def _shapes(book: Book, v: Variant) -> None:
                  "(per dimension d / (d + gemm_half) after quantisation to gemm_tile)")
 
 
-# Share of one block's host launches (forward and backward) in each part a CUDA graph can capture
-# (hardware.GRAPH_PARTS): attention (norms, projections, RoPE, core attention, residual); the MoE
-# router (gate GEMM, score function, top-k, aux loss); its preprocessing (token counts, routing
-# map); the experts with dispatch and combine (or the dense MLP). A modelling split, not counted
-# from a trace: fit efficiency.host_us_per_block to your runs (`moeplan calibrate`).
-LAUNCH_SHARES: dict[str, str] = {"graph_attn": "2/5", "graph_router": "3/20",
-                                 "graph_preprocess": "1/10", "graph_experts": "7/20"}
+# Kernels one block's forward launches per microbatch, by the part of a block a CUDA graph can
+# capture (hardware.GRAPH_PARTS), counted call site by call site in Megatron's modules with
+# Transformer Engine (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py;
+# megatron/core/transformer/moe/moe_layer.py MoELayer.forward; megatron/core/transformer/moe/
+# router.py; megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher;
+# megatron/core/transformer/moe/experts.py TEGroupedMLP.forward). Each entry: (kernels, what
+# launches them). The backward
+# launches two kernels per forward one (data and weight gradient of a GEMM, one backward kernel
+# per elementwise op and collective), so a block's forward and backward launch three times these.
+ATTENTION_LAUNCHES: tuple[tuple[str, str], ...] = (
+    ("2", "input norm and QKV GEMM (TE LayerNormLinear)"),
+    ("2", "fused RoPE on q and k"),
+    ("1", "core attention (one fused kernel)"),
+    ("1", "output projection GEMM"),
+    ("1", "bias-dropout-add into the residual"),
+    ("fp8", "FP8 cast of the output projection's input (norm outputs are cast inside the norm)"),
+)
+MLA_LAUNCHES = ("6", "MLA: q and kv down projections, the kv norm, the up projection, the k/v "
+                "split and the RoPE concatenation")
+TP_LAUNCHES = ("2", "sequence-parallel all-gather before and reduce-scatter after the TP linears")
+ROUTER_LAUNCHES: tuple[tuple[str, str], ...] = (
+    ("4", "router: gate GEMM, score function, top-k, probabilities scattered to the routing map"),
+)
+PREPROCESS_LAUNCHES: tuple[tuple[str, str], ...] = (
+    ("3", "preprocessing: tokens per expert, routing map to indices, the counts' copy to the host "
+          "(the dropless sync)"),
+)
+EXPERT_LAUNCHES: tuple[tuple[str, str], ...] = (
+    ("1", "pre-MLP norm"),
+    ("2 * time_permute_launches", "permute before dispatch and unpermute after combine"),
+    ("2", "dispatch and combine exchanges"),
+    ("experts_per_rank * (2 + 2 * fp8)", "per local expert: fc1 and fc2 GEMMs, and under FP8 the "
+     "quantisation of each GEMM's input (TE GroupedLinear runs one GEMM per expert)"),
+    ("1", "expert activation"),
+    ("3 * Min(I_s, 1)", "shared expert: fc1, activation, fc2"),
+    ("1", "bias-dropout-add into the residual"),
+)
+DENSE_LAUNCHES: tuple[tuple[str, str], ...] = (
+    ("2", "pre-MLP norm and fc1 (TE LayerNormLinear)"), ("1", "activation"), ("1", "fc2 GEMM"),
+    ("1", "bias-dropout-add into the residual"),
+)
+# The ends of the model: the embedding lookup (Megatron-LM dev@d48bd6be
+# megatron/core/models/common/embeddings/language_model_embedding.py), and on the last stage
+# the final norm, the output GEMM and the loss (megatron/core/tensor_parallel/cross_entropy.py
+# VocabParallelCrossEntropy.forward: the logits' max, its subtraction, exp, sum, log, the
+# target's gather and masking, and the loss's mean: about ten kernels).
+EMBEDDING_LAUNCHES = 1
+OUTPUT_LAUNCHES = 12
+# Launches after a MoE layer's dropless sync before the GPU has work again: the permute and the
+# dispatch (the GPU idles while the host issues them).
+SYNC_RESTART_LAUNCHES = 2
 # The forward launches selective recompute repeats, per module, as a share of a block's
 # forward-and-backward launches (a forward is about a third of them), and the layer count it
 # applies to (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
@@ -346,18 +394,62 @@ RECOMPUTE_LAUNCHES: dict[str, tuple[str, str]] = {
 }
 
 
-def _fixed_costs(book: Book, v: Variant) -> None:
-    """Host time the GPU waits for: launches per block and per microbatch, less what CUDA graphs
-    capture. Megatron's dropless MoE layers synchronise with the host (token counts per expert),
-    so the host cannot run ahead of the GPU across layers: its launch time adds to the step."""
+def _count(entries: tuple[tuple[str, str], ...]) -> str:
+    return " + ".join(f"({n})" for n, _ in entries)
+
+
+def _launch_counts(book: Book, v: Variant) -> None:
+    """Kernels per block forward, by capturable part (see ATTENTION_LAUNCHES and the rest)."""
     add = book.add
-    captured = " + ".join(f"{share} * {sym}" for sym, share in LAUNCH_SHARES.items())
-    add("time_host_block_s", f"t_host_block * (1 - ({captured}))", "s", "time",
-        "host time to launch one block's forward and backward kernels per microbatch, less the "
-        "parts CUDA graphs capture (overlap.cuda_graph_impl, cuda_graph_scope: attn "
-        f"{LAUNCH_SHARES['graph_attn']}, moe_router {LAUNCH_SHARES['graph_router']}, "
-        f"moe_preprocess {LAUNCH_SHARES['graph_preprocess']}, mlp / moe experts "
-        f"{LAUNCH_SHARES['graph_experts']}; full_iteration all)")
+    attention = list(ATTENTION_LAUNCHES) + ([MLA_LAUNCHES] if v.attention == "mla" else []) + (
+        [TP_LAUNCHES] if v.tp else [])
+    router = list(ROUTER_LAUNCHES) + ([("1", "expert bias added to the scores")] if v.expert_bias
+                                      else []) + (
+        [("3", "auxiliary load-balancing loss")] if v.aux_counts or v.global_aux else [])
+    preprocess = list(PREPROCESS_LAUNCHES) + (
+        [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
+        else [])
+    experts = list(EXPERT_LAUNCHES) + ([TP_LAUNCHES] if v.tp else [])
+    dense = list(DENSE_LAUNCHES) + ([TP_LAUNCHES] if v.tp else [])
+    # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py: the fused permute is
+    # one Transformer Engine kernel; the unfused one builds the index (mask transpose, arange,
+    # masked_select) and gathers the rows, about five kernels, and so does its unpermute.
+    add("time_permute_launches", "Max(time_permute_copies, 1) * (permute_fused"
+        " + 5 * (1 - permute_fused))", "count", "time",
+        "permutation kernels per direction: one fused, about five unfused (HybridEP's dispatch "
+        "permutes inside its own kernel, which is still a launch)")
+    for name, entries, what in (("attention", attention, "attention part"),
+                                ("router", router, "MoE router"),
+                                ("preprocess", preprocess, "MoE preprocessing"),
+                                ("experts", experts, "MoE experts with dispatch and combine"),
+                                ("dense", dense, "dense MLP")):
+        add(f"time_launches_{name}", _count(tuple(entries)), "kernels", "time",
+            f"kernels the {what} of one block launches per microbatch forward: "
+            + "; ".join(f"{n} {w}" for n, w in entries))
+
+
+def _fixed_costs(book: Book, v: Variant) -> None:
+    """Host time the GPU waits for. The host issues every kernel (t_launch each: Python, PyTorch's
+    dispatcher and the CUDA launch); the GPU runs them as they come. When the host issues a
+    stretch of kernels slower than the GPU runs them, the GPU waits for the difference. Megatron's
+    dropless MoE layers copy the token counts per expert to the host in forward (the host cannot
+    run ahead across that), so each forward and each backward of a microbatch is priced as
+    max(host, GPU) over its stage-average work, plus the launches after each sync the GPU idles
+    for. CUDA graphs replace their part's launches with one graph launch."""
+    add = book.add
+    _launch_counts(book, v)
+    uncaptured = ("blocks * time_launches_attention * (1 - graph_attn) + L_moe * ("
+                  "time_launches_router * (1 - graph_router) + time_launches_preprocess"
+                  " * (1 - graph_preprocess) + time_launches_experts * (1 - graph_experts))"
+                  " + L_dense * time_launches_dense * (1 - graph_experts)"
+                  f" + (has_embedding * {EMBEDDING_LAUNCHES} + has_output * {OUTPUT_LAUNCHES})"
+                  " * (1 - graph_full)")
+    add("time_launches_fwd", uncaptured, "kernels", "time",
+        "kernels the stage's forward launches per microbatch outside CUDA graphs, the "
+        f"embedding's ({EMBEDDING_LAUNCHES}) and the output layer and loss's ({OUTPUT_LAUNCHES}) "
+        "included (overlap."
+        "cuda_graph_impl and cuda_graph_scope: attn, moe_router, moe_preprocess, mlp / moe; "
+        "full_iteration, or the scope full_iteration, captures all)")
     selective = v.recompute_modules if v.recompute == "selective" else frozenset()
     rc = ["blocks_recomputed / 3"] + [f"{share} * {count}" for module, (share, count)
                                       in RECOMPUTE_LAUNCHES.items() if module in selective]
@@ -365,24 +457,37 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         "blocks' worth of launches recompute repeats per microbatch: a recomputed block's "
         "forward, and each selective module's forward share (memory-bound modules cost their "
         "launches however few bytes they move)")
-    moe_rc = "L_moe_recomputed" + (" + L_moe" if "moe" in selective else "")
-    add("time_host_experts_s", f"Max((L_moe + ({moe_rc}) / 3) * experts_per_rank * t_host_expert"
-        " * (1 - graph_experts) - time_routed_gemm_s / microbatches, 0)", "s", "time",
-        "per-expert launches of the stage's MoE layers per microbatch (a grouped linear "
-        "quantises and multiplies each local expert on its own), recompute's forward included, "
-        "less the routed GEMMs' own time they overlap (the host enqueues the next expert while "
-        "the GPU runs this one)")
-    moe_share = " + ".join(f"{LAUNCH_SHARES[g]} * (1 - {g})" for g in
-                           ("graph_router", "graph_preprocess", "graph_experts"))
-    add("time_moe_fixed_s", f"microbatches * (time_host_experts_s + L_moe * t_host_block * "
-        f"({moe_share}))", "s", "time",
-        "the MoE layers' share of the fixed host costs (router, preprocessing, experts and "
-        "dispatch launches), what a one-layer benchmark's forward + backward includes")
-    add("time_fixed_s", "microbatches * ((blocks + time_recompute_launch_blocks) * time_host_block_s"
-        " + time_host_experts_s + chunks * t_host_microbatch * (1 - graph_full))", "s", "time",
-        "fixed host costs of the step: every block's and local expert's launches per microbatch "
-        "(recompute's included) and each model chunk's per-microbatch cost; more tokens per "
-        "microbatch amortise them")
+    add("time_host_fwd_s", "t_launch * time_launches_fwd + t_host_block * blocks / 3", "s", "time",
+        "host time to issue one microbatch's forward of the stage")
+    add("time_host_bwd_s", "2 * time_host_fwd_s + time_recompute_launch_blocks * 3"
+        " * time_host_fwd_s / Max(blocks, 1)", "s", "time",
+        "host time to issue its backward: two kernels per forward one, and recompute's")
+    add("time_sync_restart_s", f"L_moe * {SYNC_RESTART_LAUNCHES} * t_launch * (1 - graph_full)",
+        "s", "time", "per microbatch, the GPU idles after each MoE layer's dropless sync while the "
+        "host issues the permute and the dispatch")
+    add("time_host_experts_s", "(L_moe + L_moe_recomputed / 3) * experts_per_rank"
+        " * t_host_expert * (1 - graph_experts)", "s", "time",
+        "a stack's own extra host time per local expert and microbatch beyond the counted "
+        "launches (efficiency.host_us_per_expert, 0 unless calibrated)")
+    add("time_host_exposed_s", "Max(time_host_fwd_s - time_gpu_s / (3 * microbatches), 0)"
+        " + Max(time_host_bwd_s - 2 * time_gpu_s / (3 * microbatches), 0) + time_sync_restart_s",
+        "s", "time", "per microbatch, the host time the GPU waits for: forward and backward each "
+        "at max(host, GPU) (a forward is a third of the GPU work), plus the sync restarts")
+    moe_host = ("(L_moe * t_launch * 3 * (time_launches_router * (1 - graph_router)"
+                " + time_launches_preprocess * (1 - graph_preprocess) + time_launches_experts"
+                " * (1 - graph_experts)))")
+    moe_gpu = "(time_moe_gemm_s + time_moe_non_gemm_s) / microbatches"
+    add("time_moe_fixed_s", f"microbatches * (Max({moe_host} - {moe_gpu}, 0) + time_sync_restart_s"
+        " + time_host_experts_s)", "s", "time",
+        "the MoE layers' share of the host time the GPU waits for (their launches against their "
+        "own GPU work, and the sync restarts): what a one-layer benchmark's forward + backward "
+        "includes")
+    add("time_fixed_s", "microbatches * (time_host_exposed_s + time_host_experts_s"
+        " + chunks * t_host_microbatch * (1 - graph_full))", "s", "time",
+        "host time the GPU waits for over the step: each microbatch's exposed launches and "
+        "sync restarts, and a stack's own costs per local expert and per microbatch and chunk "
+        "(efficiency.host_us_per_expert, host_us_per_microbatch: 0 unless calibrated); more "
+        "tokens per microbatch amortise them")
 
 
 def fx_share(v: Variant) -> str:
@@ -404,6 +509,14 @@ def _sm_bound(name: str, phase: str) -> str:
     all its bytes, NVLink and scale-out, pass through those SMs."""
     return (f"(step_{name}_{phase}_intra_node_bytes + step_{name}_{phase}_inter_node_bytes)"
             " * inv_dispatch_sm_rate")
+
+
+# Megatron-LM dev@d48bd6be megatron/core/model_parallel_config.py, the field that flag sets ("Delay
+# the weight gradient computation to improve batch-level communication overlapping"): under the
+# batch-level EP overlap the experts' weight gradient is held back and runs while the dispatch's
+# backward all-to-all is in flight, so that exchange hides, beyond the EP overlap's share, behind
+# the routed weight-gradient GEMMs (at most their time).
+DELAYED_WGRAD_HIDES = "ep_dispatch_hidden"
 
 
 # Context parallelism's KV exchange: Megatron-LM dev@d48bd6be megatron/core/transformer/
@@ -462,6 +575,10 @@ def _communication(book: Book, v: Variant) -> list[str]:
                 hidden.append(f"Min(eff_overlap * {name}, microbatches * ({share}) * {passes})")
                 why.append(f"the shared expert's {entry.shared_expert_part} under "
                            "overlap.moe_shared_expert_overlap")
+            if entry.name == DELAYED_WGRAD_HIDES and phase == "bwd":
+                hidden.append(f"delay_wgrad * Min((1 - eff_overlap) * {name}, microbatches"
+                              " * time_routed_gemm_wgrad_pass_s)")
+                why.append("the experts' delayed weight gradient under overlap.delay_wgrad_compute")
             if entry.name == CP_RING:
                 hidden.append(_cp_ring_hidden(name))
                 why.append("the KV ring under parallel.cp_comm_type p2p or a2a+p2p")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,12 @@ from planner.config.gpus import GPUS
 from planner.config.loader import InvalidConfig, UnreadableConfig, read_lines
 from planner.config.schema import Config
 
-CANDIDATES = ("host_us_per_expert", "host_us_per_microbatch", "gemm_bf16", "gemm_fp8", "hbm",
-              "intra_node", "inter_node", "attention", "collective_latency_us")
+CANDIDATES = ("stack_factor", "host_us_per_launch", "host_us_per_expert", "host_us_per_microbatch",
+              "gemm_bf16", "gemm_fp8", "hbm", "intra_node", "inter_node", "attention",
+              "collective_latency_us")
+# A fitted factor this close (share of its range) to a bound ended there: the runs want it past
+# what is physical, so the model lacks a term for what these runs spend.
+AT_BOUND = 1e-3
 
 
 class CalibrationError(ValueError):
@@ -57,6 +61,7 @@ class CalibrationResult:
     after: list[float]
     memory: list[dict[str, tuple[float, float, float, float]]]
     stack: dict[str, Any]
+    identified_by: dict[str, list[str]] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         runs = []
@@ -73,8 +78,29 @@ class CalibrationResult:
                          "notes": log.notes})
         factors = {n: {"value": self.values[n], "default": self.defaults[n],
                        "fitted": n not in self.why, "why": self.why.get(n, ""),
-                       "low": BY_NAME[n].low, "high": BY_NAME[n].high} for n in self.defaults}
+                       "low": BY_NAME[n].low, "high": BY_NAME[n].high,
+                       "at_bound": self.at_bound(n), "missing_term": self.missing_term(n),
+                       "identified_by": self.identified_by.get(n, [])} for n in self.defaults}
         return {"runs": runs, "factors": factors, "stack": self.stack}
+
+    def at_bound(self, name: str) -> str:
+        """"low" or "high" when a fitted factor ended at that bound, else ""."""
+        if name in self.why:
+            return ""
+        f, value = BY_NAME[name], self.values[name]
+        span = (f.high - f.low) * AT_BOUND
+        return "low" if value <= f.low + span else "high" if value >= f.high - span else ""
+
+    def missing_term(self, name: str) -> str:
+        """What a factor at its bound says: the runs spend time (or save it) that no term of the
+        model prices, named by the factor that tried to absorb it."""
+        side = self.at_bound(name)
+        if not side:
+            return ""
+        f = BY_NAME[name]
+        bound = f.high if side == "high" else f.low
+        return (f"{name} ended at its {side} bound {bound:g} ({f.what}): these runs spend time "
+                "the model has no term for; stack_factor absorbs the rest, but the term is missing")
 
     def profile_yaml(self) -> str:
         return dump_profile(self.stack, {n: v for n, v in self.values.items() if n not in self.why})
@@ -136,5 +162,6 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
     stack = {"gpu": runs[0].cfg.cluster.gpu, "megatron": next((lg.version for lg in logs if lg.version),
                                                                "not in the logs"),
              "logs": [str(p) for p in paths]}
+    identified = {n: [r.name for r in runs if _sensitivity([r], n) > 1e-4] for n in chosen}
     return CalibrationResult(logs, runs, values, {n: current(runs[0].cfg, n) for n in CANDIDATES},
-                             why, before, after, memory, stack)
+                             why, before, after, memory, stack, identified)

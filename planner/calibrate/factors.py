@@ -38,6 +38,8 @@ FACTORS: tuple[Factor, ...] = (
     Factor("overlap", 0.05, 1.0, "share of an overlapped collective hidden behind compute"),
     Factor("non_gemm_passes", 0.5, 6.0, "HBM passes over the elementwise bytes"),
     Factor("non_gemm_ns_per_token_block", 0.0, 2000.0, "latency per token and block"),
+    Factor("host_us_per_launch", 1.0, 200.0, "host time to issue one kernel"),
+    Factor("stack_factor", 0.5, 5.0, "the stack's GPU work over the model's"),
     Factor("host_us_per_block", 0.0, 20000.0, "host launch time per block and microbatch"),
     Factor("host_us_per_expert", 0.0, 5000.0, "host launch time per local expert and MoE layer"),
     Factor("host_us_per_microbatch", 0.0, 50000.0, "host time per microbatch and chunk"),

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from planner.calibrate.factors import current, factor, with_factors
+from planner.calibrate.factors import applies, current, factor, with_factors
 from planner.config.schema import Config
 from planner.estimate import estimate
 
@@ -71,6 +71,8 @@ def _robust(r: float) -> float:
 # weakly (one run that exercises it far more than the rest, or two factors that trade against each
 # other) stays near them instead of jumping to what fits those runs' noise.
 PRIOR_WIDTH = 0.5
+# The stack-level term is there to absorb what the bounded factors cannot: no pull toward 1.
+UNPULLED = frozenset({"stack_factor"})
 
 
 def _prior_scale(default: float, low: float, high: float) -> float:
@@ -103,12 +105,15 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 def fit(runs: Sequence[Run], names: Sequence[str], *, iterations: int = 25,
         start: dict[str, float] | None = None, use_prior: bool = True) -> FitResult:
     """Fit the named factors to the runs (all runs share the fitted values)."""
-    base = runs[0].cfg
-    defaults = {n: current(base, n) for n in names}
+    # A family-scoped factor (gemm_fp8@hopper) starts from, and is pulled toward, the value of a
+    # run it applies to; the first run's GPU may be of another family.
+    defaults = {n: current(next((r.cfg for r in runs if applies(r.cfg, n)), runs[0].cfg), n)
+                for n in names}
     values = {**defaults, **(start or {})}
     bounds = {n: (factor(n).low, factor(n).high) for n in names}
     before = [run.predict({}) for run in runs]
-    prior = {n: (defaults[n], _prior_scale(defaults[n], *bounds[n])) for n in names} if use_prior else None
+    prior = ({n: (defaults[n], _prior_scale(defaults[n], *bounds[n])) for n in names
+              if n not in UNPULLED} if use_prior else None)
     res = _residuals(runs, values, prior)
     cost = sum(r * r for r in res)
     damping, fitted = 1e-2, dict.fromkeys(names, False)

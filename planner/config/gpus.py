@@ -36,18 +36,27 @@ class Gpu:
     # fitted per family on the calibration figures (docs/estimate.md); unset efficiency.gemm_fp8
     # takes it.
     gemm_fp8_eff: float = 0.5
+    # The same for BF16 GEMMs (unset efficiency.gemm_bf16 takes it); fitted per family alike.
+    gemm_bf16_eff: float = 0.8
     # Architecture family: calibration factors may be fitted per family (`gemm_fp8@blackwell`).
     family: str = ""
 
 
 GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
-    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8, gemm_fp8_eff=0.51, family="hopper"),
-    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8, gemm_fp8_eff=0.51, family="hopper"),
-    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, gemm_fp8_eff=0.51, family="hopper"),
-    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.25, family="blackwell"),
-    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.25, family="blackwell"),
-    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.25, family="blackwell"),
-    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.25, family="blackwell"),
+    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.652,
+        family="hopper"),
+    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.652,
+        family="hopper"),
+    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.652,
+        family="hopper"),
+    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.356, gemm_bf16_eff=0.409,
+        family="blackwell"),
+    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.356, gemm_bf16_eff=0.409,
+        family="blackwell"),
+    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.356, gemm_bf16_eff=0.409,
+        family="blackwell"),
+    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.356, gemm_bf16_eff=0.409,
+        family="blackwell"),
     # AMD Instinct (AMD's MI300X, MI325X and MI355X product pages and data sheets: dense BF16 and
     # FP8 without sparsity; Infinity Fabric's aggregate peer bandwidth of its seven links, quoted
     # bidirectional, halved for one direction; eight GPUs per platform, one 400 Gb/s NIC each).

@@ -908,7 +908,7 @@ class EfficiencySection(Section):
     four public Megatron MoE measurements (docs/estimate.md lists them); every estimate prints
     the values it used. Fractions of the catalog peaks, except routing_imbalance (>= 1)."""
 
-    gemm_bf16: Share = 0.8  # share of the dense BF16 peak the GEMMs reach
+    gemm_bf16: Share = _derived()  # share of the BF16 peak GEMMs reach; unset: the GPU catalog's
     gemm_fp8: Share = _derived()  # share of the FP8 peak FP8 GEMMs reach; unset: the GPU catalog's
     attention: Share = 0.5  # share of the BF16 peak core (flash) attention reaches
     intra_node: Share = 0.85  # share of the NVLink bandwidth a collective reaches
@@ -925,7 +925,7 @@ class EfficiencySection(Section):
     non_gemm_ns_per_token_block: NonNegFloat = 2.9
     # HBM passes over the forward's elementwise bytes (norms, router, permutes, activations) in
     # forward and backward together (fitted; fused backward kernels reuse what forward saved).
-    non_gemm_passes: PosFloat = 0.5
+    non_gemm_passes: PosFloat = 3.0
     permute_unfused: Annotated[float, Field(ge=1)] = 3.0  # unfused permute / fused permute cost
     # Share of the collective bandwidth each token dispatcher's EP exchange reaches.
     dispatch_alltoall: Share = 0.94
@@ -935,10 +935,17 @@ class EfficiencySection(Section):
     # one transformer block's forward and backward kernels per microbatch outside CUDA graphs, per
     # microbatch and model chunk (schedule, P2P set-up, loss), and per optimizer step.
     host_us_per_block: NonNegFloat = 0.0
-    # Host launches per local expert of a MoE layer per microbatch: Transformer Engine's grouped
-    # linear quantises and multiplies expert by expert, so its launches grow with E / EP.
-    host_us_per_expert: NonNegFloat = 480.0
-    host_us_per_microbatch: NonNegFloat = 9500.0
+    # Host time to issue one kernel (the time page counts the kernels of each block part:
+    # planner/budget/time.py ATTENTION_LAUNCHES and the rest); calibrated, docs/estimate.md.
+    host_us_per_launch: NonNegFloat = 50.0
+    # A stack's own extra host time per local expert and MoE layer, and per microbatch and model
+    # chunk, beyond the counted launches: 0 unless `moeplan calibrate` fits them to a stack.
+    host_us_per_expert: NonNegFloat = 0.0
+    host_us_per_microbatch: NonNegFloat = 0.0
+    # The stack's GPU work over what the model prices (1: the model's kernels as they are). A slow
+    # stack (another vendor's kernels, an old container) that no bounded factor explains is
+    # absorbed here by `moeplan calibrate`, and the calibration says so.
+    stack_factor: PosFloat = 1.0
     step_fixed_ms: NonNegFloat = 0.0
     # GEMM shape curve: a GEMM dimension d reaches d / (d + gemm_half_dim) of the large-shape
     # efficiency, after tile quantisation to gemm_tile; unset = the GPU catalog's figures.
@@ -964,7 +971,7 @@ class EfficiencySection(Section):
     deepep_num_sms: PosInt = 20
     deepep_gb_s_per_sm: PosFloat = 13.4
 
-    @field_validator("gemm_fp8", "gemm_half_dim", mode="wrap")
+    @field_validator("gemm_bf16", "gemm_fp8", "gemm_half_dim", mode="wrap")
     @classmethod
     def _from_card(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         return _unset_passes(value, handler)  # ClusterSection._from_gpu fills them from the card
@@ -1034,6 +1041,8 @@ class ClusterSection(Section):
         # leaves them unset.
         if self.efficiency.gemm_fp8 is None:
             object.__setattr__(self.efficiency, "gemm_fp8", card.gemm_fp8_eff)
+        if self.efficiency.gemm_bf16 is None:
+            object.__setattr__(self.efficiency, "gemm_bf16", card.gemm_bf16_eff)
         if self.efficiency.gemm_half_dim is None:
             object.__setattr__(self.efficiency, "gemm_half_dim", card.gemm_half_dim)
         if self.nvlink_domain is None:

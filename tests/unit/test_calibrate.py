@@ -256,3 +256,22 @@ def test_a_public_mi300x_log_calibrates_with_the_config_its_fork_value_needs(tmp
     assert abs(run["predicted_step_s_after"] / run["measured_step_s"] - 1) < abs(
         run["predicted_step_s_before"] / run["measured_step_s"] - 1)
     assert set(run["predicted_peak_memory_bytes"]) == {"0"}
+
+
+def test_a_stack_far_slower_than_any_factor_ends_at_a_bound_named_as_a_missing_term(
+        tmp_path: Path) -> None:
+    """A run logged 40x slower than the model predicts: the one factor its single distinct run
+    can fit ends at its upper bound, the JSON names it as a missing term, and says which run
+    identified it."""
+    path = tmp_path / "run.log"
+    step_ms = estimate(apply_profile_free()).step_time_s * 40e3
+    path.write_text(megatron_log(step_ms, gpu="H100"), encoding="utf-8")
+    factors = run_calibration([path], [TINY], None).as_json()["factors"]
+    fitted = [name for name, f in factors.items() if f["fitted"]]
+    assert len(fitted) == 1
+    f = factors[fitted[0]]
+    assert f["at_bound"] == "high" and f["value"] == pytest.approx(f["high"])
+    assert fitted[0] in f["missing_term"] and "missing" in f["missing_term"]
+    assert f["identified_by"] == [str(path)]
+    assert all(not g["at_bound"] and not g["missing_term"] for name, g in factors.items()
+               if name not in fitted)

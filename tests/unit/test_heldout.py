@@ -50,7 +50,7 @@ def test_median_error_and_rule_verdicts_are_reported() -> None:
         return heldout.Figure(id=name, source="made up", published=layer.published,
                               data=heldout.merged(layer.data, change))
     ok, uneven, no_grid = (heldout.judge(f) for f in (
-        layer, variant("experts30", {"model": {"num_experts": 30}}),
+        variant(layer.id, {}), variant("experts30", {"model": {"num_experts": 30}}),
         variant("ep3", {"parallel": {"ep": 3}})))
     assert ok.verdict == "ok"
     # 30 experts over EP8: rejected by the catalog, yet its grids build, so it is estimated.
@@ -67,3 +67,19 @@ def test_the_docs_table_is_between_its_markers(tmp_path: Path) -> None:
     heldout.update_docs("new\n", page)
     assert page.read_text(encoding="utf-8") == f"# t\n{heldout.BEGIN}\nnew\n{heldout.END}\ntail\n"
     assert heldout.BEGIN in (ROOT / "docs" / "estimate.md").read_text(encoding="utf-8")
+
+
+def test_each_family_is_judged_by_a_fit_without_it() -> None:
+    """Two families of one-layer figures: each is judged with FITTED refitted on the other's
+    calibration figures only, so its own figures never reach its fit."""
+    layers = [f for f in FIGURES if f.is_layer][:4]
+    figures = [heldout.Figure(id=f.id, source=f.source, published=f.published, data=f.data,
+                              family="a" if i < 2 else "b", calibration=True)
+               for i, f in enumerate(layers)]
+    rows = [heldout.judge(f) for f in figures]
+    families = heldout.leave_family_out(rows)
+    assert [f.family for f in families] == ["a", "b"]
+    for fam in families:
+        assert fam.calibration == 2 and set(fam.values) == set(heldout.FITTED)
+        assert [r.figure.id for r in fam.held_out] == [r.figure.id for r in fam.rows]
+    assert "| a | 2 | 2 |" in heldout.family_markdown(families)
