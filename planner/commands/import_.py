@@ -201,7 +201,8 @@ def import_megatron(
         fail(EXIT_USAGE, f"{args}: {exc}")
     header = [f"imported by `moeplan import megatron` from {'stdin' if args == '-' else args}"
               + (f" (entry {result.entry})" if result.entry else ""),
-              f"read as: {front.described}"]
+              f"read as: {front.described}",
+              *(f"error: {u.argument} {u.value}".rstrip() + f": {u.why}" for u in result.unmapped if u.error)]
     if not as_json:
         stderr.print(f"read {escape('stdin' if args == '-' else args)} as: {escape(front.described)}")
     finish(config_yaml(result.data, header), result.data, result.unmapped, output, as_json,

@@ -64,12 +64,19 @@ def _inert(f: Facts, name: str) -> bool:
     return any(name == argument and holds(path) == value for argument, path, value in INERT_WHEN)
 
 
-def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:
+def _not_modelled(f: Facts, kinds: tuple[str, ...]) -> Iterator[Violation]:
     for path, name, values, entry in _carried(f):
-        if entry is None or entry.kind != kind or not entry.changes_plan(values) or _inert(f, name):
+        if entry is None or entry.kind not in kinds or not entry.changes_plan(values) or _inert(f, name):
             continue
         neutral = (f"; as {' or '.join(entry.neutral_values)} it would not"
                    if entry.neutral_values else "")
+        if entry.kind == "saving":
+            yield Violation(path, f"{_shown(name, values)} lowers the memory ({entry.how}) below what "
+                            f"moeplan counts{neutral}",
+                            "moeplan's memory figures are an upper bound for this job and the step-time "
+                            "estimate leaves it out: ignore ARG002 to accept that")
+            continue
+        kind = entry.kind
         fix = ("drop it from launch.megatron_extra_args to train the model moeplan counts, or ignore "
                "ARG001 to accept figures without it" if kind == "error" else
                "the step-time estimate leaves it out: ignore ARG002 to accept that, or drop it")
@@ -89,7 +96,7 @@ def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:
     good="launch: {megatron_extra_args: [--lr-decay-style, cosine]}",
 )
 def carried_changes_model(f: Facts) -> Iterator[Violation]:
-    yield from _not_modelled(f, "error")
+    yield from _not_modelled(f, ("error",))
 
 
 @rule(
@@ -97,12 +104,13 @@ def carried_changes_model(f: Facts) -> Iterator[Violation]:
     source=f"{PARSER}; {TABLE}",
     why="""A fusion, a CUDA graph, a kernel or communication choice carried verbatim changes only how
     fast the same model trains: the parameters and the memory verdict still hold, the step-time
-    estimate does not account for it.""",
+    estimate does not account for it. One that only lowers the memory (optimizer states offloaded in
+    chunks, the routed experts' paged stash) leaves moeplan's memory figures an upper bound.""",
     bad="launch: {megatron_extra_args: [--no-gradient-accumulation-fusion]}",
     good="launch: {megatron_extra_args: [--log-interval, '10']}",
 )
 def carried_changes_time(f: Facts) -> Iterator[Violation]:
-    yield from _not_modelled(f, "warning")
+    yield from _not_modelled(f, ("warning", "saving"))
 
 
 @rule(

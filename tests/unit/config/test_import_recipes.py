@@ -1,0 +1,153 @@
+"""What real MoE recipes carry, read as Megatron reads it: the functional-test runner's bracketed
+lists split into words (Megatron-LM d98e8a64 tests/functional_tests/shell_test_utils/_run_training.sh)
+and ModelZoo's unquoted values split at spaces; ms-swift's underscore spellings; the deprecated
+CUDA-graph switches; `--moe-layer-freq -N` as Python's `i % -N`; a malformed value kept in the YAML;
+the MXFP8 recipe arguments classed by what they change; MOE019 beside the TE op fuser; check
+refusing what emit refuses (V4 with GTP or NCCL EP zero-copy); ckpt_format torch with ETP ≠ TP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.cli_common import collect_findings
+from planner.config.importers.sources import front_end, import_text
+from planner.config.loader import load_config, parse_config
+from planner.emit import EmitError
+from planner.emit.megatron import megatron_arguments
+from tests.support.paths import EXAMPLES
+
+MODEL = ("pretrain_gpt.py --num-layers 4 --hidden-size 64 --num-attention-heads 4 --num-experts 8 "
+         "--moe-router-topk 2 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 "
+         "--global-batch-size 16 --vocab-size 1024 --bf16")
+
+
+def test_functional_test_runner_splits_bracketed_lists_only() -> None:
+    text = ("TEST_TYPE: regular\nMODEL_ARGS:\n  --recompute-granularity: selective\n"
+            '  --recompute-modules: "[layernorm moe_act]"\n  --moe-layer-freq: ([0]*1+[1]*3)\n'
+            "  --spec: a b\n  --bf16: true\n  --fp16: false\n")
+    assert front_end(text).argv == ["--recompute-granularity", "selective", "--recompute-modules",
+                                    "layernorm", "moe_act", "--moe-layer-freq", "([0]*1+[1]*3)",
+                                    "--spec", "a b", "--bf16"]
+
+
+def test_modelzoo_values_split_at_spaces() -> None:
+    text = "MODEL_ARGS:\n  --recompute-modules: moe_act layernorm\n  --bf16: true\n"
+    assert front_end(text).argv == ["--recompute-modules", "moe_act", "layernorm", "--bf16"]
+
+
+def test_recompute_list_reaches_its_field() -> None:
+    text = ("TEST_TYPE: regular\nMODEL_ARGS:\n  --recompute-granularity: selective\n"
+            '  --recompute-modules: "[layernorm moe_act]"\n')
+    result, _ = import_text(text, world_size=8)
+    assert result.get("overlap.recompute_modules") == ["layernorm", "moe_act"]
+
+
+def test_underscore_spellings_are_megatrons_arguments() -> None:
+    result, _ = import_text(MODEL + " --tensor_model_parallel_size 2 --expert_model_parallel_size 4 "
+                            "--sequence_parallel --not_an_argument 1", world_size=8)
+    assert (result.get("parallel.tp"), result.get("parallel.ep")) == (2, 4)
+    assert result.get("parallel.sequence_parallel") is True
+    assert result.get("launch.megatron_extra_args") == ["--not_an_argument", "1"]
+
+
+def test_deprecated_cuda_graph_switches() -> None:
+    result, _ = import_text(MODEL + " --external-cuda-graph", world_size=8)
+    assert result.get("overlap.cuda_graph_impl") == "transformer_engine"
+    result, _ = import_text(MODEL + " --enable-cuda-graph", world_size=8)
+    assert result.get("overlap.cuda_graph_impl") == "local"
+    result, _ = import_text(MODEL + " --cuda-graph-impl local --external-cuda-graph", world_size=8)
+    [refused] = [u for u in result.unmapped if u.error]
+    assert refused.argument == "--external-cuda-graph" and "--cuda-graph-impl" in refused.why
+
+
+def test_negative_moe_layer_freq_is_pythons_modulo() -> None:
+    # layer i is MoE where i % freq == 0: i % -1 == 0 for every i, i % -2 == 0 for even i
+    for written, read in (("-1", 1), ("-2", 2)):
+        result, _ = import_text(MODEL + f" --moe-layer-freq {written}", world_size=8)
+        assert result.get("model.moe_layer_freq") == read
+        assert not [u for u in result.unmapped if u.error]
+    result, _ = import_text(MODEL + " --moe-layer-freq 0", world_size=8)
+    assert [u.argument for u in result.unmapped if u.error] == ["--moe-layer-freq"]
+
+
+def test_malformed_value_stays_in_the_yaml(tmp_path: Path) -> None:
+    source = tmp_path / "args.txt"
+    source.write_text(MODEL + " --optimizer-offload-fraction none")
+    out = tmp_path / "job.yaml"
+    ran = CliRunner().invoke(app, ["import", "megatron", str(source), "--world-size", "8", "-o", str(out)])
+    assert ran.exit_code == 1
+    text = out.read_text()
+    assert "# error: --optimizer-offload-fraction none: malformed value" in text
+    assert yaml.safe_load(text)["launch"]["megatron_extra_args"] == ["--optimizer-offload-fraction", "none"]
+    codes = {(f.code, f.path) for f in collect_findings(load_config(out))}
+    assert ("ARG005", "launch.megatron_extra_args[0]") in codes
+
+
+def test_mtp_zero_with_ep_overlap_is_refused() -> None:
+    result, _ = import_text(MODEL + " --mtp-num-layers 0 --overlap-moe-expert-parallel-comm", world_size=8)
+    assert [u.argument for u in result.unmapped if u.error] == ["--mtp-num-layers"]
+
+
+def _codes(extra: list[str]) -> dict[str, str]:
+    result, _ = import_text(MODEL, world_size=8)
+    result.set("launch.megatron_extra_args", extra)
+    return {f.code: f.severity for f in collect_findings(parse_config(result.data))
+            if f.code.startswith("ARG")}
+
+
+def test_mxfp8_recipe_arguments_are_not_arg001() -> None:
+    """Megatron-MoE-ModelZoo sbatch_benchmarking.sh's MXFP8 recipe and the offload/stash switches."""
+    assert _codes(["--moe-router-padding-for-quantization", "--moe-router-padding-for-fp8"]) == {
+        "ARG002": "warning"}
+    assert _codes(["--reuse-grad-buf-for-mxfp8-param-ag"]) == {}
+    assert _codes(["--chunked-optimizer-state-offload", "--moe-paged-stash",
+                   "--delay-offload-until-cuda-graph"]) == {"ARG002": "warning"}
+
+
+def _hybridep(fuser: bool) -> set[tuple[str, str]]:
+    data = load_config(EXAMPLES / "tiny-cpu-8.yaml").model_dump(exclude_unset=True)
+    data["moe"] = {**data.get("moe", {}), "moe_token_dispatcher_type": "flex",
+                   "moe_flex_dispatcher_backend": "hybridep", "moe_expert_rank_capacity_factor": 1.5}
+    data["launch"] = {**data.get("launch", {}),
+                      "megatron_extra_args": ["--use-transformer-engine-op-fuser"] if fuser else []}
+    return {(f.code, f.path) for f in collect_findings(parse_config(data))}
+
+
+def test_moe019_reads_the_op_fuser() -> None:
+    assert ("MOE019", "moe.moe_expert_rank_capacity_factor") in _hybridep(False)
+    assert not [c for c, _ in _hybridep(True) if c == "MOE019"]
+
+
+def _v4(**moe_or_parallel: object) -> dict:
+    data = load_config(EXAMPLES / "deepseek-v4-flash-128.yaml").model_dump(exclude_unset=True)
+    for dotted, value in moe_or_parallel.items():
+        section, name = dotted.split("__")
+        data.setdefault(section, {})[name] = value
+    return data
+
+
+def test_check_refuses_what_emit_refuses_naming_the_field() -> None:
+    for change, path in (({"parallel__gtp": 2}, "parallel.gtp"),
+                         ({"moe__moe_ncclep_zero_copy": True}, "moe.moe_ncclep_zero_copy")):
+        cfg = parse_config(_v4(**change))
+        found = [f for f in collect_findings(cfg) if f.code == "V4012"]
+        assert [f.path for f in found] == [path]
+        try:
+            megatron_arguments(cfg)
+        except EmitError as exc:
+            assert exc.path == path
+        else:
+            raise AssertionError("emit accepted a config no one Megatron runs")
+
+
+def test_torch_checkpoint_with_etp_other_than_tp() -> None:
+    data = load_config(EXAMPLES / "tiny-cpu-8.yaml").model_dump(exclude_unset=True)
+    data["training"] = {**data.get("training", {}), "ckpt_format": "torch"}
+    data["parallel"] = {**data["parallel"], "tp": 2, "etp": 1, "sequence_parallel": True}
+    assert "PAR017" in {f.code for f in collect_findings(parse_config(data))}
+    data["parallel"]["etp"] = 2
+    assert "PAR017" not in {f.code for f in collect_findings(parse_config(data))}
