@@ -65,6 +65,9 @@ class Imported:
     extra_args: list[str] = field(default_factory=list)  # verbatim words of the unmapped arguments
     entry: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # A value for a required field the launch leaves out, and where it comes from: the other rules
+    # run on it in the same pass, while the field itself stays missing (CFG003) in the YAML.
+    placeholders: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
     def set(self, dotted: str, value: Any) -> None:
         section, name = dotted.split(".", 1)

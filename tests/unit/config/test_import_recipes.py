@@ -151,3 +151,31 @@ def test_torch_checkpoint_with_etp_other_than_tp() -> None:
     assert "PAR017" in {f.code for f in collect_findings(parse_config(data))}
     data["parallel"]["etp"] = 2
     assert "PAR017" not in {f.code for f in collect_findings(parse_config(data))}
+
+
+def test_one_pass_with_named_placeholders(tmp_path: Path) -> None:
+    """ModelZoo's Qwen3-30B-A3B map with neither vocabulary nor world size: both stay CFG003 errors,
+    and ARG006 (Megatron dev refuses TE cross entropy with loss fusion) arrives in the same pass,
+    computed with the qwen3-30b-a3b preset's vocabulary and the smallest world (EP 8)."""
+    from dataclasses import replace as with_fields
+
+    from planner.commands.import_ import validate
+    from tests.support.launch_corpus import BY_NAME, import_entry
+
+    entry = with_fields(BY_NAME["modelzoo_qwen3_30b_a3b.yaml"], vocab_size=None, world_size=None)
+    result, _ = import_entry(entry, tmp_path)
+    assert result.placeholders["model.vocab_size"][0] == 151936
+    assert result.placeholders["parallel.world_size"][0] == 8
+    assert "vocab_size" not in result.data["model"]  # the YAML keeps the field missing
+    found = validate(result.data, result.placeholders)
+    assert {(f.code, f.path) for f in found if f.code == "CFG003"} == {
+        ("CFG003", "model.vocab_size"), ("CFG003", "parallel.world_size")}
+    assert all("assume" in f.message for f in found if f.code == "CFG003")
+    assert "ARG006" in {f.code for f in found}
+
+
+def test_no_tokenizer_name_assumes_the_largest_preset_vocabulary() -> None:
+    from planner.config.importers.vocabulary import largest_preset_vocabulary
+
+    result, _ = import_text(MODEL.replace(" --vocab-size 1024", ""), world_size=8)
+    assert result.placeholders["model.vocab_size"][0] == largest_preset_vocabulary()[1]
