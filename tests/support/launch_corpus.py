@@ -109,6 +109,12 @@ CORPUS: tuple[CorpusEntry, ...] = (
                       "MP_PP0_LAYERS": "5", "GPUS_PER_NODE": "8", "NNODES": "16"},
                 vocab_size=129280, why=PAI_README.format(model="deepseek_v3") + " with MP_PP0_LAYERS=5; "
                 "16 nodes of 8 (EP 16 x PP 8); deepseek-v3 preset vocabulary"),
+    CorpusEntry("slime_qwen3_30b_a3b.sh", "slime launch",
+                why="nothing added: the sourced models/qwen3-30B-A3B.sh gives the vocabulary, slime's "
+                    "--actor-num-nodes 1 x --actor-num-gpus-per-node 8 the world"),
+    CorpusEntry("slime_glm4.7_355b_a32b.sh", "slime launch",
+                why="nothing added: ACTOR_NUM_NODES defaults to 8 (x 8 GPUs), the sourced "
+                    "models/glm4.5-355B-A32B.sh gives the model and vocabulary"),
     CorpusEntry("pai_qwen3.sh", "shell launch script",
                 sets={**_positional(["dlc", "A3B", "1", "8", "1e-5", "1e-6", "128", "128", "bf16", "4", "2",
                                      "1", "1", "4", "true", "true", "true", "false", "sel", "false", "100000",

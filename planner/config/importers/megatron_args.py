@@ -298,6 +298,9 @@ def map_command(line: CommandLine, world_size: int | None = None) -> Imported:
                 continue
         result.set(dotted, value)
     _apply_special(result, special)
+    pattern = result.get("model.moe_layer_freq")
+    if isinstance(pattern, list) and len(pattern) == result.get("model.num_layers"):
+        result.set("model.moe_layer_freq", moe_layer_freq(pattern))  # [1, 1, …] builds what 1 builds
     _refused_words(result, line.arguments)
     _apply_megatron_defaults(result)
     _apply_world(result, nodes, procs, world_size)

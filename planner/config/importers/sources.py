@@ -21,6 +21,8 @@ from planner.config.importers.shell_script import (
     launch_command,
     read_script,
 )
+from planner.config.importers.slime import is_slime, layer_freq_sets, slime_front_end
+from planner.config.importers.sourced import inline_sourced
 
 ARGUMENT_FILE = "argument file"
 SHELL_SCRIPT = "shell launch script"
@@ -50,7 +52,10 @@ def detect_form(text: str) -> str:
 
 
 def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> FrontEnd:
+    text, sourced = inline_sourced(text, origin)
     read = read_script(text, sets)
+    if loops := {k: v for k, v in layer_freq_sets(text, read).items() if k not in sets}:
+        read = read_script(text, {**loops, **sets})
     command = launch_command(read)
     if command is None and (held := argument_variables(read)):
         names, argv, unresolved = held
@@ -68,16 +73,30 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     facts = launch_facts(launcher, read.sbatch)
     front = FrontEnd(SHELL_SCRIPT, argv, entry.rsplit("/", 1)[-1], dict(command.env), facts,
                      dict(command.unresolved), origins=[origin] if origin else [])
+    if sourced:
+        front.notes.append(Unmapped("source", " ".join(sourced), "read beside the launch file, as bash "
+                                    "sources it (never run)"))
+    for name, value in loops.items():
+        front.notes.append(Unmapped("$" + name, value, "the list slime's model-file loop prints "
+                                    "(NLAYERS layers, the first FIRST_K_DENSE_REPLACE dense)"))
+    if is_slime(launcher, entry):
+        front = slime_front_end(front)
     if read.deciders:
         names = ", ".join("$" + n if not n.startswith("$") else n for n in read.deciders)
         settable = [n for n in read.deciders if not n.startswith("$")]
-        if read.conflicts:
+        reaches = bool(read.conflicts) and _branches_reach_arguments(text, {**loops, **sets}, settable,
+                                                                       argv)
+        if read.conflicts and not reaches:
+            why = (f"decide(s) which branch of an `if`/`case` runs; the branches set "
+                   f"{', '.join(read.conflicts)} differently, but the entry script's arguments are the "
+                   "same whichever runs (0, 1 or empty tried)")
+        elif read.conflicts:
             why = (f"decide(s) which branch of an `if`/`case` runs, and the branches set "
                    f"{', '.join(read.conflicts)} differently; every branch was read, the last one wins")
         else:
             why = "decide(s) which branch of an `if`/`case` runs; every branch was read"
         fix = " ".join(f"--set {n}=VALUE" for n in settable) or "replace them with their values"
-        front.notes.append(Unmapped(names, "", f"{why}; fix: {fix}", error=bool(read.conflicts)))
+        front.notes.append(Unmapped(names, "", f"{why}; fix: {fix}", error=reaches))
     if read.assumed_unset:
         names = ", ".join("$" + n for n in read.assumed_unset)
         front.notes.append(Unmapped(names, "", "tested by the script and not set in it: read as unset "
@@ -86,6 +105,23 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
         front.notes.append(Unmapped("source", " ".join(read.included), "files the script sources are not "
                                     "read; what they set is unresolved"))
     return front
+
+
+_TRIED = ("0", "1", "")  # a numeric test's two sides and a string test's empty one
+
+
+def _branches_reach_arguments(text: str, sets: dict[str, str], settable: list[str], argv: list[str]) -> bool:
+    """Whether the undecided branches change the entry script's arguments: the script read again
+    with each settable decider at 0, 1 and empty (a launcher-only difference, such as slime's
+    NCCL_NVLS_ENABLE in ray's runtime environment, changes no Megatron argument)."""
+    if not settable:
+        return True
+    for value in _TRIED:
+        command = launch_command(read_script(text, {**{n: value for n in settable}, **sets}))
+        at = entry_index(command.words) if command is not None else None
+        if at is None or command is None or command.words[at + 1:] != argv:
+            return True
+    return False
 
 
 def arguments_front_end(text: str, origin: Path | None) -> FrontEnd:

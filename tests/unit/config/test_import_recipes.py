@@ -179,3 +179,33 @@ def test_no_tokenizer_name_assumes_the_largest_preset_vocabulary() -> None:
 
     result, _ = import_text(MODEL.replace(" --vocab-size 1024", ""), world_size=8)
     assert result.placeholders["model.vocab_size"][0] == largest_preset_vocabulary()[1]
+
+
+def test_slime_launch_as_train_py_hands_it_to_megatron(tmp_path: Path) -> None:
+    """THUDM/slime scripts/run-qwen3-30B-A3B.sh: the sourced model file is read, slime's defaults
+    (bf16, distributed optimizer, seq_length 4096) applied, the world is actor nodes x GPUs per node,
+    slime's own arguments are named and not carried, and the NVLink probe (`if` on nvidia-smi output,
+    which only reaches ray's runtime environment) is no error."""
+    from tests.support.launch_corpus import BY_NAME, import_entry
+
+    result, front = import_entry(BY_NAME["slime_qwen3_30b_a3b.sh"], tmp_path)
+    assert front.form.startswith("slime launch") and front.facts.world_size == 8
+    assert (result.get("training.precision"), result.get("training.use_distributed_optimizer"),
+            result.get("training.seq_length"), result.get("model.max_position_embeddings")) == (
+        "bf16", True, 4096, 4096)
+    assert result.get("model.moe_layer_freq") == 1  # the loop prints 48 ones
+    assert result.get("model.vocab_size") == 151936 and result.get("parallel.world_size") == 8
+    extra = result.get("launch.megatron_extra_args")
+    assert "--rollout-batch-size" not in extra and not [w for w in extra if w.startswith("--sglang-")]
+    assert not [u for u in result.unmapped if u.error]
+
+
+def test_slime_global_batch_and_dense_first_layers(tmp_path: Path) -> None:
+    """scripts/run-glm4.7-355B-A32B.sh: 8 nodes by default, 3 dense layers first (the model file's
+    `[0]*3+[1]*89`), and slime's global batch 128 x 8 // 4 = 256."""
+    from tests.support.launch_corpus import BY_NAME, import_entry
+
+    result, _ = import_entry(BY_NAME["slime_glm4.7_355b_a32b.sh"], tmp_path)
+    assert result.get("parallel.world_size") == 64
+    assert result.get("model.moe_layer_freq") == [0] * 3 + [1] * 89
+    assert result.get("training.global_batch_size") == 256

@@ -86,6 +86,10 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                            "refused"),
     "pai_qwen3.sh": ({"ARG003"}, "pass", "", "Pai-Megatron-Patch's own parser's arguments "
                      "(--max-padding-length, --patch-tokenizer-type, --dataset, --train-mode)"),
+    "slime_qwen3_30b_a3b.sh": (set(), "pass", "", "slime's train.py adds bf16, the distributed optimizer "
+                               "and seq_length 4096; 8 ranks from the actor arguments"),
+    "slime_glm4.7_355b_a32b.sh": (set(), "pass", "", "as above, 64 ranks; the global batch is slime's "
+                                  "rollout_batch_size 128 x n_samples_per_prompt 8 // 4 steps = 256"),
 }
 # Where `check` and Megatron do not agree yet, each with its note above.
 DISAGREEING: set[str] = set()
@@ -127,10 +131,11 @@ for _entry in CORPUS:
 
 def test_the_corpus_is_real_and_large_enough() -> None:
     assert len(CORPUS) >= 15 and set(EXPECTED) == set(BY_NAME)
-    assert sorted(p.name for p in FILES.iterdir()) == sorted(BY_NAME)
-    for entry in CORPUS:
-        head = (FILES / entry.name).read_text(encoding="utf-8").splitlines()[1:4]
-        assert re.fullmatch(r"# repository: [\w.-]+/[\w.-]+", head[0]), entry.name
+    assert sorted(p.name for p in FILES.iterdir() if p.is_file()) == sorted(BY_NAME)
+    beside = [p.relative_to(FILES) for p in FILES.glob("*/*")]  # files the launches source
+    for path in [Path(entry.name) for entry in CORPUS] + beside:
+        head = (FILES / path).read_text(encoding="utf-8").splitlines()[1:4]
+        assert re.fullmatch(r"# repository: [\w.-]+/[\w.-]+", head[0]), path
         assert head[1].startswith("# path: ") and re.fullmatch(r"# commit: [0-9a-f]{40}", head[2])
 
 
