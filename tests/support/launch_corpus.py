@@ -115,6 +115,11 @@ CORPUS: tuple[CorpusEntry, ...] = (
     CorpusEntry("slime_glm4.7_355b_a32b.sh", "slime launch",
                 why="nothing added: ACTOR_NUM_NODES defaults to 8 (x 8 GPUs), the sourced "
                     "models/glm4.5-355B-A32B.sh gives the model and vocabulary"),
+    CorpusEntry("swift_qwen3_moe.sh", "ms-swift command", sets={"WORLD_SIZE": "2"}, world_size=16,
+                why="Alibaba Cloud DLC sets WORLD_SIZE (nodes: 2) and 8 processes per node; the header's "
+                    "'16 * 80GiB'; the model is --model Qwen/Qwen3-30B-A3B-Base, the qwen3-30b-a3b preset"),
+    CorpusEntry("swift_qwen3_moe_offload.sh", "ms-swift command",
+                why="nothing added: NPROC_PER_NODE=4 on one node; the model is the qwen3-30b-a3b preset"),
     CorpusEntry("pai_qwen3.sh", "shell launch script",
                 sets={**_positional(["dlc", "A3B", "1", "8", "1e-5", "1e-6", "128", "128", "bf16", "4", "2",
                                      "1", "1", "4", "true", "true", "true", "false", "sel", "false", "100000",

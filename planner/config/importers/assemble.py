@@ -28,6 +28,7 @@ from planner.config.importers.vocabulary import (
     preset_vocabulary,
 )
 from planner.config.megatron_arguments import SPECIAL, argument_table
+from planner.config.presets import PRESETS
 
 _VOCABULARY_FLAGS = ("--vocab-size", "--padded-vocab-size")
 GPT2_BPE_TOKENS = 50257  # the vocab.json of GPT-2 BPE that Megatron's GPT2BPETokenizer reads
@@ -45,6 +46,7 @@ class FrontEnd:
     unresolved: dict[str, Unresolved] = field(default_factory=dict)
     notes: list[Unmapped] = field(default_factory=list)
     origins: list[Path] = field(default_factory=list)  # folders a relative tokenizer path may be in
+    model_preset: str | None = None  # the model is this preset (a launcher that builds it from HF)
 
     @property
     def described(self) -> str:
@@ -103,6 +105,8 @@ def _vocabulary(result: Imported, front: FrontEnd, arguments: list[Argument]) ->
         return
     if any(flag in values for flag in _VOCABULARY_FLAGS) or result.has("model.vocab_size"):
         return
+    if front.model_preset is not None and "vocab_size" in PRESETS.get(front.model_preset, {}):
+        return  # the preset carries the checkpoint's vocabulary
     tokenizer = values.get("--tokenizer-model") or values.get("--tokenizer-name-or-path") or ""
     kind = values.get("--tokenizer-type", "")
     folder = local_folder(tokenizer, front.origins)
@@ -181,7 +185,9 @@ def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:
     """The config of a front end's arguments: mapped, launched, vocabulary found, notes first."""
     words, unresolved = _unresolved_notes(front, front.argv)
     line = parse_command(([front.entry] if front.entry else []) + words)
-    result = map_command(line)
+    result = map_command(line, model_defaults=front.model_preset is None)
+    if front.model_preset is not None:
+        result.set("model.preset", front.model_preset)
     result.entry = front.entry or result.entry
     _apply_launch(result, front.facts, world_size)
     if front.env:

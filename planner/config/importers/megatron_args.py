@@ -258,8 +258,9 @@ def map_arguments(text: str, world_size: int | None = None) -> Imported:
     return map_command(parse_command(split_words(text)), world_size)
 
 
-def map_command(line: CommandLine, world_size: int | None = None) -> Imported:
-    """Every modelled argument of a command line's words, under its field; the others kept."""
+def map_command(line: CommandLine, world_size: int | None = None, model_defaults: bool = True) -> Imported:
+    """Every modelled argument of a command line's words, under its field; the others kept. Without
+    `model_defaults`, Megatron's model defaults stay unwritten (a preset gives the model)."""
     result = Imported(entry=line.entry, env=line.env)
     for word in line.stray:
         result.unmapped.append(Unmapped(word, "", "not an argument (no leading --) and not the entry "
@@ -302,7 +303,7 @@ def map_command(line: CommandLine, world_size: int | None = None) -> Imported:
     if isinstance(pattern, list) and len(pattern) == result.get("model.num_layers"):
         result.set("model.moe_layer_freq", moe_layer_freq(pattern))  # [1, 1, …] builds what 1 builds
     _refused_words(result, line.arguments)
-    _apply_megatron_defaults(result)
+    _apply_megatron_defaults(result, model_defaults)
     _apply_world(result, nodes, procs, world_size)
     if line.env:  # the environment the line exports goes where moeplan's launchers export theirs
         result.set("launch.env", dict(line.env))
@@ -525,12 +526,12 @@ def _apply_hybrid(result: Imported, arg: Argument) -> None:
                    layout_string(decoded["segments"], result.get("model.mtp_num_layers", 0), IMPORTED))
 
 
-def _apply_megatron_defaults(result: Imported) -> None:
+def _apply_megatron_defaults(result: Imported, model: bool = True) -> None:
     defaults = dict(MEGATRON_DEFAULTS)
     if result.get("model.attention_variant") == "mla":
         defaults.update(MLA_DEFAULTS)
     for dotted, value in defaults.items():
-        if not result.has(dotted):
+        if not result.has(dotted) and (model or not dotted.startswith("model.")):
             result.set(dotted, value)
 
 

@@ -23,6 +23,7 @@ from planner.config.importers.shell_script import (
 )
 from planner.config.importers.slime import is_slime, layer_freq_sets, slime_front_end
 from planner.config.importers.sourced import inline_sourced
+from planner.config.importers.swift import swift_at, swift_front_end
 
 ARGUMENT_FILE = "argument file"
 SHELL_SCRIPT = "shell launch script"
@@ -61,6 +62,10 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
         names, argv, unresolved = held
         return FrontEnd(f"{SHELL_SNIPPET} ({', '.join(names)})", argv, unresolved=unresolved,
                         origins=[origin] if origin else [])
+    if command is None and (swift := next((c for c in read.commands if swift_at(c.words) is not None), None)):
+        front = swift_front_end(swift.words, dict(swift.env), [origin] if origin else [])
+        front.unresolved = dict(swift.unresolved)
+        return front
     if command is None:
         runs = [c.words[:2] for c in read.commands if c.words and c.words[0] in ("bash", "sh", "sbatch")]
         why = ("no command in it starts a Python entry script (pretrain_gpt.py, …)"
@@ -129,6 +134,8 @@ def arguments_front_end(text: str, origin: Path | None) -> FrontEnd:
     env_end = next((i for i, w in enumerate(words) if not _ENV_WORD.match(w)), len(words))
     env = dict(w.split("=", 1) for w in words[:env_end])
     rest = words[env_end:]
+    if swift_at(rest) is not None:
+        return swift_front_end(rest, env, [origin] if origin else [])
     at = entry_index(rest)
     launcher, entry, argv = (rest[:at], rest[at], rest[at + 1:]) if at is not None else ([], None, rest)
     front = FrontEnd(ARGUMENT_FILE, argv, entry.rsplit("/", 1)[-1] if entry else None, env,

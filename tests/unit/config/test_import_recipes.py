@@ -209,3 +209,24 @@ def test_slime_global_batch_and_dense_first_layers(tmp_path: Path) -> None:
     assert result.get("parallel.world_size") == 64
     assert result.get("model.moe_layer_freq") == [0] * 3 + [1] * 89
     assert result.get("training.global_batch_size") == 256
+
+
+def test_ms_swift_megatron_command(tmp_path: Path) -> None:
+    """modelscope/ms-swift examples/megatron/moe/qwen3_moe_offload.sh: underscore spellings with
+    true/false values, the model from --model (the qwen3-30b-a3b preset), ms-swift's defaults, the
+    world from NPROC_PER_NODE, and its own arguments (dataset, epochs) not carried."""
+    from tests.support.launch_corpus import BY_NAME, import_entry
+
+    result, front = import_entry(BY_NAME["swift_qwen3_moe_offload.sh"], tmp_path)
+    assert front.form.startswith("ms-swift command") and result.get("parallel.world_size") == 4
+    assert result.get("model.preset") == "qwen3-30b-a3b" and "num_layers" not in result.data["model"]
+    assert (result.get("training.seq_length"), result.get("training.global_batch_size"),
+            result.get("training.precision"), result.get("moe.moe_token_dispatcher_type")) == (
+        8192, 16, "bf16", "alltoall")
+    assert result.get("training.optimizer_cpu_offload") is True
+    extra = result.get("launch.megatron_extra_args")
+    assert "--finetune" in extra and "true" not in extra and "--dataset" not in extra
+    result, _ = import_text("megatron sft --model Qwen/Qwen3-30B-A3B --moe_grouped_gemm false "
+                            "--cross_entropy_loss_fusion false --max_length 4096", world_size=8)
+    assert result.get("moe.moe_grouped_gemm") is False  # Megatron's default once ms-swift's is refused
+    assert "--cross-entropy-loss-fusion" not in (result.get("launch.megatron_extra_args") or [])
