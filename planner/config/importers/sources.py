@@ -16,6 +16,7 @@ from planner.config.importers.log_lines import clean_lines
 from planner.config.importers.megatron_args import Imported, Unmapped, split_words
 from planner.config.importers.megatron_log import has_dump, log_front_end
 from planner.config.importers.shell_script import (
+    Unknown,
     argument_variables,
     entry_index,
     launch_command,
@@ -76,8 +77,13 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     assert at is not None
     launcher, entry, argv = command.words[:at], command.words[at], command.words[at + 1:]
     facts = launch_facts(launcher, read.sbatch)
-    front = FrontEnd(SHELL_SCRIPT, argv, entry.rsplit("/", 1)[-1], dict(command.env), facts,
+    env = {name: value for name, value in command.env.items() if not isinstance(value, Unknown)}
+    front = FrontEnd(SHELL_SCRIPT, argv, entry.rsplit("/", 1)[-1], env, facts,
                      dict(command.unresolved), origins=[origin] if origin else [])
+    for name, value in command.env.items():
+        if isinstance(value, Unknown):
+            front.notes.append(Unmapped(name, "", f"{value}: left out of launch.env; fix: --set the "
+                                        "variable it is set from"))
     if sourced:
         front.notes.append(Unmapped("source", " ".join(sourced), "read beside the launch file, as bash "
                                     "sources it (never run)"))

@@ -230,3 +230,11 @@ def test_ms_swift_megatron_command(tmp_path: Path) -> None:
                             "--cross_entropy_loss_fusion false --max_length 4096", world_size=8)
     assert result.get("moe.moe_grouped_gemm") is False  # Megatron's default once ms-swift's is refused
     assert "--cross-entropy-loss-fusion" not in (result.get("launch.megatron_extra_args") or [])
+
+
+def test_an_environment_value_known_only_at_run_time_is_no_traceback(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text("NNODES=$WORLD_SIZE torchrun --nproc-per-node 8 pretrain_gpt.py " + MODEL[15:] + "\n")
+    ran = CliRunner().invoke(app, ["import", "megatron", str(script), "-o", str(tmp_path / "job.yaml")])
+    assert ran.exception is None or isinstance(ran.exception, SystemExit), ran.exception
+    assert "NNODES" not in yaml.safe_load((tmp_path / "job.yaml").read_text()).get("launch", {}).get("env", {})
