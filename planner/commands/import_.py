@@ -212,6 +212,9 @@ def import_megatron(
                                         "lead), a shell launch script (read, never run), a YAML argument "
                                         "map (MODEL_ARGS), or a training log with Megatron's argument dump; "
                                         "- for stdin")],
+    positional: Annotated[list[str] | None, typer.Argument(metavar="[VALUE]...", help="the values a "
+                                                         "launch script reads as $1 $2 …, given after "
+                                                         "it as its README runs it")] = None,
     output: Output = None,
     world_size: Annotated[int | None, typer.Option("--world-size", min=1, help="ranks of the job, when "
                                                    "no launcher in SOURCE gives them")] = None,
@@ -230,7 +233,8 @@ def import_megatron(
     text = read_source(args)
     origin = None if args == "-" else Path(args).resolve().parent
     try:
-        result, front = import_text(text, parse_sets(sets or []), world_size, origin)
+        given = {str(i + 1): value for i, value in enumerate(positional or [])}
+        result, front = import_text(text, {**given, **parse_sets(sets or [])}, world_size, origin)
     except (UnreadableArgs, NotAnImport) as exc:
         fail(EXIT_USAGE, f"{args}: {exc}")
     header = [f"imported by `moeplan import megatron` from {'stdin' if args == '-' else args}"

@@ -237,4 +237,22 @@ def test_an_environment_value_known_only_at_run_time_is_no_traceback(tmp_path: P
     script.write_text("NNODES=$WORLD_SIZE torchrun --nproc-per-node 8 pretrain_gpt.py " + MODEL[15:] + "\n")
     ran = CliRunner().invoke(app, ["import", "megatron", str(script), "-o", str(tmp_path / "job.yaml")])
     assert ran.exception is None or isinstance(ran.exception, SystemExit), ran.exception
-    assert "NNODES" not in yaml.safe_load((tmp_path / "job.yaml").read_text()).get("launch", {}).get("env", {})
+    written = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    assert "NNODES" not in written.get("launch", {}).get("env", {})
+
+
+def test_positional_values_after_the_script(tmp_path: Path) -> None:
+    """Pai-Megatron-Patch's README runs `sh run_mcore_qwen3.sh dlc A3B 1 8 …`: the values after the
+    script are its $1 $2 …, as a --set of each would give them."""
+    from tests.support.launch_corpus import BY_NAME, FILES
+
+    entry = BY_NAME["pai_qwen3.sh"]
+    values = [entry.sets[str(i)] for i in range(1, 28)]
+    named = [f"--set={k}={v}" for k, v in entry.sets.items() if not k.isdigit()]
+    out = tmp_path / "job.yaml"
+    ran = CliRunner().invoke(app, ["import", "megatron", str(FILES / entry.name), *values, *named,
+                                   "-o", str(out)])
+    assert ran.exit_code in (0, 1), ran.output
+    data = yaml.safe_load(out.read_text())
+    assert (data["parallel"]["tp"], data["parallel"]["pp"], data["parallel"]["ep"]) == (4, 2, 4)
+    assert data["training"]["micro_batch_size"] == 1 and data["training"]["global_batch_size"] == 8
