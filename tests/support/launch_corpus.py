@@ -120,6 +120,9 @@ CORPUS: tuple[CorpusEntry, ...] = (
                     "'16 * 80GiB'; the model is --model Qwen/Qwen3-30B-A3B-Base, the qwen3-30b-a3b preset"),
     CorpusEntry("swift_qwen3_moe_offload.sh", "ms-swift command",
                 why="nothing added: NPROC_PER_NODE=4 on one node; the model is the qwen3-30b-a3b preset"),
+    CorpusEntry("verl_qwen3moe_30b_megatron.sh", "verl Megatron trainer",
+                why="nothing added: NNODES 1 x NGPUS_PER_NODES 8 (the script's defaults); the model is "
+                    "actor_rollout_ref.model.path Qwen/Qwen3-30B-A3B-Base, the qwen3-30b-a3b preset"),
     CorpusEntry("pai_qwen3.sh", "shell launch script",
                 sets={**_positional(["dlc", "A3B", "1", "8", "1e-5", "1e-6", "128", "128", "bf16", "4", "2",
                                      "1", "1", "4", "true", "true", "true", "false", "sel", "false", "100000",

@@ -25,6 +25,7 @@ from planner.config.importers.shell_script import (
 from planner.config.importers.slime import is_slime, layer_freq_sets, slime_front_end
 from planner.config.importers.sourced import inline_sourced
 from planner.config.importers.swift import swift_at, swift_front_end
+from planner.config.importers.verl import verl_at, verl_front_end
 
 ARGUMENT_FILE = "argument file"
 SHELL_SCRIPT = "shell launch script"
@@ -66,6 +67,11 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     if command is None and (swift := next((c for c in read.commands if swift_at(c.words) is not None), None)):
         front = swift_front_end(swift.words, dict(swift.env), [origin] if origin else [])
         front.unresolved = dict(swift.unresolved)
+        return front
+    if command is None and (verl := next((c for c in read.commands if verl_at(c.words) is not None), None)):
+        front = verl_front_end(verl.words, {k: v for k, v in verl.env.items() if not isinstance(v, Unknown)},
+                               [origin] if origin else [])
+        front.unresolved = dict(verl.unresolved)
         return front
     if command is None:
         runs = [c.words[:2] for c in read.commands if c.words and c.words[0] in ("bash", "sh", "sbatch")]

@@ -256,3 +256,22 @@ def test_positional_values_after_the_script(tmp_path: Path) -> None:
     data = yaml.safe_load(out.read_text())
     assert (data["parallel"]["tp"], data["parallel"]["pp"], data["parallel"]["ep"]) == (4, 2, 4)
     assert data["training"]["micro_batch_size"] == 1 and data["training"]["global_batch_size"] == 8
+
+
+def test_verl_megatron_trainer_overrides(tmp_path: Path) -> None:
+    """volcengine/verl examples/grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh: EP 8 from the actor's
+    megatron overrides, verl's bf16 and distributed optimizer, TransformerConfig fields as their
+    Megatron arguments (moe_enable_deepep True: the flex dispatcher's DeepEP backend; apply_rope_fusion
+    True: Megatron's default, no word), one step of 128 prompts x 16 samples, a packed micro-batch of
+    ppo_max_token_len_per_gpu 10240 tokens, the world trainer.nnodes x n_gpus_per_node."""
+    from tests.support.launch_corpus import BY_NAME, import_entry
+
+    result, front = import_entry(BY_NAME["verl_qwen3moe_30b_megatron.sh"], tmp_path)
+    assert front.form.startswith("verl Megatron trainer") and result.get("parallel.world_size") == 8
+    assert (result.get("parallel.ep"), result.get("parallel.tp"), result.get("model.preset")) == (
+        8, 1, "qwen3-30b-a3b")
+    assert (result.get("training.global_batch_size"), result.get("training.micro_batch_size"),
+            result.get("training.seq_length"), result.get("training.precision")) == (2048, 1, 10240, "bf16")
+    assert result.get("moe.moe_flex_dispatcher_backend") == "deepep"
+    assert result.get("launch.megatron_extra_args") == ["--attention-backend", "flash",
+                                                        "--overlap-cpu-optimizer-d2h-h2d"]
