@@ -34,6 +34,7 @@ class CorpusEntry:
     vocab_size: int | None = None  # what the user adds after the vocabulary note
     why: str = ""  # where sets / world size / vocabulary come from
     appended: tuple[str, ...] = ()  # arguments the file's harness appends to the map
+    gpu: str | None = None  # the GPU the file's harness runs on (cluster.gpu)
 
 
 def modelzoo_sets(tp: int, pp: int, ep: int, cp: int, vpp: int, mbs: int, gbs: int, layers: int,
@@ -123,6 +124,10 @@ CORPUS: tuple[CorpusEntry, ...] = (
     CorpusEntry("verl_qwen3moe_30b_megatron.sh", "verl Megatron trainer",
                 why="nothing added: NNODES 1 x NGPUS_PER_NODES 8 (the script's defaults); the model is "
                     "actor_rollout_ref.model.path Qwen/Qwen3-30B-A3B-Base, the qwen3-30b-a3b preset"),
+    CorpusEntry("primus_qwen3_30b_a3b.yaml", "Primus experiment", world_size=8, vocab_size=151936,
+                gpu="MI300X",
+                why="examples/megatron/configs/MI300X: one MI300X node of 8 (EP 8); the tokenizer "
+                    "Qwen/Qwen3-30B-A3B's vocabulary (the qwen3-30b-a3b preset's)"),
     CorpusEntry("pai_qwen3.sh", "shell launch script",
                 sets={**_positional(["dlc", "A3B", "1", "8", "1e-5", "1e-6", "128", "128", "bf16", "4", "2",
                                      "1", "1", "4", "true", "true", "true", "false", "sel", "false", "100000",
@@ -153,7 +158,10 @@ def import_entry(entry: CorpusEntry, root: Path) -> tuple[Imported, FrontEnd]:
     front.argv += list(entry.appended)
     if entry.vocab_size is not None:
         front.argv += ["--vocab-size", str(entry.vocab_size)]
-    return assemble(front, entry.world_size), front
+    result = assemble(front, entry.world_size)
+    if entry.gpu is not None:
+        result.set("cluster.gpu", entry.gpu)
+    return result, front
 
 
 # Flags whose only check in Megatron is that a kernel library is installed, which the probe machine

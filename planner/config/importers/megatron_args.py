@@ -462,6 +462,21 @@ def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
         result.set("model.attention_variant", "mla")
     if result.get("model.attention_variant") == "dsv4_hybrid":
         result.data["model"].pop("multi_latent_attention", None)  # implied: DSv4 attention is MLA-based
+    if result.get("model.attention_variant") not in ("mla", "dsv4_hybrid"):
+        # YaRN's settings are MLATransformerConfig's: standard attention's RoPE never reads them
+        # (planner/emit/megatron.py rotary_fields writes them for MLA and DSv4 attention only)
+        for name in ("rotary_scaling_factor", "original_max_position_embeddings"):
+            if result.has(f"model.{name}"):
+                value = result.data["model"].pop(name)
+                result.unmapped.append(Unmapped("--" + name.replace("_", "-"), str(value), "read only by "
+                                                "MLA / DeepSeek-V4 attention's YaRN; inert with standard "
+                                                "attention, so not taken into the model"))
+    fsdp = result.get("training.use_megatron_fsdp")
+    if result.has("training.data_parallel_sharding_strategy") and not fsdp:
+        # only the Megatron-FSDP wrapper reads it (megatron/core/distributed/fsdp/); emit writes it there only
+        value = result.data["training"].pop("data_parallel_sharding_strategy")
+        result.unmapped.append(Unmapped("--data-parallel-sharding-strategy", str(value), "read only by "
+                                        "Megatron-FSDP (--use-megatron-fsdp is not given); inert here"))
     spec = special.get("--spec")
     if spec is not None and tuple(spec.values) != HYBRID_DSV4_SPEC:
         _keep(result, spec, f"layer spec moeplan does not model ({KEPT})")

@@ -15,6 +15,7 @@ from planner.config.importers.launch_facts import launch_facts
 from planner.config.importers.log_lines import clean_lines
 from planner.config.importers.megatron_args import Imported, Unmapped, split_words
 from planner.config.importers.megatron_log import has_dump, log_front_end
+from planner.config.importers.primus import PrimusUnreadable, is_primus, primus_front_end
 from planner.config.importers.shell_script import (
     Unknown,
     argument_variables,
@@ -49,6 +50,8 @@ def detect_form(text: str) -> str:
     data = load_map(text)
     if data is not None and is_argument_map(data):
         return "map"
+    if data is not None and is_primus(data):
+        return "primus"
     if data is not None and {"model", "parallel"} & set(data):
         raise NotAnImport("this is a moeplan config (model/parallel sections): run `moeplan check` on it")
     return "script" if _SHELL_SIGNS.search(text) else "arguments"
@@ -168,6 +171,11 @@ def front_end(text: str, sets: dict[str, str] | None = None, origin: Path | None
         found = read_map(data, sets)
         return FrontEnd(found.form, found.argv, env=found.env, unresolved=found.unresolved,
                         origins=[origin] if origin else [])
+    if form == "primus":
+        try:
+            return primus_front_end(text, sets, origin)
+        except PrimusUnreadable as exc:
+            raise NotAnImport(str(exc)) from None
     if form == "script":
         return script_front_end(text, sets, origin)
     return arguments_front_end(text, origin)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from planner.config.importers.assemble import FrontEnd
 from planner.config.importers.launch_facts import LaunchFacts
 from planner.config.importers.megatron_args import Unmapped
-from planner.config.importers.megatron_log import destinations
+from planner.config.importers.megatron_log import argument_destination, destinations
 from planner.config.importers.vocabulary import preset_for
 from planner.config.megatron_arguments import argument_table
 
@@ -72,10 +72,9 @@ def _field_words(name: str, value: str) -> list[str] | None:
     """A TransformerConfig / OptimizerConfig field set by name, as the Megatron argument whose dest
     it is (megatron_dests.tsv: `apply_rope_fusion False` is `--no-rope-fusion`); None for a field
     Megatron's parser has no argument for."""
-    rows = destinations().get(name)
-    if not rows:
+    row = argument_destination(name)
+    if row is None:
         return None
-    row = rows[0]
     on = value in ("True", "true", "1")
     if row.kind == "true":
         return [row.flag] if on else []

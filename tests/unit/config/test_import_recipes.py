@@ -275,3 +275,21 @@ def test_verl_megatron_trainer_overrides(tmp_path: Path) -> None:
     assert result.get("moe.moe_flex_dispatcher_backend") == "deepep"
     assert result.get("launch.megatron_extra_args") == ["--attention-backend", "flash",
                                                         "--overlap-cpu-optimizer-d2h-h2d"]
+
+
+def test_primus_experiment_merged_over_its_presets(tmp_path: Path) -> None:
+    """AMD-AGI/Primus examples/megatron/configs/MI300X/qwen3_30B_A3B-BF16-pretrain.yaml: the model
+    from models/megatron/qwen3_30B_A3B.yaml's extends chain (Qwen3's 48 layers, 128 experts top-8),
+    the trainer from modules/megatron/pre_trainer.yaml's, the experiment's overrides last (EP 8 from
+    ${PRIMUS_EP:8}, micro batch 2, norm epsilon 1e-6 by Megatron's --norm-epsilon); Primus's Turbo
+    keys named, not carried; --set PRIMUS_EP=4 is the environment."""
+    from tests.support.launch_corpus import BY_NAME, FILES, import_entry
+
+    result, front = import_entry(BY_NAME["primus_qwen3_30b_a3b.yaml"], tmp_path)
+    assert front.form.startswith("Primus experiment")
+    fields = ("model.num_layers", "model.num_experts", "model.moe_router_topk", "model.norm_epsilon",
+              "parallel.ep", "training.micro_batch_size", "training.precision")
+    assert tuple(result.get(f) for f in fields) == (48, 128, 8, 1e-6, 8, 2, "bf16")
+    assert not [w for w in result.get("launch.megatron_extra_args") if "turbo" in w]
+    again, _ = import_text((FILES / "primus_qwen3_30b_a3b.yaml").read_text(), {"PRIMUS_EP": "4"}, 8, FILES)
+    assert again.get("parallel.ep") == 4

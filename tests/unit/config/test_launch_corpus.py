@@ -94,6 +94,8 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                                       "no recompute (verl's default) and one packed micro-batch of "
                                       "10,240 tokens: 87.8 GiB, over the 80 GiB moeplan assumes where no "
                                       "GPU is named; the script is tested on 96 GB H20s, where it fits"),
+    "primus_qwen3_30b_a3b.yaml": (set(), "pass", "", "the experiment merged over Primus's module and "
+                                  "model presets; ckpt_format torch with ETP = TP (1)"),
     "slime_qwen3_30b_a3b.sh": (set(), "pass", "", "slime's train.py adds bf16, the distributed optimizer "
                                "and seq_length 4096; 8 ranks from the actor arguments"),
     "slime_glm4.7_355b_a32b.sh": (set(), "pass", "", "as above, 64 ranks; the global batch is slime's "
@@ -140,7 +142,7 @@ for _entry in CORPUS:
 def test_the_corpus_is_real_and_large_enough() -> None:
     assert len(CORPUS) >= 15 and set(EXPECTED) == set(BY_NAME)
     assert sorted(p.name for p in FILES.iterdir() if p.is_file()) == sorted(BY_NAME)
-    beside = [p.relative_to(FILES) for p in FILES.glob("*/*")]  # files the launches source
+    beside = [p.relative_to(FILES) for p in FILES.glob("*/**/*") if p.is_file()]  # sourced, presets
     for path in [Path(entry.name) for entry in CORPUS] + beside:
         head = (FILES / path).read_text(encoding="utf-8").splitlines()[1:4]
         assert re.fullmatch(r"# repository: [\w.-]+/[\w.-]+", head[0]), path
