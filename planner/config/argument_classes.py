@@ -124,3 +124,18 @@ def argument_words(words: list[str] | tuple[str, ...]) -> list[tuple[int, str, t
             at, name, values = found[-1]
             found[-1] = (at, name, values + (word,))
     return found
+
+
+DESTS_FILE = Path(__file__).parent / "data" / "megatron_dests.tsv"
+
+
+@cache
+def argument_arities() -> dict[str, tuple[str, str]]:
+    """flag → (kind, nargs) of Megatron-LM dev's parser actions (megatron_dests.tsv: kind true /
+    false for store_true / store_false, optional, or value; nargs '' for exactly one value)."""
+    found: dict[str, tuple[str, str]] = {}
+    for line in DESTS_FILE.read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            _, flag, kind, nargs, _ = line.split("\t")
+            found[flag] = (kind, nargs)
+    return found

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.config.argument_classes import ArgumentClass, argument_class, argument_words, is_legacy_model
+from planner.config.argument_classes import (
+    ArgumentClass,
+    argument_arities,
+    argument_class,
+    argument_words,
+    is_legacy_model,
+)
 from planner.config.entry_parsers import entry_argument
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
@@ -229,5 +235,28 @@ def carried_refused_together(f: Facts) -> Iterator[Violation]:
                             fix)
 
 
+@rule(
+    "ARG007", "error", "carried arguments have as many values as Megatron's parser takes",
+    source=PARSER,
+    why="""argparse gives a switch no value and a plain option exactly one: any other word after it
+    is left over, and Megatron stops with "unrecognized arguments". A launch script's unquoted
+    placeholder path (`--save $CKPT_SAVE_DIR` with "your model save ckpt path") splits into words
+    so, and the job does not start.""",
+    bad="launch: {megatron_extra_args: [--save, your, ckpt, path]}",
+    good="launch: {megatron_extra_args: [--save, /ckpt]}",
+)
+def carried_arity(f: Facts) -> Iterator[Violation]:
+    arities = argument_arities()
+    for path, name, values, _ in _carried(f):
+        kind, nargs = arities.get("--" + name.replace("_", "-"), ("", "?"))
+        takes = 0 if kind in ("true", "false") else 1 if kind == "value" and nargs == "" else None
+        if takes is not None and len(values) != takes:
+            said = "no value" if takes == 0 else "one value"
+            yield Violation(path, f"{_shown(name, values)}: Megatron's parser takes {said} for it, so "
+                            f"{' '.join(values[takes:])!r} is left over and refused as unrecognized",
+                            "quote the value (an unquoted variable holding spaces splits into words) or "
+                            "give the value the script leaves as a placeholder")
+
+
 RULES = (carried_changes_model, carried_changes_time, carried_unknown, legacy_model, carried_modelled,
-         carried_refused_together)
+         carried_refused_together, carried_arity)

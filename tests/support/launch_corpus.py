@@ -128,6 +128,10 @@ CORPUS: tuple[CorpusEntry, ...] = (
                 gpu="MI300X",
                 why="examples/megatron/configs/MI300X: one MI300X node of 8 (EP 8); the tokenizer "
                     "Qwen/Qwen3-30B-A3B's vocabulary (the qwen3-30b-a3b preset's)"),
+    CorpusEntry("mindspeed_qwen3_30b_a3b.sh", "MindSpeed-LLM launch",
+                why="nothing added: torchrun 2 nodes x 8 NPUs, --padded-vocab-size 151936"),
+    CorpusEntry("mindspeed_deepseek3_671b.sh", "MindSpeed-LLM launch",
+                why="nothing added: torchrun 64 nodes x 8 NPUs, --vocab-size 129280"),
     CorpusEntry("pai_qwen3.sh", "shell launch script",
                 sets={**_positional(["dlc", "A3B", "1", "8", "1e-5", "1e-6", "128", "128", "bf16", "4", "2",
                                      "1", "1", "4", "true", "true", "true", "false", "sel", "false", "100000",

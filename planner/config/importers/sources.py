@@ -15,6 +15,7 @@ from planner.config.importers.launch_facts import launch_facts
 from planner.config.importers.log_lines import clean_lines
 from planner.config.importers.megatron_args import Imported, Unmapped, split_words
 from planner.config.importers.megatron_log import has_dump, log_front_end
+from planner.config.importers.mindspeed import is_mindspeed, mindspeed_front_end
 from planner.config.importers.primus import PrimusUnreadable, is_primus, primus_front_end
 from planner.config.importers.shell_script import (
     Unknown,
@@ -101,6 +102,8 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
                                     "(NLAYERS layers, the first FIRST_K_DENSE_REPLACE dense)"))
     if is_slime(launcher, entry):
         front = slime_front_end(front)
+    elif is_mindspeed(entry, argv):
+        front = mindspeed_front_end(front)
     if read.deciders:
         names = ", ".join("$" + n if not n.startswith("$") else n for n in read.deciders)
         settable = [n for n in read.deciders if not n.startswith("$")]

@@ -152,7 +152,8 @@ def test_plan_neutral_arguments_pass_silently():
     """Of dev's parser (a main-only one is ARG003, test_main_only_arguments_are_said_as_such)."""
     neutral = [entry.flag for entry in argument_classes().values()
                if entry.kind == "neutral" and entry.only != "main"]
-    assert _codes(neutral) == []
+    # (given bare, the value options among them are ARG007: a value missing, not a class)
+    assert [c for c in _codes(neutral) if c[0] != "ARG007"] == []
 
 
 def test_not_modelled_arguments_say_what_they_change():
@@ -231,7 +232,7 @@ def test_entry_parser_arguments_are_no_arguments_of_megatron():
     belongs in the main table), each saying what it changes in the issue's terms."""
     terms = {"parameters", "memory", "FLOPs", "time", "bytes"}
     parsers = entry_parsers()
-    assert {p.key for p in parsers} == {"pai", "modelopt"}
+    assert {p.key for p in parsers} == {"pai", "modelopt", "mindspeed"}
     for parser in parsers:
         for entry in parser.classes.values():
             assert entry.name not in megatron_arguments() | main_arguments(), entry

@@ -293,3 +293,26 @@ def test_primus_experiment_merged_over_its_presets(tmp_path: Path) -> None:
     assert not [w for w in result.get("launch.megatron_extra_args") if "turbo" in w]
     again, _ = import_text((FILES / "primus_qwen3_30b_a3b.yaml").read_text(), {"PRIMUS_EP": "4"}, 8, FILES)
     assert again.get("parallel.ep") == 4
+
+
+def test_mindspeed_llm_deepseek3(tmp_path: Path) -> None:
+    """Ascend/MindSpeed-LLM examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh: --noop-layers
+    61,62,63 of 64 on PP 8 are identity layers padding the last stage (61 layers, the last stage 8 - 3),
+    --first-k-dense-replace 3 the dense first layers, --n-shared-experts 1 a shared expert of
+    1 x 2048; the unquoted placeholder --save path splits into words (ARG007)."""
+    from tests.support.launch_corpus import BY_NAME, import_entry
+
+    result, front = import_entry(BY_NAME["mindspeed_deepseek3_671b.sh"], tmp_path)
+    assert front.form.startswith("MindSpeed-LLM launch") and result.get("parallel.world_size") == 512
+    assert result.get("model.num_layers") == 61
+    assert result.get("model.moe_layer_freq") == [0] * 3 + [1] * 58
+    assert result.get("model.moe_shared_expert_intermediate_size") == 2048
+    assert result.get("parallel.decoder_last_pipeline_num_layers") == 5
+    cfg = parse_config(result.data)
+    codes = {f.code for f in collect_findings(cfg)}
+    assert {"PAR017", "ARG007"} <= codes
+
+
+def test_carried_argument_arity() -> None:
+    assert _codes(["--save", "your", "ckpt", "path"]) == {"ARG007": "error"}
+    assert _codes(["--save", "/ckpt"]) == {}

@@ -96,6 +96,20 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                                       "GPU is named; the script is tested on 96 GB H20s, where it fits"),
     "primus_qwen3_30b_a3b.yaml": (set(), "pass", "", "the experiment merged over Primus's module and "
                                   "model presets; ckpt_format torch with ETP = TP (1)"),
+    "mindspeed_qwen3_30b_a3b.sh": ({"ARG001", "ARG007"}, "rejected", "unrecognized arguments",
+                                   "MindSpeed's alltoall_seq read as alltoall, --moe-layer-freq -1 and "
+                                   "--first-k-dense-replace -1 as every layer MoE; --transformer-impl local "
+                                   "(Ascend has no Transformer Engine) is ARG001; the script's unquoted "
+                                   "placeholder paths (--save $CKPT_SAVE_DIR = 'your model save ckpt path') "
+                                   "split into words: Megatron refuses them, ARG007 says so"),
+    "mindspeed_deepseek3_671b.sh": ({"PAR017", "ARG001", "ARG003", "ARG007"}, "rejected",
+                                    "unrecognized arguments",
+                                    "61 layers (64 less the 3 no-op layers padding the last of 8 "
+                                    "stages), 3 dense first, a shared expert of 1 x 2048; PAR017: "
+                                    "ckpt_format torch with ETP 1 != TP 4, which Megatron's parser accepts "
+                                    "and its maintainers call unsupported; dualpipev (ARG001) and "
+                                    "MindSpeed's own switches (ARG003) are MindSpeed's, left out of what "
+                                    "Megatron is asked; the placeholder paths split as above (ARG007)"),
     "slime_qwen3_30b_a3b.sh": (set(), "pass", "", "slime's train.py adds bf16, the distributed optimizer "
                                "and seq_length 4096; 8 ranks from the actor arguments"),
     "slime_glm4.7_355b_a32b.sh": (set(), "pass", "", "as above, 64 ranks; the global batch is slime's "
