@@ -1,4 +1,5 @@
-"""`moeplan emit {torchrun,slurm,megatron,all} CONFIG -o DIR`: plan.json plus launch scripts.
+"""`moeplan emit {torchrun,slurm,megatron,bridge,all} CONFIG -o DIR`: plan.json plus launch scripts
+(bridge: Megatron-Bridge ConfigContainer overrides; `all` writes the launchers, not the overrides).
 
 With `--check-with MEGATRON_LM_DIR` the user's own Megatron-LM judges the emitted arguments first;
 nothing is written unless it passes (exit 1 when Megatron rejects them or derives other values than
@@ -30,6 +31,7 @@ class EmitTarget(StrEnum):
     torchrun = "torchrun"
     slurm = "slurm"
     megatron = "megatron"
+    bridge = "bridge"
     all = "all"
 
 

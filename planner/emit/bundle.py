@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from planner.config.schema import Config
+from planner.emit.bridge import bridge_text
 from planner.emit.safety import check_launch_strings, check_slurm_paths
 from planner.emit.scripts import (
     MEGATRON_FILE,
@@ -24,8 +25,9 @@ from planner.emit.scripts import (
 from planner.emit.shape import PLAN_FILE, launch_shape
 from planner.files.writing import WriteFailed, write_atomic
 
-Target = Literal["torchrun", "slurm", "megatron", "all"]
-TARGETS: tuple[str, ...] = ("torchrun", "slurm", "megatron", "all")
+Target = Literal["torchrun", "slurm", "megatron", "bridge", "all"]
+TARGETS: tuple[str, ...] = ("torchrun", "slurm", "megatron", "bridge", "all")
+BRIDGE_FILE = "bridge_overrides.txt"
 SCRIPT_MODE, DATA_MODE = 0o755, 0o644
 
 
@@ -55,6 +57,9 @@ def emit_files(cfg: Config, plan: dict[str, Any], target: Target,
     if "megatron" in wanted:
         files.append(EmittedFile(MEGATRON_FILE, megatron_script(cfg, shape), SCRIPT_MODE,
                                  "Megatron-LM argument list"))
+    if "bridge" in wanted:
+        files.append(EmittedFile(BRIDGE_FILE, bridge_text(cfg, config_path), DATA_MODE,
+                                 "Megatron-Bridge ConfigContainer overrides"))
     return files
 
 
