@@ -43,7 +43,7 @@ MIXED = {("bf16", None): "bf16_mixed", ("fp16", None): "fp16_mixed",
          ("bf16", "tensorwise"): "bf16_with_fp8_current_scaling_mixed",
          ("bf16", "blockwise"): "bf16_with_fp8_subchannel_scaling_mixed",
          ("bf16", "mxfp8"): "bf16_with_mxfp8_mixed"}
-_PRECISION_FLAGS = {"--bf16", "--fp16", "--fp8-format", "--fp8-recipe"}
+_PRECISION_FLAGS = {"--bf16", "--fp16", "--fp8-format", "--fp8-recipe", "--fp8-param-gather"}
 # emitted from a plan field but the recipe's model owns it: the position table's length (GPTModelProvider
 # has no max_position_embeddings; its rotary / learned embeddings are the recipe's)
 _RECIPE_OWNS = {"--max-position-embeddings"}

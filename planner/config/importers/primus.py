@@ -107,7 +107,7 @@ def presets_root(origin: Path | None) -> Path | None:
     return None
 
 
-def _words(key: str, value: Any) -> list[str] | None:
+def megatron_words(key: str, value: Any) -> list[str] | None:
     """Megatron's words for one merged key: none where the value is Megatron's default; None for a
     key no Megatron argument has (Primus's own)."""
     row = argument_destination(key)
@@ -152,7 +152,7 @@ def primus_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     argv: list[str] = []
     own: list[str] = []
     for key, value in merged.items():
-        words = _words(key, value)
+        words = megatron_words(key, value)
         if words is None:
             own.append(key)
         else:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from planner.config.importers.arg_map import is_argument_map, load_map, read_map
 from planner.config.importers.assemble import FrontEnd, assemble
+from planner.config.importers.bridge_yaml import bridge_front_end, is_bridge_container
 from planner.config.importers.launch_facts import launch_facts
 from planner.config.importers.log_lines import clean_lines
 from planner.config.importers.megatron_args import Imported, Unmapped, split_words
@@ -53,6 +54,8 @@ def detect_form(text: str) -> str:
         return "map"
     if data is not None and is_primus(data):
         return "primus"
+    if data is not None and is_bridge_container(data):
+        return "bridge"
     if data is not None and {"model", "parallel"} & set(data):
         raise NotAnImport("this is a moeplan config (model/parallel sections): run `moeplan check` on it")
     return "script" if _SHELL_SIGNS.search(text) else "arguments"
@@ -174,6 +177,10 @@ def front_end(text: str, sets: dict[str, str] | None = None, origin: Path | None
         found = read_map(data, sets)
         return FrontEnd(found.form, found.argv, env=found.env, unresolved=found.unresolved,
                         origins=[origin] if origin else [])
+    if form == "bridge":
+        front = bridge_front_end(text)
+        front.origins = [origin] if origin else []
+        return front
     if form == "primus":
         try:
             return primus_front_end(text, sets, origin)

@@ -77,3 +77,32 @@ def test_a_hybrid_stage_split_is_refused_not_dropped(tmp_path: Path) -> None:
     assert ran.exit_code == 0, ran.output
     text = (tmp_path / "bridge_overrides.txt").read_text()
     assert "model.pipeline_model_parallel_layout='E(t*12|)*6t*11|t*11L'" in text.splitlines()
+
+
+def test_a_bridge_container_yaml_imports_back_to_the_plan() -> None:
+    """The overrides folded into a ConfigContainer YAML (as a recipe run saves it) over the model
+    fields of Bridge's Qwen3 MoE provider import back to the example's layout, batch and optimizer."""
+    import yaml
+
+    from planner.config.importers.sources import import_text
+    from planner.config.loader import parse_config
+
+    cfg = load_config(EXAMPLES / "qwen3-235b-a22b-256.yaml")
+    data: dict = {"model": {"_target_": "megatron.bridge.models.Qwen3MoEModelProvider", "num_layers": 94,
+                            "hidden_size": 4096, "num_attention_heads": 64, "num_moe_experts": 128,
+                            "moe_router_topk": 8, "ffn_hidden_size": 12288, "moe_ffn_hidden_size": 1536,
+                            "vocab_size": 151936, "num_query_groups": 4, "kv_channels": 128,
+                            "normalization": "RMSNorm", "gated_linear_unit": True, "qk_layernorm": True,
+                            "share_embeddings_and_output_weights": False, "add_bias_linear": False,
+                            "position_embedding_type": "rope", "rotary_base": 1000000}}
+    for override in bridge_overrides(cfg):
+        section, _, name = override.key.partition(".")
+        if name:
+            data.setdefault(section, {})[name] = yaml.safe_load(override.value)
+        else:
+            data[section] = override.value
+    result, front = import_text(yaml.safe_dump(data), world_size=cfg.parallel.world_size)
+    assert front.form == "Megatron-Bridge ConfigContainer YAML"
+    back = parse_config(result.data)
+    assert (back.parallel, back.moe, back.overlap) == (cfg.parallel, cfg.moe, cfg.overlap)
+    assert back.training.model_dump() == cfg.training.model_dump()
