@@ -128,10 +128,10 @@ def carried_changes_time(f: Facts) -> Iterator[Violation]:
     main@d98e8a64's parser defines (megatron_arguments_main.txt; `main-only` in the classes table) is
     an error too, said as such: the job runs on main as written, the emitted launch does not start on
     dev. A user on main ignores ARG003 for it (`ignore: [ARG003]`); what the argument changes is still
-    ARG001/ARG002 and the finding names dev's spelling where dev has one. So is an argument the entry
+    ARG001/ARG002 and the finding names dev's spelling where dev has one. An argument the entry
     script's own parser adds (`launch.megatron_entry`: Pai-Megatron-Patch's get_patch_args,
-    ModelOpt's add_modelopt_args; planner/config/data/entry_parser_arguments.txt): no typo, the
-    finding names the parser that accepts it.""",
+    MindSpeed-LLM's, ModelOpt's add_modelopt_args; planner/config/data/entry_parser_arguments.txt) is
+    no typo and the launch as written starts: ARG008 names it, a warning.""",
     bad="launch: {megatron_extra_args: [--no-such-megatron-flag]}",
     good="launch: {megatron_extra_args: [--log-interval, '10']}",
 )
@@ -140,17 +140,33 @@ def carried_unknown(f: Facts) -> Iterator[Violation]:
     for path, name, values, entry in _carried(f):
         if entry is not None and entry.only == "main":
             yield _main_only(path, name, values, entry)
-        elif argument_class(name) is None and (added := entry_argument(script, name)) is not None:
-            parser = added[0]
-            yield Violation(path, f"{_shown(name, values)} is an argument of {parser.who}'s parser "
-                            f"({parser.source}), which {script} adds; Megatron-LM dev@d48bd6be's own "
-                            "parser, the one moeplan emits for, refuses it",
-                            f"drop it for the emitted launch; launching {script} as written, ignore ARG003 "
-                            "(ignore: [ARG003])")
-        elif entry is None and not is_legacy_model(name, values):
+        elif entry is None and entry_argument(script, name) is None and not is_legacy_model(name, values):
             yield Violation(path, f"{_shown(name, values)} is not an argument of Megatron-LM "
                             "dev@d48bd6be's parser, which refuses it",
                             "drop it, or spell the argument as megatron/training/arguments.py does")
+
+
+@rule(
+    "ARG008", "warning", "carried arguments of the entry script's own parser",
+    source=f"{PARSER}; {ENTRY_TABLE}",
+    why="""An entry script with a parser of its own (launch.megatron_entry: Pai-Megatron-Patch's
+    get_patch_args, MindSpeed-LLM's features, ModelOpt's add_modelopt_args) accepts its arguments, so
+    the launch as written starts. Megatron-LM's own entry script, the one `emit megatron` writes,
+    refuses them: emit leaves each out with a note. What such an argument changes is still ARG001 /
+    ARG002 by its class.""",
+    bad="launch: {megatron_entry: pretrain_deepseek.py, megatron_extra_args: [--train-mode, pretrain]}",
+    good="launch: {megatron_extra_args: [--log-interval, '10']}",
+)
+def carried_entry_arguments(f: Facts) -> Iterator[Violation]:
+    script = f.cfg.launch.megatron_entry
+    for path, name, values, _ in _carried(f):
+        if argument_class(name) is None and (added := entry_argument(script, name)) is not None:
+            parser = added[0]
+            yield Violation(path, f"{_shown(name, values)} is an argument of {parser.who}'s parser "
+                            f"({parser.source}), which {script} adds: the launch as written starts; "
+                            "Megatron-LM dev@d48bd6be's own parser refuses it",
+                            "emit megatron leaves it out; keep it for the launch of "
+                            f"{script}, or ignore ARG008")
 
 
 def _main_only(path: str, name: str, values: tuple[str, ...], entry: ArgumentClass) -> Violation:
@@ -259,4 +275,4 @@ def carried_arity(f: Facts) -> Iterator[Violation]:
 
 
 RULES = (carried_changes_model, carried_changes_time, carried_unknown, legacy_model, carried_modelled,
-         carried_refused_together, carried_arity)
+         carried_refused_together, carried_arity, carried_entry_arguments)

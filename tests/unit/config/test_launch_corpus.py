@@ -9,8 +9,9 @@ compared with moeplan's totals.
 
 Where moeplan's only errors are about carried arguments — one it does not model (ARG001: the
 functional tests' unfused attention backend and local implementation, Megatron-FSDP's buffers) or
-one Megatron dev's parser lacks (ARG003: Pai-Megatron-Patch's and ModelOpt's own parsers' arguments,
-which the probe leaves out) — the layout is still the plan's, and Megatron is asked to derive it.
+one Megatron dev's parser lacks (ARG003), or, as a warning, one of the entry script's own parser
+(ARG008: Pai-Megatron-Patch's, ModelOpt's, MindSpeed-LLM's, which the probe leaves out) — the
+layout is still the plan's, and Megatron is asked to derive it.
 """
 
 from __future__ import annotations
@@ -45,13 +46,14 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                                  "change memory and are not modelled (ARG001); MEM001 is moeplan's own "
                                  "check (MBS 4 x 4096 tokens over 61 layers on PP 1: the activations alone "
                                  "exceed the 80 GiB moeplan assumes, the script names no GPU)"),
-    "mlm_gptoss_train.sh": ({"PIP001", "ARG003", "ARG001"}, "rejected",
+    "mlm_gptoss_train.sh": ({"PIP001", "ARG001"}, "rejected",
                             "Number of layers should be divisible",
                             "12 layers on PP 8 (the script sets PP to the world size): the same refusal; "
                             "--enable-gpt-oss and --export-force-local-attention are ModelOpt's "
                             "(megatron/post_training/arguments.py add_modelopt_args, which pretrain_gpt.py "
-                            "adds only where nvidia-modelopt is installed): ARG003 against dev's parser, "
-                            "naming ModelOpt's; local DotProductAttention stores the s x s scores: ARG001"),
+                            "adds only where nvidia-modelopt is installed): ARG008, a warning (dev's "
+                            "parser refuses them, pretrain_gpt.py with ModelOpt takes them), naming "
+                            "ModelOpt's; local DotProductAttention stores the s x s scores: ARG001"),
     "mlm_modelopt_qwen3_30b_a3b.sh": ({"MEM001"}, "accepted", "",
                                       "a post-training snippet with no parallel sizes: the whole "
                                       "model on each of 8 ranks; memory is moeplan's own check"),
@@ -77,14 +79,14 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                                   "the stored map has no recompute (runtime.conf adds none): 15 "
                                   "microbatches of 4 layers' activations on stage 1 of 16 do not fit 80 GiB; "
                                   "moeplan's own memory check, Megatron's parser makes none"),
-    "pai_deepseek_v3.sh": ({"ARG003", "ARG001"}, "pass", "",
+    "pai_deepseek_v3.sh": ({"ARG001"}, "pass", "",
                            "--max-padding-length, --extra-vocab-size, --patch-tokenizer-type, --dataset, "
                            "--train-mode, --qk-nope-head-dim and --qk-rope-head-dim are Pai-Megatron-Patch's "
                            "own parser's (dev spells the MLA dims --qk-head-dim/--qk-pos-emb-head-dim): "
-                           "ARG003 naming it; Pai's tokenizer sets the padded vocabulary to its size plus "
-                           "--extra-vocab-size: ARG001; rotary embeddings are read now, so MTP is no longer "
-                           "refused"),
-    "pai_qwen3.sh": ({"ARG003"}, "pass", "", "Pai-Megatron-Patch's own parser's arguments "
+                           "ARG008 naming it (a warning); Pai's tokenizer sets the padded vocabulary to "
+                           "its size plus --extra-vocab-size: ARG001; rotary embeddings are read now, "
+                           "so MTP is no longer refused"),
+    "pai_qwen3.sh": (set(), "pass", "", "Pai-Megatron-Patch's own parser's arguments (ARG008, a warning) "
                      "(--max-padding-length, --patch-tokenizer-type, --dataset, --train-mode)"),
     "swift_qwen3_moe.sh": (set(), "pass", "", "ms-swift's defaults (global batch 16, selective core_attn "
                            "recompute overridden by full/uniform, bf16, distributed optimizer); seq_length "
@@ -102,14 +104,15 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                                    "(Ascend has no Transformer Engine) is ARG001; the script's unquoted "
                                    "placeholder paths (--save $CKPT_SAVE_DIR = 'your model save ckpt path') "
                                    "split into words: Megatron refuses them, ARG007 says so"),
-    "mindspeed_deepseek3_671b.sh": ({"PAR017", "ARG001", "ARG003", "ARG007"}, "rejected",
+    "mindspeed_deepseek3_671b.sh": ({"PAR017", "ARG001", "ARG007"}, "rejected",
                                     "unrecognized arguments",
                                     "61 layers (64 less the 3 no-op layers padding the last of 8 "
                                     "stages), 3 dense first, a shared expert of 1 x 2048; PAR017: "
                                     "ckpt_format torch with ETP 1 != TP 4, which Megatron's parser accepts "
                                     "and its maintainers call unsupported; dualpipev (ARG001) and "
-                                    "MindSpeed's own switches (ARG003) are MindSpeed's, left out of what "
-                                    "Megatron is asked; the placeholder paths split as above (ARG007)"),
+                                    "MindSpeed's own switches (ARG008, warnings) are MindSpeed's, left "
+                                    "out of what Megatron is asked; the placeholder paths split as above "
+                                    "(ARG007)"),
     "slime_qwen3_30b_a3b.sh": (set(), "pass", "", "slime's train.py adds bf16, the distributed optimizer "
                                "and seq_length 4096; 8 ranks from the actor arguments"),
     "slime_glm4.7_355b_a32b.sh": (set(), "pass", "", "as above, 64 ranks; the global batch is slime's "
