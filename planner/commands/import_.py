@@ -107,15 +107,48 @@ def _string_representer(dumper: Any, value: str) -> Any:
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
-def validate(data: dict[str, dict[str, Any]]) -> list[Finding]:
-    """Schema findings, or (when the config loads) every rule's findings."""
+def validate(data: dict[str, dict[str, Any]],
+             placeholders: dict[str, tuple[Any, str]] | None = None) -> list[Finding]:
+    """Schema findings, or (when the config loads) every rule's findings. Where the only schema
+    errors are required fields the import has a stated placeholder for, those stay errors and every
+    rule runs on the config with the placeholders filled in: all findings in one pass."""
     from planner.config.loader import InvalidConfig, parse_config
 
     try:
         cfg = parse_config(data)
     except InvalidConfig as exc:
-        return exc.findings
+        return _with_placeholders(data, exc.findings, placeholders or {})
     return collect_findings(cfg)
+
+
+def _with_placeholders(data: dict[str, dict[str, Any]], missing: list[Finding],
+                       placeholders: dict[str, tuple[Any, str]]) -> list[Finding]:
+    from dataclasses import replace
+
+    from planner.config.loader import SCHEMA_SOURCE, InvalidConfig, parse_config
+
+    def absent(dotted: str) -> bool:
+        section, name = dotted.split(".", 1)
+        return name not in data.get(section, {})
+
+    filled = {p for p in placeholders if absent(p)}
+    if not filled or any(f.path not in filled for f in missing):
+        return missing  # errors no placeholder stands for come first, as the schema reports them
+    trial = {section: dict(values) for section, values in data.items()}
+    for dotted in filled:
+        section, name = dotted.split(".", 1)
+        trial.setdefault(section, {})[name] = placeholders[dotted][0]
+    try:
+        cfg = parse_config(trial)
+    except InvalidConfig as exc:  # other schema errors: those, beside the missing fields
+        return [*missing, *(f for f in exc.findings if f.path not in filled)]
+    said = "; ".join(f"{p} {placeholders[p][0]} ({placeholders[p][1]})" for p in sorted(filled))
+    found = {f.path: f for f in missing}
+    named = [replace(found.get(p) or Finding("CFG003", "error", p, f"required field '{p}' is missing",
+                                             f"add {p}: <value>", SCHEMA_SOURCE),
+                     message=f"{found[p].message if p in found else f'{p} is not set'}; the findings "
+                             f"below assume {said}") for p in sorted(filled)]
+    return [*named, *collect_findings(cfg)]
 
 
 def unmapped_table(rows: list[Any]) -> Table:
@@ -129,10 +162,11 @@ def unmapped_table(rows: list[Any]) -> Table:
 
 
 def finish(text: str, data: dict[str, dict[str, Any]], unmapped: list[Any], output: Path | None,
-           as_json: bool, extra: dict[str, Any], *, force: bool = False) -> None:
+           as_json: bool, extra: dict[str, Any], *, force: bool = False,
+           placeholders: dict[str, tuple[Any, str]] | None = None) -> None:
     """Write the YAML, report the unmapped arguments and every finding, exit 0/1 (2 if unwritable,
     or if -o exists and force is not given: each command also checks that before its work)."""
-    findings = validate(data)
+    findings = validate(data, placeholders)
     ok = not has_errors(findings) and not any(u.error for u in unmapped)
     if output is not None:
         check_output_or_exit(output, force=force)
@@ -178,6 +212,9 @@ def import_megatron(
                                         "lead), a shell launch script (read, never run), a YAML argument "
                                         "map (MODEL_ARGS), or a training log with Megatron's argument dump; "
                                         "- for stdin")],
+    positional: Annotated[list[str] | None, typer.Argument(metavar="[VALUE]...", help="the values a "
+                                                         "launch script reads as $1 $2 …, given after "
+                                                         "it as its README runs it")] = None,
     output: Output = None,
     world_size: Annotated[int | None, typer.Option("--world-size", min=1, help="ranks of the job, when "
                                                    "no launcher in SOURCE gives them")] = None,
@@ -196,17 +233,19 @@ def import_megatron(
     text = read_source(args)
     origin = None if args == "-" else Path(args).resolve().parent
     try:
-        result, front = import_text(text, parse_sets(sets or []), world_size, origin)
+        given = {str(i + 1): value for i, value in enumerate(positional or [])}
+        result, front = import_text(text, {**given, **parse_sets(sets or [])}, world_size, origin)
     except (UnreadableArgs, NotAnImport) as exc:
         fail(EXIT_USAGE, f"{args}: {exc}")
     header = [f"imported by `moeplan import megatron` from {'stdin' if args == '-' else args}"
               + (f" (entry {result.entry})" if result.entry else ""),
-              f"read as: {front.described}"]
+              f"read as: {front.described}",
+              *(f"error: {u.argument} {u.value}".rstrip() + f": {u.why}" for u in result.unmapped if u.error)]
     if not as_json:
         stderr.print(f"read {escape('stdin' if args == '-' else args)} as: {escape(front.described)}")
     finish(config_yaml(result.data, header), result.data, result.unmapped, output, as_json,
            {"form": front.form, "launch": front.facts.summary, "entry": result.entry, "env": result.env},
-           force=force)
+           force=force, placeholders=result.placeholders)
 
 
 def register(app: typer.Typer) -> None:

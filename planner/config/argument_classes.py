@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Literal
 
 CLASSES_FILE = Path(__file__).parent / "data" / "megatron_argument_classes.txt"
-Kind = Literal["modelled", "neutral", "error", "warning"]
-KINDS: tuple[Kind, ...] = ("modelled", "neutral", "error", "warning")
+# saving: lowers memory below what moeplan counts (its figures stay an upper bound) — a warning.
+Kind = Literal["modelled", "neutral", "error", "warning", "saving"]
+KINDS: tuple[Kind, ...] = ("modelled", "neutral", "error", "warning", "saving")
+NOT_MODELLED: tuple[Kind, ...] = ("error", "warning", "saving")
 _NEUTRAL_AS = "plan-neutral as "
 # The last part of a line names the one parser that defines the argument, when only one does:
 # `main-only` (Megatron-LM main@d98e8a64, not dev@d48bd6be, whose parser `emit` targets) or
@@ -52,7 +54,7 @@ class ArgumentClass:
 
     def changes_plan(self, values: tuple[str, ...]) -> bool:
         """Whether passing the argument with `values` changes what moeplan computes."""
-        if self.kind not in ("error", "warning"):
+        if self.kind not in NOT_MODELLED:
             return False
         return not (values and self.neutral_values and values[0] in self.neutral_values)
 
@@ -71,7 +73,7 @@ def parse_line(line: str) -> ArgumentClass:
         if not rest[1].startswith(_NEUTRAL_AS):
             raise BadClassLine(f"the fifth part must start '{_NEUTRAL_AS}': {line!r}")
         neutral = tuple(v.strip() for v in rest[1].removeprefix(_NEUTRAL_AS).split(","))
-    if kind in ("error", "warning") and not how:
+    if kind in NOT_MODELLED and not how:
         raise BadClassLine(f"a not-modelled argument needs what it changes and how: {line!r}")
     only, other = (tag.group(1), tag.group(2) or "") if tag is not None else ("", "")
     return ArgumentClass(name, kind, what, how, neutral, only, other)  # type: ignore[arg-type]
@@ -121,4 +123,19 @@ def argument_words(words: list[str] | tuple[str, ...]) -> list[tuple[int, str, t
         elif found:
             at, name, values = found[-1]
             found[-1] = (at, name, values + (word,))
+    return found
+
+
+DESTS_FILE = Path(__file__).parent / "data" / "megatron_dests.tsv"
+
+
+@cache
+def argument_arities() -> dict[str, tuple[str, str]]:
+    """flag → (kind, nargs) of Megatron-LM dev's parser actions (megatron_dests.tsv: kind true /
+    false for store_true / store_false, optional, or value; nargs '' for exactly one value)."""
+    found: dict[str, tuple[str, str]] = {}
+    for line in DESTS_FILE.read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            _, flag, kind, nargs, _ = line.split("\t")
+            found[flag] = (kind, nargs)
     return found

@@ -87,13 +87,17 @@ SPECIAL = {
     "--sequence-packing-scheduler",
     "--use-rotary-position-embeddings", "--recompute-activations",  # LEGACY_SPELLINGS below
     "--no-position-embedding", "--linear-attention-type", "--moe-enable-deepep",
+    "--enable-cuda-graph", "--external-cuda-graph",
 }
 # Megatron's older spellings of a field, resolved as validate_args resolves them (Megatron-LM
 # dev@d48bd6be megatron/training/arguments.py validate_args: "Legacy RoPE arguments" sets
-# position_embedding_type rope; recompute_activations sets recompute_granularity selective).
+# position_embedding_type rope; recompute_activations sets recompute_granularity selective; the
+# deprecated CUDA-graph switches set cuda_graph_impl local / transformer_engine).
 LEGACY_SPELLINGS: dict[str, tuple[str, str]] = {
     "--use-rotary-position-embeddings": ("model.position_embedding_type", "rope"),
     "--recompute-activations": ("overlap.recompute_granularity", "selective"),
+    "--enable-cuda-graph": ("overlap.cuda_graph_impl", "local"),
+    "--external-cuda-graph": ("overlap.cuda_graph_impl", "transformer_engine"),
 }
 # Megatron's defaults where moeplan's differ: an absent argument means these values
 # (Megatron-LM dev@d48bd6be megatron/training/arguments.py and

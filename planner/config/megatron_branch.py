@@ -1,6 +1,7 @@
 """Which Megatron-LM branch a config needs: DeepSeek-V4 features live only on the dev branch
-(Megatron-LM dev@d48bd6be), GTP only on main. The emitter writes it into the launch line and rule
-MOE003 names it; both read it here, so the rules need not load the emitter.
+(Megatron-LM dev@d48bd6be), GTP and NCCL EP's zero-copy path only on main. The emitter writes it
+into the launch line, rule MOE003 names it and rule V4012 refuses a config that needs both; all
+read it here, so the rules need not load the emitter.
 """
 
 from __future__ import annotations
@@ -12,24 +13,42 @@ if TYPE_CHECKING:
 
 
 class BranchConflict(ValueError):
-    """The config has features of both branches: no one Megatron-LM command line runs it."""
+    """The config has features of both branches: no one Megatron-LM command line runs it. `path` is
+    the field of the first main-only feature (the one to change for dev)."""
 
-    path = "parallel.gtp"
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def branch_features(cfg: Config) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(dev-only, main-only) features the config uses, each as (field, what it is)."""
+    m, p, t, moe = cfg.model, cfg.parallel, cfg.training, cfg.moe
+    dev = [(path, what) for path, what, used in (
+        ("model.attention_variant", "DeepSeek-V4 attention (dsv4_hybrid)",
+         m.attention_variant == "dsv4_hybrid"),
+        ("model.moe_n_hash_layers", "hash routing", m.moe_n_hash_layers > 0),
+        ("model.enable_hyper_connections", "mHC hyper-connections", m.enable_hyper_connections),
+        ("parallel.cp_partition_mode", "the contiguous CP partition", p.cp_partition_mode == "contiguous"),
+        ("parallel.dynamic_context_parallel", "dynamic CP", p.dynamic_context_parallel),
+        ("training.sequence_packing_scheduler", "a sequence-packing scheduler",
+         t.sequence_packing_scheduler is not None),
+        ("moe.moe_flex_dispatcher_backend", "the deepepv2 flex backend",
+         moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend == "deepepv2"),
+    ) if used]
+    main = [(path, what) for path, what, used in (
+        ("parallel.gtp", f"GTP {p.gtp}", p.gtp > 1),
+        ("parallel.egtp", f"expert GTP {p.egtp}", p.egtp > 1),
+        ("moe.moe_ncclep_zero_copy", "NCCL EP zero-copy", moe.moe_ncclep_zero_copy),
+    ) if used]
+    return dev, main
 
 
 def megatron_branch(cfg: Config) -> str:
     """The Megatron-LM branch the config's command line targets: dev, main, or 'main or dev'."""
-    m, p, t = cfg.model, cfg.parallel, cfg.training
-    dev = (m.attention_variant == "dsv4_hybrid" or m.moe_n_hash_layers > 0 or m.enable_hyper_connections
-           or p.cp_partition_mode == "contiguous" or p.dynamic_context_parallel
-           or t.sequence_packing_scheduler is not None)
-    main = p.gtp > 1 or p.egtp > 1
-    flex = cfg.moe.moe_token_dispatcher_type == "flex"
-    # DeepEP v2 is a dev-only flex backend; NCCL EP's zero-copy path is main-only (issue 25).
-    dev = dev or (flex and cfg.moe.moe_flex_dispatcher_backend == "deepepv2")
-    main = main or cfg.moe.moe_ncclep_zero_copy
+    dev, main = branch_features(cfg)
     if dev and main:
-        raise BranchConflict("GTP or moe_ncclep_zero_copy (main branch only) cannot be combined "
-                             "with DeepSeek-V4 features or the deepepv2 backend (dev branch only) "
-                             "in one Megatron-LM command line")
+        raise BranchConflict(main[0][0], f"{', '.join(w for _, w in main)} (Megatron-LM main only) "
+                             f"cannot be combined with {', '.join(w for _, w in dev)} (Megatron-LM dev "
+                             "only) in one Megatron-LM command line")
     return "dev" if dev else "main" if main else "main or dev"

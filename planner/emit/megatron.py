@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from planner.config.argument_classes import argument_class, argument_words
+from planner.config.entry_parsers import entry_argument
 from planner.config.hybrid_pattern import (
     MAMBA_MTP_DEPTH,
     RATIO_SYMBOL,
@@ -522,4 +524,19 @@ def extra_arguments(cfg: Config, args: MegatronArgs) -> tuple[str, ...]:
             raise EmitError(path, f"{word!r} is modelled by moeplan as {modelled}: passed through, "
                             "it would change the model behind the plan's back; set "
                             f"{modelled} instead")
-    return extra
+    return _without_entry_arguments(cfg, args, extra)
+
+
+def _without_entry_arguments(cfg: Config, args: MegatronArgs, extra: tuple[str, ...]) -> tuple[str, ...]:
+    """The carried words less the arguments only the launch's own entry script's parser defines
+    (launch.megatron_entry: Pai-Megatron-Patch's, MindSpeed-LLM's; rule ARG008): Megatron-LM's entry
+    script, the one emitted, refuses them, so each is left out with a note."""
+    script = cfg.launch.megatron_entry
+    dropped: set[int] = set()
+    for index, name, values in argument_words(extra):
+        if argument_class(name) is None and entry_argument(script, name) is not None:
+            width = 1 if "=" in extra[index] else 1 + len(values)
+            dropped.update(range(index, index + width))
+            args.notes.append(f"--{name.replace('_', '-')} left out: an argument of {script}'s own parser "
+                              "(rule ARG008), which Megatron-LM's entry script refuses")
+    return tuple(word for index, word in enumerate(extra) if index not in dropped)

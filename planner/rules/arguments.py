@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.config.argument_classes import ArgumentClass, argument_class, argument_words, is_legacy_model
+from planner.config.argument_classes import (
+    ArgumentClass,
+    argument_arities,
+    argument_class,
+    argument_words,
+    is_legacy_model,
+)
 from planner.config.entry_parsers import entry_argument
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
@@ -64,12 +70,19 @@ def _inert(f: Facts, name: str) -> bool:
     return any(name == argument and holds(path) == value for argument, path, value in INERT_WHEN)
 
 
-def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:
+def _not_modelled(f: Facts, kinds: tuple[str, ...]) -> Iterator[Violation]:
     for path, name, values, entry in _carried(f):
-        if entry is None or entry.kind != kind or not entry.changes_plan(values) or _inert(f, name):
+        if entry is None or entry.kind not in kinds or not entry.changes_plan(values) or _inert(f, name):
             continue
         neutral = (f"; as {' or '.join(entry.neutral_values)} it would not"
                    if entry.neutral_values else "")
+        if entry.kind == "saving":
+            yield Violation(path, f"{_shown(name, values)} lowers the memory ({entry.how}) below what "
+                            f"moeplan counts{neutral}",
+                            "moeplan's memory figures are an upper bound for this job and the step-time "
+                            "estimate leaves it out: ignore ARG002 to accept that")
+            continue
+        kind = entry.kind
         fix = ("drop it from launch.megatron_extra_args to train the model moeplan counts, or ignore "
                "ARG001 to accept figures without it" if kind == "error" else
                "the step-time estimate leaves it out: ignore ARG002 to accept that, or drop it")
@@ -89,7 +102,7 @@ def _not_modelled(f: Facts, kind: str) -> Iterator[Violation]:
     good="launch: {megatron_extra_args: [--lr-decay-style, cosine]}",
 )
 def carried_changes_model(f: Facts) -> Iterator[Violation]:
-    yield from _not_modelled(f, "error")
+    yield from _not_modelled(f, ("error",))
 
 
 @rule(
@@ -97,12 +110,13 @@ def carried_changes_model(f: Facts) -> Iterator[Violation]:
     source=f"{PARSER}; {TABLE}",
     why="""A fusion, a CUDA graph, a kernel or communication choice carried verbatim changes only how
     fast the same model trains: the parameters and the memory verdict still hold, the step-time
-    estimate does not account for it.""",
+    estimate does not account for it. One that only lowers the memory (optimizer states offloaded in
+    chunks, the routed experts' paged stash) leaves moeplan's memory figures an upper bound.""",
     bad="launch: {megatron_extra_args: [--no-gradient-accumulation-fusion]}",
     good="launch: {megatron_extra_args: [--log-interval, '10']}",
 )
 def carried_changes_time(f: Facts) -> Iterator[Violation]:
-    yield from _not_modelled(f, "warning")
+    yield from _not_modelled(f, ("warning", "saving"))
 
 
 @rule(
@@ -114,10 +128,10 @@ def carried_changes_time(f: Facts) -> Iterator[Violation]:
     main@d98e8a64's parser defines (megatron_arguments_main.txt; `main-only` in the classes table) is
     an error too, said as such: the job runs on main as written, the emitted launch does not start on
     dev. A user on main ignores ARG003 for it (`ignore: [ARG003]`); what the argument changes is still
-    ARG001/ARG002 and the finding names dev's spelling where dev has one. So is an argument the entry
+    ARG001/ARG002 and the finding names dev's spelling where dev has one. An argument the entry
     script's own parser adds (`launch.megatron_entry`: Pai-Megatron-Patch's get_patch_args,
-    ModelOpt's add_modelopt_args; planner/config/data/entry_parser_arguments.txt): no typo, the
-    finding names the parser that accepts it.""",
+    MindSpeed-LLM's, ModelOpt's add_modelopt_args; planner/config/data/entry_parser_arguments.txt) is
+    no typo and the launch as written starts: ARG008 names it, a warning.""",
     bad="launch: {megatron_extra_args: [--no-such-megatron-flag]}",
     good="launch: {megatron_extra_args: [--log-interval, '10']}",
 )
@@ -126,17 +140,33 @@ def carried_unknown(f: Facts) -> Iterator[Violation]:
     for path, name, values, entry in _carried(f):
         if entry is not None and entry.only == "main":
             yield _main_only(path, name, values, entry)
-        elif argument_class(name) is None and (added := entry_argument(script, name)) is not None:
-            parser = added[0]
-            yield Violation(path, f"{_shown(name, values)} is an argument of {parser.who}'s parser "
-                            f"({parser.source}), which {script} adds; Megatron-LM dev@d48bd6be's own "
-                            "parser, the one moeplan emits for, refuses it",
-                            f"drop it for the emitted launch; launching {script} as written, ignore ARG003 "
-                            "(ignore: [ARG003])")
-        elif entry is None and not is_legacy_model(name, values):
+        elif entry is None and entry_argument(script, name) is None and not is_legacy_model(name, values):
             yield Violation(path, f"{_shown(name, values)} is not an argument of Megatron-LM "
                             "dev@d48bd6be's parser, which refuses it",
                             "drop it, or spell the argument as megatron/training/arguments.py does")
+
+
+@rule(
+    "ARG008", "warning", "carried arguments of the entry script's own parser",
+    source=f"{PARSER}; {ENTRY_TABLE}",
+    why="""An entry script with a parser of its own (launch.megatron_entry: Pai-Megatron-Patch's
+    get_patch_args, MindSpeed-LLM's features, ModelOpt's add_modelopt_args) accepts its arguments, so
+    the launch as written starts. Megatron-LM's own entry script, the one `emit megatron` writes,
+    refuses them: emit leaves each out with a note. What such an argument changes is still ARG001 /
+    ARG002 by its class.""",
+    bad="launch: {megatron_entry: pretrain_deepseek.py, megatron_extra_args: [--train-mode, pretrain]}",
+    good="launch: {megatron_extra_args: [--log-interval, '10']}",
+)
+def carried_entry_arguments(f: Facts) -> Iterator[Violation]:
+    script = f.cfg.launch.megatron_entry
+    for path, name, values, _ in _carried(f):
+        if argument_class(name) is None and (added := entry_argument(script, name)) is not None:
+            parser = added[0]
+            yield Violation(path, f"{_shown(name, values)} is an argument of {parser.who}'s parser "
+                            f"({parser.source}), which {script} adds: the launch as written starts; "
+                            "Megatron-LM dev@d48bd6be's own parser refuses it",
+                            "emit megatron leaves it out; keep it for the launch of "
+                            f"{script}, or ignore ARG008")
 
 
 def _main_only(path: str, name: str, values: tuple[str, ...], entry: ArgumentClass) -> Violation:
@@ -221,5 +251,28 @@ def carried_refused_together(f: Facts) -> Iterator[Violation]:
                             f"Megatron-LM dev@d48bd6be's validate_args ({why})", fix)
 
 
+@rule(
+    "ARG007", "error", "carried arguments have as many values as Megatron's parser takes",
+    source=PARSER,
+    why="""argparse gives a switch no value and a plain option exactly one: any other word after it
+    is left over, and Megatron stops with "unrecognized arguments". A launch script's unquoted
+    placeholder path (`--save $CKPT_SAVE_DIR` with "your model save ckpt path") splits into words
+    so, and the job does not start.""",
+    bad="launch: {megatron_extra_args: [--save, your, ckpt, path]}",
+    good="launch: {megatron_extra_args: [--save, /ckpt]}",
+)
+def carried_arity(f: Facts) -> Iterator[Violation]:
+    arities = argument_arities()
+    for path, name, values, _ in _carried(f):
+        kind, nargs = arities.get("--" + name.replace("_", "-"), ("", "?"))
+        takes = 0 if kind in ("true", "false") else 1 if kind == "value" and nargs == "" else None
+        if takes is not None and len(values) != takes:
+            said = "no value" if takes == 0 else "one value"
+            yield Violation(path, f"{_shown(name, values)}: Megatron's parser takes {said} for it, so "
+                            f"{' '.join(values[takes:])!r} is left over and refused as unrecognized",
+                            "quote the value (an unquoted variable holding spaces splits into words) or "
+                            "give the value the script leaves as a placeholder")
+
+
 RULES = (carried_changes_model, carried_changes_time, carried_unknown, legacy_model, carried_modelled,
-         carried_refused_together)
+         carried_refused_together, carried_arity, carried_entry_arguments)

@@ -341,22 +341,33 @@ def ncclep_needs_rank_capacity(f: Facts) -> Iterator[Violation]:
                         "balanced load)")
 
 
+OP_FUSER = "--use-transformer-engine-op-fuser"  # TransformerConfig.use_transformer_engine_op_fuser
+
+
 @rule(
-    "MOE019", "error", "moe_expert_rank_capacity_factor needs the ncclep backend",
+    "MOE019", "error", "moe_expert_rank_capacity_factor needs ncclep, or hybridep with the TE op fuser",
     source=TRANSFORMER_CONFIG,
     why="""The per-rank receive budget exists only in the hybridep and ncclep backends of the flex
     dispatcher; Megatron rejects it with any other backend, and with hybridep unless
-    use_transformer_engine_op_fuser is on, which moeplan does not configure.""",
+    use_transformer_engine_op_fuser is on (`--use-transformer-engine-op-fuser` carried in
+    launch.megatron_extra_args).""",
     bad="moe: {" + _FLEX + ", moe_flex_dispatcher_backend: deepep, moe_expert_rank_capacity_factor: 1.5}",
     good="moe: {" + _NCCLEP + "}",
 )
 def rank_capacity_needs_ncclep(f: Facts) -> Iterator[Violation]:
     factor = f.moe.moe_expert_rank_capacity_factor
     backend = f.flex_backend
-    if factor is None or backend == "ncclep":
+    fuser = OP_FUSER in f.cfg.launch.megatron_extra_args
+    if factor is None or backend == "ncclep" or (backend == "hybridep" and fuser):
         return
-    why = ("needs Megatron's use_transformer_engine_op_fuser, which moeplan does not configure"
-           if backend == "hybridep" else "is only read by the hybridep and ncclep backends")
+    if backend == "hybridep":
+        yield Violation("moe.moe_expert_rank_capacity_factor",
+                        f"moe_expert_rank_capacity_factor {factor} with backend hybridep needs "
+                        f"{OP_FUSER}, which launch.megatron_extra_args does not carry",
+                        f"add {OP_FUSER} to launch.megatron_extra_args, or use "
+                        "moe_flex_dispatcher_backend: ncclep")
+        return
+    why = "is only read by the hybridep and ncclep backends"
     using = f"backend {backend}" if backend else f"dispatcher {f.moe.moe_token_dispatcher_type}"
     yield Violation("moe.moe_expert_rank_capacity_factor",
                     f"moe_expert_rank_capacity_factor {factor} with {using} {why}",

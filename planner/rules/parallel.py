@@ -355,10 +355,28 @@ def chunked_dp_cp_is_even(f: Facts) -> Iterator[Violation]:
                         "choose degrees that make DP·CP even, or turn it off")
 
 
+@rule(
+    "PAR017", "error", "the legacy torch checkpoint format does not shard experts by ETP",
+    source="Megatron-LM dev@d48bd6be megatron/training/checkpointing.py save_checkpoint",
+    why="""ckpt_format torch writes one file per TP, PP and EP rank and does not go through the
+    sharded state dict, so expert weights split by an expert tensor-parallel size other than TP are
+    saved as if split by TP: the checkpoint holds the wrong number of expert shards. Megatron's
+    maintainers state the torch format lacks the ETP handling torch_dist has (NVIDIA/Megatron-LM
+    GitHub issue #1719).""",
+    bad="parallel: {tp: 2, etp: 1, sequence_parallel: true}\ntraining: {ckpt_format: torch}",
+    good="parallel: {tp: 2, etp: 1, sequence_parallel: true}\ntraining: {ckpt_format: torch_dist}",
+)
+def torch_checkpoint_with_etp(f: Facts) -> Iterator[Violation]:
+    if f.train.ckpt_format == "torch" and f.etp != f.par.tp and f.model.num_experts:
+        yield Violation("training.ckpt_format", f"ckpt_format torch with etp {f.etp} ≠ tp {f.par.tp}: "
+                        "expert shards are saved by TP rank, not ETP rank",
+                        "use ckpt_format: torch_dist (the default), or etp equal to tp")
+
+
 RULES = (
     dense_grid_divides, expert_grid_divides, experts_divisible_by_ep, expert_ffn_divisible_by_etp,
     shared_expert_divisible_by_tp, heads_divisible_by_tp, query_groups_fit_tp,
     sequence_parallel_with_tp, order_names_every_axis, order_dp_matches_edp, pp_groups_agree,
     sequence_parallel_without_tp, hierarchical_cp_product, a2a_p2p_needs_hierarchy,
-    dynamic_cp_requirements, chunked_dp_cp_is_even,
+    dynamic_cp_requirements, chunked_dp_cp_is_even, torch_checkpoint_with_etp,
 )

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from planner.config.megatron_branch import branch_features
 from planner.config.schema import DSV4_CSA_RATIO as CSA_RATIO
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.sources import TRANSFORMER_CONFIG, V4_WRITE_UP, VALIDATE_ARGS, dev
 
 COMPRESS_RATIOS = (0, 4, 128)
+# The dev-only features of the DeepSeek-V4 model and its dispatch (planner/config/megatron_branch.py).
+V4_ONLY = ("model.attention_variant", "model.moe_n_hash_layers", "model.enable_hyper_connections",
+           "moe.moe_flex_dispatcher_backend")
 
 # A custom model with V4 attention needs one compress ratio per layer (4 layers in the base).
 _V4_MODEL = "model: {attention_variant: dsv4_hybrid, compress_ratios: [0, 4, 128, 4]}"
@@ -268,8 +272,29 @@ def v4_cp_boundary_window(f: Facts) -> Iterator[Violation]:
                         "seq_length")
 
 
+@rule(
+    "V4012", "error", "DeepSeek-V4 features and main-only GTP / NCCL EP zero-copy are not in one Megatron",
+    source=(f"{dev('core/transformer/transformer_config.py', 'TransformerConfig')}; Megatron-LM "
+            "main@d98e8a64 megatron/core/transformer/transformer_config.py TransformerConfig"),
+    why="""DeepSeek-V4 attention, hash routing, mHC and the deepepv2 backend exist only on
+    Megatron-LM dev; GTP and NCCL EP's zero-copy path only on main. No one Megatron builds a config
+    with both, and `emit` refuses it; so does check.""",
+    bad=_V4_MODEL + "\nparallel: {gtp: 2}",
+    good=_V4_MODEL,
+)
+def one_branch(f: Facts) -> Iterator[Violation]:
+    dev_only, main_only = branch_features(f.cfg)
+    # The CP and packing features are left to the GTP rules (GTP004, GTP009), which judge them with GTP.
+    dev_only = [(path, what) for path, what in dev_only if path in V4_ONLY]
+    if dev_only and main_only:
+        path, what = main_only[0]
+        yield Violation(path, f"{', '.join(w for _, w in main_only)} exist(s) only on Megatron-LM main, "
+                        f"{', '.join(w for _, w in dev_only)} only on dev: no one Megatron runs both",
+                        f"drop {what} to run on dev, or the dev-only feature(s) to run on main")
+
+
 RULES = (
     v4_attention_tp1, v4_cp_needs_packing, v4_cp_contiguous, v4_cp_static, hash_forbids_ep_overlap,
     hash_needs_tid2eid_source, mhc_pp_with_ep_overlap, v4_without_node_limits,
-    v4_compress_ratio_count, v4_compress_ratio_values, v4_cp_boundary_window,
+    v4_compress_ratio_count, v4_compress_ratio_values, v4_cp_boundary_window, one_branch,
 )

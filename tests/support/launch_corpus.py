@@ -34,6 +34,7 @@ class CorpusEntry:
     vocab_size: int | None = None  # what the user adds after the vocabulary note
     why: str = ""  # where sets / world size / vocabulary come from
     appended: tuple[str, ...] = ()  # arguments the file's harness appends to the map
+    gpu: str | None = None  # the GPU the file's harness runs on (cluster.gpu)
 
 
 def modelzoo_sets(tp: int, pp: int, ep: int, cp: int, vpp: int, mbs: int, gbs: int, layers: int,
@@ -109,6 +110,28 @@ CORPUS: tuple[CorpusEntry, ...] = (
                       "MP_PP0_LAYERS": "5", "GPUS_PER_NODE": "8", "NNODES": "16"},
                 vocab_size=129280, why=PAI_README.format(model="deepseek_v3") + " with MP_PP0_LAYERS=5; "
                 "16 nodes of 8 (EP 16 x PP 8); deepseek-v3 preset vocabulary"),
+    CorpusEntry("slime_qwen3_30b_a3b.sh", "slime launch",
+                why="nothing added: the sourced models/qwen3-30B-A3B.sh gives the vocabulary, slime's "
+                    "--actor-num-nodes 1 x --actor-num-gpus-per-node 8 the world"),
+    CorpusEntry("slime_glm4.7_355b_a32b.sh", "slime launch",
+                why="nothing added: ACTOR_NUM_NODES defaults to 8 (x 8 GPUs), the sourced "
+                    "models/glm4.5-355B-A32B.sh gives the model and vocabulary"),
+    CorpusEntry("swift_qwen3_moe.sh", "ms-swift command", sets={"WORLD_SIZE": "2"}, world_size=16,
+                why="Alibaba Cloud DLC sets WORLD_SIZE (nodes: 2) and 8 processes per node; the header's "
+                    "'16 * 80GiB'; the model is --model Qwen/Qwen3-30B-A3B-Base, the qwen3-30b-a3b preset"),
+    CorpusEntry("swift_qwen3_moe_offload.sh", "ms-swift command",
+                why="nothing added: NPROC_PER_NODE=4 on one node; the model is the qwen3-30b-a3b preset"),
+    CorpusEntry("verl_qwen3moe_30b_megatron.sh", "verl Megatron trainer",
+                why="nothing added: NNODES 1 x NGPUS_PER_NODES 8 (the script's defaults); the model is "
+                    "actor_rollout_ref.model.path Qwen/Qwen3-30B-A3B-Base, the qwen3-30b-a3b preset"),
+    CorpusEntry("primus_qwen3_30b_a3b.yaml", "Primus experiment", world_size=8, vocab_size=151936,
+                gpu="MI300X",
+                why="examples/megatron/configs/MI300X: one MI300X node of 8 (EP 8); the tokenizer "
+                    "Qwen/Qwen3-30B-A3B's vocabulary (the qwen3-30b-a3b preset's)"),
+    CorpusEntry("mindspeed_qwen3_30b_a3b.sh", "MindSpeed-LLM launch",
+                why="nothing added: torchrun 2 nodes x 8 NPUs, --padded-vocab-size 151936"),
+    CorpusEntry("mindspeed_deepseek3_671b.sh", "MindSpeed-LLM launch",
+                why="nothing added: torchrun 64 nodes x 8 NPUs, --vocab-size 129280"),
     CorpusEntry("pai_qwen3.sh", "shell launch script",
                 sets={**_positional(["dlc", "A3B", "1", "8", "1e-5", "1e-6", "128", "128", "bf16", "4", "2",
                                      "1", "1", "4", "true", "true", "true", "false", "sel", "false", "100000",
@@ -139,7 +162,10 @@ def import_entry(entry: CorpusEntry, root: Path) -> tuple[Imported, FrontEnd]:
     front.argv += list(entry.appended)
     if entry.vocab_size is not None:
         front.argv += ["--vocab-size", str(entry.vocab_size)]
-    return assemble(front, entry.world_size), front
+    result = assemble(front, entry.world_size)
+    if entry.gpu is not None:
+        result.set("cluster.gpu", entry.gpu)
+    return result, front
 
 
 # Flags whose only check in Megatron is that a kernel library is installed, which the probe machine

@@ -3,14 +3,20 @@ environment under `ENV_VARS:` — the form of Megatron-LM's functional tests
 (tests/functional_tests/test_cases/*/*/model_config.yaml) and of Megatron-MoE-ModelZoo's
 model_configs/benchmarking/*.yaml.
 
-Both harnesses turn the map into a command line the same way (Megatron-MoE-ModelZoo
+Both harnesses turn the map into a command line alike (Megatron-MoE-ModelZoo
 sbatch_benchmarking.sh, its yq query): a `true` value is the bare flag, a `false` value leaves the
 flag out, anything else is the flag and the value; `${VAR}` in a value is filled from the
-environment (envsubst) — here from `--set VAR=VALUE`, or named as unresolved.
+environment (envsubst) — here from `--set VAR=VALUE`, or named as unresolved. They differ in how a
+value becomes words. Megatron-LM's runner (d98e8a64 tests/functional_tests/shell_test_utils/
+_run_training.sh) strips a value wrapped in `[ ]` and lets `eval` split it into words
+(`"[moe_act layernorm]"` is two), and quotes a value wrapped in `( )` or holding spaces into one
+word; ModelZoo's command line is expanded unquoted, so bash splits every value at its spaces.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import dataclass, field
 
 import yaml
@@ -22,6 +28,24 @@ _FORMS = {
     "TEST_TYPE": "YAML argument map (MODEL_ARGS of a Megatron-LM functional test)",
     "": "YAML argument map (MODEL_ARGS, as Megatron-MoE-ModelZoo model configs write it)",
 }
+
+
+_BRACKETED = re.compile(r"\[[^]]+\]")  # the runner's grep -E '^\[[^]]+\]$'
+
+
+def runner_words(value: str) -> list[str]:
+    """The words Megatron-LM's functional-test runner passes for one map value (xargs trims it)."""
+    value = value.strip()
+    if _BRACKETED.fullmatch(value):
+        try:
+            return shlex.split(value[1:-1])
+        except ValueError:
+            return value[1:-1].split()
+    return [value]
+
+
+def _one_word(value: str) -> list[str]:
+    return [value]
 
 
 @dataclass
@@ -72,6 +96,7 @@ def read_map(data: dict, sets: dict[str, str]) -> ArgumentMap:
     env_section = data.get("ENV_VARS") if nested else None
     env = {str(k): str(v) for k, v in env_section.items()} if isinstance(env_section, dict) else {}
     found = ArgumentMap(form, [], env)
+    split = (runner_words if "TEST_TYPE" in data else str.split) if nested else _one_word
     for key, value in arguments.items():
         if not isinstance(key, str) or not key.startswith("--"):
             found.ignored.append(str(key))
@@ -85,8 +110,8 @@ def read_map(data: dict, sets: dict[str, str]) -> ArgumentMap:
             expanded, unresolved = expand_value(str(item) if item is not None else "", {**env, **sets},
                                                 f"the YAML argument map's {key[:80]}")
             found.unresolved.update(unresolved)
-            words.append(expanded)
+            words += split(expanded) if isinstance(value, str) else [expanded]
         if words == ["false"]:
             continue
-        found.argv += [key] if words in (["true"], [""]) else [key, *words]
+        found.argv += [key] if words in (["true"], [""], []) else [key, *words]
     return found

@@ -8,6 +8,7 @@ its fix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import lcm
 from pathlib import Path
 
 from planner.config.importers.launch_facts import LaunchFacts
@@ -20,10 +21,17 @@ from planner.config.importers.megatron_args import (
     parse_command,
 )
 from planner.config.importers.shell_script import PLACEHOLDER, Unresolved
-from planner.config.importers.vocabulary import folder_vocabulary, local_folder, preset_vocabulary
+from planner.config.importers.vocabulary import (
+    folder_vocabulary,
+    largest_preset_vocabulary,
+    local_folder,
+    preset_vocabulary,
+)
 from planner.config.megatron_arguments import SPECIAL, argument_table
+from planner.config.presets import PRESETS
 
 _VOCABULARY_FLAGS = ("--vocab-size", "--padded-vocab-size")
+GPT2_BPE_TOKENS = 50257  # the vocab.json of GPT-2 BPE that Megatron's GPT2BPETokenizer reads
 
 
 @dataclass
@@ -38,6 +46,7 @@ class FrontEnd:
     unresolved: dict[str, Unresolved] = field(default_factory=dict)
     notes: list[Unmapped] = field(default_factory=list)
     origins: list[Path] = field(default_factory=list)  # folders a relative tokenizer path may be in
+    model_preset: str | None = None  # the model is this preset (a launcher that builds it from HF)
 
     @property
     def described(self) -> str:
@@ -96,6 +105,8 @@ def _vocabulary(result: Imported, front: FrontEnd, arguments: list[Argument]) ->
         return
     if any(flag in values for flag in _VOCABULARY_FLAGS) or result.has("model.vocab_size"):
         return
+    if front.model_preset is not None and "vocab_size" in PRESETS.get(front.model_preset, {}):
+        return  # the preset carries the checkpoint's vocabulary
     tokenizer = values.get("--tokenizer-model") or values.get("--tokenizer-name-or-path") or ""
     kind = values.get("--tokenizer-type", "")
     folder = local_folder(tokenizer, front.origins)
@@ -111,6 +122,19 @@ def _vocabulary(result: Imported, front: FrontEnd, arguments: list[Argument]) ->
     suggestion = preset_vocabulary(tokenizer) if tokenizer else None
     hint = (f"; the {suggestion[0]} preset's vocabulary is {suggestion[1]}: --vocab-size {suggestion[1]}"
             if suggestion else "")
+    if suggestion:
+        result.placeholders["model.vocab_size"] = (suggestion[1], f"the {suggestion[0]} preset's "
+                                                   f"vocabulary, named by the tokenizer {tokenizer}")
+    elif kind == "GPT2BPETokenizer" or values.get("--vocab-file", "").endswith("vocab.json"):
+        said = (f"--tokenizer-type {kind}" if kind else f"--vocab-file {values['--vocab-file']}")
+        result.placeholders["model.vocab_size"] = (GPT2_BPE_TOKENS, f"assumed GPT-2 BPE's {GPT2_BPE_TOKENS} "
+                                                   f"tokens ({said}), as Megatron's GPT2BPETokenizer "
+                                                   "reads them")
+    else:
+        preset, size = largest_preset_vocabulary()
+        result.placeholders["model.vocab_size"] = (size, f"assumed: no tokenizer size is readable, so "
+                                                   f"the largest preset vocabulary ({preset}), which "
+                                                   "does not under-count the embedding and output layer")
     why = (f"the vocabulary comes from the tokenizer ({said or 'none named'}), which is not a local "
            "folder moeplan can read")
     front.notes.append(Unmapped("--vocab-size", "", f"{why}; fix: add --vocab-size N to the arguments or "
@@ -138,11 +162,32 @@ def _launch_notes(front: FrontEnd, world_size: int | None) -> list[Unmapped]:
     return notes
 
 
+def _placeholders(result: Imported) -> None:
+    """Stated assumptions for required fields the launch leaves out, so every other rule runs in
+    the same pass: the sequence length from --max-position-embeddings (Megatron asserts it is at
+    least the sequence length under learned positions), and the smallest world the layout fills
+    (DP 1: PP x the larger of TP x CP and ETP x EP, as Megatron's two rank grids need both)."""
+    if not result.has("training.seq_length") and isinstance(result.get("model.max_position_embeddings"), int):
+        result.placeholders["training.seq_length"] = (result.get("model.max_position_embeddings"),
+                                                      "--max-position-embeddings")
+    if not result.has("parallel.world_size") and not result.has("cluster.nodes"):
+        degrees = {name: result.get(f"parallel.{name}") for name in ("tp", "cp", "pp", "ep", "etp")}
+        if all(isinstance(v, int) or v is None for v in degrees.values()):
+            tp, cp, pp, ep = (degrees[n] or 1 for n in ("tp", "cp", "pp", "ep"))
+            etp = degrees["etp"] or tp
+            world = pp * lcm(tp * cp, etp * ep)
+            result.placeholders["parallel.world_size"] = (world, f"the smallest world the layout fills "
+                                                          f"(DP 1: PP {pp} x lcm(TP·CP {tp * cp}, "
+                                                          f"ETP·EP {etp * ep}))")
+
+
 def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:
     """The config of a front end's arguments: mapped, launched, vocabulary found, notes first."""
     words, unresolved = _unresolved_notes(front, front.argv)
     line = parse_command(([front.entry] if front.entry else []) + words)
-    result = map_command(line)
+    result = map_command(line, model_defaults=front.model_preset is None)
+    if front.model_preset is not None:
+        result.set("model.preset", front.model_preset)
     result.entry = front.entry or result.entry
     _apply_launch(result, front.facts, world_size)
     if front.env:
@@ -150,5 +195,6 @@ def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:
         result.env = dict(front.env)
     _vocabulary(result, front, line.arguments)
     keep_extra_args(result)
+    _placeholders(result)
     result.unmapped = [*front.notes, *unresolved, *_launch_notes(front, world_size), *result.unmapped]
     return result

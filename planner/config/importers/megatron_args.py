@@ -31,7 +31,7 @@ from planner.config.megatron_arguments import (
     Kind,
     argument_table,
 )
-from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER
+from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER, main_arguments, megatron_arguments
 
 KEPT = "kept in launch.megatron_extra_args"  # where an argument moeplan does not model goes
 _ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
@@ -65,6 +65,9 @@ class Imported:
     extra_args: list[str] = field(default_factory=list)  # verbatim words of the unmapped arguments
     entry: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # A value for a required field the launch leaves out, and where it comes from: the other rules
+    # run on it in the same pass, while the field itself stays missing (CFG003) in the YAML.
+    placeholders: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
     def set(self, dotted: str, value: Any) -> None:
         section, name = dotted.split(".", 1)
@@ -255,8 +258,9 @@ def map_arguments(text: str, world_size: int | None = None) -> Imported:
     return map_command(parse_command(split_words(text)), world_size)
 
 
-def map_command(line: CommandLine, world_size: int | None = None) -> Imported:
-    """Every modelled argument of a command line's words, under its field; the others kept."""
+def map_command(line: CommandLine, world_size: int | None = None, model_defaults: bool = True) -> Imported:
+    """Every modelled argument of a command line's words, under its field; the others kept. Without
+    `model_defaults`, Megatron's model defaults stay unwritten (a preset gives the model)."""
     result = Imported(entry=line.entry, env=line.env)
     for word in line.stray:
         result.unmapped.append(Unmapped(word, "", "not an argument (no leading --) and not the entry "
@@ -265,7 +269,7 @@ def map_command(line: CommandLine, world_size: int | None = None) -> Imported:
     result.unmapped += issues
     table = argument_table()
     special: dict[str, Argument] = {}
-    for arg in line.arguments:
+    for arg in dashed_arguments(result, line.arguments):
         if arg.flag in SPECIAL:
             special[arg.flag] = arg
             continue
@@ -285,17 +289,72 @@ def map_command(line: CommandLine, world_size: int | None = None) -> Imported:
         try:
             value = parse_value(kind, arg.values)
         except BadValue as exc:
-            result.unmapped.append(Unmapped(arg.flag, arg.text, f"malformed value: {exc}", error=True))
+            _malformed(result, arg, f"malformed value: {exc}")
             continue
         if arg.flag == "--disable-bias-linear" or negated:
             value = False
+        if kind == "moe_freq" and isinstance(value, int) and value <= 0:
+            value = _signed_moe_freq(result, arg, value)
+            if value is None:
+                continue
         result.set(dotted, value)
     _apply_special(result, special)
-    _apply_megatron_defaults(result)
+    pattern = result.get("model.moe_layer_freq")
+    if isinstance(pattern, list) and len(pattern) == result.get("model.num_layers"):
+        result.set("model.moe_layer_freq", moe_layer_freq(pattern))  # [1, 1, …] builds what 1 builds
+    _refused_words(result, line.arguments)
+    _apply_megatron_defaults(result, model_defaults)
     _apply_world(result, nodes, procs, world_size)
     if line.env:  # the environment the line exports goes where moeplan's launchers export theirs
         result.set("launch.env", dict(line.env))
     return result
+
+
+def _refused_words(result: Imported, arguments: list[Argument]) -> None:
+    """Words whose field value moeplan reads alike but Megatron does not: an explicit
+    `--mtp-num-layers 0` is not the absent argument (None) that TransformerConfig.__post_init__
+    (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py) accepts beside
+    overlap_moe_expert_parallel_comm, which asserts mtp_num_layers is None or 1."""
+    given = {arg.flag: arg.values for arg in arguments}
+    if given.get("--mtp-num-layers") == ("0",) and "--overlap-moe-expert-parallel-comm" in given:
+        result.unmapped.append(Unmapped("--mtp-num-layers", "0", "Megatron asserts 'MTP layernum only "
+                                        "supports 1 when enabling overlap_moe_expert_parallel_comm': 0 "
+                                        "is refused where the absent argument is not; fix: drop "
+                                        "--mtp-num-layers 0 (the emitted launch leaves it out)", error=True))
+
+
+def dashed_arguments(result: Imported, arguments: list[Argument]) -> list[Argument]:
+    """`--tensor_model_parallel_size` read as `--tensor-model-parallel-size`: launchers with their own
+    parsers (ms-swift's `megatron` command) take Megatron's arguments in underscore spelling, while
+    Megatron's parser (megatron/training/arguments.py) defines only the dashed one. An underscore
+    word no Megatron parser knows stays as written (ARG003 names it)."""
+    known = megatron_arguments() | main_arguments()
+    read: list[Argument] = []
+    respelled: list[str] = []
+    for arg in arguments:
+        name = arg.flag[2:]
+        if "_" in name and name in known:
+            dashed = "--" + name.replace("_", "-")
+            respelled.append(f"{arg.flag} as {dashed}")
+            arg = Argument(dashed, arg.values)
+        read.append(arg)
+    if respelled:
+        result.unmapped.append(Unmapped("--*_*", "", "underscore spellings read as Megatron's dashed "
+                                        f"arguments: {', '.join(respelled)}"))
+    return read
+
+
+def _signed_moe_freq(result: Imported, arg: Argument, value: int) -> int | None:
+    """--moe-layer-freq -N: Megatron makes layer i MoE where `i % freq == 0` (Megatron-LM dev@d48bd6be
+    megatron/core/models/gpt/gpt_layer_specs.py get_gpt_decoder_layer_specs), and Python's i % -N is
+    0 exactly where i % N is: the same pattern as N (-1: every layer). 0 divides by zero there."""
+    if value == 0:
+        result.unmapped.append(Unmapped(arg.flag, arg.text, "malformed value: 0 (Megatron computes "
+                                        "layer % 0 and fails); fix: 1 for every layer MoE", error=True))
+        return None
+    result.unmapped.append(Unmapped(arg.flag, arg.text, f"read as {-value}: Megatron makes layer i MoE "
+                                    f"where i % {value} == 0, which are the layers i % {-value} == 0"))
+    return -value
 
 
 def kept_reason(arg: Argument, entry_script: str | None = None) -> str:
@@ -309,7 +368,7 @@ def kept_reason(arg: Argument, entry_script: str | None = None) -> str:
         parser, entry = added
         changes = (f"changes {entry.what}, {entry.how}; check reports ARG003 and "
                    f"{'ARG001' if entry.kind == 'error' else 'ARG002'}"
-                   if entry.kind in ("error", "warning") and entry.changes_plan(arg.values)
+                   if entry.changes_plan(arg.values)
                    else f"plan-neutral, {entry.what}; check reports ARG003")
         return (f"an argument of {parser.who}'s parser ({parser.source}), which {entry_script} adds; "
                 f"Megatron-LM's parser refuses it ({where}; {changes})")
@@ -319,7 +378,10 @@ def kept_reason(arg: Argument, entry_script: str | None = None) -> str:
     if entry.only == "main":  # issue 22: main@d98e8a64's parser has it, dev's (emit's target) does not
         return (f"main-only: Megatron-LM main's parser accepts it, dev's refuses it ({where}; check "
                 "reports ARG003)")
-    if entry.kind in ("error", "warning") and entry.changes_plan(arg.values):
+    if entry.kind == "saving" and entry.changes_plan(arg.values):
+        return (f"not modelled: changes {entry.what}, {entry.how}; the memory it saves is not taken off "
+                f"moeplan's figures ({where}; check reports ARG002)")
+    if entry.changes_plan(arg.values):
         code = "ARG001" if entry.kind == "error" else "ARG002"
         return f"not modelled: changes {entry.what}, {entry.how} ({where}; check reports {code})"
     return f"not modelled, plan-neutral ({entry.what if entry.kind == 'neutral' else 'as given'}; {where})"
@@ -330,19 +392,34 @@ def _keep(result: Imported, arg: Argument, why: str) -> None:
     result.extra_args += arg.words
 
 
+def _malformed(result: Imported, arg: Argument, why: str) -> None:
+    """A value Megatron's parser refuses: named as an error, and kept in the launch words as written,
+    so the YAML holds it too and `check` of that YAML refuses it (ARG005, naming its field)."""
+    result.unmapped.append(Unmapped(arg.flag, arg.text, f"{why}; kept as written in "
+                                    "launch.megatron_extra_args until it is fixed", error=True))
+    result.extra_args += arg.words
+
+
 def _one(result: Imported, arg: Argument, kind: Kind) -> Any:
     try:
         return parse_value(kind, arg.values)
     except BadValue as exc:
-        result.unmapped.append(Unmapped(arg.flag, arg.text, f"malformed value: {exc}", error=True))
+        _malformed(result, arg, f"malformed value: {exc}")
         return None
 
 
 def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
     """Arguments that set another field, several fields, or depend on other arguments."""
     for flag, (dotted, value) in LEGACY_SPELLINGS.items():
-        if flag in special and _one(result, special[flag], "flag") is not None:
-            result.set(dotted, value)
+        if flag not in special or _one(result, special[flag], "flag") is None:
+            continue
+        if dotted == "overlap.cuda_graph_impl" and result.get(dotted, "none") != "none":
+            # validate_args: "Do not use --enable-cuda-graph or --external-cuda-graph with --cuda-graph-impl."
+            result.unmapped.append(Unmapped(flag, "", f"Megatron refuses it beside --cuda-graph-impl "
+                                            f"{result.get(dotted)} (validate_args); fix: keep one of them",
+                                            error=True))
+            continue
+        result.set(dotted, value)
     _apply_enable_deepep(result, special.get("--moe-enable-deepep"))
     if "--bf16" in special or "--fp16" in special:
         result.set("training.precision", "bf16" if "--bf16" in special else "fp16")
@@ -385,6 +462,21 @@ def _apply_special(result: Imported, special: dict[str, Argument]) -> None:
         result.set("model.attention_variant", "mla")
     if result.get("model.attention_variant") == "dsv4_hybrid":
         result.data["model"].pop("multi_latent_attention", None)  # implied: DSv4 attention is MLA-based
+    if result.get("model.attention_variant") not in ("mla", "dsv4_hybrid"):
+        # YaRN's settings are MLATransformerConfig's: standard attention's RoPE never reads them
+        # (planner/emit/megatron.py rotary_fields writes them for MLA and DSv4 attention only)
+        for name in ("rotary_scaling_factor", "original_max_position_embeddings"):
+            if result.has(f"model.{name}"):
+                value = result.data["model"].pop(name)
+                result.unmapped.append(Unmapped("--" + name.replace("_", "-"), str(value), "read only by "
+                                                "MLA / DeepSeek-V4 attention's YaRN; inert with standard "
+                                                "attention, so not taken into the model"))
+    fsdp = result.get("training.use_megatron_fsdp")
+    if result.has("training.data_parallel_sharding_strategy") and not fsdp:
+        # only the Megatron-FSDP wrapper reads it (megatron/core/distributed/fsdp/); emit writes it there only
+        value = result.data["training"].pop("data_parallel_sharding_strategy")
+        result.unmapped.append(Unmapped("--data-parallel-sharding-strategy", str(value), "read only by "
+                                        "Megatron-FSDP (--use-megatron-fsdp is not given); inert here"))
     spec = special.get("--spec")
     if spec is not None and tuple(spec.values) != HYBRID_DSV4_SPEC:
         _keep(result, spec, f"layer spec moeplan does not model ({KEPT})")
@@ -434,7 +526,7 @@ def _apply_hybrid(result: Imported, arg: Argument) -> None:
         result.unmapped.append(Unmapped(arg.flag, arg.text, f"not modelled: {exc}", error=True))
         return
     except ValueError as exc:  # a pattern Megatron's grammar refuses, or not one value
-        result.unmapped.append(Unmapped(arg.flag, arg.text, f"malformed value: {exc}", error=True))
+        _malformed(result, arg, f"malformed value: {exc}")
         return
     # The pattern wins over --num-layers, and over --mtp-num-layers when it holds MTP parts
     # (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args).
@@ -453,12 +545,12 @@ def _apply_hybrid(result: Imported, arg: Argument) -> None:
                    layout_string(decoded["segments"], result.get("model.mtp_num_layers", 0), IMPORTED))
 
 
-def _apply_megatron_defaults(result: Imported) -> None:
+def _apply_megatron_defaults(result: Imported, model: bool = True) -> None:
     defaults = dict(MEGATRON_DEFAULTS)
     if result.get("model.attention_variant") == "mla":
         defaults.update(MLA_DEFAULTS)
     for dotted, value in defaults.items():
-        if not result.has(dotted):
+        if not result.has(dotted) and (model or not dotted.startswith("model.")):
             result.set(dotted, value)
 
 

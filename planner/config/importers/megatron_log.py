@@ -93,6 +93,19 @@ def destinations() -> dict[str, tuple[Destination, ...]]:
     return {dest: tuple(rows) for dest, rows in table.items()}
 
 
+@cache
+def _by_flag() -> dict[str, Destination]:
+    return {row.flag: row for rows in destinations().values() for row in rows}
+
+
+def argument_destination(name: str) -> Destination | None:
+    """The parser action a config key names, by its dest (`apply_rope_fusion`, set by
+    --no-rope-fusion) or by its flag's spelling (`norm_epsilon`: --norm-epsilon, dest
+    layernorm_epsilon), as launchers that pass Megatron's settings by name write them."""
+    rows = destinations().get(name)
+    return rows[0] if rows else _by_flag().get("--" + name.replace("_", "-"))
+
+
 @dataclass
 class LogRead:
     """What one log says: the (last) argument dump and the derived values printed after it."""

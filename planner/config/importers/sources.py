@@ -11,17 +11,25 @@ from pathlib import Path
 
 from planner.config.importers.arg_map import is_argument_map, load_map, read_map
 from planner.config.importers.assemble import FrontEnd, assemble
+from planner.config.importers.bridge_yaml import bridge_front_end, is_bridge_container
 from planner.config.importers.launch_facts import launch_facts
 from planner.config.importers.log_lines import clean_lines
 from planner.config.importers.megatron_args import Imported, Unmapped, split_words
 from planner.config.importers.megatron_log import has_dump, log_front_end
+from planner.config.importers.mindspeed import is_mindspeed, mindspeed_front_end
+from planner.config.importers.primus import PrimusUnreadable, is_primus, primus_front_end
 from planner.config.importers.shell_script import (
     ScriptTooComplex,
+    Unknown,
     argument_variables,
     entry_index,
     launch_command,
     read_script,
 )
+from planner.config.importers.slime import is_slime, layer_freq_sets, slime_front_end
+from planner.config.importers.sourced import inline_sourced
+from planner.config.importers.swift import swift_at, swift_front_end
+from planner.config.importers.verl import verl_at, verl_front_end
 
 ARGUMENT_FILE = "argument file"
 SHELL_SCRIPT = "shell launch script"
@@ -45,18 +53,34 @@ def detect_form(text: str) -> str:
     data = load_map(text)
     if data is not None and is_argument_map(data):
         return "map"
+    if data is not None and is_primus(data):
+        return "primus"
+    if data is not None and is_bridge_container(data):
+        return "bridge"
     if data is not None and {"model", "parallel"} & set(data):
         raise NotAnImport("this is a moeplan config (model/parallel sections): run `moeplan check` on it")
     return "script" if _SHELL_SIGNS.search(text) else "arguments"
 
 
 def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> FrontEnd:
+    text, sourced = inline_sourced(text, origin)
     read = read_script(text, sets)
+    if loops := {k: v for k, v in layer_freq_sets(text, read).items() if k not in sets}:
+        read = read_script(text, {**loops, **sets})
     command = launch_command(read)
     if command is None and (held := argument_variables(read)):
         names, argv, unresolved = held
         return FrontEnd(f"{SHELL_SNIPPET} ({', '.join(names)})", argv, unresolved=unresolved,
                         origins=[origin] if origin else [])
+    if command is None and (swift := next((c for c in read.commands if swift_at(c.words) is not None), None)):
+        front = swift_front_end(swift.words, dict(swift.env), [origin] if origin else [])
+        front.unresolved = dict(swift.unresolved)
+        return front
+    if command is None and (verl := next((c for c in read.commands if verl_at(c.words) is not None), None)):
+        front = verl_front_end(verl.words, {k: v for k, v in verl.env.items() if not isinstance(v, Unknown)},
+                               [origin] if origin else [])
+        front.unresolved = dict(verl.unresolved)
+        return front
     if command is None:
         runs = [c.words[:2] for c in read.commands if c.words and c.words[0] in ("bash", "sh", "sbatch")]
         why = ("no command in it starts a Python entry script (pretrain_gpt.py, …)"
@@ -67,18 +91,39 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     assert at is not None
     launcher, entry, argv = command.words[:at], command.words[at], command.words[at + 1:]
     facts = launch_facts(launcher, read.sbatch)
-    front = FrontEnd(SHELL_SCRIPT, argv, entry.rsplit("/", 1)[-1], dict(command.env), facts,
+    env = {name: value for name, value in command.env.items() if not isinstance(value, Unknown)}
+    front = FrontEnd(SHELL_SCRIPT, argv, entry.rsplit("/", 1)[-1], env, facts,
                      dict(command.unresolved), origins=[origin] if origin else [])
+    for name, value in command.env.items():
+        if isinstance(value, Unknown):
+            front.notes.append(Unmapped(name, "", f"{value}: left out of launch.env; fix: --set the "
+                                        "variable it is set from"))
+    if sourced:
+        front.notes.append(Unmapped("source", " ".join(sourced), "read beside the launch file, as bash "
+                                    "sources it (never run)"))
+    for name, value in loops.items():
+        front.notes.append(Unmapped("$" + name, value, "the list slime's model-file loop prints "
+                                    "(NLAYERS layers, the first FIRST_K_DENSE_REPLACE dense)"))
+    if is_slime(launcher, entry):
+        front = slime_front_end(front)
+    elif is_mindspeed(entry, argv):
+        front = mindspeed_front_end(front)
     if read.deciders:
         names = ", ".join("$" + n if not n.startswith("$") else n for n in read.deciders)
         settable = [n for n in read.deciders if not n.startswith("$")]
-        if read.conflicts:
+        reaches = bool(read.conflicts) and _branches_reach_arguments(text, {**loops, **sets}, settable,
+                                                                       argv)
+        if read.conflicts and not reaches:
+            why = (f"decide(s) which branch of an `if`/`case` runs; the branches set "
+                   f"{', '.join(read.conflicts)} differently, but the entry script's arguments are the "
+                   "same whichever runs (0, 1 or empty tried)")
+        elif read.conflicts:
             why = (f"decide(s) which branch of an `if`/`case` runs, and the branches set "
                    f"{', '.join(read.conflicts)} differently; every branch was read, the last one wins")
         else:
             why = "decide(s) which branch of an `if`/`case` runs; every branch was read"
         fix = " ".join(f"--set {n}=VALUE" for n in settable) or "replace them with their values"
-        front.notes.append(Unmapped(names, "", f"{why}; fix: {fix}", error=bool(read.conflicts)))
+        front.notes.append(Unmapped(names, "", f"{why}; fix: {fix}", error=reaches))
     if read.assumed_unset:
         names = ", ".join("$" + n for n in read.assumed_unset)
         front.notes.append(Unmapped(names, "", "tested by the script and not set in it: read as unset "
@@ -89,11 +134,30 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     return front
 
 
+_TRIED = ("0", "1", "")  # a numeric test's two sides and a string test's empty one
+
+
+def _branches_reach_arguments(text: str, sets: dict[str, str], settable: list[str], argv: list[str]) -> bool:
+    """Whether the undecided branches change the entry script's arguments: the script read again
+    with each settable decider at 0, 1 and empty (a launcher-only difference, such as slime's
+    NCCL_NVLS_ENABLE in ray's runtime environment, changes no Megatron argument)."""
+    if not settable:
+        return True
+    for value in _TRIED:
+        command = launch_command(read_script(text, {**{n: value for n in settable}, **sets}))
+        at = entry_index(command.words) if command is not None else None
+        if at is None or command is None or command.words[at + 1:] != argv:
+            return True
+    return False
+
+
 def arguments_front_end(text: str, origin: Path | None) -> FrontEnd:
     words = split_words(text)
     env_end = next((i for i, w in enumerate(words) if not _ENV_WORD.match(w)), len(words))
     env = dict(w.split("=", 1) for w in words[:env_end])
     rest = words[env_end:]
+    if swift_at(rest) is not None:
+        return swift_front_end(rest, env, [origin] if origin else [])
     at = entry_index(rest)
     launcher, entry, argv = (rest[:at], rest[at], rest[at + 1:]) if at is not None else ([], None, rest)
     front = FrontEnd(ARGUMENT_FILE, argv, entry.rsplit("/", 1)[-1] if entry else None, env,
@@ -121,6 +185,15 @@ def _front_end(text: str, sets: dict[str, str], origin: Path | None) -> FrontEnd
         found = read_map(data, sets)
         return FrontEnd(found.form, found.argv, env=found.env, unresolved=found.unresolved,
                         origins=[origin] if origin else [])
+    if form == "bridge":
+        front = bridge_front_end(text)
+        front.origins = [origin] if origin else []
+        return front
+    if form == "primus":
+        try:
+            return primus_front_end(text, sets, origin)
+        except PrimusUnreadable as exc:
+            raise NotAnImport(str(exc)) from None
     if form == "script":
         return script_front_end(text, sets, origin)
     return arguments_front_end(text, origin)

@@ -83,3 +83,12 @@ def preset_vocabulary(name: str) -> tuple[str, int] | None:
     if preset is None or "vocab_size" not in PRESETS[preset]:
         return None
     return preset, int(PRESETS[preset]["vocab_size"])
+
+
+def largest_preset_vocabulary() -> tuple[str, int]:
+    """The preset with the largest vocabulary: the assumption that does not under-count the
+    embedding and output layer where no tokenizer size can be read."""
+    sized = [(int(values["vocab_size"]), preset) for preset, values in PRESETS.items()
+             if "vocab_size" in values]
+    size, preset = max(sized)
+    return preset, size

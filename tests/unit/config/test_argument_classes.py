@@ -152,7 +152,8 @@ def test_plan_neutral_arguments_pass_silently():
     """Of dev's parser (a main-only one is ARG003, test_main_only_arguments_are_said_as_such)."""
     neutral = [entry.flag for entry in argument_classes().values()
                if entry.kind == "neutral" and entry.only != "main"]
-    assert _codes(neutral) == []
+    # (given bare, the value options among them are ARG007: a value missing, not a class)
+    assert [c for c in _codes(neutral) if c[0] != "ARG007"] == []
 
 
 def test_not_modelled_arguments_say_what_they_change():
@@ -164,6 +165,8 @@ def test_not_modelled_arguments_say_what_they_change():
             assert changes and changes <= terms, entry
             # a warning changes only how fast (time, and the bytes moved); never shapes or memory
             assert (entry.kind == "warning") == (changes <= {"time", "bytes"}), entry
+        if entry.kind == "saving":  # lowers the memory moeplan counts: its figures an upper bound
+            assert "memory" in {part.strip() for part in entry.what.split(",")}, entry
 
 
 def test_arguments_megatron_refuses_together_are_refused():
@@ -237,7 +240,7 @@ def test_entry_parser_arguments_are_no_arguments_of_megatron():
     belongs in the main table), each saying what it changes in the issue's terms."""
     terms = {"parameters", "memory", "FLOPs", "time", "bytes"}
     parsers = entry_parsers()
-    assert {p.key for p in parsers} == {"pai", "modelopt"}
+    assert {p.key for p in parsers} == {"pai", "modelopt", "mindspeed"}
     for parser in parsers:
         for entry in parser.classes.values():
             assert entry.name not in megatron_arguments() | main_arguments(), entry
@@ -254,9 +257,9 @@ def test_check_names_the_entry_parser_and_what_it_changes():
     data["launch"] = {"megatron_extra_args": extra, "megatron_entry": "pretrain_deepseek.py"}
     found = [f for f in run_rules(parse_config(data)) if f.code.startswith("ARG")]
     assert sorted((f.code, f.path) for f in found) == [("ARG001", "launch.megatron_extra_args[0]"),
-                                                        ("ARG003", "launch.megatron_extra_args[0]"),
-                                                        ("ARG003", "launch.megatron_extra_args[2]")]
-    arg003 = [f for f in found if f.code == "ARG003"][0]
+                                                        ("ARG008", "launch.megatron_extra_args[0]"),
+                                                        ("ARG008", "launch.megatron_extra_args[2]")]
+    arg003 = [f for f in found if f.code == "ARG008"][0]  # a warning: the launch as written starts
     assert "Pai-Megatron-Patch's parser" in arg003.message and "get_patch_args" in arg003.message
     plain = [f for f in _findings(extra) if f.code == "ARG003"]
     assert len(plain) == 2 and all("not an argument of" in f.message for f in plain)

@@ -974,7 +974,7 @@ def test_a_config_of_both_branches_is_an_emit_error_and_no_rule_crash() -> None:
                                                        "model": {"enable_hyper_connections": True}}))
     with pytest.raises(EmitError) as raised:
         megatron_arguments(cfg)
-    assert raised.value.path == "parallel.gtp" and "dev branch only" in raised.value.message
+    assert raised.value.path == "parallel.gtp" and "Megatron-LM dev only" in raised.value.message
     assert Facts(cfg).megatron_branch == "main or dev"
 
 

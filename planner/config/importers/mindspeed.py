@@ -1,0 +1,124 @@
+"""MindSpeed-LLM launches (Ascend/MindSpeed-LLM's pretrain_gpt.py over Megatron-LM with MindSpeed's
+patches), read as MindSpeed-LLM hands them to Megatron-Core.
+
+Its own arguments (Ascend/MindSpeed-LLM@c77308a1 mindspeed_llm/features_manager/, mindspeed_llm/
+training/arguments.py) are modelled where they set what a Megatron argument sets:
+`--first-k-dense-replace K` makes layer i (0-based) MoE where i >= K and i % moe_layer_freq == 0
+(mindspeed_llm/core/transformer/transformer_block.py _transformer_block_build_layers; K = -1, like
+moe_layer_freq -1, leaves every layer MoE); `--n-shared-experts N` sets the shared expert width to N x
+moe_ffn_hidden_size (features_manager/moe/shared_expert.py); `--noop-layers` at the end of the stack
+are identity layers that only pad the last pipeline stage (features_manager/pipeline_parallel/
+noop_layers.py), so the model has that many fewer layers and the last stage that many fewer;
+`--moe-token-dispatcher-type alltoall_seq` is MindSpeed's all-to-all over the sequence-parallel
+split (the alltoall dispatcher's traffic); `--context-parallel-algo` names the CP exchange
+(ulysses_cp_algo: all-to-all, megatron_cp_algo: ring, hybrid_cp_algo: both); `--seq-aux` is the
+sequence-level auxiliary loss; `--rope-scaling-*` are YaRN's settings under MindSpeed's names. Its
+kernel switches are named and not carried; its schedules and offloads are carried, for `check` to
+name (planner/config/data/entry_parser_arguments.txt [mindspeed]).
+"""
+
+from __future__ import annotations
+
+from planner.config.importers.assemble import FrontEnd
+from planner.config.importers.megatron_args import Argument, Unmapped, parse_command
+
+ENTRIES = ("pretrain_gpt.py", "posttrain_gpt.py")
+# MindSpeed-LLM arguments that are kernels, data handling or checkpoint conversion: no effect on the
+# model or its memory as moeplan counts it
+NEUTRAL = ("use_fused_rmsnorm", "use_fused_swiglu", "use_fused_rotary_pos_emb", "moe_permutation_async_comm",
+           "gemm_gradient_accumulation_fusion", "no_shared_storage", "use_ascend_coc", "coc_fused_kernel",
+           "mla_fa_without_pad", "handler_name", "enable_hf2mg_convert", "model_type_hf", "norm_topk_prob",
+           "tokenizer_name_or_path", "beta_fast", "beta_slow", "rope_scaling_mscale",
+           "rope_scaling_mscale_all_dim", "use_mcore_models")
+MARKERS = ("first_k_dense_replace", "n_shared_experts", "noop_layers", "context_parallel_algo",
+           "use_fused_rmsnorm", "handler_name", "schedules_method", "moe_permutation_async_comm")
+_CP_ALGO = {"ulysses_cp_algo": "a2a", "megatron_cp_algo": "p2p", "hybrid_cp_algo": "a2a+p2p"}
+_ROPE = {"--rope-scaling-type": "--rope-type", "--rope-scaling-factor": "--rotary-scaling-factor",
+         "--rope-scaling-original-max-position-embeddings": "--original-max-position-embeddings"}
+
+
+def _name(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def is_mindspeed(entry: str, argv: list[str]) -> bool:
+    return entry.rsplit("/", 1)[-1] in ENTRIES and any(
+        w.startswith("--") and _name(w.partition("=")[0]) in MARKERS for w in argv)
+
+
+def _int(values: tuple[str, ...]) -> int | None:
+    return int(values[0]) if len(values) == 1 and values[0].lstrip("-").isdigit() else None
+
+
+def mindspeed_front_end(front: FrontEnd) -> FrontEnd:
+    arguments = parse_command(front.argv).arguments
+    given = {a.flag: a.values for a in arguments}
+    argv: list[str] = []
+    neutral: list[str] = []
+    read: list[str] = []
+    layers, freq = _int(given.get("--num-layers", ())), _int(given.get("--moe-layer-freq", ("1",)))
+    noop = [int(v) for v in ",".join(given.get("--noop-layers", ())).split(",") if v.strip().isdigit()]
+    pp = _int(given.get("--pipeline-model-parallel-size", ("1",))) or 1
+    dense_first = (_int(given.get("--first-k-dense-replace", ())) or 0) > 0
+    no_cp = (_int(given.get("--context-parallel-size", ("1",))) or 1) == 1
+    for arg in arguments:
+        name = _name(arg.flag)
+        if name in NEUTRAL:
+            neutral.append(arg.flag)
+            continue
+        if arg.flag in _ROPE:
+            argv += Argument(_ROPE[arg.flag], arg.values).words
+            read.append(f"{arg.flag} as {_ROPE[arg.flag]}")
+        elif name == "moe_token_dispatcher_type" and arg.values == ("alltoall_seq",):
+            argv += [arg.flag, "alltoall"]
+            read.append("alltoall_seq as alltoall")
+        elif name == "context_parallel_algo" and no_cp:
+            neutral.append(" ".join(arg.words))  # no context parallelism: no exchange to name
+        elif name == "context_parallel_algo" and arg.values[:1] and arg.values[0] in _CP_ALGO:
+            argv += ["--cp-comm-type", _CP_ALGO[arg.values[0]]]
+            read.append(f"--context-parallel-algo {arg.values[0]} as a {_CP_ALGO[arg.values[0]]} exchange")
+        elif name == "seq_aux":
+            argv += ["--moe-router-load-balancing-type", "seq_aux_loss"]
+            read.append("--seq-aux as --moe-router-load-balancing-type seq_aux_loss")
+        elif name == "n_shared_experts":
+            width = _int(given.get("--moe-ffn-hidden-size", ())) or _int(given.get("--ffn-hidden-size", ()))
+            count = _int(arg.values)
+            if width and count and "--moe-shared-expert-intermediate-size" not in given:
+                argv += ["--moe-shared-expert-intermediate-size", str(count * width)]
+                read.append(f"--n-shared-experts {count} as a shared expert of {count} x {width}")
+        elif name == "first_k_dense_replace":
+            dense = _int(arg.values)
+            if layers and freq and dense is not None and dense > 0:
+                real = layers - len(noop)
+                pattern = [1 if i >= dense and i % freq == 0 else 0 for i in range(real)]
+                argv += ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]
+                read.append(f"--first-k-dense-replace {dense}: the first {dense} layers dense")
+        elif name == "noop_layers":
+            continue
+        elif (name == "num_layers" and noop) or (name == "moe_layer_freq" and dense_first):
+            continue  # rewritten above / below
+        elif name == "spec" and arg.values[:1] and arg.values[0].startswith("mindspeed_llm."):
+            neutral.append(" ".join(arg.words))  # MindSpeed's spec of the same Megatron-Core GPT layers
+        else:
+            argv += arg.words
+    if noop and layers:
+        real = layers - len(noop)
+        argv += ["--num-layers", str(real)]
+        if noop == list(range(real, layers)) and pp > 1 and layers % pp == 0:
+            argv += ["--decoder-last-pipeline-num-layers", str(layers // pp - len(noop))]
+            read.append(f"--noop-layers {','.join(map(str, noop))}: {real} layers, the last stage "
+                        f"{layers // pp - len(noop)}")
+        else:
+            front.notes.append(Unmapped("--noop-layers", ",".join(map(str, noop)), "identity layers inside "
+                                        "the stack: not modelled; the layer count is read without them",
+                                        error=True))
+    front.argv = argv
+    front.form = f"MindSpeed-LLM launch ({front.entry})"
+    if read:
+        front.notes.append(Unmapped("(MindSpeed-LLM)", "; ".join(read), "MindSpeed-LLM's arguments read "
+                                    "as the Megatron arguments they stand for"))
+    if neutral:
+        front.notes.append(Unmapped("(MindSpeed-LLM kernels)", " ".join(neutral), "MindSpeed's fused "
+                                    "kernels, data handling and checkpoint conversion: not carried (no "
+                                    "effect on the model or its memory as counted)"))
+    return front
