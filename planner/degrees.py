@@ -16,6 +16,7 @@ No pydantic, no torch: `moeplan check` and the grid import this on start-up.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,12 @@ class Degrees:
         )
 
     # ----------------------------------------------------------------- model sizes
+    @property
+    def smallest_world(self) -> int:
+        """The least world size both grids tile (DP = 1 on the larger model size): the
+        lcm of TP·CP·PP·GTP and ETP·EP·PP·EGTP, whatever world_size holds."""
+        return math.lcm(self.dense_model_size, self.expert_model_size)
+
     @property
     def dense_model_size(self) -> int:
         """TP·CP·PP·GTP: the ranks one dense weight replica spans (GTP peers hold shards of it)."""

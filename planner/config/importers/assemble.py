@@ -8,7 +8,6 @@ its fix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import lcm
 from pathlib import Path
 
 from planner.config.importers.launch_facts import LaunchFacts
@@ -29,6 +28,7 @@ from planner.config.importers.vocabulary import (
 )
 from planner.config.megatron_arguments import SPECIAL, argument_table
 from planner.config.presets import PRESETS
+from planner.degrees import Degrees
 
 _VOCABULARY_FLAGS = ("--vocab-size", "--padded-vocab-size")
 GPT2_BPE_TOKENS = 50257  # the vocab.json of GPT-2 BPE that Megatron's GPT2BPETokenizer reads
@@ -174,11 +174,10 @@ def _placeholders(result: Imported) -> None:
         degrees = {name: result.get(f"parallel.{name}") for name in ("tp", "cp", "pp", "ep", "etp")}
         if all(isinstance(v, int) or v is None for v in degrees.values()):
             tp, cp, pp, ep = (degrees[n] or 1 for n in ("tp", "cp", "pp", "ep"))
-            etp = degrees["etp"] or tp
-            world = pp * lcm(tp * cp, etp * ep)
-            result.placeholders["parallel.world_size"] = (world, f"the smallest world the layout fills "
-                                                          f"(DP 1: PP {pp} x lcm(TP·CP {tp * cp}, "
-                                                          f"ETP·EP {etp * ep}))")
+            layout = Degrees(world_size=1, tp=tp, cp=cp, pp=pp, ep=ep, etp=degrees["etp"] or tp)
+            result.placeholders["parallel.world_size"] = (
+                layout.smallest_world, f"the smallest world the layout fills (DP 1: lcm of "
+                f"TP·CP·PP {layout.dense_model_size} and ETP·EP·PP {layout.expert_model_size})")
 
 
 def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:

@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from planner.calibrate.calibration import with_gpu
+from planner.config.gpus import GPUS
 from planner.config.schema import Config
 from planner.search.knobs import Knobs, family_of
 
@@ -74,10 +75,12 @@ def test_an_unnamed_gpu_is_the_default_card_in_its_own_nodes() -> None:
 
 
 def test_the_cards_gemm_figures_fill_efficiency() -> None:
+    b200 = GPUS["B200"].gemm_fp8_eff  # the card's fitted FP8 share (planner/config/gpus.py)
+    assert b200 != GPUS["H100"].gemm_fp8_eff  # so the test sees which card filled it
     eff = config(cluster={"gpu": "B200"}).cluster.efficiency
-    assert (eff.gemm_fp8, eff.gemm_half_dim) == (0.25, 64.0)
+    assert (eff.gemm_fp8, eff.gemm_half_dim) == (b200, 64.0)
     eff = config(cluster={"gpu": "B200", "efficiency": {"gemm_half_dim": 32.0}}).cluster.efficiency
-    assert (eff.gemm_fp8, eff.gemm_half_dim) == (0.25, 32.0)
+    assert (eff.gemm_fp8, eff.gemm_half_dim) == (b200, 32.0)
 
 
 def test_the_users_input_re_resolves_on_another_card() -> None:
@@ -85,13 +88,14 @@ def test_the_users_input_re_resolves_on_another_card() -> None:
     filled in may travel as if the user had written it."""
     cfg = config(parallel={"tp": 2}, cluster={"nodes": 2})
     c = cfg.cluster
-    assert (cfg.parallel.world_size, c.efficiency.gemm_fp8, c.nvlink_domain) == (16, 0.51, 8)
+    assert (cfg.parallel.world_size, c.efficiency.gemm_fp8, c.nvlink_domain) == (
+        16, GPUS["H100"].gemm_fp8_eff, 8)
     assert cfg.model_dump(exclude_unset=True) == {
         "model": MODEL, "parallel": {"tp": 2}, "training": {"seq_length": 64}, "cluster": {"nodes": 2}}
     moved = with_gpu(cfg, "GB200")
     assert (moved.cluster.gpu, moved.cluster.gpus_per_node, moved.cluster.nodes, moved.parallel.world_size,
             moved.cluster.nvlink_domain, moved.cluster.efficiency.gemm_fp8, moved.parallel.etp) == (
-        "GB200", 4, 2, 8, 72, 0.25, 2)
+        "GB200", 4, 2, 8, 72, GPUS["GB200"].gemm_fp8_eff, 2)
 
 
 @pytest.mark.parametrize("family", [(2, 1, 1, 2, 2), (2, 1, 1, 2, 1), (1, 2, 1, 4, 1)])
