@@ -6,7 +6,7 @@ call is recorded with its `group_desc`, and the recording is compared kind by ki
 `planner.layout.grid.Grid` — exact memberships and exact order (groups in creation order, ranks in
 group order). Layouts megatron-core refuses must be refused by `moeplan check` with the rule that
 names Megatron's reason. The random layouts come from hypothesis with a fixed derandomized seed;
-`MOEPLAN_MCORE_EXAMPLES` raises the count (default 300, sized for a 2-core CI runner).
+`MOEPLAN_MCORE_EXAMPLES` raises the count (default 200, sized for a 2-core CI runner).
 
 megatron-core 0.16.1 has no GTP axis (that is Megatron-LM main@d98e8a64), so GTP/EGTP stay 1
 here and the GTP kinds are moeplan-only; its gloo twins are switched off
@@ -39,7 +39,7 @@ from planner.rules.catalog import run_rules
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-EXAMPLE_COUNT = int(os.environ.get("MOEPLAN_MCORE_EXAMPLES", "300"))
+EXAMPLE_COUNT = int(os.environ.get("MOEPLAN_MCORE_EXAMPLES", "200"))
 CLI_ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")  # default and --use-tp-pp-dp-mapping
 
 # megatron-core `group_desc` -> moeplan kind. Hierarchical levels carry their level number.
