@@ -22,6 +22,7 @@ TRANSFORMERS_COUNTS: dict[str, int] = {
     "deepseek-v4-pro": 1_572_997_179_491,
     "deepseek-v4-flash": 284_332_230_231,
     "glm-4.7-flash": 29_943_390_976,
+    "nvidia-nemotron-3-nano-30b-a3b": 31_577_937_344,  # NemotronHForCausalLM
     "glm-5.1": 743_911_199_232,
     # Qwen3VLMoeForConditionalGeneration: its language_model (30,220,957,696) and lm_head
     # (311,164,928); the vision tower's 538,631,408 are left out (moeplan plans the text stack).

@@ -998,7 +998,83 @@ def _glm_moe_dsa(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# transformers src/transformers/models/nemotron_h/configuration_nemotron_h.py NemotronHConfig and
+# Megatron-LM dev@d48bd6be megatron/core/ssm/mamba_mixer.py MambaMixer: Megatron's Mamba-2 mixer has
+# a conv1d of width 4 with a bias, no projection biases, and scans in chunks of 128 (the figures
+# moeplan's record prices); the MoE router scores with a sigmoid and a correction bias in fp32
+# (modeling_nemotron_h.py NemotronHTopkRouter), as Megatron-Bridge's provider configures Megatron.
+_NEMOTRON_H_FIXED = {"conv_kernel": 4, "chunk_size": 128, "use_conv_bias": True,
+                     "mamba_proj_bias": False, "attention_bias": False, "mlp_bias": False,
+                     "n_group": 1, "topk_group": 1}
+
+
+def _nemotron_h(r: _Reader) -> dict[str, Any]:
+    """NemotronHForCausalLM (Nemotron-3 Nano / Super): Megatron's hybrid stack, its layer program
+    the file's hybrid_override_pattern (M Mamba-2, * attention, E MoE, - dense MLP) written as
+    --hybrid-layer-pattern, with one '/*E' MTP depth per num_nextn_predict_layers; squared-ReLU
+    MLPs, no position embedding."""
+    pattern = r.hf.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set("M*E-"):
+        r.unsupported("hybrid_override_pattern", pattern, "expected a string of M, *, E and - "
+                      "(Megatron's --hybrid-layer-pattern symbols)")
+        pattern = None
+    layers = r.count("num_hidden_layers", None, _REQUIRED)
+    if pattern is not None and isinstance(layers, int) and len(pattern) != layers:
+        r.unsupported("hybrid_override_pattern", f"{len(pattern)} symbols",
+                      f"num_hidden_layers is {layers}")
+    for key, fixed in _NEMOTRON_H_FIXED.items():
+        value = r.hf.get(key, fixed)
+        if value != fixed:
+            r.unsupported(key, value, f"Megatron's hybrid model fixes {key} at {fixed!r}")
+    act = r.text("mlp_hidden_act", "relu2")
+    if act != "relu2":
+        r.unsupported("mlp_hidden_act", act, "Megatron's hybrid MLPs here are squared ReLU")
+    if r.flag("norm_topk_prob", True) is not True:
+        r.unsupported("norm_topk_prob", False, "Megatron's sigmoid router renormalises the top-k")
+    depths = r.count("num_nextn_predict_layers", "mtp_num_layers", 0) or 0
+    shared = r.count("n_shared_experts", None, 1)
+    shared_size = r.count("moe_shared_expert_intermediate_size", None, _REQUIRED)
+    model: dict[str, Any] = {
+        "hidden_size": r.count("hidden_size", "hidden_size", _REQUIRED),
+        "num_attention_heads": r.count("num_attention_heads", "num_attention_heads", _REQUIRED),
+        "vocab_size": r.count("vocab_size", "vocab_size", _REQUIRED),
+        "max_position_embeddings": r.count("max_position_embeddings", "max_position_embeddings", None),
+        "position_embedding_type": "none",
+        "normalization": "RMSNorm",
+        "norm_epsilon": r.number("layer_norm_epsilon", "norm_epsilon", 1e-5),
+        "squared_relu": True,
+        "untie_embeddings_and_output_weights": not r.flag("tie_word_embeddings", False),
+        "hidden_dropout": r.number("hidden_dropout", "hidden_dropout", 0.0),
+        "attention_dropout": r.number("attention_dropout", "attention_dropout", 0.0),
+        "add_bias_linear": False,
+        "mamba_num_heads": r.count("mamba_num_heads", "mamba_num_heads", _REQUIRED),
+        "mamba_head_dim": r.count("mamba_head_dim", "mamba_head_dim", _REQUIRED),
+        "mamba_state_dim": r.count("ssm_state_size", "mamba_state_dim", _REQUIRED),
+        "mamba_num_groups": r.count("n_groups", "mamba_num_groups", _REQUIRED),
+        "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", _REQUIRED),
+        "num_experts": r.count("n_routed_experts", "num_experts", _REQUIRED),
+        "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk", _REQUIRED),
+        "moe_ffn_hidden_size": r.count("moe_intermediate_size", "moe_ffn_hidden_size", _REQUIRED),
+        "moe_router_score_function": "sigmoid",
+        "moe_router_enable_expert_bias": True,
+        "moe_router_topk_scaling_factor": r.number("routed_scaling_factor",
+                                                   "moe_router_topk_scaling_factor", 1.0),
+        "moe_router_dtype": "fp32",
+    }
+    if isinstance(shared, int) and isinstance(shared_size, int) and shared:
+        model["moe_shared_expert_intermediate_size"] = shared * shared_size
+    _gqa(r, model, None)
+    if pattern is not None:
+        model["hybrid_layer_pattern"] = pattern + "/*E" * depths
+    latent = r.hf.get("moe_latent_size")
+    if latent is not None:
+        r.unsupported("moe_latent_size", latent, "a latent MoE projection is not mapped from "
+                      "config.json yet; write model and moe sections by hand")
+    return model
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "NemotronHForCausalLM": _nemotron_h,
     "DeepseekV4ForCausalLM": _deepseek_v4,
     "Glm4MoeLiteForCausalLM": _glm4_moe_lite,
     "GlmMoeDsaForCausalLM": _glm_moe_dsa,

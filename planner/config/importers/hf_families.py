@@ -66,6 +66,9 @@ FAMILIES: tuple[Family, ...] = (
            bridge="GLM5Bridge", bridge_source="glm_moe_dsa/glm5_bridge.py"),
     Family("glm4_moe", ("Glm4MoeForCausalLM",), "Glm4MoeForCausalLM",
            bridge="GLM45Bridge", bridge_source="glm/glm45_bridge.py"),
+    # Nemotron-3 Nano / Super: Megatron's hybrid stack (Mamba-2, attention, MoE layers).
+    Family("nemotron_h", ("NemotronHForCausalLM",), "NemotronHForCausalLM",
+           bridge="NemotronHBridge", bridge_source="nemotronh/nemotron_h_bridge.py"),
     Family("qwen2_moe", ("Qwen2MoeForCausalLM",), "Qwen2MoeForCausalLM"),
     Family("qwen3_moe", ("Qwen3MoeForCausalLM",), "Qwen3MoeForCausalLM",
            bridge="Qwen3MoEBridge", bridge_source="qwen/qwen3_moe_bridge.py"),

@@ -201,3 +201,35 @@ def test_any_value_of_a_corpus_key_maps_or_is_a_finding(name: str, pick: int, va
         map_hf_config(hf)
     except HfConfigUnmappable as exc:
         assert exc.findings and all(f.code == "CFG007" for f in exc.findings)
+
+
+def test_nemotron_3_nano_is_megatrons_hybrid_stack_as_its_example():
+    """The verbatim NemotronH config.json (tests/support/hf_config_files/SOURCES.md): its
+    hybrid_override_pattern becomes --hybrid-layer-pattern as written (23 M, 6 *, 23 E; no MTP
+    depth), the Mamba-2 sizes from ssm_state_size / n_groups / mamba_num_heads x mamba_head_dim,
+    squared ReLU, no position embedding. The count is transformers 5.25's meta build of this file
+    (NemotronHForCausalLM: 31,577,937,344) and equals the example under examples/architectures/."""
+    from planner.config.loader import load_config
+
+    mapping = map_hf_config(corpus_config("nvidia-nemotron-3-nano-30b-a3b"))
+    model = mapping.model
+    assert mapping.architecture == "NemotronHForCausalLM"
+    assert model["hybrid_layer_pattern"] == "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+    assert (model["mamba_num_heads"], model["mamba_head_dim"], model["mamba_state_dim"],
+            model["mamba_num_groups"]) == (64, 64, 128, 8)
+    assert model["squared_relu"] and model["position_embedding_type"] == "none"
+    assert _size(model) == (31_577_937_344, 3_580_073_408, 0)
+    example = load_config(Path(__file__).parents[3] / "examples" / "architectures"
+                          / "nemotron-3-nano-30b-a3b-64.yaml").model
+    assert ModelSection.model_validate(model) == example
+
+
+@pytest.mark.parametrize(("change", "key"), [({"conv_kernel": 3}, "conv_kernel"),
+                                             ({"mlp_hidden_act": "silu"}, "mlp_hidden_act"),
+                                             ({"hybrid_override_pattern": "MGE"}, "hybrid_override_pattern"),
+                                             ({"moe_latent_size": 1024}, "moe_latent_size")])
+def test_nemotron_h_what_megatron_cannot_build_is_refused_by_key(change: dict[str, object], key: str):
+    hf = corpus_config("nvidia-nemotron-3-nano-30b-a3b") | change
+    with pytest.raises(HfConfigUnmappable) as refused:
+        map_hf_config(hf)
+    assert any(f.path.endswith(f".{key}") for f in refused.value.findings), refused.value.findings

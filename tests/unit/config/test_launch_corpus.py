@@ -101,8 +101,9 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
     "mindspeed_qwen3_30b_a3b.sh": ({"ARG007"}, "rejected", "unrecognized arguments",
                                    "MindSpeed's alltoall_seq read as alltoall, --moe-layer-freq -1 and "
                                    "--first-k-dense-replace -1 as every layer MoE; --transformer-impl local "
-                                   "(Ascend has no Transformer Engine) is modelled (training.transformer_impl: "
-                                   "no TE workspaces, local attention's s x s scores); the script's unquoted "
+                                   "(Ascend has no Transformer Engine) is modelled "
+                                   "(training.transformer_impl: no TE workspaces, local attention's "
+                                   "s x s scores); the script's unquoted "
                                    "placeholder paths (--save $CKPT_SAVE_DIR = 'your model save ckpt path') "
                                    "split into words: Megatron refuses them, ARG007 says so"),
     "mindspeed_deepseek3_671b.sh": ({"PAR017", "ARG001", "ARG007"}, "rejected",
