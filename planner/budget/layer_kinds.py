@@ -282,17 +282,28 @@ def _gdn_activations(book: Book, v: Variant, per_block: str) -> str:
     output_final_state=False (and the short convolution likewise), so it adds 0 bytes per layer
     and microbatch. The layer keeps its block's other tensors (the MLP side, dropout, mHC); its
     softmax-attention terms are taken back."""
-    norm = "h" if "layernorm" in v.recompute_modules else "2 * h"
-    book.add("act_gdn_per_layer", f"tokens_per_rank * (({norm} + 4 * la_qk + 5 * la_v) * p"
+    book.add("act_gdn_per_layer", f"tokens_per_rank * (({_norm_rows(v)} + 4 * la_qk + 5 * la_v) * p"
              f" + la_nv * (2 + {GDN_CHUNK}) * 4)", "bytes", "memory",
              "per microbatch: one gated DeltaNet layer's stored tensors (its conv and kernel "
              "inputs, gate, outputs; fp32 step, decay and chunk matrix per value head)")
+    _beyond_attention(book, "act_gdn_per_layer", per_block, "a gated DeltaNet layer")
+    return " + L_linear * act_gdn_per_layer_extra"
+
+
+def _norm_rows(v: Variant) -> str:
+    """The pre-norm's stored rows per token of a mixer layer: its input and output (h each), only
+    its input when layernorm is recomputed."""
+    return "h" if "layernorm" in v.recompute_modules else "2 * h"
+
+
+def _beyond_attention(book: Book, name: str, per_block: str, what: str) -> None:
+    """`<name>_extra`: what a mixer layer counted as a softmax-attention block stores beyond that
+    block's attention tensors (and its q/k-norm tensors, where the block has them)."""
     attention = "act_attention_per_block" + (" + act_qk_norm_per_block" if "act_qk_norm_per_block"
                                              in per_block else "")
-    book.add("act_gdn_per_layer_extra", f"act_gdn_per_layer - ({attention})", "bytes", "memory",
-             "per microbatch: what a gated DeltaNet layer stores beyond the softmax-attention "
-             "block it is counted as")
-    return " + L_linear * act_gdn_per_layer_extra"
+    book.add(f"{name}_extra", f"{name} - ({attention})", "bytes", "memory",
+             f"per microbatch: what {what} stores beyond the softmax-attention block it is "
+             "counted as")
 
 
 GDN_CP = ("Megatron-LM dev@d48bd6be megatron/core/ssm/gated_delta_net/gdn.py GatedDeltaNet.forward "
@@ -690,16 +701,11 @@ def _mamba_activations(book: Book, v: Variant, per_block: str) -> str:
     split over TP like the rows of tokens_per_rank. The SSM states are recomputed in backward
     (no initial or final state in training), so none is stored. It replaces the block's softmax
     attention tensors."""
-    norm = "h" if "layernorm" in v.recompute_modules else "2 * h"
-    book.add("act_mamba_per_layer", f"tokens_per_rank * (({norm} + 5 * mb_din + 2 * mb_g * mb_n"
-             " + mb_nh) * p + mb_g * 4)", "bytes", "memory",
+    book.add("act_mamba_per_layer", f"tokens_per_rank * (({_norm_rows(v)} + 5 * mb_din"
+             " + 2 * mb_g * mb_n + mb_nh) * p + mb_g * 4)", "bytes", "memory",
              "per microbatch: one Mamba-2 layer's stored tensors (norm in/out, zxBCdt, scan "
              "output, gated norm input and fp32 rstd, out_proj input)")
-    attention = "act_attention_per_block" + (" + act_qk_norm_per_block" if "act_qk_norm_per_block"
-                                             in per_block else "")
-    book.add("act_mamba_per_layer_extra", f"act_mamba_per_layer - ({attention})", "bytes", "memory",
-             "per microbatch: what a Mamba-2 layer stores beyond the softmax-attention block it is "
-             "counted as")
+    _beyond_attention(book, "act_mamba_per_layer", per_block, "a Mamba-2 layer")
     return " + L_mamba * act_mamba_per_layer_extra"
 
 

@@ -169,6 +169,14 @@ def hybrid_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
     def symbols(layer: int) -> str:
         return layer_symbols(ratios[layer], layer in moe_layers)
 
+    return _pattern(split, symbols, lambda depth: symbols(model.num_layers + depth))
+
+
+def _pattern(split: StageSplit, block: Callable[[int], str],
+             mtp_depth: Callable[[int], str]) -> HybridPattern:
+    """The pattern from each decoder layer's symbols (`block`) and each MTP depth's (`mtp_depth`):
+    one segment per pipeline chunk, the MTP depths on the last, and every layer's Megatron number
+    (the count of main-pattern symbols up to and including its own)."""
     segments: list[str] = []
     numbers: dict[int, int] = {}
     counted = 0
@@ -180,11 +188,11 @@ def hybrid_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
         if chunk.mtp_layers and chunk.index != last:
             raise EmitError("parallel.pipeline_model_parallel_layout", "the hybrid layer pattern places "
                             "MTP layers after the last pipeline segment; move 'm' to the last stage")
-        pieces = [symbols(layer) for layer in chunk.layers]
+        pieces = [block(layer) for layer in chunk.layers]
         for layer, piece in zip(chunk.layers, pieces, strict=True):
             counted += len(piece)
             numbers[layer] = counted
-        segments.append(segment_text(pieces, [symbols(model.num_layers + d) for d in chunk.mtp_layers]))
+        segments.append(segment_text(pieces, [mtp_depth(d) for d in chunk.mtp_layers]))
     return HybridPattern(join_segments(segments), numbers)
 
 
@@ -193,26 +201,11 @@ def _mamba_pattern(cfg: Config, split: StageSplit) -> HybridPattern:
     the block is mixer-only, `|` between pipeline segments (virtual stages in pipeline order), `/*E`
     per MTP depth on the last segment."""
     model = cfg.model
-    last = len(split.chunks) - 1
     mamba = model.mamba_layers or [0] * model.num_layers
     moe_layers = {layer for stage in split.stages for layer in stage.moe_layers}
-    segments: list[str] = []
-    numbers: dict[int, int] = {}
-    counted = 0
-    for chunk in split.chunks:
-        if not chunk.layers:
-            raise EmitError("parallel.pipeline_model_parallel_layout", f"pipeline segment {chunk.index} "
-                            "holds no decoder layer; a hybrid layer pattern cannot express it")
-        if chunk.mtp_layers and chunk.index != last:
-            raise EmitError("parallel.pipeline_model_parallel_layout", "the hybrid layer pattern places "
-                            "MTP layers after the last pipeline segment; move 'm' to the last stage")
-        pieces = [mamba_block_symbols(mamba[layer] == 1, model.has_mlp(layer), layer in moe_layers)
-                  for layer in chunk.layers]
-        for layer, piece in zip(chunk.layers, pieces, strict=True):
-            counted += len(piece)
-            numbers[layer] = counted
-        segments.append(segment_text(pieces, [MAMBA_MTP_DEPTH] * len(chunk.mtp_layers)))
-    return HybridPattern(join_segments(segments), numbers)
+    return _pattern(split, lambda layer: mamba_block_symbols(mamba[layer] == 1, model.has_mlp(layer),
+                                                             layer in moe_layers),
+                    lambda _: MAMBA_MTP_DEPTH)
 
 
 def planned_hash_blocks(split: StageSplit) -> list[int]:
