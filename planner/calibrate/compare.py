@@ -3,10 +3,9 @@ for each term of the slowest stage how far it alone would have to move to explai
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-from planner.calibrate.megatron_log import LogError, MeasuredLog, parse_log
+from planner.calibrate.megatron_log import LogError, MeasuredLog
 from planner.estimate import Estimate
 
 # Step terms of a stage row and the efficiency factor that prices each.
@@ -18,15 +17,10 @@ TERMS = {"attention_gemm": "gemm_bf16 / gemm_fp8", "attention_core": "attention"
          "optimizer": "hbm, step_fixed_ms"}
 
 
-def compare(est: Estimate, lines: str | Iterable[str], path: str) -> dict[str, Any]:
-    """The measured step (parse_log keeps only positive, finite elapsed times) beside the
-    estimate; LogError when the estimate itself is not a positive, finite time, since no ratio
-    or scale means anything then."""
-    return compare_log(est, parse_log(lines, path), path)
-
-
 def compare_log(est: Estimate, log: MeasuredLog, path: str) -> dict[str, Any]:
-    """`compare` on a log already read (one pass serves the step and the memory lines)."""
+    """The measured step of a log already read (parse_log keeps only positive, finite elapsed
+    times; one pass serves the step and the memory lines) beside the estimate; LogError when the
+    estimate itself is not a positive, finite time, since no ratio or scale means anything then."""
     if not 0 < est.step_time_s < float("inf"):
         raise LogError(f"the predicted step time is {est.step_time_s!r} s: no comparison with "
                        f"{path} (check the efficiency factors the estimate printed)")

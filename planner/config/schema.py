@@ -511,6 +511,13 @@ class ModelSection(Section):
             return (layer + 1) % skip != 0
         return layer < len(skip) and skip[layer] == 1
 
+    def no_rope_layers(self) -> list[int] | None:
+        """no_rope_freq as TransformerConfig.__post_init__ holds it: one 0/1 per layer (1 = NoPE),
+        an int N expanded; None without it."""
+        if self.no_rope_freq is None:
+            return None
+        return [int(not self.is_rope_layer(layer)) for layer in range(self.num_layers)]
+
     def is_rope_layer(self, layer: int) -> bool:
         """RoPE on 0-based `layer` (Megatron's no_rope_freq: N skips layer numbers divisible by N)."""
         skip = self.no_rope_freq

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.config.hybrid_pattern import ATTENTION_RATIO, MTP_BREAK, SEGMENT_BREAK
-from planner.config.importers.megatron_log import Destination, destinations
+from planner.config.importers.megatron_log import flag_destination
 from planner.config.layer_freq import evaluate_pattern
 from planner.config.megatron_config_fields import sections_holding
 from planner.config.schema import Config
@@ -164,11 +164,6 @@ class BridgeOverrides:
         self.lines.append((path, value, source))
 
 
-def _destination(flag: str) -> Destination | None:
-    """Megatron-LM dev's parser row for a flag (None: an argument only another branch defines)."""
-    return next((d for rows in destinations().values() for d in rows if d.flag == flag), None)
-
-
 _INT = re.compile(r"-?\d+")
 _FLOAT = re.compile(r"-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?|-?\d+[eE][-+]?\d+")
 # Arguments whose argparse type evaluates a list expression (megatron/training/arguments.py
@@ -188,7 +183,7 @@ def _scalar(word: str) -> Any:
 def argument_value(flag: MegatronFlag) -> tuple[str, Any] | None:
     """The dest and value Megatron-LM dev's argparse makes of one emitted flag (None: dev's parser
     has no such argument)."""
-    row = _destination(flag.flag)
+    row = flag_destination(flag.flag)
     if row is None:
         return None
     if row.kind in ("true", "false"):
@@ -248,10 +243,9 @@ def bridge_overrides(cfg: Config, args: MegatronArgs | None = None) -> BridgeOve
                                    "not of dev, whose config dataclasses these overrides name")
             continue
         dest, value = parsed
-        if dest == "no_rope_freq" and isinstance(value, int):
-            # TransformerConfig.__post_init__ turns an int into its per-layer list
-            value = [int(not cfg.model.is_rope_layer(layer)) for layer in range(cfg.model.num_layers)]
-        if dest in PRECISION_DESTS or dest == "fp8_format" or dest == "fp4_format":
+        if dest == "no_rope_freq":  # TransformerConfig.__post_init__ holds it per layer
+            value = cfg.model.no_rope_layers()
+        if dest in PRECISION_DESTS:
             continue
         if dest in NOT_CARRIED:
             out.not_carried.append(f"{flag.flag} ({flag.source}): {NOT_CARRIED[dest]}")

@@ -137,8 +137,7 @@ def expected_shape(cfg: Config) -> dict[str, Any]:
         "activation_func_clamp_value": m.swiglu_limit,
         "add_qkv_bias": m.add_qkv_bias or m.add_bias_linear,
         # Megatron turns an int no_rope_freq into its per-layer list (TransformerConfig.__post_init__)
-        "no_rope_freq": None if m.no_rope_freq is None
-        else [int(not m.is_rope_layer(layer)) for layer in range(m.num_layers)],
+        "no_rope_freq": m.no_rope_layers(),
         "qk_l2_norm": m.qk_l2_norm, "moe_apply_probs_on_input": cfg.moe.moe_apply_probs_on_input,
         "attention_output_gate": m.attention_output_gate,
     }

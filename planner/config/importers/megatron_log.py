@@ -98,12 +98,18 @@ def _by_flag() -> dict[str, Destination]:
     return {row.flag: row for rows in destinations().values() for row in rows}
 
 
+def flag_destination(flag: str) -> Destination | None:
+    """The parser action of one option string (`--disable-bias-linear`: dest add_bias_linear,
+    store_false); None for an option dev's parser does not define."""
+    return _by_flag().get(flag)
+
+
 def argument_destination(name: str) -> Destination | None:
     """The parser action a config key names, by its dest (`apply_rope_fusion`, set by
     --no-rope-fusion) or by its flag's spelling (`norm_epsilon`: --norm-epsilon, dest
     layernorm_epsilon), as launchers that pass Megatron's settings by name write them."""
     rows = destinations().get(name)
-    return rows[0] if rows else _by_flag().get("--" + name.replace("_", "-"))
+    return rows[0] if rows else flag_destination("--" + name.replace("_", "-"))
 
 
 @dataclass
