@@ -6,7 +6,6 @@ time and memory bound."""
 from __future__ import annotations
 
 import time
-import tracemalloc
 
 import pytest
 from hypothesis import given, settings
@@ -16,6 +15,7 @@ from planner.config.importers import shell_script
 from planner.config.importers.arg_map import load_map, read_map
 from planner.config.importers.shell_script import ScriptTooComplex, read_script
 from planner.config.importers.sources import NotAnImport, import_text
+from tests.support.bounded import bounded_call
 
 # The bound each property states: one read of an input of at most a few KiB allocates no more
 # than this (tracemalloc) and ends within a second.
@@ -92,18 +92,7 @@ def test_an_argument_map_value_nested_in_a_list_is_refused() -> None:
 
 
 def _bounded(call, *args):  # noqa: ANN001, ANN202 - a test helper
-    tracemalloc.start()
-    started = time.monotonic()
-    try:
-        call(*args)
-        error = None
-    except Exception as exc:  # noqa: BLE001 - the property checks which type it is
-        error = exc
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    assert time.monotonic() - started < SECONDS and peak < PEAK_BYTES
-    return error
+    return bounded_call(call, *args, seconds=SECONDS, peak_bytes=PEAK_BYTES)
 
 
 _SHELL_BITS = st.sampled_from([

@@ -17,6 +17,7 @@ from planner.calibrate.profile import ProfileError, read_profile
 from planner.config.importers.log_lines import clean_line
 from planner.config.layer_freq import PatternError, evaluate_pattern
 from planner.config.loader import UnreadableConfig
+from tests.support.bounded import bounded_call
 
 # The bound each property states: one call on an input of at most a few KiB allocates no more
 # than this (Python's own allocations, tracemalloc) and ends within a second.
@@ -25,20 +26,7 @@ SECONDS = 1.0
 
 
 def _bounded(call, *args):  # noqa: ANN001, ANN202 - a test helper
-    """Run `call`, returning its exception (or None); assert the time and memory bound."""
-    tracemalloc.start()
-    started = time.monotonic()
-    try:
-        call(*args)
-        error = None
-    except Exception as exc:  # noqa: BLE001 - the property checks which type it is
-        error = exc
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    assert time.monotonic() - started < SECONDS
-    assert peak < PEAK_BYTES
-    return error
+    return bounded_call(call, *args, seconds=SECONDS, peak_bytes=PEAK_BYTES)
 
 
 # ----------------------------------------------------------------------------- profiles
