@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from planner.calibrate.profile import ProfileError, apply_profile
 from planner.config.loader import InvalidConfig, UnreadableConfig, load_config
 from planner.config.schema import Config
 from planner.files.writing import WriteFailed, check_target, write_atomic
@@ -131,7 +130,7 @@ def exit_on_errors(cfg: Config, *, as_json: bool = False, budget: bool = True) -
 
 
 
-# --- step-time calibration profiles (issue 23) -------------------------------------------------
+# --- step-time calibration profiles -------------------------------------------------
 CalibrationOption = Annotated[Path | None, typer.Option(
     "--calibration", metavar="FILE", help="a `moeplan calibrate` profile: its fitted efficiency "
     "factors replace the defaults (else cluster.calibration)")]
@@ -143,6 +142,8 @@ def calibrated_or_exit(cfg: Config, path: Path | None) -> tuple[Config, str]:
     target = path or cfg.cluster.calibration
     if not target:
         return cfg, "none (default factors)"
+    from planner.calibrate.profile import ProfileError, apply_profile  # only with a profile
+
     try:
         return apply_profile(cfg, target), str(target)
     except (ProfileError, UnreadableConfig) as exc:

@@ -11,14 +11,17 @@ the oracle.
 
 from __future__ import annotations
 
-import argparse
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from planner.config.argument_classes import modelled_field
 from planner.config.schema import Config
+
+if TYPE_CHECKING:
+    import argparse  # only test support builds parsers; the loader never needs argparse
 
 DATA_FILE = Path(__file__).parent / "data" / "megatron_arguments.txt"
 # Megatron-LM main@d98e8a64's parser, the same way (tests/support/megatron_argument_lists.py writes

@@ -22,6 +22,8 @@ PROBER = "planner.emit.megatron_probe"
 LAZY_IMPORTS: dict[tuple[str, str], str] = {
     # The rule catalog loads when a command first judges a config, not at every command's start.
     ("planner.cli_common", "planner.rules"): "every command imports cli_common at start",
+    ("planner.cli_common", "planner.calibrate.profile"): "only a command given a calibration "
+    "profile reads one; groups and check never do",
     # The formula book loads when a rule judges one of its figures (the per-stage memory, NCCL
     # EP's receive rows), so `moeplan groups`, which runs the catalog without those rules, never
     # loads it.
