@@ -179,6 +179,15 @@ def routing_free(plan: dict[str, Any], name: str, phase: str, direction: str) ->
 DERIVED = ("layout", "stages", "groups", "ranks", "budgets", "findings")
 
 
+def _item_label(index: int, item: Any) -> str:
+    """A list item's place, with its name when it has one (a budget: `150 grad_scale_sum_dense`,
+    `7 step.ep_dispatch_hidden.fwd.send_bytes, stage 1`), so a message names the figure itself."""
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return str(index)
+    stage = item.get("stage")
+    return f"{index} {item['name'][:80]}" + ("" if stage is None else f", stage {stage}")
+
+
 def _first_difference(mine: Any, theirs: Any, path: str) -> str | None:
     """The first place two JSON values differ, as `path: theirs in the plan, mine recompiled`."""
     stack = [(mine, theirs, path)]
@@ -191,7 +200,7 @@ def _first_difference(mine: Any, theirs: Any, path: str) -> str | None:
             stack += [(a[k], b[k], f"{where}.{k}") for k in reversed(list(a))]
         elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
             pairs = list(enumerate(zip(a, b, strict=True)))
-            stack += [(x, y, f"{where}[{i}]") for i, (x, y) in reversed(pairs)]
+            stack += [(x, y, f"{where}[{_item_label(i, x)}]") for i, (x, y) in reversed(pairs)]
         elif a != b or type(a) is not type(b):
             return f"{where} is {str(b)[:60]} in the plan, {str(a)[:60]} when its config is compiled"
     return None

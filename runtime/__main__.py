@@ -9,7 +9,9 @@ writes a layout-free checkpoint after the last step and `--load DIR` resumes fro
 any layout of the same model (runtime/checkpoint.py); `--steps 0 --load A --save B` re-saves.
 
 Exit codes: 0 ok, 1 the reference check found a mismatch, 2 the plan or the launch is unusable
-(refused before any process group forms, with a message and no traceback), 3 this rank failed
+(refused before any process group forms, with a message and no traceback; a plan whose figures
+are not what its own config compiles to, re-derived by `moeplan verify PLAN` in a child process
+on rank 0, is named by its first differing figure, runtime/rederive.py), 3 this rank failed
 during the run (the message names the rank; torchrun then ends the other ranks), 4 the job lost a
 rank: one never arrived at the rendezvous, the store did not answer, or a peer stopped responding
 (runtime/rendezvous.py, runtime/heartbeat.py; the message names the rank).
@@ -161,12 +163,16 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None,
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from runtime.plan_io import PlanError, load_plan, required
+    from runtime.rederive import Rederivation, checks_here
 
     try:  # the plan checks need no torch: a refused plan answers at once
         plan = load_plan(args.plan)
     except PlanError as exc:
         _say(str(exc))
         return EXIT_USAGE
+    # Rank 0 re-derives the plan from its config in a child while torch imports (the digest
+    # proves the file intact, not that its figures follow from its config).
+    rederivation = Rederivation(args.plan) if checks_here() else None
     from runtime.router import MoEConfigError
 
     try:
@@ -174,9 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         balanced = args.balanced or bool(forced)
         preflight(plan, balanced)
     except (PlanError, MoEConfigError) as exc:
+        if rederivation is not None:
+            rederivation.cancel()
         _say(str(exc))
         return EXIT_USAGE
-    problem = launch_problem(plan)
+    # An edited plan is named before a launch problem: fixing the launch would not make it run.
+    problem = (rederivation.problem() if rederivation else None) or launch_problem(plan)
     if problem is not None:
         _say(problem)
         return EXIT_USAGE
@@ -194,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                          capture=args.check_reference, progress=args.steps > 1)
     _single_process_env()
     try:
-        endpoint = init_distributed()
+        endpoint = init_distributed(plan.digest)
         heartbeat = (Heartbeat(endpoint, Limits.of(GROUP_TIMEOUT), EXIT_PEER_LOST).start()
                      if endpoint.world_size > 1 else None)
     except LaunchEnvironmentError as exc:

@@ -39,11 +39,12 @@ def backend_for_host() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed() -> Endpoint:
+def init_distributed(plan_digest: str | None = None) -> Endpoint:
     """Join the job torchrun started (its env:// variables): every rank checks in within
-    RENDEZVOUS_TIMEOUT (RendezvousError names the missing ones), then the world group forms on
-    the same store with WORLD_TIMEOUT, under the prefix torch's env:// init would use."""
-    store, endpoint = join(RENDEZVOUS_TIMEOUT)
+    RENDEZVOUS_TIMEOUT (RendezvousError names the missing ones) with the digest of the plan it
+    loaded (DifferentPlanError when it is not rank 0's), then the world group forms on the same
+    store with WORLD_TIMEOUT, under the prefix torch's env:// init would use."""
+    store, endpoint = join(RENDEZVOUS_TIMEOUT, plan_digest)
     backend = backend_for_host()
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -132,8 +132,16 @@ def open_store(endpoint: Endpoint, timeout: timedelta, *, client: bool = False) 
     return store
 
 
-def check_in(store: dist.Store, endpoint: Endpoint, timeout: timedelta) -> None:
-    """Say this rank is here, then wait (server side, no polling) until every rank is."""
+class DifferentPlanError(LaunchEnvironmentError):
+    """Ranks loaded different plans: the job cannot form (a usage error, like the environment)."""
+
+
+def check_in(store: dist.Store, endpoint: Endpoint, timeout: timedelta,
+             plan_digest: str | None = None) -> None:
+    """Say this rank is here, then wait (server side, no polling) until every rank is; with
+    PLAN_DIGEST, every rank must have loaded the plan rank 0 loaded (and re-derived)."""
+    if plan_digest is not None:
+        store.set(endpoint.key("plan", endpoint.rank), plan_digest)
     store.set(endpoint.key("arrived", endpoint.rank), f"{socket.gethostname()} {os.getpid()}")
     everyone = endpoint.key("everyone_arrived")
     if store.add(endpoint.key("arrivals"), 1) == endpoint.world_size:
@@ -147,6 +155,35 @@ def check_in(store: dist.Store, endpoint: Endpoint, timeout: timedelta) -> None:
             f"rank {endpoint.rank}: {len(missing)} of {endpoint.world_size} ranks never arrived at "
             f"the rendezvous at {endpoint.address} within {timeout.total_seconds():g} s "
             f"(MOEPLAN_RENDEZVOUS_TIMEOUT_S): rank {rank_list(missing)}; the job stops") from None
+    if plan_digest is not None:
+        check_same_plan(store, endpoint, plan_digest)
+
+
+def check_same_plan(store: dist.Store, endpoint: Endpoint, digest: str) -> None:
+    """Rank 0 reads every rank's plan digest (one request), every other rank reads rank 0's: a
+    rank whose plan.json differs (a copy per node, edited on one) stops the job before any group
+    forms, named by both sides. Rank 0 alone re-derives its plan (runtime/rederive.py); equal
+    digests carry that check to every rank."""
+    rank = endpoint.rank
+    watched = list(range(endpoint.world_size)) if rank == 0 else [0]
+    try:
+        digests = [value.decode("utf-8", "replace") for value in
+                   store.multi_get([endpoint.key("plan", r) for r in watched])]
+    except dist.DistError as exc:
+        raise RendezvousError(f"rank {rank}: the rendezvous store at {endpoint.address} stopped "
+                              f"answering ({_first_line(exc)}); {endpoint.store_host} hosts it; "
+                              "the job stops") from None
+    other = [r for r, theirs in zip(watched, digests, strict=True) if theirs != digest]
+    if not other:
+        return
+    if rank == 0:
+        raise DifferentPlanError(
+            f"rank 0: rank {rank_list(other)} loaded another plan than rank 0's ({digest[:19]}…; "
+            f"rank {other[0]}'s is {digests[watched.index(other[0])][:19]}…): give every rank "
+            "the same plan.json; the job stops")
+    raise DifferentPlanError(
+        f"rank {rank}: this rank loaded the plan {digest[:19]}…, rank 0 loaded {digests[0][:19]}… "
+        "(and re-derived it from its config): give every rank the same plan.json; the job stops")
 
 
 def arrival_of(store: dist.Store, endpoint: Endpoint, rank: int) -> tuple[str, int] | None:
@@ -158,9 +195,9 @@ def arrival_of(store: dist.Store, endpoint: Endpoint, rank: int) -> tuple[str, i
     return host, int(pid)
 
 
-def join(timeout: timedelta) -> tuple[dist.TCPStore, Endpoint]:
+def join(timeout: timedelta, plan_digest: str | None = None) -> tuple[dist.TCPStore, Endpoint]:
     """Open the store and check in; RendezvousError names what failed, within TIMEOUT."""
     endpoint = Endpoint.from_env()
     store = open_store(endpoint, timeout)
-    check_in(store, endpoint, timeout)
+    check_in(store, endpoint, timeout, plan_digest)
     return store, endpoint

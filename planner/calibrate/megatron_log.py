@@ -45,8 +45,20 @@ MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*([0-9.]+)\s*\|\s*"
                     r"max reserved:\s*([0-9.]+)")
 RANK = re.compile(r"\[Rank (\d{1,9})\]")
 VERSION = re.compile(r"(?:megatron[-_ ]?(?:core|lm)?\s*(?:version|commit)[: =]+)([\w.+-]+)", re.I)
-GPU_NAME = re.compile(r"\b(?:NVIDIA\s+|AMD\s+Instinct\s+)?(" + "|".join(
-    sorted(GPUS, key=len, reverse=True)) + r")\b")
+# A catalog GPU's name as a whole word ("NVIDIA H100 80GB HBM3"). No leading `\b` in the pattern:
+# it stops re from skipping to the names' first letters, and cost 64 µs a line (now about 7);
+# `gpu_name` checks the start of the word itself.
+GPU_NAME = re.compile("(" + "|".join(sorted(GPUS, key=len, reverse=True)) + r")\b")
+_WORD_CHAR = re.compile(r"\w")
+
+
+def gpu_name(line: str) -> str | None:
+    """The first catalog GPU named as a whole word in LINE (a name inside a longer word is not)."""
+    for match in GPU_NAME.finditer(line):
+        start = match.start()
+        if start == 0 or not _WORD_CHAR.match(line, start - 1):
+            return match.group(1)
+    return None
 
 
 class LogError(ValueError):
@@ -153,9 +165,10 @@ class _Reader:
         if (m := MEMORY.search(line)) and (r := RANK.search(line, 0, m.start())):
             self._memory(int(r.group(1)), m.groups())
         self.finished = self.finished or "after training is done" in line
-        if self.gpu is None and (g := GPU_NAME.search(line)):
-            self.gpu = g.group(1)
-        if self.version is None and (v := VERSION.search(line)):
+        if self.gpu is None:
+            self.gpu = gpu_name(line)
+        # a case-blind pattern gets no fast literal search: look for its word first (15 µs a line)
+        if self.version is None and "megatron" in line.lower() and (v := VERSION.search(line)):
             self.version = v.group(1)
 
     def _interval(self, line: str, iteration: int, elapsed: str) -> None:

@@ -1,11 +1,16 @@
-"""`moeplan verify PLAN REPORT`: the bytes each rank really moved next to what the plan predicted."""
+"""`moeplan verify PLAN [REPORT]`: the bytes each rank really moved next to what the plan predicted.
+
+Without REPORT it checks the plan alone: its derived figures are what its own config compiles to.
+The runtime asks exactly this, in a child process, before any process group forms
+(runtime/rederive.py), so the user and the runtime run one check.
+"""
 
 from __future__ import annotations
 
 import json
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich import box
@@ -15,6 +20,7 @@ from rich.table import Table
 from planner.cli_common import EXIT_CONFIG, EXIT_OK, EXIT_USAGE, fail, stdout
 from planner.plan_format import PlanFileError, read_plan
 from planner.verify import (
+    DERIVED,
     EXACT,
     EXPECTATION,
     MISMATCH,
@@ -65,10 +71,20 @@ def _table(result: Verification, rank: int | None, only_mismatches: bool) -> Tab
     return table
 
 
+def _plan_only(plan_path: Path, as_json: bool) -> NoReturn:
+    """The plan passed its re-derivation: say so and exit 0."""
+    if as_json:
+        print(json.dumps({"ok": True, "plan": str(plan_path), "rederived": True}, indent=2))
+    else:
+        stdout.print(f"{plan_path}: its {', '.join(DERIVED)} are what its config compiles to")
+    raise typer.Exit(EXIT_OK)
+
+
 def verify_command(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN", help="plan.json from moeplan compile")],
-    report_path: Annotated[Path, typer.Argument(metavar="REPORT",
-                                                help="report.json from python -m runtime")],
+    report_path: Annotated[Path | None, typer.Argument(
+        metavar="[REPORT]", help="report.json from python -m runtime; without it, check only that "
+        "the plan's figures are what its config compiles to")] = None,
     rank: Annotated[int | None, typer.Option("--rank", help="show one rank only")] = None,
     mismatches_only: Annotated[bool, typer.Option("--mismatches", help="show mismatches only")
                                ] = False,
@@ -78,6 +94,8 @@ def verify_command(
     try:
         plan = read_plan(plan_path)
         check_rederived(plan)  # the digest proves the file intact, this that its figures follow
+        if report_path is None:
+            _plan_only(plan_path, as_json)
         result = verify(plan, read_report(report_path))
     except (PlanFileError, VerifyInputError) as exc:
         fail(EXIT_USAGE, str(exc))

@@ -253,7 +253,7 @@ def test_verify_never_imports_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_a_plan_edited_and_digested_again_is_refused(plan: dict[str, Any]) -> None:
+def test_a_plan_edited_and_digested_again_is_refused(plan: dict[str, Any], tmp_path: Path) -> None:
     """The digest proves the file intact, not that its figures follow from its config: before,
     a doubled dense gradient scale (re-digested) was called verified."""
     from planner.plan_format import plan_digest
@@ -265,7 +265,17 @@ def test_a_plan_edited_and_digested_again_is_refused(plan: dict[str, Any]) -> No
                         if b["name"] == "step.dense_grad_reduce.fwd.send_bytes")
     entry["value"] *= 2
     edited["digest"] = plan_digest(edited)
-    with pytest.raises(VerifyInputError, match=rf"budgets\[{index}\]\.value is {entry['value']} in "
-                                               rf"the plan, {entry['value'] // 2} when its config is "
-                                               "compiled"):
+    stage = "" if entry.get("stage") is None else f", stage {entry['stage']}"
+    figure = rf"budgets\[{index} step\.dense_grad_reduce\.fwd\.send_bytes{stage}\]\.value"
+    with pytest.raises(VerifyInputError, match=rf"{figure} is {entry['value']} in the plan, "
+                                               rf"{entry['value'] // 2} when its config is compiled"):
         check_rederived(edited)
+    # `moeplan verify PLAN` alone asks exactly this (the runtime's rank 0 runs it before any
+    # process group forms, runtime/rederive.py): exit 0 for the plan as compiled, 2 naming the
+    # figure for the edit
+    for document, code, said in ((plan, 0, "are what its config compiles to"),
+                                 (edited, 2, "step.dense_grad_reduce.fwd.send_bytes")):
+        path = tmp_path / f"plan-{code}.json"
+        path.write_text(json.dumps(document))
+        result = CliRunner().invoke(app, ["verify", str(path)])
+        assert result.exit_code == code and said in result.output, result.output

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import ast
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from planner.config.argument_classes import argument_class, is_legacy_model
 from planner.config.entry_parsers import entry_argument
 from planner.config.hybrid_pattern import PatternNotModelled, read_hybrid_pattern
+from planner.config.importers.shell_words import shell_words
 from planner.config.layout_strings import IMPORTED, layout_string
 from planner.config.megatron_arguments import (
     LEGACY_SPELLINGS,
@@ -106,7 +106,7 @@ def split_words(text: str) -> list[str]:
     """Shell words of a command line or argument file: `\\` continuations, quotes, `#` comments."""
     joined = re.sub(r"\\\r?\n", " ", text)  # bash drops backslash-newline before splitting words
     try:
-        return shlex.split(joined, comments=True, posix=True)
+        return shell_words(joined)  # shlex.split(comments=True, posix=True)'s words, linear time
     except ValueError as exc:
         raise UnreadableArgs(f"cannot split the arguments into shell words: {exc}") from None
 

@@ -17,6 +17,7 @@ figures are in docs/runtime.md.
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import time
 from datetime import timedelta
@@ -46,24 +47,31 @@ def _job_env(monkeypatch: pytest.MonkeyPatch, world: int) -> None:
         monkeypatch.setenv(variable, str(value))
 
 
-def test_a_stopped_rank_is_named_and_ends_the_job(tmp_path: Path) -> None:
-    plan = small(tmp_path)
+def _two_ranks(plan: Path, fail: str) -> tuple[list[int], list[str]]:
+    """Ranks 0 and 1 as two `python -m runtime` processes (rank 0 hosts the store), the one FAIL
+    names stopping itself; each rank's exit code and stderr, none left behind."""
     port = free_port()
     env = {key: value for key, value in ENV.items() if key != "TORCHELASTIC_USE_AGENT_STORE"}
     env.update(WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               MOEPLAN_GROUP_TIMEOUT_S=str(GROUP_TIMEOUT_S), **{FAIL_VARIABLE: "stop:1:1:1"})
+               MOEPLAN_GROUP_TIMEOUT_S=str(GROUP_TIMEOUT_S), **{FAIL_VARIABLE: fail})
     ranks = [subprocess.Popen([PYTHON, "-m", "runtime", "--plan", str(plan), "--steps", "3"],
                               cwd=ROOT, env={**env, "RANK": str(rank)}, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for rank in range(2)]
-    try:
-        errs = [process.communicate(timeout=BOUND_S)[1] for process in ranks]
+    stopped = int(fail.split(":")[1])
+    try:  # the rank that stopped itself never ends: collect the other first
+        errs = {rank: ranks[rank].communicate(timeout=BOUND_S)[1] for rank in (1 - stopped,)}
     finally:
         for process in ranks:  # SIGKILL reaches a stopped process too: none is left behind
             if process.poll() is None:
                 process.kill()
-                process.communicate()
+    errs[stopped] = ranks[stopped].communicate()[1]
+    return [process.returncode for process in ranks], [errs[0], errs[1]]
+
+
+def test_a_stopped_rank_is_named_and_ends_the_job(tmp_path: Path) -> None:
+    codes, errs = _two_ranks(small(tmp_path), "stop:1:1:1")
     err = "".join(errs)
-    assert [process.returncode for process in ranks] == [EXIT_PEER_LOST, -9], err[-3000:]
+    assert codes == [EXIT_PEER_LOST, -9], err[-3000:]
     assert "rank 1 stops itself" in err
     named = re.search(r"moeplan runtime: rank 0: rank 1 stopped responding: no heartbeat for "
                       r"([\d.]+) s", err)
@@ -73,6 +81,70 @@ def test_a_stopped_rank_is_named_and_ends_the_job(tmp_path: Path) -> None:
     assert "step 1/3" in err  # it really was mid-run
     # the beat thread wakes at each new step; whether it ran before the stop is up to the scheduler
     assert re.search(r"rank 1's last beat reported step [01], microbatch \d", err)
+
+
+def test_a_frozen_head_node_is_named_within_the_group_timeout(tmp_path: Path) -> None:
+    """Rank 0 stops (SIGSTOP: a frozen head node) and, as it hosts the store, the store with it:
+    rank 1's store watchdog names the store's host and the head node within half the group
+    timeout. Before, rank 1 ended in a raw gloo send timeout that named nobody."""
+    codes, (zero, one) = _two_ranks(small(tmp_path), "stop:0:1:1")
+    assert codes == [-9, EXIT_PEER_LOST], (zero + one)[-3000:]
+    assert "rank 0 stops itself" in zero and "step 1/3" in zero  # it really was mid-run
+    named = re.search(r"moeplan runtime: rank 1: the job's store at 127\.0\.0\.1:\d+ \(rank 0 "
+                      r"hosts it\) has not answered for ([\d.]+) s \(limit 2 s, half of "
+                      r"MOEPLAN_GROUP_TIMEOUT_S\); rank 0 stopped responding; the head node \S+ "
+                      r"\(rank 0\) was last heard ([\d.]+) s ago; the job stops", one)
+    assert named is not None, one[-3000:]
+    assert GROUP_TIMEOUT_S / 2 <= float(named.group(1)) < GROUP_TIMEOUT_S
+    assert float(named.group(2)) < GROUP_TIMEOUT_S
+    assert "Traceback" not in one and "gloo" not in one.lower()  # no raw collective timeout
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in
+            Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (R, S, T stopped, Z exited and not yet reaped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_stopped_store_host_is_named_by_every_rank(tmp_path: Path) -> None:
+    """torchrun's agent hosts the store; SIGSTOP it mid-run (a stopped agent, a frozen launcher):
+    both ranks' store watchdogs name the store and its host and exit within half the group
+    timeout. Before, the ranks trained on with no message (step 970, killed from outside)."""
+    log = tmp_path / "job.err"
+    env = {**ENV, "MOEPLAN_GROUP_TIMEOUT_S": str(GROUP_TIMEOUT_S)}
+    with log.open("w") as sink:
+        agent = subprocess.Popen(
+            [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+             "-m", "runtime", "--plan", str(small(tmp_path)), "--steps", "100000"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=sink)
+    try:
+        deadline = time.monotonic() + BOUND_S
+        while "step 2/" not in log.read_text() and time.monotonic() < deadline:
+            assert agent.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        ranks = _children(agent.pid)
+        assert len(ranks) == 2, log.read_text()[-3000:]
+        agent.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 3 * GROUP_TIMEOUT_S  # generous: a loaded CI box
+        while any(_state(rank) != "Z" for rank in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        states = [_state(rank) for rank in ranks]  # exited: zombies the stopped agent cannot reap
+    finally:
+        agent.kill()
+        agent.communicate()
+    err = log.read_text()
+    assert states == ["Z", "Z"], err[-3000:]
+    for rank in (0, 1):
+        named = re.search(rf"moeplan runtime: rank {rank}: the job's store at \S+:\d+ \(torchrun's "
+                          r"agent hosts it\) has not answered for ([\d.]+) s \(limit 2 s, half of "
+                          r"MOEPLAN_GROUP_TIMEOUT_S\); torchrun's agent stopped responding", err)
+        assert named is not None, err[-3000:]
+        assert GROUP_TIMEOUT_S / 2 <= float(named.group(1)) < GROUP_TIMEOUT_S
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(("rank", "named"), ids=["peer_never_starts", "store_never_up"], argvalues=[

@@ -7,6 +7,7 @@ exact) runs through the emitted launcher in test_emit_run.py; this file covers t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,32 @@ def test_unrunnable_plans_are_refused_before_any_group_forms(
     plan = edited(small(tmp_path, model={"moe_n_hash_layers": 1}), edit, redigest=redigest)
     assert main(["--plan", str(plan)]) == 2
     assert message in capsys.readouterr().err
+    assert not dist.is_initialized()
+
+
+def test_a_plan_edited_and_digested_again_is_refused_naming_the_figure(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m runtime` launched by hand (no launcher's digest check): the digest proves the
+    file intact, so rank 0 re-derives the plan from its own config (runtime/rederive.py, `moeplan
+    verify PLAN` in a child) before any process group forms. Before, a doubled dense gradient
+    scale, re-digested, trained."""
+    import torch.distributed as dist
+
+    from runtime.__main__ import main
+
+    plan = small(tmp_path, parallel={"world_size": 1, "ep": 1}, training={"global_batch_size": 2})
+
+    def double(document: dict[str, Any]) -> None:
+        entry = next(b for b in document["budgets"]
+                     if b["name"] == "grad_scale_sum_dense" and b["stage"] is None)
+        assert entry["value"] == 1  # one rank: the summed gradient is the step's own
+        entry["value"] = 2
+
+    assert main(["--plan", str(edited(plan, double, redigest=True))]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"^moeplan runtime: the plan is not what its own config compiles to "
+                     r"\(budgets\[\d+ grad_scale_sum_dense\]\.value is 2 in the plan, 1 when its "
+                     r"config is compiled\)", err), err
     assert not dist.is_initialized()
 
 

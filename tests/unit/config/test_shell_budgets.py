@@ -5,7 +5,9 @@ time and memory bound."""
 
 from __future__ import annotations
 
+import shlex
 import time
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from planner.config.importers import shell_script
 from planner.config.importers.arg_map import load_map, read_map
 from planner.config.importers.shell_script import ScriptTooComplex, read_script
+from planner.config.importers.shell_words import shell_words
 from planner.config.importers.sources import NotAnImport, import_text
 from tests.support.bounded import bounded_call
 
@@ -127,3 +130,30 @@ def test_random_argument_maps_are_read_or_refused_never_raise(bits: list[str]) -
             read_map(data, {})
     error = _bounded(read, "".join(bits))
     assert error is None or isinstance(error, ScriptTooComplex), repr(error)
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(st.text(alphabet=" \t\r\n#'\"\\ab=-$\f\x00é", max_size=24))
+def test_shell_words_are_shlexs_words(text: str) -> None:
+    """The linear splitter (planner/config/importers/shell_words.py) gives shlex.split's words in
+    posix mode with comments, and shlex's own message for an open quote or a trailing `\\`."""
+    def words(split: Any) -> list[str] | str:
+        try:
+            return split(text)
+        except ValueError as exc:
+            return str(exc)
+
+    assert words(shell_words) == words(lambda t: shlex.split(t, comments=True, posix=True))
+
+
+@pytest.mark.parametrize("text", ["\n" * 1_000_000, "a" * 1_000_000, "#" * 1_000_000,
+                                  '"' + "a" * 1_000_000, "ab " * 100_000])
+def test_shell_words_take_linear_time(text: str) -> None:
+    """shlex took 15 s on 3 MB of newlines and 34 s on a 1 MB word (it copies the word once per
+    character); each of these takes well under a second here."""
+    started = time.monotonic()
+    try:
+        count = len(shell_words(text))
+    except ValueError:
+        count = -1
+    assert time.monotonic() - started < 5.0, count

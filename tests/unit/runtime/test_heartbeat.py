@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from runtime.heartbeat import PROGRESS, Heartbeat, Limits, describe, note_microbatch, note_phase
 from runtime.rendezvous import (
+    DifferentPlanError,
     Endpoint,
     LaunchEnvironmentError,
     RendezvousError,
@@ -131,6 +132,30 @@ def test_check_in_names_the_ranks_that_never_came() -> None:
         store.add(endpoint.key("arrivals"), 1)
     with pytest.raises(RendezvousError, match=r"2 of 6 ranks never arrived .* rank 3-4; the job"):
         check_in(store, endpoint, timedelta(seconds=0.3))
+
+
+def test_a_rank_with_another_plan_stops_the_job_named_by_both_sides() -> None:
+    """Rank 0 alone re-derives its plan (runtime/rederive.py); a rank that loaded another copy
+    (a node's own plan.json, edited there) is refused at the rendezvous, before any group forms."""
+    port = free_port()
+    zero, one, two = (Endpoint("127.0.0.1", port, rank, 3, agent_store=True, attempt="0")
+                      for rank in range(3))
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    plans = {0: "sha256:" + "a" * 64, 1: "sha256:" + "a" * 64, 2: "sha256:" + "b" * 64}
+    for endpoint in (one, two):  # checked in already, each with its own plan
+        store.set(endpoint.key("plan", endpoint.rank), plans[endpoint.rank])
+        store.set(endpoint.key("arrived", endpoint.rank), "host 1")
+        store.add(endpoint.key("arrivals"), 1)
+    with pytest.raises(DifferentPlanError, match=r"^rank 0: rank 2 loaded another plan than rank "
+                       r"0's \(sha256:aaaaaaaaaaaa…; rank 2's is sha256:bbbbbbbbbbbb…\): give "
+                       "every rank the same plan.json"):
+        check_in(store, zero, timedelta(seconds=2), plans[0])
+    check_in(store, one, timedelta(seconds=2), plans[1])  # rank 0's plan: joins
+    with pytest.raises(DifferentPlanError, match=r"^rank 2: this rank loaded the plan "
+                       r"sha256:bbbbbbbbbbbb…, rank 0 loaded sha256:aaaaaaaaaaaa…"):
+        check_in(store, two, timedelta(seconds=2), plans[2])
+    assert issubclass(DifferentPlanError, LaunchEnvironmentError)  # exit 2, like the environment
 
 
 def test_a_launch_without_its_variables_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
