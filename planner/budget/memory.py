@@ -362,11 +362,14 @@ def _add_recompute(book: Book, v: Variant) -> None:
     if v.hybrid_stack:
         # Megatron-LM dev@d48bd6be megatron/core/models/hybrid/hybrid_block.py HybridStack.forward
         # checkpoints through megatron/core/recompute.py checkpointed_forward over its own layers:
-        # one per pattern symbol, so N_r counts symbols, not moeplan's blocks
+        # one per pattern symbol, so N_r counts symbols, not moeplan's blocks (Mamba stacks and
+        # DeepSeek-V4). An MTP depth sits outside the stack: megatron/core/transformer/
+        # multi_token_prediction.py MultiTokenPredictionLayer._checkpointed_forward checkpoints
+        # it whole (N_r must be 1), one input per depth.
         layers = "L_pattern"
         add("act_stored_layers", "ceiling(L_pattern / N_r) * layer_input_bytes", "bytes", "memory",
             "uniform method, hybrid stack: one input per group of N_r pattern layers (a block is "
-            "its mixer's layer and its MLP's)")
+            "two: its mixer's or attention's layer and its MLP's or MoE's; an MTP depth one)")
         add("recompute_working_bytes", f"ceiling(Min(N_r, {layers}) * act_layers_per_microbatch"
             f" / Max({layers}, 1))", "bytes", "memory", "one group of N_r pattern layers "
             f"re-materialised during backward (average pattern layer; {whole})")

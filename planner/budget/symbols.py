@@ -163,6 +163,10 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
     ("L_dense_recomputed", "dense-MLP blocks among blocks_recomputed"),
     ("L_csa_recomputed", "CSA attention layers among blocks_recomputed (V4)"),
     ("L_hca_recomputed", "HCA attention layers among blocks_recomputed (V4)"),
+    ("L_bf16", "decoder blocks kept in BF16 under FP8 (training.first_last_layers_bf16: the "
+               "first and last N of the model)"),
+    ("L_moe_bf16", "MoE layers among L_bf16"),
+    ("L_dense_bf16", "dense-MLP blocks among L_bf16"),
     *KIND_STAGE_SYMBOLS,
 ))
 
@@ -275,7 +279,10 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         quick_geglu=model.quick_geglu,
         offload=offload_groups(cfg),
         mixer_only=1 in (model.mixer_only_layers or []),
-        hybrid_stack=1 in (model.mamba_layers or []) + (model.mixer_only_layers or []),
+        # Megatron trains Mamba stacks and DeepSeek-V4 on the hybrid entry, whose HybridStack has
+        # one layer per pattern symbol (a V4 block is two: its attention and its MoE)
+        hybrid_stack=1 in (model.mamba_layers or []) + (model.mixer_only_layers or [])
+        or model.attention_variant == "dsv4_hybrid",
         attn_scores=tr.attention_backend in ("unfused", "local") or tr.transformer_impl == "local",
         attention_dropout=model.attention_dropout > 0,
         ce_impl=tr.cross_entropy_fusion_impl if tr.cross_entropy_loss_fusion else "unfused",
@@ -284,6 +291,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         freeze=frozenset(tr.freeze),
         lora=frozenset(tr.lora.target_modules) if tr.lora else frozenset(),
         rl=_rl(tr),
+        bf16_layers=tr.fp8 and bf16_layers(cfg) is not None,
     )
 
 
@@ -504,7 +512,8 @@ def holdings(cfg: Config, split: StageSplit) -> Holdings:
     model, the pipeline fields and the recompute setting (search asks for the same ones for every
     knob setting of a layout)."""
     ov = cfg.overlap
-    key = (split_key(cfg), ov.recompute_granularity, ov.recompute_method, ov.recompute_num_layers)
+    key = (split_key(cfg), ov.recompute_granularity, ov.recompute_method, ov.recompute_num_layers,
+           bf16_layers(cfg))
     return _HOLDINGS.get(key, Holdings, cfg, split)
 
 
@@ -534,7 +543,31 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
         "embd_sync": int(embd_size > 1 and (not model.untie_embeddings_and_output_weights
                                             or model.mtp_num_layers > 0)),
         **_recompute_values(cfg, st),
+        **_bf16_values(cfg, st),
     }
+
+
+def bf16_layers(cfg: Config) -> tuple[int, int] | None:
+    """The (first, last) decoder-layer counts kept in BF16 under FP8/FP4, None when all are
+    quantised (Megatron-LM dev@d48bd6be megatron/core/fp8_utils.py is_first_last_bf16_layer)."""
+    tr = cfg.training
+    if not tr.first_last_layers_bf16 or not (tr.fp8 or tr.fp4):
+        return None
+    return tr.num_layers_at_start_in_bf16, tr.num_layers_at_end_in_bf16
+
+
+def _bf16_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
+    """The stage's decoder blocks kept in BF16, by MLP kind. Megatron numbers them globally
+    (TransformerBlock build_layer passes the global layer index to get_fp8_context), so only the
+    stages holding the model's first or last layers have any; MTP layers are built under the
+    plain FP8 context (index -1) and stay quantised."""
+    counts, model = bf16_layers(cfg), cfg.model
+    start, end = counts or (0, 0)
+    layers = [layer for layer in st.layers if layer < start or layer >= model.num_layers - end] \
+        if counts else []
+    moe = sum(1 for layer in layers if model.is_moe_layer(layer))
+    alone = sum(1 for layer in layers if not model.has_mlp(layer))
+    return {"L_bf16": len(layers), "L_moe_bf16": moe, "L_dense_bf16": len(layers) - moe - alone}
 
 
 def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:

@@ -115,6 +115,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
      {"quant_pad": True, "fp8_weights": "blockwise", "fp8_param_gather": True}),
     ("FP8 weights with fp8_param_gather (mxfp8)",
      {"quant_pad": True, "fp8_weights": "mxfp8", "fp8_param_gather": True}),
+    ("FP8 weights with the first and last blocks in BF16 (first_last_layers_bf16)",
+     {"quant_pad": True, "fp8_weights": "blockwise", "bf16_layers": True}),
     # --- issue 25 (article)
     ("EP 1, ETP = TP, EGTP = GTP: routed experts in the dense grad buffer", {"expert_buffer": False}),
     ("NCCL EP zero-copy (main's moe_ncclep_zero_copy)", {"dispatcher": "flex", "ncclep": True,
