@@ -17,6 +17,7 @@ from functools import cache
 from statistics import NormalDist
 from typing import Any
 
+from planner.config.deepep_buffers import deepep_buffers
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.layer_kinds import (
@@ -96,6 +97,11 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("lora_rank", "LoRA adapter rank (training.lora.dim; 0 without LoRA)"),
     Symbol("rl_engine_fraction", "share of GPU memory a colocated RL inference engine takes "
            "(training.rl_colocation.engine_memory_fraction; 0 without)"),
+    Symbol("deepep_nvl_bytes", "DeepEP's NVLink buffer for the EP group (ETP·EP ranks): the larger "
+           "of its dispatch and combine size hints (planner/config/deepep_buffers.py; 0 when DeepEP has "
+           "no configuration for the group size)"),
+    Symbol("deepep_rdma_bytes", "DeepEP's RDMA buffer (NVSHMEM) for an EP group wider than a node: "
+           "the larger of its RDMA size hints, else 0"),
     Symbol("recv_z2", "z² of the busiest EP rank's stated quantile: z = Φ⁻¹(q^(1/EP)) for "
            "q = efficiency.routing_quantile (the quantile of the largest of EP receive counts)"),
     Symbol("h_moe", "width of the routed token rows: moe_latent_size with latent MoE (the rows "
@@ -295,6 +301,14 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
     )
 
 
+def _deepep_values(cfg: Config) -> dict[str, Number]:
+    """DeepEP's buffer sizes for the config's EP group (ETP·EP ranks, h_moe-wide rows)."""
+    sizes = deepep_buffers(cfg.degrees.etp * cfg.parallel.ep,
+                           cfg.moe.moe_latent_size or cfg.model.hidden_size, cfg.cluster.gpus_per_node)
+    nvl, rdma = sizes or (0, 0)
+    return {"deepep_nvl_bytes": nvl, "deepep_rdma_bytes": rdma}
+
+
 def _rl(tr: Any) -> str:
     """Which sides of an RL colocation release their memory in the other's phase."""
     rl = tr.rl_colocation
@@ -449,6 +463,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "mem_margin": exact(cfg.cluster.memory_margin),
         "lora_rank": tr.lora.dim if tr.lora else 0,
         "rl_engine_fraction": exact(tr.rl_colocation.engine_memory_fraction) if tr.rl_colocation else 0,
+        **_deepep_values(cfg),
         "recv_z2": hot_rank_z2(cfg.cluster.efficiency.routing_quantile, par.ep),
         "h_moe": cfg.moe.moe_latent_size or m.hidden_size,
         "csa_window": m.csa_window_size or 0,
