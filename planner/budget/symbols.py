@@ -17,7 +17,6 @@ from functools import cache
 from statistics import NormalDist
 from typing import Any
 
-from planner.config.deepep_buffers import deepep_buffers
 from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
 from planner.budget.layer_kinds import (
@@ -29,6 +28,7 @@ from planner.budget.layer_kinds import (
 )
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.budget.variant import Variant
+from planner.config.deepep_buffers import deepep_buffers
 from planner.config.gpus import takes_tn_only
 from planner.config.offload_groups import offload_groups
 from planner.config.schema import DSV4_CSA_RATIO, Config
