@@ -258,7 +258,7 @@ def _weight_and_grad_terms(book: Book, v: Variant) -> tuple[str, str]:
     full = "(dense_buffer_params + expert_buffer_params)"
     # frozen parameters sit outside the DDP buffers, as plain tensors (training_modes.py)
     held = "(frozen_params_on_rank + dense_buffer_params + expert_buffer_params)" \
-        if v.freeze or v.lora else full
+        if v.freeze or v.lora or v.tower else full
     shard = "(dense_shard_params + expert_shard_params)"
     weights = f"{shard if v.fsdp == 'optim_grads_params' else held} * p"
     grads = f"{shard if v.fsdp in ('optim_grads', 'optim_grads_params') else full} * bytes_grad"

@@ -209,7 +209,7 @@ def _add_grad_buffer_members(book: Book, v: Variant) -> None:
     in the dense buffer, reduced with it over dp_cp. Frozen groups and LoRA's frozen base are
     not in them (planner/budget/training_modes.py trainable)."""
     dense, expert = ("dense_params_on_rank", "expert_params_on_rank")
-    if v.freeze or v.lora:
+    if v.freeze or v.lora or v.tower:
         dense, expert = trainable(book, v)
     if v.expert_buffer:
         book.add("dense_grad_params", dense, "params", "memory",

@@ -94,6 +94,10 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("context_gib", "CUDA context and loaded kernels per rank in GiB (cluster.cuda_context_gib)"),
     Symbol("nccl_channels", "channels NCCL opens per ring communicator (cluster.nccl_channels)"),
     Symbol("mem_margin", "share of GPU memory kept free of the device total (cluster.memory_margin)"),
+    Symbol("tower_params", "parameters of an encoder tower on the first stage that stay frozen "
+           "(training.frozen_tower_params; 0 without)"),
+    Symbol("tower_trained_params", "parameters of an encoder tower on the first stage that train "
+           "(training.trained_tower_params; 0 without)"),
     Symbol("lora_rank", "LoRA adapter rank (training.lora.dim; 0 without LoRA)"),
     Symbol("rl_engine_fraction", "share of GPU memory a colocated RL inference engine takes "
            "(training.rl_colocation.engine_memory_fraction; 0 without)"),
@@ -298,6 +302,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         lora=frozenset(tr.lora.target_modules) if tr.lora else frozenset(),
         rl=_rl(tr),
         bf16_layers=tr.fp8 and bf16_layers(cfg) is not None,
+        tower=tr.frozen_tower_params + tr.trained_tower_params > 0,
     )
 
 
@@ -462,6 +467,8 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "nccl_channels": cfg.cluster.nccl_channels,
         "mem_margin": exact(cfg.cluster.memory_margin),
         "lora_rank": tr.lora.dim if tr.lora else 0,
+        "tower_params": tr.frozen_tower_params,
+        "tower_trained_params": tr.trained_tower_params,
         "rl_engine_fraction": exact(tr.rl_colocation.engine_memory_fraction) if tr.rl_colocation else 0,
         **_deepep_values(cfg),
         "recv_z2": hot_rank_z2(cfg.cluster.efficiency.routing_quantile, par.ep),

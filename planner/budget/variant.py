@@ -98,6 +98,8 @@ class Variant:
     # An RL inference engine on the same GPUs: "" without; else which sides release their memory
     # in the other's phase ("train", "rollout", both or neither, as "train+rollout" / "none")
     rl: str = ""
+    # An encoder tower on the first stage (training.frozen_tower_params / trained_tower_params)
+    tower: bool = False
     # FP8 with the first/last N decoder blocks kept in BF16: their GEMM weights have no FP8 copy
     bf16_layers: bool = False
 

@@ -742,6 +742,14 @@ class TrainingSection(Section):
     first_last_layers_bf16: bool = False
     num_layers_at_start_in_bf16: NonNegInt = 1
     num_layers_at_end_in_bf16: NonNegInt = 1
+    # An encoder tower (vision or audio) beside the text decoder, as Megatron-Bridge trains
+    # Qwen3-VL (src/megatron/bridge/models/qwen_vl/modelling_qwen3_vl/model.py Qwen3VLModel: built
+    # on the first pipeline stage, its linears split over TP): the parameters its freeze options
+    # leave frozen (weights only) and those that train (in the dense grad buffer, with optimizer
+    # states). freeze_vision_model alone keeps the mergers training; with freeze_vision_projection
+    # the whole tower is frozen.
+    frozen_tower_params: NonNegInt = 0
+    trained_tower_params: NonNegInt = 0
 
     @model_validator(mode="after")
     def _precision_aware_optimizer(self) -> TrainingSection:

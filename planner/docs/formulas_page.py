@@ -141,6 +141,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("the local implementation, no TE grouped GEMM", {"te": False, "grouped_gemm": False}),
     # what trains (planner/budget/training_modes.py)
     ("routed experts frozen", {"freeze": frozenset({"experts"})}),
+    ("an encoder tower on the first stage (frozen_tower_params, trained_tower_params)",
+     {"tower": True}),
     ("LoRA on linear_qkv, linear_proj, linear_fc1, linear_fc2 (standard attention)",
      {"lora": frozenset({"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}), "kinds": STANDARD,
       "cp": False}),

@@ -207,9 +207,10 @@ def memory_headroom(f: Facts) -> Iterator[Violation]:
     "MEM003", "warning", "what trains is budgeted, and the launch must apply it",
     source="planner/budget/training_modes.py trainable; planner/budget/device_memory.py "
            "write_rl_colocation",
-    why="""training.lora, training.freeze and training.rl_colocation change what the memory budget
-    holds (frozen weights without grads or optimizer states, adapters, an inference engine's share
-    of the GPU), but Megatron-LM's pretrain_gpt.py, which `emit megatron` launches, trains every
+    why="""training.lora, training.freeze, training.frozen_tower_params and training.rl_colocation
+    change what the memory budget holds (frozen weights without grads or optimizer states,
+    adapters, a frozen vision tower, an inference engine's share of the GPU), but Megatron-LM's
+    pretrain_gpt.py, which `emit megatron` launches, trains every
     parameter and runs no engine: the job must be launched by Megatron-Bridge (its PEFT and freeze
     options) or by slime / verl, with the same settings, for the budget to hold.""",
     bad="training: {freeze: [dense]}",
@@ -219,7 +220,10 @@ def training_mode_launch(f: Facts) -> Iterator[Violation]:
     tr = f.cfg.training
     for name, on, launcher in (("lora", tr.lora is not None, "Megatron-Bridge's PEFT LoRA"),
                                ("freeze", bool(tr.freeze), "Megatron-Bridge's freeze options"),
-                               ("rl_colocation", tr.rl_colocation is not None, "slime or verl")):
+                               ("rl_colocation", tr.rl_colocation is not None, "slime or verl"),
+                               ("frozen_tower_params",
+                                tr.frozen_tower_params + tr.trained_tower_params > 0,
+                                "Megatron-Bridge (its vision model and freeze options)")):
         if on:
             yield Violation(f"training.{name}", f"training.{name} is budgeted, but `emit megatron` "
                             "writes a Megatron-LM pretraining launch that trains every parameter",
