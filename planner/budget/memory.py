@@ -350,6 +350,18 @@ def _add_recompute(book: Book, v: Variant) -> None:
             "per microbatch: block activations kept for backward")
         add("recompute_working_bytes", "0", "bytes", "memory", "no full recompute")
         return
+    if v.recompute_method == "block" and v.hybrid_stack:
+        # megatron/core/recompute.py checkpointed_forward, block method over a HybridStack: the
+        # first N_r pattern symbols of each chunk keep their input, the others everything (MTP
+        # depths are not recomputed under the block method)
+        symbol = "act_layers_per_microbatch / Max(L_pattern, 1)"
+        add("act_stored_layers", f"ceiling((L_pattern - symbols_recomputed) * {symbol})"
+            " + symbols_recomputed * layer_input_bytes", "bytes", "memory",
+            "per microbatch, block method over a hybrid stack: the first N_r pattern layers of "
+            f"each chunk keep their input, the others everything (average pattern layer; {whole})")
+        add("recompute_working_bytes", f"Min(symbols_recomputed, 1) * ceiling({symbol})", "bytes",
+            "memory", f"one pattern layer re-materialised during its backward ({whole})")
+        return
     if v.recompute_method == "block":
         add("recomputed_blocks", "blocks_recomputed", "count", "memory",
             "block method: the first N_r decoder blocks of each chunk are recomputed (MTP not)")

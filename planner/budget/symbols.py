@@ -169,6 +169,8 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
                       "act_per_microbatch (see the act_chunk.* and act_live_peak rows)"),
     ("blocks_recomputed", "blocks whose forward full recompute re-runs in backward (uniform: all, "
                           "MTP included; block: the first N_r decoder blocks of each chunk)"),
+    ("symbols_recomputed", "hybrid stacks, block method: pattern layers (symbols) whose forward "
+                           "full recompute re-runs, the first N_r of each chunk"),
     ("L_moe_recomputed", "MoE layers among blocks_recomputed"),
     ("L_dense_recomputed", "dense-MLP blocks among blocks_recomputed"),
     ("L_csa_recomputed", "CSA attention layers among blocks_recomputed (V4)"),
@@ -608,7 +610,12 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
             layers += [] if block else [model.num_layers + d for d in chunk.mtp_layers]
     moe = sum(1 for layer in layers if layer >= model.num_layers or model.is_moe_layer(layer))
     alone = sum(1 for layer in layers if layer < model.num_layers and not model.has_mlp(layer))
-    return {"blocks_recomputed": len(layers), "L_moe_recomputed": moe,
+    # Megatron's HybridStack (megatron/core/recompute.py checkpointed_forward over its own layers)
+    # recomputes the first N_r pattern symbols of each chunk: a block is two, a mixer alone one
+    symbols = sum(min(1 if ov.recompute_num_layers is None else ov.recompute_num_layers,
+                      sum(2 if model.has_mlp(layer) else 1 for layer in chunk.layers))
+                  for chunk in st.chunks) if ov.recompute_granularity == "full" else 0
+    return {"blocks_recomputed": len(layers), "symbols_recomputed": symbols, "L_moe_recomputed": moe,
             "L_dense_recomputed": len(layers) - moe - alone, **layer_counts(model, layers, "_recomputed")}
 
 

@@ -97,6 +97,9 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("hybrid Mamba-2 stack under uniform full recompute (N_r counts pattern layers)",
      {"kinds": frozenset({"softmax", "mamba"}), "hybrid_stack": True, "recompute": "full",
       "recompute_method": "uniform"}),
+    ("hybrid stack under the block method (the first N_r pattern layers of each chunk)",
+     {"kinds": frozenset({"softmax", "mamba"}), "hybrid_stack": True, "recompute": "full",
+      "recompute_method": "block"}),
     # every layer kind's own (planner/budget/layer_kinds.py)
     *(variation for kind in LAYER_KINDS for variation in kind.variations),
     ("q/k/v biases only (add_qkv_bias)", {"kinds": STANDARD, "cp": False, "qkv_bias": True}),

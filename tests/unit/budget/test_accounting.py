@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import subprocess
 import sys
 from fractions import Fraction
@@ -93,6 +94,18 @@ def test_v4_pro_worked_example_values(v4):
     assert got["grad_scale_sum_dense"] == sympy.Rational(1, 128)
     assert got["grad_scale_sum_expert"] == sympy.Rational(1, 128)
     assert got["grad_scale_avg_expert"] == sympy.Rational(2, 128)
+
+
+def test_v4_pro_block_recompute_counts_pattern_symbols():
+    """The block method over Megatron's HybridStack (megatron/core/recompute.py
+    checkpointed_forward) recomputes the first N_r pattern symbols of each chunk: N_r 3 on stage 1
+    (8 blocks, 16 symbols) keeps 3 inputs of 224 MiB and 13 average symbols whole."""
+    cfg = config(v4_data(), overlap={"recompute_granularity": "full", "recompute_method": "block",
+                                     "recompute_num_layers": 3})
+    got = values(budgets(cfg, stage=1), stage=1)
+    symbol = Fraction(got["act_layers_per_microbatch"]) / 16
+    assert got["act_stored_layers"] == math.ceil(13 * symbol) + 3 * 224 * 2**20
+    assert got["recompute_working_bytes"] == math.ceil(symbol)
 
 
 def test_v4_pro_per_stage_moe_layers(v4):
