@@ -24,11 +24,13 @@ planner/budget/memory.py it holds:
   grouped GEMM, four by default: get_num_compute_streams).
 
 Not counted: the caching allocator's rounding of each block to 512 bytes (under 512 B a tensor),
-the DeepEP / HybridEP communication buffers (sized by their own hints), cuDNN's workspaces.
+HybridEP's communication buffers, cuDNN's workspaces.
 
 The device total adds what the allocator does not report as allocated: its reserved but unused
 slack (cluster.allocator_reserved_ratio, the median `max reserved` / `max allocated` of the
-measured logs docs/budgets.md names), the CUDA context (cluster.cuda_context_gib) and NCCL's
+measured logs docs/budgets.md names), the CUDA context (cluster.cuda_context_gib), DeepEP's
+NVLink and RDMA buffers under the flex dispatcher's deepep backend (planner/config/deepep_buffers.py)
+and NCCL's
 buffers: one set per ring communicator the rank moves data in (NCCL src/init.cc DEFAULT_BUFFSIZE
 4 MiB for Simple, DEFAULT_LL128_BUFFSIZE 4,915,200 B and DEFAULT_LL_BUFFSIZE 524,288 B per channel
 and connection) and, for point-to-point traffic (the all-to-all and pipeline sends), a Simple buffer
@@ -139,6 +141,13 @@ def write_device_total(book: Book, v: Variant) -> None:
         "memory", "reserved but unallocated blocks of the caching allocator at the peak "
         "(cluster.allocator_reserved_ratio)")
     total = "hot_rank_memory_peak_bytes + reserved_slack_bytes + cuda_context_bytes + nccl_buffer_bytes"
+    if v.dispatcher == "flex" and v.flex_backend == "deepep":
+        add("deepep_buffer_bytes", "deepep_nvl_bytes + deepep_rdma_bytes", "bytes", "memory",
+            "DeepEP's communication buffers for the EP group, outside the PyTorch allocator: the "
+            "NVLink buffer (cudaMalloc) and, across nodes, the RDMA buffer (NVSHMEM), sized by "
+            "DeepEP's hints (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/fused_a2a.py "
+            "get_buffer)")
+        total += " + deepep_buffer_bytes"
     if v.rl:
         total = write_rl_colocation(book, v, total)
     add("device_memory_bytes", total, "bytes", "memory",

@@ -258,7 +258,7 @@ def _weight_and_grad_terms(book: Book, v: Variant) -> tuple[str, str]:
     full = "(dense_buffer_params + expert_buffer_params)"
     # frozen parameters sit outside the DDP buffers, as plain tensors (training_modes.py)
     held = "(frozen_params_on_rank + dense_buffer_params + expert_buffer_params)" \
-        if v.freeze or v.lora else full
+        if v.freeze or v.lora or v.tower else full
     shard = "(dense_shard_params + expert_shard_params)"
     weights = f"{shard if v.fsdp == 'optim_grads_params' else held} * p"
     grads = f"{shard if v.fsdp in ('optim_grads', 'optim_grads_params') else full} * bytes_grad"
@@ -350,6 +350,18 @@ def _add_recompute(book: Book, v: Variant) -> None:
             "per microbatch: block activations kept for backward")
         add("recompute_working_bytes", "0", "bytes", "memory", "no full recompute")
         return
+    if v.recompute_method == "block" and v.hybrid_stack:
+        # megatron/core/recompute.py checkpointed_forward, block method over a HybridStack: the
+        # first N_r pattern symbols of each chunk keep their input, the others everything (MTP
+        # depths are not recomputed under the block method)
+        symbol = "act_layers_per_microbatch / Max(L_pattern, 1)"
+        add("act_stored_layers", f"ceiling((L_pattern - symbols_recomputed) * {symbol})"
+            " + symbols_recomputed * layer_input_bytes", "bytes", "memory",
+            "per microbatch, block method over a hybrid stack: the first N_r pattern layers of "
+            f"each chunk keep their input, the others everything (average pattern layer; {whole})")
+        add("recompute_working_bytes", f"Min(symbols_recomputed, 1) * ceiling({symbol})", "bytes",
+            "memory", f"one pattern layer re-materialised during its backward ({whole})")
+        return
     if v.recompute_method == "block":
         add("recomputed_blocks", "blocks_recomputed", "count", "memory",
             "block method: the first N_r decoder blocks of each chunk are recomputed (MTP not)")
@@ -362,11 +374,14 @@ def _add_recompute(book: Book, v: Variant) -> None:
     if v.hybrid_stack:
         # Megatron-LM dev@d48bd6be megatron/core/models/hybrid/hybrid_block.py HybridStack.forward
         # checkpoints through megatron/core/recompute.py checkpointed_forward over its own layers:
-        # one per pattern symbol, so N_r counts symbols, not moeplan's blocks
+        # one per pattern symbol, so N_r counts symbols, not moeplan's blocks (Mamba stacks and
+        # DeepSeek-V4). An MTP depth sits outside the stack: megatron/core/transformer/
+        # multi_token_prediction.py MultiTokenPredictionLayer._checkpointed_forward checkpoints
+        # it whole (N_r must be 1), one input per depth.
         layers = "L_pattern"
         add("act_stored_layers", "ceiling(L_pattern / N_r) * layer_input_bytes", "bytes", "memory",
             "uniform method, hybrid stack: one input per group of N_r pattern layers (a block is "
-            "its mixer's layer and its MLP's)")
+            "two: its mixer's or attention's layer and its MLP's or MoE's; an MTP depth one)")
         add("recompute_working_bytes", f"ceiling(Min(N_r, {layers}) * act_layers_per_microbatch"
             f" / Max({layers}, 1))", "bytes", "memory", "one group of N_r pattern layers "
             f"re-materialised during backward (average pattern layer; {whole})")

@@ -47,6 +47,11 @@ def write(book: Book, v: Variant) -> None:
     """Parameter counts on one rank of a stage, and the buffers/shards the grad steps need."""
     add, w = book.add, routed_width(v)
     mats = v.mlp_matrices
+    # training.first_last_layers_bf16: those blocks are built outside TE's FP8 context (Megatron-LM
+    # dev@d48bd6be megatron/core/fp8_utils.py get_fp8_context returns nullcontext for them)
+    blocks, moe_layers, dense = (("(blocks - L_bf16)", "(moe_layers - L_moe_bf16)",
+                                  "(L_dense - L_dense_bf16)") if v.bf16_layers
+                                 else ("blocks", "moe_layers", "L_dense"))
     routed = f"experts_per_rank * {mats} * {w} * I / (ETP * EGTP)"
     if v.bias:
         routed += f" + experts_per_rank * ({_fc1_bias(v, 'I')} / ETP + {w})"
@@ -204,7 +209,7 @@ def _add_grad_buffer_members(book: Book, v: Variant) -> None:
     in the dense buffer, reduced with it over dp_cp. Frozen groups and LoRA's frozen base are
     not in them (planner/budget/training_modes.py trainable)."""
     dense, expert = ("dense_params_on_rank", "expert_params_on_rank")
-    if v.freeze or v.lora:
+    if v.freeze or v.lora or v.tower:
         dense, expert = trainable(book, v)
     if v.expert_buffer:
         book.add("dense_grad_params", dense, "params", "memory",
@@ -240,23 +245,29 @@ def _add_fp8_params(book: Book, v: Variant) -> None:
     which is FP8, is counted with them in the training precision (approximate)."""
     add, w = book.add, routed_width(v)
     mats = v.mlp_matrices
+    # training.first_last_layers_bf16: those blocks are built outside TE's FP8 context (Megatron-LM
+    # dev@d48bd6be megatron/core/fp8_utils.py get_fp8_context returns nullcontext for them)
+    blocks, moe_layers, dense = (("(blocks - L_bf16)", "(moe_layers - L_moe_bf16)",
+                                  "(L_dense - L_dense_bf16)") if v.bf16_layers
+                                 else ("blocks", "moe_layers", "L_dense"))
     attention = ATTENTION_LINEAR[v.attention].replace("{q}", MLA_Q[v.mla_q_lora]).replace(
         "{q_norm}", "").replace("{kv_norm}", "")
     moe = f"{mats} * h * I_s / (TP * GTP)" + (" + 2 * h * h_moe" if v.latent else "")
-    mixers = f"blocks * {attention}"
+    mixers = f"{blocks} * {attention}"
     if v.has("mamba"):
         # a Mamba-2 layer's GEMMs are in_proj and out_proj (TE linears); conv1d, dt_bias, A_log,
         # D and the gated norm stay in the training precision (Megatron-LM dev@d48bd6be
         # megatron/core/ssm/mamba_mixer.py MambaMixer.__init__)
         mixers = (f"(blocks - L_mamba) * {attention} + L_mamba * (h * (2 * mb_din + 2 * mb_g * mb_n"
                   " + mb_nh) + mb_din * h) / TP")
-    add("dense_fp8_params_on_rank", f"{mixers} + moe_layers * ({moe})"
-        f" + L_dense * {mats} * h * f / (TP * GTP) + L_mtp * 2 * h * h / TP", "params", "memory",
+    add("dense_fp8_params_on_rank", f"{mixers} + {moe_layers} * ({moe})"
+        f" + {dense} * {mats} * h * f / (TP * GTP) + L_mtp * 2 * h * h / TP", "params", "memory",
         "dense GEMM weights quantised to FP8 (attention projections" + (", Mamba-2 in/out "
         "projections" if v.has("mamba") else "") + ", shared expert"
         + (", latent projections" if v.latent else "") + ", dense MLP, MTP e/h projection)")
-    add("expert_fp8_params_on_rank", f"moe_layers * experts_per_rank * {mats} * {w} * I"
-        " / (ETP * EGTP)", "params", "memory", "routed-expert GEMM weights quantised to FP8")
+    add("expert_fp8_params_on_rank", f"{moe_layers} * experts_per_rank * {mats} * {w} * I"
+        " / (ETP * EGTP)", "params", "memory", "routed-expert GEMM weights quantised to FP8"
+        + ("; the BF16 blocks' stay in the training precision" if v.bf16_layers else ""))
     add("fp8_params_on_rank", "dense_fp8_params_on_rank + expert_fp8_params_on_rank", "params",
         "memory", "all weights of the rank Transformer Engine quantises to FP8")
 

@@ -28,6 +28,7 @@ from planner.budget.layer_kinds import (
 )
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.budget.variant import Variant
+from planner.config.deepep_buffers import deepep_buffers
 from planner.config.gpus import takes_tn_only
 from planner.config.offload_groups import offload_groups
 from planner.config.schema import DSV4_CSA_RATIO, Config
@@ -93,9 +94,18 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("context_gib", "CUDA context and loaded kernels per rank in GiB (cluster.cuda_context_gib)"),
     Symbol("nccl_channels", "channels NCCL opens per ring communicator (cluster.nccl_channels)"),
     Symbol("mem_margin", "share of GPU memory kept free of the device total (cluster.memory_margin)"),
+    Symbol("tower_params", "parameters of an encoder tower on the first stage that stay frozen "
+           "(training.frozen_tower_params; 0 without)"),
+    Symbol("tower_trained_params", "parameters of an encoder tower on the first stage that train "
+           "(training.trained_tower_params; 0 without)"),
     Symbol("lora_rank", "LoRA adapter rank (training.lora.dim; 0 without LoRA)"),
     Symbol("rl_engine_fraction", "share of GPU memory a colocated RL inference engine takes "
            "(training.rl_colocation.engine_memory_fraction; 0 without)"),
+    Symbol("deepep_nvl_bytes", "DeepEP's NVLink buffer for the EP group (ETP·EP ranks): the larger "
+           "of its dispatch and combine size hints (planner/config/deepep_buffers.py; 0 when DeepEP has "
+           "no configuration for the group size)"),
+    Symbol("deepep_rdma_bytes", "DeepEP's RDMA buffer (NVSHMEM) for an EP group wider than a node: "
+           "the larger of its RDMA size hints, else 0"),
     Symbol("recv_z2", "z² of the busiest EP rank's stated quantile: z = Φ⁻¹(q^(1/EP)) for "
            "q = efficiency.routing_quantile (the quantile of the largest of EP receive counts)"),
     Symbol("h_moe", "width of the routed token rows: moe_latent_size with latent MoE (the rows "
@@ -159,10 +169,16 @@ STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in 
                       "act_per_microbatch (see the act_chunk.* and act_live_peak rows)"),
     ("blocks_recomputed", "blocks whose forward full recompute re-runs in backward (uniform: all, "
                           "MTP included; block: the first N_r decoder blocks of each chunk)"),
+    ("symbols_recomputed", "hybrid stacks, block method: pattern layers (symbols) whose forward "
+                           "full recompute re-runs, the first N_r of each chunk"),
     ("L_moe_recomputed", "MoE layers among blocks_recomputed"),
     ("L_dense_recomputed", "dense-MLP blocks among blocks_recomputed"),
     ("L_csa_recomputed", "CSA attention layers among blocks_recomputed (V4)"),
     ("L_hca_recomputed", "HCA attention layers among blocks_recomputed (V4)"),
+    ("L_bf16", "decoder blocks kept in BF16 under FP8 (training.first_last_layers_bf16: the "
+               "first and last N of the model)"),
+    ("L_moe_bf16", "MoE layers among L_bf16"),
+    ("L_dense_bf16", "dense-MLP blocks among L_bf16"),
     *KIND_STAGE_SYMBOLS,
 ))
 
@@ -275,7 +291,10 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         quick_geglu=model.quick_geglu,
         offload=offload_groups(cfg),
         mixer_only=1 in (model.mixer_only_layers or []),
-        hybrid_stack=1 in (model.mamba_layers or []) + (model.mixer_only_layers or []),
+        # Megatron trains Mamba stacks and DeepSeek-V4 on the hybrid entry, whose HybridStack has
+        # one layer per pattern symbol (a V4 block is two: its attention and its MoE)
+        hybrid_stack=1 in (model.mamba_layers or []) + (model.mixer_only_layers or [])
+        or model.attention_variant == "dsv4_hybrid",
         attn_scores=tr.attention_backend in ("unfused", "local") or tr.transformer_impl == "local",
         attention_dropout=model.attention_dropout > 0,
         ce_impl=tr.cross_entropy_fusion_impl if tr.cross_entropy_loss_fusion else "unfused",
@@ -284,7 +303,17 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         freeze=frozenset(tr.freeze),
         lora=frozenset(tr.lora.target_modules) if tr.lora else frozenset(),
         rl=_rl(tr),
+        bf16_layers=tr.fp8 and bf16_layers(cfg) is not None,
+        tower=tr.frozen_tower_params + tr.trained_tower_params > 0,
     )
+
+
+def _deepep_values(cfg: Config) -> dict[str, Number]:
+    """DeepEP's buffer sizes for the config's EP group (ETP·EP ranks, h_moe-wide rows)."""
+    sizes = deepep_buffers(cfg.degrees.etp * cfg.parallel.ep,
+                           cfg.moe.moe_latent_size or cfg.model.hidden_size, cfg.cluster.gpus_per_node)
+    nvl, rdma = sizes or (0, 0)
+    return {"deepep_nvl_bytes": nvl, "deepep_rdma_bytes": rdma}
 
 
 def _rl(tr: Any) -> str:
@@ -440,7 +469,10 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "nccl_channels": cfg.cluster.nccl_channels,
         "mem_margin": exact(cfg.cluster.memory_margin),
         "lora_rank": tr.lora.dim if tr.lora else 0,
+        "tower_params": tr.frozen_tower_params,
+        "tower_trained_params": tr.trained_tower_params,
         "rl_engine_fraction": exact(tr.rl_colocation.engine_memory_fraction) if tr.rl_colocation else 0,
+        **_deepep_values(cfg),
         "recv_z2": hot_rank_z2(cfg.cluster.efficiency.routing_quantile, par.ep),
         "h_moe": cfg.moe.moe_latent_size or m.hidden_size,
         "csa_window": m.csa_window_size or 0,
@@ -504,7 +536,8 @@ def holdings(cfg: Config, split: StageSplit) -> Holdings:
     model, the pipeline fields and the recompute setting (search asks for the same ones for every
     knob setting of a layout)."""
     ov = cfg.overlap
-    key = (split_key(cfg), ov.recompute_granularity, ov.recompute_method, ov.recompute_num_layers)
+    key = (split_key(cfg), ov.recompute_granularity, ov.recompute_method, ov.recompute_num_layers,
+           bf16_layers(cfg))
     return _HOLDINGS.get(key, Holdings, cfg, split)
 
 
@@ -534,7 +567,31 @@ def _holding_values(cfg: Config, split: StageSplit, st: StageLayers, chunks: int
         "embd_sync": int(embd_size > 1 and (not model.untie_embeddings_and_output_weights
                                             or model.mtp_num_layers > 0)),
         **_recompute_values(cfg, st),
+        **_bf16_values(cfg, st),
     }
+
+
+def bf16_layers(cfg: Config) -> tuple[int, int] | None:
+    """The (first, last) decoder-layer counts kept in BF16 under FP8/FP4, None when all are
+    quantised (Megatron-LM dev@d48bd6be megatron/core/fp8_utils.py is_first_last_bf16_layer)."""
+    tr = cfg.training
+    if not tr.first_last_layers_bf16 or not (tr.fp8 or tr.fp4):
+        return None
+    return tr.num_layers_at_start_in_bf16, tr.num_layers_at_end_in_bf16
+
+
+def _bf16_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
+    """The stage's decoder blocks kept in BF16, by MLP kind. Megatron numbers them globally
+    (TransformerBlock build_layer passes the global layer index to get_fp8_context), so only the
+    stages holding the model's first or last layers have any; MTP layers are built under the
+    plain FP8 context (index -1) and stay quantised."""
+    counts, model = bf16_layers(cfg), cfg.model
+    start, end = counts or (0, 0)
+    layers = [layer for layer in st.layers if layer < start or layer >= model.num_layers - end] \
+        if counts else []
+    moe = sum(1 for layer in layers if model.is_moe_layer(layer))
+    alone = sum(1 for layer in layers if not model.has_mlp(layer))
+    return {"L_bf16": len(layers), "L_moe_bf16": moe, "L_dense_bf16": len(layers) - moe - alone}
 
 
 def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
@@ -553,7 +610,12 @@ def _recompute_values(cfg: Config, st: StageLayers) -> dict[str, Number]:
             layers += [] if block else [model.num_layers + d for d in chunk.mtp_layers]
     moe = sum(1 for layer in layers if layer >= model.num_layers or model.is_moe_layer(layer))
     alone = sum(1 for layer in layers if layer < model.num_layers and not model.has_mlp(layer))
-    return {"blocks_recomputed": len(layers), "L_moe_recomputed": moe,
+    # Megatron's HybridStack (megatron/core/recompute.py checkpointed_forward over its own layers)
+    # recomputes the first N_r pattern symbols of each chunk: a block is two, a mixer alone one
+    symbols = sum(min(1 if ov.recompute_num_layers is None else ov.recompute_num_layers,
+                      sum(2 if model.has_mlp(layer) else 1 for layer in chunk.layers))
+                  for chunk in st.chunks) if ov.recompute_granularity == "full" else 0
+    return {"blocks_recomputed": len(layers), "symbols_recomputed": symbols, "L_moe_recomputed": moe,
             "L_dense_recomputed": len(layers) - moe - alone, **layer_counts(model, layers, "_recomputed")}
 
 

@@ -61,6 +61,7 @@ def trainable(book: Book, v: Variant) -> tuple[str, str]:
     """The dense and expert parameters that require grad (what the DDP buffers hold), adding the
     frozen bytes' quantity; the plain counts when everything trains."""
     add = book.add
+    frozen_tower, trained_tower = _tower(book, v)
     if v.lora:
         attention, shared, dense, routed = (" + ".join(t) or "0" for t in _lora_terms(v))
         experts = "1" if v.grouped_gemm else "E / EP"
@@ -72,13 +73,34 @@ def trainable(book: Book, v: Variant) -> tuple[str, str]:
             "LoRA adapters on the routed experts' linears: "
             + ("one shared by the layer's grouped experts" if v.grouped_gemm else
                "one per local expert") + ", r·(in + out)/ETP each")
-        add("frozen_params_on_rank", "params_on_rank", "params", "memory",
-            "LoRA: the whole base model is frozen (weights kept, no grads or optimizer states)")
-        return "lora_dense_params", "lora_expert_params"
+        add("frozen_params_on_rank", " + ".join(["params_on_rank", *frozen_tower]), "params",
+            "memory", "LoRA: the whole base model is frozen (weights kept, no grads or optimizer "
+            "states)" + ("; and the encoder tower's frozen part" if frozen_tower else ""))
+        return " + ".join(["lora_dense_params", *trained_tower]), "lora_expert_params"
     dense = "0" if "dense" in v.freeze else "dense_params_on_rank"
     expert = "0" if "experts" in v.freeze else "expert_params_on_rank"
     frozen = [part for part, name in (("dense_params_on_rank", "dense"),
                                        ("expert_params_on_rank", "experts")) if name in v.freeze]
-    add("frozen_params_on_rank", " + ".join(frozen), "params", "memory",
-        f"training.freeze {', '.join(sorted(v.freeze))}: weights kept, no grads or optimizer states")
-    return dense, expert
+    what = [f"training.freeze {', '.join(sorted(v.freeze))}"] if v.freeze else []
+    what += ["the encoder tower's frozen part"] if frozen_tower else []
+    add("frozen_params_on_rank", " + ".join([*frozen, *frozen_tower]) or "0", "params", "memory",
+        f"{' and '.join(what) or 'nothing'}: weights kept, no grads or optimizer states")
+    return " + ".join([*([dense] if dense != "0" else []), *trained_tower]) or "0", expert
+
+
+def _tower(book: Book, v: Variant) -> tuple[list[str], list[str]]:
+    """The encoder tower's frozen and trained parameters a rank holds, as term names (none
+    without a tower). Megatron-Bridge builds the tower on the first pipeline stage only, its
+    linears split over TP (Qwen3VLModel: TE column/row-parallel linears from the language model's
+    TP); its norms, biases and patch and position embeddings, held whole by every TP rank, are
+    counted split too (under 1 % of Qwen3-VL's tower). The trained part joins the dense grad
+    buffer (reduced over dp_cp with the decoder's dense parameters)."""
+    if not v.tower:
+        return [], []
+    book.add("frozen_tower_params_on_rank", "is_first_stage * tower_params / TP", "params", "memory",
+             "the encoder tower's frozen parameters (training.frozen_tower_params) on the first "
+             "stage, split over TP: weights only")
+    book.add("trained_tower_params_on_rank", "is_first_stage * tower_trained_params / TP", "params",
+             "memory", "the encoder tower's trained parameters (training.trained_tower_params) on "
+             "the first stage, split over TP: weights, main grads and optimizer states")
+    return ["frozen_tower_params_on_rank"], ["trained_tower_params_on_rank"]

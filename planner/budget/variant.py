@@ -81,7 +81,8 @@ class Variant:
     offload: frozenset[str] = frozenset()
     # hybrid models: some blocks are a mixer alone (no MLP layer, one norm: mixer_only_layers)
     mixer_only: bool = False
-    # a Mamba stack (Megatron's HybridStack): full recompute counts its pattern layers, not blocks
+    # Megatron's HybridStack (a Mamba stack, DeepSeek-V4): full recompute counts its pattern layers,
+    # not blocks
     hybrid_stack: bool = False
     # The allocator's peak: unfused attention keeps the s x s scores ("" flash / fused kernels);
     # the loss's cross-entropy path ("unfused", "native", "te", "linear"); Transformer Engine's
@@ -97,6 +98,10 @@ class Variant:
     # An RL inference engine on the same GPUs: "" without; else which sides release their memory
     # in the other's phase ("train", "rollout", both or neither, as "train+rollout" / "none")
     rl: str = ""
+    # An encoder tower on the first stage (training.frozen_tower_params / trained_tower_params)
+    tower: bool = False
+    # FP8 with the first/last N decoder blocks kept in BF16: their GEMM weights have no FP8 copy
+    bf16_layers: bool = False
 
     def has(self, kind: str) -> bool:
         """The layer kind `kind` is present (some layer runs it, or every attention layer has it)."""

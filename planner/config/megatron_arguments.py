@@ -45,7 +45,8 @@ NOT_ARGUMENTS |= {"training.packed_lengths", "training.packed_length_basis",
                   "overlap.pipeline_schedule"}
 # What trains (frozen groups, LoRA adapters) is Megatron-Bridge's PEFT and freeze options, not a
 # Megatron-LM argument.
-NOT_ARGUMENTS |= {"training.freeze", "training.lora", "training.rl_colocation"}
+NOT_ARGUMENTS |= {"training.freeze", "training.lora", "training.rl_colocation",
+                  "training.frozen_tower_params", "training.trained_tower_params"}
 Kind = Literal["flag", "int", "float", "str", "ints", "strs", "moe_freq", "bracket_ints", "int_tuple",
                "special"]
 

@@ -736,6 +736,20 @@ class TrainingSection(Section):
     # An RL post-training job whose inference engine shares the GPUs (planner/budget/
     # device_memory.py write_rl_colocation).
     rl_colocation: RlColocationSection | None = None
+    # Under an FP8 or FP4 recipe, the first and last N decoder layers built and run outside
+    # Transformer Engine's quantisation, in BF16 (Megatron-LM dev@d48bd6be megatron/core/fp8_utils.py
+    # is_first_last_bf16_layer; TransformerConfig.first_last_layers_bf16 and its two counts).
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: NonNegInt = 1
+    num_layers_at_end_in_bf16: NonNegInt = 1
+    # An encoder tower (vision or audio) beside the text decoder, as Megatron-Bridge trains
+    # Qwen3-VL (src/megatron/bridge/models/qwen_vl/modelling_qwen3_vl/model.py Qwen3VLModel: built
+    # on the first pipeline stage, its linears split over TP): the parameters its freeze options
+    # leave frozen (weights only) and those that train (in the dense grad buffer, with optimizer
+    # states). freeze_vision_model alone keeps the mergers training; with freeze_vision_projection
+    # the whole tower is frozen.
+    frozen_tower_params: NonNegInt = 0
+    trained_tower_params: NonNegInt = 0
 
     @model_validator(mode="after")
     def _precision_aware_optimizer(self) -> TrainingSection:
@@ -1180,6 +1194,35 @@ class Config(Section):
                 "padded_vocab",
                 "model.padded_vocab_size {padded} must be a multiple of tp {tp} and at least "
                 "model.vocab_size {vocab}", {"padded": padded, "tp": par.tp, "vocab": self.model.vocab_size})
+        return self
+
+    @model_validator(mode="after")
+    def _bf16_layers(self) -> Config:
+        """Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+        TransformerConfig.__post_init__ under FP8: delayed scaling cannot keep layers in BF16, and
+        each count is at most num_layers // PP. A hybrid stack counts pattern symbols there
+        (megatron/core/models/hybrid/hybrid_block.py HybridStack builds each symbol under
+        get_fp8_context with its own index), which moeplan's per-block FP8 weights do not follow."""
+        tr, model = self.training, self.model
+        if not tr.first_last_layers_bf16 or not (tr.fp8 or tr.fp4):
+            return self
+        if tr.fp8 and tr.fp8_recipe == "delayed":
+            raise PydanticCustomError(
+                "bf16_layers_delayed",
+                "training.first_last_layers_bf16 with training.fp8_recipe delayed: Megatron's delayed "
+                "scaling cannot keep layers in BF16; choose tensorwise, blockwise or mxfp8", {})
+        most = model.num_layers // self.parallel.pp
+        for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if getattr(tr, name) > most:
+                raise PydanticCustomError(
+                    "bf16_layers_count",
+                    "training.{name} {count} is above num_layers // pp = {most}: Megatron refuses it; "
+                    "choose at most {most}", {"name": name, "count": getattr(tr, name), "most": most})
+        if model.attention_variant == "dsv4_hybrid" or model.mamba_layers or model.mixer_only_layers:
+            raise PydanticCustomError(
+                "bf16_layers_hybrid",
+                "training.first_last_layers_bf16 on a hybrid layer pattern: Megatron counts the "
+                "pattern's symbols there, which moeplan does not model; drop it", {})
         return self
 
     # The layout degrees have one owner (planner/degrees.py); the grid owns the groups.

@@ -97,6 +97,9 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("hybrid Mamba-2 stack under uniform full recompute (N_r counts pattern layers)",
      {"kinds": frozenset({"softmax", "mamba"}), "hybrid_stack": True, "recompute": "full",
       "recompute_method": "uniform"}),
+    ("hybrid stack under the block method (the first N_r pattern layers of each chunk)",
+     {"kinds": frozenset({"softmax", "mamba"}), "hybrid_stack": True, "recompute": "full",
+      "recompute_method": "block"}),
     # every layer kind's own (planner/budget/layer_kinds.py)
     *(variation for kind in LAYER_KINDS for variation in kind.variations),
     ("q/k/v biases only (add_qkv_bias)", {"kinds": STANDARD, "cp": False, "qkv_bias": True}),
@@ -115,6 +118,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
      {"quant_pad": True, "fp8_weights": "blockwise", "fp8_param_gather": True}),
     ("FP8 weights with fp8_param_gather (mxfp8)",
      {"quant_pad": True, "fp8_weights": "mxfp8", "fp8_param_gather": True}),
+    ("FP8 weights with the first and last blocks in BF16 (first_last_layers_bf16)",
+     {"quant_pad": True, "fp8_weights": "blockwise", "bf16_layers": True}),
     # --- issue 25 (article)
     ("EP 1, ETP = TP, EGTP = GTP: routed experts in the dense grad buffer", {"expert_buffer": False}),
     ("NCCL EP zero-copy (main's moe_ncclep_zero_copy)", {"dispatcher": "flex", "ncclep": True,
@@ -139,6 +144,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("the local implementation, no TE grouped GEMM", {"te": False, "grouped_gemm": False}),
     # what trains (planner/budget/training_modes.py)
     ("routed experts frozen", {"freeze": frozenset({"experts"})}),
+    ("an encoder tower on the first stage (frozen_tower_params, trained_tower_params)",
+     {"tower": True}),
     ("LoRA on linear_qkv, linear_proj, linear_fc1, linear_fc2 (standard attention)",
      {"lora": frozenset({"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}), "kinds": STANDARD,
       "cp": False}),

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
+from planner.config.deepep_buffers import DISPATCH_CONFIG
 from planner.config.schema import Config
 from planner.findings import Finding
 from planner.rules.base import Violation, rule
@@ -206,9 +207,10 @@ def memory_headroom(f: Facts) -> Iterator[Violation]:
     "MEM003", "warning", "what trains is budgeted, and the launch must apply it",
     source="planner/budget/training_modes.py trainable; planner/budget/device_memory.py "
            "write_rl_colocation",
-    why="""training.lora, training.freeze and training.rl_colocation change what the memory budget
-    holds (frozen weights without grads or optimizer states, adapters, an inference engine's share
-    of the GPU), but Megatron-LM's pretrain_gpt.py, which `emit megatron` launches, trains every
+    why="""training.lora, training.freeze, training.frozen_tower_params and training.rl_colocation
+    change what the memory budget holds (frozen weights without grads or optimizer states,
+    adapters, a frozen vision tower, an inference engine's share of the GPU), but Megatron-LM's
+    pretrain_gpt.py, which `emit megatron` launches, trains every
     parameter and runs no engine: the job must be launched by Megatron-Bridge (its PEFT and freeze
     options) or by slime / verl, with the same settings, for the budget to hold.""",
     bad="training: {freeze: [dense]}",
@@ -218,15 +220,44 @@ def training_mode_launch(f: Facts) -> Iterator[Violation]:
     tr = f.cfg.training
     for name, on, launcher in (("lora", tr.lora is not None, "Megatron-Bridge's PEFT LoRA"),
                                ("freeze", bool(tr.freeze), "Megatron-Bridge's freeze options"),
-                               ("rl_colocation", tr.rl_colocation is not None, "slime or verl")):
+                               ("rl_colocation", tr.rl_colocation is not None, "slime or verl"),
+                               ("frozen_tower_params",
+                                tr.frozen_tower_params + tr.trained_tower_params > 0,
+                                "Megatron-Bridge (its vision model and freeze options)")):
         if on:
             yield Violation(f"training.{name}", f"training.{name} is budgeted, but `emit megatron` "
                             "writes a Megatron-LM pretraining launch that trains every parameter",
                             f"launch the job with {launcher} using the same settings")
 
 
+@rule(
+    "MEM004", "warning", "DeepEP has a buffer configuration for the EP group's size",
+    source="Megatron-LM dev@d48bd6be megatron/core/transformer/moe/fused_a2a.py get_buffer; "
+           "planner/config/deepep_buffers.py DISPATCH_CONFIG",
+    why="""Megatron's flex dispatcher with the deepep backend sizes DeepEP's NVLink and RDMA
+    buffers from DeepEP's recommended configuration for the EP group's size (ETP·EP ranks), which
+    DeepEP's Buffer.get_dispatch_config lists for 2, 4, 8, 16, 24, 32, 64, 128, 144 and 160 ranks
+    and asserts on any other: the first dispatch fails, and moeplan cannot size the buffers that
+    the device total would hold (they are left out).""",
+    bad="model: {num_experts: 12}\nparallel: {world_size: 12, ep: 6}\n"
+        "training: {global_batch_size: 12}\nmoe: {moe_token_dispatcher_type: flex}",
+    good="moe: {moe_token_dispatcher_type: flex}",
+)
+def deepep_group_size(f: Facts) -> Iterator[Violation]:
+    cfg = f.cfg
+    if cfg.moe.moe_token_dispatcher_type != "flex" or cfg.moe.moe_flex_dispatcher_backend != "deepep":
+        return
+    ranks = cfg.degrees.etp * cfg.parallel.ep
+    if ranks > 1 and ranks not in DISPATCH_CONFIG:
+        sizes = ", ".join(str(n) for n in DISPATCH_CONFIG)
+        yield Violation("parallel.ep", f"the EP group has {ranks} ranks (ETP·EP); DeepEP's buffer "
+                        f"configurations cover {sizes}: the deepep backend fails at its first "
+                        "dispatch and its buffers are not in the device total",
+                        f"choose EP (times ETP) among {sizes}, or another flex backend (hybridep)")
+
+
 VERDICTS = (memory_fits, memory_headroom)
-RULES = (*VERDICTS, training_mode_launch)
+RULES = (*VERDICTS, training_mode_launch, deepep_group_size)
 
 
 def memory_findings(cfg: Config) -> list[Finding]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import subprocess
 import sys
 from fractions import Fraction
@@ -79,9 +80,32 @@ def test_v4_pro_worked_example_values(v4):
     }
     assert {name: got[name] for name in expected} == expected
     assert got["routed_weight_bytes_per_stage"] == Fraction(590625, 100000) * 2**30
+    # Uniform full recompute, N_r 1: Megatron trains V4 on the HybridStack, whose
+    # checkpointed_forward (megatron/core/recompute.py) keeps one input per pattern symbol, an
+    # attention symbol and a MoE symbol per block: 8 blocks, 16 inputs of 4096 tokens · 4 mHC
+    # streams · 7168 · 2 B = 224 MiB; recompute re-runs one symbol, the average of 16.
+    recompute = {"layer_input_bytes": 224 * 2**20,
+                 "act_stored_layers": 16 * 224 * 2**20, "act_live_peak": 7 * 16 * 224 * 2**20}
+    assert {name: got[name] for name in recompute} == recompute
+    assert got["recompute_working_bytes"] == got["act_layers_per_microbatch"] / 16
+    # The last stage: 7 blocks (14 symbols) and the MTP depth, which
+    # MultiTokenPredictionLayer._checkpointed_forward checkpoints whole (one input).
+    assert values(v4, stage=7)["act_stored_layers"] == 15 * 224 * 2**20
     assert got["grad_scale_sum_dense"] == sympy.Rational(1, 128)
     assert got["grad_scale_sum_expert"] == sympy.Rational(1, 128)
     assert got["grad_scale_avg_expert"] == sympy.Rational(2, 128)
+
+
+def test_v4_pro_block_recompute_counts_pattern_symbols():
+    """The block method over Megatron's HybridStack (megatron/core/recompute.py
+    checkpointed_forward) recomputes the first N_r pattern symbols of each chunk: N_r 3 on stage 1
+    (8 blocks, 16 symbols) keeps 3 inputs of 224 MiB and 13 average symbols whole."""
+    cfg = config(v4_data(), overlap={"recompute_granularity": "full", "recompute_method": "block",
+                                     "recompute_num_layers": 3})
+    got = values(budgets(cfg, stage=1), stage=1)
+    symbol = Fraction(got["act_layers_per_microbatch"]) / 16
+    assert got["act_stored_layers"] == math.ceil(13 * symbol) + 3 * 224 * 2**20
+    assert got["recompute_working_bytes"] == math.ceil(symbol)
 
 
 def test_v4_pro_per_stage_moe_layers(v4):
@@ -441,9 +465,9 @@ def test_memory_findings_name_the_worst_stage_and_its_parts():
     base["cluster"] = {"gpu_memory_gib": 1}
     [finding] = memory_findings(parse_config(base))
     assert finding.code == "MEM001" and finding.path == "cluster.gpu_memory_gib"
-    # With full recompute activations are small; the last stage (7 blocks + MTP + output head,
-    # untied embeddings) holds the most weights and is the worst.
-    assert "stage 7 needs" in finding.message and "of 1 GiB" in finding.message
+    # Stage 1 keeps 7 microbatches in flight of 16 checkpointed pattern-layer inputs (two per V4
+    # block, 224 MiB each: 24.5 GiB), more than the last stage's output head and MTP weights add.
+    assert "stage 1 needs" in finding.message and "of 1 GiB" in finding.message
     assert "8 of 8 stages above 100 %" in finding.message
     assert "weights" in finding.message and "activations" in finding.message
 

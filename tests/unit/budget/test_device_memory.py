@@ -114,3 +114,32 @@ def test_a_logs_memory_lines_beside_both_peaks() -> None:
     assert row["predicted_reserved_bytes"] == row["predicted_peak_bytes"] * 1.04
     assert row["predicted_device_bytes"] > row["predicted_reserved_bytes"]
     assert row["allocated_ratio"] == row["predicted_peak_bytes"] / row["max_allocated_bytes"]
+
+
+def test_deepep_buffers_by_hand() -> None:
+    """DeepEP's hints (csrc/config.hpp) with Megatron's 20 SMs = 10 channels, for the CI case's
+    EP group (ETP 1 · EP 4 ranks) of hidden 512 (1024 B rows) on one 8-GPU node: dispatch and
+    combine receive chunks of 256 tokens; per channel and NVLink peer (4) a header of (2·1 + 3)
+    ints and 256 tokens of 1024 + 8 (source meta) + 128·8 (top-k indices) + 128·4 (weights) +
+    128·4 (scales) = 3080 B: 800 + 31,539,200 = 31,540,000, 128-aligned 31,540,096. One node: no
+    RDMA buffer."""
+    env = _env({"moe": {"moe_token_dispatcher_type": "flex"}})
+    assert 10 * 4 * 5 * 4 + 10 * 4 * 256 * 3080 == 31_540_000
+    assert env["deepep_buffer_bytes"] == 31_540_096
+    device = env["hot_rank_memory_peak_bytes"] + env["reserved_slack_bytes"] + \
+        env["cuda_context_bytes"] + env["nccl_buffer_bytes"] + 31_540_096
+    assert env["device_memory_bytes"] == device
+    assert "deepep_buffer_bytes" not in _env({"moe": {"moe_token_dispatcher_type": "alltoall"}})
+
+
+def test_deepep_buffers_across_nodes() -> None:
+    """EP 64 of hidden 7168 (14,336 B rows) on nodes of 8: 8 NVLink peers and 8 RDMA ranks.
+    NVLink: 288-token chunks, 10·8·(2·8 + 3)·4 + 10·8·288·(14,336 + 8 + 1024 + 512 + 512)
+    = 6,080 + 377,671,680 → 377,677,824 aligned. RDMA: receive chunks 128 aligned to the send
+    chunks (28 dispatch, 20 combine) = 140 either way; 10·8·(8·2 + 2)·2·4 + 10·8·140·2·(16,392 +
+    16) + 1 MiB = 11,520 + 367,539,200 + 1,048,576 = 368,599,296 (already aligned)."""
+    from planner.config.deepep_buffers import deepep_buffers
+
+    assert deepep_buffers(64, 7168, 8) == (377_677_824, 368_599_296)
+    assert deepep_buffers(8, 7168, 8) == (335_709_824, 0)  # 10·8·5·4 + 20,480·16,392, aligned
+    assert deepep_buffers(12, 7168, 8) is None  # no DeepEP configuration: MEM004

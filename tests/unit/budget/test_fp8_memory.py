@@ -125,3 +125,49 @@ def test_fp8_param_gather_is_emitted_and_read_back() -> None:
     assert "--fp8-param-gather" not in megatron_arguments(tiny({"fp8_format": "e4m3"})).as_dict()
     imported = import_arguments("python pretrain_gpt.py --fp8-format e4m3 --fp8-param-gather")
     assert imported.data["training"]["fp8_param_gather"] is True
+
+
+# --- training.first_last_layers_bf16: Megatron builds the first and last N decoder layers outside
+# TE's FP8 context (Megatron-LM dev@d48bd6be megatron/core/fp8_utils.py is_first_last_bf16_layer).
+# Block 0 in BF16: its attention 256 and its 192 expert weights leave the FP8 counts.
+BF16_FIRST = {"fp8_format": "e4m3", "fp8_recipe": "tensorwise", "first_last_layers_bf16": True,
+              "num_layers_at_end_in_bf16": 0}
+
+
+def test_bf16_first_layer_keeps_its_weights_out_of_fp8() -> None:
+    v = values(tiny(BF16_FIRST))
+    assert (v["dense_fp8_params_on_rank"], v["expert_fp8_params_on_rank"]) == (256, 192)
+    # Hopper tensorwise: 448 FP8 weights at 2 + 2 B, the other 2048 − 448 at 2 B
+    assert v["weight_bytes"] == (2048 - 448) * 2 + 448 * 4 == 4992
+    both = values(tiny({**BF16_FIRST, "num_layers_at_end_in_bf16": 1}))
+    assert both["fp8_params_on_rank"] == 0 and both["weight_bytes"] == 2048 * 2
+
+
+def test_bf16_first_layer_in_the_fp8_param_gather() -> None:
+    """dense: FP8 256 → 256 at 1 B, the rest 1,640 − 256 = 1,384 → 1,408 at 2 B: 3,072 whole,
+    768 sent of 4 shards; experts: 192 → 256 at 1 B and 192 → 256 at 2 B: 768 whole, 384 sent."""
+    v = values(tiny({**BF16_FIRST, "fp8_param_gather": True}))
+    gather = "step.{}_param_gather.fwd.{}_bytes"
+    assert [v[gather.format(k, "recv")] for k in ("dense", "expert")] == [3072, 768]
+    assert [v[gather.format(k, "send")] for k in ("dense", "expert")] == [768, 384]
+
+
+def test_bf16_layers_refused_where_megatron_refuses_them() -> None:
+    from pydantic import ValidationError
+
+    for training, words in (({"fp8_format": "e4m3", "first_last_layers_bf16": True}, "delayed"),
+                            ({**BF16_FIRST, "num_layers_at_start_in_bf16": 3}, "num_layers // pp = 2")):
+        with pytest.raises(ValidationError, match=words):
+            tiny(training)
+    # without FP8 or FP4 the switch changes nothing (Megatron checks it only under FP8)
+    assert values(tiny({"first_last_layers_bf16": True}))["weight_bytes"] == 4096
+
+
+def test_bf16_layers_are_emitted_and_read_back() -> None:
+    args = megatron_arguments(tiny({**BF16_FIRST})).as_dict()
+    assert "--first-last-layers-bf16" in args and args["--num-layers-at-end-in-bf16"] == ("0",)
+    assert "--num-layers-at-start-in-bf16" not in args  # Megatron's default, 1
+    imported = import_arguments("python pretrain_gpt.py --fp8-format e4m3 --fp8-recipe tensorwise "
+                                "--first-last-layers-bf16 --num-layers-at-end-in-bf16 0")
+    training = imported.data["training"]
+    assert training["first_last_layers_bf16"] is True and training["num_layers_at_end_in_bf16"] == 0

@@ -43,7 +43,7 @@ def test_lora_fine_tune_by_hand() -> None:
     assert (only_attention["lora_dense_params"], only_attention["lora_expert_params"]) == (5_120, 0)
 
 
-def test_frozen_tower_by_hand() -> None:
+def test_frozen_dense_by_hand() -> None:
     """Everything but the routed experts frozen (embedding, attention, shared experts, routers,
     norms): the 83,200 dense parameters keep their bf16 weights and lose their grads and optimizer
     states; the 49,152 expert parameters train as before."""
@@ -54,6 +54,58 @@ def test_frozen_tower_by_hand() -> None:
     assert got["grad_bytes"] == 49_152 * 4
     assert got["optimizer_bytes"] == 49_152 * 12
     assert got["peak_memory_bytes"] == full["peak_memory_bytes"] - 83_200 * (4 + 12)
+
+
+# Qwen3-VL-30B-A3B's vision tower (tests/support/hf_config_files/qwen3-vl-30b-a3b.json vision_config:
+# depth 27, hidden 1152, MLP 4304, patches 2·16·16 of 3 channels, 2304 positions, 2·2 merge to
+# 2048, deepstack mergers at blocks 8, 16, 24), as transformers' Qwen3VLMoeVisionModel counts it:
+#   patch_embed  3·2·16·16·1152 + 1152                                  =   1,770,624
+#   pos_embed    2304·1152                                               =   2,654,208
+#   a block      2·2304 (norms) + 1152·3456 + 3456 (qkv) + 1152² + 1152 (proj)
+#                + 1152·4304 + 4304 + 4304·1152 + 1152 (MLP)             =  15,239,504 (x27: 411,466,608)
+#   merger       2304 (norm of 1152) + 4608² + 4608 + 4608·2048 + 2048   =  30,679,808
+#   deepstack    3 x (9216 (norm of 4608) + 4608² + 4608 + 4608·2048 + 2048) = 92,060,160
+TOWER = 1_770_624 + 2_654_208 + 27 * 15_239_504 + 30_679_808 + 92_060_160
+MERGERS = 30_679_808 + 92_060_160
+
+
+def test_frozen_vision_tower_by_hand() -> None:
+    """The Qwen3-VL-30B-A3B example (TP 1, PP 1) with Megatron-Bridge's freeze_vision_model and
+    freeze_vision_projection: the whole 538,631,408-parameter tower kept as bf16 weights (2 B a
+    parameter, 1,077,262,816 B), no grads, no optimizer states. With freeze_vision_model alone the
+    mergers (122,739,968) train: fp32 main grads (4 B) and, with the distributed optimizer over
+    dp_cp 16, Adam's 12 B of their shard."""
+    from planner.config.loader import load_config
+    from tests.support.paths import EXAMPLES
+
+    assert TOWER == 538_631_408
+    data = load_config(EXAMPLES / "architectures" / "qwen3-vl-30b-a3b-16.yaml").model_dump(
+        mode="json", exclude_none=True)
+    text = _values(data)
+    frozen = _values(merge(data, {"training": {"frozen_tower_params": TOWER}}))
+    assert frozen["weight_bytes"] - text["weight_bytes"] == TOWER * 2 == 1_077_262_816
+    assert (frozen["grad_bytes"], frozen["optimizer_bytes"]) == (text["grad_bytes"],
+                                                                 text["optimizer_bytes"])
+    assert frozen["peak_memory_bytes"] - text["peak_memory_bytes"] == TOWER * 2
+    mergers = _values(merge(data, {"training": {"frozen_tower_params": TOWER - MERGERS,
+                                                "trained_tower_params": MERGERS}}))
+    assert mergers["dense_grad_params"] - text["dense_grad_params"] == MERGERS
+    assert mergers["grad_bytes"] - text["grad_bytes"] == MERGERS * 4
+    grown = mergers["dense_buffer_params"] - text["dense_buffer_params"]  # padded to lcm(16, 128)
+    assert MERGERS <= grown < MERGERS + 128
+    assert mergers["optimizer_bytes"] - text["optimizer_bytes"] == grown // 16 * 12
+
+
+def test_the_tower_sits_on_the_first_stage_split_over_tp() -> None:
+    """The example base at TP 2, PP 2: stage 0 holds half of a 1,000,000-parameter frozen tower
+    (2 B each), stage 1 none."""
+    base = merge(example_config_data(""), {"parallel": {"tp": 2, "world_size": 16}})
+    tower = merge(base, {"training": {"frozen_tower_params": 1_000_000}})
+    for stage, share in ((0, 500_000), (1, 0)):
+        plain = {b.name: b.value for b in budgets(parse_config(base), stage=stage)}
+        got = {b.name: b.value for b in budgets(parse_config(tower), stage=stage)}
+        assert got["weight_bytes"] - plain["weight_bytes"] == share * 2
+        assert got["grad_bytes"] == plain["grad_bytes"]
 
 
 SLIME_QWEN3_30B: dict[str, Any] = {
