@@ -87,7 +87,7 @@ HARDWARE_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("eff_overlap", "share of an overlapped collective hidden behind compute "
            "(efficiency.overlap)"),
     Symbol("imbalance", "busiest rank's routed-expert load over the mean (efficiency."
-           "routing_imbalance; 1 under forced balance)"),
+           "routing_imbalance, by default from the router: planner/config/routing.py; at most EP)"),
     Symbol("t_non_gemm", "seconds per token and block outside GEMMs and attention, forward and "
            "backward (efficiency.non_gemm_ns_per_token_block)"),
     Symbol("non_gemm_passes", "HBM passes over the forward's elementwise bytes in forward and "
@@ -110,6 +110,12 @@ def _flag(cfg: Config, path: str) -> int:
     return int(bool(value))
 
 
+def _imbalance(cfg: Config) -> Number:
+    """The busiest EP rank's routed load over the mean: efficiency.routing_imbalance, which no rank
+    can exceed EP times (it would hold every row), so 1 without expert parallelism."""
+    return exact(min(cfg.cluster.efficiency.routing_imbalance, cfg.parallel.ep))
+
+
 def hardware_values(cfg: Config) -> dict[str, Number]:
     c, eff = cfg.cluster, cfg.cluster.efficiency
     return {
@@ -121,7 +127,7 @@ def hardware_values(cfg: Config) -> dict[str, Number]:
         "eff_gemm_bf16": exact(eff.gemm_bf16), "eff_gemm_fp8": exact(eff.gemm_fp8),
         "eff_attention": exact(eff.attention), "eff_intra": exact(eff.intra_node),
         "eff_inter": exact(eff.inter_node), "eff_hbm": exact(eff.hbm),
-        "eff_overlap": exact(eff.overlap), "imbalance": exact(eff.routing_imbalance),
+        "eff_overlap": exact(eff.overlap), "imbalance": _imbalance(cfg),
         "t_non_gemm": normalize(Fraction(exact(eff.non_gemm_ns_per_token_block)) / GIGA),
         "non_gemm_passes": exact(eff.non_gemm_passes),
         "permute_fused": int(cfg.moe.moe_permute_fusion or _hybridep(cfg)),

@@ -194,9 +194,9 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     add("time_ew_router_elements", "L_moe * (h + 4 * E)", "elements", "time",
         "router per token: read h for the gate, the E logits through softmax/sigmoid and top-k")
     act = f"{'3' if v.swiglu else '2'}"
-    add("time_ew_act_elements", f"L_moe * {act} * (k * I + I_s)", "elements", "time",
+    add("time_ew_act_elements", f"L_moe * {act} * (imbalance * k * I + I_s)", "elements", "time",
         "expert activation functions: read FC1's output, write FC2's input, for the k routed "
-        "copies and the shared expert")
+        "copies (the busiest rank's: times routing_imbalance) and the shared expert")
     add("time_ew_dense_act_elements", f"L_dense * {act} * f", "elements", "time",
         "dense MLP activation functions")
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py: the alltoall
@@ -213,10 +213,11 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         copies = "0"
     add("time_permute_copies", copies, "count", "time",
         "permutations of the k routed copies per direction (dispatch and combine)")
-    add("time_ew_permute_elements", "L_moe * 2 * time_permute_copies * 2 * k * h_moe * "
-        "(permute_fused + (1 - permute_fused) * eff_permute_unfused)", "elements", "time",
-        "permute and unpermute: each permutation reads and writes k rows of the token, in "
-        "dispatch and in combine; unfused permutes (moe_permute_fusion off) cost more passes")
+    add("time_ew_permute_elements", "L_moe * 2 * time_permute_copies * 2 * imbalance * k * h_moe"
+        " * (permute_fused + (1 - permute_fused) * eff_permute_unfused)", "elements", "time",
+        "permute and unpermute: each permutation reads and writes k rows of the token (the "
+        "busiest rank's: times routing_imbalance), in dispatch and in combine; unfused permutes "
+        "(moe_permute_fusion off) cost more passes")
     # Transformer Engine fuses the FP8 cast of a norm's output into the norm (LayerNormLinear:
     # QKV / MLA down and up projections, dense fc1), so only the other FP8 GEMM inputs are cast
     # by a kernel of their own: attention's output projection, the routed experts' fc1 (permuted

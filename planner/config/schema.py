@@ -26,6 +26,7 @@ from planner.config.gpus import gpu as gpu_entry
 from planner.config.hybrid_pattern import SEGMENT_BREAK, PatternError, read_hybrid_pattern
 from planner.config.layer_freq import parse_layer_freq
 from planner.config.presets import PRESETS
+from planner.config.routing import routing_imbalance
 from planner.degrees import Degrees
 from planner.memo import HashedOnce, Memo, section_key
 
@@ -922,7 +923,9 @@ class EfficiencySection(Section):
     inter_node: Share = 0.9  # share of the scale-out bandwidth a collective reaches
     hbm: Share = 0.8  # share of the HBM bandwidth streaming work (weights, elementwise) reaches
     overlap: Share = 0.5  # share of an overlapped collective hidden behind compute (at most all)
-    routing_imbalance: Annotated[float, Field(ge=1)] = 1.0  # busiest rank's expert load / mean
+    # busiest rank's expert load / mean; unset: by the router (planner/config/routing.py: 1 under
+    # forced balance or Sinkhorn, the published natural-routing figure otherwise)
+    routing_imbalance: Annotated[float, Field(ge=1)] = _derived()
     # --- issue 25 (article): the quantile of the busiest EP rank's received rows that the
     # hot-rank rows, bytes and memory budgets state (uniform routing's spread, on top of the
     # routing_imbalance expectation).
@@ -978,10 +981,12 @@ class EfficiencySection(Section):
     deepep_num_sms: PosInt = 20
     deepep_gb_s_per_sm: PosFloat = 13.4
 
-    @field_validator("gemm_bf16", "gemm_fp8", "gemm_half_dim", mode="wrap")
+    @field_validator("gemm_bf16", "gemm_fp8", "gemm_half_dim", "routing_imbalance", mode="wrap")
     @classmethod
     def _from_card(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        return _unset_passes(value, handler)  # ClusterSection._from_gpu fills them from the card
+        # ClusterSection._from_gpu fills the GEMM figures from the card, Config._resolve the
+        # routing imbalance from the router
+        return _unset_passes(value, handler)
 
 
 class ClusterSection(Section):
@@ -1166,6 +1171,9 @@ class Config(Section):
         object.__setattr__(par, "world_size", world)
         if moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend is None:
             object.__setattr__(moe, "moe_flex_dispatcher_backend", DEFAULT_FLEX_BACKEND)
+        if cluster.efficiency.routing_imbalance is None:
+            object.__setattr__(cluster.efficiency, "routing_imbalance", routing_imbalance(
+                moe.moe_router_force_load_balancing, moe.moe_router_load_balancing_type))
         if training.fp8 and training.fp8_format is None:
             object.__setattr__(training, "fp8_format", DEFAULT_FP8_FORMAT)
         if training.fp8 and training.fp8_recipe is None:
