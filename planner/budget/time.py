@@ -353,8 +353,12 @@ ATTENTION_LAUNCHES: tuple[tuple[str, str], ...] = (
 MLA_LAUNCHES = ("6", "MLA: q and kv down projections, the kv norm, the up projection, the k/v "
                 "split and the RoPE concatenation")
 TP_LAUNCHES = ("2", "sequence-parallel all-gather before and reduce-scatter after the TP linears")
+# The router part of a MoE layer's forward: `router_launches` (planner/budget/hardware.py
+# router_launch_count), Nsight Systems' count on DeepSeek-V3's router scaled by the router's own
+# features.
 ROUTER_LAUNCHES: tuple[tuple[str, str], ...] = (
-    ("4", "router: gate GEMM, score function, top-k, probabilities scattered to the routing map"),
+    ("router_launches", "router: gate GEMM, scores, top-k, routing map and, as the router has "
+     "them, group-limited selection, expert bias, auxiliary loss, Sinkhorn iterations"),
 )
 PREPROCESS_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("3", "preprocessing: tokens per expert, routing map to indices, the counts' copy to the host "
@@ -404,9 +408,7 @@ def _launch_counts(book: Book, v: Variant) -> None:
     add = book.add
     attention = list(ATTENTION_LAUNCHES) + ([MLA_LAUNCHES] if v.attention == "mla" else []) + (
         [TP_LAUNCHES] if v.tp else [])
-    router = list(ROUTER_LAUNCHES) + ([("1", "expert bias added to the scores")] if v.expert_bias
-                                      else []) + (
-        [("3", "auxiliary load-balancing loss")] if v.aux_counts or v.global_aux else [])
+    router = list(ROUTER_LAUNCHES)
     preprocess = list(PREPROCESS_LAUNCHES) + (
         [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
         else [])

@@ -2,8 +2,9 @@
 
 `efficiency.routing_imbalance` (the busiest rank's routed rows over the mean) scales, on the time
 page, the busiest rank's routed GEMMs, its permutes and activations and the routed-row exchanges,
-and on the rows page its received rows (the memory budget's hot rank). Left unset it is filled in
-here from the router the config uses:
+and, when the config states it, the rows page's received rows (the memory budget's hot rank, which
+holds many layers' activations while the busiest rank changes from layer to layer). Left unset,
+the time page takes the router's default:
 
 * forced balance (`moe_router_force_load_balancing`, Megatron-LM dev@d48bd6be
   megatron/core/transformer/moe/router.py TopKRouter.routing: random logits, so every expert gets
@@ -21,12 +22,22 @@ here from the router the config uses:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner.config.schema import Config
+
 NATURAL = 1.5
 BALANCED = 1.0
 
 
-def routing_imbalance(force_balance: bool, balancing_type: str) -> float:
-    """The default busiest-rank load over the mean for this router (see the module doc)."""
-    if force_balance or balancing_type == "sinkhorn":
+def routing_imbalance(cfg: Config) -> float:
+    """efficiency.routing_imbalance as the config states it, else this router's default (see the
+    module doc)."""
+    stated = cfg.cluster.efficiency.routing_imbalance
+    if stated is not None:
+        return stated
+    moe = cfg.moe
+    if moe.moe_router_force_load_balancing or moe.moe_router_load_balancing_type == "sinkhorn":
         return BALANCED
     return NATURAL

@@ -26,7 +26,6 @@ from planner.config.gpus import gpu as gpu_entry
 from planner.config.hybrid_pattern import SEGMENT_BREAK, PatternError, read_hybrid_pattern
 from planner.config.layer_freq import parse_layer_freq
 from planner.config.presets import PRESETS
-from planner.config.routing import routing_imbalance
 from planner.degrees import Degrees
 from planner.memo import HashedOnce, Memo, section_key
 
@@ -819,6 +818,8 @@ class MoeSection(Section):
     moe_apply_probs_on_input: bool = False
     moe_grouped_gemm: bool = True
     moe_permute_fusion: bool = False
+    # Transformer Engine's fused router kernels (--moe-router-fusion): fewer launches per router
+    moe_router_fusion: bool = False
     moe_tid2eid_source: str | None = None
     # --- issue 25 (article): NCCL EP's zero-copy path, Megatron-LM main only (TransformerConfig.
     # moe_ncclep_zero_copy): FC2 outputs and FC1 input grads written into symmetric-memory buffers.
@@ -925,7 +926,7 @@ class EfficiencySection(Section):
     overlap: Share = 0.5  # share of an overlapped collective hidden behind compute (at most all)
     # busiest rank's expert load / mean; unset: by the router (planner/config/routing.py: 1 under
     # forced balance or Sinkhorn, the published natural-routing figure otherwise)
-    routing_imbalance: Annotated[float, Field(ge=1)] = _derived()
+    routing_imbalance: Annotated[float, Field(ge=1)] | None = None
     # --- issue 25 (article): the quantile of the busiest EP rank's received rows that the
     # hot-rank rows, bytes and memory budgets state (uniform routing's spread, on top of the
     # routing_imbalance expectation).
@@ -947,7 +948,7 @@ class EfficiencySection(Section):
     host_us_per_block: NonNegFloat = 0.0
     # Host time to issue one kernel (the time page counts the kernels of each block part:
     # planner/budget/time.py ATTENTION_LAUNCHES and the rest); calibrated, docs/estimate.md.
-    host_us_per_launch: NonNegFloat = 50.0
+    host_us_per_launch: NonNegFloat = 47.0
     # A stack's own extra host time per local expert and MoE layer, and per microbatch and model
     # chunk, beyond the counted launches: 0 unless `moeplan calibrate` fits them to a stack.
     host_us_per_expert: NonNegFloat = 0.0
@@ -981,12 +982,10 @@ class EfficiencySection(Section):
     deepep_num_sms: PosInt = 20
     deepep_gb_s_per_sm: PosFloat = 13.4
 
-    @field_validator("gemm_bf16", "gemm_fp8", "gemm_half_dim", "routing_imbalance", mode="wrap")
+    @field_validator("gemm_bf16", "gemm_fp8", "gemm_half_dim", mode="wrap")
     @classmethod
     def _from_card(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        # ClusterSection._from_gpu fills the GEMM figures from the card, Config._resolve the
-        # routing imbalance from the router
-        return _unset_passes(value, handler)
+        return _unset_passes(value, handler)  # ClusterSection._from_gpu fills them from the card
 
 
 class ClusterSection(Section):
@@ -1171,9 +1170,6 @@ class Config(Section):
         object.__setattr__(par, "world_size", world)
         if moe.moe_token_dispatcher_type == "flex" and moe.moe_flex_dispatcher_backend is None:
             object.__setattr__(moe, "moe_flex_dispatcher_backend", DEFAULT_FLEX_BACKEND)
-        if cluster.efficiency.routing_imbalance is None:
-            object.__setattr__(cluster.efficiency, "routing_imbalance", routing_imbalance(
-                moe.moe_router_force_load_balancing, moe.moe_router_load_balancing_type))
         if training.fp8 and training.fp8_format is None:
             object.__setattr__(training, "fp8_format", DEFAULT_FP8_FORMAT)
         if training.fp8 and training.fp8_recipe is None:

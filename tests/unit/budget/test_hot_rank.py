@@ -69,13 +69,11 @@ def test_v4_pro_stage1():
     got = _values(data, stage=1)
     var = Fraction(262144 * 6 * 63 * 378, 64 * 64 * 383)
     assert got["recv_rows_var"] == var == Fraction(9144576, 383)
-    # the example routes as it is (seq_aux_loss, not forced): the expectation is the natural
-    # routing default 1.5 x the mean 24,576 rows (planner/config/routing.py), then z·σ on top
-    assert got["hot_recv_rows_quantile"] == 36864 + _margin(var, 0.999, 64) == 37508
-    # 12,932 more rows of FC1 in/out, FC2 in, probs: (7168 + 3·3072 + 1)·2 = 32,770 bytes a row,
-    # one MoE layer held under uniform full recompute (one layer at a time)
+    assert got["hot_recv_rows_quantile"] == 24576 + _margin(var, 0.999, 64) == 25220
+    # 644 more rows of FC1 in/out, FC2 in, probs: (7168 + 3·3072 + 1)·2 = 32,770 bytes a row, one
+    # MoE layer held under uniform full recompute (one layer at a time)
     assert got["act_routed_bytes_per_row"] == 32770
-    assert got["hot_rank_extra_bytes"] == 12932 * 32770 == 423781640
+    assert got["hot_rank_extra_bytes"] == 644 * 32770 == 21103880
 
 
 def test_cited_line():
