@@ -26,6 +26,7 @@ from planner.accounting import (
     pipeline_page,
     pipeline_step,
 )
+from planner.config.routing import routing_imbalance
 from planner.config.schema import Config
 from planner.layout.nodes import rank_places
 
@@ -98,7 +99,8 @@ class Estimate:
                     "denominator": f"dense {precision} peak, {peak:g} TFLOP/s per GPU "
                                    f"({cfg.cluster.gpu_label})"},
             "breakdown": {"slowest_stage": self.slowest_stage, "stages": self.stages,
-                          "efficiency": cfg.cluster.efficiency.model_dump(),
+                          "efficiency": {**cfg.cluster.efficiency.model_dump(),
+                                         "routing_imbalance": routing_imbalance(cfg)},
                           "nvlink_domain": cfg.cluster.nvlink_domain},
         }
 

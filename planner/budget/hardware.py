@@ -14,6 +14,7 @@ from typing import Any
 
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Number, Symbol, exact, normalize
+from planner.config.routing import routing_imbalance
 from planner.config.schema import Config
 
 TERA, GIGA = 10**12, 10**9
@@ -33,6 +34,9 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
            "dispatch's backward all-to-all to be issued"),
     Symbol("stack_factor", "the stack's GPU work over the model's (efficiency.stack_factor; 1 "
            "unless a calibration fits it)"),
+    Symbol("router_launches", "kernels the router part of one MoE layer's forward launches "
+           "(router_launch_count: DeepSeek-V3's measured 72, 31 fused, scaled by the router's "
+           "features)"),
     Symbol("t_launch", "host seconds to issue one kernel: Python, PyTorch's dispatcher and the "
            "CUDA launch (efficiency.host_us_per_launch)"),
     Symbol("t_host_block", "host seconds to launch one block's forward and backward kernels per "
@@ -86,8 +90,11 @@ HARDWARE_SYMBOLS: tuple[Symbol, ...] = (
            "traffic, elementwise kernels, the optimizer step (efficiency.hbm)"),
     Symbol("eff_overlap", "share of an overlapped collective hidden behind compute "
            "(efficiency.overlap)"),
-    Symbol("imbalance", "busiest rank's routed-expert load over the mean (efficiency."
-           "routing_imbalance; 1 under forced balance)"),
+    Symbol("imbalance", "busiest rank's routed-expert load over the mean in each layer (efficiency."
+           "routing_imbalance, by default from the router: planner/config/routing.py; at most EP)"),
+    Symbol("imbalance_stated", "the routing_imbalance the config states (1 when left to the "
+           "router's default; at most EP): the memory budget's hot rank holds many layers, and "
+           "which rank is busiest changes from layer to layer"),
     Symbol("t_non_gemm", "seconds per token and block outside GEMMs and attention, forward and "
            "backward (efficiency.non_gemm_ns_per_token_block)"),
     Symbol("non_gemm_passes", "HBM passes over the forward's elementwise bytes in forward and "
@@ -110,6 +117,18 @@ def _flag(cfg: Config, path: str) -> int:
     return int(bool(value))
 
 
+def _imbalance(cfg: Config, stated: bool = False) -> Number:
+    """The busiest EP rank's routed load over the mean: efficiency.routing_imbalance, which no rank
+    can exceed EP times (it would hold every row), so 1 without expert parallelism. The time page
+    waits for the busiest rank of every layer (the router's default when unset); the memory
+    budget's hot rank (`stated`) takes only what the config states: its activations of many
+    layers sum loads of layers in which other ranks are the busiest."""
+    value = cfg.cluster.efficiency.routing_imbalance
+    if value is None:
+        value = 1.0 if stated else routing_imbalance(cfg)
+    return exact(min(value, cfg.parallel.ep))
+
+
 def hardware_values(cfg: Config) -> dict[str, Number]:
     c, eff = cfg.cluster, cfg.cluster.efficiency
     return {
@@ -121,7 +140,8 @@ def hardware_values(cfg: Config) -> dict[str, Number]:
         "eff_gemm_bf16": exact(eff.gemm_bf16), "eff_gemm_fp8": exact(eff.gemm_fp8),
         "eff_attention": exact(eff.attention), "eff_intra": exact(eff.intra_node),
         "eff_inter": exact(eff.inter_node), "eff_hbm": exact(eff.hbm),
-        "eff_overlap": exact(eff.overlap), "imbalance": exact(eff.routing_imbalance),
+        "eff_overlap": exact(eff.overlap), "imbalance": _imbalance(cfg),
+        "imbalance_stated": _imbalance(cfg, stated=True),
         "t_non_gemm": normalize(Fraction(exact(eff.non_gemm_ns_per_token_block)) / GIGA),
         "non_gemm_passes": exact(eff.non_gemm_passes),
         "permute_fused": int(cfg.moe.moe_permute_fusion or _hybridep(cfg)),
@@ -172,6 +192,39 @@ def attention_variant_share(cfg: Config) -> float:
         cfg.model.attention_variant, 1.0)
 
 
+# Kernels of the router part of a MoE layer's forward. Nsight Systems counted 72 on DeepSeek-V3's
+# router (sigmoid scores, group-limited top-k, expert bias, sequence auxiliary loss), 31 with
+# Transformer Engine's fused router, --moe-router-fusion (Megatron-LM
+# docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md @1d9edcf8,
+# 2.1.4: "reducing the total number of kernels in the router part from 72 to 31"). Another router
+# launches that count times its share of the call sites, counted in Megatron-LM dev@d48bd6be
+# megatron/core/transformer/moe/router.py TopKRouter.routing and moe_utils.py
+# topk_routing_with_score_function: the base (gate GEMM, fp32 casts, score function, top-k, the
+# probabilities and routing map scattered to [tokens, E]) 8; a sigmoid score's top-k normalisation
+# 3; group_limited_topk 8; the expert bias (added, the unbiased scores gathered, its token counts
+# accumulated) 4; an auxiliary loss (its scores, token counts and their all-reduce, the loss, the
+# tracker and the autoscaler) 15; Sinkhorn (moe_utils.sinkhorn) 5 around a loop of 14 kernels and a
+# host sync per iteration, 4 iterations (the loop's count to its 1e-4 tolerance on router logits of
+# the initial spread, simulated; data-dependent).
+ROUTER_MEASURED = (72, 31)  # unfused, fused: DeepSeek-V3's router
+ROUTER_SITES = {"base": 8, "sigmoid": 3, "groups": 8, "bias": 4, "aux": 15, "sinkhorn": 5 + 4 * 14}
+ROUTER_SITES_MEASURED = 8 + 3 + 8 + 4 + 15  # the call sites of the router that was measured
+
+
+def router_launch_count(cfg: Config) -> Number:
+    """Kernels of one MoE layer's router forward for this config's router (see ROUTER_SITES)."""
+    moe, model = cfg.moe, cfg.model
+    aux = (moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss", "global_aux_loss")
+           and moe.moe_aux_loss_coeff > 0)
+    sites = ROUTER_SITES["base"] + sum(ROUTER_SITES[name] for name, on in (
+        ("sigmoid", model.moe_router_score_function != "softmax"),
+        ("groups", bool(model.moe_router_num_groups)),
+        ("bias", model.moe_router_enable_expert_bias), ("aux", aux),
+        ("sinkhorn", moe.moe_router_load_balancing_type == "sinkhorn")) if on)
+    measured = ROUTER_MEASURED[1] if moe.moe_router_fusion else ROUTER_MEASURED[0]
+    return normalize(Fraction(measured * sites, ROUTER_SITES_MEASURED))
+
+
 def fixed_cost_values(cfg: Config) -> dict[str, Number]:
     """The fixed-cost, GEMM-shape and latency inputs of the time page."""
     eff = cfg.cluster.efficiency
@@ -179,6 +232,7 @@ def fixed_cost_values(cfg: Config) -> dict[str, Number]:
         "stack_factor": exact(eff.stack_factor),
         "delay_wgrad": int(cfg.overlap.delay_wgrad_compute
                            and cfg.overlap.overlap_moe_expert_parallel_comm),
+        "router_launches": router_launch_count(cfg),
         "t_launch": normalize(Fraction(exact(eff.host_us_per_launch)) / 10**6),
         "t_host_block": normalize(Fraction(exact(eff.host_us_per_block)) / 10**6),
         "t_host_expert": normalize(Fraction(exact(eff.host_us_per_expert)) / 10**6),

@@ -133,13 +133,14 @@ def add_hot_rank_rows(book: Book, v: Variant) -> None:
     add("recv_rows_var", "ep_group_tokens * k * experts_per_rank / E * (1 - experts_per_rank / E)"
         " * (E - k) / Max(E - 1, 1)", "rows", "rows",
         "variance of one rank's received rows under uniform top-k routing (0 when EP = 1)")
-    expect = "ceiling(imbalance * expected_recv_rows)"
+    expect = "ceiling(imbalance_stated * expected_recv_rows)"
     quantile = f"{expect} + ceil_sqrt(recv_z2 * recv_rows_var)"
     cap = HOT_CAP[v.capacity]
     if cap:
         expect, quantile = f"Min({expect}, {cap})", f"Min({quantile}, {cap})"
     add("hot_recv_rows", expect, "rows", "rows",
-        "the busiest rank's received rows in expectation: routing_imbalance times the mean"
+        "the busiest rank's received rows in expectation: the stated routing_imbalance times the "
+        "mean"
         + (" (capped at EP·c per local expert)" if cap else ""))
     add("hot_recv_rows_quantile", quantile, "rows", "rows",
         "the busiest rank's received rows at the stated quantile: the expectation plus z·σ of "

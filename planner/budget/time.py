@@ -194,9 +194,9 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     add("time_ew_router_elements", "L_moe * (h + 4 * E)", "elements", "time",
         "router per token: read h for the gate, the E logits through softmax/sigmoid and top-k")
     act = f"{'3' if v.swiglu else '2'}"
-    add("time_ew_act_elements", f"L_moe * {act} * (k * I + I_s)", "elements", "time",
+    add("time_ew_act_elements", f"L_moe * {act} * (imbalance * k * I + I_s)", "elements", "time",
         "expert activation functions: read FC1's output, write FC2's input, for the k routed "
-        "copies and the shared expert")
+        "copies (the busiest rank's: times routing_imbalance) and the shared expert")
     add("time_ew_dense_act_elements", f"L_dense * {act} * f", "elements", "time",
         "dense MLP activation functions")
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py: the alltoall
@@ -213,10 +213,11 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         copies = "0"
     add("time_permute_copies", copies, "count", "time",
         "permutations of the k routed copies per direction (dispatch and combine)")
-    add("time_ew_permute_elements", "L_moe * 2 * time_permute_copies * 2 * k * h_moe * "
-        "(permute_fused + (1 - permute_fused) * eff_permute_unfused)", "elements", "time",
-        "permute and unpermute: each permutation reads and writes k rows of the token, in "
-        "dispatch and in combine; unfused permutes (moe_permute_fusion off) cost more passes")
+    add("time_ew_permute_elements", "L_moe * 2 * time_permute_copies * 2 * imbalance * k * h_moe"
+        " * (permute_fused + (1 - permute_fused) * eff_permute_unfused)", "elements", "time",
+        "permute and unpermute: each permutation reads and writes k rows of the token (the "
+        "busiest rank's: times routing_imbalance), in dispatch and in combine; unfused permutes "
+        "(moe_permute_fusion off) cost more passes")
     # Transformer Engine fuses the FP8 cast of a norm's output into the norm (LayerNormLinear:
     # QKV / MLA down and up projections, dense fc1), so only the other FP8 GEMM inputs are cast
     # by a kernel of their own: attention's output projection, the routed experts' fc1 (permuted
@@ -352,8 +353,12 @@ ATTENTION_LAUNCHES: tuple[tuple[str, str], ...] = (
 MLA_LAUNCHES = ("6", "MLA: q and kv down projections, the kv norm, the up projection, the k/v "
                 "split and the RoPE concatenation")
 TP_LAUNCHES = ("2", "sequence-parallel all-gather before and reduce-scatter after the TP linears")
+# The router part of a MoE layer's forward: `router_launches` (planner/budget/hardware.py
+# router_launch_count), Nsight Systems' count on DeepSeek-V3's router scaled by the router's own
+# features.
 ROUTER_LAUNCHES: tuple[tuple[str, str], ...] = (
-    ("4", "router: gate GEMM, score function, top-k, probabilities scattered to the routing map"),
+    ("router_launches", "router: gate GEMM, scores, top-k, routing map and, as the router has "
+     "them, group-limited selection, expert bias, auxiliary loss, Sinkhorn iterations"),
 )
 PREPROCESS_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("3", "preprocessing: tokens per expert, routing map to indices, the counts' copy to the host "
@@ -403,9 +408,7 @@ def _launch_counts(book: Book, v: Variant) -> None:
     add = book.add
     attention = list(ATTENTION_LAUNCHES) + ([MLA_LAUNCHES] if v.attention == "mla" else []) + (
         [TP_LAUNCHES] if v.tp else [])
-    router = list(ROUTER_LAUNCHES) + ([("1", "expert bias added to the scores")] if v.expert_bias
-                                      else []) + (
-        [("3", "auxiliary load-balancing loss")] if v.aux_counts or v.global_aux else [])
+    router = list(ROUTER_LAUNCHES)
     preprocess = list(PREPROCESS_LAUNCHES) + (
         [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
         else [])

@@ -43,19 +43,19 @@ class Gpu:
 
 
 GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
-    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.652,
+    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
         family="hopper"),
-    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.652,
+    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
         family="hopper"),
-    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.652,
+    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
         family="hopper"),
-    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.356, gemm_bf16_eff=0.409,
+    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
-    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.356, gemm_bf16_eff=0.409,
+    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
-    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.356, gemm_bf16_eff=0.409,
+    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
-    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.356, gemm_bf16_eff=0.409,
+    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
     # AMD Instinct (AMD's MI300X, MI325X and MI355X product pages and data sheets: dense BF16 and
     # FP8 without sparsity; Infinity Fabric's aggregate peer bandwidth of its seven links, quoted

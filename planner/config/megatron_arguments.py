@@ -346,6 +346,7 @@ EMIT_ORDER: tuple[Emit | Hand, ...] = (
     Emit("--moe-apply-probs-on-input"),
     Emit("--moe-grouped-gemm"),
     Emit("--moe-permute-fusion"),
+    Emit("--moe-router-fusion"),
     Hand("virtual_experts"),
     # training
     Emit("--seq-length", always=True),

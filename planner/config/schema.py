@@ -832,6 +832,8 @@ class MoeSection(Section):
     moe_apply_probs_on_input: bool = False
     moe_grouped_gemm: bool = True
     moe_permute_fusion: bool = False
+    # Transformer Engine's fused router kernels (--moe-router-fusion): fewer launches per router
+    moe_router_fusion: bool = False
     moe_tid2eid_source: str | None = None
     # --- issue 25 (article): NCCL EP's zero-copy path, Megatron-LM main only (TransformerConfig.
     # moe_ncclep_zero_copy): FC2 outputs and FC1 input grads written into symmetric-memory buffers.
@@ -936,7 +938,9 @@ class EfficiencySection(Section):
     inter_node: Share = 0.9  # share of the scale-out bandwidth a collective reaches
     hbm: Share = 0.8  # share of the HBM bandwidth streaming work (weights, elementwise) reaches
     overlap: Share = 0.5  # share of an overlapped collective hidden behind compute (at most all)
-    routing_imbalance: Annotated[float, Field(ge=1)] = 1.0  # busiest rank's expert load / mean
+    # busiest rank's expert load / mean; unset: by the router (planner/config/routing.py: 1 under
+    # forced balance or Sinkhorn, the published natural-routing figure otherwise)
+    routing_imbalance: Annotated[float, Field(ge=1)] | None = None
     # --- issue 25 (article): the quantile of the busiest EP rank's received rows that the
     # hot-rank rows, bytes and memory budgets state (uniform routing's spread, on top of the
     # routing_imbalance expectation).
@@ -958,7 +962,7 @@ class EfficiencySection(Section):
     host_us_per_block: NonNegFloat = 0.0
     # Host time to issue one kernel (the time page counts the kernels of each block part:
     # planner/budget/time.py ATTENTION_LAUNCHES and the rest); calibrated, docs/estimate.md.
-    host_us_per_launch: NonNegFloat = 50.0
+    host_us_per_launch: NonNegFloat = 47.0
     # A stack's own extra host time per local expert and MoE layer, and per microbatch and model
     # chunk, beyond the counted launches: 0 unless `moeplan calibrate` fits them to a stack.
     host_us_per_expert: NonNegFloat = 0.0

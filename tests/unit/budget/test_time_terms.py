@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.config.importers.hf_config import map_hf_config
+from planner.config.routing import routing_imbalance
 from planner.config.schema import Config
 from planner.estimate import estimate
 from tests.support.estimate_anchors import BALANCED, QWEN, config
@@ -132,3 +133,29 @@ def test_cp_exposes_the_kv_exchange_unless_a_ring_overlaps_it() -> None:
     ring = v32(16384, cp=2, parallel={"cp_comm_type": "p2p"})
     assert gather["time_cp_kv_gather_fwd_exposed"] == gather["time_cp_kv_gather_fwd"] > 0
     assert ring["time_cp_kv_gather_fwd_exposed"] < gather["time_cp_kv_gather_fwd_exposed"]
+
+
+def routed(force: bool, balancing: str = "aux_loss", efficiency: dict[str, Any] | None = None) -> Config:
+    return config(QWEN, {"world_size": 16, "ep": 8, "etp": 1},
+                  {"seq_length": 4096, "global_batch_size": 256, "use_distributed_optimizer": True},
+                  moe={**BALANCED, "moe_router_force_load_balancing": force,
+                       "moe_router_load_balancing_type": balancing},
+                  cluster={"gpu": "H100", "efficiency": efficiency or {}})
+
+
+def test_natural_routing_is_slower_than_forced_on_every_routed_term() -> None:
+    """Unset, routing_imbalance follows the router (planner/config/routing.py): 1 forced or
+    Sinkhorn, the published natural-routing figure otherwise; the busiest rank's routed GEMMs,
+    permutes, activations and exchanges grow with it, the dense work does not."""
+    forced, natural = routed(True), routed(False)
+    assert routing_imbalance(forced) == 1.0 and routing_imbalance(natural) == 1.5
+    assert routing_imbalance(routed(False, "sinkhorn")) == 1.0
+    assert routing_imbalance(routed(False, efficiency={"routing_imbalance": 1.2})) == 1.2
+    a, b = env(forced), env(natural)
+    for term in ("time_routed_gemm_s", "time_ew_permute_elements", "time_ew_act_elements",
+                 "time_ep_dispatch_hidden_fwd", "time_ep_combine_hidden_fwd"):
+        assert b[term] > a[term], term
+    assert b["time_attention_gemm_s"] == a["time_attention_gemm_s"]
+    assert estimate(natural).step_time_s > estimate(forced).step_time_s
+    # the memory budget's hot rank takes only a stated imbalance
+    assert b["hot_recv_rows"] == a["hot_recv_rows"]
