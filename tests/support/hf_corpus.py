@@ -30,6 +30,11 @@ TRANSFORMERS_COUNTS: dict[str, int] = {
     # Qwen3_5MoeForConditionalGeneration: language_model 34,152,051,328 + lm_head 508,559,360
     # (vision tower 446,571,248 left out).
     "qwen3.5-35b-a3b": 34_660_610_688,
+    # NemotronHForCausalLM with the latent MoE (fc1/fc2_latent_proj of 4096 x 1024 per MoE layer).
+    "nvidia-nemotron-3-super-120b-a12b": 120_668_687_360,
+    # Kimi_K25ForConditionalGeneration: language_model 1,025,233,804,288 + lm_head 1,174,405,120
+    # (vision tower and mm_projector 471,143,920 left out).
+    "kimi-k2.5": 1_026_408_209_408,
 }
 
 

@@ -1066,10 +1066,13 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
     _gqa(r, model, None)
     if pattern is not None:
         model["hybrid_layer_pattern"] = pattern + "/*E" * depths
-    latent = r.hf.get("moe_latent_size")
+    # Latent MoE (Nemotron-3 Super): the routed experts run at moe_latent_size between a
+    # hidden -> latent and a latent -> hidden projection (transformers modeling_nemotron_h.py
+    # NemotronHMoE fc1_latent_proj / fc2_latent_proj; Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/moe/moe_layer.py MoELayer, --moe-latent-size).
+    latent = r.count("moe_latent_size", None, None)
     if latent is not None:
-        r.unsupported("moe_latent_size", latent, "a latent MoE projection is not mapped from "
-                      "config.json yet; write model and moe sections by hand")
+        r.moe["moe_latent_size"] = latent
     return model
 
 
