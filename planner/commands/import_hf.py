@@ -61,12 +61,15 @@ def import_hf(
         fail(EXIT_USAGE, str(exc))
     except HfConfigUnmappable as exc:
         findings = exc.findings
+        built = None
         if family_of(hf.get("architectures"), hf.get("model_type")) is None:
-            from planner.commands.hf_meta import meta_finding
+            from planner.commands.hf_meta import meta_import
 
-            census = meta_finding(hf, str(config_json))
-            findings = [*findings, census] if census else findings
-        exit_with_findings(findings, as_json=as_json)
+            built = meta_import(hf, str(config_json))
+            findings = [*findings, *built.findings] if built else findings
+        if built is None or built.mapping is None:
+            exit_with_findings(findings, as_json=as_json)
+        mapping = built.mapping
     sections = {"parallel": {"world_size": world_size, "tp": tp, "pp": pp, "ep": ep},
                 "training": {"seq_length": seq_length}}
     data = hf_config_data(mapping, sections)
