@@ -252,3 +252,20 @@ def test_nemotron_h_what_megatron_cannot_build_is_refused_by_key(change: dict[st
     with pytest.raises(HfConfigUnmappable) as refused:
         map_hf_config(hf)
     assert any(f.path.endswith(f".{key}") for f in refused.value.findings), refused.value.findings
+
+
+@pytest.mark.parametrize(("name", "example", "counts"), [
+    ("glm-5.1", "glm-5.1-512", (743_911_199_232, 41_784_709_632, 9_952_920_320)),
+    ("qwen3.5-35b-a3b", "qwen3.5-35b-a3b-16", (34_660_610_688, 3_454_988_928, 0)),
+])
+def test_an_imported_family_example_is_its_config_json(name: str, example: str,
+                                                        counts: tuple[int, int, int]):
+    """The examples' model sections are `import hf` of the verbatim file, field for field; the total
+    is transformers 5.25's meta build (hf_corpus.py), activated and MTP counts moeplan's own."""
+    from planner.config.loader import load_config
+
+    mapping = map_hf_config(corpus_config(name))
+    config = load_config(Path(__file__).parents[3] / "examples" / "architectures" / f"{example}.yaml")
+    assert ModelSection.model_validate(mapping.model) == config.model
+    assert _size(mapping.model, mapping.moe) == counts
+    assert counts[0] == TRANSFORMERS_COUNTS[name]
