@@ -220,7 +220,8 @@ def judged_configs() -> dict[str, Config]:
     configs[NANO_MTP] = parse_config(nano)
     # imported families: GLM-5.1 (MLA + DSA on every layer, MTP, a layout string over PP8) and
     # Qwen3.5 (gated DeltaNet + gated attention)
-    for name in (GLM_5_1, QWEN_3_5):
+    # ... and Nemotron-3-Super's latent MoE (--moe-latent-size) on the hybrid entry
+    for name in (GLM_5_1, QWEN_3_5, SUPER):
         configs[name] = load_config(EXAMPLES / name)
     return configs
 
@@ -229,6 +230,7 @@ NANO = "architectures/nemotron-3-nano-30b-a3b-64.yaml"
 NANO_MTP = "nemotron-3-nano, hybrid MTP over PP2"
 GLM_5_1 = "architectures/glm-5.1-512.yaml"
 QWEN_3_5 = "architectures/qwen3.5-35b-a3b-16.yaml"
+SUPER = "architectures/nemotron-3-super-120b-a12b-256.yaml"
 
 
 # Configs Megatron refuses, with the Megatron source line that refuses them and the moeplan rule that
