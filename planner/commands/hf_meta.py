@@ -135,8 +135,9 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
                                            f"valid: {str(exc)[:240]}", fix)])
     if counted is None or counted + read.bias_params != total:
         return MetaImport(findings=[_error(
-            where, f"{census}; its layers map to moeplan's kinds but moeplan counts {counted} "
-            f"(+{read.bias_params:,} router correction biases), not {total:,}", fix)])
+            where, f"{census}; its layers map to moeplan's kinds but moeplan counts "
+            f"{'nothing' if counted is None else f'{counted:,}'} (+{read.bias_params:,} router "
+            f"correction biases), not {total:,}: a part moeplan prices differently", fix)])
     bias = (f" + {read.bias_params:,} router correction-bias parameters (Megatron keeps them as "
             "a buffer, uncounted)" if read.bias_params else "")
     names = hf.get("architectures")

@@ -126,15 +126,22 @@ def _norm(module: Any, size: int, layer: int | None, path: str) -> None:
         raise Unpriced(layer, path, module, f"is not an RMSNorm of {size}")
 
 
+_MLP_PARTS = ({"gate_proj", "up_proj", "down_proj"}, {"gate_up_proj", "down_proj"})
+
+
 def _swiglu(module: Any, hidden: int, layer: int | None, path: str) -> int:
-    """The size of a gate/up/down MLP without biases (Megatron --swiglu)."""
+    """The size of a gate/up/down MLP without biases (Megatron --swiglu; gate and up may be one
+    fused projection of twice the size)."""
     parts = dict(_children(module))
-    if set(parts) != {"gate_proj", "up_proj", "down_proj"} or _params(module):
+    if set(parts) not in _MLP_PARTS or _params(module):
         raise Unpriced(layer, path, module, "is not a gate/up/down SwiGLU MLP")
     shapes = {name: _linear(child, layer, f"{path}.{name}") for name, child in parts.items()}
+    if "gate_up_proj" in shapes:  # one [2 x size, hidden] projection: the same parameters
+        inp, out, bias = shapes.pop("gate_up_proj")
+        shapes["gate_proj"] = shapes["up_proj"] = (inp, out // 2 if out % 2 == 0 else -1, bias)
     size = shapes["gate_proj"][1]
     if shapes["gate_proj"] != (hidden, size, False) or shapes["up_proj"] != (hidden, size, False) \
-            or shapes["down_proj"] != (size, hidden, False):
+            or shapes["down_proj"] != (size, hidden, False) or size < 1:
         raise Unpriced(layer, path, module, f"has projections {shapes} (expected hidden {hidden} "
                        "-> size -> hidden without biases)")
     return size
@@ -290,7 +297,7 @@ def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int |
             attention = _attention(child, hidden, heads, head_dim, index, where)
         elif name in _MLP and ffn is None and moe is None:
             parts = {n for n, _ in _children(child)}
-            if parts == {"gate_proj", "up_proj", "down_proj"}:
+            if parts in _MLP_PARTS:
                 ffn = _swiglu(child, hidden, index, where)
             else:
                 moe, bias = _moe(child, hidden, index, where)
@@ -425,6 +432,13 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
             isinstance(value, Mapping) for value in rope.values()):
         notes.append(f"RoPE parameters {dict(rope)!r:.120} are not carried over beyond the base "
                      "and rotary share (positions change numerics, not the budget)")
+    act = attr(text, "hidden_act")
+    if act not in (None, "silu"):
+        raise ValueError(f"hidden_act {act!r:.30}: the gate/up/down MLPs map to Megatron's SwiGLU "
+                         "(SiLU) only")
+    rotary = attr(text, "rotary_dim")
+    if isinstance(rotary, int) and 0 < rotary < att.head_dim:
+        model["rotary_percent"] = rotary / att.head_dim
     if ffns:
         model["ffn_hidden_size"] = ffns.pop()
     if moes:
@@ -442,6 +456,9 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
             raise ValueError("the MoE layers route to a number of experts the config names under "
                              f"none of {', '.join(TOPK_KEYS)}")
         model["moe_router_topk"] = routed[1]
+        scale = attr(text, "routed_scaling_factor")
+        if isinstance(scale, int | float) and not isinstance(scale, bool) and scale > 0:
+            model["moe_router_topk_scaling_factor"] = float(scale)
         score = attr(text, "scoring_func")
         if score not in ("softmax", "sigmoid"):
             score = moe.score or "softmax"
@@ -459,4 +476,33 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
                             "balancing); Megatron's expert bias takes sigmoid or sqrtsoftplus "
                             "scores only, so the plan routes without it (the budget is the same; "
                             "the routing is not the checkpoint's)")
+    unread = unread_keys(text)
+    if unread:
+        warnings.append("config keys the module mapping does not read (numerics moeplan does not "
+                        "carry into the launch; check them against Megatron's arguments): "
+                        + ", ".join(f"{key}={value!r:.24}" for key, value in unread))
     return model, notes, warnings
+
+
+# Keys the mapping reads, and those that change neither the network nor its training numerics.
+_READ = {"hidden_act", "rms_norm_eps", "rope_parameters", "rope_theta", "layer_types",
+         "sliding_window", "scoring_func", "routed_scaling_factor", "rotary_dim", "head_dim",
+         "tie_word_embeddings", "router_aux_loss_coef", "initializer_range", "transformers_version",
+         "model_type", "dtype", "torch_dtype", "_name_or_path", "use_cache", "return_dict",
+         "output_hidden_states", "output_attentions", "output_router_logits", "problem_type",
+         "is_encoder_decoder", "chunk_size_feed_forward", "architectures", "attention_dropout",
+         "hidden_dropout", "max_position_embeddings", "norm_topk_prob", *TOPK_KEYS}
+
+
+def unread_keys(text: Any) -> list[tuple[str, Any]]:
+    """The text config's set keys the mapping neither reads nor can ignore: a float, a string or
+    a true flag (sizes and layer indices are integers the module shapes and the count already
+    check)."""
+    try:
+        items = dict(text.to_dict()).items()
+    except Exception:
+        return []
+    return sorted((key, value) for key, value in items
+                  if key not in _READ and not key.endswith("_token_id")
+                  and (value is True or isinstance(value, str) and value
+                       or isinstance(value, float) and value != 0.0))
