@@ -76,14 +76,19 @@ def _error(where: str, message: str, fix: str) -> Finding:
     return Finding("CFG007", "error", f"{where}.model_type", message, fix, SOURCE)
 
 
-def _count(model: dict[str, Any]) -> int | None:
-    """moeplan's count of the mapped model section."""
+def _count(model: dict[str, Any]) -> tuple[int | None, int]:
+    """moeplan's count of the mapped model section, and the parameters of the rows Megatron pads
+    the vocabulary with (to a multiple of make_vocab_size_divisible_by, in the embedding and an
+    untied output layer), which transformers does not build."""
     from planner.config.schema import Config
     from planner.model_size import model_size
 
-    size = model_size(Config.model_validate({"model": model, "parallel": {"world_size": 1},
-                                             "training": {"seq_length": 16}}))
-    return None if size is None else size.total_params
+    cfg = Config.model_validate({"model": model, "parallel": {"world_size": 1},
+                                 "training": {"seq_length": 16}})
+    size = model_size(cfg)
+    rows = cfg.padded_vocab_size - cfg.model.vocab_size
+    tables = 2 if cfg.model.untie_embeddings_and_output_weights else 1
+    return (None if size is None else size.total_params), rows * cfg.model.hidden_size * tables
 
 
 def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
@@ -129,17 +134,21 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
             where, f"{census}; its modules could not be read as moeplan's layer kinds "
             f"({type(exc).__name__}: {str(exc)[:160]})", fix)])
     try:
-        counted = _count(section)
+        counted, padding = _count(section)
     except ValueError as exc:  # pydantic's ValidationError: a value moeplan's schema refuses
         return MetaImport(findings=[_error(where, f"{census}; the mapped model section is not "
                                            f"valid: {str(exc)[:240]}", fix)])
-    if counted is None or counted + read.bias_params != total:
+    if counted is None or counted - padding + read.bias_params != total:
         return MetaImport(findings=[_error(
             where, f"{census}; its layers map to moeplan's kinds but moeplan counts "
-            f"{'nothing' if counted is None else f'{counted:,}'} (+{read.bias_params:,} router "
-            f"correction biases), not {total:,}: a part moeplan prices differently", fix)])
+            f"{'nothing' if counted is None else f'{counted:,}'} (-{padding:,} vocabulary "
+            f"padding, +{read.bias_params:,} router correction biases), not {total:,}: a part "
+            "moeplan prices differently", fix)])
     bias = (f" + {read.bias_params:,} router correction-bias parameters (Megatron keeps them as "
             "a buffer, uncounted)" if read.bias_params else "")
+    if padding:
+        bias += (f" - {padding:,} parameters of the rows Megatron pads the vocabulary with "
+                 f"(to {section['vocab_size']:,} rounded up to a multiple of 128)")
     names = hf.get("architectures")
     architecture = names[0] if isinstance(names, list) and names and isinstance(
         names[0], str) else type(model).__name__
