@@ -43,7 +43,9 @@ def import_hf(
     """Write the moeplan config equivalent to a Hugging Face config.json (the families of
     planner/config/importers/hf_families.py: DeepSeek-V2/V3/V3.2/V4, Kimi-K2 and K2.5, GLM-4.5,
     GLM-4.7-Flash, Qwen2-MoE/Qwen3-MoE/Qwen3-Next, Mixtral, gpt-oss, MiniMax-M2, Llama 4), name the
-    Megatron-Bridge bridge that trains it, and report every finding of the result."""
+    Megatron-Bridge bridge that trains it, and report every finding of the result. A model_type
+    with no record is mapped from transformers' meta-device build, module by module, or refused
+    naming the module moeplan cannot price."""
     from planner.config.importers.hf_config import (
         HfConfigUnmappable,
         HfConfigUnreadable,
