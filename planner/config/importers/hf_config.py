@@ -373,12 +373,16 @@ def _qwen_moe(r: _Reader, *, qwen3: bool, defaults: Mapping[str, Any] | None = N
 
     model = _common(r, eps=d.get("rms_norm_eps", 1e-6), theta=d.get("rope_theta", 10000.0),
                     sizes=d or None)
+    experts = ("num_local_experts" if "num_experts" not in r.hf and "num_local_experts" in r.hf
+               else "num_experts")
     _gqa(r, model, d.get("num_key_value_heads"), d.get("head_dim"))
     _no_rope_scaling(r)
     model.update({
         "qk_layernorm": qwen3,
         "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", need("intermediate_size")),
-        "num_experts": r.count("num_experts", "num_experts", need("num_experts")),
+        # transformers 5 writes the expert count as num_local_experts (Qwen3MoeConfig's
+        # attribute_map reads num_experts from it): a re-serialised file holds that name
+        "num_experts": r.count(experts, "num_experts", need("num_experts")),
         "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
                                    need("num_experts_per_tok")),
         "moe_ffn_hidden_size": r.count("moe_intermediate_size", "moe_ffn_hidden_size",

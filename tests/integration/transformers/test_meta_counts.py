@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
-from tests.support.hf_corpus import TRANSFORMERS_COUNTS, corpus_path
+from tests.support.hf_corpus import NO_RECORD_COUNTS, TRANSFORMERS_COUNTS, corpus_path
 
 REBUILT = ("deepseek-v4-flash",)
 
@@ -102,3 +102,18 @@ def test_a_module_without_a_layer_kind_is_refused_by_class_and_layer(tmp_path: P
     assert "OlmoeForCausalLM with" in census and "(2 decoder layers)" in census
     assert "layer 0: model.layers.0.self_attn.q_norm (OlmoeRMSNorm) is not an RMSNorm of 16" \
         in census
+
+
+def test_minimax_m3_is_counted_and_refused_at_its_sparse_attention_indexer():
+    # The verbatim MiniMax-M3 file (no moeplan record): transformers' text stack counted, then the
+    # first module no layer kind prices named: layer 3's attention carries a block-sparse indexer.
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    result = CliRunner().invoke(app, ["import", "hf", str(corpus_path("minimax-m3")), "--json"])
+    assert result.exit_code == 1
+    [census] = [f["message"] for f in json.loads(result.output)["findings"]
+                if "transformers" in f["message"]]
+    assert (f"MiniMaxM3SparseForConditionalGeneration with {NO_RECORD_COUNTS['minimax-m3']:,} "
+            "parameters in its text stack (60 decoder layers; towers 865,567,232 more)") in census
+    assert "layer 3: model.language_model.layers.3.self_attn (MiniMaxM3VLAttention) is not " \
+        "softmax attention with q/k/v/o projections (it also holds indexer)" in census
