@@ -104,16 +104,22 @@ def test_a_module_without_a_layer_kind_is_refused_by_class_and_layer(tmp_path: P
         in census
 
 
-def test_minimax_m3_is_counted_and_refused_at_its_sparse_attention_indexer():
-    # The verbatim MiniMax-M3 file (no moeplan record): transformers' text stack counted, then the
-    # first module no layer kind prices named: layer 3's attention carries a block-sparse indexer.
+# The no-record corpus files (tests/support/hf_corpus.py NO_RECORD_COUNTS) rebuilt here: none by
+# default, since MiniMax-M3's first build costs ~5 CPU-seconds (loading its modeling code) and ~7
+# for the whole file; name one to re-check its count and the part it is refused at.
+NO_RECORD_REBUILT: tuple[str, ...] = ()
+REFUSED_AT = {"minimax-m3": "layer 3: model.language_model.layers.3.self_attn (MiniMaxM3VLAttention) "
+                            "is not softmax attention with q/k/v/o projections (it also holds "
+                            "indexer)"}
+
+
+@pytest.mark.parametrize("name", NO_RECORD_REBUILT)
+def test_a_verbatim_file_without_a_record_is_counted_and_refused_by_part(name: str):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    result = CliRunner().invoke(app, ["import", "hf", str(corpus_path("minimax-m3")), "--json"])
+    result = CliRunner().invoke(app, ["import", "hf", str(corpus_path(name)), "--json"])
     assert result.exit_code == 1
     [census] = [f["message"] for f in json.loads(result.output)["findings"]
                 if "transformers" in f["message"]]
-    assert (f"MiniMaxM3SparseForConditionalGeneration with {NO_RECORD_COUNTS['minimax-m3']:,} "
-            "parameters in its text stack (60 decoder layers; towers 865,567,232 more)") in census
-    assert "layer 3: model.language_model.layers.3.self_attn (MiniMaxM3VLAttention) is not " \
-        "softmax attention with q/k/v/o projections (it also holds indexer)" in census
+    assert f"with {NO_RECORD_COUNTS[name]:,} parameters in its text stack" in census
+    assert REFUSED_AT[name] in census
