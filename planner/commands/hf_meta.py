@@ -1,18 +1,44 @@
 """The no-record path of `moeplan import hf`: a config.json whose model_type has no family record
 (planner/config/importers/hf_families.py) is built by transformers on the meta device (no memory,
-no weights), counted tensor by tensor and refused naming what moeplan cannot price yet, instead of
-a bare "unknown architecture". Only when transformers and torch are installed; they load here, in
-the command, never when the planner starts.
+no weights), counted tensor by tensor, and its decoder layers are mapped onto moeplan's layer kinds
+by class and shape (planner/config/importers/hf_modules.py). When every layer maps and moeplan's
+count of the mapped model equals transformers' count, the import goes on as for a known family;
+otherwise it is refused naming the module (class and layer index) moeplan cannot price, never a
+different model. Only when transformers and torch are installed; they load here, in the command,
+never when the planner starts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from planner.config.importers.hf_config import HfMapping
 from planner.findings import Finding
 
-SOURCE = "planner/commands/hf_meta.py::meta_finding"
+SOURCE = "planner/commands/hf_meta.py::meta_import"
+# name parts of a wrapper's towers (vision and audio encoders and their projectors)
+_TOWERS = ("vision", "visual", "audio", "mm_projector", "multi_modal_projector")
+
+
+@dataclass
+class MetaImport:
+    """The mapped model (None when refused) and the findings of the meta build."""
+
+    mapping: HfMapping | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+
+def _plain(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The file without what is not the network: the weights' quantisation, and the remote-code
+    pointers (auto_map) that would make transformers ask to run the repository's own code."""
+    drop = ("quantization_config", "auto_map")
+    data = {key: value for key, value in hf.items() if key not in drop}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            data[key] = {k: v for k, v in value.items() if k not in drop}
+    return data
 
 
 def _build(hf: Mapping[str, Any]) -> Any:
@@ -20,59 +46,117 @@ def _build(hf: Mapping[str, Any]) -> Any:
     import torch
     import transformers
 
-    data = {key: value for key, value in hf.items() if key != "quantization_config"}
-    config = transformers.AutoConfig.for_model(**data)
+    config = transformers.AutoConfig.for_model(**_plain(hf))
     last: Exception | None = None
     for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForImageTextToText):
         try:
             with torch.device("meta"):
-                return auto.from_config(config)
+                return auto.from_config(config, trust_remote_code=False)
         except (ValueError, KeyError) as exc:  # not a model of this auto class
             last = exc
     raise ValueError(str(last))
-
-
-_TOWERS = ("vision", "visual", "audio")  # module-name parts of a wrapper's non-text towers
 
 
 def _tower(name: str) -> bool:
     return any(part in name for part in _TOWERS)
 
 
-def _layers(model: Any) -> list[Any]:
-    """The decoder's layer list: the longest ModuleList named `layers` outside the towers."""
-    lists = [module for name, module in model.named_modules()
+def _layers(model: Any) -> list[tuple[str, Any]]:
+    """The decoder's layers with their paths: the longest ModuleList named `layers` outside the
+    towers."""
+    lists = [(name, module) for name, module in model.named_modules()
              if name.rsplit(".", 1)[-1] == "layers" and not _tower(name)]
-    return max(lists, key=len) if lists else []
+    if not lists:
+        return []
+    name, layers = max(lists, key=lambda item: len(item[1]))
+    return [(f"{name}.{index}", layer) for index, layer in enumerate(layers)]
 
 
-def meta_finding(hf: Mapping[str, Any], where: str) -> Finding | None:
-    """A CFG007 finding with transformers' count and the first layer's modules moeplan has no
-    layer kind for; None when transformers is not installed (the caller's finding stands)."""
+def _error(where: str, message: str, fix: str) -> Finding:
+    return Finding("CFG007", "error", f"{where}.model_type", message, fix, SOURCE)
+
+
+def _count(model: dict[str, Any]) -> tuple[int | None, int]:
+    """moeplan's count of the mapped model section, and the parameters of the rows Megatron pads
+    the vocabulary with (to a multiple of make_vocab_size_divisible_by, in the embedding and an
+    untied output layer), which transformers does not build."""
+    from planner.config.schema import Config
+    from planner.model_size import model_size
+
+    cfg = Config.model_validate({"model": model, "parallel": {"world_size": 1},
+                                 "training": {"seq_length": 16}})
+    size = model_size(cfg)
+    rows = cfg.padded_vocab_size - cfg.model.vocab_size
+    tables = 2 if cfg.model.untie_embeddings_and_output_weights else 1
+    return (None if size is None else size.total_params), rows * cfg.model.hidden_size * tables
+
+
+def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
+    """The model section transformers' meta build maps to, or the CFG007 finding naming what
+    moeplan cannot price; None when transformers is not installed (the caller's finding stands)."""
     try:
         import torch  # noqa: F401
         import transformers
     except ImportError:
         return None
+    from planner.config.importers.hf_modules import Unpriced, model_section, read_model
+
     model_type = hf.get("model_type")
+    version = transformers.__version__
+    fix = ("write the model section by hand (the count above is the target), or add a family "
+           "record in planner/config/importers/hf_families.py")
     try:
         model = _build(hf)
     except Exception as exc:  # transformers refuses the file: say so, in its words
-        return Finding("CFG007", "error", f"{where}.model_type",
-                       f"model_type {model_type!r:.40} has no moeplan family record, and "
-                       f"transformers {transformers.__version__} cannot build it either: "
-                       f"{type(exc).__name__}: {str(exc)[:160]}",
-                       "write the model section by hand", SOURCE)
+        return MetaImport(findings=[_error(
+            where, f"model_type {model_type!r:.40} has no moeplan family record, and transformers "
+            f"{version} cannot build it either: {type(exc).__name__}: {str(exc)[:160]}",
+            "write the model section by hand")])
     total = sum(p.numel() for name, p in model.named_parameters() if not _tower(name))
     towers = sum(p.numel() for name, p in model.named_parameters() if _tower(name))
     layers = _layers(model)
-    parts = ", ".join(f"{name} {type(child).__name__}" for name, child in
-                      layers[0].named_children()) if layers else "no layer list"
-    return Finding("CFG007", "error", f"{where}.model_type",
-                   f"model_type {model_type!r:.40} has no moeplan family record: transformers "
-                   f"{transformers.__version__} builds {type(model).__name__} with {total:,} "
-                   f"parameters in its text stack ({len(layers)} decoder layers"
-                   f"{f'; towers {towers:,} more' if towers else ''}); layer 0 ({parts}) maps to no "
-                   "moeplan layer kind, so nothing past the count can be priced",
-                   "write the model section by hand (the count above is the target), or add a "
-                   "family record in planner/config/importers/hf_families.py", SOURCE)
+    census = (f"model_type {model_type!r:.40} has no moeplan family record: transformers {version} "
+              f"builds {type(model).__name__} with {total:,} parameters in its text stack "
+              f"({len(layers)} decoder layers{f'; towers {towers:,} more' if towers else ''})")
+    if not layers:
+        return MetaImport(findings=[_error(where, f"{census}; no decoder layer list", fix)])
+    try:
+        text = model.config.get_text_config()
+        read = read_model(model, layers, text, _tower)
+        section, notes, warnings = model_section(read, text)
+    except Unpriced as exc:
+        return MetaImport(findings=[_error(
+            where, f"{census}; {exc}, so moeplan cannot price it", fix)])
+    except ValueError as exc:
+        return MetaImport(findings=[_error(where, f"{census}; {exc}", fix)])
+    except Exception as exc:  # a module or config of a shape no reader expects: refuse, say why
+        return MetaImport(findings=[_error(
+            where, f"{census}; its modules could not be read as moeplan's layer kinds "
+            f"({type(exc).__name__}: {str(exc)[:160]})", fix)])
+    try:
+        counted, padding = _count(section)
+    except ValueError as exc:  # pydantic's ValidationError: a value moeplan's schema refuses
+        return MetaImport(findings=[_error(where, f"{census}; the mapped model section is not "
+                                           f"valid: {str(exc)[:240]}", fix)])
+    if counted is None or counted - padding + read.bias_params != total:
+        return MetaImport(findings=[_error(
+            where, f"{census}; its layers map to moeplan's kinds but moeplan counts "
+            f"{'nothing' if counted is None else f'{counted:,}'} (-{padding:,} vocabulary "
+            f"padding, +{read.bias_params:,} router correction biases), not {total:,}: a part "
+            "moeplan prices differently", fix)])
+    bias = (f" + {read.bias_params:,} router correction-bias parameters (Megatron keeps them as "
+            "a buffer, uncounted)" if read.bias_params else "")
+    if padding:
+        bias += (f" - {padding:,} parameters of the rows Megatron pads the vocabulary with "
+                 f"(to {section['vocab_size']:,} rounded up to a multiple of 128)")
+    names = hf.get("architectures")
+    architecture = names[0] if isinstance(names, list) and names and isinstance(
+        names[0], str) else type(model).__name__
+    return MetaImport(HfMapping(
+        architecture=architecture, model=section,
+        notes=(f"{census}; every layer maps to moeplan's layer kinds by class and shape, and "
+               f"moeplan counts {counted:,}{bias}, as transformers does",
+               *notes, *(f"warning: {w}" for w in warnings)),
+        family=f"{model_type} (no record: mapped from transformers' modules)",
+        bridge=f"model_type {model_type!r:.40} has no moeplan family record, so its "
+               "Megatron-Bridge bridge is not known here"))

@@ -43,7 +43,9 @@ def import_hf(
     """Write the moeplan config equivalent to a Hugging Face config.json (the families of
     planner/config/importers/hf_families.py: DeepSeek-V2/V3/V3.2/V4, Kimi-K2 and K2.5, GLM-4.5,
     GLM-4.7-Flash, Qwen2-MoE/Qwen3-MoE/Qwen3-Next, Mixtral, gpt-oss, MiniMax-M2, Llama 4), name the
-    Megatron-Bridge bridge that trains it, and report every finding of the result."""
+    Megatron-Bridge bridge that trains it, and report every finding of the result. A model_type
+    with no record is mapped from transformers' meta-device build, module by module, or refused
+    naming the module moeplan cannot price."""
     from planner.config.importers.hf_config import (
         HfConfigUnmappable,
         HfConfigUnreadable,
@@ -61,12 +63,15 @@ def import_hf(
         fail(EXIT_USAGE, str(exc))
     except HfConfigUnmappable as exc:
         findings = exc.findings
+        built = None
         if family_of(hf.get("architectures"), hf.get("model_type")) is None:
-            from planner.commands.hf_meta import meta_finding
+            from planner.commands.hf_meta import meta_import
 
-            census = meta_finding(hf, str(config_json))
-            findings = [*findings, census] if census else findings
-        exit_with_findings(findings, as_json=as_json)
+            built = meta_import(hf, str(config_json))
+            findings = [*findings, *built.findings] if built else findings
+        if built is None or built.mapping is None:
+            exit_with_findings(findings, as_json=as_json)
+        mapping = built.mapping
     sections = {"parallel": {"world_size": world_size, "tp": tp, "pp": pp, "ep": ep},
                 "training": {"seq_length": seq_length}}
     data = hf_config_data(mapping, sections)

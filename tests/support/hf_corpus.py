@@ -30,6 +30,24 @@ TRANSFORMERS_COUNTS: dict[str, int] = {
     # Qwen3_5MoeForConditionalGeneration: language_model 34,152,051,328 + lm_head 508,559,360
     # (vision tower 446,571,248 left out).
     "qwen3.5-35b-a3b": 34_660_610_688,
+    # NemotronHForCausalLM with the latent MoE (fc1/fc2_latent_proj of 4096 x 1024 per MoE layer).
+    "nvidia-nemotron-3-super-120b-a12b": 120_668_687_360,
+    # Kimi_K25ForConditionalGeneration: language_model 1,025,233,804,288 + lm_head 1,174,405,120
+    # (vision tower and mm_projector 471,143,920 left out).
+    "kimi-k2.5": 1_026_408_209_408,
+    # Qwen3VLMoeForConditionalGeneration: language_model 234,471,301,120 + lm_head 622,329,856
+    # (vision tower 576,388,336 left out; with it, the checkpoint's 235,670,022,896).
+    "qwen3-vl-235b-a22b": 235_093_634_560,
+}
+
+# Files of the corpus whose model_type has no moeplan record: what transformers 5.25 builds of the
+# text stack (towers and projector left out), which `import hf` reports before it refuses the part
+# moeplan cannot price. Measured by `moeplan import hf` on the whole file (~7 CPU-seconds for
+# MiniMax-M3, so tests/integration/transformers/ rebuilds it only when named in NO_RECORD_REBUILT).
+NO_RECORD_COUNTS: dict[str, int] = {
+    # MiniMaxM3SparseForConditionalGeneration; + towers 865,567,232 + 57 x 128 routing biases (a
+    # buffer in transformers) = the checkpoint's 427,040,140,160.
+    "minimax-m3": 426_174_565_632,
 }
 
 

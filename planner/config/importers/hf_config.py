@@ -373,12 +373,16 @@ def _qwen_moe(r: _Reader, *, qwen3: bool, defaults: Mapping[str, Any] | None = N
 
     model = _common(r, eps=d.get("rms_norm_eps", 1e-6), theta=d.get("rope_theta", 10000.0),
                     sizes=d or None)
+    experts = ("num_local_experts" if "num_experts" not in r.hf and "num_local_experts" in r.hf
+               else "num_experts")
     _gqa(r, model, d.get("num_key_value_heads"), d.get("head_dim"))
     _no_rope_scaling(r)
     model.update({
         "qk_layernorm": qwen3,
         "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", need("intermediate_size")),
-        "num_experts": r.count("num_experts", "num_experts", need("num_experts")),
+        # transformers 5 writes the expert count as num_local_experts (Qwen3MoeConfig's
+        # attribute_map reads num_experts from it): a re-serialised file holds that name
+        "num_experts": r.count(experts, "num_experts", need("num_experts")),
         "moe_router_topk": r.count("num_experts_per_tok", "moe_router_topk",
                                    need("num_experts_per_tok")),
         "moe_ffn_hidden_size": r.count("moe_intermediate_size", "moe_ffn_hidden_size",
@@ -1066,10 +1070,13 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
     _gqa(r, model, None)
     if pattern is not None:
         model["hybrid_layer_pattern"] = pattern + "/*E" * depths
-    latent = r.hf.get("moe_latent_size")
+    # Latent MoE (Nemotron-3 Super): the routed experts run at moe_latent_size between a
+    # hidden -> latent and a latent -> hidden projection (transformers modeling_nemotron_h.py
+    # NemotronHMoE fc1_latent_proj / fc2_latent_proj; Megatron-LM dev@d48bd6be
+    # megatron/core/transformer/moe/moe_layer.py MoELayer, --moe-latent-size).
+    latent = r.count("moe_latent_size", None, None)
     if latent is not None:
-        r.unsupported("moe_latent_size", latent, "a latent MoE projection is not mapped from "
-                      "config.json yet; write model and moe sections by hand")
+        r.moe["moe_latent_size"] = latent
     return model
 
 

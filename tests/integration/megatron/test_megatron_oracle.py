@@ -218,11 +218,20 @@ def judged_configs() -> dict[str, Config]:
     nano["model"]["mtp_num_layers"] = 1
     nano["parallel"].update(pp=2, pipeline_model_parallel_layout="Et*15|t*14mL")
     configs[NANO_MTP] = parse_config(nano)
+    # imported families: GLM-5.1 (MLA + DSA on every layer, MTP, a layout string over PP8),
+    # Qwen3.5 (gated DeltaNet + gated attention) and Nemotron-3-Super's latent MoE
+    # (--moe-latent-size) on the hybrid entry; about one CPU-second each, so the other imported
+    # examples (GLM-4.7-Flash, Qwen3-VL-30B-A3B: both pass) are judged by hand, not every run
+    for name in (GLM_5_1, QWEN_3_5, SUPER):
+        configs[name] = load_config(EXAMPLES / name)
     return configs
 
 
 NANO = "architectures/nemotron-3-nano-30b-a3b-64.yaml"
 NANO_MTP = "nemotron-3-nano, hybrid MTP over PP2"
+GLM_5_1 = "architectures/glm-5.1-512.yaml"
+QWEN_3_5 = "architectures/qwen3.5-35b-a3b-16.yaml"
+SUPER = "architectures/nemotron-3-super-120b-a12b-256.yaml"
 
 
 # Configs Megatron refuses, with the Megatron source line that refuses them and the moeplan rule that

@@ -19,8 +19,8 @@ from tests.support.hf_configs import KIMI_K2
 from tests.support.hf_corpus import TRANSFORMERS_COUNTS, corpus_config, corpus_path
 
 
-def _size(model: dict[str, object]) -> tuple[int, int, int]:
-    cfg = Config.model_validate({"model": model, "parallel": {"world_size": 1},
+def _size(model: dict[str, object], moe: dict[str, object] | None = None) -> tuple[int, int, int]:
+    cfg = Config.model_validate({"model": model, "moe": moe or {}, "parallel": {"world_size": 1},
                                  "training": {"seq_length": 16}})
     size = model_size(cfg)
     assert size is not None
@@ -40,7 +40,8 @@ def test_deepseek_v4_config_json_is_the_preset_model(name: str):
 
 @pytest.mark.parametrize("name", sorted(TRANSFORMERS_COUNTS))
 def test_the_count_is_what_transformers_builds(name: str):
-    total, _, _ = _size(map_hf_config(corpus_config(name)).model)
+    mapping = map_hf_config(corpus_config(name))
+    total, _, _ = _size(mapping.model, mapping.moe)
     assert total == TRANSFORMERS_COUNTS[name]
 
 
@@ -224,12 +225,47 @@ def test_nemotron_3_nano_is_megatrons_hybrid_stack_as_its_example():
     assert ModelSection.model_validate(model) == example
 
 
+def test_nemotron_3_super_latent_moe_is_its_example():
+    """Super's config.json (the latent MoE: 512 experts of 2688 at moe_latent_size 1024, one MTP
+    depth) maps to the example's model section and its moe.moe_latent_size; the count is
+    transformers 5.25's NemotronHForCausalLM (fc1/fc2_latent_proj included) and the MTP depth is
+    the release's 2,942,324,736 (one attention and one latent-MoE layer with their norms)."""
+    from planner.config.loader import load_config
+
+    mapping = map_hf_config(corpus_config("nvidia-nemotron-3-super-120b-a12b"))
+    assert mapping.moe == {"moe_latent_size": 1024}
+    assert mapping.model["hybrid_layer_pattern"].endswith("EMEMEME/*E")
+    total, _, mtp = _size(mapping.model, mapping.moe)
+    assert (total, mtp) == (120_668_687_360, 2_942_324_736)
+    example = load_config(Path(__file__).parents[3] / "examples" / "architectures"
+                          / "nemotron-3-super-120b-a12b-256.yaml")
+    assert ModelSection.model_validate(mapping.model) == example.model
+    assert example.moe.moe_latent_size == mapping.moe["moe_latent_size"]
+
+
 @pytest.mark.parametrize(("change", "key"), [({"conv_kernel": 3}, "conv_kernel"),
                                              ({"mlp_hidden_act": "silu"}, "mlp_hidden_act"),
                                              ({"hybrid_override_pattern": "MGE"}, "hybrid_override_pattern"),
-                                             ({"moe_latent_size": 1024}, "moe_latent_size")])
+                                             ({"moe_latent_size": 0.5}, "moe_latent_size")])
 def test_nemotron_h_what_megatron_cannot_build_is_refused_by_key(change: dict[str, object], key: str):
     hf = corpus_config("nvidia-nemotron-3-nano-30b-a3b") | change
     with pytest.raises(HfConfigUnmappable) as refused:
         map_hf_config(hf)
     assert any(f.path.endswith(f".{key}") for f in refused.value.findings), refused.value.findings
+
+
+@pytest.mark.parametrize(("name", "example", "counts"), [
+    ("glm-5.1", "glm-5.1-512", (743_911_199_232, 41_784_709_632, 9_952_920_320)),
+    ("qwen3.5-35b-a3b", "qwen3.5-35b-a3b-16", (34_660_610_688, 3_454_988_928, 0)),
+])
+def test_an_imported_family_example_is_its_config_json(name: str, example: str,
+                                                        counts: tuple[int, int, int]):
+    """The examples' model sections are `import hf` of the verbatim file, field for field; the total
+    is transformers 5.25's meta build (hf_corpus.py), activated and MTP counts moeplan's own."""
+    from planner.config.loader import load_config
+
+    mapping = map_hf_config(corpus_config(name))
+    config = load_config(Path(__file__).parents[3] / "examples" / "architectures" / f"{example}.yaml")
+    assert ModelSection.model_validate(mapping.model) == config.model
+    assert _size(mapping.model, mapping.moe) == counts
+    assert counts[0] == TRANSFORMERS_COUNTS[name]

@@ -1,0 +1,508 @@
+"""Which moeplan layer kinds a transformers model is made of, read off its modules' classes and
+shapes: the no-record path of `import hf` (planner/commands/hf_meta.py builds the model on the meta
+device) maps a model_type moeplan has no family record for onto the model section when every
+decoder layer is a known kind, and names the first module that is not.
+
+Known kinds, each as Megatron builds it: softmax attention with q/k/v/o projections
+(Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__: heads,
+query groups and head dim from the projection shapes; q/k RMSNorm; q/k/v biases); a SwiGLU MLP
+(gate/up/down); a routed MoE block (a router of N x hidden, N experts of one SwiGLU size, fused or
+listed; a shared expert, gated or not); the two pre-norms of a layer. Anything else (an extra norm,
+an attention sink, a per-layer scalar, a second attention, a fused QKV) is refused with its class
+and layer index: moeplan would price a different model. Duck-typed over torch modules
+(`named_children`, `named_parameters`, `.shape`), so this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# transformers' config keys for the experts a token is routed to, in the order families use them
+# (Mixtral/Qwen/DeepSeek, ERNIE-4.5, Bailing, Gemma-4 and others).
+TOPK_KEYS = ("num_experts_per_tok", "moe_k", "moe_topk", "top_k", "num_experts_per_token",
+             "moe_router_topk", "top_k_experts")
+_ATTENTION = ("self_attn", "attention", "attn")
+_MLP = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
+_NORMS = ("input_layernorm", "post_attention_layernorm")
+_SHARED = ("shared_expert", "shared_experts", "shared_mlp")
+_ROUTER = ("gate", "router")
+# the router's correction bias: a parameter in some families (ERNIE-4.5's moe_statics), a buffer
+# in Megatron (TopKRouter's expert_bias), so it is named, not counted
+_EXPERT_BIAS = "e_score_correction_bias"
+
+
+class Unpriced(Exception):
+    """A module moeplan has no layer kind for: its path, class, layer index and why."""
+
+    def __init__(self, layer: int | None, path: str, module: Any, why: str) -> None:
+        self.layer, self.path, self.cls, self.why = layer, path, type(module).__name__, why
+        where = "outside the decoder layers" if layer is None else f"layer {layer}"
+        super().__init__(f"{where}: {path} ({self.cls}) {why}")
+
+
+@dataclass(frozen=True)
+class Attention:
+    heads: int
+    groups: int
+    head_dim: int
+    qkv_bias: bool
+    qk_norm: bool
+    gate: str = ""  # "head": one sigmoid gate per head; "element": one per head channel
+    sinks: bool = False  # one learnable sink logit per head (Megatron softmax_type learnable)
+
+
+@dataclass(frozen=True)
+class Moe:
+    experts: int
+    size: int
+    shared: int
+    shared_gate: bool
+    expert_bias: bool  # the router carries a correction bias (aux-loss-free balancing)
+    score: str = ""  # "sigmoid" / "softmax" as the router's own code scores, "" when unclear
+
+
+@dataclass(frozen=True)
+class Layer:
+    attention: Attention
+    ffn: int | None  # the dense SwiGLU MLP's size, None in an MoE layer
+    moe: Moe | None
+
+
+@dataclass
+class ModelRead:
+    """The decoder as moeplan's kinds: one entry per layer, the embedding and output layer."""
+
+    vocab: int
+    hidden: int
+    tied: bool
+    layers: list[Layer]
+    bias_params: int = 0  # correction-bias parameters transformers counts and Megatron buffers
+    notes: list[str] = field(default_factory=list)
+
+
+def attr(config: Any, key: str) -> Any:
+    """A config value, None where the config has none or holds it per layer (transformers 5's
+    heterogeneous configs raise on a global read of a per-layer value)."""
+    try:
+        return getattr(config, key, None)
+    except Exception:
+        return None
+
+
+def _params(module: Any) -> dict[str, Any]:
+    return dict(module.named_parameters(recurse=False))
+
+
+def _children(module: Any) -> Iterator[tuple[str, Any]]:
+    """The children that hold parameters (activations, rotary tables and dropouts hold none)."""
+    for name, child in module.named_children():
+        if any(True for _ in child.parameters()):
+            yield name, child
+
+
+def _shape(tensor: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in tensor.shape)
+
+
+def _linear(module: Any, layer: int | None, path: str) -> tuple[int, int, bool]:
+    """(in, out, bias) of a plain linear layer (a weight of out x in, an optional bias of out)."""
+    params = _params(module)
+    weight = params.get("weight")
+    if weight is None or len(_shape(weight)) != 2 or set(params) - {"weight", "bias"} \
+            or any(True for _ in _children(module)):
+        raise Unpriced(layer, path, module, "is not a plain linear projection")
+    out, inp = _shape(weight)
+    return inp, out, "bias" in params
+
+
+def _norm(module: Any, size: int, layer: int | None, path: str) -> None:
+    params = _params(module)
+    if "Norm" not in type(module).__name__ or set(params) != {"weight"} \
+            or _shape(params["weight"]) != (size,):
+        raise Unpriced(layer, path, module, f"is not an RMSNorm of {size}")
+
+
+_MLP_PARTS = ({"gate_proj", "up_proj", "down_proj"}, {"gate_up_proj", "down_proj"})
+
+
+def _swiglu(module: Any, hidden: int, layer: int | None, path: str) -> int:
+    """The size of a gate/up/down MLP without biases (Megatron --swiglu; gate and up may be one
+    fused projection of twice the size)."""
+    parts = dict(_children(module))
+    if set(parts) not in _MLP_PARTS or _params(module):
+        raise Unpriced(layer, path, module, "is not a gate/up/down SwiGLU MLP")
+    shapes = {name: _linear(child, layer, f"{path}.{name}") for name, child in parts.items()}
+    if "gate_up_proj" in shapes:  # one [2 x size, hidden] projection: the same parameters
+        inp, out, bias = shapes.pop("gate_up_proj")
+        shapes["gate_proj"] = shapes["up_proj"] = (inp, out // 2 if out % 2 == 0 else -1, bias)
+    size = shapes["gate_proj"][1]
+    if shapes["gate_proj"] != (hidden, size, False) or shapes["up_proj"] != (hidden, size, False) \
+            or shapes["down_proj"] != (size, hidden, False) or size < 1:
+        raise Unpriced(layer, path, module, f"has projections {shapes} (expected hidden {hidden} "
+                       "-> size -> hidden without biases)")
+    return size
+
+
+_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "g_proj"}
+
+
+def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer: int,
+               path: str) -> Attention:
+    """Softmax attention as Megatron's SelfAttention builds it: q/k/v/o projections, optional
+    per-head q/k RMSNorm, an optional output gate (g_proj: one per head = head_wise_attn_gate,
+    one per channel = attention_output_gate) and optional per-head sinks."""
+    parts = dict(_children(module))
+    own = _params(module)
+    if set(own) - {"sinks"} or not {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(parts) \
+            or set(parts) - _ATTENTION_PARTS:
+        extra = sorted((set(own) - {"sinks"}) | (set(parts) - _ATTENTION_PARTS))
+        raise Unpriced(layer, path, module, "is not softmax attention with q/k/v/o projections"
+                       + (f" (it also holds {', '.join(extra)})" if extra else ""))
+    q_in, q_out, q_bias = _linear(parts["q_proj"], layer, f"{path}.q_proj")
+    if head_dim is None:  # the config names none per layer: the query's width per head
+        head_dim = q_out // heads if q_out % heads == 0 else q_out
+    _, k_out, k_bias = _linear(parts["k_proj"], layer, f"{path}.k_proj")
+    _, v_out, v_bias = _linear(parts["v_proj"], layer, f"{path}.v_proj")
+    o_in, o_out, o_bias = _linear(parts["o_proj"], layer, f"{path}.o_proj")
+    if q_out != heads * head_dim or k_out != v_out or k_out % head_dim or o_in != q_out \
+            or q_in != hidden or o_out != hidden:
+        raise Unpriced(layer, path, module, f"has q {q_out}, k {k_out}, v {v_out}, o {o_in} -> "
+                       f"{o_out} wide: not {heads} heads of {head_dim} with whole KV groups")
+    if o_bias or len({q_bias, k_bias, v_bias}) != 1:
+        raise Unpriced(layer, path, module, "biases some of q/k/v/o but not as Megatron's "
+                       "add_qkv_bias (q, k and v alike, no output bias)")
+    norms = [name for name in ("q_norm", "k_norm") if name in parts]
+    for name in norms:
+        _norm(parts[name], head_dim, layer, f"{path}.{name}")
+    if len(norms) == 1:
+        raise Unpriced(layer, path, module, f"normalises only {norms[0]}")
+    gate = ""
+    if "g_proj" in parts:
+        g_in, g_out, g_bias = _linear(parts["g_proj"], layer, f"{path}.g_proj")
+        gate = {heads: "head", heads * head_dim: "element"}.get(g_out, "") if (
+            g_in == hidden and not g_bias) else ""
+        if not gate:
+            raise Unpriced(layer, f"{path}.g_proj", parts["g_proj"], f"gates {g_out} outputs: "
+                           f"neither one per head ({heads}) nor one per channel")
+    sinks = "sinks" in own
+    if sinks and _shape(own["sinks"]) != (heads,):
+        raise Unpriced(layer, path, module, f"holds sinks of {_shape(own['sinks'])}, not one per "
+                       "head")
+    return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks)
+
+
+def _experts(module: Any, hidden: int, count: int, layer: int, path: str) -> int:
+    """The one SwiGLU size of `count` experts: listed MLPs or fused gate_up/down tensors."""
+    listed = list(module.named_children())
+    if listed and len(listed) == count and not _params(module):
+        sizes = {_swiglu(child, hidden, layer, f"{path}.{name}") for name, child in listed}
+        if len(sizes) == 1:
+            return sizes.pop()
+        raise Unpriced(layer, path, module, f"lists experts of sizes {sorted(sizes)}")
+    params = _params(module)
+    if set(params) == {"gate_up_proj", "down_proj"}:
+        pairs = {"gate_up": params["gate_up_proj"].numel(), "down": params["down_proj"].numel()}
+        fused = 2
+    elif set(params) == {"gate_proj", "up_proj", "down_proj"}:
+        pairs = {"gate_up": params["gate_proj"].numel() + params["up_proj"].numel(),
+                 "down": params["down_proj"].numel()}
+        fused = 2
+    else:
+        raise Unpriced(layer, path, module, "holds " + (", ".join(sorted(params)) or "no tensors")
+                       + ": not SwiGLU experts (gate_up_proj and down_proj, without biases)")
+    size, rest = divmod(pairs["down"], count * hidden)
+    if rest or pairs["gate_up"] != fused * count * hidden * size \
+            or any(_shape(p)[0] != count for p in params.values()):
+        raise Unpriced(layer, path, module, f"holds {pairs} elements: not {count} SwiGLU experts "
+                       f"of one size at hidden {hidden}")
+    return size
+
+
+def _router(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
+    """(experts, correction-bias parameters) of a router: a weight of experts x hidden and an
+    optional correction bias, itself or in a child (ERNIE-4.5's moe_statics)."""
+    weight = _params(module).get("weight")
+    named = dict(module.named_parameters())
+    if weight is None or len(_shape(weight)) != 2 or _shape(weight)[1] != hidden:
+        raise Unpriced(layer, path, module, f"is not a router of experts x {hidden}")
+    experts = _shape(weight)[0]
+    extra = {name: p for name, p in named.items() if name not in ("weight",)}
+    if any(not name.endswith(_EXPERT_BIAS) or p.numel() != experts for name, p in extra.items()):
+        raise Unpriced(layer, path, module, "holds " + ", ".join(sorted(extra))
+                       + f" beyond its weight and a correction bias of {experts}")
+    return experts, sum(p.numel() for p in extra.values())
+
+
+def _moe(module: Any, hidden: int, layer: int, path: str) -> tuple[Moe, int]:
+    parts = dict(_children(module))
+    routers = [name for name in _ROUTER if name in parts]
+    if "experts" not in parts or len(routers) != 1:
+        raise Unpriced(layer, path, module, "is neither a SwiGLU MLP nor an MoE block with one "
+                       "router and its experts")
+    experts, bias = _router(parts[routers[0]], hidden, layer, f"{path}.{routers[0]}")
+    bias_buffer = any(name.endswith(_EXPERT_BIAS) for name, _ in module.named_buffers())
+    size = _experts(parts["experts"], hidden, experts, layer, f"{path}.experts")
+    shared = 0
+    gate = False
+    for name, child in parts.items():
+        if name in (routers[0], "experts"):
+            continue
+        if name in _SHARED:
+            shared = _swiglu(child, hidden, layer, f"{path}.{name}")
+        elif name == "shared_expert_gate" and _linear(child, layer, f"{path}.{name}") == (
+                hidden, 1, False):
+            gate = True
+        else:
+            raise Unpriced(layer, f"{path}.{name}", child, "is a part of the MoE block moeplan "
+                           "has no kind for")
+    if _params(module):
+        raise Unpriced(layer, path, module, "holds " + ", ".join(sorted(_params(module))))
+    score = _score(parts[routers[0]], module)
+    return Moe(experts, size, shared, gate, bool(bias) or bias_buffer, score), bias
+
+
+def _score(*modules: Any) -> str:
+    """How the router scores, read off its classes' forward code (the config rarely says): the
+    one of sigmoid and softmax the router's (else the MoE block's) forward calls, else ""."""
+    for module in modules:
+        try:
+            code = inspect.getsource(type(module).forward)
+        except (OSError, TypeError):
+            continue
+        found = [name for name in ("sigmoid", "softmax") if f"{name}(" in code]
+        if len(found) == 1:
+            return found[0]
+    return ""
+
+
+def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int | None,
+               path: str) -> tuple[Layer, int]:
+    """One decoder layer as moeplan's kinds, and its correction-bias parameters; Unpriced names
+    the first part that is no known kind."""
+    attention: Attention | None = None
+    ffn: int | None = None
+    moe: Moe | None = None
+    bias = 0
+    norms: list[str] = []
+    if _params(module):
+        raise Unpriced(index, path, module, "holds " + ", ".join(sorted(_params(module)))
+                       + " of its own (a per-layer scale moeplan does not model)")
+    for name, child in _children(module):
+        where = f"{path}.{name}"
+        if name in _ATTENTION and attention is None:
+            attention = _attention(child, hidden, heads, head_dim, index, where)
+        elif name in _MLP and ffn is None and moe is None:
+            parts = {n for n, _ in _children(child)}
+            if parts in _MLP_PARTS:
+                ffn = _swiglu(child, hidden, index, where)
+            else:
+                moe, bias = _moe(child, hidden, index, where)
+        elif name in _NORMS:
+            _norm(child, hidden, index, where)
+            norms.append(name)
+        else:
+            raise Unpriced(index, where, child, "is no part of a pre-norm attention + MLP layer "
+                           "(moeplan has no layer kind for it)")
+    if attention is None or (ffn is None and moe is None) or sorted(norms) != sorted(_NORMS):
+        raise Unpriced(index, path, module, "lacks " + ", ".join(
+            [w for w, missing in (("attention", attention is None),
+                                  ("an MLP or MoE block", ffn is None and moe is None),
+                                  ("its two pre-norms", sorted(norms) != sorted(_NORMS)))
+             if missing]))
+    return Layer(attention, ffn, moe), bias
+
+
+def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
+               is_tower: Any) -> ModelRead:
+    """The text stack of a transformers model built on the meta device: `layers` its decoder
+    layers with their paths, `text` its text config (heads, head_dim), `is_tower` the test for a
+    vision/audio parameter name. Unpriced names the first module with no kind."""
+    embed = model.get_input_embeddings()
+    vocab, hidden = _shape(embed.weight)
+    heads = attr(text, "num_attention_heads")
+    heads = heads if isinstance(heads, int) and heads > 0 else 0
+    head_dim = attr(text, "head_dim")
+    head_dim = head_dim if isinstance(head_dim, int) and head_dim > 0 else None
+    if not heads:
+        raise Unpriced(None, "config", text, "names no num_attention_heads")
+    read: list[Layer] = []
+    bias = 0
+    for index, (path, layer) in enumerate(layers):
+        kinds, extra = read_layer(layer, index, hidden, heads, head_dim, path)
+        read.append(kinds)
+        bias += extra
+    output = model.get_output_embeddings()
+    tied = output is not None and output.weight is embed.weight
+    inside = {f"{path}." for path, _ in layers}
+    known = {id(embed.weight)} | ({id(output.weight)} if output is not None else set())
+    finals = 0
+    for name, param in model.named_parameters():
+        if is_tower(name) or any(name.startswith(p) for p in inside) or id(param) in known:
+            continue
+        if param.dim() == 1 and _shape(param) == (hidden,) and finals == 0:
+            finals += 1  # the final norm
+            continue
+        owner = name.rsplit(".", 1)[0]
+        raise Unpriced(None, name, model.get_submodule(owner),
+                       f"{_shape(param)} is no embedding, output layer or final norm")
+    return ModelRead(vocab, hidden, tied, read, bias)
+
+
+def _windows(text: Any, layers: int) -> dict[str, Any]:
+    """Sliding-window attention from the config's layer_types (the modules are the same for a
+    window and full attention): Megatron's window_size (left keys before the query: HF's window
+    W holds the query and W - 1 keys) and window_attn_skip_freq (1 = window, 0 = full)."""
+    types = attr(text, "layer_types")
+    window = attr(text, "sliding_window")
+    if not isinstance(types, list) or len(types) != layers \
+            or not isinstance(window, int) or window < 1:
+        return {}
+    flags = [int(t == "sliding_attention") for t in types]
+    if not any(flags):
+        return {}
+    if not all(t in ("sliding_attention", "full_attention") for t in types):
+        raise ValueError(f"layer_types lists {sorted(set(types))}: moeplan maps sliding and full "
+                         "softmax attention from the config, no other mixer")
+    model: dict[str, Any] = {"window_size": [window - 1, 0]}
+    if not all(flags):
+        model["window_attn_skip_freq"] = flags
+    return model
+
+
+def topk(text: Any) -> tuple[str, int] | None:
+    """The config key and value of the experts each token is routed to."""
+    for key in TOPK_KEYS:
+        value = attr(text, key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return key, value
+    return None
+
+
+def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str], list[str]]:
+    """moeplan's model fields for a decoder whose layers all map to known kinds, the notes on what
+    the modules do not say (router scoring, RoPE base: read from the config or assumed) and the
+    warnings on what Megatron trains differently. Raises ValueError naming the layer where one
+    model section cannot hold the decoder, or the missing top-k."""
+    first = read.layers[0]
+    notes: list[str] = []
+    warnings: list[str] = []
+    for index, layer in enumerate(read.layers):
+        if layer.attention != first.attention:
+            raise ValueError(f"layer {index}'s attention {layer.attention} differs from layer 0's "
+                             f"{first.attention}: moeplan's model section holds one attention")
+    moes = {layer.moe for layer in read.layers if layer.moe is not None}
+    ffns = {layer.ffn for layer in read.layers if layer.ffn is not None}
+    if len(moes) > 1 or len(ffns) > 1:
+        raise ValueError(f"the layers hold {len(moes)} MoE shapes and {len(ffns)} dense MLP sizes: "
+                         "moeplan's model section holds one of each")
+    att = first.attention
+    model: dict[str, Any] = {
+        "num_layers": len(read.layers), "hidden_size": read.hidden, "vocab_size": read.vocab,
+        "num_attention_heads": att.heads, "kv_channels": att.head_dim,
+        "normalization": "RMSNorm", "swiglu": True, "position_embedding_type": "rope",
+        "untie_embeddings_and_output_weights": not read.tied, "add_bias_linear": False,
+        "hidden_dropout": 0.0, "attention_dropout": 0.0, "qk_layernorm": att.qk_norm,
+    }
+    if att.groups != att.heads:
+        model.update(group_query_attention=True, num_query_groups=att.groups)
+    if att.qkv_bias:
+        model["add_qkv_bias"] = True
+    if att.gate:
+        model["head_wise_attn_gate" if att.gate == "head" else "attention_output_gate"] = True
+    if att.sinks:
+        model["softmax_type"] = "learnable"
+    model.update(_windows(text, len(read.layers)))
+    eps = attr(text, "rms_norm_eps")
+    if isinstance(eps, float):
+        model["norm_epsilon"] = eps
+    rope = attr(text, "rope_parameters")
+    rope = rope if isinstance(rope, Mapping) else {}
+    theta = rope.get("rope_theta")
+    if isinstance(theta, int | float) and math.isfinite(theta) and float(theta).is_integer() \
+            and theta >= 1:
+        model["rotary_base"] = int(theta)
+    partial = rope.get("partial_rotary_factor")
+    if isinstance(partial, int | float) and 0 < partial < 1:
+        model["rotary_percent"] = partial
+    if rope.get("rope_type", "default") not in ("default", None) or any(
+            isinstance(value, Mapping) for value in rope.values()):
+        notes.append(f"RoPE parameters {dict(rope)!r:.120} are not carried over beyond the base "
+                     "and rotary share (positions change numerics, not the budget)")
+    act = attr(text, "hidden_act")
+    if act not in (None, "silu"):
+        raise ValueError(f"hidden_act {act!r:.30}: the gate/up/down MLPs map to Megatron's SwiGLU "
+                         "(SiLU) only")
+    rotary = attr(text, "rotary_dim")
+    if isinstance(rotary, int) and 0 < rotary < att.head_dim:
+        model["rotary_percent"] = rotary / att.head_dim
+    if ffns:
+        model["ffn_hidden_size"] = ffns.pop()
+    if moes:
+        moe = moes.pop()
+        flags = [int(layer.moe is not None) for layer in read.layers]
+        model.update(num_experts=moe.experts, moe_ffn_hidden_size=moe.size,
+                     moe_layer_freq=1 if all(flags) else flags)
+        model.setdefault("ffn_hidden_size", moe.size)
+        if moe.shared:
+            model["moe_shared_expert_intermediate_size"] = moe.shared
+            if moe.shared_gate:
+                model["moe_shared_expert_gate"] = True
+        routed = topk(text)
+        if routed is None:
+            raise ValueError("the MoE layers route to a number of experts the config names under "
+                             f"none of {', '.join(TOPK_KEYS)}")
+        model["moe_router_topk"] = routed[1]
+        scale = attr(text, "routed_scaling_factor")
+        if isinstance(scale, int | float) and not isinstance(scale, bool) and scale > 0:
+            model["moe_router_topk_scaling_factor"] = float(scale)
+        score = attr(text, "scoring_func")
+        if score not in ("softmax", "sigmoid"):
+            score = moe.score or "softmax"
+            notes.append("router scoring: the config names no scoring_func; "
+                         + (f"the router's forward scores with {score}" if moe.score else
+                            "its forward names neither sigmoid nor softmax alone, softmax assumed")
+                         + " (it changes no parameter, FLOP or byte of the budget)")
+        model["moe_router_score_function"] = score
+        if moe.expert_bias and score == "sigmoid":
+            model["moe_router_enable_expert_bias"] = True
+        elif moe.expert_bias:
+            # Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+            # TransformerConfig.__post_init__: expert bias with sigmoid or sqrtsoftplus scores only
+            warnings.append("the router adds a correction bias to softmax scores (aux-loss-free "
+                            "balancing); Megatron's expert bias takes sigmoid or sqrtsoftplus "
+                            "scores only, so the plan routes without it (the budget is the same; "
+                            "the routing is not the checkpoint's)")
+    unread = unread_keys(text)
+    if unread:
+        warnings.append("config keys the module mapping does not read (numerics moeplan does not "
+                        "carry into the launch; check them against Megatron's arguments): "
+                        + ", ".join(f"{key}={value!r:.24}" for key, value in unread))
+    return model, notes, warnings
+
+
+# Keys the mapping reads, and those that change neither the network nor its training numerics.
+_READ = {"hidden_act", "rms_norm_eps", "rope_parameters", "rope_theta", "layer_types",
+         "sliding_window", "scoring_func", "routed_scaling_factor", "rotary_dim", "head_dim",
+         "tie_word_embeddings", "router_aux_loss_coef", "initializer_range", "transformers_version",
+         "model_type", "dtype", "torch_dtype", "_name_or_path", "use_cache", "return_dict",
+         "output_hidden_states", "output_attentions", "output_router_logits", "problem_type",
+         "is_encoder_decoder", "chunk_size_feed_forward", "architectures", "attention_dropout",
+         "hidden_dropout", "max_position_embeddings", "norm_topk_prob", *TOPK_KEYS}
+
+
+def unread_keys(text: Any) -> list[tuple[str, Any]]:
+    """The text config's set keys the mapping neither reads nor can ignore: a float, a string or
+    a true flag (sizes and layer indices are integers the module shapes and the count already
+    check)."""
+    try:
+        items = dict(text.to_dict()).items()
+    except Exception:
+        return []
+    return sorted((key, value) for key, value in items
+                  if key not in _READ and not key.endswith("_token_id")
+                  and (value is True or isinstance(value, str) and value
+                       or isinstance(value, float) and value != 0.0))
