@@ -25,6 +25,7 @@ from planner.config.gpus import DEFAULT_GPU, GPUS
 from planner.config.gpus import gpu as gpu_entry
 from planner.config.hybrid_pattern import SEGMENT_BREAK, PatternError, read_hybrid_pattern
 from planner.config.layer_freq import parse_layer_freq
+from planner.config.megatron_releases import DEFAULT_VERSION
 from planner.config.presets import PRESETS
 from planner.degrees import Degrees
 from planner.memo import HashedOnce, Memo, section_key
@@ -1101,6 +1102,14 @@ class LaunchSection(Section):
     megatron_entry: str | None = None
 
 
+class MegatronSection(Section):
+    # Which Megatron-LM the job runs on: a release (core_r0.14.0), a NeMo container (25.09,
+    # nemo:25.09), a branch or a commit (planner/config/megatron_releases.py). It selects the rules
+    # whose behaviour changed between versions and the known-bad ranges (rules VER001-VER003); the
+    # default is dev@d48bd6be, the commit every other rule cites.
+    version: str = DEFAULT_VERSION
+
+
 class Config(Section):
     model: ModelSection
     parallel: ParallelSection
@@ -1109,6 +1118,7 @@ class Config(Section):
     overlap: OverlapSection = Field(default_factory=OverlapSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     launch: LaunchSection = Field(default_factory=LaunchSection)
+    megatron: MegatronSection = Field(default_factory=MegatronSection)
     ignore: list[str] = Field(default_factory=list)
 
     @model_validator(mode="before")

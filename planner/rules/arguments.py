@@ -223,10 +223,13 @@ def carried_modelled(f: Facts) -> Iterator[Violation]:
 # reason and its way out (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args;
 # megatron/core/model_parallel_config.py
 # ModelParallelConfig.__post_init__ asserts the same).
+# The last item is the first Megatron-LM release that refuses the pair (planner/config/
+# megatron_releases.py; before it the pair runs, and rule VER002 names what it costs there).
 REFUSED_TOGETHER = (
     (("training.cross_entropy_fusion_impl", "te"), ("training.cross_entropy_loss_fusion", True),
      "Transformer Engine's fused cross entropy is disabled for its stability issues",
-     "set training.cross_entropy_fusion_impl: native, or training.cross_entropy_loss_fusion: false"),
+     "set training.cross_entropy_fusion_impl: native, or training.cross_entropy_loss_fusion: false",
+     "core_v0.18.2"),
 )
 
 
@@ -245,10 +248,11 @@ def _field(f: Facts, path: str) -> object:
     good="training: {cross_entropy_loss_fusion: true, cross_entropy_fusion_impl: native}",
 )
 def carried_refused_together(f: Facts) -> Iterator[Violation]:
-    for (name, value), (other, other_value), why, fix in REFUSED_TOGETHER:
-        if _field(f, name) == value and _field(f, other) == other_value:
+    at = f.judged_release
+    for (name, value), (other, other_value), why, fix, since in REFUSED_TOGETHER:
+        if _field(f, name) == value and _field(f, other) == other_value and not at.before(since):
             yield Violation(name, f"{name} {value} with {other} {other_value} is refused by "
-                            f"Megatron-LM dev@d48bd6be's validate_args ({why})", fix)
+                            f"Megatron-LM {at.label}'s validate_args ({why})", fix)
 
 
 @rule(
