@@ -249,3 +249,17 @@ def test_a_log_over_the_argument_cap_is_streamed_as_a_log(tmp_path: Path, monkey
     plain.write_text("--num-layers 4 " * 20_000, encoding="utf-8")
     refused = runner.invoke(app, ["import", "megatron", str(plain)])
     assert refused.exit_code == 2 and "MOEPLAN_MAX_BYTES_ARGS" in refused.output, refused.output
+
+
+@pytest.mark.parametrize(("image", "version", "noted"), [
+    ("nvcr.io/nvidia/nemo:25.09", "25.09-alpha", False),  # a NeMo container ships its Megatron-LM
+    ("nvcr.io/nvidia/nemo:25.07", "nvcr.io/nvidia/nemo:25.07", False),  # unplaceable: kept for VER001
+    ("nvcr.io/nvidia/pytorch:25.09-py3", None, True),  # a PyTorch base names no Megatron-LM
+])
+def test_container_image_gives_the_megatron_version(image: str, version: str | None, noted: bool) -> None:
+    script = f"#!/bin/bash\n#SBATCH --nodes=1\nIMAGE={image}\n" \
+             f"srun --container-image=$IMAGE --ntasks-per-node=8 python pretrain_gpt.py {MODEL}\n"
+    result, front = import_text(script)
+    assert front.facts.container_image == image
+    assert result.get("megatron.version") == version if version else not result.has("megatron.version")
+    assert any(u.argument == "--container-image" for u in result.unmapped) is noted
