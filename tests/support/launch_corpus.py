@@ -139,6 +139,13 @@ CORPUS: tuple[CorpusEntry, ...] = (
                       "WORLD_SIZE": "1", "RANK": "0", "KUBERNETES_CONTAINER_RESOURCE_GPU": "8"},
                 why=PAI_README.format(model="qwen3") + "; one dlc node of 8 (its --padded-vocab-size "
                 "gives the vocabulary)"),
+    CorpusEntry("pai_qwen3_next.sh", "shell launch script",
+                sets={**_positional(["dsw", "A3B", "1", "8", "1e-5", "1e-6", "1024", "1024", "bf16", "1", "1",
+                                     "1", "1", "8", "true", "true", "false", "false", "none", "false",
+                                     "100000", "/data", "/data", "/ckpt", "1000000000", "10000", "/out"]),
+                      "GPUS_PER_NODE": "8"},
+                why=PAI_README.format(model="qwen3_next") + " (continued pretraining); dsw is one node "
+                "whose GPU count the script asks torch for: 8"),
 )
 
 

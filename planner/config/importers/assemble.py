@@ -19,6 +19,7 @@ from planner.config.importers.megatron_args import (
     map_command,
     parse_command,
 )
+from planner.config.importers.pai import qwen3_next_words
 from planner.config.importers.shell_script import PLACEHOLDER, Unresolved
 from planner.config.importers.vocabulary import (
     folder_vocabulary,
@@ -204,6 +205,7 @@ def _placeholders(result: Imported) -> None:
 def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:
     """The config of a front end's arguments: mapped, launched, vocabulary found, notes first."""
     words, unresolved = _unresolved_notes(front, front.argv)
+    words, entry_notes = qwen3_next_words(front.entry, words)
     line = parse_command(([front.entry] if front.entry else []) + words)
     result = map_command(line, model_defaults=front.model_preset is None)
     if front.model_preset is not None:
@@ -217,6 +219,6 @@ def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:
     _vocabulary(result, front, line.arguments)
     keep_extra_args(result)
     _placeholders(result)
-    result.unmapped = [*front.notes, *unresolved, *_launch_notes(front, world_size), *version_notes,
-                       *result.unmapped]
+    result.unmapped = [*front.notes, *unresolved, *entry_notes, *_launch_notes(front, world_size),
+                       *version_notes, *result.unmapped]
     return result

@@ -263,3 +263,22 @@ def test_container_image_gives_the_megatron_version(image: str, version: str | N
     assert front.facts.container_image == image
     assert result.get("megatron.version") == version if version else not result.has("megatron.version")
     assert any(u.argument == "--container-image" for u in result.unmapped) is noted
+
+
+@pytest.mark.parametrize(("flags", "freq"), [
+    ([1, 1, 1, 0] * 12, 4),  # Qwen3-Next: every 4th layer attention
+    ([1, 0] * 3, 2),
+    ([1, 1, 0, 1], [1, 1, 0, 1]),  # irregular: Megatron's list form
+    ([1, 1, 1], [1, 1, 1]),  # no attention layer at all
+])
+def test_pai_pattern_to_linear_attention_freq(flags: list[int], freq: int | list[int]) -> None:
+    from planner.config.importers.pai import linear_attention_freq
+    assert linear_attention_freq(flags) == freq
+
+
+def test_pai_pattern_not_in_pairs_is_refused_by_name() -> None:
+    from planner.config.importers.pai import qwen3_next_words
+    words = ["--num-layers", "3", "--hybrid-override-pattern", "MM-", "--is-hybrid-model"]
+    out, [note] = qwen3_next_words("examples/qwen3_next/pretrain_qwen3_next.py", words)
+    assert out == words and note.error and note.argument == "--hybrid-override-pattern"
+    assert qwen3_next_words("pretrain_gpt.py", words) == (words, [])
