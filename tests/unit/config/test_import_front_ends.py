@@ -282,3 +282,12 @@ def test_pai_pattern_not_in_pairs_is_refused_by_name() -> None:
     out, [note] = qwen3_next_words("examples/qwen3_next/pretrain_qwen3_next.py", words)
     assert out == words and note.error and note.argument == "--hybrid-override-pattern"
     assert qwen3_next_words("pretrain_gpt.py", words) == (words, [])
+
+
+def test_array_expanded_inside_a_quoted_assignment_keeps_every_element() -> None:
+    # Pai-Megatron-Patch examples/qwen3_next/run_mcore_qwen3_lite.sh: cmd="torchrun ${ARGS[@]} …";
+    # eval $cmd. In an assignment bash joins the elements with spaces (no fields are made there).
+    script = ('A=(--nproc-per-node 8 --nnodes 1)\n'
+              'cmd="torchrun ${A[@]} pretrain_gpt.py \\\n --num-layers 2"\neval $cmd\n')
+    assert words_of(script) == ["torchrun", "--nproc-per-node", "8", "--nnodes", "1", "pretrain_gpt.py",
+                                "--num-layers", "2"]
