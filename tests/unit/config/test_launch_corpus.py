@@ -94,6 +94,10 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                           "from --hybrid-override-pattern, 48 layers, 80 B), imported as Megatron dev's "
                           "gated_delta_net arguments; the README's one node of 8 holds 80 B with EP 8 and "
                           "no offload: 187 GiB per rank, moeplan's own memory check"),
+    "slime_qwen3_next_80b_a3b.sh": (set(), "pass", "",
+                                    "slime's Qwen3-Next plugin spec read as Megatron dev's gated_delta_net "
+                                    "(Qwen3NextConfig's defaults, said in a note); --use-gated-attention, "
+                                    "which slime's parser ignores, is named, not carried"),
     "swift_qwen3_moe.sh": (set(), "pass", "", "ms-swift's defaults (global batch 16, selective core_attn "
                            "recompute overridden by full/uniform, bf16, distributed optimizer); seq_length "
                            "is --max_length 8192"),
@@ -256,14 +260,17 @@ def test_emit_then_import_gives_the_config_back(name: str, tmp_path: Path) -> No
             == {**cfg.training.model_dump(), "global_batch_size": cfg.global_batch_size})
 
 
-def test_pai_qwen3_next_imports_the_hybrid_model_its_entry_builds(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["pai_qwen3_next.sh", "slime_qwen3_next_80b_a3b.sh"])
+def test_qwen3_next_launchers_import_the_hybrid_model_they_build(name: str, tmp_path: Path) -> None:
     """Pai's pretrain_qwen3_next.py reads --hybrid-override-pattern M-M-M-*-… as 48 pairs of a gated
     DeltaNet or gated attention mixer and an MoE layer (its layer_specs.py), its DeltaNet sizes
-    from Qwen3NextTransformerConfig: the import is the Qwen3-Next preset's model, 79,674,391,296
-    parameters, not the 96-layer GPT of 157,456,189,440 the same words give pretrain_gpt.py."""
+    from Qwen3NextTransformerConfig; slime's Qwen3-Next plugin spec puts its DeltaNet on the layers
+    the Hugging Face config marks linear. Both import to the Qwen3-Next preset's model,
+    79,674,391,296 parameters, not the 96-layer GPT of 157,456,189,440 Pai's words give
+    pretrain_gpt.py (nor slime's 79,442,012,160 of plain gated attention on every layer)."""
     from planner.config.presets import PRESETS
 
-    _, cfg = _imported(BY_NAME["pai_qwen3_next.sh"], tmp_path)
+    _, cfg = _imported(BY_NAME[name], tmp_path)
     assert cfg is not None
     preset = PRESETS["qwen3-next-80b-a3b"]
     for name in ("num_layers", "linear_attention_freq", "linear_num_key_heads", "linear_num_value_heads",
