@@ -317,3 +317,23 @@ def test_mindspeed_llm_deepseek3(tmp_path: Path) -> None:
 def test_carried_argument_arity() -> None:
     assert _codes(["--save", "your", "ckpt", "path"]) == {"ARG007": "error"}
     assert _codes(["--save", "/ckpt"]) == {}
+
+
+def test_mindspeed_llm_shared_expert_gate_and_fp32_router_switches() -> None:
+    """MindSpeed-LLM features_manager/moe/shared_expert.py --shared-expert-gate (one output, the
+    default --shared-expert-gate-output-dimension) is Megatron's --moe-shared-expert-gate;
+    moe_router.py's --router-gating-in-fp32 and --topk-softmax-in-fp32 are numerics, named, not carried
+    (Ascend/MindSpeed-LLM@c77308a1 examples/mcore/qwen3_moe/pretrain_qwen3_235b_a22b_4k_A3_ptd.sh uses
+    the last; they were ARG003 errors)."""
+    from planner.config.importers.sources import import_text
+
+    script = ("#!/bin/bash\ntorchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 64 "
+              "--num-attention-heads 4 --num-experts 8 --moe-router-topk 2 --seq-length 128 "
+              "--max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 16 --vocab-size 512 "
+              "--moe-ffn-hidden-size 32 --n-shared-experts 1 --shared-expert-gate --router-gating-in-fp32 "
+              "--topk-softmax-in-fp32")
+    result, front = import_text(script)
+    assert front.form.startswith("MindSpeed-LLM launch")
+    assert result.get("model.moe_shared_expert_gate") is True
+    assert result.get("model.moe_shared_expert_intermediate_size") == 32
+    assert not [w for w in result.get("launch.megatron_extra_args", []) if "fp32" in w or "gate" in w]
