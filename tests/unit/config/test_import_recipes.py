@@ -337,3 +337,17 @@ def test_mindspeed_llm_shared_expert_gate_and_fp32_router_switches() -> None:
     assert result.get("model.moe_shared_expert_gate") is True
     assert result.get("model.moe_shared_expert_intermediate_size") == 32
     assert not [w for w in result.get("launch.megatron_extra_args", []) if "fp32" in w or "gate" in w]
+
+
+def test_verl_config_fields_named_after_their_transformer_config_field() -> None:
+    """verl's override_transformer_config names TransformerConfig fields; where
+    core_transformer_config_from_args fills one from an argument of another name (Megatron-LM
+    dev@d48bd6be megatron/training/argument_utils.py), the argument is that one: volcengine/verl@b178a3cd
+    examples/grpo_trainer/run_deepseek671b_math_megatron_80gb.sh's first stage of 4 and last of 1 layer
+    (61 = 4 + 14 x 4 + 1 on PP 16) were dropped and PIP001 refused the split."""
+    from planner.config.importers.verl import _field_words
+
+    first, last = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
+    assert _field_words("num_layers_in_first_pipeline_stage", "4") == [first, "4"]
+    assert _field_words("num_layers_in_last_pipeline_stage", "1") == [last, "1"]
+    assert _field_words("recompute_num_layers", "1") == ["--recompute-num-layers", "1"]
