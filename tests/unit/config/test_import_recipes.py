@@ -351,3 +351,37 @@ def test_verl_config_fields_named_after_their_transformer_config_field() -> None
     assert _field_words("num_layers_in_first_pipeline_stage", "4") == [first, "4"]
     assert _field_words("num_layers_in_last_pipeline_stage", "1") == [last, "1"]
     assert _field_words("recompute_num_layers", "1") == ["--recompute-num-layers", "1"]
+
+
+def test_megatron_moe_recipe_args_are_read_as_flags() -> None:
+    """Megatron-LM dev@d48bd6be examples/moe_recipes/*/*/*.yaml (README: DEPENDENCIES, ENV_VARS, and
+    ARGS, Megatron-LM's training arguments by their underscore names): each name is its flag, true
+    the bare switch, false left out, a list its words, ${VAR} from ENV_VARS or --set (the form was
+    "no command starts a Python entry script")."""
+    text = """
+DEPENDENCIES: {pytorch_base_image: nvcr.io/nvidia/pytorch:26.03-py3}
+ENV_VARS: {NVTE_FUSED_ATTN: '1'}
+ARGS:
+  num_layers: 4
+  hidden_size: 64
+  num_attention_heads: 4
+  num_experts: 8
+  moe_router_topk: 2
+  seq_length: 128
+  max_position_embeddings: 128
+  micro_batch_size: 1
+  global_batch_size: 16
+  vocab_size: 512
+  disable_bias_linear: true
+  moe_router_pre_softmax: false
+  cuda_graph_scope: [attn, moe_router]
+  save: ${OUTPUT_PATH}/checkpoints
+"""
+    result, front = import_text(text, {"OUTPUT_PATH": "/out"}, world_size=8)
+    assert front.form == "YAML argument map (ARGS of a Megatron-LM MoE recipe)"
+    assert front.argv[:2] == ["--num-layers", "4"] and "--moe-router-pre-softmax" not in front.argv
+    assert "--disable-bias-linear" in front.argv and front.env == {"NVTE_FUSED_ATTN": "1"}
+    at = front.argv.index("--cuda-graph-scope")
+    assert front.argv[at:at + 3] == ["--cuda-graph-scope", "attn", "moe_router"]
+    assert front.argv[front.argv.index("--save") + 1] == "/out/checkpoints"
+    assert result.get("model.num_layers") == 4 and result.get("model.add_bias_linear") is False
