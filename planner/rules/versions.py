@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from planner.config.megatron_branch import branch_features
 from planner.config.megatron_releases import known_spellings, release
 from planner.layout.pipeline import SplitError
 from planner.rules.base import Violation, rule
@@ -186,6 +187,36 @@ RECORDS: tuple[Record, ...] = (
 )
 
 
+# The rows whose parser and TransformerConfig have each branch-specific feature
+# (planner/config/megatron_branch.py), read off megatron/training/arguments.py,
+# megatron/core/transformer/transformer_config.py and megatron/core/model_parallel_config.py at
+# every row of the release table: on any other row Megatron's parser refuses the argument.
+FEATURE_ROWS: dict[str, tuple[str, ...]] = {
+    "model.attention_variant": ("dev",),  # dsv4_hybrid
+    "model.moe_n_hash_layers": ("dev",),
+    "model.enable_hyper_connections": ("26.04-alpha", "dev"),
+    "parallel.cp_partition_mode": ("dev",),
+    "parallel.dynamic_context_parallel": ("26.04-alpha", "dev"),
+    "training.sequence_packing_scheduler": ("26.04-alpha", "dev"),
+    "moe.moe_flex_dispatcher_backend": ("dev",),  # deepepv2
+    "parallel.gtp": ("core_r0.19.0", "main"),  # --tensor-parallel-num-weight-shards
+    "parallel.egtp": ("core_r0.19.0", "main"),
+    "moe.moe_ncclep_zero_copy": ("core_r0.19.0", "main"),
+}
+
+
+def _absent_features(f: Facts) -> Iterator[tuple[str, str, tuple[str, ...]]]:
+    """(field, feature, the rows that have it) for each branch feature the named version lacks; only
+    where megatron.version is written (unset, moeplan picks the branch itself: rule MOE003)."""
+    if "version" not in f.cfg.megatron.model_fields_set or f.release is None:
+        return
+    dev, main = branch_features(f.cfg)
+    for path, what in (*dev, *main):
+        rows = FEATURE_ROWS.get(path)
+        if rows is not None and f.release.name not in rows:
+            yield path, what, rows
+
+
 def _hits(f: Facts, kind: str) -> Iterator[tuple[Record, str, str]]:
     at = f.judged_release
     for record in RECORDS:
@@ -244,7 +275,10 @@ def known_bugs(f: Facts) -> Iterator[Violation]:
     "VER003", "error", "the config is one its Megatron-LM version accepts",
     source="planner/rules/versions.py RECORDS (core_v0.13.1 megatron/training/arguments.py validate_args)",
     why="""Megatron refuses some combinations at start-up on older versions that dev accepts (MTP
-    with context parallelism until core_r0.14.0): on such a version the job does not start.""",
+    with context parallelism until core_r0.14.0), and a version without a branch's feature refuses
+    its argument (DeepSeek-V4 attention, hash routing, deepepv2 only on dev; mHC, dynamic CP and
+    the packing scheduler on dev and 26.04-alpha; GTP and NCCL EP zero-copy on core_r0.19.0 and
+    main): on such a version the job does not start.""",
     bad="""
     megatron: {version: core_r0.13.0}
     model: {mtp_num_layers: 1}
@@ -261,6 +295,10 @@ def version_refuses(f: Facts) -> Iterator[Violation]:
     for record, path, what in _hits(f, "refused"):
         yield Violation(path, f"{what} on Megatron-LM {at.shown()}: {record.symptom}; {record.fix}",
                         record.way_out)
+    for path, what, rows in _absent_features(f):
+        yield Violation(path, f"{what} is not in Megatron-LM {at.shown()}: its parser refuses the "
+                        f"argument (only {', '.join(rows)} have it)",
+                        f"set megatron.version to {' or '.join(rows)}, or drop {path}")
 
 
 RULES = (version_known, known_bugs, version_refuses)

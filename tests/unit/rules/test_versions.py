@@ -125,3 +125,13 @@ def test_hybridep_past_the_queue_depth_warns_at_every_version():
     assert not [f for f in _findings(overlay, "core_v0.15.3") if "[hybridep-qp-depth]" in f.message]
     small = merge(overlay, {"training": {"seq_length": 4096, "micro_batch_size": 1}})
     assert not [f for f in _findings(small, "dev") if "[hybridep-qp-depth]" in f.message]
+
+
+def test_a_named_version_without_a_branch_feature_refuses_it():
+    gtp = {"parallel": {"world_size": 16, "tp": 2, "gtp": 2, "sequence_parallel": True}}
+    assert ("VER003", "parallel.gtp") in _codes(gtp, "core_v0.18.2")
+    assert ("VER003", "parallel.gtp") in _codes(gtp, "dev")  # written: dev has no GTP
+    assert ("VER003", "parallel.gtp") not in _codes(gtp, "core_r0.19.0")
+    assert ("VER003", "parallel.gtp") not in _codes(gtp, None)  # unset: moeplan picks main (MOE003)
+    hash_routing = {"model": {"moe_n_hash_layers": 1}}
+    assert ("VER003", "model.moe_n_hash_layers") in _codes(hash_routing, "main")
