@@ -7,7 +7,7 @@ input of the rule catalog, the grid, the budgets and the compiled plan.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
     AliasChoices,
@@ -1246,3 +1246,19 @@ class Config(Section):
         """m = B / (b · D_batch); with no GTP this is Megatron's B / (b · DP) (Megatron-LM
         dev@d48bd6be megatron/core/num_microbatches_calculator.py ConstantNumMicroBatchesCalculator)."""
         return self.global_batch_size // self.batch_unit
+
+
+def field_choices(dotted: str) -> tuple[str, ...]:
+    """The values a config field (`section.name`) takes when it is a choice (a Literal), else (): an
+    imported value outside them is named, not written into the field (rule ARG005 says so)."""
+    section, _, name = dotted.partition(".")
+    owner = Config.model_fields.get(section)
+    fields = getattr(owner.annotation, "model_fields", {}) if owner is not None else {}
+    info = fields.get(name)
+    if info is None:
+        return ()
+    found: list[str] = []
+    for part in (info.annotation, *get_args(info.annotation)):
+        if get_origin(part) is Literal:
+            found += [v for v in get_args(part) if isinstance(v, str)]
+    return tuple(found)

@@ -23,6 +23,7 @@ from planner.config.argument_classes import (
     is_legacy_model,
 )
 from planner.config.entry_parsers import entry_argument
+from planner.config.schema import field_choices
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 
@@ -214,9 +215,17 @@ def legacy_model(f: Facts) -> Iterator[Violation]:
 )
 def carried_modelled(f: Facts) -> Iterator[Violation]:
     for path, name, values, entry in _carried(f):
-        if entry is not None and entry.kind == "modelled":
-            yield Violation(path, f"{_shown(name, values)} is modelled by moeplan as {entry.what}",
-                            f"set {entry.what} and drop it from launch.megatron_extra_args")
+        if entry is None or entry.kind != "modelled":
+            continue
+        choices = field_choices(entry.what)
+        if values and choices and values[0] not in choices:  # a value moeplan has no model of
+            yield Violation(path, f"{_shown(name, values)}: moeplan models {entry.what} as "
+                            f"{', '.join(choices)} only, so the figures leave {values[0]!r} out",
+                            f"set {entry.what} to a modelled value, or ignore ARG005 to accept "
+                            "figures without it")
+            continue
+        yield Violation(path, f"{_shown(name, values)} is modelled by moeplan as {entry.what}",
+                        f"set {entry.what} and drop it from launch.megatron_extra_args")
 
 
 # Argument values Megatron's validate_args refuses together: (field, value), (field, value), Megatron's

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.cli_common import collect_findings
+from planner.config.importers.megatron_args import import_arguments
 from planner.config.importers.sources import front_end, import_text
 from planner.config.loader import load_config, parse_config
 from planner.emit import EmitError
@@ -385,3 +386,18 @@ ARGS:
     assert front.argv[at:at + 3] == ["--cuda-graph-scope", "attn", "moe_router"]
     assert front.argv[front.argv.index("--save") + 1] == "/out/checkpoints"
     assert result.get("model.num_layers") == 4 and result.get("model.add_bias_linear") is False
+
+
+def test_a_value_moeplan_does_not_model_is_named_and_the_rest_judged() -> None:
+    """Ascend/MindSpeed-LLM@c77308a1 examples/mcore/phi35/pretrain_phi35_moe_ptd.sh: --rope-type longrope
+    and --moe-router-load-balancing-type sparsemixer_topk are values of modelled arguments moeplan has
+    no model of. Written into the fields they refused the whole config (CFG002, nothing else judged);
+    kept as written they are one ARG005 each, and every other rule runs in the same pass."""
+    result = import_arguments("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --num-experts 8 "
+                              "--moe-router-topk 2 --seq-length 128 --max-position-embeddings 128 "
+                              "--micro-batch-size 1 --global-batch-size 16 --vocab-size 512 "
+                              "--rope-type longrope --tensor-model-parallel-size 3", world_size=8)
+    [note] = [u for u in result.unmapped if u.argument == "--rope-type"]
+    assert note.error and "'longrope'" in note.why and not result.has("model.rope_type")
+    codes = {f.code: f for f in collect_findings(parse_config(result.data))}
+    assert "rope, yarn only" in codes["ARG005"].message and "PAR001" in codes  # TP 3 still judged
