@@ -7,7 +7,7 @@ input of the rule catalog, the grid, the budgets and the compiled plan.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
     AliasChoices,
@@ -25,6 +25,7 @@ from planner.config.gpus import DEFAULT_GPU, GPUS
 from planner.config.gpus import gpu as gpu_entry
 from planner.config.hybrid_pattern import SEGMENT_BREAK, PatternError, read_hybrid_pattern
 from planner.config.layer_freq import parse_layer_freq
+from planner.config.megatron_releases import DEFAULT_VERSION
 from planner.config.presets import PRESETS
 from planner.degrees import Degrees
 from planner.memo import HashedOnce, Memo, section_key
@@ -1119,6 +1120,14 @@ class LaunchSection(Section):
     megatron_entry: str | None = None
 
 
+class MegatronSection(Section):
+    # Which Megatron-LM the job runs on: a release (core_r0.14.0), a NeMo container (25.09,
+    # nemo:25.09), a branch or a commit (planner/config/megatron_releases.py). It selects the rules
+    # whose behaviour changed between versions and the known-bad ranges (rules VER001-VER003); the
+    # default is dev@d48bd6be, the commit every other rule cites.
+    version: str = DEFAULT_VERSION
+
+
 class Config(Section):
     model: ModelSection
     parallel: ParallelSection
@@ -1127,6 +1136,7 @@ class Config(Section):
     overlap: OverlapSection = Field(default_factory=OverlapSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     launch: LaunchSection = Field(default_factory=LaunchSection)
+    megatron: MegatronSection = Field(default_factory=MegatronSection)
     ignore: list[str] = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -1283,3 +1293,19 @@ class Config(Section):
         """m = B / (b · D_batch); with no GTP this is Megatron's B / (b · DP) (Megatron-LM
         dev@d48bd6be megatron/core/num_microbatches_calculator.py ConstantNumMicroBatchesCalculator)."""
         return self.global_batch_size // self.batch_unit
+
+
+def field_choices(dotted: str) -> tuple[str, ...]:
+    """The values a config field (`section.name`) takes when it is a choice (a Literal), else (): an
+    imported value outside them is named, not written into the field (rule ARG005 says so)."""
+    section, _, name = dotted.partition(".")
+    owner = Config.model_fields.get(section)
+    fields = getattr(owner.annotation, "model_fields", {}) if owner is not None else {}
+    info = fields.get(name)
+    if info is None:
+        return ()
+    found: list[str] = []
+    for part in (info.annotation, *get_args(info.annotation)):
+        if get_origin(part) is Literal:
+            found += [v for v in get_args(part) if isinstance(v, str)]
+    return tuple(found)

@@ -23,6 +23,7 @@ from planner.config.argument_classes import (
     is_legacy_model,
 )
 from planner.config.entry_parsers import entry_argument
+from planner.config.schema import field_choices
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 
@@ -214,19 +215,30 @@ def legacy_model(f: Facts) -> Iterator[Violation]:
 )
 def carried_modelled(f: Facts) -> Iterator[Violation]:
     for path, name, values, entry in _carried(f):
-        if entry is not None and entry.kind == "modelled":
-            yield Violation(path, f"{_shown(name, values)} is modelled by moeplan as {entry.what}",
-                            f"set {entry.what} and drop it from launch.megatron_extra_args")
+        if entry is None or entry.kind != "modelled":
+            continue
+        choices = field_choices(entry.what)
+        if values and choices and values[0] not in choices:  # a value moeplan has no model of
+            yield Violation(path, f"{_shown(name, values)}: moeplan models {entry.what} as "
+                            f"{', '.join(choices)} only, so the figures leave {values[0]!r} out",
+                            f"set {entry.what} to a modelled value, or ignore ARG005 to accept "
+                            "figures without it")
+            continue
+        yield Violation(path, f"{_shown(name, values)} is modelled by moeplan as {entry.what}",
+                        f"set {entry.what} and drop it from launch.megatron_extra_args")
 
 
 # Argument values Megatron's validate_args refuses together: (field, value), (field, value), Megatron's
 # reason and its way out (Megatron-LM dev@d48bd6be megatron/training/arguments.py validate_args;
 # megatron/core/model_parallel_config.py
 # ModelParallelConfig.__post_init__ asserts the same).
+# The last item is the first Megatron-LM release that refuses the pair (planner/config/
+# megatron_releases.py; before it the pair runs, and rule VER002 names what it costs there).
 REFUSED_TOGETHER = (
     (("training.cross_entropy_fusion_impl", "te"), ("training.cross_entropy_loss_fusion", True),
      "Transformer Engine's fused cross entropy is disabled for its stability issues",
-     "set training.cross_entropy_fusion_impl: native, or training.cross_entropy_loss_fusion: false"),
+     "set training.cross_entropy_fusion_impl: native, or training.cross_entropy_loss_fusion: false",
+     "core_v0.18.2"),
 )
 
 
@@ -245,10 +257,11 @@ def _field(f: Facts, path: str) -> object:
     good="training: {cross_entropy_loss_fusion: true, cross_entropy_fusion_impl: native}",
 )
 def carried_refused_together(f: Facts) -> Iterator[Violation]:
-    for (name, value), (other, other_value), why, fix in REFUSED_TOGETHER:
-        if _field(f, name) == value and _field(f, other) == other_value:
+    at = f.judged_release
+    for (name, value), (other, other_value), why, fix, since in REFUSED_TOGETHER:
+        if _field(f, name) == value and _field(f, other) == other_value and not at.before(since):
             yield Violation(name, f"{name} {value} with {other} {other_value} is refused by "
-                            f"Megatron-LM dev@d48bd6be's validate_args ({why})", fix)
+                            f"Megatron-LM {at.label}'s validate_args ({why})", fix)
 
 
 @rule(

@@ -25,6 +25,7 @@ from planner.rules import (
     parallel,
     pipeline,
     v4,
+    versions,
     virtual_experts,
 )
 from planner.rules.base import Rule, code_of
@@ -50,6 +51,7 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *memory.RULES,
     *offload.RULES,  # issue 22 (offload branch)
     *arguments.RULES,
+    *versions.RULES,
     *config.RULES,
 ))
 RULES_BY_CODE: dict[str, Rule] = {r.code: r for r in CATALOG}

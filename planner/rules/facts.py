@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from planner.config.megatron_branch import BranchConflict, megatron_branch
+from planner.config.megatron_releases import DEFAULT_VERSION, Release, release, resolve_version
 from planner.config.schema import Config
 from planner.degrees import Degrees
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
@@ -228,6 +229,17 @@ class Facts:
             return megatron_branch(self.cfg)
         except BranchConflict:  # GTP with V4 features: the emitter reports it, no branch has both
             return "main or dev"
+
+    @cached_property
+    def release(self) -> Release | None:
+        """The Megatron-LM version megatron.version names, or None when moeplan cannot place it
+        (rule VER001 says so; the version-dependent rules then follow dev@d48bd6be)."""
+        return resolve_version(self.cfg.megatron.version)
+
+    @property
+    def judged_release(self) -> Release:
+        """The version whose behaviour the version-dependent rules follow: the named one, or dev."""
+        return self.release or release(DEFAULT_VERSION)
 
     @property
     def drop_and_pad(self) -> bool:

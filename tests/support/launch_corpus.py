@@ -116,6 +116,9 @@ CORPUS: tuple[CorpusEntry, ...] = (
     CorpusEntry("slime_glm4.7_355b_a32b.sh", "slime launch",
                 why="nothing added: ACTOR_NUM_NODES defaults to 8 (x 8 GPUs), the sourced "
                     "models/glm4.5-355B-A32B.sh gives the model and vocabulary"),
+    CorpusEntry("slime_qwen3_next_80b_a3b.sh", "slime launch",
+                why="nothing added: 4 actor nodes x 8, the sourced models/qwen3-next-80B-A3B.sh gives "
+                    "the model and vocabulary (out of sample: added after the import was written)"),
     CorpusEntry("swift_qwen3_moe.sh", "ms-swift command", sets={"WORLD_SIZE": "2"}, world_size=16,
                 why="Alibaba Cloud DLC sets WORLD_SIZE (nodes: 2) and 8 processes per node; the header's "
                     "'16 * 80GiB'; the model is --model Qwen/Qwen3-30B-A3B-Base, the qwen3-30b-a3b preset"),
@@ -139,6 +142,13 @@ CORPUS: tuple[CorpusEntry, ...] = (
                       "WORLD_SIZE": "1", "RANK": "0", "KUBERNETES_CONTAINER_RESOURCE_GPU": "8"},
                 why=PAI_README.format(model="qwen3") + "; one dlc node of 8 (its --padded-vocab-size "
                 "gives the vocabulary)"),
+    CorpusEntry("pai_qwen3_next.sh", "shell launch script",
+                sets={**_positional(["dsw", "A3B", "1", "8", "1e-5", "1e-6", "1024", "1024", "bf16", "1", "1",
+                                     "1", "1", "8", "true", "true", "false", "false", "none", "false",
+                                     "100000", "/data", "/data", "/ckpt", "1000000000", "10000", "/out"]),
+                      "GPUS_PER_NODE": "8"},
+                why=PAI_README.format(model="qwen3_next") + " (continued pretraining); dsw is one node "
+                "whose GPU count the script asks torch for: 8"),
 )
 
 

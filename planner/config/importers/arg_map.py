@@ -1,7 +1,8 @@
 """YAML argument maps: `--flag: value` mappings, on their own or under `MODEL_ARGS:` with the job's
 environment under `ENV_VARS:` — the form of Megatron-LM's functional tests
 (tests/functional_tests/test_cases/*/*/model_config.yaml) and of Megatron-MoE-ModelZoo's
-model_configs/benchmarking/*.yaml.
+model_configs/benchmarking/*.yaml; and Megatron-LM's MoE recipes (examples/moe_recipes/*/*/*.yaml),
+whose `ARGS:` names each argument by its underscore name.
 
 Both harnesses turn the map into a command line alike (Megatron-MoE-ModelZoo
 sbatch_benchmarking.sh, its yq query): a `true` value is the bare flag, a `false` value leaves the
@@ -27,7 +28,20 @@ from planner.config.loader import _too_many_nodes, structure_problem
 _FORMS = {
     "TEST_TYPE": "YAML argument map (MODEL_ARGS of a Megatron-LM functional test)",
     "": "YAML argument map (MODEL_ARGS, as Megatron-MoE-ModelZoo model configs write it)",
+    "ARGS": "YAML argument map (ARGS of a Megatron-LM MoE recipe)",
 }
+
+
+def _recipe_arguments(data: dict) -> dict | None:
+    """A Megatron-LM MoE recipe (dev@d48bd6be examples/moe_recipes/*/*/*.yaml, its README: `ARGS`
+    holds Megatron-LM's training arguments by their underscore names beside `ENV_VARS` and
+    `DEPENDENCIES`) as a `--flag: value` map: each name is its flag with dashes, a list its words."""
+    arguments = data.get("ARGS")
+    if not isinstance(arguments, dict) or "MODEL_ARGS" in data:
+        return None
+    if not all(isinstance(k, str) and re.fullmatch(r"[a-z][a-z0-9_]*", k) for k in arguments):
+        return None
+    return {"--" + key.replace("_", "-"): value for key, value in arguments.items()}
 
 
 _BRACKETED = re.compile(r"\[[^]]+\]")  # the runner's grep -E '^\[[^]]+\]$'
@@ -82,7 +96,7 @@ def load_map(text: str) -> dict | None:
 
 
 def is_argument_map(data: dict) -> bool:
-    arguments = data.get("MODEL_ARGS", data)
+    arguments = _recipe_arguments(data) or data.get("MODEL_ARGS", data)
     if not isinstance(arguments, dict) or not arguments:
         return False
     flags = [key for key in arguments if isinstance(key, str) and key.startswith("--")]
@@ -90,9 +104,13 @@ def is_argument_map(data: dict) -> bool:
 
 
 def read_map(data: dict, sets: dict[str, str]) -> ArgumentMap:
+    recipe = _recipe_arguments(data)
+    if recipe is not None:
+        data = {"MODEL_ARGS": recipe, "ENV_VARS": data.get("ENV_VARS"), "ARGS": True}
     nested = isinstance(data.get("MODEL_ARGS"), dict)
     arguments: dict = data["MODEL_ARGS"] if nested else data
-    form = (_FORMS["TEST_TYPE"] if "TEST_TYPE" in data else _FORMS[""]) if nested else "YAML argument map"
+    form = (_FORMS["ARGS"] if recipe is not None else _FORMS["TEST_TYPE"] if "TEST_TYPE" in data
+            else _FORMS[""]) if nested else "YAML argument map"
     env_section = data.get("ENV_VARS") if nested else None
     env = {str(k): str(v) for k, v in env_section.items()} if isinstance(env_section, dict) else {}
     found = ArgumentMap(form, [], env)

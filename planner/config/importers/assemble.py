@@ -19,6 +19,7 @@ from planner.config.importers.megatron_args import (
     map_command,
     parse_command,
 )
+from planner.config.importers.pai import qwen3_next_words
 from planner.config.importers.shell_script import PLACEHOLDER, Unresolved
 from planner.config.importers.vocabulary import (
     folder_vocabulary,
@@ -27,6 +28,7 @@ from planner.config.importers.vocabulary import (
     preset_vocabulary,
 )
 from planner.config.megatron_arguments import SPECIAL, argument_table
+from planner.config.megatron_releases import resolve_version
 from planner.config.presets import PRESETS
 from planner.degrees import Degrees
 
@@ -150,6 +152,26 @@ def _apply_launch(result: Imported, facts: LaunchFacts, world_size: int | None) 
         result.set("cluster.gpus_per_node", facts.per_node)
 
 
+def _megatron_version(result: Imported, image: str | None) -> list[Unmapped]:
+    """megatron.version from the container the launch runs in: a NeMo container's tag names the
+    Megatron-LM it ships; one moeplan cannot place is written as read, so rule VER001 names it,
+    and another image (a PyTorch base) fixes no Megatron-LM version: said, not guessed."""
+    if not image:
+        return []
+    known = resolve_version(image)
+    if known is not None:
+        result.set("megatron.version", known.name)
+        return []
+    name = image.rsplit("/", 1)[-1]
+    if name.startswith(("nemo:", "megatron")):
+        result.set("megatron.version", image)
+        return []
+    return [Unmapped("--container-image", image, "the container does not name the Megatron-LM it "
+                     "runs (not a NeMo container), so megatron.version stays dev@d48bd6be; fix: set "
+                     "megatron.version to the release, container or commit the job checks out",
+                     error=False)]
+
+
 def _launch_notes(front: FrontEnd, world_size: int | None) -> list[Unmapped]:
     notes = []
     for option, value in front.facts.not_numbers:
@@ -183,17 +205,20 @@ def _placeholders(result: Imported) -> None:
 def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:
     """The config of a front end's arguments: mapped, launched, vocabulary found, notes first."""
     words, unresolved = _unresolved_notes(front, front.argv)
+    words, entry_notes = qwen3_next_words(front.entry, words)
     line = parse_command(([front.entry] if front.entry else []) + words)
     result = map_command(line, model_defaults=front.model_preset is None)
     if front.model_preset is not None:
         result.set("model.preset", front.model_preset)
     result.entry = front.entry or result.entry
     _apply_launch(result, front.facts, world_size)
+    version_notes = _megatron_version(result, front.facts.container_image)
     if front.env:
         result.set("launch.env", dict(front.env))
         result.env = dict(front.env)
     _vocabulary(result, front, line.arguments)
     keep_extra_args(result)
     _placeholders(result)
-    result.unmapped = [*front.notes, *unresolved, *_launch_notes(front, world_size), *result.unmapped]
+    result.unmapped = [*front.notes, *unresolved, *entry_notes, *_launch_notes(front, world_size),
+                       *version_notes, *result.unmapped]
     return result

@@ -37,6 +37,9 @@ class LaunchFacts:
     world_size: int | None = None
     sources: list[str] = field(default_factory=list)  # "torchrun --nnodes 2", "#SBATCH --nodes=2"
     not_numbers: list[tuple[str, str]] = field(default_factory=list)  # (option, value)
+    # the container the ranks run in (pyxis's srun/sbatch --container-image): a NeMo container's
+    # tag names the Megatron-LM it ships (planner/config/megatron_releases.py)
+    container_image: str | None = None
 
     @property
     def summary(self) -> str:
@@ -83,8 +86,17 @@ def _programs(words: list[str]) -> list[tuple[str, list[str]]]:
             for k, (name, at) in enumerate(found)]
 
 
+def _container_image(launcher: list[str], sbatch: dict[str, str] | None) -> str | None:
+    """pyxis's `--container-image IMG` (or `=IMG`) on the launch line, else on an #SBATCH line."""
+    for i, word in enumerate(launcher):
+        flag, eq, value = word.partition("=")
+        if flag == "--container-image":
+            return value if eq else (launcher[i + 1] if i + 1 < len(launcher) else None)
+    return (sbatch or {}).get("container-image")
+
+
 def launch_facts(launcher: list[str], sbatch: dict[str, str] | None = None) -> LaunchFacts:
-    facts = LaunchFacts()
+    facts = LaunchFacts(container_image=_container_image(launcher, sbatch))
     values: dict[str, tuple[str, str]] = {}
     names = []
     for name, words in _programs(launcher):

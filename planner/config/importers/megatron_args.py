@@ -32,6 +32,7 @@ from planner.config.megatron_arguments import (
     argument_table,
 )
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER, main_arguments, megatron_arguments
+from planner.config.schema import field_choices
 
 KEPT = "kept in launch.megatron_extra_args"  # where an argument moeplan does not model goes
 _ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
@@ -291,6 +292,10 @@ def map_command(line: CommandLine, world_size: int | None = None, model_defaults
         except BadValue as exc:
             _malformed(result, arg, f"malformed value: {exc}")
             continue
+        choices = field_choices(dotted)
+        if isinstance(value, str) and choices and value not in choices:
+            _unmodelled_value(result, arg, dotted, choices)
+            continue
         if arg.flag == "--disable-bias-linear" or negated:
             value = False
         if kind == "moe_freq" and isinstance(value, int) and value <= 0:
@@ -389,6 +394,16 @@ def kept_reason(arg: Argument, entry_script: str | None = None) -> str:
 
 def _keep(result: Imported, arg: Argument, why: str) -> None:
     result.unmapped.append(Unmapped(arg.flag, arg.text, why))
+    result.extra_args += arg.words
+
+
+def _unmodelled_value(result: Imported, arg: Argument, dotted: str, choices: tuple[str, ...]) -> None:
+    """A value of a modelled argument that moeplan has no model of (MindSpeed's `--rope-type longrope`,
+    `--moe-router-load-balancing-type sparsemixer_topk`): named as an error and kept as written, so
+    the rest of the launch is still judged in the same pass instead of the config being refused."""
+    result.unmapped.append(Unmapped(arg.flag, arg.text, f"{' '.join(arg.values)!r} is not a value moeplan "
+                                    f"models for {dotted} ({', '.join(choices)}); kept as written in "
+                                    "launch.megatron_extra_args, the plan counts without it", error=True))
     result.extra_args += arg.words
 
 

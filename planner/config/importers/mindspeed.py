@@ -29,7 +29,9 @@ NEUTRAL = ("use_fused_rmsnorm", "use_fused_swiglu", "use_fused_rotary_pos_emb", 
            "gemm_gradient_accumulation_fusion", "no_shared_storage", "use_ascend_coc", "coc_fused_kernel",
            "mla_fa_without_pad", "handler_name", "enable_hf2mg_convert", "model_type_hf", "norm_topk_prob",
            "tokenizer_name_or_path", "beta_fast", "beta_slow", "rope_scaling_mscale",
-           "rope_scaling_mscale_all_dim", "use_mcore_models")
+           "rope_scaling_mscale_all_dim", "use_mcore_models",
+           # features_manager/moe/moe_router.py: the router's gating and top-k softmax in fp32 (numerics)
+           "router_gating_in_fp32", "topk_softmax_in_fp32")
 MARKERS = ("first_k_dense_replace", "n_shared_experts", "noop_layers", "context_parallel_algo",
            "use_fused_rmsnorm", "handler_name", "schedules_method", "moe_permutation_async_comm")
 _CP_ALGO = {"ulysses_cp_algo": "a2a", "megatron_cp_algo": "p2p", "hybrid_cp_algo": "a2a+p2p"}
@@ -80,6 +82,14 @@ def mindspeed_front_end(front: FrontEnd) -> FrontEnd:
         elif name == "seq_aux":
             argv += ["--moe-router-load-balancing-type", "seq_aux_loss"]
             read.append("--seq-aux as --moe-router-load-balancing-type seq_aux_loss")
+        elif name == "shared_expert_gate" and given.get("--shared-expert-gate-output-dimension",
+                                                          ("1",)) == ("1",):
+            # features_manager/moe/shared_expert.py: a sigmoid gate of one output on the shared
+            # expert, Megatron's --moe-shared-expert-gate (SharedExpertMLP's gate_weight of 1 x hidden)
+            argv += ["--moe-shared-expert-gate"]
+            read.append("--shared-expert-gate as --moe-shared-expert-gate")
+        elif name == "shared_expert_gate_output_dimension" and arg.values == ("1",):
+            continue
         elif name == "n_shared_experts":
             width = _int(given.get("--moe-ffn-hidden-size", ())) or _int(given.get("--ffn-hidden-size", ()))
             count = _int(arg.values)

@@ -579,12 +579,13 @@ class _Interpreter:
         return True
 
     def _assigned(self, word: Word) -> str:
-        """An assignment's right side: no field splitting; a pure `$(…)` makes the value unknown."""
+        """An assignment's right side: no field splitting; a pure `$(…)` makes the value unknown;
+        an array's elements (`cmd="torchrun ${ARGS[@]} x"`) joined by spaces, as bash joins them
+        where no fields are made."""
         if len(word.segments) == 1 and word.segments[0].kind == "cmd":
             return Unknown(f"set from the output of $({word.segments[0].text.strip()})")
         quoted = Word([Segment(s.kind, s.text, True) for s in word.segments])
-        fields = self.fields(quoted)
-        return fields[0] if fields else ""
+        return " ".join(self.fields(quoted))
 
     def run(self, statements: list[tuple[int, list[Word], str]]) -> tuple[list[Command], list[str]]:
         """Statements in order; `if`/`elif`/`else` and `case` take the branch their test selects,

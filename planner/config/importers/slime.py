@@ -63,6 +63,42 @@ def layer_freq_sets(text: str, read: ShellRead) -> dict[str, str]:
     return found
 
 
+# slime_plugins/models/qwen3_next.py get_qwen3_next_spec: Megatron's GPT decoder with the layers the
+# Hugging Face config (--hf-checkpoint) marks linear_attention replaced by its gated DeltaNet
+# (Qwen3NextGatedDeltaNet, sized by that config's linear_* keys; layer_types, else every
+# full_attention_interval-th layer full attention). The checkpoint's config.json is not in the launch:
+# transformers' Qwen3NextConfig defaults stand for it (they are Qwen3-Next-80B-A3B's), said in a note.
+QWEN3_NEXT_SPEC = ("slime_plugins.models.qwen3_next", "get_qwen3_next_spec")
+QWEN3_NEXT_DEFAULTS = (("--linear-attention-freq", "4"), ("--linear-key-head-dim", "128"),
+                       ("--linear-value-head-dim", "128"), ("--linear-num-key-heads", "16"),
+                       ("--linear-num-value-heads", "32"), ("--linear-conv-kernel-dim", "4"))
+
+
+def _plugin_spec(arg: Argument, given: dict[str, tuple[str, ...]], front: FrontEnd) -> list[str] | None:
+    """Megatron's arguments for the model a slime plugin spec builds, or None (not one moeplan reads)."""
+    if arg.flag != "--spec" or arg.values != QWEN3_NEXT_SPEC:
+        return None
+    words = ["--experimental-attention-variant", "gated_delta_net"]
+    for flag, value in QWEN3_NEXT_DEFAULTS:
+        if flag not in given:
+            words += [flag, value]
+    checkpoint = " ".join(given.get("--hf-checkpoint", ("(not given)",)))
+    why = ("slime's Qwen3-Next spec (THUDM/slime@624b824a slime_plugins/models/qwen3_next.py "
+           "get_qwen3_next_spec) puts its gated DeltaNet on the layers the --hf-checkpoint config marks "
+           "linear; imported as Megatron dev's gated_delta_net with Qwen3NextConfig's defaults (every "
+           "4th layer attention, 16 x 128 key and 32 x 128 value heads, a 4-tap convolution); fix: "
+           f"check them against {checkpoint}/config.json")
+    front.notes.append(Unmapped("--spec", " ".join(arg.values), why))
+    return words
+
+
+def _ignored_by_slime(flag: str) -> bool:
+    """An argument no Megatron parser defines and slime's parser lacks: megatron_parse_args passes
+    ignore_unknown_args=True, so train.py drops it instead of refusing it."""
+    name = flag[2:].replace("-", "_")
+    return name not in megatron_arguments() | main_arguments() and name not in slime_arguments()
+
+
 def _is_slime_own(flag: str) -> bool:
     name = flag[2:].replace("-", "_")
     megatron = megatron_arguments() | main_arguments()
@@ -78,8 +114,16 @@ def slime_front_end(front: FrontEnd) -> FrontEnd:
     own = [a for a in arguments if _is_slime_own(a.flag)]
     argv: list[str] = []
     changed: list[str] = []
+    ignored: list[str] = []
     for arg in arguments:
         if _is_slime_own(arg.flag):
+            continue
+        spec = _plugin_spec(arg, given, front)
+        if spec is not None:
+            argv += spec
+            continue
+        if _ignored_by_slime(arg.flag) and not arg.flag.startswith("--sglang-"):
+            ignored += arg.words
             continue
         if arg.flag == "--moe-token-dispatcher-type" and arg.values == ("allgather",):
             arg = Argument(arg.flag, ("alltoall",))  # slime's validate_args: allgather lacks varlen
@@ -118,6 +162,12 @@ def slime_front_end(front: FrontEnd) -> FrontEnd:
         front.notes.append(Unmapped("(slime's own)", names, "arguments of slime's parser (rollout, "
                                     "rewards, RL losses, SGLang): train.py consumes them; no Megatron "
                                     "model reads them, so they are not carried"))
+    if ignored:
+        why = (f"no argument of Megatron-LM's parser nor slime's: {SOURCE} megatron_parse_args "
+               "parses with ignore_unknown_args=True, so train.py drops it (slime's own Megatron patch "
+               "may define it: --use-gated-attention is its Qwen3-Next gate, which "
+               "--attention-output-gate sets in Megatron-LM)")
+        front.notes.append(Unmapped("(ignored by slime)", " ".join(ignored), why))
     if "--use-dynamic-batch-size" in given:
         tokens = " ".join(given.get("--max-tokens-per-gpu", ()))
         front.notes.append(Unmapped("--use-dynamic-batch-size", tokens, "slime packs each micro-batch up "

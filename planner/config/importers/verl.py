@@ -68,11 +68,20 @@ def _words(flag: str, value: str) -> list[str]:
     return [flag, value]
 
 
+# TransformerConfig fields filled from an argument of another name (Megatron-LM dev@d48bd6be
+# megatron/training/argument_utils.py core_transformer_config_from_args), as verl's
+# override_transformer_config names them.
+_CONFIG_FIELD_ARGUMENT = {"num_layers_in_first_pipeline_stage": "decoder_first_pipeline_num_layers",
+                          "num_layers_in_last_pipeline_stage": "decoder_last_pipeline_num_layers",
+                          "num_moe_experts": "num_experts", "fp8_param": "fp8_param_gather",
+                          "fp4_param": "fp4_param_gather"}
+
+
 def _field_words(name: str, value: str) -> list[str] | None:
     """A TransformerConfig / OptimizerConfig field set by name, as the Megatron argument whose dest
     it is (megatron_dests.tsv: `apply_rope_fusion False` is `--no-rope-fusion`); None for a field
     Megatron's parser has no argument for."""
-    row = argument_destination(name)
+    row = argument_destination(_CONFIG_FIELD_ARGUMENT.get(name, name))
     if row is None:
         return None
     on = value in ("True", "true", "1")

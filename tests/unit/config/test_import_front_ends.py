@@ -249,3 +249,45 @@ def test_a_log_over_the_argument_cap_is_streamed_as_a_log(tmp_path: Path, monkey
     plain.write_text("--num-layers 4 " * 20_000, encoding="utf-8")
     refused = runner.invoke(app, ["import", "megatron", str(plain)])
     assert refused.exit_code == 2 and "MOEPLAN_MAX_BYTES_ARGS" in refused.output, refused.output
+
+
+@pytest.mark.parametrize(("image", "version", "noted"), [
+    ("nvcr.io/nvidia/nemo:25.09", "25.09-alpha", False),  # a NeMo container ships its Megatron-LM
+    ("nvcr.io/nvidia/nemo:25.07", "nvcr.io/nvidia/nemo:25.07", False),  # unplaceable: kept for VER001
+    ("nvcr.io/nvidia/pytorch:25.09-py3", None, True),  # a PyTorch base names no Megatron-LM
+])
+def test_container_image_gives_the_megatron_version(image: str, version: str | None, noted: bool) -> None:
+    script = f"#!/bin/bash\n#SBATCH --nodes=1\nIMAGE={image}\n" \
+             f"srun --container-image=$IMAGE --ntasks-per-node=8 python pretrain_gpt.py {MODEL}\n"
+    result, front = import_text(script)
+    assert front.facts.container_image == image
+    assert result.get("megatron.version") == version if version else not result.has("megatron.version")
+    assert any(u.argument == "--container-image" for u in result.unmapped) is noted
+
+
+@pytest.mark.parametrize(("flags", "freq"), [
+    ([1, 1, 1, 0] * 12, 4),  # Qwen3-Next: every 4th layer attention
+    ([1, 0] * 3, 2),
+    ([1, 1, 0, 1], [1, 1, 0, 1]),  # irregular: Megatron's list form
+    ([1, 1, 1], [1, 1, 1]),  # no attention layer at all
+])
+def test_pai_pattern_to_linear_attention_freq(flags: list[int], freq: int | list[int]) -> None:
+    from planner.config.importers.pai import linear_attention_freq
+    assert linear_attention_freq(flags) == freq
+
+
+def test_pai_pattern_not_in_pairs_is_refused_by_name() -> None:
+    from planner.config.importers.pai import qwen3_next_words
+    words = ["--num-layers", "3", "--hybrid-override-pattern", "MM-", "--is-hybrid-model"]
+    out, [note] = qwen3_next_words("examples/qwen3_next/pretrain_qwen3_next.py", words)
+    assert out == words and note.error and note.argument == "--hybrid-override-pattern"
+    assert qwen3_next_words("pretrain_gpt.py", words) == (words, [])
+
+
+def test_array_expanded_inside_a_quoted_assignment_keeps_every_element() -> None:
+    # Pai-Megatron-Patch examples/qwen3_next/run_mcore_qwen3_lite.sh: cmd="torchrun ${ARGS[@]} …";
+    # eval $cmd. In an assignment bash joins the elements with spaces (no fields are made there).
+    script = ('A=(--nproc-per-node 8 --nnodes 1)\n'
+              'cmd="torchrun ${A[@]} pretrain_gpt.py \\\n --num-layers 2"\neval $cmd\n')
+    assert words_of(script) == ["torchrun", "--nproc-per-node", "8", "--nnodes", "1", "pretrain_gpt.py",
+                                "--num-layers", "2"]

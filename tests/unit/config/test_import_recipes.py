@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.cli_common import collect_findings
+from planner.config.importers.megatron_args import import_arguments
 from planner.config.importers.sources import front_end, import_text
 from planner.config.loader import load_config, parse_config
 from planner.emit import EmitError
@@ -317,3 +318,86 @@ def test_mindspeed_llm_deepseek3(tmp_path: Path) -> None:
 def test_carried_argument_arity() -> None:
     assert _codes(["--save", "your", "ckpt", "path"]) == {"ARG007": "error"}
     assert _codes(["--save", "/ckpt"]) == {}
+
+
+def test_mindspeed_llm_shared_expert_gate_and_fp32_router_switches() -> None:
+    """MindSpeed-LLM features_manager/moe/shared_expert.py --shared-expert-gate (one output, the
+    default --shared-expert-gate-output-dimension) is Megatron's --moe-shared-expert-gate;
+    moe_router.py's --router-gating-in-fp32 and --topk-softmax-in-fp32 are numerics, named, not carried
+    (Ascend/MindSpeed-LLM@c77308a1 examples/mcore/qwen3_moe/pretrain_qwen3_235b_a22b_4k_A3_ptd.sh uses
+    the last; they were ARG003 errors)."""
+    from planner.config.importers.sources import import_text
+
+    script = ("#!/bin/bash\ntorchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 64 "
+              "--num-attention-heads 4 --num-experts 8 --moe-router-topk 2 --seq-length 128 "
+              "--max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 16 --vocab-size 512 "
+              "--moe-ffn-hidden-size 32 --n-shared-experts 1 --shared-expert-gate --router-gating-in-fp32 "
+              "--topk-softmax-in-fp32")
+    result, front = import_text(script)
+    assert front.form.startswith("MindSpeed-LLM launch")
+    assert result.get("model.moe_shared_expert_gate") is True
+    assert result.get("model.moe_shared_expert_intermediate_size") == 32
+    assert not [w for w in result.get("launch.megatron_extra_args", []) if "fp32" in w or "gate" in w]
+
+
+def test_verl_config_fields_named_after_their_transformer_config_field() -> None:
+    """verl's override_transformer_config names TransformerConfig fields; where
+    core_transformer_config_from_args fills one from an argument of another name (Megatron-LM
+    dev@d48bd6be megatron/training/argument_utils.py), the argument is that one: volcengine/verl@b178a3cd
+    examples/grpo_trainer/run_deepseek671b_math_megatron_80gb.sh's first stage of 4 and last of 1 layer
+    (61 = 4 + 14 x 4 + 1 on PP 16) were dropped and PIP001 refused the split."""
+    from planner.config.importers.verl import _field_words
+
+    first, last = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
+    assert _field_words("num_layers_in_first_pipeline_stage", "4") == [first, "4"]
+    assert _field_words("num_layers_in_last_pipeline_stage", "1") == [last, "1"]
+    assert _field_words("recompute_num_layers", "1") == ["--recompute-num-layers", "1"]
+
+
+def test_megatron_moe_recipe_args_are_read_as_flags() -> None:
+    """Megatron-LM dev@d48bd6be examples/moe_recipes/*/*/*.yaml (README: DEPENDENCIES, ENV_VARS, and
+    ARGS, Megatron-LM's training arguments by their underscore names): each name is its flag, true
+    the bare switch, false left out, a list its words, ${VAR} from ENV_VARS or --set (the form was
+    "no command starts a Python entry script")."""
+    text = """
+DEPENDENCIES: {pytorch_base_image: nvcr.io/nvidia/pytorch:26.03-py3}
+ENV_VARS: {NVTE_FUSED_ATTN: '1'}
+ARGS:
+  num_layers: 4
+  hidden_size: 64
+  num_attention_heads: 4
+  num_experts: 8
+  moe_router_topk: 2
+  seq_length: 128
+  max_position_embeddings: 128
+  micro_batch_size: 1
+  global_batch_size: 16
+  vocab_size: 512
+  disable_bias_linear: true
+  moe_router_pre_softmax: false
+  cuda_graph_scope: [attn, moe_router]
+  save: ${OUTPUT_PATH}/checkpoints
+"""
+    result, front = import_text(text, {"OUTPUT_PATH": "/out"}, world_size=8)
+    assert front.form == "YAML argument map (ARGS of a Megatron-LM MoE recipe)"
+    assert front.argv[:2] == ["--num-layers", "4"] and "--moe-router-pre-softmax" not in front.argv
+    assert "--disable-bias-linear" in front.argv and front.env == {"NVTE_FUSED_ATTN": "1"}
+    at = front.argv.index("--cuda-graph-scope")
+    assert front.argv[at:at + 3] == ["--cuda-graph-scope", "attn", "moe_router"]
+    assert front.argv[front.argv.index("--save") + 1] == "/out/checkpoints"
+    assert result.get("model.num_layers") == 4 and result.get("model.add_bias_linear") is False
+
+
+def test_a_value_moeplan_does_not_model_is_named_and_the_rest_judged() -> None:
+    """Ascend/MindSpeed-LLM@c77308a1 examples/mcore/phi35/pretrain_phi35_moe_ptd.sh: --rope-type longrope
+    and --moe-router-load-balancing-type sparsemixer_topk are values of modelled arguments moeplan has
+    no model of. Written into the fields they refused the whole config (CFG002, nothing else judged);
+    kept as written they are one ARG005 each, and every other rule runs in the same pass."""
+    result = import_arguments("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --num-experts 8 "
+                              "--moe-router-topk 2 --seq-length 128 --max-position-embeddings 128 "
+                              "--micro-batch-size 1 --global-batch-size 16 --vocab-size 512 "
+                              "--rope-type longrope --tensor-model-parallel-size 3", world_size=8)
+    [note] = [u for u in result.unmapped if u.argument == "--rope-type"]
+    assert note.error and "'longrope'" in note.why and not result.has("model.rope_type")
+    codes = {f.code: f for f in collect_findings(parse_config(result.data))}
+    assert "rope, yarn only" in codes["ARG005"].message and "PAR001" in codes  # TP 3 still judged

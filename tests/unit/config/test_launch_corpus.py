@@ -26,7 +26,7 @@ from planner.commands.import_ import config_yaml
 from planner.config.argument_classes import argument_classes, argument_words
 from planner.config.entry_parsers import entry_argument
 from planner.config.importers.megatron_args import Imported
-from planner.config.loader import InvalidConfig, parse_config, parse_yaml
+from planner.config.loader import InvalidConfig, load_config, parse_config, parse_yaml
 from planner.config.schema import Config
 from planner.emit.megatron_check import expected_values
 from planner.findings import has_errors
@@ -34,6 +34,7 @@ from planner.model_size import model_size
 from planner.plan import compile_plan
 from tests.support.launch_corpus import CORPUS, FILES, CorpusEntry, import_entry, megatron_request
 from tests.support.megatron_judge import counting, register, verdict
+from tests.support.paths import EXAMPLES
 
 BY_NAME = {entry.name: entry for entry in CORPUS}
 # Errors about carried arguments that leave the plan's layout as it is (see the module docstring).
@@ -88,6 +89,15 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                            "so MTP is no longer refused"),
     "pai_qwen3.sh": (set(), "pass", "", "Pai-Megatron-Patch's own parser's arguments (ARG008, a warning) "
                      "(--max-padding-length, --patch-tokenizer-type, --dataset, --train-mode)"),
+    "pai_qwen3_next.sh": ({"MEM001"}, "accepted", "",
+                          "Pai's entry builds the hybrid Qwen3-Next (gated DeltaNet and gated attention "
+                          "from --hybrid-override-pattern, 48 layers, 80 B), imported as Megatron dev's "
+                          "gated_delta_net arguments; the README's one node of 8 holds 80 B with EP 8 and "
+                          "no offload: 187 GiB per rank, moeplan's own memory check"),
+    "slime_qwen3_next_80b_a3b.sh": (set(), "pass", "",
+                                    "slime's Qwen3-Next plugin spec read as Megatron dev's gated_delta_net "
+                                    "(Qwen3NextConfig's defaults, said in a note); --use-gated-attention, "
+                                    "which slime's parser ignores, is named, not carried"),
     "swift_qwen3_moe.sh": (set(), "pass", "", "ms-swift's defaults (global batch 16, selective core_attn "
                            "recompute overridden by full/uniform, bf16, distributed optimizer); seq_length "
                            "is --max_length 8192"),
@@ -248,3 +258,25 @@ def test_emit_then_import_gives_the_config_back(name: str, tmp_path: Path) -> No
     # an absent --global-batch-size is emitted resolved (Megatron's micro batch x DP)
     assert ({**back.training.model_dump(), "global_batch_size": back.global_batch_size}
             == {**cfg.training.model_dump(), "global_batch_size": cfg.global_batch_size})
+
+
+@pytest.mark.parametrize("name", ["pai_qwen3_next.sh", "slime_qwen3_next_80b_a3b.sh"])
+def test_qwen3_next_launchers_import_the_hybrid_model_they_build(name: str, tmp_path: Path) -> None:
+    """Pai's pretrain_qwen3_next.py reads --hybrid-override-pattern M-M-M-*-… as 48 pairs of a gated
+    DeltaNet or gated attention mixer and an MoE layer (its layer_specs.py), its DeltaNet sizes
+    from Qwen3NextTransformerConfig; slime's Qwen3-Next plugin spec puts its DeltaNet on the layers
+    the Hugging Face config marks linear. Both import to the Qwen3-Next preset's model,
+    79,674,391,296 parameters, not the 96-layer GPT of 157,456,189,440 Pai's words give
+    pretrain_gpt.py (nor slime's 79,442,012,160 of plain gated attention on every layer)."""
+    from planner.config.presets import PRESETS
+
+    _, cfg = _imported(BY_NAME[name], tmp_path)
+    assert cfg is not None
+    preset = PRESETS["qwen3-next-80b-a3b"]
+    for name in ("num_layers", "linear_attention_freq", "linear_num_key_heads", "linear_num_value_heads",
+                 "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+                 "attention_output_gate", "moe_shared_expert_gate", "kv_channels", "num_query_groups"):
+        assert getattr(cfg.model, name) == preset[name], name
+    example = load_config(EXAMPLES / "architectures" / "qwen3-next-80b-a3b-32.yaml")
+    size = model_size(cfg)
+    assert size is not None and size.total_params == model_size(example).total_params == 79_674_391_296

@@ -36,7 +36,7 @@ _ONE_SOURCE = (r"(Megatron-LM (dev@d48bd6be|main@d98e8a64) megatron/\S+\.py [\w.
                r"|planner/\S+\.py\S* ?.*)")
 SOURCE = re.compile(rf"{_ONE_SOURCE}(; {_ONE_SOURCE})*")
 FAMILIES = {"CFG", "PAR", "BAT", "PIP", "V4", "MOE", "OVL", "GTP", "DOP", "VEX", "ARC", "CLU", "MEM", "ARG",
-            "IGN", "OFL"}
+            "IGN", "OFL", "VER"}
 
 runner = CliRunner()
 
