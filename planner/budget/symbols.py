@@ -310,7 +310,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
 
 def _deepep_values(cfg: Config) -> dict[str, Number]:
     """DeepEP's buffer sizes for the config's EP group (ETP·EP ranks, h_moe-wide rows)."""
-    sizes = deepep_buffers(cfg.degrees.etp * cfg.parallel.ep,
+    sizes = deepep_buffers(cfg.degrees.tp_ep_size,
                            cfg.moe.moe_latent_size or cfg.model.hidden_size, cfg.cluster.gpus_per_node)
     nvl, rdma = sizes or (0, 0)
     return {"deepep_nvl_bytes": nvl, "deepep_rdma_bytes": rdma}

@@ -46,15 +46,22 @@ def _build(hf: Mapping[str, Any]) -> Any:
     import torch
     import transformers
 
-    config = transformers.AutoConfig.for_model(**_plain(hf))
-    last: Exception | None = None
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForImageTextToText):
-        try:
-            with torch.device("meta"):
-                return auto.from_config(config, trust_remote_code=False)
-        except (ValueError, KeyError) as exc:  # not a model of this auto class
-            last = exc
-    raise ValueError(str(last))
+    # transformers' own advice while building (e.g. a pad token outside a toy vocabulary) is not
+    # moeplan's finding, and must not land in `import hf --json`'s output: errors only, restored after.
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        config = transformers.AutoConfig.for_model(**_plain(hf))
+        last: Exception | None = None
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForImageTextToText):
+            try:
+                with torch.device("meta"):
+                    return auto.from_config(config, trust_remote_code=False)
+            except (ValueError, KeyError) as exc:  # not a model of this auto class
+                last = exc
+        raise ValueError(str(last))
+    finally:
+        transformers.logging.set_verbosity(verbosity)
 
 
 def _tower(name: str) -> bool:

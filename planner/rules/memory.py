@@ -247,7 +247,7 @@ def deepep_group_size(f: Facts) -> Iterator[Violation]:
     cfg = f.cfg
     if cfg.moe.moe_token_dispatcher_type != "flex" or cfg.moe.moe_flex_dispatcher_backend != "deepep":
         return
-    ranks = cfg.degrees.etp * cfg.parallel.ep
+    ranks = cfg.degrees.tp_ep_size
     if ranks > 1 and ranks not in DISPATCH_CONFIG:
         sizes = ", ".join(str(n) for n in DISPATCH_CONFIG)
         yield Violation("parallel.ep", f"the EP group has {ranks} ranks (ETP·EP); DeepEP's buffer "

@@ -120,7 +120,7 @@ def _uniform_remainder(f: Facts) -> Hit:
 
 
 def _hybridep_qp_depth(f: Facts) -> Hit:
-    group = f.etp * f.par.ep
+    group = f.degrees.tp_ep_size
     domain = f.cluster.nvlink_domain or f.cluster.gpus_per_node or 1
     tokens = f.train.seq_length * f.train.micro_batch_size // (f.par.tp * f.par.cp)
     depth = HYBRID_EP_DEPTH_PER_TOKEN * tokens + 1

@@ -245,7 +245,7 @@ def test_a_public_mi300x_log_calibrates_with_the_config_its_fork_value_needs(tmp
     assert [i.iteration for i in log.intervals] == list(range(1, 12)) and log.truncated
     assert log.step_s == pytest.approx((2357.5 + 2369.0) / 2e3)
     assert log.peak_memory_bytes == {0: pytest.approx(145529.322265625 * 2**20)}
-    with pytest.raises(CalibrationError, match="moe_router_load_balancing_type.*global_batch_loss"):
+    with pytest.raises(CalibrationError, match="moe.router.load.balancing.type.*global_batch_loss"):
         run_calibration([path], [], "MI300X")
     data = config_from_log(text, str(path))[0]
     data["moe"]["moe_router_load_balancing_type"] = "global_aux_loss"
