@@ -1124,7 +1124,9 @@ def map_hf_config(hf: Mapping[str, Any], *, where: str = "model.hf_config",
     for tower in family.towers:
         if hf.get(tower) is not None:
             reader.notes.append(f"{tower}: this tower is left out of the budget (moeplan plans the "
-                                "text decoder; the model card's total counts the tower too)")
+                                "text decoder; the model card's total counts the tower too); to "
+                                "budget it on the first stage as Megatron-Bridge trains it, set "
+                                "training.frozen_tower_params / training.trained_tower_params")
     model = ARCHITECTURES[family.reader](reader)
     if reader.findings:
         raise HfConfigUnmappable(reader.findings)
