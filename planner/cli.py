@@ -45,18 +45,23 @@ class CommandLine(typer.Typer):
 
     def __init__(self, **kwargs: Any) -> None:
         self._loaded: list[str] = []
+        self._partial = False  # registering, or building a group of the commands loaded so far
         self._commands: list[Any] = []
         self._groups: list[Any] = []
         super().__init__(**kwargs)
 
     def _load(self, modules: tuple[str, ...]) -> None:
-        for module in modules:
-            if module not in self._loaded:
-                self._loaded.append(module)  # first: register() reads the lists below
-                importlib.import_module(module).register(self)
+        partial, self._partial = self._partial, True  # register() appends through the lists below
+        try:
+            for module in modules:
+                if module not in self._loaded:
+                    self._loaded.append(module)
+                    importlib.import_module(module).register(self)
+        finally:
+            self._partial = partial
 
     def _load_all(self) -> None:
-        if not self._loaded:
+        if not self._partial:
             self._load(COMMAND_MODULES)
 
     @property  # type: ignore[override]
@@ -80,13 +85,19 @@ class CommandLine(typer.Typer):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         argv = kwargs.get("args", args[0] if args else None)
         argv = sys.argv[1:] if argv is None else list(argv)
-        modules = COMMANDS.get(argv[0]) if argv and not self._loaded else None
+        modules = COMMANDS.get(argv[0]) if argv else None
         if modules is None:
             return super().__call__(*args, **kwargs)
         self._load(modules)
         # The group typer would build from every command (pretty exceptions are off, so typer's
-        # own __call__ adds nothing else), holding only the one asked for.
-        return typer.main.get_group(self)(*args, **kwargs)
+        # own __call__ adds nothing else), holding only the ones loaded so far: the one asked for,
+        # and any an earlier call in this process loaded.
+        self._partial = True
+        try:
+            group = typer.main.get_group(self)
+        finally:
+            self._partial = False
+        return group(*args, **kwargs)
 
 
 app = CommandLine(

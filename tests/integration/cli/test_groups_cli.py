@@ -252,3 +252,17 @@ def test_grid_spec_from_the_v4_config():
     # The layout string puts 6 blocks on stage 0, 8 on each middle stage, 7 + MTP on the last.
     assert [len(s) for s in spec.moe_layers_by_stage] == [6, 8, 8, 8, 8, 8, 8, 8]
     assert spec.moe_layers_by_stage[7][-1] == 61  # the MTP block: num_layers + depth 0
+
+
+def test_one_process_runs_a_second_command_after_a_lazily_loaded_first(capsys: pytest.CaptureFixture[str]):
+    """The command line loads only the command named; a second call in the same process (a
+    harness, a notebook) still finds every other command."""
+    from planner.cli import CommandLine
+
+    cli = CommandLine(name="moeplan", no_args_is_help=True, add_completion=False,
+                      pretty_exceptions_enable=False)
+    for argv in (["groups", TINY, "--rank", "3", "--json"], ["check", TINY]):
+        with pytest.raises(SystemExit) as done:
+            cli(argv)
+        assert done.value.code == 0, capsys.readouterr()
+    assert "valid" in capsys.readouterr().out
