@@ -21,8 +21,9 @@ from __future__ import annotations
 import ast
 import fnmatch
 import re
-import shlex
 from dataclasses import dataclass, field
+
+from planner.config.importers.shell_words import shell_words
 
 Value = str | list[str]
 
@@ -731,7 +732,7 @@ class _Interpreter:
         expanded = [f for word in words[assignments:] for f in self.fields(word)]
         if expanded and expanded[0] == "eval":
             try:
-                expanded = shlex.split(" ".join(expanded[1:]), comments=True)
+                expanded = shell_words(" ".join(expanded[1:]))
             except ValueError:
                 expanded = " ".join(expanded[1:]).split()
         command = Command(expanded, env, line, self.unresolved)
@@ -909,7 +910,7 @@ def sbatch_options(text: str) -> dict[str, str]:
     options: dict[str, str] = {}
     for match in _SBATCH.finditer(text):
         try:
-            words = shlex.split(match.group(1), comments=True)
+            words = shell_words(match.group(1))
         except ValueError:
             continue
         for i, word in enumerate(words):
