@@ -36,6 +36,12 @@ def _align(value: int, to: int) -> int:
     return -(-value // to) * to
 
 
+def _token_bytes(hidden_bytes: int) -> int:
+    """One received token in either buffer: its data, source meta, top-k indices and weights and
+    its scales."""
+    return hidden_bytes + SOURCE_META_BYTES + MAX_TOPK * 8 + MAX_TOPK * 4 + MAX_SCALES * 4
+
+
 def nvl_bytes(config: tuple[int, int, int, int], hidden_bytes: int, ranks: int) -> int:
     """Config.get_nvl_buffer_size_hint: per channel (num_sms / 2) and NVLink peer, the receive
     chunk's tokens with their data, source meta, top-k indices and weights and scales."""
@@ -43,7 +49,7 @@ def nvl_bytes(config: tuple[int, int, int, int], hidden_bytes: int, ranks: int) 
     rdma_ranks, nvl_ranks = max(ranks // NUM_MAX_NVL_PEERS, 1), min(ranks, NUM_MAX_NVL_PEERS)
     tokens = channels * nvl_ranks * config[1]
     total = channels * nvl_ranks * (2 * rdma_ranks + 3) * 4
-    total += tokens * (hidden_bytes + SOURCE_META_BYTES + MAX_TOPK * 8 + MAX_TOPK * 4 + MAX_SCALES * 4)
+    total += tokens * _token_bytes(hidden_bytes)
     return _align(total, 128)
 
 
@@ -54,8 +60,7 @@ def rdma_bytes(config: tuple[int, int, int, int], hidden_bytes: int, ranks: int)
     rdma_ranks = ranks // NUM_MAX_NVL_PEERS
     recv = _align(config[3], config[2])
     total = channels * rdma_ranks * (NUM_MAX_NVL_PEERS * 2 + 2) * 2 * 4
-    total += channels * rdma_ranks * recv * 2 * (
-        hidden_bytes + SOURCE_META_BYTES + MAX_TOPK * 8 + MAX_TOPK * 4 + MAX_SCALES * 4 + 16)
+    total += channels * rdma_ranks * recv * 2 * (_token_bytes(hidden_bytes) + 16)
     return _align(total + RDMA_SAFETY_BYTES, 128)
 
 
