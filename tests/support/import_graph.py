@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -17,28 +18,46 @@ def _modules(root: Path, *also: Path) -> dict[str, Path]:
     return {module_name(base, p): p for base in (root, *also) for p in base.rglob("*.py")}
 
 
+def _import_targets(node: ast.Import | ast.ImportFrom, package: str) -> list[tuple[str, str]]:
+    """(the module `from base import name` names if name is a module, else base) per alias; a
+    plain `import a.b` names a.b either way."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, alias.name) for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(up + ([base] if base else []))
+    return [(f"{base}.{alias.name}", base) for alias in node.names]
+
+
+@lru_cache(maxsize=4096)
+def _statements(source: str, package: str) -> tuple[tuple[str, str, bool], ...]:
+    """Every import statement of one module's source: (target if a module, fallback, whether it
+    runs inside a function). Parsed once per source text: the graph tests and the room-order test
+    read the same files many times in one run, and a changed file is a different key."""
+    found: list[tuple[str, str, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.extend((first, second, in_function)
+                             for first, second in _import_targets(child, package))
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            visit(child, inside)
+
+    visit(ast.parse(source), False)
+    return tuple(found)
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> Iterator[tuple[str, bool]]:
     """(imported module of the package, whether the import runs inside a function) for each
     import statement of one module (a `from pkg import name` counts as importing pkg.name when
     that is a module, else pkg)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    functions = [fn for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    in_function = {id(node) for fn in functions for node in ast.walk(fn) if node is not fn}
-    for node in ast.walk(tree):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(up + ([base] if base else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                       for a in node.names]
-        for target in targets:
-            if target in modules and target != name:
-                yield target, id(node) in in_function
+    for first, fallback, in_function in _statements(path.read_text(encoding="utf-8"), package):
+        target = first if first in modules else fallback
+        if target in modules and target != name:
+            yield target, in_function
 
 
 def imports_of(root: Path, *also: Path) -> dict[str, set[str]]:
