@@ -257,6 +257,8 @@ def test_nemotron_h_what_megatron_cannot_build_is_refused_by_key(change: dict[st
 @pytest.mark.parametrize(("name", "example", "counts"), [
     ("glm-5.1", "glm-5.1-512", (743_911_199_232, 41_784_709_632, 9_952_920_320)),
     ("qwen3.5-35b-a3b", "qwen3.5-35b-a3b-16", (34_660_610_688, 3_454_988_928, 0)),
+    ("kimi-k2.5", "kimi-k2.5-1024", (1_026_408_209_408, 32_861_477_888, 0)),
+    ("qwen3-vl-235b-a22b", "qwen3-vl-235b-a22b-256", (235_093_634_560, 22_190_763_520, 0)),
 ])
 def test_an_imported_family_example_is_its_config_json(name: str, example: str,
                                                         counts: tuple[int, int, int]):
@@ -269,3 +271,17 @@ def test_an_imported_family_example_is_its_config_json(name: str, example: str,
     assert ModelSection.model_validate(mapping.model) == config.model
     assert _size(mapping.model, mapping.moe) == counts
     assert counts[0] == TRANSFORMERS_COUNTS[name]
+
+
+def test_a_re_saved_files_yarn_in_rope_parameters_is_mapped():
+    """transformers 5 re-saves a config with its RoPE scaling inside rope_parameters and no
+    rope_scaling (Kimi-K2.5's file): its YaRN (factor 64 over 4,096 positions, mscale_all_dim 1.0)
+    reaches MLATransformerConfig, not plain RoPE; a rope_parameters of rope_type "default" (GLM-5.1)
+    stays unscaled."""
+    mapping = map_hf_config(corpus_config("kimi-k2.5"))
+    assert (mapping.model["rope_type"], mapping.model["rotary_scaling_factor"],
+            mapping.model["original_max_position_embeddings"]) == ("yarn", 64.0, 4096)
+    assert mapping.megatron_extra_args == ("--mscale-all-dim", "1.0")
+    assert map_hf_config(corpus_config("glm-5.1")).model["rope_type"] == "rope"
+    qwen = map_hf_config(corpus_config("qwen3-vl-235b-a22b"))
+    assert any("mrope_section [24, 20, 20]" in note for note in qwen.notes)
