@@ -171,7 +171,8 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     if q_out != heads * head_dim or k_out != v_out or k_out % head_dim or o_in != q_out \
             or q_in != hidden or o_out != hidden:
         raise Unpriced(layer, path, module, f"has q {q_out}, k {k_out}, v {v_out}, o {o_in} -> "
-                       f"{o_out} wide: not {heads} heads of {head_dim} with whole KV groups")
+                       f"{o_out} wide: not {heads} heads of {head_dim} with whole KV groups"
+                       + _shape_why(heads, head_dim, q_out, k_out, v_out, o_in))
     if o_bias or len({q_bias, k_bias, v_bias}) != 1:
         raise Unpriced(layer, path, module, "biases some of q/k/v/o but not as Megatron's "
                        "add_qkv_bias (q, k and v alike, no output bias)")
@@ -193,6 +194,26 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
         raise Unpriced(layer, path, module, f"holds sinks of {_shape(own['sinks'])}, not one per "
                        "head")
     return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks)
+
+
+def _shape_why(heads: int, head_dim: int, q_out: int, k_out: int, v_out: int, o_in: int) -> str:
+    """What the projection widths say instead, where they say one thing: a head count of the
+    layer's own (Laguna's and Step-3.5's sliding-window layers) or a value head dim apart from
+    the q/k one (MiMo-V2-Flash). Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+    SelfAttention.__init__ builds every layer from one num_attention_heads and gives q, k and v
+    one kv_channels, so neither is a Megatron argument."""
+    if q_out == o_in and q_out % head_dim == 0 and q_out != heads * head_dim \
+            and k_out == v_out and k_out % head_dim == 0:
+        return (f" ({q_out // head_dim} query heads where the config names {heads}: a head count "
+                "of this layer's own, which Megatron-LM builds with one num_attention_heads for "
+                "every layer)")
+    groups = k_out // head_dim if k_out % head_dim == 0 else 0
+    if q_out == heads * head_dim and groups and v_out % groups == 0 \
+            and o_in == heads * (v_out // groups) and v_out != k_out:
+        return (f" ({groups} KV heads with values of {v_out // groups} beside q/k heads of "
+                f"{head_dim}, o_proj reading {heads} x {v_out // groups}: a value head dim apart "
+                "from the q/k one, which Megatron-LM's SelfAttention does not build)")
+    return ""
 
 
 def _experts(module: Any, hidden: int, count: int, layer: int, path: str) -> int:

@@ -78,6 +78,9 @@ def test_a_model_type_without_a_record_is_mapped_from_transformers_modules(tmp_p
     # transformers' own sum over the built model, then moeplan's count of the mapped section
     assert "Ernie4_5_MoeForCausalLM with 21,825,437,888 parameters" in census
     assert "moeplan counts 21,825,436,160 + 1,728 router correction-bias parameters" in census
+    # no moeplan record, but Megatron-Bridge has a bridge for it: named with its source
+    assert str(payload["bridge"]).startswith("model_type ernie4_5_moe has no moeplan family record; "
+                                             "Megatron-Bridge trains it with Ernie45Bridge (")
     assert any("Megatron's expert bias takes sigmoid or sqrtsoftplus" in note for note in rest)
     # the one numeric key no module shape says and moeplan does not carry is named, not dropped
     assert any(note.endswith("does not read (numerics moeplan does not carry into the launch; "

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.config.importers.hf_config import HfConfigUnmappable, map_hf_config, read_hf_json
+from planner.config.importers.hf_families import FAMILIES, UNRECORDED_BRIDGES, unrecorded_bridge_line
 from planner.config.presets import PRESETS
 from planner.config.schema import Config, ModelSection
 from planner.model_size import model_size
@@ -285,3 +286,14 @@ def test_a_re_saved_files_yarn_in_rope_parameters_is_mapped():
     assert map_hf_config(corpus_config("glm-5.1")).model["rope_type"] == "rope"
     qwen = map_hf_config(corpus_config("qwen3-vl-235b-a22b"))
     assert any("mrope_section [24, 20, 20]" in note for note in qwen.notes)
+
+
+def test_a_model_type_without_a_record_names_its_bridge_or_that_none_is_known():
+    """The no-record path of `import hf` names the Megatron-Bridge bridge of Step-3.7, MiMo-V2-Flash,
+    Gemma-4 or ERNIE-4.5 with its file and commit; Laguna has none there."""
+    line = unrecorded_bridge_line("step3p7")
+    assert line.startswith("model_type step3p7 has no moeplan family record; Megatron-Bridge trains "
+                           "it with Step37Bridge (src/megatron/bridge/models/stepfun/step37_bridge.py, "
+                           "NVIDIA-NeMo/Megatron-Bridge@a1d4d4bf)")
+    assert "has no bridge for it known here" in unrecorded_bridge_line("laguna")
+    assert not set(UNRECORDED_BRIDGES) & {family.model_type for family in FAMILIES}
