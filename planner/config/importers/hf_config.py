@@ -225,12 +225,13 @@ def _rope_scaling(r: _Reader) -> Any:
 
 def _no_rope_scaling(r: _Reader) -> None:
     scaling = _rope_scaling(r)
+    key = "rope_scaling" if r.hf.get("rope_scaling") else "rope_parameters"
     if isinstance(scaling, dict) and "mrope_section" in scaling:
-        r.notes.append(f"rope_scaling mrope_section {scaling['mrope_section']!r:.40}: multimodal "
+        r.notes.append(f"{key} mrope_section {scaling['mrope_section']!r:.40}: multimodal "
                        "RoPE (Megatron --position-embedding-type mrope --mrope-section) rotates "
                        "text tokens as plain RoPE; numerics only, no parameter or memory figure")
     elif scaling:
-        r.notes.append(f"rope_scaling {scaling!r:.80} is not mapped for standard attention (RoPE "
+        r.notes.append(f"{key} {scaling!r:.80} is not mapped for standard attention (RoPE "
                        "numerics only; no parameter or memory figure changes): add Megatron's "
                        "--position-embedding-type yarn arguments by hand if you train with it")
 

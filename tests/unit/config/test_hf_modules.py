@@ -6,11 +6,20 @@ one), naming the layer and the module's class."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from planner.config.importers.hf_modules import Unpriced, _attention
+from planner.config.importers.hf_modules import (
+    Attention,
+    Layer,
+    ModelRead,
+    Moe,
+    Unpriced,
+    _attention,
+    model_section,
+)
 
 
 class _Tensor:
@@ -52,15 +61,33 @@ def _layer(cls: type[_Module], hidden: int, q: int, k: int, v: int, o: int) -> _
                o_proj=_linear(o, hidden))
 
 
-def test_a_layer_with_its_own_query_head_count_is_refused_naming_both_counts():
+def test_a_layer_with_its_own_query_head_count_is_read_with_it():
     # Laguna-XS.2's layer-wise attention budgeting: 64 query heads of 128 on a sliding-window
     # layer, 48 in the config (its full-attention layers), the same 8 KV heads
     module = _layer(LagunaAttention, 2048, 64 * 128, 8 * 128, 8 * 128, 64 * 128)
-    with pytest.raises(Unpriced) as refused:
-        _attention(module, 2048, 48, 128, 1, "model.layers.1.self_attn")
-    assert str(refused.value).startswith("layer 1: model.layers.1.self_attn (LagunaAttention)")
-    assert "64 query heads where the config names 48: a head count of this layer's own" \
-        in str(refused.value)
+    attention = _attention(module, 2048, 48, 128, 1, "model.layers.1.self_attn")
+    assert (attention.heads, attention.groups, attention.head_dim) == (64, 8, 128)
+
+
+def _read(heads: list[int]) -> ModelRead:
+    layers = [Layer(Attention(h, 2, 16, False, True, "head"), None, Moe(4, 32, 0, False, False, "softmax"))
+              for h in heads]
+    return ModelRead(256, 64, False, layers, 0)
+
+
+def _text(types: list[str]) -> SimpleNamespace:
+    return SimpleNamespace(layer_types=types, sliding_window=8, num_experts_per_tok=2)
+
+
+def test_sliding_window_layers_of_their_own_head_count_map_to_window_num_attention_heads():
+    types = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    model, _, _ = model_section(_read([4, 8, 8, 4]), _text(types))
+    assert (model["num_attention_heads"], model["window_num_attention_heads"]) == (4, 8)
+    assert model["window_attn_skip_freq"] == [0, 1, 1, 0]
+    # a full-attention layer with another count is no window layer: refused, naming it
+    with pytest.raises(ValueError, match="layer 3's attention .* differs from layer 0's .* "
+                                         "\\(8 query heads where the other layers have 4"):
+        model_section(_read([4, 8, 8, 8]), _text(types))
 
 
 def test_a_value_head_dim_apart_from_the_q_k_one_is_refused_naming_both():
