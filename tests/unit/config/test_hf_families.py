@@ -297,3 +297,18 @@ def test_a_model_type_without_a_record_names_its_bridge_or_that_none_is_known():
                            "NVIDIA-NeMo/Megatron-Bridge@a1d4d4bf)")
     assert "has no bridge for it known here" in unrecorded_bridge_line("laguna")
     assert not set(UNRECORDED_BRIDGES) & {family.model_type for family in FAMILIES}
+
+
+def test_the_laguna_example_is_counted_as_transformers_builds_it():
+    """examples/architectures/laguna-xs.2-16.yaml: transformers 5.25's LagunaForCausalLM from its
+    LagunaConfig defaults with 64 query heads on the 30 sliding-window layers and 48 on the 10 full
+    ones builds 33,442,617,088 parameters (`import hf`'s meta build, rebuilt small in
+    tests/integration/transformers/); moeplan counts them but the 39 x 256 router correction biases,
+    a buffer in Megatron."""
+    from planner.config.loader import load_config
+
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "architectures" / "laguna-xs.2-16.yaml")
+    assert cfg.model.window_num_attention_heads == 64 and cfg.model.num_attention_heads == 48
+    assert cfg.model.layer_mixers.count("window") == 30
+    size = model_size(cfg)
+    assert size is not None and size.total_params == 33_442_617_088 - 39 * 256
