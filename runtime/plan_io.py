@@ -420,6 +420,7 @@ def unsupported_features(plan: Plan) -> list[str]:
 # (field, the value that means "off", what the runtime would otherwise silently leave out).
 UNRUN_ATTENTION_FIELDS = (
     ("attention_chunk_size", None, "chunked attention"),
+    ("window_num_attention_heads", None, "window layers' own query-head count"),
     ("no_rope_freq", None, "NoPE layers"),
     ("rotary_percent", 1.0, "partial rotary embeddings"),
     ("qk_l2_norm", False, "L2 q/k norms"),

@@ -861,9 +861,101 @@ HEAD_GATE = LayerKind(
                       "Megatron's FLOPs figure leaves them out)"),
 )
 
+# ------------------------------------------------------------------------------ window layers' heads
+
+WINDOW_HEADS_SRC = ("Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py "
+                    "SelfAttention.__init__ (built with the layer's num_attention_heads: "
+                    "Megatron-LM has no per-layer count, Megatron-Bridge@017062bc "
+                    "src/megatron/bridge/models/stepfun/step35_provider.py Step35DecoderLayer "
+                    "overrides it on every sliding-attention layer)")
+# dh: the window layers' heads beyond the model's (negative when they have fewer)
+_DH = "(heads_w - heads)"
+
+
+def _window_heads_params(book: Book, v: Variant, attention_side: str) -> str:
+    """What a window layer's own head count changes in its parameters on a TP rank, term by term
+    against the family's (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+    SelfAttention.__init__, built with the layer's num_attention_heads as Step35DecoderLayer
+    does): the q rows and the output projection's columns (h·d each per head), the q bias
+    (add_bias_linear or add_qkv_bias), a sink logit per head, the output gate's h·d rows or the
+    head gate's h rows per head (and its bias), and q norms over all heads of the layer. K, V and
+    the per-head q/k norms are the model's."""
+    terms = [f"2 * h * d * {_DH} / (TP * GTP)"]
+    if v.bias or v.qkv_bias:
+        terms.append(f"{_DH} * d / TP")
+    if "sinks" in v.kinds:
+        terms.append(f"{_DH} / TP")
+    if "output_gate" in v.kinds:
+        terms.append(f"h * {_DH} * d / (TP * GTP)")
+    if "head_gate" in v.kinds:
+        terms.append(f"h * {_DH} / (TP * GTP)" + (f" + {_DH} / TP" if v.bias or v.qkv_bias else ""))
+    if "qk_norm_layer" in v.kinds:
+        terms.append(("2 * " if v.layernorm else "") + f"{_DH} * d")
+    book.add("window_heads_params_per_layer", " + ".join(terms), "params", "memory",
+             "a window layer's own query heads beyond the model's: their q rows and output "
+             "columns, and the biases, sinks, gate rows and q-norm weights that go per head")
+    book.add("window_heads_weights_per_layer", f"2 * h * d * {_DH} / (TP * GTP)", "params",
+             "memory", "a window layer's q and output projection weights beyond the model's")
+    return " + L_window * window_heads_params_per_layer"
+
+
+def _window_heads_flops(book: Book, v: Variant) -> None:
+    """A window layer's own heads in its FLOPs per token: the q and output projections (2·h·d
+    each per head), the core's QKᵀ and softmax·V over the causal half of S keys (2·d·S per head,
+    as flops_attention_core_fwd_per_token counts a head), and the gate rows per head. Megatron's
+    num_floating_point_operations, which Megatron-Bridge's training loop runs, reads one
+    num_attention_heads for every layer; these rows count what the window layers compute."""
+    gates = (" + 2 * h * d * " + _DH if "output_gate" in v.kinds else "") + (
+        " + 2 * h * " + _DH if "head_gate" in v.kinds else "")
+    add = book.add
+    add("flops_window_heads_core_fwd_per_token", f"2 * {_DH} * d * S", "FLOP", "flops",
+        "a window layer's own query heads beyond the model's: their QKᵀ and softmax·V per token "
+        "over the whole causal sequence, as the full-attention count does")
+    add("flops_window_heads_fwd_per_token", f"4 * h * d * {_DH}{gates}"
+        " + flops_window_heads_core_fwd_per_token", "FLOP", "flops",
+        "a window layer's own query heads beyond the model's: their q and output projections"
+        + (" and gate rows" if gates else "") + " and core attention per token")
+    add("flops_window_heads_kernel_fwd_per_token", f"2 * 2 * {_DH} * d * flops_window_keys_avg",
+        "FLOP", "flops", "a window layer's own query heads beyond the model's, as its window "
+        "kernel runs them (over the keys a sliding-window query reads)")
+
+
+def _window_heads_activations(book: Book, v: Variant, per_block: str) -> str:
+    """A window layer's own heads in what it stores for backward, against the family's per-block
+    tensors (planner/budget/memory.py act_attention_per_block): the query and the core output
+    (d each per head) and the fp32 softmax statistics per head, and the q its per-head q norm
+    keeps (qk_layernorm)."""
+    rows = f"2 * {_DH} * d * p + {_DH} * 4"
+    if "act_qk_norm_per_block" in per_block:
+        rows += f" + {_DH} * d * p"
+    book.add("act_window_heads_per_layer", f"tokens_per_rank * ({rows})", "bytes", "memory",
+             "per microbatch: what a window layer's own query heads store beyond the model's "
+             "(query, core output, softmax statistics" + (", q-norm input" if "act_qk_norm_per_block"
+                                                           in per_block else "") + ")")
+    return " + L_window * act_window_heads_per_layer"
+
+
+WINDOW_HEADS = LayerKind(
+    "window_heads", FEATURE, "standard",
+    "sliding-window layers with their own query-head count (window_num_attention_heads)",
+    WINDOW_HEADS_SRC, _standard(lambda m: m.window_num_attention_heads is not None),
+    variations=(("sliding-window layers with their own query-head count",
+                 {"kinds": frozenset({"softmax", "window", "window_heads"}), "cp": False}),),
+    count="L_window", model_count="L_model_window",
+    terms={FLOPS: (Add("flops_window_heads_fwd_per_token"),),
+           CORE: (Add("flops_window_heads_core_fwd_per_token"),),
+           KERNEL: (Add("flops_window_heads_kernel_fwd_per_token"),),
+           WEIGHTS: (Add("window_heads_weights_per_layer"),)},
+    layer_params=_window_heads_params,
+    tp_replicated_layers=lambda v: (" + L_window * " + ("2 * " if v.layernorm else "") + f"{_DH} * d"
+                                    if "qk_norm_layer" in v.kinds else ""),
+    flops=_window_heads_flops, activations=_window_heads_activations,
+)
+
 # Every kind, in the order the pages write them (mixers, then features).
 KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, CSA, HCA, V4_WINDOW, MAMBA,
-                                QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE, HEAD_GATE)
+                                QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE, HEAD_GATE,
+                                WINDOW_HEADS)
 MIXERS = tuple(kind for kind in KINDS if kind.role == MIXER)
 
 
@@ -953,6 +1045,8 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
            "part + itself (the causal mask hides the right part; 0 without a window)"),
     Symbol("L_model_window", "sliding-window attention layers of the whole model (decoder layers; "
            "MTP layers counted full)"),
+    Symbol("heads_w", "query heads of a sliding-window layer (window_num_attention_heads; the "
+           "model's num_attention_heads when unset)"),
     Symbol("chunk_keys", "tokens of one attention chunk (attention_chunk_size; 0 without chunking)"),
     Symbol("L_model_chunked", "chunked-attention layers of the whole model (Llama 4's RoPE layers)"),
     Symbol("L_model_linear", "gated DeltaNet (linear attention) layers of the whole model, MTP "
@@ -991,6 +1085,7 @@ def kind_values(cfg: Config) -> dict[str, Number]:
     mixers = m.layer_mixers
     return {"window_keys": m.window_size[0] + 1 if m.window_size else 0,
             "L_model_window": mixers.count("window"),
+            "heads_w": m.window_num_attention_heads or m.num_attention_heads,
             "chunk_keys": m.attention_chunk_size or 0,
             "L_model_chunked": mixers.count("chunked"),
             "L_model_linear": mixers.count("gdn"),

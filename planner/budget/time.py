@@ -189,7 +189,9 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     add("time_ew_norm_elements", "blocks * (10 * h" + (" + 4 * n_hc * h" if v.mhc else "") + ")",
         "elements", "time", "norms and residual adds per token: two norms (read and write h) "
         "and two residual adds (read 2h, write h) per block" + (", mHC mixing" if v.mhc else ""))
-    add("time_ew_attention_elements", f"blocks * 2 * {attention}", "elements", "time",
+    # window layers with their own query heads (planner/budget/layer_kinds.py WINDOW_HEADS)
+    window = " + L_window * 2 * (heads_w - heads) * d" if "window_heads" in v.kinds else ""
+    add("time_ew_attention_elements", f"blocks * 2 * {attention}{window}", "elements", "time",
         "query, key and value heads read and written once outside the GEMMs (RoPE, concatenation)")
     add("time_ew_router_elements", "L_moe * (h + 4 * E)", "elements", "time",
         "router per token: read h for the gate, the E logits through softmax/sigmoid and top-k")
@@ -224,7 +226,8 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     # rows) and fc2 (activation output), the shared expert and the dense fc2.
     output_proj = {"standard": "heads * d", "mla": "heads * d_v", "dsv4_hybrid": "heads * d"}
     add("time_ew_fp8_cast_elements", f"fp8 * 2 * (blocks * {output_proj[v.attention]}"
-        " + L_moe * (k * (h_moe + I) + I_s + h * Min(I_s, 1)) + L_dense * f)", "elements", "time",
+        + window.replace(" * 2 * ", " * ")
+        + " + L_moe * (k * (h_moe + I) + I_s + h * Min(I_s, 1)) + L_dense * f)", "elements", "time",
         "FP8 casts of the FP8 GEMM inputs no norm produces, per token (read BF16, write the FP8 "
         "copy and its transpose: two BF16 elements' worth); casts of norm outputs are fused into "
         "the norm; the backward's gradient casts are in non_gemm_passes; 0 in BF16")

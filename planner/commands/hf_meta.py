@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.config.importers.hf_config import HfMapping
+from planner.config.importers.hf_families import UNRECORDED_BRIDGES, unrecorded_bridge_line
 from planner.findings import Finding
 
 SOURCE = "planner/commands/hf_meta.py::meta_import"
@@ -125,6 +126,8 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
     census = (f"model_type {model_type!r:.40} has no moeplan family record: transformers {version} "
               f"builds {type(model).__name__} with {total:,} parameters in its text stack "
               f"({len(layers)} decoder layers{f'; towers {towers:,} more' if towers else ''})")
+    bridge = unrecorded_bridge_line(model_type)
+    fix += f" ({bridge})" if model_type in UNRECORDED_BRIDGES else ""
     if not layers:
         return MetaImport(findings=[_error(where, f"{census}; no decoder layer list", fix)])
     try:
@@ -165,5 +168,4 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
                f"moeplan counts {counted:,}{bias}, as transformers does",
                *notes, *(f"warning: {w}" for w in warnings)),
         family=f"{model_type} (no record: mapped from transformers' modules)",
-        bridge=f"model_type {model_type!r:.40} has no moeplan family record, so its "
-               "Megatron-Bridge bridge is not known here"))
+        bridge=bridge))

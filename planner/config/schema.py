@@ -200,6 +200,12 @@ class ModelSection(Section):
     # (megatron/core/transformer/utils.py is_layer_window_attention). Unset: every layer windowed.
     window_size: Annotated[list[NonNegInt], Field(min_length=2, max_length=2)] | None = None
     window_attn_skip_freq: PosInt | list[Literal[0, 1]] | None = None
+    # The sliding-window layers' own query-head count (Laguna-XS.2 and Step-3.5-Flash give them
+    # more heads than their full-attention layers, the same KV groups and head dim). No Megatron
+    # argument: Megatron-LM builds one num_attention_heads for every layer; Megatron-Bridge's
+    # Step35DecoderLayer overrides it per sliding layer (stepfun/step35_provider.py), so `emit
+    # megatron` refuses it. Unset: the window layers have num_attention_heads.
+    window_num_attention_heads: PosInt | None = None
     # --quick-geglu: gated MLP with x·sigmoid(1.702x) (megatron/training/argument_utils.py
     # core_transformer_config_from_args: gated_linear_unit, quick_gelu; it refuses --swiglu with it);
     # glu_linear_offset is added to the linear half (gpt-oss: 1.0), clamped by swiglu_limit.
@@ -420,6 +426,8 @@ class ModelSection(Section):
                 "model.window_attn_skip_freq lists {found} layers, the model has {layers}: give "
                 "one 1 (window) or 0 (full) per layer",
                 {"found": len(skip), "layers": self.num_layers})
+        if self.window_num_attention_heads is not None:
+            self._check_window_heads()
         if self.mamba_layers is not None or self.mixer_only_layers is not None:
             self._check_mamba()
         derived = {
@@ -499,6 +507,22 @@ class ModelSection(Section):
             raise PydanticCustomError(
                 "mamba_mixers", "model.mamba_layers beside model.{field}: moeplan models a hybrid "
                 "stack of Mamba-2 and full attention layers only", {"field": others[0]})
+
+    def _check_window_heads(self) -> None:
+        """The window layers' own head count needs window layers of standard attention and whole
+        query groups (the KV groups are the model's)."""
+        heads = self.window_num_attention_heads
+        if self.window_size is None or self.attention_variant != "standard":
+            raise PydanticCustomError(
+                "window_heads_without_window", "model.window_num_attention_heads {heads} needs "
+                "sliding-window layers of standard attention (model.window_size); remove it or set "
+                "the window", {"heads": heads})
+        groups = self.num_query_groups or self.num_attention_heads
+        if heads is not None and heads % groups:
+            raise PydanticCustomError(
+                "window_heads_groups", "model.window_num_attention_heads {heads} is not a multiple "
+                "of the {groups} query groups its window layers share with the others",
+                {"heads": heads, "groups": groups})
 
     def is_window_layer(self, layer: int) -> bool:
         """Sliding-window attention on 0-based `layer`, as Megatron's is_layer_window_attention
@@ -1149,6 +1173,28 @@ class Config(Section):
         if preset is None or preset not in PRESETS:
             return data
         return {**data, "model": {**PRESETS[preset], **data["model"]}}
+
+    @model_validator(mode="after")
+    def _window_heads_priced(self) -> Config:
+        """What moeplan does not price for window layers of their own head count: the unfused
+        kernel's score matrices, the offloaded attention tensors, adapters on the attention
+        projections (each sized by one head count)."""
+        if self.model.window_num_attention_heads is None:
+            return self
+        tr, named = self.training, []
+        if tr.attention_backend in ("unfused", "local") or tr.transformer_impl == "local":
+            named.append("training.attention_backend/transformer_impl (unfused attention scores)")
+        offloaded = {"qkv_linear", "core_attn", "attn_proj"} & set(self.overlap.offload_modules)
+        if offloaded:
+            named.append(f"overlap.offload_modules {sorted(offloaded)}")
+        if tr.lora is not None and {"linear_qkv", "linear_proj"} & set(tr.lora.target_modules):
+            named.append("training.lora.target_modules on the attention projections")
+        if named:
+            raise PydanticCustomError(
+                "window_heads_not_priced", "model.window_num_attention_heads beside {named}: "
+                "moeplan sizes those with one head count for every layer; leave them out",
+                {"named": "; ".join(named)})
+        return self
 
     @model_validator(mode="after")
     def _lora_targets_counted(self) -> Config:

@@ -329,6 +329,12 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
                         "attention.py SelfAttention.__init__: q_layernorm over "
                         "hidden_size_per_attention_head), none normalises all heads of a layer at once "
                         "(MiniMax-M2); set it false to train per-head q/k norms instead")
+    if m.window_num_attention_heads not in (None, m.num_attention_heads):
+        raise EmitError("model.window_num_attention_heads", f"{NOT_IN_MEGATRON} Megatron-LM dev "
+                        "cannot train this: it builds every layer's attention with one "
+                        "num_attention_heads (megatron/core/transformer/attention.py SelfAttention); "
+                        "Megatron-Bridge's Step35DecoderLayer overrides it on sliding-attention "
+                        "layers (train it there)")
     chunk = m.attention_chunk_size
     if chunk is not None and cfg.training.seq_length > chunk and not all(
             not m.is_chunked_layer(layer) for layer in range(m.num_layers)):

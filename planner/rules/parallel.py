@@ -149,6 +149,13 @@ def heads_divisible_by_tp(f: Facts) -> Iterator[Violation]:
             f"num_attention_heads {heads} is not divisible by tp {tp}",
             f"choose tp dividing {heads}{divisor_hint(heads, tp)}",
         )
+    window = f.model.window_num_attention_heads  # the window layers' own count splits alike
+    if window is not None and window % tp:
+        yield Violation(
+            "model.window_num_attention_heads",
+            f"window_num_attention_heads {window} is not divisible by tp {tp}",
+            f"choose tp dividing {window}{divisor_hint(window, tp)}",
+        )
 
 
 @rule(

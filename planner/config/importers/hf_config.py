@@ -210,22 +210,38 @@ def _gqa(r: _Reader, model: dict[str, Any], default_kv_heads: int | None,
         model["num_query_groups"] = kv_heads
 
 
-def _no_rope_scaling(r: _Reader) -> None:
+def _rope_scaling(r: _Reader) -> Any:
+    """The config's RoPE scaling: rope_scaling, or what transformers 5 keeps of it inside
+    rope_parameters beside rope_theta when it re-saves a file (a rope_type other than "default",
+    or multimodal sections)."""
     scaling = r.hf.get("rope_scaling")
+    nested = r.hf.get("rope_parameters")
+    if scaling or not isinstance(nested, Mapping):
+        return scaling
+    if nested.get("rope_type", "default") == "default" and "mrope_section" not in nested:
+        return None
+    return {key: value for key, value in nested.items() if key != "rope_theta"}
+
+
+def _no_rope_scaling(r: _Reader) -> None:
+    scaling = _rope_scaling(r)
+    key = "rope_scaling" if r.hf.get("rope_scaling") else "rope_parameters"
     if isinstance(scaling, dict) and "mrope_section" in scaling:
-        r.notes.append(f"rope_scaling mrope_section {scaling['mrope_section']!r:.40}: multimodal "
+        r.notes.append(f"{key} mrope_section {scaling['mrope_section']!r:.40}: multimodal "
                        "RoPE (Megatron --position-embedding-type mrope --mrope-section) rotates "
                        "text tokens as plain RoPE; numerics only, no parameter or memory figure")
     elif scaling:
-        r.notes.append(f"rope_scaling {scaling!r:.80} is not mapped for standard attention (RoPE "
+        r.notes.append(f"{key} {scaling!r:.80} is not mapped for standard attention (RoPE "
                        "numerics only; no parameter or memory figure changes): add Megatron's "
                        "--position-embedding-type yarn arguments by hand if you train with it")
 
 
 def _mla_rope(r: _Reader, model: dict[str, Any]) -> None:
     """YaRN of the DeepSeek family → MLATransformerConfig's rope_type / rotary_scaling_factor /
-    original_max_position_embeddings; mscale values other than Megatron's defaults pass through."""
-    scaling = r.hf.get("rope_scaling")
+    original_max_position_embeddings; mscale values other than Megatron's defaults pass through.
+    transformers 5 re-saves the scaling inside rope_parameters (beside rope_theta) and drops
+    rope_scaling: Kimi-K2.5's file carries its YaRN only there."""
+    scaling = _rope_scaling(r)
     if not scaling:
         model["rope_type"] = "rope"
         return

@@ -99,6 +99,56 @@ FAMILIES: tuple[Family, ...] = (
     Family("llama4_text", ("Llama4ForCausalLM",), "Llama4ForCausalLM"),
 )
 
+@dataclass(frozen=True)
+class Bridge:
+    """A Megatron-Bridge bridge for a model_type moeplan has no family record for (the no-record
+    path of `import hf` prices it from transformers' modules, or names the part it cannot)."""
+
+    name: str  # the class its register_bridge decorator registers
+    source: str  # its file under src/megatron/bridge/models/
+    commit: str  # the NVIDIA-NeMo/Megatron-Bridge commit the file was read at
+    builds: str  # what its own provider or layer builds beyond Megatron-LM's arguments
+
+    def line(self, model_type: str) -> str:
+        return (f"model_type {model_type} has no moeplan family record; Megatron-Bridge trains it "
+                f"with {self.name} (src/megatron/bridge/models/{self.source}, "
+                f"NVIDIA-NeMo/Megatron-Bridge@{self.commit}): {self.builds}")
+
+
+# Read from each file's `MegatronModelBridge.register_bridge(source=..., model_type=...)` and the
+# provider it names; model_types absent here have no bridge there (Laguna, MiniMax-M3, OLMoE).
+UNRECORDED_BRIDGES: dict[str, Bridge] = {
+    "mimo_v2_flash": Bridge(
+        "MiMoV2FlashBridge", "mimo_v2_flash/mimo_v2_flash_bridge.py", "b979e638",
+        "MiMoV2FlashModelProvider builds a value head dim apart from the q/k one (v_head_dim) and "
+        "one KV-group count for full and another for sliding-window layers"),
+    "step3p5": Bridge(
+        "Step35Bridge", "stepfun/step35_bridge.py", "38173908",
+        "Step35DecoderLayer overrides heads, query groups, kv_channels and the window on every "
+        "sliding-attention layer (step35_provider.py)"),
+    "step3p7": Bridge(
+        "Step37Bridge", "stepfun/step37_bridge.py", "a1d4d4bf",
+        "the Step-3.5 text stack (Step35DecoderLayer: its own head count on sliding-attention "
+        "layers) beside a vision tower"),
+    "gemma4": Bridge(
+        "Gemma4VLBridge", "gemma_vl/gemma4_vl_bridge.py", "08908484",
+        "Gemma4VLModel, its own model class for Gemma4ForConditionalGeneration"),
+    "ernie4_5_moe": Bridge(
+        "Ernie45Bridge", "ernie/ernie_45_bridge.py", "6c9c0bf0",
+        "Megatron-Core's GPTModel from GPTModelProvider"),
+}
+
+
+def unrecorded_bridge_line(model_type: object) -> str:
+    """Which Megatron-Bridge bridge trains a model_type that has no record, or that none is known."""
+    bridge = UNRECORDED_BRIDGES.get(model_type) if isinstance(model_type, str) else None
+    if bridge is None:
+        return (f"model_type {model_type!r:.40} has no moeplan family record, and Megatron-Bridge "
+                f"({BRIDGE_REPO} and the files listed in hf_families.UNRECORDED_BRIDGES) has no "
+                "bridge for it known here")
+    return bridge.line(str(model_type))
+
+
 BY_ARCHITECTURE: dict[str, Family] = {arch: family for family in FAMILIES
                                       for arch in family.architectures}
 BY_MODEL_TYPE: dict[str, Family] = {family.model_type: family for family in FAMILIES}

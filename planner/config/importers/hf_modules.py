@@ -15,6 +15,7 @@ and layer index: moeplan would price a different model. Duck-typed over torch mo
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Iterator, Mapping
@@ -168,10 +169,15 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     _, k_out, k_bias = _linear(parts["k_proj"], layer, f"{path}.k_proj")
     _, v_out, v_bias = _linear(parts["v_proj"], layer, f"{path}.v_proj")
     o_in, o_out, o_bias = _linear(parts["o_proj"], layer, f"{path}.o_proj")
+    if q_out != heads * head_dim and _shape_why(heads, head_dim, q_out, k_out, v_out, o_in) \
+            .startswith(f" ({q_out // head_dim} query heads"):
+        # a head count of the layer's own: read here, placed (or refused) by model_section
+        heads = q_out // head_dim
     if q_out != heads * head_dim or k_out != v_out or k_out % head_dim or o_in != q_out \
             or q_in != hidden or o_out != hidden:
         raise Unpriced(layer, path, module, f"has q {q_out}, k {k_out}, v {v_out}, o {o_in} -> "
-                       f"{o_out} wide: not {heads} heads of {head_dim} with whole KV groups")
+                       f"{o_out} wide: not {heads} heads of {head_dim} with whole KV groups"
+                       + _shape_why(heads, head_dim, q_out, k_out, v_out, o_in))
     if o_bias or len({q_bias, k_bias, v_bias}) != 1:
         raise Unpriced(layer, path, module, "biases some of q/k/v/o but not as Megatron's "
                        "add_qkv_bias (q, k and v alike, no output bias)")
@@ -193,6 +199,26 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
         raise Unpriced(layer, path, module, f"holds sinks of {_shape(own['sinks'])}, not one per "
                        "head")
     return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks)
+
+
+def _shape_why(heads: int, head_dim: int, q_out: int, k_out: int, v_out: int, o_in: int) -> str:
+    """What the projection widths say instead, where they say one thing: a head count of the
+    layer's own (Laguna's and Step-3.5's sliding-window layers) or a value head dim apart from
+    the q/k one (MiMo-V2-Flash). Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+    SelfAttention.__init__ builds every layer from one num_attention_heads and gives q, k and v
+    one kv_channels, so neither is a Megatron argument."""
+    if q_out == o_in and q_out % head_dim == 0 and q_out != heads * head_dim \
+            and k_out == v_out and k_out % head_dim == 0:
+        return (f" ({q_out // head_dim} query heads where the config names {heads}: a head count "
+                "of this layer's own, which Megatron-LM builds with one num_attention_heads for "
+                "every layer)")
+    groups = k_out // head_dim if k_out % head_dim == 0 else 0
+    if q_out == heads * head_dim and groups and v_out % groups == 0 \
+            and o_in == heads * (v_out // groups) and v_out != k_out:
+        return (f" ({groups} KV heads with values of {v_out // groups} beside q/k heads of "
+                f"{head_dim}, o_proj reading {heads} x {v_out // groups}: a value head dim apart "
+                "from the q/k one, which Megatron-LM's SelfAttention does not build)")
+    return ""
 
 
 def _experts(module: Any, hidden: int, count: int, layer: int, path: str) -> int:
@@ -324,6 +350,11 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
     embed = model.get_input_embeddings()
     vocab, hidden = _shape(embed.weight)
     heads = attr(text, "num_attention_heads")
+    if heads is None:  # transformers 5's per-layer value (Step-3.5's sliding layers): layer 0's
+        try:
+            heads = text.per_layer_config[0].num_attention_heads
+        except Exception:
+            heads = None
     heads = heads if isinstance(heads, int) and heads > 0 else 0
     head_dim = attr(text, "head_dim")
     head_dim = head_dim if isinstance(head_dim, int) and head_dim > 0 else None
@@ -350,6 +381,30 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         raise Unpriced(None, name, model.get_submodule(owner),
                        f"{_shape(param)} is no embedding, output layer or final norm")
     return ModelRead(vocab, hidden, tied, read, bias)
+
+
+def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attention, int | None]:
+    """The decoder's one attention, and the query heads of its sliding-window layers where they
+    have a count of their own (Laguna-XS.2, Step-3.5-Flash: model.window_num_attention_heads);
+    any other difference between layers is refused naming the layer."""
+    flags = windows.get("window_attn_skip_freq", [1] * len(read.layers)) if windows \
+        else [0] * len(read.layers)
+    full = [layer.attention for layer, flag in zip(read.layers, flags, strict=True) if not flag]
+    window = [layer.attention for layer, flag in zip(read.layers, flags, strict=True) if flag]
+    base = (full or window)[0]
+    first = next(i for i, layer in enumerate(read.layers) if layer.attention == base)
+    for index, (layer, flag) in enumerate(zip(read.layers, flags, strict=True)):
+        own = layer.attention
+        if own == base or (flag and full and own == dataclasses.replace(base, heads=own.heads)
+                           and {a.heads for a in window} == {own.heads}):
+            continue
+        why = (f" ({own.heads} query heads where the other layers have {base.heads}: moeplan "
+               "prices a head count of its own on sliding-window layers only, one for all of "
+               "them)" if own == dataclasses.replace(base, heads=own.heads) else "")
+        raise ValueError(f"layer {index}'s attention {own} differs from layer {first}'s "
+                         f"{base}{why}: moeplan's model section holds one attention")
+    heads = {a.heads for a in window} - {base.heads}
+    return base, (heads.pop() if heads else None)
 
 
 def _windows(text: Any, layers: int) -> dict[str, Any]:
@@ -387,19 +442,15 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
     the modules do not say (router scoring, RoPE base: read from the config or assumed) and the
     warnings on what Megatron trains differently. Raises ValueError naming the layer where one
     model section cannot hold the decoder, or the missing top-k."""
-    first = read.layers[0]
     notes: list[str] = []
     warnings: list[str] = []
-    for index, layer in enumerate(read.layers):
-        if layer.attention != first.attention:
-            raise ValueError(f"layer {index}'s attention {layer.attention} differs from layer 0's "
-                             f"{first.attention}: moeplan's model section holds one attention")
+    windows = _windows(text, len(read.layers))
+    att, window_heads = _one_attention(read, windows)
     moes = {layer.moe for layer in read.layers if layer.moe is not None}
     ffns = {layer.ffn for layer in read.layers if layer.ffn is not None}
     if len(moes) > 1 or len(ffns) > 1:
         raise ValueError(f"the layers hold {len(moes)} MoE shapes and {len(ffns)} dense MLP sizes: "
                          "moeplan's model section holds one of each")
-    att = first.attention
     model: dict[str, Any] = {
         "num_layers": len(read.layers), "hidden_size": read.hidden, "vocab_size": read.vocab,
         "num_attention_heads": att.heads, "kv_channels": att.head_dim,
@@ -415,7 +466,9 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         model["head_wise_attn_gate" if att.gate == "head" else "attention_output_gate"] = True
     if att.sinks:
         model["softmax_type"] = "learnable"
-    model.update(_windows(text, len(read.layers)))
+    model.update(windows)
+    if window_heads is not None:
+        model["window_num_attention_heads"] = window_heads
     eps = attr(text, "rms_norm_eps")
     if isinstance(eps, float):
         model["norm_epsilon"] = eps

@@ -221,7 +221,8 @@ def judged_configs() -> dict[str, Config]:
     # imported families: GLM-5.1 (MLA + DSA on every layer, MTP, a layout string over PP8),
     # Qwen3.5 (gated DeltaNet + gated attention) and Nemotron-3-Super's latent MoE
     # (--moe-latent-size) on the hybrid entry; about one CPU-second each, so the other imported
-    # examples (GLM-4.7-Flash, Qwen3-VL-30B-A3B: both pass) are judged by hand, not every run
+    # examples (GLM-4.7-Flash, Qwen3-VL-30B-A3B, Qwen3-VL-235B-A22B over PP4, Kimi-K2.5 over PP8
+    # VPP4 with its YaRN: all pass) are judged by hand (`emit megatron --check-with`), not every run
     for name in (GLM_5_1, QWEN_3_5, SUPER):
         configs[name] = load_config(EXAMPLES / name)
     return configs

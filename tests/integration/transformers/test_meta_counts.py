@@ -78,6 +78,9 @@ def test_a_model_type_without_a_record_is_mapped_from_transformers_modules(tmp_p
     # transformers' own sum over the built model, then moeplan's count of the mapped section
     assert "Ernie4_5_MoeForCausalLM with 21,825,437,888 parameters" in census
     assert "moeplan counts 21,825,436,160 + 1,728 router correction-bias parameters" in census
+    # no moeplan record, but Megatron-Bridge has a bridge for it: named with its source
+    assert str(payload["bridge"]).startswith("model_type ernie4_5_moe has no moeplan family record; "
+                                             "Megatron-Bridge trains it with Ernie45Bridge (")
     assert any("Megatron's expert bias takes sigmoid or sqrtsoftplus" in note for note in rest)
     # the one numeric key no module shape says and moeplan does not carry is named, not dropped
     assert any(note.endswith("does not read (numerics moeplan does not carry into the launch; "
@@ -123,3 +126,26 @@ def test_a_verbatim_file_without_a_record_is_counted_and_refused_by_part(name: s
                 if "transformers" in f["message"]]
     assert f"with {NO_RECORD_COUNTS[name]:,} parameters in its text stack" in census
     assert REFUSED_AT[name] in census
+
+
+def test_window_layers_with_their_own_query_heads_are_counted_as_transformers_builds_them(
+        tmp_path: Path):
+    # Laguna-XS.2's layer-wise attention budgeting, shrunk: 8 query heads on the sliding-window
+    # layers, 4 on the full ones, 2 KV heads of 16 throughout, a per-head gate; transformers' own
+    # meta build is the count moeplan must reach (its window_num_attention_heads layer kind)
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    types = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    hf = {"architectures": ["LagunaForCausalLM"], "model_type": "laguna", "hidden_size": 64,
+          "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "head_dim": 16, "layer_types": types, "sliding_window": 8,
+          "num_attention_heads_per_layer": [4, 8, 8, 4], "num_experts": 4,
+          "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+          "shared_expert_intermediate_size": 32, "vocab_size": 256}
+    payload = _import(tmp_path, hf)
+    model = payload["config"]["model"]  # type: ignore[index]
+    assert (model["num_attention_heads"], model["window_num_attention_heads"]) == (4, 8)
+    assert model["window_attn_skip_freq"] == [0, 1, 1, 0] and model["window_size"] == [7, 0]
+    census = payload["notes"][0]  # type: ignore[index]
+    assert "every layer maps to moeplan's layer kinds by class and shape" in census, census
+    assert census.endswith("as transformers does")

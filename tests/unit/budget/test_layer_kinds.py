@@ -12,6 +12,8 @@ from planner.accounting import budgets, formula_book
 from planner.budget.layer_kinds import KINDS, kinds_present
 from planner.config.loader import InvalidConfig, load_config, parse_config
 from planner.docs.formulas_page import VARIATIONS, baseline_variant
+from planner.emit import EmitError
+from planner.emit.megatron import NOT_IN_MEGATRON, megatron_arguments
 from tests.support.paths import EXAMPLES
 
 H, HEADS, D, GROUPS, S = 64, 4, 16, 4, 32
@@ -222,3 +224,41 @@ def test_the_comm_page_names_no_kind_in_its_cp_part() -> None:
     assert "kinds_of(v)" in source
     for word in ("v.has(", "v.attention", "v.cp", *(f'"{kind.name}"' for kind in KINDS)):
         assert word not in source, word
+
+
+def test_window_layers_with_their_own_query_heads_by_hand() -> None:
+    """8 query heads on the window layer (layer 0), 4 on the full one, the same 4 groups of d 16
+    (Laguna-XS.2's and Step-3.5-Flash's layer-wise head counts): the window layer's 4 more heads
+    add their q rows and output columns, 2 · h · d · 4 = 8,192 parameters, per token
+    4 · h · d · 4 = 16,384 projection FLOPs and 2 · 4 · d · S = 4,096 core FLOPs (as the full count
+    does), as its window kernel runs them 2 · 2 · 4 · d · 57/8 = 1,824; and store their query,
+    core output (d each, fp32) and softmax statistics (4 bytes) per token."""
+    cfg = _tiny(window_size=[7, 0], window_attn_skip_freq=2, window_num_attention_heads=8)
+    assert "window_heads" in kinds_present(cfg) and cfg.model.layer_mixers == ("window", "softmax")
+    env, base = _values(cfg), _values(_tiny(window_size=[7, 0], window_attn_skip_freq=2))
+    assert env["window_heads_params_per_layer"] == 2 * H * D * 4 == 8192
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] == 8192
+    assert env["flops_window_heads_fwd_per_token"] == 4 * H * D * 4 + 2 * 4 * D * S == 20_480
+    assert env["stage_attention_fwd_flops_per_token"] == 2 * (PROJECTIONS + CORE) + 20_480
+    assert env["time_attention_core_fwd_flops"] == base["time_attention_core_fwd_flops"] + 1824
+    assert env["act_window_heads_per_layer"] == env["tokens_per_rank"] * (2 * 4 * D * 4 + 4 * 4)
+    assert env["act_layers_per_microbatch"] - base["act_layers_per_microbatch"] \
+        == env["act_window_heads_per_layer"]
+    gated = _values(_tiny(window_size=[7, 0], window_attn_skip_freq=2, window_num_attention_heads=8,
+                          head_wise_attn_gate=True))
+    assert gated["window_heads_params_per_layer"] == 8192 + H * 4  # one gate row per added head
+    # no Megatron-LM argument builds it: emit refuses, naming the field (EMT010)
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(cfg)
+    assert refused.value.path == "model.window_num_attention_heads"
+    assert refused.value.message.startswith(NOT_IN_MEGATRON)
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"window_num_attention_heads": 8}, "needs sliding-window layers"),
+    ({"window_size": [7, 0], "window_num_attention_heads": 6}, "not a multiple of the 4 query"),
+])
+def test_window_heads_without_their_window_or_groups_are_refused(change: dict[str, Any],
+                                                                 match: str) -> None:
+    with pytest.raises(InvalidConfig, match=match):
+        _tiny(**change)

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.config.importers.hf_config import HfConfigUnmappable, map_hf_config, read_hf_json
+from planner.config.importers.hf_families import FAMILIES, UNRECORDED_BRIDGES, unrecorded_bridge_line
 from planner.config.presets import PRESETS
 from planner.config.schema import Config, ModelSection
 from planner.model_size import model_size
@@ -257,6 +258,8 @@ def test_nemotron_h_what_megatron_cannot_build_is_refused_by_key(change: dict[st
 @pytest.mark.parametrize(("name", "example", "counts"), [
     ("glm-5.1", "glm-5.1-512", (743_911_199_232, 41_784_709_632, 9_952_920_320)),
     ("qwen3.5-35b-a3b", "qwen3.5-35b-a3b-16", (34_660_610_688, 3_454_988_928, 0)),
+    ("kimi-k2.5", "kimi-k2.5-1024", (1_026_408_209_408, 32_861_477_888, 0)),
+    ("qwen3-vl-235b-a22b", "qwen3-vl-235b-a22b-256", (235_093_634_560, 22_190_763_520, 0)),
 ])
 def test_an_imported_family_example_is_its_config_json(name: str, example: str,
                                                         counts: tuple[int, int, int]):
@@ -269,3 +272,43 @@ def test_an_imported_family_example_is_its_config_json(name: str, example: str,
     assert ModelSection.model_validate(mapping.model) == config.model
     assert _size(mapping.model, mapping.moe) == counts
     assert counts[0] == TRANSFORMERS_COUNTS[name]
+
+
+def test_a_re_saved_files_yarn_in_rope_parameters_is_mapped():
+    """transformers 5 re-saves a config with its RoPE scaling inside rope_parameters and no
+    rope_scaling (Kimi-K2.5's file): its YaRN (factor 64 over 4,096 positions, mscale_all_dim 1.0)
+    reaches MLATransformerConfig, not plain RoPE; a rope_parameters of rope_type "default" (GLM-5.1)
+    stays unscaled."""
+    mapping = map_hf_config(corpus_config("kimi-k2.5"))
+    assert (mapping.model["rope_type"], mapping.model["rotary_scaling_factor"],
+            mapping.model["original_max_position_embeddings"]) == ("yarn", 64.0, 4096)
+    assert mapping.megatron_extra_args == ("--mscale-all-dim", "1.0")
+    assert map_hf_config(corpus_config("glm-5.1")).model["rope_type"] == "rope"
+    qwen = map_hf_config(corpus_config("qwen3-vl-235b-a22b"))
+    assert any(note.startswith("rope_parameters mrope_section [24, 20, 20]") for note in qwen.notes)
+
+
+def test_a_model_type_without_a_record_names_its_bridge_or_that_none_is_known():
+    """The no-record path of `import hf` names the Megatron-Bridge bridge of Step-3.7, MiMo-V2-Flash,
+    Gemma-4 or ERNIE-4.5 with its file and commit; Laguna has none there."""
+    line = unrecorded_bridge_line("step3p7")
+    assert line.startswith("model_type step3p7 has no moeplan family record; Megatron-Bridge trains "
+                           "it with Step37Bridge (src/megatron/bridge/models/stepfun/step37_bridge.py, "
+                           "NVIDIA-NeMo/Megatron-Bridge@a1d4d4bf)")
+    assert "has no bridge for it known here" in unrecorded_bridge_line("laguna")
+    assert not set(UNRECORDED_BRIDGES) & {family.model_type for family in FAMILIES}
+
+
+def test_the_laguna_example_is_counted_as_transformers_builds_it():
+    """examples/architectures/laguna-xs.2-16.yaml: transformers 5.25's LagunaForCausalLM from its
+    LagunaConfig defaults with 64 query heads on the 30 sliding-window layers and 48 on the 10 full
+    ones builds 33,442,617,088 parameters (`import hf`'s meta build, rebuilt small in
+    tests/integration/transformers/); moeplan counts them but the 39 x 256 router correction biases,
+    a buffer in Megatron."""
+    from planner.config.loader import load_config
+
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "architectures" / "laguna-xs.2-16.yaml")
+    assert cfg.model.window_num_attention_heads == 64 and cfg.model.num_attention_heads == 48
+    assert cfg.model.layer_mixers.count("window") == 30
+    size = model_size(cfg)
+    assert size is not None and size.total_params == 33_442_617_088 - 39 * 256

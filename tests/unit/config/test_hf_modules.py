@@ -1,0 +1,104 @@
+"""The no-record path's attention reader (planner/config/importers/hf_modules.py) on duck-typed
+modules, without torch: projection shapes Megatron's SelfAttention cannot build are refused with
+what the widths say instead (a head count of the layer's own, a value head dim apart from the q/k
+one), naming the layer and the module's class."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from planner.config.importers.hf_modules import (
+    Attention,
+    Layer,
+    ModelRead,
+    Moe,
+    Unpriced,
+    _attention,
+    model_section,
+)
+
+
+class _Tensor:
+    def __init__(self, *shape: int) -> None:
+        self.shape = shape
+
+
+class _Module:
+    def __init__(self, params: dict[str, _Tensor] | None = None, **children: _Module) -> None:
+        self._params, self._children = params or {}, children
+
+    def named_parameters(self, recurse: bool = True) -> Iterator[tuple[str, _Tensor]]:
+        yield from self._params.items()
+        if recurse:
+            for child in self._children.values():
+                yield from child.named_parameters()
+
+    def parameters(self) -> Iterator[_Tensor]:
+        return (p for _, p in self.named_parameters())
+
+    def named_children(self) -> Iterator[tuple[str, Any]]:
+        yield from self._children.items()
+
+
+class LagunaAttention(_Module):
+    pass
+
+
+class MiMoV2FlashAttention(_Module):
+    pass
+
+
+def _linear(inp: int, out: int) -> _Module:
+    return _Module({"weight": _Tensor(out, inp)})
+
+
+def _layer(cls: type[_Module], hidden: int, q: int, k: int, v: int, o: int) -> _Module:
+    return cls(q_proj=_linear(hidden, q), k_proj=_linear(hidden, k), v_proj=_linear(hidden, v),
+               o_proj=_linear(o, hidden))
+
+
+def test_a_layer_with_its_own_query_head_count_is_read_with_it():
+    # Laguna-XS.2's layer-wise attention budgeting: 64 query heads of 128 on a sliding-window
+    # layer, 48 in the config (its full-attention layers), the same 8 KV heads
+    module = _layer(LagunaAttention, 2048, 64 * 128, 8 * 128, 8 * 128, 64 * 128)
+    attention = _attention(module, 2048, 48, 128, 1, "model.layers.1.self_attn")
+    assert (attention.heads, attention.groups, attention.head_dim) == (64, 8, 128)
+
+
+def _read(heads: list[int]) -> ModelRead:
+    layers = [Layer(Attention(h, 2, 16, False, True, "head"), None, Moe(4, 32, 0, False, False, "softmax"))
+              for h in heads]
+    return ModelRead(256, 64, False, layers, 0)
+
+
+def _text(types: list[str]) -> SimpleNamespace:
+    return SimpleNamespace(layer_types=types, sliding_window=8, num_experts_per_tok=2)
+
+
+def test_sliding_window_layers_of_their_own_head_count_map_to_window_num_attention_heads():
+    types = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    model, _, _ = model_section(_read([4, 8, 8, 4]), _text(types))
+    assert (model["num_attention_heads"], model["window_num_attention_heads"]) == (4, 8)
+    assert model["window_attn_skip_freq"] == [0, 1, 1, 0]
+    # a full-attention layer with another count is no window layer: refused, naming it
+    with pytest.raises(ValueError, match="layer 3's attention .* differs from layer 0's .* "
+                                         "\\(8 query heads where the other layers have 4"):
+        model_section(_read([4, 8, 8, 8]), _text(types))
+
+
+def test_a_value_head_dim_apart_from_the_q_k_one_is_refused_naming_both():
+    # MiMo-V2-Flash's full-attention layer: 64 q/k heads of 192, 4 KV heads, values of 128
+    module = _layer(MiMoV2FlashAttention, 4096, 64 * 192, 4 * 192, 4 * 128, 64 * 128)
+    with pytest.raises(Unpriced) as refused:
+        _attention(module, 4096, 64, 192, 0, "model.layers.0.self_attn")
+    assert "(4 KV heads with values of 128 beside q/k heads of 192, o_proj reading 64 x 128: a " \
+        "value head dim apart from the q/k one" in str(refused.value)
+
+
+def test_the_shape_megatron_builds_is_read():
+    attention = _attention(_layer(_Module, 64, 4 * 16, 2 * 16, 2 * 16, 4 * 16), 64, 4, 16, 0, "a")
+    assert (attention.heads, attention.groups, attention.head_dim) == (4, 2, 16)
