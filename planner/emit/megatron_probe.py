@@ -464,6 +464,7 @@ ONE_RANK = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
 # megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher): none holds
 # parameters.
 LOCAL_KERNELS = {"persist_layer_norm": False, "memory_efficient_layer_norm": False,
+                 "layernorm_zero_centered_gamma": False,
                  "gradient_accumulation_fusion": False, "moe_token_dispatcher_type": "allgather"}
 
 

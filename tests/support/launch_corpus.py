@@ -221,6 +221,10 @@ def megatron_request(name: str, result: Imported, front: FrontEnd, cfg: Config |
     from planner.emit.megatron import megatron_arguments
     from planner.emit.safety import EmitError
 
+    if cfg is not None and cfg.model.qk_layernorm_per_layer:
+        # a norm Megatron has no spelling for (MiniMax-M2's over all heads, a launcher's own layer
+        # spec): Megatron judges the launch with its per-head norms, the same layout and sizes
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"qk_layernorm_per_layer": False})})
     if cfg is not None:
         try:
             plain = request_for(cfg, name)

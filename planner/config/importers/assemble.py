@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from planner.config.importers.launch_facts import LaunchFacts
 from planner.config.importers.megatron_args import (
@@ -49,6 +50,9 @@ class FrontEnd:
     notes: list[Unmapped] = field(default_factory=list)
     origins: list[Path] = field(default_factory=list)  # folders a relative tokenizer path may be in
     model_preset: str | None = None  # the model is this preset (a launcher that builds it from HF)
+    # config fields a launcher sets that no Megatron argument spells (a layer spec's own norm, the
+    # Hugging Face config.json a trainer builds its model from: model.hf_config)
+    fields: dict[str, Any] = field(default_factory=dict)
 
     @property
     def described(self) -> str:
@@ -109,6 +113,8 @@ def _vocabulary(result: Imported, front: FrontEnd, arguments: list[Argument]) ->
         return
     if front.model_preset is not None and "vocab_size" in PRESETS.get(front.model_preset, {}):
         return  # the preset carries the checkpoint's vocabulary
+    if "model.hf_config" in front.fields:
+        return  # the config.json carries the checkpoint's vocabulary
     tokenizer = values.get("--tokenizer-model") or values.get("--tokenizer-name-or-path") or ""
     kind = values.get("--tokenizer-type", "")
     folder = local_folder(tokenizer, front.origins)
@@ -207,9 +213,12 @@ def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:
     words, unresolved = _unresolved_notes(front, front.argv)
     words, entry_notes = qwen3_next_words(front.entry, words)
     line = parse_command(([front.entry] if front.entry else []) + words)
-    result = map_command(line, model_defaults=front.model_preset is None)
+    from_hf = front.model_preset is not None or "model.hf_config" in front.fields
+    result = map_command(line, model_defaults=not from_hf)
     if front.model_preset is not None:
         result.set("model.preset", front.model_preset)
+    for dotted, value in front.fields.items():
+        result.set(dotted, value)
     result.entry = front.entry or result.entry
     _apply_launch(result, front.facts, world_size)
     version_notes = _megatron_version(result, front.facts.container_image)

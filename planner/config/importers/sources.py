@@ -68,6 +68,13 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     if loops := {k: v for k, v in layer_freq_sets(text, read).items() if k not in sets}:
         read = read_script(text, {**loops, **sets})
     command = launch_command(read)
+    verl = next((c for c in read.commands if verl_at(c.words) is not None), None)
+    if verl is not None:  # the trainer, also where a helper runs first (verl's examples convert the
+        # checkpoint with `python scripts/converter_hf_to_mcore.py` before it)
+        front = verl_front_end(verl.words, {k: v for k, v in verl.env.items() if not isinstance(v, Unknown)},
+                               [origin] if origin else [])
+        front.unresolved = dict(verl.unresolved)
+        return front
     if command is None and (held := argument_variables(read)):
         names, argv, unresolved = held
         return FrontEnd(f"{SHELL_SNIPPET} ({', '.join(names)})", argv, unresolved=unresolved,
@@ -75,11 +82,6 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     if command is None and (swift := next((c for c in read.commands if swift_at(c.words) is not None), None)):
         front = swift_front_end(swift.words, dict(swift.env), [origin] if origin else [])
         front.unresolved = dict(swift.unresolved)
-        return front
-    if command is None and (verl := next((c for c in read.commands if verl_at(c.words) is not None), None)):
-        front = verl_front_end(verl.words, {k: v for k, v in verl.env.items() if not isinstance(v, Unknown)},
-                               [origin] if origin else [])
-        front.unresolved = dict(verl.unresolved)
         return front
     if command is None:
         runs = [c.words[:2] for c in read.commands if c.words and c.words[0] in ("bash", "sh", "sbatch")]
@@ -104,6 +106,13 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     for name, value in loops.items():
         front.notes.append(Unmapped("$" + name, value, "the list slime's model-file loop prints "
                                     "(NLAYERS layers, the first FIRST_K_DENSE_REPLACE dense)"))
+    for cut in (c for c in read.commands if c.words and c.words[0].startswith("--")):
+        front.notes.append(Unmapped(cut.words[0], " ".join(cut.words[:4]) + " …", "a command of arguments "
+                                    "only: the line before it ends without `\\`, so bash ends the launch "
+                                    "command there and runs these words as a command of their own (which "
+                                    "fails); the entry script gets none of them; fix: end that line "
+                                    "with `\\`",
+                                    error=True))
     if is_slime(launcher, entry):
         front = slime_front_end(front)
     elif is_mindspeed(entry, argv):
