@@ -29,7 +29,7 @@ from planner.config.importers.shell_script import (
 from planner.config.importers.slime import is_slime, layer_freq_sets, slime_front_end
 from planner.config.importers.sourced import inline_sourced
 from planner.config.importers.swift import swift_at, swift_front_end
-from planner.config.importers.verl import verl_at, verl_front_end
+from planner.config.importers.verl import is_megatron, verl_at, verl_front_end
 
 ARGUMENT_FILE = "argument file"
 SHELL_SCRIPT = "shell launch script"
@@ -71,6 +71,10 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     verl = next((c for c in read.commands if verl_at(c.words) is not None), None)
     if verl is not None:  # the trainer, also where a helper runs first (verl's examples convert the
         # checkpoint with `python scripts/converter_hf_to_mcore.py` before it)
+        if not is_megatron(verl.words):
+            raise NotAnImport("a verl launch of its FSDP trainer (no ppo_megatron_trainer config, megatron "
+                              "strategy or actor.megatron.* override): not a Megatron-LM launch, which "
+                              "is what moeplan plans")
         front = verl_front_end(verl.words, {k: v for k, v in verl.env.items() if not isinstance(v, Unknown)},
                                [origin] if origin else [])
         front.unresolved = dict(verl.unresolved)

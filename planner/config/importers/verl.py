@@ -44,6 +44,21 @@ def verl_at(words: list[str]) -> int | None:
     return next((i for i, w in enumerate(words[:-1]) if w == "-m" and words[i + 1] in MODULES), None)
 
 
+def is_megatron(words: list[str]) -> bool:
+    """Whether the verl launch trains with Megatron: the ppo_megatron_trainer config (its actor is
+    megatron_actor), a megatron strategy or engine override, or an actor.megatron.* override;
+    verl's default ppo_trainer config trains with FSDP (its actor is dp_actor)."""
+    for word in words:
+        key, eq, value = word.lstrip("+").partition("=")
+        value = value.strip("'\"")
+        if key == "--config-name" and "megatron" in value:
+            return True
+        engine = key.endswith((".strategy", "model_engine")) and value == "megatron"
+        if eq and (engine or ".megatron." in key):
+            return True
+    return False
+
+
 def overrides(words: list[str]) -> dict[str, str]:
     """`key=value` / `+key=value` Hydra overrides (the last one of a key wins)."""
     found: dict[str, str] = {}
