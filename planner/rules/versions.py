@@ -50,6 +50,8 @@ class Record:
     def carried_by(self, name: str) -> bool:
         """Whether release `name` (a row of the release table) is in this record's range."""
         at = release(name)
+        if self.key in at.fixes:  # a main commit that holds the fix ahead of the next release
+            return False
         after_start = self.introduced is None or not at.before(self.introduced)
         return after_start and (self.fixed is None or at.before(self.fixed))
 

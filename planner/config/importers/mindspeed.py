@@ -48,6 +48,7 @@ NEUTRAL = ("use_fused_rmsnorm", "use_fused_swiglu", "use_fused_rotary_pos_emb", 
 # --mamba-d-conv taps, and CustomQwen3NextSelfAttention, whose q_proj doubles for a sigmoid output gate
 # (qwen3_next_full_attention.py): Megatron dev's gated_delta_net and --attention-output-gate.
 QWEN3_NEXT_SPEC = "mindspeed_llm.tasks.models.spec.qwen3_next_spec"
+MINIMAX_SPEC = "mindspeed_llm.tasks.models.spec.minimax_spec"
 MARKERS = ("first_k_dense_replace", "n_shared_experts", "noop_layers", "context_parallel_algo",
            "use_fused_rmsnorm", "handler_name", "schedules_method", "moe_permutation_async_comm")
 _CP_ALGO = {"ulysses_cp_algo": "a2a", "megatron_cp_algo": "p2p", "hybrid_cp_algo": "a2a+p2p"}
@@ -136,6 +137,12 @@ def mindspeed_front_end(front: FrontEnd) -> FrontEnd:
                      *interval, "--linear-conv-kernel-dim", *conv, "--attention-output-gate"]
             read.append(f"--spec {QWEN3_NEXT_SPEC} as Megatron's gated_delta_net (every {interval[0]}th "
                         f"layer gated attention, a {conv[0]}-tap convolution)")
+        elif name == "spec" and arg.values[:1] == (MINIMAX_SPEC,):
+            # tasks/models/transformer/minimax_attention.py MinimaxAttention: q and k layer norms over
+            # kv_channels x heads (and x groups), not per head
+            if "--qk-layernorm" in given:
+                front.fields["model.qk_layernorm_per_layer"] = True
+                read.append(f"--spec {MINIMAX_SPEC}: q and k normalised over all heads at once")
         elif name in ("full_attention_interval", "mamba_d_conv"):
             continue  # read with the spec above
         elif name == "partial_rotary_factor":
