@@ -26,6 +26,7 @@ from planner.config.importers.vocabulary import (
     folder_vocabulary,
     largest_preset_vocabulary,
     local_folder,
+    preset_for,
     preset_vocabulary,
 )
 from planner.config.megatron_arguments import SPECIAL, argument_table
@@ -59,6 +60,28 @@ class FrontEnd:
         if self.facts.launcher or self.facts.world_size:
             return f"{self.form} ({self.facts.summary})"
         return self.form
+
+
+def checkpoint_model(front: FrontEnd, option: str, model: str, origins: list[Path]) -> Unmapped:
+    """The model a launcher builds from a Hugging Face checkpoint (verl's
+    actor_rollout_ref.model.path: volcengine/verl verl/models/mcore/config_converter.py
+    hf_to_mcore_config_*; ms-swift's --model): its preset where moeplan has one, else that
+    checkpoint's config.json read through model.hf_config. A folder at hand is read where it is; a
+    Hub name or a path not on this machine is written as its config.json, which `check` names in one
+    finding (FILE001 at model.hf_config) instead of every model field missing."""
+    front.model_preset = preset_for(model)
+    if front.model_preset is not None:
+        return Unmapped(option, model, f"the model is the {front.model_preset} preset (its Hugging Face "
+                        "config.json), named by the checkpoint")
+    folder = local_folder(model, origins)
+    path = (str((folder / "config.json").resolve()) if folder is not None
+            else f"{model.rstrip('/')}/config.json")
+    front.fields["model.hf_config"] = path
+    why = f"no moeplan preset has this checkpoint: the model is read from its config.json ({path})"
+    if folder is None:
+        why += ("; it is not on this machine, so check stops at that file; fix: download it "
+                "(huggingface-cli download MODEL config.json) and set model.hf_config to its path")
+    return Unmapped(option, model, why, error=folder is None)
 
 
 def is_modelled(flag: str) -> bool:

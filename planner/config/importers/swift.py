@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from planner.config.importers.assemble import FrontEnd
+from planner.config.importers.assemble import FrontEnd, checkpoint_model
 from planner.config.importers.launch_facts import LaunchFacts
 from planner.config.importers.megatron_args import Argument, Unmapped, parse_command
 from planner.config.importers.megatron_log import destinations
@@ -36,6 +36,7 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--moe-router-dtype", ("--moe-router-dtype", "fp32")),
     ("--moe-grouped-gemm", ("--moe-grouped-gemm",)),
     ("--moe-token-dispatcher-type", ("--moe-token-dispatcher-type", "alltoall")),
+    ("--expert-tensor-parallel-size", ("--expert-tensor-parallel-size", "1")),  # Megatron's: TP
 )
 _TRUE, _FALSE = ("true", "True", "1"), ("false", "False", "0")
 
@@ -104,11 +105,12 @@ def swift_front_end(words: list[str], env: dict[str, str], origins: list) -> Fro
         front.notes.append(Unmapped("(ms-swift's own)", " ".join(own), "arguments of ms-swift's parser "
                                     "(data, epochs, output, checkpoint format): no Megatron model reads "
                                     "them, so they are not carried"))
-    model = given.get("--model") or given.get("--load")
-    if model:
+    if given.get("--model"):
+        front.notes.append(checkpoint_model(front, "--model", given["--model"][0], front.origins))
+    elif model := given.get("--load"):
         front.model_preset = preset_for(model[0])
         if front.model_preset is not None:
-            front.notes.append(Unmapped("--model", model[0], f"the model is the {front.model_preset} "
+            front.notes.append(Unmapped("--load", model[0], f"the model is the {front.model_preset} "
                                         "preset (its Hugging Face config.json), named by the checkpoint"))
     front.facts = _world(env, unknown)
     return front

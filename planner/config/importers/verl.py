@@ -15,11 +15,10 @@ trainer.n_gpus_per_node.
 
 from __future__ import annotations
 
-from planner.config.importers.assemble import FrontEnd
+from planner.config.importers.assemble import FrontEnd, checkpoint_model
 from planner.config.importers.launch_facts import LaunchFacts
 from planner.config.importers.megatron_args import Unmapped
 from planner.config.importers.megatron_log import argument_destination, destinations
-from planner.config.importers.vocabulary import local_folder, preset_for
 from planner.config.megatron_arguments import argument_table
 
 SOURCE = "volcengine/verl@b178a3cd verl/trainer/config/engine/megatron.yaml"
@@ -171,33 +170,10 @@ def verl_front_end(words: list[str], env: dict[str, str], origins: list) -> Fron
                               "follows the fixed-size batch, not the packed one"))
     model = config.get("actor_rollout_ref.model.path")
     if model:
-        front.model_preset = preset_for(model)
-        if front.model_preset is not None:
-            notes.append(Unmapped("actor_rollout_ref.model.path", model, f"the model is the "
-                                  f"{front.model_preset} preset (its Hugging Face config.json)"))
-        else:
-            notes.append(_hf_config(front, model, origins))
+        notes.append(checkpoint_model(front, "actor_rollout_ref.model.path", model, origins))
     front.notes += notes
     front.facts = _world(config)
     return front
-
-
-def _hf_config(front: FrontEnd, model: str, origins: list) -> Unmapped:
-    """verl builds the actor from the checkpoint's config.json (verl/models/mcore/config_converter.py
-    hf_to_mcore_config_* per architecture): the model is that file, read through model.hf_config.
-    A folder at hand is read where it is; a Hub name or a path not on this machine is written as
-    its config.json, which `check` names in one finding (FILE001 at model.hf_config) instead of
-    every model field missing."""
-    folder = local_folder(model, origins)
-    path = (str((folder / "config.json").resolve()) if folder is not None
-            else f"{model.rstrip('/')}/config.json")
-    front.fields["model.hf_config"] = path
-    why = ("no moeplan preset has this checkpoint: the model is read from its config.json "
-           f"(model.hf_config {path})")
-    if folder is None:
-        why += ("; it is not on this machine, so check stops at that file; fix: download it "
-                "(huggingface-cli download MODEL config.json) and point model.hf_config at it")
-    return Unmapped("actor_rollout_ref.model.path", model, why, error=folder is None)
 
 
 def _world(config: dict[str, str]) -> LaunchFacts:
