@@ -105,6 +105,7 @@ def swift_front_end(words: list[str], env: dict[str, str], origins: list) -> Fro
         front.notes.append(Unmapped("(ms-swift's own)", " ".join(own), "arguments of ms-swift's parser "
                                     "(data, epochs, output, checkpoint format): no Megatron model reads "
                                     "them, so they are not carried"))
+    _tuner(front, given)
     if given.get("--model"):
         front.notes.append(checkpoint_model(front, "--model", given["--model"][0], front.origins))
     elif model := given.get("--load"):
@@ -132,3 +133,26 @@ def _world(env: dict[str, str], unknown: dict[str, str]) -> LaunchFacts:
                               for k in ("NNODES", "NPROC_PER_NODE")
                               if not env.get(k, "1" if k == "NNODES" else "").isdigit()]
     return facts
+
+
+# MegatronTunerMixin (swift/megatron/arguments/megatron_args.py): --tuner_type lora wraps the
+# linears --target_modules names (all-linear: every linear of the decoder but the router,
+# swift/megatron/utils/utils.py get_all_linears) with rank --lora_rank (8) and --lora_alpha (32).
+_LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+def _tuner(front: FrontEnd, given: dict[str, tuple[str, ...]]) -> None:
+    """training.lora for an ms-swift LoRA run (a frozen base, adapters trained), else nothing."""
+    if given.get("--tuner-type", ("full",)) != ("lora",):
+        return
+    targets = [t for t in given.get("--target-modules", ("all-linear",)) if t]
+    named = list(_LORA_TARGETS) if targets == ["all-linear"] else [t for t in targets if t in _LORA_TARGETS]
+    rank, alpha = given.get("--lora-rank", ("8",)), given.get("--lora-alpha", ("32",))
+    if not named or not rank[0].isdigit():
+        front.notes.append(Unmapped("--tuner_type", "lora", f"--target_modules {' '.join(targets)} names no "
+                                    f"linear moeplan counts adapters on ({', '.join(_LORA_TARGETS)}); the "
+                                    "run is budgeted as full training; fix: set training.lora", error=True))
+        return
+    front.fields["training.lora"] = {"dim": int(rank[0]), "alpha": float(alpha[0]), "target_modules": named}
+    front.notes.append(Unmapped("--tuner_type", "lora", f"training.lora: rank {rank[0]}, alpha {alpha[0]} on "
+                                f"{', '.join(named)} over the frozen base ({SOURCE} MegatronTunerMixin)"))
