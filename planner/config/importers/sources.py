@@ -71,12 +71,7 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     verl = next((c for c in read.commands if verl_at(c.words) is not None), None)
     if verl is not None:  # the trainer, also where a helper runs first (verl's examples convert the
         # checkpoint with `python scripts/converter_hf_to_mcore.py` before it)
-        if not is_megatron(verl.words):
-            raise NotAnImport("a verl launch of its FSDP trainer (no ppo_megatron_trainer config, megatron "
-                              "strategy or actor.megatron.* override): not a Megatron-LM launch, which "
-                              "is what moeplan plans")
-        front = verl_front_end(verl.words, {k: v for k, v in verl.env.items() if not isinstance(v, Unknown)},
-                               [origin] if origin else [])
+        front = _verl(verl.words, {k: v for k, v in verl.env.items() if not isinstance(v, Unknown)}, origin)
         front.unresolved = dict(verl.unresolved)
         return front
     if command is None and (held := argument_variables(read)):
@@ -171,11 +166,24 @@ def arguments_front_end(text: str, origin: Path | None) -> FrontEnd:
     rest = words[env_end:]
     if swift_at(rest) is not None:
         return swift_front_end(rest, env, [origin] if origin else [])
+    if verl_at(rest) is not None:
+        return _verl(rest, env, origin)
     at = entry_index(rest)
     launcher, entry, argv = (rest[:at], rest[at], rest[at + 1:]) if at is not None else ([], None, rest)
     front = FrontEnd(ARGUMENT_FILE, argv, entry.rsplit("/", 1)[-1] if entry else None, env,
                      launch_facts(launcher), origins=[origin] if origin else [])
+    if entry is not None and is_mindspeed(entry, argv):
+        front = mindspeed_front_end(front)
     return front
+
+
+def _verl(words: list[str], env: dict[str, str], origin: Path | None) -> FrontEnd:
+    """verl's trainer command (NotAnImport for its FSDP trainer)."""
+    if not is_megatron(words):
+        raise NotAnImport("a verl launch of its FSDP trainer (no ppo_megatron_trainer config, megatron "
+                          "strategy or actor.megatron.* override): not a Megatron-LM launch, which is "
+                          "what moeplan plans")
+    return verl_front_end(words, env, [origin] if origin else [])
 
 
 def front_end(text: str, sets: dict[str, str] | None = None, origin: Path | None = None) -> FrontEnd:
