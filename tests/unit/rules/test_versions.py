@@ -150,3 +150,9 @@ def test_a_pinned_main_commit_holds_the_fixes_its_ancestry_holds():
     codes = _codes({"model": {"mtp_num_layers": 1}, "training": {"calculate_per_token_loss": True}},
                    "d3528a21")
     assert ("VER002", "mtp-per-token-loss") not in codes
+
+
+def test_an_unplaced_commit_is_one_finding_naming_how_to_place_it():
+    """A commit the table does not hold: one VER001, whose fix names the git commands that place it."""
+    [finding] = [f for f in _findings({}, "0123abcd") if f.code == "VER001"]
+    assert "git describe --tags 0123abcd" in finding.fix and "git tag --contains 0123abcd" in finding.fix
