@@ -112,6 +112,7 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
                                     "fails); the entry script gets none of them; fix: end that line "
                                     "with `\\`",
                                     error=True))
+    front.notes += _positional_notes(text, sets)
     if is_slime(launcher, entry):
         front = slime_front_end(front)
     elif is_mindspeed(entry, argv):
@@ -140,6 +141,23 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
         front.notes.append(Unmapped("source", " ".join(read.included), "files the script sources are not "
                                     "read; what they set is unresolved"))
     return front
+
+
+_POSITIONAL = re.compile(r"\$\{?([1-9][0-9]*)\}?")
+
+
+def _positional_notes(text: str, sets: dict[str, str]) -> list[Unmapped]:
+    """Values given after the script beyond the last `$N` it reads: bash never reads them, and a
+    README whose list has one value the script no longer takes shifts every later one (Pai's
+    Moonlight README passes 27 to a script reading 26)."""
+    given = sorted(int(name) for name in sets if name.isdigit())
+    read = max((int(m.group(1)) for m in _POSITIONAL.finditer(text)), default=0)
+    if not given or given[-1] <= read:
+        return []
+    return [Unmapped(f"${read + 1}..", " ".join(sets[str(n)] for n in given if n > read),
+                     f"{len(given)} values follow the script, which reads $1 to ${read}: these are never "
+                     "read; if the list is the README's, check it against the script's $N assignments "
+                     "(a value it no longer takes shifts every later one)")]
 
 
 _TRIED = ("0", "1", "")  # a numeric test's two sides and a string test's empty one

@@ -198,3 +198,15 @@ def test_primus_checkout_pins_its_megatron(tmp_path: Path) -> None:
     result, _ = import_text(text, world_size=8, origin=tmp_path)
     assert result.data["megatron"]["version"] == "main@d3528a21"
     assert resolve_version("d3528a21").name == "main@d3528a21"
+
+
+def test_values_after_the_script_beyond_what_it_reads_are_named() -> None:
+    """Pai's Moonlight README passes 27 values to run_mcore_moonlight.sh, which reads $1 to $26 (its
+    flash-attention switch is gone): bash never reads the last one, and every value after the
+    dropped switch lands one place later; the import names the unread values."""
+    text = "A=$1\nB=${2}\ntorchrun --nproc-per-node 8 pretrain_gpt.py --num-layers $A --hidden-size $B\n"
+    result, _ = import_text(text, {"1": "4", "2": "64", "3": "extra"})
+    [note] = [u for u in result.unmapped if u.argument == "$3.."]
+    assert note.value == "extra" and "never read" in note.why and not note.error
+    result, _ = import_text(text, {"1": "4", "2": "64"})
+    assert not [u for u in result.unmapped if u.argument.startswith("$3")]
