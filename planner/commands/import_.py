@@ -112,12 +112,15 @@ def validate(data: dict[str, dict[str, Any]],
     """Schema findings, or (when the config loads) every rule's findings. Where the only schema
     errors are required fields the import has a stated placeholder for, those stay errors and every
     rule runs on the config with the placeholders filled in: all findings in one pass."""
-    from planner.config.loader import InvalidConfig, parse_config
+    from planner.config.loader import InvalidConfig, UnreadableConfig, parse_config
 
     try:
         cfg = parse_config(data)
     except InvalidConfig as exc:
         return _with_placeholders(data, exc.findings, placeholders or {})
+    except UnreadableConfig as exc:  # the model.hf_config the import names is not on this machine
+        return [Finding("FILE001", "error", "model.hf_config", str(exc), "put the checkpoint's config.json "
+                        "there, or point model.hf_config at it", "moeplan (the file the model is read from)")]
     return collect_findings(cfg)
 
 

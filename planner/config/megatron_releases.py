@@ -5,9 +5,11 @@ planner/rules/known_bugs.py) can ask "is this version before that one".
 Every row is a tag or branch of github.com/NVIDIA/Megatron-LM, with its commit and date as that
 repository records them: the `core_vX.Y.Z` release tags, the NeMo container branches `25.04-alpha`,
 `25.09-alpha` and `26.04-alpha` (the Megatron-LM a `nemo:YY.MM` container ships), and the two
-commits moeplan is checked against, dev@d48bd6be (the default) and main@d98e8a64. The order is the
-order a fix reaches them: each row holds every fix an earlier row holds (checked by hand, fix by fix,
-on the tagged sources for every record of planner/rules/versions.py). A version moeplan cannot place
+commits moeplan is checked against, dev@d48bd6be (the default) and main@d98e8a64, and main commits
+launchers pin (Primus's main@d3528a21). The order is the order a fix reaches them: each row holds
+every fix an earlier row holds (checked by hand, fix by fix, on the tagged sources for every record
+of planner/rules/versions.py); a main commit between tags sits at its date and names in `fixes` the
+ones it holds ahead of the next release (read off its ancestry). A version moeplan cannot place
 is `None` here and a finding of rule VER001, never silently dev.
 """
 
@@ -28,6 +30,10 @@ class Release:
     commit: str
     date: str
     aliases: tuple[str, ...] = ()
+    # A commit on the main line between two tags (one a launcher pins) holds some fixes before the
+    # next release does: the keys of planner/rules/versions.py RECORDS whose fixing change is its
+    # ancestor although a later row is the first release with it.
+    fixes: tuple[str, ...] = ()
 
     @property
     def rank(self) -> int:
@@ -75,6 +81,12 @@ RELEASES: tuple[Release, ...] = (
     _core(15, 2, "45b404c8aa2ff923d1e0a8b0ee8aec45d827cef4", "2026-01-08"),
     _core(15, 3, "309ffca6a40553362d44fd17efc56b772fa1aa44", "2026-02-06"),
     _core(16, 0, "3bec9aa97dda898d16ff5a89bac0ed2b6682b172", "2026-02-26"),
+    # The Megatron-LM that AMD-AGI/Primus pins (primus/_thirdparty.lock at fd1eeabb): a main commit
+    # ("fix(moe): fix TE general_gemm API change (#3582)") first released in core_v0.17.0. Its
+    # ancestors hold PR #3159 (a22c40e8), #3396 (d7500d4d) and #2237 (f6e0d425); not #3562, #4593,
+    # #5047 or #5115; HybridEP is in it; none of the branch features of FEATURE_ROWS is.
+    Release("main@d3528a21", "d3528a21301db2d12e92912b3ec025dc8a2ed4d6", "2026-03-06", ("d3528a21",),
+            fixes=("mtp-per-token-loss", "mtp-cp-nan")),
     _core(16, 1, "55ac7082517c3878ae653c07c09c534b8aed49f6", "2026-03-16"),
     _core(17, 0, "9539a12e1b04a68423f57b3eb41d6125161dca24", "2026-04-14"),
     _container("26.04-alpha", "0fcbc3db89c448a52c0ad6e17b882ebada1d8782", "2026-05-09"),

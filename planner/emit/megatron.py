@@ -347,16 +347,20 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
 
 def _dsa(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
     m = cfg.model
+    # a launch that turns RoPE fusion off itself carries the switch (launch.megatron_extra_args)
+    carried = "--no-rope-fusion" in cfg.launch.megatron_extra_args
     if m.dsa:  # DeepSeek-V3.2 (megatron/core/transformer/transformer_config.py: DSA refuses RoPE fusion)
         args.add("--experimental-attention-variant", "dsa", source="model.dsa")
         args.add("--dsa-indexer-n-heads", m.index_n_heads, source="model.index_n_heads")
         args.add("--dsa-indexer-head-dim", m.index_head_dim, source="model.index_head_dim")
         args.add("--dsa-indexer-topk", m.index_topk, source="model.index_topk")
-        args.add("--no-rope-fusion", source="model.dsa (DSAttention has no fused RoPE)")
+        if not carried:
+            args.add("--no-rope-fusion", source="model.dsa (DSAttention has no fused RoPE)")
     elif m.attention_variant == "mla" and m.rope_type == "rope":  # GLM-4.7-Flash: plain RoPE
         # Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
         # MLATransformerConfig.__post_init__: fused RoPE for MLA only works with YaRN.
-        args.add("--no-rope-fusion", source="model.rope_type rope (MLA fuses YaRN RoPE only)")
+        if not carried:
+            args.add("--no-rope-fusion", source="model.rope_type rope (MLA fuses YaRN RoPE only)")
 
 
 def _gated_delta_net(cfg: Config, args: MegatronArgs, _: _Planned) -> None:

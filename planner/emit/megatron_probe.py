@@ -461,10 +461,13 @@ ONE_RANK = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
             "context_parallel_size": 1, "sequence_parallel": False}
 # Fused-kernel switches the local modules refuse (megatron/core/transformer/torch_norm.py
 # WrappedTorchNorm), and the token dispatcher (the all-to-all one opens a CUDA stream,
-# megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher): none holds
-# parameters.
+# megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher) with the shared-expert
+# overlap and the EP all-to-all overlap that TransformerConfig.__post_init__ allows only beside
+# alltoall or flex (the latter only with EP > 1, which the one-rank copy resets): none holds parameters.
 LOCAL_KERNELS = {"persist_layer_norm": False, "memory_efficient_layer_norm": False,
-                 "gradient_accumulation_fusion": False, "moe_token_dispatcher_type": "allgather"}
+                 "layernorm_zero_centered_gamma": False, "gradient_accumulation_fusion": False,
+                 "moe_token_dispatcher_type": "allgather", "moe_shared_expert_overlap": False,
+                 "overlap_moe_expert_parallel_comm": False, "delay_wgrad_compute": False}
 
 
 def _parameter_free_core_attention() -> Any:

@@ -12,6 +12,7 @@ of github.com/NVIDIA/Megatron-LM, the fixing change's code looked for in every r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -50,6 +51,8 @@ class Record:
     def carried_by(self, name: str) -> bool:
         """Whether release `name` (a row of the release table) is in this record's range."""
         at = release(name)
+        if self.key in at.fixes:  # a main commit that holds the fix ahead of the next release
+            return False
         after_start = self.introduced is None or not at.before(self.introduced)
         return after_start and (self.fixed is None or at.before(self.fixed))
 
@@ -238,10 +241,15 @@ def _hits(f: Facts, kind: str) -> Iterator[tuple[Record, str, str]]:
 )
 def version_known(f: Facts) -> Iterator[Violation]:
     if f.release is None:
-        yield Violation("megatron.version", f"Megatron-LM version {f.cfg.megatron.version!r} is not one "
-                        "moeplan can place; the version-dependent rules followed dev@d48bd6be",
-                        f"name one of {known_spellings()} (a release also as 0.16.0 or "
-                        "megatron-core==0.16.0, a container as 25.09 or nemo:25.09, or its commit)")
+        version = str(f.cfg.megatron.version)
+        commit = re.fullmatch(r"[0-9a-fA-F]{7,40}", version.strip()) is not None
+        fix = (f"a commit between the table's rows: name the release before it (`git describe --tags "
+               f"{version}` in a Megatron-LM clone) to keep its known bugs, or the first one shipping it "
+               f"(`git tag --contains {version}`); the rows are {known_spellings()}" if commit else
+               f"name one of {known_spellings()} (a release also as 0.16.0 or megatron-core==0.16.0, a "
+               "container as 25.09 or nemo:25.09, or its commit)")
+        yield Violation("megatron.version", f"Megatron-LM version {version!r} is not one moeplan can place; "
+                        "the version-dependent rules followed dev@d48bd6be", fix)
 
 
 @rule(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from planner.config.importers.launch_facts import LaunchFacts
 from planner.config.importers.megatron_args import (
@@ -25,6 +26,7 @@ from planner.config.importers.vocabulary import (
     folder_vocabulary,
     largest_preset_vocabulary,
     local_folder,
+    preset_for,
     preset_vocabulary,
 )
 from planner.config.megatron_arguments import SPECIAL, argument_table
@@ -49,12 +51,37 @@ class FrontEnd:
     notes: list[Unmapped] = field(default_factory=list)
     origins: list[Path] = field(default_factory=list)  # folders a relative tokenizer path may be in
     model_preset: str | None = None  # the model is this preset (a launcher that builds it from HF)
+    # config fields a launcher sets that no Megatron argument spells (a layer spec's own norm, the
+    # Hugging Face config.json a trainer builds its model from: model.hf_config)
+    fields: dict[str, Any] = field(default_factory=dict)
 
     @property
     def described(self) -> str:
         if self.facts.launcher or self.facts.world_size:
             return f"{self.form} ({self.facts.summary})"
         return self.form
+
+
+def checkpoint_model(front: FrontEnd, option: str, model: str, origins: list[Path]) -> Unmapped:
+    """The model a launcher builds from a Hugging Face checkpoint (verl's
+    actor_rollout_ref.model.path: volcengine/verl verl/models/mcore/config_converter.py
+    hf_to_mcore_config_*; ms-swift's --model): its preset where moeplan has one, else that
+    checkpoint's config.json read through model.hf_config. A folder at hand is read where it is; a
+    Hub name or a path not on this machine is written as its config.json, which `check` names in one
+    finding (FILE001 at model.hf_config) instead of every model field missing."""
+    front.model_preset = preset_for(model)
+    if front.model_preset is not None:
+        return Unmapped(option, model, f"the model is the {front.model_preset} preset (its Hugging Face "
+                        "config.json), named by the checkpoint")
+    folder = local_folder(model, origins)
+    path = (str((folder / "config.json").resolve()) if folder is not None
+            else f"{model.rstrip('/')}/config.json")
+    front.fields["model.hf_config"] = path
+    why = f"no moeplan preset has this checkpoint: the model is read from its config.json ({path})"
+    if folder is None:
+        why += ("; it is not on this machine, so check stops at that file; fix: download it "
+                "(huggingface-cli download MODEL config.json) and set model.hf_config to its path")
+    return Unmapped(option, model, why, error=folder is None)
 
 
 def is_modelled(flag: str) -> bool:
@@ -109,6 +136,8 @@ def _vocabulary(result: Imported, front: FrontEnd, arguments: list[Argument]) ->
         return
     if front.model_preset is not None and "vocab_size" in PRESETS.get(front.model_preset, {}):
         return  # the preset carries the checkpoint's vocabulary
+    if "model.hf_config" in front.fields:
+        return  # the config.json carries the checkpoint's vocabulary
     tokenizer = values.get("--tokenizer-model") or values.get("--tokenizer-name-or-path") or ""
     kind = values.get("--tokenizer-type", "")
     folder = local_folder(tokenizer, front.origins)
@@ -207,9 +236,12 @@ def assemble(front: FrontEnd, world_size: int | None = None) -> Imported:
     words, unresolved = _unresolved_notes(front, front.argv)
     words, entry_notes = qwen3_next_words(front.entry, words)
     line = parse_command(([front.entry] if front.entry else []) + words)
-    result = map_command(line, model_defaults=front.model_preset is None)
+    from_hf = front.model_preset is not None or "model.hf_config" in front.fields
+    result = map_command(line, model_defaults=not from_hf)
     if front.model_preset is not None:
         result.set("model.preset", front.model_preset)
+    for dotted, value in front.fields.items():
+        result.set(dotted, value)
     result.entry = front.entry or result.entry
     _apply_launch(result, front.facts, world_size)
     version_notes = _megatron_version(result, front.facts.container_image)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from planner.config.importers.assemble import FrontEnd
 from planner.config.importers.megatron_args import Argument, Unmapped, parse_command
+from planner.config.layout_strings import IMPORTED, layout_string
 
 ENTRIES = ("pretrain_gpt.py", "posttrain_gpt.py")
 # MindSpeed-LLM arguments that are kernels, data handling or checkpoint conversion: no effect on the
@@ -31,7 +32,23 @@ NEUTRAL = ("use_fused_rmsnorm", "use_fused_swiglu", "use_fused_rotary_pos_emb", 
            "tokenizer_name_or_path", "beta_fast", "beta_slow", "rope_scaling_mscale",
            "rope_scaling_mscale_all_dim", "use_mcore_models",
            # features_manager/moe/moe_router.py: the router's gating and top-k softmax in fp32 (numerics)
-           "router_gating_in_fp32", "topk_softmax_in_fp32")
+           "router_gating_in_fp32", "topk_softmax_in_fp32",
+           # Ascend/MindSpeed@028de58c mindspeed/features_manager/fusions/fused_moe_permute.py (a kernel)
+           # and transformer/flash_attention/fusion_attention_feature.py --shape-order (the fused
+           # attention's tensor layout)
+           "use_fused_moe_token_permute_and_unpermute", "shape_order",
+           # Qwen3-Next (features_manager/models/mamba.py, models/module.py, transformer/qwen3_next_
+           # attention): the DeltaNet's chunk size and expansion (1: no extra width) and Triton kernel,
+           # RMSNorm weights kept in fp32, separate q/k/v projections instead of one fused one (the same
+           # weights), and memory/chunk_loss.py's loss mode (default: the whole loss at once)
+           "mamba_chunk_size", "mamba_expand", "use_triton_gdn", "rmsnorm_weight_in_fp32",
+           "no_enable_linear_qkv")
+# mindspeed_llm/tasks/models/spec/qwen3_next_spec.py layer_spec: CustomQwen3NextGatedDeltaNetAttention on
+# the linear layers (every --full-attention-interval-th layer full attention), whose convolution has
+# --mamba-d-conv taps, and CustomQwen3NextSelfAttention, whose q_proj doubles for a sigmoid output gate
+# (qwen3_next_full_attention.py): Megatron dev's gated_delta_net and --attention-output-gate.
+QWEN3_NEXT_SPEC = "mindspeed_llm.tasks.models.spec.qwen3_next_spec"
+MINIMAX_SPEC = "mindspeed_llm.tasks.models.spec.minimax_spec"
 MARKERS = ("first_k_dense_replace", "n_shared_experts", "noop_layers", "context_parallel_algo",
            "use_fused_rmsnorm", "handler_name", "schedules_method", "moe_permutation_async_comm")
 _CP_ALGO = {"ulysses_cp_algo": "a2a", "megatron_cp_algo": "p2p", "hybrid_cp_algo": "a2a+p2p"}
@@ -79,6 +96,12 @@ def mindspeed_front_end(front: FrontEnd) -> FrontEnd:
         elif name == "context_parallel_algo" and arg.values[:1] and arg.values[0] in _CP_ALGO:
             argv += ["--cp-comm-type", _CP_ALGO[arg.values[0]]]
             read.append(f"--context-parallel-algo {arg.values[0]} as a {_CP_ALGO[arg.values[0]]} exchange")
+        elif name == "moe_router_load_balancing_type" and arg.values == ("pai_megatron_aux_loss",):
+            # mindspeed_llm/tasks/models/common/pai_megatron.py pai_megatron_aux_loss: softmax before the
+            # top-k (topk_softmax_with_capacity, use_pre_softmax) and Megatron's switch auxiliary loss
+            argv += [arg.flag, "aux_loss"] + ([] if "--moe-router-pre-softmax" in given
+                                              else ["--moe-router-pre-softmax"])
+            read.append("pai_megatron_aux_loss as aux_loss with --moe-router-pre-softmax")
         elif name == "seq_aux":
             argv += ["--moe-router-load-balancing-type", "seq_aux_loss"]
             read.append("--seq-aux as --moe-router-load-balancing-type seq_aux_loss")
@@ -107,6 +130,31 @@ def mindspeed_front_end(front: FrontEnd) -> FrontEnd:
             continue
         elif (name == "num_layers" and noop) or (name == "moe_layer_freq" and dense_first):
             continue  # rewritten above / below
+        elif name == "spec" and arg.values[:1] == (QWEN3_NEXT_SPEC,):
+            interval = given.get("--full-attention-interval", ("4",))
+            conv = given.get("--mamba-d-conv", ("4",))
+            argv += ["--experimental-attention-variant", "gated_delta_net", "--linear-attention-freq",
+                     *interval, "--linear-conv-kernel-dim", *conv, "--attention-output-gate"]
+            read.append(f"--spec {QWEN3_NEXT_SPEC} as Megatron's gated_delta_net (every {interval[0]}th "
+                        f"layer gated attention, a {conv[0]}-tap convolution)")
+        elif name == "spec" and arg.values[:1] == (MINIMAX_SPEC,):
+            # tasks/models/transformer/minimax_attention.py MinimaxAttention: q and k layer norms over
+            # kv_channels x heads (and x groups), not per head
+            if "--qk-layernorm" in given:
+                front.fields["model.qk_layernorm_per_layer"] = True
+                read.append(f"--spec {MINIMAX_SPEC}: q and k normalised over all heads at once")
+        elif name in ("full_attention_interval", "mamba_d_conv"):
+            continue  # read with the spec above
+        elif name == "partial_rotary_factor":
+            argv += ["--rotary-percent", *arg.values]
+            read.append("--partial-rotary-factor as --rotary-percent")
+        elif name == "add_rmsnorm_offset":
+            # models/module.py: RMSNorm scales by (1 + weight), Megatron's zero-centered gamma
+            argv += ["--apply-layernorm-1p"]
+            read.append("--add-rmsnorm-offset as --apply-layernorm-1p")
+        elif name == "loss_compute_mode" and arg.values == ("default",) or (
+                name == "loss_chunk_size" and given.get("--loss-compute-mode", ("default",)) == ("default",)):
+            neutral.append(" ".join(arg.words))  # memory/chunk_loss.py: the whole loss at once, as Megatron
         elif name == "spec" and arg.values[:1] and arg.values[0].startswith("mindspeed_llm."):
             neutral.append(" ".join(arg.words))  # MindSpeed's spec of the same Megatron-Core GPT layers
         else:
@@ -114,14 +162,31 @@ def mindspeed_front_end(front: FrontEnd) -> FrontEnd:
     if noop and layers:
         real = layers - len(noop)
         argv += ["--num-layers", str(real)]
-        if noop == list(range(real, layers)) and pp > 1 and layers % pp == 0:
+        per_chunk = _int(given.get("--num-layers-per-virtual-pipeline-stage", ()))
+        chunks = layers // per_chunk if per_chunk and layers % per_chunk == 0 else pp
+        trailing = noop == list(range(real, layers))
+        if trailing and chunks == pp and pp > 1 and layers % pp == 0:
             argv += ["--decoder-last-pipeline-num-layers", str(layers // pp - len(noop))]
             read.append(f"--noop-layers {','.join(map(str, noop))}: {real} layers, the last stage "
                         f"{layers // pp - len(noop)}")
+        elif pp > 1 and layers % chunks == 0 and chunks % pp == 0 and all(0 <= n < layers for n in noop):
+            # the identity layers keep their slots of the even split (of pp x vpp chunks): each chunk
+            # holds its slots less the identity ones, Megatron's --pipeline-model-parallel-layout
+            size = layers // chunks
+            counts = [size - sum(1 for n in set(noop) if k * size <= n < (k + 1) * size)
+                      for k in range(chunks)]
+            mtp = _int(given.get("--mtp-num-layers", ("0",))) or 0
+            drop = {"--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank"}
+            argv = [w for a in parse_command(argv).arguments if a.flag not in drop for w in a.words]
+            argv += ["--pipeline-model-parallel-layout", layout_string(counts, mtp, IMPORTED)]
+            read.append(f"--noop-layers {','.join(map(str, noop))}: {real} layers over {chunks} chunks of "
+                        f"{size} slots less the identity ones ({counts})")
+        elif pp == 1:
+            read.append(f"--noop-layers {','.join(map(str, noop))}: {real} layers (one stage)")
         else:
-            front.notes.append(Unmapped("--noop-layers", ",".join(map(str, noop)), "identity layers inside "
-                                        "the stack: not modelled; the layer count is read without them",
-                                        error=True))
+            front.notes.append(Unmapped("--noop-layers", ",".join(map(str, noop)), f"identity layers that do "
+                                        f"not fit an even split of {layers} slots over {chunks} chunks: not "
+                                        "modelled; the layer count is read without them", error=True))
     front.argv = argv
     front.form = f"MindSpeed-LLM launch ({front.entry})"
     if read:

@@ -26,6 +26,8 @@ from planner.config.importers.assemble import FrontEnd
 from planner.config.importers.megatron_args import Unmapped
 from planner.config.importers.megatron_log import argument_destination
 from planner.config.importers.shell_script import Unresolved
+from planner.config.importers.vocabulary import json_file
+from planner.config.megatron_releases import resolve_version
 
 PRESETS = Path("primus") / "configs"
 _ENV = re.compile(r"\$\{([^:{}]+)(?::([^}]*))?\}")
@@ -163,9 +165,27 @@ def primus_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
                                 "merged as Primus merges them (extends chains, module over model, then "
                                 "the experiment's overrides); values equal to Megatron's defaults add no "
                                 "argument"))
+    _pinned_megatron(front, root.parent / "_thirdparty.lock")
     changing = [k for k in own if merged.get(k) not in (None, False, 0, "", "default")]
     if changing:
         front.notes.append(Unmapped("(Primus's own)", " ".join(f"{k}={merged[k]}" for k in changing),
                                     "Primus's keys (its Turbo kernels, DeepEP, sync-free MoE, logging): "
                                     "no Megatron-LM argument; moeplan's figures are Megatron's kernels"))
     return front
+
+
+def _pinned_megatron(front: FrontEnd, lock: Path) -> None:
+    """megatron.version from the Megatron-LM commit the Primus checkout pins (primus/_thirdparty.lock:
+    its third_party entry named Megatron-LM, which Primus checks out and runs). A commit moeplan
+    cannot place is written as read, so rule VER001 names it."""
+    data = json_file(lock)
+    entries = data.get("third_party") if data is not None else None
+    commit = next((e.get("commit") for e in entries or []
+                   if isinstance(e, dict) and e.get("name") == "Megatron-LM"), None)
+    if not isinstance(commit, str) or not commit:
+        return
+    known = resolve_version(commit)
+    front.fields["megatron.version"] = known.name if known is not None else commit
+    front.notes.append(Unmapped("(Primus's Megatron-LM)", commit, f"the commit {lock.name} pins: "
+                                + (f"megatron.version {known.name}" if known is not None else
+                                   "not one moeplan can place (VER001 names it)")))

@@ -18,13 +18,17 @@ read as the list it prints.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from planner.config.importers.assemble import FrontEnd
 from planner.config.importers.launch_facts import LaunchFacts
 from planner.config.importers.megatron_args import Argument, Unmapped, parse_command
 from planner.config.importers.shell_script import ShellRead
+from planner.config.importers.vocabulary import json_file, local_folder
 from planner.config.megatron_names import main_arguments, megatron_arguments
 
 SOURCE = "THUDM/slime@624b824a slime/backends/megatron_utils/arguments.py"
@@ -63,33 +67,127 @@ def layer_freq_sets(text: str, read: ShellRead) -> dict[str, str]:
     return found
 
 
-# slime_plugins/models/qwen3_next.py get_qwen3_next_spec: Megatron's GPT decoder with the layers the
-# Hugging Face config (--hf-checkpoint) marks linear_attention replaced by its gated DeltaNet
-# (Qwen3NextGatedDeltaNet, sized by that config's linear_* keys; layer_types, else every
-# full_attention_interval-th layer full attention). The checkpoint's config.json is not in the launch:
-# transformers' Qwen3NextConfig defaults stand for it (they are Qwen3-Next-80B-A3B's), said in a note.
-QWEN3_NEXT_SPEC = ("slime_plugins.models.qwen3_next", "get_qwen3_next_spec")
-QWEN3_NEXT_DEFAULTS = (("--linear-attention-freq", "4"), ("--linear-key-head-dim", "128"),
-                       ("--linear-value-head-dim", "128"), ("--linear-num-key-heads", "16"),
-                       ("--linear-num-value-heads", "32"), ("--linear-conv-kernel-dim", "4"))
+# slime_plugins/models/qwen3_next.py get_qwen3_next_spec and qwen3_5.py get_qwen3_5_spec: Megatron's
+# GPT decoder with the layers the Hugging Face config (--hf-checkpoint) marks linear_attention replaced
+# by a gated DeltaNet sized by that config's linear_* keys (layer_types, else every
+# full_attention_interval-th layer full attention). Where the checkpoint's config.json is at hand it
+# is read; else transformers' config defaults stand for it (Qwen3NextConfig's are Qwen3-Next-80B-A3B's,
+# Qwen3_5MoeTextConfig's Qwen3.5-35B-A3B's), said in a note.
+_DELTANET_KEYS = (("--linear-key-head-dim", "linear_key_head_dim"),
+                  ("--linear-value-head-dim", "linear_value_head_dim"),
+                  ("--linear-num-key-heads", "linear_num_key_heads"),
+                  ("--linear-num-value-heads", "linear_num_value_heads"),
+                  ("--linear-conv-kernel-dim", "linear_conv_kernel_dim"))
+_DELTANET_DEFAULTS = {"linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+                      "linear_num_value_heads": 32, "linear_conv_kernel_dim": 4, "full_attention_interval": 4}
+# slime_plugins/models/glm5/glm5.py get_glm5_spec: Megatron's MLA with DeepSeek's sparse attention
+# (a lightning indexer of index_n_heads x index_head_dim from the checkpoint's config.json, top 2048
+# keys: DSAttention.__init__ sets index_topk = 2048), Megatron dev's experimental_attention_variant dsa.
+# GLM-5's config.json (zai-org/GLM-5.1, glm_moe_dsa) gives 32 heads of 128.
+_DSA_DEFAULTS = {"index_n_heads": 32, "index_head_dim": 128}
+GLM5_TOPK = "2048"
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """A slime plugin layer spec moeplan reads: what it builds, in Megatron's terms."""
+
+    function: str
+    builds: str  # what the note says it builds
+    words: Callable[[dict[str, Any]], list[str]]  # Megatron's arguments, from the HF config's keys
+    defaults: dict[str, Any]
+    defaults_are: str  # whose defaults stand in for a config.json not at hand
+    fields: dict[str, Any] = field(default_factory=dict)  # model fields no Megatron argument spells
+
+
+def _deltanet_words(hf: dict[str, Any]) -> list[str]:
+    interval = hf.get("full_attention_interval") or 4
+    types = hf.get("layer_types")
+    words = ["--experimental-attention-variant", "gated_delta_net"]
+    if isinstance(types, list) and types:
+        pattern = [1 if t == "linear_attention" else 0 for t in types]
+        words += ["--linear-attention-freq", "[" + ",".join(map(str, pattern)) + "]"]
+    else:
+        words += ["--linear-attention-freq", str(interval)]
+    for flag, key in _DELTANET_KEYS:
+        words += [flag, str(hf[key])]
+    return words
+
+
+def _dsa_words(hf: dict[str, Any]) -> list[str]:
+    return ["--experimental-attention-variant", "dsa", "--dsa-indexer-n-heads", str(hf["index_n_heads"]),
+            "--dsa-indexer-head-dim", str(hf["index_head_dim"]), "--dsa-indexer-topk", GLM5_TOPK]
+
+
+PLUGIN_SPECS: dict[str, PluginSpec] = {
+    "slime_plugins.models.qwen3_next": PluginSpec(
+        "get_qwen3_next_spec", "a gated DeltaNet on the layers the config marks linear",
+        _deltanet_words, _DELTANET_DEFAULTS, "Qwen3NextConfig's (Qwen3-Next-80B-A3B's)"),
+    "slime_plugins.models.qwen3_5": PluginSpec(
+        "get_qwen3_5_spec", "a gated DeltaNet on the layers the config marks linear",
+        _deltanet_words, _DELTANET_DEFAULTS, "Qwen3_5MoeTextConfig's (Qwen3.5-35B-A3B's)"),
+    # slime_plugins/models/minimax_m2.py MiniMaxM2SelfAttention: one RMSNorm over all heads' q (heads
+    # x d) and one over all groups' k instead of Megatron's per-head norms (model.qk_layernorm_per_layer)
+    "slime_plugins.models.minimax_m2": PluginSpec(
+        "get_minimax_m2_layer_spec", "q and k normalised over all heads at once (MiniMaxM2SelfAttention)",
+        lambda hf: [], {}, "", {"model.qk_layernorm_per_layer": True}),
+    "slime_plugins.models.glm5.glm5": PluginSpec(
+        "get_glm5_spec", "MLA with DeepSeek's sparse attention (a lightning indexer choosing 2048 keys)",
+        _dsa_words, _DSA_DEFAULTS, "GLM-5's published config.json"),
+}
+
+
+def _checkpoint_config(given: dict[str, tuple[str, ...]], origins: list[Path]) -> tuple[dict[str, Any], str]:
+    """The --hf-checkpoint's config.json keys (a multimodal one's text_config) and where they came
+    from, or nothing where the folder is not on this machine."""
+    name = " ".join(given.get("--hf-checkpoint", ()))
+    folder = local_folder(name, origins)
+    data = json_file(folder / "config.json") if folder is not None else None
+    if data is None:
+        return {}, ""
+    text = data.get("text_config")
+    return (text if isinstance(text, dict) else data), str(folder / "config.json")
 
 
 def _plugin_spec(arg: Argument, given: dict[str, tuple[str, ...]], front: FrontEnd) -> list[str] | None:
     """Megatron's arguments for the model a slime plugin spec builds, or None (not one moeplan reads)."""
-    if arg.flag != "--spec" or arg.values != QWEN3_NEXT_SPEC:
+    if arg.flag != "--spec" or len(arg.values) != 2:
         return None
-    words = ["--experimental-attention-variant", "gated_delta_net"]
-    for flag, value in QWEN3_NEXT_DEFAULTS:
-        if flag not in given:
-            words += [flag, value]
+    spec = PLUGIN_SPECS.get(arg.values[0])
+    if spec is None or arg.values[1] != spec.function:
+        return None
+    hf, where = _checkpoint_config(given, front.origins)
+    read = {**spec.defaults, **{k: v for k, v in hf.items() if k in spec.defaults or k == "layer_types"}}
+    words = _drop_given(spec.words(read), set(given))
+    front.fields.update(spec.fields)
     checkpoint = " ".join(given.get("--hf-checkpoint", ("(not given)",)))
-    why = ("slime's Qwen3-Next spec (THUDM/slime@624b824a slime_plugins/models/qwen3_next.py "
-           "get_qwen3_next_spec) puts its gated DeltaNet on the layers the --hf-checkpoint config marks "
-           "linear; imported as Megatron dev's gated_delta_net with Qwen3NextConfig's defaults (every "
-           "4th layer attention, 16 x 128 key and 32 x 128 value heads, a 4-tap convolution); fix: "
-           f"check them against {checkpoint}/config.json")
-    front.notes.append(Unmapped("--spec", " ".join(arg.values), why))
+    source = f"THUDM/slime@624b824a {arg.values[0].replace('.', '/')}.py {spec.function}"
+    said = " ".join(words) or ", ".join(f"{k} {v}" for k, v in spec.fields.items())
+    if where:
+        whence = f"sizes read from {where}"
+    elif spec.defaults:
+        whence = (f"{spec.defaults_are} values stand for {checkpoint}/config.json, which is not on this "
+                  f"machine; fix: check them against it")
+    else:
+        whence = "no checkpoint value needed"
+    front.notes.append(Unmapped("--spec", " ".join(arg.values), f"slime's plugin spec ({source}) builds "
+                                f"{spec.builds}: read as {said}; {whence}"))
     return words
+
+
+def _drop_given(words: list[str], given: set[str]) -> list[str]:
+    """The spec's words less the flags the launch gives itself (the launch's value wins)."""
+    kept: list[str] = []
+    skip = False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        if word.startswith("--") and word in given and word != "--experimental-attention-variant":
+            skip = i + 1 < len(words) and not words[i + 1].startswith("--")
+            continue
+        kept.append(word)
+    return kept
 
 
 def _ignored_by_slime(flag: str) -> bool:
@@ -142,6 +240,11 @@ def slime_front_end(front: FrontEnd) -> FrontEnd:
                  *steps]
         if all(w.isdigit() for w in words) and int(words[2]) > 0:
             added += ["--global-batch-size", str(int(words[0]) * int(words[1]) // int(words[2]))]
+    if "--allgather-cp" in given and "--cp-comm-type" not in given:
+        # slime's --allgather-cp: context parallelism gathers the whole sequence's keys and values
+        # (slime/backends/megatron_utils/cp_utils.py; DSA models only, arguments.py
+        # _validate_allgather_cp_supported), Megatron's cp_comm_type all_gather
+        added += ["--cp-comm-type", "all_gather"]
     seq = given.get("--seq-length")
     if seq is None:
         added += ["--seq-length", DEFAULT_SEQ_LENGTH]

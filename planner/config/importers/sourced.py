@@ -21,7 +21,14 @@ def _candidates(word: str, origin: Path) -> list[Path]:
     if "$" in tail:
         return []
     given = Path(tail)
-    return [given] if given.is_absolute() else [origin / given]
+    if given.is_absolute():
+        return [given]
+    # `${SCRIPT_DIR}/../scripts/models/x.sh` from a copy of the script kept outside its repository
+    # (the sourced file beside it, under the same folder names): the path without its leading `../D/`
+    parts = given.parts
+    while len(parts) > 2 and parts[0] == "..":
+        parts = parts[2:]
+    return [origin / given] + ([origin / Path(*parts)] if parts != given.parts else [])
 
 
 def inline_sourced(text: str, origin: Path | None, depth: int = 0) -> tuple[str, list[str]]:

@@ -29,7 +29,7 @@ from planner.config.importers.shell_script import (
 from planner.config.importers.slime import is_slime, layer_freq_sets, slime_front_end
 from planner.config.importers.sourced import inline_sourced
 from planner.config.importers.swift import swift_at, swift_front_end
-from planner.config.importers.verl import verl_at, verl_front_end
+from planner.config.importers.verl import is_megatron, verl_at, verl_front_end
 
 ARGUMENT_FILE = "argument file"
 SHELL_SCRIPT = "shell launch script"
@@ -68,6 +68,12 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     if loops := {k: v for k, v in layer_freq_sets(text, read).items() if k not in sets}:
         read = read_script(text, {**loops, **sets})
     command = launch_command(read)
+    verl = next((c for c in read.commands if verl_at(c.words) is not None), None)
+    if verl is not None:  # the trainer, also where a helper runs first (verl's examples convert the
+        # checkpoint with `python scripts/converter_hf_to_mcore.py` before it)
+        front = _verl(verl.words, {k: v for k, v in verl.env.items() if not isinstance(v, Unknown)}, origin)
+        front.unresolved = dict(verl.unresolved)
+        return front
     if command is None and (held := argument_variables(read)):
         names, argv, unresolved = held
         return FrontEnd(f"{SHELL_SNIPPET} ({', '.join(names)})", argv, unresolved=unresolved,
@@ -75,11 +81,6 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     if command is None and (swift := next((c for c in read.commands if swift_at(c.words) is not None), None)):
         front = swift_front_end(swift.words, dict(swift.env), [origin] if origin else [])
         front.unresolved = dict(swift.unresolved)
-        return front
-    if command is None and (verl := next((c for c in read.commands if verl_at(c.words) is not None), None)):
-        front = verl_front_end(verl.words, {k: v for k, v in verl.env.items() if not isinstance(v, Unknown)},
-                               [origin] if origin else [])
-        front.unresolved = dict(verl.unresolved)
         return front
     if command is None:
         runs = [c.words[:2] for c in read.commands if c.words and c.words[0] in ("bash", "sh", "sbatch")]
@@ -104,6 +105,14 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     for name, value in loops.items():
         front.notes.append(Unmapped("$" + name, value, "the list slime's model-file loop prints "
                                     "(NLAYERS layers, the first FIRST_K_DENSE_REPLACE dense)"))
+    for cut in (c for c in read.commands if c.words and c.words[0].startswith("--")):
+        front.notes.append(Unmapped(cut.words[0], " ".join(cut.words[:4]) + " …", "a command of arguments "
+                                    "only: the line before it ends without `\\`, so bash ends the launch "
+                                    "command there and runs these words as a command of their own (which "
+                                    "fails); the entry script gets none of them; fix: end that line "
+                                    "with `\\`",
+                                    error=True))
+    front.notes += _positional_notes(text, sets)
     if is_slime(launcher, entry):
         front = slime_front_end(front)
     elif is_mindspeed(entry, argv):
@@ -134,6 +143,23 @@ def script_front_end(text: str, sets: dict[str, str], origin: Path | None) -> Fr
     return front
 
 
+_POSITIONAL = re.compile(r"\$\{?([1-9][0-9]*)\}?")
+
+
+def _positional_notes(text: str, sets: dict[str, str]) -> list[Unmapped]:
+    """Values given after the script beyond the last `$N` it reads: bash never reads them, and a
+    README whose list has one value the script no longer takes shifts every later one (Pai's
+    Moonlight README passes 27 to a script reading 26)."""
+    given = sorted(int(name) for name in sets if name.isdigit())
+    read = max((int(m.group(1)) for m in _POSITIONAL.finditer(text)), default=0)
+    if not given or given[-1] <= read:
+        return []
+    return [Unmapped(f"${read + 1}..", " ".join(sets[str(n)] for n in given if n > read),
+                     f"{len(given)} values follow the script, which reads $1 to ${read}: these are never "
+                     "read; if the list is the README's, check it against the script's $N assignments "
+                     "(a value it no longer takes shifts every later one)")]
+
+
 _TRIED = ("0", "1", "")  # a numeric test's two sides and a string test's empty one
 
 
@@ -158,11 +184,24 @@ def arguments_front_end(text: str, origin: Path | None) -> FrontEnd:
     rest = words[env_end:]
     if swift_at(rest) is not None:
         return swift_front_end(rest, env, [origin] if origin else [])
+    if verl_at(rest) is not None:
+        return _verl(rest, env, origin)
     at = entry_index(rest)
     launcher, entry, argv = (rest[:at], rest[at], rest[at + 1:]) if at is not None else ([], None, rest)
     front = FrontEnd(ARGUMENT_FILE, argv, entry.rsplit("/", 1)[-1] if entry else None, env,
                      launch_facts(launcher), origins=[origin] if origin else [])
+    if entry is not None and is_mindspeed(entry, argv):
+        front = mindspeed_front_end(front)
     return front
+
+
+def _verl(words: list[str], env: dict[str, str], origin: Path | None) -> FrontEnd:
+    """verl's trainer command (NotAnImport for its FSDP trainer)."""
+    if not is_megatron(words):
+        raise NotAnImport("a verl launch of its FSDP trainer (no ppo_megatron_trainer config, megatron "
+                          "strategy or actor.megatron.* override): not a Megatron-LM launch, which is "
+                          "what moeplan plans")
+    return verl_front_end(words, env, [origin] if origin else [])
 
 
 def front_end(text: str, sets: dict[str, str] | None = None, origin: Path | None = None) -> FrontEnd:

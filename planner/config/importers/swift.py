@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from planner.config.importers.assemble import FrontEnd
+from planner.config.importers.assemble import FrontEnd, checkpoint_model
 from planner.config.importers.launch_facts import LaunchFacts
 from planner.config.importers.megatron_args import Argument, Unmapped, parse_command
 from planner.config.importers.megatron_log import destinations
@@ -36,6 +36,7 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--moe-router-dtype", ("--moe-router-dtype", "fp32")),
     ("--moe-grouped-gemm", ("--moe-grouped-gemm",)),
     ("--moe-token-dispatcher-type", ("--moe-token-dispatcher-type", "alltoall")),
+    ("--expert-tensor-parallel-size", ("--expert-tensor-parallel-size", "1")),  # Megatron's: TP
 )
 _TRUE, _FALSE = ("true", "True", "1"), ("false", "False", "0")
 
@@ -104,11 +105,13 @@ def swift_front_end(words: list[str], env: dict[str, str], origins: list) -> Fro
         front.notes.append(Unmapped("(ms-swift's own)", " ".join(own), "arguments of ms-swift's parser "
                                     "(data, epochs, output, checkpoint format): no Megatron model reads "
                                     "them, so they are not carried"))
-    model = given.get("--model") or given.get("--load")
-    if model:
+    _tuner(front, given)
+    if given.get("--model"):
+        front.notes.append(checkpoint_model(front, "--model", given["--model"][0], front.origins))
+    elif model := given.get("--load"):
         front.model_preset = preset_for(model[0])
         if front.model_preset is not None:
-            front.notes.append(Unmapped("--model", model[0], f"the model is the {front.model_preset} "
+            front.notes.append(Unmapped("--load", model[0], f"the model is the {front.model_preset} "
                                         "preset (its Hugging Face config.json), named by the checkpoint"))
     front.facts = _world(env, unknown)
     return front
@@ -130,3 +133,26 @@ def _world(env: dict[str, str], unknown: dict[str, str]) -> LaunchFacts:
                               for k in ("NNODES", "NPROC_PER_NODE")
                               if not env.get(k, "1" if k == "NNODES" else "").isdigit()]
     return facts
+
+
+# MegatronTunerMixin (swift/megatron/arguments/megatron_args.py): --tuner_type lora wraps the
+# linears --target_modules names (all-linear: every linear of the decoder but the router,
+# swift/megatron/utils/utils.py get_all_linears) with rank --lora_rank (8) and --lora_alpha (32).
+_LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+def _tuner(front: FrontEnd, given: dict[str, tuple[str, ...]]) -> None:
+    """training.lora for an ms-swift LoRA run (a frozen base, adapters trained), else nothing."""
+    if given.get("--tuner-type", ("full",)) != ("lora",):
+        return
+    targets = [t for t in given.get("--target-modules", ("all-linear",)) if t]
+    named = list(_LORA_TARGETS) if targets == ["all-linear"] else [t for t in targets if t in _LORA_TARGETS]
+    rank, alpha = given.get("--lora-rank", ("8",)), given.get("--lora-alpha", ("32",))
+    if not named or not rank[0].isdigit():
+        front.notes.append(Unmapped("--tuner_type", "lora", f"--target_modules {' '.join(targets)} names no "
+                                    f"linear moeplan counts adapters on ({', '.join(_LORA_TARGETS)}); the "
+                                    "run is budgeted as full training; fix: set training.lora", error=True))
+        return
+    front.fields["training.lora"] = {"dim": int(rank[0]), "alpha": float(alpha[0]), "target_modules": named}
+    front.notes.append(Unmapped("--tuner_type", "lora", f"training.lora: rank {rank[0]}, alpha {alpha[0]} on "
+                                f"{', '.join(named)} over the frozen base ({SOURCE} MegatronTunerMixin)"))

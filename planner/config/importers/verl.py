@@ -15,11 +15,10 @@ trainer.n_gpus_per_node.
 
 from __future__ import annotations
 
-from planner.config.importers.assemble import FrontEnd
+from planner.config.importers.assemble import FrontEnd, checkpoint_model
 from planner.config.importers.launch_facts import LaunchFacts
 from planner.config.importers.megatron_args import Unmapped
 from planner.config.importers.megatron_log import argument_destination, destinations
-from planner.config.importers.vocabulary import preset_for
 from planner.config.megatron_arguments import argument_table
 
 SOURCE = "volcengine/verl@b178a3cd verl/trainer/config/engine/megatron.yaml"
@@ -42,6 +41,21 @@ _OFFLOADS = ("param_offload", "grad_offload", "optimizer_offload")
 def verl_at(words: list[str]) -> int | None:
     """Where `-m verl.trainer.main_ppo` (or a verl recipe's main) is in a command's words."""
     return next((i for i, w in enumerate(words[:-1]) if w == "-m" and words[i + 1] in MODULES), None)
+
+
+def is_megatron(words: list[str]) -> bool:
+    """Whether the verl launch trains with Megatron: the ppo_megatron_trainer config (its actor is
+    megatron_actor), a megatron strategy or engine override, or an actor.megatron.* override;
+    verl's default ppo_trainer config trains with FSDP (its actor is dp_actor)."""
+    for word in words:
+        key, eq, value = word.lstrip("+").partition("=")
+        value = value.strip("'\"")
+        if key == "--config-name" and "megatron" in value:
+            return True
+        engine = key.endswith((".strategy", "model_engine")) and value == "megatron"
+        if eq and (engine or ".megatron." in key):
+            return True
+    return False
 
 
 def overrides(words: list[str]) -> dict[str, str]:
@@ -156,11 +170,7 @@ def verl_front_end(words: list[str], env: dict[str, str], origins: list) -> Fron
                               "follows the fixed-size batch, not the packed one"))
     model = config.get("actor_rollout_ref.model.path")
     if model:
-        front.model_preset = preset_for(model)
-        notes.append(Unmapped("actor_rollout_ref.model.path", model,
-                              f"the model is the {front.model_preset} preset (its Hugging Face config.json)"
-                              if front.model_preset else "no moeplan preset has this checkpoint: give its "
-                              "config.json as model.hf_config in the written YAML"))
+        notes.append(checkpoint_model(front, "actor_rollout_ref.model.path", model, origins))
     front.notes += notes
     front.facts = _world(config)
     return front

@@ -21,7 +21,8 @@ from planner.config.loader import UnreadableConfig, read_text
 from planner.config.presets import PRESETS
 
 
-def _json(path: Path) -> dict[str, Any] | None:
+def json_file(path: Path) -> dict[str, Any] | None:
+    """A small local JSON object (a tokenizer or model config), or None where it is absent or not one."""
     if not path.is_file():
         return None
     try:
@@ -45,11 +46,11 @@ def _tokenizer_json_size(data: dict[str, Any]) -> int | None:
 
 def folder_vocabulary(folder: Path) -> tuple[int, str] | None:
     """(size, which file said so) from a local Hugging Face tokenizer or model folder."""
-    tokenizer = _json(folder / "tokenizer.json")
+    tokenizer = json_file(folder / "tokenizer.json")
     if tokenizer is not None and (size := _tokenizer_json_size(tokenizer)):
         return size, str(folder / "tokenizer.json")
-    settings = _json(folder / "tokenizer_config.json")
-    config = _json(folder / "config.json")
+    settings = json_file(folder / "tokenizer_config.json")
+    config = json_file(folder / "config.json")
     if config is not None and isinstance(config.get("vocab_size"), int) and config["vocab_size"] > 0:
         return config["vocab_size"], str(folder / "config.json")
     if settings is not None and isinstance(settings.get("vocab_size"), int) and settings["vocab_size"] > 0:

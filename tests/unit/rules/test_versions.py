@@ -135,3 +135,24 @@ def test_a_named_version_without_a_branch_feature_refuses_it():
     assert ("VER003", "parallel.gtp") not in _codes(gtp, None)  # unset: moeplan picks main (MOE003)
     hash_routing = {"model": {"moe_n_hash_layers": 1}}
     assert ("VER003", "model.moe_n_hash_layers") in _codes(hash_routing, "main")
+
+
+def test_a_pinned_main_commit_holds_the_fixes_its_ancestry_holds():
+    """Primus's Megatron-LM d3528a21 (main, 2026-03-06): its ancestors hold PR #3159 (a22c40e8) and
+    #3396 (d7500d4d), which core_v0.16.1 (later by date) lacks, and #2237 (f6e0d425); they lack
+    #3562, #4593, #5047 and #5115 (git merge-base --is-ancestor on github.com/NVIDIA/Megatron-LM)."""
+    carried = {r.key for r in RECORDS if r.carried_by("main@d3528a21")}
+    assert carried == {"te-cross-entropy", "aux-loss-tp-cp-scale", "mtp-recompute-thd",
+                       "uniform-recompute-remainder", "hybridep-qp-depth"}
+    assert {r.key for r in RECORDS if r.carried_by("core_v0.16.1")} == carried | {"mtp-per-token-loss",
+                                                                                  "mtp-cp-nan"}
+    assert resolve_version("d3528a21301db2d12e92912b3ec025dc8a2ed4d6").name == "main@d3528a21"
+    codes = _codes({"model": {"mtp_num_layers": 1}, "training": {"calculate_per_token_loss": True}},
+                   "d3528a21")
+    assert ("VER002", "mtp-per-token-loss") not in codes
+
+
+def test_an_unplaced_commit_is_one_finding_naming_how_to_place_it():
+    """A commit the table does not hold: one VER001, whose fix names the git commands that place it."""
+    [finding] = [f for f in _findings({}, "0123abcd") if f.code == "VER001"]
+    assert "git describe --tags 0123abcd" in finding.fix and "git tag --contains 0123abcd" in finding.fix
