@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,12 @@ def test_a_signal_mid_write_leaves_no_temporary_file(tmp_path: Path, monkeypatch
 
     def interrupted(fd: int, *args: Any, **kwargs: Any) -> Any:
         handle = real_fdopen(fd, *args, **kwargs)
-        os.kill(os.getpid(), signum)  # delivered at the next bytecode, mid-write
+        # To this thread, not the process: os.kill lets the kernel hand the signal to any thread
+        # that does not block it (xdist's and execnet's helper threads), which on a loaded box
+        # may run its C handler only after the write has ended and the handlers are put back.
+        # pthread_kill delivers it here before it returns; Python runs the handler at the next
+        # bytecode, mid-write.
+        signal.pthread_kill(threading.get_ident(), signum)
         return handle
 
     monkeypatch.setattr(os, "fdopen", interrupted)
