@@ -30,7 +30,7 @@ from planner.accounting import budgets
 from planner.config.loader import InvalidConfig, load_config, parse_config
 from planner.rules import run_rules
 from tests.support.launch import SMALL as RUNTIME_SMALL
-from tests.support.launch import compile_config, moeplan, torchrun
+from tests.support.launch import compile_config, moeplan
 from tests.support.megatron_lines import megatron_line
 from tests.support.paths import EXAMPLES
 
@@ -222,27 +222,50 @@ def test_latent_with_shared_expert_overlap_is_refused():
 # ------------------------------------------------------------------ runtime, real ranks
 
 
-@pytest.mark.parametrize(("name", "moe"), [("alltoall", {}),
-                                           ("allgather", {"moe_token_dispatcher_type": "allgather"})])
-def test_latent_run_equals_reference_and_predicted_bytes(tmp_path: Path, name: str,
-                                                         moe: dict[str, Any]) -> None:
+LATENT_CASES = {"alltoall": {}, "allgather": {"moe_token_dispatcher_type": "allgather"}}
+
+
+@pytest.fixture(scope="module")
+def latent_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Both dispatchers in one launch of 4 gloo ranks (tests/support/runtime_ranks.py: the
+    runtime's `execute` with the reference check, 3 steps): name -> (plan, verdict)."""
+    import torch.multiprocessing as mp
+
+    from tests.support.runtime_ranks import free_port, run_cases
+
+    folder = tmp_path_factory.mktemp("latent")
+    plans = {name: compile_config(small(parallel={"world_size": 4, "ep": 2, "etp": 2},
+                                        training={"global_batch_size": 8}, moe=moe), folder, name)
+             for name, moe in LATENT_CASES.items()}
+    out = folder / "verdicts.json"
+    try:
+        mp.spawn(run_cases, args=(4, free_port(), [(name, str(plan), None, True)
+                                                   for name, plan in plans.items()], str(out)),
+                 nprocs=4, join=True)
+    except mp.ProcessRaisedException:
+        pass  # the failing case is named in the verdicts file
+    verdicts = json.loads(out.read_text()) if out.exists() else {}
+    return {name: (json.loads(plan.read_text()), verdicts.get(name))
+            for name, plan in plans.items()}
+
+
+@pytest.mark.parametrize("name", list(LATENT_CASES))
+def test_latent_run_equals_reference_and_predicted_bytes(latent_runs: dict[str, Any],
+                                                         name: str) -> None:
     """4 gloo ranks (DP4 dense, ETP2·EP2 expert), forced balanced routing, reference check on:
     every collective figure measured equals the prediction, and the latent rows are ℓ wide."""
-    data = small(parallel={"world_size": 4, "ep": 2, "etp": 2},
-                 training={"global_batch_size": 8}, moe=moe)
-    plan = compile_config(data, tmp_path, name)
-    report = tmp_path / "report.json"
-    run = torchrun(4, "--plan", str(plan), "--steps", "2", "--check-reference", "--balanced",
-                   "--report", str(report))
-    assert run.returncode == 0, run.stdout + run.stderr[-4000:]
-    assert "reference check: ok" in run.stdout
-    verify = moeplan("verify", str(plan), str(report), "--json")
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    figures = json.loads(verify.stdout)["figures"]
-    assert figures and all(f["status"] == "exact" and f["measured"] == f["predicted"]
-                           for f in figures)
-    send = {(f["rank"], f["collective"], f["phase"]): f["measured"] for f in figures
-            if f["direction"] == "send_bytes"}
+    from planner.verify import verify
+
+    plan, verdict = latent_runs[name]
+    assert verdict is not None, f"case {name} did not run"
+    assert "error" not in verdict, verdict["error"]
+    assert verdict["reference"]["ok"] and verdict["code"] == 0, verdict["reference"]
+    result = verify(plan, verdict)
+    assert result.ok, result.mismatches
+    figures = result.figures
+    assert figures and all(f.status == "exact" and f.measured == f.predicted for f in figures)
+    send = {(f.rank, f.collective, f.phase): f.measured for f in figures
+            if f.direction == "send_bytes"}
     if name == "alltoall":
         # n·k = 32 rows of ℓ = 8 fp32 per pass, 4 passes: 32·8·4·4 = 4,096 B
         assert send[0, "ep_dispatch_hidden", "fwd"] == 32 * LATENT * P * PASSES
