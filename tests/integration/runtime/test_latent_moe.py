@@ -1,5 +1,6 @@
 """Latent MoE (moe_latent_size = ℓ): the payload, parameters and activations it changes, and a
-real multi-rank run that equals the reference and moves exactly the predicted bytes.
+real multi-rank run that equals the reference and moves exactly the predicted bytes (4 gloo
+ranks in tests/integration/runtime/test_runtime_equivalence.py's shared launch).
 
 Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py: MoELayer.preprocess projects
 the rows h → ℓ (fc1_latent_proj) after the router and before the dispatcher, MoELayer.postprocess
@@ -17,7 +18,6 @@ microbatches, 2 layers × 2 microbatches = 4 MoE passes per step.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +29,15 @@ from hypothesis import strategies as st
 from planner.accounting import budgets
 from planner.config.loader import InvalidConfig, load_config, parse_config
 from planner.rules import run_rules
-from tests.support.launch import SMALL as RUNTIME_SMALL
-from tests.support.launch import compile_config, moeplan
+from tests.support.launch import LATENT, latent_small, moeplan
 from tests.support.megatron_lines import megatron_line
 from tests.support.paths import EXAMPLES
 
-H, LATENT, P = 32, 8, 4
+H, P = 32, 4
 PASSES = 2 * 2  # MoE layers × microbatches
 
 # test_runtime_cli's small EP2 layout (the dimensions the docstring derives from) with ℓ = 8.
-SMALL: dict[str, Any] = copy.deepcopy(RUNTIME_SMALL)
-SMALL["moe"]["moe_latent_size"] = LATENT
-SMALL["cluster"]["nodes"] = 1
+SMALL: dict[str, Any] = latent_small()
 assert SMALL["model"]["hidden_size"] == H and SMALL["training"]["precision"] == "fp32"
 
 MOE_LAYER = "core/transformer/moe/moe_layer.py"
@@ -63,10 +60,7 @@ CITED_LINES = [
 
 
 def small(**sections: dict[str, Any]) -> dict[str, Any]:
-    data = copy.deepcopy(SMALL)
-    for section, fields in sections.items():
-        data.setdefault(section, {}).update(fields)
-    return data
+    return latent_small(**sections)
 
 
 def stage0(data: dict[str, Any]) -> dict[str, Any]:
@@ -217,60 +211,3 @@ def test_latent_with_shared_expert_overlap_is_refused():
     # megatron/core/transformer/moe/moe_layer.py:494 MoELayer.preprocess raises in training
     found = run_rules(parse_config(small(overlap={"moe_shared_expert_overlap": True})))
     assert [(f.code, f.severity) for f in found if f.code == "MOE016"] == [("MOE016", "error")]
-
-
-# ------------------------------------------------------------------ runtime, real ranks
-
-
-LATENT_CASES = {"alltoall": {}, "allgather": {"moe_token_dispatcher_type": "allgather"}}
-
-
-@pytest.fixture(scope="module")
-def latent_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Both dispatchers in one launch of 4 gloo ranks (tests/support/runtime_ranks.py: the
-    runtime's `execute` with the reference check, 3 steps): name -> (plan, verdict)."""
-    import torch.multiprocessing as mp
-
-    from tests.support.runtime_ranks import free_port, run_cases
-
-    folder = tmp_path_factory.mktemp("latent")
-    plans = {name: compile_config(small(parallel={"world_size": 4, "ep": 2, "etp": 2},
-                                        training={"global_batch_size": 8}, moe=moe), folder, name)
-             for name, moe in LATENT_CASES.items()}
-    out = folder / "verdicts.json"
-    try:
-        mp.spawn(run_cases, args=(4, free_port(), [(name, str(plan), None, True)
-                                                   for name, plan in plans.items()], str(out)),
-                 nprocs=4, join=True)
-    except mp.ProcessRaisedException:
-        pass  # the failing case is named in the verdicts file
-    verdicts = json.loads(out.read_text()) if out.exists() else {}
-    return {name: (json.loads(plan.read_text()), verdicts.get(name))
-            for name, plan in plans.items()}
-
-
-@pytest.mark.parametrize("name", list(LATENT_CASES))
-def test_latent_run_equals_reference_and_predicted_bytes(latent_runs: dict[str, Any],
-                                                         name: str) -> None:
-    """4 gloo ranks (DP4 dense, ETP2·EP2 expert), forced balanced routing, reference check on:
-    every collective figure measured equals the prediction, and the latent rows are ℓ wide."""
-    from planner.verify import verify
-
-    plan, verdict = latent_runs[name]
-    assert verdict is not None, f"case {name} did not run"
-    assert "error" not in verdict, verdict["error"]
-    assert verdict["reference"]["ok"] and verdict["code"] == 0, verdict["reference"]
-    result = verify(plan, verdict)
-    assert result.ok, result.mismatches
-    figures = result.figures
-    assert figures and all(f.status == "exact" and f.measured == f.predicted for f in figures)
-    send = {(f.rank, f.collective, f.phase): f.measured for f in figures
-            if f.direction == "send_bytes"}
-    if name == "alltoall":
-        # n·k = 32 rows of ℓ = 8 fp32 per pass, 4 passes: 32·8·4·4 = 4,096 B
-        assert send[0, "ep_dispatch_hidden", "fwd"] == 32 * LATENT * P * PASSES
-        # the ETP reduce-scatter of 64 gathered rows: 64·8·4·4 = 8,192 B
-        assert send[1, "etp_scatter_hidden", "fwd"] == 64 * LATENT * P * PASSES
-    else:
-        # own 16 rows of ℓ per pass: 16·8·4·4 = 2,048 B
-        assert send[2, "ag_gather_hidden", "fwd"] == 16 * LATENT * P * PASSES

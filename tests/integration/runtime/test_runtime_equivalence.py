@@ -51,6 +51,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from planner.verify import EXACT, EXPECTATION, MISMATCH, verify
+from tests.support.launch import LATENT, compile_config, latent_run
 from tests.support.runtime_ranks import STEPS, TOLERANCE, compile_case, free_port, run_cases
 
 # name -> (overrides, fault). Every layout the issue names, plus the capacity variants.
@@ -147,6 +148,11 @@ RECOMPUTE_CASES: dict[str, tuple[dict[str, Any], bool]] = {  # name -> (override
                                        "recompute_modules": ["moe"]}}, False),
 }
 
+# name -> MoE overrides of the latent layout (tests/support/launch.py latent_run), balanced routing
+LATENT_CASES: dict[str, dict[str, Any]] = {
+    "latent_alltoall": {}, "latent_allgather": {"moe_token_dispatcher_type": "allgather"}}
+LATENT_PASSES = 2 * 2  # MoE layers × microbatches
+
 MESSAGE = 16 * 32 * 4
 EMBEDDING = 128 * 32 * 4
 
@@ -160,6 +166,8 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], di
              for name, (overrides, fault) in (CASES | PIPELINE_CASES).items()]
     cases += [(name, str(compile_case(name, overrides, folder)), None, balanced)
               for name, (overrides, balanced) in RECOMPUTE_CASES.items()]
+    cases += [(name, str(compile_config(latent_run(moe), folder, name)), None, True)
+              for name, moe in LATENT_CASES.items()]
     out = folder / "verdicts.json"
     try:
         mp.spawn(run_cases, args=(WORLD, free_port(), cases, str(out)), nprocs=WORLD, join=True)
@@ -181,6 +189,14 @@ def pipeline_verdicts(launch: tuple[dict[str, Any], dict[str, str]]) -> dict[str
         if name in verdicts:
             verdicts[name]["plan"] = json.loads(Path(plans[name]).read_text())
     return verdicts
+
+
+@pytest.fixture(scope="module")
+def latent_runs(launch: tuple[dict[str, Any], dict[str, str]]) -> dict[str, Any]:
+    """name -> (plan, verdict) of the latent cases."""
+    verdicts, plans = launch
+    return {name: (json.loads(Path(plans[name]).read_text()), verdicts.get(name))
+            for name in LATENT_CASES}
 
 
 @pytest.fixture(scope="module")
@@ -384,3 +400,32 @@ def test_pipeline_chunks_rerun_per_method(runs: dict[str, Any], method: str,
         assert collectives["ep_dispatch_hidden.fwd"]["send_bytes"] == {0: 16384,
                                                                        1: 24576}[share["stage"]]
         assert "pp_activation.recompute" not in collectives
+
+
+# ----------------------------------------------------------------------------- latent MoE
+
+
+@pytest.mark.parametrize("name", list(LATENT_CASES))
+def test_latent_run_equals_reference_and_predicted_bytes(latent_runs: dict[str, Any],
+                                                         name: str) -> None:
+    """4 gloo ranks (DP4 dense, ETP2·EP2 expert), forced balanced routing, reference check on:
+    every collective figure measured equals the prediction, and the latent rows are ℓ wide
+    (test_latent_moe.py: ℓ = 8, h = 32, fp32, 2 MoE layers × 2 microbatches per step)."""
+    plan, verdict = latent_runs[name]
+    assert verdict is not None, f"case {name} did not run"
+    assert "error" not in verdict, verdict["error"]
+    assert verdict["reference"]["ok"] and verdict["code"] == 0, verdict["reference"]
+    result = verify(plan, verdict)
+    assert result.ok, result.mismatches
+    figures = result.figures
+    assert figures and all(f.status == "exact" and f.measured == f.predicted for f in figures)
+    send = {(f.rank, f.collective, f.phase): f.measured for f in figures
+            if f.direction == "send_bytes"}
+    if name == "latent_alltoall":
+        # n·k = 32 rows of ℓ = 8 fp32 per pass, 4 passes: 32·8·4·4 = 4,096 B
+        assert send[0, "ep_dispatch_hidden", "fwd"] == 32 * LATENT * 4 * LATENT_PASSES
+        # the ETP reduce-scatter of 64 gathered rows: 64·8·4·4 = 8,192 B
+        assert send[1, "etp_scatter_hidden", "fwd"] == 64 * LATENT * 4 * LATENT_PASSES
+    else:
+        # own 16 rows of ℓ per pass: 16·8·4·4 = 2,048 B
+        assert send[2, "ag_gather_hidden", "fwd"] == 16 * LATENT * 4 * LATENT_PASSES
