@@ -111,7 +111,6 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None,
     """Groups → model → [load] → steps → [save] → reference check → report."""
     import torch.distributed as dist
 
-    from runtime.checkpoint import load_checkpoint, save_checkpoint
     from runtime.equivalence import check_reference, describe_mismatches
     from runtime.groups import build_groups
     from runtime.heartbeat import note_phase
@@ -124,11 +123,15 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None,
     trainer = RankTrainer(plan, groups, options)
     expert_ids = plan.expert_ownership(trainer.rank).ids
     if load is not None:
+        from runtime.checkpoint import load_checkpoint
+
         note_phase("load")
         trainer.start_step = load_checkpoint(load, plan, trainer.model, trainer.optimizer,
                                              expert_ids)
     result = trainer.run()
     if save is not None:
+        from runtime.checkpoint import save_checkpoint
+
         note_phase("save")
         save_checkpoint(save, plan, trainer.model, trainer.optimizer, expert_ids,
                         trainer.start_step + options.steps)
@@ -192,13 +195,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from runtime.checkpoint import CheckpointError
     from runtime.failure import rank_failure_message
     from runtime.groups import GROUP_TIMEOUT, init_distributed
     from runtime.heartbeat import Heartbeat, Limits
     from runtime.rendezvous import LaunchEnvironmentError, RendezvousError
     from runtime.train import RunOptions
 
+    # DCP (and DTensor with it, about a CPU second per rank) loads only for a job that loads or
+    # saves a checkpoint; no other can raise CheckpointError.
+    checkpoint_errors: tuple[type[Exception], ...] = ()
+    if args.load is not None or args.save is not None:
+        from runtime.checkpoint import CheckpointError
+
+        checkpoint_errors = (CheckpointError,)
     options = RunOptions(steps=args.steps, balanced=balanced, seed=args.seed,
                          capture=args.check_reference, progress=args.steps > 1)
     _single_process_env()
@@ -215,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = execute(plan, options, args.check_reference, args.report, args.load,
                        args.save).code
-    except CheckpointError as exc:  # raised before or between collectives: leave at once
+    except checkpoint_errors as exc:  # raised before or between collectives: leave at once
         _say(f"rank {dist.get_rank()}: {exc}")
         os._exit(EXIT_USAGE)
     except (PlanError, MoEConfigError) as exc:

@@ -15,7 +15,9 @@ The error of a tensor is max|actual − expected| / max|expected| (0 when both a
 
 from __future__ import annotations
 
+import io
 import math
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,37 @@ from runtime.reference import ReferenceModel, ReferenceResult
 from runtime.train import RankResult, RankTrainer, RunOptions
 
 TOLERANCE = 1e-5
+
+
+# dtypes numpy holds exactly (the runtime trains in fp32; ids, counts and indices are int64)
+_ARRAY_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.bool})
+
+
+def _tensor_of(array: Any) -> torch.Tensor:
+    return torch.from_numpy(array)
+
+
+class _ArrayPickler(pickle.Pickler):
+    """Pickles CPU tensors as numpy arrays (their raw bytes). torch's own reduction writes every
+    tensor through torch.save, and on the small models a reference check runs on, saving and
+    loading the thousands of captured tensors cost more CPU than training the reference."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (isinstance(obj, torch.Tensor) and obj.dtype in _ARRAY_DTYPES
+                and obj.device.type == "cpu" and obj.layout == torch.strided):
+            return _tensor_of, (obj.detach().numpy(),)
+        return NotImplemented
+
+
+def _packed(value: Any) -> bytes:
+    """`value` as bytes for an object collective (which then pickles one bytes object)."""
+    buffer = io.BytesIO()
+    _ArrayPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+def _unpacked(data: bytes) -> Any:
+    return pickle.loads(data)  # noqa: S301 - bytes this job's own ranks packed
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -148,15 +181,16 @@ def check_reference(plan: Plan, trainer: RankTrainer, result: RankResult, option
     reference = ReferenceModel(plan, trainer.seed, options.balanced) if rank == 0 else None
     shapes: list[Any] = [reference.parameter_shapes() if reference is not None else None]
     dist.broadcast_object_list(shapes, src=0)
-    share = (shard_index(trainer, shapes[0]), [capture.grads for capture in result.captures])
+    share = _packed((shard_index(trainer, shapes[0]),
+                     [capture.grads for capture in result.captures]))
     shares: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(share, shares, dst=0)
     payload: list[Any] = [None]
     if reference is not None and shares is not None:
-        grads = assemble_gradients(shapes[0], shares, options.steps)
-        payload = [reference.run(options.steps, optimizer_grads=grads)]
+        grads = assemble_gradients(shapes[0], [_unpacked(data) for data in shares], options.steps)
+        payload = [_packed(reference.run(options.steps, optimizer_grads=grads))]
     dist.broadcast_object_list(payload, src=0)
-    comparison = compare_with_reference(trainer, result, payload[0], tolerance)
+    comparison = compare_with_reference(trainer, result, _unpacked(payload[0]), tolerance)
     verdicts: list[Any] = [None] * world
     dist.all_gather_object(verdicts, comparison)
     mismatches = [m for verdict in verdicts for m in verdict.mismatches]

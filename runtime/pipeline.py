@@ -27,15 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleInterleaved1F1B,
-)
 
 from runtime.comm import Ledger
 from runtime.failure import maybe_inject_failure
@@ -51,6 +46,9 @@ from runtime.model import (
     run_mtp,
 )
 from runtime.recompute import NO_RECOMPUTE, run_blocks
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import PipelineStage
 
 # Builds one decoder layer by id (the trainer's MoE factory and groups are already bound).
 LayerFactory = Callable[[int], DecoderLayer]
@@ -214,6 +212,14 @@ class PipelineRunner:
                  token_ids: Callable[[int, int], torch.Tensor], local_positions: torch.Tensor,
                  gathered_positions: torch.Tensor, ledger: Ledger, meter: Any,
                  mtp_targets: Callable[[int, int], MTPTargets], mtp_loss_of: MTPLossOf) -> None:
+        # torch.distributed.pipelining pulls in torch.export, dynamo and DTensor: about 2.5 CPU
+        # seconds that every rank of a PP = 1 job would pay at start for nothing.
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleInterleaved1F1B,
+        )
+
         self.rank, self.stage, self.pp = rank, stage, pp
         self.microbatches = microbatches
         self.token_ids = token_ids

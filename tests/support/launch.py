@@ -38,6 +38,26 @@ SMALL: dict[str, Any] = {
 }
 
 
+# Latent MoE (moe_latent_size ℓ = 8) on SMALL: tests/integration/runtime/test_latent_moe.py derives
+# its bytes by hand; its 4-rank runs (DP4 dense, ETP2·EP2 expert, B = 8) join the shared launch of
+# tests/integration/runtime/test_runtime_equivalence.py.
+LATENT = 8
+
+
+def latent_small(**sections: dict[str, Any]) -> dict[str, Any]:
+    config = copy.deepcopy(SMALL)
+    config["moe"]["moe_latent_size"] = LATENT
+    config["cluster"]["nodes"] = 1
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    return config
+
+
+def latent_run(moe: dict[str, Any]) -> dict[str, Any]:
+    return latent_small(parallel={"world_size": 4, "ep": 2, "etp": 2},
+                        training={"global_batch_size": 8}, moe=moe)
+
+
 def compile_config(config: dict[str, Any], folder: Path, name: str) -> Path:
     source = folder / f"{name}.yaml"
     source.write_text(yaml.safe_dump(config))

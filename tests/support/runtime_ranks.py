@@ -14,7 +14,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.support.launch import compile_config
 from tests.support.ports import free_port
 from tests.support.runtime_faults import runtime_fault
 
@@ -52,8 +51,8 @@ def compile_case(name: str, overrides: dict[str, Any], folder: Path) -> Path:
     """YAML config → validated Config → compiled plan.json (two microbatches per step).
 
     The planner is imported here, not at module level: spawned ranks import this module and
-    need only the runtime."""
-
+    need only the runtime (the planner's rules and schema cost each rank about a CPU second)."""
+    from tests.support.launch import compile_config
 
     config = merged(overrides)
     par = config["parallel"]

@@ -1,4 +1,9 @@
-"""`moeplan check` as a user runs it: a real process, exit codes, JSON, the layout summary."""
+"""`moeplan check` as a user runs it: a real process, exit codes, JSON, the layout summary.
+
+The per-example verdicts (every invalid example's rule, every warning example's warning) run the
+same command in-process (typer's CliRunner): what they assert is the verdict, not the process
+boundary, which the real-process tests here cover (exit codes 0, 1 and 2, JSON and text output).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
+from planner.cli import app
 from tests.support.paths import EXAMPLES
 
 MOEPLAN = [sys.executable, "-m", "planner.cli"]
@@ -17,6 +24,14 @@ WARNINGS = sorted((EXAMPLES / "warnings").glob("*.yaml"))
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(MOEPLAN + list(args), capture_output=True, text=True, timeout=60)
+
+
+def run_here(*args: str) -> tuple[int, str]:
+    """The command in this process: its exit code and stdout; any exception but the CLI's own
+    exit fails the test (a real process would have printed a traceback)."""
+    result = CliRunner().invoke(app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout
 
 
 def test_v4_pro_example_summary():
@@ -56,24 +71,24 @@ def test_there_are_invalid_examples():
 @pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
 def test_each_invalid_example_fails_with_its_rule(path):
     code = path.stem.split("-")[0].upper()
-    result = run("check", "--json", str(path))
-    assert result.returncode == 1
-    payload = json.loads(result.stdout)
+    exit_code, stdout = run_here("check", "--json", str(path))
+    assert exit_code == 1
+    payload = json.loads(stdout)
     errors = [f["code"] for f in payload["findings"] if f["severity"] == "error"]
     assert errors[0] == code
     finding = payload["findings"][0]
     assert set(finding) == {"code", "severity", "path", "message", "fix", "source"}
-    text = run("check", str(path))
-    assert text.returncode == 1 and f"{code} error" in text.stdout
+    exit_code, text = run_here("check", str(path))
+    assert exit_code == 1 and f"{code} error" in text
 
 
 @pytest.mark.parametrize("path", WARNINGS, ids=[p.stem for p in WARNINGS])
 def test_each_warning_example_passes_with_only_its_warning(path):
     # Configs Megatron dev accepts but a rule warns about (the write-up or Megatron main disagree).
     code = path.stem.split("-")[0].upper()
-    result = run("check", "--json", str(path))
-    assert result.returncode == 0, result.stdout
-    payload = json.loads(result.stdout)
+    exit_code, stdout = run_here("check", "--json", str(path))
+    assert exit_code == 0, stdout
+    payload = json.loads(stdout)
     assert payload["ok"] is True
     # information (MOE033: capacity drops follow the slicing) is neither a warning nor an error
     assert {(f["code"], f["severity"]) for f in payload["findings"]

@@ -3,8 +3,10 @@
 In-process, hypothesis generates and mutates configs — typed and wrongly typed values, zero and
 negative sizes, unknown keys, deleted sections, random YAML text, character edits of real files,
 junk bytes — and runs the loader, the rule catalog and the layout summary: the only exceptions
-allowed are the loader's InvalidConfig / UnreadableConfig. A few real `moeplan check` runs then
-check exit codes (0, 1 or 2) and that no "Traceback" reaches the user.
+allowed are the loader's InvalidConfig / UnreadableConfig (tests/integration/cli/test_fuzz_pipeline.py
+takes mutated configs further, through budgets, the plan and every emitter). The commands then run
+on bad files in-process (typer's CliRunner: any exception but the CLI's own exit fails), and a few
+as real `moeplan` processes check exit codes (0, 1 or 2) and that no "Traceback" reaches the user.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from typer.testing import CliRunner
 
+from planner.cli import app
 from planner.config.loader import InvalidConfig, UnreadableConfig, load_config, parse_config, parse_yaml
 from planner.config.schema import Config
 from planner.layout.summary import layout_summary
@@ -176,7 +180,7 @@ def _dump(doc: Any) -> str:
 # ----------------------------------------------------------------------------- in-process properties
 
 
-@cases(2000)
+@cases(600)
 @given(mutated_configs())
 def test_mutated_configs_never_crash(doc):
     """The bulk of the cases skip YAML text (pure-Python PyYAML dominates the cost per case)."""
@@ -188,7 +192,7 @@ def test_mutated_configs_never_crash(doc):
     layout_summary(cfg)
 
 
-@cases(400)
+@cases(150)
 @given(mutated_configs())
 def test_mutated_configs_as_yaml_text_never_crash(doc):
     _check_in_process(_dump(doc))
@@ -247,6 +251,19 @@ def _check(path: Path | str, *extra: str) -> subprocess.CompletedProcess[str]:
                           timeout=60, env=env)
 
 
+def _here(*args: str) -> subprocess.CompletedProcess[str]:
+    """`moeplan ARGS` in this process, as a CompletedProcess: an exception other than the CLI's
+    own exit (which a real process would print as a traceback) fails the test here."""
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "120"})
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        args, repr(result.exception))
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
+def _check_here(path: Path | str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return _here("check", str(path), *extra)
+
+
 _BAD_FILES: dict[str, bytes] = {
     "empty.yaml": b"",
     "comment.yaml": b"# nothing here\n",
@@ -265,29 +282,34 @@ _BAD_FILES: dict[str, bytes] = {
 }
 
 
+# The bad files also run as real processes: an unreadable file (syntax), bytes that are no text,
+# and a YAML tag that names Python code.
+_REAL_PROCESS = ("binary.yaml", "python_tag.yaml", "syntax.yaml")
+
+
 @pytest.mark.parametrize("name", sorted(_BAD_FILES))
 def test_moeplan_check_on_bad_files(tmp_path, name):
     path = tmp_path / name
     path.write_bytes(_BAD_FILES[name])
-    result = _check(path)
-    assert result.returncode in (1, 2), (name, result.returncode, result.stderr)
-    assert "Traceback" not in result.stdout + result.stderr
-    if name == "syntax.yaml":
-        assert "line" in result.stderr and "column" in result.stderr
+    for result in [_check_here(path)] + ([_check(path)] if name in _REAL_PROCESS else []):
+        assert result.returncode in (1, 2), (name, result.returncode, result.stderr)
+        assert "Traceback" not in result.stdout + result.stderr
+        if name == "syntax.yaml":
+            assert "line" in result.stderr and "column" in result.stderr
 
 
 @pytest.mark.parametrize("name", ["empty.yaml", "binary.yaml", "types.yaml"])
 def test_moeplan_check_json_on_bad_files(tmp_path, name):
     path = tmp_path / name
     path.write_bytes(_BAD_FILES[name])
-    result = _check(path, "--json")
+    result = _check_here(path, "--json")
     assert result.returncode in (1, 2) and "Traceback" not in result.stdout + result.stderr
     assert json.loads(result.stdout)["ok"] is False
 
 
 def test_moeplan_check_on_missing_file_and_directory(tmp_path):
     for target in (tmp_path / "absent.yaml", tmp_path):
-        result = _check(target)
+        result = _check_here(target)
         assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
 
 
@@ -305,7 +327,7 @@ _MARKUP_LIKE = {  # user text that reaches a finding message: a key, an ignore e
 def test_moeplan_check_prints_markup_like_input_literally(tmp_path, name):
     path = tmp_path / f"{name}.yaml"
     path.write_text(_MARKUP_LIKE[name])
-    result = _check(path)
+    result = _check_here(path)
     assert result.returncode in (0, 1) and "Traceback" not in result.stdout + result.stderr
     assert "[/x]" in result.stdout + result.stderr
 
@@ -313,7 +335,7 @@ def test_moeplan_check_prints_markup_like_input_literally(tmp_path, name):
 def test_moeplan_check_on_rule_violations_exits_1(tmp_path):
     path = tmp_path / "violations.yaml"
     path.write_text(yaml.safe_dump(MINIMAL_V4))
-    result = _check(path)
+    result = _check(path)  # a real process
     assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
     assert "PIP001" in result.stdout + result.stderr
 
@@ -337,8 +359,7 @@ def test_non_finite_numbers_are_findings_for_every_command(tmp_path, name, comma
     path = tmp_path / "c.yaml"
     path.write_text("".join(f"{key}: {{{body}}}\n" for key, body in sections.items()))
     args = [part.format(cfg=path, tmp=tmp_path) for part in command]
-    result = subprocess.run([*_moeplan(), *args], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "COLUMNS": "120"})
+    result = _here(*args)
     output = result.stdout + result.stderr
     assert result.returncode == 1 and "Traceback" not in output
     assert "CFG004" in output and "finite" in output

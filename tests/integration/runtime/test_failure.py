@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,27 +87,44 @@ def test_failure_message_names_the_rank() -> None:
     assert "\n" not in message
 
 
-@pytest.mark.parametrize(
-    ("edit", "message"),
-    [
-        (lambda d: d["layout"].update(ep=1), "digest mismatch"),
-        (lambda d: d.update(version=99), "version 99"),
-        (lambda d: d.update(moeplan_version="0.0.0-other"), "digest mismatch"),
-    ],
-)
-def test_tampered_or_foreign_plans_never_start_a_job(tmp_path: Path, edit: object,
-                                                     message: str) -> None:
-    """Under torchrun with 2 ranks: every rank refuses (exit 2) before any process group forms,
-    so no rendezvous timeout, no traceback."""
+TAMPERED = [
+    (lambda d: d["layout"].update(ep=1), "digest mismatch"),
+    (lambda d: d.update(version=99), "version 99"),
+    (lambda d: d.update(moeplan_version="0.0.0-other"), "digest mismatch"),
+]
+
+
+def _tampered(folder: Path, edit: Any, message: str) -> Path:
     from planner.plan_format import plan_digest
 
-    source = small(tmp_path)
-    document = json.loads(source.read_text())
-    edit(document)  # type: ignore[operator]
+    document = json.loads(small(folder).read_text())
+    edit(document)
     if "version 99" in message:  # another version, digested consistently
         document["digest"] = plan_digest(document)
-    target = tmp_path / "edited.plan.json"
+    target = folder / "edited.plan.json"
     target.write_text(json.dumps(document))
+    return target
+
+
+@pytest.mark.parametrize(("edit", "message"), TAMPERED)
+def test_tampered_or_foreign_plans_are_refused_before_any_group(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, message: str) -> None:
+    """In-process `main`: exit 2 with the message, before torch.distributed starts."""
+    import torch.distributed as dist
+
+    from runtime.__main__ import main
+
+    assert main(["--plan", str(_tampered(tmp_path, edit, message))]) == 2
+    assert message in capsys.readouterr().err
+    assert not dist.is_initialized()
+
+
+def test_a_tampered_plan_never_starts_a_torchrun_job(tmp_path: Path) -> None:
+    """Under torchrun with 2 ranks: every rank refuses (exit 2) before any process group forms,
+    so no rendezvous timeout, no traceback. Each rank refuses in `load_plan`, before torch
+    loads, whatever the edit (the edits above): one job shows it for all."""
+    edit, message = TAMPERED[1]
+    target = _tampered(tmp_path, edit, message)
     started = time.monotonic()
     run = subprocess.run(
         [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",

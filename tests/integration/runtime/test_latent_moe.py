@@ -1,5 +1,6 @@
 """Latent MoE (moe_latent_size = ℓ): the payload, parameters and activations it changes, and a
-real multi-rank run that equals the reference and moves exactly the predicted bytes.
+real multi-rank run that equals the reference and moves exactly the predicted bytes (4 gloo
+ranks in tests/integration/runtime/test_runtime_equivalence.py's shared launch).
 
 Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py: MoELayer.preprocess projects
 the rows h → ℓ (fc1_latent_proj) after the router and before the dispatcher, MoELayer.postprocess
@@ -17,7 +18,6 @@ microbatches, 2 layers × 2 microbatches = 4 MoE passes per step.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +29,15 @@ from hypothesis import strategies as st
 from planner.accounting import budgets
 from planner.config.loader import InvalidConfig, load_config, parse_config
 from planner.rules import run_rules
-from tests.support.launch import SMALL as RUNTIME_SMALL
-from tests.support.launch import compile_config, moeplan, torchrun
+from tests.support.launch import LATENT, latent_small, moeplan
 from tests.support.megatron_lines import megatron_line
 from tests.support.paths import EXAMPLES
 
-H, LATENT, P = 32, 8, 4
+H, P = 32, 4
 PASSES = 2 * 2  # MoE layers × microbatches
 
 # test_runtime_cli's small EP2 layout (the dimensions the docstring derives from) with ℓ = 8.
-SMALL: dict[str, Any] = copy.deepcopy(RUNTIME_SMALL)
-SMALL["moe"]["moe_latent_size"] = LATENT
-SMALL["cluster"]["nodes"] = 1
+SMALL: dict[str, Any] = latent_small()
 assert SMALL["model"]["hidden_size"] == H and SMALL["training"]["precision"] == "fp32"
 
 MOE_LAYER = "core/transformer/moe/moe_layer.py"
@@ -63,10 +60,7 @@ CITED_LINES = [
 
 
 def small(**sections: dict[str, Any]) -> dict[str, Any]:
-    data = copy.deepcopy(SMALL)
-    for section, fields in sections.items():
-        data.setdefault(section, {}).update(fields)
-    return data
+    return latent_small(**sections)
 
 
 def stage0(data: dict[str, Any]) -> dict[str, Any]:
@@ -217,37 +211,3 @@ def test_latent_with_shared_expert_overlap_is_refused():
     # megatron/core/transformer/moe/moe_layer.py:494 MoELayer.preprocess raises in training
     found = run_rules(parse_config(small(overlap={"moe_shared_expert_overlap": True})))
     assert [(f.code, f.severity) for f in found if f.code == "MOE016"] == [("MOE016", "error")]
-
-
-# ------------------------------------------------------------------ runtime, real ranks
-
-
-@pytest.mark.parametrize(("name", "moe"), [("alltoall", {}),
-                                           ("allgather", {"moe_token_dispatcher_type": "allgather"})])
-def test_latent_run_equals_reference_and_predicted_bytes(tmp_path: Path, name: str,
-                                                         moe: dict[str, Any]) -> None:
-    """4 gloo ranks (DP4 dense, ETP2·EP2 expert), forced balanced routing, reference check on:
-    every collective figure measured equals the prediction, and the latent rows are ℓ wide."""
-    data = small(parallel={"world_size": 4, "ep": 2, "etp": 2},
-                 training={"global_batch_size": 8}, moe=moe)
-    plan = compile_config(data, tmp_path, name)
-    report = tmp_path / "report.json"
-    run = torchrun(4, "--plan", str(plan), "--steps", "2", "--check-reference", "--balanced",
-                   "--report", str(report))
-    assert run.returncode == 0, run.stdout + run.stderr[-4000:]
-    assert "reference check: ok" in run.stdout
-    verify = moeplan("verify", str(plan), str(report), "--json")
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    figures = json.loads(verify.stdout)["figures"]
-    assert figures and all(f["status"] == "exact" and f["measured"] == f["predicted"]
-                           for f in figures)
-    send = {(f["rank"], f["collective"], f["phase"]): f["measured"] for f in figures
-            if f["direction"] == "send_bytes"}
-    if name == "alltoall":
-        # n·k = 32 rows of ℓ = 8 fp32 per pass, 4 passes: 32·8·4·4 = 4,096 B
-        assert send[0, "ep_dispatch_hidden", "fwd"] == 32 * LATENT * P * PASSES
-        # the ETP reduce-scatter of 64 gathered rows: 64·8·4·4 = 8,192 B
-        assert send[1, "etp_scatter_hidden", "fwd"] == 64 * LATENT * P * PASSES
-    else:
-        # own 16 rows of ℓ per pass: 16·8·4·4 = 2,048 B
-        assert send[2, "ag_gather_hidden", "fwd"] == 16 * LATENT * P * PASSES

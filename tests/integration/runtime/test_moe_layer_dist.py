@@ -4,7 +4,8 @@ Real ranks (torch.multiprocessing spawn, gloo, fp32). Every case runs the parall
 rank's token shard, reduces gradients the way the runtime does (router/shared expert SUM over
 dp_cp, routed experts SUM over expt_dp), and compares with `reference_moe` run on all shards:
 MoE output, input gradient and every parameter gradient within 1e-5 relative, for 1 or 3 SGD
-steps with expert-bias updates. All cases of one world size share one launch.
+steps with expert-bias updates. All cases share one launch of 8 ranks: ranks 0-3 run the
+4-rank cases on their own groups, then all 8 the 8-rank cases.
 
 Group lists follow Megatron's generator order with TP = 1 (dense `tp-cp-ep-dp`: CP fastest;
 expert `tp-ep-dp`: ETP fastest, then EP, then EDP); see `expert_grid` below.
@@ -414,17 +415,40 @@ def _run_case(case: Case, case_index: int, world: int, rank: int, cache: _Groups
     return {"errors": errors, "ledger": ledger.snapshot()}
 
 
-def _worker(rank: int, world: int, port: int, cases: list[Case], out_dir: str) -> None:
+def _four_rank_groups(case: Case, cache: _Groups) -> None:
+    """Every group `_run_case` uses for a 4-rank case, made in its order (cached)."""
+    grid = expert_grid(4, case.ep, case.etp)
+    tp_cp = [list(range(start, start + case.cp)) for start in range(0, 4, case.cp)]
+    for lists in (*grid.values(), tp_cp):
+        for ranks in lists:
+            if len(ranks) > 1:
+                cache.get(ranks)
+    cache.get(list(range(4)))
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    """One of 8 ranks: ranks 0-3 run the 4-rank cases on their own groups while 4-7 wait, then
+    all 8 run the 8-rank cases (one launch for both). torch's new_group is collective over the
+    whole world, so every rank first makes every 4-rank case's groups, in one order."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", rank=rank, world_size=8, timeout=timedelta(seconds=60))
     cache = _Groups()
     results: dict[str, Any] = {}
     try:
-        for index, case in enumerate(cases):
+        for case in FOUR_RANK_CASES:
+            _four_rank_groups(case, cache)
+        runs = [(4, index, case) for index, case in enumerate(FOUR_RANK_CASES)] if rank < 4 else []
+        for world, index, case in runs:
             try:
                 results[case.name] = _run_case(case, index, world, rank, cache)
+            except Exception:  # report, then stop this rank: peers time out
+                results[case.name] = {"exception": traceback.format_exc()}
+                raise
+        dist.monitored_barrier(timeout=timedelta(seconds=600))
+        for index, case in enumerate(EIGHT_RANK_CASES):
+            try:
+                results[case.name] = _run_case(case, index, 8, rank, cache)
             except Exception:  # report, then stop this rank: peers time out within 60 s
                 results[case.name] = {"exception": traceback.format_exc()}
                 raise
@@ -433,11 +457,10 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out_dir: str) -
     dist.destroy_process_group()
 
 
-def launch(world: int, cases: list[Case], tmp_path: Path) -> list[dict[str, Any]]:
-    """Spawn `world` gloo ranks running `cases`; returns each rank's results."""
-    mp.spawn(_worker, args=(world, free_port(), cases, str(tmp_path)), nprocs=world,
-             join=True)
-    return [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(world)]
+def launch(tmp_path: Path) -> list[dict[str, Any]]:
+    """Spawn 8 gloo ranks running every case; returns each rank's results."""
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=8, join=True)
+    return [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(8)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,13 +502,14 @@ EIGHT_RANK_CASES = [
 
 
 @pytest.fixture(scope="module")
-def four_rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return launch(4, FOUR_RANK_CASES, tmp_path_factory.mktemp("world4"))
+def eight_rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return launch(tmp_path_factory.mktemp("layer"))
 
 
 @pytest.fixture(scope="module")
-def eight_rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return launch(8, EIGHT_RANK_CASES, tmp_path_factory.mktemp("world8"))
+def four_rank_results(eight_rank_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ranks 0-3, which ran the 4-rank cases."""
+    return eight_rank_results[:4]
 
 
 def _errors(results: list[dict[str, Any]], name: str) -> list[dict[str, float]]:

@@ -1,12 +1,7 @@
-"""Pipeline parallelism in the runtime: PP and PP×VPP layouts equal the single-process reference,
-tied embeddings are synced over the `embd` group, and the measured pipeline bytes are the plan's.
+"""Pipeline parallelism under torchrun, and the layouts torch's schedules cannot run.
 
-All PP cases share one 4-rank launch (tests/test_runtime_equivalence's worker: 3 steps of m = 2
-microbatches, every loss, MoE output, reduced gradient and final weight compared within 1e-5).
-The byte figures below are derived by hand: one pipeline message is an activation [S/CP, b, h]
-in fp32, S = 16, b = 1, h = 32 → 16·32·4 = 2048 bytes (1024 with CP = 2); a stage sends one per
-microbatch from each chunk that is not the model's last and receives one into each chunk that
-is not the model's first. The tied word embedding is V·h·4 = 128·32·4 = 16384 bytes.
+The PP and PP×VPP layouts' equivalence with the single-process reference, their embedding sync and
+pipeline bytes, and recompute, run in test_runtime_equivalence.py's shared launch.
 """
 
 from __future__ import annotations
@@ -17,134 +12,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 import yaml
 
 from planner.verify import EXACT, MISMATCH, verify
 from tests.support.launch import ENV, EXAMPLE, PYTHON, moeplan
 from tests.support.paths import ROOT
-from tests.support.runtime_ranks import STEPS, TOLERANCE, compile_case, free_port, merged, run_cases
-
-TIED = {"untie_embeddings_and_output_weights": False}
-CASES: dict[str, tuple[dict[str, Any], str | None]] = {
-    "pp2_ep2_tied": ({"model": {"num_layers": 4, **TIED}, "parallel": {"pp": 2, "ep": 2}}, None),
-    "pp2_vpp2_ep2_tied_hash": ({"model": {"num_layers": 4, "moe_n_hash_layers": 1, **TIED},
-                                "parallel": {"pp": 2, "vpp": 2, "ep": 2,
-                                             "pipeline_model_parallel_layout": "Et|t|t|tL"},
-                                "moe": {"moe_tid2eid_source": "seeded"}}, None),
-    "pp2_vpp2_cp2_untied_per_token": ({"model": {"num_layers": 4},
-                                       "parallel": {"pp": 2, "vpp": 2, "cp": 2, "ep": 2},
-                                       "training": {"calculate_per_token_loss": True}}, None),
-    # Two MTP depths (MoE layers 4, 5) on the last stage, untied: that stage's copy of the input
-    # embedding (for the shifted ids) is what the embd group syncs.
-    "pp2_ep2_mtp2_untied": ({"model": {"num_layers": 4, "mtp_num_layers": 2},
-                             "parallel": {"pp": 2, "ep": 2}}, None),
-    # Deliberately wrong: the two copies of the tied embedding step on their own gradients.
-    "fault_pp2_embedding_unsynced": ({"model": {"num_layers": 2, **TIED},
-                                      "parallel": {"pp": 2, "ep": 2}}, "embedding_grads_unsynced"),
-    # ... and the MTP stage's copy of an untied input embedding.
-    "fault_pp2_mtp_embedding_unsynced": ({"model": {"num_layers": 2, "mtp_num_layers": 1},
-                                          "parallel": {"pp": 2, "ep": 2}},
-                                         "embedding_grads_unsynced"),
-}
-MESSAGE = 16 * 32 * 4
-EMBEDDING = 128 * 32 * 4
-
-
-@pytest.fixture(scope="module")
-def pipeline_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    folder = tmp_path_factory.mktemp("pipeline")
-    cases = [(name, str(compile_case(name, overrides, folder)), fault)
-             for name, (overrides, fault) in CASES.items()]
-    out = folder / "verdicts.json"
-    try:
-        mp.spawn(run_cases, args=(4, free_port(), cases, str(out)), nprocs=4, join=True)
-    except mp.ProcessRaisedException:
-        pass  # the failing case is named in the verdicts file
-    verdicts = json.loads(out.read_text()) if out.exists() else {}
-    for name, path, _ in cases:
-        if name in verdicts:
-            verdicts[name]["plan"] = json.loads(Path(path).read_text())
-    return verdicts
-
-
-def _verdict(verdicts: dict[str, Any], name: str) -> dict[str, Any]:
-    assert name in verdicts, f"case {name} did not run"
-    assert "error" not in verdicts[name], verdicts[name].get("error")
-    return verdicts[name]
-
-
-@pytest.mark.parametrize("name", [name for name, (_, fault) in CASES.items() if fault is None])
-def test_pipelined_runtime_matches_reference(pipeline_verdicts: dict[str, Any], name: str) -> None:
-    verdict = _verdict(pipeline_verdicts, name)
-    reference = verdict["reference"]
-    assert reference["mismatches"] == []
-    assert reference["ok"] and verdict["code"] == 0
-    assert reference["max_rel_error"] <= TOLERANCE
-    # every rank compared its stage's MoE outputs, gradients and weights, the last stage its
-    # losses: STEPS x 2 microbatches of losses on each last-stage rank
-    assert reference["tensors_checked"] >= 40 * verdict["world_size"]
-    last_stage = [share for share in verdict["ranks"] if share["stage"] == 1]
-    assert all(len(share["step_losses"]) == STEPS for share in last_stage)
-    assert all(share["step_losses"] == [] for share in verdict["ranks"] if share["stage"] == 0)
-
-
-@pytest.mark.parametrize(
-    ("name", "cp", "chunks", "synced"),
-    [("pp2_ep2_tied", 1, 1, True), ("pp2_vpp2_ep2_tied_hash", 1, 2, True),
-     ("pp2_vpp2_cp2_untied_per_token", 2, 2, False), ("pp2_ep2_mtp2_untied", 1, 1, True)],
-)
-def test_pipeline_bytes_are_the_plans_prediction(pipeline_verdicts: dict[str, Any], name: str,
-                                                 cp: int, chunks: int, synced: bool) -> None:
-    """`synced`: a word embedding shared between stages (tied head, or an MTP stage's copy)."""
-    verdict = _verdict(pipeline_verdicts, name)
-    message, m = MESSAGE // cp, 2
-    for share in verdict["ranks"]:
-        measured = share["collectives"]
-        first = share["stage"] == 0
-        sends, receives = (chunks, chunks - 1) if first else (chunks - 1, chunks)
-        fwd, bwd = measured["pp_activation.fwd"], measured["pp_activation.bwd"]
-        assert fwd["send_bytes"] == bwd["recv_bytes"] == sends * m * message
-        assert fwd["recv_bytes"] == bwd["send_bytes"] == receives * m * message
-        embedding = measured.get("embd_grad_reduce.fwd")
-        if synced:
-            assert embedding is not None and embedding["group"] == "embd"
-            assert embedding["send_bytes"] == embedding["recv_bytes"] == EMBEDDING
-        else:
-            assert embedding is None
-    figures = verify(verdict["plan"], verdict).figures
-    assert not [f for f in figures if f.status == MISMATCH]
-    pp_figures = [f for f in figures if f.collective in ("pp_activation", "embd_grad_reduce")]
-    assert pp_figures and all(f.status == EXACT for f in pp_figures)
-
-
-@pytest.mark.parametrize("name", ["fault_pp2_embedding_unsynced",
-                                  "fault_pp2_mtp_embedding_unsynced"])
-def test_unsynced_embedding_copy_is_caught(pipeline_verdicts: dict[str, Any], name: str) -> None:
-    """Without the embd all-reduce each stage's copy gets only its own use's gradient: the
-    reference check names the embedding gradient on the ranks of both stages."""
-    verdict = _verdict(pipeline_verdicts, name)
-    reference = verdict["reference"]
-    assert not reference["ok"] and verdict["code"] == 1
-    tensors = {m["tensor"] for m in reference["mismatches"]}
-    assert "step 0 gradient embedding" in tensors
-    ranks = {m["rank"] for m in reference["mismatches"] if m["tensor"] == "step 0 gradient embedding"}
-    assert ranks == {0, 1, 2, 3}
+from tests.support.runtime_ranks import compile_case, merged
 
 
 def test_tiny_cpu_8_with_pp2_runs_verified(tmp_path: Path) -> None:
-    """The example changed to world_size 8, cp 2, pp 2, ep 2: torchrun with --check-reference,
-    --balanced and --report, then `moeplan verify` finds every figure exact."""
+    """The example changed to world_size 4, cp 2, pp 2, ep 2 (etp 1, B = 4): torchrun with
+    --check-reference, --balanced and --report, then `moeplan verify` finds every figure exact.
+    (Four ranks, not eight: ETP under PP is the spawned case pp2_etp2 above.)"""
     config = yaml.safe_load(EXAMPLE.read_text())
-    config["parallel"].update(world_size=8, cp=2, pp=2, ep=2,
+    config["parallel"].update(world_size=4, cp=2, pp=2, ep=2, etp=1,
                               pipeline_model_parallel_layout="Et|tL")
+    config["training"]["global_batch_size"] = 4
     source = tmp_path / "tiny-pp2.yaml"
     source.write_text(yaml.safe_dump(config))
     plan, report = tmp_path / "plan.json", tmp_path / "report.json"
     compiled = moeplan("compile", str(source), "-o", str(plan))
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
     run = subprocess.run(
-        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8", "-m",
+        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m",
          "runtime", "--plan", str(plan), "--steps", "2", "--check-reference", "--balanced",
          "--report", str(report)],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
@@ -158,7 +48,7 @@ def test_tiny_cpu_8_with_pp2_runs_verified(tmp_path: Path) -> None:
     assert predicted and all(f.status == EXACT for f in predicted)  # balanced: all exact
     pp_sends = [f for f in figures if f.collective == "pp_activation" and f.phase == "fwd"
                 and f.direction == "send_bytes" and f.stage == 0]
-    # S/CP = 16 rows of h = 64 fp32, 4 microbatches (B = 8 over DP 2)
+    # S/CP = 16 rows of h = 64 fp32, 4 microbatches (B = 4 over DP 1)
     assert pp_sends and all(f.measured == 16 * 64 * 4 * 4 for f in pp_sends)
 
 
@@ -200,3 +90,18 @@ def test_what_the_schedules_cannot_run_is_refused_before_any_group(
     assert main(["--plan", str(plan)]) == 2
     assert message in capsys.readouterr().err
     assert not dist.is_initialized()
+
+
+def test_selective_core_attention_with_cp_is_refused(tmp_path: Path) -> None:
+    """Re-running only core attention (with its CP K/V gather) is not implemented: refused
+    before any group forms, naming the field."""
+    from runtime.plan_io import PlanError, load_plan
+
+    plan = compile_case("core_attn_cp2", {"parallel": {"cp": 2, "ep": 2},
+                                          "overlap": {"recompute_granularity": "selective"}},
+                        tmp_path)
+    with pytest.raises(PlanError, match="overlap.recompute_modules with core_attn and cp > 1"):
+        load_plan(plan)
+    load_plan(compile_case("core_attn_cp1", {"parallel": {"ep": 2}, "overlap": {
+        "recompute_granularity": "selective", "recompute_modules": ["core_attn", "moe_act"]}},
+        tmp_path))

@@ -114,17 +114,23 @@ def test_a_plan_edited_and_digested_again_is_refused_naming_the_figure(
     assert not dist.is_initialized()
 
 
-def test_launch_problems_are_explained(tmp_path: Path) -> None:
+def test_launch_problems_are_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch.distributed as dist
+
+    from runtime.__main__ import main
+
     plan = small(tmp_path)
     alone = runtime("--plan", str(plan))
     assert alone.returncode == 2 and "--nproc-per-node=2" in alone.stderr
     missing = runtime("--plan", str(tmp_path / "missing.json"))
     assert missing.returncode == 2 and "no such plan file" in missing.stderr
+    for run in (alone, missing):
+        assert "Traceback" not in run.stderr
+    # in-process (no traceback: an exception would fail the test): the balanced-routing refusal
     balanced = small(tmp_path, "odd", model={"num_experts": 6, "moe_router_topk": 1},
                      parallel={"world_size": 2, "ep": 2}, training={"seq_length": 10})
-    refused = runtime("--plan", str(balanced), "--balanced")
-    assert refused.returncode == 2 and "divide" in refused.stderr
-    for run in (alone, missing, refused):
-        assert "Traceback" not in run.stderr
+    capsys.readouterr()
+    assert main(["--plan", str(balanced), "--balanced"]) == 2
+    assert "divide" in capsys.readouterr().err and not dist.is_initialized()
     usage = runtime("--plan", str(plan), "--steps", "0")
     assert usage.returncode == 2 and "--steps" in usage.stderr

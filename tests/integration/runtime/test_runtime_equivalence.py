@@ -5,20 +5,54 @@ the planner (`compile_plan`), so groups and expert ownership come from the plan 
 On every case the runtime trains 3 optimizer steps of m = 2 microbatches and compares, within
 1e-5 relative: every microbatch loss, every MoE layer output, every parameter gradient after the
 dp_cp / expt_dp reduction at every step, and every weight and expert bias after the last step.
-All cases of one world size share one launch (a launch costs seconds, a case well under one).
+All cases share one 4-rank launch (a launch costs seconds, a case well under one): the plain
+layouts, the pipelined ones and the recompute ones below.
 The reference's AdamW steps on the ranks' verified gradients (see runtime/equivalence.py), so
 the default eps = 1e-8 cannot amplify fp32 rounding into drift; a mismatch means a bug.
+
+Pipeline parallelism: PP and PP×VPP layouts equal the single-process reference, tied embeddings are
+synced over the `embd` group, and the measured pipeline bytes are the plan's (a PP job under
+torchrun and the layouts the schedules refuse: test_pipeline_runtime.py). The byte figures below
+are derived by hand: one pipeline message is an activation [S/CP, b, h] in fp32, S = 16, b = 1,
+h = 32 → 16·32·4 = 2048 bytes (1024 with CP = 2); a stage sends one per microbatch from each chunk that
+is not the model's last and receives one into each chunk that is not the model's first. The tied
+word embedding is V·h·4 = 128·32·4 = 16384 bytes.
+
+Recompute runs in the same launch: ranks really re-run the forward in backward, the ledger records
+the re-run collectives under `recompute`, `moeplan verify` finds them equal to the plan's
+`step.<collective>.recompute.*`, and the model still equals the single-process reference (the
+report holds the last of the 3 steps; tiny dims S = 16, b = 1, h = 32, k = 2, E = 8, fp32,
+seq_aux_loss).
+Hand-derived figures:
+
+* cp2_ep2_block: CP 2 → n = 16/2 = 8 rows, one dispatch 8·2·32·4 = 2048 bytes; 3 MoE layers,
+  block method N_r = 2 re-runs layers 0 and 1 only → recompute 2048·2·2 = 8192, forward
+  2048·3·2 = 12288. The CP K/V all-gather per block: b·S/CP · 2·groups·d · 4 = 8·2·2·8·4 = 1024
+  bytes → recompute 1024·2·2 = 4096. seq_aux_loss counts b·E·4 = 32 bytes per router pass:
+  the recomputed layers' first forward runs without grad and skips them → forward 32·1·2 = 64,
+  recompute 32·2·2 = 128.
+* pp2_vpp2_ep2_mtp_uniform: n = 16 rows, one dispatch 16·2·32·4 = 4096 bytes; layout
+  Et|t|t|tmL: stage 0 holds layers 0, 2; stage 1 holds layers 1, 3 and the MTP block, which the
+  uniform method recomputes too → recompute 4096·2·2 = 16384 (stage 0), 4096·3·2 = 24576 (stage 1).
+* pp2_vpp2_ep2_mtp_block: the same layout, block method N_r = 1: each chunk's one decoder layer is
+  recomputed, the MTP block is not → stage 1 re-runs 2 of its 3 MoE blocks: 4096·2·2 = 16384
+  against a forward of 24576; stage 0 re-runs both: 16384.
+* ep4_selective_moe: learned routing, selective `moe` recompute of every MoE layer; the sends a
+  dropless dispatch fixes (n·k rows) are checked exactly, in the re-run as in the forward.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
 
-from tests.support.runtime_ranks import STEPS, TOLERANCE, compile_case, free_port, merged, run_cases
+from planner.verify import EXACT, EXPECTATION, MISMATCH, verify
+from tests.support.launch import LATENT, compile_config, latent_run
+from tests.support.runtime_ranks import STEPS, TOLERANCE, compile_case, free_port, run_cases
 
 # name -> (overrides, fault). Every layout the issue names, plus the capacity variants.
 CASES: dict[str, tuple[dict[str, Any], str | None]] = {
@@ -68,32 +102,115 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "fault_expert_bias_frozen": ({"parallel": {"ep": 4}}, "expert_bias_frozen"),
 }
 
+TIED = {"untie_embeddings_and_output_weights": False}
+PIPELINE_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
+    "pp2_ep2_tied": ({"model": {"num_layers": 4, **TIED}, "parallel": {"pp": 2, "ep": 2}}, None),
+    "pp2_vpp2_ep2_tied_hash": ({"model": {"num_layers": 4, "moe_n_hash_layers": 1, **TIED},
+                                "parallel": {"pp": 2, "vpp": 2, "ep": 2,
+                                             "pipeline_model_parallel_layout": "Et|t|t|tL"},
+                                "moe": {"moe_tid2eid_source": "seeded"}}, None),
+    "pp2_vpp2_cp2_untied_per_token": ({"model": {"num_layers": 4},
+                                       "parallel": {"pp": 2, "vpp": 2, "cp": 2, "ep": 2},
+                                       "training": {"calculate_per_token_loss": True}}, None),
+    # Expert tensor parallelism under PP: ETP2 (EP1) on each stage's two ranks.
+    "pp2_etp2": ({"model": {"num_layers": 2}, "parallel": {"pp": 2, "ep": 1, "etp": 2}}, None),
+    # Two MTP depths (MoE layers 4, 5) on the last stage, untied: that stage's copy of the input
+    # embedding (for the shifted ids) is what the embd group syncs.
+    "pp2_ep2_mtp2_untied": ({"model": {"num_layers": 4, "mtp_num_layers": 2},
+                             "parallel": {"pp": 2, "ep": 2}}, None),
+    # Deliberately wrong: the two copies of the tied embedding step on their own gradients.
+    "fault_pp2_embedding_unsynced": ({"model": {"num_layers": 2, **TIED},
+                                      "parallel": {"pp": 2, "ep": 2}}, "embedding_grads_unsynced"),
+    # ... and the MTP stage's copy of an untied input embedding.
+    "fault_pp2_mtp_embedding_unsynced": ({"model": {"num_layers": 2, "mtp_num_layers": 1},
+                                          "parallel": {"pp": 2, "ep": 2}},
+                                         "embedding_grads_unsynced"),
+}
+WORLD = 4
+RECOMPUTE_CASES: dict[str, tuple[dict[str, Any], bool]] = {  # name -> (overrides, balanced)
+    "cp2_ep2_block": ({"model": {"num_layers": 3}, "parallel": {"cp": 2, "ep": 2},
+                       "overlap": {"recompute_granularity": "full", "recompute_method": "block",
+                                   "recompute_num_layers": 2}}, True),
+    "pp2_vpp2_ep2_mtp_uniform": ({"model": {"num_layers": 4, "mtp_num_layers": 1},
+                                  "parallel": {"pp": 2, "vpp": 2, "ep": 2,
+                                               "pipeline_model_parallel_layout": "Et|t|t|tmL"},
+                                  "overlap": {"recompute_granularity": "full",
+                                              "recompute_method": "uniform",
+                                              "recompute_num_layers": 1}}, True),
+    "pp2_vpp2_ep2_mtp_block": ({"model": {"num_layers": 4, "mtp_num_layers": 1},
+                                "parallel": {"pp": 2, "vpp": 2, "ep": 2,
+                                             "pipeline_model_parallel_layout": "Et|t|t|tmL"},
+                                "overlap": {"recompute_granularity": "full",
+                                            "recompute_method": "block",
+                                            "recompute_num_layers": 1}}, True),
+    "ep4_selective_moe": ({"parallel": {"ep": 4},
+                           "overlap": {"recompute_granularity": "selective",
+                                       "recompute_modules": ["moe"]}}, False),
+}
+
+# name -> MoE overrides of the latent layout (tests/support/launch.py latent_run), balanced routing
+LATENT_CASES: dict[str, dict[str, Any]] = {
+    "latent_alltoall": {}, "latent_allgather": {"moe_token_dispatcher_type": "allgather"}}
+LATENT_PASSES = 2 * 2  # MoE layers × microbatches
+
+MESSAGE = 16 * 32 * 4
+EMBEDDING = 128 * 32 * 4
+
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def launch(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, str]]:
+    """One 4-rank launch of every case (plain, PP, recompute): the verdicts and each case's plan
+    file."""
     folder = tmp_path_factory.mktemp("equivalence")
-    by_world: dict[int, list[tuple[str, str, str | None]]] = {}
-    for name, (overrides, fault) in CASES.items():
-        world = merged(overrides)["parallel"]["world_size"]
-        by_world.setdefault(world, []).append((name, str(compile_case(name, overrides, folder)),
-                                               fault))
-    results: dict[str, Any] = {}
-    for world, cases in sorted(by_world.items()):
-        out = folder / f"verdicts-{world}.json"
-        try:
-            mp.spawn(run_cases, args=(world, free_port(), cases, str(out)), nprocs=world, join=True)
-        except mp.ProcessRaisedException:
-            pass  # the failing case is named in the verdicts file
-        if out.exists():
-            results.update(json.loads(out.read_text()))
-    return results
+    cases = [(name, str(compile_case(name, overrides, folder)), fault)
+             for name, (overrides, fault) in (CASES | PIPELINE_CASES).items()]
+    cases += [(name, str(compile_case(name, overrides, folder)), None, balanced)
+              for name, (overrides, balanced) in RECOMPUTE_CASES.items()]
+    cases += [(name, str(compile_config(latent_run(moe), folder, name)), None, True)
+              for name, moe in LATENT_CASES.items()]
+    out = folder / "verdicts.json"
+    try:
+        mp.spawn(run_cases, args=(WORLD, free_port(), cases, str(out)), nprocs=WORLD, join=True)
+    except mp.ProcessRaisedException:
+        pass  # the failing case is named in the verdicts file
+    verdicts = json.loads(out.read_text()) if out.exists() else {}
+    return verdicts, {name: path for name, path, *_ in cases}
+
+
+@pytest.fixture(scope="module")
+def verdicts(launch: tuple[dict[str, Any], dict[str, str]]) -> dict[str, Any]:
+    return launch[0]
+
+
+@pytest.fixture(scope="module")
+def pipeline_verdicts(launch: tuple[dict[str, Any], dict[str, str]]) -> dict[str, Any]:
+    verdicts, plans = launch
+    for name in PIPELINE_CASES:
+        if name in verdicts:
+            verdicts[name]["plan"] = json.loads(Path(plans[name]).read_text())
+    return verdicts
+
+
+@pytest.fixture(scope="module")
+def latent_runs(launch: tuple[dict[str, Any], dict[str, str]]) -> dict[str, Any]:
+    """name -> (plan, verdict) of the latent cases."""
+    verdicts, plans = launch
+    return {name: (json.loads(Path(plans[name]).read_text()), verdicts.get(name))
+            for name in LATENT_CASES}
+
+
+@pytest.fixture(scope="module")
+def runs(launch: tuple[dict[str, Any], dict[str, str]]) -> dict[str, Any]:
+    """name -> (plan, report) of every recompute case."""
+    verdicts, plans = launch
+    return {name: (json.loads(Path(plans[name]).read_text()), verdicts.get(name))
+            for name in RECOMPUTE_CASES}
 
 
 def _verdict(verdicts: dict[str, Any], name: str) -> dict[str, Any]:
     assert name in verdicts, f"case {name} did not run"
-    verdict = verdicts[name]
-    assert "error" not in verdict, verdict.get("error")
-    return verdict
+    assert "error" not in verdicts[name], verdicts[name].get("error")
+    return verdicts[name]
 
 
 @pytest.mark.parametrize("name", [name for name, (_, fault) in CASES.items() if fault is None])
@@ -161,3 +278,154 @@ def test_report_counts_the_collectives_of_one_step(verdicts: dict[str, Any]) -> 
         assert memory["grads_bytes"] == memory["weights_bytes"] > 0
         assert memory["optimizer_bytes"] >= 2 * memory["weights_bytes"]
         assert memory["activations_peak_bytes"] > 0
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+
+@pytest.mark.parametrize("name", [name for name, (_, fault) in PIPELINE_CASES.items()
+                                  if fault is None])
+def test_pipelined_runtime_matches_reference(pipeline_verdicts: dict[str, Any], name: str) -> None:
+    verdict = _verdict(pipeline_verdicts, name)
+    reference = verdict["reference"]
+    assert reference["mismatches"] == []
+    assert reference["ok"] and verdict["code"] == 0
+    assert reference["max_rel_error"] <= TOLERANCE
+    # every rank compared its stage's MoE outputs, gradients and weights, the last stage its
+    # losses: STEPS x 2 microbatches of losses on each last-stage rank
+    assert reference["tensors_checked"] >= 40 * verdict["world_size"]
+    last_stage = [share for share in verdict["ranks"] if share["stage"] == 1]
+    assert all(len(share["step_losses"]) == STEPS for share in last_stage)
+    assert all(share["step_losses"] == [] for share in verdict["ranks"] if share["stage"] == 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "cp", "chunks", "synced"),
+    [("pp2_ep2_tied", 1, 1, True), ("pp2_vpp2_ep2_tied_hash", 1, 2, True), ("pp2_etp2", 1, 1, False),
+     ("pp2_vpp2_cp2_untied_per_token", 2, 2, False), ("pp2_ep2_mtp2_untied", 1, 1, True)],
+)
+def test_pipeline_bytes_are_the_plans_prediction(pipeline_verdicts: dict[str, Any], name: str,
+                                                 cp: int, chunks: int, synced: bool) -> None:
+    """`synced`: a word embedding shared between stages (tied head, or an MTP stage's copy)."""
+    verdict = _verdict(pipeline_verdicts, name)
+    message, m = MESSAGE // cp, 2
+    for share in verdict["ranks"]:
+        measured = share["collectives"]
+        first = share["stage"] == 0
+        sends, receives = (chunks, chunks - 1) if first else (chunks - 1, chunks)
+        fwd, bwd = measured["pp_activation.fwd"], measured["pp_activation.bwd"]
+        assert fwd["send_bytes"] == bwd["recv_bytes"] == sends * m * message
+        assert fwd["recv_bytes"] == bwd["send_bytes"] == receives * m * message
+        embedding = measured.get("embd_grad_reduce.fwd")
+        if synced:
+            assert embedding is not None and embedding["group"] == "embd"
+            assert embedding["send_bytes"] == embedding["recv_bytes"] == EMBEDDING
+        else:
+            assert embedding is None
+    figures = verify(verdict["plan"], verdict).figures
+    assert not [f for f in figures if f.status == MISMATCH]
+    pp_figures = [f for f in figures if f.collective in ("pp_activation", "embd_grad_reduce")]
+    assert pp_figures and all(f.status == EXACT for f in pp_figures)
+
+
+@pytest.mark.parametrize("name", ["fault_pp2_embedding_unsynced",
+                                  "fault_pp2_mtp_embedding_unsynced"])
+def test_unsynced_embedding_copy_is_caught(pipeline_verdicts: dict[str, Any], name: str) -> None:
+    """Without the embd all-reduce each stage's copy gets only its own use's gradient: the
+    reference check names the embedding gradient on the ranks of both stages."""
+    verdict = _verdict(pipeline_verdicts, name)
+    reference = verdict["reference"]
+    assert not reference["ok"] and verdict["code"] == 1
+    tensors = {m["tensor"] for m in reference["mismatches"]}
+    assert "step 0 gradient embedding" in tensors
+    ranks = {m["rank"] for m in reference["mismatches"] if m["tensor"] == "step 0 gradient embedding"}
+    assert ranks == {0, 1, 2, 3}
+
+
+# ----------------------------------------------------------------------------- recompute
+
+
+def _run(runs: dict[str, Any], name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    plan, report = runs[name]
+    assert report is not None, f"case {name} did not run"
+    assert "error" not in report, report["error"]
+    assert report["reference"]["checked"] and report["reference"]["ok"], report["reference"]
+    return plan, report
+
+
+def _sent(report: dict[str, Any], rank: int, key: str) -> int:
+    return int(report["ranks"][rank]["collectives"][key]["send_bytes"])
+
+
+@pytest.mark.parametrize("name", list(RECOMPUTE_CASES))
+def test_recompute_keeps_the_reference_and_is_verified(runs: dict[str, Any], name: str) -> None:
+    plan, report = _run(runs, name)
+    result = verify(plan, report)
+    assert result.ok, [f for f in result.mismatches]
+    recomputed = [f for f in result.figures if f.phase == "recompute"]
+    assert {f.rank for f in recomputed} == set(range(WORLD))
+    if RECOMPUTE_CASES[name][1]:  # balanced routing: every figure exact
+        assert {f.status for f in result.figures} == {EXACT}
+    else:
+        statuses = {(f.collective, f.direction): f.status for f in recomputed}
+        assert statuses["ep_dispatch_hidden", "send_bytes"] == EXACT
+        assert statuses["ep_combine_hidden", "recv_bytes"] == EXACT
+        assert statuses["ep_dispatch_hidden", "recv_bytes"] == EXPECTATION
+
+
+def test_block_method_reruns_the_first_blocks_only(runs: dict[str, Any]) -> None:
+    _, report = _run(runs, "cp2_ep2_block")
+    for rank in range(WORLD):
+        assert _sent(report, rank, "ep_dispatch_hidden.fwd") == 12288
+        assert _sent(report, rank, "ep_dispatch_hidden.recompute") == 8192
+        assert _sent(report, rank, "ep_combine_hidden.recompute") == 8192
+        assert _sent(report, rank, "cp_kv_gather.recompute") == 4096
+        assert _sent(report, rank, "aux_loss_count_reduce.fwd") == 64
+        assert _sent(report, rank, "aux_loss_count_reduce.recompute") == 128
+        collectives = report["ranks"][rank]["collectives"]
+        assert collectives["ep_dispatch_hidden.recompute"]["calls"] == 2 * 2
+        # gradient reductions and the bias counts run once per step, never re-run
+        assert not {"dense_grad_reduce.recompute", "expert_bias_count_reduce.recompute"} & set(
+            collectives)
+
+
+@pytest.mark.parametrize(("method", "rerun"), [("uniform", {0: 16384, 1: 24576}),
+                                               ("block", {0: 16384, 1: 16384})])
+def test_pipeline_chunks_rerun_per_method(runs: dict[str, Any], method: str,
+                                          rerun: dict[int, int]) -> None:
+    _, report = _run(runs, f"pp2_vpp2_ep2_mtp_{method}")
+    for share in report["ranks"]:
+        collectives = share["collectives"]
+        assert collectives["ep_dispatch_hidden.recompute"]["send_bytes"] == rerun[share["stage"]]
+        assert collectives["ep_dispatch_hidden.fwd"]["send_bytes"] == {0: 16384,
+                                                                       1: 24576}[share["stage"]]
+        assert "pp_activation.recompute" not in collectives
+
+
+# ----------------------------------------------------------------------------- latent MoE
+
+
+@pytest.mark.parametrize("name", list(LATENT_CASES))
+def test_latent_run_equals_reference_and_predicted_bytes(latent_runs: dict[str, Any],
+                                                         name: str) -> None:
+    """4 gloo ranks (DP4 dense, ETP2·EP2 expert), forced balanced routing, reference check on:
+    every collective figure measured equals the prediction, and the latent rows are ℓ wide
+    (test_latent_moe.py: ℓ = 8, h = 32, fp32, 2 MoE layers × 2 microbatches per step)."""
+    plan, verdict = latent_runs[name]
+    assert verdict is not None, f"case {name} did not run"
+    assert "error" not in verdict, verdict["error"]
+    assert verdict["reference"]["ok"] and verdict["code"] == 0, verdict["reference"]
+    result = verify(plan, verdict)
+    assert result.ok, result.mismatches
+    figures = result.figures
+    assert figures and all(f.status == "exact" and f.measured == f.predicted for f in figures)
+    send = {(f.rank, f.collective, f.phase): f.measured for f in figures
+            if f.direction == "send_bytes"}
+    if name == "latent_alltoall":
+        # n·k = 32 rows of ℓ = 8 fp32 per pass, 4 passes: 32·8·4·4 = 4,096 B
+        assert send[0, "ep_dispatch_hidden", "fwd"] == 32 * LATENT * 4 * LATENT_PASSES
+        # the ETP reduce-scatter of 64 gathered rows: 64·8·4·4 = 8,192 B
+        assert send[1, "etp_scatter_hidden", "fwd"] == 64 * LATENT * 4 * LATENT_PASSES
+    else:
+        # own 16 rows of ℓ per pass: 16·8·4·4 = 2,048 B
+        assert send[2, "ag_gather_hidden", "fwd"] == 16 * LATENT * 4 * LATENT_PASSES
