@@ -5,10 +5,11 @@ exceeds it is skipped with all its presets (recomputing more is never faster), s
 the ruled-out list are those of the unpruned grid. One such time stands for several settings:
 with EP overlap on a setting is never slower than with it off, and HybridEP's time bounds every
 dispatcher no more efficient than it (`floor_dispatcher`); the least of a layout's floors over
-the micro-batch sizes bounds its whole grid. So the layouts are taken lowest floor first, in
-rounds of fixed, growing sizes whose bound the earlier rounds set (planner/search/run.py), and
-inside a grid the settings are judged fastest first; a family's slower layouts are timed but
-judged only when they could still be chosen or be a candidate.
+the micro-batch sizes bounds its whole grid, and `family_floor` bounds every layout of a family.
+So the families are taken lowest floor first and their layouts most promising first, in rounds of
+fixed, growing sizes whose bound the earlier rounds set (planner/search/run.py), and inside a grid
+the settings are judged fastest first; a family's slower layouts are timed but judged only when
+they could still be chosen or be a candidate.
 
 Each `*_work` function is one unit of work a worker process runs on its own judge; its verdicts
 come back in a `Work` and the parent absorbs them in the units' order.

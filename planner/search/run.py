@@ -27,8 +27,10 @@ The space is searched in two phases:
 `refine=0` (the default) refines every family that fits: the whole space. Ranking uses the
 float estimate (planner/budget/expr.py); the printed candidates are re-evaluated exactly.
 
-Branch and bound keeps the whole space fast and the result exact (planner/search/bound.py). The
-user's config is always a candidate, so the winner is never slower than it.
+Branch and bound keeps the whole space fast and the result exact (planner/search/bound.py): phase
+2 takes the families lowest `family_floor` first, in rounds, and skips a family whose floor
+exceeds the top-th step time found (it could hold no candidate of the top, nor the winner's
+refusals). The user's config is always a candidate, so the winner is never slower than it.
 
 The rooms: planner/search/space.py (families, pipeline layouts, the cost-balanced programme,
 recompute presets), knobs.py (the `Knobs` record a candidate sets), judge.py (one candidate
@@ -77,9 +79,9 @@ from planner.search.space import (
     recompute_presets,
 )
 
-# How many layouts the knob grid's first round takes, lowest floor first (each later round four
-# times as many): the most promising few set a tight bound for all the others.
-GRID_FIRST_ROUND = 1
+# How many layouts the knob grid's first round takes, most promising first (each later round twice
+# as many): the most promising few set a tight bound for all the others; two keep both workers busy.
+GRID_FIRST_ROUND = 2
 # How many families (lowest `family_floor` first) get layouts and knob grids in the first round
 # (each later round four times as many): enough to set a bound near the best before the others.
 FAMILY_FIRST_ROUND = 4
