@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from fractions import Fraction
+from functools import cache
 from typing import TYPE_CHECKING
 
 from planner.config.deepep_buffers import DISPATCH_CONFIG
@@ -33,14 +34,25 @@ SHARE = "device_memory_utilization"
 def headroom_share(cfg: Config) -> Fraction:
     """The share of GPU memory the device total may use before MEM002 warns and search refuses:
     1 - cluster.memory_margin."""
-    return 1 - Fraction(cfg.cluster.memory_margin).limit_denominator(10**6)
+    return _headroom(cfg.cluster.memory_margin)
+
+
+@cache
+def _headroom(margin: float) -> Fraction:
+    return 1 - Fraction(margin).limit_denominator(10**6)
 
 
 def _verdict(f: Facts, over: Fraction, upto: Fraction | None, what: str) -> Iterator[Violation]:
-    """One violation naming the worst stage whose device share lies in (over, upto]."""
+    """One violation naming the worst stage whose device share lies in (over, upto]. Float
+    shares (search's, given only when clear of every threshold by far more than their rounding:
+    planner/search/judge.py Judge._float_memory) compare with float thresholds: the same verdict
+    without turning each float into a Fraction."""
     stages = f.stage_memory or []
+    floats = any(isinstance(env[SHARE], float) for env in stages)
+    low = float(over) if floats else over
+    high = None if upto is None else float(upto) if floats else upto
     hits = [(s, env) for s, env in enumerate(stages)
-            if env[SHARE] > over and (upto is None or env[SHARE] <= upto)]
+            if env[SHARE] > low and (high is None or env[SHARE] <= high)]
     if not hits:
         return
     s, env = max(hits, key=lambda item: item[1][SHARE])

@@ -5,10 +5,11 @@ exceeds it is skipped with all its presets (recomputing more is never faster), s
 the ruled-out list are those of the unpruned grid. One such time stands for several settings:
 with EP overlap on a setting is never slower than with it off, and HybridEP's time bounds every
 dispatcher no more efficient than it (`floor_dispatcher`); the least of a layout's floors over
-the micro-batch sizes bounds its whole grid. So the layouts are taken lowest floor first, in
-rounds of fixed, growing sizes whose bound the earlier rounds set (planner/search/run.py), and
-inside a grid the settings are judged fastest first; a family's slower layouts are timed but
-judged only when they could still be chosen or be a candidate.
+the micro-batch sizes bounds its whole grid, and `family_floor` bounds every layout of a family.
+So the families are taken lowest floor first and their layouts most promising first, in rounds of
+fixed, growing sizes whose bound the earlier rounds set (planner/search/run.py), and inside a grid
+the settings are judged fastest first; a family's slower layouts are timed but judged only when
+they could still be chosen or be a candidate.
 
 Each `*_work` function is one unit of work a worker process runs on its own judge; its verdicts
 come back in a `Work` and the parent absorbs them in the units' order.
@@ -16,6 +17,7 @@ come back in a `Work` and the parent absorbs them in the units' order.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator
@@ -36,7 +38,7 @@ from planner.search.judge import (
     Rejected,
     identity,
 )
-from planner.search.knobs import Dispatcher, Knobs, Pipeline, Recompute, vpp_of
+from planner.search.knobs import Dispatcher, Family, Knobs, Pipeline, Recompute, vpp_of
 from planner.search.space import (
     FULL_RECOMPUTE,
     MBS_CHOICES,
@@ -61,6 +63,8 @@ class Work:
     # Chosen for the knob grid, each with its promise (does not fit, step time at the anchor's
     # knobs) and its `floors`, by which the grid takes the layouts (most promising first).
     layouts: list[tuple[tuple[bool, float], Knobs, Floors]] = field(default_factory=list)
+    # Per anchored family that fits: `family_floor`, a lower bound of every setting it has.
+    family_floors: dict[Family, float | None] = field(default_factory=dict)
 
     def prune(self, reason: str, count: int = 1) -> None:
         self.pruned[reason] = self.pruned.get(reason, 0) + count
@@ -102,7 +106,50 @@ def phase1_work(cfg: Config, headroom: float, items: list[Phase1Item]) -> Work:
                 work.prune("families whose anchor does not fit even with full recompute")
                 work.prune("families with a smaller EP than one that does not fit", len(eps) - i - 1)
                 break
+            if isinstance(out, Candidate):
+                work.family_floors[(tp, cp, pp, ep, etp)] = family_floor(cfg, (tp, cp, pp, ep, etp))
     return work
+
+
+def family_floor(cfg: Config, family: Family) -> float | None:
+    """A lower bound of the step time of every setting of a family, whatever its pipeline split,
+    VPP and knobs (None when the family has none that holds).
+
+    The family's model on one pipeline stage (PP 1, the same TP, CP, EP, ETP and DP, so the same
+    microbatches; world size and nodes over PP) at the floor knobs of `_floors` (HybridEP with EP
+    overlap on, no recompute): its busy time plus optimizer step, over PP, at its fastest
+    micro-batch size. Sound because a stage's step is its busy time, bubble (never negative) and
+    optimizer step, the slowest stage's is at least the stages' mean, and every busy and optimizer
+    term of the time page is a sum over the layers and parameters a stage holds, a per-stage cost
+    or an exposure max(0, hidden − window) of such sums, none of which a split makes smaller in
+    total. Only where every stage's ranks are placed alike (PP outermost in the rank order, block
+    placement, a stage a whole number of nodes and NVLink domains): then each stage's groups are
+    stage 0's, shifted by whole nodes. tests/unit/search/test_search.py checks it against every
+    layout search times."""
+    c, par = cfg.cluster, cfg.parallel
+    tp, cp, pp, ep, etp = family
+    world = par.world_size // pp
+    per_node = c.gpus_per_node or 1
+    lower, bounded = floor_dispatcher(cfg, dispatchers(cfg))
+    if (lower is None or bounded != set(dispatchers(cfg)) or not par.order.endswith("pp")
+            or c.rank_nodes or c.rank_distribution != "block" or world % per_node
+            or world % (c.nvlink_domain or per_node)):
+        return None
+    one = replace(Knobs.of(cfg).of_family((tp, cp, 1, ep, etp)), pipeline=Pipeline())
+    best: float | None = None
+    for mbs in MBS_CHOICES:
+        stage = cell(one, lower, True, NO_RECOMPUTE, mbs).apply(cfg)
+        stage = stage.model_copy(update={
+            "parallel": stage.parallel.model_copy(update={"world_size": world}),
+            "cluster": stage.cluster.model_copy(update={"nodes": math.ceil(world / per_node)})})
+        try:
+            est = estimate(stage, exact=False)
+        except (BudgetError, ValueError, ZeroDivisionError, KeyError):
+            return None  # no bound for one micro-batch size: none for the family
+        shared = est.parts[0][0]
+        t = float(shared["time_busy_s"] + shared["time_optimizer_s"]) / pp
+        best = t if best is None else min(best, t)
+    return best
 
 
 def layouts_work(cfg: Config, headroom: float, unit: tuple[Candidate, int, float]) -> Work:

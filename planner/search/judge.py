@@ -205,10 +205,10 @@ class Judge:
         stages = stage_memory(facts.cfg, exact=False)
         if stages is None:
             return
+        lines = (1.0, float(headroom_share(facts.cfg)), self.headroom)  # once, not per stage
         for env in stages:
             share = float(env[SHARE])
-            if any(abs(share - float(t)) <= FLOAT_MARGIN * float(t)
-                   for t in (1.0, headroom_share(facts.cfg), self.headroom)):
+            if any(abs(share - t) <= FLOAT_MARGIN * t for t in lines):
                 return
         facts.give_stage_memory(stages)
 

@@ -27,8 +27,10 @@ The space is searched in two phases:
 `refine=0` (the default) refines every family that fits: the whole space. Ranking uses the
 float estimate (planner/budget/expr.py); the printed candidates are re-evaluated exactly.
 
-Branch and bound keeps the whole space fast and the result exact (planner/search/bound.py). The
-user's config is always a candidate, so the winner is never slower than it.
+Branch and bound keeps the whole space fast and the result exact (planner/search/bound.py): phase
+2 takes the families lowest `family_floor` first, in rounds, and skips a family whose floor
+exceeds the top-th step time found (it could hold no candidate of the top, nor the winner's
+refusals). The user's config is always a candidate, so the winner is never slower than it.
 
 The rooms: planner/search/space.py (families, pipeline layouts, the cost-balanced programme,
 recompute presets), knobs.py (the `Knobs` record a candidate sets), judge.py (one candidate
@@ -67,7 +69,7 @@ from planner.search.judge import (
     exact_refusal,
     verdict_key,
 )
-from planner.search.knobs import Knobs, Pipeline, family_of
+from planner.search.knobs import Family, Knobs, Pipeline, family_of
 from planner.search.space import (
     MBS_CHOICES,
     Group,
@@ -77,9 +79,12 @@ from planner.search.space import (
     recompute_presets,
 )
 
-# How many layouts the knob grid's first round takes, lowest floor first (each later round four
-# times as many): the most promising few set a tight bound for all the others.
-GRID_FIRST_ROUND = 1
+# How many layouts the knob grid's first round takes, most promising first (each later round twice
+# as many): the most promising few set a tight bound for all the others; two keep both workers busy.
+GRID_FIRST_ROUND = 2
+# How many families (lowest `family_floor` first) get layouts and knob grids in the first round
+# (each later round four times as many): enough to set a bound near the best before the others.
+FAMILY_FIRST_ROUND = 4
 
 
 @dataclass
@@ -178,8 +183,10 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
         for reason, settings in part.pruned.items():
             count(reason, settings)
 
+    family_floors: dict[Family, float | None] = {}
     for part in run_units(phase1_work, cfg, memory_headroom, units, sizes, pool, tick):
         absorb(part)
+        family_floors.update(part.family_floors)
     anchors: list[Candidate] = []
     for cand in sorted(judge.timed(), key=lambda c: c.step_time_s):
         if all(family_of(cand.cfg) != family_of(b.cfg) for b in anchors):
@@ -192,27 +199,69 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
     lower, bounded = floor_dispatcher(cfg, choices)
     per_layout = len(recompute_presets(cfg)) * len(MBS_CHOICES) * 2 * len(choices)
     total = done + 10 * len(chosen)
-    queue: list[tuple[float, tuple[bool, float], int, Knobs, Floors]] = []
-    bound = judge.bound(top)
-    for part in run_units(layouts_work, cfg, memory_headroom,
-                          [(anchor, layouts, bound) for anchor in chosen], [10] * len(chosen),
-                          pool, tick):
-        absorb(part)
-        for promise, layout, floors in part.layouts:
-            known = [t for t in floors.values() if t is not None]
-            # A layout whose floors are all known and bound every dispatcher can be skipped
-            # whole; the others go first.
-            whole = lower is not None and bounded == set(choices) and \
-                len(known) == len(MBS_CHOICES)
-            queue.append((min(known) if whole else -float("inf"), promise, len(queue), layout,
-                           floors))
-    total += per_layout * len(queue)
-    # Branch and bound over every chosen layout, the lowest floor first: `top` candidates
-    # already fit at the bound (the top-th step time known), so a layout (or grid cell) whose
-    # floor exceeds it cannot enter the top (nor be a faster candidate that was ruled out).
-    # Rounds of fixed, growing sizes (whatever the workers, so the counts never depend on
-    # them); each starts from the bound the earlier ones set.
-    queue.sort(key=lambda item: item[:3])
+
+    def family_floor(anchor: Candidate) -> float:
+        """The family's lower bound (`family_floor`); the user's family is always refined."""
+        fam = family_of(anchor.cfg)
+        floor = family_floors.get(fam)
+        return -float("inf") if floor is None or fam == user_family else floor
+
+    # Families lowest floor first, in rounds of growing sizes: before each round, the families
+    # whose floor exceeds the bound (the top-th step time known) are skipped whole, then the
+    # round's families get their layouts and those layouts' knob grids (`_grids`), which tighten
+    # the bound for the next round.
+    pending = sorted(chosen, key=family_floor)
+    size = FAMILY_FIRST_ROUND
+    while pending:
+        bound = judge.bound(top)
+        slow = [a for a in pending if family_floor(a) > bound * (1 + FLOAT_MARGIN)]
+        if slow:
+            count("families slower on every layout, without recompute, than the best found",
+                  len(slow))
+            tick(10 * len(slow))
+            pending = [a for a in pending if family_floor(a) <= bound * (1 + FLOAT_MARGIN)]
+        batch, pending = pending[:size], pending[size:]
+        size *= 4
+        queue: list[tuple[float, tuple[bool, float], int, Knobs, Floors]] = []
+        for part in run_units(layouts_work, cfg, memory_headroom,
+                              [(anchor, layouts, bound) for anchor in batch], [10] * len(batch),
+                              pool, tick):
+            absorb(part)
+            for promise, layout, floors in part.layouts:
+                known = [t for t in floors.values() if t is not None]
+                # A layout whose floors are all known and bound every dispatcher can be skipped
+                # whole; the others never are.
+                whole = lower is not None and bounded == set(choices) and \
+                    len(known) == len(MBS_CHOICES)
+                queue.append((min(known) if whole else -float("inf"), promise, len(queue),
+                              layout, floors))
+        total += per_layout * len(queue)
+        _grids(cfg, judge, queue, top, per_layout, memory_headroom, pool, tick, count)
+    if progress:
+        progress(total, total)
+    # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
+    shown = _exact_top(cfg, judge.timed(), top, pool)
+    winner = shown[0] if shown else None
+    ruled_out = _ruled_out(judge, winner, max_ruled_out, pool) if winner else []
+    if isinstance(user, Candidate):
+        user = next((c for c in shown if c.is_user), None) or exact(user)
+    return SearchResult(shown, user if isinstance(user, Candidate) else None, ruled_out,
+                        judge.explored, judge.legal, judge.fitting,
+                        time.perf_counter() - start, sum(pruned.values()), pruned,
+                        memory_headroom)
+
+
+def _grids(cfg: Config, judge: Judge, queue: list[tuple[float, tuple[bool, float], int, Knobs, Floors]],
+           top: int, per_layout: int, memory_headroom: float, pool: Executor | None,
+           tick: Callable[[int], None], count: Callable[[str, int], None]) -> None:
+    """Branch and bound over the knob grids of `queue`'s layouts: `top` candidates already fit
+    at the bound (the top-th step time known), so a layout (or grid cell) whose floor exceeds it
+    cannot enter the top (nor be a faster candidate that was ruled out). The layouts go most
+    promising first (fitting at the anchor's knobs, fastest there: the likeliest to hold the
+    best, so the bound tightens soonest), in rounds of fixed, growing sizes (whatever the
+    workers, so the counts never depend on them); each starts from the bound the earlier ones
+    set."""
+    queue = sorted(queue, key=lambda item: item[1:3])
     size = GRID_FIRST_ROUND
     while queue:
         bound = judge.bound(top)
@@ -227,20 +276,10 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
         units = [(layout, floors, bound, max(top, 1)) for _, _, _, layout, floors in batch]
         for part in run_units(grid_work, cfg, memory_headroom, units,
                               [per_layout] * len(units), pool, tick):
-            absorb(part)
-        size *= 4
-    if progress:
-        progress(total, total)
-    # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
-    shown = _exact_top(cfg, judge.timed(), top, pool)
-    winner = shown[0] if shown else None
-    ruled_out = _ruled_out(judge, winner, max_ruled_out, pool) if winner else []
-    if isinstance(user, Candidate):
-        user = next((c for c in shown if c.is_user), None) or exact(user)
-    return SearchResult(shown, user if isinstance(user, Candidate) else None, ruled_out,
-                        judge.explored, judge.legal, judge.fitting,
-                        time.perf_counter() - start, sum(pruned.values()), pruned,
-                        memory_headroom)
+            judge.absorb(part.judge)
+            for reason, settings in part.pruned.items():
+                count(reason, settings)
+        size *= 2
 
 
 def _ruled_out(judge: Judge, winner: Candidate, count: int,

@@ -23,7 +23,7 @@ from planner.findings import has_errors
 from planner.layout.pipeline import stage_split
 from planner.rules import run_rules
 from planner.rules.catalog import CODES
-from planner.search.bound import cell, floor_dispatcher
+from planner.search.bound import cell, family_floor, floor_dispatcher
 from planner.search.judge import Judge, float_estimate
 from planner.search.knobs import Knobs, Recompute, vpp_of
 from planner.search.run import search
@@ -33,10 +33,12 @@ from planner.search.space import (
     NO_RECOMPUTE,
     LayerCosts,
     balanced_layout,
+    cost_balanced_choices,
     cost_balanced_layout,
     dispatchers,
     dominates,
     layer_costs,
+    pipeline_choices,
     recompute_presets,
     recomputed,
 )
@@ -428,6 +430,29 @@ def test_hybridep_with_ep_overlap_bounds_every_setting_it_stands_for(name: str) 
                     assert on <= off * (1 + 1e-12), (ep, mbs, dispatcher)
                     checked += 1
     assert checked >= 8
+
+
+
+@pytest.mark.parametrize("family", [(2, 1, 8, 32, 1), (1, 2, 16, 16, 1)])
+def test_the_family_floor_bounds_every_layout_of_its_family(family: tuple) -> None:
+    """Search skips a whole family when its floor (its model on one stage at the floor knobs:
+    busy time plus optimizer step over PP) exceeds the bound: sound only if no pipeline split,
+    VPP or micro-batch size of the family is faster. Checked on DeepSeek-V3 against every layout
+    search times for the family (slot-balanced, even and cost-balanced, VPP 1, 2, 4) at every
+    micro-batch size, and close enough to the best of them to prune (within 25 %)."""
+    cfg = load_config(EXAMPLES / "deepseek-v3-1024.yaml")
+    floor = family_floor(cfg, family)
+    assert floor is not None
+    knobs = Knobs.of(cfg).of_family(family)
+    lower = ("flex", "hybridep")
+    pipes = pipeline_choices(cfg, family[2])
+    probe = replace(knobs, pipeline=pipes[0]).apply(cfg)
+    pipes += cost_balanced_choices(cfg, family[2], layer_costs(probe, estimate(probe).stages))
+    times = [t for pipe in dict.fromkeys(pipes) for mbs in MBS_CHOICES
+             if (t := _time(cfg, replace(knobs, pipeline=pipe), lower, True, mbs)) is not None]
+    assert len(times) >= 12
+    assert floor <= min(times) * (1 + 1e-12)
+    assert floor >= 0.75 * min(times)
 
 
 def test_a_dispatcher_more_efficient_than_hybridep_is_not_bounded_by_it() -> None:
