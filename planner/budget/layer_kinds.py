@@ -809,7 +809,7 @@ SINKS = LayerKind(
     "Megatron-LM dev@d48bd6be "
     "megatron/core/transformer/dot_product_attention.py DotProductAttention.__init__ "
     "(softmax_offset [heads / TP])",
-    _standard(lambda m: m.softmax_type == "learnable"),
+    _standard(lambda m: m.softmax_type == "learnable" and m.full_attention_softmax_type is None),
     variations=(("learnable attention sinks (softmax_type learnable)",
                  {"kinds": frozenset({"softmax", "sinks"}), "cp": False}),),
     block_params=_sink_params,
@@ -952,10 +952,151 @@ WINDOW_HEADS = LayerKind(
     flops=_window_heads_flops, activations=_window_heads_activations,
 )
 
+# ------------------------------------------------------------------------------ value heads' width
+
+MIMO_SRC = ("Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention "
+            "(one head width and one num_query_groups for every layer: Megatron-LM builds none of "
+            "this), Megatron-Bridge@812b989a src/megatron/bridge/models/mimo_v2_flash/"
+            "modeling_mimo_v2_flash.py MiMoV2FlashSelfAttention.__init__ (linear_qkv of "
+            "heads·d + groups·d + groups·d_v rows, linear_proj of heads·d_v columns, "
+            "num_query_groups switched per layer) and MiMoV2FlashTEDotProductAttention.__init__ "
+            "(k_channels d, v_channels d_v; softmax_type learnable on window layers, vanilla on "
+            "full ones)")
+# dv: the value heads' width beyond kv_channels (negative when narrower)
+_DV = "(d_v - d)"
+
+
+def _value_dim_params(book: Book, v: Variant) -> str:
+    """What value heads of their own width change in a block on a TP rank: the v rows of
+    linear_qkv (groups of them) and the output projection's columns (one per query head), and
+    the v bias with the QKV bias (add_bias_linear or add_qkv_bias)."""
+    bias = f" + groups * {_DV} / TP" if v.bias or v.qkv_bias else ""
+    book.add("value_dim_params_per_block", f"h * (heads + groups) * {_DV} / (TP * GTP){bias}",
+             "params", "memory", "value heads of their own width (v_head_dim beside kv_channels): "
+             "the v rows and output-projection columns beyond kv_channels'" + (", the v bias"
+                                                                              if bias else ""))
+    book.add("value_dim_weights_per_block", f"h * (heads + groups) * {_DV} / (TP * GTP)", "params",
+             "memory", "the v projection and output projection weights beyond kv_channels'")
+    return " + value_dim_params_per_block"
+
+
+def _value_dim_flops(book: Book, v: Variant) -> None:
+    """Value heads of their own width in the core attention: softmax·V is d_v wide per head
+    (QKᵀ stays d), over the causal half of S keys as flops_attention_core_fwd_per_token counts."""
+    book.add("flops_value_dim_core_fwd_per_token", f"heads * {_DV} * S", "FLOP", "flops",
+             "value heads of their own width: what softmax·V adds per token over the causal half "
+             "of S keys (Megatron's num_floating_point_operations reads kv_channels for both)")
+
+
+def _value_dim_activations(book: Book, v: Variant, per_block: str) -> str:
+    """Value heads of their own width in what a block stores: V (groups wide) and the core
+    output (heads wide), d_v instead of d each."""
+    book.add("act_value_dim_per_block", f"tokens_per_rank * (heads + groups) * {_DV} * p", "bytes",
+             "memory", "per microbatch: what value heads of their own width store beyond "
+             "kv_channels' (V and the core attention output)")
+    return " + blocks * act_value_dim_per_block"
+
+
+VALUE_DIM = LayerKind(
+    "value_dim", FEATURE, "standard", "value heads of their own width (v_head_dim beside kv_channels)",
+    MIMO_SRC, _standard(lambda m: m.v_head_dim != m.kv_channels),
+    variations=(("value heads of their own width (v_head_dim beside kv_channels)",
+                 {"kinds": frozenset({"softmax", "value_dim"}), "cp": False}),),
+    count="blocks", model_count="L_model",
+    terms={FLOPS: (Add("flops_value_dim_core_fwd_per_token"),),
+           CORE: (Add("flops_value_dim_core_fwd_per_token"),),
+           KERNEL: (Add("flops_value_dim_core_fwd_per_token"),),
+           WEIGHTS: (Add("value_dim_weights_per_block"),)},
+    block_params=_value_dim_params,
+    projection_flops=(f" + 2 * h * (heads + groups) * {_DV}",
+                      " and the value heads' own width (v_head_dim)"),
+    flops=_value_dim_flops, activations=_value_dim_activations,
+)
+
+
+def _value_dim_window_flops(book: Book, v: Variant) -> None:
+    book.add("flops_value_dim_window_kernel_fwd_per_token",
+             f"heads * {_DV} * (2 * flops_window_keys_avg - S)", "FLOP", "flops",
+             "value heads of their own width on a sliding-window layer, as its kernel runs them: "
+             "softmax·V over the keys a window query reads instead of the causal half of S")
+
+
+VALUE_DIM_WINDOW = LayerKind(
+    "value_dim_window", FEATURE, "standard",
+    "value heads of their own width on sliding-window layers", MIMO_SRC,
+    _standard(lambda m: m.v_head_dim != m.kv_channels and m.window_size is not None),
+    variations=(("value heads of their own width on sliding-window layers",
+                 {"kinds": frozenset({"softmax", "window", "value_dim", "value_dim_window"}),
+                  "cp": False}),),
+    count="L_window", model_count="L_model_window",
+    terms={KERNEL: (Add("flops_value_dim_window_kernel_fwd_per_token"),)},
+    flops=_value_dim_window_flops,
+)
+
+# ------------------------------------------------------------------------------ window layers' KV groups
+# dg: the window layers' KV groups beyond the model's (negative when they have fewer)
+_DG = "(groups_w - groups)"
+
+
+def _window_kv_params(book: Book, v: Variant, attention_side: str) -> str:
+    """A window layer's own KV groups on a TP rank, against the family's: k rows d and v rows
+    d_v wide per group, and their biases with the QKV bias (add_bias_linear or add_qkv_bias).
+    Per-head q/k norms are d wide whatever the groups."""
+    bias = f" + {_DG} * (d + d_v) / TP" if v.bias or v.qkv_bias else ""
+    book.add("window_kv_params_per_layer", f"h * (d + d_v) * {_DG} / (TP * GTP){bias}", "params",
+             "memory", "a window layer's own KV groups beyond the model's: their k and v rows"
+             + (" and biases" if bias else ""))
+    book.add("window_kv_weights_per_layer", f"h * (d + d_v) * {_DG} / (TP * GTP)", "params",
+             "memory", "a window layer's k and v projection weights beyond the model's")
+    return " + L_window * window_kv_params_per_layer"
+
+
+def _window_kv_flops(book: Book, v: Variant) -> None:
+    book.add("flops_window_kv_fwd_per_token", f"2 * h * (d + d_v) * {_DG}", "FLOP", "flops",
+             "a window layer's own KV groups beyond the model's: their k and v projections per "
+             "token (the core attention reads query heads, whatever the groups)")
+
+
+def _window_kv_activations(book: Book, v: Variant, per_block: str) -> str:
+    book.add("act_window_kv_per_layer", f"tokens_per_rank * {_DG} * (d + d_v) * p", "bytes",
+             "memory", "per microbatch: what a window layer's own KV groups store beyond the "
+             "model's (K and V)")
+    return " + L_window * act_window_kv_per_layer"
+
+
+WINDOW_KV = LayerKind(
+    "window_kv", FEATURE, "standard",
+    "sliding-window layers with their own KV groups (window_num_query_groups)", MIMO_SRC,
+    _standard(lambda m: m.window_num_query_groups is not None),
+    variations=(("sliding-window layers with their own KV groups",
+                 {"kinds": frozenset({"softmax", "window", "window_kv"}), "cp": False}),),
+    count="L_window", model_count="L_model_window",
+    terms={FLOPS: (Add("flops_window_kv_fwd_per_token"),),
+           WEIGHTS: (Add("window_kv_weights_per_layer"),)},
+    layer_params=_window_kv_params, flops=_window_kv_flops, activations=_window_kv_activations,
+)
+
+
+def _window_sink_params(book: Book, v: Variant, attention_side: str) -> str:
+    book.add("window_sink_params_per_layer", "heads / TP", "params", "memory",
+             "learnable sinks on sliding-window layers only: one sink logit per head (split "
+             "over TP)")
+    return " + L_window * window_sink_params_per_layer"
+
+
+WINDOW_SINKS = LayerKind(
+    "window_sinks", FEATURE, "standard",
+    "learnable sinks on sliding-window layers only (full_attention_softmax_type vanilla)", MIMO_SRC,
+    _standard(lambda m: m.softmax_type == "learnable" and m.full_attention_softmax_type is not None),
+    variations=(("learnable sinks on sliding-window layers only",
+                 {"kinds": frozenset({"softmax", "window", "window_sinks"}), "cp": False}),),
+    count="L_window", model_count="L_model_window", layer_params=_window_sink_params,
+)
+
 # Every kind, in the order the pages write them (mixers, then features).
 KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, CSA, HCA, V4_WINDOW, MAMBA,
                                 QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE, HEAD_GATE,
-                                WINDOW_HEADS)
+                                WINDOW_HEADS, VALUE_DIM, VALUE_DIM_WINDOW, WINDOW_KV, WINDOW_SINKS)
 MIXERS = tuple(kind for kind in KINDS if kind.role == MIXER)
 
 
@@ -1047,6 +1188,8 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
            "MTP layers counted full)"),
     Symbol("heads_w", "query heads of a sliding-window layer (window_num_attention_heads; the "
            "model's num_attention_heads when unset)"),
+    Symbol("groups_w", "KV groups of a sliding-window layer (window_num_query_groups; the "
+           "model's num_query_groups when unset)"),
     Symbol("chunk_keys", "tokens of one attention chunk (attention_chunk_size; 0 without chunking)"),
     Symbol("L_model_chunked", "chunked-attention layers of the whole model (Llama 4's RoPE layers)"),
     Symbol("L_model_linear", "gated DeltaNet (linear attention) layers of the whole model, MTP "
@@ -1086,6 +1229,7 @@ def kind_values(cfg: Config) -> dict[str, Number]:
     return {"window_keys": m.window_size[0] + 1 if m.window_size else 0,
             "L_model_window": mixers.count("window"),
             "heads_w": m.window_num_attention_heads or m.num_attention_heads,
+            "groups_w": m.window_num_query_groups or m.num_query_groups,
             "chunk_keys": m.attention_chunk_size or 0,
             "L_model_chunked": mixers.count("chunked"),
             "L_model_linear": mixers.count("gdn"),

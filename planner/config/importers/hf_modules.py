@@ -54,6 +54,7 @@ class Attention:
     qk_norm: bool
     gate: str = ""  # "head": one sigmoid gate per head; "element": one per head channel
     sinks: bool = False  # one learnable sink logit per head (Megatron softmax_type learnable)
+    v_dim: int = 0  # the value heads' width where it is not head_dim (MiMo-V2-Flash), else 0
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,12 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
             .startswith(f" ({q_out // head_dim} query heads"):
         # a head count of the layer's own: read here, placed (or refused) by model_section
         heads = q_out // head_dim
+    v_dim = 0
+    if k_out != v_out and _shape_why(heads, head_dim, q_out, k_out, v_out, o_in).startswith(
+            f" ({k_out // head_dim} KV heads with values of"):
+        # value heads of their own width: read here, placed by model_section (model.v_head_dim)
+        v_dim = v_out // (k_out // head_dim)
+        v_out, o_in = k_out, q_out  # the q/k shapes checked below, the value width kept apart
     if q_out != heads * head_dim or k_out != v_out or k_out % head_dim or o_in != q_out \
             or q_in != hidden or o_out != hidden:
         raise Unpriced(layer, path, module, f"has q {q_out}, k {k_out}, v {v_out}, o {o_in} -> "
@@ -198,7 +205,7 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     if sinks and _shape(own["sinks"]) != (heads,):
         raise Unpriced(layer, path, module, f"holds sinks of {_shape(own['sinks'])}, not one per "
                        "head")
-    return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks)
+    return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks, v_dim)
 
 
 def _shape_why(heads: int, head_dim: int, q_out: int, k_out: int, v_out: int, o_in: int) -> str:
@@ -383,28 +390,41 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
     return ModelRead(vocab, hidden, tied, read, bias)
 
 
-def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attention, int | None]:
-    """The decoder's one attention, and the query heads of its sliding-window layers where they
-    have a count of their own (Laguna-XS.2, Step-3.5-Flash: model.window_num_attention_heads);
-    any other difference between layers is refused naming the layer."""
+def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attention, dict[str, Any]]:
+    """The decoder's one attention (its full layers'), and what its sliding-window layers have
+    of their own, one for all of them: a query-head count (Laguna-XS.2, Step-3.5-Flash:
+    model.window_num_attention_heads), KV groups and sinks (MiMo-V2-Flash:
+    model.window_num_query_groups, full_attention_softmax_type vanilla); any other difference
+    between layers is refused naming the layer."""
     flags = windows.get("window_attn_skip_freq", [1] * len(read.layers)) if windows \
         else [0] * len(read.layers)
     full = [layer.attention for layer, flag in zip(read.layers, flags, strict=True) if not flag]
     window = [layer.attention for layer, flag in zip(read.layers, flags, strict=True) if flag]
     base = (full or window)[0]
     first = next(i for i, layer in enumerate(read.layers) if layer.attention == base)
+    own_window = window[0] if full and window else base
     for index, (layer, flag) in enumerate(zip(read.layers, flags, strict=True)):
         own = layer.attention
-        if own == base or (flag and full and own == dataclasses.replace(base, heads=own.heads)
-                           and {a.heads for a in window} == {own.heads}):
+        if own == base or (flag and own == own_window and own == dataclasses.replace(
+                base, heads=own.heads, groups=own.groups, sinks=own.sinks or base.sinks)):
             continue
         why = (f" ({own.heads} query heads where the other layers have {base.heads}: moeplan "
                "prices a head count of its own on sliding-window layers only, one for all of "
-               "them)" if own == dataclasses.replace(base, heads=own.heads) else "")
+               "them)" if own == dataclasses.replace(base, heads=own.heads) else
+               " (moeplan prices query heads, KV groups and sinks of their own on "
+               "sliding-window layers only, one set for all of them)" if flag and own ==
+               dataclasses.replace(base, heads=own.heads, groups=own.groups, sinks=own.sinks)
+               else "")
         raise ValueError(f"layer {index}'s attention {own} differs from layer {first}'s "
                          f"{base}{why}: moeplan's model section holds one attention")
-    heads = {a.heads for a in window} - {base.heads}
-    return base, (heads.pop() if heads else None)
+    extra: dict[str, Any] = {}
+    if own_window.heads != base.heads:
+        extra["window_num_attention_heads"] = own_window.heads
+    if own_window.groups != base.groups:
+        extra["window_num_query_groups"] = own_window.groups
+    if own_window.sinks and not base.sinks:
+        extra.update(softmax_type="learnable", full_attention_softmax_type="vanilla")
+    return base, extra
 
 
 def _windows(text: Any, layers: int) -> dict[str, Any]:
@@ -445,7 +465,7 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
     notes: list[str] = []
     warnings: list[str] = []
     windows = _windows(text, len(read.layers))
-    att, window_heads = _one_attention(read, windows)
+    att, window_own = _one_attention(read, windows)
     moes = {layer.moe for layer in read.layers if layer.moe is not None}
     ffns = {layer.ffn for layer in read.layers if layer.ffn is not None}
     if len(moes) > 1 or len(ffns) > 1:
@@ -467,8 +487,9 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
     if att.sinks:
         model["softmax_type"] = "learnable"
     model.update(windows)
-    if window_heads is not None:
-        model["window_num_attention_heads"] = window_heads
+    model.update(window_own)
+    if att.v_dim:
+        model["v_head_dim"] = att.v_dim
     eps = attr(text, "rms_norm_eps")
     if isinstance(eps, float):
         model["norm_epsilon"] = eps

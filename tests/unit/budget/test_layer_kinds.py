@@ -262,3 +262,53 @@ def test_window_heads_without_their_window_or_groups_are_refused(change: dict[st
                                                                  match: str) -> None:
     with pytest.raises(InvalidConfig, match=match):
         _tiny(**change)
+
+
+def _tiny_cp1(**model: Any):
+    """The tiny example without context parallelism (Megatron-Bridge's MiMo provider refuses it)."""
+    data = load_config(EXAMPLES / "tiny-cpu-8.yaml").model_dump(mode="json", exclude_unset=True)
+    data["model"].update(model)
+    data["parallel"]["cp"] = 1
+    return parse_config(data)
+
+
+def test_value_width_window_kv_groups_and_window_sinks_by_hand() -> None:
+    """MiMo-V2-Flash's attention, shrunk (Megatron-Bridge's MiMoV2FlashSelfAttention): values of 8
+    beside q/k heads of 16, 2 KV groups on the full layer (1) and 4 on the window layer (0),
+    sinks on the window layer only. Full layer: q 64·4·16 = 4,096, k 64·2·16 = 2,048, v 64·2·8 =
+    1,024, o 4·8·64 = 2,048; window layer: q 4,096, k 4,096, v 2,048, o 2,048, 4 sinks. Per token
+    the projections run 2 · 9,216 and 2 · 12,288 FLOPs, the core QKᵀ 4·16·S and softmax·V 4·8·S."""
+    mimo = {"window_size": [7, 0], "window_attn_skip_freq": 2, "num_query_groups": 2}
+    cfg = _tiny_cp1(**mimo, window_num_query_groups=4, v_head_dim=8, softmax_type="learnable",
+                    full_attention_softmax_type="vanilla")
+    assert {"value_dim", "value_dim_window", "window_kv", "window_sinks"} <= kinds_present(cfg)
+    assert "sinks" not in kinds_present(cfg)
+    env, base = _values(cfg), _values(_tiny_cp1(**mimo))
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] \
+        == (9216 + 12292) - 2 * 2 * H * D * (HEADS + 2)
+    assert env["stage_attention_fwd_flops_per_token"] == 2 * (9216 + 12288) + 2 * (4 * 16 + 4 * 8) * S
+    # stored per token (fp32): q 4·16, the core output 4·8 and K, V of 2·16 + 2·8 (full layer) or
+    # 4·16 + 4·8 (window layer), against q, the core output, K and V of 4·16, 4·16, 2·16, 2·16
+    keys = Fraction(8) * (1 - Fraction(8 - 1, 2 * S))
+    assert env["time_attention_core_fwd_flops"] == (4 * 16 + 4 * 8) * S + 2 * (4 * 16 + 4 * 8) * keys
+    act = env["act_layers_per_microbatch"] - base["act_layers_per_microbatch"]
+    full, window, was = 64 + 32 + 32 + 16, 64 + 32 + 64 + 32, 64 + 64 + 32 + 32
+    assert act == env["tokens_per_rank"] * 4 * (full + window - 2 * was) == -6144
+    # no Megatron-LM argument builds them: emit refuses, naming the field (EMT010)
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(cfg)
+    assert refused.value.path == "model.window_num_query_groups"
+    assert refused.value.message.startswith(NOT_IN_MEGATRON)
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"window_num_query_groups": 2}, "needs standard attention of full and sliding-window"),
+    ({"v_head_dim": 8, "attention_output_gate": True}, "beside model.attention_output_gate"),
+    ({"window_size": [7, 0], "full_attention_softmax_type": "vanilla"}, "needs model.softmax_type"),
+    ({"window_size": [7, 0], "window_num_query_groups": 3}, "does not divide"),
+    ({"v_head_dim": 8}, "beside parallel.cp 2"),
+])
+def test_per_layer_attention_widths_out_of_their_scope_are_refused(change: dict[str, Any],
+                                                                    match: str) -> None:
+    with pytest.raises(InvalidConfig, match=match):
+        _tiny(**change)
