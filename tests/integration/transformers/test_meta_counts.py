@@ -149,3 +149,28 @@ def test_window_layers_with_their_own_query_heads_are_counted_as_transformers_bu
     census = payload["notes"][0]  # type: ignore[index]
     assert "every layer maps to moeplan's layer kinds by class and shape" in census, census
     assert census.endswith("as transformers does")
+
+
+def test_mimo_v2_flash_attention_is_counted_as_transformers_builds_it(tmp_path: Path):
+    # MiMo-V2-Flash, shrunk, in the hub's spelling: values of 8 beside q/k heads of 16, twice the
+    # KV heads and the only sinks on the sliding-window layers, one dense layer then MoE;
+    # transformers' own meta build is the count moeplan must reach (layer kinds value_dim,
+    # window_kv, window_sinks)
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    hf = {"architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash",
+          "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 6,
+          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "v_head_dim": 8,
+          "swa_num_key_value_heads": 2, "hybrid_layer_pattern": [0, 1, 1, 1, 1, 0],
+          "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False,
+          "sliding_window_size": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 32, "scoring_func": "sigmoid", "vocab_size": 256}
+    payload = _import(tmp_path, hf)
+    model = payload["config"]["model"]  # type: ignore[index]
+    assert (model["kv_channels"], model["v_head_dim"]) == (16, 8)
+    assert (model["num_query_groups"], model["window_num_query_groups"]) == (1, 2)
+    assert (model["softmax_type"], model["full_attention_softmax_type"]) == ("learnable", "vanilla")
+    assert model["window_attn_skip_freq"] == [0, 1, 1, 1, 1, 0] and model["window_size"] == [8, 0]
+    census = payload["notes"][0]  # type: ignore[index]
+    assert "every layer maps to moeplan's layer kinds by class and shape" in census, census
+    assert census.endswith("as transformers does")
