@@ -174,3 +174,29 @@ def test_mimo_v2_flash_attention_is_counted_as_transformers_builds_it(tmp_path: 
     census = payload["notes"][0]  # type: ignore[index]
     assert "every layer maps to moeplan's layer kinds by class and shape" in census, census
     assert census.endswith("as transformers does")
+
+
+def test_a_text_config_without_a_head_class_is_built_bare_and_counted_with_its_output_layer(
+        tmp_path: Path):
+    # Step-3.5-Flash's own file (model_type step3p5), shrunk, in the hub's spelling: transformers
+    # 5.25 maps it to Step3p7TextConfig and registers no causal LM for it, so import hf builds
+    # Step3p7TextModel and adds the untied output layer (vocab x hidden) every causal LM of it has;
+    # 6 query heads on the sliding-window layers, 4 on the full ones, a per-head gate
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    types = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    hf = {"architectures": ["Step3p5ForCausalLM"], "model_type": "step3p5", "hidden_size": 64,
+          "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+          "num_attention_groups": 2, "head_dim": 16, "vocab_size": 256, "layer_types": types,
+          "sliding_window": 8, "moe_layers_enum": "1,2,3", "moe_num_experts": 4, "moe_top_k": 2,
+          "moe_intermediate_size": 32, "share_expert_dim": 32, "use_head_wise_attn_gate": True,
+          "attention_other_setting": {"attention_type": "sliding_attention",
+                                      "num_attention_heads": 6, "num_attention_groups": 2,
+                                      "head_dim": 16}}
+    payload = _import(tmp_path, hf)
+    model = payload["config"]["model"]  # type: ignore[index]
+    assert (model["num_attention_heads"], model["window_num_attention_heads"]) == (4, 6)
+    assert model["moe_layer_freq"] == [0, 1, 1, 1] and model["head_wise_attn_gate"]
+    census = payload["notes"][0]  # type: ignore[index]
+    assert "builds Step3p7TextModel with" in census and "untied output layer of 16,384" in census
+    assert census.endswith("as transformers does"), census
