@@ -312,3 +312,19 @@ def test_the_laguna_example_is_counted_as_transformers_builds_it():
     assert cfg.model.layer_mixers.count("window") == 30
     size = model_size(cfg)
     assert size is not None and size.total_params == 33_442_617_088 - 39 * 256
+
+
+def test_the_mimo_v2_flash_example_is_counted_as_transformers_builds_it():
+    """examples/architectures/mimo-v2-flash-256.yaml: transformers 5.25's MiMoV2FlashForCausalLM
+    from a file of MiMo-V2-Flash's published dimensions builds 308,778,768,832 parameters
+    (`import hf`'s meta build, rebuilt small in tests/integration/transformers/): 39 sliding-window
+    layers with 8 KV heads and sinks, 9 full ones with 4, values of 128 beside q/k heads of 192."""
+    from planner.config.loader import load_config
+
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "architectures" / "mimo-v2-flash-256.yaml")
+    m = cfg.model
+    assert (m.num_query_groups, m.window_num_query_groups, m.kv_channels, m.v_head_dim) == (4, 8, 192, 128)
+    assert m.layer_mixers.count("window") == 39 and m.full_attention_softmax_type == "vanilla"
+    size = model_size(cfg)
+    assert size is not None and size.total_params == 308_778_768_832
+    assert (size.active_params, size.mtp_params) == (15_445_924_288, 0)
