@@ -328,3 +328,20 @@ def test_the_mimo_v2_flash_example_is_counted_as_transformers_builds_it():
     size = model_size(cfg)
     assert size is not None and size.total_params == 308_778_768_832
     assert (size.active_params, size.mtp_params) == (15_445_924_288, 0)
+
+
+def test_qwen3_5_397b_a17b_is_counted_as_transformers_builds_it():
+    """Qwen3.5-397B-A17B: no verbatim file at hand, so the 35B-A3B file with the published sizes
+    (hidden 4096, 60 layers of which every 4th full attention, 32 heads, 2 KV heads, 64 DeltaNet
+    value heads, 512 experts of 1024 top-10, a shared expert of 1024, vision out 4096);
+    transformers 5.25's Qwen3_5MoeForConditionalGeneration built on the meta device from it holds
+    396,346,350,336 parameters in its language model and lm_head (vision tower 456,010,480 more)."""
+    hf = corpus_config("qwen3.5-35b-a3b")
+    hf["text_config"].update(
+        hidden_size=4096, num_hidden_layers=60, num_attention_heads=32, num_key_value_heads=2,
+        linear_num_value_heads=64, num_experts=512, num_experts_per_tok=10,
+        moe_intermediate_size=1024, shared_expert_intermediate_size=1024,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 15)
+    hf["vision_config"]["out_hidden_size"] = 4096
+    mapping = map_hf_config(hf)
+    assert _size(mapping.model, mapping.moe) == (396_346_350_336, 17_349_040_896, 0)
