@@ -345,3 +345,17 @@ def test_qwen3_5_397b_a17b_is_counted_as_transformers_builds_it():
     hf["vision_config"]["out_hidden_size"] = 4096
     mapping = map_hf_config(hf)
     assert _size(mapping.model, mapping.moe) == (396_346_350_336, 17_349_040_896, 0)
+
+
+def test_the_step_3_5_flash_example_is_counted_as_transformers_builds_it():
+    """examples/architectures/step-3.5-flash-96.yaml: transformers 5.25's Step3p7TextModel (it has
+    no causal-LM class for step3p5) with its untied output layer, from a file of Step-3.5-Flash's
+    published dimensions, holds 196,956,118,272 parameters (rebuilt small in
+    tests/integration/transformers/): 33 sliding-window layers of 96 query heads, 12 full of 64."""
+    from planner.config.loader import load_config
+
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "architectures" / "step-3.5-flash-96.yaml")
+    assert (cfg.model.num_attention_heads, cfg.model.window_num_attention_heads) == (64, 96)
+    assert cfg.model.layer_mixers.count("window") == 33
+    size = model_size(cfg)
+    assert size is not None and size.total_params == 196_956_118_272
