@@ -1033,47 +1033,162 @@ VALUE_DIM_WINDOW = LayerKind(
     flops=_value_dim_window_flops,
 )
 
-# ------------------------------------------------------------------------------ window layers' KV groups
-# dg: the window layers' KV groups beyond the model's (negative when they have fewer)
-_DG = "(groups_w - groups)"
+# ------------------------------------------------------------------------------ window layers' KV shape
+# A window layer's attention against the family's (standard attention, value width, K = V): its
+# own KV groups (groups_w), q/k head width (d_w) and value width (dv_w); the family's v rows are
+# dvb wide (0 where the full layers' V is their K, attention_k_eq_v, which K_EQ_V takes from every
+# block and these rows give back to the window layers).
+
+
+def _dvb(v: Variant) -> str:
+    return "0" if "k_eq_v" in v.kinds else "d_v"
+
+
+def _window_qkv(v: Variant) -> str:
+    """A window layer's q, k and v rows beyond the family's, per unit of h."""
+    return (f"heads * (d_w - d) + groups_w * (d_w + dv_w) - groups * (d + {_dvb(v)})")
 
 
 def _window_kv_params(book: Book, v: Variant, attention_side: str) -> str:
-    """A window layer's own KV groups on a TP rank, against the family's: k rows d and v rows
-    d_v wide per group, and their biases with the QKV bias (add_bias_linear or add_qkv_bias).
-    Per-head q/k norms are d wide whatever the groups."""
-    bias = f" + {_DG} * (d + d_v) / TP" if v.bias or v.qkv_bias else ""
-    book.add("window_kv_params_per_layer", f"h * (d + d_v) * {_DG} / (TP * GTP){bias}", "params",
-             "memory", "a window layer's own KV groups beyond the model's: their k and v rows"
-             + (" and biases" if bias else ""))
-    book.add("window_kv_weights_per_layer", f"h * (d + d_v) * {_DG} / (TP * GTP)", "params",
-             "memory", "a window layer's k and v projection weights beyond the model's")
+    """A window layer's own KV groups and head widths on a TP rank, against the family's: its q,
+    k and v rows and the output projection's columns (heads · (dv_w - d_v)), their biases with the
+    QKV bias (add_bias_linear or add_qkv_bias), and per-head q/k norms d_w wide."""
+    rows = f"{_window_qkv(v)} + heads * (dv_w - d_v)"
+    bias = f" + ({_window_qkv(v)}) / TP" if v.bias or v.qkv_bias else ""
+    norms = (" + " + ("4" if v.layernorm else "2") + " * (d_w - d)") if "qk_norm" in v.kinds else ""
+    book.add("window_kv_params_per_layer", f"h * ({rows}) / (TP * GTP){bias}{norms}", "params",
+             "memory", "a window layer's own KV groups and head widths beyond the model's: q, k, v "
+             "rows and output columns" + (", biases" if bias else "") + (", q/k norms" if norms
+                                                                        else ""))
+    book.add("window_kv_weights_per_layer", f"h * ({rows}) / (TP * GTP)", "params", "memory",
+             "a window layer's q, k, v and output projection weights beyond the model's")
     return " + L_window * window_kv_params_per_layer"
 
 
 def _window_kv_flops(book: Book, v: Variant) -> None:
-    book.add("flops_window_kv_fwd_per_token", f"2 * h * (d + d_v) * {_DG}", "FLOP", "flops",
-             "a window layer's own KV groups beyond the model's: their k and v projections per "
-             "token (the core attention reads query heads, whatever the groups)")
+    add = book.add
+    core = "heads * ((d_w - d) + (dv_w - d_v))"
+    add("flops_window_kv_core_fwd_per_token", f"{core} * S", "FLOP", "flops",
+        "a window layer's own head widths in QKᵀ and softmax·V per token over the causal half of "
+        "S keys, as the full-attention count does")
+    add("flops_window_kv_fwd_per_token", f"2 * h * ({_window_qkv(v)} + heads * (dv_w - d_v))"
+        " + flops_window_kv_core_fwd_per_token", "FLOP", "flops",
+        "a window layer's own KV groups and head widths beyond the model's: its projections and "
+        "core attention per token")
+    add("flops_window_kv_kernel_fwd_per_token", f"2 * {core} * flops_window_keys_avg", "FLOP",
+        "flops", "a window layer's own head widths as its window kernel runs them (over the keys "
+        "a sliding-window query reads)")
 
 
 def _window_kv_activations(book: Book, v: Variant, per_block: str) -> str:
-    book.add("act_window_kv_per_layer", f"tokens_per_rank * {_DG} * (d + d_v) * p", "bytes",
-             "memory", "per microbatch: what a window layer's own KV groups store beyond the "
-             "model's (K and V)")
+    """What a window layer stores beyond the family's: q and the core output (d_w, dv_w per
+    head), K and V (groups_w of d_w, dv_w), and the q/k the per-head norms keep."""
+    rows = "heads * (d_w - d + dv_w - d_v) + groups_w * (d_w + dv_w) - groups * (d + d_v)"
+    if "act_qk_norm_per_block" in per_block:
+        rows += " + heads * (d_w - d) + groups_w * d_w - groups * d"
+    book.add("act_window_kv_per_layer", f"tokens_per_rank * ({rows}) * p", "bytes", "memory",
+             "per microbatch: what a window layer's own KV groups and head widths store beyond "
+             "the model's (q, core output, K, V" + (", q/k norm inputs" if "qk_norm" in per_block
+                                                    else "") + ")")
     return " + L_window * act_window_kv_per_layer"
 
 
 WINDOW_KV = LayerKind(
     "window_kv", FEATURE, "standard",
-    "sliding-window layers with their own KV groups (window_num_query_groups)", MIMO_SRC,
-    _standard(lambda m: m.window_num_query_groups is not None),
-    variations=(("sliding-window layers with their own KV groups",
+    "sliding-window layers with their own KV groups or head width (window_num_query_groups, "
+    "window_kv_channels)", MIMO_SRC,
+    _standard(lambda m: m.window_num_query_groups is not None or m.window_kv_channels is not None),
+    variations=(("sliding-window layers with their own KV groups or head width",
                  {"kinds": frozenset({"softmax", "window", "window_kv"}), "cp": False}),),
     count="L_window", model_count="L_model_window",
     terms={FLOPS: (Add("flops_window_kv_fwd_per_token"),),
+           CORE: (Add("flops_window_kv_core_fwd_per_token"),),
+           KERNEL: (Add("flops_window_kv_kernel_fwd_per_token"),),
            WEIGHTS: (Add("window_kv_weights_per_layer"),)},
     layer_params=_window_kv_params, flops=_window_kv_flops, activations=_window_kv_activations,
+    tp_replicated_layers=lambda v: (" + L_window * " + ("4" if v.layernorm else "2") + " * (d_w - d)"
+                                    if "qk_norm" in v.kinds else ""),
+)
+
+GEMMA4_SRC = ("Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention and "
+              "megatron/core/models/gpt/gpt_layer_specs.py "
+              "get_gpt_layer_with_transformer_engine_submodules (one v projection, two pre-norms: "
+              "Megatron-LM builds none of this); Hugging Face Gemma4TextAttention "
+              "(attention_k_eq_v: no v_proj on full-attention layers) and Gemma4TextDecoderLayer "
+              "(post-attention and post-feed-forward norms; the MoE block's own norms and router "
+              "scales)")
+
+
+def _k_eq_v_params(book: Book, v: Variant) -> str:
+    bias = " - groups * d_v / TP" if v.bias or v.qkv_bias else ""
+    book.add("k_eq_v_params_per_block", f"- h * groups * d_v / (TP * GTP){bias}", "params",
+             "memory", "attention_k_eq_v: the v rows a block does not have (its V is its K)")
+    book.add("k_eq_v_weights_per_block", "- h * groups * d_v / (TP * GTP)", "params", "memory",
+             "attention_k_eq_v: the v projection weights a block does not have")
+    return " + k_eq_v_params_per_block"
+
+
+K_EQ_V = LayerKind(
+    "k_eq_v", FEATURE, "standard",
+    "full-attention layers whose V is their K (attention_k_eq_v)", GEMMA4_SRC,
+    _standard(lambda m: m.attention_k_eq_v),
+    variations=(("full-attention layers whose V is their K (attention_k_eq_v)",
+                 {"kinds": frozenset({"softmax", "window", "window_kv", "k_eq_v"}), "cp": False}),),
+    count="blocks", model_count="L_model",
+    terms={WEIGHTS: (Add("k_eq_v_weights_per_block"),)},
+    block_params=_k_eq_v_params,
+    projection_flops=(" - 2 * h * groups * d_v", ", less the v projection a layer whose V is its "
+                      "K does not run (attention_k_eq_v)"),
+)
+
+
+def _post_norm_params(book: Book, v: Variant) -> str:
+    book.add("post_norm_params_per_block", "4 * h" if v.layernorm else "2 * h", "params", "memory",
+             "post_sublayer_norms: norms on the attention output and the MLP output (replicated "
+             "over TP)")
+    return " + post_norm_params_per_block"
+
+
+def _post_norm_activations(book: Book, v: Variant, per_block: str) -> str:
+    book.add("act_post_norms_per_block", "tokens_per_rank * 2 * h * p", "bytes", "memory",
+             "per microbatch: the attention and MLP outputs the post norms keep for backward")
+    return " + blocks * act_post_norms_per_block"
+
+
+POST_NORMS = LayerKind(
+    "post_norms", FEATURE, "standard",
+    "norms on the attention and MLP outputs (post_sublayer_norms)", GEMMA4_SRC,
+    _standard(lambda m: m.post_sublayer_norms),
+    variations=(("norms on the attention and MLP outputs (post_sublayer_norms)",
+                 {"kinds": frozenset({"softmax", "post_norms"}), "cp": False}),),
+    block_params=_post_norm_params, tp_replicated_block=" + post_norm_params_per_block",
+    activations=_post_norm_activations,
+)
+
+
+def _moe_branch_params(book: Book, v: Variant, attention_side: str) -> str:
+    book.add("moe_branch_params_per_layer", "3 * h + h + E", "params", "memory",
+             "moe_branch_norms: an MoE layer's norms on the shared branch's output and the "
+             "experts' input and output, the router's input scale [h] and per-expert scales [E] "
+             "(replicated over TP)")
+    return " + moe_layers * moe_branch_params_per_layer"
+
+
+def _moe_branch_activations(book: Book, v: Variant, per_block: str) -> str:
+    book.add("act_moe_branch_per_layer", "tokens_per_rank * 3 * h * p", "bytes", "memory",
+             "per microbatch: what an MoE layer's own branch norms keep for backward")
+    return " + moe_layers * act_moe_branch_per_layer"
+
+
+MOE_BRANCH = LayerKind(
+    "moe_branch", FEATURE, "standard",
+    "an MoE layer's own branch norms and router scales (moe_branch_norms)", GEMMA4_SRC,
+    _standard(lambda m: m.moe_branch_norms),
+    variations=(("an MoE layer's own branch norms and router scales (moe_branch_norms)",
+                 {"kinds": frozenset({"softmax", "moe_branch"}), "cp": False}),),
+    layer_params=_moe_branch_params,
+    tp_replicated_layers=lambda v: " + moe_layers * moe_branch_params_per_layer",
+    activations=_moe_branch_activations,
 )
 
 
@@ -1096,7 +1211,8 @@ WINDOW_SINKS = LayerKind(
 # Every kind, in the order the pages write them (mixers, then features).
 KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, CSA, HCA, V4_WINDOW, MAMBA,
                                 QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE, HEAD_GATE,
-                                WINDOW_HEADS, VALUE_DIM, VALUE_DIM_WINDOW, WINDOW_KV, WINDOW_SINKS)
+                                WINDOW_HEADS, VALUE_DIM, VALUE_DIM_WINDOW, WINDOW_KV, WINDOW_SINKS,
+                                K_EQ_V, POST_NORMS, MOE_BRANCH)
 MIXERS = tuple(kind for kind in KINDS if kind.role == MIXER)
 
 
@@ -1188,6 +1304,10 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
            "MTP layers counted full)"),
     Symbol("heads_w", "query heads of a sliding-window layer (window_num_attention_heads; the "
            "model's num_attention_heads when unset)"),
+    Symbol("d_w", "q/k head width of a sliding-window layer (window_kv_channels; kv_channels "
+           "when unset)"),
+    Symbol("dv_w", "value head width of a sliding-window layer (window_kv_channels; v_head_dim "
+           "when unset)"),
     Symbol("groups_w", "KV groups of a sliding-window layer (window_num_query_groups; the "
            "model's num_query_groups when unset)"),
     Symbol("chunk_keys", "tokens of one attention chunk (attention_chunk_size; 0 without chunking)"),
@@ -1230,6 +1350,8 @@ def kind_values(cfg: Config) -> dict[str, Number]:
             "L_model_window": mixers.count("window"),
             "heads_w": m.window_num_attention_heads or m.num_attention_heads,
             "groups_w": m.window_num_query_groups or m.num_query_groups,
+            "d_w": m.window_kv_channels or m.kv_channels,
+            "dv_w": m.window_kv_channels or m.v_head_dim,
             "chunk_keys": m.attention_chunk_size or 0,
             "L_model_chunked": mixers.count("chunked"),
             "L_model_linear": mixers.count("gdn"),

@@ -38,6 +38,10 @@ NOT_ARGUMENTS = {
     "model.window_num_attention_heads",  # window layers' own head count: no Megatron argument
     "model.window_num_query_groups",  # window layers' own KV groups: no Megatron argument
     "model.full_attention_softmax_type",  # sinks on window layers only: no Megatron argument
+    "model.window_kv_channels",  # window layers' own head width: no Megatron argument
+    "model.attention_k_eq_v",  # full layers' V is their K: no Megatron argument
+    "model.post_sublayer_norms",  # norms on the sub-layer outputs: no Megatron argument
+    "model.moe_branch_norms",  # an MoE layer's own branch norms and router scales: none either
     "model.dsa",  # written as --experimental-attention-variant dsa
     "model.mamba_layers",  # the M layers of --hybrid-layer-pattern
     "model.mixer_only_layers",  # the mixers of --hybrid-layer-pattern with no MLP symbol after them

@@ -216,6 +216,16 @@ class ModelSection(Section):
     # same module's asymmetric V). Unset: the model's num_query_groups and softmax_type.
     window_num_query_groups: PosInt | None = None
     full_attention_softmax_type: Literal["vanilla"] | None = None
+    # Gemma-4 (Hugging Face Gemma4TextAttention / Gemma4TextDecoderLayer; Megatron-LM builds none
+    # of it, `emit megatron` refuses it): the window layers' own q/k and value head width
+    # (window_kv_channels: 256 beside the full layers' 512), full-attention layers whose V is
+    # their K (attention_k_eq_v: no v rows), norms on the attention and MLP outputs
+    # (post_sublayer_norms), and an MoE layer's own norms on its shared branch's output and the
+    # experts' input and output with the router's input and per-expert scales (moe_branch_norms).
+    window_kv_channels: PosInt | None = None
+    attention_k_eq_v: bool = False
+    post_sublayer_norms: bool = False
+    moe_branch_norms: bool = False
     # --quick-geglu: gated MLP with x·sigmoid(1.702x) (megatron/training/argument_utils.py
     # core_transformer_config_from_args: gated_linear_unit, quick_gelu; it refuses --swiglu with it);
     # glu_linear_offset is added to the linear half (gpt-oss: 1.0), clamped by swiglu_limit.
@@ -1196,7 +1206,9 @@ class Config(Section):
             ("model.window_num_attention_heads", m.window_num_attention_heads is not None),
             ("model.window_num_query_groups", m.window_num_query_groups is not None),
             ("model.v_head_dim", m.attention_variant == "standard"
-             and m.v_head_dim != m.kv_channels)) if on]
+             and m.v_head_dim != m.kv_channels),
+            ("model.window_kv_channels", m.window_kv_channels is not None),
+            ("model.attention_k_eq_v", m.attention_k_eq_v)) if on]
         if not own:
             return self
         tr, named = self.training, []
@@ -1225,12 +1237,24 @@ class Config(Section):
         m = self.model
         value = m.attention_variant == "standard" and m.v_head_dim != m.kv_channels
         groups_w = m.window_num_query_groups
-        if groups_w is None and not value and m.full_attention_softmax_type is None:
+        gemma = [name for name, on in (
+            ("model.window_kv_channels", m.window_kv_channels is not None),
+            ("model.attention_k_eq_v", m.attention_k_eq_v),
+            ("model.post_sublayer_norms", m.post_sublayer_norms),
+            ("model.moe_branch_norms", m.moe_branch_norms)) if on]
+        if groups_w is None and not value and m.full_attention_softmax_type is None and not gemma:
             return
         field = ("model.window_num_query_groups" if groups_w is not None
-                 else "model.v_head_dim" if value else "model.full_attention_softmax_type")
+                 else "model.v_head_dim" if value else gemma[0] if gemma
+                 else "model.full_attention_softmax_type")
+        if m.moe_branch_norms and not (m.num_experts and m.moe_shared_expert_intermediate_size):
+            raise PydanticCustomError(
+                "moe_branch_without_shared", "model.moe_branch_norms needs MoE layers with a "
+                "shared expert (model.num_experts, moe_shared_expert_intermediate_size): its norms "
+                "sit on the shared branch and the experts; remove it", {})
         mixers = set(m.layer_mixers) - {"softmax", "window"}
-        needs_window = groups_w is not None or m.full_attention_softmax_type is not None
+        needs_window = (groups_w is not None or m.full_attention_softmax_type is not None
+                        or m.window_kv_channels is not None)
         if m.attention_variant != "standard" or mixers or (needs_window and m.window_size is None):
             raise PydanticCustomError(
                 "per_layer_attention_layers", "{field} needs standard attention of full"
@@ -1243,7 +1267,8 @@ class Config(Section):
             ("model.head_wise_attn_gate", m.head_wise_attn_gate),
             ("model.qk_layernorm_per_layer", m.qk_layernorm_per_layer),
             ("model.window_num_attention_heads", m.window_num_attention_heads is not None)) if on]
-        if others and (groups_w is not None or value):
+        if others and (groups_w is not None or value or m.window_kv_channels is not None
+                       or m.attention_k_eq_v):
             raise PydanticCustomError(
                 "per_layer_attention_features", "{field} beside {others}: moeplan sizes those "
                 "with one KV group count and one value width; leave one out",

@@ -200,3 +200,30 @@ def test_a_text_config_without_a_head_class_is_built_bare_and_counted_with_its_o
     census = payload["notes"][0]  # type: ignore[index]
     assert "builds Step3p7TextModel with" in census and "untied output layer of 16,384" in census
     assert census.endswith("as transformers does"), census
+
+
+def test_gemma4_moe_is_counted_as_transformers_builds_it(tmp_path: Path):
+    # Gemma-4 26B-A4B's layer shapes, shrunk: full-attention layers of head width 32 with 1 KV
+    # head and no v_proj (attention_k_eq_v), sliding-window layers of 16 with 2 KV heads, q/k norms
+    # and a weightless v norm, sandwich norms, and on every layer a dense GELU MLP beside a
+    # router (input and per-expert scales) and experts with norms of their own; transformers' own
+    # meta build is the count moeplan must reach
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    text = {"model_type": "gemma4_text", "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1, "head_dim": 16, "global_head_dim": 32,
+            "attention_k_eq_v": True, "enable_moe_block": True, "num_experts": 4,
+            "top_k_experts": 2, "moe_intermediate_size": 32, "sliding_window": 8,
+            "vocab_size": 256, "vocab_size_per_layer_input": 256, "hidden_size_per_layer_input": 0,
+            "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh"}
+    hf = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", **text}
+    payload = _import(tmp_path, hf)
+    model = payload["config"]["model"]  # type: ignore[index]
+    assert (model["kv_channels"], model["window_kv_channels"]) == (32, 16)
+    assert (model["num_query_groups"], model["window_num_query_groups"]) == (1, 2)
+    assert model["attention_k_eq_v"] and model["post_sublayer_norms"] and model["moe_branch_norms"]
+    assert model["moe_shared_expert_intermediate_size"] == 96 and model["moe_layer_freq"] == 1
+    census = payload["notes"][0]  # type: ignore[index]
+    assert "every layer maps to moeplan's layer kinds by class and shape" in census, census
+    assert census.endswith("as transformers does")

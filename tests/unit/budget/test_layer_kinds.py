@@ -312,3 +312,36 @@ def test_per_layer_attention_widths_out_of_their_scope_are_refused(change: dict[
                                                                     match: str) -> None:
     with pytest.raises(InvalidConfig, match=match):
         _tiny(**change)
+
+
+def test_gemma4_attention_and_norms_by_hand() -> None:
+    """Gemma-4's layer shapes, shrunk: the full layer (1) with 1 KV group of 16 whose V is its K
+    (q 64·4·16 = 4,096, k 64·16 = 1,024, o 4,096, q/k norms 2·16), the window layer (0) with 2 KV
+    groups of 8 (q 2,048, k 1,024, v 1,024, o 2,048, q/k norms 2·8), and norms on both sub-layer
+    outputs (2·64 per block); each MoE layer's branch norms and router scales 3·64 + 64 + 8."""
+    gemma = {"window_size": [7, 0], "window_attn_skip_freq": 2, "num_query_groups": 1,
+             "qk_layernorm": True}
+    cfg = _tiny_cp1(**gemma, window_num_query_groups=2, window_kv_channels=8,
+                    attention_k_eq_v=True, post_sublayer_norms=True, moe_branch_norms=True)
+    assert {"window_kv", "k_eq_v", "post_norms", "moe_branch"} <= kinds_present(cfg)
+    env, base = _values(cfg), _values(_tiny_cp1(**gemma))
+    moe_layers = env["moe_layers"]
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] \
+        == (9216 + 32) + (6144 + 16) - 2 * (2 * H * D * (HEADS + 1) + 32) + 2 * 2 * H \
+        + moe_layers * (3 * H + H + 8)
+    # Megatron's count of the window layer runs over the whole causal sequence, as for full ones
+    assert env["stage_attention_fwd_flops_per_token"] \
+        == 2 * 9216 + 2 * HEADS * D * S + 2 * 6144 + HEADS * (8 + 8) * S
+    keys = Fraction(8) * (1 - Fraction(8 - 1, 2 * S))
+    assert env["time_attention_core_fwd_flops"] == 2 * HEADS * D * S + 2 * HEADS * 16 * keys
+    # stored per token (fp32): the window layer's q, core output, K, V and q/k-norm inputs
+    # 32 + 32 + 16 + 16 + 48 against 64 + 64 + 16 + 16 + 80; the post norms' inputs 2·64 per
+    # block; an MoE layer's branch norms' inputs 3·64
+    act = env["act_layers_per_microbatch"] - base["act_layers_per_microbatch"]
+    assert act == env["tokens_per_rank"] * 4 * (144 - 240 + 2 * 2 * H + moe_layers * 3 * H)
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(cfg)
+    assert refused.value.path == "model.window_num_query_groups"
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(_tiny_cp1(post_sublayer_norms=True))
+    assert refused.value.path == "model.post_sublayer_norms"
