@@ -335,6 +335,18 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
                         "num_attention_heads (megatron/core/transformer/attention.py SelfAttention); "
                         "Megatron-Bridge's Step35DecoderLayer overrides it on sliding-attention "
                         "layers (train it there)")
+    gemma = [field for field, on in (
+        ("model.window_kv_channels", m.window_kv_channels is not None),
+        ("model.attention_k_eq_v", m.attention_k_eq_v),
+        ("model.post_sublayer_norms", m.post_sublayer_norms),
+        ("model.moe_branch_norms", m.moe_branch_norms)) if on]
+    if gemma:
+        raise EmitError(gemma[0], f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: it builds "
+                        "one head width and a v projection for every layer and two pre-norms per "
+                        "block (megatron/core/models/gpt/gpt_layer_specs.py "
+                        "get_gpt_layer_with_transformer_engine_submodules); "
+                        "Megatron-Bridge's Gemma4VLBridge builds Gemma-4 with its own model class "
+                        "(train it there)")
     own = [(field, why) for field, on, why in (
         ("model.window_num_query_groups", m.window_num_query_groups not in (None, m.num_query_groups),
          "one num_query_groups"),
@@ -348,18 +360,6 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
                         "(megatron/core/transformer/attention.py SelfAttention); Megatron-Bridge's "
                         "MiMoV2FlashSelfAttention switches KV groups, sinks and the value width per "
                         "layer (train it there, MiMoV2FlashBridge)")
-    gemma = [field for field, on in (
-        ("model.window_kv_channels", m.window_kv_channels is not None),
-        ("model.attention_k_eq_v", m.attention_k_eq_v),
-        ("model.post_sublayer_norms", m.post_sublayer_norms),
-        ("model.moe_branch_norms", m.moe_branch_norms)) if on]
-    if gemma:
-        raise EmitError(gemma[0], f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: it builds "
-                        "one head width and a v projection for every layer and two pre-norms per "
-                        "block (megatron/core/models/gpt/gpt_layer_specs.py "
-                        "get_gpt_layer_with_transformer_engine_submodules); "
-                        "Megatron-Bridge's Gemma4VLBridge builds Gemma-4 with its own model class "
-                        "(train it there)")
     chunk = m.attention_chunk_size
     if chunk is not None and cfg.training.seq_length > chunk and not all(
             not m.is_chunked_layer(layer) for layer in range(m.num_layers)):

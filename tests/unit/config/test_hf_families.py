@@ -359,3 +359,21 @@ def test_the_step_3_5_flash_example_is_counted_as_transformers_builds_it():
     assert cfg.model.layer_mixers.count("window") == 33
     size = model_size(cfg)
     assert size is not None and size.total_params == 196_956_118_272
+
+
+def test_the_gemma_4_example_is_counted_as_transformers_builds_it():
+    """examples/architectures/gemma-4-26b-a4b-32.yaml: transformers 5.25's
+    Gemma4ForConditionalGeneration from a file of Gemma-4 26B-A4B's published text dimensions
+    holds 25,233,141,760 parameters in its text stack (rebuilt small in
+    tests/integration/transformers/): 25 sliding-window layers of head width 256 with 8 KV heads,
+    5 full ones of 512 with 2 whose V is their K, a dense MLP beside 128 experts on every layer."""
+    from planner.config.loader import load_config
+
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "architectures" / "gemma-4-26b-a4b-32.yaml")
+    m = cfg.model
+    assert (m.kv_channels, m.window_kv_channels, m.num_query_groups, m.window_num_query_groups) == (
+        512, 256, 2, 8)
+    assert m.attention_k_eq_v and m.post_sublayer_norms and m.moe_branch_norms
+    assert m.layer_mixers.count("window") == 25
+    size = model_size(cfg)
+    assert size is not None and (size.total_params, size.active_params) == (25_233_141_760, 3_822_530_560)
