@@ -1208,11 +1208,66 @@ WINDOW_SINKS = LayerKind(
     count="L_window", model_count="L_model_window", layer_params=_window_sink_params,
 )
 
+# ------------------------------------------------------------------------------ block-sparse layers
+
+BLOCK_SPARSE_SRC = ("Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention "
+                    "(no indexer on standard attention: Megatron-LM builds none of this); Hugging "
+                    "Face MiniMaxM3VLIndexer (q_proj of index_n_heads x index_head_dim, one shared "
+                    "key, q/k norms; per query the top index_topk_blocks blocks of "
+                    "index_block_size keys)")
+
+
+def _block_sparse_params(book: Book, v: Variant, attention_side: str) -> str:
+    """A block-sparse layer's lightning indexer: its q projection (index heads x their width),
+    one shared key of that width, and q/k norms of the width; whole on every TP rank (nothing
+    splits it: transformers builds it unsharded)."""
+    book.add("index_sparse_params_per_layer", "h * idx_heads * idx_dim + h * idx_dim + 2 * idx_dim",
+             "params", "memory", "a block-sparse layer's lightning indexer: q projection, shared key, q/k "
+             "norms (replicated over TP)")
+    return " + L_bsparse * index_sparse_params_per_layer"
+
+
+def _block_sparse_flops(book: Book, v: Variant) -> None:
+    """The indexer scores every causal key (the causal half of S, as the core count reads a
+    head), per index head, over its width, then the attention reads the keys of the blocks it
+    picks: at most index_topk_blocks x index_block_size, fewer early in the sequence (averaged as
+    a window of that many keys under the causal mask)."""
+    add = book.add
+    add("flops_index_sparse_fwd_per_token",
+        "2 * h * (idx_heads * idx_dim + idx_dim) + idx_heads * idx_dim * S", "FLOP", "flops",
+        "a block-sparse layer's indexer per token: its projections and its scores over the "
+        "causal half of S keys (Megatron's FLOPs figure has no such layer)")
+    add("flops_index_scores_fwd_per_token", "idx_heads * idx_dim * S", "FLOP", "flops",
+        "a block-sparse layer's indexer scores per token over the causal half of S keys")
+    add("flops_sparse_keys_avg", "Min(sparse_keys, S) * (1 - (Min(sparse_keys, S) - 1) / (2 * S))",
+        "keys", "flops", "average keys a block-sparse query reads: its picked blocks "
+        "(index_topk_blocks x index_block_size) under the causal mask")
+    add("flops_sparse_core_fwd_per_token", "2 * 2 * heads * d * flops_sparse_keys_avg", "FLOP",
+        "flops", "a block-sparse layer's QKᵀ and softmax·V per token over the keys of its picked "
+        "blocks, as its kernel runs them")
+
+
+BLOCK_SPARSE = LayerKind(
+    "block_sparse", MIXER, "standard",
+    "block-sparse attention layers with a lightning indexer (index_sparse_layers)",
+    BLOCK_SPARSE_SRC, _standard(lambda m: m.index_sparse_layers is not None),
+    variations=(("block-sparse attention layers with a lightning indexer",
+                 {"kinds": frozenset({"softmax", "block_sparse"}), "cp": False}),),
+    count="L_bsparse", count_doc="block-sparse attention layers on the stage (decoder layers)",
+    model_count="L_model_bsparse",
+    terms={FLOPS: (Add("flops_index_sparse_fwd_per_token"),),
+           CORE: (Add("flops_index_scores_fwd_per_token"),),
+           KERNEL: (Replace("flops_sparse_core_fwd_per_token"),
+                    Add("flops_index_scores_fwd_per_token"))},
+    layer_params=_block_sparse_params, flops=_block_sparse_flops,
+    tp_replicated_layers=lambda v: " + L_bsparse * index_sparse_params_per_layer",
+)
+
 # Every kind, in the order the pages write them (mixers, then features).
 KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, CSA, HCA, V4_WINDOW, MAMBA,
                                 QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE, HEAD_GATE,
                                 WINDOW_HEADS, VALUE_DIM, VALUE_DIM_WINDOW, WINDOW_KV, WINDOW_SINKS,
-                                K_EQ_V, POST_NORMS, MOE_BRANCH)
+                                K_EQ_V, POST_NORMS, MOE_BRANCH, BLOCK_SPARSE)
 MIXERS = tuple(kind for kind in KINDS if kind.role == MIXER)
 
 
@@ -1304,6 +1359,9 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
            "MTP layers counted full)"),
     Symbol("heads_w", "query heads of a sliding-window layer (window_num_attention_heads; the "
            "model's num_attention_heads when unset)"),
+    Symbol("L_model_bsparse", "block-sparse attention layers of the whole model (index_sparse_layers)"),
+    Symbol("sparse_keys", "keys a block-sparse query reads at most: index_topk_blocks x "
+           "index_block_size (0 without block-sparse layers)"),
     Symbol("d_w", "q/k head width of a sliding-window layer (window_kv_channels; kv_channels "
            "when unset)"),
     Symbol("dv_w", "value head width of a sliding-window layer (window_kv_channels; v_head_dim "
@@ -1337,7 +1395,7 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
 # Per-stage layer counts of the kinds that count their layers, and of those among the blocks
 # full recompute re-runs (V4's CSA/HCA counts are declared beside the stage's other counts).
 KIND_STAGE_SYMBOLS: tuple[tuple[str, str], ...] = tuple(
-    pair for kind in (WINDOW, CHUNKED, GDN, MAMBA) for pair in (
+    pair for kind in (WINDOW, CHUNKED, GDN, MAMBA, BLOCK_SPARSE) for pair in (
         (kind.count, kind.count_doc),
         (f"{kind.count}_recomputed", f"{kind.count_doc.split(' on the stage')[0]} among blocks_recomputed")))
 
@@ -1351,6 +1409,8 @@ def kind_values(cfg: Config) -> dict[str, Number]:
             "heads_w": m.window_num_attention_heads or m.num_attention_heads,
             "groups_w": m.window_num_query_groups or m.num_query_groups,
             "d_w": m.window_kv_channels or m.kv_channels,
+            "L_model_bsparse": mixers.count("block_sparse"),
+            "sparse_keys": (m.index_topk_blocks or 0) * (m.index_block_size or 0),
             "dv_w": m.window_kv_channels or m.v_head_dim,
             "chunk_keys": m.attention_chunk_size or 0,
             "L_model_chunked": mixers.count("chunked"),

@@ -39,6 +39,9 @@ NOT_ARGUMENTS = {
     "model.window_num_query_groups",  # window layers' own KV groups: no Megatron argument
     "model.full_attention_softmax_type",  # sinks on window layers only: no Megatron argument
     "model.window_kv_channels",  # window layers' own head width: no Megatron argument
+    "model.index_sparse_layers",  # MiniMax-M3's block-sparse layers: no Megatron argument
+    "model.index_block_size",  # their key blocks: no Megatron argument
+    "model.index_topk_blocks",  # the blocks each query reads: no Megatron argument
     "model.attention_k_eq_v",  # full layers' V is their K: no Megatron argument
     "model.post_sublayer_norms",  # norms on the sub-layer outputs: no Megatron argument
     "model.moe_branch_norms",  # an MoE layer's own branch norms and router scales: none either

@@ -224,6 +224,13 @@ class ModelSection(Section):
     # experts' input and output with the router's input and per-expert scales (moe_branch_norms).
     window_kv_channels: PosInt | None = None
     attention_k_eq_v: bool = False
+    # MiniMax-M3's block-sparse attention (Hugging Face MiniMaxM3VLIndexer; no Megatron argument,
+    # `emit megatron` refuses it): on the layers marked 1, a lightning indexer of index_n_heads
+    # heads of index_head_dim (one shared key) scores every causal key, and the attention reads the
+    # index_topk_blocks blocks of index_block_size keys it picks.
+    index_sparse_layers: list[Literal[0, 1]] | None = None
+    index_block_size: PosInt | None = None
+    index_topk_blocks: PosInt | None = None
     post_sublayer_norms: bool = False
     moe_branch_norms: bool = False
     # --quick-geglu: gated MLP with x·sigmoid(1.702x) (megatron/training/argument_utils.py
@@ -448,6 +455,8 @@ class ModelSection(Section):
                 {"found": len(skip), "layers": self.num_layers})
         if self.window_num_attention_heads is not None:
             self._check_window_heads()
+        if self.index_sparse_layers is not None:
+            self._check_index_sparse()
         if self.mamba_layers is not None or self.mixer_only_layers is not None:
             self._check_mamba()
         derived = {
@@ -527,6 +536,21 @@ class ModelSection(Section):
             raise PydanticCustomError(
                 "mamba_mixers", "model.mamba_layers beside model.{field}: moeplan models a hybrid "
                 "stack of Mamba-2 and full attention layers only", {"field": others[0]})
+
+    def _check_index_sparse(self) -> None:
+        """Block-sparse layers need standard attention, one flag per layer, and the indexer's
+        sizes."""
+        flags = self.index_sparse_layers or []
+        missing = [name for name in ("index_n_heads", "index_head_dim", "index_block_size",
+                                     "index_topk_blocks") if getattr(self, name) is None]
+        if self.attention_variant != "standard" or len(flags) != self.num_layers or missing \
+                or self.window_size is not None or self.attention_chunk_size is not None:
+            raise PydanticCustomError(
+                "index_sparse_fields", "model.index_sparse_layers needs standard attention without "
+                "windows or chunks, one 0/1 per layer ({layers}; found {found}) and "
+                "model.index_n_heads, index_head_dim, index_block_size and index_topk_blocks"
+                "{missing}", {"layers": self.num_layers, "found": len(flags),
+                              "missing": f" (missing: {', '.join(missing)})" if missing else ""})
 
     def _check_window_heads(self) -> None:
         """The window layers' own head count needs window layers of standard attention and whole
@@ -612,6 +636,9 @@ class ModelSection(Section):
             return "mla"
         if self.is_linear_attention_layer(layer):
             return "gdn"
+        sparse = self.index_sparse_layers or []
+        if layer < len(sparse) and sparse[layer] == 1:
+            return "block_sparse"
         if layer < self.num_layers and self.is_window_layer(layer):
             return "window"
         if layer < self.num_layers and self.is_chunked_layer(layer):

@@ -335,6 +335,11 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
                         "num_attention_heads (megatron/core/transformer/attention.py SelfAttention); "
                         "Megatron-Bridge's Step35DecoderLayer overrides it on sliding-attention "
                         "layers (train it there)")
+    if m.index_sparse_layers is not None and any(m.index_sparse_layers):
+        raise EmitError("model.index_sparse_layers", f"{NOT_IN_MEGATRON} Megatron-LM dev cannot "
+                        "train this: its lightning indexer (DSA) belongs to multi-latent attention "
+                        "and picks tokens, not key blocks (megatron/core/transformer/attention.py "
+                        "SelfAttention has none); no Megatron-Bridge bridge for MiniMax-M3 is known")
     gemma = [field for field, on in (
         ("model.window_kv_channels", m.window_kv_channels is not None),
         ("model.attention_k_eq_v", m.attention_k_eq_v),

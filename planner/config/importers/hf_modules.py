@@ -56,6 +56,7 @@ class Attention:
     sinks: bool = False  # one learnable sink logit per head (Megatron softmax_type learnable)
     v_dim: int = 0  # the value heads' width where it is not head_dim (MiMo-V2-Flash), else 0
     k_eq_v: bool = False  # no v projection: V is K (Gemma-4's full-attention layers)
+    indexer: tuple[int, int] = (0, 0)  # a block-sparse lightning indexer's (heads, width), MiniMax-M3
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,8 @@ def _swiglu(module: Any, hidden: int, layer: int | None, path: str) -> int:
     return size
 
 
-_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "g_proj", "v_norm"}
+_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "g_proj", "v_norm",
+                    "indexer"}
 
 
 def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer: int,
@@ -206,12 +208,31 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
         if not gate:
             raise Unpriced(layer, f"{path}.g_proj", parts["g_proj"], f"gates {g_out} outputs: "
                            f"neither one per head ({heads}) nor one per channel")
+    indexer = _indexer(parts["indexer"], hidden, layer, f"{path}.indexer") \
+        if "indexer" in parts else (0, 0)
     sinks = "sinks" in own
     if sinks and _shape(own["sinks"]) != (heads,):
         raise Unpriced(layer, path, module, f"holds sinks of {_shape(own['sinks'])}, not one per "
                        "head")
     return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks, v_dim,
-                     k_eq_v)
+                     k_eq_v, indexer)
+
+
+def _indexer(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
+    """(heads, width) of a block-sparse lightning indexer (MiniMax-M3's): a q projection of
+    heads x width, one shared key of the width, q/k RMSNorms of the width, nothing else."""
+    parts = dict(_children(module))
+    if set(parts) != {"q_proj", "k_proj", "q_norm", "k_norm"} or _params(module):
+        raise Unpriced(layer, path, module, "is not a lightning indexer of q/k projections and "
+                       "q/k norms")
+    q_in, q_out, q_bias = _linear(parts["q_proj"], layer, f"{path}.q_proj")
+    k_in, width, k_bias = _linear(parts["k_proj"], layer, f"{path}.k_proj")
+    if q_in != hidden or k_in != hidden or q_bias or k_bias or q_out % width:
+        raise Unpriced(layer, path, module, f"has q {q_out} and k {width} wide: not heads of one "
+                       "width with a shared key")
+    for name in ("q_norm", "k_norm"):
+        _norm(parts[name], width, layer, f"{path}.{name}")
+    return q_out // width, width
 
 
 def _shape_why(heads: int, head_dim: int, q_out: int, k_out: int, v_out: int, o_in: int) -> str:
@@ -453,6 +474,15 @@ def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attenti
     between layers is refused naming the layer."""
     flags = windows.get("window_attn_skip_freq", [1] * len(read.layers)) if windows \
         else [0] * len(read.layers)
+    sparse = [int(layer.attention.indexer != (0, 0)) for layer in read.layers]
+    indexers = {layer.attention.indexer for layer in read.layers} - {(0, 0)}
+    if any(sparse) and (windows or len(indexers) > 1):
+        raise ValueError("the block-sparse layers' indexers differ, or sit beside sliding-window "
+                         "layers: moeplan prices one indexer on full-attention layers")
+    if any(sparse):  # one attention once the indexer is set apart (index_sparse_layers)
+        read = dataclasses.replace(read, layers=[dataclasses.replace(
+            layer, attention=dataclasses.replace(layer.attention, indexer=(0, 0)))
+            for layer in read.layers])
     full = [layer.attention for layer, flag in zip(read.layers, flags, strict=True) if not flag]
     window = [layer.attention for layer, flag in zip(read.layers, flags, strict=True) if flag]
     base = (full or window)[0]
@@ -482,6 +512,9 @@ def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attenti
         extra.update(softmax_type="learnable", full_attention_softmax_type="vanilla")
     if own_window.head_dim != base.head_dim:
         extra["window_kv_channels"] = own_window.head_dim
+    if any(sparse):
+        heads, width = indexers.pop()
+        extra.update(index_sparse_layers=sparse, index_n_heads=heads, index_head_dim=width)
     if base.k_eq_v:
         if own_window.k_eq_v and own_window is not base:
             raise ValueError("the sliding-window layers' V is their K as the full layers' is: "
@@ -551,6 +584,12 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         model["softmax_type"] = "learnable"
     model.update(windows)
     model.update(window_own)
+    if "index_sparse_layers" in model:  # the block size and picks the modules do not say
+        for key in ("index_block_size", "index_topk_blocks"):
+            value = attr(text, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"the block-sparse layers' {key} is not set in the config")
+            model[key] = value
     if att.v_dim:
         model["v_head_dim"] = att.v_dim
     posts = {layer.post_norms for layer in read.layers}
@@ -646,7 +685,8 @@ _READ = {"hidden_act", "rms_norm_eps", "rope_parameters", "rope_theta", "layer_t
          "output_hidden_states", "output_attentions", "output_router_logits", "problem_type",
          "is_encoder_decoder", "chunk_size_feed_forward", "architectures", "attention_dropout",
          "hidden_dropout", "max_position_embeddings", "norm_topk_prob", "hidden_activation",
-         "attention_k_eq_v", "enable_moe_block", *TOPK_KEYS}
+         "attention_k_eq_v", "enable_moe_block", "index_block_size", "index_topk_blocks",
+         *TOPK_KEYS}
 
 
 def unread_keys(text: Any) -> list[tuple[str, Any]]:

@@ -345,3 +345,25 @@ def test_gemma4_attention_and_norms_by_hand() -> None:
     with pytest.raises(EmitError) as refused:
         megatron_arguments(_tiny_cp1(post_sublayer_norms=True))
     assert refused.value.path == "model.post_sublayer_norms"
+
+
+def test_block_sparse_layers_by_hand() -> None:
+    """MiniMax-M3's block-sparse attention, shrunk, on layer 1 of 2: a lightning indexer of 2
+    heads of 8 with one shared key (q 64·16 = 1,024, k 64·8 = 512, q/k norms 2·8), scoring every
+    causal key per token (2·8·S) after its projections (2·64·24); the attention then reads the 2
+    picked blocks of 4 keys: 8 keys, 57/8 on average under the causal mask."""
+    cfg = _tiny(index_sparse_layers=[0, 1], index_n_heads=2, index_head_dim=8, index_block_size=4,
+                index_topk_blocks=2)
+    assert cfg.model.layer_mixers == ("softmax", "block_sparse")
+    env, base = _values(cfg), _values(_tiny())
+    assert env["index_sparse_params_per_layer"] == 1024 + 512 + 16
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] == 1552
+    assert env["stage_attention_fwd_flops_per_token"] \
+        == base["stage_attention_fwd_flops_per_token"] + 2 * 64 * 24 + 2 * 8 * S
+    keys = Fraction(8) * (1 - Fraction(8 - 1, 2 * S))
+    assert env["time_attention_core_fwd_flops"] == CORE + 2 * 2 * HEADS * D * keys + 2 * 8 * S
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(cfg)
+    assert refused.value.path == "model.index_sparse_layers"
+    with pytest.raises(InvalidConfig, match="missing: index_block_size"):
+        _tiny(index_sparse_layers=[0, 1], index_n_heads=2, index_head_dim=8, index_topk_blocks=2)
