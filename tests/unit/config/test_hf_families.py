@@ -377,3 +377,18 @@ def test_the_gemma_4_example_is_counted_as_transformers_builds_it():
     assert m.layer_mixers.count("window") == 25
     size = model_size(cfg)
     assert size is not None and (size.total_params, size.active_params) == (25_233_141_760, 3_822_530_560)
+
+
+def test_the_minimax_m3_example_is_its_verbatim_file_counted_as_transformers_builds_it():
+    """examples/architectures/minimax-m3-256.yaml is `import hf` of the verbatim MiniMax-M3 file
+    (tests/support/hf_corpus.py NO_RECORD_COUNTS): its 57 block-sparse layers' indexers included,
+    moeplan counts transformers 5.25's text stack to the parameter."""
+    from planner.config.loader import load_config
+    from tests.support.hf_corpus import NO_RECORD_COUNTS
+
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "architectures" / "minimax-m3-256.yaml")
+    assert cfg.model.layer_mixers.count("block_sparse") == 57
+    assert (cfg.model.index_n_heads, cfg.model.index_head_dim, cfg.model.index_topk_blocks) == (
+        4, 128, 16)
+    size = model_size(cfg)
+    assert size is not None and size.total_params == NO_RECORD_COUNTS["minimax-m3"]
