@@ -421,6 +421,13 @@ def unsupported_features(plan: Plan) -> list[str]:
 UNRUN_ATTENTION_FIELDS = (
     ("attention_chunk_size", None, "chunked attention"),
     ("window_num_attention_heads", None, "window layers' own query-head count"),
+    ("window_num_query_groups", None, "window layers' own KV groups"),
+    ("full_attention_softmax_type", None, "sinks on window layers only"),
+    ("window_kv_channels", None, "window layers' own head width"),
+    ("index_sparse_layers", None, "block-sparse attention layers"),
+    ("attention_k_eq_v", False, "full-attention layers whose V is their K"),
+    ("post_sublayer_norms", False, "norms on the sub-layer outputs"),
+    ("moe_branch_norms", False, "an MoE layer's own branch norms and router scales"),
     ("no_rope_freq", None, "NoPE layers"),
     ("rotary_percent", 1.0, "partial rotary embeddings"),
     ("qk_l2_norm", False, "L2 q/k norms"),
@@ -438,10 +445,16 @@ UNRUN_ATTENTION_FIELDS = (
 def attention_mechanism_problems(model: dict[str, Any]) -> list[str]:
     """A refusal for every attention mechanism the plan turns on that the runtime does not run
     (a plan written before a field existed lacks it and has the mechanism off)."""
-    return [f"model.{field} = {model[field]!r}: {what} is not implemented by the runtime's "
-            f"decoder (the plan budgets it; runs need {field}: {off!r})"
-            for field, off, what in UNRUN_ATTENTION_FIELDS
-            if field in model and model[field] != off]
+    problems = [f"model.{field} = {model[field]!r}: {what} is not implemented by the runtime's "
+                f"decoder (the plan budgets it; runs need {field}: {off!r})"
+                for field, off, what in UNRUN_ATTENTION_FIELDS
+                if field in model and model[field] != off]
+    value, width = model.get("v_head_dim"), model.get("kv_channels")
+    if model.get("attention_variant", "standard") == "standard" and value not in (None, width):
+        problems.append(f"model.v_head_dim = {value!r}: value heads of their own width are not "
+                        "implemented by the runtime's decoder (the plan budgets them; runs need "
+                        f"v_head_dim: {width!r}, the kv_channels)")
+    return problems
 
 
 def ownership_problems(plan: Plan, num_experts: int) -> list[str]:

@@ -809,7 +809,7 @@ SINKS = LayerKind(
     "Megatron-LM dev@d48bd6be "
     "megatron/core/transformer/dot_product_attention.py DotProductAttention.__init__ "
     "(softmax_offset [heads / TP])",
-    _standard(lambda m: m.softmax_type == "learnable"),
+    _standard(lambda m: m.softmax_type == "learnable" and m.full_attention_softmax_type is None),
     variations=(("learnable attention sinks (softmax_type learnable)",
                  {"kinds": frozenset({"softmax", "sinks"}), "cp": False}),),
     block_params=_sink_params,
@@ -952,10 +952,322 @@ WINDOW_HEADS = LayerKind(
     flops=_window_heads_flops, activations=_window_heads_activations,
 )
 
+# ------------------------------------------------------------------------------ value heads' width
+
+MIMO_SRC = ("Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention "
+            "(one head width and one num_query_groups for every layer: Megatron-LM builds none of "
+            "this), Megatron-Bridge@812b989a src/megatron/bridge/models/mimo_v2_flash/"
+            "modeling_mimo_v2_flash.py MiMoV2FlashSelfAttention.__init__ (linear_qkv of "
+            "heads·d + groups·d + groups·d_v rows, linear_proj of heads·d_v columns, "
+            "num_query_groups switched per layer) and MiMoV2FlashTEDotProductAttention.__init__ "
+            "(k_channels d, v_channels d_v; softmax_type learnable on window layers, vanilla on "
+            "full ones)")
+# dv: the value heads' width beyond kv_channels (negative when narrower)
+_DV = "(d_v - d)"
+
+
+def _value_dim_params(book: Book, v: Variant) -> str:
+    """What value heads of their own width change in a block on a TP rank: the v rows of
+    linear_qkv (groups of them) and the output projection's columns (one per query head), and
+    the v bias with the QKV bias (add_bias_linear or add_qkv_bias)."""
+    bias = f" + groups * {_DV} / TP" if v.bias or v.qkv_bias else ""
+    book.add("value_dim_params_per_block", f"h * (heads + groups) * {_DV} / (TP * GTP){bias}",
+             "params", "memory", "value heads of their own width (v_head_dim beside kv_channels): "
+             "the v rows and output-projection columns beyond kv_channels'" + (", the v bias"
+                                                                              if bias else ""))
+    book.add("value_dim_weights_per_block", f"h * (heads + groups) * {_DV} / (TP * GTP)", "params",
+             "memory", "the v projection and output projection weights beyond kv_channels'")
+    return " + value_dim_params_per_block"
+
+
+def _value_dim_flops(book: Book, v: Variant) -> None:
+    """Value heads of their own width in the core attention: softmax·V is d_v wide per head
+    (QKᵀ stays d), over the causal half of S keys as flops_attention_core_fwd_per_token counts."""
+    book.add("flops_value_dim_core_fwd_per_token", f"heads * {_DV} * S", "FLOP", "flops",
+             "value heads of their own width: what softmax·V adds per token over the causal half "
+             "of S keys (Megatron's num_floating_point_operations reads kv_channels for both)")
+
+
+def _value_dim_activations(book: Book, v: Variant, per_block: str) -> str:
+    """Value heads of their own width in what a block stores: V (groups wide) and the core
+    output (heads wide), d_v instead of d each."""
+    book.add("act_value_dim_per_block", f"tokens_per_rank * (heads + groups) * {_DV} * p", "bytes",
+             "memory", "per microbatch: what value heads of their own width store beyond "
+             "kv_channels' (V and the core attention output)")
+    return " + blocks * act_value_dim_per_block"
+
+
+VALUE_DIM = LayerKind(
+    "value_dim", FEATURE, "standard", "value heads of their own width (v_head_dim beside kv_channels)",
+    MIMO_SRC, _standard(lambda m: m.v_head_dim != m.kv_channels),
+    variations=(("value heads of their own width (v_head_dim beside kv_channels)",
+                 {"kinds": frozenset({"softmax", "value_dim"}), "cp": False}),),
+    count="blocks", model_count="L_model",
+    terms={FLOPS: (Add("flops_value_dim_core_fwd_per_token"),),
+           CORE: (Add("flops_value_dim_core_fwd_per_token"),),
+           KERNEL: (Add("flops_value_dim_core_fwd_per_token"),),
+           WEIGHTS: (Add("value_dim_weights_per_block"),)},
+    block_params=_value_dim_params,
+    projection_flops=(f" + 2 * h * (heads + groups) * {_DV}",
+                      " and the value heads' own width (v_head_dim)"),
+    flops=_value_dim_flops, activations=_value_dim_activations,
+)
+
+
+def _value_dim_window_flops(book: Book, v: Variant) -> None:
+    book.add("flops_value_dim_window_kernel_fwd_per_token",
+             f"heads * {_DV} * (2 * flops_window_keys_avg - S)", "FLOP", "flops",
+             "value heads of their own width on a sliding-window layer, as its kernel runs them: "
+             "softmax·V over the keys a window query reads instead of the causal half of S")
+
+
+VALUE_DIM_WINDOW = LayerKind(
+    "value_dim_window", FEATURE, "standard",
+    "value heads of their own width on sliding-window layers", MIMO_SRC,
+    _standard(lambda m: m.v_head_dim != m.kv_channels and m.window_size is not None),
+    variations=(("value heads of their own width on sliding-window layers",
+                 {"kinds": frozenset({"softmax", "window", "value_dim", "value_dim_window"}),
+                  "cp": False}),),
+    count="L_window", model_count="L_model_window",
+    terms={KERNEL: (Add("flops_value_dim_window_kernel_fwd_per_token"),)},
+    flops=_value_dim_window_flops,
+)
+
+# ------------------------------------------------------------------------------ window layers' KV shape
+# A window layer's attention against the family's (standard attention, value width, K = V): its
+# own KV groups (groups_w), q/k head width (d_w) and value width (dv_w); the family's v rows are
+# dvb wide (0 where the full layers' V is their K, attention_k_eq_v, which K_EQ_V takes from every
+# block and these rows give back to the window layers).
+
+
+def _dvb(v: Variant) -> str:
+    return "0" if "k_eq_v" in v.kinds else "d_v"
+
+
+def _window_qkv(v: Variant) -> str:
+    """A window layer's q, k and v rows beyond the family's, per unit of h."""
+    return (f"heads * (d_w - d) + groups_w * (d_w + dv_w) - groups * (d + {_dvb(v)})")
+
+
+def _window_kv_params(book: Book, v: Variant, attention_side: str) -> str:
+    """A window layer's own KV groups and head widths on a TP rank, against the family's: its q,
+    k and v rows and the output projection's columns (heads · (dv_w - d_v)), their biases with the
+    QKV bias (add_bias_linear or add_qkv_bias), and per-head q/k norms d_w wide."""
+    rows = f"{_window_qkv(v)} + heads * (dv_w - d_v)"
+    bias = f" + ({_window_qkv(v)}) / TP" if v.bias or v.qkv_bias else ""
+    norms = (" + " + ("4" if v.layernorm else "2") + " * (d_w - d)") if "qk_norm" in v.kinds else ""
+    book.add("window_kv_params_per_layer", f"h * ({rows}) / (TP * GTP){bias}{norms}", "params",
+             "memory", "a window layer's own KV groups and head widths beyond the model's: q, k, v "
+             "rows and output columns" + (", biases" if bias else "") + (", q/k norms" if norms
+                                                                        else ""))
+    book.add("window_kv_weights_per_layer", f"h * ({rows}) / (TP * GTP)", "params", "memory",
+             "a window layer's q, k, v and output projection weights beyond the model's")
+    return " + L_window * window_kv_params_per_layer"
+
+
+def _window_kv_flops(book: Book, v: Variant) -> None:
+    add = book.add
+    core = "heads * ((d_w - d) + (dv_w - d_v))"
+    add("flops_window_kv_core_fwd_per_token", f"{core} * S", "FLOP", "flops",
+        "a window layer's own head widths in QKᵀ and softmax·V per token over the causal half of "
+        "S keys, as the full-attention count does")
+    add("flops_window_kv_fwd_per_token", f"2 * h * ({_window_qkv(v)} + heads * (dv_w - d_v))"
+        " + flops_window_kv_core_fwd_per_token", "FLOP", "flops",
+        "a window layer's own KV groups and head widths beyond the model's: its projections and "
+        "core attention per token")
+    add("flops_window_kv_kernel_fwd_per_token", f"2 * {core} * flops_window_keys_avg", "FLOP",
+        "flops", "a window layer's own head widths as its window kernel runs them (over the keys "
+        "a sliding-window query reads)")
+
+
+def _window_kv_activations(book: Book, v: Variant, per_block: str) -> str:
+    """What a window layer stores beyond the family's: q and the core output (d_w, dv_w per
+    head), K and V (groups_w of d_w, dv_w), and the q/k the per-head norms keep."""
+    rows = "heads * (d_w - d + dv_w - d_v) + groups_w * (d_w + dv_w) - groups * (d + d_v)"
+    if "act_qk_norm_per_block" in per_block:
+        rows += " + heads * (d_w - d) + groups_w * d_w - groups * d"
+    book.add("act_window_kv_per_layer", f"tokens_per_rank * ({rows}) * p", "bytes", "memory",
+             "per microbatch: what a window layer's own KV groups and head widths store beyond "
+             "the model's (q, core output, K, V" + (", q/k norm inputs" if "qk_norm" in per_block
+                                                    else "") + ")")
+    return " + L_window * act_window_kv_per_layer"
+
+
+WINDOW_KV = LayerKind(
+    "window_kv", FEATURE, "standard",
+    "sliding-window layers with their own KV groups or head width (window_num_query_groups, "
+    "window_kv_channels)", MIMO_SRC,
+    _standard(lambda m: m.window_num_query_groups is not None or m.window_kv_channels is not None),
+    variations=(("sliding-window layers with their own KV groups or head width",
+                 {"kinds": frozenset({"softmax", "window", "window_kv"}), "cp": False}),),
+    count="L_window", model_count="L_model_window",
+    terms={FLOPS: (Add("flops_window_kv_fwd_per_token"),),
+           CORE: (Add("flops_window_kv_core_fwd_per_token"),),
+           KERNEL: (Add("flops_window_kv_kernel_fwd_per_token"),),
+           WEIGHTS: (Add("window_kv_weights_per_layer"),)},
+    layer_params=_window_kv_params, flops=_window_kv_flops, activations=_window_kv_activations,
+    tp_replicated_layers=lambda v: (" + L_window * " + ("4" if v.layernorm else "2") + " * (d_w - d)"
+                                    if "qk_norm" in v.kinds else ""),
+)
+
+GEMMA4_SRC = ("Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention and "
+              "megatron/core/models/gpt/gpt_layer_specs.py "
+              "get_gpt_layer_with_transformer_engine_submodules (one v projection, two pre-norms: "
+              "Megatron-LM builds none of this); Hugging Face Gemma4TextAttention "
+              "(attention_k_eq_v: no v_proj on full-attention layers) and Gemma4TextDecoderLayer "
+              "(post-attention and post-feed-forward norms; the MoE block's own norms and router "
+              "scales)")
+
+
+def _k_eq_v_params(book: Book, v: Variant) -> str:
+    bias = " - groups * d_v / TP" if v.bias or v.qkv_bias else ""
+    book.add("k_eq_v_params_per_block", f"- h * groups * d_v / (TP * GTP){bias}", "params",
+             "memory", "attention_k_eq_v: the v rows a block does not have (its V is its K)")
+    book.add("k_eq_v_weights_per_block", "- h * groups * d_v / (TP * GTP)", "params", "memory",
+             "attention_k_eq_v: the v projection weights a block does not have")
+    return " + k_eq_v_params_per_block"
+
+
+K_EQ_V = LayerKind(
+    "k_eq_v", FEATURE, "standard",
+    "full-attention layers whose V is their K (attention_k_eq_v)", GEMMA4_SRC,
+    _standard(lambda m: m.attention_k_eq_v),
+    variations=(("full-attention layers whose V is their K (attention_k_eq_v)",
+                 {"kinds": frozenset({"softmax", "window", "window_kv", "k_eq_v"}), "cp": False}),),
+    count="blocks", model_count="L_model",
+    terms={WEIGHTS: (Add("k_eq_v_weights_per_block"),)},
+    block_params=_k_eq_v_params,
+    projection_flops=(" - 2 * h * groups * d_v", ", less the v projection a layer whose V is its "
+                      "K does not run (attention_k_eq_v)"),
+)
+
+
+def _post_norm_params(book: Book, v: Variant) -> str:
+    book.add("post_norm_params_per_block", "4 * h" if v.layernorm else "2 * h", "params", "memory",
+             "post_sublayer_norms: norms on the attention output and the MLP output (replicated "
+             "over TP)")
+    return " + post_norm_params_per_block"
+
+
+def _post_norm_activations(book: Book, v: Variant, per_block: str) -> str:
+    book.add("act_post_norms_per_block", "tokens_per_rank * 2 * h * p", "bytes", "memory",
+             "per microbatch: the attention and MLP outputs the post norms keep for backward")
+    return " + blocks * act_post_norms_per_block"
+
+
+POST_NORMS = LayerKind(
+    "post_norms", FEATURE, "standard",
+    "norms on the attention and MLP outputs (post_sublayer_norms)", GEMMA4_SRC,
+    _standard(lambda m: m.post_sublayer_norms),
+    variations=(("norms on the attention and MLP outputs (post_sublayer_norms)",
+                 {"kinds": frozenset({"softmax", "post_norms"}), "cp": False}),),
+    block_params=_post_norm_params, tp_replicated_block=" + post_norm_params_per_block",
+    activations=_post_norm_activations,
+)
+
+
+def _moe_branch_params(book: Book, v: Variant, attention_side: str) -> str:
+    book.add("moe_branch_params_per_layer", "3 * h + h + E", "params", "memory",
+             "moe_branch_norms: an MoE layer's norms on the shared branch's output and the "
+             "experts' input and output, the router's input scale [h] and per-expert scales [E] "
+             "(replicated over TP)")
+    return " + moe_layers * moe_branch_params_per_layer"
+
+
+def _moe_branch_activations(book: Book, v: Variant, per_block: str) -> str:
+    book.add("act_moe_branch_per_layer", "tokens_per_rank * 3 * h * p", "bytes", "memory",
+             "per microbatch: what an MoE layer's own branch norms keep for backward")
+    return " + moe_layers * act_moe_branch_per_layer"
+
+
+MOE_BRANCH = LayerKind(
+    "moe_branch", FEATURE, "standard",
+    "an MoE layer's own branch norms and router scales (moe_branch_norms)", GEMMA4_SRC,
+    _standard(lambda m: m.moe_branch_norms),
+    variations=(("an MoE layer's own branch norms and router scales (moe_branch_norms)",
+                 {"kinds": frozenset({"softmax", "moe_branch"}), "cp": False}),),
+    layer_params=_moe_branch_params,
+    tp_replicated_layers=lambda v: " + moe_layers * moe_branch_params_per_layer",
+    activations=_moe_branch_activations,
+)
+
+
+def _window_sink_params(book: Book, v: Variant, attention_side: str) -> str:
+    book.add("window_sink_params_per_layer", "heads / TP", "params", "memory",
+             "learnable sinks on sliding-window layers only: one sink logit per head (split "
+             "over TP)")
+    return " + L_window * window_sink_params_per_layer"
+
+
+WINDOW_SINKS = LayerKind(
+    "window_sinks", FEATURE, "standard",
+    "learnable sinks on sliding-window layers only (full_attention_softmax_type vanilla)", MIMO_SRC,
+    _standard(lambda m: m.softmax_type == "learnable" and m.full_attention_softmax_type is not None),
+    variations=(("learnable sinks on sliding-window layers only",
+                 {"kinds": frozenset({"softmax", "window", "window_sinks"}), "cp": False}),),
+    count="L_window", model_count="L_model_window", layer_params=_window_sink_params,
+)
+
+# ------------------------------------------------------------------------------ block-sparse layers
+
+BLOCK_SPARSE_SRC = ("Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention "
+                    "(no indexer on standard attention: Megatron-LM builds none of this); Hugging "
+                    "Face MiniMaxM3VLIndexer (q_proj of index_n_heads x index_head_dim, one shared "
+                    "key, q/k norms; per query the top index_topk_blocks blocks of "
+                    "index_block_size keys)")
+
+
+def _block_sparse_params(book: Book, v: Variant, attention_side: str) -> str:
+    """A block-sparse layer's lightning indexer: its q projection (index heads x their width),
+    one shared key of that width, and q/k norms of the width; whole on every TP rank (nothing
+    splits it: transformers builds it unsharded)."""
+    book.add("index_sparse_params_per_layer", "h * idx_heads * idx_dim + h * idx_dim + 2 * idx_dim",
+             "params", "memory", "a block-sparse layer's lightning indexer: q projection, shared key, q/k "
+             "norms (replicated over TP)")
+    return " + L_bsparse * index_sparse_params_per_layer"
+
+
+def _block_sparse_flops(book: Book, v: Variant) -> None:
+    """The indexer scores every causal key (the causal half of S, as the core count reads a
+    head), per index head, over its width, then the attention reads the keys of the blocks it
+    picks: at most index_topk_blocks x index_block_size, fewer early in the sequence (averaged as
+    a window of that many keys under the causal mask)."""
+    add = book.add
+    add("flops_index_sparse_fwd_per_token",
+        "2 * h * (idx_heads * idx_dim + idx_dim) + idx_heads * idx_dim * S", "FLOP", "flops",
+        "a block-sparse layer's indexer per token: its projections and its scores over the "
+        "causal half of S keys (Megatron's FLOPs figure has no such layer)")
+    add("flops_index_scores_fwd_per_token", "idx_heads * idx_dim * S", "FLOP", "flops",
+        "a block-sparse layer's indexer scores per token over the causal half of S keys")
+    add("flops_sparse_keys_avg", "Min(sparse_keys, S) * (1 - (Min(sparse_keys, S) - 1) / (2 * S))",
+        "keys", "flops", "average keys a block-sparse query reads: its picked blocks "
+        "(index_topk_blocks x index_block_size) under the causal mask")
+    add("flops_sparse_core_fwd_per_token", "2 * 2 * heads * d * flops_sparse_keys_avg", "FLOP",
+        "flops", "a block-sparse layer's QKᵀ and softmax·V per token over the keys of its picked "
+        "blocks, as its kernel runs them")
+
+
+BLOCK_SPARSE = LayerKind(
+    "block_sparse", MIXER, "standard",
+    "block-sparse attention layers with a lightning indexer (index_sparse_layers)",
+    BLOCK_SPARSE_SRC, _standard(lambda m: m.index_sparse_layers is not None),
+    variations=(("block-sparse attention layers with a lightning indexer",
+                 {"kinds": frozenset({"softmax", "block_sparse"}), "cp": False}),),
+    count="L_bsparse", count_doc="block-sparse attention layers on the stage (decoder layers)",
+    model_count="L_model_bsparse",
+    terms={FLOPS: (Add("flops_index_sparse_fwd_per_token"),),
+           CORE: (Add("flops_index_scores_fwd_per_token"),),
+           KERNEL: (Replace("flops_sparse_core_fwd_per_token"),
+                    Add("flops_index_scores_fwd_per_token"))},
+    layer_params=_block_sparse_params, flops=_block_sparse_flops,
+    tp_replicated_layers=lambda v: " + L_bsparse * index_sparse_params_per_layer",
+)
+
 # Every kind, in the order the pages write them (mixers, then features).
 KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, CSA, HCA, V4_WINDOW, MAMBA,
                                 QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE, HEAD_GATE,
-                                WINDOW_HEADS)
+                                WINDOW_HEADS, VALUE_DIM, VALUE_DIM_WINDOW, WINDOW_KV, WINDOW_SINKS,
+                                K_EQ_V, POST_NORMS, MOE_BRANCH, BLOCK_SPARSE)
 MIXERS = tuple(kind for kind in KINDS if kind.role == MIXER)
 
 
@@ -1047,6 +1359,15 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
            "MTP layers counted full)"),
     Symbol("heads_w", "query heads of a sliding-window layer (window_num_attention_heads; the "
            "model's num_attention_heads when unset)"),
+    Symbol("L_model_bsparse", "block-sparse attention layers of the whole model (index_sparse_layers)"),
+    Symbol("sparse_keys", "keys a block-sparse query reads at most: index_topk_blocks x "
+           "index_block_size (0 without block-sparse layers)"),
+    Symbol("d_w", "q/k head width of a sliding-window layer (window_kv_channels; kv_channels "
+           "when unset)"),
+    Symbol("dv_w", "value head width of a sliding-window layer (window_kv_channels; v_head_dim "
+           "when unset)"),
+    Symbol("groups_w", "KV groups of a sliding-window layer (window_num_query_groups; the "
+           "model's num_query_groups when unset)"),
     Symbol("chunk_keys", "tokens of one attention chunk (attention_chunk_size; 0 without chunking)"),
     Symbol("L_model_chunked", "chunked-attention layers of the whole model (Llama 4's RoPE layers)"),
     Symbol("L_model_linear", "gated DeltaNet (linear attention) layers of the whole model, MTP "
@@ -1074,7 +1395,7 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
 # Per-stage layer counts of the kinds that count their layers, and of those among the blocks
 # full recompute re-runs (V4's CSA/HCA counts are declared beside the stage's other counts).
 KIND_STAGE_SYMBOLS: tuple[tuple[str, str], ...] = tuple(
-    pair for kind in (WINDOW, CHUNKED, GDN, MAMBA) for pair in (
+    pair for kind in (WINDOW, CHUNKED, GDN, MAMBA, BLOCK_SPARSE) for pair in (
         (kind.count, kind.count_doc),
         (f"{kind.count}_recomputed", f"{kind.count_doc.split(' on the stage')[0]} among blocks_recomputed")))
 
@@ -1086,6 +1407,11 @@ def kind_values(cfg: Config) -> dict[str, Number]:
     return {"window_keys": m.window_size[0] + 1 if m.window_size else 0,
             "L_model_window": mixers.count("window"),
             "heads_w": m.window_num_attention_heads or m.num_attention_heads,
+            "groups_w": m.window_num_query_groups or m.num_query_groups,
+            "d_w": m.window_kv_channels or m.kv_channels,
+            "L_model_bsparse": mixers.count("block_sparse"),
+            "sparse_keys": (m.index_topk_blocks or 0) * (m.index_block_size or 0),
+            "dv_w": m.window_kv_channels or m.v_head_dim,
             "chunk_keys": m.attention_chunk_size or 0,
             "L_model_chunked": mixers.count("chunked"),
             "L_model_linear": mixers.count("gdn"),

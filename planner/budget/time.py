@@ -186,12 +186,22 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     attention = {"standard": "(heads + 2 * groups) * d",
                  "mla": "heads * (2 * d_qk + 2 * qk_rope + d_v)",
                  "dsv4_hybrid": "heads * d + 2 * d"}[v.attention]
-    add("time_ew_norm_elements", "blocks * (10 * h" + (" + 4 * n_hc * h" if v.mhc else "") + ")",
+    # post-sublayer norms and an MoE layer's branch norms (layer_kinds.py POST_NORMS, MOE_BRANCH):
+    # each reads and writes h
+    extra_norms = (" + blocks * 4 * h" if "post_norms" in v.kinds else "") + (
+        " + L_moe * 6 * h" if "moe_branch" in v.kinds else "")
+    add("time_ew_norm_elements", "blocks * (10 * h" + (" + 4 * n_hc * h" if v.mhc else "") + ")"
+        + extra_norms,
         "elements", "time", "norms and residual adds per token: two norms (read and write h) "
         "and two residual adds (read 2h, write h) per block" + (", mHC mixing" if v.mhc else ""))
     # window layers with their own query heads (planner/budget/layer_kinds.py WINDOW_HEADS)
     window = " + L_window * 2 * (heads_w - heads) * d" if "window_heads" in v.kinds else ""
-    add("time_ew_attention_elements", f"blocks * 2 * {attention}{window}", "elements", "time",
+    # value heads of their own width, window layers' own KV groups (layer_kinds.py VALUE_DIM,
+    # WINDOW_KV): V is d_v wide, the window layers read and write their own K and V
+    own = (" + blocks * 2 * groups * (d_v - d)" if "value_dim" in v.kinds else "") + (
+        " + L_window * 2 * (heads * (d_w - d) + groups_w * (d_w + dv_w) - groups * (d + d_v))"
+        if "window_kv" in v.kinds else "")
+    add("time_ew_attention_elements", f"blocks * 2 * {attention}{window}{own}", "elements", "time",
         "query, key and value heads read and written once outside the GEMMs (RoPE, concatenation)")
     add("time_ew_router_elements", "L_moe * (h + 4 * E)", "elements", "time",
         "router per token: read h for the gate, the E logits through softmax/sigmoid and top-k")
@@ -227,6 +237,8 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     output_proj = {"standard": "heads * d", "mla": "heads * d_v", "dsv4_hybrid": "heads * d"}
     add("time_ew_fp8_cast_elements", f"fp8 * 2 * (blocks * {output_proj[v.attention]}"
         + window.replace(" * 2 * ", " * ")
+        + (" + blocks * heads * (d_v - d)" if "value_dim" in v.kinds else "")
+        + (" + L_window * heads * (dv_w - d_v)" if "window_kv" in v.kinds else "")
         + " + L_moe * (k * (h_moe + I) + I_s + h * Min(I_s, 1)) + L_dense * f)", "elements", "time",
         "FP8 casts of the FP8 GEMM inputs no norm produces, per token (read BF16, write the FP8 "
         "copy and its transpose: two BF16 elements' worth); casts of norm outputs are fused into "

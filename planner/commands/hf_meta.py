@@ -43,7 +43,9 @@ def _plain(hf: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _build(hf: Mapping[str, Any]) -> Any:
-    """transformers' own model for the file, on the meta device (the causal LM, else a wrapper)."""
+    """transformers' own model for the file, on the meta device: the causal LM, else a wrapper,
+    else the bare text model where transformers registers no head class for the model_type
+    (transformers 5.25 builds a step3p5 file, Step-3.5-Flash's, only as Step3p7TextModel)."""
     import torch
     import transformers
 
@@ -54,15 +56,39 @@ def _build(hf: Mapping[str, Any]) -> Any:
     try:
         config = transformers.AutoConfig.for_model(**_plain(hf))
         last: Exception | None = None
-        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForImageTextToText):
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForImageTextToText,
+                     transformers.AutoModel):
+            listed = getattr(auto, "_model_mapping", None)
+            if listed is not None and type(config) not in listed:
+                continue  # asked anyway, an auto class's refusal imports every model to list them
             try:
                 with torch.device("meta"):
                     return auto.from_config(config, trust_remote_code=False)
             except (ValueError, KeyError) as exc:  # not a model of this auto class
                 last = exc
-        raise ValueError(str(last))
+        # a text config no auto class lists (transformers 5.25 maps step3p5 to Step3p7TextConfig
+        # and registers no model for it): the model class transformers names after the config
+        for name in ("ForCausalLM", "Model"):
+            built = getattr(transformers, type(config).__name__.removesuffix("Config") + name, None)
+            if built is not None:
+                with torch.device("meta"):
+                    return built(config)
+        raise ValueError(str(last) if last else f"no model class of transformers builds "
+                         f"{type(config).__name__}")
     finally:
         transformers.logging.set_verbosity(verbosity)
+
+
+def _missing_head(model: Any) -> int:
+    """The output layer a bare text model (no head class in transformers) lacks: vocab_size x
+    hidden_size when the config unties it, 0 when it is tied or the model has its head."""
+    if model.get_output_embeddings() is not None:
+        return 0
+    text = model.config.get_text_config()
+    if getattr(text, "tie_word_embeddings", True):
+        return 0
+    rows, width = model.get_input_embeddings().weight.shape
+    return int(rows) * int(width)
 
 
 def _tower(name: str) -> bool:
@@ -123,9 +149,14 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
     total = sum(p.numel() for name, p in model.named_parameters() if not _tower(name))
     towers = sum(p.numel() for name, p in model.named_parameters() if _tower(name))
     layers = _layers(model)
+    head = _missing_head(model)
+    total += head
     census = (f"model_type {model_type!r:.40} has no moeplan family record: transformers {version} "
               f"builds {type(model).__name__} with {total:,} parameters in its text stack "
-              f"({len(layers)} decoder layers{f'; towers {towers:,} more' if towers else ''})")
+              f"({len(layers)} decoder layers{f'; towers {towers:,} more' if towers else ''}"
+              + (f"; transformers has no head class for it, so its untied output layer of "
+                 f"{head:,} (vocab_size x hidden_size, as every causal LM of it adds) is counted "
+                 "with it" if head else "") + ")")
     bridge = unrecorded_bridge_line(model_type)
     fix += f" ({bridge})" if model_type in UNRECORDED_BRIDGES else ""
     if not layers:

@@ -36,6 +36,15 @@ NOT_ARGUMENTS = {
     "model.qk_layernorm_per_layer",  # MiniMax-M2's per-layer q/k norm: no Megatron argument
     "model.attention_chunk_size",  # Llama 4's chunked attention: no Megatron argument
     "model.window_num_attention_heads",  # window layers' own head count: no Megatron argument
+    "model.window_num_query_groups",  # window layers' own KV groups: no Megatron argument
+    "model.full_attention_softmax_type",  # sinks on window layers only: no Megatron argument
+    "model.window_kv_channels",  # window layers' own head width: no Megatron argument
+    "model.index_sparse_layers",  # MiniMax-M3's block-sparse layers: no Megatron argument
+    "model.index_block_size",  # their key blocks: no Megatron argument
+    "model.index_topk_blocks",  # the blocks each query reads: no Megatron argument
+    "model.attention_k_eq_v",  # full layers' V is their K: no Megatron argument
+    "model.post_sublayer_norms",  # norms on the sub-layer outputs: no Megatron argument
+    "model.moe_branch_norms",  # an MoE layer's own branch norms and router scales: none either
     "model.dsa",  # written as --experimental-attention-variant dsa
     "model.mamba_layers",  # the M layers of --hybrid-layer-pattern
     "model.mixer_only_layers",  # the mixers of --hybrid-layer-pattern with no MLP symbol after them

@@ -206,6 +206,33 @@ class ModelSection(Section):
     # Step35DecoderLayer overrides it per sliding layer (stepfun/step35_provider.py), so `emit
     # megatron` refuses it. Unset: the window layers have num_attention_heads.
     window_num_attention_heads: PosInt | None = None
+    # The sliding-window layers' own KV groups (MiMo-V2-Flash: 8 on its window layers, 4 on its
+    # full ones) and the full layers' softmax where only the window layers carry learnable sinks
+    # (full_attention_softmax_type vanilla beside softmax_type learnable). No Megatron argument:
+    # Megatron-LM builds one num_query_groups and one softmax_type for every layer; Megatron-Bridge's
+    # MiMoV2FlashSelfAttention / MiMoV2FlashTEDotProductAttention switch them per layer
+    # (mimo_v2_flash/modeling_mimo_v2_flash.py), so `emit megatron` refuses them. With standard
+    # attention, a v_head_dim apart from kv_channels gives the value heads their own width (the
+    # same module's asymmetric V). Unset: the model's num_query_groups and softmax_type.
+    window_num_query_groups: PosInt | None = None
+    full_attention_softmax_type: Literal["vanilla"] | None = None
+    # Gemma-4 (Hugging Face Gemma4TextAttention / Gemma4TextDecoderLayer; Megatron-LM builds none
+    # of it, `emit megatron` refuses it): the window layers' own q/k and value head width
+    # (window_kv_channels: 256 beside the full layers' 512), full-attention layers whose V is
+    # their K (attention_k_eq_v: no v rows), norms on the attention and MLP outputs
+    # (post_sublayer_norms), and an MoE layer's own norms on its shared branch's output and the
+    # experts' input and output with the router's input and per-expert scales (moe_branch_norms).
+    window_kv_channels: PosInt | None = None
+    attention_k_eq_v: bool = False
+    # MiniMax-M3's block-sparse attention (Hugging Face MiniMaxM3VLIndexer; no Megatron argument,
+    # `emit megatron` refuses it): on the layers marked 1, a lightning indexer of index_n_heads
+    # heads of index_head_dim (one shared key) scores every causal key, and the attention reads the
+    # index_topk_blocks blocks of index_block_size keys it picks.
+    index_sparse_layers: list[Literal[0, 1]] | None = None
+    index_block_size: PosInt | None = None
+    index_topk_blocks: PosInt | None = None
+    post_sublayer_norms: bool = False
+    moe_branch_norms: bool = False
     # --quick-geglu: gated MLP with x·sigmoid(1.702x) (megatron/training/argument_utils.py
     # core_transformer_config_from_args: gated_linear_unit, quick_gelu; it refuses --swiglu with it);
     # glu_linear_offset is added to the linear half (gpt-oss: 1.0), clamped by swiglu_limit.
@@ -428,6 +455,8 @@ class ModelSection(Section):
                 {"found": len(skip), "layers": self.num_layers})
         if self.window_num_attention_heads is not None:
             self._check_window_heads()
+        if self.index_sparse_layers is not None:
+            self._check_index_sparse()
         if self.mamba_layers is not None or self.mixer_only_layers is not None:
             self._check_mamba()
         derived = {
@@ -507,6 +536,21 @@ class ModelSection(Section):
             raise PydanticCustomError(
                 "mamba_mixers", "model.mamba_layers beside model.{field}: moeplan models a hybrid "
                 "stack of Mamba-2 and full attention layers only", {"field": others[0]})
+
+    def _check_index_sparse(self) -> None:
+        """Block-sparse layers need standard attention, one flag per layer, and the indexer's
+        sizes."""
+        flags = self.index_sparse_layers or []
+        missing = [name for name in ("index_n_heads", "index_head_dim", "index_block_size",
+                                     "index_topk_blocks") if getattr(self, name) is None]
+        if self.attention_variant != "standard" or len(flags) != self.num_layers or missing \
+                or self.window_size is not None or self.attention_chunk_size is not None:
+            raise PydanticCustomError(
+                "index_sparse_fields", "model.index_sparse_layers needs standard attention without "
+                "windows or chunks, one 0/1 per layer ({layers}; found {found}) and "
+                "model.index_n_heads, index_head_dim, index_block_size and index_topk_blocks"
+                "{missing}", {"layers": self.num_layers, "found": len(flags),
+                              "missing": f" (missing: {', '.join(missing)})" if missing else ""})
 
     def _check_window_heads(self) -> None:
         """The window layers' own head count needs window layers of standard attention and whole
@@ -592,6 +636,9 @@ class ModelSection(Section):
             return "mla"
         if self.is_linear_attention_layer(layer):
             return "gdn"
+        sparse = self.index_sparse_layers or []
+        if layer < len(sparse) and sparse[layer] == 1:
+            return "block_sparse"
         if layer < self.num_layers and self.is_window_layer(layer):
             return "window"
         if layer < self.num_layers and self.is_chunked_layer(layer):
@@ -1176,12 +1223,25 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _window_heads_priced(self) -> Config:
-        """What moeplan does not price for window layers of their own head count: the unfused
-        kernel's score matrices, the offloaded attention tensors, adapters on the attention
-        projections (each sized by one head count)."""
-        if self.model.window_num_attention_heads is None:
+        """What moeplan does not price for window layers of their own head count, KV groups or
+        sinks, or for value heads of their own width: the unfused kernel's score matrices, the
+        offloaded attention tensors, adapters on the attention projections (each sized by one
+        head count and one head width)."""
+        m = self.model
+        self._per_layer_attention_checked()
+        own = [name for name, on in (
+            ("model.window_num_attention_heads", m.window_num_attention_heads is not None),
+            ("model.window_num_query_groups", m.window_num_query_groups is not None),
+            ("model.v_head_dim", m.attention_variant == "standard"
+             and m.v_head_dim != m.kv_channels),
+            ("model.window_kv_channels", m.window_kv_channels is not None),
+            ("model.attention_k_eq_v", m.attention_k_eq_v)) if on]
+        if not own:
             return self
         tr, named = self.training, []
+        if own != ["model.window_num_attention_heads"] and self.parallel.cp > 1:
+            named.append(f"parallel.cp {self.parallel.cp} (Megatron-Bridge's "
+                         "MiMoV2FlashModelProvider.provide asserts context_parallel_size <= 1)")
         if tr.attention_backend in ("unfused", "local") or tr.transformer_impl == "local":
             named.append("training.attention_backend/transformer_impl (unfused attention scores)")
         offloaded = {"qkv_linear", "core_attn", "attn_proj"} & set(self.overlap.offload_modules)
@@ -1191,10 +1251,65 @@ class Config(Section):
             named.append("training.lora.target_modules on the attention projections")
         if named:
             raise PydanticCustomError(
-                "window_heads_not_priced", "model.window_num_attention_heads beside {named}: "
-                "moeplan sizes those with one head count for every layer; leave them out",
-                {"named": "; ".join(named)})
+                "window_heads_not_priced", "{own} beside {named}: moeplan sizes those with one "
+                "head count and width for every layer; leave them out",
+                {"own": " and ".join(own), "named": "; ".join(named)})
         return self
+
+    def _per_layer_attention_checked(self) -> None:
+        """Window layers' own KV groups and sinks, and value heads of their own width, need
+        standard attention of softmax and window layers only, whole query groups, and none of
+        the features moeplan sizes with one KV width (the output gates, per-layer q/k norms, the
+        window layers' own head count)."""
+        m = self.model
+        value = m.attention_variant == "standard" and m.v_head_dim != m.kv_channels
+        groups_w = m.window_num_query_groups
+        gemma = [name for name, on in (
+            ("model.window_kv_channels", m.window_kv_channels is not None),
+            ("model.attention_k_eq_v", m.attention_k_eq_v),
+            ("model.post_sublayer_norms", m.post_sublayer_norms),
+            ("model.moe_branch_norms", m.moe_branch_norms)) if on]
+        if groups_w is None and not value and m.full_attention_softmax_type is None and not gemma:
+            return
+        field = ("model.window_num_query_groups" if groups_w is not None
+                 else "model.v_head_dim" if value else gemma[0] if gemma
+                 else "model.full_attention_softmax_type")
+        if m.moe_branch_norms and not (m.num_experts and m.moe_shared_expert_intermediate_size):
+            raise PydanticCustomError(
+                "moe_branch_without_shared", "model.moe_branch_norms needs MoE layers with a "
+                "shared expert (model.num_experts, moe_shared_expert_intermediate_size): its norms "
+                "sit on the shared branch and the experts; remove it", {})
+        mixers = set(m.layer_mixers) - {"softmax", "window"}
+        needs_window = (groups_w is not None or m.full_attention_softmax_type is not None
+                        or m.window_kv_channels is not None)
+        if m.attention_variant != "standard" or mixers or (needs_window and m.window_size is None):
+            raise PydanticCustomError(
+                "per_layer_attention_layers", "{field} needs standard attention of full"
+                "{window} layers only (found {found}); remove it",
+                {"field": field, "window": " and sliding-window" if needs_window else " or window",
+                 "found": ", ".join(sorted(mixers)) or ("no model.window_size" if needs_window
+                                                        else m.attention_variant)})
+        others = [name for name, on in (
+            ("model.attention_output_gate", m.attention_output_gate),
+            ("model.head_wise_attn_gate", m.head_wise_attn_gate),
+            ("model.qk_layernorm_per_layer", m.qk_layernorm_per_layer),
+            ("model.window_num_attention_heads", m.window_num_attention_heads is not None)) if on]
+        if others and (groups_w is not None or value or m.window_kv_channels is not None
+                       or m.attention_k_eq_v):
+            raise PydanticCustomError(
+                "per_layer_attention_features", "{field} beside {others}: moeplan sizes those "
+                "with one KV group count and one value width; leave one out",
+                {"field": field, "others": ", ".join(others)})
+        if groups_w is not None and m.num_attention_heads % groups_w:
+            raise PydanticCustomError(
+                "window_groups_heads", "model.window_num_query_groups {groups} does not divide "
+                "the {heads} query heads of the window layers",
+                {"groups": groups_w, "heads": m.num_attention_heads})
+        if m.full_attention_softmax_type is not None and m.softmax_type != "learnable":
+            raise PydanticCustomError(
+                "full_softmax_without_sinks", "model.full_attention_softmax_type "
+                "{full} needs model.softmax_type learnable (the window layers' sinks); remove it",
+                {"full": m.full_attention_softmax_type})
 
     @model_validator(mode="after")
     def _lora_targets_counted(self) -> Config:

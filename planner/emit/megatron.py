@@ -335,6 +335,36 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
                         "num_attention_heads (megatron/core/transformer/attention.py SelfAttention); "
                         "Megatron-Bridge's Step35DecoderLayer overrides it on sliding-attention "
                         "layers (train it there)")
+    if m.index_sparse_layers is not None and any(m.index_sparse_layers):
+        raise EmitError("model.index_sparse_layers", f"{NOT_IN_MEGATRON} Megatron-LM dev cannot "
+                        "train this: its lightning indexer (DSA) belongs to multi-latent attention "
+                        "and picks tokens, not key blocks (megatron/core/transformer/attention.py "
+                        "SelfAttention has none); no Megatron-Bridge bridge for MiniMax-M3 is known")
+    gemma = [field for field, on in (
+        ("model.window_kv_channels", m.window_kv_channels is not None),
+        ("model.attention_k_eq_v", m.attention_k_eq_v),
+        ("model.post_sublayer_norms", m.post_sublayer_norms),
+        ("model.moe_branch_norms", m.moe_branch_norms)) if on]
+    if gemma:
+        raise EmitError(gemma[0], f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: it builds "
+                        "one head width and a v projection for every layer and two pre-norms per "
+                        "block (megatron/core/models/gpt/gpt_layer_specs.py "
+                        "get_gpt_layer_with_transformer_engine_submodules); "
+                        "Megatron-Bridge's Gemma4VLBridge builds Gemma-4 with its own model class "
+                        "(train it there)")
+    own = [(field, why) for field, on, why in (
+        ("model.window_num_query_groups", m.window_num_query_groups not in (None, m.num_query_groups),
+         "one num_query_groups"),
+        ("model.full_attention_softmax_type", m.full_attention_softmax_type is not None,
+         "one softmax_type (megatron/core/transformer/dot_product_attention.py)"),
+        ("model.v_head_dim", m.attention_variant == "standard" and m.v_head_dim != m.kv_channels,
+         "one head width, kv_channels, for q, k and v")) if on]
+    if own:
+        raise EmitError(own[0][0], f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: it "
+                        f"builds every layer's attention with {own[0][1]} "
+                        "(megatron/core/transformer/attention.py SelfAttention); Megatron-Bridge's "
+                        "MiMoV2FlashSelfAttention switches KV groups, sinks and the value width per "
+                        "layer (train it there, MiMoV2FlashBridge)")
     chunk = m.attention_chunk_size
     if chunk is not None and cfg.training.seq_length > chunk and not all(
             not m.is_chunked_layer(layer) for layer in range(m.num_layers)):

@@ -182,6 +182,12 @@ def query_groups_fit_tp(f: Facts) -> Iterator[Violation]:
             f"choose tp dividing {groups}{divisor_hint(groups, tp)}; or a tp that is a multiple of "
             f"{groups}",
         )
+    groups_w = f.model.window_num_query_groups  # the window layers' own KV groups split alike
+    if groups_w is not None and groups_w % tp and tp % groups_w:
+        yield Violation(
+            "model.window_num_query_groups",
+            f"window_num_query_groups {groups_w} is neither a multiple nor a divisor of tp {tp}",
+            f"choose tp dividing {groups_w}{divisor_hint(groups_w, tp)}")
 
 
 @rule(

@@ -41,9 +41,10 @@ TRANSFORMERS_COUNTS: dict[str, int] = {
 }
 
 # Files of the corpus whose model_type has no moeplan record: what transformers 5.25 builds of the
-# text stack (towers and projector left out), which `import hf` reports before it refuses the part
-# moeplan cannot price. Measured by `moeplan import hf` on the whole file (~7 CPU-seconds for
-# MiniMax-M3, so tests/integration/transformers/ rebuilds it only when named in NO_RECORD_REBUILT).
+# text stack (towers and projector left out), which `import hf`'s no-record path maps onto the layer
+# kinds and counts exactly (MiniMax-M3: its block-sparse layers, model.index_sparse_layers).
+# Measured by `moeplan import hf` on the whole file (~7 CPU-seconds for MiniMax-M3, so
+# tests/integration/transformers/ rebuilds it only when named in NO_RECORD_REBUILT).
 NO_RECORD_COUNTS: dict[str, int] = {
     # MiniMaxM3SparseForConditionalGeneration; + towers 865,567,232 + 57 x 128 routing biases (a
     # buffer in transformers) = the checkpoint's 427,040,140,160.

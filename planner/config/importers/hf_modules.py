@@ -54,6 +54,9 @@ class Attention:
     qk_norm: bool
     gate: str = ""  # "head": one sigmoid gate per head; "element": one per head channel
     sinks: bool = False  # one learnable sink logit per head (Megatron softmax_type learnable)
+    v_dim: int = 0  # the value heads' width where it is not head_dim (MiMo-V2-Flash), else 0
+    k_eq_v: bool = False  # no v projection: V is K (Gemma-4's full-attention layers)
+    indexer: tuple[int, int] = (0, 0)  # a block-sparse lightning indexer's (heads, width), MiniMax-M3
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class Moe:
     shared_gate: bool
     expert_bias: bool  # the router carries a correction bias (aux-loss-free balancing)
     score: str = ""  # "sigmoid" / "softmax" as the router's own code scores, "" when unclear
+    branch_norms: bool = False  # Gemma-4: norms on each branch, the router's own scales
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Layer:
     attention: Attention
     ffn: int | None  # the dense SwiGLU MLP's size, None in an MoE layer
     moe: Moe | None
+    post_norms: bool = False  # norms on the attention and MLP outputs too (Gemma's)
 
 
 @dataclass
@@ -148,7 +153,8 @@ def _swiglu(module: Any, hidden: int, layer: int | None, path: str) -> int:
     return size
 
 
-_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "g_proj"}
+_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "g_proj", "v_norm",
+                    "indexer"}
 
 
 def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer: int,
@@ -158,8 +164,8 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     one per channel = attention_output_gate) and optional per-head sinks."""
     parts = dict(_children(module))
     own = _params(module)
-    if set(own) - {"sinks"} or not {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(parts) \
-            or set(parts) - _ATTENTION_PARTS:
+    if set(own) - {"sinks"} or not {"q_proj", "k_proj", "o_proj"} <= set(parts) \
+            or set(parts) - _ATTENTION_PARTS or "v_norm" in parts and _params(parts["v_norm"]):
         extra = sorted((set(own) - {"sinks"}) | (set(parts) - _ATTENTION_PARTS))
         raise Unpriced(layer, path, module, "is not softmax attention with q/k/v/o projections"
                        + (f" (it also holds {', '.join(extra)})" if extra else ""))
@@ -167,12 +173,20 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     if head_dim is None:  # the config names none per layer: the query's width per head
         head_dim = q_out // heads if q_out % heads == 0 else q_out
     _, k_out, k_bias = _linear(parts["k_proj"], layer, f"{path}.k_proj")
-    _, v_out, v_bias = _linear(parts["v_proj"], layer, f"{path}.v_proj")
+    k_eq_v = "v_proj" not in parts  # V is K (Gemma-4's attention_k_eq_v layers)
+    _, v_out, v_bias = (k_out, k_out, k_bias) if k_eq_v else _linear(parts["v_proj"], layer,
+                                                                    f"{path}.v_proj")
     o_in, o_out, o_bias = _linear(parts["o_proj"], layer, f"{path}.o_proj")
     if q_out != heads * head_dim and _shape_why(heads, head_dim, q_out, k_out, v_out, o_in) \
             .startswith(f" ({q_out // head_dim} query heads"):
         # a head count of the layer's own: read here, placed (or refused) by model_section
         heads = q_out // head_dim
+    v_dim = 0
+    if k_out != v_out and _shape_why(heads, head_dim, q_out, k_out, v_out, o_in).startswith(
+            f" ({k_out // head_dim} KV heads with values of"):
+        # value heads of their own width: read here, placed by model_section (model.v_head_dim)
+        v_dim = v_out // (k_out // head_dim)
+        v_out, o_in = k_out, q_out  # the q/k shapes checked below, the value width kept apart
     if q_out != heads * head_dim or k_out != v_out or k_out % head_dim or o_in != q_out \
             or q_in != hidden or o_out != hidden:
         raise Unpriced(layer, path, module, f"has q {q_out}, k {k_out}, v {v_out}, o {o_in} -> "
@@ -194,11 +208,31 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
         if not gate:
             raise Unpriced(layer, f"{path}.g_proj", parts["g_proj"], f"gates {g_out} outputs: "
                            f"neither one per head ({heads}) nor one per channel")
+    indexer = _indexer(parts["indexer"], hidden, layer, f"{path}.indexer") \
+        if "indexer" in parts else (0, 0)
     sinks = "sinks" in own
     if sinks and _shape(own["sinks"]) != (heads,):
         raise Unpriced(layer, path, module, f"holds sinks of {_shape(own['sinks'])}, not one per "
                        "head")
-    return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks)
+    return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks, v_dim,
+                     k_eq_v, indexer)
+
+
+def _indexer(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
+    """(heads, width) of a block-sparse lightning indexer (MiniMax-M3's): a q projection of
+    heads x width, one shared key of the width, q/k RMSNorms of the width, nothing else."""
+    parts = dict(_children(module))
+    if set(parts) != {"q_proj", "k_proj", "q_norm", "k_norm"} or _params(module):
+        raise Unpriced(layer, path, module, "is not a lightning indexer of q/k projections and "
+                       "q/k norms")
+    q_in, q_out, q_bias = _linear(parts["q_proj"], layer, f"{path}.q_proj")
+    k_in, width, k_bias = _linear(parts["k_proj"], layer, f"{path}.k_proj")
+    if q_in != hidden or k_in != hidden or q_bias or k_bias or q_out % width:
+        raise Unpriced(layer, path, module, f"has q {q_out} and k {width} wide: not heads of one "
+                       "width with a shared key")
+    for name in ("q_norm", "k_norm"):
+        _norm(parts[name], width, layer, f"{path}.{name}")
+    return q_out // width, width
 
 
 def _shape_why(heads: int, head_dim: int, q_out: int, k_out: int, v_out: int, o_in: int) -> str:
@@ -263,6 +297,36 @@ def _router(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
     return experts, sum(p.numel() for p in extra.values())
 
 
+def _scaled_router(module: Any, hidden: int, layer: int, path: str) -> int:
+    """The experts of Gemma-4's router: a projection of experts x hidden, a weightless input
+    norm, an input scale [hidden] and per-expert scales [experts]."""
+    parts = dict(_children(module))
+    own = _params(module)
+    proj = parts.get("proj")
+    experts = _linear(proj, layer, f"{path}.proj")[1] if proj is not None else 0
+    if set(parts) - {"proj", "norm"} or "norm" in parts and _params(parts["norm"]) or not experts \
+            or {name: _shape(p) for name, p in own.items()} != {
+                "scale": (hidden,), "per_expert_scale": (experts,)}:
+        raise Unpriced(layer, path, module, "is not a router of a projection, a weightless norm, "
+                       "an input scale and per-expert scales")
+    return experts
+
+
+_BRANCH_NORMS = {"post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                 "pre_feedforward_layernorm_2"}
+
+
+def _branch_moe(parts: Mapping[str, Any], shared: int, hidden: int, layer: int,
+                path: str) -> Moe:
+    """Gemma-4's MoE block, its router and experts children of the decoder layer beside the
+    dense MLP (the shared branch) and three norms of their own."""
+    experts = _scaled_router(parts["router"], hidden, layer, f"{path}.router")
+    size = _experts(parts["experts"], hidden, experts, layer, f"{path}.experts")
+    for name in sorted(_BRANCH_NORMS):
+        _norm(parts[name], hidden, layer, f"{path}.{name}")
+    return Moe(experts, size, shared, False, False, _score(parts["router"]), True)
+
+
 def _moe(module: Any, hidden: int, layer: int, path: str) -> tuple[Moe, int]:
     parts = dict(_children(module))
     routers = [name for name in _ROUTER if name in parts]
@@ -317,8 +381,19 @@ def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int |
     if _params(module):
         raise Unpriced(index, path, module, "holds " + ", ".join(sorted(_params(module)))
                        + " of its own (a per-layer scale moeplan does not model)")
-    for name, child in _children(module):
+    children = dict(_children(module))
+    # Gemma's sandwich norms (post_attention_layernorm is then a post-norm, pre_feedforward the
+    # MLP's pre-norm): two more norms per layer; Gemma-4's MoE block beside the dense MLP
+    post = {"pre_feedforward_layernorm", "post_feedforward_layernorm"} <= set(children)
+    branch = {"router", "experts"} | _BRANCH_NORMS
+    gemma_moe = branch <= set(children)
+    for name, child in children.items():
         where = f"{path}.{name}"
+        if post and name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            _norm(child, hidden, index, where)
+            continue
+        if gemma_moe and name in branch:
+            continue  # read below, with the dense MLP it sits beside
         if name in _ATTENTION and attention is None:
             attention = _attention(child, hidden, heads, head_dim, index, where)
         elif name in _MLP and ffn is None and moe is None:
@@ -333,13 +408,15 @@ def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int |
         else:
             raise Unpriced(index, where, child, "is no part of a pre-norm attention + MLP layer "
                            "(moeplan has no layer kind for it)")
+    if gemma_moe and ffn is not None:
+        moe, ffn = _branch_moe(children, ffn, hidden, index, path), None
     if attention is None or (ffn is None and moe is None) or sorted(norms) != sorted(_NORMS):
         raise Unpriced(index, path, module, "lacks " + ", ".join(
             [w for w, missing in (("attention", attention is None),
                                   ("an MLP or MoE block", ffn is None and moe is None),
                                   ("its two pre-norms", sorted(norms) != sorted(_NORMS)))
              if missing]))
-    return Layer(attention, ffn, moe), bias
+    return Layer(attention, ffn, moe, post), bias
 
 
 def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
@@ -362,8 +439,14 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         raise Unpriced(None, "config", text, "names no num_attention_heads")
     read: list[Layer] = []
     bias = 0
+    per_layer = getattr(text, "per_layer_config", None)
     for index, (path, layer) in enumerate(layers):
-        kinds, extra = read_layer(layer, index, hidden, heads, head_dim, path)
+        try:  # transformers 5's per-layer head width (Gemma-4's full layers: global_head_dim)
+            own = per_layer[index].head_dim if per_layer is not None else head_dim
+        except Exception:
+            own = head_dim
+        own = own if isinstance(own, int) and own > 0 else head_dim
+        kinds, extra = read_layer(layer, index, hidden, heads, own, path)
         read.append(kinds)
         bias += extra
     output = model.get_output_embeddings()
@@ -383,28 +466,61 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
     return ModelRead(vocab, hidden, tied, read, bias)
 
 
-def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attention, int | None]:
-    """The decoder's one attention, and the query heads of its sliding-window layers where they
-    have a count of their own (Laguna-XS.2, Step-3.5-Flash: model.window_num_attention_heads);
-    any other difference between layers is refused naming the layer."""
+def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attention, dict[str, Any]]:
+    """The decoder's one attention (its full layers'), and what its sliding-window layers have
+    of their own, one for all of them: a query-head count (Laguna-XS.2, Step-3.5-Flash:
+    model.window_num_attention_heads), KV groups and sinks (MiMo-V2-Flash:
+    model.window_num_query_groups, full_attention_softmax_type vanilla); any other difference
+    between layers is refused naming the layer."""
     flags = windows.get("window_attn_skip_freq", [1] * len(read.layers)) if windows \
         else [0] * len(read.layers)
+    sparse = [int(layer.attention.indexer != (0, 0)) for layer in read.layers]
+    indexers = {layer.attention.indexer for layer in read.layers} - {(0, 0)}
+    if any(sparse) and (windows or len(indexers) > 1):
+        raise ValueError("the block-sparse layers' indexers differ, or sit beside sliding-window "
+                         "layers: moeplan prices one indexer on full-attention layers")
+    if any(sparse):  # one attention once the indexer is set apart (index_sparse_layers)
+        read = dataclasses.replace(read, layers=[dataclasses.replace(
+            layer, attention=dataclasses.replace(layer.attention, indexer=(0, 0)))
+            for layer in read.layers])
     full = [layer.attention for layer, flag in zip(read.layers, flags, strict=True) if not flag]
     window = [layer.attention for layer, flag in zip(read.layers, flags, strict=True) if flag]
     base = (full or window)[0]
     first = next(i for i, layer in enumerate(read.layers) if layer.attention == base)
+    own_window = window[0] if full and window else base
     for index, (layer, flag) in enumerate(zip(read.layers, flags, strict=True)):
         own = layer.attention
-        if own == base or (flag and full and own == dataclasses.replace(base, heads=own.heads)
-                           and {a.heads for a in window} == {own.heads}):
+        if own == base or (flag and own == own_window and own == dataclasses.replace(
+                base, heads=own.heads, groups=own.groups, sinks=own.sinks or base.sinks,
+                head_dim=own.head_dim, k_eq_v=own.k_eq_v and base.k_eq_v)):
             continue
         why = (f" ({own.heads} query heads where the other layers have {base.heads}: moeplan "
                "prices a head count of its own on sliding-window layers only, one for all of "
-               "them)" if own == dataclasses.replace(base, heads=own.heads) else "")
+               "them)" if own == dataclasses.replace(base, heads=own.heads) else
+               " (moeplan prices query heads, KV groups and sinks of their own on "
+               "sliding-window layers only, one set for all of them)" if flag and own ==
+               dataclasses.replace(base, heads=own.heads, groups=own.groups, sinks=own.sinks,
+                                   head_dim=own.head_dim, k_eq_v=own.k_eq_v) else "")
         raise ValueError(f"layer {index}'s attention {own} differs from layer {first}'s "
                          f"{base}{why}: moeplan's model section holds one attention")
-    heads = {a.heads for a in window} - {base.heads}
-    return base, (heads.pop() if heads else None)
+    extra: dict[str, Any] = {}
+    if own_window.heads != base.heads:
+        extra["window_num_attention_heads"] = own_window.heads
+    if own_window.groups != base.groups:
+        extra["window_num_query_groups"] = own_window.groups
+    if own_window.sinks and not base.sinks:
+        extra.update(softmax_type="learnable", full_attention_softmax_type="vanilla")
+    if own_window.head_dim != base.head_dim:
+        extra["window_kv_channels"] = own_window.head_dim
+    if any(sparse):
+        heads, width = indexers.pop()
+        extra.update(index_sparse_layers=sparse, index_n_heads=heads, index_head_dim=width)
+    if base.k_eq_v:
+        if own_window.k_eq_v and own_window is not base:
+            raise ValueError("the sliding-window layers' V is their K as the full layers' is: "
+                             "moeplan prices attention_k_eq_v on full-attention layers only")
+        extra["attention_k_eq_v"] = True
+    return base, extra
 
 
 def _windows(text: Any, layers: int) -> dict[str, Any]:
@@ -445,7 +561,7 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
     notes: list[str] = []
     warnings: list[str] = []
     windows = _windows(text, len(read.layers))
-    att, window_heads = _one_attention(read, windows)
+    att, window_own = _one_attention(read, windows)
     moes = {layer.moe for layer in read.layers if layer.moe is not None}
     ffns = {layer.ffn for layer in read.layers if layer.ffn is not None}
     if len(moes) > 1 or len(ffns) > 1:
@@ -467,8 +583,21 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
     if att.sinks:
         model["softmax_type"] = "learnable"
     model.update(windows)
-    if window_heads is not None:
-        model["window_num_attention_heads"] = window_heads
+    model.update(window_own)
+    if "index_sparse_layers" in model:  # the block size and picks the modules do not say
+        for key in ("index_block_size", "index_topk_blocks"):
+            value = attr(text, key)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"the block-sparse layers' {key} is not set in the config")
+            model[key] = value
+    if att.v_dim:
+        model["v_head_dim"] = att.v_dim
+    posts = {layer.post_norms for layer in read.layers}
+    if posts == {True}:
+        model["post_sublayer_norms"] = True
+    elif len(posts) > 1:
+        raise ValueError("some layers have norms on their attention and MLP outputs and some do "
+                         "not: moeplan's model section holds one layer shape")
     eps = attr(text, "rms_norm_eps")
     if isinstance(eps, float):
         model["norm_epsilon"] = eps
@@ -486,6 +615,15 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         notes.append(f"RoPE parameters {dict(rope)!r:.120} are not carried over beyond the base "
                      "and rotary share (positions change numerics, not the budget)")
     act = attr(text, "hidden_act")
+    gelu = attr(text, "hidden_activation")
+    if gelu in ("gelu_pytorch_tanh", "gelu") and act is None:
+        warnings.append(f"hidden_activation {gelu!r}: the gated MLPs are priced as SwiGLU (the same "
+                        "parameters, GEMMs and stored tensors); Megatron's --swiglu would train "
+                        "SiLU instead of GELU (Megatron-Bridge's Gemma providers set "
+                        "activation_func to GELU with gated_linear_unit)")
+    elif gelu not in (None, "silu"):
+        raise ValueError(f"hidden_activation {gelu!r:.30}: the gate/up/down MLPs map to gated "
+                         "SiLU or GELU only")
     if act not in (None, "silu"):
         raise ValueError(f"hidden_act {act!r:.30}: the gate/up/down MLPs map to Megatron's SwiGLU "
                          "(SiLU) only")
@@ -500,6 +638,8 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         model.update(num_experts=moe.experts, moe_ffn_hidden_size=moe.size,
                      moe_layer_freq=1 if all(flags) else flags)
         model.setdefault("ffn_hidden_size", moe.size)
+        if moe.branch_norms:
+            model["moe_branch_norms"] = True
         if moe.shared:
             model["moe_shared_expert_intermediate_size"] = moe.shared
             if moe.shared_gate:
@@ -544,7 +684,9 @@ _READ = {"hidden_act", "rms_norm_eps", "rope_parameters", "rope_theta", "layer_t
          "model_type", "dtype", "torch_dtype", "_name_or_path", "use_cache", "return_dict",
          "output_hidden_states", "output_attentions", "output_router_logits", "problem_type",
          "is_encoder_decoder", "chunk_size_feed_forward", "architectures", "attention_dropout",
-         "hidden_dropout", "max_position_embeddings", "norm_topk_prob", *TOPK_KEYS}
+         "hidden_dropout", "max_position_embeddings", "norm_topk_prob", "hidden_activation",
+         "attention_k_eq_v", "enable_moe_block", "index_block_size", "index_topk_blocks",
+         *TOPK_KEYS}
 
 
 def unread_keys(text: Any) -> list[tuple[str, Any]]:

@@ -262,3 +262,108 @@ def test_window_heads_without_their_window_or_groups_are_refused(change: dict[st
                                                                  match: str) -> None:
     with pytest.raises(InvalidConfig, match=match):
         _tiny(**change)
+
+
+def _tiny_cp1(**model: Any):
+    """The tiny example without context parallelism (Megatron-Bridge's MiMo provider refuses it)."""
+    data = load_config(EXAMPLES / "tiny-cpu-8.yaml").model_dump(mode="json", exclude_unset=True)
+    data["model"].update(model)
+    data["parallel"]["cp"] = 1
+    return parse_config(data)
+
+
+def test_value_width_window_kv_groups_and_window_sinks_by_hand() -> None:
+    """MiMo-V2-Flash's attention, shrunk (Megatron-Bridge's MiMoV2FlashSelfAttention): values of 8
+    beside q/k heads of 16, 2 KV groups on the full layer (1) and 4 on the window layer (0),
+    sinks on the window layer only. Full layer: q 64·4·16 = 4,096, k 64·2·16 = 2,048, v 64·2·8 =
+    1,024, o 4·8·64 = 2,048; window layer: q 4,096, k 4,096, v 2,048, o 2,048, 4 sinks. Per token
+    the projections run 2 · 9,216 and 2 · 12,288 FLOPs, the core QKᵀ 4·16·S and softmax·V 4·8·S."""
+    mimo = {"window_size": [7, 0], "window_attn_skip_freq": 2, "num_query_groups": 2}
+    cfg = _tiny_cp1(**mimo, window_num_query_groups=4, v_head_dim=8, softmax_type="learnable",
+                    full_attention_softmax_type="vanilla")
+    assert {"value_dim", "value_dim_window", "window_kv", "window_sinks"} <= kinds_present(cfg)
+    assert "sinks" not in kinds_present(cfg)
+    env, base = _values(cfg), _values(_tiny_cp1(**mimo))
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] \
+        == (9216 + 12292) - 2 * 2 * H * D * (HEADS + 2)
+    assert env["stage_attention_fwd_flops_per_token"] == 2 * (9216 + 12288) + 2 * (4 * 16 + 4 * 8) * S
+    # stored per token (fp32): q 4·16, the core output 4·8 and K, V of 2·16 + 2·8 (full layer) or
+    # 4·16 + 4·8 (window layer), against q, the core output, K and V of 4·16, 4·16, 2·16, 2·16
+    keys = Fraction(8) * (1 - Fraction(8 - 1, 2 * S))
+    assert env["time_attention_core_fwd_flops"] == (4 * 16 + 4 * 8) * S + 2 * (4 * 16 + 4 * 8) * keys
+    act = env["act_layers_per_microbatch"] - base["act_layers_per_microbatch"]
+    full, window, was = 64 + 32 + 32 + 16, 64 + 32 + 64 + 32, 64 + 64 + 32 + 32
+    assert act == env["tokens_per_rank"] * 4 * (full + window - 2 * was) == -6144
+    # no Megatron-LM argument builds them: emit refuses, naming the field (EMT010)
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(cfg)
+    assert refused.value.path == "model.window_num_query_groups"
+    assert refused.value.message.startswith(NOT_IN_MEGATRON)
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"window_num_query_groups": 2}, "needs standard attention of full and sliding-window"),
+    ({"v_head_dim": 8, "attention_output_gate": True}, "beside model.attention_output_gate"),
+    ({"window_size": [7, 0], "full_attention_softmax_type": "vanilla"}, "needs model.softmax_type"),
+    ({"window_size": [7, 0], "window_num_query_groups": 3}, "does not divide"),
+    ({"v_head_dim": 8}, "beside parallel.cp 2"),
+])
+def test_per_layer_attention_widths_out_of_their_scope_are_refused(change: dict[str, Any],
+                                                                    match: str) -> None:
+    with pytest.raises(InvalidConfig, match=match):
+        _tiny(**change)
+
+
+def test_gemma4_attention_and_norms_by_hand() -> None:
+    """Gemma-4's layer shapes, shrunk: the full layer (1) with 1 KV group of 16 whose V is its K
+    (q 64·4·16 = 4,096, k 64·16 = 1,024, o 4,096, q/k norms 2·16), the window layer (0) with 2 KV
+    groups of 8 (q 2,048, k 1,024, v 1,024, o 2,048, q/k norms 2·8), and norms on both sub-layer
+    outputs (2·64 per block); each MoE layer's branch norms and router scales 3·64 + 64 + 8."""
+    gemma = {"window_size": [7, 0], "window_attn_skip_freq": 2, "num_query_groups": 1,
+             "qk_layernorm": True}
+    cfg = _tiny_cp1(**gemma, window_num_query_groups=2, window_kv_channels=8,
+                    attention_k_eq_v=True, post_sublayer_norms=True, moe_branch_norms=True)
+    assert {"window_kv", "k_eq_v", "post_norms", "moe_branch"} <= kinds_present(cfg)
+    env, base = _values(cfg), _values(_tiny_cp1(**gemma))
+    moe_layers = env["moe_layers"]
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] \
+        == (9216 + 32) + (6144 + 16) - 2 * (2 * H * D * (HEADS + 1) + 32) + 2 * 2 * H \
+        + moe_layers * (3 * H + H + 8)
+    # Megatron's count of the window layer runs over the whole causal sequence, as for full ones
+    assert env["stage_attention_fwd_flops_per_token"] \
+        == 2 * 9216 + 2 * HEADS * D * S + 2 * 6144 + HEADS * (8 + 8) * S
+    keys = Fraction(8) * (1 - Fraction(8 - 1, 2 * S))
+    assert env["time_attention_core_fwd_flops"] == 2 * HEADS * D * S + 2 * HEADS * 16 * keys
+    # stored per token (fp32): the window layer's q, core output, K, V and q/k-norm inputs
+    # 32 + 32 + 16 + 16 + 48 against 64 + 64 + 16 + 16 + 80; the post norms' inputs 2·64 per
+    # block; an MoE layer's branch norms' inputs 3·64
+    act = env["act_layers_per_microbatch"] - base["act_layers_per_microbatch"]
+    assert act == env["tokens_per_rank"] * 4 * (144 - 240 + 2 * 2 * H + moe_layers * 3 * H)
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(cfg)
+    assert refused.value.path == "model.window_kv_channels" and "Gemma4VLBridge" in refused.value.message
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(_tiny_cp1(post_sublayer_norms=True))
+    assert refused.value.path == "model.post_sublayer_norms"
+
+
+def test_block_sparse_layers_by_hand() -> None:
+    """MiniMax-M3's block-sparse attention, shrunk, on layer 1 of 2: a lightning indexer of 2
+    heads of 8 with one shared key (q 64·16 = 1,024, k 64·8 = 512, q/k norms 2·8), scoring every
+    causal key per token (2·8·S) after its projections (2·64·24); the attention then reads the 2
+    picked blocks of 4 keys: 8 keys, 57/8 on average under the causal mask."""
+    cfg = _tiny(index_sparse_layers=[0, 1], index_n_heads=2, index_head_dim=8, index_block_size=4,
+                index_topk_blocks=2)
+    assert cfg.model.layer_mixers == ("softmax", "block_sparse")
+    env, base = _values(cfg), _values(_tiny())
+    assert env["index_sparse_params_per_layer"] == 1024 + 512 + 16
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] == 1552
+    assert env["stage_attention_fwd_flops_per_token"] \
+        == base["stage_attention_fwd_flops_per_token"] + 2 * 64 * 24 + 2 * 8 * S
+    keys = Fraction(8) * (1 - Fraction(8 - 1, 2 * S))
+    assert env["time_attention_core_fwd_flops"] == CORE + 2 * 2 * HEADS * D * keys + 2 * 8 * S
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(cfg)
+    assert refused.value.path == "model.index_sparse_layers"
+    with pytest.raises(InvalidConfig, match="missing: index_block_size"):
+        _tiny(index_sparse_layers=[0, 1], index_n_heads=2, index_head_dim=8, index_topk_blocks=2)

@@ -312,3 +312,83 @@ def test_the_laguna_example_is_counted_as_transformers_builds_it():
     assert cfg.model.layer_mixers.count("window") == 30
     size = model_size(cfg)
     assert size is not None and size.total_params == 33_442_617_088 - 39 * 256
+
+
+def test_the_mimo_v2_flash_example_is_counted_as_transformers_builds_it():
+    """examples/architectures/mimo-v2-flash-256.yaml: transformers 5.25's MiMoV2FlashForCausalLM
+    from a file of MiMo-V2-Flash's published dimensions builds 308,778,768,832 parameters
+    (`import hf`'s meta build, rebuilt small in tests/integration/transformers/): 39 sliding-window
+    layers with 8 KV heads and sinks, 9 full ones with 4, values of 128 beside q/k heads of 192."""
+    from planner.config.loader import load_config
+
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "architectures" / "mimo-v2-flash-256.yaml")
+    m = cfg.model
+    assert (m.num_query_groups, m.window_num_query_groups, m.kv_channels, m.v_head_dim) == (4, 8, 192, 128)
+    assert m.layer_mixers.count("window") == 39 and m.full_attention_softmax_type == "vanilla"
+    size = model_size(cfg)
+    assert size is not None and size.total_params == 308_778_768_832
+    assert (size.active_params, size.mtp_params) == (15_445_924_288, 0)
+
+
+def test_qwen3_5_397b_a17b_is_counted_as_transformers_builds_it():
+    """Qwen3.5-397B-A17B: no verbatim file at hand, so the 35B-A3B file with the published sizes
+    (hidden 4096, 60 layers of which every 4th full attention, 32 heads, 2 KV heads, 64 DeltaNet
+    value heads, 512 experts of 1024 top-10, a shared expert of 1024, vision out 4096);
+    transformers 5.25's Qwen3_5MoeForConditionalGeneration built on the meta device from it holds
+    396,346,350,336 parameters in its language model and lm_head (vision tower 456,010,480 more)."""
+    hf = corpus_config("qwen3.5-35b-a3b")
+    hf["text_config"].update(
+        hidden_size=4096, num_hidden_layers=60, num_attention_heads=32, num_key_value_heads=2,
+        linear_num_value_heads=64, num_experts=512, num_experts_per_tok=10,
+        moe_intermediate_size=1024, shared_expert_intermediate_size=1024,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 15)
+    hf["vision_config"]["out_hidden_size"] = 4096
+    mapping = map_hf_config(hf)
+    assert _size(mapping.model, mapping.moe) == (396_346_350_336, 17_349_040_896, 0)
+
+
+def test_the_step_3_5_flash_example_is_counted_as_transformers_builds_it():
+    """examples/architectures/step-3.5-flash-96.yaml: transformers 5.25's Step3p7TextModel (it has
+    no causal-LM class for step3p5) with its untied output layer, from a file of Step-3.5-Flash's
+    published dimensions, holds 196,956,118,272 parameters (rebuilt small in
+    tests/integration/transformers/): 33 sliding-window layers of 96 query heads, 12 full of 64."""
+    from planner.config.loader import load_config
+
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "architectures" / "step-3.5-flash-96.yaml")
+    assert (cfg.model.num_attention_heads, cfg.model.window_num_attention_heads) == (64, 96)
+    assert cfg.model.layer_mixers.count("window") == 33
+    size = model_size(cfg)
+    assert size is not None and size.total_params == 196_956_118_272
+
+
+def test_the_gemma_4_example_is_counted_as_transformers_builds_it():
+    """examples/architectures/gemma-4-26b-a4b-32.yaml: transformers 5.25's
+    Gemma4ForConditionalGeneration from a file of Gemma-4 26B-A4B's published text dimensions
+    holds 25,233,141,760 parameters in its text stack (rebuilt small in
+    tests/integration/transformers/): 25 sliding-window layers of head width 256 with 8 KV heads,
+    5 full ones of 512 with 2 whose V is their K, a dense MLP beside 128 experts on every layer."""
+    from planner.config.loader import load_config
+
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "architectures" / "gemma-4-26b-a4b-32.yaml")
+    m = cfg.model
+    assert (m.kv_channels, m.window_kv_channels, m.num_query_groups, m.window_num_query_groups) == (
+        512, 256, 2, 8)
+    assert m.attention_k_eq_v and m.post_sublayer_norms and m.moe_branch_norms
+    assert m.layer_mixers.count("window") == 25
+    size = model_size(cfg)
+    assert size is not None and (size.total_params, size.active_params) == (25_233_141_760, 3_822_530_560)
+
+
+def test_the_minimax_m3_example_is_its_verbatim_file_counted_as_transformers_builds_it():
+    """examples/architectures/minimax-m3-256.yaml is `import hf` of the verbatim MiniMax-M3 file
+    (tests/support/hf_corpus.py NO_RECORD_COUNTS): its 57 block-sparse layers' indexers included,
+    moeplan counts transformers 5.25's text stack to the parameter."""
+    from planner.config.loader import load_config
+    from tests.support.hf_corpus import NO_RECORD_COUNTS
+
+    cfg = load_config(Path(__file__).parents[3] / "examples" / "architectures" / "minimax-m3-256.yaml")
+    assert cfg.model.layer_mixers.count("block_sparse") == 57
+    assert (cfg.model.index_n_heads, cfg.model.index_head_dim, cfg.model.index_topk_blocks) == (
+        4, 128, 16)
+    size = model_size(cfg)
+    assert size is not None and size.total_params == NO_RECORD_COUNTS["minimax-m3"]

@@ -90,13 +90,33 @@ def test_sliding_window_layers_of_their_own_head_count_map_to_window_num_attenti
         model_section(_read([4, 8, 8, 8]), _text(types))
 
 
-def test_a_value_head_dim_apart_from_the_q_k_one_is_refused_naming_both():
+def test_a_value_head_dim_apart_from_the_q_k_one_is_read_with_it():
     # MiMo-V2-Flash's full-attention layer: 64 q/k heads of 192, 4 KV heads, values of 128
+    # (model.v_head_dim beside kv_channels, Megatron-Bridge's MiMoV2FlashSelfAttention)
     module = _layer(MiMoV2FlashAttention, 4096, 64 * 192, 4 * 192, 4 * 128, 64 * 128)
-    with pytest.raises(Unpriced) as refused:
-        _attention(module, 4096, 64, 192, 0, "model.layers.0.self_attn")
-    assert "(4 KV heads with values of 128 beside q/k heads of 192, o_proj reading 64 x 128: a " \
-        "value head dim apart from the q/k one" in str(refused.value)
+    attention = _attention(module, 4096, 64, 192, 0, "model.layers.0.self_attn")
+    assert (attention.heads, attention.groups, attention.head_dim, attention.v_dim) == \
+        (64, 4, 192, 128)
+    # an o_proj that reads another width than the values' is still refused, naming the widths
+    with pytest.raises(Unpriced, match="has q 12288, k 768, v 512, o 12288"):
+        _attention(_layer(MiMoV2FlashAttention, 4096, 64 * 192, 4 * 192, 4 * 128, 64 * 192), 4096,
+                   64, 192, 0, "model.layers.0.self_attn")
+
+
+def test_window_layers_of_their_own_kv_groups_and_sinks_map_to_their_fields():
+    # MiMo-V2-Flash: its sliding-window layers have twice the full layers' KV heads and the only
+    # sinks; a full layer with them is refused, naming it
+    def read(groups: list[int], sinks: list[bool]) -> ModelRead:
+        return ModelRead(256, 64, False, [
+            Layer(Attention(4, g, 16, False, False, "", s, 8), None,
+                  Moe(4, 32, 0, False, False, "softmax")) for g, s in zip(groups, sinks, strict=True)], 0)
+    types = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    model, _, _ = model_section(read([1, 2, 2, 1], [False, True, True, False]), _text(types))
+    assert (model["num_query_groups"], model["window_num_query_groups"]) == (1, 2)
+    assert (model["softmax_type"], model["full_attention_softmax_type"]) == ("learnable", "vanilla")
+    assert (model["kv_channels"], model["v_head_dim"]) == (16, 8)
+    with pytest.raises(ValueError, match="layer 3's attention .* differs from layer 0's"):
+        model_section(read([1, 2, 2, 2], [False, True, True, True]), _text(types))
 
 
 def test_the_shape_megatron_builds_is_read():
