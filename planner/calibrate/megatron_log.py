@@ -48,7 +48,10 @@ VERSION = re.compile(r"(?:megatron[-_ ]?(?:core|lm)?\s*(?:version|commit)[: =]+)
 # A catalog GPU's name as a whole word ("NVIDIA H100 80GB HBM3"). No leading `\b` in the pattern:
 # it stops re from skipping to the names' first letters, and cost 64 µs a line (now about 7);
 # `gpu_name` checks the start of the word itself.
-GPU_NAME = re.compile("(" + "|".join(sorted(GPUS, key=len, reverse=True)) + r")\b")
+# A card's log names (planner/config/gpus.py Gpu.log_names: "A100-SXM4-80GB" is the catalog's
+# A100-80GB), longest first: a name that starts a longer one is tried after it.
+GPU_CARDS = {log: card.name for card in GPUS.values() for log in card.log_names}
+GPU_NAME = re.compile("(" + "|".join(map(re.escape, sorted(GPU_CARDS, key=len, reverse=True))) + r")\b")
 _WORD_CHAR = re.compile(r"\w")
 
 
@@ -57,7 +60,7 @@ def gpu_name(line: str) -> str | None:
     for match in GPU_NAME.finditer(line):
         start = match.start()
         if start == 0 or not _WORD_CHAR.match(line, start - 1):
-            return match.group(1)
+            return GPU_CARDS[match.group(1)]
     return None
 
 

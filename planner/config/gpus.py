@@ -4,7 +4,8 @@ Figures are the vendors' published ones: NVIDIA's H100 and H200 Tensor Core GPU 
 the H800 as sold in China (the H100's compute and memory with NVLink cut to 400 GB/s; its usable
 one-direction NVLink of about 160 GB/s is DeepSeek's working figure in the DeepSeek-V3 technical
 report), NVIDIA's DGX B200, GB200 NVL72, DGX B300 and GB300 NVL72 product pages, and AMD's
-Instinct MI300X, MI325X and MI355X data sheets. NVLink is per
+Instinct MI300X, MI325X and MI355X data sheets; the Ampere and China-market cards are cited where
+they are listed. NVLink is per
 GPU and one direction; scale-out is the GPU's own network adapter (400 Gb/s = 50 GB/s, 800 Gb/s =
 100 GB/s on Blackwell Ultra). `memory_gib` is the datasheet's GB figure read as GiB, as moeplan's
 default of 80 always was; override `cluster.gpu_memory_gib` for what your driver reports.
@@ -22,7 +23,9 @@ class Gpu:
 
     name: str
     bf16_tflops: float
-    fp8_tflops: float
+    # None: the card has no FP8 tensor cores (Ampere); Transformer Engine refuses FP8 on it
+    # (transformer_engine/pytorch/fp8.py check_fp8_support: compute capability 8.9 or higher).
+    fp8_tflops: float | None
     memory_gib: float
     hbm_tb_s: float
     nvlink_gb_s: float  # per GPU, one direction
@@ -40,6 +43,15 @@ class Gpu:
     gemm_bf16_eff: float = 0.8
     # Architecture family: calibration factors may be fitted per family (`gemm_fp8@blackwell`).
     family: str = ""
+    # The names a log gives the card (torch.cuda.get_device_name / nvidia-smi, after "NVIDIA "),
+    # matched as whole words; unset: the catalog name itself. A name that does not fix the card
+    # (a bare "A100": 40 or 80 GB) is none of them, so a log that gives only it names no card.
+    device_names: tuple[str, ...] = ()
+
+    @property
+    def log_names(self) -> tuple[str, ...]:
+        """What a log calls this card."""
+        return self.device_names or (self.name,)
 
 
 GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
@@ -49,6 +61,12 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
         family="hopper"),
     Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
         family="hopper"),
+    # H20, the China-market Hopper (NVIDIA's HGX H20 product brief; no public datasheet): 78 SMs
+    # for 148 dense BF16 TFLOP/s and 296 dense FP8, 96 GB HBM3 at 4.0 TB/s, NVLink 4 at 900 GB/s
+    # (450 one way) in 8-GPU HGX boards with one 400 Gb/s NIC per GPU. Its GEMM shares are the
+    # Hopper ones fitted on H100 runs: no H20 run is calibrated on.
+    Gpu("H20", 148, 296, 96, 4.0, 450, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
+        family="hopper"),
     Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
     Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
@@ -57,6 +75,18 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
         family="blackwell"),
     Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
+    # Ampere (NVIDIA A100 Tensor Core GPU datasheet, SXM: 312 dense BF16 TFLOP/s, no FP8; 40 GB HBM2
+    # at 1,555 GB/s or 80 GB HBM2e at 2,039 GB/s; NVLink 3 at 600 GB/s, 300 one way; DGX A100 and
+    # HGX A100 8-GPU boards with one 200 Gb/s HDR adapter per GPU, 25 GB/s). The A800 is the
+    # China-market A100 80 GB with NVLink cut to 400 GB/s (200 one way; NVIDIA's A800 Tensor Core
+    # GPU datasheet, SXM4 80 GB), the same compute and memory. No Ampere run is calibrated on:
+    # the catalog's default GEMM shares stand.
+    Gpu("A100-40GB", 312, None, 40, 1.555, 300, 25, 8, 8, family="ampere",
+        device_names=("A100-SXM4-40GB",)),
+    Gpu("A100-80GB", 312, None, 80, 2.039, 300, 25, 8, 8, family="ampere",
+        device_names=("A100-SXM4-80GB",)),
+    Gpu("A800", 312, None, 80, 2.039, 200, 25, 8, 8, family="ampere",
+        device_names=("A800-SXM4-80GB",)),
     # AMD Instinct (AMD's MI300X, MI325X and MI355X product pages and data sheets: dense BF16 and
     # FP8 without sparsity; Infinity Fabric's aggregate peer bandwidth of its seven links, quoted
     # bidirectional, halved for one direction; eight GPUs per platform, one 400 Gb/s NIC each).
@@ -73,6 +103,11 @@ DEFAULT_GPU = "H100"
 def gpu(name: str) -> Gpu:
     """The catalog entry of `name` (a resolved config's `cluster.gpu`)."""
     return GPUS[name]
+
+
+def has_fp8(name: str) -> bool:
+    """Whether the card runs FP8 GEMMs at all (Transformer Engine's check_fp8_support)."""
+    return gpu(name).fp8_tflops is not None
 
 
 def takes_tn_only(name: str) -> bool:
