@@ -110,6 +110,12 @@ def has_fp8(name: str) -> bool:
     return gpu(name).fp8_tflops is not None
 
 
+def pre_hopper(name: str) -> bool:
+    """Whether the card is older than compute capability 9.0 (Ampere), where PyTorch's and Transformer
+    Engine's cuBLAS workspaces are smaller (planner/budget/device_memory.py)."""
+    return gpu(name).family == "ampere"
+
+
 def takes_tn_only(name: str) -> bool:
     """Whether the card's FP8 GEMMs take only the TN layout, so Transformer Engine keeps a physically
     transposed copy of a tensor-scaled FP8 weight for the data-gradient GEMM: Hopper does, Blackwell

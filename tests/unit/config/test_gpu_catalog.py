@@ -82,3 +82,4 @@ def test_mxfp8_needs_a_named_blackwell(cluster: dict[str, Any], refused: bool) -
 ])
 def test_a_log_names_the_card_as_cuda_does(line: str, card: str | None) -> None:
     assert gpu_name(line) == card
+
