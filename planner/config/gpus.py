@@ -13,6 +13,7 @@ default of 80 always was; override `cluster.gpu_memory_gib` for what your driver
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -103,6 +104,25 @@ DEFAULT_GPU = "H100"
 def gpu(name: str) -> Gpu:
     """The catalog entry of `name` (a resolved config's `cluster.gpu`)."""
     return GPUS[name]
+
+
+# What logs call the cards (Gpu.log_names: "A100-SXM4-80GB" is the catalog's A100-80GB), longest
+# first: a name that starts a longer one is tried after it. No leading `\b` in the pattern: it
+# stops re from skipping to the names' first letters (64 µs a log line, now about 5);
+# `card_named` checks the start of the word itself.
+GPU_CARDS = MappingProxyType({log: card.name for card in GPUS.values() for log in card.log_names})
+_CARD_WORD = re.compile("(" + "|".join(map(re.escape, sorted(GPU_CARDS, key=len, reverse=True))) + r")\b")
+_WORD_CHAR = re.compile(r"\w")
+
+
+def card_named(line: str) -> str | None:
+    """The catalog card first named as a whole word in LINE ("NVIDIA H20", "NVIDIA A100-SXM4-80GB");
+    a name inside a longer word, or one that does not fix the card (a bare "A100"), is none."""
+    for match in _CARD_WORD.finditer(line):
+        start = match.start()
+        if start == 0 or not _WORD_CHAR.match(line, start - 1):
+            return GPU_CARDS[match.group(1)]
+    return None
 
 
 def has_fp8(name: str) -> bool:

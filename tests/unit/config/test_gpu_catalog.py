@@ -3,16 +3,23 @@ a log names the card as CUDA does, and FP8 is refused where Transformer Engine r
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
 from planner.calibrate.megatron_log import gpu_name
+from planner.cli import app
 from planner.cli_common import collect_findings
+from planner.config.importers.megatron_log import log_essentials, log_front_end
 from planner.config.loader import parse_config
 from planner.config.schema import Config
 from planner.rules import run_rules
 from tests.support.launch_corpus import imported_once
+
+runner = CliRunner()
 
 
 def codes(cfg: Config) -> dict[str, str]:
@@ -83,3 +90,32 @@ def test_mxfp8_needs_a_named_blackwell(cluster: dict[str, Any], refused: bool) -
 def test_a_log_names_the_card_as_cuda_does(line: str, card: str | None) -> None:
     assert gpu_name(line) == card
 
+
+
+def test_the_log_importer_takes_the_card_the_log_names() -> None:
+    """A log line outside the argument dump naming a card ("NVIDIA H20") sets cluster.gpu and says
+    so; a dump entry naming one (a checkpoint path) does not."""
+    dump = ("------------------------ arguments ------------------------\n"
+            "  num_layers ...................................... 4\n"
+            "  save ............................................ /ckpt/H100-run\n"
+            "-------------------- end of arguments ---------------------\n")
+    assert log_front_end(dump)[0].fields.get("cluster.gpu") is None
+    front, _ = log_front_end("GPU 0: NVIDIA H20 (UUID: GPU-0)\n" + dump)
+    assert front.fields["cluster.gpu"] == "H20"
+    assert [n.why for n in front.notes if n.argument == "GPU"] == [
+        "the log names the card: cluster.gpu H20"]
+    assert log_essentials(("noise\n" + "GPU 0: NVIDIA H20\n" * 2 + dump).splitlines(True))[0] == (
+        "GPU 0: NVIDIA H20\n")
+
+
+def test_import_takes_the_gpu_named_and_refuses_one_the_catalog_lacks(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+                      "--num-attention-heads 8 --vocab-size 512 --seq-length 256 "
+                      "--max-position-embeddings 256 --micro-batch-size 1 --global-batch-size 8\n",
+                      encoding="utf-8")
+    out = tmp_path / "job.yaml"
+    done = runner.invoke(app, ["import", "megatron", str(script), "--gpu", "A800", "-o", str(out)])
+    assert yaml.safe_load(out.read_text())["cluster"]["gpu"] == "A800", done.output
+    refused = runner.invoke(app, ["import", "megatron", str(script), "--gpu", "A100"])
+    assert refused.exit_code == 2 and "--gpu A100: not in the GPU catalog" in refused.output

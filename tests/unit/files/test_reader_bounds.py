@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.calibrate.megatron_log import GPU_CARDS, LogError, gpu_name, parse_log
+from planner.calibrate.megatron_log import LogError, gpu_name, parse_log
 from planner.calibrate.profile import ProfileError, read_profile
+from planner.config.gpus import GPU_CARDS
 from planner.config.importers.log_lines import clean_line
 from planner.config.layer_freq import PatternError, evaluate_pattern
 from planner.config.loader import UnreadableConfig
