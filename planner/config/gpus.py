@@ -62,10 +62,10 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
         family="hopper"),
     Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
         family="hopper"),
-    # H20, the China-market Hopper (NVIDIA's HGX H20 product brief; no public datasheet): 78 SMs
-    # for 148 dense BF16 TFLOP/s and 296 dense FP8, 96 GB HBM3 at 4.0 TB/s, NVLink 4 at 900 GB/s
-    # (450 one way) in 8-GPU HGX boards with one 400 Gb/s NIC per GPU. Its GEMM shares are the
-    # Hopper ones fitted on H100 runs: no H20 run is calibrated on.
+    # H20, the China-market Hopper, as NVIDIA's HGX H20 specification lists it (no public
+    # datasheet): 148 dense BF16 TFLOP/s and 296 dense FP8, 96 GB HBM3 at 4.0 TB/s, NVLink 4 at
+    # 900 GB/s (450 one way) in 8-GPU HGX boards; one 400 Gb/s NIC per GPU as on HGX H100. Its
+    # GEMM shares are the Hopper ones fitted on H100 runs: no H20 run is calibrated on.
     Gpu("H20", 148, 296, 96, 4.0, 450, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
         family="hopper"),
     Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
