@@ -208,6 +208,16 @@ def parse_sets(sets: list[str]) -> dict[str, str]:
     return values
 
 
+def _card_folder(source: str) -> str | None:
+    """The catalog card a folder of SOURCE's path is named exactly for (Primus keeps one experiment
+    folder per card: examples/megatron/configs/MI300X/), the innermost; None for stdin or none."""
+    from planner.config.gpus import GPUS
+
+    if source == "-":
+        return None
+    return next((part for part in reversed(Path(source).resolve().parent.parts) if part in GPUS), None)
+
+
 @import_app.command("megatron")
 def import_megatron(
     args: Annotated[str, typer.Argument(metavar="SOURCE", help="what you launch Megatron-LM with: an "
@@ -232,7 +242,7 @@ def import_megatron(
 ) -> None:
     """Turn a Megatron-LM launch (arguments, script, argument map or log) into a moeplan config."""
     from planner.config.gpus import GPUS
-    from planner.config.importers.megatron_args import UnreadableArgs
+    from planner.config.importers.megatron_args import Unmapped, UnreadableArgs
     from planner.config.importers.sources import NotAnImport, import_text
 
     if gpu is not None and gpu not in GPUS:
@@ -249,6 +259,11 @@ def import_megatron(
         fail(EXIT_USAGE, f"{args}: {exc}")
     if gpu is not None:  # the card judges memory and time: every finding of the report is on it
         result.set("cluster.gpu", gpu)
+    elif not result.has("cluster.gpu") and (card := _card_folder(args)) is not None:
+        result.set("cluster.gpu", card)
+        result.unmapped.append(Unmapped("GPU", card, f"the file lies in a folder named for the card "
+                                        f"({card}/, as Primus's examples/megatron/configs/MI300X/): "
+                                        f"cluster.gpu {card}; --gpu NAME says otherwise"))
     header = [f"imported by `moeplan import megatron` from {'stdin' if args == '-' else args}"
               + (f" (entry {result.entry})" if result.entry else ""),
               f"read as: {front.described}",

@@ -3,6 +3,7 @@ a log names the card as CUDA does, and FP8 is refused where Transformer Engine r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,11 @@ def test_import_takes_the_gpu_named_and_refuses_one_the_catalog_lacks(tmp_path: 
     assert yaml.safe_load(out.read_text())["cluster"]["gpu"] == "A800", done.output
     refused = runner.invoke(app, ["import", "megatron", str(script), "--gpu", "A100"])
     assert refused.exit_code == 2 and "--gpu A100: not in the GPU catalog" in refused.output
+    # a file in a folder named for a card (Primus's examples/megatron/configs/MI300X/) names it
+    folder = tmp_path / "configs" / "MI355X"
+    folder.mkdir(parents=True)
+    (folder / "run.sh").write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
+    read = runner.invoke(app, ["import", "megatron", str(folder / "run.sh"), "--json"])
+    report = json.loads(read.stdout)
+    assert report["config"]["cluster"]["gpu"] == "MI355X", read.output
+    assert any(row["argument"] == "GPU" and "MI355X/" in row["why"] for row in report["unmapped"])
