@@ -111,17 +111,24 @@ def gpu(name: str) -> Gpu:
 # stops re from skipping to the names' first letters (64 µs a log line, now about 5);
 # `card_named` checks the start of the word itself.
 GPU_CARDS = MappingProxyType({log: card.name for card in GPUS.values() for log in card.log_names})
-_CARD_WORD = re.compile("(" + "|".join(map(re.escape, sorted(GPU_CARDS, key=len, reverse=True))) + r")\b")
+# Cards whose names start with a catalog card's but which are other cards: PCIe boards with their
+# own clocks, memory and NVLink bridges of two (NVIDIA's H100 PCIe / H100 NVL / H200 NVL, A100 and
+# A800 PCIe data sheets). A log naming one names no catalog card (never the SXM figures).
+NOT_IN_CATALOG = ("H100 PCIe", "H100 NVL", "H200 NVL", "H800 PCIe", "A100-PCIE-40GB", "A100 80GB PCIe",
+                  "A800 80GB PCIe", "A800 40GB")
+_CARD_WORD = re.compile("(" + "|".join(map(re.escape, sorted((*GPU_CARDS, *NOT_IN_CATALOG), key=len,
+                                                             reverse=True))) + r")\b")
 _WORD_CHAR = re.compile(r"\w")
 
 
 def card_named(line: str) -> str | None:
     """The catalog card first named as a whole word in LINE ("NVIDIA H20", "NVIDIA A100-SXM4-80GB");
-    a name inside a longer word, or one that does not fix the card (a bare "A100"), is none."""
+    a name inside a longer word, one that does not fix the card (a bare "A100") or one of a card
+    the catalog lacks ("H100 PCIe": NOT_IN_CATALOG) is none."""
     for match in _CARD_WORD.finditer(line):
         start = match.start()
         if start == 0 or not _WORD_CHAR.match(line, start - 1):
-            return GPU_CARDS[match.group(1)]
+            return GPU_CARDS.get(match.group(1))
     return None
 
 

@@ -85,6 +85,8 @@ def test_mxfp8_needs_a_named_blackwell(cluster: dict[str, Any], refused: bool) -
     ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
     ("NVIDIA A800-SXM4-80GB", "A800"),
     ("NVIDIA A100 80GB PCIe", None),  # a PCIe A100 (NVLink bridges of two) is not the catalog's SXM card
+    ("GPU 0: NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None),
+    ("NVIDIA GH200 480GB", None),  # a Grace Hopper: its own memory and NVLink, not an H200
     ("NVIDIA H100 80GB HBM3", "H100"),
     ("H20s", None),
 ])
