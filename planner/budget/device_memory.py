@@ -18,10 +18,10 @@ planner/budget/memory.py it holds:
   output, the dropout mask and the dropped probabilities for backward and fills the raw scores
   into a persistent global buffer);
 * the GEMM workspaces: PyTorch's cuBLAS workspace of the compute stream (32 MiB on compute
-  capability 9.0 and later: PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp getChosenWorkspaceSize)
-  and Transformer Engine's (transformer_engine/pytorch/cpp_extensions/gemm.py
-  get_cublas_workspace_size_bytes, 32 MiB on Hopper and later, one per stream of its multi-stream
-  grouped GEMM, four by default: get_num_compute_streams).
+  capability 9.0 and later, 8.125 MiB before: PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp
+  getChosenWorkspaceSize) and Transformer Engine's (transformer_engine/pytorch/cpp_extensions/gemm.py
+  get_cublas_workspace_size_bytes, 32 MiB on Hopper and later, 4 MiB before, one per stream of its
+  multi-stream grouped GEMM, four by default: get_num_compute_streams).
 
 Not counted: the caching allocator's rounding of each block to 512 bytes (under 512 B a tensor),
 HybridEP's communication buffers, cuDNN's workspaces.
@@ -47,6 +47,10 @@ from planner.budget.variant import Variant
 NCCL_RING_BYTES_PER_CHANNEL = (1 << 22) + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
 NCCL_P2P_CHANNELS_PER_PEER = 2
 WORKSPACE_BYTES = 32 * 2**20
+# Before compute capability 9.0 (Ampere): PyTorch's default CUBLAS_WORKSPACE_CONFIG ":4096:2:16:8"
+# (two 4 MiB and eight 16 KiB chunks) and Transformer Engine's 4 MiB.
+TORCH_WORKSPACE_BYTES_PRE_HOPPER = (4096 * 2 + 16 * 8) * 1024
+TE_WORKSPACE_BYTES_PRE_HOPPER = 4 * 2**20
 TE_GROUPED_GEMM_STREAMS = 4
 
 
@@ -103,11 +107,17 @@ def write_allocator_extras(book: Book, v: Variant) -> str:
         "memory", "the largest transient of the step beyond one layer's communication buffers "
         "(they do not coexist): the loss's logits or unfused attention's raw scores")
     streams = 1 + (TE_GROUPED_GEMM_STREAMS if v.grouped_gemm else 0) if v.te else 0
-    add("workspace_bytes", f"{WORKSPACE_BYTES} * {1 + streams}", "bytes", "memory",
-        "GEMM workspaces, 32 MiB each: PyTorch's cuBLAS workspace"
-        + (", Transformer Engine's" if v.te else "")
-        + (f" and one per stream of its grouped GEMM ({TE_GROUPED_GEMM_STREAMS})"
-           if v.te and v.grouped_gemm else ""))
+    whose = ("PyTorch's cuBLAS workspace" + (", Transformer Engine's" if v.te else "")
+             + (f" and one per stream of its grouped GEMM ({TE_GROUPED_GEMM_STREAMS})"
+                if v.te and v.grouped_gemm else ""))
+    if v.large_workspaces:
+        add("workspace_bytes", f"{WORKSPACE_BYTES} * {1 + streams}", "bytes", "memory",
+            "GEMM workspaces, 32 MiB each: " + whose)
+    else:
+        add("workspace_bytes", f"{TORCH_WORKSPACE_BYTES_PRE_HOPPER} + {TE_WORKSPACE_BYTES_PRE_HOPPER} * "
+            f"{streams}", "bytes", "memory", "GEMM workspaces before compute capability 9.0: "
+            "PyTorch's cuBLAS workspace of 8.125 MiB" + (", 4 MiB each for " + whose.split(", ", 1)[1]
+                                                          if v.te else ""))
     return "transient_extra_bytes + workspace_bytes"
 
 

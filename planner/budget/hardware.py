@@ -132,7 +132,10 @@ def _imbalance(cfg: Config, stated: bool = False) -> Number:
 def hardware_values(cfg: Config) -> dict[str, Number]:
     c, eff = cfg.cluster, cfg.cluster.efficiency
     return {
-        "peak_bf16": exact(c.peak_bf16_tflops) * TERA, "peak_fp8": exact(c.peak_fp8_tflops) * TERA,
+        "peak_bf16": exact(c.peak_bf16_tflops) * TERA,
+        # A card without FP8 (Ampere) runs no FP8 GEMM: its FP8 rate is 0, and CLU005 refuses FP8
+        # training on it.
+        "peak_fp8": exact(c.peak_fp8_tflops or 0) * TERA,
         "fp8": int(cfg.training.fp8),
         "bw_nvlink": exact(c.intra_node_bandwidth_gb_s) * GIGA,
         "bw_scale_out": exact(c.inter_node_bandwidth_gb_s) * GIGA,

@@ -29,7 +29,7 @@ from planner.budget.layer_kinds import (
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
 from planner.budget.variant import Variant
 from planner.config.deepep_buffers import deepep_buffers
-from planner.config.gpus import takes_tn_only
+from planner.config.gpus import pre_hopper, takes_tn_only
 from planner.config.offload_groups import offload_groups
 from planner.config.schema import DSV4_CSA_RATIO, Config
 from planner.layout.nodes import Places, node_of, nodes_of
@@ -300,6 +300,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         ce_impl=tr.cross_entropy_fusion_impl if tr.cross_entropy_loss_fusion else "unfused",
         te=tr.transformer_impl == "transformer_engine",
         grouped_gemm=moe.moe_grouped_gemm and model.num_experts > 0,
+        large_workspaces=not pre_hopper(cfg.cluster.gpu),
         freeze=frozenset(tr.freeze),
         lora=frozenset(tr.lora.target_modules) if tr.lora else frozenset(),
         rl=_rl(tr),

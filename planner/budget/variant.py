@@ -92,6 +92,8 @@ class Variant:
     ce_impl: str = "unfused"
     te: bool = True
     grouped_gemm: bool = False
+    # Compute capability 9.0 or later (Hopper, Blackwell): the GEMM workspaces' larger size.
+    large_workspaces: bool = True
     # What trains: frozen parameter groups ("dense", "experts") and the LoRA targets (empty without)
     freeze: frozenset[str] = frozenset()
     lora: frozenset[str] = frozenset()

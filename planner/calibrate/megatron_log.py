@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from planner.config.gpus import GPUS
+from planner.config.gpus import card_named
 from planner.config.importers.log_lines import clean_line
 from planner.config.importers.megatron_log import (
     MAX_DUMP_LINES,
@@ -45,20 +45,8 @@ MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*([0-9.]+)\s*\|\s*"
                     r"max reserved:\s*([0-9.]+)")
 RANK = re.compile(r"\[Rank (\d{1,9})\]")
 VERSION = re.compile(r"(?:megatron[-_ ]?(?:core|lm)?\s*(?:version|commit)[: =]+)([\w.+-]+)", re.I)
-# A catalog GPU's name as a whole word ("NVIDIA H100 80GB HBM3"). No leading `\b` in the pattern:
-# it stops re from skipping to the names' first letters, and cost 64 µs a line (now about 7);
-# `gpu_name` checks the start of the word itself.
-GPU_NAME = re.compile("(" + "|".join(sorted(GPUS, key=len, reverse=True)) + r")\b")
-_WORD_CHAR = re.compile(r"\w")
-
-
-def gpu_name(line: str) -> str | None:
-    """The first catalog GPU named as a whole word in LINE (a name inside a longer word is not)."""
-    for match in GPU_NAME.finditer(line):
-        start = match.start()
-        if start == 0 or not _WORD_CHAR.match(line, start - 1):
-            return match.group(1)
-    return None
+# The card a log names (planner/config/gpus.py card_named, also the log importer's).
+gpu_name = card_named
 
 
 class LogError(ValueError):

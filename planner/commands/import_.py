@@ -208,6 +208,16 @@ def parse_sets(sets: list[str]) -> dict[str, str]:
     return values
 
 
+def _card_folder(source: str) -> str | None:
+    """The catalog card a folder of SOURCE's path is named exactly for (Primus keeps one experiment
+    folder per card: examples/megatron/configs/MI300X/), the innermost; None for stdin or none."""
+    from planner.config.gpus import GPUS
+
+    if source == "-":
+        return None
+    return next((part for part in reversed(Path(source).resolve().parent.parts) if part in GPUS), None)
+
+
 @import_app.command("megatron")
 def import_megatron(
     args: Annotated[str, typer.Argument(metavar="SOURCE", help="what you launch Megatron-LM with: an "
@@ -224,13 +234,20 @@ def import_megatron(
     sets: Annotated[list[str] | None, typer.Option("--set", metavar="NAME=VALUE", help="value of a "
                                                    "variable the script or map leaves to its environment "
                                                    "(repeatable)")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", metavar="NAME", help="the GPU the job runs on "
+                                            "(a cluster.gpu catalog name: H100, H20, A100-80GB, …); "
+                                            "wins over a card the log names")] = None,
     as_json: AsJson = False,
     force: Force = False,
 ) -> None:
     """Turn a Megatron-LM launch (arguments, script, argument map or log) into a moeplan config."""
-    from planner.config.importers.megatron_args import UnreadableArgs
+    from planner.config.gpus import GPUS
+    from planner.config.importers.megatron_args import Unmapped, UnreadableArgs
     from planner.config.importers.sources import NotAnImport, import_text
 
+    if gpu is not None and gpu not in GPUS:
+        fail(EXIT_USAGE, f"--gpu {gpu}: not in the GPU catalog (cluster.gpu): name one of "
+                         f"{', '.join(GPUS)}, or set cluster.gpu_memory_gib and the peaks yourself")
     if output is not None:
         check_output_or_exit(output, force=force)
     text = read_source(args)
@@ -240,6 +257,13 @@ def import_megatron(
         result, front = import_text(text, {**given, **parse_sets(sets or [])}, world_size, origin)
     except (UnreadableArgs, NotAnImport) as exc:
         fail(EXIT_USAGE, f"{args}: {exc}")
+    if gpu is not None:  # the card judges memory and time: every finding of the report is on it
+        result.set("cluster.gpu", gpu)
+    elif not result.has("cluster.gpu") and (card := _card_folder(args)) is not None:
+        result.set("cluster.gpu", card)
+        result.unmapped.append(Unmapped("GPU", card, f"the file lies in a folder named for the card "
+                                        f"({card}/, as Primus's examples/megatron/configs/MI300X/): "
+                                        f"cluster.gpu {card}; --gpu NAME says otherwise"))
     header = [f"imported by `moeplan import megatron` from {'stdin' if args == '-' else args}"
               + (f" (entry {result.entry})" if result.entry else ""),
               f"read as: {front.described}",

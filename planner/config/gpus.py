@@ -4,7 +4,8 @@ Figures are the vendors' published ones: NVIDIA's H100 and H200 Tensor Core GPU 
 the H800 as sold in China (the H100's compute and memory with NVLink cut to 400 GB/s; its usable
 one-direction NVLink of about 160 GB/s is DeepSeek's working figure in the DeepSeek-V3 technical
 report), NVIDIA's DGX B200, GB200 NVL72, DGX B300 and GB300 NVL72 product pages, and AMD's
-Instinct MI300X, MI325X and MI355X data sheets. NVLink is per
+Instinct MI300X, MI325X and MI355X data sheets; the Ampere and China-market cards are cited where
+they are listed. NVLink is per
 GPU and one direction; scale-out is the GPU's own network adapter (400 Gb/s = 50 GB/s, 800 Gb/s =
 100 GB/s on Blackwell Ultra). `memory_gib` is the datasheet's GB figure read as GiB, as moeplan's
 default of 80 always was; override `cluster.gpu_memory_gib` for what your driver reports.
@@ -12,6 +13,7 @@ default of 80 always was; override `cluster.gpu_memory_gib` for what your driver
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -22,7 +24,9 @@ class Gpu:
 
     name: str
     bf16_tflops: float
-    fp8_tflops: float
+    # None: the card has no FP8 tensor cores (Ampere); Transformer Engine refuses FP8 on it
+    # (transformer_engine/pytorch/fp8.py check_fp8_support: compute capability 8.9 or higher).
+    fp8_tflops: float | None
     memory_gib: float
     hbm_tb_s: float
     nvlink_gb_s: float  # per GPU, one direction
@@ -40,6 +44,15 @@ class Gpu:
     gemm_bf16_eff: float = 0.8
     # Architecture family: calibration factors may be fitted per family (`gemm_fp8@blackwell`).
     family: str = ""
+    # The names a log gives the card (torch.cuda.get_device_name / nvidia-smi, after "NVIDIA "),
+    # matched as whole words; unset: the catalog name itself. A name that does not fix the card
+    # (a bare "A100": 40 or 80 GB) is none of them, so a log that gives only it names no card.
+    device_names: tuple[str, ...] = ()
+
+    @property
+    def log_names(self) -> tuple[str, ...]:
+        """What a log calls this card."""
+        return self.device_names or (self.name,)
 
 
 GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
@@ -49,6 +62,12 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
         family="hopper"),
     Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
         family="hopper"),
+    # H20, the China-market Hopper, as NVIDIA's HGX H20 specification lists it (no public
+    # datasheet): 148 dense BF16 TFLOP/s and 296 dense FP8, 96 GB HBM3 at 4.0 TB/s, NVLink 4 at
+    # 900 GB/s (450 one way) in 8-GPU HGX boards; one 400 Gb/s NIC per GPU as on HGX H100. Its
+    # GEMM shares are the Hopper ones fitted on H100 runs: no H20 run is calibrated on.
+    Gpu("H20", 148, 296, 96, 4.0, 450, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
+        family="hopper"),
     Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
     Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
@@ -57,6 +76,18 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
         family="blackwell"),
     Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
+    # Ampere (NVIDIA A100 Tensor Core GPU datasheet, SXM: 312 dense BF16 TFLOP/s, no FP8; 40 GB HBM2
+    # at 1,555 GB/s or 80 GB HBM2e at 2,039 GB/s; NVLink 3 at 600 GB/s, 300 one way; DGX A100 and
+    # HGX A100 8-GPU boards with one 200 Gb/s HDR adapter per GPU, 25 GB/s). The A800 is the
+    # China-market A100 80 GB with NVLink cut to 400 GB/s (200 one way; NVIDIA's A800 Tensor Core
+    # GPU datasheet, SXM4 80 GB), the same compute and memory. No Ampere run is calibrated on:
+    # the catalog's default GEMM shares stand.
+    Gpu("A100-40GB", 312, None, 40, 1.555, 300, 25, 8, 8, family="ampere",
+        device_names=("A100-SXM4-40GB",)),
+    Gpu("A100-80GB", 312, None, 80, 2.039, 300, 25, 8, 8, family="ampere",
+        device_names=("A100-SXM4-80GB",)),
+    Gpu("A800", 312, None, 80, 2.039, 200, 25, 8, 8, family="ampere",
+        device_names=("A800-SXM4-80GB",)),
     # AMD Instinct (AMD's MI300X, MI325X and MI355X product pages and data sheets: dense BF16 and
     # FP8 without sparsity; Infinity Fabric's aggregate peer bandwidth of its seven links, quoted
     # bidirectional, halved for one direction; eight GPUs per platform, one 400 Gb/s NIC each).
@@ -73,6 +104,43 @@ DEFAULT_GPU = "H100"
 def gpu(name: str) -> Gpu:
     """The catalog entry of `name` (a resolved config's `cluster.gpu`)."""
     return GPUS[name]
+
+
+# What logs call the cards (Gpu.log_names: "A100-SXM4-80GB" is the catalog's A100-80GB), longest
+# first: a name that starts a longer one is tried after it. No leading `\b` in the pattern: it
+# stops re from skipping to the names' first letters (64 µs a log line, now about 5);
+# `card_named` checks the start of the word itself.
+GPU_CARDS = MappingProxyType({log: card.name for card in GPUS.values() for log in card.log_names})
+# Cards whose names start with a catalog card's but which are other cards: PCIe boards with their
+# own clocks, memory and NVLink bridges of two (NVIDIA's H100 PCIe / H100 NVL / H200 NVL, A100 and
+# A800 PCIe data sheets). A log naming one names no catalog card (never the SXM figures).
+NOT_IN_CATALOG = ("H100 PCIe", "H100 NVL", "H200 NVL", "H800 PCIe", "A100-PCIE-40GB", "A100 80GB PCIe",
+                  "A800 80GB PCIe", "A800 40GB")
+_CARD_WORD = re.compile("(" + "|".join(map(re.escape, sorted((*GPU_CARDS, *NOT_IN_CATALOG), key=len,
+                                                             reverse=True))) + r")\b")
+_WORD_CHAR = re.compile(r"\w")
+
+
+def card_named(line: str) -> str | None:
+    """The catalog card first named as a whole word in LINE ("NVIDIA H20", "NVIDIA A100-SXM4-80GB");
+    a name inside a longer word, one that does not fix the card (a bare "A100") or one of a card
+    the catalog lacks ("H100 PCIe": NOT_IN_CATALOG) is none."""
+    for match in _CARD_WORD.finditer(line):
+        start = match.start()
+        if start == 0 or not _WORD_CHAR.match(line, start - 1):
+            return GPU_CARDS.get(match.group(1))
+    return None
+
+
+def has_fp8(name: str) -> bool:
+    """Whether the card runs FP8 GEMMs at all (Transformer Engine's check_fp8_support)."""
+    return gpu(name).fp8_tflops is not None
+
+
+def pre_hopper(name: str) -> bool:
+    """Whether the card is older than compute capability 9.0 (Ampere), where PyTorch's and Transformer
+    Engine's cuBLAS workspaces are smaller (planner/budget/device_memory.py)."""
+    return gpu(name).family == "ampere"
 
 
 def takes_tn_only(name: str) -> bool:

@@ -1128,7 +1128,9 @@ class ClusterSection(Section):
             "gpus_per_node": card.gpus_per_node if named else 8,
             "gpu_memory_gib": float(card.memory_gib), "intra_node_bandwidth_gb_s": float(card.nvlink_gb_s),
             "inter_node_bandwidth_gb_s": float(card.scale_out_gb_s),
-            "peak_bf16_tflops": float(card.bf16_tflops), "peak_fp8_tflops": float(card.fp8_tflops),
+            "peak_bf16_tflops": float(card.bf16_tflops),
+            # None on a card without FP8 (Ampere): CLU005 refuses FP8 training there.
+            "peak_fp8_tflops": None if card.fp8_tflops is None else float(card.fp8_tflops),
             "hbm_bandwidth_tb_s": float(card.hbm_tb_s),
         }
         for key, value in filled.items():

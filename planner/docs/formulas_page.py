@@ -142,6 +142,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("Transformer Engine's fused cross entropy", {"ce_impl": "te"}),
     ("the fused native cross entropy", {"ce_impl": "native"}),
     ("the local implementation, no TE grouped GEMM", {"te": False, "grouped_gemm": False}),
+    ("an Ampere card (A100, A800): the smaller GEMM workspaces", {"large_workspaces": False}),
     # what trains (planner/budget/training_modes.py)
     ("routed experts frozen", {"freeze": frozenset({"experts"})}),
     ("an encoder tower on the first stage (frozen_tower_params, trained_tower_params)",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import lru_cache
 
+from planner.config.gpus import gpu as gpu_entry
+from planner.config.gpus import has_fp8
 from planner.layout.nodes import Places, node_of, nodes_of, rank_places
 from planner.layout.rank_generator import GridError, RankGenerator
 from planner.layout.spec import expert_generator
@@ -130,5 +132,51 @@ def rank_nodes_are_a_launch(f: Facts) -> Iterator[Violation]:
                         f"gpus_per_node {per_node}", f"at most {per_node} ranks on each node")
 
 
+# --- which FP8 the card runs: Transformer Engine checks the device before any FP8 GEMM.
+TE_FP8_CHECKS = ("Megatron-LM dev@d48bd6be megatron/core/fp8_utils.py get_fp8_context; moeplan's model "
+                 "of Transformer Engine's device checks (transformer_engine/pytorch/fp8.py "
+                 "check_fp8_support: compute capability 8.9 or higher; check_mxfp8_support: 10.0)")
+
+
+@rule(
+    "CLU005", "error", "FP8 training on a card without FP8 tensor cores",
+    source=TE_FP8_CHECKS,
+    why="""Ampere cards (A100, A800: compute capability 8.0) have no FP8 tensor cores: Transformer
+    Engine refuses FP8 execution on them at the first FP8 layer, so the run never starts. Train in
+    BF16 there, or name the FP8 card the run is for.""",
+    bad="""cluster: {gpu: A100-80GB}
+training: {fp8: true}""",
+    good="""cluster: {gpu: H100}
+training: {fp8: true}""",
+)
+def fp8_needs_an_fp8_card(f: Facts) -> Iterator[Violation]:
+    if f.train.fp8 and not has_fp8(f.cluster.gpu):
+        field = "training.fp8_format" if "fp8_format" in f.train.model_fields_set else "training.fp8"
+        yield Violation(field, f"FP8 on cluster.gpu {f.cluster.gpu}, which has no FP8 tensor cores "
+                        "(compute capability 8.0; Transformer Engine needs 8.9)",
+                        "train in BF16 (drop training.fp8 / fp8_format) or name an FP8 cluster.gpu")
+
+
+@rule(
+    "CLU006", "error", "MXFP8 on an NVIDIA card before Blackwell",
+    source=TE_FP8_CHECKS,
+    why="""The MXFP8 recipe's block-scaled GEMMs run on Blackwell's tensor cores (compute capability
+    10.0 and later); Transformer Engine refuses the recipe on Hopper and Ampere. Checked only where
+    the config names its card: a config without cluster.gpu says nothing about the hardware.""",
+    bad="""cluster: {gpu: H100}
+training: {fp8_format: e4m3, fp8_recipe: mxfp8}""",
+    good="""cluster: {gpu: B200}
+training: {fp8_format: e4m3, fp8_recipe: mxfp8}""",
+)
+def mxfp8_needs_blackwell(f: Facts) -> Iterator[Violation]:
+    card = gpu_entry(f.cluster.gpu)
+    if (f.train.fp8_recipe == "mxfp8" and f.cluster.gpu_named and has_fp8(card.name)
+            and card.family == "hopper"):
+        yield Violation("training.fp8_recipe", f"mxfp8 on cluster.gpu {card.name} (Hopper, compute "
+                        "capability 9.0; MXFP8 needs 10.0)",
+                        "use fp8_recipe blockwise or tensorwise on Hopper, or name a Blackwell "
+                        "cluster.gpu")
+
+
 RULES = (cluster_has_enough_gpus, cluster_without_idle_gpus, ep_groups_inside_nvlink_domains,
-         rank_nodes_are_a_launch)
+         rank_nodes_are_a_launch, fp8_needs_an_fp8_card, mxfp8_needs_blackwell)

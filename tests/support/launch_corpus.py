@@ -133,9 +133,10 @@ CORPUS: tuple[CorpusEntry, ...] = (
                     "'16 * 80GiB'; the model is --model Qwen/Qwen3-30B-A3B-Base, the qwen3-30b-a3b preset"),
     CorpusEntry("swift_qwen3_moe_offload.sh", "ms-swift command",
                 why="nothing added: NPROC_PER_NODE=4 on one node; the model is the qwen3-30b-a3b preset"),
-    CorpusEntry("verl_qwen3moe_30b_megatron.sh", "verl Megatron trainer",
-                why="nothing added: NNODES 1 x NGPUS_PER_NODES 8 (the script's defaults); the model is "
-                    "actor_rollout_ref.model.path Qwen/Qwen3-30B-A3B-Base, the qwen3-30b-a3b preset"),
+    CorpusEntry("verl_qwen3moe_30b_megatron.sh", "verl Megatron trainer", gpu="H20",
+                why="NNODES 1 x NGPUS_PER_NODES 8 (the script's defaults); the model is "
+                    "actor_rollout_ref.model.path Qwen/Qwen3-30B-A3B-Base, the qwen3-30b-a3b preset; "
+                    "the GPU is the header's ('tested in NNODES=1~4 * 96G H20 GPU')"),
     CorpusEntry("primus_qwen3_30b_a3b.yaml", "Primus experiment", world_size=8, vocab_size=151936,
                 gpu="MI300X",
                 why="examples/megatron/configs/MI300X: one MI300X node of 8 (EP 8); the tokenizer "

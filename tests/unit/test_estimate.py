@@ -45,14 +45,18 @@ def test_catalog_holds_the_vendor_figures() -> None:
         "H100": (989, 1979, 80, 3.35, 450, 50, 8, "hopper"),
         "H200": (989, 1979, 141, 4.8, 450, 50, 8, "hopper"),
         "H800": (989, 1979, 80, 3.35, 160, 50, 8, "hopper"),
+        "H20": (148, 296, 96, 4.0, 450, 50, 8, "hopper"),
         "B200": (2250, 4500, 180, 8, 900, 50, 8, "blackwell"),
         "GB200": (2500, 5000, 186, 8, 900, 50, 72, "blackwell"),
         "B300": (2250, 4500, 288, 8, 900, 100, 8, "blackwell"),
         "GB300": (2500, 5000, 288, 8, 900, 100, 72, "blackwell"),
+        "A100-40GB": (312, None, 40, 1.555, 300, 25, 8, "ampere"),
+        "A100-80GB": (312, None, 80, 2.039, 300, 25, 8, "ampere"),
+        "A800": (312, None, 80, 2.039, 200, 25, 8, "ampere"),
         "MI300X": (1307.4, 2614.9, 192, 5.3, 448, 50, 8, "cdna3"),
         "MI325X": (1307.4, 2614.9, 256, 6.0, 448, 50, 8, "cdna3"),
         "MI355X": (2516.6, 5033.2, 288, 8.0, 537.6, 50, 8, "cdna4")}
-    assert [name for name in GPUS if takes_tn_only(name)] == ["H100", "H200", "H800"]
+    assert [name for name in GPUS if takes_tn_only(name)] == ["H100", "H200", "H800", "H20"]
 
 
 def test_without_a_gpu_the_defaults_are_unchanged() -> None:

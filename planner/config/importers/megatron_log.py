@@ -24,6 +24,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from planner.config.gpus import card_named
 from planner.config.importers.assemble import FrontEnd, assemble
 from planner.config.importers.launch_facts import DUMP_LAUNCHER, LaunchFacts
 from planner.config.importers.log_lines import clean_line, clean_lines
@@ -123,6 +124,7 @@ class LogRead:
     num_microbatches: int | None = None
     argv: list[str] = field(default_factory=list)
     every_dump: list[dict[str, str]] = field(default_factory=list)  # all of them, in log order
+    gpu: str | None = None  # the catalog card the log first names ("NVIDIA H20"), if any
 
     def printed_int(self, name: str) -> int | None:
         value = self.dump.get(name, "None")
@@ -172,11 +174,12 @@ MAX_DUMP_LINES = 20_000
 
 def log_essentials(raw_lines: Iterable[str]) -> list[str] | None:
     """From a log streamed line by line, the raw lines read_log reads (every argument dump with its
-    markers, the padded-vocabulary and microbatch lines), so a log of any length is imported in the
-    memory of its dump; None when the stream holds no dump (it is not a Megatron log)."""
+    markers, the padded-vocabulary and microbatch lines, the first line outside a dump naming a
+    catalog GPU), so a log of any length is imported in the memory of its dump; None when the
+    stream holds no dump (it is not a Megatron log)."""
     kept: list[str] = []
     current: list[str] | None = None
-    seen = False
+    seen = card = False
     for raw in raw_lines:
         line = clean_line(raw)
         stripped = line.strip()
@@ -191,6 +194,9 @@ def log_essentials(raw_lines: Iterable[str]) -> list[str] | None:
                 current = None
         elif _PADDED.search(line) or _MICROBATCHES.search(line):
             kept.append(raw)
+        elif not card and card_named(line):  # the card the run reports (planner/config/gpus.py)
+            kept.append(raw)
+            card = True
     return kept if seen else None
 
 
@@ -205,6 +211,8 @@ def read_lines(lines: list[str]) -> LogRead:
     dumps = argument_dumps(lines)
     read = LogRead(dumps[-1] if dumps else {}, len(dumps), every_dump=dumps)
     for line in lines:
+        if read.gpu is None and dump_entry(line) is None:  # a dump's paths name no card
+            read.gpu = card_named(line)
         if match := _PADDED.search(line):
             read.vocab_size, read.padded_vocab_size = int(match["size"]), int(match["padded"])
         elif match := _MICROBATCHES.search(line):
@@ -292,6 +300,9 @@ def front_end_of(read: LogRead, source: str = "log") -> FrontEnd:
     facts = LaunchFacts(launcher=DUMP_LAUNCHER, world_size=world,
                         sources=[f"world_size {world} in the argument dump of {source}"] if world else [])
     front = FrontEnd("Megatron training log, argument dump", read.argv, facts=facts)
+    if read.gpu is not None:  # the card the run's log names: its memory and peaks judge the plan
+        front.fields["cluster.gpu"] = read.gpu
+        front.notes.append(Unmapped("GPU", read.gpu, f"the log names the card: cluster.gpu {read.gpu}"))
     if read.dumps > 1:
         front.notes.append(Unmapped("---- arguments ----", str(read.dumps), "the log holds several argument "
                                     "dumps (one per start of the job); the last one is read"))

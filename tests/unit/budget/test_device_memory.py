@@ -62,6 +62,17 @@ def test_te_cross_entropy_and_flash_attention_keep_less() -> None:
     assert local["workspace_bytes"] == 32 * MIB and "act_attn_scores_per_block" in local
 
 
+def test_an_ampere_card_has_the_smaller_gemm_workspaces() -> None:
+    """The same case on an A100: PyTorch's cuBLAS workspace is ":4096:2:16:8" = 8,519,680 B,
+    Transformer Engine's 4 MiB on its own stream and each of the 4 grouped-GEMM streams:
+    8,519,680 + 5 · 4,194,304 = 29,491,200 B (6 · 32 MiB = 201,326,592 on an H100); with the local
+    implementation, PyTorch's alone."""
+    a100 = {"cluster": {"gpu": "A100-80GB"}}
+    assert _env(a100)["workspace_bytes"] == 29_491_200
+    assert _env(merge(a100, {"training": {"transformer_impl": "local", "attention_backend": "auto"}})
+                )["workspace_bytes"] == 8_519_680
+
+
 def test_device_total_of_the_busiest_rank_by_hand() -> None:
     """Rings: TP 2, dp_cp 4 and expt_dp 2 (EP 4 · ETP 1 on 8 ranks): 3 communicators · 16
     channels · (4 MiB + 4,915,200 B + 524,288 B); the AllGather dispatcher and PP 1 send no

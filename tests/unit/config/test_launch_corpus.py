@@ -102,10 +102,11 @@ EXPECTED: dict[str, tuple[set[str], str, str, str]] = {
                            "recompute overridden by full/uniform, bf16, distributed optimizer); seq_length "
                            "is --max_length 8192"),
     "swift_qwen3_moe_offload.sh": (set(), "pass", "", "as above, with the optimizer on the CPU"),
-    "verl_qwen3moe_30b_megatron.sh": ({"MEM001"}, "accepted", "",
+    "verl_qwen3moe_30b_megatron.sh": (set(), "pass", "",
                                       "no recompute (verl's default) and one packed micro-batch of "
-                                      "10,240 tokens: 87.8 GiB, over the 80 GiB moeplan assumes where no "
-                                      "GPU is named; the script is tested on 96 GB H20s, where it fits"),
+                                      "10,240 tokens: 95.24 GiB, which fits the 96 GiB H20 the script is "
+                                      "tested on, inside its last 8 % (MEM002, a warning; over an "
+                                      "H100's 80 GiB: MEM001, test_gpu_catalog)"),
     "primus_qwen3_30b_a3b.yaml": (set(), "pass", "", "the experiment merged over Primus's module and "
                                   "model presets; ckpt_format torch with ETP = TP (1)"),
     "mindspeed_qwen3_30b_a3b.sh": ({"ARG007"}, "rejected", "unrecognized arguments",
