@@ -561,7 +561,7 @@ class ModelSection(Section):
                 "window_heads_without_window", "model.window_num_attention_heads {heads} needs "
                 "sliding-window layers of standard attention (model.window_size); remove it or set "
                 "the window", {"heads": heads})
-        groups = self.num_query_groups or self.num_attention_heads
+        groups = self.num_query_groups
         if heads is not None and heads % groups:
             raise PydanticCustomError(
                 "window_heads_groups", "model.window_num_attention_heads {heads} is not a multiple "
