@@ -324,13 +324,15 @@ def summary(rows: list[Judged]) -> str:
     fitted = [r for r in rows if r.figure.calibration]
     whole = [r for r in fitted if not r.figure.is_layer]
     layers = [r for r in fitted if r.figure.is_layer]
-    never = [r for r in rows if not r.figure.calibration]
+    held = [r for r in rows if not r.figure.calibration and not r.figure.sweep_only]
+    never = [r for r in rows if r.figure.sweep_only]
     flagged = sum(r.verdict != "ok" for r in rows)
     return (f"in sample (the defaults are fitted on these; the leave-one-family-out table below "
             f"is the honest figure): {part('all calibration figures', fitted)}; "
             f"{part('whole models', whole)}; {part('one MoE layer', layers)}; never fitted: "
-            f"{part('scaling-curve points', never)}. {flagged} flagged by the rule catalog or not "
-            "estimated (still counted when estimated). Ratio = predicted speed / published speed: "
+            f"{part('held-out figures', held)}; {part('scaling-curve points', never)}. "
+            f"{flagged} flagged by the rule catalog or not estimated (still counted when "
+            "estimated). Ratio = predicted speed / published speed: "
             "tokens/s/GPU for whole models (TFLOP/s/GPU where only that is published, the "
             "inverse of the step time where that is), the inverse of forward + backward time for "
             "one layer; above 1 moeplan is too fast")
