@@ -109,6 +109,8 @@ class DecoderSpec:
     mamba_layers: tuple[int, ...] = ()
     mixer_only_layers: tuple[int, ...] = ()
     mamba: MambaSpec | None = None
+    # position_embedding_type 'none' (Nemotron-3's attention): no rotary embedding at all.
+    rope: bool = True
 
     def is_window_layer(self, layer_id: int) -> bool:
         """is_layer_window_attention for Megatron's layer number layer_id + 1."""
@@ -154,6 +156,7 @@ class DecoderSpec:
             mamba_layers=_flagged(value("mamba_layers")),
             mixer_only_layers=_flagged(value("mixer_only_layers")),
             mamba=_mamba_spec(model) if _flagged(value("mamba_layers")) else None,
+            rope=value("position_embedding_type") != "none",
         )
 
     @property
@@ -247,9 +250,10 @@ class CausalAttention(torch.nn.Module):
         spec = self.spec
         s, b, _ = x.shape
         d, groups = spec.head_dim, spec.num_query_groups
-        q = rotary(_linear(x, self.wq, self.bq).view(s, b, spec.num_heads, d), local,
-                   spec.rotary_base)
-        k = rotary(_linear(x, self.wk, self.bk).view(s, b, groups, d), local, spec.rotary_base)
+        q = _linear(x, self.wq, self.bq).view(s, b, spec.num_heads, d)
+        k = _linear(x, self.wk, self.bk).view(s, b, groups, d)
+        if spec.rope:
+            q, k = rotary(q, local, spec.rotary_base), rotary(k, local, spec.rotary_base)
         v = _linear(x, self.wv, self.bv).view(s, b, groups, d)
         kv = torch.cat([k, v], dim=-1)
         if self.cp.active:

@@ -344,8 +344,8 @@ def unsupported_features(plan: Plan) -> list[str]:
                "cp_compressed_kv_gather / cp_indexer_k_gather, are predicted only)"
                if variant == "dsv4_hybrid" else ""))
     position = model("position_embedding_type")
-    refuse(position != "rope", f"model.position_embedding_type = {position!r}: the runtime's "
-           "attention applies RoPE on every layer; use 'rope'")
+    refuse(position not in ("rope", "none"), f"model.position_embedding_type = {position!r}: the "
+           "runtime's attention applies RoPE on every layer or none (NoPE); use 'rope' or 'none'")
     refuse(model("rope_type") == "yarn", "model.rope_type = 'yarn': YaRN is not implemented; the "
            "runtime's attention uses plain RoPE with model.rotary_base")
     refuse(bool(model("enable_hyper_connections")),
@@ -443,7 +443,6 @@ UNRUN_ATTENTION_FIELDS = (
     ("attention_output_gate", False, "the attention output gate"),
     ("head_wise_attn_gate", False, "the head-wise attention gate"),
     ("dsa", False, "DeepSeek sparse attention"),
-    ("squared_relu", False, "squared-ReLU MLPs"),
 )
 
 

@@ -122,7 +122,7 @@ def test_refused_by_name_where_the_mixer_cannot_run(plan: dict[str, Any]) -> Non
     under_cp["layout"]["cp"] = 2
     assert any(line.startswith("model.mamba_layers (Mamba-2 mixers on layers [0, 2]) with "
                                "layout.cp = 2") for line in unsupported_features(Plan(under_cp)))
-    no_rope = copy.deepcopy(plan)
-    no_rope["config"]["model"]["position_embedding_type"] = "none"
-    assert any(line.startswith("model.position_embedding_type = 'none'")
-               for line in unsupported_features(Plan(no_rope)))
+    learned = copy.deepcopy(plan)
+    learned["config"]["model"]["position_embedding_type"] = "learned_absolute"
+    assert any(line.startswith("model.position_embedding_type = 'learned_absolute'")
+               for line in unsupported_features(Plan(learned)))
