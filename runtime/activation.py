@@ -59,7 +59,11 @@ class MLPActivation:
         swiglu, quick = bool(value("swiglu")), bool(value("quick_geglu"))
         if swiglu and quick:
             raise ValueError("config.model has both swiglu and quick_geglu: recompile the config")
-        kind = "swiglu" if swiglu else "quick_geglu" if quick else "gelu"
+        squared = bool(model.get("squared_relu", False))  # a plan from before the field: off
+        if squared and (swiglu or quick):
+            raise ValueError("config.model has squared_relu beside a gated MLP: recompile the config")
+        kind = ("swiglu" if swiglu else "quick_geglu" if quick else "squared_relu" if squared
+                else "gelu")
         offset = float(value("glu_linear_offset"))
         if offset != 0.0 and kind != "quick_geglu":
             raise ValueError(f"config.model.glu_linear_offset = {offset} without quick_geglu: "
@@ -69,7 +73,7 @@ class MLPActivation:
     @property
     def gated(self) -> bool:
         """FC1 has a gate and a linear half (W1 and W3 here)."""
-        return self.kind != "gelu"
+        return self.kind not in ("gelu", "squared_relu")
 
     @property
     def is_plain_swiglu(self) -> bool:
@@ -83,5 +87,6 @@ class MLPActivation:
         return act * (linear + self.linear_offset) if self.linear_offset else act * linear
 
     def plain(self, fc1: torch.Tensor) -> torch.Tensor:
-        """The non-gated kind: F.gelu (exact), TransformerConfig's default activation_func."""
-        return F.gelu(fc1)
+        """The non-gated kinds: F.gelu (exact), TransformerConfig's default activation_func, or
+        relu(x)² (Megatron-LM dev@d48bd6be megatron/core/activations.py squared_relu)."""
+        return F.relu(fc1).pow(2) if self.kind == "squared_relu" else F.gelu(fc1)

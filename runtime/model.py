@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,9 @@ from runtime.comm import CommGroup, Ledger, all_gather_v
 from runtime.init import DEFAULT_INIT_STD, init_tensor
 from runtime.plan_io import required
 from runtime.recompute import NO_RECOMPUTE, run_blocks
+
+if TYPE_CHECKING:  # runtime/mamba.py loads only for hybrid plans
+    from runtime.mamba import MambaSpec
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,14 @@ class DecoderSpec:
     softmax_type: str = "vanilla"
     window_left: int | None = None
     window_skip: int | tuple[int, ...] | None = None
+    # A hybrid stack (model.mamba_layers, model.mixer_only_layers): the blocks whose mixer is
+    # Mamba-2 instead of attention, the blocks that are their mixer alone (no FFN and its norm),
+    # and the mixers' dims (None when no block is Mamba).
+    mamba_layers: tuple[int, ...] = ()
+    mixer_only_layers: tuple[int, ...] = ()
+    mamba: MambaSpec | None = None
+    # position_embedding_type 'none' (Nemotron-3's attention): no rotary embedding at all.
+    rope: bool = True
 
     def is_window_layer(self, layer_id: int) -> bool:
         """is_layer_window_attention for Megatron's layer number layer_id + 1."""
@@ -142,12 +153,27 @@ class DecoderSpec:
             softmax_type=str(value("softmax_type")),
             window_left=None if value("window_size") is None else int(value("window_size")[0]),
             window_skip=_window_skip(value("window_attn_skip_freq")),
+            mamba_layers=_flagged(value("mamba_layers")),
+            mixer_only_layers=_flagged(value("mixer_only_layers")),
+            mamba=_mamba_spec(model) if _flagged(value("mamba_layers")) else None,
+            rope=value("position_embedding_type") != "none",
         )
 
     @property
     def output_std(self) -> float:
         """Residual-branch output projections start at std/sqrt(2·L) (Megatron's scaled init)."""
         return self.init_std / math.sqrt(2.0 * self.num_layers)
+
+
+def _flagged(flags: list[int] | None) -> tuple[int, ...]:
+    """The ids of the layers a 0/1-per-layer list marks."""
+    return tuple(layer for layer, flag in enumerate(flags or []) if flag)
+
+
+def _mamba_spec(model: dict[str, Any]) -> MambaSpec:
+    from runtime.mamba import MambaSpec
+
+    return MambaSpec.from_config(model)
 
 
 def _window_skip(skip: Any) -> int | tuple[int, ...] | None:
@@ -224,9 +250,10 @@ class CausalAttention(torch.nn.Module):
         spec = self.spec
         s, b, _ = x.shape
         d, groups = spec.head_dim, spec.num_query_groups
-        q = rotary(_linear(x, self.wq, self.bq).view(s, b, spec.num_heads, d), local,
-                   spec.rotary_base)
-        k = rotary(_linear(x, self.wk, self.bk).view(s, b, groups, d), local, spec.rotary_base)
+        q = _linear(x, self.wq, self.bq).view(s, b, spec.num_heads, d)
+        k = _linear(x, self.wk, self.bk).view(s, b, groups, d)
+        if spec.rope:
+            q, k = rotary(q, local, spec.rotary_base), rotary(k, local, spec.rotary_base)
         v = _linear(x, self.wv, self.bv).view(s, b, groups, d)
         kv = torch.cat([k, v], dim=-1)
         if self.cp.active:
@@ -290,23 +317,42 @@ MoEFactory = Callable[[int, bool], torch.nn.Module]
 
 
 class DecoderLayer(torch.nn.Module):
+    """One block: a pre-norm mixer (attention, or a hybrid stack's Mamba-2) and a pre-norm FFN.
+
+    A hybrid model's Megatron layers (megatron/core/models/hybrid: `M`, `*`, `E`, `-`, each its own
+    pre-norm residual layer) pair up into these blocks; a mixer-only block (the pattern's next
+    symbol is another mixer) has no FFN and no second norm."""
+
     def __init__(self, spec: DecoderSpec, layer_id: int, seed: int, dtype: torch.dtype,
                  cp: CommGroup, ledger: Ledger | None, moe_factory: MoEFactory) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.is_moe = layer_id in spec.moe_layers
         self.input_norm = RMSNorm(spec.hidden_size, spec.norm_epsilon, dtype)
-        self.attention = CausalAttention(spec, layer_id, seed, dtype, cp, ledger)
-        self.ffn_norm = RMSNorm(spec.hidden_size, spec.norm_epsilon, dtype)
-        self.ffn: torch.nn.Module = (
-            moe_factory(layer_id, layer_id in spec.hash_layers) if self.is_moe
-            else DenseMLP(spec, layer_id, seed, dtype)
-        )
+        if layer_id in spec.mamba_layers and spec.mamba is not None:
+            from runtime.mamba import MambaMixer
+
+            self.mamba: torch.nn.Module | None = MambaMixer(spec.mamba, layer_id, seed,
+                                                            spec.init_std, spec.output_std, dtype)
+        else:
+            self.mamba = None
+            self.attention = CausalAttention(spec, layer_id, seed, dtype, cp, ledger)
+        self.ffn: torch.nn.Module | None = None
+        if layer_id not in spec.mixer_only_layers:
+            self.ffn_norm = RMSNorm(spec.hidden_size, spec.norm_epsilon, dtype)
+            self.ffn = (moe_factory(layer_id, layer_id in spec.hash_layers) if self.is_moe
+                        else DenseMLP(spec, layer_id, seed, dtype))
 
     def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor | None, local: torch.Tensor,
                 gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pre-norm block: (the new residual stream, the FFN/MoE output alone)."""
-        hidden = hidden + self.attention(self.input_norm(hidden), local, gathered)
+        """One pre-norm block: (the new residual stream, the FFN/MoE output alone; zeros for a
+        mixer-only block)."""
+        normed = self.input_norm(hidden)
+        mixed = (self.mamba(normed) if self.mamba is not None
+                 else self.attention(normed, local, gathered))
+        hidden = hidden + mixed
+        if self.ffn is None:
+            return hidden, torch.zeros_like(hidden)
         ffn_out = self.ffn(self.ffn_norm(hidden), input_ids)
         return hidden + ffn_out, ffn_out
 

@@ -343,6 +343,9 @@ def unsupported_features(plan: Plan) -> list[str]:
                " (DeepSeek-V4 attention's CP exchanges, step.cp_boundary_hidden / "
                "cp_compressed_kv_gather / cp_indexer_k_gather, are predicted only)"
                if variant == "dsv4_hybrid" else ""))
+    position = model("position_embedding_type")
+    refuse(position not in ("rope", "none"), f"model.position_embedding_type = {position!r}: the "
+           "runtime's attention applies RoPE on every layer or none (NoPE); use 'rope' or 'none'")
     refuse(model("rope_type") == "yarn", "model.rope_type = 'yarn': YaRN is not implemented; the "
            "runtime's attention uses plain RoPE with model.rotary_base")
     refuse(bool(model("enable_hyper_connections")),
@@ -405,6 +408,10 @@ def unsupported_features(plan: Plan) -> list[str]:
         overlap("recompute_modules") or ["core_attn"]), "overlap.recompute_modules with "
            "core_attn and cp > 1: re-running only core attention (its CP K/V gather) is not "
            "implemented; recompute 'full' or other modules")
+    mamba = [layer for layer, flag in enumerate(shape.get("mamba_layers") or []) if flag]
+    refuse(bool(mamba) and cp > 1, f"model.mamba_layers (Mamba-2 mixers on layers {mamba}) with "
+           f"layout.cp = {cp}: the mixer's CP all-to-all (Megatron's MambaContextParallel) is not "
+           "implemented; use cp = 1")
     seq = int(training("seq_length"))
     mode = parallel("cp_partition_mode")
     chunks = 2 * cp if (cp > 1 and mode == "zigzag") else cp
@@ -436,9 +443,6 @@ UNRUN_ATTENTION_FIELDS = (
     ("attention_output_gate", False, "the attention output gate"),
     ("head_wise_attn_gate", False, "the head-wise attention gate"),
     ("dsa", False, "DeepSeek sparse attention"),
-    ("mamba_layers", None, "Mamba-2 mixer layers"),
-    ("mixer_only_layers", None, "mixer-only hybrid blocks"),
-    ("squared_relu", False, "squared-ReLU MLPs"),
 )
 
 

@@ -159,6 +159,8 @@ def _activation(
     gate = linear("w1", "b1")
     if kind == "gelu":
         return 0.5 * gate * (1.0 + torch.erf(gate / 2.0**0.5))
+    if kind == "squared_relu":
+        return torch.clamp(gate, min=0.0) ** 2
     up = linear("w3", "b3")
     if limit is not None:
         cap = torch.tensor(limit, dtype=gate.dtype)

@@ -95,6 +95,13 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
         "moe_router_enable_expert_bias": False}}, None),
     "gelu_ep2_dense_layer": ({"parallel": {"ep": 2}, "model": {
         "swiglu": False, "swiglu_limit": None, "num_layers": 3, "moe_layer_freq": [1, 0, 1]}}, None),
+    # A hybrid stack (Megatron's pattern M*EME): block 0 a Mamba-2 mixer alone (no FFN), block 1
+    # attention + MoE, block 2 Mamba-2 + MoE; d_inner 64 in 4 heads of 16, 2 B/C groups, state 8;
+    # Nemotron-3's attention without RoPE and squared-ReLU experts (routed and shared).
+    "hybrid_mamba_ep2": ({"parallel": {"ep": 2}, "model": {
+        "num_layers": 3, "hybrid_layer_pattern": "M*EME", "mamba_head_dim": 16,
+        "mamba_num_groups": 2, "mamba_state_dim": 8, "position_embedding_type": "none",
+        "squared_relu": True, "swiglu": False, "swiglu_limit": None}}, None),
     # Deliberately wrong runtimes: the comparison must catch each.
     "fault_expert_grads_over_dp_cp": ({"parallel": {"cp": 2, "ep": 2}},
                                       "expert_grads_over_dp_cp"),

@@ -1,0 +1,152 @@
+"""Megatron's Mamba-2 mixer in plain torch, for the hybrid stacks the runtime runs (TP = 1, CP = 1).
+
+Megatron-LM dev@d48bd6be megatron/core/ssm/mamba_mixer.py MambaMixer: in_proj packs
+[z, x, B, C, dt] into one linear layer (no bias); a causal depthwise conv1d (kernel d_conv = 4, with
+bias) and SiLU run over [x, B, C]; dt = softplus(dt + dt_bias), A = -exp(A_log); the selective
+state-space scan adds D·x (one D per head, D_has_hdim False); the gated RMSNorm (norm_before_gate
+False: normalise y·SiLU(z), per group of d_inner / ngroups channels, eps 1e-5) and out_proj close it.
+The fused kernels (mamba_split_conv1d_scan_combined's chunked SSD) compute the same recurrence; here
+it runs step by step over the (short) sequence, which is exact and needs no extension.
+Parameter shapes are Megatron's (in_proj and out_proj transposed, as every runtime weight is stored
+[in, out]), so a mixer holds exactly the plan's `mamba_params_per_layer`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from runtime.init import init_tensor
+from runtime.plan_io import required
+
+# MambaMixer.__init__'s defaults, which Megatron's hybrid layer specs keep (they pass none of them):
+# the conv kernel, A's and dt's initial ranges, dt's floor, and the gated norm's own eps.
+D_CONV = 4
+A_INIT_RANGE = (1.0, 16.0)
+DT_MIN, DT_MAX, DT_INIT_FLOOR = 0.001, 0.1, 1e-4
+GATED_NORM_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    """A Mamba-2 mixer's dims as the plan's config states them."""
+
+    hidden_size: int
+    heads: int
+    head_dim: int
+    groups: int
+    state_dim: int
+
+    @property
+    def d_inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """[x, B, C]: the channels the causal conv runs over."""
+        return self.d_inner + 2 * self.groups * self.state_dim
+
+    @property
+    def in_proj_width(self) -> int:
+        """[z, x, B, C, dt]."""
+        return 2 * self.d_inner + 2 * self.groups * self.state_dim + self.heads
+
+    @classmethod
+    def from_config(cls, model: dict[str, Any]) -> MambaSpec:
+        """Unset mamba_num_heads means d_inner / head_dim heads with d_inner = 2·hidden_size
+        (MambaMixer.__init__'s expand = 2), as the planner's schema reads it."""
+        def value(key: str) -> Any:
+            return required(model, key, "config.model")
+
+        hidden, head_dim = int(value("hidden_size")), int(value("mamba_head_dim"))
+        heads = value("mamba_num_heads")
+        return cls(hidden_size=hidden, heads=int(heads) if heads else 2 * hidden // head_dim,
+                   head_dim=head_dim, groups=int(value("mamba_num_groups")),
+                   state_dim=int(value("mamba_state_dim")))
+
+
+def _uniform(seed: int, identity: tuple[Any, ...], shape: tuple[int, ...], low: float,
+             high: float) -> torch.Tensor:
+    """U(low, high) drawn from the identity's normal draw through the normal CDF, so every rank and
+    the reference get the same values for the same parameter (runtime/init.py's seeding)."""
+    normal = init_tensor(seed, identity, shape, 1.0, torch.float32)
+    return low + (high - low) * 0.5 * (1.0 + torch.erf(normal / math.sqrt(2.0)))
+
+
+class MambaMixer(torch.nn.Module):
+    """One Mamba-2 mixer: x [s, b, h] (already normalised by the block) → [s, b, h]."""
+
+    def __init__(self, spec: MambaSpec, layer_id: int, seed: int, init_std: float,
+                 output_std: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.spec = spec
+        key = (layer_id, "mamba")
+
+        def param(values: torch.Tensor) -> torch.nn.Parameter:
+            return torch.nn.Parameter(values.to(dtype))
+
+        self.in_proj = param(init_tensor(seed, (*key, "in_proj"), (spec.hidden_size,
+                                         spec.in_proj_width), init_std, torch.float32))
+        # conv1d: kaiming_uniform(a = √5) and its bias uniform, both bound 1/√fan_in, fan_in = d_conv
+        bound = 1.0 / math.sqrt(D_CONV)
+        self.conv1d_weight = param(_uniform(seed, (*key, "conv1d_weight"),
+                                            (spec.conv_channels, 1, D_CONV), -bound, bound))
+        self.conv1d_bias = param(_uniform(seed, (*key, "conv1d_bias"), (spec.conv_channels,),
+                                          -bound, bound))
+        # dt_bias: softplus(dt_bias) log-uniform in [dt_min, dt_max], floored (its inverse softplus)
+        unit = _uniform(seed, (*key, "dt_bias"), (spec.heads,), 0.0, 1.0)
+        dt = torch.exp(unit * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN))
+        dt = dt.clamp(min=DT_INIT_FLOOR)
+        self.dt_bias = param(dt + torch.log(-torch.expm1(-dt)))
+        self.A_log = param(torch.log(_uniform(seed, (*key, "A_log"), (spec.heads,), *A_INIT_RANGE)))
+        self.D = param(torch.ones(spec.heads))
+        self.norm_weight = param(torch.ones(spec.d_inner))
+        self.out_proj = param(init_tensor(seed, (*key, "out_proj"), (spec.d_inner,
+                                          spec.hidden_size), output_std, torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spec = self.spec
+        s, b, _ = x.shape
+        inner, bc = spec.d_inner, spec.groups * spec.state_dim
+        z, xbc, dt = torch.split(x @ self.in_proj, [inner, inner + 2 * bc, spec.heads], dim=-1)
+        # causal depthwise conv over the sequence: [b, channels, s], left-padded by d_conv − 1
+        conv = F.conv1d(xbc.permute(1, 2, 0), self.conv1d_weight, self.conv1d_bias,
+                        padding=D_CONV - 1, groups=spec.conv_channels)[..., :s]
+        xbc = F.silu(conv).permute(2, 0, 1)  # [s, b, channels]
+        xs, B, C = torch.split(xbc, [inner, bc, bc], dim=-1)
+        xs = xs.reshape(s, b, spec.heads, spec.head_dim)
+        repeat = spec.heads // spec.groups  # head h reads group h // (heads / groups)
+        B = B.reshape(s, b, spec.groups, spec.state_dim).repeat_interleave(repeat, dim=2)
+        C = C.reshape(s, b, spec.groups, spec.state_dim).repeat_interleave(repeat, dim=2)
+        dt = F.softplus(dt + self.dt_bias)  # [s, b, heads]
+        decay = torch.exp(dt * -torch.exp(self.A_log))
+        y = selective_scan(xs, B, C, dt, decay) + self.D[:, None] * xs
+        gated = y.reshape(s, b, inner) * F.silu(z)
+        grouped = gated.reshape(s, b, spec.groups, inner // spec.groups)
+        normed = grouped * torch.rsqrt(grouped.pow(2).mean(dim=-1, keepdim=True) + GATED_NORM_EPS)
+        return (normed.reshape(s, b, inner) * self.norm_weight) @ self.out_proj
+
+
+def selective_scan(x: torch.Tensor, B: torch.Tensor, C: torch.Tensor, dt: torch.Tensor,
+                   decay: torch.Tensor) -> torch.Tensor:
+    """The Mamba-2 recurrence, one position at a time: state_t = decay_t·state_{t−1} +
+    dt_t·x_t ⊗ B_t, y_t = state_t · C_t. x [s, b, heads, p]; B, C [s, b, heads, n]; dt, decay
+    [s, b, heads]; the state [b, heads, p, n] starts at zero for every sequence."""
+    s, b, heads, p = x.shape
+    state = x.new_zeros(b, heads, p, B.shape[-1])
+    outputs = []
+    for t in range(s):
+        update = (dt[t, :, :, None] * x[t])[..., None] * B[t][:, :, None, :]
+        state = decay[t][:, :, None, None] * state + update
+        outputs.append((state * C[t][:, :, None, :]).sum(dim=-1))
+    return torch.stack(outputs)
+
+
+def mixer_parameter_count(spec: MambaSpec) -> int:
+    """Parameters of one mixer, counted off the module (what the plan's budget must equal)."""
+    module = MambaMixer(spec, 0, 0, 1.0, 1.0, torch.float32)
+    return sum(p.numel() for p in module.parameters())
