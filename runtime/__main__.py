@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
         return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - any crash: name the rank, leave at once
+        if heartbeat is not None:  # a silent store is the cause: its watchdog names it and exits
+            heartbeat.blame_store()
         traceback.print_exc()
         _say(rank_failure_message(dist.get_rank(), exc))
         # No teardown: the peers may be blocked in a collective with this rank, and a graceful

@@ -21,6 +21,12 @@ timeout and polls again): the beating thread would hang in it and the ranks trai
 nobody. So a second thread, the store watchdog, touches no store: it reads when the beating thread
 last heard from the store and, past `stall_after`, ends the job naming the store's address, who
 hosts it, and the head node (rank 0's host) with the last beat heard from rank 0.
+
+The failures race: the peer whose watchdog fires first exits, and a rank training with it then
+sees its collective break ("Connection reset by peer") before its own watchdog fires. So a rank
+whose main thread fails asks the store first (`blame_store`): a store that answers, or refuses at
+once, lets the rank report its own error; a store that stays silent is the cause, and the rank
+waits for its watchdog to name it.
 """
 
 from __future__ import annotations
@@ -113,6 +119,8 @@ class Heartbeat:
         self.watchdog = threading.Thread(target=self._watch_store, name="moeplan-store-watchdog",
                                          daemon=True)
         self.store_ok = time.monotonic()  # when the store last answered this rank
+        self.store_failed = 0.0  # when a store call last raised at once (its host gone, say)
+        self.probe = threading.Event()  # the main thread asks for a read now (`blame_store`)
         self.head_heard = time.monotonic()  # when rank 0's counter last moved (rank 0: itself)
         self.head_host = "its host"  # rank 0's host, read once at start while the store answers
 
@@ -144,6 +152,19 @@ class Heartbeat:
                 self._store_lost(silent)
                 return
 
+    def blame_store(self) -> None:
+        """The main thread failed (a broken collective, say): if the store has gone silent, that
+        is the cause, whichever rank's failure arrived first, so wait for the watchdog to name
+        it (it exits the process). Returns as soon as a read made after the failure answers or
+        raises: then the store is not what stopped the job."""
+        asked = time.monotonic()
+        self.probe.set()
+        PROGRESS.moved.set()
+        deadline = asked + self.limits.stall_after + 2 * self.limits.period
+        while (self.store_ok < asked and self.store_failed < asked
+               and time.monotonic() < deadline):
+            time.sleep(min(0.05, self.limits.period))
+
     def stop(self) -> None:
         """This rank is done: stop beating and tell the watchers not to wait for more."""
         self.stopping.set()
@@ -165,7 +186,8 @@ class Heartbeat:
             if self.stopping.is_set():
                 return
             now = time.monotonic()
-            watch = now >= next_watch
+            watch = now >= next_watch or self.probe.is_set()
+            self.probe.clear()
             if watch:
                 next_watch = now + self.limits.period
             try:
@@ -178,6 +200,7 @@ class Heartbeat:
             except RuntimeError:  # torch's DistError and its kin: the store did not answer
                 if time.monotonic() - self.store_ok > self.limits.stall_after:
                     self._store_lost(time.monotonic() - self.store_ok)
+                self.store_failed = time.monotonic()
                 continue
             now = self.store_ok = time.monotonic()
             for rank, value in beats.items():

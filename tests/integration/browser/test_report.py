@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,10 +43,22 @@ def matplotlib_present() -> None:
             "matplotlib (the `report` and `test` extras)")
 
 
-def moeplan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env=os.environ | {"NO_COLOR": "1"})
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def moeplan(*args: str) -> Ran:
+    """The CLI in this process (typer's runner: exit code, stdout and stderr apart); a cold start
+    per command was most of this file's time, and start-up has tests of its own."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    result = CliRunner().invoke(app, [*map(str, args)], env={"NO_COLOR": "1"})
+    return Ran(result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.fixture(scope="module")

@@ -205,3 +205,46 @@ def test_a_stopped_store_host_is_named_though_its_reads_never_return() -> None:
     assert "(torchrun's agent hosts it) has not answered for" in message
     assert "the head node elsewhere (rank 0) was last heard" in message
     del store
+
+
+def test_a_broken_collective_blames_a_silent_store_not_itself() -> None:
+    """The failures race: rank 0's watchdog names the stopped store and exits, and rank 1's
+    collective with it breaks ("Connection reset by peer") before rank 1's own watchdog fires.
+    A rank whose main thread fails asks the store first: a silent one is named by the watchdog
+    before the rank would report its own error; an answering one costs the report one read."""
+    store, (first, second) = _job()
+    store.set(first.key("beat", 0), "1 train 0 0")  # rank 0 beats (a read of no key would wait)
+    watcher = _heartbeat(second).start()
+    time.sleep(3 * LIMITS.period)
+    started = time.monotonic()
+    watcher.blame_store()  # the store answers: the rank's own error is the report
+    assert time.monotonic() - started < LIMITS.stall_after and watcher.ended == []
+    frozen = _FrozenStore()
+    watcher.store = frozen
+    started = time.monotonic()
+    try:
+        watcher.blame_store()  # the store host stopped: wait for its watchdog
+    finally:
+        watcher.stopping.set()
+        frozen.released.set()
+    assert watcher.ended, "the broken collective was reported before the silent store"
+    assert watcher.ended[0][0].startswith("rank 1: the job's store at 127.0.0.1:")
+    assert time.monotonic() - started < 4 * LIMITS.stall_after
+    del store
+
+
+def test_a_store_whose_host_is_gone_does_not_hold_up_the_report() -> None:
+    """A store that refuses at once (its host process exited) is not silent: the failing rank
+    reports its own error without waiting out the store limit."""
+    store, (first, second) = _job()
+    watcher = _heartbeat(second)
+    watcher.watched = []
+    watcher.start()
+    del store
+    started = time.monotonic()
+    try:
+        watcher.blame_store()
+    finally:
+        watcher.stopping.set()
+    assert time.monotonic() - started < LIMITS.stall_after
+    assert watcher.ended == []
