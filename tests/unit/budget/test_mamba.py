@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from planner.accounting import budgets
+from planner.cli_common import collect_findings
 from planner.config.hybrid_pattern import PatternNotModelled, read_hybrid_pattern
 from planner.config.loader import InvalidConfig, load_config, parse_config
 from planner.emit.megatron import megatron_arguments
 from planner.model_size import model_size
+from planner.plan import compile_plan
 from planner.rules import run_rules
 from tests.support.paths import EXAMPLES
 
@@ -197,15 +199,19 @@ def test_uniform_full_recompute_of_a_hybrid_stack_counts_pattern_layers() -> Non
     assert "ARC011" in {f.code for f in run_rules(parse_config(data))}
 
 
-def test_the_runtime_refuses_a_mamba_plan() -> None:
-    """The bundled runtime's decoder has no Mamba-2 layer: a plan with one is refused by name."""
-    from runtime.plan_io import attention_mechanism_problems
+def test_the_runtime_runs_nanos_mixers_and_refuses_its_layout_by_name() -> None:
+    """The bundled runtime runs Nano's layer kinds (Mamba-2 mixers, mixer-only blocks, squared-ReLU
+    experts, attention without RoPE: runtime/mamba.py); what it refuses is Nano's example layout,
+    each setting named: TP 2, bf16 and the distributed optimizer."""
+    from runtime.plan_io import PlanError, attention_mechanism_problems, check_plan
 
-    model = load_config(NANO).model.model_dump(mode="json")
-    problems = attention_mechanism_problems(model)
-    assert [p.split(" = ")[0] for p in problems] == [
-        "model.mamba_layers", "model.mixer_only_layers", "model.squared_relu"]
-    assert "Mamba-2 mixer layers is not implemented by the runtime's decoder" in problems[0]
+    cfg = load_config(NANO)
+    assert attention_mechanism_problems(cfg.model.model_dump(mode="json")) == []
+    with pytest.raises(PlanError) as refused:
+        check_plan(compile_plan(cfg, collect_findings(cfg)))
+    named = [line.split(" = ")[0].split(":")[0].strip(" -")
+             for line in str(refused.value).splitlines()[1:]]
+    assert named == ["layout.tp", "training.precision", "training.use_distributed_optimizer"]
 
 
 def test_fp8_quantises_the_mamba_projections_only() -> None:
