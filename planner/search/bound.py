@@ -130,8 +130,9 @@ def family_floor(cfg: Config, family: Family) -> float | None:
     tp, cp, pp, ep, etp = family
     world = par.world_size // pp
     per_node = c.gpus_per_node or 1
-    lower, bounded = floor_dispatcher(cfg, dispatchers(cfg))
-    if (lower is None or bounded != set(dispatchers(cfg)) or not par.order.endswith("pp")
+    choices = dispatchers(cfg)
+    lower, bounded = floor_dispatcher(cfg, choices)
+    if (lower is None or bounded != set(choices) or not par.order.endswith("pp")
             or c.rank_nodes or c.rank_distribution != "block" or world % per_node
             or world % (c.nvlink_domain or per_node)):
         return None

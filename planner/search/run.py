@@ -200,7 +200,7 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
     per_layout = len(recompute_presets(cfg)) * len(MBS_CHOICES) * 2 * len(choices)
     total = done + 10 * len(chosen)
 
-    def family_floor(anchor: Candidate) -> float:
+    def floor_of(anchor: Candidate) -> float:
         """The family's lower bound (`family_floor`); the user's family is always refined."""
         fam = family_of(anchor.cfg)
         floor = family_floors.get(fam)
@@ -210,16 +210,16 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
     # whose floor exceeds the bound (the top-th step time known) are skipped whole, then the
     # round's families get their layouts and those layouts' knob grids (`_grids`), which tighten
     # the bound for the next round.
-    pending = sorted(chosen, key=family_floor)
+    pending = sorted(chosen, key=floor_of)
     size = FAMILY_FIRST_ROUND
     while pending:
         bound = judge.bound(top)
-        slow = [a for a in pending if family_floor(a) > bound * (1 + FLOAT_MARGIN)]
+        slow = [a for a in pending if floor_of(a) > bound * (1 + FLOAT_MARGIN)]
         if slow:
             count("families slower on every layout, without recompute, than the best found",
                   len(slow))
             tick(10 * len(slow))
-            pending = [a for a in pending if family_floor(a) <= bound * (1 + FLOAT_MARGIN)]
+            pending = [a for a in pending if floor_of(a) <= bound * (1 + FLOAT_MARGIN)]
         batch, pending = pending[:size], pending[size:]
         size *= 4
         queue: list[tuple[float, tuple[bool, float], int, Knobs, Floors]] = []
@@ -236,7 +236,7 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
                 queue.append((min(known) if whole else -float("inf"), promise, len(queue),
                               layout, floors))
         total += per_layout * len(queue)
-        _grids(cfg, judge, queue, top, per_layout, memory_headroom, pool, tick, count)
+        _grids(cfg, judge, queue, top, per_layout, memory_headroom, pool, tick, count, absorb)
     if progress:
         progress(total, total)
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
@@ -253,7 +253,8 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
 
 def _grids(cfg: Config, judge: Judge, queue: list[tuple[float, tuple[bool, float], int, Knobs, Floors]],
            top: int, per_layout: int, memory_headroom: float, pool: Executor | None,
-           tick: Callable[[int], None], count: Callable[[str, int], None]) -> None:
+           tick: Callable[[int], None], count: Callable[[str, int], None],
+           absorb: Callable[[Work], None]) -> None:
     """Branch and bound over the knob grids of `queue`'s layouts: `top` candidates already fit
     at the bound (the top-th step time known), so a layout (or grid cell) whose floor exceeds it
     cannot enter the top (nor be a faster candidate that was ruled out). The layouts go most
@@ -276,9 +277,7 @@ def _grids(cfg: Config, judge: Judge, queue: list[tuple[float, tuple[bool, float
         units = [(layout, floors, bound, max(top, 1)) for _, _, _, layout, floors in batch]
         for part in run_units(grid_work, cfg, memory_headroom, units,
                               [per_layout] * len(units), pool, tick):
-            judge.absorb(part.judge)
-            for reason, settings in part.pruned.items():
-                count(reason, settings)
+            absorb(part)
         size *= 2
 
 
