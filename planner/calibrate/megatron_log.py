@@ -45,8 +45,6 @@ MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*([0-9.]+)\s*\|\s*"
                     r"max reserved:\s*([0-9.]+)")
 RANK = re.compile(r"\[Rank (\d{1,9})\]")
 VERSION = re.compile(r"(?:megatron[-_ ]?(?:core|lm)?\s*(?:version|commit)[: =]+)([\w.+-]+)", re.I)
-# The card a log names (planner/config/gpus.py card_named, also the log importer's).
-gpu_name = card_named
 
 
 class LogError(ValueError):
@@ -154,7 +152,7 @@ class _Reader:
             self._memory(int(r.group(1)), m.groups())
         self.finished = self.finished or "after training is done" in line
         if self.gpu is None:
-            self.gpu = gpu_name(line)
+            self.gpu = card_named(line)
         # a case-blind pattern gets no fast literal search: look for its word first (15 µs a line)
         if self.version is None and "megatron" in line.lower() and (v := VERSION.search(line)):
             self.version = v.group(1)

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from planner.calibrate.megatron_log import gpu_name
 from planner.cli import app
 from planner.cli_common import collect_findings
+from planner.config.gpus import card_named
 from planner.config.importers.megatron_log import log_essentials, log_front_end
 from planner.config.loader import parse_config
 from planner.config.schema import Config
@@ -91,7 +91,7 @@ def test_mxfp8_needs_a_named_blackwell(cluster: dict[str, Any], refused: bool) -
     ("H20s", None),
 ])
 def test_a_log_names_the_card_as_cuda_does(line: str, card: str | None) -> None:
-    assert gpu_name(line) == card
+    assert card_named(line) == card
 
 
 

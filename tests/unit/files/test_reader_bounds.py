@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.calibrate.megatron_log import LogError, gpu_name, parse_log
+from planner.calibrate.megatron_log import LogError, parse_log
 from planner.calibrate.profile import ProfileError, read_profile
-from planner.config.gpus import GPU_CARDS
+from planner.config.gpus import GPU_CARDS, card_named
 from planner.config.importers.log_lines import clean_line
 from planner.config.layer_freq import PatternError, evaluate_pattern
 from planner.config.loader import UnreadableConfig
@@ -139,11 +139,11 @@ def test_a_long_log_streams_in_bounded_memory() -> None:
 @given(st.lists(st.sampled_from(["H100", "GB200", "B200", "MI300X", "H20", "A100", "-SXM4-80GB", "x",
                                  "_", "é", " ", "0", "-", "NVIDIA "]), max_size=12))
 def test_a_gpu_is_named_as_a_whole_word(bits: list[str]) -> None:
-    """gpu_name finds what `\\b(name)\\b` finds, without the leading `\\b` that kept re from
+    """card_named finds what `\\b(name)\\b` finds, without the leading `\\b` that kept re from
     skipping to the names' first letters (64 µs a log line)."""
     line = "".join(bits)
     whole = re.search(r"\b(" + "|".join(sorted(GPU_CARDS, key=len, reverse=True)) + r")\b", line)
-    assert gpu_name(line) == (GPU_CARDS[whole.group(1)] if whole else None)
+    assert card_named(line) == (GPU_CARDS[whole.group(1)] if whole else None)
 
 
 _LOG_BITS = st.sampled_from([
