@@ -925,13 +925,11 @@ def _window_heads_activations(book: Book, v: Variant, per_block: str) -> str:
     tensors (planner/budget/memory.py act_attention_per_block): the query and the core output
     (d each per head) and the fp32 softmax statistics per head, and the q its per-head q norm
     keeps (qk_layernorm)."""
-    rows = f"2 * {_DH} * d * p + {_DH} * 4"
-    if "act_qk_norm_per_block" in per_block:
-        rows += f" + {_DH} * d * p"
+    normed = "act_qk_norm_per_block" in per_block
+    rows = f"2 * {_DH} * d * p + {_DH} * 4" + (f" + {_DH} * d * p" if normed else "")
     book.add("act_window_heads_per_layer", f"tokens_per_rank * ({rows})", "bytes", "memory",
              "per microbatch: what a window layer's own query heads store beyond the model's "
-             "(query, core output, softmax statistics" + (", q-norm input" if "act_qk_norm_per_block"
-                                                           in per_block else "") + ")")
+             "(query, core output, softmax statistics" + (", q-norm input" if normed else "") + ")")
     return " + L_window * act_window_heads_per_layer"
 
 
@@ -1083,13 +1081,12 @@ def _window_kv_flops(book: Book, v: Variant) -> None:
 def _window_kv_activations(book: Book, v: Variant, per_block: str) -> str:
     """What a window layer stores beyond the family's: q and the core output (d_w, dv_w per
     head), K and V (groups_w of d_w, dv_w), and the q/k the per-head norms keep."""
-    rows = "heads * (d_w - d + dv_w - d_v) + groups_w * (d_w + dv_w) - groups * (d + d_v)"
-    if "act_qk_norm_per_block" in per_block:
-        rows += " + heads * (d_w - d) + groups_w * d_w - groups * d"
+    normed = "act_qk_norm_per_block" in per_block
+    rows = "heads * (d_w - d + dv_w - d_v) + groups_w * (d_w + dv_w) - groups * (d + d_v)" + (
+        " + heads * (d_w - d) + groups_w * d_w - groups * d" if normed else "")
     book.add("act_window_kv_per_layer", f"tokens_per_rank * ({rows}) * p", "bytes", "memory",
              "per microbatch: what a window layer's own KV groups and head widths store beyond "
-             "the model's (q, core output, K, V" + (", q/k norm inputs" if "qk_norm" in per_block
-                                                    else "") + ")")
+             "the model's (q, core output, K, V" + (", q/k norm inputs" if normed else "") + ")")
     return " + L_window * act_window_kv_per_layer"
 
 
