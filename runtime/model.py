@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from runtime.activation import MLPActivation
 from runtime.comm import CommGroup, Ledger, all_gather_v
 from runtime.init import DEFAULT_INIT_STD, init_tensor
-from runtime.plan_io import required
+from runtime.plan_io import flagged_layers, required
 from runtime.recompute import NO_RECOMPUTE, run_blocks
 
 if TYPE_CHECKING:  # runtime/mamba.py loads only for hybrid plans
@@ -130,6 +130,7 @@ class DecoderSpec:
         def value(key: str) -> Any:
             return required(model, key, "config.model")
 
+        mamba_layers = flagged_layers(value("mamba_layers"))
         return cls(
             num_layers=int(value("num_layers")),
             hidden_size=int(value("hidden_size")),
@@ -153,9 +154,9 @@ class DecoderSpec:
             softmax_type=str(value("softmax_type")),
             window_left=None if value("window_size") is None else int(value("window_size")[0]),
             window_skip=_window_skip(value("window_attn_skip_freq")),
-            mamba_layers=_flagged(value("mamba_layers")),
-            mixer_only_layers=_flagged(value("mixer_only_layers")),
-            mamba=_mamba_spec(model) if _flagged(value("mamba_layers")) else None,
+            mamba_layers=mamba_layers,
+            mixer_only_layers=flagged_layers(value("mixer_only_layers")),
+            mamba=_mamba_spec(model) if mamba_layers else None,
             rope=value("position_embedding_type") != "none",
         )
 
@@ -163,11 +164,6 @@ class DecoderSpec:
     def output_std(self) -> float:
         """Residual-branch output projections start at std/sqrt(2·L) (Megatron's scaled init)."""
         return self.init_std / math.sqrt(2.0 * self.num_layers)
-
-
-def _flagged(flags: list[int] | None) -> tuple[int, ...]:
-    """The ids of the layers a 0/1-per-layer list marks."""
-    return tuple(layer for layer, flag in enumerate(flags or []) if flag)
 
 
 def _mamba_spec(model: dict[str, Any]) -> MambaSpec:

@@ -408,7 +408,7 @@ def unsupported_features(plan: Plan) -> list[str]:
         overlap("recompute_modules") or ["core_attn"]), "overlap.recompute_modules with "
            "core_attn and cp > 1: re-running only core attention (its CP K/V gather) is not "
            "implemented; recompute 'full' or other modules")
-    mamba = [layer for layer, flag in enumerate(shape.get("mamba_layers") or []) if flag]
+    mamba = list(flagged_layers(shape.get("mamba_layers")))
     refuse(bool(mamba) and cp > 1, f"model.mamba_layers (Mamba-2 mixers on layers {mamba}) with "
            f"layout.cp = {cp}: the mixer's CP all-to-all (Megatron's MambaContextParallel) is not "
            "implemented; use cp = 1")
@@ -444,6 +444,11 @@ UNRUN_ATTENTION_FIELDS = (
     ("head_wise_attn_gate", False, "the head-wise attention gate"),
     ("dsa", False, "DeepSeek sparse attention"),
 )
+
+
+def flagged_layers(flags: list[int] | None) -> tuple[int, ...]:
+    """The ids of the layers a 0/1-per-layer list marks (model.mamba_layers, mixer_only_layers)."""
+    return tuple(layer for layer, flag in enumerate(flags or []) if flag)
 
 
 def attention_mechanism_problems(model: dict[str, Any]) -> list[str]:
