@@ -177,15 +177,12 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     _, v_out, v_bias = (k_out, k_out, k_bias) if k_eq_v else _linear(parts["v_proj"], layer,
                                                                     f"{path}.v_proj")
     o_in, o_out, o_bias = _linear(parts["o_proj"], layer, f"{path}.o_proj")
-    if q_out != heads * head_dim and _shape_why(heads, head_dim, q_out, k_out, v_out, o_in) \
-            .startswith(f" ({q_out // head_dim} query heads"):
+    if _own_heads(heads, head_dim, q_out, k_out, v_out, o_in):
         # a head count of the layer's own: read here, placed (or refused) by model_section
         heads = q_out // head_dim
-    v_dim = 0
-    if k_out != v_out and _shape_why(heads, head_dim, q_out, k_out, v_out, o_in).startswith(
-            f" ({k_out // head_dim} KV heads with values of"):
+    v_dim = _value_width(heads, head_dim, q_out, k_out, v_out, o_in)
+    if v_dim:
         # value heads of their own width: read here, placed by model_section (model.v_head_dim)
-        v_dim = v_out // (k_out // head_dim)
         v_out, o_in = k_out, q_out  # the q/k shapes checked below, the value width kept apart
     if q_out != heads * head_dim or k_out != v_out or k_out % head_dim or o_in != q_out \
             or q_in != hidden or o_out != hidden:
@@ -235,22 +232,36 @@ def _indexer(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]
     return q_out // width, width
 
 
+def _own_heads(heads: int, head_dim: int, q_out: int, k_out: int, v_out: int, o_in: int) -> bool:
+    """Whether the widths are whole heads of head_dim, but more or fewer query heads than the
+    config names: a head count of the layer's own (Laguna's and Step-3.5's sliding layers)."""
+    return (q_out == o_in and q_out % head_dim == 0 and q_out != heads * head_dim
+            and k_out == v_out and k_out % head_dim == 0)
+
+
+def _value_width(heads: int, head_dim: int, q_out: int, k_out: int, v_out: int, o_in: int) -> int:
+    """The value heads' width where it stands apart from the q/k head_dim (MiMo-V2-Flash: whole
+    KV groups of head_dim keys, values of their own width, o_proj reading heads of it), else 0."""
+    groups = k_out // head_dim if k_out % head_dim == 0 else 0
+    if _own_heads(heads, head_dim, q_out, k_out, v_out, o_in) or not groups or v_out == k_out \
+            or q_out != heads * head_dim or v_out % groups or o_in != heads * (v_out // groups):
+        return 0
+    return v_out // groups
+
+
 def _shape_why(heads: int, head_dim: int, q_out: int, k_out: int, v_out: int, o_in: int) -> str:
     """What the projection widths say instead, where they say one thing: a head count of the
-    layer's own (Laguna's and Step-3.5's sliding-window layers) or a value head dim apart from
-    the q/k one (MiMo-V2-Flash). Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
-    SelfAttention.__init__ builds every layer from one num_attention_heads and gives q, k and v
-    one kv_channels, so neither is a Megatron argument."""
-    if q_out == o_in and q_out % head_dim == 0 and q_out != heads * head_dim \
-            and k_out == v_out and k_out % head_dim == 0:
+    layer's own or a value head dim apart from the q/k one. Megatron-LM dev@d48bd6be
+    megatron/core/transformer/attention.py SelfAttention.__init__ builds every layer from one
+    num_attention_heads and gives q, k and v one kv_channels, so neither is a Megatron argument."""
+    if _own_heads(heads, head_dim, q_out, k_out, v_out, o_in):
         return (f" ({q_out // head_dim} query heads where the config names {heads}: a head count "
                 "of this layer's own, which Megatron-LM builds with one num_attention_heads for "
                 "every layer)")
-    groups = k_out // head_dim if k_out % head_dim == 0 else 0
-    if q_out == heads * head_dim and groups and v_out % groups == 0 \
-            and o_in == heads * (v_out // groups) and v_out != k_out:
-        return (f" ({groups} KV heads with values of {v_out // groups} beside q/k heads of "
-                f"{head_dim}, o_proj reading {heads} x {v_out // groups}: a value head dim apart "
+    width = _value_width(heads, head_dim, q_out, k_out, v_out, o_in)
+    if width:
+        return (f" ({k_out // head_dim} KV heads with values of {width} beside q/k heads of "
+                f"{head_dim}, o_proj reading {heads} x {width}: a value head dim apart "
                 "from the q/k one, which Megatron-LM's SelfAttention does not build)")
     return ""
 
