@@ -176,18 +176,11 @@ def _plugin_spec(arg: Argument, given: dict[str, tuple[str, ...]], front: FrontE
 
 
 def _drop_given(words: list[str], given: set[str]) -> list[str]:
-    """The spec's words less the flags the launch gives itself (the launch's value wins)."""
-    kept: list[str] = []
-    skip = False
-    for i, word in enumerate(words):
-        if skip:
-            skip = False
-            continue
-        if word.startswith("--") and word in given and word != "--experimental-attention-variant":
-            skip = i + 1 < len(words) and not words[i + 1].startswith("--")
-            continue
-        kept.append(word)
-    return kept
+    """The spec's words less the flags the launch gives itself (the launch's value wins; the
+    attention variant is the spec's own)."""
+    return [word for arg in parse_command(words).arguments
+            if arg.flag not in given or arg.flag == "--experimental-attention-variant"
+            for word in arg.words]
 
 
 def _ignored_by_slime(flag: str) -> bool:
