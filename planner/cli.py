@@ -9,11 +9,18 @@ reads the app as a whole (typer's test runner) see every command.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
 import typer
 import typer.main
+
+# moeplan validates its own schema only: pydantic's plugin hook would look for observers with an
+# entry-point scan of every installed distribution when the first model class is built (a third of
+# the schema's build time, more in a large environment). Set PYDANTIC_DISABLE_PLUGINS yourself
+# (empty: every plugin) to have them loaded.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 # Command name -> the modules whose register(app) adds it, in `moeplan --help` order.
 COMMANDS: dict[str, tuple[str, ...]] = {

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from planner.config.loader import InvalidConfig, UnreadableConfig, load_config
-from planner.config.schema import Config
 from planner.files.writing import WriteFailed, check_target, write_atomic
 from planner.findings import Finding, has_errors, sort_findings
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from planner.config.schema import Config
 
     stdout: Console
     stderr: Console
@@ -85,6 +85,8 @@ def exit_with_findings(findings: list[Finding], *, as_json: bool = False) -> NoR
 
 def load_config_or_exit(path: Path | str, *, as_json: bool = False) -> Config:
     """Load or exit: 2 for unreadable input, 1 (printing every finding) for an invalid config."""
+    from planner.config.loader import InvalidConfig, UnreadableConfig, load_config
+
     try:
         return load_config(path)
     except UnreadableConfig as exc:
@@ -143,6 +145,7 @@ def calibrated_or_exit(cfg: Config, path: Path | None) -> tuple[Config, str]:
     if not target:
         return cfg, "none (default factors)"
     from planner.calibrate.profile import ProfileError, apply_profile  # only with a profile
+    from planner.config.loader import UnreadableConfig
 
     try:
         return apply_profile(cfg, target), str(target)

@@ -23,6 +23,11 @@ if "PYTEST_XDIST_WORKER" in os.environ:
         os.environ.pop(_name, None)
 
 
+# The result cache (planner/files/result_cache.py) is off unless a test turns it on: no test reads an
+# answer another test, or an earlier run of the suite, stored.
+os.environ["MOEPLAN_CACHE_DIR"] = ""
+
+
 @pytest.fixture
 def minimal_v4() -> dict[str, Any]:
     return copy.deepcopy(MINIMAL_V4)

@@ -23,15 +23,18 @@ from planner.cli_common import (
     load_config_or_exit,
     write_or_exit,
 )
+from planner.files.reading import STDIN, UnreadableInput, read_bytes
+from planner.files.result_cache import load, result_key, store
 from planner.findings import Finding
 from planner.layout.grid import Grid, RankView
 from planner.layout.rank_generator import GridError
-from planner.layout.spec import grid_spec_from_config
+from planner.layout.spec import GridSpec, grid_spec_from_config
 
 if TYPE_CHECKING:
     from rich.table import Table
 
 _SHOWN_RANKS = 12  # ranks printed per group before it is abbreviated
+_CACHE_KIND = "grid-spec"
 
 
 def format_group(group: list[int], limit: int = _SHOWN_RANKS) -> str:
@@ -64,6 +67,43 @@ def _grid_or_exit(cfg: Any, as_json: bool) -> Grid:
             for problem in err.problems
         ]
         exit_with_findings(findings, as_json=as_json)
+
+
+def _valid_grid(config: Path, as_json: bool) -> Grid:
+    """The grid of a config the rules pass, or exit as `check` would.
+
+    A config this moeplan found valid before is not validated again: its grid spec is read from the
+    result cache (planner/files/result_cache.py, keyed by the config's bytes and moeplan's files),
+    so a job that asks `groups --rank R` once per rank loads neither the schema nor the rules."""
+    data = _config_bytes(config)
+    key = None if data is None else result_key(_CACHE_KIND, data)
+    if key is not None:
+        cached = load(_CACHE_KIND, key)
+        if isinstance(cached, dict):
+            try:
+                return Grid(GridSpec.from_json(cached))
+            except (TypeError, ValueError, GridError):
+                pass  # an entry another version wrote: validate as without it
+    cfg = load_config_or_exit(config, as_json=as_json)
+    # Megatron builds the groups of a layout that will not fit memory (the OOM comes later, at the
+    # first step), so only the rules on what Megatron refuses to build decide here: `check` and
+    # `budget` judge memory. This also keeps the formula book out of `groups --rank R --json`.
+    exit_on_errors(cfg, as_json=as_json, budget=False)
+    grid = _grid_or_exit(cfg, as_json)
+    if key is not None:
+        store(_CACHE_KIND, key, grid.spec.to_json())
+    return grid
+
+
+def _config_bytes(config: Path) -> bytes | None:
+    """A config file's bytes for the cache key; stdin (read once, by the loader) and anything
+    unreadable go the validating way, which reports them."""
+    if str(config) == STDIN:
+        return None
+    try:
+        return read_bytes(config, "config")
+    except (UnreadableInput, OSError):
+        return None
 
 
 def _header(grid: Grid) -> str:
@@ -145,12 +185,7 @@ def groups(
     """Print the process groups Megatron-Core would build, or one rank's view of them."""
     if svg is not None:
         check_output_or_exit(svg, force=force, option="--svg")
-    cfg = load_config_or_exit(config, as_json=as_json)
-    # Megatron builds the groups of a layout that will not fit memory (the OOM comes later, at the
-    # first step), so only the rules on what Megatron refuses to build decide here: `check` and
-    # `budget` judge memory. This also keeps the formula book out of `groups --rank R --json`.
-    exit_on_errors(cfg, as_json=as_json, budget=False)
-    grid = _grid_or_exit(cfg, as_json)
+    grid = _valid_grid(config, as_json)
     spec = grid.spec
     if rank is not None and not 0 <= rank < spec.world_size:
         fail(EXIT_USAGE, f"--rank {rank} is outside 0..{spec.world_size - 1}")

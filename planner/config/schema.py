@@ -4,7 +4,7 @@
 input of the rule catalog, the grid, the budgets and the compiled plan.
 """
 
-from __future__ import annotations
+
 
 import math
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -415,7 +415,7 @@ class ModelSection(Section):
         return data
 
     @model_validator(mode="after")
-    def _derive(self) -> ModelSection:
+    def _derive(self) -> "ModelSection":
         if self.attention_variant == "mla" and self.kv_lora_rank is None:
             raise PydanticCustomError(
                 "mla_kv_lora_missing",
@@ -824,7 +824,7 @@ class TrainingSection(Section):
     trained_tower_params: NonNegInt = 0
 
     @model_validator(mode="after")
-    def _precision_aware_optimizer(self) -> TrainingSection:
+    def _precision_aware_optimizer(self) -> "TrainingSection":
         """Megatron-LM dev@d48bd6be megatron/core/optimizer/optimizer_config.py
         OptimizerConfig.__post_init__ and megatron/training/arguments.py validate_args."""
         lowered = [name for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
@@ -876,7 +876,7 @@ class TrainingSection(Section):
         return {**data, "fp8": True}
 
     @model_validator(mode="after")
-    def _fp8_recipe_needs_fp8(self) -> TrainingSection:
+    def _fp8_recipe_needs_fp8(self) -> "TrainingSection":
         if self.fp8_recipe is not None and not self.fp8:
             raise PydanticCustomError(
                 "fp8_recipe_without_fp8",
@@ -953,7 +953,7 @@ class OverlapSection(Section):
     fine_grained_offloading_max_inflight_offloads: NonNegInt | None = None
 
     @model_validator(mode="after")
-    def _activation_offloading(self) -> OverlapSection:
+    def _activation_offloading(self) -> "OverlapSection":
         """What TransformerConfig.__post_init__ asserts of the offload settings (Megatron-LM
         dev@d48bd6be megatron/core/transformer/transformer_config.py, the
         `if self.fine_grained_activation_offloading:` block)."""
@@ -1122,7 +1122,7 @@ class ClusterSection(Section):
         return data
 
     @model_validator(mode="after")
-    def _from_gpu(self) -> ClusterSection:
+    def _from_gpu(self) -> "ClusterSection":
         card, named = gpu_entry(self.gpu), self.gpu_named
         filled = {
             "gpus_per_node": card.gpus_per_node if named else 8,
@@ -1224,7 +1224,7 @@ class Config(Section):
         return {**data, "model": {**PRESETS[preset], **data["model"]}}
 
     @model_validator(mode="after")
-    def _window_heads_priced(self) -> Config:
+    def _window_heads_priced(self) -> "Config":
         """What moeplan does not price for window layers of their own head count, KV groups or
         sinks, or for value heads of their own width: the unfused kernel's score matrices, the
         offloaded attention tensors, adapters on the attention projections (each sized by one
@@ -1314,7 +1314,7 @@ class Config(Section):
                 {"full": m.full_attention_softmax_type})
 
     @model_validator(mode="after")
-    def _lora_targets_counted(self) -> Config:
+    def _lora_targets_counted(self) -> "Config":
         """DeepSeek-V4's attention has no linear_qkv and a grouped output projection whose adapters
         moeplan does not count (planner/budget/training_modes.py): refuse rather than guess."""
         lora = self.training.lora
@@ -1329,7 +1329,7 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _resolve(self) -> Config:
+    def _resolve(self) -> "Config":
         """Derive what needs two sections: world size and nodes (from each other and the cluster's
         GPUs per node), flex-backend and FP8 defaults.
 
@@ -1374,7 +1374,7 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _bf16_layers(self) -> Config:
+    def _bf16_layers(self) -> "Config":
         """Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
         TransformerConfig.__post_init__ under FP8: delayed scaling cannot keep layers in BF16, and
         each count is at most num_layers // PP. A hybrid stack counts pattern symbols there

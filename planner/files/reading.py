@@ -35,6 +35,7 @@ CAPS: dict[str, int] = {
     "report": 1 * GiB,
     "profile": 64 * MiB,
     "log": 64 * GiB,
+    "cache": 1 * MiB,  # a result cache entry (planner/files/result_cache.py): a grid spec, ~1 KiB
 }
 LINE_CAP = 1 * MiB  # one log line; a longer one is binary junk, not a log
 STDIN_SECONDS = 60.0  # a stdin that stays silent this long is refused, not waited on forever

@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property, lru_cache
 from math import prod
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from planner.config.schema import Config
 from planner.degrees import Degrees
-from planner.layout.pipeline import SplitError, stage_split
 from planner.layout.rank_generator import GTP_AXIS, GridError, RankGenerator, generator_from_order
+
+if TYPE_CHECKING:
+    from planner.config.schema import Config
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
@@ -39,6 +40,15 @@ class GridSpec(Degrees):
     mtp_stages: tuple[int, ...] = ()
     embedding_rule: Literal["gpt", "core"] = "gpt"
     moe_layers_by_stage: tuple[tuple[int, ...], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, as JSON writes it (tuples become lists): what a cached grid is read from."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GridSpec:
+        """The spec `to_json` described; a missing or unknown field raises TypeError."""
+        return cls(**{name: _tuples(value) for name, value in data.items()})
 
     @cached_property
     def degrees(self) -> Degrees:
@@ -82,6 +92,11 @@ class GridSpec(Degrees):
             return tuple(self.moe_layers_by_stage[stage])
         return ()
 
+
+
+def _tuples(value: Any) -> Any:
+    """JSON's lists back as the tuples a spec holds (nested: the MoE layers of each stage)."""
+    return tuple(_tuples(item) for item in value) if isinstance(value, list) else value
 
 
 @lru_cache(maxsize=4096)
@@ -241,6 +256,8 @@ def _stage_layers(cfg: Any) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...
     Megatron's `get_mtp_ranks` puts MTP on the last stage unless a pipeline layout says
     where it is; without a usable split the MoE lists stay empty.
     """
+    # Imported here: the pipeline split reads the schema, which a cached grid spec never loads.
+    from planner.layout.pipeline import SplitError, stage_split
 
     pp = cfg.parallel.pp
     has_mtp = (getattr(cfg.model, "mtp_num_layers", 0) or 0) > 0

@@ -24,6 +24,11 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("planner.cli_common", "planner.rules"): "every command imports cli_common at start",
     ("planner.cli_common", "planner.calibrate.profile"): "only a command given a calibration "
     "profile reads one; groups and check never do",
+    # `groups --rank R` answers a config it validated before from the result cache
+    # (planner/files/result_cache.py): neither the config reader (the schema) nor the pipeline
+    # split, which reads the schema, loads then.
+    ("planner.cli_common", "planner.config.loader"): "a cached groups answer never reads a config",
+    ("planner.layout.spec", "planner.layout.pipeline"): "only a spec made from a Config splits stages",
     # The formula book loads when a rule judges one of its figures (the per-stage memory, NCCL
     # EP's receive rows), so `moeplan groups`, which runs the catalog without those rules, never
     # loads it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -266,3 +267,51 @@ def test_one_process_runs_a_second_command_after_a_lazily_loaded_first(capsys: p
             cli(argv)
         assert done.value.code == 0, capsys.readouterr()
     assert "valid" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------- the result cache
+
+
+def test_a_cached_grid_spec_is_the_spec_of_every_example():
+    """What the cache stores reads back as the same spec (tuples, nested stages, None HCP)."""
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        spec = grid_spec_from_config(load_config(path))
+        assert GridSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec, path.name
+
+
+def test_groups_reads_a_valid_config_back_from_the_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MOEPLAN_CACHE_DIR", str(cache))
+    first = invoke(V4_PRO, "--rank", "64", "--json")
+    assert first.exit_code == 0, first.output
+    [entry] = (cache / "grid-spec").iterdir()
+    # A fresh process answers from the entry: same bytes, and neither the schema nor a rule loaded.
+    probe = ("import sys, runpy; sys.argv = ['moeplan', 'groups', sys.argv[1], '--rank', '64', "
+             "'--json']\ntry:\n    runpy.run_module('planner.cli', run_name='__main__')\n"
+             "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m.startswith("
+             "('planner.config.schema', 'planner.rules'))), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe, V4_PRO], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "MOEPLAN_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == first.stdout
+    assert done.stderr.strip() == "[]"
+    # Another config is another key; a spec that no longer reads is validated again and rewritten.
+    entry.write_text("{\"world_size\": 0}")
+    assert invoke(V4_PRO, "--rank", "64", "--json").stdout == first.stdout
+    assert json.loads(entry.read_text())["world_size"] == 1024
+    assert invoke(TINY, "--rank", "1", "--json").exit_code == 0
+    assert len(list((cache / "grid-spec").iterdir())) == 2
+
+
+def test_groups_never_caches_an_invalid_config_and_runs_without_a_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MOEPLAN_CACHE_DIR", str(cache))
+    data = yaml.safe_load(Path(TINY).read_text())
+    data["parallel"]["world_size"] = 7  # not a multiple of the model-parallel size
+    bad = write_config(tmp_path, data)
+    for _ in range(2):
+        assert invoke(bad, "--rank", "0", "--json").exit_code == 1
+    assert not (cache / "grid-spec").exists()
+    # A cache folder that cannot be made (a file is in the way) is no cache, not an error.
+    cache.write_text("")
+    assert invoke(TINY, "--rank", "1", "--json").exit_code == 0
