@@ -8,13 +8,32 @@ reads the app as a whole (typer's test runner) see every command.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-import typer
-import typer.main
+
+@contextmanager
+def _imports_without_collection() -> Iterator[None]:
+    """Start-up builds a few hundred thousand objects (modules, classes, pydantic's schema) and frees
+    almost none: the cycle collector's passes over them find nothing and cost a few percent of a
+    command's start. It is off while modules load and back as it was before the command runs."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+with _imports_without_collection():
+    import typer
+    import typer.main
 
 # moeplan validates its own schema only: pydantic's plugin hook would look for observers with an
 # entry-point scan of every installed distribution when the first model class is built (a third of
@@ -91,19 +110,26 @@ class CommandLine(typer.Typer):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         argv = kwargs.get("args", args[0] if args else None)
+        own_command_line = argv is None  # the console script and `python -m planner.cli`
         argv = sys.argv[1:] if argv is None else list(argv)
         modules = COMMANDS.get(argv[0]) if argv else None
         if modules is None:
             return super().__call__(*args, **kwargs)
-        self._load(modules)
-        # The group typer would build from every command (pretty exceptions are off, so typer's
-        # own __call__ adds nothing else), holding only the ones loaded so far: the one asked for,
-        # and any an earlier call in this process loaded.
-        self._partial = True
-        try:
-            group = typer.main.get_group(self)
-        finally:
-            self._partial = False
+        with _imports_without_collection():
+            self._load(modules)
+            # The group typer would build from every command (pretty exceptions are off, so
+            # typer's own __call__ adds nothing else), holding only the ones loaded so far: the one
+            # asked for, and any an earlier call in this process loaded.
+            self._partial = True
+            try:
+                group = typer.main.get_group(self)
+            finally:
+                self._partial = False
+        if own_command_line:
+            # What start-up built lives as long as the process: the collector's later passes (and
+            # the one at interpreter exit) need not walk it again. A caller that passes arguments
+            # (a test runner running many commands) keeps collecting normally.
+            gc.freeze()
         return group(*args, **kwargs)
 
 
