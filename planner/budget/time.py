@@ -492,7 +492,7 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         "launches however few bytes they move)")
     add("time_launch_s", "host_scale * t_launch", "s", "time",
         "host time to issue one kernel from Python on this GPU's host CPU: the reference x86 "
-        "host's calibrated figure times the host's measured time per op over the reference's "
+        "host's calibrated figure times the host CPU's time per op over the reference's "
         "(planner/config/gpus.py HOSTS)")
     add("time_host_fwd_s", "time_launch_s * time_launches_fwd + t_host_block * blocks / 3", "s",
         "time", "host time to issue one microbatch's forward of the stage")

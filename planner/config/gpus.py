@@ -101,7 +101,6 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
 )})
 
 
-
 @dataclass(frozen=True)
 class Host:
     """A host CPU family: how long one of its cores takes to issue a PyTorch op (Python, PyTorch's

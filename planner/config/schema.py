@@ -1101,10 +1101,6 @@ class ClusterSection(Section):
     # default fill node after node; cyclic: Slurm --distribution=cyclic, rank r on node r % nodes;
     # rank_nodes: an explicit node index per rank (a hostfile's order), which wins over both.
     rank_distribution: Literal["block", "cyclic"] = "block"
-    # Whether each rank's process is bound to its GPU's NUMA node (numactl, as mlperf-common's
-    # bindpcie does; production launchers do). Unbound, a rank's kernels are issued at the host's
-    # measured per-op time (planner/config/gpus.py HOSTS), not the calibrated efficiency figure.
-    host_numa_binding: bool = True
     rank_nodes: list[Annotated[int, Field(ge=0)]] | None = None
     # Device memory beyond the allocator's `max allocated` (planner/budget/memory.py
     # write_device_total): the caching allocator's reserved/allocated ratio, the CUDA context,
@@ -1114,6 +1110,10 @@ class ClusterSection(Section):
     cuda_context_gib: Annotated[float, Field(ge=0, le=16)] = 0.5
     nccl_channels: Annotated[int, Field(ge=1, le=64)] = 16
     memory_margin: Annotated[float, Field(ge=0, lt=1)] = 0.08
+    # Whether each rank's process is bound to its GPU's NUMA node (numactl, as mlperf-common's
+    # bindpcie does; production launchers do). Unbound, a rank's kernels are issued at the host's
+    # measured per-op time (planner/config/gpus.py HOSTS), not the calibrated efficiency figure.
+    host_numa_binding: bool = True
 
     @field_validator("nodes", mode="wrap")
     @classmethod
