@@ -14,6 +14,7 @@ from typing import Any
 
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Number, Symbol, exact, normalize
+from planner.config.gpus import HOSTS, gpu
 from planner.config.routing import routing_imbalance
 from planner.config.schema import Config
 
@@ -37,8 +38,14 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("router_launches", "kernels the router part of one MoE layer's forward launches "
            "(router_launch_count: DeepSeek-V3's measured 72, 31 fused, scaled by the router's "
            "features)"),
+    Symbol("router_nograd_launches", "of those, the kernels autograd records no node for (Sinkhorn's "
+           "iterations, under torch.no_grad): the backward issues nothing for them"),
     Symbol("t_launch", "host seconds to issue one kernel: Python, PyTorch's dispatcher and the "
            "CUDA launch (efficiency.host_us_per_launch)"),
+    Symbol("host_scale", "host time per op of the GPU's host CPU over the reference x86 host's "
+           "that t_launch is calibrated for (efficiency.host_launch_scale, else the catalog host's: "
+           "planner/config/gpus.py HOSTS; the host's measured ratio when cluster."
+           "host_numa_binding is off)"),
     Symbol("t_host_block", "host seconds to launch one block's forward and backward kernels per "
            "microbatch without CUDA graphs (efficiency.host_us_per_block)"),
     Symbol("t_host_expert", "host seconds per local expert of a MoE layer per microbatch "
@@ -214,6 +221,16 @@ ROUTER_SITES = {"base": 8, "sigmoid": 3, "groups": 8, "bias": 4, "aux": 15, "sin
 ROUTER_SITES_MEASURED = 8 + 3 + 8 + 4 + 15  # the call sites of the router that was measured
 
 
+def router_nograd_launch_count(cfg: Config) -> Number:
+    """Kernels of one MoE layer's router forward that autograd records no node for, so the backward
+    issues nothing for them: Sinkhorn's iterations run under torch.no_grad (Megatron-LM
+    dev@d48bd6be megatron/core/transformer/moe/router.py TopKRouter.sinkhorn_load_balancing)."""
+    if cfg.moe.moe_router_load_balancing_type != "sinkhorn":
+        return 0
+    measured = ROUTER_MEASURED[1] if cfg.moe.moe_router_fusion else ROUTER_MEASURED[0]
+    return normalize(Fraction(measured * ROUTER_SITES["sinkhorn"], ROUTER_SITES_MEASURED))
+
+
 def router_launch_count(cfg: Config) -> Number:
     """Kernels of one MoE layer's router forward for this config's router (see ROUTER_SITES)."""
     moe, model = cfg.moe, cfg.model
@@ -228,6 +245,15 @@ def router_launch_count(cfg: Config) -> Number:
     return normalize(Fraction(measured * sites, ROUTER_SITES_MEASURED))
 
 
+def host_scale(cfg: Config) -> Number:
+    """The host CPU's time per op over the reference x86 host's: efficiency.host_launch_scale on a
+    rank bound to its GPU's NUMA node (the calibrated figure), else the host's measured ratio
+    (planner/config/gpus.py HOSTS: one torch.nn.Linear forward timed on each host)."""
+    if cfg.cluster.host_numa_binding:
+        return exact(cfg.cluster.efficiency.host_launch_scale)
+    return normalize(Fraction(*HOSTS[gpu(cfg.cluster.gpu).host].measured_scale))
+
+
 def fixed_cost_values(cfg: Config) -> dict[str, Number]:
     """The fixed-cost, GEMM-shape and latency inputs of the time page."""
     eff = cfg.cluster.efficiency
@@ -236,7 +262,9 @@ def fixed_cost_values(cfg: Config) -> dict[str, Number]:
         "delay_wgrad": int(cfg.overlap.delay_wgrad_compute
                            and cfg.overlap.overlap_moe_expert_parallel_comm),
         "router_launches": router_launch_count(cfg),
+        "router_nograd_launches": router_nograd_launch_count(cfg),
         "t_launch": normalize(Fraction(exact(eff.host_us_per_launch)) / 10**6),
+        "host_scale": host_scale(cfg),
         "t_host_block": normalize(Fraction(exact(eff.host_us_per_block)) / 10**6),
         "t_host_expert": normalize(Fraction(exact(eff.host_us_per_expert)) / 10**6),
         "t_host_microbatch": normalize(Fraction(exact(eff.host_us_per_microbatch)) / 10**6),

@@ -400,6 +400,19 @@ DENSE_LAUNCHES: tuple[tuple[str, str], ...] = (
 # target's gather and masking, and the loss's mean: about ten kernels).
 EMBEDDING_LAUNCHES = 1
 OUTPUT_LAUNCHES = 12
+# Host dispatches the backward pays per forward kernel that has one. The backward does not run the
+# modules' Python: PyTorch's autograd engine walks the graph the forward recorded, one node per
+# differentiable forward op (PyTorch torch/csrc/autograd/engine.cpp Engine::evaluate_function), and
+# each node issues its gradient kernels: a GEMM's data and weight gradients (Transformer Engine's
+# linears are one autograd.Function each whose backward issues both: transformer_engine/pytorch/
+# module/linear.py _Linear.backward), an elementwise op's input gradient and its casts. Two per
+# forward kernel, each at the forward's host time per kernel. A kernel autograd records no node for
+# issues none: integer bookkeeping and what runs under torch.no_grad (NOGRAD_MOE).
+BACKWARD_DISPATCHES = 2
+# A MoE layer's forward kernels outside CUDA graphs that have no backward: the preprocessing's, and
+# the router's under torch.no_grad (hardware.router_nograd_launch_count).
+NOGRAD_MOE = ("time_launches_preprocess * (1 - graph_preprocess)"
+              " + router_nograd_launches * (1 - graph_router)")
 # Launches after a MoE layer's dropless sync before the GPU has work again: the permute and the
 # dispatch (the GPU idles while the host issues them).
 SYNC_RESTART_LAUNCHES = 2
@@ -447,8 +460,10 @@ def _launch_counts(book: Book, v: Variant) -> None:
 
 
 def _fixed_costs(book: Book, v: Variant) -> None:
-    """Host time the GPU waits for. The host issues every kernel (t_launch each: Python, PyTorch's
-    dispatcher and the CUDA launch); the GPU runs them as they come. When the host issues a
+    """Host time the GPU waits for. The host issues every kernel (t_launch each on the reference
+    x86 host: Python, PyTorch's dispatcher and the CUDA launch; host_scale times that on the GPU's
+    own host CPU) and the backward's from the autograd engine (BACKWARD_DISPATCHES per forward
+    kernel with a node); the GPU runs them as they come. When the host issues a
     stretch of kernels slower than the GPU runs them, the GPU waits for the difference. Megatron's
     dropless MoE layers copy the token counts per expert to the host in forward (the host cannot
     run ahead across that), so each forward and each backward of a microbatch is priced as
@@ -475,12 +490,24 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         "blocks' worth of launches recompute repeats per microbatch: a recomputed block's "
         "forward, and each selective module's forward share (memory-bound modules cost their "
         "launches however few bytes they move)")
-    add("time_host_fwd_s", "t_launch * time_launches_fwd + t_host_block * blocks / 3", "s", "time",
-        "host time to issue one microbatch's forward of the stage")
-    add("time_host_bwd_s", "2 * time_host_fwd_s + time_recompute_launch_blocks * 3"
+    add("time_launch_s", "host_scale * t_launch", "s", "time",
+        "host time to issue one kernel from Python on this GPU's host CPU: the reference x86 "
+        "host's calibrated figure times the host CPU's time per op over the reference's "
+        "(planner/config/gpus.py HOSTS)")
+    add("time_host_fwd_s", "time_launch_s * time_launches_fwd + t_host_block * blocks / 3", "s",
+        "time", "host time to issue one microbatch's forward of the stage")
+    add("time_launches_nograd", f"L_moe * ({NOGRAD_MOE})", "kernels", "time",
+        "forward kernels of the stage autograd records no node for, so its backward issues none: "
+        "each MoE layer's preprocessing (integer token counts and indices, their copy to the host) "
+        "and the router's kernels under torch.no_grad (Sinkhorn's iterations)")
+    add("time_host_bwd_s", f"{BACKWARD_DISPATCHES} * time_launch_s * (time_launches_fwd"
+        " - time_launches_nograd)"
+        " + 2 * t_host_block * blocks / 3 + time_recompute_launch_blocks * 3"
         " * time_host_fwd_s / Max(blocks, 1)", "s", "time",
-        "host time to issue its backward: two kernels per forward one, and recompute's")
-    add("time_sync_restart_s", f"L_moe * {SYNC_RESTART_LAUNCHES} * t_launch * (1 - graph_full)",
+        f"host time to issue its backward: {BACKWARD_DISPATCHES} kernels per forward kernel that "
+        "autograd records a node for (a GEMM's data and weight gradients), none for the rest, and "
+        "recompute's forwards")
+    add("time_sync_restart_s", f"L_moe * {SYNC_RESTART_LAUNCHES} * time_launch_s * (1 - graph_full)",
         "s", "time", "per microbatch, the GPU idles after each MoE layer's dropless sync while the "
         "host issues the permute and the dispatch")
     add("time_host_experts_s", "(L_moe + L_moe_recomputed / 3) * experts_per_rank"
@@ -491,9 +518,10 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         " + Max(time_host_bwd_s - 2 * time_gpu_s / (3 * microbatches), 0) + time_sync_restart_s",
         "s", "time", "per microbatch, the host time the GPU waits for: forward and backward each "
         "at max(host, GPU) (a forward is a third of the GPU work), plus the sync restarts")
-    moe_host = ("(L_moe * t_launch * 3 * (time_launches_router * (1 - graph_router)"
+    moe_host = (f"(L_moe * time_launch_s * ((1 + {BACKWARD_DISPATCHES}) * (time_launches_router"
+                " * (1 - graph_router)"
                 " + time_launches_preprocess * (1 - graph_preprocess) + time_launches_experts"
-                " * (1 - graph_experts)))")
+                f" * (1 - graph_experts)) - {BACKWARD_DISPATCHES} * ({NOGRAD_MOE})))")
     moe_gpu = "(time_moe_gemm_s + time_moe_non_gemm_s) / microbatches"
     add("time_moe_fixed_s", f"microbatches * (Max({moe_host} - {moe_gpu}, 0) + time_sync_restart_s"
         " + time_host_experts_s)", "s", "time",

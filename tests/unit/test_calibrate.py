@@ -275,3 +275,22 @@ def test_a_stack_far_slower_than_any_factor_ends_at_a_bound_named_as_a_missing_t
     assert f["identified_by"] == [str(path)]
     assert all(not g["at_bound"] and not g["missing_term"] for name, g in factors.items()
                if name not in fitted)
+
+
+def test_a_host_scoped_factor_moves_only_that_hosts_cards() -> None:
+    """`host_launch_scale@grace` (bench/heldout.py FITTED) applies to the Grace-hosted cards and
+    leaves an x86-hosted Blackwell's config as it is, as `gemm_fp8@blackwell` scopes by family."""
+    from planner.calibrate.factors import applies, with_factors
+    from planner.config.schema import Config
+
+    def card(gpu: str) -> Config:
+        return Config.model_validate({"model": {"num_layers": 2, "hidden_size": 64,
+                                                "num_attention_heads": 4, "vocab_size": 128,
+                                                "num_experts": 4, "moe_router_topk": 2},
+                                      "parallel": {"world_size": 4}, "training": {"seq_length": 64},
+                                      "cluster": {"gpu": gpu}}, strict=False)
+    gb200, b200 = card("GB200"), card("B200")
+    assert applies(gb200, "host_launch_scale@grace") and not applies(b200, "host_launch_scale@grace")
+    assert applies(b200, "gemm_fp8@blackwell") and applies(gb200, "gemm_fp8@blackwell")
+    assert with_factors(gb200, {"host_launch_scale@grace": 2.0}).cluster.efficiency.host_launch_scale == 2.0
+    assert with_factors(b200, {"host_launch_scale@grace": 2.0}) is b200

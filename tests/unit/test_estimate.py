@@ -519,6 +519,42 @@ def test_host_bound_microbatches_wait_for_the_host_and_bigger_ones_amortise_it()
     assert bigger["time_fixed_s"] < slow["time_fixed_s"]
 
 
+def test_host_time_per_kernel_follows_the_host_cpu() -> None:
+    """GPU catalog hosts (planner/config/gpus.py HOSTS): an x86 card's kernels cost t_launch; a
+    Grace card's, bound to its NUMA node, the fitted host_launch_scale times it; unbound, the
+    measured ratio of one torch.nn.Linear forward, 37.08 µs on Grace over 13.48 µs on the Xeon."""
+    def env(gpu: str, bound: bool = True, **eff: float) -> dict[str, Any]:
+        return tiny_env(cluster={"gpu": gpu, "host_numa_binding": bound, "efficiency": eff})
+    x86 = env("B200")
+    assert x86["host_scale"] == 1 and x86["time_launch_s"] == x86["t_launch"]
+    assert env("GB200")["host_scale"] == Fraction(99, 100)
+    unbound = env("GB200", bound=False)
+    assert unbound["host_scale"] == Fraction(3708, 1348)
+    assert unbound["time_host_fwd_s"] == Fraction(3708, 1348) * x86["time_host_fwd_s"]
+    assert env("GB200", host_launch_scale=1.5)["host_scale"] == Fraction(3, 2)
+    assert env("H100", bound=False)["host_scale"] == 1  # the reference host itself
+
+
+def test_the_backward_issues_kernels_only_for_what_autograd_records() -> None:
+    """Two backward kernels per forward kernel autograd records a node for; the preprocessing
+    (3 kernels: integer counts and indices, their copy to the host) and Sinkhorn's iterations
+    (61 of its router's 69 call sites, under torch.no_grad: 72 · 61 / 38 kernels unfused) none.
+    One MoE block, no recompute: host backward = 2 · t_launch · (forward − no-grad kernels)."""
+    topk = tiny_env(moe={"moe_permute_fusion": True})
+    assert topk["time_launches_nograd"] == 3
+    assert topk["time_host_bwd_s"] == 2 * topk["t_launch"] * (topk["time_launches_fwd"] - 3)
+    sinkhorn = tiny_env(moe={"moe_permute_fusion": True,
+                             "moe_router_load_balancing_type": "sinkhorn", "moe_aux_loss_coeff": 0})
+    assert sinkhorn["router_nograd_launches"] == Fraction(72 * 61, 38)
+    assert sinkhorn["time_launches_router"] == Fraction(72 * 69, 38)
+    assert sinkhorn["time_launches_nograd"] == 3 + Fraction(72 * 61, 38)
+    assert sinkhorn["time_host_bwd_s"] == 2 * sinkhorn["t_launch"] * (
+        sinkhorn["time_launches_fwd"] - sinkhorn["time_launches_nograd"])
+    graphed = tiny_env(moe={"moe_permute_fusion": True}, overlap={
+        "cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ["moe_router", "moe_preprocess"]})
+    assert graphed["time_launches_nograd"] == 0  # captured: neither direction is launched
+
+
 def test_stack_factor_scales_the_compute() -> None:
     """calibrate's stack-level term: the stack's compute over the model's."""
     base = tiny_env()

@@ -19,7 +19,7 @@ RESOLVED = {
     "model": {"num_query_groups", "kv_channels", "ffn_hidden_size", "moe_ffn_hidden_size",
               "moe_shared_expert_intermediate_size", "qk_head_dim", "v_head_dim"},
     "cluster": {"nodes", "gpu"},
-    "efficiency": {"gemm_half_dim", "gemm_fp8"},
+    "efficiency": {"gemm_half_dim", "gemm_fp8", "host_launch_scale"},
 }
 FIELDS = frozenset().union(*RESOLVED.values())
 
