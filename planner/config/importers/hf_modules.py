@@ -461,7 +461,10 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         read.append(kinds)
         bias += extra
     output = model.get_output_embeddings()
-    tied = output is not None and output.weight is embed.weight
+    # a bare text model (no head class in transformers) is tied or not as its config says, as
+    # planner/commands/hf_meta.py adds the untied output layer to transformers' count
+    tied = output.weight is embed.weight if output is not None else \
+        attr(text, "tie_word_embeddings") is not False
     inside = {f"{path}." for path, _ in layers}
     known = {id(embed.weight)} | ({id(output.weight)} if output is not None else set())
     finals = 0
@@ -531,6 +534,9 @@ def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attenti
             raise ValueError("the sliding-window layers' V is their K as the full layers' is: "
                              "moeplan prices attention_k_eq_v on full-attention layers only")
         extra["attention_k_eq_v"] = True
+        if own_window is not base and not {"window_num_query_groups", "window_kv_channels"} & set(
+                extra):  # the window layers keep their V: their KV shape, stated, gives it back
+            extra["window_num_query_groups"] = own_window.groups
     return base, extra
 
 
