@@ -31,14 +31,21 @@ class MetaImport:
     findings: list[Finding] = field(default_factory=list)
 
 
+def _kept(key: str, value: Any) -> bool:
+    """Not the weights' quantisation, the remote-code pointers (auto_map, which would make
+    transformers ask to run the repository's own code), or a `"rope_scaling": null`: no scaling,
+    as when absent, but transformers 5.25 turns the null into rope_parameters None and fails on
+    it for models with a RoPE per layer type (MiMo-V2-Flash's file states it)."""
+    return key not in ("quantization_config", "auto_map") and not (
+        key == "rope_scaling" and value is None)
+
+
 def _plain(hf: Mapping[str, Any]) -> dict[str, Any]:
-    """The file without what is not the network: the weights' quantisation, and the remote-code
-    pointers (auto_map) that would make transformers ask to run the repository's own code."""
-    drop = ("quantization_config", "auto_map")
-    data = {key: value for key, value in hf.items() if key not in drop}
+    """The file without what is not the network (`_kept`), at the top and in sub-configs."""
+    data = {key: value for key, value in hf.items() if _kept(key, value)}
     for key, value in data.items():
         if isinstance(value, Mapping):
-            data[key] = {k: v for k, v in value.items() if k not in drop}
+            data[key] = {k: v for k, v in value.items() if _kept(k, v)}
     return data
 
 
