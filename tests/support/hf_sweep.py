@@ -75,10 +75,12 @@ SWEEP: dict[str, str] = {
     "step3p5": "exact", "laguna": "exact", "ernie4_5_moe": "exact", "dots1": "exact",
     "exaone_moe": "exact", "hy_v3": "exact", "solar_open": "exact", "granitemoe": "exact",
     "qwen3_vl_moe_text": "exact",
+    # multi-latent attention read off the projections' shapes
+    "mistral4": "exact", "mistral3+mistral4": "exact",
     # refused naming what moeplan has no layer kind for
     "longcat_flash": "layer 0: model.layers.0.mlp.router (LongcatFlashTopkRouter)",
     "kimi_linear": "layer 0: model.layers.0.self_attn (KimiLinearDeltaAttention)",
-    "mistral4": "layer 0: model.layers.0.self_attn (Mistral4Attention)",
+    "hy_v4": "layer 0: model.layers.0.self_attn (HYV4Attention) is not multi-latent attention",
     "minimax": "layer 1: model.layers.1.self_attn (MiniMaxLightningAttention)",
     "olmoe": "layer 0: model.layers.0.self_attn.q_norm (OlmoeRMSNorm)",
     "jamba": "layer 0: model.layers.0.mamba (JambaMambaMixer)",
@@ -119,8 +121,16 @@ def _shrink(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def shrunk(model_type: str) -> dict[str, Any]:
-    """The config.json of `model_type` at toy size (see the module docstring)."""
+    """The config.json of `model_type` at toy size (see the module docstring); "WRAPPER+TEXT" is
+    the wrapper with that text stack as its text_config (Mistral-Small-4 ships as mistral3 around
+    mistral4)."""
     import transformers
+
+    if "+" in model_type:
+        wrapper, text = model_type.split("+")
+        data = shrunk(wrapper)
+        data["text_config"] = {k: v for k, v in shrunk(text).items() if k != "architectures"}
+        return data
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,

@@ -57,6 +57,9 @@ class Attention:
     v_dim: int = 0  # the value heads' width where it is not head_dim (MiMo-V2-Flash), else 0
     k_eq_v: bool = False  # no v projection: V is K (Gemma-4's full-attention layers)
     indexer: tuple[int, int] = (0, 0)  # a block-sparse lightning indexer's (heads, width), MiniMax-M3
+    # multi-latent attention's (q latent or 0, kv latent, q/k head dim without and with RoPE,
+    # value head dim); all 0 for attention with q/k/v projections
+    mla: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -157,13 +160,63 @@ _ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", 
                     "indexer"}
 
 
+_MLA_PARTS = {"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
+              "kv_a_layernorm", "kv_b_proj", "o_proj"}
+
+
+def _mla(module: Any, hidden: int, heads: int, layer: int, path: str) -> Attention:
+    """Multi-latent attention as Megatron's MLASelfAttention builds it (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/multi_latent_attention.py MLASelfAttention): a query
+    latent (q_a_proj, its norm, q_b_proj) or a plain q_proj, the KV latent with the shared RoPE
+    key (kv_a_proj_with_mqa, its norm, kv_b_proj) and o_proj; every width read off the shapes."""
+    parts = dict(_children(module))
+    if _params(module) or set(parts) - _MLA_PARTS or ("q_proj" in parts) == (
+            "q_b_proj" in parts) or ("q_b_proj" in parts) != ("q_a_proj" in parts) != (
+            "q_a_layernorm" not in parts):
+        extra = sorted(set(_params(module)) | (set(parts) - _MLA_PARTS))
+        raise Unpriced(layer, path, module, "is not multi-latent attention as Megatron builds it"
+                       + (f" (it also holds {', '.join(extra)})" if extra else ""))
+    projections = {name: _linear(parts[name], layer, f"{path}.{name}") for name in parts
+                   if not name.endswith("layernorm")}
+    if any(bias for _, _, bias in projections.values()):
+        raise Unpriced(layer, path, module, "biases its projections (Megatron's MLA takes none)")
+    kv_rank = _shape(dict(parts["kv_a_layernorm"].named_parameters()).get("weight", _NO_WEIGHT))
+    latent = kv_rank[0] if len(kv_rank) == 1 else 0
+    q_rank = projections["q_a_proj"][1] if "q_a_proj" in projections else 0
+    if q_rank:
+        _norm(parts["q_a_layernorm"], q_rank, layer, f"{path}.q_a_layernorm")
+    _norm(parts["kv_a_layernorm"], latent, layer, f"{path}.kv_a_layernorm")
+    q_out = projections["q_b_proj" if q_rank else "q_proj"][1]
+    rope = projections["kv_a_proj_with_mqa"][1] - latent
+    o_in, o_out, _ = projections["o_proj"]
+    v_dim = o_in // heads
+    nope = projections["kv_b_proj"][1] // heads - v_dim
+    if rope < 1 or nope < 1 or o_in % heads or o_out != hidden \
+            or q_out != heads * (nope + rope) or projections["kv_b_proj"][0] != latent \
+            or projections["kv_b_proj"][1] != heads * (nope + v_dim):
+        raise Unpriced(layer, path, module, f"has widths no {heads}-head multi-latent attention "
+                       "has (q, kv latent, RoPE key, value and output projections disagree)")
+    return Attention(heads, heads, nope + rope, False, True, mla=(q_rank, latent, nope, rope,
+                                                                   v_dim))
+
+
+class _NoWeight:
+    shape = ()
+
+
+_NO_WEIGHT = _NoWeight()
+
+
 def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer: int,
                path: str) -> Attention:
     """Softmax attention as Megatron's SelfAttention builds it: q/k/v/o projections, optional
     per-head q/k RMSNorm, an optional output gate (g_proj: one per head = head_wise_attn_gate,
-    one per channel = attention_output_gate) and optional per-head sinks."""
+    one per channel = attention_output_gate) and optional per-head sinks; or multi-latent
+    attention (`_mla`)."""
     parts = dict(_children(module))
     own = _params(module)
+    if "kv_a_proj_with_mqa" in parts:
+        return _mla(module, hidden, heads, layer, path)
     if set(own) - {"sinks"} or not {"q_proj", "k_proj", "o_proj"} <= set(parts) \
             or set(parts) - _ATTENTION_PARTS or "v_norm" in parts and _params(parts["v_norm"]):
         extra = sorted((set(own) - {"sinks"}) | (set(parts) - _ATTENTION_PARTS))
@@ -561,6 +614,23 @@ def _windows(text: Any, layers: int) -> dict[str, Any]:
     return model
 
 
+def _mla_rope(rope: Any, notes: list[str]) -> dict[str, Any]:
+    """MLA's RoPE (Megatron's MLATransformerConfig defaults to YaRN: the plain rope is named):
+    YaRN's factor and original context from the config's rope_parameters, else plain RoPE."""
+    rope = rope if isinstance(rope, Mapping) else {}
+    if rope.get("rope_type") != "yarn":
+        return {"rope_type": "rope"}
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    if not isinstance(factor, int | float) or isinstance(factor, bool) or factor <= 0 \
+            or not isinstance(original, int) or original < 1:
+        raise ValueError(f"YaRN rope_parameters {dict(rope)!r:.80} name no factor and original "
+                         "context moeplan can carry")
+    notes.append("YaRN: factor and original context carried; its mscale and betas are "
+                 "Megatron's MLA defaults (RoPE numerics only, no parameter or byte)")
+    return {"rope_type": "yarn", "rotary_scaling_factor": float(factor),
+            "original_max_position_embeddings": original}
+
+
 def topk(text: Any) -> tuple[str, int] | None:
     """The config key and value of the experts each token is routed to."""
     for key in TOPK_KEYS:
@@ -591,7 +661,17 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         "untie_embeddings_and_output_weights": not read.tied, "add_bias_linear": False,
         "hidden_dropout": 0.0, "attention_dropout": 0.0, "qk_layernorm": att.qk_norm,
     }
-    if att.groups != att.heads:
+    if att.mla != (0, 0, 0, 0, 0):
+        if windows:
+            raise ValueError("multi-latent attention beside sliding-window layers: moeplan "
+                             "prices MLA on full-attention layers only")
+        del model["kv_channels"]
+        q_rank, latent, nope, rope_dim, v_dim = att.mla
+        model.update(multi_latent_attention=True, kv_lora_rank=latent, qk_head_dim=nope,
+                     qk_pos_emb_head_dim=rope_dim, v_head_dim=v_dim, **(
+                         {"q_lora_rank": q_rank} if q_rank else {}))
+        model.update(_mla_rope(attr(text, "rope_parameters"), notes))
+    elif att.groups != att.heads:
         model.update(group_query_attention=True, num_query_groups=att.groups)
     if att.qkv_bias:
         model["add_qkv_bias"] = True
@@ -647,6 +727,8 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
     rotary = attr(text, "rotary_dim")
     if isinstance(rotary, int) and 0 < rotary < att.head_dim:
         model["rotary_percent"] = rotary / att.head_dim
+    if att.mla != (0, 0, 0, 0, 0):  # MLA rotates its own RoPE head dim, no share of the head
+        model.pop("rotary_percent", None)
     if ffns:
         model["ffn_hidden_size"] = ffns.pop()
     if moes:

@@ -122,3 +122,48 @@ def test_window_layers_of_their_own_kv_groups_and_sinks_map_to_their_fields():
 def test_the_shape_megatron_builds_is_read():
     attention = _attention(_layer(_Module, 64, 4 * 16, 2 * 16, 2 * 16, 4 * 16), 64, 4, 16, 0, "a")
     assert (attention.heads, attention.groups, attention.head_dim) == (4, 2, 16)
+
+
+class Mistral4Attention(_Module):
+    pass
+
+
+class _RMSNorm(_Module):
+    pass
+
+
+def _mla_module(hidden: int, heads: int, q_rank: int, kv_rank: int, nope: int, rope: int,
+                v: int, **extra: _Module) -> _Module:
+    query = ({"q_a_proj": _linear(hidden, q_rank), "q_b_proj": _linear(q_rank, heads * (nope + rope)),
+              "q_a_layernorm": _RMSNorm({"weight": _Tensor(q_rank)})} if q_rank else
+             {"q_proj": _linear(hidden, heads * (nope + rope))})
+    return Mistral4Attention(**query, kv_a_proj_with_mqa=_linear(hidden, kv_rank + rope),
+                             kv_a_layernorm=_RMSNorm({"weight": _Tensor(kv_rank)}),
+                             kv_b_proj=_linear(kv_rank, heads * (nope + v)),
+                             o_proj=_linear(heads * v, hidden), **extra)
+
+
+def test_multi_latent_attention_is_read_off_its_projection_shapes():
+    # Mistral-Small-4's MLA at its published widths (32 heads, q latent 1024, kv latent 256,
+    # q/k head 64 + 64 RoPE, values 128): every width from the shapes, none from the config
+    attention = _attention(_mla_module(4096, 32, 1024, 256, 64, 64, 128), 4096, 32, None, 0,
+                           "model.layers.0.self_attn")
+    assert attention.mla == (1024, 256, 64, 64, 128) and attention.qk_norm
+    # no query latent (DeepSeek-V2-Lite's shape): q_proj straight from the hidden state
+    assert _attention(_mla_module(2048, 16, 0, 512, 128, 64, 128), 2048, 16, None, 0, "a").mla \
+        == (0, 512, 128, 64, 128)
+    # a part Megatron's MLASelfAttention does not have is refused by name
+    with pytest.raises(Unpriced, match=r"layer 3: a \(Mistral4Attention\) is not multi-latent "
+                                       r"attention as Megatron builds it \(it also holds gate_proj\)"):
+        _attention(_mla_module(64, 4, 32, 16, 16, 8, 16, gate_proj=_linear(64, 4)), 64, 4, None,
+                   3, "a")
+
+
+def test_multi_latent_attention_maps_to_megatrons_mla_fields():
+    att = Attention(4, 4, 24, False, True, mla=(32, 16, 16, 8, 16))
+    read = ModelRead(256, 64, False, [Layer(att, None, Moe(4, 32, 0, False, False, "softmax"))] * 2)
+    model, _, _ = model_section(read, _text(["full_attention"] * 2))
+    assert (model["multi_latent_attention"], model["q_lora_rank"], model["kv_lora_rank"],
+            model["qk_head_dim"], model["qk_pos_emb_head_dim"], model["v_head_dim"],
+            model["rope_type"]) == (True, 32, 16, 16, 8, 16, "rope")
+    assert "kv_channels" not in model and "num_query_groups" not in model
