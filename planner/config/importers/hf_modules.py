@@ -170,9 +170,10 @@ def _mla(module: Any, hidden: int, heads: int, layer: int, path: str) -> Attenti
     latent (q_a_proj, its norm, q_b_proj) or a plain q_proj, the KV latent with the shared RoPE
     key (kv_a_proj_with_mqa, its norm, kv_b_proj) and o_proj; every width read off the shapes."""
     parts = dict(_children(module))
-    if _params(module) or set(parts) - _MLA_PARTS or ("q_proj" in parts) == (
-            "q_b_proj" in parts) or ("q_b_proj" in parts) != ("q_a_proj" in parts) != (
-            "q_a_layernorm" not in parts):
+    query = set(parts) & {"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj"}
+    if _params(module) or set(parts) - _MLA_PARTS or query not in (
+            {"q_proj"}, {"q_a_proj", "q_a_layernorm", "q_b_proj"}) or not {
+            "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"} <= set(parts):
         extra = sorted(set(_params(module)) | (set(parts) - _MLA_PARTS))
         raise Unpriced(layer, path, module, "is not multi-latent attention as Megatron builds it"
                        + (f" (it also holds {', '.join(extra)})" if extra else ""))

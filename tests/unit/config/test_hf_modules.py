@@ -167,3 +167,10 @@ def test_multi_latent_attention_maps_to_megatrons_mla_fields():
             model["qk_head_dim"], model["qk_pos_emb_head_dim"], model["v_head_dim"],
             model["rope_type"]) == (True, 32, 16, 16, 8, 16, "rope")
     assert "kv_channels" not in model and "num_query_groups" not in model
+
+
+def test_a_query_latent_without_its_norm_is_refused_by_name():
+    module = _mla_module(64, 4, 32, 16, 16, 8, 16)
+    del module._children["q_a_layernorm"]
+    with pytest.raises(Unpriced, match=r"layer 1: a \(Mistral4Attention\) is not multi-latent"):
+        _attention(module, 64, 4, None, 1, "a")
