@@ -132,6 +132,35 @@ def _count(model: dict[str, Any]) -> tuple[int | None, int]:
     return (None if size is None else size.total_params), rows * cfg.model.hidden_size * tables
 
 
+def _mispriced(section: Mapping[str, Any], layers: list[tuple[str, Any]], biases: list[int],
+               total: int) -> str | None:
+    """The first decoder layer whose price in moeplan (the model section cut to that one layer,
+    less what transformers holds outside the layers) is not its parameters in transformers'
+    build: its index, path, class and modules; None when every layer agrees or the cut section
+    is no valid model."""
+    count = section["num_layers"]
+    inside = [sum(int(p.numel()) for p in layer.parameters()) for _, layer in layers]
+    outside = total - sum(inside)
+    for index, (path, layer) in enumerate(layers):
+        one = {key: [value[index]] if isinstance(value, list) and len(value) == count else value
+               for key, value in section.items()}
+        one["num_layers"] = 1
+        try:
+            counted, padding = _count(one)
+        except ValueError:
+            return None
+        if counted is None:
+            return None
+        priced, built = counted - padding - outside, inside[index] - biases[index]
+        if priced != built:
+            modules = ", ".join(f"{name} ({type(child).__name__})"
+                                for name, child in layer.named_children()
+                                if any(True for _ in child.parameters()))
+            return (f"layer {index}: {path} ({type(layer).__name__}: {modules}) holds {built:,} "
+                    f"parameters in transformers' build, moeplan prices {priced:,} for it")
+    return None
+
+
 def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
     """The model section transformers' meta build maps to, or the CFG007 finding naming what
     moeplan cannot price; None when transformers is not installed (the caller's finding stands)."""
@@ -187,11 +216,14 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
         return MetaImport(findings=[_error(where, f"{census}; the mapped model section is not "
                                            f"valid: {str(exc)[:240]}", fix)])
     if counted is None or counted - padding + read.bias_params != total:
+        part = _mispriced(section, layers, read.layer_bias, total) or (
+            "a part outside the decoder layers (embedding, output layer, final norm) "
+            "moeplan prices differently")
         return MetaImport(findings=[_error(
             where, f"{census}; its layers map to moeplan's kinds but moeplan counts "
             f"{'nothing' if counted is None else f'{counted:,}'} (-{padding:,} vocabulary "
-            f"padding, +{read.bias_params:,} router correction biases), not {total:,}: a part "
-            "moeplan prices differently", fix)])
+            f"padding, +{read.bias_params:,} router correction biases), not {total:,}: {part}",
+            fix)])
     bias = (f" + {read.bias_params:,} router correction-bias parameters (Megatron keeps them as "
             "a buffer, uncounted)" if read.bias_params else "")
     if padding:

@@ -90,6 +90,7 @@ class ModelRead:
     tied: bool
     layers: list[Layer]
     bias_params: int = 0  # correction-bias parameters transformers counts and Megatron buffers
+    layer_bias: list[int] = field(default_factory=list)  # the same, layer by layer
     notes: list[str] = field(default_factory=list)
 
 
@@ -503,7 +504,7 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
     if not heads:
         raise Unpriced(None, "config", text, "names no num_attention_heads")
     read: list[Layer] = []
-    bias = 0
+    biases: list[int] = []
     per_layer = getattr(text, "per_layer_config", None)
     for index, (path, layer) in enumerate(layers):
         try:  # transformers 5's per-layer head width (Gemma-4's full layers: global_head_dim)
@@ -513,7 +514,7 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         own = own if isinstance(own, int) and own > 0 else head_dim
         kinds, extra = read_layer(layer, index, hidden, heads, own, path)
         read.append(kinds)
-        bias += extra
+        biases.append(extra)
     output = model.get_output_embeddings()
     # a bare text model (no head class in transformers) is tied or not as its config says, as
     # planner/commands/hf_meta.py adds the untied output layer to transformers' count
@@ -531,7 +532,7 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         owner = name.rsplit(".", 1)[0]
         raise Unpriced(None, name, model.get_submodule(owner),
                        f"{_shape(param)} is no embedding, output layer or final norm")
-    return ModelRead(vocab, hidden, tied, read, bias)
+    return ModelRead(vocab, hidden, tied, read, sum(biases), layer_bias=biases)
 
 
 def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attention, dict[str, Any]]:

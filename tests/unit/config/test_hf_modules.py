@@ -174,3 +174,50 @@ def test_a_query_latent_without_its_norm_is_refused_by_name():
     del module._children["q_a_layernorm"]
     with pytest.raises(Unpriced, match=r"layer 1: a \(Mistral4Attention\) is not multi-latent"):
         _attention(module, 64, 4, None, 1, "a")
+
+
+class _Counted:
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def numel(self) -> int:
+        return self._n
+
+
+class _Block:
+    """A decoder layer as hf_meta._mispriced sees it: its parameters' sizes and its modules."""
+
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self._sizes = sizes
+
+    def parameters(self) -> Iterator[_Counted]:
+        return (_Counted(n) for n in self._sizes.values())
+
+    def named_children(self) -> Iterator[tuple[str, Any]]:
+        return ((name, _Block({name: n})) for name, n in self._sizes.items())
+
+
+def test_a_count_that_differs_is_refused_naming_the_layer_and_its_modules():
+    # Two MoE layers of hidden 64: attention 4 heads of 16 (4 x 64 x 64 = 16,384), a router of
+    # 4 x 64 = 256, 4 SwiGLU experts of 32 (4 x 3 x 64 x 32 = 24,576), two norms (128): 41,344 a
+    # layer (hand-derived); a tied vocabulary of 256 (no padding rows) and the final norm:
+    # 16,448 outside. transformers' layer 1 holds 8 more: the refusal names layer 1, its path,
+    # class and modules.
+    from planner.commands.hf_meta import _mispriced
+
+    section = {"num_layers": 2, "hidden_size": 64, "vocab_size": 256, "num_attention_heads": 4,
+               "kv_channels": 16, "normalization": "RMSNorm", "swiglu": True,
+               "ffn_hidden_size": 32, "add_bias_linear": False, "num_experts": 4,
+               "moe_ffn_hidden_size": 32, "moe_router_topk": 2, "moe_layer_freq": [1, 1],
+               "untie_embeddings_and_output_weights": False}
+    layer = {"self_attn": 16_384, "mlp": 24_832, "input_layernorm": 64,
+             "post_attention_layernorm": 64}
+    layers = [("model.layers.0", _Block(layer)),
+              ("model.layers.1", _Block({**layer, "mlp": 24_840}))]
+    assert _mispriced(section, layers[:1] * 2, [0, 0], 16_448 + 2 * 41_344) is None
+    assert _mispriced(section, layers, [0, 0], 16_448 + 41_344 + 41_352) == (
+        "layer 1: model.layers.1 (_Block: self_attn (_Block), mlp (_Block), input_layernorm "
+        "(_Block), post_attention_layernorm (_Block)) holds 41,352 parameters in transformers' "
+        "build, moeplan prices 41,344 for it")
+    # a correction bias transformers counts in the layer (a buffer in Megatron) is no difference
+    assert _mispriced(section, layers, [0, 8], 16_448 + 41_344 + 41_352) is None
