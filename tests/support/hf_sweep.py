@@ -75,6 +75,9 @@ SWEEP: dict[str, str] = {
     "step3p5": "exact", "laguna": "exact", "ernie4_5_moe": "exact", "dots1": "exact",
     "exaone_moe": "exact", "hy_v3": "exact", "solar_open": "exact", "granitemoe": "exact",
     "qwen3_vl_moe_text": "exact",
+    # AFMoE (Arcee Trinity): a sigmoid output gate, sandwich norms, the correction bias on the
+    # MoE block, RoPE on the sliding-window layers only (no_rope_freq on the full ones)
+    "afmoe": "exact",
     # multi-latent attention read off the projections' shapes
     "mistral4": "exact", "mistral3+mistral4": "exact",
     # refused naming what moeplan has no layer kind for
@@ -84,7 +87,6 @@ SWEEP: dict[str, str] = {
     "minimax": "layer 1: model.layers.1.self_attn (MiniMaxLightningAttention)",
     "olmoe": "layer 0: model.layers.0.self_attn.q_norm (OlmoeRMSNorm)",
     "jamba": "layer 0: model.layers.0.mamba (JambaMambaMixer)",
-    "afmoe": "layer 0: model.layers.0.self_attn (AfmoeAttention)",
     "hunyuan_v1_moe": "layer 0: model.layers.0.self_attn (HunYuanMoEV1Attention)",
 }
 

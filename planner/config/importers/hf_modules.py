@@ -60,6 +60,8 @@ class Attention:
     # multi-latent attention's (q latent or 0, kv latent, q/k head dim without and with RoPE,
     # value head dim); all 0 for attention with q/k/v projections
     mla: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+    gate_act: str = ""  # the gate's activation as its forward calls it: "sigmoid", "softplus"
+    rope_window_only: bool = False  # its forward rotates q/k on sliding-window layers only
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,8 @@ def _swiglu(module: Any, hidden: int, layer: int | None, path: str) -> int:
     return size
 
 
-_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "g_proj", "v_norm",
+_GATES = ("g_proj", "gate_proj")  # an output gate's projection (Step-3.5 / Laguna, AFMoE)
+_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", *_GATES, "v_norm",
                     "indexer"}
 
 
@@ -253,12 +256,15 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     if len(norms) == 1:
         raise Unpriced(layer, path, module, f"normalises only {norms[0]}")
     gate = ""
-    if "g_proj" in parts:
-        g_in, g_out, g_bias = _linear(parts["g_proj"], layer, f"{path}.g_proj")
+    gates = [name for name in _GATES if name in parts]
+    if len(gates) > 1:
+        raise Unpriced(layer, path, module, "holds two output gates (g_proj, gate_proj)")
+    for name in gates:
+        g_in, g_out, g_bias = _linear(parts[name], layer, f"{path}.{name}")
         gate = {heads: "head", heads * head_dim: "element"}.get(g_out, "") if (
             g_in == hidden and not g_bias) else ""
         if not gate:
-            raise Unpriced(layer, f"{path}.g_proj", parts["g_proj"], f"gates {g_out} outputs: "
+            raise Unpriced(layer, f"{path}.{name}", parts[name], f"gates {g_out} outputs: "
                            f"neither one per head ({heads}) nor one per channel")
     indexer = _indexer(parts["indexer"], hidden, layer, f"{path}.indexer") \
         if "indexer" in parts else (0, 0)
@@ -266,8 +272,38 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     if sinks and _shape(own["sinks"]) != (heads,):
         raise Unpriced(layer, path, module, f"holds sinks of {_shape(own['sinks'])}, not one per "
                        "head")
+    code = _forward_code(module)
+    gate_act = next((name for name in ("softplus", "sigmoid") if f"{name}(" in code), "") \
+        if gate else ""
     return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks, v_dim,
-                     k_eq_v, indexer)
+                     k_eq_v, indexer, gate_act=gate_act, rope_window_only=_rope_window_only(code))
+
+
+def _forward_code(module: Any) -> str:
+    """The source of the module class's forward ("" where it cannot be read)."""
+    try:
+        return inspect.getsource(type(module).forward)
+    except (AttributeError, OSError, TypeError):
+        return ""
+
+
+# the conditions under which a forward rotates q and k on its sliding-window layers only
+_WINDOW_ONLY = ("if self.is_local_attention", "if self.is_sliding", "if self.sliding_window")
+
+
+def _rope_window_only(code: str) -> bool:
+    """Whether the forward applies RoPE under a sliding-window-only condition (AFMoE's
+    `if self.is_local_attention:` before apply_rotary_pos_emb: its full layers take no position
+    embedding), read off the line before the call."""
+    lines = code.splitlines()
+    for index, line in enumerate(lines):
+        if "= apply_rotary_pos_emb(" not in line:
+            continue
+        depth = len(line) - len(line.lstrip())
+        for above in reversed(lines[max(0, index - 3):index]):  # the block the call sits in
+            if len(above) - len(above.lstrip()) < depth:
+                return above.strip().startswith(_WINDOW_ONLY)
+    return False
 
 
 def _indexer(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
@@ -351,6 +387,9 @@ def _experts(module: Any, hidden: int, count: int, layer: int, path: str) -> int
 def _router(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
     """(experts, correction-bias parameters) of a router: a weight of experts x hidden and an
     optional correction bias, itself or in a child (ERNIE-4.5's moe_statics)."""
+    children = dict(_children(module))
+    if not _params(module) and set(children) == {"gate"}:  # AFMoE: a router holding its gate
+        module, path = children["gate"], f"{path}.gate"
     weight = _params(module).get("weight")
     named = dict(module.named_parameters())
     if weight is None or len(_shape(weight)) != 2 or _shape(weight)[1] != hidden:
@@ -378,6 +417,10 @@ def _scaled_router(module: Any, hidden: int, layer: int, path: str) -> int:
     return experts
 
 
+# the MLP's pre-norm and the output norm of sandwich-norm layers (their post_attention_layernorm
+# then norms the attention's output): Gemma's names, AFMoE's
+_SANDWICH = (("pre_feedforward_layernorm", "post_feedforward_layernorm"),
+             ("pre_mlp_layernorm", "post_mlp_layernorm"))
 _BRANCH_NORMS = {"post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                  "pre_feedforward_layernorm_2"}
 
@@ -415,8 +458,11 @@ def _moe(module: Any, hidden: int, layer: int, path: str) -> tuple[Moe, int]:
         else:
             raise Unpriced(layer, f"{path}.{name}", child, "is a part of the MoE block moeplan "
                            "has no kind for")
-    if _params(module):
-        raise Unpriced(layer, path, module, "holds " + ", ".join(sorted(_params(module))))
+    own = _params(module)
+    if set(own) == {"expert_bias"} and _shape(own["expert_bias"]) == (experts,):
+        bias += experts  # AFMoE keeps the correction bias on the block, a parameter
+    elif own:
+        raise Unpriced(layer, path, module, "holds " + ", ".join(sorted(own)))
     score = _score(parts[routers[0]], module)
     return Moe(experts, size, shared, gate, bool(bias) or bias_buffer, score), bias
 
@@ -450,12 +496,13 @@ def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int |
     children = dict(_children(module))
     # Gemma's sandwich norms (post_attention_layernorm is then a post-norm, pre_feedforward the
     # MLP's pre-norm): two more norms per layer; Gemma-4's MoE block beside the dense MLP
-    post = {"pre_feedforward_layernorm", "post_feedforward_layernorm"} <= set(children)
+    post_names = next((pair for pair in _SANDWICH if set(pair) <= set(children)), ())
+    post = bool(post_names)
     branch = {"router", "experts"} | _BRANCH_NORMS
     gemma_moe = branch <= set(children)
     for name, child in children.items():
         where = f"{path}.{name}"
-        if post and name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+        if name in post_names:
             _norm(child, hidden, index, where)
             continue
         if gemma_moe and name in branch:
@@ -679,10 +726,21 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         model["add_qkv_bias"] = True
     if att.gate:
         model["head_wise_attn_gate" if att.gate == "head" else "attention_output_gate"] = True
+    if att.gate_act == "softplus":
+        warnings.append("the attention output gate is a softplus in the checkpoint's forward; "
+                        "Megatron's gate is a sigmoid (the same parameters, FLOPs and bytes; "
+                        "not the same numerics)")
     if att.sinks:
         model["softmax_type"] = "learnable"
     model.update(windows)
     model.update(window_own)
+    if att.rope_window_only and "window_attn_skip_freq" in windows:
+        # RoPE on the sliding-window layers only: Megatron's no_rope_freq, 1 = no position
+        # embedding, on the full-attention layers (window_attn_skip_freq 0)
+        model["no_rope_freq"] = [1 - flag for flag in windows["window_attn_skip_freq"]]
+    elif att.rope_window_only:
+        raise ValueError("the attention rotates q/k on sliding-window layers only, and the config "
+                         "names no full-attention layer apart: moeplan cannot place the RoPE")
     if "index_sparse_layers" in model:  # the block size and picks the modules do not say
         for key in ("index_block_size", "index_topk_blocks"):
             value = attr(text, key)
@@ -751,6 +809,8 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
                              f"none of {', '.join(TOPK_KEYS)}")
         model["moe_router_topk"] = routed[1]
         scale = attr(text, "routed_scaling_factor")
+        for name in ("route_scale", "moe_routed_scaling_factor"):  # AFMoE's, Laguna's names
+            scale = attr(text, name) if scale is None else scale
         if isinstance(scale, int | float) and not isinstance(scale, bool) and scale > 0:
             model["moe_router_topk_scaling_factor"] = float(scale)
         score = attr(text, "scoring_func")
@@ -780,7 +840,9 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
 
 # Keys the mapping reads, and those that change neither the network nor its training numerics.
 _READ = {"hidden_act", "rms_norm_eps", "rope_parameters", "rope_theta", "layer_types",
-         "sliding_window", "scoring_func", "routed_scaling_factor", "rotary_dim", "head_dim",
+         "sliding_window", "scoring_func", "routed_scaling_factor", "route_scale",
+         "moe_routed_scaling_factor", "rotary_dim",
+         "head_dim",
          "tie_word_embeddings", "router_aux_loss_coef", "initializer_range", "transformers_version",
          "model_type", "dtype", "torch_dtype", "_name_or_path", "use_cache", "return_dict",
          "output_hidden_states", "output_attentions", "output_router_logits", "problem_type",

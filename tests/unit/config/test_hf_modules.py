@@ -221,3 +221,34 @@ def test_a_count_that_differs_is_refused_naming_the_layer_and_its_modules():
         "build, moeplan prices 41,344 for it")
     # a correction bias transformers counts in the layer (a buffer in Megatron) is no difference
     assert _mispriced(section, layers, [0, 8], 16_448 + 41_344 + 41_352) is None
+
+
+def test_rope_under_a_sliding_window_condition_is_read_off_the_forward():
+    # AFMoE's attention rotates q/k only on its sliding-window layers: its full layers take no
+    # position embedding (Megatron's no_rope_freq); an unconditional call is RoPE everywhere
+    from planner.config.importers.hf_modules import _rope_window_only
+
+    conditional = """    def forward(self, hidden_states, position_embeddings):
+        if self.is_local_attention:
+            cos, sin = position_embeddings
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        return query_states
+"""
+    assert _rope_window_only(conditional)
+    assert not _rope_window_only(conditional.replace("if self.is_local_attention:", "if True:"))
+    everywhere = """    def forward(self, hidden_states, position_embeddings):
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+"""
+    assert not _rope_window_only(everywhere)
+
+
+def test_window_only_rope_maps_to_no_rope_on_the_full_layers():
+    att = Attention(4, 2, 16, False, True, "element", rope_window_only=True)
+    read = ModelRead(256, 64, False, [Layer(att, None, Moe(4, 32, 0, False, False, "sigmoid"))] * 4)
+    types = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    model, _, _ = model_section(read, _text(types))
+    assert model["window_attn_skip_freq"] == [1, 1, 1, 0] and model["no_rope_freq"] == [0, 0, 0, 1]
+    assert model["attention_output_gate"]
+    with pytest.raises(ValueError, match="rotates q/k on sliding-window layers only"):
+        model_section(read, _text(["full_attention"] * 4))
