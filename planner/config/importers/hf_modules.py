@@ -809,7 +809,8 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
                              f"none of {', '.join(TOPK_KEYS)}")
         model["moe_router_topk"] = routed[1]
         scale = attr(text, "routed_scaling_factor")
-        for name in ("route_scale", "moe_routed_scaling_factor"):  # AFMoE's, Laguna's names
+        # AFMoE's, Laguna's and Step-3.5's names for it (each multiplies the routed output)
+        for name in ("route_scale", "moe_routed_scaling_factor", "moe_router_scaling_factor"):
             scale = attr(text, name) if scale is None else scale
         if isinstance(scale, int | float) and not isinstance(scale, bool) and scale > 0:
             model["moe_router_topk_scaling_factor"] = float(scale)
@@ -841,7 +842,7 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
 # Keys the mapping reads, and those that change neither the network nor its training numerics.
 _READ = {"hidden_act", "rms_norm_eps", "rope_parameters", "rope_theta", "layer_types",
          "sliding_window", "scoring_func", "routed_scaling_factor", "route_scale",
-         "moe_routed_scaling_factor", "rotary_dim",
+         "moe_routed_scaling_factor", "moe_router_scaling_factor", "rotary_dim",
          "head_dim",
          "tie_word_embeddings", "router_aux_loss_coef", "initializer_range", "transformers_version",
          "model_type", "dtype", "torch_dtype", "_name_or_path", "use_cache", "return_dict",
