@@ -31,7 +31,7 @@ CODE = "CFG007"
 # MLATransformerConfig's YaRN defaults (Megatron-LM dev@d48bd6be transformer_config.py): values
 # equal to these need no argument; --mscale/--mscale-all-dim exist on the command line, the betas
 # do not (only --yarn-beta-* of standard attention's YaRN).
-_MLA_MSCALE_DEFAULTS = {"mscale": 1.0, "mscale_all_dim": 0.0}
+MLA_MSCALE_DEFAULTS = {"mscale": 1.0, "mscale_all_dim": 0.0}
 _MLA_BETA_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}
 
 
@@ -252,7 +252,7 @@ def _mla_rope(r: _Reader, model: dict[str, Any]) -> None:
     if kind != "yarn":
         r.unsupported("rope_scaling", kind, "moeplan maps YaRN ('yarn') or no scaling for MLA")
         return
-    numbers = {"factor": 1.0, **_MLA_MSCALE_DEFAULTS, **_MLA_BETA_DEFAULTS}
+    numbers = {"factor": 1.0, **MLA_MSCALE_DEFAULTS, **_MLA_BETA_DEFAULTS}
     bad = [key for key in [*numbers, "original_max_position_embeddings"] if key in scaling
            and (not isinstance(scaling[key], int | float) or isinstance(scaling[key], bool))]
     if bad:
@@ -261,7 +261,7 @@ def _mla_rope(r: _Reader, model: dict[str, Any]) -> None:
     model["rope_type"] = "yarn"
     model["rotary_scaling_factor"] = float(scaling.get("factor", 1.0))
     model["original_max_position_embeddings"] = scaling.get("original_max_position_embeddings", 4096)
-    for key, default in _MLA_MSCALE_DEFAULTS.items():
+    for key, default in MLA_MSCALE_DEFAULTS.items():
         value = scaling.get(key, default)
         if value != default:
             r.extra_args += [f"--{key.replace('_', '-')}", str(value)]

@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.config.importers.hf_config import MLA_MSCALE_DEFAULTS
+
 # transformers' config keys for the experts a token is routed to, in the order families use them
 # (Mixtral/Qwen/DeepSeek, ERNIE-4.5, Bailing, Gemma-4 and others).
 TOPK_KEYS = ("num_experts_per_tok", "moe_k", "moe_topk", "top_k", "num_experts_per_token",
@@ -674,10 +676,28 @@ def _mla_rope(rope: Any, notes: list[str]) -> dict[str, Any]:
             or not isinstance(original, int) or original < 1:
         raise ValueError(f"YaRN rope_parameters {dict(rope)!r:.80} name no factor and original "
                          "context moeplan can carry")
-    notes.append("YaRN: factor and original context carried; its mscale and betas are "
-                 "Megatron's MLA defaults (RoPE numerics only, no parameter or byte)")
+    betas = {key: rope[key] for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0))
+             if key in rope and rope[key] != default}
+    if betas:
+        notes.append(f"YaRN {betas} differ from Megatron's MLA defaults (32, 1), which no Megatron "
+                     "argument changes (RoPE numerics only, no parameter or byte)")
     return {"rope_type": "yarn", "rotary_scaling_factor": float(factor),
             "original_max_position_embeddings": original}
+
+
+def mla_rope_arguments(model: Mapping[str, Any], text: Any) -> list[str]:
+    """The --mscale / --mscale-all-dim arguments a YaRN MLA mapping needs: its config's values
+    apart from Megatron's MLA defaults, which no model field holds (the table the record path's
+    reader passes on the same way)."""
+    rope = attr(text, "rope_parameters")
+    if model.get("rope_type") != "yarn" or not isinstance(rope, Mapping):
+        return []
+    args: list[str] = []
+    for key, default in MLA_MSCALE_DEFAULTS.items():
+        value = rope.get(key, default)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value != default:
+            args += [f"--{key.replace('_', '-')}", str(value)]
+    return args
 
 
 def topk(text: Any) -> tuple[str, int] | None:

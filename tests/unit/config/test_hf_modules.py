@@ -252,3 +252,22 @@ def test_window_only_rope_maps_to_no_rope_on_the_full_layers():
     assert model["attention_output_gate"]
     with pytest.raises(ValueError, match="rotates q/k on sliding-window layers only"):
         model_section(read, _text(["full_attention"] * 4))
+
+
+def test_mla_yarn_is_carried_with_the_mscale_megatron_does_not_default_to():
+    # Mistral-Small-4's rope_parameters: YaRN of 128 from 8,192 positions, mscale_all_dim 1.0
+    # (Megatron's MLA default is 0.0: passed on as --mscale-all-dim), mscale 1.0 (the default)
+    from planner.config.importers.hf_modules import mla_rope_arguments
+
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
+            "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 1.0}
+    att = Attention(4, 4, 24, False, True, mla=(32, 16, 16, 8, 16))
+    read = ModelRead(256, 64, False, [Layer(att, None, Moe(4, 32, 0, False, False, "softmax"))] * 2)
+    text = SimpleNamespace(layer_types=None, sliding_window=None, num_experts_per_tok=2,
+                           rope_parameters=rope)
+    model, _, _ = model_section(read, text)
+    assert (model["rope_type"], model["rotary_scaling_factor"],
+            model["original_max_position_embeddings"]) == ("yarn", 128.0, 8192)
+    assert mla_rope_arguments(model, text) == ["--mscale-all-dim", "1.0"]
+    assert mla_rope_arguments({**model, "rope_type": "rope"}, text) == []
