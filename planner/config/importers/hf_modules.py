@@ -5,11 +5,15 @@ decoder layer is a known kind, and names the first module that is not.
 
 Known kinds, each as Megatron builds it: softmax attention with q/k/v/o projections
 (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__: heads,
-query groups and head dim from the projection shapes; q/k RMSNorm; q/k/v biases); a SwiGLU MLP
-(gate/up/down); a routed MoE block (a router of N x hidden, N experts of one SwiGLU size, fused or
-listed; a shared expert, gated or not); the two pre-norms of a layer. Anything else (an extra norm,
-an attention sink, a per-layer scalar, a second attention, a fused QKV) is refused with its class
-and layer index: moeplan would price a different model. Duck-typed over torch modules
+query groups and head dim from the projection shapes; q/k RMSNorm; q/k/v biases; an output gate
+per head or per channel; sinks; window layers' own heads, KV groups and widths), multi-latent
+attention (its latents and head widths from the shapes); a SwiGLU MLP (gate/up/down); a routed MoE
+block (a router of N x hidden, N experts of one SwiGLU size, fused or listed; a shared expert,
+gated or not; a correction bias); the two pre-norms of a layer, or sandwich norms. Anything else
+(an extra norm, a per-layer scalar, a second attention, a fused QKV, a linear-attention mixer) is
+refused with its class and layer index: moeplan would price a different model. What the shapes do
+not say (router scoring, RoPE only on window layers, the gate's activation) is read off the
+modules' forward code where it is unambiguous, else noted or refused. Duck-typed over torch modules
 (`named_children`, `named_parameters`, `.shape`), so this module imports no torch.
 """
 
