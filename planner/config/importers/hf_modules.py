@@ -750,10 +750,11 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         model["add_qkv_bias"] = True
     if att.gate:
         model["head_wise_attn_gate" if att.gate == "head" else "attention_output_gate"] = True
-    if att.gate_act == "softplus":
-        warnings.append("the attention output gate is a softplus in the checkpoint's forward; "
-                        "Megatron's gate is a sigmoid (the same parameters, FLOPs and bytes; "
-                        "not the same numerics)")
+    if att.gate and att.gate_act != "sigmoid":
+        warnings.append("the attention output gate is "
+                        + ("a softplus" if att.gate_act == "softplus" else "no sigmoid call")
+                        + " in the checkpoint's forward; Megatron's gate is a sigmoid (the same "
+                        "parameters, FLOPs and bytes; not the same numerics)")
     if att.sinks:
         model["softmax_type"] = "learnable"
     model.update(windows)
