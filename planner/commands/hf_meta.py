@@ -221,9 +221,12 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
         return MetaImport(findings=[_error(where, f"{census}; the mapped model section is not "
                                            f"valid: {str(exc)[:240]}", fix)])
     if counted is None or counted - padding + read.bias_params != total:
-        part = _mispriced(section, layers, read.layer_bias, total) or (
-            "a part outside the decoder layers (embedding, output layer, final norm) "
-            "moeplan prices differently")
+        try:
+            part = _mispriced(section, layers, read.layer_bias, total)
+        except Exception:  # the layer-by-layer count is a diagnosis: never a traceback
+            part = None
+        part = part or ("a part outside the decoder layers (embedding, output layer, final "
+                        "norm) moeplan prices differently, or one no single layer shows")
         return MetaImport(findings=[_error(
             where, f"{census}; its layers map to moeplan's kinds but moeplan counts "
             f"{'nothing' if counted is None else f'{counted:,}'} (-{padding:,} vocabulary "
