@@ -96,6 +96,8 @@ class _Reader:
         if target is not None and target in self.provided:
             return self.provided[target]
         value = self.hf.get(key, default)
+        if value is None and default is _REQUIRED:  # stated null: no value, as when absent
+            value = _REQUIRED
         if value is _REQUIRED:
             written = f", or write model.{target} in the YAML" if target else ""
             self._problem(key, f"{self.architecture} needs '{key}', which this config.json lacks",
