@@ -78,6 +78,8 @@ SWEEP: dict[str, str] = {
     # AFMoE (Arcee Trinity): a sigmoid output gate, sandwich norms, the correction bias on the
     # MoE block, RoPE on the sliding-window layers only (no_rope_freq on the full ones)
     "afmoe": "exact",
+    # HunYuan-A13B: q/k norms under its own names, run after RoPE (warned), a router holding wg
+    "hunyuan_v1_moe": "exact",
     # multi-latent attention read off the projections' shapes
     "mistral4": "exact", "mistral3+mistral4": "exact",
     # refused naming what moeplan has no layer kind for
@@ -87,7 +89,6 @@ SWEEP: dict[str, str] = {
     "minimax": "layer 1: model.layers.1.self_attn (MiniMaxLightningAttention)",
     "olmoe": "layer 0: model.layers.0.self_attn.q_norm (OlmoeRMSNorm)",
     "jamba": "layer 0: model.layers.0.mamba (JambaMambaMixer)",
-    "hunyuan_v1_moe": "layer 0: model.layers.0.self_attn (HunYuanMoEV1Attention)",
 }
 
 

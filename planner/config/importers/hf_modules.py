@@ -68,6 +68,7 @@ class Attention:
     mla: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
     gate_act: str = ""  # the gate's activation as its forward calls it: "sigmoid", "softplus"
     rope_window_only: bool = False  # its forward rotates q/k on sliding-window layers only
+    norm_after_rope: bool = False  # its forward normalises q/k after rotating them (HunYuan's)
 
 
 @dataclass(frozen=True)
@@ -165,8 +166,10 @@ def _swiglu(module: Any, hidden: int, layer: int | None, path: str) -> int:
     return size
 
 
+_QK_NORMS = ("q_norm", "k_norm")
+_QK_NORMS_AFTER = ("query_layernorm", "key_layernorm")  # HunYuan's names (applied after RoPE)
 _GATES = ("g_proj", "gate_proj")  # an output gate's projection (Step-3.5 / Laguna, AFMoE)
-_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", *_GATES, "v_norm",
+_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", *_QK_NORMS, *_QK_NORMS_AFTER, *_GATES, "v_norm",
                     "indexer"}
 
 
@@ -256,11 +259,11 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     if o_bias or len({q_bias, k_bias, v_bias}) != 1:
         raise Unpriced(layer, path, module, "biases some of q/k/v/o but not as Megatron's "
                        "add_qkv_bias (q, k and v alike, no output bias)")
-    norms = [name for name in ("q_norm", "k_norm") if name in parts]
+    norms = [name for name in (*_QK_NORMS, *_QK_NORMS_AFTER) if name in parts]
     for name in norms:
         _norm(parts[name], head_dim, layer, f"{path}.{name}")
-    if len(norms) == 1:
-        raise Unpriced(layer, path, module, f"normalises only {norms[0]}")
+    if len(norms) == 1 or len(norms) > 2:
+        raise Unpriced(layer, path, module, f"normalises {' and '.join(norms)}: not q and k alike")
     gate = ""
     gates = [name for name in _GATES if name in parts]
     if len(gates) > 1:
@@ -281,8 +284,12 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     code = _forward_code(module)
     gate_act = next((name for name in ("softplus", "sigmoid") if f"{name}(" in code), "") \
         if gate else ""
+    rope_at = code.find("apply_rotary_pos_emb(")
+    norm_at = min((code.find(f"self.{name}(") for name in norms if f"self.{name}(" in code),
+                  default=-1)
     return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks, v_dim,
-                     k_eq_v, indexer, gate_act=gate_act, rope_window_only=_rope_window_only(code))
+                     k_eq_v, indexer, gate_act=gate_act, rope_window_only=_rope_window_only(code),
+                     norm_after_rope=0 <= rope_at < norm_at)
 
 
 def _forward_code(module: Any) -> str:
@@ -394,8 +401,10 @@ def _router(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
     """(experts, correction-bias parameters) of a router: a weight of experts x hidden and an
     optional correction bias, itself or in a child (ERNIE-4.5's moe_statics)."""
     children = dict(_children(module))
-    if not _params(module) and set(children) == {"gate"}:  # AFMoE: a router holding its gate
-        module, path = children["gate"], f"{path}.gate"
+    if not _params(module) and len(children) == 1 and set(children) <= {"gate", "wg"}:
+        # a router holding its projection (AFMoE's gate, HunYuan's wg)
+        [(name, module)] = children.items()
+        path = f"{path}.{name}"
     weight = _params(module).get("weight")
     named = dict(module.named_parameters())
     if weight is None or len(_shape(weight)) != 2 or _shape(weight)[1] != hidden:
@@ -750,6 +759,10 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         model["add_qkv_bias"] = True
     if att.gate:
         model["head_wise_attn_gate" if att.gate == "head" else "attention_output_gate"] = True
+    if att.norm_after_rope:
+        warnings.append("the q/k norms run after RoPE in the checkpoint's forward; Megatron's "
+                        "qk_layernorm runs before it (the same parameters, FLOPs and bytes; not "
+                        "the same numerics)")
     if att.gate and att.gate_act != "sigmoid":
         warnings.append("the attention output gate is "
                         + ("a softplus" if att.gate_act == "softplus" else "no sigmoid call")

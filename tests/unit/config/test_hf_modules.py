@@ -271,3 +271,29 @@ def test_mla_yarn_is_carried_with_the_mscale_megatron_does_not_default_to():
             model["original_max_position_embeddings"]) == ("yarn", 128.0, 8192)
     assert mla_rope_arguments(model, text) == ["--mscale-all-dim", "1.0"]
     assert mla_rope_arguments({**model, "rope_type": "rope"}, text) == []
+
+
+class HunYuanAttention(_Module):
+    def forward(self, hidden_states: Any, cos: Any, sin: Any) -> Any:  # the order, not the math
+        query_states, key_states = apply_rotary_pos_emb(hidden_states, hidden_states, cos, sin)
+        return self.query_layernorm(query_states), self.key_layernorm(key_states)
+
+
+def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
+    return q, k
+
+
+def test_q_k_norms_after_rope_are_read_with_their_order():
+    # HunYuan's query_layernorm / key_layernorm (per head, as Megatron's qk_layernorm) run after
+    # RoPE in its forward: the same parameters, read as q/k norms, the order kept for a warning
+    norm = _Module({"weight": _Tensor(16)})
+    norm.__class__ = type("HunYuanRMSNorm", (_Module,), {})
+    module = HunYuanAttention(q_proj=_linear(64, 64), k_proj=_linear(64, 32),
+                              v_proj=_linear(64, 32), o_proj=_linear(64, 64),
+                              query_layernorm=norm, key_layernorm=norm)
+    attention = _attention(module, 64, 4, 16, 0, "model.layers.0.self_attn")
+    assert attention.qk_norm and attention.norm_after_rope
+    read = ModelRead(256, 64, False, [Layer(attention, None, Moe(4, 32, 0, False, False,
+                                                                 "softmax"))] * 2)
+    _, _, warnings = model_section(read, _text(["full_attention"] * 2))
+    assert any(w.startswith("the q/k norms run after RoPE") for w in warnings)
