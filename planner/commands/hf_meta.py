@@ -31,14 +31,21 @@ class MetaImport:
     findings: list[Finding] = field(default_factory=list)
 
 
+def _kept(key: str, value: Any) -> bool:
+    """Not the weights' quantisation, the remote-code pointers (auto_map, which would make
+    transformers ask to run the repository's own code), or a `"rope_scaling": null`: no scaling,
+    as when absent, but transformers 5.25 turns the null into rope_parameters None and fails on
+    it for models with a RoPE per layer type (MiMo-V2-Flash's file states it)."""
+    return key not in ("quantization_config", "auto_map") and not (
+        key == "rope_scaling" and value is None)
+
+
 def _plain(hf: Mapping[str, Any]) -> dict[str, Any]:
-    """The file without what is not the network: the weights' quantisation, and the remote-code
-    pointers (auto_map) that would make transformers ask to run the repository's own code."""
-    drop = ("quantization_config", "auto_map")
-    data = {key: value for key, value in hf.items() if key not in drop}
+    """The file without what is not the network (`_kept`), at the top and in sub-configs."""
+    data = {key: value for key, value in hf.items() if _kept(key, value)}
     for key, value in data.items():
         if isinstance(value, Mapping):
-            data[key] = {k: v for k, v in value.items() if k not in drop}
+            data[key] = {k: v for k, v in value.items() if _kept(k, v)}
     return data
 
 
@@ -125,6 +132,35 @@ def _count(model: dict[str, Any]) -> tuple[int | None, int]:
     return (None if size is None else size.total_params), rows * cfg.model.hidden_size * tables
 
 
+def _mispriced(section: Mapping[str, Any], layers: list[tuple[str, Any]], biases: list[int],
+               total: int) -> str | None:
+    """The first decoder layer whose price in moeplan (the model section cut to that one layer,
+    less what transformers holds outside the layers) is not its parameters in transformers'
+    build: its index, path, class and modules; None when every layer agrees or the cut section
+    is no valid model."""
+    count = section["num_layers"]
+    inside = [sum(int(p.numel()) for p in layer.parameters()) for _, layer in layers]
+    outside = total - sum(inside)
+    for index, (path, layer) in enumerate(layers):
+        one = {key: [value[index]] if isinstance(value, list) and len(value) == count else value
+               for key, value in section.items()}
+        one["num_layers"] = 1
+        try:
+            counted, padding = _count(one)
+        except ValueError:
+            return None
+        if counted is None:
+            return None
+        priced, built = counted - padding - outside, inside[index] - biases[index]
+        if priced != built:
+            modules = ", ".join(f"{name} ({type(child).__name__})"
+                                for name, child in layer.named_children()
+                                if any(True for _ in child.parameters()))
+            return (f"layer {index}: {path} ({type(layer).__name__}: {modules}) holds {built:,} "
+                    f"parameters in transformers' build, moeplan prices {priced:,} for it")
+    return None
+
+
 def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
     """The model section transformers' meta build maps to, or the CFG007 finding naming what
     moeplan cannot price; None when transformers is not installed (the caller's finding stands)."""
@@ -133,7 +169,12 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
         import transformers
     except ImportError:
         return None
-    from planner.config.importers.hf_modules import Unpriced, model_section, read_model
+    from planner.config.importers.hf_modules import (
+        Unpriced,
+        mla_rope_arguments,
+        model_section,
+        read_model,
+    )
 
     model_type = hf.get("model_type")
     version = transformers.__version__
@@ -180,11 +221,17 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
         return MetaImport(findings=[_error(where, f"{census}; the mapped model section is not "
                                            f"valid: {str(exc)[:240]}", fix)])
     if counted is None or counted - padding + read.bias_params != total:
+        try:
+            part = _mispriced(section, layers, read.layer_bias, total)
+        except Exception:  # the layer-by-layer count is a diagnosis: never a traceback
+            part = None
+        part = part or ("a part outside the decoder layers (embedding, output layer, final "
+                        "norm) moeplan prices differently, or one no single layer shows")
         return MetaImport(findings=[_error(
             where, f"{census}; its layers map to moeplan's kinds but moeplan counts "
             f"{'nothing' if counted is None else f'{counted:,}'} (-{padding:,} vocabulary "
-            f"padding, +{read.bias_params:,} router correction biases), not {total:,}: a part "
-            "moeplan prices differently", fix)])
+            f"padding, +{read.bias_params:,} router correction biases), not {total:,}: {part}",
+            fix)])
     bias = (f" + {read.bias_params:,} router correction-bias parameters (Megatron keeps them as "
             "a buffer, uncounted)" if read.bias_params else "")
     if padding:
@@ -195,6 +242,7 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
         names[0], str) else type(model).__name__
     return MetaImport(HfMapping(
         architecture=architecture, model=section,
+        megatron_extra_args=tuple(mla_rope_arguments(section, text)),
         notes=(f"{census}; every layer maps to moeplan's layer kinds by class and shape, and "
                f"moeplan counts {counted:,}{bias}, as transformers does",
                *notes, *(f"warning: {w}" for w in warnings)),

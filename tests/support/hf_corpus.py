@@ -38,6 +38,8 @@ TRANSFORMERS_COUNTS: dict[str, int] = {
     # Qwen3VLMoeForConditionalGeneration: language_model 234,471,301,120 + lm_head 622,329,856
     # (vision tower 576,388,336 left out; with it, the checkpoint's 235,670,022,896).
     "qwen3-vl-235b-a22b": 235_093_634_560,
+    # Qwen3_5MoeForCausalLM (AutoModelForCausalLM builds the text stack only)
+    "qwen3.5-397b-a17b": 396_346_350_336,
 }
 
 # Files of the corpus whose model_type has no moeplan record: what transformers 5.25 builds of the

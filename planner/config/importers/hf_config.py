@@ -31,7 +31,7 @@ CODE = "CFG007"
 # MLATransformerConfig's YaRN defaults (Megatron-LM dev@d48bd6be transformer_config.py): values
 # equal to these need no argument; --mscale/--mscale-all-dim exist on the command line, the betas
 # do not (only --yarn-beta-* of standard attention's YaRN).
-_MLA_MSCALE_DEFAULTS = {"mscale": 1.0, "mscale_all_dim": 0.0}
+MLA_MSCALE_DEFAULTS = {"mscale": 1.0, "mscale_all_dim": 0.0}
 _MLA_BETA_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}
 
 
@@ -96,6 +96,8 @@ class _Reader:
         if target is not None and target in self.provided:
             return self.provided[target]
         value = self.hf.get(key, default)
+        if value is None and default is _REQUIRED:  # stated null: no value, as when absent
+            value = _REQUIRED
         if value is _REQUIRED:
             written = f", or write model.{target} in the YAML" if target else ""
             self._problem(key, f"{self.architecture} needs '{key}', which this config.json lacks",
@@ -252,7 +254,7 @@ def _mla_rope(r: _Reader, model: dict[str, Any]) -> None:
     if kind != "yarn":
         r.unsupported("rope_scaling", kind, "moeplan maps YaRN ('yarn') or no scaling for MLA")
         return
-    numbers = {"factor": 1.0, **_MLA_MSCALE_DEFAULTS, **_MLA_BETA_DEFAULTS}
+    numbers = {"factor": 1.0, **MLA_MSCALE_DEFAULTS, **_MLA_BETA_DEFAULTS}
     bad = [key for key in [*numbers, "original_max_position_embeddings"] if key in scaling
            and (not isinstance(scaling[key], int | float) or isinstance(scaling[key], bool))]
     if bad:
@@ -261,7 +263,7 @@ def _mla_rope(r: _Reader, model: dict[str, Any]) -> None:
     model["rope_type"] = "yarn"
     model["rotary_scaling_factor"] = float(scaling.get("factor", 1.0))
     model["original_max_position_embeddings"] = scaling.get("original_max_position_embeddings", 4096)
-    for key, default in _MLA_MSCALE_DEFAULTS.items():
+    for key, default in MLA_MSCALE_DEFAULTS.items():
         value = scaling.get(key, default)
         if value != default:
             r.extra_args += [f"--{key.replace('_', '-')}", str(value)]
@@ -1010,11 +1012,16 @@ def _glm_moe_dsa(r: _Reader) -> dict[str, Any]:
     model["dsa"] = True
     for key, default in _GLM_DSA_INDEXER.items():
         model[key] = r.count(key, key, default)
-    for key, allowed in (("indexer_types", "full"), ("layer_types", "full_attention")):
+    # transformers 5.25's GlmMoeDsaConfig writes 'indexed_attention' on every layer (the DSA
+    # attention with its indexer), the earlier files 'full_attention': the same layer
+    for key, allowed in (("indexer_types", ("full",)),
+                         ("layer_types", ("full_attention", "indexed_attention",
+                                          "deepseek_sparse_attention"))):
         kinds = r.hf.get(key)
-        if kinds is not None and (not isinstance(kinds, list) or any(k != allowed for k in kinds)):
-            r.unsupported(key, kinds, f"Megatron's DSA gives every layer its own indexer "
-                          f"('{allowed}' on every layer)")
+        if kinds is not None and (not isinstance(kinds, list) or any(k not in allowed
+                                                                     for k in kinds)):
+            r.unsupported(key, kinds, "Megatron's DSA gives every layer its own indexer ("
+                          + " or ".join(repr(a) for a in allowed) + " on every layer)")
     return model
 
 
@@ -1028,20 +1035,46 @@ _NEMOTRON_H_FIXED = {"conv_kernel": 4, "chunk_size": 128, "use_conv_bias": True,
                      "n_group": 1, "topk_group": 1}
 
 
+# transformers configuration_nemotron_h.py NemotronHConfig._pattern_to_list and
+# configuration_utils.py _LEGACY_LAYER_TYPE_REMAP: each block type's --hybrid-layer-pattern symbol
+_NEMOTRON_BLOCKS = {"linear_attention": "M", "mamba": "M", "full_attention": "*",
+                    "attention": "*", "moe": "E", "mlp": "-"}
+
+
+def _nemotron_pattern(r: _Reader, keys: tuple[str, ...]) -> tuple[str | None, str]:
+    """The layer program in Megatron's symbols from the first of `keys` the file states: the
+    released files' pattern string, or transformers 5's block-type list (which it writes on
+    re-saving); None (and the key) when it is neither."""
+    key = next((k for k in keys if r.hf.get(k) is not None), keys[0])
+    value = r.hf.get(key)
+    if isinstance(value, list) and value and all(b in _NEMOTRON_BLOCKS for b in value
+                                                 if isinstance(b, str)) \
+            and all(isinstance(b, str) for b in value):
+        value = "".join(_NEMOTRON_BLOCKS[b] for b in value)
+    if not isinstance(value, str) or not value or set(value) - set("M*E-"):
+        return None, key
+    return value, key
+
+
 def _nemotron_h(r: _Reader) -> dict[str, Any]:
     """NemotronHForCausalLM (Nemotron-3 Nano / Super): Megatron's hybrid stack, its layer program
     the file's hybrid_override_pattern (M Mamba-2, * attention, E MoE, - dense MLP) written as
     --hybrid-layer-pattern, with one '/*E' MTP depth per num_nextn_predict_layers; squared-ReLU
     MLPs, no position embedding."""
-    pattern = r.hf.get("hybrid_override_pattern")
-    if not isinstance(pattern, str) or not pattern or set(pattern) - set("M*E-"):
-        r.unsupported("hybrid_override_pattern", pattern, "expected a string of M, *, E and - "
-                      "(Megatron's --hybrid-layer-pattern symbols)")
-        pattern = None
-    layers = r.count("num_hidden_layers", None, _REQUIRED)
-    if pattern is not None and isinstance(layers, int) and len(pattern) != layers:
-        r.unsupported("hybrid_override_pattern", f"{len(pattern)} symbols",
-                      f"num_hidden_layers is {layers}")
+    pattern, key = _nemotron_pattern(r, ("hybrid_override_pattern", "layers_block_type",
+                                         "layer_types"))
+    if pattern is None:
+        r.unsupported(key, r.hf.get(key), "expected a string of M, *, E and - (Megatron's "
+                      "--hybrid-layer-pattern symbols) or a list of "
+                      + ", ".join(sorted(_NEMOTRON_BLOCKS)))
+    # transformers 5 derives num_hidden_layers from the block list, which is then the only count
+    listed = key != "hybrid_override_pattern" and pattern is not None
+    layers = r.count("num_hidden_layers", None, len(pattern) if listed else _REQUIRED)
+    if pattern is not None and isinstance(layers, int) and len(pattern) != layers and not listed:
+        r.unsupported(key, f"{len(pattern)} symbols", f"num_hidden_layers is {layers}")
+    mtp, mtp_key = _nemotron_pattern(r, ("mtp_hybrid_override_pattern", "mtp_layers_block_type"))
+    if mtp is None and r.hf.get(mtp_key) is not None:
+        r.unsupported(mtp_key, r.hf.get(mtp_key), "expected an MTP depth's blocks as the layers'")
     for key, fixed in _NEMOTRON_H_FIXED.items():
         value = r.hf.get(key, fixed)
         if value != fixed:
@@ -1085,7 +1118,7 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
         model["moe_shared_expert_intermediate_size"] = shared * shared_size
     _gqa(r, model, None)
     if pattern is not None:
-        model["hybrid_layer_pattern"] = pattern + "/*E" * depths
+        model["hybrid_layer_pattern"] = pattern + f"/{mtp or '*E'}" * depths
     # Latent MoE (Nemotron-3 Super): the routed experts run at moe_latent_size between a
     # hidden -> latent and a latent -> hidden projection (transformers modeling_nemotron_h.py
     # NemotronHMoE fc1_latent_proj / fc2_latent_proj; Megatron-LM dev@d48bd6be

@@ -155,9 +155,18 @@ BY_MODEL_TYPE: dict[str, Family] = {family.model_type: family for family in FAMI
 
 
 def family_of(architectures: object, model_type: object) -> Family | None:
-    """The record for a config.json: its first known architecture, else its model_type."""
+    """The record for a config.json: its first known architecture, else its model_type. Where the
+    two records disagree on whether the text stack is nested (a wrapper's model_type with its
+    text_config beside a causal LM's class name, or the reverse), the model_type's wins: it picks
+    the config class transformers reads the file with (AutoConfig.for_model), so reading the
+    architecture's layout would take a wrapper's top-level keys, absent, as the text stack's
+    defaults and plan another model."""
+    typed = BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
     if isinstance(architectures, list):
         for name in architectures:
             if isinstance(name, str) and name in BY_ARCHITECTURE:
-                return BY_ARCHITECTURE[name]
-    return BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
+                named = BY_ARCHITECTURE[name]
+                if typed is not None and (typed.text_config is None) != (named.text_config is None):
+                    return typed
+                return named
+    return typed

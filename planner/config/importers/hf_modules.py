@@ -5,11 +5,15 @@ decoder layer is a known kind, and names the first module that is not.
 
 Known kinds, each as Megatron builds it: softmax attention with q/k/v/o projections
 (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__: heads,
-query groups and head dim from the projection shapes; q/k RMSNorm; q/k/v biases); a SwiGLU MLP
-(gate/up/down); a routed MoE block (a router of N x hidden, N experts of one SwiGLU size, fused or
-listed; a shared expert, gated or not); the two pre-norms of a layer. Anything else (an extra norm,
-an attention sink, a per-layer scalar, a second attention, a fused QKV) is refused with its class
-and layer index: moeplan would price a different model. Duck-typed over torch modules
+query groups and head dim from the projection shapes; q/k RMSNorm; q/k/v biases; an output gate
+per head or per channel; sinks; window layers' own heads, KV groups and widths), multi-latent
+attention (its latents and head widths from the shapes); a SwiGLU MLP (gate/up/down); a routed MoE
+block (a router of N x hidden, N experts of one SwiGLU size, fused or listed; a shared expert,
+gated or not; a correction bias); the two pre-norms of a layer, or sandwich norms. Anything else
+(an extra norm, a per-layer scalar, a second attention, a fused QKV, a linear-attention mixer) is
+refused with its class and layer index: moeplan would price a different model. What the shapes do
+not say (router scoring, RoPE only on window layers, the gate's activation) is read off the
+modules' forward code where it is unambiguous, else noted or refused. Duck-typed over torch modules
 (`named_children`, `named_parameters`, `.shape`), so this module imports no torch.
 """
 
@@ -21,6 +25,8 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from planner.config.importers.hf_config import MLA_MSCALE_DEFAULTS
 
 # transformers' config keys for the experts a token is routed to, in the order families use them
 # (Mixtral/Qwen/DeepSeek, ERNIE-4.5, Bailing, Gemma-4 and others).
@@ -57,6 +63,12 @@ class Attention:
     v_dim: int = 0  # the value heads' width where it is not head_dim (MiMo-V2-Flash), else 0
     k_eq_v: bool = False  # no v projection: V is K (Gemma-4's full-attention layers)
     indexer: tuple[int, int] = (0, 0)  # a block-sparse lightning indexer's (heads, width), MiniMax-M3
+    # multi-latent attention's (q latent or 0, kv latent, q/k head dim without and with RoPE,
+    # value head dim); all 0 for attention with q/k/v projections
+    mla: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
+    gate_act: str = ""  # the gate's activation as its forward calls it: "sigmoid", "softplus"
+    rope_window_only: bool = False  # its forward rotates q/k on sliding-window layers only
+    norm_after_rope: bool = False  # its forward normalises q/k after rotating them (HunYuan's)
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,7 @@ class ModelRead:
     tied: bool
     layers: list[Layer]
     bias_params: int = 0  # correction-bias parameters transformers counts and Megatron buffers
+    layer_bias: list[int] = field(default_factory=list)  # the same, layer by layer
     notes: list[str] = field(default_factory=list)
 
 
@@ -153,17 +166,71 @@ def _swiglu(module: Any, hidden: int, layer: int | None, path: str) -> int:
     return size
 
 
-_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "g_proj", "v_norm",
+_QK_NORMS = ("q_norm", "k_norm")
+_QK_NORMS_AFTER = ("query_layernorm", "key_layernorm")  # HunYuan's names (applied after RoPE)
+_GATES = ("g_proj", "gate_proj")  # an output gate's projection (Step-3.5 / Laguna, AFMoE)
+_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", *_QK_NORMS, *_QK_NORMS_AFTER, *_GATES, "v_norm",
                     "indexer"}
+
+
+_MLA_PARTS = {"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
+              "kv_a_layernorm", "kv_b_proj", "o_proj"}
+
+
+def _mla(module: Any, hidden: int, heads: int, layer: int, path: str) -> Attention:
+    """Multi-latent attention as Megatron's MLASelfAttention builds it (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/multi_latent_attention.py MLASelfAttention): a query
+    latent (q_a_proj, its norm, q_b_proj) or a plain q_proj, the KV latent with the shared RoPE
+    key (kv_a_proj_with_mqa, its norm, kv_b_proj) and o_proj; every width read off the shapes."""
+    parts = dict(_children(module))
+    query = set(parts) & {"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj"}
+    if _params(module) or set(parts) - _MLA_PARTS or query not in (
+            {"q_proj"}, {"q_a_proj", "q_a_layernorm", "q_b_proj"}) or not {
+            "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"} <= set(parts):
+        extra = sorted(set(_params(module)) | (set(parts) - _MLA_PARTS))
+        raise Unpriced(layer, path, module, "is not multi-latent attention as Megatron builds it"
+                       + (f" (it also holds {', '.join(extra)})" if extra else ""))
+    projections = {name: _linear(parts[name], layer, f"{path}.{name}") for name in parts
+                   if not name.endswith("layernorm")}
+    if any(bias for _, _, bias in projections.values()):
+        raise Unpriced(layer, path, module, "biases its projections (Megatron's MLA takes none)")
+    kv_rank = _shape(dict(parts["kv_a_layernorm"].named_parameters()).get("weight", _NO_WEIGHT))
+    latent = kv_rank[0] if len(kv_rank) == 1 else 0
+    q_rank = projections["q_a_proj"][1] if "q_a_proj" in projections else 0
+    if q_rank:
+        _norm(parts["q_a_layernorm"], q_rank, layer, f"{path}.q_a_layernorm")
+    _norm(parts["kv_a_layernorm"], latent, layer, f"{path}.kv_a_layernorm")
+    q_out = projections["q_b_proj" if q_rank else "q_proj"][1]
+    rope = projections["kv_a_proj_with_mqa"][1] - latent
+    o_in, o_out, _ = projections["o_proj"]
+    v_dim = o_in // heads
+    nope = projections["kv_b_proj"][1] // heads - v_dim
+    if rope < 1 or nope < 1 or o_in % heads or o_out != hidden \
+            or q_out != heads * (nope + rope) or projections["kv_b_proj"][0] != latent \
+            or projections["kv_b_proj"][1] != heads * (nope + v_dim):
+        raise Unpriced(layer, path, module, f"has widths no {heads}-head multi-latent attention "
+                       "has (q, kv latent, RoPE key, value and output projections disagree)")
+    return Attention(heads, heads, nope + rope, False, True, mla=(q_rank, latent, nope, rope,
+                                                                   v_dim))
+
+
+class _NoWeight:
+    shape = ()
+
+
+_NO_WEIGHT = _NoWeight()
 
 
 def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer: int,
                path: str) -> Attention:
     """Softmax attention as Megatron's SelfAttention builds it: q/k/v/o projections, optional
     per-head q/k RMSNorm, an optional output gate (g_proj: one per head = head_wise_attn_gate,
-    one per channel = attention_output_gate) and optional per-head sinks."""
+    one per channel = attention_output_gate) and optional per-head sinks; or multi-latent
+    attention (`_mla`)."""
     parts = dict(_children(module))
     own = _params(module)
+    if "kv_a_proj_with_mqa" in parts:
+        return _mla(module, hidden, heads, layer, path)
     if set(own) - {"sinks"} or not {"q_proj", "k_proj", "o_proj"} <= set(parts) \
             or set(parts) - _ATTENTION_PARTS or "v_norm" in parts and _params(parts["v_norm"]):
         extra = sorted((set(own) - {"sinks"}) | (set(parts) - _ATTENTION_PARTS))
@@ -192,18 +259,21 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     if o_bias or len({q_bias, k_bias, v_bias}) != 1:
         raise Unpriced(layer, path, module, "biases some of q/k/v/o but not as Megatron's "
                        "add_qkv_bias (q, k and v alike, no output bias)")
-    norms = [name for name in ("q_norm", "k_norm") if name in parts]
+    norms = [name for name in (*_QK_NORMS, *_QK_NORMS_AFTER) if name in parts]
     for name in norms:
         _norm(parts[name], head_dim, layer, f"{path}.{name}")
-    if len(norms) == 1:
-        raise Unpriced(layer, path, module, f"normalises only {norms[0]}")
+    if len(norms) == 1 or len(norms) > 2:
+        raise Unpriced(layer, path, module, f"normalises {' and '.join(norms)}: not q and k alike")
     gate = ""
-    if "g_proj" in parts:
-        g_in, g_out, g_bias = _linear(parts["g_proj"], layer, f"{path}.g_proj")
+    gates = [name for name in _GATES if name in parts]
+    if len(gates) > 1:
+        raise Unpriced(layer, path, module, "holds two output gates (g_proj, gate_proj)")
+    for name in gates:
+        g_in, g_out, g_bias = _linear(parts[name], layer, f"{path}.{name}")
         gate = {heads: "head", heads * head_dim: "element"}.get(g_out, "") if (
             g_in == hidden and not g_bias) else ""
         if not gate:
-            raise Unpriced(layer, f"{path}.g_proj", parts["g_proj"], f"gates {g_out} outputs: "
+            raise Unpriced(layer, f"{path}.{name}", parts[name], f"gates {g_out} outputs: "
                            f"neither one per head ({heads}) nor one per channel")
     indexer = _indexer(parts["indexer"], hidden, layer, f"{path}.indexer") \
         if "indexer" in parts else (0, 0)
@@ -211,8 +281,42 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
     if sinks and _shape(own["sinks"]) != (heads,):
         raise Unpriced(layer, path, module, f"holds sinks of {_shape(own['sinks'])}, not one per "
                        "head")
+    code = _forward_code(module)
+    gate_act = next((name for name in ("softplus", "sigmoid") if f"{name}(" in code), "") \
+        if gate else ""
+    rope_at = code.find("apply_rotary_pos_emb(")
+    norm_at = min((code.find(f"self.{name}(") for name in norms if f"self.{name}(" in code),
+                  default=-1)
     return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks, v_dim,
-                     k_eq_v, indexer)
+                     k_eq_v, indexer, gate_act=gate_act, rope_window_only=_rope_window_only(code),
+                     norm_after_rope=0 <= rope_at < norm_at)
+
+
+def _forward_code(module: Any) -> str:
+    """The source of the module class's forward ("" where it cannot be read)."""
+    try:
+        return inspect.getsource(type(module).forward)
+    except (AttributeError, OSError, TypeError):
+        return ""
+
+
+# the conditions under which a forward rotates q and k on its sliding-window layers only
+_WINDOW_ONLY = ("if self.is_local_attention", "if self.is_sliding", "if self.sliding_window")
+
+
+def _rope_window_only(code: str) -> bool:
+    """Whether the forward applies RoPE under a sliding-window-only condition (AFMoE's
+    `if self.is_local_attention:` before apply_rotary_pos_emb: its full layers take no position
+    embedding), read off the line before the call."""
+    lines = code.splitlines()
+    for index, line in enumerate(lines):
+        if "= apply_rotary_pos_emb(" not in line:
+            continue
+        depth = len(line) - len(line.lstrip())
+        for above in reversed(lines[max(0, index - 3):index]):  # the block the call sits in
+            if len(above) - len(above.lstrip()) < depth:
+                return above.strip().startswith(_WINDOW_ONLY)
+    return False
 
 
 def _indexer(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
@@ -296,6 +400,11 @@ def _experts(module: Any, hidden: int, count: int, layer: int, path: str) -> int
 def _router(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
     """(experts, correction-bias parameters) of a router: a weight of experts x hidden and an
     optional correction bias, itself or in a child (ERNIE-4.5's moe_statics)."""
+    children = dict(_children(module))
+    if not _params(module) and len(children) == 1 and set(children) <= {"gate", "wg"}:
+        # a router holding its projection (AFMoE's gate, HunYuan's wg)
+        [(name, module)] = children.items()
+        path = f"{path}.{name}"
     weight = _params(module).get("weight")
     named = dict(module.named_parameters())
     if weight is None or len(_shape(weight)) != 2 or _shape(weight)[1] != hidden:
@@ -323,6 +432,10 @@ def _scaled_router(module: Any, hidden: int, layer: int, path: str) -> int:
     return experts
 
 
+# the MLP's pre-norm and the output norm of sandwich-norm layers (their post_attention_layernorm
+# then norms the attention's output): Gemma's names, AFMoE's
+_SANDWICH = (("pre_feedforward_layernorm", "post_feedforward_layernorm"),
+             ("pre_mlp_layernorm", "post_mlp_layernorm"))
 _BRANCH_NORMS = {"post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                  "pre_feedforward_layernorm_2"}
 
@@ -360,8 +473,11 @@ def _moe(module: Any, hidden: int, layer: int, path: str) -> tuple[Moe, int]:
         else:
             raise Unpriced(layer, f"{path}.{name}", child, "is a part of the MoE block moeplan "
                            "has no kind for")
-    if _params(module):
-        raise Unpriced(layer, path, module, "holds " + ", ".join(sorted(_params(module))))
+    own = _params(module)
+    if set(own) == {"expert_bias"} and _shape(own["expert_bias"]) == (experts,):
+        bias += experts  # AFMoE keeps the correction bias on the block, a parameter
+    elif own:
+        raise Unpriced(layer, path, module, "holds " + ", ".join(sorted(own)))
     score = _score(parts[routers[0]], module)
     return Moe(experts, size, shared, gate, bool(bias) or bias_buffer, score), bias
 
@@ -395,12 +511,13 @@ def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int |
     children = dict(_children(module))
     # Gemma's sandwich norms (post_attention_layernorm is then a post-norm, pre_feedforward the
     # MLP's pre-norm): two more norms per layer; Gemma-4's MoE block beside the dense MLP
-    post = {"pre_feedforward_layernorm", "post_feedforward_layernorm"} <= set(children)
+    post_names = next((pair for pair in _SANDWICH if set(pair) <= set(children)), ())
+    post = bool(post_names)
     branch = {"router", "experts"} | _BRANCH_NORMS
     gemma_moe = branch <= set(children)
     for name, child in children.items():
         where = f"{path}.{name}"
-        if post and name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+        if name in post_names:
             _norm(child, hidden, index, where)
             continue
         if gemma_moe and name in branch:
@@ -449,7 +566,7 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
     if not heads:
         raise Unpriced(None, "config", text, "names no num_attention_heads")
     read: list[Layer] = []
-    bias = 0
+    biases: list[int] = []
     per_layer = getattr(text, "per_layer_config", None)
     for index, (path, layer) in enumerate(layers):
         try:  # transformers 5's per-layer head width (Gemma-4's full layers: global_head_dim)
@@ -459,9 +576,12 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         own = own if isinstance(own, int) and own > 0 else head_dim
         kinds, extra = read_layer(layer, index, hidden, heads, own, path)
         read.append(kinds)
-        bias += extra
+        biases.append(extra)
     output = model.get_output_embeddings()
-    tied = output is not None and output.weight is embed.weight
+    # a bare text model (no head class in transformers) is tied or not as its config says, as
+    # planner/commands/hf_meta.py adds the untied output layer to transformers' count
+    tied = output.weight is embed.weight if output is not None else \
+        attr(text, "tie_word_embeddings") is not False
     inside = {f"{path}." for path, _ in layers}
     known = {id(embed.weight)} | ({id(output.weight)} if output is not None else set())
     finals = 0
@@ -474,7 +594,7 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         owner = name.rsplit(".", 1)[0]
         raise Unpriced(None, name, model.get_submodule(owner),
                        f"{_shape(param)} is no embedding, output layer or final norm")
-    return ModelRead(vocab, hidden, tied, read, bias)
+    return ModelRead(vocab, hidden, tied, read, sum(biases), layer_bias=biases)
 
 
 def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attention, dict[str, Any]]:
@@ -531,6 +651,9 @@ def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attenti
             raise ValueError("the sliding-window layers' V is their K as the full layers' is: "
                              "moeplan prices attention_k_eq_v on full-attention layers only")
         extra["attention_k_eq_v"] = True
+        if own_window is not base and not {"window_num_query_groups", "window_kv_channels"} & set(
+                extra):  # the window layers keep their V: their KV shape, stated, gives it back
+            extra["window_num_query_groups"] = own_window.groups
     return base, extra
 
 
@@ -553,6 +676,41 @@ def _windows(text: Any, layers: int) -> dict[str, Any]:
     if not all(flags):
         model["window_attn_skip_freq"] = flags
     return model
+
+
+def _mla_rope(rope: Any, notes: list[str]) -> dict[str, Any]:
+    """MLA's RoPE (Megatron's MLATransformerConfig defaults to YaRN: the plain rope is named):
+    YaRN's factor and original context from the config's rope_parameters, else plain RoPE."""
+    rope = rope if isinstance(rope, Mapping) else {}
+    if rope.get("rope_type") != "yarn":
+        return {"rope_type": "rope"}
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    if not isinstance(factor, int | float) or isinstance(factor, bool) or factor <= 0 \
+            or not isinstance(original, int) or original < 1:
+        raise ValueError(f"YaRN rope_parameters {dict(rope)!r:.80} name no factor and original "
+                         "context moeplan can carry")
+    betas = {key: rope[key] for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0))
+             if key in rope and rope[key] != default}
+    if betas:
+        notes.append(f"YaRN {betas} differ from Megatron's MLA defaults (32, 1), which no Megatron "
+                     "argument changes (RoPE numerics only, no parameter or byte)")
+    return {"rope_type": "yarn", "rotary_scaling_factor": float(factor),
+            "original_max_position_embeddings": original}
+
+
+def mla_rope_arguments(model: Mapping[str, Any], text: Any) -> list[str]:
+    """The --mscale / --mscale-all-dim arguments a YaRN MLA mapping needs: its config's values
+    apart from Megatron's MLA defaults, which no model field holds (the table the record path's
+    reader passes on the same way)."""
+    rope = attr(text, "rope_parameters")
+    if model.get("rope_type") != "yarn" or not isinstance(rope, Mapping):
+        return []
+    args: list[str] = []
+    for key, default in MLA_MSCALE_DEFAULTS.items():
+        value = rope.get(key, default)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value != default:
+            args += [f"--{key.replace('_', '-')}", str(value)]
+    return args
 
 
 def topk(text: Any) -> tuple[str, int] | None:
@@ -585,16 +743,42 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         "untie_embeddings_and_output_weights": not read.tied, "add_bias_linear": False,
         "hidden_dropout": 0.0, "attention_dropout": 0.0, "qk_layernorm": att.qk_norm,
     }
-    if att.groups != att.heads:
+    if att.mla != (0, 0, 0, 0, 0):
+        if windows:
+            raise ValueError("multi-latent attention beside sliding-window layers: moeplan "
+                             "prices MLA on full-attention layers only")
+        del model["kv_channels"]
+        q_rank, latent, nope, rope_dim, v_dim = att.mla
+        model.update(multi_latent_attention=True, kv_lora_rank=latent, qk_head_dim=nope,
+                     qk_pos_emb_head_dim=rope_dim, v_head_dim=v_dim, **(
+                         {"q_lora_rank": q_rank} if q_rank else {}))
+        model.update(_mla_rope(attr(text, "rope_parameters"), notes))
+    elif att.groups != att.heads:
         model.update(group_query_attention=True, num_query_groups=att.groups)
     if att.qkv_bias:
         model["add_qkv_bias"] = True
     if att.gate:
         model["head_wise_attn_gate" if att.gate == "head" else "attention_output_gate"] = True
+    if att.norm_after_rope:
+        warnings.append("the q/k norms run after RoPE in the checkpoint's forward; Megatron's "
+                        "qk_layernorm runs before it (the same parameters, FLOPs and bytes; not "
+                        "the same numerics)")
+    if att.gate and att.gate_act != "sigmoid":
+        warnings.append("the attention output gate is "
+                        + ("a softplus" if att.gate_act == "softplus" else "no sigmoid call")
+                        + " in the checkpoint's forward; Megatron's gate is a sigmoid (the same "
+                        "parameters, FLOPs and bytes; not the same numerics)")
     if att.sinks:
         model["softmax_type"] = "learnable"
     model.update(windows)
     model.update(window_own)
+    if att.rope_window_only and "window_attn_skip_freq" in windows:
+        # RoPE on the sliding-window layers only: Megatron's no_rope_freq, 1 = no position
+        # embedding, on the full-attention layers (window_attn_skip_freq 0)
+        model["no_rope_freq"] = [1 - flag for flag in windows["window_attn_skip_freq"]]
+    elif att.rope_window_only:
+        raise ValueError("the attention rotates q/k on sliding-window layers only, and the config "
+                         "names no full-attention layer apart: moeplan cannot place the RoPE")
     if "index_sparse_layers" in model:  # the block size and picks the modules do not say
         for key in ("index_block_size", "index_topk_blocks"):
             value = attr(text, key)
@@ -641,6 +825,8 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
     rotary = attr(text, "rotary_dim")
     if isinstance(rotary, int) and 0 < rotary < att.head_dim:
         model["rotary_percent"] = rotary / att.head_dim
+    if att.mla != (0, 0, 0, 0, 0):  # MLA rotates its own RoPE head dim, no share of the head
+        model.pop("rotary_percent", None)
     if ffns:
         model["ffn_hidden_size"] = ffns.pop()
     if moes:
@@ -661,6 +847,9 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
                              f"none of {', '.join(TOPK_KEYS)}")
         model["moe_router_topk"] = routed[1]
         scale = attr(text, "routed_scaling_factor")
+        # AFMoE's, Laguna's and Step-3.5's names for it (each multiplies the routed output)
+        for name in ("route_scale", "moe_routed_scaling_factor", "moe_router_scaling_factor"):
+            scale = attr(text, name) if scale is None else scale
         if isinstance(scale, int | float) and not isinstance(scale, bool) and scale > 0:
             model["moe_router_topk_scaling_factor"] = float(scale)
         score = attr(text, "scoring_func")
@@ -690,7 +879,9 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
 
 # Keys the mapping reads, and those that change neither the network nor its training numerics.
 _READ = {"hidden_act", "rms_norm_eps", "rope_parameters", "rope_theta", "layer_types",
-         "sliding_window", "scoring_func", "routed_scaling_factor", "rotary_dim", "head_dim",
+         "sliding_window", "scoring_func", "routed_scaling_factor", "route_scale",
+         "moe_routed_scaling_factor", "moe_router_scaling_factor", "rotary_dim",
+         "head_dim",
          "tie_word_embeddings", "router_aux_loss_coef", "initializer_range", "transformers_version",
          "model_type", "dtype", "torch_dtype", "_name_or_path", "use_cache", "return_dict",
          "output_hidden_states", "output_attentions", "output_router_logits", "problem_type",

@@ -160,7 +160,10 @@ def test_mimo_v2_flash_attention_is_counted_as_transformers_builds_it(tmp_path: 
           "swa_num_key_value_heads": 2, "hybrid_layer_pattern": [0, 1, 1, 1, 1, 0],
           "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False,
           "sliding_window_size": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
-          "moe_intermediate_size": 32, "scoring_func": "sigmoid", "vocab_size": 256}
+          "moe_intermediate_size": 32, "scoring_func": "sigmoid", "vocab_size": 256,
+          # the hub file's nulls (Megatron-Bridge's MiMo-V2-Flash test config spells them so):
+          # transformers 5.25 fails on a null rope_scaling, which means no scaling
+          "rope_scaling": None, "n_shared_experts": None, "routed_scaling_factor": None}
     payload = _import(tmp_path, hf)
     model = payload["config"]["model"]  # type: ignore[index]
     assert (model["kv_channels"], model["v_head_dim"]) == (16, 8)

@@ -408,3 +408,13 @@ def test_hf_config_totals_match_the_model_cards(name: str):
     rows = {b.name: b.value for b in budgets(parse_config(data)) if b.stage in (None, 0)}
     card, tolerance = CARD_TOTALS[name]
     assert abs(rows["params_on_rank"] / card - 1) < tolerance  # one rank holds every parameter
+
+
+@pytest.mark.parametrize("key", ["num_experts_per_tok", "moe_intermediate_size", "kv_lora_rank"])
+def test_a_required_key_stated_null_is_refused_by_name(key: str):
+    # null is no value: the experts a token reaches (or a width) cannot default to Megatron's
+    # own, which would plan another model than the file's
+    with pytest.raises(HfConfigUnmappable) as refused:
+        map_hf_config({**DEEPSEEK_V3, key: None})
+    [finding] = refused.value.findings
+    assert finding.path == f"model.hf_config.{key}" and "lacks" in finding.message

@@ -392,3 +392,15 @@ def test_the_minimax_m3_example_is_its_verbatim_file_counted_as_transformers_bui
         4, 128, 16)
     size = model_size(cfg)
     assert size is not None and size.total_params == NO_RECORD_COUNTS["minimax-m3"]
+
+
+def test_qwen3_5_397b_is_counted_as_transformers_builds_it():
+    # The 397B file (a stored copy: tests/support/hf_config_files/SOURCES.txt): 60 layers, one
+    # full-attention layer in four, 512 experts of 1024, top-10, a gated shared expert of 1024.
+    # Activated = total less 60 layers x 502 unreached experts x 3 x 4096 x 1024 (transformers'
+    # Qwen3_5MoeExperts: gate_up_proj 2 x 1024 x 4096 and down_proj 4096 x 1024 per expert).
+    mapping = map_hf_config(corpus_config("qwen3.5-397b-a17b"))
+    total, active, _ = _size(mapping.model)
+    assert total == TRANSFORMERS_COUNTS["qwen3.5-397b-a17b"]
+    assert active == total - 60 * 502 * 3 * 4096 * 1024
+    assert mapping.model["linear_num_value_heads"] == 64 and mapping.model["num_experts"] == 512

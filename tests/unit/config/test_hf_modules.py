@@ -122,3 +122,178 @@ def test_window_layers_of_their_own_kv_groups_and_sinks_map_to_their_fields():
 def test_the_shape_megatron_builds_is_read():
     attention = _attention(_layer(_Module, 64, 4 * 16, 2 * 16, 2 * 16, 4 * 16), 64, 4, 16, 0, "a")
     assert (attention.heads, attention.groups, attention.head_dim) == (4, 2, 16)
+
+
+class Mistral4Attention(_Module):
+    pass
+
+
+class _RMSNorm(_Module):
+    pass
+
+
+def _mla_module(hidden: int, heads: int, q_rank: int, kv_rank: int, nope: int, rope: int,
+                v: int, **extra: _Module) -> _Module:
+    query = ({"q_a_proj": _linear(hidden, q_rank), "q_b_proj": _linear(q_rank, heads * (nope + rope)),
+              "q_a_layernorm": _RMSNorm({"weight": _Tensor(q_rank)})} if q_rank else
+             {"q_proj": _linear(hidden, heads * (nope + rope))})
+    return Mistral4Attention(**query, kv_a_proj_with_mqa=_linear(hidden, kv_rank + rope),
+                             kv_a_layernorm=_RMSNorm({"weight": _Tensor(kv_rank)}),
+                             kv_b_proj=_linear(kv_rank, heads * (nope + v)),
+                             o_proj=_linear(heads * v, hidden), **extra)
+
+
+def test_multi_latent_attention_is_read_off_its_projection_shapes():
+    # Mistral-Small-4's MLA at its published widths (32 heads, q latent 1024, kv latent 256,
+    # q/k head 64 + 64 RoPE, values 128): every width from the shapes, none from the config
+    attention = _attention(_mla_module(4096, 32, 1024, 256, 64, 64, 128), 4096, 32, None, 0,
+                           "model.layers.0.self_attn")
+    assert attention.mla == (1024, 256, 64, 64, 128) and attention.qk_norm
+    # no query latent (DeepSeek-V2-Lite's shape): q_proj straight from the hidden state
+    assert _attention(_mla_module(2048, 16, 0, 512, 128, 64, 128), 2048, 16, None, 0, "a").mla \
+        == (0, 512, 128, 64, 128)
+    # a part Megatron's MLASelfAttention does not have is refused by name
+    with pytest.raises(Unpriced, match=r"layer 3: a \(Mistral4Attention\) is not multi-latent "
+                                       r"attention as Megatron builds it \(it also holds gate_proj\)"):
+        _attention(_mla_module(64, 4, 32, 16, 16, 8, 16, gate_proj=_linear(64, 4)), 64, 4, None,
+                   3, "a")
+
+
+def test_multi_latent_attention_maps_to_megatrons_mla_fields():
+    att = Attention(4, 4, 24, False, True, mla=(32, 16, 16, 8, 16))
+    read = ModelRead(256, 64, False, [Layer(att, None, Moe(4, 32, 0, False, False, "softmax"))] * 2)
+    model, _, _ = model_section(read, _text(["full_attention"] * 2))
+    assert (model["multi_latent_attention"], model["q_lora_rank"], model["kv_lora_rank"],
+            model["qk_head_dim"], model["qk_pos_emb_head_dim"], model["v_head_dim"],
+            model["rope_type"]) == (True, 32, 16, 16, 8, 16, "rope")
+    assert "kv_channels" not in model and "num_query_groups" not in model
+
+
+def test_a_query_latent_without_its_norm_is_refused_by_name():
+    module = _mla_module(64, 4, 32, 16, 16, 8, 16)
+    del module._children["q_a_layernorm"]
+    with pytest.raises(Unpriced, match=r"layer 1: a \(Mistral4Attention\) is not multi-latent"):
+        _attention(module, 64, 4, None, 1, "a")
+
+
+class _Counted:
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def numel(self) -> int:
+        return self._n
+
+
+class _Block:
+    """A decoder layer as hf_meta._mispriced sees it: its parameters' sizes and its modules."""
+
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self._sizes = sizes
+
+    def parameters(self) -> Iterator[_Counted]:
+        return (_Counted(n) for n in self._sizes.values())
+
+    def named_children(self) -> Iterator[tuple[str, Any]]:
+        return ((name, _Block({name: n})) for name, n in self._sizes.items())
+
+
+def test_a_count_that_differs_is_refused_naming_the_layer_and_its_modules():
+    # Two MoE layers of hidden 64: attention 4 heads of 16 (4 x 64 x 64 = 16,384), a router of
+    # 4 x 64 = 256, 4 SwiGLU experts of 32 (4 x 3 x 64 x 32 = 24,576), two norms (128): 41,344 a
+    # layer (hand-derived); a tied vocabulary of 256 (no padding rows) and the final norm:
+    # 16,448 outside. transformers' layer 1 holds 8 more: the refusal names layer 1, its path,
+    # class and modules.
+    from planner.commands.hf_meta import _mispriced
+
+    section = {"num_layers": 2, "hidden_size": 64, "vocab_size": 256, "num_attention_heads": 4,
+               "kv_channels": 16, "normalization": "RMSNorm", "swiglu": True,
+               "ffn_hidden_size": 32, "add_bias_linear": False, "num_experts": 4,
+               "moe_ffn_hidden_size": 32, "moe_router_topk": 2, "moe_layer_freq": [1, 1],
+               "untie_embeddings_and_output_weights": False}
+    layer = {"self_attn": 16_384, "mlp": 24_832, "input_layernorm": 64,
+             "post_attention_layernorm": 64}
+    layers = [("model.layers.0", _Block(layer)),
+              ("model.layers.1", _Block({**layer, "mlp": 24_840}))]
+    assert _mispriced(section, layers[:1] * 2, [0, 0], 16_448 + 2 * 41_344) is None
+    assert _mispriced(section, layers, [0, 0], 16_448 + 41_344 + 41_352) == (
+        "layer 1: model.layers.1 (_Block: self_attn (_Block), mlp (_Block), input_layernorm "
+        "(_Block), post_attention_layernorm (_Block)) holds 41,352 parameters in transformers' "
+        "build, moeplan prices 41,344 for it")
+    # a correction bias transformers counts in the layer (a buffer in Megatron) is no difference
+    assert _mispriced(section, layers, [0, 8], 16_448 + 41_344 + 41_352) is None
+
+
+def test_rope_under_a_sliding_window_condition_is_read_off_the_forward():
+    # AFMoE's attention rotates q/k only on its sliding-window layers: its full layers take no
+    # position embedding (Megatron's no_rope_freq); an unconditional call is RoPE everywhere
+    from planner.config.importers.hf_modules import _rope_window_only
+
+    conditional = """    def forward(self, hidden_states, position_embeddings):
+        if self.is_local_attention:
+            cos, sin = position_embeddings
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        return query_states
+"""
+    assert _rope_window_only(conditional)
+    assert not _rope_window_only(conditional.replace("if self.is_local_attention:", "if True:"))
+    everywhere = """    def forward(self, hidden_states, position_embeddings):
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+"""
+    assert not _rope_window_only(everywhere)
+
+
+def test_window_only_rope_maps_to_no_rope_on_the_full_layers():
+    att = Attention(4, 2, 16, False, True, "element", rope_window_only=True)
+    read = ModelRead(256, 64, False, [Layer(att, None, Moe(4, 32, 0, False, False, "sigmoid"))] * 4)
+    types = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    model, _, _ = model_section(read, _text(types))
+    assert model["window_attn_skip_freq"] == [1, 1, 1, 0] and model["no_rope_freq"] == [0, 0, 0, 1]
+    assert model["attention_output_gate"]
+    with pytest.raises(ValueError, match="rotates q/k on sliding-window layers only"):
+        model_section(read, _text(["full_attention"] * 4))
+
+
+def test_mla_yarn_is_carried_with_the_mscale_megatron_does_not_default_to():
+    # Mistral-Small-4's rope_parameters: YaRN of 128 from 8,192 positions, mscale_all_dim 1.0
+    # (Megatron's MLA default is 0.0: passed on as --mscale-all-dim), mscale 1.0 (the default)
+    from planner.config.importers.hf_modules import mla_rope_arguments
+
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
+            "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 1.0}
+    att = Attention(4, 4, 24, False, True, mla=(32, 16, 16, 8, 16))
+    read = ModelRead(256, 64, False, [Layer(att, None, Moe(4, 32, 0, False, False, "softmax"))] * 2)
+    text = SimpleNamespace(layer_types=None, sliding_window=None, num_experts_per_tok=2,
+                           rope_parameters=rope)
+    model, _, _ = model_section(read, text)
+    assert (model["rope_type"], model["rotary_scaling_factor"],
+            model["original_max_position_embeddings"]) == ("yarn", 128.0, 8192)
+    assert mla_rope_arguments(model, text) == ["--mscale-all-dim", "1.0"]
+    assert mla_rope_arguments({**model, "rope_type": "rope"}, text) == []
+
+
+class HunYuanAttention(_Module):
+    def forward(self, hidden_states: Any, cos: Any, sin: Any) -> Any:  # the order, not the math
+        query_states, key_states = apply_rotary_pos_emb(hidden_states, hidden_states, cos, sin)
+        return self.query_layernorm(query_states), self.key_layernorm(key_states)
+
+
+def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
+    return q, k
+
+
+def test_q_k_norms_after_rope_are_read_with_their_order():
+    # HunYuan's query_layernorm / key_layernorm (per head, as Megatron's qk_layernorm) run after
+    # RoPE in its forward: the same parameters, read as q/k norms, the order kept for a warning
+    norm = _Module({"weight": _Tensor(16)})
+    norm.__class__ = type("HunYuanRMSNorm", (_Module,), {})
+    module = HunYuanAttention(q_proj=_linear(64, 64), k_proj=_linear(64, 32),
+                              v_proj=_linear(64, 32), o_proj=_linear(64, 64),
+                              query_layernorm=norm, key_layernorm=norm)
+    attention = _attention(module, 64, 4, 16, 0, "model.layers.0.self_attn")
+    assert attention.qk_norm and attention.norm_after_rope
+    read = ModelRead(256, 64, False, [Layer(attention, None, Moe(4, 32, 0, False, False,
+                                                                 "softmax"))] * 2)
+    _, _, warnings = model_section(read, _text(["full_attention"] * 2))
+    assert any(w.startswith("the q/k norms run after RoPE") for w in warnings)
