@@ -350,8 +350,8 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
                         "one head width and a v projection for every layer and two pre-norms per "
                         "block (megatron/core/models/gpt/gpt_layer_specs.py "
                         "get_gpt_layer_with_transformer_engine_submodules); "
-                        "Megatron-Bridge's Gemma4VLBridge builds Gemma-4 with its own model class "
-                        "(train it there)")
+                        "a model with these layers trains with its own model class where a "
+                        "Megatron-Bridge bridge has one (Gemma-4: Gemma4VLBridge)")
     own = [(field, why) for field, on, why in (
         ("model.window_num_query_groups", m.window_num_query_groups not in (None, m.num_query_groups),
          "one num_query_groups"),
