@@ -559,10 +559,10 @@ def _calls(name: str) -> str:
 # The data-parallel buffers' once-per-step collectives and the one microbatch pass each can hide
 # behind on the first pipeline stage. Megatron-LM dev@d48bd6be megatron/core/pipeline_parallel/
 # schedules.py forward_backward_pipelining_without_interleaving (enable_grad_sync; the schedule
-# without pipelining and the interleaved one alike): every microbatch but the last runs under no_sync, so the grad reduce starts, bucket by bucket,
-# only during the LAST microbatch's backward; the parameter all-gather of the distributed
-# optimizer runs bucket by bucket ahead of the FIRST microbatch's forward (megatron/core/
-# distributed/distributed_data_parallel.py forward pre-hooks). The bucket whose grads finish last
+# without pipelining and the interleaved one alike): every microbatch but the last runs under
+# no_sync, so the grad reduce starts, bucket by bucket, only during the LAST microbatch's backward;
+# the parameter all-gather of the distributed optimizer runs bucket by bucket ahead of the FIRST
+# microbatch's forward (megatron/core/distributed/distributed_data_parallel.py forward pre-hooks). The bucket whose grads finish last
 # (the first layers) is reduced after the backward, and the first gathered bucket is waited for
 # before any forward: one bucket of each is exposed. Buckets hold max(40M, 1M x DP) parameters
 # (DistributedDataParallel.__init__ bucket_size); stages after the first reduce one bucket off

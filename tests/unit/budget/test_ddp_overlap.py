@@ -1,8 +1,9 @@
 """The data-parallel buffers' overlap, as Megatron runs it: the grad reduce only beside the last
 microbatch's backward, the parameter gather only beside the first one's forward, one bucket of
 each exposed (Megatron-LM dev@d48bd6be megatron/core/pipeline_parallel/schedules.py
-forward_backward_pipelining_without_interleaving enable_grad_sync; megatron/core/distributed/distributed_data_parallel.py
-DistributedDataParallel.__init__ bucket_size = max(40M, 1M x DP))."""
+forward_backward_pipelining_without_interleaving enable_grad_sync;
+megatron/core/distributed/distributed_data_parallel.py DistributedDataParallel.__init__
+bucket_size = max(40M, 1M x DP))."""
 
 from __future__ import annotations
 
