@@ -564,9 +564,10 @@ def _calls(name: str) -> str:
 # the parameter all-gather of the distributed optimizer runs bucket by bucket ahead of the FIRST
 # microbatch's forward (megatron/core/distributed/distributed_data_parallel.py forward pre-hooks).
 # The bucket whose grads finish last (the first layers) is reduced after the backward, and the
-# first gathered bucket is waited for before any forward: one bucket of each is exposed. Buckets hold max(40M, 1M x DP) parameters
-# (DistributedDataParallel.__init__ bucket_size); stages after the first reduce one bucket off
-# the critical path (bucketing off for pp_rank > 0), hidden behind the step's compute as before.
+# first gathered bucket is waited for before any forward: one bucket of each is exposed. Buckets
+# hold max(40M, 1M x DP) parameters (DistributedDataParallel.__init__ bucket_size); stages after
+# the first reduce one bucket off the critical path (bucketing off for pp_rank > 0), hidden
+# behind the step's compute as before.
 DDP_WINDOWS = {
     "dense_grad_reduce": ("dense_grad_params", "the last microbatch's backward"),
     "expert_grad_reduce": ("expert_grad_params", "the last microbatch's backward"),
