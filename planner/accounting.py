@@ -30,7 +30,13 @@ from planner.budget.expr import Number, Quantity
 from planner.budget.hardware import dispatch_efficiency
 from planner.budget.layer_kinds import KINDS as LAYER_KINDS
 from planner.budget.pipeline import PAGE as PIPELINE_PAGE
-from planner.budget.pipeline import chunk_microbatch_time, chunk_times, pipeline_page, pipeline_step
+from planner.budget.pipeline import (
+    chunk_microbatch_time,
+    chunk_times,
+    is_dualpipe,
+    pipeline_page,
+    pipeline_step,
+)
 from planner.budget.symbols import ALL_SYMBOLS, CSA_RATIO, variant_of
 from planner.budget.variant import Variant
 from planner.config.schema import Config
@@ -44,7 +50,7 @@ __all__ = [  # the formula book's public names, re-exported: import them from he
     "PIPELINE_PAGE",
     "RECOMPUTE", "Accounting", "Budget", "BudgetError", "Collective", "FormulaBook", "Number",
     "Quantity", "UnknownCollective", "Variant", "budget_grid", "budgets", "chunk_microbatch_time",
-    "chunk_times", "collective", "dispatch_efficiency", "formula_book", "memory_by_stage",
+    "chunk_times", "collective", "dispatch_efficiency", "formula_book", "is_dualpipe", "memory_by_stage",
     "number_text", "phase_label", "pipeline_page", "pipeline_step", "plan_budgets", "pretty",
     "stage_memory", "value_text", "variant_of",
 ]
