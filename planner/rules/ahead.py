@@ -24,8 +24,9 @@ def _v4(f: Facts) -> bool:
     DualPipe), so Megatron cannot run such a config: check refuses it and emit writes nothing.
     `moeplan estimate` still prices it, as an estimate only: the bubble as the DeepSeek-V3
     report's Table 2 states it, (PP/2 − 1)(F&B + B − 3W) against 1F1B's (PP − 1)(F + B)
-    (planner/budget/pipeline.py). DualPipe also holds two stages' parameters per rank and PP + 1
-    microbatches of activations (the same table); the memory budgets stay 1F1B's.""",
+    (planner/budget/pipeline.py), and its memory as the same table does: two stages' parameters
+    per rank (their grads and optimizer states with them) and PP + 1 microbatches of activations
+    (planner/budget/memory.py).""",
     bad="parallel: {pp: 2}\noverlap: {pipeline_schedule: dualpipe}",
     good="parallel: {pp: 2}\noverlap: {pipeline_schedule: 1f1b}",
 )
@@ -34,9 +35,8 @@ def dualpipe_not_in_megatron(f: Facts) -> Iterator[Violation]:
         yield Violation("overlap.pipeline_schedule", "pipeline_schedule dualpipe: DualPipe"
                         + (" for mHC" if f.model.enable_hyper_connections else "")
                         + " is not in Megatron-LM, which cannot run it; `moeplan estimate` prices "
-                        "its bubble (DeepSeek-V3 report, Table 2) as an estimate only, the memory "
-                        "budgets are 1F1B's (DualPipe holds 2x the parameters and PP + 1 "
-                        "microbatches of activations)",
+                        "it as an estimate only (DeepSeek-V3 report, Table 2: its bubble, 2x the "
+                        "parameters and PP + 1 microbatches of activations per rank)",
                         "set overlap.pipeline_schedule: 1f1b to check and emit a Megatron run")
 
 

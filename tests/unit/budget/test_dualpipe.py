@@ -56,3 +56,14 @@ def test_check_refuses_what_megatron_cannot_run() -> None:
     found = {f.code: f.severity for f in run_rules(cfg("dualpipe"))}
     assert found.get("V4030") == "error"
     assert "V4030" not in {f.code for f in run_rules(cfg("1f1b"))}
+
+
+def test_dualpipe_holds_two_stages_of_parameters_and_pp_plus_one_microbatches() -> None:
+    """Table 2's memory columns: parameters 2x (their grads and optimizer states with them),
+    activations PP + 1 microbatches of the stage against 1F1B's replayed peak (PP - s)."""
+    one, dual = stage_env("1f1b", 1), stage_env("dualpipe", 1)
+    for name in ("weight_bytes", "grad_bytes", "optimizer_bytes"):
+        assert dual[name] == 2 * one[name]
+    assert dual["in_flight_microbatches"] == 4 + 1 and one["in_flight_microbatches"] == 4 - 1
+    assert dual["activation_bytes"] - dual["recompute_working_bytes"] == 5 * dual["act_per_microbatch"]
+    assert dual["act_per_microbatch"] == one["act_per_microbatch"]
