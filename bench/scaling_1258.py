@@ -21,7 +21,7 @@ vocabulary (32000) and the network (the H100 catalog's 8 x 400 Gb/s per DGX node
 are not stated; the user says "8xH100 DGX nodes".
 
 This figure judges; nothing is fitted to it. Printed: both steps, their ratio against the
-measured 0.556 (the means of the logged iterations; 0.553 from the first of each, 18489.0 / 33450.2), the exposed
+measured 0.556 (the means of the logged iterations; 0.553 from the first of each), the exposed
 terms that grow with the job, and, as a reading only, the scale-out bandwidth per GPU at which
 the model's ratio would meet the measured one.
 
