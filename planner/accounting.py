@@ -27,11 +27,18 @@ from planner.budget.collectives import TABLE as COLLECTIVES
 from planner.budget.evaluate import Accounting, Budget, BudgetError, budget_grid
 from planner.budget.explain import number_text, pretty, value_text
 from planner.budget.expr import Number, Quantity
-from planner.budget.hardware import dispatch_efficiency
+from planner.budget.hardware import dispatch_efficiency, overlap_symbol
 from planner.budget.layer_kinds import KINDS as LAYER_KINDS
 from planner.budget.pipeline import PAGE as PIPELINE_PAGE
-from planner.budget.pipeline import chunk_microbatch_time, chunk_times, pipeline_page, pipeline_step
+from planner.budget.pipeline import (
+    chunk_microbatch_time,
+    chunk_times,
+    is_dualpipe,
+    pipeline_page,
+    pipeline_step,
+)
 from planner.budget.symbols import ALL_SYMBOLS, CSA_RATIO, variant_of
+from planner.budget.time import DDP_WINDOWS
 from planner.budget.variant import Variant
 from planner.config.schema import Config
 from planner.layout.nodes import rank_places
@@ -40,13 +47,14 @@ from planner.layout.rank_generator import GridError
 from planner.layout.summary import grids_computable
 
 __all__ = [  # the formula book's public names, re-exported: import them from here
-    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DIRECTIONS", "LAYER_KINDS", "PAGES",
+    "ALL_SYMBOLS", "CATEGORIES", "COLLECTIVES", "CSA_RATIO", "DDP_WINDOWS", "DIRECTIONS", "LAYER_KINDS",
+    "PAGES",
     "PIPELINE_PAGE",
     "RECOMPUTE", "Accounting", "Budget", "BudgetError", "Collective", "FormulaBook", "Number",
     "Quantity", "UnknownCollective", "Variant", "budget_grid", "budgets", "chunk_microbatch_time",
-    "chunk_times", "collective", "dispatch_efficiency", "formula_book", "memory_by_stage",
-    "number_text", "phase_label", "pipeline_page", "pipeline_step", "plan_budgets", "pretty",
-    "stage_memory", "value_text", "variant_of",
+    "chunk_times", "collective", "dispatch_efficiency", "formula_book", "is_dualpipe", "memory_by_stage",
+    "number_text", "overlap_symbol", "phase_label", "pipeline_page", "pipeline_step", "plan_budgets",
+    "pretty", "stage_memory", "value_text", "variant_of",
 ]
 
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")

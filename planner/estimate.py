@@ -23,6 +23,7 @@ from planner.accounting import (
     Budget,
     budget_grid,
     chunk_times,
+    is_dualpipe,
     pipeline_page,
     pipeline_step,
 )
@@ -118,7 +119,8 @@ class Estimate:
     def explain(self, name: str) -> Budget | None:
         """The named quantity on the slowest stage (or a global one), formula and values."""
         env = self.envs[self.slowest_stage]
-        page = pipeline_page(self.cfg.parallel.pp, self.slowest_stage, self.acc.split.vpp > 1)
+        page = pipeline_page(self.cfg.parallel.pp, self.slowest_stage, self.acc.split.vpp > 1,
+                             is_dualpipe(self.cfg.overlap.pipeline_schedule))
         for q in (*self.acc.book.quantities, *page):
             if q.name == name or q.ident == name:
                 scope = "all ranks" if q.level == "global" else f"stage {self.slowest_stage}"

@@ -118,12 +118,23 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     return parts
 
 
+# DualPipe (an estimate only: Megatron-LM has none, rule V4030) holds two pipeline stages'
+# parameters per rank and PP + 1 microbatches of a stage's activations at its peak (DeepSeek-V3
+# technical report, arXiv 2412.19437, Table 2: parameters 2x, activations PP + 1 against 1F1B's
+# PP); the grads and optimizer states of both stages' parameters come with them.
+DUALPIPE_COPIES = "2"
+DUALPIPE_ACTIVATIONS = "(PP + 1) * act_per_microbatch"
+
+
 def write(book: Book, v: Variant) -> None:
     add = book.add
     weights, grads = _weight_and_grad_terms(book, v)
+    if v.dualpipe:
+        weights, grads = f"{DUALPIPE_COPIES} * ({weights})", f"{DUALPIPE_COPIES} * ({grads})"
     add("weight_bytes", weights, "bytes", "memory",
         "parameter buffers in training precision (padded like the grad buffers; sharded by "
-        "Megatron-FSDP optim_grads_params), plus gathered weights in use")
+        "Megatron-FSDP optim_grads_params), plus gathered weights in use"
+        + ("; DualPipe: two stages' worth per rank" if v.dualpipe else ""))
     add("grad_bytes", grads, "bytes", "memory",
         "main-grad buffers (padded; sharded only by Megatron-FSDP optim_grads / "
         "optim_grads_params), plus whole wgrads awaiting their reduce-scatter")
@@ -134,6 +145,8 @@ def write(book: Book, v: Variant) -> None:
         opt, opt_doc = _precision_aware(v)
     add("optimizer_bytes_per_param", opt, "bytes", "memory", opt_doc)
     states = "optimizer_bytes_per_param * (dense_shard_params + expert_shard_params)"
+    if v.dualpipe:
+        states = f"{DUALPIPE_COPIES} * {states}"
     add("optimizer_bytes", f"opt_gpu_share * {states}" if v.optimizer_offload else states,
         "bytes", "memory",
         "optimizer states, sharded over dp_cp / expt_dp with the distributed optimizer"
@@ -180,13 +193,17 @@ def write(book: Book, v: Variant) -> None:
         "V_pad / TP of the vocabulary")
     add("act_per_microbatch", "act_stored_layers + act_embedding + act_output", "bytes", "memory",
         "stored activations of one microbatch on this stage")
-    add("in_flight_microbatches", "live_passes / VPP", "count", "memory",
+    add("in_flight_microbatches", "PP + 1" if v.dualpipe else "live_passes / VPP", "count", "memory",
         "chunk passes held at the activation peak, in microbatch equivalents (1F1B: min(m, PP - s);"
-        " interleaved: warm-up passes + 1)")
+        " interleaved: warm-up passes + 1" + ("; DualPipe: PP + 1, DeepSeek-V3 report Table 2)"
+                                             if v.dualpipe else ")"))
     offloading = "act_offloaded_per_microbatch" in book.levels
-    add("activation_bytes", "act_live_peak + recompute_working_bytes"
+    live = DUALPIPE_ACTIVATIONS if v.dualpipe else "act_live_peak"
+    add("activation_bytes", f"{live} + recompute_working_bytes"
         + (f" + {write_offload_peak(book)}" if offloading else ""), "bytes", "memory",
-        "peak stored activations: the live chunks at the schedule's peak, plus recompute's block"
+        "peak stored activations: the live chunks at the schedule's peak"
+        + (" (DualPipe: PP + 1 microbatches of the stage, an estimate Megatron cannot run)"
+           if v.dualpipe else "") + ", plus recompute's block"
         + ("; with activation offloading, plus the offloaded bytes kept on the GPU" if offloading else ""))
     w = routed_width(v)
     rows = "gemm_rows_padded" if v.quant_pad else "expert_gemm_rows"

@@ -36,15 +36,27 @@ if TYPE_CHECKING:
 PAGE = "pipeline"
 # What the pipeline page reads of its own stage (besides every stage's chunk times).
 PAGE_STAGE_INPUTS = ("time_busy_s", "time_optimizer_s")
+# What DualPipe's bubble reads besides: the stage's compute, its microbatches and the weight-
+# gradient pass of each GEMM kind (the time page's `_gemm`), times the stack's factor.
+WGRAD_PASSES = tuple(f"time_{kind}_gemm_wgrad_pass_s"
+                     for kind in ("attention", "routed", "shared", "dense", "head"))
+DUALPIPE_INPUTS = ("time_compute_s", "microbatches", "stack_factor", *WGRAD_PASSES)
 
 
 def pipeline_step(acc: Accounting, stage: int, times: dict[str, Number],
                   stage_env: dict[str, Any]) -> dict[str, Number]:
     """The pipeline page of `stage` evaluated (its bubble and step) over every stage's chunk
     `times` and this stage's time-page results in `stage_env`."""
-    inputs = {**times, **{name: stage_env[name] for name in PAGE_STAGE_INPUTS}}
-    page = pipeline_page(acc.cfg.parallel.pp, stage, acc.split.vpp > 1)
+    dualpipe = is_dualpipe(acc.cfg.overlap.pipeline_schedule)
+    reads = PAGE_STAGE_INPUTS + (DUALPIPE_INPUTS if dualpipe else ())
+    inputs = {**times, **{name: stage_env[name] for name in reads}}
+    page = pipeline_page(acc.cfg.parallel.pp, stage, acc.split.vpp > 1, dualpipe)
     return compile_quantities(page, acc.exact)(inputs)
+
+
+def is_dualpipe(schedule: str) -> bool:
+    """overlap.pipeline_schedule asks for DualPipe (an estimate Megatron cannot run: V4030)."""
+    return schedule == "dualpipe"
 
 
 def chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number]:
@@ -104,9 +116,11 @@ def _chunk_evaluator(variant: Variant, exact: bool = True) -> Evaluator:
 
 
 @cache
-def pipeline_page(pp: int, stage: int, interleaved: bool) -> tuple[Quantity, ...]:
+def pipeline_page(pp: int, stage: int, interleaved: bool,
+                  dualpipe: bool = False) -> tuple[Quantity, ...]:
     """The bubble and the step of stage `stage` of `pp`, as named formulas over the other stages'
-    chunk times (symbols t_first_j, t_last_j) and this stage's time-page results."""
+    chunk times (symbols t_first_j, t_last_j) and this stage's time-page results; under
+    `dualpipe`, DualPipe's bubble over this stage's own times (_dualpipe)."""
     first, last = ("first model chunk", "last model chunk") if interleaved else ("microbatch",) * 2
     symbols = [Symbol(name, f"this stage's {what} (time page)", "rank")
                for name, what in zip(PAGE_STAGE_INPUTS, ("busy time", "optimizer step"), strict=True)]
@@ -115,6 +129,9 @@ def pipeline_page(pp: int, stage: int, interleaved: bool) -> tuple[Quantity, ...
                            "backward (time_microbatch_s of it alone)", "rank"),
                     Symbol(f"t_last_{j}", f"stage {j}'s {last}: one microbatch forward and "
                            "backward (time_microbatch_s of it alone)", "rank")]
+    if dualpipe:
+        symbols += [Symbol(name, f"this stage's {name} (time page)", "rank")
+                    for name in DUALPIPE_INPUTS]
     book = Book(symbols)
     book.page = PAGE
     before = " + ".join(f"t_first_{j}" for j in range(stage)) or "0"
@@ -125,10 +142,40 @@ def pipeline_page(pp: int, stage: int, interleaved: bool) -> tuple[Quantity, ...
     book.add("time_bubble_after_s", after, "s", "time",
              f"this stage's first backward waiting for each later stage's {last}, forward and "
              "backward")
-    book.add("time_bubble_s", "time_bubble_before_s + time_bubble_after_s", "s", "time",
-             "pipeline bubble of this stage: warm-up and cool-down passes through the other "
-             "stages' chunks (Megatron's 1F1B and interleaved schedules; (PP − 1) / VPP of a "
-             "microbatch when the stages are equal)")
+    if dualpipe:
+        _dualpipe(book, pp)
+    else:
+        book.add("time_bubble_s", "time_bubble_before_s + time_bubble_after_s", "s", "time",
+                 "pipeline bubble of this stage: warm-up and cool-down passes through the other "
+                 "stages' chunks (Megatron's 1F1B and interleaved schedules; (PP − 1) / VPP of a "
+                 "microbatch when the stages are equal)")
     book.add("time_stage_step_s", "time_busy_s + time_bubble_s + time_optimizer_s", "s", "time",
              "this stage's step when it sets the pace; the slowest stage sets the step time")
     return tuple(book.quantities)
+
+
+def _dualpipe(book: Book, pp: int) -> None:
+    """DualPipe's bubble as the DeepSeek-V3 technical report's Table 2 states it (arXiv
+    2412.19437, section 3.2.1): (PP/2 − 1)(F&B + B − 3W) against 1F1B's (PP − 1)(F + B), with F a
+    forward chunk, B a full backward chunk, W its weight-gradient part and F&B a forward and a
+    backward chunk of two microbatches run overlapped. Priced on this stage's own times (the table
+    assumes equal stages): F and B a third and two thirds of a microbatch's pass, W the stage's
+    weight-gradient GEMM passes, F&B the pair's compute with their communication hidden under each
+    other. The busy time stays what the stage's layers cost (DualPipe feeds half the microbatches
+    from each end, the same work per rank); the EP overlap DualPipe brings is what
+    overlap_moe_expert_parallel_comm prices inside 1F1B. Megatron-LM has no DualPipe schedule
+    (rule V4030 refuses it); this is an estimate only."""
+    add = book.add
+    add("dualpipe_f_s", "time_busy_s / (3 * microbatches)", "s", "time",
+        "F: one forward chunk of this stage (a third of a microbatch's pass)")
+    add("dualpipe_b_s", "2 * time_busy_s / (3 * microbatches)", "s", "time",
+        "B: one full backward chunk (input and weight gradients)")
+    add("dualpipe_w_s", "stack_factor * (" + " + ".join(WGRAD_PASSES) + ")", "s", "time",
+        "W: the weight-gradient GEMMs of one backward chunk")
+    add("dualpipe_fb_s", "time_compute_s / microbatches", "s", "time",
+        "F&B: a forward and a backward chunk of two microbatches overlapped: their compute, each "
+        "one's communication hidden under the other's")
+    add("time_bubble_s", f"({pp} / 2 - 1) * Max(dualpipe_fb_s + dualpipe_b_s - 3 * dualpipe_w_s, 0)",
+        "s", "time", "pipeline bubble under DualPipe (DeepSeek-V3 report, Table 2): "
+        "(PP/2 − 1)(F&B + B − 3W), against 1F1B's (PP − 1)(F + B); an estimate of a schedule "
+        "Megatron-LM does not have")

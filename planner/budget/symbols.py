@@ -267,6 +267,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         tp=par.tp > 1,
         sp=par.tp > 1 and par.sequence_parallel,
         shared_overlap=ov.moe_shared_expert_overlap and bool(model.moe_shared_expert_intermediate_size),
+        dualpipe=ov.pipeline_schedule == "dualpipe" and par.pp > 1,
         global_aux=moe.moe_router_load_balancing_type == "global_aux_loss" and moe.moe_aux_loss_coeff > 0,
         layernorm=model.normalization == "LayerNorm",
         swiglu=model.gated_mlp,

@@ -584,6 +584,48 @@ def _calls(name: str) -> str:
     return "microbatches * chunks" if name == "pp_activation" else "1"
 
 
+# The data-parallel buffers' once-per-step collectives and the one microbatch pass each can hide
+# behind on the first pipeline stage. Megatron-LM dev@d48bd6be megatron/core/pipeline_parallel/
+# schedules.py forward_backward_pipelining_without_interleaving (enable_grad_sync; the schedule
+# without pipelining and the interleaved one alike): every microbatch but the last runs under
+# no_sync, so the grad reduce starts, bucket by bucket, only during the LAST microbatch's backward;
+# the parameter all-gather of the distributed optimizer runs bucket by bucket ahead of the FIRST
+# microbatch's forward (megatron/core/distributed/distributed_data_parallel.py forward pre-hooks).
+# The bucket whose grads finish last (the first layers) is reduced after the backward, and the
+# first gathered bucket is waited for before any forward: one bucket of each is exposed. Buckets
+# hold max(40M, 1M x DP) parameters (DistributedDataParallel.__init__ bucket_size); stages after
+# the first reduce one bucket off the critical path (bucketing off for pp_rank > 0), hidden
+# behind the step's compute as before.
+DDP_WINDOWS = {
+    "dense_grad_reduce": ("dense_grad_params", "the last microbatch's backward"),
+    "expert_grad_reduce": ("expert_grad_params", "the last microbatch's backward"),
+    "dense_param_gather": ("dense_grad_params", "the first microbatch's forward"),
+    "expert_param_gather": ("expert_grad_params", "the first microbatch's forward"),
+}
+
+
+def _ddp_hidden(book: Book, name: str, flag: str | None, t: str) -> str:
+    """The part of a data-parallel buffer collective its overlap flag hides (see DDP_WINDOWS):
+    on the first stage all its buckets but one, at most the one microbatch pass it runs beside."""
+    params, _ = DDP_WINDOWS[name]
+    if "time_ddp_bucket_params" not in book.levels:
+        book.add("time_ddp_bucket_params", "Max(40000000, 1000000 * dense_dp)", "params", "time",
+                 "parameters per data-parallel bucket under overlap_grad_reduce: Megatron's "
+                 "default max(40M, 1M x DP)")
+        book.add("time_ddp_bwd_window_s", "2 * time_compute_s / (3 * microbatches)", "s", "time",
+                 "the last microbatch's backward (two thirds of a microbatch's compute): the "
+                 "only pass the grad reduce overlaps")
+        book.add("time_ddp_fwd_window_s", "time_compute_s / (3 * microbatches)", "s", "time",
+                 "the first microbatch's forward: the only pass the parameter all-gather overlaps")
+    buckets = book.add(f"time_ddp_buckets_{ident(name)}",
+                       f"ceiling(Max({params}, 1) / time_ddp_bucket_params)", "count", "time",
+                       f"buckets of {name}'s buffer on the first stage (one is exposed)")
+    window = "time_ddp_bwd_window_s" if "grad" in name.split("_")[1] else "time_ddp_fwd_window_s"
+    on = overlap_symbol(flag) if flag else "0"
+    return (f"{on} * (is_first_stage * Min(eff_overlap * {t} * (1 - 1 / {buckets}), {window})"
+            f" + (1 - is_first_stage) * Min(eff_overlap * {t}, time_compute_s))")
+
+
 def _communication(book: Book, v: Variant) -> list[str]:
     """One time per collective and phase the comm page priced; exposed per its overlap flag."""
     add, exposed = book.add, []
@@ -608,7 +650,10 @@ def _communication(book: Book, v: Variant) -> list[str]:
                        f"per call ({_calls(entry.name)} calls: the alpha-beta model, so small "
                        "messages reach less than the link's bandwidth)")
             hidden, why = [], []
-            if entry.overlap:
+            if entry.name in DDP_WINDOWS:
+                hidden.append(_ddp_hidden(book, entry.name, entry.overlap, name))
+                why.append(f"{entry.overlap}, bucket by bucket, in {DDP_WINDOWS[entry.name][1]}")
+            elif entry.overlap:
                 hidden.append(f"{overlap_symbol(entry.overlap)} * Min(eff_overlap * {name}, "
                               "time_compute_s)")
                 why.append(entry.overlap)

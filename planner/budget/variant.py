@@ -48,6 +48,7 @@ class Variant:
     tp: bool = False  # TP > 1: attention, shared-expert and dense-MLP linears are TP-sharded
     sp: bool = False  # sequence parallelism (with TP > 1)
     shared_overlap: bool = False  # moe_shared_expert_overlap: the shared expert's own AG/RS
+    dualpipe: bool = False  # overlap.pipeline_schedule dualpipe with PP > 1 (estimate only: V4030)
     global_aux: bool = False  # global_aux_loss balancing (coefficient > 0)
     flex_backend: str = ""  # the flex dispatcher's backend (the schema fills in deepep), "" otherwise
     quant_pad: bool = False  # fp8/fp4: each local expert's rows padded to a multiple of q_align

@@ -62,6 +62,7 @@ class CalibrationResult:
     memory: list[dict[str, tuple[float, float, float, float]]]
     stack: dict[str, Any]
     identified_by: dict[str, list[str]] = field(default_factory=dict)
+    pinned: frozenset[str] = frozenset()
 
     def as_json(self) -> dict[str, Any]:
         runs = []
@@ -79,31 +80,109 @@ class CalibrationResult:
         factors = {n: {"value": self.values[n], "default": self.defaults[n],
                        "fitted": n not in self.why, "why": self.why.get(n, ""),
                        "low": BY_NAME[n].low, "high": BY_NAME[n].high,
-                       "at_bound": self.at_bound(n), "missing_term": self.missing_term(n),
+                       "at_bound": self.at_bound(n), "pinned": n in self.pinned,
+                       "missing_term": self.missing_term(n),
                        "identified_by": self.identified_by.get(n, [])} for n in self.defaults}
         return {"runs": runs, "factors": factors, "stack": self.stack}
 
     def at_bound(self, name: str) -> str:
         """"low" or "high" when a fitted factor ended at that bound, else ""."""
-        if name in self.why:
-            return ""
-        f, value = BY_NAME[name], self.values[name]
-        span = (f.high - f.low) * AT_BOUND
-        return "low" if value <= f.low + span else "high" if value >= f.high - span else ""
+        return "" if name in self.why else bound_side(name, self.values[name])
 
     def missing_term(self, name: str) -> str:
-        """What a factor at its bound says: the runs spend time (or save it) that no term of the
-        model prices, named by the factor that tried to absorb it."""
-        side = self.at_bound(name)
-        if not side:
-            return ""
-        f = BY_NAME[name]
-        bound = f.high if side == "high" else f.low
-        return (f"{name} ended at its {side} bound {bound:g} ({f.what}): these runs spend time "
-                "the model has no term for; stack_factor absorbs the rest, but the term is missing")
+        """What a fitted factor the runs push against its bound says (`missing_term`), else ""."""
+        return missing_term(name, self.values[name]) if name in self.pinned else ""
 
     def profile_yaml(self) -> str:
         return dump_profile(self.stack, {n: v for n, v in self.values.items() if n not in self.why})
+
+
+def bound_side(name: str, value: float) -> str:
+    """"low" or "high" when a fitted value ended at that bound of its factor, else ""."""
+    f = BY_NAME[name]
+    span = (f.high - f.low) * AT_BOUND
+    return "low" if value <= f.low + span else "high" if value >= f.high - span else ""
+
+
+def missing_term(name: str, value: float) -> str:
+    """What a factor the runs push against its bound says, "" inside its bounds. At the high
+    bound the runs spend time no term of the model prices (a missing term, named by the factor
+    that tried to absorb it); at the low bound the model charges them time they do not spend (a
+    term over-counts, or a factor fitted beside it overshoots)."""
+    side = bound_side(name, value)
+    if not side:
+        return ""
+    f = BY_NAME[name]
+    if side == "high":
+        return (f"{name} ended at its high bound {f.high:g} ({f.what}): these runs spend time "
+                "the model has no term for; stack_factor absorbs the rest, but the term is missing")
+    return (f"{name} ended at its low bound {f.low:g} ({f.what}): these runs ask for less; the "
+            "model charges them time they do not spend (a term over-counts, or a factor fitted "
+            "beside it overshoots)")
+
+
+@dataclass
+class RunsFit:
+    """A calibration of measured runs: every candidate factor's value, why each one not fitted
+    was left (`why`), each run's prediction before and after, the runs that identified each
+    fitted factor (those whose prediction moves with it), and the fitted factors held at a bound
+    the runs push against (`pinned`)."""
+
+    values: dict[str, float]
+    why: dict[str, str]
+    before: list[float]
+    after: list[float]
+    identified: dict[str, list[str]]
+    pinned: frozenset[str]
+
+
+def _miss(runs: list[Run], values: dict[str, float]) -> float:
+    """The runs' squared log misses (no prior): what the data alone asks of the factors."""
+    return sum(math.log(r.predict(values) / r.measured) ** 2 for r in runs)
+
+
+def _pinned(runs: list[Run], values: dict[str, float], chosen: list[str]) -> frozenset[str]:
+    """Fitted factors at a bound that the runs push against: stepping 1 % of the range back
+    inside makes the runs' miss worse, so their optimum lies past the bound. A factor merely
+    left at a default that is its bound (nothing asked it to move) is not pinned."""
+    fitted = {n: values[n] for n in chosen}
+    base, out = _miss(runs, fitted), set()
+    for n in chosen:
+        side = bound_side(n, values[n])
+        if not side:
+            continue
+        f = BY_NAME[n]
+        inward = (f.high - f.low) * 0.01 * (1 if side == "low" else -1)
+        if _miss(runs, {**fitted, n: values[n] + inward}) > base * (1 + 1e-6) + 1e-12:
+            out.add(n)
+    return frozenset(out)
+
+
+def calibrate_runs(runs: list[Run]) -> RunsFit:
+    """The calibration of measured runs, whatever they were read from (a log for `moeplan
+    calibrate`; a published table in bench/calibrate_stack.py). Raises BudgetError when a run has
+    no estimate."""
+    sens = {n: _sensitivity(runs, n) for n in CANDIDATES}
+    ranked = [n for n in sorted(CANDIDATES, key=lambda n: -sens[n]) if sens[n] > 1e-4]
+    # Runs the model cannot tell apart (the same layout measured again: one Primus job logged three
+    # times) give one equation between them, so they identify one factor, not one each.
+    distinct = len({f"{r.predict({}):.9g}" for r in runs})
+    chosen = ranked[:distinct]
+    why = {n: ("no run exercises it" if sens[n] <= 1e-4 else
+               f"fewer distinct runs ({distinct}) than exercised factors: the {distinct} most sensitive "
+               "are fitted") for n in CANDIDATES if n not in chosen}
+    result = fit(runs, chosen) if chosen else None
+    values = {n: current(runs[0].cfg, n) for n in CANDIDATES}
+    if result:
+        values.update(result.values)
+        for n, ok in result.fitted.items():
+            if not ok:
+                why[n] = "no run exercises it"
+    live = [n for n in chosen if n not in why]
+    before = [r.predict({}) for r in runs]
+    after = [r.predict({n: values[n] for n in chosen}) for r in runs]
+    identified = {n: [r.name for r in runs if _sensitivity([r], n) > 1e-4] for n in chosen}
+    return RunsFit(values, why, before, after, identified, _pinned(runs, values, live))
 
 
 def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> CalibrationResult:
@@ -137,31 +216,15 @@ def run_calibration(paths: list[Path], configs: list[Path], gpu: str | None) -> 
         logs.append(log)
         runs.append(Run(str(path), cfg, log.step_s))
     try:
-        sens = {n: _sensitivity(runs, n) for n in CANDIDATES}
+        fitted = calibrate_runs(runs)
     except BudgetError as exc:
         raise CalibrationError(f"no estimate for a run's config: {exc}") from None
-    ranked = [n for n in sorted(CANDIDATES, key=lambda n: -sens[n]) if sens[n] > 1e-4]
-    # Runs the model cannot tell apart (the same layout measured again: one Primus job logged three
-    # times) give one equation between them, so they identify one factor, not one each.
-    distinct = len({f"{r.predict({}):.9g}" for r in runs})
-    chosen = ranked[:distinct]
-    why = {n: ("no run exercises it" if sens[n] <= 1e-4 else
-               f"fewer distinct runs ({distinct}) than exercised factors: the {distinct} most sensitive "
-               "are fitted") for n in CANDIDATES if n not in chosen}
-    result = fit(runs, chosen) if chosen else None
-    values = {n: current(runs[0].cfg, n) for n in CANDIDATES}
-    if result:
-        values.update(result.values)
-        for n, ok in result.fitted.items():
-            if not ok:
-                why[n] = "no run exercises it"
-    before = [r.predict({}) for r in runs]
-    after = [r.predict({n: values[n] for n in chosen}) for r in runs]
+    values, why = fitted.values, fitted.why
     fitted_cfgs = [r.cfg for r in runs]
     memory = [memory_by_rank(c, log) for c, log in zip(fitted_cfgs, logs, strict=True)]
     stack = {"gpu": runs[0].cfg.cluster.gpu, "megatron": next((lg.version for lg in logs if lg.version),
                                                                "not in the logs"),
              "logs": [str(p) for p in paths]}
-    identified = {n: [r.name for r in runs if _sensitivity([r], n) > 1e-4] for n in chosen}
     return CalibrationResult(logs, runs, values, {n: current(runs[0].cfg, n) for n in CANDIDATES},
-                             why, before, after, memory, stack, identified)
+                             why, fitted.before, fitted.after, memory, stack, fitted.identified,
+                             fitted.pinned)

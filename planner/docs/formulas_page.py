@@ -83,6 +83,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("TP > 1, sequence parallelism, overlapped shared expert",
      {"tp": True, "sp": True, "shared_overlap": True}),
     ("`global_aux_loss` balancing", {"global_aux": True}),
+    ("pipeline schedule `dualpipe` (an estimate only: V4030)", {"pp": True, "dualpipe": True}),
     ("dispatcher `flex` with the `hybridep` backend", {"dispatcher": "flex", "flex_backend": "hybridep"}),
     ("fp8/fp4 padding of each expert's rows", {"quant_pad": True}),
     ("fp8/fp4 with the `ncclep` backend", {"dispatcher": "flex", "ncclep": True,

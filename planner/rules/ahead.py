@@ -17,22 +17,27 @@ def _v4(f: Facts) -> bool:
 
 
 @rule(
-    "V4030", "warning", "DualPipe is not in Megatron: the 1F1B schedules are timed",
+    "V4030", "error", "DualPipe is not in Megatron: estimated, never emitted",
     source=f"{V4_WRITE_UP}; {dev('core/pipeline_parallel/schedules.py', 'get_forward_backward_func')}",
-    why="""The DeepSeek-V4 trainer overlaps mHC's widened pipeline messages with a DualPipe
-    schedule adapted for mHC (overlap.pipeline_schedule: dualpipe asks for it). No Megatron-LM
-    branch has DualPipe (combined_1f1b overlaps EP communication inside 1F1B; it is not
-    DualPipe), so the emitted arguments run, and moeplan's pipeline page replays and times,
-    Megatron's 1F1B or interleaved 1F1B for the same layout.""",
-    bad="model: {enable_hyper_connections: true}\noverlap: {pipeline_schedule: dualpipe}",
-    good="model: {enable_hyper_connections: true}\noverlap: {pipeline_schedule: 1f1b}",
+    why="""DeepSeek's trainers (V3's, and V4's adapted for mHC) run the DualPipe schedule. No
+    Megatron-LM branch has it (combined_1f1b overlaps EP communication inside 1F1B; it is not
+    DualPipe), so Megatron cannot run such a config: check refuses it and emit writes nothing.
+    `moeplan estimate` still prices it, as an estimate only: the bubble as the DeepSeek-V3
+    report's Table 2 states it, (PP/2 − 1)(F&B + B − 3W) against 1F1B's (PP − 1)(F + B)
+    (planner/budget/pipeline.py), and its memory as the same table does: two stages' parameters
+    per rank (their grads and optimizer states with them) and PP + 1 microbatches of activations
+    (planner/budget/memory.py).""",
+    bad="parallel: {pp: 2}\noverlap: {pipeline_schedule: dualpipe}",
+    good="parallel: {pp: 2}\noverlap: {pipeline_schedule: 1f1b}",
 )
 def dualpipe_not_in_megatron(f: Facts) -> Iterator[Violation]:
     if f.ovl.pipeline_schedule == "dualpipe":
         yield Violation("overlap.pipeline_schedule", "pipeline_schedule dualpipe: DualPipe"
                         + (" for mHC" if f.model.enable_hyper_connections else "")
-                        + " is not in Megatron-LM; the budgets and the emitted arguments use 1F1B",
-                        "set overlap.pipeline_schedule: 1f1b, or read the step time as 1F1B's")
+                        + " is not in Megatron-LM, which cannot run it; `moeplan estimate` prices "
+                        "it as an estimate only (DeepSeek-V3 report, Table 2: its bubble, 2x the "
+                        "parameters and PP + 1 microbatches of activations per rank)",
+                        "set overlap.pipeline_schedule: 1f1b to check and emit a Megatron run")
 
 
 @rule(

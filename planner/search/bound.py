@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.accounting import BudgetError, dispatch_efficiency
+from planner.accounting import COLLECTIVES, DDP_WINDOWS, BudgetError, dispatch_efficiency, overlap_symbol
 from planner.config.schema import Config
 from planner.estimate import estimate
 from planner.search.judge import (
@@ -111,6 +111,23 @@ def phase1_work(cfg: Config, headroom: float, items: list[Phase1Item]) -> Work:
     return work
 
 
+def _ddp_window_excess(env: dict[str, Any]) -> float:
+    """How much more of the data-parallel buffers' collectives the one-stage model exposes than a
+    bound may count. On the first stage they hide only beside one microbatch pass, all buckets but
+    one (planner/budget/time.py DDP_WINDOWS); split over stages, the later ones hide theirs behind
+    their whole compute, so the stages' exposures can sum to less than the one stage's. The floor
+    counts each at most t - min(eff_overlap * t, compute), what every stage's exposure is at least,
+    and the stages' sum never undercuts that."""
+    excess = 0.0
+    for name in DDP_WINDOWS:
+        t = float(env.get(f"time_{name}_fwd", 0))
+        flag = COLLECTIVES[name].overlap
+        on = float(env.get(overlap_symbol(flag), 0)) if flag else 0.0
+        loose = t - on * min(float(env["eff_overlap"]) * t, float(env["time_compute_s"]))
+        excess += max(float(env.get(f"time_{name}_fwd_exposed", t)) - loose, 0.0)
+    return excess
+
+
 def family_floor(cfg: Config, family: Family) -> float | None:
     """A lower bound of the step time of every setting of a family, whatever its pipeline split,
     VPP and knobs (None when the family has none that holds).
@@ -122,10 +139,11 @@ def family_floor(cfg: Config, family: Family) -> float | None:
     optimizer step, the slowest stage's is at least the stages' mean, and every busy and optimizer
     term of the time page is a sum over the layers and parameters a stage holds, a per-stage cost
     or an exposure max(0, hidden − window) of such sums, none of which a split makes smaller in
-    total. Only where every stage's ranks are placed alike (PP outermost in the rank order, block
-    placement, a stage a whole number of nodes and NVLink domains): then each stage's groups are
-    stage 0's, shifted by whole nodes. tests/unit/search/test_search.py checks it against every
-    layout search times."""
+    total (the data-parallel buffers' exposure counted as loosely as any stage exposes it:
+    `_ddp_window_excess`). Only where every stage's ranks are placed alike (PP outermost in the
+    rank order, block placement, a stage a whole number of nodes and NVLink domains): then each
+    stage's groups are stage 0's, shifted by whole nodes. tests/unit/search/test_search.py checks
+    it against every layout search times."""
     c, par = cfg.cluster, cfg.parallel
     tp, cp, pp, ep, etp = family
     world = par.world_size // pp
@@ -148,7 +166,7 @@ def family_floor(cfg: Config, family: Family) -> float | None:
         except (BudgetError, ValueError, ZeroDivisionError, KeyError):
             return None  # no bound for one micro-batch size: none for the family
         shared = est.parts[0][0]
-        t = float(shared["time_busy_s"] + shared["time_optimizer_s"]) / pp
+        t = float(shared["time_busy_s"] + shared["time_optimizer_s"] - _ddp_window_excess(shared)) / pp
         best = t if best is None else min(best, t)
     return best
 

@@ -294,3 +294,15 @@ def test_a_host_scoped_factor_moves_only_that_hosts_cards() -> None:
     assert applies(b200, "gemm_fp8@blackwell") and applies(gb200, "gemm_fp8@blackwell")
     assert with_factors(gb200, {"host_launch_scale@grace": 2.0}).cluster.efficiency.host_launch_scale == 2.0
     assert with_factors(b200, {"host_launch_scale@grace": 2.0}) is b200
+
+
+def test_a_run_the_model_already_meets_pins_no_factor_at_a_bound(tmp_path: Path) -> None:
+    """A run logged at exactly the predicted step: the fit has nothing to move, so no factor is
+    pinned and none is named a missing term, even one whose default is its bound (a latency of
+    0); and a pinned factor is always one at its bound."""
+    path = tmp_path / "run.log"
+    path.write_text(megatron_log(estimate(apply_profile_free()).step_time_s * 1e3, gpu="H100"),
+                    encoding="utf-8")
+    factors = run_calibration([path], [TINY], None).as_json()["factors"]
+    assert not any(f["pinned"] or f["missing_term"] for f in factors.values())
+    assert all(f["at_bound"] for f in factors.values() if f["pinned"])

@@ -63,7 +63,7 @@ def test_what_megatron_lacks_is_said_as_information():
     assert ("V4031", "training.optimizer") in _codes(merge(V4, {"training": {"optimizer": "muon"}}))
     assert ("V4032", "training.fp4") in _codes(merge(V4, {"training": {"fp4": True}}))
     found = run_rules(parse_config(merge(example_config_data(""), merge(mhc, V4))))
-    assert {f.code: f.severity for f in found if f.code.startswith("V403")} == {"V4030": "warning"}
+    assert {f.code: f.severity for f in found if f.code.startswith("V403")} == {"V4030": "error"}
 
 
 def test_megatron_dev_has_no_dualpipe_mxfp4_or_muon_all_to_all():
