@@ -54,12 +54,14 @@ from runtime.model import (
     TokenSlice,
     cp_slices,
     mtp_loss,
+    tensor_parallel_split,
     token_losses,
 )
 from runtime.moe_layer import MoELayer
 from runtime.pipeline import PipelineRunner, StageModel
 from runtime.plan_io import GradScales, Plan, required
 from runtime.recompute import RecomputePolicy, checkpoint_forwards
+from runtime.tensor_parallel import TensorParallel, vocab_parallel_token_losses
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,8 @@ class RankTrainer:
         self.dp_cp = comm_group(groups, "dp_cp")
         self.expt_dp = comm_group(groups, "expt_dp")
         self.tp_dp_cp = comm_group(groups, "tp_dp_cp")
+        sequence_parallel = bool(required(plan.parallel, "sequence_parallel", "config.parallel"))
+        self.tp = TensorParallel(comm_group(groups, "tp"), sequence_parallel, self.ledger)
         seq, cp_size = self.batches.seq_length, self.cp.size
         mode = str(required(plan.parallel, "cp_partition_mode", "config.parallel"))
         slices = cp_slices(seq, cp_size, mode)
@@ -280,7 +284,7 @@ class RankTrainer:
         self.embd = comm_group(groups, "embd") if "embd" in groups.handles else None
         if plan.pp == 1:
             self.model: Any = Decoder(spec, self.seed, torch.float32, self.cp, self.ledger,
-                                      moe_factory).to(self.device)
+                                      moe_factory, self.tp).to(self.device)
         else:
             def make_layer(layer_id: int) -> DecoderLayer:
                 return DecoderLayer(spec, layer_id, self.seed, torch.float32, self.cp,
@@ -304,6 +308,13 @@ class RankTrainer:
                               for p in block.expert_parameters()]
         expert_ids = {id(p) for p in self.expert_params}
         self.dense_params = [p for p in self.model.parameters() if id(p) not in expert_ids]
+        # Under sequence parallelism each TP rank's copy of a TP-replicated weight (norms, row-
+        # parallel biases, router, shared expert, latent projections) saw only its share of the
+        # tokens: its grad is summed over TP (Megatron-LM dev@d48bd6be megatron/core/distributed/
+        # finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads).
+        self.sp_params = [p for name, p in self.model.named_parameters()
+                          if self.tp.sp and id(p) not in expert_ids
+                          and tensor_parallel_split(spec, name) is None]
         self.optimizer = make_optimizer(self.model, plan.training)
         self.meter = ActivationMeter(self.model)
         if plan.pp > 1:
@@ -314,7 +325,7 @@ class RankTrainer:
 
         def loss_of(logits: torch.Tensor, labels: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-            losses = token_losses(logits, labels)
+            losses = self.token_losses(logits, labels)
             return self.scaled_loss(losses), losses.detach().mean()
 
         return PipelineRunner(
@@ -339,6 +350,13 @@ class RankTrainer:
         ids, labels = self.batches.tokens(step, microbatch, self.dp_rank)
         targets = MTPTargets.of(ids, labels, self.spec.mtp_num_layers)
         return targets.select(self.slice.index(), self.device)
+
+    def token_losses(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Per-token losses [b, s]; under TP from this rank's vocabulary columns (the same values
+        on every TP rank, each of which backpropagates them)."""
+        if self.tp.active:
+            return vocab_parallel_token_losses(logits, labels, self.tp)
+        return token_losses(logits, labels)
 
     def scaled_loss(self, losses: torch.Tensor) -> torch.Tensor:
         """What one microbatch backpropagates: its token-loss sum (per-token loss) or mean, times
@@ -369,7 +387,7 @@ class RankTrainer:
                 logits, mtp_logits = self.model(ids, self.local_positions,
                                                 self.gathered_positions,
                                                 targets.ids if targets is not None else None)
-                losses = token_losses(logits, labels)
+                losses = self.token_losses(logits, labels)
                 backprop = self.scaled_loss(losses)
                 if targets is not None:
                     term, means = self.mtp_loss_of(mtp_logits, targets)
@@ -425,6 +443,8 @@ class RankTrainer:
                           "dense_grad_reduce")
             _reduce_grads(self.expert_params, scales.expert, self.expt_dp, op, self.ledger,
                           "expert_grad_reduce")
+        _reduce_grads(self.sp_params, 1.0, self.tp.group, dist.ReduceOp.SUM, self.ledger,
+                      "tp_sp_grad_reduce")
         self.sync_embedding_grads()
         if scales.per_token is not None:
             for p in self.model.parameters():
