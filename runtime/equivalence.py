@@ -115,14 +115,14 @@ def rank_view(trainer: RankTrainer, name: str, full: torch.Tensor) -> torch.Tens
     """This rank's part of a reference tensor: MoE blocks slice experts, TP-split dense weights
     keep this TP rank's shard, the rest is whole."""
     spec = trainer.model.spec
+    split = tensor_parallel_split(spec, name) if trainer.tp.active else None
+    if split is not None:
+        return trainer.tp.shard(full, *split)
     found = ffn_parameter(name, spec.num_layers)
     if found is not None:
         layer = trainer.model.layer(found[0])
         if layer.is_moe:
             return layer.ffn.local_view(found[1], full)
-    split = tensor_parallel_split(spec, name) if trainer.tp.active else None
-    if split is not None:
-        return trainer.tp.shard(full, *split)
     return full
 
 

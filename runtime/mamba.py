@@ -140,10 +140,10 @@ class MambaMixer(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         spec = self.local
-        x = self.tp.column_input(x)
-        s, b, _ = x.shape
+        (projected,) = self.tp.column_linear(x, self.in_proj)
+        s, b, _ = projected.shape
         inner, bc = spec.d_inner, spec.groups * spec.state_dim
-        z, xbc, dt = torch.split(x @ self.in_proj, [inner, inner + 2 * bc, spec.heads], dim=-1)
+        z, xbc, dt = torch.split(projected, [inner, inner + 2 * bc, spec.heads], dim=-1)
         # causal depthwise conv over the sequence: [b, channels, s], left-padded by d_conv − 1
         conv = F.conv1d(xbc.permute(1, 2, 0), self.conv1d_weight, self.conv1d_bias,
                         padding=D_CONV - 1, groups=spec.conv_channels)[..., :s]

@@ -188,8 +188,8 @@ def _bias(width: int, wanted: bool, dtype: torch.dtype) -> torch.nn.Parameter | 
     return torch.nn.Parameter(torch.zeros(width, dtype=dtype)) if wanted else None
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x @ weight if bias is None else x @ weight + bias
+def _add_bias(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x if bias is None else x + bias
 
 
 class RMSNorm(torch.nn.Module):
@@ -254,14 +254,14 @@ class CausalAttention(torch.nn.Module):
         """x [s_local, b, h] ([s_local/TP, b, h] under sequence parallelism); `local`/`gathered`
         are the global positions of the CP rank's rows and of the rows after the CP gather."""
         spec = self.spec
-        x = self.tp.column_input(x)
-        s, b, _ = x.shape
+        q, k, v = self.tp.column_linear(x, self.wq, self.wk, self.wv)
+        s, b, _ = q.shape
         d, groups, heads = spec.head_dim, self.groups, self.heads
-        q = _linear(x, self.wq, self.bq).view(s, b, heads, d)
-        k = _linear(x, self.wk, self.bk).view(s, b, groups, d)
+        q = _add_bias(q, self.bq).view(s, b, heads, d)
+        k = _add_bias(k, self.bk).view(s, b, groups, d)
         if spec.rope:
             q, k = rotary(q, local, spec.rotary_base), rotary(k, local, spec.rotary_base)
-        v = _linear(x, self.wv, self.bv).view(s, b, groups, d)
+        v = _add_bias(v, self.bv).view(s, b, groups, d)
         kv = torch.cat([k, v], dim=-1)
         if self.cp.active:
             kv = all_gather_v(kv, self.cp, [s] * self.cp.size, self.ledger, "cp_kv_gather")
@@ -320,12 +320,12 @@ class DenseMLP(torch.nn.Module):
         self.b2 = _bias(h, spec.add_bias_linear, dtype)  # whole: added after the TP sum
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        x = self.tp.column_input(x)
-        gate = _linear(x, self.w1, self.b1)
         if not self.activation.gated:
-            hidden = self.activation.plain(gate)
+            (gate,) = self.tp.column_linear(x, self.w1)
+            hidden = self.activation.plain(_add_bias(gate, self.b1))
         else:
-            hidden = self.activation.glu(gate, _linear(x, self.w3, self.b3), None)
+            gate, up = self.tp.column_linear(x, self.w1, self.w3)
+            hidden = self.activation.glu(_add_bias(gate, self.b1), _add_bias(up, self.b3), None)
         out = self.tp.row_output(hidden @ self.w2)
         return out if self.b2 is None else out + self.b2
 
@@ -524,7 +524,8 @@ class Decoder(torch.nn.Module):
         hidden = self.final_norm(hidden)
         mtp_logits = run_mtp(list(self.mtp), hidden, self.embedding, head, mtp_ids or [], local,
                              gathered, self.moe_outputs if self.record_moe_outputs else None)
-        return output_logits(self.tp.column_input(hidden), head), mtp_logits
+        (logits,) = self.tp.column_linear(hidden, head.t())  # the vocab-parallel output layer
+        return logits, mtp_logits
 
     def layer(self, layer_id: int) -> DecoderLayer:
         """A decoder layer, or the block of MTP depth layer_id − L."""
@@ -570,15 +571,15 @@ _MAMBA_SPLITS = {"in_proj": 1, "conv1d_weight": 0, "conv1d_bias": 0, "dt_bias": 
 def tensor_parallel_split(spec: DecoderSpec, name: str) -> tuple[int, tuple[int, ...] | None] | None:
     """How a dense parameter (named as the single-process `Decoder` names it) is split over TP:
     (dim, packed segments or None); None for a weight every TP rank holds whole (norms, the
-    row-parallel biases, MoE blocks' router, shared expert and latent projections). The routed
-    experts follow the plan's ETP instead (MoELayer.local_view)."""
+    row-parallel biases, MoE blocks' router and latent projections). The routed experts follow
+    the plan's ETP instead (MoELayer.local_view)."""
     if name in ("embedding", "head"):
         return 0, None
     parts = name.split(".")
     owner, leaf = (parts[-2], parts[-1]) if len(parts) > 1 else ("", name)
     if owner == "attention" and leaf in _ATTENTION_SPLITS:
         return _ATTENTION_SPLITS[leaf], None
-    if owner == "ffn" and leaf in _MLP_SPLITS:
+    if owner in ("ffn", "shared_expert") and leaf in _MLP_SPLITS:  # dense MLP, SharedExpertMLP
         return _MLP_SPLITS[leaf], None
     if owner == "mamba" and leaf in _MAMBA_SPLITS and spec.mamba is not None:
         segments = {"in_proj": spec.mamba.in_proj_segments,

@@ -24,7 +24,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.comm import CommGroup, Ledger, _record, all_gather_v, reduce_scatter_v
+from runtime.comm import (
+    CommGroup,
+    Ledger,
+    _all_gather_raw,
+    _record,
+    _reduce_scatter_raw,
+    all_gather_v,
+    reduce_scatter_v,
+)
 
 
 def _bytes(x: torch.Tensor) -> int:
@@ -64,6 +72,38 @@ class _ReduceBackward(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         group, ledger, name = ctx.meta
         return _all_reduce_recorded(grad.clone(), group, ledger, name, "bwd"), None, None, None
+
+
+class _SequenceParallelColumns(torch.autograd.Function):
+    """x [s/TP, ..., h] → x_full @ w for each weight, x_full the input all-gathered over the
+    sequence. Like Megatron's LinearWithGradAccumulationAndAsyncCommunication it keeps only the
+    local rows for backward and all-gathers them again there for the weight gradients, then
+    reduce-scatters the input gradient back to the sequence shard."""
+
+    @staticmethod
+    def forward(ctx, x, tp, *weights):  # type: ignore[override]
+        sizes = [x.shape[0]] * tp.size
+        full = _all_gather_raw(x, tp.group, sizes)
+        _record(tp.ledger, "tp_sp_gather", "fwd", tp.group, _bytes(x), _bytes(x), _bytes(full))
+        ctx.tp = tp
+        ctx.save_for_backward(x, *weights)
+        return tuple(full @ weight for weight in weights)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        tp = ctx.tp
+        x, *weights = ctx.saved_tensors
+        sizes = [x.shape[0]] * tp.size
+        full = _all_gather_raw(x, tp.group, sizes)
+        _record(tp.ledger, "tp_sp_wgrad_gather", "bwd", tp.group, _bytes(x), _bytes(x),
+                _bytes(full))
+        rows = full.reshape(-1, full.shape[-1])
+        grad_full = sum(grad @ weight.t() for grad, weight in zip(grads, weights, strict=True))
+        grad_x = _reduce_scatter_raw(grad_full, tp.group, sizes)
+        _record(tp.ledger, "tp_sp_gather", "bwd", tp.group, _bytes(grad_full), _bytes(grad_full),
+                _bytes(grad_x))
+        grad_weights = [rows.t() @ grad.reshape(-1, grad.shape[-1]) for grad in grads]
+        return (grad_x, None, *grad_weights)
 
 
 def _segment_index(length: int, segments: Sequence[int] | None, part: int, parts: int
@@ -121,6 +161,15 @@ class TensorParallel:
     def shard(self, full: torch.Tensor, dim: int, segments: Sequence[int] | None = None
               ) -> torch.Tensor:
         return shard_of(full, dim, self.rank, self.size, segments)
+
+    def column_linear(self, x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x @ w for each column-parallel weight w (one fused linear, as Megatron's QKV is one):
+        over the whole sequence of this CP rank; under SP its input is gathered again in
+        backward rather than kept (`_SequenceParallelColumns`)."""
+        if self.sp:
+            return _SequenceParallelColumns.apply(x, self, *weights)
+        x = self.column_input(x)
+        return tuple(x @ weight for weight in weights)
 
     def column_input(self, x: torch.Tensor) -> torch.Tensor:
         """A column-parallel linear's input: the whole sequence of this CP rank."""

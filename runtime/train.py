@@ -270,6 +270,8 @@ class RankTrainer:
         if options.balanced:
             moe_cfg["moe_router_force_load_balancing"] = True
         layer_groups = moe_groups(groups, plan)
+        shared_overlap = bool(required(plan.raw["config"]["overlap"], "moe_shared_expert_overlap",
+                                       "config.overlap"))
         owned_experts = plan.expert_ownership(self.rank).ids
 
         def moe_factory(layer_id: int, is_hash: bool) -> MoELayer:
@@ -277,7 +279,8 @@ class RankTrainer:
                                      int(model_cfg["num_experts"]),
                                      int(model_cfg["moe_router_topk"])) if is_hash else None)
             return MoELayer(model_cfg, moe_cfg, layer_id, is_hash, layer_groups, self.ledger,
-                            self.seed, tid2eid, torch.float32, owned_experts)
+                            self.seed, tid2eid, torch.float32, owned_experts, self.tp,
+                            shared_overlap)
 
         # Weights are generated on the CPU from their identities, then moved to the device.
         self.pipeline: PipelineRunner | None = None
@@ -309,7 +312,7 @@ class RankTrainer:
         expert_ids = {id(p) for p in self.expert_params}
         self.dense_params = [p for p in self.model.parameters() if id(p) not in expert_ids]
         # Under sequence parallelism each TP rank's copy of a TP-replicated weight (norms, row-
-        # parallel biases, router, shared expert, latent projections) saw only its share of the
+        # parallel biases, router, latent projections) saw only its share of the
         # tokens: its grad is summed over TP (Megatron-LM dev@d48bd6be megatron/core/distributed/
         # finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads).
         self.sp_params = [p for name, p in self.model.named_parameters()
