@@ -189,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
             raise PlanError(f"--load/--save with layout.tp = {tp}: the checkpoint addresses dense "
                             "weights whole, and their TP shards are not mapped to it yet; run "
                             "without a checkpoint or with tp = 1")
+        if plan.training["use_distributed_optimizer"] and (args.load is not None
+                                                           or args.save is not None):
+            raise PlanError("--load/--save with training.use_distributed_optimizer: the "
+                            "checkpoint keeps AdamW's state per whole parameter, not per "
+                            "optimizer shard; run without a checkpoint or set it to false")
     except (PlanError, MoEConfigError) as exc:
         if rederivation is not None:
             rederivation.cancel()

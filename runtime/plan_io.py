@@ -422,9 +422,6 @@ def unsupported_features(plan: Plan) -> list[str]:
            "training.variable_seq_lengths: the runtime packs fixed-length sequences")
     optimizer = training("optimizer")
     refuse(optimizer != "adam", f"training.optimizer = {optimizer!r}: only 'adam' (AdamW) runs here")
-    refuse(bool(training("use_distributed_optimizer")),
-           "training.use_distributed_optimizer: gradients are all-reduced, not reduce-scattered; "
-           "set it to false for the runtime")
     refuse(int(training("num_distributed_optimizer_instances")) > 1,
            "training.num_distributed_optimizer_instances > 1 is not implemented")
     refuse(bool(training("use_megatron_fsdp")) or bool(training("use_torch_fsdp2")),

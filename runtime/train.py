@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from runtime.comm import CommGroup, Ledger, MoEGroups, all_reduce
+from runtime.dist_opt import ShardedBuffer, sharded_optimizer
 from runtime.failure import maybe_inject_failure
 from runtime.groups import RankGroups, compute_device
 from runtime.heartbeat import note_microbatch
@@ -318,10 +319,24 @@ class RankTrainer:
         self.sp_params = [p for name, p in self.model.named_parameters()
                           if self.tp.sp and id(p) not in expert_ids
                           and tensor_parallel_split(spec, name) is None]
-        self.optimizer = make_optimizer(self.model, plan.training)
+        self.buffers = self._sharded_buffers() if bool(required(
+            plan.training, "use_distributed_optimizer", "config.training")) else []
+        self.optimizer = (sharded_optimizer(self.buffers, plan.training) if self.buffers
+                          else make_optimizer(self.model, plan.training))
         self.meter = ActivationMeter(self.model)
         if plan.pp > 1:
             self.pipeline = self._pipeline_runner(spec)
+
+    def _sharded_buffers(self) -> list[ShardedBuffer]:
+        """The distributed optimizer's buffers: dense over dp_cp (with the routed experts when
+        the plan keeps one buffer), routed experts over expt_dp."""
+        if not self.grad_scales.expert_buffer:
+            return [ShardedBuffer(self.dense_params + self.expert_params, self.dp_cp, self.ledger,
+                                  "dense_grad_reduce", "dense_param_gather")]
+        return [ShardedBuffer(self.dense_params, self.dp_cp, self.ledger, "dense_grad_reduce",
+                              "dense_param_gather"),
+                ShardedBuffer(self.expert_params, self.expt_dp, self.ledger, "expert_grad_reduce",
+                              "expert_param_gather")]
 
     def _pipeline_runner(self, spec: DecoderSpec) -> PipelineRunner:
         m = self.batches.microbatches
@@ -377,6 +392,8 @@ class RankTrainer:
         capture = StepCapture()
         self.ledger.reset()
         self.optimizer.zero_grad(set_to_none=False)
+        if self.buffers:  # the sharded optimizer holds the shards, not the model's weights
+            self.model.zero_grad(set_to_none=False)
         self.model.record_moe_outputs = self.options.capture
         m = self.batches.microbatches
         if self.pipeline is not None:
@@ -400,12 +417,16 @@ class RankTrainer:
             capture.losses.append(float(losses.detach().mean()))
             if self.options.capture:
                 capture.moe_outputs.append({k: v.cpu() for k, v in self.model.moe_outputs.items()})
-        self.reduce_gradients()
+        shards = self.reduce_gradients()
         if self.options.capture:
+            for buffer, shard in zip(self.buffers, shards, strict=True):
+                buffer.gathered_grads(shard)
             capture.grads = {name: p.grad.detach().cpu().clone()
                              for name, p in self.model.named_parameters()}
         self.update_expert_bias()
         self.optimizer.step()
+        for buffer in self.buffers:
+            buffer.gather_params()
         return capture
 
     def _pipeline_step(self, step: int, capture: StepCapture) -> None:
@@ -434,9 +455,13 @@ class RankTrainer:
             return
         all_reduce(weight.grad, self.embd, self.ledger, "embd_grad_reduce")
 
-    def reduce_gradients(self) -> None:
-        """Dense over dp_cp, routed experts over expt_dp, each pre-scaled by the plan's factor."""
+    def reduce_gradients(self) -> list[torch.Tensor]:
+        """Dense over dp_cp, routed experts over expt_dp, each pre-scaled by the plan's factor:
+        all-reduced, or reduce-scattered under the distributed optimizer (then the reduced shard
+        of each buffer is returned)."""
         scales = self.grad_scales
+        if self.buffers:
+            return self._reduce_scatter_gradients(scales)
         op = dist.ReduceOp.AVG if scales.average else dist.ReduceOp.SUM
         if not scales.expert_buffer:  # one buffer: expt_dp is dp_cp, the scales are equal
             _reduce_grads(self.dense_params + self.expert_params, scales.dense, self.dp_cp, op,
@@ -452,6 +477,22 @@ class RankTrainer:
         if scales.per_token is not None:
             for p in self.model.parameters():
                 p.grad.mul_(scales.per_token)
+        return []
+
+    def _reduce_scatter_gradients(self, scales: GradScales) -> list[torch.Tensor]:
+        """The distributed optimizer's order (finalize_model_grads): the whole-buffer sums over
+        TP and `embd` first, then each buffer reduce-scattered to its optimizer shard."""
+        _reduce_grads(self.sp_params, 1.0, self.tp.group, dist.ReduceOp.SUM, self.ledger,
+                      "tp_sp_grad_reduce")
+        self.sync_embedding_grads()
+        factors = [scales.dense] if len(self.buffers) == 1 else [scales.dense, scales.expert]
+        shards = [buffer.reduce_scatter(factor, scales.average)
+                  for buffer, factor in zip(self.buffers, factors, strict=True)]
+        if scales.per_token is not None:
+            for buffer in self.buffers:
+                buffer.scale_grads(scales.per_token)
+            shards = [shard * scales.per_token for shard in shards]
+        return shards
 
     def update_expert_bias(self) -> None:
         """Sum the token counts of every expert-bias router over tp_dp_cp in one int64 call

@@ -71,14 +71,14 @@ NANO_TINY_MODEL: dict[str, Any] = {
 
 def nano_at_tiny_dims() -> dict[str, Any]:
     """Nemotron-3-Nano's example as the runtime can run it on 4 CPU ranks: the file's own layer
-    kinds, router, experts, losses and layout axes (TP 2 with sequence parallelism, ETP 1), at
-    tiny widths, EP 2 of its 8 (world 4), fp32 and no distributed optimizer (the runtime computes
-    in fp32 and all-reduces its grads)."""
+    kinds, router, experts, losses, layout axes (TP 2 with sequence parallelism, ETP 1) and
+    distributed optimizer, at tiny widths, EP 2 of its 8 (world 4), in fp32 (the runtime computes
+    in fp32; the file trains in bf16)."""
     config = yaml.safe_load(NANO.read_text())
     config["model"].update(NANO_TINY_MODEL)
     config["parallel"].update(world_size=4, ep=2)
-    config["training"].update(seq_length=16, global_batch_size=4, precision="fp32",
-                              use_distributed_optimizer=False, lr=1e-3, seed=7)
+    config["training"].update(seq_length=16, global_batch_size=4, precision="fp32", lr=1e-3,
+                              seed=7)
     config["cluster"].update(nodes=1, gpus_per_node=4)
     return config
 

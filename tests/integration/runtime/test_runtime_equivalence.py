@@ -168,8 +168,9 @@ RECOMPUTE_CASES: dict[str, tuple[dict[str, Any], bool]] = {  # name -> (override
 
 # Nemotron-3-Nano's example run as the runtime can (tests/support/launch.py nano_at_tiny_dims):
 # its layer kinds (Mamba-2, attention without RoPE, squared-ReLU routed and shared experts, the
-# pattern's first seven symbols MEMEM*E: blocks M+E, M+E, M alone, *+E), its router and its layout
-# axes (TP 2 with SP, ETP 1, overlapped shared expert) at h = 32, EP 2, fp32, no distributed optimizer.
+# pattern's first seven symbols MEMEM*E: blocks M+E, M+E, M alone, *+E), its router, its layout
+# axes (TP 2 with SP, ETP 1, overlapped shared expert) and its distributed optimizer, at h = 32, EP 2,
+# fp32.
 NANO = "nemotron_3_nano_tp2"
 
 # name -> MoE overrides of the latent layout (tests/support/launch.py latent_run), balanced routing
@@ -346,7 +347,8 @@ def test_tp_collectives_are_the_plans_prediction(tp_runs: dict[str, Any], name: 
 
 
 def test_nemotron_3_nano_runs_at_its_tp2_layout(tp_runs: dict[str, Any]) -> None:
-    """Nano's layout equals the single-process reference, and its TP bytes by hand. Per rank and
+    """Nano's layout equals the single-process reference, and its TP bytes by hand (every other
+    figure is the plan's: test_tp_collectives_are_the_plans_prediction). Per rank and
     microbatch S = 16 rows, b = 1, TP 2 → 8 local rows of h = 32 fp32 = 1024 bytes; blocks M+E, M+E,
     M, *+E: column-parallel inputs gathered over the sequence are 3 in_proj + 1 QKV + 3 shared FC1
     + 1 output layer = 8 (×1024 ×2 microbatches = 16384), re-gathered for weight grads all but the
@@ -369,6 +371,21 @@ def test_nemotron_3_nano_runs_at_its_tp2_layout(tp_runs: dict[str, Any]) -> None
         assert sent["tp_embedding_reduce.fwd"] == 2048 * 2
         assert sent["tp_xent_reduce.fwd"] == 3 * 16 * 4 * 2
         assert sent["tp_sp_grad_reduce.fwd"] == (8 * 32 + 3 * 8 * 32) * 4 == 4096
+        # the distributed optimizer: each buffer padded to lcm(2, 128) elements, reduce-scattered
+        # to half over its 2 replicas, the updated half all-gathered back
+        for kind, whole in (("dense", DENSE_BUFFER * 4), ("expert", EXPERT_BUFFER * 4)):
+            assert sent[f"{kind}_grad_reduce.fwd"] == whole == received[f"{kind}_param_gather.fwd"]
+            assert received[f"{kind}_grad_reduce.fwd"] == whole // 2 == sent[
+                f"{kind}_param_gather.fwd"]
+
+
+# Nano's buffers on one rank (TP 2, fp32). Dense: the vocab-parallel embedding and output layer
+# 2 · (256 padded rows / 2) · 32 = 8192; three Mamba-2 mixers of in_proj 32 · (2·64 + 2·2·8 + 4)/2
+# = 2624, conv 48 channels · (4 + 1) = 240, dt_bias/A_log/D 3 · 2, norm 32, out_proj 32 · 32 = 1024
+# (3926 each, 11778); attention 32 · (16 + 8 + 8) + 16 · 32 = 1536; three routers 8 · 32 and shared
+# experts 2 · 32 · 16 (3840); norms 4 input + 3 FFN + the final, 8 · 32 = 256: 25,602, padded to
+# 201 · 128 = 25,728. Experts: 3 layers · 4 local experts · 2 · 32 · 16 = 12,288 = 96 · 128.
+DENSE_BUFFER, EXPERT_BUFFER = 25_728, 12_288
 
 
 # ----------------------------------------------------------------------------- pipeline
