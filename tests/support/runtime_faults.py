@@ -42,10 +42,10 @@ def _expert_grads_over_dp_cp() -> mock._patch[Any]:
     """Reduce the routed experts' grads over dp_cp (the dense group) instead of expt_dp."""
     original = RankTrainer.reduce_gradients
 
-    def reduce_gradients(self: RankTrainer) -> None:
+    def reduce_gradients(self: RankTrainer) -> list[torch.Tensor]:
         expt_dp, self.expt_dp = self.expt_dp, self.dp_cp
         try:
-            original(self)
+            return original(self)
         finally:
             self.expt_dp = expt_dp
 

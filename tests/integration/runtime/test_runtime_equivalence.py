@@ -83,8 +83,10 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     "capacity_drop_ep4_dense_layer": ({"parallel": {"ep": 4},
                                        "model": {"num_layers": 3, "moe_layer_freq": [1, 0, 1]},
                                        "moe": {"moe_expert_capacity_factor": 1.0}}, None),
+    # ... under the distributed optimizer: the per-token 1/N applied to the reduced shards
     "per_token_loss_cp2_ep2": ({"parallel": {"cp": 2, "ep": 2},
-                                "training": {"calculate_per_token_loss": True}}, None),
+                                "training": {"calculate_per_token_loss": True,
+                                             "use_distributed_optimizer": True}}, None),
     # 8 ranks (CP2·DP4 dense, ETP2·EP2·EDP2 expert) run against the same reference in
     # test_emit_run.py, through the emitted launcher (`--check-reference`): no second 8-rank spawn here
     # MTP depth 0 after the 2 decoder layers (MoE layer 2) under zigzag CP: the shifted ids and
