@@ -297,7 +297,8 @@ def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: t
 class DenseMLP(torch.nn.Module):
     """Feed-forward for layers that are not MoE (moe_layer_freq), with the model's activation
     (W3 only when gated) and add_bias_linear's biases; under TP FC1 (and W3) column-parallel, FC2
-    row-parallel (Megatron-LM dev@d48bd6be megatron/core/transformer/mlp.py MLP)."""
+    row-parallel (Megatron-LM dev@d48bd6be megatron/core/tensor_parallel/layers.py
+    ColumnParallelLinear, RowParallelLinear)."""
 
     def __init__(self, spec: DecoderSpec, layer_id: int, seed: int, dtype: torch.dtype,
                  tp: TensorParallel | None = None) -> None:
