@@ -316,9 +316,6 @@ def tensor_parallel_problems(plan: Plan) -> list[str]:
 
     sp = bool(required(plan.parallel, "sequence_parallel", "config.parallel"))
     problems = []
-    if plan.pp > 1:
-        problems.append(f"layout.tp = {tp} with layout.pp = {plan.pp}: pipeline stages of a "
-                        "TP-split model are not implemented; use pp = 1 or tp = 1")
     if int(value("mtp_num_layers")) > 0:
         problems.append(f"model.mtp_num_layers with layout.tp = {tp}: MTP's TP split (eh_proj) is "
                         "not implemented; use mtp_num_layers: 0 or tp = 1")

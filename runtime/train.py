@@ -292,10 +292,10 @@ class RankTrainer:
         else:
             def make_layer(layer_id: int) -> DecoderLayer:
                 return DecoderLayer(spec, layer_id, self.seed, torch.float32, self.cp,
-                                    self.ledger, moe_factory)
+                                    self.ledger, moe_factory, self.tp)
 
             self.model = StageModel(spec, plan.chunks(self.stage), self.seed, torch.float32,
-                                    make_layer).to(self.device)
+                                    make_layer, self.tp).to(self.device)
         self.spec = spec
         recompute = RecomputePolicy.from_overlap(plan.raw["config"]["overlap"])
         self.model.recompute = recompute
@@ -353,6 +353,7 @@ class RankTrainer:
             pp_group=self.groups["pp"], device=self.device, microbatches=m,
             rows=len(self.slice), micro_batch_size=self.batches.micro_batch_size,
             hidden_size=spec.hidden_size, vocab_size=spec.vocab_size, loss_of=loss_of,
+            tp=self.tp,
             token_ids=lambda step, microbatch: self.microbatch(step, microbatch)[0],
             local_positions=self.local_positions, gathered_positions=self.gathered_positions,
             ledger=self.ledger, meter=self.meter)

@@ -16,8 +16,9 @@ Pipeline parallelism: PP and PP×VPP layouts equal the single-process reference,
 synced over the `embd` group, and the measured pipeline bytes are the plan's (a PP job under
 torchrun and the layouts the schedules refuse: test_pipeline_runtime.py). The byte figures below
 are derived by hand: one pipeline message is an activation [S/CP, b, h] in fp32, S = 16, b = 1,
-h = 32 → 16·32·4 = 2048 bytes (1024 with CP = 2); a stage sends one per microbatch from each chunk that
-is not the model's last and receives one into each chunk that is not the model's first. The tied
+h = 32 → 16·32·4 = 2048 bytes (1024 with CP = 2, or with TP = 2 and sequence parallelism); a stage
+sends one per microbatch from each chunk that is not the model's last and receives one into each
+chunk that is not the model's first. The tied
 word embedding is V·h·4 = 128·32·4 = 16384 bytes.
 
 Recompute runs in the same launch: ranks really re-run the forward in backward, the ledger records
@@ -133,7 +134,10 @@ PIPELINE_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                                        "parallel": {"pp": 2, "vpp": 2, "cp": 2, "ep": 2},
                                        "training": {"calculate_per_token_loss": True}}, None),
     # Expert tensor parallelism under PP: ETP2 (EP1) on each stage's two ranks.
-    "pp2_etp2": ({"model": {"num_layers": 2}, "parallel": {"pp": 2, "ep": 1, "etp": 2}}, None),
+    # ... and TP 2 with sequence parallelism (ETP = TP): each stage's two ranks split attention,
+    # the MLPs and the vocabulary, and a pipeline message is the rank's sequence share
+    "pp2_tp2_sp_etp2": ({"model": {"num_layers": 2},
+                         "parallel": {"pp": 2, "tp": 2, "ep": 1, "sequence_parallel": True}}, None),
     # Two MTP depths (MoE layers 4, 5) on the last stage, untied: that stage's copy of the input
     # embedding (for the shifted ids) is what the embd group syncs.
     "pp2_ep2_mtp2_untied": ({"model": {"num_layers": 4, "mtp_num_layers": 2},
@@ -410,15 +414,16 @@ def test_pipelined_runtime_matches_reference(pipeline_verdicts: dict[str, Any], 
 
 
 @pytest.mark.parametrize(
-    ("name", "cp", "chunks", "synced"),
-    [("pp2_ep2_tied", 1, 1, True), ("pp2_vpp2_ep2_tied_hash", 1, 2, True), ("pp2_etp2", 1, 1, False),
+    ("name", "shards", "chunks", "synced"),
+    [("pp2_ep2_tied", 1, 1, True), ("pp2_vpp2_ep2_tied_hash", 1, 2, True),
+     ("pp2_tp2_sp_etp2", 2, 1, False),
      ("pp2_vpp2_cp2_untied_per_token", 2, 2, False), ("pp2_ep2_mtp2_untied", 1, 1, True)],
 )
 def test_pipeline_bytes_are_the_plans_prediction(pipeline_verdicts: dict[str, Any], name: str,
-                                                 cp: int, chunks: int, synced: bool) -> None:
+                                                 shards: int, chunks: int, synced: bool) -> None:
     """`synced`: a word embedding shared between stages (tied head, or an MTP stage's copy)."""
     verdict = _verdict(pipeline_verdicts, name)
-    message, m = MESSAGE // cp, 2
+    message, m = MESSAGE // shards, 2
     for share in verdict["ranks"]:
         measured = share["collectives"]
         first = share["stage"] == 0

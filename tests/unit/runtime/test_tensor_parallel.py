@@ -129,7 +129,7 @@ def test_tp_layouts_the_runtime_cannot_run_are_refused_by_name() -> None:
     assert tensor_parallel_problems(_plan(2, sp=False, moe=False)) == []
     refused = {line.split(":")[0] for line in tensor_parallel_problems(
         _plan(2, pp=2, sp=False, mtp=1, heads=3))}
-    assert refused == {"layout.tp = 2 with layout.pp = 2", "model.mtp_num_layers with layout.tp = 2",
+    assert refused == {"model.mtp_num_layers with layout.tp = 2",
                        "layout.tp = 2 with MoE layers and parallel.sequence_parallel false",
                        "model.num_attention_heads = 3 does not split over layout.tp = 2"}
     odd = copy.deepcopy(_plan(4))
