@@ -178,11 +178,6 @@ def _window_skip(skip: Any) -> int | tuple[int, ...] | None:
     return skip if skip is None or isinstance(skip, int) else tuple(int(flag) for flag in skip)
 
 
-def _param(seed: int, identity: tuple[Any, ...], shape: tuple[int, ...], std: float,
-           dtype: torch.dtype) -> torch.nn.Parameter:
-    return torch.nn.Parameter(init_tensor(seed, identity, shape, std, dtype))
-
-
 def _bias(width: int, wanted: bool, dtype: torch.dtype) -> torch.nn.Parameter | None:
     """A linear layer's bias, zero at the start as Megatron's linear layers initialise it."""
     return torch.nn.Parameter(torch.zeros(width, dtype=dtype)) if wanted else None
@@ -381,14 +376,16 @@ class MTPLayer(torch.nn.Module):
     """One MTP depth around its transformer block (built by the caller: layer id L + depth)."""
 
     def __init__(self, spec: DecoderSpec, depth: int, seed: int, dtype: torch.dtype,
-                 block: DecoderLayer) -> None:
+                 block: DecoderLayer, tp: TensorParallel | None = None) -> None:
         super().__init__()
         h = spec.hidden_size
         self.depth = depth
+        self.tp = tp = tp or TensorParallel.none()
         self.enorm = RMSNorm(h, spec.norm_epsilon, dtype)
         self.hnorm = RMSNorm(h, spec.norm_epsilon, dtype)
-        self.eh_proj = _param(seed, (block.layer_id, "mtp", "eh_proj"), (2 * h, h), spec.init_std,
-                              dtype)
+        # column-parallel under TP: this rank's h/TP output columns
+        self.eh_proj = torch.nn.Parameter(tp.shard(init_tensor(
+            seed, (block.layer_id, "mtp", "eh_proj"), (2 * h, h), spec.init_std, dtype), 1))
         self.block = block
         self.final_norm = RMSNorm(h, spec.norm_epsilon, dtype)
 
@@ -396,24 +393,29 @@ class MTPLayer(torch.nn.Module):
                 local: torch.Tensor, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: the previous depth's output [s, b, h]; embedded: the shifted ids' embedding.
         Returns (this depth's normalised output, its MoE output alone)."""
-        joined = torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1) @ self.eh_proj
+        (joined,) = self.tp.column_linear(
+            torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1), self.eh_proj)
+        joined = self.tp.mtp_projection_output(joined)
         out, ffn_out = self.block(joined, input_ids, local, gathered)
         return self.final_norm(out), ffn_out
 
 
 def run_mtp(layers: list[MTPLayer], hidden: torch.Tensor, embedding: torch.Tensor,
             head: torch.Tensor, mtp_ids: list[torch.Tensor], local: torch.Tensor,
-            gathered: torch.Tensor, moe_outputs: dict[int, torch.Tensor] | None
-            ) -> list[torch.Tensor]:
-    """Every MTP depth after the main model's normalised output → logits per depth. The MoE
-    outputs are recorded into `moe_outputs` (keyed by layer id) when it is given."""
+            gathered: torch.Tensor, moe_outputs: dict[int, torch.Tensor] | None,
+            tp: TensorParallel | None = None) -> list[torch.Tensor]:
+    """Every MTP depth after the main model's normalised output → logits per depth (this TP
+    rank's vocabulary columns). The MoE outputs are recorded into `moe_outputs` (keyed by layer
+    id) when it is given."""
+    tp = tp or TensorParallel.none()
     logits = []
     for layer, ids in zip(layers, mtp_ids, strict=True):
-        embedded = F.embedding(ids, embedding).transpose(0, 1)
-        hidden, ffn_out = layer(hidden, embedded, ids, local, gathered)
+        embedded = vocab_parallel_embedding(ids, embedding, tp)
+        block_ids = ids[:, tp.sequence_rows(ids.shape[1])]
+        hidden, ffn_out = layer(hidden, embedded, block_ids, local, gathered)
         if moe_outputs is not None and layer.block.is_moe:
             moe_outputs[layer.block.layer_id] = ffn_out.detach().clone()
-        logits.append(output_logits(hidden, head))
+        logits.append(tp.column_linear(hidden, head.t())[0])
     return logits
 
 
@@ -450,7 +452,8 @@ def shift_left(tensor: torch.Tensor, shift: int) -> torch.Tensor:
     return out
 
 
-def mtp_loss(logits: list[torch.Tensor], targets: MTPTargets, scale: float, per_token: bool
+def mtp_loss(logits: list[torch.Tensor], targets: MTPTargets, scale: float, per_token: bool,
+             losses_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
              ) -> tuple[torch.Tensor, list[float]]:
     """The MTP term one rank adds to its main loss, and each depth's masked mean loss.
 
@@ -462,7 +465,7 @@ def mtp_loss(logits: list[torch.Tensor], targets: MTPTargets, scale: float, per_
     term = logits[0].new_zeros(())
     means = []
     for depth_logits, labels, mask in zip(logits, targets.labels, targets.masks, strict=True):
-        losses = token_losses(depth_logits, labels) * mask
+        losses = (losses_of or token_losses)(depth_logits, labels) * mask
         count = max(int(mask.sum()), 1)
         normalised = losses.sum() / count
         means.append(float(normalised.detach()))
@@ -498,7 +501,7 @@ class Decoder(torch.nn.Module):
         self.mtp = torch.nn.ModuleList(
             MTPLayer(spec, depth, seed, dtype,
                      DecoderLayer(spec, spec.num_layers + depth, seed, dtype, cp, ledger,
-                                  moe_factory))
+                                  moe_factory, tp), tp)
             for depth in range(spec.mtp_num_layers)
         )
         # Filled during forward when `record_moe_outputs` is set: layer id -> MoE output [s,b,h].
@@ -524,7 +527,8 @@ class Decoder(torch.nn.Module):
         head = self.head if self.head is not None else self.embedding
         hidden = self.final_norm(hidden)
         mtp_logits = run_mtp(list(self.mtp), hidden, self.embedding, head, mtp_ids or [], local,
-                             gathered, self.moe_outputs if self.record_moe_outputs else None)
+                             gathered, self.moe_outputs if self.record_moe_outputs else None,
+                             self.tp)
         (logits,) = self.tp.column_linear(hidden, head.t())  # the vocab-parallel output layer
         return logits, mtp_logits
 
@@ -547,11 +551,6 @@ def ffn_parameter(name: str, num_layers: int) -> tuple[int, str] | None:
     if len(parts) > 4 and parts[0] == "mtp" and parts[2] == "block" and parts[3] == "ffn":
         return num_layers + int(parts[1]), ".".join(parts[4:])
     return None
-
-
-def output_logits(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-    """[s, b, h] after the final norm → logits [s, b, vocab] (head is [vocab, h])."""
-    return hidden @ head.t()
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -582,6 +581,8 @@ def tensor_parallel_split(spec: DecoderSpec, name: str) -> tuple[int, tuple[int,
         return _ATTENTION_SPLITS[leaf], None
     if owner in ("ffn", "shared_expert") and leaf in _MLP_SPLITS:  # dense MLP, SharedExpertMLP
         return _MLP_SPLITS[leaf], None
+    if leaf == "eh_proj":  # MTP's column-parallel projection
+        return 1, None
     if owner == "mamba" and leaf in _MAMBA_SPLITS and spec.mamba is not None:
         segments = {"in_proj": spec.mamba.in_proj_segments,
                     "conv1d_weight": spec.mamba.conv_segments,

@@ -101,7 +101,8 @@ class StageModel(torch.nn.Module):
                 spec.vocab_size, spec.hidden_size), spec.init_std, dtype), 0))
             if has_loss and spec.untied_head else None)
         self.mtp = torch.nn.ModuleDict(
-            {str(depth): MTPLayer(spec, depth, seed, dtype, make_layer(spec.num_layers + depth))
+            {str(depth): MTPLayer(spec, depth, seed, dtype, make_layer(spec.num_layers + depth),
+                                  tp)
              for depth in depths})
         self.recompute = NO_RECOMPUTE  # the trainer sets the plan's (runtime/recompute.py)
 
@@ -199,7 +200,7 @@ class StageChunk(torch.nn.Module):
         outputs: dict[int, torch.Tensor] | None = {} if state.record else None
         logits = run_mtp(list(self.mtp), hidden, self.owner.embedding,  # type: ignore[arg-type]
                          self.owner.output_weight(), targets.ids, runner.local_positions,
-                         runner.gathered_positions, outputs)
+                         runner.gathered_positions, outputs, self.owner.tp)
         for layer, output in (outputs or {}).items():
             state.moe_outputs[microbatch][layer] = output.cpu()
         term, means = runner.mtp_loss_of(logits, targets)

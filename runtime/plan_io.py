@@ -316,9 +316,12 @@ def tensor_parallel_problems(plan: Plan) -> list[str]:
 
     sp = bool(required(plan.parallel, "sequence_parallel", "config.parallel"))
     problems = []
-    if int(value("mtp_num_layers")) > 0:
-        problems.append(f"model.mtp_num_layers with layout.tp = {tp}: MTP's TP split (eh_proj) is "
-                        "not implemented; use mtp_num_layers: 0 or tp = 1")
+    mode = required(plan.parallel, "cp_partition_mode", "config.parallel")
+    if int(value("mtp_num_layers")) > 0 and sp and mode == "contiguous" and int(
+            required(plan.layout, "cp", "layout")) > 1:
+        problems.append(f"model.mtp_num_layers with layout.tp = {tp}, sequence parallelism and "
+                        "contiguous CP: Megatron refuses it (megatron/core/transformer/"
+                        "transformer_config.py TransformerConfig.__post_init__); use zigzag CP")
     if plan.moe_layers() and not sp:
         problems.append(f"layout.tp = {tp} with MoE layers and parallel.sequence_parallel false: "
                         "Megatron refuses to train it (megatron/core/transformer/moe/moe_layer.py "

@@ -106,6 +106,41 @@ class _SequenceParallelColumns(torch.autograd.Function):
         return (grad_x, None, *grad_weights)
 
 
+class _GatherHidden(torch.autograd.Function):
+    """[s, b, w/TP] → [s, b, w] gathered along the last dim; backward keeps this rank's columns
+    (gather_from_tensor_model_parallel_region)."""
+
+    @staticmethod
+    def forward(ctx, y, tp):  # type: ignore[override]
+        ctx.tp, ctx.width = tp, y.shape[-1]
+        moved = y.movedim(-1, 0).contiguous()
+        full = _all_gather_raw(moved, tp.group, [moved.shape[0]] * tp.size)
+        _record(tp.ledger, "tp_mtp_gather", "fwd", tp.group, _bytes(y), _bytes(y), _bytes(full))
+        return full.movedim(0, -1).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        start = ctx.tp.rank * ctx.width
+        return grad[..., start:start + ctx.width].contiguous(), None
+
+
+class _ScatterSequence(torch.autograd.Function):
+    """[s, ...] → this rank's s/TP rows; backward all-gathers the grad along the sequence
+    (scatter_to_sequence_parallel_region)."""
+
+    @staticmethod
+    def forward(ctx, y, tp, name):  # type: ignore[override]
+        ctx.tp, ctx.name = tp, name
+        return y[tp.sequence_rows(y.shape[0])].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        tp = ctx.tp
+        full = _all_gather_raw(grad.contiguous(), tp.group, [grad.shape[0]] * tp.size)
+        _record(tp.ledger, ctx.name, "bwd", tp.group, _bytes(grad), _bytes(grad), _bytes(full))
+        return full, None, None
+
+
 def _segment_index(length: int, segments: Sequence[int] | None, part: int, parts: int
                    ) -> torch.Tensor:
     """Positions along a dim that rank `part` of `parts` holds: its 1/parts of every segment."""
@@ -198,6 +233,16 @@ class TensorParallel:
             return reduce_scatter_v(y, self.group, [y.shape[0] // self.size] * self.size,
                                     self.ledger, "tp_embedding_reduce")
         return _ReduceForward.apply(y, self.group, self.ledger, "tp_embedding_reduce")
+
+    def mtp_projection_output(self, y: torch.Tensor) -> torch.Tensor:
+        """MTP's column-parallel eh_proj output [s, b, h/TP] made whole along the hidden dim,
+        then cut back to this rank's rows under SP (Megatron-LM dev@d48bd6be
+        megatron/core/transformer/multi_token_prediction.py
+        MultiTokenPredictionLayer._concat_embeddings)."""
+        if not self.active:
+            return y
+        full = _GatherHidden.apply(y, self)
+        return _ScatterSequence.apply(full, self, "tp_mtp_gather") if self.sp else full
 
     def sequence_rows(self, length: int) -> slice:
         """The rows of a CP rank's sequence that this TP rank's residual stream holds."""

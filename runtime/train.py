@@ -385,7 +385,8 @@ class RankTrainer:
     def mtp_loss_of(self, logits: list[torch.Tensor], targets: MTPTargets
                     ) -> tuple[torch.Tensor, list[float]]:
         """(the MTP term to backpropagate with the main loss, each depth's masked mean loss)."""
-        term, means = mtp_loss(logits, targets, self.spec.mtp_loss_scale, self.per_token_loss)
+        term, means = mtp_loss(logits, targets, self.spec.mtp_loss_scale, self.per_token_loss,
+                               self.token_losses)
         return term * self.grad_scales.mtp_loss, means
 
     def step(self, step: int) -> StepCapture:

@@ -91,8 +91,11 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
     # 8 ranks (CP2·DP4 dense, ETP2·EP2·EDP2 expert) run against the same reference in
     # test_emit_run.py, through the emitted launcher (`--check-reference`): no second 8-rank spawn here
     # MTP depth 0 after the 2 decoder layers (MoE layer 2) under zigzag CP: the shifted ids and
-    # labels are cut from whole sequences, the rank holding the sequence end masks its last row
-    "mtp_cp2_ep2": ({"parallel": {"cp": 2, "ep": 2}, "model": {"mtp_num_layers": 1}}, None),
+    # labels are cut from whole sequences, the rank holding the sequence end masks its last row;
+    # under TP 2 with SP, eh_proj column-parallel, its output gathered along the hidden dim and
+    # cut back to the rank's rows, the shifted ids' embedding and the MTP loss vocab-parallel
+    "mtp_cp2_tp2_ep2": ({"parallel": {"cp": 2, "tp": 2, "ep": 2, "sequence_parallel": True},
+                         "model": {"mtp_num_layers": 1}}, None),
     # gpt-oss's layer: learnable sinks, a 3-key-back sliding window on every other layer (across
     # the CP gather), quick-GEGLU with linear offset 1 and the clamp acting at 0.1 on these
     # inputs, add_bias_linear (QKV, output projection, router, expert and dense FC1/FC2 biases),
@@ -335,10 +338,13 @@ def tp_runs(launch: tuple[dict[str, Any], dict[str, str]]) -> dict[str, Any]:
     """name -> (plan, verdict) of the TP cases."""
     verdicts, plans = launch
     return {name: (json.loads(Path(plans[name]).read_text()), _verdict(verdicts, name))
-            for name in ("tp2_sp_etp2_ep2_dense_hash", NANO)}
+            for name in TP_CASES}
 
 
-@pytest.mark.parametrize("name", ["tp2_sp_etp2_ep2_dense_hash", NANO])
+TP_CASES = ("tp2_sp_etp2_ep2_dense_hash", "mtp_cp2_tp2_ep2", "pp2_tp2_sp_etp2", NANO)
+
+
+@pytest.mark.parametrize("name", TP_CASES)
 def test_tp_collectives_are_the_plans_prediction(tp_runs: dict[str, Any], name: str) -> None:
     """Every figure the ranks measured (the TP gathers, scatters, vocab-parallel reductions and
     the SP grad sum among them) is the plan's: none off, every TP figure exact."""
@@ -348,7 +354,7 @@ def test_tp_collectives_are_the_plans_prediction(tp_runs: dict[str, Any], name: 
     tp_figures = [f for f in figures if f.collective.startswith("tp_")]
     assert {f.collective for f in tp_figures if f.measured} == {
         "tp_sp_gather", "tp_sp_wgrad_gather", "tp_sp_scatter", "tp_embedding_reduce",
-        "tp_xent_reduce", "tp_sp_grad_reduce"}
+        "tp_xent_reduce", "tp_sp_grad_reduce"} | ({"tp_mtp_gather"} if "mtp" in name else set())
     assert all(f.status == EXACT for f in tp_figures)
 
 

@@ -113,24 +113,27 @@ def test_replicated_weights_are_not_split() -> None:
 
 
 def _plan(tp: int, pp: int = 1, sp: bool = True, mtp: int = 0, heads: int = 4,
-          moe: bool = True) -> Plan:
+          moe: bool = True, cp: int = 1) -> Plan:
     model = {"num_attention_heads": heads, "num_query_groups": 2, "ffn_hidden_size": 64,
              "mtp_num_layers": mtp, "hidden_size": 32, "mamba_layers": [1, 0],
              "mamba_num_heads": None, "mamba_head_dim": 16, "mamba_num_groups": 2}
     stages = [{"stage": 0, "moe_layers": [0] if moe else [], "hash_layers": []}]
-    return Plan({"layout": {"tp": tp, "cp": 1, "pp": pp}, "stages": stages,
-                 "config": {"model": model, "parallel": {"sequence_parallel": sp},
+    return Plan({"layout": {"tp": tp, "cp": cp, "pp": pp}, "stages": stages,
+                 "config": {"model": model, "parallel": {"sequence_parallel": sp,
+                                                         "cp_partition_mode": "contiguous"},
                             "training": {"seq_length": 16}}})
 
 
 def test_tp_layouts_the_runtime_cannot_run_are_refused_by_name() -> None:
     assert tensor_parallel_problems(_plan(1, pp=2, sp=False, mtp=1, heads=3)) == []
-    assert tensor_parallel_problems(_plan(2)) == []
+    assert tensor_parallel_problems(_plan(2, pp=2, mtp=1)) == []
     assert tensor_parallel_problems(_plan(2, sp=False, moe=False)) == []
+    # MTP with TP, SP and contiguous CP: Megatron's TransformerConfig raises
+    assert [line.split(":")[0] for line in tensor_parallel_problems(_plan(2, mtp=1, cp=2))] == [
+        "model.mtp_num_layers with layout.tp = 2, sequence parallelism and contiguous CP"]
     refused = {line.split(":")[0] for line in tensor_parallel_problems(
         _plan(2, pp=2, sp=False, mtp=1, heads=3))}
-    assert refused == {"model.mtp_num_layers with layout.tp = 2",
-                       "layout.tp = 2 with MoE layers and parallel.sequence_parallel false",
+    assert refused == {"layout.tp = 2 with MoE layers and parallel.sequence_parallel false",
                        "model.num_attention_heads = 3 does not split over layout.tp = 2"}
     odd = copy.deepcopy(_plan(4))
     assert [line.split(":")[0] for line in tensor_parallel_problems(odd)] == [
