@@ -24,7 +24,12 @@ plan's (`budgets`: grad_scale_sum_* / grad_scale_avg_* / grad_scale_per_token, r
   N (Megatron all-reduces that count; every token here is valid, so N = B·S is known). The aux
   loss is scaled up by the rank's n tokens, which gives it the same 1/(m·|dp_cp|) coefficient.
 * MTP adds `mtp_loss`'s term to what each rank backpropagates, scaled like the main loss (1/m,
-  or 1 with per-token loss), as Megatron's MTPLossAutoScaler does with its backward scale.
+  or 1 with per-token loss), as Megatron's MTPLossAutoScaler does with its backward scale;
+* the TP ranks of a replica all compute and backpropagate the same loss (vocab-parallel), so TP
+  adds no factor: a TP-split weight's grad is whole on its rank, and under sequence parallelism
+  a weight every TP rank holds saw only its rows and is summed over TP;
+* with the distributed optimizer the same pre-scaled buffers are reduce-scattered instead of
+  all-reduced (runtime/dist_opt.py).
 """
 
 from __future__ import annotations
