@@ -75,6 +75,8 @@ def preflight(plan: Any, balanced: bool) -> None:
     settings = MoESettings.from_config(plan.model, plan.moe)
     if balanced:
         rows = int(plan.training["seq_length"]) // int(plan.layout["cp"])
+        if plan.parallel.get("sequence_parallel"):  # a router sees its TP rank's share
+            rows //= int(plan.layout["tp"])
         rows *= int(plan.training["micro_batch_size"])
         check_balanced_routing(rows, settings.topk, settings.num_experts)
 
@@ -182,6 +184,16 @@ def main(argv: list[str] | None = None) -> int:
         forced = required(plan.moe, "moe_router_force_load_balancing", "config.moe")
         balanced = args.balanced or bool(forced)
         preflight(plan, balanced)
+        tp = int(plan.layout["tp"])
+        if tp > 1 and (args.load is not None or args.save is not None):
+            raise PlanError(f"--load/--save with layout.tp = {tp}: the checkpoint addresses dense "
+                            "weights whole, and their TP shards are not mapped to it yet; run "
+                            "without a checkpoint or with tp = 1")
+        if plan.training["use_distributed_optimizer"] and (args.load is not None
+                                                           or args.save is not None):
+            raise PlanError("--load/--save with training.use_distributed_optimizer: the "
+                            "checkpoint keeps AdamW's state per whole parameter, not per "
+                            "optimizer shard; run without a checkpoint or set it to false")
     except (PlanError, MoEConfigError) as exc:
         if rederivation is not None:
             rederivation.cancel()

@@ -2,7 +2,8 @@
 
 Rank 0 trains the reference (`runtime.reference`) on the whole global batch and broadcasts it;
 every rank then compares what it holds against its slice — its DP replica's samples, its CP
-positions, its experts and ETP shard (`MoELayer.local_view`) — and every rank gets the verdicts:
+positions, its experts and ETP shard (`MoELayer.local_view`), its TP shard of the dense weights
+(`tensor_parallel_split`) — and every rank gets the verdicts:
 
 * the loss of every microbatch (mean token loss over the rank's tokens), and of every MTP depth
   (masked mean over the rank's valid shifted positions);
@@ -10,7 +11,8 @@ positions, its experts and ETP shard (`MoELayer.local_view`) — and every rank 
 * every parameter gradient after the gradient reduction, at every step;
 * every parameter and expert bias after the last optimizer step.
 
-The error of a tensor is max|actual − expected| / max|expected| (0 when both are zero).
+The error of a tensor is max|actual − expected| / max|expected| (0 when both are zero); for a TP
+shard of a dense weight the denominator is the whole logical tensor's max (`split_over_tp`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.model import ffn_parameter
+from runtime.model import ffn_parameter, tensor_parallel_split
 from runtime.plan_io import Plan
 from runtime.reference import ReferenceModel, ReferenceResult
 from runtime.train import RankResult, RankTrainer, RunOptions
@@ -63,10 +65,14 @@ def _unpacked(data: bytes) -> Any:
     return pickle.loads(data)  # noqa: S301 - bytes this job's own ranks packed
 
 
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+def relative_error(actual: torch.Tensor, expected: torch.Tensor,
+                   whole: torch.Tensor | None = None) -> float:
+    """max|actual − expected| over max|whole| (the logical tensor `expected` is a TP shard of;
+    by default `expected` itself)."""
     actual, expected = actual.double(), expected.double()
+    whole = expected if whole is None else whole.double()
     difference = float((actual - expected).abs().max()) if expected.numel() else 0.0
-    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    scale = float(whole.abs().max()) if whole.numel() else 0.0
     if scale == 0.0:
         return difference
     return difference / scale
@@ -82,14 +88,15 @@ class Comparison:
     max_rel_error: float = 0.0
     mismatches: list[dict[str, Any]] = field(default_factory=list)
 
-    def check(self, name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    def check(self, name: str, actual: torch.Tensor, expected: torch.Tensor,
+              whole: torch.Tensor | None = None) -> None:
         self.checked += 1
         if actual.shape != expected.shape:
             self.mismatches.append({"tensor": name, "rank": self.rank, "rel_error": None,
                                     "detail": f"shape {tuple(actual.shape)} vs reference "
                                               f"{tuple(expected.shape)}"})
             return
-        error = relative_error(actual, expected)
+        error = relative_error(actual, expected, whole)
         if error != error:  # NaN
             error = float("inf")
         self.max_rel_error = max(self.max_rel_error, error)
@@ -97,9 +104,21 @@ class Comparison:
             self.mismatches.append({"tensor": name, "rank": self.rank, "rel_error": error})
 
 
+def split_over_tp(trainer: RankTrainer, name: str) -> bool:
+    """A dense weight whose TP shard this rank holds: it is judged against the scale of the whole
+    logical tensor, as a TP 1 run judges the same elements (a shard of a few per-head values,
+    e.g. Mamba's dt_bias, can be far smaller than its tensor's largest)."""
+    return trainer.tp.active and tensor_parallel_split(trainer.model.spec, name) is not None
+
+
 def rank_view(trainer: RankTrainer, name: str, full: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a reference tensor: MoE blocks slice experts, the rest is whole."""
-    found = ffn_parameter(name, trainer.model.spec.num_layers)
+    """This rank's part of a reference tensor: MoE blocks slice experts, TP-split dense weights
+    keep this TP rank's shard, the rest is whole."""
+    spec = trainer.model.spec
+    split = tensor_parallel_split(spec, name) if trainer.tp.active else None
+    if split is not None:
+        return trainer.tp.shard(full, *split)
+    found = ffn_parameter(name, spec.num_layers)
     if found is not None:
         layer = trainer.model.layer(found[0])
         if layer.is_moe:
@@ -112,6 +131,8 @@ def compare_with_reference(trainer: RankTrainer, result: RankResult, reference: 
     """Check everything this rank captured against its slice of the reference."""
     comparison = Comparison(rank=result.rank, tolerance=tolerance)
     positions = reference.slices[result.cp_rank].index()
+    # MoE layers see this TP rank's share of the CP rank's rows under sequence parallelism
+    moe_positions = positions[trainer.tp.sequence_rows(len(positions))]
     for step, (capture, expected) in enumerate(zip(result.captures, reference.steps, strict=True)):
         for microbatch, loss in enumerate(capture.losses):
             key = (result.dp_rank, microbatch)
@@ -128,13 +149,16 @@ def compare_with_reference(trainer: RankTrainer, result: RankResult, reference: 
             for layer, output in capture.moe_outputs[microbatch].items():
                 comparison.check(
                     f"step {step} microbatch {microbatch} layer {layer} MoE output", output,
-                    expected.moe_outputs[key][layer].index_select(0, positions))
+                    expected.moe_outputs[key][layer].index_select(0, moe_positions))
         for name, grad in capture.grads.items():
-            comparison.check(f"step {step} gradient {name}", grad,
-                             rank_view(trainer, name, expected.grads[name]))
+            full = expected.grads[name]
+            comparison.check(f"step {step} gradient {name}", grad, rank_view(trainer, name, full),
+                             full if split_over_tp(trainer, name) else None)
     for name, value in result.final_state.items():
+        full = reference.final_state[name]
         comparison.check(f"after step {len(result.captures) - 1} weight {name}", value,
-                         rank_view(trainer, name, reference.final_state[name]))
+                         rank_view(trainer, name, full),
+                         full if split_over_tp(trainer, name) else None)
     return comparison
 
 

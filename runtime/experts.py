@@ -23,6 +23,7 @@ from torch.autograd.function import once_differentiable
 from runtime.activation import MLPActivation
 from runtime.init import init_shard, init_tensor
 from runtime.router import MoESettings
+from runtime.tensor_parallel import TensorParallel
 
 EXPERT_MATRICES = ("w1", "w3", "w2")
 # add_bias_linear's per-expert biases: b1 / b3 on FC1's two halves, b2 on FC2's output.
@@ -246,29 +247,47 @@ def shared_expert_identity(layer_id: int, matrix: str) -> tuple[int, str, str]:
 
 
 class SharedExpert(torch.nn.Module):
-    """Always-on expert in the dense layout (TP = 1: replicated, reduced over dp_cp), with the
-    model's activation (W3 only when gated; Megatron's shared experts have no biases).
+    """Always-on expert in the dense layout, with the model's activation (W3 only when gated;
+    Megatron's shared experts have no biases). Under TP it is Megatron's SharedExpertMLP, an MLP
+    split like the dense one: FC1 (and W3) column-parallel, FC2 row-parallel, its rows gathered
+    over the sequence-parallel shares and its output reduce-scattered back
+    (megatron/core/transformer/moe/shared_experts.py SharedExpertMLP); at TP 1 it is replicated
+    and reduced over dp_cp.
 
     V4 does not clamp the shared expert, so no limit is applied here.
     """
 
     def __init__(
-        self, settings: MoESettings, layer_id: int, seed: int, dtype: torch.dtype
+        self, settings: MoESettings, layer_id: int, seed: int, dtype: torch.dtype,
+        tp: TensorParallel | None = None, overlap: bool = False,
     ) -> None:
         super().__init__()
+        self.tp = tp = tp or TensorParallel.none()
+        # --moe-shared-expert-overlap gathers the rows itself and keeps them for backward
+        # (SharedExpertMLP.pre_forward_comm): no second gather for the weight grads.
+        self.overlap = overlap
         h, ffn = settings.hidden_size, settings.shared_ffn_hidden_size
         self.activation = settings.activation
-        for matrix, shape, std in (
-            ("w1", (h, ffn), settings.init_std),
-            ("w3", (h, ffn), settings.init_std),
-            ("w2", (ffn, h), output_init_std(settings)),
+        for matrix, shape, std, dim in (
+            ("w1", (h, ffn), settings.init_std, 1),
+            ("w3", (h, ffn), settings.init_std, 1),
+            ("w2", (ffn, h), output_init_std(settings), 0),
         ):
             if matrix == "w3" and not self.activation.gated:
                 continue
             values = init_tensor(seed, shared_expert_identity(layer_id, matrix), shape, std, dtype)
-            self.register_parameter(matrix, torch.nn.Parameter(values))
+            self.register_parameter(matrix, torch.nn.Parameter(tp.shard(values, dim)))
 
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [n, h] in [s, b] order (this TP rank's sequence share under SP) → [n, h]."""
+        weights = (self.w1, self.w3) if self.activation.gated else (self.w1,)
+        if self.overlap:
+            rows = self.tp.column_input(rows)
+            outputs = tuple(rows @ weight for weight in weights)
+        else:
+            outputs = self.tp.column_linear(rows, *weights)
         if not self.activation.gated:
-            return self.activation.plain(rows @ self.w1) @ self.w2
-        return self.activation.glu(rows @ self.w1, rows @ self.w3, None) @ self.w2
+            hidden = self.activation.plain(outputs[0])
+        else:
+            hidden = self.activation.glu(outputs[0], outputs[1], None)
+        return self.tp.row_output(hidden @ self.w2)

@@ -1,4 +1,4 @@
-"""Megatron's Mamba-2 mixer in plain torch, for the hybrid stacks the runtime runs (TP = 1, CP = 1).
+"""Megatron's Mamba-2 mixer in plain torch, for the hybrid stacks the runtime runs (CP = 1).
 
 Megatron-LM dev@d48bd6be megatron/core/ssm/mamba_mixer.py MambaMixer: in_proj packs
 [z, x, B, C, dt] into one linear layer (no bias); a causal depthwise conv1d (kernel d_conv = 4, with
@@ -14,7 +14,7 @@ Parameter shapes are Megatron's (in_proj and out_proj transposed, as every runti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from runtime.init import init_tensor
 from runtime.plan_io import required
+from runtime.tensor_parallel import TensorParallel
 
 # MambaMixer.__init__'s defaults, which Megatron's hybrid layer specs keep (they pass none of them):
 # the conv kernel, A's and dt's initial ranges, dt's floor, and the gated norm's own eps.
@@ -55,6 +56,21 @@ class MambaSpec:
         """[z, x, B, C, dt]."""
         return 2 * self.d_inner + 2 * self.groups * self.state_dim + self.heads
 
+    @property
+    def in_proj_segments(self) -> tuple[int, ...]:
+        """in_proj's packed outputs, each split over TP on its own."""
+        bc = self.groups * self.state_dim
+        return (self.d_inner, self.d_inner, bc, bc, self.heads)
+
+    @property
+    def conv_segments(self) -> tuple[int, ...]:
+        bc = self.groups * self.state_dim
+        return (self.d_inner, bc, bc)
+
+    def split(self, parts: int) -> MambaSpec:
+        """One TP rank's dims: heads and groups divided by TP (MambaMixer.__init__)."""
+        return replace(self, heads=self.heads // parts, groups=self.groups // parts)
+
     @classmethod
     def from_config(cls, model: dict[str, Any]) -> MambaSpec:
         """Unset mamba_num_heads means d_inner / head_dim heads with d_inner = 2·hidden_size
@@ -78,41 +94,56 @@ def _uniform(seed: int, identity: tuple[Any, ...], shape: tuple[int, ...], low: 
 
 
 class MambaMixer(torch.nn.Module):
-    """One Mamba-2 mixer: x [s, b, h] (already normalised by the block) → [s, b, h]."""
+    """One Mamba-2 mixer: x [s, b, h] (already normalised by the block) → [s, b, h].
+
+    Under TP (MambaMixer.__init__): d_inner, nheads and ngroups divided by TP; in_proj is
+    column-parallel with each of z, x, B, C and dt split (its partition_sizes), the conv and the
+    per-head dt_bias, A_log and D follow their channels, the gated norm keeps its groups of
+    d_inner / ngroups channels (a rank holds whole groups), out_proj is row-parallel."""
 
     def __init__(self, spec: MambaSpec, layer_id: int, seed: int, init_std: float,
-                 output_std: float, dtype: torch.dtype) -> None:
+                 output_std: float, dtype: torch.dtype, tp: TensorParallel | None = None) -> None:
         super().__init__()
+        self.tp = tp = tp or TensorParallel.none()
+        if spec.heads % tp.size or spec.groups % tp.size:
+            raise ValueError(f"Mamba heads {spec.heads} and groups {spec.groups} must divide by "
+                             f"TP {tp.size}")
         self.spec = spec
+        self.local = spec.split(tp.size)
         key = (layer_id, "mamba")
 
-        def param(values: torch.Tensor) -> torch.nn.Parameter:
-            return torch.nn.Parameter(values.to(dtype))
+        def param(values: torch.Tensor, dim: int, segments: tuple[int, ...] | None = None
+                  ) -> torch.nn.Parameter:
+            return torch.nn.Parameter(tp.shard(values, dim, segments).to(dtype))
 
         self.in_proj = param(init_tensor(seed, (*key, "in_proj"), (spec.hidden_size,
-                                         spec.in_proj_width), init_std, torch.float32))
+                                         spec.in_proj_width), init_std, torch.float32),
+                             1, spec.in_proj_segments)
         # conv1d: kaiming_uniform(a = √5) and its bias uniform, both bound 1/√fan_in, fan_in = d_conv
         bound = 1.0 / math.sqrt(D_CONV)
         self.conv1d_weight = param(_uniform(seed, (*key, "conv1d_weight"),
-                                            (spec.conv_channels, 1, D_CONV), -bound, bound))
+                                            (spec.conv_channels, 1, D_CONV), -bound, bound),
+                                   0, spec.conv_segments)
         self.conv1d_bias = param(_uniform(seed, (*key, "conv1d_bias"), (spec.conv_channels,),
-                                          -bound, bound))
+                                          -bound, bound), 0, spec.conv_segments)
         # dt_bias: softplus(dt_bias) log-uniform in [dt_min, dt_max], floored (its inverse softplus)
         unit = _uniform(seed, (*key, "dt_bias"), (spec.heads,), 0.0, 1.0)
         dt = torch.exp(unit * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN))
         dt = dt.clamp(min=DT_INIT_FLOOR)
-        self.dt_bias = param(dt + torch.log(-torch.expm1(-dt)))
-        self.A_log = param(torch.log(_uniform(seed, (*key, "A_log"), (spec.heads,), *A_INIT_RANGE)))
-        self.D = param(torch.ones(spec.heads))
-        self.norm_weight = param(torch.ones(spec.d_inner))
+        self.dt_bias = param(dt + torch.log(-torch.expm1(-dt)), 0)
+        self.A_log = param(torch.log(_uniform(seed, (*key, "A_log"), (spec.heads,),
+                                              *A_INIT_RANGE)), 0)
+        self.D = param(torch.ones(spec.heads), 0)
+        self.norm_weight = param(torch.ones(spec.d_inner), 0)
         self.out_proj = param(init_tensor(seed, (*key, "out_proj"), (spec.d_inner,
-                                          spec.hidden_size), output_std, torch.float32))
+                                          spec.hidden_size), output_std, torch.float32), 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        spec = self.spec
-        s, b, _ = x.shape
+        spec = self.local
+        (projected,) = self.tp.column_linear(x, self.in_proj)
+        s, b, _ = projected.shape
         inner, bc = spec.d_inner, spec.groups * spec.state_dim
-        z, xbc, dt = torch.split(x @ self.in_proj, [inner, inner + 2 * bc, spec.heads], dim=-1)
+        z, xbc, dt = torch.split(projected, [inner, inner + 2 * bc, spec.heads], dim=-1)
         # causal depthwise conv over the sequence: [b, channels, s], left-padded by d_conv − 1
         conv = F.conv1d(xbc.permute(1, 2, 0), self.conv1d_weight, self.conv1d_bias,
                         padding=D_CONV - 1, groups=spec.conv_channels)[..., :s]
@@ -128,7 +159,7 @@ class MambaMixer(torch.nn.Module):
         gated = y.reshape(s, b, inner) * F.silu(z)
         grouped = gated.reshape(s, b, spec.groups, inner // spec.groups)
         normed = grouped * torch.rsqrt(grouped.pow(2).mean(dim=-1, keepdim=True) + GATED_NORM_EPS)
-        return (normed.reshape(s, b, inner) * self.norm_weight) @ self.out_proj
+        return self.tp.row_output((normed.reshape(s, b, inner) * self.norm_weight) @ self.out_proj)
 
 
 def selective_scan(x: torch.Tensor, B: torch.Tensor, C: torch.Tensor, dt: torch.Tensor,

@@ -32,6 +32,7 @@ from runtime.comm import CommGroup, Ledger, all_gather_v
 from runtime.init import DEFAULT_INIT_STD, init_tensor
 from runtime.plan_io import flagged_layers, required
 from runtime.recompute import NO_RECOMPUTE, run_blocks
+from runtime.tensor_parallel import TensorParallel, vocab_parallel_embedding
 
 if TYPE_CHECKING:  # runtime/mamba.py loads only for hybrid plans
     from runtime.mamba import MambaSpec
@@ -74,7 +75,8 @@ def cp_slices(seq_length: int, cp_size: int, mode: str) -> list[TokenSlice]:
 
 @dataclass(frozen=True)
 class DecoderSpec:
-    """The model shape the plan's config describes (TP = 1, so every dense weight is whole)."""
+    """The model shape the plan's config describes (whole logical weights; a TP rank's modules
+    keep their shard, runtime/tensor_parallel.py)."""
 
     num_layers: int
     hidden_size: int
@@ -176,18 +178,13 @@ def _window_skip(skip: Any) -> int | tuple[int, ...] | None:
     return skip if skip is None or isinstance(skip, int) else tuple(int(flag) for flag in skip)
 
 
-def _param(seed: int, identity: tuple[Any, ...], shape: tuple[int, ...], std: float,
-           dtype: torch.dtype) -> torch.nn.Parameter:
-    return torch.nn.Parameter(init_tensor(seed, identity, shape, std, dtype))
-
-
 def _bias(width: int, wanted: bool, dtype: torch.dtype) -> torch.nn.Parameter | None:
     """A linear layer's bias, zero at the start as Megatron's linear layers initialise it."""
     return torch.nn.Parameter(torch.zeros(width, dtype=dtype)) if wanted else None
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x @ weight if bias is None else x @ weight + bias
+def _add_bias(x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x if bias is None else x + bias
 
 
 class RMSNorm(torch.nn.Module):
@@ -216,46 +213,55 @@ class CausalAttention(torch.nn.Module):
     """Grouped-query causal attention; K/V of the whole sequence gathered over CP."""
 
     def __init__(self, spec: DecoderSpec, layer_id: int, seed: int, dtype: torch.dtype,
-                 cp: CommGroup, ledger: Ledger | None) -> None:
+                 cp: CommGroup, ledger: Ledger | None,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
+        tp = tp or TensorParallel.none()
         h, d = spec.hidden_size, spec.head_dim
-        self.spec, self.cp, self.ledger = spec, cp, ledger
+        self.spec, self.cp, self.ledger, self.tp = spec, cp, ledger, tp
+        # SelfAttention.__init__: heads and query groups split over TP, each rank's query heads
+        # with the groups they read (QKV column-parallel, the output projection row-parallel).
+        self.heads, self.groups = spec.num_heads // tp.size, spec.num_query_groups // tp.size
         std = spec.init_std
-        self.wq = _param(seed, (layer_id, "attention", "wq"), (h, spec.num_heads * d), std, dtype)
-        self.wk = _param(seed, (layer_id, "attention", "wk"), (h, spec.num_query_groups * d), std,
-                         dtype)
-        self.wv = _param(seed, (layer_id, "attention", "wv"), (h, spec.num_query_groups * d), std,
-                         dtype)
-        self.wo = _param(seed, (layer_id, "attention", "wo"), (spec.num_heads * d, h),
-                         spec.output_std, dtype)
+
+        def weight(name: str, shape: tuple[int, int], dim: int, scale: float) -> torch.nn.Parameter:
+            full = init_tensor(seed, (layer_id, "attention", name), shape, scale, dtype)
+            return torch.nn.Parameter(tp.shard(full, dim))
+
+        self.wq = weight("wq", (h, spec.num_heads * d), 1, std)
+        self.wk = weight("wk", (h, spec.num_query_groups * d), 1, std)
+        self.wv = weight("wv", (h, spec.num_query_groups * d), 1, std)
+        self.wo = weight("wo", (spec.num_heads * d, h), 0, spec.output_std)
         qkv_bias = spec.add_bias_linear or spec.add_qkv_bias
-        self.bq = _bias(spec.num_heads * d, qkv_bias, dtype)
-        self.bk = _bias(spec.num_query_groups * d, qkv_bias, dtype)
-        self.bv = _bias(spec.num_query_groups * d, qkv_bias, dtype)
-        self.bo = _bias(h, spec.add_bias_linear, dtype)
+        self.bq = _bias(self.heads * d, qkv_bias, dtype)
+        self.bk = _bias(self.groups * d, qkv_bias, dtype)
+        self.bv = _bias(self.groups * d, qkv_bias, dtype)
+        self.bo = _bias(h, spec.add_bias_linear, dtype)  # whole: added after the TP sum
         self.window_left = spec.window_left if spec.is_window_layer(layer_id) else None
         if spec.softmax_type == "learnable":  # drawn like Megatron's init_method does it
-            self.softmax_offset = _param(seed, (layer_id, "attention", "softmax_offset"),
-                                         (spec.num_heads,), std, dtype)
+            full = init_tensor(seed, (layer_id, "attention", "softmax_offset"),
+                               (spec.num_heads,), std, dtype)
+            self.softmax_offset = torch.nn.Parameter(tp.shard(full, 0))
         else:
             self.softmax_offset = None
 
     def forward(self, x: torch.Tensor, local: torch.Tensor, gathered: torch.Tensor) -> torch.Tensor:
-        """x [s_local, b, h]; `local`/`gathered` are the global positions of the local rows and of
-        the rows after the CP gather."""
+        """x [s_local, b, h] ([s_local/TP, b, h] under sequence parallelism); `local`/`gathered`
+        are the global positions of the CP rank's rows and of the rows after the CP gather."""
         spec = self.spec
-        s, b, _ = x.shape
-        d, groups = spec.head_dim, spec.num_query_groups
-        q = _linear(x, self.wq, self.bq).view(s, b, spec.num_heads, d)
-        k = _linear(x, self.wk, self.bk).view(s, b, groups, d)
+        q, k, v = self.tp.column_linear(x, self.wq, self.wk, self.wv)
+        s, b, _ = q.shape
+        d, groups, heads = spec.head_dim, self.groups, self.heads
+        q = _add_bias(q, self.bq).view(s, b, heads, d)
+        k = _add_bias(k, self.bk).view(s, b, groups, d)
         if spec.rope:
             q, k = rotary(q, local, spec.rotary_base), rotary(k, local, spec.rotary_base)
-        v = _linear(x, self.wv, self.bv).view(s, b, groups, d)
+        v = _add_bias(v, self.bv).view(s, b, groups, d)
         kv = torch.cat([k, v], dim=-1)
         if self.cp.active:
             kv = all_gather_v(kv, self.cp, [s] * self.cp.size, self.ledger, "cp_kv_gather")
         k, v = kv[..., :d], kv[..., d:]
-        repeat = spec.num_heads // groups
+        repeat = heads // groups
         q = q.permute(1, 2, 0, 3)  # [b, heads, s, d]
         k = k.repeat_interleave(repeat, dim=2).permute(1, 2, 0, 3)
         v = v.repeat_interleave(repeat, dim=2).permute(1, 2, 0, 3)
@@ -266,8 +272,8 @@ class CausalAttention(torch.nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         else:
             out = sink_attention(q, k, v, allowed, self.softmax_offset)
-        return _linear(out.permute(2, 0, 1, 3).reshape(s, b, spec.num_heads * d), self.wo,
-                       self.bo)
+        out = self.tp.row_output(out.permute(2, 0, 1, 3).reshape(s, b, heads * d) @ self.wo)
+        return out if self.bo is None else out + self.bo
 
 
 def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
@@ -285,27 +291,39 @@ def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: t
 
 class DenseMLP(torch.nn.Module):
     """Feed-forward for layers that are not MoE (moe_layer_freq), with the model's activation
-    (W3 only when gated) and add_bias_linear's biases."""
+    (W3 only when gated) and add_bias_linear's biases; under TP FC1 (and W3) column-parallel, FC2
+    row-parallel (Megatron-LM dev@d48bd6be megatron/core/tensor_parallel/layers.py
+    ColumnParallelLinear, RowParallelLinear)."""
 
-    def __init__(self, spec: DecoderSpec, layer_id: int, seed: int, dtype: torch.dtype) -> None:
+    def __init__(self, spec: DecoderSpec, layer_id: int, seed: int, dtype: torch.dtype,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
+        self.tp = tp = tp or TensorParallel.none()
         h, f = spec.hidden_size, spec.ffn_hidden_size
         self.activation = spec.activation
         gated = self.activation.gated
-        self.w1 = _param(seed, (layer_id, "mlp", "w1"), (h, f), spec.init_std, dtype)
+
+        def weight(name: str, shape: tuple[int, int], dim: int, std: float) -> torch.nn.Parameter:
+            full = init_tensor(seed, (layer_id, "mlp", name), shape, std, dtype)
+            return torch.nn.Parameter(tp.shard(full, dim))
+
+        self.w1 = weight("w1", (h, f), 1, spec.init_std)
         if gated:
-            self.w3 = _param(seed, (layer_id, "mlp", "w3"), (h, f), spec.init_std, dtype)
-        self.w2 = _param(seed, (layer_id, "mlp", "w2"), (f, h), spec.output_std, dtype)
-        self.b1 = _bias(f, spec.add_bias_linear, dtype)
-        self.b3 = _bias(f, spec.add_bias_linear and gated, dtype)
-        self.b2 = _bias(h, spec.add_bias_linear, dtype)
+            self.w3 = weight("w3", (h, f), 1, spec.init_std)
+        self.w2 = weight("w2", (f, h), 0, spec.output_std)
+        self.b1 = _bias(f // tp.size, spec.add_bias_linear, dtype)
+        self.b3 = _bias(f // tp.size, spec.add_bias_linear and gated, dtype)
+        self.b2 = _bias(h, spec.add_bias_linear, dtype)  # whole: added after the TP sum
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        gate = _linear(x, self.w1, self.b1)
         if not self.activation.gated:
-            return _linear(self.activation.plain(gate), self.w2, self.b2)
-        hidden = self.activation.glu(gate, _linear(x, self.w3, self.b3), None)
-        return _linear(hidden, self.w2, self.b2)
+            (gate,) = self.tp.column_linear(x, self.w1)
+            hidden = self.activation.plain(_add_bias(gate, self.b1))
+        else:
+            gate, up = self.tp.column_linear(x, self.w1, self.w3)
+            hidden = self.activation.glu(_add_bias(gate, self.b1), _add_bias(up, self.b3), None)
+        out = self.tp.row_output(hidden @ self.w2)
+        return out if self.b2 is None else out + self.b2
 
 
 # (layer_id, is_hash_layer) -> the MoE block of that layer: forward(hidden [s,b,h], ids [b,s]).
@@ -320,7 +338,8 @@ class DecoderLayer(torch.nn.Module):
     symbol is another mixer) has no FFN and no second norm."""
 
     def __init__(self, spec: DecoderSpec, layer_id: int, seed: int, dtype: torch.dtype,
-                 cp: CommGroup, ledger: Ledger | None, moe_factory: MoEFactory) -> None:
+                 cp: CommGroup, ledger: Ledger | None, moe_factory: MoEFactory,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.is_moe = layer_id in spec.moe_layers
@@ -328,16 +347,16 @@ class DecoderLayer(torch.nn.Module):
         if layer_id in spec.mamba_layers and spec.mamba is not None:
             from runtime.mamba import MambaMixer
 
-            self.mamba: torch.nn.Module | None = MambaMixer(spec.mamba, layer_id, seed,
-                                                            spec.init_std, spec.output_std, dtype)
+            self.mamba: torch.nn.Module | None = MambaMixer(
+                spec.mamba, layer_id, seed, spec.init_std, spec.output_std, dtype, tp)
         else:
             self.mamba = None
-            self.attention = CausalAttention(spec, layer_id, seed, dtype, cp, ledger)
+            self.attention = CausalAttention(spec, layer_id, seed, dtype, cp, ledger, tp)
         self.ffn: torch.nn.Module | None = None
         if layer_id not in spec.mixer_only_layers:
             self.ffn_norm = RMSNorm(spec.hidden_size, spec.norm_epsilon, dtype)
             self.ffn = (moe_factory(layer_id, layer_id in spec.hash_layers) if self.is_moe
-                        else DenseMLP(spec, layer_id, seed, dtype))
+                        else DenseMLP(spec, layer_id, seed, dtype, tp))
 
     def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor | None, local: torch.Tensor,
                 gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,14 +376,16 @@ class MTPLayer(torch.nn.Module):
     """One MTP depth around its transformer block (built by the caller: layer id L + depth)."""
 
     def __init__(self, spec: DecoderSpec, depth: int, seed: int, dtype: torch.dtype,
-                 block: DecoderLayer) -> None:
+                 block: DecoderLayer, tp: TensorParallel | None = None) -> None:
         super().__init__()
         h = spec.hidden_size
         self.depth = depth
+        self.tp = tp = tp or TensorParallel.none()
         self.enorm = RMSNorm(h, spec.norm_epsilon, dtype)
         self.hnorm = RMSNorm(h, spec.norm_epsilon, dtype)
-        self.eh_proj = _param(seed, (block.layer_id, "mtp", "eh_proj"), (2 * h, h), spec.init_std,
-                              dtype)
+        # column-parallel under TP: this rank's h/TP output columns
+        self.eh_proj = torch.nn.Parameter(tp.shard(init_tensor(
+            seed, (block.layer_id, "mtp", "eh_proj"), (2 * h, h), spec.init_std, dtype), 1))
         self.block = block
         self.final_norm = RMSNorm(h, spec.norm_epsilon, dtype)
 
@@ -372,24 +393,29 @@ class MTPLayer(torch.nn.Module):
                 local: torch.Tensor, gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: the previous depth's output [s, b, h]; embedded: the shifted ids' embedding.
         Returns (this depth's normalised output, its MoE output alone)."""
-        joined = torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1) @ self.eh_proj
+        (joined,) = self.tp.column_linear(
+            torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1), self.eh_proj)
+        joined = self.tp.mtp_projection_output(joined)
         out, ffn_out = self.block(joined, input_ids, local, gathered)
         return self.final_norm(out), ffn_out
 
 
 def run_mtp(layers: list[MTPLayer], hidden: torch.Tensor, embedding: torch.Tensor,
             head: torch.Tensor, mtp_ids: list[torch.Tensor], local: torch.Tensor,
-            gathered: torch.Tensor, moe_outputs: dict[int, torch.Tensor] | None
-            ) -> list[torch.Tensor]:
-    """Every MTP depth after the main model's normalised output → logits per depth. The MoE
-    outputs are recorded into `moe_outputs` (keyed by layer id) when it is given."""
+            gathered: torch.Tensor, moe_outputs: dict[int, torch.Tensor] | None,
+            tp: TensorParallel | None = None) -> list[torch.Tensor]:
+    """Every MTP depth after the main model's normalised output → logits per depth (this TP
+    rank's vocabulary columns). The MoE outputs are recorded into `moe_outputs` (keyed by layer
+    id) when it is given."""
+    tp = tp or TensorParallel.none()
     logits = []
     for layer, ids in zip(layers, mtp_ids, strict=True):
-        embedded = F.embedding(ids, embedding).transpose(0, 1)
-        hidden, ffn_out = layer(hidden, embedded, ids, local, gathered)
+        embedded = vocab_parallel_embedding(ids, embedding, tp)
+        block_ids = ids[:, tp.sequence_rows(ids.shape[1])]
+        hidden, ffn_out = layer(hidden, embedded, block_ids, local, gathered)
         if moe_outputs is not None and layer.block.is_moe:
             moe_outputs[layer.block.layer_id] = ffn_out.detach().clone()
-        logits.append(output_logits(hidden, head))
+        logits.append(tp.column_linear(hidden, head.t())[0])
     return logits
 
 
@@ -426,7 +452,8 @@ def shift_left(tensor: torch.Tensor, shift: int) -> torch.Tensor:
     return out
 
 
-def mtp_loss(logits: list[torch.Tensor], targets: MTPTargets, scale: float, per_token: bool
+def mtp_loss(logits: list[torch.Tensor], targets: MTPTargets, scale: float, per_token: bool,
+             losses_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
              ) -> tuple[torch.Tensor, list[float]]:
     """The MTP term one rank adds to its main loss, and each depth's masked mean loss.
 
@@ -438,7 +465,7 @@ def mtp_loss(logits: list[torch.Tensor], targets: MTPTargets, scale: float, per_
     term = logits[0].new_zeros(())
     means = []
     for depth_logits, labels, mask in zip(logits, targets.labels, targets.masks, strict=True):
-        losses = token_losses(depth_logits, labels) * mask
+        losses = (losses_of or token_losses)(depth_logits, labels) * mask
         count = max(int(mask.sum()), 1)
         normalised = losses.sum() / count
         means.append(float(normalised.detach()))
@@ -450,25 +477,31 @@ class Decoder(torch.nn.Module):
     """The whole model of one rank (PP = 1: every layer, the embedding, the head, MTP)."""
 
     def __init__(self, spec: DecoderSpec, seed: int, dtype: torch.dtype, cp: CommGroup,
-                 ledger: Ledger | None, moe_factory: MoEFactory) -> None:
+                 ledger: Ledger | None, moe_factory: MoEFactory,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.spec = spec
-        self.embedding = _param(seed, ("embedding", "word"), (spec.vocab_size, spec.hidden_size),
-                                spec.init_std, dtype)
+        self.tp = tp = tp or TensorParallel.none()
+        # Vocab-parallel: each TP rank holds its 1/TP of the (padded) vocabulary's rows of the
+        # embedding and of the output layer (VocabParallelEmbedding, ColumnParallelLinear).
+        self.embedding = torch.nn.Parameter(tp.shard(init_tensor(
+            seed, ("embedding", "word"), (spec.vocab_size, spec.hidden_size), spec.init_std,
+            dtype), 0))
         self.layers = torch.nn.ModuleList(
-            DecoderLayer(spec, layer, seed, dtype, cp, ledger, moe_factory)
+            DecoderLayer(spec, layer, seed, dtype, cp, ledger, moe_factory, tp)
             for layer in range(spec.num_layers)
         )
         self.final_norm = RMSNorm(spec.hidden_size, spec.norm_epsilon, dtype)
         self.head = (
-            _param(seed, ("output_head",), (spec.vocab_size, spec.hidden_size), spec.init_std,
-                   dtype)
+            torch.nn.Parameter(tp.shard(init_tensor(
+                seed, ("output_head",), (spec.vocab_size, spec.hidden_size), spec.init_std,
+                dtype), 0))
             if spec.untied_head else None
         )
         self.mtp = torch.nn.ModuleList(
             MTPLayer(spec, depth, seed, dtype,
                      DecoderLayer(spec, spec.num_layers + depth, seed, dtype, cp, ledger,
-                                  moe_factory))
+                                  moe_factory, tp), tp)
             for depth in range(spec.mtp_num_layers)
         )
         # Filled during forward when `record_moe_outputs` is set: layer id -> MoE output [s,b,h].
@@ -481,9 +514,12 @@ class Decoder(torch.nn.Module):
                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """input_ids [b, s_local] at global positions `local` → (logits [s_local, b, vocab],
         the logits of every MTP depth, fed the shifted ids `mtp_ids`)."""
-        hidden = F.embedding(input_ids, self.embedding).transpose(0, 1)
+        hidden = vocab_parallel_embedding(input_ids, self.embedding, self.tp)
         self.moe_outputs = {}
-        hidden, ffn_outs = run_blocks(list(self.layers), hidden, input_ids, local, gathered,
+        # Under sequence parallelism the blocks' residual stream (and the MoE layers' token ids)
+        # hold this TP rank's share of the sequence.
+        block_ids = input_ids[:, self.tp.sequence_rows(input_ids.shape[1])]
+        hidden, ffn_outs = run_blocks(list(self.layers), hidden, block_ids, local, gathered,
                                       self.recompute)
         for layer, ffn_out in zip(self.layers, ffn_outs, strict=True):
             if self.record_moe_outputs and layer.is_moe:
@@ -491,8 +527,10 @@ class Decoder(torch.nn.Module):
         head = self.head if self.head is not None else self.embedding
         hidden = self.final_norm(hidden)
         mtp_logits = run_mtp(list(self.mtp), hidden, self.embedding, head, mtp_ids or [], local,
-                             gathered, self.moe_outputs if self.record_moe_outputs else None)
-        return output_logits(hidden, head), mtp_logits
+                             gathered, self.moe_outputs if self.record_moe_outputs else None,
+                             self.tp)
+        (logits,) = self.tp.column_linear(hidden, head.t())  # the vocab-parallel output layer
+        return logits, mtp_logits
 
     def layer(self, layer_id: int) -> DecoderLayer:
         """A decoder layer, or the block of MTP depth layer_id − L."""
@@ -515,12 +553,39 @@ def ffn_parameter(name: str, num_layers: int) -> tuple[int, str] | None:
     return None
 
 
-def output_logits(hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-    """[s, b, h] after the final norm → logits [s, b, vocab] (head is [vocab, h])."""
-    return hidden @ head.t()
-
-
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token cross-entropy [b, s] from logits [s, b, vocab] and labels [b, s]."""
     flat = logits.transpose(0, 1).reshape(-1, logits.shape[-1])
     return F.cross_entropy(flat.float(), labels.reshape(-1), reduction="none").view(labels.shape)
+
+
+# A TP-split parameter's last two name parts → the dim its TP shards cut (QKV, FC1/W3 and their
+# biases by output column; the output projection and FC2 by input row; sinks by head).
+_ATTENTION_SPLITS = {"wq": 1, "wk": 1, "wv": 1, "bq": 0, "bk": 0, "bv": 0, "wo": 0,
+                     "softmax_offset": 0}
+_MLP_SPLITS = {"w1": 1, "w3": 1, "b1": 0, "b3": 0, "w2": 0}
+_MAMBA_SPLITS = {"in_proj": 1, "conv1d_weight": 0, "conv1d_bias": 0, "dt_bias": 0, "A_log": 0,
+                 "D": 0, "norm_weight": 0, "out_proj": 0}
+
+
+def tensor_parallel_split(spec: DecoderSpec, name: str) -> tuple[int, tuple[int, ...] | None] | None:
+    """How a dense parameter (named as the single-process `Decoder` names it) is split over TP:
+    (dim, packed segments or None); None for a weight every TP rank holds whole (norms, the
+    row-parallel biases, MoE blocks' router and latent projections). The routed experts follow
+    the plan's ETP instead (MoELayer.local_view)."""
+    if name in ("embedding", "head"):
+        return 0, None
+    parts = name.split(".")
+    owner, leaf = (parts[-2], parts[-1]) if len(parts) > 1 else ("", name)
+    if owner == "attention" and leaf in _ATTENTION_SPLITS:
+        return _ATTENTION_SPLITS[leaf], None
+    if owner in ("ffn", "shared_expert") and leaf in _MLP_SPLITS:  # dense MLP, SharedExpertMLP
+        return _MLP_SPLITS[leaf], None
+    if leaf == "eh_proj":  # MTP's column-parallel projection
+        return 1, None
+    if owner == "mamba" and leaf in _MAMBA_SPLITS and spec.mamba is not None:
+        segments = {"in_proj": spec.mamba.in_proj_segments,
+                    "conv1d_weight": spec.mamba.conv_segments,
+                    "conv1d_bias": spec.mamba.conv_segments}.get(leaf)
+        return _MAMBA_SPLITS[leaf], segments
+    return None

@@ -33,6 +33,7 @@ from runtime.experts import (
 from runtime.init import init_tensor
 from runtime.plan_io import PlanError
 from runtime.router import MoEConfigError, MoESettings, Router, check_balanced_routing
+from runtime.tensor_parallel import TensorParallel
 
 __all__ = ["MoEConfigError", "MoELayer", "MoESettings", "latent_projections"]
 
@@ -73,6 +74,8 @@ class MoELayer(torch.nn.Module):
         tid2eid: torch.Tensor | None,
         dtype: torch.dtype,
         owned_experts: Sequence[int],
+        tp: TensorParallel | None = None,
+        shared_overlap: bool = False,
     ) -> None:
         super().__init__()
         settings = MoESettings.from_config(model_cfg, moe_cfg)
@@ -94,7 +97,7 @@ class MoELayer(torch.nn.Module):
             settings, layer_id, self.owned_experts, groups.etp_rank, groups.etp_size, seed, dtype,
         )
         self.shared_expert = (
-            SharedExpert(settings, layer_id, seed, dtype)
+            SharedExpert(settings, layer_id, seed, dtype, tp, shared_overlap)
             if settings.shared_ffn_hidden_size > 0
             else None
         )
@@ -163,8 +166,8 @@ class MoELayer(torch.nn.Module):
         return list(self.experts.parameters())
 
     def dense_parameters(self) -> list[torch.nn.Parameter]:
-        """Router, shared expert and latent projections: replicated over the dense grid, reduced
-        over dp_cp."""
+        """Router, shared expert and latent projections: reduced over dp_cp (the shared expert
+        TP-split, the rest replicated over TP)."""
         params = list(self.router.parameters())
         if self.shared_expert is not None:
             params += list(self.shared_expert.parameters())
@@ -180,7 +183,8 @@ class MoELayer(torch.nn.Module):
         """This rank's slice of a full logical tensor named like this layer's parameters.
 
         Expert tensors are [E, ...] stacks in math form; the rank keeps its L experts and its
-        ETP shard of the intermediate dimension. Dense tensors are replicated.
+        ETP shard of the intermediate dimension. Dense tensors are returned whole (the shared
+        expert's TP shard is cut by the caller, runtime/model.py tensor_parallel_split).
         """
         prefix, _, matrix = name.partition(".")
         if prefix != "experts" or matrix not in EXPERT_TENSORS:

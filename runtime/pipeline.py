@@ -35,17 +35,17 @@ import torch.distributed as dist
 from runtime.comm import Ledger
 from runtime.failure import maybe_inject_failure
 from runtime.heartbeat import note_microbatch
+from runtime.init import init_tensor
 from runtime.model import (
     DecoderLayer,
     DecoderSpec,
     MTPLayer,
     MTPTargets,
     RMSNorm,
-    _param,
-    output_logits,
     run_mtp,
 )
 from runtime.recompute import NO_RECOMPUTE, run_blocks
+from runtime.tensor_parallel import TensorParallel, vocab_parallel_embedding
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining import PipelineStage
@@ -77,26 +77,32 @@ class StageModel(torch.nn.Module):
     """Every parameter of one pipeline rank, named as in the single-process `Decoder`."""
 
     def __init__(self, spec: DecoderSpec, chunks: list[dict[str, Any]], seed: int,
-                 dtype: torch.dtype, make_layer: LayerFactory) -> None:
+                 dtype: torch.dtype, make_layer: LayerFactory,
+                 tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.spec = spec
+        self.tp = tp = tp or TensorParallel.none()
         has_loss = any(chunk["loss"] for chunk in chunks)
         has_embedding = any(chunk["embedding"] for chunk in chunks)
         depths = [int(depth) for chunk in chunks for depth in chunk.get("mtp_layers", [])]
         needs_word_embedding = (has_embedding or (has_loss and not spec.untied_head)
                                 or bool(depths))
+        # vocab-parallel under TP: this rank's rows of the table and of the output layer
         self.embedding = (
-            _param(seed, ("embedding", "word"), (spec.vocab_size, spec.hidden_size),
-                   spec.init_std, dtype) if needs_word_embedding else None)
+            torch.nn.Parameter(tp.shard(init_tensor(seed, ("embedding", "word"), (
+                spec.vocab_size, spec.hidden_size), spec.init_std, dtype), 0))
+            if needs_word_embedding else None)
         self.layers = torch.nn.ModuleDict(
             {str(layer): make_layer(layer) for chunk in chunks for layer in chunk["layers"]})
         self.final_norm = (RMSNorm(spec.hidden_size, spec.norm_epsilon, dtype) if has_loss
                            else None)
         self.head = (
-            _param(seed, ("output_head",), (spec.vocab_size, spec.hidden_size), spec.init_std,
-                   dtype) if has_loss and spec.untied_head else None)
+            torch.nn.Parameter(tp.shard(init_tensor(seed, ("output_head",), (
+                spec.vocab_size, spec.hidden_size), spec.init_std, dtype), 0))
+            if has_loss and spec.untied_head else None)
         self.mtp = torch.nn.ModuleDict(
-            {str(depth): MTPLayer(spec, depth, seed, dtype, make_layer(spec.num_layers + depth))
+            {str(depth): MTPLayer(spec, depth, seed, dtype, make_layer(spec.num_layers + depth),
+                                  tp)
              for depth in depths})
         self.recompute = NO_RECOMPUTE  # the trainer sets the plan's (runtime/recompute.py)
 
@@ -162,13 +168,16 @@ class StageChunk(torch.nn.Module):
 
     def _forward(self, inputs: torch.Tensor, microbatch: int) -> torch.Tensor:
         runner, state = self.runner, self.runner.state
+        tp = self.owner.tp
         if self.first:
             ids = inputs
             assert self.owner.embedding is not None  # noqa: S101
-            hidden = torch.nn.functional.embedding(ids, self.owner.embedding).transpose(0, 1)
+            hidden = vocab_parallel_embedding(ids, self.owner.embedding, tp)
         else:
             hidden = inputs
             ids = runner.token_ids(state.step, microbatch) if self._needs_ids() else None
+        if ids is not None:  # the MoE blocks see this TP rank's rows under SP
+            ids = ids[:, tp.sequence_rows(ids.shape[1])]
         hidden, ffn_outs = run_blocks(list(self.blocks), hidden, ids, runner.local_positions,
                                       runner.gathered_positions, self.owner.recompute)
         for block, ffn_out in zip(self.blocks, ffn_outs, strict=True):
@@ -178,7 +187,7 @@ class StageChunk(torch.nn.Module):
             return hidden
         assert self.owner.final_norm is not None  # noqa: S101
         hidden = self.owner.final_norm(hidden)
-        logits = output_logits(hidden, self.owner.output_weight())
+        (logits,) = tp.column_linear(hidden, self.owner.output_weight().t())
         if not self.mtp_depths:
             return logits
         return _CarryLoss.apply(logits, self._mtp_term(hidden, microbatch))
@@ -191,7 +200,7 @@ class StageChunk(torch.nn.Module):
         outputs: dict[int, torch.Tensor] | None = {} if state.record else None
         logits = run_mtp(list(self.mtp), hidden, self.owner.embedding,  # type: ignore[arg-type]
                          self.owner.output_weight(), targets.ids, runner.local_positions,
-                         runner.gathered_positions, outputs)
+                         runner.gathered_positions, outputs, self.owner.tp)
         for layer, output in (outputs or {}).items():
             state.moe_outputs[microbatch][layer] = output.cpu()
         term, means = runner.mtp_loss_of(logits, targets)
@@ -211,7 +220,8 @@ class PipelineRunner:
                  vocab_size: int, loss_of: LossOf,
                  token_ids: Callable[[int, int], torch.Tensor], local_positions: torch.Tensor,
                  gathered_positions: torch.Tensor, ledger: Ledger, meter: Any,
-                 mtp_targets: Callable[[int, int], MTPTargets], mtp_loss_of: MTPLossOf) -> None:
+                 mtp_targets: Callable[[int, int], MTPTargets], mtp_loss_of: MTPLossOf,
+                 tp: TensorParallel | None = None) -> None:
         # torch.distributed.pipelining pulls in torch.export, dynamo and DTensor: about 2.5 CPU
         # seconds that every rank of a PP = 1 job would pay at start for nothing.
         from torch.distributed.pipelining import (
@@ -220,6 +230,7 @@ class PipelineRunner:
             ScheduleInterleaved1F1B,
         )
 
+        tp = tp or TensorParallel.none()
         self.rank, self.stage, self.pp = rank, stage, pp
         self.microbatches = microbatches
         self.token_ids = token_ids
@@ -236,12 +247,13 @@ class PipelineRunner:
                 raise ValueError(f"chunk {chunk['index']} of stage {stage} would be pipeline "
                                  f"stage {index} in torch's interleaved order")
             # Static shapes (no inference pass); activations carry requires_grad so that the
-            # receiving stage's buffers join autograd and the gradients travel back.
-            hidden = torch.zeros(rows, micro_batch_size, hidden_size, device=device,
-                                 requires_grad=True)
+            # receiving stage's buffers join autograd and the gradients travel back. Under TP a
+            # message is this rank's sequence share (SP) and the logits its vocabulary columns.
+            hidden = torch.zeros(rows // (tp.size if tp.sp else 1), micro_batch_size,
+                                 hidden_size, device=device, requires_grad=True)
             inputs = (torch.zeros(micro_batch_size, rows, dtype=torch.long, device=device)
                       if chunk_module.first else hidden)
-            outputs = (torch.zeros(rows, micro_batch_size, vocab_size, device=device,
+            outputs = (torch.zeros(rows, micro_batch_size, vocab_size // tp.size, device=device,
                                    requires_grad=True) if chunk_module.last else hidden)
             pipeline_stage = PipelineStage(chunk_module, index, total, device,
                                            input_args=inputs, output_args=outputs,

@@ -304,6 +304,48 @@ def pipeline_problems(plan: Plan) -> list[str]:
     return problems
 
 
+def tensor_parallel_problems(plan: Plan) -> list[str]:
+    """What the runtime's TP split (runtime/tensor_parallel.py) cannot run, or Megatron refuses."""
+    tp = int(required(plan.layout, "tp", "layout"))
+    if tp == 1:
+        return []
+    model = plan.model
+
+    def value(key: str) -> Any:
+        return required(model, key, "config.model")
+
+    sp = bool(required(plan.parallel, "sequence_parallel", "config.parallel"))
+    problems = []
+    mode = required(plan.parallel, "cp_partition_mode", "config.parallel")
+    if int(value("mtp_num_layers")) > 0 and sp and mode == "contiguous" and int(
+            required(plan.layout, "cp", "layout")) > 1:
+        problems.append(f"model.mtp_num_layers with layout.tp = {tp}, sequence parallelism and "
+                        "contiguous CP: Megatron refuses it (megatron/core/transformer/"
+                        "transformer_config.py TransformerConfig.__post_init__); use zigzag CP")
+    if plan.moe_layers() and not sp:
+        problems.append(f"layout.tp = {tp} with MoE layers and parallel.sequence_parallel false: "
+                        "Megatron refuses to train it (megatron/core/transformer/moe/moe_layer.py "
+                        "MoELayer.forward); set parallel.sequence_parallel: true")
+    shares = [("num_attention_heads", int(value("num_attention_heads"))),
+              ("num_query_groups", int(value("num_query_groups"))),
+              ("ffn_hidden_size", int(value("ffn_hidden_size")))]
+    if flagged_layers(model.get("mamba_layers")):  # unset heads: d_inner 2·h / head_dim
+        heads = value("mamba_num_heads") or 2 * int(value("hidden_size")) // int(
+            value("mamba_head_dim"))
+        shares += [("mamba_num_heads", int(heads)),
+                   ("mamba_num_groups", int(value("mamba_num_groups")))]
+    for field, count in shares:
+        if count % tp:
+            problems.append(f"model.{field} = {count} does not split over layout.tp = {tp}: "
+                            "use a multiple of tp")
+    cp = int(required(plan.layout, "cp", "layout"))
+    rows = int(required(plan.training, "seq_length", "config.training")) // cp
+    if sp and rows % tp:
+        problems.append(f"training.seq_length / cp = {rows} rows per CP rank do not split into "
+                        f"layout.tp = {tp} sequence-parallel shares")
+    return problems
+
+
 def unsupported_features(plan: Plan) -> list[str]:
     """Everything in the plan that this runtime would otherwise run wrongly, one line each."""
     def section(where: str, values: dict[str, Any]) -> Callable[[str], Any]:
@@ -319,10 +361,11 @@ def unsupported_features(plan: Plan) -> list[str]:
         if condition:
             problems.append(message)
 
-    for axis, why in (("tp", "attention tensor parallelism"), ("gtp", "GTP weight "
-                      "rematerialisation"), ("egtp", "expert GTP weight rematerialisation")):
+    for axis, why in (("gtp", "GTP weight rematerialisation"),
+                      ("egtp", "expert GTP weight rematerialisation")):
         size = int(layout(axis))
         refuse(size > 1, f"layout.{axis} = {size}: {why} is not implemented; use {axis} = 1")
+    problems.extend(tensor_parallel_problems(plan))
     problems.extend(pipeline_problems(plan))
     dispatcher = moe("moe_token_dispatcher_type")
     refuse(dispatcher not in ("alltoall", "allgather"),
@@ -379,9 +422,6 @@ def unsupported_features(plan: Plan) -> list[str]:
            "training.variable_seq_lengths: the runtime packs fixed-length sequences")
     optimizer = training("optimizer")
     refuse(optimizer != "adam", f"training.optimizer = {optimizer!r}: only 'adam' (AdamW) runs here")
-    refuse(bool(training("use_distributed_optimizer")),
-           "training.use_distributed_optimizer: gradients are all-reduced, not reduce-scattered; "
-           "set it to false for the runtime")
     refuse(int(training("num_distributed_optimizer_instances")) > 1,
            "training.num_distributed_optimizer_instances > 1 is not implemented")
     refuse(bool(training("use_megatron_fsdp")) or bool(training("use_torch_fsdp2")),

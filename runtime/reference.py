@@ -5,7 +5,8 @@ collectives) with each MoE block replaced by `reference_moe`, a per-expert loop 
 logical expert weights. Weights come from the same global identities, so a rank's parameters are
 slices of these (`MoELayer.local_view`). What depends on the layout by definition — capacity
 competition per source rank, aux-loss statistics per `tp_cp` group — is reproduced by
-cutting each sequence into the plan's CP shards before the MoE call. Its gradient is the exact
+cutting each sequence into the plan's CP shards (and each of those into its TP ranks' rows under
+sequence parallelism) before the MoE call. Its gradient is the exact
 gradient of the global objective: mean token loss over the global batch plus the aux losses with
 the coefficient the distributed reduction gives them, 1/(m·|dp_cp|) per (rank, microbatch).
 The MTP term is normalised per CP shard, as each rank normalises it by its own count of valid
@@ -97,6 +98,13 @@ class ReferenceModel:
         cp_size = int(plan.layout["cp"])
         mode = str(required(plan.parallel, "cp_partition_mode", "config.parallel"))
         self.slices = cp_slices(self.batches.seq_length, cp_size, mode)
+        # The MoE layers' source ranks: under sequence parallelism each CP shard is cut again
+        # into its TP ranks' rows (capacity, balancing and the aux loss count per source rank).
+        tp = int(plan.layout["tp"])
+        sp = tp > 1 and bool(required(plan.parallel, "sequence_parallel", "config.parallel"))
+        moe_shards = [TokenSlice(cp_slice.positions[part * len(cp_slice) // tp:
+                                                    (part + 1) * len(cp_slice) // tp])
+                      for cp_slice in self.slices for part in range(tp if sp else 1)]
         model_cfg, moe_cfg = dict(plan.model), dict(plan.moe)
         if balanced:
             moe_cfg["moe_router_force_load_balancing"] = True
@@ -111,7 +119,7 @@ class ReferenceModel:
         def moe_factory(layer_id: int, is_hash: bool) -> ReferenceMoEBlock:
             tid2eid = (build_tid2eid(seed, layer_id, spec.vocab_size, settings.num_experts,
                                      settings.topk) if is_hash else None)
-            return ReferenceMoEBlock(settings, layer_id, seed, is_hash, tid2eid, self.slices,
+            return ReferenceMoEBlock(settings, layer_id, seed, is_hash, tid2eid, moe_shards,
                                      aux_scale)
 
         self.model = Decoder(spec, seed, torch.float32, CommGroup("cp", None), None, moe_factory)

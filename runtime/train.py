@@ -24,7 +24,12 @@ plan's (`budgets`: grad_scale_sum_* / grad_scale_avg_* / grad_scale_per_token, r
   N (Megatron all-reduces that count; every token here is valid, so N = B·S is known). The aux
   loss is scaled up by the rank's n tokens, which gives it the same 1/(m·|dp_cp|) coefficient.
 * MTP adds `mtp_loss`'s term to what each rank backpropagates, scaled like the main loss (1/m,
-  or 1 with per-token loss), as Megatron's MTPLossAutoScaler does with its backward scale.
+  or 1 with per-token loss), as Megatron's MTPLossAutoScaler does with its backward scale;
+* the TP ranks of a replica all compute and backpropagate the same loss (vocab-parallel), so TP
+  adds no factor: a TP-split weight's grad is whole on its rank, and under sequence parallelism
+  a weight every TP rank holds saw only its rows and is summed over TP;
+* with the distributed optimizer the same pre-scaled buffers are reduce-scattered instead of
+  all-reduced (runtime/dist_opt.py).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from runtime.comm import CommGroup, Ledger, MoEGroups, all_reduce
+from runtime.dist_opt import ShardedBuffer, sharded_optimizer
 from runtime.failure import maybe_inject_failure
 from runtime.groups import RankGroups, compute_device
 from runtime.heartbeat import note_microbatch
@@ -54,12 +60,14 @@ from runtime.model import (
     TokenSlice,
     cp_slices,
     mtp_loss,
+    tensor_parallel_split,
     token_losses,
 )
 from runtime.moe_layer import MoELayer
 from runtime.pipeline import PipelineRunner, StageModel
 from runtime.plan_io import GradScales, Plan, required
 from runtime.recompute import RecomputePolicy, checkpoint_forwards
+from runtime.tensor_parallel import TensorParallel, vocab_parallel_token_losses
 
 
 @dataclass(frozen=True)
@@ -252,6 +260,8 @@ class RankTrainer:
         self.dp_cp = comm_group(groups, "dp_cp")
         self.expt_dp = comm_group(groups, "expt_dp")
         self.tp_dp_cp = comm_group(groups, "tp_dp_cp")
+        sequence_parallel = bool(required(plan.parallel, "sequence_parallel", "config.parallel"))
+        self.tp = TensorParallel(comm_group(groups, "tp"), sequence_parallel, self.ledger)
         seq, cp_size = self.batches.seq_length, self.cp.size
         mode = str(required(plan.parallel, "cp_partition_mode", "config.parallel"))
         slices = cp_slices(seq, cp_size, mode)
@@ -266,6 +276,8 @@ class RankTrainer:
         if options.balanced:
             moe_cfg["moe_router_force_load_balancing"] = True
         layer_groups = moe_groups(groups, plan)
+        shared_overlap = bool(required(plan.raw["config"]["overlap"], "moe_shared_expert_overlap",
+                                       "config.overlap"))
         owned_experts = plan.expert_ownership(self.rank).ids
 
         def moe_factory(layer_id: int, is_hash: bool) -> MoELayer:
@@ -273,21 +285,22 @@ class RankTrainer:
                                      int(model_cfg["num_experts"]),
                                      int(model_cfg["moe_router_topk"])) if is_hash else None)
             return MoELayer(model_cfg, moe_cfg, layer_id, is_hash, layer_groups, self.ledger,
-                            self.seed, tid2eid, torch.float32, owned_experts)
+                            self.seed, tid2eid, torch.float32, owned_experts, self.tp,
+                            shared_overlap)
 
         # Weights are generated on the CPU from their identities, then moved to the device.
         self.pipeline: PipelineRunner | None = None
         self.embd = comm_group(groups, "embd") if "embd" in groups.handles else None
         if plan.pp == 1:
             self.model: Any = Decoder(spec, self.seed, torch.float32, self.cp, self.ledger,
-                                      moe_factory).to(self.device)
+                                      moe_factory, self.tp).to(self.device)
         else:
             def make_layer(layer_id: int) -> DecoderLayer:
                 return DecoderLayer(spec, layer_id, self.seed, torch.float32, self.cp,
-                                    self.ledger, moe_factory)
+                                    self.ledger, moe_factory, self.tp)
 
             self.model = StageModel(spec, plan.chunks(self.stage), self.seed, torch.float32,
-                                    make_layer).to(self.device)
+                                    make_layer, self.tp).to(self.device)
         self.spec = spec
         recompute = RecomputePolicy.from_overlap(plan.raw["config"]["overlap"])
         self.model.recompute = recompute
@@ -304,17 +317,38 @@ class RankTrainer:
                               for p in block.expert_parameters()]
         expert_ids = {id(p) for p in self.expert_params}
         self.dense_params = [p for p in self.model.parameters() if id(p) not in expert_ids]
-        self.optimizer = make_optimizer(self.model, plan.training)
+        # Under sequence parallelism each TP rank's copy of a TP-replicated weight (norms, row-
+        # parallel biases, router, latent projections) saw only its share of the
+        # tokens: its grad is summed over TP (Megatron-LM dev@d48bd6be megatron/core/distributed/
+        # finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads).
+        self.sp_params = [p for name, p in self.model.named_parameters()
+                          if self.tp.sp and id(p) not in expert_ids
+                          and tensor_parallel_split(spec, name) is None]
+        self.buffers = self._sharded_buffers() if bool(required(
+            plan.training, "use_distributed_optimizer", "config.training")) else []
+        self.optimizer = (sharded_optimizer(self.buffers, plan.training) if self.buffers
+                          else make_optimizer(self.model, plan.training))
         self.meter = ActivationMeter(self.model)
         if plan.pp > 1:
             self.pipeline = self._pipeline_runner(spec)
+
+    def _sharded_buffers(self) -> list[ShardedBuffer]:
+        """The distributed optimizer's buffers: dense over dp_cp (with the routed experts when
+        the plan keeps one buffer), routed experts over expt_dp."""
+        if not self.grad_scales.expert_buffer:
+            return [ShardedBuffer(self.dense_params + self.expert_params, self.dp_cp, self.ledger,
+                                  "dense_grad_reduce", "dense_param_gather")]
+        return [ShardedBuffer(self.dense_params, self.dp_cp, self.ledger, "dense_grad_reduce",
+                              "dense_param_gather"),
+                ShardedBuffer(self.expert_params, self.expt_dp, self.ledger, "expert_grad_reduce",
+                              "expert_param_gather")]
 
     def _pipeline_runner(self, spec: DecoderSpec) -> PipelineRunner:
         m = self.batches.microbatches
 
         def loss_of(logits: torch.Tensor, labels: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-            losses = token_losses(logits, labels)
+            losses = self.token_losses(logits, labels)
             return self.scaled_loss(losses), losses.detach().mean()
 
         return PipelineRunner(
@@ -324,6 +358,7 @@ class RankTrainer:
             pp_group=self.groups["pp"], device=self.device, microbatches=m,
             rows=len(self.slice), micro_batch_size=self.batches.micro_batch_size,
             hidden_size=spec.hidden_size, vocab_size=spec.vocab_size, loss_of=loss_of,
+            tp=self.tp,
             token_ids=lambda step, microbatch: self.microbatch(step, microbatch)[0],
             local_positions=self.local_positions, gathered_positions=self.gathered_positions,
             ledger=self.ledger, meter=self.meter)
@@ -340,6 +375,13 @@ class RankTrainer:
         targets = MTPTargets.of(ids, labels, self.spec.mtp_num_layers)
         return targets.select(self.slice.index(), self.device)
 
+    def token_losses(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Per-token losses [b, s]; under TP from this rank's vocabulary columns (the same values
+        on every TP rank, each of which backpropagates them)."""
+        if self.tp.active:
+            return vocab_parallel_token_losses(logits, labels, self.tp)
+        return token_losses(logits, labels)
+
     def scaled_loss(self, losses: torch.Tensor) -> torch.Tensor:
         """What one microbatch backpropagates: its token-loss sum (per-token loss) or mean, times
         the plan's loss_scale_microbatch (1/m, or 1 with per-token loss)."""
@@ -348,7 +390,8 @@ class RankTrainer:
     def mtp_loss_of(self, logits: list[torch.Tensor], targets: MTPTargets
                     ) -> tuple[torch.Tensor, list[float]]:
         """(the MTP term to backpropagate with the main loss, each depth's masked mean loss)."""
-        term, means = mtp_loss(logits, targets, self.spec.mtp_loss_scale, self.per_token_loss)
+        term, means = mtp_loss(logits, targets, self.spec.mtp_loss_scale, self.per_token_loss,
+                               self.token_losses)
         return term * self.grad_scales.mtp_loss, means
 
     def step(self, step: int) -> StepCapture:
@@ -356,6 +399,8 @@ class RankTrainer:
         capture = StepCapture()
         self.ledger.reset()
         self.optimizer.zero_grad(set_to_none=False)
+        if self.buffers:  # the sharded optimizer holds the shards, not the model's weights
+            self.model.zero_grad(set_to_none=False)
         self.model.record_moe_outputs = self.options.capture
         m = self.batches.microbatches
         if self.pipeline is not None:
@@ -369,7 +414,7 @@ class RankTrainer:
                 logits, mtp_logits = self.model(ids, self.local_positions,
                                                 self.gathered_positions,
                                                 targets.ids if targets is not None else None)
-                losses = token_losses(logits, labels)
+                losses = self.token_losses(logits, labels)
                 backprop = self.scaled_loss(losses)
                 if targets is not None:
                     term, means = self.mtp_loss_of(mtp_logits, targets)
@@ -379,12 +424,16 @@ class RankTrainer:
             capture.losses.append(float(losses.detach().mean()))
             if self.options.capture:
                 capture.moe_outputs.append({k: v.cpu() for k, v in self.model.moe_outputs.items()})
-        self.reduce_gradients()
+        shards = self.reduce_gradients()
         if self.options.capture:
+            for buffer, shard in zip(self.buffers, shards, strict=True):
+                buffer.gathered_grads(shard)
             capture.grads = {name: p.grad.detach().cpu().clone()
                              for name, p in self.model.named_parameters()}
         self.update_expert_bias()
         self.optimizer.step()
+        for buffer in self.buffers:
+            buffer.gather_params()
         return capture
 
     def _pipeline_step(self, step: int, capture: StepCapture) -> None:
@@ -413,9 +462,13 @@ class RankTrainer:
             return
         all_reduce(weight.grad, self.embd, self.ledger, "embd_grad_reduce")
 
-    def reduce_gradients(self) -> None:
-        """Dense over dp_cp, routed experts over expt_dp, each pre-scaled by the plan's factor."""
+    def reduce_gradients(self) -> list[torch.Tensor]:
+        """Dense over dp_cp, routed experts over expt_dp, each pre-scaled by the plan's factor:
+        all-reduced, or reduce-scattered under the distributed optimizer (then the reduced shard
+        of each buffer is returned)."""
         scales = self.grad_scales
+        if self.buffers:
+            return self._reduce_scatter_gradients(scales)
         op = dist.ReduceOp.AVG if scales.average else dist.ReduceOp.SUM
         if not scales.expert_buffer:  # one buffer: expt_dp is dp_cp, the scales are equal
             _reduce_grads(self.dense_params + self.expert_params, scales.dense, self.dp_cp, op,
@@ -425,10 +478,28 @@ class RankTrainer:
                           "dense_grad_reduce")
             _reduce_grads(self.expert_params, scales.expert, self.expt_dp, op, self.ledger,
                           "expert_grad_reduce")
+        _reduce_grads(self.sp_params, 1.0, self.tp.group, dist.ReduceOp.SUM, self.ledger,
+                      "tp_sp_grad_reduce")
         self.sync_embedding_grads()
         if scales.per_token is not None:
             for p in self.model.parameters():
                 p.grad.mul_(scales.per_token)
+        return []
+
+    def _reduce_scatter_gradients(self, scales: GradScales) -> list[torch.Tensor]:
+        """The distributed optimizer's order (finalize_model_grads): the whole-buffer sums over
+        TP and `embd` first, then each buffer reduce-scattered to its optimizer shard."""
+        _reduce_grads(self.sp_params, 1.0, self.tp.group, dist.ReduceOp.SUM, self.ledger,
+                      "tp_sp_grad_reduce")
+        self.sync_embedding_grads()
+        factors = [scales.dense] if len(self.buffers) == 1 else [scales.dense, scales.expert]
+        shards = [buffer.reduce_scatter(factor, scales.average)
+                  for buffer, factor in zip(self.buffers, factors, strict=True)]
+        if scales.per_token is not None:
+            for buffer in self.buffers:
+                buffer.scale_grads(scales.per_token)
+            shards = [shard * scales.per_token for shard in shards]
+        return shards
 
     def update_expert_bias(self) -> None:
         """Sum the token counts of every expert-bias router over tp_dp_cp in one int64 call

@@ -58,6 +58,31 @@ def latent_run(moe: dict[str, Any]) -> dict[str, Any]:
                         training={"global_batch_size": 8}, moe=moe)
 
 
+NANO = EXAMPLES / "architectures" / "nemotron-3-nano-30b-a3b-64.yaml"
+# Nano's widths shrunk to a CPU run, every ratio the TP split needs kept (heads, query groups,
+# Mamba heads and groups divide by TP 2); its first seven pattern symbols hold each layer kind.
+NANO_TINY_MODEL: dict[str, Any] = {
+    "hybrid_layer_pattern": "MEMEM*E", "hidden_size": 32, "num_attention_heads": 4,
+    "num_query_groups": 2, "kv_channels": 8, "ffn_hidden_size": 64, "mamba_num_heads": 4,
+    "mamba_head_dim": 16, "mamba_state_dim": 8, "mamba_num_groups": 2, "vocab_size": 128,
+    "max_position_embeddings": 64, "num_experts": 8, "moe_ffn_hidden_size": 16,
+    "moe_shared_expert_intermediate_size": 32}
+
+
+def nano_at_tiny_dims() -> dict[str, Any]:
+    """Nemotron-3-Nano's example as the runtime can run it on 4 CPU ranks: the file's own layer
+    kinds, router, experts, losses, layout axes (TP 2 with sequence parallelism, ETP 1) and
+    distributed optimizer, at tiny widths, EP 2 of its 8 (world 4), in fp32 (the runtime computes
+    in fp32; the file trains in bf16)."""
+    config = yaml.safe_load(NANO.read_text())
+    config["model"].update(NANO_TINY_MODEL)
+    config["parallel"].update(world_size=4, ep=2)
+    config["training"].update(seq_length=16, global_batch_size=4, precision="fp32", lr=1e-3,
+                              seed=7)
+    config["cluster"].update(nodes=1, gpus_per_node=4)
+    return config
+
+
 def compile_config(config: dict[str, Any], folder: Path, name: str) -> Path:
     source = folder / f"{name}.yaml"
     source.write_text(yaml.safe_dump(config))

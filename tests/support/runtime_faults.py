@@ -42,10 +42,10 @@ def _expert_grads_over_dp_cp() -> mock._patch[Any]:
     """Reduce the routed experts' grads over dp_cp (the dense group) instead of expt_dp."""
     original = RankTrainer.reduce_gradients
 
-    def reduce_gradients(self: RankTrainer) -> None:
+    def reduce_gradients(self: RankTrainer) -> list[torch.Tensor]:
         expt_dp, self.expt_dp = self.expt_dp, self.dp_cp
         try:
-            original(self)
+            return original(self)
         finally:
             self.expt_dp = expt_dp
 
@@ -62,11 +62,24 @@ def _embedding_grads_unsynced() -> mock._patch[Any]:
     return mock.patch.object(RankTrainer, "sync_embedding_grads", lambda self: None)
 
 
+def _sp_grads_unreduced() -> mock._patch[Any]:
+    """Leave the TP-replicated weights' grads (norms, router, row-parallel biases) unsummed over
+    TP under sequence parallelism: each TP rank steps on its share of the tokens only."""
+    original = RankTrainer.__init__
+
+    def init(self: RankTrainer, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.sp_params = []
+
+    return mock.patch.object(RankTrainer, "__init__", init)
+
+
 FAULTS: dict[str, Callable[[], mock._patch[Any]]] = {
     "probs_applied_twice": _probs_applied_twice,
     "expert_grads_over_dp_cp": _expert_grads_over_dp_cp,
     "expert_bias_frozen": _expert_bias_frozen,
     "embedding_grads_unsynced": _embedding_grads_unsynced,
+    "sp_grads_unreduced": _sp_grads_unreduced,
 }
 
 

@@ -17,10 +17,14 @@ from typing import Any
 from tests.support.ports import free_port
 from tests.support.runtime_faults import runtime_fault
 
-__all__ = ["BASE", "STEPS", "TOLERANCE", "compile_case", "free_port", "merged", "run_cases"]
+__all__ = ["BASE", "FAULT_STEPS", "STEPS", "TOLERANCE", "compile_case", "free_port", "merged",
+           "run_cases"]
 
 TOLERANCE = 1e-5
 STEPS = 3
+# A deliberately wrong runtime shows in its first step (every fault in runtime_faults.py corrupts
+# that step's gradients or the state it leaves): one step each, not STEPS.
+FAULT_STEPS = 1
 
 BASE: dict[str, Any] = {
     "model": {
@@ -79,7 +83,8 @@ def run_cases(rank: int, world: int, port: int, cases: list[tuple[Any, ...]], ou
         for name, plan_path, fault, *balanced in cases:
             try:
                 plan = load_plan(plan_path)
-                options = RunOptions(steps=STEPS, capture=True, balanced=any(balanced))
+                options = RunOptions(steps=STEPS if fault is None else FAULT_STEPS, capture=True,
+                                     balanced=any(balanced))
                 with runtime_fault(fault):
                     outcome = execute(plan, options, True, None)
                 if outcome.report is not None:
