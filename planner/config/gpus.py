@@ -29,7 +29,9 @@ class Gpu:
     fp8_tflops: float | None
     memory_gib: float
     hbm_tb_s: float
-    nvlink_gb_s: float  # per GPU, one direction
+    # Per GPU, one direction, between the GPUs of a node: NVLink through NVSwitch, or the card's own
+    # PCIe link where no switch joins the node's GPUs (nvlink_bridge below).
+    nvlink_gb_s: float
     scale_out_gb_s: float  # per GPU, one direction
     nvlink_domain: int  # GPUs that reach each other over NVLink
     gpus_per_node: int  # GPUs in one node (tray) of a standard system
@@ -51,6 +53,12 @@ class Gpu:
     # The CPU family of the host that issues this card's kernels (HOSTS): Grace on the NVL72 trays,
     # x86 on HGX/DGX boards and AMD's platforms.
     host: str = "x86"
+    # PCIe cards joined only by NVLink bridges: how many GPUs one bridge joins (2 or 4; 0: none, or an
+    # NVSwitch domain) and its bandwidth per GPU, one direction. The cluster prices every intra-node
+    # collective at one bandwidth (cluster.intra_node_bandwidth_gb_s), so such a card's node is priced
+    # at its PCIe link and CLU007 says the bridge is not modelled.
+    nvlink_bridge: int = 0
+    bridge_gb_s: float = 0.0
 
     @property
     def log_names(self) -> tuple[str, ...]:
@@ -91,6 +99,35 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
         device_names=("A100-SXM4-80GB",)),
     Gpu("A800", 312, None, 80, 2.039, 200, 25, 8, 8, family="ampere",
         device_names=("A800-SXM4-80GB",)),
+    # Hopper PCIe boards (NVIDIA H100 Tensor Core GPU datasheet, PCIe and NVL columns; NVIDIA H200
+    # NVL product page): dense rates are the datasheet's sparsity figures halved (H100 PCIe 1,513 /
+    # 3,026 BF16/FP8 TFLOP/s with sparsity; H100 NVL and H200 NVL 1,671 / 3,341); 80 GB HBM2e at
+    # 2.0 TB/s, 94 GB HBM3 at 3.9 TB/s, 141 GB HBM3e at 4.8 TB/s. No NVSwitch: a node's GPUs meet
+    # over PCIe Gen5 x16 (128 GB/s both ways, 64 one way); NVLink bridges join pairs (H100 PCIe and
+    # NVL: 600 GB/s, 300 one way) or up to four (H200 NVL's 2- or 4-way bridge: 900 GB/s, 450 one
+    # way). Eight cards a server, one 400 Gb/s NIC each as on HGX H100; the SXM cards' GEMM shares.
+    Gpu("H100-PCIe", 756.5, 1513, 80, 2.0, 64, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
+        family="hopper", device_names=("H100 PCIe",), nvlink_bridge=2, bridge_gb_s=300),
+    Gpu("H100-NVL", 835.5, 1670.5, 94, 3.9, 64, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
+        family="hopper", device_names=("H100 NVL",), nvlink_bridge=2, bridge_gb_s=300),
+    Gpu("H200-NVL", 835.5, 1670.5, 141, 4.8, 64, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
+        family="hopper", device_names=("H200 NVL",), nvlink_bridge=4, bridge_gb_s=450),
+    # Grace Hopper (NVIDIA GH200 Grace Hopper Superchip datasheet): the H100's dense rates (989 /
+    # 1,979 TFLOP/s), 96 GB HBM3 at 4.0 TB/s (CUDA's "GH200 480GB": 480 GB of LPDDR5X beside it) or
+    # 144 GB HBM3e at 4.9 TB/s ("GH200 144G HBM3e"); NVLink 4 at 900 GB/s (450 one way) between
+    # superchips, one 400 Gb/s adapter each. One superchip a node (NVIDIA MGX); a node of several
+    # sets cluster.gpus_per_node, and intra_node_bandwidth_gb_s where its NVLink links are split
+    # between peers. A bare "GH200" in a log fixes neither memory, so names no card.
+    Gpu("GH200", 989, 1979, 96, 4.0, 450, 50, 1, 1, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
+        family="hopper", host="grace", device_names=("GH200 480GB",)),
+    Gpu("GH200-144GB", 989, 1979, 144, 4.9, 450, 50, 1, 1, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
+        family="hopper", host="grace", device_names=("GH200 144G HBM3e",)),
+    # L20, the China-market Ada card (NVIDIA L20 product specification: 119.5 BF16 and 239 FP8
+    # tensor TFLOP/s, 48 GB GDDR6 at 864 GB/s, PCIe Gen4 x16 at 64 GB/s both ways, 32 one way, no
+    # NVLink); eight a server, one 200 Gb/s adapter each as on the PCIe Gen4 Ampere boards. No Ada
+    # run is calibrated on: the catalog's default GEMM shares stand. Matched only as CUDA names it
+    # ("NVIDIA L20"): a bare "L20" in a log is too common a word.
+    Gpu("L20", 119.5, 239, 48, 0.864, 32, 25, 8, 8, family="ada", device_names=("NVIDIA L20",)),
     # AMD Instinct (AMD's MI300X, MI325X and MI355X product pages and data sheets: dense BF16 and
     # FP8 without sparsity; Infinity Fabric's aggregate peer bandwidth of its seven links, quoted
     # bidirectional, halved for one direction; eight GPUs per platform, one 400 Gb/s NIC each).
@@ -156,10 +193,10 @@ def gpu(name: str) -> Gpu:
 # `card_named` checks the start of the word itself.
 GPU_CARDS = MappingProxyType({log: card.name for card in GPUS.values() for log in card.log_names})
 # Cards whose names start with a catalog card's but which are other cards: PCIe boards with their
-# own clocks, memory and NVLink bridges of two (NVIDIA's H100 PCIe / H100 NVL / H200 NVL, A100 and
-# A800 PCIe data sheets). A log naming one names no catalog card (never the SXM figures).
-NOT_IN_CATALOG = ("H100 PCIe", "H100 NVL", "H200 NVL", "H800 PCIe", "A100-PCIE-40GB", "A100 80GB PCIe",
-                  "A800 80GB PCIe", "A800 40GB")
+# own clocks, memory and NVLink bridges of two (NVIDIA's H800 PCIe, A100 and A800 PCIe data
+# sheets). A log naming one names no catalog card (never the SXM figures).
+NOT_IN_CATALOG = ("H800 PCIe", "A100-PCIE-40GB", "A100 80GB PCIe", "A800 80GB PCIe",
+                  "A800 40GB")
 _CARD_WORD = re.compile("(" + "|".join(map(re.escape, sorted((*GPU_CARDS, *NOT_IN_CATALOG), key=len,
                                                              reverse=True))) + r")\b")
 _WORD_CHAR = re.compile(r"\w")
@@ -182,14 +219,15 @@ def has_fp8(name: str) -> bool:
 
 
 def pre_hopper(name: str) -> bool:
-    """Whether the card is older than compute capability 9.0 (Ampere), where PyTorch's and Transformer
-    Engine's cuBLAS workspaces are smaller (planner/budget/device_memory.py)."""
-    return gpu(name).family == "ampere"
+    """Whether the card is older than compute capability 9.0 (Ampere 8.0, Ada 8.9), where PyTorch's
+    and Transformer Engine's cuBLAS workspaces are smaller (planner/budget/device_memory.py)."""
+    return gpu(name).family in ("ampere", "ada")
 
 
 def takes_tn_only(name: str) -> bool:
     """Whether the card's FP8 GEMMs take only the TN layout, so Transformer Engine keeps a physically
-    transposed copy of a tensor-scaled FP8 weight for the data-gradient GEMM: Hopper does, Blackwell
-    reads either layout (Transformer Engine docs, low-precision training, "Performance
-    considerations: handling transposes")."""
-    return gpu(name).family == "hopper"
+    transposed copy of a tensor-scaled FP8 weight for the data-gradient GEMM: Hopper and Ada do
+    (cuBLASLt's FP8 GEMMs before compute capability 10.0 take TN only), Blackwell reads either
+    layout (Transformer Engine docs, low-precision training, "Performance considerations: handling
+    transposes")."""
+    return gpu(name).family in ("hopper", "ada")

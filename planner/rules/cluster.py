@@ -161,7 +161,7 @@ def fp8_needs_an_fp8_card(f: Facts) -> Iterator[Violation]:
     "CLU006", "error", "MXFP8 on an NVIDIA card before Blackwell",
     source=TE_FP8_CHECKS,
     why="""The MXFP8 recipe's block-scaled GEMMs run on Blackwell's tensor cores (compute capability
-    10.0 and later); Transformer Engine refuses the recipe on Hopper and Ampere. Checked only where
+    10.0 and later); Transformer Engine refuses the recipe on Hopper, Ada and Ampere. Checked only where
     the config names its card: a config without cluster.gpu says nothing about the hardware.""",
     bad="""cluster: {gpu: H100}
 training: {fp8_format: e4m3, fp8_recipe: mxfp8}""",
@@ -170,13 +170,40 @@ training: {fp8_format: e4m3, fp8_recipe: mxfp8}""",
 )
 def mxfp8_needs_blackwell(f: Facts) -> Iterator[Violation]:
     card = gpu_entry(f.cluster.gpu)
+    before = {"hopper": "Hopper, compute capability 9.0", "ada": "Ada, compute capability 8.9"}
     if (f.train.fp8_recipe == "mxfp8" and f.cluster.gpu_named and has_fp8(card.name)
-            and card.family == "hopper"):
-        yield Violation("training.fp8_recipe", f"mxfp8 on cluster.gpu {card.name} (Hopper, compute "
-                        "capability 9.0; MXFP8 needs 10.0)",
-                        "use fp8_recipe blockwise or tensorwise on Hopper, or name a Blackwell "
-                        "cluster.gpu")
+            and card.family in before):
+        yield Violation("training.fp8_recipe", f"mxfp8 on cluster.gpu {card.name} ({before[card.family]}; "
+                        "MXFP8 needs 10.0)",
+                        "use fp8_recipe blockwise or tensorwise there, or name a Blackwell cluster.gpu")
+
+
+@rule(
+    "CLU007", "warning", "NVLink bridges priced at the card's PCIe link",
+    source="planner/config/gpus.py Gpu.nvlink_bridge (NVIDIA H100 PCIe / H100 NVL / H200 NVL "
+    "datasheets: NVLink bridges of 2 or 4 cards, no NVSwitch); planner/budget/hardware.py bw_nvlink",
+    why="""A PCIe Hopper card (H100 PCIe, H100 NVL, H200 NVL) reaches the other GPUs of its node
+    over PCIe Gen5 (64 GB/s one way); only the 2 or 4 cards an NVLink bridge joins reach each other
+    at NVLink speed. moeplan prices every intra-node collective at one bandwidth, so it takes the
+    PCIe figure for the whole node: a TP or EP group that stays inside one bridge runs faster than
+    estimated. Set cluster.intra_node_bandwidth_gb_s to the bridge's figure when every intra-node
+    group of the plan fits in one bridge, with cluster.gpus_per_node the bridge's size (the rest of
+    the server is then priced at the scale-out figure, near the PCIe one).""",
+    bad="cluster: {gpu: H100-NVL}",
+    good="cluster: {gpu: H100-NVL, gpus_per_node: 2, intra_node_bandwidth_gb_s: 300}",
+)
+def bridged_nvlink_not_modelled(f: Facts) -> Iterator[Violation]:
+    card = gpu_entry(f.cluster.gpu)
+    if (card.nvlink_bridge and f.cluster.gpu_named and (f.cluster.gpus_per_node or 1) > 1
+            and "intra_node_bandwidth_gb_s" not in f.cluster.model_fields_set):
+        yield Violation("cluster.intra_node_bandwidth_gb_s",
+                        f"cluster.gpu {card.name} has no NVSwitch: intra-node collectives are priced "
+                        f"at its PCIe link ({card.nvlink_gb_s:g} GB/s one way); the NVLink bridge of "
+                        f"{card.nvlink_bridge} cards ({card.bridge_gb_s:g} GB/s one way) is not modelled",
+                        f"set intra_node_bandwidth_gb_s {card.bridge_gb_s:g} with gpus_per_node "
+                        f"{card.nvlink_bridge} if every intra-node group stays inside one bridge")
 
 
 RULES = (cluster_has_enough_gpus, cluster_without_idle_gpus, ep_groups_inside_nvlink_domains,
-         rank_nodes_are_a_launch, fp8_needs_an_fp8_card, mxfp8_needs_blackwell)
+         rank_nodes_are_a_launch, fp8_needs_an_fp8_card, mxfp8_needs_blackwell,
+         bridged_nvlink_not_modelled)

@@ -53,10 +53,23 @@ def test_catalog_holds_the_vendor_figures() -> None:
         "A100-40GB": (312, None, 40, 1.555, 300, 25, 8, "ampere"),
         "A100-80GB": (312, None, 80, 2.039, 300, 25, 8, "ampere"),
         "A800": (312, None, 80, 2.039, 200, 25, 8, "ampere"),
+        "H100-PCIe": (756.5, 1513, 80, 2.0, 64, 50, 8, "hopper"),
+        "H100-NVL": (835.5, 1670.5, 94, 3.9, 64, 50, 8, "hopper"),
+        "H200-NVL": (835.5, 1670.5, 141, 4.8, 64, 50, 8, "hopper"),
+        "GH200": (989, 1979, 96, 4.0, 450, 50, 1, "hopper"),
+        "GH200-144GB": (989, 1979, 144, 4.9, 450, 50, 1, "hopper"),
+        "L20": (119.5, 239, 48, 0.864, 32, 25, 8, "ada"),
         "MI300X": (1307.4, 2614.9, 192, 5.3, 448, 50, 8, "cdna3"),
         "MI325X": (1307.4, 2614.9, 256, 6.0, 448, 50, 8, "cdna3"),
         "MI355X": (2516.6, 5033.2, 288, 8.0, 537.6, 50, 8, "cdna4")}
-    assert [name for name in GPUS if takes_tn_only(name)] == ["H100", "H200", "H800", "H20"]
+    assert [name for name in GPUS if takes_tn_only(name)] == [
+        "H100", "H200", "H800", "H20", "H100-PCIe", "H100-NVL", "H200-NVL", "GH200", "GH200-144GB",
+        "L20"]
+    # the bridged PCIe cards: cards one NVLink bridge joins and its one-way GB/s (half the
+    # datasheet's 600 / 900 GB/s both ways); Grace hosts the GH200s
+    assert {n: (g.nvlink_bridge, g.bridge_gb_s) for n, g in GPUS.items() if g.nvlink_bridge} == {
+        "H100-PCIe": (2, 300), "H100-NVL": (2, 300), "H200-NVL": (4, 450)}
+    assert [n for n, g in GPUS.items() if g.host == "grace"] == ["GB200", "GB300", "GH200", "GH200-144GB"]
 
 
 def test_without_a_gpu_the_defaults_are_unchanged() -> None:

@@ -85,8 +85,13 @@ def test_mxfp8_needs_a_named_blackwell(cluster: dict[str, Any], refused: bool) -
     ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
     ("NVIDIA A800-SXM4-80GB", "A800"),
     ("NVIDIA A100 80GB PCIe", None),  # a PCIe A100 (NVLink bridges of two) is not the catalog's SXM card
-    ("GPU 0: NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None),
-    ("NVIDIA GH200 480GB", None),  # a Grace Hopper: its own memory and NVLink, not an H200
+    ("GPU 0: NVIDIA H100 PCIe", "H100-PCIe"), ("NVIDIA H100 NVL", "H100-NVL"),
+    ("NVIDIA H200 NVL", "H200-NVL"), ("GPU 3: NVIDIA L20 (UUID: GPU-3)", "L20"),
+    ("NVIDIA GH200 480GB", "GH200"),  # a Grace Hopper: its own memory and NVLink, not an H200
+    ("0, NVIDIA GH200 144G HBM3e, 580.173.02, 146831 MiB, 9.0", "GH200-144GB"),
+    ("NVIDIA GH200", None),  # 96 or 144 GB: not fixed
+    ("layer L20 done", None),  # only CUDA's "NVIDIA L20" names the card
+    ("NVIDIA H800 PCIe", None),
     ("NVIDIA H100 80GB HBM3", "H100"),
     ("H20s", None),
 ])
@@ -130,3 +135,41 @@ def test_import_takes_the_gpu_named_and_refuses_one_the_catalog_lacks(tmp_path: 
     report = json.loads(read.stdout)
     assert report["config"]["cluster"]["gpu"] == "MI355X", read.output
     assert any(row["argument"] == "GPU" and "MI355X/" in row["why"] for row in report["unmapped"])
+
+
+@pytest.mark.parametrize(("card", "pcie", "bridge"), [
+    ("H100-PCIe", 64, "NVLink bridge of 2 cards (300 GB/s one way)"),
+    ("H100-NVL", 64, "NVLink bridge of 2 cards (300 GB/s one way)"),
+    ("H200-NVL", 64, "NVLink bridge of 4 cards (450 GB/s one way)"),
+])
+def test_a_bridged_pcie_card_is_priced_at_pcie_and_says_so(card: str, pcie: int, bridge: str) -> None:
+    """No NVSwitch: the node's 8 GPUs meet over PCIe Gen5 x16 (128 GB/s both ways, 64 one way), which
+    the time page's bw_nvlink takes; the bridge is named as not modelled (CLU007, a warning), and is
+    silent once the config sets the intra-node figure or the node holds one GPU."""
+    from planner.budget.hardware import hardware_values
+    cfg = small({"gpu": card})
+    assert (cfg.cluster.intra_node_bandwidth_gb_s, cfg.cluster.nvlink_domain) == (pcie, 8)
+    assert hardware_values(cfg)["bw_nvlink"] == pcie * 10**9
+    [finding] = [f for f in run_rules(cfg) if f.code == "CLU007"]
+    assert finding.severity == "warning" and finding.path == "cluster.intra_node_bandwidth_gb_s"
+    assert f"priced at its PCIe link ({pcie} GB/s one way); the {bridge} is not modelled" in finding.message
+    for quiet in ({"gpu": card, "intra_node_bandwidth_gb_s": 300}, {"gpu": card, "gpus_per_node": 1}):
+        assert "CLU007" not in {f.code for f in run_rules(small(quiet))}
+    assert "CLU007" not in {f.code for f in run_rules(small({"gpu": "H100"}))}
+
+
+def test_grace_hopper_and_l20_fill_their_own_figures() -> None:
+    """GH200: the H100's rates, its own HBM (96 or 144 GB), a Grace host, one superchip a node; L20:
+    Ada (FP8 runs, MXFP8 refused, the pre-9.0 cuBLAS workspaces), 32 GB/s PCIe Gen4 one way."""
+    from planner.config.gpus import HOSTS, pre_hopper
+    gh = small({"gpu": "GH200-144GB", "gpus_per_node": 4})
+    assert (gh.cluster.gpu_memory_gib, gh.cluster.hbm_bandwidth_tb_s, gh.cluster.peak_bf16_tflops,
+            gh.cluster.efficiency.host_launch_scale) == (144, 4.9, 989, HOSTS["grace"].launch_scale)
+    assert small({"gpu": "GH200"}).cluster.gpus_per_node == 1
+    l20 = small({"gpu": "L20"}, {"fp8": True})
+    assert (l20.cluster.peak_fp8_tflops, l20.cluster.intra_node_bandwidth_gb_s, pre_hopper("L20")) == (
+        239, 32, True)
+    assert "CLU005" not in {f.code for f in run_rules(l20)}
+    [mx] = [f for f in run_rules(small({"gpu": "L20"}, {"fp8_format": "e4m3", "fp8_recipe": "mxfp8"}))
+            if f.code == "CLU006"]
+    assert "Ada, compute capability 8.9" in mx.message
