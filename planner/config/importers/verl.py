@@ -145,8 +145,13 @@ def verl_front_end(words: list[str], env: dict[str, str], origins: list) -> Fron
         argv += ["--global-batch-size", str(int(mini) * int(samples))]
     prompt, response = config.get("data.max_prompt_length"), config.get("data.max_response_length")
     tokens = config.get(ACTOR + "ppo_max_token_len_per_gpu", "")
-    if dynamic and tokens.isdigit():
-        argv += ["--seq-length", tokens]
+    cp = config.get(ENGINE + "context_parallel_size", "1")
+    if dynamic and tokens.isdigit() and cp.isdigit():
+        # volcengine/verl@b178a3cd verl/workers/actor/megatron_actor.py
+        # MegatronPPOActor.update_policy and forward_backward_batch: the cap is
+        # ppo_max_token_len_per_gpu x CP tokens per micro-batch (rearrange_micro_batches packs the
+        # mini-batch into the fewest micro-batches under it), the sequence Megatron's CP splits.
+        argv += ["--seq-length", str(int(tokens) * int(cp))]
     elif prompt and response and prompt.isdigit() and response.isdigit():
         argv += ["--seq-length", str(int(prompt) + int(response))]
     positions = config.get("actor_rollout_ref.model.override_config.model_config.max_position_embeddings")
@@ -165,9 +170,11 @@ def verl_front_end(words: list[str], env: dict[str, str], origins: list) -> Fron
                               "are on the GPU, which is what moeplan's memory counts"))
     if dynamic:
         notes.append(Unmapped("use_dynamic_bsz", tokens, "verl packs each micro-batch up to "
-                              "ppo_max_token_len_per_gpu tokens: read as micro_batch_size 1 x seq_length "
-                              "of that many tokens (the activation bound); the micro-batch count per step "
-                              "follows the fixed-size batch, not the packed one"))
+                              "ppo_max_token_len_per_gpu x CP tokens (padding removed): read as "
+                              "micro_batch_size 1 x seq_length of that many tokens (the activation bound; "
+                              "verl fills ceil(tokens / cap) micro-batches evenly, so each is near it); "
+                              "the micro-batch count per step follows the fixed-size batch, not the "
+                              "packed one"))
     model = config.get("actor_rollout_ref.model.path")
     if model:
         notes.append(checkpoint_model(front, "actor_rollout_ref.model.path", model, origins))

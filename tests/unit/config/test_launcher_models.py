@@ -134,6 +134,19 @@ def test_verl_reads_the_checkpoint_config_or_names_it_once(tmp_path: Path) -> No
         24, 60, 4, 8)
 
 
+@pytest.mark.parametrize(("cp", "seq"), [(1, 12288), (2, 24576)])
+def test_verl_dynamic_batches_hold_the_token_cap_times_cp(cp: int, seq: int) -> None:
+    """volcengine/verl@b178a3cd megatron_actor.py update_policy: with use_dynamic_bsz a micro-batch
+    holds up to ppo_max_token_len_per_gpu x CP tokens, the sequence Megatron's CP splits: one
+    micro-batch of 12,288 x CP tokens, whatever max_prompt_length + max_response_length is."""
+    text = VERL.replace("trainer.nnodes=1", "actor_rollout_ref.actor.use_dynamic_bsz=True "
+                        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=12288 "
+                        f"actor_rollout_ref.actor.megatron.context_parallel_size={cp} trainer.nnodes=1")
+    result, _ = import_text(text, {"HF_MODEL_PATH": "Qwen/Qwen3-30B-A3B"})
+    assert (result.data["training"]["seq_length"], result.data["training"]["micro_batch_size"],
+            result.data["parallel"].get("cp", 1)) == (seq, 1, cp)
+
+
 def test_verl_fsdp_trainer_is_not_a_megatron_launch() -> None:
     """verl's default ppo_trainer config trains with FSDP (its actor is dp_actor)."""
     with pytest.raises(NotAnImport, match="FSDP"):
