@@ -57,7 +57,7 @@ def write(book: Book, v: Variant) -> None:
         write_indexer_counts(book, v)
     _kinds(book, v)
     _shapes(book, v)
-    _compute(book)
+    _compute(book, v)
     if has_indexer(v):
         write_indexer_time(book, v)
     name, formula, *rest = GPU_WORK
@@ -243,13 +243,26 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         "FP8 casts of the FP8 GEMM inputs no norm produces, per token (read BF16, write the FP8 "
         "copy and its transpose: two BF16 elements' worth); casts of norm outputs are fused into "
         "the norm; the backward's gradient casts are in non_gemm_passes; 0 in BF16")
+    bias = ""
+    if v.bias:
+        # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP: fc2 is
+        # built with skip_bias_add=True and its bias is added by TEGroupedMLP._apply_bias, scaled
+        # by each row's routing probability, outside the GEMM: per local expert `t + b * p`
+        # (write b·p, read it and t, write the sum), then torch.cat of the experts' pieces (read
+        # and write once more), six h-wide passes over every routed row.
+        add("time_ew_expert_bias_elements", "L_moe * 6 * imbalance * k * h_moe", "elements",
+            "time", "routed experts' fc2 bias, added unfused and scaled by the routing "
+            "probability per local expert (TEGroupedMLP._apply_bias): b·p written, t and b·p "
+            "read, the sum written, then concatenated (read and write), per routed row")
+        bias = " + time_ew_expert_bias_elements"
     add("time_ew_fwd_elements", "time_ew_norm_elements + time_ew_attention_elements"
         " + time_ew_router_elements + time_ew_act_elements + time_ew_dense_act_elements"
-        " + time_ew_permute_elements + time_ew_fp8_cast_elements",
+        " + time_ew_permute_elements + time_ew_fp8_cast_elements" + bias,
         "elements", "time", "elementwise elements of one forward of the stage per token")
     rc = []
     if "moe" in selective:
-        rc.append("time_ew_router_elements + time_ew_act_elements + time_ew_permute_elements")
+        rc.append("time_ew_router_elements + time_ew_act_elements + time_ew_permute_elements"
+                  + bias)
     elif "moe_act" in selective:
         rc.append(f"L_moe * {act} * k * I")
     if "mlp" in selective:
@@ -285,7 +298,7 @@ def _gemm(book: Book, name: str, flops: str, rc_flops: str, params: str, rate: s
         f"{what}: forward, data and weight gradients and recompute of every microbatch")
 
 
-def _compute(book: Book) -> None:
+def _compute(book: Book, v: Variant) -> None:
     add = book.add
     per_step = "microbatches * time_tokens_per_rank"
     _gemm(book, "attention_gemm", "time_attention_linear_fwd_flops",
@@ -312,9 +325,11 @@ def _compute(book: Book) -> None:
         "work outside GEMMs and attention: the forward's elementwise elements (BF16, 2 bytes) "
         "through HBM non_gemm_passes times over forward and backward (a third again for "
         "recomputed work), plus a fixed latency per token and block")
+    bias = " + time_ew_expert_bias_elements" if v.bias else ""
     add("time_moe_non_gemm_s", f"{per_step} * (time_ew_router_elements + time_ew_act_elements"
-        " + time_ew_permute_elements) * non_gemm_passes * 2 / time_hbm_rate",
-        "s", "time", "the MoE layers' share of it (router, permutes, expert activations), "
+        f" + time_ew_permute_elements{bias}) * non_gemm_passes * 2 / time_hbm_rate",
+        "s", "time", "the MoE layers' share of it (router, permutes, expert activations and, "
+        "with linear biases, the experts' fc2 bias), "
         "without recompute")
 
 
@@ -389,6 +404,11 @@ EXPERT_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("3 * Min(I_s, 1)", "shared expert: fc1, activation, fc2"),
     ("1", "bias-dropout-add into the residual"),
 )
+# Megatron-LM dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP._apply_bias: with
+# linear biases, fc2's bias is added outside the grouped GEMM by a Python loop over the local experts
+# (a multiply and an add each), then one torch.cat.
+EXPERT_BIAS_LAUNCHES = ("2 * experts_per_rank + 1", "experts' fc2 bias, per local expert b·p and "
+                        "its add, then the concatenation (TEGroupedMLP._apply_bias)")
 DENSE_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("2", "pre-MLP norm and fc1 (TE LayerNormLinear)"), ("1", "activation"), ("1", "fc2 GEMM"),
     ("1", "bias-dropout-add into the residual"),
@@ -440,7 +460,8 @@ def _launch_counts(book: Book, v: Variant) -> None:
     preprocess = list(PREPROCESS_LAUNCHES) + (
         [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
         else [])
-    experts = list(EXPERT_LAUNCHES) + ([TP_LAUNCHES] if v.tp else [])
+    experts = list(EXPERT_LAUNCHES) + ([TP_LAUNCHES] if v.tp else []) + (
+        [EXPERT_BIAS_LAUNCHES] if v.bias else [])
     dense = list(DENSE_LAUNCHES) + ([TP_LAUNCHES] if v.tp else [])
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py: the fused permute is
     # one Transformer Engine kernel; the unfused one builds the index (mask transpose, arange,

@@ -159,3 +159,19 @@ def test_natural_routing_is_slower_than_forced_on_every_routed_term() -> None:
     assert estimate(natural).step_time_s > estimate(forced).step_time_s
     # the memory budget's hot rank takes only a stated imbalance
     assert b["hot_recv_rows"] == a["hot_recv_rows"]
+
+
+def test_linear_biases_add_the_experts_unfused_fc2_bias() -> None:
+    """Megatron's TEGroupedMLP._apply_bias adds fc2's bias outside the grouped GEMM, per local
+    expert (b·p and the add) then one torch.cat: 6·k·h elements per token and MoE layer, and
+    2·(E/EP) + 1 forward launches per MoE layer (Qwen3-30B: 48 layers, h 2048, top-8, 128
+    experts over EP 8)."""
+    def build(bias: bool) -> dict[str, Any]:
+        return env(config({**QWEN, "add_bias_linear": bias}, {"world_size": 16, "ep": 8, "etp": 1},
+                          {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED,
+                          cluster={"gpu": "H100"}))
+    plain, biased = build(False), build(True)
+    assert "time_ew_expert_bias_elements" not in plain
+    assert biased["time_ew_expert_bias_elements"] == 48 * 6 * 8 * 2048
+    assert biased["time_launches_experts"] - plain["time_launches_experts"] == 2 * 16 + 1
+    assert biased["time_non_gemm_s"] > plain["time_non_gemm_s"]
