@@ -83,12 +83,13 @@ def exit_with_findings(findings: list[Finding], *, as_json: bool = False) -> NoR
     raise typer.Exit(EXIT_CONFIG)
 
 
-def load_config_or_exit(path: Path | str, *, as_json: bool = False) -> Config:
-    """Load or exit: 2 for unreadable input, 1 (printing every finding) for an invalid config."""
+def load_config_or_exit(path: Path | str, *, as_json: bool = False, text: str | None = None) -> Config:
+    """Load or exit: 2 for unreadable input, 1 (printing every finding) for an invalid config;
+    `text`: the file's contents, when the caller has read them (planner/config/loader.py)."""
     from planner.config.loader import InvalidConfig, UnreadableConfig, load_config
 
     try:
-        return load_config(path)
+        return load_config(path, text)
     except UnreadableConfig as exc:
         if as_json:
             print(json.dumps({"ok": False, "error": str(exc), "findings": []}))

@@ -23,7 +23,7 @@ from planner.cli_common import (
     load_config_or_exit,
     write_or_exit,
 )
-from planner.files.reading import STDIN, UnreadableInput, read_bytes
+from planner.files.reading import STDIN, UnreadableInput, read_text
 from planner.files.result_cache import load, result_key, store
 from planner.findings import Finding
 from planner.layout.grid import Grid, RankView
@@ -75,8 +75,8 @@ def _valid_grid(config: Path, as_json: bool) -> Grid:
     A config this moeplan found valid before is not validated again: its grid spec is read from the
     result cache (planner/files/result_cache.py, keyed by the config's bytes and moeplan's files),
     so a job that asks `groups --rank R` once per rank loads neither the schema nor the rules."""
-    data = _config_bytes(config)
-    key = None if data is None else result_key(_CACHE_KIND, data)
+    text = _config_text(config)
+    key = None if text is None else result_key(_CACHE_KIND, text.encode())
     if key is not None:
         cached = load(_CACHE_KIND, key)
         if isinstance(cached, dict):
@@ -84,24 +84,26 @@ def _valid_grid(config: Path, as_json: bool) -> Grid:
                 return Grid(GridSpec.from_json(cached))
             except (TypeError, ValueError, GridError):
                 pass  # an entry another version wrote: validate as without it
-    cfg = load_config_or_exit(config, as_json=as_json)
+    cfg = load_config_or_exit(config, as_json=as_json, text=text)
     # Megatron builds the groups of a layout that will not fit memory (the OOM comes later, at the
     # first step), so only the rules on what Megatron refuses to build decide here: `check` and
     # `budget` judge memory. This also keeps the formula book out of `groups --rank R --json`.
     exit_on_errors(cfg, as_json=as_json, budget=False)
     grid = _grid_or_exit(cfg, as_json)
-    if key is not None:
+    from planner.config.loader import may_read_other_files  # loaded already, by the validation
+
+    if key is not None and not may_read_other_files(text):
         store(_CACHE_KIND, key, grid.spec.to_json())
     return grid
 
 
-def _config_bytes(config: Path) -> bytes | None:
-    """A config file's bytes for the cache key; stdin (read once, by the loader) and anything
-    unreadable go the validating way, which reports them."""
+def _config_text(config: Path) -> str | None:
+    """A config file's text, read once for both the cache key and the validation; stdin (which the
+    loader reads itself) and anything unreadable go the validating way, which reports them."""
     if str(config) == STDIN:
         return None
     try:
-        return read_bytes(config, "config")
+        return read_text(config, "config")
     except (UnreadableInput, OSError):
         return None
 

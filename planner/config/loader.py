@@ -556,7 +556,17 @@ def parse_config(data: Any, positions: Mapping[tuple, Position] | None = None,
     return config
 
 
-def load_config(path: str | Path) -> Config:
-    text = read_text(path)
+def load_config(path: str | Path, text: str | None = None) -> Config:
+    """The validated config of the file at `path`; `text`: its contents when the caller has read
+    them already (so what it keyed or hashed is what gets validated, read once)."""
+    if text is None:
+        text = read_text(path)
     data, positions, duplicates = parse_yaml(text, str(path))
     return parse_config(data, positions, duplicates, Path(path).parent)
+
+
+def may_read_other_files(text: str) -> bool:
+    """Whether loading this config text can read a file besides it: `model.hf_config` (the one
+    key parse_config follows to another file). Conservative — any mention counts — so a result
+    keyed by the config's bytes alone is never kept for a config another file shapes."""
+    return "hf_config" in text

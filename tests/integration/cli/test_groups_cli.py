@@ -23,6 +23,7 @@ from planner.layout.spec import GridSpec, grid_spec_from_config
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 V4_PRO = str(EXAMPLES / "deepseek-v4-pro-1024.yaml")
 TINY = str(EXAMPLES / "tiny-cpu-8.yaml")
+HF_FILES = Path(__file__).resolve().parents[2] / "support" / "hf_config_files"
 SVG = "{http://www.w3.org/2000/svg}"
 
 runner = CliRunner()
@@ -303,7 +304,7 @@ def test_groups_reads_a_valid_config_back_from_the_cache(tmp_path, monkeypatch):
     assert len(list((cache / "grid-spec").iterdir())) == 2
 
 
-def test_groups_never_caches_an_invalid_config_and_runs_without_a_cache(tmp_path, monkeypatch):
+def test_groups_never_caches_an_invalid_or_file_reading_config(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("MOEPLAN_CACHE_DIR", str(cache))
     data = yaml.safe_load(Path(TINY).read_text())
@@ -311,6 +312,14 @@ def test_groups_never_caches_an_invalid_config_and_runs_without_a_cache(tmp_path
     bad = write_config(tmp_path, data)
     for _ in range(2):
         assert invoke(bad, "--rank", "0", "--json").exit_code == 1
+    assert not (cache / "grid-spec").exists()
+    # A config whose load reads another file (model.hf_config) is never stored: its bytes alone
+    # would key an answer that file can change.
+    example = yaml.safe_load((EXAMPLES / "architectures" / "glm-4.7-flash-16.yaml").read_text())
+    example["model"]["hf_config"] = str(HF_FILES / "glm-4.7-flash.json")
+    reads_hf = tmp_path / "reads_hf.yaml"
+    reads_hf.write_text(yaml.safe_dump(example))
+    assert invoke(str(reads_hf), "--rank", "0", "--json").exit_code == 0
     assert not (cache / "grid-spec").exists()
     # A cache folder that cannot be made (a file is in the way) is no cache, not an error.
     cache.write_text("")
