@@ -122,16 +122,12 @@ class ShardedBuffer:
                 offset += p.numel()
 
 
-def sharded_optimizer(buffers: list[ShardedBuffer], training: dict[str, Any]
-                      ) -> torch.optim.AdamW:
-    """AdamW over the shards, each piece in its parameter's group (no weight decay on 1-D
-    parameters, as make_optimizer and Megatron)."""
-    decayed = [leaf for buffer in buffers for piece, leaf in zip(buffer.pieces, buffer.shards,
-                                                                strict=True)
-               if piece.param.ndim > 1]
-    plain = [leaf for buffer in buffers for piece, leaf in zip(buffer.pieces, buffer.shards,
-                                                              strict=True)
-             if piece.param.ndim <= 1]
+def adamw(leaves: list[tuple[torch.Tensor, int]], training: dict[str, Any]) -> torch.optim.AdamW:
+    """AdamW with the plan's hyper-parameters over (tensor, the ndim of the parameter it holds):
+    like Megatron, no weight decay on 1-D parameters. The one optimizer both the whole-parameter
+    and the sharded path build."""
+    decayed = [leaf for leaf, ndim in leaves if ndim > 1]
+    plain = [leaf for leaf, ndim in leaves if ndim <= 1]
     return torch.optim.AdamW(
         [{"params": decayed, "weight_decay": float(training["weight_decay"])},
          {"params": plain, "weight_decay": 0.0}],
@@ -140,4 +136,11 @@ def sharded_optimizer(buffers: list[ShardedBuffer], training: dict[str, Any]
         eps=float(training["adam_eps"]),
         foreach=False,
     )
+
+
+def sharded_optimizer(buffers: list[ShardedBuffer], training: dict[str, Any]
+                      ) -> torch.optim.AdamW:
+    """AdamW over the shards, each piece in its parameter's group (`adamw`)."""
+    return adamw([(leaf, piece.param.ndim) for buffer in buffers
+                  for piece, leaf in zip(buffer.pieces, buffer.shards, strict=True)], training)
 

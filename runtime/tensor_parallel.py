@@ -217,22 +217,22 @@ class TensorParallel:
 
     def row_output(self, y: torch.Tensor) -> torch.Tensor:
         """A row-parallel linear's partial output summed over TP (back to [s/TP] rows with SP)."""
-        if not self.active:
-            return y
-        if self.sp:
-            return reduce_scatter_v(y, self.group, [y.shape[0] // self.size] * self.size,
-                                    self.ledger, "tp_sp_scatter")
-        return _ReduceForward.apply(y, self.group, self.ledger, "tp_linear_allreduce")
+        return self._summed(y, "tp_sp_scatter", "tp_linear_allreduce")
 
     def embedding_output(self, y: torch.Tensor) -> torch.Tensor:
         """The vocab-parallel lookups summed over TP: reduce-scattered to the sequence shard with
         SP, else all-reduced (VocabParallelEmbedding.forward)."""
+        return self._summed(y, "tp_embedding_reduce", "tp_embedding_reduce")
+
+    def _summed(self, y: torch.Tensor, scatter: str, reduce: str) -> torch.Tensor:
+        """Partial sums over TP made whole: reduce-scattered along the sequence with SP, else
+        all-reduced; `scatter`/`reduce` name the exchange in the ledger."""
         if not self.active:
             return y
         if self.sp:
             return reduce_scatter_v(y, self.group, [y.shape[0] // self.size] * self.size,
-                                    self.ledger, "tp_embedding_reduce")
-        return _ReduceForward.apply(y, self.group, self.ledger, "tp_embedding_reduce")
+                                    self.ledger, scatter)
+        return _ReduceForward.apply(y, self.group, self.ledger, reduce)
 
     def mtp_projection_output(self, y: torch.Tensor) -> torch.Tensor:
         """MTP's column-parallel eh_proj output [s, b, h/TP] made whole along the hidden dim,

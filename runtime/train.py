@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from runtime.comm import CommGroup, Ledger, MoEGroups, all_reduce
-from runtime.dist_opt import ShardedBuffer, sharded_optimizer
+from runtime.dist_opt import ShardedBuffer, adamw, sharded_optimizer
 from runtime.failure import maybe_inject_failure
 from runtime.groups import RankGroups, compute_device
 from runtime.heartbeat import note_microbatch
@@ -141,17 +141,8 @@ def build_tid2eid(seed: int, layer_id: int, vocab_size: int, num_experts: int,
 
 
 def make_optimizer(model: torch.nn.Module, training: dict[str, Any]) -> torch.optim.AdamW:
-    """AdamW with the plan's hyper-parameters; like Megatron, no weight decay on 1-D params."""
-    decayed = [p for p in model.parameters() if p.ndim > 1]
-    plain = [p for p in model.parameters() if p.ndim <= 1]
-    return torch.optim.AdamW(
-        [{"params": decayed, "weight_decay": float(training["weight_decay"])},
-         {"params": plain, "weight_decay": 0.0}],
-        lr=float(training["lr"]),
-        betas=(float(training["adam_beta1"]), float(training["adam_beta2"])),
-        eps=float(training["adam_eps"]),
-        foreach=False,
-    )
+    """AdamW with the plan's hyper-parameters over the whole parameters (`adamw`)."""
+    return adamw([(p, p.ndim) for p in model.parameters()], training)
 
 
 def moe_blocks(model: Any) -> list[Any]:
