@@ -10,12 +10,23 @@ is predicted with the fitted factors. Printed: each fit's four runs reproduced (
 error), the fifth predicted (measured, predicted, error), which runs identified each fitted
 factor, and any factor that ended at its bound, named as a missing term.
 
+`--carry SWEEP` then fits every run of the sweep at once and predicts each run of another sweep
+of the same stack with those factors (another model, a software feature added): whether a
+calibration carries past the layouts it saw.
+
 The default factors were fitted on bench/heldout.yaml's calibration figures, the Moonlight rows
-among them (bench/heldout.py FITTED); the GB200 write-up and gpt-oss rows are held out of that
-fit. Nothing here gates.
+among them (bench/heldout.py FITTED); the GB200 write-up, gpt-oss and AMD rows are held out of that
+fit. Nothing here gates. The documented sweeps (docs/estimate.md, "Four runs of one stack"):
+
+    moonlight-recompute               Moonlight-16B, 8 H100, six recompute settings (calibration rows)
+    pf-scaling-qwen2-57b-mcore        Qwen2-57B MCore, 64-1024 H100 (a scaling curve, never fitted)
+    gb200-writeup-roadmap             DeepSeek-V3, 256 GB200, each row a software step (never fitted)
+    amd-dsv2lite-mi355x-baseline-mbs  DeepSeek-V2-Lite, 8 MI355X, Primus baseline, MBS 1-12 (held out;
+                                      --carry amd-dsv2lite-mi355x-features amd-dsv2-mi355x-32-features)
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/calibrate_stack.py                       # Moonlight
     OMP_NUM_THREADS=1 .venv/bin/python bench/calibrate_stack.py --sweep NAME --markdown
+    OMP_NUM_THREADS=1 .venv/bin/python bench/calibrate_stack.py --sweep NAME --carry OTHER
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from heldout import judge, load_figures  # noqa: E402
+from heldout import Figure, judge, load_figures  # noqa: E402
 
 from planner.calibrate.calibration import calibrate_runs, missing_term  # noqa: E402
 from planner.calibrate.fit import Run  # noqa: E402
@@ -114,12 +125,54 @@ def report(sweep: str, markdown: bool) -> int:
     return 0
 
 
+def carry(sweep: str, others: list[str], markdown: bool) -> int:
+    """Fit every run of `sweep` at once; predict each figure of the `others` sweeps with it."""
+    runs = sweep_runs(sweep)
+    if not runs:
+        print(f"sweep {sweep}: no run with an estimate", file=sys.stderr)
+        return 1
+    result = calibrate_runs(runs)
+    fitted = {n: v for n, v in result.values.items() if n not in result.why}
+    print(f"fitted on all {len(runs)} runs of {sweep}: "
+          + ", ".join(f"{n} {v:.4g}" for n, v in fitted.items())
+          + "".join(f"; AT ITS BOUND: {missing_term(n, fitted[n])}" for n in sorted(result.pinned)))
+    figures: list[Figure] = [f for f in load_figures() if f.sweep in others]
+    missing = sorted(set(others) - {f.sweep for f in figures})
+    if missing:
+        print(f"no figure of sweep {', '.join(missing)} in bench/heldout.yaml", file=sys.stderr)
+        return 1
+    head = ("sweep", "figure", "ratio, defaults", "ratio, calibrated")
+    rows, before, after = [], [], []
+    for figure in figures:
+        default, calibrated = judge(figure).ratio, judge(figure, fitted).ratio
+        if default is None or calibrated is None:
+            print(f"  {figure.id}: no estimate; left out", file=sys.stderr)
+            continue
+        before.append(abs(default - 1))
+        after.append(abs(calibrated - 1))
+        rows.append((figure.sweep, figure.id, f"{default:.2f}", f"{calibrated:.2f}"))
+    if markdown:
+        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        print("\n".join("| " + " | ".join(row) + " |" for row in rows))
+    else:
+        for row in (head, *rows):
+            print(f"{row[0]:34} {row[1]:44} {row[2]:>15} {row[3]:>17}")
+    med = statistics.median
+    print(f"\n{len(rows)} figures (ratio = predicted / published speed): median |ratio - 1| "
+          f"{med(before):.1%} with the defaults, {med(after):.1%} with the factors fitted on {sweep}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", default="moonlight-recompute",
                         help="a `sweep` of bench/heldout.yaml (default: moonlight-recompute)")
+    parser.add_argument("--carry", nargs="+", metavar="SWEEP",
+                        help="fit every run of --sweep, predict these sweeps' figures with it")
     parser.add_argument("--markdown", action="store_true", help="the table as Markdown")
     args = parser.parse_args(argv)
+    if args.carry:
+        return carry(args.sweep, args.carry, args.markdown)
     return report(args.sweep, args.markdown)
 
 

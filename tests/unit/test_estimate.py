@@ -70,6 +70,12 @@ def test_catalog_holds_the_vendor_figures() -> None:
     assert {n: (g.nvlink_bridge, g.bridge_gb_s) for n, g in GPUS.items() if g.nvlink_bridge} == {
         "H100-PCIe": (2, 300), "H100-NVL": (2, 300), "H200-NVL": (4, 450)}
     assert [n for n, g in GPUS.items() if g.host == "grace"] == ["GB200", "GB300", "GH200", "GH200-144GB"]
+    # AMD's cards: the GEMM shares are AMD's measured hipBLASLt rates over the dense peak (MI300X
+    # 708 / 1,273 TFLOP/s and MI325X 843 / 1,519 max-achievable BF16 / FP8; MI355X FP8 ~3,130 at
+    # 8192^3); MI355X BF16 has no published rate and keeps the catalog default
+    assert {n: (round(g.gemm_bf16_eff * g.bf16_tflops), round(g.gemm_fp8_eff * g.fp8_tflops))
+            for n, g in GPUS.items() if g.family.startswith("cdna")} == {
+        "MI300X": (708, 1273), "MI325X": (843, 1519), "MI355X": (round(0.8 * 2516.6), 3130)}
 
 
 def test_without_a_gpu_the_defaults_are_unchanged() -> None:
