@@ -127,6 +127,11 @@ def report(sweep: str, markdown: bool) -> int:
 
 def carry(sweep: str, others: list[str], markdown: bool) -> int:
     """Fit every run of `sweep` at once; predict each figure of the `others` sweeps with it."""
+    figures: list[Figure] = [f for f in load_figures() if f.sweep in others]
+    missing = sorted(set(others) - {f.sweep for f in figures})
+    if missing:
+        print(f"no figure of sweep {', '.join(missing)} in bench/heldout.yaml", file=sys.stderr)
+        return 1
     runs = sweep_runs(sweep)
     if not runs:
         print(f"sweep {sweep}: no run with an estimate", file=sys.stderr)
@@ -136,11 +141,6 @@ def carry(sweep: str, others: list[str], markdown: bool) -> int:
     print(f"fitted on all {len(runs)} runs of {sweep}: "
           + ", ".join(f"{n} {v:.4g}" for n, v in fitted.items())
           + "".join(f"; AT ITS BOUND: {missing_term(n, fitted[n])}" for n in sorted(result.pinned)))
-    figures: list[Figure] = [f for f in load_figures() if f.sweep in others]
-    missing = sorted(set(others) - {f.sweep for f in figures})
-    if missing:
-        print(f"no figure of sweep {', '.join(missing)} in bench/heldout.yaml", file=sys.stderr)
-        return 1
     head = ("sweep", "figure", "ratio, defaults", "ratio, calibrated")
     rows, before, after = [], [], []
     for figure in figures:
