@@ -107,10 +107,11 @@ def test_a_module_without_a_layer_kind_is_refused_by_class_and_layer(tmp_path: P
         in census
 
 
-# The no-record corpus files (tests/support/hf_corpus.py NO_RECORD_COUNTS) rebuilt here: none by
-# default, since MiniMax-M3's first build costs ~5 CPU-seconds (loading its modeling code) and ~7
-# for the whole file; name one to re-check that it maps and counts as transformers builds it.
-NO_RECORD_REBUILT: tuple[str, ...] = ()
+# The no-record corpus files (tests/support/hf_corpus.py NO_RECORD_COUNTS) rebuilt here: the held-out
+# MiMo-V2-Flash and Gemma-4 files (under a CPU-second together once torch is loaded), not MiniMax-M3,
+# whose first build costs ~5 CPU-seconds (loading its modeling code) and ~7 for the whole file;
+# name one to re-check that it maps and counts as transformers builds it.
+NO_RECORD_REBUILT: tuple[str, ...] = ("mimo-v2-flash", "gemma-4-26b-a4b")
 
 
 @pytest.mark.parametrize("name", NO_RECORD_REBUILT)
@@ -226,3 +227,19 @@ def test_gemma4_moe_is_counted_as_transformers_builds_it(tmp_path: Path):
     census = payload["notes"][0]  # type: ignore[index]
     assert "every layer maps to moeplan's layer kinds by class and shape" in census, census
     assert census.endswith("as transformers does")
+
+
+def test_a_wrappers_text_keys_written_at_its_top_level_are_refused_by_name():
+    # A flat summary of Step-3.7-Flash's text stack under the wrapper's model_type step3p7
+    # (tests/support/hf_config_files/SOURCES.txt): Step3p7Config reads its text stack from
+    # text_config only, so transformers builds its defaults (every layer full attention, another
+    # vocabulary); import hf refuses, naming the keys the wrapper ignores, never that other model.
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    result = CliRunner().invoke(app, ["import", "hf", str(corpus_path("step-3.7-flash-summary")),
+                                      "--json"])
+    assert result.exit_code == 1, result.output
+    messages = [f["message"] for f in json.loads(result.output)["findings"]]
+    [stray] = [m for m in messages if "at its top level" in m]
+    assert "the file states vocab_size, max_position_embeddings, sliding_window, layer_types" in stray
+    assert "where Step3p7Config does not read them" in stray
