@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from tests.support.hf_corpus import NO_RECORD_COUNTS, TRANSFORMERS_COUNTS, corpus_path
+from tests.support.paths import EXAMPLES
 
 REBUILT = ("deepseek-v4-flash",)
 
@@ -112,6 +113,7 @@ def test_a_module_without_a_layer_kind_is_refused_by_class_and_layer(tmp_path: P
 # whose first build costs ~5 CPU-seconds (loading its modeling code) and ~7 for the whole file;
 # name one to re-check that it maps and counts as transformers builds it.
 NO_RECORD_REBUILT: tuple[str, ...] = ("mimo-v2-flash", "gemma-4-26b-a4b")
+NO_RECORD_EXAMPLES = {"mimo-v2-flash": "mimo-v2-flash-256", "gemma-4-26b-a4b": "gemma-4-26b-a4b-32"}
 
 
 @pytest.mark.parametrize("name", NO_RECORD_REBUILT)
@@ -120,9 +122,16 @@ def test_a_verbatim_file_without_a_record_is_mapped_and_counted_exactly(name: st
     pytest.importorskip("transformers")
     result = CliRunner().invoke(app, ["import", "hf", str(corpus_path(name)), "--json"])
     assert result.exit_code in (0, 1), result.output
-    census = json.loads(result.output)["notes"][0]
+    payload = json.loads(result.output)
+    census = payload["notes"][0]
     assert f"with {NO_RECORD_COUNTS[name]:,} parameters in its text stack" in census
     assert census.endswith(f"moeplan counts {NO_RECORD_COUNTS[name]:,}, as transformers does"), census
+    if name in NO_RECORD_EXAMPLES:  # the family's example is this file's import, field for field
+        from planner.config.loader import load_config
+        from planner.config.schema import ModelSection
+
+        example = load_config(EXAMPLES / "architectures" / f"{NO_RECORD_EXAMPLES[name]}.yaml")
+        assert ModelSection.model_validate(payload["config"]["model"]) == example.model
 
 
 def test_window_layers_with_their_own_query_heads_are_counted_as_transformers_builds_them(

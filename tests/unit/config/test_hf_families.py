@@ -323,7 +323,7 @@ def test_the_laguna_example_is_counted_as_transformers_builds_it():
 
 def test_the_mimo_v2_flash_example_is_counted_as_transformers_builds_it():
     """examples/architectures/mimo-v2-flash-256.yaml: transformers 5.25's MiMoV2FlashForCausalLM
-    from a file of MiMo-V2-Flash's published dimensions builds 308,778,768,832 parameters
+    from MiMo-V2-Flash's config.json (the corpus's stored copy) builds 308,778,768,832 parameters
     (`import hf`'s meta build, rebuilt small in tests/integration/transformers/): 39 sliding-window
     layers with 8 KV heads and sinks, 9 full ones with 4, values of 128 beside q/k heads of 192."""
     from planner.config.loader import load_config
@@ -372,7 +372,7 @@ def test_the_step_3_5_flash_example_is_counted_as_transformers_builds_it():
 
 def test_the_gemma_4_example_is_counted_as_transformers_builds_it():
     """examples/architectures/gemma-4-26b-a4b-32.yaml: transformers 5.25's
-    Gemma4ForConditionalGeneration from a file of Gemma-4 26B-A4B's published text dimensions
+    Gemma4ForConditionalGeneration from Gemma-4 26B-A4B's config.json (the corpus's stored copy)
     holds 25,233,141,760 parameters in its text stack (rebuilt small in
     tests/integration/transformers/): 25 sliding-window layers of head width 256 with 8 KV heads,
     5 full ones of 512 with 2 whose V is their K, a dense MLP beside 128 experts on every layer."""
