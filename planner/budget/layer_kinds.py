@@ -1094,7 +1094,12 @@ WINDOW_KV = LayerKind(
     "window_kv", FEATURE, "standard",
     "sliding-window layers with their own KV groups or head width (window_num_query_groups, "
     "window_kv_channels)", MIMO_SRC,
-    _standard(lambda m: m.window_num_query_groups is not None or m.window_kv_channels is not None),
+    # attention_k_eq_v takes the v rows from every block (K_EQ_V); a model with window layers gets
+    # them back here even without the window fields (groups_w, d_w, dv_w then the model's own),
+    # since only its full-attention layers' V is their K (Gemma4TextAttention: v_proj is None only
+    # where attention_k_eq_v and the layer is not sliding)
+    _standard(lambda m: m.window_num_query_groups is not None or m.window_kv_channels is not None
+              or (m.attention_k_eq_v and m.window_size is not None)),
     variations=(("sliding-window layers with their own KV groups or head width",
                  {"kinds": frozenset({"softmax", "window", "window_kv"}), "cp": False}),),
     count="L_window", model_count="L_model_window",

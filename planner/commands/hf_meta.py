@@ -10,6 +10,8 @@ never when the planner starts.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +86,33 @@ def _build(hf: Mapping[str, Any]) -> Any:
                          f"{type(config).__name__}")
     finally:
         transformers.logging.set_verbosity(verbosity)
+
+
+# special-token ids a wrapper's file may repeat at its top level for generation (Gemma-4's NVFP4
+# release states eos_token_id there): they shape no parameter
+_TOKEN_KEYS = ("token_id", "token_ids")
+
+
+def _declared(config: Any) -> set[str]:
+    """The keys a transformers config class reads: its dataclass fields (transformers 5), else its
+    constructor's parameters."""
+    if dataclasses.is_dataclass(config):
+        return {f.name for f in dataclasses.fields(config)}
+    return set(inspect.signature(type(config).__init__).parameters)
+
+
+def _stray_text_keys(hf: Mapping[str, Any], config: Any) -> list[str]:
+    """Keys a wrapper's file states at its top level that its own config class does not read but its
+    text config class does, holding there another value than the text stack transformers built:
+    a wrapper reads its text stack from text_config only, so such a file (a flat summary under a
+    wrapper's model_type) builds the text config's defaults, another model than the file says."""
+    text = config.get_text_config()
+    if text is config:
+        return []
+    own, read = _declared(config), _declared(text)
+    return [key for key, value in hf.items() if key not in own and key in read
+            and _kept(key, value) and not key.endswith(_TOKEN_KEYS)
+            and getattr(text, key, None) != value]
 
 
 def _missing_head(model: Any) -> int:
@@ -200,6 +229,14 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
                  "with it" if head else "") + ")")
     bridge = unrecorded_bridge_line(model_type)
     fix += f" ({bridge})" if model_type in UNRECORDED_BRIDGES else ""
+    stray = _stray_text_keys(hf, model.config)
+    if stray:
+        return MetaImport(findings=[_error(
+            where, f"{census}; the file states {', '.join(stray)} at its top level, where "
+            f"{type(model.config).__name__} does not read them (it reads its text stack from "
+            "text_config only), so transformers built its text config's defaults instead: "
+            "another model than the file says",
+            "nest those keys under text_config, as the model's published config.json does")])
     if not layers:
         return MetaImport(findings=[_error(where, f"{census}; no decoder layer list", fix)])
     try:

@@ -40,6 +40,21 @@ TRANSFORMERS_COUNTS: dict[str, int] = {
     "qwen3-vl-235b-a22b": 235_093_634_560,
     # Qwen3_5MoeForCausalLM (AutoModelForCausalLM builds the text stack only)
     "qwen3.5-397b-a17b": 396_346_350_336,
+    # held out (HELD_OUT below): measured after the records were written, no code changed for them
+    "glm-5": 743_911_199_232,  # GlmMoeDsaForCausalLM, GLM-5.1's network
+    # Qwen3_5MoeForConditionalGeneration: language model and lm_head (vision tower left out)
+    "qwen3.5-122b-a10b": 122_111_526_912,
+    "qwen3.5-122b-a10b-nvfp4": 122_111_526_912,
+    "qwen3.6-35b-a3b-nvfp4": 34_660_610_688,
+    "minimax-m2.5": 228_689_748_992,  # MiniMaxM2ForCausalLM (no MTP module built)
+    "minimax-m2.7": 228_689_748_992,
+    "nvidia-nemotron-3-ultra-550b-a55b": 549_308_968_960,  # NemotronHForCausalLM, latent MoE
+    "nvidia-nemotron-3.5-lightning-30b-a3b-nvfp4": 31_577_937_344,
+    "nvidia-nemotron-3-super-120b-a12b-fp8": 120_668_687_360,
+    # Kimi_K25ForConditionalGeneration: language model and lm_head (vision tower left out)
+    "kimi-k2.6-nvfp4": 1_026_408_209_408,
+    "kimi-k2.7-code-nvfp4": 1_026_408_209_408,
+    "deepseek-v3.2": 671_877_929_216,  # DeepseekV32ForCausalLM
 }
 
 # Files of the corpus whose model_type has no moeplan record: what transformers 5.25 builds of the
@@ -51,7 +66,43 @@ NO_RECORD_COUNTS: dict[str, int] = {
     # MiniMaxM3SparseForConditionalGeneration; + towers 865,567,232 + 57 x 128 routing biases (a
     # buffer in transformers) = the checkpoint's 427,040,140,160.
     "minimax-m3": 426_174_565_632,
+    # held out: MiMoV2FlashForCausalLM (its router correction biases are parameters there)
+    "mimo-v2-flash": 308_778_768_832,
+    # held out: Gemma4ForConditionalGeneration's text stack (towers 572,792,112 more)
+    "gemma-4-26b-a4b": 25_233_141_760,
+    "gemma-4-26b-a4b-nvfp4": 25_233_141_760,
 }
+
+# Held-out files moeplan refuses, with what transformers 5.25 builds of each and the config key the
+# refusal names (GLM-5.2 shares one layer's indexer top-k with the next layers: transformers builds
+# an indexer on its 'full' layers only).
+REFUSED: dict[str, tuple[int, str]] = {
+    "glm-5.2": (743_377_000_704, "indexer_types"),
+}
+
+# Activated parameters of transformers' build of each held-out file: every parameter less, per
+# routed expert block, the share of its experts a token does not reach (1 - top-k / experts), as
+# tests/support/hf_sweep.py transformers_counts measures them (transformers 5.25.0).
+HELD_OUT_ACTIVATED: dict[str, int] = {
+    "mimo-v2-flash": 15_445_924_288, "gemma-4-26b-a4b": 3_822_530_560,
+    "gemma-4-26b-a4b-nvfp4": 3_822_530_560, "glm-5": 41_784_709_632,
+    "qwen3.5-122b-a10b": 9_771_288_576, "qwen3.5-122b-a10b-nvfp4": 9_771_288_576,
+    "qwen3.6-35b-a3b-nvfp4": 3_454_988_928, "minimax-m2.5": 11_030_537_216,
+    "minimax-m2.7": 11_030_537_216, "nvidia-nemotron-3-ultra-550b-a55b": 56_058_818_560,
+    "nvidia-nemotron-3.5-lightning-30b-a3b-nvfp4": 3_580_073_408,
+    "nvidia-nemotron-3-super-120b-a12b-fp8": 12_770_216_960,
+    "kimi-k2.6-nvfp4": 32_861_477_888, "kimi-k2.7-code-nvfp4": 32_861_477_888,
+    "deepseek-v3.2": 38_403_807_488,
+}
+
+# The recent files added after the family records and the no-record path were written, no code
+# changed for them (tests/support/hf_config_files/SOURCES.txt): the set `import hf` is judged on.
+HELD_OUT: tuple[str, ...] = (
+    "mimo-v2-flash", "gemma-4-26b-a4b", "gemma-4-26b-a4b-nvfp4", "glm-5", "glm-5.2",
+    "qwen3.5-122b-a10b", "qwen3.5-122b-a10b-nvfp4", "qwen3.6-35b-a3b-nvfp4", "minimax-m2.5",
+    "minimax-m2.7", "nvidia-nemotron-3-ultra-550b-a55b", "nvidia-nemotron-3.5-lightning-30b-a3b-nvfp4",
+    "nvidia-nemotron-3-super-120b-a12b-fp8", "kimi-k2.6-nvfp4", "kimi-k2.7-code-nvfp4",
+    "deepseek-v3.2")
 
 
 def corpus_path(name: str) -> Path:

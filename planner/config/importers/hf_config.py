@@ -1006,8 +1006,11 @@ def _glm_moe_dsa(r: _Reader) -> dict[str, Any]:
     """GlmMoeDsaForCausalLM (GLM-5, GLM-5.1): GLM-4.7-Flash's DeepSeek-V3 stack with DSA, a
     lightning indexer on every layer (modeling_glm_moe_dsa.py GlmMoeDsaIndexer: wq_b from the q
     latent, wk, a LayerNorm'd key, weights_proj), as DeepSeek-V3.2's (Megatron --dsa-indexer-*).
-    An indexer that reuses another layer's picks (indexer_types other than 'full') has no Megatron
-    spelling and is refused."""
+    An indexer that reuses another layer's picks (indexer_types 'shared': GLM-5.2) is refused:
+    Megatron dev shares them with --dsa-indexer-topk-freq / --dsa-indexer-skip-topk-offset
+    (megatron/core/transformer/experimental_attention_variant/dsa.py is_dsa_skip_topk_layer:
+    no indexer on a skip layer), which moeplan does not price yet (its budget gives every DSA
+    layer an indexer)."""
     model = _glm4_moe_lite(r)
     model["dsa"] = True
     for key, default in _GLM_DSA_INDEXER.items():
@@ -1020,8 +1023,10 @@ def _glm_moe_dsa(r: _Reader) -> dict[str, Any]:
         kinds = r.hf.get(key)
         if kinds is not None and (not isinstance(kinds, list) or any(k not in allowed
                                                                      for k in kinds)):
-            r.unsupported(key, kinds, "Megatron's DSA gives every layer its own indexer ("
-                          + " or ".join(repr(a) for a in allowed) + " on every layer)")
+            r.unsupported(key, kinds, "moeplan prices DSA with an indexer on every layer ("
+                          + " or ".join(repr(a) for a in allowed) + " on every layer); Megatron "
+                          "dev's top-k sharing across layers (--dsa-indexer-topk-freq, "
+                          "--dsa-indexer-skip-topk-offset) is not modelled yet")
     return model
 
 

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from tests.support.hf_corpus import NO_RECORD_COUNTS, TRANSFORMERS_COUNTS, corpus_path
+from tests.support.paths import EXAMPLES
 
 REBUILT = ("deepseek-v4-flash",)
 
@@ -107,10 +108,12 @@ def test_a_module_without_a_layer_kind_is_refused_by_class_and_layer(tmp_path: P
         in census
 
 
-# The no-record corpus files (tests/support/hf_corpus.py NO_RECORD_COUNTS) rebuilt here: none by
-# default, since MiniMax-M3's first build costs ~5 CPU-seconds (loading its modeling code) and ~7
-# for the whole file; name one to re-check that it maps and counts as transformers builds it.
-NO_RECORD_REBUILT: tuple[str, ...] = ()
+# The no-record corpus files (tests/support/hf_corpus.py NO_RECORD_COUNTS) rebuilt here: the held-out
+# MiMo-V2-Flash and Gemma-4 files (under a CPU-second together once torch is loaded), not MiniMax-M3,
+# whose first build costs ~5 CPU-seconds (loading its modeling code) and ~7 for the whole file;
+# name one to re-check that it maps and counts as transformers builds it.
+NO_RECORD_REBUILT: tuple[str, ...] = ("mimo-v2-flash", "gemma-4-26b-a4b")
+NO_RECORD_EXAMPLES = {"mimo-v2-flash": "mimo-v2-flash-256", "gemma-4-26b-a4b": "gemma-4-26b-a4b-32"}
 
 
 @pytest.mark.parametrize("name", NO_RECORD_REBUILT)
@@ -119,9 +122,16 @@ def test_a_verbatim_file_without_a_record_is_mapped_and_counted_exactly(name: st
     pytest.importorskip("transformers")
     result = CliRunner().invoke(app, ["import", "hf", str(corpus_path(name)), "--json"])
     assert result.exit_code in (0, 1), result.output
-    census = json.loads(result.output)["notes"][0]
+    payload = json.loads(result.output)
+    census = payload["notes"][0]
     assert f"with {NO_RECORD_COUNTS[name]:,} parameters in its text stack" in census
     assert census.endswith(f"moeplan counts {NO_RECORD_COUNTS[name]:,}, as transformers does"), census
+    if name in NO_RECORD_EXAMPLES:  # the family's example is this file's import, field for field
+        from planner.config.loader import load_config
+        from planner.config.schema import ModelSection
+
+        example = load_config(EXAMPLES / "architectures" / f"{NO_RECORD_EXAMPLES[name]}.yaml")
+        assert ModelSection.model_validate(payload["config"]["model"]) == example.model
 
 
 def test_window_layers_with_their_own_query_heads_are_counted_as_transformers_builds_them(
@@ -226,3 +236,19 @@ def test_gemma4_moe_is_counted_as_transformers_builds_it(tmp_path: Path):
     census = payload["notes"][0]  # type: ignore[index]
     assert "every layer maps to moeplan's layer kinds by class and shape" in census, census
     assert census.endswith("as transformers does")
+
+
+def test_a_wrappers_text_keys_written_at_its_top_level_are_refused_by_name():
+    # A flat summary of Step-3.7-Flash's text stack under the wrapper's model_type step3p7
+    # (tests/support/hf_config_files/SOURCES.txt): Step3p7Config reads its text stack from
+    # text_config only, so transformers builds its defaults (every layer full attention, another
+    # vocabulary); import hf refuses, naming the keys the wrapper ignores, never that other model.
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    result = CliRunner().invoke(app, ["import", "hf", str(corpus_path("step-3.7-flash-summary")),
+                                      "--json"])
+    assert result.exit_code == 1, result.output
+    messages = [f["message"] for f in json.loads(result.output)["findings"]]
+    [stray] = [m for m in messages if "at its top level" in m]
+    assert "the file states vocab_size, max_position_embeddings, sliding_window, layer_types" in stray
+    assert "where Step3p7Config does not read them" in stray

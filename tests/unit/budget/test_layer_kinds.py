@@ -367,3 +367,22 @@ def test_block_sparse_layers_by_hand() -> None:
     assert refused.value.path == "model.index_sparse_layers"
     with pytest.raises(InvalidConfig, match="missing: index_block_size"):
         _tiny(index_sparse_layers=[0, 1], index_n_heads=2, index_head_dim=8, index_topk_blocks=2)
+
+
+def test_k_eq_v_without_window_fields_takes_v_from_full_layers_only() -> None:
+    """attention_k_eq_v in a hand-written config without the window layers' own KV fields: only the
+    full layer (1) has no v projection (Hugging Face Gemma4TextAttention: v_proj is None where
+    attention_k_eq_v and the layer is not sliding); the window layer (0) keeps its 64·1·16 = 1,024
+    v weights. Against the same model without it: 1,024 parameters and 2 · 1,024 projection FLOPs
+    per token fewer, not twice that."""
+    shape = {"window_size": [7, 0], "window_attn_skip_freq": 2, "num_query_groups": 1}
+    cfg = _tiny_cp1(**shape, attention_k_eq_v=True)
+    env, base = _values(cfg), _values(_tiny_cp1(**shape))
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] == -H * 1 * D == -1024
+    assert env["stage_attention_fwd_flops_per_token"] \
+        - base["stage_attention_fwd_flops_per_token"] == -2 * H * D
+    assert env["act_layers_per_microbatch"] == base["act_layers_per_microbatch"]
+    # every layer windowed: no full layer, so nothing is taken
+    windowed = {"window_size": [7, 0], "num_query_groups": 1}
+    assert _values(_tiny_cp1(**windowed, attention_k_eq_v=True))["dense_params_on_rank"] \
+        == _values(_tiny_cp1(**windowed))["dense_params_on_rank"]

@@ -297,3 +297,37 @@ def test_q_k_norms_after_rope_are_read_with_their_order():
                                                                  "softmax"))] * 2)
     _, _, warnings = model_section(read, _text(["full_attention"] * 2))
     assert any(w.startswith("the q/k norms run after RoPE") for w in warnings)
+
+
+def test_text_keys_a_wrapper_does_not_read_are_named_only_where_they_change_the_model():
+    """A wrapper's config class reads its text stack from text_config only (transformers'
+    Step3p7Config): a key its text config class reads, written at the file's top level with another
+    value than the built text stack holds, is named; one equal to it, a token id, one the wrapper
+    reads itself and the weights' quantisation are not. A config that is its own text config (a
+    causal LM's) names nothing."""
+    from dataclasses import dataclass, field
+
+    from planner.commands.hf_meta import _stray_text_keys
+
+    @dataclass
+    class Text:
+        vocab_size: int = 128_815
+        layer_types: list[str] = field(default_factory=lambda: ["full_attention"] * 2)
+        hidden_size: int = 4096
+        eos_token_id: int = 1
+
+    @dataclass
+    class Wrapper:
+        text_config: Text = field(default_factory=Text)
+        tie_word_embeddings: bool = False
+
+        def get_text_config(self) -> Text:
+            return self.text_config
+
+    hf = {"model_type": "step3p7", "vocab_size": 128_896, "hidden_size": 4096, "eos_token_id": 7,
+          "layer_types": ["full_attention", "sliding_attention"], "tie_word_embeddings": True,
+          "quantization_config": {"quant_method": "fp8"}}
+    assert _stray_text_keys(hf, Wrapper()) == ["vocab_size", "layer_types"]
+    text = Text()
+    text.get_text_config = lambda: text  # type: ignore[attr-defined]
+    assert _stray_text_keys(hf, text) == []
