@@ -60,8 +60,10 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("graph_router", "1 when CUDA graphs capture the MoE router (scope moe_router, moe)"),
     Symbol("graph_preprocess", "1 when CUDA graphs capture the MoE preprocessing (scope "
            "moe_preprocess, moe)"),
-    Symbol("graph_experts", "1 when CUDA graphs capture the MLP / experts and the dispatch (scope "
-           "mlp on dense blocks, moe on drop-and-pad MoE, or full_iteration)"),
+    Symbol("graph_experts", "1 when CUDA graphs capture a MoE layer's experts and dispatch (scope "
+           "moe, drop-and-pad MoE only; whole layers; or full_iteration)"),
+    Symbol("graph_dense", "1 when CUDA graphs capture the dense blocks' MLP (scope mlp, which "
+           "captures dense layers only; whole layers; or full_iteration)"),
     Symbol("graph_full", "1 under cuda_graph_impl full_iteration: the whole forward-backward of "
            "every microbatch is one graph, so per-microbatch host costs go too"),
     Symbol("gemm_half", "GEMM dimension reaching half the large-shape efficiency "
@@ -167,10 +169,10 @@ def hardware_values(cfg: Config) -> dict[str, Number]:
 # of a block each captures. An empty scope under local / transformer_engine captures whole layers.
 GRAPH_PARTS: dict[str, tuple[str, ...]] = {
     "attn": ("graph_attn",), "moe_router": ("graph_router",),
-    "moe_preprocess": ("graph_preprocess",), "mlp": ("graph_experts",),
+    "moe_preprocess": ("graph_preprocess",), "mlp": ("graph_dense",),
     "moe": ("graph_router", "graph_preprocess", "graph_experts"),
 }
-GRAPH_SYMBOLS = ("graph_attn", "graph_router", "graph_preprocess", "graph_experts")
+GRAPH_SYMBOLS = ("graph_attn", "graph_router", "graph_preprocess", "graph_experts", "graph_dense")
 
 
 def graph_capture(cfg: Config) -> dict[str, int]:
@@ -188,7 +190,7 @@ def graph_capture(cfg: Config) -> dict[str, int]:
         return dict.fromkeys(out, 1)
     if ov.cuda_graph_impl == "none":
         return out
-    scopes = [s for s in ov.cuda_graph_scope if s != "full"] or ["attn", "moe"]
+    scopes = [s for s in ov.cuda_graph_scope if s != "full"] or ["attn", "mlp", "moe"]
     for scope in scopes:
         for name in GRAPH_PARTS.get(scope, ()):
             out[name] = 1

@@ -495,7 +495,7 @@ def _fixed_costs(book: Book, v: Variant) -> None:
     uncaptured = ("blocks * time_launches_attention * (1 - graph_attn) + L_moe * ("
                   "time_launches_router * (1 - graph_router) + time_launches_preprocess"
                   " * (1 - graph_preprocess) + time_launches_experts * (1 - graph_experts))"
-                  " + L_dense * time_launches_dense * (1 - graph_experts)"
+                  " + L_dense * time_launches_dense * (1 - graph_dense)"
                   f" + (has_embedding * {EMBEDDING_LAUNCHES} + has_output * {OUTPUT_LAUNCHES})"
                   " * (1 - graph_full)")
     add("time_launches_fwd", uncaptured, "kernels", "time",

@@ -69,6 +69,11 @@ EXPLICIT: dict[str, tuple[str, Kind]] = {
     "--dsa-indexer-topk": ("model.index_topk", "int"),
     "--csa-compress-ratios": ("model.compress_ratios", "bracket_ints"),
     "--moe-layer-freq": ("model.moe_layer_freq", "moe_freq"),
+    # The per-layer capture regions: --cuda-graph-modules is Megatron dev's name, --cuda-graph-scope
+    # its deprecated spelling, still parsed into the same list (megatron/training/arguments.py
+    # _normalize_cuda_graph_modules_args); the emitter writes dev's name.
+    "--cuda-graph-modules": ("overlap.cuda_graph_scope", "strs"),
+    "--cuda-graph-scope": ("overlap.cuda_graph_scope", "strs"),
     # An int or a list expression, parsed as --moe-layer-freq is (megatron/training/arguments.py
     # moe_freq_type, no_rope_freq_type, la_freq_type); the window is "left,right" (tuple_type).
     "--window-attn-skip-freq": ("model.window_attn_skip_freq", "moe_freq"),
@@ -386,7 +391,7 @@ EMIT_ORDER: tuple[Emit | Hand, ...] = (
                         "--overlap-moe-expert-parallel-comm", "--moe-shared-expert-overlap",
                         "--delay-wgrad-compute", "--recompute-granularity", "--recompute-method",
                         "--recompute-num-layers", "--recompute-modules", "--cuda-graph-impl",
-                        "--cuda-graph-scope", "--tp-comm-overlap", "--fine-grained-activation-offloading")),
+                        "--cuda-graph-modules", "--tp-comm-overlap", "--fine-grained-activation-offloading")),
     Emit("--offload-modules", always=True, when=lambda c: c.overlap.fine_grained_activation_offloading),
     *(Emit(f, when=lambda c: c.overlap.fine_grained_activation_offloading)
       for f in ("--min-offloaded-tensor-size", "--delta-offload-bytes-across-pp-ranks",

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.hints import divisor_hint
-from planner.rules.sources import DDP, PARALLEL_STATE, TRANSFORMER_CONFIG, VALIDATE_ARGS
+from planner.rules.sources import DDP, PARALLEL_STATE, TRANSFORMER_CONFIG, VALIDATE_ARGS, dev
 
 _INSTANCES_16 = """
 parallel: {world_size: 16}
@@ -172,8 +172,28 @@ def fp8_param_gather_requirements(f: Facts) -> Iterator[Violation]:
                         "set training.use_distributed_optimizer: true")
 
 
+@rule(
+    "DOP009", "warning", "the step time prices Muon's update as Adam's",
+    source=dev("core/optimizer/emerging_optimizers.py", "TensorParallelMuon.orthogonalize"),
+    why="""Muon orthogonalises each weight matrix's momentum with num_ns_steps (5) Newton-Schulz
+    iterations, three matrix products each, before the update (newton_schulz_tp). The time page
+    counts the optimizer step's HBM traffic and Muon's TP gathers, but not those products nor
+    their kernel launches: for large matrices they are GEMM time, for a small model's many small
+    matrices host time, and both fall outside the estimate.""",
+    bad="training: {optimizer: muon, use_distributed_optimizer: true}",
+    good="training: {optimizer: adam, use_distributed_optimizer: true}",
+)
+def muon_update_is_not_timed(f: Facts) -> Iterator[Violation]:
+    if f.train.optimizer == "muon":
+        yield Violation("training.optimizer", "optimizer muon: the step-time estimate leaves out "
+                        "its Newton-Schulz iterations (num_ns_steps 5, three matrix products each, "
+                        "per weight matrix)",
+                        "read the estimate as a lower bound, or calibrate on a measured Muon run "
+                        "(`moeplan calibrate LOG`); ignore DOP009 to accept it")
+
+
 RULES = (
     instances_divide_dp_cp, instances_divide_edp, instances_need_distributed_optimizer,
     param_gather_overlap_requirements, per_token_loss_sums, torch_fsdp2_limits, muon_without_fsdp,
-    fp8_param_gather_requirements,
+    fp8_param_gather_requirements, muon_update_is_not_timed,
 )

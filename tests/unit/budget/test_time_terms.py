@@ -47,6 +47,20 @@ def test_cuda_graphs_lower_the_fixed_cost() -> None:
     assert full["time_fixed_s"] < router["time_fixed_s"] < none
 
 
+def test_the_mlp_graph_scope_captures_dense_blocks_only() -> None:
+    """Megatron-LM dev@d48bd6be megatron/core/transformer/enums.py CudaGraphModule: `mlp` captures
+    dense layers only, `moe` the drop-and-pad MoE layers; a dropless MoE layer's experts stay eager."""
+    from planner.budget.hardware import graph_capture
+    mixed = qwen(overlap={"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ["attn", "mlp"]})
+    assert graph_capture(mixed) == {"graph_attn": 1, "graph_router": 0, "graph_preprocess": 0,
+                                    "graph_experts": 0, "graph_dense": 1, "graph_full": 0}
+    attn_only = qwen(overlap={"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ["attn"]})
+    # every block of this model is MoE: the mlp scope removes none of its expert launches
+    assert env(mixed)["time_launches_fwd"] == env(attn_only)["time_launches_fwd"]
+    whole = qwen(overlap={"cuda_graph_impl": "transformer_engine"})
+    assert graph_capture(whole)["graph_dense"] == graph_capture(whole)["graph_experts"] == 1
+
+
 def test_a_skinny_expert_gemm_runs_below_a_square_one() -> None:
     square = env(qwen(parallel={"world_size": 16, "ep": 8, "etp": 1}))
     skinny = env(config({**QWEN, "moe_ffn_hidden_size": 96}, {"world_size": 16, "ep": 8, "etp": 1},

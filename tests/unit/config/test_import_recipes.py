@@ -55,6 +55,18 @@ def test_underscore_spellings_are_megatrons_arguments() -> None:
     assert result.get("launch.megatron_extra_args") == ["--not_an_argument", "1"]
 
 
+def test_cuda_graph_modules_is_the_scope() -> None:
+    """Megatron dev's --cuda-graph-modules and its deprecated --cuda-graph-scope fill one list
+    (megatron/training/arguments.py _normalize_cuda_graph_modules_args); the emitter writes dev's."""
+    for flag in ("--cuda-graph-modules", "--cuda-graph-scope"):
+        result, _ = import_text(MODEL + f" --cuda-graph-impl transformer_engine {flag} attn moe_router",
+                                world_size=8)
+        assert result.get("overlap.cuda_graph_scope") == ["attn", "moe_router"], flag
+    from planner.config.megatron_arguments import emit_steps
+    flags = {step.flag for step in emit_steps() if hasattr(step, "flag")}
+    assert "--cuda-graph-modules" in flags and "--cuda-graph-scope" not in flags
+
+
 def test_deprecated_cuda_graph_switches() -> None:
     result, _ = import_text(MODEL + " --external-cuda-graph", world_size=8)
     assert result.get("overlap.cuda_graph_impl") == "transformer_engine"
