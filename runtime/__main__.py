@@ -184,6 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         forced = required(plan.moe, "moe_router_force_load_balancing", "config.moe")
         balanced = args.balanced or bool(forced)
         preflight(plan, balanced)
+        learned = sorted(set(plan.moe_layers()) - set(plan.hash_layers()))
+        if args.check_reference and plan.training["precision"] != "fp32" and learned and not balanced:
+            raise PlanError(f"--check-reference at training.precision = "
+                            f"{plan.training['precision']!r} with learned routing (MoE layers "
+                            f"{learned}): bf16 rounding can flip a near-tied top-k choice between "
+                            "the ranks and the reference, a different model rather than a rounding "
+                            "error; add --balanced (forced balanced routing) to check it")
         tp = int(plan.layout["tp"])
         if tp > 1 and (args.load is not None or args.save is not None):
             raise PlanError(f"--load/--save with layout.tp = {tp}: the checkpoint addresses dense "
