@@ -131,6 +131,10 @@ class MainParams:
         self.params, self.grads = params, grads
         self.mains = [p if p.dtype == torch.float32 else
                       torch.nn.Parameter(p.detach().float().clone()) for p in params]
+        self._by_param = {id(p): main for p, main in zip(params, self.mains, strict=True)}
+
+    def main_of(self, param: torch.nn.Parameter) -> torch.Tensor:
+        return self._by_param[id(param)]
 
     def leaves(self) -> list[tuple[torch.Tensor, int]]:
         """(main param, the ndim of the parameter it holds), for `dist_opt.adamw`."""
