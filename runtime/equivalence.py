@@ -54,13 +54,17 @@ def tolerance_for(precision: Precision) -> float:
     return TOLERANCE if not precision.mixed else BF16_TOLERANCE
 
 
-# dtypes numpy holds exactly (fp32 runs and main grads; ids, counts and indices are int64; bf16
-# weights go through torch's own reduction)
+# dtypes numpy holds exactly (fp32 runs and main grads; ids, counts and indices are int64); bf16,
+# which numpy lacks, travels as its int16 bits
 _ARRAY_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.bool})
 
 
 def _tensor_of(array: Any) -> torch.Tensor:
     return torch.from_numpy(array)
+
+
+def _bf16_of(array: Any) -> torch.Tensor:
+    return torch.from_numpy(array).view(torch.bfloat16)
 
 
 class _ArrayPickler(pickle.Pickler):
@@ -72,6 +76,9 @@ class _ArrayPickler(pickle.Pickler):
         if (isinstance(obj, torch.Tensor) and obj.dtype in _ARRAY_DTYPES
                 and obj.device.type == "cpu" and obj.layout == torch.strided):
             return _tensor_of, (obj.detach().numpy(),)
+        if (isinstance(obj, torch.Tensor) and obj.dtype == torch.bfloat16
+                and obj.device.type == "cpu" and obj.layout == torch.strided):
+            return _bf16_of, (obj.detach().contiguous().view(torch.int16).numpy(),)  # its bits
         return NotImplemented
 
 

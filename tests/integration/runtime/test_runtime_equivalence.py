@@ -2,7 +2,7 @@
 
 Real ranks: torch.multiprocessing spawn, gloo, fp32 (two cases at bf16, below). Each case is a
 small YAML config compiled by the planner (`compile_plan`), so groups and expert ownership come
-from the plan as in production. On every case the runtime trains 3 optimizer steps (a deliberately
+from the plan as in production. On every case the runtime trains 2 optimizer steps (a deliberately
 wrong one, 1) of m = 2 microbatches and compares, within 1e-5 relative (bf16: 2^-4): every
 microbatch loss, every MoE layer output, every parameter gradient after the dp_cp / expt_dp
 reduction at every step, and every weight and expert bias after the last step. Under TP each rank
@@ -24,7 +24,7 @@ word embedding is V·h·4 = 128·32·4 = 16384 bytes.
 Recompute runs in the same launch: ranks really re-run the forward in backward, the ledger records
 the re-run collectives under `recompute`, `moeplan verify` finds them equal to the plan's
 `step.<collective>.recompute.*`, and the model still equals the single-process reference (the
-report holds the last of the 3 steps; tiny dims S = 16, b = 1, h = 32, k = 2, E = 8, fp32,
+report holds the last of the 2 steps; tiny dims S = 16, b = 1, h = 32, k = 2, E = 8, fp32,
 seq_aux_loss).
 Hand-derived figures:
 
@@ -267,8 +267,8 @@ def test_runtime_matches_reference(verdicts: dict[str, Any], name: str) -> None:
     assert reference["mismatches"] == []
     assert reference["ok"] and verdict["code"] == 0
     assert reference["max_rel_error"] <= TOLERANCE
-    # losses, MoE outputs, gradients and final state, for every rank: hundreds of tensors
-    assert reference["tensors_checked"] >= 100 * verdict["world_size"]
+    # losses, MoE outputs, gradients and final state, for every rank: about a hundred each
+    assert reference["tensors_checked"] >= 90 * verdict["world_size"]
 
 
 def test_wrong_expert_grad_group_is_caught(verdicts: dict[str, Any]) -> None:
@@ -384,7 +384,8 @@ def test_nemotron_3_nano_runs_at_its_tp2_layout(tp_runs: dict[str, Any]) -> None
     assert plan["config"]["model"]["mamba_layers"] == [1, 1, 1, 0]
     reference = verdict["reference"]
     assert reference["ok"] and verdict["code"] == 0 and reference["mismatches"] == []
-    assert reference["max_rel_error"] <= TOLERANCE and reference["tensors_checked"] >= 900
+    assert reference["max_rel_error"] <= TOLERANCE
+    assert reference["tensors_checked"] == NANO_TENSORS
     for share in verdict["ranks"]:
         sent = {key: int(entry["send_bytes"]) for key, entry in share["collectives"].items()}
         received = {key: int(entry["recv_bytes"]) for key, entry in share["collectives"].items()}
@@ -415,7 +416,7 @@ def test_nemotron_3_nano_runs_at_its_own_bf16(tp_runs: dict[str, Any]) -> None:
     assert reference["ok"] and verdict["code"] == 0 and reference["mismatches"] == []
     assert reference["tolerance"] == BF16_TOLERANCE == 2.0 ** -4
     assert TOLERANCE < reference["max_rel_error"] <= BF16_TOLERANCE  # bf16 really rounds
-    assert reference["tensors_checked"] >= 900
+    assert reference["tensors_checked"] == NANO_TENSORS
     for share in verdict["ranks"]:
         sent = {key: int(entry["send_bytes"]) for key, entry in share["collectives"].items()}
         received = {key: int(entry["recv_bytes"]) for key, entry in share["collectives"].items()}
@@ -447,6 +448,12 @@ def test_the_bf16_tolerance_still_catches_a_wrong_runtime(verdicts: dict[str, An
     assert not {"step 0 gradient head", "step 0 gradient layers.1.attention.wq"} & wrong
     assert min(m["rel_error"] for m in reference["mismatches"]) > BF16_TOLERANCE
 
+
+# What each of Nano's 4 ranks compares: its 53 parameters (embedding, head and final norm; 3 Mamba
+# mixers of 8; 4 input and 3 FFN norms; attention's 4 projections; 3 MoE layers of router, w1, w2
+# and the shared expert's w1, w2), per step 2 microbatch losses, 3 MoE layers x 2 outputs and the
+# 53 gradients, then the 53 weights and 3 expert biases after the last step.
+NANO_TENSORS = 4 * (STEPS * (2 + 3 * 2 + 53) + 53 + 3)
 
 # Nano's buffers on one rank (TP 2, fp32 main grads). Dense: the vocab-parallel embedding and output layer
 # 2 · (256 padded rows / 2) · 32 = 8192; three Mamba-2 mixers of in_proj 32 · (2·64 + 2·2·8 + 4)/2
