@@ -59,7 +59,7 @@ def test_one_rank_plan_runs_without_torchrun(tmp_path: Path) -> None:
         (lambda d: d["layout"].update(pp=2), True, "no stage 1 in 'stages'"),
         (lambda d: d["layout"].update(tp=2), True, "MoE layers and parallel.sequence_parallel "
          "false"),
-        (lambda d: d["config"]["training"].update(precision="bf16"), True, "fp32"),
+        (lambda d: d["config"]["training"].update(precision="fp16"), True, "dynamic loss scaler"),
         (lambda d: d["config"]["model"].update(mtp_num_layers=1), True, "MTP"),
         (lambda d: d["groups"].pop("expt_dp"), True, "'expt_dp'"),
         (lambda d: d["config"]["moe"].update(moe_tid2eid_source="ckpt/tid2eid.pt"), True,
