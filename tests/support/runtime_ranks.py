@@ -49,7 +49,10 @@ BASE: dict[str, Any] = {
 def merged(overrides: dict[str, Any]) -> dict[str, Any]:
     config = copy.deepcopy(BASE)
     for section, values in overrides.items():
-        config.setdefault(section, {}).update(values)
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(values)
+        else:  # a list section: `ignore`
+            config[section] = values
     return config
 
 
