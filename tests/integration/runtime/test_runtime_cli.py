@@ -133,5 +133,11 @@ def test_launch_problems_are_explained(tmp_path: Path, capsys: pytest.CaptureFix
     capsys.readouterr()
     assert main(["--plan", str(balanced), "--balanced"]) == 2
     assert "divide" in capsys.readouterr().err and not dist.is_initialized()
+    # a bf16 reference check with learned routing: a rounding can flip a near-tied top-k choice
+    bf16 = small(tmp_path, "bf16", training={"precision": "bf16"})
+    assert main(["--plan", str(bf16), "--check-reference"]) == 2
+    said = capsys.readouterr().err
+    assert "training.precision = 'bf16'" in said and "add --balanced" in said
+    assert not dist.is_initialized()
     usage = runtime("--plan", str(plan), "--steps", "0")
     assert usage.returncode == 2 and "--steps" in usage.stderr
