@@ -123,20 +123,17 @@ def execute(plan: Any, options: Any, check: bool, report_path: Path | None,
     groups = build_groups(plan)
     note_phase("model")
     trainer = RankTrainer(plan, groups, options)
-    expert_ids = plan.expert_ownership(trainer.rank).ids
     if load is not None:
         from runtime.checkpoint import load_checkpoint
 
         note_phase("load")
-        trainer.start_step = load_checkpoint(load, plan, trainer.model, trainer.optimizer,
-                                             expert_ids)
+        trainer.start_step = load_checkpoint(load, plan, trainer)
     result = trainer.run()
     if save is not None:
         from runtime.checkpoint import save_checkpoint
 
         note_phase("save")
-        save_checkpoint(save, plan, trainer.model, trainer.optimizer, expert_ids,
-                        trainer.start_step + options.steps)
+        save_checkpoint(save, plan, trainer, trainer.start_step + options.steps)
         if dist.get_rank() == 0:
             print(f"saved {save} after step {trainer.start_step + options.steps}", flush=True)
     note_phase("reference")
@@ -184,16 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         forced = required(plan.moe, "moe_router_force_load_balancing", "config.moe")
         balanced = args.balanced or bool(forced)
         preflight(plan, balanced)
-        tp = int(plan.layout["tp"])
-        if tp > 1 and (args.load is not None or args.save is not None):
-            raise PlanError(f"--load/--save with layout.tp = {tp}: the checkpoint addresses dense "
-                            "weights whole, and their TP shards are not mapped to it yet; run "
-                            "without a checkpoint or with tp = 1")
-        if plan.training["use_distributed_optimizer"] and (args.load is not None
-                                                           or args.save is not None):
-            raise PlanError("--load/--save with training.use_distributed_optimizer: the "
-                            "checkpoint keeps AdamW's state per whole parameter, not per "
-                            "optimizer shard; run without a checkpoint or set it to false")
+        learned = sorted(set(plan.moe_layers()) - set(plan.hash_layers()))
+        if args.check_reference and plan.training["precision"] != "fp32" and learned and not balanced:
+            raise PlanError(f"--check-reference at training.precision = "
+                            f"{plan.training['precision']!r} with learned routing (MoE layers "
+                            f"{learned}): bf16 rounding can flip a near-tied top-k choice between "
+                            "the ranks and the reference, a different model rather than a rounding "
+                            "error; add --balanced (forced balanced routing) to check it")
     except (PlanError, MoEConfigError) as exc:
         if rederivation is not None:
             rederivation.cancel()

@@ -10,6 +10,11 @@ AdamW keeps state for that shard only (`ShardedBuffer.shards`: one leaf tensor p
 parameter that falls in the shard, in the parameter's weight-decay group) and steps it; the
 updated shards are all-gathered back into every replica's parameters. AdamW is elementwise, so
 this is the whole-tensor update on every element, which the reference check proves.
+
+Under bf16 (runtime/precision.py) the buffer holds the main grads in the plan's gradient dtype
+and is reduce-scattered in it; the shard's leaves are the fp32 main params, and the updated shard
+is cast to bf16 before the all-gather, which moves the weights' bytes (DistributedOptimizer's
+model_param_buffer gather).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import torch
 
 from runtime.comm import CommGroup, Ledger, _all_gather_raw, _record, _reduce_scatter_raw
+from runtime.precision import MainGrads
 
 BUCKET_ALIGN = 128  # elements (param_layout.py)
 
@@ -39,8 +45,11 @@ class ShardedBuffer:
     """One parameter class's flat grad/param buffer and this rank's shard of it."""
 
     def __init__(self, params: list[torch.nn.Parameter], group: CommGroup, ledger: Ledger,
-                 grad_name: str, gather_name: str) -> None:
+                 grad_name: str, gather_name: str, grads: MainGrads,
+                 grad_dtype: torch.dtype = torch.float32) -> None:
         self.params, self.group, self.ledger = params, group, ledger
+        self.grads, self.grad_dtype = grads, grad_dtype
+        self.param_dtype = params[0].dtype if params else torch.float32
         self.grad_name, self.gather_name = grad_name, gather_name
         self.numel = sum(p.numel() for p in params)
         pad = math.lcm(group.size, BUCKET_ALIGN)
@@ -55,14 +64,13 @@ class ShardedBuffer:
                 self.pieces.append(Piece(p, low - offset, high - offset, low - first))
             offset += p.numel()
         self.shards = [torch.nn.Parameter(piece.param.detach().reshape(-1)[piece.start:piece.stop]
-                                          .clone()) for piece in self.pieces]
+                                          .float().clone()) for piece in self.pieces]
 
     def flat_grads(self) -> torch.Tensor:
-        flat = torch.zeros(self.padded, dtype=torch.float32, device=self._device())
+        flat = torch.zeros(self.padded, dtype=self.grad_dtype, device=self._device())
         offset = 0
         for p in self.params:
-            if p.grad is not None:
-                flat[offset:offset + p.numel()] = p.grad.reshape(-1)
+            flat[offset:offset + p.numel()] = self.grads.grad(p).reshape(-1)
             offset += p.numel()
         return flat
 
@@ -75,14 +83,16 @@ class ShardedBuffer:
         flat = self.flat_grads().mul_(factor)
         if self.group.active:
             shard = _reduce_scatter_raw(flat, self.group, [self.shard] * self.group.size)
-            _record(self.ledger, self.grad_name, "fwd", self.group, flat.numel() * 4,
-                    flat.numel() * 4, shard.numel() * 4)
+            width = flat.element_size()
+            _record(self.ledger, self.grad_name, "fwd", self.group, flat.numel() * width,
+                    flat.numel() * width, shard.numel() * width)
             if average:
                 shard = shard / self.group.size
         else:
             shard = flat
         for piece, leaf in zip(self.pieces, self.shards, strict=True):
-            leaf.grad = shard[piece.offset:piece.offset + piece.stop - piece.start].clone()
+            leaf.grad = shard[piece.offset:piece.offset + piece.stop - piece.start].to(
+                torch.float32, copy=True)
         return shard
 
     def scale_grads(self, factor: float) -> None:
@@ -99,13 +109,14 @@ class ShardedBuffer:
 
     def gather_params(self) -> None:
         """All-gather the updated shards into every replica's parameters."""
-        shard = torch.zeros(self.shard, dtype=torch.float32, device=self._device())
+        shard = torch.zeros(self.shard, dtype=self.param_dtype, device=self._device())
         for piece, leaf in zip(self.pieces, self.shards, strict=True):
             shard[piece.offset:piece.offset + piece.stop - piece.start] = leaf.detach()
         if self.group.active:
             full = _all_gather_raw(shard, self.group, [self.shard] * self.group.size)
-            _record(self.ledger, self.gather_name, "fwd", self.group, shard.numel() * 4,
-                    shard.numel() * 4, full.numel() * 4)
+            width = shard.element_size()
+            _record(self.ledger, self.gather_name, "fwd", self.group, shard.numel() * width,
+                    shard.numel() * width, full.numel() * width)
         else:
             full = shard
         self._scatter_into(full, grads=False)
@@ -116,7 +127,7 @@ class ShardedBuffer:
             for p in self.params:
                 values = full[offset:offset + p.numel()].view_as(p)
                 if grads:
-                    p.grad = values.clone()
+                    self.grads.of(p).grad = values.clone()
                 else:
                     p.copy_(values)
                 offset += p.numel()

@@ -13,6 +13,18 @@ positions, its experts and ETP shard (`MoELayer.local_view`), its TP shard of th
 
 The error of a tensor is max|actual − expected| / max|expected| (0 when both are zero); for a TP
 shard of a dense weight the denominator is the whole logical tensor's max (`split_over_tp`).
+
+Tolerances (`tolerance_for`): fp32 1e-5, where the layouts differ only in the order of fp32 sums.
+Under bf16 the reference is the same model at the same precision (bf16 weights and compute, fp32
+main grads and main params, runtime/precision.py), but the two runs round at different points:
+a TP rank rounds its partial GEMM output to bf16 before the sum over TP, an SP or CP rank its
+share of the rows, the reference each whole product once. Each such rounding moves a value by up
+to half a bf16 ulp, u = 2^-8 of it, and a layer's forward and backward chain a few of them, so a
+gradient element can differ by a small multiple of u of its tensor's largest value; the bf16
+tolerance is 16·u = 2^-4. Routing is discrete: one rounding can flip a near-tied top-k choice,
+which makes a different model rather than a rounding error, so a bf16 check runs with forced
+balanced routing (the choices fixed, the weights still the scores': `__main__` refuses it
+otherwise).
 """
 
 from __future__ import annotations
@@ -28,18 +40,31 @@ import torch.distributed as dist
 
 from runtime.model import ffn_parameter, tensor_parallel_split
 from runtime.plan_io import Plan
+from runtime.precision import Precision
 from runtime.reference import ReferenceModel, ReferenceResult
 from runtime.train import RankResult, RankTrainer, RunOptions
 
 TOLERANCE = 1e-5
+BF16_UNIT_ROUNDOFF = 2.0 ** -8
+BF16_TOLERANCE = 16 * BF16_UNIT_ROUNDOFF
 
 
-# dtypes numpy holds exactly (the runtime trains in fp32; ids, counts and indices are int64)
+def tolerance_for(precision: Precision) -> float:
+    """The comparison's relative tolerance at the run's precision (see the module docstring)."""
+    return TOLERANCE if not precision.mixed else BF16_TOLERANCE
+
+
+# dtypes numpy holds exactly (fp32 runs and main grads; ids, counts and indices are int64); bf16,
+# which numpy lacks, travels as its int16 bits
 _ARRAY_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.bool})
 
 
 def _tensor_of(array: Any) -> torch.Tensor:
     return torch.from_numpy(array)
+
+
+def _bf16_of(array: Any) -> torch.Tensor:
+    return torch.from_numpy(array).view(torch.bfloat16)
 
 
 class _ArrayPickler(pickle.Pickler):
@@ -51,6 +76,9 @@ class _ArrayPickler(pickle.Pickler):
         if (isinstance(obj, torch.Tensor) and obj.dtype in _ARRAY_DTYPES
                 and obj.device.type == "cpu" and obj.layout == torch.strided):
             return _tensor_of, (obj.detach().numpy(),)
+        if (isinstance(obj, torch.Tensor) and obj.dtype == torch.bfloat16
+                and obj.device.type == "cpu" and obj.layout == torch.strided):
+            return _bf16_of, (obj.detach().contiguous().view(torch.int16).numpy(),)  # its bits
         return NotImplemented
 
 
@@ -183,13 +211,13 @@ def assemble_gradients(shapes: dict[str, tuple[int, ...]], shares: list[Any],
         full = {name: torch.zeros(shape) for name, shape in shapes.items()}
         for index, grads in shares:
             for name, positions in index.items():
-                full[name].view(-1)[positions] = grads[step][name].reshape(-1)
+                full[name].view(-1)[positions] = grads[step][name].reshape(-1).float()
         assembled.append(full)
     return assembled
 
 
 def check_reference(plan: Plan, trainer: RankTrainer, result: RankResult, options: RunOptions,
-                    tolerance: float = TOLERANCE) -> dict[str, Any]:
+                    tolerance: float | None = None) -> dict[str, Any]:
     """Collective over the world: the report's `reference` block, identical on every rank.
 
     The reference records its own gradients for the comparison, then lets AdamW step on the
@@ -201,6 +229,7 @@ def check_reference(plan: Plan, trainer: RankTrainer, result: RankResult, option
     gradient is still compared at fp32 precision, and the final weights check the optimizer
     (hyper-parameters, weight-decay groups, shards) and the expert-bias updates.
     """
+    tolerance = tolerance_for(trainer.precision) if tolerance is None else tolerance
     rank, world = dist.get_rank(), dist.get_world_size()
     reference = ReferenceModel(plan, trainer.seed, options.balanced) if rank == 0 else None
     shapes: list[Any] = [reference.parameter_shapes() if reference is not None else None]

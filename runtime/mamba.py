@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from runtime.init import init_tensor
 from runtime.plan_io import required
+from runtime.precision import widened
 from runtime.tensor_parallel import TensorParallel
 
 # MambaMixer.__init__'s defaults, which Megatron's hybrid layer specs keep (they pass none of them):
@@ -149,17 +150,20 @@ class MambaMixer(torch.nn.Module):
                         padding=D_CONV - 1, groups=spec.conv_channels)[..., :s]
         xbc = F.silu(conv).permute(2, 0, 1)  # [s, b, channels]
         xs, B, C = torch.split(xbc, [inner, bc, bc], dim=-1)
-        xs = xs.reshape(s, b, spec.heads, spec.head_dim)
+        # The scan and the gated norm run in fp32 whatever the weights' dtype, as the fused
+        # kernels do (mamba_chunk_scan_combined, RMSNormGated); `widened` keeps fp32 and float64.
+        xs = widened(xs.reshape(s, b, spec.heads, spec.head_dim))
         repeat = spec.heads // spec.groups  # head h reads group h // (heads / groups)
-        B = B.reshape(s, b, spec.groups, spec.state_dim).repeat_interleave(repeat, dim=2)
-        C = C.reshape(s, b, spec.groups, spec.state_dim).repeat_interleave(repeat, dim=2)
-        dt = F.softplus(dt + self.dt_bias)  # [s, b, heads]
-        decay = torch.exp(dt * -torch.exp(self.A_log))
-        y = selective_scan(xs, B, C, dt, decay) + self.D[:, None] * xs
-        gated = y.reshape(s, b, inner) * F.silu(z)
+        B = widened(B.reshape(s, b, spec.groups, spec.state_dim).repeat_interleave(repeat, dim=2))
+        C = widened(C.reshape(s, b, spec.groups, spec.state_dim).repeat_interleave(repeat, dim=2))
+        dt = F.softplus(widened(dt) + widened(self.dt_bias))  # [s, b, heads]
+        decay = torch.exp(dt * -torch.exp(widened(self.A_log)))
+        y = selective_scan(xs, B, C, dt, decay) + widened(self.D)[:, None] * xs
+        gated = y.reshape(s, b, inner) * F.silu(widened(z))
         grouped = gated.reshape(s, b, spec.groups, inner // spec.groups)
         normed = grouped * torch.rsqrt(grouped.pow(2).mean(dim=-1, keepdim=True) + GATED_NORM_EPS)
-        return self.tp.row_output((normed.reshape(s, b, inner) * self.norm_weight) @ self.out_proj)
+        out = (normed.reshape(s, b, inner) * widened(self.norm_weight)).to(x.dtype)
+        return self.tp.row_output(out @ self.out_proj)
 
 
 def selective_scan(x: torch.Tensor, B: torch.Tensor, C: torch.Tensor, dt: torch.Tensor,

@@ -31,6 +31,7 @@ from runtime.activation import MLPActivation
 from runtime.comm import CommGroup, Ledger, all_gather_v
 from runtime.init import DEFAULT_INIT_STD, init_tensor
 from runtime.plan_io import flagged_layers, required
+from runtime.precision import widened
 from runtime.recompute import NO_RECOMPUTE, run_blocks
 from runtime.tensor_parallel import TensorParallel, vocab_parallel_embedding
 
@@ -194,7 +195,10 @@ class RMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(size, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight
+        """In fp32 inside, the input's dtype out (Transformer Engine's RMSNorm under bf16)."""
+        wide = widened(x)
+        out = wide * torch.rsqrt(wide.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (out * widened(self.weight)).to(x.dtype)
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:

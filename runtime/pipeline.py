@@ -221,7 +221,7 @@ class PipelineRunner:
                  token_ids: Callable[[int, int], torch.Tensor], local_positions: torch.Tensor,
                  gathered_positions: torch.Tensor, ledger: Ledger, meter: Any,
                  mtp_targets: Callable[[int, int], MTPTargets], mtp_loss_of: MTPLossOf,
-                 tp: TensorParallel | None = None) -> None:
+                 tp: TensorParallel | None = None, dtype: torch.dtype = torch.float32) -> None:
         # torch.distributed.pipelining pulls in torch.export, dynamo and DTensor: about 2.5 CPU
         # seconds that every rank of a PP = 1 job would pay at start for nothing.
         from torch.distributed.pipelining import (
@@ -250,11 +250,12 @@ class PipelineRunner:
             # receiving stage's buffers join autograd and the gradients travel back. Under TP a
             # message is this rank's sequence share (SP) and the logits its vocabulary columns.
             hidden = torch.zeros(rows // (tp.size if tp.sp else 1), micro_batch_size,
-                                 hidden_size, device=device, requires_grad=True)
+                                 hidden_size, device=device, dtype=dtype, requires_grad=True)
             inputs = (torch.zeros(micro_batch_size, rows, dtype=torch.long, device=device)
                       if chunk_module.first else hidden)
             outputs = (torch.zeros(rows, micro_batch_size, vocab_size // tp.size, device=device,
-                                   requires_grad=True) if chunk_module.last else hidden)
+                                   dtype=dtype, requires_grad=True)
+                       if chunk_module.last else hidden)
             pipeline_stage = PipelineStage(chunk_module, index, total, device,
                                            input_args=inputs, output_args=outputs,
                                            group=pp_group)

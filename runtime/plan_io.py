@@ -411,8 +411,12 @@ def unsupported_features(plan: Plan) -> list[str]:
     refuse(bool(model("moe_router_pre_softmax")),
            "model.moe_router_pre_softmax: pre-softmax top-k is not implemented")
     precision = training("precision")
-    refuse(precision != "fp32", f"training.precision = {precision!r}: the runtime computes in fp32 "
-           "(the reference check is fp32); set training.precision: fp32")
+    refuse(precision not in ("fp32", "bf16"), f"training.precision = {precision!r}: fp16 needs "
+           "Megatron's dynamic loss scaler, which the runtime does not implement; use bf16 or fp32")
+    states = [key for key in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+              if plan.training.get(key, "fp32") != "fp32"]  # older plans: fp32
+    refuse(bool(states), f"training.{states[0] if states else ''}: the runtime keeps main params "
+           "and AdamW's moments in fp32; leave the precision-aware optimizer's state dtypes fp32")
     refuse(bool(training("fp8")) or bool(training("fp4")),
            "training.fp8/fp4: low-precision GEMMs are not implemented")
     refuse(bool(training("calculate_per_token_loss")) and bool(

@@ -30,6 +30,7 @@ from runtime.model import (
     token_losses,
 )
 from runtime.plan_io import Plan, required
+from runtime.precision import MainGrads, MainParams, Precision, cast_parameters
 from runtime.reference_moe import ReferenceMoE, reference_moe
 from runtime.router import MoESettings
 from runtime.train import batch_layout, build_tid2eid, make_optimizer, named_state
@@ -124,7 +125,12 @@ class ReferenceModel:
 
         self.model = Decoder(spec, seed, torch.float32, CommGroup("cp", None), None, moe_factory)
         self.model.record_moe_outputs = True
-        self.optimizer = make_optimizer(self.model, plan.training)
+        # the ranks' precision: bf16 weights and compute, main grads and fp32 main params
+        precision = Precision.of(plan)
+        cast_parameters(self.model, precision.params)
+        self.main_grads = MainGrads(self.model.parameters(), precision.grads)
+        self.mains = MainParams(list(self.model.parameters()), self.main_grads)
+        self.optimizer = make_optimizer(self.mains, plan.training)
         self.positions = torch.arange(self.batches.seq_length)
 
     def step(self, step: int, optimizer_grads: dict[str, torch.Tensor] | None = None
@@ -133,6 +139,8 @@ class ReferenceModel:
         own gradients for the AdamW update only (after they were recorded for comparison)."""
         record = ReferenceStep()
         self.optimizer.zero_grad(set_to_none=False)
+        self.model.zero_grad(set_to_none=False)
+        self.main_grads.zero()
         m, dp = self.batches.microbatches, self.batches.dp_size
         for microbatch in range(m):
             for dp_rank in range(dp):
@@ -152,18 +160,19 @@ class ReferenceModel:
                 (objective / (m * dp)).backward()
                 record.token_losses[dp_rank, microbatch] = losses.detach()
                 record.moe_outputs[dp_rank, microbatch] = dict(self.model.moe_outputs)
-        for p in self.model.parameters():
-            if p.grad is None:  # as the ranks' reduction does, so AdamW treats both alike
-                p.grad = torch.zeros_like(p)
-        record.grads = {name: p.grad.detach().clone()
+        # main_grads.grad: a zero grad where none arrived, as the ranks' reduction leaves it, so
+        # AdamW treats both alike
+        record.grads = {name: self.main_grads.grad(p).detach().clone()
                         for name, p in self.model.named_parameters()}
         if optimizer_grads is not None:
             for name, p in self.model.named_parameters():
-                p.grad.copy_(optimizer_grads[name])
+                self.main_grads.grad(p).copy_(optimizer_grads[name])
         for layer in self.model.decoder_layers():
             if layer.is_moe:
                 layer.ffn.finish_step()
+        self.mains.load_grads()
         self.optimizer.step()
+        self.mains.store()
         return record
 
     def _mtp_objective(self, logits: list[torch.Tensor], targets: MTPTargets) -> torch.Tensor:

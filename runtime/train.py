@@ -29,7 +29,9 @@ plan's (`budgets`: grad_scale_sum_* / grad_scale_avg_* / grad_scale_per_token, r
   adds no factor: a TP-split weight's grad is whole on its rank, and under sequence parallelism
   a weight every TP rank holds saw only its rows and is summed over TP;
 * with the distributed optimizer the same pre-scaled buffers are reduce-scattered instead of
-  all-reduced (runtime/dist_opt.py).
+  all-reduced (runtime/dist_opt.py);
+* under bf16 every reduction above moves the main grads (runtime/precision.py), in the plan's
+  gradient dtype, and the optimizer steps fp32 main params.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from runtime.model import (
 from runtime.moe_layer import MoELayer
 from runtime.pipeline import PipelineRunner, StageModel
 from runtime.plan_io import GradScales, Plan, required
+from runtime.precision import MainGrads, MainParams, Precision, cast_parameters
 from runtime.recompute import RecomputePolicy, checkpoint_forwards
 from runtime.tensor_parallel import TensorParallel, vocab_parallel_token_losses
 
@@ -140,9 +143,9 @@ def build_tid2eid(seed: int, layer_id: int, vocab_size: int, num_experts: int,
     return keys.argsort(dim=1)[:, :topk].contiguous()
 
 
-def make_optimizer(model: torch.nn.Module, training: dict[str, Any]) -> torch.optim.AdamW:
-    """AdamW with the plan's hyper-parameters over the whole parameters (`adamw`)."""
-    return adamw([(p, p.ndim) for p in model.parameters()], training)
+def make_optimizer(mains: MainParams, training: dict[str, Any]) -> torch.optim.AdamW:
+    """AdamW with the plan's hyper-parameters over the whole (main) parameters (`adamw`)."""
+    return adamw(mains.leaves(), training)
 
 
 def moe_blocks(model: Any) -> list[Any]:
@@ -245,6 +248,7 @@ class RankTrainer:
         self.dp_rank, self.cp_rank = int(info["dp_rank"]), int(info["cp_rank"])
         self.seed = int(options.seed if options.seed is not None else plan.training["seed"])
         self.device = compute_device()
+        self.precision = Precision.of(plan)
         self.batches = batch_layout(plan, self.seed)
         self.ledger = Ledger()
         self.cp = comm_group(groups, "cp")
@@ -292,6 +296,9 @@ class RankTrainer:
 
             self.model = StageModel(spec, plan.chunks(self.stage), self.seed, torch.float32,
                                     make_layer, self.tp).to(self.device)
+        # drawn in fp32 from their identities (as the reference draws them), then cast
+        cast_parameters(self.model, self.precision.params)
+        self.main_grads = MainGrads(self.model.parameters(), self.precision.grads)
         self.spec = spec
         recompute = RecomputePolicy.from_overlap(plan.raw["config"]["overlap"])
         self.model.recompute = recompute
@@ -317,8 +324,10 @@ class RankTrainer:
                           and tensor_parallel_split(spec, name) is None]
         self.buffers = self._sharded_buffers() if bool(required(
             plan.training, "use_distributed_optimizer", "config.training")) else []
-        self.optimizer = (sharded_optimizer(self.buffers, plan.training) if self.buffers
-                          else make_optimizer(self.model, plan.training))
+        self.mains = None if self.buffers else MainParams(list(self.model.parameters()),
+                                                          self.main_grads)
+        self.optimizer = (make_optimizer(self.mains, plan.training) if self.mains is not None
+                          else sharded_optimizer(self.buffers, plan.training))
         self.meter = ActivationMeter(self.model)
         if plan.pp > 1:
             self.pipeline = self._pipeline_runner(spec)
@@ -326,13 +335,14 @@ class RankTrainer:
     def _sharded_buffers(self) -> list[ShardedBuffer]:
         """The distributed optimizer's buffers: dense over dp_cp (with the routed experts when
         the plan keeps one buffer), routed experts over expt_dp."""
+        grads, dtype = self.main_grads, self.precision.grads
         if not self.grad_scales.expert_buffer:
             return [ShardedBuffer(self.dense_params + self.expert_params, self.dp_cp, self.ledger,
-                                  "dense_grad_reduce", "dense_param_gather")]
+                                  "dense_grad_reduce", "dense_param_gather", grads, dtype)]
         return [ShardedBuffer(self.dense_params, self.dp_cp, self.ledger, "dense_grad_reduce",
-                              "dense_param_gather"),
+                              "dense_param_gather", grads, dtype),
                 ShardedBuffer(self.expert_params, self.expt_dp, self.ledger, "expert_grad_reduce",
-                              "expert_param_gather")]
+                              "expert_param_gather", grads, dtype)]
 
     def _pipeline_runner(self, spec: DecoderSpec) -> PipelineRunner:
         m = self.batches.microbatches
@@ -349,7 +359,7 @@ class RankTrainer:
             pp_group=self.groups["pp"], device=self.device, microbatches=m,
             rows=len(self.slice), micro_batch_size=self.batches.micro_batch_size,
             hidden_size=spec.hidden_size, vocab_size=spec.vocab_size, loss_of=loss_of,
-            tp=self.tp,
+            tp=self.tp, dtype=self.precision.params,
             token_ids=lambda step, microbatch: self.microbatch(step, microbatch)[0],
             local_positions=self.local_positions, gathered_positions=self.gathered_positions,
             ledger=self.ledger, meter=self.meter)
@@ -390,8 +400,9 @@ class RankTrainer:
         capture = StepCapture()
         self.ledger.reset()
         self.optimizer.zero_grad(set_to_none=False)
-        if self.buffers:  # the sharded optimizer holds the shards, not the model's weights
+        if self.buffers or self.precision.mixed:  # the optimizer holds shards or main params
             self.model.zero_grad(set_to_none=False)
+            self.main_grads.zero()
         self.model.record_moe_outputs = self.options.capture
         m = self.batches.microbatches
         if self.pipeline is not None:
@@ -419,10 +430,14 @@ class RankTrainer:
         if self.options.capture:
             for buffer, shard in zip(self.buffers, shards, strict=True):
                 buffer.gathered_grads(shard)
-            capture.grads = {name: p.grad.detach().cpu().clone()
+            capture.grads = {name: self.main_grads.grad(p).detach().cpu().clone()
                              for name, p in self.model.named_parameters()}
         self.update_expert_bias()
+        if self.mains is not None:
+            self.mains.load_grads()
         self.optimizer.step()
+        if self.mains is not None:
+            self.mains.store()
         for buffer in self.buffers:
             buffer.gather_params()
         return capture
@@ -451,7 +466,7 @@ class RankTrainer:
         shared = not spec.untied_head or spec.mtp_num_layers > 0
         if self.embd is None or not self.embd.active or weight is None or not shared:
             return
-        all_reduce(weight.grad, self.embd, self.ledger, "embd_grad_reduce")
+        all_reduce(self.main_grads.grad(weight), self.embd, self.ledger, "embd_grad_reduce")
 
     def reduce_gradients(self) -> list[torch.Tensor]:
         """Dense over dp_cp, routed experts over expt_dp, each pre-scaled by the plan's factor:
@@ -461,27 +476,28 @@ class RankTrainer:
         if self.buffers:
             return self._reduce_scatter_gradients(scales)
         op = dist.ReduceOp.AVG if scales.average else dist.ReduceOp.SUM
+        held = self.main_grads.holders
         if not scales.expert_buffer:  # one buffer: expt_dp is dp_cp, the scales are equal
-            _reduce_grads(self.dense_params + self.expert_params, scales.dense, self.dp_cp, op,
-                          self.ledger, "dense_grad_reduce")
+            _reduce_grads(held(self.dense_params + self.expert_params), scales.dense, self.dp_cp,
+                          op, self.ledger, "dense_grad_reduce")
         else:
-            _reduce_grads(self.dense_params, scales.dense, self.dp_cp, op, self.ledger,
+            _reduce_grads(held(self.dense_params), scales.dense, self.dp_cp, op, self.ledger,
                           "dense_grad_reduce")
-            _reduce_grads(self.expert_params, scales.expert, self.expt_dp, op, self.ledger,
+            _reduce_grads(held(self.expert_params), scales.expert, self.expt_dp, op, self.ledger,
                           "expert_grad_reduce")
-        _reduce_grads(self.sp_params, 1.0, self.tp.group, dist.ReduceOp.SUM, self.ledger,
+        _reduce_grads(held(self.sp_params), 1.0, self.tp.group, dist.ReduceOp.SUM, self.ledger,
                       "tp_sp_grad_reduce")
         self.sync_embedding_grads()
         if scales.per_token is not None:
             for p in self.model.parameters():
-                p.grad.mul_(scales.per_token)
+                self.main_grads.grad(p).mul_(scales.per_token)
         return []
 
     def _reduce_scatter_gradients(self, scales: GradScales) -> list[torch.Tensor]:
         """The distributed optimizer's order (finalize_model_grads): the whole-buffer sums over
         TP and `embd` first, then each buffer reduce-scattered to its optimizer shard."""
-        _reduce_grads(self.sp_params, 1.0, self.tp.group, dist.ReduceOp.SUM, self.ledger,
-                      "tp_sp_grad_reduce")
+        _reduce_grads(self.main_grads.holders(self.sp_params), 1.0, self.tp.group,
+                      dist.ReduceOp.SUM, self.ledger, "tp_sp_grad_reduce")
         self.sync_embedding_grads()
         factors = [scales.dense] if len(self.buffers) == 1 else [scales.dense, scales.expert]
         shards = [buffer.reduce_scatter(factor, scales.average)
@@ -509,10 +525,15 @@ class RankTrainer:
     def memory(self) -> dict[str, int]:
         params = list(self.model.parameters())
         optimizer_state = [t for state in self.optimizer.state.values() for t in state.values()]
+        # the fp32 main params a bf16 run steps count with the optimizer, as Megatron's do
+        mains = ([m for m, p in zip(self.mains.mains, params, strict=True) if m is not p]
+                 if self.mains is not None else
+                 [leaf for buffer in self.buffers for leaf in buffer.shards]
+                 if self.precision.mixed else [])
         return {
             "weights_bytes": tensor_bytes(params),
-            "grads_bytes": tensor_bytes(p.grad for p in params),
-            "optimizer_bytes": tensor_bytes(optimizer_state),
+            "grads_bytes": tensor_bytes(self.main_grads.grad(p) for p in params),
+            "optimizer_bytes": tensor_bytes(optimizer_state) + tensor_bytes(mains),
             "activations_peak_bytes": self.meter.peak,
         }
 
@@ -539,9 +560,10 @@ class RankTrainer:
         )
 
 
-def _reduce_grads(params: list[torch.nn.Parameter], factor: float, group: CommGroup,
+def _reduce_grads(params: list[torch.Tensor], factor: float, group: CommGroup,
                   op: dist.ReduceOp.RedOpType, ledger: Ledger, name: str) -> None:
-    """Pre-scale, then one flat all-reduce per parameter class (one bucket, as in DDP)."""
+    """Pre-scale, then one flat all-reduce per parameter class (one bucket, as in DDP); `params`
+    are the main-grad holders (runtime/precision.py)."""
     if not params:
         return
     for p in params:

@@ -69,16 +69,17 @@ NANO_TINY_MODEL: dict[str, Any] = {
     "moe_shared_expert_intermediate_size": 32}
 
 
-def nano_at_tiny_dims() -> dict[str, Any]:
-    """Nemotron-3-Nano's example as the runtime can run it on 4 CPU ranks: the file's own layer
-    kinds, router, experts, losses, layout axes (TP 2 with sequence parallelism, ETP 1) and
-    distributed optimizer, at tiny widths, EP 2 of its 8 (world 4), in fp32 (the runtime computes
-    in fp32; the file trains in bf16)."""
+def nano_at_tiny_dims(precision: str | None = None) -> dict[str, Any]:
+    """Nemotron-3-Nano's example as the runtime runs it on 4 CPU ranks: the file's own layer
+    kinds, router, experts, losses, layout axes (TP 2 with sequence parallelism, ETP 1),
+    distributed optimizer and precision (bf16, unless `precision` names another), at tiny widths,
+    EP 2 of its 8 (world 4)."""
     config = yaml.safe_load(NANO.read_text())
     config["model"].update(NANO_TINY_MODEL)
     config["parallel"].update(world_size=4, ep=2)
-    config["training"].update(seq_length=16, global_batch_size=4, precision="fp32", lr=1e-3,
-                              seed=7)
+    config["training"].update(seq_length=16, global_batch_size=4, lr=1e-3, seed=7)
+    if precision is not None:
+        config["training"]["precision"] = precision
     config["cluster"].update(nodes=1, gpus_per_node=4)
     return config
 

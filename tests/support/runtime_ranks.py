@@ -21,7 +21,9 @@ __all__ = ["BASE", "FAULT_STEPS", "STEPS", "TOLERANCE", "compile_case", "free_po
            "run_cases"]
 
 TOLERANCE = 1e-5
-STEPS = 3
+# Two steps: the second runs on weights, AdamW moments and expert biases the first step left, so
+# every update rule is exercised once and checked by a later forward and backward.
+STEPS = 2
 # A deliberately wrong runtime shows in its first step (every fault in runtime_faults.py corrupts
 # that step's gradients or the state it leaves): one step each, not STEPS.
 FAULT_STEPS = 1
@@ -47,7 +49,10 @@ BASE: dict[str, Any] = {
 def merged(overrides: dict[str, Any]) -> dict[str, Any]:
     config = copy.deepcopy(BASE)
     for section, values in overrides.items():
-        config.setdefault(section, {}).update(values)
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(values)
+        else:  # a list section: `ignore`
+            config[section] = values
     return config
 
 

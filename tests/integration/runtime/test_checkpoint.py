@@ -1,9 +1,11 @@
 """Checkpoints keyed by global expert id survive layout changes (runtime/checkpoint.py, DCP).
 
 One 4-rank gloo launch runs a chain of jobs on the same model (4 experts, a hash layer, expert
-bias, tied embeddings, seq aux loss, one MTP depth) and global batch B = 4 under four layouts:
+bias, tied embeddings, seq aux loss, one MTP depth; the vocabulary 64 padded to a multiple of
+32·TP, so 64 under TP 1 and TP 2) and global batch B = 4 under five layouts:
 
     A = EP4 (DP4)          B = EP2 (DP4, EDP2)     C = EP2×ETP2 (DP4)     D = PP2×EP2 (DP2)
+    E = TP2 with SP × EP2 (ETP2, DP2), bf16, the distributed optimizer (Nemotron-3-Nano's axes)
 
 * round trips: A saves after one step (A1); B, C load it and re-save (0 steps); A loads those
   and re-saves. Every logical tensor — weights, expert bias, tid2eid, AdamW moments and step
@@ -13,6 +15,12 @@ bias, tied embeddings, seq aux loss, one MTP depth) and global batch B = 4 under
   tolerance (a different layout sums gradients in another order: fp32 rounding only);
 * an ETP checkpoint stores each expert matrix once, as two column blocks at offsets of the
   logical [h, f] matrix;
+* E saves the same logical tensors: each TP-split weight whole (gathered over TP), the sharded
+  AdamW state whole (gathered over dp_cp / expt_dp), and its fp32 main params beside its bf16
+  weights. A1 → E → A round-trips bit-exactly (an fp32 checkpoint's weights are E's main
+  params; E's main params are A's weights), and E resumes from its own checkpoint bit-identically:
+  a step from E1 (A1 saved again by E) ends in the same bits as a step from A1 itself, so E's
+  save and load lose nothing;
 * a checkpoint of another model (8 experts) is refused on every rank with a message;
 * untrusted folders (runtime/checkpoint_trust.py), made from A1 between jobs: a `.metadata` that is
   a pickle payload (with a manifest rewritten to match) is refused naming the class, and the
@@ -40,12 +48,13 @@ MODEL = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "kv_chann
          "moe_ffn_hidden_size": 16, "moe_shared_expert_intermediate_size": 16,
          "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
          "moe_n_hash_layers": 1, "untie_embeddings_and_output_weights": False,
-         "mtp_num_layers": 1}
+         "mtp_num_layers": 1, "make_vocab_size_divisible_by": 32}
 LAYOUTS = {
     "A": {"world_size": 4, "ep": 4},
     "B": {"world_size": 4, "ep": 2},
     "C": {"world_size": 4, "ep": 2, "etp": 2},
     "D": {"world_size": 4, "ep": 2, "pp": 2, "pipeline_model_parallel_layout": "Et|tmL"},
+    "E": {"world_size": 4, "tp": 2, "ep": 2, "sequence_parallel": True},
     "other": {"world_size": 4, "ep": 4},
 }
 # (plan, load, steps, save)
@@ -54,12 +63,15 @@ JOBS = [
     ("B", "A1", 0, "B1"), ("A", "B1", 0, "A1_via_B"),
     ("C", "A1", 0, "C1"), ("A", "C1", 0, "A1_via_C"),
     ("B", "A1", 1, "B2"), ("C", "C1", 1, "C2"), ("D", "A1", 1, "D2"),
+    ("E", "A1", 0, "E1"), ("A", "E1", 0, "A1_via_E"),
+    ("E", "A1", 1, "E2"), ("E", "E1", 1, "E2_resumed"),
     ("other", "A1", 0, "refused"),
     ("prepare", None, 0, "untrusted folders"),
     ("A", "evil", 0, "refused_evil"), ("A", "truncated", 0, "refused_truncated"),
     ("A", "foreign", 0, "refused_foreign"), ("A", "A1", 0, "locked"),
 ]
 MARKER = "PAYLOAD-RAN"
+TRAINING = {"E": {"precision": "bf16", "use_distributed_optimizer": True}}
 
 
 class _Payload:
@@ -101,7 +113,7 @@ def _config(name: str) -> dict[str, Any]:
     return {
         "model": model, "parallel": dict(LAYOUTS[name]),
         "training": {"seq_length": 16, "micro_batch_size": 1, "global_batch_size": 4,
-                     "precision": "fp32", "lr": 1e-3, "seed": 5},
+                     "precision": "fp32", "lr": 1e-3, "seed": 5, **TRAINING.get(name, {})},
         "moe": {"moe_token_dispatcher_type": "alltoall", "moe_tid2eid_source": "seeded",
                 "moe_router_load_balancing_type": "seq_aux_loss", "moe_aux_loss_coeff": 1e-2},
         "cluster": {"gpus_per_node": 8},
@@ -210,8 +222,8 @@ def test_checkpoint_keys_are_logical(chain: Path) -> None:
         assert key in state, key
     assert int(state["progress.steps"]) == 1
     assert float(state["optimizer.embedding.step"]) == 1.0
-    # tid2eid spans the padded vocabulary (64 -> 128, Megatron pads to a multiple of 128·TP)
-    assert tuple(state["layers.0.ffn.router.tid2eid"].shape) == (128, 2)
+    # tid2eid spans the padded vocabulary (64, a multiple of make_vocab_size_divisible_by·TP)
+    assert tuple(state["layers.0.ffn.router.tid2eid"].shape) == (64, 2)
 
 
 def test_etp_shards_are_offsets_of_the_logical_matrix(chain: Path) -> None:
@@ -226,7 +238,7 @@ def test_etp_shards_are_offsets_of_the_logical_matrix(chain: Path) -> None:
     assert {tuple(c.sizes) for c in w1.chunks} == {(32, 8)}
 
 
-@pytest.mark.parametrize("copy", ["B1", "A1_via_B", "C1", "A1_via_C"])
+@pytest.mark.parametrize("copy", ["B1", "A1_via_B", "C1", "A1_via_C", "A1_via_E"])
 def test_round_trips_are_bit_exact(chain: Path, copy: str) -> None:
     original, other = _full(chain, "A1"), _full(chain, copy)
     assert set(other) == set(original)
@@ -235,6 +247,32 @@ def test_round_trips_are_bit_exact(chain: Path, copy: str) -> None:
             assert torch.equal(other[key], value), key
         else:
             assert other[key] == value, key
+
+
+def test_tp_bf16_and_sharded_optimizer_state_are_saved_whole(chain: Path) -> None:
+    """E's checkpoint: h = 32, 4 query heads of 8 (KV groups = heads), TP 2. The query weight
+    [h, heads·d] is whole ([32, 32], not a TP rank's [32, 16]); weights are bf16 and each has an
+    fp32 main param; the moments, sharded over dp_cp by the distributed optimizer, are whole."""
+    state = _full(chain, "E1")
+    assert tuple(state["layers.0.attention.wq"].shape) == (32, 32)
+    assert state["layers.0.attention.wq"].dtype == torch.bfloat16
+    main = state["optimizer.layers.0.attention.wq.main_param"]
+    assert main.dtype == torch.float32 and tuple(main.shape) == (32, 32)
+    assert torch.equal(main.to(torch.bfloat16), state["layers.0.attention.wq"])
+    assert tuple(state["optimizer.embedding.exp_avg"].shape) == (64, 32)
+    assert float(state["optimizer.embedding.step"]) == 1.0
+    assert tuple(state["optimizer.layers.0.ffn.experts.1.w2.main_param"].shape) == (16, 32)
+    assert int(state["progress.steps"]) == 1
+
+
+def test_the_same_layout_resumes_bit_identically(chain: Path) -> None:
+    """TP 2 with SP, bf16, the distributed optimizer: one step from the state in memory (A1 just
+    loaded) or from E's own save of it (E1) ends in the same bits (weights, main params, moments,
+    step counts, expert biases, RNG, the data position)."""
+    straight, resumed = _full(chain, "E2"), _full(chain, "E2_resumed")
+    assert set(straight) == set(resumed)
+    for key, value in straight.items():
+        assert torch.equal(resumed[key], value), key
 
 
 @pytest.mark.parametrize("resumed", ["B2", "C2", "D2"])

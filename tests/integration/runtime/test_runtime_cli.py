@@ -59,7 +59,7 @@ def test_one_rank_plan_runs_without_torchrun(tmp_path: Path) -> None:
         (lambda d: d["layout"].update(pp=2), True, "no stage 1 in 'stages'"),
         (lambda d: d["layout"].update(tp=2), True, "MoE layers and parallel.sequence_parallel "
          "false"),
-        (lambda d: d["config"]["training"].update(precision="bf16"), True, "fp32"),
+        (lambda d: d["config"]["training"].update(precision="fp16"), True, "dynamic loss scaler"),
         (lambda d: d["config"]["model"].update(mtp_num_layers=1), True, "MTP"),
         (lambda d: d["groups"].pop("expt_dp"), True, "'expt_dp'"),
         (lambda d: d["config"]["moe"].update(moe_tid2eid_source="ckpt/tid2eid.pt"), True,
@@ -133,5 +133,11 @@ def test_launch_problems_are_explained(tmp_path: Path, capsys: pytest.CaptureFix
     capsys.readouterr()
     assert main(["--plan", str(balanced), "--balanced"]) == 2
     assert "divide" in capsys.readouterr().err and not dist.is_initialized()
+    # a bf16 reference check with learned routing: a rounding can flip a near-tied top-k choice
+    bf16 = small(tmp_path, "bf16", training={"precision": "bf16"})
+    assert main(["--plan", str(bf16), "--check-reference"]) == 2
+    said = capsys.readouterr().err
+    assert "training.precision = 'bf16'" in said and "add --balanced" in said
+    assert not dist.is_initialized()
     usage = runtime("--plan", str(plan), "--steps", "0")
     assert usage.returncode == 2 and "--steps" in usage.stderr

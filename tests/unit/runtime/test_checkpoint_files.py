@@ -107,3 +107,18 @@ def test_a_manifest_size_that_is_not_a_number_is_refused(folder: Path) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointRefused, match=f"the size of {SHARD} is '8', not a number of bytes"):
         check_manifest(folder, MODEL)
+
+
+def test_a_vocabulary_padded_otherwise_is_refused_naming_the_padding() -> None:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by · TP and trains
+    the padding rows: a checkpoint saved at 128 rows does not load into a plan that pads to 256
+    (TP 1 → TP 2 at the default 128), while equal padding under any TP loads."""
+    from runtime.checkpoint import vocabulary_problems
+    from runtime.plan_io import Plan
+
+    plan = Plan({"layout": {"padded_vocab_size": 256}})
+    problems = vocabulary_problems(Path("ckpt"), {"embedding": (128, 32), "head": (128, 32)}, plan)
+    assert len(problems) == 1
+    assert "padded to 128 rows" in problems[0] and "layout.padded_vocab_size is 256" in problems[0]
+    assert "make_vocab_size_divisible_by" in problems[0]
+    assert vocabulary_problems(Path("ckpt"), {"embedding": (256, 32)}, plan) == []
