@@ -195,12 +195,15 @@ def query_groups_fit_tp(f: Facts) -> Iterator[Violation]:
     source=dev("core/transformer/moe/moe_layer.py", "MoELayer.forward"),
     why="""In training, Megatron's MoE layer raises when attention TP > 1 and sequence
     parallelism is off, whatever EP is. The argument check only warns, so the job fails at the
-    first forward pass instead of at start-up.""",
+    first forward pass instead of at start-up. A model without MoE layers (no experts, or a
+    moe_layer_freq list of zeros) trains TP without sequence parallelism.""",
     bad="parallel: {tp: 2}",
     good="parallel: {tp: 2, sequence_parallel: true}",
 )
 def sequence_parallel_with_tp(f: Facts) -> Iterator[Violation]:
-    if f.par.tp > 1 and not f.par.sequence_parallel:
+    freq = f.model.moe_layer_freq
+    has_moe_layers = bool(f.model.num_experts) and (not isinstance(freq, list) or any(freq))
+    if has_moe_layers and f.par.tp > 1 and not f.par.sequence_parallel:
         yield Violation(
             "parallel.sequence_parallel",
             f"tp {f.par.tp} > 1 but sequence_parallel is off; the MoE layer rejects this in training",

@@ -121,10 +121,10 @@ CASES: dict[str, tuple[dict[str, Any], str | None]] = {
                                     "moe": {"moe_tid2eid_source": "seeded"}}, None),
     # TP 2 without sequence parallelism on a dense model (no MoE layer): the linears all-reduce
     # (Megatron-LM dev@d48bd6be megatron/core/tensor_parallel/mappings.py
-    # reduce_from_tensor_model_parallel_region). PAR008 refuses every TP > 1 without SP, though
-    # Megatron's refusal is MoELayer.forward's, so only a model with MoE layers: ignored here.
+    # reduce_from_tensor_model_parallel_region). PAR008 is MoELayer.forward's refusal, so it
+    # leaves a model without MoE layers alone.
     TP_NO_SP: ({"parallel": {"tp": 2, "sequence_parallel": False},
-                "model": {"moe_layer_freq": [0, 0]}, "ignore": ["PAR008"]}, None),
+                "model": {"moe_layer_freq": [0, 0]}}, None),
     # Deliberately wrong runtimes: the comparison must catch each.
     "fault_expert_grads_over_dp_cp": ({"parallel": {"cp": 2, "ep": 2}},
                                       "expert_grads_over_dp_cp"),

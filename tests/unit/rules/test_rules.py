@@ -277,6 +277,14 @@ def test_rules_lists_the_catalog():
         assert entry.code in result.output
 
 
+def test_tp_without_sp_is_refused_only_with_moe_layers():
+    """MoELayer.forward raises on TP > 1 without SP in training; a dense model's layers do not."""
+    moe = with_overlay({"parallel": {"tp": 2, "sequence_parallel": False}})
+    dense = with_overlay({"parallel": {"tp": 2, "sequence_parallel": False},
+                          "model": {"moe_layer_freq": [0] * moe["model"].get("num_layers", 0)}})
+    assert "PAR008" in codes_for(moe) and "PAR008" not in codes_for(dense)
+
+
 def test_rules_json_lists_every_field():
     result = runner.invoke(app, ["rules", "--json"])
     listed = json.loads(result.stdout)
