@@ -8,6 +8,7 @@ overlapped collective needs no change here.
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from functools import reduce
 from typing import Any
@@ -324,3 +325,27 @@ def dispatch_sm_seconds_per_byte(cfg: Config) -> Number:
         return 0
     eff = cfg.cluster.efficiency
     return normalize(Fraction(1) / (eff.deepep_num_sms * Fraction(exact(eff.deepep_gb_s_per_sm)) * GIGA))
+
+
+def yarn_concentration(cfg: Config) -> float:
+    """YaRN's concentration factor (its "mscale") that standard attention multiplies RoPE's cos
+    and sin by: 0.1 · ln(rotary_scaling_factor) + 1 for a factor above 1, else 1. A GPT model
+    trained with --position-embedding-type yarn takes --mscale 1 and --mscale-all-dim 0
+    (Megatron-LM dev@d48bd6be megatron/training/argument_utils.py _apply_yarn_config_from_args),
+    so the factor is _yarn_get_mscale(s, 1) / _yarn_get_mscale(s, 0) (megatron/core/models/common/
+    embeddings/yarn_rotary_pos_embedding.py _yarn_get_concentration_factor); Megatron-Bridge leaves
+    both unset, which gives the same figure. moeplan has no field for --mscale: a config that sets
+    --mscale-all-dim equal to --mscale (factor 1) is priced as the default."""
+    model = cfg.model
+    if model.position_embedding_type != "yarn" or model.attention_variant != "standard":
+        return 1.0
+    scale = model.rotary_scaling_factor
+    return 1.0 if scale <= 1 else 0.1 * math.log(scale) + 1.0
+
+
+def rope_unfused(cfg: Config) -> bool:
+    """Megatron applies RoPE by its unfused PyTorch path: Transformer Engine's fused kernel takes
+    no cos/sin multiplier, so a YaRN concentration factor other than 1 falls back (Megatron-LM
+    dev@d48bd6be megatron/core/models/common/embeddings/rope_utils.py apply_rotary_pos_emb,
+    "te-rope-mscale"; the bshd path is _apply_rotary_pos_emb_bshd)."""
+    return yarn_concentration(cfg) != 1.0

@@ -203,6 +203,13 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         if "window_kv" in v.kinds else "")
     add("time_ew_attention_elements", f"blocks * 2 * {attention}{window}{own}", "elements", "time",
         "query, key and value heads read and written once outside the GEMMs (RoPE, concatenation)")
+    rope = ""
+    if v.rope_unfused:
+        add("time_ew_rope_unfused_elements", "blocks * 10 * (heads + groups) * d"
+            + (" + L_window * 10 * (heads_w - heads) * d" if "window_heads" in v.kinds else "")
+            + (" + L_window * 10 * (heads * (d_w - d) + groups_w * d_w - groups * d)"
+               if "window_kv" in v.kinds else ""), "elements", "time", ROPE_UNFUSED_DOC)
+        rope = " + time_ew_rope_unfused_elements"
     add("time_ew_router_elements", "L_moe * (h + 4 * E)", "elements", "time",
         "router per token: read h for the gate, the E logits through softmax/sigmoid and top-k")
     act = f"{'3' if v.swiglu else '2'}"
@@ -257,7 +264,7 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         bias = " + time_ew_expert_bias_elements"
     add("time_ew_fwd_elements", "time_ew_norm_elements + time_ew_attention_elements"
         " + time_ew_router_elements + time_ew_act_elements + time_ew_dense_act_elements"
-        " + time_ew_permute_elements + time_ew_fp8_cast_elements" + bias,
+        " + time_ew_permute_elements + time_ew_fp8_cast_elements" + bias + rope,
         "elements", "time", "elementwise elements of one forward of the stage per token")
     rc = []
     if "moe" in selective:
@@ -380,6 +387,26 @@ ATTENTION_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("1", "bias-dropout-add into the residual"),
     ("fp8", "FP8 cast of the output projection's input (norm outputs are cast inside the norm)"),
 )
+# YaRN with a concentration factor other than 1 on standard attention (planner/budget/hardware.py
+# rope_unfused): Megatron-LM dev@d48bd6be megatron/core/models/common/embeddings/rope_utils.py
+# _apply_rotary_pos_emb_bshd rotates q and k in PyTorch ops. Per tensor t it builds cos and sin of
+# the position table (torch.cos / torch.sin, the product with the factor, the cast to t's dtype:
+# six kernels on a table of d per position), then t·cos (read t, write t), _rotate_half (the
+# negated half: read and write half of t; torch.cat: read and write t), its product with sin (read,
+# write), the sum (read both, write) and the concatenation with the unrotated rest (read, write):
+# twelve passes over t where the fused kernel reads and writes it once, so ten more, and twelve
+# kernels where the fused path launches one. The position tables (d per position, not per head)
+# are left out of the bytes: under 1 % of them.
+ROPE_UNFUSED_DOC = ("RoPE by Megatron's unfused path (YaRN's concentration factor is not 1): ten "
+                    "more passes over the rotated q and k heads than the fused kernel's one read "
+                    "and write (t·cos, the rotated half's negation and concatenation, ·sin, the "
+                    "sum and the concatenation with the unrotated rest; rope_utils.py "
+                    "_apply_rotary_pos_emb_bshd)")
+ROPE_UNFUSED_LAUNCHES = ("24", "unfused RoPE on q and k (YaRN), twelve kernels each: cos and sin "
+                         "of the position table with their factor and cast, t·cos, the negated "
+                         "half, its concatenation, ·sin, the sum, the concatenation with the rest")
+# Of those, the position table's six per tensor have no autograd node (the table needs no grad).
+ROPE_UNFUSED_NOGRAD = 12
 MLA_LAUNCHES = ("6", "MLA: q and kv down projections, the kv norm, the up projection, the k/v "
                 "split and the RoPE concatenation")
 TP_LAUNCHES = ("2", "sequence-parallel all-gather before and reduce-scatter after the TP linears")
@@ -456,6 +483,9 @@ def _launch_counts(book: Book, v: Variant) -> None:
     add = book.add
     attention = list(ATTENTION_LAUNCHES) + ([MLA_LAUNCHES] if v.attention == "mla" else []) + (
         [TP_LAUNCHES] if v.tp else [])
+    if v.rope_unfused:
+        attention = [ROPE_UNFUSED_LAUNCHES if what.startswith("fused RoPE") else (n, what)
+                     for n, what in attention]
     router = list(ROUTER_LAUNCHES)
     preprocess = list(PREPROCESS_LAUNCHES) + (
         [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
@@ -517,10 +547,13 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         "(planner/config/gpus.py HOSTS)")
     add("time_host_fwd_s", "time_launch_s * time_launches_fwd + t_host_block * blocks / 3", "s",
         "time", "host time to issue one microbatch's forward of the stage")
-    add("time_launches_nograd", f"L_moe * ({NOGRAD_MOE})", "kernels", "time",
+    rope_nograd = (f" + blocks * {ROPE_UNFUSED_NOGRAD} * (1 - graph_attn)" if v.rope_unfused
+                   else "")
+    add("time_launches_nograd", f"L_moe * ({NOGRAD_MOE}){rope_nograd}", "kernels", "time",
         "forward kernels of the stage autograd records no node for, so its backward issues none: "
         "each MoE layer's preprocessing (integer token counts and indices, their copy to the host) "
-        "and the router's kernels under torch.no_grad (Sinkhorn's iterations)")
+        "and the router's kernels under torch.no_grad (Sinkhorn's iterations)"
+        + ("; unfused RoPE's cos and sin of the position table" if v.rope_unfused else ""))
     add("time_host_bwd_s", f"{BACKWARD_DISPATCHES} * time_launch_s * (time_launches_fwd"
         " - time_launches_nograd)"
         " + 2 * t_host_block * blocks / 3 + time_recompute_launch_blocks * 3"

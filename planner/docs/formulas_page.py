@@ -153,6 +153,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
       "cp": False}),
     ("a colocated RL engine, both sides offloading in the other's phase", {"rl": "train+rollout"}),
     ("a colocated RL engine that keeps its pool, training that keeps its state", {"rl": "none"}),
+    ("YaRN RoPE on standard attention by Megatron's unfused path", {"rope_unfused": True}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {
