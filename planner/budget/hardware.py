@@ -45,8 +45,9 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
            "CUDA launch (efficiency.host_us_per_launch)"),
     Symbol("host_scale", "host time per op of the GPU's host CPU over the reference x86 host's "
            "that t_launch is calibrated for (efficiency.host_launch_scale, else the catalog host's: "
-           "planner/config/gpus.py HOSTS; the host's measured ratio when cluster."
-           "host_numa_binding is off)"),
+           "planner/config/gpus.py HOSTS; when cluster.host_numa_binding is off, the host's "
+           "unbound_share of the host time at its measured bare-op ratio, the rest at that "
+           "figure)"),
     Symbol("t_host_block", "host seconds to launch one block's forward and backward kernels per "
            "microbatch without CUDA graphs (efficiency.host_us_per_block)"),
     Symbol("t_host_expert", "host seconds per local expert of a MoE layer per microbatch "
@@ -248,11 +249,18 @@ def router_launch_count(cfg: Config) -> Number:
 
 def host_scale(cfg: Config) -> Number:
     """The host CPU's time per op over the reference x86 host's: efficiency.host_launch_scale on a
-    rank bound to its GPU's NUMA node (the calibrated figure), else the host's measured ratio
-    (planner/config/gpus.py HOSTS: one torch.nn.Linear forward timed on each host)."""
+    rank bound to its GPU's NUMA node (the calibrated figure); on an unbound rank, the host's
+    unbound_share of the host time at its measured bare-op ratio (planner/config/gpus.py HOSTS:
+    one torch.nn.Linear forward timed on each host) and the rest at the bound figure: bound +
+    share x (measured - bound). The share comes from a whole-run measurement of binding (Grace:
+    Megatron-LM's GB200 write-up, bench/grace_binding.py): not all of Megatron's host time per
+    kernel slows as a bare PyTorch op does when the process floats across NUMA nodes."""
+    bound = exact(cfg.cluster.efficiency.host_launch_scale)
     if cfg.cluster.host_numa_binding:
-        return exact(cfg.cluster.efficiency.host_launch_scale)
-    return normalize(Fraction(*HOSTS[gpu(cfg.cluster.gpu).host].measured_scale))
+        return bound
+    host = HOSTS[gpu(cfg.cluster.gpu).host]
+    measured = Fraction(*host.measured_scale)
+    return normalize(Fraction(bound) + Fraction(str(host.unbound_share)) * (measured - Fraction(bound)))
 
 
 def fixed_cost_values(cfg: Config) -> dict[str, Number]:
