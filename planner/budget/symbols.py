@@ -307,6 +307,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         rl=_rl(tr),
         bf16_layers=tr.fp8 and bf16_layers(cfg) is not None,
         rope_unfused=rope_unfused(cfg),
+        moe_act_clamp=model.quick_geglu and model.swiglu_limit is not None,
         tower=tr.frozen_tower_params + tr.trained_tower_params > 0,
     )
 

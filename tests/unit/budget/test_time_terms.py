@@ -204,3 +204,25 @@ def test_yarn_with_a_concentration_factor_rotates_by_the_unfused_path() -> None:
     assert not rope_unfused(config({**yarn, "rotary_scaling_factor": 1.0},
                                    {"world_size": 16, "ep": 8, "etp": 1},
                                    {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED))
+
+
+def test_a_clamped_quick_geglu_adds_its_clamps_and_concatenation() -> None:
+    """gpt-oss's routed experts (--quick-geglu, clamp 7): Megatron-LM fused_bias_geglu.py
+    weighted_bias_quick_geglu_impl clamps FC1's two halves and concatenates them before the fused
+    kernel: 8 more elements per routed row (I = 2048, top-8 here), four more forward kernels, of
+    which only the two clamps have a backward kernel each. SwiGLU clamps inside its fused kernel."""
+    geglu = {**QWEN, "num_layers": 4, "swiglu": False, "quick_geglu": True,
+             "glu_linear_offset": 1.0}
+    def at(model: dict[str, Any]) -> dict[str, Any]:
+        return env(config(model, {"world_size": 16, "ep": 8, "etp": 1},
+                          {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED,
+                          cluster={"gpu": "H100"}))
+    plain, clamped = at(geglu), at({**geglu, "swiglu_limit": 7.0})
+    k, inter = QWEN["moe_router_topk"], QWEN["moe_ffn_hidden_size"]
+    assert clamped["time_ew_act_clamp_elements"] == 4 * 8 * k * inter
+    assert "time_ew_act_clamp_elements" not in plain
+    assert clamped["time_launches_experts"] == plain["time_launches_experts"] + 4
+    assert clamped["time_launches_nograd"] == plain["time_launches_nograd"] + 4 * 3
+    assert clamped["time_moe_non_gemm_s"] > plain["time_moe_non_gemm_s"]
+    swiglu = at({**QWEN, "num_layers": 4, "swiglu_limit": 7.0})
+    assert "time_ew_act_clamp_elements" not in swiglu
