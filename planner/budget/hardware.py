@@ -8,6 +8,7 @@ overlapped collective needs no change here.
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from functools import reduce
 from typing import Any
@@ -44,8 +45,9 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
            "CUDA launch (efficiency.host_us_per_launch)"),
     Symbol("host_scale", "host time per op of the GPU's host CPU over the reference x86 host's "
            "that t_launch is calibrated for (efficiency.host_launch_scale, else the catalog host's: "
-           "planner/config/gpus.py HOSTS; the host's measured ratio when cluster."
-           "host_numa_binding is off)"),
+           "planner/config/gpus.py HOSTS; when cluster.host_numa_binding is off, the host's "
+           "unbound_share of the host time at its measured bare-op ratio, the rest at that "
+           "figure)"),
     Symbol("t_host_block", "host seconds to launch one block's forward and backward kernels per "
            "microbatch without CUDA graphs (efficiency.host_us_per_block)"),
     Symbol("t_host_expert", "host seconds per local expert of a MoE layer per microbatch "
@@ -249,11 +251,18 @@ def router_launch_count(cfg: Config) -> Number:
 
 def host_scale(cfg: Config) -> Number:
     """The host CPU's time per op over the reference x86 host's: efficiency.host_launch_scale on a
-    rank bound to its GPU's NUMA node (the calibrated figure), else the host's measured ratio
-    (planner/config/gpus.py HOSTS: one torch.nn.Linear forward timed on each host)."""
+    rank bound to its GPU's NUMA node (the calibrated figure); on an unbound rank, the host's
+    unbound_share of the host time at its measured bare-op ratio (planner/config/gpus.py HOSTS:
+    one torch.nn.Linear forward timed on each host) and the rest at the bound figure: bound +
+    share x (measured - bound). The share comes from a whole-run measurement of binding (Grace:
+    Megatron-LM's GB200 write-up, bench/grace_binding.py): not all of Megatron's host time per
+    kernel slows as a bare PyTorch op does when the process floats across NUMA nodes."""
+    bound = exact(cfg.cluster.efficiency.host_launch_scale)
     if cfg.cluster.host_numa_binding:
-        return exact(cfg.cluster.efficiency.host_launch_scale)
-    return normalize(Fraction(*HOSTS[gpu(cfg.cluster.gpu).host].measured_scale))
+        return bound
+    host = HOSTS[gpu(cfg.cluster.gpu).host]
+    measured = Fraction(*host.measured_scale)
+    return normalize(Fraction(bound) + Fraction(str(host.unbound_share)) * (measured - Fraction(bound)))
 
 
 def fixed_cost_values(cfg: Config) -> dict[str, Number]:
@@ -326,3 +335,27 @@ def dispatch_sm_seconds_per_byte(cfg: Config) -> Number:
         return 0
     eff = cfg.cluster.efficiency
     return normalize(Fraction(1) / (eff.deepep_num_sms * Fraction(exact(eff.deepep_gb_s_per_sm)) * GIGA))
+
+
+def yarn_concentration(cfg: Config) -> float:
+    """YaRN's concentration factor (its "mscale") that standard attention multiplies RoPE's cos
+    and sin by: 0.1 · ln(rotary_scaling_factor) + 1 for a factor above 1, else 1. A GPT model
+    trained with --position-embedding-type yarn takes --mscale 1 and --mscale-all-dim 0
+    (Megatron-LM dev@d48bd6be megatron/training/argument_utils.py _apply_yarn_config_from_args),
+    so the factor is _yarn_get_mscale(s, 1) / _yarn_get_mscale(s, 0) (megatron/core/models/common/
+    embeddings/yarn_rotary_pos_embedding.py _yarn_get_concentration_factor); Megatron-Bridge leaves
+    both unset, which gives the same figure. moeplan has no field for --mscale: a config that sets
+    --mscale-all-dim equal to --mscale (factor 1) is priced as the default."""
+    model = cfg.model
+    if model.position_embedding_type != "yarn" or model.attention_variant != "standard":
+        return 1.0
+    scale = model.rotary_scaling_factor
+    return 1.0 if scale <= 1 else 0.1 * math.log(scale) + 1.0
+
+
+def rope_unfused(cfg: Config) -> bool:
+    """Megatron applies RoPE by its unfused PyTorch path: Transformer Engine's fused kernel takes
+    no cos/sin multiplier, so a YaRN concentration factor other than 1 falls back (Megatron-LM
+    dev@d48bd6be megatron/core/models/common/embeddings/rope_utils.py apply_rotary_pos_emb,
+    "te-rope-mscale"; the bshd path is _apply_rotary_pos_emb_bshd)."""
+    return yarn_concentration(cfg) != 1.0

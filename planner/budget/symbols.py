@@ -18,7 +18,7 @@ from statistics import NormalDist
 from typing import Any
 
 from planner.budget.expr import Number, Symbol, exact, normalize
-from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values
+from planner.budget.hardware import HARDWARE_SYMBOLS, hardware_values, rope_unfused
 from planner.budget.layer_kinds import (
     KIND_STAGE_SYMBOLS,
     KIND_SYMBOLS,
@@ -306,6 +306,8 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         lora=frozenset(tr.lora.target_modules) if tr.lora else frozenset(),
         rl=_rl(tr),
         bf16_layers=tr.fp8 and bf16_layers(cfg) is not None,
+        rope_unfused=rope_unfused(cfg),
+        moe_act_clamp=model.quick_geglu and model.swiglu_limit is not None,
         tower=tr.frozen_tower_params + tr.trained_tower_params > 0,
     )
 

@@ -203,6 +203,13 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         if "window_kv" in v.kinds else "")
     add("time_ew_attention_elements", f"blocks * 2 * {attention}{window}{own}", "elements", "time",
         "query, key and value heads read and written once outside the GEMMs (RoPE, concatenation)")
+    rope = ""
+    if v.rope_unfused:
+        add("time_ew_rope_unfused_elements", "blocks * 10 * (heads + groups) * d"
+            + (" + L_window * 10 * (heads_w - heads) * d" if "window_heads" in v.kinds else "")
+            + (" + L_window * 10 * (heads * (d_w - d) + groups_w * d_w - groups * d)"
+               if "window_kv" in v.kinds else ""), "elements", "time", ROPE_UNFUSED_DOC)
+        rope = " + time_ew_rope_unfused_elements"
     add("time_ew_router_elements", "L_moe * (h + 4 * E)", "elements", "time",
         "router per token: read h for the gate, the E logits through softmax/sigmoid and top-k")
     act = f"{'3' if v.swiglu else '2'}"
@@ -211,6 +218,11 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         "copies (the busiest rank's: times routing_imbalance) and the shared expert")
     add("time_ew_dense_act_elements", f"L_dense * {act} * f", "elements", "time",
         "dense MLP activation functions")
+    clamp = ""
+    if v.moe_act_clamp:
+        add("time_ew_act_clamp_elements", "L_moe * 8 * imbalance * k * I", "elements", "time",
+            ACT_CLAMP_DOC)
+        clamp = " + time_ew_act_clamp_elements"
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py: the alltoall
     # dispatcher permutes the k copies before the exchange and sorts them by local expert after
     # it when a rank holds more than one (and the reverse in combine); DeepEP receives each
@@ -257,14 +269,14 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         bias = " + time_ew_expert_bias_elements"
     add("time_ew_fwd_elements", "time_ew_norm_elements + time_ew_attention_elements"
         " + time_ew_router_elements + time_ew_act_elements + time_ew_dense_act_elements"
-        " + time_ew_permute_elements + time_ew_fp8_cast_elements" + bias,
+        " + time_ew_permute_elements + time_ew_fp8_cast_elements" + bias + rope + clamp,
         "elements", "time", "elementwise elements of one forward of the stage per token")
     rc = []
     if "moe" in selective:
         rc.append("time_ew_router_elements + time_ew_act_elements + time_ew_permute_elements"
-                  + bias)
+                  + bias + clamp)
     elif "moe_act" in selective:
-        rc.append(f"L_moe * {act} * k * I")
+        rc.append(f"L_moe * {act} * k * I" + clamp)
     if "mlp" in selective:
         rc.append("time_ew_dense_act_elements")
     if "layernorm" in selective:
@@ -326,8 +338,9 @@ def _compute(book: Book, v: Variant) -> None:
         "through HBM non_gemm_passes times over forward and backward (a third again for "
         "recomputed work), plus a fixed latency per token and block")
     bias = " + time_ew_expert_bias_elements" if v.bias else ""
+    clamp = " + time_ew_act_clamp_elements" if v.moe_act_clamp else ""
     add("time_moe_non_gemm_s", f"{per_step} * (time_ew_router_elements + time_ew_act_elements"
-        f" + time_ew_permute_elements{bias}) * non_gemm_passes * 2 / time_hbm_rate",
+        f" + time_ew_permute_elements{bias}{clamp}) * non_gemm_passes * 2 / time_hbm_rate",
         "s", "time", "the MoE layers' share of it (router, permutes, expert activations and, "
         "with linear biases, the experts' fc2 bias), "
         "without recompute")
@@ -380,6 +393,26 @@ ATTENTION_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("1", "bias-dropout-add into the residual"),
     ("fp8", "FP8 cast of the output projection's input (norm outputs are cast inside the norm)"),
 )
+# YaRN with a concentration factor other than 1 on standard attention (planner/budget/hardware.py
+# rope_unfused): Megatron-LM dev@d48bd6be megatron/core/models/common/embeddings/rope_utils.py
+# _apply_rotary_pos_emb_bshd rotates q and k in PyTorch ops. Per tensor t it builds cos and sin of
+# the position table (torch.cos / torch.sin, the product with the factor, the cast to t's dtype:
+# six kernels on a table of d per position), then t·cos (read t, write t), _rotate_half (the
+# negated half: read and write half of t; torch.cat: read and write t), its product with sin (read,
+# write), the sum (read both, write) and the concatenation with the unrotated rest (read, write):
+# twelve passes over t where the fused kernel reads and writes it once, so ten more, and twelve
+# kernels where the fused path launches one. The position tables (d per position, not per head)
+# are left out of the bytes: under 1 % of them.
+ROPE_UNFUSED_DOC = ("RoPE by Megatron's unfused path (YaRN's concentration factor is not 1): ten "
+                    "more passes over the rotated q and k heads than the fused kernel's one read "
+                    "and write (t·cos, the rotated half's negation and concatenation, ·sin, the "
+                    "sum and the concatenation with the unrotated rest; rope_utils.py "
+                    "_apply_rotary_pos_emb_bshd)")
+ROPE_UNFUSED_LAUNCHES = ("24", "unfused RoPE on q and k (YaRN), twelve kernels each: cos and sin "
+                         "of the position table with their factor and cast, t·cos, the negated "
+                         "half, its concatenation, ·sin, the sum, the concatenation with the rest")
+# Of those, the position table's six per tensor have no autograd node (the table needs no grad).
+ROPE_UNFUSED_NOGRAD = 12
 MLA_LAUNCHES = ("6", "MLA: q and kv down projections, the kv norm, the up projection, the k/v "
                 "split and the RoPE concatenation")
 TP_LAUNCHES = ("2", "sequence-parallel all-gather before and reduce-scatter after the TP linears")
@@ -404,6 +437,22 @@ EXPERT_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("3 * Min(I_s, 1)", "shared expert: fc1, activation, fc2"),
     ("1", "bias-dropout-add into the residual"),
 )
+# Megatron-LM dev@d48bd6be megatron/core/fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl
+# (the routed experts' fused bias-activation under --quick-geglu, TEGroupedMLP.forward): with a clamp
+# value the FC1 output is split in its two halves, each clamped by a PyTorch op (read and write I),
+# the halves concatenated again (read and write 2I), and the offset made a device tensor (a host to
+# device copy), before the fused activation kernel: four more kernels, eight more elements per
+# routed row. Backward: each clamp's gradient (one kernel each); the concatenation and the copy
+# have none. SwiGLU's clamp runs inside its fused kernel (fused_bias_swiglu.py) and costs nothing.
+ACT_CLAMP_DOC = ("routed experts' clamped quick-GELU GLU: the two clamps of FC1's halves (read and "
+                 "write I each) and their concatenation (read and write 2I) before the fused "
+                 "activation, per routed row (the busiest rank's: times routing_imbalance; "
+                 "fused_bias_geglu.py weighted_bias_quick_geglu_impl)")
+ACT_CLAMP_LAUNCHES = ("4", "clamped quick-GELU GLU: two clamps, their concatenation and the "
+                      "offset's copy to the device (weighted_bias_quick_geglu_impl)")
+# Of those, the concatenation and the copy issue no backward kernel: counted as three without one,
+# so the backward's two per kernel give the clamps' two.
+ACT_CLAMP_NOGRAD = 3
 # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP._apply_bias: with
 # linear biases, fc2's bias is added outside the grouped GEMM by a Python loop over the local experts
 # (a multiply and an add each), then one torch.cat.
@@ -456,12 +505,15 @@ def _launch_counts(book: Book, v: Variant) -> None:
     add = book.add
     attention = list(ATTENTION_LAUNCHES) + ([MLA_LAUNCHES] if v.attention == "mla" else []) + (
         [TP_LAUNCHES] if v.tp else [])
+    if v.rope_unfused:
+        attention = [ROPE_UNFUSED_LAUNCHES if what.startswith("fused RoPE") else (n, what)
+                     for n, what in attention]
     router = list(ROUTER_LAUNCHES)
     preprocess = list(PREPROCESS_LAUNCHES) + (
         [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
         else [])
     experts = list(EXPERT_LAUNCHES) + ([TP_LAUNCHES] if v.tp else []) + (
-        [EXPERT_BIAS_LAUNCHES] if v.bias else [])
+        [EXPERT_BIAS_LAUNCHES] if v.bias else []) + ([ACT_CLAMP_LAUNCHES] if v.moe_act_clamp else [])
     dense = list(DENSE_LAUNCHES) + ([TP_LAUNCHES] if v.tp else [])
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py: the fused permute is
     # one Transformer Engine kernel; the unfused one builds the index (mask transpose, arange,
@@ -517,10 +569,16 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         "(planner/config/gpus.py HOSTS)")
     add("time_host_fwd_s", "time_launch_s * time_launches_fwd + t_host_block * blocks / 3", "s",
         "time", "host time to issue one microbatch's forward of the stage")
-    add("time_launches_nograd", f"L_moe * ({NOGRAD_MOE})", "kernels", "time",
+    rope_nograd = (f" + blocks * {ROPE_UNFUSED_NOGRAD} * (1 - graph_attn)" if v.rope_unfused
+                   else "") + (f" + L_moe * {ACT_CLAMP_NOGRAD} * (1 - graph_experts)"
+                               if v.moe_act_clamp else "")
+    add("time_launches_nograd", f"L_moe * ({NOGRAD_MOE}){rope_nograd}", "kernels", "time",
         "forward kernels of the stage autograd records no node for, so its backward issues none: "
         "each MoE layer's preprocessing (integer token counts and indices, their copy to the host) "
-        "and the router's kernels under torch.no_grad (Sinkhorn's iterations)")
+        "and the router's kernels under torch.no_grad (Sinkhorn's iterations)"
+        + ("; unfused RoPE's cos and sin of the position table" if v.rope_unfused else "")
+        + ("; the clamped GLU's concatenation and offset copy, and one clamp's share"
+           if v.moe_act_clamp else ""))
     add("time_host_bwd_s", f"{BACKWARD_DISPATCHES} * time_launch_s * (time_launches_fwd"
         " - time_launches_nograd)"
         " + 2 * t_host_block * blocks / 3 + time_recompute_launch_blocks * 3"
@@ -542,7 +600,9 @@ def _fixed_costs(book: Book, v: Variant) -> None:
     moe_host = (f"(L_moe * time_launch_s * ((1 + {BACKWARD_DISPATCHES}) * (time_launches_router"
                 " * (1 - graph_router)"
                 " + time_launches_preprocess * (1 - graph_preprocess) + time_launches_experts"
-                f" * (1 - graph_experts)) - {BACKWARD_DISPATCHES} * ({NOGRAD_MOE})))")
+                f" * (1 - graph_experts)) - {BACKWARD_DISPATCHES} * ({NOGRAD_MOE}"
+                + (f" + {ACT_CLAMP_NOGRAD} * (1 - graph_experts)" if v.moe_act_clamp else "")
+                + ")))")
     moe_gpu = "(time_moe_gemm_s + time_moe_non_gemm_s) / microbatches"
     add("time_moe_fixed_s", f"microbatches * (Max({moe_host} - {moe_gpu}, 0) + time_sync_restart_s"
         " + time_host_experts_s)", "s", "time",

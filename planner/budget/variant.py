@@ -105,6 +105,12 @@ class Variant:
     tower: bool = False
     # FP8 with the first/last N decoder blocks kept in BF16: their GEMM weights have no FP8 copy
     bf16_layers: bool = False
+    # Standard attention rotated by YaRN with a concentration factor other than 1: Megatron applies
+    # RoPE by its unfused PyTorch path (planner/budget/hardware.py rope_unfused)
+    rope_unfused: bool = False
+    # Routed experts' gated quick-GELU clamped (--quick-geglu with --activation-func-clamp-value):
+    # the clamp runs as PyTorch ops before the fused activation (time.py ACT_CLAMP_LAUNCHES)
+    moe_act_clamp: bool = False
 
     def has(self, kind: str) -> bool:
         """The layer kind `kind` is present (some layer runs it, or every attention layer has it)."""

@@ -153,6 +153,9 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
       "cp": False}),
     ("a colocated RL engine, both sides offloading in the other's phase", {"rl": "train+rollout"}),
     ("a colocated RL engine that keeps its pool, training that keeps its state", {"rl": "none"}),
+    ("YaRN RoPE on standard attention by Megatron's unfused path", {"rope_unfused": True}),
+    ("routed experts' clamped quick-GELU GLU (--quick-geglu with a clamp value)",
+     {"moe_act_clamp": True, "quick_geglu": True}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {

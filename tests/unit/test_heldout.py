@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
+import grace_binding  # noqa: E402
 import heldout  # noqa: E402
 
 FIGURES = heldout.load_figures()
@@ -83,3 +84,17 @@ def test_each_family_is_judged_by_a_fit_without_it() -> None:
         assert fam.calibration == 2 and set(fam.values) == set(heldout.FITTED)
         assert [r.figure.id for r in fam.held_out] == [r.figure.id for r in fam.rows]
     assert "| a | 2 | 2 |" in heldout.family_markdown(families)
+
+
+def test_grace_unbound_share_reproduces_the_write_ups_binding_gain() -> None:
+    """planner/config/gpus.py HOSTS grace.unbound_share is derived, not fitted to bench figures:
+    the share for which moeplan's step, unbound over bound, equals the GB200 write-up's measured
+    bindpcie gain (691.49 -> 762.12 TFLOP/s/GPU) on its CUDA-graph configuration
+    (bench/grace_binding.py). A time-term change that moves this gain must re-derive the share."""
+    data = next(f.data for f in FIGURES if f.id == grace_binding.CONFIG_ROW)
+    unbound = heldout.estimate(heldout.parse_config(heldout.merged(
+        data, {"cluster": {"host_numa_binding": False}})), exact=False).step_time_s
+    bound = heldout.estimate(heldout.parse_config(heldout.merged(
+        data, {"cluster": {"host_numa_binding": True}})), exact=False).step_time_s
+    measured = grace_binding.BOUND_TFLOPS / grace_binding.UNBOUND_TFLOPS
+    assert math.isclose(unbound / bound, measured, rel_tol=0.01)

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from planner.budget.hardware import rope_unfused, yarn_concentration
 from planner.config.importers.hf_config import map_hf_config
 from planner.config.routing import routing_imbalance
 from planner.config.schema import Config
@@ -189,3 +191,52 @@ def test_linear_biases_add_the_experts_unfused_fc2_bias() -> None:
     assert biased["time_ew_expert_bias_elements"] == 48 * 6 * 8 * 2048
     assert biased["time_launches_experts"] - plain["time_launches_experts"] == 2 * 16 + 1
     assert biased["time_non_gemm_s"] > plain["time_non_gemm_s"]
+
+
+def test_yarn_with_a_concentration_factor_rotates_by_the_unfused_path() -> None:
+    """GPT-OSS-shaped attention (64 query heads, 8 KV groups of 64) under YaRN factor 32: Megatron's
+    concentration factor 1 + 0.1 ln 32 is not 1, so RoPE runs as PyTorch ops (Megatron-LM
+    rope_utils.py apply_rotary_pos_emb, _apply_rotary_pos_emb_bshd): ten more passes over q and k
+    per block than the fused kernel, and 12 kernels per tensor instead of 1 (6 without autograd)."""
+    model = {**QWEN, "num_layers": 4, "num_attention_heads": 64, "num_query_groups": 8,
+             "kv_channels": 64, "qk_layernorm": False}
+    yarn = {**model, "position_embedding_type": "yarn", "rotary_scaling_factor": 32.0}
+    cfg = config(yarn, {"world_size": 16, "ep": 8, "etp": 1},
+                 {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED,
+                 cluster={"gpu": "H100"})
+    assert yarn_concentration(cfg) == 1 + 0.1 * math.log(32) and rope_unfused(cfg)
+    unfused = env(cfg)
+    assert unfused["time_ew_rope_unfused_elements"] == 4 * 10 * (64 + 8) * 64
+    plain = env(config(model, {"world_size": 16, "ep": 8, "etp": 1},
+                       {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED,
+                       cluster={"gpu": "H100"}))
+    assert "time_ew_rope_unfused_elements" not in plain
+    assert unfused["time_launches_attention"] == plain["time_launches_attention"] + 22
+    assert unfused["time_launches_nograd"] == plain["time_launches_nograd"] + 4 * 12
+    assert unfused["time_non_gemm_s"] > plain["time_non_gemm_s"]
+    # YaRN at factor 1 keeps the fused kernel
+    assert not rope_unfused(config({**yarn, "rotary_scaling_factor": 1.0},
+                                   {"world_size": 16, "ep": 8, "etp": 1},
+                                   {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED))
+
+
+def test_a_clamped_quick_geglu_adds_its_clamps_and_concatenation() -> None:
+    """gpt-oss's routed experts (--quick-geglu, clamp 7): Megatron-LM fused_bias_geglu.py
+    weighted_bias_quick_geglu_impl clamps FC1's two halves and concatenates them before the fused
+    kernel: 8 more elements per routed row (I = 2048, top-8 here), four more forward kernels, of
+    which only the two clamps have a backward kernel each. SwiGLU clamps inside its fused kernel."""
+    geglu = {**QWEN, "num_layers": 4, "swiglu": False, "quick_geglu": True,
+             "glu_linear_offset": 1.0}
+    def at(model: dict[str, Any]) -> dict[str, Any]:
+        return env(config(model, {"world_size": 16, "ep": 8, "etp": 1},
+                          {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED,
+                          cluster={"gpu": "H100"}))
+    plain, clamped = at(geglu), at({**geglu, "swiglu_limit": 7.0})
+    k, inter = QWEN["moe_router_topk"], QWEN["moe_ffn_hidden_size"]
+    assert clamped["time_ew_act_clamp_elements"] == 4 * 8 * k * inter
+    assert "time_ew_act_clamp_elements" not in plain
+    assert clamped["time_launches_experts"] == plain["time_launches_experts"] + 4
+    assert clamped["time_launches_nograd"] == plain["time_launches_nograd"] + 4 * 3
+    assert clamped["time_moe_non_gemm_s"] > plain["time_moe_non_gemm_s"]
+    swiglu = at({**QWEN, "num_layers": 4, "swiglu_limit": 7.0})
+    assert "time_ew_act_clamp_elements" not in swiglu

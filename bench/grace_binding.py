@@ -1,0 +1,61 @@
+"""Derive how much of the host time per kernel an unbound Grace rank pays at the bare-op ratio.
+
+Megatron-LM's GB200 write-up measured binding each rank to its GPU's NUMA node (its section 2.4,
+bindpcie) on one configuration: 691.49 → 762.12 TFLOP/s/GPU (NVIDIA/Megatron-LM
+docs/discussions/deepseek-v3-gb200-optimization/deepseek-v3-gb200-optimization.md @1d9edcf8, the
+roadmap table's "Tune DeepEP" and "CPU-side optimization" rows: DeepSeek-V3, 256 GB200, MXFP8,
+TP1 PP8 VPP4 EP32, DeepEP, recompute mlp + moe_act, Transformer Engine CUDA graphs on attn,
+moe_router, moe_preprocess). NVIDIA/TransformerEngine #2053 measured one bare PyTorch op on Grace
+at 2.75x the Xeon's; the bound Grace scale is fitted (bench/heldout.py host_launch_scale@grace).
+An unbound rank's scale is taken as bound + share x (2.75 - bound): the share of Megatron's host
+time per kernel that slows like the bare op when the process is not bound. This script finds the
+share for which moeplan's step time, unbound over bound, equals the write-up's measured gain, on
+that configuration (the bench's dsv3-gb200-256-mxfp8-mcore-cuda-graphs row: the DeepEP tuning
+between the two rows changes no Megatron flag). The two published rows are not bench figures.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/grace_binding.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.heldout import load_figures, merged  # noqa: E402
+from planner.config.gpus import HOSTS  # noqa: E402
+from planner.config.loader import parse_config  # noqa: E402
+from planner.estimate import estimate  # noqa: E402
+
+UNBOUND_TFLOPS, BOUND_TFLOPS = 691.49, 762.12  # the write-up's rows before and after bindpcie
+CONFIG_ROW = "dsv3-gb200-256-mxfp8-mcore-cuda-graphs"
+
+
+def step(data: dict, scale: float) -> float:
+    """The step time with every host op at `scale` times the reference host's."""
+    over = {"cluster": {"host_numa_binding": True, "efficiency": {"host_launch_scale": scale}}}
+    return estimate(parse_config(merged(data, over)), exact=False).step_time_s
+
+
+def main() -> int:
+    data = next(f.data for f in load_figures() if f.id == CONFIG_ROW)
+    grace = HOSTS["grace"]
+    bound, measured = grace.launch_scale, grace.linear_forward_us / HOSTS["x86"].linear_forward_us
+    target = BOUND_TFLOPS / UNBOUND_TFLOPS
+    base = step(data, bound)
+    low, high = 0.0, 1.0
+    for _ in range(30):
+        mid = (low + high) / 2
+        low, high = (mid, high) if step(data, bound + mid * (measured - bound)) / base < target \
+            else (low, mid)
+    share = (low + high) / 2
+    print(f"measured gain {target:.4f}; bound scale {bound}, bare-op ratio {measured:.4f}; "
+          f"share {share:.3f} (unbound scale {bound + share * (measured - bound):.3f}); "
+          f"gain at share 1: {step(data, measured) / base:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
