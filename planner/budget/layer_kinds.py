@@ -1434,7 +1434,8 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
 KIND_STAGE_SYMBOLS: tuple[tuple[str, str], ...] = tuple(
     pair for kind in (WINDOW, CHUNKED, GDN, MAMBA, BLOCK_SPARSE) for pair in (
         (kind.count, kind.count_doc),
-        (f"{kind.count}_recomputed", f"{kind.count_doc.split(' on the stage')[0]} among blocks_recomputed"))) + (
+        (f"{kind.count}_recomputed",
+         f"{kind.count_doc.split(' on the stage')[0]} among blocks_recomputed"))) + (
     ("L_dsa_topk", "DSA layers on the stage that compute their own top-k and build an indexer "
                    "(decoder and MTP layers; all DSA layers unless dsa_indexer_topk_freq > 1)"),
     ("L_dsa_topk_recomputed", "DSA layers computing their own top-k among blocks_recomputed"))

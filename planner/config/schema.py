@@ -21,10 +21,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from planner.config.dsa_share import computes_topk
 from planner.config.gpus import DEFAULT_GPU, GPUS, HOSTS
 from planner.config.gpus import gpu as gpu_entry
 from planner.config.hybrid_pattern import SEGMENT_BREAK, PatternError, read_hybrid_pattern
-from planner.config.dsa_share import computes_topk
 from planner.config.layer_freq import parse_layer_freq
 from planner.config.megatron_releases import DEFAULT_VERSION
 from planner.config.presets import PRESETS
