@@ -64,3 +64,17 @@ def chunk_start_problems(starts: Sequence[int], freq: int, offset: int) -> list[
 def computing_layers(num_layers: int, freq: int, offset: int) -> list[int]:
     """The 0-based decoder layers that compute their own top-k: where a chunk may start."""
     return [i for i in range(num_layers) if computes_topk(i, freq, offset)]
+
+
+def movable_starts(starts: Sequence[int], num_layers: int, freq: int, offset: int) -> list[int] | None:
+    """Each chunk's first layer moved to the nearest computing layer (the earlier one on a tie),
+    keeping them increasing: the smallest change of a pipeline split that Megatron accepts; None
+    when the chunks cannot all start on distinct computing layers."""
+    computing = computing_layers(num_layers, freq, offset)
+    moved: list[int] = []
+    for start in starts:
+        after = [c for c in computing if not moved or c > moved[-1]]
+        if not after:
+            return None
+        moved.append(min(after, key=lambda c: (abs(c - start), c)))
+    return moved
