@@ -281,8 +281,12 @@ def dsa_share_chunk_starts(f: Facts) -> Iterator[Violation]:
     problems = chunk_start_problems(starts, freq, offset)
     if not problems:
         return
-    shown = "; ".join(f"a chunk starts on layer {start} (0-based), which reuses the top-k of "
-                      f"layer {source} on an earlier chunk" for start, source in problems)
+    starts_text = ", ".join(str(start) for start, _ in problems)
+    sources = ", ".join(str(source) for _, source in problems)
+    shown = (f"a chunk starts on layer {starts_text} (0-based), which reuses the top-k of layer "
+             f"{sources} on an earlier chunk" if len(problems) == 1 else
+             f"chunks start on layers {starts_text} (0-based), which reuse the top-k of layers "
+             f"{sources} on earlier chunks")
     moved = movable_starts(starts, m.num_layers, freq, offset)
     if moved is None:
         fix = (f"use fewer pipeline chunks: only layers {computing_layers(m.num_layers, freq, offset)}"

@@ -270,6 +270,7 @@ def test_nemotron_h_what_megatron_cannot_build_is_refused_by_key(change: dict[st
 
 @pytest.mark.parametrize(("name", "example", "counts"), [
     ("glm-5.1", "glm-5.1-512", (743_911_199_232, 41_784_709_632, 9_952_920_320)),
+    ("glm-5.2", "glm-5.2-512", (743_377_000_704, 41_250_511_104, 9_952_920_320)),
     ("qwen3.5-35b-a3b", "qwen3.5-35b-a3b-16", (34_660_610_688, 3_454_988_928, 0)),
     ("kimi-k2.5", "kimi-k2.5-1024", (1_026_408_209_408, 32_861_477_888, 0)),
     ("qwen3-vl-235b-a22b", "qwen3-vl-235b-a22b-256", (235_093_634_560, 22_190_763_520, 0)),
