@@ -533,3 +533,13 @@ def test_dsa_top_k_sharing_chunks_start_on_computing_layers_arc012() -> None:
     assert finding.fix.endswith('"Et|(tt|)*2t*3L"')  # chunks now start on 0, 1, 3, 5
     assert arc(merge(vpp, {"parallel": {"vpp": None,
                                         "pipeline_model_parallel_layout": "Et|(tt|)*2t*3L"}})) == []
+
+
+def test_pip001_suggests_a_layout_arc012_accepts() -> None:
+    """9 layers over PP 2 do not divide: PIP001 suggests full stages of 5 after a first of 4, and
+    with the top-k shared every 3 layers (computing 0, 3, 6) it moves the boundary to layer 3."""
+    model = {**_DSA_MODEL, "num_layers": 9, "dsa_indexer_topk_freq": 3}
+    [pip] = [f for f in findings({"model": model}) if f.code == "PIP001"]
+    assert pip.fix.endswith('pipeline_model_parallel_layout: "Et*3|t*6L"')
+    layout = {"model": model, "parallel": {"pipeline_model_parallel_layout": "Et*3|t*6L"}}
+    assert not [f for f in findings(layout) if f.severity == "error"]
