@@ -1045,7 +1045,8 @@ def _glm_indexer_pattern(r: _Reader, layers: int) -> tuple[str, Any, list[bool] 
                for x in (freq, offset)):
         return "index_topk_freq", [freq, offset], None
     freq = max(freq, 1)
-    return "index_topk_freq", freq, [max(i - offset + 1, 0) % freq == 0 for i in range(layers)]
+    return ("index_topk_freq", f"{freq} with index_skip_topk_offset {offset}",
+            [max(i - offset + 1, 0) % freq == 0 for i in range(layers)])
 
 
 def _glm_indexer_share(r: _Reader, layers: Any) -> tuple[int, int] | None:
