@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from planner.config.dsa_share import chunk_start_problems, computing_layers, movable_starts
+from planner.config.dsa_share import (
+    chunk_start_problems,
+    computing_layers,
+    movable_starts,
+    source_layer,
+)
 from planner.config.layout_strings import layout_string
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
@@ -276,6 +281,7 @@ def dsa_share_chunk_starts(f: Facts) -> Iterator[Violation]:
     if not m.dsa or m.dsa_indexer_topk_freq <= 1:
         return
     freq, offset = m.dsa_indexer_topk_freq, m.dsa_indexer_skip_topk_offset
+    yield from _mtp_sources(f, freq, offset)
     chunks = [c for c in f.split.chunks if c.layers]
     starts = [min(c.layers) for c in chunks]
     problems = chunk_start_problems(starts, freq, offset)
@@ -299,6 +305,24 @@ def dsa_share_chunk_starts(f: Facts) -> Iterator[Violation]:
                f"\"{layout_string(per_chunk, m.mtp_num_layers)}\"")
     yield Violation("parallel.pipeline_model_parallel_layout",
                     f"DSA top-k shared every {freq} layers (offset {offset}): {shown}", fix)
+
+
+def _mtp_sources(f: Facts, freq: int, offset: int) -> Iterator[Violation]:
+    """An MTP depth is DSA layer num_layers + depth (DSAttention.__init__); when it reuses a
+    top-k, the layer it reuses must have run earlier on its own chunk (DSAttention.forward raises
+    otherwise)."""
+    m = f.model
+    for chunk in f.split.chunks:
+        for depth in chunk.mtp_layers:
+            layer = m.num_layers + depth
+            source = source_layer(layer, freq, offset)
+            held = set(chunk.layers) | {m.num_layers + d for d in chunk.mtp_layers if d < depth}
+            if source != layer and source not in held:
+                yield Violation("parallel.pipeline_model_parallel_layout",
+                                f"DSA top-k shared every {freq} layers (offset {offset}): MTP depth "
+                                f"{depth + 1} (layer {layer}, 0-based) reuses the top-k of layer "
+                                f"{source}, which is not on its pipeline chunk",
+                                f"put the MTP layers on the chunk that holds layer {source}")
 
 
 RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention,

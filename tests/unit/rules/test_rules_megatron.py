@@ -543,3 +543,16 @@ def test_pip001_suggests_a_layout_arc012_accepts() -> None:
     assert pip.fix.endswith('pipeline_model_parallel_layout: "Et*3|t*6L"')
     layout = {"model": model, "parallel": {"pipeline_model_parallel_layout": "Et*3|t*6L"}}
     assert not [f for f in findings(layout) if f.severity == "error"]
+
+
+def test_an_mtp_layer_reusing_a_top_k_needs_its_source_on_its_chunk_arc012() -> None:
+    """dsa.py DSAttention.__init__ numbers MTP depth 1 after the 8 decoder layers (Megatron's
+    layer 9, 0-based 8); with freq 3 (0, 3, 6 compute) it reuses layer 6's top-k
+    (max(9 - 1, 0) % 3 = 2), which DSAttention.forward must find earlier on the same chunk: the
+    MTP layer on a chunk of its own (PP 2 x VPP 2) is refused."""
+    model = {**_DSA_MODEL, "dsa_indexer_topk_freq": 3, "mtp_num_layers": 1}
+    arc = lambda layout: [f.message for f in findings(  # noqa: E731
+        {"model": model, "parallel": {"pipeline_model_parallel_layout": layout}}) if f.code == "ARC012"]
+    assert arc("Et*6|t*2mL") == []  # layer 6 computes and holds the chunk with the MTP layer
+    [message] = arc("Et*3|t*3|t*2|mL")
+    assert "MTP depth 1 (layer 8, 0-based) reuses the top-k of layer 6" in message
