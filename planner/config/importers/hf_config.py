@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.config.dsa_share import share_of
+from planner.config.dsa_share import computes_topk, share_of
 from planner.config.importers.hf_families import BY_ARCHITECTURE, Family, family_of
 from planner.config.schema import MAX_LAYERS
 from planner.files.json_input import read_json
@@ -1024,6 +1024,12 @@ def _glm_moe_dsa(r: _Reader) -> dict[str, Any]:
     share = _glm_indexer_share(r, model["num_layers"])
     if share is not None and share[0] > 1:
         model["dsa_indexer_topk_freq"], model["dsa_indexer_skip_topk_offset"] = share
+        computing = sum(computes_topk(i, *share) for i in range(model["num_layers"]))
+        r.notes.append(f"DSA top-k shared across layers: {computing} of {model['num_layers']} "
+                       f"layers build an indexer and compute their top-k, the others reuse the "
+                       f"last one's (Megatron --dsa-indexer-topk-freq {share[0]} "
+                       f"--dsa-indexer-skip-topk-offset {share[1]}); every pipeline stage must "
+                       "start on a computing layer (ARC012)")
     return model
 
 
