@@ -1047,7 +1047,7 @@ def _glm_indexer_pattern(r: _Reader, layers: int) -> tuple[str, Any, list[bool] 
             return key, value, None
         return key, value, [n == "full" for n in names]
     freq, offset = r.hf.get("index_topk_freq", 1), r.hf.get("index_skip_topk_offset", 2)
-    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= layers + 1
+    if not all(isinstance(x, int) and not isinstance(x, bool) and abs(x) <= _INT_LIMIT
                for x in (freq, offset)):
         return "index_topk_freq", [freq, offset], None
     freq = max(freq, 1)
@@ -1063,7 +1063,9 @@ def _glm_indexer_share(r: _Reader, layers: Any) -> tuple[int, int] | None:
         return None
     key, value, full = _glm_indexer_pattern(r, layers)
     if full is None:
-        r.unsupported(key, value, f"expected 'full' / 'shared' on each of the {layers} layers")
+        r.unsupported(key, value, "expected integers (with index_skip_topk_offset)"
+                      if key == "index_topk_freq" else
+                      f"expected 'full' / 'shared' on each of the {layers} layers")
         return None
     prefer = (r.hf.get("index_topk_freq"), r.hf.get("index_skip_topk_offset"))
     share = share_of(full, prefer if all(isinstance(x, int) and not isinstance(x, bool)
