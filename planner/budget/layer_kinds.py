@@ -128,7 +128,7 @@ class LayerKind:
     # params page: rows of its own layers, returning " + L_x * ..." terms of the stage
     layer_params: Callable[[Book, Variant, str], str] = _no_terms
     # params page: its share of the parameters replicated over TP (sequence-parallel grads)
-    tp_replicated_block: str = ""  # per block
+    tp_replicated_block: str | Callable[[Variant], str] = ""  # per block
     tp_replicated_layers: Callable[[Variant], str] = lambda v: ""  # per stage
     projection_flops: tuple[str, str] = ("", "")  # flops page: (" + term", " and doc") per layer
     flops: Callable[[Book, Variant], None] = lambda book, v: None  # flops page rows
@@ -141,6 +141,11 @@ class LayerKind:
     cp_bytes: Callable[[Book, Variant], None] = lambda book, v: None  # its own per-layer payloads
     cp_exchanges: Callable[[Variant], CpExchanges] = _no_cp  # its exchanges per step (collectives.py)
     unmodelled: str = ""  # why its figures are not modelled: a config with it is refused
+
+    def replicated_block(self, v: Variant) -> str:
+        """Its per-block share of the TP-replicated parameters under `v`."""
+        block = self.tp_replicated_block
+        return block if isinstance(block, str) else block(v)
 
 
 # ------------------------------------------------------------------------------ standard family
@@ -390,6 +395,15 @@ MLA = LayerKind(
 )
 
 
+def dsa_indexer_layers(v: Variant, suffix: str = "") -> str:
+    """The stage's layers that build a DSA indexer and compute their own top-k (`suffix`
+    "_recomputed": those full recompute re-runs): every block, or with the top-k shared across
+    layers (the dsa_share feature) only the computing ones (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/experimental_attention_variant/dsa.py DSAttention.__init__ builds
+    no indexer on an is_dsa_skip_topk_layer; DSAttention.forward takes its source layer's picks)."""
+    return ("L_dsa_topk" if v.has("dsa_share") else "blocks") + suffix
+
+
 def _dsa_params(book: Book, v: Variant) -> str:
     # megatron/core/transformer/experimental_attention_variant/dsa.py DSAIndexer.__init__:
     # linear_wq_b [q_lora → idx_heads·idx_dim], linear_wk [h → idx_dim], k_norm (LayerNorm,
@@ -397,7 +411,12 @@ def _dsa_params(book: Book, v: Variant) -> str:
     book.add("dsa_indexer_params_per_block", "idx_heads * idx_dim * q_lora + h * idx_dim"
              " + 2 * idx_dim + h * idx_heads", "params", "memory",
              "DSA lightning indexer (whole on every TP rank)")
-    return " + dsa_indexer_params_per_block"
+    return "" if v.has("dsa_share") else " + dsa_indexer_params_per_block"
+
+
+def _dsa_layer_params(book: Book, v: Variant, attention_side: str) -> str:
+    """With the top-k shared, only the computing layers hold an indexer."""
+    return " + L_dsa_topk * dsa_indexer_params_per_block" if v.has("dsa_share") else ""
 
 
 def _dsa_cp_bytes(book: Book, v: Variant) -> None:
@@ -414,7 +433,7 @@ def _dsa_cp_exchanges(v: Variant) -> CpExchanges:
     closed = ("cp_dsa_indexer_k_gather",)
     if not v.cp:
         return CpExchanges(close=closed)
-    keys = "cp_dsa_indexer_k_bytes * blocks * microbatches"
+    keys = f"cp_dsa_indexer_k_bytes * {dsa_indexer_layers(v)} * microbatches"
     return CpExchanges(((Exchange("cp_dsa_indexer_k_gather", "cp", keys, f"CP * {keys}",
                                   "CP all-gather of the DSA indexer keys",
                                   "its backward reduce-scatter of the indexer-key grads"),),), closed)
@@ -430,13 +449,29 @@ DSA = LayerKind(
                 ("DSA with CP > 1 (latent key and indexer keys all-gathered)",
                  {"kinds": frozenset({"mla", "dsa"}), "mla_q_lora": True, "cp": True})),
     terms={KERNEL: (Rebase("time_dsa_core_flops"),)},
-    block_params=_dsa_params,
+    block_params=_dsa_params, layer_params=_dsa_layer_params,
     # the indexer's grads are averaged over TP (average_gradients_across_tp_domain)
-    tp_replicated_block=" + dsa_indexer_params_per_block",
+    tp_replicated_block=lambda v: "" if v.has("dsa_share") else " + dsa_indexer_params_per_block",
+    tp_replicated_layers=lambda v: (" + L_dsa_topk * dsa_indexer_params_per_block"
+                                    if v.has("dsa_share") else ""),
     kernels=write_dsa_kernels,
     cp_kv=("b * S / cp_runtime * (kv_lora + qk_rope) * p",
            "DSA: the local latent key of one attention layer (all-gathered over CP)"),
     cp_bytes=_dsa_cp_bytes, cp_exchanges=_dsa_cp_exchanges,
+)
+
+DSA_SHARE = LayerKind(
+    "dsa_share", FEATURE, "mla",
+    "DSA with its top-k shared across layers (dsa_indexer_topk_freq > 1: indexers on the "
+    "computing layers only)",
+    "Megatron-LM dev@d48bd6be megatron/core/transformer/experimental_attention_variant/dsa.py "
+    "is_dsa_skip_topk_layer, DSAttention.__init__",
+    lambda m: m.attention_variant == "mla" and m.dsa and m.dsa_indexer_topk_freq > 1,
+    variations=(("DSA with its top-k shared across layers (indexers on L_dsa_topk layers)",
+                 {"kinds": frozenset({"mla", "dsa", "dsa_share"}), "mla_q_lora": True, "cp": False}),
+                ("DSA with its top-k shared, CP > 1 (indexer keys gathered on L_dsa_topk layers)",
+                 {"kinds": frozenset({"mla", "dsa", "dsa_share"}), "mla_q_lora": True,
+                  "cp": True})),
 )
 
 
@@ -1267,7 +1302,7 @@ BLOCK_SPARSE = LayerKind(
 
 # Every kind, in the order the pages write them (mixers, then features).
 KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, CSA, HCA, V4_WINDOW, MAMBA,
-                                QK_NORM, QK_NORM_LAYER, SINKS, DSA, OUTPUT_GATE, HEAD_GATE,
+                                QK_NORM, QK_NORM_LAYER, SINKS, DSA, DSA_SHARE, OUTPUT_GATE, HEAD_GATE,
                                 WINDOW_HEADS, VALUE_DIM, VALUE_DIM_WINDOW, WINDOW_KV, WINDOW_SINKS,
                                 K_EQ_V, POST_NORMS, MOE_BRANCH, BLOCK_SPARSE)
 MIXERS = tuple(kind for kind in KINDS if kind.role == MIXER)
@@ -1399,7 +1434,11 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
 KIND_STAGE_SYMBOLS: tuple[tuple[str, str], ...] = tuple(
     pair for kind in (WINDOW, CHUNKED, GDN, MAMBA, BLOCK_SPARSE) for pair in (
         (kind.count, kind.count_doc),
-        (f"{kind.count}_recomputed", f"{kind.count_doc.split(' on the stage')[0]} among blocks_recomputed")))
+        (f"{kind.count}_recomputed",
+         f"{kind.count_doc.split(' on the stage')[0]} among blocks_recomputed"))) + (
+    ("L_dsa_topk", "DSA layers on the stage that compute their own top-k and build an indexer "
+                   "(decoder and MTP layers; all DSA layers unless dsa_indexer_topk_freq > 1)"),
+    ("L_dsa_topk_recomputed", "DSA layers computing their own top-k among blocks_recomputed"))
 
 
 def kind_values(cfg: Config) -> dict[str, Number]:
@@ -1439,6 +1478,8 @@ def layer_counts(model: ModelSection, layers: Iterable[int], suffix: str = "") -
     """How many of the 0-based `layers` (MTP layers numbered from num_layers on) each counted
     mixer runs, under its stage symbol (+ `suffix`)."""
     mixers = model.layer_mixers
-    picked = [mixers[layer] for layer in layers if layer < len(mixers)]
-    return {kind.count + suffix: picked.count(kind.name) for kind in MIXERS
-            if kind.count and not kind.unmodelled}
+    layers = [layer for layer in layers if layer < len(mixers)]
+    picked = [mixers[layer] for layer in layers]
+    return {**{kind.count + suffix: picked.count(kind.name) for kind in MIXERS
+               if kind.count and not kind.unmodelled},
+            "L_dsa_topk" + suffix: sum(1 for layer in layers if model.dsa_computes_topk(layer))}

@@ -284,7 +284,7 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
     projections and their norms, mHC weights)."""
     per_block = "norm_params_per_block" + (" + mhc_params_per_block" if v.mhc else "")
     kinds = kinds_of(v)
-    per_block += "".join(kind.tp_replicated_block for kind in kinds if kind.beside_norms)
+    per_block += "".join(kind.replicated_block(v) for kind in kinds if kind.beside_norms)
     dense_mlp = ""
     if v.bias:
         # Row-parallel biases are whole on every TP rank and marked sequence_parallel (Megatron-LM
@@ -309,7 +309,7 @@ def _add_tp_replicated(book: Book, v: Variant, mtp_norms: str, mhc_head: str) ->
         moe = f"({moe} + shared_gate_params_per_layer)"
     if v.bias:
         moe = f"({moe} + Min(I_s, 1) * h)"
-    per_block += "".join(kind.tp_replicated_block for kind in kinds if not kind.beside_norms)
+    per_block += "".join(kind.replicated_block(v) for kind in kinds if not kind.beside_norms)
     dense_mlp += "".join(kind.tp_replicated_layers(v) for kind in kinds)
     book.add("tp_replicated_params_on_rank",
              f"blocks * ({per_block}) + moe_layers * {moe}{dense_mlp}"

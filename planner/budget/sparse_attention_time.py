@@ -44,7 +44,11 @@ def _indexer_layers(v: Variant) -> tuple[str, str, str]:
     """(layers with an indexer, those full recompute re-runs, ranks duplicating its work)."""
     if v.attention == "dsv4_hybrid":
         return "L_csa", "L_csa_recomputed", "1"
-    return "blocks", "blocks_recomputed", "TP"
+    # DSA with its top-k shared across layers: only the computing layers run an indexer
+    # (Megatron-LM dev@d48bd6be megatron/core/transformer/experimental_attention_variant/dsa.py
+    # DSAttention.forward: a skip layer takes its source layer's top-k indices)
+    layers = "L_dsa_topk" if v.has("dsa_share") else "blocks"
+    return layers, layers + "_recomputed", "TP"
 
 
 def write_indexer_counts(book: Book, v: Variant) -> None:

@@ -304,6 +304,8 @@ EMIT_ORDER: tuple[Emit | Hand, ...] = (
     Emit("--qk-l2-norm"),
     Emit("--attention-output-gate"),
     Hand("dsa", ("model.dsa",)),
+    Emit("--dsa-indexer-topk-freq"),
+    Emit("--dsa-indexer-skip-topk-offset", when=lambda c: c.model.dsa_indexer_topk_freq > 1),
     Hand("gated_delta_net"),
     Emit("--linear-attention-freq"),
     *(Emit(f, always=True, when=lambda c: c.model.linear_attention_freq is not None)

@@ -21,6 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from planner.config.dsa_share import computes_topk
 from planner.config.gpus import DEFAULT_GPU, GPUS, HOSTS
 from planner.config.gpus import gpu as gpu_entry
 from planner.config.hybrid_pattern import SEGMENT_BREAK, PatternError, read_hybrid_pattern
@@ -277,6 +278,12 @@ class ModelSection(Section):
     # the index_topk keys a lightning indexer picks. Written with attention_variant mla and the
     # indexer fields index_n_heads / index_head_dim / index_topk (Megatron's --dsa-indexer-*).
     dsa: bool = False
+    # DSA top-k shared across layers (GLM-5.2): with dsa_indexer_topk_freq > 1 only every freq-th
+    # layer after the offset computes its own top-k and builds an indexer; the layers between reuse
+    # the last one's picks (`dsa_computes_topk`; Megatron-LM dev@d48bd6be megatron/core/transformer/
+    # experimental_attention_variant/dsa.py is_dsa_skip_topk_layer). Megatron's names and defaults.
+    dsa_indexer_topk_freq: PosInt = 1
+    dsa_indexer_skip_topk_offset: NonNegInt = 0
     # A hybrid model's Mamba-2 mixer layers (Megatron-LM dev@d48bd6be megatron/core/ssm/
     # mamba_mixer.py MambaMixer, `M` in --hybrid-layer-pattern): 1 per decoder block whose mixer is
     # Mamba-2 instead of attention (planner/config/hybrid_pattern.py reads a pattern into it). Dims
@@ -435,6 +442,18 @@ class ModelSection(Section):
             raise PydanticCustomError(
                 "dsa_fields", "model.dsa needs attention_variant mla and model.index_n_heads, "
                 "index_head_dim and index_topk (Megatron's DSA is MLA with a lightning indexer)")
+        if self.dsa_indexer_topk_freq > 1 and not self.dsa:
+            raise PydanticCustomError(
+                "dsa_topk_share", "model.dsa_indexer_topk_freq {freq} shares DSA top-k across "
+                "layers but model.dsa is false; set model.dsa: true or dsa_indexer_topk_freq: 1",
+                {"freq": self.dsa_indexer_topk_freq})
+        if self.dsa_indexer_topk_freq > 1 and any(self.mamba_layers or []):
+            # Megatron's hybrid stack numbers every pattern symbol as a layer, moeplan's count
+            # numbers decoder blocks: the shared layers would differ
+            raise PydanticCustomError(
+                "dsa_topk_share_hybrid", "model.dsa_indexer_topk_freq {freq} with Mamba layers: "
+                "moeplan does not model DSA top-k sharing in a hybrid stack; set "
+                "dsa_indexer_topk_freq: 1", {"freq": self.dsa_indexer_topk_freq})
         if self.qk_layernorm_per_layer and not self.qk_layernorm:
             raise PydanticCustomError(
                 "qk_norm_scope", "model.qk_layernorm_per_layer needs model.qk_layernorm: true")
@@ -586,6 +605,15 @@ class ModelSection(Section):
         if self.no_rope_freq is None:
             return None
         return [int(not self.is_rope_layer(layer)) for layer in range(self.num_layers)]
+
+    def dsa_computes_topk(self, layer: int) -> bool:
+        """The 0-based `layer` (MTP layers numbered from num_layers on) builds its own DSA indexer
+        and computes its top-k; False on a layer that reuses an earlier layer's (Megatron-LM
+        dev@d48bd6be megatron/core/transformer/experimental_attention_variant/dsa.py
+        is_dsa_skip_topk_layer on the 1-based layer number, an MTP depth's counted after
+        num_layers as DSAttention.__init__ counts it). Without DSA no layer has an indexer."""
+        return self.dsa and computes_topk(layer, self.dsa_indexer_topk_freq,
+                                          self.dsa_indexer_skip_topk_offset)
 
     def is_rope_layer(self, layer: int) -> bool:
         """RoPE on 0-based `layer` (Megatron's no_rope_freq: N skips layer numbers divisible by N)."""

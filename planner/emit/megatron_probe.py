@@ -382,6 +382,7 @@ def _gpt_chunks(transformer: Any, pp: int, vpp: int, hashing: bool) -> list[dict
                     count = get_num_layers_to_build(transformer, vp_stage=vp_stage, pp_rank=rank)
                     offset = get_transformer_layer_offset(transformer, vp_stage=vp_stage, pp_rank=rank)
                     ids = list(range(offset, offset + count))
+                _check_dsa_index_share(transformer, ids)
                 mtp = get_mtp_num_layers_to_build(transformer, vp_stage=vp_stage, pp_rank=rank)
                 chunk = {"stage": rank, "virtual": virtual, "layers": len(ids),
                          "moe_layers": sum(moe[i] for i in ids), "mtp_layers": mtp}
@@ -392,6 +393,21 @@ def _gpt_chunks(transformer: Any, pp: int, vpp: int, hashing: bool) -> list[dict
                                                                  pg_collection=groups, vp_stage=vp_stage))
                 chunks.append(chunk)
     return chunks
+
+
+def _check_dsa_index_share(transformer: Any, ids: Any) -> None:
+    """Megatron's own check of a chunk's layers under DSA top-k sharing, which it runs when it
+    builds the DSA decoder block (megatron/core/models/gpt/
+    experimental_attention_variant_module_specs.py _validate_dsa_index_share_pipeline_split:
+    a reused top-k must come from earlier in the chunk); the toy stacks here are not DSA blocks,
+    so it is called on the chunk's layer ids directly. A checkout without it shares no top-k."""
+    if getattr(transformer, "experimental_attention_variant", None) != "dsa":
+        return
+    from megatron.core.models.gpt import experimental_attention_variant_module_specs as specs
+
+    validate = getattr(specs, "_validate_dsa_index_share_pipeline_split", None)
+    if validate is not None:
+        validate(transformer, list(ids))
 
 
 def _gpt_moe_layers(transformer: Any, layer_specs: Any, moe_layer: Any) -> list[bool]:

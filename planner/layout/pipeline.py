@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.config.dsa_share import movable_starts
 from planner.config.layout_strings import LayoutStringError, layout_string, parse_layout
-from planner.config.schema import Config
+from planner.config.schema import Config, ModelSection
 from planner.memo import Memo, section_key
 
 
@@ -142,7 +143,8 @@ def _layers_per_chunk(cfg: Config, vpp: int) -> list[int]:
     extra = int(par.account_for_embedding_in_pipeline_split) + int(par.account_for_loss_in_pipeline_split)
     total = layers + extra
     if total % pp:
-        layout = suggested_layout(layers, pp, cfg.model.mtp_num_layers) if vpp == 1 else None
+        layout = (suggested_layout(layers, pp, cfg.model.mtp_num_layers, cfg.model) if vpp == 1
+                  else None)
         raise SplitError(
             f"num_layers={layers}{f' + {extra} accounted' if extra else ''} is not divisible by pp={pp}",
             "parallel.pipeline_model_parallel_layout",
@@ -160,14 +162,24 @@ def _layers_per_chunk(cfg: Config, vpp: int) -> list[int]:
     return per_chunk
 
 
-def suggested_layout(layers: int, pp: int, mtp: int) -> str | None:
+def suggested_layout(layers: int, pp: int, mtp: int, model: ModelSection | None = None) -> str | None:
     """A layout for layers that do not divide by PP: full stages of ceil(L/PP) layers, the
-    remainder on the embedding stage (which also holds the hash layers), MTP and loss last."""
+    remainder on the embedding stage (which also holds the hash layers), MTP and loss last. With
+    DSA's top-k shared across layers (`model`), each boundary moves to the nearest layer that
+    computes its own top-k, as Megatron requires (planner/config/dsa_share.py)."""
     per = -(-layers // pp)
     first = layers - per * (pp - 1)
     if pp < 2 or first < 1:
         return None
-    return layout_string([first] + [per] * (pp - 1), mtp)
+    counts = [first] + [per] * (pp - 1)
+    if model is not None and model.dsa and model.dsa_indexer_topk_freq > 1:
+        starts = [sum(counts[:i]) for i in range(pp)]
+        moved = movable_starts(starts, layers, model.dsa_indexer_topk_freq,
+                               model.dsa_indexer_skip_topk_offset)
+        if moved is None:
+            return None
+        counts = [end - start for start, end in zip(moved, [*moved[1:], layers], strict=True)]
+    return layout_string(counts, mtp)
 
 
 def _refuse_conflicting_splits(cfg: Config) -> None:

@@ -1,12 +1,20 @@
 """ARC: what Megatron refuses with the mechanisms of the current MoE architectures (gpt-oss,
 GLM-4.5, MiniMax-M2, Llama 4, Qwen3-Next, DeepSeek-V3.2): the NoPE pattern, the GLU offset, the
 L2 q/k norm, the gated DeltaNet heads, DSA's biases and CP exchange, linear biases beside a shared
-expert, the head-wise attention gate over TP, and the Mamba-2 heads and groups over TP and CP."""
+expert, the head-wise attention gate over TP, the Mamba-2 heads and groups over TP and CP, and
+where pipeline chunks may start when DSA shares its top-k across layers."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from planner.config.dsa_share import (
+    chunk_start_problems,
+    computing_layers,
+    movable_starts,
+    source_layer,
+)
+from planner.config.layout_strings import layout_string
 from planner.rules.base import Violation, rule
 from planner.rules.facts import Facts
 from planner.rules.sources import TRANSFORMER_CONFIG, dev
@@ -253,6 +261,71 @@ def hybrid_block_recompute(f: Facts) -> Iterator[Violation]:
                         "use recompute_method: uniform, or selective recompute")
 
 
+DSA_INDEX_SHARE = dev("core/models/gpt/experimental_attention_variant_module_specs.py",
+                      "_validate_dsa_index_share_pipeline_split")
+_SHARED = _DSA + ", dsa_indexer_topk_freq: 2, dsa_indexer_skip_topk_offset: 2}"
+
+
+@rule(
+    "ARC012", "error", "with DSA top-k shared, every pipeline chunk starts on a computing layer",
+    source=DSA_INDEX_SHARE,
+    why="""With dsa_indexer_topk_freq > 1 a layer between two computing layers has no indexer and
+    reuses the top-k of the last computing layer before it; that layer must run earlier in the
+    same pipeline chunk, since the top-k indices do not cross pipeline stages. Megatron refuses
+    the split when it builds the chunk's layers.""",
+    bad=_SHARED,
+    good=_SHARED + "\nparallel: {pipeline_model_parallel_layout: Et|t*3L}",
+)
+def dsa_share_chunk_starts(f: Facts) -> Iterator[Violation]:
+    m = f.model
+    if not m.dsa or m.dsa_indexer_topk_freq <= 1:
+        return
+    freq, offset = m.dsa_indexer_topk_freq, m.dsa_indexer_skip_topk_offset
+    yield from _mtp_sources(f, freq, offset)
+    chunks = [c for c in f.split.chunks if c.layers]
+    starts = [min(c.layers) for c in chunks]
+    problems = chunk_start_problems(starts, freq, offset)
+    if not problems:
+        return
+    starts_text = ", ".join(str(start) for start, _ in problems)
+    sources = ", ".join(str(source) for _, source in problems)
+    shown = (f"a chunk starts on layer {starts_text} (0-based), which reuses the top-k of layer "
+             f"{sources} on an earlier chunk" if len(problems) == 1 else
+             f"chunks start on layers {starts_text} (0-based), which reuse the top-k of layers "
+             f"{sources} on earlier chunks")
+    moved = movable_starts(starts, m.num_layers, freq, offset)
+    if moved is None:
+        fix = (f"use fewer pipeline chunks: only layers {computing_layers(m.num_layers, freq, offset)}"
+               " compute their own top-k")
+    else:
+        ends = [*moved[1:], m.num_layers]
+        counts = iter(end - start for start, end in zip(moved, ends, strict=True))
+        per_chunk = [next(counts) if c.layers else 0 for c in f.split.chunks]
+        fix = (f"start each chunk on a computing layer, e.g. pipeline_model_parallel_layout: "
+               f"\"{layout_string(per_chunk, m.mtp_num_layers)}\"")
+    yield Violation("parallel.pipeline_model_parallel_layout",
+                    f"DSA top-k shared every {freq} layers (offset {offset}): {shown}", fix)
+
+
+def _mtp_sources(f: Facts, freq: int, offset: int) -> Iterator[Violation]:
+    """An MTP depth is DSA layer num_layers + depth (DSAttention.__init__); when it reuses a
+    top-k, the layer it reuses must have run earlier on its own chunk (DSAttention.forward raises
+    otherwise)."""
+    m = f.model
+    for chunk in f.split.chunks:
+        for depth in chunk.mtp_layers:
+            layer = m.num_layers + depth
+            source = source_layer(layer, freq, offset)
+            held = set(chunk.layers) | {m.num_layers + d for d in chunk.mtp_layers if d < depth}
+            if source != layer and source not in held:
+                yield Violation("parallel.pipeline_model_parallel_layout",
+                                f"DSA top-k shared every {freq} layers (offset {offset}): MTP depth "
+                                f"{depth + 1} (layer {layer}, 0-based) reuses the top-k of layer "
+                                f"{source}, which is not on its pipeline chunk",
+                                f"put the MTP layers on the chunk that holds layer {source}")
+
+
 RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention,
          gdn_value_heads_per_key_head, gdn_heads_fit_tp, dsa_without_bias, dsa_cp_all_gather,
-         bias_without_shared_expert, head_gate_fits_tp, mamba_fits_tp_cp, hybrid_block_recompute)
+         bias_without_shared_expert, head_gate_fits_tp, mamba_fits_tp_cp, hybrid_block_recompute,
+         dsa_share_chunk_starts)

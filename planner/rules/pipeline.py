@@ -125,7 +125,7 @@ def _layout_fix_without_split(f: Facts) -> str:
     """When the layers do not split as configured: PIP001's suggested layout if it keeps the hash
     layers on the embedding stage, else what such a layout must contain."""
     m = f.model
-    layout = suggested_layout(m.num_layers, f.par.pp, m.mtp_num_layers)
+    layout = suggested_layout(m.num_layers, f.par.pp, m.mtp_num_layers, m)
     if layout is not None and expand_layout(layout)[0].count("t") >= f.hash_layers:
         return f'set pipeline_model_parallel_layout, e.g. "{layout}"'
     return (f"set a pipeline_model_parallel_layout that starts '{_opening(f.hash_layers)}' (the "

@@ -55,6 +55,9 @@ TRANSFORMERS_COUNTS: dict[str, int] = {
     "kimi-k2.6-nvfp4": 1_026_408_209_408,
     "kimi-k2.7-code-nvfp4": 1_026_408_209_408,
     "deepseek-v3.2": 671_877_929_216,  # DeepseekV32ForCausalLM
+    # GlmMoeDsaForCausalLM: indexers on the 21 'full' layers only (indexer_types), the other 57
+    # reuse the last full layer's top-k
+    "glm-5.2": 743_377_000_704,
 }
 
 # Files of the corpus whose model_type has no moeplan record: what transformers 5.25 builds of the
@@ -74,11 +77,9 @@ NO_RECORD_COUNTS: dict[str, int] = {
 }
 
 # Held-out files moeplan refuses, with what transformers 5.25 builds of each and the config key the
-# refusal names (GLM-5.2 shares one layer's indexer top-k with the next layers: transformers builds
-# an indexer on its 'full' layers only).
-REFUSED: dict[str, tuple[int, str]] = {
-    "glm-5.2": (743_377_000_704, "indexer_types"),
-}
+# refusal names (none now: GLM-5.2's shared indexer top-k, once refused naming indexer_types, maps
+# to Megatron's --dsa-indexer-topk-freq / --dsa-indexer-skip-topk-offset).
+REFUSED: dict[str, tuple[int, str]] = {}
 
 # Activated parameters of transformers' build of each held-out file: every parameter less, per
 # routed expert block, the share of its experts a token does not reach (1 - top-k / experts), as
@@ -92,7 +93,7 @@ HELD_OUT_ACTIVATED: dict[str, int] = {
     "nvidia-nemotron-3.5-lightning-30b-a3b-nvfp4": 3_580_073_408,
     "nvidia-nemotron-3-super-120b-a12b-fp8": 12_770_216_960,
     "kimi-k2.6-nvfp4": 32_861_477_888, "kimi-k2.7-code-nvfp4": 32_861_477_888,
-    "deepseek-v3.2": 38_403_807_488,
+    "deepseek-v3.2": 38_403_807_488, "glm-5.2": 41_250_511_104,
 }
 
 # The recent files added after the family records and the no-record path were written, no code

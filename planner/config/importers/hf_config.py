@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.config.dsa_share import computes_topk, share_of
 from planner.config.importers.hf_families import BY_ARCHITECTURE, Family, family_of
 from planner.config.schema import MAX_LAYERS
 from planner.files.json_input import read_json
@@ -1003,31 +1004,78 @@ _GLM_DSA_INDEXER = {"index_n_heads": 32, "index_head_dim": 128, "index_topk": 20
 
 
 def _glm_moe_dsa(r: _Reader) -> dict[str, Any]:
-    """GlmMoeDsaForCausalLM (GLM-5, GLM-5.1): GLM-4.7-Flash's DeepSeek-V3 stack with DSA, a
-    lightning indexer on every layer (modeling_glm_moe_dsa.py GlmMoeDsaIndexer: wq_b from the q
-    latent, wk, a LayerNorm'd key, weights_proj), as DeepSeek-V3.2's (Megatron --dsa-indexer-*).
-    An indexer that reuses another layer's picks (indexer_types 'shared': GLM-5.2) is refused:
-    Megatron dev shares them with --dsa-indexer-topk-freq / --dsa-indexer-skip-topk-offset
-    (megatron/core/transformer/experimental_attention_variant/dsa.py is_dsa_skip_topk_layer:
-    no indexer on a skip layer), which moeplan does not price yet (its budget gives every DSA
-    layer an indexer)."""
+    """GlmMoeDsaForCausalLM (GLM-5, GLM-5.1, GLM-5.2): GLM-4.7-Flash's DeepSeek-V3 stack with DSA,
+    a lightning indexer (modeling_glm_moe_dsa.py GlmMoeDsaIndexer: wq_b from the q latent, wk, a
+    LayerNorm'd key, weights_proj), as DeepSeek-V3.2's (Megatron --dsa-indexer-*). GLM-5.2's
+    indexer_types 'shared' layers build no indexer and reuse the last 'full' layer's top-k:
+    Megatron's --dsa-indexer-topk-freq / --dsa-indexer-skip-topk-offset, when one pair gives
+    exactly those layers (planner/config/dsa_share.py), else refused naming the key."""
     model = _glm4_moe_lite(r)
     model["dsa"] = True
     for key, default in _GLM_DSA_INDEXER.items():
         model[key] = r.count(key, key, default)
     # transformers 5.25's GlmMoeDsaConfig writes 'indexed_attention' on every layer (the DSA
     # attention with its indexer), the earlier files 'full_attention': the same layer
-    for key, allowed in (("indexer_types", ("full",)),
-                         ("layer_types", ("full_attention", "indexed_attention",
-                                          "deepseek_sparse_attention"))):
-        kinds = r.hf.get(key)
-        if kinds is not None and (not isinstance(kinds, list) or any(k not in allowed
-                                                                     for k in kinds)):
-            r.unsupported(key, kinds, "moeplan prices DSA with an indexer on every layer ("
-                          + " or ".join(repr(a) for a in allowed) + " on every layer); Megatron "
-                          "dev's top-k sharing across layers (--dsa-indexer-topk-freq, "
-                          "--dsa-indexer-skip-topk-offset) is not modelled yet")
+    kinds = r.hf.get("layer_types")
+    allowed = ("full_attention", "indexed_attention", "deepseek_sparse_attention")
+    if kinds is not None and (not isinstance(kinds, list) or any(k not in allowed for k in kinds)):
+        r.unsupported("layer_types", kinds, "moeplan prices DSA attention ("
+                      + " or ".join(repr(a) for a in allowed) + ") on every layer")
+    share = _glm_indexer_share(r, model["num_layers"])
+    if share is not None and share[0] > 1:
+        model["dsa_indexer_topk_freq"], model["dsa_indexer_skip_topk_offset"] = share
+        computing = sum(computes_topk(i, *share) for i in range(model["num_layers"]))
+        r.notes.append(f"DSA top-k shared across layers: {computing} of {model['num_layers']} "
+                       f"layers build an indexer and compute their top-k, the others reuse the "
+                       f"last one's (Megatron --dsa-indexer-topk-freq {share[0]} "
+                       f"--dsa-indexer-skip-topk-offset {share[1]}); every pipeline stage must "
+                       "start on a computing layer (ARC012)")
     return model
+
+
+def _glm_indexer_pattern(r: _Reader, layers: int) -> tuple[str, Any, list[bool] | None]:
+    """(key, value, per-layer 'full') of the indexer program as GlmMoeDsaConfig.__post_init__
+    resolves it: indexer_types, else index_topk_pattern ('F'/'S' per layer, or a list), else
+    index_topk_freq with index_skip_topk_offset (its default 2); None where it is malformed."""
+    for key in ("indexer_types", "index_topk_pattern"):
+        value = r.hf.get(key)
+        if value is None:
+            continue
+        names = ([{"F": "full", "S": "shared"}.get(c) for c in value] if isinstance(value, str)
+                 else value if isinstance(value, list) else None)
+        if names is None or len(names) != layers or any(n not in ("full", "shared") for n in names):
+            return key, value, None
+        return key, value, [n == "full" for n in names]
+    freq, offset = r.hf.get("index_topk_freq", 1), r.hf.get("index_skip_topk_offset", 2)
+    if not all(isinstance(x, int) and not isinstance(x, bool) and abs(x) <= _INT_LIMIT
+               for x in (freq, offset)):
+        return "index_topk_freq", [freq, offset], None
+    freq = max(freq, 1)
+    return ("index_topk_freq", f"{freq} with index_skip_topk_offset {offset}",
+            [max(i - offset + 1, 0) % freq == 0 for i in range(layers)])
+
+
+def _glm_indexer_share(r: _Reader, layers: Any) -> tuple[int, int] | None:
+    """Megatron's (dsa_indexer_topk_freq, dsa_indexer_skip_topk_offset) for the file's indexer
+    program, the file's own index_topk_freq / index_skip_topk_offset first; None (and a finding
+    naming the key) where no pair gives the same 'full' layers."""
+    if not _listable(layers):
+        return None
+    key, value, full = _glm_indexer_pattern(r, layers)
+    if full is None:
+        r.unsupported(key, value, "expected integers (with index_skip_topk_offset)"
+                      if key == "index_topk_freq" else
+                      f"expected 'full' / 'shared' on each of the {layers} layers")
+        return None
+    prefer = (r.hf.get("index_topk_freq"), r.hf.get("index_skip_topk_offset"))
+    share = share_of(full, prefer if all(isinstance(x, int) and not isinstance(x, bool)
+                                         for x in prefer) else None)  # type: ignore[arg-type]
+    if share is None:
+        shown = ",".join(str(i) for i, f in enumerate(full) if f)
+        r.unsupported(key, value, f"its 'full' layers ({shown}) are not every n-th layer after an "
+                      "offset, which is all Megatron's --dsa-indexer-topk-freq / "
+                      "--dsa-indexer-skip-topk-offset can express (dsa.py is_dsa_skip_topk_layer)")
+    return share
 
 
 # transformers src/transformers/models/nemotron_h/configuration_nemotron_h.py NemotronHConfig and

@@ -218,26 +218,41 @@ def judged_configs() -> dict[str, Config]:
     nano["model"]["mtp_num_layers"] = 1
     nano["parallel"].update(pp=2, pipeline_model_parallel_layout="Et*15|t*14mL")
     configs[NANO_MTP] = parse_config(nano)
-    # imported families: GLM-5.1 (MLA + DSA on every layer, MTP, a layout string over PP8),
-    # Qwen3.5 (gated DeltaNet + gated attention) and Nemotron-3-Super's latent MoE
-    # (--moe-latent-size) on the hybrid entry; about one CPU-second each, so the other imported
-    # examples (GLM-4.7-Flash, Qwen3-VL-30B-A3B, Qwen3-VL-235B-A22B over PP4, Kimi-K2.5 over PP8
-    # VPP4 with its YaRN: all pass) are judged by hand (`emit megatron --check-with`), not every run
-    for name in (GLM_5_1, QWEN_3_5, SUPER):
+    # imported families: GLM-5.2 (MLA + DSA with its top-k shared every 4 layers, MTP, a layout
+    # string over PP8 whose stages start on computing layers), Qwen3.5 (gated DeltaNet + gated
+    # attention) and Nemotron-3-Super's latent MoE (--moe-latent-size) on the hybrid entry; about
+    # one CPU-second each, so the other imported examples (GLM-5.1, its DSA on every layer;
+    # GLM-4.7-Flash, Qwen3-VL-30B-A3B, Qwen3-VL-235B-A22B over PP4, Kimi-K2.5 over PP8 VPP4 with
+    # its YaRN: all pass) are judged by hand (`emit megatron --check-with`), not every run
+    for name in (GLM_5_2, QWEN_3_5, SUPER):
         configs[name] = load_config(EXAMPLES / name)
     return configs
 
 
 NANO = "architectures/nemotron-3-nano-30b-a3b-64.yaml"
 NANO_MTP = "nemotron-3-nano, hybrid MTP over PP2"
-GLM_5_1 = "architectures/glm-5.1-512.yaml"
+GLM_5_2 = "architectures/glm-5.2-512.yaml"
 QWEN_3_5 = "architectures/qwen3.5-35b-a3b-16.yaml"
 SUPER = "architectures/nemotron-3-super-120b-a12b-256.yaml"
+
+
+def glm_5_2_over(layout: str) -> dict[str, Any]:
+    """The GLM-5.2 example over another pipeline layout."""
+    data = load_config(EXAMPLES / GLM_5_2).model_dump(mode="json", exclude_unset=True)
+    data["parallel"]["pipeline_model_parallel_layout"] = layout
+    return data
 
 
 # Configs Megatron refuses, with the Megatron source line that refuses them and the moeplan rule that
 # now refuses them first (None: moeplan targets another Megatron-LM branch there).
 REJECTED: dict[str, tuple[dict[str, Any], str, str, str | None]] = {
+    # GLM-5.1's split for GLM-5.2: stages start on layers 9, 19, ..., which reuse a top-k computed
+    # on the stage before (the probe runs the check Megatron runs when it builds the DSA block)
+    "GLM-5.2 over GLM-5.1's pipeline split": (
+        glm_5_2_over("Et*9|(t*10|)*6t*9mL"),
+        "megatron/core/models/gpt/experimental_attention_variant_module_specs.py:445 "
+        "_validate_dsa_index_share_pipeline_split",
+        "DSA index-share pipeline split is invalid", "ARC012"),
     "MTP with a learned position table": (
         tiny_with(mtp_num_layers=1, position_embedding_type="learned_absolute"),
         "megatron/training/arguments.py:919 validate_args",

@@ -252,3 +252,28 @@ def test_a_wrappers_text_keys_written_at_its_top_level_are_refused_by_name():
     [stray] = [m for m in messages if "at its top level" in m]
     assert "the file states vocab_size, max_position_embeddings, sliding_window, layer_types" in stray
     assert "where Step3p7Config does not read them" in stray
+
+
+@pytest.mark.parametrize(("layers", "change"), [
+    (11, {"index_topk_freq": 4, "index_skip_topk_offset": 3}),  # GLM-5.2's pair, no list given
+    (6, {"indexer_types": ["full", "shared"] * 3}),  # a list alone: Megatron's freq 2, offset 1
+])
+def test_shared_dsa_indexers_are_counted_as_transformers_builds_them(layers: int,
+                                                                     change: dict[str, object]):
+    """GLM-5.2 at toy widths (tests/support/hf_sweep.py's shrink): transformers' GlmMoeDsaConfig
+    resolves the indexer program from the list or from the pair (its default offset 2), builds an
+    indexer on the 'full' layers only, and moeplan's count of the mapped Megatron pair is its
+    count, total and activated."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tests.support.hf_corpus import corpus_config
+    from tests.support.hf_sweep import _shrink, moeplan_counts, transformers_counts
+
+    hf = {k: v for k, v in _shrink(corpus_config("glm-5.2")).items()
+          if k not in ("indexer_types", "mlp_layer_types")}
+    hf.update(num_hidden_layers=layers, **change)
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in hf.items() if k != "architectures"})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert "shared" in config.indexer_types
+    assert moeplan_counts(hf) == ("record", transformers_counts(model))

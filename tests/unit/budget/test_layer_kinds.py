@@ -107,6 +107,28 @@ def test_dsa_indexer_by_hand() -> None:
     assert env["time_attention_core_fwd_flops"] == 2 * 1200
 
 
+def test_dsa_top_k_shared_every_second_layer_by_hand() -> None:
+    """4 DSA layers with dsa_indexer_topk_freq 2 (offset 0, read as 1 by Megatron's
+    is_dsa_skip_topk_layer): 1-based layers 1 and 3 compute their top-k (max(n - 1, 0) % 2 == 0),
+    2 and 4 reuse them and build no indexer. Against an indexer on every layer: 2 x 912
+    parameters fewer (on the rank and among the TP-replicated ones), half the indexer's time
+    (scoring, projections, top-k: per computing layer), and under tiny's CP 2 half the indexer-key
+    gather: one layer's keys b·S/CP·idx_dim·4 bytes = 1·16·8·4 = 512 sent per microbatch, over 4
+    microbatches and 2 computing layers 4,096 bytes backward (8,192 with all four)."""
+    dsa = dict(**MLA, q_lora_rank=16, dsa=True, index_n_heads=2, index_head_dim=8, index_topk=4,
+               num_layers=4)
+    cfg = _tiny(**dsa, dsa_indexer_topk_freq=2)
+    assert [cfg.model.dsa_computes_topk(layer) for layer in range(4)] == [True, False, True, False]
+    shared, every = _values(cfg), _values(_tiny(**dsa))
+    for name in ("dense_params_on_rank", "tp_replicated_params_on_rank"):
+        assert every[name] - shared[name] == 2 * 912
+    assert shared["time_indexer_s"] * 2 == every["time_indexer_s"]
+    gather = "step.cp_dsa_indexer_k_gather.bwd.send_bytes"
+    assert (shared[gather], every[gather]) == (4 * 2 * 512, 4 * 4 * 512)
+    # the sparse attention itself still runs on every layer (the reused top-k)
+    assert shared["time_attention_core_fwd_flops"] == every["time_attention_core_fwd_flops"]
+
+
 def test_deepseek_v4_layers_follow_the_compress_ratios() -> None:
     """DeepSeek-V4-Flash's pattern [0, 0, 4] + [128, 4] · 20: two window-only layers, then CSA
     and HCA alternating."""

@@ -130,9 +130,15 @@ def test_glm_5_is_dsa_on_every_layer_and_its_mtp_layer_is_the_checkpoints():
     _, _, mtp = _size(model)
     assert mtp == 753_864_139_008 - TRANSFORMERS_COUNTS["glm-5.1"] - 76 * 256
     assert "GLM5Bridge" in mapping.bridge
-    with pytest.raises(HfConfigUnmappable) as shared:  # an indexer reusing another layer's picks
-        map_hf_config({**corpus_config("glm-5.1"), "indexer_types": ["full", "shared"] * 39})
-    assert [f.path for f in shared.value.findings] == ["model.hf_config.indexer_types"]
+    # indexers that reuse another layer's picks on a pattern Megatron's (freq, offset) cannot
+    # give: layer 0 reusing (Megatron's layer 1 always computes), or an irregular spacing
+    for kinds in (["shared"] + ["full"] * 77, ["full"] * 3 + ["shared", "full", "shared", "shared"]
+                  + ["full"] * 71):
+        with pytest.raises(HfConfigUnmappable) as shared:
+            map_hf_config({**corpus_config("glm-5.1"), "indexer_types": kinds})
+        [finding] = shared.value.findings
+        assert finding.path == "model.hf_config.indexer_types"
+        assert "--dsa-indexer-topk-freq" in finding.message
 
 
 def test_a_multimodal_wrapper_resolves_to_its_text_stack_and_names_its_tower():
@@ -264,6 +270,7 @@ def test_nemotron_h_what_megatron_cannot_build_is_refused_by_key(change: dict[st
 
 @pytest.mark.parametrize(("name", "example", "counts"), [
     ("glm-5.1", "glm-5.1-512", (743_911_199_232, 41_784_709_632, 9_952_920_320)),
+    ("glm-5.2", "glm-5.2-512", (743_377_000_704, 41_250_511_104, 9_952_920_320)),
     ("qwen3.5-35b-a3b", "qwen3.5-35b-a3b-16", (34_660_610_688, 3_454_988_928, 0)),
     ("kimi-k2.5", "kimi-k2.5-1024", (1_026_408_209_408, 32_861_477_888, 0)),
     ("qwen3-vl-235b-a22b", "qwen3-vl-235b-a22b-256", (235_093_634_560, 22_190_763_520, 0)),
@@ -419,8 +426,8 @@ def test_the_held_out_recent_files_are_counted_as_transformers_builds_them():
     """Sixteen recent config.json files added after the records were written, no code changed for
     them (tests/support/hf_corpus.py HELD_OUT): the ones a record maps count exactly as
     transformers 5.25's meta build, total and activated; the no-record ones (MiMo-V2-Flash,
-    Gemma-4) go to the meta path (tests/integration/transformers/ rebuilds them); GLM-5.2 is
-    refused naming its indexer_types. 15 of 16 are counted exactly."""
+    Gemma-4) go to the meta path (tests/integration/transformers/ rebuilds them); GLM-5.2's
+    shared indexers map to Megatron's top-k sharing. 16 of 16 are counted exactly."""
     from tests.support.hf_corpus import HELD_OUT_ACTIVATED, REFUSED
 
     exact = 0
@@ -440,13 +447,34 @@ def test_the_held_out_recent_files_are_counted_as_transformers_builds_them():
         total, active, _ = _size(mapping.model, mapping.moe)
         assert (total, active) == (TRANSFORMERS_COUNTS[name], HELD_OUT_ACTIVATED[name]), name
         exact += 1
-    assert len(HELD_OUT) == 16 and exact == 15
+    assert len(HELD_OUT) == 16 and exact == 16 and not REFUSED
 
 
-def test_glm_5_2s_shared_indexers_are_refused_naming_megatrons_arguments():
-    # transformers 5.25 builds an indexer on GLM-5.2's 'full' layers only; moeplan prices one on
-    # every DSA layer, so it names the key and Megatron dev's top-k sharing arguments.
-    with pytest.raises(HfConfigUnmappable) as refused:
-        map_hf_config(corpus_config("glm-5.2"))
-    [finding] = refused.value.findings
-    assert finding.code == "CFG007" and "--dsa-indexer-topk-freq" in finding.message
+def test_glm_5_2s_shared_indexers_are_megatrons_top_k_sharing():
+    """GLM-5.2's indexer_types: layers 0-2 'full', then one 'full' in four (6, 10, ..., 74), the
+    rest 'shared': Megatron's dsa_indexer_topk_freq 4 with dsa_indexer_skip_topk_offset 3 (the
+    file's own index_topk_freq / index_skip_topk_offset) computes on 1-based layers 1-3 and
+    7, 11, ..., 75 (max(n - 3, 0) % 4 == 0). 21 indexers instead of 78: transformers' 743,377,000,704
+    are GLM-5.1's 743,911,199,232 less 57 indexers of 32·128·2048 + 6144·128 + 2·128 + 6144·32
+    (9,371,904 each). The MTP layer is Megatron's layer 79, a computing one: GLM-5.1's MTP count."""
+    mapping = map_hf_config(corpus_config("glm-5.2"))
+    model = mapping.model
+    assert (model["dsa_indexer_topk_freq"], model["dsa_indexer_skip_topk_offset"]) == (4, 3)
+    cfg = Config.model_validate({"model": model, "parallel": {"world_size": 1},
+                                 "training": {"seq_length": 16}})
+    computing = [i for i in range(78) if cfg.model.dsa_computes_topk(i)]
+    assert computing == [0, 1, 2, *range(6, 78, 4)] and len(computing) == 21
+    assert cfg.model.dsa_computes_topk(78)  # the MTP layer
+    indexer = 32 * 128 * 2048 + 6144 * 128 + 2 * 128 + 6144 * 32
+    total, active, mtp = _size(model, mapping.moe)
+    assert total == TRANSFORMERS_COUNTS["glm-5.1"] - 57 * indexer == TRANSFORMERS_COUNTS["glm-5.2"]
+    assert active == 41_250_511_104 and mtp == 9_952_920_320
+    # without the file's own pair, the pattern alone gives the same one
+    bare = {k: v for k, v in corpus_config("glm-5.2").items()
+            if k not in ("index_topk_freq", "index_skip_topk_offset")}
+    assert map_hf_config(bare).model["dsa_indexer_topk_freq"] == 4
+    # and a file with only index_topk_freq (no indexer_types) takes transformers' default offset 2
+    freq_only = {**bare, "index_topk_freq": 2}
+    del freq_only["indexer_types"]
+    shared = map_hf_config(freq_only).model
+    assert (shared["dsa_indexer_topk_freq"], shared["dsa_indexer_skip_topk_offset"]) == (2, 2)

@@ -69,6 +69,16 @@ def test_deepseek_v32_flags():
     assert (flags["--dsa-indexer-n-heads"], flags["--dsa-indexer-head-dim"],
             flags["--dsa-indexer-topk"]) == (("64",), ("128",), ("2048",))
     assert flags["--no-rope-fusion"] == () and flags["--multi-latent-attention"] == ()
+    assert "--dsa-indexer-topk-freq" not in flags  # an indexer on every layer: Megatron's default
+
+
+def test_glm_5_2_shares_its_top_k_with_megatrons_pair():
+    """GLM-5.2's indexer_types, written as Megatron's two arguments right after the indexer's."""
+    args = megatron_arguments(load_config(ARCH / "glm-5.2-512.yaml"))
+    flags, listed = args.as_dict(), [f.flag for f in args.flags]
+    assert (flags["--dsa-indexer-topk-freq"], flags["--dsa-indexer-skip-topk-offset"]) == (("4",), ("3",))
+    at = listed.index("--dsa-indexer-topk")
+    assert listed[at + 2:at + 4] == ["--dsa-indexer-topk-freq", "--dsa-indexer-skip-topk-offset"]
 
 
 def test_megatron_dev_cannot_train_a_per_layer_qk_norm():

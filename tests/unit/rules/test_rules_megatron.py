@@ -142,6 +142,14 @@ CITED_LINES = [
      "megatron fsdp, or inference mode'", "validate_args"),
     # ... and TransformerConfig refuses fp8_param without FP8
     (TRANSFORMER_CONFIG, 1868, "if self.fp8_param and not self.fp8:", "__post_init__"),
+    # DSA top-k shared across layers (ARC012): which layers reuse, that they build no indexer, and
+    # the pipeline split that refuses a chunk whose reused top-k is not earlier in the chunk
+    ("core/transformer/experimental_attention_variant/dsa.py", 47,
+     "return (max(layer_number - skip_topk_offset, 0) % topk_freq) != 0", "is_dsa_skip_topk_layer"),
+    ("core/transformer/experimental_attention_variant/dsa.py", 1728, "if not self.skip_topk:",
+     "DSAttention.__init__"),
+    ("core/models/gpt/experimental_attention_variant_module_specs.py", 442,
+     "source_layer_id not in local_layer_positions", "_validate_dsa_index_share_pipeline_split"),
 ]
 
 
@@ -498,3 +506,53 @@ def test_mamba_heads_and_groups_over_tp_and_cp_are_arc010() -> None:
     assert arc({"model": model, "parallel": {"tp": 2, "cp": 8, "ep": 2,
                                              "sequence_parallel": True}}) == [
         ("ARC010", "error", "parallel.cp")]
+
+
+_DSA_MODEL = {"num_layers": 8, "multi_latent_attention": True, "kv_lora_rank": 32, "q_lora_rank": 32,
+              "dsa": True, "index_n_heads": 4, "index_head_dim": 16, "index_topk": 64}
+
+
+def test_dsa_top_k_sharing_chunks_start_on_computing_layers_arc012() -> None:
+    """experimental_attention_variant_module_specs.py:442: a chunk's reused top-k must come from
+    a layer earlier in the chunk. 8 layers over PP 2 split 4 + 4. freq 2 (offset 0, read as 1):
+    0-based layers 0, 2, 4, 6 compute, the second chunk starts on 4: accepted. freq 3: layers 0,
+    3, 6 compute; layer 4 reuses layer 3's top-k on the first chunk: refused, and the fix moves
+    the boundary to the nearest computing layer, 3, which Megatron accepts."""
+    arc = lambda overlay: [f for f in findings(overlay) if f.code == "ARC012"]  # noqa: E731
+    assert arc({"model": {**_DSA_MODEL, "dsa_indexer_topk_freq": 2}}) == []
+    [finding] = arc({"model": {**_DSA_MODEL, "dsa_indexer_topk_freq": 3}})
+    assert finding.path == "parallel.pipeline_model_parallel_layout"
+    assert "layer 4 (0-based), which reuses the top-k of layer 3" in finding.message
+    assert finding.fix.endswith('pipeline_model_parallel_layout: "Et*3|t*5L"')
+    assert arc({"model": {**_DSA_MODEL, "dsa_indexer_topk_freq": 3},
+                "parallel": {"pipeline_model_parallel_layout": "Et*3|t*5L"}}) == []
+    # PP 2 x VPP 2 (chunks of 2 from layers 0, 2, 4, 6); offset 2: layers 0, 1, 3, 5, 7 compute
+    vpp = {"model": {**_DSA_MODEL, "dsa_indexer_topk_freq": 2, "dsa_indexer_skip_topk_offset": 2},
+           "parallel": {"vpp": 2}}
+    [finding] = arc(vpp)
+    assert finding.fix.endswith('"Et|(tt|)*2t*3L"')  # chunks now start on 0, 1, 3, 5
+    assert arc(merge(vpp, {"parallel": {"vpp": None,
+                                        "pipeline_model_parallel_layout": "Et|(tt|)*2t*3L"}})) == []
+
+
+def test_pip001_suggests_a_layout_arc012_accepts() -> None:
+    """9 layers over PP 2 do not divide: PIP001 suggests full stages of 5 after a first of 4, and
+    with the top-k shared every 3 layers (computing 0, 3, 6) it moves the boundary to layer 3."""
+    model = {**_DSA_MODEL, "num_layers": 9, "dsa_indexer_topk_freq": 3}
+    [pip] = [f for f in findings({"model": model}) if f.code == "PIP001"]
+    assert pip.fix.endswith('pipeline_model_parallel_layout: "Et*3|t*6L"')
+    layout = {"model": model, "parallel": {"pipeline_model_parallel_layout": "Et*3|t*6L"}}
+    assert not [f for f in findings(layout) if f.severity == "error"]
+
+
+def test_an_mtp_layer_reusing_a_top_k_needs_its_source_on_its_chunk_arc012() -> None:
+    """dsa.py DSAttention.__init__ numbers MTP depth 1 after the 8 decoder layers (Megatron's
+    layer 9, 0-based 8); with freq 3 (0, 3, 6 compute) it reuses layer 6's top-k
+    (max(9 - 1, 0) % 3 = 2), which DSAttention.forward must find earlier on the same chunk: the
+    MTP layer on a chunk of its own (PP 2 x VPP 2) is refused."""
+    model = {**_DSA_MODEL, "dsa_indexer_topk_freq": 3, "mtp_num_layers": 1}
+    arc = lambda layout: [f.message for f in findings(  # noqa: E731
+        {"model": model, "parallel": {"pipeline_model_parallel_layout": layout}}) if f.code == "ARC012"]
+    assert arc("Et*6|t*2mL") == []  # layer 6 computes and holds the chunk with the MTP layer
+    [message] = arc("Et*3|t*3|t*2|mL")
+    assert "MTP depth 1 (layer 8, 0-based) reuses the top-k of layer 6" in message
