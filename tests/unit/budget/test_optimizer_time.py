@@ -1,0 +1,63 @@
+"""Muon's Newton-Schulz orthogonalisation and the weight-hash check on the time page
+(planner/budget/optimizer_time.py), hand-derived on Megatron-LM's own CI model (its
+gpt3_moe_mcore_te_ep8 functional tests: 12 layers, hidden 512, 8 heads, 8 experts of 1,024, EP 8
+on 8 ranks, GELU)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from planner.config.loader import parse_config
+from planner.estimate import estimate
+
+
+def ci(**training: Any) -> dict[str, Any]:
+    est = estimate(parse_config({
+        "model": {"num_layers": 12, "hidden_size": 512, "num_attention_heads": 8, "num_experts": 8,
+                  "moe_router_topk": 2, "moe_ffn_hidden_size": 1024, "swiglu": False,
+                  "add_bias_linear": False, "vocab_size": 50257},
+        "training": {"micro_batch_size": 4, "global_batch_size": 32, "seq_length": 1024,
+                     "optimizer": "muon", **training},
+        "parallel": {"world_size": 8, "ep": 8},
+        "moe": {"moe_token_dispatcher_type": "allgather", "moe_grouped_gemm": True},
+        "cluster": {"gpu": "H100"}}))
+    return est.envs[est.slowest_stage]
+
+
+# Kernels per Muon matrix at 5 Newton-Schulz steps: 10 + 3 x 5; the split QKV matrix: its 3 own
+# (weight decay, momentum, update), 3 parts of 8 + 3 x 5, and the concatenation.
+ONE, QKV = 10 + 3 * 5, 3 + 3 * (8 + 3 * 5) + 1
+
+
+def test_every_rank_orthogonalises_all_its_matrices_without_the_distributed_optimizer() -> None:
+    env = ci()
+    # per layer: QKV, the output projection, the router, the one local expert's fc1 and fc2
+    assert env["time_muon_launches"] == 12 * (QKV + 4 * ONE) == 2076
+    assert env["time_muon_s"] == env["time_muon_launches"] * env["time_launch_s"]  # host-bound
+    assert env["time_optimizer_s"] > env["time_muon_s"]
+
+
+def test_the_layer_wise_optimizer_splits_dense_matrices_over_dp_and_experts_over_edp() -> None:
+    env = ci(use_distributed_optimizer=True)
+    # DP 8 shares the dense matrices; EDP 1 leaves each rank its own expert's two
+    assert env["time_muon_launches"] == Fraction(12 * (QKV + 2 * ONE), 8) + 12 * 2 * ONE
+
+
+def test_newton_schulz_flops_of_a_square_matrix() -> None:
+    env = ci()
+    m, rate, eff = 512, env["time_bf16_rate"], env["time_muon_q_small_eff"]
+    # per step X·Xᵀ and B·X (2·m²·n each, n = m here) and A·A (2·m³): 6·m³ at the shape share
+    assert env["time_muon_q_ns_s"] == 5 * 6 * m**3 / (rate * eff**3)
+    assert ci(muon_num_ns_steps=10)["time_muon_q_ns_s"] == 2 * env["time_muon_q_ns_s"]
+
+
+def test_the_weight_hash_copies_and_hashes_every_parameter_each_interval() -> None:
+    every = ci(check_weight_hash_across_dp_replicas_interval=1)
+    # bf16 over PCIe Gen5 x16 (64 GB/s), fp32 at OpenSSL's SHA-1 rate (1.93 cycles/byte, 3 GHz)
+    per_param = Fraction(2, 64 * 10**9) + 4 * Fraction(193, 100) / (3 * 10**9)
+    assert every["time_weight_hash_check_s"] == every["params_on_rank"] * per_param
+    fourth = ci(check_weight_hash_across_dp_replicas_interval=4)
+    assert fourth["time_weight_hash_s"] == every["time_weight_hash_s"] / 4
+    assert "time_weight_hash_s" not in ci()
+    assert "time_muon_s" not in ci(optimizer="adam")
