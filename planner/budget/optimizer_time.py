@@ -1,5 +1,6 @@
-"""Time page terms of the optimizer step beyond its HBM stream: Muon's Newton-Schulz
-orthogonalisation, and the per-step host check of `--check-weight-hash-across-dp-replicas-interval`.
+"""Time page terms of the host and the optimizer step beyond its HBM stream: Muon's Newton-Schulz
+orthogonalisation, the per-step host check of `--check-weight-hash-across-dp-replicas-interval`,
+and fine-grained activation offloading's copies over the host link.
 
 Muon (Megatron-LM dev@d48bd6be megatron/core/optimizer/emerging_optimizers.py
 TensorParallelMuon.orthogonalize, which calls emerging_optimizers' newton_schulz_tp) updates every
@@ -173,6 +174,26 @@ def _write_weight_hash(book: Book) -> str:
     return add("time_weight_hash_s", "hash_per_step * time_weight_hash_check_s", "s", "time",
                "the weight-hash check per step (training.check_weight_hash_across_dp_replicas_"
                "interval: once every N iterations)")
+
+
+def write_offload(book: Book, v: Variant) -> list[str]:
+    """Fine-grained activation offloading's copies over the host link, and the part of them the
+    compute they run beside does not hide (Megatron-LM dev@d48bd6be
+    megatron/core/pipeline_parallel/fine_grained_activation_offload.py: each offload group's D2H
+    copy runs on the manager's d2h_stream after the group's forward (bulk_offload_group), its H2D
+    reload on h2d_stream when the backward reaches the group (bulk_reload), and the backward's
+    stream waits for it). Returns the exposed term's name, or nothing without offloading."""
+    if not v.offload:
+        return []
+    add = book.add
+    add("time_offload_copy_s", "microbatches * offload_host_per_microbatch / bw_host_link", "s",
+        "time", "fine-grained activation offloading: one direction's copies of the step over the "
+        "GPU's host link (every microbatch's offload groups; the reloads move the same bytes back)")
+    return [add("time_offload_exposed_s", "Max(time_offload_copy_s - time_compute_s / 3, 0)"
+                " + Max(time_offload_copy_s - 2 * time_compute_s / 3, 0)", "s", "time",
+                "fine-grained activation offloading: the D2H copies beyond the forward compute "
+                "they run beside, and the H2D reloads beyond the backward's (the host link's "
+                "sharing with other GPUs and the offload's own host-side work are left out)")]
 
 
 def write(book: Book, v: Variant, dim_eff: Callable[[str], str]) -> list[str]:

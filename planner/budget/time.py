@@ -68,9 +68,10 @@ def write(book: Book, v: Variant) -> None:
         "all compute of the step, with the host time the GPU waits for, times the stack's factor "
         "(efficiency.stack_factor: 1 unless `moeplan calibrate` fits a stack the terms do not "
         "explain)")
-    exposed = _communication(book, v)
+    exposed = _communication(book, v) + optimizer_time.write_offload(book, v)
     add("time_exposed_comm_s", " + ".join(exposed) or "0", "s", "time",
-        "communication left on the critical path per step (every collective of the table)")
+        "communication left on the critical path per step (every collective of the table"
+        + (", and activation offloading's host-link copies" if v.offload else "") + ")")
     add("time_busy_s", "time_compute_s + time_exposed_comm_s", "s", "time",
         "compute and exposed communication of all microbatches of the step")
     add("time_microbatch_s", "time_busy_s / microbatches", "s", "time",

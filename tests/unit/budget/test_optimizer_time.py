@@ -12,7 +12,7 @@ from planner.config.loader import parse_config
 from planner.estimate import estimate
 
 
-def ci(**training: Any) -> dict[str, Any]:
+def ci(overlap: dict[str, Any] | None = None, **training: Any) -> dict[str, Any]:
     est = estimate(parse_config({
         "model": {"num_layers": 12, "hidden_size": 512, "num_attention_heads": 8, "num_experts": 8,
                   "moe_router_topk": 2, "moe_ffn_hidden_size": 1024, "swiglu": False,
@@ -21,7 +21,7 @@ def ci(**training: Any) -> dict[str, Any]:
                      "optimizer": "muon", **training},
         "parallel": {"world_size": 8, "ep": 8},
         "moe": {"moe_token_dispatcher_type": "allgather", "moe_grouped_gemm": True},
-        "cluster": {"gpu": "H100"}}))
+        "overlap": overlap or {}, "cluster": {"gpu": "H100"}}))
     return est.envs[est.slowest_stage]
 
 
@@ -61,3 +61,13 @@ def test_the_weight_hash_copies_and_hashes_every_parameter_each_interval() -> No
     assert fourth["time_weight_hash_s"] == every["time_weight_hash_s"] / 4
     assert "time_weight_hash_s" not in ci()
     assert "time_muon_s" not in ci(optimizer="adam")
+
+
+def test_offloaded_activations_cross_the_host_link_beside_the_compute() -> None:
+    env = ci({"fine_grained_activation_offloading": True, "offload_modules": ["expert_fc1", "moe_act"]},
+             optimizer="adam")
+    # PCIe Gen5 x16 on an H100: 64 GB/s each way; every microbatch's offload groups
+    copy = env["microbatches"] * env["offload_host_per_microbatch"] / Fraction(64 * 10**9)
+    assert env["time_offload_copy_s"] == copy > 0
+    compute = env["time_compute_s"]
+    assert env["time_offload_exposed_s"] == max(copy - compute / 3, 0) + max(copy - 2 * compute / 3, 0)
