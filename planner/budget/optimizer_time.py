@@ -1,6 +1,7 @@
 """Time page terms of the host and the optimizer step beyond its HBM stream: Muon's Newton-Schulz
 orthogonalisation, the per-step host check of `--check-weight-hash-across-dp-replicas-interval`,
-and fine-grained activation offloading's copies over the host link.
+fine-grained activation offloading's copies over the host link, and `--log-num-zeros-in-grad`'s
+per-tensor count in every optimizer step.
 
 Muon (Megatron-LM dev@d48bd6be megatron/core/optimizer/emerging_optimizers.py
 TensorParallelMuon.orthogonalize, which calls emerging_optimizers' newton_schulz_tp) updates every
@@ -196,6 +197,57 @@ def write_offload(book: Book, v: Variant) -> list[str]:
                 "sharing with other GPUs and the offload's own host-side work are left out)")]
 
 
+# Kernels count_zeros_fp32 launches per parameter tensor (Megatron-LM dev@d48bd6be
+# megatron/core/optimizer/clip_grads.py count_zeros_fp32, a Python loop over the optimizer's
+# parameters): torch.count_nonzero (a compare and a sum), `grad.numel() - count` and the running
+# total's add.
+COUNT_ZEROS_LAUNCHES = "4"
+
+
+def _tensor_counts(v: Variant) -> tuple[str, str]:
+    """Parameter tensors of the stage on one rank, (dense, expert), as Megatron's modules hold them
+    (a norm is a weight, and a bias under LayerNorm; a linear its weight, and a bias under
+    add_bias_linear): what a per-tensor loop over the optimizer's parameters visits."""
+    norm = "2" if v.layernorm else "1"
+    bias = 1 if v.bias else 0
+    if v.attention == "mla":
+        linears = 5 if v.mla_q_lora else 4
+        latent_norms = (2 if v.mla_q_lora else 1) if v.mla_norms else 0
+        attention = f"{linears + bias * linears} + {latent_norms} * {norm}"
+    else:
+        attention = f"{2 + 2 * bias + int(v.qkv_bias)}" + (f" + 2 * {norm}" if v.qk_norm else "")
+    mlp = f"{2 + 2 * bias}"
+    dense = (f"blocks * ({attention} + 2 * {norm}) + L_moe * ({1 + bias} + Min(I_s, 1) * {mlp}"
+             f"{' + Min(I_s, 1)' if v.shared_gate else ''}) + L_dense * {mlp}"
+             f" + has_embedding * {2 if v.learned_positions else 1} + has_output_weight"
+             f" + has_output * {norm} + L_mtp * (1 + 3 * {norm})")
+    return dense, f"L_moe * experts_per_rank * {mlp}"
+
+
+def _write_count_zeros(book: Book, v: Variant) -> str:
+    """`--log-num-zeros-in-grad`: the optimizer's step counts each gradient's zeros, tensor by
+    tensor (MegatronOptimizer.count_zeros over get_parameters: the distributed optimizer's are the
+    main-parameter shards this rank owns, a tensor split between two shards on both)."""
+    add = book.add
+    dense, expert = _tensor_counts(v)
+    add("time_dense_param_tensors", dense, "count", "time",
+        "dense parameter tensors of the stage on this rank (norm weights and biases, linears' "
+        "weights and biases, the router, embeddings and output)")
+    add("time_expert_param_tensors", expert, "count", "time",
+        "routed-expert parameter tensors of the stage on this rank (fc1 and fc2 per local expert)")
+    add("time_count_zeros_tensors", "time_dense_param_tensors / dense_opt_shards"
+        " + Min(dense_opt_shards - 1, 1) + time_expert_param_tensors / expert_opt_shards"
+        " + Min(expert_opt_shards - 1, 1)", "count", "time",
+        "tensors count_zeros_fp32 visits on this rank: its optimizer's parameters (under the "
+        "distributed optimizer each buffer's shard, one tensor shared with the next shard)")
+    return add("time_count_zeros_s", f"Max({COUNT_ZEROS_LAUNCHES} * time_count_zeros_tensors"
+               " * time_launch_s, (dense_shard_params + expert_shard_params) * 4 / time_hbm_rate)",
+               "s", "time", "log_num_zeros_in_grad, every step: the count's "
+               f"{COUNT_ZEROS_LAUNCHES} kernels per tensor at the host's time per launch (count_"
+               "nonzero, the subtraction, the running total), or reading every fp32 main grad "
+               "once, whichever is slower")
+
+
 def write(book: Book, v: Variant, dim_eff: Callable[[str], str]) -> list[str]:
     """The rows of the terms the config has; returns their names, which the optimizer step adds."""
     terms = []
@@ -203,4 +255,6 @@ def write(book: Book, v: Variant, dim_eff: Callable[[str], str]) -> list[str]:
         terms.append(_write_muon(book, v, dim_eff))
     if v.weight_hash:
         terms.append(_write_weight_hash(book))
+    if v.count_zeros:
+        terms.append(_write_count_zeros(book, v))
     return terms

@@ -267,6 +267,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         egtp=par.egtp > 1,
         muon_tp=tr.optimizer == "muon" and par.tp > 1,
         weight_hash=tr.check_weight_hash_across_dp_replicas_interval is not None,
+        count_zeros=tr.log_num_zeros_in_grad,
         tp=par.tp > 1,
         sp=par.tp > 1 and par.sequence_parallel,
         shared_overlap=ov.moe_shared_expert_overlap and bool(model.moe_shared_expert_intermediate_size),

@@ -745,6 +745,9 @@ class TrainingSection(Section):
     # copies its parameters to the host and hashes them (megatron/core/utils.py
     # check_param_hashes_across_dp_replicas); the time page prices it per step.
     check_weight_hash_across_dp_replicas_interval: PosInt | None = None
+    # Megatron's --log-num-zeros-in-grad: every optimizer step counts the zeros of each gradient
+    # tensor (megatron/core/optimizer/clip_grads.py count_zeros_fp32); the time page prices it.
+    log_num_zeros_in_grad: bool = False
     use_distributed_optimizer: bool = False
     num_distributed_optimizer_instances: PosInt = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"

@@ -81,6 +81,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("optimizer `muon` on MLA", {"optimizer": "muon", "kinds": frozenset({"mla"}), "mla_q_lora": True,
                                  "cp": False}),
     ("the weight-hash check (check_weight_hash_across_dp_replicas_interval)", {"weight_hash": True}),
+    ("zeros counted in every gradient (log_num_zeros_in_grad)", {"count_zeros": True}),
     ("TP > 1 with sequence parallelism", {"tp": True, "sp": True}),
     ("TP > 1 without sequence parallelism", {"tp": True}),
     ("TP > 1, sequence parallelism, overlapped shared expert",

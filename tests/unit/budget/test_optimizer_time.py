@@ -1,7 +1,7 @@
 """Muon's Newton-Schulz orthogonalisation and the weight-hash check on the time page
 (planner/budget/optimizer_time.py), hand-derived on Megatron-LM's own CI model (its
 gpt3_moe_mcore_te_ep8 functional tests: 12 layers, hidden 512, 8 heads, 8 experts of 1,024, EP 8
-on 8 ranks, GELU)."""
+on 8 ranks, GELU, LayerNorm, a learned position table)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def ci(overlap: dict[str, Any] | None = None, **training: Any) -> dict[str, Any]
     est = estimate(parse_config({
         "model": {"num_layers": 12, "hidden_size": 512, "num_attention_heads": 8, "num_experts": 8,
                   "moe_router_topk": 2, "moe_ffn_hidden_size": 1024, "swiglu": False,
-                  "add_bias_linear": False, "vocab_size": 50257},
+                  "add_bias_linear": False, "vocab_size": 50257, "normalization": "LayerNorm",
+                  "position_embedding_type": "learned_absolute", "max_position_embeddings": 1024},
         "training": {"micro_batch_size": 4, "global_batch_size": 32, "seq_length": 1024,
                      "optimizer": "muon", **training},
         "parallel": {"world_size": 8, "ep": 8},
@@ -71,3 +72,15 @@ def test_offloaded_activations_cross_the_host_link_beside_the_compute() -> None:
     assert env["time_offload_copy_s"] == copy > 0
     compute = env["time_compute_s"]
     assert env["time_offload_exposed_s"] == max(copy - compute / 3, 0) + max(copy - 2 * compute / 3, 0)
+
+
+def test_counting_zeros_visits_every_tensor_of_the_optimizer_shard() -> None:
+    env = ci(optimizer="adam", use_distributed_optimizer=True, log_num_zeros_in_grad=True)
+    # per block: QKV (with its LayerNorm weight and bias), output projection, pre-MLP LayerNorm
+    # weight and bias, router: 7; word and position embeddings, final LayerNorm: 4 (tied output)
+    assert env["time_dense_param_tensors"] == 12 * 7 + 4 == 88
+    assert env["time_expert_param_tensors"] == 12 * 2  # one local expert's fc1 and fc2 per layer
+    # DP 8 shards the dense buffer (one tensor straddles the boundary); EDP 1 keeps every expert's
+    assert env["time_count_zeros_tensors"] == Fraction(88, 8) + 1 + 24
+    assert env["time_count_zeros_s"] == 4 * 36 * env["time_launch_s"]
+    assert "time_count_zeros_s" not in ci(optimizer="adam")
