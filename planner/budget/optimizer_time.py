@@ -11,8 +11,9 @@ matrix, in a Python loop, decoupled weight decay, the momentum's lerp, a Frobeni
 num_ns_steps Newton-Schulz steps of three GEMMs each (X·Xᵀ, b·A + c·A·A, a·X + B·X, in BF16 under
 Megatron's default --muon-fp32-matmul-prec medium) on the matrix turned so its rows are the smaller
 side, the scale and the update. For an m x n matrix with m <= n one step is 4·m²·n + 2·m³ FLOPs.
-Megatron's default --muon-tp-mode blockwise runs it on each rank's own TP shard, and the default
-split_qkv runs the fused QKV matrix as its q, k and v parts. The layer-wise distributed optimizer
+Megatron's default --muon-tp-mode blockwise runs it on each rank's own TP shard (duplicated gathers
+the whole matrix first, and every TP rank runs it), and the default split_qkv runs the fused QKV
+matrix as its q, k and v parts. The layer-wise distributed optimizer
 (--use-distributed-optimizer with Muon) gives each DP rank whole matrices of its own: dense ones
 over dp_cp, expert ones over expt_dp (LayerWiseDistributedOptimizer.shard_params). The host issues
 every kernel of that loop, so the step takes the slower of its host time and its GPU time.
@@ -35,6 +36,9 @@ from planner.config.schema import Config
 GIGA = 10**9
 
 OPTIMIZER_SYMBOLS: tuple[Symbol, ...] = (
+    Symbol("muon_tp_div", "what Muon's Newton-Schulz divides a TP-sliced side by: TP, or 1 under "
+           "training.muon_tp_mode duplicated (the matrix gathered whole)"),
+    Symbol("muon_etp_div", "the same for the ETP-sliced expert matrices: ETP, or 1 under duplicated"),
     Symbol("ns_steps", "Newton-Schulz steps per Muon matrix (training.muon_num_ns_steps; "
            "Megatron's --muon-num-ns-steps, default 5)"),
     Symbol("hash_per_step", "weight-hash checks per iteration: 1 / training."
@@ -84,7 +88,10 @@ def optimizer_values(cfg: Config) -> dict[str, Number]:
     interval = tr.check_weight_hash_across_dp_replicas_interval
     cycles, hz = HOST_SHA1.get(card.host, HOST_SHA1["x86"])
     link = GRACE_C2C_GB_S if card.host == "grace" else HOST_LINKS.get(card.family, 64)
+    whole = tr.muon_tp_mode == "duplicated"
     return {
+        "muon_tp_div": 1 if whole else cfg.parallel.tp,
+        "muon_etp_div": 1 if whole else cfg.degrees.etp,
         "ns_steps": tr.muon_num_ns_steps,
         "hash_per_step": normalize(Fraction(1, interval)) if interval else 0,
         "sha1_rate": normalize(Fraction(hz) / cycles),
@@ -94,33 +101,33 @@ def optimizer_values(cfg: Config) -> dict[str, Number]:
 
 def _muon_matrices(v: Variant) -> list[tuple[str, str, str, str, str, str]]:
     """(name, rows, cols, count on the stage, launches each, group) of every matrix Muon updates,
-    as each rank holds it (TP and ETP shards: Megatron's blockwise default orthogonalises the
-    shard)."""
+    as Newton-Schulz sees it: the rank's TP / ETP shard under --muon-tp-mode blockwise (Megatron's
+    default) and distributed, the whole matrix under duplicated (muon_tp_div, muon_etp_div)."""
     w, fc1 = routed_width(v), v.mlp_matrices - 1
     one = MUON_FIXED_LAUNCHES + " + 3 * ns_steps"
     rows: list[tuple[str, str, str, str, str, str]] = []
     if v.attention == "mla":
         if v.mla_q_lora:
             rows += [("q_down", "q_lora", "h", "blocks", one, "dense"),
-                     ("q_up", "heads * (d_qk + qk_rope) / TP", "q_lora", "blocks", one, "dense")]
+                     ("q_up", "heads * (d_qk + qk_rope) / muon_tp_div", "q_lora", "blocks", one, "dense")]
         else:
-            rows.append(("q_proj", "heads * (d_qk + qk_rope) / TP", "h", "blocks", one, "dense"))
+            rows.append(("q_proj", "heads * (d_qk + qk_rope) / muon_tp_div", "h", "blocks", one, "dense"))
         rows += [("kv_down", "kv_lora + qk_rope", "h", "blocks", one, "dense"),
-                 ("kv_up", "heads * (d_qk + d_v) / TP", "kv_lora", "blocks", one, "dense"),
-                 ("attn_proj", "h", "heads * d_v / TP", "blocks", one, "dense")]
+                 ("kv_up", "heads * (d_qk + d_v) / muon_tp_div", "kv_lora", "blocks", one, "dense"),
+                 ("attn_proj", "h", "heads * d_v / muon_tp_div", "blocks", one, "dense")]
     else:
         # the QKV launches are counted once, on the q part
-        rows += [("q", "heads * d / TP", "h", "blocks", MUON_QKV_LAUNCHES, "dense"),
-                 ("kv", "groups * d / TP", "h", "2 * blocks", "0", "dense"),
-                 ("attn_proj", "h", "heads * d / TP", "blocks", one, "dense")]
+        rows += [("q", "heads * d / muon_tp_div", "h", "blocks", MUON_QKV_LAUNCHES, "dense"),
+                 ("kv", "groups * d / muon_tp_div", "h", "2 * blocks", "0", "dense"),
+                 ("attn_proj", "h", "heads * d / muon_tp_div", "blocks", one, "dense")]
     rows += [("router", "E", "h", "L_moe", one, "dense"),
-             ("expert_fc1", f"{fc1} * I / ETP", w, "L_moe * experts_per_rank", one, "expert"),
-             ("expert_fc2", w, "I / ETP", "L_moe * experts_per_rank", one, "expert"),
-             ("shared_fc1", f"{fc1} * I_s / TP", "h", "L_moe * Min(I_s, 1)", one, "dense"),
-             ("shared_fc2", "h", "I_s / TP", "L_moe * Min(I_s, 1)", one, "dense"),
-             ("dense_fc1", f"{fc1} * f / TP", "h", "L_dense", one, "dense"),
-             ("dense_fc2", "h", "f / TP", "L_dense", one, "dense"),
-             ("mtp_eh_proj", "h / TP", "2 * h", "L_mtp", one, "dense")]
+             ("expert_fc1", f"{fc1} * I / muon_etp_div", w, "L_moe * experts_per_rank", one, "expert"),
+             ("expert_fc2", w, "I / muon_etp_div", "L_moe * experts_per_rank", one, "expert"),
+             ("shared_fc1", f"{fc1} * I_s / muon_tp_div", "h", "L_moe * Min(I_s, 1)", one, "dense"),
+             ("shared_fc2", "h", "I_s / muon_tp_div", "L_moe * Min(I_s, 1)", one, "dense"),
+             ("dense_fc1", f"{fc1} * f / muon_tp_div", "h", "L_dense", one, "dense"),
+             ("dense_fc2", "h", "f / muon_tp_div", "L_dense", one, "dense"),
+             ("mtp_eh_proj", "h / muon_tp_div", "2 * h", "L_mtp", one, "dense")]
     return rows
 
 

@@ -265,7 +265,8 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         fsdp=tr.data_parallel_sharding_strategy if tr.use_megatron_fsdp else "",
         gtp=par.gtp > 1,
         egtp=par.egtp > 1,
-        muon_tp=tr.optimizer == "muon" and par.tp > 1,
+        muon_tp=tr.optimizer == "muon" and tr.muon_tp_mode == "duplicated"
+        and (par.tp > 1 or cfg.degrees.etp > 1),
         weight_hash=tr.check_weight_hash_across_dp_replicas_interval is not None,
         count_zeros=tr.log_num_zeros_in_grad,
         tp=par.tp > 1,

@@ -741,6 +741,10 @@ class TrainingSection(Section):
     # Muon's Newton-Schulz iterations per weight matrix (Megatron-LM dev@d48bd6be
     # megatron/training/arguments.py --muon-num-ns-steps, default 5): the time page prices them.
     muon_num_ns_steps: PosInt = 5
+    # --muon-tp-mode (default blockwise): blockwise orthogonalises each TP rank's own shard,
+    # duplicated gathers the whole matrix to every TP rank first, distributed shards the iteration
+    # and all-reduces X·Xᵀ each step (emerging_optimizers.py TensorParallelMuon.orthogonalize).
+    muon_tp_mode: Literal["blockwise", "duplicated", "distributed"] = "blockwise"
     # Megatron's --check-weight-hash-across-dp-replicas-interval: every N iterations each rank
     # copies its parameters to the host and hashes them (megatron/core/utils.py
     # check_param_hashes_across_dp_replicas); the time page prices it per step.

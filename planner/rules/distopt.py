@@ -189,7 +189,9 @@ def muon_unpriced_matrices(f: Facts) -> list[str]:
               or m.window_kv_channels is not None or m.attention_k_eq_v
               or (m.attention_variant == "standard" and m.v_head_dim != m.kv_channels),
               "attention heads of their own width (window heads, value heads, K = V)"),
-             (f.cfg.moe.moe_latent_size is not None, "latent MoE projections")]
+             (f.cfg.moe.moe_latent_size is not None, "latent MoE projections"),
+             (f.train.muon_tp_mode == "distributed" and (f.par.tp > 1 or f.degrees.etp > 1),
+              "tp_mode distributed's TP-sharded iteration (its all-reduce of X·Xᵀ every step)")]
     return [what for on, what in parts if on]
 
 

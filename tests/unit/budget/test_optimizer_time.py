@@ -84,3 +84,22 @@ def test_counting_zeros_visits_every_tensor_of_the_optimizer_shard() -> None:
     assert env["time_count_zeros_tensors"] == Fraction(88, 8) + 1 + 24
     assert env["time_count_zeros_s"] == 4 * 36 * env["time_launch_s"]
     assert "time_count_zeros_s" not in ci(optimizer="adam")
+
+
+def test_blockwise_muon_orthogonalises_the_tp_shard_and_gathers_nothing() -> None:
+    """Megatron's --muon-tp-mode blockwise (the default) runs newton_schulz on the shard
+    (partition_dim None); duplicated gathers the fp32 momentum whole first."""
+    def tp2(mode: str) -> dict[str, Any]:
+        est = estimate(parse_config({
+            "model": {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
+                      "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 1024,
+                      "vocab_size": 50304},
+            "training": {"micro_batch_size": 1, "global_batch_size": 8, "seq_length": 1024,
+                         "optimizer": "muon", "muon_tp_mode": mode},
+            "parallel": {"world_size": 8, "tp": 2, "ep": 4, "sequence_parallel": True},
+            "cluster": {"gpu": "H100"}}))
+        return est.envs[est.slowest_stage]
+    shard, whole = tp2("blockwise"), tp2("duplicated")
+    assert (shard["time_muon_q_small"], whole["time_muon_q_small"]) == (512, 1024)  # 8 x 128 / TP
+    assert "step_muon_dense_tp_gather_fwd_intra_node_bytes" not in shard
+    assert whole["step_muon_dense_tp_gather_fwd_intra_node_bytes"] > 0
