@@ -86,8 +86,8 @@ def optimizer_values(cfg: Config) -> dict[str, Number]:
     """The inputs of this module's rows."""
     tr, card = cfg.training, gpu(cfg.cluster.gpu)
     interval = tr.check_weight_hash_across_dp_replicas_interval
-    cycles, hz = HOST_SHA1.get(card.host, HOST_SHA1["x86"])
-    link = GRACE_C2C_GB_S if card.host == "grace" else HOST_LINKS.get(card.family, 64)
+    cycles, hz = HOST_SHA1[card.host]  # a catalog card of a new host or family must add its row
+    link = GRACE_C2C_GB_S if card.host == "grace" else HOST_LINKS[card.family]
     whole = tr.muon_tp_mode == "duplicated"
     return {
         "muon_tp_div": 1 if whole else cfg.parallel.tp,

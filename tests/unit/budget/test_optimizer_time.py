@@ -103,3 +103,11 @@ def test_blockwise_muon_orthogonalises_the_tp_shard_and_gathers_nothing() -> Non
     assert (shard["time_muon_q_small"], whole["time_muon_q_small"]) == (512, 1024)  # 8 x 128 / TP
     assert "step_muon_dense_tp_gather_fwd_intra_node_bytes" not in shard
     assert whole["step_muon_dense_tp_gather_fwd_intra_node_bytes"] > 0
+
+
+def test_every_catalog_card_has_its_host_link_and_sha1_rate() -> None:
+    from planner.budget.optimizer_time import HOST_LINKS, HOST_SHA1
+    from planner.config.gpus import GPUS
+    for card in GPUS.values():
+        assert card.host in HOST_SHA1, card.name
+        assert card.host == "grace" or card.family in HOST_LINKS, card.name
