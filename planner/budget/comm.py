@@ -554,8 +554,10 @@ def _add_weight_steps(c: Collectives, v: Variant) -> None:
 
     Every microbatch gathers each sliced weight twice (forward, backward) and reduce-scatters its
     whole temporary wgrad once; the gathers and the wgrad move weights in the training precision.
-    Muon follows Megatron: TensorParallelMuon's default tp_mode `duplicated` gathers each TP-sliced
-    fp32 momentum whole and every TP rank runs Newton-Schulz on it. The DeepSeek-V4 Megatron
+    Muon follows Megatron: under --muon-tp-mode duplicated TensorParallelMuon gathers each
+    TP-sliced fp32 momentum whole and every TP rank runs Newton-Schulz on it; the default,
+    blockwise, orthogonalises each rank's own shard and gathers nothing (newton_schulz_tp's
+    partition_dim None path). The DeepSeek-V4 Megatron
     write-up's Muon all-to-all (BF16 gradients, stochastically rounded, exchanged so each rank
     holds whole expert matrices) is DeepSeek's own trainer, not Megatron's, and is not priced.
     """
@@ -578,12 +580,12 @@ def _add_weight_steps(c: Collectives, v: Variant) -> None:
     c.close("gtp_replicated_grad_reduce", group="gtp_remat")
     if v.optimizer != "muon":
         return
-    if v.muon_tp:
+    if v.muon_tp and v.tp:
         c.add("muon_dense_tp_gather", "fwd", "tp", "allgather", "dense_sliced_params * 4",
               "TP * dense_sliced_params * 4", "once per step: fp32 momentum of the TP-sliced "
               "dense matrices, gathered whole for Newton-Schulz")
     c.close("muon_dense_tp_gather", group="tp")
-    if v.etp:
+    if v.muon_tp and v.etp:
         c.add("muon_expert_tp_gather", "fwd", "expt_tp", "allgather", "expert_params_on_rank * 4",
               "ETP * expert_params_on_rank * 4", "once per step: fp32 momentum of the ETP-sliced "
               "expert matrices, gathered whole for Newton-Schulz")

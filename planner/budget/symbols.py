@@ -27,6 +27,7 @@ from planner.budget.layer_kinds import (
     layer_counts,
 )
 from planner.budget.model_counts import MODEL_SYMBOLS, model_values
+from planner.budget.optimizer_time import OPTIMIZER_SYMBOLS, optimizer_values
 from planner.budget.variant import Variant
 from planner.config.deepep_buffers import deepep_buffers
 from planner.config.gpus import pre_hopper, takes_tn_only
@@ -140,6 +141,7 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
     *MODEL_SYMBOLS,
     *KIND_SYMBOLS,
     *HARDWARE_SYMBOLS,
+    *OPTIMIZER_SYMBOLS,
 )
 
 STAGE_SYMBOLS: tuple[Symbol, ...] = tuple(Symbol(n, doc, "stage") for n, doc in (
@@ -263,7 +265,10 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         fsdp=tr.data_parallel_sharding_strategy if tr.use_megatron_fsdp else "",
         gtp=par.gtp > 1,
         egtp=par.egtp > 1,
-        muon_tp=tr.optimizer == "muon" and par.tp > 1,
+        muon_tp=tr.optimizer == "muon" and tr.muon_tp_mode == "duplicated"
+        and (par.tp > 1 or cfg.degrees.etp > 1),
+        weight_hash=tr.check_weight_hash_across_dp_replicas_interval is not None,
+        count_zeros=tr.log_num_zeros_in_grad,
         tp=par.tp > 1,
         sp=par.tp > 1 and par.sequence_parallel,
         shared_overlap=ov.moe_shared_expert_overlap and bool(model.moe_shared_expert_intermediate_size),
@@ -498,6 +503,7 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         **model_values(cfg),
         **kind_values(cfg),
         **hardware_values(cfg),
+        **optimizer_values(cfg),
     }
 
 

@@ -24,6 +24,7 @@ tokens; `imbalance` scales the routed-expert share for the busiest rank.
 
 from __future__ import annotations
 
+from planner.budget import optimizer_time
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Book, ident
 from planner.budget.hardware import overlap_symbol
@@ -67,19 +68,22 @@ def write(book: Book, v: Variant) -> None:
         "all compute of the step, with the host time the GPU waits for, times the stack's factor "
         "(efficiency.stack_factor: 1 unless `moeplan calibrate` fits a stack the terms do not "
         "explain)")
-    exposed = _communication(book, v)
+    exposed = _communication(book, v) + optimizer_time.write_offload(book, v)
     add("time_exposed_comm_s", " + ".join(exposed) or "0", "s", "time",
-        "communication left on the critical path per step (every collective of the table)")
+        "communication left on the critical path per step (every collective of the table"
+        + (", and activation offloading's host-link copies" if v.offload else "") + ")")
     add("time_busy_s", "time_compute_s + time_exposed_comm_s", "s", "time",
         "compute and exposed communication of all microbatches of the step")
     add("time_microbatch_s", "time_busy_s / microbatches", "s", "time",
         "one microbatch through every model chunk of the stage, forward and backward: the "
         "pipeline's unit of work (the pipeline page, planner/budget/pipeline.py, sums other "
         "stages' chunks of it into the bubble)")
+    extra = "".join(f" + {term}" for term in optimizer_time.write(book, v, _dim_eff))
     add("time_optimizer_s", "(weight_bytes + grad_bytes + 2 * optimizer_bytes) / (bw_hbm * eff_hbm)"
-        " + t_step_fixed", "s", "time", "optimizer step: read grads and state, write state and "
-        "weights once (HBM), plus the fixed cost of a step (optimizer launches, gradient-sync "
-        "set-up, logging)")
+        " + t_step_fixed" + extra, "s", "time", "optimizer step: read grads and state, write state "
+        "and weights once (HBM), plus the fixed cost of a step (optimizer launches, gradient-sync "
+        "set-up, logging)" + (" and what planner/budget/optimizer_time.py prices (Muon's "
+        "orthogonalisation, the weight-hash check)" if extra else ""))
 
 
 def _kinds(book: Book, v: Variant) -> None:

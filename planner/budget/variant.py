@@ -44,7 +44,12 @@ class Variant:
     fsdp: str = ""  # Megatron-FSDP sharding strategy (data_parallel_sharding_strategy), "" without
     gtp: bool = False  # GTP > 1: dense weights rematerialised over gtp_remat
     egtp: bool = False  # EGTP > 1: routed-expert weights rematerialised over expt_gtp_remat
-    muon_tp: bool = False  # Muon with TP > 1: TP shards of each matrix gathered for Newton-Schulz
+    # Muon's tp_mode duplicated with TP or ETP > 1: TP shards of each matrix gathered for Newton-Schulz
+    muon_tp: bool = False
+    # --check-weight-hash-across-dp-replicas-interval: the host hashes every parameter each N steps
+    weight_hash: bool = False
+    # --log-num-zeros-in-grad: every optimizer step counts each gradient tensor's zeros
+    count_zeros: bool = False
     tp: bool = False  # TP > 1: attention, shared-expert and dense-MLP linears are TP-sharded
     sp: bool = False  # sequence parallelism (with TP > 1)
     shared_overlap: bool = False  # moe_shared_expert_overlap: the shared expert's own AG/RS

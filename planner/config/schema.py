@@ -766,6 +766,20 @@ class TrainingSection(Section):
     sequence_packing_scheduler: Literal["dp_balanced", "default_dynamic_cp"] | None = None
     variable_seq_lengths: bool = False
     optimizer: Literal["adam", "sgd", "muon"] = "adam"
+    # Muon's Newton-Schulz iterations per weight matrix (Megatron-LM dev@d48bd6be
+    # megatron/training/arguments.py --muon-num-ns-steps, default 5): the time page prices them.
+    muon_num_ns_steps: PosInt = 5
+    # --muon-tp-mode (default blockwise): blockwise orthogonalises each TP rank's own shard,
+    # duplicated gathers the whole matrix to every TP rank first, distributed shards the iteration
+    # and all-reduces X·Xᵀ each step (emerging_optimizers.py TensorParallelMuon.orthogonalize).
+    muon_tp_mode: Literal["blockwise", "duplicated", "distributed"] = "blockwise"
+    # Megatron's --check-weight-hash-across-dp-replicas-interval: every N iterations each rank
+    # copies its parameters to the host and hashes them (megatron/core/utils.py
+    # check_param_hashes_across_dp_replicas); the time page prices it per step.
+    check_weight_hash_across_dp_replicas_interval: PosInt | None = None
+    # Megatron's --log-num-zeros-in-grad: every optimizer step counts the zeros of each gradient
+    # tensor (megatron/core/optimizer/clip_grads.py count_zeros_fp32); the time page prices it.
+    log_num_zeros_in_grad: bool = False
     use_distributed_optimizer: bool = False
     num_distributed_optimizer_instances: PosInt = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"

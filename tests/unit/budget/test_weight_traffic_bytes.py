@@ -205,8 +205,12 @@ def test_mem_hint_under_fsdp_never_asks_for_the_distributed_optimizer():
 
 
 def test_muon_gathers_the_tp_slices_of_its_fp32_momentum():
+    # --muon-tp-mode duplicated gathers the slices; the default, blockwise, gathers nothing
+    blockwise = _stage0("parallel: {tp: 2, etp: 2, ep: 2, sequence_parallel: true}\n"
+                        "training: {optimizer: muon}")
+    assert _step(blockwise, "muon_dense_tp_gather", "fwd")[:2] == (0, 0)
     env = _stage0("parallel: {tp: 2, etp: 2, ep: 2, sequence_parallel: true}\n"
-                  "training: {optimizer: muon}")
+                  "training: {optimizer: muon, muon_tp_mode: duplicated}")
     # 24576 · 4 B = 98304 own slice; TP 2 · 98304 whole; wire (2-1) · 98304.
     assert _step(env, "muon_dense_tp_gather", "fwd") == (98304, 196608, 98304, 98304, 0)
     # 49152 · 4 B = 196608 own; 393216 whole.
