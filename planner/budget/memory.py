@@ -365,6 +365,12 @@ def _add_recompute(book: Book, v: Variant) -> None:
     if v.recompute != "full":
         add("act_stored_layers", "act_layers_per_microbatch", "bytes", "memory",
             "per microbatch: block activations kept for backward")
+        if "act_dsa_core_inputs_per_layer" in book.levels:
+            # the checkpointed DSA core (selective core_attn) is re-run in its layer's backward
+            add("recompute_working_bytes", "Min(blocks, 1) * act_dsa_core_per_layer", "bytes",
+                "memory", "one DSA layer's sparse-attention core re-materialised during its "
+                "backward (selective core_attn recompute)")
+            return
         add("recompute_working_bytes", "0", "bytes", "memory", "no full recompute")
         return
     if v.recompute_method == "block" and v.hybrid_stack:

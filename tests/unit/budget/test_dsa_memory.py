@@ -1,0 +1,70 @@
+"""DSA's stored activations by hand (planner/budget/layer_kinds.py DSA `_dsa_activations`).
+
+The toy: tiny-cpu-8 (4 heads, S 32, CP 2, TP 1, two decoder layers) as MLA with kv_lora 32,
+qk_rope 8 and a DSA indexer. Megatron-LM dev@d48bd6be's default DSA path (dsa_kernel_backend
+none, no indexer loss) runs the indexer under no_grad and the sparse attention as
+_unfused_absorbed_dsa_fn over dense scores [b, heads/TP, S/CP, S] = [b, 4, 16, 32]: every figure
+below is that function's autograd-saved tensors written out (hn = kv_lora + qk_rope = 40)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.accounting import budgets
+from planner.config.loader import load_config, parse_config
+from tests.support.paths import EXAMPLES
+
+HEADS, S, CP, KV_LORA, ROPE = 4, 32, 2, 32, 8
+HN = KV_LORA + ROPE
+DSA = {"attention_variant": "mla", "kv_lora_rank": KV_LORA, "qk_pos_emb_head_dim": ROPE,
+       "qk_head_dim": 16, "v_head_dim": 16, "q_lora_rank": 16, "dsa": True, "index_n_heads": 2,
+       "index_head_dim": 8, "index_topk": 4}
+
+
+def _values(model: dict[str, Any] | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
+    data = load_config(EXAMPLES / "tiny-cpu-8.yaml").model_dump(mode="json", exclude_unset=True)
+    data["model"].update(DSA, **(model or {}))
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return {b.name: b.value for b in budgets(parse_config(data), stage=0) if b.stage in (None, 0)}
+
+
+def _core(b: int, p: int) -> int:
+    """One layer's saved bytes, tensor by tensor."""
+    elements, rows = b * HEADS * (S // CP) * S, b * HEADS * (S // CP)
+    scores = elements * (3 * 1 + 4 + 4 + p)  # 3 bool masks, exp out, division numerator, probs
+    per_row = rows * (8 + 1 + 4 + 4)  # max indices, where condition, clamp_min input, divisor
+    query = rows * HN * 4  # the fp32 query of the score matmul
+    latent_out = rows * KV_LORA * p  # the up_v einsum's input
+    if b == 1:  # matmul views the broadcast key: fp32 key copy + the latent key (one tensor at fp32)
+        keys = S * HN * (4 if p == 4 else 4 + p)
+    else:  # matmul expands the key per head before bmm: copies of the fp32 key and latent value
+        keys = b * HEADS * S * (HN * 4 + KV_LORA * p)
+    return scores + per_row + query + latent_out + keys
+
+
+def test_unfused_dsa_core_by_hand() -> None:
+    env = _values()  # fp32, micro-batch 1
+    assert env["dsa_score_elements"] == 1 * 4 * 16 * 32 == 2048
+    assert env["act_dsa_core_per_layer"] == _core(1, 4) == 2048 * 15 + 64 * (17 + 160 + 128) + 32 * 40 * 4
+    assert _core(1, 4) == 55_360
+    bf16 = _values(training={"precision": "bf16"})
+    assert bf16["act_dsa_core_per_layer"] == _core(1, 2) == 2048 * 13 + 64 * (17 + 160 + 64) + 32 * 40 * 6
+    two = _values(training={"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 16})
+    assert two["act_dsa_core_per_layer"] == _core(2, 2) == 4096 * 13 + 128 * 241 + 2 * 4 * 32 * (160 + 64)
+
+
+def test_dsa_core_is_stored_per_layer_and_dropped_by_core_attn_recompute() -> None:
+    """Both layers keep the core; selective core_attn keeps the checkpoint's absorbed query and
+    local latent key instead and re-runs one layer's core in backward; without DSA nothing."""
+    plain = _values({"dsa": False})
+    env = _values()
+    assert env["act_layers_per_microbatch"] - plain["act_layers_per_microbatch"] == 2 * 55_360
+    assert env["recompute_working_bytes"] == 0
+    ckpt = _values(overlap={"recompute_granularity": "selective", "recompute_modules": ["core_attn"]})
+    inputs = 1 * HEADS * (S // CP) * HN * 4 + 1 * (S // CP) * HN * 4  # query rows + local key
+    assert ckpt["act_dsa_core_inputs_per_layer"] == inputs == 10_240 + 2560
+    assert "act_dsa_core_per_layer" in ckpt and ckpt["recompute_working_bytes"] == 55_360
+    base = _values({"dsa": False}, overlap={"recompute_granularity": "selective",
+                                            "recompute_modules": ["core_attn"]})
+    assert ckpt["act_layers_per_microbatch"] - base["act_layers_per_microbatch"] == 2 * inputs
