@@ -452,6 +452,17 @@ def _dsa_activations(book: Book, v: Variant, per_block: str) -> str:
         "none): masks, exp output, numerator and cast probabilities of the dense scores "
         "(3 + 4 + 4 + p bytes each), per row the max indices, where condition and row sums, the "
         "fp32 query, the latent output, and the fp32 and latent key (per head above micro-batch 1)")
+    # transients of one DSA layer's forward (also in its re-run under recompute): the indexer's
+    # no-grad scores, einsum output and ReLU output (then the weighted product) in fp32
+    # [S/CP, b, idx_heads, S] on every TP rank (dsa.py _compute_index_scores); in the core,
+    # during masked_softmax's exp: the caller's masked scores, masked_logits and their difference
+    # with the row max, fp32 each, beside the fp32 index mask and its bool validity
+    add("dsa_transient_bytes", "Max(2 * b * S / cp_runtime * idx_heads * S * 4, "
+        "3 * dsa_score_elements * 4 + 5 * b * S / cp_runtime * S)", "bytes", "memory",
+        "one DSA layer's largest forward transient: the indexer's two fp32 [S/CP, b, idx_heads, "
+        "S] score tensors, or the sparse attention's three fp32 score tensors during the softmax "
+        "with the fp32 index mask and bool validity [b, S/CP, S] (the backward's score gradients "
+        "are not counted)")
     if "core_attn" in v.recompute_modules and v.recompute != "full":
         add("act_dsa_core_inputs_per_layer", "dsa_score_rows * (kv_lora + qk_rope) * p"
             " + b * S / cp_runtime * (kv_lora + qk_rope) * p", "bytes", "memory",

@@ -50,6 +50,10 @@ def test_unfused_dsa_core_by_hand() -> None:
     assert _core(1, 4) == 55_360
     bf16 = _values(training={"precision": "bf16"})
     assert bf16["act_dsa_core_per_layer"] == _core(1, 2) == 2048 * 13 + 64 * (17 + 160 + 64) + 32 * 40 * 6
+    # the largest forward transient: three fp32 score tensors during the softmax's exp beside the
+    # fp32 index mask and its bool validity [b, S/CP, S], against the indexer's two fp32
+    # [S/CP, b, idx_heads 2, S] score tensors (8,192 bytes)
+    assert env["dsa_transient_bytes"] == max(2 * 16 * 2 * 32 * 4, 3 * 2048 * 4 + 5 * 16 * 32) == 27_136
     two = _values(training={"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 16})
     assert two["act_dsa_core_per_layer"] == _core(2, 2) == 4096 * 13 + 128 * 241 + 2 * 4 * 32 * (160 + 64)
 
