@@ -444,9 +444,14 @@ def _dsa_activations(book: Book, v: Variant, per_block: str) -> str:
     add("dsa_score_rows", "b * heads / TP * S / cp_runtime", "count", "memory",
         "per microbatch and DSA layer: score rows (the rank's heads times its queries)")
     wide = "Min(b - 1, 1)"  # 0 at micro-batch 1 (matmul views the broadcast key), 1 above
+    # at micro-batch 1 the fp32 key copy (the key itself at fp32) and the latent key viewed; under
+    # mla_up_proj recompute the latent key's storage is discarded after the forward
+    # (CheckpointWithoutOutput.discard_output_and_register_recompute) and rebuilt for backward
+    narrow = ("4 * Min(4 - p, 1)" if "mla_up_proj" in v.recompute_modules and v.recompute != "full"
+              else "4 + Min(4 - p, 1) * p")
     add("act_dsa_core_per_layer", "dsa_score_elements * (11 + p) + dsa_score_rows * (17 + 4 * "
-        f"(kv_lora + qk_rope) + kv_lora * p) + S * ((1 - {wide}) * (kv_lora + qk_rope) * (4 + "
-        f"Min(4 - p, 1) * p) + {wide} * b * heads / TP * (4 * (kv_lora + qk_rope) + kv_lora * p))",
+        f"(kv_lora + qk_rope) + kv_lora * p) + S * ((1 - {wide}) * (kv_lora + qk_rope) * ({narrow})"
+        f" + {wide} * b * heads / TP * (4 * (kv_lora + qk_rope) + kv_lora * p))",
         "bytes", "memory",
         "per microbatch: what one DSA layer's unfused sparse attention keeps (dsa_kernel_backend "
         "none): masks, exp output, numerator and cast probabilities of the dense scores "

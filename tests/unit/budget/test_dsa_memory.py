@@ -18,7 +18,7 @@ HEADS, S, CP, KV_LORA, ROPE = 4, 32, 2, 32, 8
 HN = KV_LORA + ROPE
 DSA = {"attention_variant": "mla", "kv_lora_rank": KV_LORA, "qk_pos_emb_head_dim": ROPE,
        "qk_head_dim": 16, "v_head_dim": 16, "q_lora_rank": 16, "dsa": True, "index_n_heads": 2,
-       "index_head_dim": 8, "index_topk": 4}
+       "index_head_dim": 8, "index_topk": 4, "qk_layernorm": True}
 
 
 def _values(model: dict[str, Any] | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -58,17 +58,34 @@ def test_unfused_dsa_core_by_hand() -> None:
     assert two["act_dsa_core_per_layer"] == _core(2, 2) == 4096 * 13 + 128 * 241 + 2 * 4 * 32 * (160 + 64)
 
 
-def test_dsa_core_is_stored_per_layer_and_dropped_by_core_attn_recompute() -> None:
-    """Both layers keep the core; selective core_attn keeps the checkpoint's absorbed query and
-    local latent key instead and re-runs one layer's core in backward; without DSA nothing."""
-    plain = _values({"dsa": False})
+def test_absorbed_attention_block_by_hand() -> None:
+    """The attention block is AbsorbedMLASelfAttention's, per token of the rank (16 = S/CP):
+    norm in/out 2h, q norm in and q up-projection in 2·q_lora, kv norm in kv_lora + qk_rope, the
+    einsum's copy of the non-rotary query heads·d_qk, linear_proj's input heads·d_v (no per-head
+    K or V, no flash statistics); mla_up_proj keeps the checkpoint's latent key and rotary part
+    instead of the query copy, and frees the latent key the core viewed (micro-batch 1)."""
     env = _values()
-    assert env["act_layers_per_microbatch"] - plain["act_layers_per_microbatch"] == 2 * 55_360
+    assert env["act_attention_per_block"] == 16 * (2 * 64 + 2 * 16 + HN + HEADS * 16 + HEADS * 16) * 4
+    bare = _values({"qk_layernorm": False})  # no q/kv norms: only the q up-projection's input
+    assert bare["act_attention_per_block"] == 16 * (2 * 64 + 16 + HEADS * 16 + HEADS * 16) * 4
+    up = _values(overlap={"recompute_granularity": "selective", "recompute_modules": ["mla_up_proj"]})
+    assert up["act_attention_per_block"] == 16 * (2 * 64 + 2 * 16 + HN + 1 * HN + HEADS * 16) * 4
+    assert up["act_dsa_core_per_layer"] == _core(1, 4) - S * HN * 4 == 50_240
+    plain = _values({"dsa": False})  # MLA's record: q, k, v up-projection outputs and statistics
+    assert plain["act_attention_per_block"] == 16 * ((2 * 64 + 2 * 16 + 2 * HN + 2 * HEADS * 24
+                                                      + 2 * HEADS * 16) * 4 + HEADS * 4)
+    assert (env["act_layers_per_microbatch"] - plain["act_layers_per_microbatch"]
+            == 2 * (55_360 + env["act_attention_per_block"] - plain["act_attention_per_block"]))
+
+
+def test_core_attn_recompute_keeps_the_checkpoint_inputs() -> None:
+    """Selective core_attn keeps the checkpointed core's absorbed query and local latent key
+    instead of its saved tensors, in both layers, and re-runs one layer's core in backward."""
+    env = _values()
     assert env["recompute_working_bytes"] == 0
     ckpt = _values(overlap={"recompute_granularity": "selective", "recompute_modules": ["core_attn"]})
     inputs = 1 * HEADS * (S // CP) * HN * 4 + 1 * (S // CP) * HN * 4  # query rows + local key
     assert ckpt["act_dsa_core_inputs_per_layer"] == inputs == 10_240 + 2560
-    assert "act_dsa_core_per_layer" in ckpt and ckpt["recompute_working_bytes"] == 55_360
-    base = _values({"dsa": False}, overlap={"recompute_granularity": "selective",
-                                            "recompute_modules": ["core_attn"]})
-    assert ckpt["act_layers_per_microbatch"] - base["act_layers_per_microbatch"] == 2 * inputs
+    assert ckpt["recompute_working_bytes"] == 55_360
+    assert (env["act_layers_per_microbatch"] - ckpt["act_layers_per_microbatch"]
+            == 2 * (55_360 - inputs))
