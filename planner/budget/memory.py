@@ -82,6 +82,10 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     rows = "gemm_rows_padded" if v.quant_pad else "expert_gemm_rows"
     parts = {
         "act_attention_per_block": (f"tokens_per_rank * ({attention})",
+                                    "absorbed MLA (DSA): norm in/out, q/kv latents, the absorbed "
+                                    "query's non-rotary copy, core output (the DSA core's tensors "
+                                    "are act_dsa_core_per_layer)" if v.attention == "mla"
+                                    and v.has("dsa") else
                                     "norm in/out, q, k, v, core output, softmax statistics (fp32)"),
         # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/router.py TopKRouter.gating:
         # logits in moe_router_dtype (fp64 doubles them; unset keeps the input dtype, counted
