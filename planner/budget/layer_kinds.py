@@ -473,8 +473,9 @@ def _dsa_activations(book: Book, v: Variant, per_block: str) -> str:
             " + b * S / cp_runtime * (kv_lora + qk_rope) * p", "bytes", "memory",
             "per microbatch: selective core_attn recompute keeps the checkpointed DSA core's "
             "absorbed query and gathered latent key instead of its scores")
-        return " + blocks * act_dsa_core_inputs_per_layer"
-    return " + blocks * act_dsa_core_per_layer"
+        return f" + {attention_blocks(v)} * act_dsa_core_inputs_per_layer"
+    # every attention block is a DSA layer (the computing and the top-k-sharing ones alike)
+    return f" + {attention_blocks(v)} * act_dsa_core_per_layer"
 
 
 def _dsa_cp_bytes(book: Book, v: Variant) -> None:
