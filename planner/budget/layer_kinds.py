@@ -431,7 +431,8 @@ def _dsa_activations(book: Book, v: Variant, per_block: str) -> str:
     division and the probabilities cast to the training dtype for the value matmul (3 + 4 + 4 + p
     bytes); per score row the max's int64 indices, torch.where's bool condition and the clamped
     fp32 row sum kept by clamp_min and the division (8 + 1 + 4 + 4); the fp32 query copy of the
-    score matmul; the latent output kept by the up_v einsum; and on the key side, with b = 1, the
+    score matmul; the latent output and the V up-projection weight's contiguous copy kept by the
+    up_v einsum; and on the key side, with b = 1, the
     fp32 key copy and the latent key the value matmul reads as a view (one tensor at fp32), with
     b > 1 torch.matmul's expanded copies per head (fp32 key, latent value). Selective core_attn
     recompute checkpoints the whole core (experimental_attention_variant/absorbed_mla.py
@@ -444,6 +445,8 @@ def _dsa_activations(book: Book, v: Variant, per_block: str) -> str:
     add("dsa_score_rows", "b * heads / TP * S / cp_runtime", "count", "memory",
         "per microbatch and DSA layer: score rows (the rank's heads times its queries)")
     wide = "Min(b - 1, 1)"  # 0 at micro-batch 1 (matmul views the broadcast key), 1 above
+    # the up_v einsum also keeps DSAttention.forward's contiguous copy of the V up-projection
+    # weight (AbsorbedMLASelfAttention._get_kv_up_weights slices the combined kv_up weight)
     # at micro-batch 1 the fp32 key copy (the key itself at fp32) and the latent key viewed; under
     # mla_up_proj recompute the latent key's storage is discarded after the forward
     # (CheckpointWithoutOutput.discard_output_and_register_recompute) and rebuilt for backward
@@ -451,12 +454,14 @@ def _dsa_activations(book: Book, v: Variant, per_block: str) -> str:
               else "4 + Min(4 - p, 1) * p")
     add("act_dsa_core_per_layer", "dsa_score_elements * (11 + p) + dsa_score_rows * (17 + 4 * "
         f"(kv_lora + qk_rope) + kv_lora * p) + S * ((1 - {wide}) * (kv_lora + qk_rope) * ({narrow})"
-        f" + {wide} * b * heads / TP * (4 * (kv_lora + qk_rope) + kv_lora * p))",
+        f" + {wide} * b * heads / TP * (4 * (kv_lora + qk_rope) + kv_lora * p))"
+        " + heads / TP * d_v * kv_lora * p",
         "bytes", "memory",
         "per microbatch: what one DSA layer's unfused sparse attention keeps (dsa_kernel_backend "
         "none): masks, exp output, numerator and cast probabilities of the dense scores "
         "(3 + 4 + 4 + p bytes each), per row the max indices, where condition and row sums, the "
-        "fp32 query, the latent output, and the fp32 and latent key (per head above micro-batch 1)")
+        "fp32 query, the latent output, the fp32 and latent key (per head above micro-batch 1) and "
+        "the contiguous copy of the V up-projection weight the output einsum reads")
     # transients of one DSA layer's forward (also in its re-run under recompute): the indexer's
     # no-grad scores, einsum output and ReLU output (then the weighted product) in fp32
     # [S/CP, b, idx_heads, S] on every TP rank (dsa.py _compute_index_scores); in the core,

@@ -36,26 +36,30 @@ def _core(b: int, p: int) -> int:
     per_row = rows * (8 + 1 + 4 + 4)  # max indices, where condition, clamp_min input, divisor
     query = rows * HN * 4  # the fp32 query of the score matmul
     latent_out = rows * KV_LORA * p  # the up_v einsum's input
+    up_v = HEADS * 16 * KV_LORA * p  # and its weight, the contiguous copy of the combined slice
     if b == 1:  # matmul views the broadcast key: fp32 key copy + the latent key (one tensor at fp32)
         keys = S * HN * (4 if p == 4 else 4 + p)
     else:  # matmul expands the key per head before bmm: copies of the fp32 key and latent value
         keys = b * HEADS * S * (HN * 4 + KV_LORA * p)
-    return scores + per_row + query + latent_out + keys
+    return scores + per_row + query + latent_out + up_v + keys
 
 
 def test_unfused_dsa_core_by_hand() -> None:
     env = _values()  # fp32, micro-batch 1
     assert env["dsa_score_elements"] == 1 * 4 * 16 * 32 == 2048
-    assert env["act_dsa_core_per_layer"] == _core(1, 4) == 2048 * 15 + 64 * (17 + 160 + 128) + 32 * 40 * 4
-    assert _core(1, 4) == 55_360
+    assert env["act_dsa_core_per_layer"] == _core(1, 4) == (2048 * 15 + 64 * (17 + 160 + 128)
+                                                             + 32 * 40 * 4 + 8192)
+    assert _core(1, 4) == 63_552
     bf16 = _values(training={"precision": "bf16"})
-    assert bf16["act_dsa_core_per_layer"] == _core(1, 2) == 2048 * 13 + 64 * (17 + 160 + 64) + 32 * 40 * 6
+    assert bf16["act_dsa_core_per_layer"] == _core(1, 2) == (2048 * 13 + 64 * (17 + 160 + 64)
+                                                              + 32 * 40 * 6 + 4096)
     # the largest forward transient: three fp32 score tensors during the softmax's exp beside the
     # fp32 index mask and its bool validity [b, S/CP, S], against the indexer's two fp32
     # [S/CP, b, idx_heads 2, S] score tensors (8,192 bytes)
     assert env["dsa_transient_bytes"] == max(2 * 16 * 2 * 32 * 4, 3 * 2048 * 4 + 5 * 16 * 32) == 27_136
     two = _values(training={"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 16})
-    assert two["act_dsa_core_per_layer"] == _core(2, 2) == 4096 * 13 + 128 * 241 + 2 * 4 * 32 * (160 + 64)
+    assert two["act_dsa_core_per_layer"] == _core(2, 2) == (4096 * 13 + 128 * 241
+                                                             + 2 * 4 * 32 * (160 + 64) + 4096)
 
 
 def test_absorbed_attention_block_by_hand() -> None:
@@ -70,12 +74,12 @@ def test_absorbed_attention_block_by_hand() -> None:
     assert bare["act_attention_per_block"] == 16 * (2 * 64 + 16 + HEADS * 16 + HEADS * 16) * 4
     up = _values(overlap={"recompute_granularity": "selective", "recompute_modules": ["mla_up_proj"]})
     assert up["act_attention_per_block"] == 16 * (2 * 64 + 2 * 16 + HN + 1 * HN + HEADS * 16) * 4
-    assert up["act_dsa_core_per_layer"] == _core(1, 4) - S * HN * 4 == 50_240
+    assert up["act_dsa_core_per_layer"] == _core(1, 4) - S * HN * 4 == 58_432
     plain = _values({"dsa": False})  # MLA's record: q, k, v up-projection outputs and statistics
     assert plain["act_attention_per_block"] == 16 * ((2 * 64 + 2 * 16 + 2 * HN + 2 * HEADS * 24
                                                       + 2 * HEADS * 16) * 4 + HEADS * 4)
     assert (env["act_layers_per_microbatch"] - plain["act_layers_per_microbatch"]
-            == 2 * (55_360 + env["act_attention_per_block"] - plain["act_attention_per_block"]))
+            == 2 * (63_552 + env["act_attention_per_block"] - plain["act_attention_per_block"]))
 
 
 def test_core_attn_recompute_keeps_the_checkpoint_inputs() -> None:
@@ -86,6 +90,6 @@ def test_core_attn_recompute_keeps_the_checkpoint_inputs() -> None:
     ckpt = _values(overlap={"recompute_granularity": "selective", "recompute_modules": ["core_attn"]})
     inputs = 1 * HEADS * (S // CP) * HN * 4 + 1 * (S // CP) * HN * 4  # query rows + local key
     assert ckpt["act_dsa_core_inputs_per_layer"] == inputs == 10_240 + 2560
-    assert ckpt["recompute_working_bytes"] == 55_360
+    assert ckpt["recompute_working_bytes"] == 63_552
     assert (env["act_layers_per_microbatch"] - ckpt["act_layers_per_microbatch"]
-            == 2 * (55_360 - inputs))
+            == 2 * (63_552 - inputs))
