@@ -464,15 +464,17 @@ def _dsa_activations(book: Book, v: Variant, per_block: str) -> str:
         "the contiguous copy of the V up-projection weight the output einsum reads")
     # transients of one DSA layer's forward (also in its re-run under recompute): the indexer's
     # no-grad scores, einsum output and ReLU output (then the weighted product) in fp32
-    # [S/CP, b, idx_heads, S] on every TP rank (dsa.py _compute_index_scores); in the core,
-    # during masked_softmax's exp: the caller's masked scores, masked_logits and their difference
-    # with the row max, fp32 each, beside the fp32 index mask and its bool validity
+    # [S/CP, b, idx_heads, S] on every TP rank (dsa.py _compute_index_scores); in the core, at
+    # masked_softmax's last masked_fill: the caller's masked scores, masked_logits, the division's
+    # output and the masked_fill's own output (saved, not transient, at fp32 where the value
+    # matmul reads it uncast), fp32 each, beside the fp32 index mask and its bool validity
     add("dsa_transient_bytes", "Max(2 * b * S / cp_runtime * idx_heads * S * 4, "
-        "3 * dsa_score_elements * 4 + 5 * b * S / cp_runtime * S)", "bytes", "memory",
+        "dsa_score_elements * (12 + 4 * Min(4 - p, 1)) + 5 * b * S / cp_runtime * S)", "bytes",
+        "memory",
         "one DSA layer's largest forward transient: the indexer's two fp32 [S/CP, b, idx_heads, "
-        "S] score tensors, or the sparse attention's three fp32 score tensors during the softmax "
-        "with the fp32 index mask and bool validity [b, S/CP, S] (the backward's score gradients "
-        "are not counted)")
+        "S] score tensors, or the sparse attention's fp32 score tensors unsaved at the softmax's "
+        "end (four, three at fp32) with the fp32 index mask and bool validity [b, S/CP, S] (the "
+        "backward's score gradients are not counted)")
     if "core_attn" in v.recompute_modules and v.recompute != "full":
         add("act_dsa_core_inputs_per_layer", "dsa_score_rows * (kv_lora + qk_rope) * p"
             " + b * S / cp_runtime * (kv_lora + qk_rope) * p", "bytes", "memory",

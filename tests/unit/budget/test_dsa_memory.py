@@ -53,10 +53,12 @@ def test_unfused_dsa_core_by_hand() -> None:
     bf16 = _values(training={"precision": "bf16"})
     assert bf16["act_dsa_core_per_layer"] == _core(1, 2) == (2048 * 13 + 64 * (17 + 160 + 64)
                                                               + 32 * 40 * 6 + 4096)
-    # the largest forward transient: three fp32 score tensors during the softmax's exp beside the
-    # fp32 index mask and its bool validity [b, S/CP, S], against the indexer's two fp32
-    # [S/CP, b, idx_heads 2, S] score tensors (8,192 bytes)
+    # the largest forward transient, at the softmax's last masked_fill: the caller's scores,
+    # masked_logits and the division's output in fp32 (at bf16 also that masked_fill's fp32
+    # output, cast before the value matmul) beside the fp32 index mask and its bool validity
+    # [b, S/CP, S], against the indexer's two fp32 [S/CP, b, idx_heads 2, S] scores (8,192 bytes)
     assert env["dsa_transient_bytes"] == max(2 * 16 * 2 * 32 * 4, 3 * 2048 * 4 + 5 * 16 * 32) == 27_136
+    assert bf16["dsa_transient_bytes"] == 4 * 2048 * 4 + 5 * 16 * 32 == 35_328
     two = _values(training={"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 16})
     assert two["act_dsa_core_per_layer"] == _core(2, 2) == (4096 * 13 + 128 * 241
                                                              + 2 * 4 * 32 * (160 + 64) + 4096)
