@@ -468,13 +468,17 @@ def _dsa_activations(book: Book, v: Variant, per_block: str) -> str:
     # masked_softmax's last masked_fill: the caller's masked scores, masked_logits, the division's
     # output and the masked_fill's own output (saved, not transient, at fp32 where the value
     # matmul reads it uncast), fp32 each, beside the fp32 index mask and its bool validity
+    # In the core's backward, at the division's gradient for its divisor (-grad · (self / other)
+    # / other): the incoming fp32 gradient, the divided gradient, the quotient, the negated
+    # gradient and their product, 5 fp32 score tensors, once the cast probabilities (p) and the
+    # last mask (1) are freed: (19 - p) bytes per score element beyond the stored set
     add("dsa_transient_bytes", "Max(2 * b * S / cp_runtime * idx_heads * S * 4, "
-        "dsa_score_elements * (12 + 4 * Min(4 - p, 1)) + 5 * b * S / cp_runtime * S)", "bytes",
-        "memory",
-        "one DSA layer's largest forward transient: the indexer's two fp32 [S/CP, b, idx_heads, "
-        "S] score tensors, or the sparse attention's fp32 score tensors unsaved at the softmax's "
-        "end (four, three at fp32) with the fp32 index mask and bool validity [b, S/CP, S] (the "
-        "backward's score gradients are not counted)")
+        "dsa_score_elements * (12 + 4 * Min(4 - p, 1)) + 5 * b * S / cp_runtime * S, "
+        "dsa_score_elements * (19 - p))", "bytes", "memory",
+        "one DSA layer's largest transient: the indexer's two fp32 [S/CP, b, idx_heads, S] score "
+        "tensors; the sparse attention's fp32 score tensors unsaved at the softmax's end (four, "
+        "three at fp32) with the fp32 index mask and bool validity [b, S/CP, S]; or its "
+        "backward's five fp32 score gradients less the freed cast probabilities and mask")
     if "core_attn" in v.recompute_modules and v.recompute != "full":
         add("act_dsa_core_inputs_per_layer", "dsa_score_rows * (kv_lora + qk_rope) * p"
             " + b * S / cp_runtime * (kv_lora + qk_rope) * p", "bytes", "memory",

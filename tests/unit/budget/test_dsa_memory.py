@@ -57,8 +57,14 @@ def test_unfused_dsa_core_by_hand() -> None:
     # masked_logits and the division's output in fp32 (at bf16 also that masked_fill's fp32
     # output, cast before the value matmul) beside the fp32 index mask and its bool validity
     # [b, S/CP, S], against the indexer's two fp32 [S/CP, b, idx_heads 2, S] scores (8,192 bytes)
-    assert env["dsa_transient_bytes"] == max(2 * 16 * 2 * 32 * 4, 3 * 2048 * 4 + 5 * 16 * 32) == 27_136
+    # (at fp32 the backward's 19 - 4 bytes a score element win)
+    assert env["dsa_transient_bytes"] == max(2 * 16 * 2 * 32 * 4, 3 * 2048 * 4 + 5 * 16 * 32,
+                                             2048 * (19 - 4)) == 30_720
     assert bf16["dsa_transient_bytes"] == 4 * 2048 * 4 + 5 * 16 * 32 == 35_328
+    # the backward's five fp32 score gradients less the freed probabilities (p) and last mask (1)
+    # win from 5 local heads on (forward 16 + 5 / heads bytes a score element at bf16, backward 17)
+    wide = _values({"num_attention_heads": 8}, training={"precision": "bf16"})
+    assert wide["dsa_transient_bytes"] == 4096 * (19 - 2) == 69_632 > 4096 * 16 + 5 * 16 * 32
     two = _values(training={"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 16})
     assert two["act_dsa_core_per_layer"] == _core(2, 2) == (4096 * 13 + 128 * 241
                                                              + 2 * 4 * 32 * (160 + 64) + 4096)
