@@ -101,8 +101,9 @@ def write_allocator_extras(book: Book, v: Variant) -> str:
         "the gradient cast back to training precision beside the fp32 softmax)"
         if extra != "0" else "no whole logits beside the stored ones on this cross-entropy path")
     transients = ["comm_buffer_bytes", "loss_transient_bytes"]
-    if "attn_scores_transient_bytes" in book.levels:
-        transients.append("attn_scores_transient_bytes")
+    for transient in ("attn_scores_transient_bytes", "dsa_transient_bytes"):
+        if transient in book.levels:
+            transients.append(transient)
     add("transient_extra_bytes", f"Max({', '.join(transients)}) - comm_buffer_bytes", "bytes",
         "memory", "the largest transient of the step beyond one layer's communication buffers "
         "(they do not coexist): the loss's logits or unfused attention's raw scores")

@@ -419,6 +419,76 @@ def _dsa_layer_params(book: Book, v: Variant, attention_side: str) -> str:
     return " + L_dsa_topk * dsa_indexer_params_per_block" if v.has("dsa_share") else ""
 
 
+def _dsa_activations(book: Book, v: Variant, per_block: str) -> str:
+    """What DSA's attention core keeps for backward on the path Megatron takes by default
+    (dsa_kernel_backend none, dsa_indexer_loss_coeff unset): Megatron-LM dev@d48bd6be
+    megatron/core/transformer/experimental_attention_variant/dsa.py DSAttention.forward runs the
+    lightning indexer under torch.no_grad (no indexer loss), so the indexer keeps nothing and its
+    top-k indices only build a mask outside the graph; the sparse attention is
+    _unfused_absorbed_dsa_fn over the dense [b, heads/TP, S/CP, S] scores (the key gathered over
+    TP-SP and CP: S rows). Autograd keeps per score element the three bool masks of
+    dsa_masking.masked_softmax's masked_fill calls, exp's fp32 output, the fp32 numerator of its
+    division and the probabilities cast to the training dtype for the value matmul (3 + 4 + 4 + p
+    bytes); per score row the max's int64 indices, torch.where's bool condition and the clamped
+    fp32 row sum kept by clamp_min and the division (8 + 1 + 4 + 4); the fp32 query copy of the
+    score matmul; the latent output and the V up-projection weight's contiguous copy kept by the
+    up_v einsum; and on the key side, with b = 1, the
+    fp32 key copy and the latent key the value matmul reads as a view (one tensor at fp32), with
+    b > 1 torch.matmul's expanded copies per head (fp32 key, latent value). Selective core_attn
+    recompute checkpoints the whole core (experimental_attention_variant/absorbed_mla.py
+    AbsorbedMLASelfAttention._checkpointed_attention_forward): the layer keeps the checkpoint's
+    absorbed query and latent key instead, and one layer's core is re-materialised in backward."""
+    add = book.add
+    add("dsa_score_elements", "b * heads / TP * S / cp_runtime * S", "count", "memory",
+        "per microbatch and DSA layer: the dense scores of the unfused absorbed sparse attention "
+        "(the rank's heads, its S/CP queries, all S keys)")
+    add("dsa_score_rows", "b * heads / TP * S / cp_runtime", "count", "memory",
+        "per microbatch and DSA layer: score rows (the rank's heads times its queries)")
+    wide = "Min(b - 1, 1)"  # 0 at micro-batch 1 (matmul views the broadcast key), 1 above
+    # the up_v einsum also keeps DSAttention.forward's contiguous copy of the V up-projection
+    # weight (AbsorbedMLASelfAttention._get_kv_up_weights slices the combined kv_up weight)
+    # at micro-batch 1 the fp32 key copy (the key itself at fp32) and the latent key viewed; under
+    # mla_up_proj recompute the latent key's storage is discarded after the forward
+    # (CheckpointWithoutOutput.discard_output_and_register_recompute) and rebuilt for backward
+    narrow = ("4 * Min(4 - p, 1)" if "mla_up_proj" in v.recompute_modules and v.recompute != "full"
+              else "4 + Min(4 - p, 1) * p")
+    add("act_dsa_core_per_layer", "dsa_score_elements * (11 + p) + dsa_score_rows * (17 + 4 * "
+        f"(kv_lora + qk_rope) + kv_lora * p) + S * ((1 - {wide}) * (kv_lora + qk_rope) * ({narrow})"
+        f" + {wide} * b * heads / TP * (4 * (kv_lora + qk_rope) + kv_lora * p))"
+        " + heads / TP * d_v * kv_lora * p",
+        "bytes", "memory",
+        "per microbatch: what one DSA layer's unfused sparse attention keeps (dsa_kernel_backend "
+        "none): masks, exp output, numerator and cast probabilities of the dense scores "
+        "(3 + 4 + 4 + p bytes each), per row the max indices, where condition and row sums, the "
+        "fp32 query, the latent output, the fp32 and latent key (per head above micro-batch 1) and "
+        "the contiguous copy of the V up-projection weight the output einsum reads")
+    # transients of one DSA layer's forward (also in its re-run under recompute): the indexer's
+    # no-grad scores, einsum output and ReLU output (then the weighted product) in fp32
+    # [S/CP, b, idx_heads, S] on every TP rank (dsa.py _compute_index_scores); in the core, at
+    # masked_softmax's last masked_fill: the caller's masked scores, masked_logits, the division's
+    # output and the masked_fill's own output (saved, not transient, at fp32 where the value
+    # matmul reads it uncast), fp32 each, beside the fp32 index mask and its bool validity
+    # In the core's backward, at the division's gradient for its divisor (-grad · (self / other)
+    # / other): the incoming fp32 gradient, the divided gradient, the quotient, the negated
+    # gradient and their product, 5 fp32 score tensors, once the cast probabilities (p) and the
+    # last mask (1) are freed: (19 - p) bytes per score element beyond the stored set
+    add("dsa_transient_bytes", "Max(2 * b * S / cp_runtime * idx_heads * S * 4, "
+        "dsa_score_elements * (12 + 4 * Min(4 - p, 1)) + 5 * b * S / cp_runtime * S, "
+        "dsa_score_elements * (19 - p))", "bytes", "memory",
+        "one DSA layer's largest transient: the indexer's two fp32 [S/CP, b, idx_heads, S] score "
+        "tensors; the sparse attention's fp32 score tensors unsaved at the softmax's end (four, "
+        "three at fp32) with the fp32 index mask and bool validity [b, S/CP, S]; or its "
+        "backward's five fp32 score gradients less the freed cast probabilities and mask")
+    if "core_attn" in v.recompute_modules and v.recompute != "full":
+        add("act_dsa_core_inputs_per_layer", "dsa_score_rows * (kv_lora + qk_rope) * p"
+            " + b * S / cp_runtime * (kv_lora + qk_rope) * p", "bytes", "memory",
+            "per microbatch: selective core_attn recompute keeps the checkpointed DSA core's "
+            "absorbed query and gathered latent key instead of its scores")
+        return f" + {attention_blocks(v)} * act_dsa_core_inputs_per_layer"
+    # every attention block is a DSA layer (the computing and the top-k-sharing ones alike)
+    return f" + {attention_blocks(v)} * act_dsa_core_per_layer"
+
+
 def _dsa_cp_bytes(book: Book, v: Variant) -> None:
     """DSA under CP (Megatron-LM dev@d48bd6be megatron/core/transformer/
     experimental_attention_variant/dsa.py DSAttention.forward, all-gather CP only): the absorbed
@@ -449,7 +519,7 @@ DSA = LayerKind(
                 ("DSA with CP > 1 (latent key and indexer keys all-gathered)",
                  {"kinds": frozenset({"mla", "dsa"}), "mla_q_lora": True, "cp": True})),
     terms={KERNEL: (Rebase("time_dsa_core_flops"),)},
-    block_params=_dsa_params, layer_params=_dsa_layer_params,
+    block_params=_dsa_params, layer_params=_dsa_layer_params, activations=_dsa_activations,
     # the indexer's grads are averaged over TP (average_gradients_across_tp_domain)
     tp_replicated_block=lambda v: "" if v.has("dsa_share") else " + dsa_indexer_params_per_block",
     tp_replicated_layers=lambda v: (" + L_dsa_topk * dsa_indexer_params_per_block"

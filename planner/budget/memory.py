@@ -70,6 +70,8 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
         "dsv4_hybrid": f"({norm} + 2 * q_lora" + ("" if up else " + heads * d")
                        + " + 2 * d + heads * d + o_groups * o_lora) * p + heads * 4",
     }[v.attention]
+    if v.attention == "mla" and v.has("dsa"):
+        attention = _absorbed_mla(v, norm, up)
     # FC1's output (2x wide under SwiGLU) and the activation's output; moe_act recompute drops the
     # latter (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP).
     fc1, kept = ("2", "3") if v.swiglu else ("", "2")
@@ -80,6 +82,10 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     rows = "gemm_rows_padded" if v.quant_pad else "expert_gemm_rows"
     parts = {
         "act_attention_per_block": (f"tokens_per_rank * ({attention})",
+                                    "absorbed MLA (DSA): norm in/out, q/kv latents, the absorbed "
+                                    "query's non-rotary copy, core output (the DSA core's tensors "
+                                    "are act_dsa_core_per_layer)" if v.attention == "mla"
+                                    and v.has("dsa") else
                                     "norm in/out, q, k, v, core output, softmax statistics (fp32)"),
         # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/router.py TopKRouter.gating:
         # logits in moe_router_dtype (fp64 doubles them; unset keeps the input dtype, counted
@@ -116,6 +122,23 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
         parts["act_latent_per_layer"] = ("tokens_per_rank * h_moe * p",
                                          "latent MoE: the combined latent rows fc2_latent_proj keeps")
     return parts
+
+
+def _absorbed_mla(v: Variant, norm: str, up: bool) -> str:
+    """DSA's attention block is MLA with matrix absorption (Megatron-LM dev@d48bd6be
+    megatron/core/models/gpt/experimental_attention_variant_module_specs.py
+    get_dsa_module_spec_for_backend: AbsorbedMLASelfAttention, its input norm unfused). Per token
+    it keeps the norm's input and output, the q norm's input and the q up-projection's input, the
+    kv norm's input (a view of the down-projection's [kv_lora + qk_rope] output, as the MLA
+    record counts it), the einsum's copy of the non-rotary query heads [heads·d_qk] that absorbs
+    the K up-projection, and linear_proj's input [heads·d_v]; no per-head K or V exists and the
+    core's statistics are the DSA kind's (planner/budget/layer_kinds.py). mla_up_proj recompute
+    (experimental_attention_variant/absorbed_mla.py get_query_key_value_tensors,
+    CheckpointWithoutOutput) drops the query copy and keeps the checkpoint's inputs instead: the
+    latent key and its rotary part, gathered over TP-SP."""
+    latent = "2 * q_lora + kv_lora + qk_rope" if v.mla_norms else "q_lora"
+    stored = "TP_seq * (kv_lora + qk_rope)" if up else "heads * d_qk"
+    return f"({norm} + {latent} + {stored} + heads * d_v) * p"
 
 
 # DualPipe (an estimate only: Megatron-LM has none, rule V4030) holds two pipeline stages'
@@ -365,6 +388,12 @@ def _add_recompute(book: Book, v: Variant) -> None:
     if v.recompute != "full":
         add("act_stored_layers", "act_layers_per_microbatch", "bytes", "memory",
             "per microbatch: block activations kept for backward")
+        if "act_dsa_core_inputs_per_layer" in book.levels:
+            # the checkpointed DSA core (selective core_attn) is re-run in its layer's backward
+            add("recompute_working_bytes", "Min(blocks, 1) * act_dsa_core_per_layer", "bytes",
+                "memory", "one DSA layer's sparse-attention core re-materialised during its "
+                "backward (selective core_attn recompute)")
+            return
         add("recompute_working_bytes", "0", "bytes", "memory", "no full recompute")
         return
     if v.recompute_method == "block" and v.hybrid_stack:
