@@ -241,4 +241,5 @@ HF_CONFIGS = {"deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2, "deepseek-v2-lite"
               "mixtral-8x7b": MIXTRAL_8X7B, "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B,
               "glm-4.5": GLM_45, "glm-4.5-air": GLM_45_AIR, "minimax-m2": MINIMAX_M2,
               "llama-4-scout": LLAMA4_SCOUT, "llama-4-maverick": LLAMA4_MAVERICK,
-              "qwen3-next-80b-a3b": QWEN3_NEXT, "deepseek-v3.2": DEEPSEEK_V32}
+              "qwen3-next-80b-a3b": QWEN3_NEXT, "deepseek-v3.2": DEEPSEEK_V32,
+              "kimi-linear-48b-a3b": KIMI_LINEAR}

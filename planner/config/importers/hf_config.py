@@ -1239,6 +1239,7 @@ def _kimi_linear(r: _Reader) -> dict[str, Any]:
     router with an expert bias, shared experts, first_k_dense_replace dense layers). Megatron-LM
     has no KDA layer: moeplan plans it and `emit megatron` refuses it."""
     model = _common(r, eps=1e-5, theta=10000.0, sizes=_KIMI_LINEAR_DEFAULTS)
+    _kimi_beyond_transformers(r)
     if "model_max_length" in r.hf:  # KimiLinearConfig's attribute_map: max_position_embeddings
         model["max_position_embeddings"] = r.count("model_max_length", "max_position_embeddings")
     nested = r.hf.get("linear_attn_config") or {}
@@ -1279,24 +1280,61 @@ def _kimi_linear(r: _Reader) -> dict[str, Any]:
         model["moe_router_group_topk"] = r.count("topk_group", None, 1)
     for name, key, flat, default in _KIMI_KDA_DIMS:
         model[name] = _kimi_nested(r, nested, key, flat, name, default)
+    # the per-layer lists follow the file's own depth; a YAML that writes fewer layers keeps
+    # the first num_layers of them
     layers = model["num_layers"]
-    types = _kimi_layer_types(r, layers, nested)
-    if types is not None and "kda_layers" not in r.provided:
-        model["kda_layers"] = [int(t != "full_attention") for t in types]
+    own = r.hf.get("num_hidden_layers", _KIMI_LINEAR_DEFAULTS["num_hidden_layers"])
+    depth = own if _listable(own) else layers
+    types = _kimi_layer_types(r, depth, nested)
     mlp = r.hf.get("mlp_layer_types")
-    if mlp is None and _listable(layers):
+    if mlp is None and _listable(depth):
         first = r.count("first_k_dense_replace", None, 1) or 0
-        mlp = ["dense" if i < first else "sparse" for i in range(layers)]
+        mlp = ["dense" if i < first else "sparse" for i in range(depth)]
     if not isinstance(mlp, list) or not all(t in ("dense", "sparse") for t in mlp) or (
-            _listable(layers) and len(mlp) != layers):
+            _listable(depth) and len(mlp) != depth):
         r.unsupported("mlp_layer_types", mlp, "expected 'dense' / 'sparse' per layer")
-    elif "moe_layer_freq" not in r.provided:
-        model["moe_layer_freq"] = _moe_pattern([int(t == "sparse") for t in mlp])
+        mlp = None
+    if _listable(layers) and _listable(depth) and layers > depth:
+        r.unsupported("num_hidden_layers", own, f"the YAML's num_layers {layers} is deeper than "
+                      "the file's layer lists")
+        return model
+    keep = layers if _listable(layers) else None  # an unusable num_layers is its own finding
+    if types is not None and "kda_layers" not in r.provided:
+        model["kda_layers"] = [int(t != "full_attention") for t in types][:keep]
+    if mlp is not None and "moe_layer_freq" not in r.provided:
+        model["moe_layer_freq"] = _moe_pattern([int(t == "sparse") for t in mlp][:keep])
     r.notes.append("Megatron-Bridge: NVIDIA-NeMo/Megatron-Bridge@067f987d has no bridge for "
                    "kimi_linear; the fork michal2409/Megatron-Bridge@269a192c trains it with "
                    "KimiLinearBridge (src/megatron/bridge/models/kimi/kimi_linear_bridge.py) and "
                    "its own KDA layer spec (kimi_linear_spec.py), not Megatron-LM's arguments")
     return model
+
+
+# Keys of later Kimi stacks (Kimi-K3's text_config is model_type kimi_linear too) that change the
+# network, which transformers 5.25's KimiLinear ignores and builds without: counting its build
+# would count another model than the checkpoint's.
+_KIMI_BEYOND = {
+    "mla_use_output_gate": "a sigmoid output gate on the MLA layers",
+    "routed_expert_hidden_size": "routed experts behind a latent projection",
+    "latent_moe_use_norm": "a norm inside the latent MoE projection",
+    "attn_res_block_size": "attention residuals across blocks",
+}
+
+
+def _kimi_beyond_transformers(r: _Reader) -> None:
+    """Refuse, by key, what makes the file another network than transformers 5.25's KimiLinear
+    (KimiLinearConfig has no such field, so transformers builds the model without it)."""
+    for key, what in _KIMI_BEYOND.items():
+        value = r.hf.get(key)
+        if value not in (None, False, 0):
+            r.unsupported(key, value, f"{what}: transformers 5.25's KimiLinearForCausalLM builds "
+                          "none (KimiLinearConfig has no such field) and moeplan has no layer kind "
+                          "for it")
+    nested = r.hf.get("linear_attn_config")
+    if isinstance(nested, Mapping) and nested.get("use_full_rank_gate"):
+        r.unsupported("linear_attn_config.use_full_rank_gate", nested["use_full_rank_gate"],
+                      "a full-rank KDA decay gate: transformers 5.25's KimiLinearForgetGate is "
+                      "low-rank (f_a, f_b) and moeplan's KDA record counts that one")
 
 
 def _kimi_nested(r: _Reader, nested: Mapping[str, Any], key: str, flat: str, field: str,

@@ -498,3 +498,20 @@ def test_kimi_linear_is_kda_among_mla_layers_as_transformers_builds_it():
     assert "michal2409/Megatron-Bridge@269a192c" in mapping.notes[-1]
     example = Path(__file__).parents[3] / "examples" / "architectures" / "kimi-linear-48b-a3b-32.yaml"
     assert ModelSection.model_validate(mapping.model) == load_config(example).model
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"mla_use_output_gate": True}, "mla_use_output_gate"),
+    ({"routed_expert_hidden_size": 3584}, "routed_expert_hidden_size"),
+    ({"linear_attn_config": {**KIMI_LINEAR["linear_attn_config"], "use_full_rank_gate": True}},
+     "linear_attn_config.use_full_rank_gate"),
+    ({"linear_attn_config": {**KIMI_LINEAR["linear_attn_config"], "full_attn_layers": [0, 28]}},
+     "linear_attn_config.full_attn_layers"),
+])
+def test_kimi_linear_keys_transformers_would_not_build_are_refused_by_key(change: dict[str, object],
+                                                                          key: str):
+    """A kimi_linear file of a later stack (Kimi-K3's keys) is another network than the one
+    transformers 5.25 builds from it: refused naming the key, never counted as Kimi-Linear."""
+    with pytest.raises(HfConfigUnmappable) as refused:
+        map_hf_config({**KIMI_LINEAR, **change})
+    assert any(f.path.endswith(f".{key}") for f in refused.value.findings), refused.value.findings
