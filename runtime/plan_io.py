@@ -476,6 +476,7 @@ UNRUN_ATTENTION_FIELDS = (
     ("full_attention_softmax_type", None, "sinks on window layers only"),
     ("window_kv_channels", None, "window layers' own head width"),
     ("index_sparse_layers", None, "block-sparse attention layers"),
+    ("kda_layers", None, "Kimi Delta Attention layers"),
     ("attention_k_eq_v", False, "full-attention layers whose V is their K"),
     ("post_sublayer_norms", False, "norms on the sub-layer outputs"),
     ("moe_branch_norms", False, "an MoE layer's own branch norms and router scales"),

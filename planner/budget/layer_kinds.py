@@ -395,6 +395,76 @@ MLA = LayerKind(
 )
 
 
+# ------------------------------------------------------------------------------ Kimi Delta Attention
+
+KDA_SRC = ("Hugging Face transformers 5.25 src/transformers/models/kimi_linear/modeling_kimi_linear.py "
+           "KimiLinearDeltaAttention (Megatron-LM dev has no KDA layer)")
+# How a KDA layer splits over TP where it is trained with Megatron: only Megatron-Bridge's
+# michal2409/Megatron-Bridge@269a192c src/megatron/bridge/models/kimi/kimi_linear_bridge.py
+# KimiLinearBridge.mapping_registry says it (q/k/v, their convolutions, A_log, dt_bias, f_b, g_b
+# and b column-parallel, o_proj row-parallel; f_a, g_a and o_norm replicated).
+KDA_TP = "michal2409/Megatron-Bridge@269a192c kimi/kimi_linear_bridge.py KimiLinearBridge"
+
+
+def _kda_layer_params(book: Book, v: Variant, attention_side: str) -> str:
+    """One KDA layer (KDA_SRC __init__ and KimiLinearForgetGate): q_proj, k_proj, v_proj h → kda_d
+    each; the depthwise conv1d over q, k, v (kda_conv taps, no bias); the low-rank per-channel
+    decay f_a h → kda_dh, f_b kda_dh → kda_d with dt_bias per channel and A_log per head; beta
+    b_proj h → heads; the low-rank output gate g_a h → kda_dh, g_b kda_dh → kda_d; the gated
+    RMSNorm over one head (kda_dh); o_proj kda_d → h; no biases. Split over TP as KDA_TP maps it:
+    everything but f_a, g_a and the norm by heads. It replaces the layer's MLA (the block keeps its
+    two norms)."""
+    book.add("kda_params_per_layer", "(h * (4 * kda_d + kda_nh) + 3 * kda_conv * kda_d"
+             " + 2 * kda_dh * kda_d + kda_d + kda_nh) / TP + 2 * h * kda_dh + kda_dh", "params",
+             "memory", "KDA projections, short convolutions, low-rank decay and gate, dt_bias, "
+             "A_log and output norm of one Kimi Delta Attention layer on this rank")
+    return f" + L_kda * (kda_params_per_layer - ({attention_side}))"
+
+
+def _kda_flops(book: Book, v: Variant) -> None:
+    book.add("flops_kda_fwd_per_token", "2 * (h * (4 * kda_d + 2 * kda_dh + kda_nh)"
+             " + 2 * kda_dh * kda_d + 3 * kda_conv * kda_d + 4 * kda_nh * kda_dh ** 2)", "FLOP",
+             "flops", "one KDA layer per token: its projections (q, k, v, o, the low-rank decay "
+             "and gate, beta), the short convolutions and the chunked delta rule counted as "
+             "Megatron counts gated DeltaNet's (KKᵀ, VKᵀ, the state update and SQ over one head "
+             "each; the per-channel decay's elementwise work left out); token-linear, no S term")
+
+
+def _kda_activations(book: Book, v: Variant, per_block: str) -> str:
+    """What one KDA layer keeps for backward (KDA_SRC forward and flash-linear-attention's
+    chunk_kda, the gated DeltaNet kernel family): the norm's input and output, the short
+    convolutions' inputs and outputs (q, k, v: kda_d each), the output gate, the kernel output and
+    the gated norm's output (kda_d each) and the two low-rank intermediates (kda_dh each) in the
+    training precision; in fp32 the per-channel decay g (kda_d), beta per head and the chunk
+    matrix A per head (GDN_CHUNK entries, as gated DeltaNet's). Approximate: the per-channel
+    kernel's own extra chunk tensors are counted as GDN's. No recurrent state in training (no
+    initial or final state). Its MLA tensors are taken back."""
+    book.add("act_kda_per_layer", f"tokens_per_rank * (({_norm_rows(v)} + 9 * kda_d + 2 * kda_dh)"
+             f" * p + (kda_d + kda_nh * (1 + {GDN_CHUNK})) * 4)", "bytes", "memory",
+             "per microbatch: one KDA layer's stored tensors (conv and kernel inputs, gate, "
+             "outputs; fp32 per-channel decay, beta and chunk matrix per head)")
+    _beyond_attention(book, "act_kda_per_layer", per_block, "a KDA layer")
+    return " + L_kda * act_kda_per_layer_extra"
+
+
+KDA = LayerKind(
+    "kda", MIXER, "mla", "Kimi Delta Attention layers among MLA layers (kda_layers)", KDA_SRC,
+    lambda m: m.attention_variant == "mla" and m.kda_layers is not None and any(m.kda_layers),
+    variations=(("Kimi Delta Attention layers among MLA layers (kda_layers)",
+                 {"kinds": frozenset({"mla", "kda"}), "mla_q_lora": False, "cp": False}),),
+    count="L_kda", count_doc="Kimi Delta Attention layers on the stage (decoder layers)",
+    model_count="L_model_kda",
+    terms={FLOPS: (Replace("flops_kda_fwd_per_token"),), CORE: (Replace(""),),
+           KERNEL: (Replace(""),), WEIGHTS: (Replace("kda_params_per_layer"),), KV: (Replace(""),)},
+    layer_params=_kda_layer_params,
+    # f_a, g_a and the output norm are whole on every TP rank; MLA's duplicated down projections
+    # and latent norms are not in a KDA layer
+    tp_replicated_layers=lambda v: " + L_kda * (2 * h * kda_dh + kda_dh"
+                                   " - mla_duplicated_params_per_block)",
+    flops=_kda_flops, activations=_kda_activations,
+)
+
+
 def dsa_indexer_layers(v: Variant, suffix: str = "") -> str:
     """The stage's layers that build a DSA indexer and compute their own top-k (`suffix`
     "_recomputed": those full recompute re-runs): every block, or with the top-k shared across
@@ -1371,7 +1441,7 @@ BLOCK_SPARSE = LayerKind(
 )
 
 # Every kind, in the order the pages write them (mixers, then features).
-KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, CSA, HCA, V4_WINDOW, MAMBA,
+KINDS: tuple[LayerKind, ...] = (SOFTMAX, WINDOW, CHUNKED, GDN, MLA, KDA, CSA, HCA, V4_WINDOW, MAMBA,
                                 QK_NORM, QK_NORM_LAYER, SINKS, DSA, DSA_SHARE, OUTPUT_GATE, HEAD_GATE,
                                 WINDOW_HEADS, VALUE_DIM, VALUE_DIM_WINDOW, WINDOW_KV, WINDOW_SINKS,
                                 K_EQ_V, POST_NORMS, MOE_BRANCH, BLOCK_SPARSE)
@@ -1495,6 +1565,11 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("mb_chunk", "Mamba-2 SSD chunk length (MambaMixer chunk_size, 128)"),
     Symbol("mb_repeat", "Mamba-2 under CP: how often each B/C group is repeated so every CP rank "
            "holds one (CP / (mamba_num_groups / TP) when that is > 1, else 1)"),
+    Symbol("L_model_kda", "Kimi Delta Attention layers of the whole model (kda_layers)"),
+    Symbol("kda_d", "KDA q (and k, v, gate, decay) width: kda_num_heads · kda_head_dim"),
+    Symbol("kda_nh", "KDA heads (kda_num_heads)"),
+    Symbol("kda_dh", "KDA head width and low-rank decay/gate rank (kda_head_dim)"),
+    Symbol("kda_conv", "KDA short-convolution taps (linear_conv_kernel_dim)"),
     Symbol("gdn_cp_relayout", "1 when CP's zigzag layout must be converted to the contiguous one "
            "around every gated DeltaNet layer (cp_partition_mode zigzag), else 0"),
 )
@@ -1502,7 +1577,7 @@ KIND_SYMBOLS: tuple[Symbol, ...] = (
 # Per-stage layer counts of the kinds that count their layers, and of those among the blocks
 # full recompute re-runs (V4's CSA/HCA counts are declared beside the stage's other counts).
 KIND_STAGE_SYMBOLS: tuple[tuple[str, str], ...] = tuple(
-    pair for kind in (WINDOW, CHUNKED, GDN, MAMBA, BLOCK_SPARSE) for pair in (
+    pair for kind in (WINDOW, CHUNKED, GDN, KDA, MAMBA, BLOCK_SPARSE) for pair in (
         (kind.count, kind.count_doc),
         (f"{kind.count}_recomputed",
          f"{kind.count_doc.split(' on the stage')[0]} among blocks_recomputed"))) + (
@@ -1531,6 +1606,9 @@ def kind_values(cfg: Config) -> dict[str, Number]:
             "la_nv": m.linear_num_value_heads, "la_dv": m.linear_value_head_dim,
             "la_conv": m.linear_conv_kernel_dim, "la_dk": m.linear_key_head_dim,
             "gdn_cp_relayout": int(cfg.parallel.cp_partition_mode == "zigzag"),
+            "L_model_kda": mixers.count("kda"), "kda_d": m.kda_num_heads * m.kda_head_dim,
+            "kda_nh": m.kda_num_heads, "kda_dh": m.kda_head_dim,
+            "kda_conv": m.linear_conv_kernel_dim,
             "L_model_mamba": mixers.count("mamba"), "mb_din": m.mamba_d_inner,
             "mb_nh": m.mamba_heads, "mb_n": m.mamba_state_dim, "mb_g": m.mamba_num_groups,
             "mb_conv": MAMBA_D_CONV, "mb_chunk": MAMBA_CHUNK, "mb_repeat": _group_repeat(cfg)}

@@ -260,6 +260,11 @@ def _add_fp8_params(book: Book, v: Variant) -> None:
         # megatron/core/ssm/mamba_mixer.py MambaMixer.__init__)
         mixers = (f"(blocks - L_mamba) * {attention} + L_mamba * (h * (2 * mb_din + 2 * mb_g * mb_n"
                   " + mb_nh) + mb_din * h) / TP")
+    if v.has("kda"):
+        # a KDA layer's GEMMs: q, k, v, o, beta and the low-rank decay and gate (f_a, g_a whole on
+        # every TP rank); its convolutions, dt_bias, A_log and norm stay in the training precision
+        mixers = (f"(blocks - L_kda) * {attention} + L_kda * ((h * (4 * kda_d + kda_nh)"
+                  " + 2 * kda_dh * kda_d) / TP + 2 * h * kda_dh)")
     add("dense_fp8_params_on_rank", f"{mixers} + {moe_layers} * ({moe})"
         f" + {dense} * {mats} * h * f / (TP * GTP) + L_mtp * 2 * h * h / TP", "params", "memory",
         "dense GEMM weights quantised to FP8 (attention projections" + (", Mamba-2 in/out "

@@ -49,6 +49,8 @@ NOT_ARGUMENTS = {
     "model.mamba_layers",  # the M layers of --hybrid-layer-pattern
     "model.mixer_only_layers",  # the mixers of --hybrid-layer-pattern with no MLP symbol after them
     "model.hybrid_layer_pattern",  # read into the block fields; the emitter writes it from them
+    # Kimi-Linear's KDA layers: Megatron-LM has no KDA layer (emit refuses them, EMT010)
+    "model.kda_layers", "model.kda_num_heads", "model.kda_head_dim",
 }
 # THD packing's packed lengths and their basis, and the pipeline schedule, are moeplan's own settings.
 NOT_ARGUMENTS |= {"training.packed_lengths", "training.packed_length_basis",

@@ -302,6 +302,14 @@ class ModelSection(Section):
     mamba_head_dim: PosInt = 64
     mamba_num_groups: PosInt = 8
     mamba_num_heads: PosInt | None = None
+    # Kimi-Linear's Kimi Delta Attention (KDA): 1 per decoder layer whose mixer is KDA instead of
+    # the model's MLA (transformers modeling_kimi_linear.py KimiLinearDeltaAttention; Megatron-LM
+    # dev has no KDA layer, so `emit megatron` refuses it, EMT010). Heads and head width as
+    # KimiLinearConfig's linear_num_heads / linear_head_dim (q, k and v alike); the short
+    # convolution's taps are linear_conv_kernel_dim.
+    kda_layers: list[Literal[0, 1]] | None = None
+    kda_num_heads: PosInt = 32
+    kda_head_dim: PosInt = 128
 
     @field_validator("moe_layer_freq", "window_attn_skip_freq", "no_rope_freq", "linear_attention_freq",
                      mode="before")
@@ -478,6 +486,8 @@ class ModelSection(Section):
             self._check_index_sparse()
         if self.mamba_layers is not None or self.mixer_only_layers is not None:
             self._check_mamba()
+        if self.kda_layers is not None:
+            self._check_kda()
         derived = {
             # Megatron's GQA switch concerns standard attention; MLA and DSv4 attention ignore it.
             "group_query_attention": (
@@ -555,6 +565,23 @@ class ModelSection(Section):
             raise PydanticCustomError(
                 "mamba_mixers", "model.mamba_layers beside model.{field}: moeplan models a hybrid "
                 "stack of Mamba-2 and full attention layers only", {"field": others[0]})
+
+    def _check_kda(self) -> None:
+        """KDA layers sit among MLA layers (Kimi-Linear's stack), one 0/1 per decoder layer; moeplan
+        models them beside no other mixer kind."""
+        flags = self.kda_layers or []
+        if self.attention_variant != "mla" or len(flags) != self.num_layers:
+            raise PydanticCustomError(
+                "kda_layers", "model.kda_layers needs attention_variant mla (Kimi-Linear's KDA "
+                "layers sit among MLA layers) and one 0/1 per decoder layer ({layers}; found "
+                "{found})", {"layers": self.num_layers, "found": len(flags)})
+        others = [name for name, on in (
+            ("dsa", self.dsa), ("linear_attention_freq", self.linear_attention_freq is not None),
+            ("mamba_layers", self.mamba_layers is not None)) if on]
+        if others:
+            raise PydanticCustomError(
+                "kda_mixers", "model.kda_layers beside model.{field}: moeplan models KDA among "
+                "plain MLA layers only", {"field": others[0]})
 
     def _check_index_sparse(self) -> None:
         """Block-sparse layers need standard attention, one flag per layer, and the indexer's
@@ -660,6 +687,9 @@ class ModelSection(Section):
             ratios = self.compress_ratios or []
             ratio = ratios[layer] if layer < len(ratios) else 0
             return "v4_window" if ratio == 0 else "v4_csa" if ratio == DSV4_CSA_RATIO else "v4_hca"
+        kda = self.kda_layers or []
+        if layer < len(kda) and kda[layer] == 1:
+            return "kda"
         if self.attention_variant == "mla":
             return "mla"
         if self.is_linear_attention_layer(layer):
@@ -1307,6 +1337,29 @@ class Config(Section):
                 "window_heads_not_priced", "{own} beside {named}: moeplan sizes those with one "
                 "head count and width for every layer; leave them out",
                 {"own": " and ".join(own), "named": "; ".join(named)})
+        return self
+
+    @model_validator(mode="after")
+    def _kda_priced(self) -> "Config":
+        """What moeplan does not price for KDA layers: context parallelism (Megatron has no KDA
+        layer, so no CP exchange of its states exists to follow), attention-module offloading
+        and adapters on the attention projections (both sized for MLA's tensors)."""
+        if not any(self.model.kda_layers or []):
+            return self
+        named = []
+        if self.parallel.cp > 1:
+            named.append(f"parallel.cp {self.parallel.cp}")
+        offloaded = {"qkv_linear", "core_attn", "attn_proj"} & set(self.overlap.offload_modules)
+        if offloaded:
+            named.append(f"overlap.offload_modules {sorted(offloaded)}")
+        if self.training.lora is not None and {"linear_qkv", "linear_proj"} & set(
+                self.training.lora.target_modules):
+            named.append("training.lora.target_modules on the attention projections")
+        if named:
+            raise PydanticCustomError(
+                "kda_not_priced", "model.kda_layers beside {named}: moeplan does not price KDA "
+                "layers there (Megatron-LM has no KDA layer to follow); leave them out",
+                {"named": "; ".join(named)})
         return self
 
     def _per_layer_attention_checked(self) -> None:

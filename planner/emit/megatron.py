@@ -340,6 +340,13 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
                         "train this: its lightning indexer (DSA) belongs to multi-latent attention "
                         "and picks tokens, not key blocks (megatron/core/transformer/attention.py "
                         "SelfAttention has none); no Megatron-Bridge bridge for MiniMax-M3 is known")
+    if m.kda_layers is not None and any(m.kda_layers):
+        raise EmitError("model.kda_layers", f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: "
+                        "it has no Kimi Delta Attention layer (megatron/core/models/gpt/"
+                        "experimental_attention_variant_module_specs.py is_linear_attention_variant "
+                        "knows gated_delta_net only); NVIDIA-NeMo/Megatron-Bridge has no kimi_linear "
+                        "bridge, the fork michal2409/Megatron-Bridge@269a192c builds KDA with its "
+                        "own layer spec (KimiLinearBridge: train it there)")
     gemma = [field for field, on in (
         ("model.window_kv_channels", m.window_kv_channels is not None),
         ("model.attention_k_eq_v", m.attention_k_eq_v),

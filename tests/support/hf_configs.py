@@ -212,9 +212,34 @@ DEEPSEEK_V32: dict[str, Any] = {
     "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048,
 }
 
+# moonshotai/Kimi-Linear-48B-A3B-Instruct config.json (KimiLinearForCausalLM): its architecture
+# keys as public fixtures quote them alike (the Megatron-Bridge fork michal2409/Megatron-Bridge@
+# 269a192c's kimi_linear test fixture and two independent loaders' tests; the published file
+# itself was not found quoted whole). KDA dims and the 1-based layer lists sit in
+# linear_attn_config; the MoE keys are spelt as KimiLinearConfig's attribute_map reads them.
+# transformers 5.25 builds 49,122,675,072 parameters from it, 3,484,453,248 activated.
+KIMI_LINEAR: dict[str, Any] = {
+    "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear",
+    "vocab_size": 163840, "hidden_size": 2304, "head_dim": 72, "intermediate_size": 9216,
+    "num_hidden_layers": 27, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "hidden_act": "silu", "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": None,
+    "tie_word_embeddings": False, "first_k_dense_replace": 1, "moe_intermediate_size": 1024,
+    "moe_layer_freq": 1, "moe_renormalize": True, "moe_router_activation_func": "sigmoid",
+    "num_experts": 256, "num_experts_per_token": 8, "num_shared_experts": 1,
+    "routed_scaling_factor": 2.446, "use_grouped_topk": True, "num_expert_group": 1,
+    "topk_group": 1, "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True,
+    "num_nextn_predict_layers": 0, "model_max_length": 1048576, "use_cache": True,
+    "linear_attn_config": {
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27], "head_dim": 128,
+        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+        "num_heads": 32, "short_conv_kernel_size": 4},
+}
+
 HF_CONFIGS = {"deepseek-v3": DEEPSEEK_V3, "kimi-k2": KIMI_K2, "deepseek-v2-lite": DEEPSEEK_V2_LITE,
               "qwen3-30b-a3b": QWEN3_30B, "qwen3-235b-a22b": QWEN3_235B, "qwen2-moe": QWEN2_MOE,
               "mixtral-8x7b": MIXTRAL_8X7B, "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B,
               "glm-4.5": GLM_45, "glm-4.5-air": GLM_45_AIR, "minimax-m2": MINIMAX_M2,
               "llama-4-scout": LLAMA4_SCOUT, "llama-4-maverick": LLAMA4_MAVERICK,
-              "qwen3-next-80b-a3b": QWEN3_NEXT, "deepseek-v3.2": DEEPSEEK_V32}
+              "qwen3-next-80b-a3b": QWEN3_NEXT, "deepseek-v3.2": DEEPSEEK_V32,
+              "kimi-linear-48b-a3b": KIMI_LINEAR}

@@ -70,6 +70,7 @@ SWEEP: dict[str, str] = {
     "qwen2_moe": "exact", "qwen3_moe": "exact", "qwen3_next": "exact", "qwen3_5_moe": "exact",
     "qwen3_5_moe_text": "exact", "qwen3_vl_moe": "exact", "kimi_k25": "exact", "mixtral": "exact",
     "gpt_oss": "exact", "minimax_m2": "exact", "llama4": "exact", "nemotron_h": "exact",
+    "kimi_linear": "exact",
     # the no-record path maps them from transformers' modules
     "glm4v_moe": "exact", "minimax_m3_vl": "exact", "mimo_v2_flash": "exact", "gemma4": "exact",
     "step3p5": "exact", "laguna": "exact", "ernie4_5_moe": "exact", "dots1": "exact",
@@ -84,7 +85,6 @@ SWEEP: dict[str, str] = {
     "mistral4": "exact", "mistral3+mistral4": "exact",
     # refused naming what moeplan has no layer kind for
     "longcat_flash": "layer 0: model.layers.0.mlp.router (LongcatFlashTopkRouter)",
-    "kimi_linear": "layer 0: model.layers.0.self_attn (KimiLinearDeltaAttention)",
     "hy_v4": "layer 0: model.layers.0.self_attn (HYV4Attention) is not multi-latent attention",
     "minimax": "layer 1: model.layers.1.self_attn (MiniMaxLightningAttention)",
     "olmoe": "layer 0: model.layers.0.self_attn.q_norm (OlmoeRMSNorm)",

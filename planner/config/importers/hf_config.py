@@ -1182,7 +1182,176 @@ def _nemotron_h(r: _Reader) -> dict[str, Any]:
     return model
 
 
+# transformers 5.25 src/transformers/models/kimi_linear/configuration_kimi_linear.py
+# KimiLinearConfig: its defaults, and the names its attribute_map reads the published file's keys
+# under (num_experts, num_experts_per_token, num_shared_experts, num_expert_group,
+# moe_renormalize, model_max_length); the file nests the KDA dims and the layer lists in
+# linear_attn_config (1-based layer numbers), which win over the flat linear_* keys.
+_KIMI_LINEAR_DEFAULTS = {"num_hidden_layers": 27, "hidden_size": 2304, "num_attention_heads": 32,
+                         "vocab_size": 163840, "max_position_embeddings": 1048576}
+_KIMI_LINEAR_KEYS = {  # moeplan field: (KimiLinearConfig's key, its spelling in the file, default)
+    "num_experts": ("num_local_experts", "num_experts", 256),
+    "moe_router_topk": ("num_experts_per_tok", "num_experts_per_token", 8),
+    "n_shared": ("n_shared_experts", "num_shared_experts", 1),
+    "n_group": ("n_group", "num_expert_group", 1),
+}
+_KIMI_KDA_DIMS = (("kda_head_dim", "head_dim", "linear_head_dim", 128),
+                  ("kda_num_heads", "num_heads", "linear_num_heads", 32),
+                  ("linear_conv_kernel_dim", "short_conv_kernel_size", "linear_conv_kernel_dim", 4))
+
+
+def _kimi_key(r: _Reader, own: str, spelt: str, target: str | None, default: Any) -> Any:
+    """A KimiLinearConfig count under its own name or the file's attribute_map spelling."""
+    return r.count(spelt if spelt in r.hf or own not in r.hf else own, target, default)
+
+
+def _kimi_layer_types(r: _Reader, layers: Any, nested: Mapping[str, Any]) -> list[str] | None:
+    """KimiLinearConfig.__post_init__'s layer_types: the file's own, else linear_attn_config's
+    1-based full_attn_layers and kda_layers (a layer in neither is built as KDA: transformers
+    builds full attention only where it says "full_attention"), else full attention on every
+    0-based index i > 0 divisible by 4."""
+    types = r.hf.get("layer_types")
+    if types is None and _listable(layers):
+        if "full_attn_layers" in nested and "kda_layers" in nested:
+            full = nested["full_attn_layers"]
+            if not isinstance(full, list) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= layers for i in full):
+                r.unsupported("linear_attn_config.full_attn_layers", full,
+                              f"expected 1-based layer numbers up to {layers}")
+                return None
+            types = ["full_attention" if i + 1 in full else "linear_attention" for i in range(layers)]
+        else:
+            types = ["full_attention" if i and i % 4 == 0 else "linear_attention"
+                     for i in range(layers)]
+    if not isinstance(types, list) or not all(isinstance(t, str | None) for t in types):
+        r.unsupported("layer_types", types, "expected one 'full_attention' / 'linear_attention' "
+                      "per layer")
+        return None
+    if _listable(layers) and len(types) != layers:
+        r.unsupported("layer_types", f"{len(types)} entries", f"num_hidden_layers is {layers}")
+        return None
+    return types
+
+
+def _kimi_linear(r: _Reader) -> dict[str, Any]:
+    """KimiLinearForCausalLM (moonshotai/Kimi-Linear-48B-A3B): Kimi Delta Attention layers
+    (model.kda_layers) among NoPE MLA layers without query compression, DeepSeek-V3's MoE (sigmoid
+    router with an expert bias, shared experts, first_k_dense_replace dense layers). Megatron-LM
+    has no KDA layer: moeplan plans it and `emit megatron` refuses it."""
+    model = _common(r, eps=1e-5, theta=10000.0, sizes=_KIMI_LINEAR_DEFAULTS)
+    _kimi_beyond_transformers(r)
+    if "model_max_length" in r.hf:  # KimiLinearConfig's attribute_map: max_position_embeddings
+        model["max_position_embeddings"] = r.count("model_max_length", "max_position_embeddings")
+    nested = r.hf.get("linear_attn_config") or {}
+    if not isinstance(nested, Mapping):
+        r.unsupported("linear_attn_config", nested, "expected an object")
+        nested = {}
+    keys = {name: _kimi_key(r, own, spelt, None if name in ("n_shared", "n_group") else name,
+                            default) for name, (own, spelt, default) in _KIMI_LINEAR_KEYS.items()}
+    moe_ffn = r.count("moe_intermediate_size", "moe_ffn_hidden_size", 1024)
+    shared = keys["n_shared"] or 0
+    # KimiLinearAttention (modeling_kimi_linear.py): DeepSeek-V2's MLA "with NoPE": the rope part
+    # of the key keeps its width but no rotary embedding is applied
+    model.update({
+        "multi_latent_attention": True, "position_embedding_type": "none",
+        "q_lora_rank": r.count("q_lora_rank", "q_lora_rank", None),
+        "kv_lora_rank": r.count("kv_lora_rank", "kv_lora_rank", 512),
+        "qk_head_dim": r.count("qk_nope_head_dim", "qk_head_dim", 128),
+        "qk_pos_emb_head_dim": r.count("qk_rope_head_dim", "qk_pos_emb_head_dim", 64),
+        "v_head_dim": r.count("v_head_dim", "v_head_dim", 128),
+        "qk_layernorm": True,  # the kv latent's norm (kv_a_layernorm), as DeepSeek's
+        "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", 9216),
+        "num_experts": keys["num_experts"], "moe_router_topk": keys["moe_router_topk"],
+        "moe_ffn_hidden_size": moe_ffn,
+        "moe_shared_expert_intermediate_size": shared * moe_ffn if shared and moe_ffn else None,
+        "moe_router_dtype": "fp32",  # KimiLinearTopkRouter scores in fp32
+        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+    })
+    scale = r.number("routed_scaling_factor", "moe_router_topk_scaling_factor", 2.446)
+    if scale not in (None, 1, 1.0):
+        model["moe_router_topk_scaling_factor"] = float(scale)
+    renorm = "moe_renormalize" if "moe_renormalize" in r.hf else "norm_topk_prob"
+    if not r.flag(renorm, True):
+        r.notes.append(f"{renorm} false with sigmoid scoring: Megatron always renormalises the "
+                       "top-k sigmoid scores (routing weights differ)")
+    groups = keys["n_group"]
+    if groups and groups > 1:
+        model["moe_router_num_groups"] = groups
+        model["moe_router_group_topk"] = r.count("topk_group", None, 1)
+    for name, key, flat, default in _KIMI_KDA_DIMS:
+        model[name] = _kimi_nested(r, nested, key, flat, name, default)
+    # the per-layer lists follow the file's own depth; a YAML that writes fewer layers keeps
+    # the first num_layers of them
+    layers = model["num_layers"]
+    own = r.hf.get("num_hidden_layers", _KIMI_LINEAR_DEFAULTS["num_hidden_layers"])
+    depth = own if _listable(own) else layers
+    types = _kimi_layer_types(r, depth, nested)
+    mlp = r.hf.get("mlp_layer_types")
+    if mlp is None and _listable(depth):
+        first = r.count("first_k_dense_replace", None, 1) or 0
+        mlp = ["dense" if i < first else "sparse" for i in range(depth)]
+    if not isinstance(mlp, list) or not all(t in ("dense", "sparse") for t in mlp) or (
+            _listable(depth) and len(mlp) != depth):
+        r.unsupported("mlp_layer_types", mlp, "expected 'dense' / 'sparse' per layer")
+        mlp = None
+    if _listable(layers) and _listable(depth) and layers > depth:
+        r.unsupported("num_hidden_layers", own, f"the YAML's num_layers {layers} is deeper than "
+                      "the file's layer lists")
+        return model
+    keep = layers if _listable(layers) else None  # an unusable num_layers is its own finding
+    if types is not None and "kda_layers" not in r.provided:
+        model["kda_layers"] = [int(t != "full_attention") for t in types][:keep]
+    if mlp is not None and "moe_layer_freq" not in r.provided:
+        model["moe_layer_freq"] = _moe_pattern([int(t == "sparse") for t in mlp][:keep])
+    r.notes.append("Megatron-Bridge: NVIDIA-NeMo/Megatron-Bridge@067f987d has no bridge for "
+                   "kimi_linear; the fork michal2409/Megatron-Bridge@269a192c trains it with "
+                   "KimiLinearBridge (src/megatron/bridge/models/kimi/kimi_linear_bridge.py) and "
+                   "its own KDA layer spec (kimi_linear_spec.py), not Megatron-LM's arguments")
+    return model
+
+
+# Keys of later Kimi stacks (Kimi-K3's text_config is model_type kimi_linear too) that change the
+# network, which transformers 5.25's KimiLinear ignores and builds without: counting its build
+# would count another model than the checkpoint's.
+_KIMI_BEYOND = {
+    "mla_use_output_gate": "a sigmoid output gate on the MLA layers",
+    "routed_expert_hidden_size": "routed experts behind a latent projection",
+    "latent_moe_use_norm": "a norm inside the latent MoE projection",
+    "attn_res_block_size": "attention residuals across blocks",
+}
+
+
+def _kimi_beyond_transformers(r: _Reader) -> None:
+    """Refuse, by key, what makes the file another network than transformers 5.25's KimiLinear
+    (KimiLinearConfig has no such field, so transformers builds the model without it)."""
+    for key, what in _KIMI_BEYOND.items():
+        value = r.hf.get(key)
+        if value not in (None, False, 0):
+            r.unsupported(key, value, f"{what}: transformers 5.25's KimiLinearForCausalLM builds "
+                          "none (KimiLinearConfig has no such field) and moeplan has no layer kind "
+                          "for it")
+    nested = r.hf.get("linear_attn_config")
+    if isinstance(nested, Mapping) and nested.get("use_full_rank_gate"):
+        r.unsupported("linear_attn_config.use_full_rank_gate", nested["use_full_rank_gate"],
+                      "a full-rank KDA decay gate: transformers 5.25's KimiLinearForgetGate is "
+                      "low-rank (f_a, f_b) and moeplan's KDA record counts that one")
+
+
+def _kimi_nested(r: _Reader, nested: Mapping[str, Any], key: str, flat: str, field: str,
+                 default: int) -> Any:
+    """A KDA dim as KimiLinearConfig reads it: linear_attn_config's key, else the flat linear_*
+    key, else the class default."""
+    if key in nested:
+        value = nested[key]
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        r.unsupported(f"linear_attn_config.{key}", value, "expected a positive integer")
+        return None
+    return r.count(flat, field, default)
+
+
 ARCHITECTURES: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "KimiLinearForCausalLM": _kimi_linear,
     "NemotronHForCausalLM": _nemotron_h,
     "DeepseekV4ForCausalLM": _deepseek_v4,
     "Glm4MoeLiteForCausalLM": _glm4_moe_lite,

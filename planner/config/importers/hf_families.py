@@ -55,6 +55,8 @@ FAMILIES: tuple[Family, ...] = (
            wrapper_keys=("tie_word_embeddings",),
            bridge="KimiK25VLBridge", bridge_source="kimi_vl/kimi_k25_vl_bridge.py"),
     Family("deepseek_v32", ("DeepseekV32ForCausalLM",), "DeepseekV32ForCausalLM"),
+    # Kimi-Linear: KDA layers among MLA layers; the bridge only in a fork (the reader's note)
+    Family("kimi_linear", ("KimiLinearForCausalLM",), "KimiLinearForCausalLM"),
     Family("deepseek_v4", ("DeepseekV4ForCausalLM",), "DeepseekV4ForCausalLM",
            bridge="DeepSeekV4Bridge", bridge_source="deepseek/deepseek_v4_bridge.py"),
     # GLM-4.7-Flash: the DeepSeek-V3 stack (MLA, first-k dense, sigmoid router with an expert

@@ -408,3 +408,45 @@ def test_k_eq_v_without_window_fields_takes_v_from_full_layers_only() -> None:
     windowed = {"window_size": [7, 0], "num_query_groups": 1}
     assert _values(_tiny_cp1(**windowed, attention_k_eq_v=True))["dense_params_on_rank"] \
         == _values(_tiny_cp1(**windowed))["dense_params_on_rank"]
+
+
+KDA = {**MLA, "kda_layers": [1, 0], "kda_num_heads": 2, "kda_head_dim": 8,
+       "linear_conv_kernel_dim": 4}
+
+
+def _tiny_kda(cp: int = 1, **model: Any):
+    data = load_config(EXAMPLES / "tiny-cpu-8.yaml").model_dump(mode="json", exclude_unset=True)
+    data["model"].update(model)
+    data["parallel"].update(cp=cp)
+    return parse_config(data)
+
+
+def test_kimi_delta_attention_layer_by_hand() -> None:
+    """KDA (transformers modeling_kimi_linear.py KimiLinearDeltaAttention) with 2 heads of 8
+    (width 16), conv 4, on layer 1 of 2; layer 2 stays MLA (tiny-cpu-8 at CP 1)."""
+    cfg = _tiny_kda(**KDA)
+    assert cfg.model.layer_mixers == ("kda", "mla") and "kda" in kinds_present(cfg)
+    env, base = _values(cfg), _values(_tiny_kda(**MLA))
+    qkv_o = 4 * H * 16  # q, k, v (h → 16 each) and o_proj (16 → h): 4,096
+    conv = 3 * 16 * 4  # depthwise over q, k, v, 4 taps, no bias: 192
+    decay = H * 8 + 8 * 16 + 16 + 2  # f_a, f_b, dt_bias per channel, A_log per head: 658
+    beta, gate, norm = H * 2, H * 8 + 8 * 16, 8  # b_proj, g_a + g_b, o_norm over one head
+    kda = qkv_o + conv + decay + beta + gate + norm
+    assert env["kda_params_per_layer"] == kda == 5722
+    # the KDA layer replaces its MLA; both blocks keep their norms
+    assert env["dense_params_on_rank"] - base["dense_params_on_rank"] == kda - 16_896
+    flops = 2 * (qkv_o + H * 8 + 8 * 16 + H * 2 + H * 8 + 8 * 16 + conv + 4 * 2 * 8 ** 2)
+    assert env["flops_kda_fwd_per_token"] == flops == 12_416
+    mla_core = HEADS * (16 + 8 + 16) * S  # the MLA layer's core attention only
+    assert env["time_attention_core_fwd_flops"] == mla_core
+
+
+def test_kimi_delta_attention_is_refused_where_not_priced() -> None:
+    """Megatron-LM dev has no KDA layer (EMT010 names the field); CP > 1 and a KDA list of the
+    wrong length are config errors naming the field."""
+    with pytest.raises(EmitError, match=f"{NOT_IN_MEGATRON}.*Kimi Delta Attention"):
+        megatron_arguments(_tiny_kda(**KDA))
+    with pytest.raises(InvalidConfig, match="kda_layers"):
+        _tiny_kda(**{**KDA, "kda_layers": [1]})
+    with pytest.raises(InvalidConfig, match="parallel.cp 2"):
+        _tiny_kda(cp=2, **KDA)

@@ -16,7 +16,7 @@ from planner.config.importers.hf_families import FAMILIES, UNRECORDED_BRIDGES, u
 from planner.config.presets import PRESETS
 from planner.config.schema import Config, ModelSection
 from planner.model_size import model_size
-from tests.support.hf_configs import KIMI_K2
+from tests.support.hf_configs import KIMI_K2, KIMI_LINEAR
 from tests.support.hf_corpus import (
     HELD_OUT,
     NO_RECORD_COUNTS,
@@ -478,3 +478,40 @@ def test_glm_5_2s_shared_indexers_are_megatrons_top_k_sharing():
     del freq_only["indexer_types"]
     shared = map_hf_config(freq_only).model
     assert (shared["dsa_indexer_topk_freq"], shared["dsa_indexer_skip_topk_offset"]) == (2, 2)
+
+
+def test_kimi_linear_is_kda_among_mla_layers_as_transformers_builds_it():
+    """Kimi-Linear-48B-A3B's config.json (tests/support/hf_configs.py KIMI_LINEAR): KDA on the
+    layers linear_attn_config lists (1-based), MLA on 4, 8, ..., 24 and 27, one dense layer, and
+    the total and activated counts of transformers 5.25's meta build (measured as
+    tests/support/hf_sweep.py transformers_counts does; the sweep rebuilds a shrunk kimi_linear in
+    tests/integration/transformers/test_family_sweep.py); the example is this import."""
+    from planner.config.loader import load_config
+
+    mapping = map_hf_config(KIMI_LINEAR)
+    full = KIMI_LINEAR["linear_attn_config"]["full_attn_layers"]
+    assert mapping.model["kda_layers"] == [int(i + 1 not in full) for i in range(27)]
+    assert mapping.model["moe_layer_freq"] == [0] + [1] * 26
+    assert (mapping.model["kda_num_heads"], mapping.model["kda_head_dim"],
+            mapping.model["linear_conv_kernel_dim"]) == (32, 128, 4)
+    assert _size(mapping.model, mapping.moe) == (49_122_675_072, 3_484_453_248, 0)
+    assert "michal2409/Megatron-Bridge@269a192c" in mapping.notes[-1]
+    example = Path(__file__).parents[3] / "examples" / "architectures" / "kimi-linear-48b-a3b-32.yaml"
+    assert ModelSection.model_validate(mapping.model) == load_config(example).model
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"mla_use_output_gate": True}, "mla_use_output_gate"),
+    ({"routed_expert_hidden_size": 3584}, "routed_expert_hidden_size"),
+    ({"linear_attn_config": {**KIMI_LINEAR["linear_attn_config"], "use_full_rank_gate": True}},
+     "linear_attn_config.use_full_rank_gate"),
+    ({"linear_attn_config": {**KIMI_LINEAR["linear_attn_config"], "full_attn_layers": [0, 28]}},
+     "linear_attn_config.full_attn_layers"),
+])
+def test_kimi_linear_keys_transformers_would_not_build_are_refused_by_key(change: dict[str, object],
+                                                                          key: str):
+    """A kimi_linear file of a later stack (Kimi-K3's keys) is another network than the one
+    transformers 5.25 builds from it: refused naming the key, never counted as Kimi-Linear."""
+    with pytest.raises(HfConfigUnmappable) as refused:
+        map_hf_config({**KIMI_LINEAR, **change})
+    assert any(f.path.endswith(f".{key}") for f in refused.value.findings), refused.value.findings
