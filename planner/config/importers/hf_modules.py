@@ -5,7 +5,8 @@ decoder layer is a known kind, and names the first module that is not.
 
 Known kinds, each as Megatron builds it: softmax attention with q/k/v/o projections
 (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__: heads,
-query groups and head dim from the projection shapes; q/k RMSNorm; q/k/v biases; an output gate
+query groups and head dim from the projection shapes; q/k RMSNorm per head, or over every head
+at once (OLMoE's, MiniMax-M2's: model.qk_layernorm_per_layer); q/k/v biases; an output gate
 per head or per channel; sinks; window layers' own heads, KV groups and widths), multi-latent
 attention (its latents and head widths from the shapes); a SwiGLU MLP (gate/up/down); a routed MoE
 block (a router of N x hidden, N experts of one SwiGLU size, fused or listed; a shared expert,
@@ -69,6 +70,8 @@ class Attention:
     gate_act: str = ""  # the gate's activation as its forward calls it: "sigmoid", "softplus"
     rope_window_only: bool = False  # its forward rotates q/k on sliding-window layers only
     norm_after_rope: bool = False  # its forward normalises q/k after rotating them (HunYuan's)
+    # its q/k norms span the whole projection (every head at once: OLMoE's, MiniMax-M2's)
+    qk_norm_layer: bool = False
 
 
 @dataclass(frozen=True)
@@ -260,10 +263,12 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
         raise Unpriced(layer, path, module, "biases some of q/k/v/o but not as Megatron's "
                        "add_qkv_bias (q, k and v alike, no output bias)")
     norms = [name for name in (*_QK_NORMS, *_QK_NORMS_AFTER) if name in parts]
-    for name in norms:
-        _norm(parts[name], head_dim, layer, f"{path}.{name}")
     if len(norms) == 1 or len(norms) > 2:
         raise Unpriced(layer, path, module, f"normalises {' and '.join(norms)}: not q and k alike")
+    whole = _whole_width_norms(parts, norms, head_dim, q_out, k_out)
+    widths = (q_out, k_out) if whole else (head_dim, head_dim)  # q's norm first, then k's
+    for name, width in zip(norms, widths[:len(norms)], strict=True):
+        _norm(parts[name], width, layer, f"{path}.{name}")
     gate = ""
     gates = [name for name in _GATES if name in parts]
     if len(gates) > 1:
@@ -289,7 +294,19 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
                   default=-1)
     return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks, v_dim,
                      k_eq_v, indexer, gate_act=gate_act, rope_window_only=_rope_window_only(code),
-                     norm_after_rope=0 <= rope_at < norm_at)
+                     norm_after_rope=0 <= rope_at < norm_at, qk_norm_layer=whole)
+
+
+def _whole_width_norms(parts: Mapping[str, Any], norms: list[str], head_dim: int, q_out: int,
+                       k_out: int) -> bool:
+    """Whether the q and k norms span the whole q and k projections (every head at once: OLMoE's
+    q_norm of hidden_size and k_norm of KV heads x head_dim, MiniMax-M2's) rather than one head;
+    moeplan's model.qk_layernorm_per_layer, which Megatron does not build. A norm as wide as one
+    head is read per head, as Megatron's qk_layernorm (where q is one head wide, both agree)."""
+    if len(norms) != 2 or q_out == head_dim:
+        return False
+    widths = [_shape(_params(parts[name]).get("weight", _NO_WEIGHT)) for name in norms]
+    return widths == [(q_out,), (k_out,)]
 
 
 def _forward_code(module: Any) -> str:
@@ -759,6 +776,13 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         model["add_qkv_bias"] = True
     if att.gate:
         model["head_wise_attn_gate" if att.gate == "head" else "attention_output_gate"] = True
+    if att.qk_norm_layer:
+        model["qk_layernorm_per_layer"] = True
+        warnings.append("the q/k norms span every head of the layer at once (one RMSNorm of heads x "
+                        "head_dim on q, one of KV heads x head_dim on k), as "
+                        "model.qk_layernorm_per_layer prices them; Megatron's qk_layernorm "
+                        "normalises each head (the same FLOPs and bytes, (heads + KV heads) x "
+                        "head_dim parameters instead of 2 x head_dim; emit megatron refuses it)")
     if att.norm_after_rope:
         warnings.append("the q/k norms run after RoPE in the checkpoint's forward; Megatron's "
                         "qk_layernorm runs before it (the same parameters, FLOPs and bytes; not "

@@ -6,7 +6,8 @@ Only DeepSeek-V4-Flash is rebuilt here (the article's model; about 5 CPU-seconds
 importing torch and transformers): every build costs 0.5-4 s more, over the suite's time budget.
 The other recorded counts were measured the same way; name a file in REBUILT to re-check it.
 The no-record path of `import hf` (planner/commands/hf_meta.py) maps ERNIE-4.5-21B-A3B from its
-modules and refuses OLMoE's whole-width q/k norm by module.
+modules, OLMoE-1B-7B's whole-width q/k norms as moeplan's per-layer q/k norm, and refuses Jamba's
+Mamba-1 mixer by module.
 """
 
 from __future__ import annotations
@@ -89,23 +90,54 @@ def test_a_model_type_without_a_record_is_mapped_from_transformers_modules(tmp_p
                for note in rest)
 
 
-def test_a_module_without_a_layer_kind_is_refused_by_class_and_layer(tmp_path: Path):
-    # OLMoE normalises q and k over all heads at once; Megatron's qk_layernorm is per head, so no
-    # moeplan layer kind prices it: refused naming the module, its class and its layer.
+# allenai/OLMoE-1B-7B-0924's dimensions (transformers 5.25 OlmoeConfig's defaults but its 1,024-wide
+# experts): 16 layers of 16 heads at 2,048, 64 experts of top-8, vocabulary 50,304, untied.
+OLMOE_1B_7B = {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 2048,
+               "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16,
+               "num_key_value_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
+               "vocab_size": 50304, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
+def test_whole_width_qk_norms_map_to_the_per_layer_norm_and_are_warned(tmp_path: Path):
+    # OLMoE normalises q (hidden_size wide) and k (KV heads x head_dim) over every head at once, as
+    # MiniMax-M2 does: model.qk_layernorm_per_layer, counted exactly; Megatron's qk_layernorm is
+    # per head, so it is warned, and Megatron-Bridge's own OLMoE attention is named.
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    hf = {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 64,
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(OLMOE_1B_7B), "utf-8")
+    result = CliRunner().invoke(app, ["import", "hf", str(path), "--json"])
+    assert result.exit_code in (0, 1), result.output
+    payload = json.loads(result.output)
+    census, *rest = payload["notes"]
+    # 2 x 50,304 x 2,048 + 16 x (4 x 2,048^2 + 2 x 2,048 q/k norms + 2 x 2,048 pre-norms
+    # + 64 x 2,048 router + 64 x 3 x 2,048 x 1,024 experts) + 2,048 = 6,919,161,856
+    assert "OlmoeForCausalLM with 6,919,161,856 parameters" in census
+    assert census.endswith("moeplan counts 6,919,161,856, as transformers does"), census
+    model = payload["config"]["model"]
+    assert model["qk_layernorm"] is model["qk_layernorm_per_layer"] is True
+    assert any("Megatron's qk_layernorm normalises each head" in note for note in rest)
+    assert "OlMoEBridge (src/megatron/bridge/models/olmoe/olmoe_bridge.py" in str(payload["bridge"])
+
+
+def test_a_module_without_a_layer_kind_is_refused_by_class_and_layer(tmp_path: Path):
+    # Jamba's Mamba-1 mixer is no moeplan layer kind: refused naming the module, its class and
+    # its layer.
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    hf = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "hidden_size": 64,
           "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256}
+          "num_key_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256,
+          "attn_layer_offset": 1, "attn_layer_period": 2, "expert_layer_offset": 1,
+          "expert_layer_period": 2, "use_mamba_kernels": False}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(hf), "utf-8")
     result = CliRunner().invoke(app, ["import", "hf", str(path), "--json"])
     assert result.exit_code == 1
     messages = [f["message"] for f in json.loads(result.output)["findings"]]
     [census] = [m for m in messages if "transformers" in m]
-    assert "OlmoeForCausalLM with" in census and "(2 decoder layers)" in census
-    assert "layer 0: model.layers.0.self_attn.q_norm (OlmoeRMSNorm) is not an RMSNorm of 16" \
-        in census
+    assert "JambaForCausalLM with" in census and "(2 decoder layers)" in census
+    assert "layer 0: model.layers.0.mamba (JambaMambaMixer)" in census
 
 
 # The no-record corpus files (tests/support/hf_corpus.py NO_RECORD_COUNTS) rebuilt here: the held-out
