@@ -87,7 +87,8 @@ SWEEP: dict[str, str] = {
     # refused naming what moeplan has no layer kind for
     "longcat_flash": "layer 0: model.layers.0.mlp.router (LongcatFlashTopkRouter)",
     "kimi_linear": "layer 0: model.layers.0.self_attn (KimiLinearDeltaAttention)",
-    "hy_v4": "layer 0: model.layers.0.self_attn (HYV4Attention) is not multi-latent attention",
+    # HY-V4: DSA whose MLA carries an output gate and sinks, beside 2N-row hyper-connections
+    "hy_v4": "layer 0: model.layers.0.self_attn (HYV4Attention) is multi-latent attention",
     "minimax": "layer 1: model.layers.1.self_attn (MiniMaxLightningAttention)",
     "jamba": "layer 0: model.layers.0.mamba (JambaMambaMixer)",
 }

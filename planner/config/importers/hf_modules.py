@@ -48,8 +48,14 @@ class Unpriced(Exception):
 
     def __init__(self, layer: int | None, path: str, module: Any, why: str) -> None:
         self.layer, self.path, self.cls, self.why = layer, path, type(module).__name__, why
-        where = "outside the decoder layers" if layer is None else f"layer {layer}"
-        super().__init__(f"{where}: {path} ({self.cls}) {why}")
+        self.where = "outside the decoder layers" if layer is None else f"layer {layer}"
+        super().__init__(f"{self.where}: {path} ({self.cls}) {why}")
+
+    def extended(self, more: str) -> Unpriced:
+        """The same refusal with `more` said after it (what else the layer holds unpriced)."""
+        self.why += more
+        self.args = (f"{self.where}: {self.path} ({self.cls}) {self.why}",)
+        return self
 
 
 @dataclass(frozen=True)
@@ -186,15 +192,14 @@ def _mla(module: Any, hidden: int, heads: int, layer: int, path: str) -> Attenti
     latent (q_a_proj, its norm, q_b_proj) or a plain q_proj, the KV latent with the shared RoPE
     key (kv_a_proj_with_mqa, its norm, kv_b_proj) and o_proj; every width read off the shapes."""
     parts = dict(_children(module))
+    extra = sorted(set(_params(module)) | (set(parts) - _MLA_PARTS))
     query = set(parts) & {"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj"}
-    if _params(module) or set(parts) - _MLA_PARTS or query not in (
-            {"q_proj"}, {"q_a_proj", "q_a_layernorm", "q_b_proj"}) or not {
+    if query not in ({"q_proj"}, {"q_a_proj", "q_a_layernorm", "q_b_proj"}) or not {
             "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"} <= set(parts):
-        extra = sorted(set(_params(module)) | (set(parts) - _MLA_PARTS))
         raise Unpriced(layer, path, module, "is not multi-latent attention as Megatron builds it"
                        + (f" (it also holds {', '.join(extra)})" if extra else ""))
     projections = {name: _linear(parts[name], layer, f"{path}.{name}") for name in parts
-                   if not name.endswith("layernorm")}
+                   if name in _MLA_PARTS and not name.endswith("layernorm")}
     if any(bias for _, _, bias in projections.values()):
         raise Unpriced(layer, path, module, "biases its projections (Megatron's MLA takes none)")
     kv_rank = _shape(dict(parts["kv_a_layernorm"].named_parameters()).get("weight", _NO_WEIGHT))
@@ -213,8 +218,61 @@ def _mla(module: Any, hidden: int, heads: int, layer: int, path: str) -> Attenti
             or projections["kv_b_proj"][1] != heads * (nope + v_dim):
         raise Unpriced(layer, path, module, f"has widths no {heads}-head multi-latent attention "
                        "has (q, kv latent, RoPE key, value and output projections disagree)")
+    if extra:
+        raise Unpriced(layer, path, module, f"is multi-latent attention ({heads} heads, q latent "
+                       f"{q_rank}, kv latent {latent}, q/k head {nope} + RoPE {rope}, value head "
+                       f"{v_dim}) with parts Megatron's MLA does not build: "
+                       + "; ".join(_mla_extra(module, name, hidden, heads, v_dim) for name in extra))
     return Attention(heads, heads, nope + rope, False, True, mla=(q_rank, latent, nope, rope,
                                                                    v_dim))
+
+
+# A DeepSeek-V3.2 DSA lightning indexer's parts (HF DeepseekV32Indexer / HYV4Indexer)
+_DSA_INDEXER = {"wq_b", "wk", "k_norm", "weights_proj"}
+
+
+def _mla_extra(module: Any, name: str, hidden: int, heads: int, v_dim: int) -> str:
+    """What one part of an MLA module beyond Megatron's MLASelfAttention is, read off its shape:
+    an output gate, learnable sinks, a DSA indexer; else its class."""
+    own = _params(module)
+    if name in own:
+        shape = _shape(own[name])
+        if name == "sinks" and shape == (heads,):
+            return ("sinks: one learnable sink logit per head, which neither Megatron's MLA nor its "
+                    "DSA attention takes (softmax_type learnable is DotProductAttention's)")
+        return f"{name}: a {shape} parameter of its own"
+    child = dict(module.named_children())[name]
+    cls = type(child).__name__
+    if name in _GATES:
+        width = _shape(_params(child).get("weight", _NO_WEIGHT))
+        kind = {(heads * v_dim, hidden): f"one per value channel ({heads} x {v_dim})",
+                (heads, hidden): f"one per head ({heads})"}.get(width)
+        if kind:
+            # Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+            # MLATransformerConfig.__post_init__ raises on attention_output_gate
+            return (f"{name} ({cls}): an output gate, {kind}, on the attention output, which "
+                    "Megatron's MLA refuses (MLATransformerConfig: output gate not supported "
+                    "for MLA)")
+    if name == "indexer" and {n for n, _ in _children(child)} == _DSA_INDEXER:
+        return (f"indexer ({cls}): a DeepSeek-V3.2 DSA lightning indexer, which moeplan prices "
+                "(model.dsa) on its family records but this path does not read off modules")
+    return f"{name} ({cls})"
+
+
+def _layer_extra(child: Any, hidden: int) -> str:
+    """What a decoder layer's part outside attention, MLP and norms is, where its shape says:
+    hyper-connections (HY-V4's, DeepSeek-V4's), else its class."""
+    cls = type(child).__name__
+    shapes = [_shape(p) for p in child.parameters() if len(_shape(p)) == 2]
+    if "HyperConnection" in cls and len(shapes) == 1 and shapes[0][1] % hidden == 0:
+        rows, streams = shapes[0][0], shapes[0][1] // hidden
+        mix = ("pre and post mixes only, no residual mix between streams" if rows == 2 * streams
+               else f"{rows} mixes")
+        return (f"({cls}): hyper-connections of {streams} residual streams with {mix} "
+                f"(a mapping of {rows} x {streams}·hidden), where Megatron's mHC (megatron/core/transformer/"
+                f"hyper_connection.py HyperConnectionModule) maps {streams}·hidden to "
+                f"{streams * streams + 2 * streams} with a Sinkhorn-projected residual mix")
+    return f"({cls})"
 
 
 class _NoWeight:
@@ -516,12 +574,7 @@ def _score(*modules: Any) -> str:
 def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int | None,
                path: str) -> tuple[Layer, int]:
     """One decoder layer as moeplan's kinds, and its correction-bias parameters; Unpriced names
-    the first part that is no known kind."""
-    attention: Attention | None = None
-    ffn: int | None = None
-    moe: Moe | None = None
-    bias = 0
-    norms: list[str] = []
+    the first part that is no known kind, and what else of the layer has none."""
     if _params(module):
         raise Unpriced(index, path, module, "holds " + ", ".join(sorted(_params(module)))
                        + " of its own (a per-layer scale moeplan does not model)")
@@ -532,6 +585,40 @@ def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int |
     post = bool(post_names)
     branch = {"router", "experts"} | _BRANCH_NORMS
     gemma_moe = branch <= set(children)
+    known = {*post_names, *_ATTENTION, *_MLP, *_NORMS, *(branch if gemma_moe else ())}
+    unknown = [name for name in children if name not in known]
+    try:
+        attention, ffn, moe, bias, norms = _read_parts(children, post_names, branch, gemma_moe,
+                                                       index, hidden, heads, head_dim, path)
+    except Unpriced as exc:
+        others: dict[str, list[str]] = {}  # one description for the parts it fits alike
+        for name in unknown:
+            if f"{path}.{name}" != exc.path:
+                others.setdefault(_layer_extra(children[name], hidden), []).append(name)
+        others_said = [f"{' and '.join(names)} {what}" for what, names in others.items()]
+        raise exc.extended(f"; the layer also holds {'; '.join(others_said)}" if others else "") \
+            from None
+    if gemma_moe and ffn is not None:
+        moe, ffn = _branch_moe(children, ffn, hidden, index, path), None
+    if attention is None or (ffn is None and moe is None) or sorted(norms) != sorted(_NORMS):
+        raise Unpriced(index, path, module, "lacks " + ", ".join(
+            [w for w, missing in (("attention", attention is None),
+                                  ("an MLP or MoE block", ffn is None and moe is None),
+                                  ("its two pre-norms", sorted(norms) != sorted(_NORMS)))
+             if missing]))
+    return Layer(attention, ffn, moe, post), bias
+
+
+def _read_parts(children: Mapping[str, Any], post_names: tuple[str, ...], branch: set[str],
+                gemma_moe: bool, index: int, hidden: int, heads: int, head_dim: int | None,
+                path: str) -> tuple[Attention | None, int | None, Moe | None, int, list[str]]:
+    """A decoder layer's attention, dense MLP size, MoE block, correction-bias parameters and
+    pre-norm names, child by child; Unpriced names the first part that is no known kind."""
+    attention: Attention | None = None
+    ffn: int | None = None
+    moe: Moe | None = None
+    bias = 0
+    norms: list[str] = []
     for name, child in children.items():
         where = f"{path}.{name}"
         if name in post_names:
@@ -553,15 +640,7 @@ def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int |
         else:
             raise Unpriced(index, where, child, "is no part of a pre-norm attention + MLP layer "
                            "(moeplan has no layer kind for it)")
-    if gemma_moe and ffn is not None:
-        moe, ffn = _branch_moe(children, ffn, hidden, index, path), None
-    if attention is None or (ffn is None and moe is None) or sorted(norms) != sorted(_NORMS):
-        raise Unpriced(index, path, module, "lacks " + ", ".join(
-            [w for w, missing in (("attention", attention is None),
-                                  ("an MLP or MoE block", ffn is None and moe is None),
-                                  ("its two pre-norms", sorted(norms) != sorted(_NORMS)))
-             if missing]))
-    return Layer(attention, ffn, moe, post), bias
+    return attention, ffn, moe, bias, norms
 
 
 def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,

@@ -140,6 +140,28 @@ def test_a_module_without_a_layer_kind_is_refused_by_class_and_layer(tmp_path: P
     assert "layer 0: model.layers.0.mamba (JambaMambaMixer)" in census
 
 
+def test_every_part_megatron_does_not_build_is_named_in_one_refusal():
+    # HY-V4 (transformers 5.25 HYV4Config's layer program at toy widths): DeepSeek-V3.2's DSA whose
+    # MLA also carries an output gate and per-head sinks, in a layer with hyper-connections of 2N
+    # mixes (Megatron's mHC has N² + 2N): each named with what it is, in one finding.
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from planner.commands.hf_meta import meta_import
+    from tests.support.hf_sweep import shrunk
+
+    built = meta_import(shrunk("hy_v4"), "config.json")
+    assert built is not None and built.mapping is None
+    [finding] = built.findings
+    assert "layer 0: model.layers.0.self_attn (HYV4Attention) is multi-latent attention (4 heads, " \
+        "q latent 32, kv latent 16, q/k head 16 + RoPE 8, value head 16)" in finding.message
+    for part in ("gate_proj (Linear): an output gate, one per value channel (4 x 16)",
+                 "indexer (HYV4Indexer): a DeepSeek-V3.2 DSA lightning indexer",
+                 "sinks: one learnable sink logit per head",
+                 "attn_hc and ffn_hc (HYV4HyperConnection): hyper-connections of 4 residual "
+                 "streams with pre and post mixes only", "maps 4·hidden to 24"):
+        assert part in finding.message, part
+
+
 # The no-record corpus files (tests/support/hf_corpus.py NO_RECORD_COUNTS) rebuilt here: the held-out
 # MiMo-V2-Flash and Gemma-4 files (under a CPU-second together once torch is loaded), not MiniMax-M3,
 # whose first build costs ~5 CPU-seconds (loading its modeling code) and ~7 for the whole file;
