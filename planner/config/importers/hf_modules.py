@@ -76,6 +76,7 @@ class Attention:
     gate_act: str = ""  # the gate's activation as its forward calls it: "sigmoid", "softplus"
     rope_window_only: bool = False  # its forward rotates q/k on sliding-window layers only
     norm_after_rope: bool = False  # its forward normalises q/k after rotating them (HunYuan's)
+    latent_scale: bool = False  # its forward scales MLA's latents (LongCat-Flash's mla_scale_*)
     # its q/k norms span the whole projection (every head at once: OLMoE's, MiniMax-M2's)
     qk_norm_layer: bool = False
 
@@ -89,6 +90,7 @@ class Moe:
     expert_bias: bool  # the router carries a correction bias (aux-loss-free balancing)
     score: str = ""  # "sigmoid" / "softmax" as the router's own code scores, "" when unclear
     branch_norms: bool = False  # Gemma-4: norms on each branch, the router's own scales
+    zero: int = 0  # zero-computation (identity) experts the router also scores (LongCat-Flash)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ class ModelRead:
     tied: bool
     layers: list[Layer]
     bias_params: int = 0  # correction-bias parameters transformers counts and Megatron buffers
+    shortcut: bool = False  # LongCat-Flash's paired layers: the MoE output added one layer later
     layer_bias: list[int] = field(default_factory=list)  # the same, layer by layer
     notes: list[str] = field(default_factory=list)
 
@@ -224,7 +227,8 @@ def _mla(module: Any, hidden: int, heads: int, layer: int, path: str) -> Attenti
                        f"{v_dim}) with parts Megatron's MLA does not build: "
                        + "; ".join(_mla_extra(module, name, hidden, heads, v_dim) for name in extra))
     return Attention(heads, heads, nope + rope, False, True, mla=(q_rank, latent, nope, rope,
-                                                                   v_dim))
+                                                                   v_dim),
+                     latent_scale="mla_scale" in _forward_code(module))
 
 
 # A DeepSeek-V3.2 DSA lightning indexer's parts (HF DeepseekV32Indexer / HYV4Indexer)
@@ -476,8 +480,9 @@ def _router(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
     """(experts, correction-bias parameters) of a router: a weight of experts x hidden and an
     optional correction bias, itself or in a child (ERNIE-4.5's moe_statics)."""
     children = dict(_children(module))
-    if not _params(module) and len(children) == 1 and set(children) <= {"gate", "wg"}:
-        # a router holding its projection (AFMoE's gate, HunYuan's wg)
+    if not _params(module) and len(children) == 1 and set(children) <= {"gate", "wg",
+                                                                        "classifier"}:
+        # a router holding its projection (AFMoE's gate, HunYuan's wg, LongCat-Flash's classifier)
         [(name, module)] = children.items()
         path = f"{path}.{name}"
     weight = _params(module).get("weight")
@@ -534,6 +539,8 @@ def _moe(module: Any, hidden: int, layer: int, path: str) -> tuple[Moe, int]:
                        "router and its experts")
     experts, bias = _router(parts[routers[0]], hidden, layer, f"{path}.{routers[0]}")
     bias_buffer = any(name.endswith(_EXPERT_BIAS) for name, _ in module.named_buffers())
+    zero = _zero_experts(module, parts["experts"], experts)
+    experts -= zero
     size = _experts(parts["experts"], hidden, experts, layer, f"{path}.experts")
     shared = 0
     gate = False
@@ -554,7 +561,18 @@ def _moe(module: Any, hidden: int, layer: int, path: str) -> tuple[Moe, int]:
     elif own:
         raise Unpriced(layer, path, module, "holds " + ", ".join(sorted(own)))
     score = _score(parts[routers[0]], module)
-    return Moe(experts, size, shared, gate, bool(bias) or bias_buffer, score), bias
+    return Moe(experts, size, shared, gate, bool(bias) or bias_buffer, score, zero=zero), bias
+
+
+def _zero_experts(block: Any, experts: Any, rows: int) -> int:
+    """The router rows beyond the experts that compute: LongCat-Flash's zero-computation
+    (identity) experts, which its MoE block's forward names (`zero_expert_num`) and its fused
+    expert tensors leave out; 0 where the forward names none."""
+    own = [_shape(p) for p in _params(experts).values()]
+    if "zero_expert" not in _forward_code(block) or not own or len({s[0] for s in own}) != 1:
+        return 0
+    computing = own[0][0]
+    return rows - computing if 0 < computing < rows else 0
 
 
 def _score(*modules: Any) -> str:
@@ -643,6 +661,52 @@ def _read_parts(children: Mapping[str, Any], post_names: tuple[str, ...], branch
     return attention, ffn, moe, bias, norms
 
 
+_PAIR = {"self_attn", "mlps", "input_layernorm", "post_attention_layernorm", "mlp"}
+# the order LongCat-Flash's layer forward calls its parts in: the MoE block on the first MLP's
+# input, the first MLP, the second attention and MLP, then the MoE output added (the shortcut)
+_PAIR_ORDER = ("self.self_attn[0](", "self.mlp(", "self.mlps[0](", "self.self_attn[1](",
+               "self.mlps[1](", "shortcut_mlp_output\n")
+
+
+def _is_shortcut_pair(module: Any) -> bool:
+    """Whether a decoder layer is LongCat-Flash's pair of sub-layers sharing one MoE block: two
+    attentions, two dense MLPs, two pairs of norms (lists of 2) and the block."""
+    children = dict(_children(module))
+    return set(children) == _PAIR and all(
+        len(list(children[name].children())) == 2 for name in _PAIR - {"mlp"})
+
+
+def _shortcut_pair(module: Any, index: int, hidden: int, heads: int, head_dim: int | None,
+                   path: str) -> tuple[list[Layer], int]:
+    """LongCat-Flash's decoder layer as two of moeplan's layers (Hugging Face
+    LongcatFlashDecoderLayer.forward): the first its attention with the MoE block and the first
+    dense MLP, which both read the same normed input (the shared-expert layout: the same
+    parameters, FLOPs and stored tensors; the block's output is added after the second sub-layer
+    instead, which model.moe_shortcut names), the second its attention with the second MLP."""
+    if _params(module):
+        raise Unpriced(index, path, module, "holds " + ", ".join(sorted(_params(module))))
+    code = _forward_code(module).replace("shortcut_mlp_output = self.mlp(", "self.mlp(")
+    at = [code.find(call) for call in _PAIR_ORDER]
+    if any(i < 0 for i in at) or at != sorted(at):
+        raise Unpriced(index, path, module, "pairs two attentions and two MLPs with one MoE block "
+                       "in an order moeplan does not know (LongCat-Flash's shortcut MoE)")
+    parts = {name: list(child.children()) for name, child in _children(module) if name != "mlp"}
+    moe, bias = _moe(module.mlp, hidden, index, f"{path}.mlp")
+    layers: list[Layer] = []
+    for i in (0, 1):
+        for name in _NORMS:
+            _norm(parts[name][i], hidden, index, f"{path}.{name}.{i}")
+        attention = _attention(parts["self_attn"][i], hidden, heads, head_dim, index,
+                               f"{path}.self_attn.{i}")
+        size = _swiglu(parts["mlps"][i], hidden, index, f"{path}.mlps.{i}")
+        if moe.shared:
+            raise Unpriced(index, f"{path}.mlp", module.mlp, "holds a shared expert beside the "
+                           "paired dense MLPs")
+        layers.append(Layer(attention, None, dataclasses.replace(moe, shared=size)) if i == 0
+                      else Layer(attention, size, None))
+    return layers, bias
+
+
 def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
                is_tower: Any) -> ModelRead:
     """The text stack of a transformers model built on the meta device: `layers` its decoder
@@ -670,6 +734,11 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         except Exception:
             own = head_dim
         own = own if isinstance(own, int) and own > 0 else head_dim
+        if _is_shortcut_pair(layer):
+            pair, extra = _shortcut_pair(layer, index, hidden, heads, own, path)
+            read += pair
+            biases.append(extra)
+            continue
         kinds, extra = read_layer(layer, index, hidden, heads, own, path)
         read.append(kinds)
         biases.append(extra)
@@ -690,7 +759,8 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         owner = name.rsplit(".", 1)[0]
         raise Unpriced(None, name, model.get_submodule(owner),
                        f"{_shape(param)} is no embedding, output layer or final norm")
-    return ModelRead(vocab, hidden, tied, read, sum(biases), layer_bias=biases)
+    return ModelRead(vocab, hidden, tied, read, sum(biases), layer_bias=biases,
+                     shortcut=len(read) == 2 * len(layers))
 
 
 def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attention, dict[str, Any]]:
@@ -862,6 +932,10 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
                         "model.qk_layernorm_per_layer prices them; Megatron's qk_layernorm "
                         "normalises each head (the same FLOPs and bytes, (heads + KV heads) x "
                         "head_dim parameters instead of 2 x head_dim; emit megatron refuses it)")
+    if att.latent_scale:
+        warnings.append("the forward scales the q and kv latents (mla_scale_q_lora / "
+                        "mla_scale_kv_lora); Megatron's MLA does not (numerics only, no parameter, "
+                        "FLOP or byte)")
     if att.norm_after_rope:
         warnings.append("the q/k norms run after RoPE in the checkpoint's forward; Megatron's "
                         "qk_layernorm runs before it (the same parameters, FLOPs and bytes; not "
@@ -940,6 +1014,27 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         model.setdefault("ffn_hidden_size", moe.size)
         if moe.branch_norms:
             model["moe_branch_norms"] = True
+        if moe.zero:
+            model["moe_zero_experts"] = moe.zero
+            warnings.append(
+                f"{moe.zero} zero-computation experts beside the {moe.experts} routed ones "
+                "(model.moe_zero_experts): a token's top-k picks that land on them cost nothing, "
+                "so its activated parameters and expert compute depend on the routing. moeplan "
+                "prices the static upper bound, every pick a computing expert (top-k x one "
+                "expert's parameters, as transformers' meta build counts the activated share of "
+                "the routed experts); the routing-dependent share (LongCat-Flash's model card: "
+                "18.6B-31.3B activated, about 27B on average) is not priced, so expert FLOPs, "
+                "the dispatch and the step time are upper bounds")
+        if read.shortcut:
+            model["moe_shortcut"] = True
+            warnings.append(
+                "the MoE block of each layer pair (model.moe_shortcut) reads the first "
+                "sub-layer's MLP input and adds its output after the second sub-layer "
+                "(LongCat-Flash's shortcut MoE), priced as the shared-expert layout with the "
+                "first dense MLP as the shared expert (the same parameters, FLOPs and stored "
+                "tensors); its overlap of dispatch with the second sub-layer is not modelled, "
+                "and a pipeline stage boundary inside a pair cuts the shortcut (keep stages to "
+                "even layer counts)")
         if moe.shared:
             model["moe_shared_expert_intermediate_size"] = moe.shared
             if moe.shared_gate:

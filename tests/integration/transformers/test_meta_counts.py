@@ -162,6 +162,32 @@ def test_every_part_megatron_does_not_build_is_named_in_one_refusal():
         assert part in finding.message, part
 
 
+def test_longcat_flash_is_counted_exactly_with_its_dynamic_activation_named(tmp_path: Path):
+    # LongcatFlashConfig's defaults are LongCat-Flash-Chat's dimensions (transformers 5.25): 28
+    # layers of two MLA sub-layers and two dense MLPs of 12,288 with one shortcut MoE of 512 experts
+    # of 2,048 and 256 zero-computation experts, top-12, vocabulary 131,072 untied.
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    payload = _import(tmp_path, {"architectures": ["LongcatFlashForCausalLM"],
+                                 "model_type": "longcat_flash"})
+    census, *rest = payload["notes"]  # type: ignore[misc]
+    # per pair: 2 MLA (q 6,144 x 1,536 + 1,536 + 1,536 x 64 x 192, kv 6,144 x 576 + 512
+    # + 512 x 64 x 256, o 8,192 x 6,144) + 2 dense MLPs (3 x 6,144 x 12,288) + 4 norms of 6,144
+    # + router (512 + 256) x 6,144 + 512 x 3 x 6,144 x 2,048; 28 pairs, 2 x 131,072 x 6,144, a
+    # final norm: 560,664,958,976
+    assert "LongcatFlashForCausalLM with 560,664,958,976 parameters" in census
+    assert census.endswith("moeplan counts 560,664,958,976, as transformers does"), census
+    model = payload["config"]["model"]  # type: ignore[index]
+    assert model["num_layers"] == 56 and model["moe_layer_freq"] == [1, 0] * 28
+    assert model["moe_zero_experts"] == 256 and model["moe_shortcut"] is True
+    assert model["moe_shared_expert_intermediate_size"] == model["ffn_hidden_size"] == 12288
+    [dynamic] = [note for note in rest if "zero-computation experts" in note]
+    assert "moeplan prices the static upper bound, every pick a computing expert" in dynamic
+    assert "is not priced" in dynamic
+    assert any("shortcut MoE" in note for note in rest)
+    assert "no bridge for it known here" in str(payload["bridge"])
+
+
 # The no-record corpus files (tests/support/hf_corpus.py NO_RECORD_COUNTS) rebuilt here: the held-out
 # MiMo-V2-Flash and Gemma-4 files (under a CPU-second together once torch is loaded), not MiniMax-M3,
 # whose first build costs ~5 CPU-seconds (loading its modeling code) and ~7 for the whole file;
