@@ -370,7 +370,7 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
     if longcat:
         raise EmitError(longcat[0], f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: its "
                         "router scores only experts that compute (megatron/core/transformer/moe/"
-                        "router.py TopKRouter: a [num_moe_experts, h] weight), and its MoE block "
+                        "router.py Router.__init__: a [num_moe_experts, h] weight), and its MoE block "
                         "adds its output in the layer that reads its input (megatron/core/"
                         "transformer/transformer_layer.py TransformerLayer); no Megatron-Bridge "
                         "bridge for LongCat-Flash is known")
