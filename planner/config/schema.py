@@ -465,10 +465,6 @@ class ModelSection(Section):
         if self.qk_layernorm_per_layer and not self.qk_layernorm:
             raise PydanticCustomError(
                 "qk_norm_scope", "model.qk_layernorm_per_layer needs model.qk_layernorm: true")
-        if (self.moe_zero_experts or self.moe_shortcut) and not self.num_experts:
-            raise PydanticCustomError(
-                "zero_experts_moe", "model.moe_zero_experts / moe_shortcut need routed experts "
-                "(model.num_experts); set them to 0 / false for a dense model")
         pattern = self.moe_layer_freq  # Megatron-LM dev@d48bd6be megatron/core/models/gpt/
         # gpt_layer_specs.py get_gpt_decoder_layer_specs asserts one entry per layer
         if isinstance(pattern, list) and len(pattern) != self.num_layers:
