@@ -67,8 +67,13 @@ def write(book: Book, v: Variant) -> None:
         "shared expert, dense TP layout" + (", with biases" if v.bias else ""))
     # add_bias_linear biases the router too (Megatron-LM dev@d48bd6be megatron/core/transformer/
     # moe/router.py Router.__init__: bias [E], whole on every TP rank).
-    add("router_params_per_layer", "E * h + E" if v.bias else "E * h", "params", "memory",
-        "gating matrix" + (" and its bias" if v.bias else "") + " (replicated over TP)")
+    # LongCat-Flash's zero-computation experts are rows of its router (LongcatFlashTopkRouter's
+    # classifier scores E + Z experts) and hold nothing else.
+    rows = "(E + Z)" if v.zero_experts else "E"
+    add("router_params_per_layer", f"{rows} * h + {rows}" if v.bias else f"{rows} * h", "params",
+        "memory", "gating matrix" + (" and its bias" if v.bias else "") + " (replicated over TP)"
+        + (", its rows scoring the routed and the zero-computation experts" if v.zero_experts
+           else ""))
     moe_dense = "shared_params_per_layer + router_params_per_layer"
     if v.shared_gate:
         # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/shared_experts.py

@@ -63,6 +63,7 @@ class Variant:
     bias: bool = False  # add_bias_linear: every linear layer has a bias
     dropout: bool = False  # hidden_dropout > 0: both bias-dropout-adds keep a mask per block
     shared_gate: bool = False  # moe_shared_expert_gate: a [1, h] sigmoid gate on the shared expert
+    zero_experts: bool = False  # moe_zero_experts > 0: the router scores Z identity experts too
     router_fp64: bool = False  # moe_router_dtype fp64: router logits and probs in 8 bytes
     mla_norms: bool = True  # MLA's q/kv latent norms (qk_layernorm); False: plain up projections
     # FP8 weights (training.fp8): "" without; else how TE stores a quantised weight: "tensor"

@@ -34,6 +34,8 @@ NOT_ARGUMENTS = {
     "training.fp8", "training.fp4", "training.qkv_format", "moe.moe_virtual_experts",
     "moe.moe_tid2eid_source",
     "model.qk_layernorm_per_layer",  # MiniMax-M2's per-layer q/k norm: no Megatron argument
+    "model.moe_zero_experts",  # LongCat-Flash's identity experts: no Megatron argument
+    "model.moe_shortcut",  # LongCat-Flash's shortcut MoE: no Megatron argument
     "model.attention_chunk_size",  # Llama 4's chunked attention: no Megatron argument
     "model.window_num_attention_heads",  # window layers' own head count: no Megatron argument
     "model.window_num_query_groups",  # window layers' own KV groups: no Megatron argument

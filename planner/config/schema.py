@@ -155,6 +155,14 @@ class ModelSection(Section):
     make_vocab_size_divisible_by: PosInt = VOCAB_DIVISOR
     moe_router_dtype: Literal["fp32", "fp64"] | None = None
     moe_shared_expert_gate: bool = False
+    # LongCat-Flash (Hugging Face LongcatFlashMoE; no Megatron argument, `emit megatron` refuses
+    # both): moe_zero_experts zero-computation experts beside the routed ones, each an identity that
+    # returns its token times its routing weight, so they add only router rows ((E + Z) x h); and
+    # the shortcut MoE (moe_shortcut): each MoE layer's block reads that layer's MLP input and adds
+    # its output after the next layer's MLP, the layers paired as [MoE + dense MLP, dense MLP]
+    # (the same parameters, FLOPs and stored tensors as the shared-expert layout moeplan prices).
+    moe_zero_experts: NonNegInt = 0
+    moe_shortcut: bool = False
     # RoPE / YaRN, named as Megatron's arguments. Numerics only: rotary embeddings hold no parameters
     # and no activation memory that moeplan budgets; the runtime's attention rotates by rotary_base.
     # DSv4 attention rotates window-only layers by rotary_base (plain RoPE) and CSA/HCA layers by

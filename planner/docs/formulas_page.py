@@ -111,6 +111,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("q/k/v biases only (add_qkv_bias)", {"kinds": STANDARD, "cp": False, "qkv_bias": True}),
     ("hidden dropout", {"dropout": True}),
     ("a shared-expert gate", {"shared_gate": True}),
+    ("zero-computation experts in the router (moe_zero_experts)", {"zero_experts": True}),
     ("router dtype fp64", {"router_fp64": True}),
     ("a learned absolute position table", {"learned_positions": True}),
     ("grad buffers in the parameters' dtype", {"grads_fp32": False}),

@@ -372,6 +372,15 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
                         "(megatron/core/transformer/attention.py SelfAttention); Megatron-Bridge's "
                         "MiMoV2FlashSelfAttention switches KV groups, sinks and the value width per "
                         "layer (train it there, MiMoV2FlashBridge)")
+    longcat = [field for field, on in (("model.moe_zero_experts", m.moe_zero_experts > 0),
+                                       ("model.moe_shortcut", m.moe_shortcut)) if on]
+    if longcat:
+        raise EmitError(longcat[0], f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: its "
+                        "router scores only experts that compute (megatron/core/transformer/moe/"
+                        "router.py Router.__init__: a [num_moe_experts, h] weight), and its MoE block "
+                        "adds its output in the layer that reads its input (megatron/core/"
+                        "transformer/transformer_layer.py TransformerLayer); no Megatron-Bridge "
+                        "bridge for LongCat-Flash is known")
     chunk = m.attention_chunk_size
     if chunk is not None and cfg.training.seq_length > chunk and not all(
             not m.is_chunked_layer(layer) for layer in range(m.num_layers)):

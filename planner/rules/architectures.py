@@ -325,7 +325,42 @@ def _mtp_sources(f: Facts, freq: int, offset: int) -> Iterator[Violation]:
                                 f"put the MTP layers on the chunk that holds layer {source}")
 
 
+ROUTER = dev("core/transformer/moe/router.py", "Router.__init__")
+_LONGCAT = ("model: {num_layers: 4, moe_layer_freq: [1, 0, 1, 0], moe_zero_experts: 4, "
+            "moe_shortcut: true, moe_shared_expert_intermediate_size: 96}")
+
+
+@rule(
+    "ARC013", "warning", "zero-computation experts and the shortcut MoE are priced at a bound",
+    source=ROUTER,
+    why="""LongCat-Flash's router scores zero-computation (identity) experts beside the routed
+    ones: a top-k pick that lands on one costs no expert GEMM and no dispatch, so a token's
+    activated compute depends on the routing. Megatron's router holds a [num_moe_experts, h]
+    weight and computes every pick; moeplan prices every pick as a computing expert (the static
+    upper bound transformers' meta build counts as activated), so expert FLOPs, the dispatch and
+    the step time are upper bounds. Its shortcut MoE pairs layers (the MoE block of an even layer
+    adds its output after the odd layer that follows): a pipeline chunk that starts inside a pair
+    sends the block's output to the next stage, which the plan does not price.""",
+    bad=_LONGCAT + "\nparallel: {world_size: 8, pp: 2, pipeline_model_parallel_layout: Et|t*3L}",
+    good="model: {num_layers: 4}",
+)
+def longcat_moe_bounds(f: Facts) -> Iterator[Violation]:
+    m = f.model
+    if m.moe_zero_experts:
+        yield Violation("model.moe_zero_experts", f"{m.moe_zero_experts} zero-computation experts "
+                        f"beside {m.num_experts} routed ones: the expert compute, dispatch and step "
+                        f"time are priced as if all top-{m.moe_router_topk} picks computed (an "
+                        "upper bound; the routing-dependent share is not priced)",
+                        "read expert FLOPs and step time as upper bounds; ignore ARC013 to accept")
+    odd = [min(c.layers) for c in f.split.chunks if c.layers and min(c.layers) % 2]
+    if m.moe_shortcut and odd:
+        yield Violation("parallel.pipeline_model_parallel_layout", "the shortcut MoE pairs layers "
+                        f"(0, 1), (2, 3), ...; pipeline chunks start on layers {odd} (0-based), "
+                        "inside a pair, so the MoE output crosses a stage boundary the plan does "
+                        "not price", "start every pipeline chunk on an even layer")
+
+
 RULES = (no_rope_pattern_fits, glu_offset_needs_quick_geglu, qk_l2_norm_standard_attention,
          gdn_value_heads_per_key_head, gdn_heads_fit_tp, dsa_without_bias, dsa_cp_all_gather,
          bias_without_shared_expert, head_gate_fits_tp, mamba_fits_tp_cp, hybrid_block_recompute,
-         dsa_share_chunk_starts)
+         dsa_share_chunk_starts, longcat_moe_bounds)

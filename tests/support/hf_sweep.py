@@ -81,13 +81,17 @@ SWEEP: dict[str, str] = {
     "afmoe": "exact",
     # HunYuan-A13B: q/k norms under its own names, run after RoPE (warned), a router holding wg
     "hunyuan_v1_moe": "exact",
+    # OLMoE: q/k norms over every head at once (model.qk_layernorm_per_layer, MiniMax-M2's)
+    "olmoe": "exact",
+    # LongCat-Flash: each layer's two MLA sub-layers as two of moeplan's layers, the shortcut MoE
+    # with the first dense MLP as its shared expert, zero-computation experts as router rows
+    "longcat_flash": "exact",
     # multi-latent attention read off the projections' shapes
     "mistral4": "exact", "mistral3+mistral4": "exact",
     # refused naming what moeplan has no layer kind for
-    "longcat_flash": "layer 0: model.layers.0.mlp.router (LongcatFlashTopkRouter)",
-    "hy_v4": "layer 0: model.layers.0.self_attn (HYV4Attention) is not multi-latent attention",
+    # HY-V4: DSA whose MLA carries an output gate and sinks, beside 2N-row hyper-connections
+    "hy_v4": "layer 0: model.layers.0.self_attn (HYV4Attention) is multi-latent attention",
     "minimax": "layer 1: model.layers.1.self_attn (MiniMaxLightningAttention)",
-    "olmoe": "layer 0: model.layers.0.self_attn.q_norm (OlmoeRMSNorm)",
     "jamba": "layer 0: model.layers.0.mamba (JambaMambaMixer)",
 }
 

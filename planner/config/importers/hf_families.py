@@ -118,7 +118,8 @@ class Bridge:
 
 
 # Read from each file's `MegatronModelBridge.register_bridge(source=..., model_type=...)` and the
-# provider it names; model_types absent here have no bridge there (Laguna, MiniMax-M3, OLMoE).
+# provider it names; model_types absent here have no bridge there (Laguna, MiniMax-M3, HY-V4,
+# LongCat-Flash).
 UNRECORDED_BRIDGES: dict[str, Bridge] = {
     "mimo_v2_flash": Bridge(
         "MiMoV2FlashBridge", "mimo_v2_flash/mimo_v2_flash_bridge.py", "b979e638",
@@ -138,6 +139,10 @@ UNRECORDED_BRIDGES: dict[str, Bridge] = {
     "ernie4_5_moe": Bridge(
         "Ernie45Bridge", "ernie/ernie_45_bridge.py", "6c9c0bf0",
         "Megatron-Core's GPTModel from GPTModelProvider"),
+    "olmoe": Bridge(
+        "OlMoEBridge", "olmoe/olmoe_bridge.py", "adef63d6",
+        "OLMoESelfAttention (olmoe_provider.py), its own attention whose q/k layernorms span "
+        "every head at once instead of Megatron-Core's per-head ones"),
 }
 
 

@@ -5,7 +5,8 @@ decoder layer is a known kind, and names the first module that is not.
 
 Known kinds, each as Megatron builds it: softmax attention with q/k/v/o projections
 (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py SelfAttention.__init__: heads,
-query groups and head dim from the projection shapes; q/k RMSNorm; q/k/v biases; an output gate
+query groups and head dim from the projection shapes; q/k RMSNorm per head, or over every head
+at once (OLMoE's, MiniMax-M2's: model.qk_layernorm_per_layer); q/k/v biases; an output gate
 per head or per channel; sinks; window layers' own heads, KV groups and widths), multi-latent
 attention (its latents and head widths from the shapes); a SwiGLU MLP (gate/up/down); a routed MoE
 block (a router of N x hidden, N experts of one SwiGLU size, fused or listed; a shared expert,
@@ -47,8 +48,14 @@ class Unpriced(Exception):
 
     def __init__(self, layer: int | None, path: str, module: Any, why: str) -> None:
         self.layer, self.path, self.cls, self.why = layer, path, type(module).__name__, why
-        where = "outside the decoder layers" if layer is None else f"layer {layer}"
-        super().__init__(f"{where}: {path} ({self.cls}) {why}")
+        self.where = "outside the decoder layers" if layer is None else f"layer {layer}"
+        super().__init__(f"{self.where}: {path} ({self.cls}) {why}")
+
+    def extended(self, more: str) -> Unpriced:
+        """The same refusal with `more` said after it (what else the layer holds unpriced)."""
+        self.why += more
+        self.args = (f"{self.where}: {self.path} ({self.cls}) {self.why}",)
+        return self
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,9 @@ class Attention:
     gate_act: str = ""  # the gate's activation as its forward calls it: "sigmoid", "softplus"
     rope_window_only: bool = False  # its forward rotates q/k on sliding-window layers only
     norm_after_rope: bool = False  # its forward normalises q/k after rotating them (HunYuan's)
+    latent_scale: bool = False  # its forward scales MLA's latents (LongCat-Flash's mla_scale_*)
+    # its q/k norms span the whole projection (every head at once: OLMoE's, MiniMax-M2's)
+    qk_norm_layer: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,7 @@ class Moe:
     expert_bias: bool  # the router carries a correction bias (aux-loss-free balancing)
     score: str = ""  # "sigmoid" / "softmax" as the router's own code scores, "" when unclear
     branch_norms: bool = False  # Gemma-4: norms on each branch, the router's own scales
+    zero: int = 0  # zero-computation (identity) experts the router also scores (LongCat-Flash)
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,7 @@ class ModelRead:
     tied: bool
     layers: list[Layer]
     bias_params: int = 0  # correction-bias parameters transformers counts and Megatron buffers
+    shortcut: bool = False  # LongCat-Flash's paired layers: the MoE output added one layer later
     layer_bias: list[int] = field(default_factory=list)  # the same, layer by layer
     notes: list[str] = field(default_factory=list)
 
@@ -183,15 +195,14 @@ def _mla(module: Any, hidden: int, heads: int, layer: int, path: str) -> Attenti
     latent (q_a_proj, its norm, q_b_proj) or a plain q_proj, the KV latent with the shared RoPE
     key (kv_a_proj_with_mqa, its norm, kv_b_proj) and o_proj; every width read off the shapes."""
     parts = dict(_children(module))
+    extra = sorted(set(_params(module)) | (set(parts) - _MLA_PARTS))
     query = set(parts) & {"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj"}
-    if _params(module) or set(parts) - _MLA_PARTS or query not in (
-            {"q_proj"}, {"q_a_proj", "q_a_layernorm", "q_b_proj"}) or not {
+    if query not in ({"q_proj"}, {"q_a_proj", "q_a_layernorm", "q_b_proj"}) or not {
             "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"} <= set(parts):
-        extra = sorted(set(_params(module)) | (set(parts) - _MLA_PARTS))
         raise Unpriced(layer, path, module, "is not multi-latent attention as Megatron builds it"
                        + (f" (it also holds {', '.join(extra)})" if extra else ""))
     projections = {name: _linear(parts[name], layer, f"{path}.{name}") for name in parts
-                   if not name.endswith("layernorm")}
+                   if name in _MLA_PARTS and not name.endswith("layernorm")}
     if any(bias for _, _, bias in projections.values()):
         raise Unpriced(layer, path, module, "biases its projections (Megatron's MLA takes none)")
     kv_rank = _shape(dict(parts["kv_a_layernorm"].named_parameters()).get("weight", _NO_WEIGHT))
@@ -210,8 +221,62 @@ def _mla(module: Any, hidden: int, heads: int, layer: int, path: str) -> Attenti
             or projections["kv_b_proj"][1] != heads * (nope + v_dim):
         raise Unpriced(layer, path, module, f"has widths no {heads}-head multi-latent attention "
                        "has (q, kv latent, RoPE key, value and output projections disagree)")
+    if extra:
+        raise Unpriced(layer, path, module, f"is multi-latent attention ({heads} heads, q latent "
+                       f"{q_rank}, kv latent {latent}, q/k head {nope} + RoPE {rope}, value head "
+                       f"{v_dim}) with parts Megatron's MLA does not build: "
+                       + "; ".join(_mla_extra(module, name, hidden, heads, v_dim) for name in extra))
     return Attention(heads, heads, nope + rope, False, True, mla=(q_rank, latent, nope, rope,
-                                                                   v_dim))
+                                                                   v_dim),
+                     latent_scale="mla_scale" in _forward_code(module))
+
+
+# A DeepSeek-V3.2 DSA lightning indexer's parts (HF DeepseekV32Indexer / HYV4Indexer)
+_DSA_INDEXER = {"wq_b", "wk", "k_norm", "weights_proj"}
+
+
+def _mla_extra(module: Any, name: str, hidden: int, heads: int, v_dim: int) -> str:
+    """What one part of an MLA module beyond Megatron's MLASelfAttention is, read off its shape:
+    an output gate, learnable sinks, a DSA indexer; else its class."""
+    own = _params(module)
+    if name in own:
+        shape = _shape(own[name])
+        if name == "sinks" and shape == (heads,):
+            return ("sinks: one learnable sink logit per head, which neither Megatron's MLA nor its "
+                    "DSA attention takes (softmax_type learnable is DotProductAttention's)")
+        return f"{name}: a {shape} parameter of its own"
+    child = dict(module.named_children())[name]
+    cls = type(child).__name__
+    if name in _GATES:
+        width = _shape(_params(child).get("weight", _NO_WEIGHT))
+        kind = {(heads * v_dim, hidden): f"one per value channel ({heads} x {v_dim})",
+                (heads, hidden): f"one per head ({heads})"}.get(width)
+        if kind:
+            # Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+            # MLATransformerConfig.__post_init__ raises on attention_output_gate
+            return (f"{name} ({cls}): an output gate, {kind}, on the attention output, which "
+                    "Megatron's MLA refuses (MLATransformerConfig: output gate not supported "
+                    "for MLA)")
+    if name == "indexer" and {n for n, _ in _children(child)} == _DSA_INDEXER:
+        return (f"indexer ({cls}): a DeepSeek-V3.2 DSA lightning indexer, which moeplan prices "
+                "(model.dsa) on its family records but this path does not read off modules")
+    return f"{name} ({cls})"
+
+
+def _layer_extra(child: Any, hidden: int) -> str:
+    """What a decoder layer's part outside attention, MLP and norms is, where its shape says:
+    hyper-connections (HY-V4's, DeepSeek-V4's), else its class."""
+    cls = type(child).__name__
+    shapes = [_shape(p) for p in child.parameters() if len(_shape(p)) == 2]
+    if "HyperConnection" in cls and len(shapes) == 1 and shapes[0][1] % hidden == 0:
+        rows, streams = shapes[0][0], shapes[0][1] // hidden
+        mix = ("pre and post mixes only, no residual mix between streams" if rows == 2 * streams
+               else f"{rows} mixes")
+        return (f"({cls}): hyper-connections of {streams} residual streams with {mix} "
+                f"(a mapping of {rows} x {streams}·hidden), where Megatron's mHC (megatron/core/transformer/"
+                f"hyper_connection.py HyperConnectionModule) maps {streams}·hidden to "
+                f"{streams * streams + 2 * streams} with a Sinkhorn-projected residual mix")
+    return f"({cls})"
 
 
 class _NoWeight:
@@ -260,10 +325,12 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
         raise Unpriced(layer, path, module, "biases some of q/k/v/o but not as Megatron's "
                        "add_qkv_bias (q, k and v alike, no output bias)")
     norms = [name for name in (*_QK_NORMS, *_QK_NORMS_AFTER) if name in parts]
-    for name in norms:
-        _norm(parts[name], head_dim, layer, f"{path}.{name}")
     if len(norms) == 1 or len(norms) > 2:
         raise Unpriced(layer, path, module, f"normalises {' and '.join(norms)}: not q and k alike")
+    whole = _whole_width_norms(parts, norms, head_dim, q_out, k_out)
+    widths = (q_out, k_out) if whole else (head_dim, head_dim)  # q's norm first, then k's
+    for name, width in zip(norms, widths[:len(norms)], strict=True):
+        _norm(parts[name], width, layer, f"{path}.{name}")
     gate = ""
     gates = [name for name in _GATES if name in parts]
     if len(gates) > 1:
@@ -289,7 +356,19 @@ def _attention(module: Any, hidden: int, heads: int, head_dim: int | None, layer
                   default=-1)
     return Attention(heads, k_out // head_dim, head_dim, q_bias, bool(norms), gate, sinks, v_dim,
                      k_eq_v, indexer, gate_act=gate_act, rope_window_only=_rope_window_only(code),
-                     norm_after_rope=0 <= rope_at < norm_at)
+                     norm_after_rope=0 <= rope_at < norm_at, qk_norm_layer=whole)
+
+
+def _whole_width_norms(parts: Mapping[str, Any], norms: list[str], head_dim: int, q_out: int,
+                       k_out: int) -> bool:
+    """Whether the q and k norms span the whole q and k projections (every head at once: OLMoE's
+    q_norm of hidden_size and k_norm of KV heads x head_dim, MiniMax-M2's) rather than one head;
+    moeplan's model.qk_layernorm_per_layer, which Megatron does not build. A norm as wide as one
+    head is read per head, as Megatron's qk_layernorm (where q is one head wide, both agree)."""
+    if len(norms) != 2 or q_out == head_dim:
+        return False
+    widths = [_shape(_params(parts[name]).get("weight", _NO_WEIGHT)) for name in norms]
+    return widths == [(q_out,), (k_out,)]
 
 
 def _forward_code(module: Any) -> str:
@@ -401,8 +480,9 @@ def _router(module: Any, hidden: int, layer: int, path: str) -> tuple[int, int]:
     """(experts, correction-bias parameters) of a router: a weight of experts x hidden and an
     optional correction bias, itself or in a child (ERNIE-4.5's moe_statics)."""
     children = dict(_children(module))
-    if not _params(module) and len(children) == 1 and set(children) <= {"gate", "wg"}:
-        # a router holding its projection (AFMoE's gate, HunYuan's wg)
+    if not _params(module) and len(children) == 1 and set(children) <= {"gate", "wg",
+                                                                        "classifier"}:
+        # a router holding its projection (AFMoE's gate, HunYuan's wg, LongCat-Flash's classifier)
         [(name, module)] = children.items()
         path = f"{path}.{name}"
     weight = _params(module).get("weight")
@@ -459,6 +539,8 @@ def _moe(module: Any, hidden: int, layer: int, path: str) -> tuple[Moe, int]:
                        "router and its experts")
     experts, bias = _router(parts[routers[0]], hidden, layer, f"{path}.{routers[0]}")
     bias_buffer = any(name.endswith(_EXPERT_BIAS) for name, _ in module.named_buffers())
+    zero = _zero_experts(module, parts["experts"], experts)
+    experts -= zero
     size = _experts(parts["experts"], hidden, experts, layer, f"{path}.experts")
     shared = 0
     gate = False
@@ -479,7 +561,18 @@ def _moe(module: Any, hidden: int, layer: int, path: str) -> tuple[Moe, int]:
     elif own:
         raise Unpriced(layer, path, module, "holds " + ", ".join(sorted(own)))
     score = _score(parts[routers[0]], module)
-    return Moe(experts, size, shared, gate, bool(bias) or bias_buffer, score), bias
+    return Moe(experts, size, shared, gate, bool(bias) or bias_buffer, score, zero=zero), bias
+
+
+def _zero_experts(block: Any, experts: Any, rows: int) -> int:
+    """The router rows beyond the experts that compute: LongCat-Flash's zero-computation
+    (identity) experts, which its MoE block's forward names (`zero_expert_num`) and its fused
+    expert tensors leave out; 0 where the forward names none."""
+    own = [_shape(p) for p in _params(experts).values()]
+    if "zero_expert" not in _forward_code(block) or not own or len({s[0] for s in own}) != 1:
+        return 0
+    computing = own[0][0]
+    return rows - computing if 0 < computing < rows else 0
 
 
 def _score(*modules: Any) -> str:
@@ -499,12 +592,7 @@ def _score(*modules: Any) -> str:
 def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int | None,
                path: str) -> tuple[Layer, int]:
     """One decoder layer as moeplan's kinds, and its correction-bias parameters; Unpriced names
-    the first part that is no known kind."""
-    attention: Attention | None = None
-    ffn: int | None = None
-    moe: Moe | None = None
-    bias = 0
-    norms: list[str] = []
+    the first part that is no known kind, and what else of the layer has none."""
     if _params(module):
         raise Unpriced(index, path, module, "holds " + ", ".join(sorted(_params(module)))
                        + " of its own (a per-layer scale moeplan does not model)")
@@ -515,6 +603,40 @@ def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int |
     post = bool(post_names)
     branch = {"router", "experts"} | _BRANCH_NORMS
     gemma_moe = branch <= set(children)
+    known = {*post_names, *_ATTENTION, *_MLP, *_NORMS, *(branch if gemma_moe else ())}
+    unknown = [name for name in children if name not in known]
+    try:
+        attention, ffn, moe, bias, norms = _read_parts(children, post_names, branch, gemma_moe,
+                                                       index, hidden, heads, head_dim, path)
+    except Unpriced as exc:
+        others: dict[str, list[str]] = {}  # one description for the parts it fits alike
+        for name in unknown:
+            if f"{path}.{name}" != exc.path:
+                others.setdefault(_layer_extra(children[name], hidden), []).append(name)
+        others_said = [f"{' and '.join(names)} {what}" for what, names in others.items()]
+        raise exc.extended(f"; the layer also holds {'; '.join(others_said)}" if others else "") \
+            from None
+    if gemma_moe and ffn is not None:
+        moe, ffn = _branch_moe(children, ffn, hidden, index, path), None
+    if attention is None or (ffn is None and moe is None) or sorted(norms) != sorted(_NORMS):
+        raise Unpriced(index, path, module, "lacks " + ", ".join(
+            [w for w, missing in (("attention", attention is None),
+                                  ("an MLP or MoE block", ffn is None and moe is None),
+                                  ("its two pre-norms", sorted(norms) != sorted(_NORMS)))
+             if missing]))
+    return Layer(attention, ffn, moe, post), bias
+
+
+def _read_parts(children: Mapping[str, Any], post_names: tuple[str, ...], branch: set[str],
+                gemma_moe: bool, index: int, hidden: int, heads: int, head_dim: int | None,
+                path: str) -> tuple[Attention | None, int | None, Moe | None, int, list[str]]:
+    """A decoder layer's attention, dense MLP size, MoE block, correction-bias parameters and
+    pre-norm names, child by child; Unpriced names the first part that is no known kind."""
+    attention: Attention | None = None
+    ffn: int | None = None
+    moe: Moe | None = None
+    bias = 0
+    norms: list[str] = []
     for name, child in children.items():
         where = f"{path}.{name}"
         if name in post_names:
@@ -536,15 +658,53 @@ def read_layer(module: Any, index: int, hidden: int, heads: int, head_dim: int |
         else:
             raise Unpriced(index, where, child, "is no part of a pre-norm attention + MLP layer "
                            "(moeplan has no layer kind for it)")
-    if gemma_moe and ffn is not None:
-        moe, ffn = _branch_moe(children, ffn, hidden, index, path), None
-    if attention is None or (ffn is None and moe is None) or sorted(norms) != sorted(_NORMS):
-        raise Unpriced(index, path, module, "lacks " + ", ".join(
-            [w for w, missing in (("attention", attention is None),
-                                  ("an MLP or MoE block", ffn is None and moe is None),
-                                  ("its two pre-norms", sorted(norms) != sorted(_NORMS)))
-             if missing]))
-    return Layer(attention, ffn, moe, post), bias
+    return attention, ffn, moe, bias, norms
+
+
+_PAIR = {"self_attn", "mlps", "input_layernorm", "post_attention_layernorm", "mlp"}
+# the order LongCat-Flash's layer forward calls its parts in: the MoE block on the first MLP's
+# input, the first MLP, the second attention and MLP, then the MoE output added (the shortcut)
+_PAIR_ORDER = ("self.self_attn[0](", "self.mlp(", "self.mlps[0](", "self.self_attn[1](",
+               "self.mlps[1](", "shortcut_mlp_output\n")
+
+
+def _is_shortcut_pair(module: Any) -> bool:
+    """Whether a decoder layer is LongCat-Flash's pair of sub-layers sharing one MoE block: two
+    attentions, two dense MLPs, two pairs of norms (lists of 2) and the block."""
+    children = dict(_children(module))
+    return set(children) == _PAIR and all(
+        len(list(children[name].children())) == 2 for name in _PAIR - {"mlp"})
+
+
+def _shortcut_pair(module: Any, index: int, hidden: int, heads: int, head_dim: int | None,
+                   path: str) -> tuple[list[Layer], int]:
+    """LongCat-Flash's decoder layer as two of moeplan's layers (Hugging Face
+    LongcatFlashDecoderLayer.forward): the first its attention with the MoE block and the first
+    dense MLP, which both read the same normed input (the shared-expert layout: the same
+    parameters, FLOPs and stored tensors; the block's output is added after the second sub-layer
+    instead, which model.moe_shortcut names), the second its attention with the second MLP."""
+    if _params(module):
+        raise Unpriced(index, path, module, "holds " + ", ".join(sorted(_params(module))))
+    code = _forward_code(module).replace("shortcut_mlp_output = self.mlp(", "self.mlp(")
+    at = [code.find(call) for call in _PAIR_ORDER]
+    if any(i < 0 for i in at) or at != sorted(at):
+        raise Unpriced(index, path, module, "pairs two attentions and two MLPs with one MoE block "
+                       "in an order moeplan does not know (LongCat-Flash's shortcut MoE)")
+    parts = {name: list(child.children()) for name, child in _children(module) if name != "mlp"}
+    moe, bias = _moe(module.mlp, hidden, index, f"{path}.mlp")
+    layers: list[Layer] = []
+    for i in (0, 1):
+        for name in _NORMS:
+            _norm(parts[name][i], hidden, index, f"{path}.{name}.{i}")
+        attention = _attention(parts["self_attn"][i], hidden, heads, head_dim, index,
+                               f"{path}.self_attn.{i}")
+        size = _swiglu(parts["mlps"][i], hidden, index, f"{path}.mlps.{i}")
+        if moe.shared:
+            raise Unpriced(index, f"{path}.mlp", module.mlp, "holds a shared expert beside the "
+                           "paired dense MLPs")
+        layers.append(Layer(attention, None, dataclasses.replace(moe, shared=size)) if i == 0
+                      else Layer(attention, size, None))
+    return layers, bias
 
 
 def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
@@ -574,6 +734,11 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         except Exception:
             own = head_dim
         own = own if isinstance(own, int) and own > 0 else head_dim
+        if _is_shortcut_pair(layer):
+            pair, extra = _shortcut_pair(layer, index, hidden, heads, own, path)
+            read += pair
+            biases.append(extra)
+            continue
         kinds, extra = read_layer(layer, index, hidden, heads, own, path)
         read.append(kinds)
         biases.append(extra)
@@ -594,7 +759,8 @@ def read_model(model: Any, layers: list[tuple[str, Any]], text: Any,
         owner = name.rsplit(".", 1)[0]
         raise Unpriced(None, name, model.get_submodule(owner),
                        f"{_shape(param)} is no embedding, output layer or final norm")
-    return ModelRead(vocab, hidden, tied, read, sum(biases), layer_bias=biases)
+    return ModelRead(vocab, hidden, tied, read, sum(biases), layer_bias=biases,
+                     shortcut=len(read) == 2 * len(layers))
 
 
 def _one_attention(read: ModelRead, windows: Mapping[str, Any]) -> tuple[Attention, dict[str, Any]]:
@@ -759,6 +925,17 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         model["add_qkv_bias"] = True
     if att.gate:
         model["head_wise_attn_gate" if att.gate == "head" else "attention_output_gate"] = True
+    if att.qk_norm_layer:
+        model["qk_layernorm_per_layer"] = True
+        warnings.append("the q/k norms span every head of the layer at once (one RMSNorm of heads x "
+                        "head_dim on q, one of KV heads x head_dim on k), as "
+                        "model.qk_layernorm_per_layer prices them; Megatron's qk_layernorm "
+                        "normalises each head (the same FLOPs and bytes, (heads + KV heads) x "
+                        "head_dim parameters instead of 2 x head_dim; emit megatron refuses it)")
+    if att.latent_scale:
+        warnings.append("the forward scales the q and kv latents (mla_scale_q_lora / "
+                        "mla_scale_kv_lora); Megatron's MLA does not (numerics only, no parameter, "
+                        "FLOP or byte)")
     if att.norm_after_rope:
         warnings.append("the q/k norms run after RoPE in the checkpoint's forward; Megatron's "
                         "qk_layernorm runs before it (the same parameters, FLOPs and bytes; not "
@@ -837,6 +1014,27 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
         model.setdefault("ffn_hidden_size", moe.size)
         if moe.branch_norms:
             model["moe_branch_norms"] = True
+        if moe.zero:
+            model["moe_zero_experts"] = moe.zero
+            warnings.append(
+                f"{moe.zero} zero-computation experts beside the {moe.experts} routed ones "
+                "(model.moe_zero_experts): a token's top-k picks that land on them cost nothing, "
+                "so its activated parameters and expert compute depend on the routing. moeplan "
+                "prices the static upper bound, every pick a computing expert (top-k x one "
+                "expert's parameters, as transformers' meta build counts the activated share of "
+                "the routed experts); the routing-dependent share (LongCat-Flash's model card: "
+                "18.6B-31.3B activated, about 27B on average) is not priced, so expert FLOPs, "
+                "the dispatch and the step time are upper bounds")
+        if read.shortcut:
+            model["moe_shortcut"] = True
+            warnings.append(
+                "the MoE block of each layer pair (model.moe_shortcut) reads the first "
+                "sub-layer's MLP input and adds its output after the second sub-layer "
+                "(LongCat-Flash's shortcut MoE), priced as the shared-expert layout with the "
+                "first dense MLP as the shared expert (the same parameters, FLOPs and stored "
+                "tensors); its overlap of dispatch with the second sub-layer is not modelled, "
+                "and a pipeline stage boundary inside a pair cuts the shortcut (keep stages to "
+                "even layer counts)")
         if moe.shared:
             model["moe_shared_expert_intermediate_size"] = moe.shared
             if moe.shared_gate:

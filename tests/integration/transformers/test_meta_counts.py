@@ -6,7 +6,8 @@ Only DeepSeek-V4-Flash is rebuilt here (the article's model; about 5 CPU-seconds
 importing torch and transformers): every build costs 0.5-4 s more, over the suite's time budget.
 The other recorded counts were measured the same way; name a file in REBUILT to re-check it.
 The no-record path of `import hf` (planner/commands/hf_meta.py) maps ERNIE-4.5-21B-A3B from its
-modules and refuses OLMoE's whole-width q/k norm by module.
+modules, OLMoE-1B-7B's whole-width q/k norms as moeplan's per-layer q/k norm, and refuses Jamba's
+Mamba-1 mixer by module.
 """
 
 from __future__ import annotations
@@ -89,23 +90,102 @@ def test_a_model_type_without_a_record_is_mapped_from_transformers_modules(tmp_p
                for note in rest)
 
 
-def test_a_module_without_a_layer_kind_is_refused_by_class_and_layer(tmp_path: Path):
-    # OLMoE normalises q and k over all heads at once; Megatron's qk_layernorm is per head, so no
-    # moeplan layer kind prices it: refused naming the module, its class and its layer.
+# allenai/OLMoE-1B-7B-0924's dimensions (transformers 5.25 OlmoeConfig's defaults but its 1,024-wide
+# experts): 16 layers of 16 heads at 2,048, 64 experts of top-8, vocabulary 50,304, untied.
+OLMOE_1B_7B = {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 2048,
+               "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16,
+               "num_key_value_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
+               "vocab_size": 50304, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
+def test_whole_width_qk_norms_map_to_the_per_layer_norm_and_are_warned(tmp_path: Path):
+    # OLMoE normalises q (hidden_size wide) and k (KV heads x head_dim) over every head at once, as
+    # MiniMax-M2 does: model.qk_layernorm_per_layer, counted exactly; Megatron's qk_layernorm is
+    # per head, so it is warned, and Megatron-Bridge's own OLMoE attention is named.
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    hf = {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "hidden_size": 64,
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(OLMOE_1B_7B), "utf-8")
+    result = CliRunner().invoke(app, ["import", "hf", str(path), "--json"])
+    assert result.exit_code in (0, 1), result.output
+    payload = json.loads(result.output)
+    census, *rest = payload["notes"]
+    # 2 x 50,304 x 2,048 + 16 x (4 x 2,048^2 + 2 x 2,048 q/k norms + 2 x 2,048 pre-norms
+    # + 64 x 2,048 router + 64 x 3 x 2,048 x 1,024 experts) + 2,048 = 6,919,161,856
+    assert "OlmoeForCausalLM with 6,919,161,856 parameters" in census
+    assert census.endswith("moeplan counts 6,919,161,856, as transformers does"), census
+    model = payload["config"]["model"]
+    assert model["qk_layernorm"] is model["qk_layernorm_per_layer"] is True
+    assert any("Megatron's qk_layernorm normalises each head" in note for note in rest)
+    assert "OlMoEBridge (src/megatron/bridge/models/olmoe/olmoe_bridge.py" in str(payload["bridge"])
+
+
+def test_a_module_without_a_layer_kind_is_refused_by_class_and_layer(tmp_path: Path):
+    # Jamba's Mamba-1 mixer is no moeplan layer kind: refused naming the module, its class and
+    # its layer.
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    hf = {"architectures": ["JambaForCausalLM"], "model_type": "jamba", "hidden_size": 64,
           "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256}
+          "num_key_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256,
+          "attn_layer_offset": 1, "attn_layer_period": 2, "expert_layer_offset": 1,
+          "expert_layer_period": 2, "use_mamba_kernels": False}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(hf), "utf-8")
     result = CliRunner().invoke(app, ["import", "hf", str(path), "--json"])
     assert result.exit_code == 1
     messages = [f["message"] for f in json.loads(result.output)["findings"]]
     [census] = [m for m in messages if "transformers" in m]
-    assert "OlmoeForCausalLM with" in census and "(2 decoder layers)" in census
-    assert "layer 0: model.layers.0.self_attn.q_norm (OlmoeRMSNorm) is not an RMSNorm of 16" \
-        in census
+    assert "JambaForCausalLM with" in census and "(2 decoder layers)" in census
+    assert "layer 0: model.layers.0.mamba (JambaMambaMixer)" in census
+
+
+def test_every_part_megatron_does_not_build_is_named_in_one_refusal():
+    # HY-V4 (transformers 5.25 HYV4Config's layer program at toy widths): DeepSeek-V3.2's DSA whose
+    # MLA also carries an output gate and per-head sinks, in a layer with hyper-connections of 2N
+    # mixes (Megatron's mHC has N² + 2N): each named with what it is, in one finding.
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from planner.commands.hf_meta import meta_import
+    from tests.support.hf_sweep import shrunk
+
+    built = meta_import(shrunk("hy_v4"), "config.json")
+    assert built is not None and built.mapping is None
+    [finding] = built.findings
+    assert "layer 0: model.layers.0.self_attn (HYV4Attention) is multi-latent attention (4 heads, " \
+        "q latent 32, kv latent 16, q/k head 16 + RoPE 8, value head 16)" in finding.message
+    for part in ("gate_proj (Linear): an output gate, one per value channel (4 x 16)",
+                 "indexer (HYV4Indexer): a DeepSeek-V3.2 DSA lightning indexer",
+                 "sinks: one learnable sink logit per head",
+                 "attn_hc and ffn_hc (HYV4HyperConnection): hyper-connections of 4 residual "
+                 "streams with pre and post mixes only", "maps 4·hidden to 24"):
+        assert part in finding.message, part
+
+
+def test_longcat_flash_is_counted_exactly_with_its_dynamic_activation_named(tmp_path: Path):
+    # LongcatFlashConfig's defaults are LongCat-Flash-Chat's dimensions (transformers 5.25): 28
+    # layers of two MLA sub-layers and two dense MLPs of 12,288 with one shortcut MoE of 512 experts
+    # of 2,048 and 256 zero-computation experts, top-12, vocabulary 131,072 untied.
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    payload = _import(tmp_path, {"architectures": ["LongcatFlashForCausalLM"],
+                                 "model_type": "longcat_flash"})
+    census, *rest = payload["notes"]  # type: ignore[misc]
+    # per pair: 2 MLA (q 6,144 x 1,536 + 1,536 + 1,536 x 64 x 192, kv 6,144 x 576 + 512
+    # + 512 x 64 x 256, o 8,192 x 6,144) + 2 dense MLPs (3 x 6,144 x 12,288) + 4 norms of 6,144
+    # + router (512 + 256) x 6,144 + 512 x 3 x 6,144 x 2,048; 28 pairs, 2 x 131,072 x 6,144, a
+    # final norm: 560,664,958,976
+    assert "LongcatFlashForCausalLM with 560,664,958,976 parameters" in census
+    assert census.endswith("moeplan counts 560,664,958,976, as transformers does"), census
+    model = payload["config"]["model"]  # type: ignore[index]
+    assert model["num_layers"] == 56 and model["moe_layer_freq"] == [1, 0] * 28
+    assert model["moe_zero_experts"] == 256 and model["moe_shortcut"] is True
+    assert model["moe_shared_expert_intermediate_size"] == model["ffn_hidden_size"] == 12288
+    [dynamic] = [note for note in rest if "zero-computation experts" in note]
+    assert "moeplan prices the static upper bound, every pick a computing expert" in dynamic
+    assert "is not priced" in dynamic
+    assert any("shortcut MoE" in note for note in rest)
+    assert "no bridge for it known here" in str(payload["bridge"])
 
 
 # The no-record corpus files (tests/support/hf_corpus.py NO_RECORD_COUNTS) rebuilt here: the held-out

@@ -153,8 +153,9 @@ def test_multi_latent_attention_is_read_off_its_projection_shapes():
     assert _attention(_mla_module(2048, 16, 0, 512, 128, 64, 128), 2048, 16, None, 0, "a").mla \
         == (0, 512, 128, 64, 128)
     # a part Megatron's MLASelfAttention does not have is refused by name
-    with pytest.raises(Unpriced, match=r"layer 3: a \(Mistral4Attention\) is not multi-latent "
-                                       r"attention as Megatron builds it \(it also holds gate_proj\)"):
+    with pytest.raises(Unpriced, match=r"layer 3: a \(Mistral4Attention\) is multi-latent attention "
+                                       r"\(4 heads.*\) with parts Megatron's MLA does not build: "
+                                       r"gate_proj \(_Module\): an output gate, one per head \(4\)"):
         _attention(_mla_module(64, 4, 32, 16, 16, 8, 16, gate_proj=_linear(64, 4)), 64, 4, None,
                    3, "a")
 

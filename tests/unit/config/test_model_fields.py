@@ -247,6 +247,15 @@ def test_shared_expert_gate_weight():
     assert "--moe-shared-expert-gate" in megatron_arguments(cfg).as_dict()
 
 
+def test_zero_computation_experts_are_router_rows_only():
+    """LongCat-Flash's Z identity experts: its router (HF LongcatFlashTopkRouter.classifier) scores
+    E + Z experts, [E + Z, h], and nothing else grows; the top-k stays priced on computing
+    experts (the upper bound)."""
+    plain, zero = (stage0(build({**STANDARD, **extra})) for extra in ({}, {"moe_zero_experts": 3}))
+    assert zero["router_params_per_layer"] == (4 + 3) * 32 == plain["router_params_per_layer"] + 3 * 32
+    assert zero["routed_params_per_layer"] == plain["routed_params_per_layer"]
+
+
 def test_fp64_router_doubles_logits_and_probs():
     v = stage0(build({**STANDARD, "moe_router_dtype": "fp64"}))
     assert v["act_router_per_layer"] == 16 * 4 * (8 + 8 + 1)  # 16 tokens, 4 experts

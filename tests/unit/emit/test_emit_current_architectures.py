@@ -88,6 +88,17 @@ def test_megatron_dev_cannot_train_a_per_layer_qk_norm():
     assert refused.value.message.startswith(f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this")
 
 
+@pytest.mark.parametrize("field", ["moe_zero_experts", "moe_shortcut"])
+def test_megatron_dev_cannot_train_longcat_flashs_zero_experts_or_shortcut_moe(field: str):
+    cfg = load_config(ARCH / "minimax-m2-128.yaml")
+    model = cfg.model.model_copy(update={"qk_layernorm_per_layer": False,
+                                         field: 64 if field == "moe_zero_experts" else True})
+    with pytest.raises(EmitError) as refused:
+        megatron_arguments(cfg.model_copy(update={"model": model}))
+    assert refused.value.path == f"model.{field}"
+    assert refused.value.message.startswith(f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this")
+
+
 def test_llama4_flags_and_chunked_attention_beyond_one_chunk():
     cfg = load_config(ARCH / "llama-4-scout-64.yaml")
     flags = megatron_arguments(cfg).as_dict()
