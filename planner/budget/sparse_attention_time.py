@@ -45,25 +45,30 @@ from planner.budget.expr import Book
 if TYPE_CHECKING:
     from planner.budget.variant import Variant
 
-# fp32 bytes each elementwise kernel of the default DSA core moves per score element through HBM
+# Bytes each elementwise kernel of the default DSA core moves per score element through HBM
 # (Megatron-LM dev@d48bd6be megatron/core/transformer/experimental_attention_variant/dsa.py
-# _unfused_absorbed_dsa_fn, dsa_masking.py masked_softmax; an out-of-place op reads and writes 4
-# bytes, a masked_fill also writes `~valid_mask` (the expanded bool, 1 byte) and reads it, a row
-# reduction reads 4). Forward: the softmax scale (8), the index mask's add (8), three masked_fill
-# (3 x 10), the validity row check (1), the max (4), the max's subtraction (8), exp (8), the sum
-# (4), the division (8) and the cast the value product reads (4, then p written): 83 + p.
-# Backward, autograd's mirror: the cast's gradient to fp32 (p read, 4 written), three masked_fill
-# gradients (3 x 9), the division's gradient to its numerator (8) and to its divisor (the quotient,
-# the negation, their product, the row sum: 8 + 8 + 12 + 4), the numerator's two gradients summed
-# (8: the row sum's gradient broadcast), exp's gradient (12), the subtraction's row sum for the
-# max (4), the max's scattered gradient (4 written) summed with the subtraction's (12), and the
-# scale's gradient (8): 119 + p.
-DSA_SOFTMAX_FWD_BYTES = "83 + p"
-DSA_SOFTMAX_BWD_BYTES = "119 + p"
-# per (query, key) of the rank's [b, S/CP, S] index mask: torch.full writes it (4), the validity
-# add reads it and the causal row mask and writes it (12), torch.isfinite reads it and writes the
-# bool (5); the top-k scatter writes only the picks
-DSA_MASK_BYTES = "21"
+# _unfused_absorbed_dsa_fn, dsa_masking.py masked_softmax), counted from the ATen ops a forward and
+# backward of that function dispatch (views, the two matmuls and broadcast reads of the
+# [b, S/CP, S] masks left out). fp32 scores: an out-of-place op reads and writes 4 bytes, a
+# masked_fill also writes `~valid_mask` (the expanded bool, 1 byte) and reads it, a row reduction
+# reads 4. Forward: the softmax scale (8), the index mask's add (8), three masked_fill (3 x 10), the
+# validity row check (1), the max (4), the max's subtraction (8), exp (8), the sum (4), the
+# division (8): 79, and the cast the value product reads (4 read, p written; none at fp32).
+# Backward: the cast's gradient (p read, 4 written; none at fp32), three masked_fill gradients
+# (3 x 9), the division's gradients (grad / other, self / other, the negation, their product, its
+# division by other, the row sum: 8 + 8 + 8 + 12 + 8 + 4), the numerator's two gradients summed (8),
+# exp's gradient (12), the subtraction's negated gradient and its row sum for the max (8 + 4), the
+# max's gradient scattered into zeros (4 + 8) and summed with the subtraction's (12), the scale's
+# gradient (8): 139.
+DSA_CAST_BYTES = "Min(4 - p, 1) * (4 + p)"
+DSA_SOFTMAX_FWD_BYTES = f"79 + {DSA_CAST_BYTES}"
+DSA_SOFTMAX_BWD_BYTES = f"139 + {DSA_CAST_BYTES}"
+# per (query, key) of the rank's [b, S/CP, S] index mask: torch.full writes it (4), the validity add
+# reads it and the causal row mask and writes it (12), and two torch.isfinite (the row mask's in
+# dsa_masking.prepare_sparse_mask_context, the index mask's), each ATen's composite x == x and
+# |x| != inf (abs 8, ne 5, eq 9, their product 3): 4 + 12 + 2 x 25; the top-k scatter writes only
+# the picks
+DSA_MASK_BYTES = "66"
 # the indexer's fp32 [S/CP, b, idx_heads, S] scores (dsa.py _compute_index_scores): ReLU (8), the
 # weighting (8), the head sum's read (4); per (query, key): the sum's output (4), the causal mask's
 # add (12), topk's read (4)
@@ -185,7 +190,7 @@ def write_dsa_core_time(book: Book, v: Variant, layers: str) -> None:
     add("time_dsa_softmax_bwd_bytes", DSA_SOFTMAX_BWD_BYTES, "bytes", "time",
         "per score element, their gradients in the backward")
     add("time_dsa_mask_bytes", DSA_MASK_BYTES, "bytes", "time",
-        "per index-mask element: torch.full, the validity add and torch.isfinite")
+        "per index-mask element: torch.full, the validity add and two torch.isfinite")
     rc = _dsa_recomputed(v, layers)
     add("time_dsa_core_s", f"microbatches * ((3 * {layers} + {rc}) * time_dsa_core_pass_s"
         f" + ({layers} * (time_dsa_softmax_fwd_bytes + time_dsa_softmax_bwd_bytes)"

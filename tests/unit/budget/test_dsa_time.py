@@ -36,15 +36,15 @@ def _values(model: dict[str, Any] | None = None, **sections: dict[str, Any]) -> 
 
 def _core_by_hand(env: dict[str, Any], recomputed: int) -> Fraction:
     """Two DSA layers per microbatch: the products three times (forward, backward's two GEMMs per
-    product) plus recompute's forward; the masked softmax's bytes forward (83 + p), backward
-    (119 + p) and again forward when recomputed; the [b, S/CP, S] index mask (21 bytes an element)
-    built in every forward."""
-    layers, p = 2, 4  # fp32 toy
+    product) plus recompute's forward; the masked softmax's bytes forward (79, no cast at fp32),
+    backward (139) and again forward when recomputed; the [b, S/CP, S] index mask (66 bytes an
+    element) built in every forward."""
+    layers = 2  # fp32 toy
     tf32 = _exact(env["peak_bf16"]) / 2 * _exact(env["eff_gemm_bf16"])
     products = ELEMENTS * (Fraction(2 * (KV_LORA + ROPE)) / tf32 + Fraction(2 * KV_LORA)
                            / _exact(env["time_bf16_rate"]))
-    softmax = (layers * ((83 + p) + (119 + p)) + recomputed * (83 + p)) * ELEMENTS
-    mask = (layers + recomputed) * (S // CP) * S * 21
+    softmax = (layers * (79 + 139) + recomputed * 79) * ELEMENTS
+    mask = (layers + recomputed) * (S // CP) * S * 66
     return env["microbatches"] * ((3 * layers + recomputed) * products
                                   + (softmax + mask) / _exact(env["time_hbm_rate"]))
 
@@ -59,7 +59,9 @@ def test_dense_core_over_every_key_by_hand() -> None:
     assert env["dsa_score_elements"] == ELEMENTS == 2048
     assert env["time_tf32_rate"] == _exact(env["peak_bf16"]) / 2 * _exact(env["eff_gemm_bf16"])
     assert env["time_dsa_score_flops"] == 2 * 40 and env["time_dsa_value_flops"] == 2 * 32
-    assert env["time_dsa_softmax_fwd_bytes"] == 87 and env["time_dsa_softmax_bwd_bytes"] == 123
+    assert env["time_dsa_softmax_fwd_bytes"] == 79 and env["time_dsa_softmax_bwd_bytes"] == 139
+    bf16 = _values(training={"precision": "bf16"})  # the probabilities' cast and its gradient
+    assert bf16["time_dsa_softmax_fwd_bytes"] == 79 + 6 and bf16["time_dsa_softmax_bwd_bytes"] == 139 + 6
     assert env["time_dsa_core_s"] == _core_by_hand(env, recomputed=0)
     # no flash kernel: the attention-core row carries nothing of DSA, its time is all here
     assert env["time_attention_core_fwd_flops"] == 0 == env["time_attention_core_s"]
