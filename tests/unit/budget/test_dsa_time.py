@@ -97,3 +97,16 @@ def test_recompute_reruns_the_core_and_indexer_forward() -> None:
         env = _values(overlap=overlap)
         assert env["time_dsa_core_s"] == _core_by_hand(env, recomputed=2)
         assert env["time_indexer_s"] == 2 * none["time_indexer_s"]
+
+
+def test_the_step_lists_the_dsa_core_among_its_parts() -> None:
+    """The budget screen's largest parts and `compare` read a stage's compute parts: DSA's core,
+    which the attention-core part no longer holds, is one of them."""
+    data = load_config(EXAMPLES / "tiny-cpu-8.yaml").model_dump(mode="json", exclude_unset=True)
+    data["model"].update(DSA)
+    est = estimate(parse_config(data))
+    parts = est.stages[est.slowest_stage]["compute_parts_s"]
+    assert parts["dsa_core"] == float(est.envs[est.slowest_stage]["time_dsa_core_s"]) > 0
+    assert parts["attention_core"] == 0
+    plain = estimate(load_config(EXAMPLES / "tiny-cpu-8.yaml"))
+    assert "dsa_core" not in plain.stages[plain.slowest_stage]["compute_parts_s"]
