@@ -110,3 +110,12 @@ def test_the_step_lists_the_dsa_core_among_its_parts() -> None:
     assert parts["attention_core"] == 0
     plain = estimate(load_config(EXAMPLES / "tiny-cpu-8.yaml"))
     assert "dsa_core" not in plain.stages[plain.slowest_stage]["compute_parts_s"]
+
+
+def test_a_shared_top_k_keeps_every_core_and_halves_the_indexers() -> None:
+    """dsa_indexer_topk_freq 2 on four layers: layers 2 and 4 take their source layer's top-k and
+    build no indexer (dsa.py DSAttention.forward), but every layer still runs its dense core."""
+    every = _values({"num_layers": 4})
+    shared = _values({"num_layers": 4, "dsa_indexer_topk_freq": 2})
+    assert shared["time_dsa_core_s"] == every["time_dsa_core_s"] > 0
+    assert 2 * shared["time_indexer_s"] == every["time_indexer_s"] > 0
