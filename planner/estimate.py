@@ -33,6 +33,9 @@ from planner.layout.nodes import rank_places
 
 COMPUTE_PARTS = ("time_attention_gemm_s", "time_attention_core_s", "time_moe_gemm_s",
                  "time_dense_gemm_s", "time_head_gemm_s", "time_non_gemm_s")
+# Parts only some models have, listed where their book writes them: DSA's core on Megatron's
+# default backend (planner/budget/sparse_attention_time.py), often the largest part of its step.
+OPTIONAL_COMPUTE_PARTS = ("time_dsa_core_s",)
 STEP_PARTS = ("time_compute_s", "time_exposed_comm_s", "time_bubble_s", "time_optimizer_s")
 # What the step time, the stage rows and the headline figures read (the float estimate's book).
 TIME_TARGETS = ("time_busy_s", "time_optimizer_s", "time_microbatch_s", *COMPUTE_PARTS,
@@ -165,7 +168,8 @@ def _stage_row(stage: int, rank: int, env: dict[str, Any]) -> dict[str, Any]:
             comm[label] = float(exposed)
     return {"stage": stage, "rank": rank,
             "compute_parts_s": {part.removeprefix("time_").removesuffix("_s"): float(env[part])
-                          for part in COMPUTE_PARTS},
+                                for part in (*COMPUTE_PARTS, *OPTIONAL_COMPUTE_PARTS)
+                                if part in COMPUTE_PARTS or part in env},
             "exposed_comm_parts_s": comm,
             **{part.removeprefix("time_"): float(env[part]) for part in STEP_PARTS},
             "step_s": float(env["time_stage_step_s"])}

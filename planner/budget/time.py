@@ -28,8 +28,21 @@ from planner.budget import optimizer_time
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Book, ident
 from planner.budget.hardware import overlap_symbol
-from planner.budget.layer_kinds import CORE, KERNEL, WEIGHTS, kind_sum, kinds_of, stage_sum
-from planner.budget.sparse_attention_time import has_indexer, write_indexer_counts, write_indexer_time
+from planner.budget.layer_kinds import (
+    CORE,
+    KERNEL,
+    WEIGHTS,
+    attention_blocks,
+    kind_sum,
+    kinds_of,
+    stage_sum,
+)
+from planner.budget.sparse_attention_time import (
+    has_indexer,
+    write_dsa_core_time,
+    write_indexer_counts,
+    write_indexer_time,
+)
 from planner.budget.variant import Variant
 
 PAGE = "time"
@@ -61,8 +74,11 @@ def write(book: Book, v: Variant) -> None:
     _compute(book, v)
     if has_indexer(v):
         write_indexer_time(book, v)
+    if v.has("dsa"):  # DSA's core is no flash kernel: planner/budget/sparse_attention_time.py
+        write_dsa_core_time(book, v, attention_blocks(v))
     name, formula, *rest = GPU_WORK
-    add(name, formula + (" + time_indexer_s" if has_indexer(v) else ""), *rest)
+    add(name, formula + (" + time_indexer_s" if has_indexer(v) else "")
+        + (" + time_dsa_core_s" if v.has("dsa") else ""), *rest)
     _fixed_costs(book, v)
     add("time_compute_s", "stack_factor * (time_gpu_s + time_fixed_s)", "s", "time",
         "all compute of the step, with the host time the GPU waits for, times the stack's factor "
@@ -108,7 +124,8 @@ def _kinds(book: Book, v: Variant) -> None:
     notes = list(dict.fromkeys(kind.kernel_note for kind in kinds if kind.kernel_note))
     add("time_attention_core_fwd_flops", core, "FLOP", "time",
         "core attention of the stage per token (V4: CSA's sparse, HCA's compressed and the window "
-        "kernels; DSA: the selected keys only" + "".join(f"; {note}" for note in notes) + ")")
+        "kernels; DSA: none, its dense core is time_dsa_core_s"
+        + "".join(f"; {note}" for note in notes) + ")")
     add("time_attention_linear_fwd_flops", linear, "FLOP", "time",
         "attention projections of the stage per token")
     add("time_shared_fwd_flops", f"L_moe * 2 * {fx} * I_s * h", "FLOP", "time",

@@ -11,7 +11,7 @@ from planner.estimate import Estimate
 # Step terms of a stage row and the efficiency factor that prices each.
 TERMS = {"attention_gemm": "gemm_bf16 / gemm_fp8", "attention_core": "attention",
          "moe_gemm": "gemm_bf16 / gemm_fp8", "dense_gemm": "gemm_bf16 / gemm_fp8",
-         "head_gemm": "gemm_bf16", "non_gemm": "hbm, non_gemm_passes",
+         "head_gemm": "gemm_bf16", "non_gemm": "hbm, non_gemm_passes", "dsa_core": "gemm_bf16, hbm",
          "fixed": "host_us_per_expert, host_us_per_microbatch", "exposed_comm":
          "intra_node, inter_node, collective_latency_us", "bubble": "(the other stages)",
          "optimizer": "hbm, step_fixed_ms"}
