@@ -163,7 +163,7 @@ def test_mutated_configs_end_in_a_result_or_a_finding():
 
 EMIT_REFUSED = {f"architectures/{name}.yaml" for name in (
     "minimax-m2-128", "gemma-4-26b-a4b-32", "laguna-xs.2-16", "mimo-v2-flash-256", "minimax-m3-256",
-    "step-3.5-flash-96")}
+    "step-3.5-flash-96", "kimi-linear-48b-a3b-32")}
 
 
 @pytest.mark.parametrize("name", sorted(base_docs()))
@@ -174,7 +174,8 @@ def test_every_base_config_runs_through(name, tmp_path):
     and it, the bundled valid examples and the rule base are planned and emitted — but for the
     examples valid and budgeted whose layer kinds Megatron-LM dev cannot build, so `emit megatron`
     refuses them (EMT010): MiniMax-M2's per-layer q/k norm, and the per-layer head counts, widths
-    and block-sparse layers of Gemma-4, Laguna-XS.2, MiMo-V2-Flash, MiniMax-M3 and Step-3.5."""
+    and block-sparse layers of Gemma-4, Laguna-XS.2, MiMo-V2-Flash, MiniMax-M3 and Step-3.5, and
+    Kimi-Linear's KDA layers."""
     findings = name.startswith("invalid") or (name.startswith("preset")
                                               and name != "preset qwen3-30b-a3b")
     expected = "rule findings" if findings else "planned and emitted"
