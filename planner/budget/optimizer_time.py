@@ -30,7 +30,7 @@ from fractions import Fraction
 
 from planner.budget.expr import Book, Number, Symbol, exact, normalize
 from planner.budget.variant import Variant, routed_width
-from planner.config.gpus import gpu
+from planner.config.gpus import HOSTS, gpu
 from planner.config.schema import Config
 
 GIGA = 10**9
@@ -44,29 +44,10 @@ OPTIMIZER_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("hash_per_step", "weight-hash checks per iteration: 1 / training."
            "check_weight_hash_across_dp_replicas_interval (0 when unset)"),
     Symbol("sha1_rate", "bytes per second one host core SHA-1-hashes (the GPU's host CPU: "
-           "planner/budget/optimizer_time.py HOST_SHA1)"),
+           "planner/config/gpus.py HOSTS, sha1_cycles_per_byte at clock_ghz)"),
     Symbol("bw_host_link", "GPU-to-host link bandwidth, one direction, B/s (PCIe generation x16, "
-           "or Grace's NVLink-C2C: planner/budget/optimizer_time.py HOST_LINKS)"),
+           "or Grace's NVLink-C2C: the GPU catalog's host_link_gb_s)"),
 )
-
-# SHA-1 on one core: OpenSSL's own table of cycles per byte (openssl/openssl
-# crypto/sha/asm/sha1-x86_64.pl and sha1-armv8.pl headers), which Python's hashlib calls. x86: the
-# SHA-extension figure of the big-core row it lists (Ryzen, 1.93 cycles/byte; Intel's Xeon 8480C
-# of a DGX H100 has the same SHA extensions) at the Xeon 8480's all-core turbo, 3.0 GHz. Grace
-# (Neoverse V2, Armv8 crypto extensions): the Arm-designed core's hardware-assisted row
-# (Cortex-A57, 2.35 cycles/byte) at Grace's 3.0 GHz all-core clock. (cycles per byte, Hz)
-HOST_SHA1: dict[str, tuple[Fraction, int]] = {
-    "x86": (Fraction(193, 100), 3 * GIGA),
-    "grace": (Fraction(235, 100), 3 * GIGA),
-}
-# The GPU's link to its host CPU, one direction, GB/s, by the card's family (x86 hosts): PCIe Gen4
-# x16 on Ampere and Ada (NVIDIA A100 datasheet: "PCIe Gen4 64 GB/s", both directions), Gen5 x16
-# on Hopper, Blackwell and AMD's CDNA 3/4 boards (NVIDIA H100 datasheet: "PCIe Gen5 128 GB/s";
-# AMD Instinct MI300X data sheet: PCIe Gen5 x16, 128 GB/s); a Grace host reaches its GPUs over
-# NVLink-C2C (NVIDIA GB200 NVL72 / GH200 datasheets: 900 GB/s, both directions).
-HOST_LINKS: dict[str, int] = {"ampere": 32, "ada": 32, "hopper": 64, "blackwell": 64,
-                              "cdna3": 64, "cdna4": 64}
-GRACE_C2C_GB_S = 450
 
 # Kernels one Muon matrix's update launches (OrthogonalizedOptimizer.step and newton_schulz, as
 # emerging_optimizers runs them under Megatron's defaults: decoupled weight decay, no Nesterov,
@@ -86,16 +67,15 @@ def optimizer_values(cfg: Config) -> dict[str, Number]:
     """The inputs of this module's rows."""
     tr, card = cfg.training, gpu(cfg.cluster.gpu)
     interval = tr.check_weight_hash_across_dp_replicas_interval
-    cycles, hz = HOST_SHA1[card.host]  # a catalog card of a new host or family must add its row
-    link = GRACE_C2C_GB_S if card.host == "grace" else HOST_LINKS[card.family]
+    host = HOSTS[card.host]
     whole = tr.muon_tp_mode == "duplicated"
     return {
         "muon_tp_div": 1 if whole else cfg.parallel.tp,
         "muon_etp_div": 1 if whole else cfg.degrees.etp,
         "ns_steps": tr.muon_num_ns_steps,
         "hash_per_step": normalize(Fraction(1, interval)) if interval else 0,
-        "sha1_rate": normalize(Fraction(hz) / cycles),
-        "bw_host_link": exact(link) * GIGA,
+        "sha1_rate": normalize(exact(host.clock_ghz) * GIGA / exact(host.sha1_cycles_per_byte)),
+        "bw_host_link": exact(card.host_link_gb_s) * GIGA,
     }
 
 

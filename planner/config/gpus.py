@@ -59,6 +59,12 @@ class Gpu:
     # at its PCIe link and CLU007 says the bridge is not modelled.
     nvlink_bridge: int = 0
     bridge_gb_s: float = 0.0
+    # The card's link to its host CPU, GB/s one direction (what activation offloading and the
+    # weight-hash check copy over): PCIe Gen5 x16 on Hopper, Blackwell and AMD's CDNA 3/4 boards
+    # (NVIDIA H100 datasheet: "PCIe Gen5 128 GB/s"; AMD Instinct MI300X data sheet: PCIe Gen5 x16,
+    # 128 GB/s, both directions), Gen4 x16 on Ampere and Ada (NVIDIA A100 datasheet: "PCIe Gen4
+    # 64 GB/s"), NVLink-C2C to a Grace host (NVIDIA GB200 NVL72 / GH200 datasheets: 900 GB/s).
+    host_link_gb_s: float = 64.0
 
     @property
     def log_names(self) -> tuple[str, ...]:
@@ -82,11 +88,11 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
     Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
-        family="blackwell", host="grace"),
+        family="blackwell", host="grace", host_link_gb_s=450),
     Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
         family="blackwell"),
     Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.359, gemm_bf16_eff=0.407,
-        family="blackwell", host="grace"),
+        family="blackwell", host="grace", host_link_gb_s=450),
     # Ampere (NVIDIA A100 Tensor Core GPU datasheet, SXM: 312 dense BF16 TFLOP/s, no FP8; 40 GB HBM2
     # at 1,555 GB/s or 80 GB HBM2e at 2,039 GB/s; NVLink 3 at 600 GB/s, 300 one way; DGX A100 and
     # HGX A100 8-GPU boards with one 200 Gb/s HDR adapter per GPU, 25 GB/s). The A800 is the
@@ -94,11 +100,11 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     # GPU datasheet, SXM4 80 GB), the same compute and memory. No Ampere run is calibrated on:
     # the catalog's default GEMM shares stand.
     Gpu("A100-40GB", 312, None, 40, 1.555, 300, 25, 8, 8, family="ampere",
-        device_names=("A100-SXM4-40GB",)),
+        device_names=("A100-SXM4-40GB",), host_link_gb_s=32),
     Gpu("A100-80GB", 312, None, 80, 2.039, 300, 25, 8, 8, family="ampere",
-        device_names=("A100-SXM4-80GB",)),
+        device_names=("A100-SXM4-80GB",), host_link_gb_s=32),
     Gpu("A800", 312, None, 80, 2.039, 200, 25, 8, 8, family="ampere",
-        device_names=("A800-SXM4-80GB",)),
+        device_names=("A800-SXM4-80GB",), host_link_gb_s=32),
     # Hopper PCIe boards (NVIDIA H100 Tensor Core GPU datasheet, PCIe and NVL columns; NVIDIA H200
     # NVL product page): dense rates are the datasheet's sparsity figures halved (H100 PCIe 1,513 /
     # 3,026 BF16/FP8 TFLOP/s with sparsity; H100 NVL and H200 NVL 1,671 / 3,341); 80 GB HBM2e at
@@ -119,15 +125,16 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     # sets cluster.gpus_per_node, and intra_node_bandwidth_gb_s where its NVLink links are split
     # between peers. A bare "GH200" in a log fixes neither memory, so names no card.
     Gpu("GH200", 989, 1979, 96, 4.0, 450, 50, 1, 1, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
-        family="hopper", host="grace", device_names=("GH200 480GB",)),
+        family="hopper", host="grace", device_names=("GH200 480GB",), host_link_gb_s=450),
     Gpu("GH200-144GB", 989, 1979, 144, 4.9, 450, 50, 1, 1, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
-        family="hopper", host="grace", device_names=("GH200 144G HBM3e",)),
+        family="hopper", host="grace", device_names=("GH200 144G HBM3e",), host_link_gb_s=450),
     # L20, the China-market Ada card (NVIDIA L20 product specification: 119.5 BF16 and 239 FP8
     # tensor TFLOP/s, 48 GB GDDR6 at 864 GB/s, PCIe Gen4 x16 at 64 GB/s both ways, 32 one way, no
     # NVLink); eight a server, one 200 Gb/s adapter each as on the PCIe Gen4 Ampere boards. No Ada
     # run is calibrated on: the catalog's default GEMM shares stand. Matched only as CUDA names it
     # ("NVIDIA L20"): a bare "L20" in a log is too common a word.
-    Gpu("L20", 119.5, 239, 48, 0.864, 32, 25, 8, 8, family="ada", device_names=("NVIDIA L20",)),
+    Gpu("L20", 119.5, 239, 48, 0.864, 32, 25, 8, 8, family="ada", device_names=("NVIDIA L20",),
+        host_link_gb_s=32),
     # AMD Instinct (AMD's MI300X, MI325X and MI355X product pages and data sheets: dense BF16 and
     # FP8 without sparsity; Infinity Fabric's aggregate peer bandwidth of its seven links, quoted
     # bidirectional, halved for one direction; eight GPUs per platform, one 400 Gb/s NIC each).
@@ -170,6 +177,14 @@ class Host:
     # like the measured bare op (the rest runs at the bound scale), from a whole-run measurement
     # of binding (bench/grace_binding.py).
     unbound_share: float = 1.0
+    # SHA-1 on one core (what the weight-hash check runs, through Python's hashlib and OpenSSL):
+    # OpenSSL's own table of cycles per byte (openssl/openssl crypto/sha/asm/sha1-x86_64.pl and
+    # sha1-armv8.pl headers) at the host's all-core clock. x86: the SHA-extension figure of the
+    # big-core row it lists (Ryzen, 1.93; the DGX H100's Xeon 8480C has the same extensions) at the
+    # Xeon 8480's all-core turbo, 3.0 GHz. Grace (Neoverse V2, Armv8 crypto extensions): the
+    # Arm-designed core's hardware-assisted row (Cortex-A57, 2.35) at Grace's 3.0 GHz.
+    sha1_cycles_per_byte: float = 1.93
+    clock_ghz: float = 3.0
 
     @property
     def measured_scale(self) -> tuple[int, int]:
@@ -194,7 +209,7 @@ class Host:
 HOSTS: MappingProxyType[str, Host] = MappingProxyType({host.name: host for host in (
     Host("x86", "Intel Xeon Platinum 8480C (DGX H100)", 13.48),
     Host("grace", "NVIDIA Grace, Arm Neoverse V2 (GB200 NVL72)", 37.08, launch_scale=0.99,
-         unbound_share=0.75),
+         unbound_share=0.75, sha1_cycles_per_byte=2.35),
 )})
 # The host efficiency.host_us_per_launch is calibrated for.
 REFERENCE_HOST = "x86"

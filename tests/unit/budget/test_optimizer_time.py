@@ -106,8 +106,12 @@ def test_blockwise_muon_orthogonalises_the_tp_shard_and_gathers_nothing() -> Non
 
 
 def test_every_catalog_card_has_its_host_link_and_sha1_rate() -> None:
-    from planner.budget.optimizer_time import HOST_LINKS, HOST_SHA1
-    from planner.config.gpus import GPUS
+    """PCIe Gen5 x16 (64 GB/s one way) on Hopper, Blackwell and CDNA boards, Gen4 (32) on Ampere
+    and Ada, NVLink-C2C (450) to a Grace host; SHA-1 at OpenSSL's cycles per byte and 3 GHz."""
+    from planner.config.gpus import GPUS, HOSTS
     for card in GPUS.values():
-        assert card.host in HOST_SHA1, card.name
-        assert card.host == "grace" or card.family in HOST_LINKS, card.name
+        link = 450 if card.host == "grace" else 32 if card.family in ("ampere", "ada") else 64
+        assert card.host_link_gb_s == link, card.name
+        assert card.host in HOSTS, card.name
+    assert {h.name: (h.sha1_cycles_per_byte, h.clock_ghz) for h in HOSTS.values()} == {
+        "x86": (1.93, 3.0), "grace": (2.35, 3.0)}
