@@ -158,11 +158,14 @@ PRESETS.update({
 # openai/gpt-oss-20b and openai/gpt-oss-120b config.json: 64 heads of 64 with 8 KV groups, q/k/v/o
 # biases and a learnable sink per head, sliding window 128 (HF: the query and 127 keys before it)
 # on every other layer from layer 0, every layer MoE (32 / 128 experts top-4, biased router, top-k
-# softmax), experts with biases and the clamped GLU (limit 7, linear offset 1), vocabulary 201,088.
+# softmax), experts with biases and the clamped GLU (limit 7, linear offset 1), vocabulary 201,088;
+# RoPE by YaRN, factor 32 over 4,096 positions (rope_scaling; its `truncate: false` is a launch
+# argument, numerics only).
 _GPT_OSS: dict[str, Any] = {
     **_HF_COMMON,
     "hidden_size": 2880, "num_attention_heads": 64, "vocab_size": 201088,
     "max_position_embeddings": 131072, "norm_epsilon": 1e-5, "rotary_base": 150000,
+    "position_embedding_type": "yarn", "rotary_scaling_factor": 32.0,
     "kv_channels": 64, "group_query_attention": True, "num_query_groups": 8,
     "add_bias_linear": True, "softmax_type": "learnable", "qk_layernorm": False,
     "swiglu": False, "quick_geglu": True, "glu_linear_offset": 1.0, "swiglu_limit": 7.0,

@@ -87,7 +87,10 @@ PLACED: dict[str, tuple[tuple[str, Callable[[Any], Any]], ...]] = {
 # Override paths only Megatron-Bridge's ConfigContainer has (Megatron's own container has no dataset
 # or mixed-precision section, and reads the rank-order argument itself): the pre-flight cannot ask
 # Megatron for these, tests/unit/emit/test_emit_bridge.py checks them against Bridge's source.
-BRIDGE_ONLY = ("mixed_precision", "dataset.", "dist.use_tp_pp_dp_mapping")
+# Standard attention's YaRN factor is a GPTModelProvider field in Bridge (src/megatron/bridge/models/
+# gpt_provider.py); Megatron's own TransformerConfig gets it as a plain attribute only when its
+# arguments say yarn (megatron/training/argument_utils.py _apply_yarn_config_from_args).
+BRIDGE_ONLY = ("mixed_precision", "dataset.", "dist.use_tp_pp_dp_mapping", "model.yarn_rotary_scaling_factor")
 # Arguments whose value a Bridge override cannot carry, with what the recipe does instead.
 NOT_CARRIED: dict[str, str] = {
     "max_position_embeddings": "a Bridge run's model.seq_length follows dataset.seq_length "
@@ -253,6 +256,8 @@ def bridge_overrides(cfg: Config, args: MegatronArgs | None = None) -> BridgeOve
         # a field of the argument's name in every section that has one, unless the builders place it
         placed = {f"{section}.{dest}": _same for section in sections_holding(dest, mla=mla)}
         placed.update(PLACED.get(dest, ()))
+        if dest == "rotary_scaling_factor" and not mla:  # standard attention's YaRN factor
+            placed = {"model.yarn_rotary_scaling_factor": _same}
         if not placed:
             out.not_carried.append(f"{flag.flag} ({flag.source}): no section of Megatron's config "
                                    "container has this field; pass it as the recipe's own setting")

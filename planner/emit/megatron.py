@@ -432,7 +432,10 @@ def _hash_routing(cfg: Config, args: MegatronArgs, split: StageSplit, pattern: H
 
 def rotary_fields(cfg: Config) -> tuple[str, ...]:
     """The model's rotary fields Megatron reads for its attention kind: the rope type when set, the
-    base always, the YaRN scaling for MLA and DSv4 attention, the compressed-layer base for DSv4 only
+    base always, the YaRN scaling for MLA and DSv4 attention and its factor for standard attention
+    under --position-embedding-type yarn (the config's yarn_rotary_scaling_factor, Megatron-LM
+    dev@d48bd6be megatron/training/argument_utils.py _apply_yarn_config_from_args), the
+    compressed-layer base for DSv4 only
     (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py MLATransformerConfig,
     TransformerConfig.csa_compress_rotary_base)."""
     m = cfg.model
@@ -440,6 +443,8 @@ def rotary_fields(cfg: Config) -> tuple[str, ...]:
     names.append("rotary_base")
     if m.attention_variant in ("mla", "dsv4_hybrid"):
         names += ["rotary_scaling_factor", "original_max_position_embeddings"]
+    elif m.position_embedding_type == "yarn":  # argument_utils.py _apply_yarn_config_from_args
+        names.append("rotary_scaling_factor")
     if is_dsv4(cfg):
         names.append("csa_compress_rotary_base")
     if m.rotary_percent != 1.0:  # GPTModel.__init__ passes it to RotaryEmbedding
@@ -448,7 +453,8 @@ def rotary_fields(cfg: Config) -> tuple[str, ...]:
 
 
 def _rope(cfg: Config, args: MegatronArgs) -> None:
-    """Rotary settings; the YaRN ones only where Megatron reads them (MLA and DSv4 attention)."""
+    """Rotary settings; the YaRN ones only where Megatron reads them (MLA and DSv4 attention, and the
+    factor of standard attention's YaRN)."""
     m = cfg.model
     if m.rope_type == "yarn" and m.attention_variant == "standard":
         # Megatron-LM dev@d48bd6be megatron/training/arguments.py core_transformer_config_from_args

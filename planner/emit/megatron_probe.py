@@ -432,9 +432,14 @@ def _builds(spec: Any) -> Any:
 
 def _rotary(transformer: Any, model_config: Any) -> dict[str, Any]:
     """The rotary settings as built: the TransformerConfig's where it has the field (MLA and DSv4
-    attention read theirs), else the GPT/hybrid model config's (standard attention's rotary base)."""
+    attention read theirs) or its yarn_-prefixed twin (standard attention's YaRN), else the
+    GPT/hybrid model config's (standard attention's rotary base)."""
     found = {}
     for name in ROTARY_FIELDS:
+        yarn = f"yarn_{name}"  # standard attention's YaRN (argument_utils.py _apply_yarn_config_from_args)
+        if transformer is not None and not hasattr(transformer, name) and hasattr(transformer, yarn):
+            found[name] = getattr(transformer, yarn)
+            continue
         for source in (transformer, model_config):
             if source is not None and hasattr(source, name):
                 value = getattr(source, name)
@@ -607,6 +612,12 @@ def _parameter_counts(args: Any, transformer: Any) -> dict[str, Any]:
 
     config = dataclasses.replace(transformer, **ONE_RANK, **LOCAL_KERNELS,
                                  use_cpu_initialization=True, perform_initialization=False)
+    # the attributes core_transformer_config_from_args attaches beside the dataclass fields
+    # (standard attention's yarn_*: argument_utils.py _apply_yarn_config_from_args), which replace drops
+    fields = {f.name for f in dataclasses.fields(transformer)}
+    for name, value in vars(transformer).items():
+        if name not in fields and not hasattr(config, name):
+            setattr(config, name, value)
     vocab = vocab_size_with_padding(args.vocab_size, argparse.Namespace(
         **{**vars(args), "tensor_model_parallel_size": 1}), logging_enabled=False)
     with _pipeline_rank(0, 1, 1) as groups, torch.device("meta"):

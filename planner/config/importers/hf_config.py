@@ -226,17 +226,61 @@ def _rope_scaling(r: _Reader) -> Any:
     return {key: value for key, value in nested.items() if key != "rope_theta"}
 
 
-def _no_rope_scaling(r: _Reader) -> None:
+# Standard attention's YaRN as Megatron-LM dev@d48bd6be builds it for a GPT model
+# (megatron/training/argument_utils.py _apply_yarn_config_from_args): --rotary-scaling-factor,
+# and --yarn-original-max-position-embeddings / --yarn-beta-fast / --yarn-beta-slow /
+# --[no-]yarn-correction-range-round-to-int with these defaults (YarnRotaryEmbedding's).
+_STANDARD_YARN_DEFAULTS = {"original_max_position_embeddings": 4096, "beta_fast": 32.0,
+                           "beta_slow": 1.0}
+
+
+def _standard_rope(r: _Reader, model: dict[str, Any]) -> None:
+    """Standard attention's RoPE scaling: YaRN maps to --position-embedding-type yarn; multimodal
+    sections and other kinds (llama3, linear, dynamic) are noted as numerics moeplan leaves out."""
     scaling = _rope_scaling(r)
     key = "rope_scaling" if r.hf.get("rope_scaling") else "rope_parameters"
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
     if isinstance(scaling, dict) and "mrope_section" in scaling:
         r.notes.append(f"{key} mrope_section {scaling['mrope_section']!r:.40}: multimodal "
                        "RoPE (Megatron --position-embedding-type mrope --mrope-section) rotates "
                        "text tokens as plain RoPE; numerics only, no parameter or memory figure")
+    elif kind == "yarn":
+        _standard_yarn(r, model, key, scaling)
     elif scaling:
         r.notes.append(f"{key} {scaling!r:.80} is not mapped for standard attention (RoPE "
                        "numerics only; no parameter or memory figure changes): add Megatron's "
                        "--position-embedding-type yarn arguments by hand if you train with it")
+
+
+def _standard_yarn(r: _Reader, model: dict[str, Any], key: str, scaling: dict[str, Any]) -> None:
+    """YaRN on standard attention: the factor is a model field (it sets the concentration factor
+    that keeps RoPE off Transformer Engine's fused kernel, so it changes the step time); the other
+    YaRN settings are numerics only and travel as Megatron arguments where they differ from
+    Megatron's defaults. transformers' `truncate: false` (gpt-oss) is Megatron's
+    --no-yarn-correction-range-round-to-int; an explicit attention_factor has no Megatron spelling
+    on standard attention (Megatron derives it from --mscale / --mscale-all-dim)."""
+    names = ["factor", *_STANDARD_YARN_DEFAULTS, "attention_factor"]
+    bad = [name for name in names if name in scaling and (
+        not isinstance(scaling[name], int | float) or isinstance(scaling[name], bool))]
+    if bad:
+        r.unsupported(f"{key}.{bad[0]}", scaling[bad[0]], "expected a number")
+        return
+    factor = float(scaling.get("factor", 1.0))
+    if factor <= 0:
+        r.unsupported(f"{key}.factor", factor, "expected a positive YaRN factor")
+        return
+    model["position_embedding_type"] = "yarn"
+    model["rotary_scaling_factor"] = factor
+    for name, default in _STANDARD_YARN_DEFAULTS.items():
+        value = scaling.get(name, default)
+        if value != default:
+            r.extra_args += [f"--yarn-{name.replace('_', '-')}", str(value)]
+    if scaling.get("truncate", True) is False:
+        r.extra_args.append("--no-yarn-correction-range-round-to-int")
+    if "attention_factor" in scaling:
+        r.notes.append(f"{key}.attention_factor = {scaling['attention_factor']} has no Megatron "
+                       "argument on standard attention (its YaRN derives the factor from "
+                       "--mscale and --mscale-all-dim); numerics only")
 
 
 def _mla_rope(r: _Reader, model: dict[str, Any]) -> None:
@@ -395,7 +439,7 @@ def _qwen_moe(r: _Reader, *, qwen3: bool, defaults: Mapping[str, Any] | None = N
     experts = ("num_local_experts" if "num_experts" not in r.hf and "num_local_experts" in r.hf
                else "num_experts")
     _gqa(r, model, d.get("num_key_value_heads"), d.get("head_dim"))
-    _no_rope_scaling(r)
+    _standard_rope(r, model)
     model.update({
         "qk_layernorm": qwen3,
         "ffn_hidden_size": r.count("intermediate_size", "ffn_hidden_size", need("intermediate_size")),
@@ -439,7 +483,7 @@ def _mixtral(r: _Reader) -> dict[str, Any]:
     post-softmax), no shared expert, no dense FFN."""
     model = _common(r, eps=1e-5, theta=1e6)
     _gqa(r, model, 8)
-    _no_rope_scaling(r)
+    _standard_rope(r, model)
     ffn = r.count("intermediate_size", "ffn_hidden_size", _REQUIRED)
     model.update({
         "qk_layernorm": False,
@@ -515,7 +559,7 @@ def _gpt_oss(r: _Reader) -> dict[str, Any]:
     d = _GPT_OSS_DEFAULTS
     model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
     _gqa(r, model, d["num_key_value_heads"], d["head_dim"])
-    _no_rope_scaling(r)
+    _standard_rope(r, model)
     alpha = r.number("swiglu_alpha", None, d["swiglu_alpha"])
     if alpha is not None and alpha != _QUICK_GELU_ALPHA:
         r.unsupported("swiglu_alpha", alpha, f"Megatron's quick-GEGLU fixes the gain at "
@@ -565,7 +609,7 @@ def _glm4_moe(r: _Reader) -> dict[str, Any]:
     d = _GLM4_MOE_DEFAULTS
     model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
     _gqa(r, model, d["num_key_value_heads"])
-    _no_rope_scaling(r)
+    _standard_rope(r, model)
     moe_ffn = r.count("moe_intermediate_size", "moe_ffn_hidden_size", d["moe_intermediate_size"])
     shared = r.count("n_shared_experts", None, d["n_shared_experts"]) or 0
     partial = r.number("partial_rotary_factor", "rotary_percent", d["partial_rotary_factor"])
@@ -620,7 +664,7 @@ def _minimax_m2(r: _Reader) -> dict[str, Any]:
     d = _MINIMAX_M2_DEFAULTS
     model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
     _gqa(r, model, d["num_key_value_heads"], d["head_dim"])
-    _no_rope_scaling(r)
+    _standard_rope(r, model)
     head_dim = model["kv_channels"]
     rotary = r.count("rotary_dim", None, head_dim // 2 if _positive(head_dim) else None)
     if _positive(head_dim) and _positive(rotary) and rotary <= head_dim:
@@ -691,7 +735,7 @@ def _llama4(r: _Reader) -> dict[str, Any]:
     d = _LLAMA4_DEFAULTS
     model = _common(r, eps=d["rms_norm_eps"], theta=d["rope_theta"], sizes=d)
     _gqa(r, model, d["num_key_value_heads"], d["head_dim"])
-    _no_rope_scaling(r)
+    _standard_rope(r, model)
     if r.flag("attention_bias", d["attention_bias"]):
         r.unsupported("attention_bias", True, "Llama 4 biases q/k/v/o only; Megatron's biases "
                       "cover q/k/v (--add-qkv-bias) or every linear layer")

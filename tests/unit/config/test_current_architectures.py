@@ -21,6 +21,7 @@ from planner.accounting import Accounting
 from planner.config.importers.hf_config import HfConfigUnmappable, map_hf_config
 from planner.config.loader import load_config, parse_config
 from planner.config.schema import ModelSection
+from planner.emit.megatron import megatron_arguments
 from planner.estimate import estimate
 from planner.model_size import model_size
 from planner.search.run import search
@@ -380,6 +381,27 @@ def test_gpt_oss_window_pattern_and_activation():
     assert map_hf_config(irregular).model["window_attn_skip_freq"][:4] == [1, 0, 0, 0]
     every = {**GPT_OSS_20B, "layer_types": ["sliding_attention"] * 24}
     assert "window_attn_skip_freq" not in map_hf_config(every).model
+
+
+def test_gpt_oss_yarn_is_mapped_and_emitted_with_its_factor():
+    """openai/gpt-oss config.json's rope_scaling (yarn, factor 32 over 4,096, truncate false):
+    Megatron's standard-attention YaRN reads --rotary-scaling-factor into the config's
+    yarn_rotary_scaling_factor (argument_utils.py _apply_yarn_config_from_args, default 1), so a
+    launch without it would run another RoPE than the plan prices."""
+    mapped = map_hf_config(GPT_OSS_20B)
+    assert (mapped.model["position_embedding_type"], mapped.model["rotary_scaling_factor"]) == ("yarn", 32.0)
+    # 4,096 and the betas 32 / 1 are Megatron's defaults; truncate false is not
+    assert mapped.megatron_extra_args == ("--no-yarn-correction-range-round-to-int",)
+    longer = {**GPT_OSS_20B, "rope_scaling": {**GPT_OSS_20B["rope_scaling"], "beta_fast": 16.0,
+                                              "original_max_position_embeddings": 8192, "truncate": True}}
+    assert map_hf_config(longer).megatron_extra_args == (
+        "--yarn-original-max-position-embeddings", "8192", "--yarn-beta-fast", "16.0")
+    llama3 = {**GPT_OSS_20B, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    plain = map_hf_config(llama3)
+    assert plain.model["position_embedding_type"] == "rope"
+    assert any("not mapped for standard attention" in note for note in plain.notes)
+    args = megatron_arguments(load_config(EXAMPLES / "architectures" / "gpt-oss-20b-16.yaml")).as_dict()
+    assert (args["--position-embedding-type"], args["--rotary-scaling-factor"]) == (("yarn",), ("32.0",))
 
 
 def test_quick_geglu_refuses_swiglu_beside_it():
