@@ -1058,6 +1058,7 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
                             "its forward names neither sigmoid nor softmax alone, softmax assumed")
                          + " (it changes no parameter, FLOP or byte of the budget)")
         model["moe_router_score_function"] = score
+        _topk_normalisation(attr(text, "norm_topk_prob"), score, model, notes)
         if moe.expert_bias and score == "sigmoid":
             model["moe_router_enable_expert_bias"] = True
         elif moe.expert_bias:
@@ -1073,6 +1074,22 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
                         "carry into the launch; check them against Megatron's arguments): "
                         + ", ".join(f"{key}={value!r:.24}" for key, value in unread))
     return model, notes, warnings
+
+
+def _topk_normalisation(normalise: Any, score: str, model: dict[str, Any], notes: list[str]) -> None:
+    """norm_topk_prob → Megatron's router: a softmax whose top-k is not renormalised is Megatron's
+    pre-softmax path (a renormalised one equals its default softmax over the top-k logits);
+    Megatron renormalises sigmoid top-k scores always (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/moe/moe_utils.py topk_routing_with_score_function). Routing weights
+    only: no parameter, FLOP or byte changes."""
+    if normalise is False and score == "softmax":
+        model["moe_router_pre_softmax"] = True
+    elif normalise is False:
+        notes.append("norm_topk_prob false with sigmoid scoring: Megatron always renormalises the "
+                     "top-k sigmoid scores (routing weights differ, the budget does not)")
+    elif normalise is None:
+        notes.append("the config names no norm_topk_prob: the top-k routing weights are taken as "
+                     "renormalised, Megatron's default (routing weights only, not the budget)")
 
 
 # Keys the mapping reads, and those that change neither the network nor its training numerics.

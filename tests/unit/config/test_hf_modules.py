@@ -170,6 +170,24 @@ def test_multi_latent_attention_maps_to_megatrons_mla_fields():
     assert "kv_channels" not in model and "num_query_groups" not in model
 
 
+@pytest.mark.parametrize(("score", "normalise", "pre_softmax", "note"), [
+    ("softmax", False, True, None),  # OLMoE: softmax over all experts, top-k kept as is
+    ("softmax", True, None, None),  # renormalised top-k of a softmax = Megatron's default
+    ("sigmoid", False, None, "Megatron always renormalises"),
+    ("softmax", None, None, "names no norm_topk_prob"),
+])
+def test_top_k_normalisation_maps_to_megatrons_router(score, normalise, pre_softmax, note):
+    """moe_utils.py topk_routing_with_score_function: pre-softmax keeps the full softmax's top-k
+    weights; the default softmaxes the top-k logits; sigmoid top-k is renormalised always."""
+    att = Attention(4, 4, 16, False, True)
+    read = ModelRead(256, 64, False, [Layer(att, None, Moe(4, 32, 0, False, False, score))] * 2)
+    text = SimpleNamespace(layer_types=["full_attention"] * 2, num_experts_per_tok=2,
+                           scoring_func=score, norm_topk_prob=normalise)
+    model, notes, _ = model_section(read, text)
+    assert model.get("moe_router_pre_softmax") is pre_softmax
+    assert any(note in n for n in notes) if note else not any("norm_topk_prob" in n for n in notes)
+
+
 def test_a_query_latent_without_its_norm_is_refused_by_name():
     module = _mla_module(64, 4, 32, 16, 16, 8, 16)
     del module._children["q_a_layernorm"]
