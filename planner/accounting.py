@@ -114,7 +114,7 @@ def stage_memory(cfg: Config, exact: bool = True) -> list[dict[str, Number]] | N
         return None
 
 
-# --- issue 25 (article): the busiest rank's rows against NCCL EP's static receive capacity.
+# --- the busiest rank's rows against NCCL EP's static receive capacity.
 _RECEIVE_PARTS = ("hot_gemm_rows", "ncclep_recv_rows")
 
 

@@ -614,7 +614,7 @@ def add_topology(book: Book, v: Variant, c: Collectives) -> None:
 
 
 def add_hot_rank_bytes(book: Book, v: Variant) -> None:
-    """Issue 25 (article): the busiest rank's EP payloads at its stated-quantile rows: what it
+    """The busiest rank's EP payloads at its stated-quantile rows: what it
     receives in dispatch and sends back in combine (the others' sends stay n·k rows, exact)."""
     w = routed_width(v)
     book.add("hot_dispatch_recv_bytes", f"hot_recv_rows_quantile * {w} * p", "bytes", "bytes",

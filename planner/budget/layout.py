@@ -96,7 +96,7 @@ def add_rows(book: Book, v: Variant) -> None:
             + (", rounded up to q_align (fp8/fp4)" if v.quant_pad else ""))
 
 
-# --- issue 25 (article): which packed length the budgets take (THD packing of variable lengths).
+# --- which packed length the budgets take (THD packing of variable lengths).
 PACKED_BASIS = {
     "": "fixed length: every microbatch holds b·seq_length tokens (no training.packed_lengths)",
     "max": "the longest packed microbatch of training.packed_lengths (memory-safe: every "

@@ -185,7 +185,7 @@ class ModelSection(Section):
     enable_hyper_connections: bool = False
     num_residual_streams: PosInt = 1
     mhc_sinkhorn_iterations: PosInt = 20
-    # ---- position embeddings and vocabulary as launch scripts give them (issue 22, args branch).
+    # ---- position embeddings and vocabulary as launch scripts give them.
     # --rotary-percent: the share of each head's dimensions RoPE rotates (numerics only: no
     # parameters, no stored activations; Megatron-LM dev@d48bd6be megatron/core/models/gpt/
     # gpt_model.py GPTModel.__init__ passes it to RotaryEmbedding).
@@ -838,7 +838,7 @@ class TrainingSection(Section):
     )
     ckpt_format: Literal["torch_dist", "torch", "torch_dcp", "fsdp_dtensor"] = "torch_dist"
     use_megatron_fsdp: bool = False
-    # --- issue 25 (article): variable-length THD packing. The tokens of each packed microbatch
+    # --- variable-length THD packing. The tokens of each packed microbatch
     # (a sample of the distribution, or just its largest); the budgets take their max (memory-safe,
     # the default) or their mean (typical step time), as packed_length_basis says.
     packed_lengths: list[PosInt] | None = None
@@ -854,8 +854,8 @@ class TrainingSection(Section):
     adam_eps: PosFloat = 1e-8
     weight_decay: NonNegFloat = 0.1
     seed: NonNegInt = 1234
-    # ---- optimizer state dtypes, the gradient-buffer dtype and optimizer CPU offload (issue 22,
-    # args branch), named as Megatron's arguments (Megatron-LM dev@d48bd6be
+    # ---- optimizer state dtypes, the gradient-buffer dtype and optimizer CPU offload, named as
+    # Megatron's arguments (Megatron-LM dev@d48bd6be
     # megatron/training/arguments.py _add_training_args / the precision-aware optimizer group;
     # megatron/core/optimizer/optimizer_config.py OptimizerConfig). The state dtypes other than fp32
     # need use_precision_aware_optimizer (OptimizerConfig.__post_init__ asserts it).
@@ -987,12 +987,12 @@ class MoeSection(Section):
     # Transformer Engine's fused router kernels (--moe-router-fusion): fewer launches per router
     moe_router_fusion: bool = False
     moe_tid2eid_source: str | None = None
-    # --- issue 25 (article): NCCL EP's zero-copy path, Megatron-LM main only (TransformerConfig.
+    # --- NCCL EP's zero-copy path, Megatron-LM main only (TransformerConfig.
     # moe_ncclep_zero_copy): FC2 outputs and FC1 input grads written into symmetric-memory buffers.
     moe_ncclep_zero_copy: bool = False
 
 
-# ---- issue 22 (offload): Megatron's allowed offload_modules (TransformerConfig.__post_init__'s
+# ---- Megatron's allowed offload_modules (TransformerConfig.__post_init__'s
 # allowed_modules), in the order a layer's forward runs them.
 OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1",
                    "moe_act", "fused_group_mlp")
@@ -1001,7 +1001,7 @@ OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "ml
 
 
 class OverlapSection(Section):
-    # --- issue 25 (article): the pipeline schedule asked for. dualpipe (the DeepSeek-V4 trainer's,
+    # --- the pipeline schedule asked for. dualpipe (the DeepSeek-V4 trainer's,
     # adapted for mHC) is in no Megatron-LM branch: V4030 says so and the budgets time 1F1B.
     pipeline_schedule: Literal["1f1b", "dualpipe"] = "1f1b"
     overlap_moe_expert_parallel_comm: bool = False
@@ -1017,10 +1017,10 @@ class OverlapSection(Section):
     recompute_modules: list[str] | None = None
     cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = "none"
     cuda_graph_scope: list[str] = Field(default_factory=list)
-    # --- step-time model (issue 23): Megatron's --tp-comm-overlap (Transformer Engine's userbuffers
+    # --- step-time model: Megatron's --tp-comm-overlap (Transformer Engine's userbuffers
     # overlap of the TP/SP all-gathers and reduce-scatters with the linears' GEMMs).
     tp_comm_overlap: bool = False
-    # ---- fine-grained activation offloading (issue 22, offload branch), named as Megatron's
+    # ---- fine-grained activation offloading, named as Megatron's
     # arguments (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
     # TransformerConfig, parsed from it by megatron/training/arguments.py): the saved inputs of the
     # named modules go to pinned host memory after their forward and come back for their backward
@@ -1093,7 +1093,7 @@ class EfficiencySection(Section):
     # busiest rank's expert load / mean; unset: by the router (planner/config/routing.py: 1 under
     # forced balance or Sinkhorn, the published natural-routing figure otherwise)
     routing_imbalance: Annotated[float, Field(ge=1)] | None = None
-    # --- issue 25 (article): the quantile of the busiest EP rank's received rows that the
+    # --- the quantile of the busiest EP rank's received rows that the
     # hot-rank rows, bytes and memory budgets state (uniform routing's spread, on top of the
     # routing_imbalance expectation).
     routing_quantile: Annotated[float, Field(gt=0.5, lt=1)] = 0.999
@@ -1108,7 +1108,7 @@ class EfficiencySection(Section):
     dispatch_alltoall: Share = 0.94
     dispatch_deepep: Share = 1.0
     dispatch_hybridep: Share = 1.0
-    # --- step-time model terms (issue 23, planner/budget/time.py). Fixed costs: host time to launch
+    # --- step-time model terms (planner/budget/time.py). Fixed costs: host time to launch
     # one transformer block's forward and backward kernels per microbatch outside CUDA graphs, per
     # microbatch and model chunk (schedule, P2P set-up, loss), and per optimizer step.
     host_us_per_block: NonNegFloat = 0.0
@@ -1142,7 +1142,7 @@ class EfficiencySection(Section):
     # sparse CSA/HCA attention with its indexer, as shares of eff_attention.
     attention_mla: Share = 1.0
     attention_sparse: Share = 1.0
-    # --- DeepEP's SM-bound exchange (issue 23): DeepEP's normal kernels copy the rows with the SMs
+    # --- DeepEP's SM-bound exchange: DeepEP's normal kernels copy the rows with the SMs
     # Megatron gives them (moe_flex_dispatcher_num_sms, 20 when unset: token_dispatcher.py
     # _DeepepManager.__init__), so an exchange runs at no more than SMs x the rate one SM moves.
     # Per SM: 4096 tokens x 7168 hidden, top-8 of 32 experts on 8 H100 at 20 SMs, dispatch 1.00 ms
@@ -1174,10 +1174,10 @@ class ClusterSection(Section):
     peak_fp8_tflops: PosFloat | None = None  # dense
     hbm_bandwidth_tb_s: PosFloat | None = None
     efficiency: EfficiencySection = Field(default_factory=EfficiencySection)
-    # Step-time model (issue 23): a `moeplan calibrate` profile whose fitted factors replace the
+    # Step-time model: a `moeplan calibrate` profile whose fitted factors replace the
     # efficiency defaults in estimate, search, budget and report (path relative to the cwd).
     calibration: str | None = None
-    # --- issue 25 (article): where ranks run (planner/layout/nodes.py). block: torchrun and Slurm's
+    # --- where ranks run (planner/layout/nodes.py). block: torchrun and Slurm's
     # default fill node after node; cyclic: Slurm --distribution=cyclic, rank r on node r % nodes;
     # rank_nodes: an explicit node index per rank (a hostfile's order), which wins over both.
     rank_distribution: Literal["block", "cyclic"] = "block"
@@ -1274,7 +1274,7 @@ class LaunchSection(Section):
     # (each word shell-quoted) to the emitted launch: e.g. ["--data-path", "/d/x", "--lr-decay-style",
     # "cosine"]. Flags moeplan emits itself are refused (rule EMT001).
     megatron_extra_args: list[str] = Field(default_factory=list)
-    # --- issue 22 (entry parsers): the entry script the imported launch ran, written by `import
+    # --- the entry script the imported launch ran, written by `import
     # megatron` when megatron_extra_args carry arguments of that script's own parser
     # (planner/config/entry_parsers.py: Pai-Megatron-Patch's get_patch_args, ModelOpt's
     # add_modelopt_args), so ARG003 names the parser that accepts them. `emit` still writes

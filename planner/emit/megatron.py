@@ -65,7 +65,7 @@ def launch_environment(cfg: Config) -> dict[str, str]:
     env = {}
     if (p.tp > 1 or p.cp > 1) and not fsdp and not cfg.overlap.overlap_moe_expert_parallel_comm:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-    # issue 22 (offload): validate_args asserts NVTE_CPU_OFFLOAD_V1=1 under fine-grained activation
+    # validate_args asserts NVTE_CPU_OFFLOAD_V1=1 under fine-grained activation
     # offloading with Transformer Engine >= 2.10 (so TE does not offload weights); harmless before.
     if cfg.overlap.fine_grained_activation_offloading:
         env["NVTE_CPU_OFFLOAD_V1"] = "1"

@@ -284,7 +284,7 @@ def map_command(line: CommandLine, world_size: int | None = None, model_defaults
         if target is None:
             _keep(result, arg, kept_reason(arg, line.entry))
             if argument_class(arg.name) is None and entry_argument(line.entry, arg.name) is not None:
-                result.set("launch.megatron_entry", line.entry)  # issue 22: ARG003 names its parser
+                result.set("launch.megatron_entry", line.entry)  # ARG003 names its parser
             continue
         dotted, kind = target
         try:
@@ -380,7 +380,7 @@ def kept_reason(arg: Argument, entry_script: str | None = None) -> str:
     if entry is None:
         code = "ARG004" if is_legacy_model(name, arg.values) else "ARG003"
         return f"not modelled: not an argument of Megatron-LM dev's parser ({where}; check reports {code})"
-    if entry.only == "main":  # issue 22: main@d98e8a64's parser has it, dev's (emit's target) does not
+    if entry.only == "main":  # main@d98e8a64's parser has it, dev's (emit's target) does not
         return (f"main-only: Megatron-LM main's parser accepts it, dev's refuses it ({where}; check "
                 "reports ARG003)")
     if entry.kind == "saving" and entry.changes_plan(arg.values):
