@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from planner.accounting import memory_by_stage
+from planner.budget.hardware import hardware_values
 from planner.config.gpus import GPUS, takes_tn_only
 from planner.config.schema import Config
 from planner.estimate import estimate
@@ -77,6 +78,10 @@ def test_catalog_holds_the_vendor_figures() -> None:
     assert {n: (round(g.gemm_bf16_eff * g.bf16_tflops), round(g.gemm_fp8_eff * g.fp8_tflops))
             for n, g in GPUS.items() if g.family.startswith("cdna")} == {
         "MI300X": (708, 1273), "MI325X": (843, 1519), "MI355X": (1737, 3130)}
+    # Infinity Fabric's usable share of its link rate (AMD: about 48 of 64 GB/s per xGMI link);
+    # NVLink's overhead is inside efficiency.intra_node, so every other card keeps its whole rate
+    assert {n: g.link_usable_share for n, g in GPUS.items() if g.link_usable_share != 1} == {
+        "MI300X": 0.75, "MI325X": 0.75, "MI355X": 0.75}
 
 
 def test_without_a_gpu_the_defaults_are_unchanged() -> None:
@@ -91,6 +96,15 @@ def test_a_gpu_fills_what_is_unset_and_the_config_wins() -> None:
     c = cfg({"gpu": "GB200", "gpu_memory_gib": 180}).cluster
     assert (c.gpus_per_node, c.nvlink_domain, c.gpu_memory_gib, c.peak_bf16_tflops,
             c.intra_node_bandwidth_gb_s) == (4, 72, 180, 2500, 900)
+
+
+def test_xgmi_prices_its_usable_link_rate() -> None:
+    """An AMD card's intra-node exchanges run at 75 % of its datasheet link rate (xGMI's protocol
+    overhead), the collective's efficiency on top; an NVLink card keeps its whole rate."""
+    assert hardware_values(cfg({"gpu": "MI355X"}))["bw_nvlink"] == Fraction(5376, 10) * 10**9 * 3 / 4
+    assert hardware_values(cfg({"gpu": "MI355X", "intra_node_bandwidth_gb_s": 400}))[
+        "bw_nvlink"] == 300 * 10**9
+    assert hardware_values(cfg({"gpu": "H100"}))["bw_nvlink"] == 450 * 10**9
 
 
 def test_nvlink_domain_must_be_whole_nodes() -> None:
