@@ -354,6 +354,19 @@ def test_a_gemm_cannot_outrun_its_weight_traffic() -> None:
     assert env["time_routed_gemm_s"] == Fraction(216, 10**4)
 
 
+def test_without_gradient_accumulation_fusion_each_weight_gradient_is_added_apart() -> None:
+    """As above with --no-gradient-accumulation-fusion: the weight gradient writes 144 fresh BF16
+    grads (288 B / 8e4 B/s = 3.6 ms, above its 2.304 ms of FLOPs), then the DDP hook's
+    main_grad.add_(grad) reads them and the fp32 main grads and writes those: 144·(2 + 8) / 8e4 =
+    18 ms. One microbatch: 2·3.6 + 3.6 + 18 = 28.8 ms."""
+    cfg = config(TINY, {"world_size": 1}, {"seq_length": 8, "gradient_accumulation_fusion": False},
+                 cluster={"peak_bf16_tflops": 1e-6, "hbm_bandwidth_tb_s": 1e-7,
+                          "efficiency": {**HAND, "gemm_bf16": 0.5}})
+    env = estimate(cfg).envs[0]
+    assert env["time_routed_gemm_wgrad_pass_s"] == Fraction(36, 10**4)
+    assert env["time_routed_gemm_s"] == Fraction(288, 10**4)
+
+
 def test_few_rows_per_expert_cost_gemm_efficiency() -> None:
     """DeepSeek-V3 at seq 4096: EP8 holds 32 experts per rank with 8·4096·8/256 = 1,024 rows
     each, EP64 4 experts with 8,192 rows. Below ~1,180 rows (4 × 791 TFLOP/s ÷ 2.68 TB/s) the
