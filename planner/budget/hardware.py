@@ -148,7 +148,10 @@ def hardware_values(cfg: Config) -> dict[str, Number]:
         # training on it.
         "peak_fp8": exact(c.peak_fp8_tflops or 0) * TERA,
         "fp8": int(cfg.training.fp8),
-        "bw_nvlink": exact(c.intra_node_bandwidth_gb_s) * GIGA,
+        # the link's datasheet rate times the share its protocol leaves usable (xGMI's 75 %:
+        # planner/config/gpus.py Gpu.link_usable_share; 1 on NVLink)
+        "bw_nvlink": exact(c.intra_node_bandwidth_gb_s) * GIGA
+        * exact(gpu(c.gpu).link_usable_share),
         "bw_scale_out": exact(c.inter_node_bandwidth_gb_s) * GIGA,
         "bw_hbm": exact(c.hbm_bandwidth_tb_s) * TERA,
         "eff_gemm_bf16": exact(eff.gemm_bf16), "eff_gemm_fp8": exact(eff.gemm_fp8),

@@ -297,6 +297,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         and moe.moe_flex_dispatcher_backend == "ncclep",
         packed_basis=tr.packed_length_basis if tr.packed_lengths else "",
         quick_geglu=model.quick_geglu,
+        wgrad_unfused=not tr.gradient_accumulation_fusion and not tr.use_megatron_fsdp,
         offload=offload_groups(cfg),
         mixer_only=1 in (model.mixer_only_layers or []),
         # Megatron trains Mamba stacks and DeepSeek-V4 on the hybrid entry, whose HybridStack has

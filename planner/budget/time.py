@@ -194,10 +194,23 @@ def _weights(book: Book, v: Variant) -> None:
         "output-layer weight shard the stage's logits (model and MTP) read")
     add("time_weight_read_bytes", "(1 - fp8) * p + fp8", "bytes", "time",
         "bytes per weight a forward or data-gradient GEMM reads (the FP8 copy under FP8)")
-    add("time_wgrad_rw_bytes", "2 * bytes_grad", "bytes", "time",
-        "bytes per weight a weight-gradient GEMM moves: gradient accumulation fusion reads and "
-        "writes the main grad once (Megatron-LM dev@d48bd6be megatron/training/arguments.py "
-        "--no-gradient-accumulation-fusion: on by default)")
+    if v.wgrad_unfused:
+        # Megatron-LM dev@d48bd6be megatron/core/distributed/distributed_data_parallel.py
+        # _make_backward_post_hook: without the fusion the GEMM writes param.grad in the
+        # parameters' dtype and the hook runs param.main_grad.add_(param.grad.data), its own
+        # memory-bound kernel after the GEMM (read the grad and the main grad, write the main grad).
+        add("time_wgrad_rw_bytes", "p", "bytes", "time",
+            "bytes per weight a weight-gradient GEMM moves without gradient accumulation fusion: "
+            "it writes a fresh gradient in the parameters' dtype")
+        add("time_grad_add_bytes", "p + 2 * bytes_grad", "bytes", "time",
+            "bytes per weight the DDP hook's main_grad.add_(grad) moves per microbatch without "
+            "gradient accumulation fusion: read the gradient and the main grad, write the main "
+            "grad (distributed_data_parallel.py _make_backward_post_hook)")
+    else:
+        add("time_wgrad_rw_bytes", "2 * bytes_grad", "bytes", "time",
+            "bytes per weight a weight-gradient GEMM moves: gradient accumulation fusion reads "
+            "and writes the main grad once (Megatron-LM dev@d48bd6be megatron/training/"
+            "arguments.py --no-gradient-accumulation-fusion: on by default)")
     add("time_hbm_rate", "bw_hbm * eff_hbm", "B/s", "time", "reached HBM bandwidth")
 
 
@@ -312,12 +325,14 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
 
 
 def _gemm(book: Book, name: str, flops: str, rc_flops: str, params: str, rate: str,
-          what: str, scale: str = "") -> None:
+          what: str, scale: str = "", grad_add: bool = False) -> None:
     """One kind's GEMM time per step: each pass at the slower of its FLOPs and its HBM bytes.
 
     Per microbatch the forward, the data gradient and recompute's forward read the kind's local
-    weights; the weight gradient reads and writes its main grad. Recompute re-runs a share of the
-    forward, priced at the forward's roofline in proportion to its FLOPs."""
+    weights; the weight gradient reads and writes its main grad (without gradient accumulation
+    fusion, `grad_add`: writes a fresh gradient, then a kernel of its own adds it into the main
+    grad). Recompute re-runs a share of the forward, priced at the forward's roofline in
+    proportion to its FLOPs."""
     add, t = book.add, "time_tokens_per_rank"
     fwd = add(f"time_{name}_fwd_pass_s", f"Max({t} * {flops}{scale} / ({rate}),"
               f" {params} * time_weight_read_bytes / time_hbm_rate)", "s", "time",
@@ -326,9 +341,11 @@ def _gemm(book: Book, name: str, flops: str, rc_flops: str, params: str, rate: s
     wgrad = add(f"time_{name}_wgrad_pass_s", f"Max({t} * {flops}{scale} / ({rate}),"
                 f" {params} * time_wgrad_rw_bytes / time_hbm_rate)", "s", "time",
                 f"{what}: one weight-gradient pass, FLOPs or main-grad read and write")
+    add_grad = f" + {params} * time_grad_add_bytes / time_hbm_rate" if grad_add else ""
     add(f"time_{name}_s", f"microbatches * (2 * {fwd} + {wgrad}"
-        f" + {fwd} * {rc_flops} / Max({flops}, 1))", "s", "time",
-        f"{what}: forward, data and weight gradients and recompute of every microbatch")
+        f" + {fwd} * {rc_flops} / Max({flops}, 1){add_grad})", "s", "time",
+        f"{what}: forward, data and weight gradients and recompute of every microbatch"
+        + (", and the main-grad add of each weight gradient" if grad_add else ""))
 
 
 def _compute(book: Book, v: Variant) -> None:
@@ -336,22 +353,26 @@ def _compute(book: Book, v: Variant) -> None:
     per_step = "microbatches * time_tokens_per_rank"
     _gemm(book, "attention_gemm", "time_attention_linear_fwd_flops",
           "time_recompute_attention_linear_flops", "time_attention_params",
-          "time_gemm_rate * time_attention_shape_eff", "attention projections")
+          "time_gemm_rate * time_attention_shape_eff", "attention projections",
+          grad_add=v.wgrad_unfused)
     add("time_attention_core_s", f"{per_step} * (3 * time_attention_core_fwd_flops"
         " + time_recompute_attention_core_flops) / time_attention_rate", "s", "time",
         "core attention: forward, backward (Megatron's 3x) and recompute")
     _gemm(book, "routed_gemm", "time_routed_fwd_flops", "time_recompute_routed_flops",
           "time_routed_params", "time_gemm_rate * time_routed_shape_eff",
           "routed experts of the busiest rank",
-          " * imbalance")
+          " * imbalance", grad_add=v.wgrad_unfused)
     _gemm(book, "shared_gemm", "time_shared_fwd_flops", "time_recompute_shared_flops",
-          "time_shared_params", "time_gemm_rate * time_shared_shape_eff", "shared experts")
+          "time_shared_params", "time_gemm_rate * time_shared_shape_eff", "shared experts",
+          grad_add=v.wgrad_unfused)
     add("time_moe_gemm_s", "time_routed_gemm_s + time_shared_gemm_s", "s", "time",
         "MoE MLPs (routed and shared experts), recompute included")
     _gemm(book, "dense_gemm", "stage_dense_fwd_flops_per_token", "time_recompute_dense_flops",
-          "time_dense_params", "time_gemm_rate * time_dense_shape_eff", "dense MLPs")
+          "time_dense_params", "time_gemm_rate * time_dense_shape_eff", "dense MLPs",
+          grad_add=v.wgrad_unfused)
     _gemm(book, "head_gemm", "stage_head_fwd_flops_per_token", "0", "time_head_params",
-          "time_bf16_rate * time_head_shape_eff", "logits and MTP projections (BF16)")
+          "time_bf16_rate * time_head_shape_eff", "logits and MTP projections (BF16)",
+          grad_add=v.wgrad_unfused)
     add("time_non_gemm_s", f"{per_step} * ((time_ew_fwd_elements * non_gemm_passes"
         " + time_ew_recompute_elements * non_gemm_passes / 3) * 2 / time_hbm_rate"
         " + (blocks + blocks_recomputed / 3) * t_non_gemm)", "s", "time",

@@ -117,6 +117,9 @@ class Variant:
     # Routed experts' gated quick-GELU clamped (--quick-geglu with --activation-func-clamp-value):
     # the clamp runs as PyTorch ops before the fused activation (time.py ACT_CLAMP_LAUNCHES)
     moe_act_clamp: bool = False
+    # training.gradient_accumulation_fusion off: the weight-gradient GEMMs write a fresh gradient
+    # and the DDP hook adds it into the main grad per microbatch (time.py time_grad_add_bytes)
+    wgrad_unfused: bool = False
 
     def has(self, kind: str) -> bool:
         """The layer kind `kind` is present (some layer runs it, or every attention layer has it)."""

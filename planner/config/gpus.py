@@ -65,12 +65,25 @@ class Gpu:
     # 128 GB/s, both directions), Gen4 x16 on Ampere and Ada (NVIDIA A100 datasheet: "PCIe Gen4
     # 64 GB/s"), NVLink-C2C to a Grace host (NVIDIA GB200 NVL72 / GH200 datasheets: 900 GB/s).
     host_link_gb_s: float = 64.0
+    # Share of nvlink_gb_s the link's own protocol leaves usable, before any collective's
+    # efficiency (efficiency.intra_node) applies. NVLink: 1, its overhead is inside intra_node, which
+    # was calibrated on NVLink runs. AMD's Infinity Fabric (xGMI): CRC bit correction and protocol
+    # overhead leave about 48 of a link's 64 GB/s usable on MI300X, 75 % (ROCm blog "Understanding
+    # RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025-03-02, "Theoretical
+    # Performance Claims vs. Achievable"); MI325X and MI355X run the same xGMI mesh of seven links
+    # and take the same share (AMD states it for MI300X only). Added after the held-out AMD rows
+    # (bench/heldout.yaml, amd-primus-moe-blog) had shown their all-to-all layouts too fast; a cited
+    # figure, not fitted to them.
+    link_usable_share: float = 1.0
 
     @property
     def log_names(self) -> tuple[str, ...]:
         """What a log calls this card."""
         return self.device_names or (self.name,)
 
+
+# xGMI's usable share of its link rate: 48 of 64 GB/s (Gpu.link_usable_share).
+XGMI_USABLE_SHARE = 48 / 64
 
 GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8, gemm_fp8_eff=0.526, gemm_bf16_eff=0.639,
@@ -149,12 +162,12 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     # measurement of its own; it replaced the catalog default (0.8), chosen after the held-out AMD
     # rows had shown that default 1.3-1.5x too fast.
     Gpu("MI300X", 1307.4, 2614.9, 192, 5.3, 448, 50, 8, 8, gemm_bf16_eff=708 / 1307.4,
-        gemm_fp8_eff=1273 / 2614.9, family="cdna3"),
+        gemm_fp8_eff=1273 / 2614.9, family="cdna3", link_usable_share=XGMI_USABLE_SHARE),
     Gpu("MI325X", 1307.4, 2614.9, 256, 6.0, 448, 50, 8, 8, gemm_bf16_eff=843 / 1307.4,
-        gemm_fp8_eff=1519 / 2614.9, family="cdna3"),
+        gemm_fp8_eff=1519 / 2614.9, family="cdna3", link_usable_share=XGMI_USABLE_SHARE),
     Gpu("MI355X", 2516.6, 5033.2, 288, 8.0, 537.6, 50, 8, 8,
         gemm_bf16_eff=3130 / 5033.2 * (843 / 1307.4) / (1519 / 2614.9), gemm_fp8_eff=3130 / 5033.2,
-        family="cdna4"),
+        family="cdna4", link_usable_share=XGMI_USABLE_SHARE),
 )})
 
 

@@ -68,6 +68,8 @@ Kind = Literal["flag", "int", "float", "str", "ints", "strs", "moe_freq", "brack
 EXPLICIT: dict[str, tuple[str, Kind]] = {
     "--activation-func-clamp-value": ("model.swiglu_limit", "float"),
     "--disable-bias-linear": ("model.add_bias_linear", "flag"),
+    # store_false, dest gradient_accumulation_fusion (megatron/training/arguments.py)
+    "--no-gradient-accumulation-fusion": ("training.gradient_accumulation_fusion", "flag"),
     "--dsa-indexer-n-heads": ("model.index_n_heads", "int"),
     "--dsa-indexer-head-dim": ("model.index_head_dim", "int"),
     "--dsa-indexer-topk": ("model.index_topk", "int"),

@@ -818,6 +818,12 @@ class TrainingSection(Section):
     # Megatron's --log-num-zeros-in-grad: every optimizer step counts the zeros of each gradient
     # tensor (megatron/core/optimizer/clip_grads.py count_zeros_fp32); the time page prices it.
     log_num_zeros_in_grad: bool = False
+    # Megatron's --no-gradient-accumulation-fusion turns it off (Megatron-LM dev@d48bd6be
+    # megatron/training/arguments.py, dest gradient_accumulation_fusion, on by default): each
+    # weight-gradient GEMM then writes a fresh gradient and the DDP hook adds it into the main grad
+    # per microbatch (megatron/core/distributed/distributed_data_parallel.py
+    # _make_backward_post_hook: param.main_grad.add_(param.grad.data)); the time page prices the add.
+    gradient_accumulation_fusion: bool = True
     use_distributed_optimizer: bool = False
     num_distributed_optimizer_instances: PosInt = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"

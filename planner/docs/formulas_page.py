@@ -162,6 +162,7 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("YaRN RoPE on standard attention by Megatron's unfused path", {"rope_unfused": True}),
     ("routed experts' clamped quick-GELU GLU (--quick-geglu with a clamp value)",
      {"moe_act_clamp": True, "quick_geglu": True}),
+    ("gradient accumulation fusion off (--no-gradient-accumulation-fusion)", {"wgrad_unfused": True}),
 )
 
 CATEGORY_TITLES: dict[str, str] = {

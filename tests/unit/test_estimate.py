@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from planner.accounting import memory_by_stage
+from planner.budget.hardware import hardware_values
 from planner.config.gpus import GPUS, takes_tn_only
 from planner.config.schema import Config
 from planner.estimate import estimate
@@ -77,6 +78,10 @@ def test_catalog_holds_the_vendor_figures() -> None:
     assert {n: (round(g.gemm_bf16_eff * g.bf16_tflops), round(g.gemm_fp8_eff * g.fp8_tflops))
             for n, g in GPUS.items() if g.family.startswith("cdna")} == {
         "MI300X": (708, 1273), "MI325X": (843, 1519), "MI355X": (1737, 3130)}
+    # Infinity Fabric's usable share of its link rate (AMD: about 48 of 64 GB/s per xGMI link);
+    # NVLink's overhead is inside efficiency.intra_node, so every other card keeps its whole rate
+    assert {n: g.link_usable_share for n, g in GPUS.items() if g.link_usable_share != 1} == {
+        "MI300X": 0.75, "MI325X": 0.75, "MI355X": 0.75}
 
 
 def test_without_a_gpu_the_defaults_are_unchanged() -> None:
@@ -91,6 +96,15 @@ def test_a_gpu_fills_what_is_unset_and_the_config_wins() -> None:
     c = cfg({"gpu": "GB200", "gpu_memory_gib": 180}).cluster
     assert (c.gpus_per_node, c.nvlink_domain, c.gpu_memory_gib, c.peak_bf16_tflops,
             c.intra_node_bandwidth_gb_s) == (4, 72, 180, 2500, 900)
+
+
+def test_xgmi_prices_its_usable_link_rate() -> None:
+    """An AMD card's intra-node exchanges run at 75 % of its datasheet link rate (xGMI's protocol
+    overhead), the collective's efficiency on top; an NVLink card keeps its whole rate."""
+    assert hardware_values(cfg({"gpu": "MI355X"}))["bw_nvlink"] == Fraction(5376, 10) * 10**9 * 3 / 4
+    assert hardware_values(cfg({"gpu": "MI355X", "intra_node_bandwidth_gb_s": 400}))[
+        "bw_nvlink"] == 300 * 10**9
+    assert hardware_values(cfg({"gpu": "H100"}))["bw_nvlink"] == 450 * 10**9
 
 
 def test_nvlink_domain_must_be_whole_nodes() -> None:
@@ -338,6 +352,19 @@ def test_a_gemm_cannot_outrun_its_weight_traffic() -> None:
     assert env["time_routed_params"] == 144
     assert env["time_routed_gemm_wgrad_pass_s"] == Fraction(144, 10**4)
     assert env["time_routed_gemm_s"] == Fraction(216, 10**4)
+
+
+def test_without_gradient_accumulation_fusion_each_weight_gradient_is_added_apart() -> None:
+    """As above with --no-gradient-accumulation-fusion: the weight gradient writes 144 fresh BF16
+    grads (288 B / 8e4 B/s = 3.6 ms, above its 2.304 ms of FLOPs), then the DDP hook's
+    main_grad.add_(grad) reads them and the fp32 main grads and writes those: 144·(2 + 8) / 8e4 =
+    18 ms. One microbatch: 2·3.6 + 3.6 + 18 = 28.8 ms."""
+    cfg = config(TINY, {"world_size": 1}, {"seq_length": 8, "gradient_accumulation_fusion": False},
+                 cluster={"peak_bf16_tflops": 1e-6, "hbm_bandwidth_tb_s": 1e-7,
+                          "efficiency": {**HAND, "gemm_bf16": 0.5}})
+    env = estimate(cfg).envs[0]
+    assert env["time_routed_gemm_wgrad_pass_s"] == Fraction(36, 10**4)
+    assert env["time_routed_gemm_s"] == Fraction(288, 10**4)
 
 
 def test_few_rows_per_expert_cost_gemm_efficiency() -> None:

@@ -296,7 +296,8 @@ def map_command(line: CommandLine, world_size: int | None = None, model_defaults
         if isinstance(value, str) and choices and value not in choices:
             _unmodelled_value(result, arg, dotted, choices)
             continue
-        if arg.flag == "--disable-bias-linear" or negated:
+        # the table's own negations (--disable-bias-linear, --no-gradient-accumulation-fusion)
+        if negated or (kind == "flag" and arg.flag.startswith(("--no-", "--disable-"))):
             value = False
         if kind == "moe_freq" and isinstance(value, int) and value <= 0:
             value = _signed_moe_freq(result, arg, value)

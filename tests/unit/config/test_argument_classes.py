@@ -132,12 +132,12 @@ def _codes(extra: list[str]) -> list[tuple[str, str]]:
 
 def test_check_is_loud_about_what_it_carries():
     extra = ["--data-path", "/d/x", "--lr-decay-style", "cosine", "--quick-geglu",
-             "--no-gradient-accumulation-fusion", "--softmax-type", "vanilla", "--softmax-type",
+             "--no-persist-layer-norm", "--softmax-type", "vanilla", "--softmax-type",
              "learnable", "--no-such-flag", "--use-legacy-models", "--moe-model-type", "deepspeed_moe",
              "--recompute-activations", "--attention-backend", "unfused"]
     assert sorted(_codes(extra)) == sorted([
         ("ARG005", "launch.megatron_extra_args[4]"),  # gpt-oss's experts: model.quick_geglu models it
-        ("ARG002", "launch.megatron_extra_args[5]"),  # a fusion: time only
+        ("ARG002", "launch.megatron_extra_args[5]"),  # a kernel choice: time only
         ("ARG005", "launch.megatron_extra_args[6]"),  # model.softmax_type models attention sinks,
         ("ARG005", "launch.megatron_extra_args[8]"),  # the default vanilla as well as learnable
         ("ARG003", "launch.megatron_extra_args[10]"),  # Megatron's parser refuses it

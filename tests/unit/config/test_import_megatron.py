@@ -254,12 +254,14 @@ def test_megatron_defaults_fill_what_the_line_leaves_out() -> None:
 def test_flags_negations_lists_and_equals_form() -> None:
     data = map_arguments("python pretrain_gpt.py --qk-layernorm --no-qk-layernorm "
                          "--recompute-modules=core_attn --hierarchical-context-parallel-sizes 2 4 "
-                         "--use-tp-pp-dp-mapping --fp8-format hybrid").data
+                         "--use-tp-pp-dp-mapping --fp8-format hybrid "
+                         "--no-gradient-accumulation-fusion").data
     assert data["model"]["qk_layernorm"] is False  # the later --no-* wins, as argparse's last store
     assert data["overlap"]["recompute_modules"] == ["core_attn"]
     assert data["parallel"]["hierarchical_context_parallel_sizes"] == [2, 4]
     assert data["parallel"]["order"] == "tp-cp-ep-pp-dp"
     assert data["training"]["fp8"] is True
+    assert data["training"]["gradient_accumulation_fusion"] is False  # the --no- of an on default
 
 
 def test_launcher_forms() -> None:
