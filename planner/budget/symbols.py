@@ -126,13 +126,13 @@ GLOBAL_SYMBOLS: tuple[Symbol, ...] = (
            "megatron/core/transformer/moe/moe_utils.py get_align_size_for_quantization)"),
     Symbol("vex_slots", "temporary expert slots per rank and MoE layer with virtual experts "
            "(moeplan assumes one; 0 without virtual experts)"),
-    # issue 22 (args branch)
+    # the learned position table and the optimizer's CPU offload
     Symbol("pos_rows", "rows of the learned position table (max_position_embeddings, seq_length "
            "when unset; Megatron-LM dev@d48bd6be megatron/core/models/common/embeddings/"
            "language_model_embedding.py LanguageModelEmbedding)"),
     Symbol("opt_gpu_share", "share of the optimizer states on the GPU: 1 - optimizer_offload_fraction "
            "with optimizer_cpu_offload, else 1"),
-    # issue 22 (offload branch)
+    # fine-grained activation offloading
     Symbol("min_offloaded", "overlap.min_offloaded_tensor_size: elements below which a saved tensor "
            "stays on the GPU"),
     Symbol("offload_keep_share", "1 - overlap.activation_offload_fraction (in floating point, as "
@@ -495,10 +495,10 @@ def global_values(cfg: Config, split: StageSplit) -> dict[str, Number]:
         "q_align": (QUANT_ALIGN["mxfp8" if tr.fp8_recipe == "mxfp8" else "fp8"] if tr.fp8
                     else QUANT_ALIGN["fp4"] if tr.fp4 else 1),
         "vex_slots": int(cfg.moe.moe_virtual_experts),
-        # issue 22 (args branch)
+        # the learned position table and the optimizer's CPU offload
         "pos_rows": m.max_position_embeddings or tr.seq_length,
         "opt_gpu_share": 1 - exact(tr.optimizer_offload_fraction) if tr.optimizer_cpu_offload else 1,
-        # issue 22 (offload branch)
+        # fine-grained activation offloading
         "min_offloaded": cfg.overlap.min_offloaded_tensor_size,
         # Megatron computes int(eligible * (1 - fraction)) in floats: 1 - 0.9 is just under 0.1
         "offload_keep_share": exact(1 - cfg.overlap.activation_offload_fraction),

@@ -71,20 +71,20 @@ class Variant:
     fp8_weights: str = ""
     fp8_transpose: bool = False  # tensor-scaled FP8 on Hopper: a transposed copy for backward
     fp8_param_gather: bool = False  # training.fp8_param_gather: FP8 weights are the parameters
-    # ---- issue 22 (args branch): learned position table, optimizer state dtypes, grad buffer
+    # ---- learned position table, optimizer state dtypes, grad buffer
     learned_positions: bool = False  # position_embedding_type learned_absolute: a [rows, h] table
     grads_fp32: bool = True  # grad buffers in fp32 (accumulate_allreduce_grads_in_fp32), else p
     # The precision-aware optimizer's bytes per parameter (master, exp_avg, exp_avg_sq), "" without
     precision_aware: tuple[str, str, str] | tuple[()] = ()
     optimizer_offload: bool = False  # optimizer_cpu_offload: a share of the states on the CPU
     qkv_bias: bool = False  # add_qkv_bias without add_bias_linear, standard attention: QKV bias only
-    # --- issue 25 (article): routed experts in a grad buffer of their own (Degrees.expert_grad_buffer)
+    # --- routed experts in a grad buffer of their own (Degrees.expert_grad_buffer)
     expert_buffer: bool = True
     ncclep_zero_copy: bool = False  # main's moe_ncclep_zero_copy: persistent bf16 symmetric buffers
     packed_basis: str = ""  # "" fixed S; "max" / "mean" of training.packed_lengths (THD packing)
     # Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2)
     quick_geglu: bool = False  # gated MLPs by --quick-geglu (Megatron's FLOPs figure counts 2 GEMMs)
-    # ---- issue 22 (offload branch): the fine-grained activation offload groups counted
+    # ---- the fine-grained activation offload groups counted
     offload: frozenset[str] = frozenset()
     # hybrid models: some blocks are a mixer alone (no MLP layer, one norm: mixer_only_layers)
     mixer_only: bool = False
