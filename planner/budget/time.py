@@ -331,15 +331,52 @@ def _gemm(book: Book, name: str, flops: str, rc_flops: str, params: str, rate: s
         f"{what}: forward, data and weight gradients and recompute of every microbatch")
 
 
+# Unfused attention (attention_backend unfused or local, transformer_impl local): Megatron-LM
+# dev@d48bd6be megatron/core/transformer/dot_product_attention.py DotProductAttention.forward
+# materialises the [b, heads/TP, sq, sk] scores. Forward: torch.baddbmm writes them, the fused
+# scale-mask-softmax (megatron/core/fusions/fused_softmax.py FusedScaleMaskSoftmax, its CUDA kernel
+# up to sk 4096) reads them and writes the probabilities, torch.bmm with V reads those: 4 passes.
+# Backward: bmm's gradient writes the probabilities' gradient and reads the probabilities for V's,
+# the softmax backward reads both and writes the scores' gradient, baddbmm's gradients for q and k
+# read it twice: 7 passes. Attention dropout (p > 0) reads the probabilities and writes its mask
+# (one byte) and the dropped copy, and its backward reads the mask and the gradient and writes
+# one. Recompute of the core repeats the forward's passes. Flash and cuDNN kernels keep the scores
+# on chip and make none of these passes.
+UNFUSED_SCORE_PASSES = (4, 7)
+# The flops page counts the core over the causal half of the keys; baddbmm and bmm multiply every
+# query by every key and the softmax masks the upper triangle afterwards: twice that work.
+UNFUSED_CAUSAL_SHARE = 2
+
+
+def _unfused_scores(book: Book, v: Variant) -> str:
+    """The unfused core's HBM time over its scores, as an addend (empty for fused kernels)."""
+    if not (v.attn_scores and v.attention in ("standard", "mla")):
+        return ""
+    fwd, bwd = UNFUSED_SCORE_PASSES
+    drop = " + 2 * p + 1" if v.attention_dropout else ""
+    book.add("time_attention_scores_bytes", f"({fwd} * p{drop}) * (1 + time_recompute_attention_"
+             "core_flops / Max(time_attention_core_fwd_flops, 1))"
+             f" + {bwd} * p{drop}", "bytes", "time",
+             "per score element of a block and microbatch: unfused attention's HBM traffic over the "
+             "s x s scores (forward 4 passes, backward 7, attention dropout's mask and copy; "
+             "recompute repeats the forward's)")
+    return (" + microbatches * blocks * attn_score_elements * time_attention_scores_bytes"
+            " / time_hbm_rate")
+
+
 def _compute(book: Book, v: Variant) -> None:
     add = book.add
     per_step = "microbatches * time_tokens_per_rank"
     _gemm(book, "attention_gemm", "time_attention_linear_fwd_flops",
           "time_recompute_attention_linear_flops", "time_attention_params",
           "time_gemm_rate * time_attention_shape_eff", "attention projections")
+    scores = _unfused_scores(book, v)
+    full = f" * {UNFUSED_CAUSAL_SHARE}" if scores else ""
     add("time_attention_core_s", f"{per_step} * (3 * time_attention_core_fwd_flops"
-        " + time_recompute_attention_core_flops) / time_attention_rate", "s", "time",
-        "core attention: forward, backward (Megatron's 3x) and recompute")
+        f" + time_recompute_attention_core_flops){full} / time_attention_rate" + scores, "s", "time",
+        "core attention: forward, backward (Megatron's 3x) and recompute"
+        + (", its products over every key (unfused: the causal mask applies after them), and "
+           "its passes over the s x s scores" if scores else ""))
     _gemm(book, "routed_gemm", "time_routed_fwd_flops", "time_recompute_routed_flops",
           "time_routed_params", "time_gemm_rate * time_routed_shape_eff",
           "routed experts of the busiest rank",
