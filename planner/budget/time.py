@@ -554,6 +554,23 @@ RECOMPUTE_LAUNCHES: dict[str, tuple[str, str]] = {
 }
 
 
+def allgather_launches(v: Variant) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The allgather dispatcher's kernels beyond the generic list's hidden-state exchanges and
+    permutes (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+    MoEAllGatherTokenDispatcher): (its index bookkeeping, which autograd records no node for; the
+    rest). token_dispatch gathers the routing map (under torch.no_grad) and the probabilities as
+    well as the hidden states over TP x EP; dispatch_postprocess makes the local experts' slices of
+    the map and of the probabilities contiguous, then their transposes, and masked_select picks the
+    local probabilities (a nonzero, whose size the host waits for, and the gather); token_combine
+    casts the expert output to the probabilities' fp32 and back around its reduce-scatter."""
+    gathered = 1 if (v.tp or v.ep) else 0
+    return ((f"{gathered} + 3", "allgather dispatcher: the routing map's gather over TP x EP, the "
+             "local map's slice and its transpose made contiguous, masked_select's nonzero"),
+            (f"{3 * gathered} + 3", "allgather dispatcher: the probabilities' gather, their "
+             "slice and transpose made contiguous, masked_select's gather, and the combine's "
+             "casts to fp32 and back"))
+
+
 def _count(entries: tuple[tuple[str, str], ...]) -> str:
     return " + ".join(f"({n})" for n, _ in entries)
 
@@ -569,9 +586,10 @@ def _launch_counts(book: Book, v: Variant) -> None:
     router = list(ROUTER_LAUNCHES)
     preprocess = list(PREPROCESS_LAUNCHES) + (
         [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
-        else [])
+        else []) + ([allgather_launches(v)[0]] if v.dispatcher == "allgather" else [])
     experts = list(EXPERT_LAUNCHES) + ([TP_LAUNCHES] if v.tp else []) + (
-        [EXPERT_BIAS_LAUNCHES] if v.bias else []) + ([ACT_CLAMP_LAUNCHES] if v.moe_act_clamp else [])
+        [EXPERT_BIAS_LAUNCHES] if v.bias else []) + ([ACT_CLAMP_LAUNCHES] if v.moe_act_clamp else []) + (
+        [allgather_launches(v)[1]] if v.dispatcher == "allgather" else [])
     dense = list(DENSE_LAUNCHES) + ([TP_LAUNCHES] if v.tp else [])
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py: the fused permute is
     # one Transformer Engine kernel; the unfused one builds the index (mask transpose, arange,

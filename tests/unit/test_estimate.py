@@ -603,3 +603,20 @@ def test_delayed_wgrad_hides_the_dispatch_backward_behind_its_gemm() -> None:
     assert delayed.step_time_s < plain.step_time_s
     alone = estimate(qwen(overlap={"delay_wgrad_compute": True}))
     assert alone.step_time_s == estimate(qwen()).step_time_s
+
+
+def test_the_allgather_dispatcher_launches_its_own_bookkeeping() -> None:
+    """token_dispatcher.py MoEAllGatherTokenDispatcher beyond the generic list: on one GPU nothing
+    is gathered, yet the local map's and the probabilities' slices and their transposes are made
+    contiguous and masked_select runs (a nonzero and a gather): preprocessing 3 + 3 (the map's
+    slice, its transpose, the nonzero: no autograd node) and experts 15 + 3 (the probabilities'
+    slice, transpose and gather). Over EP 2 (two local experts: experts 1 + 2 + 2 + 2·2 + 1 + 1
+    = 11) the routing map's gather joins the no-grad bookkeeping (3 + 4) and the probabilities'
+    gather and the combine's casts to fp32 and back the rest (11 + 3 + 3)."""
+    alltoall = tiny_env(moe={"moe_permute_fusion": True})
+    gathered = tiny_env(moe={"moe_permute_fusion": True, "moe_token_dispatcher_type": "allgather"})
+    assert (gathered["time_launches_preprocess"], gathered["time_launches_experts"]) == (3 + 3, 15 + 3)
+    assert gathered["time_launches_nograd"] == alltoall["time_launches_nograd"] + 3
+    over_ep = estimate(config(TINY, {"world_size": 2, "ep": 2}, {"seq_length": 8}, moe={
+        "moe_permute_fusion": True, "moe_token_dispatcher_type": "allgather"})).envs[0]
+    assert (over_ep["time_launches_preprocess"], over_ep["time_launches_experts"]) == (3 + 4, 11 + 6)
