@@ -554,6 +554,25 @@ RECOMPUTE_LAUNCHES: dict[str, tuple[str, str]] = {
 }
 
 
+def expert_activation_launches(v: Variant) -> tuple[str, str]:
+    """The routed experts' activation with the routing probabilities applied to it (Megatron-LM
+    dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP.forward bias_act_func;
+    megatron/core/transformer/mlp.py MLP.forward, each local expert of SequentialMLP): a gated
+    (SwiGLU, quick-GELU) activation is one fused kernel that takes the probabilities
+    (weighted_bias_swiglu_impl, weighted_bias_quick_geglu_impl); any other runs unfused, as the
+    fused bias-activation path takes no per-token scale: the activation, its product with the
+    probabilities and the cast back, three kernels. Without grouped GEMM (SequentialMLP.forward)
+    every local expert runs its own, and their outputs are concatenated."""
+    act = 1 if v.swiglu else 3
+    if v.grouped_gemm:
+        return str(act), ("expert activation" + ("" if v.swiglu else ": the activation, the "
+                          "probabilities' product and the cast back (no fused path takes them)"))
+    return (f"experts_per_rank * {act} + Min(experts_per_rank - 1, 1)",
+            "expert activation per local expert (SequentialMLP" + ("" if v.swiglu else "; the "
+            "activation, the probabilities' product and the cast back") + "), and the "
+            "concatenation of the experts' outputs")
+
+
 def allgather_launches(v: Variant) -> tuple[tuple[str, str], tuple[str, str]]:
     """The allgather dispatcher's kernels beyond the generic list's hidden-state exchanges and
     permutes (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
@@ -587,7 +606,8 @@ def _launch_counts(book: Book, v: Variant) -> None:
     preprocess = list(PREPROCESS_LAUNCHES) + (
         [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
         else []) + ([allgather_launches(v)[0]] if v.dispatcher == "allgather" else [])
-    experts = list(EXPERT_LAUNCHES) + ([TP_LAUNCHES] if v.tp else []) + (
+    experts = [expert_activation_launches(v) if what == "expert activation" else (n, what)
+               for n, what in EXPERT_LAUNCHES] + ([TP_LAUNCHES] if v.tp else []) + (
         [EXPERT_BIAS_LAUNCHES] if v.bias else []) + ([ACT_CLAMP_LAUNCHES] if v.moe_act_clamp else []) + (
         [allgather_launches(v)[1]] if v.dispatcher == "allgather" else [])
     dense = list(DENSE_LAUNCHES) + ([TP_LAUNCHES] if v.tp else [])

@@ -620,3 +620,20 @@ def test_the_allgather_dispatcher_launches_its_own_bookkeeping() -> None:
     over_ep = estimate(config(TINY, {"world_size": 2, "ep": 2}, {"seq_length": 8}, moe={
         "moe_permute_fusion": True, "moe_token_dispatcher_type": "allgather"})).envs[0]
     assert (over_ep["time_launches_preprocess"], over_ep["time_launches_experts"]) == (3 + 4, 11 + 6)
+
+
+def test_the_experts_activation_takes_the_probabilities_as_megatron_applies_them() -> None:
+    """experts.py TEGroupedMLP.forward bias_act_func / mlp.py MLP.forward: SwiGLU's fused kernel takes
+    the routing probabilities (one kernel, the hand count's 15); a GELU expert has no fused path that
+    does, so the activation, the product with the probabilities and the cast back run apart (15 -
+    1 + 3 = 17). Without grouped GEMM, SequentialMLP runs each of the 4 local experts' MLP and
+    concatenates their outputs: 15 - 1 + 4 · 1 + 1 = 19 with SwiGLU, 15 - 1 + 4 · 3 + 1 = 27 with
+    GELU."""
+    def experts(moe: dict[str, Any], model: dict[str, Any]) -> Any:
+        cfg = config({**TINY, **model}, {"world_size": 1}, {"seq_length": 8},
+                     moe={"moe_permute_fusion": True, **moe})
+        return estimate(cfg).envs[0]["time_launches_experts"]
+
+    sequential, gelu = {"moe_grouped_gemm": False}, {"swiglu": False}
+    assert experts({}, {}) == 15 and experts({}, gelu) == 17
+    assert experts(sequential, {}) == 19 and experts(sequential, gelu) == 27
