@@ -7,11 +7,13 @@ megatron`'s own reader, on the CI's one DGX H100 node (8 ranks), with the GPT-2 
 --vocab-file names (50,257 tokens; Megatron pads it). The measured step is the median of the
 case's golden iteration times from iteration 10 on (bench/megatron_ci/measured.yaml, with source).
 
-Printed per case: measured and predicted seconds, their ratio, and every ARG finding the import
-or the estimate makes (what moeplan does not model in that case). Summary: cases within 2x, the
-median |ratio - 1|. Nothing here gates and nothing is fitted to these figures.
+Printed per case: measured and predicted seconds, their ratio, and the flags the case runs that
+moeplan's argument table marks as unpriced time (what moeplan does not model in that case);
+with --parts, the slowest stage's step split into the parts that make it (so the term that
+dominates a case's estimate is read off, not guessed). Summary: cases within 2x, the median
+|ratio - 1|. Nothing here gates and nothing is fitted to these figures.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/megatron_ci.py [--markdown] [--case NAME]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/megatron_ci.py [--markdown] [--parts] [--case NAME]
 """
 
 from __future__ import annotations
@@ -37,12 +39,20 @@ RANKS = 8  # tests/test_utils/recipes/h100/moe.yaml: nodes 1, gpus 8
 GPT2_VOCAB = 50257  # the BPE vocab.json every case's --vocab-file names
 
 
+# The slowest stage's step as the time page builds it: its host time the GPU waits for (launches
+# beyond the GPU work), the GPU work, communication and offload copies left exposed, the pipeline
+# bubble and the optimizer step.
+PARTS = (("host", "time_fixed_s"), ("gpu", "time_gpu_s"), ("comm", "time_exposed_comm_s"),
+         ("bubble", "time_bubble_s"), ("optimizer", "time_optimizer_s"))
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
     measured_s: float
     predicted_s: float | None
-    why: str  # why there is no prediction, or the findings moeplan made
+    why: str  # why there is no prediction, or the flags moeplan does not price
+    parts: tuple[tuple[str, float], ...] = ()  # the slowest stage's step, part by part
 
     @property
     def ratio(self) -> float | None:
@@ -64,7 +74,9 @@ def judge(name: str, measured_s: float) -> Case:
     words = data.get("launch", {}).get("megatron_extra_args", [])
     unpriced = sorted({w[2:] for w in words if w.startswith("--")
                        and getattr(classes.get(w[2:].replace("-", "_")), "kind", "") == "warning"})
-    return Case(name, measured_s, est.step_time_s, " ".join(unpriced))
+    env = est.envs[est.slowest_stage]
+    parts = tuple((label, float(env[key])) for label, key in PARTS if key in env)
+    return Case(name, measured_s, est.step_time_s, " ".join(unpriced), parts)
 
 
 def cases(only: str | None = None) -> list[Case]:
@@ -86,6 +98,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", action="store_true", help="print a markdown table")
     parser.add_argument("--case", help="only the cases whose name contains this")
+    parser.add_argument("--parts", action="store_true",
+                        help="print the slowest stage's step part by part (seconds)")
     args = parser.parse_args()
     rows = cases(args.case)
     if args.markdown:
@@ -98,6 +112,8 @@ def main() -> None:
             print(f"| {r.name} | {r.measured_s:.4f} | {pred} | {ratio} |")
         else:
             print(f"{r.name[:78]:78s} {r.measured_s:8.4f} {pred:>8s} {ratio:>6s}  {r.why[:60]}")
+        if args.parts and r.parts:
+            print("    " + "  ".join(f"{label} {value:.4f}" for label, value in r.parts))
     print()
     print(summary(rows))
 

@@ -51,6 +51,8 @@ def _attention_tensors(v: Variant) -> dict[str, tuple[list[tuple[str, str]], str
     lse = (f"{t} * heads", "4")
     if "core_attn" in mods:  # checkpointed core attention runs outside the core_attn group
         core: tuple[list[tuple[str, str]], str] = ([], "0")
+    elif v.attn_scores and v.attention in ("standard", "mla"):
+        core = _unfused_core(v, t, mods)
     elif v.attention == "standard":
         core = ([(f"{t} * heads * d", "p"), (f"{t} * groups * d", "p"), (f"{t} * groups * d", "p"), lse],
                 _offloaded(f"{t} * heads * d", f"{t} * heads * d * p"))
@@ -75,6 +77,27 @@ def _attention_tensors(v: Variant) -> dict[str, tuple[list[tuple[str, str]], str
         "core_attn": core,
         "attn_proj": ([(f"{t} * heads * d_v", "p")], "0"),
     }
+
+
+def _unfused_core(v: Variant, t: str, mods: frozenset[str]) -> tuple[list[tuple[str, str]], str]:
+    """The core_attn group under unfused attention (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/dot_product_attention.py DotProductAttention.forward): torch.baddbmm
+    saves q and k (k and v repeated to every head under GQA), the fused softmax its output
+    (fused_softmax.py ScaledUpperTriangMaskedSoftmax), torch.bmm the probabilities again and v;
+    attention dropout its mask and the dropped copy, which bmm saves instead. No softmax statistics
+    and no output are saved. Each save is its own tag in the group (ChunkOffloadHandler.tensor_push
+    keeps no identity check), so without dropout the probabilities are copied to the host twice:
+    the second copy is the group's bytes beyond what it releases."""
+    if v.attention == "standard":
+        qkv = [(f"{t} * heads * d", "p")] * 3
+    else:
+        qkv = [] if "mla_up_proj" in mods else [(f"{t} * heads * (d_qk + qk_rope)", "p"),
+                                                 (f"{t} * heads * (d_qk + qk_rope)", "p"),
+                                                 (f"{t} * heads * d_v", "p")]
+    scores = "attn_score_elements"
+    if v.attention_dropout:
+        return [*qkv, (scores, "p"), (scores, "1"), (scores, "p")], "0"
+    return [*qkv, (scores, "p")], _offloaded(scores, f"{scores} * p")
 
 
 def _moe_tensors(v: Variant) -> dict[str, list[tuple[str, str]]]:

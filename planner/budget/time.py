@@ -348,6 +348,39 @@ def _gemm(book: Book, name: str, flops: str, rc_flops: str, params: str, rate: s
         + (", and the main-grad add of each weight gradient" if grad_add else ""))
 
 
+# Unfused attention (attention_backend unfused or local, transformer_impl local): Megatron-LM
+# dev@d48bd6be megatron/core/transformer/dot_product_attention.py DotProductAttention.forward
+# materialises the [b, heads/TP, sq, sk] scores. Forward: torch.baddbmm writes them, the fused
+# scale-mask-softmax (megatron/core/fusions/fused_softmax.py FusedScaleMaskSoftmax, its CUDA kernel
+# up to sk 4096) reads them and writes the probabilities, torch.bmm with V reads those: 4 passes.
+# Backward: bmm's gradient writes the probabilities' gradient and reads the probabilities for V's,
+# the softmax backward reads both and writes the scores' gradient, baddbmm's gradients for q and k
+# read it twice: 7 passes. Attention dropout (p > 0) reads the probabilities and writes its mask
+# (one byte) and the dropped copy, and its backward reads the mask and the gradient and writes
+# one. Recompute of the core repeats the forward's passes. Flash and cuDNN kernels keep the scores
+# on chip and make none of these passes.
+UNFUSED_SCORE_PASSES = (4, 7)
+# The flops page counts the core over the causal half of the keys; baddbmm and bmm multiply every
+# query by every key and the softmax masks the upper triangle afterwards: twice that work.
+UNFUSED_CAUSAL_SHARE = 2
+
+
+def _unfused_scores(book: Book, v: Variant) -> str:
+    """The unfused core's HBM time over its scores, as an addend (empty for fused kernels)."""
+    if not (v.attn_scores and v.attention in ("standard", "mla")):
+        return ""
+    fwd, bwd = UNFUSED_SCORE_PASSES
+    drop = " + 2 * p + 1" if v.attention_dropout else ""
+    book.add("time_attention_scores_bytes", f"({fwd} * p{drop}) * (1 + time_recompute_attention_"
+             "core_flops / Max(time_attention_core_fwd_flops, 1))"
+             f" + {bwd} * p{drop}", "bytes", "time",
+             "per score element of a block and microbatch: unfused attention's HBM traffic over the "
+             "s x s scores (forward 4 passes, backward 7, attention dropout's mask and copy; "
+             "recompute repeats the forward's)")
+    return (" + microbatches * blocks * attn_score_elements * time_attention_scores_bytes"
+            " / time_hbm_rate")
+
+
 def _compute(book: Book, v: Variant) -> None:
     add = book.add
     per_step = "microbatches * time_tokens_per_rank"
@@ -355,9 +388,13 @@ def _compute(book: Book, v: Variant) -> None:
           "time_recompute_attention_linear_flops", "time_attention_params",
           "time_gemm_rate * time_attention_shape_eff", "attention projections",
           grad_add=v.wgrad_unfused)
+    scores = _unfused_scores(book, v)
+    full = f" * {UNFUSED_CAUSAL_SHARE}" if scores else ""
     add("time_attention_core_s", f"{per_step} * (3 * time_attention_core_fwd_flops"
-        " + time_recompute_attention_core_flops) / time_attention_rate", "s", "time",
-        "core attention: forward, backward (Megatron's 3x) and recompute")
+        f" + time_recompute_attention_core_flops){full} / time_attention_rate" + scores, "s", "time",
+        "core attention: forward, backward (Megatron's 3x) and recompute"
+        + (", its products over every key (unfused: the causal mask applies after them), and "
+           "its passes over the s x s scores" if scores else ""))
     _gemm(book, "routed_gemm", "time_routed_fwd_flops", "time_recompute_routed_flops",
           "time_routed_params", "time_gemm_rate * time_routed_shape_eff",
           "routed experts of the busiest rank",
@@ -538,6 +575,42 @@ RECOMPUTE_LAUNCHES: dict[str, tuple[str, str]] = {
 }
 
 
+def expert_activation_launches(v: Variant) -> tuple[str, str]:
+    """The routed experts' activation with the routing probabilities applied to it (Megatron-LM
+    dev@d48bd6be megatron/core/transformer/moe/experts.py TEGroupedMLP.forward bias_act_func;
+    megatron/core/transformer/mlp.py MLP.forward, each local expert of SequentialMLP): a gated
+    (SwiGLU, quick-GELU) activation is one fused kernel that takes the probabilities
+    (weighted_bias_swiglu_impl, weighted_bias_quick_geglu_impl); any other runs unfused, as the
+    fused bias-activation path takes no per-token scale: the activation, its product with the
+    probabilities and the cast back, three kernels. Without grouped GEMM (SequentialMLP.forward)
+    every local expert runs its own, and their outputs are concatenated."""
+    act = 1 if v.swiglu else 3
+    if v.grouped_gemm:
+        return str(act), ("expert activation" + ("" if v.swiglu else ": the activation, the "
+                          "probabilities' product and the cast back (no fused path takes them)"))
+    return (f"experts_per_rank * {act} + Min(experts_per_rank - 1, 1)",
+            "expert activation per local expert (SequentialMLP" + ("" if v.swiglu else "; the "
+            "activation, the probabilities' product and the cast back") + "), and the "
+            "concatenation of the experts' outputs")
+
+
+def allgather_launches(v: Variant) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The allgather dispatcher's kernels beyond the generic list's hidden-state exchanges and
+    permutes (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+    MoEAllGatherTokenDispatcher): (its index bookkeeping, which autograd records no node for; the
+    rest). token_dispatch gathers the routing map (under torch.no_grad) and the probabilities as
+    well as the hidden states over TP x EP; dispatch_postprocess makes the local experts' slices of
+    the map and of the probabilities contiguous, then their transposes, and masked_select picks the
+    local probabilities (a nonzero, whose size the host waits for, and the gather); token_combine
+    casts the expert output to the probabilities' fp32 and back around its reduce-scatter."""
+    gathered = 1 if (v.tp or v.ep) else 0
+    return ((f"{gathered} + 3", "allgather dispatcher: the routing map's gather over TP x EP, the "
+             "local map's slice and its transpose made contiguous, masked_select's nonzero"),
+            (f"{3 * gathered} + 3", "allgather dispatcher: the probabilities' gather, their "
+             "slice and transpose made contiguous, masked_select's gather, and the combine's "
+             "casts to fp32 and back"))
+
+
 def _count(entries: tuple[tuple[str, str], ...]) -> str:
     return " + ".join(f"({n})" for n, _ in entries)
 
@@ -553,9 +626,11 @@ def _launch_counts(book: Book, v: Variant) -> None:
     router = list(ROUTER_LAUNCHES)
     preprocess = list(PREPROCESS_LAUNCHES) + (
         [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
-        else [])
-    experts = list(EXPERT_LAUNCHES) + ([TP_LAUNCHES] if v.tp else []) + (
-        [EXPERT_BIAS_LAUNCHES] if v.bias else []) + ([ACT_CLAMP_LAUNCHES] if v.moe_act_clamp else [])
+        else []) + ([allgather_launches(v)[0]] if v.dispatcher == "allgather" else [])
+    experts = [expert_activation_launches(v) if what == "expert activation" else (n, what)
+               for n, what in EXPERT_LAUNCHES] + ([TP_LAUNCHES] if v.tp else []) + (
+        [EXPERT_BIAS_LAUNCHES] if v.bias else []) + ([ACT_CLAMP_LAUNCHES] if v.moe_act_clamp else []) + (
+        [allgather_launches(v)[1]] if v.dispatcher == "allgather" else [])
     dense = list(DENSE_LAUNCHES) + ([TP_LAUNCHES] if v.tp else [])
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py: the fused permute is
     # one Transformer Engine kernel; the unfused one builds the index (mask transpose, arange,

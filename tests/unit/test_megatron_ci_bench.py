@@ -31,3 +31,12 @@ def test_a_scoped_graph_case_reads_its_modules_and_is_estimated() -> None:
                              MEASURED["gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph"]["step_time_s"])
     assert case.predicted_s is not None and case.ratio is not None and case.ratio > 0
     assert "cuda-graph-modules" not in case.why  # read into overlap.cuda_graph_scope, not unpriced
+
+
+def test_the_parts_make_the_step() -> None:
+    """--parts splits the slowest stage's step into host, GPU, exposed communication (offload
+    copies included), bubble and optimizer: together they are the step."""
+    name = "gpt3_mcore_tp2_pp2_ep2_te_4experts2parallel"
+    case = megatron_ci.judge(name, MEASURED[name]["step_time_s"])
+    assert [label for label, _ in case.parts] == ["host", "gpu", "comm", "bubble", "optimizer"]
+    assert abs(sum(value for _, value in case.parts) - case.predicted_s) < 1e-9 * case.predicted_s

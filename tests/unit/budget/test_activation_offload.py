@@ -266,3 +266,25 @@ def test_the_memory_fix_names_offloading_as_an_activation_lever():
     hint = next(h for h in _activation_levers(build()) if "fine_grained_activation_offloading" in h)
     assert "offload_modules: [expert_fc1, moe_act]" in hint
     assert not [h for h in _activation_levers(offloading()) if "fine_grained_activation_offloading" in h]
+
+
+def test_unfused_attention_offloads_its_probabilities_once_per_save():
+    """dot_product_attention.py DotProductAttention.forward under attention_backend unfused: baddbmm
+    saves q and k, the fused softmax its probabilities, bmm the probabilities again and v; no
+    softmax statistics, no output. Scores of the rank's 4 heads: 1 · 4 · 32 · 32 = 4096 elements.
+    Without dropout the probabilities are two saves, two tags, two copies to the host
+    (ChunkOffloadHandler.tensor_push): released q, k, v (3 · 32 · 64 · 2 = 12288) and the
+    probabilities once (8192), the second copy host-only. With attention dropout bmm saves the
+    dropped copy instead: the probabilities, the one-byte mask and the dropped copy, each once."""
+    def unfused(model: dict[str, Any] | None = None) -> dict[str, Any]:
+        return stage0(build(model, training={"attention_backend": "unfused"}, overlap={
+            "fine_grained_activation_offloading": True, "offload_modules": EVERY,
+            "min_offloaded_tensor_size": 0}))
+
+    v = unfused()
+    assert v["attn_score_elements"] == 4096
+    assert v["offload_core_attn_bytes"] == 12288 + 8192
+    assert v["offload_core_attn_host_copy"] == 8192
+    dropped = unfused({"attention_dropout": 0.1})
+    assert dropped["offload_core_attn_bytes"] == 12288 + 4096 * (2 + 1 + 2)
+    assert "offload_core_attn_host_copy" not in dropped

@@ -13,6 +13,7 @@ from planner.config.schema import Config
 from planner.estimate import estimate
 from tests.support.estimate_anchors import BALANCED, QWEN, config
 from tests.support.hf_configs import DEEPSEEK_V32
+from tests.support.launch_arguments import build
 
 
 def qwen(parallel: dict[str, Any] | None = None, training: dict[str, Any] | None = None,
@@ -244,3 +245,20 @@ def test_a_clamped_quick_geglu_adds_its_clamps_and_concatenation() -> None:
     assert clamped["time_moe_non_gemm_s"] > plain["time_moe_non_gemm_s"]
     swiglu = at({**QWEN, "num_layers": 4, "swiglu_limit": 7.0})
     assert "time_ew_act_clamp_elements" not in swiglu
+
+
+def test_unfused_attention_pays_its_products_over_every_key_and_its_score_passes() -> None:
+    """dot_product_attention.py DotProductAttention.forward (attention_backend unfused): baddbmm and
+    bmm multiply every query by every key, twice the causal half the flops page counts, and the
+    [b, heads, s, s] scores go through HBM 4 times forward (baddbmm's write, the fused softmax's
+    read and write, bmm's read) and 7 times backward: 11 · 2 bytes per element in BF16 without
+    dropout, for 1 · 4 · 32 · 32 = 4096 elements per block and microbatch of the small model."""
+    def core(training: dict[str, Any]) -> dict[str, Any]:
+        return env(build(training=training))
+
+    fused, unfused = core({}), core({"attention_backend": "unfused"})
+    assert unfused["time_attention_scores_bytes"] == 22
+    passes = (unfused["microbatches"] * unfused["blocks"] * 4096 * 22) / unfused["time_hbm_rate"]
+    assert math.isclose(float(unfused["time_attention_core_s"]),
+                        float(2 * fused["time_attention_core_s"] + passes), rel_tol=1e-12)
+    assert "time_attention_scores_bytes" not in fused
