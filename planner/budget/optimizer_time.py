@@ -1,7 +1,8 @@
 """Time page terms of the host and the optimizer step beyond its HBM stream: Muon's Newton-Schulz
 orthogonalisation, the per-step host check of `--check-weight-hash-across-dp-replicas-interval`,
-fine-grained activation offloading's copies over the host link, and `--log-num-zeros-in-grad`'s
-per-tensor count in every optimizer step.
+fine-grained activation offloading's copies over the host link, `--log-num-zeros-in-grad`'s
+per-tensor count in every optimizer step, `--log-params-norm`'s parameter norm after it, and the
+mixed-precision optimizer's per-tensor copy of the updated main parameters back into the model's.
 
 Muon (Megatron-LM dev@d48bd6be megatron/core/optimizer/emerging_optimizers.py
 TensorParallelMuon.orthogonalize, which calls emerging_optimizers' newton_schulz_tp) updates every
@@ -211,10 +212,10 @@ def _tensor_counts(v: Variant) -> tuple[str, str]:
     return dense, f"L_moe * experts_per_rank * {mlp}"
 
 
-def _write_count_zeros(book: Book, v: Variant) -> str:
-    """`--log-num-zeros-in-grad`: the optimizer's step counts each gradient's zeros, tensor by
-    tensor (MegatronOptimizer.count_zeros over get_parameters: the distributed optimizer's are the
-    main-parameter shards this rank owns, a tensor split between two shards on both)."""
+def _write_param_tensors(book: Book, v: Variant) -> str:
+    """The parameter tensors of the stage on this rank and those its optimizer holds (the
+    distributed optimizer's are the main-parameter shards this rank owns, a tensor split between
+    two shards on both): what the optimizer's per-tensor Python loops visit."""
     add = book.add
     dense, expert = _tensor_counts(v)
     add("time_dense_param_tensors", dense, "count", "time",
@@ -222,11 +223,19 @@ def _write_count_zeros(book: Book, v: Variant) -> str:
         "weights and biases, the router, embeddings and output)")
     add("time_expert_param_tensors", expert, "count", "time",
         "routed-expert parameter tensors of the stage on this rank (fc1 and fc2 per local expert)")
-    add("time_count_zeros_tensors", "time_dense_param_tensors / dense_opt_shards"
-        " + Min(dense_opt_shards - 1, 1) + time_expert_param_tensors / expert_opt_shards"
-        " + Min(expert_opt_shards - 1, 1)", "count", "time",
-        "tensors count_zeros_fp32 visits on this rank: its optimizer's parameters (under the "
-        "distributed optimizer each buffer's shard, one tensor shared with the next shard)")
+    return add("time_optimizer_param_tensors", "time_dense_param_tensors / dense_opt_shards"
+               " + Min(dense_opt_shards - 1, 1) + time_expert_param_tensors / expert_opt_shards"
+               " + Min(expert_opt_shards - 1, 1)", "count", "time",
+               "parameter tensors this rank's optimizer holds: every one of the stage, or under the "
+               "distributed optimizer each buffer's shard, one tensor shared with the next shard")
+
+
+def _write_count_zeros(book: Book) -> str:
+    """`--log-num-zeros-in-grad`: the optimizer's step counts each gradient's zeros, tensor by
+    tensor (MegatronOptimizer.count_zeros over get_parameters: the optimizer's own tensors)."""
+    add = book.add
+    add("time_count_zeros_tensors", "time_optimizer_param_tensors", "count", "time",
+        "tensors count_zeros_fp32 visits on this rank: its optimizer's parameters")
     return add("time_count_zeros_s", f"Max({COUNT_ZEROS_LAUNCHES} * time_count_zeros_tensors"
                " * time_launch_s, (dense_shard_params + expert_shard_params) * 4 / time_hbm_rate)",
                "s", "time", "log_num_zeros_in_grad, every step: the count's "
@@ -242,6 +251,83 @@ def write(book: Book, v: Variant, dim_eff: Callable[[str], str]) -> list[str]:
         terms.append(_write_muon(book, v, dim_eff))
     if v.weight_hash:
         terms.append(_write_weight_hash(book))
+    if v.count_zeros or v.param_copy_loop or v.params_norm:
+        _write_param_tensors(book, v)
     if v.count_zeros:
-        terms.append(_write_count_zeros(book, v))
+        terms.append(_write_count_zeros(book))
+    if v.param_copy_loop:
+        terms.append(_write_param_copy(book))
+    if v.params_norm:
+        terms.append(_write_params_norm(book, v))
     return terms
+
+
+# Megatron-LM dev@d48bd6be megatron/core/optimizer/optimizer.py MixedPrecisionOptimizer.__init__
+# leaves _dummy_overflow_buf None under bf16 ("we don't have multi-tensor apply"), so
+# Float16OptimizerWithFloat16Params._copy_main_params_to_model_params (through
+# _multi_tensor_copy_this_to_that) copies each updated fp32 main parameter into its model parameter
+# with its own copy_ every step; DistributedOptimizer._copy_main_params_to_model_params
+# (distrib_optimizer.py, copy_group_params) does the same per main-parameter shard under bf16 and
+# fp16. Muon and the layer-wise optimizer wrap each child in the same Float16 optimizer. Not under
+# the precision-aware optimizer (its fused Adam writes the model weights itself), Megatron-FSDP
+# (MegatronFSDP copies per bucket) or the CPU-offloaded optimizer; under fp8_param_gather the FP8
+# weights are quantised in one batch (quantize_param_shard) and the loop over the rest (norms,
+# router, embeddings) is left out.
+def _write_param_copy(book: Book) -> str:
+    """The mixed-precision step's copy of the main parameters into the model's, one kernel per
+    tensor: the host's issue time beyond the copies' own HBM time (which the optimizer's stream
+    already counts: the fp32 read and the weight write)."""
+    return book.add(
+        "time_param_copy_s", "Max(time_optimizer_param_tensors * time_launch_s"
+        " - (dense_shard_params + expert_shard_params) * (4 + p) / time_hbm_rate, 0)", "s", "time",
+        "the bf16 optimizer's copy of each updated fp32 main parameter (or shard) into the model's, "
+        "every step (Float16OptimizerWithFloat16Params / DistributedOptimizer "
+        "_copy_main_params_to_model_params: one copy_ per tensor): the host's launches beyond the "
+        "copies' HBM time")
+
+
+# Kernels and collectives of Megatron-LM dev@d48bd6be megatron/training/utils/common_utils.py
+# calc_params_l2_norm, which megatron/training/training.py train calls after every step under
+# --log-params-norm (the main parameters are read where the optimizer keeps them, so no fp32 copy
+# is made). Each multi_tensor_applier(multi_tensor_l2norm) call: the zeroed per-block output, one
+# launch per 320 chunks of 65,536 elements (a launch also takes at most 110 tensors) and the
+# cleanup that sums the blocks. Unsharded main parameters, 7 besides the calls and the reduction:
+# the dummy overflow flag's host copy, the dense call's square, the empty sharded norm's zeros, its
+# all-reduce and add, the expert call's square (zeros when the rank holds no expert) and .item(),
+# a copy to the host and a sync. Sharded (distributed optimizer), 8: the flag, the empty dense
+# norm's zeros, the flag again, the shard's call's square, the all-reduce and add, the expert
+# norm's zeros and .item(). The reduction then sums dense and expert norms over the model-parallel
+# group: an add and one all-reduce when the expert group is the same ranks, else an all-reduce of
+# each and an add (the groups differ when EP > 1 or ETP != TP).
+L2NORM_CALL = "(2 + Max(ceiling({tensors} / 110), ceiling({params} / (320 * 65536))))"
+PARAMS_NORM_FIXED = {False: "7", True: "8"}  # launches outside the l2norm calls and the reduction
+
+
+def _write_params_norm(book: Book, v: Variant) -> str:
+    """`--log-params-norm`'s calc_params_l2_norm after every step: its kernels and collectives at
+    the host's time per launch (the per-parameter Python loop that sorts the tensors is left out)."""
+    add = book.add
+    dense = L2NORM_CALL.format(tensors="time_dense_param_tensors / dense_opt_shards",
+                               params="dense_shard_params")
+    expert = L2NORM_CALL.format(tensors="time_expert_param_tensors / expert_opt_shards",
+                                params="expert_shard_params")
+    if v.fsdp:
+        # calc_dtensor_params_l2_norm: two zeros and .item(); per DTensor placement (dense and
+        # expert) the call, its square, the all-reduce over the sharded mesh dim and the add
+        count, what = (f"3 + {dense} + 3 + Min(time_expert_param_tensors, 1) * ({expert} + 3)",
+                       "each DTensor placement's local shards")
+    else:
+        # 0 when the dense and expert model-parallel groups are one (EP 1 and ETP = TP), else 1
+        split = "Min(EP * Max(ETP, TP) / Min(ETP, TP) - 1, 1)"
+        calls = (L2NORM_CALL.format(tensors="time_optimizer_param_tensors",
+                                    params="(dense_shard_params + expert_shard_params)")
+                 if v.dist_opt else f"{dense} + Min(time_expert_param_tensors, 1) * {expert}")
+        count = f"{PARAMS_NORM_FIXED[v.dist_opt]} + {calls} + 2 + {split}"
+        what = "the shard this rank owns" if v.dist_opt else "dense and expert apart"
+    add("time_params_norm_launches", count, "kernels", "time",
+        "calc_params_l2_norm's kernels and collectives per step: the multi-tensor L2 norms of the "
+        f"main parameters ({what}), their squares and sums, the all-reduces over the "
+        "data-parallel and model-parallel groups, and the .item() that copies the norm to the host")
+    return add("time_params_norm_s", "time_params_norm_launches * time_launch_s", "s", "time",
+               "log_params_norm, every step: calc_params_l2_norm's launches at the host's time per "
+               "launch")

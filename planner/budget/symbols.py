@@ -270,6 +270,10 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         and (par.tp > 1 or cfg.degrees.etp > 1),
         weight_hash=tr.check_weight_hash_across_dp_replicas_interval is not None,
         count_zeros=tr.log_num_zeros_in_grad,
+        param_copy_loop=ELEMENT_BYTES[tr.precision] < 4 and (tr.precision == "bf16" or _shards_optimizer(cfg))
+        and not (tr.use_precision_aware_optimizer or tr.use_megatron_fsdp or tr.optimizer_cpu_offload
+                 or (tr.fp8 and tr.fp8_param_gather)),
+        params_norm=tr.log_params_norm,
         tp=par.tp > 1,
         sp=par.tp > 1 and par.sequence_parallel,
         shared_overlap=ov.moe_shared_expert_overlap and bool(model.moe_shared_expert_intermediate_size),

@@ -684,8 +684,11 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         "host time to issue one kernel from Python on this GPU's host CPU: the reference x86 "
         "host's calibrated figure times the host CPU's time per op over the reference's "
         "(planner/config/gpus.py HOSTS)")
-    add("time_host_fwd_s", "time_launch_s * time_launches_fwd + t_host_block * blocks / 3", "s",
-        "time", "host time to issue one microbatch's forward of the stage")
+    _graph_replays(book, v)
+    add("time_host_fwd_s", "time_launch_s * (time_launches_fwd + time_graph_replay_fwd_launches)"
+        " + t_host_block * blocks / 3", "s",
+        "time", "host time to issue one microbatch's forward of the stage (its CUDA graphs' "
+        "replays included)")
     rope_nograd = (f" + blocks * {ROPE_UNFUSED_NOGRAD} * (1 - graph_attn)" if v.rope_unfused
                    else "") + (f" + L_moe * {ACT_CLAMP_NOGRAD} * (1 - graph_experts)"
                                if v.moe_act_clamp else "")
@@ -697,7 +700,7 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         + ("; the clamped GLU's concatenation and offset copy, and one clamp's share"
            if v.moe_act_clamp else ""))
     add("time_host_bwd_s", f"{BACKWARD_DISPATCHES} * time_launch_s * (time_launches_fwd"
-        " - time_launches_nograd)"
+        " - time_launches_nograd) + time_launch_s * time_graph_replay_bwd_launches"
         " + 2 * t_host_block * blocks / 3 + time_recompute_launch_blocks * 3"
         " * time_host_fwd_s / Max(blocks, 1)", "s", "time",
         f"host time to issue its backward: {BACKWARD_DISPATCHES} kernels per forward kernel that "
@@ -732,6 +735,42 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         "sync restarts, and a stack's own costs per local expert and per microbatch and chunk "
         "(efficiency.host_us_per_expert, host_us_per_microbatch: 0 unless calibrated); more "
         "tokens per microbatch amortise them")
+
+
+# A CUDA-graphed block's replay, per microbatch, as the host issues it: Megatron calls one graphed
+# callable per layer and microbatch (Megatron-LM dev@d48bd6be megatron/core/transformer/module.py
+# GraphableMegatronModule._te_cuda_graph_replay, self.cuda_graphs[cg_index]; the local
+# implementation's CudaGraphManager is one per TransformerLayer too, transformer_layer.py
+# TransformerLayer.__init__). Transformer Engine's Graphed.forward (transformer_engine/pytorch/
+# graph.py make_graphed_callables) copies each user input whose storage differs from the captured
+# one into the static input (the layer's hidden states, a fresh tensor: 1) and replays the forward
+# graph (1); Graphed.backward copies each output gradient into the static one and replays the
+# backward graph. A graph over the whole layer has one output (the hidden states); one that stops
+# after the MoE router or its preprocessing returns the hidden states, the probabilities and the
+# residual, and the shared expert's output when it is not overlapped (transformer_layer.py
+# _te_cuda_graph_replay_impl), each with a gradient.
+GRAPH_REPLAY_FWD = 2
+
+
+def _graph_replays(book: Book, v: Variant) -> None:
+    """Launches of the stage's CUDA-graph replays per microbatch, forward and backward."""
+    add = book.add
+    moe_graphed = "Max(graph_attn, graph_router, graph_preprocess, graph_experts)"
+    partial = "(1 - graph_experts) * Max(graph_router, graph_preprocess)"
+    shared = "0" if v.shared_overlap else "Min(I_s, 1)"
+    add("time_graph_replays", f"(L_dense * Max(graph_attn, graph_dense) + L_moe * {moe_graphed})"
+        " * (1 - graph_full)", "graphs", "time",
+        "graphed layers of the stage replayed per microbatch (one graphed callable per layer; "
+        "none per layer under full_iteration, whose one graph holds the whole step)")
+    add("time_graph_replay_fwd_launches", f"{GRAPH_REPLAY_FWD} * time_graph_replays", "kernels",
+        "time", "per microbatch forward, the host's work of the graph replays: each layer's input "
+        "copied into the graph's static input and the graph launched")
+    add("time_graph_replay_bwd_launches", f"2 * time_graph_replays + L_moe * {partial}"
+        f" * (1 - graph_full) * (2 + {shared})", "kernels", "time",
+        "per microbatch backward, the graph replays: each output gradient copied into the "
+        "graph's static one and the backward graph launched (a graph that stops after the MoE "
+        "router returns the hidden states, the probabilities, the residual and the un-overlapped "
+        "shared expert's output)")
 
 
 def fx_share(v: Variant) -> str:

@@ -50,6 +50,11 @@ class Variant:
     weight_hash: bool = False
     # --log-num-zeros-in-grad: every optimizer step counts each gradient tensor's zeros
     count_zeros: bool = False
+    # the mixed-precision optimizer copies each updated main parameter into the model's with its
+    # own kernel (bf16, or the distributed optimizer's shards; not precision-aware, FSDP, offload,
+    # fp8_param_gather)
+    param_copy_loop: bool = False
+    params_norm: bool = False  # --log-params-norm: calc_params_l2_norm after every step
     tp: bool = False  # TP > 1: attention, shared-expert and dense-MLP linears are TP-sharded
     sp: bool = False  # sequence parallelism (with TP > 1)
     shared_overlap: bool = False  # moe_shared_expert_overlap: the shared expert's own AG/RS

@@ -818,6 +818,9 @@ class TrainingSection(Section):
     # Megatron's --log-num-zeros-in-grad: every optimizer step counts the zeros of each gradient
     # tensor (megatron/core/optimizer/clip_grads.py count_zeros_fp32); the time page prices it.
     log_num_zeros_in_grad: bool = False
+    # Megatron's --log-params-norm: after every step megatron/training/training.py train calls
+    # calc_params_l2_norm (megatron/training/utils/common_utils.py); the time page prices it.
+    log_params_norm: bool = False
     # Megatron's --no-gradient-accumulation-fusion turns it off (Megatron-LM dev@d48bd6be
     # megatron/training/arguments.py, dest gradient_accumulation_fusion, on by default): each
     # weight-gradient GEMM then writes a fresh gradient and the DDP hook adds it into the main grad

@@ -5,6 +5,7 @@ on 8 ranks, GELU, LayerNorm, a learned position table)."""
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import Any
 
@@ -115,3 +116,34 @@ def test_every_catalog_card_has_its_host_link_and_sha1_rate() -> None:
         assert card.host in HOSTS, card.name
     assert {h.name: (h.sha1_cycles_per_byte, h.clock_ghz) for h in HOSTS.values()} == {
         "x86": (1.93, 3.0), "grace": (2.35, 3.0)}
+
+
+def test_the_bf16_optimizer_copies_each_main_parameter_back_with_its_own_kernel() -> None:
+    env = ci(optimizer="adam", use_distributed_optimizer=True)
+    # the distributed optimizer's shard: 88 dense tensors over DP 8 (one straddling), 24 expert ones
+    assert env["time_optimizer_param_tensors"] == Fraction(88, 8) + 1 + 24 == 36
+    shard = env["dense_shard_params"] + env["expert_shard_params"]
+    gpu = shard * (4 + 2) / env["time_hbm_rate"]  # the fp32 read and the bf16 write
+    assert math.isclose(env["time_param_copy_s"], max(36 * env["time_launch_s"] - gpu, 0),
+                        rel_tol=1e-12)
+    assert env["time_param_copy_s"] > 0  # small tensors: the host's launches set the pace
+    # fp16 without the distributed optimizer copies through multi_tensor_applier; the
+    # precision-aware optimizer's fused Adam writes the model weights itself
+    assert "time_param_copy_s" not in ci(optimizer="adam", precision="fp16")
+    assert "time_param_copy_s" not in ci(optimizer="adam", use_distributed_optimizer=True,
+                                         use_precision_aware_optimizer=True)
+
+
+def test_the_parameter_norm_counts_its_kernels_and_collectives() -> None:
+    sharded = ci(optimizer="adam", use_distributed_optimizer=True, log_params_norm=True)
+    # the shard's 36 tensors fit one multi-tensor launch (<= 110 tensors, <= 320 x 65,536 elements)
+    assert sharded["dense_shard_params"] + sharded["expert_shard_params"] <= 320 * 65536
+    # 8 around the call, the call's zeros, launch and cleanup, the two model-parallel all-reduces
+    # and the add (EP 8: the expert group is not the dense one)
+    assert sharded["time_params_norm_launches"] == 8 + 3 + 3 == 14
+    assert sharded["time_params_norm_s"] == 14 * sharded["time_launch_s"]
+    whole = ci(optimizer="adam", log_params_norm=True)
+    # unsharded: the dense call over more than 320 x 65,536 elements takes two launches
+    assert 320 * 65536 < whole["dense_shard_params"] <= 2 * 320 * 65536
+    assert whole["time_params_norm_launches"] == 7 + (2 + 2) + (2 + 1) + 3 == 17
+    assert "time_params_norm_s" not in ci(optimizer="adam")

@@ -262,3 +262,17 @@ def test_unfused_attention_pays_its_products_over_every_key_and_its_score_passes
     assert math.isclose(float(unfused["time_attention_core_s"]),
                         float(2 * fused["time_attention_core_s"] + passes), rel_tol=1e-12)
     assert "time_attention_scores_bytes" not in fused
+
+
+def test_each_graphed_layer_costs_its_replay() -> None:
+    whole = env(qwen(overlap={"cuda_graph_impl": "transformer_engine"}))
+    layers = whole["L_moe"] + whole["L_dense"]
+    # forward: the input copy and the graph launch; backward: the output gradient's copy and launch
+    assert whole["time_graph_replays"] == layers
+    assert whole["time_graph_replay_fwd_launches"] == whole["time_graph_replay_bwd_launches"] == 2 * layers
+    router = env(qwen(overlap={"cuda_graph_impl": "transformer_engine",
+                               "cuda_graph_scope": ["attn", "moe_router"]}))
+    # a graph that stops after the router returns the hidden states, probabilities and residual
+    assert router["time_graph_replay_bwd_launches"] == 2 * layers + 2 * router["L_moe"]
+    none, full = env(qwen()), env(qwen(overlap={"cuda_graph_impl": "full_iteration"}))
+    assert none["time_graph_replays"] == full["time_graph_replays"] == 0
