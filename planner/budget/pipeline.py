@@ -50,8 +50,16 @@ def pipeline_step(acc: Accounting, stage: int, times: dict[str, Number],
     dualpipe = is_dualpipe(acc.cfg.overlap.pipeline_schedule)
     reads = PAGE_STAGE_INPUTS + (DUALPIPE_INPUTS if dualpipe else ())
     inputs = {**times, **{name: stage_env[name] for name in reads}}
-    page = pipeline_page(acc.cfg.parallel.pp, stage, acc.split.vpp > 1, dualpipe)
-    return compile_quantities(page, acc.exact)(inputs)
+    return _page_evaluator(acc.cfg.parallel.pp, stage, acc.split.vpp > 1, dualpipe,
+                           acc.exact)(inputs)
+
+
+@cache
+def _page_evaluator(pp: int, stage: int, interleaved: bool, dualpipe: bool,
+                    exact: bool) -> Evaluator:
+    """`pipeline_page`, compiled once per stage and mode (search evaluates it on every stage of
+    thousands of candidates)."""
+    return compile_quantities(pipeline_page(pp, stage, interleaved, dualpipe), exact)
 
 
 def is_dualpipe(schedule: str) -> bool:
@@ -64,13 +72,14 @@ def chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number
     last model chunk alone (without interleaving both are the stage's own microbatch time)."""
     times: dict[str, Number] = {}
     reads = _chunk_formulas(acc.variant)[1]
+    evaluate = _chunk_evaluator(acc.variant, acc.exact)  # looked up once: a Variant hashes slowly
     known: dict[tuple[Any, ...], Number] = {}  # chunks whose stage and counts read alike
 
     def chunk_time(j: int, chunk: Chunk) -> Number:
         counts = acc.holdings.chunk(chunk)
         key = (acc.placed_keys.get(j, j), chunk.embedding, chunk.loss, read_items(counts, reads))
         if key not in known:
-            known[key] = chunk_microbatch_time(acc, envs[j], chunk)
+            known[key] = chunk_microbatch_time(acc, envs[j], chunk, evaluate)
         return known[key]
 
     for j, env in enumerate(envs):
@@ -83,15 +92,18 @@ def chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number
     return times
 
 
-def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chunk) -> Number:
+def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chunk,
+                          evaluate: Evaluator | None = None) -> Number:
     """time_microbatch_s of one model chunk alone: the time page's stage and rank formulas on the
-    chunk's own counts (Holdings.chunk), placed like its stage's rank (`stage_env`)."""
+    chunk's own counts (Holdings.chunk), placed like its stage's rank (`stage_env`); `evaluate`:
+    `_chunk_evaluator` of the Accounting's variant, when the caller has it."""
     alone = {**stage_env, **acc.holdings.chunk(chunk),
              # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
              # it holds the embedding and sends one unless it holds the loss.
              "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
     try:
-        return _chunk_evaluator(acc.variant, acc.exact)(alone)["time_microbatch_s"]
+        evaluate = evaluate or _chunk_evaluator(acc.variant, acc.exact)
+        return evaluate(alone)["time_microbatch_s"]
     except ZeroDivisionError as exc:
         raise BudgetError(f"pipeline chunk {chunk.index}: a quantity divides by zero ({exc})") from None
 
