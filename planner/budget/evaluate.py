@@ -146,6 +146,18 @@ class Accounting:
         that agree on them share one)."""
         return read_items(values, self._read)
 
+    @property
+    def full_book(self) -> FormulaBook:
+        """The variant's whole book (`book` when no targets were asked for)."""
+        return self._full
+
+    def evaluate_levels(self, env: dict[str, Number]) -> dict[str, Number]:
+        """Every quantity of the book evaluated into `env`, level after level (the functions
+        `_evaluate` uses, compiled once)."""
+        for level in ("global", "stage", "rank"):
+            self._evaluate(level, env)
+        return env
+
     def _evaluate(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
         env.update(self.book.evaluator(level, self.exact)(env))
         return env

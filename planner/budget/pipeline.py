@@ -71,39 +71,48 @@ def chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number
     """t_first_j and t_last_j: one microbatch, forward and backward, through stage j's first and
     last model chunk alone (without interleaving both are the stage's own microbatch time)."""
     times: dict[str, Number] = {}
+    if acc.split.vpp == 1:
+        for j, env in enumerate(envs):
+            times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
+        return times
     reads = _chunk_formulas(acc.variant)[1]
-    evaluate = _chunk_evaluator(acc.variant, acc.exact)  # looked up once: a Variant hashes slowly
     known: dict[tuple[Any, ...], Number] = {}  # chunks whose stage and counts read alike
 
     def chunk_time(j: int, chunk: Chunk) -> Number:
         counts = acc.holdings.chunk(chunk)
         key = (acc.placed_keys.get(j, j), chunk.embedding, chunk.loss, read_items(counts, reads))
         if key not in known:
-            known[key] = chunk_microbatch_time(acc, envs[j], chunk, evaluate)
+            known[key] = chunk_microbatch_time(acc, envs[j], chunk)
         return known[key]
 
-    for j, env in enumerate(envs):
+    for j in range(len(envs)):
         first, last = acc.split.stages[j].chunks[0], acc.split.stages[j].chunks[-1]
-        if acc.split.vpp == 1:
-            times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
-            continue
         times[f"t_first_{j}"] = chunk_time(j, first)
         times[f"t_last_{j}"] = chunk_time(j, last)
     return times
 
 
-def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chunk,
-                          evaluate: Evaluator | None = None) -> Number:
+def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chunk) -> Number:
     """time_microbatch_s of one model chunk alone: the time page's stage and rank formulas on the
-    chunk's own counts (Holdings.chunk), placed like its stage's rank (`stage_env`); `evaluate`:
-    `_chunk_evaluator` of the Accounting's variant, when the caller has it."""
+    chunk's own counts (Holdings.chunk), placed like its stage's rank (`stage_env`).
+
+    In floats over the time page alone (search's ranking) the Accounting's own level functions
+    evaluate the chunk: every formula reads the same inputs in the same order whichever function
+    holds it, and those that read no count give their stage's value again, so the time is the
+    same as `_chunk_formulas`' own function gives, which then is never compiled (two fifths of
+    what search compiles). A formula the microbatch time does not read may fail on a chunk's
+    counts (a loss-only chunk holds no layer): then `_chunk_formulas` alone are evaluated."""
     alone = {**stage_env, **acc.holdings.chunk(chunk),
              # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
              # it holds the embedding and sends one unless it holds the loss.
              "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
+    if not acc.exact and acc.book is not acc.full_book:
+        try:
+            return acc.evaluate_levels(dict(alone))["time_microbatch_s"]
+        except (ZeroDivisionError, OverflowError, ValueError):
+            pass
     try:
-        evaluate = evaluate or _chunk_evaluator(acc.variant, acc.exact)
-        return evaluate(alone)["time_microbatch_s"]
+        return _chunk_evaluator(acc.variant, acc.exact)(alone)["time_microbatch_s"]
     except ZeroDivisionError as exc:
         raise BudgetError(f"pipeline chunk {chunk.index}: a quantity divides by zero ({exc})") from None
 
