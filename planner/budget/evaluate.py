@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -108,8 +109,13 @@ class Accounting:
         self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
         self.placed_keys: dict[int, tuple[Any, ...]] = {}  # stage -> what its evaluation read
         self._full = full
+        # In floats the rational inputs are turned into floats once here, not by every level's
+        # function that reads them (each casts its inputs; a float casts to itself).
+        self._inputs = self.inputs if exact else {
+            name: float(value) if type(value) is Fraction else value
+            for name, value in self.inputs.items()}
         try:
-            self.globals = self._evaluate("global", dict(self.inputs))
+            self.globals = self._evaluate("global", dict(self._inputs))
         except ZeroDivisionError as exc:
             raise BudgetError(f"a layout degree is zero ({exc})") from None
 
@@ -151,12 +157,10 @@ class Accounting:
         """The variant's whole book (`book` when no targets were asked for)."""
         return self._full
 
-    def evaluate_levels(self, env: dict[str, Number]) -> dict[str, Number]:
-        """Every quantity of the book evaluated into `env`, level after level (the functions
-        `_evaluate` uses, compiled once)."""
-        for level in ("global", "stage", "rank"):
-            self._evaluate(level, env)
-        return env
+    def evaluate_level(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
+        """One level's quantities of the book evaluated into `env` (the function `_evaluate`
+        uses, compiled once)."""
+        return self._evaluate(level, env)
 
     def _evaluate(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
         env.update(self.book.evaluator(level, self.exact)(env))
@@ -176,7 +180,7 @@ class Accounting:
         key = read_items(counts, self._chunk_book.reads)
         results = self._chunk_results.get(key)
         if results is None:
-            results = self._chunk_results[key] = self._chunk_evaluator({**self.inputs, **counts})
+            results = self._chunk_results[key] = self._chunk_evaluator({**self._inputs, **counts})
         return results
 
     def _peak(self, stage: int) -> Peak:

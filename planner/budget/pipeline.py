@@ -23,7 +23,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from planner.budget.book import formula_book, read_items
+from planner.budget.book import FormulaBook, formula_book, read_items
 from planner.budget.evaluate import BudgetError
 from planner.budget.expr import Book, Evaluator, Number, Quantity, Symbol, compile_quantities
 from planner.budget.symbols import STAGE_SYMBOLS
@@ -97,18 +97,22 @@ def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chu
     chunk's own counts (Holdings.chunk), placed like its stage's rank (`stage_env`).
 
     In floats over the time page alone (search's ranking) the Accounting's own level functions
-    evaluate the chunk: every formula reads the same inputs in the same order whichever function
-    holds it, and those that read no count give their stage's value again, so the time is the
-    same as `_chunk_formulas`' own function gives, which then is never compiled (two fifths of
-    what search compiles). A formula the microbatch time does not read may fail on a chunk's
-    counts (a loss-only chunk holds no layer): then `_chunk_formulas` alone are evaluated."""
+    evaluate the chunk (the levels `_count_levels` names): every formula reads the same inputs in
+    the same order whichever function holds it, and those that read no count give their stage's
+    value again, so the time is the same as `_chunk_formulas`' own function gives, which then is
+    never compiled (two fifths of what search compiled). A formula the microbatch time does not
+    read may fail on a chunk's counts (a loss-only chunk holds no layer): then `_chunk_formulas`
+    alone are evaluated."""
     alone = {**stage_env, **acc.holdings.chunk(chunk),
              # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
              # it holds the embedding and sends one unless it holds the loss.
              "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
     if not acc.exact and acc.book is not acc.full_book:
         try:
-            return acc.evaluate_levels(dict(alone))["time_microbatch_s"]
+            env = dict(alone)
+            for level in _count_levels(acc.book):
+                acc.evaluate_level(level, env)
+            return env["time_microbatch_s"]
         except (ZeroDivisionError, OverflowError, ValueError):
             pass
     try:
@@ -128,6 +132,20 @@ def _chunk_formulas(variant: Variant) -> tuple[tuple[Quantity, ...], frozenset[s
             changed.add(q.ident)
             needed.append(q)
     return tuple(needed), frozenset(r for q in needed for r in q.refs)
+
+
+@cache
+def _count_levels(book: FormulaBook) -> tuple[str, ...]:
+    """The levels of `book` holding a formula that a chunk's counts change (as `_chunk_formulas`
+    finds them): the others keep their stage's values on a chunk (the time page's global level
+    reads no count)."""
+    changed = {symbol.name for symbol in STAGE_SYMBOLS} | {"VPP"}
+    levels: set[str] = set()
+    for q in book.quantities:
+        if changed.intersection(q.refs):
+            changed.add(q.ident)
+            levels.add(q.level)
+    return tuple(level for level in ("global", "stage", "rank") if level in levels)
 
 
 @cache
