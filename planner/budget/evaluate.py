@@ -20,6 +20,7 @@ from planner.budget.explain import number_text, substitute
 from planner.budget.expr import Evaluator, Number, Quantity, sympy_expression
 from planner.budget.placement import placement
 from planner.budget.symbols import Holdings, global_values, holdings, variant_of
+from planner.budget.variant import Variant
 from planner.config.schema import Config
 from planner.layout.grid import Grid
 from planner.layout.nodes import Places
@@ -91,15 +92,9 @@ class Accounting:
         """`exact=False` evaluates in floats (search's ranking only; see planner/budget/expr.py)."""
         self.cfg = cfg
         self.exact = exact
-        try:
-            self.split: StageSplit = stage_split(cfg)
-        except SplitError as exc:
-            raise BudgetError(f"no pipeline split: {exc.message}") from None
-        self.holdings: Holdings = holdings(cfg, self.split)
-        self.variant = variant_of(cfg, self.split)
+        self.split, self.holdings, self.variant, self.inputs = _front(cfg)
         full = formula_book(self.variant)
         self.book = full.subset(targets) if targets else full
-        self.inputs = global_values(cfg, self.split)
         self._peaks: dict[int, Peak] = {}
         self._chunk_results: dict[tuple[Any, ...], dict[str, Number]] = {}
         # Books without the activation peak (the time subset) skip the schedule replay, and
@@ -260,6 +255,28 @@ class Accounting:
     def budget(self, q: Quantity, env: dict[str, Number], scope: str, stage: int | None) -> Budget:
         return Budget(q.name, env[q.ident], q.unit, q.formula, scope, stage, q.category, q.doc,
                       env)
+
+
+def _front(cfg: Config) -> tuple[StageSplit, Holdings, Variant, dict[str, Number]]:
+    """The config's split, holdings, variant and global inputs: what every Accounting of it
+    starts from. The last few configs' are kept with the configs themselves (compared by
+    identity while held; configs are frozen): search judges a candidate's memory and times it,
+    two Accountings of one config."""
+    for held, front in _FRONTS:
+        if held is cfg:
+            return front
+    try:
+        split = stage_split(cfg)
+    except SplitError as exc:
+        raise BudgetError(f"no pipeline split: {exc.message}") from None
+    front = (split, holdings(cfg, split), variant_of(cfg, split), global_values(cfg, split))
+    _FRONTS.insert(0, (cfg, front))
+    del _FRONTS[_KEPT_FRONTS:]
+    return front
+
+
+_KEPT_FRONTS = 64
+_FRONTS: list[tuple[Config, tuple[StageSplit, Holdings, Variant, dict[str, Number]]]] = []
 
 
 # Grids by spec: search estimates many candidates of one layout (knobs only differ), and a Grid
