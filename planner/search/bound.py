@@ -20,18 +20,15 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from planner.accounting import COLLECTIVES, DDP_WINDOWS, BudgetError, dispatch_efficiency, overlap_symbol
 from planner.config.schema import Config
 from planner.estimate import estimate
-from planner.files.reading import UnreadableInput, read_text
 from planner.search.judge import (
     FLOAT_MARGIN,
     MEMORY_VERDICTS,
@@ -415,37 +412,7 @@ def worker_pool(workers: int) -> Iterator[Executor | None]:
 
 
 def default_workers() -> int:
-    """Up to two of the cores this process may run on, less the cores other processes are using
-    right now (`busy_elsewhere`). A second worker repeats the first's warm-up (formula books,
-    compiled functions, pipeline splits: a quarter of a worker's time on
-    examples/deepseek-v3-1024.yaml) and pays only on an idle core: on a 2-core machine two other
-    jobs keep busy, one process ran a search faster and with a fifth less CPU than two. The
-    workers never change the result."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return workers_for(cores, busy_elsewhere())
-
-
-def workers_for(cores: int, busy: int) -> int:
-    """Worker processes for `cores` usable cores of which other processes keep `busy` running:
-    two when two are free, else one (this process judges alone)."""
-    return max(1, min(2, cores - busy))
-
-
-LOADAVG = Path("/proc/loadavg")
-
-
-def busy_elsewhere(samples: int = 3, pause_s: float = 0.005) -> int:
-    """Processes besides this one that are running or waiting for a core now: the fewest over a
-    few reads of the kernel's runnable count (/proc/loadavg's fourth field, which counts this
-    process too), so a passing one is not taken for load; 0 where the count cannot be read."""
-    counts = []
-    for i in range(samples):
-        try:
-            runnable = int(read_text(LOADAVG, "cache").split()[3].split("/")[0])
-        except (UnreadableInput, ValueError, IndexError):
-            return 0
-        counts.append(max(runnable - 1, 0))
-        if i + 1 < samples:
-            time.sleep(pause_s)
-    return min(counts)
+    """Up to two of the cores this process may run on."""
+    return max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))
 

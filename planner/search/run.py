@@ -136,8 +136,7 @@ def search(cfg: Config, *, top: int = 10, refine: int = 0, layouts: int = 1, max
     the module doc). A candidate fits when every stage's device total (busiest EP rank) is at
     most `memory_headroom` of the GPU's memory (None: 1 - cluster.memory_margin, MEM002's line;
     1: MEM001's own threshold). `workers` processes share
-    the judging (default: up to 2 cores that other processes leave idle, or this process alone for
-    a small space, IN_PROCESS_BELOW).
+    the judging (default: up to 2 cores, or this process alone for a small space, IN_PROCESS_BELOW).
     """
     space = groups(cfg)
     if workers is None:

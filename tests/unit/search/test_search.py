@@ -23,7 +23,7 @@ from planner.findings import has_errors
 from planner.layout.pipeline import stage_split
 from planner.rules import run_rules
 from planner.rules.catalog import CODES
-from planner.search.bound import busy_elsewhere, cell, family_floor, floor_dispatcher, workers_for
+from planner.search.bound import cell, family_floor, floor_dispatcher
 from planner.search.judge import Judge, float_estimate
 from planner.search.knobs import Knobs, Recompute, vpp_of
 from planner.search.run import search
@@ -465,15 +465,6 @@ def test_a_dispatcher_more_efficient_than_hybridep_is_not_bounded_by_it() -> Non
     lower, bounded = floor_dispatcher(cfg, dispatchers(cfg))
     assert lower == ("flex", "hybridep")
     assert ("alltoall", None) not in bounded and ("flex", "hybridep") in bounded
-
-
-def test_a_second_worker_only_on_a_free_core() -> None:
-    """The default pool: two workers when two usable cores are idle, else this process alone (a
-    second worker repeats the first's warm-up); the runnable count reads as a count."""
-    assert [workers_for(2, busy) for busy in (0, 1, 2, 5)] == [2, 1, 1, 1]
-    assert [workers_for(cores, 0) for cores in (1, 2, 16)] == [1, 2, 2]
-    assert workers_for(16, 14) == 2 and workers_for(16, 15) == 1
-    assert busy_elsewhere(samples=1) >= 0
 
 
 def test_the_workers_never_change_the_result() -> None:
