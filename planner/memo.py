@@ -109,18 +109,22 @@ def section_key(section: BaseModel) -> HashedOnce:
     """A config section's field values, hashable (list fields as tuples): what a memo keys on for
     results that read the section. Sections are frozen, so the key stays true.
 
-    Making it reads every field (a few microseconds), so the last section's key is kept with the
-    section itself (one entry, compared by identity while it holds the section: search's
-    candidates share the user's model section and ask tens of thousands of times)."""
-    if section is _last_key[0]:
-        return _last_key[1]
+    Making it reads every field (a few microseconds), so the last few sections' keys are kept
+    with the sections themselves (compared by identity while they hold the section: search's
+    candidates share the user's model section and ask tens of thousands of times, between
+    asking for their own parallel section's)."""
+    for held, key in _last_keys:
+        if held is section:
+            return key
     key = HashedOnce((type(section), *[_frozen(v) if type(v) is list or type(v) is dict else v
                                        for v in section.__dict__.values()]))
-    _last_key[:] = (section, key)
+    _last_keys.insert(0, (section, key))
+    del _last_keys[_KEPT_KEYS:]
     return key
 
 
-_last_key: list[Any] = [None, None]
+_KEPT_KEYS = 4
+_last_keys: list[tuple[Any, HashedOnce]] = []
 
 
 def _frozen(value: Any) -> Any:

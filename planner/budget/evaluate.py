@@ -11,22 +11,24 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from planner.budget.book import formula_book, read_items
+from planner.budget.book import FormulaBook, formula_book, read_items
 from planner.budget.explain import number_text, substitute
 from planner.budget.expr import Evaluator, Number, Quantity, sympy_expression
 from planner.budget.placement import placement
 from planner.budget.symbols import Holdings, global_values, holdings, variant_of
+from planner.budget.variant import Variant
 from planner.config.schema import Config
 from planner.layout.grid import Grid
 from planner.layout.nodes import Places
-from planner.layout.pipeline import SplitError, StageSplit, stage_split
+from planner.layout.pipeline import Chunk, SplitError, StageSplit, split_key, stage_split
 from planner.layout.rank_generator import GridError
 from planner.layout.schedule import Peak, stage_peak
 from planner.layout.spec import grid_spec_from_config
-from planner.memo import Memo
+from planner.memo import Memo, section_key
 
 if TYPE_CHECKING:
     from planner.layout.grid import Grid
@@ -90,16 +92,11 @@ class Accounting:
         """`exact=False` evaluates in floats (search's ranking only; see planner/budget/expr.py)."""
         self.cfg = cfg
         self.exact = exact
-        try:
-            self.split: StageSplit = stage_split(cfg)
-        except SplitError as exc:
-            raise BudgetError(f"no pipeline split: {exc.message}") from None
-        self.holdings: Holdings = holdings(cfg, self.split)
-        self.variant = variant_of(cfg, self.split)
+        self.split, self.holdings, self.variant, self.inputs = _front(cfg)
         full = formula_book(self.variant)
         self.book = full.subset(targets) if targets else full
-        self.inputs = global_values(cfg, self.split)
-        self._schedules: dict[int, tuple[list[dict[str, Number]], Peak]] = {}
+        self._peaks: dict[int, Peak] = {}
+        self._chunk_results: dict[tuple[Any, ...], dict[str, Number]] = {}
         # Books without the activation peak (the time subset) skip the schedule replay, and
         # stages (ranks) with equal inputs share one evaluation.
         self._read = self.book.reads  # inputs a formula reads
@@ -107,8 +104,13 @@ class Accounting:
         self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
         self.placed_keys: dict[int, tuple[Any, ...]] = {}  # stage -> what its evaluation read
         self._full = full
+        # In floats the rational inputs are turned into floats once here, not by every level's
+        # function that reads them (each casts its inputs; a float casts to itself).
+        self._inputs = self.inputs if exact else {
+            name: float(value) if type(value) is Fraction else value
+            for name, value in self.inputs.items()}
         try:
-            self.globals = self._evaluate("global", dict(self.inputs))
+            self.globals = self._evaluate("global", dict(self._inputs))
         except ZeroDivisionError as exc:
             raise BudgetError(f"a layout degree is zero ({exc})") from None
 
@@ -116,7 +118,11 @@ class Accounting:
     def _chunk_evaluator(self) -> Evaluator:
         """Each model chunk's activations alone, compiled only when a schedule is replayed (a
         book without the activation peak, e.g. model_size's parameters, never needs it)."""
-        return self._full.subset(("act_per_microbatch", "microbatches")).evaluator(None, self.exact)
+        return self._chunk_book.evaluator(None, self.exact)
+
+    @cached_property
+    def _chunk_book(self) -> FormulaBook:
+        return self._full.subset(("act_per_microbatch", "microbatches"))
 
     @property
     def chunk_formula(self) -> str:
@@ -125,7 +131,7 @@ class Accounting:
     def stage_env(self, stage: int, embd_group: list[int] | None = None) -> dict[str, Number]:
         values = dict(self.holdings.stage(stage, embd_group))
         if self._needs_peak:
-            peak = self.schedule(stage)[1]
+            peak = self._peak(stage)
             values.update(live_passes=peak.live_passes, act_live_peak=peak.bytes)
         key = ("stage", *self._read_items(values))
         if key not in self._envs:
@@ -141,6 +147,16 @@ class Accounting:
         that agree on them share one)."""
         return read_items(values, self._read)
 
+    @property
+    def full_book(self) -> FormulaBook:
+        """The variant's whole book (`book` when no targets were asked for)."""
+        return self._full
+
+    def evaluate_level(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
+        """One level's quantities of the book evaluated into `env` (the function `_evaluate`
+        uses, compiled once)."""
+        return self._evaluate(level, env)
+
     def _evaluate(self, level: str, env: dict[str, Number]) -> dict[str, Number]:
         env.update(self.book.evaluator(level, self.exact)(env))
         return env
@@ -148,23 +164,35 @@ class Accounting:
     def schedule(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
         """Each model chunk of the stage evaluated alone (its activations per microbatch), and the
         peak of live chunks over the stage's pipeline order."""
-        if stage not in self._schedules:
-            self._schedules[stage] = self._replay(stage)
-        return self._schedules[stage]
+        chunks = self.split.stages[stage].chunks
+        envs = [{**self.inputs, **self.holdings.chunk(c), **self._chunk_alone(c)} for c in chunks]
+        return envs, self._peak(stage)
 
-    def _replay(self, stage: int) -> tuple[list[dict[str, Number]], Peak]:
-        envs = []
-        for c in self.split.stages[stage].chunks:
-            env = {**self.inputs, **self.holdings.chunk(c)}
-            env.update(self._chunk_evaluator(env))
-            envs.append(env)
+    def _chunk_alone(self, chunk: Chunk) -> dict[str, Number]:
+        """The chunk formulas evaluated on one model chunk's counts, shared by the chunks whose
+        counts read alike (a stage's chunks mostly hold the same layers)."""
+        counts = self.holdings.chunk(chunk)
+        key = read_items(counts, self._chunk_book.reads)
+        results = self._chunk_results.get(key)
+        if results is None:
+            results = self._chunk_results[key] = self._chunk_evaluator({**self._inputs, **counts})
+        return results
+
+    def _peak(self, stage: int) -> Peak:
+        """The stage's activation peak over its pipeline order (`schedule`), once per stage."""
+        peak = self._peaks.get(stage)
+        if peak is None:
+            peak = self._peaks[stage] = self._replay(stage)
+        return peak
+
+    def _replay(self, stage: int) -> Peak:
+        alone = [self._chunk_alone(c) for c in self.split.stages[stage].chunks]
         par, overlap = self.cfg.parallel, self.cfg.overlap.overlap_moe_expert_parallel_comm
-        microbatches = max(1, math.ceil(envs[0]["microbatches"]))  # whole on any valid config
-        peak = stage_peak(par.pp, self.split.vpp, stage, microbatches,
-                          [env["act_per_microbatch"] for env in envs],
+        microbatches = max(1, math.ceil(alone[0]["microbatches"]))  # whole on any valid config
+        return stage_peak(par.pp, self.split.vpp, stage, microbatches,
+                          [results["act_per_microbatch"] for results in alone],
                           par.microbatch_group_size_per_vp_stage,
                           int(overlap and self.split.vpp > 1))
-        return envs, peak
 
     def schedule_budgets(self, stage: int, scope: str) -> list[Budget]:
         """Rows that explain act_live_peak: each chunk's activations, then the live sum."""
@@ -229,6 +257,28 @@ class Accounting:
                       env)
 
 
+def _front(cfg: Config) -> tuple[StageSplit, Holdings, Variant, dict[str, Number]]:
+    """The config's split, holdings, variant and global inputs: what every Accounting of it
+    starts from. The last few configs' are kept with the configs themselves (compared by
+    identity while held; configs are frozen): search judges a candidate's memory and times it,
+    two Accountings of one config."""
+    for held, front in _FRONTS:
+        if held is cfg:
+            return front
+    try:
+        split = stage_split(cfg)
+    except SplitError as exc:
+        raise BudgetError(f"no pipeline split: {exc.message}") from None
+    front = (split, holdings(cfg, split), variant_of(cfg, split), global_values(cfg, split))
+    _FRONTS.insert(0, (cfg, front))
+    del _FRONTS[_KEPT_FRONTS:]
+    return front
+
+
+_KEPT_FRONTS = 64
+_FRONTS: list[tuple[Config, tuple[StageSplit, Holdings, Variant, dict[str, Number]]]] = []
+
+
 # Grids by spec: search estimates many candidates of one layout (knobs only differ), and a Grid
 # (group arithmetic, Megatron's build-time checks) depends on nothing but its spec.
 _GRIDS: Memo[Any, Grid] = Memo("budget grids", 1024)
@@ -236,8 +286,16 @@ _GRIDS: Memo[Any, Grid] = Memo("budget grids", 1024)
 
 def budget_grid(cfg: Config) -> Grid:
     """The config's grid, or BudgetError when its groups cannot be built."""
-    spec = grid_spec_from_config(cfg)
+    key = (split_key(cfg), section_key(cfg.parallel),
+           cfg.training.num_distributed_optimizer_instances)
+    spec = _SPECS.get(key, grid_spec_from_config, cfg)
     return _GRIDS.get_or_raise(spec, _grid, spec, errors=(BudgetError,))
+
+
+# Grid specs by what they read: the model and the pipeline split (`split_key`), the parallel
+# section and the distributed optimizer's instances (planner/layout/spec.py
+# grid_spec_from_config); search builds one per candidate otherwise, for a handful of layouts.
+_SPECS: Memo[Any, Any] = Memo("budget grid specs", 4096)
 
 
 def _grid(spec: Any) -> Grid:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from planner.budget.book import formula_book, read_items
+from planner.budget.book import FormulaBook, formula_book, read_items
 from planner.budget.evaluate import BudgetError
 from planner.budget.expr import Book, Evaluator, Number, Quantity, Symbol, compile_quantities
 from planner.budget.symbols import STAGE_SYMBOLS
@@ -50,8 +50,16 @@ def pipeline_step(acc: Accounting, stage: int, times: dict[str, Number],
     dualpipe = is_dualpipe(acc.cfg.overlap.pipeline_schedule)
     reads = PAGE_STAGE_INPUTS + (DUALPIPE_INPUTS if dualpipe else ())
     inputs = {**times, **{name: stage_env[name] for name in reads}}
-    page = pipeline_page(acc.cfg.parallel.pp, stage, acc.split.vpp > 1, dualpipe)
-    return compile_quantities(page, acc.exact)(inputs)
+    return _page_evaluator(acc.cfg.parallel.pp, stage, acc.split.vpp > 1, dualpipe,
+                           acc.exact)(inputs)
+
+
+@cache
+def _page_evaluator(pp: int, stage: int, interleaved: bool, dualpipe: bool,
+                    exact: bool) -> Evaluator:
+    """`pipeline_page`, compiled once per stage and mode (search evaluates it on every stage of
+    thousands of candidates)."""
+    return compile_quantities(pipeline_page(pp, stage, interleaved, dualpipe), exact)
 
 
 def is_dualpipe(schedule: str) -> bool:
@@ -63,6 +71,10 @@ def chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number
     """t_first_j and t_last_j: one microbatch, forward and backward, through stage j's first and
     last model chunk alone (without interleaving both are the stage's own microbatch time)."""
     times: dict[str, Number] = {}
+    if acc.split.vpp == 1:
+        for j, env in enumerate(envs):
+            times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
+        return times
     reads = _chunk_formulas(acc.variant)[1]
     known: dict[tuple[Any, ...], Number] = {}  # chunks whose stage and counts read alike
 
@@ -73,11 +85,8 @@ def chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number
             known[key] = chunk_microbatch_time(acc, envs[j], chunk)
         return known[key]
 
-    for j, env in enumerate(envs):
+    for j in range(len(envs)):
         first, last = acc.split.stages[j].chunks[0], acc.split.stages[j].chunks[-1]
-        if acc.split.vpp == 1:
-            times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
-            continue
         times[f"t_first_{j}"] = chunk_time(j, first)
         times[f"t_last_{j}"] = chunk_time(j, last)
     return times
@@ -85,11 +94,27 @@ def chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number
 
 def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chunk) -> Number:
     """time_microbatch_s of one model chunk alone: the time page's stage and rank formulas on the
-    chunk's own counts (Holdings.chunk), placed like its stage's rank (`stage_env`)."""
+    chunk's own counts (Holdings.chunk), placed like its stage's rank (`stage_env`).
+
+    In floats over the time page alone (search's ranking) the Accounting's own level functions
+    evaluate the chunk (the levels `_count_levels` names): every formula reads the same inputs in
+    the same order whichever function holds it, and those that read no count give their stage's
+    value again, so the time is the same as `_chunk_formulas`' own function gives, which then is
+    never compiled (two fifths of what search compiled). A formula the microbatch time does not
+    read may fail on a chunk's counts (a loss-only chunk holds no layer): then `_chunk_formulas`
+    alone are evaluated."""
     alone = {**stage_env, **acc.holdings.chunk(chunk),
              # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
              # it holds the embedding and sends one unless it holds the loss.
              "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
+    if not acc.exact and acc.book is not acc.full_book:
+        try:
+            env = dict(alone)
+            for level in _count_levels(acc.book):
+                acc.evaluate_level(level, env)
+            return env["time_microbatch_s"]
+        except (ZeroDivisionError, OverflowError, ValueError):
+            pass
     try:
         return _chunk_evaluator(acc.variant, acc.exact)(alone)["time_microbatch_s"]
     except ZeroDivisionError as exc:
@@ -107,6 +132,20 @@ def _chunk_formulas(variant: Variant) -> tuple[tuple[Quantity, ...], frozenset[s
             changed.add(q.ident)
             needed.append(q)
     return tuple(needed), frozenset(r for q in needed for r in q.refs)
+
+
+@cache
+def _count_levels(book: FormulaBook) -> tuple[str, ...]:
+    """The levels of `book` holding a formula that a chunk's counts change (as `_chunk_formulas`
+    finds them): the others keep their stage's values on a chunk (the time page's global level
+    reads no count)."""
+    changed = {symbol.name for symbol in STAGE_SYMBOLS} | {"VPP"}
+    levels: set[str] = set()
+    for q in book.quantities:
+        if changed.intersection(q.refs):
+            changed.add(q.ident)
+            levels.add(q.level)
+    return tuple(level for level in ("global", "stage", "rank") if level in levels)
 
 
 @cache

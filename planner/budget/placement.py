@@ -9,7 +9,7 @@ layout code never reads the book.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from planner.budget.book import read_items
@@ -47,8 +47,23 @@ def placement(grid: Grid, rank: int, node_size: Places, experts: tuple[Any, ...]
     """The rank's placement on nodes of `node_size` GPUs (or a NodeMap: planner/layout/nodes.py);
     `experts` is (E, k, G, g) of the model (symbols.rank_values). Remembered per grid spec and
     placement, which is all a grid's placement depends on."""
-    return _PLACEMENTS.get((grid.spec, rank, node_size, experts), _place, grid, rank, node_size,
-                           experts)
+    return _PLACEMENTS.get((_groups_key(grid), rank, node_size, experts), _place, grid, rank,
+                           node_size, experts)
+
+
+def _groups_key(grid: Grid) -> HashedOnce:
+    """What decides the grid's groups: its spec but the MoE layers of each stage, which only say
+    which layers a rank's experts serve (Grid.expert_ownership), never who is in a group. Search
+    times several pipeline layouts of one family: they share their ranks' placements. The last
+    grid's key is kept with it (compared by identity: a stage after stage asks for the same)."""
+    if grid is _last_grid[0]:
+        return _last_grid[1]
+    key = HashedOnce((replace(grid.spec, moe_layers_by_stage=()),))
+    _last_grid[:] = (grid, key)
+    return key
+
+
+_last_grid: list[Any] = [None, None]
 
 
 def _place(grid: Grid, rank: int, node_size: Places, experts: tuple[Any, ...]) -> Placement:

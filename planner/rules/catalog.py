@@ -61,6 +61,7 @@ RULES_BY_CODE: dict[str, Rule] = {r.code: r for r in CATALOG}
 READS_BUDGET: frozenset[str] = frozenset(
     (*(r.code for r in memory.RULES), flex_backends.ncclep_capacity_holds_the_hot_rank.code))
 CODES: tuple[str, ...] = tuple(RULES_BY_CODE)
+_ERROR_RULES: tuple[Rule, ...] = tuple(entry for entry in CATALOG if entry.severity == "error")
 
 
 def find_rule(code: str) -> Rule | None:
@@ -75,17 +76,20 @@ def suggest_codes(code: str, count: int = 3) -> list[str]:
     return extending[:count] or difflib.get_close_matches(wanted, CODES, n=count)
 
 
-def run_rules(cfg: Config, *, facts: Facts | None = None, budget: bool = True) -> list[Finding]:
+def run_rules(cfg: Config, *, facts: Facts | None = None, budget: bool = True,
+              errors_only: bool = False) -> list[Finding]:
     """Every checked rule on one config, in catalog order, minus the ignorable codes in
     `cfg.ignore` (IGN002 reports the others). `facts` lets a caller (`moeplan search`) read the
     facts the rules computed, such as the per-stage memory, afterwards. `budget=False` leaves out
     the rules in READS_BUDGET (whether the layout fits memory), for a caller that asks only
-    whether Megatron builds the layout."""
+    whether Megatron builds the layout. `errors_only` runs only the rules of severity error (a
+    finding takes its rule's severity), for a caller that judges by errors alone (`moeplan
+    search`, thousands of candidates)."""
     facts = facts or Facts(cfg, known_codes=CODES)
     ignored = set(facts.ignore_codes)
     left_out = frozenset() if budget else READS_BUDGET
     findings: list[Finding] = []
-    for entry in CATALOG:
+    for entry in _ERROR_RULES if errors_only else CATALOG:
         if entry.code not in left_out and (entry.code not in ignored or entry.cannot_ignore):
             findings.extend(entry.findings(facts))
     return findings

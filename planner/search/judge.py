@@ -136,6 +136,13 @@ class Judge:
         self.float_memory = float_memory
         self.seen: dict[str, Candidate | Rejected] = {}  # by the candidate's identity
         self._estimates: dict[str, Estimate] = {}  # timed by `step_time` before being judged
+        # Each knob setting's config and identity, made once: a setting is timed, judged or
+        # forgotten by the same knobs, and building one costs as much as a rule family.
+        self._built: dict[Knobs, tuple[Config, str]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a worker sends back: not the configs it built (`_setting`), which only it asks for."""
+        return {**self.__dict__, "_built": {}}
 
     @property
     def explored(self) -> int:
@@ -167,17 +174,28 @@ class Judge:
 
     def build(self, knobs: Knobs | None) -> Config:
         """The user's config with `knobs` written over it (None: the user's own)."""
-        return self.cfg.model_copy() if knobs is None else knobs.apply(self.cfg)
+        return self.cfg.model_copy() if knobs is None else self._setting(knobs)[0]
+
+    def _setting(self, knobs: Knobs) -> tuple[Config, str]:
+        """The config `knobs` make and its identity, remembered for this judge's life."""
+        made = self._built.get(knobs)
+        if made is None:
+            cand = knobs.apply(self.cfg)
+            made = self._built[knobs] = (cand, identity(cand))
+        return made
 
     def judge(self, knobs: Knobs | None, *, is_user: bool = False) -> Candidate | Rejected:
-        cand = self.build(knobs)
-        key = identity(cand)
+        if knobs is None:
+            cand = self.build(knobs)
+            key = identity(cand)
+        else:
+            cand, key = self._setting(knobs)
         if key in self.seen:
             return self.seen[key]
         facts = Facts(cand, known_codes=CODES)
         if self.float_memory:
             self._float_memory(facts)
-        errors = _errors(run_rules(cand, facts=facts))
+        errors = _errors(run_rules(cand, facts=facts, errors_only=True))
         codes = tuple(sorted({f.code for f in errors}))
         out: Candidate | Rejected
         if codes == ("MEM001",):
@@ -215,8 +233,7 @@ class Judge:
     def step_time(self, knobs: Knobs) -> float | None:
         """The candidate's step time without judging it (None when it cannot be estimated); the
         estimate is kept for `judge`."""
-        cand = knobs.apply(self.cfg)
-        key = identity(cand)
+        cand, key = self._setting(knobs)
         if key in self.seen:
             return self.seen[key].step_time_s
         if key in self._estimates:
@@ -229,10 +246,11 @@ class Judge:
 
     def forget_all(self) -> None:
         self._estimates.clear()
+        self._built.clear()
 
     def forget(self, knobs: Knobs) -> None:
         """Drop a kept estimate (its candidate was pruned, not judged)."""
-        self._estimates.pop(identity(knobs.apply(self.cfg)), None)
+        self._estimates.pop(self._setting(knobs)[1], None)
 
     def _over_headroom(self, stages: list[dict[str, Number]]) -> str | None:
         """Why the busiest stage is above the headroom (None when every stage is inside it)."""
