@@ -24,7 +24,7 @@ from tests.support.small_models import TINY
 # The hand-derived cases price FLOPs and bytes alone: no GEMM shape curve or tile quantisation, no
 # fixed host costs, and the elementwise passes their arithmetic below was written for.
 HAND = {"gemm_half_dim": 0, "gemm_tile": 1, "host_us_per_launch": 0, "host_us_per_expert": 0,
-        "host_us_per_microbatch": 0,
+        "host_us_per_microbatch": 0, "gpu_us_per_kernel": 0,
         "step_fixed_ms": 0, "collective_latency_us": 0, "non_gemm_passes": 1.75}
 
 MODEL = {"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2, "vocab_size": 16,
@@ -550,6 +550,22 @@ def test_cuda_graphs_cut_launches_in_every_spelling() -> None:
     assert launches({"cuda_graph_impl": "local", "cuda_graph_scope": ["full_iteration"]}) == 0
     assert launches({"cuda_graph_impl": "local", "cuda_graph_scope": ["full"]}) == launches(
         {"cuda_graph_impl": "local"}) < attn
+
+
+def test_each_kernel_costs_the_gpu_its_fixed_time_graph_or_not() -> None:
+    """time_kernel_gpu_s = microbatches · t_kernel_gpu · forward kernels · (1 + 2 backward), for
+    every kernel, CUDA graphs included (a graph removes host launches, not a kernel's GPU-side
+    time); the MoE layers' share is their router, preprocessing and expert kernels, times 3."""
+    env = tiny_env(moe={"moe_permute_fusion": True})
+    kernels = env["time_kernels_fwd_all"]
+    assert kernels == env["time_launches_fwd"]
+    assert env["t_kernel_gpu"] == Fraction(7, 10**6)
+    assert env["time_kernel_gpu_s"] == env["microbatches"] * Fraction(7, 10**6) * kernels * 3
+    moe = env["time_launches_router"] + 3 + 15
+    assert env["time_moe_kernel_gpu_s"] == env["microbatches"] * Fraction(7, 10**6) * moe * 3
+    graphed = tiny_env(moe={"moe_permute_fusion": True}, overlap={"cuda_graph_impl": "full_iteration"})
+    assert graphed["time_launches_fwd"] == 0
+    assert graphed["time_kernel_gpu_s"] == env["time_kernel_gpu_s"]
 
 
 def test_host_bound_microbatches_wait_for_the_host_and_bigger_ones_amortise_it() -> None:
