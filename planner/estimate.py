@@ -116,7 +116,7 @@ class Estimate:
         (tests/functional_tests/test_cases/common/moe_perf)."""
         env, row = self.envs[stage], self.stages[stage]
         return float(env["time_moe_gemm_s"] + env["time_moe_non_gemm_s"]
-                     + env["time_moe_fixed_s"]) + sum(
+                     + env["time_moe_kernel_gpu_s"] + env["time_moe_fixed_s"]) + sum(
             v for k, v in row["exposed_comm_parts_s"].items() if k.startswith("ep_"))
 
     def explain(self, name: str) -> Budget | None:

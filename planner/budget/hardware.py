@@ -43,6 +43,8 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
            "iterations, under torch.no_grad): the backward issues nothing for them"),
     Symbol("t_launch", "host seconds to issue one kernel: Python, PyTorch's dispatcher and the "
            "CUDA launch (efficiency.host_us_per_launch)"),
+    Symbol("t_kernel_gpu", "GPU seconds each kernel costs beyond its work, host ahead or not, "
+           "CUDA graph or not (efficiency.gpu_us_per_kernel)"),
     Symbol("host_scale", "host time per op of the GPU's host CPU over the reference x86 host's "
            "that t_launch is calibrated for (efficiency.host_launch_scale, else the catalog host's: "
            "planner/config/gpus.py HOSTS; when cluster.host_numa_binding is off, the host's "
@@ -286,6 +288,7 @@ def fixed_cost_values(cfg: Config) -> dict[str, Number]:
         "router_launches": router_launch_count(cfg),
         "router_nograd_launches": router_nograd_launch_count(cfg),
         "t_launch": normalize(Fraction(exact(eff.host_us_per_launch)) / 10**6),
+        "t_kernel_gpu": normalize(Fraction(exact(eff.gpu_us_per_kernel)) / 10**6),
         "host_scale": host_scale(cfg),
         "t_host_block": normalize(Fraction(exact(eff.host_us_per_block)) / 10**6),
         "t_host_expert": normalize(Fraction(exact(eff.host_us_per_expert)) / 10**6),

@@ -47,8 +47,9 @@ from planner.budget.variant import Variant
 
 PAGE = "time"
 GPU_WORK = ("time_gpu_s", "time_attention_gemm_s + time_attention_core_s + time_moe_gemm_s"
-            " + time_dense_gemm_s + time_head_gemm_s + time_non_gemm_s", "s", "time",
-            "the GPU's own work of the step: GEMMs, attention and memory-bound kernels")
+            " + time_dense_gemm_s + time_head_gemm_s + time_non_gemm_s + time_kernel_gpu_s", "s",
+            "time", "the GPU's own work of the step: GEMMs, attention, memory-bound kernels and "
+            "each kernel's fixed GPU-side cost")
 
 # Selective recompute modules whose forward the backward re-runs, per layer kind they cover
 # (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py recompute_modules).
@@ -76,6 +77,8 @@ def write(book: Book, v: Variant) -> None:
         write_indexer_time(book, v)
     if v.has("dsa"):  # DSA's core is no flash kernel: planner/budget/sparse_attention_time.py
         write_dsa_core_time(book, v, attention_blocks(v))
+    _launch_counts(book, v)
+    _kernel_gpu(book, v)
     name, formula, *rest = GPU_WORK
     add(name, formula + (" + time_indexer_s" if has_indexer(v) else "")
         + (" + time_dsa_core_s" if v.has("dsa") else ""), *rest)
@@ -649,6 +652,57 @@ def _launch_counts(book: Book, v: Variant) -> None:
             + "; ".join(f"{n} {w}" for n, w in entries))
 
 
+def _forward_kernels(graphs: bool) -> str:
+    """Kernels one microbatch's forward of the stage launches: every part's (graphs False), or
+    those outside CUDA graphs (graphs True)."""
+    def part(flag: str) -> str:
+        return f" * (1 - {flag})" if graphs else ""
+    return (f"blocks * time_launches_attention{part('graph_attn')} + L_moe * ("
+            f"time_launches_router{part('graph_router')} + time_launches_preprocess"
+            f"{part('graph_preprocess')} + time_launches_experts{part('graph_experts')})"
+            f" + L_dense * time_launches_dense{part('graph_dense')}"
+            f" + (has_embedding * {EMBEDDING_LAUNCHES} + has_output * {OUTPUT_LAUNCHES})"
+            f"{part('graph_full')}")
+
+
+# Each kernel's fixed GPU-side cost (efficiency.gpu_us_per_kernel): what a kernel takes on the GPU
+# beyond its FLOPs and bytes (its launch latency on the device, the fill and drain of its blocks, a
+# small kernel's tail), paid whether or not the host keeps ahead and whether or not a CUDA graph
+# issued it. The default, 7 µs, is a published H100 figure: Meta's auto-parallel planner prices
+# every memory-bound operator at no less than 7 µs on H100 (meta-pytorch/autoparallel
+# autoparallel/cost_models/compute_estimation.py compute_read_write_time, kernel_launch_overhead;
+# its pull request #146: "empirically obtained by minimizing the runtime over a set of examples on
+# H100 GPUs ... operators cost at least 7us to run"). Here it is added to each counted kernel,
+# not taken as a floor: most counted kernels move far less than 7 µs of bytes (a router op on
+# [tokens, experts] at MBS 1), so the floor and the sum differ mainly on GEMMs, whose own ramp
+# the shape curve (gemm_half_dim) already prices — on them this term counts it a second time.
+# A CUDA graph replaces the host's launches, not the kernels: the GPU still runs them one after
+# another, so graphs leave this term as it is (the small GPU-side gap a graph trims between two
+# kernels is not modelled).
+
+
+def _kernel_gpu(book: Book, v: Variant) -> None:
+    """Each kernel's fixed GPU-side cost (t_kernel_gpu, see above): every forward kernel, its
+    backward's BACKWARD_DISPATCHES and recompute's repeats, CUDA graphs or not."""
+    add = book.add
+    selective = v.recompute_modules if v.recompute == "selective" else frozenset()
+    rc = ["blocks_recomputed / 3"] + [f"{share} * {count}" for module, (share, count)
+                                      in RECOMPUTE_LAUNCHES.items() if module in selective]
+    add("time_recompute_launch_blocks", " + ".join(rc), "blocks", "time",
+        "blocks' worth of launches recompute repeats per microbatch: a recomputed block's "
+        "forward, and each selective module's forward share (memory-bound modules cost their "
+        "launches however few bytes they move)")
+    add("time_kernels_fwd_all", _forward_kernels(graphs=False), "kernels", "time",
+        "kernels the stage's forward launches per microbatch, inside CUDA graphs or not")
+    add("time_kernel_gpu_s", f"microbatches * t_kernel_gpu * time_kernels_fwd_all * ("
+        f"1 + {BACKWARD_DISPATCHES} + time_recompute_launch_blocks * 3 / Max(blocks, 1))", "s",
+        "time", "GPU time the step's kernels cost beyond their work: t_kernel_gpu per kernel, "
+        f"each forward kernel, its backward's {BACKWARD_DISPATCHES} and recompute's repeats")
+    add("time_moe_kernel_gpu_s", f"microbatches * t_kernel_gpu * (1 + {BACKWARD_DISPATCHES})"
+        " * L_moe * (time_launches_router + time_launches_preprocess + time_launches_experts)",
+        "s", "time", "the MoE layers' share of it, without recompute")
+
+
 def _fixed_costs(book: Book, v: Variant) -> None:
     """Host time the GPU waits for. The host issues every kernel (t_launch each on the reference
     x86 host: Python, PyTorch's dispatcher and the CUDA launch; host_scale times that on the GPU's
@@ -660,26 +714,12 @@ def _fixed_costs(book: Book, v: Variant) -> None:
     max(host, GPU) over its stage-average work, plus the launches after each sync the GPU idles
     for. CUDA graphs replace their part's launches with one graph launch."""
     add = book.add
-    _launch_counts(book, v)
-    uncaptured = ("blocks * time_launches_attention * (1 - graph_attn) + L_moe * ("
-                  "time_launches_router * (1 - graph_router) + time_launches_preprocess"
-                  " * (1 - graph_preprocess) + time_launches_experts * (1 - graph_experts))"
-                  " + L_dense * time_launches_dense * (1 - graph_dense)"
-                  f" + (has_embedding * {EMBEDDING_LAUNCHES} + has_output * {OUTPUT_LAUNCHES})"
-                  " * (1 - graph_full)")
-    add("time_launches_fwd", uncaptured, "kernels", "time",
+    add("time_launches_fwd", _forward_kernels(graphs=True), "kernels", "time",
         "kernels the stage's forward launches per microbatch outside CUDA graphs, the "
         f"embedding's ({EMBEDDING_LAUNCHES}) and the output layer and loss's ({OUTPUT_LAUNCHES}) "
         "included (overlap."
         "cuda_graph_impl and cuda_graph_scope: attn, moe_router, moe_preprocess, mlp / moe; "
         "full_iteration, or the scope full_iteration, captures all)")
-    selective = v.recompute_modules if v.recompute == "selective" else frozenset()
-    rc = ["blocks_recomputed / 3"] + [f"{share} * {count}" for module, (share, count)
-                                      in RECOMPUTE_LAUNCHES.items() if module in selective]
-    add("time_recompute_launch_blocks", " + ".join(rc), "blocks", "time",
-        "blocks' worth of launches recompute repeats per microbatch: a recomputed block's "
-        "forward, and each selective module's forward share (memory-bound modules cost their "
-        "launches however few bytes they move)")
     add("time_launch_s", "host_scale * t_launch", "s", "time",
         "host time to issue one kernel from Python on this GPU's host CPU: the reference x86 "
         "host's calibrated figure times the host CPU's time per op over the reference's "
@@ -723,7 +763,7 @@ def _fixed_costs(book: Book, v: Variant) -> None:
                 f" * (1 - graph_experts)) - {BACKWARD_DISPATCHES} * ({NOGRAD_MOE}"
                 + (f" + {ACT_CLAMP_NOGRAD} * (1 - graph_experts)" if v.moe_act_clamp else "")
                 + ")))")
-    moe_gpu = "(time_moe_gemm_s + time_moe_non_gemm_s) / microbatches"
+    moe_gpu = "(time_moe_gemm_s + time_moe_non_gemm_s + time_moe_kernel_gpu_s) / microbatches"
     add("time_moe_fixed_s", f"microbatches * (Max({moe_host} - {moe_gpu}, 0) + time_sync_restart_s"
         " + time_host_experts_s)", "s", "time",
         "the MoE layers' share of the host time the GPU waits for (their launches against their "
