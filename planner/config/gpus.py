@@ -98,13 +98,13 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     # GEMM shares are the Hopper ones fitted on H100 runs: no H20 run is calibrated on.
     Gpu("H20", 148, 296, 96, 4.0, 450, 50, 8, 8, gemm_fp8_eff=0.563, gemm_bf16_eff=0.706,
         family="hopper"),
-    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.425, gemm_bf16_eff=0.46,
+    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.437, gemm_bf16_eff=0.46,
         family="blackwell"),
-    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.425, gemm_bf16_eff=0.46,
+    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.437, gemm_bf16_eff=0.46,
         family="blackwell", host="grace", host_link_gb_s=450),
-    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.425, gemm_bf16_eff=0.46,
+    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.437, gemm_bf16_eff=0.46,
         family="blackwell"),
-    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.425, gemm_bf16_eff=0.46,
+    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.437, gemm_bf16_eff=0.46,
         family="blackwell", host="grace", host_link_gb_s=450),
     # Ampere (NVIDIA A100 Tensor Core GPU datasheet, SXM: 312 dense BF16 TFLOP/s, no FP8; 40 GB HBM2
     # at 1,555 GB/s or 80 GB HBM2e at 2,039 GB/s; NVLink 3 at 600 GB/s, 300 one way; DGX A100 and
@@ -212,17 +212,17 @@ class Host:
 # GH200's): Grace issues a bare PyTorch op 2.75x slower, which a rank pays when its process is not
 # bound to its GPU's NUMA node (cluster.host_numa_binding false: the first rows of Megatron-LM's
 # GB200 write-up, before its bindpcie step) on the share of its host time that slows like that bare
-# op: 0.79, the share for which moeplan reproduces the write-up's measured binding gain (section
+# op: 0.74, the share for which moeplan reproduces the write-up's measured binding gain (section
 # 2.4, bindpcie: 691.49 -> 762.12 TFLOP/s/GPU on its CUDA-graph configuration; bench/grace_binding.py
-# derives 0.786), so an unbound Grace rank issues a kernel 0.99 + 0.79 x (2.75 - 0.99) = 2.38x the
-# Xeon's host time, not 2.75x. Bound, as production launchers run, Grace's scale is
-# fitted on the Grace calibration figures (bench/heldout.py: 0.99, no measurable penalty once bound
+# derives 0.741 on the current time model), so an unbound Grace rank issues a kernel
+# 0.99 + 0.74 x (2.75 - 0.99) = 2.29x the Xeon's host time, not 2.75x. Bound, as production
+# launchers run, Grace's scale is fitted on the Grace calibration figures (bench/heldout.py: 0.99, no measurable penalty once bound
 # and with Transformer Engine's CPU-overhead fixes). Other x86 server CPUs (DGX B200's Xeon 8570,
 # AMD EPYC) take the Xeon's figure: no published per-op measurement separates them.
 HOSTS: MappingProxyType[str, Host] = MappingProxyType({host.name: host for host in (
     Host("x86", "Intel Xeon Platinum 8480C (DGX H100)", 13.48),
     Host("grace", "NVIDIA Grace, Arm Neoverse V2 (GB200 NVL72)", 37.08, launch_scale=0.99,
-         unbound_share=0.79, sha1_cycles_per_byte=2.35),
+         unbound_share=0.74, sha1_cycles_per_byte=2.35),
 )})
 # The host efficiency.host_us_per_launch is calibrated for.
 REFERENCE_HOST = "x86"
