@@ -218,7 +218,8 @@ class Host:
 # 0.99 + 0.74 x (2.75 - 0.99) = 2.29x the Xeon's host time, not 2.75x. Bound, as production
 # launchers run, Grace's scale is fitted on the Grace calibration figures (bench/heldout.py:
 # 0.99, no measurable penalty once bound and with Transformer Engine's CPU-overhead fixes). Other
-# x86 server CPUs (DGX B200's Xeon 8570, AMD EPYC) take the Xeon's figure: no published per-op measurement separates them.
+# x86 server CPUs (DGX B200's Xeon 8570, AMD EPYC) take the Xeon's figure: no published per-op
+# measurement separates them.
 HOSTS: MappingProxyType[str, Host] = MappingProxyType({host.name: host for host in (
     Host("x86", "Intel Xeon Platinum 8480C (DGX H100)", 13.48),
     Host("grace", "NVIDIA Grace, Arm Neoverse V2 (GB200 NVL72)", 37.08, launch_scale=0.99,
