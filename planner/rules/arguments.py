@@ -113,7 +113,7 @@ def carried_changes_model(f: Facts) -> Iterator[Violation]:
     fast the same model trains: the parameters and the memory verdict still hold, the step-time
     estimate does not account for it. One that only lowers the memory (optimizer states offloaded in
     chunks, the routed experts' paged stash) leaves moeplan's memory figures an upper bound.""",
-    bad="launch: {megatron_extra_args: [--no-gradient-accumulation-fusion]}",
+    bad="launch: {megatron_extra_args: [--attention-softmax-in-fp32]}",
     good="launch: {megatron_extra_args: [--log-interval, '10']}",
 )
 def carried_changes_time(f: Facts) -> Iterator[Violation]:
