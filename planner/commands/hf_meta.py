@@ -200,9 +200,9 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
         return None
     from planner.config.importers.hf_modules import (
         Unpriced,
-        mla_rope_arguments,
         model_section,
         read_model,
+        rope_arguments,
     )
 
     model_type = hf.get("model_type")
@@ -279,7 +279,7 @@ def meta_import(hf: Mapping[str, Any], where: str) -> MetaImport | None:
         names[0], str) else type(model).__name__
     return MetaImport(HfMapping(
         architecture=architecture, model=section,
-        megatron_extra_args=tuple(mla_rope_arguments(section, text)),
+        megatron_extra_args=tuple(rope_arguments(section, text)),
         notes=(f"{census}; every layer maps to moeplan's layer kinds by class and shape, and "
                f"moeplan counts {counted:,}{bias}, as transformers does",
                *notes, *(f"warning: {w}" for w in warnings)),

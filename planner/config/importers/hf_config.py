@@ -252,35 +252,53 @@ def _standard_rope(r: _Reader, model: dict[str, Any]) -> None:
                        "--position-embedding-type yarn arguments by hand if you train with it")
 
 
-def _standard_yarn(r: _Reader, model: dict[str, Any], key: str, scaling: dict[str, Any]) -> None:
-    """YaRN on standard attention: the factor is a model field (it sets the concentration factor
-    that keeps RoPE off Transformer Engine's fused kernel, so it changes the step time); the other
-    YaRN settings are numerics only and travel as Megatron arguments where they differ from
-    Megatron's defaults. transformers' `truncate: false` (gpt-oss) is Megatron's
-    --no-yarn-correction-range-round-to-int; an explicit attention_factor has no Megatron spelling
-    on standard attention (Megatron derives it from --mscale / --mscale-all-dim)."""
-    names = ["factor", *_STANDARD_YARN_DEFAULTS, "attention_factor"]
-    bad = [name for name in names if name in scaling and (
-        not isinstance(scaling[name], int | float) or isinstance(scaling[name], bool))]
-    if bad:
-        r.unsupported(f"{key}.{bad[0]}", scaling[bad[0]], "expected a number")
-        return
+class YarnUnmappable(ValueError):
+    """A YaRN setting of a config moeplan cannot carry: the key (under the scaling object), its
+    value and why."""
+
+    def __init__(self, key: str, value: Any, why: str) -> None:
+        super().__init__(f"YaRN {key} = {value!r:.40}: {why}")
+        self.key, self.value, self.why = key, value, why
+
+
+def standard_yarn(scaling: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """YaRN on standard attention, as (model fields, Megatron arguments, notes): the factor is a
+    model field (it sets the concentration factor that keeps RoPE off Transformer Engine's fused
+    kernel, so it changes the step time); the other YaRN settings are numerics only and travel as
+    Megatron arguments where they differ from Megatron's defaults. transformers' `truncate: false`
+    (gpt-oss) is Megatron's --no-yarn-correction-range-round-to-int; an explicit attention_factor
+    has no Megatron spelling on standard attention (Megatron derives it from --mscale /
+    --mscale-all-dim). Both Hugging Face readers (the family records and the no-record path) map
+    it here."""
+    for name in ["factor", *_STANDARD_YARN_DEFAULTS, "attention_factor"]:
+        value = scaling.get(name)
+        if name in scaling and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise YarnUnmappable(name, value, "expected a number")
     factor = float(scaling.get("factor", 1.0))
     if factor <= 0:
-        r.unsupported(f"{key}.factor", factor, "expected a positive YaRN factor")
-        return
-    model["position_embedding_type"] = "yarn"
-    model["rotary_scaling_factor"] = factor
+        raise YarnUnmappable("factor", factor, "expected a positive YaRN factor")
+    args: list[str] = []
     for name, default in _STANDARD_YARN_DEFAULTS.items():
         value = scaling.get(name, default)
         if value != default:
-            r.extra_args += [f"--yarn-{name.replace('_', '-')}", str(value)]
+            args += [f"--yarn-{name.replace('_', '-')}", str(value)]
     if scaling.get("truncate", True) is False:
-        r.extra_args.append("--no-yarn-correction-range-round-to-int")
-    if "attention_factor" in scaling:
-        r.notes.append(f"{key}.attention_factor = {scaling['attention_factor']} has no Megatron "
-                       "argument on standard attention (its YaRN derives the factor from "
-                       "--mscale and --mscale-all-dim); numerics only")
+        args.append("--no-yarn-correction-range-round-to-int")
+    notes = [f"YaRN attention_factor = {scaling['attention_factor']} has no Megatron argument on "
+             "standard attention (its YaRN derives the factor from --mscale and --mscale-all-dim); "
+             "numerics only"] if "attention_factor" in scaling else []
+    return {"position_embedding_type": "yarn", "rotary_scaling_factor": factor}, args, notes
+
+
+def _standard_yarn(r: _Reader, model: dict[str, Any], key: str, scaling: dict[str, Any]) -> None:
+    try:
+        fields, args, notes = standard_yarn(scaling)
+    except YarnUnmappable as bad:
+        r.unsupported(f"{key}.{bad.key}", bad.value, bad.why)
+        return
+    model.update(fields)
+    r.extra_args += args
+    r.notes += notes
 
 
 def _mla_rope(r: _Reader, model: dict[str, Any]) -> None:

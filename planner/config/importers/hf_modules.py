@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.config.importers.hf_config import MLA_MSCALE_DEFAULTS
+from planner.config.importers.hf_config import MLA_MSCALE_DEFAULTS, standard_yarn
 
 # transformers' config keys for the experts a token is routed to, in the order families use them
 # (Mixtral/Qwen/DeepSeek, ERNIE-4.5, Bailing, Gemma-4 and others).
@@ -864,12 +864,17 @@ def _mla_rope(rope: Any, notes: list[str]) -> dict[str, Any]:
             "original_max_position_embeddings": original}
 
 
-def mla_rope_arguments(model: Mapping[str, Any], text: Any) -> list[str]:
-    """The --mscale / --mscale-all-dim arguments a YaRN MLA mapping needs: its config's values
-    apart from Megatron's MLA defaults, which no model field holds (the table the record path's
-    reader passes on the same way)."""
+def rope_arguments(model: Mapping[str, Any], text: Any) -> list[str]:
+    """The Megatron arguments a YaRN mapping needs beyond the model fields: standard attention's
+    YaRN settings apart from Megatron's defaults (hf_config.standard_yarn), or MLA's --mscale /
+    --mscale-all-dim apart from its defaults (the table the record path's reader passes on the
+    same way)."""
     rope = attr(text, "rope_parameters")
-    if model.get("rope_type") != "yarn" or not isinstance(rope, Mapping):
+    if not isinstance(rope, Mapping):
+        return []
+    if model.get("position_embedding_type") == "yarn" and not model.get("multi_latent_attention"):
+        return standard_yarn(rope)[1]
+    if model.get("rope_type") != "yarn":
         return []
     args: list[str] = []
     for key, default in MLA_MSCALE_DEFAULTS.items():
@@ -982,7 +987,11 @@ def model_section(read: ModelRead, text: Any) -> tuple[dict[str, Any], list[str]
     partial = rope.get("partial_rotary_factor")
     if isinstance(partial, int | float) and 0 < partial < 1:
         model["rotary_percent"] = partial
-    if rope.get("rope_type", "default") not in ("default", None) or any(
+    if rope.get("rope_type") == "yarn" and att.mla == (0, 0, 0, 0, 0):
+        fields, _, yarn_notes = standard_yarn(rope)  # its arguments: rope_arguments
+        model.update(fields)
+        notes += yarn_notes
+    elif rope.get("rope_type", "default") not in ("default", None) or any(
             isinstance(value, Mapping) for value in rope.values()):
         notes.append(f"RoPE parameters {dict(rope)!r:.120} are not carried over beyond the base "
                      "and rotary share (positions change numerics, not the budget)")

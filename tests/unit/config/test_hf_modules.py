@@ -276,7 +276,7 @@ def test_window_only_rope_maps_to_no_rope_on_the_full_layers():
 def test_mla_yarn_is_carried_with_the_mscale_megatron_does_not_default_to():
     # Mistral-Small-4's rope_parameters: YaRN of 128 from 8,192 positions, mscale_all_dim 1.0
     # (Megatron's MLA default is 0.0: passed on as --mscale-all-dim), mscale 1.0 (the default)
-    from planner.config.importers.hf_modules import mla_rope_arguments
+    from planner.config.importers.hf_modules import rope_arguments
 
     rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
             "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -288,8 +288,29 @@ def test_mla_yarn_is_carried_with_the_mscale_megatron_does_not_default_to():
     model, _, _ = model_section(read, text)
     assert (model["rope_type"], model["rotary_scaling_factor"],
             model["original_max_position_embeddings"]) == ("yarn", 128.0, 8192)
-    assert mla_rope_arguments(model, text) == ["--mscale-all-dim", "1.0"]
-    assert mla_rope_arguments({**model, "rope_type": "rope"}, text) == []
+    assert rope_arguments(model, text) == ["--mscale-all-dim", "1.0"]
+    assert rope_arguments({**model, "rope_type": "rope"}, text) == []
+
+
+def test_standard_attention_yarn_is_carried_as_megatrons_yarn():
+    """A no-record model's YaRN on standard attention maps as the family records map it
+    (hf_config.standard_yarn): the factor a field, the other settings Megatron arguments where
+    they differ from its defaults; an unreadable value refuses the mapping by name."""
+    from planner.config.importers.hf_modules import rope_arguments
+
+    rope = {"rope_type": "yarn", "rope_theta": 150000, "factor": 32.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False}
+    att = Attention(4, 4, 16, False, True)
+    read = ModelRead(256, 64, False, [Layer(att, None, Moe(4, 32, 0, False, False, "softmax"))] * 2)
+    text = SimpleNamespace(layer_types=["full_attention"] * 2, num_experts_per_tok=2,
+                           rope_parameters=rope)
+    model, notes, _ = model_section(read, text)
+    assert (model["position_embedding_type"], model["rotary_scaling_factor"]) == ("yarn", 32.0)
+    assert not any("not carried over" in note for note in notes)
+    assert rope_arguments(model, text) == ["--no-yarn-correction-range-round-to-int"]
+    text.rope_parameters = {**rope, "factor": "32"}
+    with pytest.raises(ValueError, match="YaRN factor = '32': expected a number"):
+        model_section(read, text)
 
 
 class HunYuanAttention(_Module):
