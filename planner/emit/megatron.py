@@ -36,7 +36,7 @@ from planner.config.megatron_arguments import (
 )
 from planner.config.megatron_branch import BranchConflict, megatron_branch
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER, moeplan_field
-from planner.config.schema import DEFAULT_ORDER, Config
+from planner.config.schema import DEFAULT_ORDER, Config, ModelSection
 from planner.emit.safety import EmitError
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
@@ -320,67 +320,65 @@ def _max_position_embeddings(cfg: Config, args: MegatronArgs, _: _Planned) -> No
                  source="training.seq_length (model.max_position_embeddings unset)")
 
 
+# What Megatron-LM dev@d48bd6be cannot train, one record each: the field named, when it applies, and
+# why (with where the model trains instead). The first that applies refuses the emit as EMT010.
+_GEMMA_WHY = ("it builds one head width and a v projection for every layer and two pre-norms per "
+              "block (megatron/core/models/gpt/gpt_layer_specs.py "
+              "get_gpt_layer_with_transformer_engine_submodules); a model with these layers trains "
+              "with its own model class where a Megatron-Bridge bridge has one (Gemma-4: "
+              "Gemma4VLBridge)")
+_MIMO_WHY = ("(megatron/core/transformer/attention.py SelfAttention); Megatron-Bridge's "
+             "MiMoV2FlashSelfAttention switches KV groups, sinks and the value width per layer "
+             "(train it there, MiMoV2FlashBridge)")
+_LONGCAT_WHY = ("its router scores only experts that compute (megatron/core/transformer/moe/router.py "
+                "Router.__init__: a [num_moe_experts, h] weight), and its MoE block adds its output "
+                "in the layer that reads its input ("
+                "megatron/core/transformer/transformer_layer.py TransformerLayer); no "
+                "Megatron-Bridge bridge for LongCat-Flash is known")
+UNTRAINABLE: tuple[tuple[str, Callable[[ModelSection], bool], str], ...] = (
+    ("model.qk_layernorm_per_layer", lambda m: m.qk_layernorm_per_layer,
+     "its qk_layernorm normalises each head (megatron/core/transformer/attention.py "
+     "SelfAttention.__init__: q_layernorm over hidden_size_per_attention_head), none normalises all "
+     "heads of a layer at once (MiniMax-M2); set it false to train per-head q/k norms instead"),
+    ("model.window_num_attention_heads",
+     lambda m: m.window_num_attention_heads not in (None, m.num_attention_heads),
+     "it builds every layer's attention with one num_attention_heads (megatron/core/transformer/"
+     "attention.py SelfAttention); Megatron-Bridge's Step35DecoderLayer overrides it on "
+     "sliding-attention layers (train it there)"),
+    ("model.index_sparse_layers", lambda m: m.index_sparse_layers is not None and any(m.index_sparse_layers),
+     "its lightning indexer (DSA) belongs to multi-latent attention and picks tokens, not key blocks "
+     "(megatron/core/transformer/attention.py SelfAttention has none); no Megatron-Bridge bridge for "
+     "MiniMax-M3 is known"),
+    ("model.kda_layers", lambda m: m.kda_layers is not None and any(m.kda_layers),
+     "it has no Kimi Delta Attention layer (megatron/core/models/gpt/"
+     "experimental_attention_variant_module_specs.py is_linear_attention_variant knows "
+     "gated_delta_net only); NVIDIA-NeMo/Megatron-Bridge has no kimi_linear bridge, the fork "
+     "michal2409/Megatron-Bridge@269a192c builds KDA with its own layer spec (KimiLinearBridge: "
+     "train it there)"),
+    ("model.window_kv_channels", lambda m: m.window_kv_channels is not None, _GEMMA_WHY),
+    ("model.attention_k_eq_v", lambda m: m.attention_k_eq_v, _GEMMA_WHY),
+    ("model.post_sublayer_norms", lambda m: m.post_sublayer_norms, _GEMMA_WHY),
+    ("model.moe_branch_norms", lambda m: m.moe_branch_norms, _GEMMA_WHY),
+    ("model.window_num_query_groups",
+     lambda m: m.window_num_query_groups not in (None, m.num_query_groups),
+     "it builds every layer's attention with one num_query_groups " + _MIMO_WHY),
+    ("model.full_attention_softmax_type", lambda m: m.full_attention_softmax_type is not None,
+     "it builds every layer's attention with one softmax_type (megatron/core/transformer/"
+     "dot_product_attention.py) " + _MIMO_WHY),
+    ("model.v_head_dim", lambda m: m.attention_variant == "standard" and m.v_head_dim != m.kv_channels,
+     "it builds every layer's attention with one head width, kv_channels, for q, k and v " + _MIMO_WHY),
+    ("model.moe_zero_experts", lambda m: m.moe_zero_experts > 0, _LONGCAT_WHY),
+    ("model.moe_shortcut", lambda m: m.moe_shortcut, _LONGCAT_WHY),
+)
+
+
 def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
-    """gpt-oss / GLM-4.5 / MiniMax-M2 / Llama 4 mechanisms Megatron-LM dev@d48bd6be cannot train."""
+    """Mechanisms of current models Megatron-LM dev@d48bd6be cannot train (UNTRAINABLE, and chunked
+    attention beyond its chunk)."""
     m = cfg.model
-    if m.qk_layernorm_per_layer:
-        raise EmitError("model.qk_layernorm_per_layer", f"{NOT_IN_MEGATRON} Megatron-LM dev cannot "
-                        "train this: its qk_layernorm normalises each head (megatron/core/transformer/"
-                        "attention.py SelfAttention.__init__: q_layernorm over "
-                        "hidden_size_per_attention_head), none normalises all heads of a layer at once "
-                        "(MiniMax-M2); set it false to train per-head q/k norms instead")
-    if m.window_num_attention_heads not in (None, m.num_attention_heads):
-        raise EmitError("model.window_num_attention_heads", f"{NOT_IN_MEGATRON} Megatron-LM dev "
-                        "cannot train this: it builds every layer's attention with one "
-                        "num_attention_heads (megatron/core/transformer/attention.py SelfAttention); "
-                        "Megatron-Bridge's Step35DecoderLayer overrides it on sliding-attention "
-                        "layers (train it there)")
-    if m.index_sparse_layers is not None and any(m.index_sparse_layers):
-        raise EmitError("model.index_sparse_layers", f"{NOT_IN_MEGATRON} Megatron-LM dev cannot "
-                        "train this: its lightning indexer (DSA) belongs to multi-latent attention "
-                        "and picks tokens, not key blocks (megatron/core/transformer/attention.py "
-                        "SelfAttention has none); no Megatron-Bridge bridge for MiniMax-M3 is known")
-    if m.kda_layers is not None and any(m.kda_layers):
-        raise EmitError("model.kda_layers", f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: "
-                        "it has no Kimi Delta Attention layer (megatron/core/models/gpt/"
-                        "experimental_attention_variant_module_specs.py is_linear_attention_variant "
-                        "knows gated_delta_net only); NVIDIA-NeMo/Megatron-Bridge has no kimi_linear "
-                        "bridge, the fork michal2409/Megatron-Bridge@269a192c builds KDA with its "
-                        "own layer spec (KimiLinearBridge: train it there)")
-    gemma = [field for field, on in (
-        ("model.window_kv_channels", m.window_kv_channels is not None),
-        ("model.attention_k_eq_v", m.attention_k_eq_v),
-        ("model.post_sublayer_norms", m.post_sublayer_norms),
-        ("model.moe_branch_norms", m.moe_branch_norms)) if on]
-    if gemma:
-        raise EmitError(gemma[0], f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: it builds "
-                        "one head width and a v projection for every layer and two pre-norms per "
-                        "block (megatron/core/models/gpt/gpt_layer_specs.py "
-                        "get_gpt_layer_with_transformer_engine_submodules); "
-                        "a model with these layers trains with its own model class where a "
-                        "Megatron-Bridge bridge has one (Gemma-4: Gemma4VLBridge)")
-    own = [(field, why) for field, on, why in (
-        ("model.window_num_query_groups", m.window_num_query_groups not in (None, m.num_query_groups),
-         "one num_query_groups"),
-        ("model.full_attention_softmax_type", m.full_attention_softmax_type is not None,
-         "one softmax_type (megatron/core/transformer/dot_product_attention.py)"),
-        ("model.v_head_dim", m.attention_variant == "standard" and m.v_head_dim != m.kv_channels,
-         "one head width, kv_channels, for q, k and v")) if on]
-    if own:
-        raise EmitError(own[0][0], f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: it "
-                        f"builds every layer's attention with {own[0][1]} "
-                        "(megatron/core/transformer/attention.py SelfAttention); Megatron-Bridge's "
-                        "MiMoV2FlashSelfAttention switches KV groups, sinks and the value width per "
-                        "layer (train it there, MiMoV2FlashBridge)")
-    longcat = [field for field, on in (("model.moe_zero_experts", m.moe_zero_experts > 0),
-                                       ("model.moe_shortcut", m.moe_shortcut)) if on]
-    if longcat:
-        raise EmitError(longcat[0], f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: its "
-                        "router scores only experts that compute (megatron/core/transformer/moe/"
-                        "router.py Router.__init__: a [num_moe_experts, h] weight), and its MoE block "
-                        "adds its output in the layer that reads its input (megatron/core/"
-                        "transformer/transformer_layer.py TransformerLayer); no Megatron-Bridge "
-                        "bridge for LongCat-Flash is known")
+    for name, applies, why in UNTRAINABLE:
+        if applies(m):
+            raise EmitError(name, f"{NOT_IN_MEGATRON} Megatron-LM dev cannot train this: {why}")
     chunk = m.attention_chunk_size
     if chunk is not None and cfg.training.seq_length > chunk and not all(
             not m.is_chunked_layer(layer) for layer in range(m.num_layers)):
