@@ -627,13 +627,14 @@ def _launch_counts(book: Book, v: Variant) -> None:
         attention = [ROPE_UNFUSED_LAUNCHES if what.startswith("fused RoPE") else (n, what)
                      for n, what in attention]
     router = list(ROUTER_LAUNCHES)
+    gathers = list(allgather_launches(v)) if v.dispatcher == "allgather" else []
     preprocess = list(PREPROCESS_LAUNCHES) + (
         [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
-        else []) + ([allgather_launches(v)[0]] if v.dispatcher == "allgather" else [])
+        else []) + gathers[:1]
     experts = [expert_activation_launches(v) if what == "expert activation" else (n, what)
                for n, what in EXPERT_LAUNCHES] + ([TP_LAUNCHES] if v.tp else []) + (
         [EXPERT_BIAS_LAUNCHES] if v.bias else []) + ([ACT_CLAMP_LAUNCHES] if v.moe_act_clamp else []) + (
-        [allgather_launches(v)[1]] if v.dispatcher == "allgather" else [])
+        gathers[1:])
     dense = list(DENSE_LAUNCHES) + ([TP_LAUNCHES] if v.tp else [])
     # Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py: the fused permute is
     # one Transformer Engine kernel; the unfused one builds the index (mask transpose, arange,
