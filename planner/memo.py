@@ -11,7 +11,8 @@ read from planner/config/data/, the formulas planner/budget/expr.py compiles, th
 of planner/layout/): their results never go stale, so nothing needs to clear them.
 
 A config section is a frozen pydantic model but not hashable (its list fields); `section_key`
-gives the value to key it on.
+gives the value to key it on. `HeldByIdentity` is the one exception to keying on values: a few
+recent objects held with their values, for a caller asking about the very same frozen object.
 """
 
 from __future__ import annotations
@@ -105,26 +106,45 @@ class HashedOnce:
                                  and self.items == other.items)
 
 
+class HeldByIdentity(Generic[V]):
+    """The values made for the last few objects, kept with the objects and matched by identity:
+    for a caller that asks again and again about the same frozen object (a config, a config
+    section), where even keying by value costs what the lookup should save. Holding an object
+    keeps its identity from being reused while its value is kept."""
+
+    __slots__ = ("kept", "_held")
+
+    def __init__(self, kept: int) -> None:
+        self.kept = kept
+        self._held: list[tuple[Any, V]] = []
+
+    def get(self, obj: Any, make: Callable[[Any], V]) -> V:
+        """The value made for `obj` while it is among the last `kept` asked for, else `make(obj)`."""
+        for held, value in self._held:
+            if held is obj:
+                return value
+        value = make(obj)
+        self._held.insert(0, (obj, value))
+        del self._held[self.kept:]
+        return value
+
+
 def section_key(section: BaseModel) -> HashedOnce:
     """A config section's field values, hashable (list fields as tuples): what a memo keys on for
     results that read the section. Sections are frozen, so the key stays true.
 
     Making it reads every field (a few microseconds), so the last few sections' keys are kept
-    with the sections themselves (compared by identity while they hold the section: search's
-    candidates share the user's model section and ask tens of thousands of times, between
-    asking for their own parallel section's)."""
-    for held, key in _last_keys:
-        if held is section:
-            return key
-    key = HashedOnce((type(section), *[_frozen(v) if type(v) is list or type(v) is dict else v
-                                       for v in section.__dict__.values()]))
-    _last_keys.insert(0, (section, key))
-    del _last_keys[_KEPT_KEYS:]
-    return key
+    with the sections themselves (search's candidates share the user's model section and ask tens
+    of thousands of times, between asking for their own parallel section's)."""
+    return _SECTION_KEYS.get(section, _section_key)
 
 
-_KEPT_KEYS = 4
-_last_keys: list[tuple[Any, HashedOnce]] = []
+def _section_key(section: BaseModel) -> HashedOnce:
+    return HashedOnce((type(section), *[_frozen(v) if type(v) is list or type(v) is dict else v
+                                        for v in section.__dict__.values()]))
+
+
+_SECTION_KEYS: HeldByIdentity[HashedOnce] = HeldByIdentity(4)
 
 
 def _frozen(value: Any) -> Any:

@@ -28,7 +28,7 @@ from planner.layout.pipeline import Chunk, SplitError, StageSplit, split_key, st
 from planner.layout.rank_generator import GridError
 from planner.layout.schedule import Peak, stage_peak
 from planner.layout.spec import grid_spec_from_config
-from planner.memo import Memo, section_key
+from planner.memo import HeldByIdentity, Memo, section_key
 
 if TYPE_CHECKING:
     from planner.layout.grid import Grid
@@ -259,24 +259,20 @@ class Accounting:
 
 def _front(cfg: Config) -> tuple[StageSplit, Holdings, Variant, dict[str, Number]]:
     """The config's split, holdings, variant and global inputs: what every Accounting of it
-    starts from. The last few configs' are kept with the configs themselves (compared by
-    identity while held; configs are frozen): search judges a candidate's memory and times it,
-    two Accountings of one config."""
-    for held, front in _FRONTS:
-        if held is cfg:
-            return front
+    starts from. The last few configs' are kept with the configs themselves (configs are frozen):
+    search judges a candidate's memory and times it, two Accountings of one config."""
+    return _FRONTS.get(cfg, _make_front)
+
+
+def _make_front(cfg: Config) -> tuple[StageSplit, Holdings, Variant, dict[str, Number]]:
     try:
         split = stage_split(cfg)
     except SplitError as exc:
         raise BudgetError(f"no pipeline split: {exc.message}") from None
-    front = (split, holdings(cfg, split), variant_of(cfg, split), global_values(cfg, split))
-    _FRONTS.insert(0, (cfg, front))
-    del _FRONTS[_KEPT_FRONTS:]
-    return front
+    return split, holdings(cfg, split), variant_of(cfg, split), global_values(cfg, split)
 
 
-_KEPT_FRONTS = 64
-_FRONTS: list[tuple[Config, tuple[StageSplit, Holdings, Variant, dict[str, Number]]]] = []
+_FRONTS: HeldByIdentity[tuple[StageSplit, Holdings, Variant, dict[str, Number]]] = HeldByIdentity(64)
 
 
 # Grids by spec: search estimates many candidates of one layout (knobs only differ), and a Grid
