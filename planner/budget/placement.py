@@ -16,7 +16,7 @@ from planner.budget.book import read_items
 from planner.budget.expr import Number
 from planner.budget.symbols import TOPOLOGY_GROUPS, moved_rank_values, rank_values
 from planner.layout.nodes import Places
-from planner.memo import HashedOnce, Memo
+from planner.memo import HashedOnce, HeldByIdentity, Memo
 
 if TYPE_CHECKING:
     from planner.layout.grid import Grid
@@ -55,15 +55,11 @@ def _groups_key(grid: Grid) -> HashedOnce:
     """What decides the grid's groups: its spec but the MoE layers of each stage, which only say
     which layers a rank's experts serve (Grid.expert_ownership), never who is in a group. Search
     times several pipeline layouts of one family: they share their ranks' placements. The last
-    grid's key is kept with it (compared by identity: a stage after stage asks for the same)."""
-    if grid is _last_grid[0]:
-        return _last_grid[1]
-    key = HashedOnce((replace(grid.spec, moe_layers_by_stage=()),))
-    _last_grid[:] = (grid, key)
-    return key
+    grid's key is kept with it (stage after stage asks for the same grid)."""
+    return _GROUPS_KEYS.get(grid, lambda g: HashedOnce((replace(g.spec, moe_layers_by_stage=()),)))
 
 
-_last_grid: list[Any] = [None, None]
+_GROUPS_KEYS: HeldByIdentity[HashedOnce] = HeldByIdentity(1)
 
 
 def _place(grid: Grid, rank: int, node_size: Places, experts: tuple[Any, ...]) -> Placement:
