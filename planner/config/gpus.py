@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -85,27 +86,25 @@ class Gpu:
 # xGMI's usable share of its link rate: 48 of 64 GB/s (Gpu.link_usable_share).
 XGMI_USABLE_SHARE = 48 / 64
 
+# The GEMM shares fitted per GPU family on bench/heldout.py's calibration figures (its
+# --fit-defaults: gemm_bf16@hopper, gemm_fp8@blackwell, ...): every card of the family takes them,
+# so a refit is one line here.
+HOPPER: dict[str, Any] = {"gemm_fp8_eff": 0.563, "gemm_bf16_eff": 0.706, "family": "hopper"}
+BLACKWELL: dict[str, Any] = {"gemm_fp8_eff": 0.437, "gemm_bf16_eff": 0.46, "family": "blackwell"}
+
 GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
-    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8, gemm_fp8_eff=0.563, gemm_bf16_eff=0.706,
-        family="hopper"),
-    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8, gemm_fp8_eff=0.563, gemm_bf16_eff=0.706,
-        family="hopper"),
-    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, gemm_fp8_eff=0.563, gemm_bf16_eff=0.706,
-        family="hopper"),
+    Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8, **HOPPER),
+    Gpu("H200", 989, 1979, 141, 4.8, 450, 50, 8, 8, **HOPPER),
+    Gpu("H800", 989, 1979, 80, 3.35, 160, 50, 8, 8, **HOPPER),
     # H20, the China-market Hopper, as NVIDIA's HGX H20 specification lists it (no public
     # datasheet): 148 dense BF16 TFLOP/s and 296 dense FP8, 96 GB HBM3 at 4.0 TB/s, NVLink 4 at
     # 900 GB/s (450 one way) in 8-GPU HGX boards; one 400 Gb/s NIC per GPU as on HGX H100. Its
     # GEMM shares are the Hopper ones fitted on H100 runs: no H20 run is calibrated on.
-    Gpu("H20", 148, 296, 96, 4.0, 450, 50, 8, 8, gemm_fp8_eff=0.563, gemm_bf16_eff=0.706,
-        family="hopper"),
-    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, gemm_fp8_eff=0.437, gemm_bf16_eff=0.46,
-        family="blackwell"),
-    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, gemm_fp8_eff=0.437, gemm_bf16_eff=0.46,
-        family="blackwell", host="grace", host_link_gb_s=450),
-    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, gemm_fp8_eff=0.437, gemm_bf16_eff=0.46,
-        family="blackwell"),
-    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, gemm_fp8_eff=0.437, gemm_bf16_eff=0.46,
-        family="blackwell", host="grace", host_link_gb_s=450),
+    Gpu("H20", 148, 296, 96, 4.0, 450, 50, 8, 8, **HOPPER),
+    Gpu("B200", 2250, 4500, 180, 8, 900, 50, 8, 8, **BLACKWELL),
+    Gpu("GB200", 2500, 5000, 186, 8, 900, 50, 72, 4, **BLACKWELL, host="grace", host_link_gb_s=450),
+    Gpu("B300", 2250, 4500, 288, 8, 900, 100, 8, 8, **BLACKWELL),
+    Gpu("GB300", 2500, 5000, 288, 8, 900, 100, 72, 4, **BLACKWELL, host="grace", host_link_gb_s=450),
     # Ampere (NVIDIA A100 Tensor Core GPU datasheet, SXM: 312 dense BF16 TFLOP/s, no FP8; 40 GB HBM2
     # at 1,555 GB/s or 80 GB HBM2e at 2,039 GB/s; NVLink 3 at 600 GB/s, 300 one way; DGX A100 and
     # HGX A100 8-GPU boards with one 200 Gb/s HDR adapter per GPU, 25 GB/s). The A800 is the
@@ -125,22 +124,22 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     # over PCIe Gen5 x16 (128 GB/s both ways, 64 one way); NVLink bridges join pairs (H100 PCIe and
     # NVL: 600 GB/s, 300 one way) or up to four (H200 NVL's 2- or 4-way bridge: 900 GB/s, 450 one
     # way). Eight cards a server, one 400 Gb/s NIC each as on HGX H100; the SXM cards' GEMM shares.
-    Gpu("H100-PCIe", 756.5, 1513, 80, 2.0, 64, 50, 8, 8, gemm_fp8_eff=0.563, gemm_bf16_eff=0.706,
-        family="hopper", device_names=("H100 PCIe",), nvlink_bridge=2, bridge_gb_s=300),
-    Gpu("H100-NVL", 835.5, 1670.5, 94, 3.9, 64, 50, 8, 8, gemm_fp8_eff=0.563, gemm_bf16_eff=0.706,
-        family="hopper", device_names=("H100 NVL",), nvlink_bridge=2, bridge_gb_s=300),
-    Gpu("H200-NVL", 835.5, 1670.5, 141, 4.8, 64, 50, 8, 8, gemm_fp8_eff=0.563, gemm_bf16_eff=0.706,
-        family="hopper", device_names=("H200 NVL",), nvlink_bridge=4, bridge_gb_s=450),
+    Gpu("H100-PCIe", 756.5, 1513, 80, 2.0, 64, 50, 8, 8, **HOPPER,
+        device_names=("H100 PCIe",), nvlink_bridge=2, bridge_gb_s=300),
+    Gpu("H100-NVL", 835.5, 1670.5, 94, 3.9, 64, 50, 8, 8, **HOPPER,
+        device_names=("H100 NVL",), nvlink_bridge=2, bridge_gb_s=300),
+    Gpu("H200-NVL", 835.5, 1670.5, 141, 4.8, 64, 50, 8, 8, **HOPPER,
+        device_names=("H200 NVL",), nvlink_bridge=4, bridge_gb_s=450),
     # Grace Hopper (NVIDIA GH200 Grace Hopper Superchip datasheet): the H100's dense rates (989 /
     # 1,979 TFLOP/s), 96 GB HBM3 at 4.0 TB/s (CUDA's "GH200 480GB": 480 GB of LPDDR5X beside it) or
     # 144 GB HBM3e at 4.9 TB/s ("GH200 144G HBM3e"); NVLink 4 at 900 GB/s (450 one way) between
     # superchips, one 400 Gb/s adapter each. One superchip a node (NVIDIA MGX); a node of several
     # sets cluster.gpus_per_node, and intra_node_bandwidth_gb_s where its NVLink links are split
     # between peers. A bare "GH200" in a log fixes neither memory, so names no card.
-    Gpu("GH200", 989, 1979, 96, 4.0, 450, 50, 1, 1, gemm_fp8_eff=0.563, gemm_bf16_eff=0.706,
-        family="hopper", host="grace", device_names=("GH200 480GB",), host_link_gb_s=450),
-    Gpu("GH200-144GB", 989, 1979, 144, 4.9, 450, 50, 1, 1, gemm_fp8_eff=0.563, gemm_bf16_eff=0.706,
-        family="hopper", host="grace", device_names=("GH200 144G HBM3e",), host_link_gb_s=450),
+    Gpu("GH200", 989, 1979, 96, 4.0, 450, 50, 1, 1, **HOPPER,
+        host="grace", device_names=("GH200 480GB",), host_link_gb_s=450),
+    Gpu("GH200-144GB", 989, 1979, 144, 4.9, 450, 50, 1, 1, **HOPPER,
+        host="grace", device_names=("GH200 144G HBM3e",), host_link_gb_s=450),
     # L20, the China-market Ada card (NVIDIA L20 product specification: 119.5 BF16 and 239 FP8
     # tensor TFLOP/s, 48 GB GDDR6 at 864 GB/s, PCIe Gen4 x16 at 64 GB/s both ways, 32 one way, no
     # NVLink); eight a server, one 200 Gb/s adapter each as on the PCIe Gen4 Ampere boards. No Ada
