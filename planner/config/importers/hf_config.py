@@ -36,6 +36,14 @@ MLA_MSCALE_DEFAULTS = {"mscale": 1.0, "mscale_all_dim": 0.0}
 _MLA_BETA_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0}
 
 
+def sigmoid_renormalised_note(key: str = "norm_topk_prob") -> str:
+    """The note for a config that keeps sigmoid top-k weights un-renormalised: Megatron
+    renormalises them always (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_utils.py
+    topk_routing_with_score_function)."""
+    return (f"{key} false with sigmoid scoring: Megatron always renormalises the top-k sigmoid "
+            "scores (routing weights differ)")
+
+
 class HfConfigUnreadable(Exception):
     """The file is missing, unreadable or not a JSON object (a usage error, exit 2)."""
 
@@ -426,8 +434,7 @@ def _deepseek_router(r: _Reader, model: dict[str, Any]) -> None:
         if scale not in (None, 1, 1.0):
             model["moe_router_topk_scaling_factor"] = float(scale)
         if not normalise:
-            r.notes.append("norm_topk_prob false with sigmoid scoring: Megatron always "
-                           "renormalises the top-k sigmoid scores (routing weights differ)")
+            r.notes.append(sigmoid_renormalised_note())
     else:
         r.unsupported("scoring_func", scoring, "moeplan maps 'softmax' and 'sigmoid' scoring")
     if method == "noaux_tc":
@@ -652,8 +659,7 @@ def _glm4_moe(r: _Reader) -> dict[str, Any]:
     if scale not in (None, 1, 1.0):
         model["moe_router_topk_scaling_factor"] = float(scale)
     if not r.flag("norm_topk_prob", d["norm_topk_prob"]):
-        r.notes.append("norm_topk_prob false with sigmoid scoring: Megatron always renormalises "
-                       "the top-k sigmoid scores (routing weights differ)")
+        r.notes.append(sigmoid_renormalised_note())
     groups, group_topk = r.count("n_group", None, d["n_group"]), r.count("topk_group", None,
                                                                        d["topk_group"])
     if groups and groups > 1:
@@ -1334,8 +1340,7 @@ def _kimi_linear(r: _Reader) -> dict[str, Any]:
         model["moe_router_topk_scaling_factor"] = float(scale)
     renorm = "moe_renormalize" if "moe_renormalize" in r.hf else "norm_topk_prob"
     if not r.flag(renorm, True):
-        r.notes.append(f"{renorm} false with sigmoid scoring: Megatron always renormalises the "
-                       "top-k sigmoid scores (routing weights differ)")
+        r.notes.append(sigmoid_renormalised_note(renorm))
     groups = keys["n_group"]
     if groups and groups > 1:
         model["moe_router_num_groups"] = groups

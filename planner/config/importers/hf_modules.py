@@ -27,7 +27,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.config.importers.hf_config import MLA_MSCALE_DEFAULTS, standard_yarn
+from planner.config.importers.hf_config import (
+    MLA_MSCALE_DEFAULTS,
+    sigmoid_renormalised_note,
+    standard_yarn,
+)
 
 # transformers' config keys for the experts a token is routed to, in the order families use them
 # (Mixtral/Qwen/DeepSeek, ERNIE-4.5, Bailing, Gemma-4 and others).
@@ -1094,8 +1098,7 @@ def _topk_normalisation(normalise: Any, score: str, model: dict[str, Any], notes
     if normalise is False and score == "softmax":
         model["moe_router_pre_softmax"] = True
     elif normalise is False:
-        notes.append("norm_topk_prob false with sigmoid scoring: Megatron always renormalises the "
-                     "top-k sigmoid scores (routing weights differ, the budget does not)")
+        notes.append(sigmoid_renormalised_note())
     elif normalise is None:
         notes.append("the config names no norm_topk_prob: the top-k routing weights are taken as "
                      "renormalised, Megatron's default (routing weights only, not the budget)")
