@@ -76,6 +76,11 @@ class Gpu:
     # (bench/heldout.yaml, amd-primus-moe-blog) had shown their all-to-all layouts too fast; a cited
     # figure, not fitted to them.
     link_usable_share: float = 1.0
+    # Share of the dense BF16 peak core (flash) attention reaches over its forward and backward
+    # (efficiency.attention where unset; moeplan prices the backward as two forwards, Megatron's
+    # 3x). 0.5: the catalog default every NVIDIA card keeps; a card with a published measurement of
+    # its vendor's attention kernels takes that (AMD_ATTENTION below).
+    attention_eff: float = 0.5
 
     @property
     def log_names(self) -> tuple[str, ...]:
@@ -85,6 +90,26 @@ class Gpu:
 
 # xGMI's usable share of its link rate: 48 of 64 GB/s (Gpu.link_usable_share).
 XGMI_USABLE_SHARE = 48 / 64
+
+# MI355X measured on its own libraries (HazyResearch/HipKittens @f09e9685, the baselines of the
+# HipKittens paper, ROCm 7.0 on MI355X): hipBLASLt BF16 GEMM at M = N = K = 8192, 1,574.69 TFLOP/s
+# (analysis/bf16_gemm/plot.py, mi355x_baselines["hipblaslt"]; 1,579.20 at 16384; its FP8 hipBLASLt
+# at 8192, 3,233 TFLOP/s in analysis/fp8_gemm/mi350x/mi355x_fp8_gemm.json, agrees with AMD's own
+# ~3,130 below); and AITER's flash attention, causal, 16 x 16 heads of 128 at 4,096 tokens
+# (analysis/attn/fwd/benchmark/mi355x_mha_causal_fwd.json and
+# analysis/attn/bkwd/benchmark/mi355x_mha_bkwd_causal.json, "tflops_ref"): forward 1,069.0
+# TFLOP/s on the causal half of 4·s²·h·d, backward (AITER's assembly kernel, which ROCm
+# Transformer Engine's NVTE_CK_USES_BWD_V3=1 selects) 876.8 TFLOP/s on 2.5x that count.
+MI355X_BF16_GEMM_TFLOPS = 1574.69
+MI355X_ATTENTION_FWD_TFLOPS, MI355X_ATTENTION_BWD_TFLOPS = 1069.0, 876.8
+
+
+def measured_attention_share(peak_tflops: float, fwd_tflops: float, bwd_tflops: float) -> float:
+    """The attention share (Gpu.attention_eff) a measured forward and backward rate give: moeplan
+    prices forward + backward as 3 forwards at peak x share, the measurement took one forward at
+    fwd_tflops and a backward of 2.5 forwards' FLOPs at bwd_tflops, so share = 3 / (peak x (1 / fwd
+    + 2.5 / bwd))."""
+    return 3 / (peak_tflops * (1 / fwd_tflops + 2.5 / bwd_tflops))
 
 # The GEMM shares fitted per GPU family on bench/heldout.py's calibration figures (its
 # --fit-defaults: gemm_bf16@hopper, gemm_fp8@blackwell, ...): every card of the family takes them,
@@ -155,18 +180,23 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     # hipBLASLt on its best shape (ROCm blog "Measuring Max-Achievable FLOPs - Part 2", 2025-02-28,
     # Table 1: MI300X 708 BF16 / 1,273 FP8 TFLOP/s, MI325X 843 / 1,519), and for MI355X's FP8
     # hipBLASLt at M = N = K = 8192, about 3,130 TFLOP/s (ROCm blog "FP8 GEMM Optimization on AMD
-    # CDNA4 Architecture", 2026-03-10). AMD publishes no MI355X BF16 GEMM rate, so its BF16 share is
-    # its measured FP8 share times the BF16-over-FP8 share AMD measured on CDNA3 (1.11 on MI300X and
-    # on MI325X alike): 0.691, about 1,740 TFLOP/s. A derivation from AMD's measurements, not a
-    # measurement of its own; it replaced the catalog default (0.8), chosen after the held-out AMD
-    # rows had shown that default 1.3-1.5x too fast.
+    # CDNA4 Architecture", 2026-03-10). AMD publishes no MI355X BF16 GEMM rate; its BF16 share is
+    # hipBLASLt's rate measured on MI355X itself (MI355X_BF16_GEMM_TFLOPS: 1,574.69 TFLOP/s at
+    # 8192^3, share 0.626). It replaced a derivation (AMD's MI355X FP8 share times CDNA3's
+    # BF16-over-FP8 share: 0.691), which had replaced the catalog default (0.8) after the held-out
+    # AMD rows had shown that default 1.3-1.5x too fast; both replacements came after those rows
+    # had been seen, each a cited measurement, none fitted to them. MI355X's attention share is
+    # AITER's measured forward and backward (MI355X_ATTENTION_*: 0.315 of the BF16 peak, where the
+    # catalog default is 0.5), added after the same rows had been seen.
     Gpu("MI300X", 1307.4, 2614.9, 192, 5.3, 448, 50, 8, 8, gemm_bf16_eff=708 / 1307.4,
         gemm_fp8_eff=1273 / 2614.9, family="cdna3", link_usable_share=XGMI_USABLE_SHARE),
     Gpu("MI325X", 1307.4, 2614.9, 256, 6.0, 448, 50, 8, 8, gemm_bf16_eff=843 / 1307.4,
         gemm_fp8_eff=1519 / 2614.9, family="cdna3", link_usable_share=XGMI_USABLE_SHARE),
     Gpu("MI355X", 2516.6, 5033.2, 288, 8.0, 537.6, 50, 8, 8,
-        gemm_bf16_eff=3130 / 5033.2 * (843 / 1307.4) / (1519 / 2614.9), gemm_fp8_eff=3130 / 5033.2,
-        family="cdna4", link_usable_share=XGMI_USABLE_SHARE),
+        gemm_bf16_eff=MI355X_BF16_GEMM_TFLOPS / 2516.6, gemm_fp8_eff=3130 / 5033.2,
+        family="cdna4", link_usable_share=XGMI_USABLE_SHARE,
+        attention_eff=measured_attention_share(2516.6, MI355X_ATTENTION_FWD_TFLOPS,
+                                               MI355X_ATTENTION_BWD_TFLOPS)),
 )})
 
 

@@ -1094,7 +1094,9 @@ class EfficiencySection(Section):
 
     gemm_bf16: Share = _derived()  # share of the BF16 peak GEMMs reach; unset: the GPU catalog's
     gemm_fp8: Share = _derived()  # share of the FP8 peak FP8 GEMMs reach; unset: the GPU catalog's
-    attention: Share = 0.5  # share of the BF16 peak core (flash) attention reaches
+    # share of the BF16 peak core (flash) attention reaches; unset: the GPU catalog's (0.5 but
+    # where a card's kernels were measured)
+    attention: Share = _derived()
     intra_node: Share = 0.85  # share of the NVLink bandwidth a collective reaches
     inter_node: Share = 0.9  # share of the scale-out bandwidth a collective reaches
     hbm: Share = 0.8  # share of the HBM bandwidth streaming work (weights, elementwise) reaches
@@ -1163,7 +1165,8 @@ class EfficiencySection(Section):
     deepep_num_sms: PosInt = 20
     deepep_gb_s_per_sm: PosFloat = 13.4
 
-    @field_validator("gemm_bf16", "gemm_fp8", "gemm_half_dim", "host_launch_scale", mode="wrap")
+    @field_validator("gemm_bf16", "gemm_fp8", "attention", "gemm_half_dim", "host_launch_scale",
+                     mode="wrap")
     @classmethod
     def _from_card(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         return _unset_passes(value, handler)  # ClusterSection._from_gpu fills them from the card
@@ -1241,6 +1244,8 @@ class ClusterSection(Section):
             object.__setattr__(self.efficiency, "gemm_fp8", card.gemm_fp8_eff)
         if self.efficiency.gemm_bf16 is None:
             object.__setattr__(self.efficiency, "gemm_bf16", card.gemm_bf16_eff)
+        if self.efficiency.attention is None:
+            object.__setattr__(self.efficiency, "attention", card.attention_eff)
         if self.efficiency.gemm_half_dim is None:
             object.__setattr__(self.efficiency, "gemm_half_dim", card.gemm_half_dim)
         if self.efficiency.host_launch_scale is None:

@@ -71,13 +71,18 @@ def test_catalog_holds_the_vendor_figures() -> None:
     assert {n: (g.nvlink_bridge, g.bridge_gb_s) for n, g in GPUS.items() if g.nvlink_bridge} == {
         "H100-PCIe": (2, 300), "H100-NVL": (2, 300), "H200-NVL": (4, 450)}
     assert [n for n, g in GPUS.items() if g.host == "grace"] == ["GB200", "GB300", "GH200", "GH200-144GB"]
-    # AMD's cards: the GEMM shares are AMD's measured hipBLASLt rates over the dense peak (MI300X
+    # AMD's cards: the GEMM shares are measured hipBLASLt rates over the dense peak (MI300X
     # 708 / 1,273 TFLOP/s and MI325X 843 / 1,519 max-achievable BF16 / FP8; MI355X FP8 ~3,130 at
-    # 8192^3); MI355X BF16 has no published rate: its FP8 share times CDNA3's BF16-over-FP8 share
-    # (MI325X: (843 / 1307.4) / (1519 / 2614.9) = 1.110), 0.6219 * 1.110 * 2516.6 = 1,737
+    # 8192^3, AMD's; MI355X BF16 1,574.69 at 8192^3, HipKittens' hipBLASLt baseline)
     assert {n: (round(g.gemm_bf16_eff * g.bf16_tflops), round(g.gemm_fp8_eff * g.fp8_tflops))
             for n, g in GPUS.items() if g.family.startswith("cdna")} == {
-        "MI300X": (708, 1273), "MI325X": (843, 1519), "MI355X": (1737, 3130)}
+        "MI300X": (708, 1273), "MI325X": (843, 1519), "MI355X": (1575, 3130)}
+    # Core attention: 0.5 of the BF16 peak but on MI355X, whose AITER kernels were measured at
+    # 1,069.0 TFLOP/s forward and 876.8 backward (2.5 forwards' FLOPs): forward + backward of one
+    # forward's f FLOPs takes f / 1069.0 + 2.5 f / 876.8, which moeplan's 3 f / (2516.6 x share)
+    # equals at share = 3 / (2516.6 x (1 / 1069.0 + 2.5 / 876.8)) = 0.3148
+    assert {n: round(g.attention_eff, 4) for n, g in GPUS.items() if g.attention_eff != 0.5} == {
+        "MI355X": 0.3148}
     # Infinity Fabric's usable share of its link rate (AMD: about 48 of 64 GB/s per xGMI link);
     # NVLink's overhead is inside efficiency.intra_node, so every other card keeps its whole rate
     assert {n: g.link_usable_share for n, g in GPUS.items() if g.link_usable_share != 1} == {
@@ -96,6 +101,13 @@ def test_a_gpu_fills_what_is_unset_and_the_config_wins() -> None:
     c = cfg({"gpu": "GB200", "gpu_memory_gib": 180}).cluster
     assert (c.gpus_per_node, c.nvlink_domain, c.gpu_memory_gib, c.peak_bf16_tflops,
             c.intra_node_bandwidth_gb_s) == (4, 72, 180, 2500, 900)
+    # the attention share: the card's where efficiency leaves it unset, the config's where it says
+    assert (cfg({"gpu": "GB200"}).cluster.efficiency.attention,
+            cfg({"gpu": "MI355X"}).cluster.efficiency.attention,
+            cfg({"gpu": "MI355X", "efficiency": {"attention": 0.5}}).cluster.efficiency.attention) == (
+        0.5, GPUS["MI355X"].attention_eff, 0.5)
+    assert hardware_values(cfg({"gpu": "MI355X"}))["eff_attention"] == Fraction(
+        repr(GPUS["MI355X"].attention_eff))
 
 
 def test_xgmi_prices_its_usable_link_rate() -> None:
