@@ -36,6 +36,14 @@ def test_every_figure_builds_a_config_and_is_estimated(figure: heldout.Figure) -
     assert row.figure.config().parallel.world_size == figure.data["parallel"]["world_size"]
 
 
+def test_users_published_runs_only_judge() -> None:
+    """The user-logs family (runs users posted with their arguments) is never calibration: no
+    default factor is fitted on it, so its error is an out-of-sample figure."""
+    users = [f for f in FIGURES if f.family == "user-logs"]
+    assert users and not any(f.calibration or f.sweep_only for f in users)
+    assert all(f.source.startswith("https://github.com/") for f in users)
+
+
 def test_the_base_is_merged_under_the_figure() -> None:
     """Mappings merge key by key and the figure's value wins."""
     base = {"moe": {"a": 1, "b": 2}, "x": 1}

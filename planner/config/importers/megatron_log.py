@@ -39,6 +39,10 @@ _ENTRY = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*) \.*(?: (?P<value>.*))?$")
 _PADDED = re.compile(r"padded vocab \(size: (?P<size>\d{1,18})\) with (?P<dummy>\d{1,18}) dummy "
                      r"tokens \(new size: (?P<padded>\d{1,18})\)")
 _MICROBATCHES = re.compile(r"setting number of micro-?batches to constant (?P<count>\d{1,18})\b")
+# validate_args' own line before the dump (Megatron-LM dev@d48bd6be megatron/training/arguments.py
+# validate_args: 'using world size: W, data-parallel size: ...', the same words since 2023): the world
+# size of a log whose dump is cut short, as dumps pasted into issues often are.
+_WORLD_LINE = re.compile(r"using world size: (?P<world>\d{1,18}),")
 # Dump entries that are facts of the run, not arguments (set by parse_args / validate_args).
 _FACTS = {"world_size", "rank", "local_rank", "data_parallel_size", "params_dtype",
           "virtual_pipeline_model_parallel_size", "transformer_pipeline_model_parallel_size",
@@ -125,6 +129,7 @@ class LogRead:
     argv: list[str] = field(default_factory=list)
     every_dump: list[dict[str, str]] = field(default_factory=list)  # all of them, in log order
     gpu: str | None = None  # the catalog card the log first names ("NVIDIA H20"), if any
+    world_line: int | None = None  # the world size validate_args printed before the dump
 
     def printed_int(self, name: str) -> int | None:
         value = self.dump.get(name, "None")
@@ -192,7 +197,7 @@ def log_essentials(raw_lines: Iterable[str]) -> list[str] | None:
                 current = None
             elif len(current) > MAX_DUMP_LINES:
                 current = None
-        elif _PADDED.search(line) or _MICROBATCHES.search(line):
+        elif _PADDED.search(line) or _MICROBATCHES.search(line) or _WORLD_LINE.search(line):
             kept.append(raw)
         elif not card and card_named(line):  # the card the run reports (planner/config/gpus.py)
             kept.append(raw)
@@ -217,6 +222,8 @@ def read_lines(lines: list[str]) -> LogRead:
             read.vocab_size, read.padded_vocab_size = int(match["size"]), int(match["padded"])
         elif match := _MICROBATCHES.search(line):
             read.num_microbatches = int(match["count"])
+        elif match := _WORLD_LINE.search(line):
+            read.world_line = int(match["world"])
     if read.padded_vocab_size is None:
         read.padded_vocab_size = read.printed_int("padded_vocab_size")
     read.argv = dump_arguments(read.dump, read.vocab_size or read.padded_vocab_size,
@@ -297,8 +304,10 @@ def log_front_end(text: str, source: str = "log") -> tuple[FrontEnd, LogRead]:
 def front_end_of(read: LogRead, source: str = "log") -> FrontEnd:
     """The import front end of a log already read."""
     world = read.printed_int("world_size")
-    facts = LaunchFacts(launcher=DUMP_LAUNCHER, world_size=world,
-                        sources=[f"world_size {world} in the argument dump of {source}"] if world else [])
+    where = f"world_size {world} in the argument dump of {source}"
+    if world is None and read.world_line is not None:  # a dump cut short: validate_args' line
+        world, where = read.world_line, f"'using world size: {read.world_line}' in {source}"
+    facts = LaunchFacts(launcher=DUMP_LAUNCHER, world_size=world, sources=[where] if world else [])
     front = FrontEnd("Megatron training log, argument dump", read.argv, facts=facts)
     if read.gpu is not None:  # the card the run's log names: its memory and peaks judge the plan
         front.fields["cluster.gpu"] = read.gpu

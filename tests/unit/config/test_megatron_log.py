@@ -23,6 +23,7 @@ from planner.config.importers.megatron_log import (
     config_from_log,
     destinations,
     dump_arguments,
+    log_front_end,
     read_log,
 )
 from planner.config.loader import InvalidConfig, parse_config
@@ -330,3 +331,18 @@ def test_dump_entries_no_parser_knows_are_named_the_set_ones_first() -> None:
     read = LogRead({"num_layers": "2", "zz_fork_window": "128", "aa_fork_switch": "False"}, 1)
     note = next(n for n in front_end_of(read).notes if "no flag" in n.why)
     assert note.argument == "zz_fork_window=128 aa_fork_switch" and "(1 of them set)" in note.why
+
+
+def test_a_dump_cut_short_takes_its_world_size_from_validate_args_line() -> None:
+    """Dumps pasted into issues are often cut short of `world_size`; validate_args' own line before
+    the dump ('using world size: W, ...', megatron/training/arguments.py) still gives it, and the
+    dump's entry wins where both are there."""
+    head = ("using world size: 16, data-parallel size: 8, context-parallel size: 1 "
+            "tensor-model-parallel size: 2, pipeline-model-parallel size: 1 \n")
+    dump = ("------------------------ arguments ------------------------\n"
+            "  tensor_model_parallel_size ...................... 2\n"
+            "-------------------- end of arguments ---------------------\n")
+    assert log_front_end(head + dump)[0].facts.world_size == 16
+    full = dump.replace("  tensor", "  world_size ...................................... 32\n  tensor")
+    assert log_front_end(head + full)[0].facts.world_size == 32
+    assert log_front_end(dump)[0].facts.world_size is None
