@@ -239,7 +239,8 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                not_issued="no aux loss, or TP·CP = 1: nothing to sum"),
     Collective("pp_activation", ("pp",), {"fwd": ("p2p",), "bwd": ("p2p",)},
                "pipeline activations forward, their gradients backward; Megatron-LM "
-               "dev@d48bd6be megatron/core/pipeline_parallel/p2p_communication.py"),
+               "dev@d48bd6be megatron/core/pipeline_parallel/p2p_communication.py",
+               overlap="overlap.overlap_p2p_comm"),
     # DeepSeek-V4 attention under THD context parallelism (contiguous split). The DeepSeek-V4
     # Megatron write-up calls the neighbour message "uncompressed tail KV"; Megatron sends the
     # attention input's hidden rows and projects their KV on the receiver.

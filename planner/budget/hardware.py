@@ -121,12 +121,16 @@ HARDWARE_SYMBOLS: tuple[Symbol, ...] = (
            "the others)"),
     *FIXED_COST_SYMBOLS,
     *(Symbol(overlap_symbol(flag), f"1 when {flag} is on (an overlap flag of the collectives "
-             "table)") for flag in OVERLAP_FLAGS),
+             "table)" + (", with virtual pipeline stages: Megatron's validate_args turns it off "
+                        "under plain 1F1B" if flag == "overlap.overlap_p2p_comm" else ""))
+      for flag in OVERLAP_FLAGS),
 )
 
 
 def _flag(cfg: Config, path: str) -> int:
     value: Any = reduce(getattr, path.split("."), cfg)
+    if path == "overlap.overlap_p2p_comm":  # validate_args: off without the interleaved schedule
+        return int(bool(value) and (cfg.parallel.vpp or 1) > 1)
     return int(bool(value))
 
 

@@ -70,6 +70,8 @@ EXPLICIT: dict[str, tuple[str, Kind]] = {
     "--disable-bias-linear": ("model.add_bias_linear", "flag"),
     # store_false, dest gradient_accumulation_fusion (megatron/training/arguments.py)
     "--no-gradient-accumulation-fusion": ("training.gradient_accumulation_fusion", "flag"),
+    # store_false, dest overlap_p2p_comm (megatron/training/arguments.py)
+    "--no-overlap-p2p-communication": ("overlap.overlap_p2p_comm", "flag"),
     "--dsa-indexer-n-heads": ("model.index_n_heads", "int"),
     "--dsa-indexer-head-dim": ("model.index_head_dim", "int"),
     "--dsa-indexer-topk": ("model.index_topk", "int"),

@@ -1018,6 +1018,13 @@ class OverlapSection(Section):
     delay_wgrad_compute: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    # Megatron's --no-overlap-p2p-communication turns it off (Megatron-LM dev@d48bd6be
+    # megatron/training/arguments.py, dest overlap_p2p_comm, on by default): the interleaved
+    # schedule posts each chunk's pipeline send/recv and waits for it after the next chunk's
+    # compute (megatron/core/pipeline_parallel/schedules.py
+    # forward_backward_pipelining_with_interleaving). validate_args turns it off without virtual
+    # stages, so it hides nothing under plain 1F1B.
+    overlap_p2p_comm: bool = True
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
     # 0 is legal under `block` (Megatron recomputes no block: TransformerBlock._checkpointed_forward);

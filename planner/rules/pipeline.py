@@ -56,6 +56,30 @@ def vpp_needs_pipeline(f: Facts) -> Iterator[Violation]:
 
 
 @rule(
+    "PIP006", "error", "interleaving without the p2p overlap needs PP > 2",
+    source=VALIDATE_ARGS,
+    why="""With overlap.overlap_p2p_comm off (--no-overlap-p2p-communication) the interleaved schedule
+    batches each step's sends and receives; with two pipeline ranks one batch would hold several
+    sends and receives between the same pair, so validate_args asserts PP > 2 before training
+    starts.""",
+    bad="""
+    model: {num_layers: 4}
+    parallel: {pp: 2, vpp: 2}
+    overlap: {overlap_p2p_comm: false}
+    """,
+    good="""
+    model: {num_layers: 4}
+    parallel: {pp: 2, vpp: 2}
+    """,
+)
+def interleaving_without_p2p_overlap(f: Facts) -> Iterator[Violation]:
+    if f.vpp > 1 and not f.ovl.overlap_p2p_comm and f.par.pp <= 2:
+        yield Violation("overlap.overlap_p2p_comm",
+                        f"overlap_p2p_comm false with vpp {f.vpp} and pp {f.par.pp}",
+                        "keep overlap.overlap_p2p_comm (Megatron's default) or use pp > 2")
+
+
+@rule(
     "PIP003", "error", "hash-routed layers sit on the embedding stage",
     source=TRANSFORMER_CONFIG,
     why="""Hash routing looks experts up by token id (tid2eid[input_id]) and input_ids exist only
@@ -149,5 +173,5 @@ def mtp_position_embedding(f: Facts) -> Iterator[Violation]:
                         "set model.position_embedding_type: rope (or none), or mtp_num_layers: 0")
 
 
-RULES = (layers_split_over_stages, vpp_needs_pipeline, hash_layers_on_first_stage,
-         hash_routing_wants_layout, mtp_position_embedding)
+RULES = (layers_split_over_stages, vpp_needs_pipeline, interleaving_without_p2p_overlap,
+         hash_layers_on_first_stage, hash_routing_wants_layout, mtp_position_embedding)

@@ -257,6 +257,11 @@ REJECTED: dict[str, tuple[dict[str, Any], str, str, str | None]] = {
         tiny_with(mtp_num_layers=1, position_embedding_type="learned_absolute"),
         "megatron/training/arguments.py:919 validate_args",
         "Multi-Token Prediction (MTP) is not supported with learned_absolute", "PIP005"),
+    "PP2 x VPP2 without the p2p overlap": (
+        {**GPT_PP_VPP, "overlap": {"overlap_p2p_comm": False}},
+        "megatron/training/arguments.py:1050 validate_args",
+        "p2p communication overlap is disabled, pipeline-model-parallel size should be greater "
+        "than 2", "PIP006"),
     "EP overlap, full recompute, dropout 0.1": (
         ep_overlap_full_recompute(0.1),
         "megatron/core/transformer/transformer_config.py:3422 __post_init__",
