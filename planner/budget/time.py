@@ -976,9 +976,10 @@ def _communication(book: Book, v: Variant, exchanges: dict[str, list[str]]) -> l
 # exchange. So on a host-bound pass an exposed exchange is GPU time the host's issuing overlaps,
 # not time added after it: each pass costs max(host, GPU work + its exchanges), not
 # max(host, GPU work) + its exchanges. Under overlap_moe_expert_parallel_comm the exchanges run on
-# a communication stream against another microbatch's compute (Megatron-LM dev@d48bd6be
-# megatron/core/pipeline_parallel/utils.py set_streams, the combined 1F1B schedule's comm stream),
-# and what stays exposed there waits on that stream, not on the host: no such credit. Term added
+# a communication stream against another microbatch's compute; what stays exposed there is the
+# compute stream waiting on that stream's event, a wait on the GPU the host does not share, so the
+# same credit holds for the exposed part (the schedule's own extra host synchronisation, which
+# Megatron-LM's GB200 write-up names as its cost there, is not priced). Term added
 # after reading Megatron-LM's GB200 write-up rows (docs/discussions/deepseek-v3-gb200-optimization,
 # roadmap: DeepEP's slower exchanges made the host-bound DeepEP row 8 % slower than the AlltoAll
 # row in this model, 4.8 % faster as measured).
@@ -989,13 +990,10 @@ def _host_behind_exchanges(book: Book, exchanges: dict[str, list[str]]) -> None:
     GPU work, at most its exposed exchanges."""
     fwd = " + ".join(exchanges["fwd"]) or "0"
     bwd = " + ".join(exchanges["bwd"]) or "0"
-    overlapped = overlap_symbol(str(TABLE[TOKEN_EXCHANGES[0]].overlap))
-    book.add("time_host_behind_exchanges_s", f"(1 - {overlapped}) * microbatches"
-             " * (Min(stack_factor * Max("
+    book.add("time_host_behind_exchanges_s", "microbatches * (Min(stack_factor * Max("
              "time_host_fwd_s - time_gpu_s / (3 * microbatches), 0), (" + fwd + ") / microbatches)"
              " + Min(stack_factor * Max(time_host_bwd_s - 2 * time_gpu_s / (3 * microbatches), 0),"
              " (" + bwd + ") / microbatches))", "s", "time",
              "host time the GPU's token exchanges hide: on a host-bound pass the host issues the "
              "experts while the GPU runs the dispatch and combine, so each pass's host excess over "
-             "its GPU work is cut by its exposed exchanges, down to 0 (none under "
-             "overlap_moe_expert_parallel_comm, whose exchanges run on their own stream)")
+             "its GPU work is cut by its exposed exchanges, down to 0")
