@@ -72,7 +72,8 @@ def one_fold(runs: list[Run], held: int) -> dict[str, object]:
     return {"fit": [(r.name, r.measured, a) for r, a in zip(order, result.after, strict=True)],
             "fifth": (target.name, target.measured, target.predict({}), target.predict(fitted)),
             "fitted": fitted, "identified": result.identified,
-            "missing": [missing_term(n, fitted[n]) for n in sorted(result.pinned)]}
+            "missing": [missing_term(n, fitted[n]) for n in sorted(result.pinned)],
+            "unexplained": result.unexplained}
 
 
 def error(predicted: float, measured: float) -> float:
@@ -103,7 +104,10 @@ def report(sweep: str, markdown: bool) -> int:
         factors = ", ".join(f"{n} {v:.4g} (from {len(fold['identified'].get(n, []))} runs)"  # type: ignore[attr-defined]
                             for n, v in fold["fitted"].items())  # type: ignore[attr-defined]
         notes.append(f"fold {held + 1}: fitted {factors or 'nothing'}"
-                     + "".join(f"; AT ITS BOUND: {m}" for m in fold["missing"]))  # type: ignore[attr-defined]
+                     + "".join(f"; AT ITS BOUND: {m}" for m in fold["missing"])  # type: ignore[attr-defined]
+                     + "".join(f"; LEFT {u['error']:+.1%}: {u['run']}, which alone sets "
+                               + ", ".join(f"{k} {v}" for k, v in u["apart_in"].items())
+                               for u in fold["unexplained"]))  # type: ignore[attr-defined]
     head = ("fold", "role", "run", "measured s", "fitted / predicted s", "error")
     if markdown:
         print("| " + " | ".join(head) + " |")

@@ -87,12 +87,15 @@ def write(book: Book, v: Variant) -> None:
         "all compute of the step, with the host time the GPU waits for, times the stack's factor "
         "(efficiency.stack_factor: 1 unless `moeplan calibrate` fits a stack the terms do not "
         "explain)")
-    exposed = _communication(book, v) + optimizer_time.write_offload(book, v)
+    exchanges: dict[str, list[str]] = {"fwd": [], "bwd": []}
+    exposed = _communication(book, v, exchanges) + optimizer_time.write_offload(book, v)
     add("time_exposed_comm_s", " + ".join(exposed) or "0", "s", "time",
         "communication left on the critical path per step (every collective of the table"
         + (", and activation offloading's host-link copies" if v.offload else "") + ")")
-    add("time_busy_s", "time_compute_s + time_exposed_comm_s", "s", "time",
-        "compute and exposed communication of all microbatches of the step")
+    _host_behind_exchanges(book, exchanges)
+    add("time_busy_s", "time_compute_s + time_exposed_comm_s - time_host_behind_exchanges_s",
+        "s", "time", "compute and exposed communication of all microbatches of the step, less "
+        "the host time the token exchanges hide")
     add("time_microbatch_s", "time_busy_s / microbatches", "s", "time",
         "one microbatch through every model chunk of the stage, forward and backward: the "
         "pipeline's unit of work (the pipeline page, planner/budget/pipeline.py, sums other "
@@ -904,8 +907,10 @@ def _ddp_hidden(book: Book, name: str, flag: str | None, t: str) -> str:
             f" + (1 - is_first_stage) * Min(eff_overlap * {t}, time_compute_s))")
 
 
-def _communication(book: Book, v: Variant) -> list[str]:
-    """One time per collective and phase the comm page priced; exposed per its overlap flag."""
+def _communication(book: Book, v: Variant, exchanges: dict[str, list[str]]) -> list[str]:
+    """One time per collective and phase the comm page priced; exposed per its overlap flag. The
+    token exchanges' exposed times are also listed in `exchanges` by the pass the GPU runs them
+    in (a recomputed layer's in the backward)."""
     add, exposed = book.add, []
     for entry in TABLE.values():
         for phase in entry.phases:
@@ -955,4 +960,40 @@ def _communication(book: Book, v: Variant) -> list[str]:
                 name = add(f"time.{entry.name}.{phase}.exposed", f"{name} - " + " - ".join(hidden),
                            "s", "time", f"the part not hidden behind compute ({'; '.join(why)})")
             exposed.append(name)
+            if entry.name in TOKEN_EXCHANGES:
+                exchanges["fwd" if phase == "fwd" else "bwd"].append(name)
     return exposed
+
+
+# The token dispatcher issues its exchanges on the compute stream between a MoE layer's
+# preprocessing and its experts, and the combine between the experts and the next block
+# (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/moe_layer.py MoELayer.forward:
+# dispatch, then routed_experts_compute, then combine; token_dispatcher.py
+# MoEAlltoAllTokenDispatcher.token_dispatch's all_to_all and MoEFlexTokenDispatcher's fused
+# dispatch, neither on a side stream unless overlap_moe_expert_parallel_comm). The host does not
+# wait for an exchange to finish: once it has issued one (after the dropless sync, which
+# time_sync_restart_s prices), it goes on issuing the experts' kernels while the GPU runs the
+# exchange. So on a host-bound pass an exposed exchange is GPU time the host's issuing overlaps,
+# not time added after it: each pass costs max(host, GPU work + its exchanges), not
+# max(host, GPU work) + its exchanges. Under overlap_moe_expert_parallel_comm the exchanges run on
+# a communication stream against another microbatch's compute; what stays exposed there is the
+# compute stream waiting on that stream's event, a wait on the GPU the host does not share, so the
+# same credit holds for the exposed part (the schedule's own extra host synchronisation, which
+# Megatron-LM's GB200 write-up names as its cost there, is not priced). Term added
+# after reading Megatron-LM's GB200 write-up rows (docs/discussions/deepseek-v3-gb200-optimization,
+# roadmap: DeepEP's slower exchanges made the host-bound DeepEP row 8 % slower than the AlltoAll
+# row in this model, 4.8 % faster as measured).
+
+
+def _host_behind_exchanges(book: Book, exchanges: dict[str, list[str]]) -> None:
+    """Host time the token exchanges hide (see above), per pass: the pass's host excess over its
+    GPU work, at most its exposed exchanges."""
+    fwd = " + ".join(exchanges["fwd"]) or "0"
+    bwd = " + ".join(exchanges["bwd"]) or "0"
+    book.add("time_host_behind_exchanges_s", "microbatches * (Min(stack_factor * Max("
+             "time_host_fwd_s - time_gpu_s / (3 * microbatches), 0), (" + fwd + ") / microbatches)"
+             " + Min(stack_factor * Max(time_host_bwd_s - 2 * time_gpu_s / (3 * microbatches), 0),"
+             " (" + bwd + ") / microbatches))", "s", "time",
+             "host time the GPU's token exchanges hide: on a host-bound pass the host issues the "
+             "experts while the GPU runs the dispatch and combine, so each pass's host excess over "
+             "its GPU work is cut by its exposed exchanges, down to 0")

@@ -71,7 +71,17 @@ def _render(data: dict[str, Any], output: Path | None) -> None:
     for name, f in data["factors"].items():
         state = (f"fitted in [{f['low']:g}, {f['high']:g}]" if f["fitted"]
                  else f"not fitted: {f['why']}")
-        stdout.print(f"{escape(name)}: {f['value']:.4g} (default {f['default']:.4g}; {escape(state)})")
+        stdout.print(f"{escape(name)}: {f['value']:.4g} (default {f['default']:.4g}; {escape(state)})"
+                     + (f"; identified by {len(f['identified_by'])} runs" if f["fitted"] else ""))
+        if f["missing_term"]:
+            stdout.print(f"  [yellow]missing term:[/] {escape(f['missing_term'])}")
+    for run in data["unexplained_runs"]:
+        apart = ", ".join(f"{k} {v}" for k, v in run["apart_in"].items()) or "no field"
+        stdout.print(f"[yellow]{escape(run['run'])}: still {run['error']:+.1%} after the fit[/]: no "
+                     "shared factor separates it from the other runs; it alone sets "
+                     f"{escape(apart)}" + (f" (of {run['apart_fields']} fields)"
+                                           if run["apart_fields"] > len(run["apart_in"]) else "")
+                     + ": a term for what those change is missing or mispriced")
     stack = ", ".join(f"{k} {v}" for k, v in data["stack"].items() if k != "logs")
     stdout.print(f"[dim]stack: {escape(stack)}" + (f"; profile written to {escape(str(output))}"
                                                     if output else "") + "[/]")

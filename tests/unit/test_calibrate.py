@@ -342,3 +342,21 @@ def test_four_published_runs_of_a_slow_stack_are_reproduced_and_predict_a_fifth(
     assert abs(fifth.predict(fitted) / fifth.measured - 1) < 0.15
     assert fitted["stack_factor"] > 1.1 and len(result.identified["stack_factor"]) == 4
     assert all(missing_term(n, fitted[n]) for n in result.pinned)
+
+
+def test_a_run_the_fit_cannot_reproduce_is_named_with_what_sets_it_apart() -> None:
+    """Three runs of one stack, one of them alone with router fusion off and measured 40 % off
+    what the fit gives it: it is reported, with that field (the term to look at) and nothing
+    the runs share; the runs within 15 % are not."""
+    from planner.calibrate.calibration import UNEXPLAINED, unexplained_runs
+    from planner.calibrate.fit import Run
+    from planner.config.loader import load_config
+
+    base = load_config(TINY)
+    off = base.model_copy(update={"moe": base.moe.model_copy(update={"moe_router_fusion": False})})
+    on = base.model_copy(update={"moe": base.moe.model_copy(update={"moe_router_fusion": True})})
+    runs = [Run("fused-a", on, 1.0), Run("fused-b", on, 2.0), Run("unfused", off, 1.0)]
+    out = unexplained_runs(runs, [1.0, 2.0 * (1 + UNEXPLAINED / 2), 1.4])
+    assert [u["run"] for u in out] == ["unfused"]
+    assert out[0]["error"] == pytest.approx(0.4)
+    assert out[0]["apart_in"] == {"moe.moe_router_fusion": False} and out[0]["apart_fields"] == 1

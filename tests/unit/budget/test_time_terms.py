@@ -276,3 +276,18 @@ def test_each_graphed_layer_costs_its_replay() -> None:
     assert router["time_graph_replay_bwd_launches"] == 2 * layers + 2 * router["L_moe"]
     none, full = env(qwen()), env(qwen(overlap={"cuda_graph_impl": "full_iteration"}))
     assert none["time_graph_replays"] == full["time_graph_replays"] == 0
+
+
+def test_a_host_bound_pass_hides_the_token_exchanges_the_gpu_runs() -> None:
+    """The host issues the experts while the GPU runs the dispatch and combine: far behind the
+    GPU, the host hides every exchange (each pass costs max(host, GPU + exchanges)); with no host
+    cost there is no excess to hide and the exchanges add to the compute."""
+    exchanges = [f"time_ep_{what}_hidden_{phase}" for what in ("dispatch", "combine")
+                 for phase in ("fwd", "bwd")]
+    slow = env(qwen(efficiency={"host_us_per_launch": 2000}))
+    assert slow["time_host_behind_exchanges_s"] == sum(slow[n] for n in exchanges) > 0
+    assert slow["time_busy_s"] == (slow["time_compute_s"] + slow["time_exposed_comm_s"]
+                                   - sum(slow[n] for n in exchanges))
+    free = env(qwen(efficiency={"host_us_per_launch": 0}))
+    assert free["time_host_behind_exchanges_s"] == 0
+    assert free["time_busy_s"] == free["time_compute_s"] + free["time_exposed_comm_s"]
