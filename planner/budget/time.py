@@ -242,7 +242,11 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         "query, key and value heads read and written once outside the GEMMs (RoPE, concatenation)")
     rope = ""
     if v.rope_unfused:
-        add("time_ew_rope_unfused_elements", "blocks * 10 * (heads + groups) * d"
+        # MLA rotates only its positional parts: q's qk_rope per head and the one shared k_pos_emb
+        # (Megatron-LM dev@d48bd6be megatron/core/transformer/multi_latent_attention.py
+        # MLASelfAttention.get_query_key_value_tensors, apply_rotary_pos_emb on q_pos_emb, k_pos_emb)
+        rotated = "(heads + 1) * qk_rope" if v.attention == "mla" else "(heads + groups) * d"
+        add("time_ew_rope_unfused_elements", f"blocks * 10 * {rotated}"
             + (" + L_window * 10 * (heads_w - heads) * d" if "window_heads" in v.kinds else "")
             + (" + L_window * 10 * (heads * (d_w - d) + groups_w * d_w - groups * d)"
                if "window_kv" in v.kinds else ""), "elements", "time", ROPE_UNFUSED_DOC)
@@ -475,7 +479,8 @@ ATTENTION_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("1", "bias-dropout-add into the residual"),
     ("fp8", "FP8 cast of the output projection's input (norm outputs are cast inside the norm)"),
 )
-# YaRN with a concentration factor other than 1 on standard attention (planner/budget/hardware.py
+# RoPE by Megatron's unfused path: --no-rope-fusion, MLA with plain RoPE, or YaRN with a
+# concentration factor other than 1 on standard attention (planner/budget/hardware.py
 # rope_unfused): Megatron-LM dev@d48bd6be megatron/core/models/common/embeddings/rope_utils.py
 # _apply_rotary_pos_emb_bshd rotates q and k in PyTorch ops. Per tensor t it builds cos and sin of
 # the position table (torch.cos / torch.sin, the product with the factor, the cast to t's dtype:
@@ -485,12 +490,13 @@ ATTENTION_LAUNCHES: tuple[tuple[str, str], ...] = (
 # twelve passes over t where the fused kernel reads and writes it once, so ten more, and twelve
 # kernels where the fused path launches one. The position tables (d per position, not per head)
 # are left out of the bytes: under 1 % of them.
-ROPE_UNFUSED_DOC = ("RoPE by Megatron's unfused path (YaRN's concentration factor is not 1): ten "
+ROPE_UNFUSED_DOC = ("RoPE by Megatron's unfused path (--no-rope-fusion, MLA with plain RoPE, or "
+                    "YaRN's concentration factor other than 1): ten "
                     "more passes over the rotated q and k heads than the fused kernel's one read "
                     "and write (t·cos, the rotated half's negation and concatenation, ·sin, the "
                     "sum and the concatenation with the unrotated rest; rope_utils.py "
                     "_apply_rotary_pos_emb_bshd)")
-ROPE_UNFUSED_LAUNCHES = ("24", "unfused RoPE on q and k (YaRN), twelve kernels each: cos and sin "
+ROPE_UNFUSED_LAUNCHES = ("24", "unfused RoPE on q and k, twelve kernels each: cos and sin "
                          "of the position table with their factor and cast, t·cos, the negated "
                          "half, its concatenation, ·sin, the sum, the concatenation with the rest")
 # Of those, the position table's six per tensor have no autograd node (the table needs no grad).

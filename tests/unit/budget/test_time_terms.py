@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from planner.budget.hardware import rope_unfused, yarn_concentration
 from planner.config.importers.hf_config import map_hf_config
 from planner.config.routing import routing_imbalance
@@ -224,6 +227,35 @@ def test_yarn_with_a_concentration_factor_rotates_by_the_unfused_path() -> None:
                                    {"world_size": 16, "ep": 8, "etp": 1},
                                    {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED))
 
+
+
+def test_no_rope_fusion_rotates_by_the_unfused_path() -> None:
+    """--no-rope-fusion (training.apply_rope_fusion false) on standard attention: the same ten
+    passes and 12 kernels per tensor as YaRN's fallback (Megatron-LM attention.py branches on
+    config.apply_rope_fusion). On MLA only the positional parts rotate (multi_latent_attention.py
+    get_query_key_value_tensors: q_pos_emb, qk_rope per head, and the one shared k_pos_emb), and
+    MLA with plain RoPE has no fused path (MLATransformerConfig.__post_init__), so the schema resolves
+    the switch off there and refuses it on."""
+    model = {**QWEN, "num_layers": 4, "num_attention_heads": 32, "num_query_groups": 4,
+             "kv_channels": 128}
+    def at(model: dict[str, Any], **training: Any) -> Config:
+        return config(model, {"world_size": 16, "ep": 8, "etp": 1},
+                      {"seq_length": 4096, "global_batch_size": 256, **training}, moe=BALANCED,
+                      cluster={"gpu": "H100"})
+    fused, plain = at(model), at(model, apply_rope_fusion=False)
+    assert fused.training.apply_rope_fusion and not rope_unfused(fused) and rope_unfused(plain)
+    a, b = env(fused), env(plain)
+    assert b["time_ew_rope_unfused_elements"] == 4 * 10 * (32 + 4) * 128
+    assert b["time_launches_attention"] == a["time_launches_attention"] + 22
+    assert b["time_launches_nograd"] == a["time_launches_nograd"] + 4 * 12
+    mla = {**model, "multi_latent_attention": True, "q_lora_rank": 256, "kv_lora_rank": 128,
+           "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
+    assert at(mla).training.apply_rope_fusion  # MLA's default YaRN fuses
+    resolved = at({**mla, "rope_type": "rope"})
+    assert not resolved.training.apply_rope_fusion and rope_unfused(resolved)
+    assert env(resolved)["time_ew_rope_unfused_elements"] == 4 * 10 * (32 + 1) * 64
+    with pytest.raises(ValidationError, match="training.apply_rope_fusion true with MLA"):
+        at({**mla, "rope_type": "rope"}, apply_rope_fusion=True)
 
 def test_a_clamped_quick_geglu_adds_its_clamps_and_concatenation() -> None:
     """gpt-oss's routed experts (--quick-geglu, clamp 7): Megatron-LM fused_bias_geglu.py
