@@ -24,7 +24,7 @@ tokens; `imbalance` scales the routed-expert share for the busiest rank.
 
 from __future__ import annotations
 
-from planner.budget import optimizer_time
+from planner.budget import fsdp_time, optimizer_time
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Book, ident
 from planner.budget.hardware import overlap_symbol
@@ -97,7 +97,8 @@ def write(book: Book, v: Variant) -> None:
         "one microbatch through every model chunk of the stage, forward and backward: the "
         "pipeline's unit of work (the pipeline page, planner/budget/pipeline.py, sums other "
         "stages' chunks of it into the bubble)")
-    extra = "".join(f" + {term}" for term in optimizer_time.write(book, v, _dim_eff))
+    extra = "".join(f" + {term}" for term in optimizer_time.write(book, v, _dim_eff)
+                    + fsdp_time.write_step(book, v))
     add("time_optimizer_s", "(weight_bytes + grad_bytes + 2 * optimizer_bytes) / (bw_hbm * eff_hbm)"
         " + t_step_fixed" + extra, "s", "time", "optimizer step: read grads and state, write state "
         "and weights once (HBM), plus the fixed cost of a step (optimizer launches, gradient-sync "
@@ -760,10 +761,13 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         " * t_host_expert * (1 - graph_experts)", "s", "time",
         "a stack's own extra host time per local expert and microbatch beyond the counted "
         "launches (efficiency.host_us_per_expert, 0 unless calibrated)")
-    add("time_host_exposed_s", "Max(time_host_fwd_s - time_gpu_s / (3 * microbatches), 0)"
-        " + Max(time_host_bwd_s - 2 * time_gpu_s / (3 * microbatches), 0) + time_sync_restart_s",
-        "s", "time", "per microbatch, the host time the GPU waits for: forward and backward each "
-        "at max(host, GPU) (a forward is a third of the GPU work), plus the sync restarts")
+    fsdp_fwd, fsdp_bwd = (f" + {n}" if n else "" for n in fsdp_time.write_host(book, v))
+    add("time_host_exposed_s", f"Max(time_host_fwd_s{fsdp_fwd} - time_gpu_s / (3 * microbatches), 0)"
+        f" + Max(time_host_bwd_s{fsdp_bwd} - 2 * time_gpu_s / (3 * microbatches), 0)"
+        " + time_sync_restart_s", "s", "time", "per microbatch, the host time the GPU waits for: "
+        "forward and backward each at max(host, GPU) (a forward is a third of the GPU work), plus "
+        "the sync restarts" + (" (Megatron-FSDP's bucket and gradient launches included: "
+                               "planner/budget/fsdp_time.py)" if fsdp_fwd else ""))
     moe_host = (f"(L_moe * time_launch_s * ((1 + {BACKWARD_DISPATCHES}) * (time_launches_router"
                 " * (1 - graph_router)"
                 " + time_launches_preprocess * (1 - graph_preprocess) + time_launches_experts"

@@ -75,6 +75,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("latent MoE (`moe_latent_size`)", {"latent": True}),
     *((f"Megatron-FSDP `{strategy}`", {"fsdp": strategy, "dist_opt": strategy != "no_shard"})
       for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params")),
+    ("Megatron-FSDP `optim_grads_params` without gradient accumulation fusion",
+     {"fsdp": "optim_grads_params", "dist_opt": True, "fsdp_grad_copy": True}),
     ("GTP > 1", {"gtp": True}),
     ("EGTP > 1", {"egtp": True}),
     ("optimizer `muon` with TP > 1 and ETP > 1, tp_mode duplicated",

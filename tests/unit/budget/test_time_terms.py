@@ -308,3 +308,26 @@ def test_each_graphed_layer_costs_its_replay() -> None:
     assert router["time_graph_replay_bwd_launches"] == 2 * layers + 2 * router["L_moe"]
     none, full = env(qwen()), env(qwen(overlap={"cuda_graph_impl": "full_iteration"}))
     assert none["time_graph_replays"] == full["time_graph_replays"] == 0
+
+
+def test_megatron_fsdp_launches_per_bucket_and_per_tensor() -> None:
+    """Megatron-FSDP optim_grads_params on 4 Qwen3-shaped MoE layers, one stage (embedding and
+    output with it): a bucket per layer's dense group and per MoE layer's expert group
+    (_get_parameter_groups), one for the rest, 4 + 4 + 1 = 9. Forward: one all-gather each;
+    backward: the units' 8 gathered again, a reduce-scatter and an add per bucket, and without
+    gradient accumulation fusion one copy per parameter tensor (_grad_acc)."""
+    model = {**QWEN, "num_layers": 4}
+    def at(**training: Any) -> dict[str, Any]:
+        return env(config(model, {"world_size": 16, "ep": 8, "etp": 1},
+                          {"seq_length": 4096, "global_batch_size": 256, "use_megatron_fsdp": True,
+                           "ckpt_format": "fsdp_dtensor", **training}, moe=BALANCED,
+                          cluster={"gpu": "H100"}))
+    fused, copied = at(), at(gradient_accumulation_fusion=False)
+    assert fused["time_fsdp_buckets"] == 9 and fused["time_fsdp_fwd_launches"] == 9
+    assert fused["time_fsdp_bwd_launches"] == 8 + 2 * 9
+    tensors = copied["time_fsdp_dense_tensors"] + copied["time_fsdp_expert_tensors"]
+    assert copied["time_fsdp_expert_tensors"] == 4 * (128 // 8) * 2
+    assert copied["time_fsdp_bwd_launches"] == fused["time_fsdp_bwd_launches"] + tensors
+    assert copied["time_fsdp_host_bwd_s"] > fused["time_fsdp_host_bwd_s"]
+    # optim_grads keeps whole parameters: its buckets follow the bucket size, not priced here
+    assert "time_fsdp_buckets" not in at(data_parallel_sharding_strategy="optim_grads")
