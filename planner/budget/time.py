@@ -502,6 +502,14 @@ ROPE_UNFUSED_LAUNCHES = ("24", "unfused RoPE on q and k, twelve kernels each: co
                          "half, its concatenation, ·sin, the sum, the concatenation with the rest")
 # Of those, the position table's six per tensor have no autograd node (the table needs no grad).
 ROPE_UNFUSED_NOGRAD = 12
+# Unfused core attention (attention_backend unfused or local, transformer_impl local: the same
+# variant as UNFUSED_SCORE_PASSES below): Megatron-LM dev@d48bd6be megatron/core/transformer/
+# dot_product_attention.py DotProductAttention.forward launches torch.baddbmm (the scores), the fused
+# scale-mask-softmax, torch.bmm with V and the context's permute made contiguous, and with attention
+# dropout its dropout: four or five kernels where a flash kernel is one.
+UNFUSED_CORE_LAUNCHES = 4
+UNFUSED_CORE_DOC = ("core attention unfused: baddbmm scores, the fused scale-mask-softmax, bmm with "
+                    "V, the context made contiguous{} (DotProductAttention.forward)")
 MLA_LAUNCHES = ("6", "MLA: q and kv down projections, the kv norm, the up projection, the k/v "
                 "split and the RoPE concatenation")
 TP_LAUNCHES = ("2", "sequence-parallel all-gather before and reduce-scatter after the TP linears")
@@ -633,6 +641,11 @@ def _launch_counts(book: Book, v: Variant) -> None:
     if v.rope_unfused:
         attention = [ROPE_UNFUSED_LAUNCHES if what.startswith("fused RoPE") else (n, what)
                      for n, what in attention]
+    if v.attn_scores and v.attention in ("standard", "mla"):
+        drop = int(v.attention_dropout)
+        core = (str(UNFUSED_CORE_LAUNCHES + drop),
+                UNFUSED_CORE_DOC.format(", the attention dropout" if drop else ""))
+        attention = [core if what.startswith("core attention") else (n, what) for n, what in attention]
     router = list(ROUTER_LAUNCHES)
     gathers = list(allgather_launches(v)) if v.dispatcher == "allgather" else []
     preprocess = list(PREPROCESS_LAUNCHES) + (

@@ -331,3 +331,18 @@ def test_megatron_fsdp_launches_per_bucket_and_per_tensor() -> None:
     assert copied["time_fsdp_host_bwd_s"] > fused["time_fsdp_host_bwd_s"]
     # optim_grads keeps whole parameters: its buckets follow the bucket size, not priced here
     assert "time_fsdp_buckets" not in at(data_parallel_sharding_strategy="optim_grads")
+
+
+def test_unfused_attention_launches_its_four_kernels() -> None:
+    """attention_backend unfused: DotProductAttention.forward launches baddbmm, the fused
+    scale-mask-softmax, bmm and the context's contiguous copy (four kernels where a flash kernel
+    is one), and the attention dropout when attention_dropout > 0."""
+    model = {**QWEN, "num_layers": 4}
+    def at(model: dict[str, Any], **training: Any) -> dict[str, Any]:
+        return env(config(model, {"world_size": 16, "ep": 8, "etp": 1},
+                          {"seq_length": 4096, "global_batch_size": 256, **training}, moe=BALANCED,
+                          cluster={"gpu": "H100"}))
+    flash, unfused = at(model), at(model, attention_backend="unfused")
+    assert unfused["time_launches_attention"] == flash["time_launches_attention"] + 3
+    dropped = at({**model, "attention_dropout": 0.1}, attention_backend="unfused")
+    assert dropped["time_launches_attention"] == flash["time_launches_attention"] + 4
