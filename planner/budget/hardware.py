@@ -372,8 +372,13 @@ def yarn_concentration(cfg: Config) -> float:
 
 
 def rope_unfused(cfg: Config) -> bool:
-    """Megatron applies RoPE by its unfused PyTorch path: Transformer Engine's fused kernel takes
-    no cos/sin multiplier, so a YaRN concentration factor other than 1 falls back (Megatron-LM
-    dev@d48bd6be megatron/core/models/common/embeddings/rope_utils.py apply_rotary_pos_emb,
-    "te-rope-mscale"; the bshd path is _apply_rotary_pos_emb_bshd)."""
-    return yarn_concentration(cfg) != 1.0
+    """Megatron applies RoPE by its unfused PyTorch path (Megatron-LM dev@d48bd6be
+    megatron/core/models/common/embeddings/rope_utils.py apply_rotary_pos_emb; the bshd path is
+    _apply_rotary_pos_emb_bshd): Transformer Engine's fused kernel takes no cos/sin multiplier, so
+    a YaRN concentration factor other than 1 falls back ("te-rope-mscale"); --no-rope-fusion
+    (training.apply_rope_fusion false) turns the fused kernel off for every rotary layer
+    (megatron/core/transformer/attention.py and multi_latent_attention.py MLASelfAttention
+    get_query_key_value_tensors branch on config.apply_rope_fusion), which the schema also resolves
+    off where Megatron has no fused path (planner/config/schema.py rope_fusion_refused)."""
+    rotary = cfg.model.position_embedding_type in ("rope", "yarn")
+    return yarn_concentration(cfg) != 1.0 or (rotary and not cfg.training.apply_rope_fusion)

@@ -192,7 +192,7 @@ def write_offload(book: Book, v: Variant) -> list[str]:
 COUNT_ZEROS_LAUNCHES = "4"
 
 
-def _tensor_counts(v: Variant) -> tuple[str, str]:
+def param_tensor_counts(v: Variant) -> tuple[str, str]:
     """Parameter tensors of the stage on one rank, (dense, expert), as Megatron's modules hold them
     (a norm is a weight, and a bias under LayerNorm; a linear its weight, and a bias under
     add_bias_linear): what a per-tensor loop over the optimizer's parameters visits."""
@@ -217,7 +217,7 @@ def _write_param_tensors(book: Book, v: Variant) -> str:
     distributed optimizer's are the main-parameter shards this rank owns, a tensor split between
     two shards on both): what the optimizer's per-tensor Python loops visit."""
     add = book.add
-    dense, expert = _tensor_counts(v)
+    dense, expert = param_tensor_counts(v)
     add("time_dense_param_tensors", dense, "count", "time",
         "dense parameter tensors of the stage on this rank (norm weights and biases, linears' "
         "weights and biases, the router, embeddings and output)")

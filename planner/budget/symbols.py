@@ -264,6 +264,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         latent=moe.moe_latent_size is not None,
         cp=par.cp > 1,
         fsdp=tr.data_parallel_sharding_strategy if tr.use_megatron_fsdp else "",
+        fsdp_grad_copy=tr.use_megatron_fsdp and not tr.gradient_accumulation_fusion,
         gtp=par.gtp > 1,
         egtp=par.egtp > 1,
         muon_tp=tr.optimizer == "muon" and tr.muon_tp_mode == "duplicated"

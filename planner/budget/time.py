@@ -24,7 +24,7 @@ tokens; `imbalance` scales the routed-expert share for the busiest rank.
 
 from __future__ import annotations
 
-from planner.budget import optimizer_time
+from planner.budget import fsdp_time, optimizer_time
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Book, ident
 from planner.budget.hardware import overlap_symbol
@@ -100,7 +100,8 @@ def write(book: Book, v: Variant) -> None:
         "one microbatch through every model chunk of the stage, forward and backward: the "
         "pipeline's unit of work (the pipeline page, planner/budget/pipeline.py, sums other "
         "stages' chunks of it into the bubble)")
-    extra = "".join(f" + {term}" for term in optimizer_time.write(book, v, _dim_eff))
+    extra = "".join(f" + {term}" for term in optimizer_time.write(book, v, _dim_eff)
+                    + fsdp_time.write_step(book, v))
     add("time_optimizer_s", "(weight_bytes + grad_bytes + 2 * optimizer_bytes) / (bw_hbm * eff_hbm)"
         " + t_step_fixed" + extra, "s", "time", "optimizer step: read grads and state, write state "
         "and weights once (HBM), plus the fixed cost of a step (optimizer launches, gradient-sync "
@@ -245,7 +246,11 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
         "query, key and value heads read and written once outside the GEMMs (RoPE, concatenation)")
     rope = ""
     if v.rope_unfused:
-        add("time_ew_rope_unfused_elements", "blocks * 10 * (heads + groups) * d"
+        # MLA rotates only its positional parts: q's qk_rope per head and the one shared k_pos_emb
+        # (Megatron-LM dev@d48bd6be megatron/core/transformer/multi_latent_attention.py
+        # MLASelfAttention.get_query_key_value_tensors, apply_rotary_pos_emb on q_pos_emb, k_pos_emb)
+        rotated = "(heads + 1) * qk_rope" if v.attention == "mla" else "(heads + groups) * d"
+        add("time_ew_rope_unfused_elements", f"blocks * 10 * {rotated}"
             + (" + L_window * 10 * (heads_w - heads) * d" if "window_heads" in v.kinds else "")
             + (" + L_window * 10 * (heads * (d_w - d) + groups_w * d_w - groups * d)"
                if "window_kv" in v.kinds else ""), "elements", "time", ROPE_UNFUSED_DOC)
@@ -478,7 +483,8 @@ ATTENTION_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("1", "bias-dropout-add into the residual"),
     ("fp8", "FP8 cast of the output projection's input (norm outputs are cast inside the norm)"),
 )
-# YaRN with a concentration factor other than 1 on standard attention (planner/budget/hardware.py
+# RoPE by Megatron's unfused path: --no-rope-fusion, MLA with plain RoPE, or YaRN with a
+# concentration factor other than 1 on standard attention (planner/budget/hardware.py
 # rope_unfused): Megatron-LM dev@d48bd6be megatron/core/models/common/embeddings/rope_utils.py
 # _apply_rotary_pos_emb_bshd rotates q and k in PyTorch ops. Per tensor t it builds cos and sin of
 # the position table (torch.cos / torch.sin, the product with the factor, the cast to t's dtype:
@@ -488,16 +494,25 @@ ATTENTION_LAUNCHES: tuple[tuple[str, str], ...] = (
 # twelve passes over t where the fused kernel reads and writes it once, so ten more, and twelve
 # kernels where the fused path launches one. The position tables (d per position, not per head)
 # are left out of the bytes: under 1 % of them.
-ROPE_UNFUSED_DOC = ("RoPE by Megatron's unfused path (YaRN's concentration factor is not 1): ten "
+ROPE_UNFUSED_DOC = ("RoPE by Megatron's unfused path (--no-rope-fusion, MLA with plain RoPE, or "
+                    "YaRN's concentration factor other than 1): ten "
                     "more passes over the rotated q and k heads than the fused kernel's one read "
                     "and write (t·cos, the rotated half's negation and concatenation, ·sin, the "
                     "sum and the concatenation with the unrotated rest; rope_utils.py "
                     "_apply_rotary_pos_emb_bshd)")
-ROPE_UNFUSED_LAUNCHES = ("24", "unfused RoPE on q and k (YaRN), twelve kernels each: cos and sin "
+ROPE_UNFUSED_LAUNCHES = ("24", "unfused RoPE on q and k, twelve kernels each: cos and sin "
                          "of the position table with their factor and cast, t·cos, the negated "
                          "half, its concatenation, ·sin, the sum, the concatenation with the rest")
 # Of those, the position table's six per tensor have no autograd node (the table needs no grad).
 ROPE_UNFUSED_NOGRAD = 12
+# Unfused core attention (attention_backend unfused or local, transformer_impl local: the same
+# variant as UNFUSED_SCORE_PASSES below): Megatron-LM dev@d48bd6be megatron/core/transformer/
+# dot_product_attention.py DotProductAttention.forward launches torch.baddbmm (the scores), the fused
+# scale-mask-softmax, torch.bmm with V and the context's permute made contiguous, and with attention
+# dropout its dropout: four or five kernels where a flash kernel is one.
+UNFUSED_CORE_LAUNCHES = 4
+UNFUSED_CORE_DOC = ("core attention unfused: baddbmm scores, the fused scale-mask-softmax, bmm with "
+                    "V, the context made contiguous{} (DotProductAttention.forward)")
 MLA_LAUNCHES = ("6", "MLA: q and kv down projections, the kv norm, the up projection, the k/v "
                 "split and the RoPE concatenation")
 TP_LAUNCHES = ("2", "sequence-parallel all-gather before and reduce-scatter after the TP linears")
@@ -629,6 +644,11 @@ def _launch_counts(book: Book, v: Variant) -> None:
     if v.rope_unfused:
         attention = [ROPE_UNFUSED_LAUNCHES if what.startswith("fused RoPE") else (n, what)
                      for n, what in attention]
+    if v.attn_scores and v.attention in ("standard", "mla"):
+        drop = int(v.attention_dropout)
+        core = (str(UNFUSED_CORE_LAUNCHES + drop),
+                UNFUSED_CORE_DOC.format(", the attention dropout" if drop else ""))
+        attention = [core if what.startswith("core attention") else (n, what) for n, what in attention]
     router = list(ROUTER_LAUNCHES)
     gathers = list(allgather_launches(v)) if v.dispatcher == "allgather" else []
     preprocess = list(PREPROCESS_LAUNCHES) + (
@@ -757,10 +777,13 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         " * t_host_expert * (1 - graph_experts)", "s", "time",
         "a stack's own extra host time per local expert and microbatch beyond the counted "
         "launches (efficiency.host_us_per_expert, 0 unless calibrated)")
-    add("time_host_exposed_s", "Max(time_host_fwd_s - time_gpu_s / (3 * microbatches), 0)"
-        " + Max(time_host_bwd_s - 2 * time_gpu_s / (3 * microbatches), 0) + time_sync_restart_s",
-        "s", "time", "per microbatch, the host time the GPU waits for: forward and backward each "
-        "at max(host, GPU) (a forward is a third of the GPU work), plus the sync restarts")
+    fsdp_fwd, fsdp_bwd = (f" + {n}" if n else "" for n in fsdp_time.write_host(book, v))
+    add("time_host_exposed_s", f"Max(time_host_fwd_s{fsdp_fwd} - time_gpu_s / (3 * microbatches), 0)"
+        f" + Max(time_host_bwd_s{fsdp_bwd} - 2 * time_gpu_s / (3 * microbatches), 0)"
+        " + time_sync_restart_s", "s", "time", "per microbatch, the host time the GPU waits for: "
+        "forward and backward each at max(host, GPU) (a forward is a third of the GPU work), plus "
+        "the sync restarts" + (" (Megatron-FSDP's bucket and gradient launches included: "
+                               "planner/budget/fsdp_time.py)" if fsdp_fwd else ""))
     moe_host = (f"(L_moe * time_launch_s * ((1 + {BACKWARD_DISPATCHES}) * (time_launches_router"
                 " * (1 - graph_router)"
                 " + time_launches_preprocess * (1 - graph_preprocess) + time_launches_experts"

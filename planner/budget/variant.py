@@ -42,6 +42,8 @@ class Variant:
     latent: bool = False  # latent MoE: routed rows and routed experts at moe_latent_size
     cp: bool = False  # CP > 1: the kinds' context-parallel exchanges are issued
     fsdp: str = ""  # Megatron-FSDP sharding strategy (data_parallel_sharding_strategy), "" without
+    # Megatron-FSDP without gradient accumulation fusion: each gradient copied into its bucket
+    fsdp_grad_copy: bool = False
     gtp: bool = False  # GTP > 1: dense weights rematerialised over gtp_remat
     egtp: bool = False  # EGTP > 1: routed-expert weights rematerialised over expt_gtp_remat
     # Muon's tp_mode duplicated with TP or ETP > 1: TP shards of each matrix gathered for Newton-Schulz

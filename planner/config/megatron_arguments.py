@@ -72,6 +72,8 @@ EXPLICIT: dict[str, tuple[str, Kind]] = {
     "--no-gradient-accumulation-fusion": ("training.gradient_accumulation_fusion", "flag"),
     # store_false, dest overlap_p2p_comm (megatron/training/arguments.py)
     "--no-overlap-p2p-communication": ("overlap.overlap_p2p_comm", "flag"),
+    # store_false, dest apply_rope_fusion (megatron/training/arguments.py)
+    "--no-rope-fusion": ("training.apply_rope_fusion", "flag"),
     "--dsa-indexer-n-heads": ("model.index_n_heads", "int"),
     "--dsa-indexer-head-dim": ("model.index_head_dim", "int"),
     "--dsa-indexer-topk": ("model.index_topk", "int"),
@@ -311,7 +313,7 @@ EMIT_ORDER: tuple[Emit | Hand, ...] = (
     Emit("--no-rope-freq"),
     Emit("--qk-l2-norm"),
     Emit("--attention-output-gate"),
-    Hand("dsa", ("model.dsa",)),
+    Hand("dsa", ("model.dsa", "training.apply_rope_fusion")),
     Emit("--dsa-indexer-topk-freq"),
     Emit("--dsa-indexer-skip-topk-offset", when=lambda c: c.model.dsa_indexer_topk_freq > 1),
     Hand("gated_delta_net"),

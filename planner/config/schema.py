@@ -827,6 +827,11 @@ class TrainingSection(Section):
     # per microbatch (megatron/core/distributed/distributed_data_parallel.py
     # _make_backward_post_hook: param.main_grad.add_(param.grad.data)); the time page prices the add.
     gradient_accumulation_fusion: bool = True
+    # Megatron's --no-rope-fusion turns it off (Megatron-LM dev@d48bd6be megatron/training/arguments.py,
+    # dest apply_rope_fusion, on by default): RoPE then runs by its PyTorch path (megatron/core/models/
+    # common/embeddings/rope_utils.py apply_rotary_pos_emb); the time page prices its kernels.
+    # Unset: off where Megatron has no fused path (Config._resolve, rope_fusion_refused), else on.
+    apply_rope_fusion: bool = _derived()
     use_distributed_optimizer: bool = False
     num_distributed_optimizer_instances: PosInt = 1
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
@@ -911,6 +916,11 @@ class TrainingSection(Section):
     # the whole tower is frozen.
     frozen_tower_params: NonNegInt = 0
     trained_tower_params: NonNegInt = 0
+
+    @field_validator("apply_rope_fusion", mode="wrap")
+    @classmethod
+    def _rope_fusion(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _unset_passes(value, handler)  # Config._resolve fills it from the model
 
     @model_validator(mode="after")
     def _precision_aware_optimizer(self) -> "TrainingSection":
@@ -1314,6 +1324,19 @@ class MegatronSection(Section):
     version: str = DEFAULT_VERSION
 
 
+
+def rope_fusion_refused(model: "ModelSection") -> str:
+    """Why Megatron cannot fuse this model's RoPE ("" when it can): MLA fuses YaRN RoPE only
+    (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
+    MLATransformerConfig.__post_init__, "apply_rope_fusion for MLA only works with YARN RoPE"), and
+    DSA has no fused RoPE (TransformerConfig.__post_init__, "RoPE fusion is not supported for
+    DSAttention")."""
+    if model.dsa:
+        return "DSA attention (model.dsa)"
+    if model.attention_variant == "mla" and model.rope_type == "rope":
+        return "MLA with plain RoPE (model.rope_type rope)"
+    return ""
+
 class Config(Section):
     model: ModelSection
     parallel: ParallelSection
@@ -1497,6 +1520,14 @@ class Config(Section):
             object.__setattr__(training, "fp8_format", DEFAULT_FP8_FORMAT)
         if training.fp8 and training.fp8_recipe is None:
             object.__setattr__(training, "fp8_recipe", DEFAULT_FP8_RECIPE)
+        refused = rope_fusion_refused(self.model)
+        if training.apply_rope_fusion is None:
+            object.__setattr__(training, "apply_rope_fusion", not refused)
+        elif training.apply_rope_fusion and refused:
+            raise PydanticCustomError(
+                "rope_fusion_refused",
+                "training.apply_rope_fusion true with {what}: Megatron has no fused RoPE there and "
+                "refuses it; set training.apply_rope_fusion false (--no-rope-fusion)", {"what": refused})
         if nodes is None:
             object.__setattr__(cluster, "nodes", math.ceil(world / cluster.gpus_per_node))
         padded = self.model.padded_vocab_size

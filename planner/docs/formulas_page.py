@@ -75,6 +75,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("latent MoE (`moe_latent_size`)", {"latent": True}),
     *((f"Megatron-FSDP `{strategy}`", {"fsdp": strategy, "dist_opt": strategy != "no_shard"})
       for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params")),
+    ("Megatron-FSDP `optim_grads_params` without gradient accumulation fusion",
+     {"fsdp": "optim_grads_params", "dist_opt": True, "fsdp_grad_copy": True}),
     ("GTP > 1", {"gtp": True}),
     ("EGTP > 1", {"egtp": True}),
     ("optimizer `muon` with TP > 1 and ETP > 1, tp_mode duplicated",
@@ -164,7 +166,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
       "cp": False}),
     ("a colocated RL engine, both sides offloading in the other's phase", {"rl": "train+rollout"}),
     ("a colocated RL engine that keeps its pool, training that keeps its state", {"rl": "none"}),
-    ("YaRN RoPE on standard attention by Megatron's unfused path", {"rope_unfused": True}),
+    ("RoPE by Megatron's unfused path (--no-rope-fusion, MLA with plain RoPE, YaRN's concentration "
+     "factor other than 1)", {"rope_unfused": True}),
     ("routed experts' clamped quick-GELU GLU (--quick-geglu with a clamp value)",
      {"moe_act_clamp": True, "quick_geglu": True}),
     ("gradient accumulation fusion off (--no-gradient-accumulation-fusion)", {"wgrad_unfused": True}),

@@ -36,7 +36,7 @@ from planner.config.megatron_arguments import (
 )
 from planner.config.megatron_branch import BranchConflict, megatron_branch
 from planner.config.megatron_names import HYBRID_DSV4_SPEC, PP_DP_ORDER, moeplan_field
-from planner.config.schema import DEFAULT_ORDER, Config, ModelSection
+from planner.config.schema import DEFAULT_ORDER, Config, ModelSection, rope_fusion_refused
 from planner.emit.safety import EmitError
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
 
@@ -391,20 +391,16 @@ def _not_in_megatron(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
 
 def _dsa(cfg: Config, args: MegatronArgs, _: _Planned) -> None:
     m = cfg.model
-    # a launch that turns RoPE fusion off itself carries the switch (launch.megatron_extra_args)
-    carried = "--no-rope-fusion" in cfg.launch.megatron_extra_args
-    if m.dsa:  # DeepSeek-V3.2 (megatron/core/transformer/transformer_config.py: DSA refuses RoPE fusion)
+    if m.dsa:  # DeepSeek-V3.2
         args.add("--experimental-attention-variant", "dsa", source="model.dsa")
         args.add("--dsa-indexer-n-heads", m.index_n_heads, source="model.index_n_heads")
         args.add("--dsa-indexer-head-dim", m.index_head_dim, source="model.index_head_dim")
         args.add("--dsa-indexer-topk", m.index_topk, source="model.index_topk")
-        if not carried:
-            args.add("--no-rope-fusion", source="model.dsa (DSAttention has no fused RoPE)")
-    elif m.attention_variant == "mla" and m.rope_type == "rope":  # GLM-4.7-Flash: plain RoPE
-        # Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
-        # MLATransformerConfig.__post_init__: fused RoPE for MLA only works with YaRN.
-        if not carried:
-            args.add("--no-rope-fusion", source="model.rope_type rope (MLA fuses YaRN RoPE only)")
+    # RoPE fusion off: the config's own switch, or resolved off where Megatron has no fused RoPE
+    # (DSA, MLA with plain RoPE: planner/config/schema.py rope_fusion_refused)
+    why = rope_fusion_refused(m)
+    args.add_if(not cfg.training.apply_rope_fusion, "--no-rope-fusion",
+                source=f"training.apply_rope_fusion false{f' ({why} has no fused RoPE)' if why else ''}")
 
 
 def _gated_delta_net(cfg: Config, args: MegatronArgs, _: _Planned) -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from planner.budget.hardware import rope_unfused, yarn_concentration
 from planner.config.importers.hf_config import map_hf_config
 from planner.config.routing import routing_imbalance
@@ -225,6 +228,35 @@ def test_yarn_with_a_concentration_factor_rotates_by_the_unfused_path() -> None:
                                    {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED))
 
 
+
+def test_no_rope_fusion_rotates_by_the_unfused_path() -> None:
+    """--no-rope-fusion (training.apply_rope_fusion false) on standard attention: the same ten
+    passes and 12 kernels per tensor as YaRN's fallback (Megatron-LM attention.py branches on
+    config.apply_rope_fusion). On MLA only the positional parts rotate (multi_latent_attention.py
+    get_query_key_value_tensors: q_pos_emb, qk_rope per head, and the one shared k_pos_emb), and
+    MLA with plain RoPE has no fused path (MLATransformerConfig.__post_init__), so the schema resolves
+    the switch off there and refuses it on."""
+    model = {**QWEN, "num_layers": 4, "num_attention_heads": 32, "num_query_groups": 4,
+             "kv_channels": 128}
+    def at(model: dict[str, Any], **training: Any) -> Config:
+        return config(model, {"world_size": 16, "ep": 8, "etp": 1},
+                      {"seq_length": 4096, "global_batch_size": 256, **training}, moe=BALANCED,
+                      cluster={"gpu": "H100"})
+    fused, plain = at(model), at(model, apply_rope_fusion=False)
+    assert fused.training.apply_rope_fusion and not rope_unfused(fused) and rope_unfused(plain)
+    a, b = env(fused), env(plain)
+    assert b["time_ew_rope_unfused_elements"] == 4 * 10 * (32 + 4) * 128
+    assert b["time_launches_attention"] == a["time_launches_attention"] + 22
+    assert b["time_launches_nograd"] == a["time_launches_nograd"] + 4 * 12
+    mla = {**model, "multi_latent_attention": True, "q_lora_rank": 256, "kv_lora_rank": 128,
+           "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
+    assert at(mla).training.apply_rope_fusion  # MLA's default YaRN fuses
+    resolved = at({**mla, "rope_type": "rope"})
+    assert not resolved.training.apply_rope_fusion and rope_unfused(resolved)
+    assert env(resolved)["time_ew_rope_unfused_elements"] == 4 * 10 * (32 + 1) * 64
+    with pytest.raises(ValidationError, match="training.apply_rope_fusion true with MLA"):
+        at({**mla, "rope_type": "rope"}, apply_rope_fusion=True)
+
 def test_a_clamped_quick_geglu_adds_its_clamps_and_concatenation() -> None:
     """gpt-oss's routed experts (--quick-geglu, clamp 7): Megatron-LM fused_bias_geglu.py
     weighted_bias_quick_geglu_impl clamps FC1's two halves and concatenates them before the fused
@@ -291,3 +323,41 @@ def test_a_host_bound_pass_hides_the_token_exchanges_the_gpu_runs() -> None:
     free = env(qwen(efficiency={"host_us_per_launch": 0}))
     assert free["time_host_behind_exchanges_s"] == 0
     assert free["time_busy_s"] == free["time_compute_s"] + free["time_exposed_comm_s"]
+
+
+def test_megatron_fsdp_launches_per_bucket_and_per_tensor() -> None:
+    """Megatron-FSDP optim_grads_params on 4 Qwen3-shaped MoE layers, one stage (embedding and
+    output with it): a bucket per layer's dense group and per MoE layer's expert group
+    (_get_parameter_groups), one for the rest, 4 + 4 + 1 = 9. Forward: one all-gather each;
+    backward: the units' 8 gathered again, a reduce-scatter and an add per bucket, and without
+    gradient accumulation fusion one copy per parameter tensor (_grad_acc)."""
+    model = {**QWEN, "num_layers": 4}
+    def at(**training: Any) -> dict[str, Any]:
+        return env(config(model, {"world_size": 16, "ep": 8, "etp": 1},
+                          {"seq_length": 4096, "global_batch_size": 256, "use_megatron_fsdp": True,
+                           "ckpt_format": "fsdp_dtensor", **training}, moe=BALANCED,
+                          cluster={"gpu": "H100"}))
+    fused, copied = at(), at(gradient_accumulation_fusion=False)
+    assert fused["time_fsdp_buckets"] == 9 and fused["time_fsdp_fwd_launches"] == 9
+    assert fused["time_fsdp_bwd_launches"] == 8 + 2 * 9
+    tensors = copied["time_fsdp_dense_tensors"] + copied["time_fsdp_expert_tensors"]
+    assert copied["time_fsdp_expert_tensors"] == 4 * (128 // 8) * 2
+    assert copied["time_fsdp_bwd_launches"] == fused["time_fsdp_bwd_launches"] + tensors
+    assert copied["time_fsdp_host_bwd_s"] > fused["time_fsdp_host_bwd_s"]
+    # optim_grads keeps whole parameters: its buckets follow the bucket size, not priced here
+    assert "time_fsdp_buckets" not in at(data_parallel_sharding_strategy="optim_grads")
+
+
+def test_unfused_attention_launches_its_four_kernels() -> None:
+    """attention_backend unfused: DotProductAttention.forward launches baddbmm, the fused
+    scale-mask-softmax, bmm and the context's contiguous copy (four kernels where a flash kernel
+    is one), and the attention dropout when attention_dropout > 0."""
+    model = {**QWEN, "num_layers": 4}
+    def at(model: dict[str, Any], **training: Any) -> dict[str, Any]:
+        return env(config(model, {"world_size": 16, "ep": 8, "etp": 1},
+                          {"seq_length": 4096, "global_batch_size": 256, **training}, moe=BALANCED,
+                          cluster={"gpu": "H100"}))
+    flash, unfused = at(model), at(model, attention_backend="unfused")
+    assert unfused["time_launches_attention"] == flash["time_launches_attention"] + 3
+    dropped = at({**model, "attention_dropout": 0.1}, attention_backend="unfused")
+    assert dropped["time_launches_attention"] == flash["time_launches_attention"] + 4

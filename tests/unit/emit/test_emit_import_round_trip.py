@@ -92,6 +92,8 @@ VALUES: dict[str, list[Any]] = {
     "overlap.recompute_modules": [["core_attn"], ["moe_act"]],
     "overlap.cuda_graph_scope": [[m] for m in GRAPH_MODULES],
     "parallel.order": [PP_DP_ORDER],
+    # resolved when unset (on, or off where Megatron has no fused RoPE): off is what moves it
+    "training.apply_rope_fusion": [False],
 }
 # Fields Megatron reads through an argument of another name or meaning (planner/config/
 # megatron_arguments.py SPECIAL, read by the importer's _apply_special), with those arguments.
