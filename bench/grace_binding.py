@@ -11,7 +11,9 @@ An unbound rank's scale is taken as bound + share x (2.75 - bound): the share of
 time per kernel that slows like the bare op when the process is not bound. This script finds the
 share for which moeplan's step time, unbound over bound, equals the write-up's measured gain, on
 that configuration (the bench's dsv3-gb200-256-mxfp8-mcore-cuda-graphs row: the DeepEP tuning
-between the two rows changes no Megatron flag). The two published rows are not bench figures.
+between the two rows changes no Megatron flag), capped at 1 when even the bare op's whole
+slowdown gives less (it prints the gain at share 1 to show it). The two published rows are not
+bench figures.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/grace_binding.py
 """

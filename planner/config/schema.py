@@ -1142,7 +1142,7 @@ class EfficiencySection(Section):
     host_us_per_block: NonNegFloat = 0.0
     # Host time to issue one kernel (the time page counts the kernels of each block part:
     # planner/budget/time.py ATTENTION_LAUNCHES and the rest); calibrated, docs/estimate.md.
-    host_us_per_launch: NonNegFloat = 47.8
+    host_us_per_launch: NonNegFloat = 49.4
     # GPU time each kernel costs beyond its FLOPs and bytes, graph or not: a published H100 figure
     # (Meta's auto-parallel cost model, 7 µs; planner/budget/time.py _kernel_gpu cites it).
     gpu_us_per_kernel: NonNegFloat = 7.0

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from planner.config.gpus import HOSTS
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -98,11 +100,16 @@ def test_grace_unbound_share_reproduces_the_write_ups_binding_gain() -> None:
     """planner/config/gpus.py HOSTS grace.unbound_share is derived, not fitted to bench figures:
     the share for which moeplan's step, unbound over bound, equals the GB200 write-up's measured
     bindpcie gain (691.49 -> 762.12 TFLOP/s/GPU) on its CUDA-graph configuration
-    (bench/grace_binding.py). A time-term change that moves this gain must re-derive the share."""
+    (bench/grace_binding.py), capped at 1 when no share reaches it (then the model's gain stays
+    below the measured one at the cap). A time-term change that moves this gain must re-derive
+    the share."""
     data = next(f.data for f in FIGURES if f.id == grace_binding.CONFIG_ROW)
     unbound = heldout.estimate(heldout.parse_config(heldout.merged(
         data, {"cluster": {"host_numa_binding": False}})), exact=False).step_time_s
     bound = heldout.estimate(heldout.parse_config(heldout.merged(
         data, {"cluster": {"host_numa_binding": True}})), exact=False).step_time_s
     measured = grace_binding.BOUND_TFLOPS / grace_binding.UNBOUND_TFLOPS
-    assert math.isclose(unbound / bound, measured, rel_tol=0.01)
+    if HOSTS["grace"].unbound_share < 1:
+        assert math.isclose(unbound / bound, measured, rel_tol=0.01)
+    else:  # capped: even the bare op's whole slowdown gives less than the measured gain
+        assert 1 < unbound / bound < measured
