@@ -29,7 +29,7 @@ def overlap_symbol(flag: str) -> str:
     return "on_" + flag.rsplit(".", 1)[-1]
 
 
-# --- step-time model terms (issue 23): fixed costs, CUDA graphs, GEMM shapes, collective latency.
+# --- step-time model terms: fixed costs, CUDA graphs, GEMM shapes, collective latency.
 FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("delay_wgrad", "1 when overlap.delay_wgrad_compute runs with "
            "overlap_moe_expert_parallel_comm: the experts' weight gradient waits for the "

@@ -114,7 +114,7 @@ def add_packing(book: Book, v: Variant) -> None:
     book.add("packed_tokens_per_microbatch", "b * S", "tokens", "layout", PACKED_BASIS[v.packed_basis])
 
 
-# --- issue 25 (article): the busiest rank's received rows, not only the uniform expectation.
+# --- the busiest rank's received rows, not only the uniform expectation.
 # Capacity dropping caps them at EP·c per local expert (pad: exactly that).
 HOT_CAP = {"dropless": "", "drop": "experts_per_rank * EP * capacity",
            "pad": "experts_per_rank * EP * capacity"}

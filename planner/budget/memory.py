@@ -378,7 +378,7 @@ def _add_recompute(book: Book, v: Variant) -> None:
     add, avg = book.add, "act_layers_per_microbatch / Max(blocks, 1)"
     whole = "whole bytes, the average block rounded up"
     if v.recompute != "full" and v.offload:
-        # issue 22 (offload branch): the offload groups' tensors wait on the host, not the GPU
+        # the offload groups' tensors wait on the host, not the GPU
         offloaded = write_offload(book, v)
         add("act_stored_layers", f"act_layers_per_microbatch - {offloaded}", "bytes", "memory",
             "per microbatch: block activations kept on the GPU for backward (fine-grained "
@@ -438,7 +438,7 @@ def _add_recompute(book: Book, v: Variant) -> None:
         f"one group of N_r blocks re-materialised during backward (average block; {whole})")
 
 
-# --- issue 25 (article): NCCL EP's zero-copy buffers (Megatron-LM main@d98e8a64
+# --- NCCL EP's zero-copy buffers (Megatron-LM main@d98e8a64
 # megatron/core/transformer/moe/token_dispatcher.py _NCCLEPManager._ensure_bootstrap): two
 # persistent symmetric-memory buffers [recv_capacity, hidden] in bf16 whatever the training dtype
 # (the combine's FC2 output and the dispatch-backward grad), shared by every MoE layer; under
@@ -449,7 +449,7 @@ def zero_copy_buffers(v: Variant) -> str:
     return f"2 * ncclep_recv_rows * {w} * 2" + (" + ncclep_recv_rows * 4" if v.quant_pad else "")
 
 
-# --- issue 25 (article): the busiest rank's memory (its received rows at the stated quantile)
+# --- the busiest rank's memory (its received rows at the stated quantile)
 
 
 def _hot_moe_layers_stored(v: Variant) -> tuple[str, str]:

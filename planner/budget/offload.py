@@ -1,4 +1,4 @@
-"""Fine-grained activation offloading on the memory page (issue 22): which offload groups a layer
+"""Fine-grained activation offloading on the memory page: which offload groups a layer
 runs, the bytes each one moves to pinned host memory, and what stays on the GPU.
 
 Megatron-LM dev@d48bd6be: each named module's forward runs inside an offload group

@@ -36,7 +36,7 @@ def write(book: Book, v: Variant) -> None:
         "net expert scale after the EGTP completion; equals the dense one")
 
 
-# --- issue 25 (article): the grad-buffer split and the loss-scale chain, as budgets the runtime reads
+# --- the grad-buffer split and the loss-scale chain, as budgets the runtime reads
 
 
 def _add_buffer_split(book: Book, v: Variant) -> None:

@@ -436,7 +436,7 @@ def _compute(book: Book, v: Variant) -> None:
         "without recompute")
 
 
-# --- GEMM shapes and fixed costs (issue 23) ---------------------------------------------------
+# --- GEMM shapes and fixed costs ---------------------------------------------------
 
 def _dim_eff(d: str) -> str:
     """One GEMM dimension's share of the large-shape efficiency: d / (d + gemm_half), times the

@@ -134,14 +134,14 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
      {"quant_pad": True, "fp8_weights": "mxfp8", "fp8_param_gather": True}),
     ("FP8 weights with the first and last blocks in BF16 (first_last_layers_bf16)",
      {"quant_pad": True, "fp8_weights": "blockwise", "bf16_layers": True}),
-    # --- issue 25 (article)
+    # --- expert buffers, NCCL EP and THD packing
     ("EP 1, ETP = TP, EGTP = GTP: routed experts in the dense grad buffer", {"expert_buffer": False}),
     ("NCCL EP zero-copy (main's moe_ncclep_zero_copy)", {"dispatcher": "flex", "ncclep": True,
                                                          "flex_backend": "ncclep", "ncclep_zero_copy": True}),
     ("dispatcher `flex` with the `deepepv2` backend", {"dispatcher": "flex", "flex_backend": "deepepv2"}),
     ("THD packing budgeted at the longest packed microbatch", {"packed_basis": "max"}),
     ("THD packing budgeted at the mean packed microbatch", {"packed_basis": "mean"}),
-    # --- issue 22 (offload branch)
+    # --- fine-grained activation offloading
     ("fine-grained activation offloading of every module (standard attention)",
      {"recompute": None, "recompute_method": None, "kinds": STANDARD, "cp": False,
       "offload": frozenset({"qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"})}),

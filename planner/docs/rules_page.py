@@ -20,7 +20,7 @@ FAMILIES: dict[str, str] = {
     "ARC": "Current MoE architectures (gpt-oss, GLM-4.5, MiniMax-M2, Llama 4, Qwen3-Next, DeepSeek-V3.2)",
     "CLU": "Cluster",
     "MEM": "Memory budget",
-    "OFL": "Fine-grained activation offloading",  # issue 22 (offload branch)
+    "OFL": "Fine-grained activation offloading",
     "ARG": "Megatron arguments carried verbatim",
     "IGN": "The ignore list",
 }

@@ -35,13 +35,13 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *config.CONFIG_DOCS,
     *parallel.RULES,
     *batch.RULES,
-    *packing.RULES,  # issue 25 (article)
+    *packing.RULES,
     *pipeline.RULES,
     *v4.RULES,
-    *ahead.RULES,  # issue 25 (article)
+    *ahead.RULES,
     *moe.RULES,
-    *flex_backends.RULES,  # issue 25 (article)
-    *drops.RULES,  # issue 25 (article)
+    *flex_backends.RULES,
+    *drops.RULES,
     *overlap.RULES,
     *gtp.RULES,
     *distopt.RULES,
@@ -49,7 +49,7 @@ CATALOG: tuple[Rule, ...] = config.mark_unignorable((
     *architectures.RULES,
     *cluster.RULES,
     *memory.RULES,
-    *offload.RULES,  # issue 22 (offload branch)
+    *offload.RULES,
     *arguments.RULES,
     *versions.RULES,
     *config.RULES,

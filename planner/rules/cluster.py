@@ -100,7 +100,7 @@ def _straddling(layout: RankGenerator, domain: int, places: Places
             len({node_of(r, places) for r in first}))
 
 
-# --- issue 25 (article §4): an explicit rank→node map must place every rank on a real node.
+# --- an explicit rank→node map must place every rank on a real node.
 
 
 @rule(

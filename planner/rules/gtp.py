@@ -161,7 +161,7 @@ def gtp_single_optimizer_instance(f: Facts) -> Iterator[Violation]:
                         "set num_distributed_optimizer_instances: 1")
 
 
-# --- issue 25 (article §22, §26): the packing schedulers sequence-sharded GTP excludes.
+# --- the packing schedulers sequence-sharded GTP excludes.
 DYNAMIC_CP_SCHEDULER = ("Megatron-LM dev@d48bd6be megatron/core/datasets/data_schedule.py "
                         "DefaultDynamicCPScheduler.__init__; " + GTP_SEQUENCE_SHARDS)
 

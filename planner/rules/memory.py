@@ -156,7 +156,7 @@ def _activation_levers(cfg: Config) -> list[str]:
     if ov.recompute_granularity != "full":
         hints.append("overlap: {recompute_granularity: full, recompute_method: uniform, "
                      "recompute_num_layers: 1}")
-    # issue 22 (offload branch): the MoE side's saved tensors to pinned host memory
+    # the MoE side's saved tensors to pinned host memory
     if not ov.fine_grained_activation_offloading and ov.cuda_graph_impl == "none" \
             and ov.recompute_granularity != "full":
         hints.append("overlap: {fine_grained_activation_offloading: true, offload_modules: "

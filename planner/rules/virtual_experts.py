@@ -86,7 +86,7 @@ def virtual_experts_no_fsdp(f: Facts) -> Iterator[Violation]:
                         f"set training.{f.fsdp}: false")
 
 
-# --- issue 25 (article §27): the dispatcher, backend and overlap the replica planner runs under.
+# --- the dispatcher, backend and overlap the replica planner runs under.
 
 
 @rule(
