@@ -29,7 +29,7 @@ from planner.config.layer_freq import parse_layer_freq
 from planner.config.megatron_releases import DEFAULT_VERSION
 from planner.config.presets import PRESETS
 from planner.degrees import Degrees
-from planner.memo import HashedOnce, Memo, section_key
+from planner.memo import HashedOnce, HeldByIdentity, Memo, section_key
 
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -728,6 +728,7 @@ class ModelSection(Section):
 
 # One model shape's mixer per layer (ModelSection.layer_mixers), keyed on the section's values.
 _LAYER_MIXERS: Memo[HashedOnce, tuple[str, ...]] = Memo("layer mixers", 256)
+_DEGREES: HeldByIdentity[Degrees] = HeldByIdentity(4)  # Config.degrees
 
 
 class ParallelSection(Section):
@@ -1572,8 +1573,10 @@ class Config(Section):
     # The layout degrees have one owner (planner/degrees.py); the grid owns the groups.
     @property
     def degrees(self) -> Degrees:
-        """This config's layout degrees and the sizes derived from them (DP, EDP, model sizes)."""
-        return Degrees.from_config(self)
+        """This config's layout degrees and the sizes derived from them (DP, EDP, model sizes);
+        the last few configs' kept with them (a config is frozen; budgeting one asks dozens of
+        times)."""
+        return _DEGREES.get(self, Degrees.from_config)
 
     @property
     def dp(self) -> int:

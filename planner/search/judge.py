@@ -9,9 +9,10 @@ estimate. Nothing here re-states a rule or a formula. Ranking uses the float est
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.accounting import BudgetError, Number, stage_memory
 from planner.config.schema import Config
@@ -23,6 +24,9 @@ from planner.rules.facts import Facts
 from planner.rules.memory import SHARE, headroom_share
 from planner.search.knobs import Knobs, vpp_of
 from planner.units import fixed, format_bytes
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 # Verdicts that leave a candidate legal (every other rule passes) but not fitting: the memory
 # verdicts (MEM001, the stricter headroom), and no estimate.
@@ -139,10 +143,14 @@ class Judge:
         # Each knob setting's config and identity, made once: a setting is timed, judged or
         # forgotten by the same knobs, and building one costs as much as a rule family.
         self._built: dict[Knobs, tuple[Config, str]] = {}
+        # Each section a knob setting writes, with its `identity` part, made once per
+        # `Knobs.section_keys` value: the settings of one layout share their parallel section
+        # (and the memos keyed on its identity hit), a grid's cells their other sections.
+        self._sections: dict[tuple[str, Hashable], tuple[BaseModel, str]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         """What a worker sends back: not the configs it built (`_setting`), which only it asks for."""
-        return {**self.__dict__, "_built": {}}
+        return {**self.__dict__, "_built": {}, "_sections": {}}
 
     @property
     def explored(self) -> int:
@@ -180,9 +188,24 @@ class Judge:
         """The config `knobs` make and its identity, remembered for this judge's life."""
         made = self._built.get(knobs)
         if made is None:
-            cand = knobs.apply(self.cfg)
-            made = self._built[knobs] = (cand, identity(cand))
+            made = self._built[knobs] = self._apply(knobs)
         return made
+
+    def _apply(self, knobs: Knobs) -> tuple[Config, str]:
+        """`knobs.apply(self.cfg)` and its `identity`, from the sections made before."""
+        parts: dict[str, tuple[BaseModel, str]] = {}
+        values: dict[str, dict[str, Any]] | None = None
+        for name, key in knobs.section_keys().items():
+            part = self._sections.get((name, key))
+            if part is None:
+                values = values or knobs.sections()
+                section = getattr(self.cfg, name).model_copy(update=values[name])
+                part = self._sections[(name, key)] = (section, repr(section.model_dump()))
+            parts[name] = part
+        cand = self.cfg.model_copy(update={name: section for name, (section, _) in parts.items()})
+        # identity(cand), the repr of a tuple written out
+        return cand, (f"({parts['parallel'][1]}, {knobs.micro_batch_size!r}, "
+                      f"{parts['overlap'][1]}, {parts['moe'][1]})")
 
     def judge(self, knobs: Knobs | None, *, is_user: bool = False) -> Candidate | Rejected:
         if knobs is None:

@@ -8,6 +8,7 @@ else in the config is the user's.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -135,6 +136,13 @@ class Knobs:
                 "moe": {"moe_token_dispatcher_type": self.dispatcher[0],
                         "moe_flex_dispatcher_backend": self.dispatcher[1],
                         "moe_permute_fusion": self.permute_fusion}}
+
+    def section_keys(self) -> dict[str, Hashable]:
+        """What decides each section `sections` writes: equal keys write equal sections."""
+        return {"parallel": (self.tp, self.cp, self.pp, self.ep, self.etp, self.sequence_parallel,
+                             self.pipeline),
+                "training": self.micro_batch_size, "overlap": (self.recompute, self.ep_overlap),
+                "moe": (self.dispatcher, self.permute_fusion)}
 
     def apply(self, cfg: Config) -> Config:
         """`cfg` with these knobs (no re-validation needed: every value set is one the schema

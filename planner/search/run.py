@@ -184,7 +184,10 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
             count(reason, settings)
 
     family_floors: dict[Family, float | None] = {}
-    for part in run_units(phase1_work, cfg, memory_headroom, units, sizes, pool, tick):
+    # Phase 1 runs in this process, before the pool's workers fork (at its first unit): anchoring
+    # every family builds the formula books, compiled levels, grids and placements most later
+    # units use, which the workers then inherit instead of each building its own.
+    for part in run_units(phase1_work, cfg, memory_headroom, units, sizes, None, tick):
         absorb(part)
         family_floors.update(part.family_floors)
     anchors: list[Candidate] = []
