@@ -103,8 +103,14 @@ class Rejected:
 
 def identity(cfg: Config) -> str:
     """What makes two candidates the same layout (the sections a candidate changes)."""
-    return repr((cfg.parallel.model_dump(), cfg.training.micro_batch_size,
-                 cfg.overlap.model_dump(), cfg.moe.model_dump()))
+    return _identity_text(repr(cfg.parallel.model_dump()), cfg.training.micro_batch_size,
+                          repr(cfg.overlap.model_dump()), repr(cfg.moe.model_dump()))
+
+
+def _identity_text(parallel: str, micro_batch_size: int, overlap: str, moe: str) -> str:
+    """`identity`'s text from its sections' reprs (the repr of their tuple), so a judge that keeps
+    each section's repr (`Judge._apply`) writes the same text without dumping them again."""
+    return f"({parallel}, {micro_batch_size!r}, {overlap}, {moe})"
 
 
 def _errors(findings: list[Finding]) -> list[Finding]:
@@ -203,9 +209,8 @@ class Judge:
                 part = self._sections[(name, key)] = (section, repr(section.model_dump()))
             parts[name] = part
         cand = self.cfg.model_copy(update={name: section for name, (section, _) in parts.items()})
-        # identity(cand), the repr of a tuple written out
-        return cand, (f"({parts['parallel'][1]}, {knobs.micro_batch_size!r}, "
-                      f"{parts['overlap'][1]}, {parts['moe'][1]})")
+        return cand, _identity_text(parts["parallel"][1], knobs.micro_batch_size,
+                                    parts["overlap"][1], parts["moe"][1])
 
     def judge(self, knobs: Knobs | None, *, is_user: bool = False) -> Candidate | Rejected:
         if knobs is None:
