@@ -114,10 +114,15 @@ MI355X_HIPBLASLT_FP8_TFLOPS: MappingProxyType[int, float] = MappingProxyType({
 # over the points is 17 %, the d / (d + h) form saturating more slowly than the card, which reaches
 # 90 % of its 8,192 rate at 4,096 and 40 % at 2,048). A 256-CU chip needs far more tiles in
 # flight than the catalog's half-dimension of 64 says: a routed expert of DeepSeek-V2 (about 1,200
-# rows at EP 8) runs at about half the 8,192-cube rate, as the measured 2,048 and 4,096 cubes
-# bracket. Added after the held-out AMD rows had been seen (their MBS sweep of DeepSeek-V2-Lite
-# runs 1.16-1.18x too fast with a half-dimension of 64); the parameters come from the
-# microbenchmark alone, none from those rows.
+# rows at EP 8) is priced at 0.46 of the 8,192-cube rate, between the measured 2,048 and 4,096
+# cubes. For comparison on the sibling card, a fused kernel: Primus-Turbo's MI300X grouped-GEMM
+# baseline (AMD-AGI/Primus-Turbo @23e36d65 benchmark/baselines/grouped_gemm.json) runs
+# DeepSeek-V2's 20-expert gate/up GEMM at 1,024 rows an expert at 443 TFLOP/s, 0.63 of MI300X's
+# max-achievable 708; Megatron's legacy grouped GEMM, a per-expert hipBLAS loop over streams,
+# runs DeepSeek shapes up to 1.9x slower forward than that kernel (AMD's "MoE Training Best
+# Practices on AMD GPUs", Figure 1, measured on MI325X). Added after the held-out AMD rows had
+# been seen (their MBS sweep of DeepSeek-V2-Lite runs 1.16-1.18x too fast with a half-dimension
+# of 64); the parameters come from the microbenchmark alone, none from those rows.
 MI355X_GEMM_HALF_DIM = 792.0
 MI355X_BF16_GEMM_TFLOPS, MI355X_FP8_GEMM_TFLOPS = 2168.0, 4505.0
 MI355X_ATTENTION_FWD_TFLOPS, MI355X_ATTENTION_BWD_TFLOPS = 1069.0, 876.8
