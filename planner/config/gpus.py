@@ -92,15 +92,39 @@ class Gpu:
 XGMI_USABLE_SHARE = 48 / 64
 
 # MI355X measured on its own libraries (HazyResearch/HipKittens @f09e9685, the baselines of the
-# HipKittens paper, ROCm 7.0 on MI355X): hipBLASLt BF16 GEMM at M = N = K = 8192, 1,574.69 TFLOP/s
-# (analysis/bf16_gemm/plot.py, mi355x_baselines["hipblaslt"]; 1,579.20 at 16384; its FP8 hipBLASLt
-# at 8192, 3,233 TFLOP/s in analysis/fp8_gemm/mi350x/mi355x_fp8_gemm.json, agrees with AMD's own
-# ~3,130 below); and AITER's flash attention, causal, 16 x 16 heads of 128 at 4,096 tokens
+# HipKittens paper, ROCm 7.0 on MI355X): hipBLASLt's square BF16 and FP8 GEMMs at M = N = K = 1,024
+# to 16,384 (analysis/bf16_gemm/plot.py mi355x_baselines["hipblaslt"];
+# analysis/fp8_gemm/mi350x/mi355x_fp8_gemm.json "tflops_hipblaslt"; FP8 at 8,192, 3,233 TFLOP/s,
+# agrees with AMD's own ~3,130 in ROCm blog "FP8 GEMM Optimization on AMD CDNA4 Architecture"),
+# and AITER's flash attention, causal, 16 x 16 heads of 128 at 4,096 tokens
 # (analysis/attn/fwd/benchmark/mi355x_mha_causal_fwd.json and
 # analysis/attn/bkwd/benchmark/mi355x_mha_bkwd_causal.json, "tflops_ref"): forward 1,069.0
 # TFLOP/s on the causal half of 4·s²·h·d, backward (AITER's assembly kernel, which ROCm
 # Transformer Engine's NVTE_CK_USES_BWD_V3=1 selects) 876.8 TFLOP/s on 2.5x that count.
-MI355X_BF16_GEMM_TFLOPS = 1574.69
+MI355X_HIPBLASLT_BF16_TFLOPS: MappingProxyType[int, float] = MappingProxyType({
+    1024: 167.903, 2048: 639.608, 4096: 1432.70, 8192: 1574.69, 16384: 1579.20})
+MI355X_HIPBLASLT_FP8_TFLOPS: MappingProxyType[int, float] = MappingProxyType({
+    1024: 204.913, 2048: 1172.69, 4096: 2748.78, 8192: 3233.19, 16384: 3293.23})
+# The step-time model's GEMM shape curve (planner/budget/time.py _dim_eff: each dimension d at
+# d / (d + gemm_half_dim) of the large-shape share) with MI355X's parameters least-squares fitted
+# (in log rate, one half-dimension for both precisions, one large-shape rate each) to those ten
+# hipBLASLt points, each point's time less the fixed GPU cost moeplan prices per kernel apart
+# (efficiency.gpu_us_per_kernel, 7 us): half-dimension 792, large-shape rates 2,168 BF16 and 4,505
+# FP8 TFLOP/s (tests/unit/budget/test_mi355x_gemm_curve.py re-derives them; the curve's rms error
+# over the points is 17 %, the d / (d + h) form saturating more slowly than the card, which reaches
+# 90 % of its 8,192 rate at 4,096 and 40 % at 2,048). A 256-CU chip needs far more tiles in
+# flight than the catalog's half-dimension of 64 says: a routed expert of DeepSeek-V2 (about 1,200
+# rows at EP 8) is priced at 0.46 of the 8,192-cube rate, between the measured 2,048 and 4,096
+# cubes. For comparison on the sibling card, a fused kernel: Primus-Turbo's MI300X grouped-GEMM
+# baseline (AMD-AGI/Primus-Turbo @23e36d65 benchmark/baselines/grouped_gemm.json) runs
+# DeepSeek-V2's 20-expert gate/up GEMM at 1,024 rows an expert at 443 TFLOP/s, 0.63 of MI300X's
+# max-achievable 708; Megatron's legacy grouped GEMM, a per-expert hipBLAS loop over streams,
+# runs DeepSeek shapes up to 1.9x slower forward than that kernel (AMD's "MoE Training Best
+# Practices on AMD GPUs", Figure 1, measured on MI325X). Added after the held-out AMD rows had
+# been seen (their MBS sweep of DeepSeek-V2-Lite runs 1.16-1.18x too fast with a half-dimension
+# of 64); the parameters come from the microbenchmark alone, none from those rows.
+MI355X_GEMM_HALF_DIM = 792.0
+MI355X_BF16_GEMM_TFLOPS, MI355X_FP8_GEMM_TFLOPS = 2168.0, 4505.0
 MI355X_ATTENTION_FWD_TFLOPS, MI355X_ATTENTION_BWD_TFLOPS = 1069.0, 876.8
 
 
@@ -180,12 +204,14 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     # hipBLASLt on its best shape (ROCm blog "Measuring Max-Achievable FLOPs - Part 2", 2025-02-28,
     # Table 1: MI300X 708 BF16 / 1,273 FP8 TFLOP/s, MI325X 843 / 1,519), and for MI355X's FP8
     # hipBLASLt at M = N = K = 8192, about 3,130 TFLOP/s (ROCm blog "FP8 GEMM Optimization on AMD
-    # CDNA4 Architecture", 2026-03-10). AMD publishes no MI355X BF16 GEMM rate; its BF16 share is
-    # hipBLASLt's rate measured on MI355X itself (MI355X_BF16_GEMM_TFLOPS: 1,574.69 TFLOP/s at
-    # 8192^3, share 0.626). It replaced a derivation (AMD's MI355X FP8 share times CDNA3's
-    # BF16-over-FP8 share: 0.691), which had replaced the catalog default (0.8) after the held-out
-    # AMD rows had shown that default 1.3-1.5x too fast; both replacements came after those rows
-    # had been seen, each a cited measurement, none fitted to them. MI355X's attention share is
+    # CDNA4 Architecture", 2026-03-10). MI355X's GEMM shares and shape curve are hipBLASLt's rates
+    # measured on MI355X itself from 1,024 to 16,384 (MI355X_GEMM_HALF_DIM and the large-shape
+    # rates above: BF16 share 0.861 and FP8 0.895 of the dense peaks, at half-dimension 792). They
+    # replaced the 8,192 point alone at the catalog's half-dimension (BF16 0.626), which had
+    # replaced a derivation (AMD's MI355X FP8 share times CDNA3's BF16-over-FP8 share: 0.691), which
+    # had replaced the catalog default (0.8) after the held-out AMD rows had shown that default
+    # 1.3-1.5x too fast; each replacement came after those rows had been seen, each a cited
+    # measurement, none fitted to them. MI355X's attention share is
     # AITER's measured forward and backward (MI355X_ATTENTION_*: 0.315 of the BF16 peak, where the
     # catalog default is 0.5), added after the same rows had been seen.
     Gpu("MI300X", 1307.4, 2614.9, 192, 5.3, 448, 50, 8, 8, gemm_bf16_eff=708 / 1307.4,
@@ -193,8 +219,8 @@ GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     Gpu("MI325X", 1307.4, 2614.9, 256, 6.0, 448, 50, 8, 8, gemm_bf16_eff=843 / 1307.4,
         gemm_fp8_eff=1519 / 2614.9, family="cdna3", link_usable_share=XGMI_USABLE_SHARE),
     Gpu("MI355X", 2516.6, 5033.2, 288, 8.0, 537.6, 50, 8, 8,
-        gemm_bf16_eff=MI355X_BF16_GEMM_TFLOPS / 2516.6, gemm_fp8_eff=3130 / 5033.2,
-        family="cdna4", link_usable_share=XGMI_USABLE_SHARE,
+        gemm_bf16_eff=MI355X_BF16_GEMM_TFLOPS / 2516.6, gemm_fp8_eff=MI355X_FP8_GEMM_TFLOPS / 5033.2,
+        gemm_half_dim=MI355X_GEMM_HALF_DIM, family="cdna4", link_usable_share=XGMI_USABLE_SHARE,
         attention_eff=measured_attention_share(2516.6, MI355X_ATTENTION_FWD_TFLOPS,
                                                MI355X_ATTENTION_BWD_TFLOPS)),
 )})

@@ -308,15 +308,15 @@ def test_a_run_the_model_already_meets_pins_no_factor_at_a_bound(tmp_path: Path)
     assert all(f["at_bound"] for f in factors.values() if f["pinned"])
 
 
-def test_four_published_runs_of_a_slow_stack_are_reproduced_and_predict_a_fifth() -> None:
+def test_four_published_runs_of_one_stack_are_reproduced_and_predict_a_fifth() -> None:
     """AMD's DeepSeek-V2-Lite baseline on 8 MI355X (bench/heldout.yaml, sweep
     amd-dsv2lite-mi355x-baseline-mbs: Primus's published MBS 1-12 figures, held out of the default
-    fit): the defaults miss MBS 4 by more than 10 % (the stack runs its GPU work ~1.15x slower
-    than the model prices it with MI355X's measured GEMM and attention rates, each kernel's fixed
-    GPU time included); calibrating MBS 8, 12, 1
-    and 2 (bench/calibrate_stack.py's fold) fits the stack-level term, reproduces each of the
-    four within 15 % and predicts MBS 4 within 15 %. A factor the four push to a bound is named
-    as a missing term."""
+    fit): calibrating MBS 8, 12, 1 and 2 (bench/calibrate_stack.py's fold) reproduces each of the
+    four within 15 % and predicts MBS 4 within 15 %. With MI355X's GEMM shape curve measured on
+    the card (hipBLASLt from 1,024 to 16,384) the defaults already come within 10 % of MBS 4 and
+    the stack-level term the fit leaves is within 10 % of 1 (it was ~1.17 with the catalog's
+    shape curve: the stack was not slow, its small expert GEMMs were priced too fast). A factor
+    the four push to a bound is named as a missing term."""
     import sys
 
     from planner.calibrate.calibration import calibrate_runs, missing_term
@@ -335,12 +335,12 @@ def test_four_published_runs_of_a_slow_stack_are_reproduced_and_predict_a_fifth(
     assert sorted(runs) == ["mbs1", "mbs12", "mbs2", "mbs4", "mbs8"]
     fit_on = [runs[k] for k in ("mbs8", "mbs12", "mbs1", "mbs2")]
     fifth = runs["mbs4"]
-    assert abs(fifth.predict({}) / fifth.measured - 1) > 0.10
+    assert abs(fifth.predict({}) / fifth.measured - 1) < 0.10
     result = calibrate_runs(fit_on)
     fitted = {n: v for n, v in result.values.items() if n not in result.why}
     assert all(abs(a / r.measured - 1) < 0.15 for a, r in zip(result.after, fit_on, strict=True))
     assert abs(fifth.predict(fitted) / fifth.measured - 1) < 0.15
-    assert fitted["stack_factor"] > 1.1 and len(result.identified["stack_factor"]) == 4
+    assert abs(fitted["stack_factor"] - 1) < 0.1 and len(result.identified["stack_factor"]) == 4
     assert all(missing_term(n, fitted[n]) for n in result.pinned)
 
 
