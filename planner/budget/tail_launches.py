@@ -15,7 +15,13 @@ where the host's launches set the step) and vanish on large ones.
   make_graphed_callables, Graphed.backward returns a gradient per module parameter), so the hooks
   run outside the graph, one launch per tensor as without graphs; only a full-iteration graph
   captures them. Megatron-FSDP adds its own per-tensor copies instead (planner/budget/
-  fsdp_time.py), so none are counted there.
+  fsdp_time.py), so none are counted there. A hook is one Python call around one bare op, with
+  none of the module set-up and allocations the calibrated host time per launch
+  (efficiency.host_us_per_launch) holds around a module's kernels: it is priced at the measured
+  time of one bare PyTorch op on the reference host (planner/config/gpus.py HOSTS, 13.48 µs on
+  the DGX H100's Xeon) times the GPU's host scale. Counted at the calibrated figure instead, a run
+  with 128 local experts per layer and no fusion (5,263 hooks a microbatch) would gain 0.26 s a
+  microbatch, nearly four times the bare ops' time.
 * Multi-token prediction (Megatron-LM main@d98e8a64, the commit of Megatron's CI cases, megatron/
   core/transformer/multi_token_prediction.py): Megatron's Transformer Engine CUDA graphs capture an
   MTP layer's transformer layer only (megatron/core/transformer/cuda_graphs.py
@@ -27,9 +33,12 @@ where the host's launches set the step) and vanish on large ones.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from planner.budget.expr import Book
 from planner.budget.optimizer_time import param_tensor_counts
 from planner.budget.variant import Variant
+from planner.config.gpus import HOSTS, REFERENCE_HOST
 
 # Kernels of one MTP layer's forward beyond its transformer layer, per microbatch, context
 # parallelism 1 (Megatron-LM main@d98e8a64 megatron/core/transformer/multi_token_prediction.py
@@ -111,13 +120,17 @@ def write_host(book: Book) -> tuple[str, str]:
     """Host time per microbatch of the tail's launches, forward and backward (none under a
     full-iteration CUDA graph, which captures them)."""
     add = book.add
+    bare = Fraction(str(HOSTS[REFERENCE_HOST].linear_forward_us)) / 10**6
+    add("time_bare_op_s", f"host_scale * {bare.numerator} / {bare.denominator}", "s", "time",
+        "host time of one bare PyTorch op on this GPU's host CPU: the reference host's measured "
+        "torch.nn.Linear forward (planner/config/gpus.py HOSTS) times the host scale")
     fwd = add("time_tail_host_fwd_s", "time_launch_s * (time_mtp_head_grad_launches"
               " + time_mtp_head_nograd_launches) * (1 - graph_full)", "s", "time",
               "host time of the MTP heads' forward launches per microbatch (no per-layer CUDA "
               "graph captures them)")
-    bwd = add("time_tail_host_bwd_s", "time_launch_s * (2 * time_mtp_head_grad_launches"
-              " + time_grad_hook_launches) * (1 - graph_full)", "s", "time",
-              "host time per microbatch backward of the MTP heads' two per differentiated kernel "
-              "and the DDP gradient hooks' adds (outside per-layer CUDA graphs: the graphs return "
-              "their parameters' gradients to autograd)")
+    bwd = add("time_tail_host_bwd_s", "(time_launch_s * 2 * time_mtp_head_grad_launches"
+              " + time_bare_op_s * time_grad_hook_launches) * (1 - graph_full)", "s", "time",
+              "host time per microbatch backward of the MTP heads' two per differentiated kernel, "
+              "and the DDP gradient hooks' adds at a bare op each (outside per-layer CUDA graphs: "
+              "the graphs return their parameters' gradients to autograd)")
     return fwd, bwd

@@ -797,6 +797,7 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         "launches (efficiency.host_us_per_expert, 0 unless calibrated)")
     fsdp_fwd, fsdp_bwd = (f" + {n}" if n else "" for n in fsdp_time.write_host(book, v))
     tail_fwd, tail_bwd = tail_launches.write_host(book)
+    tail_fwd += _graph_sync_wait(book, v)
     add("time_host_exposed_s", f"Max(time_host_fwd_s{fsdp_fwd} + {tail_fwd}"
         " - time_gpu_s / (3 * microbatches), 0)"
         f" + Max(time_host_bwd_s{fsdp_bwd} + {tail_bwd} - 2 * time_gpu_s / (3 * microbatches), 0)"
@@ -860,6 +861,39 @@ def _graph_replays(book: Book, v: Variant) -> None:
         "graph's static one and the backward graph launched (a graph that stops after the MoE "
         "router returns the hidden states, the probabilities, the residual and the un-overlapped "
         "shared expert's output)")
+
+
+# A router CUDA graph ends right before the MoE layer's dropless sync: Megatron's alltoall
+# dispatcher with EP or expert TP over one rank copies the token counts to the host at
+# "before_ep_alltoall" under a moe_preprocess (or whole-layer) graph and synchronises there
+# (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+# MoEAlltoAllTokenDispatcher.__init__ cuda_dtoh_point, cuda_sync_point). Eager, the host issues
+# the layer's attention, router and preprocessing kernels one by one and reaches the sync with the
+# GPU a kernel behind; graphed, it replays them in one call and then waits at the sync for the GPU
+# to run all of them, while the host has nothing to issue. So per MoE layer forward the graphed
+# part's GPU time is spent with the host idle, on top of the host's own launches: its kernels'
+# fixed GPU time (t_kernel_gpu each) and the attention's forward work, less what the host still
+# issues between the graph and the sync (the eager preprocessing, the permute). On a GPU-bound
+# pass the max against the GPU's own work leaves it hidden. (Added after Megatron's CI case
+# gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph was seen 2x slower than estimated.)
+def _graph_sync_wait(book: Book, v: Variant) -> str:
+    """The host's wait at each MoE layer's sync for the GPU to run the router graph (see above),
+    per microbatch forward: " + name", or "" where the dispatcher does not sync there."""
+    if v.dispatcher != "alltoall" or not (v.ep or v.etp):
+        return ""
+    add = book.add
+    add("time_graph_sync_gpu_s", "t_kernel_gpu * (time_launches_attention * graph_attn"
+        " + time_launches_router + time_launches_preprocess * graph_preprocess"
+        " + time_launches_router_graph_also) + graph_attn * (time_attention_gemm_s"
+        " + time_attention_core_s) / (3 * microbatches * Max(blocks, 1))", "s", "time",
+        "GPU time of one MoE layer's router CUDA graph per forward: its kernels' fixed GPU time "
+        "and, with the attention in it, the attention's forward work")
+    return " + " + add(
+        "time_graph_sync_wait_s", "L_moe * graph_router * (1 - graph_experts) * (1 - graph_full)"
+        " * Max(time_graph_sync_gpu_s - time_launch_s * ((1 - graph_preprocess)"
+        " * time_launches_preprocess + time_permute_launches), 0)", "s", "time",
+        "per microbatch forward, the host waiting at each MoE layer's dropless sync for the GPU "
+        "to run the layer's router graph, beyond what it issues between the graph and the sync")
 
 
 def fx_share(v: Variant) -> str:

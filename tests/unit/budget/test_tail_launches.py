@@ -96,3 +96,27 @@ def test_sinkhorn_kernels_at_hidden_512() -> None:
         "moe": {"moe_router_load_balancing_type": "sinkhorn", "moe_aux_loss_coeff": 0}},
         strict=False)
     assert router_nograd_launch_count(cfg) == 5 + 14 * 3
+
+
+def test_a_router_graph_before_the_dropless_sync_leaves_the_host_waiting() -> None:
+    """token_dispatcher.py MoEAlltoAllTokenDispatcher: with EP > 1 the alltoall dispatcher syncs
+    before its all-to-all; a graph ending there hands the host nothing to issue while the GPU
+    runs it. Without a router graph, or without the sync, no wait."""
+    # the fused permute: two launches between the graph and the sync (unfused, its ten cover the
+    # graph's GPU time here)
+    moe = {"moe": {"moe_token_dispatcher_type": "alltoall", "moe_permute_fusion": True}}
+    scope = {"cuda_graph_impl": "transformer_engine",
+             "cuda_graph_scope": ["attn", "moe_router", "moe_preprocess"]}
+    ep = {"world_size": 2, "ep": 2}
+
+    def wait(overlap: dict[str, Any], parallel: dict[str, Any]) -> Any:
+        cfg = Config.model_validate({
+            "model": SMALL, "parallel": parallel, "overlap": overlap, **moe,
+            "training": {"micro_batch_size": 1, "global_batch_size": 4, "seq_length": 1024},
+            "cluster": {"gpu": "H100"}}, strict=False)
+        est = estimate(cfg, exact=False)
+        return est.envs[0].get("time_graph_sync_wait_s")
+    graphed = wait(scope, ep)
+    assert graphed is not None and graphed > 0
+    assert wait({**scope, "cuda_graph_scope": ["attn"]}, ep) == 0
+    assert wait(scope, {"world_size": 1}) is None  # one rank, no expert TP: the sync comes later
