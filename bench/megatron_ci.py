@@ -10,10 +10,14 @@ case's golden iteration times from iteration 10 on (bench/megatron_ci/measured.y
 Printed per case: measured and predicted seconds, their ratio, and the flags the case runs that
 moeplan's argument table marks as unpriced time (what moeplan does not model in that case);
 with --parts, the slowest stage's step split into the parts that make it (so the term that
-dominates a case's estimate is read off, not guessed). Summary: cases within 2x, the median
+dominates a case's estimate is read off, not guessed); with --graphs, for a case whose golden file
+records an eager step before its CUDA graphs were captured, that step beside moeplan's estimate
+without graphs, and the share of the eager step the graphs leave, measured and estimated (what the
+graphs remove, judged apart from the rest of the step). Summary: cases within 2x, the median
 |ratio - 1|. Nothing here gates and nothing is fitted to these figures.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/megatron_ci.py [--markdown] [--parts] [--case NAME]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/megatron_ci.py [--markdown] [--parts] [--graphs]
+                                                            [--case NAME]
 """
 
 from __future__ import annotations
@@ -53,13 +57,15 @@ class Case:
     predicted_s: float | None
     why: str  # why there is no prediction, or the flags moeplan does not price
     parts: tuple[tuple[str, float], ...] = ()  # the slowest stage's step, part by part
+    eager_measured_s: float | None = None  # the golden file's last step before graph capture
+    eager_predicted_s: float | None = None  # moeplan's step with cuda_graph_impl none
 
     @property
     def ratio(self) -> float | None:
         return None if self.predicted_s is None else self.predicted_s / self.measured_s
 
 
-def judge(name: str, measured_s: float) -> Case:
+def judge(name: str, measured_s: float, eager_s: float | None = None) -> Case:
     text = (DATA / f"{name}.yaml").read_text(encoding="utf-8")
     try:
         imported, _ = import_text(text, {}, world_size=RANKS)
@@ -67,6 +73,11 @@ def judge(name: str, measured_s: float) -> Case:
         data.setdefault("model", {}).setdefault("vocab_size", GPT2_VOCAB)
         data.setdefault("cluster", {})["gpu"] = "H100"
         est = estimate(parse_config(data), exact=False)
+        eager = None
+        if eager_s is not None:
+            data["overlap"] = {**data.get("overlap", {}), "cuda_graph_impl": "none",
+                               "cuda_graph_scope": []}
+            eager = estimate(parse_config(data), exact=False).step_time_s
     except Exception as exc:  # a bench row, not the product: report and go on
         return Case(name, measured_s, None, f"{type(exc).__name__}: {exc}"[:160])
     from planner.config.argument_classes import argument_classes
@@ -76,12 +87,13 @@ def judge(name: str, measured_s: float) -> Case:
                        and getattr(classes.get(w[2:].replace("-", "_")), "kind", "") == "warning"})
     env = est.envs[est.slowest_stage]
     parts = tuple((label, float(env[key])) for label, key in PARTS if key in env)
-    return Case(name, measured_s, est.step_time_s, " ".join(unpriced), parts)
+    return Case(name, measured_s, est.step_time_s, " ".join(unpriced), parts, eager_s, eager)
 
 
 def cases(only: str | None = None) -> list[Case]:
     measured = yaml.safe_load((DATA / "measured.yaml").read_text(encoding="utf-8"))["cases"]
-    return [judge(name, row["step_time_s"]) for name, row in measured.items()
+    return [judge(name, row["step_time_s"], row.get("eager_step_time_s"))
+            for name, row in measured.items()
             if only is None or only in name]
 
 
@@ -100,6 +112,8 @@ def main() -> None:
     parser.add_argument("--case", help="only the cases whose name contains this")
     parser.add_argument("--parts", action="store_true",
                         help="print the slowest stage's step part by part (seconds)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="print the eager step before graph capture beside moeplan's")
     args = parser.parse_args()
     rows = cases(args.case)
     if args.markdown:
@@ -114,6 +128,11 @@ def main() -> None:
             print(f"{r.name[:78]:78s} {r.measured_s:8.4f} {pred:>8s} {ratio:>6s}  {r.why[:60]}")
         if args.parts and r.parts:
             print("    " + "  ".join(f"{label} {value:.4f}" for label, value in r.parts))
+        if args.graphs and r.eager_measured_s and r.eager_predicted_s and r.predicted_s:
+            print(f"    without graphs: measured {r.eager_measured_s:.4f}  moeplan "
+                  f"{r.eager_predicted_s:.4f}; graphed / eager: measured "
+                  f"{r.measured_s / r.eager_measured_s:.2f}, moeplan "
+                  f"{r.predicted_s / r.eager_predicted_s:.2f}")
     print()
     print(summary(rows))
 

@@ -233,23 +233,39 @@ def attention_variant_share(cfg: Config) -> float:
 # launches one kernel: each of d0 and d1 a product, a row or column sum, + eps and the scalar over
 # the tensor (Tensor.__rtruediv__: a reciprocal and a product), 5 each; the error's difference,
 # abs and mean, 3; `error > tol`, 1: 14 per iteration, and the while's bool() a copy to the host
-# and a sync. 4 iterations: the loop's count to its 1e-4 tolerance on router logits of the initial
-# spread, simulated; data-dependent. The same loop in fp32 on 4096 normalised tokens through a
-# router initialised at std 0.02 runs 3 iterations at hidden 512 to 1024 (4 or 8 experts), 4 at
-# 2048, 6 at 4096 and 7 at 8192 (4 experts; fewer with more experts): the spread of the logits
-# grows with the hidden size.
+# and a sync. The iterations are data-dependent: the loop runs until the mean change of d1 falls
+# under its 1e-4 tolerance, which takes longer the wider the logits spread. Simulated with the loop
+# itself in fp32 on 4,096 normalised tokens through a router initialised at std 0.02 (the spread
+# the first hundred iterations of training still have, where Megatron's CI measures), it stops
+# after 2-3 iterations at hidden 512, 3 at 1,024, 4 at 2,048, 5 at 4,096 and 6-7 at 8,192 (4 to
+# 64 experts; fewer with more experts): 3 up to hidden 1,024 and one more per doubling beyond
+# (sinkhorn_iterations; it replaced a fixed 4 after Megatron's CI cases with Sinkhorn routers, hidden
+# 512, were seen to run 1.4-1.9x faster than estimated). The spread, and so the count, grows as
+# the router trains.
+SINKHORN_SETUP = 5
+SINKHORN_PER_ITERATION = 14
+
+
+def sinkhorn_iterations(hidden: int) -> int:
+    """Sinkhorn's loop count on router logits of the initial spread (see above): 3 up to hidden
+    1,024, one more per doubling of the hidden size beyond."""
+    return 3 + max(0, (max(hidden, 1) - 1).bit_length() - 10)
+
+
 ROUTER_MEASURED = (72, 31)  # unfused, fused: DeepSeek-V3's router
 ROUTER_SITES = {"base": 8, "sigmoid": 3, "groups": 8, "bias": 4, "aux": 15}
-SINKHORN_KERNELS = 5 + 4 * 14
 ROUTER_SITES_MEASURED = 8 + 3 + 8 + 4 + 15  # the call sites of the router that was measured
 
 
 def router_nograd_launch_count(cfg: Config) -> Number:
     """Kernels of one MoE layer's router forward that autograd records no node for, so the backward
-    issues nothing for them: Sinkhorn's (SINKHORN_KERNELS), which run under torch.no_grad
+    issues nothing for them: Sinkhorn's (SINKHORN_SETUP and SINKHORN_PER_ITERATION per
+    sinkhorn_iterations of the hidden size), which run under torch.no_grad
     (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/router.py
     TopKRouter.sinkhorn_load_balancing)."""
-    return SINKHORN_KERNELS if cfg.moe.moe_router_load_balancing_type == "sinkhorn" else 0
+    if cfg.moe.moe_router_load_balancing_type != "sinkhorn":
+        return 0
+    return SINKHORN_SETUP + SINKHORN_PER_ITERATION * sinkhorn_iterations(cfg.model.hidden_size)
 
 
 def router_launch_count(cfg: Config) -> Number:

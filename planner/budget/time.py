@@ -24,7 +24,7 @@ tokens; `imbalance` scales the routed-expert share for the busiest rank.
 
 from __future__ import annotations
 
-from planner.budget import fsdp_time, optimizer_time
+from planner.budget import fsdp_time, optimizer_time, tail_launches
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Book, ident
 from planner.budget.hardware import overlap_symbol
@@ -666,6 +666,15 @@ def _launch_counts(book: Book, v: Variant) -> None:
         " + 5 * (1 - permute_fused))", "count", "time",
         "permutation kernels per direction: one fused, about five unfused (HybridEP's dispatch "
         "permutes inside its own kernel, which is still a launch)")
+    # Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_layer.py
+    # TransformerLayer._get_submodules_under_cudagraphs (Transformer Engine's graphs) and
+    # MoETransformerLayer._forward_mlp_router (the local implementation's router graph): a graph
+    # stopping after the MoE router also holds the pre-MLP norm and, unless it overlaps the token
+    # exchange (moe_shared_expert_overlap), the shared expert, which the experts part counts.
+    shared = "0" if v.shared_overlap else "3 * Min(I_s, 1)"
+    add("time_launches_router_graph_also", f"1 + {shared}", "kernels", "time",
+        "kernels of the experts part a router CUDA graph captures with the router: the pre-MLP "
+        "norm" + ("" if v.shared_overlap else ", and the shared expert's fc1, activation and fc2"))
     for name, entries, what in (("attention", attention, "attention part"),
                                 ("router", router, "MoE router"),
                                 ("preprocess", preprocess, "MoE preprocessing"),
@@ -676,6 +685,11 @@ def _launch_counts(book: Book, v: Variant) -> None:
             + "; ".join(f"{n} {w}" for n, w in entries))
 
 
+# The experts part's launches a router graph holds (time_launches_router_graph_also), off the
+# experts part's eager count when the router is graphed and the experts are not.
+ROUTER_GRAPH_ALSO = " - graph_router * (1 - graph_experts) * time_launches_router_graph_also"
+
+
 def _forward_kernels(graphs: bool) -> str:
     """Kernels one microbatch's forward of the stage launches: every part's (graphs False), or
     those outside CUDA graphs (graphs True)."""
@@ -683,7 +697,8 @@ def _forward_kernels(graphs: bool) -> str:
         return f" * (1 - {flag})" if graphs else ""
     return (f"blocks * time_launches_attention{part('graph_attn')} + L_moe * ("
             f"time_launches_router{part('graph_router')} + time_launches_preprocess"
-            f"{part('graph_preprocess')} + time_launches_experts{part('graph_experts')})"
+            f"{part('graph_preprocess')} + time_launches_experts{part('graph_experts')}"
+            f"{ROUTER_GRAPH_ALSO if graphs else ''})"
             f" + L_dense * time_launches_dense{part('graph_dense')}"
             f" + (has_embedding * {EMBEDDING_LAUNCHES} + has_output * {OUTPUT_LAUNCHES})"
             f"{part('graph_full')}")
@@ -718,10 +733,13 @@ def _kernel_gpu(book: Book, v: Variant) -> None:
         "launches however few bytes they move)")
     add("time_kernels_fwd_all", _forward_kernels(graphs=False), "kernels", "time",
         "kernels the stage's forward launches per microbatch, inside CUDA graphs or not")
-    add("time_kernel_gpu_s", f"microbatches * t_kernel_gpu * time_kernels_fwd_all * ("
-        f"1 + {BACKWARD_DISPATCHES} + time_recompute_launch_blocks * 3 / Max(blocks, 1))", "s",
+    tail = tail_launches.write_counts(book, v)
+    add("time_kernel_gpu_s", f"microbatches * t_kernel_gpu * (time_kernels_fwd_all * ("
+        f"1 + {BACKWARD_DISPATCHES} + time_recompute_launch_blocks * 3 / Max(blocks, 1))"
+        f" + {tail})", "s",
         "time", "GPU time the step's kernels cost beyond their work: t_kernel_gpu per kernel, "
-        f"each forward kernel, its backward's {BACKWARD_DISPATCHES} and recompute's repeats")
+        f"each forward kernel, its backward's {BACKWARD_DISPATCHES} and recompute's repeats, "
+        "and the tail's outside the blocks (planner/budget/tail_launches.py)")
     add("time_moe_kernel_gpu_s", f"microbatches * t_kernel_gpu * (1 + {BACKWARD_DISPATCHES})"
         " * L_moe * (time_launches_router + time_launches_preprocess + time_launches_experts)",
         "s", "time", "the MoE layers' share of it, without recompute")
@@ -778,16 +796,21 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         "a stack's own extra host time per local expert and microbatch beyond the counted "
         "launches (efficiency.host_us_per_expert, 0 unless calibrated)")
     fsdp_fwd, fsdp_bwd = (f" + {n}" if n else "" for n in fsdp_time.write_host(book, v))
-    add("time_host_exposed_s", f"Max(time_host_fwd_s{fsdp_fwd} - time_gpu_s / (3 * microbatches), 0)"
-        f" + Max(time_host_bwd_s{fsdp_bwd} - 2 * time_gpu_s / (3 * microbatches), 0)"
+    tail_fwd, tail_bwd = tail_launches.write_host(book)
+    tail_fwd += _graph_sync_wait(book, v)
+    add("time_host_exposed_s", f"Max(time_host_fwd_s{fsdp_fwd} + {tail_fwd}"
+        " - time_gpu_s / (3 * microbatches), 0)"
+        f" + Max(time_host_bwd_s{fsdp_bwd} + {tail_bwd} - 2 * time_gpu_s / (3 * microbatches), 0)"
         " + time_sync_restart_s", "s", "time", "per microbatch, the host time the GPU waits for: "
         "forward and backward each at max(host, GPU) (a forward is a third of the GPU work), plus "
-        "the sync restarts" + (" (Megatron-FSDP's bucket and gradient launches included: "
-                               "planner/budget/fsdp_time.py)" if fsdp_fwd else ""))
+        "the sync restarts; the launches outside the blocks no per-layer graph captures included "
+        "(planner/budget/tail_launches.py)" + (" (Megatron-FSDP's bucket and gradient launches "
+                                               "included: planner/budget/fsdp_time.py)"
+                                               if fsdp_fwd else ""))
     moe_host = (f"(L_moe * time_launch_s * ((1 + {BACKWARD_DISPATCHES}) * (time_launches_router"
                 " * (1 - graph_router)"
                 " + time_launches_preprocess * (1 - graph_preprocess) + time_launches_experts"
-                f" * (1 - graph_experts)) - {BACKWARD_DISPATCHES} * ({NOGRAD_MOE}"
+                f" * (1 - graph_experts){ROUTER_GRAPH_ALSO}) - {BACKWARD_DISPATCHES} * ({NOGRAD_MOE}"
                 + (f" + {ACT_CLAMP_NOGRAD} * (1 - graph_experts)" if v.moe_act_clamp else "")
                 + ")))")
     moe_gpu = "(time_moe_gemm_s + time_moe_non_gemm_s + time_moe_kernel_gpu_s) / microbatches"
@@ -838,6 +861,39 @@ def _graph_replays(book: Book, v: Variant) -> None:
         "graph's static one and the backward graph launched (a graph that stops after the MoE "
         "router returns the hidden states, the probabilities, the residual and the un-overlapped "
         "shared expert's output)")
+
+
+# A router CUDA graph ends right before the MoE layer's dropless sync: Megatron's alltoall
+# dispatcher with EP or expert TP over one rank copies the token counts to the host at
+# "before_ep_alltoall" under a moe_preprocess (or whole-layer) graph and synchronises there
+# (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+# MoEAlltoAllTokenDispatcher.__init__ cuda_dtoh_point, cuda_sync_point). Eager, the host issues
+# the layer's attention, router and preprocessing kernels one by one and reaches the sync with the
+# GPU a kernel behind; graphed, it replays them in one call and then waits at the sync for the GPU
+# to run all of them, while the host has nothing to issue. So per MoE layer forward the graphed
+# part's GPU time is spent with the host idle, on top of the host's own launches: its kernels'
+# fixed GPU time (t_kernel_gpu each) and the attention's forward work, less what the host still
+# issues between the graph and the sync (the eager preprocessing, the permute). On a GPU-bound
+# pass the max against the GPU's own work leaves it hidden. (Added after Megatron's CI case
+# gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph was seen 2x slower than estimated.)
+def _graph_sync_wait(book: Book, v: Variant) -> str:
+    """The host's wait at each MoE layer's sync for the GPU to run the router graph (see above),
+    per microbatch forward: " + name", or "" where the dispatcher does not sync there."""
+    if v.dispatcher != "alltoall" or not (v.ep or v.etp):
+        return ""
+    add = book.add
+    add("time_graph_sync_gpu_s", "t_kernel_gpu * (time_launches_attention * graph_attn"
+        " + time_launches_router + time_launches_preprocess * graph_preprocess"
+        " + time_launches_router_graph_also) + graph_attn * (time_attention_gemm_s"
+        " + time_attention_core_s) / (3 * microbatches * Max(blocks, 1))", "s", "time",
+        "GPU time of one MoE layer's router CUDA graph per forward: its kernels' fixed GPU time "
+        "and, with the attention in it, the attention's forward work")
+    return " + " + add(
+        "time_graph_sync_wait_s", "L_moe * graph_router * (1 - graph_experts) * (1 - graph_full)"
+        " * Max(time_graph_sync_gpu_s - time_launch_s * ((1 - graph_preprocess)"
+        " * time_launches_preprocess + time_permute_launches), 0)", "s", "time",
+        "per microbatch forward, the host waiting at each MoE layer's dropless sync for the GPU "
+        "to run the layer's router graph, beyond what it issues between the graph and the sync")
 
 
 def fx_share(v: Variant) -> str:
