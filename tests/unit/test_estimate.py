@@ -258,8 +258,8 @@ def test_overlap_is_read_from_the_collectives_table() -> None:
 # 8 H100, BF16, alltoall: forward + backward 7.12 + 10.48 ms. The layer as the benchmark builds it
 # (Megatron-LM tests/functional_tests/test_cases/common/moe_perf/__main__.py
 # _build_transformer_config @57a02672): the aux-loss router at coefficient 1.0, sigmoid scores,
-# fp32 router, expert bias, and no shared expert (the proxy's 2048 never reaches the
-# TransformerConfig).
+# fp32 router, expert bias, no shared expert (the proxy's 2048 never reaches the
+# TransformerConfig) and TransformerConfig's default GELU experts (gated_linear_unit unset).
 LAYER_ROUTER = {"moe_router_force_load_balancing": True, "moe_permute_fusion": True,
                 "moe_router_fusion": True, "moe_router_load_balancing_type": "aux_loss",
                 "moe_aux_loss_coeff": 1.0}
@@ -267,7 +267,7 @@ LAYER = config({"num_layers": 1, "hidden_size": 7168, "num_attention_heads": 8, 
                 "num_experts": 32, "moe_router_topk": 8, "moe_ffn_hidden_size": 2048,
                 "moe_router_num_groups": 8, "moe_router_group_topk": 4,
                 "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-                "moe_router_dtype": "fp32"},
+                "moe_router_dtype": "fp32", "swiglu": False},
                {"world_size": 8, "ep": 8, "etp": 1}, {"seq_length": 4096, "global_batch_size": 8},
                moe={"moe_token_dispatcher_type": "alltoall", **LAYER_ROUTER},
                cluster={"gpu": "H100"})
