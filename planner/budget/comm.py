@@ -80,7 +80,12 @@ def one_rank(group: str) -> str:
 def add_layer_bytes(book: Book, v: Variant) -> None:
     """Bytes per rank per MoE layer per microbatch, one direction, send payload only. Token rows
     move at `routed_width` (latent MoE dispatches the projected rows, Megatron-LM dev@d48bd6be
-    megatron/core/transformer/moe/moe_layer.py MoELayer.preprocess / postprocess)."""
+    megatron/core/transformer/moe/moe_layer.py MoELayer.preprocess / postprocess), in the training
+    precision `p` under FP8 too: Megatron casts to FP8 inside the experts, after the dispatch. The
+    alltoall dispatcher exchanges the BF16 rows, DeepEP gets the BF16 tensor
+    (megatron/core/transformer/moe/fused_a2a.py FusedDispatch.forward) and HybridEP is called with
+    FP8 dispatch off (HybridEPDispatch.forward: "Currently, we do not support fp8 dispatch");
+    DeepEP's own FP8 dispatch, which DeepSeek-V3 trains with, is not one Megatron issues."""
     add, w = book.add, routed_width(v)
     add("pp_activation_bytes", "tokens_per_rank * h * n_hc * p", "bytes", "bytes",
         "one pipeline message [n, h·n_hc] (mHC widens the residual stream)")

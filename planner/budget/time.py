@@ -292,11 +292,14 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     # by a kernel of their own: attention's output projection, the routed experts' fc1 (permuted
     # rows) and fc2 (activation output), the shared expert and the dense fc2.
     output_proj = {"standard": "heads * d", "mla": "heads * d_v", "dsv4_hybrid": "heads * d"}
+    add("time_ew_fp8_cast_moe_elements", "fp8 * 2 * L_moe * (k * (h_moe + I) + I_s + h * Min(I_s, 1))",
+        "elements", "time", "the MoE layers' share of the FP8 casts below (the routed experts' fc1 "
+        "and fc2 inputs, the shared expert's): kernels of the MoE layer, which its time counts")
     add("time_ew_fp8_cast_elements", f"fp8 * 2 * (blocks * {output_proj[v.attention]}"
         + window.replace(" * 2 * ", " * ")
         + (" + blocks * heads * (d_v - d)" if "value_dim" in v.kinds else "")
         + (" + L_window * heads * (dv_w - d_v)" if "window_kv" in v.kinds else "")
-        + " + L_moe * (k * (h_moe + I) + I_s + h * Min(I_s, 1)) + L_dense * f)", "elements", "time",
+        + " + L_dense * f) + time_ew_fp8_cast_moe_elements", "elements", "time",
         "FP8 casts of the FP8 GEMM inputs no norm produces, per token (read BF16, write the FP8 "
         "copy and its transpose: two BF16 elements' worth); casts of norm outputs are fused into "
         "the norm; the backward's gradient casts are in non_gemm_passes; 0 in BF16")
@@ -430,9 +433,10 @@ def _compute(book: Book, v: Variant) -> None:
     bias = " + time_ew_expert_bias_elements" if v.bias else ""
     clamp = " + time_ew_act_clamp_elements" if v.moe_act_clamp else ""
     add("time_moe_non_gemm_s", f"{per_step} * (time_ew_router_elements + time_ew_act_elements"
-        f" + time_ew_permute_elements{bias}{clamp}) * non_gemm_passes * 2 / time_hbm_rate",
-        "s", "time", "the MoE layers' share of it (router, permutes, expert activations and, "
-        "with linear biases, the experts' fc2 bias), "
+        f" + time_ew_permute_elements + time_ew_fp8_cast_moe_elements{bias}{clamp})"
+        " * non_gemm_passes * 2 / time_hbm_rate",
+        "s", "time", "the MoE layers' share of it (router, permutes, expert activations, the "
+        "experts' FP8 casts and, with linear biases, the experts' fc2 bias), "
         "without recompute")
 
 
