@@ -318,6 +318,9 @@ def test_a_host_bound_pass_hides_the_token_exchanges_the_gpu_runs() -> None:
                  for phase in ("fwd", "bwd")]
     slow = env(qwen(efficiency={"host_us_per_launch": 2000}))
     assert slow["time_host_behind_exchanges_s"] == sum(slow[n] for n in exchanges) > 0
+    # far behind: both passes' shared excess rows exceed what the exchanges can hide
+    assert slow["time_host_excess_fwd_s"] * slow["microbatches"] >= sum(
+        slow[n] for n in exchanges if n.endswith("_fwd"))
     assert slow["time_busy_s"] == (slow["time_compute_s"] + slow["time_exposed_comm_s"]
                                    - sum(slow[n] for n in exchanges))
     free = env(qwen(efficiency={"host_us_per_launch": 0}))
@@ -344,6 +347,16 @@ def test_megatron_fsdp_launches_per_bucket_and_per_tensor() -> None:
     assert copied["time_fsdp_expert_tensors"] == 4 * (128 // 8) * 2
     assert copied["time_fsdp_bwd_launches"] == fused["time_fsdp_bwd_launches"] + tensors
     assert copied["time_fsdp_host_bwd_s"] > fused["time_fsdp_host_bwd_s"]
+    # one host excess per pass, Megatron-FSDP's launches in it, that the exposed host time and
+    # the host time the token exchanges hide both read
+    gpu_fwd = fused["time_gpu_s"] / (3 * fused["microbatches"])
+    assert fused["time_host_excess_fwd_s"] == max(
+        fused["time_host_fwd_s"] + fused["time_fsdp_host_fwd_s"] - gpu_fwd, 0)
+    assert fused["time_host_excess_bwd_s"] == max(
+        fused["time_host_bwd_s"] + fused["time_fsdp_host_bwd_s"] - 2 * gpu_fwd, 0)
+    assert fused["time_host_exposed_s"] == (fused["time_host_excess_fwd_s"]
+                                            + fused["time_host_excess_bwd_s"]
+                                            + fused["time_sync_restart_s"])
     # optim_grads keeps whole parameters: its buckets follow the bucket size, not priced here
     assert "time_fsdp_buckets" not in at(data_parallel_sharding_strategy="optim_grads")
 
