@@ -770,10 +770,12 @@ def _kernel_gpu(book: Book, v: Variant) -> None:
 
 def _fixed_costs(book: Book, v: Variant) -> None:
     """Host time the GPU waits for. The host issues every kernel (t_launch each on the reference
-    x86 host: Python, PyTorch's dispatcher and the CUDA launch; host_scale times that on the GPU's
-    own host CPU) and the backward's from the autograd engine (BACKWARD_DISPATCHES per forward
-    kernel with a node); the GPU runs them as they come. When the host issues a
-    stretch of kernels slower than the GPU runs them, the GPU waits for the difference. Megatron's
+    x86 host: Python, PyTorch's dispatcher and the CUDA launch; a Transformer Engine module's GEMM
+    host_module_op times that, _host_kinds; host_scale times that on the GPU's own host CPU, and
+    an unbound rank's measured extra per op on top) and the backward's from the autograd engine
+    (BACKWARD_DISPATCHES per forward kernel with a node); the GPU runs them as they come. When
+    the host issues a stretch of kernels slower than the GPU runs them, the GPU waits for the
+    difference. Megatron's
     dropless MoE layers copy the token counts per expert to the host in forward (the host cannot
     run ahead across that), so each forward and each backward of a microbatch is priced as
     max(host, GPU) over its stage-average work, plus the launches after each sync the GPU idles
