@@ -15,7 +15,7 @@ from typing import Any
 
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Number, Symbol, exact, normalize
-from planner.config.gpus import HOSTS, gpu
+from planner.config.gpus import HOST_MODULE_OP, HOSTS, gpu
 from planner.config.routing import routing_imbalance
 from planner.config.schema import Config
 
@@ -43,13 +43,17 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
            "iterations, under torch.no_grad): the backward issues nothing for them"),
     Symbol("t_launch", "host seconds to issue one kernel: Python, PyTorch's dispatcher and the "
            "CUDA launch (efficiency.host_us_per_launch)"),
+    Symbol("host_module_op", "host time of a Transformer Engine module's GEMM call over a bare "
+           "PyTorch op's (planner/config/gpus.py HOST_MODULE_OP: te.Linear over torch.nn.Linear, "
+           "measured)"),
     Symbol("t_kernel_gpu", "GPU seconds each kernel costs beyond its work, host ahead or not, "
            "CUDA graph or not (efficiency.gpu_us_per_kernel)"),
     Symbol("host_scale", "host time per op of the GPU's host CPU over the reference x86 host's "
            "that t_launch is calibrated for (efficiency.host_launch_scale, else the catalog host's: "
-           "planner/config/gpus.py HOSTS; when cluster.host_numa_binding is off, the host's "
-           "unbound_share of the host time at its measured bare-op ratio, the rest at that "
-           "figure)"),
+           "planner/config/gpus.py HOSTS)"),
+    Symbol("t_unbound", "host seconds an unbound rank (cluster.host_numa_binding off) pays per "
+           "bare op beyond a bound one: the host's measured bare-op time less the reference's at "
+           "host_scale, times the host's unbound_share (planner/config/gpus.py HOSTS); 0 bound"),
     Symbol("t_host_block", "host seconds to launch one block's forward and backward kernels per "
            "microbatch without CUDA graphs (efficiency.host_us_per_block)"),
     Symbol("t_host_expert", "host seconds per local expert of a MoE layer per microbatch "
@@ -283,19 +287,27 @@ def router_launch_count(cfg: Config) -> Number:
 
 
 def host_scale(cfg: Config) -> Number:
-    """The host CPU's time per op over the reference x86 host's: efficiency.host_launch_scale on a
-    rank bound to its GPU's NUMA node (the calibrated figure); on an unbound rank, the host's
-    unbound_share of the host time at its measured bare-op ratio (planner/config/gpus.py HOSTS:
-    one torch.nn.Linear forward timed on each host) and the rest at the bound figure: bound +
-    share x (measured - bound). The share comes from a whole-run measurement of binding (Grace:
-    Megatron-LM's GB200 write-up, bench/grace_binding.py): not all of Megatron's host time per
-    kernel slows as a bare PyTorch op does when the process floats across NUMA nodes."""
-    bound = exact(cfg.cluster.efficiency.host_launch_scale)
+    """The host CPU's time per op over the reference x86 host's that the calibrated host time per
+    launch is scaled by: efficiency.host_launch_scale (the bound figure; an unbound rank pays
+    unbound_launch_s on top)."""
+    return exact(cfg.cluster.efficiency.host_launch_scale)
+
+
+def unbound_launch_s(cfg: Config) -> Number:
+    """Seconds an unbound rank's host spends per bare op beyond a bound one's: the host's measured
+    bare-op time less the reference host's at the bound scale, times the host's unbound share
+    (planner/config/gpus.py HOSTS: one torch.nn.Linear forward timed on each host, NVIDIA/
+    TransformerEngine issue #2053; Grace 37.08 µs against the Xeon's 13.48). An absolute extra per
+    op, not a ratio on the calibrated figure: the calibrated time per launch holds Megatron's
+    host work around the counted launches as well, and the measurement is of a bare op alone; the
+    share comes from a whole-run measurement of binding (Megatron-LM's GB200 write-up,
+    bench/grace_binding.py). 0 on a bound rank."""
     if cfg.cluster.host_numa_binding:
-        return bound
+        return 0
     host = HOSTS[gpu(cfg.cluster.gpu).host]
-    measured = Fraction(*host.measured_scale)
-    return normalize(Fraction(bound) + Fraction(str(host.unbound_share)) * (measured - Fraction(bound)))
+    bound = Fraction(exact(cfg.cluster.efficiency.host_launch_scale))
+    extra = (Fraction(host.measured_scale[0]) - bound * host.measured_scale[1]) / 100
+    return normalize(max(Fraction(str(host.unbound_share)) * extra, Fraction(0)) / 10**6)
 
 
 def fixed_cost_values(cfg: Config) -> dict[str, Number]:
@@ -308,8 +320,10 @@ def fixed_cost_values(cfg: Config) -> dict[str, Number]:
         "router_launches": router_launch_count(cfg),
         "router_nograd_launches": router_nograd_launch_count(cfg),
         "t_launch": normalize(Fraction(exact(eff.host_us_per_launch)) / 10**6),
+        "host_module_op": normalize(HOST_MODULE_OP),
         "t_kernel_gpu": normalize(Fraction(exact(eff.gpu_us_per_kernel)) / 10**6),
         "host_scale": host_scale(cfg),
+        "t_unbound": unbound_launch_s(cfg),
         "t_host_block": normalize(Fraction(exact(eff.host_us_per_block)) / 10**6),
         "t_host_expert": normalize(Fraction(exact(eff.host_us_per_expert)) / 10**6),
         "t_host_microbatch": normalize(Fraction(exact(eff.host_us_per_microbatch)) / 10**6),

@@ -121,9 +121,10 @@ def write_host(book: Book) -> tuple[str, str]:
     full-iteration CUDA graph, which captures them)."""
     add = book.add
     bare = Fraction(str(HOSTS[REFERENCE_HOST].linear_forward_us)) / 10**6
-    add("time_bare_op_s", f"host_scale * {bare.numerator} / {bare.denominator}", "s", "time",
-        "host time of one bare PyTorch op on this GPU's host CPU: the reference host's measured "
-        "torch.nn.Linear forward (planner/config/gpus.py HOSTS) times the host scale")
+    add("time_bare_op_s", f"host_scale * {bare.numerator} / {bare.denominator} + t_unbound", "s",
+        "time", "host time of one bare PyTorch op on this GPU's host CPU: the reference host's "
+        "measured torch.nn.Linear forward (planner/config/gpus.py HOSTS) times the host scale, "
+        "and an unbound rank's measured extra per op")
     fwd = add("time_tail_host_fwd_s", "time_launch_s * (time_mtp_head_grad_launches"
               " + time_mtp_head_nograd_launches) * (1 - graph_full)", "s", "time",
               "host time of the MTP heads' forward launches per microbatch (no per-layer CUDA "

@@ -693,18 +693,66 @@ def _launch_counts(book: Book, v: Variant) -> None:
 # experts part's eager count when the router is graphed and the experts are not.
 ROUTER_GRAPH_ALSO = " - graph_router * (1 - graph_experts) * time_launches_router_graph_also"
 
+ROUTER_GRAPH_ALSO_UNITS = (" - graph_router * (1 - graph_experts)"
+                           " * time_host_units_router_graph_also")
 
-def _forward_kernels(graphs: bool) -> str:
+
+# The launches above by the kind of call that issues them, for their host cost: a GEMM that is one
+# Transformer Engine module call costs host_module_op bare ops (planner/config/gpus.py
+# HOST_MODULE_OP, measured), every other launch one (a PyTorch op, a fused kernel behind one
+# autograd.Function, a launch a module issues from its own C++: no published measurement separates
+# these from a bare op). The module GEMMs per block part: attention's QKV LayerNormLinear and
+# output projection (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+# SelfAttention linear_qkv, linear_proj), MLA's q and kv down projections and its up projection
+# (multi_latent_attention.py MLASelfAttention, as MLA_LAUNCHES counts them); the experts' two
+# GroupedLinear calls (moe/experts.py TEGroupedMLP linear_fc1, linear_fc2), or each local expert's
+# two linears without grouped GEMM (SequentialMLP), and the shared expert's fc1 and fc2; the dense
+# MLP's fc1 and fc2 (mlp.py MLP); the output layer.
+def _host_kinds(book: Book, v: Variant) -> None:
+    """Module GEMM calls of each part (see above), and the parts' forward launches in bare ops."""
+    add = book.add
+    shared = " + 2 * Min(I_s, 1)"
+    modules = {
+        "attention": ("2 + 3" if v.attention == "mla" else "2",
+                      "QKV and output projection" + (", MLA's down and up projections"
+                                                     if v.attention == "mla" else "")),
+        "experts": (("2" if v.grouped_gemm else "2 * experts_per_rank") + shared,
+                    ("the two GroupedLinear calls" if v.grouped_gemm
+                     else "each local expert's two linears") + ", the shared expert's fc1 and fc2"),
+        "dense": ("2", "fc1 and fc2"),
+    }
+    for part, (count, what) in modules.items():
+        add(f"time_modules_{part}", count, "calls", "time",
+            f"Transformer Engine module GEMM calls of the {part} part per block forward: {what}")
+        add(f"time_host_units_{part}", f"time_launches_{part} + (host_module_op - 1)"
+            f" * time_modules_{part}", "ops", "time", f"the {part} part's forward launches "
+            "priced in bare PyTorch ops: each module GEMM call at host_module_op, the rest at one")
+    for part in ("router", "preprocess"):
+        add(f"time_host_units_{part}", f"time_launches_{part}", "ops", "time",
+            f"the {part} part's forward launches in bare ops (PyTorch ops and fused kernels "
+            "called from Python)")
+    shared = "" if v.shared_overlap else " + (host_module_op - 1) * 2 * Min(I_s, 1)"
+    add("time_host_units_router_graph_also", f"time_launches_router_graph_also{shared}", "ops",
+        "time", "the launches a router CUDA graph takes off the experts part, in bare ops (the "
+        "shared expert's fc1 and fc2 module calls at host_module_op)")
+    add("time_host_units_fwd", _forward_kernels(graphs=True, units=True), "ops", "time",
+        "the stage's forward launches per microbatch outside CUDA graphs in bare ops (the output "
+        "layer's GEMM one module call at host_module_op)")
+
+
+def _forward_kernels(graphs: bool, units: bool = False) -> str:
     """Kernels one microbatch's forward of the stage launches: every part's (graphs False), or
     those outside CUDA graphs (graphs True)."""
     def part(flag: str) -> str:
         return f" * (1 - {flag})" if graphs else ""
-    return (f"blocks * time_launches_attention{part('graph_attn')} + L_moe * ("
-            f"time_launches_router{part('graph_router')} + time_launches_preprocess"
-            f"{part('graph_preprocess')} + time_launches_experts{part('graph_experts')}"
-            f"{ROUTER_GRAPH_ALSO if graphs else ''})"
-            f" + L_dense * time_launches_dense{part('graph_dense')}"
-            f" + (has_embedding * {EMBEDDING_LAUNCHES} + has_output * {OUTPUT_LAUNCHES})"
+    n = "time_host_units" if units else "time_launches"
+    output = f"({OUTPUT_LAUNCHES} + (host_module_op - 1))" if units else f"{OUTPUT_LAUNCHES}"
+    also = (ROUTER_GRAPH_ALSO_UNITS if units else ROUTER_GRAPH_ALSO) if graphs else ""
+    return (f"blocks * {n}_attention{part('graph_attn')} + L_moe * ("
+            f"{n}_router{part('graph_router')} + {n}_preprocess"
+            f"{part('graph_preprocess')} + {n}_experts{part('graph_experts')}{also})"
+            f" + L_dense * {n}_dense{part('graph_dense')}"
+            f" + (has_embedding * {EMBEDDING_LAUNCHES} + has_output * {output})"
             f"{part('graph_full')}")
 
 
@@ -751,10 +799,12 @@ def _kernel_gpu(book: Book, v: Variant) -> None:
 
 def _fixed_costs(book: Book, v: Variant) -> None:
     """Host time the GPU waits for. The host issues every kernel (t_launch each on the reference
-    x86 host: Python, PyTorch's dispatcher and the CUDA launch; host_scale times that on the GPU's
-    own host CPU) and the backward's from the autograd engine (BACKWARD_DISPATCHES per forward
-    kernel with a node); the GPU runs them as they come. When the host issues a
-    stretch of kernels slower than the GPU runs them, the GPU waits for the difference. Megatron's
+    x86 host: Python, PyTorch's dispatcher and the CUDA launch; a Transformer Engine module's GEMM
+    host_module_op times that, _host_kinds; host_scale times that on the GPU's own host CPU, and
+    an unbound rank's measured extra per op on top) and the backward's from the autograd engine
+    (BACKWARD_DISPATCHES per forward kernel with a node); the GPU runs them as they come. When
+    the host issues a stretch of kernels slower than the GPU runs them, the GPU waits for the
+    difference. Megatron's
     dropless MoE layers copy the token counts per expert to the host in forward (the host cannot
     run ahead across that), so each forward and each backward of a microbatch is priced as
     max(host, GPU) over its stage-average work, plus the launches after each sync the GPU idles
@@ -766,12 +816,14 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         "included (overlap."
         "cuda_graph_impl and cuda_graph_scope: attn, moe_router, moe_preprocess, mlp / moe; "
         "full_iteration, or the scope full_iteration, captures all)")
-    add("time_launch_s", "host_scale * t_launch", "s", "time",
-        "host time to issue one kernel from Python on this GPU's host CPU: the reference x86 "
+    add("time_launch_s", "host_scale * t_launch + t_unbound", "s", "time",
+        "host time to issue one bare op from Python on this GPU's host CPU: the reference x86 "
         "host's calibrated figure times the host CPU's time per op over the reference's "
-        "(planner/config/gpus.py HOSTS)")
+        "(planner/config/gpus.py HOSTS), and on a rank not bound to its GPU's NUMA node the "
+        "host's measured extra per bare op")
     _graph_replays(book, v)
-    add("time_host_fwd_s", "time_launch_s * (time_launches_fwd + time_graph_replay_fwd_launches)"
+    _host_kinds(book, v)
+    add("time_host_fwd_s", "time_launch_s * (time_host_units_fwd + time_graph_replay_fwd_launches)"
         " + t_host_block * blocks / 3", "s",
         "time", "host time to issue one microbatch's forward of the stage (its CUDA graphs' "
         "replays included)")
@@ -785,7 +837,7 @@ def _fixed_costs(book: Book, v: Variant) -> None:
         + ("; unfused RoPE's cos and sin of the position table" if v.rope_unfused else "")
         + ("; the clamped GLU's concatenation and offset copy, and one clamp's share"
            if v.moe_act_clamp else ""))
-    add("time_host_bwd_s", f"{BACKWARD_DISPATCHES} * time_launch_s * (time_launches_fwd"
+    add("time_host_bwd_s", f"{BACKWARD_DISPATCHES} * time_launch_s * (time_host_units_fwd"
         " - time_launches_nograd) + time_launch_s * time_graph_replay_bwd_launches"
         " + 2 * t_host_block * blocks / 3 + time_recompute_launch_blocks * 3"
         " * time_host_fwd_s / Max(blocks, 1)", "s", "time",
@@ -802,19 +854,24 @@ def _fixed_costs(book: Book, v: Variant) -> None:
     fsdp_fwd, fsdp_bwd = (f" + {n}" if n else "" for n in fsdp_time.write_host(book, v))
     tail_fwd, tail_bwd = tail_launches.write_host(book)
     tail_fwd += _graph_sync_wait(book, v)
-    add("time_host_exposed_s", f"Max(time_host_fwd_s{fsdp_fwd} + {tail_fwd}"
-        " - time_gpu_s / (3 * microbatches), 0)"
-        f" + Max(time_host_bwd_s{fsdp_bwd} + {tail_bwd} - 2 * time_gpu_s / (3 * microbatches), 0)"
+    fsdp_note = (" (Megatron-FSDP's bucket and gradient launches included: "
+                 "planner/budget/fsdp_time.py)" if fsdp_fwd else "")
+    tail_note = ("; the launches outside the blocks no per-layer graph captures included "
+                 "(planner/budget/tail_launches.py)")
+    add("time_host_excess_fwd_s", f"Max(time_host_fwd_s{fsdp_fwd} + {tail_fwd}"
+        " - time_gpu_s / (3 * microbatches), 0)", "s", "time", "per microbatch, the forward's "
+        "host time beyond its GPU work (a forward is a third of it)" + tail_note + fsdp_note)
+    add("time_host_excess_bwd_s", f"Max(time_host_bwd_s{fsdp_bwd} + {tail_bwd}"
+        " - 2 * time_gpu_s / (3 * microbatches), 0)", "s", "time", "per microbatch, the "
+        "backward's host time beyond its GPU work (two thirds of it)" + tail_note + fsdp_note)
+    add("time_host_exposed_s", "time_host_excess_fwd_s + time_host_excess_bwd_s"
         " + time_sync_restart_s", "s", "time", "per microbatch, the host time the GPU waits for: "
-        "forward and backward each at max(host, GPU) (a forward is a third of the GPU work), plus "
-        "the sync restarts; the launches outside the blocks no per-layer graph captures included "
-        "(planner/budget/tail_launches.py)" + (" (Megatron-FSDP's bucket and gradient launches "
-                                               "included: planner/budget/fsdp_time.py)"
-                                               if fsdp_fwd else ""))
-    moe_host = (f"(L_moe * time_launch_s * ((1 + {BACKWARD_DISPATCHES}) * (time_launches_router"
+        "forward and backward each at max(host, GPU), plus the sync restarts")
+    moe_host = (f"(L_moe * time_launch_s * ((1 + {BACKWARD_DISPATCHES}) * (time_host_units_router"
                 " * (1 - graph_router)"
-                " + time_launches_preprocess * (1 - graph_preprocess) + time_launches_experts"
-                f" * (1 - graph_experts){ROUTER_GRAPH_ALSO}) - {BACKWARD_DISPATCHES} * ({NOGRAD_MOE}"
+                " + time_host_units_preprocess * (1 - graph_preprocess) + time_host_units_experts"
+                f" * (1 - graph_experts){ROUTER_GRAPH_ALSO_UNITS}) - {BACKWARD_DISPATCHES}"
+                f" * ({NOGRAD_MOE}"
                 + (f" + {ACT_CLAMP_NOGRAD} * (1 - graph_experts)" if v.moe_act_clamp else "")
                 + ")))")
     moe_gpu = "(time_moe_gemm_s + time_moe_non_gemm_s + time_moe_kernel_gpu_s) / microbatches"
@@ -1070,13 +1127,14 @@ def _communication(book: Book, v: Variant, exchanges: dict[str, list[str]]) -> l
 
 def _host_behind_exchanges(book: Book, exchanges: dict[str, list[str]]) -> None:
     """Host time the token exchanges hide (see above), per pass: the pass's host excess over its
-    GPU work, at most its exposed exchanges."""
+    GPU work (the rows time_host_exposed_s sums, Megatron-FSDP's launches included), at most its
+    exposed exchanges."""
     fwd = " + ".join(exchanges["fwd"]) or "0"
     bwd = " + ".join(exchanges["bwd"]) or "0"
-    book.add("time_host_behind_exchanges_s", "microbatches * (Min(stack_factor * Max("
-             "time_host_fwd_s - time_gpu_s / (3 * microbatches), 0), (" + fwd + ") / microbatches)"
-             " + Min(stack_factor * Max(time_host_bwd_s - 2 * time_gpu_s / (3 * microbatches), 0),"
-             " (" + bwd + ") / microbatches))", "s", "time",
+    book.add("time_host_behind_exchanges_s", "microbatches * (Min(stack_factor"
+             " * time_host_excess_fwd_s, (" + fwd + ") / microbatches)"
+             " + Min(stack_factor * time_host_excess_bwd_s, (" + bwd + ") / microbatches))", "s",
+             "time",
              "host time the GPU's token exchanges hide: on a host-bound pass the host issues the "
              "experts while the GPU runs the dispatch and combine, so each pass's host excess over "
              "its GPU work is cut by its exposed exchanges, down to 0")

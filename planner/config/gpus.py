@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
@@ -240,9 +241,9 @@ class Host:
     """A host CPU family: how long one of its cores takes to issue a PyTorch op (Python, PyTorch's
     dispatcher and the CUDA launch). Every kernel Megatron launches outside a CUDA graph waits for
     that core, so the step-time model's host time per kernel (efficiency.host_us_per_launch,
-    calibrated for the reference host) is scaled by the host's time per op over the reference's:
-    `launch_scale` (efficiency.host_launch_scale when unset) on a NUMA-bound rank, the measured
-    ratio on an unbound one."""
+    calibrated for the reference host) is scaled by `launch_scale` (efficiency.host_launch_scale
+    when unset) on a NUMA-bound rank; an unbound one pays the measured bare op's extra time on top
+    (planner/budget/hardware.py unbound_launch_s)."""
 
     name: str
     cpu: str  # the CPU the published figure was measured on
@@ -250,9 +251,9 @@ class Host:
     # The scale the step-time model uses for a rank bound to its GPU's NUMA node: fitted on the
     # calibration figures of this host (bench/heldout.py FITTED host_launch_scale@grace).
     launch_scale: float = 1.0
-    # A rank not bound to its GPU's NUMA node: the share of its host time per kernel that slows
-    # like the measured bare op (the rest runs at the bound scale), from a whole-run measurement
-    # of binding (bench/grace_binding.py).
+    # A rank not bound to its GPU's NUMA node: the share of the measured bare op's extra time
+    # (linear_forward_us less the reference's at the bound scale) it pays per bare op, from a
+    # whole-run measurement of binding (bench/grace_binding.py).
     unbound_share: float = 1.0
     # SHA-1 on one core (what the weight-hash check runs, through Python's hashlib and OpenSSL):
     # OpenSSL's own table of cycles per byte (openssl/openssl crypto/sha/asm/sha1-x86_64.pl and
@@ -275,17 +276,18 @@ class Host:
 # overhead on Grace systems", 2025-08-11: 13.48 µs on the Xeon, 37.08 µs on GB200's Grace, 33.17 on
 # GH200's): Grace issues a bare PyTorch op 2.75x slower, which a rank pays when its process is not
 # bound to its GPU's NUMA node (cluster.host_numa_binding false: the first rows of Megatron-LM's
-# GB200 write-up, before its bindpcie step) on the share of its host time that slows like that bare
-# op, derived by bench/grace_binding.py as the share for which moeplan reproduces the write-up's
-# measured binding gain (section 2.4, bindpcie: 691.49 -> 762.12 TFLOP/s/GPU, 1.102x, on its
-# CUDA-graph configuration), capped at 1 (all of it slows like the bare op). On the current time
-# model no share reaches the gain: there the host issues the experts while the GPU runs the
-# token exchanges, and even at share 1 the model's unbound step is only 1.038x the bound one.
-# So the share is 1 and an unbound Grace rank issues a kernel 2.75x the Xeon's host time; the
-# rest of the measured gain (remote-NUMA host memory, the dispatcher's host-side proxies) is
-# nothing moeplan prices. Bound, as production
-# launchers run, Grace's scale is fitted on the Grace calibration figures (bench/heldout.py:
-# 1.05, no measurable penalty once bound and with Transformer Engine's CPU-overhead fixes). Other
+# GB200 write-up, before its bindpcie step): per bare op it pays the measured extra, 37.08 µs less
+# the Xeon's 13.48 at the bound scale, times the unbound share, on top of the bound host time. An
+# absolute extra, not the ratio on the calibrated time per launch: that figure holds Megatron's
+# host work around the counted launches as well (allocations, module set-up), the measurement a
+# bare op alone. The share is derived by bench/grace_binding.py as the share for which moeplan
+# reproduces the write-up's measured binding gain (section 2.4, bindpcie: 691.49 -> 762.12
+# TFLOP/s/GPU, 1.102x, on its CUDA-graph configuration), capped at 1 (the whole measured extra).
+# On the current time model no share reaches the gain: there the host issues the experts while
+# the GPU runs the token exchanges, so the share is 1; the rest of the measured gain (remote-NUMA
+# host memory, the dispatcher's host-side proxies) is nothing moeplan prices. Bound, as production
+# launchers run, Grace's scale is fitted on the Grace calibration figures (bench/heldout.py: 1.05,
+# no measurable penalty once bound and with Transformer Engine's CPU-overhead fixes). Other
 # x86 server CPUs (DGX B200's Xeon 8570, AMD EPYC) take the Xeon's figure: no published per-op
 # measurement separates them.
 HOSTS: MappingProxyType[str, Host] = MappingProxyType({host.name: host for host in (
@@ -295,6 +297,23 @@ HOSTS: MappingProxyType[str, Host] = MappingProxyType({host.name: host for host 
 )})
 # The host efficiency.host_us_per_launch is calibrated for.
 REFERENCE_HOST = "x86"
+
+# What one counted launch costs the host, by the kind of call that issues it, in bare PyTorch ops
+# (the figure efficiency.host_us_per_launch calibrates): the host time of a launch is mostly the
+# Python and PyTorch work of its caller, not the CUDA launch. A GEMM that is one Transformer Engine
+# module call (te.Linear, LayerNormLinear, GroupedLinear: its Python set-up, prepare_forward, the
+# quantizers, the workspace) costs HOST_MODULE_OP: te.Linear's forward takes 99.66 µs of host time
+# against torch.nn.Linear's 37.08 on GB200's Grace and 90.53 against 33.17 on GH200's
+# (NVIDIA/TransformerEngine issue #2053, BF16, hidden 2,048, 8,192 tokens), 2.69x and 2.73x; the
+# Grace figure is taken. Every other counted launch (a PyTorch op, a fused kernel behind one
+# autograd.Function, a launch a module issues from its own C++) costs one bare op: no published
+# measurement separates them (planner/budget/time.py _host_kinds counts the module calls). Two
+# further kinds were tried on the bench and left out: a grouped GEMM's per-expert launches at half
+# a bare op (its C++ loop without Python), and the router's kernels at the step time the GB200
+# write-up gained per kernel its router fusion removed (0.38 of a bare op with its backward):
+# each made the held-out families worse (Moonlight's recompute sweep, fitted without it, from 2 to
+# 17 and 50 %), so the calibrated figure still holds the host work those kernels stand beside.
+HOST_MODULE_OP = Fraction(9966, 3708)
 
 
 # What a config without `cluster.gpu` gets: an H100's figures, moeplan's defaults before the catalog.

@@ -1141,14 +1141,17 @@ class EfficiencySection(Section):
     # one transformer block's forward and backward kernels per microbatch outside CUDA graphs, per
     # microbatch and model chunk (schedule, P2P set-up, loss), and per optimizer step.
     host_us_per_block: NonNegFloat = 0.0
-    # Host time to issue one kernel (the time page counts the kernels of each block part:
-    # planner/budget/time.py ATTENTION_LAUNCHES and the rest); calibrated, docs/estimate.md.
+    # Host time to issue one counted kernel as a bare PyTorch op (the time page counts the kernels
+    # of each block part: planner/budget/time.py ATTENTION_LAUNCHES and the rest; a Transformer
+    # Engine module's GEMM costs planner/config/gpus.py HOST_MODULE_OP of these, measured);
+    # calibrated, docs/estimate.md.
     host_us_per_launch: NonNegFloat = 49.4
     # GPU time each kernel costs beyond its FLOPs and bytes, graph or not: a published H100 figure
     # (Meta's auto-parallel cost model, 7 µs; planner/budget/time.py _kernel_gpu cites it).
     gpu_us_per_kernel: NonNegFloat = 7.0
-    # The GPU's host CPU's time per op over the x86 host host_us_per_launch is calibrated for;
-    # unset = the GPU catalog's host (planner/config/gpus.py HOSTS: 1 on x86, Grace's fitted).
+    # The GPU's host CPU's time per op over the x86 host host_us_per_launch is calibrated for, on a
+    # NUMA-bound rank; unset = the GPU catalog's host (planner/config/gpus.py HOSTS: 1 on x86,
+    # Grace's fitted). An unbound rank pays the host's measured extra per bare op on top.
     host_launch_scale: PosFloat = _derived()
     # A stack's own extra host time per local expert and MoE layer, and per microbatch and model
     # chunk, beyond the counted launches: 0 unless `moeplan calibrate` fits them to a stack.

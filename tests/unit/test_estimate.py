@@ -634,20 +634,40 @@ def test_host_bound_microbatches_wait_for_the_host_and_bigger_ones_amortise_it()
 def test_host_time_per_kernel_follows_the_host_cpu() -> None:
     """GPU catalog hosts (planner/config/gpus.py HOSTS): an x86 card's kernels cost t_launch; a
     Grace card's, bound to its NUMA node, the fitted host_launch_scale (1.05) times it; unbound,
-    Grace's unbound_share of it (1: capped, bench/grace_binding.py) at the measured ratio of one
-    torch.nn.Linear forward, 37.08 µs on Grace over 13.48 µs on the Xeon, and the rest at the
-    bound scale."""
+    Grace's unbound_share (1: capped, bench/grace_binding.py) of the measured bare op's extra on
+    top: one torch.nn.Linear forward, 37.08 µs on Grace less 1.05 x the Xeon's 13.48 µs."""
     def env(gpu: str, bound: bool = True, **eff: float) -> dict[str, Any]:
         return tiny_env(cluster={"gpu": gpu, "host_numa_binding": bound, "efficiency": eff})
     x86 = env("B200")
-    assert x86["host_scale"] == 1 and x86["time_launch_s"] == x86["t_launch"]
+    assert x86["host_scale"] == 1 and x86["t_unbound"] == 0
+    assert x86["time_launch_s"] == x86["t_launch"]
     assert env("GB200")["host_scale"] == Fraction(105, 100)
     unbound = env("GB200", bound=False)
-    scale = Fraction(105, 100) + 1 * (Fraction(3708, 1348) - Fraction(105, 100))
-    assert unbound["host_scale"] == scale
-    assert unbound["time_host_fwd_s"] == scale * x86["time_host_fwd_s"]
+    extra = (Fraction(3708, 100) - Fraction(105, 100) * Fraction(1348, 100)) / 10**6
+    assert unbound["host_scale"] == Fraction(105, 100) and unbound["t_unbound"] == extra
+    assert unbound["time_launch_s"] == Fraction(105, 100) * unbound["t_launch"] + extra
+    assert unbound["time_host_fwd_s"] == (unbound["time_launch_s"] / x86["time_launch_s"]
+                                          * x86["time_host_fwd_s"])
     assert env("GB200", host_launch_scale=1.5)["host_scale"] == Fraction(3, 2)
-    assert env("H100", bound=False)["host_scale"] == 1  # the reference host itself
+    h100 = env("H100", bound=False)  # the reference host itself: no extra
+    assert h100["host_scale"] == 1 and h100["t_unbound"] == 0
+
+
+def test_a_transformer_engine_module_gemm_costs_its_measured_bare_ops() -> None:
+    """planner/config/gpus.py HOST_MODULE_OP: te.Linear's forward over torch.nn.Linear's on Grace,
+    99.66 / 37.08 µs (TransformerEngine issue #2053). The tiny model's attention has two module
+    GEMMs (QKV, output projection), its experts two grouped calls (no shared expert), its dense
+    MLP two: each part's host units are its launches plus 9966/3708 - 1 per module call; the
+    router and the preprocessing are bare ops; the output layer's GEMM is one module call."""
+    env = tiny_env(moe={"moe_permute_fusion": True})
+    more = Fraction(9966, 3708) - 1
+    assert env["host_module_op"] == Fraction(9966, 3708)
+    for part in ("attention", "experts", "dense"):
+        assert env[f"time_modules_{part}"] == 2
+        assert env[f"time_host_units_{part}"] == env[f"time_launches_{part}"] + 2 * more
+    assert env["time_host_units_router"] == env["time_launches_router"]
+    assert env["time_host_units_fwd"] == env["time_launches_fwd"] + (2 * 2 + 2 + 2 + 1) * more
+    assert env["time_host_fwd_s"] == env["t_launch"] * env["time_host_units_fwd"]
 
 
 def test_the_backward_issues_kernels_only_for_what_autograd_records() -> None:
@@ -657,17 +677,18 @@ def test_the_backward_issues_kernels_only_for_what_autograd_records() -> None:
     moe_utils.sinkhorn launches
     them: not scaled by DeepSeek-V3's measured-over-counted 72/38 as the router's 8 base call
     sites are) none.
-    One MoE block, no recompute: host backward = 2 · t_launch · (forward − no-grad kernels)."""
+    One MoE block, no recompute: host backward = 2 · t_launch · (forward bare ops − no-grad
+    kernels), a module GEMM call's backward at the module's cost as its forward."""
     topk = tiny_env(moe={"moe_permute_fusion": True})
     assert topk["time_launches_nograd"] == 3
-    assert topk["time_host_bwd_s"] == 2 * topk["t_launch"] * (topk["time_launches_fwd"] - 3)
+    assert topk["time_host_bwd_s"] == 2 * topk["t_launch"] * (topk["time_host_units_fwd"] - 3)
     sinkhorn = tiny_env(moe={"moe_permute_fusion": True,
                              "moe_router_load_balancing_type": "sinkhorn", "moe_aux_loss_coeff": 0})
     assert sinkhorn["router_nograd_launches"] == 47
     assert sinkhorn["time_launches_router"] == Fraction(72 * 8, 38) + 47
     assert sinkhorn["time_launches_nograd"] == 3 + 47
     assert sinkhorn["time_host_bwd_s"] == 2 * sinkhorn["t_launch"] * (
-        sinkhorn["time_launches_fwd"] - sinkhorn["time_launches_nograd"])
+        sinkhorn["time_host_units_fwd"] - sinkhorn["time_launches_nograd"])
     graphed = tiny_env(moe={"moe_permute_fusion": True}, overlap={
         "cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ["moe_router", "moe_preprocess"]})
     assert graphed["time_launches_nograd"] == 0  # captured: neither direction is launched
