@@ -61,8 +61,10 @@ def write(book: Book, v: Variant) -> None:
     add("time_tokens_per_rank", "b * S / (TP * CP)", "tokens", "time",
         "tokens of one microbatch whose compute one rank carries (dense by TP·CP, experts "
         "balanced over the EP group)")
-    add("time_gemm_rate", "(1 - fp8) * peak_bf16 * eff_gemm_bf16 + fp8 * peak_fp8 * eff_gemm_fp8",
-        "FLOP/s", "time", "reached GEMM rate of the linear layers (FP8 peak under FP8)")
+    add("time_gemm_rate",
+        "(1 - fp8) * peak_bf16 * eff_gemm_bf16 + fp8 * peak_fp8 * eff_gemm_fp8 * eff_fp8_recipe",
+        "FLOP/s", "time", "reached GEMM rate of the linear layers (FP8 peak under FP8, at the "
+        "recipe's share)")
     add("time_bf16_rate", "peak_bf16 * eff_gemm_bf16", "FLOP/s", "time",
         "reached BF16 GEMM rate (the output layer stays BF16 under FP8)")
     add("time_attention_rate", "peak_bf16 * eff_attention * eff_attention_variant", "FLOP/s", "time",
