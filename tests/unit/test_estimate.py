@@ -294,11 +294,14 @@ def moe_layer_s(cfg: Config) -> float:
 
 # What each anchor is held to. The defaults are fitted on every figure of bench/heldout.py (the
 # anchors among them) and judged there by leaving each source family out; A and D hold 15 %. E
-# stands in 1F1B for DualPipe (its node-limited routing and overlap are not Megatron spellings).
-# L is one BF16 MoE layer on H100: the fit sets H100 BF16 GEMMs to the share whole-model runs
-# reach (the GPU catalog's gemm_bf16_eff), below what one layer's expert GEMMs reach, and the
-# elementwise passes to their physical three, so L runs slow; the bench's table names the gap.
-ANCHOR_TOLERANCE = {"A": TOLERANCE, "D": TOLERANCE, "E": 0.2, "L": 0.5}
+# stands in 1F1B for DualPipe (its node-limited routing and overlap are not Megatron spellings)
+# and Transformer Engine's block-scaled FP8 GEMMs, which TE's own GEMM profiling guide measures at
+# 0.887 of tensor scaling's rate on Hopper, for DeepSeek's DeepGEMM (1,500+ TFLOP/s on H800,
+# deepseek-ai/DeepGEMM pull request #81): moeplan prices the Megatron run, which is slower, so E
+# holds 30 % (it comes out about 0.74).
+# L is one BF16 MoE layer on H100 as Megatron's moe_perf benchmark builds it (GELU experts, no
+# shared expert); it comes out about 1.12, and holds 20 %.
+ANCHOR_TOLERANCE = {"A": TOLERANCE, "D": TOLERANCE, "E": 0.3, "L": 0.2}
 
 
 def test_calibration_anchors_within_their_tolerance() -> None:
@@ -455,9 +458,6 @@ def test_dispatcher_and_ep_overlap_figures_of_qwen3_30b() -> None:
     assert step(no_overlap) / step(cfg) == pytest.approx(287 / 244, rel=TOLERANCE)
 
 
-@pytest.mark.xfail(strict=True, reason="a known miss: the model gives the HybridEP recipe 2.69x the "
-                   "unfused alltoall run against the published 2.25x (+19 %, over the 15 % tolerance) "
-                   "since the host-behind-exchanges term and the refit; it gave 2.51x before")
 def test_dispatcher_figures_of_qwen3_30b() -> None:
     """HybridEP recipe (299 TF) over alltoall without permute fusion or EP overlap (133 TF)."""
     cfg, _ = ANCHORS["D"]
@@ -633,19 +633,19 @@ def test_host_bound_microbatches_wait_for_the_host_and_bigger_ones_amortise_it()
 
 def test_host_time_per_kernel_follows_the_host_cpu() -> None:
     """GPU catalog hosts (planner/config/gpus.py HOSTS): an x86 card's kernels cost t_launch; a
-    Grace card's, bound to its NUMA node, the fitted host_launch_scale (1.05) times it; unbound,
+    Grace card's, bound to its NUMA node, the fitted host_launch_scale (1.15) times it; unbound,
     Grace's unbound_share (1: capped, bench/grace_binding.py) of the measured bare op's extra on
-    top: one torch.nn.Linear forward, 37.08 µs on Grace less 1.05 x the Xeon's 13.48 µs."""
+    top: one torch.nn.Linear forward, 37.08 µs on Grace less 1.15 x the Xeon's 13.48 µs."""
     def env(gpu: str, bound: bool = True, **eff: float) -> dict[str, Any]:
         return tiny_env(cluster={"gpu": gpu, "host_numa_binding": bound, "efficiency": eff})
     x86 = env("B200")
     assert x86["host_scale"] == 1 and x86["t_unbound"] == 0
     assert x86["time_launch_s"] == x86["t_launch"]
-    assert env("GB200")["host_scale"] == Fraction(105, 100)
+    assert env("GB200")["host_scale"] == Fraction(115, 100)
     unbound = env("GB200", bound=False)
-    extra = (Fraction(3708, 100) - Fraction(105, 100) * Fraction(1348, 100)) / 10**6
-    assert unbound["host_scale"] == Fraction(105, 100) and unbound["t_unbound"] == extra
-    assert unbound["time_launch_s"] == Fraction(105, 100) * unbound["t_launch"] + extra
+    extra = (Fraction(3708, 100) - Fraction(115, 100) * Fraction(1348, 100)) / 10**6
+    assert unbound["host_scale"] == Fraction(115, 100) and unbound["t_unbound"] == extra
+    assert unbound["time_launch_s"] == Fraction(115, 100) * unbound["t_launch"] + extra
     assert unbound["time_host_fwd_s"] == (unbound["time_launch_s"] / x86["time_launch_s"]
                                           * x86["time_host_fwd_s"])
     assert env("GB200", host_launch_scale=1.5)["host_scale"] == Fraction(3, 2)
