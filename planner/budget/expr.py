@@ -20,6 +20,8 @@ from fractions import Fraction
 from functools import cache, lru_cache
 from typing import Any, Literal
 
+from planner.budget.code_cache import compiled
+
 Level = Literal["global", "stage", "rank"]
 Number = int | Fraction
 Evaluator = Callable[[Mapping[str, Number]], dict[str, Number]]
@@ -187,7 +189,7 @@ def _compile(formulas: tuple[tuple[str, str, tuple[str, ...]], ...], exact: bool
     lines.append("    return {" + ", ".join(f"{key!r}: {key}" for key, _, _ in formulas) + "}")
     scope: dict[str, Any] = {"__builtins__": {}, "_div": _div, "_norm": normalize, "_float": float,
                              **FUNCTIONS}
-    exec(compile("\n".join(lines), "<budget formulas>", "exec"), scope)  # noqa: S102 - our own
+    exec(compiled("\n".join(lines), "<budget formulas>"), scope)  # noqa: S102 - our own
     return scope["_evaluate"]
 
 
