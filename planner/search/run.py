@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,8 @@ from planner.search.bound import (
     Work,
     default_workers,
     floor_dispatcher,
+    floors_pool,
+    floors_work,
     grid_work,
     layouts_work,
     phase1_work,
@@ -186,10 +188,21 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
     family_floors: dict[Family, float | None] = {}
     # Phase 1 runs in this process, before the pool's workers fork (at its first unit): anchoring
     # every family builds the formula books, compiled levels, grids and placements most later
-    # units use, which the workers then inherit instead of each building its own.
-    for part in run_units(phase1_work, cfg, memory_headroom, units, sizes, None, tick):
-        absorb(part)
-        family_floors.update(part.family_floors)
+    # units use, which the workers then inherit instead of each building its own. The anchored
+    # families' floors (an estimate per micro-batch size each, a third of phase 1's work) are
+    # timed beside it, in a process of their own (`floors_pool`), unit by unit.
+    with floors_pool(pool) as side:
+        floors: list[Future[Work]] = []
+        for unit, size in zip(units, sizes, strict=True):
+            part = phase1_work(cfg, memory_headroom, unit)
+            absorb(part)
+            tick(size)
+            if side is None:
+                family_floors.update(floors_work(cfg, memory_headroom, part.anchored).family_floors)
+            else:
+                floors.append(side.submit(floors_work, cfg, memory_headroom, part.anchored))
+        for future in floors:
+            family_floors.update(future.result().family_floors)
     anchors: list[Candidate] = []
     for cand in sorted(judge.timed(), key=lambda c: c.step_time_s):
         if all(family_of(cand.cfg) != family_of(b.cfg) for b in anchors):
