@@ -256,11 +256,9 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
     if progress:
         progress(total, total)
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
-    shown = _exact_top(cfg, judge.timed(), top, pool)
+    shown, user = _exact_top(cfg, judge.timed(), top, pool, user)
     winner = shown[0] if shown else None
     ruled_out = _ruled_out(judge, winner, max_ruled_out, pool) if winner else []
-    if isinstance(user, Candidate):
-        user = next((c for c in shown if c.is_user), None) or exact(user)
     return SearchResult(shown, user if isinstance(user, Candidate) else None, ruled_out,
                         judge.explored, judge.legal, judge.fitting,
                         time.perf_counter() - start, sum(pruned.values()), pruned,
@@ -329,23 +327,29 @@ def _ruled_out(judge: Judge, winner: Candidate, count: int,
     return listed
 
 
-def _exact_top(cfg: Config, timed: list[Candidate], top: int,
-               pool: Executor | None = None) -> list[Candidate]:
+def _exact_top(cfg: Config, timed: list[Candidate], top: int, pool: Executor | None = None,
+               user: Candidate | Rejected | None = None,
+               ) -> tuple[list[Candidate], Candidate | Rejected | None]:
     """The `top` fastest, ranked on exact step times: every candidate within the float margin of
     the top-th float time is re-evaluated exactly (in the pool's processes when there is one),
     then ranked (ties go to the user's layout, then to the candidate that changes fewest of its
-    fields)."""
-    user = Knobs.of(cfg)
+    fields); and the user's layout when it fits, evaluated exactly with them (`user` as it was
+    otherwise)."""
+    mine = Knobs.of(cfg)
 
     def key(c: Candidate) -> tuple[float, bool, int]:
-        return (c.step_time_s, not c.is_user, len(user.diff(Knobs.of(c.cfg))))
+        return (c.step_time_s, not c.is_user, len(mine.diff(Knobs.of(c.cfg))))
 
     ranked = sorted(timed, key=key)
-    if not ranked:
-        return []
-    limit = ranked[min(top, len(ranked)) - 1].step_time_s * (1 + 4 * FLOAT_MARGIN)
+    limit = ranked[min(top, len(ranked)) - 1].step_time_s * (1 + 4 * FLOAT_MARGIN) if ranked \
+        else -float("inf")
     close = [c for c in ranked if c.step_time_s <= limit]
-    again = list(pool.map(exact, close)) if pool is not None and len(close) > 1 else \
-        [exact(c) for c in close]
-    return sorted(again, key=key)[:top]
+    # The user's layout is timed exactly beside them (it is among them when close to the top).
+    extra = [user] if isinstance(user, Candidate) and all(c is not user for c in close) else []
+    todo = close + extra
+    again = list(pool.map(exact, todo)) if pool is not None and len(todo) > 1 else \
+        [exact(c) for c in todo]
+    if isinstance(user, Candidate):
+        user = again[next(i for i, c in enumerate(todo) if c is user)]
+    return sorted(again[:len(close)], key=key)[:top], user
 
