@@ -170,7 +170,8 @@ def compile_quantities(quantities: tuple[Quantity, ...], exact: bool = True) -> 
     The whole level is parsed and compiled at once (one `compile` instead of one per formula);
     every `/` in it becomes an exact `_div`. With `exact=False` the inputs are turned into floats
     and `/` stays a float division (for ranking many candidates fast; never for a printed
-    budget). Equal formula texts compile once, whichever variant's book they come from.
+    budget). Equal formula texts compile once, whichever variant's book they come from, and
+    the compiled function is kept on disk for later runs (planner/budget/code_cache.py).
     """
     return _compile(tuple((q.ident, q.formula, q.refs) for q in quantities), exact)
 
