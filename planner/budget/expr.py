@@ -20,6 +20,8 @@ from fractions import Fraction
 from functools import cache, lru_cache
 from typing import Any, Literal
 
+from planner.budget.code_cache import compiled
+
 Level = Literal["global", "stage", "rank"]
 Number = int | Fraction
 Evaluator = Callable[[Mapping[str, Number]], dict[str, Number]]
@@ -168,7 +170,8 @@ def compile_quantities(quantities: tuple[Quantity, ...], exact: bool = True) -> 
     The whole level is parsed and compiled at once (one `compile` instead of one per formula);
     every `/` in it becomes an exact `_div`. With `exact=False` the inputs are turned into floats
     and `/` stays a float division (for ranking many candidates fast; never for a printed
-    budget). Equal formula texts compile once, whichever variant's book they come from.
+    budget). Equal formula texts compile once, whichever variant's book they come from, and
+    the compiled function is kept on disk for later runs (planner/budget/code_cache.py).
     """
     return _compile(tuple((q.ident, q.formula, q.refs) for q in quantities), exact)
 
@@ -187,7 +190,7 @@ def _compile(formulas: tuple[tuple[str, str, tuple[str, ...]], ...], exact: bool
     lines.append("    return {" + ", ".join(f"{key!r}: {key}" for key, _, _ in formulas) + "}")
     scope: dict[str, Any] = {"__builtins__": {}, "_div": _div, "_norm": normalize, "_float": float,
                              **FUNCTIONS}
-    exec(compile("\n".join(lines), "<budget formulas>", "exec"), scope)  # noqa: S102 - our own
+    exec(compiled("\n".join(lines), "<budget formulas>"), scope)  # noqa: S102 - our own
     return scope["_evaluate"]
 
 

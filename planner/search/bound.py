@@ -63,7 +63,10 @@ class Work:
     # Chosen for the knob grid, each with its promise (does not fit, step time at the anchor's
     # knobs) and its `floors`, by which the grid takes the layouts (most promising first).
     layouts: list[tuple[tuple[bool, float], Knobs, Floors]] = field(default_factory=list)
-    # Per anchored family that fits: `family_floor`, a lower bound of every setting it has.
+    # The families whose anchor fits, in the order phase 1 anchored them (`phase1_work`).
+    anchored: list[Family] = field(default_factory=list)
+    # Per anchored family that fits: `family_floor`, a lower bound of every setting it has
+    # (`floors_work`).
     family_floors: dict[Family, float | None] = field(default_factory=dict)
 
     def prune(self, reason: str, count: int = 1) -> None:
@@ -107,7 +110,15 @@ def phase1_work(cfg: Config, headroom: float, items: list[Phase1Item]) -> Work:
                 work.prune("families with a smaller EP than one that does not fit", len(eps) - i - 1)
                 break
             if isinstance(out, Candidate):
-                work.family_floors[(tp, cp, pp, ep, etp)] = family_floor(cfg, (tp, cp, pp, ep, etp))
+                work.anchored.append((tp, cp, pp, ep, etp))
+    return work
+
+
+def floors_work(cfg: Config, headroom: float, families: list[Family]) -> Work:
+    """`family_floor` of anchored families: a pure function of the family, so where it runs (a
+    process of its own, beside phase 1: `floors_pool`) changes nothing but the time."""
+    work = Work(Judge(cfg, headroom))
+    work.family_floors = {family: family_floor(cfg, family) for family in families}
     return work
 
 
@@ -409,6 +420,18 @@ def worker_pool(workers: int) -> Iterator[Executor | None]:
     with ProcessPoolExecutor(max_workers=workers,
                              mp_context=multiprocessing.get_context("fork")) as pool:
         yield pool
+
+
+@contextmanager
+def floors_pool(pool: Executor | None) -> Iterator[Executor | None]:
+    """One process beside phase 1, when the search has a pool: phase 1 runs in the parent (so the
+    pool's workers, forked after it, inherit what it built) and leaves the second core idle, which
+    then times the anchored families' floors (`floors_work`) as phase 1 finds them."""
+    if pool is None:
+        yield None
+        return
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as side:
+        yield side
 
 
 def default_workers() -> int:

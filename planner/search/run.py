@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,8 @@ from planner.search.bound import (
     Work,
     default_workers,
     floor_dispatcher,
+    floors_pool,
+    floors_work,
     grid_work,
     layouts_work,
     phase1_work,
@@ -186,10 +188,21 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
     family_floors: dict[Family, float | None] = {}
     # Phase 1 runs in this process, before the pool's workers fork (at its first unit): anchoring
     # every family builds the formula books, compiled levels, grids and placements most later
-    # units use, which the workers then inherit instead of each building its own.
-    for part in run_units(phase1_work, cfg, memory_headroom, units, sizes, None, tick):
-        absorb(part)
-        family_floors.update(part.family_floors)
+    # units use, which the workers then inherit instead of each building its own. The anchored
+    # families' floors (an estimate per micro-batch size each, a third of phase 1's work) are
+    # timed beside it, in a process of their own (`floors_pool`), unit by unit.
+    with floors_pool(pool) as side:
+        floors: list[Future[Work]] = []
+        for unit, size in zip(units, sizes, strict=True):
+            part = phase1_work(cfg, memory_headroom, unit)
+            absorb(part)
+            tick(size)
+            if side is None:
+                family_floors.update(floors_work(cfg, memory_headroom, part.anchored).family_floors)
+            else:
+                floors.append(side.submit(floors_work, cfg, memory_headroom, part.anchored))
+        for future in floors:
+            family_floors.update(future.result().family_floors)
     anchors: list[Candidate] = []
     for cand in sorted(judge.timed(), key=lambda c: c.step_time_s):
         if all(family_of(cand.cfg) != family_of(b.cfg) for b in anchors):
@@ -243,11 +256,9 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
     if progress:
         progress(total, total)
     # Ties go to the user's layout, then to the candidate that changes fewest of its fields.
-    shown = _exact_top(cfg, judge.timed(), top, pool)
+    shown, user = _exact_top(cfg, judge.timed(), top, pool, user)
     winner = shown[0] if shown else None
     ruled_out = _ruled_out(judge, winner, max_ruled_out, pool) if winner else []
-    if isinstance(user, Candidate):
-        user = next((c for c in shown if c.is_user), None) or exact(user)
     return SearchResult(shown, user if isinstance(user, Candidate) else None, ruled_out,
                         judge.explored, judge.legal, judge.fitting,
                         time.perf_counter() - start, sum(pruned.values()), pruned,
@@ -316,23 +327,29 @@ def _ruled_out(judge: Judge, winner: Candidate, count: int,
     return listed
 
 
-def _exact_top(cfg: Config, timed: list[Candidate], top: int,
-               pool: Executor | None = None) -> list[Candidate]:
+def _exact_top(cfg: Config, timed: list[Candidate], top: int, pool: Executor | None = None,
+               user: Candidate | Rejected | None = None,
+               ) -> tuple[list[Candidate], Candidate | Rejected | None]:
     """The `top` fastest, ranked on exact step times: every candidate within the float margin of
     the top-th float time is re-evaluated exactly (in the pool's processes when there is one),
     then ranked (ties go to the user's layout, then to the candidate that changes fewest of its
-    fields)."""
-    user = Knobs.of(cfg)
+    fields); and the user's layout when it fits, evaluated exactly with them (`user` as it was
+    otherwise)."""
+    mine = Knobs.of(cfg)
 
     def key(c: Candidate) -> tuple[float, bool, int]:
-        return (c.step_time_s, not c.is_user, len(user.diff(Knobs.of(c.cfg))))
+        return (c.step_time_s, not c.is_user, len(mine.diff(Knobs.of(c.cfg))))
 
     ranked = sorted(timed, key=key)
-    if not ranked:
-        return []
-    limit = ranked[min(top, len(ranked)) - 1].step_time_s * (1 + 4 * FLOAT_MARGIN)
+    limit = ranked[min(top, len(ranked)) - 1].step_time_s * (1 + 4 * FLOAT_MARGIN) if ranked \
+        else -float("inf")
     close = [c for c in ranked if c.step_time_s <= limit]
-    again = list(pool.map(exact, close)) if pool is not None and len(close) > 1 else \
-        [exact(c) for c in close]
-    return sorted(again, key=key)[:top]
+    # The user's layout is timed exactly beside them (it is among them when close to the top).
+    extra = [user] if isinstance(user, Candidate) and all(c is not user for c in close) else []
+    todo = close + extra
+    again = list(pool.map(exact, todo)) if pool is not None and len(todo) > 1 else \
+        [exact(c) for c in todo]
+    if isinstance(user, Candidate):
+        user = again[next(i for i, c in enumerate(todo) if c is user)]
+    return sorted(again[:len(close)], key=key)[:top], user
 
