@@ -24,11 +24,11 @@ from planner.budget.variant import Variant
 from planner.config.schema import Config
 from planner.layout.grid import Grid
 from planner.layout.nodes import Places
-from planner.layout.pipeline import Chunk, SplitError, StageSplit, split_key, stage_split
+from planner.layout.pipeline import Chunk, SplitError, StageSplit, stage_split
 from planner.layout.rank_generator import GridError
 from planner.layout.schedule import Peak, stage_peak
-from planner.layout.spec import grid_spec_from_config
-from planner.memo import HeldByIdentity, Memo, section_key
+from planner.layout.spec import grid_spec
+from planner.memo import HeldByIdentity, Memo
 
 if TYPE_CHECKING:
     from planner.layout.grid import Grid
@@ -103,6 +103,11 @@ class Accounting:
         self._needs_peak = not self._read.isdisjoint(("live_passes", "act_live_peak"))
         self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
         self.placed_keys: dict[int, tuple[Any, ...]] = {}  # stage -> what its evaluation read
+        # stage -> what a model chunk's evaluation reads of its stage besides the chunk's own
+        # counts (planner/budget/pipeline.py chunk_times): the rank's placement, as every count of
+        # the stage is replaced by the chunk's; the whole stage where its env holds the
+        # activation peak (not a count).
+        self.chunk_keys: dict[int, Any] = {}
         self._full = full
         # In floats the rational inputs are turned into floats once here, not by every level's
         # function that reads them (each casts its inputs; a float casts to itself).
@@ -230,6 +235,7 @@ class Accounting:
         if key not in self._envs:
             self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
         self.placed_keys[stage] = key
+        self.chunk_keys[stage] = key if self._needs_peak else values_key
         return self._envs[key], {**counts, **values}
 
     def placed(self, grid: Grid, stage: int, rank: int,
@@ -282,16 +288,8 @@ _GRIDS: Memo[Any, Grid] = Memo("budget grids", 1024)
 
 def budget_grid(cfg: Config) -> Grid:
     """The config's grid, or BudgetError when its groups cannot be built."""
-    key = (split_key(cfg), section_key(cfg.parallel),
-           cfg.training.num_distributed_optimizer_instances)
-    spec = _SPECS.get(key, grid_spec_from_config, cfg)
+    spec = grid_spec(cfg)
     return _GRIDS.get_or_raise(spec, _grid, spec, errors=(BudgetError,))
-
-
-# Grid specs by what they read: the model and the pipeline split (`split_key`), the parallel
-# section and the distributed optimizer's instances (planner/layout/spec.py
-# grid_spec_from_config); search builds one per candidate otherwise, for a handful of layouts.
-_SPECS: Memo[Any, Any] = Memo("budget grid specs", 4096)
 
 
 def _grid(spec: Any) -> Grid:

@@ -75,12 +75,18 @@ def chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number
         for j, env in enumerate(envs):
             times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
         return times
-    reads = _chunk_formulas(acc.variant)[1]
-    known: dict[tuple[Any, ...], Number] = {}  # chunks whose stage and counts read alike
+    # The counts a chunk's time reads but its stage's flags, which `chunk_microbatch_time` sets
+    # from the chunk's embedding and loss (in the key below).
+    reads = _chunk_formulas(acc.variant)[1] - STAGE_FLAGS
+    # Chunks whose counts and stage's placement read alike, whichever stage holds them: the
+    # chunk's counts replace every count of its stage (`chunk_microbatch_time`), so the rest of
+    # what it reads is the globals and the rank's placement (`Accounting.chunk_keys`).
+    known: dict[tuple[Any, ...], Number] = {}
 
     def chunk_time(j: int, chunk: Chunk) -> Number:
         counts = acc.holdings.chunk(chunk)
-        key = (acc.placed_keys.get(j, j), chunk.embedding, chunk.loss, read_items(counts, reads))
+        key = (acc.chunk_keys.get(j, ("stage", j)), chunk.embedding, chunk.loss,
+               read_items(counts, reads))
         if key not in known:
             known[key] = chunk_microbatch_time(acc, envs[j], chunk)
         return known[key]
@@ -119,6 +125,10 @@ def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chu
         return _chunk_evaluator(acc.variant, acc.exact)(alone)["time_microbatch_s"]
     except ZeroDivisionError as exc:
         raise BudgetError(f"pipeline chunk {chunk.index}: a quantity divides by zero ({exc})") from None
+
+
+# The stage flags a model chunk alone takes from its own embedding and loss (`chunk_microbatch_time`).
+STAGE_FLAGS = frozenset(("is_first_stage", "is_last_stage"))
 
 
 @cache
