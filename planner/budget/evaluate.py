@@ -111,9 +111,7 @@ class Accounting:
         self._full = full
         # In floats the rational inputs are turned into floats once here, not by every level's
         # function that reads them (each casts its inputs; a float casts to itself).
-        self._inputs = self.inputs if exact else {
-            name: float(value) if type(value) is Fraction else value
-            for name, value in self.inputs.items()}
+        self._inputs = self.inputs if exact else _FLOAT_INPUTS.get(self.inputs, _float_inputs)
         try:
             self.globals = self._evaluate("global", dict(self._inputs))
         except ZeroDivisionError as exc:
@@ -279,6 +277,16 @@ def _make_front(cfg: Config) -> tuple[StageSplit, Holdings, Variant, dict[str, N
 
 
 _FRONTS: HeldByIdentity[tuple[StageSplit, Holdings, Variant, dict[str, Number]]] = HeldByIdentity(64)
+
+
+def _float_inputs(inputs: dict[str, Number]) -> dict[str, Number]:
+    return {name: float(value) if type(value) is Fraction else value
+            for name, value in inputs.items()}
+
+
+# The float view of the last few configs' inputs (`_front`'s, shared: never changed), by their
+# identity: search's memory verdict and time estimate of one candidate read the same.
+_FLOAT_INPUTS: HeldByIdentity[dict[str, Number]] = HeldByIdentity(4)
 
 
 # Grids by spec: search estimates many candidates of one layout (knobs only differ), and a Grid
