@@ -231,7 +231,9 @@ class Accounting:
         stage_key = ("stage-of", stage) if self._needs_peak else self._read_items(counts)
         key = ("rank", stage_key, values_key)
         if key not in self._envs:
-            self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
+            env = self.stage_env(stage, embd_group)  # a copy of its own: evaluated into in place
+            env.update(values)
+            self._envs[key] = self._evaluate("rank", env)
         self.placed_keys[stage] = key
         self.chunk_keys[stage] = key if self._needs_peak else values_key
         return self._envs[key], {**counts, **values}

@@ -109,20 +109,22 @@ def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chu
     never compiled (two fifths of what search compiled). A formula the microbatch time does not
     read may fail on a chunk's counts (a loss-only chunk holds no layer): then `_chunk_formulas`
     alone are evaluated."""
-    alone = {**stage_env, **acc.holdings.chunk(chunk),
-             # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
-             # it holds the embedding and sends one unless it holds the loss.
-             "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
+    def alone() -> dict[str, Any]:
+        return {**stage_env, **acc.holdings.chunk(chunk),
+                # A chunk alone is a one-chunk stage: per microbatch it receives an activation
+                # unless it holds the embedding and sends one unless it holds the loss.
+                "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
+
     if not acc.exact and acc.book is not acc.full_book:
         try:
-            env = dict(alone)
+            env = alone()
             for level in _count_levels(acc.book):
                 acc.evaluate_level(level, env)
             return env["time_microbatch_s"]
         except (ZeroDivisionError, OverflowError, ValueError):
             pass
     try:
-        return _chunk_evaluator(acc.variant, acc.exact)(alone)["time_microbatch_s"]
+        return _chunk_evaluator(acc.variant, acc.exact)(alone())["time_microbatch_s"]
     except ZeroDivisionError as exc:
         raise BudgetError(f"pipeline chunk {chunk.index}: a quantity divides by zero ({exc})") from None
 
