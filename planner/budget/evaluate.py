@@ -24,11 +24,11 @@ from planner.budget.variant import Variant
 from planner.config.schema import Config
 from planner.layout.grid import Grid
 from planner.layout.nodes import Places
-from planner.layout.pipeline import Chunk, SplitError, StageSplit, split_key, stage_split
+from planner.layout.pipeline import Chunk, SplitError, StageSplit, stage_split
 from planner.layout.rank_generator import GridError
 from planner.layout.schedule import Peak, stage_peak
-from planner.layout.spec import grid_spec_from_config
-from planner.memo import HeldByIdentity, Memo, section_key
+from planner.layout.spec import grid_spec
+from planner.memo import HeldByIdentity, Memo
 
 if TYPE_CHECKING:
     from planner.layout.grid import Grid
@@ -103,12 +103,15 @@ class Accounting:
         self._needs_peak = not self._read.isdisjoint(("live_passes", "act_live_peak"))
         self._envs: dict[tuple[Any, ...], dict[str, Number]] = {}
         self.placed_keys: dict[int, tuple[Any, ...]] = {}  # stage -> what its evaluation read
+        # stage -> what a model chunk's evaluation reads of its stage besides the chunk's own
+        # counts (planner/budget/pipeline.py chunk_times): the rank's placement, as every count of
+        # the stage is replaced by the chunk's; the whole stage where its env holds the
+        # activation peak (not a count).
+        self.chunk_keys: dict[int, Any] = {}
         self._full = full
         # In floats the rational inputs are turned into floats once here, not by every level's
         # function that reads them (each casts its inputs; a float casts to itself).
-        self._inputs = self.inputs if exact else {
-            name: float(value) if type(value) is Fraction else value
-            for name, value in self.inputs.items()}
+        self._inputs = self.inputs if exact else _FLOAT_INPUTS.get(self.inputs, _float_inputs)
         try:
             self.globals = self._evaluate("global", dict(self._inputs))
         except ZeroDivisionError as exc:
@@ -228,8 +231,11 @@ class Accounting:
         stage_key = ("stage-of", stage) if self._needs_peak else self._read_items(counts)
         key = ("rank", stage_key, values_key)
         if key not in self._envs:
-            self._envs[key] = self.rank_env(self.stage_env(stage, embd_group), values)
+            env = self.stage_env(stage, embd_group)  # a copy of its own: evaluated into in place
+            env.update(values)
+            self._envs[key] = self._evaluate("rank", env)
         self.placed_keys[stage] = key
+        self.chunk_keys[stage] = key if self._needs_peak else values_key
         return self._envs[key], {**counts, **values}
 
     def placed(self, grid: Grid, stage: int, rank: int,
@@ -275,6 +281,16 @@ def _make_front(cfg: Config) -> tuple[StageSplit, Holdings, Variant, dict[str, N
 _FRONTS: HeldByIdentity[tuple[StageSplit, Holdings, Variant, dict[str, Number]]] = HeldByIdentity(64)
 
 
+def _float_inputs(inputs: dict[str, Number]) -> dict[str, Number]:
+    return {name: float(value) if type(value) is Fraction else value
+            for name, value in inputs.items()}
+
+
+# The float view of the last few configs' inputs (`_front`'s, shared: never changed), by their
+# identity: search's memory verdict and time estimate of one candidate read the same.
+_FLOAT_INPUTS: HeldByIdentity[dict[str, Number]] = HeldByIdentity(4)
+
+
 # Grids by spec: search estimates many candidates of one layout (knobs only differ), and a Grid
 # (group arithmetic, Megatron's build-time checks) depends on nothing but its spec.
 _GRIDS: Memo[Any, Grid] = Memo("budget grids", 1024)
@@ -282,16 +298,8 @@ _GRIDS: Memo[Any, Grid] = Memo("budget grids", 1024)
 
 def budget_grid(cfg: Config) -> Grid:
     """The config's grid, or BudgetError when its groups cannot be built."""
-    key = (split_key(cfg), section_key(cfg.parallel),
-           cfg.training.num_distributed_optimizer_instances)
-    spec = _SPECS.get(key, grid_spec_from_config, cfg)
+    spec = grid_spec(cfg)
     return _GRIDS.get_or_raise(spec, _grid, spec, errors=(BudgetError,))
-
-
-# Grid specs by what they read: the model and the pipeline split (`split_key`), the parallel
-# section and the distributed optimizer's instances (planner/layout/spec.py
-# grid_spec_from_config); search builds one per candidate otherwise, for a handful of layouts.
-_SPECS: Memo[Any, Any] = Memo("budget grid specs", 4096)
 
 
 def _grid(spec: Any) -> Grid:

@@ -18,6 +18,7 @@ from planner.budget.expr import Number, Symbol, exact, normalize
 from planner.config.gpus import HOST_MODULE_OP, HOSTS, gpu
 from planner.config.routing import routing_imbalance
 from planner.config.schema import Config
+from planner.memo import HeldByIdentity
 
 TERA, GIGA = 10**12, 10**9
 
@@ -170,13 +171,40 @@ def fp8_recipe_share(cfg: Config) -> Number:
 
 
 def hardware_values(cfg: Config) -> dict[str, Number]:
+    c = _cluster_values(cfg)
+    return {
+        "peak_bf16": c["peak_bf16"], "peak_fp8": c["peak_fp8"],
+        "fp8": int(cfg.training.fp8),
+        "bw_nvlink": c["bw_nvlink"], "bw_scale_out": c["bw_scale_out"], "bw_hbm": c["bw_hbm"],
+        "eff_gemm_bf16": c["eff_gemm_bf16"], "eff_gemm_fp8": c["eff_gemm_fp8"],
+        "eff_fp8_recipe": fp8_recipe_share(cfg),
+        "eff_attention": c["eff_attention"], "eff_intra": c["eff_intra"],
+        "eff_inter": c["eff_inter"], "eff_hbm": c["eff_hbm"],
+        "eff_overlap": c["eff_overlap"], "imbalance": _imbalance(cfg),
+        "imbalance_stated": _imbalance(cfg, stated=True),
+        "t_non_gemm": c["t_non_gemm"], "non_gemm_passes": c["non_gemm_passes"],
+        "permute_fused": int(cfg.moe.moe_permute_fusion or _hybridep(cfg)),
+        "eff_permute_unfused": c["eff_permute_unfused"],
+        "eff_dispatch": exact(dispatch_efficiency(cfg)),
+        **{overlap_symbol(flag): _flag(cfg, flag) for flag in OVERLAP_FLAGS},
+        **fixed_cost_values(cfg, c),
+    }
+
+
+def _cluster_values(cfg: Config) -> dict[str, Number]:
+    """The inputs that read the cluster section alone, made once per section: `moeplan search`'s
+    candidates share the user's cluster, and turning its figures into exact rationals is most of
+    the time the hardware inputs take."""
+    return _CLUSTERS.get(cfg.cluster, lambda _: _make_cluster_values(cfg))
+
+
+def _make_cluster_values(cfg: Config) -> dict[str, Number]:
     c, eff = cfg.cluster, cfg.cluster.efficiency
     return {
         "peak_bf16": exact(c.peak_bf16_tflops) * TERA,
         # A card without FP8 (Ampere) runs no FP8 GEMM: its FP8 rate is 0, and CLU005 refuses FP8
         # training on it.
         "peak_fp8": exact(c.peak_fp8_tflops or 0) * TERA,
-        "fp8": int(cfg.training.fp8),
         # the link's datasheet rate times the share its protocol leaves usable (xGMI's 75 %:
         # planner/config/gpus.py Gpu.link_usable_share; 1 on NVLink)
         "bw_nvlink": exact(c.intra_node_bandwidth_gb_s) * GIGA
@@ -184,19 +212,28 @@ def hardware_values(cfg: Config) -> dict[str, Number]:
         "bw_scale_out": exact(c.inter_node_bandwidth_gb_s) * GIGA,
         "bw_hbm": exact(c.hbm_bandwidth_tb_s) * TERA,
         "eff_gemm_bf16": exact(eff.gemm_bf16), "eff_gemm_fp8": exact(eff.gemm_fp8),
-        "eff_fp8_recipe": fp8_recipe_share(cfg),
         "eff_attention": exact(eff.attention), "eff_intra": exact(eff.intra_node),
         "eff_inter": exact(eff.inter_node), "eff_hbm": exact(eff.hbm),
-        "eff_overlap": exact(eff.overlap), "imbalance": _imbalance(cfg),
-        "imbalance_stated": _imbalance(cfg, stated=True),
+        "eff_overlap": exact(eff.overlap),
         "t_non_gemm": normalize(Fraction(exact(eff.non_gemm_ns_per_token_block)) / GIGA),
         "non_gemm_passes": exact(eff.non_gemm_passes),
-        "permute_fused": int(cfg.moe.moe_permute_fusion or _hybridep(cfg)),
         "eff_permute_unfused": exact(eff.permute_unfused),
-        "eff_dispatch": exact(dispatch_efficiency(cfg)),
-        **{overlap_symbol(flag): _flag(cfg, flag) for flag in OVERLAP_FLAGS},
-        **fixed_cost_values(cfg),
+        "stack_factor": exact(eff.stack_factor),
+        "t_launch": normalize(Fraction(exact(eff.host_us_per_launch)) / 10**6),
+        "t_kernel_gpu": normalize(Fraction(exact(eff.gpu_us_per_kernel)) / 10**6),
+        "host_scale": host_scale(cfg),
+        "t_unbound": unbound_launch_s(cfg),
+        "t_host_block": normalize(Fraction(exact(eff.host_us_per_block)) / 10**6),
+        "t_host_expert": normalize(Fraction(exact(eff.host_us_per_expert)) / 10**6),
+        "t_host_microbatch": normalize(Fraction(exact(eff.host_us_per_microbatch)) / 10**6),
+        "t_step_fixed": normalize(Fraction(exact(eff.step_fixed_ms)) / 10**3),
+        "gemm_half": exact(eff.gemm_half_dim), "gemm_tile": eff.gemm_tile,
+        "t_coll": normalize(Fraction(exact(eff.collective_latency_us)) / 10**6),
     }
+
+
+# The last few cluster sections' values, by the section's identity (configs are frozen).
+_CLUSTERS: HeldByIdentity[dict[str, Number]] = HeldByIdentity(4)
 
 
 # CUDA-graph scopes (Megatron-LM dev@d48bd6be megatron/core/transformer/enums.py CudaGraphModule;
@@ -330,28 +367,29 @@ def unbound_launch_s(cfg: Config) -> Number:
     return normalize(max(Fraction(str(host.unbound_share)) * extra, Fraction(0)) / 10**6)
 
 
-def fixed_cost_values(cfg: Config) -> dict[str, Number]:
-    """The fixed-cost, GEMM-shape and latency inputs of the time page."""
-    eff = cfg.cluster.efficiency
+def fixed_cost_values(cfg: Config, cluster: dict[str, Number] | None = None) -> dict[str, Number]:
+    """The fixed-cost, GEMM-shape and latency inputs of the time page (`cluster`: the cluster's
+    own, `_cluster_values`)."""
+    c = cluster or _cluster_values(cfg)
     return {
-        "stack_factor": exact(eff.stack_factor),
+        "stack_factor": c["stack_factor"],
         "delay_wgrad": int(cfg.overlap.delay_wgrad_compute
                            and cfg.overlap.overlap_moe_expert_parallel_comm),
         "router_launches": router_launch_count(cfg),
         "router_nograd_launches": router_nograd_launch_count(cfg),
-        "t_launch": normalize(Fraction(exact(eff.host_us_per_launch)) / 10**6),
+        "t_launch": c["t_launch"],
         "host_module_op": normalize(HOST_MODULE_OP),
-        "t_kernel_gpu": normalize(Fraction(exact(eff.gpu_us_per_kernel)) / 10**6),
-        "host_scale": host_scale(cfg),
-        "t_unbound": unbound_launch_s(cfg),
-        "t_host_block": normalize(Fraction(exact(eff.host_us_per_block)) / 10**6),
-        "t_host_expert": normalize(Fraction(exact(eff.host_us_per_expert)) / 10**6),
-        "t_host_microbatch": normalize(Fraction(exact(eff.host_us_per_microbatch)) / 10**6),
-        "t_step_fixed": normalize(Fraction(exact(eff.step_fixed_ms)) / 10**3),
+        "t_kernel_gpu": c["t_kernel_gpu"],
+        "host_scale": c["host_scale"],
+        "t_unbound": c["t_unbound"],
+        "t_host_block": c["t_host_block"],
+        "t_host_expert": c["t_host_expert"],
+        "t_host_microbatch": c["t_host_microbatch"],
+        "t_step_fixed": c["t_step_fixed"],
         **graph_capture(cfg),
-        "gemm_half": exact(eff.gemm_half_dim), "gemm_tile": eff.gemm_tile,
+        "gemm_half": c["gemm_half"], "gemm_tile": c["gemm_tile"],
         "t_dispatch": normalize(Fraction(exact(dispatch_latency(cfg))) / 10**6),
-        "t_coll": normalize(Fraction(exact(eff.collective_latency_us)) / 10**6),
+        "t_coll": c["t_coll"],
         "inv_dispatch_sm_rate": dispatch_sm_seconds_per_byte(cfg),
         "cp_ring": int(cfg.parallel.cp_comm_type in ("p2p", "a2a+p2p")),
         "eff_attention_variant": exact(attention_variant_share(cfg)),

@@ -75,12 +75,18 @@ def chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number
         for j, env in enumerate(envs):
             times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
         return times
-    reads = _chunk_formulas(acc.variant)[1]
-    known: dict[tuple[Any, ...], Number] = {}  # chunks whose stage and counts read alike
+    # The counts a chunk's time reads but its stage's flags, which `chunk_microbatch_time` sets
+    # from the chunk's embedding and loss (in the key below).
+    reads = _chunk_formulas(acc.variant)[1] - STAGE_FLAGS
+    # Chunks whose counts and stage's placement read alike, whichever stage holds them: the
+    # chunk's counts replace every count of its stage (`chunk_microbatch_time`), so the rest of
+    # what it reads is the globals and the rank's placement (`Accounting.chunk_keys`).
+    known: dict[tuple[Any, ...], Number] = {}
 
     def chunk_time(j: int, chunk: Chunk) -> Number:
         counts = acc.holdings.chunk(chunk)
-        key = (acc.placed_keys.get(j, j), chunk.embedding, chunk.loss, read_items(counts, reads))
+        key = (acc.chunk_keys.get(j, ("stage", j)), chunk.embedding, chunk.loss,
+               read_items(counts, reads))
         if key not in known:
             known[key] = chunk_microbatch_time(acc, envs[j], chunk)
         return known[key]
@@ -103,22 +109,28 @@ def chunk_microbatch_time(acc: Accounting, stage_env: dict[str, Any], chunk: Chu
     never compiled (two fifths of what search compiled). A formula the microbatch time does not
     read may fail on a chunk's counts (a loss-only chunk holds no layer): then `_chunk_formulas`
     alone are evaluated."""
-    alone = {**stage_env, **acc.holdings.chunk(chunk),
-             # A chunk alone is a one-chunk stage: per microbatch it receives an activation unless
-             # it holds the embedding and sends one unless it holds the loss.
-             "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
+    def alone() -> dict[str, Any]:
+        return {**stage_env, **acc.holdings.chunk(chunk),
+                # A chunk alone is a one-chunk stage: per microbatch it receives an activation
+                # unless it holds the embedding and sends one unless it holds the loss.
+                "VPP": 1, "is_first_stage": int(chunk.embedding), "is_last_stage": int(chunk.loss)}
+
     if not acc.exact and acc.book is not acc.full_book:
         try:
-            env = dict(alone)
+            env = alone()
             for level in _count_levels(acc.book):
                 acc.evaluate_level(level, env)
             return env["time_microbatch_s"]
         except (ZeroDivisionError, OverflowError, ValueError):
             pass
     try:
-        return _chunk_evaluator(acc.variant, acc.exact)(alone)["time_microbatch_s"]
+        return _chunk_evaluator(acc.variant, acc.exact)(alone())["time_microbatch_s"]
     except ZeroDivisionError as exc:
         raise BudgetError(f"pipeline chunk {chunk.index}: a quantity divides by zero ({exc})") from None
+
+
+# The stage flags a model chunk alone takes from its own embedding and loss (`chunk_microbatch_time`).
+STAGE_FLAGS = frozenset(("is_first_stage", "is_last_stage"))
 
 
 @cache

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from planner.degrees import Degrees
 from planner.layout.rank_generator import GTP_AXIS, GridError, RankGenerator, generator_from_order
+from planner.memo import Memo, section_key
 
 if TYPE_CHECKING:
     from planner.config.schema import Config
@@ -227,6 +228,21 @@ def _abbreviate(groups: list[list[int]], limit: int = 3) -> str:
 
 
 # --------------------------------------------------------------------------- config
+
+
+def grid_spec(cfg: Config) -> GridSpec:
+    """`grid_spec_from_config`, remembered by what it reads (`_SPECS`): search asks for every
+    candidate's, in its budget and in the rules, for a handful of layouts."""
+    from planner.layout.pipeline import split_key  # as `_stage_layers`: only when asked
+
+    key = (split_key(cfg), section_key(cfg.parallel),
+           cfg.training.num_distributed_optimizer_instances)
+    return _SPECS.get(key, grid_spec_from_config, cfg)
+
+
+# Grid specs by what they read: the model and the pipeline split (`split_key`), the parallel
+# section and the distributed optimizer's instances.
+_SPECS: Memo[Any, GridSpec] = Memo("grid specs", 4096)
 
 
 def grid_spec_from_config(cfg: Config) -> GridSpec:

@@ -15,7 +15,7 @@ from planner.config.megatron_releases import DEFAULT_VERSION, Release, release, 
 from planner.config.schema import Config
 from planner.degrees import Degrees
 from planner.layout.pipeline import SplitError, StageSplit, stage_split
-from planner.layout.spec import GridSpec, grid_spec_from_config
+from planner.layout.spec import GridSpec, grid_spec
 
 if TYPE_CHECKING:
     from planner.accounting import Number
@@ -33,9 +33,13 @@ class NotComputable(Exception):
 class Facts:
     """One config plus the derived numbers and predicates several rules read."""
 
-    def __init__(self, cfg: Config, known_codes: tuple[str, ...] = ()) -> None:
+    def __init__(self, cfg: Config, known_codes: tuple[str, ...] = (), *,
+                 terse: bool = False) -> None:
         self.cfg = cfg
         self.known_codes = known_codes  # the catalog's codes, for IGN001 (passed in: no cycle)
+        # The caller reads the findings' codes, not their text (`moeplan search` judging
+        # thousands of candidates): a rule whose full message is costly may say it briefly.
+        self.terse = terse
         self.model = cfg.model
         self.par = cfg.parallel
         self.train = cfg.training
@@ -132,7 +136,7 @@ class Facts:
         """The grid's view of the layout; only meaningful once both grids tile the world."""
         if not (self.dense_grid_ok and self.expert_grid_ok):
             raise NotComputable("grid")
-        return grid_spec_from_config(self.cfg)
+        return grid_spec(self.cfg)
 
     # ----------------------------------------------------------------- pipeline
     @cached_property

@@ -57,6 +57,11 @@ def _verdict(f: Facts, over: Fraction, upto: Fraction | None, what: str) -> Iter
         return
     s, env = max(hits, key=lambda item: item[1][SHARE])
     others = f"; {len(hits)} of {len(stages)} stages {what}" if len(hits) > 1 else ""
+    if f.terse:  # the caller reads the code (search words its own reason): the share alone
+        yield Violation("cluster.gpu_memory_gib", f"stage {s} needs an estimated "
+                        f"{float(env[SHARE]):.1%} of GPU memory{others}",
+                        f"see `moeplan budget --stage {s}` for every part")
+        return
     yield Violation("cluster.gpu_memory_gib", f"stage {s} needs an estimated {_memory_text(env)}"
                     f"{others}", _memory_fix(f.cfg, s, env))
 

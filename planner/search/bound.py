@@ -122,6 +122,14 @@ def floors_work(cfg: Config, headroom: float, families: list[Family]) -> Work:
     return work
 
 
+def phase1_floors_work(cfg: Config, headroom: float, items: list[Phase1Item]) -> Work:
+    """`phase1_work` and the floors of the families it anchors, in one unit: the share of phase 1
+    the floors' process takes on beside the parent (`SIDE_SHARE`)."""
+    work = phase1_work(cfg, headroom, items)
+    work.family_floors = {family: family_floor(cfg, family) for family in work.anchored}
+    return work
+
+
 def _ddp_window_excess(env: dict[str, Any]) -> float:
     """How much more of the data-parallel buffers' collectives the one-stage model exposes than a
     bound may count. On the first stage they hide only beside one microbatch pass, all buckets but
@@ -422,11 +430,18 @@ def worker_pool(workers: int) -> Iterator[Executor | None]:
         yield pool
 
 
+# The share of phase 1's units the floors' process anchors itself (`phase1_floors_work`), the
+# last ones: timing the floors of every anchored family is about half as much work as anchoring
+# them, so with a quarter of the anchoring too both processes finish phase 1 near together.
+SIDE_SHARE = 4
+
+
 @contextmanager
 def floors_pool(pool: Executor | None) -> Iterator[Executor | None]:
-    """One process beside phase 1, when the search has a pool: phase 1 runs in the parent (so the
-    pool's workers, forked after it, inherit what it built) and leaves the second core idle, which
-    then times the anchored families' floors (`floors_work`) as phase 1 finds them."""
+    """One process beside phase 1, when the search has a pool: most of phase 1 runs in the parent
+    (so the pool's workers, forked after it, inherit what it built); the second core anchors the
+    last units itself (`SIDE_SHARE`) and times every anchored family's floors (`floors_work`) as
+    phase 1 finds them."""
     if pool is None:
         yield None
         return

@@ -220,7 +220,7 @@ class Judge:
             cand, key = self._setting(knobs)
         if key in self.seen:
             return self.seen[key]
-        facts = Facts(cand, known_codes=CODES)
+        facts = Facts(cand, known_codes=CODES, terse=True)  # the codes decide; reasons are ours
         if self.float_memory:
             self._float_memory(facts)
         errors = _errors(run_rules(cand, facts=facts, errors_only=True))

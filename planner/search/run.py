@@ -49,6 +49,7 @@ from typing import Any
 from planner.config.schema import Config
 from planner.rules.memory import headroom_share
 from planner.search.bound import (
+    SIDE_SHARE,
     Floors,
     Phase1Item,
     Work,
@@ -58,6 +59,7 @@ from planner.search.bound import (
     floors_work,
     grid_work,
     layouts_work,
+    phase1_floors_work,
     phase1_work,
     run_units,
     worker_pool,
@@ -191,9 +193,14 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
     # units use, which the workers then inherit instead of each building its own. The anchored
     # families' floors (an estimate per micro-batch size each, a third of phase 1's work) are
     # timed beside it, in a process of their own (`floors_pool`), unit by unit.
+    # The floors' process anchors the last units itself (`SIDE_SHARE`), submitted first; their
+    # verdicts are absorbed after the parent's, in the units' order as when one process runs all.
     with floors_pool(pool) as side:
+        own = len(units) if side is None else max(1, len(units) - len(units) * SIDE_SHARE // 16)
+        ahead = [side.submit(phase1_floors_work, cfg, memory_headroom, unit)
+                 for unit in units[own:]] if side is not None else []
         floors: list[Future[Work]] = []
-        for unit, size in zip(units, sizes, strict=True):
+        for unit, size in zip(units[:own], sizes[:own], strict=True):
             part = phase1_work(cfg, memory_headroom, unit)
             absorb(part)
             tick(size)
@@ -201,6 +208,11 @@ def _search(cfg: Config, space: tuple[dict[Group, list[int]], int], top: int, re
                 family_floors.update(floors_work(cfg, memory_headroom, part.anchored).family_floors)
             else:
                 floors.append(side.submit(floors_work, cfg, memory_headroom, part.anchored))
+        for future, size in zip(ahead, sizes[own:], strict=True):
+            part = future.result()
+            absorb(part)
+            tick(size)
+            family_floors.update(part.family_floors)
         for future in floors:
             family_floors.update(future.result().family_floors)
     anchors: list[Candidate] = []
