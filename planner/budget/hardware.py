@@ -15,7 +15,7 @@ from typing import Any
 
 from planner.budget.collectives import TABLE
 from planner.budget.expr import Number, Symbol, exact, normalize
-from planner.config.gpus import HOST_MODULE_OP, HOSTS, gpu
+from planner.config.gpus import HOST_MODULE_OP, HOSTS, REFERENCE_HOST, gpu
 from planner.config.routing import routing_imbalance
 from planner.config.schema import Config
 from planner.memo import HeldByIdentity
@@ -363,8 +363,8 @@ def unbound_launch_s(cfg: Config) -> Number:
         return 0
     host = HOSTS[gpu(cfg.cluster.gpu).host]
     bound = Fraction(exact(cfg.cluster.efficiency.host_launch_scale))
-    extra = (Fraction(host.measured_scale[0]) - bound * host.measured_scale[1]) / 100
-    return normalize(max(Fraction(str(host.unbound_share)) * extra, Fraction(0)) / 10**6)
+    extra = host.bare_op_s - bound * HOSTS[REFERENCE_HOST].bare_op_s
+    return normalize(max(Fraction(str(host.unbound_share)) * extra, Fraction(0)))
 
 
 def fixed_cost_values(cfg: Config, cluster: dict[str, Number] | None = None) -> dict[str, Number]:

@@ -33,8 +33,6 @@ where the host's launches set the step) and vanish on large ones.
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 from planner.budget.expr import Book
 from planner.budget.optimizer_time import param_tensor_counts
 from planner.budget.variant import Variant
@@ -120,7 +118,7 @@ def write_host(book: Book) -> tuple[str, str]:
     """Host time per microbatch of the tail's launches, forward and backward (none under a
     full-iteration CUDA graph, which captures them)."""
     add = book.add
-    bare = Fraction(str(HOSTS[REFERENCE_HOST].linear_forward_us)) / 10**6
+    bare = HOSTS[REFERENCE_HOST].bare_op_s
     add("time_bare_op_s", f"host_scale * {bare.numerator} / {bare.denominator} + t_unbound", "s",
         "time", "host time of one bare PyTorch op on this GPU's host CPU: the reference host's "
         "measured torch.nn.Linear forward (planner/config/gpus.py HOSTS) times the host scale, "

@@ -265,10 +265,10 @@ class Host:
     clock_ghz: float = 3.0
 
     @property
-    def measured_scale(self) -> tuple[int, int]:
-        """This host's measured time per op over the reference host's, as an exact ratio of the
-        two figures in hundredths of a µs (Grace: 3708 / 1348)."""
-        return round(self.linear_forward_us * 100), round(HOSTS[REFERENCE_HOST].linear_forward_us * 100)
+    def bare_op_s(self) -> Fraction:
+        """The measured bare op (linear_forward_us) in seconds, exact as published (Grace: 37.08
+        µs)."""
+        return Fraction(str(self.linear_forward_us)) / 10**6
 
 
 # One torch.nn.Linear forward (BF16, hidden 2,048, 8,192 tokens) timed on the host, averaged over
