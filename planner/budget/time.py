@@ -691,12 +691,11 @@ def _launch_counts(book: Book, v: Variant) -> None:
             + "; ".join(f"{n} {w}" for n, w in entries))
 
 
-# The experts part's launches a router graph holds (time_launches_router_graph_also), off the
-# experts part's eager count when the router is graphed and the experts are not.
-ROUTER_GRAPH_ALSO = " - graph_router * (1 - graph_experts) * time_launches_router_graph_also"
-
-ROUTER_GRAPH_ALSO_UNITS = (" - graph_router * (1 - graph_experts)"
-                           " * time_host_units_router_graph_also")
+def _router_graph_also(n: str) -> str:
+    """The experts part's launches a router graph holds (time_launches_router_graph_also, or in
+    bare ops time_host_units_router_graph_also: `n` names which), off the experts part's eager
+    count when the router is graphed and the experts are not."""
+    return f" - graph_router * (1 - graph_experts) * {n}_router_graph_also"
 
 
 # The launches above by the kind of call that issues them, for their host cost: a GEMM that is one
@@ -749,7 +748,7 @@ def _forward_kernels(graphs: bool, units: bool = False) -> str:
         return f" * (1 - {flag})" if graphs else ""
     n = "time_host_units" if units else "time_launches"
     output = f"({OUTPUT_LAUNCHES} + (host_module_op - 1))" if units else f"{OUTPUT_LAUNCHES}"
-    also = (ROUTER_GRAPH_ALSO_UNITS if units else ROUTER_GRAPH_ALSO) if graphs else ""
+    also = _router_graph_also(n) if graphs else ""
     return (f"blocks * {n}_attention{part('graph_attn')} + L_moe * ("
             f"{n}_router{part('graph_router')} + {n}_preprocess"
             f"{part('graph_preprocess')} + {n}_experts{part('graph_experts')}{also})"
@@ -872,7 +871,7 @@ def _fixed_costs(book: Book, v: Variant) -> None:
     moe_host = (f"(L_moe * time_launch_s * ((1 + {BACKWARD_DISPATCHES}) * (time_host_units_router"
                 " * (1 - graph_router)"
                 " + time_host_units_preprocess * (1 - graph_preprocess) + time_host_units_experts"
-                f" * (1 - graph_experts){ROUTER_GRAPH_ALSO_UNITS}) - {BACKWARD_DISPATCHES}"
+                f" * (1 - graph_experts){_router_graph_also('time_host_units')}) - {BACKWARD_DISPATCHES}"
                 f" * ({NOGRAD_MOE}"
                 + (f" + {ACT_CLAMP_NOGRAD} * (1 - graph_experts)" if v.moe_act_clamp else "")
                 + ")))")

@@ -1328,7 +1328,6 @@ class MegatronSection(Section):
     version: str = DEFAULT_VERSION
 
 
-
 def rope_fusion_refused(model: "ModelSection") -> str:
     """Why Megatron cannot fuse this model's RoPE ("" when it can): MLA fuses YaRN RoPE only
     (Megatron-LM dev@d48bd6be megatron/core/transformer/transformer_config.py
@@ -1340,6 +1339,7 @@ def rope_fusion_refused(model: "ModelSection") -> str:
     if model.attention_variant == "mla" and model.rope_type == "rope":
         return "MLA with plain RoPE (model.rope_type rope)"
     return ""
+
 
 class Config(Section):
     model: ModelSection
