@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from heldout import Figure, judge, load_figures  # noqa: E402
 
-from planner.calibrate.calibration import calibrate_runs, missing_term  # noqa: E402
+from planner.calibrate.calibration import apart_text, calibrate_runs, missing_term  # noqa: E402
 from planner.calibrate.fit import Run  # noqa: E402
 
 FIT_RUNS = 4
@@ -106,8 +106,7 @@ def report(sweep: str, markdown: bool) -> int:
         notes.append(f"fold {held + 1}: fitted {factors or 'nothing'}"
                      + "".join(f"; AT ITS BOUND: {m}" for m in fold["missing"])  # type: ignore[attr-defined]
                      + "".join(f"; LEFT {u['error']:+.1%}: {u['run']}, which alone sets "
-                               + ", ".join(f"{k} {v}" for k, v in u["apart_in"].items())
-                               for u in fold["unexplained"]))  # type: ignore[attr-defined]
+                               + apart_text(u) for u in fold["unexplained"]))  # type: ignore[attr-defined]
     head = ("fold", "role", "run", "measured s", "fitted / predicted s", "error")
     if markdown:
         print("| " + " | ".join(head) + " |")

@@ -175,6 +175,12 @@ def unexplained_runs(runs: list[Run], after: list[float]) -> list[dict[str, Any]
     return out
 
 
+def apart_text(run: dict[str, Any]) -> str:
+    """An unexplained run's fields and values that set it apart (`unexplained_runs`), as words:
+    `moe.moe_router_fusion False, ...` ("" when none)."""
+    return ", ".join(f"{k} {v}" for k, v in run["apart_in"].items())
+
+
 def _miss(runs: list[Run], values: dict[str, float]) -> float:
     """The runs' squared log misses (no prior): what the data alone asks of the factors."""
     return sum(math.log(r.predict(values) / r.measured) ** 2 for r in runs)

@@ -53,6 +53,8 @@ def calibrate(
 
 
 def _render(data: dict[str, Any], output: Path | None) -> None:
+    from planner.calibrate.calibration import apart_text  # as run_calibration: only when run
+
     for run in data["runs"]:
         stdout.print(f"[bold]{escape(run['log'])}[/]: measured {run['measured_step_s']:.3f} s/step, "
                      f"predicted {run['predicted_step_s_before']:.3f} s before, "
@@ -76,7 +78,7 @@ def _render(data: dict[str, Any], output: Path | None) -> None:
         if f["missing_term"]:
             stdout.print(f"  [yellow]missing term:[/] {escape(f['missing_term'])}")
     for run in data["unexplained_runs"]:
-        apart = ", ".join(f"{k} {v}" for k, v in run["apart_in"].items()) or "no field"
+        apart = apart_text(run) or "no field"
         stdout.print(f"[yellow]{escape(run['run'])}: still {run['error']:+.1%} after the fit[/]: no "
                      "shared factor separates it from the other runs; it alone sets "
                      f"{escape(apart)}" + (f" (of {run['apart_fields']} fields)"
