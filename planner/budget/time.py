@@ -700,15 +700,15 @@ def _router_graph_also(n: str) -> str:
 
 # The launches above by the kind of call that issues them, for their host cost: a GEMM that is one
 # Transformer Engine module call costs host_module_op bare ops (planner/config/gpus.py
-# HOST_MODULE_OP, measured), every other launch one (a PyTorch op, a fused kernel behind one
-# autograd.Function, a launch a module issues from its own C++: no published measurement separates
-# these from a bare op). The module GEMMs per block part: attention's QKV LayerNormLinear and
-# output projection (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
-# SelfAttention linear_qkv, linear_proj), MLA's q and kv down projections and its up projection
-# (multi_latent_attention.py MLASelfAttention, as MLA_LAUNCHES counts them); the experts' two
-# GroupedLinear calls (moe/experts.py TEGroupedMLP linear_fc1, linear_fc2), or each local expert's
-# two linears without grouped GEMM (SequentialMLP), and the shared expert's fc1 and fc2; the dense
-# MLP's fc1 and fc2 (mlp.py MLP); the output layer.
+# HOST_MODULE_OP, measured; under FP8 HOST_MODULE_FP8 times that, measured), every other launch one
+# (a PyTorch op, a fused kernel behind one autograd.Function, a launch a module issues from its own
+# C++: no published measurement separates these from a bare op). The module GEMMs per block part:
+# attention's QKV LayerNormLinear and output projection (Megatron-LM dev@d48bd6be
+# megatron/core/transformer/attention.py SelfAttention linear_qkv, linear_proj), MLA's q and kv down
+# projections and its up projection (multi_latent_attention.py MLASelfAttention, as MLA_LAUNCHES
+# counts them); the experts' two GroupedLinear calls (moe/experts.py TEGroupedMLP linear_fc1,
+# linear_fc2), or each local expert's two linears without grouped GEMM (SequentialMLP), and the
+# shared expert's fc1 and fc2; the dense MLP's fc1 and fc2 (mlp.py MLP); the output layer.
 def _host_kinds(book: Book, v: Variant) -> None:
     """Module GEMM calls of each part (see above), and the parts' forward launches in bare ops."""
     add = book.add
@@ -722,20 +722,35 @@ def _host_kinds(book: Book, v: Variant) -> None:
                      else "each local expert's two linears") + ", the shared expert's fc1 and fc2"),
         "dense": ("2", "fc1 and fc2"),
     }
+    # The blocks of each part that run their module calls in FP8: all of them under training.fp8
+    # but those training.first_last_layers_bf16 keeps in BF16 (the part's units are per block, so
+    # the share prices each part's BF16 blocks exactly).
+    fp8_blocks = {"attention": ("blocks", "L_bf16"), "experts": ("L_moe", "L_moe_bf16"),
+                  "dense": ("L_dense", "L_dense_bf16")}
     for part, (count, what) in modules.items():
         add(f"time_modules_{part}", count, "calls", "time",
             f"Transformer Engine module GEMM calls of the {part} part per block forward: {what}")
-        add(f"time_host_units_{part}", f"time_launches_{part} + (host_module_op - 1)"
+        share = "fp8"
+        if v.bf16_layers:
+            total, kept = fp8_blocks[part]
+            share = f"fp8 * ({total} - {kept}) / Max({total}, 1)"
+        add(f"time_module_op_{part}", f"host_module_op * (1 + (host_module_fp8 - 1) * {share})",
+            "ops", "time", f"host time of one module GEMM call of the {part} part in bare ops: "
+            "host_module_op, times host_module_fp8 for the FP8 blocks' calls"
+            + (" (the blocks first_last_layers_bf16 keeps in BF16 at the BF16 price)"
+               if v.bf16_layers else ""))
+        add(f"time_host_units_{part}", f"time_launches_{part} + (time_module_op_{part} - 1)"
             f" * time_modules_{part}", "ops", "time", f"the {part} part's forward launches "
-            "priced in bare PyTorch ops: each module GEMM call at host_module_op, the rest at one")
+            f"priced in bare PyTorch ops: each module GEMM call at time_module_op_{part}, the rest "
+            "at one")
     for part in ("router", "preprocess"):
         add(f"time_host_units_{part}", f"time_launches_{part}", "ops", "time",
             f"the {part} part's forward launches in bare ops (PyTorch ops and fused kernels "
             "called from Python)")
-    shared = "" if v.shared_overlap else " + (host_module_op - 1) * 2 * Min(I_s, 1)"
+    shared = "" if v.shared_overlap else " + (time_module_op_experts - 1) * 2 * Min(I_s, 1)"
     add("time_host_units_router_graph_also", f"time_launches_router_graph_also{shared}", "ops",
         "time", "the launches a router CUDA graph takes off the experts part, in bare ops (the "
-        "shared expert's fc1 and fc2 module calls at host_module_op)")
+        "shared expert's fc1 and fc2 module calls at time_module_op_experts)")
     add("time_host_units_fwd", _forward_kernels(graphs=True, units=True), "ops", "time",
         "the stage's forward launches per microbatch outside CUDA graphs in bare ops (the output "
         "layer's GEMM one module call at host_module_op)")

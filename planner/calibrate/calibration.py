@@ -48,6 +48,14 @@ def with_gpu(cfg: Config, name: str) -> Config:
     return Config.model_validate(data, strict=False)
 
 
+# Sensitivities are ranked to two significant figures: two factors the runs move alike (on a
+# host-bound run, the stack-level term and the host time per launch both scale nearly the whole
+# step) are a tie, which CANDIDATES' order breaks in favour of the stack-level term, the one with
+# no pull toward its default, instead of a last-digit difference that a refit of the defaults flips.
+def _ranking(sensitivity: float) -> float:
+    return float(f"{sensitivity:.2g}")
+
+
 def _sensitivity(runs: list[Run], name: str) -> float:
     """How much the runs' predictions move (log) when the factor moves 10 % of its range."""
     f = BY_NAME[name]
@@ -208,7 +216,7 @@ def calibrate_runs(runs: list[Run]) -> RunsFit:
     calibrate`; a published table in bench/calibrate_stack.py). Raises BudgetError when a run has
     no estimate."""
     sens = {n: _sensitivity(runs, n) for n in CANDIDATES}
-    ranked = [n for n in sorted(CANDIDATES, key=lambda n: -sens[n]) if sens[n] > 1e-4]
+    ranked = [n for n in sorted(CANDIDATES, key=lambda n: -_ranking(sens[n])) if sens[n] > 1e-4]
     # Runs the model cannot tell apart (the same layout measured again: one Primus job logged three
     # times) give one equation between them, so they identify one factor, not one each.
     distinct = len({f"{r.predict({}):.9g}" for r in runs})
