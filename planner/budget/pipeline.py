@@ -75,9 +75,7 @@ def chunk_times(acc: Accounting, envs: list[dict[str, Any]]) -> dict[str, Number
         for j, env in enumerate(envs):
             times[f"t_first_{j}"] = times[f"t_last_{j}"] = env["time_microbatch_s"]
         return times
-    # The counts a chunk's time reads but its stage's flags, which `chunk_microbatch_time` sets
-    # from the chunk's embedding and loss (in the key below).
-    reads = _chunk_formulas(acc.variant)[1] - STAGE_FLAGS
+    reads = _chunk_reads(acc.variant)
     # Chunks whose counts and stage's placement read alike, whichever stage holds them: the
     # chunk's counts replace every count of its stage (`chunk_microbatch_time`), so the rest of
     # what it reads is the globals and the rank's placement (`Accounting.chunk_keys`).
@@ -144,6 +142,14 @@ def _chunk_formulas(variant: Variant) -> tuple[tuple[Quantity, ...], frozenset[s
             changed.add(q.ident)
             needed.append(q)
     return tuple(needed), frozenset(r for q in needed for r in q.refs)
+
+
+@cache
+def _chunk_reads(variant: Variant) -> frozenset[str]:
+    """The counts a chunk's time reads but its stage's flags, which `chunk_microbatch_time` sets
+    from the chunk's embedding and loss (`chunk_times` keys on them): one set per variant, whose
+    hash is computed once (every estimate's chunks look their times up by it)."""
+    return _chunk_formulas(variant)[1] - STAGE_FLAGS
 
 
 @cache

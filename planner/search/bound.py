@@ -29,6 +29,7 @@ from typing import Any
 from planner.accounting import COLLECTIVES, DDP_WINDOWS, BudgetError, dispatch_efficiency, overlap_symbol
 from planner.config.schema import Config
 from planner.estimate import estimate
+from planner.memo import HeldByIdentity
 from planner.search.judge import (
     FLOAT_MARGIN,
     MEMORY_VERDICTS,
@@ -296,19 +297,38 @@ def floor_dispatcher(cfg: Config, choices: tuple[Dispatcher, ...]
     the dispatchers it bounds: HybridEP (flex), whose node-deduplicated rows are the fewest any
     dispatcher moves and which permutes nothing (its kernel writes expert order), over every
     dispatcher whose efficiency factor is no higher than its own (step time only grows with
-    exchanged bytes and permuted elements; tests/unit/search/test_search.py checks it on the examples)."""
+    exchanged bytes and permuted elements; tests/unit/search/test_search.py checks it on the examples).
+
+    Kept with the user's config (`_FLOOR_DISPATCHERS`): every family floor, layout and grid of a
+    search asks again, and each asking built a config per dispatcher."""
+    known = _FLOOR_DISPATCHERS.get(cfg, lambda _: {})
+    if choices not in known:
+        known[choices] = _floor_dispatcher(cfg, choices)
+    lower, bounded = known[choices]
+    return lower, set(bounded)
+
+
+# `floor_dispatcher` of the last few configs (the user's: configs are frozen), per choice of
+# dispatchers.
+_FLOOR_DISPATCHERS: HeldByIdentity[dict[tuple[Dispatcher, ...],
+                                        tuple[Dispatcher | None, frozenset[Dispatcher]]]] = \
+    HeldByIdentity(4)
+
+
+def _floor_dispatcher(cfg: Config, choices: tuple[Dispatcher, ...]
+                      ) -> tuple[Dispatcher | None, frozenset[Dispatcher]]:
     lower: Dispatcher = ("flex", "hybridep")
     if len(choices) == 1:  # one dispatcher (a dense model): EP overlap on bounds it alone
-        return choices[0], set(choices)
+        return choices[0], frozenset(choices)
     if lower not in choices:
-        return None, set()
+        return None, frozenset()
     knobs = Knobs.of(cfg)
 
     def efficiency(d: Dispatcher) -> float:
         return dispatch_efficiency(replace(knobs, dispatcher=d).apply(cfg))
 
     ceiling = efficiency(lower)
-    return lower, {d for d in choices if efficiency(d) <= ceiling}
+    return lower, frozenset(d for d in choices if efficiency(d) <= ceiling)
 
 
 def _grid(work: Work, cfg: Config, layout: Knobs, bound: float = float("inf"),
