@@ -10,7 +10,8 @@ in batches with `judge_configs`. Tests skip, with the reason, where there is no 
 Under pytest-xdist every worker imports every module, so every worker registers the same cases: the
 first worker to ask judges them and leaves the run in a folder of this test run's own
 (`PYTEST_XDIST_TESTRUNUID`), and the others wait on its lock and read it instead of starting
-Megatron again.
+Megatron again. The batch is known by its cases' names (one run's workers register the same
+cases under the same names), so a worker that reads the run does not compile the cases' plans.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from planner.emit.megatron_check import (
     judge,
     megatron_hashed,
     request_for,
-    run_probe,
 )
 from planner.findings import has_errors
 from planner.plan import compile_plan
@@ -83,23 +83,23 @@ def verdict(name: str) -> CheckResult:
     megatron = require_oracle()
     if name not in _verdicts:
         names = list(_pending)
-        made = [_pending.pop(one)() for one in names]
-        run = _shared_judge(names, made, megatron)
+        run = _shared_judge(names, [_pending.pop(one) for one in names], megatron)
         _verdicts.update(zip(names, run.results, strict=True))
         _stand_ins[:] = run.stand_ins
     return _verdicts[name]
 
 
-def _shared_judge(names: list[str], made: list[tuple[CheckRequest, dict[str, Any]]],
-                  megatron: Path) -> CheckRun:
+def _judged(cases: list[Case], megatron: Path) -> CheckRun:
+    made = [case() for case in cases]
+    return judge([request for request, _ in made], [want for _, want in made], megatron, sys.executable)
+
+
+def _shared_judge(names: list[str], cases: list[Case], megatron: Path) -> CheckRun:
     """`judge` on the batch, once per test run: workers with the same batch read the first one's run."""
-    requests = [request for request, _ in made]
-    expected = [want for _, want in made]
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run_id is None:  # one process: nobody to share with
-        return judge(requests, expected, megatron, sys.executable)
-    batch = json.dumps([names, [r.as_json() for r in requests], expected], sort_keys=True, default=str)
-    key = hashlib.sha256(batch.encode()).hexdigest()[:16]
+        return _judged(cases, megatron)
+    key = hashlib.sha256(json.dumps(names).encode()).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / f"moeplan-oracle-{run_id}"
     folder.mkdir(mode=0o700, exist_ok=True)
     saved = folder / f"{key}.pickle"
@@ -108,7 +108,7 @@ def _shared_judge(names: list[str], made: list[tuple[CheckRequest, dict[str, Any
         if saved.exists():
             with saved.open("rb") as stream:
                 return pickle.load(stream)  # noqa: S301 - written by this test run's own worker
-        run = judge(requests, expected, megatron, sys.executable)
+        run = _judged(cases, megatron)
         partial = saved.with_suffix(".partial")
         with partial.open("wb") as stream:
             pickle.dump(run, stream)
@@ -152,13 +152,3 @@ def counting(plain: CheckRequest) -> CheckRequest:
     """The same request, asking the probe also for the parameters of Megatron's model built whole
     (derived["parameters"]); it can join the shared run through `register`."""
     return _CountingRequest(plain.name, plain.entry, plain.argv, plain.env, plain.world_size)
-
-
-def built_parameters(configs: dict[str, Config]) -> dict[str, dict[str, Any]]:
-    """Megatron's verdict on each config's emitted arguments and, when it passes, the parameter
-    counts of its GPTModel built whole on the meta device (planner/emit/megatron_probe.py
-    _parameter_counts); one probe subprocess for all."""
-    megatron = require_oracle()
-    requests = [counting(request_for(cfg, name)) for name, cfg in configs.items()]
-    results, _, _ = run_probe(requests, megatron, sys.executable, timeout_s=600)
-    return dict(zip(configs, results, strict=True))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,8 +13,10 @@ from planner.config.importers.hf_config import map_hf_config
 from planner.config.loader import load_config
 from planner.config.presets import PRESETS
 from planner.config.schema import Config, ModelSection
+from planner.emit.megatron_check import request_for
 from planner.model_size import model_size
 from tests.support.hf_configs import HF_CONFIGS
+from tests.support.megatron_judge import counting, register, verdict
 from tests.support.paths import EXAMPLES
 
 HF_PRESETS = ("deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "gpt-oss-20b",
@@ -100,21 +101,21 @@ def _built_config(name: str) -> Config:
                                   "moe": {"moe_apply_probs_on_input": cfg.moe.moe_apply_probs_on_input}})
 
 
-@pytest.fixture(scope="module")
-def megatron_built() -> dict[str, dict[str, Any]]:
-    from tests.support.megatron_judge import built_parameters
-
-    return built_parameters({name: _built_config(name) for name in PRESET_EXAMPLES})
+# Each build joins the suite's shared Megatron run (tests/support/megatron_judge.py), which starts
+# Megatron once for every module's configs; no plan to compare, so a build Megatron accepts
+# is "accepted" with the counts in `derived`.
+for _name in PRESET_EXAMPLES:
+    register(f"preset build {_name}",
+             lambda name=_name: (counting(request_for(_built_config(name), name)), {}))
 
 
 @pytest.mark.parametrize("name", sorted(PRESET_EXAMPLES))
-def test_megatron_builds_the_same_number_of_parameters(name: str,
-                                                       megatron_built: dict[str, dict[str, Any]]):
+def test_megatron_builds_the_same_number_of_parameters(name: str):
     cfg = _built_config(name)
     assert cfg.model.preset == name
-    result = megatron_built[name]
-    assert result["verdict"] == "pass", result
-    built = result["derived"]["parameters"]
+    result = verdict(f"preset build {name}")
+    assert result.verdict == "accepted", result
+    built = result.derived["parameters"]
     size = model_size(cfg)
     assert size is not None
     ours = {"total": size.total_params, "mtp": size.mtp_params,
