@@ -48,7 +48,8 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
            "PyTorch op's (planner/config/gpus.py HOST_MODULE_OP: te.Linear over torch.nn.Linear, "
            "measured)"),
     Symbol("host_module_fp8", "a Transformer Engine module GEMM call's host time under FP8 over its "
-           "BF16 time (planner/config/gpus.py HOST_MODULE_FP8, measured; 1 without FP8)"),
+           "BF16 time (planner/config/gpus.py HOST_MODULE_FP8, measured; the time page applies it "
+           "where fp8 is 1)"),
     Symbol("t_kernel_gpu", "GPU seconds each kernel costs beyond its work, host ahead or not, "
            "CUDA graph or not (efficiency.gpu_us_per_kernel)"),
     Symbol("host_scale", "host time per op of the GPU's host CPU over the reference x86 host's "
@@ -381,7 +382,7 @@ def fixed_cost_values(cfg: Config, cluster: dict[str, Number] | None = None) -> 
         "router_nograd_launches": router_nograd_launch_count(cfg),
         "t_launch": c["t_launch"],
         "host_module_op": normalize(HOST_MODULE_OP),
-        "host_module_fp8": HOST_MODULE_FP8 if cfg.training.fp8 else 1,
+        "host_module_fp8": HOST_MODULE_FP8,
         "t_kernel_gpu": c["t_kernel_gpu"],
         "host_scale": c["host_scale"],
         "t_unbound": c["t_unbound"],

@@ -678,7 +678,9 @@ def test_an_fp8_module_gemm_costs_twice_its_bf16_host_time_but_bf16_blocks_do_no
     module = Fraction(9966, 3708)
     bf16 = tiny_env(moe={"moe_permute_fusion": True})
     fp8 = tiny_env(moe={"moe_permute_fusion": True}, training={"fp8_format": "e4m3"})
-    assert fp8["host_module_fp8"] == 2 and bf16["host_module_fp8"] == 1
+    assert fp8["host_module_fp8"] == 2 and fp8["fp8"] == 1 and bf16["fp8"] == 0
+    for part in ("attention", "experts", "dense"):
+        assert bf16[f"time_module_op_{part}"] == module
     for part in ("attention", "experts", "dense"):
         assert fp8[f"time_module_op_{part}"] == 2 * module
         assert fp8[f"time_host_units_{part}"] == (fp8[f"time_launches_{part}"]
