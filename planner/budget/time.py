@@ -276,11 +276,14 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     # token once per rank and permutes once
     # (_DeepepManager.get_permuted_hidden_states_by_experts); HybridEP's dispatch kernel writes
     # the rows in expert order itself (_HybridEPManager.get_permuted_hidden_states_by_experts
-    # returns the dispatch output as is), so no separate permutation reads them again.
+    # returns the dispatch output as is), and so does NCCL EP's (Transformer Engine's ep_dispatch
+    # permutes to expert-major order inside the exchange; _NCCLEPManager.
+    # get_permuted_hidden_states_by_experts only narrows the receive buffer to its valid rows), so
+    # no separate permutation reads them again.
     copies = "1"
     if v.ep and v.dispatcher == "alltoall":
         copies = "1 + Min(experts_per_rank - 1, 1)"
-    elif v.ep and v.flex_backend == "hybridep":
+    elif v.ep and v.flex_backend in ("hybridep", "ncclep"):
         copies = "0"
     add("time_permute_copies", copies, "count", "time",
         "permutations of the k routed copies per direction (dispatch and combine)")
@@ -426,20 +429,54 @@ def _compute(book: Book, v: Variant) -> None:
     _gemm(book, "head_gemm", "stage_head_fwd_flops_per_token", "0", "time_head_params",
           "time_bf16_rate * time_head_shape_eff", "logits and MTP projections (BF16)",
           grad_add=v.wgrad_unfused)
+    ncclep = _ncclep_copies(book, v, per_step)
     add("time_non_gemm_s", f"{per_step} * ((time_ew_fwd_elements * non_gemm_passes"
         " + time_ew_recompute_elements * non_gemm_passes / 3) * 2 / time_hbm_rate"
-        " + (blocks + blocks_recomputed / 3) * t_non_gemm)", "s", "time",
+        f" + (blocks + blocks_recomputed / 3) * t_non_gemm){ncclep}", "s", "time",
         "work outside GEMMs and attention: the forward's elementwise elements (BF16, 2 bytes) "
         "through HBM non_gemm_passes times over forward and backward (a third again for "
-        "recomputed work), plus a fixed latency per token and block")
+        "recomputed work), plus a fixed latency per token and block"
+        + ("; NCCL EP's copies of the expert rows into its exchange buffers" if ncclep else ""))
     bias = " + time_ew_expert_bias_elements" if v.bias else ""
     clamp = " + time_ew_act_clamp_elements" if v.moe_act_clamp else ""
     add("time_moe_non_gemm_s", f"{per_step} * (time_ew_router_elements + time_ew_act_elements"
         f" + time_ew_permute_elements + time_ew_fp8_cast_moe_elements{bias}{clamp})"
-        " * non_gemm_passes * 2 / time_hbm_rate",
+        f" * non_gemm_passes * 2 / time_hbm_rate{ncclep}",
         "s", "time", "the MoE layers' share of it (router, permutes, expert activations, the "
         "experts' FP8 casts and, with linear biases, the experts' fc2 bias), "
         "without recompute")
+
+
+def _ncclep_copies(book: Book, v: Variant, per_step: str) -> str:
+    """NCCL EP's copies of the rank's expert rows into the exchange's buffers, as an addend of the
+    non-GEMM time ("" for other dispatchers). The expert outputs reach the combine buffer by a
+    copy (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+    _NCCLEPManager.get_restored_hidden_states_by_experts re-expands them into the static receive
+    buffer; main's default path stages them into symmetric memory), and in backward so do FC1's
+    input gradients for the dispatch's backward. moe_ncclep_zero_copy (main) has the experts write
+    both straight into symmetric buffers (main@d98e8a64 _NCCLEPManager.get_expert_zero_copy_buffers,
+    TransformerConfig.moe_ncclep_zero_copy: "saving one copy"), but the backward one under
+    overlap_moe_expert_parallel_comm, whose schedule hands the dispatch's backward a plain clone
+    (one extra copy per dispatch-backward, main's warning). Each copy reads and writes the rows
+    once; the forward one repeats where recompute re-runs the MoE layer."""
+    if not v.ncclep:
+        return ""
+    if v.ncclep_zero_copy:
+        copies, again = "on_overlap_moe_expert_parallel_comm", "0"
+    else:
+        copies = "2"
+        again = "L_moe_recomputed" + (" + L_moe" if v.recompute == "selective"
+                                      and "moe" in v.recompute_modules else "")
+    book.add("time_ncclep_copies", copies, "count", "time",
+             "copies of the rank's expert rows per MoE layer and microbatch into NCCL EP's "
+             "buffers: the expert outputs for combine, FC1's input gradients for the dispatch's "
+             "backward (none with moe_ncclep_zero_copy, but the backward's under EP overlap)")
+    book.add("time_ncclep_copy_s", f"{per_step} * (L_moe * time_ncclep_copies + {again})"
+             " * 2 * imbalance * k * h_moe * 2 / time_hbm_rate", "s", "time",
+             "NCCL EP's copies into its exchange buffers: each reads and writes the rank's k "
+             "routed rows per token (the busiest rank's: times routing_imbalance) in BF16, and "
+             "recompute repeats the forward's")
+    return " + time_ncclep_copy_s"
 
 
 # --- GEMM shapes and fixed costs ---------------------------------------------------

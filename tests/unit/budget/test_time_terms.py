@@ -11,9 +11,11 @@ from pydantic import ValidationError
 
 from planner.budget.hardware import rope_unfused, yarn_concentration
 from planner.config.importers.hf_config import map_hf_config
+from planner.config.loader import parse_config
 from planner.config.routing import routing_imbalance
 from planner.config.schema import Config
 from planner.estimate import estimate
+from planner.rules.example_base import example_config_data, merge
 from tests.support.estimate_anchors import BALANCED, QWEN, config
 from tests.support.hf_configs import DEEPSEEK_V32
 from tests.support.launch_arguments import build
@@ -379,3 +381,37 @@ def test_unfused_attention_launches_its_four_kernels() -> None:
     assert unfused["time_launches_attention"] == flash["time_launches_attention"] + 3
     dropped = at({**model, "attention_dropout": 0.1}, attention_backend="unfused")
     assert dropped["time_launches_attention"] == flash["time_launches_attention"] + 4
+
+
+def _ncclep(**moe: Any) -> dict[str, Any]:
+    return {"moe_token_dispatcher_type": "flex", "moe_flex_dispatcher_backend": "ncclep",
+            "moe_expert_rank_capacity_factor": 1.5, **moe}
+
+
+def test_ncclep_permutes_inside_its_exchange_and_zero_copy_saves_its_buffer_copies() -> None:
+    """NCCL EP: Transformer Engine's ep_dispatch writes expert-major rows (Megatron-LM dev
+    _NCCLEPManager.get_permuted_hidden_states_by_experts only narrows them), so no permutation;
+    the expert outputs (forward) and FC1's input gradients (backward) are copied into the exchange
+    buffers, which main's moe_ncclep_zero_copy writes straight into, but the backward's under EP
+    overlap. By hand on the example base (stage 0: 2 MoE layers, 4 microbatches of 256 tokens,
+    top-2, hidden 64, forced balance off: imbalance 3/2, H100 HBM 3.35 TB/s at 0.8): a copy
+    reads and writes 2 * 3/2 * 64 BF16 elements per token and layer, 768 bytes."""
+    def stage0(moe: dict[str, Any], overlap: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = merge(example_config_data(""), {"moe": moe, "overlap": overlap or {}})
+        return estimate(parse_config(data)).envs[0]
+
+    staged = stage0(_ncclep())
+    zero = stage0(_ncclep(moe_ncclep_zero_copy=True))
+    zero_overlap = stage0(_ncclep(moe_ncclep_zero_copy=True),
+                          {"overlap_moe_expert_parallel_comm": True})
+    deepep = stage0(_ncclep(moe_flex_dispatcher_backend="deepep"))
+    assert staged["time_permute_copies"] == 0 and deepep["time_permute_copies"] == 1
+    assert "time_ncclep_copy_s" not in deepep
+    per_copy = 4 * 256 * 2 * 768 / (3350e9 * 0.8)  # tokens of the step, layers, bytes per token
+    assert (staged["time_ncclep_copies"], zero["time_ncclep_copies"],
+            zero_overlap["time_ncclep_copies"]) == (2, 0, 1)
+    assert float(staged["time_ncclep_copy_s"]) == pytest.approx(2 * per_copy, rel=1e-12)
+    assert float(zero["time_ncclep_copy_s"]) == 0
+    assert float(zero_overlap["time_ncclep_copy_s"]) == pytest.approx(per_copy, rel=1e-12)
+    assert float(staged["time_non_gemm_s"]) - float(zero["time_non_gemm_s"]) == \
+        pytest.approx(2 * per_copy, rel=1e-9)
