@@ -452,8 +452,9 @@ def _ncclep_copies(book: Book, v: Variant, per_step: str) -> str:
     non-GEMM time ("" for other dispatchers). The expert outputs reach the combine buffer by a
     copy (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
     _NCCLEPManager.get_restored_hidden_states_by_experts re-expands them into the static receive
-    buffer; main's default path stages them into symmetric memory), and in backward so do FC1's
-    input gradients for the dispatch's backward. moe_ncclep_zero_copy (main) has the experts write
+    buffer; main's default path stages them into symmetric memory), and in backward Transformer
+    Engine's staged path (the default, the one zero-copy replaces) copies FC1's input gradients
+    for the dispatch's backward the same way. moe_ncclep_zero_copy (main) has the experts write
     both straight into symmetric buffers (main@d98e8a64 _NCCLEPManager.get_expert_zero_copy_buffers,
     TransformerConfig.moe_ncclep_zero_copy: "saving one copy"), but the backward one under
     overlap_moe_expert_parallel_comm, whose schedule hands the dispatch's backward a plain clone
