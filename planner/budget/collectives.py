@@ -330,6 +330,15 @@ TABLE: Mapping[str, Collective] = MappingProxyType({c.name: c for c in (
                "gather_from_sequence_parallel_region", recomputed_with=_TP_RECOMPUTE,
                overlap=TP_OVERLAP,
                not_issued="no sequence parallelism"),
+    Collective("tp_qkv_gather", ("tp",), _GATHER,
+               "fewer query groups than TP: each rank's QKV projection output [s, b, (heads + 2 * "
+               "groups) * d / TP] all-gathered along the last dimension over TP, so that every "
+               "rank can take its group's query, key and value heads out of the whole; backward "
+               "reduce-scatters its grad; Megatron-LM dev@d48bd6be "
+               "megatron/core/transformer/attention.py SelfAttention.get_query_key_value_tensors, "
+               f"{_MAPPINGS} all_gather_last_dim_from_tensor_parallel_region",
+               recomputed_with=_TP_RECOMPUTE,
+               not_issued="as many query groups as TP, or more"),
     Collective("tp_sp_wgrad_gather", ("tp",), {"bwd": ("allgather",)},
                f"sequence parallelism: a column-parallel linear stores its input sequence-sharded "
                f"and all-gathers it again in backward for the weight gradient; {_TP_LAYERS} "

@@ -277,6 +277,7 @@ def variant_of(cfg: Config, split: StageSplit) -> Variant:
         params_norm=tr.log_params_norm,
         tp=par.tp > 1,
         sp=par.tp > 1 and par.sequence_parallel,
+        qkv_gather=par.tp > 1 and model.attention_variant == "standard" and model.num_query_groups < par.tp,
         shared_overlap=ov.moe_shared_expert_overlap and bool(model.moe_shared_expert_intermediate_size),
         dualpipe=ov.pipeline_schedule == "dualpipe" and par.pp > 1,
         global_aux=moe.moe_router_load_balancing_type == "global_aux_loss" and moe.moe_aux_loss_coeff > 0,

@@ -1022,7 +1022,7 @@ def fx_share(v: Variant) -> str:
 # pays the dispatcher's fixed set-up (efficiency.dispatch_latency_us_*: DeepEP's notify and
 # layout kernels run before every dispatch).
 TOKEN_EXCHANGES = ("ep_dispatch_hidden", "ep_combine_hidden")
-PER_LAYER = ("ep_", "etp_", "ag_", "tp_sp_", "tp_linear", "cp_", "gtp_weight", "egtp_weight")
+PER_LAYER = ("ep_", "etp_", "ag_", "tp_sp_", "tp_linear", "tp_qkv", "cp_", "gtp_weight", "egtp_weight")
 
 
 def _sm_bound(name: str, phase: str) -> str:

@@ -75,6 +75,10 @@ def add_tp_bytes(book: Book, v: Variant) -> None:
         "MTP eh_proj output shards [s, b, n_hc·h/TP] gathered along the hidden dimension")
     add("tp_xent_bytes", "3 * tp_loss_heads * tp_seq_rows * 4", "bytes", "bytes",
         "cross entropy: logit max, target logit and exp-sum, each [s, b] fp32, per loss")
+    if v.qkv_gather:
+        add("tp_qkv_gather_send_bytes", "blocks * tp_seq_rows * (heads + 2 * groups) * d / TP * p",
+            "bytes", "bytes", "fewer query groups than TP: this rank's QKV projection output of "
+            "every attention block, [s, b, (heads + 2·groups)·d / TP], gathered whole over TP")
     if v.sp:
         rope = " + blocks * qk_rope" if v.attention == "mla" else ""
         add("tp_sp_gather_width", f"tp_column_width{rope}", "elements", "bytes",
@@ -100,7 +104,8 @@ def add_tp_bytes(book: Book, v: Variant) -> None:
 
 # Every TP collective, in the order the page writes them where TP = 1 issues none.
 TP_COLLECTIVES = ("tp_sp_gather", "tp_sp_wgrad_gather", "tp_sp_scatter", "tp_sp_grad_reduce",
-                  "tp_linear_allreduce", "tp_embedding_reduce", "tp_mtp_gather", "tp_xent_reduce")
+                  "tp_linear_allreduce", "tp_embedding_reduce", "tp_mtp_gather", "tp_xent_reduce",
+                  "tp_qkv_gather")
 M = "microbatches"
 
 
@@ -115,6 +120,11 @@ def add_tp_steps(c: Collectives, v: Variant) -> None:
               f"TP * tp_mtp_gather_send_bytes * {M}", "MTP eh_proj output gathered over TP")
         c.add("tp_xent_reduce", "fwd", "tp", "allreduce", f"tp_xent_bytes * {M}",
               f"tp_xent_bytes * {M}", "vocab-parallel cross-entropy all-reduces")
+    if v.tp and v.qkv_gather:
+        q = "tp_qkv_gather_send_bytes"
+        c.exchange(Exchange("tp_qkv_gather", "tp", f"{q} * {M}", f"TP * {q} * {M}",
+                            "QKV projection outputs all-gathered over TP (query groups below TP)",
+                            "its backward reduce-scatter of the QKV output grads"))
     c.close(*TP_COLLECTIVES, group=None if v.tp else "tp")
     if v.global_aux and v.tp_dp_cp:
         c.add("global_aux_count_reduce", "fwd", "tp_dp_cp", "allreduce", "E * 8 * moe_layer_passes",

@@ -59,6 +59,9 @@ class Variant:
     params_norm: bool = False  # --log-params-norm: calc_params_l2_norm after every step
     tp: bool = False  # TP > 1: attention, shared-expert and dense-MLP linears are TP-sharded
     sp: bool = False  # sequence parallelism (with TP > 1)
+    # standard attention with fewer query groups than TP: Megatron all-gathers the QKV output over
+    # TP (SelfAttention.get_query_key_value_tensors)
+    qkv_gather: bool = False
     shared_overlap: bool = False  # moe_shared_expert_overlap: the shared expert's own AG/RS
     dualpipe: bool = False  # overlap.pipeline_schedule dualpipe with PP > 1 (estimate only: V4030)
     global_aux: bool = False  # global_aux_loss balancing (coefficient > 0)

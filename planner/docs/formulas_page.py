@@ -92,6 +92,8 @@ VARIATIONS: tuple[tuple[str, dict[str, Any]], ...] = (
                                                  "dist_opt": True}),
     ("TP > 1 with sequence parallelism", {"tp": True, "sp": True}),
     ("TP > 1 without sequence parallelism", {"tp": True}),
+    ("TP > 1 above the query groups (the QKV output all-gathered over TP)",
+     {"tp": True, "sp": True, "qkv_gather": True}),
     ("TP > 1, sequence parallelism, overlapped shared expert",
      {"tp": True, "sp": True, "shared_overlap": True}),
     ("`global_aux_loss` balancing", {"global_aux": True}),

@@ -229,3 +229,19 @@ def test_the_runtime_runs_tp_and_refuses_the_global_aux_loss(tmp_path) -> None:
         check_plan(document)
     assert "layout.tp" not in str(refused.value)
     assert "moe_router_load_balancing_type = 'global_aux_loss'" in str(refused.value)
+
+
+def test_fewer_query_groups_than_tp_all_gather_the_qkv_output_by_hand() -> None:
+    """Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+    SelfAttention.get_query_key_value_tensors: with num_query_groups < TP every rank all-gathers
+    the QKV projection output over TP along the last dimension (backward: reduce-scatter), to take
+    its group's heads out of the whole. Small config at TP 4 (8 ranks: TP 4 · DP 2, m = 8 / 2 = 4
+    microbatches), 4 heads of d = 16 in 2 groups: each rank's QKV output per block is
+    S · (heads + 2·groups)·d / TP = 32 · 128 / 4 = 1024 elements, 2 blocks, bf16: 4096 bytes a
+    microbatch, 16384 a step; as many groups as TP issue none."""
+    v = stage_values(small(model={"num_query_groups": 2}, parallel={"tp": 4, "ep": 2}))
+    assert v["microbatches"] == 4 and v["tp_qkv_gather_send_bytes"] == 2 * 32 * 128 // 4 * 2
+    assert step(v, "tp_qkv_gather", "fwd") == (16384, 4 * 16384, 3 * 16384)
+    assert step(v, "tp_qkv_gather", "bwd") == (4 * 16384, 16384, 3 * 16384)
+    for data in (small(model={"num_query_groups": 4}, parallel={"tp": 4, "ep": 2}), small()):
+        assert sent(stage_values(data), "tp_qkv_gather", "fwd") == (0, 0)
