@@ -120,7 +120,7 @@ def add_tp_steps(c: Collectives, v: Variant) -> None:
               f"TP * tp_mtp_gather_send_bytes * {M}", "MTP eh_proj output gathered over TP")
         c.add("tp_xent_reduce", "fwd", "tp", "allreduce", f"tp_xent_bytes * {M}",
               f"tp_xent_bytes * {M}", "vocab-parallel cross-entropy all-reduces")
-    if v.tp and v.qkv_gather:
+    if v.qkv_gather:  # only with TP > 1 (symbols.variant_of)
         q = "tp_qkv_gather_send_bytes"
         c.exchange(Exchange("tp_qkv_gather", "tp", f"{q} * {M}", f"TP * {q} * {M}",
                             "QKV projection outputs all-gathered over TP (query groups below TP)",
