@@ -244,8 +244,17 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     own = (" + blocks * 2 * groups * (d_v - d)" if "value_dim" in v.kinds else "") + (
         " + L_window * 2 * (heads * (d_w - d) + groups_w * (d_w + dv_w) - groups * (d + d_v))"
         if "window_kv" in v.kinds else "")
-    add("time_ew_attention_elements", f"blocks * 2 * {attention}{window}{own}", "elements", "time",
-        "query, key and value heads read and written once outside the GEMMs (RoPE, concatenation)")
+    # q and k norms (qk_layernorm): each reads and writes its heads once more; the QKV all-gather
+    # below the query groups concatenates every rank's slice into the full width for all S rows
+    # of the rank, TP times its own share (QK_NORM_LAUNCHES, QKV_GATHER_LAUNCHES)
+    qk_norm = (" + blocks * 2 * (heads + groups) * d"
+               if v.has("qk_norm") or v.has("qk_norm_layer") else "")
+    gather = " + blocks * 2 * TP * (heads + 2 * groups) * d" if v.qkv_gather else ""
+    add("time_ew_attention_elements", f"blocks * 2 * {attention}{window}{own}{qk_norm}{gather}",
+        "elements", "time",
+        "query, key and value heads read and written once outside the GEMMs (RoPE, concatenation)"
+        + (", the q and k norms" if qk_norm else "")
+        + (", the gathered QKV's concatenation over TP" if gather else ""))
     rope = ""
     if v.rope_unfused:
         # MLA rotates only its positional parts: q's qk_rope per head and the one shared k_pos_emb
@@ -560,6 +569,15 @@ UNFUSED_CORE_DOC = ("core attention unfused: baddbmm scores, the fused scale-mas
 MLA_LAUNCHES = ("6", "MLA: q and kv down projections, the kv norm, the up projection, the k/v "
                 "split and the RoPE concatenation")
 TP_LAUNCHES = ("2", "sequence-parallel all-gather before and reduce-scatter after the TP linears")
+# Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+# SelfAttention.get_query_key_value_tensors: with qk_layernorm (Qwen3, OLMoE, MiniMax-M2) the query
+# and the key heads each pass their own norm module (q_layernorm, k_layernorm: TENorm) after the
+# split, two kernels; with fewer query groups than TP the QKV output is all-gathered along its last
+# dimension (megatron/core/tensor_parallel/mappings.py _gather_along_last_dim: the collective into
+# one buffer, then torch.cat of the ranks' slices into the last dimension), two more.
+QK_NORM_LAUNCHES = ("2", "q and k norms (qk_layernorm: q_layernorm and k_layernorm after the split)")
+QKV_GATHER_LAUNCHES = ("2", "the QKV output's all-gather over TP and the concatenation of the "
+                       "ranks' slices along the last dimension (fewer query groups than TP)")
 # The router part of a MoE layer's forward: `router_launches` (planner/budget/hardware.py
 # router_launch_count), Nsight Systems' count on DeepSeek-V3's router scaled by the router's own
 # features.
@@ -684,7 +702,8 @@ def _launch_counts(book: Book, v: Variant) -> None:
     """Kernels per block forward, by capturable part (see ATTENTION_LAUNCHES and the rest)."""
     add = book.add
     attention = list(ATTENTION_LAUNCHES) + ([MLA_LAUNCHES] if v.attention == "mla" else []) + (
-        [TP_LAUNCHES] if v.tp else [])
+        [TP_LAUNCHES] if v.tp else []) + ([QK_NORM_LAUNCHES] if v.has("qk_norm") or v.has(
+            "qk_norm_layer") else []) + ([QKV_GATHER_LAUNCHES] if v.qkv_gather else [])
     if v.rope_unfused:
         attention = [ROPE_UNFUSED_LAUNCHES if what.startswith("fused RoPE") else (n, what)
                      for n, what in attention]

@@ -415,3 +415,29 @@ def test_ncclep_permutes_inside_its_exchange_and_zero_copy_saves_its_buffer_copi
     assert float(zero_overlap["time_ncclep_copy_s"]) == pytest.approx(per_copy, rel=1e-12)
     assert float(staged["time_non_gemm_s"]) - float(zero["time_non_gemm_s"]) == \
         pytest.approx(2 * per_copy, rel=1e-9)
+
+
+def test_qk_norms_and_the_qkv_gather_below_the_query_groups_add_their_kernels_and_passes() -> None:
+    """Qwen3-30B's attention (32 query heads, 4 KV groups of 128, qk_layernorm) over 4 layers:
+    SelfAttention.get_query_key_value_tensors runs q_layernorm and k_layernorm after the split
+    (two kernels, and each reads and writes its heads once: 2·(32 + 4)·128 elements per token and
+    layer); at TP 8, above the 4 groups, it all-gathers the QKV output along its last dimension
+    (the collective and the concatenation of the slices, two kernels), whose concatenation reads
+    and writes the full width for every row of the rank: 2·8·(32 + 2·4)·128 per token and layer.
+    At TP 4 (as many groups as ranks) there is no gather."""
+    model = {**QWEN, "num_layers": 4}
+
+    def at(model: dict[str, Any], tp: int) -> dict[str, Any]:
+        return env(config(model, {"world_size": 16, "tp": tp, "ep": 8, "etp": 1,
+                                  "sequence_parallel": True},
+                          {"seq_length": 4096, "global_batch_size": 256}, moe=BALANCED,
+                          cluster={"gpu": "H100"}))
+    normed, plain = at(model, 4), at({**model, "qk_layernorm": False}, 4)
+    assert normed["time_launches_attention"] == plain["time_launches_attention"] + 2
+    assert normed["time_ew_attention_elements"] - plain["time_ew_attention_elements"] == (
+        4 * 2 * (32 + 4) * 128)
+    assert normed["time_non_gemm_s"] > plain["time_non_gemm_s"]
+    gathered = at(model, 8)
+    assert gathered["time_launches_attention"] == normed["time_launches_attention"] + 2
+    assert gathered["time_ew_attention_elements"] - normed["time_ew_attention_elements"] == (
+        4 * 2 * 8 * (32 + 2 * 4) * 128)
