@@ -599,6 +599,16 @@ EXPERT_LAUNCHES: tuple[tuple[str, str], ...] = (
     ("3 * Min(I_s, 1)", "shared expert: fc1, activation, fc2"),
     ("1", "bias-dropout-add into the residual"),
 )
+# TP collectives inside a MoE layer. The routed experts' rows are moved over expt_tp, not TP
+# (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/token_dispatcher.py
+# MoEAlltoAllTokenDispatcher: tp_group is pg_collection.expt_tp): with ETP > 1 dispatch_postprocess
+# all-gathers the received tokens and their probabilities over it and token_combine
+# reduce-scatters the expert output, three collectives; with ETP = 1 none. Only the shared expert,
+# a TP-split MLP, gathers its sequence-parallel input and scatters its output over TP.
+SHARED_TP_LAUNCHES = ("2 * Min(I_s, 1)", "shared expert: sequence-parallel all-gather before fc1 "
+                      "and reduce-scatter after fc2 over TP")
+EXPERT_TP_LAUNCHES = ("3", "expert-TP all-gathers of the received tokens and probabilities, and "
+                      "the reduce-scatter before the combine (ETP > 1)")
 # Megatron-LM dev@d48bd6be megatron/core/fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl
 # (the routed experts' fused bias-activation under --quick-geglu, TEGroupedMLP.forward): with a clamp
 # value the FC1 output is split in its two halves, each clamped by a PyTorch op (read and write I),
@@ -718,7 +728,8 @@ def _launch_counts(book: Book, v: Variant) -> None:
         [("1", "token counts exchanged over the EP group")] if v.ep and v.dispatcher == "alltoall"
         else []) + gathers[:1]
     experts = [expert_activation_launches(v) if what == "expert activation" else (n, what)
-               for n, what in EXPERT_LAUNCHES] + ([TP_LAUNCHES] if v.tp else []) + (
+               for n, what in EXPERT_LAUNCHES] + ([SHARED_TP_LAUNCHES] if v.tp else []) + (
+        [EXPERT_TP_LAUNCHES] if v.etp and v.dispatcher == "alltoall" else []) + (
         [EXPERT_BIAS_LAUNCHES] if v.bias else []) + ([ACT_CLAMP_LAUNCHES] if v.moe_act_clamp else []) + (
         gathers[1:])
     dense = list(DENSE_LAUNCHES) + ([TP_LAUNCHES] if v.tp else [])

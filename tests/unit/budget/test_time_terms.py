@@ -441,3 +441,23 @@ def test_qk_norms_and_the_qkv_gather_below_the_query_groups_add_their_kernels_an
     assert gathered["time_launches_attention"] == normed["time_launches_attention"] + 2
     assert gathered["time_ew_attention_elements"] - normed["time_ew_attention_elements"] == (
         4 * 2 * 8 * (32 + 2 * 4) * 128)
+
+
+def test_only_the_shared_expert_and_expert_tp_launch_tp_collectives_in_a_moe_layer() -> None:
+    """The alltoall dispatcher moves the routed rows over expt_tp, not TP
+    (MoEAlltoAllTokenDispatcher.tp_group is pg_collection.expt_tp): at ETP 1 a MoE layer without a
+    shared expert launches no TP collective whatever TP is; a shared expert gathers and scatters
+    over TP (two); ETP 2 adds the gathers of the received tokens and probabilities and the
+    combine's reduce-scatter (three)."""
+    model = {**QWEN, "num_layers": 4}
+    alltoall = {"moe_token_dispatcher_type": "alltoall", "moe_router_force_load_balancing": True}
+
+    def experts(model: dict[str, Any], tp: int, etp: int = 1) -> int:
+        return env(config(model, {"world_size": 16, "tp": tp, "ep": 8, "etp": etp,
+                                  "sequence_parallel": tp > 1},
+                          {"seq_length": 4096, "global_batch_size": 256}, moe=alltoall,
+                          cluster={"gpu": "H100"}))["time_launches_experts"]
+    assert experts(model, 4) == experts(model, 1)
+    shared = {**model, "moe_shared_expert_intermediate_size": 768}
+    assert experts(shared, 4) == experts(shared, 1) + 2
+    assert experts(model, 2, etp=2) == experts(model, 2) + 3
