@@ -247,8 +247,7 @@ def _elementwise(book: Book, v: Variant, selective: frozenset[str]) -> None:
     # q and k norms (qk_layernorm): each reads and writes its heads once more; the QKV all-gather
     # below the query groups concatenates every rank's slice into the full width for all S rows
     # of the rank, TP times its own share (QK_NORM_LAUNCHES, QKV_GATHER_LAUNCHES)
-    qk_norm = (" + blocks * 2 * (heads + groups) * d"
-               if v.has("qk_norm") or v.has("qk_norm_layer") else "")
+    qk_norm = " + blocks * 2 * (heads + groups) * d" if v.qk_norm else ""
     gather = " + blocks * 2 * TP * (heads + 2 * groups) * d" if v.qkv_gather else ""
     add("time_ew_attention_elements", f"blocks * 2 * {attention}{window}{own}{qk_norm}{gather}",
         "elements", "time",
@@ -712,8 +711,8 @@ def _launch_counts(book: Book, v: Variant) -> None:
     """Kernels per block forward, by capturable part (see ATTENTION_LAUNCHES and the rest)."""
     add = book.add
     attention = list(ATTENTION_LAUNCHES) + ([MLA_LAUNCHES] if v.attention == "mla" else []) + (
-        [TP_LAUNCHES] if v.tp else []) + ([QK_NORM_LAUNCHES] if v.has("qk_norm") or v.has(
-            "qk_norm_layer") else []) + ([QKV_GATHER_LAUNCHES] if v.qkv_gather else [])
+        [TP_LAUNCHES] if v.tp else []) + ([QK_NORM_LAUNCHES] if v.qk_norm else []) + (
+        [QKV_GATHER_LAUNCHES] if v.qkv_gather else [])
     if v.rope_unfused:
         attention = [ROPE_UNFUSED_LAUNCHES if what.startswith("fused RoPE") else (n, what)
                      for n, what in attention]
