@@ -138,8 +138,8 @@ def measured_attention_share(peak_tflops: float, fwd_tflops: float, bwd_tflops: 
 # The GEMM shares fitted per GPU family on bench/heldout.py's calibration figures (its
 # --fit-defaults: gemm_bf16@hopper, gemm_fp8@blackwell, ...): every card of the family takes them,
 # so a refit is one line here.
-HOPPER: dict[str, Any] = {"gemm_fp8_eff": 0.494, "gemm_bf16_eff": 0.651, "family": "hopper"}
-BLACKWELL: dict[str, Any] = {"gemm_fp8_eff": 0.446, "gemm_bf16_eff": 0.456, "family": "blackwell"}
+HOPPER: dict[str, Any] = {"gemm_fp8_eff": 0.498, "gemm_bf16_eff": 0.661, "family": "hopper"}
+BLACKWELL: dict[str, Any] = {"gemm_fp8_eff": 0.451, "gemm_bf16_eff": 0.462, "family": "blackwell"}
 
 GPUS: MappingProxyType[str, Gpu] = MappingProxyType({gpu.name: gpu for gpu in (
     Gpu("H100", 989, 1979, 80, 3.35, 450, 50, 8, 8, **HOPPER),
