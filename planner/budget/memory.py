@@ -61,8 +61,13 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     mods = v.recompute_modules
     norm = "h" if "layernorm" in mods else "2 * h"
     up = "mla_up_proj" in mods
+    # Fewer query groups than TP: each rank takes its one group's key and value out of the
+    # all-gathered QKV output (Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
+    # SelfAttention.get_query_key_value_tensors), so core attention keeps a whole group per rank,
+    # TP·d per token of the rank's share, not groups·d.
+    kv = "Max(groups, TP)" if v.qkv_gather else "groups"
     attention = {
-        "standard": f"({norm} + 2 * heads * d + 2 * groups * d) * p + heads * 4",
+        "standard": f"({norm} + 2 * heads * d + 2 * {kv} * d) * p + heads * 4",
         "mla": f"({norm} + " + ("2 * q_lora + 2 * (kv_lora + qk_rope)" if v.mla_norms
                                  else "q_lora + kv_lora + qk_rope")
                + ("" if up else " + 2 * heads * (d_qk + qk_rope) + heads * d_v") + " + heads * d_v) * p"
@@ -106,7 +111,7 @@ def _act_parts(v: Variant) -> dict[str, tuple[str, str]]:
     if v.qk_norm:
         # Megatron-LM dev@d48bd6be megatron/core/transformer/attention.py
         # SelfAttention.get_query_key_value_tensors: q_layernorm / k_layernorm keep their inputs.
-        parts["act_qk_norm_per_block"] = ("tokens_per_rank * (heads + groups) * d * p",
+        parts["act_qk_norm_per_block"] = (f"tokens_per_rank * (heads + {kv}) * d * p",
                                           "qk_layernorm: the q and k the norms keep for backward")
     if v.dropout:
         # Megatron-LM dev@d48bd6be megatron/core/fusions/fused_bias_dropout.py

@@ -245,3 +245,17 @@ def test_fewer_query_groups_than_tp_all_gather_the_qkv_output_by_hand() -> None:
     assert step(v, "tp_qkv_gather", "bwd") == (4 * 16384, 16384, 3 * 16384)
     for data in (small(model={"num_query_groups": 4}, parallel={"tp": 4, "ep": 2}), small()):
         assert sent(stage_values(data), "tp_qkv_gather", "fwd") == (0, 0)
+
+
+def test_fewer_query_groups_than_tp_keep_a_whole_group_per_rank() -> None:
+    """The same gather leaves each rank its one group's key and value, [S, b, 1, d] each, for
+    core attention's backward: per token of the rank's share (S / TP rows) that is TP·d, not
+    groups·d. Small config at TP 4: with 2 groups the stored key and value take 2·4·16 elements a
+    token, with 4 groups 2·4·16 as well (one group a rank either way); at TP 2 with 2 groups,
+    2·2·16."""
+    two = stage_values(small(model={"num_query_groups": 2}, parallel={"tp": 4, "ep": 2}))
+    four = stage_values(small(model={"num_query_groups": 4}, parallel={"tp": 4, "ep": 2}))
+    assert two["act_attention_per_block"] == four["act_attention_per_block"]
+    tp2 = stage_values(small(model={"num_query_groups": 2}))
+    assert (tp2["act_attention_per_block"] / tp2["tokens_per_rank"]
+            == (two["act_attention_per_block"] / two["tokens_per_rank"]) - 2 * (4 - 2) * 16 * 2)
