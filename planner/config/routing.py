@@ -65,7 +65,7 @@ def forced_imbalance(cfg: Config) -> float:
     two-stage draw (random groups, then random experts of them) overstates it as far again; the
     hypergeometric is kept, a lower bound that moves the busiest rank's rows by under 1 %."""
     par, model = cfg.parallel, cfg.model
-    ep, experts, k = par.ep, model.num_experts or 0, cfg.model.moe_router_topk
+    ep, experts, k = par.ep, model.num_experts or 0, model.moe_router_topk
     if ep < 2 or experts < ep or not k:
         return BALANCED
     seq_ranks = (par.tp if par.sequence_parallel else 1) * par.cp
