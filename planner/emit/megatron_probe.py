@@ -38,6 +38,12 @@ when the real thing is missing and listed in the result; nothing else is patched
   * `typing.override` (Python 3.12) → `typing_extensions.override` on Python 3.11
   * `torch.cuda.current_device` → "cpu": the router allocates its hash table (tid2eid) and expert
     bias on the current device while the hash-routing stacks are built
+
+One speed-up changes no answer and is not listed: Megatron's argument factory reads each config
+dataclass's source again at every `parse_args` for its fields' help texts
+(`megatron/training/argument_utils.py ArgumentGroupFactory._get_field_docstrings`: inspect and
+ast on TransformerConfig and its kin, about half a second a parse on a CPU), so the probe keeps
+each class's texts after the first read (`_read_field_docstrings_once`).
 """
 
 from __future__ import annotations
@@ -131,7 +137,29 @@ def install_stand_ins(megatron_dir: Path) -> list[str]:
         used.append("cuDNN DSA kernel presence check: kernels present (flash_mla, cudnn.DSA with "
                     "q_causal_offsets; no CUDA device or no kernels here)")
     used.extend(_fla_stand_in())
+    _read_field_docstrings_once()
     return used
+
+
+def _read_field_docstrings_once() -> None:
+    """Keep each dataclass's field help texts after Megatron's first read of its source: they are
+    a function of the class alone, and a batch of requests parses arguments hundreds of times."""
+    try:
+        from megatron.training import argument_utils
+    except ImportError:  # a Megatron-LM before the dataclass-driven arguments
+        return
+    factory = getattr(argument_utils, "ArgumentGroupFactory", None)
+    read = getattr(factory, "_get_field_docstrings", None)
+    if read is None:
+        return
+    texts: dict[type, dict[str, str]] = {}
+
+    def read_once(self: Any, src_cfg_class: type) -> dict[str, str]:
+        if src_cfg_class not in texts:
+            texts[src_cfg_class] = read(self, src_cfg_class)
+        return dict(texts[src_cfg_class])
+
+    factory._get_field_docstrings = read_once  # type: ignore[union-attr]
 
 
 def _fla_stand_in() -> list[str]:
