@@ -40,8 +40,10 @@ FIXED_COST_SYMBOLS: tuple[Symbol, ...] = (
     Symbol("router_launches", "kernels the router part of one MoE layer's forward launches "
            "(router_launch_count: DeepSeek-V3's measured 72, 31 fused, scaled by the router's "
            "features; Sinkhorn's kernels as counted)"),
-    Symbol("router_nograd_launches", "of those, the kernels autograd records no node for (Sinkhorn's "
-           "iterations, under torch.no_grad): the backward issues nothing for them"),
+    Symbol("router_nograd_launches", "of those, the kernels the backward issues nothing for: "
+           "Sinkhorn's (under torch.no_grad), and of the top-k router's the share its backward "
+           "leaves out (router_nograd_launch_count: Megatron's router counted op by op, "
+           "ROUTER_FORWARD_OPS and ROUTER_BACKWARD_OPS)"),
     Symbol("t_launch", "host seconds to issue one kernel: Python, PyTorch's dispatcher and the "
            "CUDA launch (efficiency.host_us_per_launch)"),
     Symbol("host_module_op", "host time of a Transformer Engine module's GEMM call over a bare "
@@ -321,15 +323,81 @@ ROUTER_SITES = {"base": 8, "sigmoid": 3, "groups": 8, "bias": 4, "aux": 15}
 ROUTER_SITES_MEASURED = 8 + 3 + 8 + 4 + 15  # the call sites of the router that was measured
 
 
-def router_nograd_launch_count(cfg: Config) -> Number:
-    """Kernels of one MoE layer's router forward that autograd records no node for, so the backward
-    issues nothing for them: Sinkhorn's (SINKHORN_SETUP and SINKHORN_PER_ITERATION per
-    sinkhorn_iterations of the hidden size), which run under torch.no_grad
-    (Megatron-LM dev@d48bd6be megatron/core/transformer/moe/router.py
-    TopKRouter.sinkhorn_load_balancing)."""
+# What the router's backward issues. Megatron-LM dev@d48bd6be's TopKRouter (router.py
+# TopKRouter.forward, moe_utils.py topk_routing_with_score_function, group_limited_topk and
+# compute_routing_scores_for_aux_loss) was run on a CPU under a torch TorchDispatchMode that counts
+# every ATen op that computes (views and allocations left out), forward and then backward, for
+# each of its features (tests/integration/megatron/test_router_ops.py runs the count again):
+#
+#   router (load balancing none)          forward  backward
+#   softmax after top-k                       9        6    gate GEMM, top-k, softmax, the
+#                                                           probabilities and map scattered;
+#                                                           backward: two GEMMs, the softmax's, a
+#                                                           gather for the scatter
+#   + sigmoid instead of softmax             +3       +7    sigmoid and the top-k normalisation
+#                                                           (sum, + eps, divide): the division's
+#                                                           gradient alone is five ops
+#   + group-limited top-k                    +9       +1    group scores, group top-k, mask; only
+#                                                           the selected scores carry a gradient,
+#                                                           and none under an expert bias (the
+#                                                           biased scores pick indices only)
+#   + expert bias                            +4        0    bias add, the unbiased scores' gather,
+#                                                           the token counts (no gradient)
+#   + auxiliary loss                     +14 (+17)  +6 (+13) its own scores (softmax / sigmoid),
+#                                                           the token counts (no gradient), the
+#                                                           loss; sequence-level one op more each
+#   + top-k scaling factor                   +1       +1
+#
+# DeepSeek-V3's router (sigmoid, groups, bias, sequence aux loss, scaling): 44 forward, 28
+# backward. The backward issues about two thirds of an op per forward op, not the
+# BACKWARD_DISPATCHES (two) per forward kernel of a Transformer Engine module: most of the
+# router's forward is index work autograd leaves out, and an elementwise op's gradient is one op.
+# The measured forward kernels (router_launch_count) are priced with backward at this share:
+# measured x (1 - backward / (2 x forward)) of them count as kernels without a backward. Megatron's
+# GB200 write-up measured the fused router's gain on DeepSeek-V3 at 16.56 -> 15.16 s a step; at two
+# backward dispatches per router kernel moeplan had priced it at 4.39 s, 2.58 s with these. The fused
+# router (Transformer Engine's fused_topk_with_score_function, which a CPU cannot run) is priced at
+# the unfused router's share.
+ROUTER_FORWARD_OPS = {"base": 9, "sigmoid": 3, "groups": 9, "bias": 4, "aux": 14, "aux_sigmoid": 3,
+                      "seq_aux": 1, "scaling": 1}
+ROUTER_BACKWARD_OPS = {"base": 6, "sigmoid": 7, "groups_unbiased": 1, "bias": 0, "aux": 6,
+                       "aux_sigmoid": 7, "seq_aux": 1, "scaling": 1}
+
+
+def router_ops(cfg: Config) -> tuple[int, int]:
+    """(forward, backward) ATen ops of this config's top-k router, from Megatron's router as
+    counted (ROUTER_FORWARD_OPS, ROUTER_BACKWARD_OPS)."""
+    moe, model = cfg.moe, cfg.model
+    sigmoid = model.moe_router_score_function != "softmax"
+    groups, bias = bool(model.moe_router_num_groups), bool(model.moe_router_enable_expert_bias)
+    aux = (moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss", "global_aux_loss")
+           and moe.moe_aux_loss_coeff > 0)
+    on = {"base": True, "sigmoid": sigmoid, "groups": groups, "groups_unbiased": groups and not bias,
+          "bias": bias, "aux": aux, "aux_sigmoid": aux and sigmoid,
+          "seq_aux": aux and moe.moe_router_load_balancing_type == "seq_aux_loss",
+          "scaling": bool(model.moe_router_topk_scaling_factor)}
+    return (sum(n for name, n in ROUTER_FORWARD_OPS.items() if on[name]),
+            sum(n for name, n in ROUTER_BACKWARD_OPS.items() if on[name]))
+
+
+def sinkhorn_launch_count(cfg: Config) -> int:
+    """Sinkhorn's kernels per router forward (SINKHORN_SETUP and SINKHORN_PER_ITERATION per
+    sinkhorn_iterations of the hidden size), under torch.no_grad (Megatron-LM dev@d48bd6be
+    megatron/core/transformer/moe/router.py TopKRouter.sinkhorn_load_balancing); 0 for another
+    router."""
     if cfg.moe.moe_router_load_balancing_type != "sinkhorn":
         return 0
     return SINKHORN_SETUP + SINKHORN_PER_ITERATION * sinkhorn_iterations(cfg.model.hidden_size)
+
+
+def router_nograd_launch_count(cfg: Config) -> Number:
+    """Kernels of one MoE layer's router forward priced without a backward: Sinkhorn's, and of the
+    top-k router's measured kernels the share that makes its backward issue the counted backward
+    ops per forward op (see ROUTER_FORWARD_OPS), at BACKWARD_DISPATCHES (two) per remaining kernel:
+    kernels x (1 - backward / (2 x forward))."""
+    forward, backward = router_ops(cfg)
+    topk = Fraction(router_launch_count(cfg)) - sinkhorn_launch_count(cfg)
+    return normalize(sinkhorn_launch_count(cfg) + topk * (1 - Fraction(backward, 2 * forward)))
 
 
 def router_launch_count(cfg: Config) -> Number:
@@ -343,7 +411,7 @@ def router_launch_count(cfg: Config) -> Number:
         ("groups", bool(model.moe_router_num_groups)),
         ("bias", model.moe_router_enable_expert_bias), ("aux", aux)) if on)
     measured = ROUTER_MEASURED[1] if moe.moe_router_fusion else ROUTER_MEASURED[0]
-    return normalize(Fraction(measured * sites, ROUTER_SITES_MEASURED)) + router_nograd_launch_count(cfg)
+    return normalize(Fraction(measured * sites, ROUTER_SITES_MEASURED)) + sinkhorn_launch_count(cfg)
 
 
 def host_scale(cfg: Config) -> Number:

@@ -1145,7 +1145,7 @@ class EfficiencySection(Section):
     # of each block part: planner/budget/time.py ATTENTION_LAUNCHES and the rest; a Transformer
     # Engine module's GEMM costs planner/config/gpus.py HOST_MODULE_OP of these, measured);
     # calibrated, docs/estimate.md.
-    host_us_per_launch: NonNegFloat = 43.6
+    host_us_per_launch: NonNegFloat = 48.3
     # GPU time each kernel costs beyond its FLOPs and bytes, graph or not: a published H100 figure
     # (Meta's auto-parallel cost model, 7 µs; planner/budget/time.py _kernel_gpu cites it).
     gpu_us_per_kernel: NonNegFloat = 7.0

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from planner.budget.hardware import router_nograd_launch_count, sinkhorn_iterations
+from planner.budget.hardware import sinkhorn_iterations, sinkhorn_launch_count
 from planner.config.schema import Config
 from planner.estimate import estimate
 
@@ -98,7 +98,7 @@ def test_sinkhorn_kernels_at_hidden_512() -> None:
         "training": {"micro_batch_size": 1, "global_batch_size": 4, "seq_length": 1024},
         "moe": {"moe_router_load_balancing_type": "sinkhorn", "moe_aux_loss_coeff": 0}},
         strict=False)
-    assert router_nograd_launch_count(cfg) == 5 + 14 * 3
+    assert sinkhorn_launch_count(cfg) == 5 + 14 * 3
 
 
 def test_a_router_graph_before_the_dropless_sync_leaves_the_host_waiting() -> None:
