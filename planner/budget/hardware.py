@@ -364,18 +364,24 @@ ROUTER_BACKWARD_OPS = {"base": 6, "sigmoid": 7, "groups_unbiased": 1, "bias": 0,
                        "aux_sigmoid": 7, "seq_aux": 1, "scaling": 1}
 
 
-def router_ops(cfg: Config) -> tuple[int, int]:
-    """(forward, backward) ATen ops of this config's top-k router, from Megatron's router as
-    counted (ROUTER_FORWARD_OPS, ROUTER_BACKWARD_OPS)."""
+def _router_features(cfg: Config) -> dict[str, bool]:
+    """Which of the top-k router's counted features this config's router has (the keys of
+    ROUTER_SITES, ROUTER_FORWARD_OPS and ROUTER_BACKWARD_OPS)."""
     moe, model = cfg.moe, cfg.model
     sigmoid = model.moe_router_score_function != "softmax"
     groups, bias = bool(model.moe_router_num_groups), bool(model.moe_router_enable_expert_bias)
     aux = (moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss", "global_aux_loss")
            and moe.moe_aux_loss_coeff > 0)
-    on = {"base": True, "sigmoid": sigmoid, "groups": groups, "groups_unbiased": groups and not bias,
-          "bias": bias, "aux": aux, "aux_sigmoid": aux and sigmoid,
-          "seq_aux": aux and moe.moe_router_load_balancing_type == "seq_aux_loss",
-          "scaling": bool(model.moe_router_topk_scaling_factor)}
+    return {"base": True, "sigmoid": sigmoid, "groups": groups, "groups_unbiased": groups and not bias,
+            "bias": bias, "aux": aux, "aux_sigmoid": aux and sigmoid,
+            "seq_aux": aux and moe.moe_router_load_balancing_type == "seq_aux_loss",
+            "scaling": bool(model.moe_router_topk_scaling_factor)}
+
+
+def router_ops(cfg: Config) -> tuple[int, int]:
+    """(forward, backward) ATen ops of this config's top-k router, from Megatron's router as
+    counted (ROUTER_FORWARD_OPS, ROUTER_BACKWARD_OPS)."""
+    on = _router_features(cfg)
     return (sum(n for name, n in ROUTER_FORWARD_OPS.items() if on[name]),
             sum(n for name, n in ROUTER_BACKWARD_OPS.items() if on[name]))
 
@@ -396,22 +402,23 @@ def router_nograd_launch_count(cfg: Config) -> Number:
     ops per forward op (see ROUTER_FORWARD_OPS), at BACKWARD_DISPATCHES (two) per remaining kernel:
     kernels x (1 - backward / (2 x forward))."""
     forward, backward = router_ops(cfg)
-    topk = Fraction(router_launch_count(cfg)) - sinkhorn_launch_count(cfg)
-    return normalize(sinkhorn_launch_count(cfg) + topk * (1 - Fraction(backward, 2 * forward)))
+    return normalize(sinkhorn_launch_count(cfg)
+                     + _topk_router_launches(cfg) * (1 - Fraction(backward, 2 * forward)))
 
 
 def router_launch_count(cfg: Config) -> Number:
     """Kernels of one MoE layer's router forward for this config's router: the call sites' share
     of DeepSeek-V3's measured count (see ROUTER_SITES), and Sinkhorn's own kernels as counted."""
-    moe, model = cfg.moe, cfg.model
-    aux = (moe.moe_router_load_balancing_type in ("aux_loss", "seq_aux_loss", "global_aux_loss")
-           and moe.moe_aux_loss_coeff > 0)
-    sites = ROUTER_SITES["base"] + sum(ROUTER_SITES[name] for name, on in (
-        ("sigmoid", model.moe_router_score_function != "softmax"),
-        ("groups", bool(model.moe_router_num_groups)),
-        ("bias", model.moe_router_enable_expert_bias), ("aux", aux)) if on)
-    measured = ROUTER_MEASURED[1] if moe.moe_router_fusion else ROUTER_MEASURED[0]
-    return normalize(Fraction(measured * sites, ROUTER_SITES_MEASURED)) + sinkhorn_launch_count(cfg)
+    return normalize(_topk_router_launches(cfg) + sinkhorn_launch_count(cfg))
+
+
+def _topk_router_launches(cfg: Config) -> Fraction:
+    """The top-k router's forward kernels: DeepSeek-V3's measured count (fused or not) times this
+    router's share of its call sites (ROUTER_SITES)."""
+    on = _router_features(cfg)
+    sites = sum(count for name, count in ROUTER_SITES.items() if on[name])
+    measured = ROUTER_MEASURED[1] if cfg.moe.moe_router_fusion else ROUTER_MEASURED[0]
+    return Fraction(measured * sites, ROUTER_SITES_MEASURED)
 
 
 def host_scale(cfg: Config) -> Number:
