@@ -42,6 +42,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.support.runtime_ranks import TOLERANCE, free_port
+from tests.support.spawn import spawn_ranks
 
 MODEL = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "kv_channels": 8,
          "ffn_hidden_size": 64, "vocab_size": 64, "num_experts": 4, "moe_router_topk": 2,
@@ -186,7 +187,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in LAYOUTS:
         _compile(name, folder)
     try:
-        mp.spawn(_worker, args=(free_port(), str(folder)), nprocs=4, join=True)
+        spawn_ranks(_worker, (free_port(), str(folder)), 4)
     except mp.ProcessRaisedException:
         pass  # the outcome files say which job failed
     return folder

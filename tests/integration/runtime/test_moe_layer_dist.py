@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.config.schema import ModelSection, MoeSection
 from tests.support.runtime_ranks import free_port
+from tests.support.spawn import spawn_ranks
 
 TOLERANCE = 1e-5
 SEQ, BATCH, HIDDEN, VOCAB = 4, 2, 16, 32  # n = 8 token rows per rank
@@ -459,7 +459,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 def launch(tmp_path: Path) -> list[dict[str, Any]]:
     """Spawn 8 gloo ranks running every case; returns each rank's results."""
-    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=8, join=True)
+    spawn_ranks(_worker, (free_port(), str(tmp_path)), 8)
     return [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(8)]
 
 

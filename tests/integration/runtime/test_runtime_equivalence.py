@@ -64,6 +64,7 @@ from tests.support.runtime_ranks import (
     free_port,
     run_cases,
 )
+from tests.support.spawn import spawn_ranks
 
 TP_NO_SP = "tp2_no_sp_dense"
 # name -> (overrides, fault). Every layout the issue names, plus the capacity variants.
@@ -223,7 +224,7 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], di
         "training": {"precision": "bf16"}}, folder)), "sp_grads_unreduced", True))
     out = folder / "verdicts.json"
     try:
-        mp.spawn(run_cases, args=(WORLD, free_port(), cases, str(out)), nprocs=WORLD, join=True)
+        spawn_ranks(run_cases, (WORLD, free_port(), cases, str(out)), WORLD)
     except mp.ProcessRaisedException:
         pass  # the failing case is named in the verdicts file
     verdicts = json.loads(out.read_text()) if out.exists() else {}

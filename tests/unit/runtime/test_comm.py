@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from runtime.comm import CommGroup, Ledger, MoEGroups, all_reduce, all_to_all_v
+from tests.support.spawn import spawn_ranks
 
 WORLD = 4
 WIDTH = 3  # fp32 row of 3 elements = 12 bytes
@@ -178,7 +178,7 @@ def rank_checks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(out_dir)), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (port, str(out_dir)), WORLD)
     return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

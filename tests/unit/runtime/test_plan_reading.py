@@ -28,6 +28,7 @@ from planner.plan import compile_plan
 from planner.plan_format import plan_digest, write_plan
 from planner.rules import run_rules
 from runtime.plan_io import PlanError, load_plan
+from tests.support.spawn import spawn_ranks
 
 # 2 ranks, EP 2 over DP 2: dense grads sum over dp_cp = {0, 1}, each rank holds E/EP = 2 experts
 # and its expt_dp group is itself (EDP 1). The load-balancing type is left to the schema.
@@ -143,8 +144,8 @@ def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[st
     assert budget_value(original, "expert_grad_buffers") == "1"  # EP 2: the experts' own buffer
     out = folder / "result"
     try:
-        mp.spawn(_worker, args=(2, _free_port(), {k: str(v) for k, v in plans.items()}, str(out)),
-                 nprocs=2, join=True)
+        spawn_ranks(_worker, (2, _free_port(), {k: str(v) for k, v in plans.items()}, str(out)),
+                    2)
     except mp.ProcessRaisedException:
         pass  # the traceback is in the result files
     runs = {rank: torch.load(f"{out}.rank{rank}", weights_only=False) for rank in range(2)}

@@ -1,0 +1,29 @@
+"""Gloo ranks for the runtime's multi-rank tests, forked from a server that has imported torch.
+
+`torch.multiprocessing.spawn` starts each rank as a fresh interpreter that imports torch (2.4 s on
+a 2-core CI machine) and, at the rank's first optimizer step, torch._dynamo (as long again: torch
+imports it in `Optimizer.step` to mark a graph break). A suite of 22 spawned ranks paid that
+every time. multiprocessing's fork server imports both once per pytest worker, before it has
+run a single torch op or started a thread, and forks each rank from there; the rank then
+unpickles its function and arguments as under spawn, so a test file's module and the runtime
+import as before, and nothing from the test process (its threads, its process groups, its
+state) is inherited.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable
+from typing import Any
+
+import torch.multiprocessing as mp
+
+# What the server imports once: torch, its compiler front end, and the runtime a rank runs.
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "runtime.__main__", "runtime.train")
+
+
+def spawn_ranks(function: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> None:
+    """`torch.multiprocessing.spawn(function, args, nprocs, join=True)`, forked from the
+    preloaded server (raises `ProcessRaisedException` / `ProcessExitedException` as spawn does)."""
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    mp.start_processes(function, args=args, nprocs=nprocs, join=True, start_method="forkserver")
