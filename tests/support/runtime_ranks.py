@@ -1,8 +1,9 @@
 """Real ranks for the runtime's equivalence tests: compile a small case, spawn gloo ranks that
 run cases against the single-process reference, collect each case's verdict.
 
-Shared by the equivalence, pipeline and recompute tests (torch.multiprocessing spawn imports
-this module in every rank, so it needs only the runtime at import time).
+Shared by the equivalence, pipeline and recompute tests (every rank, forked from
+tests/support/spawn.py's server, imports this module to unpickle `run_cases`, so it needs only the
+runtime at import time).
 """
 
 from __future__ import annotations
