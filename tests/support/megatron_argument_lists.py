@@ -12,31 +12,30 @@ Regenerate a list from a checkout (a folder holding the `megatron` package):
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 from planner.config.megatron_names import DATA_FILE, MAIN_DATA_FILE
+from tests.support.megatron_snippet import snippet_json
 
 LISTS = {"dev": DATA_FILE, "main": MAIN_DATA_FILE}
 
 
+_NAMES = """
+import argparse
+from megatron.training.arguments import add_megatron_arguments
+from planner.config.megatron_names import names_of_parser
+parser = argparse.ArgumentParser(allow_abbrev=False)
+add_megatron_arguments(parser)
+print(json.dumps(names_of_parser(parser)))
+"""
+
+
 def parser_argument_names(megatron: Path) -> list[str]:
     """The long option names of the parser a Megatron-LM checkout builds
-    (megatron/training/arguments.py add_megatron_arguments), from a subprocess: Megatron imports
-    torch, and the pre-flight's stand-ins let it import on a machine without a GPU."""
-    script = ("import argparse, json, sys; from pathlib import Path; "
-              f"sys.path.insert(0, {str(megatron)!r}); "
-              "from planner.emit.megatron_probe import install_stand_ins; "
-              f"install_stand_ins(Path({str(megatron)!r})); "
-              "from megatron.training.arguments import add_megatron_arguments; "
-              "from planner.config.megatron_names import names_of_parser; "
-              "p = argparse.ArgumentParser(allow_abbrev=False); add_megatron_arguments(p); "
-              "print(json.dumps(names_of_parser(p)))")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         check=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    (megatron/training/arguments.py add_megatron_arguments), through
+    tests/support/megatron_snippet.py."""
+    return snippet_json(_NAMES, megatron)
 
 
 def write_list(which: str, megatron: Path) -> Path:

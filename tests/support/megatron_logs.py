@@ -9,20 +9,17 @@ The folder also holds public logs (each header names its repository, path or iss
 date), which this module neither lists nor regenerates.
 
 Regenerate with `python -m tests.support.megatron_logs` (needs the Megatron-LM checkout of
-tests/support/oracle.py; runs Megatron's parser on CPU with the probe's stand-ins).
+tests/support/oracle.py; runs Megatron's parser on CPU through tests/support/megatron_snippet.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from tests.support.launch_corpus import BY_NAME, import_entry, known_arguments, without_environment_flags
-from tests.support.paths import ROOT
+from tests.support.megatron_snippet import run_snippet
 
 LOGS = Path(__file__).parent / "megatron_logs"
 # log file → the corpus launch it ran
@@ -30,10 +27,7 @@ LOGGED = {"mixtral_8x7b_vpp.log": "modelzoo_mixtral_8x7b.yaml",
           "deepseek_v2_lite.log": "modelzoo_deepseek_v2_lite.yaml"}
 
 _PRINT = r"""
-import json, logging, os, sys
-from pathlib import Path
-from planner.emit.megatron_probe import install_stand_ins
-install_stand_ins(Path(sys.argv[1]))
+import logging, os
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 request = json.loads(sys.stdin.read())
 os.environ.update({"WORLD_SIZE": str(request["world_size"]), "RANK": "0", "LOCAL_RANK": "0"})
@@ -47,7 +41,6 @@ init_num_microbatches_calculator(0, args.rampup_batch_size, args.global_batch_si
                                  args.data_parallel_size, args.decrease_batch_size_if_needed)
 """
 
-
 def print_log(corpus_name: str, megatron_lm: Path) -> str:
     """What Megatron prints for the corpus launch's own arguments (mock data, null tokenizer)."""
     from planner.emit.megatron_check import DATA_ARGUMENTS
@@ -57,12 +50,7 @@ def print_log(corpus_name: str, megatron_lm: Path) -> str:
         result, front = import_entry(entry, Path(root))
     argv = [*without_environment_flags(known_arguments(front.argv)), *DATA_ARGUMENTS]
     request = {"argv": argv, "world_size": result.get("parallel.world_size")}
-    done = subprocess.run([sys.executable, "-c", _PRINT, str(megatron_lm)], input=json.dumps(request),
-                          capture_output=True, text=True, cwd=ROOT, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
-    if done.returncode:
-        raise RuntimeError(done.stderr[-2000:])
-    return done.stdout
+    return run_snippet(_PRINT, megatron_lm, request)
 
 
 if __name__ == "__main__":

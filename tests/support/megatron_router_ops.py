@@ -1,30 +1,22 @@
 """Megatron-LM's own TopKRouter run on a CPU, its ATen ops counted forward and backward: the figures
 planner/budget/hardware.py ROUTER_FORWARD_OPS and ROUTER_BACKWARD_OPS hold.
 
-The router runs in a subprocess with the probe's stand-ins (planner/emit/megatron_probe.py
-install_stand_ins) under torch's fake process group, with the JIT fuser off (Megatron compiles only
-the expert bias's token count, under torch.no_grad). A TorchDispatchMode counts every ATen op that
-computes; views, allocations and metadata ops launch no kernel and are left out. The backward is
-run from a gradient of ones on the probabilities, as the MoE layer's backward hands the router
-one.
+The router runs in a subprocess (tests/support/megatron_snippet.py) under torch's fake process
+group, with the JIT fuser off (Megatron compiles only the expert bias's token count, under
+torch.no_grad). A TorchDispatchMode counts every ATen op that computes; views, allocations and
+metadata ops launch no kernel and are left out. The backward is run from a gradient of ones on the
+probabilities, as the MoE layer's backward hands the router one.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support.paths import ROOT
+from tests.support.megatron_snippet import snippet_json
 
 _COUNT = r"""
-import collections, json, sys
-from pathlib import Path
-from planner.emit.megatron_probe import install_stand_ins
-install_stand_ins(Path(sys.argv[1]))
+import collections
 import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -75,9 +67,4 @@ print(json.dumps(out))
 
 def count_router_ops(megatron: Path, routers: list[dict[str, Any]]) -> list[dict[str, dict[str, int]]]:
     """Per TransformerConfig router fields in `routers`: the forward and backward ATen ops by name."""
-    env = {**os.environ, "TORCHDYNAMO_DISABLE": "1", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", _COUNT, str(megatron)], input=json.dumps(routers),
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return snippet_json(_COUNT, megatron, routers, env={"TORCHDYNAMO_DISABLE": "1"})

@@ -5,9 +5,7 @@ is exit 2 (unreadable) or a finding naming the argument (exit 1), never a traceb
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from planner.config.layout_strings import IMPORTED
 from planner.config.layout_strings import layout_string as write_layout_string
 from planner.config.loader import load_config, parse_config
 from planner.config.schema import Config
+from tests.support.megatron_snippet import SnippetFailed, snippet_json
 from tests.support.paths import EXAMPLES
 
 
@@ -382,13 +381,10 @@ def test_stdin_and_unwritable_output(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ against Megatron
-# Megatron's own parser, run in a subprocess on the oracle checkout (the GPU-only stand-ins of
-# planner/emit/megatron_probe.py): for each argument, which attribute it sets and to what.
+# Megatron's own parser, run in a subprocess on the oracle checkout (tests/support/megatron_snippet.py):
+# for each argument, which attribute it sets and to what.
 PARSER_PROBE = r"""
-import argparse, json, sys
-from pathlib import Path
-from planner.emit.megatron_probe import install_stand_ins
-install_stand_ins(Path(sys.argv[1]))
+import argparse
 from megatron.training import arguments
 request = json.loads(sys.stdin.read())
 parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
@@ -410,12 +406,10 @@ def megatron_parse(lines: list[str]) -> tuple[dict[str, str], list[dict[str, Any
     if root is None:
         pytest.skip(why)
     argvs = [[w for a in parse_command(split_words(line)).arguments for w in a.words] for line in lines]
-    run = subprocess.run([sys.executable, "-c", PARSER_PROBE, str(root)], input=json.dumps({"argvs": argvs}),
-                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[3],
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if run.returncode != 0:
-        pytest.skip(f"Megatron's parser cannot run here: {run.stderr.strip().splitlines()[-1:]}")
-    payload = json.loads(run.stdout.strip().splitlines()[-1])
+    try:
+        payload = snippet_json(PARSER_PROBE, root, {"argvs": argvs})
+    except SnippetFailed as failed:
+        pytest.skip(f"Megatron's parser cannot run here: {str(failed).strip().splitlines()[-1:]}")
     return payload["dests"], payload["values"]
 
 

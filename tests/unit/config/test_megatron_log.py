@@ -242,10 +242,7 @@ def test_several_dumps_read_the_last_and_say_so() -> None:
 
 
 _DESTS_PROBE = r"""
-import argparse, json, sys
-from pathlib import Path
-from planner.emit.megatron_probe import install_stand_ins
-install_stand_ins(Path(sys.argv[1]))
+import argparse
 from megatron.training import arguments
 parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
 kinds = {"_StoreTrueAction": "true", "_StoreFalseAction": "false", "BooleanOptionalAction": "optional",
@@ -261,19 +258,16 @@ print("\n" + json.dumps(rows))
 """
 
 if __name__ == "__main__":  # regenerate planner/config/data/megatron_dests.tsv from the oracle's parser
-    import json
-    import subprocess
     import sys
 
     from planner.config.importers.megatron_log import DESTS_FILE
+    from tests.support.megatron_snippet import snippet_json
     from tests.support.oracle import megatron_lm_dir
 
     folder, why = megatron_lm_dir()
     if folder is None:
         sys.exit(why)
-    done = subprocess.run([sys.executable, "-c", _DESTS_PROBE, str(folder)], capture_output=True, text=True,
-                          check=True)
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = snippet_json(_DESTS_PROBE, folder)
     header = [line for line in DESTS_FILE.read_text(encoding="utf-8").splitlines() if line.startswith("#")]
     DESTS_FILE.write_text("\n".join([*header, *("\t".join(row) for row in rows)]) + "\n", encoding="utf-8")
 
