@@ -419,12 +419,19 @@ def _same(ours: Any, theirs: Any) -> bool:
     return ours == theirs
 
 
-def test_values_and_defaults_match_megatrons_parser() -> None:
+@pytest.fixture(scope="module")
+def parsed() -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """One run of Megatron's parser for this module's tests: the V3 line, the minimal line and the
+    minimal line with MLA."""
+    return megatron_parse([V3_LINE, MINIMAL, MINIMAL + " --multi-latent-attention"])
+
+
+def test_values_and_defaults_match_megatrons_parser(parsed) -> None:
     """Every argument of the V3 line that maps to a field reads as Megatron's parser reads it, and
     every default the import writes for an absent argument is Megatron's."""
     from planner.config.megatron_arguments import MEGATRON_DEFAULTS, MLA_DEFAULTS, argument_table
 
-    dests, (v3, minimal, mla) = megatron_parse([V3_LINE, MINIMAL, MINIMAL + " --multi-latent-attention"])
+    dests, (v3, minimal, mla) = parsed
     table = argument_table()
     v3_mapped = map_arguments(V3_LINE)
     compared = 0
@@ -456,10 +463,10 @@ NOT_ON_DEV = {
 }
 
 
-def test_every_mapped_flag_is_a_megatron_argument() -> None:
+def test_every_mapped_flag_is_a_megatron_argument(parsed) -> None:
     from planner.config.megatron_arguments import SPECIAL, argument_table
 
-    dests, _ = megatron_parse([])
+    dests, _ = parsed
     unknown = {f for f in [*argument_table(), *SPECIAL] if f not in dests}
     assert unknown == set(NOT_ON_DEV)
 
