@@ -76,6 +76,14 @@ def valid_layouts(draw: st.DrawFn) -> dict[str, Any]:
     ep = draw(st.sampled_from([d for d in (1, 2, 3, 4, 5, 6) if (tp * cp * dp // etp) % d == 0]))
     vpp = draw(st.sampled_from([1, 2])) if pp > 1 else 1
     experts = ep * draw(st.sampled_from([1, 2, 3]))
+    # The router as the rule catalog accepts it (MOE005, MOE014, MOE015): an expert bias with
+    # sigmoid scores, top-1 softmax with pre-softmax, k at most E; drawn whole, a bias or a top-1
+    # router was refused every time and never reached the budgets.
+    topk = draw(st.sampled_from([k for k in (1, 2) if k <= experts]))
+    bias = draw(st.booleans())
+    router = {"moe_router_topk": topk, "moe_router_enable_expert_bias": bias,
+              "moe_router_score_function": "sigmoid" if bias else "softmax",
+              "moe_router_pre_softmax": topk == 1}
     dist_opt = draw(st.booleans())
     instances = draw(st.sampled_from([1, 2])) if dist_opt and (dp * cp) % 2 == 0 \
         and ((tp * cp * dp) // (etp * ep)) % 2 == 0 else 1
@@ -90,11 +98,10 @@ def valid_layouts(draw: st.DrawFn) -> dict[str, Any]:
                   "hidden_size": tp * draw(st.sampled_from([12, 20, 32])),
                   "num_attention_heads": tp * draw(st.sampled_from([1, 3])), "kv_channels": 6,
                   "ffn_hidden_size": tp * 10, "vocab_size": draw(st.sampled_from([97, 256, 1000])),
-                  "num_experts": experts, "moe_router_topk": draw(st.sampled_from([1, 2])),
+                  "num_experts": experts, **router,
                   "moe_ffn_hidden_size": etp * draw(st.sampled_from([6, 7])),
                   "moe_shared_expert_intermediate_size": draw(st.sampled_from([0, 14])),
-                  "mtp_num_layers": 0, "untie_embeddings_and_output_weights": draw(st.booleans()),
-                  "moe_router_enable_expert_bias": draw(st.booleans())},
+                  "mtp_num_layers": 0, "untie_embeddings_and_output_weights": draw(st.booleans())},
         "parallel": {"world_size": tp * cp * pp * dp, "tp": tp, "cp": cp, "pp": pp, "ep": ep,
                      "etp": etp, **({"vpp": vpp} if vpp > 1 else {}),
                      "sequence_parallel": tp > 1},
