@@ -1081,6 +1081,19 @@ def _cp_ring_hidden(name: str) -> str:
     return f"cp_ring * Min(eff_overlap * {name}, time_attention_core_s)"
 
 
+def _cp_ring_paced(name: str, phase: str) -> str:
+    """The KV bytes the CP ring moves at the scale-out rate: all of them once the ring crosses a
+    node. Each ring step's attention waits for the chunk its previous rank sends, and each rank
+    forwards the chunk it received one step earlier (Transformer Engine's
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
+    AttnFuncWithCPAndKVP2P, which Megatron's cp_comm_type p2p runs), so the slowest edge paces every
+    step of every rank: a ring with one edge in eight off the node still moves its chunks at the
+    scale-out rate, not an eighth of them. An all_gather CP exchange is one NCCL collective and
+    keeps the per-edge split."""
+    return (f"Max(step_{name}_{phase}_inter_node_bytes, cp_ring * Min(cp_nodes - 1, 1)"
+            f" * step_{name}_{phase}_wire_bytes)")
+
+
 def _calls(name: str) -> str:
     """Calls of one collective phase per step on this rank."""
     if name.startswith(PER_LAYER):
@@ -1140,9 +1153,12 @@ def _communication(book: Book, v: Variant, exchanges: dict[str, list[str]]) -> l
             base = f"step.{entry.name}.{phase}"
             if ident(f"{base}.intra_node_bytes") not in book.levels:
                 continue
+            inter = f"step_{ident(entry.name)}_{phase}_inter_node_bytes"
+            if entry.name == CP_RING:
+                inter = _cp_ring_paced(ident(entry.name), phase)
             name = add(f"time.{entry.name}.{phase}",
                        f"Max(step_{ident(entry.name)}_{phase}_intra_node_bytes / (bw_nvlink * eff_intra),"
-                       f" step_{ident(entry.name)}_{phase}_inter_node_bytes / (bw_scale_out * eff_inter)"
+                       f" {inter} / (bw_scale_out * eff_inter)"
                        + (f", {_sm_bound(ident(entry.name), phase)}" if entry.name in TOKEN_EXCHANGES
                           else "") + ")"
                        + (" * imbalance / eff_dispatch" if entry.routed_rows else "")
@@ -1152,7 +1168,9 @@ def _communication(book: Book, v: Variant, exchanges: dict[str, list[str]]) -> l
                        + f" + {_calls(entry.name)} * t_coll * Min(step_{ident(entry.name)}_{phase}"
                        "_intra_node_bytes + " f"step_{ident(entry.name)}_{phase}_inter_node_bytes, 1)",
                        "s", "time", f"{entry.name} {phase}: NVLink-domain bytes over NVLink, the rest "
-                       "over the scale-out network, the slower setting the time, plus one latency "
+                       "over the scale-out network" + (" (under a p2p ring that crosses a node, "
+                       "every byte: its slowest edge paces each step)" if entry.name == CP_RING
+                       else "") + ", the slower setting the time, plus one latency "
                        f"per call ({_calls(entry.name)} calls: the alpha-beta model, so small "
                        "messages reach less than the link's bandwidth)")
             hidden, why = [], []

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -164,6 +165,28 @@ def test_cp_exposes_the_kv_exchange_unless_a_ring_overlaps_it() -> None:
     ring = v32(16384, cp=2, parallel={"cp_comm_type": "p2p"}, dsa=False)
     assert gather["time_cp_kv_gather_fwd_exposed"] == gather["time_cp_kv_gather_fwd"] > 0
     assert ring["time_cp_kv_gather_fwd_exposed"] < gather["time_cp_kv_gather_fwd_exposed"]
+
+
+def test_a_cp_ring_across_nodes_moves_every_chunk_at_the_scale_out_rate() -> None:
+    """TP 4 x CP 4 on 8-GPU nodes: the CP group is ranks 0, 4, 8, 12 on nodes 0, 0, 1, 1, so two
+    of its four ring edges cross (cp_ring_offnode 1/2). Each ring step waits on the slowest edge,
+    so the p2p ring's time is all its wire bytes at the scale-out rate; one all_gather collective
+    keeps the per-edge split, the crossing half over the scale-out network."""
+    def kv(comm_type: str) -> dict[str, Any]:
+        return env(qwen(parallel={"tp": 4, "cp": 4, "sequence_parallel": True,
+                                  "cp_comm_type": comm_type}, training={"seq_length": 16384}))
+    ring, gather = kv("p2p"), kv("all_gather")
+    for e in (ring, gather):
+        assert e["cp_ring_offnode"] == Fraction(1, 2) and e["cp_nodes"] == 2
+        assert e["step_cp_kv_gather_fwd_inter_node_bytes"] * 2 == e["step_cp_kv_gather_fwd_wire_bytes"]
+    scale_out = ring["bw_scale_out"] * ring["eff_inter"]
+    assert ring["time_cp_kv_gather_fwd"] == ring["step_cp_kv_gather_fwd_wire_bytes"] / scale_out
+    assert gather["time_cp_kv_gather_fwd"] == gather["step_cp_kv_gather_fwd_inter_node_bytes"] / scale_out
+    # inside one node the ring keeps the NVLink rate: TP 2 x CP 4 is ranks 0, 2, 4, 6
+    inside = env(qwen(parallel={"tp": 2, "cp": 4, "sequence_parallel": True}, training={"seq_length": 16384}))
+    assert inside["cp_nodes"] == 1 and inside["step_cp_kv_gather_fwd_inter_node_bytes"] == 0
+    assert inside["time_cp_kv_gather_fwd"] == inside["step_cp_kv_gather_fwd_intra_node_bytes"] / (
+        inside["bw_nvlink"] * inside["eff_intra"])
 
 
 def routed(force: bool, balancing: str = "aux_loss", efficiency: dict[str, Any] | None = None) -> Config:
