@@ -7,7 +7,9 @@ every time. multiprocessing's fork server imports both once per pytest worker, b
 run a single torch op or started a thread, and forks each rank from there; the rank then
 unpickles its function and arguments as under spawn, so a test file's module and the runtime
 import as before, and nothing from the test process (its threads, its process groups, its
-state) is inherited.
+state) is inherited. Nor is its environment: a rank sees the variables the server started with
+(the pytest worker's at its first spawn), so what a rank needs goes in its arguments, or into
+os.environ inside the rank, as test_comm.py and test_moe_layer_dist.py set MASTER_ADDR.
 """
 
 from __future__ import annotations
