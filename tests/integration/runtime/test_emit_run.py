@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,15 +16,10 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from tests.support.paths import EXAMPLES, ROOT
+from tests.support.ports import free_port
 
 runner = CliRunner()
 RUN_TIMEOUT = 300
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.comm import CommGroup, Ledger, MoEGroups, all_reduce, all_to_all_v
+from tests.support.ports import free_port
 from tests.support.spawn import spawn_ranks
 
 WORLD = 4
@@ -175,10 +175,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def rank_checks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out_dir = tmp_path_factory.mktemp("comm")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    spawn_ranks(_worker, (port, str(out_dir)), WORLD)
+    spawn_ranks(_worker, (free_port(), str(out_dir)), WORLD)
     return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -28,6 +27,7 @@ from planner.plan import compile_plan
 from planner.plan_format import plan_digest, write_plan
 from planner.rules import run_rules
 from runtime.plan_io import PlanError, load_plan
+from tests.support.ports import free_port
 from tests.support.spawn import spawn_ranks
 
 # 2 ranks, EP 2 over DP 2: dense grads sum over dp_cp = {0, 1}, each rank holds E/EP = 2 experts
@@ -76,12 +76,6 @@ def budget_value(plan_path: Path, name: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # (a) gradient pre-scales: two real ranks, one training step per plan
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _worker(rank: int, world: int, port: int, plans: dict[str, str], out: str) -> None:
@@ -144,7 +138,7 @@ def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[st
     assert budget_value(original, "expert_grad_buffers") == "1"  # EP 2: the experts' own buffer
     out = folder / "result"
     try:
-        spawn_ranks(_worker, (2, _free_port(), {k: str(v) for k, v in plans.items()}, str(out)),
+        spawn_ranks(_worker, (2, free_port(), {k: str(v) for k, v in plans.items()}, str(out)),
                     2)
     except mp.ProcessRaisedException:
         pass  # the traceback is in the result files
