@@ -53,12 +53,12 @@ def test_v3_yarn_mscale_is_the_one_extra_argument():
 
 
 # ------------------------------------------------------------------ Megatron builds the same model
-# Megatron's GPTModel is built at full size on the meta device (parameter shapes, no memory) from
-# the emitted arguments of each GPT-form preset's example, every parallel size 1; its parameters
-# are summed by name and must equal the model size moeplan derives from its params page. The head
-# dims (TransformerConfig / MLATransformerConfig fields) and which layers are MoE are compared for
-# the same examples by tests/integration/megatron/test_megatron_oracle.py (`shape` and per-chunk MoE
-# layers). The
+# Megatron's GPTModel is built on the meta device (parameter shapes, no memory) from the emitted
+# arguments of each GPT-form preset's example (most cut to their first layers, below), every
+# parallel size 1; its parameters are summed by name and must equal the model size moeplan derives
+# from its params page. The head dims (TransformerConfig / MLATransformerConfig fields) and which
+# layers are MoE are compared for the same examples by
+# tests/integration/megatron/test_megatron_oracle.py (`shape` and per-chunk MoE layers). The
 # DeepSeek-V4 presets build a hybrid model whose layer specs exist only with Transformer Engine
 # modules (megatron/core/models/hybrid/hybrid_layer_specs.py), so they are not built here.
 PRESET_EXAMPLES = {"deepseek-v3": "deepseek-v3-1024.yaml", "qwen3-30b-a3b": "qwen3-30b-a3b-16.yaml",
@@ -73,19 +73,22 @@ PRESET_EXAMPLES = {"deepseek-v3": "deepseek-v3-1024.yaml", "qwen3-30b-a3b": "qwe
                    "llama-4-maverick": "architectures/llama-4-maverick-256.yaml",
                    "qwen3-next-80b-a3b": "architectures/qwen3-next-80b-a3b-32.yaml",
                    "deepseek-v3.2": "architectures/deepseek-v3.2-1024.yaml"}
-# The current architectures are built with their first layers only, one of each layer kind (gpt-oss:
-# a window and a full layer; GLM: its dense layers and a MoE layer; Llama 4: three RoPE layers and a
-# NoPE one, dense and MoE layers; Qwen3-Next: three gated DeltaNet layers and a gated attention
-# one, Megatron's GatedDeltaNet built with local linear layers by the probe; DeepSeek-V3.2: its
-# three dense layers and a MoE one, DSA's attention from Megatron's own spec builder with a local
+# Mixtral-8x7B is built whole; the others with their first layers only, one of each layer kind
+# (DeepSeek-V3: its three dense layers and a MoE one; Qwen3: two MoE layers; gpt-oss: a window and
+# a full layer; GLM: its dense layers and a MoE layer; Llama 4: three RoPE layers and a NoPE one,
+# dense and MoE layers; Qwen3-Next: three gated DeltaNet layers and a gated attention one,
+# Megatron's GatedDeltaNet built with local linear layers by the probe; DeepSeek-V3.2: its three
+# dense layers and a MoE one, DSA's attention from Megatron's own spec builder with a local
 # stand-in for the duplicated TELinear its indexer and down projections take, see
-# planner/emit/megatron_probe.py _dsa_attention_spec), MTP kept, on one rank: every
-# per-layer tensor is what the build checks (building their hundreds of experts per layer for every
-# layer would cost this test suite tens of seconds); the full-size totals equal the
-# tensor-by-tensor count in tests/unit/config/test_current_architectures.py.
-LEADING_LAYERS = {"gpt-oss-20b": 2, "gpt-oss-120b": 2, "glm-4.5": 4, "glm-4.5-air": 2,
-                  "llama-4-scout": 4, "llama-4-maverick": 4, "qwen3-next-80b-a3b": 4,
-                  "deepseek-v3.2": 4}
+# planner/emit/megatron_probe.py _dsa_attention_spec), MTP kept, on one rank: every per-layer
+# tensor is what the build checks. Building every layer's hundreds of experts cost the suite tens
+# of seconds (DeepSeek-V3 and the two Qwen3 models alone: 33,000 SequentialMLP experts, 23 s of
+# the shared Megatron run); the full-size totals equal the model cards'
+# (tests/unit/config/test_hf_config.py CARD_TOTALS) and the tensor-by-tensor count in
+# tests/unit/config/test_current_architectures.py.
+LEADING_LAYERS = {"deepseek-v3": 4, "qwen3-30b-a3b": 2, "qwen3-235b-a22b": 2, "gpt-oss-20b": 2,
+                  "gpt-oss-120b": 2, "glm-4.5": 4, "glm-4.5-air": 2, "llama-4-scout": 4,
+                  "llama-4-maverick": 4, "qwen3-next-80b-a3b": 4, "deepseek-v3.2": 4}
 
 
 def _built_config(name: str) -> Config:

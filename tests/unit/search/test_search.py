@@ -26,7 +26,7 @@ from planner.rules.catalog import CODES
 from planner.search.bound import cell, family_floor, floor_dispatcher
 from planner.search.judge import Judge, float_estimate
 from planner.search.knobs import Knobs, Recompute, vpp_of
-from planner.search.run import search
+from planner.search.run import SearchResult, search
 from planner.search.space import (
     FULL_RECOMPUTE,
     MBS_CHOICES,
@@ -352,13 +352,21 @@ def test_memory_headroom_keeps_every_candidate_under_it(tmp_path: Path) -> None:
         assert refused.returncode == 2 and "--memory-headroom" in refused.stderr
 
 
-def test_refine_limits_the_families_searched_in_full_and_says_so() -> None:
+@pytest.fixture(scope="module")
+def six_experts_unbounded() -> tuple[Config, SearchResult]:
+    """Six experts on the tiny example (EP 1 and 2 only, a small space), every family refined and
+    no top-K bound (top=10**6 never prunes: fewer than 10**6 known): the reference result the
+    refine and bound tests compare against, searched once."""
+    cfg = tiny(num_experts=6)
+    return cfg, search(cfg, top=10**6, refine=0, workers=1)
+
+
+def test_refine_limits_the_families_searched_in_full_and_says_so(six_experts_unbounded) -> None:
     """--refine 1: one family (plus yours) gets layouts and the knob grid, the others keep only
     their anchor and are counted as not refined; the winner is still never slower than your
     layout, and refining every family (0) never finds a slower one."""
-    cfg = tiny()
+    cfg, every = six_experts_unbounded
     one = search(cfg, top=10**6, refine=1, workers=1)
-    every = search(cfg, top=10**6, refine=0, workers=1)
     assert one.pruned_by["families not refined"] > 0 == every.pruned_by["families not refined"]
     assert one.explored < every.explored
     assert every.winner is not None and one.winner is not None
@@ -366,14 +374,13 @@ def test_refine_limits_the_families_searched_in_full_and_says_so() -> None:
 
 
 # ----------------------------------------------------------------------------- speed, exactly
-def test_the_default_searches_the_whole_space_and_the_bound_keeps_the_top_exact() -> None:
+def test_the_default_searches_the_whole_space_and_the_bound_keeps_the_top_exact(
+        six_experts_unbounded) -> None:
     """The default refines every family (`--refine 0`); the knob grid's bound (skip a micro-batch
     size whose no-recompute time exceeds the top-th time known) prunes settings but leaves the
-    top K as the unbounded search ranks them (top=10**6 never prunes: fewer than 10**6 known).
-    Six experts: EP 1 and 2 only, a small space."""
-    cfg = tiny(num_experts=6)
+    top K as the unbounded search ranks them."""
+    cfg, unbounded = six_experts_unbounded
     default = search(cfg, top=3, workers=1)
-    unbounded = search(cfg, top=10**6, refine=0, workers=1)
     assert default.pruned_by["families not refined"] == 0
     assert "settings slower without recompute than the best found" not in unbounded.pruned_by
     assert [(c.step_time_s, Knobs.of(c.cfg)) for c in default.candidates] == \
