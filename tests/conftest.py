@@ -30,9 +30,9 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 
 
 # No per-example deadline for property tests (hypothesis's default is 200 ms of wall time): on two
-# cores shared with other workers' torchrun ranks, an example that fits it alone took 721 ms and failed the
-# suite (test_moe_layer_dist.py test_chunk_sort_index_makes_rows_expert_major). A test's own
-# @settings still wins; the suite's timeout (pyproject.toml) bounds a runaway test.
+# cores shared with other workers' torchrun ranks, an example that fits it alone took 721 ms and
+# failed the suite (test_moe_layer_dist.py test_chunk_sort_index_makes_rows_expert_major). A
+# test's own @settings still wins; the suite's timeout (pyproject.toml) bounds a runaway test.
 settings.register_profile("moeplan", deadline=None)
 settings.load_profile("moeplan")
 
