@@ -100,8 +100,13 @@ class Figure:
         return parse_config(self.data)
 
 
+# libyaml's safe loader where PyYAML has it: the file's 3,200 lines take 0.2 s instead of 1.2 s,
+# paid by every bench run and by each test worker that collects tests/unit/test_heldout.py.
+_LOADER = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+
+
 def load_figures(path: Path = DATA) -> list[Figure]:
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_LOADER)  # noqa: S506 - a safe loader
     bases = raw.get("bases", {})
     figures = []
     for entry in raw["figures"]:
