@@ -24,7 +24,7 @@ fit. Nothing here gates. The documented sweeps (docs/estimate.md, "Four runs of 
     amd-dsv2lite-mi355x-baseline-mbs  DeepSeek-V2-Lite, 8 MI355X, Primus baseline, MBS 1-12 (held out;
                                       --carry amd-dsv2lite-mi355x-features amd-dsv2-mi355x-32-features)
     aws-qwen3-30b-p5-efa              Qwen3-30B-A3B, 64 H100 on AWS EFA, EP16/32 x MBS x EP overlap
-                                      (never fitted; moeplan 1.8-2.4x too fast on every row)
+                                      (never fitted; moeplan 1.16-1.50x too fast on every row)
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/calibrate_stack.py                       # Moonlight
     OMP_NUM_THREADS=1 .venv/bin/python bench/calibrate_stack.py --sweep NAME --markdown

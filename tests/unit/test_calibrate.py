@@ -366,3 +366,35 @@ def test_a_run_the_fit_cannot_reproduce_is_named_with_what_sets_it_apart() -> No
     assert [u["run"] for u in out] == ["unfused"]
     assert out[0]["error"] == pytest.approx(0.4)
     assert out[0]["apart_in"] == {"moe.moe_router_fusion": False} and out[0]["apart_fields"] == 1
+
+
+def test_a_slow_stack_is_fitted_on_the_stack_level_term_not_left_to_the_host_terms() -> None:
+    """Four of AWS's Qwen3-30B-A3B runs on 64 H100 over EFA (bench/heldout.yaml, sweep
+    aws-qwen3-30b-p5-efa, never fitted: the defaults are 15-50 % too fast on every row). Their
+    miss can sit on the stack-level term or on the host terms, and a descent from the defaults
+    alone settles with the host terms holding it (stack_factor ~1.4) and ep16-mbs1 left more
+    than 20 % off. The fit also descends from a ladder of stack levels (planner/calibrate/fit.py
+    STACK_STARTS) and keeps the cheaper end: the stack-level term takes the miss (above 2) and
+    every run is reproduced within 15 %."""
+    import sys
+
+    from planner.calibrate.calibration import calibrate_runs
+    from planner.calibrate.fit import STACK_LEVEL, fit
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import heldout
+
+    runs = {f.id.removeprefix("aws-qwen3-30b-p5-64-"): heldout.judge(f).run()
+            for f in heldout.load_figures() if f.sweep == "aws-qwen3-30b-p5-efa"}
+    fit_on = [runs[k] for k in ("ep32-mbs4-epoverlap", "ep16-mbs4", "ep16-mbs1",
+                                "ep16-mbs4-epoverlap")]
+    assert all(r.predict({}) < r.measured * 0.87 for r in fit_on)
+    result = calibrate_runs(fit_on)
+    chosen = [n for n in result.values if n not in result.why]
+    assert STACK_LEVEL in chosen
+    assert result.values[STACK_LEVEL] > 2
+    assert all(abs(a / r.measured - 1) < 0.15 for a, r in zip(result.after, fit_on, strict=True))
+    # the same factors descended from the defaults alone (a start that sets the stack level)
+    alone = fit(fit_on, chosen, start={STACK_LEVEL: 1.0})
+    assert alone.values[STACK_LEVEL] < 1.6
+    assert max(abs(a / r.measured - 1) for a, r in zip(alone.after, fit_on, strict=True)) > 0.2
