@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from runtime.adamw import AdamW
 from runtime.comm import CommGroup, Ledger, _all_gather_raw, _record, _reduce_scatter_raw
 from runtime.precision import MainGrads
 
@@ -133,24 +134,19 @@ class ShardedBuffer:
                 offset += p.numel()
 
 
-def adamw(leaves: list[tuple[torch.Tensor, int]], training: dict[str, Any]) -> torch.optim.AdamW:
+def adamw(leaves: list[tuple[torch.Tensor, int]], training: dict[str, Any]) -> AdamW:
     """AdamW with the plan's hyper-parameters over (tensor, the ndim of the parameter it holds):
     like Megatron, no weight decay on 1-D parameters. The one optimizer both the whole-parameter
     and the sharded path build."""
     decayed = [leaf for leaf, ndim in leaves if ndim > 1]
     plain = [leaf for leaf, ndim in leaves if ndim <= 1]
-    return torch.optim.AdamW(
-        [{"params": decayed, "weight_decay": float(training["weight_decay"])},
-         {"params": plain, "weight_decay": 0.0}],
-        lr=float(training["lr"]),
-        betas=(float(training["adam_beta1"]), float(training["adam_beta2"])),
-        eps=float(training["adam_eps"]),
-        foreach=False,
-    )
+    return AdamW([(decayed, float(training["weight_decay"])), (plain, 0.0)],
+                 lr=float(training["lr"]),
+                 betas=(float(training["adam_beta1"]), float(training["adam_beta2"])),
+                 eps=float(training["adam_eps"]))
 
 
-def sharded_optimizer(buffers: list[ShardedBuffer], training: dict[str, Any]
-                      ) -> torch.optim.AdamW:
+def sharded_optimizer(buffers: list[ShardedBuffer], training: dict[str, Any]) -> AdamW:
     """AdamW over the shards, each piece in its parameter's group (`adamw`)."""
     return adamw([(leaf, piece.param.ndim) for buffer in buffers
                   for piece, leaf in zip(buffer.pieces, buffer.shards, strict=True)], training)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from runtime.adamw import AdamW
 from runtime.dist_opt import ShardedBuffer
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def whole_state(trainer: RankTrainer) -> dict[str, dict[str, torch.Tensor]]:
     return whole
 
 
-def _gathered(buffer: ShardedBuffer, kind: str, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+def _gathered(buffer: ShardedBuffer, kind: str, optimizer: AdamW) -> torch.Tensor:
     """One kind of this rank's shard, all-gathered over the buffer's group (fp32, padded)."""
     shard = torch.zeros(buffer.shard, dtype=torch.float32, device=buffer.shards[0].device
                         if buffer.shards else torch.device("cpu"))

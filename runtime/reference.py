@@ -138,7 +138,7 @@ class ReferenceModel:
         """One step over the global batch. `optimizer_grads`, when given, replace the reference's
         own gradients for the AdamW update only (after they were recorded for comparison)."""
         record = ReferenceStep()
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad()
         self.model.zero_grad(set_to_none=False)
         self.main_grads.zero()
         m, dp = self.batches.microbatches, self.batches.dp_size

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from runtime.adamw import AdamW
 from runtime.comm import CommGroup, Ledger, MoEGroups, all_reduce
 from runtime.dist_opt import ShardedBuffer, adamw, sharded_optimizer
 from runtime.failure import maybe_inject_failure
@@ -143,7 +144,7 @@ def build_tid2eid(seed: int, layer_id: int, vocab_size: int, num_experts: int,
     return keys.argsort(dim=1)[:, :topk].contiguous()
 
 
-def make_optimizer(mains: MainParams, training: dict[str, Any]) -> torch.optim.AdamW:
+def make_optimizer(mains: MainParams, training: dict[str, Any]) -> AdamW:
     """AdamW with the plan's hyper-parameters over the whole (main) parameters (`adamw`)."""
     return adamw(mains.leaves(), training)
 
@@ -399,7 +400,7 @@ class RankTrainer:
         """One optimizer step over m microbatches; returns what the reference check compares."""
         capture = StepCapture()
         self.ledger.reset()
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad()
         if self.buffers or self.precision.mixed:  # the optimizer holds shards or main params
             self.model.zero_grad(set_to_none=False)
             self.main_grads.zero()

@@ -1,15 +1,14 @@
 """Gloo ranks for the runtime's multi-rank tests, forked from a server that has imported torch.
 
 `torch.multiprocessing.spawn` starts each rank as a fresh interpreter that imports torch (2.4 s on
-a 2-core CI machine) and, at the rank's first optimizer step, torch._dynamo (as long again: torch
-imports it in `Optimizer.step` to mark a graph break). A suite of 22 spawned ranks paid that
-every time. multiprocessing's fork server imports both once per pytest worker, before it has
-run a single torch op or started a thread, and forks each rank from there; the rank then
-unpickles its function and arguments as under spawn, so a test file's module and the runtime
-import as before, and nothing from the test process (its threads, its process groups, its
-state) is inherited. Nor is its environment: a rank sees the variables the server started with
-(the pytest worker's at its first spawn), so what a rank needs goes in its arguments, or into
-os.environ inside the rank, as test_comm.py and test_moe_layer_dist.py set MASTER_ADDR.
+a 2-core CI machine); a suite of 22 spawned ranks paid that every time. multiprocessing's fork
+server imports it once per pytest worker, before it has run a single torch op or started a
+thread, and forks each rank from there; the rank then unpickles its function and arguments as
+under spawn, so a test file's module and the runtime import as before, and nothing from the test
+process (its threads, its process groups, its state) is inherited. Nor is its environment: a
+rank sees the variables the server started with (the pytest worker's at its first spawn), so
+what a rank needs goes in its arguments, or into os.environ inside the rank, as test_comm.py and
+test_moe_layer_dist.py set MASTER_ADDR.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-# What the server imports once: torch, its compiler front end, and the runtime a rank runs.
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "runtime.__main__", "runtime.train")
+# What the server imports once: torch and the runtime a rank runs.
+PRELOAD = ("torch", "torch.distributed", "runtime.__main__", "runtime.train")
 
 
 def spawn_ranks(function: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> None:
