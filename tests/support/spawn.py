@@ -19,8 +19,10 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-# What the server imports once: torch and the runtime a rank runs.
-PRELOAD = ("torch", "torch.distributed", "runtime.__main__", "runtime.train")
+# What the server imports once: torch, the runtime a rank runs, and torch's pipeline schedules,
+# which a pipelined rank imports (runtime/pipeline.py) and which import torch._dynamo (2.5 s).
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.pipelining", "runtime.__main__",
+           "runtime.train")
 
 
 def spawn_ranks(function: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> None:
