@@ -39,11 +39,19 @@ when the real thing is missing and listed in the result; nothing else is patched
   * `torch.cuda.current_device` → "cpu": the router allocates its hash table (tid2eid) and expert
     bias on the current device while the hash-routing stacks are built
 
-One speed-up changes no answer and is not listed: Megatron's argument factory reads each config
-dataclass's source again at every `parse_args` for its fields' help texts
-(`megatron/training/argument_utils.py ArgumentGroupFactory._get_field_docstrings`: inspect and
-ast on TransformerConfig and its kin, about half a second a parse on a CPU), so the probe keeps
-each class's texts after the first read (`_read_field_docstrings_once`).
+Two speed-ups change no answer and are not listed:
+  * Megatron's argument factory reads each config dataclass's source again at every `parse_args`
+    for its fields' help texts (`megatron/training/argument_utils.py
+    ArgumentGroupFactory._get_field_docstrings`: inspect and ast on TransformerConfig and its kin,
+    about half a second a parse on a CPU), so the probe keeps each class's texts after the first
+    read (`_read_field_docstrings_once`).
+  * Megatron wraps its fused kernels in `torch.compile` as its modules are imported
+    (`megatron/core/jit.py` `jit_fuser`, and `@torch.compile` on the router's top-k and the
+    hyper-connection kernels), and torch's first `torch.compile` imports its compiler front end,
+    torch._dynamo with sympy: about 2.7 of Megatron's 7 s import on a CPU. The probe builds
+    Megatron's configs and modules and never calls a kernel, so in its process `torch.compile`
+    hands the function back uncompiled (`_uncompiled`), as Megatron's own `disable_jit_fuser`
+    does for `jit_fuser`.
 """
 
 from __future__ import annotations
@@ -115,6 +123,7 @@ def install_stand_ins(megatron_dir: Path) -> list[str]:
         torch.cuda.current_device = lambda: "cpu"
         used.append("CUDA current device: cpu (no CUDA device here; the router's buffers go there)")
     sys.path.insert(0, str(megatron_dir))
+    torch.compile = _uncompiled  # type: ignore[assignment]  # for every Megatron module, also later imports
     try:
         import megatron.core.transformer.transformer_config as transformer_config
         import megatron.core.utils as core_utils
@@ -139,6 +148,12 @@ def install_stand_ins(megatron_dir: Path) -> list[str]:
     used.extend(_fla_stand_in())
     _read_field_docstrings_once()
     return used
+
+
+def _uncompiled(model: Any = None, **options: Any) -> Any:
+    """`torch.compile`'s two forms, compiling nothing: `torch.compile(fn)` is `fn`, and
+    `torch.compile(**options)` a decorator that returns the function it decorates."""
+    return model if model is not None else (lambda function: function)
 
 
 def _read_field_docstrings_once() -> None:

@@ -1,7 +1,7 @@
 """Megatron-LM as the tests' judge, through the shipped pre-flight (`planner.emit.megatron_check`,
 which runs `planner/emit/megatron_probe.py`): no test-only way of running Megatron exists.
 
-Megatron's import is most of a probe run's cost (5-10 s, then well under a second per config), so
+Megatron's import is most of a probe run's cost (6-7 s with torch's, then well under a second per config), so
 the fixed configs of every test module share one run: a module registers each config when it is
 imported (pytest imports every module before it runs a test), and the first verdict asked for
 judges everything registered so far in one subprocess. Generated (hypothesis) configs are judged

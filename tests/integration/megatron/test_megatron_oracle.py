@@ -41,6 +41,7 @@ from tests.support.megatron_judge import (
     shared_stand_ins,
     verdict,
 )
+from tests.support.megatron_snippet import snippet_json
 from tests.support.paths import EXAMPLES, ROOT
 
 V4_TRAINING = {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 64,
@@ -498,6 +499,21 @@ def test_stand_ins_are_listed_and_only_those():
     assert {"CUDA device capability", "CUDA current device"} <= set(named)  # this CI has no GPU
     assert "hash-routing stacks" in named  # the examples hash-route
 
+
+
+def test_megatron_is_imported_without_torchs_compiler_front_end():
+    """The probe builds Megatron's modules and never runs a kernel, so `torch.compile` hands the
+    functions Megatron compiles back as they are (planner/emit/megatron_probe.py `_uncompiled`):
+    importing the router (`@torch.compile` on the inference router's top-k), the hyper
+    connections and the GPT model never imports torch._dynamo, ~2.7 s of Megatron's import on a
+    CPU."""
+    body = ("from megatron.core.transformer.moe import router\n"
+            "from megatron.core.transformer import hyper_connection\n"
+            "from megatron.core.models.gpt import gpt_model\n"
+            "routing = router.InferenceTopKRouter.__dict__['_compiled_topk_routing'].__func__\n"
+            "print(json.dumps({'dynamo': 'torch._dynamo' in sys.modules,\n"
+            "                  'wrapped': hasattr(routing, '__wrapped__')}))\n")
+    assert snippet_json(body, require_oracle()) == {"dynamo": False, "wrapped": False}
 
 # --- the command line -------------------------------------------------------------------------
 
