@@ -41,10 +41,10 @@ when the real thing is missing and listed in the result; nothing else is patched
 
 Two speed-ups change no answer and are not listed:
   * Megatron's argument factory reads each config dataclass's source again at every `parse_args`
-    for its fields' help texts (`megatron/training/argument_utils.py
-    ArgumentGroupFactory._get_field_docstrings`: inspect and ast on TransformerConfig and its kin,
-    about half a second a parse on a CPU), so the probe keeps each class's texts after the first
-    read (`_read_field_docstrings_once`).
+    for its fields' help texts
+    (`megatron/training/argument_utils.py ArgumentGroupFactory._get_field_docstrings`: inspect
+    and ast on TransformerConfig and its kin, about half a second a parse on a CPU), so the probe
+    keeps each class's texts after the first read (`_read_field_docstrings_once`).
   * Megatron wraps its fused kernels in `torch.compile` as its modules are imported
     (`megatron/core/jit.py` `jit_fuser`, and `@torch.compile` on the router's top-k and the
     hyper-connection kernels), and torch's first `torch.compile` imports its compiler front end,
