@@ -46,7 +46,7 @@ Two speed-ups change no answer and are not listed:
     and ast on TransformerConfig and its kin, about half a second a parse on a CPU), so the probe
     keeps each class's texts after the first read (`_read_field_docstrings_once`).
   * Megatron wraps its fused kernels in `torch.compile` as its modules are imported
-    (`megatron/core/jit.py` `jit_fuser`, and `@torch.compile` on the router's top-k and the
+    (`megatron/core/jit.py` `jit_fuser`, `@torch.compile` on the inference router's top-k and the
     hyper-connection kernels), and torch's first `torch.compile` imports its compiler front end,
     torch._dynamo with sympy: about 2.7 of Megatron's 7 s import on a CPU. The probe builds
     Megatron's configs and modules and never calls a kernel, so in its process `torch.compile`
