@@ -12,6 +12,8 @@ import directly.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import cache
 from typing import Any
 
 from planner.budget.book import PAGES, FormulaBook, formula_book
@@ -42,7 +44,7 @@ from planner.budget.time import DDP_WINDOWS
 from planner.budget.variant import Variant
 from planner.config.schema import Config
 from planner.layout.nodes import rank_places
-from planner.layout.pipeline import SplitError
+from planner.layout.pipeline import SplitError, stage_split
 from planner.layout.rank_generator import GridError
 from planner.layout.summary import grids_computable
 
@@ -53,8 +55,8 @@ __all__ = [  # the formula book's public names, re-exported: import them from he
     "RECOMPUTE", "Accounting", "Budget", "BudgetError", "Collective", "FormulaBook", "Number",
     "Quantity", "UnknownCollective", "Variant", "budget_grid", "budgets", "chunk_microbatch_time",
     "chunk_times", "collective", "dispatch_efficiency", "formula_book", "is_dualpipe", "memory_by_stage",
-    "number_text", "overlap_symbol", "phase_label", "pipeline_page", "pipeline_step", "plan_budgets",
-    "pretty", "stage_memory", "value_text", "variant_of",
+    "memory_alike", "number_text", "overlap_symbol", "phase_label", "pipeline_page", "pipeline_step",
+    "plan_budgets", "pretty", "stage_memory", "value_text", "variant_of",
 ]
 
 CATEGORIES: tuple[str, ...] = ("layout", "rows", "bytes", "step", "topology", "memory", "scaling")
@@ -112,6 +114,40 @@ def stage_memory(cfg: Config, exact: bool = True) -> list[dict[str, Number]] | N
         return memory_by_stage(cfg, exact)
     except (BudgetError, SplitError, ZeroDivisionError, ValueError):
         return None
+
+
+def memory_alike(a: Config, b: Config) -> bool:
+    """Whether two configs that differ in nothing but a selective recompute choice (none, or
+    selective with other modules) hold the same memory on every stage. The recompute choice
+    reaches `memory_by_stage` only through the variant, which picks the formulas: no input
+    symbol reads the selective modules, and the stage holdings read the recompute setting only
+    under full recompute (planner/budget/symbols.py variant_of, _recompute_values). So when the
+    two variants agree but for the recompute fields and the memory formulas they pick read
+    alike, the bytes are equal. Search uses it to skip a setting whose extra modules hold
+    nothing (selective `core_attn` under fused attention keeps the same tensors) beside one that
+    does not fit."""
+    if "full" in (a.overlap.recompute_granularity, b.overlap.recompute_granularity):
+        return False
+    try:
+        va, vb = variant_of(a, stage_split(a)), variant_of(b, stage_split(b))
+    except (SplitError, BudgetError, ValueError, ZeroDivisionError):
+        return False
+    if _without_recompute(va) != _without_recompute(vb):
+        return False
+    return _memory_formulas(va) == _memory_formulas(vb)
+
+
+def _without_recompute(variant: Variant) -> Variant:
+    return replace(variant, recompute=None, recompute_method=None, recompute_modules=frozenset())
+
+
+@cache
+def _memory_formulas(variant: Variant) -> tuple[tuple[str, str], ...]:
+    """Every formula `memory_by_stage` evaluates for the variant: its parts and what they read,
+    and the model chunks' activations its schedule replay sums (`Accounting._chunk_book`)."""
+    book = formula_book(variant)
+    return tuple((q.ident, q.formula) for part in (_MEMORY_PARTS, ("act_per_microbatch", "microbatches"))
+                 for q in book.subset(part).quantities)
 
 
 # --- the busiest rank's rows against NCCL EP's static receive capacity.

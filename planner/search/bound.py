@@ -26,7 +26,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.accounting import COLLECTIVES, DDP_WINDOWS, BudgetError, dispatch_efficiency, overlap_symbol
+from planner.accounting import (
+    COLLECTIVES,
+    DDP_WINDOWS,
+    BudgetError,
+    dispatch_efficiency,
+    memory_alike,
+    overlap_symbol,
+)
 from planner.config.schema import Config
 from planner.estimate import estimate
 from planner.memo import HeldByIdentity
@@ -283,6 +290,22 @@ def _floors(work: Work, cfg: Config, layout: Knobs) -> Floors:
 
 
 NO_EP_OVERLAP = "settings with EP overlap on a pipeline without virtual stages (OVL003)"
+SAME_MEMORY = ("settings recomputing modules that hold no memory here beside a setting that does "
+               "not fit")
+
+
+def _holds_no_less(judge: Judge, smaller: list[Knobs], knobs: Knobs) -> bool:
+    """Whether the setting `knobs` holds the same memory as one of the `smaller` settings (the
+    same cell with a preset recomputing a subset of its modules, which did not fit at this
+    micro-batch size or a smaller one, where activations are smaller): then it does not fit
+    either, and recomputing more it is never faster, so judging it could add nothing but another
+    refusal (planner/accounting.py `memory_alike`: selective `core_attn` under fused attention
+    keeps the same tensors)."""
+    if knobs.recompute.granularity == "full":
+        return False
+    mine = judge.build(knobs)
+    return any(memory_alike(judge.build(other), mine) for other in smaller)
+
 
 
 def ep_overlap_runs(cfg: Config) -> bool:
@@ -343,6 +366,7 @@ def _grid(work: Work, cfg: Config, layout: Knobs, bound: float = float("inf"),
     The settings left are judged fastest first (by their time without recompute), so the
     bound tightens early. `floors`: `_floors` of the layout, when known."""
     presets = recompute_presets(cfg)
+    by_modules = {recomputed(p): p for p in presets}
     choices = dispatchers(cfg)
     lower, bounded = floor_dispatcher(cfg, choices)
     found = [] if found is None else found
@@ -409,6 +433,12 @@ def _grid(work: Work, cfg: Config, layout: Knobs, bound: float = float("inf"),
                 continue
             if any(dominates(f, mine) for f in fitting):
                 work.prune("settings recomputing more than a fitting one")
+                continue
+            smaller = [setting(dispatcher, flag, by_modules[m], mbs) for m, at in failed.items()
+                       if at <= mbs and m < mine]
+            if smaller and _holds_no_less(work.judge, smaller,
+                                          setting(dispatcher, flag, preset, mbs)):
+                work.prune(SAME_MEMORY)
                 continue
             out = work.judge.judge(setting(dispatcher, flag, preset, mbs))
             if isinstance(out, Candidate):

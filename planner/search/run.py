@@ -18,11 +18,13 @@ The space is searched in two phases:
    family's own per-stage times, see `layer_costs`), the slot-balanced and even layouts, timed
    with the anchor's knobs; then for the `layouts` fastest fitting ones (and the fastest of all
    when it does not fit with the anchor's knobs) the whole knob grid — every micro-batch size ×
-   recompute preset × dispatcher/backend × EP overlap — with two exact prunings: a recompute
+   recompute preset × dispatcher/backend × EP overlap — with three exact prunings: a recompute
    preset is skipped when a preset recomputing a subset of its modules already fits (recomputing
-   more never makes a step faster nor is ever needed for memory then), and a preset is skipped
-   at a micro-batch size when it did not fit at a smaller one (activations grow with the
-   micro-batch).
+   more never makes a step faster nor is ever needed for memory then), a preset is skipped at a
+   micro-batch size when it did not fit at a smaller one (activations grow with the
+   micro-batch), and a preset is skipped beside one recomputing a subset of its modules that did
+   not fit when the extra modules hold no memory (planner/accounting.py `memory_alike`:
+   selective core_attn under fused attention).
 
 `refine=0` (the default) refines every family that fits: the whole space. Ranking uses the
 float estimate (planner/budget/expr.py); the printed candidates are re-evaluated exactly.

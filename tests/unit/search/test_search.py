@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from planner.accounting import memory_alike, stage_memory, variant_of
 from planner.config.loader import load_config
 from planner.config.schema import Config
 from planner.estimate import estimate
@@ -23,7 +24,7 @@ from planner.findings import has_errors
 from planner.layout.pipeline import stage_split
 from planner.rules import run_rules
 from planner.rules.catalog import CODES
-from planner.search.bound import cell, family_floor, floor_dispatcher
+from planner.search.bound import SAME_MEMORY, Work, _grid, cell, family_floor, floor_dispatcher
 from planner.search.judge import Judge, float_estimate
 from planner.search.knobs import Knobs, Recompute, vpp_of
 from planner.search.run import SearchResult, search
@@ -483,3 +484,52 @@ def test_the_workers_never_change_the_result() -> None:
         (two.explored, two.legal, two.fitting, two.pruned_by)
     assert [(c.step_time_s, Knobs.of(c.cfg)) for c in one.candidates] == \
         [(c.step_time_s, Knobs.of(c.cfg)) for c in two.candidates]
+
+
+SELECTIVE_EXAMPLES = sorted([*EXAMPLES.glob("*.yaml"), *(EXAMPLES / "architectures").glob("*.yaml")])
+
+
+@pytest.mark.parametrize("path", SELECTIVE_EXAMPLES, ids=lambda p: p.stem)
+def test_settings_judged_alike_on_memory_hold_the_same_bytes(path: Path) -> None:
+    """The grid skips a preset beside a smaller one that does not fit when `memory_alike` says
+    the extra modules hold nothing: on every example, wherever it says so, every stage's memory
+    parts are the same (exact arithmetic), at each dispatcher and EP overlap setting."""
+    cfg = load_config(path)
+    if stage_memory(cfg) is None:
+        pytest.skip("the example's own layout has no memory budget")
+    selective = [p for p in recompute_presets(cfg) if p.granularity != "full"]
+    alike = 0
+    for dispatcher, flag in [(d, f) for d in dispatchers(cfg) for f in (True, False)]:
+        for small, large in [(a, b) for a in selective for b in selective
+                             if recomputed(a) < recomputed(b)]:
+            one, two = (cell(Knobs.of(cfg), dispatcher, flag, p, 1).apply(cfg) for p in (small, large))
+            if memory_alike(one, two):
+                alike += 1
+                assert stage_memory(one) == stage_memory(two), (dispatcher, flag, small, large)
+    # Selective core attention holds nothing under fused attention, but it checkpoints the DSA
+    # sparse core (its scores) on DeepSeek-V3.2 and GLM-5; the MoE activation and norms always
+    # hold some.
+    cores = [(a, b) for a in selective for b in selective
+             if recomputed(a) < recomputed(b) and recomputed(b) - recomputed(a) == {"core_attn"}]
+    dsa = variant_of(cfg, stage_split(cfg)).has("dsa")
+    assert alike == (0 if dsa else len(cores) * 2 * len(dispatchers(cfg)))
+
+
+def test_the_grid_skips_what_holds_nothing_and_keeps_the_top() -> None:
+    """On DeepSeek-V3 (MLA, fused attention) selective core_attn settings are never judged beside a
+    smaller setting that does not fit; the top and the fitting count are the unskipped search's."""
+    cfg = load_config(EXAMPLES / "deepseek-v3-1024.yaml")
+    layout = Knobs.of(cfg)
+    skipped = Work(Judge(cfg, 1.0))
+    _grid(skipped, cfg, layout, top=3)
+    whole = Work(Judge(cfg, 1.0))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("planner.search.bound.memory_alike", lambda a, b: False)
+        _grid(whole, cfg, layout, top=3)
+    assert skipped.pruned.get(SAME_MEMORY, 0) > 0 and SAME_MEMORY not in whole.pruned
+    assert skipped.judge.explored < whole.judge.explored
+    assert skipped.judge.fitting == whole.judge.fitting
+    assert [(c.step_time_s, Knobs.of(c.cfg)) for c in sorted(skipped.judge.timed(),
+                                                               key=lambda c: c.step_time_s)] == \
+        [(c.step_time_s, Knobs.of(c.cfg)) for c in sorted(whole.judge.timed(),
+                                                            key=lambda c: c.step_time_s)]
