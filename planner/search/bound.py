@@ -294,19 +294,6 @@ SAME_MEMORY = ("settings recomputing modules that hold no memory here beside a s
                "not fit")
 
 
-def _holds_no_less(judge: Judge, smaller: list[Knobs], knobs: Knobs) -> bool:
-    """Whether the setting `knobs` holds the same memory as one of the `smaller` settings (the
-    same cell with a preset recomputing a subset of its modules, which did not fit at this
-    micro-batch size or a smaller one, where activations are smaller): then it does not fit
-    either, and recomputing more it is never faster, so judging it could add nothing but another
-    refusal (planner/accounting.py `memory_alike`: selective `core_attn` under fused attention
-    keeps the same tensors)."""
-    if knobs.recompute.granularity == "full":
-        return False
-    mine = judge.build(knobs)
-    return any(memory_alike(judge.build(other), mine) for other in smaller)
-
-
 
 def ep_overlap_runs(cfg: Config) -> bool:
     """Whether the layout can run batch-level EP overlap: not with PP > 1 and no virtual stages
@@ -396,6 +383,32 @@ def _grid(work: Work, cfg: Config, layout: Knobs, bound: float = float("inf"),
             return None  # nothing to prune against: no need to time before judging
         return work.judge.step_time(setting(dispatcher, flag, presets[0], mbs))
 
+    # (dispatcher, EP overlap, smaller modules, modules) -> `memory_alike` of the two presets: the
+    # variant that decides it reads no micro-batch size, so one answer serves the whole column.
+    alike: dict[tuple[Dispatcher, bool, frozenset[str], frozenset[str]], bool] = {}
+
+    def holds_no_less(dispatcher: Dispatcher, flag: bool, mbs: int, preset: Recompute,
+                      failed: dict[frozenset[str], int]) -> bool:
+        """Whether `preset` holds the same memory as a preset recomputing a subset of its modules
+        that did not fit at this micro-batch size or a smaller one (where activations are
+        smaller): then it does not fit either, and recomputing more it is never faster, so
+        judging it could add nothing but another refusal (planner/accounting.py
+        `memory_alike`: selective `core_attn` under fused attention keeps the same tensors)."""
+        mine = recomputed(preset)
+        if preset.granularity == "full":
+            return False
+        for smaller, at in failed.items():
+            if at > mbs or not smaller < mine:
+                continue
+            key = (dispatcher, flag, smaller, mine)
+            if key not in alike:
+                alike[key] = memory_alike(
+                    work.judge.build(setting(dispatcher, flag, by_modules[smaller], mbs)),
+                    work.judge.build(setting(dispatcher, flag, preset, mbs)))
+            if alike[key]:
+                return True
+        return False
+
     settings: list[tuple[float, int, Dispatcher, bool, int]] = []
     overlap_runs = ep_overlap_runs(layout.apply(cfg))
     for mbs in MBS_CHOICES:
@@ -434,10 +447,7 @@ def _grid(work: Work, cfg: Config, layout: Knobs, bound: float = float("inf"),
             if any(dominates(f, mine) for f in fitting):
                 work.prune("settings recomputing more than a fitting one")
                 continue
-            smaller = [setting(dispatcher, flag, by_modules[m], mbs) for m, at in failed.items()
-                       if at <= mbs and m < mine]
-            if smaller and _holds_no_less(work.judge, smaller,
-                                          setting(dispatcher, flag, preset, mbs)):
+            if holds_no_less(dispatcher, flag, mbs, preset, failed):
                 work.prune(SAME_MEMORY)
                 continue
             out = work.judge.judge(setting(dispatcher, flag, preset, mbs))
