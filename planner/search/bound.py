@@ -294,7 +294,6 @@ SAME_MEMORY = ("settings recomputing modules that hold no memory here beside a s
                "not fit")
 
 
-
 def ep_overlap_runs(cfg: Config) -> bool:
     """Whether the layout can run batch-level EP overlap: not with PP > 1 and no virtual stages
     (rule OVL003, planner/rules/overlap.py ep_overlap_needs_vpp)."""
@@ -387,7 +386,7 @@ def _grid(work: Work, cfg: Config, layout: Knobs, bound: float = float("inf"),
     # variant that decides it reads no micro-batch size, so one answer serves the whole column.
     alike: dict[tuple[Dispatcher, bool, frozenset[str], frozenset[str]], bool] = {}
 
-    def holds_no_less(dispatcher: Dispatcher, flag: bool, mbs: int, preset: Recompute,
+    def alike_to_a_refused(dispatcher: Dispatcher, flag: bool, mbs: int, preset: Recompute,
                       failed: dict[frozenset[str], int]) -> bool:
         """Whether `preset` holds the same memory as a preset recomputing a subset of its modules
         that did not fit at this micro-batch size or a smaller one (where activations are
@@ -447,7 +446,7 @@ def _grid(work: Work, cfg: Config, layout: Knobs, bound: float = float("inf"),
             if any(dominates(f, mine) for f in fitting):
                 work.prune("settings recomputing more than a fitting one")
                 continue
-            if holds_no_less(dispatcher, flag, mbs, preset, failed):
+            if alike_to_a_refused(dispatcher, flag, mbs, preset, failed):
                 work.prune(SAME_MEMORY)
                 continue
             out = work.judge.judge(setting(dispatcher, flag, preset, mbs))
