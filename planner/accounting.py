@@ -26,7 +26,7 @@ from planner.budget.collectives import (
     phase_label,
 )
 from planner.budget.collectives import TABLE as COLLECTIVES
-from planner.budget.evaluate import Accounting, Budget, BudgetError, budget_grid
+from planner.budget.evaluate import CHUNK_PARTS, Accounting, Budget, BudgetError, budget_grid
 from planner.budget.explain import number_text, pretty, value_text
 from planner.budget.expr import Number, Quantity
 from planner.budget.hardware import dispatch_efficiency, overlap_symbol
@@ -54,8 +54,8 @@ __all__ = [  # the formula book's public names, re-exported: import them from he
     "PIPELINE_PAGE",
     "RECOMPUTE", "Accounting", "Budget", "BudgetError", "Collective", "FormulaBook", "Number",
     "Quantity", "UnknownCollective", "Variant", "budget_grid", "budgets", "chunk_microbatch_time",
-    "chunk_times", "collective", "dispatch_efficiency", "formula_book", "is_dualpipe", "memory_by_stage",
-    "memory_alike", "number_text", "overlap_symbol", "phase_label", "pipeline_page", "pipeline_step",
+    "chunk_times", "collective", "dispatch_efficiency", "formula_book", "is_dualpipe", "memory_alike",
+    "memory_by_stage", "number_text", "overlap_symbol", "phase_label", "pipeline_page", "pipeline_step",
     "plan_budgets", "pretty", "stage_memory", "value_text", "variant_of",
 ]
 
@@ -146,7 +146,7 @@ def _memory_formulas(variant: Variant) -> tuple[tuple[str, str], ...]:
     """Every formula `memory_by_stage` evaluates for the variant: its parts and what they read,
     and the model chunks' activations its schedule replay sums (`Accounting._chunk_book`)."""
     book = formula_book(variant)
-    return tuple((q.ident, q.formula) for part in (_MEMORY_PARTS, ("act_per_microbatch", "microbatches"))
+    return tuple((q.ident, q.formula) for part in (_MEMORY_PARTS, CHUNK_PARTS)
                  for q in book.subset(part).quantities)
 
 

@@ -84,6 +84,11 @@ def json_value(value: Any) -> int | str:
     return int(text) if text.lstrip("-").isdigit() else text
 
 
+# What a model chunk's activations alone need (`Accounting._chunk_book`): the schedule replay sums
+# them into a stage's activation peak.
+CHUNK_PARTS = ("act_per_microbatch", "microbatches")
+
+
 class Accounting:
     """Evaluates one config's formula book: globals once, then per stage, then per rank."""
 
@@ -125,7 +130,7 @@ class Accounting:
 
     @cached_property
     def _chunk_book(self) -> FormulaBook:
-        return self._full.subset(("act_per_microbatch", "microbatches"))
+        return self._full.subset(CHUNK_PARTS)
 
     @property
     def chunk_formula(self) -> str:

@@ -387,15 +387,15 @@ def _grid(work: Work, cfg: Config, layout: Knobs, bound: float = float("inf"),
     alike: dict[tuple[Dispatcher, bool, frozenset[str], frozenset[str]], bool] = {}
 
     def alike_to_a_refused(dispatcher: Dispatcher, flag: bool, mbs: int, preset: Recompute,
-                      failed: dict[frozenset[str], int]) -> bool:
+                           failed: dict[frozenset[str], int]) -> bool:
         """Whether `preset` holds the same memory as a preset recomputing a subset of its modules
         that did not fit at this micro-batch size or a smaller one (where activations are
         smaller): then it does not fit either, and recomputing more it is never faster, so
         judging it could add nothing but another refusal (planner/accounting.py
         `memory_alike`: selective `core_attn` under fused attention keeps the same tensors)."""
-        mine = recomputed(preset)
         if preset.granularity == "full":
             return False
+        mine = recomputed(preset)
         for smaller, at in failed.items():
             if at > mbs or not smaller < mine:
                 continue

@@ -500,7 +500,6 @@ def test_stand_ins_are_listed_and_only_those():
     assert "hash-routing stacks" in named  # the examples hash-route
 
 
-
 def test_megatron_is_imported_without_torchs_compiler_front_end():
     """The probe builds Megatron's modules and never runs a kernel, so `torch.compile` hands the
     functions Megatron compiles back as they are (planner/emit/megatron_probe.py `_uncompiled`):
@@ -514,6 +513,7 @@ def test_megatron_is_imported_without_torchs_compiler_front_end():
             "print(json.dumps({'dynamo': 'torch._dynamo' in sys.modules,\n"
             "                  'wrapped': hasattr(routing, '__wrapped__')}))\n")
     assert snippet_json(body, require_oracle()) == {"dynamo": False, "wrapped": False}
+
 
 # --- the command line -------------------------------------------------------------------------
 
